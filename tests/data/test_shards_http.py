@@ -19,12 +19,23 @@ from checkpoints import write_convnet_checkpoint
 from disks import fill_disk
 from image_folders import write_image_folder as write_images
 from output_checks import error_line
-from processes import dataset_stats as stats
-from processes import run_json, run_torchkit_in_process
+from processes import dataset_stats, run_json, run_torchkit_in_process
 from shards import failing_proxy, serving, shard_downloads, write_shards
 
 CLASSES = "abc"
 PATTERN = "shard-{000000..000003}.tar"
+
+
+# dataset-stats without worker processes: each fork of the test process costs about a tenth of a
+# second, and the shards are downloaded in this process anyway. The first test and the folder
+# URL's read URL shards through the workers too (`dataset_stats`).
+def stats(data: object, *extra: object) -> dict:
+    return dataset_stats(data, "--workers", "0", *extra)
+
+
+def stats_run(*args: object):
+    """`dataset-stats ARGS` in this process, without worker processes."""
+    return run_torchkit_in_process("dataset-stats", *args, "--workers", "0")
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +49,14 @@ def world(tmp_path_factory) -> Path:
     write_shards(str(shards / "shard-%06d.tar"), images, maxcount=5)
     (shards / "classes.txt").write_text("a\nb\nc\n")
     converted = run_torchkit_in_process(
-        "convert", "shards", images, root / "served" / "converted", "--per-shard", "10"
+        "convert",
+        "shards",
+        images,
+        root / "served" / "converted",
+        "--per-shard",
+        "10",
+        "--workers",
+        "0",
     )
     assert converted.returncode == 0, converted.stderr
     write_convnet_checkpoint(root / "model.pt", in_channels=3, image_size=8, classes=CLASSES)
@@ -58,8 +76,8 @@ def cached_files(tmp_path: Path) -> list[str]:
 def test_dataset_stats_over_http_is_that_of_the_local_shards_in_torchkits_cache(
     world, server, tmp_path
 ):
-    local = stats(world / "served" / "shards" / PATTERN)
-    assert stats(f"{server.url}/shards/{PATTERN}") == local
+    local = dataset_stats(world / "served" / "shards" / PATTERN)
+    assert dataset_stats(f"{server.url}/shards/{PATTERN}") == local
     assert local["images"] == 18
     # TORCHKIT_CACHE/shards/<16 hex digits>/NAME.tar
     (folder,) = (tmp_path / "cache" / "shards").iterdir()
@@ -115,14 +133,14 @@ def test_extract_features_and_predict_over_http_give_the_local_shards_rows(world
     for data, out in ((world / "served" / "shards", "local"), (url, "http")):
         result = run_torchkit_in_process(
             "extract-features", world / "model.pt", data, "--out", tmp_path / out,
-            "--device", "cpu",
+            "--device", "cpu", "--workers", "0",
         )  # fmt: skip
         assert result.returncode == 0, result.stderr
     local = (tmp_path / "local" / "index.csv").read_text()
     assert (tmp_path / "http" / "index.csv").read_text() == local
     assert local.splitlines()[1].startswith("0,shard-000000.tar/a_a_0.png,")
     predicted = run_torchkit_in_process(
-        "predict", world / "model.pt", url, "--format", "csv", "--device", "cpu"
+        "predict", world / "model.pt", url, "--format", "csv", "--device", "cpu", "--workers", "0"
     )
     assert predicted.returncode == 0, predicted.stderr
     assert predicted.stdout.splitlines()[1].startswith("shard-000000.tar/a_a_0.png,")
@@ -130,14 +148,14 @@ def test_extract_features_and_predict_over_http_give_the_local_shards_rows(world
 
 
 def test_a_folder_url_reads_the_shards_its_manifest_lists_and_trusts_its_checksums(world, server):
-    local = stats(world / "served" / "converted")
-    assert stats(f"{server.url}/converted/") == local
+    local = dataset_stats(world / "served" / "converted")
+    assert dataset_stats(f"{server.url}/converted/") == local
     assert shard_downloads(server.requests) == [
         "/converted/shard-000000.tar",
         "/converted/shard-000001.tar",
     ]
     server.requests.clear()
-    assert stats(f"{server.url}/converted") == local
+    assert dataset_stats(f"{server.url}/converted") == local
     # manifest.json's sizes and sha256 say the cache is current: no HEAD, no download
     assert not [path for _, path in server.requests if path.endswith(".tar")]
 
@@ -160,8 +178,9 @@ def test_eval_without_data_reads_the_url_shards_a_run_trained_on(server, tmp_pat
     split_rows = (tmp_path / "run" / "split.csv").read_text().splitlines()
     assert len(split_rows) == 1 + 18 and split_rows[1].startswith("shard-0000")
     scored = run_torchkit_in_process(
-        "eval", tmp_path / "run" / "best.pt", "--device", "cpu", "--format", "json"
-    )
+        "eval", tmp_path / "run" / "best.pt", "--device", "cpu", "--format", "json",
+        "--workers", "0",
+    )  # fmt: skip
     assert scored.returncode == 0, scored.stderr
     report = json.loads(scored.stdout)
     assert report["data"] == f"{server.url}/shards/{PATTERN}"
@@ -175,9 +194,7 @@ def assert_no_half_shard(tmp_path: Path, name: str) -> None:
 
 
 def test_a_missing_shard_is_one_error_naming_its_url(server, tmp_path):
-    result = run_torchkit_in_process(
-        "dataset-stats", f"{server.url}/shards/shard-{{000000..000004}}.tar"
-    )
+    result = stats_run(f"{server.url}/shards/shard-{{000000..000004}}.tar")
     assert result.returncode == 1
     line = error_line(result.stderr)
     assert f"{server.url}/shards/shard-000004.tar" in line and "HTTP 404" in line, line
@@ -187,7 +204,7 @@ def test_a_missing_shard_is_one_error_naming_its_url(server, tmp_path):
 @pytest.mark.parametrize("code", [403, 500])
 def test_a_refusal_or_a_server_error_is_one_error_line(server, tmp_path, code):
     url = f"{server.url}/status/{code}/shard-000000.tar"
-    result = run_torchkit_in_process("dataset-stats", url)
+    result = stats_run(url)
     assert result.returncode == 1
     line = error_line(result.stderr)
     assert url in line and f"HTTP {code}" in line, line
@@ -251,7 +268,7 @@ def test_shards_a_server_sends_gzip_encoded_read_as_the_shards(world, server, tm
     that Content-Encoding): the encoded bytes were kept as the shard ("a compressed tar", or for
     a folder URL "manifest.json is not JSON"); they are decoded, as curl --compressed does."""
     cut = f"{server.url}/gzip-cut/shards/shard-000000.tar"  # only the encoding says so
-    result = run_torchkit_in_process("dataset-stats", cut)
+    result = stats_run(cut)
     assert result.returncode == 1
     line = error_line(result.stderr)
     assert cut in line and "ended early" in line, line
@@ -271,9 +288,7 @@ def test_a_url_with_credentials_sends_them_as_basic_authorization(world, server)
     host = server.url.removeprefix("http://")
     local = stats(world / "served" / "shards" / PATTERN)
     assert stats(f"http://me:p%20w@{host}/auth/shards/{PATTERN}") == local
-    result = run_torchkit_in_process(
-        "dataset-stats", f"http://me:wrong@{host}/auth/shards/{PATTERN}"
-    )
+    result = stats_run(f"http://me:wrong@{host}/auth/shards/{PATTERN}")
     assert result.returncode == 1
     line = error_line(result.stderr)
     assert "HTTP 401" in line and "wrong" not in line, line
@@ -334,8 +349,8 @@ def test_dataset_stats_names_url_data_as_given_not_by_its_cache_folder(server):
     host = server.url.removeprefix("http://")
     data = f"http://me:p%20w@{host}/auth/shards/{PATTERN}?X-Amz-Signature=s3cret&v=1"
     shown = f"http://me:***@{host}/auth/shards/{PATTERN}?X-Amz-Signature=***&v=1"
-    assert run_json("dataset-stats", data)["source"] == shown
-    table = run_torchkit_in_process("dataset-stats", data)
+    assert run_json("dataset-stats", data, "--workers", "0")["source"] == shown
+    table = stats_run(data)
     assert table.returncode == 0, table.stderr
     assert "s3cret" not in table.stdout and "cache" not in table.stdout
 
@@ -351,7 +366,9 @@ def test_eval_of_url_shards_none_readable_names_the_url_not_the_cache_folder(wor
     served.mkdir(exist_ok=True)
     write_shards(str(served / "shard-%06d.tar"), broken, maxcount=5)
     url = f"{server.url}/unreadable/shard-000000.tar?token=s3cret"
-    result = run_torchkit_in_process("eval", world / "model.pt", "--data", url, "--device", "cpu")
+    result = run_torchkit_in_process(
+        "eval", world / "model.pt", "--data", url, "--device", "cpu", "--workers", "0"
+    )
     assert result.returncode == 1, result.stderr
     line = error_line(result.stderr)
     assert f"none of the 3 images in {server.url}/unreadable/shard-000000.tar?token=***" in line
@@ -384,7 +401,7 @@ def test_a_full_cache_disk_is_one_error_pointing_to_the_caches_settings(
     command chooses where the cache is, its settings do."""
     cache = fill_disk(small_tmpfs(64), leave=12 * 1024)  # the side files fit, no shard
     monkeypatch.setenv("TORCHKIT_CACHE", str(cache))
-    result = run_torchkit_in_process("dataset-stats", f"{server.url}/{data}", "--workers", "0")
+    result = stats_run(f"{server.url}/{data}")
     assert result.returncode == 1, result.stderr
     line = error_line(result.stderr)
     assert "No space left on device" in line and "choose another output" not in line, line
@@ -402,13 +419,13 @@ def test_a_dataset_whole_in_a_full_cache_reads(server, small_tmpfs, monkeypatch)
     cache = small_tmpfs(512)
     monkeypatch.setenv("TORCHKIT_CACHE", str(cache))
     url = f"{server.url}/converted"
-    first = stats(url, "--workers", "0")
+    first = stats(url)
     fill_disk(cache)
-    assert stats(url, "--workers", "0") == first
+    assert stats(url) == first
 
 
 def test_a_redirect_loop_is_one_error_line(server, tmp_path):
-    result = run_torchkit_in_process("dataset-stats", f"{server.url}/loop/shard-000000.tar")
+    result = stats_run(f"{server.url}/loop/shard-000000.tar")
     assert result.returncode == 1
     line = error_line(result.stderr, besides="nothing")  # urllib's reason had three lines
     assert f"{server.url}/loop/" in line and "HTTP 302" in line and "redirects" in line, line
@@ -444,7 +461,7 @@ def test_processes_sharing_the_cache_download_each_shard_once(server):
 
 
 def test_a_connection_that_ends_early_leaves_no_shard(server, tmp_path):
-    result = run_torchkit_in_process("dataset-stats", f"{server.url}/broken/shard-000000.tar")
+    result = stats_run(f"{server.url}/broken/shard-000000.tar")
     assert result.returncode == 1
     line = error_line(result.stderr)
     assert f"{server.url}/broken/shard-000000.tar" in line and "ended early" in line, line
@@ -471,7 +488,7 @@ def test_a_download_cut_short_with_no_http_error_is_refused_and_never_cached(
     }[lie]
     url = f"{server.url}/{path}/shards/shard-000000.tar"
     for _ in range(2):  # a second run is refused too: nothing was cached
-        result = run_torchkit_in_process("dataset-stats", url)
+        result = stats_run(url)
         assert result.returncode == 1, result.stdout
         line = error_line(result.stderr)
         assert f"cannot download {url}: what arrived is truncated" in line, line
@@ -491,7 +508,7 @@ def test_a_server_that_never_answers_is_an_error_after_the_timeout(tmp_path, mon
         silent.listen()
         url = f"http://127.0.0.1:{silent.getsockname()[1]}/shard-000000.tar"
         started = time.monotonic()
-        result = run_torchkit_in_process("dataset-stats", url)
+        result = stats_run(url)
         elapsed = time.monotonic() - started
     assert result.returncode == 1
     line = error_line(result.stderr)
@@ -509,7 +526,7 @@ def port_nobody_listens_on() -> int:
 def test_nobody_listening_is_one_error(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHKIT_CACHE", str(tmp_path / "cache"))
     port = port_nobody_listens_on()
-    result = run_torchkit_in_process("dataset-stats", f"http://127.0.0.1:{port}/s-000000.tar")
+    result = stats_run(f"http://127.0.0.1:{port}/s-000000.tar")
     assert result.returncode == 1
     assert "refused the connection" in error_line(result.stderr)
 
@@ -525,7 +542,7 @@ def test_a_proxy_nobody_listens_on_is_named_not_the_server(tmp_path, monkeypatch
     port = port_nobody_listens_on()
     monkeypatch.setenv("http_proxy", f"http://me:secret@127.0.0.1:{port}")
     monkeypatch.setattr(http_shards, "_OPENER", None)  # built again with the proxy
-    result = run_torchkit_in_process("dataset-stats", "http://example.invalid/s-000000.tar")
+    result = stats_run("http://example.invalid/s-000000.tar")
     assert result.returncode == 1
     line = error_line(result.stderr)
     assert f"the proxy 127.0.0.1:{port} refused the connection" in line, line
@@ -542,7 +559,7 @@ def test_an_ipv6_host_is_no_list_of_urls(tmp_path, monkeypatch):
             port = closed.getsockname()[1]
     except OSError:
         pytest.skip("no IPv6 loopback")
-    result = run_torchkit_in_process("dataset-stats", f"http://[::1]:{port}/s-000000.tar")
+    result = stats_run(f"http://[::1]:{port}/s-000000.tar")
     assert result.returncode == 1
     assert f"[::1]:{port} refused the connection" in error_line(result.stderr)
 
@@ -566,7 +583,7 @@ def test_a_hostile_shard_name_or_manifest_is_one_error_line(
     if manifest is not None:
         (served / "manifest.json").write_text(manifest)
     url = f"{server.url}/{folder}/" + ("a%00b.tar" if manifest is None else "")
-    result = run_torchkit_in_process("dataset-stats", url)
+    result = stats_run(url)
     assert result.returncode == 1, result.stderr
     assert message in error_line(result.stderr)
 
@@ -575,7 +592,7 @@ def test_a_hostile_shard_name_or_manifest_is_one_error_line(
 def test_a_timeout_that_is_no_number_of_seconds_is_a_usage_error(server, seconds, monkeypatch):
     # inf and 1e300 overflowed the socket module: "Error: OverflowError", exit 1.
     monkeypatch.setenv("TORCHKIT_HTTP_TIMEOUT", seconds)
-    result = run_torchkit_in_process("dataset-stats", f"{server.url}/shards/{PATTERN}")
+    result = stats_run(f"{server.url}/shards/{PATTERN}")
     assert result.returncode == 2, result.stderr
     assert f"TORCHKIT_HTTP_TIMEOUT={seconds} is not a number of seconds" in error_line(
         result.stderr
@@ -604,7 +621,7 @@ def test_a_double_colon_in_a_token_or_password_is_the_urls_not_a_list_join(world
     both = stats(f"{first}?sig=x::y::{second}?sig=z")
     assert both == stats(world / "served" / "shards" / "shard-{000000..000001}.tar")
     host = server.url.removeprefix("http://")
-    result = run_torchkit_in_process("dataset-stats", f"http://me:pa::ss@{host}/auth/shards/x.tar")
+    result = stats_run(f"http://me:pa::ss@{host}/auth/shards/x.tar")
     assert result.returncode == 1
     line = error_line(result.stderr)
     assert "HTTP 401" in line and "me:***@" in line and "ss@" not in line, line
@@ -620,7 +637,7 @@ def test_a_double_colon_in_a_token_or_password_is_the_urls_not_a_list_join(world
 )
 def test_a_url_that_names_no_shard_is_one_error_line_showing_it_whole(server, spec, message):
     # Both were "dataset not found: http:/127.0.0.1:PORT/..." (the URL made a Path: one slash lost).
-    result = run_torchkit_in_process("dataset-stats", spec.format(url=server.url))
+    result = stats_run(spec.format(url=server.url))
     assert result.returncode == 1, result.stderr
     assert message.format(url=server.url) in error_line(result.stderr)
 
@@ -647,7 +664,7 @@ def test_a_cached_dataset_reads_unchecked_with_a_warning_while_its_server_cannot
     with serving(served, tmp_path / "cache", monkeypatch) as httpd:
         url, port = f"{httpd.url}/{data}", httpd.server_address[1]
         first = stats(url)
-    result = run_torchkit_in_process("dataset-stats", url, "--format", "json")  # server down
+    result = stats_run(url, "--format", "json")  # server down
     assert result.returncode == 0, result.stderr
     assert {k: v for k, v in json.loads(result.stdout).items() if k != "source"} == first
     (warning,) = [line for line in result.stderr.splitlines() if line.startswith("Warning:")]
@@ -656,7 +673,7 @@ def test_a_cached_dataset_reads_unchecked_with_a_warning_while_its_server_cannot
     assert "unchecked" in warning, warning
     shutil.rmtree(served)  # the server answers again, 404: its data is gone
     with serving(tmp_path / "empty", tmp_path / "cache", monkeypatch, port=port) as httpd:
-        gone = run_torchkit_in_process("dataset-stats", url)
+        gone = stats_run(url)
     assert gone.returncode == 1, gone.stderr
     line = error_line(gone.stderr)
     assert "HTTP 404" in line or "no manifest.json lies there" in line, line
@@ -668,7 +685,7 @@ def test_an_uncached_dataset_of_a_server_that_cannot_be_reached_is_its_network_e
 ):
     monkeypatch.setenv("TORCHKIT_CACHE", str(tmp_path / "cache"))
     port = port_nobody_listens_on()
-    result = run_torchkit_in_process("dataset-stats", f"http://127.0.0.1:{port}/converted/")
+    result = stats_run(f"http://127.0.0.1:{port}/converted/")
     assert result.returncode == 1
     line = error_line(result.stderr)
     assert f"cannot download http://127.0.0.1:{port}/converted/manifest.json" in line, line
@@ -688,7 +705,7 @@ def test_a_folder_url_whose_cache_lacks_manifest_json_is_the_network_error_witho
         stats(url)
     (manifest,) = (tmp_path / "cache").rglob("manifest.json")
     manifest.unlink()  # the shards stay
-    result = run_torchkit_in_process("dataset-stats", url)  # server down
+    result = stats_run(url)  # server down
     assert result.returncode == 1
     line = error_line(result.stderr)
     assert f"cannot download {url}/manifest.json" in line and "refused the connection" in line
@@ -709,8 +726,8 @@ def test_a_proxys_gateway_status_reads_the_cache_unchecked_naming_it(world, tmp_
         first = stats(url)
     for status in (502, 503, 504, 500, 407):
         with failing_proxy(status, monkeypatch) as proxy:
-            cached = run_torchkit_in_process("dataset-stats", url, "--format", "json")
-            uncached = run_torchkit_in_process("dataset-stats", f"{httpd.url}/other/")
+            cached = stats_run(url, "--format", "json")
+            uncached = stats_run(f"{httpd.url}/other/")
         assert proxy.requests[0] == ("GET", f"{url}/manifest.json")
         assert uncached.returncode == 1, uncached.stdout
         line = error_line(uncached.stderr)
@@ -742,7 +759,7 @@ def test_an_https_proxys_status_reads_as_an_http_proxys(tmp_path, monkeypatch):
         (403, "the proxy refuses to connect to the server"),
     ):
         with failing_proxy(status, monkeypatch) as proxy:
-            result = run_torchkit_in_process("dataset-stats", url)
+            result = stats_run(url)
         assert proxy.requests[0] == ("CONNECT", "example.invalid:443")
         assert result.returncode == 1
         line = error_line(result.stderr)
@@ -770,7 +787,7 @@ def test_a_folder_urls_manifest_is_parsed_once_a_run(world, tmp_path, monkeypatc
         first = stats(url)
         assert len(parsed) == 1
     parsed.clear()
-    result = run_torchkit_in_process("dataset-stats", url, "--format", "json")  # server down
+    result = stats_run(url, "--format", "json")  # server down
     assert result.returncode == 0, result.stderr
     assert "unchecked" in result.stderr, result.stderr
     assert len(parsed) == 1
@@ -820,11 +837,11 @@ def test_a_cache_on_a_read_only_disk_reads_while_its_server_cannot_be_reached(
     if subprocess.run(["mount", "-o", "remount,ro,bind", view], capture_output=True).returncode:
         pytest.skip("cannot mount read-only here")
     monkeypatch.setenv("TORCHKIT_CACHE", str(view))
-    result = run_torchkit_in_process("dataset-stats", url, "--format", "json")  # server down
+    result = stats_run(url, "--format", "json")  # server down
     assert result.returncode == 0, result.stderr
     assert {k: v for k, v in json.loads(result.stdout).items() if k != "source"} == first
     assert "unchecked" in result.stderr, result.stderr
-    more = run_torchkit_in_process("dataset-stats", url.replace("003}", "004}"))
+    more = stats_run(url.replace("003}", "004}"))
     assert more.returncode == 1
     line = error_line(more.stderr)
     assert f"cannot download {url[: url.index('{')]}000004.tar into {view}/shards/" in line, line
@@ -885,7 +902,7 @@ def test_a_read_only_cache_reads_what_it_holds_current_while_its_server_answers(
         pytest.skip("cannot mount read-only here")
     monkeypatch.setenv("TORCHKIT_CACHE", str(view))
     server.requests.clear()
-    result = run_torchkit_in_process("dataset-stats", url, "--format", "json")
+    result = stats_run(url, "--format", "json")
     assert result.returncode == 0, result.stderr
     assert {k: v for k, v in json.loads(result.stdout).items() if k != "source"} == first
     assert "Warning:" not in result.stderr, result.stderr
@@ -894,7 +911,7 @@ def test_a_read_only_cache_reads_what_it_holds_current_while_its_server_answers(
         next((tmp_path / "cache").rglob("shard-000001.tar")).unlink()
     else:  # one more shard than the cache holds
         url = f"{server.url}/shards/{PATTERN}"
-    missing = run_torchkit_in_process("dataset-stats", url, "--workers", "0")
+    missing = stats_run(url)
     assert missing.returncode == 1, missing.stderr
     line = error_line(missing.stderr)
     assert f"{server.url}/{data.split('/')[0]}/shard-00000" in line, line
@@ -924,14 +941,14 @@ def test_a_403_through_a_proxy_is_the_proxys_only_where_it_says_so(
     monkeypatch.setenv("TORCHKIT_CACHE", str(tmp_path / "cache"))
     url = "http://example.invalid/data/shard-000000.tar"
     with failing_proxy(403, monkeypatch, headers) as proxy:
-        result = run_torchkit_in_process("dataset-stats", url)
+        result = stats_run(url)
     assert result.returncode == 1
     line = error_line(result.stderr)
     assert "HTTP 403" in line and said.format(proxy=proxy.url.removeprefix("http://")) in line, line
 
 
 def test_a_403_without_a_proxy_is_the_servers(server):
-    result = run_torchkit_in_process("dataset-stats", f"{server.url}/status/403/shard-000000.tar")
+    result = stats_run(f"{server.url}/status/403/shard-000000.tar")
     assert result.returncode == 1
     line = error_line(result.stderr)
     assert "HTTP 403" in line and "(the server refuses it: check the URL" in line, line
