@@ -19,11 +19,16 @@ from checkpoints import write_convnet_checkpoint
 from gloo_ranks import run_ranks, stderr_of
 from image_folders import write_image_folder
 from output_checks import error_line, tree_digest
-from processes import dataset_stats as stats
-from processes import run_json, run_torchkit_in_process
+from processes import dataset_stats, run_json, run_torchkit_in_process
 from shards import write_shards
 
 CLASSES = "abc"
+
+
+def stats(data: object, *extra: object) -> dict:
+    """dataset-stats without worker processes (each fork of the test process costs about a
+    tenth of a second); the first test and the corrupt shard's read shards through them."""
+    return dataset_stats(data, "--workers", "0", *extra)
 
 
 @pytest.fixture(scope="module")
@@ -102,9 +107,9 @@ def test_webdatasets_pipe_and_s3_forms_are_said_to_be_unread(spec, message):
 
 
 def test_dataset_stats_of_shards_is_that_of_their_folder(world):
-    folder = stats(world / "images")
-    assert stats(world / "shards") == folder
-    assert stats(world / "shards" / "shard-{000000..000003}.tar") == folder
+    folder = dataset_stats(world / "images")
+    assert dataset_stats(world / "shards") == folder
+    assert dataset_stats(world / "shards" / "shard-{000000..000003}.tar") == folder
     assert folder["images"] == 18
 
 
@@ -140,14 +145,16 @@ def test_extract_features_of_shards_gives_the_folders_rows_in_shard_order(world,
 def test_extract_features_reads_a_pattern_and_a_missing_shard_leaves_no_out(world, tmp_path):
     pattern = str(world / "shards" / "shard-{000000..000003}.tar")
     result = run_torchkit_in_process(
-        "extract-features", world / "model.pt", pattern, tmp_path / "feats", "--device", "cpu"
-    )
+        "extract-features", world / "model.pt", pattern, tmp_path / "feats", "--device", "cpu",
+        "-j", "0",
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert len(np.load(tmp_path / "feats" / "penultimate.npy")) == 18
     missing = str(world / "shards" / "shard-{000000..000009}.tar")
     result = run_torchkit_in_process(
-        "extract-features", world / "model.pt", missing, tmp_path / "none", "--device", "cpu"
-    )
+        "extract-features", world / "model.pt", missing, tmp_path / "none", "--device", "cpu",
+        "-j", "0",
+    )  # fmt: skip
     assert result.returncode == 1
     assert "shard not found" in error_line(result.stderr)
     assert not (tmp_path / "none").exists()
@@ -164,8 +171,9 @@ def test_train_runs_an_epoch_on_shards_and_predict_reads_a_pattern(world, tmp_pa
     assert len(split) == 19 and split[1].startswith("shard-0000")
     pattern = world / "shards" / "shard-{000000..000001}.tar"
     predicted = run_torchkit_in_process(
-        "predict", tmp_path / "run" / "best.pt", pattern, "--format", "csv", "--device", "cpu"
-    )
+        "predict", tmp_path / "run" / "best.pt", pattern, "--format", "csv", "--device", "cpu",
+        "-j", "0",
+    )  # fmt: skip
     assert predicted.returncode == 0, predicted.stderr
     assert len(predicted.stdout.splitlines()) == 1 + 10
 
@@ -199,12 +207,14 @@ def test_one_shard_or_a_pattern_is_named_as_given_not_by_its_folder(world, tmp_p
     `source`) and refused `--plot p.png` beside it as lying inside that data folder."""
     shutil.copy(world / "shards" / "shard-000000.tar", tmp_path)
     for spec in ("shard-000000.tar", "shard-{000000..000000}.tar"):
-        table = run_torchkit_in_process("dataset-stats", spec, "--plot", "p.png", cwd=tmp_path)
+        table = run_torchkit_in_process(
+            "dataset-stats", spec, "--plot", "p.png", "-j", "0", cwd=tmp_path
+        )
         assert table.returncode == 0, table.stderr
         assert table.stdout.splitlines()[0].strip() == f"Dataset {spec}"
         (tmp_path / "p.png").unlink()
     found = run_torchkit_in_process(
-        "dataset-stats", "shard-000000.tar", "-o", "s.json", cwd=tmp_path
+        "dataset-stats", "shard-000000.tar", "-o", "s.json", "-j", "0", cwd=tmp_path
     )
     assert found.returncode == 0, found.stderr
     assert json.loads((tmp_path / "s.json").read_text())["source"] == "shard-000000.tar"
@@ -318,12 +328,13 @@ def test_a_split_root_whose_test_split_has_no_class_folders_reads_so_tarred(
 def test_split_shards_are_split_data_and_eval_reads_only_val(world):
     found = run_json(
         "eval", world / "model.pt", "--data", world / "split-shards", "--split", "val",
-        "--device", "cpu",
+        "--device", "cpu", "-j", "0",
     )  # fmt: skip
     assert found["split"] == "val" and found["num_images"] == 6
     val = run_json(
-        "eval", world / "model.pt", "--data", world / "split", "--split", "val", "--device", "cpu"
-    )
+        "eval", world / "model.pt", "--data", world / "split", "--split", "val", "--device", "cpu",
+        "-j", "0",
+    )  # fmt: skip
     assert found["accuracy"] == val["accuracy"] and found["loss"] == val["loss"]
 
 
