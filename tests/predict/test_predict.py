@@ -220,7 +220,9 @@ def test_a_nul_separated_list_without_null_is_a_usage_error(runner, world):
 
 def test_files_and_folders_together_name_every_image_unambiguously(runner, world):
     flat = world["flat"]
-    result = invoke(runner, world["ckpt"], flat / "a.png", flat / "sub", "--format", "json")
+    result = invoke(
+        runner, world["ckpt"], flat / "a.png", flat / "sub", "--format", "json", "-j", "0"
+    )
     assert result.exit_code == 0, result.stderr
     rows = json.loads(result.stdout)
     assert [row["path"] for row in rows] == [str(flat / "a.png"), str(flat / "sub" / "c.png")]
@@ -289,8 +291,9 @@ def test_several_labelled_inputs_keep_each_images_label(runner, world, tmp_path)
     flat = world["flat"]
     index.write_text(f"path,label\n{flat / 'a.png'},zebra\n{flat / 'b.png'},{CLASSES[1]}\n")
     result = invoke(
-        runner, world["ckpt"], world["labelled"], index, flat / "d.png", "--format", "csv"
-    )
+        runner, world["ckpt"], world["labelled"], index, flat / "d.png", "--format", "csv",
+        "-j", "0",
+    )  # fmt: skip
     assert result.exit_code == 0, result.stderr
     rows = read_csv(result.stdout)
     labels = [row["label"] for row in rows]
@@ -329,7 +332,7 @@ def test_unreadable_images_error_rows_skip_errors_and_strict(runner, world, tmp_
 
 
 def test_logits_are_the_raw_outputs(runner, world):
-    result = invoke(runner, world["ckpt"], world["flat"], "--logits", "--format", "json")
+    result = invoke(runner, world["ckpt"], world["flat"], "--logits", "--format", "json", "-j", "0")
     rows = json.loads(result.stdout)
     logits = reference(world["model"], [world["flat"] / row["path"] for row in rows])
     got = torch.tensor([[row[f"logit_{i}"] for i in range(3)] for row in rows])
@@ -345,7 +348,9 @@ def test_output_file_rules(runner, world, tmp_path):
     inside = invoke(runner, world["ckpt"], world["flat"], "-o", world["flat"] / "p.csv")
     assert inside.exit_code == 1 and "inside" in inside.stderr
     assert not (world["flat"] / "p.csv").exists()
-    written = invoke(runner, world["ckpt"], world["flat"], "-o", out, "--force", "--format", "csv")
+    written = invoke(
+        runner, world["ckpt"], world["flat"], "-o", out, "--force", "--format", "csv", "-j", "0"
+    )
     assert written.exit_code == 0, written.stderr
     assert len(read_csv(out.read_text())) == 7
 
@@ -408,7 +413,7 @@ def test_a_model_name_with_weights_and_classes(runner, world, tmp_path):
     result = invoke(
         runner, "convnet", world["flat"] / "a.png", "--weights", weights, "--classes",
         "x,y,z", "--image-size", 12, "--resize-size", 12, "--mean", "0.5", "--std", "0.25",
-        "--format", "json",
+        "--format", "json", "-j", "0",
     )  # fmt: skip
     assert result.exit_code == 0, result.stderr
     row = json.loads(result.stdout)[0]
@@ -440,7 +445,7 @@ def test_classes_longer_than_a_file_name_are_a_list_of_names(runner, world, tmp_
     torch.save(load_checkpoint(world["ckpt"])["model"], weights)
     result = invoke(
         runner, "convnet", world["flat"] / "a.png", "--weights", weights, "--classes",
-        "x" * 300 + ",y,z", "--image-size", 12, "--format", "json",
+        "x" * 300 + ",y,z", "--image-size", 12, "--format", "json", "-j", "0",
     )  # fmt: skip
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout)[0]["class"] in ("x" * 300, "y", "z")
@@ -523,7 +528,8 @@ def test_an_exported_model_predicts_the_same_classes(runner, world, tmp_path, su
     exported = tmp_path / f"model{suffix}"
     made = runner.invoke(app, ["export", str(world["ckpt"]), str(exported)])
     assert made.exit_code == 0, made.stderr
-    expected = read_csv(invoke(runner, world["ckpt"], world["flat"], "--format", "csv").stdout)
+    expected = invoke(runner, world["ckpt"], world["flat"], "--format", "csv", "-j", "0")
+    expected = read_csv(expected.stdout)
     args = [exported, world["flat"], "--format", "csv", "-j", "0"]
     if suffix == ".ts":  # TorchScript runs code from the file: trusted only
         refused = invoke(runner, *args)
@@ -601,7 +607,8 @@ def test_topk_above_the_classes_is_clipped_as_eval_clips_it_in_every_format(
     write_convnet_checkpoint(tmp_path / "one.pt", in_channels=3, image_size=12, classes="a")
     out = tmp_path / "rows.csv"
     args = ["-o", out] if fmt == "file" else ["--format", fmt]
-    result = invoke(runner, tmp_path / "one.pt", world["flat"] / "a.png", "--topk", "3", *args)
+    one = [tmp_path / "one.pt", world["flat"] / "a.png", "--topk", "3", "-j", "0"]
+    result = invoke(runner, *one, *args)
     assert result.exit_code == 0, result.stderr
     assert "--topk 3 is more than the 1 class; using 1" in result.stderr
     text = out.read_text() if fmt == "file" else result.stdout
@@ -636,7 +643,7 @@ def test_the_table_on_a_narrow_terminal_keeps_every_class_name(
     monkeypatch.setattr(
         console, "stdout", Console(file=terminal, force_terminal=True, width=60, soft_wrap=True)
     )
-    result = invoke(runner, tmp_path / "cjk.pt", world["flat"] / "a.png", "--topk", "5")
+    result = invoke(runner, tmp_path / "cjk.pt", world["flat"] / "a.png", "--topk", "5", "-j", "0")
     assert result.exit_code == 0, result.stderr
     shown = terminal.getvalue()
     # class_1..class_5 name each class once; `class` repeats class_1.
