@@ -420,7 +420,9 @@ def test_unlabelled_shards_read_back_as_unlabelled_data(tmp_path: Path, split: b
         key = next(k for k, v in _json_paths(out).items() if v == name)
         original[key] = (name.split("/")[0] if split else None, (index * 40, 7, 0))
     assert read == original
-    done = run_torchkit_in_process("dataset-stats", out, *(["--split", "all"] if split else []))
+    done = run_torchkit_in_process(
+        "dataset-stats", out, "-j", "0", *(["--split", "all"] if split else [])
+    )
     assert done.returncode == 0, done.stderr
     with pytest.raises(InputError, match=r"has no label"):
         open_data(out)  # train and eval need labels: one error
@@ -492,7 +494,7 @@ def test_a_class_name_classes_txt_cannot_give_back_is_refused_before_any_shard(
     # A name with spaces inside it is a line of its own and reads back.
     write_image_folder(tmp_path / "inner", {"cat, dog": 1, 'say "hi"': 1})
     assert convert(tmp_path / "inner", out).returncode == 0
-    done = run_torchkit_in_process("dataset-stats", out, "--format", "json")
+    done = run_torchkit_in_process("dataset-stats", out, "--format", "json", "-j", "0")
     assert done.returncode == 0, done.stderr
     assert [c["name"] for c in json.loads(done.stdout)["classes"]] == ["cat, dog", 'say "hi"']
 
@@ -518,7 +520,7 @@ def test_images_named_without_an_image_extension_are_stored_as_images(tmp_path: 
     assert stored == {"a.json": ["png"], "b.cls": ["png"], "c.dat": ["jpg"], "d": ["gif"]}
     for sample in samples.values():
         assert sample["cls"] == b"0"
-    stats = run_torchkit_in_process("dataset-stats", out, "--format", "json")
+    stats = run_torchkit_in_process("dataset-stats", out, "--format", "json", "-j", "0")
     assert stats.returncode == 0, stats.stderr
     assert json.loads(stats.stdout)["images"] == 4
 
@@ -599,7 +601,9 @@ def test_round_trip_dataset_stats_of_the_shards_equal_the_source(tmp_path: Path,
     assert convert(split_root, out, "--per-shard", 3).returncode == 0
     stats = {}
     for data in (split_root, out):
-        done = run_torchkit_in_process("dataset-stats", data, "--split", "all", "--format", "json")
+        done = run_torchkit_in_process(
+            "dataset-stats", data, "--split", "all", "--format", "json", "-j", "0"
+        )  # no worker processes (forks of the test process): the figures are the same
         assert done.returncode == 0, done.stderr
         report = json.loads(done.stdout)
         stats[data] = (report["mean"], report["std"], report["classes"], report["images"])
