@@ -20,6 +20,7 @@ from gloo_ranks import run_ranks, stderr_of
 from image_folders import write_image_folder
 from output_checks import error_line, tree_digest
 from processes import dataset_stats, run_json, run_torchkit_in_process
+from run_curves import lay_out_curves_only
 from shards import write_shards
 
 CLASSES = "abc"
@@ -160,7 +161,8 @@ def test_extract_features_reads_a_pattern_and_a_missing_shard_leaves_no_out(worl
     assert not (tmp_path / "none").exists()
 
 
-def test_train_runs_an_epoch_on_shards_and_predict_reads_a_pattern(world, tmp_path):
+def test_train_runs_an_epoch_on_shards_and_predict_reads_a_pattern(world, tmp_path, monkeypatch):
+    lay_out_curves_only(monkeypatch)  # the run's curves.png is not what is checked
     result = run_torchkit_in_process(
         "train", "--data", world / "shards", "--model", "convnet", "--image-size", "8",
         "--epochs", "1", "--batch-size", "4", "--workers", "0", "--device", "cpu",
@@ -434,10 +436,14 @@ def test_a_json_or_cls_label_of_minus_one_is_no_label_as_in_parquet(world, tmp_p
     assert [c["name"] for c in stats(shard)["classes"]] == [""]
 
 
-def test_unlabelled_shards_train_only_as_a_test_split_and_say_they_are_unlabelled(tmp_path):
+def test_unlabelled_shards_train_only_as_a_test_split_and_say_they_are_unlabelled(
+    tmp_path, monkeypatch
+):
     # Shards `convert shards` wrote of unlabelled images were refused by train with "give each
     # sample a KEY.cls": the hint now says what reads them; an unlabelled test split beside
     # labelled train and val shards (HF's) was refused the same way and now trains.
+    lay_out_curves_only(monkeypatch)  # the run's curves.png is not what is checked
+
     def shard(name: str, labels: list[int | None]) -> None:
         members = {}
         for i, label in enumerate(labels):
