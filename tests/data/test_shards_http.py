@@ -20,6 +20,7 @@ from disks import fill_disk
 from image_folders import write_image_folder as write_images
 from output_checks import error_line
 from processes import dataset_stats, run_json, run_torchkit_in_process
+from run_curves import lay_out_curves_only
 from shards import failing_proxy, serving, shard_downloads, write_shards
 
 CLASSES = "abc"
@@ -168,7 +169,8 @@ def test_another_tools_manifest_json_beside_url_shards_is_not_theirs(world, serv
     assert stats(f"{server.url}/foreign/{PATTERN}") == stats(world / "served" / "shards")
 
 
-def test_eval_without_data_reads_the_url_shards_a_run_trained_on(server, tmp_path):
+def test_eval_without_data_reads_the_url_shards_a_run_trained_on(server, tmp_path, monkeypatch):
+    lay_out_curves_only(monkeypatch)  # the run's curves.png is not what is checked
     trained = run_torchkit_in_process(
         "train", "--data", f"{server.url}/shards/{PATTERN}", "--model", "convnet",
         "--image-size", "8", "--epochs", "1", "--batch-size", "4", "--workers", "0",
