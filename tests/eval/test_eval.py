@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from gloo_ranks import forks_noted, run_ranks, stderr_of, watching_forks
 from output_checks import error_line
 from PIL import Image
+from run_curves import lay_out_curves_only
 from sklearn.metrics import confusion_matrix, precision_recall_fscore_support, top_k_accuracy_score
 from typer.testing import CliRunner
 
@@ -437,10 +438,11 @@ def test_cuda_matches_cpu(setup, report):
     assert data["loss"] == pytest.approx(report["json"]["loss"], rel=1e-4)
 
 
-def test_digits_reproduces_the_test_accuracy_train_reported(tmp_path):
+def test_digits_reproduces_the_test_accuracy_train_reported(tmp_path, monkeypatch):
     """The issue's target: `train --data digits` reports a test accuracy for best.pt; `eval`
     of best.pt on digits gives exactly that number."""
     pytest.importorskip("torchkit.cli.train", reason="needs `torchkit train`")
+    lay_out_curves_only(monkeypatch)  # curves.png's picture is not this test's (run_curves)
     run = tmp_path / "run"
     trained = runner.invoke(
         app,
