@@ -5,7 +5,15 @@ that cannot be opened) there is none, and no error: these locks keep torchkit's 
 from running into each other, and never stand in the way of reading data.
 
 A lock a command holds to its end (a reader's, `core.data.sources.moving.lock_for_reading`) is
-kept by `hold` until `held_until_the_command_ends` (entered around every command) is left."""
+kept by `hold` until `held_until_the_command_ends` (entered around every command) is left.
+
+No process forked from a command holds its locks: a child shares the parent's open file (and
+so its flock) until the child closes its copy of the descriptor, and a DataLoader worker whose
+parent was SIGKILLed lives on a while (until its PR_SET_PDEATHSIG signal lands, or torch's next
+look at its parent, up to 5 s), refusing a rerun at once on the same output as "being written
+by another torchkit process". The locks
+`hold` keeps and the descriptors given to `close_in_forked_children` are closed in every
+forked child at once (`_forget_in_child`)."""
 
 from __future__ import annotations
 
@@ -25,7 +33,8 @@ def flock_path(path: str | os.PathLike, *, exclusive: bool) -> int | None:
     except ImportError:
         return None
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # O_NONBLOCK: a FIFO is not waited on
+        # O_NONBLOCK: a FIFO is not waited on; O_CLOEXEC: not held by a program run from here.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
     try:
@@ -161,14 +170,43 @@ def hold(key: str, fd: int) -> None:
         _scopes[-1][key] = fd
 
 
+# Descriptors holding a lock this process keeps (`close_in_forked_children`), by number, with
+# the (device, inode) of their file: a number the parent reused for another file since (a
+# descriptor closed without `close_lock`) is not closed in a child.
+_lock_descriptors: dict[int, tuple[int, int]] = {}
+
+
+def close_in_forked_children(fd: int) -> int:
+    """Have every process forked from this one close `fd` (a descriptor holding a lock) first
+    thing, so that the lock is this process's alone and goes when this process dies; close it
+    with `close_lock`. Returns `fd`."""
+    with contextlib.suppress(OSError):
+        info = os.fstat(fd)
+        _lock_descriptors[fd] = (info.st_dev, info.st_ino)
+    return fd
+
+
+def close_lock(fd: int) -> None:
+    """Close `fd`, given to `close_in_forked_children` (or not)."""
+    _lock_descriptors.pop(fd, None)
+    os.close(fd)
+
+
 def _forget_in_child() -> None:
-    # A forked worker (DataLoader, process pool) that outlived the command would keep its
-    # locks after the command ends: the parent's descriptors hold them alone.
+    # A forked worker (DataLoader, process pool) outlives a SIGKILLed command for a while, and
+    # one that outlived the command would keep its locks after the command ends: the parent's
+    # descriptors hold them alone.
     for scope in _scopes:
         for fd in scope.values():
             with contextlib.suppress(OSError):
                 os.close(fd)
     _scopes.clear()
+    for fd, file_id in list(_lock_descriptors.items()):
+        with contextlib.suppress(OSError):
+            info = os.fstat(fd)
+            if (info.st_dev, info.st_ino) == file_id:
+                os.close(fd)
+    _lock_descriptors.clear()
 
 
 if hasattr(os, "register_at_fork"):  # POSIX

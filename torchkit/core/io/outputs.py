@@ -49,6 +49,7 @@ from torchkit.core.io.errors import (
     first_line,
 )
 from torchkit.core.io.file_kinds import file_kind
+from torchkit.core.io.folder_locks import close_in_forked_children, close_lock
 from torchkit.core.io.temporaries import (
     TEMPORARY,
     fitting,
@@ -623,7 +624,7 @@ class ReplacedFiles:
                     notes = remove_dead_replaced_files(target)
                 except OutputLockedError:  # not this run's to hold, even without put_back
                     for fd in self._held[held:]:
-                        os.close(fd)
+                        close_lock(fd)
                     del self._held[held:]
                     raise
                 for note in notes:
@@ -651,13 +652,13 @@ class ReplacedFiles:
         fd = _locked_file(path)
         if fd is None:
             return False
-        self._held.append(fd)
+        self._held.append(close_in_forked_children(fd))
         return True
 
     def _release(self) -> None:
         held, self._held = self._held, []
         for fd in held:
-            os.close(fd)
+            close_lock(fd)
 
     def wrote(self, path: str | os.PathLike | None) -> None:
         """`path` holds its new file now: where nothing was set aside, a failure removes that
@@ -1208,7 +1209,7 @@ class FolderLock:
             raise write_error(folder, error) from error
         while True:
             try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             except OSError as error:
                 raise write_error(folder, error) from error
             try:
@@ -1238,7 +1239,9 @@ class FolderLock:
             if same:
                 break
             os.close(fd)
-        self.fd = fd
+        # Not held by the workers and helpers this process starts: they would keep the folder
+        # locked after a SIGKILL of this process (see `folder_locks`).
+        self.fd = close_in_forked_children(fd)
         try:
             os.ftruncate(fd, 0)
             os.write(fd, f"{os.getpid()}\n".encode())
@@ -1251,7 +1254,7 @@ class FolderLock:
             return
         with contextlib.suppress(OSError):
             os.unlink(self.path)
-        os.close(self.fd)
+        close_lock(self.fd)
         self.fd = None
         for parent in self.made:  # innermost first; rmdir refuses a folder that has content
             with contextlib.suppress(OSError):

@@ -1,0 +1,86 @@
+"""A SIGKILLed run's folder is free for a rerun at once: no process it started (DataLoader
+workers, the curves helper) holds its lock. A forked child shares the parent's open lock file,
+and so its flock, until the child closes its copy; a worker whose parent was killed lives on
+until torch's next look at its parent (up to 5 s), and `train --resume` run at once was refused
+as "being written by another torchkit process"."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from image_folders import write_image_folder
+from processes import processes_in_group, start_torchkit_process, wait_until
+from suite_paths import HELPERS
+
+from torchkit.core.io.outputs import FolderLock, OutputLockedError, ReplacedFiles
+from torchkit.core.split.files import moving_out_of
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="POSIX forks")
+
+
+def _opened_in_child(*paths: Path) -> bool:
+    """Whether a process forked now has a descriptor of any of `paths` open (Linux /proc)."""
+    files = {(info.st_dev, info.st_ino) for info in map(os.stat, paths)}
+    pid = os.fork()
+    if pid == 0:  # the child: reports through its exit status, runs nothing else
+        found = False
+        for name in os.listdir("/proc/self/fd"):
+            try:
+                info = os.fstat(int(name))
+            except OSError:  # listdir's own descriptor, closed since
+                continue
+            found = found or (info.st_dev, info.st_ino) in files
+        os._exit(1 if found else 0)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) != 0
+
+
+def test_a_forked_child_holds_none_of_the_output_locks(tmp_path):
+    """The run folder's lock (`FolderLock`), an old file set aside (`ReplacedFiles`) and the
+    folders split moves files out of (`moving_out_of`): each closed in a forked child."""
+    old, moved = tmp_path / "old.json", tmp_path / "moved"
+    old.write_text("{}")
+    moved.mkdir()
+    lock = FolderLock(tmp_path / "run", "run folder")
+    try:
+        with ReplacedFiles() as replaced, moving_out_of(moved):
+            replaced.set_aside(old)
+            assert not _opened_in_child(lock.path, old, moved)
+            with pytest.raises(OutputLockedError):  # the parent's locks are held
+                FolderLock(tmp_path / "run", "run folder")
+            with pytest.raises(OutputLockedError), moving_out_of(moved):
+                pass
+            replaced.keep()
+    finally:
+        lock.release()
+    FolderLock(tmp_path / "run", "run folder").release()  # released with the last descriptor
+
+
+def test_the_workers_of_a_sigkilled_run_do_not_keep_its_folder_locked(tmp_path):
+    write_image_folder(tmp_path / "ds" / "train", {"a": 4, "b": 4})
+    gate = tmp_path / "gate"
+    env = {
+        "PYTHONPATH": str(HELPERS),
+        "TORCHKIT_TEST_GATE_FILE": str(gate),
+        "TORCHKIT_TEST_GATE_AT": "1",
+    }
+    args = ["train", "--data", "ds", "--model", "nets:GatedNet", "--image-size", "8"]
+    args += ["--batch-size", "2", "--workers", "1", "--epochs", "1", "--out", "run"]
+    killed = start_torchkit_process(*args, cwd=tmp_path, env=env)
+    try:
+        wait_until(gate.exists, process=killed, what="the first training step")
+        children = [pid for pid in processes_in_group(killed.pid) if pid != killed.pid]
+        assert children  # its loader worker at least
+        # Stopped, the children outlive the kill for as long as the test looks: a lock one of
+        # them held would show, whichever process the scheduler ran first.
+        for pid in children:
+            os.kill(pid, signal.SIGSTOP)
+        killed.kill()
+        assert killed.wait(timeout=60) == -signal.SIGKILL  # its pipes live on in the children
+        FolderLock(tmp_path / "run", "run folder").release()  # what `--resume` takes first
+    finally:
+        os.killpg(killed.pid, signal.SIGKILL)
+        killed.communicate(timeout=60)
