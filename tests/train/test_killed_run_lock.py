@@ -7,7 +7,10 @@ as "being written by another torchkit process"."""
 from __future__ import annotations
 
 import os
+import select
 import signal
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,7 @@ from image_folders import write_image_folder
 from processes import processes_in_group, start_torchkit_process, wait_until
 from suite_paths import HELPERS
 
+from torchkit.core.data.dataset import OrphanedWorkerExit
 from torchkit.core.io.outputs import FolderLock, OutputLockedError, ReplacedFiles
 from torchkit.core.split.files import moving_out_of
 
@@ -84,3 +88,44 @@ def test_the_workers_of_a_sigkilled_run_do_not_keep_its_folder_locked(tmp_path):
     finally:
         os.killpg(killed.pid, signal.SIGKILL)
         killed.communicate(timeout=60)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG")
+def test_a_train_loader_worker_ends_with_its_killed_parent():
+    """A train worker ignores its first SIGTERM (the main process saves and stops it), and so
+    ignored the one the kernel sends it when the main process dies: it lived on until torch's
+    next look at its parent, up to 5 s. A worker is forked from a loader's process, which
+    ends (as when killed) once the worker has started; the worker then sleeps, as between
+    batches: it ends at once, closing its end of a pipe the test reads to its end."""
+    from torchkit.core.train.loaders import _worker_init
+
+    out_read, out_write = os.pipe()
+    started_read, started_write = os.pipe()
+    loader = os.fork()
+    if loader == 0:  # the loader's process
+        guard = OrphanedWorkerExit(_worker_init)
+        if os.fork() == 0:  # its worker
+            guard(0)
+            os.write(out_write, f"{os.getpid()}".encode())
+            os.write(started_write, b"s")
+            time.sleep(60)  # torch's watchdog would look in 5 s
+            os._exit(0)
+        os.read(started_read, 1)
+        os._exit(0)
+    for fd in (out_write, started_read, started_write):
+        os.close(fd)
+    os.waitpid(loader, 0)
+    written, ended = b"", False
+    deadline = time.monotonic() + 3
+    try:
+        while (
+            not ended and select.select([out_read], [], [], max(0, deadline - time.monotonic()))[0]
+        ):
+            chunk = os.read(out_read, 64)
+            ended = not chunk  # every writer is gone: the worker ended
+            written += chunk
+        assert ended, "the worker of a killed loader's process lived on"
+    finally:
+        os.close(out_read)
+        if not ended and written:  # alive: its PID is not another process's
+            os.kill(int(written), signal.SIGKILL)

@@ -9,6 +9,7 @@ and a resumed run (even mid-epoch) continues exactly.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -513,13 +514,16 @@ def _worker_init(worker_id: int) -> None:
     # Ctrl-C reaches the whole process group, and so does SIGTERM from `timeout` or a batch
     # scheduler: the main process handles it (saving a checkpoint) and shuts the workers down
     # (`Loaders.close`); a worker dying of it would break that. A second SIGTERM (what
-    # multiprocessing sends daemonic children at exit) ends the worker.
+    # multiprocessing sends daemonic children at exit) ends the worker, and so does the one the
+    # kernel sends when the main process dies (`OrphanedWorkerExit`'s PR_SET_PDEATHSIG).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _first_sigterm_ignored)
+    signal.signal(signal.SIGTERM, functools.partial(_first_sigterm_ignored, os.getppid()))
     seed_worker(worker_id)
 
 
-def _first_sigterm_ignored(signum, frame) -> None:
+def _first_sigterm_ignored(parent: int, signum, frame) -> None:
+    if os.getppid() != parent:  # the main process died (SIGKILL, the OOM killer): end now,
+        os._exit(0)  # not at torch's next look at it, up to 5 s on (see `OrphanedWorkerExit`)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
