@@ -44,6 +44,7 @@ from pathlib import Path, PurePath, PurePosixPath
 from typing import Any
 
 from torchkit import __version__
+from torchkit.core.convert.sample_tar import SampleTarWriter
 from torchkit.core.data.sources.discovery import IMAGE_EXTENSIONS
 from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.data.sources.shards import class_names_in_text
@@ -358,21 +359,16 @@ class _Digesting:
 
 class _ShardFile:
     """One shard being written: a temporary file beside its name (atomic_write) that a
-    webdataset TarWriter fills; renamed into place by `close`, removed by `abort`."""
+    SampleTarWriter fills; renamed into place by `close`, removed by `abort`."""
 
-    def __init__(self, path: Path, tar_writer: Any) -> None:
+    def __init__(self, path: Path) -> None:
         self.path = path
         self._stack = contextlib.ExitStack()
         handle = self._stack.enter_context(atomic_write(path, "wb"))
         self._stream = _Digesting(handle)
         try:
-            self._tar = tar_writer(
-                self._stream,
-                user=TAR_OWNER,
-                group=TAR_OWNER,
-                mode=TAR_MODE,
-                encoder=False,
-                mtime=TAR_MTIME,
+            self._tar = SampleTarWriter(
+                self._stream, owner=TAR_OWNER, mode=TAR_MODE, mtime=TAR_MTIME
             )
         except BaseException:
             self.abort()
@@ -381,7 +377,7 @@ class _ShardFile:
 
     def size_with(self, extra: int) -> int:
         """The shard's size, closed, with `extra` more bytes of members."""
-        return closed_size(self._tar.tarstream.offset + extra)
+        return closed_size(self._tar.offset + extra)
 
     def write(self, sample: dict) -> None:
         self._tar.write(sample)
@@ -434,7 +430,6 @@ class _Writing:
     labelled: bool
     strict: bool
     workers: int
-    tar_writer: Any
     on_shard: Callable[[], None]
     advance: Callable[[int], None]
     warned: int = 0
@@ -500,7 +495,7 @@ def write_set(run: _Writing, shard_set: ShardSet, records: list[ShardRecord]) ->
             ):
                 finish(position)
             if shard is None:
-                shard = _ShardFile(run.folder / shard_set.shard_name(len(records)), run.tar_writer)
+                shard = _ShardFile(run.folder / shard_set.shard_name(len(records)))
             shard.write(sample)
             extensions.append(loaded.extension)
             labels.append(shard_set.label(shard_set.order[position]))
@@ -814,7 +809,6 @@ def convert_shards(
     and counted (`strict`: the first stops the run)."""
     from torchkit.core.data.sources import open_data, warn_empty_splits, warn_stray_images
     from torchkit.core.runtime.cpus import check_workers
-    from torchkit.core.runtime.extras import import_extra
     from torchkit.core.runtime.pool import default_workers
 
     check_workers(workers)
@@ -827,7 +821,6 @@ def convert_shards(
     check_overlap(target, WHAT, inputs)
     if read_partial(target) is None and not force:
         check_replaceable(target, False, what=WHAT, command=COMMAND)
-    webdataset = import_extra("webdataset", "webdataset", COMMAND)
     data = open_data(src, allow_unlabelled=True)
     warn_empty_splits(data)
     warn_stray_images(data)
@@ -899,7 +892,6 @@ def convert_shards(
             labelled=labelled,
             strict=strict,
             workers=default_workers() if workers is None else workers,
-            tar_writer=webdataset.TarWriter,
             on_shard=on_shard,
             advance=advance,
         )
