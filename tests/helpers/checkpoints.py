@@ -4,6 +4,10 @@ checkpoint file read back as torch reads it."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 def write_convnet_checkpoint(
@@ -82,3 +86,20 @@ def ema_refusals(folder: Path, checkpoint: Path) -> dict[str, list[str]]:
         "a state dict": ["convnet", "--weights", str(state_dict)],
         "an exported file": [str(exported)],
     }
+
+
+def save_torchkit_checkpoint(path: Path, arch: str, model: torch.nn.Module, size: int) -> None:
+    """`model` as train saves it: its arch, classes a b, preprocessing for `size` px RGB."""
+    from torchkit.core.models.checkpoint import FORMAT_VERSION, save_checkpoint
+
+    save_checkpoint(
+        {
+            "format_version": FORMAT_VERSION,
+            "arch": arch,
+            "num_classes": 2,
+            "classes": ["a", "b"],
+            "model": model.state_dict(),
+            "preprocess": {"image_size": size, "in_channels": 3},
+        },
+        path,
+    )

@@ -6,7 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers.checkpoints import read_checkpoint, write_convnet_checkpoint
+from tests.helpers.checkpoints import (
+    read_checkpoint,
+    save_torchkit_checkpoint,
+    write_convnet_checkpoint,
+)
 from tests.helpers.processes import run_torchkit_in_process
 
 
@@ -126,7 +130,6 @@ def sized(request, tmp_path, monkeypatch):
     import torchvision
 
     from torchkit.core.models import resolve_model
-    from torchkit.core.models.checkpoint import FORMAT_VERSION, save_checkpoint
 
     arch, size = request.param, SIZED[request.param]
     if arch.startswith("timm/"):
@@ -135,17 +138,7 @@ def sized(request, tmp_path, monkeypatch):
         monkeypatch.setattr(torchvision.models, "get_model", _tiny_torchvision)
     model = resolve_model(arch, image_size=size, num_classes=2).model
     path = tmp_path / "sized.pt"
-    save_checkpoint(
-        {
-            "format_version": FORMAT_VERSION,
-            "arch": arch,
-            "num_classes": 2,
-            "classes": ["a", "b"],
-            "model": model.state_dict(),
-            "preprocess": {"image_size": size, "in_channels": 3},
-        },
-        path,
-    )
+    save_torchkit_checkpoint(path, arch, model, size)
     return arch, path
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from checkpoints import save_torchkit_checkpoint
 from nets import tiny_vit
 from output_checks import error_line
 from processes import run_torchkit_in_process
@@ -31,23 +32,6 @@ REFUSED = (
     "its 8 px patches: its position embeddings cannot be resampled to them (use an --image-size "
     "that is a multiple of 8, such as 16 or 24)"
 )
-
-
-def save_torchkit_checkpoint(path: Path, arch: str, model: torch.nn.Module, size: int) -> None:
-    """`model` as train saves it: its arch, classes a b, preprocessing for `size` px RGB."""
-    from torchkit.core.models.checkpoint import FORMAT_VERSION, save_checkpoint
-
-    save_checkpoint(
-        {
-            "format_version": FORMAT_VERSION,
-            "arch": arch,
-            "num_classes": 2,
-            "classes": ["a", "b"],
-            "model": model.state_dict(),
-            "preprocess": {"image_size": size, "in_channels": 3},
-        },
-        path,
-    )
 
 
 def distinct_vit(size: int = 16) -> torch.nn.Module:
