@@ -1,10 +1,23 @@
 _torchkit_completion() {
     local IFS=$'
 '
-    COMPREPLY=( $( env COMP_WORDS="${COMP_WORDS[*]}" \
-                   COMP_CWORD=$COMP_CWORD \
+    local words=() cword=0 rest=$COMP_LINE word blanks i
+    for ((i = 0; i < ${#COMP_WORDS[@]}; i++)); do
+        word=${COMP_WORDS[i]}
+        blanks=${rest%%[![:blank:]]*}
+        rest=${rest#"$blanks"}
+        rest=${rest#"$word"}
+        if ((i > 1)) && [[ -z $blanks && ( $word =~ ^:+$ || ${COMP_WORDS[i-1]} =~ ^:+$ ) ]]
+        then
+            words[${#words[@]}-1]+=$word
+        else
+            words+=("$word")
+        fi
+        ((i == COMP_CWORD)) && cword=$((${#words[@]} - 1))
+    done
+    COMPREPLY=( $( env COMP_WORDS="${words[*]}" \
+                   COMP_CWORD=$cword \
                    _TORCHKIT_COMPLETE=complete_bash $1 ) )
-    local i
     for i in "${!COMPREPLY[@]}"; do
         if [[ -e ${COMPREPLY[i]} ]] && compopt -o filenames 2>/dev/null; then
             for i in "${!COMPREPLY[@]}"; do
@@ -13,6 +26,12 @@ _torchkit_completion() {
             break
         fi
     done
+    word=${words[cword]}
+    if [[ $word == *:* && $COMP_WORDBREAKS == *:* ]]; then
+        for i in "${!COMPREPLY[@]}"; do
+            COMPREPLY[i]=${COMPREPLY[i]#"${word%"${word##*:}"}"}
+        done
+    fi
     return 0
 }
 

@@ -352,6 +352,37 @@ done
     assert "resnet18" in names and as_file_names not in names
 
 
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
+@pytest.mark.skipif(not CONSOLE_SCRIPT.exists(), reason="no torchkit console script")
+def test_bash_completes_a_device_after_its_colon():
+    """bash splits `--device cuda:` at the colon (COMP_WORDBREAKS), so torchkit completed `:`
+    alone and offered nothing (bash then listed files). The script joins the pieces back, and
+    the candidates lose `cuda:`, as bash replaces only what follows the colon. COMP_WORDS,
+    COMP_CWORD, COMP_LINE and COMP_POINT are set as bash sets them for that line."""
+    script = f"""
+source {REPO / "completions" / "torchkit.bash"}
+[[ $COMP_WORDBREAKS == *:* ]] || exit 3
+for line in 'torchkit train --device cuda:' 'torchkit train --device cuda:0 --se'; do
+    COMP_LINE=$line; COMP_POINT=${{#line}}
+    read -ra COMP_WORDS <<< "${{line//:/ : }}"; COMP_CWORD=$((${{#COMP_WORDS[@]}} - 1))
+    _torchkit_completion torchkit
+    printf '%s\\n' "${{COMPREPLY[@]}}" ---
+done
+"""
+    path = f"{CONSOLE_SCRIPT.parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    done = subprocess.run(
+        ["bash", "--norc", "--noprofile", "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATH": path},
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    after_colon, after_device, _ = [found.splitlines() for found in done.stdout.split("---\n")]
+    assert after_colon == ["0", "1"]
+    assert after_device == ["--seed"]
+
+
 @pytest.mark.skipif(shutil.which("zsh") is None, reason="zsh is not installed")
 @pytest.mark.skipif(not CONSOLE_SCRIPT.exists(), reason="no torchkit console script")
 def test_zsh_completes_at_the_first_tab_from_fpath(tmp_path):

@@ -48,8 +48,39 @@ PROGRAM = "torchkit"
 # a quote the user opened too) and ends a folder with its slash instead of a space, so the
 # folders' own slashes are left to it. (compopt is bash 4's: bash 3.2 keeps Typer's way.)
 _BASH_RETURN = "\n    return 0\n}"
+# bash splits a word at the colons in COMP_WORDBREAKS (`--device cuda:0` came as `cuda`, `:`,
+# `0`), so that torchkit completed `:` or `0` alone and offered nothing. Pieces that touch in
+# the line as typed are joined back into the word torchkit completes; and as bash replaces only
+# what follows the word's last colon, the candidates lose what precedes it (what
+# bash-completion's __ltrim_colon_completions does, without needing bash-completion).
+_BASH_WORDS = """
+    COMPREPLY=( $( env COMP_WORDS="${COMP_WORDS[*]}" \\
+                   COMP_CWORD=$COMP_CWORD \\"""
+_BASH_JOINED_WORDS = """
+    local words=() cword=0 rest=$COMP_LINE word blanks i
+    for ((i = 0; i < ${#COMP_WORDS[@]}; i++)); do
+        word=${COMP_WORDS[i]}
+        blanks=${rest%%[![:blank:]]*}
+        rest=${rest#"$blanks"}
+        rest=${rest#"$word"}
+        if ((i > 1)) && [[ -z $blanks && ( $word =~ ^:+$ || ${COMP_WORDS[i-1]} =~ ^:+$ ) ]]
+        then
+            words[${#words[@]}-1]+=$word
+        else
+            words+=("$word")
+        fi
+        ((i == COMP_CWORD)) && cword=$((${#words[@]} - 1))
+    done
+    COMPREPLY=( $( env COMP_WORDS="${words[*]}" \\
+                   COMP_CWORD=$cword \\"""
+_BASH_AFTER_LAST_COLON = """
+    word=${words[cword]}
+    if [[ $word == *:* && $COMP_WORDBREAKS == *:* ]]; then
+        for i in "${!COMPREPLY[@]}"; do
+            COMPREPLY[i]=${COMPREPLY[i]#"${word%"${word##*:}"}"}
+        done
+    fi"""
 _BASH_AS_FILE_NAMES = """
-    local i
     for i in "${!COMPREPLY[@]}"; do
         if [[ -e ${COMPREPLY[i]} ]] && compopt -o filenames 2>/dev/null; then
             for i in "${!COMPREPLY[@]}"; do
@@ -81,9 +112,13 @@ def completion_script(shell: str) -> str:
 
     script = get_completion_script(prog_name=PROGRAM, complete_var=COMPLETE_ENV, shell=shell)
     if shell == "bash":
-        if script.count(_BASH_RETURN) != 1:
+        if script.count(_BASH_RETURN) != 1 or script.count(_BASH_WORDS) != 1:
             raise RuntimeError("Typer's bash completion script changed: see cli/completion.py")
-        script = script.replace(_BASH_RETURN, _BASH_AS_FILE_NAMES + _BASH_RETURN)
+        script = script.replace(_BASH_WORDS, _BASH_JOINED_WORDS)
+        # File names are told from the whole candidates, before they lose a colon's prefix.
+        script = script.replace(
+            _BASH_RETURN, _BASH_AS_FILE_NAMES + _BASH_AFTER_LAST_COLON + _BASH_RETURN
+        )
     elif shell == "zsh":
         if not script.endswith(_ZSH_COMPDEF):
             raise RuntimeError("Typer's zsh completion script changed: see cli/completion.py")
