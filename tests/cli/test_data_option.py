@@ -126,6 +126,28 @@ def test_with_data_the_argument_is_out_also_beside_out_option(
         assert len((out / "split.csv").read_bytes().splitlines()) == 6
 
 
+@pytest.mark.parametrize(("command", "name"), [("split", "ROOT"), ("extract-features", "IMAGES")])
+def test_argument_data_and_out_options_name_all_three_places(
+    runner, make_image_folder, image_folder, tmp_path, command, name
+):
+    """`split raw --data raw2 --out o`: raw, most likely meant as ROOT, is OUT beside --data
+    and was refused as `OUT raw and --out o name two outputs`, which did not say why raw was
+    taken for OUT, nor name --data raw2. The error names all three and the rule."""
+    model = ["convnet", "--allow-untrained"] if command == "extract-features" else []
+    other_data = make_image_folder(tmp_path / "other", {"a": 1, "b": 1})
+    out = tmp_path / "o"
+    args = [command, *model, str(image_folder), "--data", str(other_data), "--out", str(out)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    line = error_line(result.stderr, besides="nothing")
+    assert line == (
+        f"Error: OUT {image_folder} and --out {out} name two outputs (the argument is OUT "
+        f"when --data {other_data} gives {name}: give one of them)"
+    )
+    assert not out.exists()
+    assert sorted(path.name for path in image_folder.iterdir()) == ["a", "b"]
+
+
 @pytest.mark.parametrize("command", ["dataset-stats", "split"])
 def test_no_data_at_all_is_one_usage_error(runner, command, tmp_path):
     out = ["--out", str(tmp_path / "out")] if command == "split" else []

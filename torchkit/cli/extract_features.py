@@ -225,7 +225,7 @@ def extract_features_command(
     if len(rest) > 2:
         raise UsageError(f"unexpected extra argument: {rest[2]}", "give MODEL, IMAGES and OUT")
     images, out = (list(rest) + [None, None])[:2]
-    out = product_path(out, out_option, required=False)
+    out = product_path(out, out_option, required=False, data=data, data_name="IMAGES")
     out = None if out is None else Path(out)  # with --model, OUT came in IMAGES' place, as text
     if list_layers:
         if images is not None or out is not None:

@@ -70,14 +70,27 @@ def former_short_flag(value: Any, former: Any, *, option: str, flag: str) -> Any
     return former
 
 
-def product_path(positional: Any, option: Any, *, required: bool = True, name: str = "OUT"):
+def product_path(
+    positional: Any,
+    option: Any,
+    *,
+    required: bool = True,
+    name: str = "OUT",
+    data: Any = None,
+    data_name: str = "ROOT",
+):
     """OUT given positionally or as --out (the same thing); both naming two places, or neither
-    when one is required, is a usage error."""
+    when one is required, is a usage error. `data`: the --data that made the positional OUT
+    (data_and_rest), named in the error, as the positional may have been meant as the data."""
     from torchkit.core.io.errors import UsageError
 
     if positional is not None and option is not None and Path(positional) != Path(option):
+        # `split raw --data raw2 --out o`: raw was likely meant as ROOT, not OUT.
+        rule = (
+            "" if data is None else f"the argument is {name} when --data {data} gives {data_name}: "
+        )
         raise UsageError(
-            f"{name} {positional} and --out {option} name two outputs", "give one of them"
+            f"{name} {positional} and --out {option} name two outputs", f"{rule}give one of them"
         )
     chosen = option if option is not None else positional
     if chosen is None and required:

@@ -269,7 +269,7 @@ def _root_and_out(root, out, data, out_option) -> tuple[str, Path]:
     root, rest = data_and_rest(data, words, name="ROOT", after=1)
     if root is None:
         raise UsageError("missing ROOT", "give it, or as --data ROOT")
-    return root, Path(product_path(rest[0] if rest else None, out_option))
+    return root, Path(product_path(rest[0] if rest else None, out_option, data=data))
 
 
 def register(app: typer.Typer) -> None:
