@@ -6,11 +6,14 @@ as "being written by another torchkit process"."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,8 @@ from processes import processes_in_group, start_torchkit_process, wait_until
 from suite_paths import HELPERS
 
 from torchkit.core.data.dataset import OrphanedWorkerExit
+from torchkit.core.io.files import atomic_path, atomic_write
+from torchkit.core.io.folder_locks import flock_path
 from torchkit.core.io.outputs import FolderLock, OutputLockedError, ReplacedFiles
 from torchkit.core.split.files import moving_out_of
 
@@ -61,6 +66,58 @@ def test_a_forked_child_holds_none_of_the_output_locks(tmp_path):
     finally:
         lock.release()
     FolderLock(tmp_path / "run", "run folder").release()  # released with the last descriptor
+
+
+@contextlib.contextmanager
+def _killed_inside(block: Callable[[], contextlib.AbstractContextManager]) -> Iterator[None]:
+    """A forked writer enters `block()`, forks a child there (a loader starting its workers
+    while a report streams into its file, a download beside them) and is SIGKILLed in it; the
+    child lives on, as a worker does until it learns of the kill, while the caller's block
+    runs: whatever lock the child holds shows."""
+    release_read, release_write = os.pipe()
+    writer = os.fork()
+    if writer == 0:  # the writer: runs nothing of the test's
+        try:
+            os.close(release_write)
+            with block():
+                if os.fork() == 0:  # the child: lives until the test's end of the pipe closes
+                    os.read(release_read, 1)
+                    os._exit(0)
+                os.kill(os.getpid(), signal.SIGKILL)
+        finally:
+            os._exit(1)
+    os.close(release_read)
+    try:
+        _, status = os.waitpid(writer, 0)
+        assert os.waitstatus_to_exitcode(status) == -signal.SIGKILL
+        yield
+    finally:
+        os.close(release_write)
+
+
+@pytest.mark.parametrize("write", [atomic_write, atomic_path])
+def test_a_killed_writers_temporary_is_not_kept_locked_by_its_children(tmp_path, write):
+    """The temporary an atomic write leaves when SIGKILLed is a dead writer's, removed by the
+    next write of the file, even while a process the writer forked lives on (it shared the
+    temporary's flock, and the next write took the temporary for a live writer's)."""
+    target = tmp_path / "predictions.csv"
+    with _killed_inside(lambda: write(target)):
+        assert len(list(tmp_path.iterdir())) == 1  # the temporary
+        with write(target) as written:
+            (written.write if write is atomic_write else written.write_text)("path,class\n")
+        assert [p.name for p in tmp_path.iterdir()] == [target.name]
+
+
+def test_a_killed_downloads_shard_lock_is_not_kept_by_its_children(tmp_path):
+    """A cached shard's download lock goes with the process that took it: the next run
+    downloads the shard at once, not after waiting for a child of the killed run."""
+    from torchkit.core.data.sources.http_shards import _locked
+
+    lock = tmp_path / ".shard-000.tar.lock"
+    with _killed_inside(lambda: _locked(lock, threading.Event(), "shard-000.tar")):
+        fd = flock_path(lock, exclusive=True)  # BlockingIOError: a live process holds it
+        assert fd is not None
+        os.close(fd)
 
 
 def test_the_workers_of_a_sigkilled_run_do_not_keep_its_folder_locked(tmp_path):

@@ -16,6 +16,7 @@ from typing import IO
 
 from torchkit.core.io.durability import fsync_directory, fsync_file
 from torchkit.core.io.errors import InputError, OutputWriteError
+from torchkit.core.io.folder_locks import close_lock, open_unshared
 from torchkit.core.io.outputs import (
     as_write_error,
     check_claimed,
@@ -195,13 +196,9 @@ def atomic_write(
     check_claimed(target, writing=True)  # its folder is still the one begun: never made again
     with _reporting(target):
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = _held_temporary(target, *temporary_affixes(target.name))
-    lock_fd = -1
+        fd, tmp_name, lock_fd = _held_temporary(target, *temporary_affixes(target.name))
     try:
-        if fcntl is not None:  # Windows cannot rename a file that is open
-            # A second fd on the same open file keeps the lock after the handle closes:
-            # through `check` and the rename.
-            lock_fd = os.dup(fd)
+        # `lock_fd` keeps the flock after the handle closes: through `check` and the rename.
         with _reporting(target):
             _apply_umask(tmp_name)
             synced_later = synced_when_kept(target)  # one sync for all, before the swap
@@ -219,7 +216,7 @@ def atomic_write(
         raise
     finally:
         if lock_fd >= 0:
-            os.close(lock_fd)
+            close_lock(lock_fd)
 
 
 def _rename_into_place(temporary: str, target: Path, synced_later: bool) -> None:
@@ -230,24 +227,39 @@ def _rename_into_place(temporary: str, target: Path, synced_later: bool) -> None
         fsync_directory(target.parent)
 
 
-def _held_temporary(target: Path, prefix: str, suffix: str) -> tuple[int, str]:
-    """mkstemp's (fd, name) for a temporary of `target`, its flock held on the fd until the fd
-    closes (a kill closes it too), after removing the temporaries of `target` that killed
-    writers left: the ones whose flock nobody holds."""
+def _held_temporary(target: Path, prefix: str, suffix: str) -> tuple[int, str, int]:
+    """mkstemp's (fd, name) for a temporary of `target`, and a descriptor of it holding its
+    flock (-1 where there is none) until `close_lock` closes it (a kill closes it too), after
+    removing the temporaries of `target` that killed writers left: the ones whose flock nobody
+    holds. The flock is held through a descriptor of its own, never the one written through:
+    the processes this one forks (loader workers started while a report streams into the
+    file) keep neither, and a writer SIGKILLed with such a child alive leaves a temporary the
+    next run removes, not one it must take for a live writer's."""
     _remove_dead_temporaries(target, prefix, suffix)
     while True:
         fd, tmp_name = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=target.parent)
         if fcntl is None:
-            return fd, tmp_name
+            return fd, tmp_name, -1
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            lock_fd = open_unshared(tmp_name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except FileNotFoundError:  # another writer took it for dead before the flock
+            os.close(fd)
+            continue
+        except OSError:  # not to be opened again by its name: written unlocked, as below
+            return fd, tmp_name, -1
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
         except OSError:  # a file system without flock: written unlocked, and never removed
-            return fd, tmp_name
-        try:  # still there? another writer may have taken it for dead before the flock
-            if os.path.samestat(os.stat(tmp_name), os.fstat(fd)):
-                return fd, tmp_name
+            close_lock(lock_fd)
+            return fd, tmp_name, -1
+        try:  # still the file made? another writer may have taken it for dead before the flock
+            if os.path.samestat(os.fstat(lock_fd), os.fstat(fd)) and os.path.samestat(
+                os.stat(tmp_name), os.fstat(fd)
+            ):
+                return fd, tmp_name, lock_fd
         except FileNotFoundError:
             pass
+        close_lock(lock_fd)
         os.close(fd)
 
 
@@ -401,10 +413,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     check_claimed(target, writing=True)
     with _reporting(target):
         target.parent.mkdir(parents=True, exist_ok=True)
-        lock_fd, tmp_name = _held_temporary(target, *temporary_affixes(target.stem, target.suffix))
-    if fcntl is None:  # no lock to hold, and Windows cannot rename a file that is open
-        os.close(lock_fd)
-        lock_fd = -1
+        fd, tmp_name, lock_fd = _held_temporary(
+            target, *temporary_affixes(target.stem, target.suffix)
+        )
+    os.close(fd)  # the writer opens the name (and Windows cannot rename a file that is open)
     try:
         with _reporting(target):
             _apply_umask(tmp_name)
@@ -420,7 +432,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         raise
     finally:
         if lock_fd >= 0:
-            os.close(lock_fd)
+            close_lock(lock_fd)
 
 
 @contextlib.contextmanager

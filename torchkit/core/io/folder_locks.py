@@ -13,13 +13,15 @@ parent was SIGKILLed lives on a while (until its PR_SET_PDEATHSIG signal lands, 
 look at its parent, up to 5 s), refusing a rerun at once on the same output as "being written
 by another torchkit process". The locks
 `hold` keeps and the descriptors given to `close_in_forked_children` are closed in every
-forked child at once (`_forget_in_child`)."""
+forked child at once (`_forget_in_child`); `open_unshared` opens a descriptor that is so from
+the start, and `close_lock` closes one, with no fork in between."""
 
 from __future__ import annotations
 
 import contextlib
 import itertools
 import os
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -176,6 +178,12 @@ def hold(key: str, fd: int) -> None:
 _lock_descriptors: dict[int, tuple[int, int]] = {}
 
 
+# Held while a descriptor is opened and registered (`open_unshared`), or unregistered and
+# closed (`close_lock`), and across every fork: a process forked between the two steps would
+# keep its copy of the descriptor, and with it the flock.
+_opening = threading.Lock()
+
+
 def close_in_forked_children(fd: int) -> int:
     """Have every process forked from this one close `fd` (a descriptor holding a lock) first
     thing, so that the lock is this process's alone and goes when this process dies; close it
@@ -186,13 +194,23 @@ def close_in_forked_children(fd: int) -> int:
     return fd
 
 
+def open_unshared(path: str | os.PathLike, flags: int, mode: int = 0o666) -> int:
+    """`os.open(path, flags | O_CLOEXEC, mode)` for a descriptor that is to hold a flock: given
+    to `close_in_forked_children` before another thread can fork (a DataLoader started beside
+    a download thread), so that no child ever shares it. Close it with `close_lock`."""
+    with _opening:
+        return close_in_forked_children(os.open(path, flags | os.O_CLOEXEC, mode))
+
+
 def close_lock(fd: int) -> None:
     """Close `fd`, given to `close_in_forked_children` (or not)."""
-    _lock_descriptors.pop(fd, None)
-    os.close(fd)
+    with _opening:  # a child forked between the two would keep it open, and hold its lock
+        _lock_descriptors.pop(fd, None)
+        os.close(fd)
 
 
 def _forget_in_child() -> None:
+    _opening.release()  # taken by the thread of the parent that forked (`_before_fork`)
     # A forked worker (DataLoader, process pool) outlives a SIGKILLed command for a while, and
     # one that outlived the command would keep its locks after the command ends: the parent's
     # descriptors hold them alone.
@@ -209,5 +227,11 @@ def _forget_in_child() -> None:
     _lock_descriptors.clear()
 
 
+def _before_fork() -> None:
+    _opening.acquire()
+
+
 if hasattr(os, "register_at_fork"):  # POSIX
-    os.register_at_fork(after_in_child=_forget_in_child)
+    os.register_at_fork(
+        before=_before_fork, after_in_parent=_opening.release, after_in_child=_forget_in_child
+    )

@@ -49,7 +49,7 @@ from torchkit.core.io.errors import (
     first_line,
 )
 from torchkit.core.io.file_kinds import file_kind
-from torchkit.core.io.folder_locks import close_in_forked_children, close_lock
+from torchkit.core.io.folder_locks import close_lock, open_unshared
 from torchkit.core.io.temporaries import (
     TEMPORARY,
     fitting,
@@ -652,7 +652,7 @@ class ReplacedFiles:
         fd = _locked_file(path)
         if fd is None:
             return False
-        self._held.append(close_in_forked_children(fd))
+        self._held.append(fd)  # `_locked_file`'s: never held by a forked child
         return True
 
     def _release(self) -> None:
@@ -721,7 +721,7 @@ def _locked_file(path: Path, name: Path | None = None) -> int | None:
     except ImportError:  # Windows: no flock
         return None
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = open_unshared(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return None
     try:
@@ -736,14 +736,14 @@ def _locked_file(path: Path, name: Path | None = None) -> int | None:
         holder = lock_holder(fd)
         if name is not None or _held_as_set_aside(path, os.fstat(fd)):
             holder = dataclasses.replace(holder, torchkit=True)
-        os.close(fd)
+        close_lock(fd)
         doing = "is being replaced by" if holder.torchkit else "is locked by"
         raise OutputLockedError(
             f"{name or path} {doing} {holder}", "wait for it to finish, or choose another name"
         ) from None
     except OSError:  # no flock on this file system
         pass
-    os.close(fd)
+    close_lock(fd)
     return None
 
 
@@ -780,7 +780,7 @@ def remove_dead_replaced_files(target: Path) -> list[str]:
         elif os.path.lexists(aside):
             fd = _locked_file(aside, target)  # OutputLockedError: a live run's
             if fd is not None:
-                os.close(fd)
+                close_lock(fd)
     return notes
 
 
@@ -1209,7 +1209,9 @@ class FolderLock:
             raise write_error(folder, error) from error
         while True:
             try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                # Not held by the workers and helpers this process starts: they would keep the
+                # folder locked after a SIGKILL of this process (see `folder_locks`).
+                fd = open_unshared(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             except OSError as error:
                 raise write_error(folder, error) from error
             try:
@@ -1220,7 +1222,7 @@ class FolderLock:
                 # Any process may hold it (`flock .NAME.torchkit-lock CMD` in a script), not
                 # only a torchkit run, which writes its PID in the file.
                 holder = lock_holder(fd, _read_pid(fd))
-                os.close(fd)
+                close_lock(fd)
                 if holder.torchkit:
                     raise OutputLockedError(
                         f"{what} {folder} is being written by {holder}",
@@ -1238,10 +1240,8 @@ class FolderLock:
                 same = False
             if same:
                 break
-            os.close(fd)
-        # Not held by the workers and helpers this process starts: they would keep the folder
-        # locked after a SIGKILL of this process (see `folder_locks`).
-        self.fd = close_in_forked_children(fd)
+            close_lock(fd)
+        self.fd = fd
         try:
             os.ftruncate(fd, 0)
             os.write(fd, f"{os.getpid()}\n".encode())

@@ -1,6 +1,8 @@
 """The temporaries `atomic_write` and `atomic_path` write beside a file, each flocked by its
 writer for as long as that writer lives: a temporary whose flock can be taken is a killed
-writer's (a SIGKILL cannot be caught, but the kernel drops the lock)."""
+writer's (a SIGKILL cannot be caught, but the kernel drops the lock). The flock is held through
+a descriptor no forked child keeps (`folder_locks.open_unshared`): a loader worker that outlives
+a killed writer does not make its temporary look like a live writer's."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import os
 import re
 import stat
 from pathlib import Path, PurePath
+
+from torchkit.core.io.folder_locks import close_lock, open_unshared
 
 try:
     import fcntl
@@ -84,8 +88,8 @@ def _open_unlocked(path: Path) -> int | None:
     link, not a regular file, or a live writer holds the flock (or there is no flock)."""
     if fcntl is None:
         return None
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:  # a process forked meanwhile keeps no copy: the flock is this process's alone
+        fd = open_unshared(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:  # gone, a link, or not ours to read: left alone
         return None
     try:
@@ -94,7 +98,7 @@ def _open_unlocked(path: Path) -> int | None:
             return fd
     except OSError:  # a live writer holds it (or this file system has no flock)
         pass
-    os.close(fd)
+    close_lock(fd)
     return None
 
 
@@ -103,7 +107,7 @@ def is_unlocked(path: Path) -> bool:
     fd = _open_unlocked(path)
     if fd is None:
         return False
-    os.close(fd)
+    close_lock(fd)
     return True
 
 
@@ -119,4 +123,4 @@ def remove_if_unlocked(path: Path) -> bool:
     except OSError:
         return False
     finally:
-        os.close(fd)
+        close_lock(fd)

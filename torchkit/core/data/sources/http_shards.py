@@ -72,6 +72,7 @@ from torchkit.core.io.errors import (
     TorchkitError,
     UsageError,
 )
+from torchkit.core.io.folder_locks import close_lock, open_unshared
 from torchkit.core.io.outputs import as_write_error, remove_tree, reporting_write_errors
 from torchkit.core.io.redaction import has_redacted_secret, list_parts, redact_url
 
@@ -541,7 +542,10 @@ def _locked(path: Path, stop: threading.Event, what: str) -> Iterator[None]:
     said_after: float | None = time.monotonic() + LOCK_WAIT_WARNING_S
     while True:
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+            # Not kept by the processes this one forks (loader workers started while a
+            # download runs on a thread): one that outlived a SIGKILL of this process would hold
+            # the lock, and the next run would wait for a download nobody makes.
+            fd = open_unshared(path, os.O_RDWR | os.O_CREAT, 0o666)
         except OSError as error:  # a cache that cannot be written (read-only, full)
             if as_write_error(error, path) is None:
                 raise
@@ -565,15 +569,15 @@ def _locked(path: Path, stop: threading.Event, what: str) -> Iterator[None]:
                         )
                     time.sleep(0.1)
         except BaseException:
-            os.close(fd)
+            close_lock(fd)
             raise
         if _is_at(fd, path):
             break
-        os.close(fd)  # deleted while we waited (`_delete_lock`): lock the one there now
+        close_lock(fd)  # deleted while we waited (`_delete_lock`): lock the one there now
     try:
         yield
     finally:
-        os.close(fd)  # releases the lock
+        close_lock(fd)  # releases the lock
 
 
 def _is_at(fd: int, path: Path) -> bool:
@@ -595,7 +599,7 @@ def _delete_lock(path: Path) -> None:
     except ImportError:
         return
     try:
-        fd = os.open(path, os.O_RDWR)
+        fd = open_unshared(path, os.O_RDWR)
     except OSError:  # gone already, or a cache it may not change
         return
     try:
@@ -605,7 +609,7 @@ def _delete_lock(path: Path) -> None:
     except OSError:  # held (BlockingIOError): its holder is using it
         pass
     finally:
-        os.close(fd)
+        close_lock(fd)
 
 
 def _lock_path(target: Path) -> Path:
