@@ -18,7 +18,13 @@ from pathlib import Path
 
 import pytest
 from image_folders import write_image_folder
-from processes import processes_in_group, start_torchkit_process, wait_until
+from processes import (
+    processes_in_group,
+    run_torchkit_in_process,
+    start_torchkit_process,
+    wait_until,
+)
+from safety_world import GATE_MODULE
 from suite_paths import HELPERS
 
 from torchkit.core.data.dataset import OrphanedWorkerExit
@@ -186,3 +192,40 @@ def test_a_train_loader_worker_ends_with_its_killed_parent():
         os.close(out_read)
         if not ended and written:  # alive: its PID is not another process's
             os.kill(int(written), signal.SIGKILL)
+
+
+def test_predict_runs_again_at_once_on_the_output_of_a_sigkilled_run(tmp_path):
+    """`predict -j 2 -o FILE --force` SIGKILLed mid-run, its workers alive (stopped, so that
+    they outlive the kill for as long as the test looks): run again at once on the same FILE,
+    it finds no lock of theirs. The killed run held the old file's set-aside and the new
+    file's temporary, which its workers were forked beside; the rerun writes FILE and leaves
+    nothing else. Continued, the workers end: the kill reached them too."""
+    write_image_folder(tmp_path / "ds", {"a": 3, "b": 3})
+    (tmp_path / "gatemod.py").write_text(GATE_MODULE)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "preds.csv").write_text("earlier\n")
+    gate = tmp_path / "gate"
+    args = ["predict", "gatemod:Gated", "ds", "--allow-untrained", "--classes", "a,b"]
+    args += ["--image-size", "8", "--batch-size", "2", "--format", "csv", "--device", "cpu"]
+    args += ["-o", "out/preds.csv", "--force"]
+    killed = start_torchkit_process(*args, "-j", "2", cwd=tmp_path, env={"GATE_FILE": str(gate)})
+    children: list[int] = []
+    try:
+        wait_until(gate.exists, process=killed, what="the first batch")
+        children = [pid for pid in processes_in_group(killed.pid) if pid != killed.pid]
+        assert len(children) >= 2  # its two loader workers
+        for pid in children:
+            os.kill(pid, signal.SIGSTOP)
+        killed.kill()
+        assert killed.wait(timeout=60) == -signal.SIGKILL
+        again = run_torchkit_in_process(*args, "-j", "0", cwd=tmp_path)
+        assert again.returncode == 0, again.stderr
+        assert os.listdir(out) == ["preds.csv"]  # no temporary, no set-aside left
+        assert (out / "preds.csv").read_text().startswith("path,label,class,")
+    finally:
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        killed.communicate(timeout=60)
+    wait_until(lambda: not processes_in_group(killed.pid), what="the workers to end")
