@@ -325,3 +325,23 @@ class LazyNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(self.pool(torch.relu(self.bn(self.conv(x)))).flatten(1))
+
+
+class TrainOnlyLazyNet(LazyNet):
+    """LazyNet with an auxiliary lazy head (LazyLinear -> LazyBatchNorm1d -> dropout ->
+    LazyLinear) that only its training forward runs, added into the logits as deep supervision
+    would be: a forward in eval mode never reaches it, so it stays unsized. Its 324 parameters:
+    LazyNet's 154 (2 classes), then linear 16*8 + 8, BatchNorm 8 + 8, linear 8*2 + 2."""
+
+    def __init__(self, num_classes: int = 3) -> None:
+        super().__init__(num_classes)
+        self.aux = nn.Sequential(
+            nn.LazyLinear(8), nn.LazyBatchNorm1d(), nn.Dropout(0.5), nn.LazyLinear(num_classes)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = self.pool(torch.relu(self.bn(self.conv(x)))).flatten(1)
+        logits = self.fc(features)
+        if self.training:
+            logits = logits + self.aux(features)
+        return logits

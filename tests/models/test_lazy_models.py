@@ -12,9 +12,10 @@ import pytest
 import torch
 import torchinfo
 from image_folders import write_image_folder
-from nets import LazyNet
+from nets import LazyNet, TrainOnlyLazyNet
 from output_checks import error_line
 from processes import run_torchkit_in_process
+from run_curves import lay_out_curves_only
 from torch import nn
 
 from torchkit.core.io.errors import UsageError
@@ -154,3 +155,68 @@ def test_a_lazy_model_that_fails_at_another_size_names_it():
     model = WideInput()
     assert materialize_lazy_layers(model, (3, 8, 8), "mine:WideInput")
     assert model.head.weight.shape == (2, 5)
+
+
+def test_a_lazy_layer_only_training_reaches_is_sized_without_a_trace():
+    """TrainOnlyLazyNet's auxiliary head runs in training mode only: before -> "has lazy layers
+    its forward pass did not size"; now a second dry pass, in training mode, sizes it and leaves
+    every BatchNorm statistic fresh and torch's random numbers as the eval pass left them (its
+    dropout drew none that count)."""
+    torch.manual_seed(5)
+    sized_in_eval = TrainOnlyLazyNet(2)
+    with torch.no_grad():
+        sized_in_eval.eval()(torch.zeros(1, 3, 8, 8))
+    random_state = torch.get_rng_state()
+    torch.manual_seed(5)
+    resolved = resolve_model("nets:TrainOnlyLazyNet", num_classes=2, image_size=8)
+    assert torch.equal(torch.get_rng_state(), random_state)
+    model = resolved.model
+    for key, value in sized_in_eval.state_dict().items():  # the eval pass's, as torch sizes them
+        if not key.startswith("aux."):
+            assert torch.equal(model.state_dict()[key], value), key
+    assert resolved.num_params == lazy_net_params(2) + (16 * 8 + 8) + (8 + 8) + (8 * 2 + 2)
+    assert [type(layer) for layer in model.aux] == [
+        nn.Linear,
+        nn.BatchNorm1d,
+        nn.Dropout,
+        nn.Linear,
+    ]
+    assert model.aux[0].weight.shape == (8, 16) and model.aux[3].weight.shape == (2, 8)
+    assert model.training
+    for norm in (model.bn, model.aux[1]):  # the eval pass's and the training pass's
+        features = norm.num_features
+        assert norm.num_batches_tracked.item() == 0
+        assert torch.equal(norm.running_mean, torch.zeros(features))
+        assert torch.equal(norm.running_var, torch.ones(features))
+
+
+def test_each_module_gets_its_own_mode_back():
+    """A BatchNorm frozen in eval mode inside a training model stays frozen (before, the whole
+    model was put back in training mode)."""
+    model = LazyNet()
+    model.bn.eval()
+    assert materialize_lazy_layers(model, (3, 8, 8), "nets:LazyNet")
+    assert model.training and not model.bn.training and model.fc.training
+
+
+def test_a_model_with_a_training_only_lazy_head_trains_and_its_checkpoint_loads(
+    tmp_path, monkeypatch
+):
+    lay_out_curves_only(monkeypatch)  # the run's weights are checked, never curves.png
+    data = tmp_path / "data"
+    write_image_folder(data / "train", {"a": 2, "b": 2})
+    write_image_folder(data / "val", {"a": 1, "b": 1}, seed=1)
+    run = tmp_path / "run"
+    trained = run_torchkit_in_process(
+        "train", "--data", data, "--model", "nets:TrainOnlyLazyNet", "--image-size", "8",
+        "--epochs", "1", "--batch-size", "2", "--workers", "0", "--device", "cpu", "--out", run,
+        "-q",
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stderr
+    state = torch.load(run / "best.pt", weights_only=True)["model"]
+    assert state["aux.0.weight"].shape == (8, 16)
+    assert state["aux.1.num_batches_tracked"].item() == 2  # the two training batches only
+    # every command rebuilds it from the checkpoint this way: sized again, then loaded
+    loaded = resolve_model(str(run / "best.pt"), trust_checkpoint=True).model
+    for key, value in state.items():
+        assert torch.equal(loaded.state_dict()[key], value), key
