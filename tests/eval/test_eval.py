@@ -360,9 +360,29 @@ def test_many_classes_table_leaves_out_empty_rows(setup, tmp_path):
     data = json.loads(invoke(ckpt, "--data", setup["data"], "--format", "json").stdout)
     shown = [c for c in data["per_class"] if c["support"] or c["predicted"]]
     assert len(data["per_class"]) == 60 and len(shown) < 60
-    words = " ".join(result.stdout.split())  # the title may wrap
-    assert f"{60 - len(shown)} classes without images or predictions not shown" in words
+    words = " ".join(result.stdout.split())  # the note may wrap
+    note = (
+        f"{60 - len(shown)} of 60 classes, without images or predictions, not shown: "
+        "--all-classes shows them all"
+    )
+    assert note in words
+    assert words.endswith("list them")  # the note is the table's last line
     assert all(f"│ {c['label']} " in result.stdout for c in shown)
+    every = invoke(ckpt, "--data", setup["data"], "--workers", "0", "--all-classes")
+    assert every.exit_code == 0, every.stderr
+    assert all(f"│ {c['label']} " in every.stdout for c in data["per_class"])
+    assert "not shown" not in every.stdout
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json"])
+def test_all_classes_beside_csv_or_json_is_a_usage_error(fmt):
+    """They list every class already: --all-classes would do nothing there."""
+    result = invoke("convnet", "--data", "digits", "--format", fmt, "--all-classes")
+    assert result.exit_code == 2
+    assert error_line(result.stderr, besides="nothing") == (
+        f"Error: --all-classes shapes the table, and --format {fmt} lists every class already "
+        "(drop --all-classes)"
+    )
 
 
 def assert_same_per_class(got: list[dict], expected: list[dict]) -> None:

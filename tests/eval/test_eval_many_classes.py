@@ -178,8 +178,9 @@ def test_both_reports_agree_with_sklearn_from_predictions_csv(tmp_path, monkeypa
 
 def test_the_per_class_table_shows_the_classes_of_lowest_f1_and_says_how_to_see_all():
     """1,000 ImageNet classes printed 1,000 rows: the table shows MOST_CLASS_ROWS, those of
-    lowest F1 (then most images, then label order), and says how many it leaves out and where
-    every class is; per_class.csv's rows (--format csv) and JSON keep all 1,000."""
+    lowest F1 (then most images, then label order), and says in its last line how many it
+    leaves out and how to see them (--all-classes: every class, in label order);
+    per_class.csv's rows (--format csv) and JSON keep all 1,000."""
     from torchkit.cli.evaluate import MOST_CLASS_ROWS, per_class_table
     from torchkit.cli.render import render_plain_tables
 
@@ -203,10 +204,13 @@ def test_the_per_class_table_shows_the_classes_of_lowest_f1_and_says_how_to_see_
     assert [row[0] for row in table.rows] == [classes[c] for c in worst[:MOST_CLASS_ROWS]]
     shown = render_plain_tables([table], width=120)
     assert len(shown.splitlines()) < MOST_CLASS_ROWS + 12  # not a line per class
-    words = " ".join(shown.split())  # the title wraps
+    words = " ".join(shown.split())  # the title and the note wrap
     assert f"Per class, the {MOST_CLASS_ROWS} with the lowest F1" in words
-    assert (
-        f"{num_classes - MOST_CLASS_ROWS} of 1,000 classes not shown: --format csv or json, or "
-        "--out's per_class.csv, list them all" in words
+    assert words.endswith(
+        f"{num_classes - MOST_CLASS_ROWS} of 1,000 classes not shown: --all-classes shows them "
+        "all, and --format csv or json, or --out's per_class.csv, list them"
     )
+    every = per_class_table(result, all_classes=True)
+    assert [row[1] for row in every.rows] == list(range(num_classes))
+    assert every.note is None and "lowest" not in every.title
     assert len(result.per_class_rows()) == len(result.to_dict()["per_class"]) == num_classes

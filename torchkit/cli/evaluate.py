@@ -32,8 +32,13 @@ from torchkit.core.inference.options import InferenceOptions, PreprocessOverride
 # no images and were never predicted (per_class.csv and JSON always list every class).
 COMPACT_TABLE_ABOVE = 50
 # The most rows the per-class table shows: those of the lowest F1 where there are more (1,000
-# ImageNet classes printed 1,000 rows); CSV, JSON and --out's per_class.csv list every class.
+# ImageNet classes printed 1,000 rows); --all-classes shows every class, and CSV, JSON and
+# --out's per_class.csv always list every class.
 MOST_CLASS_ROWS = 50
+# Where the table leaves classes out, its last line says how to see them.
+SEE_ALL_CLASSES = (
+    "--all-classes shows them all, and --format csv or json, or --out's per_class.csv, list them"
+)
 
 
 class TTA(str, Enum):
@@ -126,6 +131,15 @@ def eval_command(
             show_default=False,
         ),
     ] = None,
+    all_classes: Annotated[
+        bool,
+        typer.Option(
+            "--all-classes",
+            help=f"Show every class in the per-class table (by default, above "
+            f"{MOST_CLASS_ROWS} classes, the {MOST_CLASS_ROWS} of lowest F1, and only classes "
+            "with images or predictions); --format csv or json always list every class.",
+        ),
+    ] = False,
     strict: StrictOption = False,
     trust_checkpoint: TrustCheckpointOption = False,
     allow_untrained: AllowUntrainedOption = False,
@@ -152,6 +166,13 @@ def eval_command(
     from torchkit.core.runtime.launch import is_main_process
 
     fmt = resolve_format(fmt, output)
+    if all_classes and fmt != "table":  # an option that would do nothing is refused
+        from torchkit.core.io.errors import UsageError
+
+        raise UsageError(
+            f"--all-classes shapes the table, and --format {fmt.value} lists every class already",
+            "drop --all-classes",
+        )
     spec = ModelSpec(
         model=model,
         arch=model_option,
@@ -190,7 +211,7 @@ def eval_command(
         if fmt == "csv":  # per_class.csv's columns and plain numbers, with the overall rows
             tables = [Table(result.per_class_columns(), result.per_class_rows(with_summary=True))]
         else:
-            tables = [summary_table(result), per_class_table(result)]
+            tables = [summary_table(result), per_class_table(result, all_classes=all_classes)]
         return tables, result.to_dict()
 
     # An -o file is written before the new reports replace an old --out folder (ReportAtSwap).
@@ -241,10 +262,12 @@ def summary_table(result) -> Table:
     return Table(["Metric", "Value"], rows, title="Evaluation", align_right={"Value"})
 
 
-def per_class_table(result) -> Table:
+def per_class_table(result, *, all_classes: bool = False) -> Table:
+    """The per-class rows of the table format: every class with `all_classes`, else above
+    COMPACT_TABLE_ABOVE classes those with images or predictions, at most MOST_CLASS_ROWS."""
     m = result.metrics
     rows = []
-    compact = len(result.classes) > COMPACT_TABLE_ABOVE
+    compact = len(result.classes) > COMPACT_TABLE_ABOVE and not all_classes
     for label, name in enumerate(result.classes):
         if compact and m.support[label] == 0 and m.predicted[label] == 0:
             continue
@@ -261,23 +284,28 @@ def per_class_table(result) -> Table:
             ]
         )
     title = "Per class (a precision or recall with nothing to divide by is 0)"
-    if len(rows) > MOST_CLASS_ROWS:
+    note = None
+    hidden = len(result.classes) - len(rows)
+    if len(rows) > MOST_CLASS_ROWS and not all_classes:
         # The classes worth a look first: lowest F1, then the most images, then label order.
         rows = sorted(rows, key=lambda row: (row[5], -row[2], row[1]))[:MOST_CLASS_ROWS]
         hidden = len(result.classes) - len(rows)
         title = (
             f"Per class, the {len(rows)} with the lowest F1 (a precision or recall with nothing "
-            f"to divide by is 0); {hidden:,} of {len(result.classes):,} classes not shown: "
-            "--format csv or json, or --out's per_class.csv, list them all"
+            "to divide by is 0)"
         )
-    elif len(rows) < len(result.classes):
-        left_out = len(result.classes) - len(rows)
-        title += f"; {left_out} classes without images or predictions not shown"
+        note = f"{hidden:,} of {len(result.classes):,} classes not shown: {SEE_ALL_CLASSES}"
+    elif hidden:
+        note = (
+            f"{hidden:,} of {len(result.classes):,} classes, without images or predictions, not "
+            f"shown: {SEE_ALL_CLASSES}"
+        )
     return Table(
         ["Class", "Index", "Support", "Precision", "Recall", "F1", "Confused with"],
         rows,
         title=title,
         align_right={"Index", "Support", "Precision", "Recall", "F1"},
+        note=note,
     )
 
 

@@ -87,12 +87,15 @@ def fixed_format(
 
 @dataclass
 class Table:
-    """Rows for the table and CSV formats. `columns` are the header labels."""
+    """Rows for the table and CSV formats. `columns` are the header labels; `note`, a line the
+    table format prints under the table (its last line on a terminal, where a title has
+    scrolled away: how to see rows it leaves out)."""
 
     columns: list[str]
     rows: list[Sequence[Any]]
     title: str | None = None
     align_right: set[str] = field(default_factory=set)
+    note: str | None = None
 
 
 def readable_number(value: float, unit: str = "") -> str:
@@ -209,8 +212,14 @@ def rich_table(
     # Text, not str: a class name, a path or a title from the user's data is shown as it is,
     # never read as rich markup (`[red]cat`, a `[/]` that failed the command) or an emoji code.
     title = None if table.title is None else Text(console.shown_text(str(table.title)))
+    note = None if table.note is None else Text(console.shown_text(table.note))
     rendered = RichTable(
-        title=title, title_justify="left", header_style="bold", show_header=show_header
+        title=title,
+        title_justify="left",
+        caption=note,
+        caption_justify="left",
+        header_style="bold",
+        show_header=show_header,
     )
     for index, column in enumerate(table.columns):
         # fold, not ellipsis: a long path must wrap inside its cell, never lose characters.
@@ -321,7 +330,9 @@ def _plain_lines(plain: Any, buffer: io.StringIO, table: Table) -> list[str]:
     for start in range(0, len(rows), PLAIN_BATCH_ROWS):
         first, last = start == 0, start + PLAIN_BATCH_ROWS >= len(rows)
         batch_rows = rows[start : start + PLAIN_BATCH_ROWS]
-        fast = None if edges is None else _simple_lines(batch_rows, widths, table, edges)
+        # The last batch carries the note: rich lays it out, under the bottom edge.
+        laid_out_here = edges is not None and not (last and table.note)
+        fast = _simple_lines(batch_rows, widths, table, edges) if laid_out_here else None
         if fast is not None:
             lines += fast + ([edges[3]] if last else [])
             continue
@@ -330,9 +341,10 @@ def _plain_lines(plain: Any, buffer: io.StringIO, table: Table) -> list[str]:
             batch_rows,
             title=table.title if first else None,
             align_right=table.align_right,
+            note=table.note if last else None,
         )
         # The batches after the first: no title, no header, no top edge; all but the last:
-        # no bottom edge.
+        # no bottom edge (nor note).
         batch = printed(rich_table(part, min_widths=widths, show_header=first))
         if first:
             edges = _row_edges(batch, widths)
