@@ -345,3 +345,22 @@ class TrainOnlyLazyNet(LazyNet):
         if self.training:
             logits = logits + self.aux(features)
         return logits
+
+
+class RecordedLazyNet(TrainOnlyLazyNet):
+    """TrainOnlyLazyNet that, with TORCHKIT_TEST_WEIGHTS_DIR=DIR, saves its weights as its rank
+    holds them to DIR/rank-RANK.pt at each forward in eval mode once they are sized (validation,
+    after each epoch's updates): the last file is what the rank trained to, which only rank 0
+    writes otherwise (train/test_train_ddp_lazy.py)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        folder = os.environ.get("TORCHKIT_TEST_WEIGHTS_DIR")
+        if folder and not self.training:
+            state = self.state_dict()
+            if not any(torch.nn.parameter.is_lazy(value) for value in state.values()):
+                rank = os.environ.get("RANK", "0")
+                torch.save(
+                    {key: value.detach().clone() for key, value in state.items()},
+                    os.path.join(folder, f"rank-{rank}.pt"),
+                )
+        return super().forward(x)
