@@ -14,6 +14,7 @@ from torchkit.core.data.sources.samples import (
     Samples,
     class_index,
     find_class,
+    nfc,
     refuse_spelling_twins,
 )
 from torchkit.core.io.errors import InputError
@@ -87,14 +88,21 @@ def class_folder_problem(name: str) -> str | None:
     return None
 
 
+# Image paths, and the inode number of the file each names (in the same order).
+Numbered = tuple[list[str], list[int]]
+
+
 @dataclass
 class FolderListing:
     """What one listing of folders found: per folder listed (`tops`, in order) its image files
     and its image links to nothing; in all of them the other files (hidden ones aside) and the
     symbolic links to folders entered and left unentered. Paths are spelled from the folder
-    given, through the links entered (`ROOT/cat/more/x.png`), sorted."""
+    given, through the links entered (`ROOT/cat/more/x.png`), sorted. `numbered`: per folder
+    listed, its image files as listed (unsorted) and each one's inode number (a link's: its
+    target's), for `refuse_one_file_in_two_places`."""
 
     images: list[list[str]]
+    numbered: list[Numbered]
     dangling: list[list[str]]
     others: list[str]
     entered: list[str]
@@ -141,6 +149,7 @@ def list_folders(
     for fence in ([within] if within is not None else []) + list(tops):
         mark(os.path.realpath(fence))
     images: list[list[str]] = [[] for _ in tops]
+    inodes: list[list[int]] = [[] for _ in tops]
     dangling: list[list[str]] = [[] for _ in tops]
     others: list[str] = []
     entered: list[str] = []
@@ -174,7 +183,15 @@ def list_folders(
                     elif os.path.isdir(path):
                         links.append((path.count(os.sep), path, top))
                 elif image:
+                    # What finds one file under two names (`refuse_one_file_in_two_places`),
+                    # without a stat of its own: a plain file's inode number is in the
+                    # listing; a link's is its target's, from the stat `is_file` made of it.
+                    try:
+                        number = entry.stat().st_ino if entry.is_symlink() else entry.inode()
+                    except OSError:  # vanished while listing
+                        continue
                     images[top].append(path)
+                    inodes[top].append(number)
                 elif not name.startswith("."):
                     others.append(path)
         pending = []
@@ -188,6 +205,7 @@ def list_folders(
                 pending.append((path, top))
     return FolderListing(
         [sorted(found) for found in images],
+        list(zip(images, inodes, strict=True)),
         [sorted(found) for found in dangling],
         sorted(others),
         sorted(entered),
@@ -231,6 +249,74 @@ def relative_ids(paths: Sequence[str], folder: str | os.PathLike) -> list[str]:
     return [p[len(prefix) :] if p.startswith(prefix) else os.path.relpath(p, base) for p in paths]
 
 
+def refuse_one_file_in_two_places(
+    listed: Sequence[tuple[tuple[str | None, str], Numbered]], root: str | os.PathLike
+) -> None:
+    """The one rule for a file that folder listings reach under two names (a symbolic link to
+    it, a hard link, a linked class folder): in one class of one split it is read under each,
+    as copies of it would be (split --oversample --mode symlink|hardlink writes its repeats
+    so); in two classes (its label a guess) or two splits (it leaks from one into the other)
+    an InputError names the first two such paths and the link that leads there. `listed`: per
+    place, a (split or None, class) pair, its image paths under `root` and their inode numbers
+    (`FolderListing.numbered`). Linear: one set of the numbers; only names that share one
+    across places are stat-ed, and are one file where their (st_dev, st_ino) agree (numbers
+    repeat across disks, and some FUSE disks make them up)."""
+    count = sum(len(numbers) for _, (_, numbers) in listed)
+    if len(set().union(*(numbers for _, (_, numbers) in listed))) == count:
+        return
+    names_of: dict[int, list[tuple[int, str]]] = {}  # number -> (place, path) of each name
+    for place, (_, (paths, numbers)) in enumerate(listed):
+        for path, number in zip(paths, numbers, strict=True):
+            names_of.setdefault(number, []).append((place, path))
+    pairs: list[tuple[tuple[int, str], tuple[int, str]]] = []
+    for names in names_of.values():
+        if len(names) == 1 or all(place == names[0][0] for place, _ in names):
+            continue
+        files: dict[tuple[int, int], list[tuple[int, str]]] = {}
+        for name in sorted(names):
+            try:
+                info = os.stat(name[1])
+            except OSError:  # vanished: read as unreadable, if at all
+                continue
+            files.setdefault((info.st_dev, info.st_ino), []).append(name)
+        for same in files.values():
+            other = next((name for name in same if name[0] != same[0][0]), None)
+            if other is not None:
+                pairs.append((same[0], other))
+    if not pairs:
+        return
+    (place_a, a), (place_b, b) = min(pairs)
+    (split_a, class_a), (split_b, class_b) = listed[place_a][0], listed[place_b][0]
+    more = f" (and {len(pairs) - 1} more)" if len(pairs) > 1 else ""
+    link = _link_on_the_way(b, root) or _link_on_the_way(a, root)
+    remedy = (
+        f"remove the link {link} -> {os.readlink(link)}"
+        if link is not None
+        else "remove one of the two names (hard links)"
+    )
+    if nfc(class_a) != nfc(class_b):
+        raise InputError(
+            f"{a} and {b} are one file in two classes, {class_a} and {class_b}{more}",
+            f"an image has one label: {remedy}",
+        )
+    raise InputError(
+        f"{a} and {b} are one file in two splits, {split_a} and {split_b}{more}",
+        f"{remedy}: an image in two splits leaks from one into the other",
+    )
+
+
+def _link_on_the_way(path: str, root: str | os.PathLike) -> str | None:
+    """The first symbolic link on the way from `root` to `path` (a class folder, a folder in
+    it, or `path` itself), None where there is none."""
+    base = str(Path(root))
+    place = base
+    for name in relative_ids([path], base)[0].split(os.sep):
+        place = os.path.join(place, name)
+        if os.path.islink(place):
+            return place
+    return None
+
+
 def discover_image_folder(
     root: str | os.PathLike,
     *,
@@ -239,7 +325,18 @@ def discover_image_folder(
 ) -> Samples:
     """`ROOT/<class>/<image>` (searched recursively inside each class folder, `list_folders`);
     `within`: the data ROOT lies in (a split root), whose folders links are not followed
-    into."""
+    into. One file in two classes is an InputError (`refuse_one_file_in_two_places`)."""
+    return numbered_image_folder(root, classes=classes, within=within)[0]
+
+
+def numbered_image_folder(
+    root: str | os.PathLike,
+    *,
+    classes: Sequence[str] | None = None,
+    within: str | os.PathLike | None = None,
+) -> tuple[Samples, list[tuple[str, Numbered]]]:
+    """`discover_image_folder`, and its files numbered (`FolderListing.numbered`) by class
+    name, for a split root's check across its splits."""
     folder = Path(root)
     if not folder.is_dir():
         raise InputError(f"dataset folder not found: {folder}", "check --data")
@@ -270,8 +367,10 @@ def discover_image_folder(
         labels.extend([find_class(index_of, class_dir.name)] * len(files))
     if not paths:
         raise no_images_error(str(folder))
+    numbered = list(zip(names, listing.numbered, strict=True))
+    refuse_one_file_in_two_places([((None, name), files) for name, files in numbered], folder)
     ids = relative_ids(paths, folder)
-    return Samples(class_list, labels, paths=paths, source=str(folder), ids=ids)
+    return Samples(class_list, labels, paths=paths, source=str(folder), ids=ids), numbered
 
 
 def _refuse_links_around(folder: Path, class_dirs: list[Path]) -> None:
@@ -294,7 +393,14 @@ def discover_flat_folder(
     root: str | os.PathLike, *, within: str | os.PathLike | None = None
 ) -> Samples:
     """A folder of images with no class folders (searched recursively, `list_folders`): one
-    unnamed class ""."""
+    unnamed class "" (one file under two names in it is read under each)."""
+    return numbered_flat_folder(root, within=within)[0]
+
+
+def numbered_flat_folder(
+    root: str | os.PathLike, *, within: str | os.PathLike | None = None
+) -> tuple[Samples, Numbered]:
+    """`discover_flat_folder`, and its files numbered (`FolderListing.numbered`)."""
     folder = Path(root)
     if not folder.is_dir():
         raise InputError(f"folder not found: {folder}", "check the path")
@@ -304,4 +410,5 @@ def discover_flat_folder(
     if not paths:
         raise no_images_error(str(folder))
     ids = relative_ids(paths, folder)
-    return Samples([""], [0] * len(paths), paths=paths, source=str(folder), ids=ids)
+    samples = Samples([""], [0] * len(paths), paths=paths, source=str(folder), ids=ids)
+    return samples, listing.numbered[0]

@@ -19,6 +19,7 @@ from torchkit.core.data.sources.csv_index import (
 from torchkit.core.data.sources.digits import DIGITS, digits_splits
 from torchkit.core.data.sources.discovery import (
     NoImagesError,
+    Numbered,
     discover_flat_folder,
     discover_image_folder,
     is_apple_double,
@@ -26,6 +27,9 @@ from torchkit.core.data.sources.discovery import (
     is_skipped_folder,
     list_non_image_files,
     no_class_folders_error,
+    numbered_flat_folder,
+    numbered_image_folder,
+    refuse_one_file_in_two_places,
     relative_ids,
 )
 from torchkit.core.data.sources.moving import (
@@ -434,11 +438,12 @@ def _subfolders(path: Path) -> tuple[list[str], list[str]]:
 
 def _class_folder_samples(
     folder: Path, classes: Sequence[str] | None = None, within: Path | None = None
-) -> Samples | None:
+) -> tuple[Samples, list[tuple[str, Numbered]]] | None:
     """`folder` read as an image folder where its subfolders hold images (the class-folder
-    rule), None where they hold none."""
+    rule), with its files numbered by class (`numbered_image_folder`), None where they hold
+    none."""
     try:
-        return discover_image_folder(folder, classes=classes, within=within)
+        return numbered_image_folder(folder, classes=classes, within=within)
     except NoImagesError:
         return None
 
@@ -484,8 +489,9 @@ def _open_folder(
             )
         return _open_split_root(path, spec, split_folders, classes, allow_unlabelled, every_image)
     if folders and not (every_image and top_images):
-        samples = _class_folder_samples(path, classes)
-        if samples is not None:
+        found = _class_folder_samples(path, classes)
+        if found is not None:
+            samples = found[0]
             source = DataSource(spec, "image folder", root, {}, samples, list(samples.classes))
             if top_images:
                 source.strays[root] = top_images
@@ -518,16 +524,17 @@ def _open_split_root(
     folders (read unlabelled), by the class-folder rule of `open_data`."""
     root = str(path)
     listed = {name: _subfolders(path / name) for name in split_folders}
-    read: dict[str, Samples] = {}  # split folders read to tell their layout
+    # split folders read to tell their layout, with their files numbered by class
+    read: dict[str, tuple[Samples, list[tuple[str, Numbered]]]] = {}
     unlabelled = []  # split folders of images without class folders holding any
     for name in split_folders:
         folders, images = listed[name]
         if not images:
             continue
         if folders and not every_image:
-            samples = _class_folder_samples(path / name, within=path)
-            if samples is not None:
-                read[name] = samples
+            found = _class_folder_samples(path / name, within=path)
+            if found is not None:
+                read[name] = found
                 continue
         unlabelled.append(name)
     # An empty split folder (no class folder, no image) says nothing of the layout.
@@ -540,10 +547,16 @@ def _open_split_root(
     if unlabelled and not allow_unlabelled:
         raise unlabelled_split_error(root, [str(path / name) for name in unlabelled], whole=flat)
     parts, empty, strays = {}, {}, {}
+    numbered: list[tuple[tuple[str | None, str], Numbered]] = []  # by (split, class)
     for name in split_folders:
-        reader = discover_flat_folder if name in unlabelled else discover_image_folder
         try:
-            samples = read[name] if name in read else reader(path / name, within=path)
+            if name in read:
+                samples, by_class = read[name]
+            elif name in unlabelled:
+                samples, files = numbered_flat_folder(path / name, within=path)
+                by_class = [("", files)]
+            else:
+                samples, by_class = numbered_image_folder(path / name, within=path)
         except NoImagesError:
             empty[name] = str(path / name)
             continue
@@ -552,6 +565,9 @@ def _open_split_root(
         samples.ids = relative_ids(samples.paths, path)
         samples.source = root
         parts[name] = samples
+        numbered += [((name, label), files) for label, files in by_class]
+    # One file in two splits (`test/cat -> ../train/cat`, a hard link): it would leak.
+    refuse_one_file_in_two_places(numbered, path)
     source = split_root_source(spec, "split root", root, parts, empty, classes, flat=flat)
     source.strays = strays
     return source
