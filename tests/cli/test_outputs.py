@@ -970,6 +970,17 @@ def test_check_output_file(tmp_path, dataset):
         check_output_file(dataset / "stats.json", True, data_inputs(dataset), what="-o")
 
 
+def test_a_folder_made_read_only_after_a_check_fails_the_next_check(small_tmpfs):
+    """A process that lives on (the library used from Python) checks a folder again: one found
+    writable earlier and remounted read-only since is refused, not taken as still writable."""
+    disk = small_tmpfs(64)
+    assert check_output_file(disk / "first.json", force=False) == disk / "first.json"
+    if subprocess.run(["mount", "-o", "remount,ro", str(disk)]).returncode != 0:
+        pytest.skip("cannot remount the tmpfs read-only")
+    with pytest.raises(OutputWriteError, match="Read-only file system"):
+        check_output_file(disk / "second.json", force=False)
+
+
 def test_torch_save_on_a_full_disk_raises_no_space_with_its_errno(small_tmpfs):
     # Given a path, torch 2.4 wrote this small a checkpoint to a full disk as an empty file and
     # returned; later versions raise C++ stream text ("iostream error") with no errno.

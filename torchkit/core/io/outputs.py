@@ -494,17 +494,12 @@ def check_output_file(
         raise OutputExistsError(f"{what} already exists: {target}", "pass --force to overwrite it")
     # A read-only disk (or a folder without permission) is found before any work, not when the
     # file is written at the end: after a split, a conversion or an eval, with --force, had
-    # replaced its main output by then. One probe a folder (a batch's thousand files).
-    folder = os.path.dirname(os.path.abspath(target))
-    if folder not in _WRITABLE_FOLDERS:
-        check_folder_writable(target)
-        _WRITABLE_FOLDERS.add(folder)
+    # replaced its main output by then. Probed at every check, never taken from an earlier one:
+    # a process that lives on (the library used from Python) sees a folder made read-only or
+    # remounted since. A probe costs about half a millisecond, a written file (fsynced) tens.
+    check_folder_writable(target)
     _CHECKED_FILES[os.path.abspath(target)] = (_file_state(target), what)
     return target
-
-
-# The folders of file outputs `check_output_file` found writable in this process.
-_WRITABLE_FOLDERS: set[str] = set()
 
 
 # Absolute path -> (what `check_output_file` found at a file output, None for nothing; what the
