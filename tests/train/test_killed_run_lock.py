@@ -1,8 +1,9 @@
-"""A SIGKILLed run's folder is free for a rerun at once: no process it started (DataLoader
-workers, the curves helper) holds its lock. A forked child shares the parent's open lock file,
-and so its flock, until the child closes its copy; a worker whose parent was killed lives on
-until torch's next look at its parent (up to 5 s), and `train --resume` run at once was refused
-as "being written by another torchkit process"."""
+"""A SIGKILLed run's outputs are free for a rerun at once: no process it started (DataLoader
+workers, the curves helper) holds its locks (its folder's, an old file's set aside, the
+temporaries of its atomic writes, an HTTP shard's download lock). A forked child shares the
+parent's open lock file, and so its flock, until the child closes its copy; a worker whose
+parent was killed lives on until torch's next look at its parent (up to 5 s), and `train
+--resume` run at once was refused as "being written by another torchkit process"."""
 
 from __future__ import annotations
 
