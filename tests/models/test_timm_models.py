@@ -463,11 +463,59 @@ def test_default_weights_offline_are_one_clear_error(hub_cache, runner):
     with pytest.raises(OfflineError) as caught:
         resolve_model("timm/test_resnet", weights="DEFAULT")
     assert caught.value.message.startswith("cannot download the pretrained weights of timm/")
-    # The cache in use (HF_HOME here), not "~/.cache/huggingface" whatever HF_HOME said.
-    assert f"cached in {hub_cache}," in caught.value.hint and "--weights PATH" in caught.value.hint
+    assert "--weights PATH" in caught.value.hint
     result = runner.invoke(app, ["summary", "timm/test_resnet", "--weights", "DEFAULT"])
     assert result.exit_code == 1 and result.stdout == ""
     assert "cannot download" in error_line(result.stderr, besides="warnings")
+
+
+# The Hugging Face settings that move its cache, and where each setting puts it (under the
+# test's folder): HF_HUB_CACHE before HF_HOME before XDG_CACHE_HOME before HOME.
+HUB_CACHE_SETTINGS = {
+    "HF_HUB_CACHE": ({"HF_HUB_CACHE": "hubs", "HF_HOME": "hf", "XDG_CACHE_HOME": "xdg"}, "hubs"),
+    "HF_HOME": ({"HF_HOME": "hf", "XDG_CACHE_HOME": "xdg"}, "hf/hub"),
+    "XDG_CACHE_HOME": ({"XDG_CACHE_HOME": "xdg"}, "xdg/huggingface/hub"),
+    "HOME": ({}, "home/.cache/huggingface/hub"),
+}
+
+
+@pytest.fixture
+def hub_settings(tmp_path, monkeypatch):
+    """Set the Hugging Face environment of one HUB_CACHE_SETTINGS case (offline) as a user's
+    shell would, and have huggingface_hub read it as at its import (its constants module
+    reloaded, and reloaded again from the test's own environment afterwards); returns the
+    cache folder that setting names."""
+    from huggingface_hub import constants
+
+    def settle(case: str) -> Path:
+        variables, expected = HUB_CACHE_SETTINGS[case]
+        for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("HOME", str(tmp_path / "home"))
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+        for name, folder in variables.items():
+            monkeypatch.setenv(name, str(tmp_path / folder))
+        importlib.reload(constants)
+        return tmp_path / expected
+
+    yield settle
+    monkeypatch.undo()
+    importlib.reload(constants)
+
+
+@pytest.mark.parametrize("case", list(HUB_CACHE_SETTINGS))
+def test_the_offline_hint_names_the_hub_cache_in_use(hub_settings, case):
+    """The hint named "~/.cache/huggingface" whatever HF_HOME said; the test of the fix set
+    HF_HOME and huggingface_hub's cache constant to the same folder, so that a hint built from
+    HF_HOME alone (HF_HUB_CACHE, XDG_CACHE_HOME ignored) passed it too. Each setting here names
+    a folder no other rule gives."""
+    cache = hub_settings(case)
+    with pytest.raises(OfflineError) as caught:
+        resolve_model("timm/test_resnet", weights="DEFAULT")
+    assert caught.value.hint == (
+        f"connect to the internet once so they are cached in {cache}, or pass --weights PATH "
+        "to a local file"
+    )
 
 
 @pytest.fixture
