@@ -26,11 +26,15 @@ _torchkit_completion() {
             break
         fi
     done
-    word=${words[cword]}
-    if [[ $word == *:* && $COMP_WORDBREAKS == *:* ]]; then
+    word=${words[cword]%"${words[cword]##*:}"}
+    if [[ $word && $COMP_WORDBREAKS == *:* ]]; then
         for i in "${!COMPREPLY[@]}"; do
-            COMPREPLY[i]=${COMPREPLY[i]#"${word%"${word##*:}"}"}
+            COMPREPLY[i]=${COMPREPLY[i]#"$word"}
         done
+        if ((${#COMPREPLY[@]} == 1)) && [[ -d $word${COMPREPLY[0]} ]]; then
+            COMPREPLY[0]+=/
+            compopt -o nospace 2>/dev/null
+        fi
     fi
     return 0
 }

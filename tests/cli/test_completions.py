@@ -354,15 +354,19 @@ done
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
 @pytest.mark.skipif(not CONSOLE_SCRIPT.exists(), reason="no torchkit console script")
-def test_bash_completes_a_device_after_its_colon():
+def test_bash_completes_a_device_after_its_colon(tmp_path):
     """bash splits `--device cuda:` at the colon (COMP_WORDBREAKS), so torchkit completed `:`
     alone and offered nothing (bash then listed files). The script joins the pieces back, and
-    the candidates lose `cuda:`, as bash replaces only what follows the colon. COMP_WORDS,
-    COMP_CWORD, COMP_LINE and COMP_POINT are set as bash sets them for that line."""
+    the candidates lose `cuda:`, as bash replaces only what follows the colon; a folder with a
+    colon (`runs/t:1`) keeps its slash, as bash would not find it under `1`. COMP_WORDS,
+    COMP_CWORD, COMP_LINE and COMP_POINT are set as bash sets them for each line."""
+    (tmp_path / "runs" / "t:1").mkdir(parents=True)
     script = f"""
 source {REPO / "completions" / "torchkit.bash"}
+compopt() {{ echo "compopt $1 $2"; }}
 [[ $COMP_WORDBREAKS == *:* ]] || exit 3
-for line in 'torchkit train --device cuda:' 'torchkit train --device cuda:0 --se'; do
+for line in 'torchkit train --device cuda:' 'torchkit train --device cuda:0 --se' \\
+        'torchkit eval runs/t:'; do
     COMP_LINE=$line; COMP_POINT=${{#line}}
     read -ra COMP_WORDS <<< "${{line//:/ : }}"; COMP_CWORD=$((${{#COMP_WORDS[@]}} - 1))
     _torchkit_completion torchkit
@@ -375,12 +379,16 @@ done
         capture_output=True,
         text=True,
         env={**os.environ, "PATH": path},
+        cwd=tmp_path,
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    after_colon, after_device, _ = [found.splitlines() for found in done.stdout.split("---\n")]
+    after_colon, after_device, folder, _ = [
+        found.splitlines() for found in done.stdout.split("---\n")
+    ]
     assert after_colon == ["0", "1"]
     assert after_device == ["--seed"]
+    assert folder == ["compopt -o filenames", "compopt -o nospace", "1/"]
 
 
 @pytest.mark.skipif(shutil.which("zsh") is None, reason="zsh is not installed")

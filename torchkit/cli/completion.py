@@ -52,7 +52,9 @@ _BASH_RETURN = "\n    return 0\n}"
 # `0`), so that torchkit completed `:` or `0` alone and offered nothing. Pieces that touch in
 # the line as typed are joined back into the word torchkit completes; and as bash replaces only
 # what follows the word's last colon, the candidates lose what precedes it (what
-# bash-completion's __ltrim_colon_completions does, without needing bash-completion).
+# bash-completion's __ltrim_colon_completions does, without needing bash-completion). bash
+# would look for a folder (`runs/t:1`) under the rest of its name, not find it and end it in a
+# space: a single folder keeps its slash, and no space follows.
 _BASH_WORDS = """
     COMPREPLY=( $( env COMP_WORDS="${COMP_WORDS[*]}" \\
                    COMP_CWORD=$COMP_CWORD \\"""
@@ -74,11 +76,15 @@ _BASH_JOINED_WORDS = """
     COMPREPLY=( $( env COMP_WORDS="${words[*]}" \\
                    COMP_CWORD=$cword \\"""
 _BASH_AFTER_LAST_COLON = """
-    word=${words[cword]}
-    if [[ $word == *:* && $COMP_WORDBREAKS == *:* ]]; then
+    word=${words[cword]%"${words[cword]##*:}"}
+    if [[ $word && $COMP_WORDBREAKS == *:* ]]; then
         for i in "${!COMPREPLY[@]}"; do
-            COMPREPLY[i]=${COMPREPLY[i]#"${word%"${word##*:}"}"}
+            COMPREPLY[i]=${COMPREPLY[i]#"$word"}
         done
+        if ((${#COMPREPLY[@]} == 1)) && [[ -d $word${COMPREPLY[0]} ]]; then
+            COMPREPLY[0]+=/
+            compopt -o nospace 2>/dev/null
+        fi
     fi"""
 _BASH_AS_FILE_NAMES = """
     for i in "${!COMPREPLY[@]}"; do
