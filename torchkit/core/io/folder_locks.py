@@ -28,24 +28,25 @@ from dataclasses import dataclass
 
 def flock_path(path: str | os.PathLike, *, exclusive: bool) -> int | None:
     """A descriptor of `path` holding a non-blocking flock on it (shared, or `exclusive`), or
-    None where no lock can be had (above). Raises BlockingIOError where another descriptor
-    holds one that conflicts (another process; or this one, through another descriptor)."""
+    None where no lock can be had (above); no forked child holds it (`open_unshared`: close
+    it with `close_lock`). Raises BlockingIOError where another descriptor holds one that
+    conflicts (another process; or this one, through another descriptor)."""
     try:
         import fcntl
     except ImportError:
         return None
     try:
-        # O_NONBLOCK: a FIFO is not waited on; O_CLOEXEC: not held by a program run from here.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        # O_NONBLOCK: a FIFO is not waited on.
+        fd = open_unshared(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return None
     try:
         fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
     except BlockingIOError:
-        os.close(fd)
+        close_lock(fd)
         raise
     except OSError:  # no flock there
-        os.close(fd)
+        close_lock(fd)
         return None
     return fd
 
@@ -57,7 +58,7 @@ def held_exclusively(path: str | os.PathLike) -> bool:
     except BlockingIOError:
         return True
     if fd is not None:
-        os.close(fd)
+        close_lock(fd)
     return False
 
 
@@ -155,7 +156,7 @@ def held_until_the_command_ends() -> Iterator[None]:
         if scope in _scopes:
             _scopes.remove(scope)
         for fd in scope.values():
-            os.close(fd)
+            close_lock(fd)
 
 
 def is_held(key: str) -> bool:
@@ -167,7 +168,7 @@ def hold(key: str, fd: int) -> None:
     """Keep `fd` (and its lock) open until the command ends. Outside a command (core called
     from Python) it is closed at once: the lock was a check."""
     if not _scopes or key in _scopes[-1]:
-        os.close(fd)
+        close_lock(fd)
     else:
         _scopes[-1][key] = fd
 
