@@ -182,7 +182,7 @@ _lock_descriptors: dict[int, tuple[int, int]] = {}
 # Held while a descriptor is opened and registered (`open_unshared`), or unregistered and
 # closed (`close_lock`), and across every fork: a process forked between the two steps would
 # keep its copy of the descriptor, and with it the flock.
-_opening = threading.Lock()
+_opening = threading.RLock()  # re-entrant: a fork in a signal handler run inside never waits
 
 
 def close_in_forked_children(fd: int) -> int:
