@@ -176,6 +176,48 @@ def test_relative_links_between_documents_resolve():
             assert (document.parent / target).exists(), f"{document.relative_to(REPO)}: {target}"
 
 
+def _heading_anchors(document: Path) -> set[str]:
+    """The anchors GitHub gives a document's headings (lower case, punctuation dropped, spaces as
+    hyphens, a repeated heading numbered -1, -2...), fenced code blocks left out."""
+    text = re.sub(r"^```.*?^```", "", document.read_text(encoding="utf-8"), flags=re.M | re.S)
+    anchors: set[str] = set()
+    for heading in re.findall(r"^#{1,6}[ \t]+(.+?)[ \t#]*$", text, flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        anchor, repeat = slug, 0
+        while anchor in anchors:
+            repeat += 1
+            anchor = f"{slug}-{repeat}"
+        anchors.add(anchor)
+    return anchors
+
+
+def test_heading_anchors_follow_github(tmp_path):
+    """The anchors are GitHub's: code spans, slashes and colons dropped, a repeat numbered, and a
+    `# comment` in a code block is no heading."""
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# `convert cifar`: CIFAR-10/100 to PNG\n## Outputs\n### Outputs\n"
+        "```bash\n# on each node\n```\n",
+        encoding="utf-8",
+    )
+    assert _heading_anchors(page) == {"convert-cifar-cifar-10100-to-png", "outputs", "outputs-1"}
+
+
+def test_links_to_headings_resolve():
+    """Every `page.md#anchor` (and `#anchor`) link names a heading of its page: a heading renamed
+    or moved cannot leave a link to nowhere."""
+    broken = []
+    for document in _documents():
+        text = document.read_text(encoding="utf-8")
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)#([^)\s]+)\)", text):
+            if "://" in target:
+                continue
+            page = (document.parent / target) if target else document
+            if anchor not in _heading_anchors(page):
+                broken.append(f"{document.relative_to(REPO)}: {target}#{anchor}")
+    assert not broken, broken
+
+
 def test_documents_speak_of_the_software_only():
     """No issue numbers, work sessions, reviews or leases: the words are about torchkit."""
     words = re.compile(r"issue #\d|\bsessions?\b|\bleases?\b|\breview(s|'s)?\b", re.I)
