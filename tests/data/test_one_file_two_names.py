@@ -68,6 +68,38 @@ def test_one_file_in_two_splits_of_a_split_root_is_an_error(tmp_path):
     )
 
 
+def test_a_tar_of_such_a_folder_is_refused_alike(tmp_path):
+    """A link member is read at its target's data: tulip/t.png -> rose/rose_00.png was a rose
+    labelled tulip too; a hard-linked repeat in its own class is read under each name."""
+    import tarfile
+
+    root = make_class_files(tmp_path / "flowers", {"rose": 2, "tulip": 1})
+    os.link(root / "rose" / "rose_01.png", root / "rose" / "again.png")
+    (root / "tulip" / "t.png").symlink_to(Path("..") / "rose" / "rose_00.png")
+    archive = tmp_path / "flowers.tar"
+    with tarfile.open(archive, "w") as tar:
+        tar.add(root, arcname="flowers")
+    with pytest.raises(InputError) as raised:
+        open_data(archive)
+    assert str(raised.value) == (
+        f"{archive}:rose/rose_00.png and {archive}:tulip/t.png are one file in two classes, rose "
+        f"and tulip (an image has one label: remove the link {archive}:tulip/t.png -> "
+        "flowers/rose/rose_00.png)"
+    )
+    os.unlink(root / "tulip" / "t.png")
+    split = tmp_path / "split.tar"
+    with tarfile.open(split, "w") as tar:
+        tar.add(root, arcname="train")
+        tar.add(root / "rose" / "rose_01.png", arcname="val/rose/rose_01.png")
+    leaks = r"one file in two splits, train and val \(remove the link .*val/rose/rose_01\.png -> "
+    with pytest.raises(InputError, match=leaks):
+        open_data(split)
+    os.unlink(archive)
+    with tarfile.open(archive, "w") as tar:
+        tar.add(root, arcname="flowers")
+    assert open_data(archive).whole.class_counts() == [3, 1]
+
+
 def test_one_file_under_two_names_in_one_class_is_read_under_each(tmp_path):
     """As copies of it would be, as torchvision's ImageFolder reads it: the way split
     --oversample --mode symlink writes its repeats, which train then reads."""

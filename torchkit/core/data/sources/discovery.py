@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -250,7 +250,10 @@ def relative_ids(paths: Sequence[str], folder: str | os.PathLike) -> list[str]:
 
 
 def refuse_one_file_in_two_places(
-    listed: Sequence[tuple[tuple[str | None, str], Numbered]], root: str | os.PathLike
+    listed: Sequence[tuple[tuple[str | None, str], Numbered]],
+    root: str | os.PathLike,
+    *,
+    archive_links: Mapping[str, str | None] | None = None,
 ) -> None:
     """The one rule for a file that folder listings reach under two names (a symbolic link to
     it, a hard link, a linked class folder): in one class of one split it is read under each,
@@ -260,7 +263,11 @@ def refuse_one_file_in_two_places(
     place, a (split or None, class) pair, its image paths under `root` and their inode numbers
     (`FolderListing.numbered`). Linear, in set operations: only names that share a number
     across places are looked at, and stat-ed: they are one file where their (st_dev, st_ino)
-    agree (numbers repeat across disks, and some FUSE disks make them up)."""
+    agree (numbers repeat across disks, and some FUSE disks make them up).
+
+    `archive_links` (the links among a .tar's members, named as the paths are: member -> the
+    member it leads to): the paths are members of the archive `root` and the numbers their
+    data's offsets, one file each."""
     count = sum(len(numbers) for _, (_, numbers) in listed)
     if len(set().union(*(numbers for _, (_, numbers) in listed))) == count:
         return
@@ -282,14 +289,9 @@ def refuse_one_file_in_two_places(
                 names_of.setdefault(number, []).append((place, path))
     pairs: list[tuple[tuple[int, str], tuple[int, str]]] = []
     for names in names_of.values():
-        files: dict[tuple[int, int], list[tuple[int, str]]] = {}
-        for name in sorted(names):
-            try:
-                info = os.stat(name[1])
-            except OSError:  # vanished: read as unreadable, if at all
-                continue
-            files.setdefault((info.st_dev, info.st_ino), []).append(name)
-        for same in files.values():
+        # An archive member's offset is its file; an inode number, where stat agrees.
+        files = [sorted(names)] if archive_links is not None else _by_file(sorted(names))
+        for same in files:
             other = next((name for name in same if name[0] != same[0][0]), None)
             if other is not None:
                 pairs.append((same[0], other))
@@ -298,21 +300,40 @@ def refuse_one_file_in_two_places(
     (place_a, a), (place_b, b) = min(pairs)
     (split_a, class_a), (split_b, class_b) = listed[place_a][0], listed[place_b][0]
     more = f" (and {len(pairs) - 1} more)" if len(pairs) > 1 else ""
-    link = _link_on_the_way(b, root) or _link_on_the_way(a, root)
+    shown_a, shown_b = (a, b) if archive_links is None else (f"{root}:{a}", f"{root}:{b}")
+    if archive_links is None:
+        link = _link_on_the_way(b, root) or _link_on_the_way(a, root)
+        target = None if link is None else os.readlink(link)
+    else:
+        member = b if b in archive_links else a if a in archive_links else None
+        link = None if member is None else f"{root}:{member}"
+        target = None if member is None else archive_links[member]
     remedy = (
-        f"remove the link {link} -> {os.readlink(link)}"
+        f"remove the link {link} -> {target}"
         if link is not None
         else "remove one of the two names (hard links)"
     )
     if nfc(class_a) != nfc(class_b):
         raise InputError(
-            f"{a} and {b} are one file in two classes, {class_a} and {class_b}{more}",
+            f"{shown_a} and {shown_b} are one file in two classes, {class_a} and {class_b}{more}",
             f"an image has one label: {remedy}",
         )
     raise InputError(
-        f"{a} and {b} are one file in two splits, {split_a} and {split_b}{more}",
+        f"{shown_a} and {shown_b} are one file in two splits, {split_a} and {split_b}{more}",
         f"{remedy}: an image in two splits leaks from one into the other",
     )
+
+
+def _by_file(names: list[tuple[int, str]]) -> list[list[tuple[int, str]]]:
+    """`names`, (place, path) pairs, grouped by the file each path leads to, (st_dev, st_ino)."""
+    files: dict[tuple[int, int], list[tuple[int, str]]] = {}
+    for name in names:
+        try:
+            info = os.stat(name[1])
+        except OSError:  # vanished: read as unreadable, if at all
+            continue
+        files.setdefault((info.st_dev, info.st_ino), []).append(name)
+    return list(files.values())
 
 
 def _link_on_the_way(path: str, root: str | os.PathLike) -> str | None:

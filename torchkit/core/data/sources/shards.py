@@ -51,11 +51,13 @@ from torchkit.core.data.sources.discovery import (
     CLASS_FOLDERS_HINT,
     IMAGE_EXTENSIONS,
     NoImagesError,
+    Numbered,
     is_apple_double,
     is_image_file,
     is_skipped_folder,
     no_class_folders_error,
     no_images_error,
+    refuse_one_file_in_two_places,
 )
 from torchkit.core.data.sources.samples import Samples, index_class_names
 from torchkit.core.data.sources.source import (
@@ -914,6 +916,14 @@ def _open_folder_tar(
     top_images = any("/" not in name for name in names)
     reader = TarReader(spec, listing.stamp)
     archive = os.path.basename(spec)
+    # Per split folder read ("" = the archive's root), its images by class as
+    # `refuse_one_file_in_two_places` takes them: each numbered by its data's offset.
+    numbered: dict[str, list[tuple[str, Numbered]]] = {}
+    links = {
+        name[len(prefix) :]: target
+        for name, target in listing.links.items()
+        if name.startswith(prefix)
+    }
 
     def samples_under(base: str, unlabelled: bool) -> Samples:
         """The images under `base` ("" = all), as `discover_image_folder` or
@@ -921,7 +931,7 @@ def _open_folder_tar(
         start = base + "/" if base else ""
         if unlabelled:
             chosen = sorted(n for n in names if n.startswith(start))
-            class_names, labels = [""], [0] * len(chosen)
+            class_names, labels, ends = [""], [0] * len(chosen), [len(chosen)]
         else:
             class_names = sorted(
                 {
@@ -937,16 +947,24 @@ def _open_folder_tar(
                 if any("/" not in n[len(start) :] for n in names if n.startswith(start)):
                     raise no_class_folders_error(where)
                 raise NoImagesError(f"no class folders in {where}", CLASS_FOLDERS_HINT)
-            chosen, labels = [], []
+            chosen, labels, ends = [], [], []  # ends: where each class's names end
             for label, name in enumerate(class_names):
                 inside = sorted(n for n in names if n.startswith(f"{start}{name}/"))
                 chosen += inside
                 labels += [label] * len(inside)
+                ends.append(len(chosen))
         if not chosen:
             raise no_images_error(f"{spec}:{base}" if base else spec)
+        located = [listing.locator(prefix + n) for n in chosen]
         paths = [
-            StoredImage(f"{archive}/{prefix}{n}", reader, listing.locator(prefix + n))
-            for n in chosen
+            StoredImage(f"{archive}/{prefix}{n}", reader, where)
+            for n, where in zip(chosen, located, strict=True)
+        ]
+        # A link to nothing: a number of its own (no member starts before the archive).
+        offsets = [-1 - i if where is None else where[0] for i, where in enumerate(located)]
+        numbered[base] = [
+            (name, (chosen[first:end], offsets[first:end]))
+            for name, first, end in zip(class_names, [0, *ends], ends, strict=False)
         ]
         return Samples(class_names, labels, paths=paths, source=spec, ids=list(chosen))
 
@@ -1013,6 +1031,11 @@ def _open_folder_tar(
                 continue
             if inside[name][1] and name not in unlabelled:
                 strays[f"{spec}:{name}"] = beside(name)
+        refuse_one_file_in_two_places(
+            [((name, label), files) for name in parts for label, files in numbered[name]],
+            spec,
+            archive_links=links,
+        )
         source = split_root_source(spec, "tar split root", spec, parts, empty, classes, flat=flat)
         source.strays = strays
         return source
@@ -1023,6 +1046,9 @@ def _open_folder_tar(
     if top_images and top_folders and not in_subfolders(""):
         raise no_class_folders_error(spec, beside_empty_ones=True)
     samples = samples_under("", False)
+    refuse_one_file_in_two_places(
+        [((None, label), files) for label, files in numbered[""]], spec, archive_links=links
+    )
     if classes is not None:
         samples = relabelled(samples, classes, spec)
     source = DataSource(spec, "tar image folder", spec, {}, samples, list(samples.classes))
