@@ -200,7 +200,8 @@ def open_unshared(path: str | os.PathLike, flags: int, mode: int = 0o666) -> int
     to `close_in_forked_children` before another thread can fork (a DataLoader started beside
     a download thread), so that no child ever shares it. Close it with `close_lock`."""
     with _opening:
-        return close_in_forked_children(os.open(path, flags | os.O_CLOEXEC, mode))
+        cloexec = getattr(os, "O_CLOEXEC", 0)  # none on Windows, which has no fork either
+        return close_in_forked_children(os.open(path, flags | cloexec, mode))
 
 
 def close_lock(fd: int) -> None:
