@@ -302,8 +302,7 @@ def refuse_one_file_in_two_places(
     more = f" (and {len(pairs) - 1} more)" if len(pairs) > 1 else ""
     shown_a, shown_b = (a, b) if archive_links is None else (f"{root}:{a}", f"{root}:{b}")
     if archive_links is None:
-        link = _link_on_the_way(b, root) or _link_on_the_way(a, root)
-        target = None if link is None else os.readlink(link)
+        link, target = _link_on_the_way(b, root) or _link_on_the_way(a, root) or (None, None)
     else:
         member = b if b in archive_links else a if a in archive_links else None
         link = None if member is None else f"{root}:{member}"
@@ -336,15 +335,17 @@ def _by_file(names: list[tuple[int, str]]) -> list[list[tuple[int, str]]]:
     return list(files.values())
 
 
-def _link_on_the_way(path: str, root: str | os.PathLike) -> str | None:
-    """The first symbolic link on the way from `root` to `path` (a class folder, a folder in
-    it, or `path` itself), None where there is none."""
+def _link_on_the_way(path: str, root: str | os.PathLike) -> tuple[str, str] | None:
+    """(the first symbolic link on the way from `root` to `path`: a class folder, a folder in
+    it, or `path` itself; what it holds), None where there is none."""
     base = str(Path(root))
     place = base
     for name in relative_ids([path], base)[0].split(os.sep):
         place = os.path.join(place, name)
-        if os.path.islink(place):
-            return place
+        try:
+            return place, os.readlink(place)
+        except OSError:  # not a link (or gone)
+            continue
     return None
 
 
