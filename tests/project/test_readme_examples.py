@@ -218,6 +218,20 @@ def test_links_to_headings_resolve():
     assert not broken, broken
 
 
+def test_repository_paths_the_documents_name_exist():
+    """A file or folder of the repository a document names in code (`tests/project/x.py`,
+    `benchmarks/bench_x.py --seeds 0`) exists: a moved test or script cannot stay documented.
+    Templates (`tests/test_<command>.py`) are left out."""
+    named = re.compile(r"`((?:tests|benchmarks|scripts|torchkit|completions|docs)/[^`\s<]*)[`\s]")
+    missing = [
+        f"{document.relative_to(REPO)}: {path}"
+        for document in _documents()
+        for path in named.findall(document.read_text(encoding="utf-8"))
+        if not (REPO / path.split("::")[0]).exists()
+    ]
+    assert not missing, missing
+
+
 def test_documents_speak_of_the_software_only():
     """No issue numbers, work sessions, reviews or leases: the words are about torchkit."""
     words = re.compile(r"issue #\d|\bsessions?\b|\bleases?\b|\breview(s|'s)?\b", re.I)
