@@ -766,6 +766,13 @@ def _check_batch(value, name: str, batch: int) -> None:
             f"layer {name} gives shape {tuple(shape)}, not one row per image",
             "pick another layer (--list-layers)",
         )
+    # A (N, 0, ...) output has no feature to store: every row would be empty, and counted as
+    # non-finite by the check of the logits.
+    if shape is not None and any(size == 0 for size in shape[1:]):
+        raise UsageError(
+            f"layer {name} gives shape {tuple(shape)}: no values for an image",
+            "pick another layer (--list-layers)",
+        )
 
 
 def _warn_pool(pool: str | None, name: str, shape: list[int]) -> None:

@@ -92,12 +92,13 @@ def forward(model, images, device, autocast_dtype, amp: bool, *, first: bool):
 
 def check_logits(outputs: Any, count: int) -> None:
     """Scoring ranks (N, C) logits, one row of class scores per image: any other output (a
-    segmentation map, a tuple, a dict, one number per image) is refused in one line naming it,
-    before its shape reaches the ranking."""
+    segmentation map, a tuple, a dict, one number per image, no class at all) is refused in one
+    line naming it, before its shape reaches the ranking."""
     import torch
 
     if isinstance(outputs, torch.Tensor):
-        if outputs.ndim == 2 and outputs.shape[0] == count:
+        # (N, 0): no class to rank, which top-k would index past
+        if outputs.ndim == 2 and outputs.shape[0] == count and outputs.shape[1] > 0:
             return
         what = f"a tensor of shape {tuple(outputs.shape)}"
     elif isinstance(outputs, dict):
