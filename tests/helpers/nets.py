@@ -364,3 +364,21 @@ class RecordedLazyNet(TrainOnlyLazyNet):
                     os.path.join(folder, f"rank-{rank}.pt"),
                 )
         return super().forward(x)
+
+
+def tiny_maxvit(num_classes: int = 3, image_size: int = 16) -> nn.Module:
+    """torchvision's MaxVit at its smallest (one block of one layer, 8 channels, 2 px
+    partitions), built for `image_size` (a multiple of 8), which torchkit passes: its partition
+    grids follow the size, its weights do not (`--model nets:tiny_maxvit`)."""
+    from torchvision.models.maxvit import MaxVit
+
+    return MaxVit(
+        input_size=(image_size, image_size),
+        stem_channels=8,
+        partition_size=2,
+        block_channels=[8],
+        block_layers=[1],
+        head_dim=4,
+        stochastic_depth_prob=0.0,
+        num_classes=num_classes,
+    )

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkit.core.data.preprocessing import Preprocess
-from torchkit.core.io.errors import InputError, OfflineError, UsageError
+from torchkit.core.io.errors import InputError, OfflineError, TorchkitError, UsageError
 from torchkit.core.io.files import require_input
 from torchkit.core.models.convnet import convnet_class
 from torchkit.core.models.heads import fit_auxiliary_heads_to, replace_head
@@ -33,6 +33,12 @@ from torchkit.core.models.position_embeddings import (
     resampled_position_embeddings,
 )
 from torchkit.core.models.random_init import built_for_loading
+from torchkit.core.models.size_bound import (
+    patch_sizes,
+    refuse_size_bound_misfits,
+    size_layout,
+    timm_size_adapted,
+)
 from torchkit.core.models.timm_models import (
     TIMM_PREFIX,
     built_timm_model,
@@ -193,50 +199,65 @@ def model_from_checkpoint(
     state = extract_state_dict(checkpoint)
     wanted = size_pair(image_size)
     recorded = (preprocess.image_size, preprocess.image_size)
-    if wanted is not None and wanted != recorded and any(position_grids(model)):
-        model = _vit_rebuilt_for(model, wanted, built_for, arch=arch, source=source)
+    if wanted is not None and wanted != recorded and size_layout(model):
+        model = _rebuilt_for(
+            model, wanted, built_for, arch=arch, source=source, trained=preprocess.image_size
+        )
         state = resampled_position_embeddings(model, state, source=source, note=note_resampling)
+        state = timm_size_adapted(model, state, source=source, note=note_resampling)
+        refuse_size_bound_misfits(
+            model, state, source=source, trained=preprocess.image_size, wanted=wanted
+        )
     fit_auxiliary_heads_to(model, state)  # googlenet's: a run from its pretrained weights has none
     load_weights_into(model, state, source=f"the {arch} checkpoint")
     return model
 
 
-def _vit_rebuilt_for(
+def _rebuilt_for(
     model: Any,
     size: tuple[int, int],
     built_for: Callable[[tuple[int, int]], Any],
     *,
     arch: str,
     source: str,
+    trained: int,
 ) -> Any:
-    """The checkpoint's ViT (`model`, built for the size it records) built again for `size`
-    images; refused before the build when its patches do not divide `size` (the model would
-    drop the pixels past the last whole patch), and after it when the builder did not take the
-    size (a `package.module:Callable` without an `image_size` parameter)."""
+    """The checkpoint's model (`model`, built for the `trained` size it records: a ViT, a
+    MaxViT, a timm model built with an img_size) built again for `size` images; a ViT is
+    refused before the build when its patches do not divide `size` (the model would drop the
+    pixels past the last whole patch), and any model after it when the builder did not take
+    the size (a `package.module:Callable` without an `image_size` parameter)."""
     grids = list(position_grids(model))
-    trained = grids[0].image
     shown = f"{size[0]}x{size[1]}"
+    kind = "ViT" if grids else "model"
+    held = f"{source} holds a {kind} trained on {trained}x{trained} images"
     if size[0] != size[1] and any(grid.square_only for grid in grids):
         raise UsageError(
-            f"{source} holds a ViT trained on {trained[0]}x{trained[1]} images, which takes "
-            f"square images only, not {shown}",
+            f"{held}, which takes square images only, not {shown}",
             "give an input size whose height and width are the same",
         )
-    for grid in grids:
-        for side, patch in zip(size, grid.patch, strict=True):
-            if side % patch:
+    resampled = ": its position embeddings cannot be resampled to them" if grids else ""
+    for patch in [grid.patch for grid in grids] or patch_sizes(model):
+        for side, patch_side in zip(size, patch, strict=True):
+            if side % patch_side:
                 raise UsageError(
-                    f"{source} holds a ViT trained on {trained[0]}x{trained[1]} images, and "
-                    f"{shown} images do not divide into its {patch} px patches: its position "
-                    "embeddings cannot be resampled to them",
-                    patch_multiple_hint(side, patch),
+                    f"{held}, and {shown} images do not divide into its {patch_side} px "
+                    f"patches{resampled}",
+                    patch_multiple_hint(side, patch_side),
                 )
-    rebuilt = built_for(size)
-    if [grid.image for grid in position_grids(rebuilt)] != [size] * len(grids):
+    try:
+        rebuilt = built_for(size)
+    except TorchkitError as error:  # a size its layers cannot be built for (MaxViT's partitions)
         raise UsageError(
-            f"{source} holds a ViT trained on {trained[0]}x{trained[1]} images, and {arch} "
-            f"builds none for {shown} images (it takes no image_size)",
-            f"drop --image-size to run it at {trained[0]}, or give {arch} an image_size parameter",
+            f"{held}, and cannot be built for {shown} images: {error.message}",
+            f"drop --image-size to run it at {trained}, or choose another size",
+        ) from error
+    rebuilt_grids = [grid.image for grid in position_grids(rebuilt)]
+    if rebuilt_grids != [size] * len(grids) or size_layout(rebuilt) == size_layout(model):
+        raise UsageError(
+            f"{source} holds a {kind} trained on {trained}x{trained} images, and {arch} builds "
+            f"none for {shown} images (it takes no image_size)",
+            f"drop --image-size to run it at {trained}, or give {arch} an image_size parameter",
         )
     return rebuilt
 

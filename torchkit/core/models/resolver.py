@@ -50,11 +50,9 @@ from torchkit.core.models.heads import (
     replace_head,
 )
 from torchkit.core.models.lazy import has_lazy_weights, materialize_lazy_layers
-from torchkit.core.models.position_embeddings import (
-    position_grids,
-    resampled_position_embeddings,
-)
+from torchkit.core.models.position_embeddings import resampled_position_embeddings
 from torchkit.core.models.random_init import built_for_loading
+from torchkit.core.models.size_bound import size_layout, timm_size_adapted
 from torchkit.core.models.specs import is_model_file
 from torchkit.core.models.timm_models import (
     base_name,
@@ -491,9 +489,9 @@ def _from_file(
         preprocess = preprocess_as_trained(loaded, path, command=command)
         side = preprocess.image_size
         sample = (preprocess.in_channels, side, side)
-        built = [grid.image for grid in position_grids(model)]
-        if built and built[0] != sample[1:]:  # a ViT rebuilt for image_size
-            sample = (preprocess.in_channels, *built[0])
+        wanted = size_pair(image_size)
+        if wanted is not None and wanted != sample[1:] and size_layout(model):
+            sample = (preprocess.in_channels, *wanted)  # rebuilt for image_size (a ViT...)
         return ResolvedModel(
             model,
             str(loaded["arch"]),
@@ -974,4 +972,5 @@ def _load_ema(model, checkpoint: Mapping[str, Any], path: str) -> None:
     state.pop("n_averaged", None)  # torch.optim.swa_utils.AveragedModel's counter
     source = f"the EMA weights of {path}"
     state = resampled_position_embeddings(model, state, source=source)
+    state = timm_size_adapted(model, state, source=source)
     load_weights_into(model, state, source=source)
