@@ -15,7 +15,7 @@ import warnings
 
 import pytest
 import torch
-from checkpoints import save_torchkit_checkpoint
+from checkpoints import add_ema_weights, save_torchkit_checkpoint
 from nets import tiny_maxvit
 from output_checks import error_line
 from processes import run_torchkit_in_process
@@ -117,6 +117,23 @@ def test_a_timm_maxvit_checkpoints_tables_are_resampled_as_timm_does(tmp_path, c
     )
     for key, value in model.state_dict().items():
         assert torch.equal(by_name.model.state_dict()[key], value), key
+
+    # --ema: the EMA weights are the ones resampled and used, with one note
+    table = "stages.0.blocks.0.attn_block.attn.rel_pos.relative_position_bias_table"
+    averaged = trained.state_dict()[table] + 1
+    add_ema_weights(tmp_path / "maxvit64.pt", trained)
+    checkpoint = torch.load(tmp_path / "maxvit64.pt", weights_only=True)
+    checkpoint["model_ema"][f"module.{table}"] = averaged
+    torch.save(checkpoint, tmp_path / "maxvit64.pt")
+    caplog.clear()
+    with_ema = resolve_model(str(tmp_path / "maxvit64.pt"), image_size=128, ema=True).model
+    assert [
+        r.getMessage() for r in caplog.records if "follow the image size" in r.getMessage()
+    ] == [f"the EMA weights of {notes[0]}"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        expected = resize_rel_pos_bias_table(averaged, (4, 4), (7 * 7, averaged.shape[1]))
+    torch.testing.assert_close(with_ema.state_dict()[table], expected, rtol=0, atol=0)
 
 
 @needs_timm
