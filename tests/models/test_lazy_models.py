@@ -220,3 +220,28 @@ def test_a_model_with_a_training_only_lazy_head_trains_and_its_checkpoint_loads(
     loaded = resolve_model(str(run / "best.pt"), trust_checkpoint=True).model
     for key, value in state.items():
         assert torch.equal(loaded.state_dict()[key], value), key
+
+
+class TargetsInTraining(nn.Module):
+    """A lazy auxiliary head behind a training forward that wants what no dry pass gives."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(192, 2)
+        self.aux = nn.LazyLinear(2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            raise ValueError("training needs the targets too")
+        return self.fc(x.flatten(1))
+
+
+def test_a_training_forward_that_fails_is_one_error_naming_training_mode():
+    with pytest.raises(UsageError) as caught:
+        materialize_lazy_layers(TargetsInTraining(), (3, 8, 8), "mine:TargetsInTraining")
+    assert str(caught.value) == (
+        "mine:TargetsInTraining has lazy layers that could not be sized by a 3x8x8 (CxHxW) input "
+        "in training mode: ValueError: training needs the targets too (give the layers only its "
+        "training forward reaches their sizes in the model's code (nn.Linear instead of "
+        "nn.LazyLinear...))"
+    )

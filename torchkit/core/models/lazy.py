@@ -78,10 +78,16 @@ def _dry_forward(model: Any, images: Any, name: str, *, training: bool) -> None:
             raise refusal from error
         size = "x".join(map(str, images.shape[1:]))
         mode = " in training mode" if training else ""
+        hint = "give the image size (and channels) it takes: --image-size, or --input-size"
+        if training:  # its eval forward ran at this size: the training forward alone failed
+            hint = (
+                "give the layers only its training forward reaches their sizes in the model's "
+                "code (nn.Linear instead of nn.LazyLinear...)"
+            )
         raise UsageError(
             f"{name} has lazy layers that could not be sized by a {size} (CxHxW) input{mode}: "
             f"{first_line(error, with_type=True)}",
-            "give the image size (and channels) it takes: --image-size, or --input-size",
+            hint,
         ) from error
 
 
