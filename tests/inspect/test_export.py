@@ -785,6 +785,28 @@ def test_a_failed_verification_leaves_nothing_at_out(runner, world, tmp_path, mo
     assert leftovers(tmp_path) == []
 
 
+def test_a_model_whose_own_outputs_are_nan_is_refused_as_such(runner, world, tmp_path):
+    """Weights with a NaN (a diverged run): every output is NaN in PyTorch too, so the check
+    says that, not that the export "differs by inf" (no tolerance could pass it)."""
+    checkpoint = torch.load(world["root"] / "convnet.pt", weights_only=True)
+    first = next(name for name in checkpoint["model"] if name.endswith("weight"))
+    checkpoint["model"][first] = checkpoint["model"][first].clone().fill_(float("nan"))
+    save_checkpoint(checkpoint, tmp_path / "diverged.pt")
+    old = tmp_path / "m.ts"
+    old.write_bytes(b"the earlier export")
+    result, _ = export(runner, str(tmp_path / "diverged.pt"), str(old), "--force")
+    assert result.exit_code == 1
+    assert error_line(result.stderr, besides="nothing") == (
+        "Error: convnet itself gives NaN outputs in PyTorch (for 4 of the 4 random inputs of "
+        "the verification): there is nothing to check the export against (check its weights "
+        "for NaN or inf (a diverged training run?); --no-verify writes the file unchecked)"
+    )
+    assert old.read_bytes() == b"the earlier export"
+    result, data = export(runner, str(tmp_path / "diverged.pt"), str(old), "--force", "--no-verify")
+    assert result.exit_code == 0, result.stderr
+    assert data["verification"] == "skipped" and old.read_bytes() != b"the earlier export"
+
+
 @pytest.mark.parametrize(
     ("reason", "hint"),
     [

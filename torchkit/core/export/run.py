@@ -21,6 +21,7 @@ from torchkit.core.export import formats as fm
 from torchkit.core.export.verification import (
     Verification,
     reference_outputs,
+    require_comparable,
     verification_batches,
     verify,
 )
@@ -183,6 +184,8 @@ def export_model(request: ExportRequest, progress: Progress | None = None) -> Ex
     _check_batch_memory(sample, max(sizes), request.batch_size)
     batches = verification_batches(sample, sizes if request.verify else sizes[:1])
     references = _reference(model, batches, arch=arch)
+    if request.verify:
+        require_comparable(references, arch)
     example = verification_batches(sample, [example_size], seed=1)[0]
     if dtype == "float16":
         model = model.to(torch.float16)

@@ -113,6 +113,22 @@ def verify(
     return result
 
 
+def require_comparable(references: Sequence[Any], arch: str) -> None:
+    """Refuse a model whose own outputs hold NaN (weights with NaN or inf in them): NaN equals
+    nothing, so every export of it would "differ by inf", and no --atol/--rtol could pass it."""
+    import torch
+
+    rows = torch.cat([reference.reshape(reference.shape[0], -1) for reference in references])
+    nan_rows = int(torch.isnan(rows).any(dim=1).sum())
+    if nan_rows:
+        raise VerificationError(
+            f"{arch} itself gives NaN outputs in PyTorch (for {nan_rows} of the {len(rows)} "
+            "random inputs of the verification): there is nothing to check the export against",
+            "check its weights for NaN or inf (a diverged training run?); --no-verify writes "
+            "the file unchecked",
+        )
+
+
 def output_spread(references: Sequence[Any]) -> float:
     """max over output elements of (max - min) across every sample of every batch: 0 when the
     outputs do not depend on the input, or when there is one sample only."""
