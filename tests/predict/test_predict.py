@@ -451,6 +451,31 @@ def test_classes_longer_than_a_file_name_are_a_list_of_names(runner, world, tmp_
     assert json.loads(result.stdout)[0]["class"] in ("x" * 300, "y", "z")
 
 
+def test_classes_from_a_pipe_are_read_as_a_file():
+    # `--classes <(cut -d, -f1 names.csv)` passes /dev/fd/N, a pipe: it was one class named
+    # "/dev/fd/63" ("1 classes asked for, but the checkpoint has 2 outputs").
+    from torchkit.core.evaluate.source import parse_class_names
+
+    read, write = os.pipe()
+    os.write(write, b"x\ny\n")
+    os.close(write)
+    try:
+        assert parse_class_names(f"/dev/fd/{read}") == ["x", "y"]
+    finally:
+        os.close(read)
+
+
+@pytest.mark.parametrize("spec", ["clases.txt", "names/classes"])
+def test_a_classes_file_that_is_not_there_is_said_so(runner, world, spec):
+    # It was one class named after the file ("1 classes asked for, but ... has 3 outputs").
+    result = invoke(runner, world["ckpt"], world["flat"], "--classes", spec, "-j", "0")
+    assert result.exit_code == 1
+    assert error_line(result.stderr) == (
+        f"Error: --classes file not found: {spec} (check the path, or give the class names "
+        "themselves, like a,b,c)"
+    )
+
+
 def test_ema_predicts_with_the_checkpoints_ema_weights(runner, world, tmp_path):
     torch.manual_seed(1)
     ema_model = convnet_class()(3, 3, 12).eval()

@@ -8,6 +8,7 @@ The model is a `ModelSpec`, resolved as every command resolves one
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,14 +20,24 @@ from torchkit.core.io.files import read_text
 from torchkit.core.io.option_lists import list_items
 from torchkit.core.models.spec import ModelSpec, refuse_weights_with_file
 
+# A one-name --classes with such an ending, or a folder in it, names a file, not a class.
+_CLASS_FILE_SUFFIXES = (".txt", ".csv", ".json", ".names", ".lst", ".list")
+
 
 def parse_class_names(spec: str) -> list[str]:
-    """`--classes`: a text file with one name per line, or names separated by commas."""
+    """`--classes`: a text file with one name per line (a pipe too: `<(cut ...)`, /dev/stdin),
+    or names separated by commas."""
     path = Path(spec)
     try:
-        is_file = path.is_file()
+        # Anything but a folder: process substitution passes /dev/fd/N, a pipe, not a file.
+        is_file = path.exists() and not path.is_dir()
     except OSError:  # a list of many names is longer than a file name may be (ENAMETOOLONG)
         is_file = False
+    if not is_file and "," not in spec and (os.sep in spec or spec.endswith(_CLASS_FILE_SUFFIXES)):
+        raise InputError(
+            f"--classes file not found: {spec}",
+            "check the path, or give the class names themselves, like a,b,c",
+        )
     if is_file:
         from torchkit.core.data.sources.shards import class_names_in_text
 
