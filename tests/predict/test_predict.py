@@ -20,7 +20,7 @@ from disks import fill_disk
 from gloo_ranks import forks_noted, run_ranks, stderr_of, watching_forks
 from output_checks import error_line
 from PIL import Image
-from processes import PipeLines, start_torchkit_process
+from processes import PipeLines, start_torchkit_process, working_directory
 
 from torchkit.cli import app
 from torchkit.core.data.preprocessing import Preprocess
@@ -463,6 +463,22 @@ def test_classes_from_a_pipe_are_read_as_a_file():
         assert parse_class_names(f"/dev/fd/{read}") == ["x", "y"]
     finally:
         os.close(read)
+
+
+def test_a_classes_path_that_cannot_be_read_is_one_error_line(runner, world, tmp_path):
+    # A socket (or a file without read permission): was "Error: OSError: [Errno 6] ...".
+    import socket
+
+    # bound by a relative name: an absolute one may pass the 108 bytes a socket's may have
+    with working_directory(tmp_path), socket.socket(socket.AF_UNIX) as server:
+        server.bind("classes.sock")
+        args = [world["ckpt"], world["flat"], "--classes", "classes.sock", "-j", "0"]
+        result = invoke(runner, *args)
+    assert result.exit_code == 1
+    assert error_line(result.stderr) == (
+        "Error: cannot read --classes file classes.sock: No such device or address (give a "
+        "text file with one class name per line, or names like a,b,c)"
+    )
 
 
 @pytest.mark.parametrize("spec", ["clases.txt", "names/classes"])

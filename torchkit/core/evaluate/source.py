@@ -41,8 +41,15 @@ def parse_class_names(spec: str) -> list[str]:
     if is_file:
         from torchkit.core.data.sources.shards import class_names_in_text
 
+        try:
+            text = read_text(path, "utf-8-sig")
+        except OSError as error:  # unreadable: no permission, a socket, a folder's I/O error
+            raise InputError(
+                f"cannot read --classes file {spec}: {error.strerror or error}",
+                "give a text file with one class name per line, or names like a,b,c",
+            ) from None
         # A BOM (Notepad's "UTF-8") is no part of the first name, as in a CSV index.
-        names = class_names_in_text(read_text(path, "utf-8-sig"))
+        names = class_names_in_text(text)
     else:
         names = list_items(spec, "--classes", hint="give class names like a,b,c, or a file")
     if not names:
