@@ -21,6 +21,21 @@ HEAVY = {"torch", "torchvision", "cv2", "pandas", "sklearn", "matplotlib"}
 CONSOLE_SCRIPT = Path(sys.executable).parent / "torchkit"
 
 
+def run_bash(script: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run SCRIPT in a plain bash (no rc files) that finds this environment's torchkit first."""
+    path = f"{CONSOLE_SCRIPT.parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    done = subprocess.run(
+        ["bash", "--norc", "--noprofile", "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATH": path},
+        cwd=cwd,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done
+
+
 def load_script(name: str):
     """scripts/NAME.py as a module."""
     spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
@@ -107,15 +122,7 @@ COMP_WORDS=(torchkit env --format ""); COMP_CWORD=3
 _torchkit_completion torchkit
 printf '%s\\n' "${{COMPREPLY[@]}}"
 """
-    path = f"{CONSOLE_SCRIPT.parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    done = subprocess.run(
-        ["bash", "--norc", "--noprofile", "-c", script],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PATH": path},
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
+    done = run_bash(script)
     first, second = done.stdout.split("---\n")
     expected = [name for name in top_level_commands() if name.startswith("e")]
     assert sorted(first.split()) == expected and "env" in expected
@@ -330,16 +337,7 @@ for word in ru runs/r1/b my 'my\\ run/b' --dev resnet1; do
     printf '%s\\n' "${{COMPREPLY[@]}}" ---
 done
 """
-    path = f"{CONSOLE_SCRIPT.parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    done = subprocess.run(
-        ["bash", "--norc", "--noprofile", "-c", script],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PATH": path},
-        cwd=tmp_path,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
+    done = run_bash(script, cwd=tmp_path)
     folder, file, spaced_folder, spaced_file, option, names, _ = [
         found.splitlines() for found in done.stdout.split("---\n")
     ]
@@ -373,16 +371,7 @@ for line in 'torchkit train --device cuda:' 'torchkit train --device cuda:0 --se
     printf '%s\\n' "${{COMPREPLY[@]}}" ---
 done
 """
-    path = f"{CONSOLE_SCRIPT.parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    done = subprocess.run(
-        ["bash", "--norc", "--noprofile", "-c", script],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PATH": path},
-        cwd=tmp_path,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
+    done = run_bash(script, cwd=tmp_path)
     after_colon, after_device, folder, _ = [
         found.splitlines() for found in done.stdout.split("---\n")
     ]
