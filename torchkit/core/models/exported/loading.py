@@ -215,7 +215,13 @@ def _load_onnx(source: Path) -> ExportedModel:
     needed_for = f"running the ONNX model {source}"
     require_extra("onnxruntime", "export", needed_for)
     onnx = import_extra("onnx", "export", needed_for)
+    if source.stat().st_size == 0:  # onnx.load reads 0 bytes as an empty model
+        raise InputError(
+            f"{source} is empty (0 bytes), not an ONNX model",
+            "give the .onnx file `torchkit export` (or torch.onnx.export) wrote",
+        )
     model = onnx.load(os.fspath(source), load_external_data=False)  # ORT reads the weights
+    _refuse_graphless(model, source)
     metadata = meta.from_onnx_props({prop.key: prop.value for prop in model.metadata_props})
     dims = model.graph.output[0].type.tensor_type.shape.dim if model.graph.output else []
     if dims and dims[-1].HasField("dim_value") and "num_outputs" not in metadata:
@@ -229,6 +235,27 @@ def _load_onnx(source: Path) -> ExportedModel:
         _record_graph_input(metadata, shape, "float16" if half else "float32")
     return ExportedModel(
         os.fspath(source), ONNX, metadata, _OnnxSession(source), _numpy_runtime=True
+    )
+
+
+def _refuse_graphless(model: Any, source: Path) -> None:
+    """Refuse an ONNX file with no graph to run (no inputs or no outputs): onnx reads any
+    protobuf that parses, and onnxruntime would say so only at the first batch, after the
+    command has begun its output."""
+    weights = {tensor.name for tensor in model.graph.initializer}
+    missing = []
+    if not any(item.name not in weights for item in model.graph.input):
+        missing.append("inputs")
+    if not model.graph.output:
+        missing.append("outputs")
+    if model.HasField("graph") and not missing:
+        return
+    what = (
+        "no graph" if not model.HasField("graph") else f"a graph with no {' and no '.join(missing)}"
+    )
+    raise InputError(
+        f"{source} is not a complete ONNX model: it holds {what}",
+        "give the .onnx file `torchkit export` (or torch.onnx.export) wrote",
     )
 
 
