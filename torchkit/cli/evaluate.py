@@ -185,6 +185,7 @@ def eval_command(
         interpolation=preprocess.interpolation,
         mean=preprocess.mean,
         std=preprocess.std,
+        stats=preprocess.stats,
         trust_checkpoint=trust_checkpoint,
         ema=ema,
         allow_untrained=allow_untrained,

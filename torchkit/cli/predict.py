@@ -170,6 +170,7 @@ def predict_command(
         interpolation=preprocess.interpolation,
         mean=preprocess.mean,
         std=preprocess.std,
+        stats=preprocess.stats,
         strict=strict,
         skip_errors=skip_errors,
     )

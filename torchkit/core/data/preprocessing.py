@@ -15,6 +15,7 @@ from typing import Any
 
 from torchkit.core.io.errors import CheckpointError, InputError, UsageError, short_repr
 from torchkit.core.io.option_lists import number_items
+from torchkit.core.io.wording import counted
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -212,12 +213,15 @@ def apply_overrides(
     std: tuple[float, ...] | None = None,
     crop_mode: str | None = None,
     interpolation: str | None = None,
+    stats: str | None = None,
 ) -> Preprocess:
     """`--image-size/--resize-size/--mean/--std/--crop-mode/--interpolation` on top of the
     model's preprocessing.
 
     A new `--image-size` keeps the model's resize-to-crop ratio (256/224 for ImageNet models)
     unless `--resize-size` is given too. One mean/std value is used for every channel.
+    `stats`: the file (`--stats FILE`) `mean` and `std` were read from, which their errors
+    name, as the user gave that and not --mean/--std.
     """
     result = preprocess
     if image_size is not None:
@@ -245,9 +249,9 @@ def apply_overrides(
             )
         check_fits_in_memory(result, channels)
     if mean is not None:
-        result = replace(result, mean=_per_channel(mean, channels, "--mean"))
+        result = replace(result, mean=_per_channel(mean, channels, "--mean", stats))
     if std is not None:
-        values = _per_channel(std, channels, "--std")
+        values = _per_channel(std, channels, "--std", stats)
         if any(v <= 0 for v in values):
             raise UsageError(f"--std values must be positive, not {list(values)}")
         result = replace(result, std=values)
@@ -317,15 +321,27 @@ def check_image_memory(side: int, channels: int, shown: str) -> None:
         )
 
 
-def _per_channel(values: tuple[float, ...], channels: int, option: str) -> tuple[float, ...]:
+def _per_channel(
+    values: tuple[float, ...], channels: int, option: str, stats: str | None = None
+) -> tuple[float, ...]:
+    """`values` for each of `channels` (one value stands for all); `stats`: the --stats file
+    they came from, else they are `option`'s."""
     if not values or not all(math.isfinite(v) for v in values):
         raise UsageError(f"{option} must be finite numbers, not {list(values)}")
     if len(values) == 1:
         return tuple(values) * channels
     if len(values) != channels:
+        images = f"the images have {counted(channels, 'channel')}"  # as the model takes them
+        if stats is not None:
+            mode = {1: " --mode gray", 3: " --mode rgb"}.get(channels, "")
+            raise UsageError(
+                f"--stats {stats} holds a mean and std for {len(values)} channels but {images}",
+                f"compute them for {counted(channels, 'channel')} with "
+                f"`torchkit dataset-stats{mode} ROOT -o FILE.json`, or give --mean and --std",
+            )
         raise UsageError(
-            f"{option} has {len(values)} values but the images have {channels} channels",
-            f"give 1 or {channels} comma-separated values",
+            f"{option} has {counted(len(values), 'value')} but {images}",
+            "give 1 value" if channels == 1 else f"give 1 or {channels} comma-separated values",
         )
     return tuple(float(v) for v in values)
 

@@ -282,6 +282,7 @@ def _extract(
             interpolation=request.interpolation,
             mean=request.mean,
             std=request.std,
+            stats=request.stats_file,
             allow_untrained=request.allow_untrained,
         )
         source = resolve_spec(spec, command="extract-features", needs_training=True)

@@ -40,6 +40,7 @@ class ModelSpec:
     resize_size: int | None = None
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
+    stats: str | None = None  # the --stats file mean and std were read from, for their errors
     crop_mode: str | None = None
     interpolation: str | None = None
     # One sample's input (C, H, W) that sizes a model built here (convnet, ViT, timm models):
@@ -130,6 +131,7 @@ def resolve_spec(
             std=spec.std,
             crop_mode=spec.crop_mode,
             interpolation=spec.interpolation,
+            stats=spec.stats,
         )
     # a file torch exported without torchkit: say what its images are fed as
     exported_bare = (

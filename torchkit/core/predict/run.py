@@ -63,6 +63,7 @@ class PredictRequest:
     interpolation: str | None = None
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
+    stats: str | None = None  # the --stats file mean and std were read from
     strict: bool = False  # the first unreadable image (or non-finite output) is an error
     skip_errors: bool = False  # leave unreadable images out instead of an error row
 
@@ -126,6 +127,7 @@ class PredictRun:
             interpolation=request.interpolation,
             mean=request.mean,
             std=request.std,
+            stats=request.stats,
             trust_checkpoint=request.trust_checkpoint,
             ema=request.ema,
             allow_untrained=request.allow_untrained,
