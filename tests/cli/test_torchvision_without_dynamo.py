@@ -128,7 +128,8 @@ def test_commands_torchvision_and_timm_never_import_dynamo_and_compiling_still_w
         torchkit("eval", "digits-run/best.pt", "--data", "digits", "--format", "json")
         torchkit("predict", "digits-run/best.pt", "digits", "--format", "json")
         mark("digits", "torchvision" in sys.modules)
-        torchkit("train", "--data", "ds", "--model", "resnet18", "--image-size", "16",
+        # a small torchvision model: resnet18's two 134 MB checkpoints took seconds to write
+        torchkit("train", "--data", "ds", "--model", "shufflenet_v2_x0_5", "--image-size", "16",
                  "--epochs", "1", "--workers", "0", "--device", "cpu", "--out", "run",
                  "--format", "json")
         torchkit("eval", "run/best.pt", "--data", "ds", "--workers", "0", "--device", "cpu",
