@@ -44,8 +44,50 @@ CHECKPOINT_KEYS = (
 
 
 def load_checkpoint(path: str | os.PathLike, *, trust_checkpoint: bool = False) -> Any:
-    """Load a checkpoint on the CPU, whatever device it was saved from."""
+    """Load a checkpoint on the CPU, whatever device it was saved from. A torchkit checkpoint
+    this torchkit cannot read as it was meant (`check_torchkit_checkpoint`) is refused."""
 
+    loaded = _load_checkpoint(path, trust_checkpoint=trust_checkpoint)
+    if is_torchkit_checkpoint(loaded):
+        check_torchkit_checkpoint(loaded, str(path))
+    return loaded
+
+
+def check_torchkit_checkpoint(checkpoint: Mapping[str, Any], source: str) -> None:
+    """Refuse a torchkit checkpoint of a format newer than this torchkit's (its keys may mean
+    other things: loaded anyway, it could be fed or labelled wrongly without a word), or whose
+    `classes` name one class twice (two outputs under one name: predictions and per-class
+    metrics that cannot be told apart)."""
+    from torchkit import __version__
+
+    version = checkpoint.get("format_version")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise CheckpointError(
+            f"checkpoint {source} has format_version {version!r}, which no torchkit writes",
+            "the file is damaged or was not written by torchkit",
+        )
+    if version > FORMAT_VERSION:
+        written = checkpoint.get("torchkit_version")
+        by = f"torchkit {written}" if isinstance(written, str) else "a newer torchkit"
+        raise CheckpointError(
+            f"checkpoint {source} was written by {by} (checkpoint format {version}); this "
+            f"torchkit ({__version__}) reads formats up to {FORMAT_VERSION}",
+            "upgrade torchkit to read it",
+        )
+    classes = checkpoint.get("classes")
+    if isinstance(classes, (list, tuple)):
+        names = [str(name) for name in classes]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            shown = ", ".join(repr(name) for name in twice[:5])
+            raise CheckpointError(
+                f"checkpoint {source} names {len(twice)} of its classes more than once "
+                f"({shown}{', ...' if len(twice) > 5 else ''}): its outputs cannot be told apart",
+                "the file is damaged or was not written by torchkit",
+            )
+
+
+def _load_checkpoint(path: str | os.PathLike, *, trust_checkpoint: bool) -> Any:
     source = require_input(path, what="checkpoint", kind="file")
     if source.stat().st_size == 0:
         raise CheckpointError(f"checkpoint is empty (0 bytes): {source}")
