@@ -126,6 +126,8 @@ def _dash_as_a_file(value):
     (`render.report_file`). A Path drops the `./` (Path('./-') is Path('-')): the name is made
     absolute before it becomes one."""
     if isinstance(value, str) and value != "-" and os.path.normpath(value) == "-":
+        if value.endswith(os.sep):  # `./-/`: a folder's name, refused as such
+            return value
         return os.path.abspath(value)
     return value
 
@@ -153,7 +155,20 @@ class TorchkitArgument(TyperArgument):
         return _type_label(self, ctx) if self.type_descriptor.is_choice else None
 
     def process_value(self, ctx, value):
+        if not ctx.resilient_parsing and isinstance(value, list | tuple):
+            # The words as typed, before they become Paths (which drop a trailing slash): where
+            # one of several is a file output (convert checkpoint's DST), `given_words` has it.
+            ctx.meta.setdefault(GIVEN_WORDS, {})[self.name] = tuple(value)
         return _process_value(self, super(), ctx, value)
+
+
+# ctx.meta key: the words of each several-valued argument as the command line gives them.
+GIVEN_WORDS = "torchkit.given_words"
+
+
+def given_words(ctx, name: str) -> tuple:
+    """The words of the several-valued argument `name` of the command of `ctx`, as typed."""
+    return ctx.meta.get(GIVEN_WORDS, {}).get(name, ())
 
 
 def _process_value(param, parent, ctx, value):
@@ -162,6 +177,7 @@ def _process_value(param, parent, ctx, value):
     if ctx.resilient_parsing:
         return value
     _refuse_empty_value(param, ctx, value)
+    _refuse_folder_name(param, ctx, value)
     try:
         return parent.process_value(ctx, value)
     except ClickUsageError as error:
@@ -189,9 +205,30 @@ def _refuse_empty_value(param, ctx, value) -> None:
     from torchkit.core.io.errors import UsageError
 
     if isinstance(param, TyperOption):
-        name = next((o for o in param.opts if o.startswith("--")), param.opts[0])
+        name = _long_name(param)
         raise UsageError(f"invalid {name} '': an empty value", f"give a value, or leave {name} out")
     raise UsageError(f"invalid {param.display_name_raw} '': an empty value", "give a value")
+
+
+def _refuse_folder_name(param, ctx, value) -> None:
+    """A file-valued path (`-o`, export's OUT, --plot: any Path that takes no folder) given as
+    `newdir/` names a folder: refused here, while the text still has its slash (the Path it
+    becomes has none, and a FILE `newdir` was written)."""
+    info = getattr(getattr(param, "type_descriptor", None), "parameter_info", None)
+    if info is None or getattr(info, "dir_okay", True):
+        return
+    if getattr(ctx.get_parameter_source(param.name), "name", None) != "COMMANDLINE":
+        return
+    from torchkit.core.io.outputs import check_not_folder_name
+
+    name = param.display_name_raw if isinstance(param, TyperArgument) else _long_name(param)
+    for item in value if isinstance(value, list | tuple) else (value,):
+        if isinstance(item, str):
+            check_not_folder_name(item, name)
+
+
+def _long_name(param) -> str:
+    return next((o for o in param.opts if o.startswith("--")), param.opts[0])
 
 
 def _polish_param(param) -> None:

@@ -9,8 +9,9 @@ from typing import Annotated, Optional
 import typer
 
 from torchkit.cli import console
-from torchkit.cli.app import TorchkitGroup
+from torchkit.cli.app import TorchkitGroup, given_words
 from torchkit.cli.options import (
+    FileOutOption,
     ForceOption,
     FormatOption,
     OutOption,
@@ -360,6 +361,7 @@ def _cifar_rendered(report) -> tuple[list[Table], dict]:
 
 
 def checkpoint(
+    ctx: typer.Context,
     paths: Annotated[
         list[Path],
         typer.Argument(
@@ -370,7 +372,7 @@ def checkpoint(
             show_default=False,
         ),
     ],
-    out_option: OutOption = None,
+    out_option: FileOutOption = None,
     average: Annotated[
         bool,
         typer.Option(
@@ -446,11 +448,13 @@ def checkpoint(
     from torchkit.core.convert.checkpoint import convert_checkpoint
     from torchkit.core.convert.report_file import check_report_output
     from torchkit.core.io.errors import UsageError
-    from torchkit.core.io.outputs import ReplacedFiles
+    from torchkit.core.io.outputs import ReplacedFiles, check_not_folder_name
 
     fmt = resolve_format(fmt, output)
     if out_option is not None:  # --out DST: every path given is a source
         paths = [*paths, out_option]
+    elif len(paths) > 1 and given_words(ctx, "paths"):  # DST as typed (`new/`: a folder)
+        check_not_folder_name(given_words(ctx, "paths")[-1], "DST")
     if average:
         # By name: ten options in a row, where a positional slip (one added in the middle)
         # would pass silently.

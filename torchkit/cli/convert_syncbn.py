@@ -8,9 +8,9 @@ import typer
 
 from torchkit.cli import console
 from torchkit.cli.options import (
+    FileOutOption,
     ForceOption,
     FormatOption,
-    OutOption,
     OutputOption,
     SquareInputOption,
     TrustCheckpointOption,
@@ -41,9 +41,10 @@ def convert_syncbn(
             help="Write the converted model here (or --out). Without it, only report the layers.",
             metavar="DST",
             show_default=False,
+            dir_okay=False,  # a file: `new/` is refused (cli.app)
         ),
     ] = None,
-    out_option: OutOption = None,
+    out_option: FileOutOption = None,
     revert: Annotated[
         bool,
         typer.Option(

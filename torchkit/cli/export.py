@@ -11,10 +11,10 @@ import typer
 from torchkit.cli import console
 from torchkit.cli.options import (
     EmaOption,
+    FileOutOption,
     ForceOption,
     FormatOption,
     ModelOption,
-    OutOption,
     OutputOption,
     TrustCheckpointOption,
     WeightsOption,
@@ -49,7 +49,7 @@ def export(
             dir_okay=False,
         ),
     ] = None,
-    out_option: OutOption = None,
+    out_option: FileOutOption = None,
     model_option: ModelOption = None,
     to: Annotated[
         Optional[ExportFormat],

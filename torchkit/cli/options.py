@@ -44,6 +44,17 @@ OutOption = Annotated[
         show_default=False,
     ),
 ]
+# `--out` of a command whose product is one file (export, convert checkpoint, convert-syncbn):
+# no folder, so that `--out exports/` is refused while it still ends in its slash (cli.app).
+FileOutOption = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--out",
+        help="The file the command writes (the same as the positional OUT; give one of them).",
+        show_default=False,
+        dir_okay=False,
+    ),
+]
 
 
 def model_and_rest(positional: Any, option: Any, rest: list[Any]) -> tuple[Any, list[Any]]:

@@ -462,6 +462,25 @@ def check_not_stdout(path: str | os.PathLike, what: str) -> None:
         )
 
 
+def names_a_folder(path: str | os.PathLike) -> bool:
+    """The name as given ends in a path separator (`newdir/`): whoever typed it meant a folder.
+    A Path drops that separator (Path('newdir/') is Path('newdir')), so this is asked of the
+    text before it becomes one (`cli.app` does so for every file-valued parameter)."""
+    text = os.fsdecode(path)
+    return text.endswith(tuple(sep for sep in (os.sep, os.altsep) if sep))
+
+
+def check_not_folder_name(path: str | os.PathLike, what: str) -> None:
+    """A file output (or any file-valued name) ending in `/` is refused, never written as a
+    file named without the slash: `-o reports/` made a FILE `reports`, where the user meant a
+    folder. No file name is made up for it: give one."""
+    if names_a_folder(path):
+        raise UsageError(
+            f"{what} {_shown(path)} names a folder (ends in {os.sep})",
+            "give a file name",
+        )
+
+
 def check_output_file(
     path: str | os.PathLike,
     force: bool,
@@ -469,13 +488,14 @@ def check_output_file(
     *,
     what: str = "output",
 ) -> Path:
-    """Check a file output (`-o FILE`, DST) before any work: not `-` (stdout), not an input nor
-    inside an input folder, not a folder, not below a file, not an existing file unless
-    `force`, and in a folder that takes a new file (`check_folder_writable`). Special files
-    are written into: they pass unless they cannot be written (a socket, a descriptor closed
-    or open for reading only), hold data (a block device, without `force`) or are an input
-    (`/dev/stdout >> FILE`)."""
+    """Check a file output (`-o FILE`, DST) before any work: not `-` (stdout), not a name that
+    ends in `/` (`check_not_folder_name`), not an input nor inside an input folder, not a
+    folder, not below a file, not an existing file unless `force`, and in a folder that takes
+    a new file (`check_folder_writable`). Special files are written into: they pass unless
+    they cannot be written (a socket, a descriptor closed or open for reading only), hold data
+    (a block device, without `force`) or are an input (`/dev/stdout >> FILE`)."""
     check_not_stdout(path, what)
+    check_not_folder_name(path, what)
     target = Path(path)
     _note_stdout(target)
     if is_special_file(target):
