@@ -121,3 +121,20 @@ def test_a_folder_output_ending_in_a_slash_is_made(runner, inputs, case):
     assert result.exit_code == 0, result.stderr
     assert (inputs / "new").is_dir()
     assert any((inputs / "new").iterdir())
+
+
+# convert tensor's DST is a file or a folder: a slash makes it a folder whatever its extension
+# (`out.npy/` was the FILE out.npy).
+@pytest.mark.parametrize("where", ["DST", "--out"])
+def test_convert_tensor_dst_with_an_extension_and_a_slash_is_a_folder(runner, inputs, where):
+    image, target = inputs / "images" / "a" / "a_0.png", f"{inputs / 'out.npy'}/"
+    dst = [target] if where == "DST" else ["--out", target]
+    result = runner.invoke(app, ["convert", "tensor", str(image), *dst, "--to", "npy"])
+    assert result.exit_code == 0, result.stderr
+    assert [p.name for p in (inputs / "out.npy").iterdir()] == ["a_0.npy"]
+
+    before = tree_digest(inputs)
+    result = runner.invoke(app, ["convert", "tensor", str(image), f"{inputs / 'b.png'}/"])
+    assert result.exit_code == 2
+    assert f"{inputs / 'b.png'}/ names a folder (ends in /)" in error_line(result.stderr)
+    assert tree_digest(inputs) == before

@@ -155,20 +155,25 @@ class TorchkitArgument(TyperArgument):
         return _type_label(self, ctx) if self.type_descriptor.is_choice else None
 
     def process_value(self, ctx, value):
-        if not ctx.resilient_parsing and isinstance(value, list | tuple):
+        if not ctx.resilient_parsing and isinstance(value, str | list | tuple):
             # The words as typed, before they become Paths (which drop a trailing slash): where
-            # one of several is a file output (convert checkpoint's DST), `given_words` has it.
-            ctx.meta.setdefault(GIVEN_WORDS, {})[self.name] = tuple(value)
+            # one is an output that a slash makes a folder, `given_words` has it.
+            words = (value,) if isinstance(value, str) else tuple(value)
+            ctx.meta.setdefault(GIVEN_WORDS, {})[self.name] = words
         return _process_value(self, super(), ctx, value)
 
 
-# ctx.meta key: the words of each several-valued argument as the command line gives them.
+# ctx.meta key: the words of each argument as the command line gives them.
 GIVEN_WORDS = "torchkit.given_words"
 
 
 def given_words(ctx, name: str) -> tuple:
-    """The words of the several-valued argument `name` of the command of `ctx`, as typed."""
-    return ctx.meta.get(GIVEN_WORDS, {}).get(name, ())
+    """The words of the argument (or, as its last value, the option) `name` of the command of
+    `ctx`, as typed: () where it was not given on the command line."""
+    if name in ctx.meta.get(GIVEN_WORDS, {}):
+        return ctx.meta[GIVEN_WORDS][name]
+    values = ctx.meta.get(_GIVEN_VALUES, {}).get(name)
+    return (values[-1],) if values else ()
 
 
 def _process_value(param, parent, ctx, value):

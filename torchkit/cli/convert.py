@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -103,6 +104,7 @@ def _shape(shape) -> str:
 
 
 def tensor(
+    ctx: typer.Context,
     src: Annotated[
         Path, typer.Argument(help="An image, .npy, .pt/.pth or .safetensors file, or a folder.")
     ],
@@ -202,9 +204,13 @@ def tensor(
     """
     from torchkit.core.convert.report_file import check_report_output
     from torchkit.core.convert.tensor import TensorOptions, convert_tensor, writes_file
+    from torchkit.core.io.outputs import names_a_folder
 
     fmt = resolve_format(fmt, output)
     dst = product_path(dst, out_option, name="DST")
+    typed = given_words(ctx, "dst") or given_words(ctx, "out_option")
+    if typed and names_a_folder(typed[-1]):  # `out.pt/` is a folder: its Path drops the slash
+        dst = os.fspath(dst) + os.sep
     writes = writes_file(to.value if to else None)
     check_report_output(output, force, source=src, destination=dst, writes=writes)
 

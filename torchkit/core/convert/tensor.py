@@ -53,6 +53,7 @@ from torchkit.core.io.outputs import (
     check_output_file,
     is_special_file,
     named_as_final,
+    names_a_folder,
     reporting_write_errors,
 )
 from torchkit.core.io.progress import Progress
@@ -676,13 +677,18 @@ def convert_tensor(
 
     kind_of(source.suffix)  # an unknown source extension is a usage error
     special = is_special_file(target)  # /dev/stdout, /dev/fd/N, a FIFO: written into
-    if target.is_dir() or (target.suffix == "" and not target.exists() and not special):
+    named_folder = names_a_folder(dst)  # `out.pt/`: a folder, whatever its extension says
+    new_folder = target.suffix == "" and not target.exists() and not special
+    if target.is_dir() or named_folder or new_folder:
         check_not_stdout(target, "output folder")  # a batch's images into a folder named '-'
         if to is None:
             # A new name without an extension is taken as a folder: say so, not that it is one.
             what = "is a folder" if target.is_dir() else "has no extension: a new folder"
+            if named_folder and not target.is_dir():
+                what = f"names a folder (ends in {os.sep})"
+            shown = os.fspath(dst) if named_folder else target
             raise UsageError(
-                f"{target} {what}", "pass --to png|npy|pt|safetensors|..., or end DST with one"
+                f"{shown} {what}", "pass --to png|npy|pt|safetensors|..., or end DST with one"
             )
         file_target, split_batch, extension = target / (source.stem + to), True, to
     else:
