@@ -342,10 +342,11 @@ done
         found.splitlines() for found in done.stdout.split("---\n")
     ]
     as_file_names = "compopt -o filenames"
-    assert folder == [as_file_names, "runs"]  # bash adds the slash, and no space
-    assert file == [as_file_names, "runs/r1/best.pt"]
-    assert spaced_folder == [as_file_names, "my run"]
-    assert spaced_file == [as_file_names, "my run/best.pt"]
+    # torchkit's own stderr (a completion that failed) comes with any mismatch.
+    assert folder == [as_file_names, "runs"], done.stderr  # bash adds the slash, and no space
+    assert file == [as_file_names, "runs/r1/best.pt"], done.stderr
+    assert spaced_folder == [as_file_names, "my run"], done.stderr
+    assert spaced_file == [as_file_names, "my run/best.pt"], done.stderr
     assert option == ["--device"]
     assert "resnet18" in names and as_file_names not in names
 
