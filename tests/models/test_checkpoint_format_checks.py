@@ -1,6 +1,6 @@
-"""Torchkit checkpoints that loaded silently wrong: one whose `classes` name a class twice (two
-outputs under one name: predictions and per-class metrics ambiguous), and one of a format newer
-than this torchkit knows (its keys may mean other things). Each is one error line."""
+"""A torchkit checkpoint of a format newer than this torchkit knows (its keys may mean other
+things) loaded silently: it is one error line. One whose `classes` name a class twice (as
+torchvision's ImageNet names do) still loads."""
 
 from __future__ import annotations
 
@@ -29,21 +29,13 @@ def _images(root: Path) -> Path:
     return root
 
 
-@pytest.mark.parametrize("command", ["predict", "eval"])
-def test_a_checkpoint_naming_a_class_twice_is_one_error_line(runner, tmp_path, command):
+def test_a_checkpoint_naming_a_class_twice_still_predicts(runner, tmp_path):
+    # torchvision's ImageNet names hold two `crane`s: such a checkpoint is no damaged file.
     model = _checkpoint(tmp_path, "dup.pt", classes=["a", "a"])
     images = _images(tmp_path / "imgs")
-    if command == "predict":
-        args = ["predict", str(model), str(images), "-j", "0", "--format", "csv"]
-    else:
-        args = ["eval", str(model), "--data", str(images), "-j", "0"]
-    result = runner.invoke(app, args)
-    assert result.exit_code == 1
-    assert result.stdout == ""
-    assert result.stderr.strip() == (
-        f"Error: checkpoint {model} names 1 of its classes more than once ('a'): its outputs "
-        "cannot be told apart (the file is damaged or was not written by torchkit)"
-    )
+    result = runner.invoke(app, ["predict", str(model), str(images), "-j", "0", "--format", "csv"])
+    assert result.exit_code == 0, result.stderr
+    assert len(result.stdout.strip().splitlines()) == 3  # the header and the two images
 
 
 def test_a_checkpoint_of_a_newer_format_asks_for_a_newer_torchkit(runner, tmp_path):
