@@ -261,6 +261,7 @@ def test_weights_by_name_for_tens_of_thousands_of_classes_are_read_in_linear_tim
     path.write_text("".join(f"{name},{len(classes) - i}\n" for i, name in enumerate(classes[::-1])))
     started = time.perf_counter()
     weights = class_weights(str(path), classes, [1] * len(classes))
-    assert time.perf_counter() - started < 2
+    # Linear: 0.3-2.3 s on 2 cores, under load; quadratic: 10 s and more.
+    assert time.perf_counter() - started < 6
     assert weights[:3] == [1.0, 2.0, 3.0]
     assert weights[-1] == 40_000.0
