@@ -7,8 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from image_folders import write_image_folder
-from output_checks import error_line, tree_digest
+from output_checks import error_line, tree_digest, write_command_inputs
 
 from torchkit.cli import app
 from torchkit.core.io.errors import UsageError
@@ -17,18 +16,7 @@ from torchkit.core.io.outputs import check_output_file
 
 @pytest.fixture
 def inputs(tmp_path: Path) -> Path:
-    import torch
-
-    from torchkit.core.models.convnet import convnet_class
-
-    write_image_folder(tmp_path / "images", {"a": 3, "b": 3}, size=12)
-    torch.save({"w": torch.ones(2, 2)}, tmp_path / "weights.pt")
-    model = convnet_class()(2, 3, 12)
-    checkpoint = {"format_version": 1, "arch": "convnet", "num_classes": 2, "classes": ["a", "b"]}
-    checkpoint["model"] = model.state_dict()
-    checkpoint["preprocess"] = {"image_size": 12, "in_channels": 3}
-    torch.save(checkpoint, tmp_path / "model.pt")
-    return tmp_path
+    return write_command_inputs(tmp_path, per_class=3)
 
 
 # Each command's file outputs, `NEW/` standing for the name ending in a slash; the rest valid.

@@ -67,3 +67,22 @@ def error_line(stderr: str, *, besides: str = "anything") -> str:
     else:
         assert besides == "anything", besides
     return errors[0]
+
+
+def write_command_inputs(root: Path, per_class: int) -> Path:
+    """What the commands of the output-path tests read, under ROOT: `images/` (classes a and b,
+    PER_CLASS 12 px images each), `weights.pt` (a state dict) and `model.pt` (a torchkit
+    checkpoint of the convnet for those images)."""
+    import torch
+    from image_folders import write_image_folder
+
+    from torchkit.core.models.convnet import convnet_class
+
+    write_image_folder(root / "images", {"a": per_class, "b": per_class}, size=12)
+    torch.save({"w": torch.ones(2, 2)}, root / "weights.pt")
+    model = convnet_class()(2, 3, 12)
+    checkpoint = {"format_version": 1, "arch": "convnet", "num_classes": 2, "classes": ["a", "b"]}
+    checkpoint["model"] = model.state_dict()
+    checkpoint["preprocess"] = {"image_size": 12, "in_channels": 3}
+    torch.save(checkpoint, root / "model.pt")
+    return root
