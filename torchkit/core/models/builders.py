@@ -30,14 +30,13 @@ from torchkit.core.models.model_files import MODEL_FILE_SUFFIXES
 from torchkit.core.models.position_embeddings import (
     patch_multiple_hint,
     position_grids,
-    resampled_position_embeddings,
 )
 from torchkit.core.models.random_init import built_for_loading
 from torchkit.core.models.size_bound import (
     patch_sizes,
     refuse_size_bound_misfits,
+    size_adapted,
     size_layout,
-    timm_size_adapted,
 )
 from torchkit.core.models.timm_models import (
     TIMM_PREFIX,
@@ -203,8 +202,7 @@ def model_from_checkpoint(
         model = _rebuilt_for(
             model, wanted, built_for, arch=arch, source=source, trained=preprocess.image_size
         )
-        state = resampled_position_embeddings(model, state, source=source, note=note_resampling)
-        state = timm_size_adapted(model, state, source=source, note=note_resampling)
+        state = size_adapted(model, state, source=source, note=note_resampling)
         refuse_size_bound_misfits(
             model, state, source=source, trained=preprocess.image_size, wanted=wanted
         )

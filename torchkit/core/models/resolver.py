@@ -50,9 +50,8 @@ from torchkit.core.models.heads import (
     replace_head,
 )
 from torchkit.core.models.lazy import has_lazy_weights, materialize_lazy_layers
-from torchkit.core.models.position_embeddings import resampled_position_embeddings
 from torchkit.core.models.random_init import built_for_loading
-from torchkit.core.models.size_bound import size_layout, timm_size_adapted
+from torchkit.core.models.size_bound import size_adapted, size_layout
 from torchkit.core.models.specs import is_model_file
 from torchkit.core.models.timm_models import (
     base_name,
@@ -971,6 +970,5 @@ def _load_ema(model, checkpoint: Mapping[str, Any], path: str) -> None:
     state = strip_module_prefix(checkpoint["model_ema"])
     state.pop("n_averaged", None)  # torch.optim.swa_utils.AveragedModel's counter
     source = f"the EMA weights of {path}"
-    state = resampled_position_embeddings(model, state, source=source)
-    state = timm_size_adapted(model, state, source=source)
+    state = size_adapted(model, state, source=source)
     load_weights_into(model, state, source=source)

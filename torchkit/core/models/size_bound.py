@@ -68,11 +68,7 @@ def timm_size_adapted(
     A Note says which were adapted, unless `note` is False. No filter, or one that fails,
     leaves `state` as it is (the size-dependent weights are refused next, by name)."""
     own = model.state_dict()
-    differ = [
-        key
-        for key, value in state.items()
-        if key in own and tuple(getattr(value, "shape", ())) != tuple(own[key].shape)
-    ]
+    differ = _misfits(own, state)
     family = sys.modules.get(type(model).__module__)
     adapt = getattr(family, "checkpoint_filter_fn", None)
     if not differ or adapt is None:
@@ -113,14 +109,34 @@ def refuse_size_bound_misfits(
     images) does not have, and which nothing above could resample: the model cannot run at
     that size with these weights."""
     own = model.state_dict()
-    for key, value in state.items():
-        if key in own and tuple(getattr(value, "shape", ())) != tuple(own[key].shape):
-            raise UsageError(
-                f"{source} holds a model trained on {trained}x{trained} images whose {key} "
-                f"follows the image size and cannot be resampled to {wanted[0]}x{wanted[1]} "
-                f"images ({_shape(value)} -> {_shape(own[key])})",
-                f"drop --image-size to run it at {trained}",
-            )
+    for key in _misfits(own, state)[:1]:
+        raise UsageError(
+            f"{source} holds a model trained on {trained}x{trained} images whose {key} "
+            f"follows the image size and cannot be resampled to {wanted[0]}x{wanted[1]} "
+            f"images ({_shape(state[key])} -> {_shape(own[key])})",
+            f"drop --image-size to run it at {trained}",
+        )
+
+
+def size_adapted(
+    model: Any, state: Mapping[str, Any], *, source: str, note: bool = True
+) -> Mapping[str, Any]:
+    """`state` with every weight that follows the image size adapted to `model`'s: a ViT's
+    position embeddings (`resampled_position_embeddings`), a timm model's relative position
+    bias tables (`timm_size_adapted`); anything else is left to the strict load that follows."""
+    from torchkit.core.models.position_embeddings import resampled_position_embeddings
+
+    state = resampled_position_embeddings(model, state, source=source, note=note)
+    return timm_size_adapted(model, state, source=source, note=note)
+
+
+def _misfits(own: Mapping[str, Any], state: Mapping[str, Any]) -> list[str]:
+    """The keys of `state` that `own` (a model's state dict) holds in another shape."""
+    return [
+        key
+        for key, value in state.items()
+        if key in own and tuple(getattr(value, "shape", ())) != tuple(own[key].shape)
+    ]
 
 
 def _built_size(model: Any) -> str:

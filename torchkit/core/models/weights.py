@@ -8,9 +8,8 @@ from typing import Any
 
 from torchkit.core.io.errors import CheckpointError, UsageError
 from torchkit.core.models.heads import find_head, fit_head_to, out_features, replace_head
-from torchkit.core.models.position_embeddings import resampled_position_embeddings
 from torchkit.core.models.random_init import skipped_weight_init
-from torchkit.core.models.size_bound import timm_size_adapted
+from torchkit.core.models.size_bound import size_adapted
 from torchkit.core.models.usercode import is_callable_spec, user_code
 
 
@@ -36,8 +35,8 @@ def load_weights_file(
     """Load the weights in `path` (or what was already `loaded` from it) into `model`, the head
     first sized from the weights; then, if `num_classes` differs, replaced by a fresh head of
     that size (fine-tuning). A ViT's position embeddings for another image size are
-    resampled to the model's grid (`resampled_position_embeddings`), a timm model's relative
-    position bias tables to its windows (`timm_size_adapted`). Returns what the file held.
+    resampled to the model's grid, a timm model's relative position bias tables to its windows
+    (`size_adapted`). Returns what the file held.
     """
     from torchkit.core.models.checkpoint import (
         extract_state_dict,
@@ -51,8 +50,7 @@ def load_weights_file(
     state = with_densenet_key_names(model, strip_wrapper_prefix(model, extract_state_dict(loaded)))
     with skipped_weight_init():  # a head of the file's size: loaded from it right after
         fit_head_to(model, state)
-    state = resampled_position_embeddings(model, state, source=path)
-    state = timm_size_adapted(model, state, source=path)
+    state = size_adapted(model, state, source=path)
     load_weights_into(model, state, source=path)
     if num_classes is not None and out_features(find_head(model)[1]) != num_classes:
         replace_head(model, num_classes)
