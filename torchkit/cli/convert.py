@@ -459,8 +459,8 @@ def checkpoint(
     fmt = resolve_format(fmt, output)
     if out_option is not None:  # --out DST: every path given is a source
         paths = [*paths, out_option]
-    elif len(paths) > 1 and given_words(ctx, "paths"):  # DST as typed (`new/`: a folder)
-        check_not_folder_name(given_words(ctx, "paths")[-1], "DST")
+    elif len(paths) > 1 and (typed := given_words(ctx, "paths")):  # DST as typed: `new/`
+        check_not_folder_name(typed[-1], "DST")
     if average:
         # By name: ten options in a row, where a positional slip (one added in the middle)
         # would pass silently.

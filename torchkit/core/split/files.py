@@ -16,7 +16,6 @@ from torchkit.core.io.csv_rows import CsvWriter
 from torchkit.core.io.errors import InputError, OutputExistsError, OutputWriteError, UsageError
 from torchkit.core.io.files import atomic_write
 from torchkit.core.io.folder_locks import (
-    close_in_forked_children,
     close_lock,
     flock_path,
     held_exclusively,
@@ -199,8 +198,8 @@ def _lock(path: str | os.PathLike, exclusive: bool, held: list[int], what: str) 
             f"another torchkit split is moving files out of or into {what}",
             "wait for it to finish; then split what it left, if anything",
         ) from None
-    if fd is not None:  # not held by the processes this one forks (see `folder_locks`)
-        held.append(close_in_forked_children(fd))
+    if fd is not None:  # `flock_path`'s: held by none of the processes this one forks
+        held.append(fd)
 
 
 def move_file(source: str, dest: str, links: LinkTargets | None = None) -> None:
