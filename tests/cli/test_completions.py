@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -423,3 +425,90 @@ def test_install_completion_writes_where_zdotdir_and_xdg_config_home_say(
     assert (config / "fish" / "completions" / "torchkit.fish").is_file()
     assert sorted(path.name for path in home.iterdir()) == [".zfunc"]
     assert f"fish completion installed in {config}" in capfd.readouterr().out.replace("\n", "")
+
+
+def _bash_words(line: str) -> str:
+    """COMP_WORDS as bash splits LINE, quoted for bash: a run of COMP_WORDBREAKS' `=` and `:` is
+    a word of its own (`--device=cuda:` is `--device`, `=`, `cuda`, `:`; `--d=:` is `--d`, `=:`),
+    and a line that ends in a blank ends in an empty word."""
+    words = re.sub(r"[=:]+", r" \g<0> ", line).split()
+    return " ".join(shlex.quote(word) for word in [*words, *([""] if line[-1] == " " else [])])
+
+
+def _bash_completions(lines: list[str], cwd: Path, program: str = "torchkit") -> list[list[str]]:
+    """COMPREPLY of completions/torchkit.bash at the end of each of LINES, in a real bash, with
+    COMP_LINE, COMP_POINT, COMP_WORDS and COMP_CWORD as bash sets them; `program` is what the
+    script calls back (torchkit, or a stand-in). compopt calls come as lines of their own."""
+    calls = "".join(
+        f"COMP_LINE={shlex.quote(line)}; COMP_POINT=${{#COMP_LINE}}\n"
+        f"COMP_WORDS=({_bash_words(line)}); COMP_CWORD=$((${{#COMP_WORDS[@]}} - 1))\n"
+        f'_torchkit_completion {shlex.quote(program)}; printf "%s\\n" "${{COMPREPLY[@]}}" ---\n'
+        for line in lines
+    )
+    script = f"""
+source {REPO / "completions" / "torchkit.bash"}
+compopt() {{ echo "compopt $1 $2"; }}
+[[ $COMP_WORDBREAKS == *=* && $COMP_WORDBREAKS == *:* ]] || exit 3
+{calls}"""
+    done = run_bash(script, cwd=cwd)
+    found = [part.splitlines() for part in done.stdout.split("---\n")]
+    assert len(found) == len(lines) + 1, done.stderr
+    return found[:-1]
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
+def test_bash_passes_option_equals_value_on_as_the_spaced_form(tmp_path):
+    """bash splits `--device=cuda:` at the `=` and the colon (COMP_WORDBREAKS): torchkit got
+    `--device = cuda:`, took the `=` for the option's value and completed `cuda:` as an argument
+    (nothing for --device, model names for `--format=c`). The script passes on what the spaced
+    form passes; a value with `=` in it (`runs/lr=0.1/b`) stays one word, and an empty one
+    before the word completed (`--device= --se`) is passed as ''. A stand-in for torchkit says
+    what it was given (no Python started)."""
+    given = tmp_path / "given"
+    given.write_text('#!/bin/bash\nprintf "%s|%s\\n" "$COMP_CWORD" "${COMP_WORDS//$\'\\n\'/ }"\n')
+    given.chmod(0o755)
+    pairs = [
+        ("train --device=cuda:", "train --device cuda:"),
+        ("train --device=cu", "train --device cu"),
+        ("train --device=", "train --device "),
+        ("train --device=:", "train --device :"),
+        ("eval --model=resnet1", "eval --model resnet1"),
+        ("eval --model=runs/lr=0.1/b", "eval --model runs/lr=0.1/b"),
+        ("train --data=run", "train --data run"),
+        ("eval --format=c", "eval --format c"),
+        ("train --device=cuda:0 --se", "train --device cuda:0 --se"),
+    ]
+    lines = [f"torchkit {line}" for pair in pairs for line in pair]
+    found = _bash_completions(lines, tmp_path, str(given))
+    passed = dict(zip(lines, found, strict=True))
+    for equals, spaced in pairs:
+        assert passed[f"torchkit {equals}"] == passed[f"torchkit {spaced}"], equals
+    assert passed["torchkit train --device=cuda:"] == ["3|torchkit train --device cuda:"]
+    assert passed["torchkit train --device="] == ["3|torchkit train --device "]
+    assert passed["torchkit eval --model=runs/lr=0.1/b"] == [
+        "3|torchkit eval --model runs/lr=0.1/b"
+    ]
+    alone = ["torchkit eval m.pt runs/lr=", "torchkit train --device= --se"]
+    assert _bash_completions(alone, tmp_path, str(given)) == [
+        ["3|torchkit eval m.pt runs/lr="],
+        ["4|torchkit train --device '' --se"],
+    ]
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
+@pytest.mark.skipif(not CONSOLE_SCRIPT.exists(), reason="no torchkit console script")
+def test_bash_completes_option_equals_value(tmp_path):
+    """`--device=cuda:<TAB>` offered nothing and `--format=c<TAB>` model names; the candidates
+    lose what precedes the last `:` or `=`, which bash leaves in place, and a file keeps bash's
+    file name handling (a value with `=`: `runs/lr=0.1/b` is trimmed to `0.1/best.pt`)."""
+    (tmp_path / "runs" / "lr=0.1").mkdir(parents=True)
+    (tmp_path / "runs" / "lr=0.1" / "best.pt").write_text("")
+    lines = [
+        "torchkit train --device=cuda:",
+        "torchkit eval --format=c",
+        "torchkit eval --model=runs/lr=0.1/b",
+    ]
+    device, output_format, model_file = _bash_completions(lines, tmp_path)
+    assert device == ["0", "1"]
+    assert output_format == ["csv"]
+    assert model_file == ["compopt -o filenames", "0.1/best.pt"]

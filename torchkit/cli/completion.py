@@ -48,24 +48,31 @@ PROGRAM = "torchkit"
 # a quote the user opened too) and ends a folder with its slash instead of a space, so the
 # folders' own slashes are left to it. (compopt is bash 4's: bash 3.2 keeps Typer's way.)
 _BASH_RETURN = "\n    return 0\n}"
-# bash splits a word at the colons in COMP_WORDBREAKS (`--device cuda:0` came as `cuda`, `:`,
-# `0`), so that torchkit completed `:` or `0` alone and offered nothing. Pieces that touch in
-# the line as typed are joined back into the word torchkit completes; and as bash replaces only
-# what follows the word's last colon, the candidates lose what precedes it (what
-# bash-completion's __ltrim_colon_completions does, without needing bash-completion). bash
-# would look for a folder (`runs/t:1`) under the rest of its name, not find it and end it in a
-# space: a single folder keeps its slash, and no space follows.
+# bash splits a word at the colons and equals signs in COMP_WORDBREAKS (`--device cuda:0` came
+# as `cuda`, `:`, `0`; `--device=cuda:0` as `--device`, `=`, `cuda`, `:`, `0`), so that torchkit
+# completed `:` or `0` alone, or took the `=` for the option's value, and offered nothing. Pieces
+# that touch in the line as typed are joined back into the word torchkit completes, except that
+# the `=` of `--option=VALUE` parts the option from its value: two words, as the spaced form
+# gives (an empty value, not the one being completed, is passed as '' so that no word goes
+# missing). As bash replaces only what follows the word's last colon or `=`, the candidates lose
+# what precedes it (what bash-completion's __ltrim_colon_completions does, without needing
+# bash-completion). bash would look for a folder (`runs/t:1`) under the rest of its name, not
+# find it and end it in a space: a single folder keeps its slash, and no space follows.
 _BASH_WORDS = """
     COMPREPLY=( $( env COMP_WORDS="${COMP_WORDS[*]}" \\
                    COMP_CWORD=$COMP_CWORD \\"""
 _BASH_JOINED_WORDS = """
-    local words=() cword=0 rest=$COMP_LINE word blanks i
+    local words=() cword=0 rest=$COMP_LINE word blanks breaks i
     for ((i = 0; i < ${#COMP_WORDS[@]}; i++)); do
         word=${COMP_WORDS[i]}
         blanks=${rest%%[![:blank:]]*}
         rest=${rest#"$blanks"}
         rest=${rest#"$word"}
-        if ((i > 1)) && [[ -z $blanks && ( $word =~ ^:+$ || ${COMP_WORDS[i-1]} =~ ^:+$ ) ]]
+        if ((i > 1)) && [[ -z $blanks && $word == =* && ${COMP_WORDS[i-1]} == --?* ]] &&
+            [[ ${words[${#words[@]}-1]} == "${COMP_WORDS[i-1]}" ]]
+        then
+            words+=("${word#=}")
+        elif ((i > 1)) && [[ -z $blanks && ( $word =~ ^[=:]+$ || ${COMP_WORDS[i-1]} =~ ^[=:]+$ ) ]]
         then
             words[${#words[@]}-1]+=$word
         else
@@ -73,11 +80,16 @@ _BASH_JOINED_WORDS = """
         fi
         ((i == COMP_CWORD)) && cword=$((${#words[@]} - 1))
     done
+    for i in "${!words[@]}"; do
+        [[ -z ${words[i]} ]] && ((i != cword)) && words[i]="''"
+    done
     COMPREPLY=( $( env COMP_WORDS="${words[*]}" \\
                    COMP_CWORD=$cword \\"""
-_BASH_AFTER_LAST_COLON = """
-    word=${words[cword]%"${words[cword]##*:}"}
-    if [[ $word && $COMP_WORDBREAKS == *:* ]]; then
+_BASH_AFTER_LAST_BREAK = """
+    breaks=${COMP_WORDBREAKS//[!:=]}
+    word=${words[cword]}
+    [[ $breaks ]] && word=${word%"${word##*[$breaks]}"} || word=
+    if [[ $word ]]; then
         for i in "${!COMPREPLY[@]}"; do
             COMPREPLY[i]=${COMPREPLY[i]#"$word"}
         done
@@ -123,7 +135,7 @@ def completion_script(shell: str) -> str:
         script = script.replace(_BASH_WORDS, _BASH_JOINED_WORDS)
         # File names are told from the whole candidates, before they lose a colon's prefix.
         script = script.replace(
-            _BASH_RETURN, _BASH_AS_FILE_NAMES + _BASH_AFTER_LAST_COLON + _BASH_RETURN
+            _BASH_RETURN, _BASH_AS_FILE_NAMES + _BASH_AFTER_LAST_BREAK + _BASH_RETURN
         )
     elif shell == "zsh":
         if not script.endswith(_ZSH_COMPDEF):
