@@ -39,6 +39,7 @@ from torchkit.core.io.outputs import (
     reporting_write_errors,
     write_marker,
 )
+from torchkit.core.io.temporaries import temporary_affixes
 
 
 def _old_run(folder: Path) -> Path:
@@ -445,6 +446,29 @@ def test_recover_replaces_a_killed_runs_marked_folder_but_never_a_users(tmp_path
     notes = recover_leftovers(user)
     assert "is still at" in notes[0] and (user / "mine.txt").read_text() == "mine"
     assert (tmp_path / ".data.0123456789ab.replaced").is_dir()
+
+
+def test_a_run_killed_as_it_wrote_its_marker_left_a_folder_the_next_run_takes(tmp_path):
+    """The marker was written in place: a kill between its file's creation and its text left
+    an empty one, which names no command ("already exists" to the same command). It is renamed
+    into place whole now; a run killed before the rename leaves the marker's temporary, which
+    the next run removes: its new folder is empty again, and an old output it set aside goes
+    back."""
+    prefix, suffix = temporary_affixes(MARKER)
+    killed_marker = prefix + "abcd1234" + suffix  # mkstemp's name, no writer holding it
+    new = tmp_path / "new"
+    new.mkdir()
+    (new / killed_marker).write_text('{"written_by": "tor')
+    OutputFolder(new, command="demo").release()
+    assert os.listdir(new) == []
+
+    _old_run(tmp_path / ".run.0123456789ab.replaced")
+    killed = tmp_path / "run"
+    killed.mkdir()
+    (killed / killed_marker).write_text("")
+    notes = recover_leftovers(killed)
+    assert notes == [f"put back {killed}, which a killed torchkit run had set aside"]
+    assert sorted(os.listdir(killed)) == [MARKER, "result.json"]
 
 
 def test_a_whole_output_killed_once_in_place_is_kept_and_the_old_one_removed(tmp_path, monkeypatch):

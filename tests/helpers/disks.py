@@ -1,7 +1,8 @@
 """Disks that misbehave on demand, for the tests of full disks and interrupted writes: a full file
-system (`fill_disk`, on the `small_tmpfs` fixture's mount), slow renames and copies in a torchkit
-process (`slow_io_env`), a FIFO as an output (`FifoReader`) and as an input a command must
-never open (`fifo_never_opened`)."""
+system (`fill_disk`, on the `small_tmpfs` fixture's mount), slow renames, copies and opens in a
+torchkit process (`slow_io_env`), a process stopped at one of them until it is killed
+(`paused_io_env`), a FIFO as an output (`FifoReader`) and as an input a command must never open
+(`fifo_never_opened`)."""
 
 from __future__ import annotations
 
@@ -32,55 +33,85 @@ def fill_disk(mount: Path, *, leave: int = 0) -> Path:
     return mount
 
 
-# A sitecustomize that slows the named calls (renames, copies) whose destination contains a given
-# path down, like a slow disk: a signal then reliably lands in the middle of the work.
+# A sitecustomize that slows the named calls (renames, copies, opens) whose path contains a given
+# string down, like a slow disk: a signal then reliably lands in the middle of the work. Or, with
+# TORCHKIT_TEST_PAUSED, stops the process for good at the first such call, once it has made that
+# file: a test waits for the file, not for a time, and kills the process exactly there.
 SLOW_IO = textwrap.dedent(
     """
-    import os, shutil, time
+    import builtins, io, os, shutil, threading, time
 
     _where, _, _delay = os.environ.get("TORCHKIT_TEST_SLOW_IO", "").rpartition("|")
     _after = os.environ.get("TORCHKIT_TEST_SLOW_AFTER") == "1"
+    _paused = os.environ.get("TORCHKIT_TEST_PAUSED")
+    _open = os.open
 
-    def _slowed(function):
-        def slow(source, destination, *args, **kwargs):
-            slowed = _where in os.fspath(destination)
+    def _hold():
+        if not _paused:
+            time.sleep(float(_delay))
+            return
+        os.close(_open(_paused, os.O_WRONLY | os.O_CREAT, 0o644))
+        threading.Event().wait()  # until the test kills the process
+
+    def _slowed(function, path_at):
+        def slow(*args, **kwargs):
+            path = args[path_at] if len(args) > path_at else None
+            slowed = isinstance(path, (str, bytes, os.PathLike)) and _where in os.fsdecode(path)
             if slowed and not _after:
-                time.sleep(float(_delay))
-            done = function(source, destination, *args, **kwargs)
+                _hold()
+            done = function(*args, **kwargs)
             if slowed and _after:
-                time.sleep(float(_delay))
+                _hold()
             return done
         return slow
 
     if _where:
         for _call in os.environ["TORCHKIT_TEST_SLOW_CALLS"].split(","):
             _module, _, _name = _call.partition(".")
-            _owner = {"os": os, "shutil": shutil}[_module]
-            setattr(_owner, _name, _slowed(getattr(_owner, _name)))
+            _owner = {"os": os, "shutil": shutil, "io": io, "builtins": builtins}[_module]
+            # An open's path is its first argument; a rename's or a copy's, its destination.
+            _path_at = 0 if _name == "open" else 1
+            setattr(_owner, _name, _slowed(getattr(_owner, _name), _path_at))
     """
 )
 
 
 def slow_io_env(
     tmp_path: Path,
-    where: Path,
+    where: str | os.PathLike,
     *,
     calls: Sequence[str] = ("os.rename", "os.replace", "shutil.copy2"),
     delay: float = 0.1,
     after: bool = False,
 ) -> dict[str, str]:
-    """The environment of a torchkit process whose `calls` into a path containing `where` take
-    `delay` seconds each, before the call's work or (`after`) once it is done (its
-    sitecustomize is written to TMP_PATH/slow-io)."""
+    """The environment of a torchkit process whose `calls` (`os.replace`, `io.open`...) into a
+    path containing `where` take `delay` seconds each, before the call's work or (`after`) once
+    it is done (its sitecustomize is written to TMP_PATH/slow-io)."""
     folder = tmp_path / "slow-io"
     folder.mkdir(exist_ok=True)
     (folder / "sitecustomize.py").write_text(SLOW_IO)
     return {
         "PYTHONPATH": str(folder),
-        "TORCHKIT_TEST_SLOW_IO": f"{where}|{delay}",
+        "TORCHKIT_TEST_SLOW_IO": f"{os.fspath(where)}|{delay}",
         "TORCHKIT_TEST_SLOW_CALLS": ",".join(calls),
         "TORCHKIT_TEST_SLOW_AFTER": "1" if after else "0",
     }
+
+
+def paused_io_env(
+    tmp_path: Path,
+    where: str | os.PathLike,
+    *,
+    calls: Sequence[str] = ("os.rename", "os.replace", "shutil.copy2"),
+    after: bool = False,
+) -> tuple[dict[str, str], Path]:
+    """The environment of a torchkit process that stops for good at its first of `calls` into a
+    path containing `where` (before the call's work, or once it is done: `after`), and the file
+    it makes as it stops. Once that file exists the process stays there until it is killed,
+    however slow the machine: a test waits for the file (`wait_until`), never for a time."""
+    paused = tmp_path / "slow-io" / "paused"
+    env = slow_io_env(tmp_path, where, calls=calls, after=after)
+    return {**env, "TORCHKIT_TEST_PAUSED": str(paused)}, paused
 
 
 class FifoReader:

@@ -15,7 +15,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from disks import slow_io_env
+from disks import paused_io_env, slow_io_env
 from image_folders import make_class_files as make_files
 from output_checks import error_line, tree_digest
 from processes import (
@@ -415,10 +415,11 @@ def test_a_move_killed_before_its_journal_is_undone_by_the_same_command(tmp_path
     expected = contents(data)
     out = tmp_path / "out"
     journal = out / ".torchkit-split.json"
-    # A pause once split.csv is in place: the kill lands before the journal says "moving".
-    slow = slow_io_env(tmp_path, out / "split.csv", calls=("os.replace",), delay=1.5, after=True)
-    process = start_torchkit_process("split", str(data), str(out), "--mode", "move", env=slow)
-    wait_until((out / "split.csv").exists, process=process, what="split.csv")
+    # Stopped once split.csv is in place: the kill lands before the journal says "moving".
+    env, paused = paused_io_env(tmp_path, out / "split.csv", calls=("os.replace",), after=True)
+    process = start_torchkit_process("split", str(data), str(out), "--mode", "move", env=env)
+    wait_until(paused.exists, process=process, what="split.csv")
+    assert json.loads(journal.read_text())["state"] == "copying"
     code, _, _ = signal_and_wait(process, signal.SIGKILL)
     assert code == -signal.SIGKILL
     assert contents(data) == expected and not contents(out)  # nothing moved yet
@@ -438,14 +439,36 @@ def test_a_split_killed_before_its_first_journal_is_redone_by_the_same_command(t
     data = make_files(tmp_path / "data", {"cat": 4, "dog": 4})
     expected = contents(data)
     out = tmp_path / "out"
-    slow = slow_io_env(tmp_path, out / ".torchkit-split.json", calls=("os.replace",), delay=3)
-    process = start_torchkit_process("split", str(data), str(out), "--mode", mode, env=slow)
-    wait_until((out / ".torchkit").exists, process=process, what="the marker")
+    # Stopped as the journal's temporary is renamed into place: the kill lands there.
+    env, paused = paused_io_env(tmp_path, out / ".torchkit-split.json", calls=("os.replace",))
+    process = start_torchkit_process("split", str(data), str(out), "--mode", mode, env=env)
+    wait_until(paused.exists, process=process, what="the journal's rename")
     code, _, _ = signal_and_wait(process, signal.SIGKILL)
     assert code == -signal.SIGKILL
+    temporary, marker = sorted(os.listdir(out))  # all that OUT holds
+    assert marker == ".torchkit" and temporary.startswith("..torchkit-split.json.")
     result = split(data, out, "--mode", mode)
     assert result.returncode == 0, result.stderr
     assert contents(out) == expected
+
+
+def test_a_split_killed_as_it_writes_its_marker_is_redone_by_the_same_command(tmp_path):
+    # The marker was written in place: killed between its file's creation and its text, OUT
+    # held an empty marker, which names no command, and the same command refused it ("output
+    # folder already exists ... pass --force"). Now the marker is renamed into place whole.
+    data = make_files(tmp_path / "data", {"cat": 4, "dog": 4})
+    out = tmp_path / "out"
+    # Stopped once the first hidden file in OUT (the marker, or its temporary) is opened.
+    opens = ("io.open", "os.open")
+    env, paused = paused_io_env(tmp_path, f"{out}{os.sep}.", calls=opens, after=True)
+    process = start_torchkit_process("split", str(data), str(out), env=env)
+    wait_until(paused.exists, process=process, what="the marker's write")
+    code, _, _ = signal_and_wait(process, signal.SIGKILL)
+    assert code == -signal.SIGKILL
+    result = split(data, out)
+    assert result.returncode == 0, result.stderr
+    assert contents(out) == contents(data)
+    assert sorted(os.listdir(out)) == [".torchkit", "split.csv", "test", "train", "val"]
 
 
 def test_sigterm_mid_copy_with_force_puts_the_earlier_split_back(tmp_path):

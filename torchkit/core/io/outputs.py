@@ -1012,15 +1012,14 @@ def write_marker(folder: Path, command: str, *, replaces: str | None = None) -> 
     }
     if replaces is not None:
         record["replaces"] = replaces
-    with reporting_write_errors(folder / MARKER):
-        try:
-            (folder / MARKER).write_text(json.dumps(record) + "\n", encoding="utf-8")
-        except BaseException:
-            # Written where there was none: a half-written (empty) marker left by a full disk
-            # would keep the folder of a run that wrote nothing, claimed as torchkit's.
-            with contextlib.suppress(OSError):
-                (folder / MARKER).unlink(missing_ok=True)
-            raise
+    # files.py builds on this module: imported here, where the marker is written.
+    from torchkit.core.io.files import atomic_write_text
+
+    # Whole or not at all: written in place, a run killed between the file's creation and its
+    # text left an empty marker, which names no command, so that the folder of a run that wrote
+    # nothing was refused as "already exists" by the same command. A killed writer's temporary
+    # is removed by the next run (`recover_leftovers`); a failed write leaves none.
+    atomic_write_text(folder / MARKER, json.dumps(record) + "\n")
 
 
 def _marker_field(folder: Path, key: str) -> str | None:
@@ -1540,6 +1539,12 @@ def recover_leftovers(folder: Path) -> list[str]:
     when the killed run had not written anything worth keeping. Returns what was done, as
     sentences for a warning."""
     notes: list[str] = []
+    if folder.is_dir() and not folder.is_symlink():
+        from torchkit.core.io.files import remove_dead_temporaries
+
+        # A run killed as it wrote the marker left the marker's temporary: without it, the
+        # folder is what a run killed just before its marker left (empty, or its own files).
+        remove_dead_temporaries(folder / MARKER)
     for leftover in _leftovers(folder, PARTIAL_SUFFIX) + _leftovers(folder, DISCARDED_SUFFIX):
         remove_tree(leftover)
     for aside in _leftovers(folder, REPLACED_SUFFIX):
