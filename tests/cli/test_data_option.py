@@ -196,3 +196,40 @@ def test_data_completes_its_name_and_then_paths(monkeypatch, command):
     for param in _command().commands[command].params:
         if "--data" in getattr(param, "opts", ()):
             assert param.shell_complete(None, "pho") == []
+
+
+def test_argument_taken_as_out_beside_data_is_refused_naming_both(
+    runner, make_image_folder, image_folder, tmp_path
+):
+    """`split raw --data raw2` (no --out): raw, most likely meant as ROOT, is OUT, and its
+    refusal (`output folder already exists: raw`) did not say why raw was OUT, nor name --data
+    raw2. It names both, the rule and what to write; --help says the rule too."""
+    other_data = make_image_folder(tmp_path / "other", {"a": 1, "b": 1})
+    before = sorted(path.relative_to(image_folder) for path in image_folder.rglob("*"))
+    result = runner.invoke(app, ["split", str(image_folder), "--data", str(other_data)])
+    assert result.exit_code == 1
+    rule = (
+        f"the argument is OUT when --data {other_data} gives ROOT: to split {image_folder}, "
+        f"write `torchkit split {image_folder} OUT` without --data"
+    )
+    assert error_line(result.stderr, besides="nothing") == (
+        f"Error: output folder already exists: {image_folder} ({rule}; to split {other_data} "
+        f"into {image_folder}: pass --force to replace the split in it)"
+    )
+    assert sorted(path.relative_to(image_folder) for path in image_folder.rglob("*")) == before
+    inside = other_data / "a"
+    result = runner.invoke(app, ["split", str(inside), "--data", str(other_data), "--force"])
+    assert result.exit_code == 1
+    line = error_line(result.stderr, besides="nothing")
+    assert line.startswith(f"Error: output folder {inside} lies inside the data folder")
+    assert f"--data {other_data} gives ROOT: to split {inside}, write" in line
+    # Given as --out, OUT was meant as OUT: the refusal says nothing of the argument.
+    result = runner.invoke(app, ["split", "--data", str(other_data), "--out", str(image_folder)])
+    assert error_line(result.stderr, besides="nothing") == (
+        f"Error: output folder already exists: {image_folder} (pass --force to replace the "
+        "split in it)"
+    )
+    help_text = " ".join(runner.invoke(app, ["split", "--help"]).stdout.split())
+    assert "With --data the argument is OUT: `split raw --data raw2` splits raw2 into raw" in (
+        help_text
+    )

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import shlex
+from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -201,6 +204,10 @@ def split(
     folders and split.csv) and is refused for any other folder. Rerunning an interrupted move
     finishes it; rerunning a finished one says so and changes nothing.
 
+    ROOT and OUT may be given as --data and --out instead. With --data the argument is OUT:
+    `split raw --data raw2` splits raw2 into raw, and a refusal of raw (a folder that already
+    exists) names --data and says what to write.
+
     Examples:
 
       torchkit split data/raw data/split  (copy, 8:1:1, seed 0)
@@ -212,12 +219,14 @@ def split(
       torchkit split data/raw data/split --group '^(patient\d+)_' --seed 3
 
       torchkit split data/raw data/split --fixed 20,20 --oversample --mode symlink
+
+      torchkit split --data data/raw data/split  (ROOT as --data: the argument is OUT)
     """
     from torchkit.core.io.option_lists import list_items
     from torchkit.core.split import check_report_file, split_dataset
 
     fmt = resolve_format(fmt, output)
-    root, out = _root_and_out(root, out, data, out_option)
+    root, out, argument_out = _root_and_out(root, out, data, out_option)
     split_names = (
         None if names is None else list_items(names, "--names", hint="e.g. --names train,val,test")
     )
@@ -225,7 +234,10 @@ def split(
         check_report_file(output, force, root, out, split_names)
     # An -o file is written before the new split replaces an earlier one in OUT (ReportAtSwap).
     with ReportAtSwap(_rendered, fmt=fmt, output=output, force=force) as report:
-        with progress_bar(f"Splitting ({mode.value})") as update:
+        with (
+            progress_bar(f"Splitting ({mode.value})") as update,
+            _argument_as_out(argument_out, data),
+        ):
             result = split_dataset(
                 root,
                 out,
@@ -260,16 +272,40 @@ def _rendered(result) -> tuple[list[Table], dict]:
     return [_table(result)], result.to_dict()
 
 
-def _root_and_out(root, out, data, out_option) -> tuple[str, Path]:
-    """ROOT as the first positional or --data; with --data, the first positional is OUT
-    (`split --data raw/ out/`), held to --out as OUT is (the same path, or a usage error)."""
+@contextlib.contextmanager
+def _argument_as_out(argument: Path | None, data: str | None) -> Iterator[None]:
+    """`split raw --data raw2`: raw is OUT (the argument beside --data), most likely meant as
+    ROOT. A refusal of OUT (an existing folder, an input) then names --data and the rule, and
+    says what to write, as `split raw --data raw2 --out o` does (product_path)."""
+    from torchkit.core.io.errors import OutputExistsError
+    from torchkit.core.io.outputs import OutputOverlapError
+
+    try:
+        yield
+    except (OutputExistsError, OutputOverlapError) as error:
+        if argument is None:
+            raise
+        word = shlex.quote(str(argument))
+        rule = (
+            f"the argument is OUT when --data {data} gives ROOT: to split {word}, write "
+            f"`torchkit split {word} OUT` without --data"
+        )
+        hint = f"{rule}; to split {data} into {word}: {error.hint}" if error.hint else rule
+        raise type(error)(error.message, hint) from error
+
+
+def _root_and_out(root, out, data, out_option) -> tuple[str, Path, Path | None]:
+    """(ROOT, OUT, OUT where it is the argument beside --data and no --out): ROOT as the first
+    positional or --data; with --data, the first positional is OUT (`split --data raw/ out/`),
+    held to --out as OUT is (the same path, or a usage error)."""
     from torchkit.core.io.errors import UsageError
 
     words = [word for word in (root, out) if word is not None]
     root, rest = data_and_rest(data, words, name="ROOT", after=1)
     if root is None:
         raise UsageError("missing ROOT", "give it, or as --data ROOT")
-    return root, Path(product_path(rest[0] if rest else None, out_option, data=data))
+    argument_out = Path(rest[0]) if data is not None and rest and out_option is None else None
+    return root, Path(product_path(rest[0] if rest else None, out_option, data=data)), argument_out
 
 
 def register(app: typer.Typer) -> None:
