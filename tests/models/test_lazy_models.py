@@ -7,7 +7,9 @@ model cannot take is one error line."""
 from __future__ import annotations
 
 import json
+import random
 
+import numpy
 import pytest
 import torch
 import torchinfo
@@ -188,6 +190,39 @@ def test_a_lazy_layer_only_training_reaches_is_sized_without_a_trace():
         assert norm.num_batches_tracked.item() == 0
         assert torch.equal(norm.running_mean, torch.zeros(features))
         assert torch.equal(norm.running_var, torch.ones(features))
+
+
+class RandomDrawingLazyNet(nn.Module):
+    """A lazy auxiliary head that only training reaches, behind a training forward that draws
+    from Python's `random` and NumPy's global generator (a random crop of the features, as a
+    user's code might draw it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(192, 2)
+        self.aux = nn.LazyLinear(2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.fc(x.flatten(1))
+        if self.training:
+            start = random.randrange(4) + int(numpy.random.randint(4))
+            logits = logits + self.aux(x.flatten(1)[:, start : start + 8])
+        return logits
+
+
+def test_the_training_sizing_pass_leaves_pythons_and_numpys_random_numbers_as_they_were():
+    """Before, only torch's generators were put back after the training-mode pass: a seeded run
+    of a model whose training forward draws from `random` or NumPy drew other numbers than the
+    same run without the pass (the model built some other way)."""
+    random.seed(7)
+    numpy.random.seed(7)
+    expected = (random.random(), numpy.random.random())
+    random.seed(7)
+    numpy.random.seed(7)
+    model = RandomDrawingLazyNet()
+    assert materialize_lazy_layers(model, (3, 8, 8), "mine:RandomDrawingLazyNet")
+    assert model.aux.weight.shape == (2, 8)  # the training pass ran, and drew
+    assert (random.random(), numpy.random.random()) == expected
 
 
 def test_each_module_gets_its_own_mode_back():

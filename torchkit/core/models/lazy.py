@@ -4,7 +4,8 @@ optimizer, DDP, an EMA copy, a summary, an export or a `load_state_dict` could u
 to use an uninitialized parameter"). The resolver sizes them as soon as the user's code has
 built the model, with one forward pass of an input of the shape the command will feed; a lazy
 layer that only training reaches (an auxiliary head used when `self.training`) is sized by a
-second pass in training mode, which leaves no trace (buffers and random numbers restored).
+second pass in training mode, which leaves no trace (buffers, and the random number generators
+of torch, Python and NumPy, restored).
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ def materialize_lazy_layers(model: Any, sample_shape: Sequence[int], name: str) 
     (the meta device costs nothing). Lazy layers that pass left unsized (reached in training
     mode only) get a second pass, in training mode, of two images (BatchNorm takes no batch of
     one there) that changes nothing: every buffer is put back as it was before the pass (or as
-    its layer was sized, for a lazy BatchNorm), and torch's random numbers too (dropout).
+    its layer was sized, for a lazy BatchNorm), and the random number generators too: torch's
+    (dropout), Python's `random` and NumPy's global one (a forward of the user's may draw from
+    them), so that a seeded run draws what it would have without the pass.
     Each module is given back the mode it was in. Returns whether it had lazy layers. A forward
     that fails (an input size the model cannot take) is one UsageError naming `name` and the
     size (and the smallest side it takes, where images too small are why)."""
@@ -94,10 +97,14 @@ def _dry_forward(model: Any, images: Any, name: str, *, training: bool) -> None:
 @contextlib.contextmanager
 def _no_trace(model: Any, device: Any) -> Iterator[None]:
     """A forward pass in training mode inside leaves `model`'s buffers (BatchNorm's running
-    statistics, its batch count) and torch's random number generators (dropout) as they were.
+    statistics, its batch count) and the random number generators as they were: torch's
+    (dropout), Python's `random` and NumPy's global one, which `--seed` seeds as well.
     A buffer still unsized before the pass (a lazy BatchNorm's) is kept as its layer sized it,
     just before that layer's own forward ran: a pre-hook registered after the lazy layer's own
     (which sizes it) takes the copy."""
+    import random
+
+    import numpy
     import torch
     from torch.nn.parameter import is_lazy
 
@@ -120,10 +127,13 @@ def _no_trace(model: Any, device: Any) -> Iterator[None]:
     devices = []  # the CPU's generator is always forked; the model's GPU's too
     if device.type == "cuda":
         devices = [device.index if device.index is not None else torch.cuda.current_device()]
+    python_random, numpy_random = random.getstate(), numpy.random.get_state()
     try:
         with torch.random.fork_rng(devices=devices, device_type="cuda"):
             yield
     finally:
+        random.setstate(python_random)
+        numpy.random.set_state(numpy_random)
         for hook in hooks:
             hook.remove()
         with torch.no_grad():
