@@ -340,17 +340,18 @@ for word in ru runs/r1/b my 'my\\ run/b' --dev resnet1; do
 done
 """
     done = run_bash(script, cwd=tmp_path)
-    folder, file, spaced_folder, spaced_file, option, names, _ = [
-        found.splitlines() for found in done.stdout.split("---\n")
-    ]
+    found = [part.splitlines() for part in done.stdout.split("---\n")]
+    folder, file, spaced_folder, spaced_file, option, names, _ = found
     as_file_names = "compopt -o filenames"
-    # torchkit's own stderr (a completion that failed) comes with any mismatch.
-    assert folder == [as_file_names, "runs"], done.stderr  # bash adds the slash, and no space
-    assert file == [as_file_names, "runs/r1/best.pt"], done.stderr
-    assert spaced_folder == [as_file_names, "my run"], done.stderr
-    assert spaced_file == [as_file_names, "my run/best.pt"], done.stderr
-    assert option == ["--device"]
-    assert "resnet18" in names and as_file_names not in names
+    # Every call's candidates and torchkit's own stderr come with any mismatch: a traceback, or
+    # the calls from one on all empty (the environment or the tree changed under the test).
+    shown = "\n".join([*map(repr, found[:-1]), done.stderr])
+    assert folder == [as_file_names, "runs"], shown  # bash adds the slash, and no space
+    assert file == [as_file_names, "runs/r1/best.pt"], shown
+    assert spaced_folder == [as_file_names, "my run"], shown
+    assert spaced_file == [as_file_names, "my run/best.pt"], shown
+    assert option == ["--device"], shown
+    assert "resnet18" in names and as_file_names not in names, shown
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
