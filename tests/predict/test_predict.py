@@ -432,10 +432,10 @@ def test_a_repeated_name_in_a_long_classes_file_is_found_at_once(tmp_path):
 
     names = tmp_path / "classes.txt"
     names.write_text("".join(f"class{i}\n" for i in range(50_000)) + "class7\n")
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time: other processes' load does not stretch it
     with pytest.raises(UsageError, match="names class7 more than once"):
         parse_class_names(str(names))
-    assert time.perf_counter() - start < 5
+    assert time.process_time() - start < 5  # about 0.2 s
 
 
 def test_classes_longer_than_a_file_name_are_a_list_of_names(runner, world, tmp_path):
