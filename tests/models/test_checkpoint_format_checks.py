@@ -1,18 +1,24 @@
 """A torchkit checkpoint of a format newer than this torchkit knows (its keys may mean other
 things) loaded silently: it is one error line. One whose `classes` name a class twice (as
-torchvision's ImageNet names do) still loads."""
+torchvision's ImageNet names do) still loads. The same holds for the torchkit record of an
+exported file (ONNX, TorchScript)."""
 
 from __future__ import annotations
 
+import json
+import warnings
 from pathlib import Path
 
 import pytest
+import torch
 from PIL import Image
 
 from tests.helpers.checkpoints import read_checkpoint, write_convnet_checkpoint
 from torchkit.cli import app
-from torchkit.core.io.errors import CheckpointError
+from torchkit.core.io.errors import CheckpointError, InputError
 from torchkit.core.models.checkpoint import FORMAT_VERSION, load_checkpoint, save_checkpoint
+from torchkit.core.models.exported.loading import load_exported
+from torchkit.core.models.exported.metadata import METADATA_VERSION
 
 
 def _checkpoint(tmp_path: Path, name: str, **changes) -> Path:
@@ -61,3 +67,90 @@ def test_format_versions_that_load_and_those_that_do_not(tmp_path):
         load_checkpoint(_checkpoint(tmp_path, "next.pt", format_version=FORMAT_VERSION + 1))
     with pytest.raises(CheckpointError, match="format_version '2', which no torchkit writes"):
         load_checkpoint(_checkpoint(tmp_path, "text.pt", format_version="2"))
+
+
+def _record(version, **more) -> dict:
+    """The torchkit record of a 3-class model for 8x8 RGB images, of metadata `version`."""
+    return {
+        "metadata_version": version,
+        "torchkit_version": "9.0.0",
+        "classes": ["a", "a", "b"],  # a name twice, as in torchvision's ImageNet names
+        "input_shape": [3, 8, 8],
+        "weights": "trained.pt",
+        **more,
+    }
+
+
+def _onnx_file(path: Path, record: dict) -> Path:
+    """A 1x3x8x8 -> 1x3 ONNX model (the channel means), built with onnx's helpers: no export."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    nodes = [
+        helper.make_node("GlobalAveragePool", ["input"], ["pooled"]),
+        helper.make_node("Flatten", ["pooled"], ["logits"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "means",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 3])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    helper.set_model_props(model, {f"torchkit.{k}": json.dumps(v) for k, v in record.items()})
+    onnx.save(model, str(path))
+    return path
+
+
+class _Means(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean((2, 3))
+
+
+def _torchscript_file(path: Path, record: dict) -> Path:
+    with warnings.catch_warnings():  # torch.jit is deprecated, and says so
+        warnings.simplefilter("ignore", FutureWarning)
+        module = torch.jit.script(_Means())
+        torch.jit.save(module, str(path), _extra_files={"torchkit.json": json.dumps(record)})
+    return path
+
+
+def test_an_exported_file_of_a_newer_metadata_version_asks_for_a_newer_torchkit(runner, tmp_path):
+    """An ONNX or TorchScript file torchkit exported carries a metadata_version, which was
+    never read: a newer record (its fields may mean other things) was used as it stood."""
+    images = _images(tmp_path / "imgs")
+    onnx_file = _onnx_file(tmp_path / "new.onnx", _record(METADATA_VERSION + 1))
+    script_file = _torchscript_file(tmp_path / "new.ts", _record(METADATA_VERSION + 1))
+    for model, trust in ((onnx_file, []), (script_file, ["--trust-checkpoint"])):
+        out = tmp_path / f"{model.suffix[1:]}.csv"
+        args = ["predict", str(model), str(images), "-j", "0", *trust, "-o", str(out)]
+        result = runner.invoke(app, args)
+        assert result.exit_code == 1, result.stderr
+        assert result.stdout == "" and not out.exists()
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1, result.stderr
+        assert lines[0].startswith(
+            f"Error: {model} was written by torchkit 9.0.0 (exported-model metadata version "
+            f"{METADATA_VERSION + 1}); this torchkit ("
+        )
+        assert lines[0].endswith(
+            f"reads versions up to {METADATA_VERSION} (upgrade torchkit to read it)"
+        )
+    with pytest.raises(InputError, match="upgrade torchkit"):
+        load_checkpoint(script_file, trust_checkpoint=True)  # convert checkpoint's reading
+
+
+def test_exported_metadata_versions_that_load_and_those_that_do_not(tmp_path):
+    current = load_exported(_onnx_file(tmp_path / "current.onnx", _record(METADATA_VERSION)))
+    assert current.classes == ["a", "a", "b"]
+    script = load_exported(_torchscript_file(tmp_path / "cur.ts", _record(METADATA_VERSION)))
+    assert script.classes == ["a", "a", "b"]
+    foreign = _onnx_file(tmp_path / "foreign.onnx", {})  # torch exported it: no record
+    assert load_exported(foreign).classes is None
+    with pytest.raises(InputError, match=r"written by a newer torchkit \(exported-model"):
+        load_exported(_onnx_file(tmp_path / "next.onnx", _record(2, torchkit_version=None)))
+    with pytest.raises(InputError, match="metadata_version '1', which no torchkit writes"):
+        load_exported(_onnx_file(tmp_path / "text.onnx", _record("1")))
+    with pytest.raises(InputError, match="metadata_version 0, which no torchkit writes"):
+        load_exported(_torchscript_file(tmp_path / "zero.ts", _record(0)))

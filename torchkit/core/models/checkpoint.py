@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from torchkit.core.io.errors import CheckpointError, first_line
+from torchkit.core.io.errors import CheckpointError, TorchkitError, first_line
 from torchkit.core.io.files import atomic_path, copy_bytes, require_input, torch_save
 from torchkit.core.models.exported.formats import EXPORTED_PROGRAM, TORCHSCRIPT, sniff_format
 
@@ -88,9 +88,9 @@ def _load_checkpoint(path: str | os.PathLike, *, trust_checkpoint: bool) -> Any:
     _refuse_expanding_archive(source)
     try:
         if kind == TORCHSCRIPT:  # what torch.load hands it to, with a warning
-            from torchkit.core.models.exported.loading import jit_load
+            from torchkit.core.models.exported.loading import torchscript_module
 
-            return jit_load(source)
+            return torchscript_module(source)[0]
         with warnings.catch_warnings():
             # Said of any pickle of protocol 3 or later (plain pickle.dump, a torch.save with
             # pickle_protocol=4): a raw warning on the user's terminal, an error under -W error.
@@ -101,6 +101,8 @@ def _load_checkpoint(path: str | os.PathLike, *, trust_checkpoint: bool) -> Any:
             # ends so to safetensors (recent torch), so it gets the open file.
             with open(source, "rb") as handle:
                 return _torch_load(handle, trust_checkpoint)
+    except TorchkitError:  # a TorchScript file's torchkit record of a newer torchkit
+        raise
     except pickle.UnpicklingError as error:
         blocked = None if trust_checkpoint else _blocked_global(error)
         if blocked is None:

@@ -223,6 +223,7 @@ def _load_onnx(source: Path) -> ExportedModel:
     model = onnx.load(os.fspath(source), load_external_data=False)  # ORT reads the weights
     _refuse_graphless(model, source)
     metadata = meta.from_onnx_props({prop.key: prop.value for prop in model.metadata_props})
+    meta.check_metadata_version(metadata, os.fspath(source))
     dims = model.graph.output[0].type.tensor_type.shape.dim if model.graph.output else []
     if dims and dims[-1].HasField("dim_value") and "num_outputs" not in metadata:
         metadata["num_outputs"] = int(dims[-1].dim_value)
@@ -315,13 +316,20 @@ def jit_load(source: str | os.PathLike, **kwargs: Any) -> Any:
         return torch.jit.load(os.fspath(source), map_location="cpu", **kwargs)
 
 
-def _load_torchscript(source: Path) -> ExportedModel:
+def torchscript_module(source: str | os.PathLike) -> tuple[Any, dict[str, Any]]:
+    """(the module of a TorchScript file, its torchkit record: `torchkit.json`); a record of a
+    newer torchkit is refused (`check_metadata_version`)."""
     extra = {meta.EXTRA_FILE: ""}
     module = jit_load(source, _extra_files=extra)
+    metadata = meta.from_extra_file(extra[meta.EXTRA_FILE])
+    meta.check_metadata_version(metadata, os.fspath(source))
+    return module, metadata
+
+
+def _load_torchscript(source: Path) -> ExportedModel:
+    module, metadata = torchscript_module(source)
     module.eval()
-    return ExportedModel(
-        os.fspath(source), TORCHSCRIPT, meta.from_extra_file(extra[meta.EXTRA_FILE]), module
-    )
+    return ExportedModel(os.fspath(source), TORCHSCRIPT, metadata, module)
 
 
 def _load_exported_program(source: Path) -> ExportedModel:
@@ -330,6 +338,7 @@ def _load_exported_program(source: Path) -> ExportedModel:
     extra = {meta.EXTRA_FILE: ""}
     program = torch.export.load(os.fspath(source), extra_files=extra)
     metadata = meta.from_extra_file(extra[meta.EXTRA_FILE])
+    meta.check_metadata_version(metadata, os.fspath(source))
     example = _program_input(program)
     if example is not None:
         shape = [n if isinstance(n, int) else None for n in example.shape]

@@ -11,6 +11,7 @@ from typing import Any
 
 from torchkit import __version__
 from torchkit.core.data.preprocessing import Preprocess
+from torchkit.core.io.errors import InputError
 
 METADATA_VERSION = 1
 EXTRA_FILE = "torchkit.json"
@@ -90,6 +91,29 @@ def from_extra_file(content: str | bytes | None) -> dict[str, Any]:
     except ValueError:
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def check_metadata_version(metadata: Mapping[str, Any], source: str) -> None:
+    """Refuse the torchkit record of an exported file newer than this torchkit's (its fields
+    may mean other things: read anyway, the model could be fed or labelled wrongly without a
+    word), as a checkpoint of a newer format is refused. A file without one (torch exported it,
+    not torchkit) has nothing to refuse."""
+    if "metadata_version" not in metadata:
+        return
+    version = metadata["metadata_version"]
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise InputError(
+            f"{source} has torchkit metadata_version {version!r}, which no torchkit writes",
+            "the file is damaged or was not written by torchkit",
+        )
+    if version > METADATA_VERSION:
+        written = metadata.get("torchkit_version")
+        by = f"torchkit {written}" if isinstance(written, str) else "a newer torchkit"
+        raise InputError(
+            f"{source} was written by {by} (exported-model metadata version {version}); this "
+            f"torchkit ({__version__}) reads versions up to {METADATA_VERSION}",
+            "upgrade torchkit to read it",
+        )
 
 
 def preprocess_of(metadata: Mapping[str, Any]) -> Preprocess | None:
