@@ -14,7 +14,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from disks import fill_disk, slow_io_env
+from disks import fill_disk, paused_io_env, slow_io_env
 from image_folders import write_image_folder
 from output_checks import error_line, tree_digest
 from PIL import Image
@@ -235,12 +235,15 @@ def test_a_killed_run_leaves_whole_shards_and_the_same_command_finishes_it(
     reference, out = tmp_path / "reference", tmp_path / "out"
     args = ("convert", "shards", str(split_root), str(out), "--per-shard", "1")
     assert convert(split_root, reference, "--per-shard", "1").returncode == 0
-    process = start_torchkit_process(*args, env=slow_io_env(tmp_path, out, delay=0.4))
+    # Stopped once its third shard took its name (a rename onto a `.tar`).
+    env, paused = paused_io_env(tmp_path, ".tar", calls=("os.replace",), after=True, at=3)
+    process = start_torchkit_process(*args, env=env)
     try:
-        wait_until(lambda: len(shard_files(out)) >= 3, process=process, what="three shards")
+        wait_until(paused.exists, process=process, what="three shards")
         process.send_signal(signal.SIGKILL)
     finally:
         process.communicate(timeout=60)
+    assert len(shard_files(out)) == 3
     assert not (out / "manifest.json").exists()
     partial = json.loads((out / "manifest.partial.json").read_text())
     for shard in partial["shards"]:
@@ -262,10 +265,12 @@ def test_a_run_killed_before_its_first_shard_is_finished_by_the_same_command(
     reference, out = tmp_path / "reference", tmp_path / "out"
     args = ("convert", "shards", str(split_root), str(out), "--per-shard", "1")
     assert convert(split_root, reference, "--per-shard", "1").returncode == 0
-    slow = slow_io_env(tmp_path, out / "train-000000.tar", calls=("os.replace",), delay=2)
-    process = start_torchkit_process(*args, env=slow)
+    # Stopped as the first shard's temporary is renamed into place.
+    env, paused = paused_io_env(tmp_path, out / "train-000000.tar", calls=("os.replace",))
+    process = start_torchkit_process(*args, env=env)
     try:
-        wait_until((out / "classes.txt").exists, process=process, what="classes.txt")
+        wait_until(paused.exists, process=process, what="the first shard")
+        assert (out / "classes.txt").exists()
         process.send_signal(signal.SIGKILL)
     finally:
         process.communicate(timeout=60)

@@ -35,8 +35,9 @@ def fill_disk(mount: Path, *, leave: int = 0) -> Path:
 
 # A sitecustomize that slows the named calls (renames, copies, opens) whose path contains a given
 # string down, like a slow disk: a signal then reliably lands in the middle of the work. Or, with
-# TORCHKIT_TEST_PAUSED, stops the process for good at the first such call, once it has made that
-# file: a test waits for the file, not for a time, and kills the process exactly there.
+# TORCHKIT_TEST_PAUSED, stops the process for good at the Nth such call (TORCHKIT_TEST_PAUSE_AT)
+# and every later one, once it has made that file: a test waits for the file, not for a time, and
+# kills the process exactly there.
 SLOW_IO = textwrap.dedent(
     """
     import builtins, io, os, shutil, threading, time
@@ -44,12 +45,19 @@ SLOW_IO = textwrap.dedent(
     _where, _, _delay = os.environ.get("TORCHKIT_TEST_SLOW_IO", "").rpartition("|")
     _after = os.environ.get("TORCHKIT_TEST_SLOW_AFTER") == "1"
     _paused = os.environ.get("TORCHKIT_TEST_PAUSED")
+    _pause_at = int(os.environ.get("TORCHKIT_TEST_PAUSE_AT", "1"))
     _open = os.open
+    _counted = threading.Lock()
+    _calls = [0]
 
     def _hold():
         if not _paused:
             time.sleep(float(_delay))
             return
+        with _counted:  # copies run in threads
+            _calls[0] += 1
+            if _calls[0] < _pause_at:
+                return
         os.close(_open(_paused, os.O_WRONLY | os.O_CREAT, 0o644))
         threading.Event().wait()  # until the test kills the process
 
@@ -104,14 +112,16 @@ def paused_io_env(
     *,
     calls: Sequence[str] = ("os.rename", "os.replace", "shutil.copy2"),
     after: bool = False,
+    at: int = 1,
 ) -> tuple[dict[str, str], Path]:
-    """The environment of a torchkit process that stops for good at its first of `calls` into a
-    path containing `where` (before the call's work, or once it is done: `after`), and the file
-    it makes as it stops. Once that file exists the process stays there until it is killed,
-    however slow the machine: a test waits for the file (`wait_until`), never for a time."""
+    """The environment of a torchkit process that stops for good at its `at`-th of `calls` into
+    a path containing `where` (before the call's work, or once it is done: `after`), and the file
+    it makes as it stops; a thread that makes such a call later stops there too. Once that file
+    exists the process stays there until it is killed, however slow the machine: a test waits
+    for the file (`wait_until`), never for a time."""
     paused = tmp_path / "slow-io" / "paused"
     env = slow_io_env(tmp_path, where, calls=calls, after=after)
-    return {**env, "TORCHKIT_TEST_PAUSED": str(paused)}, paused
+    return {**env, "TORCHKIT_TEST_PAUSED": str(paused), "TORCHKIT_TEST_PAUSE_AT": str(at)}, paused
 
 
 class FifoReader:

@@ -368,11 +368,12 @@ def test_a_root_half_moved_by_a_killed_move_is_refused_to_another_move_and_to_re
     # were all of it.
     data = make_files(tmp_path / "data", {"cat": 8, "dog": 7})
     out, other = tmp_path / "out", tmp_path / "other"
-    process = start_torchkit_process(
-        "split", str(data), str(out), "--mode", "move", env=slow_io_env(tmp_path, out)
-    )
-    wait_until(lambda: len(list(out.rglob("*.png"))) >= 3, process=process, what="a few moves")
+    # Stopped at its fourth move (a rename into OUT): three files moved, twelve not.
+    env, paused = paused_io_env(tmp_path, f"{out}{os.sep}", calls=("os.rename",), at=4)
+    process = start_torchkit_process("split", str(data), str(out), "--mode", "move", env=env)
+    wait_until(paused.exists, process=process, what="a few moves")
     code, _, _ = signal_and_wait(process, signal.SIGKILL)
+    assert len(list(out.rglob("*.png"))) == 3
     assert code == -signal.SIGKILL
     before = tree_digest(tmp_path)
     refused = split(data, other, "--mode", "move")
@@ -490,13 +491,11 @@ def test_sigterm_mid_copy_with_force_puts_the_earlier_split_back(tmp_path):
 
 
 def kill_mid_copy(tmp_path: Path, data: Path, out: Path, *args: str) -> None:
-    """`split DATA OUT ARGS`, SIGKILLed after it has copied 2 images into OUT/train."""
-    process = start_torchkit_process(
-        "split", str(data), str(out), *args, env=slow_io_env(tmp_path, out / "train")
-    )
-    wait_until(
-        lambda: len(list((out / "train").rglob("*.png"))) >= 2, process=process, what="copies"
-    )
+    """`split DATA OUT ARGS`, SIGKILLed once it has copied 2 images into OUT/train (stopped at
+    the third, and each copy into OUT/train that a thread starts after it)."""
+    env, paused = paused_io_env(tmp_path, out / "train", calls=("shutil.copy2",), at=3)
+    process = start_torchkit_process("split", str(data), str(out), *args, env=env)
+    wait_until(paused.exists, process=process, what="copies")
     code, _, _ = signal_and_wait(process, signal.SIGKILL)
     assert code == -signal.SIGKILL
     assert json.loads((out / ".torchkit-split.json").read_text())["state"] == "copying"
@@ -566,10 +565,13 @@ def test_a_killed_force_split_is_put_back_by_the_next_run(tmp_path):
     out = tmp_path / "out"
     assert split(data, out).returncode == 0
     before = tree_digest(out)
+    # Stopped once the first folder of the earlier split is set aside.
+    aside = out / ".torchkit-split-replaced"
+    env, paused = paused_io_env(tmp_path, aside, calls=("os.replace",), after=True)
     process = start_torchkit_process(
-        "split", str(data), str(out), "--force", "--seed", "1", env=slow_io_env(tmp_path, out)
+        "split", str(data), str(out), "--force", "--seed", "1", env=env
     )
-    wait_until(lambda: (out / ".torchkit-split-replaced").is_dir(), process=process, what="aside")
+    wait_until(paused.exists, process=process, what="aside")
     code, _, _ = signal_and_wait(process, signal.SIGKILL)
     assert code == -signal.SIGKILL
     result = split(data, out)  # the next run on OUT, even one that is refused
