@@ -314,7 +314,7 @@ def test_sigterm_while_worker_processes_read_stops_them_all(tmp_path):
     assert out == ""  # no partial table
     # The workers are gone when it ends; multiprocessing's resource tracker (spawned workers
     # have one) ends as soon as it reads that they are.
-    wait_until(lambda: not processes_in_group(process.pid), timeout=5, what="every process")
+    wait_until(lambda: not processes_in_group(process.pid), timeout=30, what="every process")
 
 
 def test_a_full_disk_is_an_error_not_a_skipped_video(tmp_path, small_tmpfs, clips):
