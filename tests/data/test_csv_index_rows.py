@@ -169,14 +169,40 @@ def test_one_image_given_two_labels_is_one_error_naming_both_lines_in_every_comm
     assert not (tmp_path / "out").exists() and not (tmp_path / "run").exists()
 
 
+def test_dataset_stats_lists_one_image_in_two_splits_as_a_same_file_pair(tmp_path):
+    """An index naming one file in train and val: dataset-stats, whose leakage check finds
+    such files, stopped at the readers' error; now an exact pair marked same_file, as for a
+    linked folder (--no-leakage refuses it, as every other command does)."""
+    index = write_index(tmp_path, ["a", "b", "a"])
+    rows = index.read_text(encoding="utf-8").splitlines()[1:]
+    lines = ["path,label,split", *(row + ",train" for row in rows), "./" + rows[0] + ",val"]
+    index.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    pairs = tmp_path / "pairs.csv"
+    result = run_torchkit_in_process("dataset-stats", index, "-j", "0", "--leakage-csv", pairs)
+    assert result.returncode == 0, result.stderr
+    assert "1 of them one file under two names (same_file)" in result.stderr
+    assert pairs.read_text().splitlines() == [
+        "path_a,split_a,path_b,split_b,kind,distance,same_file",
+        "imgs/x/x_0.png,train,./imgs/x/x_0.png,val,exact,0,true",
+    ]
+    refused = run_torchkit_in_process("dataset-stats", index, "--no-leakage")
+    assert refused.returncode == 1
+    assert error_line(refused.stderr).startswith(
+        f"Error: {index} gives './imgs/x/x_0.png' two splits: 'train' in line 2 and 'val' in line 5"
+    )
+
+
 def test_one_image_in_two_splits_is_an_error_naming_both_lines(tmp_path):
     """The same file in train and val leaked into the validation of the model trained on it."""
     index = write_index(tmp_path, ["a", "b"])
     rows = index.read_text(encoding="utf-8").splitlines()
     lines = ["path,label,split", rows[1] + ",train", rows[2] + ",train", rows[1] + ",val"]
     index.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    result = run_torchkit_in_process("dataset-stats", index, "--split", "all")
-    assert result.returncode == 1
+    run = tmp_path / "run"
+    result = run_torchkit_in_process(
+        "train", "--data", index, "--model", "nets:TinyNet", "--out", run
+    )
+    assert result.returncode == 1 and not run.exists()
     assert error_line(result.stderr).startswith(
         f"Error: {index} gives 'imgs/x/x_0.png' two splits: 'train' in line 2 and 'val' in line 4"
     )

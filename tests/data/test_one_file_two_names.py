@@ -1,14 +1,19 @@
 """One image file reached under two names in a folder (a linked class folder, a symbolic or a
-hard link to one file): read under each name in one class of one split, as copies would be; an
-error naming both paths in two classes (its label a guess) or two splits (it leaks)."""
+hard link to one file) or a .tar of one: read
+under each name in one class of one split, as copies would be; an error naming both paths in two
+classes (its label a guess) or two splits (it leaks), but for dataset-stats' leakage report,
+which lists a file in two splits as a pair marked same_file."""
 
 from __future__ import annotations
 
+import csv
+import io
 import os
+import tarfile
 from pathlib import Path
 
 import pytest
-from image_folders import make_class_files
+from image_folders import make_class_files, write_image_folder
 from processes import run_torchkit_in_process
 
 from torchkit.core.data.sources import open_data
@@ -71,8 +76,6 @@ def test_one_file_in_two_splits_of_a_split_root_is_an_error(tmp_path):
 def test_a_tar_of_such_a_folder_is_refused_alike(tmp_path):
     """A link member is read at its target's data: tulip/t.png -> rose/rose_00.png was a rose
     labelled tulip too; a hard-linked repeat in its own class is read under each name."""
-    import tarfile
-
     root = make_class_files(tmp_path / "flowers", {"rose": 2, "tulip": 1})
     os.link(root / "rose" / "rose_01.png", root / "rose" / "again.png")
     (root / "tulip" / "t.png").symlink_to(Path("..") / "rose" / "rose_00.png")
@@ -139,3 +142,74 @@ def test_dataset_stats_says_so_in_one_error_line(tmp_path):
         f"file in two classes, rose and rose2 (an image has one label: remove the link "
         f"{root / 'rose2'} -> rose)\n"
     )
+
+
+def _tar_with_links(archive: Path, files: dict[str, bytes], links: list[tuple[str, str, bytes]]):
+    """`archive` holding regular members `files` (name -> bytes), then `links` in order:
+    (name, the name it holds, tarfile.SYMTYPE or tarfile.LNKTYPE)."""
+    with tarfile.open(archive, "w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        for name, target, kind in links:
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = kind, target
+            tar.addfile(info)
+    return archive
+
+
+def _leakage_csv(data: Path, pairs: Path, *extra: object) -> list[dict[str, str]]:
+    """`dataset-stats DATA --leakage-csv PAIRS` (it must succeed): the rows of PAIRS."""
+    result = run_torchkit_in_process("dataset-stats", data, "-j", "0", "--leakage-csv", pairs)
+    assert result.returncode == 0, result.stderr
+    assert "Warning: " in result.stderr and "cross splits" in result.stderr
+    with pairs.open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_dataset_stats_lists_a_file_linked_across_splits_as_a_same_file_pair(tmp_path):
+    """dataset-stats' leakage check finds files in two splits: one file reached there under two
+    names (a linked class folder, a hard link) stopped it with the readers' error, where it
+    listed them before. Now each is an exact pair marked same_file (a copy is not), exit 0,
+    with the leakage warning; --no-leakage, and one file in two classes of a split, refuse."""
+    root = tmp_path / "split"
+    write_image_folder(root / "train", {"cat": 2, "dog": 2})
+    write_image_folder(root / "test", {"dog": 1}, seed=1)
+    (root / "test" / "cat").symlink_to(Path("..") / "train" / "cat", target_is_directory=True)
+    os.link(root / "train" / "dog" / "dog_0.png", root / "test" / "dog" / "hard.png")
+    (root / "test" / "dog" / "copy.png").write_bytes(
+        (root / "train" / "dog" / "dog_1.png").read_bytes()
+    )
+    rows = _leakage_csv(root, tmp_path / "pairs.csv")
+    assert [(r["path_a"], r["path_b"], r["kind"], r["same_file"]) for r in rows] == [
+        ("train/cat/cat_0.png", "test/cat/cat_0.png", "exact", "true"),
+        ("train/cat/cat_1.png", "test/cat/cat_1.png", "exact", "true"),
+        ("train/dog/dog_0.png", "test/dog/hard.png", "exact", "true"),
+        ("train/dog/dog_1.png", "test/dog/copy.png", "exact", "false"),
+    ]
+    refused = run_torchkit_in_process("dataset-stats", root, "-j", "0", "--no-leakage")
+    assert refused.returncode == 1
+    assert "are one file in two splits, train and test (and 2 more)" in refused.stderr
+    os.link(root / "train" / "cat" / "cat_0.png", root / "train" / "dog" / "cat.png")
+    classes = run_torchkit_in_process("dataset-stats", root, "-j", "0")
+    assert classes.returncode == 1
+    assert "are one file in two classes, cat and dog" in classes.stderr
+
+
+def test_dataset_stats_lists_a_tar_member_linked_across_splits_as_a_same_file_pair(tmp_path):
+    root = write_image_folder(tmp_path / "images", {"cat": 2})
+    archive = _tar_with_links(
+        tmp_path / "split.tar",
+        {
+            f"{split}/cat/{i}.png": (root / "cat" / f"cat_{i}.png").read_bytes()
+            for split, i in (("train", 0), ("val", 1))
+        },
+        [("val/cat/leak.png", "train/cat/0.png", tarfile.LNKTYPE)],
+    )
+    with pytest.raises(InputError, match="one file in two splits, train and val"):
+        open_data(archive)
+    rows = _leakage_csv(archive, tmp_path / "pairs.csv")
+    assert [(r["path_a"], r["path_b"], r["same_file"]) for r in rows] == [
+        ("train/cat/0.png", "val/cat/leak.png", "true")
+    ]

@@ -310,6 +310,28 @@ def test_find_pairs_names_each_copy_once_with_its_split():
     assert [(p.path_a, p.path_b, p.distance) for p in within] == [("val/a/3.png", "val/a/5.png", 1)]
 
 
+def test_find_pairs_pairs_the_names_of_one_file_with_each_other_and_marks_them():
+    """A file hard-linked from train into test, beside a byte copy of it in train (its
+    content's first file): the link's pair was the copy's, and nothing told a link from a
+    copy. Now it pairs with its own file's train name, marked same_file; a file no name of
+    which could be read is still one content with its other names."""
+    ids = ["train/a/copy.png", "train/a/x.png", "test/a/link.png", "val/u.png", "test/u.png"]
+    splits = ["train", "train", "test", "val", "test"]
+    digests = [b"x" * 32, b"x" * 32, b"x" * 32, None, None]
+    same_file = [None, 0, 0, 1, 1]
+    leak, _ = neardup.find_pairs(
+        ids, splits, digests, [5, 5, 5, None, None], threshold=8, same_file=same_file
+    )
+    assert [(p.path_a, p.path_b, p.kind, p.same_file) for p in leak] == [
+        ("train/a/x.png", "test/a/link.png", "exact", True),
+        ("val/u.png", "test/u.png", "exact", True),
+    ]
+    plain, _ = neardup.find_pairs(ids, splits, digests, [5, 5, 5, None, None], threshold=8)
+    assert [(p.path_a, p.path_b, p.same_file) for p in plain] == [
+        ("train/a/copy.png", "test/a/link.png", False)
+    ]
+
+
 def test_every_near_copy_in_another_split_is_named_not_only_the_first_of_its_phash():
     """A brightened half-size copy saved as JPEG and PNG in val (one pHash, 4 bits from the
     train original): only the JPEG, the first of the two, was named; removing it left the
@@ -438,8 +460,11 @@ def test_cli_json_table_and_pair_csv(runner, leaky_root, tmp_path):
     assert data["leakage_checked"] is True and data["near_threshold"] == 8
     assert data["leakage_exact"] == 1 and data["leakage_near"] == 1
     for pair in data["leakage"] + data["near_duplicates"]:
-        assert list(pair) == ["path_a", "split_a", "path_b", "split_b", "kind", "distance"]
+        assert list(pair) == [
+            *("path_a", "split_a", "path_b", "split_b", "kind", "distance", "same_file")
+        ]
         assert isinstance(pair["distance"], int) and pair["kind"] in ("exact", "near")
+        assert pair["same_file"] is False
     assert len(data["near_duplicates"]) == 1
     assert "1 exact and 1 near duplicate pair(s) cross splits" in result.stderr
     assert "also reading val, test (10 files" in result.stderr

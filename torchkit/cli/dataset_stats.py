@@ -180,8 +180,11 @@ def _pair_tables(stats) -> list[Table]:
         )
         tables.append(
             Table(
-                ["path_a", "split_a", "path_b", "split_b", "kind", "distance"],
-                [[p.path_a, p.split_a, p.path_b, p.split_b, p.kind, p.distance] for p in shown],
+                ["path_a", "split_a", "path_b", "split_b", "kind", "distance", "same_file"],
+                [
+                    [p.path_a, p.split_a, p.path_b, p.split_b, p.kind, p.distance, p.same_file]
+                    for p in shown
+                ],
                 title=f"{title} ({len(pairs)} pairs{more})",
                 align_right={"distance"},
             )

@@ -208,7 +208,9 @@ def near_pairs(hashes: Sequence[int] | Any, threshold: int) -> tuple[Any, Any, A
 @dataclass
 class DuplicatePair:
     """Two files that are the same image: `exact` (same bytes, distance 0) or `near` (pHash
-    within the threshold, their bytes differ). `split_*` is None for data without splits."""
+    within the threshold, their bytes differ). `split_*` is None for data without splits.
+    `same_file`: the two paths are one file (a link, a hard link, a linked folder: one inode),
+    so removing the link, not a copy, ends the leak."""
 
     path_a: str
     split_a: str | None
@@ -216,6 +218,7 @@ class DuplicatePair:
     split_b: str | None
     kind: str
     distance: int
+    same_file: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -225,10 +228,11 @@ class DuplicatePair:
             "split_b": self.split_b,
             "kind": self.kind,
             "distance": self.distance,
+            "same_file": self.same_file,
         }
 
 
-PAIR_COLUMNS = ("path_a", "split_a", "path_b", "split_b", "kind", "distance")
+PAIR_COLUMNS = ("path_a", "split_a", "path_b", "split_b", "kind", "distance", "same_file")
 
 
 def _split_rank(split: str | None) -> int:
@@ -243,38 +247,44 @@ def find_pairs(
     *,
     threshold: int,
     within: bool = False,
+    same_file: Sequence[int | None] | None = None,
 ) -> tuple[list[DuplicatePair], list[DuplicatePair]]:
     """(leakage, near duplicates within a split) among files i (`ids[i]` in `splits[i]`, its
     SHA-256 `digests[i]` and pHash `phashes[i]`; None for a file that could not be read or
-    decoded).
+    decoded). `same_file[i]`: a number the names of one file in two splits share (a link
+    across splits), None for the others.
 
     Files are ordered by split (train, val, test) then path. Byte-identical files form one
-    content; each copy in another split than its content's first file is listed once, paired
-    with that first file (`exact`). Distinct contents within `threshold` (by pHash) give one
-    pair each (`near`): the first files of the two in different splits, when they have any
-    (leakage), and, with `within`, the first files of the two in each split they share.
-    Contents with equal pHashes are linked to the first of them, one pair each, and searched
-    as one; a content of such a cluster that no pair names yet, in a later split than a first
-    file of a near cluster, is named once, paired with that file. So n copies of one image
-    give n - 1 pairs, not n^2 / 2, and every leaked file is named.
+    content (as do the names of one file, read or not); each copy in another split than its
+    content's first file is listed once, paired with that first file (`exact`), or with the
+    first name of its own file in another split, marked `same_file`. Distinct contents within
+    `threshold` (by pHash) give one pair each (`near`): the first files of the two in different
+    splits, when they have any (leakage), and, with `within`, the first files of the two in
+    each split they share. Contents with equal pHashes are linked to the first of them, one
+    pair each, and searched as one; a content of such a cluster that no pair names yet, in a
+    later split than a first file of a near cluster, is named once, paired with that file. So
+    n copies of one image give n - 1 pairs, not n^2 / 2, and every leaked file is named.
     """
     import numpy as np
 
     rank = sorted(range(len(ids)), key=lambda i: (_split_rank(splits[i]), ids[i]))
-    contents: dict[bytes, list[int]] = {}
+    contents: dict[bytes | int, list[int]] = {}
     for index in rank:
-        if digests[index] is not None:
-            contents.setdefault(digests[index], []).append(index)
+        number = None if same_file is None else same_file[index]
+        # A file that could not be read is still one content with its other names.
+        key = digests[index] if digests[index] is not None else number
+        if key is not None:
+            contents.setdefault(key, []).append(index)
     leakage: list[DuplicatePair] = []
     within_pairs: list[DuplicatePair] = []
 
     def place(i: int) -> tuple[int, str]:
         return _split_rank(splits[i]), ids[i]
 
-    def pair(a: int, b: int, kind: str, distance: int) -> DuplicatePair:
+    def pair(a: int, b: int, kind: str, distance: int, one_file: bool = False) -> DuplicatePair:
         if place(b) < place(a):
             a, b = b, a
-        return DuplicatePair(ids[a], splits[a], ids[b], splits[b], kind, int(distance))
+        return DuplicatePair(ids[a], splits[a], ids[b], splits[b], kind, int(distance), one_file)
 
     def link(first_u: dict, first_v: dict, distance: int) -> None:
         """One near pair between two sets of files, given the first file of each in each
@@ -296,7 +306,16 @@ def find_pairs(
 
     for members in contents.values():
         anchor = members[0]
-        leakage += [pair(anchor, m, "exact", 0) for m in members[1:] if splits[m] != splits[anchor]]
+        names: dict[int, dict[str | None, int]] = {}  # a file's number -> its first name a split
+        for m in members:
+            number = None if same_file is None else same_file[m]
+            earlier = {} if number is None else names.setdefault(number, {})
+            other = next((e for split, e in earlier.items() if split != splits[m]), None)
+            earlier.setdefault(splits[m], m)
+            if other is not None:
+                leakage.append(pair(other, m, "exact", 0, one_file=True))
+            elif splits[m] != splits[anchor]:
+                leakage.append(pair(anchor, m, "exact", 0))
     # Contents with the same pHash (a PNG and its lossless re-encode, blank images) form one
     # cluster: linked to its first content one by one, and searched once, as one value.
     clusters: dict[int, list[list[int]]] = {}

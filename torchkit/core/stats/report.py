@@ -6,6 +6,7 @@ import itertools
 import logging
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -145,10 +146,13 @@ def find_duplicates(
     checked: bool,
     threshold: int,
     within: bool,
+    shared: Sequence[tuple[str, ...]] = (),
 ) -> None:
     """Fill in the leakage report of `stats` from the hashes of the pass: `hashes`
     (`scan.HASH_DTYPE` rows) and the SHA-256 of the files read that have no pHash
-    (`digests_only`, `scan.DIGEST_DTYPE` rows: undecodable files, found by their exact copies)."""
+    (`digests_only`, `scan.DIGEST_DTYPE` rows: undecodable files, found by their exact copies).
+    `shared`: the ids of each file the data reaches under names in two splits (a link across
+    splits), whose pairs are marked as one file."""
     from torchkit.core.data.neardup import find_pairs
 
     n = len(samples)
@@ -161,7 +165,11 @@ def find_duplicates(
         digests[index], phashes[index] = digest, phash
     for index, digest in digests_only.tolist():
         digests[index] = digest
-    leaked, near = find_pairs(ids, splits, digests, phashes, threshold=threshold, within=within)
+    number_of = {name: number for number, names in enumerate(shared) for name in names}
+    same_file = [number_of.get(name) for name in ids] if number_of else None
+    leaked, near = find_pairs(
+        ids, splits, digests, phashes, threshold=threshold, within=within, same_file=same_file
+    )
     stats.leakage_checked = checked
     stats.near_threshold = threshold
     stats.leakage = leaked if checked else []
@@ -170,21 +178,32 @@ def find_duplicates(
     stats.hashed_files = len(hashes)
     counts = stats.leakage_counts()
     if stats.leakage:
+        linked = sum(pair.same_file for pair in stats.leakage)
         log.warning(
             f"{counts['exact']} exact and {counts['near']} near duplicate pair(s) cross splits: "
             "their files are in more than one split (listed in the report)"
+            + (
+                f"; {linked} of them one file under two names (same_file): remove the link, "
+                "or the index row, that puts it in a second split"
+                if linked
+                else ""
+            )
         )
 
 
 def write_pairs_csv(stats: DatasetStats, path: str | os.PathLike, *, force: bool) -> Path:
     """Every pair of the leakage report (and the near duplicates within a split), as CSV
-    `path_a,split_a,path_b,split_b,kind,distance`, written atomically."""
+    `path_a,split_a,path_b,split_b,kind,distance,same_file` (`same_file` true or false, as
+    JSON writes it), written atomically."""
 
     from torchkit.core.data.neardup import PAIR_COLUMNS
 
     target = check_output_file(path, force, data_inputs(stats.root), what="leakage CSV")
     pairs = itertools.chain(stats.leakage, stats.near_duplicates)
-    rows = (list(pair.to_dict().values()) for pair in pairs)  # None: an empty field
+    rows = (  # None: an empty field
+        [*list(pair.to_dict().values())[:-1], "true" if pair.same_file else "false"]
+        for pair in pairs
+    )
     write_csv_file(target, rows, header=PAIR_COLUMNS)
     return target
 

@@ -55,23 +55,31 @@ def load_stats_samples(
     the data `source` names (`core.datasource`); of split data (a split root, a CSV with a
     split column) its `split`, train by default, with a note; `split` on other data is a
     UsageError."""
-    samples, non_images, measured, notes, _ = _stats_data(source, split)
+    samples, non_images, measured, notes, _, _ = _stats_data(source, split)
     return samples, non_images, measured, notes
 
 
 def _stats_data(
-    source: str | os.PathLike, split: str | None
-) -> tuple[Samples, list[str], str | None, list[str], Samples | None]:
-    """`load_stats_samples`, and the samples of the splits not measured (None for data
-    without splits or when every split is measured)."""
+    source: str | os.PathLike, split: str | None, *, leakage: bool = False
+) -> tuple[Samples, list[str], str | None, list[str], Samples | None, list[tuple[str, ...]]]:
+    """`load_stats_samples`, the samples of the splits not measured (None for data without
+    splits or when every split is measured), and, with `leakage`, the ids of each file the
+    data reaches under names in two splits (a link across splits: read under each name for
+    the leakage report, where every other reader refuses it)."""
     from torchkit.core.data.sources import concatenate, non_image_files, open_data, select_split
+    from torchkit.core.data.sources.discovery import files_in_two_splits_reported
 
     if os.fspath(source) == DIGITS:
         raise InputError(
             "dataset-stats reads image files, and `digits` is built in",
             "give an image folder, a split root or a CSV index (./digits for a folder named so)",
         )
-    data = open_data(source, allow_unlabelled=True)
+    shared: list[tuple[str, ...]] = []
+    if leakage:
+        with files_in_two_splits_reported() as shared:
+            data = open_data(source, allow_unlabelled=True)
+    else:
+        data = open_data(source, allow_unlabelled=True)
     samples, notes = select_split(data, split, default="train", default_reason=STATS_SPLIT_REASON)
     measured = None
     if data.is_split:
@@ -83,7 +91,7 @@ def _stats_data(
         rest = [part for part in rest if len(part)]
         others = concatenate(rest) if rest else None
     samples = _with_dangling_links(data, samples, covered)
-    return samples, non_image_files(data, covered), measured, notes, others
+    return samples, non_image_files(data, covered), measured, notes, others, shared
 
 
 def _with_dangling_links(data: Any, samples: Samples, covered: list[str] | None) -> Samples:
@@ -159,11 +167,14 @@ def compute_dataset_stats(
 
     `leakage` (split data): also read and hash the files of the splits not measured, and list
     the exact and near (pHash within `near_threshold` bits) duplicates whose members lie in
-    different splits. `near_duplicates`: also list near duplicates within one split (of data
-    without splits: within the data). `pairs_required` (a pair CSV was asked for): a
-    UsageError, before the pass, when neither applies. `exact_phash`: every pHash from the
-    whole decode, imagededup's bits exactly; else large images are reduced first
-    (`core.hashing.PHASH_FLOOR`), much faster on large JPEGs and a few bits off on some.
+    different splits; one file reached under names in two splits (a link across splits, which
+    every other reader refuses) is read under each and listed as an exact pair marked
+    `same_file` (with `leakage=False` it is refused). `near_duplicates`: also list near
+    duplicates within one split (of data without splits: within the data). `pairs_required`
+    (a pair CSV was asked for): a UsageError, before the pass, when neither applies.
+    `exact_phash`: every pHash from the whole decode, imagededup's bits exactly; else large
+    images are reduced first (`core.hashing.PHASH_FLOOR`), much faster on large JPEGs and a
+    few bits off on some.
     """
     if mode not in STATS_MODES:
         raise UsageError(f"unknown --mode {mode!r}", "use one of: " + ", ".join(STATS_MODES))
@@ -175,7 +186,9 @@ def compute_dataset_stats(
         check_image_memory(resize, 3, f"--resize {resize}")
     check_near_threshold(near_threshold)
     check_workers(workers)
-    samples, non_images, measured, notes, others = _stats_data(source, split)
+    samples, non_images, measured, notes, others, shared = _stats_data(
+        source, split, leakage=leakage
+    )
     if non_images:
         log.warning(
             f"skipped {len(non_images)} non-image file(s), e.g. {non_images[0]}",
@@ -290,7 +303,15 @@ def compute_dataset_stats(
     stats.source, stats.split, stats.notes = _data_name(source, samples), measured, notes
     if perceptual:
         find_duplicates(
-            stats, samples, others, hashes, digests, checked, near_threshold, near_duplicates
+            stats,
+            samples,
+            others,
+            hashes,
+            digests,
+            checked,
+            near_threshold,
+            near_duplicates,
+            shared,
         )
         stats.exact_phash = exact_phash
     return stats

@@ -12,10 +12,12 @@ from __future__ import annotations
 import csv
 import os
 import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from torchkit.core.data.sources.discovery import reported_files_in_two_splits
 from torchkit.core.data.sources.samples import nfc, refuse_spelling_twins
 from torchkit.core.data.sources.splitting import SPLIT_NAMES
 from torchkit.core.io.errors import InputError
@@ -417,18 +419,31 @@ def _drop_repeated_rows(rows: IndexRows, *, on_purpose: bool) -> None:
     """Rows naming one file: an error where they give it two labels (its label is a guess:
     train trained it as both) or put it in two splits (it leaks from one into the other), each
     naming the lines of the first such pair; else the later rows are left out of `rows`, their
-    lines in `rows.repeated` (the caller warns), but where they are repeats `on_purpose`."""
+    lines in `rows.repeated` (the caller warns), but where they are repeats `on_purpose`.
+    Inside `files_in_two_splits_reported` (dataset-stats' leakage report) a file in two splits
+    is kept in each, its first row in each reported there (two labels in one split are an
+    error still)."""
     keys = _path_keys(rows)
     if len(set(keys)) == len(keys):
         return
     firsts = _row_lines(rows.source)
-    first_row: dict[str, int] = {}
+    reported = reported_files_in_two_splits()
     labels, splits = rows.labels, rows.splits
+    by_split = reported is not None and splits is not None
+    # key (and split, `by_split`) -> its first row; key -> split -> the first row of its file
+    first_row: dict[str | tuple[str, str], int] = {}
+    split_firsts: dict[str, dict[str, int]] = {}
     two_labels: list[tuple[int, int]] = []
     two_splits: list[tuple[int, int]] = []
     repeats: list[int] = []
+    named_again = {key for key, count in Counter(keys).items() if count > 1}
     for row, key in enumerate(keys):
-        earlier = first_row.setdefault(key, row)
+        if key not in named_again:
+            continue
+        if by_split:
+            in_split = split_firsts.setdefault(key, {})
+            in_split.setdefault(splits[row], row)
+        earlier = first_row.setdefault((key, splits[row]) if by_split else key, row)
         if earlier == row:
             continue
         same_label = labels is None or labels[earlier] == labels[row]
@@ -453,6 +468,12 @@ def _drop_repeated_rows(rows: IndexRows, *, on_purpose: bool) -> None:
                 f"{firsts[earlier]} and {values[row]!r} in line {firsts[row]}{more}",
                 hint,
             )
+    if reported is not None:
+        reported += [
+            tuple(rows.paths[row] for row in in_split.values())
+            for in_split in split_firsts.values()
+            if len(in_split) > 1
+        ]
     if on_purpose or not repeats:
         rows.repeated = []
         return

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -249,6 +251,33 @@ def relative_ids(paths: Sequence[str], folder: str | os.PathLike) -> list[str]:
     return [p[len(prefix) :] if p.startswith(prefix) else os.path.relpath(p, base) for p in paths]
 
 
+# The files a reader reaches under names in two splits, where they are reported, not refused
+# (`files_in_two_splits_reported`); None: they are refused.
+_IN_TWO_SPLITS: ContextVar[list[tuple[str, ...]] | None] = ContextVar(
+    "files_in_two_splits", default=None
+)
+
+
+@contextmanager
+def files_in_two_splits_reported() -> Iterator[list[tuple[str, ...]]]:
+    """Within it, an image file that the data's splits reach under names in two splits (a link
+    across splits) is read under each name, its names (`Samples.ids`, relative to the data's
+    root) added to the list it gives, one tuple a file, instead of being refused: for the
+    leakage report of dataset-stats, whose job is to find such files. One file in two classes
+    of one split is refused still. Other readers (train, eval, split) refuse it."""
+    found: list[tuple[str, ...]] = []
+    token = _IN_TWO_SPLITS.set(found)
+    try:
+        yield found
+    finally:
+        _IN_TWO_SPLITS.reset(token)
+
+
+def reported_files_in_two_splits() -> list[tuple[str, ...]] | None:
+    """The list `files_in_two_splits_reported` gives, inside it; None outside (refused)."""
+    return _IN_TWO_SPLITS.get()
+
+
 def refuse_one_file_in_two_places(
     listed: Sequence[tuple[tuple[str | None, str], Numbered]],
     root: str | os.PathLike,
@@ -263,14 +292,51 @@ def refuse_one_file_in_two_places(
     place, a (split or None, class) pair, its image paths under `root` and their inode numbers
     (`FolderListing.numbered`). Linear, in set operations: only names that share a number
     across places are looked at, and stat-ed: they are one file where their (st_dev, st_ino)
-    agree (numbers repeat across disks, and some FUSE disks make them up).
+    agree (numbers repeat across disks, and some FUSE disks make them up). Inside
+    `files_in_two_splits_reported` a file in two splits is reported there instead (in two
+    classes of one split it is refused still).
 
     `archive_links` (the links among a .tar's members, named as the paths are: member -> the
     member it leads to): the paths are members of the archive `root` and the numbers their
     data's offsets, one file each."""
+    shared = _names_of_shared_files(listed, archive=archive_links is not None)
+    if not shared:
+        return
+    reported = _IN_TWO_SPLITS.get()
+    pairs: list[tuple[tuple[int, str], tuple[int, str]]] = []
+    for names in shared:
+        if reported is None:
+            other = next(name for name in names if name[0] != names[0][0])
+            pairs.append((names[0], other))
+            continue
+        # Reported across splits, but never in two classes of one split.
+        first_in: dict[str | None, tuple[int, str]] = {}
+        for name in names:
+            split, label = listed[name[0]][0]
+            first = first_in.setdefault(split, name)
+            if nfc(listed[first[0]][0][1]) != nfc(label):
+                pairs.append((first, name))
+                break
+    if pairs:
+        raise _one_file_error(pairs, listed, root, archive_links)
+    if reported is None:
+        return
+    for names in shared:
+        if len({listed[place][0][0] for place, _ in names}) > 1:
+            paths = [path for _, path in names]
+            # An archive's paths are its members' names, the ids already.
+            archived = archive_links is not None
+            reported.append(tuple(paths if archived else relative_ids(paths, root)))
+
+
+def _names_of_shared_files(
+    listed: Sequence[tuple[tuple[str | None, str], Numbered]], *, archive: bool
+) -> list[list[tuple[int, str]]]:
+    """Per file that `listed` names in more than one place, its (place, path) names, sorted
+    (`refuse_one_file_in_two_places`)."""
     count = sum(len(numbers) for _, (_, numbers) in listed)
     if len(set().union(*(numbers for _, (_, numbers) in listed))) == count:
-        return
+        return []
     # Numbers shared in one place (hard-linked repeats, as bench_scaling's data) are no error.
     seen: set[int] = set()
     crossing: set[int] = set()
@@ -279,7 +345,7 @@ def refuse_one_file_in_two_places(
         crossing |= distinct & seen
         seen |= distinct
     if not crossing:
-        return
+        return []
     names_of: dict[int, list[tuple[int, str]]] = {}  # number -> (place, path) of each name
     for place, (_, (paths, numbers)) in enumerate(listed):
         if crossing.isdisjoint(numbers):
@@ -287,16 +353,21 @@ def refuse_one_file_in_two_places(
         for path, number in zip(paths, numbers, strict=True):
             if number in crossing:
                 names_of.setdefault(number, []).append((place, path))
-    pairs: list[tuple[tuple[int, str], tuple[int, str]]] = []
+    shared: list[list[tuple[int, str]]] = []
     for names in names_of.values():
         # An archive member's offset is its file; an inode number, where stat agrees.
-        files = [sorted(names)] if archive_links is not None else _by_file(sorted(names))
-        for same in files:
-            other = next((name for name in same if name[0] != same[0][0]), None)
-            if other is not None:
-                pairs.append((same[0], other))
-    if not pairs:
-        return
+        files = [sorted(names)] if archive else _by_file(sorted(names))
+        shared += [same for same in files if any(name[0] != same[0][0] for name in same)]
+    return shared
+
+
+def _one_file_error(
+    pairs: list[tuple[tuple[int, str], tuple[int, str]]],
+    listed: Sequence[tuple[tuple[str | None, str], Numbered]],
+    root: str | os.PathLike,
+    archive_links: Mapping[str, str | None] | None,
+) -> InputError:
+    """The error for the first of `pairs` ((place, path) of two names of one file)."""
     (place_a, a), (place_b, b) = min(pairs)
     (split_a, class_a), (split_b, class_b) = listed[place_a][0], listed[place_b][0]
     more = f" (and {len(pairs) - 1} more)" if len(pairs) > 1 else ""
@@ -313,11 +384,11 @@ def refuse_one_file_in_two_places(
         else "remove one of the two names (hard links)"
     )
     if nfc(class_a) != nfc(class_b):
-        raise InputError(
+        return InputError(
             f"{shown_a} and {shown_b} are one file in two classes, {class_a} and {class_b}{more}",
             f"an image has one label: {remedy}",
         )
-    raise InputError(
+    return InputError(
         f"{shown_a} and {shown_b} are one file in two splits, {split_a} and {split_b}{more}",
         f"{remedy}: an image in two splits leaks from one into the other",
     )
