@@ -13,6 +13,7 @@ from output_checks import error_line
 from processes import dataset_stats, run_torchkit_in_process
 
 from torchkit.core.data.sources.csv_index import natural_key
+from torchkit.core.io.errors import InputError
 
 
 def write_index(folder: Path, labels: list[str]) -> Path:
@@ -167,6 +168,45 @@ def test_one_image_given_two_labels_is_one_error_naming_both_lines_in_every_comm
         assert result.returncode == 1
         assert error_line(result.stderr).startswith(expected), command
     assert not (tmp_path / "out").exists() and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "spelled", ["imgs/x/x_0.png", "imgs/x/./x_0.png", "imgs//x/x_0.png", "imgs/x/../x/x_0.png"]
+)
+def test_one_path_twice_or_spelled_otherwise_with_two_labels_is_an_error_naming_both_rows(
+    tmp_path, spelled
+):
+    """The same text, or another spelling of one path (no stat needed to tell): one image."""
+    from torchkit.core.data.sources.csv_index import read_index_rows
+
+    index = _with_rows(write_index(tmp_path, ["a", "b"]), f"{spelled},b")
+    with pytest.raises(InputError) as raised:
+        read_index_rows(index)
+    assert str(raised.value) == (
+        f"{index} gives {spelled!r} two labels: 'a' in line 2 and 'b' in line 4 (an image has "
+        "one label: fix or remove one of the rows)"
+    )
+
+
+def test_a_path_up_out_of_a_linked_folder_is_not_taken_for_the_file_its_text_names(tmp_path):
+    """`sub/../x.png` where `sub` links to a folder elsewhere names the x.png beside that
+    folder, another file than `x.png`: its two labels were refused as one image's."""
+    from torchkit.core.data.sources.csv_index import read_index_rows
+
+    write_image_folder(tmp_path / "elsewhere" / "deep", {"sub": 1})
+    write_image_folder(tmp_path, {"imgs": 1}, seed=1)
+    (tmp_path / "elsewhere" / "deep" / "x.png").write_bytes(b"other")
+    (tmp_path / "x.png").write_bytes(b"this")
+    (tmp_path / "sub").symlink_to(tmp_path / "elsewhere" / "deep" / "sub")
+    index = tmp_path / "index.csv"
+    index.write_text("path,label\nx.png,a\nsub/../x.png,b\nimgs/imgs_0.png,a\n")
+    rows = read_index_rows(index)
+    assert rows.paths == ["x.png", "sub/../x.png", "imgs/imgs_0.png"]
+    assert rows.labels == ["a", "b", "a"]
+    (tmp_path / "sub").unlink()
+    (tmp_path / "sub").mkdir()  # a plain folder: one file
+    with pytest.raises(InputError, match="gives 'sub/../x.png' two labels"):
+        read_index_rows(index)
 
 
 def test_dataset_stats_lists_one_image_in_two_splits_as_a_same_file_pair(tmp_path):

@@ -391,8 +391,9 @@ def _refuse_repeated_header(source: Path, paths: list[str], found: list[tuple[in
 def _path_keys(rows: IndexRows) -> list[str]:
     """One key per row that two rows naming one file share: the path as written, where every
     path is a plain relative one; else the normalized absolute path (`./a.png`, `a//b.png`,
-    `x/../a.png` and `/data/a.png` name `a.png` too). A file reached through a linked folder
-    under another name is not matched (split refuses it, reading real folders)."""
+    `x/../a.png` and `/data/a.png` name `a.png` too), from the text alone. A file reached
+    under another name through a link (a symbolic or hard link, a linked folder) is not
+    matched: that takes a stat per row, which reading an index does without."""
     text = "\n" + "\n".join(rows.paths)
     if not any(mark in text for mark in ("\n/", "\n.", "/.", "//")):
         return rows.paths
@@ -415,6 +416,19 @@ def _row_lines(source: Path) -> list[int]:
     return lines
 
 
+def _one_file(base: str, path: str, other: str) -> bool:
+    """Whether `path` and `other`, two rows' paths of one key (`_path_keys`), name one file:
+    by their text, but where one goes up a folder (`sub/../a.png` is no `a.png` where `sub`
+    is a linked folder), where stat agrees too (or cannot tell: a file missing). A stat only
+    for such rows."""
+    if path == other or (".." not in path and ".." not in other):
+        return True
+    try:
+        return os.path.samefile(os.path.join(base, path), os.path.join(base, other))
+    except (OSError, ValueError):
+        return True
+
+
 def _drop_repeated_rows(rows: IndexRows, *, on_purpose: bool) -> None:
     """Rows naming one file: an error where they give it two labels (its label is a guess:
     train trained it as both) or put it in two splits (it leaks from one into the other), each
@@ -433,6 +447,7 @@ def _drop_repeated_rows(rows: IndexRows, *, on_purpose: bool) -> None:
     # key (and split, `by_split`) -> its first row; key -> split -> the first row of its file
     first_row: dict[str | tuple[str, str], int] = {}
     split_firsts: dict[str, dict[str, int]] = {}
+    base = str(rows.base)
     two_labels: list[tuple[int, int]] = []
     two_splits: list[tuple[int, int]] = []
     repeats: list[int] = []
@@ -442,9 +457,11 @@ def _drop_repeated_rows(rows: IndexRows, *, on_purpose: bool) -> None:
             continue
         if by_split:
             in_split = split_firsts.setdefault(key, {})
-            in_split.setdefault(splits[row], row)
+            first = next(iter(in_split.values()), row)
+            if splits[row] not in in_split and _one_file(base, rows.paths[first], rows.paths[row]):
+                in_split[splits[row]] = row
         earlier = first_row.setdefault((key, splits[row]) if by_split else key, row)
-        if earlier == row:
+        if earlier == row or not _one_file(base, rows.paths[earlier], rows.paths[row]):
             continue
         same_label = labels is None or labels[earlier] == labels[row]
         if not same_label and nfc(labels[earlier]) != nfc(labels[row]):
