@@ -156,3 +156,44 @@ def test_a_timm_relative_position_vit_is_rebuilt_and_refuses_partial_patches(tmp
         f"{path} holds a model trained on 32x32 images, and 40x40 images do not divide into its "
         "16 px patches (use an --image-size that is a multiple of 16, such as 32 or 48)"
     )
+
+
+COATNET_AT_48 = (
+    "timm/test_coatnet cannot run on 48x48 images, although it is built for them: Expected size "
+    "for first two dimensions of batch2 tensor to be: [3, 4] but got: [3, 1]."
+)
+
+
+@needs_timm
+def test_a_timm_coatnet_at_a_size_it_cannot_run_is_refused_before_any_image(
+    tmp_path, make_image_folder
+):
+    """timm builds CoAtNet for 48 px, but its last stage's attention is sized for 2x2 feature
+    maps that its pooling makes 1x1. Before: the checkpoint's tables resampled with a Note,
+    then `Error: the model fails on 48x48 images: output with shape [4, 3, 1, 1] doesn't match
+    the broadcast shape [4, 3, 4, 4]` at the first batch, and a train of the name ended in
+    `Error: RuntimeError: ...` after the run had started. Now one line before either, naming
+    sizes it runs at (each tried on the meta device: multiples of its 32 px stride)."""
+    import timm
+
+    model = timm.create_model("test_coatnet", num_classes=2, img_size=64)
+    save_torchkit_checkpoint(tmp_path / "coat64.pt", "timm/test_coatnet", model, 64)
+    make_image_folder(tmp_path / "images", {"a": 2, "b": 2}, size=48)
+    common = ("--image-size", "48", "--device", "cpu", "-j", "0")
+    predicted = run_torchkit_in_process("predict", "coat64.pt", "images", *common, cwd=tmp_path)
+    assert predicted.returncode == 2, predicted.stderr
+    assert predicted.stdout == ""
+    assert error_line(predicted.stderr, besides="nothing") == (
+        f"Error: coat64.pt holds a model trained on 64x64 images, and {COATNET_AT_48} (use an "
+        "--image-size that is a multiple of 32, such as 32 or 64, or drop --image-size to run "
+        "it at 64)"
+    )
+    trained = run_torchkit_in_process(
+        "train", "--model", "timm/test_coatnet", "--data", "images", "--val-split", "0.5",
+        "--epochs", "1", "--out", "run", *common, cwd=tmp_path,
+    )  # fmt: skip
+    assert trained.returncode == 2, trained.stderr
+    assert error_line(trained.stderr) == (
+        f"Error: {COATNET_AT_48} (use an --image-size that is a multiple of 32, such as 32 or 64)"
+    )
+    assert not (tmp_path / "run").exists()

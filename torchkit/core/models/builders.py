@@ -33,6 +33,7 @@ from torchkit.core.models.position_embeddings import (
 )
 from torchkit.core.models.random_init import built_for_loading
 from torchkit.core.models.size_bound import (
+    UnrunnableSizeError,
     patch_sizes,
     refuse_size_bound_misfits,
     size_adapted,
@@ -245,6 +246,11 @@ def _rebuilt_for(
                 )
     try:
         rebuilt = built_for(size)
+    except UnrunnableSizeError as error:  # built, but it cannot run there (timm's CoAtNet)
+        raise UsageError(
+            f"{held}, and {error.message}",
+            f"{error.hint}, or drop --image-size to run it at {trained}",
+        ) from error
     except TorchkitError as error:  # a size its layers cannot be built for (MaxViT's partitions)
         raise UsageError(
             f"{held}, and cannot be built for {shown} images: {error.message}",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import sys
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from torchkit.core.io.errors import UsageError, first_line
@@ -41,6 +41,89 @@ def size_layout(model: Any) -> tuple[tuple[str, Any], ...]:
             if size is not None and not getattr(module, "dynamic_img_size", False):
                 layout.append((name, tuple(size) if isinstance(size, (tuple, list)) else size))
     return tuple(layout)
+
+
+class UnrunnableSizeError(UsageError):
+    """A model its library builds for an image size it cannot run at (timm's CoAtNet at 48 px);
+    the hint names sizes it runs at."""
+
+
+def refuse_unrunnable_size(
+    model: Any,
+    name: str,
+    size: tuple[int, int],
+    channels: int,
+    built_on_meta: Callable[[int], Any],
+) -> None:
+    """One error, before any image is read, where `model` (built for `size` images: a timm
+    model built with an img_size) does not run at that size: timm builds a CoAtNet for 48 px,
+    but its stages size their attention for feature maps rounded up (2x2 where its pooling
+    gives 1x1), and the first batch failed deep inside. Judged on a meta-device copy (no
+    compute), only where a side is not a multiple of the model's total stride (sizes such
+    models are made for), and only where the model `built_on_meta` for a square side runs at
+    a multiple near it (those the hint names): a model the meta device cannot run is not
+    judged."""
+    if not size_layout(model):
+        return
+    stride = _total_stride(model)
+    if stride is not None and all(side % stride == 0 for side in size):
+        return
+    patches = patch_sizes(model)
+    if any(side % across for patch in patches for side, across in zip(size, patch, strict=True)):
+        return  # a ViT's patches that do not divide the size: refused in their own words
+    from torchkit.core.models.image_size import meta_copy
+
+    try:
+        copy = meta_copy(model).eval()
+    except Exception:  # noqa: BLE001 - a model that cannot be copied is not judged here
+        return
+    failure = _meta_failure(copy, channels, size)
+    if failure is None:
+        return
+    step = stride or 32
+    low = max(step, max(size) // step * step)
+    works = [side for side in (low, low + step) if _runs_as_built(built_on_meta, channels, side)]
+    if not works:  # it fails on the meta device at multiples of its stride too: not judged
+        return
+    raise UnrunnableSizeError(
+        f"{name} cannot run on {size[0]}x{size[1]} images, although it is built for them: "
+        f"{first_line(failure)}",
+        f"use an --image-size that is a multiple of {step}, such as "
+        + " or ".join(map(str, works)),
+    )
+
+
+def _runs_as_built(built_on_meta: Callable[[int], Any], channels: int, side: int) -> bool:
+    """Whether the model built (on the meta device) for `side` px images runs on them."""
+    try:
+        model = built_on_meta(side).eval()
+    except Exception:  # noqa: BLE001 - a size it cannot be built for does not run
+        return False
+    return _meta_failure(model, channels, (side, side)) is None
+
+
+def _meta_failure(copy: Any, channels: int, size: tuple[int, int]) -> Exception | None:
+    """What a forward pass of `copy` (on the meta device) raises on one image of `size`."""
+    import torch
+
+    with torch.inference_mode(False), torch.no_grad():
+        try:
+            copy(torch.empty(1, channels, *size, device="meta"))
+        except Exception as error:  # noqa: BLE001 - whatever the reason, not this size
+            return error
+    return None
+
+
+def _total_stride(model: Any) -> int | None:
+    """How many pixels a timm model's last feature map steps per position (its last
+    `feature_info` reduction: 32 for CoAtNet and MaxViT, the patch size for a ViT); None where
+    it does not say."""
+    info = getattr(model, "feature_info", None)
+    try:
+        reduction = int(info[-1]["reduction"])
+    except (TypeError, LookupError, ValueError):
+        return None
+    return reduction if reduction > 0 else None
 
 
 def patch_sizes(model: Any) -> list[tuple[int, int]]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import math
 import os
 import sys
@@ -25,6 +26,7 @@ from torchkit.core.models.hub_cache import (
     require_downloadable,
 )
 from torchkit.core.models.random_init import built_for_loading
+from torchkit.core.models.size_bound import refuse_unrunnable_size
 
 TIMM_PREFIX = "timm/"
 DEFAULT_WEIGHTS = "DEFAULT"
@@ -99,13 +101,13 @@ def create_timm_model(
         kwargs["img_size"] = size[0] if size[0] == size[1] else size
     try:
         try:
-            return timm.create_model(name, pretrained=pretrained, **kwargs)
+            model = timm.create_model(name, pretrained=pretrained, **kwargs)
         except TypeError as error:
             # Most convolutional networks take any size and have no `img_size` argument.
             if "img_size" not in str(error):
                 raise
             del kwargs["img_size"]
-            return timm.create_model(name, pretrained=pretrained, **kwargs)
+            model = timm.create_model(name, pretrained=pretrained, **kwargs)
     except (ValueError, AssertionError) as error:
         if size is None:
             raise
@@ -113,6 +115,22 @@ def create_timm_model(
             f"cannot build {spec} for {size[0]}x{size[1]} images: {first_line(error)}",
             "choose another --image-size",
         ) from error
+    if size is not None:  # timm builds some for sizes they cannot run at (CoAtNet at 48 px)
+        channels = in_channels or int(getattr(model, "in_chans", 3))
+        refuse_unrunnable_size(
+            model, spec, size, channels, functools.partial(_built_on_meta, name, kwargs)
+        )
+    return model
+
+
+def _built_on_meta(name: str, kwargs: dict[str, Any], side: int):
+    """timm's `name` built as `kwargs` say for `side` px images, on the meta device (no memory,
+    no initialisation's compute), without pretrained weights."""
+    import timm
+    import torch
+
+    with torch.device("meta"):
+        return timm.create_model(name, pretrained=False, **{**kwargs, "img_size": side})
 
 
 def built_timm_model(
