@@ -587,3 +587,35 @@ def test_two_ddp_ranks_over_uneven_shards_see_every_sample(tmp_path):
     assert [len(values) for values in ranks] == [13, 13]
     every = ranks[0] + ranks[1]
     assert len(set(every)) == 25
+
+
+@pytest.mark.parametrize(
+    "name, text, message",
+    [
+        ("classes.txt", "a\n\nb\n", "line 2 of {folder}/classes.txt is blank, between class names"),
+        ("classes.txt", "a\r\n \t\r\nb\r\n", "line 2 of {folder}/classes.txt is blank"),
+        ("classes.json", '["a", "", "b"]', "{folder}/classes.json names class 1 '', an empty"),
+        ("classes.json", '{"a": 0, " ": 1}', "{folder}/classes.json names class 1 ' ', an empty"),
+    ],
+)
+def test_a_class_file_that_would_shift_or_lose_a_name_is_refused(
+    world, tmp_path, name, text, message
+):
+    """Label i is line i of classes.txt: a blank line between names was skipped, so every later
+    class took the name of the next (a mislabelled model or report). A classes.json entry ""
+    is a class without a name, which classes.txt cannot hold."""
+    from torchkit.core.data.sources import open_data
+    from torchkit.core.io.errors import InputError
+
+    png = (world / "images" / "a" / "a_0.png").read_bytes()
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    tar_of(folder / "s-000000.tar", {"x.png": png, "x.cls": b"0", "y.png": png, "y.cls": b"1"})
+    (folder / name).write_text(text)
+    with pytest.raises(InputError) as refused:
+        open_data(str(folder))
+    assert str(refused.value).startswith(message.format(folder=folder)), refused.value
+    # Blank lines before the first name and after the last, spaces and Windows line ends: fine.
+    (folder / name).unlink()
+    (folder / "classes.txt").write_text("\n\na \r\nb\r\n\t\r\n\n")
+    assert open_data(str(folder)).classes == ["a", "b"]

@@ -90,8 +90,31 @@ def test_a_classes_file_saved_with_a_bom_names_its_first_class_without_it(tmp_pa
     from torchkit.core.evaluate import parse_class_names
 
     names = tmp_path / "classes.txt"
-    names.write_bytes(b"\xef\xbb\xbfa\r\nb\r\n\r\nc \r\nd\r\n")
+    names.write_bytes(b"\xef\xbb\xbfa\r\nb\r\nc \r\nd\r\n \r\n\r\n")
     assert parse_class_names(str(names)) == ["a", "b", "c", "d"]
+
+
+def test_a_blank_line_between_class_names_is_an_error_naming_the_line(world, tmp_path):
+    """Label i is line i of --classes: a blank line between names was skipped, so every later
+    name moved to the output before it (c named output 2, trained as d) without a word."""
+    from torchkit.core.evaluate import parse_class_names
+    from torchkit.core.io.errors import InputError
+
+    names = tmp_path / "classes.txt"
+    names.write_text("\n\na\nb\n\t\nc\nd\n\n")
+    with pytest.raises(InputError, match=rf"^line 5 of --classes file {names} is blank, between"):
+        parse_class_names(str(names))
+    names.write_text("\n\na\nb\nc\nd\n  \n\n")  # blank lines before and after: no names
+    assert parse_class_names(str(names)) == ["a", "b", "c", "d"]
+    names.write_text("a\nb\n\nc\n")
+    for command in ("eval", "predict"):
+        result = run_torchkit_in_process(*_command(world, command, str(names)), "-j", "0")
+        assert result.returncode == 1 and result.stdout == ""
+        assert error_line(result.stderr, besides="nothing") == (
+            f"Error: line 3 of --classes file {names} is blank, between class names (class "
+            "names are read one a line, in order: a blank line would shift every later one; "
+            "remove it, or fill it in)"
+        )
 
 
 def test_numbered_classes_of_a_model_without_names_need_classes(tmp_path):

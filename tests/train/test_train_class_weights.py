@@ -32,6 +32,7 @@ def test_balanced_is_scikit_learns_rule():
         ("w.json", "[1, 2.5, 0.5]"),
         ("w.json", '{"cow": 0.5, "ant": 1, "bee": 2.5}'),
         ("w.txt", "1\n2.5\n0.5\n"),
+        ("w.txt", "\n1\r\n2.5 \r\n0.5\r\n \r\n\n"),  # blank lines around them: none
         ("w.csv", "bee,2.5\nant,1\ncow,0.5\n"),
     ],
 )
@@ -47,6 +48,8 @@ def test_a_file_gives_weights_by_order_or_by_name(tmp_path, name, text):
         ("w.json", "[1, 2]", InputError, "gives 2 weights for 3 classes"),
         ("w.json", '{"ant": 1, "bee": 1, "dog": 1}', InputError, "unknown class 'dog'"),
         ("w.txt", "1\nx\n2\n", InputError, "'x' is not a number"),
+        # Weight i is class i's: a blank line between two shifted every later weight.
+        ("w.txt", "1\n\n2.5\n0.5\n", InputError, r"line 2 of .*w\.txt is blank, between weights"),
         ("w.txt", "1\n-1\n2\n", UsageError, "not negative"),
         ("w.json", "[0, 0, 0]", UsageError, "not all zero"),
     ],

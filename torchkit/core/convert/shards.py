@@ -47,7 +47,6 @@ from torchkit import __version__
 from torchkit.core.convert.sample_tar import SampleTarWriter
 from torchkit.core.data.sources.discovery import IMAGE_EXTENSIONS
 from torchkit.core.data.sources.inputs import data_inputs
-from torchkit.core.data.sources.shards import class_names_in_text
 from torchkit.core.io import sizes
 from torchkit.core.io.errors import InputError, OutputExistsError, UsageError
 from torchkit.core.io.files import atomic_write, atomic_write_text, remove_stale_temporaries
@@ -770,7 +769,7 @@ def _classes_text(classes: Sequence[str], labelled: bool) -> str:
     # Every reader of the shards takes the names from classes.txt: one that file would give
     # back otherwise (split over lines, its spaces dropped) left every sample of its class
     # unreadable ("labelled ' cat', which the class names beside the shards lack").
-    broken = [name for name in classes if class_names_in_text(name) != [name]]
+    broken = [name for name in classes if name.splitlines() != [name] or name != name.strip()]
     if broken:
         raise InputError(
             f"class name {broken[0]!r} cannot be a line of classes.txt, which is read one name "

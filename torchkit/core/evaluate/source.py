@@ -25,8 +25,8 @@ _CLASS_FILE_SUFFIXES = (".txt", ".csv", ".json", ".names", ".lst", ".list")
 
 
 def parse_class_names(spec: str) -> list[str]:
-    """`--classes`: a text file with one name per line (a pipe too: `<(cut ...)`, /dev/stdin),
-    or names separated by commas."""
+    """`--classes`: a text file with one name per line in label order, with no blank line
+    between two (a pipe too: `<(cut ...)`, /dev/stdin), or names separated by commas."""
     path = Path(spec)
     try:
         # Anything but a folder: process substitution passes /dev/fd/N, a pipe, not a file.
@@ -49,7 +49,7 @@ def parse_class_names(spec: str) -> list[str]:
                 "give a text file with one class name per line, or names like a,b,c",
             ) from None
         # A BOM (Notepad's "UTF-8") is no part of the first name, as in a CSV index.
-        names = class_names_in_text(text)
+        names = class_names_in_text(text, f"--classes file {spec}")
     else:
         names = list_items(spec, "--classes", hint="give class names like a,b,c, or a file")
     if not names:

@@ -3,8 +3,8 @@
 `balanced` is scikit-learn's rule, n / (k * n_c) for n training images in k classes, n_c of class
 c: every class then weighs as much in the loss as a class of average size. A FILE gives them
 by hand: JSON (a list in label order, or `{"class": weight}`), or text with one `weight` per line
-in label order, or `class,weight` / `class weight` lines. The validation loss stays unweighted,
-so it compares across settings.
+in label order (no blank line between two), or `class,weight` / `class weight` lines. The
+validation loss stays unweighted, so it compares across settings.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 
 from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.io.files import read_text
+from torchkit.core.io.ordered_lines import ordered_lines
 from torchkit.core.io.outputs import InputPath
 
 NONE, BALANCED = "none", "balanced"
@@ -106,6 +107,8 @@ def _from_file(path: Path, classes: list[str]) -> list[float]:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     pairs = [line.replace(",", " ").split() for line in lines]
     if all(len(pair) == 1 for pair in pairs):
+        # In label order: a blank line between two weights would shift every later one.
+        ordered_lines(text, str(path), "weights")
         return _in_order([pair[0] for pair in pairs], classes, path)
     if all(len(pair) == 2 for pair in pairs):
         seen: set[str] = set()

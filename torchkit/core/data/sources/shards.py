@@ -73,6 +73,7 @@ from torchkit.core.data.sources.splitting import SPLIT_NAMES
 from torchkit.core.data.stored_image import Stamp, StoredImage, check_unchanged, file_stamp
 from torchkit.core.io.errors import InputError, short_repr
 from torchkit.core.io.files import read_text
+from torchkit.core.io.ordered_lines import ordered_lines
 
 _SPLIT_SHARD = re.compile(r"^(train|val|test)-\d+\.tar$")
 _NUMBERED_SHARD = re.compile(r"^.+-\d+\.tar$", re.IGNORECASE)
@@ -679,10 +680,12 @@ def _member_bytes(listing: TarListing, reader: TarReader, member: str) -> bytes:
         raise InputError(f"cannot read {member} in {listing.path}: {error}") from None
 
 
-def class_names_in_text(text: str) -> list[str]:
-    """The class names a `classes.txt` holds: one a line, read without the spaces around it (a
-    hand-written file's trailing blanks, Windows line ends), blank lines skipped."""
-    return [line.strip() for line in text.splitlines() if line.strip()]
+def class_names_in_text(text: str, where: str) -> list[str]:
+    """The class names a `classes.txt` (or a `--classes` file, `where`) holds, in label order:
+    one a line, read without the spaces around it (a hand-written file's trailing blanks,
+    Windows line ends); blank lines before the first and after the last are none, and one
+    between two names is an InputError (`ordered_lines`): it would shift every later class."""
+    return ordered_lines(text, where, "class names")
 
 
 def _class_file(folder: str) -> list[str] | None:
@@ -691,7 +694,8 @@ def _class_file(folder: str) -> list[str] | None:
     text_file, json_file = Path(folder, "classes.txt"), Path(folder, "classes.json")
     try:
         if text_file.is_file():
-            names, where = class_names_in_text(read_text(text_file, "utf-8-sig")), text_file
+            text = read_text(text_file, "utf-8-sig")
+            names, where = class_names_in_text(text, str(text_file)), text_file
         elif json_file.is_file():
             loaded, where = json.loads(read_text(json_file, "utf-8-sig")), json_file
             if isinstance(loaded, dict) and sorted(loaded.values()) == list(range(len(loaded))):
@@ -707,6 +711,14 @@ def _class_file(folder: str) -> list[str] | None:
             return None
     except (OSError, ValueError) as error:
         raise InputError(f"cannot read the class names beside the shards: {error}") from None
+    # A JSON entry "" is a class without a name, which classes.txt cannot hold (a blank line)
+    # and no sample's "label" can name.
+    unnamed = next((index for index, name in enumerate(names) if not name.strip()), None)
+    if unnamed is not None:
+        raise InputError(
+            f"{where} names class {unnamed} {names[unnamed]!r}, an empty name",
+            "give every class its name, in label order",
+        )
     if len(set(names)) != len(names):
         raise InputError(f"{where} names a class twice", "one class name per line")
     # An empty one is what `convert shards` writes beside unlabelled images: no names, which
