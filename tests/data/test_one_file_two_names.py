@@ -1,5 +1,5 @@
 """One image file reached under two names in a folder (a linked class folder, a symbolic or a
-hard link to one file) or a .tar of one: read
+hard link to one file) or a .tar of one (its links followed to the end of their chain): read
 under each name in one class of one split, as copies would be; an error naming both paths in two
 classes (its label a guess) or two splits (it leaks), but for dataset-stats' leakage report,
 which lists a file in two splits as a pair marked same_file."""
@@ -157,6 +157,54 @@ def _tar_with_links(archive: Path, files: dict[str, bytes], links: list[tuple[st
             info.type, info.linkname = kind, target
             tar.addfile(info)
     return archive
+
+
+def test_a_tar_link_to_a_link_is_followed_to_the_file_it_ends_at(tmp_path):
+    """A symbolic link member to a hard-link member (what tar stores for a second name of a
+    file) or through a linked folder: it was read as a link to nothing, so one rose under a
+    tulip's name too went unnoticed (and unreadable). Now the chain ends at the file: one file
+    in two classes, refused; in one class, read at that file's bytes."""
+    rose = b"rose" * 9
+    chain = [
+        ("flowers/rose/b.png", "flowers/rose/a.png", tarfile.LNKTYPE),
+        ("flowers/tulip/t.png", "../rose/b.png", tarfile.SYMTYPE),
+    ]
+    files = {"flowers/rose/a.png": rose, "flowers/tulip/x.png": b"tulip" * 9}
+    archive = _tar_with_links(tmp_path / "flowers.tar", files, chain)
+    with pytest.raises(InputError) as raised:
+        open_data(archive)
+    assert str(raised.value) == (
+        f"{archive}:rose/a.png and {archive}:tulip/t.png are one file in two classes, rose and "
+        f"tulip (an image has one label: remove the link {archive}:tulip/t.png -> "
+        "flowers/rose/a.png)"
+    )
+    through_folder = [
+        ("flowers/rose2", "rose", tarfile.SYMTYPE),
+        ("flowers/tulip/t.png", "../rose2/a.png", tarfile.SYMTYPE),
+    ]
+    archive = _tar_with_links(tmp_path / "flowers.tar", files, through_folder)
+    with pytest.raises(InputError, match=r"rose/a\.png and .*tulip/t\.png are one file in two"):
+        open_data(archive)
+    one_class = [*chain[:1], ("flowers/rose/c.png", "b.png", tarfile.SYMTYPE)]
+    samples = open_data(_tar_with_links(tmp_path / "flowers.tar", files, one_class)).whole
+    assert samples.ids == ["rose/a.png", "rose/b.png", "rose/c.png", "tulip/x.png"]
+    assert [path.read_bytes() for path in samples.paths[:3]] == [rose] * 3
+
+
+def test_a_tar_link_chain_that_loops_is_one_error_line(tmp_path):
+    """`a.png -> b.png -> a.png` in a tar was read as two images that could not be read."""
+    loop = [
+        ("flowers/tulip/a.png", "b.png", tarfile.SYMTYPE),
+        ("flowers/tulip/b.png", "a.png", tarfile.SYMTYPE),
+    ]
+    archive = _tar_with_links(tmp_path / "flowers.tar", {"flowers/rose/r.png": b"r" * 9}, loop)
+    result = run_torchkit_in_process("dataset-stats", archive, "-j", "0")
+    assert result.returncode == 1
+    assert result.stderr == (
+        f"Error: {archive}:tulip/a.png -> flowers/tulip/b.png is a link that leads round in a "
+        "loop of links, to no file (and 1 more) (remove the link, or point it at an image in "
+        "the archive)\n"
+    )
 
 
 def _leakage_csv(data: Path, pairs: Path, *extra: object) -> list[dict[str, str]]:

@@ -42,7 +42,7 @@ import re
 import tarfile
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -198,13 +198,16 @@ def _close_quietly(fd: int) -> None:
 @dataclass
 class TarListing:
     """The regular members of a tar (name -> (offset, size), in archive order) and its links
-    (name -> the member name they resolve to, or None)."""
+    (name -> the regular member at the end of its chain of links, or None: `_link_ends`)."""
 
     path: str
     members: dict[str, tuple[int, int]]
     links: dict[str, str | None]
     folders: set[str]  # names of its directory members
     stamp: Stamp | None = None  # `file_stamp` of the file listed
+    # The links whose chain never ends (a loop), each with the name it holds (resolved in its
+    # folder): read as links to nothing, refused where they are images of a folder's tar.
+    looped: dict[str, str] = field(default_factory=dict)
 
     def locator(self, name: str) -> tuple[int, int] | None:
         if name in self.members:
@@ -292,8 +295,47 @@ def list_tar(path: str, *, whole: bool = False) -> TarListing:
 def _listing(
     path: str, members: dict[str, tuple[int, int]], links: dict[str, str], folders: set[str]
 ) -> TarListing:
-    resolved = {name: target if target in members else None for name, target in links.items()}
-    return TarListing(path, members, resolved, folders)
+    resolved, looped = _link_ends(members, links)
+    return TarListing(path, members, resolved, folders, looped=looped)
+
+
+# Links followed in one chain before it counts as a loop: Linux's limit (ELOOP) in one path.
+_MOST_LINKS = 40
+
+
+def _link_ends(
+    members: dict[str, tuple[int, int]], links: dict[str, str]
+) -> tuple[dict[str, str | None], dict[str, str]]:
+    """(each link -> the regular member its chain ends at, None where it ends at no member;
+    the links whose chain goes on past `_MOST_LINKS` links, a loop -> the name each holds).
+    `links`: each link -> the name it holds, resolved in its folder. A chain goes through
+    links (a symbolic link to a hard link, as tar stores a second name of a file it met) and
+    linked folders on the way (`t.png -> rose2/a.png`, where `rose2 -> rose`); most links lead
+    straight to a member: one lookup each."""
+    ends: dict[str, str | None] = {}
+    looped: dict[str, str] = {}
+    for name, target in links.items():
+        at: str | None = target
+        hops = 0
+        while at is not None and at not in members:
+            at = _one_link_on(at, links)
+            hops += 1
+            if hops > _MOST_LINKS:
+                looped[name], at = target, None
+        ends[name] = at
+    return ends, looped
+
+
+def _one_link_on(name: str, links: dict[str, str]) -> str | None:
+    """`name` with the first link on its way followed (a linked folder holding it, or `name`
+    itself), None where none is."""
+    slash = name.find("/")
+    while slash != -1:
+        folder = name[:slash]
+        if folder in links:
+            return posixpath.normpath(links[folder] + name[slash:])
+        slash = name.find("/", slash + 1)
+    return links.get(name)
 
 
 _REGULAR, _FOLDER, _HARD_LINK, _SYMBOLIC_LINK = (b"0", b"\0", b"7"), b"5", b"1", b"2"
@@ -923,6 +965,16 @@ def _open_folder_tar(
     if prefix:
         names = [name[len(prefix) :] for name in names]
         folders = {f[len(prefix) :] for f in folders if f.startswith(prefix)}
+    looping = sorted(name for name in names if prefix + name in listing.looped)
+    if looping:
+        # No file missing but a broken archive (unpacked, a link to nothing): named, not read.
+        first = looping[0]
+        raise InputError(
+            f"{spec}:{first} -> {listing.looped[prefix + first]} is a link that leads round in "
+            "a loop of links, to no file"
+            + (f" (and {len(looping) - 1} more)" if len(looping) > 1 else ""),
+            "remove the link, or point it at an image in the archive",
+        )
     tops = {f.split("/")[0] for f in folders if f}
     top_folders = sorted(top for top in tops if not is_skipped_folder(top))
     top_images = any("/" not in name for name in names)
