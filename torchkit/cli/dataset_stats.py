@@ -316,7 +316,8 @@ def dataset_stats(
         Optional[Path],
         typer.Option(
             "--leakage-csv",
-            help="Write every duplicate pair to FILE: path_a,split_a,path_b,split_b,kind,distance.",
+            help="Write every duplicate pair to FILE: path_a,split_a,path_b,split_b,kind,distance,"
+            "same_file (true where the two paths are one file: a link).",
             dir_okay=False,
             show_default=False,
         ),
