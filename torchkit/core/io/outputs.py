@@ -1727,6 +1727,9 @@ class OutputFolder:
             if self.atomic:
                 self.path = _sibling(self.final, PARTIAL_SUFFIX)
                 self.path.mkdir(parents=True)
+                # Claimed before the marker is written into it: the marker too is synced with
+                # the whole folder before the swap, not on its own.
+                self._claim_folder()
                 if self._replacing is not None:
                     self._swap_aside = _sibling(self.final, REPLACED_SUFFIX)
             else:
