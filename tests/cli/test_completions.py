@@ -500,16 +500,21 @@ def test_bash_passes_option_equals_value_on_as_the_spaced_form(tmp_path):
 @pytest.mark.skipif(not CONSOLE_SCRIPT.exists(), reason="no torchkit console script")
 def test_bash_completes_option_equals_value(tmp_path):
     """`--device=cuda:<TAB>` offered nothing and `--format=c<TAB>` model names; the candidates
-    lose what precedes the last `:` or `=`, which bash leaves in place, and a file keeps bash's
-    file name handling (a value with `=`: `runs/lr=0.1/b` is trimmed to `0.1/best.pt`)."""
+    lose what precedes the last `:` or `=`, which bash leaves in place."""
+    lines = ["torchkit train --device=cuda:", "torchkit eval --format=c"]
+    assert _bash_completions(lines, tmp_path) == [["0", "1"], ["csv"]]
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
+def test_bash_trims_a_file_with_equals_signs_to_what_bash_replaces(tmp_path):
+    """A model file offered for `--model=runs/lr=0.1/b` keeps bash's file name handling and
+    loses `runs/lr=`, which bash leaves in place (it replaces what follows the last `=`). A
+    stand-in for torchkit offers the file (no Python started)."""
     (tmp_path / "runs" / "lr=0.1").mkdir(parents=True)
     (tmp_path / "runs" / "lr=0.1" / "best.pt").write_text("")
-    lines = [
-        "torchkit train --device=cuda:",
-        "torchkit eval --format=c",
-        "torchkit eval --model=runs/lr=0.1/b",
-    ]
-    device, output_format, model_file = _bash_completions(lines, tmp_path)
-    assert device == ["0", "1"]
-    assert output_format == ["csv"]
-    assert model_file == ["compopt -o filenames", "0.1/best.pt"]
+    offers = tmp_path / "offers"
+    offers.write_text("#!/bin/bash\necho runs/lr=0.1/best.pt\n")
+    offers.chmod(0o755)
+    lines = ["torchkit eval --model=runs/lr=0.1/b", "torchkit eval --model runs/lr=0.1/b"]
+    found = _bash_completions(lines, tmp_path, str(offers))
+    assert found == [["compopt -o filenames", "0.1/best.pt"]] * 2
