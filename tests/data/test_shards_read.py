@@ -596,6 +596,8 @@ def test_two_ddp_ranks_over_uneven_shards_see_every_sample(tmp_path):
         ("classes.txt", "a\r\n \t\r\nb\r\n", "line 2 of {folder}/classes.txt is blank"),
         ("classes.json", '["a", "", "b"]', "{folder}/classes.json names class 1 '', an empty"),
         ("classes.json", '{"a": 0, " ": 1}', "{folder}/classes.json names class 1 ' ', an empty"),
+        # sorted() of the indices raised a TypeError: a traceback
+        ("classes.json", '{"a": 0, "b": "1"}', "{folder}/classes.json is neither a list of"),
     ],
 )
 def test_a_class_file_that_would_shift_or_lose_a_name_is_refused(

@@ -117,6 +117,34 @@ def test_a_blank_line_between_class_names_is_an_error_naming_the_line(world, tmp
         )
 
 
+def test_a_json_classes_file_is_read_as_json(world, tmp_path):
+    """`--classes names.json` was read one name a line: a list written over four lines named
+    the outputs `["a",`, `"x",` ... without a word. It is read as classes.json beside shards
+    is: a list in label order, or {name: index}."""
+    from torchkit.core.evaluate import parse_class_names
+    from torchkit.core.io.errors import InputError
+
+    names = tmp_path / "names.json"
+    names.write_text('["a",\n "x",\n "c",\n "y"]\n')
+    result = run_torchkit_in_process(
+        *_command(world, "predict", str(names)), "-j", "0", "--format", "json"
+    )
+    assert result.returncode == 0, result.stderr
+    for row in json.loads(result.stdout):
+        assert row["class"] == ["a", "x", "c", "y"][row["class_index"]]
+    names.write_text('{"x": 1, "a": 0, "c": 2, "y": 3}')
+    assert parse_class_names(str(names)) == ["a", "x", "c", "y"]
+    for text, message in [
+        ('["a", "", "c"]', f"--classes file {names} names class 1 '', an empty name"),
+        ('{"a": 0, "b": "1"}', f"--classes file {names} is neither a list of class names"),
+        ("a\nb\n", f"--classes file {names} is not JSON: "),
+    ]:
+        names.write_text(text)
+        with pytest.raises(InputError) as refused:
+            parse_class_names(str(names))
+        assert str(refused.value).startswith(message)
+
+
 def test_numbered_classes_of_a_model_without_names_need_classes(tmp_path):
     """A folder sorts `1, 10, 2` as text and a CSV index of it `1, 2, 10` as numbers: the same
     state dict scored the same images with two accuracies by the data's form."""

@@ -26,7 +26,8 @@ _CLASS_FILE_SUFFIXES = (".txt", ".csv", ".json", ".names", ".lst", ".list")
 
 def parse_class_names(spec: str) -> list[str]:
     """`--classes`: a text file with one name per line in label order, with no blank line
-    between two (a pipe too: `<(cut ...)`, /dev/stdin), or names separated by commas."""
+    between two (a pipe too: `<(cut ...)`, /dev/stdin), a .json file as `classes.json` beside
+    shards holds them (a list, or {name: index}), or names separated by commas."""
     path = Path(spec)
     try:
         # Anything but a folder: process substitution passes /dev/fd/N, a pipe, not a file.
@@ -39,7 +40,7 @@ def parse_class_names(spec: str) -> list[str]:
             "check the path, or give the class names themselves, like a,b,c",
         )
     if is_file:
-        from torchkit.core.data.sources.shards import class_names_in_text
+        from torchkit.core.data.sources.shards import class_names_in_json, class_names_in_text
 
         try:
             text = read_text(path, "utf-8-sig")
@@ -49,7 +50,18 @@ def parse_class_names(spec: str) -> list[str]:
                 "give a text file with one class name per line, or names like a,b,c",
             ) from None
         # A BOM (Notepad's "UTF-8") is no part of the first name, as in a CSV index.
-        names = class_names_in_text(text, f"--classes file {spec}")
+        where = f"--classes file {spec}"
+        if path.suffix.lower() != ".json":
+            names = class_names_in_text(text, where)
+        else:  # read as lines, `["cat",` would be a class name
+            try:
+                names = class_names_in_json(text, where)
+            except ValueError as error:
+                raise InputError(
+                    f"{where} is not JSON: {error}",
+                    "give a JSON list of class names in label order, or a text file with one "
+                    "name a line",
+                ) from None
     else:
         names = list_items(spec, "--classes", hint="give class names like a,b,c, or a file")
     if not names:

@@ -730,6 +730,38 @@ def class_names_in_text(text: str, where: str) -> list[str]:
     return ordered_lines(text, where, "class names")
 
 
+def class_names_in_json(text: str, where: str) -> list[str]:
+    """The class names a `classes.json` (or a `--classes` .json file, `where`) gives, in label
+    order: a list (class i is entry i) or {name: index} over 0, 1, ... Anything else is an
+    InputError, as is an empty name (a class without one, which classes.txt cannot hold and no
+    sample's "label" can name); text that is not JSON a ValueError."""
+    try:
+        loaded = json.loads(text)
+    except RecursionError:
+        raise ValueError("its JSON is nested too deeply") from None
+    indices = loaded.values() if isinstance(loaded, dict) else ()
+    if isinstance(loaded, dict) and all(type(index) is int for index in indices):
+        names = sorted(loaded, key=loaded.__getitem__)
+        if [loaded[name] for name in names] != list(range(len(names))):
+            names = None
+    elif isinstance(loaded, list) and all(isinstance(name, str) for name in loaded):
+        names = loaded
+    else:
+        names = None
+    if names is None:
+        raise InputError(
+            f"{where} is neither a list of class names nor {{name: index}}",
+            'e.g. ["cat", "dog"] or {"cat": 0, "dog": 1}, in label order',
+        )
+    unnamed = next((index for index, name in enumerate(names) if not name.strip()), None)
+    if unnamed is not None:
+        raise InputError(
+            f"{where} names class {unnamed} {names[unnamed]!r}, an empty name",
+            "give every class its name, in label order",
+        )
+    return names
+
+
 def _class_file(folder: str) -> list[str] | None:
     """The class names `classes.txt` or `classes.json` beside the shards give, in label order
     (none for an empty one), or None without either."""
@@ -739,28 +771,12 @@ def _class_file(folder: str) -> list[str] | None:
             text = read_text(text_file, "utf-8-sig")
             names, where = class_names_in_text(text, str(text_file)), text_file
         elif json_file.is_file():
-            loaded, where = json.loads(read_text(json_file, "utf-8-sig")), json_file
-            if isinstance(loaded, dict) and sorted(loaded.values()) == list(range(len(loaded))):
-                names = sorted(loaded, key=loaded.__getitem__)
-            elif isinstance(loaded, list) and all(isinstance(n, str) for n in loaded):
-                names = loaded
-            else:
-                raise InputError(
-                    f"{json_file} is neither a list of class names nor {{name: index}}",
-                    'e.g. ["cat", "dog"] or {"cat": 0, "dog": 1}',
-                )
+            text = read_text(json_file, "utf-8-sig")
+            names, where = class_names_in_json(text, str(json_file)), json_file
         else:
             return None
     except (OSError, ValueError) as error:
         raise InputError(f"cannot read the class names beside the shards: {error}") from None
-    # A JSON entry "" is a class without a name, which classes.txt cannot hold (a blank line)
-    # and no sample's "label" can name.
-    unnamed = next((index for index, name in enumerate(names) if not name.strip()), None)
-    if unnamed is not None:
-        raise InputError(
-            f"{where} names class {unnamed} {names[unnamed]!r}, an empty name",
-            "give every class its name, in label order",
-        )
     if len(set(names)) != len(names):
         raise InputError(f"{where} names a class twice", "one class name per line")
     # An empty one is what `convert shards` writes beside unlabelled images: no names, which
