@@ -64,6 +64,10 @@ def test_a_maxvit_checkpoint_predicts_at_another_size_and_a_size_it_cannot_take_
     )
     assert done.returncode == 0, done.stderr
     assert len(json.loads(done.stdout)) == 2
+    assert (  # nothing resampled: the note says what was done
+        "Note: maxvit16.pt: nets:tiny_maxvit rebuilt for 32x32 images (trained on 16x16), its "
+        "weights loaded as they are (none of them follows the image size)"
+    ) in " ".join(done.stderr.split())
     refused = run_torchkit_in_process(*command, "--image-size", "20", cwd=tmp_path)
     assert refused.returncode == 2, refused.stderr
     assert error_line(refused.stderr) == (

@@ -90,14 +90,18 @@ def test_a_vit_fine_tunes_and_evaluates_at_another_size(tmp_path, make_image_fol
         "eval", VIT, "--weights", "conv.pt", "--data", images, cwd=tmp_path
     )
     assert error_line(other.stderr).startswith(f"Error: conv.pt holds a convnet, not a {VIT}")
-    # the checkpoint as --model is rebuilt as it records: its refusal names the way that works
+    # the checkpoint as --model is rebuilt for another size as eval rebuilds it (fine-tuned at
+    # 24 px in train/test_train_checkpoint_at_another_size.py); one its patches do not divide
+    # is refused in the same words
     refused = run_torchkit_in_process(
         "train", "--model", "run/best.pt", "--trust-checkpoint", "--data", images,
-        "--image-size", "24", "--val-split", "0.5", "--out", "run2", *common, cwd=tmp_path,
+        "--image-size", "20", "--val-split", "0.5", "--out", "run2", *common, cwd=tmp_path,
     )  # fmt: skip
-    assert refused.returncode != 0
-    assert error_line(refused.stderr).endswith(
-        f"or name it: --model {VIT} --weights run/best.pt resamples its position embeddings)"
+    assert refused.returncode == 2, refused.stderr
+    assert error_line(refused.stderr) == (
+        "Error: run/best.pt holds a ViT trained on 16x16 images, and 20x20 images do not divide "
+        "into its 8 px patches: its position embeddings cannot be resampled to them (use an "
+        "--image-size that is a multiple of 8, such as 16 or 24)"
     )
 
 

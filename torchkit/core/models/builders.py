@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import logging
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -51,6 +52,8 @@ from torchkit.core.models.weights import (
     load_weights_file,
     require_trusted_arch,
 )
+
+log = logging.getLogger("torchkit")
 
 BUILTIN_MODELS = ("convnet",)
 # torchvision builders whose position embeddings fix the image size at construction.
@@ -175,10 +178,13 @@ def model_from_checkpoint(
     that names code (`package.module:Callable`) is imported only with `trust_checkpoint`: a file
     never chooses what runs without the user's say.
 
-    `image_size` (N or (H, W)) other than the size the checkpoint records: a ViT is built for it
-    instead and its position embeddings resampled to its patch grid (a Note says so, unless
-    `note_resampling` is False: the EMA weights loaded next say it); a size its patches do not
-    divide is refused before it is built. Any other model is built for the recorded size."""
+    `image_size` (N or (H, W)) other than the size the checkpoint records: a model built for
+    one size (a ViT, a MaxViT, a timm model built with an img_size) is built for it instead,
+    and the weights that follow the size adapted (a ViT's position embeddings resampled to its
+    patch grid...: a Note says so, unless `note_resampling` is False: the EMA weights loaded
+    next say it; with none to adapt, a Note says the model was rebuilt); a size its patches do
+    not divide is refused before it is built. Any other model is built for the recorded size.
+    """
     from torchkit.core.models.checkpoint import extract_state_dict, load_weights_into
 
     arch, num_classes = checkpoint_arch(checkpoint, source)
@@ -203,10 +209,22 @@ def model_from_checkpoint(
         model = _rebuilt_for(
             model, wanted, built_for, arch=arch, source=source, trained=preprocess.image_size
         )
-        state = size_adapted(model, state, source=source, note=note_resampling)
+        adapted = size_adapted(model, state, source=source, note=note_resampling)
         refuse_size_bound_misfits(
-            model, state, source=source, trained=preprocess.image_size, wanted=wanted
+            model, adapted, source=source, trained=preprocess.image_size, wanted=wanted
         )
+        if adapted is state:  # nothing resampled, so nothing said yet: the rebuild is
+            log.warning(
+                "%s: %s rebuilt for %dx%d images (trained on %dx%d), its weights loaded as "
+                "they are (none of them follows the image size)",
+                source,
+                arch,
+                *wanted,
+                preprocess.image_size,
+                preprocess.image_size,
+                extra={"note": True},
+            )
+        state = adapted
     fit_auxiliary_heads_to(model, state)  # googlenet's: a run from its pretrained weights has none
     load_weights_into(model, state, source=f"the {arch} checkpoint")
     return model

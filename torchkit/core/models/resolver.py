@@ -152,7 +152,6 @@ def resolve_model(
     require_trained: bool = False,
     ahead: ReadAhead | None = None,
     every_pickled_module: bool = False,
-    resize_checkpoint: bool = True,
 ) -> ResolvedModel:
     """Build or load the model `spec` names.
 
@@ -178,10 +177,10 @@ def resolve_model(
     (MODEL, or `weights`) as the caller already read it, not read again.
     `every_pickled_module`: a pickled dict's modules are kept by key in `pickled_modules`
     (convert-syncbn lists and converts each); else only the first is kept.
-    `resize_checkpoint`: a torchkit checkpoint as MODEL whose ViT was trained at another size
-    than `image_size` is rebuilt for it, its position embeddings resampled (a Note says so), as
-    for `NAME --weights FILE`; train passes False (its own check refuses the size, naming
-    `--model NAME --weights FILE`).
+    A torchkit checkpoint as MODEL whose model is built for another size than `image_size` (a
+    ViT, a MaxViT, a timm model built with an img_size) is rebuilt for it, the weights that
+    follow the size adapted (a ViT's position embeddings resampled: a Note says what), as for
+    `NAME --weights FILE`; train fine-tunes it so.
     """
     if exported not in EXPORTED_USES:
         raise ValueError(f"exported must be one of {EXPORTED_USES}, not {exported!r}")
@@ -222,7 +221,7 @@ def resolve_model(
                 command=command,
                 loaded=ahead.content_if_read(spec, trust_checkpoint) if ahead else None,
                 every_pickled_module=every_pickled_module,
-                image_size=image_size if resize_checkpoint else None,
+                image_size=image_size,
             )
     else:
         # The head follows the weights when there are any; num_classes is applied below.

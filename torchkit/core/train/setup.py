@@ -457,8 +457,6 @@ def _build_model(
         new_head=True,  # fine-tuning: the data's classes, whatever the weights had
         command="train",
         ahead=None if from_checkpoint else model_file,
-        # --model FILE continues the model it records: _check_image_sizes refuses another size
-        resize_checkpoint=False,
     )
     if model_file is not None:
         model_file.release()  # the run holds the model, not the file's copy of its weights
@@ -482,8 +480,9 @@ def _build_model(
         fit_auxiliary_heads_to(model, resumed_weights)  # none in a run from googlenet's DEFAULT
     parameters = sum(p.numel() for p in model.parameters())
     switch_off_auxiliary_heads(model)
-    from_file = resolved.preprocess_source == "checkpoint"
-    built_for = resolved.preprocess.image_size if from_file else None
+    built_for = None
+    if resolved.preprocess_source == "checkpoint":  # the size it records, or is rebuilt for
+        built_for = int((resolved.sample_shape or (resolved.preprocess.image_size,))[-1])
     _check_image_sizes(model, resolved.arch, preprocess, config, built_for=built_for)
     from torchkit.core.train.optim import backbone_trains, freeze_backbone
 
@@ -527,14 +526,14 @@ def _order_head_as(model: Any, recorded: list[str], classes: list[str], source: 
 def _check_image_sizes(
     model: Any, arch: str, preprocess: Preprocess, config: TrainConfig, *, built_for: int | None
 ) -> None:
-    """Sizes a model built for one input size (the convnet's classifier, a ViT's position
-    embeddings) cannot train at, refused before the run starts (a meta-device copy tries them:
-    no compute): an --image-size other than the one a checkpoint fine-tuned as --model records
-    (`built_for`: its model is built for that size), and a --train-crop-size other than
-    --image-size. A model too deep for small images is left to the first batch's refusal,
-    which names the smallest size it takes."""
+    """Sizes a model built for one input size (the convnet's classifier) cannot train at,
+    refused before the run starts (a meta-device copy tries them: no compute): an
+    --image-size other than the one a checkpoint fine-tuned as --model is built for
+    (`built_for`: the size it records, or the one the resolver rebuilt a ViT or another model
+    built for one size for, its weights adapted as for eval), and a --train-crop-size other
+    than --image-size. A model too deep for small images is left to the first batch's
+    refusal, which names the smallest size it takes."""
     from torchkit.core.models.image_size import meta_runner, smallest_side
-    from torchkit.core.models.position_embeddings import position_grids
 
     side = train_preprocess(preprocess, config).image_size
     resized = built_for is not None and built_for != preprocess.image_size
@@ -548,11 +547,6 @@ def _check_image_sizes(
         if smallest_side(model, preprocess.in_channels, size) is None:
             hint = f"drop --image-size to fine-tune at {built_for}, or train a new --model {arch} "
             hint += f"at {size}"
-            if config.weights is None and any(position_grids(model)):  # a ViT as --model FILE
-                hint += (
-                    f", or name it: --model {arch} --weights {config.model} resamples its "
-                    "position embeddings"
-                )
             raise UsageError(
                 f"--image-size {size}: {config.weights or config.model} ({arch}) does not run "
                 f"on {size}x{size} images; it is built for the {built_for} px its checkpoint "
