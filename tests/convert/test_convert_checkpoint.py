@@ -127,12 +127,12 @@ def test_safetensors_outputs_get_the_permissions_of_every_other_output(tmp_path)
     import os
     import stat
 
-    from torchkit.core.io.files import _UMASK
+    from torchkit.core.io.temporaries import UMASK
 
     torch.save(small_model().state_dict(), tmp_path / "model.pth")
     for name in ("copy.safetensors", "copy.pt"):
         ok(tmp_path / "model.pth", tmp_path / name)
-        assert stat.S_IMODE(os.stat(tmp_path / name).st_mode) == 0o666 & ~_UMASK, name
+        assert stat.S_IMODE(os.stat(tmp_path / name).st_mode) == 0o666 & ~UMASK, name
 
 
 def test_a_fifo_named_safetensors_is_written_into_not_replaced(tmp_path):

@@ -14,31 +14,27 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO
 
-from torchkit.core.io.durability import fsync_directory, fsync_file
+from torchkit.core.io.durability import fsync_file
 from torchkit.core.io.errors import InputError, OutputWriteError
-from torchkit.core.io.folder_locks import close_lock, open_unshared
+from torchkit.core.io.folder_locks import close_lock
 from torchkit.core.io.outputs import (
     as_write_error,
     check_claimed,
     is_special_file,
     own_descriptor,
-    publish_file,
     remove_tree,
+    rename_into_place,
+    replaced_whole,
     synced_when_kept,
     write_failure_reason,
 )
 from torchkit.core.io.outputs import reporting_write_errors as _reporting
 from torchkit.core.io.temporaries import (
-    TEMPORARY,
-    remove_if_unlocked,
+    apply_umask,
+    held_temporary,
     temporary_affixes,
     temporary_stem,
 )
-
-try:
-    import fcntl
-except ImportError:  # Windows: temporaries are not locked, and killed writers' are left
-    fcntl = None
 
 
 def require_input(
@@ -194,121 +190,8 @@ def atomic_write(
             yield handle
         return
     check_claimed(target, writing=True)  # its folder is still the one begun: never made again
-    with _reporting(target):
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name, lock_fd = _held_temporary(target, *temporary_affixes(target.name))
-    try:
-        # `lock_fd` keeps the flock after the handle closes: through `check` and the rename.
-        with _reporting(target):
-            _apply_umask(tmp_name)
-            synced_later = synced_when_kept(target)  # one sync for all, before the swap
-            with os.fdopen(fd, mode, **open_kwargs) as handle:
-                yield handle
-                handle.flush()
-                if not synced_later:
-                    os.fsync(handle.fileno())
-            if check is not None:
-                check(Path(tmp_name))
-            _rename_into_place(tmp_name, target, synced_later)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp_name)
-        raise
-    finally:
-        if lock_fd >= 0:
-            close_lock(lock_fd)
-
-
-def _rename_into_place(temporary: str, target: Path, synced_later: bool) -> None:
-    """The finished (and, unless `synced_later`, fsynced) temporary renamed to `target`, then
-    the rename made durable: its folder fsynced (see durability.py)."""
-    publish_file(temporary, target)
-    if not synced_later:
-        fsync_directory(target.parent)
-
-
-def _held_temporary(target: Path, prefix: str, suffix: str) -> tuple[int, str, int]:
-    """mkstemp's (fd, name) for a temporary of `target`, and a descriptor of it holding its
-    flock (-1 where there is none) until `close_lock` closes it (a kill closes it too), after
-    removing the temporaries of `target` that killed writers left: the ones whose flock nobody
-    holds. The flock is held through a descriptor of its own, never the one written through:
-    the processes this one forks (loader workers started while a report streams into the
-    file) keep neither, and a writer SIGKILLed with such a child alive leaves a temporary the
-    next run removes, not one it must take for a live writer's."""
-    _remove_dead_temporaries(target, prefix, suffix)
-    while True:
-        fd, tmp_name = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=target.parent)
-        if fcntl is None:
-            return fd, tmp_name, -1
-        try:
-            lock_fd = open_unshared(tmp_name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except FileNotFoundError:  # another writer took it for dead before the flock
-            os.close(fd)
-            continue
-        except OSError:  # not to be opened again by its name: written unlocked, as below
-            return fd, tmp_name, -1
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX)
-        except OSError:  # a file system without flock: written unlocked, and never removed
-            close_lock(lock_fd)
-            return fd, tmp_name, -1
-        try:  # still the file made? another writer may have taken it for dead before the flock
-            if os.path.samestat(os.fstat(lock_fd), os.fstat(fd)) and os.path.samestat(
-                os.stat(tmp_name), os.fstat(fd)
-            ):
-                return fd, tmp_name, lock_fd
-        except FileNotFoundError:
-            pass
-        close_lock(lock_fd)
-        os.close(fd)
-
-
-def remove_dead_temporaries(target: str | os.PathLike) -> None:
-    """Remove the temporaries of `target` (`atomic_write`'s `.NAME.XXXXXXXX.tmp`) that killed
-    writers left beside it, for a caller that asks what their folder holds before it writes
-    `target` again; a live writer's stays."""
-    target = Path(target)
-    _remove_dead_temporaries(target, *temporary_affixes(target.name))
-
-
-def _remove_dead_temporaries(target: Path, prefix: str, suffix: str) -> None:
-    """Remove the temporaries named `prefix`XXXXXXXX`suffix` (mkstemp's) beside `target`
-    whose flock can be taken at once: a killed writer's (a SIGKILL cannot be caught, the
-    kernel drops the lock), never a live one's. Names that are not exactly that are left."""
-    if fcntl is None:  # Windows: no flock to tell a dead writer from a live one
-        return
-    candidates = _temporaries_in(target.parent)
-    if not candidates:
-        return
-    exact = re.compile(re.escape(prefix) + "[a-z0-9_]{8}" + re.escape(suffix))
-    for name in [name for name in candidates if exact.fullmatch(name)]:
-        if remove_if_unlocked(target.parent / name):
-            with contextlib.suppress(ValueError):  # another thread took it off already
-                candidates.remove(name)
-
-
-# Folder -> the names in it that look like temporaries, listed at the first write into it in
-# this process: one listing a folder, not one a file (thousands of frames or shards). A killed
-# writer's temporary is there before this process starts, so the first listing finds it.
-_FOLDER_TEMPORARIES: dict[tuple[str, int, int], list[str]] = {}
-
-
-def _temporaries_in(folder: Path) -> list[str]:
-    try:
-        status = os.stat(folder)
-    except OSError:
-        return []
-    key = (os.path.abspath(folder), status.st_dev, status.st_ino)
-    names = _FOLDER_TEMPORARIES.get(key)
-    if names is None:
-        try:
-            names = [name for name in os.listdir(folder) if TEMPORARY.fullmatch(name)]
-        except OSError:
-            names = []
-        if len(_FOLDER_TEMPORARIES) >= 4096:  # a long-lived process: stay small
-            _FOLDER_TEMPORARIES.clear()
-        _FOLDER_TEMPORARIES[key] = names
-    return names
+    with replaced_whole(target, mode, check=check, **open_kwargs) as handle:
+        yield handle
 
 
 def remove_stale_temporaries(folder: Path, owns: Callable[[str], bool]) -> list[str]:
@@ -332,20 +215,6 @@ def remove_stale_temporaries(folder: Path, owns: Callable[[str], bool]) -> list[
             if not os.path.lexists(path):
                 removed.append(name)
     return removed
-
-
-def _current_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-_UMASK = _current_umask()
-
-
-def _apply_umask(path: str) -> None:
-    """mkstemp makes files 0600; give outputs the usual permissions (0666 less the umask)."""
-    os.chmod(path, 0o666 & ~_UMASK)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
@@ -413,19 +282,19 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     check_claimed(target, writing=True)
     with _reporting(target):
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name, lock_fd = _held_temporary(
+        fd, tmp_name, lock_fd = held_temporary(
             target, *temporary_affixes(target.stem, target.suffix)
         )
     os.close(fd)  # the writer opens the name (and Windows cannot rename a file that is open)
     try:
         with _reporting(target):
-            _apply_umask(tmp_name)
+            apply_umask(tmp_name)
             yield Path(tmp_name)
-            _apply_umask(tmp_name)  # again: a writer may have made the file anew (safetensors)
+            apply_umask(tmp_name)  # again: a writer may have made the file anew (safetensors)
             synced_later = synced_when_kept(target)
             if not synced_later:
                 fsync_file(tmp_name)
-            _rename_into_place(tmp_name, target, synced_later)
+            rename_into_place(tmp_name, target, synced_later)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)

@@ -52,8 +52,11 @@ from torchkit.core.io.file_kinds import file_kind
 from torchkit.core.io.folder_locks import close_lock, open_unshared
 from torchkit.core.io.temporaries import (
     TEMPORARY,
+    apply_umask,
     fitting,
+    held_temporary,
     is_unlocked,
+    remove_dead_temporaries,
     remove_if_unlocked,
     temporary_affixes,
     temporary_stem,
@@ -572,6 +575,47 @@ def publish_file(temporary: str | os.PathLike, target: str | os.PathLike) -> Non
 NO_HARD_LINK = (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS)
 
 
+@contextlib.contextmanager
+def replaced_whole(
+    target: Path, mode: str = "w", *, check: Callable[[Path], None] | None = None, **open_kwargs
+) -> Iterator[IO]:
+    """`target` written whole or not at all, through a flocked temporary beside it
+    (`temporaries.held_temporary`) renamed into place when the block (and `check`, given the
+    complete temporary) succeeds: the core of `files.atomic_write`, and how the marker is
+    written, so that a run killed as it writes leaves a temporary, never a cut-short file."""
+    with reporting_write_errors(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name, lock_fd = held_temporary(target, *temporary_affixes(target.name))
+    try:
+        # `lock_fd` keeps the flock after the handle closes: through `check` and the rename.
+        with reporting_write_errors(target):
+            apply_umask(tmp_name)
+            synced_later = synced_when_kept(target)  # one sync for all, before the swap
+            with os.fdopen(fd, mode, **open_kwargs) as handle:
+                yield handle
+                handle.flush()
+                if not synced_later:
+                    os.fsync(handle.fileno())
+            if check is not None:
+                check(Path(tmp_name))
+            rename_into_place(tmp_name, target, synced_later)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp_name)
+        raise
+    finally:
+        if lock_fd >= 0:
+            close_lock(lock_fd)
+
+
+def rename_into_place(temporary: str, target: Path, synced_later: bool) -> None:
+    """The finished (and, unless `synced_later`, fsynced) temporary renamed to `target`, then
+    the rename made durable: its folder fsynced (see durability.py)."""
+    publish_file(temporary, target)
+    if not synced_later:
+        fsync_directory(target.parent)
+
+
 def _rename_if_free(source: str | os.PathLike, name: str | os.PathLike) -> bool:
     """Rename `source` to `name` only where nothing is at `name` (a hard link, then the old
     name removed: a rename would replace what another process put there at the same moment).
@@ -1012,14 +1056,12 @@ def write_marker(folder: Path, command: str, *, replaces: str | None = None) -> 
     }
     if replaces is not None:
         record["replaces"] = replaces
-    # files.py builds on this module: imported here, where the marker is written.
-    from torchkit.core.io.files import atomic_write_text
-
     # Whole or not at all: written in place, a run killed between the file's creation and its
     # text left an empty marker, which names no command, so that the folder of a run that wrote
     # nothing was refused as "already exists" by the same command. A killed writer's temporary
     # is removed by the next run (`recover_leftovers`); a failed write leaves none.
-    atomic_write_text(folder / MARKER, json.dumps(record) + "\n")
+    with replaced_whole(folder / MARKER, "w", encoding="utf-8", newline="") as handle:
+        handle.write(json.dumps(record) + "\n")
 
 
 def _marker_field(folder: Path, key: str) -> str | None:
@@ -1540,8 +1582,6 @@ def recover_leftovers(folder: Path) -> list[str]:
     sentences for a warning."""
     notes: list[str] = []
     if folder.is_dir() and not folder.is_symlink():
-        from torchkit.core.io.files import remove_dead_temporaries
-
         # A run killed as it wrote the marker left the marker's temporary: without it, the
         # folder is what a run killed just before its marker left (empty, or its own files).
         remove_dead_temporaries(folder / MARKER)

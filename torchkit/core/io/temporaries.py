@@ -1,8 +1,9 @@
-"""The temporaries `atomic_write` and `atomic_path` write beside a file, each flocked by its
-writer for as long as that writer lives: a temporary whose flock can be taken is a killed
-writer's (a SIGKILL cannot be caught, but the kernel drops the lock). The flock is held through
-a descriptor no forked child keeps (`folder_locks.open_unshared`): a loader worker that outlives
-a killed writer does not make its temporary look like a live writer's."""
+"""The temporaries `atomic_write` and `atomic_path` (and the `.torchkit` marker) write beside a
+file, made here (`held_temporary`), each flocked by its writer for as long as that writer lives: a
+temporary whose flock can be taken is a killed writer's (a SIGKILL cannot be caught, but the kernel
+drops the lock). The flock is held through a descriptor no forked child keeps
+(`folder_locks.open_unshared`): a loader worker that outlives a killed writer does not make its
+temporary look like a live writer's."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import hashlib
 import os
 import re
 import stat
+import tempfile
 from pathlib import Path, PurePath
 
 from torchkit.core.io.folder_locks import close_lock, open_unshared
@@ -124,3 +126,101 @@ def remove_if_unlocked(path: Path) -> bool:
         return False
     finally:
         close_lock(fd)
+
+
+def held_temporary(target: Path, prefix: str, suffix: str) -> tuple[int, str, int]:
+    """mkstemp's (fd, name) for a temporary of `target`, and a descriptor of it holding its
+    flock (-1 where there is none) until `close_lock` closes it (a kill closes it too), after
+    removing the temporaries of `target` that killed writers left: the ones whose flock nobody
+    holds. The flock is held through a descriptor of its own, never the one written through:
+    the processes this one forks (loader workers started while a report streams into the
+    file) keep neither, and a writer SIGKILLed with such a child alive leaves a temporary the
+    next run removes, not one it must take for a live writer's."""
+    _remove_dead_temporaries(target, prefix, suffix)
+    while True:
+        fd, tmp_name = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=target.parent)
+        if fcntl is None:
+            return fd, tmp_name, -1
+        try:
+            lock_fd = open_unshared(tmp_name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except FileNotFoundError:  # another writer took it for dead before the flock
+            os.close(fd)
+            continue
+        except OSError:  # not to be opened again by its name: written unlocked, as below
+            return fd, tmp_name, -1
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        except OSError:  # a file system without flock: written unlocked, and never removed
+            close_lock(lock_fd)
+            return fd, tmp_name, -1
+        try:  # still the file made? another writer may have taken it for dead before the flock
+            if os.path.samestat(os.fstat(lock_fd), os.fstat(fd)) and os.path.samestat(
+                os.stat(tmp_name), os.fstat(fd)
+            ):
+                return fd, tmp_name, lock_fd
+        except FileNotFoundError:
+            pass
+        close_lock(lock_fd)
+        os.close(fd)
+
+
+def remove_dead_temporaries(target: str | os.PathLike) -> None:
+    """Remove the temporaries of `target` (`atomic_write`'s `.NAME.XXXXXXXX.tmp`) that killed
+    writers left beside it, for a caller that asks what their folder holds before it writes
+    `target` again; a live writer's stays."""
+    target = Path(target)
+    _remove_dead_temporaries(target, *temporary_affixes(target.name))
+
+
+def _remove_dead_temporaries(target: Path, prefix: str, suffix: str) -> None:
+    """Remove the temporaries named `prefix`XXXXXXXX`suffix` (mkstemp's) beside `target`
+    whose flock can be taken at once: a killed writer's (a SIGKILL cannot be caught, the
+    kernel drops the lock), never a live one's. Names that are not exactly that are left."""
+    if fcntl is None:  # Windows: no flock to tell a dead writer from a live one
+        return
+    candidates = _temporaries_in(target.parent)
+    if not candidates:
+        return
+    exact = re.compile(re.escape(prefix) + "[a-z0-9_]{8}" + re.escape(suffix))
+    for name in [name for name in candidates if exact.fullmatch(name)]:
+        if remove_if_unlocked(target.parent / name):
+            with contextlib.suppress(ValueError):  # another thread took it off already
+                candidates.remove(name)
+
+
+# Folder -> the names in it that look like temporaries, listed at the first write into it in
+# this process: one listing a folder, not one a file (thousands of frames or shards). A killed
+# writer's temporary is there before this process starts, so the first listing finds it.
+_FOLDER_TEMPORARIES: dict[tuple[str, int, int], list[str]] = {}
+
+
+def _temporaries_in(folder: Path) -> list[str]:
+    try:
+        status = os.stat(folder)
+    except OSError:
+        return []
+    key = (os.path.abspath(folder), status.st_dev, status.st_ino)
+    names = _FOLDER_TEMPORARIES.get(key)
+    if names is None:
+        try:
+            names = [name for name in os.listdir(folder) if TEMPORARY.fullmatch(name)]
+        except OSError:
+            names = []
+        if len(_FOLDER_TEMPORARIES) >= 4096:  # a long-lived process: stay small
+            _FOLDER_TEMPORARIES.clear()
+        _FOLDER_TEMPORARIES[key] = names
+    return names
+
+
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+UMASK = _current_umask()
+
+
+def apply_umask(path: str) -> None:
+    """mkstemp makes files 0600; give outputs the usual permissions (0666 less the umask)."""
+    os.chmod(path, 0o666 & ~UMASK)

@@ -15,7 +15,7 @@ from torchkit.core.data.sources.moving import moving_record
 from torchkit.core.data.sources.required import require_data
 from torchkit.core.data.sources.splitting import SPLIT_JOURNAL, SPLIT_NAMES, written_split_names
 from torchkit.core.io.errors import InputError, OutputExistsError, OutputWriteError
-from torchkit.core.io.files import atomic_write_text, remove_dead_temporaries, tree_entries
+from torchkit.core.io.files import atomic_write_text, tree_entries
 from torchkit.core.io.outputs import (
     MARKER,
     OutputOverlapError,
@@ -33,6 +33,7 @@ from torchkit.core.io.outputs import (
     tell_note,
     write_marker,
 )
+from torchkit.core.io.temporaries import remove_dead_temporaries
 from torchkit.core.split.options import MANIFEST, RESERVED_PREFIX, is_folder_name
 
 log = logging.getLogger("torchkit")
