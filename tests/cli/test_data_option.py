@@ -233,3 +233,44 @@ def test_argument_taken_as_out_beside_data_is_refused_naming_both(
     assert "With --data the argument is OUT: `split raw --data raw2` splits raw2 into raw" in (
         help_text
     )
+
+
+def test_extract_features_argument_taken_as_out_beside_data_is_refused_naming_both(
+    runner, model, make_image_folder, image_folder, tmp_path
+):
+    """`extract-features best.pt raw --data raw2` (no --out): raw is OUT, as split's argument
+    is, and was refused as `output folder already exists: raw (pass --force to overwrite it)`,
+    without --data raw2 or why raw was OUT. The refusal is split's: both, the rule, what to
+    write; with MODEL as --model too. Given as --out, OUT was meant as OUT: nothing added."""
+    other_data = make_image_folder(tmp_path / "other", {"a": 1, "b": 1}, size=8)
+    before = sorted(path.relative_to(image_folder) for path in image_folder.rglob("*"))
+    rule = (
+        f"the argument is OUT when --data {other_data} gives IMAGES: to extract features of "
+        f"{image_folder}, write `torchkit extract-features {model} {image_folder} OUT` without "
+        "--data"
+    )
+    for model_words in ([str(model)], ["--model", str(model)]):
+        args = ["extract-features", *model_words, str(image_folder), "--data", str(other_data)]
+        result = runner.invoke(app, [*args, *CPU])
+        assert result.exit_code == 1
+        assert error_line(result.stderr, besides="nothing") == (
+            f"Error: output folder already exists: {image_folder} ({rule}; to extract features "
+            f"of {other_data} into {image_folder}: pass --force to overwrite it)"
+        )
+    assert sorted(path.relative_to(image_folder) for path in image_folder.rglob("*")) == before
+    inside = other_data / "a"
+    args = ["extract-features", str(model), str(inside), "--data", str(other_data), "--force"]
+    result = runner.invoke(app, [*args, *CPU])
+    assert result.exit_code == 1
+    line = error_line(result.stderr, besides="nothing")
+    assert line.startswith(f"Error: output folder {inside} lies inside the IMAGES folder")
+    assert f"--data {other_data} gives IMAGES: to extract features of {inside}, write" in line
+    args = ["extract-features", str(model), "--data", str(other_data), "--out", str(image_folder)]
+    result = runner.invoke(app, [*args, *CPU])
+    assert error_line(result.stderr, besides="nothing") == (
+        f"Error: output folder already exists: {image_folder} (pass --force to overwrite it)"
+    )
+    help_text = " ".join(runner.invoke(app, ["extract-features", "--help"]).stdout.split())
+    assert "With --data the argument after MODEL is OUT: `extract-features convnet raw --data" in (
+        help_text
+    )

@@ -27,6 +27,7 @@ from torchkit.cli.options import (
     product_path,
     seed_in_range,
 )
+from torchkit.cli.out_beside_data import argument_as_out, argument_out
 from torchkit.cli.progress import progress_bar
 from torchkit.cli.render import (
     FORMAT_RULE,
@@ -204,6 +205,11 @@ def extract_features_command(
     RAM work, and --resume continues a run that was stopped. Paths piped for - are read as they
     come, rows written batch by batch (such a run cannot be resumed).
 
+    IMAGES and OUT may be given as --data and --out instead. With --data the argument after
+    MODEL is OUT: `extract-features convnet raw --data raw2` writes the features of raw2 into
+    raw, and a refusal of raw (a folder that already exists) names --data and says what to
+    write.
+
     Examples:
 
       torchkit extract-features resnet50 --list-layers
@@ -213,6 +219,8 @@ def extract_features_command(
       torchkit extract-features resnet50 photos/ feats/ --weights DEFAULT --normalize l2
 
       torchkit extract-features resnet50 big/ feats/ --weights DEFAULT --resume
+
+      torchkit extract-features best.pt --data data/ feats/  (IMAGES as --data: the argument is OUT)
     """
     from torchkit.core.io.errors import UsageError
 
@@ -225,6 +233,8 @@ def extract_features_command(
     if len(rest) > 2:
         raise UsageError(f"unexpected extra argument: {rest[2]}", "give MODEL, IMAGES and OUT")
     images, out = (list(rest) + [None, None])[:2]
+    # `extract-features convnet raw --data raw2`: raw is OUT, whose refusal says why.
+    out_argument = argument_out(out, data, out_option)
     out = product_path(out, out_option, required=False, data=data, data_name="IMAGES")
     out = None if out is None else Path(out)  # with --model, OUT came in IMAGES' place, as text
     if list_layers:
@@ -276,13 +286,22 @@ def extract_features_command(
     )
     stdin = piped_paths([images] if images is not None else [], null)
     try:
-        with progress_bar(
-            "extracting",
-            rate_unit="img/s",
-            keep=True,
-            refresh_in_thread=True,
-            count_from_first_update=True,  # a resumed run's speed counts from where it starts
-        ) as update:
+        with (
+            progress_bar(
+                "extracting",
+                rate_unit="img/s",
+                keep=True,
+                refresh_in_thread=True,
+                count_from_first_update=True,  # a resumed run's speed counts from where it starts
+            ) as update,
+            argument_as_out(
+                out_argument,
+                data,
+                data_name="IMAGES",
+                doing="extract features of",
+                command=["extract-features", model],
+            ),
+        ):
             result = extract_features(request, progress=update, stdin=stdin)
     except KeyboardInterrupt:
         if (out / ".partial").is_dir():

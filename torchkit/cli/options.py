@@ -93,13 +93,12 @@ def product_path(
     """OUT given positionally or as --out (the same thing); both naming two places, or neither
     when one is required, is a usage error. `data`: the --data that made the positional OUT
     (data_and_rest), named in the error, as the positional may have been meant as the data."""
+    from torchkit.cli.out_beside_data import argument_rule
     from torchkit.core.io.errors import UsageError
 
     if positional is not None and option is not None and Path(positional) != Path(option):
         # `split raw --data raw2 --out o`: raw was likely meant as ROOT, not OUT.
-        rule = (
-            "" if data is None else f"the argument is {name} when --data {data} gives {data_name}: "
-        )
+        rule = "" if data is None else f"{argument_rule(data, name=name, data_name=data_name)}: "
         raise UsageError(
             f"{name} {positional} and --out {option} name two outputs", f"{rule}give one of them"
         )

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import shlex
-from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -23,6 +20,7 @@ from torchkit.cli.options import (
     product_path,
     seed_in_range,
 )
+from torchkit.cli.out_beside_data import argument_as_out, argument_out
 from torchkit.cli.progress import progress_bar
 from torchkit.cli.render import ReportAtSwap, Table, report_file, resolve_format
 from torchkit.core.io.wording import counted
@@ -236,7 +234,7 @@ def split(
     with ReportAtSwap(_rendered, fmt=fmt, output=output, force=force) as report:
         with (
             progress_bar(f"Splitting ({mode.value})") as update,
-            _argument_as_out(argument_out, data),
+            argument_as_out(argument_out, data, data_name="ROOT", doing="split", command=["split"]),
         ):
             result = split_dataset(
                 root,
@@ -272,28 +270,6 @@ def _rendered(result) -> tuple[list[Table], dict]:
     return [_table(result)], result.to_dict()
 
 
-@contextlib.contextmanager
-def _argument_as_out(argument: Path | None, data: str | None) -> Iterator[None]:
-    """`split raw --data raw2`: raw is OUT (the argument beside --data), most likely meant as
-    ROOT. A refusal of OUT (an existing folder, an input) then names --data and the rule, and
-    says what to write, as `split raw --data raw2 --out o` does (product_path)."""
-    from torchkit.core.io.errors import OutputExistsError
-    from torchkit.core.io.outputs import OutputOverlapError
-
-    try:
-        yield
-    except (OutputExistsError, OutputOverlapError) as error:
-        if argument is None:
-            raise
-        word = shlex.quote(str(argument))
-        rule = (
-            f"the argument is OUT when --data {data} gives ROOT: to split {word}, write "
-            f"`torchkit split {word} OUT` without --data"
-        )
-        hint = f"{rule}; to split {data} into {word}: {error.hint}" if error.hint else rule
-        raise type(error)(error.message, hint) from error
-
-
 def _root_and_out(root, out, data, out_option) -> tuple[str, Path, Path | None]:
     """(ROOT, OUT, OUT where it is the argument beside --data and no --out): ROOT as the first
     positional or --data; with --data, the first positional is OUT (`split --data raw/ out/`),
@@ -304,8 +280,9 @@ def _root_and_out(root, out, data, out_option) -> tuple[str, Path, Path | None]:
     root, rest = data_and_rest(data, words, name="ROOT", after=1)
     if root is None:
         raise UsageError("missing ROOT", "give it, or as --data ROOT")
-    argument_out = Path(rest[0]) if data is not None and rest and out_option is None else None
-    return root, Path(product_path(rest[0] if rest else None, out_option, data=data)), argument_out
+    positional = rest[0] if rest else None
+    out = Path(product_path(positional, out_option, data=data))
+    return root, out, argument_out(positional, data, out_option)
 
 
 def register(app: typer.Typer) -> None:

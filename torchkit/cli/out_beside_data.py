@@ -1,0 +1,56 @@
+"""The argument that is OUT because --data gives the data (`split raw --data raw2`,
+`extract-features convnet raw --data raw2`): most likely meant as the data, so every command
+that takes both words a refusal of it alike: why it is OUT, --data's value, and what to write."""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+
+def argument_rule(data: Any, *, name: str = "OUT", data_name: str = "ROOT") -> str:
+    """`the argument is OUT when --data raw2 gives ROOT`: why the positional is `name`."""
+    return f"the argument is {name} when --data {data} gives {data_name}"
+
+
+def argument_out(positional: Path | None, data: str | None, out_option: Path | None) -> Path | None:
+    """OUT where it is the argument beside --data with no --out (the case whose refusal names
+    --data), else None: OUT given as --out, or with the data as an argument, was meant as OUT."""
+    if data is None or out_option is not None or positional is None:
+        return None
+    return Path(positional)
+
+
+@contextlib.contextmanager
+def argument_as_out(
+    argument: Path | None,
+    data: str | None,
+    *,
+    data_name: str,
+    doing: str,
+    command: Sequence[str],
+) -> Iterator[None]:
+    """Around the work that may refuse OUT: where OUT is `argument` (argument_out), a refusal
+    of it (an existing folder, one inside an input) adds to its hint the rule, how to write the
+    argument as the data (`torchkit COMMAND... ARGUMENT OUT`, without --data) and the refusal's
+    own hint for writing --data's value into it. `doing`: the command's verb with what it takes
+    (`split`, `extract features of`); `command`: the words before the data's place."""
+    from torchkit.core.io.errors import OutputExistsError
+    from torchkit.core.io.outputs import OutputOverlapError
+
+    try:
+        yield
+    except (OutputExistsError, OutputOverlapError) as error:
+        if argument is None or data is None:
+            raise
+        word = shlex.quote(str(argument))
+        written = shlex.join(["torchkit", *command])
+        rule = (
+            f"{argument_rule(data, data_name=data_name)}: to {doing} {word}, write "
+            f"`{written} {word} OUT` without --data"
+        )
+        hint = f"{rule}; to {doing} {data} into {word}: {error.hint}" if error.hint else rule
+        raise type(error)(error.message, hint) from error
