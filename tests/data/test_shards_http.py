@@ -203,6 +203,20 @@ def test_a_missing_shard_is_one_error_naming_its_url(server, tmp_path):
     assert_no_half_shard(tmp_path, "shard-000004.tar")
 
 
+def test_a_url_list_naming_one_shard_twice_is_one_error_line(server):
+    """The URLs of one shard twice (a pattern or a `::` list) read its samples twice from the
+    one cached copy: dataset-stats counted 10 images of 5, and train trained on each twice."""
+    spec = f"{server.url}/shards/shard-{{000000,000001}}.tar::{server.url}/shards/shard-000000.tar"
+    result = stats_run(spec)
+    assert result.returncode == 1
+    line = error_line(result.stderr)
+    assert f"{spec} names shard-000000.tar twice" in line, line
+    assert shard_downloads(server.requests) == [
+        "/shards/shard-000000.tar",
+        "/shards/shard-000001.tar",
+    ]
+
+
 @pytest.mark.parametrize("code", [403, 500])
 def test_a_refusal_or_a_server_error_is_one_error_line(server, tmp_path, code):
     url = f"{server.url}/status/{code}/shard-000000.tar"

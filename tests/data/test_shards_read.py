@@ -23,6 +23,8 @@ from processes import dataset_stats, run_json, run_torchkit_in_process
 from run_curves import lay_out_curves_only
 from shards import write_shards
 
+from torchkit.core.io.errors import InputError
+
 CLASSES = "abc"
 
 
@@ -413,6 +415,59 @@ def test_bad_shards_are_one_error_line(world, tmp_path, damage, message):
     assert message in line, line
     if damage not in ("missing shard", "huge pattern"):
         assert str(shard) in line or shard.name in line, line
+
+
+@pytest.mark.parametrize("named", ["twice", "as ./", "in braces", "through a link"])
+def test_a_shard_named_twice_is_one_error_line(world, tmp_path, named):
+    """A shard list naming one shard twice read its samples twice: dataset-stats counted 10
+    images of 5, eval scored each twice, and train's held-out val took copies of train."""
+    folder = tmp_path / "shards"
+    shutil.copytree(world / "shards", folder)
+    first = folder / "shard-000000.tar"
+    data = {
+        "twice": f"{first}::{first}",
+        "as ./": f"{first}::{folder}/./shard-000000.tar",
+        "in braces": f"{folder}/shard-{{000000,000001,000000}}.tar",
+        "through a link": f"{first}::{folder}/shard-000009.tar",
+    }[named]
+    (folder / "shard-000009.tar").symlink_to("shard-000000.tar")
+    result = run_torchkit_in_process("dataset-stats", data, "-j", "0")
+    assert result.returncode == 1
+    line = error_line(result.stderr)
+    said = "shard-000000.tar twice"
+    if named == "through a link":
+        said = "one shard twice, as shard-000000.tar and shard-000009.tar"
+    assert f"{data} names {said}" in line, line
+    assert "counted twice: name each shard once" in line, line
+
+
+def test_a_shard_linked_into_a_second_split_is_refused_and_reported_by_dataset_stats(
+    world, tmp_path
+):
+    """val-000000.tar -> train-000000.tar: train validated (and eval scored) on training
+    samples without a word. Now every reader refuses it, and dataset-stats' leakage check
+    lists each sample as one file under two names (same_file), as for a linked folder."""
+    from torchkit.core.data.sources import open_data
+
+    folder = tmp_path / "split-shards"
+    folder.mkdir()
+    shutil.copy(world / "split-shards" / "train-000000.tar", folder)
+    (folder / "val-000000.tar").symlink_to("train-000000.tar")
+    with pytest.raises(InputError, match=r"train-000000.tar and val-000000.tar are one file in "
+                       r"two splits, train and val \(its samples would leak"):  # fmt: skip
+        open_data(str(folder))
+    result = run_torchkit_in_process(
+        "dataset-stats", folder, "-j", "0", "--split", "all", "--leakage-csv", tmp_path / "p.csv"
+    )
+    assert result.returncode == 0, result.stderr
+    with (tmp_path / "p.csv").open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    with tarfile.open(folder / "train-000000.tar") as shard:
+        keys = sorted(name.split(".")[0] for name in shard.getnames())
+    assert [(r["path_a"], r["path_b"], r["same_file"]) for r in rows] == [
+        (f"train-000000.tar/{key}.png", f"val-000000.tar/{key}.png", "true")
+        for key in dict.fromkeys(keys)
+    ]
 
 
 @pytest.mark.parametrize("label", ["-2", "1.5", "true", '""', "[0]"])

@@ -58,6 +58,7 @@ from torchkit.core.data.sources.discovery import (
     no_class_folders_error,
     no_images_error,
     refuse_one_file_in_two_places,
+    reported_files_in_two_splits,
 )
 from torchkit.core.data.sources.samples import Samples, index_class_names
 from torchkit.core.data.sources.source import (
@@ -882,15 +883,78 @@ def _open_shards(
     root = os.path.commonpath(sorted(folders))
     found: list[ShardSample] = []
     readers: dict[str, TarReader] = {}
+    shown_names = [
+        os.path.relpath(os.path.abspath(shard), root).replace(os.sep, "/") for shard in shards
+    ]
+    splits = [name.split("-", 1)[0] if by_split else None for name in names]
+    reported = _shards_named_twice(spec, shards, shown_names, splits)
+    starts = []  # where each shard's samples begin in `found`
     for position, shard in enumerate(shards):
         listing = listed[position] if listed else list_tar(shard)
-        shown = os.path.relpath(os.path.abspath(shard), root).replace(os.sep, "/")
+        shown = shown_names[position]
         readers[shown] = TarReader(shard, listing.stamp)
+        starts.append(len(found))
         found += _shard_samples(listing, shown, readers[shown])
+    starts.append(len(found))
     paths = [StoredImage(f"{s.shard}/{s.image}", readers[s.shard], s.locator) for s in found]
+    for positions in reported:
+        # One listing, read under each name: sample i of one is sample i of the others.
+        ranges = [range(starts[p], starts[p + 1]) for p in positions]
+        reported_files_in_two_splits().extend(
+            tuple(str(paths[i]) for i in same) for same in zip(*ranges, strict=True)
+        )
     return shards_source(
         spec, root, found, paths, classes, allow_unlabelled, by_split=by_split, named=named
     )
+
+
+def _shards_named_twice(
+    spec: str, shards: Sequence[str], shown: Sequence[str], splits: Sequence[str | None]
+) -> list[list[int]]:
+    """The positions of each shard file that `shards` name more than once (the same name
+    twice, `a.tar::./a.tar`, a symbolic or hard link to another shard: one (st_dev, st_ino)),
+    where they lie in two splits of a folder and dataset-stats reports such files
+    (`files_in_two_splits_reported`); an InputError for any other: its samples would be
+    trained and counted twice, or leak from one split into the other. One stat a shard."""
+    where: dict[tuple[int, int], list[int]] = {}
+    for position, shard in enumerate(shards):
+        try:
+            info = os.stat(shard)
+        except OSError:  # gone: `list_tar` says so
+            continue
+        where.setdefault((info.st_dev, info.st_ino), []).append(position)
+    repeated = [positions for positions in where.values() if len(positions) > 1]
+    if not repeated:
+        return []
+    reported = []
+    for positions in repeated:
+        by_split: dict[str | None, int] = {}
+        twice = next(
+            ((by_split[splits[p]], p) for p in positions if by_split.setdefault(splits[p], p) != p),
+            None,
+        )
+        if twice is not None:
+            first, second = twice
+            said = (
+                f"names {shown[first]} twice"
+                if shown[first] == shown[second]
+                else f"names one shard twice, as {shown[first]} and {shown[second]}"
+            )
+            raise InputError(
+                f"{spec} {said}",
+                "its samples would be read, trained and counted twice: name each shard once",
+            )
+        if reported_files_in_two_splits() is not None:
+            reported.append(positions)
+            continue
+        first, second = positions[0], positions[1]
+        raise InputError(
+            f"{spec}: {shown[first]} and {shown[second]} are one file in two splits, "
+            f"{splits[first]} and {splits[second]}",
+            "its samples would leak from one split into the other: remove the link, or give "
+            "each split its own shards",
+        )
+    return reported
 
 
 def split_by_name(spec: str, names: Sequence[str]) -> bool:
