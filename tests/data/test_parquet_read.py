@@ -136,6 +136,31 @@ def test_a_split_file_of_no_rows_is_not_taken_for_labels_of_another_kind(tmp_pat
     assert counts == {"a": 1, "b": 2}
 
 
+def test_a_split_of_no_rows_is_no_split_as_an_empty_split_folder_is(tmp_path):
+    """A validation file of 0 rows: `dataset-stats --split val` stopped on an IndexError, and
+    train on "the validation set is empty". Now it is no split, with a warning naming the
+    file, as an empty val/ folder is: asking for it is an error, train holds val out of train."""
+    data = tmp_path / "data"
+    write_parquet(data / "train-00000-of-00001.parquet", [png(i) for i in range(6)], [0, 1] * 3)
+    write_parquet(data / "validation-00000-of-00001.parquet", [], [])
+    asked = run_torchkit_in_process("dataset-stats", tmp_path, "--split", "val", "-j", "0")
+    assert asked.returncode == 1
+    assert error_line(asked.stderr) == (
+        f"Error: no images in {data / 'validation-00000-of-00001.parquet'}: the val split of "
+        f"{tmp_path} is empty (it has: train; --split NAME picks another)"
+    )
+    from torchkit.core.data.sources import open_data
+    from torchkit.core.data.sources.select import training_splits
+
+    source = open_data(str(tmp_path))
+    parts, _ = training_splits(source, val_split=None, seed=0)
+    assert (len(parts["train"]), len(parts["val"])) == (5, 1)
+    write_parquet(data / "train-00000-of-00001.parquet", [], [])
+    none = run_torchkit_in_process("dataset-stats", tmp_path, "-j", "0")
+    assert none.returncode == 1
+    assert error_line(none.stderr).startswith(f"Error: no rows in {tmp_path} ")
+
+
 def test_dictionary_encoded_labels_are_read_as_their_class_names(tmp_path):
     # pandas writes a categorical column dictionary-encoded: it was read as no label at all.
     import pyarrow as pa

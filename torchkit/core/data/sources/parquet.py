@@ -581,8 +581,17 @@ def _read(
     given = bool(labelled_files) and not any(f.string_labels for f in labelled_files)
     if splits is not None:
         ordered = {name: joined[name] for name in SPLIT_NAMES if name in joined}
+        # A split whose files hold no row (a validation file of 0 rows) is no split, as an
+        # empty split folder is (`DataSource.empty_splits`): dataset-stats stopped on it with
+        # an IndexError, and train with "the validation set is empty".
+        empty = {name: _files_of(files, splits, name) for name, part in ordered.items()
+                 if not len(part)}  # fmt: skip
+        if len(empty) == len(ordered):
+            raise InputError(f"no rows in {spec}", "the parquet files hold no images")
+        ordered = {name: part for name, part in ordered.items() if name not in empty}
         source = _split_source(spec, kind, root, ordered, classes)
         source.classes_given = given
+        source.empty_splits = empty
         return source
     samples = joined[""]
     if not len(samples):
@@ -593,6 +602,12 @@ def _read(
 
 
 _CAST_HINT = "a column with missing labels? cast it to int or drop those rows"
+
+
+def _files_of(files: list[_File], splits: list[str | None], split: str) -> str:
+    """The files of `split` as messages name them: `D/val.parquet` (and 2 more)."""
+    paths = [file.path for file, name in zip(files, splits, strict=True) if name == split]
+    return paths[0] + (f" (and {len(paths) - 1} more)" if len(paths) > 1 else "")
 
 
 def _labelled_files(
