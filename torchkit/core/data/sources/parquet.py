@@ -19,7 +19,8 @@ come from HF's metadata in the parquet schema (`huggingface` key: info.features.
 from `ROOT/dataset_info.json`; without either, integer labels are named "0", "1", ... up to the
 largest (string labels: sorted naturally, as a CSV index's labels are). No label column, or rows
 without a label (null or HF's -1): unlabelled data where that is allowed (dataset-stats, predict,
-extract-features), else an error naming the file and rows. An empty class name is an error.
+extract-features), else an error naming the file and rows. An empty class name is an error, as
+is a ClassLabel name that is neither text nor a number (null: it was class "None").
 
 A sample's id (the `path` column of outputs) is `FILE/ROW`, FILE relative to ROOT (to the file's
 folder for one file) and ROW the row in that file from 0: `data/train-00000-of-00002.parquet/123`.
@@ -372,17 +373,20 @@ class _File:
             self.labels = self._read_labels(handle, self.label_column)
             if self.string_labels:
                 self._refuse_empty_names()
+            else:
+                self._refuse_negative_indices()
         elif LABEL_COLUMN in schema.names:
             kind = _label_type(schema.field(LABEL_COLUMN).type)
             labels = self._read_labels(handle, LABEL_COLUMN) if pa.types.is_floating(kind) else []
             if labels and all(isinstance(x, float) and x.is_integer() for x in labels):
                 # Whole numbers, none missing: class indices stored as floats.
                 self.label_column, self.labels = LABEL_COLUMN, [int(x) for x in labels]
+                self._refuse_negative_indices()
             else:
                 self.label_problem = (
                     f"the label column of {self.path} is {kind}, not integers or class names"
                 )
-        self.names = _class_names(self.features, self.label_column)
+        self.names = _class_names(self.features, self.label_column, self.path)
 
     def _read_labels(self, handle: Any, column: str) -> list[Any]:
         import pyarrow as pa
@@ -402,6 +406,19 @@ class _File:
                 f"{self.path} has {len(empty)} row(s) with an empty label "
                 f"(row {_first_rows(empty)})",
                 "give each row its class name, or null for a row without a label",
+            )
+
+    def _refuse_negative_indices(self) -> None:
+        """A class index below -1 (HF's "no label") is an error naming its rows, as a shard's
+        -2 is: such rows were read as unlabelled, silently by dataset-stats, and train's error
+        called them null or -1."""
+        below = [row for row, label in enumerate(self.labels or ()) if label is not None
+                 and label < -1]  # fmt: skip
+        if below:
+            raise InputError(
+                f"{self.path} has {len(below)} row(s) labelled {self.labels[below[0]]}, not a "
+                f"class index (row {_first_rows(below)})",
+                "labels are class indices 0, 1, ..., and -1 or null for a row without a label",
             )
 
     def missing_labels(self) -> list[int]:
@@ -496,21 +513,36 @@ def _label_column(schema: Any, features: dict) -> str | None:
     return None
 
 
-def _class_names(features: dict, column: str | None) -> list[str] | None:
+def _class_names(features: dict, column: str | None, where: str) -> list[str] | None:
+    """The ClassLabel names of `column` in HF's `features` (of `where`: a parquet file's
+    schema, or dataset_info.json). A number is named as HF's `int2str` names it (`str`); a
+    null, true/false, a list or an object is no name (it was class "None", "True", "[...]"):
+    an InputError naming `where` and the class."""
     feature = features.get(column) if column else None
     names = feature.get("names") if _feature_type(feature) == "ClassLabel" else None
-    return [str(name) for name in names] if isinstance(names, list) and names else None
+    if not isinstance(names, list) or not names:
+        return None
+    for index, name in enumerate(names):
+        if not isinstance(name, (str, int, float)) or isinstance(name, bool):
+            shown = json.dumps(name)  # as the metadata spells it: null, true, [...]
+            shown = shown if len(shown) <= 40 else f"{shown[:37]}..."
+            raise InputError(
+                f"the ClassLabel names of {where} give class {index} {shown}, not a name",
+                "give every class a name in the ClassLabel feature of the dataset's metadata",
+            )
+    return [str(name) for name in names]
 
 
 def _dataset_info_names(root: str, column: str | None) -> list[str] | None:
     """Class names from `ROOT/dataset_info.json` (what HF's save_to_disk writes)."""
+    path = os.path.join(root, "dataset_info.json")
     try:
-        with open(os.path.join(root, "dataset_info.json"), encoding="utf-8") as handle:
+        with open(path, encoding="utf-8") as handle:
             info = json.load(handle)
         features = info.get("features", {}) if isinstance(info, dict) else {}
     except (OSError, ValueError):
         return None
-    return _class_names(features if isinstance(features, dict) else {}, column)
+    return _class_names(features if isinstance(features, dict) else {}, column, path)
 
 
 def _warn_of_large_row_groups(files: list[_File]) -> None:
@@ -636,6 +668,16 @@ def _labelled(files: list[_File], allow_unlabelled: bool) -> bool:
             continue
         if file.label_problem is not None and allow_unlabelled:
             log.warning("%s: its images are read unlabelled (%s)", file.label_problem, _CAST_HINT)
+        elif allow_unlabelled and len(missing) < len(file.locators):
+            # Some rows labelled, some not: all read unlabelled, said (their class counts go).
+            log.warning(
+                "%s has %d row(s) without a label (null or -1; row %s) among %d labelled ones: "
+                "its images are read unlabelled",
+                file.path,
+                len(missing),
+                _first_rows(missing),
+                len(file.locators) - len(missing),
+            )
         if allow_unlabelled:
             return False
         if file.label_problem is not None:
