@@ -125,6 +125,36 @@ def test_force_replaces_an_earlier_split_and_keeps_other_files(tmp_path, data):
     assert (out / "keep.txt").read_text() == "mine"
 
 
+@pytest.mark.parametrize(
+    "first, yours",
+    [
+        ([], "train/cat/mine.png"),  # put into a split folder of the earlier split
+        (["--ratio", "1:1"], "test/mine.png"),  # a folder of its name beside a two-part split
+        (["--mode", "manifest"], "train/mine.png"),  # a manifest's OUT has no split folders
+    ],
+)
+def test_force_refuses_files_in_split_folders_that_the_earlier_split_did_not_write(
+    tmp_path, data, first, yours
+):
+    """Before: --force set the split folders aside whole and deleted them, with every file of
+    yours in them, exit 0 and not a word."""
+    out = tmp_path / "out"
+    assert split(data, out, *first).returncode == 0
+    (out / yours).parent.mkdir(parents=True, exist_ok=True)
+    (out / yours).write_text("mine")
+    before = tree_digest(out)
+    result = split(data, out, "--force", "--seed", "1")
+    assert result.returncode == 1, result.stderr
+    assert error_line(result.stderr) == (
+        f"Error: output folder {out} holds files in its split folders that the earlier split "
+        f"did not write, which --force would delete with them: {yours} (move them out of "
+        "those folders, or choose another output folder)"
+    )
+    assert tree_digest(out) == before
+    (out / yours).unlink()  # gone: the earlier split is replaced as before
+    assert split(data, out, "--force", "--seed", "1").returncode == 0
+
+
 def test_force_over_an_unmarked_folder_with_a_split_csv_is_refused(tmp_path, data):
     # Another tool's split: a split.csv whose `split` column names the folders beside it. It
     # looked like an earlier torchkit split and --force replaced its folders.

@@ -4,6 +4,7 @@ and put back when the new one fails, what a killed split left, and the `-o` repo
 from __future__ import annotations
 
 import contextlib
+import csv
 import json
 import logging
 import os
@@ -13,9 +14,14 @@ from pathlib import Path
 from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.data.sources.moving import moving_record
 from torchkit.core.data.sources.required import require_data
-from torchkit.core.data.sources.splitting import SPLIT_JOURNAL, SPLIT_NAMES, written_split_names
-from torchkit.core.io.errors import InputError, OutputExistsError, OutputWriteError
-from torchkit.core.io.files import atomic_write_text, tree_entries
+from torchkit.core.data.sources.splitting import (
+    SPLIT_JOURNAL,
+    SPLIT_NAMES,
+    path_key,
+    written_split_names,
+)
+from torchkit.core.io.errors import InputError, OutputExistsError, OutputWriteError, first_and_more
+from torchkit.core.io.files import atomic_write_text, open_text, tree_entries
 from torchkit.core.io.outputs import (
     MARKER,
     OutputOverlapError,
@@ -89,6 +95,54 @@ def previous_split_names(out: Path) -> set[str]:
     """The split folders of the earlier split in OUT, as its split.csv names them."""
     names = written_split_names(out)
     return {n for n in names if is_folder_name(n) and not n.startswith(RESERVED_PREFIX)}
+
+
+def refuse_files_not_written(out: Path, folders: Collection[str]) -> None:
+    """`--force` sets the split folders of OUT (the earlier split's and those of the names this
+    split writes) aside whole, and deletes them once the new split is kept: a file in them
+    that the earlier split.csv does not list (one you put into `train/cat/`, a `test/` folder
+    of yours beside a two-part split or a manifest's OUT) is not torchkit's, and is refused
+    before anything changes rather than deleted with them."""
+    listed = _listed_paths(out)
+    entries = os.listdir(out)
+    foreign: list[str] = []
+    for name in sorted({_spelled(out, name, entries) for name in folders} - {None}):
+        folder = out / name
+        if folder.is_symlink() or not folder.is_dir():
+            foreign.append(name)
+            continue
+        prefix = len(str(folder)) + 1
+        for path, _entry in tree_entries(folder):
+            relative = f"{name}/{path[prefix:]}"
+            if path_key(relative) not in listed:
+                foreign.append(relative)
+    if foreign:
+        raise OutputExistsError(
+            f"{WHAT} {out} holds files in its split folders that the earlier split did not "
+            f"write, which --force would delete with them: {first_and_more(foreign, 3)}",
+            "move them out of those folders, or choose another output folder",
+        )
+
+
+def _spelled(out: Path, name: str, entries: list[str]) -> str | None:
+    """The entry of OUT (`entries`) that `name` finds: itself, or where OUT ignores case the one
+    spelled in another case (which split.csv names as it is spelled)."""
+    if name in entries:
+        return name
+    if not os.path.lexists(out / name):  # a folder TRAIN beside train/ is not train's
+        return None
+    return next((entry for entry in entries if entry.casefold() == name.casefold()), None)
+
+
+def _listed_paths(out: Path) -> set[str]:
+    """The `path` of every row of OUT's split.csv (none when there is none), as `path_key`s."""
+    try:
+        with open_text(out / MANIFEST) as handle:
+            return {path_key(row.get("path") or "") for row in csv.DictReader(handle)}
+    except FileNotFoundError:
+        return set()
+    except (OSError, csv.Error, UnicodeDecodeError) as error:
+        raise InputError(f"cannot read the earlier split {out / MANIFEST}: {error}") from None
 
 
 def discard_replaced(out: Path) -> None:

@@ -61,6 +61,7 @@ from torchkit.core.split.output import (
     previous_split_names,
     read_journal,
     recover_split_leftovers,
+    refuse_files_not_written,
     remove_journal,
     write_journal,
 )
@@ -203,6 +204,8 @@ def _split_or_finish(
             what=WHAT,
             hint="pass --force to replace the split in it",
         )
+        if out.is_dir():
+            refuse_files_not_written(out, set(options.names) | previous_split_names(out))
         return _split_into(source, out, options, progress, before_keep)
 
 
