@@ -22,6 +22,7 @@ from processes import run_json, run_torchkit_in_process
 from suite_paths import REPO
 
 from torchkit.core.data.sources.parquet import split_of
+from torchkit.core.io.errors import InputError
 
 CLASSES = "abc"
 
@@ -328,6 +329,39 @@ def test_unlabelled_rows_are_read_unlabelled_by_predict_and_refused_by_eval(worl
     refused = run_torchkit_in_process("eval", world / "model.pt", "--data", data)
     assert refused.returncode == 1
     assert "has 2 row(s) without a label (null or -1; row 1, 2)" in error_line(refused.stderr)
+
+
+@pytest.mark.parametrize("label", [-5, -5.0])
+def test_a_class_index_below_minus_one_is_one_error_line_naming_its_row(tmp_path, label):
+    """-5 is no class index and not HF's -1: dataset-stats read the whole file unlabelled without
+    a word, and eval called the row null or -1 (a shard's KEY.cls -5 is refused so)."""
+    data = write_labelled_by_name(tmp_path / "d.parquet", [0, 1, label] if label == -5 else
+                                  [0.0, 1.0, label])  # fmt: skip
+    result = run_torchkit_in_process("dataset-stats", data, "-j", "0")
+    assert result.returncode == 1
+    message = (
+        f"{data} has 1 row(s) labelled -5, not a class index (row 2) (labels are class indices "
+        "0, 1, ..., and -1 or null for a row without a label)"
+    )
+    assert error_line(result.stderr) == f"Error: {message}"
+    from torchkit.core.data.sources import open_data
+
+    with pytest.raises(InputError) as refused:  # train's and eval's reader
+        open_data(str(data))
+    assert str(refused.value) == message
+
+
+def test_a_file_of_some_rows_without_a_label_is_read_unlabelled_with_a_warning(tmp_path):
+    """Five labelled rows and one null: dataset-stats counted all six as unlabelled images, its
+    class counts gone without a word."""
+    data = write_parquet(tmp_path / "d.parquet", [png(i) for i in range(6)], [0, 1, 2, 0, 1, None])
+    result = run_torchkit_in_process("dataset-stats", data, "-j", "0", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["classes"] == [{"name": "", "images": 6}]
+    assert (
+        f"Warning: {data} has 1 row(s) without a label (null or -1; row 5) among 5 labelled "
+        "ones: its images are read unlabelled"
+    ) in result.stderr.splitlines()
 
 
 def test_an_unlabelled_test_split_leaves_the_other_splits_labelled(world, tmp_path):
