@@ -1,10 +1,14 @@
 """Class names read from metadata, not from a file of names (test_shards_read and
 test_eval_class_names hold those): a ClassLabel name that is no name (null, true, a list) was
-made one by str() (class "None"), a class no data can name, printed as if the dataset named it."""
+made one by str() (class "None"), a class no data can name, printed as if the dataset named it;
+two names a shard gives one class index, `cat` and `cat `, were two classes."""
 
 from __future__ import annotations
 
+import io
 import json
+import tarfile
+import unicodedata
 
 import pytest
 from output_checks import error_line
@@ -43,3 +47,53 @@ def test_dataset_info_json_names_are_held_to_the_same_rule_and_numbers_stay_name
     result = run_torchkit_in_process("dataset-stats", root, "-j", "0", "--format", "json")
     assert result.returncode == 0, result.stderr
     assert [row["name"] for row in json.loads(result.stdout)["classes"]] == ["a", "7"]
+
+
+def _shard(path, labels: list[tuple[str, int]]):
+    """A WebDataset shard of one tiny PNG per (KEY.json "label", KEY.cls) pair."""
+    with tarfile.open(path, "w") as tar:
+        for i, (name, index) in enumerate(labels):
+            for member, data in (
+                (f"s{i}.png", png(i)),
+                (f"s{i}.cls", str(index).encode()),
+                (f"s{i}.json", json.dumps({"label": name}).encode()),
+            ):
+                info = tarfile.TarInfo(member)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("twin", "how"),
+    [
+        ("cat ", "the spaces around them"),
+        (unicodedata.normalize("NFD", "café"), "Unicode spelling"),
+    ],
+)
+def test_two_names_of_one_shard_class_index_that_look_alike_are_one_error_line(tmp_path, twin, how):
+    """`cat` and `cat ` (KEY.cls 0 both) were classes 0 and 1, dog (KEY.cls 1) class 2: each
+    later class an output further than the shards say, and two outputs that print alike."""
+    from torchkit.core.data.sources import open_data
+    from torchkit.core.io.errors import InputError
+
+    first = unicodedata.normalize("NFC", twin.strip())
+    shard = _shard(tmp_path / "s-000000.tar", [(first, 0), ("dog", 1), (twin, 0)])
+    with pytest.raises(InputError) as raised:
+        open_data(str(shard))
+    assert str(raised.value) == (
+        f"sample s2 in s-000000.tar names class index 0 {twin!r}, and sample s0 in "
+        f"s-000000.tar {first!r}: one class would be two whose names differ only by {how} "
+        "(give the samples of one class one name in KEY.json)"
+    )
+
+
+def test_other_names_of_one_shard_class_index_stay_apart(tmp_path):
+    """A fine label beside a coarse index (apple and pear, KEY.cls 0) is no typo: the names
+    are the classes, sorted, as before."""
+    from torchkit.core.data.sources import open_data
+
+    shard = _shard(tmp_path / "s-000000.tar", [("pear", 0), ("apple", 0), ("tulip", 1)])
+    source = open_data(str(shard))
+    assert source.classes == ["apple", "pear", "tulip"]
+    assert source.whole.labels == [1, 0, 2]

@@ -16,7 +16,8 @@ What `--data` (or IMAGES) may name here, before folders and CSV indexes are trie
   list, or {name: index}) beside the shards; without one, the names in the order of the
   indices beside them where every sample has both, paired one to one (`_classes_by_index`),
   else the label names sorted naturally (as class folders are), or, for indices only, "0",
-  "1", ... up to the largest index. A sample's id
+  "1", ... up to the largest index. Two names of one index that differ only by the spaces
+  around them are an error (they would be two classes). A sample's id
   (the `path` column) is `SHARD/KEY.EXT` (`train-000003.tar/00042.jpg`), relative to the shards'
   folder; samples are in shard order, then member order.
 - a `.tar` of an image folder (`class/img.JPEG`, a split root `train/class/img.jpg`, or, where
@@ -60,7 +61,7 @@ from torchkit.core.data.sources.discovery import (
     refuse_one_file_in_two_places,
     reported_files_in_two_splits,
 )
-from torchkit.core.data.sources.samples import Samples, index_class_names
+from torchkit.core.data.sources.samples import Samples, index_class_names, nfc
 from torchkit.core.data.sources.source import (
     DataSource,
     _split_source,
@@ -785,6 +786,27 @@ def _class_file(folder: str) -> list[str] | None:
     return names
 
 
+def _refuse_respelled_names_of_one_index(found: list[ShardSample]) -> None:
+    """InputError where two samples of one class index (`KEY.cls`) name it in names that differ
+    only by the spaces around them (or in Unicode spelling): `cat` and `cat ` were two classes,
+    the index of every later class one higher than the shards give, and two outputs that print
+    alike. Names that differ otherwise stay apart (a fine label beside a coarse index)."""
+    first: dict[int, ShardSample] = {}
+    for sample in found:
+        if sample.name is None or sample.index is None:
+            continue
+        seen = first.setdefault(sample.index, sample)
+        if seen.name != sample.name and nfc(seen.name.strip()) == nfc(sample.name.strip()):
+            spaced = seen.name.strip() != seen.name or sample.name.strip() != sample.name
+            how = "the spaces around them" if spaced else "Unicode spelling"
+            raise InputError(
+                f"sample {sample.key} in {sample.shard} names class index {sample.index} "
+                f"{sample.name!r}, and sample {seen.key} in {seen.shard} {seen.name!r}: one "
+                f"class would be two whose names differ only by {how}",
+                "give the samples of one class one name in KEY.json",
+            )
+
+
 def _classes_by_index(found: list[ShardSample]) -> list[str] | None:
     """The class names in the order the samples' own indices give, where every labelled sample
     has a name (`KEY.json` "label") and an index (`KEY.cls`, "cls"), and they pair one to one
@@ -990,6 +1012,7 @@ def shards_source(
         raise InputError(f"no samples in the shards {spec} names", _SHARDS_HINT)
     file_classes = _class_file(root)
     if file_classes is None:
+        _refuse_respelled_names_of_one_index(found)
         file_classes = _classes_by_index(found)
     # classes.txt (or the samples' own name-index pairs) states the label order; names in the
     # samples alone are sorted (`_labelled`).
