@@ -437,3 +437,17 @@ def test_real_cuda_checkpoint(tmp_path):
     )
     ok(tmp_path / "gpu.pt", tmp_path / "cpu.safetensors")
     assert_same_weights(load_file(tmp_path / "cpu.safetensors"), model.cpu())
+
+
+def test_float16_cast_beyond_its_range_is_reported(tmp_path):
+    """float32 values past float16's +-65,504 become inf in the cast: counted, named, warned."""
+    state = small_model().state_dict()
+    state["scale"] = torch.tensor([1e6, -1e6, 1.0, float("inf")])  # the inf was there already
+    torch.save(state, tmp_path / "sd.pt")
+    result = ok(tmp_path / "sd.pt", tmp_path / "half.pt", "--dtype", "float16", "--format", "json")
+    report = json.loads(result.stdout)
+    assert report["values_overflowed"] == 2
+    assert "made 2 finite values infinite" in result.stderr and "in scale" in result.stderr
+    assert torch.load(tmp_path / "half.pt")["scale"].isinf().sum() == 3
+    result = ok(tmp_path / "sd.pt", tmp_path / "b.pt", "--dtype", "bfloat16", "--format", "json")
+    assert json.loads(result.stdout)["values_overflowed"] == 0 and "infinite" not in result.stderr

@@ -532,6 +532,7 @@ def _emit_checkpoint_report(report, fmt, output, force, dst, replaced) -> None:
         ["prefix added", report.prefix_added or None],
         ["dtype", report.dtype or "unchanged"],
         ["tensors cast", report.tensors_cast],
+        ["values cast to infinity", report.values_overflowed],
         ["shared tensors copied", report.shared_tensors_copied],
         ["entries left out", len(report.skipped_entries)],
     ]

@@ -68,6 +68,8 @@ class CheckpointReport:
     dtype: str | None
     tensors_cast: int
     shared_tensors_copied: int
+    # finite values that the cast made infinite (float16 holds at most 65,504)
+    values_overflowed: int = 0
     skipped_entries: list[str] = field(default_factory=list)
     not_taken: list[str] = field(default_factory=list)  # EMA weights beside the state_dict taken
 
@@ -213,6 +215,16 @@ def rename_keys(
     return renamed, stripped or None
 
 
+def _values_overflowed(original: Any, cast: Any) -> int:
+    """How many finite values of `original` are infinite in `cast` (a narrower dtype's range:
+    float32's 1e6 is float16's inf, which a model's outputs then turn into NaN)."""
+    import torch
+
+    if torch.finfo(cast.dtype).max >= torch.finfo(original.dtype).max:
+        return 0
+    return int((torch.isinf(cast) & torch.isfinite(original)).sum())
+
+
 def _nbytes(tensor: Any) -> int:
     return tensor.numel() * tensor.element_size()
 
@@ -317,12 +329,26 @@ def convert_checkpoint(
     cast_to = getattr(torch, dtype) if dtype else None
     out: dict[str, Any] = {}
     cast = 0
+    overflowed: dict[str, int] = {}
     for old, tensor in tensors.items():
         tensor = tensor.detach()
         if cast_to is not None and tensor.is_floating_point() and tensor.dtype != cast_to:
-            tensor = tensor.to(cast_to)
+            narrowed = tensor.to(cast_to)
+            count = _values_overflowed(tensor, narrowed)
+            if count:
+                overflowed[renamed[old]] = count
+            tensor = narrowed
             cast += 1
         out[renamed[old]] = tensor if tensor.is_contiguous() else tensor.contiguous()
+    if overflowed:
+        names, count = list(overflowed), sum(overflowed.values())
+        log.warning(
+            f"casting to {dtype} made {count:,} finite value{'s' if count > 1 else ''} "
+            f"infinite (beyond +-{torch.finfo(cast_to).max:,.0f}) in "
+            + ", ".join(names[:5])
+            + (f" and {len(names) - 5} more tensors" if len(names) > 5 else "")
+            + " (--dtype bfloat16 keeps float32's range)"
+        )
 
     shared = 0
     if extension == ".safetensors":
@@ -354,6 +380,7 @@ def convert_checkpoint(
         dtype=dtype,
         tensors_cast=cast,
         shared_tensors_copied=shared,
+        values_overflowed=sum(overflowed.values()),
         skipped_entries=skipped,
         not_taken=not_taken,
     )
