@@ -342,6 +342,27 @@ def test_split_shards_are_split_data_and_eval_reads_only_val(world):
     assert found["accuracy"] == val["accuracy"] and found["loss"] == val["loss"]
 
 
+def test_a_split_whose_shards_hold_no_sample_is_no_split_with_a_warning(world, tmp_path):
+    """val-000000.tar of no member (a writer stopped before its first sample) was left out
+    without a word: `--split val` said there is "no val split", and train held val out of
+    train as though no val shard were there. Now it is said, as an empty val/ folder is."""
+    folder = tmp_path / "split-shards"
+    folder.mkdir()
+    shutil.copy(world / "split-shards" / "train-000000.tar", folder)
+    tar_of(folder / "val-000000.tar", {})
+    read = run_torchkit_in_process("dataset-stats", folder, "-j", "0")
+    assert read.returncode == 0, read.stderr
+    assert (
+        f"Warning: {folder}/val-000000.tar holds no images: {folder} is read without a val split"
+    ) in read.stderr.splitlines()
+    asked = run_torchkit_in_process("dataset-stats", folder, "-j", "0", "--split", "val")
+    assert asked.returncode == 1
+    assert error_line(asked.stderr) == (
+        f"Error: no images in {folder}/val-000000.tar: the val split of {folder} is empty (it "
+        "has: train; --split NAME picks another)"
+    )
+
+
 def tar_of(path: Path, members: dict[str, bytes]) -> Path:
     with tarfile.open(path, "w") as tar:
         for name, data in members.items():

@@ -926,7 +926,15 @@ def _open_shards(
             tuple(str(paths[i]) for i in same) for same in zip(*ranges, strict=True)
         )
     return shards_source(
-        spec, root, found, paths, classes, allow_unlabelled, by_split=by_split, named=named
+        spec,
+        root,
+        found,
+        paths,
+        classes,
+        allow_unlabelled,
+        by_split=by_split,
+        named=named,
+        shard_names=shown_names,
     )
 
 
@@ -1003,11 +1011,14 @@ def shards_source(
     *,
     by_split: bool,
     named: str | None = None,
+    shard_names: Sequence[str] = (),
 ) -> DataSource:
     """The DataSource of the shards' samples `found` (shard order, then member order), read
     through `paths`; class names from `classes.txt`/`classes.json` in `root`, split by their
     shards' names when `by_split` (`split_by_name`). The samples' source is `named` (one shard
-    or a pattern, as given: their folder would name more than the data), else `root`."""
+    or a pattern, as given: their folder would name more than the data), else `root`.
+    `shard_names`: every shard read (as `ShardSample.shard`), for the splits whose shards
+    hold no sample (`DataSource.empty_splits`)."""
     if not found:
         raise InputError(f"no samples in the shards {spec} names", _SHARDS_HINT)
     file_classes = _class_file(root)
@@ -1041,6 +1052,13 @@ def shards_source(
                 parts[split] = samples_of(members)
         source = _split_source(spec, "split shards", root, parts, classes)
         source.classes_given = given
+        # A split of shards without a sample (a writer stopped before its first) is no
+        # split, as an empty split folder is: said, where it was left out without a word.
+        for split in SPLIT_NAMES:
+            empty = [n for n in shard_names if posixpath.basename(n).startswith(split + "-")]
+            if empty and split not in parts:
+                more = f" (and {len(empty) - 1} more)" if len(empty) > 1 else ""
+                source.empty_splits[split] = f"{spec.rstrip('/')}/{empty[0]}{more}"
         return source
     whole = samples_of(list(range(len(found))))
     if classes is not None and whole.classes != [""]:
