@@ -115,6 +115,15 @@ def test_a_report_that_is_a_frame_of_the_run_is_refused_before_any_work(tmp_path
     assert len(json.loads((tmp_path / "frames" / "a.json").read_text())) == 2
 
 
+def test_a_report_named_as_the_frames_folder_is_refused_before_any_work(tmp_path, clips):
+    # It failed once every frame was written ("output is a folder"), leaving the frames, exit 1.
+    check_refused_untouched(
+        ["video-info", clips, "-k", "2", "--extract-frames", "frames", "-o", "frames"],
+        "output (-o) frames is the same file as frames folder frames",
+        cwd=tmp_path,
+    )
+
+
 def test_force_replaces_only_an_earlier_frames_folder(tmp_path, clips):
     mine = tmp_path / "mine"
     mine.mkdir()

@@ -28,6 +28,7 @@ from torchkit.core.io.files import STDIN, folds_case
 from torchkit.core.io.outputs import (
     InputPath,
     OutputFolder,
+    check_distinct_outputs,
     check_not_written_in,
     check_output_file,
     check_overlap,
@@ -121,6 +122,8 @@ def inspect_videos(
     if report is not None:
         check_output_file(report, force, inputs)
         if extract_dir is not None:
+            # -o naming the frames folder itself failed only once every frame was written
+            check_distinct_outputs((extract_dir, "frames folder"), (report, "output (-o)"))
             check_not_written_in(report, extract_dir, _writes_frame, "frames folder")
     with contextlib.ExitStack() as stack:
         frames_folder = None
