@@ -271,6 +271,21 @@ def test_a_tar_of_an_image_folder_named_like_a_shard_reads_as_the_folder(world, 
     ]
 
 
+def test_a_tar_of_thousands_of_class_folders_is_listed_in_linear_time(tmp_path):
+    """Each class's images were found by a scan of every name in the archive: 1,000 classes of
+    40 images took 20 s, ImageNet's 1,000 of 1,300 hours. 4,000 classes of one image: about
+    0.15 s of CPU now, 4 s and more before."""
+    import time
+
+    from torchkit.core.data.sources import open_data
+
+    archive = tar_of(tmp_path / "many.tar", {f"c{i:05d}/x.png": b"png" for i in range(4000)})
+    started = time.process_time()  # CPU time, which other processes' load does not stretch
+    data = open_data(str(archive))
+    assert time.process_time() - started < 1.5
+    assert len(data.classes) == 4000 and list(data.whole.labels[:3]) == [0, 1, 2]
+
+
 def test_a_tar_of_a_split_of_a_flat_folder_reads_as_that_split(world, tmp_path):
     # OUT/train/x.png (what split writes for a flat folder), tarred: every reader stopped
     # ("X.tar:train holds images but no class folders") while the folder reads unlabelled.
