@@ -16,6 +16,7 @@ from PIL import Image
 from tests.helpers.checkpoints import read_checkpoint, write_convnet_checkpoint
 from torchkit.cli import app
 from torchkit.core.io.errors import CheckpointError, InputError
+from torchkit.core.models import resolve_model
 from torchkit.core.models.checkpoint import FORMAT_VERSION, load_checkpoint, save_checkpoint
 from torchkit.core.models.exported.loading import load_exported
 from torchkit.core.models.exported.metadata import METADATA_VERSION
@@ -154,3 +155,82 @@ def test_exported_metadata_versions_that_load_and_those_that_do_not(tmp_path):
         load_exported(_onnx_file(tmp_path / "text.onnx", _record("1")))
     with pytest.raises(InputError, match="metadata_version 0, which no torchkit writes"):
         load_exported(_torchscript_file(tmp_path / "zero.ts", _record(0)))
+
+
+NOT_TORCHKIT = "(the file is damaged or was not written by torchkit: "
+EVERY_CLASS_NAMED = NOT_TORCHKIT + "every class is named by a non-empty text)"
+
+
+def test_a_checkpoint_class_no_torchkit_names_is_one_error_line_before_any_output(runner, tmp_path):
+    """A class recorded as None was read as a class "None", and "" as a class of no name
+    (predict printed class ""): both are refused, naming the file and the class index, by
+    every reader of the file (predict, and convert checkpoint, which copies them)."""
+    images = _images(tmp_path / "imgs")
+    model = _checkpoint(tmp_path, "none.pt", classes=["a", None])
+    out = tmp_path / "predictions.csv"
+    result = runner.invoke(app, ["predict", str(model), str(images), "-j", "0", "-o", str(out)])
+    assert result.exit_code == 1
+    assert result.stdout == "" and not out.exists()
+    assert result.stderr.strip().splitlines() == [
+        f"Error: checkpoint {model} has class 1 named None, which no torchkit writes "
+        + EVERY_CLASS_NAMED
+    ]
+    empty = _checkpoint(tmp_path, "empty.pt", classes=["a", ""])
+    copy = tmp_path / "copy.pt"
+    converted = runner.invoke(
+        app, ["convert", "checkpoint", "--average", str(model), str(empty), str(copy)]
+    )
+    assert converted.exit_code == 1 and not copy.exists()
+    assert converted.stderr.strip().splitlines() == [
+        f"Error: checkpoint {model} has class 1 named None, which no torchkit writes "
+        + EVERY_CLASS_NAMED
+    ]
+    with pytest.raises(CheckpointError, match=rf"^checkpoint {empty} has class 1 named '', "):
+        load_checkpoint(empty)
+    numbered = _checkpoint(tmp_path, "number.pt", classes=[0, "b"])
+    with pytest.raises(CheckpointError, match=r"has class 0 named 0, which no torchkit writes"):
+        load_checkpoint(numbered)
+    letters = _checkpoint(tmp_path, "text.pt", classes="ab")
+    with pytest.raises(CheckpointError, match=r"has classes 'ab', which no torchkit writes"):
+        load_checkpoint(letters)
+
+
+def test_checkpoint_classes_torchkit_writes_still_load(tmp_path):
+    # A class folder named " " trains a class of that name; a name twice is ImageNet's "crane".
+    for classes in ([" ", "b"], ["a", "a"], ("a", "b")):
+        model = _checkpoint(tmp_path, "ok.pt", classes=classes)
+        assert resolve_model(str(model)).classes == list(classes)
+    unnamed = _checkpoint(tmp_path, "unnamed.pt", classes=None)
+    assert resolve_model(str(unnamed)).classes is None
+
+
+def test_an_exported_class_no_torchkit_names_is_one_error_line_before_any_output(runner, tmp_path):
+    """The same of an ONNX or TorchScript file's record: ["a", None] named an output "None",
+    ["a", ""] one of no name."""
+    images = _images(tmp_path / "imgs")
+    onnx_file = _onnx_file(
+        tmp_path / "none.onnx", _record(METADATA_VERSION, classes=["a", None, "b"])
+    )
+    out = tmp_path / "predictions.csv"
+    result = runner.invoke(app, ["predict", str(onnx_file), str(images), "-j", "0", "-o", str(out)])
+    assert result.exit_code == 1
+    assert result.stdout == "" and not out.exists()
+    assert result.stderr.strip().splitlines() == [
+        f"Error: {onnx_file} has class 1 named None, which no torchkit writes " + EVERY_CLASS_NAMED
+    ]
+    script = _torchscript_file(
+        tmp_path / "empty.ts", _record(METADATA_VERSION, classes=["a", "", "b"])
+    )
+    for read in (load_exported, lambda path: load_checkpoint(path, trust_checkpoint=True)):
+        with pytest.raises(InputError, match=rf"^{script} has class 1 named '', which no "):
+            read(script)
+    blank = _onnx_file(tmp_path / "blank.onnx", {"classes": ["a", " ", "b"]})
+    assert load_exported(blank).classes == ["a", " ", "b"]  # no metadata_version: still read
+    unversioned = _onnx_file(tmp_path / "unversioned.onnx", {"classes": ["a", "b", 7]})
+    with pytest.raises(InputError, match="has class 2 named 7, which no torchkit writes"):
+        load_exported(unversioned)
+    listless = _onnx_file(tmp_path / "listless.onnx", _record(METADATA_VERSION, classes="abc"))
+    with pytest.raises(InputError, match="has classes 'abc', which no torchkit writes"):
+        load_exported(listless)
+    unnamed = _onnx_file(tmp_path / "unnamed.onnx", _record(METADATA_VERSION, classes=None))
+    assert load_exported(unnamed).classes is None

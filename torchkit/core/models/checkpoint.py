@@ -55,10 +55,12 @@ def load_checkpoint(path: str | os.PathLike, *, trust_checkpoint: bool = False) 
 
 def check_torchkit_checkpoint(checkpoint: Mapping[str, Any], source: str) -> None:
     """Refuse a torchkit checkpoint of a format newer than this torchkit's (its keys may mean
-    other things: loaded anyway, it could be fed or labelled wrongly without a word). A class
+    other things: loaded anyway, it could be fed or labelled wrongly without a word), and one
+    whose class names no torchkit writes (`stored_class_names`: a class None or ""). A class
     named twice is no damage: torchvision's ImageNet names hold two `crane`s and two `maillot`s,
     and eval refuses only data whose class is such a name."""
     from torchkit import __version__
+    from torchkit.core.models.stored_classes import stored_class_names
 
     version = checkpoint.get("format_version")
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
@@ -74,6 +76,7 @@ def check_torchkit_checkpoint(checkpoint: Mapping[str, Any], source: str) -> Non
             f"torchkit ({__version__}) reads formats up to {FORMAT_VERSION}",
             "upgrade torchkit to read it",
         )
+    stored_class_names(checkpoint.get("classes"), f"checkpoint {source}", CheckpointError)
 
 
 def _load_checkpoint(path: str | os.PathLike, *, trust_checkpoint: bool) -> Any:

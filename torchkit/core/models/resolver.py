@@ -53,6 +53,7 @@ from torchkit.core.models.lazy import has_lazy_weights, materialize_lazy_layers
 from torchkit.core.models.random_init import built_for_loading
 from torchkit.core.models.size_bound import size_adapted, size_layout
 from torchkit.core.models.specs import is_model_file
+from torchkit.core.models.stored_classes import stored_class_names
 from torchkit.core.models.timm_models import (
     base_name,
     built_timm_model,
@@ -951,7 +952,8 @@ def _preprocess_of(weights_enum_member) -> Preprocess:
 
 
 def _checkpoint_classes(checkpoint: Mapping[str, Any], path: str) -> list[str] | None:
-    names = [str(c) for c in checkpoint.get("classes") or []]
+    where = f"checkpoint {path}"
+    names = stored_class_names(checkpoint.get("classes"), where, CheckpointError) or []
     if names and len(names) != int(checkpoint.get("num_classes", len(names))):
         raise CheckpointError(
             f"checkpoint {path} names {len(names)} classes but has "

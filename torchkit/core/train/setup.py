@@ -148,8 +148,10 @@ def prepare_state(
     set_cudnn_switches(ctx.device.type, config)
     # A resumed run takes back the split it recorded (held-out val images included).
     data = load_splits(config, checkpoint.get("data") if checkpoint is not None else None)
+    saved: list[str] = []  # the classes of the resumed checkpoint
     if checkpoint is not None:
-        _label_in_the_runs_order(data, list(checkpoint["classes"]), str(config.data))
+        saved = _saved_classes(checkpoint, str(plan.resumed_from))
+        _label_in_the_runs_order(data, saved, str(config.data))
     train = data.splits["train"]
     drop_last = _drop_last(ctx, config, checkpoint)
     config = _resolve_decode(ctx, config, data)
@@ -160,7 +162,7 @@ def prepare_state(
     if checkpoint is not None:
         from torchkit.core.models.weights import checkpoint_arch, require_trusted_arch
 
-        _check_resumed_classes(checkpoint, classes)
+        _check_resumed_classes(saved, classes)
         train_size_changed = _train_size_changed(checkpoint, len(train))
         arch, _ = checkpoint_arch(checkpoint, str(plan.resumed_from))
         require_trusted_arch(arch, str(plan.resumed_from), config.trust_checkpoint)
@@ -387,15 +389,22 @@ def _label_in_the_runs_order(data: TrainData, saved: list[str], where: str) -> N
     from torchkit.core.data.sources.source import relabelled
 
     classes = list(data.splits["train"].classes)
-    names, theirs = [nfc(str(name)) for name in saved], [nfc(name) for name in classes]
+    names, theirs = [nfc(name) for name in saved], [nfc(name) for name in classes]
     if names == theirs or sorted(names) != sorted(theirs) or len(set(names)) != len(names):
         return
     for split, samples in data.splits.items():
         data.splits[split] = relabelled(samples, saved, f"{where} ({split})")
 
 
-def _check_resumed_classes(checkpoint: dict, classes: list[str]) -> None:
-    saved = list(checkpoint["classes"])
+def _saved_classes(checkpoint: dict, source: str) -> list[str]:
+    """The classes the resumed checkpoint `source` was trained on, read as every reader of a
+    model file's classes reads them (`stored_class_names`)."""
+    from torchkit.core.models.stored_classes import stored_class_names
+
+    return stored_class_names(checkpoint["classes"], f"checkpoint {source}", CheckpointError) or []
+
+
+def _check_resumed_classes(saved: list[str], classes: list[str]) -> None:
     if saved != classes:
         raise CheckpointError(
             f"the checkpoint was trained on {len(saved)} classes ({_names(saved)}), the "

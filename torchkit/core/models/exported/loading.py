@@ -45,7 +45,7 @@ class ExportedModel:
 
     @property
     def classes(self) -> list[str] | None:
-        return meta.classes_of(self.metadata)
+        return meta.classes_of(self.metadata, self.path)
 
     @property
     def preprocess(self) -> Preprocess | None:
@@ -223,7 +223,7 @@ def _load_onnx(source: Path) -> ExportedModel:
     model = onnx.load(os.fspath(source), load_external_data=False)  # ORT reads the weights
     _refuse_graphless(model, source)
     metadata = meta.from_onnx_props({prop.key: prop.value for prop in model.metadata_props})
-    meta.check_metadata_version(metadata, os.fspath(source))
+    meta.check_metadata(metadata, os.fspath(source))
     dims = model.graph.output[0].type.tensor_type.shape.dim if model.graph.output else []
     if dims and dims[-1].HasField("dim_value") and "num_outputs" not in metadata:
         metadata["num_outputs"] = int(dims[-1].dim_value)
@@ -317,12 +317,12 @@ def jit_load(source: str | os.PathLike, **kwargs: Any) -> Any:
 
 
 def torchscript_module(source: str | os.PathLike) -> tuple[Any, dict[str, Any]]:
-    """(the module of a TorchScript file, its torchkit record: `torchkit.json`); a record of a
-    newer torchkit is refused (`check_metadata_version`)."""
+    """(the module of a TorchScript file, its torchkit record: `torchkit.json`); a record this
+    torchkit cannot read as meant (a newer torchkit's) is refused (`check_metadata`)."""
     extra = {meta.EXTRA_FILE: ""}
     module = jit_load(source, _extra_files=extra)
     metadata = meta.from_extra_file(extra[meta.EXTRA_FILE])
-    meta.check_metadata_version(metadata, os.fspath(source))
+    meta.check_metadata(metadata, os.fspath(source))
     return module, metadata
 
 
@@ -338,7 +338,7 @@ def _load_exported_program(source: Path) -> ExportedModel:
     extra = {meta.EXTRA_FILE: ""}
     program = torch.export.load(os.fspath(source), extra_files=extra)
     metadata = meta.from_extra_file(extra[meta.EXTRA_FILE])
-    meta.check_metadata_version(metadata, os.fspath(source))
+    meta.check_metadata(metadata, os.fspath(source))
     example = _program_input(program)
     if example is not None:
         shape = [n if isinstance(n, int) else None for n in example.shape]

@@ -12,6 +12,7 @@ from typing import Any
 from torchkit import __version__
 from torchkit.core.data.preprocessing import Preprocess
 from torchkit.core.io.errors import InputError
+from torchkit.core.models.stored_classes import stored_class_names
 
 METADATA_VERSION = 1
 EXTRA_FILE = "torchkit.json"
@@ -93,21 +94,24 @@ def from_extra_file(content: str | bytes | None) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def check_metadata_version(metadata: Mapping[str, Any], source: str) -> None:
-    """Refuse the torchkit record of an exported file newer than this torchkit's (its fields
-    may mean other things: read anyway, the model could be fed or labelled wrongly without a
-    word), as a checkpoint of a newer format is refused. A file without one (torch exported it,
-    not torchkit) has nothing to refuse."""
-    if "metadata_version" not in metadata:
-        return
-    version = metadata["metadata_version"]
+def check_metadata(metadata: Mapping[str, Any], source: str) -> None:
+    """Refuse, before any output, the torchkit record of an exported file newer than this
+    torchkit's (its fields may mean other things: read anyway, the model could be fed or
+    labelled wrongly without a word), as a checkpoint of a newer format is refused, and one
+    whose class names no torchkit writes (`classes_of`). A file without one (torch exported
+    it, not torchkit) has nothing to refuse."""
+    if "metadata_version" in metadata:
+        _check_version(metadata["metadata_version"], metadata.get("torchkit_version"), source)
+    classes_of(metadata, source)
+
+
+def _check_version(version: Any, written: Any, source: str) -> None:
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise InputError(
             f"{source} has torchkit metadata_version {version!r}, which no torchkit writes",
             "the file is damaged or was not written by torchkit",
         )
     if version > METADATA_VERSION:
-        written = metadata.get("torchkit_version")
         by = f"torchkit {written}" if isinstance(written, str) else "a newer torchkit"
         raise InputError(
             f"{source} was written by {by} (exported-model metadata version {version}); this "
@@ -126,8 +130,6 @@ def data_of(metadata: Mapping[str, Any]) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def classes_of(metadata: Mapping[str, Any]) -> list[str] | None:
-    classes = metadata.get("classes")
-    if isinstance(classes, list) and classes:
-        return [str(c) for c in classes]
-    return None
+def classes_of(metadata: Mapping[str, Any], source: str) -> list[str] | None:
+    """The class names the record of the file `source` stores (`stored_class_names`)."""
+    return stored_class_names(metadata.get("classes"), source, InputError)
