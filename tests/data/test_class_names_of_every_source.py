@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import tarfile
 import unicodedata
 
@@ -49,13 +50,14 @@ def test_dataset_info_json_names_are_held_to_the_same_rule_and_numbers_stay_name
     assert [row["name"] for row in json.loads(result.stdout)["classes"]] == ["a", "7"]
 
 
-def _shard(path, labels: list[tuple[str, int]]):
-    """A WebDataset shard of one tiny PNG per (KEY.json "label", KEY.cls) pair."""
+def _shard(path, labels: list[tuple[str, int | None]]):
+    """A WebDataset shard of one tiny PNG per (KEY.json "label", KEY.cls) pair (no KEY.cls for
+    an index None)."""
     with tarfile.open(path, "w") as tar:
         for i, (name, index) in enumerate(labels):
             for member, data in (
                 (f"s{i}.png", png(i)),
-                (f"s{i}.cls", str(index).encode()),
+                *([] if index is None else [(f"s{i}.cls", str(index).encode())]),
                 (f"s{i}.json", json.dumps({"label": name}).encode()),
             ):
                 info = tarfile.TarInfo(member)
@@ -97,3 +99,41 @@ def test_other_names_of_one_shard_class_index_stay_apart(tmp_path):
     source = open_data(str(shard))
     assert source.classes == ["apple", "pear", "tulip"]
     assert source.whole.labels == [1, 0, 2]
+
+
+COMPOSED, DECOMPOSED = "caf\u00e9", "cafe\u0301"  # café as typed, and as macOS names files
+SPELLINGS = "are one name in two Unicode spellings (composed and decomposed accents)"
+
+
+def test_shard_class_names_in_two_unicode_spellings_are_one_error_line(tmp_path):
+    """Names in KEY.json alone (no KEY.cls) are the classes, sorted: `café` composed in one
+    sample and decomposed in another were two classes that print alike, where two such class
+    folders or CSV labels are refused. So are they here, through the same rule; and where
+    each name has its own KEY.cls index."""
+    shard = _shard(tmp_path / "s-000000.tar", [(COMPOSED, None), ("tea", None), (DECOMPOSED, None)])
+    result = run_torchkit_in_process("dataset-stats", shard, "-j", "0")
+    assert result.returncode == 1
+    assert error_line(result.stderr, besides="nothing") == (
+        f"Error: labels of {shard}: {ascii(DECOMPOSED)} and {ascii(COMPOSED)} {SPELLINGS} "
+        "(rename one to the other's spelling: torchkit reads them as one class)"
+    )
+    from torchkit.core.data.sources import open_data
+    from torchkit.core.io.errors import InputError
+
+    indexed = _shard(tmp_path / "i-000000.tar", [(COMPOSED, 0), ("tea", 1), (DECOMPOSED, 2)])
+    with pytest.raises(InputError, match=f"^labels of {indexed}: .* {re.escape(SPELLINGS)}"):
+        open_data(str(indexed))
+
+
+def test_one_name_in_two_spellings_in_two_split_shards_is_one_class(tmp_path):
+    """As in a CSV index's splits: val's `café` in another spelling than train's is train's
+    class (`find_class`), not refused."""
+    from torchkit.core.data.sources import open_data
+
+    folder = tmp_path / "split"
+    folder.mkdir()
+    _shard(folder / "train-000000.tar", [(COMPOSED, None), ("tea", None)])
+    _shard(folder / "val-000000.tar", [(DECOMPOSED, None), ("tea", None)])
+    source = open_data(str(folder))
+    assert source.classes == [COMPOSED, "tea"]
+    assert source.splits["val"].labels == [0, 1]

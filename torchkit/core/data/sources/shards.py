@@ -61,7 +61,12 @@ from torchkit.core.data.sources.discovery import (
     refuse_one_file_in_two_places,
     reported_files_in_two_splits,
 )
-from torchkit.core.data.sources.samples import Samples, index_class_names, nfc
+from torchkit.core.data.sources.samples import (
+    Samples,
+    index_class_names,
+    nfc,
+    refuse_spelling_twins,
+)
 from torchkit.core.data.sources.source import (
     DataSource,
     _split_source,
@@ -822,9 +827,10 @@ def _classes_by_index(found: list[ShardSample]) -> list[str] | None:
 
 
 def _labelled(
-    samples: list[ShardSample], file_classes: list[str] | None, allow_unlabelled: bool
+    samples: list[ShardSample], file_classes: list[str] | None, allow_unlabelled: bool, where: str
 ) -> tuple[list[str], list[int]]:
-    """(class names in label order, each sample's label)."""
+    """(class names in label order, each sample's label; `where`: the samples' name in
+    errors)."""
     unlabelled = [s for s in samples if s.name is None and s.index is None]
     if unlabelled:
         if allow_unlabelled and len(unlabelled) == len(samples):
@@ -858,6 +864,9 @@ def _labelled(
                 "put classes.txt (one class name per line, in label order) beside the shards",
             )
         names = sorted({s.name for s in samples}, key=natural_key)
+        # `café` composed in one sample, decomposed in another: two classes that print alike,
+        # refused as two such class folders (or CSV labels) are
+        refuse_spelling_twins(names, f"labels of {where}:")
     else:
         top = max(samples, key=lambda s: s.index)
         names = index_class_names(
@@ -1025,14 +1034,16 @@ def shards_source(
     if file_classes is None:
         _refuse_respelled_names_of_one_index(found)
         file_classes = _classes_by_index(found)
+        if file_classes is not None:
+            refuse_spelling_twins(file_classes, f"labels of {spec}:")
     # classes.txt (or the samples' own name-index pairs) states the label order; names in the
     # samples alone are sorted (`_labelled`).
     given = bool(file_classes) or all(s.name is None for s in found)
     ids = [str(path) for path in paths]
 
-    def samples_of(indices: list[int]) -> Samples:
+    def samples_of(indices: list[int], where: str) -> Samples:
         part = [found[i] for i in indices]
-        class_names, labels = _labelled(part, file_classes, allow_unlabelled)
+        class_names, labels = _labelled(part, file_classes, allow_unlabelled, where)
         return Samples(
             class_names,
             labels,
@@ -1049,7 +1060,7 @@ def shards_source(
                 i for i, s in enumerate(found) if posixpath.basename(s.shard).startswith(prefix)
             ]
             if members:
-                parts[split] = samples_of(members)
+                parts[split] = samples_of(members, f"{spec} ({split})")
         source = _split_source(spec, "split shards", root, parts, classes)
         source.classes_given = given
         # A split of shards without a sample (a writer stopped before its first) is no
@@ -1060,7 +1071,7 @@ def shards_source(
                 more = f" (and {len(empty) - 1} more)" if len(empty) > 1 else ""
                 source.empty_splits[split] = f"{spec.rstrip('/')}/{empty[0]}{more}"
         return source
-    whole = samples_of(list(range(len(found))))
+    whole = samples_of(list(range(len(found))), spec)
     if classes is not None and whole.classes != [""]:
         whole = relabelled(whole, classes, spec)
     return DataSource(spec, "shards", root, {}, whole, list(whole.classes), given)
