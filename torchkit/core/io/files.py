@@ -16,7 +16,6 @@ from typing import IO
 
 from torchkit.core.io.durability import fsync_file
 from torchkit.core.io.errors import InputError, OutputWriteError
-from torchkit.core.io.folder_locks import close_lock
 from torchkit.core.io.outputs import (
     as_write_error,
     check_claimed,
@@ -31,6 +30,7 @@ from torchkit.core.io.outputs import (
 from torchkit.core.io.outputs import reporting_write_errors as _reporting
 from torchkit.core.io.temporaries import (
     apply_umask,
+    discarded_on_failure,
     held_temporary,
     temporary_affixes,
     temporary_stem,
@@ -286,22 +286,14 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             target, *temporary_affixes(target.stem, target.suffix)
         )
     os.close(fd)  # the writer opens the name (and Windows cannot rename a file that is open)
-    try:
-        with _reporting(target):
-            apply_umask(tmp_name)
-            yield Path(tmp_name)
-            apply_umask(tmp_name)  # again: a writer may have made the file anew (safetensors)
-            synced_later = synced_when_kept(target)
-            if not synced_later:
-                fsync_file(tmp_name)
-            rename_into_place(tmp_name, target, synced_later)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp_name)
-        raise
-    finally:
-        if lock_fd >= 0:
-            close_lock(lock_fd)
+    with discarded_on_failure(tmp_name, lock_fd), _reporting(target):
+        apply_umask(tmp_name)
+        yield Path(tmp_name)
+        apply_umask(tmp_name)  # again: a writer may have made the file anew (safetensors)
+        synced_later = synced_when_kept(target)
+        if not synced_later:
+            fsync_file(tmp_name)
+        rename_into_place(tmp_name, target, synced_later)
 
 
 @contextlib.contextmanager

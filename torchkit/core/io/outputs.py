@@ -53,6 +53,7 @@ from torchkit.core.io.folder_locks import close_lock, open_unshared
 from torchkit.core.io.temporaries import (
     TEMPORARY,
     apply_umask,
+    discarded_on_failure,
     fitting,
     held_temporary,
     is_unlocked,
@@ -586,26 +587,18 @@ def replaced_whole(
     with reporting_write_errors(target):
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp_name, lock_fd = held_temporary(target, *temporary_affixes(target.name))
-    try:
-        # `lock_fd` keeps the flock after the handle closes: through `check` and the rename.
-        with reporting_write_errors(target):
-            apply_umask(tmp_name)
-            synced_later = synced_when_kept(target)  # one sync for all, before the swap
-            with os.fdopen(fd, mode, **open_kwargs) as handle:
-                yield handle
-                handle.flush()
-                if not synced_later:
-                    os.fsync(handle.fileno())
-            if check is not None:
-                check(Path(tmp_name))
-            rename_into_place(tmp_name, target, synced_later)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp_name)
-        raise
-    finally:
-        if lock_fd >= 0:
-            close_lock(lock_fd)
+    # `lock_fd` keeps the flock after the handle closes: through `check` and the rename.
+    with discarded_on_failure(tmp_name, lock_fd), reporting_write_errors(target):
+        apply_umask(tmp_name)
+        synced_later = synced_when_kept(target)  # one sync for all, before the swap
+        with os.fdopen(fd, mode, **open_kwargs) as handle:
+            yield handle
+            handle.flush()
+            if not synced_later:
+                os.fsync(handle.fileno())
+        if check is not None:
+            check(Path(tmp_name))
+        rename_into_place(tmp_name, target, synced_later)
 
 
 def rename_into_place(temporary: str, target: Path, synced_later: bool) -> None:

@@ -13,6 +13,7 @@ import os
 import re
 import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path, PurePath
 
 from torchkit.core.io.folder_locks import close_lock, open_unshared
@@ -224,3 +225,18 @@ UMASK = _current_umask()
 def apply_umask(path: str) -> None:
     """mkstemp makes files 0600; give outputs the usual permissions (0666 less the umask)."""
     os.chmod(path, 0o666 & ~UMASK)
+
+
+@contextlib.contextmanager
+def discarded_on_failure(temporary: str, lock_fd: int) -> Iterator[None]:
+    """A `held_temporary`'s clean-up: the temporary removed if the block fails (it was not
+    renamed into place), and its flock released (`lock_fd`, -1 for none) either way."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+    finally:
+        if lock_fd >= 0:
+            close_lock(lock_fd)
