@@ -650,3 +650,18 @@ def test_a_fifo_named_safetensors_is_written_into_not_replaced(tmp_path):
     reader = FifoReader(tmp_path / "x.safetensors")
     ok(source, reader.path)
     assert load(reader.result())["image"].shape == (3, 5, 7)
+
+
+def test_a_npy_shorter_than_its_header_declares_is_truncated_before_any_allocation(tmp_path):
+    """np.load allocates the declared array first: 100 bytes declaring 2**40 float64 values
+    were 'MemoryError: Unable to allocate 8.00 TiB', not a truncated file."""
+    with open(tmp_path / "cut.npy", "wb") as handle:
+        header = {"descr": "<f8", "fortran_order": False, "shape": (1 << 40,)}
+        np.lib.format.write_array_header_1_0(handle, header)
+        handle.write(bytes(100))
+    result = convert(tmp_path / "cut.npy", tmp_path / "out.png")
+    assert result.exit_code == 1
+    line = error_line(result.stderr, besides="nothing")
+    assert "declares a 1099511627776 float64 array of 8,796,093,022,208 bytes" in line
+    assert "and 100 follow it (the file is truncated or corrupt)" in line
+    assert not (tmp_path / "out.png").exists()

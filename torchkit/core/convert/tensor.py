@@ -237,6 +237,7 @@ def read_npy(path: str | os.PathLike) -> Any:
         raise InputError(f"{source} is empty (0 bytes)", "it is not a NumPy array file")
     if magic != b"\x93NUMPY":
         raise InputError(f"{source} is not a .npy file (no NumPy header)")
+    _check_npy_size(source)
     try:
         array = np.load(source, allow_pickle=False)
     except (ValueError, OSError, EOFError) as error:
@@ -249,6 +250,36 @@ def read_npy(path: str | os.PathLike) -> Any:
             f"cannot read {source}: {first_line(error)}", "the file is truncated or corrupt"
         ) from None
     return array
+
+
+def _check_npy_size(source: Path) -> None:
+    """A .npy file shorter than the array its header declares is cut short. np.load allocates
+    the whole declared array first: a copy cut short of a large array (or a crafted header of
+    a few bytes) was a MemoryError ("Unable to allocate 27.9 GiB"), not a truncated file."""
+    import math
+
+    import numpy as np
+
+    readers = {(1, 0): np.lib.format.read_array_header_1_0}
+    readers[(2, 0)] = np.lib.format.read_array_header_2_0
+    with open(source, "rb") as handle:
+        try:
+            reader = readers.get(np.lib.format.read_magic(handle))
+            if reader is None:  # a newer header: np.load reads it (or says why not)
+                return
+            shape, _, dtype = reader(handle)
+        except (ValueError, OSError, EOFError):  # np.load says what is wrong with it
+            return
+        held = os.fstat(handle.fileno()).st_size - handle.tell()
+    if dtype.hasobject:  # pickled objects: refused by np.load
+        return
+    declared = math.prod(shape) * dtype.itemsize
+    if held < declared:
+        raise InputError(
+            f"cannot read {source}: its header declares a {'x'.join(map(str, shape))} "
+            f"{dtype} array of {declared:,} bytes, and {held:,} follow it",
+            "the file is truncated or corrupt",
+        )
 
 
 def _pick_tensor(obj: Any, key: str | None, source: Path) -> Any:
