@@ -88,6 +88,25 @@ def test_mismatches_are_clear_errors(tmp_path):
         average_checkpoints([plain, shrunk])
 
 
+def test_checkpoints_of_other_classes_or_another_order_are_not_averaged(tmp_path):
+    """Two runs of one shape on classes [a, b, c] and [b, a, c] were averaged output by output
+    (a's weights with b's), the result named by the last one's classes, without a word."""
+    paths = checkpoints(tmp_path, 2)
+    for classes, difference in (
+        (["b", "a", "c"], "output 0 is 'a' in one, 'b' in the other"),
+        (["a", "b", "d"], "output 2 is 'c' in one, 'd' in the other"),
+        (None, "one records no class names"),
+    ):
+        save_checkpoint({**torch.load(paths[1], weights_only=True), "classes": classes}, paths[1])
+        with pytest.raises(CheckpointError) as raised:
+            average_checkpoints(paths)
+        assert str(raised.value) == (
+            f"checkpoints {paths[0]} and {paths[1]} name their outputs otherwise ({difference}): "
+            "averaged, outputs would mix classes (average checkpoints of one run, or of runs on "
+            "the same classes in one order)"
+        )
+
+
 def test_convert_checkpoint_average_writes_a_checkpoint_and_refuses_bad_calls(runner, tmp_path):
     import json
 

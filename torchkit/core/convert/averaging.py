@@ -5,7 +5,8 @@ Floating-point tensors are averaged in float64 (complex ones in complex128) and 
 their dtype (the widest one where the checkpoints differ: float16 and float32 give float32); a
 tensor that is floating point in one checkpoint and integer (or complex, or boolean) in another
 is refused. Integer tensors (BatchNorm's `num_batches_tracked`) are taken from the last
-checkpoint. Keys and shapes must match exactly. A checkpoint holding a NaN or infinite value (a
+checkpoint. Keys and shapes must match exactly, and torchkit checkpoints' class names (in
+order). A checkpoint holding a NaN or infinite value (a
 diverged epoch) is refused, naming the file and the tensor: its average is NaN too;
 `allow_nonfinite` averages it anyway.
 From torchkit checkpoints the result is a torchkit checkpoint (the last one's
@@ -155,6 +156,7 @@ def average_checkpoints(
             raise CheckpointError(
                 f"the checkpoints hold different architectures: {', '.join(sorted(archs))}"
             )
+        _refuse_other_classes(loaded, names)
     averaged = average_state_dicts(states, names, allow_nonfinite=allow_nonfinite)
     if not all(torchkit):
         return averaged
@@ -162,6 +164,33 @@ def average_checkpoints(
     result["model"] = averaged
     result["averaged_from"] = [Path(p).name for p in paths]
     return result
+
+
+def _refuse_other_classes(loaded: Sequence[Mapping[str, Any]], names: Sequence[str]) -> None:
+    """CheckpointError where two torchkit checkpoints name their outputs otherwise (another
+    order, other classes): of one shape, their weights averaged output by output mix classes,
+    a model that names its outputs by the last one's classes without a word."""
+    from torchkit.core.models.stored_classes import stored_class_names
+
+    first = stored_class_names(loaded[0].get("classes"), f"checkpoint {names[0]}", CheckpointError)
+    for item, name in zip(loaded[1:], names[1:], strict=True):
+        classes = stored_class_names(item.get("classes"), f"checkpoint {name}", CheckpointError)
+        if classes != first:
+            raise CheckpointError(
+                f"checkpoints {names[0]} and {name} name their outputs otherwise "
+                f"({_difference(first, classes)}): averaged, outputs would mix classes",
+                "average checkpoints of one run, or of runs on the same classes in one order",
+            )
+
+
+def _difference(first: list[str] | None, other: list[str] | None) -> str:
+    """Where two lists of class names differ first, for the error line."""
+    if first is None or other is None:
+        return "one records no class names"
+    if len(first) != len(other):
+        return f"{len(first)} and {len(other)} classes"
+    index = next(i for i, (a, b) in enumerate(zip(first, other, strict=True)) if a != b)
+    return f"output {index} is {first[index]!r} in one, {other[index]!r} in the other"
 
 
 def write_average(
