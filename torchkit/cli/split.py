@@ -199,8 +199,9 @@ def split(
 
     ROOT is never modified except by --mode move. OUT may not be ROOT, lie inside it or hold
     it. A non-empty OUT needs --force, which replaces only an earlier split in it (its split
-    folders and split.csv) and is refused for any other folder. Rerunning an interrupted move
-    finishes it; rerunning a finished one says so and changes nothing.
+    folders and split.csv) and is refused for any other folder, and where those folders hold
+    files the earlier split did not write. Rerunning an interrupted move finishes it; rerunning
+    a finished one says so and changes nothing.
 
     ROOT and OUT may be given as --data and --out instead. With --data the argument is OUT:
     `split raw --data raw2` splits raw2 into raw, and a refusal of raw (a folder that already
