@@ -342,12 +342,14 @@ def convert_checkpoint(
         out[renamed[old]] = tensor if tensor.is_contiguous() else tensor.contiguous()
     if overflowed:
         names, count = list(overflowed), sum(overflowed.values())
+        largest = torch.finfo(cast_to).max
+        shown = f"{largest:,.0f}" if largest < 1e6 else f"{largest:.3g}"  # 65,504; 3.4e+38
         log.warning(
             f"casting to {dtype} made {count:,} finite value{'s' if count > 1 else ''} "
-            f"infinite (beyond +-{torch.finfo(cast_to).max:,.0f}) in "
+            f"infinite (beyond +-{shown}) in "
             + ", ".join(names[:5])
             + (f" and {len(names) - 5} more tensors" if len(names) > 5 else "")
-            + " (--dtype bfloat16 keeps float32's range)"
+            + (" (--dtype bfloat16 keeps float32's range)" if dtype == "float16" else "")
         )
 
     shared = 0
