@@ -593,6 +593,33 @@ def test_a_whole_number_float_json_label_is_a_class_index(world, tmp_path):
     assert counts == {"0": 1, "1": 1}
 
 
+@pytest.mark.parametrize("classes_file", ["classes.txt", "classes.json"])
+def test_a_class_index_and_a_label_naming_two_classes_of_the_class_file_are_refused(
+    world, tmp_path, classes_file
+):
+    """With classes.txt [a, b], `cls` 1 beside "label": "a" was read as a, silently, while
+    webdataset's reader takes 1 (a model trained on it: every such sample's output swapped)."""
+    import webdataset as wds
+
+    png = (world / "images" / "a" / "a_0.png").read_bytes()
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    (folder / classes_file).write_text("a\nb\n" if classes_file == "classes.txt" else '["a", "b"]')
+    members = {"x.png": png, "x.cls": b"0", "x.json": b'{"label": "a"}'}
+    members |= {"y.png": png, "y.cls": b"1", "y.json": b'{"label": "a"}'}
+    members |= {"z.png": png, "z.cls": b"0", "z.json": b'{"label": "b"}'}
+    shard = tar_of(folder / "s-000000.tar", members)
+    assert [int(s["cls"]) for s in wds.WebDataset(str(shard), shardshuffle=False)] == [0, 1, 0]
+    result = run_torchkit_in_process("dataset-stats", folder, "--workers", "0")
+    assert result.returncode == 1
+    assert error_line(result.stderr, besides="nothing") == (
+        f"Error: sample y in s-000000.tar has class index 1, which {classes_file} names 'b', "
+        f"and the label 'a', class 0 of {classes_file}; 2 samples disagree so (fix the "
+        'sample\'s KEY.cls or its KEY.json "label", whichever is wrong: webdataset reads the '
+        "index)"
+    )
+
+
 def test_shards_written_again_in_place_are_read_from_the_new_files(world, tmp_path):
     # A process kept the descriptor of each shard it had read: opened again after `convert
     # shards --force` rewrote them, the new listing's offsets were read from the replaced file

@@ -17,7 +17,8 @@ What `--data` (or IMAGES) may name here, before folders and CSV indexes are trie
   indices beside them where every sample has both, paired one to one (`_classes_by_index`),
   else the label names sorted naturally (as class folders are), or, for indices only, "0",
   "1", ... up to the largest index. Two names of one index that differ only by the spaces
-  around them are an error (they would be two classes). A sample's id
+  around them are an error (they would be two classes); so is a sample whose index and name
+  are two classes of classes.txt / classes.json (webdataset reads the index). A sample's id
   (the `path` column) is `SHARD/KEY.EXT` (`train-000003.tar/00042.jpg`), relative to the shards'
   folder; samples are in shard order, then member order.
 - a `.tar` of an image folder (`class/img.JPEG`, a split root `train/class/img.jpg`, or, where
@@ -812,6 +813,37 @@ def _refuse_respelled_names_of_one_index(found: list[ShardSample]) -> None:
             )
 
 
+def _refuse_index_and_name_that_disagree(
+    found: list[ShardSample], file_classes: list[str], folder: str
+) -> None:
+    """InputError where a sample's class index (`KEY.cls`, "cls") and label name (`KEY.json`)
+    are two classes of the file of names beside the shards: with classes.txt [a, b], `cls` 1
+    beside "label": "a" was read as a, silently, while webdataset's reader takes 1. Only
+    there: a name the file lacks is refused in `_labelled`, and without a file two names of
+    one index are a fine label beside a coarse index (`_refuse_respelled_names_of_one_index`)."""
+    index_of = {name: i for i, name in enumerate(file_classes)}
+    clashes = [
+        s
+        for s in found
+        if s.name in index_of
+        and s.index is not None
+        and s.index < len(file_classes)
+        and index_of[s.name] != s.index
+    ]
+    if not clashes:
+        return
+    first = clashes[0]
+    file = "classes.txt" if Path(folder, "classes.txt").is_file() else "classes.json"
+    more = f"; {len(clashes)} samples disagree so" if len(clashes) > 1 else ""
+    raise InputError(
+        f"sample {first.key} in {first.shard} has class index {first.index}, which {file} "
+        f"names {file_classes[first.index]!r}, and the label {first.name!r}, class "
+        f"{index_of[first.name]} of {file}{more}",
+        'fix the sample\'s KEY.cls or its KEY.json "label", whichever is wrong: webdataset '
+        "reads the index",
+    )
+
+
 def _classes_by_index(found: list[ShardSample]) -> list[str] | None:
     """The class names in the order the samples' own indices give, where every labelled sample
     has a name (`KEY.json` "label") and an index (`KEY.cls`, "cls"), and they pair one to one
@@ -1031,6 +1063,8 @@ def shards_source(
     if not found:
         raise InputError(f"no samples in the shards {spec} names", _SHARDS_HINT)
     file_classes = _class_file(root)
+    if file_classes:
+        _refuse_index_and_name_that_disagree(found, file_classes, root)
     if file_classes is None:
         _refuse_respelled_names_of_one_index(found)
         file_classes = _classes_by_index(found)
