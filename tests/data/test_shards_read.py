@@ -620,6 +620,31 @@ def test_a_class_index_and_a_label_naming_two_classes_of_the_class_file_are_refu
     )
 
 
+def test_shards_beside_a_folder_are_said_to_be_so_and_a_stray_tar_in_an_image_folder_is_not(
+    world, tmp_path
+):
+    """A folder of shards that also held `old/` (older shards) was read as an image folder:
+    `Error: no images in DIR`, not naming the shards nor what to do."""
+    shards = tmp_path / "shards"
+    shutil.copytree(world / "shards", shards)
+    (shards / "old").mkdir()
+    shutil.copy(shards / "shard-000000.tar", shards / "old")
+    for command in (("dataset-stats", shards, "--workers", "0"), ("train", "--data", shards)):
+        result = run_torchkit_in_process(*command)
+        assert result.returncode == 1
+        assert error_line(result.stderr, besides="nothing") == (
+            f"Error: {shards} holds .tar shards (shard-000000.tar, shard-000001.tar, "
+            "shard-000002.tar, ... 4 in all) beside a folder (old/): a folder of shards holds "
+            "no folder, and as an image folder it holds no images (move old/ out of it to read "
+            f"it as a folder of shards, or name the shards with a pattern, {shards}/NAME-"
+            "{000000..000009}.tar)"
+        )
+    images = tmp_path / "images"
+    shutil.copytree(world / "images", images)
+    shutil.copy(shards / "shard-000000.tar", images)
+    assert stats(images)["images"] == 18
+
+
 def test_shards_written_again_in_place_are_read_from_the_new_files(world, tmp_path):
     # A process kept the descriptor of each shard it had read: opened again after `convert
     # shards --force` rewrote them, the new listing's offsets were read from the replaced file

@@ -156,7 +156,40 @@ def open_data(
         return _open_csv(path, text, classes, allow_unlabelled)
     if not path.is_dir():
         raise InputError(f"{path} is neither a folder nor a CSV index", GRAMMAR_HINT)
-    return _open_folder(path, text, classes, allow_unlabelled, every_image)
+    try:
+        return _open_folder(path, text, classes, allow_unlabelled, every_image)
+    except NoImagesError as error:
+        # A folder of shards is one of only .tar files (and their side files): one beside a
+        # folder (old shards in `old/`) is read as an image folder, whose "no images in"
+        # would not say why. An image folder with a stray .tar reads as one, as before.
+        raise _shards_beside_folders_error(path) or error from None
+
+
+def _shards_beside_folders_error(path: Path) -> InputError | None:
+    """The error for a folder of `.tar` files beside subfolders holding no images, or None
+    where it holds no `.tar` file or no subfolder."""
+    try:
+        with os.scandir(path) as entries:
+            listed = [(entry.name, entry.is_dir()) for entry in entries]
+    except OSError:
+        return None
+    tars = sorted(n for n, is_dir in listed if not is_dir and n.lower().endswith(".tar"))
+    folders = sorted(n + "/" for n, is_dir in listed if is_dir and not is_skipped_folder(n))
+    if not tars or not folders:
+        return None
+
+    def shown(names: list[str]) -> str:
+        more = f", ... {len(names)} in all" if len(names) > 3 else ""
+        return ", ".join(names[:3]) + more
+
+    some = "a folder" if len(folders) == 1 else "folders"
+    them = folders[0] if len(folders) == 1 else "them"
+    return InputError(
+        f"{path} holds .tar shards ({shown(tars)}) beside {some} ({shown(folders)}): a "
+        "folder of shards holds no folder, and as an image folder it holds no images",
+        f"move {them} out of it to read it as a folder of shards, or name the shards with a "
+        f"pattern, {path}/NAME-{{000000..000009}}.tar",
+    )
 
 
 def open_labelled(spec: str | os.PathLike) -> tuple[DataSource, InputError | None]:
