@@ -244,3 +244,28 @@ def test_a_tar_reads_its_folders_by_the_same_rule(data, tmp_path):
     assert source.strays == {
         f"{split_root}:{name}": ["cover.png", "notes.jpg"] for name in ("train", "val")
     }
+
+
+def test_shards_beside_class_or_split_folders_are_warned_of_as_not_read(tmp_path):
+    # `train/` and `train-000000.tar` in one folder: read as the image folder (or split root)
+    # it also is, the shards were left out without a word.
+    data = write_image_folder(tmp_path / "D", {"cat": 2, "dog": 2})
+    for name in ("train-000000.tar", "train-000001.tar"):
+        with tarfile.open(data / name, "w"):
+            pass
+    (data / "notes.txt").write_text("not an archive\n")
+    stats = run_torchkit_in_process("dataset-stats", data, "--format", "json", "--workers", "0")
+    assert stats.returncode == 0, stats.stderr
+    assert json.loads(stats.stdout)["images"] == 4
+    assert [line for line in stats.stderr.splitlines() if ".tar" in line] == [
+        f"Warning: 2 .tar files in {data}, read as an image folder, are not read: "
+        f"train-000000.tar, train-000001.tar (to read shards, name them: "
+        f"{data}/NAME-{{000000..000009}}.tar)"
+    ]
+    root = tmp_path / "R"
+    write_image_folder(root / "train", {"cat": 2, "dog": 2})
+    with tarfile.open(root / "val-000000.tar", "w"):
+        pass
+    source = open_data(root)
+    assert source.kind == "split root" and source.unread_archives == {str(root): ["val-000000.tar"]}
+    assert open_data(write_image_folder(tmp_path / "plain", {"a": 1})).unread_archives == {}

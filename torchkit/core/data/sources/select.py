@@ -53,7 +53,8 @@ def warn_stray_images(source: DataSource, fate: str = "") -> None:
     """One warning per folder of `source` with image files beside its class folders
     (`DataSource.strays`), which no reader of labels reads: `N images beside the class folders
     of D are not read: a.png, b.png and 3 more`; `fate` adds what follows for the command
-    (split's `and not copied`)."""
+    (split's `and not copied`). The same for `.tar` files in an image folder or split root
+    (`DataSource.unread_archives`), which its reader does not read."""
     for where, names in source.strays.items():
         count = len(names)
         what = counted(count, "image")
@@ -62,6 +63,14 @@ def warn_stray_images(source: DataSource, fate: str = "") -> None:
             f"{what} beside the class folders of {where} {verb} not read"
             + (f" {fate}" if fate else "")
             + f": {first_and_more(names, 3)}"
+        )
+    read_as = ("an " if source.kind[:1] in "aeiou" else "a ") + source.kind
+    for where, names in source.unread_archives.items():
+        verb = "is" if len(names) == 1 else "are"
+        log.warning(
+            f"{counted(len(names), '.tar file')} in {where}, read as {read_as}, {verb} "
+            f"not read" + (f" {fate}" if fate else "") + f": {first_and_more(names, 3)} (to "
+            f"read shards, name them: {where}/NAME-{{000000..000009}}.tar)"
         )
 
 

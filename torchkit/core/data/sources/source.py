@@ -95,6 +95,9 @@ class DataSource:
     # Images beside class folders, which no reader of labels reads (the class-folder rule): by
     # folder as messages show it (`D`, `sr/train`, `x.tar:train`), their names in it, sorted.
     strays: dict[str, list[str]] = field(default_factory=dict)
+    # .tar files in an image folder or split root, which its reader does not read (shards kept
+    # beside a class or split folder): by folder as messages show it, their names, sorted.
+    unread_archives: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def is_split(self) -> bool:
@@ -157,12 +160,31 @@ def open_data(
     if not path.is_dir():
         raise InputError(f"{path} is neither a folder nor a CSV index", GRAMMAR_HINT)
     try:
-        return _open_folder(path, text, classes, allow_unlabelled, every_image)
+        source = _open_folder(path, text, classes, allow_unlabelled, every_image)
     except NoImagesError as error:
         # A folder of shards is one of only .tar files (and their side files): one beside a
         # folder (old shards in `old/`) is read as an image folder, whose "no images in"
         # would not say why. An image folder with a stray .tar reads as one, as before.
         raise _shards_beside_folders_error(path) or error from None
+    # Shards beside class or split folders (`train/` and `train-000000.tar`) are not read: the
+    # caller warns (`select.warn_stray_images`), where they were left out without a word.
+    archives = _tar_files(path)
+    if archives:
+        source.unread_archives[str(path)] = archives
+    return source
+
+
+def _tar_files(path: Path) -> list[str]:
+    """The names of the `.tar` files directly in the folder `path`, sorted."""
+    try:
+        with os.scandir(path) as entries:
+            return sorted(
+                entry.name
+                for entry in entries
+                if entry.name.lower().endswith(".tar") and entry.is_file()
+            )
+    except OSError:
+        return []
 
 
 def _shards_beside_folders_error(path: Path) -> InputError | None:
