@@ -160,31 +160,12 @@ def open_data(
     if not path.is_dir():
         raise InputError(f"{path} is neither a folder nor a CSV index", GRAMMAR_HINT)
     try:
-        source = _open_folder(path, text, classes, allow_unlabelled, every_image)
+        return _open_folder(path, text, classes, allow_unlabelled, every_image)
     except NoImagesError as error:
         # A folder of shards is one of only .tar files (and their side files): one beside a
         # folder (old shards in `old/`) is read as an image folder, whose "no images in"
         # would not say why. An image folder with a stray .tar reads as one, as before.
         raise _shards_beside_folders_error(path) or error from None
-    # Shards beside class or split folders (`train/` and `train-000000.tar`) are not read: the
-    # caller warns (`select.warn_stray_images`), where they were left out without a word.
-    archives = _tar_files(path)
-    if archives:
-        source.unread_archives[str(path)] = archives
-    return source
-
-
-def _tar_files(path: Path) -> list[str]:
-    """The names of the `.tar` files directly in the folder `path`, sorted."""
-    try:
-        with os.scandir(path) as entries:
-            return sorted(
-                entry.name
-                for entry in entries
-                if entry.name.lower().endswith(".tar") and entry.is_file()
-            )
-    except OSError:
-        return []
 
 
 def _shards_beside_folders_error(path: Path) -> InputError | None:
@@ -480,6 +461,13 @@ def csv_samples(
 
 def _subfolders(path: Path) -> tuple[list[str], list[str]]:
     """(visible subfolder names, the image files directly in `path`: both sorted names)."""
+    folders, images, _ = _listing(path)
+    return folders, images
+
+
+def _listing(path: Path) -> tuple[list[str], list[str], list[str]]:
+    """`_subfolders`, and the `.tar` files directly in `path` (sorted names), from one
+    listing."""
     try:
         entries = list(path.iterdir())
     except OSError as error:
@@ -488,7 +476,8 @@ def _subfolders(path: Path) -> tuple[list[str], list[str]]:
     images = sorted(
         p.name for p in entries if is_image_file(p) and not is_apple_double(p.name) and p.is_file()
     )
-    return folders, images
+    archives = sorted(p.name for p in entries if p.name.lower().endswith(".tar") and p.is_file())
+    return folders, images, archives
 
 
 def _class_folder_samples(
@@ -510,14 +499,32 @@ def _open_folder(
     allow_unlabelled: bool,
     every_image: bool = False,
 ) -> DataSource:
-    root = str(path)
     if unfinished_split(path):
         raise InputError(
             f"{path} is an unfinished split (a torchkit split was stopped while writing it)",
             "run the split command again",
         )
     lock_for_reading(path)
-    folders, top_images = _subfolders(path)
+    folders, top_images, archives = _listing(path)
+    source = _open_listed(path, spec, classes, allow_unlabelled, every_image, folders, top_images)
+    # Shards beside class or split folders (`train/` and `train-000000.tar`) are not read: the
+    # caller warns (`select.warn_stray_images`), where they were left out without a word.
+    if archives:
+        source.unread_archives[str(path)] = archives
+    return source
+
+
+def _open_listed(
+    path: Path,
+    spec: str,
+    classes: Sequence[str] | None,
+    allow_unlabelled: bool,
+    every_image: bool,
+    folders: list[str],
+    top_images: list[str],
+) -> DataSource:
+    """`_open_folder` of the folder `path`, locked for reading, whose listing is given."""
+    root = str(path)
     lock_subfolders_for_reading(path, folders)
     _refuse_renamed_split(path, folders)
     refuse_other_split_names(
