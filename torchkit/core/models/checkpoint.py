@@ -59,23 +59,18 @@ def check_torchkit_checkpoint(checkpoint: Mapping[str, Any], source: str) -> Non
     whose class names no torchkit writes (`stored_class_names`: a class None or ""). A class
     named twice is no damage: torchvision's ImageNet names hold two `crane`s and two `maillot`s,
     and eval refuses only data whose class is such a name."""
-    from torchkit import __version__
     from torchkit.core.models.stored_classes import stored_class_names
+    from torchkit.core.models.written_versions import check_written_version
 
-    version = checkpoint.get("format_version")
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise CheckpointError(
-            f"checkpoint {source} has format_version {version!r}, which no torchkit writes",
-            "the file is damaged or was not written by torchkit",
-        )
-    if version > FORMAT_VERSION:
-        written = checkpoint.get("torchkit_version")
-        by = f"torchkit {written}" if isinstance(written, str) else "a newer torchkit"
-        raise CheckpointError(
-            f"checkpoint {source} was written by {by} (checkpoint format {version}); this "
-            f"torchkit ({__version__}) reads formats up to {FORMAT_VERSION}",
-            "upgrade torchkit to read it",
-        )
+    check_written_version(
+        checkpoint.get("format_version"),
+        checkpoint.get("torchkit_version"),
+        FORMAT_VERSION,
+        where=f"checkpoint {source}",
+        field="format_version",
+        kind="checkpoint format",
+        error=CheckpointError,
+    )
     stored_class_names(checkpoint.get("classes"), f"checkpoint {source}", CheckpointError)
 
 

@@ -13,6 +13,7 @@ from torchkit import __version__
 from torchkit.core.data.preprocessing import Preprocess
 from torchkit.core.io.errors import InputError
 from torchkit.core.models.stored_classes import stored_class_names
+from torchkit.core.models.written_versions import check_written_version
 
 METADATA_VERSION = 1
 EXTRA_FILE = "torchkit.json"
@@ -101,23 +102,16 @@ def check_metadata(metadata: Mapping[str, Any], source: str) -> None:
     whose class names no torchkit writes (`classes_of`). A file without one (torch exported
     it, not torchkit) has nothing to refuse."""
     if "metadata_version" in metadata:
-        _check_version(metadata["metadata_version"], metadata.get("torchkit_version"), source)
+        check_written_version(
+            metadata["metadata_version"],
+            metadata.get("torchkit_version"),
+            METADATA_VERSION,
+            where=source,
+            field="torchkit metadata_version",
+            kind="exported-model metadata version",
+            error=InputError,
+        )
     classes_of(metadata, source)
-
-
-def _check_version(version: Any, written: Any, source: str) -> None:
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise InputError(
-            f"{source} has torchkit metadata_version {version!r}, which no torchkit writes",
-            "the file is damaged or was not written by torchkit",
-        )
-    if version > METADATA_VERSION:
-        by = f"torchkit {written}" if isinstance(written, str) else "a newer torchkit"
-        raise InputError(
-            f"{source} was written by {by} (exported-model metadata version {version}); this "
-            f"torchkit ({__version__}) reads versions up to {METADATA_VERSION}",
-            "upgrade torchkit to read it",
-        )
 
 
 def preprocess_of(metadata: Mapping[str, Any]) -> Preprocess | None:
