@@ -40,7 +40,7 @@ def parse_class_names(spec: str) -> list[str]:
             "check the path, or give the class names themselves, like a,b,c",
         )
     if is_file:
-        from torchkit.core.data.sources.shards import class_names_in_json, class_names_in_text
+        from torchkit.core.data.sources.class_files import class_names_in_json, class_names_in_text
 
         try:
             text = read_text(path, "utf-8-sig")
