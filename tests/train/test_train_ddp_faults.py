@@ -22,6 +22,7 @@ import signal
 import subprocess
 import textwrap
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -540,6 +541,11 @@ class OtherRank:
 def test_the_ranks_vote_on_stopping_every_half_second_not_after_every_update(monkeypatch):
     """Before: an all-reduce (a host sync) after every optimiser update."""
     other = OtherRank(monkeypatch)
+    # Updates a microsecond apart on the vote's clock: a worker descheduled for 5 ms before
+    # the first made that update look slow, and the interval 95 updates, not 1000.
+    ticks = iter(range(10**6))
+    clock = types.SimpleNamespace(perf_counter=lambda: next(ticks) * 1e-6)
+    monkeypatch.setattr(dist_utils, "time", clock)
     vote = dist_utils.StopVote(dist_utils.DistContext(rank=0, world_size=2))
     assert not any(vote(0) for _ in range(500))  # fast updates: microseconds each
     assert len(other.calls) == 1  # the first update votes; the next vote is 1000 updates on
