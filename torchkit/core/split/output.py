@@ -145,13 +145,39 @@ def _spelled(out: Path, name: str, entries: list[str]) -> str | None:
 
 def _listed_paths(out: Path) -> set[str]:
     """The `path` of every row of OUT's split.csv (none when there is none), as `path_key`s."""
+    rows = read_split_rows(out, ("path",), "the earlier split", missing_ok=True)
+    return {path_key(row["path"]) for row in rows}
+
+
+def read_split_rows(
+    out: Path, columns: Sequence[str], what: str, *, missing_ok: bool = False
+) -> list[dict[str, str]]:
+    """The rows of the split.csv that torchkit split wrote in OUT (none when there is none and
+    `missing_ok`), each with a value in every one of `columns`: a file without one of them, or
+    a row cut short (an edit, a disk that filled), is an InputError naming `what` it is, never
+    a KeyError half-way through the move that follows it."""
+    path = out / MANIFEST
     try:
-        with open_text(out / MANIFEST) as handle:
-            return {path_key(row.get("path") or "") for row in csv.DictReader(handle)}
+        with open_text(path) as handle:
+            reader = csv.DictReader(handle)
+            rows = list(reader)
+            header = reader.fieldnames or []
     except FileNotFoundError:
-        return set()
+        if missing_ok:
+            return []
+        raise InputError(f"cannot read {what} {path}: it is gone") from None
     except (OSError, csv.Error, UnicodeDecodeError) as error:
-        raise InputError(f"cannot read the earlier split {out / MANIFEST}: {error}") from None
+        raise InputError(f"cannot read {what} {path}: {error}") from None
+    absent = [name for name in columns if name not in header]
+    if absent:
+        raise InputError(
+            f"cannot read {what} {path}: it has no {', '.join(absent)} column",
+            "torchkit split writes the columns path, label, split, source",
+        )
+    for number, row in enumerate(rows, start=2):  # line 1 is the header
+        if any(row[name] is None for name in columns):
+            raise InputError(f"cannot read {what} {path}: row {number} is cut short")
+    return rows
 
 
 def discard_replaced(out: Path) -> None:

@@ -4,7 +4,6 @@ written, or an interrupted move finished (see the package doc)."""
 from __future__ import annotations
 
 import contextlib
-import csv
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -20,8 +19,8 @@ from torchkit.core.data.sources.splitting import (
     spread_note,
     stratified_split,
 )
-from torchkit.core.io.errors import InputError, OutputExistsError, UsageError
-from torchkit.core.io.files import absolute_as_opened, open_text, refuse_case_twins
+from torchkit.core.io.errors import OutputExistsError, UsageError
+from torchkit.core.io.files import absolute_as_opened, refuse_case_twins
 from torchkit.core.io.outputs import (
     OutputFolder,
     check_not_protected,
@@ -60,6 +59,7 @@ from torchkit.core.split.output import (
     note_moving,
     previous_split_names,
     read_journal,
+    read_split_rows,
     recover_split_leftovers,
     refuse_files_not_written,
     remove_journal,
@@ -433,11 +433,8 @@ def _same_move(journal: dict, source, options: SplitOptions) -> bool:
 
 
 def _plan_rows(out: Path) -> list[dict[str, str]]:
-    try:
-        with open_text(out / MANIFEST) as handle:
-            return list(csv.DictReader(handle))
-    except (OSError, csv.Error, UnicodeDecodeError) as error:
-        raise InputError(f"cannot read the plan {out / MANIFEST}: {error}") from None
+    """The move's plan: the rows of OUT/split.csv, written before the first file moved."""
+    return read_split_rows(out, ("path", "label", "split", "source"), "the plan")
 
 
 def _move_result(

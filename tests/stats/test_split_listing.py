@@ -1,0 +1,93 @@
+"""The split.csv a split reads back from OUT (the plan an interrupted move finishes by, the files
+an earlier split lists when `--force` replaces it): one reader, which names a damaged file."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+from output_checks import error_line
+from processes import run_torchkit_in_process
+
+from torchkit.core.split import files as split_files
+from torchkit.core.split.run import split_dataset
+
+
+def write_images(root: Path, count: int = 3) -> Path:
+    """ROOT/{a,b}/<i>.png, each file's bytes its own name (a split only copies bytes)."""
+    for label in "ab":
+        (root / label).mkdir(parents=True, exist_ok=True)
+        for i in range(count):
+            (root / label / f"{i}.png").write_bytes(f"{label}{i}".encode() * 3)
+    return root
+
+
+def digests(*roots: Path) -> dict[str, str]:
+    return {
+        str(p): hashlib.sha256(p.read_bytes()).hexdigest()
+        for root in roots
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def interrupted_move(tmp_path: Path, monkeypatch) -> tuple[Path, Path]:
+    """A move into OUT stopped by Ctrl-C after its first file: (ROOT, OUT)."""
+    data, out = write_images(tmp_path / "data"), tmp_path / "out"
+    move_file = split_files.move_file
+    moved: list[str] = []
+
+    def stop_after_one(source, dest, links=None):
+        if moved:
+            raise KeyboardInterrupt
+        move_file(source, dest, links)
+        moved.append(source)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(split_files, "move_file", stop_after_one)
+        with pytest.raises(KeyboardInterrupt):
+            split_dataset(data, out, mode="move", ratio="1:1")
+    return data, out
+
+
+def rewrite_plan(out: Path, edit) -> None:
+    lines = (out / "split.csv").read_text(encoding="utf-8").splitlines()
+    (out / "split.csv").write_text("\n".join(edit(lines)) + "\n", encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    ("edit", "said"),
+    [
+        # Before: 'Error: KeyError: 'source'' once the finish had begun.
+        (lambda lines: [line.rsplit(",", 1)[0] for line in lines], "it has no source column"),
+        # Before: 'Error: TypeError: lstat: path should be string, ... not NoneType'.
+        (lambda lines: [*lines[:2], lines[2].split(",")[0], *lines[3:]], "row 3 is cut short"),
+    ],
+    ids=["column-gone", "row-cut-short"],
+)
+def test_a_damaged_plan_of_an_interrupted_move_is_named_and_no_file_moves(
+    tmp_path, monkeypatch, edit, said
+):
+    data, out = interrupted_move(tmp_path, monkeypatch)
+    rewrite_plan(out, edit)
+    before = digests(data, out)
+    result = run_torchkit_in_process("split", data, out, "--mode", "move", "--ratio", "1:1")
+    assert result.returncode == 1
+    line = error_line(result.stderr, besides="warnings")
+    assert f"cannot read the plan {out / 'split.csv'}: {said}" in line, line
+    assert digests(data, out) == before  # every file where the interrupted move left it
+
+
+def test_an_earlier_split_without_a_path_column_is_named_when_force_replaces_it(tmp_path):
+    """Before: every file of the earlier split read as one it did not write ('holds files in
+    its split folders that the earlier split did not write'), split.csv never named."""
+    data, out = write_images(tmp_path / "data"), tmp_path / "out"
+    split_dataset(data, out, ratio="1:1")
+    rewrite_plan(out, lambda lines: [line.split(",", 1)[1] for line in lines])
+    before = digests(out)
+    result = run_torchkit_in_process("split", data, out, "--ratio", "1:1", "--force")
+    assert result.returncode == 1
+    line = error_line(result.stderr)
+    assert f"cannot read the earlier split {out / 'split.csv'}: it has no path column" in line
+    assert digests(out) == before
