@@ -108,7 +108,7 @@ def test_flags_have_no_type_but_options_with_values_do():
     rows = {line.split()[1]: line for line in text.splitlines() if line.startswith("│ --")}
     assert "<" not in rows["--exact"] and "<" not in rows["--skip-errors"]
     # --seed's bounds are core's one seed rule, checked by a callback (not shown as click's)
-    assert "<int>" in rows["--seed"] and "<table | csv | json>" in rows["--format"]
+    assert "<int>" in rows["--seed"] and "<table | csv | json |" in rows["--format"]  # | jsonl>
     assert "K [x>=1]" in rows["--segments"]
     assert usage_line(text).endswith("[OPTIONS] PATH...")
 

@@ -153,23 +153,30 @@ def to_json_value(value: Any) -> Any:
     return value
 
 
-def render_json(data: Any, encoding: str | None = None) -> str:
-    """JSON text; for a stream whose `encoding` cannot write every character (an emoji under
-    cp1252, an accent under ASCII), with those characters as JSON escapes: the escapes of
-    stdout's encoder (`\\xe9`, `\\U0001f431`) are not JSON, and a script's parser refused it."""
+def render_json(data: Any, encoding: str | None = None, indent: int | None = 2) -> str:
+    """JSON text (`indent` None: on one line, a JSON Lines record); for a stream whose
+    `encoding` cannot write every character (an emoji under cp1252, an accent under ASCII),
+    with those characters as JSON escapes: the escapes of stdout's encoder (`\\xe9`,
+    `\\U0001f431`) are not JSON, and a script's parser refused it."""
     from torchkit.core.io.files import json_text
 
-    text = json_text(to_json_value(data), indent=2) + "\n"
+    text = json_text(to_json_value(data), indent=indent) + "\n"
     if encoding is not None:
         try:
             text.encode(encoding)
         except UnicodeEncodeError:
             import json
 
-            return json.dumps(to_json_value(data), indent=2, ensure_ascii=True) + "\n"
+            return json.dumps(to_json_value(data), indent=indent, ensure_ascii=True) + "\n"
         except LookupError:
             pass
     return text
+
+
+def render_json_lines(items: Iterable[Any], encoding: str | None = None) -> str:
+    """JSON Lines: each item as one line of JSON. Unlike an array, what a stopped run wrote
+    is whole records, each of which a reader can take."""
+    return "".join(render_json(item, encoding, indent=None) for item in items)
 
 
 class JsonArrayWriter:
@@ -406,15 +413,16 @@ def emit(
     *,
     tables: list[Table],
     data: Any,
-    fmt: OutputFormat = OutputFormat.table,
+    fmt: OutputFormat | Enum = OutputFormat.table,
     output: Path | None = None,
     force: bool = False,
     csv_table: int = 0,
     written: Iterable[str | os.PathLike | None] = (),
     replaced: ReplacedFiles | None = None,
 ) -> None:
-    """Write the result: tables (one or more), CSV of `tables[csv_table]`, or `data` as JSON;
-    to stdout, or atomically to `output` (which needs --force to replace an existing file).
+    """Write the result: tables (one or more), CSV of `tables[csv_table]`, `data` as JSON, or
+    the list `data` as JSON Lines (`fmt` jsonl, of a command whose --format adds it); to
+    stdout, or atomically to `output` (which needs --force to replace an existing file).
     Where a file the command `written` is stdout itself (`export m.pt /dev/stdout | ...`, a
     link to it, the FIFO or file stdout goes to), the result goes to stderr, not into the file.
     `replaced`: the command's other outputs, whose old files go back with the old `output` if
@@ -433,6 +441,9 @@ def emit(
     if fmt == OutputFormat.json:
         stdout_encoding = getattr(screen.file, "encoding", None)
         text = render_json(data, None if output is not None else stdout_encoding)
+    elif getattr(fmt, "value", fmt) == "jsonl":  # the commands that add it: `data` is a list
+        stdout_encoding = getattr(screen.file, "encoding", None)
+        text = render_json_lines(data, None if output is not None else stdout_encoding)
     elif fmt == OutputFormat.csv:
         text = render_csv(tables[csv_table])
     elif output is None and screen.is_terminal:

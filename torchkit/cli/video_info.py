@@ -12,7 +12,6 @@ import typer
 from torchkit.cli import console
 from torchkit.cli.options import (
     ForceOption,
-    FormatOption,
     NullOption,
     OutputOption,
     piped_paths,
@@ -21,9 +20,9 @@ from torchkit.cli.options import (
 from torchkit.cli.progress import progress_bar
 from torchkit.cli.render import (
     JsonArrayWriter,
-    OutputFormat,
     ReportAtSwap,
     Table,
+    render_json,
     report_file,
     resolve_format,
 )
@@ -47,6 +46,13 @@ CSV_COLUMNS = [
     "status",
     "error",
 ]
+
+
+class VideoFormat(str, Enum):
+    table = "table"
+    csv = "csv"
+    json = "json"
+    jsonl = "jsonl"  # JSON Lines: a run stopped part-way leaves whole records
 
 
 class SampleMode(str, Enum):
@@ -143,7 +149,17 @@ def video_info(
             show_default=False,
         ),
     ] = None,
-    fmt: FormatOption = None,
+    fmt: Annotated[
+        Optional[VideoFormat],
+        typer.Option(
+            "--format",
+            help="Output format; csv, json and jsonl (one JSON object a line) stream one row "
+            "per video, and a run stopped part-way leaves jsonl's lines whole. [default: that "
+            "of -o FILE.csv, FILE.json or FILE.jsonl, else table]",
+            case_sensitive=False,
+            show_default=False,
+        ),
+    ] = None,
     output: OutputOption = None,
     force: ForceOption = False,
     null: NullOption = False,
@@ -161,6 +177,8 @@ def video_info(
 
       torchkit video-info a.mp4 b.avi --format json
 
+      find clips -name '*.mp4' | torchkit video-info - --format jsonl
+
       torchkit video-info clips/ --exact -o info.csv --format csv
 
       torchkit video-info clip.mp4 --segments 8 --sample-mode train --extract-frames frames/
@@ -170,11 +188,11 @@ def video_info(
 
     segments = former_short_flag(segments, segments_short, option="--segments", flag="-k")
 
-    fmt = resolve_format(fmt, output)
-    if fmt == OutputFormat.csv and extract_frames is not None:
+    fmt = resolve_format(fmt, output, VideoFormat)
+    if fmt == VideoFormat.csv and extract_frames is not None:
         _check_csv_frames_folder(extract_frames)
     stdin = piped_paths(paths, null)
-    if fmt != OutputFormat.table and extract_frames is None:
+    if fmt != VideoFormat.table and extract_frames is None:
         # One row per video as it is read: nothing held but the videos in work.
         tally = _write_streamed(
             paths,
@@ -193,7 +211,7 @@ def video_info(
         return
 
     def render(infos) -> tuple[list[Table], list]:
-        if fmt == OutputFormat.csv:
+        if fmt == VideoFormat.csv:
             table = _csv_table(infos)
         else:
             table = _table(infos, exact=exact, segments=segments is not None)
@@ -283,11 +301,12 @@ def _lies_in(path: Path | str, folder: Path) -> bool:
 
 
 def _write_streamed(
-    paths, *, fmt: OutputFormat, output: Path | None, force: bool, **options
+    paths, *, fmt: VideoFormat, output: Path | None, force: bool, **options
 ) -> _Tally:
-    """The CSV, or the JSON array, a row per video as it is read (`stream_videos`): on stdout,
-    each row at once (a reader of the pipe gets it while the list on stdin is still being
-    written); with -o, written to a temporary file put in place at the end."""
+    """The CSV, the JSON array or the JSON Lines, a row per video as it is read
+    (`stream_videos`): on stdout, each row at once (a reader of the pipe gets it while the list
+    on stdin is still being written); with -o, written to a temporary file put in place at the
+    end."""
     from torchkit.core.io.files import atomic_write
     from torchkit.core.video import stream_videos
 
@@ -323,15 +342,21 @@ def _write_streamed(
 
 
 def _row_writer(
-    fmt: OutputFormat, handle, encoding: str | None
+    fmt: VideoFormat, handle, encoding: str | None
 ) -> tuple[Callable[[Any], None], Callable[[], None]]:
     """(add a video's row, end the output) for `fmt` on `handle`: CSV rows under their header,
-    or the items of a JSON array (as `emit` renders the whole list)."""
+    the items of a JSON array, or JSON Lines (each as `emit` renders the whole list)."""
     from torchkit.core.io.csv_rows import CsvWriter
 
-    if fmt == OutputFormat.json:
+    if fmt == VideoFormat.json:
         array = JsonArrayWriter(handle, encoding)
         return (lambda info: array.add(info.to_dict())), array.close
+    if fmt == VideoFormat.jsonl:
+
+        def add_line(info) -> None:
+            handle.write(render_json(info.to_dict(), encoding, indent=None))
+
+        return add_line, (lambda: None)
     writer = CsvWriter(handle)
     writer.writerow(CSV_COLUMNS)
     return (lambda info: writer.writerow(_csv_row(info))), (lambda: None)
