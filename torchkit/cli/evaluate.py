@@ -250,6 +250,7 @@ def summary_table(result) -> Table:
         ("Recall (weighted)", m.recall_weighted),
         ("F1 (weighted)", m.f1_weighted),
         ("F1 (micro)", m.f1_micro),
+        ("Balanced accuracy", m.balanced_accuracy),
         ("Loss", result.loss),
         ("Images", result.num_images),
         ("Skipped (unreadable)", len(result.skipped)),

@@ -11,8 +11,15 @@ it takes a second or more to import. The definitions are scikit-learn's:
   (scikit-learn's default `labels=None`): a class with no images that the model never predicts
   does not drag the averages down;
 - weighted averages weight each class by its support; micro F1 pools all decisions (for
-  single-label classification it equals the accuracy).
-No images at all (which scikit-learn refuses) give zero counts and scores.
+  single-label classification it equals the accuracy);
+- balanced accuracy is the mean recall over the classes that have images (scikit-learn's
+  `balanced_accuracy_score`): unlike the macro recall, a class the model predicts but the data
+  lacks does not count.
+An image whose true label is not a class (-1: unlabelled) has no truth to be scored against: it
+is left out of every figure, as scikit-learn's `confusion_matrix(labels=range(C))` leaves it out
+of the matrix (scikit-learn's accuracy would count it as a mistake, and its precision as a false
+positive of the class predicted). No images at all (which scikit-learn refuses) give zero counts
+and scores.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ class ClassificationMetrics:
     f1_weighted: float
     f1_micro: float
     averaged_classes: int  # how many classes the macro averages are taken over
+    balanced_accuracy: float  # mean recall over the classes with images
 
     @property
     def confusion(self) -> np.ndarray:
@@ -66,6 +74,15 @@ def topk_accuracy(y_true: np.ndarray, topk_labels: np.ndarray, k: int) -> float:
         return 0.0
     hits = (np.asarray(topk_labels)[:, :k] == y_true[:, None]).any(axis=1)
     return float(hits.mean())
+
+
+def balanced_accuracy(correct: np.ndarray, support: np.ndarray) -> float:
+    """The mean recall over the classes with images (`correct` of `support` each): scikit-learn's
+    `balanced_accuracy_score`; 0 without images."""
+    present = support > 0
+    if not present.any():
+        return 0.0
+    return float(np.mean(correct[present] / support[present]))
 
 
 def _known(y_true: np.ndarray, y_pred: np.ndarray, num_classes: int) -> np.ndarray:
@@ -162,6 +179,10 @@ def compute_metrics(
     """
     y_true = np.asarray(y_true, dtype=np.int64)
     y_pred = np.asarray(y_pred, dtype=np.int64)
+    labelled = (y_true >= 0) & (y_true < num_classes)
+    if not labelled.all():  # unlabelled images: no figure can score them
+        y_true, y_pred = y_true[labelled], y_pred[labelled]
+        topk_labels = np.asarray(topk_labels)[labelled]
     if len(y_true) == 0:
         return _no_images(num_classes, k)
     request = {"y_true": y_true.tolist(), "y_pred": y_pred.tolist(), "num_classes": num_classes}
@@ -169,11 +190,12 @@ def compute_metrics(
     if scores is None:
         scores = answer(request)
     pairs = ConfusionPairs.counted(y_true, y_pred, num_classes)
+    support = pairs.support()
     macro, weighted = scores["macro"], scores["weighted"]
     return ClassificationMetrics(
         num_samples=len(y_true),
         pairs=pairs,
-        support=pairs.support(),
+        support=support,
         predicted=pairs.predictions(),
         precision=np.asarray(scores["precision"], dtype=np.float64),
         recall=np.asarray(scores["recall"], dtype=np.float64),
@@ -189,6 +211,7 @@ def compute_metrics(
         f1_weighted=weighted[2],
         f1_micro=float(scores["f1_micro"]),
         averaged_classes=int(scores["averaged_classes"]),
+        balanced_accuracy=balanced_accuracy(pairs.correct(), support),
     )
 
 
@@ -277,4 +300,5 @@ def _no_images(num_classes: int, k: int) -> ClassificationMetrics:
         f1_weighted=0.0,
         f1_micro=0.0,
         averaged_classes=0,
+        balanced_accuracy=0.0,
     )

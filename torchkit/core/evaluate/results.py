@@ -257,6 +257,7 @@ class EvalResult:
             "recall_weighted": m.recall_weighted,
             "f1_weighted": m.f1_weighted,
             "f1_micro": m.f1_micro,
+            "balanced_accuracy": m.balanced_accuracy,
             "macro_averaged_classes": m.averaged_classes,
             "zero_division": 0,
             "seconds": self.seconds,
