@@ -7,6 +7,7 @@ import copy
 import errno
 import functools
 import inspect
+import math
 import os
 import re
 import signal
@@ -24,6 +25,7 @@ from torchkit import __version__, deferred_signals, working_folder
 from torchkit.cli import console
 from torchkit.core.io.errors import NAME_TOO_LONG_HINT, first_line
 from torchkit.core.io.folder_locks import held_until_the_command_ends
+from torchkit.core.runtime.signals import quiet_loader_worker_deaths, restore_loader_worker_deaths
 from torchkit.program import ends_while_starting
 from torchkit.program import runs_as_the_program as runs_as_the_program  # its old home
 from torchkit.switches import switched_on
@@ -183,6 +185,7 @@ def _process_value(param, parent, ctx, value):
         return value
     _refuse_empty_value(param, ctx, value)
     _refuse_folder_name(param, ctx, value)
+    _refuse_nan_in_range(param, value)
     try:
         return parent.process_value(ctx, value)
     except ClickUsageError as error:
@@ -191,6 +194,35 @@ def _process_value(param, parent, ctx, value):
         if isinstance(getattr(error, "message", None), str):
             error.message = error.message.removeprefix("Value error, ")
         raise
+
+
+def _refuse_nan_in_range(param, value) -> None:
+    """A NaN fails every bound: `--min-lr nan` read "Input should be greater than or equal to
+    0", which is no reason to doubt a value the user believes a number. A bounded number option
+    says what the options without bounds say of it (train's `check_finite`)."""
+    if getattr(param, "min", None) is None and getattr(param, "max", None) is None:
+        return
+    descriptor = getattr(param, "type_descriptor", None)
+    if getattr(descriptor, "annotation", None) is not float:
+        return
+    words = (value,) if isinstance(value, str) else value if isinstance(value, list | tuple) else ()
+    for word in words:
+        try:
+            number = float(word)
+        except (TypeError, ValueError):
+            continue  # not a number at all: the type's own message says so
+        if math.isnan(number):
+            from torchkit.core.io.errors import UsageError
+
+            low, high = param.min, param.max
+            bounds = (
+                f">= {low:g}" if high is None else f"<= {high:g}" if low is None
+                else f"from {low:g} to {high:g}"
+            )  # fmt: skip
+            flag = max(param.opts, key=len) if param.opts else param.name
+            raise UsageError(
+                f"{flag} must be a finite number, not {word}", f"give a number {bounds}"
+            )
 
 
 # The options whose empty value means something, which their help says: any other option or
@@ -494,7 +526,14 @@ def _raise_once(signum, frame) -> None:
     if deferred_signals.defer(signum):  # inside `import torch`: raised when it is over
         return
     deferred_signals.ignore_later((signal.SIGTERM, signal.SIGINT))
+    quieted = quiet_loader_worker_deaths()
+    if quieted is not None:
+        _QUIETED_CHILD_HANDLERS.append(quieted)
     raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+# torch's SIGCHLD handler, swapped out by a stopped command (see quiet_loader_worker_deaths).
+_QUIETED_CHILD_HANDLERS: list[Any] = []
 
 
 def _reset_in_child() -> None:
@@ -534,6 +573,10 @@ def _terminate_like_interrupt() -> Iterator[None]:
         for sig, handler in previous.items():
             if not (ending and deferred_signals.is_ignore_later(signal.getsignal(sig))):
                 signal.signal(sig, handler)
+        # The workers a group's SIGTERM ended may report in after the command is over; a call
+        # from someone's Python goes on, and its next loaders report their workers again.
+        while _QUIETED_CHILD_HANDLERS and not ending:
+            restore_loader_worker_deaths(_QUIETED_CHILD_HANDLERS.pop())
 
 
 def _usage_error(error: ClickUsageError) -> NoReturn:

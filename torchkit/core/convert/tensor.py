@@ -701,6 +701,15 @@ def convert_tensor(
     source = require_input(src, what="source")
     target = Path(dst)
     to = _target_extension(options.to)
+    if os.fspath(dst) == "-":
+        # Meant as stdout, as `-o -` is: say how to get that, not that a folder cannot go there.
+        raise UsageError(
+            "DST cannot go to standard output: '-' is stdout only for -o",
+            "give a folder name, \"$PWD/-\" for one called '-'"
+            if source.is_dir()
+            else "for stdout give /dev/stdout with --to npy, pt, safetensors, png...; else a "
+            "file name, \"$PWD/-\" for one called '-'",
+        )
     if source.is_dir():
         return _convert_folder(
             source, target, to, options, force, workers, strict, progress, before_keep

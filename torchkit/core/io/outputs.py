@@ -1241,6 +1241,21 @@ def _sibling_base(folder: Path) -> str:
     return fitting(folder.name, len(".") + len(".") + 12 + len(DISCARDED_SUFFIX))
 
 
+def _lock_error(folder: Path, lock: Path, what: str, error: OSError) -> OutputWriteError:
+    """A lock file the folder above the output does not take. Where that folder is there and
+    says "no such file" (`/proc`, a pseudo file system: `split data /proc/self --force`), the
+    error names the folder that refused and what to do; errno's words alone, "cannot write
+    /proc/self: No such file or directory (free some space...)", named a folder that is there
+    and advice that cannot help."""
+    if error.errno == errno.ENOENT and lock.parent.is_dir():
+        return OutputWriteError(
+            f"{what} {_shown(folder)} cannot be written: {_shown(lock.parent)} takes no new "
+            f"files, not even the lock torchkit keeps beside it ({lock.name})",
+            "choose an output folder on a disk that holds files",
+        )
+    return write_error(folder, error)
+
+
 class FolderLock:
     """An exclusive `flock` on `.NAME.torchkit-lock` beside the folder. The kernel drops it when
     the process dies (even by SIGKILL), so a stale lock never blocks anyone."""
@@ -1262,7 +1277,7 @@ class FolderLock:
                 # folder locked after a SIGKILL of this process (see `folder_locks`).
                 fd = open_unshared(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             except OSError as error:
-                raise write_error(folder, error) from error
+                raise _lock_error(folder, self.path, what, error) from error
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -736,11 +737,7 @@ def summarize(
             refusal = _image_size_refusal(model, specs, error)
             if refusal is not None:
                 raise refusal from error
-            raise UsageError(
-                f"{type(model).__name__} cannot run on an input of shape {_shapes_text(specs)}: "
-                f"{first_line(error)}",
-                _run_failure_hint(error),
-            ) from error
+            raise _run_failure(type(model).__name__, specs, error) from error
 
     total_params, trainable_params, param_bytes, buffer_bytes = state
     input_bytes = sum(math.prod(s.shape) * _element_size(s.dtype) for s in specs)
@@ -778,13 +775,37 @@ def _image_size_refusal(
     return image_size_refusal(model, type(model).__name__, specs[0].shape, error, dtype=dtype)
 
 
-def _run_failure_hint(error: Exception) -> str:
-    """What to change when the forward pass fails: the inputs, or, for BatchNorm in training
-    mode on one value per channel (a batch of one 1x1 image, one row), the batch."""
+def _run_failure(name: str, specs: Sequence[InputSpec], error: Exception) -> UsageError:
+    """The refusal of a forward pass that failed: what failed, and what to change."""
+    return UsageError(
+        f"{name} cannot run on an input of shape {_shapes_text(specs)}: {first_line(error)}",
+        _run_failure_hint(error, specs),
+    )
+
+
+# How torch words an input of a dtype a layer does not take: "Input type (long int) and bias
+# type (float) should be the same", "\"slow_conv2d_cpu\" not implemented for 'Bool'", "expected
+# scalar type Float but found Long", "mat1 and mat2 must have the same dtype".
+_DTYPE_MISMATCH = re.compile(r"type|not implemented for '|dtype", re.IGNORECASE)
+
+
+def _run_failure_hint(error: Exception, specs: Sequence[InputSpec] = ()) -> str:
+    """What to change when the forward pass fails: the inputs; for integer inputs a layer
+    refuses, the dtype (`--dtype int64` made a convolution read "Input type (long int) and
+    bias type (float) should be the same (check --input-size (and --dtype))"); or, for
+    BatchNorm in training mode on one value per channel (a batch of one 1x1 image, one row),
+    the batch."""
     if "more than 1 value per channel when training" in str(error):
         return (
             "BatchNorm in training mode needs more than one value per channel: give "
             "--batch-size 2 or more, or leave out --train-mode"
+        )
+    integer = [s for s in specs if s.dtype is not None and not s.dtype.is_floating_point]
+    if integer and _DTYPE_MISMATCH.search(str(error)):
+        return (
+            f"its layers take floating-point inputs, not {_dtype_name(integer[0].dtype)}: give "
+            "--dtype float32, float16, bfloat16 or float64; an integer --dtype is for inputs "
+            "that are indices, such as an Embedding's"
         )
     return "check --input-size (and --dtype)"
 
@@ -905,11 +926,7 @@ def _summarize_script(
     except TorchkitError:
         raise
     except Exception as error:
-        raise UsageError(
-            f"{_module_type(model)} cannot run on an input of shape {_shapes_text(specs)}: "
-            f"{first_line(error)}",
-            _run_failure_hint(error),
-        ) from error
+        raise _run_failure(_module_type(model), specs, error) from error
     finally:
         for module, training in modes:
             module.training = training
