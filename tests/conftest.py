@@ -44,20 +44,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # torch is imported; OMP_NUM_THREADS given by the caller wins. (Suite: 7:21 -> 5:51.)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-# matplotlib imported once here (after OMP_NUM_THREADS: numpy reads it), so that the runs in
-# this process draw curves.png themselves, as a run does where matplotlib is already imported,
-# where a plotting helper process per run (core/train/curves_painter.py) would import it again
-# each time (+40 s for the suite on 2 cores); the torchkit processes tests start use helpers.
-import matplotlib.figure  # noqa: E402, F401
 import pytest  # noqa: E402
-
-# The same for scikit-learn's metrics: an eval run in this process scores its predictions
-# itself, as eval does where sklearn is imported already, where it would otherwise start a
-# scorer helper process (core.evaluate.metrics.start_scorer) that imports sklearn again, about
-# 1.2 s of CPU per in-process eval, and only in the workers whose earlier modules had not
-# imported sklearn. eval/test_eval_scorer.py takes it out of sys.modules to test the helper;
-# the torchkit processes tests start use it.
-import sklearn.metrics  # noqa: E402, F401
 
 # The helpers behind the fixtures live in tests/helpers/ by job. The names test modules imported
 # from here before they moved are imported here too, so that `from conftest import NAME` keeps
@@ -220,6 +207,29 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_GPU_HIDDEN] = hidden
     if hidden:  # before any test module imports torch
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """matplotlib and scikit-learn's metrics imported once in each process that runs tests,
+    before its test modules; not in pytest-xdist's controller, which runs none (its CPU for a
+    run: 6.8 -> 1.7 s).
+
+    matplotlib, so that the runs in this process draw curves.png themselves, as a run does
+    where matplotlib is already imported, where a plotting helper process per run
+    (core/train/curves_painter.py) would import it again each time (+40 s for the suite on 2
+    cores); the torchkit processes tests start use helpers. (After OMP_NUM_THREADS: numpy
+    reads it.)
+
+    scikit-learn's metrics the same way: an eval run in this process scores its predictions
+    itself, as eval does where sklearn is imported already, where it would otherwise start a
+    scorer helper process (core.evaluate.metrics.start_scorer) that imports sklearn again,
+    about 1.2 s of CPU per in-process eval, and only in the workers whose earlier modules had
+    not imported sklearn. eval/test_eval_scorer.py takes it out of sys.modules to test the
+    helper; the torchkit processes tests start use it."""
+    if session.config.pluginmanager.has_plugin("dsession"):  # xdist's controller
+        return
+    import matplotlib.figure  # noqa: F401
+    import sklearn.metrics  # noqa: F401
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
