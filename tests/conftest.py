@@ -238,19 +238,17 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     it (benchmark's memory probe makes one a trial; Python's own come every few thousand
     allocations) walked all of them, 0.4 s each on the 2-core machine, 15-40 s of a suite's
     CPU. Objects the tests make are collected as before."""
+    import atexit
     import gc
 
     gc.collect()
     gc.freeze()
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    # Back in sight before the interpreter's exit: objects still frozen then are never
-    # finalised, and nanobind (triton's bindings, imported with torch._dynamo) lists them as
-    # leaks on stderr.
-    import gc
-
-    gc.unfreeze()
+    # Back in sight at the interpreter's exit: objects still frozen then are never finalised,
+    # and nanobind (triton's bindings, imported with torch._dynamo) lists them as leaks on
+    # stderr. Not at pytest_unconfigure: pytest's check for unraisable exceptions then makes
+    # two full collections of its own, which would walk them all (0.4-1 s each a worker).
+    atexit.unregister(gc.unfreeze)  # once, however many sessions this process runs
+    atexit.register(gc.unfreeze)
 
 
 # The modules with the most test time (seconds summed), longest first. pytest-xdist
