@@ -120,15 +120,17 @@ def test_a_field_with_spaces_around_it_is_quoted_and_a_csv_index_reads_it_back_e
 
 
 def test_a_split_manifest_keeps_class_folders_that_differ_only_in_spaces_apart(tmp_path):
-    data = write_image_folder(tmp_path / "data", dict.fromkeys(SPACED, 3))
+    # A folder " " is no class (a report would show no name): test_names_and_links.
+    spaced = [name for name in SPACED if name.strip()]
+    data = write_image_folder(tmp_path / "data", dict.fromkeys(spaced, 3))
     ok("split", data, tmp_path / "out", "--mode", "manifest", "--ratio", "1,1,1", "-q")
     manifest = tmp_path / "out" / "split.csv"
     stats = json.loads(ok("dataset-stats", manifest, "--split", "all", "--format", "json").stdout)
-    assert sorted(row["name"] for row in stats["classes"]) == sorted(SPACED)
+    assert sorted(row["name"] for row in stats["classes"]) == sorted(spaced)
     model = tmp_path / "model.pt"
-    write_convnet_checkpoint(model, in_channels=3, image_size=8, classes=SPACED)
+    write_convnet_checkpoint(model, in_channels=3, image_size=8, classes=spaced)
     done = ok("eval", model, "--data", manifest, "--split", "test", *MODEL, "--format", "json")
-    assert sorted(row["label"] for row in json.loads(done.stdout)["per_class"]) == sorted(SPACED)
+    assert sorted(row["label"] for row in json.loads(done.stdout)["per_class"]) == sorted(spaced)
 
 
 def test_rows_without_spaces_skip_the_pattern_search_and_every_ascii_space_is_still_quoted(

@@ -37,6 +37,33 @@ def nfc(name: str) -> str:
     return name if name.isascii() else unicodedata.normalize("NFC", name)
 
 
+def is_blank_name(name: str) -> bool:
+    """Whether `name` shows nothing printed: empty, or only spaces and invisible characters (a
+    zero-width space, a byte-order mark, control characters). A class so named is a row of no
+    name in every report, and " " and "  " two such classes no one can tell apart."""
+    return all(char.isspace() or unicodedata.category(char) in ("Cc", "Cf") for char in name)
+
+
+def spelling_twin_pair(names: Sequence[str]) -> tuple[int, int] | None:
+    """(i, j), i < j, of the first two of `names` that are one name in two Unicode spellings
+    (`café` composed and decomposed), which print alike and `find_class` matches as one; None
+    where there are none. A name given twice exactly is no such pair (torchvision's ImageNet
+    names hold two "crane"s), nor are names that differ by the spaces around them."""
+    first: dict[str, int] = {}
+    for j, name in enumerate(names):
+        i = first.setdefault(nfc(name), j)
+        if names[i] != name:
+            return i, j
+    return None
+
+
+def how_they_differ(a: str, b: str) -> str:
+    """What tells apart two names that are one without the spaces around them and in NFC
+    (`cat`, `cat `; `café` composed and decomposed), as messages say it."""
+    spaced = a.strip() != a or b.strip() != b
+    return "the spaces around them" if spaced else "Unicode spelling"
+
+
 def refuse_spelling_twins(names: Iterable[str], what: str) -> None:
     """InputError when two of `names` (one listing: the class folders of one folder, the labels
     of one split) are one name in two Unicode spellings (NFC "é", NFD "e" + a combining accent:

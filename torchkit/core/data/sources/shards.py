@@ -65,7 +65,9 @@ from torchkit.core.data.sources.discovery import (
 )
 from torchkit.core.data.sources.samples import (
     Samples,
+    how_they_differ,
     index_class_names,
+    is_blank_name,
     nfc,
     refuse_spelling_twins,
 )
@@ -91,6 +93,7 @@ _SHARDS_HINT = (
     "joined by ::"
 )
 _SHOWN = 5  # names listed in one error
+_SPACES = how_they_differ("a", "a ")  # what tells `cat` and `cat ` apart, as errors say it
 # Names one brace pattern may expand to: more is a typo (`{0..9999999999}`) that would take
 # all memory to list.
 MAX_PATTERN_NAMES = 1_000_000
@@ -706,13 +709,14 @@ def _json_label(meta: dict, key: str, where: str, names: bool = True) -> str | i
     """A `.json`'s "label" (a class name or index) or "cls" (an index), a whole-number float
     counting as an index; None where absent, null or -1 (HF's "no label", as parquet reads it).
     Anything else (-2, 1.5, true, "") is an error, as a bad `.cls` is: such a sample was read
-    silently as unlabelled."""
+    silently as unlabelled; so is a name of spaces (or invisible characters) alone, a class no
+    report can show."""
     value = meta.get(key)
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if value == -1 and not isinstance(value, bool):
         return None
-    if value is None or names and isinstance(value, str) and value:
+    if value is None or names and isinstance(value, str) and not is_blank_name(value):
         return value
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
@@ -763,12 +767,31 @@ def _refuse_respelled_names_of_one_index(found: list[ShardSample]) -> None:
             continue
         seen = first.setdefault(sample.index, sample)
         if seen.name != sample.name and nfc(seen.name.strip()) == nfc(sample.name.strip()):
-            spaced = seen.name.strip() != seen.name or sample.name.strip() != sample.name
-            how = "the spaces around them" if spaced else "Unicode spelling"
+            how = how_they_differ(seen.name, sample.name)
             raise InputError(
                 f"sample {sample.key} in {sample.shard} names class index {sample.index} "
                 f"{sample.name!r}, and sample {seen.key} in {seen.shard} {seen.name!r}: one "
                 f"class would be two whose names differ only by {how}",
+                "give the samples of one class one name in KEY.json",
+            )
+
+
+def _refuse_spaced_names(samples: list[ShardSample]) -> None:
+    """InputError where two samples name their class (`KEY.json` "label", no class index to
+    tell) in names that differ only by the spaces around them: `cat` and `cat ` were two
+    classes that print alike, as two such names of one `KEY.cls` index are refused
+    (`_refuse_respelled_names_of_one_index`). Names in two Unicode spellings alone are
+    `refuse_spelling_twins`'s to refuse."""
+    first: dict[str, ShardSample] = {}
+    for sample in samples:
+        if sample.name is None:
+            continue
+        seen = first.setdefault(nfc(sample.name.strip()), sample)
+        if seen.name != sample.name and how_they_differ(seen.name, sample.name) == _SPACES:
+            raise InputError(
+                f"sample {sample.key} in {sample.shard} is labelled {sample.name!r}, and sample "
+                f"{seen.key} in {seen.shard} {seen.name!r}: one class would be two whose names "
+                f"differ only by {_SPACES}",
                 "give the samples of one class one name in KEY.json",
             )
 
@@ -778,27 +801,30 @@ def _refuse_index_and_name_that_disagree(
 ) -> None:
     """InputError where a sample's class index (`KEY.cls`, "cls") and label name (`KEY.json`)
     are two classes of the file of names beside the shards: with classes.txt [a, b], `cls` 1
-    beside "label": "a" was read as a, silently, while webdataset's reader takes 1. Only
+    beside "label": "a" was read as a, silently, while webdataset's reader takes 1; so was
+    `cls` 5, an index past the file's names, beside a name the file holds. Only
     there: a name the file lacks is refused in `_labelled`, and without a file two names of
     one index are a fine label beside a coarse index (`_refuse_respelled_names_of_one_index`)."""
     index_of = {name: i for i, name in enumerate(file_classes)}
     clashes = [
         s
         for s in found
-        if s.name in index_of
-        and s.index is not None
-        and s.index < len(file_classes)
-        and index_of[s.name] != s.index
+        if s.name in index_of and s.index is not None and index_of[s.name] != s.index
     ]
     if not clashes:
         return
     first = clashes[0]
     file = "classes.txt" if Path(folder, "classes.txt").is_file() else "classes.json"
     more = f"; {len(clashes)} samples disagree so" if len(clashes) > 1 else ""
+    # An index past the file's names (cls 5 of 2 classes) was read by the name, silently.
+    named = (
+        f"which {file} names {file_classes[first.index]!r}"
+        if first.index < len(file_classes)
+        else f"past the {len(file_classes)} classes {file} names"
+    )
     raise InputError(
-        f"sample {first.key} in {first.shard} has class index {first.index}, which {file} "
-        f"names {file_classes[first.index]!r}, and the label {first.name!r}, class "
-        f"{index_of[first.name]} of {file}{more}",
+        f"sample {first.key} in {first.shard} has class index {first.index}, {named}, and "
+        f"the label {first.name!r}, class {index_of[first.name]} of {file}{more}",
         'fix the sample\'s KEY.cls or its KEY.json "label", whichever is wrong: webdataset '
         "reads the index",
     )
@@ -855,6 +881,7 @@ def _labelled(
                 "class name, while other samples name their class",
                 "put classes.txt (one class name per line, in label order) beside the shards",
             )
+        _refuse_spaced_names(samples)
         names = sorted({s.name for s in samples}, key=natural_key)
         # `café` composed in one sample, decomposed in another: two classes that print alike,
         # refused as two such class folders (or CSV labels) are

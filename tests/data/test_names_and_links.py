@@ -1,0 +1,249 @@
+"""Class names no report can show, and tar links that lead nowhere or to a folder.
+
+A class of spaces (or invisible characters) alone prints as no name, and two classes that are
+one name in two Unicode spellings print alike: each reader refuses them where it meets them (a
+file of class names by its line or index, a shard by its sample), whatever reader gives a data
+source its classes the source is held to the same rule, and so are the class names a
+checkpoint or exported file stores. Shard labels without a class index that differ only by the
+spaces around them are refused as those of one index are, and a class index past the classes
+file beside a name it lists is one error."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+import unicodedata
+from pathlib import Path
+
+import pytest
+from output_checks import error_line
+from parquet_files import png, write_parquet
+from processes import run_torchkit_in_process
+
+from torchkit.core.data.sources import open_data
+from torchkit.core.data.sources.class_files import class_names_in_json, class_names_in_text
+from torchkit.core.io.errors import CheckpointError, InputError
+from torchkit.core.models.stored_classes import stored_class_names
+
+COMPOSED, DECOMPOSED = "caf\u00e9", unicodedata.normalize("NFD", "caf\u00e9")
+ZERO_WIDTH = "\u200b"
+
+
+def _tar(path: Path, members: list[tuple[str, bytes | str]]) -> Path:
+    """A tar of `members`: (name, bytes) a file, (name, "->TARGET") a symbolic link."""
+    with tarfile.open(path, "w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            if isinstance(data, str):
+                info.type, info.linkname = tarfile.SYMTYPE, data.removeprefix("->")
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def _sample(key: str, i: int, *, cls: int | None = None, label: str | None = None) -> list:
+    members = [(f"{key}.png", png(i))]
+    if cls is not None:
+        members.append((f"{key}.cls", str(cls).encode()))
+    if label is not None:
+        members.append((f"{key}.json", json.dumps({"label": label}).encode()))
+    return members
+
+
+def _refused(spec: Path | str) -> str:
+    with pytest.raises(InputError) as raised:
+        open_data(str(spec))
+    return str(raised.value)
+
+
+# --- files of class names ----------------------------------------------------------------
+
+
+def test_a_classes_txt_line_of_invisible_characters_is_refused_naming_its_line():
+    """A line of spaces is a blank line (refused between names, as before); a zero-width
+    space survives the strip and was a class that printed as no name."""
+    text = f"\ncat\n{ZERO_WIDTH}\ndog\n"
+    with pytest.raises(InputError) as raised:
+        class_names_in_text(text, "classes.txt")
+    assert str(raised.value) == (
+        "line 3 of classes.txt names class '\\u200b', a name no report can show "
+        "(give every class its name, in label order)"
+    )
+
+
+def test_classes_txt_lines_in_two_unicode_spellings_are_refused_naming_both_lines():
+    with pytest.raises(InputError) as raised:
+        class_names_in_text(f"{COMPOSED}\ntea\n{DECOMPOSED}\n", "F")
+    assert str(raised.value) == (
+        f"line 3 of F names class {ascii(DECOMPOSED)}, and line 1 of F names class "
+        f"{ascii(COMPOSED)}: one name in two Unicode spellings (composed and decomposed "
+        "accents) (give each class one name that tells it apart: torchkit reads them as one "
+        "class)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("names", "message"),
+    [
+        (["cat", " "], "F names class 1 ' ', an empty name"),
+        ([COMPOSED, "tea", DECOMPOSED], "F names class 2 'cafe\\u0301', and F names class 0 "),
+        ({"cat": 0, ZERO_WIDTH: 1}, "F names class 1 '\\u200b', a name no report can show"),
+    ],
+)
+def test_a_classes_json_name_no_report_can_show_is_refused_naming_its_index(names, message):
+    with pytest.raises(InputError, match="^" + message.replace("\\", "\\\\")):
+        class_names_in_json(json.dumps(names), "F")
+
+
+def test_classes_beside_shards_and_exact_names_still_read(tmp_path):
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    _tar(folder / "s-000000.tar", _sample("a", 0, cls=0) + _sample("b", 1, cls=1))
+    (folder / "classes.json").write_text(json.dumps([COMPOSED, " dog"]), encoding="utf-8")
+    assert open_data(str(folder)).classes == [COMPOSED, " dog"]
+    (folder / "classes.json").write_text(json.dumps([DECOMPOSED, COMPOSED]), encoding="utf-8")
+    assert _refused(folder) == (
+        f"{folder / 'classes.json'} names class 1 'caf\\xe9', and {folder / 'classes.json'} "
+        "names class 0 'cafe\\u0301': one name in two Unicode spellings (composed and decomposed "
+        "accents) (give each class one name that tells it apart: torchkit reads them as one "
+        "class)"
+    )
+
+
+# --- shards --------------------------------------------------------------------------------
+
+
+def test_shard_labels_without_an_index_that_differ_by_spaces_are_one_class_error(tmp_path):
+    """`cat` and `cat ` in KEY.json alone (no KEY.cls) were two classes, as the same two names
+    of one KEY.cls index are not: the same error, naming both samples."""
+    shard = _tar(
+        tmp_path / "s-000000.tar",
+        _sample("a", 0, label="cat") + _sample("b", 1, label="dog") + _sample("c", 2, label="cat "),
+    )
+    assert _refused(shard) == (
+        "sample c in s-000000.tar is labelled 'cat ', and sample a in s-000000.tar 'cat': one "
+        "class would be two whose names differ only by the spaces around them (give the "
+        "samples of one class one name in KEY.json)"
+    )
+
+
+def test_a_shard_label_of_spaces_alone_is_refused_naming_the_sample(tmp_path):
+    shard = _tar(
+        tmp_path / "s-000000.tar", _sample("a", 0, label="cat") + _sample("b", 1, label=" ")
+    )
+    assert _refused(shard).startswith(
+        "b in s-000000.tar: b.json has \"label\": ' ', not a class index or name ("
+    )
+
+
+def test_a_class_index_past_the_classes_file_beside_a_listed_name_is_one_error(tmp_path):
+    """KEY.cls 5 of classes.txt's 2 names, beside "label": "dog": read as dog, silently,
+    while webdataset's reader takes index 5."""
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    _tar(
+        folder / "s-000000.tar",
+        _sample("a", 0, cls=0, label="cat") + _sample("b", 1, cls=5, label="dog"),
+    )
+    (folder / "classes.txt").write_text("cat\ndog\n", encoding="utf-8")
+    assert _refused(folder) == (
+        "sample b in s-000000.tar has class index 5, past the 2 classes classes.txt names, and "
+        "the label 'dog', class 1 of classes.txt (fix the sample's KEY.cls or its KEY.json "
+        '"label", whichever is wrong: webdataset reads the index)'
+    )
+
+
+# --- every data source ----------------------------------------------------------------------
+
+
+def test_a_class_folder_of_spaces_alone_is_one_error_line(tmp_path):
+    root = tmp_path / "data"
+    for name in ("cat", " "):
+        (root / name).mkdir(parents=True)
+        (root / name / "x.png").write_bytes(png(0))
+    result = run_torchkit_in_process("dataset-stats", root, "-j", "0")
+    assert result.returncode == 1
+    assert error_line(result.stderr, besides="nothing") == (
+        f"Error: {root} has class 0 named ' ', which no report can show (name every class by "
+        "visible text: rename the class folder (or label) of spaces or invisible characters "
+        "alone)"
+    )
+
+
+def test_csv_and_parquet_class_names_no_report_can_show_are_refused(tmp_path):
+    """A quoted CSV label ' ' keeps its spaces, as a class folder ' ' does; parquet's
+    ClassLabel names are checked for null and "" alone. Names that differ only by the spaces
+    around them stay two classes (CSV and JSON outputs keep them apart)."""
+    root = tmp_path / "data"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "x.png").write_bytes(png(0))
+    (root / "a" / "y.png").write_bytes(png(1))
+    index = root / "index.csv"
+    index.write_text('path,label\na/x.png,cat\na/y.png," "\n', encoding="utf-8")
+    assert _refused(index).startswith(f"{index} has class 0 named ' ', which no report can show")
+    index.write_text('path,label\na/x.png,cat\na/y.png,"cat "\n', encoding="utf-8")
+    assert open_data(str(index)).classes == ["cat", "cat "]
+    data = write_parquet(tmp_path / "d.parquet", [png(0), png(1)], [0, 1], names=["a", ZERO_WIDTH])
+    assert _refused(data).startswith(f"{data} has class 1 named '\\u200b', which no report ")
+    write_parquet(data, [png(0), png(1)], [0, 1], names=[COMPOSED, DECOMPOSED])
+    assert _refused(data) == (
+        f"class names of {data}: 'caf\\xe9' and 'cafe\\u0301' are one name in two Unicode "
+        "spellings (composed and decomposed accents) (rename one to the other's spelling: "
+        "torchkit reads them as one class)"
+    )
+
+
+# --- stored class names ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("classes", "message"),
+    [
+        (["a", " "], "has class 1 named ' ', which no output can show"),
+        (["a", ZERO_WIDTH], "has class 1 named '\\u200b', which no output can show"),
+        (
+            [COMPOSED, DECOMPOSED],
+            "has classes 0 'caf\\xe9' and 1 'cafe\\u0301', one name in two Unicode spellings",
+        ),
+    ],
+)
+def test_stored_class_names_no_output_can_show_are_refused_naming_the_index(classes, message):
+    with pytest.raises(CheckpointError) as raised:
+        stored_class_names(classes, "checkpoint m.pt", CheckpointError)
+    assert str(raised.value).startswith(f"checkpoint m.pt {message}")
+
+
+def test_stored_names_given_twice_exactly_still_load():
+    crane = ["crane", "kite", "crane"]  # torchvision's ImageNet names: two "crane"s
+    assert stored_class_names(crane, "checkpoint m.pt", CheckpointError) == crane
+    assert stored_class_names([COMPOSED, " tea"], "m.onnx", InputError) == [COMPOSED, " tea"]
+    # Class folders ` cat` and `cat ` train such names; CSV and JSON outputs keep them apart.
+    spaced = ["cat", " cat", "cat "]
+    assert stored_class_names(spaced, "checkpoint m.pt", CheckpointError) == spaced
+
+
+def test_predict_with_a_checkpoint_of_look_alike_classes_is_one_error_line(tmp_path):
+    """Two outputs named `café` in two Unicode spellings printed alike in every prediction; a
+    class of spaces alone (an older torchkit trained a class folder ' ' so) printed as none."""
+    from checkpoints import read_checkpoint, write_convnet_checkpoint
+
+    from torchkit.core.models.checkpoint import save_checkpoint
+
+    images = tmp_path / "images"
+    images.mkdir()
+    (images / "x.png").write_bytes(png(0))
+    model = tmp_path / "m.pt"
+    write_convnet_checkpoint(model, in_channels=3, image_size=8, classes="ab")
+    for classes, said in (
+        ([COMPOSED, DECOMPOSED], "has classes 0 'caf\\xe9' and 1 'cafe\\u0301', one name in"),
+        ([" ", "b"], "has class 0 named ' ', which no output can show"),
+    ):
+        save_checkpoint({**read_checkpoint(model), "classes": classes}, model)
+        result = run_torchkit_in_process("predict", model, images, "-j", "0")
+        assert result.returncode == 1 and result.stdout == ""
+        assert error_line(result.stderr, besides="nothing").startswith(
+            f"Error: checkpoint {model} {said}"
+        )
