@@ -799,12 +799,13 @@ def test_a_long_table_that_fits_the_terminal_is_printed_a_batch_at_a_time(monkey
 def test_memory_per_image_of_the_pass(tmp_path, monkeypatch):
     """What the main process gathers per image while the files are read is a compact row
     (about 60 bytes), not a tuple of Python objects (about 200 bytes), and the plot's sizes are
-    one array."""
+    one array. (1,000 images: about 21 bytes an image, fixed costs included; a tuple an image
+    kept beside the rows measured 122.)"""
     import tracemalloc
 
     import torchkit.core.stats.run as run
 
-    n = 3000
+    n = 1000
     sources = []
     for i in range(10):
         sources.append(tmp_path / f"s{i}.png")
