@@ -5,8 +5,8 @@ one name in two Unicode spellings print alike: each reader refuses them where it
 file of class names by its line or index, a shard by its sample), whatever reader gives a data
 source its classes the source is held to the same rule, and so are the class names a
 checkpoint or exported file stores. Shard labels without a class index that differ only by the
-spaces around them are refused as those of one index are, and a class index past the classes
-file beside a name it lists is one error."""
+spaces around them are refused as those of one index are. A class index past the classes file
+beside a name it lists, and a link loop inside a WebDataset shard, are one error each."""
 
 from __future__ import annotations
 
@@ -156,6 +156,27 @@ def test_a_class_index_past_the_classes_file_beside_a_listed_name_is_one_error(t
     )
 
 
+def test_a_link_loop_inside_a_shard_is_one_error_line_naming_the_member(tmp_path):
+    """s1.png -> s1b.png -> s1.png: read as a sample s1b of no label (or, with labels, as an
+    image that could not be read): one error line naming the link."""
+    shard = _tar(
+        tmp_path / "s-000000.tar",
+        [
+            *_sample("s0", 0, cls=0),
+            ("s1.png", "->s1b.png"),
+            ("s1b.png", "->s1.png"),
+            ("s1.cls", b"0"),
+            ("s1b.cls", b"0"),
+        ],
+    )
+    result = run_torchkit_in_process("dataset-stats", shard, "-j", "0")
+    assert result.returncode == 1
+    assert error_line(result.stderr, besides="nothing") == (
+        "Error: s-000000.tar:s1.png -> s1b.png is a link that leads round in a loop of links, "
+        "to no file (and 1 more) (remove the link, or point it at a member of the shard)"
+    )
+
+
 # --- every data source ----------------------------------------------------------------------
 
 
@@ -247,3 +268,60 @@ def test_predict_with_a_checkpoint_of_look_alike_classes_is_one_error_line(tmp_p
         assert error_line(result.stderr, besides="nothing").startswith(
             f"Error: checkpoint {model} {said}"
         )
+
+
+# --- linked class folders in a tar of an image folder ----------------------------------------
+
+
+def _image_folder_tar(path: Path, members: list[tuple[str, bytes | str]]) -> Path:
+    """`_tar`, and the same members unpacked beside it (`path` without .tar, its links as
+    symbolic links), for reading both ways."""
+    import os
+
+    folder = path.with_suffix("")
+    for name, data in members:
+        target = folder / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(data, str):
+            os.symlink(data.removeprefix("->"), target)
+        else:
+            target.write_bytes(data)
+    return _tar(path, members)
+
+
+def test_a_linked_class_folder_in_a_tar_is_read_as_the_unpacked_folder_reads_it(tmp_path):
+    """A member `img` -> `.real/` (whose files are `.real/x.png`): torchkit read no class img,
+    silently, where the unpacked folder reads img/x.png as class img."""
+    members = [(".real/x.png", png(0)), ("other/y.png", png(1)), ("img", "->.real")]
+    archive = _image_folder_tar(tmp_path / "flowers.tar", members)
+    from_tar, on_disk = open_data(str(archive)), open_data(str(archive.with_suffix("")))
+    assert from_tar.classes == on_disk.classes == ["img", "other"]
+    assert from_tar.whole.ids == on_disk.whole.ids == ["img/x.png", "other/y.png"]
+    assert [path.read_bytes() for path in from_tar.whole.paths] == [png(0), png(1)]
+    # in a split folder, beside a class folder of the same name in another split
+    split = [
+        ("train/cat/x.png", png(0)),
+        (".more/cat/w.png", png(3)),
+        ("val/cat", "->../.more/cat"),
+    ]
+    source = open_data(str(_image_folder_tar(tmp_path / "split.tar", split)))
+    assert source.splits["val"].ids == ["val/cat/w.png"]
+    assert [path.read_bytes() for path in source.splits["val"].paths] == [png(3)]
+
+
+def test_a_tar_class_folder_linked_to_another_class_is_one_error_naming_the_link(tmp_path):
+    members = [("real/x.png", png(0)), ("img", "->real")]
+    archive = _image_folder_tar(tmp_path / "flowers.tar", members)
+    assert _refused(archive) == (
+        f"{archive}:img/x.png and {archive}:real/x.png are one file in two classes, img and "
+        f"real (an image has one label: remove the link {archive}:img -> real)"
+    )
+    unpacked = archive.with_suffix("")
+    assert _refused(unpacked).startswith(
+        f"{unpacked}/img/x.png and {unpacked}/real/x.png are one file in two classes, img and "
+    )
+    rooted = _tar(tmp_path / "rooted.tar", [("cat/x.png", png(0)), ("all", "->.")])
+    assert _refused(rooted) == (
+        f"{rooted}:all -> . is a class folder linked to a folder that holds it, or that it "
+        "holds (remove the link, or link to the class's own folder)"
+    )

@@ -375,7 +375,9 @@ def _one_file_error(
     if archive_links is None:
         link, target = _link_on_the_way(b, root) or _link_on_the_way(a, root) or (None, None)
     else:
-        member = b if b in archive_links else a if a in archive_links else None
+        member = _archive_link_on_the_way(b, archive_links) or _archive_link_on_the_way(
+            a, archive_links
+        )
         link = None if member is None else f"{root}:{member}"
         target = None if member is None else archive_links[member]
     remedy = (
@@ -392,6 +394,17 @@ def _one_file_error(
         f"{shown_a} and {shown_b} are one file in two splits, {split_a} and {split_b}{more}",
         f"{remedy}: an image in two splits leaks from one into the other",
     )
+
+
+def _archive_link_on_the_way(path: str, links: Mapping[str, str | None]) -> str | None:
+    """The first of `links` (an archive's, by member name) on the way to member `path`: a
+    linked class folder (`img` of `img/x.png`), a folder in it, or `path` itself."""
+    slash = path.find("/")
+    while slash != -1:
+        if path[:slash] in links:
+            return path[:slash]
+        slash = path.find("/", slash + 1)
+    return path if path in links else None
 
 
 def _by_file(names: list[tuple[int, str]]) -> list[list[tuple[int, str]]]:

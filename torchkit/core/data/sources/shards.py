@@ -219,6 +219,9 @@ class TarListing:
     # The links whose chain never ends (a loop), each with the name it holds (resolved in its
     # folder): read as links to nothing, refused where they are images of a folder's tar.
     looped: dict[str, str] = field(default_factory=dict)
+    # The links that lead to a folder of the archive (a member `img` -> `real/`, whose files
+    # are `real/x.png`), each with that folder: a linked class folder (`_linked_class_images`).
+    folder_links: dict[str, str] = field(default_factory=dict)
 
     def locator(self, name: str) -> tuple[int, int] | None:
         if name in self.members:
@@ -307,7 +310,8 @@ def _listing(
     path: str, members: dict[str, tuple[int, int]], links: dict[str, str], folders: set[str]
 ) -> TarListing:
     resolved, looped = _link_ends(members, links)
-    return TarListing(path, members, resolved, folders, looped=looped)
+    linked_folders = _folder_link_ends(members, links, folders, resolved, looped)
+    return TarListing(path, members, resolved, folders, looped=looped, folder_links=linked_folders)
 
 
 # Links followed in one chain before it counts as a loop: Linux's limit (ELOOP) in one path.
@@ -335,6 +339,39 @@ def _link_ends(
                 looped[name], at = target, None
         ends[name] = at
     return ends, looped
+
+
+def _folder_link_ends(
+    members: dict[str, tuple[int, int]],
+    links: dict[str, str],
+    folders: set[str],
+    ends: dict[str, str | None],
+    looped: dict[str, str],
+) -> dict[str, str]:
+    """Each link whose chain ends at a folder of the archive (a folder member, or one that a
+    member's path holds) -> that folder; its chain goes on through links as `_link_ends`
+    does. Only the links that lead to no member are looked at (most lead to one)."""
+    pending = [name for name, end in ends.items() if end is None and name not in looped]
+    if not pending:
+        return {}
+    # Every folder with the folders above it: a name met already has its own above it too.
+    holding: set[str] = set()
+    for path in (*(folder + "/" for folder in folders), *members):
+        slash = path.rfind("/")
+        while slash > 0 and path[:slash] not in holding:
+            holding.add(path[:slash])
+            slash = path.rfind("/", 0, slash)
+    holding.add(".")  # the archive's root (`all` -> `.`), as normpath spells it
+    found: dict[str, str] = {}
+    for name in pending:
+        at: str | None = links[name]
+        for _ in range(_MOST_LINKS):
+            if at is None or at in holding:
+                break
+            at = _one_link_on(at, links)
+        if at is not None and at in holding:
+            found[name] = "" if at == "." else at
+    return found
 
 
 def _one_link_on(name: str, links: dict[str, str]) -> str | None:
@@ -644,10 +681,13 @@ def _holds_an_image_folder(listing: TarListing) -> bool:
 def _shard_samples(listing: TarListing, shown: str, reader: TarReader) -> list[ShardSample]:
     """The samples of one shard, in member order (`shown`: the shard's name in messages)."""
     groups: dict[str, dict[str, str]] = {}
+    looping: list[str] = []
     for member in (*listing.members, *listing.links):
         split = _key_and_extension(member)
         if split is None or member.startswith("__") and "/" not in member:  # webdataset meta
             continue
+        if member in listing.looped:
+            looping.append(member)
         key, extension = split
         group = groups.setdefault(key, {})
         if extension in group:
@@ -655,6 +695,15 @@ def _shard_samples(listing: TarListing, shown: str, reader: TarReader) -> list[S
                 f"{shown} holds {key}.{extension} twice", "each member name once per shard"
             )
         group[extension] = member
+    if looping:
+        # A broken shard (unpacked, a link to nothing), as in a folder's tar: one error naming
+        # the member, where its sample read as one of no label, or its image as unreadable.
+        raise InputError(
+            f"{shown}:{looping[0]} -> {listing.looped[looping[0]]} is a link that leads round in "
+            "a loop of links, to no file"
+            + (f" (and {len(looping) - 1} more)" if len(looping) > 1 else ""),
+            "remove the link, or point it at a member of the shard",
+        )
     samples = []
     for key, group in groups.items():
         images = [ext for ext in group if "." + ext.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS]
@@ -1128,6 +1177,11 @@ def _open_folder_tar(
             + (f" (and {len(looping) - 1} more)" if len(looping) > 1 else ""),
             "remove the link, or point it at an image in the archive",
         )
+    # Linked class folders, read as a folder on disk reads them (`list_folders`).
+    class_links = _class_folder_links(spec, listing, prefix)
+    through = _linked_class_images(class_links, [prefix + name for name in names])
+    names += list(through)
+    folders |= {posixpath.dirname(name) for name in through} | set(class_links)
     tops = {f.split("/")[0] for f in folders if f}
     top_folders = sorted(top for top in tops if not is_skipped_folder(top))
     top_images = any("/" not in name for name in names)
@@ -1141,6 +1195,7 @@ def _open_folder_tar(
         for name, target in listing.links.items()
         if name.startswith(prefix)
     }
+    links.update(class_links)
 
     def samples_under(base: str, unlabelled: bool) -> Samples:
         """The images under `base` ("" = all), as `discover_image_folder` or
@@ -1180,7 +1235,7 @@ def _open_folder_tar(
                 ends.append(len(chosen))
         if not chosen:
             raise no_images_error(f"{spec}:{base}" if base else spec)
-        located = [listing.locator(prefix + n) for n in chosen]
+        located = [listing.locator(through.get(n, prefix + n)) for n in chosen]
         paths = [
             StoredImage(f"{archive}/{prefix}{n}", reader, where)
             for n, where in zip(chosen, located, strict=True)
@@ -1280,6 +1335,44 @@ def _open_folder_tar(
     if top_images:
         source.strays[spec] = beside("")
     return source
+
+
+def _class_folder_links(spec: str, listing: TarListing, prefix: str) -> dict[str, str]:
+    """The links among a folder's tar members that a class folder on disk could be, each (its
+    name inside `prefix`, the wrapping folder) with the folder of the archive it leads to: a
+    link beside class folders (`img` -> `real/`) or split folders, or in a split folder
+    (`val/cat` -> `train/cat/`). Links deeper inside a class are not followed, as on disk
+    (`list_folders` enters no link that leads back into the data). A class folder linked to
+    a folder that holds it (`cat` -> `.`) is an InputError, as on disk."""
+    found = {}
+    for link, folder in listing.folder_links.items():
+        if not link.startswith(prefix):
+            continue
+        name = link[len(prefix) :]
+        parent, _, _ = name.rpartition("/")
+        if parent and parent not in SPLIT_NAMES:
+            continue
+        if not folder or link.startswith(folder + "/") or folder.startswith(link + "/"):
+            raise InputError(
+                f"{spec}:{name} -> {folder or '.'} is a class folder linked to a folder that "
+                "holds it, or that it holds",
+                "remove the link, or link to the class's own folder",
+            )
+        found[name] = folder
+    return found
+
+
+def _linked_class_images(class_links: dict[str, str], images: list[str]) -> dict[str, str]:
+    """Each image under a linked class folder, named through the link as on disk
+    (`img/x.png` for `real/x.png`, where `img` -> `real/`) -> the member (`images`: full
+    member names) it is."""
+    through: dict[str, str] = {}
+    for link, folder in class_links.items():
+        start = folder + "/"
+        for image in images:
+            if image.startswith(start):
+                through[link + image[len(folder) :]] = image
+    return through
 
 
 def _wrapping_folder(spec: str, names: list[str], folders: set[str]) -> str:
