@@ -325,3 +325,18 @@ def test_a_tar_class_folder_linked_to_another_class_is_one_error_naming_the_link
         f"{rooted}:all -> . is a class folder linked to a folder that holds it, or that it "
         "holds (remove the link, or link to the class's own folder)"
     )
+
+
+def test_a_folder_link_inside_a_tar_class_is_not_entered_with_the_warning_on_disk(tmp_path):
+    """`cat/more` -> `../.s/` leads back into the data: on disk it is not entered, with a
+    warning naming it; in the tar it was passed over without a word."""
+    members = [("cat/x.png", png(0)), (".s/y.png", png(1)), ("cat/more", "->../.s")]
+    archive = _image_folder_tar(tmp_path / "flowers.tar", members)
+    warning = "1 linked folder(s) in {} not entered: each leads back into the data, above it, or "
+    for data in (archive, archive.with_suffix("")):
+        result = run_torchkit_in_process("dataset-stats", data, "-j", "0", "--format", "json")
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout)["images"] == 1
+        assert f"Warning: {warning.format(data)}to a folder read already: cat/more" in (
+            result.stderr.splitlines()
+        )

@@ -62,6 +62,7 @@ from torchkit.core.data.sources.discovery import (
     no_images_error,
     refuse_one_file_in_two_places,
     reported_files_in_two_splits,
+    warn_unentered,
 )
 from torchkit.core.data.sources.samples import (
     Samples,
@@ -1177,8 +1178,10 @@ def _open_folder_tar(
             + (f" (and {len(looping) - 1} more)" if len(looping) > 1 else ""),
             "remove the link, or point it at an image in the archive",
         )
-    # Linked class folders, read as a folder on disk reads them (`list_folders`).
-    class_links = _class_folder_links(spec, listing, prefix)
+    # Linked class folders, read as a folder on disk reads them (`list_folders`), which warns
+    # of the links it does not enter.
+    class_links, unentered = _class_folder_links(spec, listing, prefix)
+    warn_unentered([os.path.join(spec, name) for name in unentered], spec)
     through = _linked_class_images(class_links, [prefix + name for name in names])
     names += list(through)
     folders |= {posixpath.dirname(name) for name in through} | set(class_links)
@@ -1337,20 +1340,26 @@ def _open_folder_tar(
     return source
 
 
-def _class_folder_links(spec: str, listing: TarListing, prefix: str) -> dict[str, str]:
-    """The links among a folder's tar members that a class folder on disk could be, each (its
-    name inside `prefix`, the wrapping folder) with the folder of the archive it leads to: a
-    link beside class folders (`img` -> `real/`) or split folders, or in a split folder
-    (`val/cat` -> `train/cat/`). Links deeper inside a class are not followed, as on disk
-    (`list_folders` enters no link that leads back into the data). A class folder linked to
-    a folder that holds it (`cat` -> `.`) is an InputError, as on disk."""
-    found = {}
+def _class_folder_links(
+    spec: str, listing: TarListing, prefix: str
+) -> tuple[dict[str, str], list[str]]:
+    """(the links among a folder's tar members that a class folder on disk could be, each
+    (its name inside `prefix`, the wrapping folder) with the folder of the archive it leads
+    to: a link beside class folders (`img` -> `real/`) or split folders, or in a split folder
+    (`val/cat` -> `train/cat/`); the links to folders deeper inside a class, sorted). Those are
+    not followed, as on disk (`list_folders` enters no link that leads back into the data, and
+    says so). A class folder linked to a folder that holds it (`cat` -> `.`) is an
+    InputError, as on disk."""
+    found: dict[str, str] = {}
+    unentered: list[str] = []
     for link, folder in listing.folder_links.items():
         if not link.startswith(prefix):
             continue
         name = link[len(prefix) :]
         parent, _, _ = name.rpartition("/")
         if parent and parent not in SPLIT_NAMES:
+            if not any(is_skipped_folder(part) for part in parent.split("/")):
+                unentered.append(name)
             continue
         if not folder or link.startswith(folder + "/") or folder.startswith(link + "/"):
             raise InputError(
@@ -1359,7 +1368,7 @@ def _class_folder_links(spec: str, listing: TarListing, prefix: str) -> dict[str
                 "remove the link, or link to the class's own folder",
             )
         found[name] = folder
-    return found
+    return found, sorted(unentered)
 
 
 def _linked_class_images(class_links: dict[str, str], images: list[str]) -> dict[str, str]:
