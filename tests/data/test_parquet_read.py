@@ -17,8 +17,7 @@ import pytest
 from checkpoints import write_convnet_checkpoint
 from output_checks import error_line
 from parquet_files import png, write_parquet
-from processes import dataset_stats as stats
-from processes import run_json, run_torchkit_in_process
+from processes import dataset_stats, run_json, run_torchkit_in_process
 from suite_paths import REPO
 
 from torchkit.core.data.sources.parquet import split_of
@@ -59,6 +58,12 @@ def world(tmp_path_factory) -> Path:
     return root
 
 
+def stats(data: Path, *extra: object) -> dict:
+    """`dataset-stats DATA` as JSON, read in this process: the tests that read with worker
+    processes say so (a fork of the test process each, 0.1 s of CPU)."""
+    return dataset_stats(data, "-j", "0", *extra)
+
+
 def metrics(world: Path, data: Path, *extra: object) -> dict:
     found = run_json("eval", world / "model.pt", "--data", data, "--device", "cpu", *extra)
     return {
@@ -96,15 +101,19 @@ def test_hf_file_and_folder_names_give_hf_splits():
 
 
 def test_dataset_stats_of_parquet_is_that_of_the_image_folder(world):
-    for split in ("train", "val", "all"):
+    for split in ("train", "val"):
         assert stats(world / "hf", "--split", split) == stats(world / "split", "--split", split)
+    # and through worker processes, each reading its rows of the parquet files
+    every = dataset_stats(world / "hf", "--split", "all", "-j", "2")
+    assert every == dataset_stats(world / "split", "--split", "all", "-j", "2")
+    assert every["images"] == 30
     assert stats(world / "hf")["images"] == 18
 
 
 def test_eval_of_parquet_scores_as_the_folder_and_val_reads_validation_only(world):
     assert_same_scores(metrics(world, world / "hf"), metrics(world, world / "split"))
-    val = metrics(world, world / "hf", "--split", "val")
-    assert_same_scores(val, metrics(world, world / "split", "--split", "val"))
+    val = metrics(world, world / "hf", "--split", "val", "-j", "0")
+    assert_same_scores(val, metrics(world, world / "split", "--split", "val", "-j", "0"))
     assert val["split"] == "val" and val["num_images"] == 6
 
 
@@ -188,11 +197,11 @@ def test_a_float_or_bool_label_column_is_refused_by_eval_and_a_warning_for_stats
     # ("has no label column (its columns: image, label)"), silently so by dataset-stats.
     for name, labels in (("float", [0.0, None, 1.0]), ("bool", [True, False, True])):
         data = write_labelled_by_name(tmp_path / name / "d.parquet", labels)
-        refused = run_torchkit_in_process("eval", world / "model.pt", "--data", data)
+        refused = run_torchkit_in_process("eval", world / "model.pt", "--data", data, "-j", "0")
         assert refused.returncode == 1
         assert "the label column of" in error_line(refused.stderr)
         assert "not integers or class names (a column with missing labels?" in refused.stderr
-        counted = run_torchkit_in_process("dataset-stats", data)
+        counted = run_torchkit_in_process("dataset-stats", data, "-j", "0")
         assert counted.returncode == 0, counted.stderr
         assert "not integers or class names: its images are read unlabelled" in counted.stderr
 
@@ -208,11 +217,15 @@ def test_one_parquet_file_is_named_by_its_path_not_its_folder(world, tmp_path):
     `--plot p.png` beside it as lying "inside the data folder .", and `eval -v` said
     "evaluating 2 images of .": the data is the file."""
     write_parquet(tmp_path / "x.parquet", [png(0), png(1)], [0, 1])
-    table = run_torchkit_in_process("dataset-stats", "x.parquet", "--plot", "p.png", cwd=tmp_path)
+    table = run_torchkit_in_process(
+        "dataset-stats", "x.parquet", "--plot", "p.png", "-j", "0", cwd=tmp_path
+    )
     assert table.returncode == 0, table.stderr
     assert table.stdout.splitlines()[0].strip() == "Dataset x.parquet"
     assert (tmp_path / "p.png").is_file()
-    found = run_torchkit_in_process("dataset-stats", "x.parquet", "--format", "json", cwd=tmp_path)
+    found = run_torchkit_in_process(
+        "dataset-stats", "x.parquet", "--format", "json", "-j", "0", cwd=tmp_path
+    )
     assert json.loads(found.stdout)["source"] == "x.parquet"
     scored = run_torchkit_in_process(
         "eval", world / "model.pt", "--data", "x.parquet", "-v", "-j", "0", "--device", "cpu",
@@ -261,14 +274,16 @@ def test_train_runs_an_epoch_on_one_parquet_file_and_eval_finds_it_again(world, 
     assert split[1].startswith("train-00000-of-00002.parquet/") and len(split) == 1 + 9
     held_out = sum(line.endswith(",val") for line in split)
     # Without --data, eval reads the file the run trained on, not the folder around it.
-    scored = run_json("eval", tmp_path / "run" / "best.pt", "--split", "val", "--device", "cpu")
+    scored = run_json(
+        "eval", tmp_path / "run" / "best.pt", "--split", "val", "--device", "cpu", "-j", "0"
+    )
     assert scored["num_images"] == held_out == 3
 
 
 def test_undecodable_and_null_images_are_counted_unreadable(tmp_path):
     images = [png(0), b"not an image", None, png(1)]
     data = write_parquet(tmp_path / "rows.parquet", images, [0, 1, 2, 0], row_group_size=2)
-    found = run_json("dataset-stats", data)
+    found = run_json("dataset-stats", data, "-j", "0")
     assert found["images"] == 2
     reasons = {row["path"]: row["error"] for row in found["unreadable"]}
     assert set(reasons) == {"rows.parquet/1", "rows.parquet/2"}
@@ -390,7 +405,7 @@ def test_an_unlabelled_test_split_leaves_the_other_splits_labelled(world, tmp_pa
     assert refused.returncode == 1  # the test split eval reads has no labels
     assert "has 1 row(s) without a label" in error_line(refused.stderr)
     # eval --split train was refused with that same error: it scores the labelled split.
-    scored = run_json("eval", world / "model.pt", "--data", data, "--split", "train")
+    scored = run_json("eval", world / "model.pt", "--data", data, "--split", "train", "-j", "0")
     assert (scored["split"], scored["num_images"]) == ("train", 2)
 
 
