@@ -128,6 +128,13 @@ def test_shard_labels_without_an_index_that_differ_by_spaces_are_one_class_error
         "class would be two whose names differ only by the spaces around them (give the "
         "samples of one class one name in KEY.json)"
     )
+    split = tmp_path / "split"  # val's `cat ` beside train's `cat`
+    split.mkdir()
+    _tar(split / "train-000000.tar", _sample("a", 0, label="cat") + _sample("b", 1, label="dog"))
+    _tar(split / "val-000000.tar", _sample("c", 2, label="cat ") + _sample("d", 3, label="dog"))
+    assert _refused(split).startswith(
+        "sample c in val-000000.tar is labelled 'cat ', and sample a in train-000000.tar 'cat': "
+    )
 
 
 def test_a_shard_label_of_spaces_alone_is_refused_naming_the_sample(tmp_path):

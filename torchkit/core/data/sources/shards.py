@@ -827,9 +827,9 @@ def _refuse_respelled_names_of_one_index(found: list[ShardSample]) -> None:
 
 
 def _refuse_spaced_names(samples: list[ShardSample]) -> None:
-    """InputError where two samples name their class (`KEY.json` "label", no class index to
-    tell) in names that differ only by the spaces around them: `cat` and `cat ` were two
-    classes that print alike, as two such names of one `KEY.cls` index are refused
+    """InputError where two samples (of any split) name their class (`KEY.json` "label", no
+    class index to tell) in names that differ only by the spaces around them: `cat` and `cat `
+    were two classes that print alike, as two such names of one `KEY.cls` index are refused
     (`_refuse_respelled_names_of_one_index`). Names in two Unicode spellings alone are
     `refuse_spelling_twins`'s to refuse."""
     first: dict[str, ShardSample] = {}
@@ -931,7 +931,6 @@ def _labelled(
                 "class name, while other samples name their class",
                 "put classes.txt (one class name per line, in label order) beside the shards",
             )
-        _refuse_spaced_names(samples)
         names = sorted({s.name for s in samples}, key=natural_key)
         # `café` composed in one sample, decomposed in another: two classes that print alike,
         # refused as two such class folders (or CSV labels) are
@@ -1107,6 +1106,8 @@ def shards_source(
         file_classes = _classes_by_index(found)
         if file_classes is not None:
             refuse_spelling_twins(file_classes, f"labels of {spec}:")
+        else:  # the names are the classes: over every split, val's `cat ` beside train's `cat`
+            _refuse_spaced_names(found)
     # classes.txt (or the samples' own name-index pairs) states the label order; names in the
     # samples alone are sorted (`_labelled`).
     given = bool(file_classes) or all(s.name is None for s in found)
