@@ -174,11 +174,15 @@ def wait_until(
 
 
 def signal_and_wait(
-    process: subprocess.Popen, signum: int, *, timeout: float = 120
+    process: subprocess.Popen, signum: int, *, timeout: float = 120, group: bool = False
 ) -> tuple[int, str, str]:
-    """Send `signum` to the process (not its group: as `kill PID` or `timeout` would) and wait
-    for it: (exit code, stdout, stderr)."""
-    process.send_signal(signum)
+    """Send `signum` to the process (not its group: as `kill PID` would), or with `group` to
+    its whole process group (its workers too: as Ctrl-C in a terminal, `timeout`, systemd or
+    `kill -- -PGID` do), and wait for it: (exit code, stdout, stderr)."""
+    if group:
+        os.killpg(process.pid, signum)
+    else:
+        process.send_signal(signum)
     try:
         out, err = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -102,6 +102,25 @@ def check_locked_then_terminated(
         assert f"PID {process.pid}" in line
     finally:
         code, _, err = signal_and_wait(process, signal.SIGTERM)
-    assert code == 143, err
-    assert "Terminated." in err and "Traceback" not in err
+    ended_as_stopped(process, signal.SIGTERM, code, err)
+
+
+def stop_gated_run(process: subprocess.Popen, gate: Path, signum: int, *, group: bool) -> None:
+    """Once the gated `process` reaches its gate with its two DataLoader workers, send `signum`
+    to it (with `group`, to its workers too: Ctrl-C in a terminal, `timeout`, `kill -- -PGID`):
+    it must end as a stopped command does, and leave no process behind."""
+    try:
+        wait_until(gate.exists, process=process, what="the first batch")
+        assert len(processes_in_group(process.pid)) >= 3  # the command and its two workers
+    finally:
+        code, _, err = signal_and_wait(process, signum, group=group)
+    ended_as_stopped(process, signum, code, err)
+
+
+def ended_as_stopped(process: subprocess.Popen, signum: int, code: int, stderr: str) -> None:
+    """`process` ended as SIGINT (130, `Interrupted.`) or SIGTERM (143, `Terminated.`) ends a
+    command: that line last, no traceback nor `Error:` line, and no worker of it left."""
+    said = {signal.SIGINT: (130, "Interrupted."), signal.SIGTERM: (143, "Terminated.")}[signum]
+    assert (code, stderr.splitlines()[-1:]) == (said[0], [said[1]]), stderr
+    assert "Traceback" not in stderr and "Error:" not in stderr, stderr
     wait_until(lambda: not processes_in_group(process.pid), what="the workers to exit")

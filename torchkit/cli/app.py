@@ -25,6 +25,7 @@ from torchkit import __version__, deferred_signals, working_folder
 from torchkit.cli import console
 from torchkit.core.io.errors import NAME_TOO_LONG_HINT, first_line
 from torchkit.core.io.folder_locks import held_until_the_command_ends
+from torchkit.core.runtime.signals import quiet_loader_worker_deaths, restore_loader_worker_deaths
 from torchkit.program import ends_while_starting
 from torchkit.program import runs_as_the_program as runs_as_the_program  # its old home
 from torchkit.switches import switched_on
@@ -525,7 +526,14 @@ def _raise_once(signum, frame) -> None:
     if deferred_signals.defer(signum):  # inside `import torch`: raised when it is over
         return
     deferred_signals.ignore_later((signal.SIGTERM, signal.SIGINT))
+    quieted = quiet_loader_worker_deaths()
+    if quieted is not None:
+        _QUIETED_CHILD_HANDLERS.append(quieted)
     raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+# torch's SIGCHLD handler, swapped out by a stopped command (see quiet_loader_worker_deaths).
+_QUIETED_CHILD_HANDLERS: list[Any] = []
 
 
 def _reset_in_child() -> None:
@@ -565,6 +573,10 @@ def _terminate_like_interrupt() -> Iterator[None]:
         for sig, handler in previous.items():
             if not (ending and deferred_signals.is_ignore_later(signal.getsignal(sig))):
                 signal.signal(sig, handler)
+        # The workers a group's SIGTERM ended may report in after the command is over; a call
+        # from someone's Python goes on, and its next loaders report their workers again.
+        while _QUIETED_CHILD_HANDLERS and not ending:
+            restore_loader_worker_deaths(_QUIETED_CHILD_HANDLERS.pop())
 
 
 def _usage_error(error: ClickUsageError) -> NoReturn:

@@ -8,10 +8,15 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 HELD_SIGNALS = ("SIGINT", "SIGTERM")
+
+# torch's DataLoader learns of a worker that a signal ended from its SIGCHLD handler, which
+# raises RuntimeError in the main thread wherever that is. SIGTERM sent to the whole process
+# group (`timeout`, `kill -- -PGID`, systemd, `docker stop`) ends the workers with the command.
+_LOADER_CHILD_HANDLERS = "torch.utils.data._utils.signal_handling"
 
 
 @contextlib.contextmanager
@@ -87,3 +92,30 @@ def stopped_within(seconds: float) -> bool:
         waiting = False  # one that comes now is only recorded
         _restore(previous)
     return came
+
+
+def _worker_ended(signum: int, frame: Any) -> None:
+    """SIGCHLD once the command stops: the workers the same signal ended are expected to end."""
+
+
+def quiet_loader_worker_deaths() -> Callable[[int, Any], Any] | None:
+    """Once a command stops on SIGINT or SIGTERM, a loader worker that the same signal ended
+    (SIGTERM to the process group) is no failure: torch's SIGCHLD handler, which raised
+    `RuntimeError: DataLoader worker (pid N) is killed by signal: Terminated.` in the middle of
+    the clean-up (exit 1 in place of 143) or at exit (a traceback after `Terminated.`), is
+    swapped for one that says nothing. Returns torch's handler, for `restore_loader_worker_deaths`
+    (None where it is not installed, or outside the main thread, which owns the handlers)."""
+    if not hasattr(signal, "SIGCHLD") or threading.current_thread() is not threading.main_thread():
+        return None
+    handler = signal.getsignal(signal.SIGCHLD)
+    if getattr(handler, "__module__", None) != _LOADER_CHILD_HANDLERS:
+        return None
+    signal.signal(signal.SIGCHLD, _worker_ended)
+    return handler
+
+
+def restore_loader_worker_deaths(handler: Callable[[int, Any], Any]) -> None:
+    """torch's SIGCHLD handler back (installed once a process): the loaders of a later command
+    in the same process report their failed workers again."""
+    if signal.getsignal(signal.SIGCHLD) is _worker_ended:
+        signal.signal(signal.SIGCHLD, handler)
