@@ -123,6 +123,20 @@ def create_timm_model(
     return model
 
 
+def _check_size_before_download(
+    spec: str, image_size: int | Sequence[int] | None, in_channels: int | None
+) -> None:
+    """`create_timm_model`'s size refusals (a size timm cannot build the model for, or builds
+    it for but it cannot run at), judged on a build on the meta device without weights: no
+    memory, no download. Nothing to judge without an --image-size."""
+    if size_pair(image_size) is None:
+        return
+    import torch
+
+    with torch.device("meta"):
+        create_timm_model(spec, image_size=image_size, in_channels=in_channels)
+
+
 def _built_on_meta(name: str, kwargs: dict[str, Any], side: int):
     """timm's `name` built as `kwargs` say for `side` px images, on the meta device (no memory,
     no initialisation's compute), without pretrained weights."""
@@ -183,6 +197,9 @@ def timm_pretrained(
             f"timm has no pretrained weights for {TIMM_PREFIX}{name}",
             "train it from random weights (drop --weights), or pass --weights PATH",
         )
+    # The size is judged before any download: a size the model cannot be built for or run at
+    # was refused only once its weights had been fetched (or, offline, not at all).
+    _check_size_before_download(TIMM_PREFIX + name, image_size, in_channels)
     url = _torch_hub_url(name)
     if url is not None:  # not on the Hugging Face Hub: torch.hub's cache, checked first
         require_downloadable(url, f"the pretrained weights of {TIMM_PREFIX}{name}")
