@@ -98,6 +98,23 @@ def test_a_classes_json_name_no_report_can_show_is_refused_naming_its_index(name
         class_names_in_json(json.dumps(names), "F")
 
 
+def test_a_classes_list_is_held_to_the_rule_of_a_classes_file():
+    """`--classes a,<zero-width space>` named an output that printed as no name, and
+    `--classes café,café` (two spellings) two outputs that print alike: usage errors."""
+    from torchkit.core.evaluate.source import parse_class_names
+    from torchkit.core.io.errors import UsageError
+
+    with pytest.raises(UsageError) as raised:
+        parse_class_names(f"a,{ZERO_WIDTH}")
+    assert str(raised.value) == (
+        "--classes names class 1 '\\u200b', a name no report can show (give every class its "
+        "name, in label order)"
+    )
+    with pytest.raises(UsageError, match="one name in two Unicode spellings"):
+        parse_class_names(f"{COMPOSED},{DECOMPOSED}")
+    assert parse_class_names(f"{COMPOSED},tea") == [COMPOSED, "tea"]
+
+
 def test_classes_beside_shards_and_exact_names_still_read(tmp_path):
     folder = tmp_path / "shards"
     folder.mkdir()

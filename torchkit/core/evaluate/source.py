@@ -63,7 +63,13 @@ def parse_class_names(spec: str) -> list[str]:
                     "name a line",
                 ) from None
     else:
+        from torchkit.core.data.sources.class_files import refuse_unshowable_names
+
         names = list_items(spec, "--classes", hint="give class names like a,b,c, or a file")
+        # As a file's names are held (`class_names_in_text`): `a,\u200b` printed as no name.
+        refuse_unshowable_names(
+            names, lambda index: f"--classes names class {index} {ascii(names[index])}", UsageError
+        )
     if not names:
         raise UsageError(f"no class names in --classes {spec!r}")
     if len(set(names)) != len(names):
