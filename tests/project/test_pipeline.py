@@ -42,7 +42,9 @@ def test_readme_pipeline_joins_on_path(runner, tmp_path, monkeypatch):
     sizes = manifest["split"].value_counts().to_dict()
     assert sizes == {"train": 18, "val": 6, "test": 6}
 
-    stats = ok(runner, "dataset-stats", "out/split.csv", "--format", "json", "-o", "stats.json")
+    stats = ok(
+        runner, "dataset-stats", "out/split.csv", "--format", "json", "-o", "stats.json", "-j", "0"
+    )
     assert "using train (normalisation statistics come from training data only)" in stats.stderr
     computed = json.loads(Path("stats.json").read_text())
     assert computed["split"] == "train" and computed["images"] == 18  # train rows only
@@ -62,6 +64,8 @@ def test_readme_pipeline_joins_on_path(runner, tmp_path, monkeypatch):
         "val",
         "--out",
         "report",
+        "-j",
+        "0",
         "--device",
         "cpu",
     )
@@ -96,8 +100,8 @@ def test_readme_pipeline_joins_on_path(runner, tmp_path, monkeypatch):
     argmax = logits[joined["row"].astype(int)].argmax(1)
     assert [CLASSES[i] for i in argmax] == list(joined["class"])
 
-    predicted = ok(runner, "predict", "run/best.pt", "out/split.csv", "--split", "val",
-                   "--format", "csv", "-o", "predict.csv", "--device", "cpu")  # fmt: skip
+    predicted = ok(runner, "predict", "run/best.pt", "out/split.csv", "--split", "val", "--format",
+                   "csv", "-o", "predict.csv", "-j", "0", "--device", "cpu")  # fmt: skip
     assert "wrote predict.csv" in predicted.stderr
     # predict's rows and eval's predictions.csv agree column for column on what they share.
     shared = ["path", "label", "class", "class_index"]
@@ -114,18 +118,21 @@ def test_a_split_train_made_is_the_split_eval_scores(runner, tmp_path, monkeypat
     held_out = pd.read_csv("run/split.csv")
     val = set(held_out.loc[held_out["split"] == "val", "path"])
     assert len(val) == 6
-    ok(runner, "eval", "run/best.pt", "--data", "flat", "--split", "val", "--out", "r")
+    ok(runner, "eval", "run/best.pt", "--data", "flat", "--split", "val", "--out", "r", "-j", "0")
     assert set(pd.read_csv("r/predictions.csv")["path"]) == val
     # extract-features and predict pick the same held-out images.
-    ok(runner, "extract-features", "run/best.pt", "flat", "f", "-l", "logits", "--split", "val")
+    ok(runner, "extract-features", "run/best.pt", "flat", "f", "-l", "logits", "--split", "val",
+       "-j", "0")  # fmt: skip
     assert set(pd.read_csv("f/index.csv")["path"]) == val
-    ok(runner, "predict", "run/best.pt", "flat", "--split", "val", "--format", "csv", "-o", "p.csv")
+    ok(runner, "predict", "run/best.pt", "flat", "--split", "val", "--format", "csv", "-o", "p.csv",
+       "-j", "0")  # fmt: skip
     assert set(pd.read_csv("p.csv")["path"]) == val
     # Without --split, the run's own data is scored on what it held out (issue #31), and
     # --split all scores the whole folder.
-    held = ok(runner, "eval", "run/best.pt", "--data", "flat", "--format", "json")
+    held = ok(runner, "eval", "run/best.pt", "--data", "flat", "--format", "json", "-j", "0")
     assert json.loads(held.stdout)["num_images"] == 6
-    whole = ok(runner, "eval", "run/best.pt", "--data", "flat", "--split", "all", "--format=json")
+    whole = ok(runner, "eval", "run/best.pt", "--data", "flat", "--split", "all", "--format=json",
+               "-j", "0")  # fmt: skip
     assert json.loads(whole.stdout)["num_images"] == 30
 
 
@@ -156,7 +163,8 @@ def test_eval_says_which_split_of_split_data_it_scores(runner, tmp_path, monkeyp
     make_dataset(tmp_path / "dataset")
     ok(runner, "split", "dataset", "out", "--mode", "manifest", "--ratio", "6:2:2")
     ok(runner, "train", "--data", "out/split.csv", "--out", "run", *FAST)
-    result = ok(runner, "eval", "run/best.pt", "--data", "out/split.csv", "--format", "json")
+    result = ok(runner, "eval", "run/best.pt", "--data", "out/split.csv", "--format", "json",
+                "-j", "0")  # fmt: skip
     assert "using test (held-out test data)" in result.stderr
     assert json.loads(result.stdout)["split"] == "test"
     clash = runner.invoke(app, ["eval", "convnet", "--model", "resnet18", "--data", "out"])
