@@ -218,6 +218,21 @@ def test_a_class_folder_of_spaces_alone_is_one_error_line(tmp_path):
     )
 
 
+def test_predict_of_a_tar_with_a_class_folder_of_spaces_alone_is_one_error_line(tmp_path):
+    """predict asks the container readers itself: a `.tar` of class folders `cat` and ` `
+    gave the label column a class of no name, where the folder is refused."""
+    from checkpoints import write_convnet_checkpoint
+
+    archive = _tar(tmp_path / "x.tar", [("cat/x.png", png(0)), (" /y.png", png(1))])
+    model = tmp_path / "m.pt"
+    write_convnet_checkpoint(model, in_channels=3, image_size=8, classes="ab")
+    result = run_torchkit_in_process("predict", model, archive, "-j", "0")
+    assert result.returncode == 1 and result.stdout == ""
+    assert error_line(result.stderr, besides="nothing").startswith(
+        f"Error: {archive} has class 0 named ' ', which no report can show ("
+    )
+
+
 def test_csv_and_parquet_class_names_no_report_can_show_are_refused(tmp_path):
     """A quoted CSV label ' ' keeps its spaces, as a class folder ' ' does; parquet's
     ClassLabel names are checked for null and "" alone. Names that differ only by the spaces

@@ -26,12 +26,18 @@ def open_container_data(
     spec: str, classes: Sequence[str] | None, allow_unlabelled: bool, every_image: bool = False
 ) -> Any:
     """The `DataSource` `spec` names if a container reader recognises it, else None (the
-    readers import `source`, which asks here: no import back)."""
+    readers import `source`, which asks here: no import back). Its own class names are held
+    to what a report can show, as `open_data` holds every source's (predict asks here
+    first)."""
     for name in READERS:
         reader = importlib.import_module(name)
         opened = reader.open_stored(
             spec, classes, allow_unlabelled, every_image and allow_unlabelled
         )
         if opened is not None:
+            if classes is None:
+                from torchkit.core.data.sources.source import refuse_unshowable_classes
+
+                refuse_unshowable_classes(opened.classes, opened.spec)
             return opened
     return None
