@@ -152,7 +152,7 @@ def test_resume_of_a_run_whose_arch_is_code_needs_trust(runner, world, tmp_path)
     _marker_module(tmp_path, "marker_resume")
     run = tmp_path / "run"
     args = ["train", "--data", world / "images", "--model", "marker_resume:Net"]
-    args += ["--epochs", "1", "--image-size", SIDE, "--val-split", "0.25", "--out", run]
+    args += ["--epochs", "1", "--image-size", SIDE, "--val-split", "0.25", "-j", "0", "--out", run]
     result = _invoke(runner, args, tmp_path)
     assert result.exit_code == 0, result.stderr
     (tmp_path / "marker_resume.imported").unlink()
@@ -304,7 +304,7 @@ def test_export_of_a_checkpoint_does_not_warn(world, runner, tmp_path):
 
 
 def _eval_json(runner, model, world, *extra):
-    args = ["eval", model, "--data", world / "images", "--format", "json", *extra]
+    args = ["eval", model, "--data", world / "images", "--format", "json", "-j", "0", *extra]
     result = _invoke(runner, [*args, "--device", "cpu"], world)  # the same figures: the CPU's
     assert result.exit_code == 0, result.stderr
     return json.loads(result.stdout)
@@ -377,7 +377,7 @@ def test_commands_that_cannot_take_an_exported_file_say_so(runner, world, tmp_pa
 
 def test_train_from_an_exported_file_is_refused(runner, world, tmp_path):
     base = ["train", "--data", world / "images", "--val-split", "0.25", "--epochs", "1"]
-    base += ["--out", tmp_path / "run"]
+    base += ["-j", "0", "--out", tmp_path / "run"]
     result = _invoke(runner, [*base, "--model", world / "model.onnx"], world)
     assert result.exit_code == 2
     assert "which train cannot take" in error_line(result.stderr)
