@@ -116,3 +116,48 @@ def test_balanced_accuracy_is_sklearns_on_imbalanced_data(seed):
     y_pred = np.where(rng.random(200) < 0.7, y_true, rng.integers(0, 6, 200))
     m = compute_metrics(y_true, y_pred, y_pred[:, None], 6, 1)
     _assert_matches_sklearn(m, y_true, y_pred, 6)
+
+
+def test_per_class_figures_follow_the_checkpoints_class_order(tmp_path):
+    """A checkpoint trained on classes c, a, b scored on folders a/, b/, c/ (which sort
+    otherwise): eval's rows are the checkpoint's outputs in its order, each with scikit-learn's
+    figures for the images of that class, labelled by folder and predicted as predict says."""
+    import json
+
+    from checkpoints import write_convnet_checkpoint
+    from image_folders import write_image_folder
+    from processes import run_torchkit_in_process
+
+    checkpoint = tmp_path / "ck.pt"
+    write_convnet_checkpoint(checkpoint, in_channels=3, image_size=8, classes="cab")
+    images = write_image_folder(tmp_path / "images", {"a": 4, "b": 3, "c": 2})
+    scored = run_torchkit_in_process(
+        "eval", checkpoint, "--data", images, "-j", "0", "--format", "json"
+    )
+    predicted = run_torchkit_in_process(
+        "predict", checkpoint, images, "-j", "0", "--format", "json"
+    )
+    assert scored.returncode == predicted.returncode == 0, scored.stderr + predicted.stderr
+    report = json.loads(scored.stdout)
+    rows = json.loads(predicted.stdout)
+    order = ["c", "a", "b"]
+    y_true = [order.index(row["path"].split("/")[0]) for row in rows]
+    y_pred = [row["class_index"] for row in rows]
+    assert [row["class"] for row in rows] == [order[i] for i in y_pred]
+    p, r, f, s = precision_recall_fscore_support(
+        y_true, y_pred, labels=[0, 1, 2], average=None, zero_division=0
+    )
+    assert report["classes"] == order
+    assert [row["label"] for row in report["per_class"]] == order
+    assert [row["support"] for row in report["per_class"]] == s.tolist() == [2, 4, 3]
+    assert [row["predicted"] for row in report["per_class"]] == np.bincount(
+        y_pred, minlength=3
+    ).tolist()
+    for name, expected in (("precision", p), ("recall", r), ("f1", f)):
+        got = [row[name] for row in report["per_class"]]
+        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
+    cells = confusion_matrix(y_true, y_pred, labels=[0, 1, 2])
+    for true, row in enumerate(report["per_class"]):
+        for other in row["confused_with"]:
+            assert cells[true, order.index(other["class"])] == other["count"]
+    assert report["balanced_accuracy"] == pytest.approx(balanced_accuracy_score(y_true, y_pred))
