@@ -595,6 +595,13 @@ def _from_torchvision(
     require_torchvision_name(name)
     enum = torchvision_weights_enum(name)
     if weights is not None and not os.path.exists(weights) and not is_checkpoint_path(weights):
+        if image_size is not None and name.startswith(tuple(IMAGE_SIZE_KWARGS)):
+            # Before the download: a size a ViT or MaxViT cannot be built for was refused only
+            # once its weights had been fetched (offline: the download error instead).
+            import torch
+
+            with torch.device("meta"):
+                torchvision_random(name, num_classes or 1000, image_size, weights_follow=True)
         return _torchvision_pretrained(name, weights, enum)
     if weights is not None and image_size is None and name.startswith(tuple(IMAGE_SIZE_KWARGS)):
         image_size = _weights_input(ahead)[0]

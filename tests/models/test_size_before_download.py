@@ -1,6 +1,6 @@
-"""`--weights DEFAULT` of a timm model with an `--image-size` it cannot run at is refused before
-the weights are fetched: the size error first, online or not; a size it runs at goes on to the
-download (here refused as offline)."""
+"""`--weights DEFAULT` of a timm model (or a torchvision ViT or MaxViT) with an `--image-size` it
+cannot be built for or run at is refused before the weights are fetched: the size error first,
+online or not; a size it runs at goes on to the download (here refused as offline)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,15 @@ import importlib.util
 
 import pytest
 
-from torchkit.core.io.errors import OfflineError
+from torchkit.core.io.errors import OfflineError, UsageError
+from torchkit.core.models import resolver
 from torchkit.core.models.size_bound import UnrunnableSizeError
 from torchkit.core.models.timm_models import timm_pretrained
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("timm") is None, reason="needs timm")
+needs_timm = pytest.mark.skipif(importlib.util.find_spec("timm") is None, reason="needs timm")
 
 
+@needs_timm
 def test_a_size_the_model_cannot_run_at_is_refused_before_its_weights_are_fetched(monkeypatch):
     import timm
 
@@ -37,3 +39,19 @@ def test_a_size_the_model_cannot_run_at_is_refused_before_its_weights_are_fetche
     with pytest.raises(OfflineError, match="cannot download the pretrained weights"):
         timm_pretrained("timm/coatnet_nano_rw_224", "DEFAULT", image_size=64)
     assert builds[-1] is True
+
+
+def test_a_size_a_torchvision_vit_cannot_be_built_for_is_refused_before_the_download(monkeypatch):
+    downloads: list[str] = []
+
+    def offline(name: str, weights: str):
+        downloads.append(name)
+        raise OfflineError(f"cannot download the {weights} weights of {name}")
+
+    monkeypatch.setattr(resolver, "torchvision_pretrained", offline)
+    with pytest.raises(UsageError, match="cannot build vit_b_16 for 40x40 images.*32 or 48"):
+        resolver.resolve_model("vit_b_16", weights="DEFAULT", image_size=40, num_classes=2)
+    assert downloads == []
+    with pytest.raises(OfflineError):
+        resolver.resolve_model("vit_b_16", weights="DEFAULT", image_size=32, num_classes=2)
+    assert downloads == ["vit_b_16"]
