@@ -36,7 +36,7 @@ def open_container_data(
         )
         if opened is not None:
             if classes is None:
-                from torchkit.core.data.sources.source import refuse_unshowable_classes
+                from torchkit.core.data.sources.samples import refuse_unshowable_classes
 
                 refuse_unshowable_classes(opened.classes, opened.spec)
             return opened

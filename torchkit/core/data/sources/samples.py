@@ -81,6 +81,23 @@ def refuse_spelling_twins(names: Iterable[str], what: str) -> None:
             )
 
 
+def refuse_unshowable_classes(names: Sequence[str], spec: str) -> None:
+    """InputError where the class names of the data `spec` (a class folder, a CSV label, a
+    parquet ClassLabel name) hold a name of spaces or invisible characters alone (a folder
+    ` `: a row of no name in every report, and a checkpoint no torchkit loads), or one name
+    in two Unicode spellings (`refuse_spelling_twins`, as each reader refuses within one
+    listing). "" is unlabelled images. Names that differ only by the spaces around them
+    (` cat`, `cat `) stay two classes: CSV and JSON outputs keep them apart."""
+    blank = next((i for i, name in enumerate(names) if name and is_blank_name(name)), None)
+    if blank is not None:
+        raise InputError(
+            f"{spec} has class {blank} named {names[blank]!r}, which no report can show",
+            "name every class by visible text: rename the class folder (or label) of spaces "
+            "or invisible characters alone",
+        )
+    refuse_spelling_twins(names, f"class names of {spec}:")
+
+
 @dataclass
 class Samples:
     """A labelled set of images: files on disk (`paths`) or arrays in memory (`images`)."""
