@@ -698,16 +698,27 @@ def shards(
     )
     check_report_output(output, force, source=src, destination=out, writes=writes_file)
 
-    with progress_bar("writing shards") as progress:
-        report = convert_shards(
-            src,
-            out,
-            options=options,
-            strict=strict,
-            force=force,
-            workers=workers,
-            progress=progress,
-        )
+    # An -o file is written before manifest.json completes OUT (ReportAtSwap): a report that
+    # cannot be written (a full disk) leaves OUT an interrupted run, which the same command
+    # finishes, rather than a complete OUT that only --force could write again.
+    with ReportAtSwap(_shards_rendered, fmt=fmt, output=output, force=force) as written:
+        with progress_bar("writing shards") as progress:
+            report = convert_shards(
+                src,
+                out,
+                options=options,
+                strict=strict,
+                force=force,
+                workers=workers,
+                progress=progress,
+                before_keep=written.before_keep,
+            )
+        written.after(report)
+    if report.kept_shards:
+        console.note(f"kept {report.kept_shards} complete shard(s) of an interrupted run")
+
+
+def _shards_rendered(report) -> tuple[list[Table], dict]:
     counts = report.split_counts()
     rows = [
         [name, c["shards"], c["samples"], c["bytes"], c["unreadable"]] for name, c in counts.items()
@@ -718,9 +729,7 @@ def shards(
         title=f"{report.source} -> {report.output}",
         align_right={"shards", "samples", "bytes", "unreadable"},
     )
-    emit(tables=[table], data=report.to_dict(), fmt=fmt, output=output, force=force)
-    if report.kept_shards:
-        console.note(f"kept {report.kept_shards} complete shard(s) of an interrupted run")
+    return [table], report.to_dict()
 
 
 def register(app: typer.Typer) -> None:

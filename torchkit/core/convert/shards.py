@@ -799,13 +799,17 @@ def convert_shards(
     force: bool = False,
     workers: int | None = None,
     progress: Progress | None = None,
+    before_keep: Callable[[ShardsReport], None] | None = None,
 ) -> ShardsReport:
     """Write the data `src` names (any `--data` torchkit reads, unlabelled folders and CSVs
     too) as WebDataset shards into the folder `out` (module docstring). `out` may not be,
     contain or lie inside the source; an existing output is replaced only with `force` (and
     only one torchkit wrote), except an interrupted run of the same command on the same data
     with the same options, which is finished. Unreadable images are skipped with a warning
-    and counted (`strict`: the first stops the run)."""
+    and counted (`strict`: the first stops the run). `before_keep(report)` runs once every
+    shard is written, before manifest.json says the output is complete: if it raises (the
+    caller's `-o` report did not fit on its disk), `out` is left as an interrupted run, which
+    the same command finishes, keeping every shard."""
     from torchkit.core.data.sources import open_data, warn_empty_splits, warn_stray_images
     from torchkit.core.runtime.cpus import check_workers
     from torchkit.core.runtime.pool import default_workers
@@ -898,10 +902,12 @@ def convert_shards(
             try:
                 for shard_set in sets:
                     write_set(run, shard_set, report.records[shard_set.name])
+                report.seconds = time.perf_counter() - started
+                if before_keep is not None:
+                    before_keep(report)
             except BaseException:
                 partial_manifest.save_quietly()  # a re-run keeps every complete shard
                 raise
-            report.seconds = time.perf_counter() - started
             manifest = report.manifest(complete=True)
             atomic_write_text(folder / MANIFEST, json.dumps(manifest, indent=1) + "\n")
             remove_tree(folder / PARTIAL_MANIFEST, ignore_errors=False)
