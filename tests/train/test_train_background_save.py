@@ -109,11 +109,21 @@ def test_the_next_epoch_trains_while_the_last_one_is_written_and_the_files_are_i
     assert len((run / "metrics.csv").read_text().splitlines()) == 4
 
 
+# The digits run's defaults (core.train.defaults.DIGITS_DEFAULTS: the EMA's weights and the
+# loss pick best.pt, channels-last, one thread) on the 12-image folder.
+DIGITS_OPTIONS = [
+    "--model", "convnet", "--image-size", "12", "--batch-size", "4", "--workers", "0",
+    "--channels-last", "--no-flip", "--crop-scale", "0.85,1", "--best-metric", "loss", "--ema",
+    "--threads", "1",
+]  # fmt: skip
+
+
 def test_the_checkpoints_written_in_the_background_are_those_of_a_synchronous_save(
-    tmp_path, monkeypatch
+    tmp_path, ds, monkeypatch
 ):
-    """A 3-epoch digits run: last.pt and best.pt hold the same tensors (weights, optimiser
-    state, random state) as when written in the run's own thread, and the same losses."""
+    """A 3-epoch run with the digits defaults: last.pt and best.pt hold the same tensors
+    (weights, EMA, optimiser state, random state) as when written in the run's own thread, and
+    the same losses."""
     from torchkit.core.train import checkpoint_writer
 
     runs = {}
@@ -121,7 +131,7 @@ def test_the_checkpoints_written_in_the_background_are_those_of_a_synchronous_sa
         monkeypatch.setattr(checkpoint_writer, "BACKGROUND", background)
         folder = tmp_path / str(background)
         folder.mkdir()
-        done = _train(folder, "digits", "--epochs", "3", "--threads", "1")
+        done = _train(folder, ds, *DIGITS_OPTIONS, "--epochs", "3")
         assert done.returncode == 0, done.stderr
         runs[background] = folder / "run"
     for name in ("last.pt", "best.pt"):
