@@ -72,3 +72,19 @@ def test_an_output_folder_whose_lock_cannot_be_made_names_the_folder_that_refuse
         "the lock torchkit keeps beside it (.self.torchkit-lock) (choose an output folder on a "
         "disk that holds files)"
     )
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+def test_a_report_in_a_folder_that_takes_no_file_is_refused_before_any_work(tmp_path):
+    # The check of -o's folder made its probe file in /proc: was "Error: FileNotFoundError:
+    # [Errno 2] No such file or directory: '/proc/.r.XXXX.tmp' (set TORCHKIT_DEBUG=1 ...)".
+    make_class_files(tmp_path / "raw", {"a": 2})
+    done = run_torchkit_in_process(
+        "convert", "shards", "raw", "out", "-o", "/proc/r.json", cwd=tmp_path
+    )
+    assert done.returncode == 1
+    assert error_line(done.stderr) == (
+        "Error: cannot write /proc/r.json: /proc takes no new files (choose another output, "
+        "on a disk that holds files)"
+    )
+    assert sorted(os.listdir(tmp_path)) == ["raw"]

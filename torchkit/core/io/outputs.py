@@ -450,7 +450,13 @@ def check_folder_writable(path: str | os.PathLike) -> None:
         return
     with reporting_write_errors(target):
         prefix, suffix = temporary_affixes(target.stem)
-        fd, probe = tempfile.mkstemp(suffix, prefix, dir=existing)
+        try:
+            fd, probe = tempfile.mkstemp(suffix, prefix, dir=existing)
+        except FileNotFoundError as error:  # a folder that is there takes no file: /proc
+            raise OutputWriteError(
+                f"cannot write {_shown(target)}: {_shown(existing)} takes no new files",
+                "choose another output, on a disk that holds files",
+            ) from error
         os.close(fd)
         remove_tree(Path(probe), ignore_errors=False)
 
