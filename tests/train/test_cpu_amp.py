@@ -29,10 +29,14 @@ def cpu_bf16(monkeypatch):
 @pytest.mark.parametrize("native", [False, True])
 def test_train_warns_once_when_the_cpu_emulates_bf16(runner, tmp_path, cpu_bf16, native):
     cpu_bf16(native)
+    data = tmp_path / "data"  # every split a run computes in: train, val and test
+    for split, seed in (("train", 1), ("val", 2), ("test", 3)):
+        write_image_folder(data / split, {"a": 2, "b": 2}, seed=seed)
     result = runner.invoke(
         app,
-        ["train", "--data", "digits", "--model", "convnet", "--image-size", "8", "--epochs",
-         "1", "-j", "0", "--device", "cpu", "--amp", "--out", str(tmp_path / "run")],
+        ["train", "--data", str(data), "--model", "convnet", "--image-size", "8", "--epochs",
+         "1", "--batch-size", "2", "-j", "0", "--device", "cpu", "--amp",
+         "--out", str(tmp_path / "run")],
     )  # fmt: skip
     assert result.exit_code == 0, result.stderr
     assert result.stderr.count(WARNING) == (0 if native else 1), result.stderr
