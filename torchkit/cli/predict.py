@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from enum import Enum
 from pathlib import Path
 from typing import IO, Annotated, Any, Optional
@@ -247,20 +246,24 @@ def _write(run, columns: list[str], fmt: PredictFormat, output: Path | None) -> 
 
 
 def _render(run, columns: list[str], fmt: PredictFormat, handle: IO[str], progress) -> None:
-    from torchkit.cli.render import Table, print_on_terminal, render_plain_tables, to_json_value
+    from torchkit.cli.render import Table, print_on_terminal, render_json, render_plain_tables
 
     if fmt == PredictFormat.csv:
         write_csv(run.records(progress=progress), columns, handle)
         return
     rows = run.rows(progress=progress)
+    # Each row one line of JSON, as every command writes JSON (`render_json`: a name that is
+    # not UTF-8 as its "\udcXX" escapes, other characters as themselves where `handle` takes
+    # them).
+    encoding = getattr(handle, "encoding", None) if handle is console.stdout.file else None
     if fmt == PredictFormat.jsonl:
         for row in rows:
-            handle.write(json.dumps(to_json_value(_full(row, columns))) + "\n")
+            handle.write(render_json(_full(row, columns), encoding, indent=None))
     elif fmt == PredictFormat.json:
         handle.write("[")
         for position, row in enumerate(rows):
             handle.write(",\n" if position else "\n")
-            handle.write(json.dumps(to_json_value(_full(row, columns))))
+            handle.write(render_json(_full(row, columns), encoding, indent=None).rstrip("\n"))
         handle.write("\n]\n")
     else:
         shown = [c for c in columns if not c.startswith("logit_")]
