@@ -39,7 +39,7 @@ def test_labels_that_look_like_numbers_but_are_not_read(tmp_path):
     int() were an `Error: ValueError: invalid literal for int()`; now they are classes named as
     written, after the numbers."""
     labels = ["²", "--1", "9" * 5000, "2", "a"]
-    found = dataset_stats(write_index(tmp_path, labels))
+    found = dataset_stats(write_index(tmp_path, labels), "-j", "0")
     assert [c["name"] for c in found["classes"]] == ["2", "--1", "9" * 5000, "a", "²"]
 
 
@@ -50,7 +50,7 @@ def test_a_path_holding_a_nul_byte_is_an_error_naming_its_line(tmp_path):
     rows = index.read_text(encoding="utf-8").splitlines()
     rows[2] = rows[2].replace(".png", "\0.png")
     index.write_text("\n".join(rows) + "\n", encoding="utf-8")
-    result = run_torchkit_in_process("dataset-stats", index)
+    result = run_torchkit_in_process("dataset-stats", index, "-j", "0")
     assert result.returncode == 1
     # Python 3.10's csv stops at the NUL before the row's fields are known
     assert error_line(result.stderr).startswith(
@@ -65,7 +65,7 @@ def test_a_utf16_index_is_said_to_be_no_utf8(tmp_path):
     error named columns `p\\x00a\\x00t\\x00h\\x00`."""
     index = write_index(tmp_path, ["a", "b"])
     index.write_bytes(index.read_text(encoding="utf-8").encode("utf-16"))
-    result = run_torchkit_in_process("dataset-stats", index)
+    result = run_torchkit_in_process("dataset-stats", index, "-j", "0")
     assert result.returncode == 1
     assert error_line(result.stderr).startswith(f"Error: {index} is not UTF-8 text")
 
@@ -79,14 +79,14 @@ def test_a_row_of_more_fields_than_the_header_is_an_error_naming_its_line(tmp_pa
     rows[1] += ",,"
     rows[3] = rows[3].replace("imgs/", "imgs/x,")
     index.write_text("\n".join(rows) + "\n", encoding="utf-8")
-    result = run_torchkit_in_process("dataset-stats", index)
+    result = run_torchkit_in_process("dataset-stats", index, "-j", "0")
     assert result.returncode == 1
     assert error_line(result.stderr).startswith(
         f"Error: {index} has 1 row(s) with more fields than its header names (line 4)"
     )
     rows[3] = rows[3].replace("imgs/x,", "imgs/")
     index.write_text("\n".join(rows) + "\n", encoding="utf-8")
-    assert dataset_stats(index)["images"] == 4
+    assert dataset_stats(index, "-j", "0")["images"] == 4
 
 
 def test_an_index_listing_itself_is_refused_before_a_move_takes_it(tmp_path):
@@ -111,7 +111,7 @@ def test_a_header_repeated_by_joining_two_indexes_is_an_error_naming_its_line(tm
     rows = index.read_text(encoding="utf-8").splitlines()
     rows.insert(3, "\ufeffpath,label")
     index.write_text("\n".join(rows) + "\n", encoding="utf-8")
-    result = run_torchkit_in_process("dataset-stats", index)
+    result = run_torchkit_in_process("dataset-stats", index, "-j", "0")
     assert result.returncode == 1
     assert error_line(result.stderr).startswith(f"Error: {index} repeats its header in line 4")
 
@@ -124,7 +124,7 @@ def test_a_symlinked_index_reads_the_images_beside_the_file_it_leads_to(tmp_path
     (tmp_path / "here").mkdir()
     link = tmp_path / "here" / "index.csv"
     link.symlink_to(index)
-    found = dataset_stats(link)
+    found = dataset_stats(link, "-j", "0")
     assert (found["images"], found["unreadable_count"]) == (3, 0)
     assert [c["images"] for c in found["classes"]] == [2, 1]
 
@@ -138,9 +138,10 @@ def test_an_index_linked_into_its_image_folder_from_elsewhere_reads_the_images_t
     elsewhere = index.rename(tmp_path / "splits" / "train.csv")
     link = tmp_path / "set" / "train.csv"
     link.symlink_to(Path("..") / "splits" / "train.csv")
-    found = dataset_stats(link)
+    found = dataset_stats(link, "-j", "0")
     assert (found["images"], found["unreadable_count"]) == (3, 0)
-    assert run_torchkit_in_process("dataset-stats", elsewhere).returncode == 1  # none there
+    none_there = run_torchkit_in_process("dataset-stats", elsewhere, "-j", "0")
+    assert none_there.returncode == 1
 
 
 def _with_rows(index: Path, *rows: str, header: str | None = None) -> Path:
@@ -225,7 +226,7 @@ def test_dataset_stats_lists_one_image_in_two_splits_as_a_same_file_pair(tmp_pat
         "path_a,split_a,path_b,split_b,kind,distance,same_file",
         "imgs/x/x_0.png,train,./imgs/x/x_0.png,val,exact,0,true",
     ]
-    refused = run_torchkit_in_process("dataset-stats", index, "--no-leakage")
+    refused = run_torchkit_in_process("dataset-stats", index, "-j", "0", "--no-leakage")
     assert refused.returncode == 1
     assert error_line(refused.stderr).startswith(
         f"Error: {index} gives './imgs/x/x_0.png' two splits: 'train' in line 2 and 'val' in line 5"
@@ -255,7 +256,7 @@ def test_a_row_repeated_with_its_label_is_read_once_with_a_warning_unless_repeat
     now each command reads it once and says so. Rows a `repeat` column numbers are repeats
     on purpose (what split --oversample --mode manifest writes for train): all read."""
     index = _with_rows(write_index(tmp_path, ["a", "b", "a"]), "imgs/x/x_0.png,a")
-    result = run_torchkit_in_process("dataset-stats", index, "--format", "json")
+    result = run_torchkit_in_process("dataset-stats", index, "-j", "0", "--format", "json")
     assert result.returncode == 0, result.stderr
     assert (
         f"Warning: {index} lists 1 image(s) again with the same label (line 5 repeats line 2)"
@@ -268,7 +269,7 @@ def test_a_row_repeated_with_its_label_is_read_once_with_a_warning_unless_repeat
     rows = index.read_text(encoding="utf-8").splitlines()
     numbered = [rows[0] + ",repeat"] + [row + ",0" for row in rows[1:-1]] + [rows[-1] + ",1"]
     index.write_text("\n".join(numbered) + "\n", encoding="utf-8")
-    assert dataset_stats(index)["images"] == 4
+    assert dataset_stats(index, "-j", "0")["images"] == 4
 
 
 @pytest.mark.parametrize(
@@ -286,7 +287,7 @@ def test_a_path_written_for_a_shell_the_web_or_windows_is_an_error_naming_its_li
     """Read literally, each was an unreadable "file not found" (`DIR/~/x.png`; a URL's `//`
     even lost: `DIR/https:/host/x.png`), exit 0. A file named so is read, as it is written."""
     index = _with_rows(write_index(tmp_path, ["a", "b", "a"]), f'"{path}",a')
-    result = run_torchkit_in_process("dataset-stats", index)
+    result = run_torchkit_in_process("dataset-stats", index, "-j", "0")
     assert result.returncode == 1
     assert error_line(result.stderr).startswith(f"Error: {index} has {message}")
     if path == "imgs\\x\\x_0.png":
@@ -296,7 +297,7 @@ def test_a_path_written_for_a_shell_the_web_or_windows_is_an_error_naming_its_li
     if path[0] == "~":
         (tmp_path / "~").mkdir()
         (tmp_path / "~" / "x.png").hardlink_to(tmp_path / "imgs" / "x" / "x_0.png")
-        assert dataset_stats(index)["images"] == 4
+        assert dataset_stats(index, "-j", "0")["images"] == 4
 
 
 def test_an_index_of_semicolons_or_tabs_is_said_to_be_so(tmp_path):
@@ -306,7 +307,7 @@ def test_an_index_of_semicolons_or_tabs_is_said_to_be_so(tmp_path):
     text = index.read_text(encoding="utf-8")
     for separator, name in ((";", "semicolons"), ("\t", "tabs")):
         index.write_text(text.replace(",", separator), encoding="utf-8")
-        result = run_torchkit_in_process("dataset-stats", index)
+        result = run_torchkit_in_process("dataset-stats", index, "-j", "0")
         assert result.returncode == 1
         assert error_line(result.stderr).startswith(
             f"Error: {index} separates its columns with {name}, not commas (line 1: "
@@ -317,7 +318,7 @@ def test_one_image_labelled_in_two_unicode_spellings_of_one_name_is_named_as_suc
     """`café` composed in one row and decomposed (macOS) in another read as one class: the
     error said the image had two labels, 'café' and 'café'. The spellings are named instead."""
     index = _with_rows(write_index(tmp_path, ["caf\u00e9", "b"]), "imgs/x/x_0.png,cafe\u0301")
-    result = run_torchkit_in_process("dataset-stats", index)
+    result = run_torchkit_in_process("dataset-stats", index, "-j", "0")
     assert result.returncode == 1
     assert "two Unicode spellings" in error_line(result.stderr)
     assert "two labels" not in result.stderr
@@ -327,7 +328,7 @@ def test_a_repeated_row_of_an_unlabelled_index_is_not_said_to_repeat_a_label(tmp
     index = write_index(tmp_path, ["a", "b"])
     paths = [row.split(",")[0] for row in index.read_text(encoding="utf-8").splitlines()[1:]]
     index.write_text("\n".join(["path", *paths, paths[0]]) + "\n", encoding="utf-8")
-    result = run_torchkit_in_process("dataset-stats", index, "--format", "json")
+    result = run_torchkit_in_process("dataset-stats", index, "-j", "0", "--format", "json")
     assert result.returncode == 0, result.stderr
     assert f"Warning: {index} lists 1 image(s) again (line 4 repeats line 2): each is read" in (
         result.stderr
