@@ -20,7 +20,13 @@ PYTHONPATH and the tests' switches (TORCHKIT_TEST_*), which torch may read as it
 stdin=PIPE; a platform without fork and pidfd_open; and every rank with
 TORCHKIT_TEST_FRESH_RANKS=1 (to compare). Not covered here: torch's own import inside a rank
 (the start-up tests run fresh processes: cli/test_fast_start.py, and so do
-test_train_ddp.py's torchrun launches)."""
+test_train_ddp.py's torchrun launches).
+
+forked_ranks.py does the like for a whole world at once (`run_forked_ranks`: one launcher that
+imports torch for each launch, forks its ranks and runs them to their end); this module keeps
+its servers for the session and hands each rank back as it starts, so that `start_ranks`'s
+tests (a signal to one rank, a rank that hangs) and torchrun's agent stand-in run on it too,
+with no change to the tests (tests/train/conftest.py)."""
 
 from __future__ import annotations
 
