@@ -147,6 +147,18 @@ _descriptors_pid = os.getpid()
 _descriptors_lock = threading.Lock()
 
 
+def _new_descriptors_lock_in_child() -> None:
+    """A forked child's own lock: one another thread held at the fork (reading a shard while a
+    DataLoader forked its workers) is never released in the child, whose first read waited
+    on it for good."""
+    global _descriptors_lock
+    _descriptors_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_descriptors_lock_in_child)
+
+
 def _pread(path: str, offset: int, size: int, check: Callable[[int], None]) -> bytes:
     """`size` bytes of the file at `path` from `offset`, once `check` passed the descriptor."""
     global _descriptors_pid
