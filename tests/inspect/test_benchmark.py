@@ -51,11 +51,14 @@ def collections_skip_what_the_test_found():
     """A CPU memory probe collects garbage before each trial: a full collection walks every
     object the test process holds (torch, the command tree, earlier tests' leftovers), 0.1 to
     0.3 s each, ten per --find-batch-size run. The objects there before the test are frozen (out
-    of the collector's sight) while it runs, then handed back to it: the test's own objects are
-    collected as ever."""
+    of the collector's sight) while it runs. Afterwards the test's garbage is collected and what
+    survives is frozen too; never unfrozen: gc.unfreeze() would hand back the million objects
+    the suite froze after collection (tests/conftest.py), and every later full collection in
+    this worker would walk them again."""
     gc.freeze()
     yield
-    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
 
 
 def tiny_conv(channels: int = 1) -> nn.Module:
