@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 from image_folders import write_image_folder
 from processes import INHERITED
 from suite_paths import REPO
@@ -38,39 +39,30 @@ def test_install_adds_the_finder_once_whatever_the_environment(monkeypatch):
     assert [type(finder).__name__ for finder in sys.meta_path] == ["_Finder"]
 
 
-def test_a_name_the_stand_ins_lack_comes_from_the_real_dynamo_and_then_nothing_is_done():
-    # A torchvision that asked dynamo for more would only lose the saving; once the real
-    # dynamo is loaded, install() adds no finder and torchvision imports as it is.
-    lines = _python(
-        """
-        import sys
-        import torch
-        from torchkit import torchvision_without_dynamo as light
-        light._place()
-        stand_in = sys.modules["torch._dynamo"]
-        print(type(stand_in).__name__, light.dynamo_loaded())
-        config = stand_in.config
-        print(config.__name__, light.missing, type(sys.modules["torch._dynamo"]).__name__)
-        print(light.dynamo_loaded(), hasattr(stand_in, "__file__"))
-        light.install()
-        print(any(type(f).__name__ == "_Finder" for f in sys.meta_path))
-        import torchvision.transforms.v2
-        print(type(sys.modules["torch._dynamo"]).__name__, light.missing)
-        """
-    )
-    assert lines == [
-        "_StandIn False",
-        "torch._dynamo.config ['torch._dynamo.config'] module",
-        "True False",
-        "False",
-        "module ['torch._dynamo.config']",
-    ]
-
-
 TIMM = importlib.util.find_spec("timm") is not None
 
+# A torchvision that asked dynamo for more would only lose the saving; once the real dynamo is
+# loaded, install() adds no finder and torchvision imports as it is. Run in a fork of a process
+# that has imported torch and nothing else (what a fresh `python -c "import torch; ..."` has),
+# so that it costs no torch start-up of its own.
+STAND_IN = """
+    import sys
+    from torchkit import torchvision_without_dynamo as light
+    light._place()
+    stand_in = sys.modules["torch._dynamo"]
+    print(type(stand_in).__name__, light.dynamo_loaded())
+    config = stand_in.config
+    print(config.__name__, light.missing, type(sys.modules["torch._dynamo"]).__name__)
+    print(light.dynamo_loaded(), hasattr(stand_in, "__file__"))
+    light.install()
+    print(any(type(f).__name__ == "_Finder" for f in sys.meta_path))
+    import torchvision.transforms.v2
+    print(type(sys.modules["torch._dynamo"]).__name__, light.missing)
+    """
 
-def test_commands_torchvision_and_timm_never_import_dynamo_and_compiling_still_works(tmp_path):
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory) -> dict[str, list[str]]:
     """Whole commands, one after another in one fresh process as `python -m torchkit` runs
     them: the CLI installs the finder before any import of torchvision (the loaders, the
     transforms, torchvision's models). First, the built-in digits with the convnet need no
@@ -82,10 +74,12 @@ def test_commands_torchvision_and_timm_never_import_dynamo_and_compiling_still_w
     torch._dynamo (2 s): under `without_dynamo` they do not, and they count what they count with
     dynamo loaded. Last, the stand-in's is_compile_supported imports the real dynamo when it is
     called, and torch.compile works through the deferred `disable` of tv_tensors.wrap. (One
-    process for all: each is a torch start-up. matplotlib and scikit-learn are imported first, as
-    the suite's own process does, so that the commands draw and score here rather than in a
-    helper process per command, which would import them again each time: what a helper imports
-    is no part of this process.)"""
+    process for all: each is a torch start-up; STAND_IN runs in a fork of it taken right after
+    `import torch`. matplotlib and scikit-learn are imported first, as the suite's own process
+    does, so that the commands draw and score here rather than in a helper process per command,
+    which would import them again each time: what a helper imports is no part of this
+    process.) The marks of the commands and those of STAND_IN, by name."""
+    tmp_path = tmp_path_factory.mktemp("without_dynamo")
     write_image_folder(tmp_path / "ds" / "train", {"a": 4, "b": 4})
     write_image_folder(tmp_path / "ds" / "val", {"a": 2, "b": 2})
     timm = """
@@ -100,6 +94,19 @@ def test_commands_torchvision_and_timm_never_import_dynamo_and_compiling_still_w
     lines = _python(
         f"""
         import os, sys
+        import torch
+
+        if (child := os.fork()) == 0:
+            try:
+                with open({str(tmp_path / "stand-in")!r}, "w") as sys.stdout:
+                    exec({textwrap.dedent(STAND_IN)!r})
+            except BaseException:
+                import traceback
+                traceback.print_exc()
+                os._exit(1)
+            os._exit(0)
+        assert os.waitpid(child, 0)[1] == 0, "STAND_IN failed in its fork"
+
         import matplotlib.figure, sklearn.metrics
         os.chdir({str(tmp_path)!r})
         from torchkit.cli import main
@@ -121,10 +128,12 @@ def test_commands_torchvision_and_timm_never_import_dynamo_and_compiling_still_w
                 assert ended.code in (0, None), (args, ended.code)
             mark(args[0], loaded())
 
-        torchkit("train", "--data", "digits", "--epochs", "1", "--out", "digits-run",
+        # batches of 512: three optimiser steps an epoch, each the step a run takes
+        torchkit("train", "--data", "digits", "--epochs", "1", "--batch-size", "512", "--out",
+                 "digits-run", "--format", "json")
+        torchkit("train", "--data", "digits", "--epochs", "1", "--batch-size", "512",
+                 "--image-size", "8", "--optimizer", "sgd", "--lr", "0.01", "--out", "digits-sgd",
                  "--format", "json")
-        torchkit("train", "--data", "digits", "--epochs", "1", "--image-size", "8",
-                 "--optimizer", "sgd", "--lr", "0.01", "--out", "digits-sgd", "--format", "json")
         torchkit("eval", "digits-run/best.pt", "--data", "digits", "--format", "json")
         torchkit("predict", "digits-run/best.pt", "digits", "--format", "json")
         mark("digits", "torchvision" in sys.modules)
@@ -169,8 +178,28 @@ def test_commands_torchvision_and_timm_never_import_dynamo_and_compiling_still_w
         mark("wrap once dynamo is loaded", type(tv_tensors.wrap(image, like=image)).__name__)
         """
     )
+    assert lines
+    return {
+        "commands": (tmp_path / "marks").read_text().splitlines(),
+        "stand-in": (tmp_path / "stand-in").read_text().splitlines(),
+    }
+
+
+def test_a_name_the_stand_ins_lack_comes_from_the_real_dynamo_and_then_nothing_is_done(
+    one_process,
+):
+    assert one_process["stand-in"] == [
+        "_StandIn False",
+        "torch._dynamo.config ['torch._dynamo.config'] module",
+        "True False",
+        "False",
+        "module ['torch._dynamo.config']",
+    ]
+
+
+def test_commands_torchvision_and_timm_never_import_dynamo_and_compiling_still_works(one_process):
     timm_lines = ["train False", "print-config True False []", "a timm model (2, 2) False"]
-    assert lines and (tmp_path / "marks").read_text().splitlines() == [
+    assert one_process["commands"] == [
         "train False",
         "train False",  # sgd: the other optimiser step torchkit takes without dynamo
         "eval False",
