@@ -58,6 +58,7 @@ from output_checks import (  # noqa: E402, F401
     hidden_siblings,
     tree_digest,
 )
+from preloaded_ranks import preloaded_servers  # noqa: E402
 from processes import (  # noqa: E402, F401
     dataset_stats,
     processes_in_group,
@@ -104,6 +105,15 @@ def cli_built_once(_torchkit_command):
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(typer.testing, "_get_command", built_once)
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def preloaded_servers_closed():
+    """The servers every folder's DDP ranks are forked from (gloo_ranks.start_ranks,
+    preloaded_ranks.py), ended with the session; each starts with the first rank that needs it,
+    so a worker that starts no rank starts none."""
+    with preloaded_servers():
         yield
 
 

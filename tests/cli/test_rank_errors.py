@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from forked_ranks import run_forked_ranks
 from gloo_ranks import error_lines_of, run_ranks_under_agent, stderr_of
 from processes import run_torchkit_in_process
 
@@ -31,9 +30,7 @@ def test_a_bad_option_is_printed_by_one_rank(tmp_path):
 
 def test_a_missing_data_folder_is_printed_by_one_rank(tmp_path):
     missing, out = tmp_path / "missing", tmp_path / "run"
-    # forked from one torch start-up: these ranks load torch before they look for the data
-    args = ["train", "--data", missing, *TINY, "--epochs", "1", "--out", out]
-    ranks = run_forked_ranks(*args, agent=True)
+    ranks = run_ranks_under_agent("train", "--data", missing, *TINY, "--epochs", "1", "--out", out)
     [line] = error_lines_of(ranks)
     assert line.startswith(f"Error: dataset not found: {missing} ("), stderr_of(ranks)
     assert ranks[0].returncode == 1 and all(done.returncode for done in ranks), stderr_of(ranks)

@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from forked_ranks import run_forked_ranks
-from gloo_ranks import forks_noted, stderr_of, watching_forks
+from gloo_ranks import forks_noted, run_ranks, stderr_of, watching_forks
 from output_checks import error_line
 from PIL import Image
 from run_curves import lay_out_curves_only
@@ -868,14 +867,13 @@ def test_confusion_matrix_png_is_readable_with_100_classes(tmp_path):
 def test_torchrun_two_processes_give_the_same_numbers(setup, report, tmp_path):
     """2 Gloo processes over 41 images (21 + 20: nothing padded, nothing dropped), started as
     torchrun starts them (gloo_ranks: its variables, without its agent, whose own start cost
-    seconds; eval reads the agent's variable only when a rank fails), forked from one torch
-    start-up (forked_ranks). Each rank forks its loader worker before the process group starts
-    Gloo's threads (gloo_tcp_loop, pt_gloo_runloop; rank 0's TCPStore server): a process forked
-    beside a thread may deadlock in the child on a lock that thread held (predict's:
-    test_predict.py's torchrun test)."""
+    seconds; eval reads the agent's variable only when a rank fails). Each rank forks its
+    loader worker before the process group starts Gloo's threads (gloo_tcp_loop,
+    pt_gloo_runloop; rank 0's TCPStore server): a process forked beside a thread may deadlock
+    in the child on a lock that thread held (predict's: test_predict.py's torchrun test)."""
     out = tmp_path / "ddp"
     watch = tmp_path / "watch"
-    ranks = run_forked_ranks(
+    ranks = run_ranks(
         "eval", setup["ckpt"], "--data", setup["data"], "--out", out, "--format", "json",
         "--topk", "3", "--workers", "1", "--batch-size", "7", "--device", "cpu",
         env=watching_forks(watch), timeout=300,

@@ -13,8 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from forked_ranks import run_forked_ranks
-from gloo_ranks import BAD_LAUNCHES, error_lines_of, set_launch_env, stderr_of
+from gloo_ranks import BAD_LAUNCHES, error_lines_of, run_ranks, set_launch_env, stderr_of
 from image_folders import write_image_folder
 from processes import run_torchkit_in_process
 from typer.testing import CliRunner
@@ -198,7 +197,7 @@ def test_under_ddp_a_strict_nan_model_fails_on_every_rank_reported_by_rank_0(wor
     args = eval_args(world, "nan", "--strict", "--batch-size", "2")
     if command == "predict":
         args = ["predict", world["nan"], world["data"], *args[4:]]
-    ranks = run_forked_ranks(*args)
+    ranks = run_ranks(*args)
     assert [done.returncode for done in ranks] == [1, 1], stderr_of(ranks)[-3000:]
     errors = error_lines_of(ranks)
     assert len(errors) == 1 and said in error_lines(ranks[0].stderr)[0], stderr_of(ranks)[-3000:]

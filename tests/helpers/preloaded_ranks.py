@@ -22,11 +22,10 @@ TORCHKIT_TEST_FRESH_RANKS=1 (to compare). Not covered here: torch's own import i
 (the start-up tests run fresh processes: cli/test_fast_start.py, and so do
 test_train_ddp.py's torchrun launches).
 
-forked_ranks.py does the like for a whole world at once (`run_forked_ranks`: one launcher that
-imports torch for each launch, forks its ranks and runs them to their end); this module keeps
-its servers for the session and hands each rank back as it starts, so that `start_ranks`'s
-tests (a signal to one rank, a rank that hangs) and torchrun's agent stand-in run on it too,
-with no change to the tests (tests/train/conftest.py)."""
+gloo_ranks.start_ranks starts every rank of every folder's DDP tests here (`run_ranks`,
+`run_ranks_under_agent`, and `start_ranks`'s own: a signal to one rank, a rank that hangs).
+The servers are kept for the session, started by the first rank that needs one (a worker that
+starts no rank starts none), and ended by tests/conftest.py's `preloaded_servers_closed`."""
 
 from __future__ import annotations
 

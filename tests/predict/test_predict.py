@@ -17,8 +17,7 @@ import pytest
 import torch
 from checkpoints import add_ema_weights, ema_refusals
 from disks import fill_disk
-from forked_ranks import run_forked_ranks
-from gloo_ranks import forks_noted, stderr_of, watching_forks
+from gloo_ranks import forks_noted, run_ranks, stderr_of, watching_forks
 from output_checks import error_line
 from PIL import Image
 from processes import PipeLines, start_torchkit_process, working_directory
@@ -540,7 +539,7 @@ def test_two_ddp_processes_give_the_same_rows(world, runner, tmp_path):
     os.write(write, listed.encode())
     os.close(write)
     try:
-        ranks = run_forked_ranks(
+        ranks = run_ranks(
             "predict", world["ckpt"], world["flat"], "-", "--format", "csv", "--batch-size", "2",
             "--workers", "1", "-o", tmp_path / "ddp.csv", "--device", "cpu", timeout=300,
             stdin=read, env=watching_forks(tmp_path / "watch"),
