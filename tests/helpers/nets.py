@@ -240,7 +240,7 @@ def _inject_rank_fault(count: int) -> None:
 
 # `nets:SeenNet` is built in each torchrun rank (data/test_shards_read.py): it records
 # the identity of every training image it sees (each image is one flat grey level) in
-# $SEEN_DIR/rank-RANK.txt.
+# $TORCHKIT_TEST_SEEN_DIR/rank-RANK.txt (TORCHKIT_TEST_*: preloaded_ranks still forks the rank).
 class SeenNet(nn.Module):
     def __init__(self, num_classes: int = 2) -> None:
         super().__init__()
@@ -248,7 +248,7 @@ class SeenNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training:
-            folder = os.environ["SEEN_DIR"]
+            folder = os.environ["TORCHKIT_TEST_SEEN_DIR"]
             with open(os.path.join(folder, f"rank-{os.environ['RANK']}.txt"), "a") as out:
                 out.writelines(f"{value:.4f}\n" for value in x[:, 0, 0, 0].tolist())
         return self.fc(x.mean(dim=(2, 3)))
