@@ -132,7 +132,9 @@ def _to_meta(tensor: Any) -> Any:
         return UninitializedParameter(tensor.requires_grad, device="meta", dtype=tensor.dtype)
     if isinstance(tensor, UninitializedBuffer):
         return UninitializedBuffer(tensor.requires_grad, device="meta", dtype=tensor.dtype)
-    meta = torch.empty_like(tensor, device="meta")
+    # A meta tensor's empty_like runs torch's Python reference, whose stride helpers import
+    # sympy (2-5 s of CPU); clone's meta kernel is C++ and lays the copy out the same way.
+    meta = tensor.detach().clone() if tensor.is_meta else torch.empty_like(tensor, device="meta")
     if isinstance(tensor, torch.nn.Parameter):
         return torch.nn.Parameter(meta, requires_grad=tensor.requires_grad)
     return meta

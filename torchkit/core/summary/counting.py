@@ -44,6 +44,7 @@ from torchkit.core.input_size import check_numel
 from torchkit.core.io.errors import TorchkitError, UsageError, first_line
 from torchkit.core.models.image_size import ImageSizeError, image_size_refusal, meta_copy
 from torchkit.core.models.inputs import iter_tensors, make_inputs
+from torchkit.core.summary.plain_shapes import plain_shapes
 from torchkit.torchvision_without_dynamo import without_dynamo
 
 MB = 1_000_000  # torchinfo's (and the SI) megabyte
@@ -576,8 +577,9 @@ def _record(
             handles.append(module.register_forward_hook(recorder.post_hook, always_call=True))
         model.train(train_mode)
         recorder.tracking = True
-        # The dispatch modes' first calls would import torch._dynamo (2 s): deferred.
-        with torch.no_grad(), without_dynamo(), _used_tensors(recorder):
+        # The dispatch modes' first calls would import torch._dynamo (2 s), and the meta
+        # kernels and references they run sympy (2-5 s): neither is needed.
+        with torch.no_grad(), without_dynamo(), plain_shapes(), _used_tensors(recorder):
             if count_flops:
                 with _flop_counter() as counter:
                     model(*inputs, **(kwargs or {}))
@@ -920,7 +922,12 @@ def _summarize_script(
     args, kwargs = _split(inputs, specs)
     modes = [(m, m.training) for m in model.modules()]
     try:
-        with _state_kept(model, device, enabled=train_mode), torch.no_grad(), without_dynamo():
+        with (
+            _state_kept(model, device, enabled=train_mode),
+            torch.no_grad(),
+            without_dynamo(),
+            plain_shapes(),
+        ):
             model.train(train_mode)
             output, flops = _run_script(model, args, kwargs, count_flops)
     except TorchkitError:

@@ -25,6 +25,8 @@ from torchkit.core.summary.counting import (
     summarize,
     summarize_tree,
 )
+from torchkit.core.summary.plain_shapes import plain_shapes
+from torchkit.torchvision_without_dynamo import without_dynamo
 
 log = logging.getLogger("torchkit")
 
@@ -246,7 +248,9 @@ def _built_on_meta(named: ModelSpec) -> Any:
     import torch
 
     try:
-        with torch.device("meta"):
+        # On the meta device the random draws (and what else a builder runs there) run torch's
+        # Python references, which would import torch._dynamo and sympy (about 4 s of CPU).
+        with torch.device("meta"), without_dynamo(), plain_shapes():
             return _resolve(named)
     except TorchkitError:
         raise
