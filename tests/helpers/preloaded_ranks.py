@@ -16,10 +16,10 @@ servers, so their string hashes (the order of a set) differ as fresh ranks' do.
 
 What a fork cannot give starts fresh (`processes.start_torchkit_process`): a rank whose
 environment differs from its server's in anything but the launch's variables (RANK, ...),
-PYTHONPATH and the tests' switches (TORCHKIT_TEST_*), which torch may read as it is imported;
-stdin=PIPE; a platform without fork and pidfd_open; and every rank with
-TORCHKIT_TEST_FRESH_RANKS=1 (to compare). Not covered here: torch's own import inside a rank
-(the start-up tests run fresh processes: cli/test_fast_start.py, and so do
+PYTHONPATH, the tests' switches (TORCHKIT_TEST_*) and inductor's (TORCHINDUCTOR_*), which
+torch may read as it is imported; stdin=PIPE; a platform without fork and pidfd_open; and
+every rank with TORCHKIT_TEST_FRESH_RANKS=1 (to compare). Not covered here: torch's own import
+inside a rank (the start-up tests run fresh processes: cli/test_fast_start.py, and so do
 test_train_ddp.py's torchrun launches).
 
 gloo_ranks.start_ranks starts every rank of every folder's DDP tests here (`run_ranks`,
@@ -47,7 +47,10 @@ from suite_paths import REPO
 
 # Variables that may differ between the ranks and the server: the launch's, read when the rank
 # runs; PYTHONPATH, applied by the rank itself (below); pytest's name of the running test; the
-# tests' own switches, read by the test models and sitecustomize modules of the rank.
+# tests' own switches, read by the test models and sitecustomize modules of the rank; inductor's
+# settings, read when torch._inductor is imported (never by `import torch`: the server checks),
+# which inductor itself adds to the test process (TORCHINDUCTOR_CACHE_DIR, at the first
+# in-process compile): the ranks of every later test in that worker started fresh.
 RANK_VARIABLES = frozenset(
     {
         "RANK",
@@ -62,11 +65,13 @@ RANK_VARIABLES = frozenset(
     }
 )
 TEST_PREFIX = "TORCHKIT_TEST_"
+INDUCTOR_PREFIX = "TORCHINDUCTOR_"
 
 # The server: `python -c SERVER` with the socket's descriptor as its argument. It imports torch,
-# checks it is still one thread with nothing of dynamo loaded, says so, and then forks a rank
-# for each request ([stdin, stdout, stderr, status] descriptors and the rank's JSON) until the
-# socket closes; each rank's wait status is written to its status descriptor when it ends.
+# checks it is still one thread with nothing of dynamo or inductor loaded, says so, and then
+# forks a rank for each request ([stdin, stdout, stderr, status] descriptors and the rank's
+# JSON) until the socket closes; each rank's wait status is written to its status descriptor
+# when it ends.
 SERVER = r"""
 import json, os, select, socket, sys
 
@@ -79,6 +84,7 @@ problems = [
     name for name, bad in (
         ("threads", threads != 1),
         ("torch._dynamo", "torch._dynamo" in sys.modules),
+        ("torch._inductor", "torch._inductor" in sys.modules),
         ("sitecustomize", "sitecustomize" in sys.modules),
         ("torchkit", any(name.startswith("torchkit") for name in sys.modules)),
     ) if bad
@@ -215,7 +221,7 @@ def server_environment(environment: dict[str, str]) -> dict[str, str]:
     return {
         key: value
         for key, value in environment.items()
-        if key not in RANK_VARIABLES and not key.startswith(TEST_PREFIX)
+        if key not in RANK_VARIABLES and not key.startswith((TEST_PREFIX, INDUCTOR_PREFIX))
     }
 
 
