@@ -162,6 +162,14 @@ def one_process(tmp_path_factory) -> dict[str, list[str]]:
         from torchkit.core.models.builders import build_model
         from torchkit.core.summary import summarize
 
+        # summary: a named model built on the meta device (its random draws ran torch's
+        # references), and an LSTM's meta kernels, asked neither dynamo nor sympy
+        torchkit("summary", "resnet18", "--image-size", "32", "--format", "json", "-o",
+                 "resnet18.json")
+        lstm = summarize(torch.nn.LSTM(8, 16, batch_first=True), [(2, 10, 8)])
+        mark("an LSTM", loaded(), lstm.total_mult_adds,
+             [name for name in ("sympy", "torch.fx.experimental.symbolic_shapes")
+              if name in sys.modules])
         model = build_model("convnet", num_classes=10, image_size=28)
         first = summarize(model, [(1, 3, 28, 28)])
         mark("summary", loaded(), first.flops > 0)
@@ -212,6 +220,8 @@ def test_commands_torchvision_and_timm_never_import_dynamo_and_compiling_still_w
         "wrap Image False",
         "a v2 transform (1, 4, 4) False",
         *(timm_lines if TIMM else []),
+        "summary False",
+        f"an LSTM False {2 * 10 * (64 * 8 + 64 * 16 + 64 + 64)} []",  # 4 gates, 2 x 10 steps
         "summary False True",
         "is_compile_supported True True",  # imports the real one when called
         "the real one True",
