@@ -28,17 +28,14 @@ import contextlib
 import functools
 import importlib
 import sys
-import threading
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from torchkit.import_hooks import WrappingFinder
+from torchkit.stand_ins import StandInModule, StandInsWhileRunning
 
 DYNAMO, DYNAMO_UTILS = "torch._dynamo", "torch._dynamo.utils"
-# torchvision modules running under the stand-ins right now (they import one another).
-_depth = 0
-_lock = threading.RLock()
 # Names the stand-ins were asked for and did not have (each made the real dynamo load).
 missing: list[str] = []
 
@@ -67,51 +64,23 @@ class _Finder(WrappingFinder):
         return without_dynamo()
 
 
-@contextlib.contextmanager
-def without_dynamo() -> Iterator[None]:
+def without_dynamo() -> contextlib.AbstractContextManager[None]:
     """Run a block with the stand-ins in place, unless dynamo is loaded: a torchvision module's
     import, or torch code whose functions wrapped in `torch._disable_dynamo` (the
     `__torch_dispatch__` of every TorchDispatchMode, torch._refs' references) would import
     dynamo on their first call (summary's FLOP count: `disable` below defers it)."""
-    global _depth
-    # The lock guards the count and sys.modules' entries, never an import (a thread holding it
-    # while importing could wait on another importing a torchvision module).
-    with _lock:
-        if _depth == 0 and dynamo_loaded():
-            stand_ins = False
-        else:
-            stand_ins = True
-            if _depth == 0:
-                _place()
-            _depth += 1
-    if not stand_ins:
-        yield
-        return
-    try:
-        yield
-    finally:
-        with _lock:
-            _depth -= 1
-            if _depth == 0:
-                _remove()
-
-
-class _StandIn(types.ModuleType):
-    """A stand-in for a dynamo module: any name it lacks comes from the real module."""
-
-    def __getattr__(self, attr: str) -> Any:
-        if attr.startswith("__"):  # probes of a module's file, path...: as a module without
-            raise AttributeError(attr)
-        missing.append(f"{self.__name__}.{attr}")
-        return getattr(_real(self.__name__), attr)
+    return _STAND_INS.running()
 
 
 def _placed() -> bool:
-    return isinstance(sys.modules.get(DYNAMO), _StandIn)
+    return isinstance(sys.modules.get(DYNAMO), StandInModule)
 
 
 def _place() -> None:
-    package, utils = _StandIn(DYNAMO), _StandIn(DYNAMO_UTILS)
+    package, utils = (
+        StandInModule(DYNAMO, _real, missing),
+        StandInModule(DYNAMO_UTILS, _real, missing),
+    )
     package.__dict__.update(__path__=[], disable=disable, utils=utils)
     utils.is_compile_supported = is_compile_supported
     utils.get_optimize_ddp_mode = get_optimize_ddp_mode
@@ -120,17 +89,19 @@ def _place() -> None:
 
 def _remove() -> None:
     for name in (DYNAMO_UTILS, DYNAMO):
-        if isinstance(sys.modules.get(name), _StandIn):
+        if isinstance(sys.modules.get(name), StandInModule):
             del sys.modules[name]
     torch = sys.modules.get("torch")
-    if torch is not None and isinstance(torch.__dict__.get("_dynamo"), _StandIn):
+    if torch is not None and isinstance(torch.__dict__.get("_dynamo"), StandInModule):
         del torch._dynamo
+
+
+_STAND_INS = StandInsWhileRunning(_place, _remove, lambda: dynamo_loaded())  # dynamo's
 
 
 def _real(name: str) -> types.ModuleType:
     """The real dynamo module `name`, imported now (the stand-ins taken out first)."""
-    with _lock:
-        _remove()
+    _STAND_INS.remove_now()
     return importlib.import_module(name)
 
 

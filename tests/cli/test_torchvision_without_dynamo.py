@@ -197,7 +197,7 @@ def test_a_name_the_stand_ins_lack_comes_from_the_real_dynamo_and_then_nothing_i
     one_process,
 ):
     assert one_process["stand-in"] == [
-        "_StandIn False",
+        "StandInModule False",
         "torch._dynamo.config ['torch._dynamo.config'] module",
         "True False",
         "False",

@@ -25,59 +25,26 @@ import importlib.abc
 import importlib.util
 import operator
 import sys
-import threading
 import types
-from collections.abc import Iterator
 from typing import Any
+
+from torchkit.stand_ins import StandInModule, StandInsWhileRunning
 
 SYMBOLIC_SHAPES, SYMPY = "torch.fx.experimental.symbolic_shapes", "sympy"
 _PARENT, _, _LEAF = SYMBOLIC_SHAPES.rpartition(".")
-# Passes running under the stand-ins right now (threads, nesting).
-_depth = 0
-_lock = threading.RLock()
 # Names the stand-ins were asked for and did not have (each made the real modules load).
 missing: list[str] = []
 
 
-@contextlib.contextmanager
-def plain_shapes() -> Iterator[None]:
+def plain_shapes() -> contextlib.AbstractContextManager[None]:
     """Run a block with the stand-ins for `torch.fx.experimental.symbolic_shapes` and sympy in
     place, unless sympy is loaded (module doc)."""
-    global _depth
-    # The lock guards the count and sys.modules' entries, never an import.
-    with _lock:
-        if _depth == 0 and sympy_loaded():
-            stand_ins = False
-        else:
-            stand_ins = True
-            if _depth == 0:
-                _place()
-            _depth += 1
-    if not stand_ins:
-        yield
-        return
-    try:
-        yield
-    finally:
-        with _lock:
-            _depth -= 1
-            if _depth == 0:
-                _remove()
+    return _STAND_INS.running()
 
 
 def sympy_loaded() -> bool:
     """Whether the real sympy is loaded in this process (the real symbolic_shapes imports it)."""
-    return SYMPY in sys.modules and not isinstance(sys.modules[SYMPY], _StandIn)
-
-
-class _StandIn(types.ModuleType):
-    """A stand-in: what it was given, and any other name from the real module."""
-
-    def __getattr__(self, attr: str) -> Any:
-        if attr.startswith("__"):  # probes of a module's __file__...: as a module without
-            raise AttributeError(attr)
-        missing.append(f"{self.__name__}.{attr}")
-        return getattr(_real(self.__name__), attr)
+    return SYMPY in sys.modules and not isinstance(sys.modules[SYMPY], StandInModule)
 
 
 class _Basic:
@@ -120,10 +87,10 @@ _finder = _SympySubmodules()
 
 
 def _place() -> None:
-    shapes = _StandIn(SYMBOLIC_SHAPES)
+    shapes = StandInModule(SYMBOLIC_SHAPES, _real, missing)
     for function in _PLAIN_FUNCTIONS:
         setattr(shapes, function.__name__, function)
-    sympy = _StandIn(SYMPY)
+    sympy = StandInModule(SYMPY, _real, missing)
     sympy.Basic = _Basic
     # `import sympy.core` asks the package's folders first, then the finders.
     found = importlib.util.find_spec(SYMPY)
@@ -137,20 +104,22 @@ def _place() -> None:
 
 def _remove() -> None:
     for name in (SYMBOLIC_SHAPES, SYMPY):
-        if isinstance(sys.modules.get(name), _StandIn):
+        if isinstance(sys.modules.get(name), StandInModule):
             del sys.modules[name]
     if _finder in sys.meta_path:
         sys.meta_path.remove(_finder)
     parent = sys.modules.get(_PARENT)
-    if parent is not None and isinstance(parent.__dict__.get(_LEAF), _StandIn):
+    if parent is not None and isinstance(parent.__dict__.get(_LEAF), StandInModule):
         delattr(parent, _LEAF)
+
+
+_STAND_INS = StandInsWhileRunning(_place, _remove, lambda: sympy_loaded())
 
 
 def _real(name: str = SYMBOLIC_SHAPES) -> types.ModuleType:
     """The real module `name`, imported now (both stand-ins taken out first: the real
     symbolic_shapes imports sympy)."""
-    with _lock:
-        _remove()
+    _STAND_INS.remove_now()
     return importlib.import_module(name)
 
 
