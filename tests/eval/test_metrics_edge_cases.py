@@ -7,41 +7,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from sklearn.metrics import (
-    accuracy_score,
     balanced_accuracy_score,
     confusion_matrix,
-    f1_score,
     precision_recall_fscore_support,
     top_k_accuracy_score,
 )
+from sklearn_reference import assert_metrics_match_sklearn
 
 from torchkit.core.evaluate.metrics import compute_metrics
 from torchkit.core.topk import reported_topk
-
-
-def _assert_matches_sklearn(m, y_true, y_pred, num_classes):
-    """Every figure of `m` equals scikit-learn's on these labels (all of them labelled)."""
-    labels = list(range(num_classes))
-    np.testing.assert_array_equal(m.confusion, confusion_matrix(y_true, y_pred, labels=labels))
-    p, r, f, s = precision_recall_fscore_support(
-        y_true, y_pred, labels=labels, average=None, zero_division=0
-    )
-    np.testing.assert_allclose(m.precision, p, rtol=0, atol=1e-12)
-    np.testing.assert_allclose(m.recall, r, rtol=0, atol=1e-12)
-    np.testing.assert_allclose(m.f1, f, rtol=0, atol=1e-12)
-    np.testing.assert_array_equal(m.support, s)
-    np.testing.assert_array_equal(m.predicted, np.bincount(y_pred, minlength=num_classes))
-    for average in ("macro", "weighted"):
-        p, r, f, _ = precision_recall_fscore_support(
-            y_true, y_pred, average=average, zero_division=0
-        )
-        assert getattr(m, f"precision_{average}") == pytest.approx(p, abs=1e-12)
-        assert getattr(m, f"recall_{average}") == pytest.approx(r, abs=1e-12)
-        assert getattr(m, f"f1_{average}") == pytest.approx(f, abs=1e-12)
-    assert m.accuracy == pytest.approx(accuracy_score(y_true, y_pred), abs=1e-12)
-    assert m.f1_micro == pytest.approx(f1_score(y_true, y_pred, average="micro"), abs=1e-12)
-    assert m.balanced_accuracy == pytest.approx(balanced_accuracy_score(y_true, y_pred), abs=1e-12)
-    assert m.num_samples == len(y_true)
 
 
 # scikit-learn warns where a class is predicted that the truth lacks: the case under test
@@ -53,7 +27,7 @@ def test_classes_absent_from_the_truth_or_the_predictions():
     y_true = np.array([0, 0, 0, 1, 1, 4, 4, 4])
     y_pred = np.array([0, 2, 0, 0, 2, 4, 4, 2])
     m = compute_metrics(y_true, y_pred, y_pred[:, None], 5, 1)
-    _assert_matches_sklearn(m, y_true, y_pred, 5)
+    assert_metrics_match_sklearn(m, y_true, y_pred, 5)
     assert m.precision.tolist()[1:4] == [0.0, 0.0, 0.0] and m.recall[2] == 0.0
     assert m.averaged_classes == 4
     assert m.balanced_accuracy == pytest.approx((2 / 3 + 0 + 2 / 3) / 3)
@@ -69,7 +43,7 @@ def test_one_class_in_the_data(num_classes):
     y_true = np.zeros(6, dtype=np.int64)
     y_pred = np.array([0, 0, 0, 0, 0, 0]) if num_classes == 1 else np.array([0, 1, 0, 2, 0, 0])
     m = compute_metrics(y_true, y_pred, y_pred[:, None], num_classes, 1)
-    _assert_matches_sklearn(m, y_true, y_pred, num_classes)
+    assert_metrics_match_sklearn(m, y_true, y_pred, num_classes)
     assert m.balanced_accuracy == m.recall[0] == m.accuracy
 
 
@@ -99,7 +73,7 @@ def test_unlabelled_images_are_left_out_of_every_figure():
     topk = np.array([[0, 1], [1, 0], [1, 2], [2, 0], [0, 1], [2, 1], [1, 2], [0, 2]])
     m = compute_metrics(y_true, y_pred, topk, 3, 2)
     labelled = y_true >= 0
-    _assert_matches_sklearn(m, y_true[labelled], y_pred[labelled], 3)
+    assert_metrics_match_sklearn(m, y_true[labelled], y_pred[labelled], 3)
     assert m.accuracy == m.topk_accuracy == m.balanced_accuracy == 1.0
     assert m.precision.tolist() == [1.0, 1.0, 1.0]
     assert m.num_samples == int(m.support.sum()) == int(m.predicted.sum()) == 6
@@ -115,7 +89,7 @@ def test_balanced_accuracy_is_sklearns_on_imbalanced_data(seed):
     y_true = rng.choice(6, size=200, p=[0.6, 0.2, 0.1, 0.05, 0.05, 0.0])
     y_pred = np.where(rng.random(200) < 0.7, y_true, rng.integers(0, 6, 200))
     m = compute_metrics(y_true, y_pred, y_pred[:, None], 6, 1)
-    _assert_matches_sklearn(m, y_true, y_pred, 6)
+    assert_metrics_match_sklearn(m, y_true, y_pred, 6)
 
 
 def test_per_class_figures_follow_the_checkpoints_class_order(tmp_path):
