@@ -70,15 +70,15 @@ def refuse_spelling_twins(names: Iterable[str], what: str) -> None:
     a folder made on macOS beside one typed elsewhere): `find_class` matches them as one name,
     so they would be one class silently, or two classes that look the same. `what`: "class
     folders in ROOT", "labels of X"."""
-    seen: dict[str, str] = {}
-    for name in names:
-        first = seen.setdefault(nfc(name), name)
-        if first != name:
-            raise InputError(
-                f"{what} {ascii(first)} and {ascii(name)} are one name in two Unicode "
-                "spellings (composed and decomposed accents)",
-                "rename one to the other's spelling: torchkit reads them as one class",
-            )
+    listed = list(names)
+    pair = spelling_twin_pair(listed)
+    if pair is not None:
+        first, second = (listed[index] for index in pair)
+        raise InputError(
+            f"{what} {ascii(first)} and {ascii(second)} are one name in two Unicode "
+            "spellings (composed and decomposed accents)",
+            "rename one to the other's spelling: torchkit reads them as one class",
+        )
 
 
 def refuse_unshowable_classes(names: Sequence[str], spec: str) -> None:
