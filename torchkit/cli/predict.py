@@ -23,15 +23,9 @@ from torchkit.cli.options import (
     model_argument,
     piped_paths,
 )
+from torchkit.cli.render import StreamedOutputFormat
 from torchkit.cli.run_options import DEFAULT_PREPROCESS, DEFAULT_RUN, with_inference_options
 from torchkit.core.inference.options import InferenceOptions, PreprocessOverrides
-
-
-class PredictFormat(str, Enum):
-    table = "table"
-    csv = "csv"
-    json = "json"
-    jsonl = "jsonl"
 
 
 class TTA(str, Enum):
@@ -101,7 +95,7 @@ def predict_command(
     trust_checkpoint: TrustCheckpointOption = False,
     allow_untrained: AllowUntrainedOption = False,
     fmt: Annotated[
-        Optional[PredictFormat],
+        Optional[StreamedOutputFormat],
         typer.Option(
             "--format",
             help="Output format; csv and jsonl stream one row per image. [default: that of -o "
@@ -147,7 +141,7 @@ def predict_command(
     from torchkit.core.predict.inputs import require_images, streams_stdin
     from torchkit.core.runtime.launch import launch_env
 
-    fmt = resolve_format(fmt, output, PredictFormat)
+    fmt = resolve_format(fmt, output, StreamedOutputFormat)
     model, images = model_and_rest(model, model_option, list(images or []))
     images += data or []  # --data adds to IMAGES, after them: rows come in input order
     request = PredictRequest(
@@ -224,7 +218,7 @@ def _inputs(request, stats: str | None, classes: str | None, listed: list[str] |
     return inputs
 
 
-def _write(run, columns: list[str], fmt: PredictFormat, output: Path | None) -> None:
+def _write(run, columns: list[str], fmt: StreamedOutputFormat, output: Path | None) -> None:
     from torchkit.cli.progress import progress_bar
     from torchkit.core.io.files import atomic_write
 
@@ -245,10 +239,10 @@ def _write(run, columns: list[str], fmt: PredictFormat, output: Path | None) -> 
                 _render(run, columns, fmt, handle, advance)
 
 
-def _render(run, columns: list[str], fmt: PredictFormat, handle: IO[str], progress) -> None:
+def _render(run, columns: list[str], fmt: StreamedOutputFormat, handle: IO[str], progress) -> None:
     from torchkit.cli.render import Table, print_on_terminal, render_json, render_plain_tables
 
-    if fmt == PredictFormat.csv:
+    if fmt == StreamedOutputFormat.csv:
         write_csv(run.records(progress=progress), columns, handle)
         return
     rows = run.rows(progress=progress)
@@ -256,10 +250,10 @@ def _render(run, columns: list[str], fmt: PredictFormat, handle: IO[str], progre
     # not UTF-8 as its "\udcXX" escapes, other characters as themselves where `handle` takes
     # them).
     encoding = getattr(handle, "encoding", None) if handle is console.stdout.file else None
-    if fmt == PredictFormat.jsonl:
+    if fmt == StreamedOutputFormat.jsonl:
         for row in rows:
             handle.write(render_json(_full(row, columns), encoding, indent=None))
-    elif fmt == PredictFormat.json:
+    elif fmt == StreamedOutputFormat.json:
         handle.write("[")
         for position, row in enumerate(rows):
             handle.write(",\n" if position else "\n")

@@ -25,6 +25,16 @@ class OutputFormat(str, Enum):
     json = "json"
 
 
+class StreamedOutputFormat(str, Enum):
+    """The formats of a command that writes a row at a time (predict, video-info): the common
+    three and JSON Lines, whose lines a stopped run leaves whole."""
+
+    table = "table"
+    csv = "csv"
+    json = "json"
+    jsonl = "jsonl"
+
+
 Format = TypeVar("Format", bound=Enum)
 
 # The rule, said once for every command's --format and -o help.

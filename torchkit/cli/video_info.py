@@ -21,6 +21,7 @@ from torchkit.cli.progress import progress_bar
 from torchkit.cli.render import (
     JsonArrayWriter,
     ReportAtSwap,
+    StreamedOutputFormat,
     Table,
     render_json,
     report_file,
@@ -46,13 +47,6 @@ CSV_COLUMNS = [
     "status",
     "error",
 ]
-
-
-class VideoFormat(str, Enum):
-    table = "table"
-    csv = "csv"
-    json = "json"
-    jsonl = "jsonl"  # JSON Lines: a run stopped part-way leaves whole records
 
 
 class SampleMode(str, Enum):
@@ -150,7 +144,7 @@ def video_info(
         ),
     ] = None,
     fmt: Annotated[
-        Optional[VideoFormat],
+        Optional[StreamedOutputFormat],
         typer.Option(
             "--format",
             help="Output format; csv, json and jsonl (one JSON object a line) stream one row "
@@ -188,11 +182,11 @@ def video_info(
 
     segments = former_short_flag(segments, segments_short, option="--segments", flag="-k")
 
-    fmt = resolve_format(fmt, output, VideoFormat)
-    if fmt == VideoFormat.csv and extract_frames is not None:
+    fmt = resolve_format(fmt, output, StreamedOutputFormat)
+    if fmt == StreamedOutputFormat.csv and extract_frames is not None:
         _check_csv_frames_folder(extract_frames)
     stdin = piped_paths(paths, null)
-    if fmt != VideoFormat.table and extract_frames is None:
+    if fmt != StreamedOutputFormat.table and extract_frames is None:
         # One row per video as it is read: nothing held but the videos in work.
         tally = _write_streamed(
             paths,
@@ -211,7 +205,7 @@ def video_info(
         return
 
     def render(infos) -> tuple[list[Table], list]:
-        if fmt == VideoFormat.csv:
+        if fmt == StreamedOutputFormat.csv:
             table = _csv_table(infos)
         else:
             table = _table(infos, exact=exact, segments=segments is not None)
@@ -301,7 +295,7 @@ def _lies_in(path: Path | str, folder: Path) -> bool:
 
 
 def _write_streamed(
-    paths, *, fmt: VideoFormat, output: Path | None, force: bool, **options
+    paths, *, fmt: StreamedOutputFormat, output: Path | None, force: bool, **options
 ) -> _Tally:
     """The CSV, the JSON array or the JSON Lines, a row per video as it is read
     (`stream_videos`): on stdout, each row at once (a reader of the pipe gets it while the list
@@ -342,16 +336,16 @@ def _write_streamed(
 
 
 def _row_writer(
-    fmt: VideoFormat, handle, encoding: str | None
+    fmt: StreamedOutputFormat, handle, encoding: str | None
 ) -> tuple[Callable[[Any], None], Callable[[], None]]:
     """(add a video's row, end the output) for `fmt` on `handle`: CSV rows under their header,
     the items of a JSON array, or JSON Lines (each as `emit` renders the whole list)."""
     from torchkit.core.io.csv_rows import CsvWriter
 
-    if fmt == VideoFormat.json:
+    if fmt == StreamedOutputFormat.json:
         array = JsonArrayWriter(handle, encoding)
         return (lambda info: array.add(info.to_dict())), array.close
-    if fmt == VideoFormat.jsonl:
+    if fmt == StreamedOutputFormat.jsonl:
 
         def add_line(info) -> None:
             handle.write(render_json(info.to_dict(), encoding, indent=None))
