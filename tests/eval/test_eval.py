@@ -17,7 +17,12 @@ from gloo_ranks import forks_noted, run_ranks, stderr_of, watching_forks
 from output_checks import error_line
 from PIL import Image
 from run_curves import lay_out_curves_only
-from sklearn.metrics import confusion_matrix, precision_recall_fscore_support, top_k_accuracy_score
+from sklearn.metrics import (
+    balanced_accuracy_score,
+    confusion_matrix,
+    precision_recall_fscore_support,
+    top_k_accuracy_score,
+)
 from typer.testing import CliRunner
 
 from torchkit.cli import app
@@ -220,6 +225,9 @@ def test_reports_agree_with_sklearn_from_predictions_csv(setup, report):
         assert metrics[f"f1_{average}"] == pytest.approx(f, abs=1e-12)
     _, _, f_micro, _ = precision_recall_fscore_support(y_true, y_pred, average="micro")
     assert metrics["f1_micro"] == pytest.approx(f_micro, abs=1e-12)
+    assert metrics["balanced_accuracy"] == pytest.approx(
+        balanced_accuracy_score(y_true, y_pred), abs=1e-12
+    )
     losses = np.array([float(r["loss"]) for r in rows])
     assert metrics["loss"] == pytest.approx(losses.mean(), rel=1e-6)
 
@@ -299,7 +307,7 @@ def test_tta_flip_averages_image_and_mirror(setup, tmp_path):
 def test_table_output_and_split_choice(setup, report):
     result = invoke(setup["ckpt"], "--data", setup["data"], "--workers", "0")
     assert result.exit_code == 0, result.stderr
-    for text in ("Accuracy (top-1)", "F1 (macro)", "F1 (micro)", "Loss"):
+    for text in ("Accuracy (top-1)", "Balanced accuracy", "F1 (macro)", "F1 (micro)", "Loss"):
         assert text in result.stdout
     assert "Top-5" not in result.stdout  # 5 classes: every class is in the top 5
     result = invoke(setup["ckpt"], "--data", setup["data"], "--topk", "3", "--workers", "0")
