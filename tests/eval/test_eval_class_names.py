@@ -202,6 +202,42 @@ def test_a_class_the_model_names_twice_is_refused(tmp_path):
         relabelled(samples, ["b", "c", "b"], "x")
 
 
+def test_classes_may_name_two_outputs_alike_as_imagenet_does(tmp_path):
+    """torchvision's ImageNet names hold two `crane`s: a checkpoint or classes.txt with them
+    loaded, while `--classes` refused them ("names crane more than once"), so ImageNet's
+    names could not be given. Data labelled `crane` is still refused, its output a guess."""
+    import torch
+
+    model = write_convnet_checkpoint(
+        tmp_path / "ck.pt", in_channels=3, image_size=8, classes="wxyz"
+    )
+    weights = tmp_path / "weights.pt"
+    torch.save(model.state_dict(), weights)
+    from torchkit.core.evaluate import parse_class_names
+
+    names = ["crane", "b", "crane", "c"]
+    classes = tmp_path / "classes.txt"
+    classes.write_text("".join(f"{name}\n" for name in names), encoding="utf-8")
+    assert parse_class_names(str(classes)) == parse_class_names(",".join(names)) == names
+    spec = ["convnet", "--weights", weights, "--image-size", "8", "--classes", classes, "-j", "0"]
+    unambiguous = write_image_folder(tmp_path / "bc", {"b": 2, "c": 1})
+    result = run_torchkit_in_process("eval", *spec, "--data", unambiguous, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["classes"] == names
+    rows = [(row["label"], row["index"], row["support"]) for row in report["per_class"]]
+    assert rows == [("crane", 0, 0), ("b", 1, 2), ("crane", 2, 0), ("c", 3, 1)]
+    ambiguous = write_image_folder(tmp_path / "crane", {"b": 1, "crane": 1})
+    result = run_torchkit_in_process("eval", *spec, "--data", ambiguous)
+    assert result.returncode == 1 and result.stdout == ""
+    line = error_line(result.stderr)
+    assert "class crane of " in line and "the name of 2 of the model's outputs (0, 2)" in line
+    result = run_torchkit_in_process("predict", *spec, ambiguous, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    for row in json.loads(result.stdout):
+        assert row["class"] == names[row["class_index"]]
+
+
 def test_predict_names_the_outputs_of_a_model_without_names_as_eval_does(tmp_path):
     """A state dict on labelled data: eval named its outputs by the data's sorted classes and
     predict by their indices, so `label` a stood beside `class` 0; where eval cannot name them

@@ -423,19 +423,19 @@ def test_a_model_name_with_weights_and_classes(runner, world, tmp_path):
     assert sum(p.numel() for p in model.parameters()) > 0
 
 
-def test_a_repeated_name_in_a_long_classes_file_is_found_at_once(tmp_path):
-    # Each name was counted over the whole list (quadratic: minutes at 100,000 names).
+def test_a_repeated_name_in_a_long_classes_file_is_read_at_once(tmp_path):
+    # Each name was counted over the whole list (quadratic: minutes at 100,000 names); a name
+    # given twice exactly names two outputs, as ImageNet's two "crane"s do.
     import time
 
     from torchkit.core.evaluate.source import parse_class_names
-    from torchkit.core.io.errors import UsageError
 
     names = tmp_path / "classes.txt"
     names.write_text("".join(f"class{i}\n" for i in range(50_000)) + "class7\n")
     start = time.process_time()  # CPU time: other processes' load does not stretch it
-    with pytest.raises(UsageError, match="names class7 more than once"):
-        parse_class_names(str(names))
-    assert time.process_time() - start < 5  # about 0.2 s
+    read = parse_class_names(str(names))
+    assert time.process_time() - start < 5  # about 0.1 s
+    assert len(read) == 50_001 and read[7] == read[-1] == "class7"
 
 
 def test_classes_longer_than_a_file_name_are_a_list_of_names(runner, world, tmp_path):

@@ -27,7 +27,9 @@ _CLASS_FILE_SUFFIXES = (".txt", ".csv", ".json", ".names", ".lst", ".list")
 def parse_class_names(spec: str) -> list[str]:
     """`--classes`: a text file with one name per line in label order, with no blank line
     between two (a pipe too: `<(cut ...)`, /dev/stdin), a .json file as `classes.json` beside
-    shards holds them (a list, or {name: index}), or names separated by commas."""
+    shards holds them (a list, or {name: index}), or names separated by commas. A name may be
+    given twice exactly (ImageNet's two "crane"s), as in a checkpoint; blank names and one name
+    in two Unicode spellings are refused, as the file readers refuse them."""
     path = Path(spec)
     try:
         # Anything but a folder: process substitution passes /dev/fd/N, a pipe, not a file.
@@ -72,12 +74,9 @@ def parse_class_names(spec: str) -> list[str]:
         )
     if not names:
         raise UsageError(f"no class names in --classes {spec!r}")
-    if len(set(names)) != len(names):
-        from collections import Counter
-
-        # Counted once: names.count per name is quadratic (minutes at 100,000 names).
-        duplicates = sorted(name for name, count in Counter(names).items() if count > 1)
-        raise UsageError(f"--classes names {', '.join(duplicates[:5])} more than once")
+    # A name given twice exactly names two outputs, as a checkpoint's may (torchvision's
+    # ImageNet names hold two "crane"s): data labelled by it is refused where it is matched
+    # (`relabelled`), which output its images belong to being a guess.
     return names
 
 

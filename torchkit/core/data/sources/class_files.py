@@ -67,7 +67,8 @@ def refuse_unshowable_names(
     can show is: empty, or of spaces or invisible characters alone; or the second of two names
     that are one in two Unicode spellings (`café` composed and decomposed), two classes that
     print alike and that torchkit matches as one. A name given exactly twice is the callers'
-    to refuse; names that differ by the spaces around them (a JSON list's ` cat`, `cat `) are
+    to judge (`--classes` takes it, as a checkpoint does: ImageNet's two "crane"s); names
+    that differ by the spaces around them (a JSON list's ` cat`, `cat `) are
     two, as class folders so named are."""
     unnamed = next((index for index, name in enumerate(names) if is_blank_name(name)), None)
     if unnamed is not None:
