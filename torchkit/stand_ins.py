@@ -11,10 +11,11 @@ module (imported then) and notes that name.
 from __future__ import annotations
 
 import contextlib
-import threading
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from torchkit.core.runtime.fork_safe import ForkSafeLock
 
 
 class StandInModule(types.ModuleType):
@@ -47,8 +48,10 @@ class StandInsWhileRunning:
         self._place, self._remove, self._real_loaded = place, remove, real_loaded
         self._depth = 0  # blocks running under the stand-ins now (threads, nesting)
         # Guards the count and sys.modules' entries, never an import (a thread holding it
-        # while importing could wait on another thread's import).
-        self.lock = threading.RLock()
+        # while importing could wait on another thread's import). A forked child's own: its
+        # first import of a torchvision module (a DataLoader worker's) would wait for good on
+        # one another thread held at the fork.
+        self.lock = ForkSafeLock(reentrant=True)
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:

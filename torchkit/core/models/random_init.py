@@ -31,6 +31,8 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+from torchkit.core.runtime.fork_safe import ForkSafeLock
+
 # torch.nn.init's random initialisers (torchvision calls them as `nn.init.NAME`, torch's layers
 # as `init.NAME`: looked up on the module at each call, so a wrapper installed there is run) ...
 RANDOM_INIT_FUNCTIONS = (
@@ -52,7 +54,9 @@ RANDOM_TENSOR_METHODS = ("uniform_", "normal_")
 TIMM_WEIGHT_INIT = ("timm.layers.weight_init", "_trunc_normal_")
 
 _skipping = threading.local()  # .skipped: (data_ptr(), weakref) of the tensors left, inside
-_install_lock = threading.Lock()
+# A forked child's own: a child of a process whose other thread was building a model would
+# wait for it for good at its own first build.
+_install_lock = ForkSafeLock()
 _users = 0
 _originals: list[tuple[Any, str, Any]] = []  # (owner, name, what the owner itself held)
 

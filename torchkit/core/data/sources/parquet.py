@@ -39,7 +39,6 @@ import json
 import logging
 import os
 import re
-import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
@@ -62,6 +61,7 @@ from torchkit.core.data.stored_image import (
     file_stamp,
 )
 from torchkit.core.io.errors import InputError, first_line
+from torchkit.core.runtime.fork_safe import ForkSafeLock
 
 SUFFIX = ".parquet"
 # HF's split keywords (datasets.data_files.SPLIT_KEYWORDS) -> torchkit's split names.
@@ -87,18 +87,9 @@ _NEEDED_FOR = "reading parquet files"
 # The threads of a process share its readers (`convert shards` reads ahead in threads): their
 # open files, pyarrow readers and caches are used under this lock. Read at once from two
 # threads, one pyarrow reader (or a fresh process's state, reset by one thread while another
-# read) crashed the process: "double free or corruption", segmentation faults.
-_reading = threading.Lock()
-
-
-def _new_lock_in_child() -> None:
-    """A forked child's own lock: one another thread held at the fork is never released."""
-    global _reading
-    _reading = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_lock_in_child)
+# read) crashed the process: "double free or corruption", segmentation faults. A forked
+# child's own lock: one another thread held at the fork is never released.
+_reading = ForkSafeLock()
 log = logging.getLogger("torchkit")
 
 

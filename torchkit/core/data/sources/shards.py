@@ -43,7 +43,6 @@ import os
 import posixpath
 import re
 import tarfile
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,6 +85,7 @@ from torchkit.core.data.sources.splitting import SPLIT_NAMES
 from torchkit.core.data.stored_image import Stamp, StoredImage, check_unchanged, file_stamp
 from torchkit.core.io.errors import InputError, short_repr
 from torchkit.core.io.files import read_text
+from torchkit.core.runtime.fork_safe import ForkSafeLock
 
 _SPLIT_SHARD = re.compile(r"^(train|val|test)-\d+\.tar$")
 _NUMBERED_SHARD = re.compile(r"^.+-\d+\.tar$", re.IGNORECASE)
@@ -144,19 +144,9 @@ class TarReader:
 _KEPT_OPEN = 128
 _descriptors: dict[str, int] = {}
 _descriptors_pid = os.getpid()
-_descriptors_lock = threading.Lock()
-
-
-def _new_descriptors_lock_in_child() -> None:
-    """A forked child's own lock: one another thread held at the fork (reading a shard while a
-    DataLoader forked its workers) is never released in the child, whose first read waited
-    on it for good."""
-    global _descriptors_lock
-    _descriptors_lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_descriptors_lock_in_child)
+# A forked child's own: one another thread held at the fork (reading a shard while a DataLoader
+# forked its workers) is never released in the child, whose first read waited on it for good.
+_descriptors_lock = ForkSafeLock()
 
 
 def _pread(path: str, offset: int, size: int, check: Callable[[int], None]) -> bytes:
