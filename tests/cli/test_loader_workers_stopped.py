@@ -1,9 +1,8 @@
-"""eval and extract-features (predict loads its images alike) stopped while their DataLoader
-workers read: SIGTERM or SIGINT to the whole process group (a terminal's Ctrl-C, `timeout`,
-systemd, `kill -- -PGID`), which ends the workers with the command, ends it as a stop (130 /
-143 and its one line), never as torch's `RuntimeError: DataLoader worker (pid N) is killed by
-signal`, with no worker left and nothing written. Real `python -m torchkit` processes: the
-signals are the subject."""
+"""eval, predict and extract-features stopped while their DataLoader workers read: SIGTERM or
+SIGINT to the whole process group (a terminal's Ctrl-C, `timeout`, systemd, `kill -- -PGID`),
+which ends the workers with the command, ends it as a stop (130 / 143 and its one line), never
+as torch's `RuntimeError: DataLoader worker (pid N) is killed by signal`, with no worker left
+and nothing written. Real `python -m torchkit` processes: the signals are the subject."""
 
 from __future__ import annotations
 
@@ -40,6 +39,9 @@ def command(name: str, out: Path) -> list[str]:
     if name == "eval":
         return ["eval", "gated.pt", "--model", *GATED, "--num-classes", "2", "--data", "ds",
                 "--out", str(out / "report"), "-o", str(out / "metrics.json")]  # fmt: skip
+    if name == "predict":
+        return ["predict", *GATED, "ds", "--allow-untrained", "--classes", "a,b",
+                "--format", "csv", "-o", str(out / "predictions.csv")]  # fmt: skip
     return ["extract-features", *GATED, "ds", str(out / "features"), "-l", "body",
             "--allow-untrained"]  # fmt: skip
 
@@ -51,6 +53,7 @@ def command(name: str, out: Path) -> list[str]:
         # Terminated.', exit 1.
         ("eval", signal.SIGTERM),
         # Before: exit 143, but a traceback of that RuntimeError after 'Terminated.'.
+        ("predict", signal.SIGTERM),
         ("extract-features", signal.SIGTERM),
         # Ctrl-C: the workers end on their own KeyboardInterrupt (exit 0), which torch accepts.
         ("extract-features", signal.SIGINT),
