@@ -295,9 +295,15 @@ def test_existing_output_needs_force(cifar10, tmp_path):
     (out / "keep.txt").unlink()
     result = runner.invoke(app, ["convert", "cifar", str(folder), str(out), "-j", "0"])
     assert result.exit_code == 0, result.stderr  # an empty folder needs no --force
+    # torchkit's own output (it has the marker), but for a file of the user's: refused.
     (out / "train" / CIFAR10_CLASSES[0] / "extra.png").write_bytes(b"")
     result = runner.invoke(app, ["convert", "cifar", str(folder), str(out), "-j", "0", "--force"])
-    assert result.exit_code == 0, result.stderr  # torchkit's own output (it has the marker)
+    assert result.exit_code == 1 and "extra.png that torchkit did not write" in result.stderr
+    assert (out / "train" / CIFAR10_CLASSES[0] / "extra.png").read_bytes() == b""
+    (out / "train" / CIFAR10_CLASSES[0] / "extra.png").unlink()
+    (out / "train" / CIFAR10_CLASSES[0] / "9999.png").write_bytes(b"")  # as an earlier run's
+    result = runner.invoke(app, ["convert", "cifar", str(folder), str(out), "-j", "0", "--force"])
+    assert result.exit_code == 0, result.stderr
     check_output_tree(out, truth, CIFAR10_CLASSES)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no leftovers
 
@@ -598,7 +604,7 @@ def test_a_report_the_full_disk_refuses_leaves_the_old_output(cifar10, tmp_path,
     folder, _, _ = cifar10
     out = tmp_path / "out"
     assert runner.invoke(app, ["convert", "cifar", str(folder), str(out), "-j", "0"]).exit_code == 0
-    (out / "train" / CIFAR10_CLASSES[0] / "old-only.png").write_bytes(b"")  # gone if replaced
+    (out / "train" / CIFAR10_CLASSES[0] / "9999.png").write_bytes(b"")  # gone if replaced
     before = tree_digest(out)
     disk = small_tmpfs(64)
     report = disk / "report.json"

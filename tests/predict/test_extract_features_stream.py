@@ -156,8 +156,9 @@ def test_an_image_inside_out_later_in_the_stream_keeps_the_old_out(runner, photo
     marked = tmp_path / "marked"
     first = runner.invoke(app, [*BASE, "convnet", "-", str(marked)], input=photos[0])
     assert first.exit_code == 0, first.stderr
-    (marked / "photos").mkdir()
-    inside = marked / "photos" / "a.png"
+    # Where an earlier run keeps its work (a user's file anywhere else in OUT is refused first).
+    (marked / ".partial").mkdir()
+    inside = marked / ".partial" / "a.png"
     inside.write_bytes(Path(photos[0]).read_bytes())
     before = sorted(p.name for p in marked.rglob("*"))
     stream = "\n".join([*photos[:2], *photos[4:], str(inside)])

@@ -34,12 +34,11 @@ DATA = ["--data", "ds", "--val-split", "0.3"]
 
 
 def old_run(folder: Path, *, marker: bool = True) -> Path:
-    """An earlier run: with torchkit's marker (and a file of the user's in it), or without (a
-    run made before the marker existed: only files that train writes)."""
+    """An earlier run: with torchkit's marker, or without (a run made before the marker
+    existed); only files that train writes (a file of the user's makes --force refuse it)."""
     folder.mkdir(parents=True)
     if marker:
         (folder / ".torchkit").write_text('{"written_by": "torchkit", "command": "train"}\n')
-        (folder / "notes.txt").write_text("my notes on this run\n")
     config = {"options": {"seed": 99}, "arch": "convnet", "classes": ["a", "b"], "preprocess": {}}
     (folder / "config.json").write_text(json.dumps(config) + "\n")
     (folder / "metrics.csv").write_text("epoch,train_loss\n1,0.5\n2,0.4\n")

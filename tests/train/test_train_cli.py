@@ -715,20 +715,24 @@ def test_existing_out_needs_resume_or_force(runner, split_root, tmp_path):
     assert again.exit_code == 1
     assert "already exists" in error_line(again) and "--resume" in error_line(again)
     assert (out / "last.pt").read_bytes() == before
-    (out / "notes.txt").write_text("mine")
     # --force whose run fails before its first checkpoint puts the old run back untouched.
     (split_root / "train" / "ant" / "broken.png").write_bytes(b"")
     failed = train(
         runner, "--data", str(split_root), *FAST, "--out", str(out), "--force", "--strict"
     )
     assert failed.exit_code == 1 and "broken.png" in error_line(failed)
-    assert (out / "last.pt").read_bytes() == before and (out / "notes.txt").read_text() == "mine"
+    assert (out / "last.pt").read_bytes() == before
     assert not list(tmp_path.glob(".run*"))  # nothing left beside it
-    forced = train(
-        runner, "--data", str(split_root), *FAST, "--epochs", "1", "--out", str(out), "--force"
-    )
+    # --force replaces only what torchkit wrote: a file of the user's in the run is refused.
+    (out / "notes.txt").write_text("mine")
+    forced = [*FAST, "--epochs", "1", "--out", str(out), "--force"]
+    refused = train(runner, "--data", str(split_root), *forced)
+    assert refused.exit_code == 1 and "notes.txt that torchkit did not write" in error_line(refused)
+    assert (out / "last.pt").read_bytes() == before and (out / "notes.txt").read_text() == "mine"
+    (out / "notes.txt").unlink()
+    forced = train(runner, "--data", str(split_root), *forced)
     assert forced.exit_code == 0, forced.stderr
-    assert read_checkpoint(out / "last.pt")["epoch"] == 1 and not (out / "notes.txt").exists()
+    assert read_checkpoint(out / "last.pt")["epoch"] == 1
     assert not list(tmp_path.glob(".run*"))
 
 

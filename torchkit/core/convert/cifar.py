@@ -46,6 +46,9 @@ LABEL_TYPES = ("fine", "coarse")
 # `--variant`'s names of the two datasets.
 VARIANTS = {"cifar10": CIFAR10, "cifar100": CIFAR100}
 SPLITS = ("train", "test")
+# What a conversion writes into OUT (`folder_contents` patterns, see `image_paths`): --force
+# refuses an OUT holding anything else, which replacing it would delete.
+CIFAR_OUTPUTS = tuple(f"{split}/*/[0-9]*.png" for split in SPLITS)
 
 MIB = 1 << 20
 # The largest genuine member, CIFAR-100's `train`, is 155 MB, and a whole archive expands to about
@@ -434,6 +437,7 @@ def output_folder(
         inputs=inputs,
         what="output folder",
         atomic=True,
+        owned=CIFAR_OUTPUTS,
     )
 
 

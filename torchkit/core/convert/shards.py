@@ -70,6 +70,14 @@ WHAT = "output folder"
 MANIFEST = "manifest.json"
 PARTIAL_MANIFEST = "manifest.partial.json"
 CLASSES_FILE = "classes.txt"
+# Everything a run writes into OUT (`folder_contents` patterns): --force refuses an OUT holding
+# anything else, which replacing it would delete.
+SHARDS_OUTPUTS = (
+    *(f"{name}-[0-9][0-9][0-9][0-9][0-9][0-9]*.tar" for name in ("train", "val", "test", "shard")),
+    MANIFEST,
+    PARTIAL_MANIFEST,
+    CLASSES_FILE,
+)
 UNSPLIT = "shard"  # the shard names of data without splits: shard-000000.tar
 UNSPLIT_KEY = "sample"  # and its sample keys: sample_00000000
 FORMAT_VERSION = 1
@@ -854,7 +862,9 @@ def convert_shards(
         sets=sets,
         records={s.name: [] for s in sets},
     )
-    output = OutputFolder(target, command=COMMAND, force=force, inputs=inputs, resume=resume)
+    output = OutputFolder(
+        target, command=COMMAND, force=force, inputs=inputs, resume=resume, owned=SHARDS_OUTPUTS
+    )
     with output:
         if resume:  # read again under the lock
             partial = read_partial(target)

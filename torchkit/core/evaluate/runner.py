@@ -321,6 +321,7 @@ def open_report_folder(spec: ModelSpec, options: EvalOptions) -> OutputFolder | 
         force=options.force,
         inputs=inputs,
         known_files=_old_report_files(Path(options.out_dir)),
+        owned=REPORT_FILES,  # a folder holding anything else is refused, not deleted with it
         # The reports are written into a hidden folder that replaces --out at the end: an old
         # report stays whole until the new one is complete, and a failed run leaves no trace.
         atomic=True,

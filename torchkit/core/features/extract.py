@@ -30,6 +30,8 @@ from torchkit.core.features.layers import (
 from torchkit.core.features.store import (
     DTYPES,
     FILE_FORMATS,
+    INDEX_FILE,
+    META_FILE,
     PARTIAL_DIR,
     FeatureStore,
     data_location,
@@ -204,9 +206,21 @@ def open_output(request: FeatureRequest, listed: Sequence[str] = ()) -> OutputFo
         force=request.force,
         inputs=feature_inputs(request, listed),
         known_files=known_files(out) if out.is_dir() else (),
+        owned=output_names(out),  # anything else in OUT is refused, not deleted with it
         resume=request.resume and has_content,
         exists_hint=exists_hint,
     )
+
+
+def output_names(out: Path) -> tuple[str, ...]:
+    """What a run writes into OUT (`folder_contents` patterns): index.csv, meta.json, an
+    interrupted run's `.partial` folder and the layers' files, those its records name where it
+    has one (`known_files`), else any file of FILE_FORMATS."""
+    recorded = known_files(out) if out.is_dir() and not out.is_symlink() else ()
+    layers = [n for n in recorded if not n.startswith(".") and n not in (INDEX_FILE, META_FILE)]
+    if not recorded:
+        layers = [f"*.{extension}" for extension in FILE_FORMATS]
+    return (INDEX_FILE, META_FILE, f"{PARTIAL_DIR}/**", *layers)
 
 
 def extract_features(

@@ -4,9 +4,11 @@ torchkit never loses a user's file is enforced in one place.
 - An output may not be, contain or lie inside an input of the same command (`check_overlap`).
 - `--force` replaces a folder only if it is empty or the same command wrote it (a `.torchkit`
   marker naming it, or only files that command writes beside the record it always writes:
-  `holds_json_record`); `/`, `~`, the working directory and its parents never. A folder
-  holding only the same command's marker (and its dead writers' temporaries) is empty: a run
-  killed before its first file (`clear_killed_start`).
+  `holds_json_record`), and only if it holds nothing that command does not write
+  (`folder_contents`: a user's notes.txt is refused, never deleted with the folder); `/`, `~`,
+  the working directory and its parents never. A folder holding only the same command's
+  marker (and its dead writers' temporaries) is empty: a run killed before its first file
+  (`clear_killed_start`).
 - A folder being written is locked (`.NAME.torchkit-lock` beside it, `flock`); a second command
   on the same folder is refused at once with the holder's PID.
 - An old output replaced with `--force` is set aside (`.NAME.<hex>.replaced`) and put back if
@@ -49,6 +51,7 @@ from torchkit.core.io.errors import (
     first_line,
 )
 from torchkit.core.io.file_kinds import file_kind
+from torchkit.core.io.folder_contents import foreign_entries
 from torchkit.core.io.folder_locks import close_lock, open_unshared
 from torchkit.core.io.temporaries import (
     TEMPORARY,
@@ -1197,10 +1200,12 @@ def check_replaceable(
     known_files: Collection[str] = (),
     hint: str = "",
     command: str | None = None,
+    owned: Collection[str] | None = None,
 ) -> bool:
     """May `folder` be written? Returns whether it has content that `--force` will replace:
     with `command`, only an output of that command (`eval --out RUN --force` never deletes a
-    training run whose marker says `train`)."""
+    training run whose marker says `train`); with `owned` (the patterns of what the command
+    writes there, see `folder_contents`), only a folder holding nothing else."""
     if not (folder.exists() or folder.is_symlink()):
         return False
     if folder.is_symlink():
@@ -1230,7 +1235,24 @@ def check_replaceable(
             f"{what} {folder} holds the output of torchkit {other}, not of {command}",
             f"--force only replaces an earlier output of {command}: choose another folder",
         )
+    if owned is not None:
+        refuse_foreign_entries(folder, owned, what=what)
     return True
+
+
+def refuse_foreign_entries(folder: Path, owned: Collection[str], *, what: str) -> None:
+    """`--force` replaces `folder` whole: refused, before any work, where it holds an entry that
+    `owned` (what the command writes there) does not name, which would be deleted with it (your
+    notes.txt in a run folder, a plot, a folder of analysis, a link)."""
+    foreign = foreign_entries(folder, owned, top_level=(MARKER, WRITTEN_JOURNAL))
+    if foreign:
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        raise OutputExistsError(
+            f"{what} {_shown(folder)} holds {_shown(folder / foreign[0])}"
+            f"{'/' if foreign[0].endswith('/') else ''}{more} that torchkit did not write, "
+            "which --force would delete with it",
+            f"move them out of {_shown(folder)}, or delete them yourself",
+        )
 
 
 # -- locking -------------------------------------------------------------------------------------
@@ -1690,6 +1712,8 @@ class OutputFolder:
     output back in place and no trace of itself.
 
     `resume=True` continues an existing folder in place: no `--force` rules, nothing set aside.
+    `owned` names what the command writes into the folder (`folder_contents`): `--force` refuses
+    a folder holding anything else, which replacing it whole would delete.
     `start_files` names what the command writes before anything worth keeping
     (`killed_start_leftovers`): a folder holding only those, the marker and temporaries, is a
     run of the command killed before its first result, replaced without `--force` (set aside
@@ -1716,6 +1740,7 @@ class OutputFolder:
         exists_hint: str | Callable[[], str] = "",
         replaced_hint: str = "",
         start_files: Collection[str] = (),
+        owned: Collection[str] | None = None,
     ) -> None:
         check_not_stdout(path, what)
         self.final = Path(path)
@@ -1761,6 +1786,7 @@ class OutputFolder:
                     known_files=known_files,
                     hint=hint,
                     command=command,
+                    owned=owned,
                 )
             else:
                 self.has_content = self.final.is_dir() and not _is_empty_dir(self.final)

@@ -64,6 +64,16 @@ RUN_FILES = (
 CONFIG_KEYS = ("options", "arch", "classes", "preprocess")
 
 
+# Everything a run writes into its folder (`folder_contents` patterns): `--force` replaces a run
+# folder that holds nothing else (a notes.txt of yours, an `extra/best.pt`, refused first).
+RUN_OUTPUTS = (
+    *(p for p in RUN_FILES if p != "tensorboard" and not p.startswith(".")),
+    "tensorboard/events.out.tfevents.*",
+    "profile/epoch-*.txt",  # --profile-steps: `step_profiler`'s table, trace and GPU timeline
+    "profile/epoch-*.json",
+)
+
+
 # What a run writes before its first checkpoint: a run folder holding only these (with the
 # marker and temporaries) is a run killed before it saved anything, started again without
 # --force (`OutputFolder`'s start_files).

@@ -21,6 +21,7 @@ from torchkit.core.data.sources import SPLIT_CSV, write_split_csv
 from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.io.errors import TorchkitError, first_line, on_every_rank
 from torchkit.core.io.files import remove_stale_temporaries
+from torchkit.core.io.folder_contents import names_inside
 from torchkit.core.io.outputs import (
     MARKER,
     InputPath,
@@ -43,6 +44,7 @@ from torchkit.core.train.checkpoints import (
 from torchkit.core.train.curves_painter import CurvesPainter
 from torchkit.core.train.outputs import (
     RUN_FILES,
+    RUN_OUTPUTS,
     START_FILES,
     TensorBoardLog,
     is_run_file,
@@ -132,6 +134,8 @@ class RunFolder:
                     resume=in_place,
                     exists_hint=_exists_hint(out),
                     start_files=START_FILES,
+                    # The summary -o writes into the run folder is this run's to replace.
+                    owned=(*RUN_OUTPUTS, *names_inside(out, [self.output_file])),
                     replaced_hint="nothing more was written there: continue a run folder you "
                     "moved with --resume NEW_PLACE, or start the run again",
                 )

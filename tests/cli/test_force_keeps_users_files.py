@@ -1,0 +1,214 @@
+"""`--force` replaces only what torchkit wrote: an output folder of the same command that holds a
+file, folder or link the user added (notes.txt in a run folder, a plot beside eval's reports, a
+folder of analysis) is refused before any work, naming the first and counting the rest, and
+nothing is touched. Before, the folder was replaced whole and the user's files went with it."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from output_checks import check_refused_untouched, error_line, tree_digest
+from processes import run_torchkit_in_process
+from safety_world import write_world
+
+from torchkit.core.io.errors import OutputExistsError
+from torchkit.core.io.folder_contents import foreign_entries
+from torchkit.core.io.outputs import MARKER, WRITTEN_JOURNAL, OutputFolder
+from torchkit.core.train.outputs import RUN_OUTPUTS
+
+TINY = ["--model", "convnet", "--image-size", "8", "--batch-size", "4", "--workers", "0"]
+TRAIN = ["train", *TINY, "--data", "ds", "--val-split", "0.5", "--epochs", "1"]
+
+
+def marked(folder: Path, command: str, files: dict[str, str]) -> Path:
+    """An earlier output of `command` at `folder`: its marker and `files` (relative path ->
+    text), what torchkit wrote there and what the test adds."""
+    folder.mkdir(parents=True)
+    (folder / MARKER).write_text(json.dumps({"written_by": "torchkit", "command": command}))
+    for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory) -> Path:
+    """The inputs every command here reads (`ds`, `run/best.pt`...) and a file named as a video
+    (the frames folder is judged before any video is opened)."""
+    root = write_world(tmp_path_factory.mktemp("template"))
+    (root / "clip.avi").write_bytes(b"not read: the frames folder is refused first")
+    return root
+
+
+@pytest.fixture
+def world(template, tmp_path) -> Path:
+    return Path(shutil.copytree(template, tmp_path / "world", symlinks=True))
+
+
+# command line, the output folder, its marker's command, what torchkit wrote there, the user's
+# file, the first path the error names
+FAMILIES = {
+    "train": (
+        [*TRAIN, "--out", "out", "--force"],
+        "train",
+        {"config.json": "{}", "last.pt": "x", "tensorboard/events.out.tfevents.1.h": "x"},
+        {"notes.txt": "my notes on this run"},
+        "run folder out holds out/notes.txt that torchkit did not write",
+    ),
+    "eval": (
+        ["eval", "run/best.pt", "--data", "ds", "--out", "out", "--force"],
+        "eval",
+        {"metrics.json": "{}", "per_class.csv": "x"},
+        {"my_plot.png": "x"},
+        "output folder out holds out/my_plot.png that torchkit did not write",
+    ),
+    "extract-features": (
+        ["extract-features", "run/best.pt", "ds", "out", "-l", "logits", "-j", "0", "--force"],
+        "extract-features",
+        {"index.csv": "x", "logits.npy": "x"},
+        {"analysis/umap.png": "x"},
+        "output folder out holds out/analysis/ that torchkit did not write",
+    ),
+    "convert tensor": (
+        ["convert", "tensor", "ds", "out", "--to", "npy", "--force"],
+        "convert tensor",
+        {"a/a_0.npy": "x"},
+        {"a/README": "x"},
+        "output folder out holds out/a/README that torchkit did not write",
+    ),
+    "convert cifar": (
+        ["convert", "cifar", "ds", "out", "--force"],
+        "convert cifar",
+        {"train/cat/0.png": "x", "test/cat/0.png": "x"},
+        {"train/cat/my_cat.jpg": "x"},
+        "output folder out holds out/train/cat/my_cat.jpg that torchkit did not write",
+    ),
+    "convert shards": (
+        ["convert", "shards", "ds", "out", "--force"],
+        "convert shards",
+        {"train-000000.tar": "x", "manifest.json": "{}", "classes.txt": "a\n"},
+        {"train-000000.tar.md5": "x"},
+        "output folder out holds out/train-000000.tar.md5 that torchkit did not write",
+    ),
+    "video-info frames": (
+        ["video-info", "clip.avi", "--segments", "2", "--extract-frames", "out", "--force"],
+        "video-info",
+        {"clip_000001.png": "x"},
+        {"notes.txt": "x"},
+        "frames folder out holds out/notes.txt that torchkit did not write",
+    ),
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_force_refuses_an_output_folder_holding_a_users_file(world, family):
+    args, command, own, users, message = FAMILIES[family]
+    marked(world / "out", command, {**own, **users})
+    check_refused_untouched(args, message, cwd=world)
+    done = run_torchkit_in_process(*args, cwd=world)
+    assert error_line(done.stderr, besides="warnings").endswith(
+        "which --force would delete with it (move them out of out, or delete them yourself)"
+    )
+
+
+def test_the_error_counts_what_else_is_not_torchkits(world):
+    marked(world / "out", "train", {"last.pt": "x", "a.txt": "x", "b.txt": "x", "c/d.txt": "x"})
+    check_refused_untouched(
+        [*TRAIN, "--out", "out", "--force"],
+        "run folder out holds out/a.txt and 2 more that torchkit did not write",
+        cwd=world,
+    )
+
+
+def test_a_torchkit_name_in_another_place_or_a_link_is_the_users(world):
+    """`extra/best.pt` is not the run's best.pt; a link named best.pt is not a file train
+    wrote (it is not followed: what it points at is not judged, nor deleted)."""
+    marked(world / "out", "train", {"last.pt": "x", "extra/best.pt": "x"})
+    marked(world / "linked", "train", {"last.pt": "x"})
+    (world / "linked" / "best.pt").symlink_to(world / "run" / "best.pt")
+    marked(world / "old", "train", {"last.pt": "x", "tensorboard/notes.txt": "x"})
+    (world / "old" / MARKER).unlink()  # a run from before the marker: known by config.json
+    config = {"options": {}, "arch": "convnet", "classes": ["a", "b"], "preprocess": {}}
+    (world / "old" / "config.json").write_text(json.dumps(config))
+    for out, first in [
+        ("out", "out/extra/"),
+        ("linked", "linked/best.pt"),
+        ("old", "old/tensorboard/notes.txt"),
+    ]:
+        check_refused_untouched(
+            [*TRAIN, "--out", out, "--force"],
+            f"holds {first} that torchkit did not write",
+            cwd=world,
+        )
+
+
+def test_the_summary_this_run_writes_into_its_folder_is_its_own(world):
+    """`train --out run --force -o run/summary.json` again: the earlier summary is replaced
+    with the run (the run goes on to its next step, here a model that cannot be found); a
+    summary under another name is a file this run does not write."""
+    marked(world / "out", "train", {"last.pt": "x", "summary.json": "{}"})
+    before = tree_digest(world)
+    args = [*TRAIN, "--out", "out", "--force"]
+    done = run_torchkit_in_process(
+        *args, "--model", "no_such_module:Net", "-o", "out/summary.json", cwd=world
+    )
+    assert done.returncode == 2 and "no_such_module" in error_line(done.stderr)
+    assert tree_digest(world) == before
+    check_refused_untouched(
+        [*args, "-o", "out/other.json"],
+        "holds out/summary.json that torchkit did not write",
+        cwd=world,
+    )
+
+
+def test_torchkits_own_leftovers_and_a_browsers_files_are_not_the_users(tmp_path):
+    """The marker, the journal of a killed run, a dead writer's temporary, an output set aside
+    inside the folder and `.DS_Store` go with the folder; a temporary a live writer holds is
+    still being written, and a FIFO is nobody's output."""
+    out = marked(tmp_path / "out", "train", {"last.pt": "x", "tensorboard/.DS_Store": "x"})
+    (out / WRITTEN_JOURNAL).write_text('"last.pt"\n')
+    (out / ".last.pt.abcd1234.tmp").write_text("half")
+    (out / ".best.pt.0123456789ab.replaced").write_text("old")
+    assert foreign_entries(out, RUN_OUTPUTS, top_level=(MARKER, WRITTEN_JOURNAL)) == []
+    with OutputFolder(out, command="train", force=True, owned=RUN_OUTPUTS) as folder:
+        assert folder.has_content
+    os.mkfifo(out / "pipe")
+    with open(out / ".metrics.csv.abcd1234.tmp", "w") as live:
+        fcntl.flock(live, fcntl.LOCK_EX)
+        found = foreign_entries(out, RUN_OUTPUTS, top_level=(MARKER, WRITTEN_JOURNAL))
+    assert found == [".metrics.csv.abcd1234.tmp", "pipe"]
+
+
+def test_patterns_name_files_at_their_depth_and_folders_on_their_way(tmp_path):
+    out = tmp_path / "out"
+    for name in ["a/b/x.npy", "a/x.NPY", "x.npy", "a/b/x.txt", "train/cat/0.png", "c/0.png"]:
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text("x")
+    (out / "empty").mkdir()
+    assert foreign_entries(out, ["train/*/[0-9]*.png"]) == ["a/", "c/", "empty/", "x.npy"]
+    assert foreign_entries(out, ["**/*.npy"]) == [
+        "a/x.NPY",
+        "a/b/x.txt",
+        "c/0.png",
+        "train/cat/0.png",
+    ]
+    assert foreign_entries(out, ["train/*/[0-9]*.png", "**/*.[nN][pP][yY]"]) == [
+        "a/b/x.txt",
+        "c/0.png",
+    ]
+
+
+def test_resume_continues_a_folder_holding_the_users_files(tmp_path):
+    """`train --resume` does not replace its folder: the user's files in it are no reason to
+    refuse, and stay."""
+    out = marked(tmp_path / "out", "train", {"last.pt": "x", "notes.txt": "mine"})
+    with OutputFolder(out, command="train", resume=True, owned=RUN_OUTPUTS) as folder:
+        (folder.begin() / "epoch-002.pt").write_text("x")
+    assert (out / "notes.txt").read_text() == "mine"
+    with pytest.raises(OutputExistsError, match="holds .*notes.txt that torchkit did not write"):
+        OutputFolder(out, command="train", force=True, owned=RUN_OUTPUTS)

@@ -1,0 +1,146 @@
+"""What in an output folder torchkit did not write: the entries `--force` would delete with the
+folder it replaces, so that the command refuses instead (`outputs.check_replaceable`).
+
+A command says what it writes into its output folder as shell patterns, relative to the folder
+and separated by `/` (`best.pt`, `epoch-[0-9][0-9][0-9]*.pt`, `tensorboard/events.out.tfevents.*`,
+`train/*/*.png`); a `**` segment stands for any number of folders (`**/*.npy`: at any depth).
+A pattern names regular files, and the folders on their way: a name torchkit writes in another
+place (`extra/best.pt`), a symbolic link (never followed), a FIFO or a folder no pattern goes
+through is not torchkit's. Whatever the command, the temporaries of killed writers (no live
+writer holds their flock), the set-asides of replaced outputs (`.NAME.<hex>.replaced`) and what
+a file browser leaves in a folder it shows (`.DS_Store`) are torchkit's or no one's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Collection, Iterable
+from fnmatch import fnmatchcase
+from pathlib import Path
+
+from torchkit.core.io.temporaries import TEMPORARY, is_unlocked
+
+# The hidden siblings an output writer makes beside an output it replaces (`outputs._sibling`):
+# a file output inside a folder (`convert tensor FILE FOLDER`) leaves its set-aside there.
+_SET_ASIDE = re.compile(r"\..+\.[0-9a-f]{12}\.(?:replaced|partial|discarded)", re.DOTALL)
+
+# What a file browser leaves in each folder it shows (Finder, Explorer): no one's data.
+BROWSER_FILES = frozenset({".ds_store", "thumbs.db", "desktop.ini"})
+
+
+def is_browser_file(name: str) -> bool:
+    """`.DS_Store`, `Thumbs.db`, `desktop.ini` or an AppleDouble `._NAME` (macOS's extended
+    attributes of NAME on other disks): no one's data, whichever folder holds it."""
+    return name.casefold() in BROWSER_FILES or name.startswith("._")
+
+
+def extension_pattern(extension: str) -> str:
+    """A shell pattern for `extension` in any case (`.png`: `.[pP][nN][gG]`), for a command
+    that keeps the case a name was given in."""
+    return "".join(f"[{c.lower()}{c.upper()}]" if c.lower() != c.upper() else c for c in extension)
+
+
+def exact_pattern(relative: str) -> str:
+    """A pattern that names `relative` (a path below the folder, `/`-separated) and nothing
+    else: its glob characters bracketed."""
+    return re.sub(r"([*?\[])", r"[\1]", relative)
+
+
+def names_inside(folder: str | os.PathLike, paths: Iterable[str | os.PathLike | None]) -> list[str]:
+    """Exact patterns for those of `paths` that lie inside `folder` (a report written there
+    with `-o` by this run, which will replace it anyway)."""
+    real = os.path.realpath(folder)
+    found = []
+    for path in paths:
+        if path is None or os.fspath(path) == "-":
+            continue
+        inside = os.path.relpath(os.path.realpath(path), real)
+        if inside != os.curdir and not inside.startswith(os.pardir):
+            found.append(exact_pattern(Path(inside).as_posix()))
+    return found
+
+
+class _Patterns:
+    """Compiled `/`-separated patterns: which files they name, which folders they go through."""
+
+    def __init__(self, patterns: Iterable[str]) -> None:
+        self.split = [tuple(p.strip("/").split("/")) for p in patterns if p.strip("/")]
+
+    def names_file(self, parts: tuple[str, ...]) -> bool:
+        return any(_matches(pattern, parts) for pattern in self.split)
+
+    def goes_through(self, parts: tuple[str, ...]) -> bool:
+        """Whether some pattern names a file below the folder `parts`."""
+        return any(_matches_prefix(pattern, parts) for pattern in self.split)
+
+
+def _matches(pattern: tuple[str, ...], parts: tuple[str, ...]) -> bool:
+    if not pattern:
+        return not parts
+    if pattern[0] == "**":
+        return any(_matches(pattern[1:], parts[skip:]) for skip in range(len(parts) + 1))
+    return bool(parts) and fnmatchcase(parts[0], pattern[0]) and _matches(pattern[1:], parts[1:])
+
+
+def _matches_prefix(pattern: tuple[str, ...], parts: tuple[str, ...]) -> bool:
+    """Whether `pattern` can name something below the folder `parts`: its first segments match
+    them with at least one segment left over."""
+    if not parts:
+        return bool(pattern)
+    if not pattern:
+        return False
+    if pattern[0] == "**":
+        return True  # any depth of folders, then the rest
+    return fnmatchcase(parts[0], pattern[0]) and _matches_prefix(pattern[1:], parts[1:])
+
+
+def _is_dead_temporary(entry: os.DirEntry) -> bool:
+    """A temporary torchkit's writers leave whatever the command, whose writer is dead: one a
+    live writer holds is still being written, not ours to delete."""
+    return bool(TEMPORARY.fullmatch(entry.name)) and is_unlocked(Path(entry.path))
+
+
+def foreign_entries(
+    folder: Path, owned: Collection[str], *, top_level: Collection[str] = ()
+) -> list[str]:
+    """The entries of `folder` (paths relative to it, `/`-separated, a folder's ending in `/`)
+    that no pattern of `owned` names, in the order found, sorted within each folder: what a
+    command whose outputs `owned` describes did not write there. `top_level`: names directly
+    in `folder` that are torchkit's whatever the command (its marker, its journal). A folder
+    none of `owned` goes through counts as one entry, its content unlisted; an unreadable one
+    too (its content cannot be judged)."""
+    patterns = _Patterns(owned)
+    foreign: list[str] = []
+    pending: list[tuple[str, ...]] = [()]
+    while pending:
+        parts = pending.pop()
+        try:
+            with os.scandir(folder.joinpath(*parts)) as listing:
+                entries = sorted(listing, key=lambda e: e.name)
+        except OSError:
+            foreign.append("/".join(parts) + "/")
+            continue
+        below = []
+        for entry in entries:
+            here = (*parts, entry.name)
+            shown = "/".join(here)
+            if (not parts and entry.name in top_level) or is_browser_file(entry.name):
+                continue
+            if _SET_ASIDE.fullmatch(entry.name) and not entry.is_symlink():
+                continue  # an output replaced inside the folder, set aside: ours
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    if patterns.goes_through(here):
+                        below.append(here)
+                    else:
+                        foreign.append(shown + "/")
+                    continue
+                regular = entry.is_file(follow_symlinks=False)
+            except OSError:  # gone while listed
+                continue
+            if regular and (patterns.names_file(here) or _is_dead_temporary(entry)):
+                continue
+            foreign.append(shown)  # a link, a FIFO, a socket, or a file of someone else's
+        pending.extend(reversed(below))  # depth first, in name order
+    return foreign
