@@ -49,7 +49,13 @@ from torchkit.core.data.sources.discovery import IMAGE_EXTENSIONS
 from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.io import sizes
 from torchkit.core.io.errors import InputError, OutputExistsError, UsageError
-from torchkit.core.io.files import atomic_write, atomic_write_text, remove_stale_temporaries
+from torchkit.core.io.files import (
+    atomic_write,
+    atomic_write_json,
+    atomic_write_text,
+    json_text,
+    remove_stale_temporaries,
+)
 from torchkit.core.io.outputs import (
     MARKER,
     InputPath,
@@ -416,7 +422,7 @@ def sample_members(
         "label": None if label is None else classes[label],
         "path": shard_set.samples.ids[index],
     }
-    sample["json"] = json.dumps(about, sort_keys=True).encode()
+    sample["json"] = json_text(about, sort_keys=True).encode("utf-8")  # as JSON files are
     if label is not None:
         sample["cls"] = str(label).encode()
     return sample
@@ -669,7 +675,7 @@ class _PartialManifest:
 
     def save(self) -> None:
         manifest = self.report.manifest(complete=False)
-        atomic_write_text(self.path, json.dumps(manifest, indent=1) + "\n")
+        atomic_write_json(self.path, manifest, indent=1)
         self.saved_at, self.behind = time.monotonic(), False
 
     def save_quietly(self) -> None:
@@ -919,7 +925,7 @@ def convert_shards(
                 partial_manifest.save_quietly()  # a re-run keeps every complete shard
                 raise
             manifest = report.manifest(complete=True)
-            atomic_write_text(folder / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+            atomic_write_json(folder / MANIFEST, manifest, indent=1)
             remove_tree(folder / PARTIAL_MANIFEST, ignore_errors=False)
             _remove_leftovers(folder, keep=[r.name for r in report.shards])
         if run.warned:

@@ -4,7 +4,6 @@ confusion_pairs.csv instead of the matrix's CSV and PNG); each one atomically.""
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -15,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from torchkit.core.io.csv_rows import csv_text, write_csv_file
-from torchkit.core.io.files import atomic_path, atomic_write_text, drawable
+from torchkit.core.io.files import atomic_path, atomic_write_json, atomic_write_text, drawable
 from torchkit.core.io.outputs import reporting_write_errors
 
 if TYPE_CHECKING:
@@ -63,9 +62,7 @@ def write_reports(
         ["confusion_pairs.csv"] if dense else ["confusion_matrix.csv", "confusion_matrix.png"]
     )
     paths = {name: folder / name for name in REPORT_FILES if name not in left_out}
-    atomic_write_text(
-        paths["metrics.json"], json.dumps(json_safe(result.to_dict()), indent=2) + "\n"
-    )
+    atomic_write_json(paths["metrics.json"], json_safe(result.to_dict()))
     atomic_write_text(
         paths["per_class.csv"], _csv_text(result.per_class_columns(), result.per_class_rows())
     )

@@ -38,7 +38,7 @@ from torchkit.core.io.files import (
     NAME_ERRORS,
     atomic_path,
     atomic_write,
-    atomic_write_text,
+    atomic_write_json,
     folds_case,
     torch_save,
 )
@@ -276,9 +276,10 @@ class FeatureStore:
         with reporting_write_errors(self.out):
             for array in self._arrays.values():
                 array.flush()
-        atomic_write_text(
+        atomic_write_json(
             self.partial / PROGRESS_FILE,
-            json.dumps(self.progress.to_json(self.fingerprint, self.total, self.data)),
+            self.progress.to_json(self.fingerprint, self.total, self.data),
+            indent=None,
         )
         if self.progress.rows > 0:
             self.output.keep()
@@ -318,7 +319,7 @@ class FeatureStore:
             os.replace(self.partial / INDEX_FILE, self.out / INDEX_FILE)
         else:
             write_csv_file(self.out / INDEX_FILE, index_rows, header=index_columns)
-        atomic_write_text(self.out / META_FILE, json.dumps(meta, indent=2) + "\n")
+        atomic_write_json(self.out / META_FILE, meta)
         remove_tree(self.partial)
         return files
 

@@ -222,6 +222,15 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
         handle.write(text)
 
 
+def atomic_write_json(path: str | os.PathLike, value: object, *, indent: int | None = 2) -> None:
+    """`value` as the JSON file `path` (`indent` None: on one line), written whole
+    (`atomic_write_text`): the one writer of the JSON files in torchkit's outputs
+    (metrics.json, meta.json, manifest.json, config.json...), written as stdout's JSON is
+    (`json_text`): UTF-8, "café" as itself, a name that is not UTF-8 as its escape
+    ("\\udcff")."""
+    atomic_write_text(path, json_text(value, indent=indent) + "\n")
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     with atomic_write(path, "wb") as handle:
         handle.write(data)

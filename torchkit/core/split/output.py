@@ -22,7 +22,7 @@ from torchkit.core.data.sources.splitting import (
     written_split_names,
 )
 from torchkit.core.io.errors import InputError, OutputExistsError, OutputWriteError, first_and_more
-from torchkit.core.io.files import atomic_write_text, open_text, tree_entries
+from torchkit.core.io.files import atomic_write_json, open_text, tree_entries
 from torchkit.core.io.outputs import (
     MARKER,
     OutputOverlapError,
@@ -66,7 +66,7 @@ def read_journal(out: Path) -> dict | None:
 
 
 def write_journal(out: Path, record: dict) -> None:
-    atomic_write_text(out / JOURNAL, json.dumps(record, indent=2) + "\n")
+    atomic_write_json(out / JOURNAL, record)
 
 
 def remove_journal(out: Path) -> None:
@@ -80,10 +80,9 @@ def note_moving(root: Path, out: Path) -> None:
     split out of that ROOT, and every reader of it, learns from it and from OUT's journal that
     the move has not finished). Where that place cannot be written (a CSV index in a read-only
     folder) the move goes on without it."""
-    record = json.dumps({"out": os.path.realpath(out)}) + "\n"
     # OutputWriteError: atomic_write's word for the read-only (or full) disk
     with contextlib.suppress(OSError, OutputWriteError):
-        atomic_write_text(moving_record(root), record)
+        atomic_write_json(moving_record(root), {"out": os.path.realpath(out)}, indent=None)
 
 
 def forget_moving(root: Path) -> None:

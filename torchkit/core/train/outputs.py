@@ -16,7 +16,7 @@ from typing import Any
 
 from torchkit import __version__
 from torchkit.core.io.csv_rows import csv_text
-from torchkit.core.io.files import atomic_path, atomic_write_text, json_text
+from torchkit.core.io.files import atomic_path, atomic_write_json, atomic_write_text
 from torchkit.core.io.outputs import holds_json_record, reporting_write_errors
 from torchkit.core.topk import DEFAULT_TOPK as TOPK
 from torchkit.core.topk import topk_informative, topk_name
@@ -115,7 +115,7 @@ def versions() -> dict[str, str]:
 
 
 def write_config_json(path: Path, payload: dict[str, Any]) -> None:
-    atomic_write_text(path, json_text(payload, indent=2) + "\n")
+    atomic_write_json(path, payload)
 
 
 def metric_columns(history: list[dict]) -> list[str]:

@@ -687,11 +687,11 @@ def _file_sha256(path: Path) -> str:
 def _write_record(
     target: Path, url: str, size: int, digest: str, validators: dict[str, str | None]
 ) -> None:
-    from torchkit.core.io.files import atomic_write_text
+    from torchkit.core.io.files import atomic_write_json
 
     record = {"url": _shown(url), "bytes": size, "sha256": digest, **validators}
     with _writing_the_cache():
-        atomic_write_text(_record_path(target), json.dumps(record) + "\n")
+        atomic_write_json(_record_path(target), record, indent=None)
 
 
 def _download(
