@@ -109,6 +109,64 @@ def test_the_next_epoch_trains_while_the_last_one_is_written_and_the_files_are_i
     assert len((run / "metrics.csv").read_text().splitlines()) == 4
 
 
+def _rng_states_changed(before: dict, after: dict) -> list[str]:
+    """The generators (python, numpy, torch) whose `capture_rng_state` state differs."""
+    numpy_same = all(
+        torch.equal(value, after["numpy"][key])
+        if isinstance(value, torch.Tensor)
+        else value == after["numpy"][key]
+        for key, value in before["numpy"].items()
+    )
+    same = {
+        "python": before["python"] == after["python"],
+        "numpy": numpy_same,
+        "torch": torch.equal(before["torch"], after["torch"]),
+    }
+    return [name for name, unchanged in same.items() if not unchanged]
+
+
+def test_the_background_write_draws_no_random_number_of_the_training(tmp_path, ds, monkeypatch):
+    """Epoch 1's files are written while epoch 2 trains, whose augmentation draws from the
+    global random generators (Python, NumPy, torch) seeded at its start: a draw in the write
+    would change epoch 2 against a run resumed from epoch 1's last.pt, which trains epoch 2
+    with no write beside it. Here the write runs only once epoch 2 has begun, and epoch 2
+    waits for it: the random states are still those it began with."""
+    from torchkit.core.runtime.seeding import capture_rng_state
+    from torchkit.core.train import checkpoint_writer
+
+    monkeypatch.setattr(checkpoint_writer, "BACKGROUND", True)
+    epoch_2_began = threading.Event()
+    folders: list[run_folder.RunFolder] = []
+    states: dict[str, dict] = {}
+    real_train_one_epoch, real_save_epoch = epochs.train_one_epoch, run_folder.save_epoch
+    real_submit = run_folder.RunFolder.save_epoch
+
+    def training(*args, epoch, **kwargs):
+        if epoch == 2:
+            states["began"] = capture_rng_state()
+            epoch_2_began.set()
+            folders[0].wait_saved()  # epoch 1's write, begun only now
+            states["written"] = capture_rng_state()
+        return real_train_one_epoch(*args, epoch=epoch, **kwargs)
+
+    def save_epoch_once_epoch_2_began(folder, checkpoint, **kwargs):
+        if checkpoint["epoch"] == 1:
+            assert epoch_2_began.wait(GIVE_UP_S)
+        return real_save_epoch(folder, checkpoint, **kwargs)
+
+    def submitted(self, *args, **kwargs):
+        folders.append(self)
+        return real_submit(self, *args, **kwargs)
+
+    monkeypatch.setattr(epochs, "train_one_epoch", training)
+    monkeypatch.setattr(run_folder, "save_epoch", save_epoch_once_epoch_2_began)
+    monkeypatch.setattr(run_folder.RunFolder, "save_epoch", submitted)
+    done = _train(tmp_path, ds, *TINY, "--epochs", "2")
+    assert done.returncode == 0, done.stderr
+    assert states.keys() == {"began", "written"}
+    assert _rng_states_changed(states["began"], states["written"]) == []
+
+
 # The digits run's defaults (core.train.defaults.DIGITS_DEFAULTS: the EMA's weights and the
 # loss pick best.pt, channels-last, one thread) on the 12-image folder.
 DIGITS_OPTIONS = [
