@@ -16,6 +16,8 @@ import threading
 from collections.abc import Callable
 
 _warm_up: threading.Thread | None = None
+# A plain lock, not a ForkSafeLock: only the process that decodes on the GPU takes it, and a
+# forked child (a DataLoader worker, which hands its JPEG bytes to that process) never does.
 _lock = threading.Lock()
 
 
