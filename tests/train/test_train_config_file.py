@@ -10,7 +10,10 @@ import torch
 
 from torchkit.cli import app
 
-FAST = ["--epochs", "2", "--deterministic", "-j", "0", "--device", "cpu", "--batch-size", "128"]
+FAST = ["--epochs", "2", "--deterministic", "-j", "0", "--device", "cpu", "--batch-size", "256"]
+# A net of 8 px, BatchNorm (buffers) and dropout (random draws): digits' 1,438 training images
+# in 6 steps an epoch, at a fraction of the cost of digits' convnet at 12 px.
+TINY_NET = ["--model", "nets:NoisyNet", "--image-size", "8"]
 
 
 def train(runner, *args):
@@ -20,7 +23,8 @@ def train(runner, *args):
 
 
 def test_a_run_replayed_from_its_config_json_ends_with_identical_weights(runner, tmp_path):
-    train(runner, "--data", "digits", "--lr", "0.002", "--out", tmp_path / "first", *FAST)
+    recipe = ["--data", "digits", "--lr", "0.002", *FAST, *TINY_NET]
+    train(runner, *recipe, "--out", tmp_path / "first")
     config = tmp_path / "first" / "config.json"
     train(runner, "--config", config, "--out", tmp_path / "again")
     first = torch.load(tmp_path / "first" / "last.pt", weights_only=True)
@@ -598,7 +602,7 @@ def test_print_config_with_resume_shows_what_the_resumed_run_trains_with(runner,
     """Printed a new run's defaults beside `resume` (--epochs 25, --ema, --best-metric loss,
     no --early-stop), not the options the resumed run goes by."""
     run = tmp_path / "run"
-    fast = ["-j", "0", "--device", "cpu", "--batch-size", "512", "--epochs", "1"]
+    fast = ["-j", "0", "--device", "cpu", "--batch-size", "512", "--epochs", "1", *TINY_NET]
     train(runner, *fast, "--no-ema", "--best-metric", "top1", "--early-stop", "3", "--out", run)
     before = {p.name: p.stat().st_mtime_ns for p in run.iterdir()}
     again = ["train", "--resume", str(run), "--epochs", "4", "--lr", "0.01", "--print-config"]
