@@ -166,6 +166,22 @@ def test_the_summary_this_run_writes_into_its_folder_is_its_own(world):
     )
 
 
+def test_the_report_a_run_writes_into_its_output_folder_is_its_own(world):
+    """`convert shards ds out --force -o out/report.json` again: the earlier report, which
+    that command wrote there, is replaced with the rest; another report name leaves it the
+    user's file."""
+    again = ["convert", "shards", "ds", "out", "--force", "-o", "out/report.json"]
+    for _ in range(2):
+        done = run_torchkit_in_process(*again, cwd=world)
+        assert done.returncode == 0, done.stderr
+    assert json.loads((world / "out" / "report.json").read_text())
+    check_refused_untouched(
+        ["convert", "shards", "ds", "out", "--force", "-o", "out/other.json"],
+        "output folder out holds out/report.json that torchkit did not write",
+        cwd=world,
+    )
+
+
 def test_torchkits_own_leftovers_and_a_browsers_files_are_not_the_users(tmp_path):
     """The marker, the journal of a killed run, a dead writer's temporary, an output set aside
     inside the folder and `.DS_Store` go with the folder; a temporary a live writer holds is

@@ -712,6 +712,7 @@ def shards(
                 workers=workers,
                 progress=progress,
                 before_keep=written.before_keep,
+                report_file=output,
             )
         written.after(report)
     if report.kept_shards:

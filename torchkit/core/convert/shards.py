@@ -56,6 +56,7 @@ from torchkit.core.io.files import (
     json_text,
     remove_stale_temporaries,
 )
+from torchkit.core.io.folder_contents import names_inside
 from torchkit.core.io.outputs import (
     MARKER,
     InputPath,
@@ -814,6 +815,7 @@ def convert_shards(
     workers: int | None = None,
     progress: Progress | None = None,
     before_keep: Callable[[ShardsReport], None] | None = None,
+    report_file: str | os.PathLike | None = None,
 ) -> ShardsReport:
     """Write the data `src` names (any `--data` torchkit reads, unlabelled folders and CSVs
     too) as WebDataset shards into the folder `out` (module docstring). `out` may not be,
@@ -823,7 +825,8 @@ def convert_shards(
     and counted (`strict`: the first stops the run). `before_keep(report)` runs once every
     shard is written, before manifest.json says the output is complete: if it raises (the
     caller's `-o` report did not fit on its disk), `out` is left as an interrupted run, which
-    the same command finishes, keeping every shard."""
+    the same command finishes, keeping every shard. `report_file`: the caller's `-o` file,
+    which, written into `out`, is this command's to replace there with the rest."""
     from torchkit.core.data.sources import open_data, warn_empty_splits, warn_stray_images
     from torchkit.core.runtime.cpus import check_workers
     from torchkit.core.runtime.pool import default_workers
@@ -869,7 +872,12 @@ def convert_shards(
         records={s.name: [] for s in sets},
     )
     output = OutputFolder(
-        target, command=COMMAND, force=force, inputs=inputs, resume=resume, owned=SHARDS_OUTPUTS
+        target,
+        command=COMMAND,
+        force=force,
+        inputs=inputs,
+        resume=resume,
+        owned=(*SHARDS_OUTPUTS, *names_inside(target, [report_file])),
     )
     with output:
         if resume:  # read again under the lock
