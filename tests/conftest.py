@@ -58,7 +58,7 @@ from output_checks import (  # noqa: E402, F401
     hidden_siblings,
     tree_digest,
 )
-from preloaded_ranks import preloaded_servers  # noqa: E402
+from preloaded_processes import preloaded_servers  # noqa: E402
 from processes import (  # noqa: E402, F401
     dataset_stats,
     processes_in_group,
@@ -110,9 +110,9 @@ def cli_built_once(_torchkit_command):
 
 @pytest.fixture(scope="session", autouse=True)
 def preloaded_servers_closed():
-    """The servers every folder's DDP ranks are forked from (gloo_ranks.start_ranks,
-    preloaded_ranks.py), ended with the session; each starts with the first rank that needs it,
-    so a worker that starts no rank starts none."""
+    """The servers that the torchkit processes the tests start are forked from (processes.py,
+    preloaded_processes.py), ended with the session; each starts with the first process that
+    needs it, so a worker that starts no process starts none."""
     with preloaded_servers():
         yield
 

@@ -48,6 +48,7 @@ def test_a_signal_during_import_torch_stops_the_command(tmp_path, signals, code,
     done = run_torchkit_process(
         "train", "--epochs", "1", "--out", str(tmp_path / "run"),
         env={"PYTHONPATH": str(tmp_path), "TK_TEST_SIGNALS": signals},
+        fresh=True,  # the subject is `import torch` itself: a fork has it done already
     )  # fmt: skip
     assert done.returncode == code, done.stderr[-2000:]
     assert done.stderr.strip().splitlines()[-1] == said

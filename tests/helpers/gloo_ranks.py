@@ -9,9 +9,10 @@ agent's own start (a Python importing torch and the elastic machinery: about 6 s
 2-core machine's time). The tests of torchrun's own part (its rendezvous, several nodes)
 launch it for real: test_train_ddp.py.
 
-Each rank is forked from a Python that has imported torch already (preloaded_ranks.py: about
-2.5 s of CPU a rank spared), and then runs as a fresh `python -m torchkit` would; what a fork
-cannot give starts fresh, and TORCHKIT_TEST_FRESH_RANKS=1 starts every rank fresh."""
+Each rank is forked from a Python that has imported torch already (preloaded_processes.py,
+one server a rank number: about 2.5 s of CPU a rank spared), and then runs as a fresh
+`python -m torchkit` would; what a fork cannot give starts fresh, and
+TORCHKIT_TEST_FRESH_PROCESSES=1 starts every rank fresh."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from preloaded_ranks import start_preloaded_process
+from processes import start_torchkit_process
 from suite_paths import HELPERS, REPO
 
 LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
@@ -101,7 +102,7 @@ def start_ranks(
         "MASTER_PORT": str(free_port()),
     }
     return [
-        start_preloaded_process(
+        start_torchkit_process(
             *map(str, (rank_args or {}).get(rank, args)),
             env={**base, "RANK": str(rank), "LOCAL_RANK": str(rank), **(env or {})},
             cwd=cwd,

@@ -240,7 +240,8 @@ def _inject_rank_fault(count: int) -> None:
 
 # `nets:SeenNet` is built in each torchrun rank (data/test_shards_read.py): it records
 # the identity of every training image it sees (each image is one flat grey level) in
-# $TORCHKIT_TEST_SEEN_DIR/rank-RANK.txt (TORCHKIT_TEST_*: preloaded_ranks still forks the rank).
+# $TORCHKIT_TEST_SEEN_DIR/rank-RANK.txt (TORCHKIT_TEST_*: the rank is still forked from its
+# preloaded server).
 class SeenNet(nn.Module):
     def __init__(self, num_classes: int = 2) -> None:
         super().__init__()

@@ -1,6 +1,10 @@
 """torchkit run by a test: through the app in this process (`run_torchkit_in_process`, the
 default: milliseconds), or as a real `python -m torchkit` process where the process is the
-subject (signals, exit codes, torchrun, imports); waiting for and signalling such processes."""
+subject (signals, exit codes, locks, full disks, pipes); waiting for and signalling such
+processes. A real process is forked from a Python that has imported torch already
+(preloaded_processes.py: about 2.5 s of CPU spared each) unless told `fresh=True`, for tests
+whose subject is a fresh interpreter's start-up (imports, `import torch` itself, start-up
+times), or unless TORCHKIT_TEST_FRESH_PROCESSES=1."""
 
 from __future__ import annotations
 
@@ -19,19 +23,34 @@ from typer.testing import CliRunner
 INHERITED = ("TORCHKIT_DEBUG", "FORCE_COLOR", "NO_COLOR")
 
 
-def run_torchkit_process(
-    *args: str, env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None
-) -> subprocess.CompletedProcess:
-    """Run `python -m torchkit ARGS` in a real process (about a second without torch, three
-    with it): for checks whose subject is the process (signals, torchrun, the interpreter's
-    exit, imports, a hook in sitecustomize); `run_torchkit_in_process` does the rest."""
+def child_environment(env: dict[str, str] | None) -> dict[str, str]:
+    """The environment of a torchkit process a test starts: this process's, less INHERITED,
+    with `env` added."""
     full_env = {key: value for key, value in os.environ.items() if key not in INHERITED}
     full_env.update(env or {})
+    return full_env
+
+
+def run_torchkit_process(
+    *args: str,
+    env: dict[str, str] | None = None,
+    cwd: str | os.PathLike | None = None,
+    fresh: bool = False,
+) -> subprocess.CompletedProcess:
+    """Run `python -m torchkit ARGS` in a real process (a fork of a preloaded torch, or with
+    `fresh` a new interpreter: about a second without torch, three with it), as subprocess.run
+    with capture_output, text and a 300 s timeout: for checks whose subject is the process
+    (signals, the interpreter's exit, a full disk, a hook in sitecustomize, imports: `fresh`);
+    `run_torchkit_in_process` does the rest."""
+    if not fresh:
+        from preloaded_processes import run_preloaded_process
+
+        return run_preloaded_process(*args, env=env, cwd=cwd, timeout=300)
     return subprocess.run(
         [sys.executable, "-m", "torchkit", *args],
         capture_output=True,
         text=True,
-        env=full_env,
+        env=child_environment(env),
         cwd=cwd or REPO,
         timeout=300,
     )
@@ -100,19 +119,32 @@ def start_torchkit_process(
     env: dict[str, str] | None = None,
     cwd: str | os.PathLike | None = None,
     stdin: int | None = None,
+    fresh: bool = False,
 ) -> subprocess.Popen:
     """Start `python -m torchkit ARGS` in its own session (process group = its PID, so that
     `processes_in_group` finds every worker it started); stdout and stderr are pipes, stdin
-    too with `stdin=subprocess.PIPE`."""
-    full_env = {key: value for key, value in os.environ.items() if key not in INHERITED}
-    full_env.update(env or {})
+    too with `stdin=subprocess.PIPE`. Forked from a preloaded torch (a PreloadedProcess, with
+    Popen's interface) unless `fresh`: then a new interpreter, a Popen."""
+    if not fresh:
+        from preloaded_processes import start_preloaded_process
+
+        return start_preloaded_process(*args, env=env, cwd=cwd, stdin=stdin)
+    return _start_fresh(*args, env=env, cwd=cwd, stdin=stdin)
+
+
+def _start_fresh(
+    *args: str,
+    env: dict[str, str] | None = None,
+    cwd: str | os.PathLike | None = None,
+    stdin: int | None = None,
+) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "torchkit", *args],
         stdin=stdin,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=full_env,
+        env=child_environment(env),
         cwd=cwd or REPO,
         start_new_session=True,
     )

@@ -1,10 +1,10 @@
 """The suite's DDP ranks (gloo_ranks.py) are forked from a Python that imported torch
-(preloaded_ranks.py) unless their environment differs from that Python's in what torch may
-read as it is imported: then they start fresh, each paying for its own torch import."""
+(preloaded_processes.py) unless their environment differs from that Python's in what torch may
+read as it is imported: then they get a server of their own (or, the first time, start fresh)."""
 
 from __future__ import annotations
 
-from preloaded_ranks import server_environment
+from preloaded_processes import import_environment as server_environment
 
 # What the pytest process and a rank share: the first rank a worker starts sets its server's.
 SHARED = {"PATH": "/usr/bin", "OMP_NUM_THREADS": "1", "PYTHONPYCACHEPREFIX": "/tmp/pyc"}
