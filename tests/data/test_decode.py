@@ -14,6 +14,7 @@ import torch
 from image_folders import SIXTEEN_BIT_GRAY
 from photos import jpeg_split_folder, photo
 from PIL import Image
+from seeding import seed_cpu
 from torchvision import transforms as T
 
 from torchkit.core.data.dataset import make_dataset
@@ -78,7 +79,7 @@ def _items(paths: list[Path], decode: str, **options) -> list[tuple]:
     dataset = make_dataset(samples, train_transform(PREPROCESS, decode=decode, **options))
     items = []
     for index in range(len(paths)):
-        torch.manual_seed(index)
+        seed_cpu(index)
         items.append(dataset[index])
     return items
 
@@ -98,7 +99,7 @@ def test_the_reduction_rule():
 def test_a_large_jpeg_decodes_reduced_and_a_small_one_whole(files):
     crop = ReducedDecodeCrop(SIZE)
     for seed in range(4):
-        torch.manual_seed(seed)
+        seed_cpu(seed)
         image, box, reduction = crop.decode(files["big.jpg"], "RGB")
         # Any crop of 8-100% of 2000x1500 is at least 424 px across: at least 1/4 at 64 px.
         assert reduction in (4, 8)
@@ -108,7 +109,7 @@ def test_a_large_jpeg_decodes_reduced_and_a_small_one_whole(files):
         # The crop kept at least SIZE pixels across, and 1/(2k) would not have.
         assert min(right - left, bottom - top) >= SIZE
         assert reduction == 8 or min(right - left, bottom - top) < 2 * SIZE
-    torch.manual_seed(0)
+    seed_cpu(0)
     image, box, reduction = crop.decode(files["small.jpg"], "RGB")
     assert reduction == 1 and image.size == (100, 100)
 
@@ -119,9 +120,9 @@ def test_the_crop_is_the_exact_paths_crop(files):
     crop = ReducedDecodeCrop(SIZE)
     full = Image.open(files["big.jpg"]).convert("RGB")
     for seed in range(4):
-        torch.manual_seed(seed)
+        seed_cpu(seed)
         fast = np.asarray(crop.from_file(files["big.jpg"], "RGB"), dtype=np.float32)
-        torch.manual_seed(seed)
+        seed_cpu(seed)
         exact = np.asarray(crop(full), dtype=np.float32)
         assert fast.shape == exact.shape == (SIZE, SIZE, 3)
         assert np.abs(fast - exact).mean() < 2.0
@@ -152,7 +153,7 @@ def test_every_kind_of_file_through_the_train_dataset(files):
 
 
 def test_exif_orientation_is_not_applied_as_by_the_exact_path(files):
-    torch.manual_seed(0)
+    seed_cpu(0)
     image, _, reduction = ReducedDecodeCrop(SIZE).decode(files["exif_big.jpg"], "RGB")
     assert reduction > 1 and image.width > image.height  # stored 1600x1200, not turned
 
@@ -168,7 +169,7 @@ def test_unreadable_files_are_reported_as_by_the_exact_path(files):
     # Whatever crop is drawn (one in the rows above the damage included), in every epoch.
     crop = ReducedDecodeCrop(SIZE)
     for seed in range(6):
-        torch.manual_seed(seed)
+        seed_cpu(seed)
         with pytest.raises(OSError, match="broken data stream"):
             crop.from_file(files["corrupt.jpg"], "RGB")
 
@@ -221,7 +222,7 @@ def test_in_memory_images_and_the_none_policy_keep_the_exact_path():
         for index in range(3):
             outputs = []
             for dataset in datasets:
-                torch.manual_seed(index)
+                seed_cpu(index)
                 outputs.append(dataset[index][0])
             assert torch.equal(*outputs)
     assert not hasattr(train_transform(PREPROCESS, augment="none", decode="fast"), "from_file")
@@ -299,10 +300,10 @@ def test_crop_draws_are_get_params_draw_for_draw(scale, ratio):
     for seed in range(60):
         for width, height in sizes:
             image = Image.new("L", (width, height))
-            torch.manual_seed(seed)
+            seed_cpu(seed)
             expected = T.RandomResizedCrop.get_params(image, list(scale), list(ratio))
             after = torch.rand(1)
-            torch.manual_seed(seed)
+            seed_cpu(seed)
             assert draws.draw(width, height) == expected, (seed, width, height)
             assert torch.equal(torch.rand(1), after)
 
@@ -310,9 +311,9 @@ def test_crop_draws_are_get_params_draw_for_draw(scale, ratio):
 def test_horizontal_flip_is_random_horizontal_flip():
     image = Image.fromarray(photo(20, 10))
     for seed in range(20):
-        torch.manual_seed(seed)
+        seed_cpu(seed)
         expected = np.asarray(T.RandomHorizontalFlip()(image))
-        torch.manual_seed(seed)
+        seed_cpu(seed)
         assert np.array_equal(np.asarray(HorizontalFlip()(image)), expected)
 
 
@@ -341,9 +342,9 @@ def test_the_train_dataset_gives_pixels_unless_random_erasing_needs_tensors(file
         pixels = make_dataset(samples, transform, pixels=True)
         tensors = make_dataset(samples, transform)
         for index in range(len(paths)):
-            torch.manual_seed(index)
+            seed_cpu(index)
             item = pixels[index][0]
-            torch.manual_seed(index)
+            seed_cpu(index)
             reference = tensors[index][0]
             assert reference.dtype == torch.float32
             if erasing:

@@ -29,6 +29,7 @@ from photos import (  # the same photo-like test images
     photo,
 )
 from PIL import Image
+from seeding import seed_cpu
 from torchvision import transforms as T
 
 from torchkit.core.data.batches import Batch, collate_skipping_unreadable
@@ -71,7 +72,7 @@ def _items(paths: list[Path], decode: str, **options) -> list[tuple]:
     dataset, _ = _dataset(paths, decode, **options)
     items = []
     for index in range(len(paths)):
-        torch.manual_seed(index)
+        seed_cpu(index)
         items.append(dataset[index])
     return items
 
@@ -81,7 +82,7 @@ def _exact_pixels(path: Path, seed: int, interpolation: str = "bilinear", size: 
     mode = T.InterpolationMode(interpolation)
     steps = T.Compose([T.RandomResizedCrop(size, interpolation=mode), T.RandomHorizontalFlip()])
     image = Image.open(path).convert("RGB")
-    torch.manual_seed(seed)
+    seed_cpu(seed)
     return T.PILToTensor()(steps(image))
 
 
@@ -100,23 +101,23 @@ def test_crop_boxes_and_flips_are_the_fast_and_exact_paths_draws(files):
         image = Image.open(path)
         flips = 0
         for seed in range(25):
-            torch.manual_seed(seed)
+            seed_cpu(seed)
             item = transform.pixels_from_file(path, "RGB")
             after = torch.rand(1)
             if name == "trailing.jpg":  # bytes after the end marker: today's path
                 assert isinstance(item, torch.Tensor)
                 continue
             assert isinstance(item, EncodedJpeg)
-            torch.manual_seed(seed)
+            seed_cpu(seed)
             expected = T.RandomResizedCrop.get_params(image, [0.08, 1.0], [3 / 4, 4 / 3])
             flip = bool(torch.rand(1) < 0.5)
             assert item.box == expected and item.flip == flip, (name, seed)
             flips += flip
-            torch.manual_seed(seed)
+            seed_cpu(seed)
             fast.pixels_from_file(path, "RGB")
             assert torch.equal(torch.rand(1), after)
         assert name == "trailing.jpg" or 0 < flips < 25
-    torch.manual_seed(0)
+    seed_cpu(0)
     no_flip = train_transform(PREPROCESS, decode="device", flip=False)
     assert no_flip.pixels_from_file(files["wide.jpg"], "RGB").flip is False
 
@@ -140,7 +141,7 @@ def test_pixels_are_within_the_stated_tolerance_of_the_exact_path(
     for seed in range(12):
         items = []
         for index in range(len(names)):
-            torch.manual_seed(seed * 100 + index)
+            seed_cpu(seed * 100 + index)
             items.append(dataset[index])
         batch = _decoded(items)
         assert collate_encoded(items).images.encoded_at == [0, 1, 2, 3, 4]  # all on the device
@@ -158,7 +159,7 @@ def test_pixels_are_within_the_stated_tolerance_of_the_exact_path(
 
 
 def test_gray_jpegs_give_three_equal_channels_as_pil_converts_them(files):
-    torch.manual_seed(3)
+    seed_cpu(3)
     batch = _decoded([_dataset([files["gray.jpg"]], "device")[0][0]])
     image = batch.images[0].to(torch.int16)
     assert torch.equal(image[0], image[1]) and torch.equal(image[1], image[2])
@@ -184,7 +185,7 @@ def test_interpolate_is_closer_to_pil_than_roi_align(files):
     full = Image.open(files["wide.jpg"]).convert("RGB")
     ours, roi = [], []
     for seed in range(10):
-        torch.manual_seed(seed)
+        seed_cpu(seed)
         top, left, height, width = T.RandomResizedCrop.get_params(full, [0.08, 1], [3 / 4, 4 / 3])
         crop = full.crop((left, top, left + width, top + height))
         expected = T.PILToTensor()(crop.resize((SIZE, SIZE), pil_resample("bilinear")))
@@ -341,9 +342,9 @@ def test_from_file_is_the_decoded_crop_normalised(files):
     samples = Samples(["a"], [0], paths=[str(files["wide.jpg"])])
     transform = train_transform(PREPROCESS, decode="device")
     assert isinstance(transform, DeviceDecodeTransform)
-    torch.manual_seed(4)
+    seed_cpu(4)
     tensor = make_dataset(samples, transform)[0][0]
-    torch.manual_seed(4)
+    seed_cpu(4)
     pixels = _decoded([make_dataset(samples, transform, pixels=True)[0]]).images
     assert torch.equal(tensor, NormalizedPixels(IMAGENET_MEAN, IMAGENET_STD)(pixels)[0])
     failed = make_dataset(Samples(["a"], [0], paths=[str(files["corrupt.jpg"])]), transform)[0]
