@@ -641,8 +641,34 @@ def test_shards_beside_a_folder_are_said_to_be_so_and_a_stray_tar_in_an_image_fo
         )
     images = tmp_path / "images"
     shutil.copytree(world / "images", images)
-    shutil.copy(shards / "shard-000000.tar", images)
+    shutil.copy(shards / "shard-000000.tar", images / "backup.tar")  # not named as a shard
     assert stats(images)["images"] == 18
+
+
+def test_shards_beside_images_are_refused_as_a_guess(world, tmp_path):
+    """A folder of shards holding a subfolder of images (`previews/`) was read as an image
+    folder of one class, `previews`, the shards left out with a warning alone: `train` trained
+    on it. A shard-named `.tar` beside class folders is as much a guess."""
+    from torchkit.core.data.sources import open_data
+
+    shards = tmp_path / "shards"
+    shutil.copytree(world / "shards", shards)
+    write_image_folder(shards / "previews", {"x": 1})
+    result = run_torchkit_in_process("dataset-stats", shards, "--workers", "0")
+    assert result.returncode == 1 and result.stdout == ""
+    assert error_line(result.stderr, besides="nothing") == (
+        f"Error: {shards} holds WebDataset shards (shard-000000.tar, shard-000001.tar, "
+        "shard-000002.tar and 1 more) and images (previews/): which of them is the data is a "
+        f"guess (name the shards, {shards}/shard-{{000000..000003}}.tar, or move the images or "
+        f"the .tar files out of {shards})"
+    )
+    # The pattern the hint gives reads the shards (classes.txt beside them names the classes).
+    assert stats(f"{shards}/shard-{{000000..000003}}.tar")["images"] == 18
+    images = tmp_path / "images"
+    shutil.copytree(world / "images", images)
+    shutil.copy(shards / "shard-000000.tar", images)
+    with pytest.raises(InputError, match=r"holds WebDataset shards \(shard-000000.tar\) and "):
+        open_data(str(images))
 
 
 def test_shards_written_again_in_place_are_read_from_the_new_files(world, tmp_path):

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from checkpoints import write_convnet_checkpoint
 from image_folders import write_image_folder
+from output_checks import error_line
 from processes import run_torchkit_in_process
 
 from torchkit.core.data.sources import open_data, open_labelled, training_splits
@@ -246,11 +247,11 @@ def test_a_tar_reads_its_folders_by_the_same_rule(data, tmp_path):
     }
 
 
-def test_shards_beside_class_or_split_folders_are_warned_of_as_not_read(tmp_path):
-    # `train/` and `train-000000.tar` in one folder: read as the image folder (or split root)
-    # it also is, the shards were left out without a word.
+def test_tars_beside_class_or_split_folders_are_warned_of_as_not_read(tmp_path):
+    # `cat/` and `backup.tar` in one folder: read as the image folder (or split root) it also
+    # is, the archives were left out without a word.
     data = write_image_folder(tmp_path / "D", {"cat": 2, "dog": 2})
-    for name in ("train-000000.tar", "train-000001.tar"):
+    for name in ("photos.tar", "scans.tar"):
         with tarfile.open(data / name, "w"):
             pass
     (data / "notes.txt").write_text("not an archive\n")
@@ -259,13 +260,41 @@ def test_shards_beside_class_or_split_folders_are_warned_of_as_not_read(tmp_path
     assert json.loads(stats.stdout)["images"] == 4
     assert [line for line in stats.stderr.splitlines() if ".tar" in line] == [
         f"Warning: 2 .tar files in {data}, read as an image folder, are not read: "
-        f"train-000000.tar, train-000001.tar (to read shards, name them: "
+        f"photos.tar, scans.tar (to read shards, name them: "
         f"{data}/NAME-{{000000..000009}}.tar)"
     ]
     root = tmp_path / "R"
     write_image_folder(root / "train", {"cat": 2, "dog": 2})
-    with tarfile.open(root / "val-000000.tar", "w"):
+    with tarfile.open(root / "old.tar", "w"):
         pass
     source = open_data(root)
-    assert source.kind == "split root" and source.unread_archives == {str(root): ["val-000000.tar"]}
+    assert source.kind == "split root" and source.unread_archives == {str(root): ["old.tar"]}
     assert open_data(write_image_folder(tmp_path / "plain", {"a": 1})).unread_archives == {}
+
+
+def test_shards_beside_class_or_split_folders_are_refused(tmp_path):
+    """`train-000000.tar` beside class folders (or `val-000000.tar` beside a split root's
+    `train/`) was read as the image folder with a warning: shards and images in one folder are
+    two data, and which is meant a guess."""
+    data = write_image_folder(tmp_path / "D", {"cat": 2, "dog": 2})
+    for name in ("train-000000.tar", "train-000001.tar", "backup.tar"):
+        with tarfile.open(data / name, "w"):
+            pass
+    stats = run_torchkit_in_process("dataset-stats", data, "--workers", "0")
+    assert stats.returncode == 1 and stats.stdout == ""
+    assert error_line(stats.stderr, besides="nothing") == (
+        f"Error: {data} holds WebDataset shards (train-000000.tar, train-000001.tar) and images "
+        f"(cat/, dog/): which of them is the data is a guess (name the shards, "
+        f"{data}/train-{{000000..000001}}.tar, or move the images or the .tar files out of {data})"
+    )
+    root = tmp_path / "R"
+    write_image_folder(root / "train", {"cat": 2, "dog": 2})
+    for name in ("val-000000.tar", "val-000002.tar"):  # a gap: no one range names them
+        with tarfile.open(root / name, "w"):
+            pass
+    with pytest.raises(InputError) as raised:
+        open_data(root)
+    assert str(raised.value).endswith(
+        f"(name the shards, {root}/NAME-{{000000..000009}}.tar, or move the images or the .tar "
+        f"files out of {root})"
+    )

@@ -608,6 +608,12 @@ def _folder_shards(folder: Path) -> list[str] | None:
     return [str(folder / name) for name in sorted(tars, key=_shard_order)]
 
 
+def is_numbered_shard_name(name: str) -> bool:
+    """Whether a `.tar` file's name is a shard's, `NAME-NNNNNN.tar`, as webdataset and `convert
+    shards` number them (a `.tar` so named alone is read as a shard)."""
+    return _NUMBERED_SHARD.match(name) is not None
+
+
 def _shard_order(name: str) -> tuple:
     return tuple(natural_key(part) for part in re.split(r"(\d+)", name) if part)
 
@@ -633,7 +639,7 @@ def open_stored(
         return None
     listing = list_tar(spec)
     if _has_labelled_samples(listing) or (
-        _NUMBERED_SHARD.match(path.name) and not _holds_an_image_folder(listing)
+        is_numbered_shard_name(path.name) and not _holds_an_image_folder(listing)
     ):
         return _open_shards(
             spec, [spec], classes, allow_unlabelled, by_split=False, listed=[listing], named=spec

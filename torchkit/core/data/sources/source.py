@@ -49,7 +49,7 @@ from torchkit.core.data.sources.splitting import (
     unfinished_split,
     written_split_names,
 )
-from torchkit.core.io.errors import InputError
+from torchkit.core.io.errors import InputError, first_and_more
 from torchkit.core.io.outputs import marker_command
 
 log = logging.getLogger("torchkit")
@@ -528,11 +528,48 @@ def _open_folder(
     lock_for_reading(path)
     folders, top_images, archives = _listing(path)
     source = _open_listed(path, spec, classes, allow_unlabelled, every_image, folders, top_images)
-    # Shards beside class or split folders (`train/` and `train-000000.tar`) are not read: the
-    # caller warns (`select.warn_stray_images`), where they were left out without a word.
+    _refuse_shards_beside_images(path, archives, [f"{name}/" for name in folders] + top_images)
+    # Other .tar files beside class or split folders (`backup.tar`) are not read: the caller
+    # warns (`select.warn_stray_images`), where they were left out without a word.
     if archives:
         source.unread_archives[str(path)] = archives
     return source
+
+
+def _refuse_shards_beside_images(path: Path, archives: list[str], images: list[str]) -> None:
+    """InputError where a folder that reads as images (`images`: its subfolders and image
+    files) also holds `.tar` files named as shards are (`NAME-NNNNNN.tar`): a folder of shards
+    with a subfolder of images in it (`previews/`) was read as an image folder of one class,
+    the shards left out with a warning alone, and which of the two is the data is a guess. A
+    `.tar` named otherwise (`backup.tar`) beside class folders is a stray archive."""
+    from torchkit.core.data.sources.shards import is_numbered_shard_name
+
+    shards = [name for name in archives if is_numbered_shard_name(name)]
+    if not shards:
+        return
+    raise InputError(
+        f"{path} holds WebDataset shards ({first_and_more(shards, 3)}) and images "
+        f"({first_and_more(images, 3)}): which of them is the data is a guess",
+        f"name the shards, {_shards_pattern(path, shards)}, or move the images or the .tar "
+        f"files out of {path}",
+    )
+
+
+def _shards_pattern(path: Path, shards: list[str]) -> str:
+    """A brace pattern naming `shards` (`D/shard-{000000..000002}.tar`) where they are one
+    name numbered without a gap, else the general form, `D/NAME-{000000..000009}.tar`."""
+    found = [re.fullmatch(r"(.+)-(\d+)\.tar", name) for name in shards]
+    if all(found):
+        names = {match.group(1) for match in found}
+        widths = {len(match.group(2)) for match in found}
+        numbers = sorted(int(match.group(2)) for match in found)
+        if len(names) == 1 and len(widths) == 1 and numbers[-1] - numbers[0] == len(numbers) - 1:
+            if len(shards) == 1:
+                return os.path.join(path, shards[0])
+            width = widths.pop()
+            first, last = f"{numbers[0]:0{width}d}", f"{numbers[-1]:0{width}d}"
+            return os.path.join(path, f"{names.pop()}-{{{first}..{last}}}.tar")
+    return os.path.join(path, "NAME-{000000..000009}.tar")
 
 
 def _open_listed(
