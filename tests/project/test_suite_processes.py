@@ -1,0 +1,104 @@
+"""The torchkit processes the tests start (processes.py) are forked from a Python that has
+imported torch already (preloaded_processes.py) unless told `fresh=True`, and a process whose
+environment differs in what torch reads as it is imported never comes from a server that
+imported torch with other values."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import preloaded_processes
+import pytest
+from preloaded_processes import PreloadedProcess, PreloadedServers
+from processes import start_torchkit_process
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as stat:
+        return int(stat.read().rsplit(")", 1)[1].split()[1])
+
+
+def test_a_plain_process_is_forked_from_a_server_as_a_fresh_one_would_look(monkeypatch):
+    """Its parent is a server of this process; its own session, its command line, stdin as a
+    pipe, and its exit code and output as Popen gives them."""
+    monkeypatch.delenv("TORCHKIT_TEST_FRESH_PROCESSES", raising=False)
+    process = start_torchkit_process("video-info", "-", "--format", "json", stdin=subprocess.PIPE)
+    try:
+        assert isinstance(process, PreloadedProcess)
+        servers = [server.process.pid for server in preloaded_processes.SERVERS.active.values()]
+        assert _parent(process.pid) in servers
+        assert os.getpgid(process.pid) == os.getsid(process.pid) == process.pid
+        with open(f"/proc/{process.pid}/cmdline", "rb") as cmdline:
+            words = cmdline.read().rstrip(b"\0").split(b"\0")
+        assert [os.fsdecode(word) for word in words] == process.args
+        out, err = process.communicate(input="", timeout=120)  # no path: refused
+    finally:
+        process.kill()
+    assert process.returncode == 1 and out == ""
+    assert err.startswith("Error: no video paths on stdin")
+
+
+def test_fresh_starts_a_new_interpreter(monkeypatch):
+    monkeypatch.delenv("TORCHKIT_TEST_FRESH_PROCESSES", raising=False)
+    process = start_torchkit_process("--help", fresh=True)
+    parent = _parent(process.pid)  # running, or a zombie until waited for
+    out, _ = process.communicate(timeout=120)
+    assert type(process) is subprocess.Popen and parent == os.getpid()
+    assert process.returncode == 0 and "Usage" in out
+
+
+class _RecordedServer:
+    """A PreloadedServer's stand-in: the environment it would import torch with."""
+
+    def __init__(self, environment: dict[str, str]) -> None:
+        self.environment = environment
+        self.refused: list[str] = []
+        self.retired = False
+        self.process = self
+
+    def retire(self) -> None:
+        self.retired = True
+
+    def poll(self) -> None:
+        return None  # still running its last forks
+
+
+def test_a_differing_import_variable_gets_its_own_server_or_starts_fresh(monkeypatch):
+    """The test process's own environment is served at once, whatever torchkit, rich or the
+    tests' helpers read besides; an OMP_ or TORCH_ variable that differs starts fresh the first
+    time and then gets a server started with it, never the other one; the least recently used
+    server is retired past MAX_SERVERS."""
+    monkeypatch.setattr(preloaded_processes, "PreloadedServer", _RecordedServer)
+    monkeypatch.setattr(preloaded_processes, "MAX_SERVERS", 3)
+    servers = PreloadedServers()
+    own = preloaded_processes.child_environment(None)
+    plain = servers.server_for(own)
+    assert plain is not None and plain.environment == preloaded_processes.import_environment(own)
+    later = {**own, "TORCHKIT_DEBUG": "1", "NO_COLOR": "1", "COLUMNS": "0", "GATE_FILE": "/g"}
+    assert servers.server_for({**later, "TORCHINDUCTOR_CACHE_DIR": "/tmp/i"}) is plain
+
+    threads = {**own, "OMP_NUM_THREADS": "3"}
+    assert servers.server_for(threads) is None  # seen once: fresh
+    second = servers.server_for(threads)
+    assert second is not None and second is not plain
+    assert second.environment["OMP_NUM_THREADS"] == "3"
+    assert servers.server_for({**threads, "TORCHKIT_DEBUG": "1"}) is second
+
+    rank = servers.server_for({**own, "RANK": "1"})  # another hash seed than rank 0's
+    assert rank is not None and rank not in (plain, second)
+    assert servers.server_for(own) is plain  # the most recently used again
+
+    logging = {**own, "TORCH_CPP_LOG_LEVEL": "INFO"}
+    assert servers.server_for(logging) is None
+    assert servers.server_for(logging) not in (None, plain, second, rank)
+    assert second.retired and not plain.retired and not rank.retired
+    assert list(servers.active.values())[:2] == [rank, plain]
+
+
+@pytest.mark.parametrize(
+    "name", ["PYTHONHASHSEED", "LD_PRELOAD", "MKL_NUM_THREADS", "LC_ALL", "TZ", "TMPDIR"]
+)
+def test_what_python_and_the_libraries_read_at_start_up_keys_the_server(name):
+    own = preloaded_processes.child_environment(None)
+    assert preloaded_processes.import_environment({**own, name: "x"})[name] == "x"
