@@ -519,9 +519,12 @@ def start_preloaded_process(
             server = SERVERS.server_for(full_env)
             fits = server is not None and len(b"\0".join(map(os.fsencode, command))) < server.room
             if server is not None and fits:
-                pid = server.fork(request, [stdin_fd, stdout[1], stderr[1], status[1]])
-                SERVERS.forked += 1
-            else:
+                try:
+                    pid = server.fork(request, [stdin_fd, stdout[1], stderr[1], status[1]])
+                    SERVERS.forked += 1
+                except (OSError, ValueError):  # the server ended (killed): fresh from now on
+                    server.refused = ["ended"]
+            if pid is None:
                 SERVERS.fresh += 1
     finally:
         for fd in (stdout[1], stderr[1], status[1], theirs_stdin):
