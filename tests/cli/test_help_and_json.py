@@ -4,6 +4,7 @@ builds only what the word being completed needs."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -32,6 +33,7 @@ EXAMPLES_HERE = {
 }
 
 
+@functools.cache  # the tests only read it; a help page costs about 0.1 s of CPU to render
 def help_text(path: tuple[str, ...], width: int = 100) -> str:
     result = runner.invoke(app, [*path, "--help"], env={"COLUMNS": str(width)})
     assert result.exit_code == 0, result.output
