@@ -16,6 +16,7 @@ from checkpoints import read_checkpoint
 from gloo_ranks import BAD_LAUNCHES, set_launch_env
 from image_folders import write_image_folder
 from run_curves import lay_out_curves_only
+from typer.testing import CliRunner
 
 from torchkit.cli import app
 from torchkit.core.models.checkpoint import CHECKPOINT_KEYS
@@ -317,6 +318,33 @@ def test_matches_a_hand_written_loop(runner, tmp_path):
         assert torch.allclose(accumulated[key], value, atol=1e-6), key
 
 
+# The accumulation tests' recipe: 6 training images, every update's gradient exact.
+ACCUMULATION_RECIPE = [
+    "--val-split", "0.5", "--model", "nets:TinyNet",
+    "--image-size", "8", "--resize-size", "8", "--crop-scale", "1,1", "--no-flip",
+    "--optimizer", "sgd", "--momentum", "0", "--weight-decay", "0", "--lr", "0.5",
+    "--scheduler", "none", "--warmup-epochs", "0", "--epochs", "2", "--workers", "0",
+    "--no-ema", "--device", "cpu",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def one_batch_run(tmp_path_factory) -> tuple[Path, Path]:
+    """The accumulation tests' data and the run of their recipe in one batch of 6 an update
+    (the truth both cases compare with, trained once)."""
+    root = tmp_path_factory.mktemp("one-batch")
+    data = write_image_folder(root / "d", {"a": 6, "b": 6}, seed=4)
+    with pytest.MonkeyPatch.context() as patch:
+        lay_out_curves_only(patch)
+        full = CliRunner().invoke(
+            app,
+            ["train", "--data", str(data), *ACCUMULATION_RECIPE, "--batch-size", "6",
+             "--out", str(root / "full")],
+        )  # fmt: skip
+    assert full.exit_code == 0, full.stderr
+    return data, root / "full"
+
+
 @pytest.mark.parametrize(
     ("batch_size", "accum_steps"),
     [
@@ -331,22 +359,14 @@ def test_matches_a_hand_written_loop(runner, tmp_path):
     ids=["epoch-shorter-than-accum-steps", "short-last-batch-in-an-update"],
 )
 def test_accumulated_batches_train_as_one_batch_of_their_images(
-    runner, tmp_path, batch_size, accum_steps
+    runner, tmp_path, one_batch_run, batch_size, accum_steps
 ):
-    data = write_image_folder(tmp_path / "d", {"a": 6, "b": 6}, seed=4)
-    recipe = [
-        "--data", str(data), "--val-split", "0.5", "--model", "nets:TinyNet",
-        "--image-size", "8", "--resize-size", "8", "--crop-scale", "1,1", "--no-flip",
-        "--optimizer", "sgd", "--momentum", "0", "--weight-decay", "0", "--lr", "0.5",
-        "--scheduler", "none", "--warmup-epochs", "0", "--epochs", "2", "--workers", "0",
-        "--no-ema", "--device", "cpu",
-    ]  # fmt: skip
-    full = train(runner, *recipe, "--batch-size", "6", "--out", str(tmp_path / "full"))
+    data, full = one_batch_run
     parts = train(
-        runner, *recipe, "--batch-size", batch_size, "--accum-steps", accum_steps,
-        "--out", str(tmp_path / "parts"), "--format", "json",
+        runner, "--data", str(data), *ACCUMULATION_RECIPE, "--batch-size", batch_size,
+        "--accum-steps", accum_steps, "--out", str(tmp_path / "parts"), "--format", "json",
     )  # fmt: skip
-    assert full.exit_code == 0 and parts.exit_code == 0, full.stderr + parts.stderr
+    assert parts.exit_code == 0, parts.stderr
     # global_batch_size is one forward-backward pass over the ranks; images_per_update what an
     # optimizer step learns from (--accum-steps passes): in config.json and the JSON report.
     config = json.loads((tmp_path / "parts" / "config.json").read_text())
@@ -356,7 +376,7 @@ def test_accumulated_batches_train_as_one_batch_of_their_images(
         per_update,
     )
     assert json.loads(parts.stdout)["images_per_update"] == per_update
-    ours = read_checkpoint(tmp_path / "full" / "last.pt")["model"]
+    ours = read_checkpoint(full / "last.pt")["model"]
     accumulated = read_checkpoint(tmp_path / "parts" / "last.pt")["model"]
     for key, value in ours.items():
         assert torch.allclose(accumulated[key], value, atol=1e-6), key
