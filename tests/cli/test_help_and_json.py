@@ -13,7 +13,6 @@ import sys
 
 import pytest
 from cli_commands import COMMANDS
-from typer.main import get_command
 from typer.testing import CliRunner
 
 from torchkit.cli import app
@@ -314,9 +313,10 @@ def test_json_of_the_data_and_training_commands_has_typed_values(tmp_path, make_
         assert not numeric_looking or args[0] in ("split", "predict"), (args, numeric_looking[:3])
 
 
-def choice_options(path: tuple[str, ...]) -> dict[str, list[str]]:
-    """--option -> its choices, for the options of a command that take one of a few values."""
-    command = get_command(app)
+def choice_options(root, path: tuple[str, ...]) -> dict[str, list[str]]:
+    """--option -> its choices, for the options of a command (of the command tree `root`) that
+    take one of a few values."""
+    command = root
     for name in path:
         command = command.commands[name]
     return {
@@ -332,10 +332,10 @@ def choice_options(path: tuple[str, ...]) -> dict[str, list[str]]:
 
 
 @pytest.mark.parametrize("path", [p for p in COMMANDS if p], ids=" ".join)
-def test_choices_wrap_whole_at_80_columns(path):
+def test_choices_wrap_whole_at_80_columns(_torchkit_command, path):
     """`train --help` at 80 columns cut `<cosine|step|mul` / `tistep|exponenti` mid-word."""
     lines = help_text(path, 80).splitlines()
-    for option, choices in choice_options(path).items():
+    for option, choices in choice_options(_torchkit_command, path).items():
         # A long name is cut at 80 columns (`--autoaugment-poli…`): its line starts so.
         name = rf"(?:{re.escape(option)}[ ,]|{re.escape(option[:18])}…)"
         start = next(i for i, line in enumerate(lines) if re.match(rf"│ {name}", line))

@@ -7,7 +7,6 @@ import json
 
 import pytest
 from cli_commands import COMMANDS
-from typer.main import get_command
 
 from torchkit.cli import app
 
@@ -16,8 +15,8 @@ TRAIN = ["train", "--data", "digits", "--model", "convnet", "--image-size", "8",
 
 
 @pytest.mark.parametrize("path", COMMANDS, ids=lambda p: " ".join(p) or "torchkit")
-def test_every_command_takes_quiet(path):
-    command = get_command(app)
+def test_every_command_takes_quiet(_torchkit_command, path):
+    command = _torchkit_command  # the session's tree: building one costs about 0.15 s
     for name in path:
         command = command.commands[name]
     opts = {opt for param in command.params for opt in getattr(param, "opts", ())}
