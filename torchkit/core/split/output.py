@@ -11,7 +11,6 @@ import os
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
-from torchkit.core.data.sources.discovery import is_apple_double
 from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.data.sources.moving import moving_record
 from torchkit.core.data.sources.required import require_data
@@ -23,6 +22,7 @@ from torchkit.core.data.sources.splitting import (
 )
 from torchkit.core.io.errors import InputError, OutputExistsError, OutputWriteError, first_and_more
 from torchkit.core.io.files import atomic_write_json, open_text, tree_entries
+from torchkit.core.io.folder_contents import is_browser_file
 from torchkit.core.io.outputs import (
     MARKER,
     OutputOverlapError,
@@ -114,7 +114,7 @@ def refuse_files_not_written(out: Path, folders: Collection[str]) -> None:
         prefix = len(str(folder)) + 1
         for path, entry in tree_entries(folder):
             relative = f"{name}/{path[prefix:]}"
-            if path_key(relative) not in listed and not _browser_file(entry.name):
+            if path_key(relative) not in listed and not is_browser_file(entry.name):
                 foreign.append(relative)
     if foreign:
         raise OutputExistsError(
@@ -122,14 +122,6 @@ def refuse_files_not_written(out: Path, folders: Collection[str]) -> None:
             f"write, which --force would delete with them: {first_and_more(foreign, 3)}",
             "move them out of those folders, or choose another output folder",
         )
-
-
-# What a file browser leaves in each folder it shows (Finder, Explorer): no one's data.
-_BROWSER_FILES = frozenset({".ds_store", "thumbs.db", "desktop.ini"})
-
-
-def _browser_file(name: str) -> bool:
-    return name.casefold() in _BROWSER_FILES or is_apple_double(name)
 
 
 def _spelled(out: Path, name: str, entries: list[str]) -> str | None:
