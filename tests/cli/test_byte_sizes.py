@@ -7,9 +7,7 @@ from __future__ import annotations
 import pytest
 from output_checks import error_line
 from processes import run_torchkit_in_process
-from typer.main import get_command
 
-from torchkit.cli import app
 from torchkit.core.benchmark.memory import parse_memory_limit
 from torchkit.core.convert.shards import shard_options
 from torchkit.core.data.sources.http_shards import cache_limit
@@ -74,8 +72,8 @@ def test_every_size_option_refuses_a_spelling_alike(text, message, monkeypatch):
         assert refused.value.message.startswith(what) and message in refused.value.message
 
 
-def test_every_size_option_states_the_rule_in_its_help():
-    commands = get_command(app).commands
+def test_every_size_option_states_the_rule_in_its_help(_torchkit_command):
+    commands = _torchkit_command.commands
     helps = {
         option: next(p.help for p in command.params if option in getattr(p, "opts", ()))
         for command, option in [

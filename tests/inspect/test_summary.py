@@ -812,12 +812,10 @@ def test_random_weights_are_a_note_after_the_summary(runner, tmp_path):
     assert "random weights" not in trained.stderr
 
 
-def test_d_is_no_longer_listed_but_old_scripts_still_run(runner):
+def test_d_is_no_longer_listed_but_old_scripts_still_run(runner, _torchkit_command):
     """-d is --data in train and eval: --depth lists no short flag, and `-d N` (its short flag
     before) still means --depth N, unlisted. Before: --help listed -d for --depth."""
-    from typer.main import get_command
-
-    params = get_command(app).commands["summary"].params
+    params = _torchkit_command.commands["summary"].params
     (depth,) = [p for p in params if "--depth" in p.opts]
     assert depth.opts == ["--depth"]
     assert all(p.hidden for p in params if "-d" in p.opts)

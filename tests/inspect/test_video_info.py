@@ -2004,12 +2004,10 @@ def test_many_videos_without_a_frame_count_are_counted_in_the_worker_processes(
     assert [info.to_dict() for info in parallel] == one_at_a_time
 
 
-def test_k_is_no_longer_listed_but_old_scripts_still_run(videos):
+def test_k_is_no_longer_listed_but_old_scripts_still_run(videos, _torchkit_command):
     """-k is --topk in eval and predict: --segments lists no short flag, and `-k K` (its short
     flag before) still means --segments K, unlisted. Before: --help listed -k for --segments."""
-    from typer.main import get_command
-
-    params = get_command(app).commands["video-info"].params
+    params = _torchkit_command.commands["video-info"].params
     (segments,) = [p for p in params if "--segments" in p.opts]
     assert segments.opts == ["--segments"]
     assert all(p.hidden for p in params if "-k" in p.opts)
