@@ -3,6 +3,10 @@
 While a run goes on, each layer's rows are written batch by batch into a memory-mapped `.npy` in
 `OUT/.partial/` (so a dataset bigger than RAM works), and `progress.json` there records how far it
 got once those rows are flushed. A crash or Ctrl-C leaves a state `--resume` continues from.
+The unreadable images' errors are appended to `errors.jsonl` there as they come, and the record
+counts how many of them (and how many bytes of it) it holds: the record, written every few
+seconds, stays the same size however many images failed (rewriting every error each time made
+a run with many unreadable images take time that grew with the square of their number).
 `finish()` moves the arrays into OUT (npy) or streams them into `.pt` / `.safetensors` files, then
 writes `index.csv` and `meta.json`: an OUT with `meta.json` and no `.partial/` is complete.
 
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import errno
 import io
+import itertools
 import json
 import logging
 import os
@@ -40,6 +45,7 @@ from torchkit.core.io.files import (
     atomic_write,
     atomic_write_json,
     folds_case,
+    json_text,
     torch_save,
 )
 from torchkit.core.io.names import distinct_names
@@ -55,6 +61,7 @@ log = logging.getLogger("torchkit")
 
 PARTIAL_DIR = ".partial"
 PROGRESS_FILE = "progress.json"
+ERRORS_FILE = "errors.jsonl"  # in .partial: [image index, why] a line, appended at each commit
 META_FILE = "meta.json"
 INDEX_FILE = "index.csv"
 FILE_FORMATS = ("npy", "pt", "safetensors")
@@ -73,6 +80,8 @@ class Progress:
     layers: dict[str, dict] = field(default_factory=dict)  # name -> file, shape, dtype, ...
     nonfinite: int = 0  # rows with a NaN or inf value in some layer
     nonfinite_first: str | None = None  # the image of the first of them
+    errors_logged: int = 0  # how many of `errors` (the first, in order) are in ERRORS_FILE
+    errors_bytes: int = 0  # ERRORS_FILE's length once they are
 
     def to_json(self, fingerprint: str, total: int, data: dict | None = None) -> dict:
         return {
@@ -81,15 +90,18 @@ class Progress:
             **({"images_location": data} if data else {}),
             "done": self.done,
             "rows": self.rows,
-            "errors": {str(k): v for k, v in self.errors.items()},
+            "errors_logged": self.errors_logged,
+            "errors_bytes": self.errors_bytes,
             "layers": self.layers,
             "nonfinite": self.nonfinite,
             "nonfinite_first": self.nonfinite_first,
         }
 
     @classmethod
-    def from_json(cls, data: dict) -> Progress:
-        return cls(
+    def from_json(cls, data: dict, partial: Path | None = None) -> Progress:
+        """The record of `partial/PROGRESS_FILE`, its errors read from `partial/ERRORS_FILE`
+        (an older torchkit's record holds them itself)."""
+        progress = cls(
             done=int(data["done"]),
             rows=int(data["rows"]),
             errors={int(k): str(v) for k, v in data.get("errors", {}).items()},
@@ -97,6 +109,11 @@ class Progress:
             nonfinite=int(data.get("nonfinite", 0)),
             nonfinite_first=data.get("nonfinite_first"),
         )
+        logged, length = int(data.get("errors_logged", 0)), int(data.get("errors_bytes", 0))
+        if logged:
+            progress.errors = _read_errors(Path(partial or ".") / ERRORS_FILE, logged, length)
+            progress.errors_logged, progress.errors_bytes = logged, length
+        return progress
 
 
 def read_json(path: Path) -> dict:
@@ -152,7 +169,8 @@ class FeatureStore:
                 state = read_json(progress_path)
                 _check_fingerprint(state.get("fingerprint"), fingerprint, folder, "an interrupted")
                 _check_data(state.get("images_location"), data, folder, "an interrupted")
-                store = cls(output, fingerprint, total, Progress.from_json(state), data=data)
+                progress = Progress.from_json(state, partial)
+                store = cls(output, fingerprint, total, progress, data=data)
                 store._begin()
                 return store, None
             if meta_path.is_file():
@@ -276,6 +294,7 @@ class FeatureStore:
         with reporting_write_errors(self.out):
             for array in self._arrays.values():
                 array.flush()
+            self._log_new_errors()
         atomic_write_json(
             self.partial / PROGRESS_FILE,
             self.progress.to_json(self.fingerprint, self.total, self.data),
@@ -283,6 +302,24 @@ class FeatureStore:
         )
         if self.progress.rows > 0:
             self.output.keep()
+
+    def _log_new_errors(self) -> None:
+        """Append the errors found since the last commit to ERRORS_FILE, durable before the
+        record that counts them is written: a commit writes only what is new."""
+        state = self.progress
+        new = itertools.islice(state.errors.items(), state.errors_logged, None)
+        text = "".join(json_text([index, why]) + "\n" for index, why in new)
+        if not text:
+            return
+        with open(self.partial / ERRORS_FILE, "ab") as handle:
+            # Bytes past the recorded end are a stopped commit's, never counted: dropped.
+            handle.truncate(state.errors_bytes)
+            handle.seek(state.errors_bytes)
+            handle.write(text.encode("utf-8"))
+            handle.flush()
+            os.fsync(handle.fileno())
+            state.errors_bytes = handle.tell()
+        state.errors_logged = len(state.errors)
 
     def finish(
         self, file_format: str, index_columns: list[str], index_rows: Iterable[list], meta: dict
@@ -422,6 +459,20 @@ def data_location(root: str) -> dict | None:
     except (OSError, ValueError):
         return None
     return {"path": os.path.realpath(root), "id": [info.st_dev, info.st_ino]}
+
+
+def _read_errors(path: Path, count: int, length: int) -> dict[int, str]:
+    """The `count` errors an interrupted run recorded: the first `length` bytes of its
+    ERRORS_FILE (what a commit stopped part-way appended after them is not counted)."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(length)
+        lines = data.decode("utf-8").splitlines()
+        if len(data) != length or len(lines) != count:
+            raise ValueError(f"it holds {len(lines)} of the {count} errors its record counts")
+        return {int(index): str(why) for index, why in map(json.loads, lines)}
+    except (OSError, ValueError, TypeError) as error:
+        raise InputError(f"cannot read {path}: {error}", "pass --force to start over") from error
 
 
 def _check_data(recorded: dict | None, current: dict | None, folder: Path, what: str) -> None:
