@@ -95,10 +95,15 @@ def is_stored(path: object) -> bool:
 @dataclass(frozen=True)
 class Blocks:
     """How a set of images is read in blocks: `ids[i]` is the block of image i (0, 1, ... in
-    order of first appearance); `window` is how many blocks the reader keeps at once."""
+    order of first appearance); `window` is how many blocks the reader keeps at once. With
+    `sizes` (block j's bytes as the reader keeps it) and `capacity` (the bytes it keeps), a
+    window is instead as many blocks as fit in `capacity` together: counted by the largest,
+    one large block among small ones made every window a single small block."""
 
     ids: list[int]
     window: int
+    sizes: list[int] | None = None
+    capacity: int | None = None
 
 
 def read_blocks(paths: Sequence[str] | None) -> Blocks | None:

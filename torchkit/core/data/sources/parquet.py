@@ -136,16 +136,18 @@ class ParquetImages:
         )
 
     def blocks(self, locators: Sequence[tuple[int, int, int]]) -> Blocks:
-        """The row group of each image (numbered in order of first appearance), and how many
-        of the largest fit in the cache at once: an order that keeps to that many row groups
-        at a time reads each one once (`stored.read_blocks`)."""
+        """The row group of each image (numbered in order of first appearance) and its size:
+        an order that keeps to as many row groups at a time as fit in the cache together reads
+        each one once (`stored.read_blocks`)."""
         number: dict[tuple[int, int], int] = {}
         ids = [number.setdefault((file, group), len(number)) for file, group, _ in locators]
-        sizes = [self.group_bytes[f][g] for f, g in number] if self.group_bytes else []
-        largest = max(sizes, default=0)
+        if not self.group_bytes:
+            return Blocks(ids, 1)
         # An eighth to spare: the cached array also holds offsets, the footer's figure not.
-        window = CACHE_BYTES // (largest + largest // 8) if largest > 0 else 1
-        return Blocks(ids, max(1, window))
+        sizes = [size + size // 8 for size in (self.group_bytes[f][g] for f, g in number)]
+        largest = max(sizes, default=0)
+        window = CACHE_BYTES // largest if largest > 0 else 1
+        return Blocks(ids, max(1, window), sizes=sizes, capacity=CACHE_BYTES)
 
     def read(self, locator: tuple[int, int, int]) -> bytes:
         file, group, row = locator
