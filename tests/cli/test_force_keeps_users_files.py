@@ -182,6 +182,32 @@ def test_the_report_a_run_writes_into_its_output_folder_is_its_own(world):
     )
 
 
+def test_the_report_video_info_writes_into_its_frames_folder_is_its_own(tmp_path):
+    """`video-info --extract-frames frames --force -o frames/report.csv` again: the report the
+    last run wrote beside its frames goes with them; under another -o name it is refused."""
+    import cv2
+    import numpy as np
+
+    writer = cv2.VideoWriter(
+        str(tmp_path / "clip.avi"), cv2.CAP_FFMPEG, cv2.VideoWriter_fourcc(*"MJPG"), 10.0, (16, 16)
+    )
+    if not writer.isOpened():
+        pytest.skip("this OpenCV build cannot write MJPG AVI")
+    for value in range(6):
+        writer.write(np.full((16, 16, 3), value * 40, dtype=np.uint8))
+    writer.release()
+    frames = ["video-info", "clip.avi", "--segments", "2", "--extract-frames", "frames", "--force"]
+    for _ in range(2):
+        done = run_torchkit_in_process(*frames, "-o", "frames/report.csv", cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+    assert (tmp_path / "frames" / "report.csv").is_file()
+    check_refused_untouched(
+        [*frames, "-o", "frames/other.csv"],
+        "frames folder frames holds frames/report.csv that torchkit did not write",
+        cwd=tmp_path,
+    )
+
+
 def test_torchkits_own_leftovers_and_a_browsers_files_are_not_the_users(tmp_path):
     """The marker, the journal of a killed run, a dead writer's temporary, an output set aside
     inside the folder and `.DS_Store` go with the folder; a temporary a live writer holds is
