@@ -98,6 +98,10 @@ _BLOCK = tarfile.BLOCKSIZE
 _RECORD = tarfile.RECORDSIZE  # tarfile pads a closed archive to a multiple of this
 _END_BLOCKS = 2 * _BLOCK  # the two zero blocks that end an archive
 PARTIAL_EVERY_S = 2.0  # the partial manifest is rewritten at most this often
+# ... and at most once in this many times as long as its last rewrite took: it lists every
+# sample written so far, so at a fixed interval its rewrites took a growing share of the run
+# (200,000 samples: about 2 s a rewrite, every 2 s), a time that grew with the square of the data.
+PARTIAL_COST_SHARE = 10
 MAX_WARNED = 10  # unreadable images named one by one; the others are counted
 
 _SHARD_FILE = re.compile(r"(?:train|val|test|shard)-\d{6,}\.tar")
@@ -653,19 +657,23 @@ class ShardsReport:
 
 class _PartialManifest:
     """`manifest.partial.json`, rewritten as shards are complete: at once after the first,
-    then at most every PARTIAL_EVERY_S seconds (with many small shards, rewriting the growing
-    list after each would cost more than the shards), and when the run stops early. A shard
-    complete but not yet listed is only written again by the run that resumes."""
+    then at most every PARTIAL_EVERY_S seconds, or PARTIAL_COST_SHARE times the last rewrite's
+    time where that is longer (with many small shards, rewriting the growing list after each
+    would cost more than the shards; with many samples, so would a rewrite every few seconds),
+    and when the run stops early. A shard complete but not yet listed is only written again by
+    the run that resumes."""
 
     def __init__(self, path: Path, report: ShardsReport) -> None:
         self.path = path
         self.report = report
         self.saved_at: float | None = None
+        self.save_seconds = 0.0  # how long the last rewrite took
         self.behind = False
 
     def shard_done(self) -> None:
         self.behind = True
-        if self.saved_at is None or time.monotonic() - self.saved_at >= PARTIAL_EVERY_S:
+        wait = max(PARTIAL_EVERY_S, PARTIAL_COST_SHARE * self.save_seconds)
+        if self.saved_at is None or time.monotonic() - self.saved_at >= wait:
             self.save()
 
     def start(self) -> None:
@@ -675,9 +683,11 @@ class _PartialManifest:
         self.saved_at = None
 
     def save(self) -> None:
+        started = time.monotonic()
         manifest = self.report.manifest(complete=False)
         atomic_write_json(self.path, manifest, indent=1)
         self.saved_at, self.behind = time.monotonic(), False
+        self.save_seconds = self.saved_at - started
 
     def save_quietly(self) -> None:
         """Save what is behind, if it can (the run is failing already: a full disk stays the
