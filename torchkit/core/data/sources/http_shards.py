@@ -89,6 +89,10 @@ SIDE_FILES = ("manifest.json", "classes.txt", "classes.json")
 CACHE_LIMIT_VARIABLE = "TORCHKIT_CACHE_LIMIT"
 _HELD_OPEN = 128  # shards a process keeps open at most
 _CHUNK = 1 << 20
+# The most a side file (manifest.json, classes.txt) may hold, decoded: read into memory whole,
+# an endless body or a small gzip of gigabytes of zeros took all of it. A manifest.json lists
+# its samples at about 12 bytes each: this is some 80 million samples.
+_SIDE_FILE_BYTES = 1 << 30
 _URL = re.compile(r"^(https?):/+(?=[^/])", re.IGNORECASE)
 # Statuses that mean a side file is not there (S3 answers 403 for a missing key).
 _ABSENT = (401, 403, 404, 410)
@@ -1431,9 +1435,16 @@ def _get_small(url: str) -> bytes | None:
             if response.headers.get_content_type() == "text/html":
                 log.info("%s is an HTML page: read as absent", _shown(url))
                 return None
-            chunks = []
+            chunks, done = [], 0
             while chunk := _read(response, url):
                 chunks.append(chunk)
+                done += len(chunk)
+                if done > _SIDE_FILE_BYTES:
+                    raise InputError(
+                        f"cannot download {_shown(url)}: it holds more than "
+                        f"{_SIDE_FILE_BYTES >> 20} MiB, more than any side file of shards",
+                        "check the URL: the server sends something else than the file",
+                    )
             data = b"".join(chunks)
             length = _content_length(response)
             if length is not None and len(data) < length:
