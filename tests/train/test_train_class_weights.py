@@ -4,12 +4,15 @@ by name, clear errors, and the weights recorded in config.json and used by the l
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from checkpoints import read_checkpoint
+from image_folders import write_image_folder
 from sklearn.utils.class_weight import compute_class_weight
+from typer.testing import CliRunner
 
 from torchkit.cli import app
 from torchkit.core.io.errors import InputError, UsageError
@@ -202,20 +205,13 @@ def test_train_with_a_class_of_weight_0_is_not_a_divergence(runner, tmp_path, ma
     assert result.exit_code == 0, result.stderr
 
 
-@pytest.mark.parametrize(
-    ("batch_size", "accum_steps"),
-    [("3", "2"), ("4", "2")],  # two batches of 3; a batch of 4 and the epoch's last of 2
-    ids=["equal-batches", "short-last-batch"],
-)
-def test_accumulated_batches_weigh_classes_as_one_batch_of_their_images(
-    runner, tmp_path, make_image_folder, batch_size, accum_steps
-):
-    """The class-weighted mean divides by the whole update's weight total, as one batch of all
-    its images does (torch's weighted CrossEntropyLoss over them): it was the mean of each
-    batch's weighted mean, so a batch of light classes had as much say as one of heavy ones."""
-
-    data = make_image_folder(tmp_path / "d", {"a": 6, "b": 6}, seed=4)
-    weights = tmp_path / "weights.txt"
+@pytest.fixture(scope="module")
+def weighted_recipe_and_one_batch_run(tmp_path_factory) -> tuple[list[str], Path]:
+    """The accumulation tests' class-weighted recipe (its data and weights file), and its run
+    in one batch of 6 an update: the truth both cases compare with, trained once."""
+    root = tmp_path_factory.mktemp("class-weighted")
+    data = write_image_folder(root / "d", {"a": 6, "b": 6}, seed=4)
+    weights = root / "weights.txt"
     weights.write_text("a,1\nb,4\n", encoding="utf-8")
     recipe = [
         "train", "--data", data, "--val-split", "0.5", "--model", "nets:TinyNet",
@@ -226,14 +222,31 @@ def test_accumulated_batches_weigh_classes_as_one_batch_of_their_images(
         "--l1", "0.001",
     ]  # fmt: skip
     words = [str(word) for word in recipe]
-    full = runner.invoke(app, [*words, "--batch-size", "6", "--out", str(tmp_path / "full")])
+    full = CliRunner().invoke(app, [*words, "--batch-size", "6", "--out", str(root / "full")])
+    assert full.exit_code == 0, full.stderr
+    return words, root / "full"
+
+
+@pytest.mark.parametrize(
+    ("batch_size", "accum_steps"),
+    [("3", "2"), ("4", "2")],  # two batches of 3; a batch of 4 and the epoch's last of 2
+    ids=["equal-batches", "short-last-batch"],
+)
+def test_accumulated_batches_weigh_classes_as_one_batch_of_their_images(
+    runner, tmp_path, weighted_recipe_and_one_batch_run, batch_size, accum_steps
+):
+    """The class-weighted mean divides by the whole update's weight total, as one batch of all
+    its images does (torch's weighted CrossEntropyLoss over them): it was the mean of each
+    batch's weighted mean, so a batch of light classes had as much say as one of heavy ones."""
+
+    words, full = weighted_recipe_and_one_batch_run
     parts = runner.invoke(
         app,
         [*words, "--batch-size", batch_size, "--accum-steps", accum_steps,
          "--out", str(tmp_path / "parts")],
     )  # fmt: skip
-    assert full.exit_code == 0 and parts.exit_code == 0, full.stderr + parts.stderr
-    one_batch = read_checkpoint(tmp_path / "full" / "last.pt")["model"]
+    assert parts.exit_code == 0, parts.stderr
+    one_batch = read_checkpoint(full / "last.pt")["model"]
     accumulated = read_checkpoint(tmp_path / "parts" / "last.pt")["model"]
     for key, value in one_batch.items():
         assert torch.allclose(accumulated[key], value, atol=1e-6), key
