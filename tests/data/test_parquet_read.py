@@ -235,14 +235,6 @@ def test_one_parquet_file_is_named_by_its_path_not_its_folder(world, tmp_path):
     assert "evaluating 2 images of x.parquet with convnet" in scored.stderr
 
 
-def test_class_names_that_repeat_a_name_are_one_error_line(tmp_path):
-    # Two classes called "a" trained, scored and printed as one.
-    write_parquet(tmp_path / "dup.parquet", [png(0), png(1)], [0, 1], names=["a", "a", "b"])
-    result = run_torchkit_in_process("dataset-stats", "dup.parquet", cwd=tmp_path)
-    assert result.returncode == 1
-    assert "name 'a' twice" in error_line(result.stderr)
-
-
 def test_extract_features_gives_one_row_per_sample_in_file_order(world, tmp_path):
     for data, out in ((world / "split", "folder"), (world / "hf", "parquet")):
         result = run_torchkit_in_process(

@@ -196,9 +196,14 @@ def written_classes(classes: Sequence[str]) -> tuple[list[str], list[int | None]
     """(the class names classes.txt lists, the index each of `classes` is written as): "" is
     no class but unlabelled images (all of unlabelled data; an unlabelled split, such as HF's
     test split, beside labelled ones), written without a label."""
-    names = [name for name in classes if name != ""]
-    index_of = {name: i for i, name in enumerate(names)}
-    return names, [index_of.get(name) for name in classes]
+    names: list[str] = []
+    written: list[int | None] = []
+    for name in classes:
+        # By place, not by name: two classes named alike (ImageNet's two "crane"s) stay two.
+        written.append(None if name == "" else len(names))
+        if name != "":
+            names.append(name)
+    return names, written
 
 
 def plan_sets(data: Any, options: ShardOptions) -> list[ShardSet]:

@@ -712,14 +712,8 @@ def _names(spec: str, root: str, files: list[_File], splits: list[str | None] | 
         return index_class_names(
             largest, where, "name the classes: HF's ClassLabel, or ROOT/dataset_info.json"
         )
-    seen: set[str] = set()  # linear: ImageNet-21k names 21,841 classes
-    twice = next((name for name in names if name in seen or seen.add(name)), None)
-    if twice is not None:
-        # HF's ClassLabel refuses such names: two classes would train, score and print as one.
-        raise InputError(
-            f"the class names of {spec} name {twice!r} twice",
-            "HF's ClassLabel names are unique: fix the dataset's metadata",
-        )
+    # A name given twice exactly (ImageNet's two "crane"s, in metadata HF's ClassLabel would
+    # refuse but other writers do not) is two classes: the labels are their indices.
     if "" in names:
         _refuse_empty_class_name(spec, files, names.index(""))
     if largest >= len(names):

@@ -57,6 +57,35 @@ def spelling_twin_pair(names: Sequence[str]) -> tuple[int, int] | None:
     return None
 
 
+def classes_named_alike(classes: Sequence[str]) -> dict[str, list[int]]:
+    """The indices of each name (in NFC, as `find_class` matches names) that two or more of
+    `classes` give, as torchvision's ImageNet names give `crane` to classes 134 and 517: empty
+    where every class has a name of its own. Such names are no error where labels are class
+    indices (a checkpoint's outputs, `KEY.cls`, parquet's ClassLabel); a label given by the name
+    alone is (`refuse_a_label_of_two_classes`)."""
+    indices: dict[str, list[int]] = {}
+    for index, name in enumerate(classes):
+        indices.setdefault(nfc(name), []).append(index)
+    return {name: found for name, found in indices.items() if len(found) > 1}
+
+
+def refuse_a_label_of_two_classes(
+    name: str, named_alike: Mapping[str, list[int]], labelled: str, of: str, hint: str
+) -> None:
+    """InputError where `name`, a label given by a class name alone (a class folder, a CSV
+    label, a shard's `KEY.json` "label"), is the name of two or more classes (`named_alike`:
+    `classes_named_alike` of them): which of them its images belong to would be a guess, and
+    matching by name took the first. `labelled` says whose label it is ("class crane of DATA"),
+    `of` whose classes ("the model's outputs"), both in the one message every reader gives."""
+    indices = named_alike.get(nfc(name))
+    if indices:
+        raise InputError(
+            f"{labelled} is the name of {len(indices)} of {of} "
+            f"({', '.join(map(str, indices))}): which one it stands for is a guess",
+            hint,
+        )
+
+
 def how_they_differ(a: str, b: str) -> str:
     """What tells apart two names that are one without the spaces around them and in NFC
     (`cat`, `cat `; `café` composed and decomposed), as messages say it."""

@@ -18,9 +18,11 @@ What `--data` (or IMAGES) may name here, before folders and CSV indexes are trie
   else the label names sorted naturally (as class folders are), or, for indices only, "0",
   "1", ... up to the largest index. Two names of one index that differ only by the spaces
   around them are an error (they would be two classes); so is a sample whose index and name
-  are two classes of classes.txt / classes.json (webdataset reads the index). A sample's id
-  (the `path` column) is `SHARD/KEY.EXT` (`train-000003.tar/00042.jpg`), relative to the shards'
-  folder; samples are in shard order, then member order.
+  are two classes of classes.txt / classes.json (webdataset reads the index). A name given
+  twice there (ImageNet's two "crane"s) is two classes, told apart by the samples' indices; a
+  sample labelled by such a name alone is an error (`refuse_a_label_of_two_classes`). A
+  sample's id (the `path` column) is `SHARD/KEY.EXT` (`train-000003.tar/00042.jpg`), relative to
+  the shards' folder; samples are in shard order, then member order.
 - a `.tar` of an image folder (`class/img.JPEG`, a split root `train/class/img.jpg`, or, where
   unlabelled images are taken, flat images or a split of them, `train/img.jpg`), read with the
   rules of folders on disk; all of it may lie in one folder named as the archive
@@ -66,10 +68,12 @@ from torchkit.core.data.sources.discovery import (
 )
 from torchkit.core.data.sources.samples import (
     Samples,
+    classes_named_alike,
     how_they_differ,
     index_class_names,
     is_blank_name,
     nfc,
+    refuse_a_label_of_two_classes,
     refuse_spelling_twins,
 )
 from torchkit.core.data.sources.source import (
@@ -800,16 +804,16 @@ def _class_file(folder: str) -> list[str] | None:
     try:
         if text_file.is_file():
             text = read_text(text_file, "utf-8-sig")
-            names, where = class_names_in_text(text, str(text_file)), text_file
+            names = class_names_in_text(text, str(text_file))
         elif json_file.is_file():
             text = read_text(json_file, "utf-8-sig")
-            names, where = class_names_in_json(text, str(json_file)), json_file
+            names = class_names_in_json(text, str(json_file))
         else:
             return None
     except (OSError, ValueError) as error:
         raise InputError(f"cannot read the class names beside the shards: {error}") from None
-    if len(set(names)) != len(names):
-        raise InputError(f"{where} names a class twice", "one class name per line")
+    # A name given twice exactly (ImageNet's two "crane"s) is two classes, told apart by the
+    # samples' `KEY.cls`; a sample labelled by such a name alone is refused (`_labelled`).
     # An empty one is what `convert shards` writes beside unlabelled images: no names, which
     # only labelled samples need (`_labelled`).
     return names
@@ -864,11 +868,13 @@ def _refuse_index_and_name_that_disagree(
     `cls` 5, an index past the file's names, beside a name the file holds. Only
     there: a name the file lacks is refused in `_labelled`, and without a file two names of
     one index are a fine label beside a coarse index (`_refuse_respelled_names_of_one_index`)."""
-    index_of = {name: i for i, name in enumerate(file_classes)}
+    indices_of: dict[str, list[int]] = {}  # a name given twice (two "crane"s) is two classes
+    for index, name in enumerate(file_classes):
+        indices_of.setdefault(name, []).append(index)
     clashes = [
         s
         for s in found
-        if s.name in index_of and s.index is not None and index_of[s.name] != s.index
+        if s.name in indices_of and s.index is not None and s.index not in indices_of[s.name]
     ]
     if not clashes:
         return
@@ -881,9 +887,10 @@ def _refuse_index_and_name_that_disagree(
         if first.index < len(file_classes)
         else f"past the {len(file_classes)} classes {file} names"
     )
+    classes_of_name = " or ".join(map(str, indices_of[first.name]))
     raise InputError(
         f"sample {first.key} in {first.shard} has class index {first.index}, {named}, and "
-        f"the label {first.name!r}, class {index_of[first.name]} of {file}{more}",
+        f"the label {first.name!r}, class {classes_of_name} of {file}{more}",
         'fix the sample\'s KEY.cls or its KEY.json "label", whichever is wrong: webdataset '
         "reads the index",
     )
@@ -952,15 +959,29 @@ def _labelled(
             "put classes.txt (one class name per line, in label order) beside the shards",
         )
     index_of = {name: i for i, name in enumerate(names)}
+    # Names only classes.txt / classes.json can give twice (ImageNet's two "crane"s): a sample
+    # with its class index is that class (`_refuse_index_and_name_that_disagree` checked the
+    # name is the index's); one labelled by the name alone is refused.
+    named_alike = classes_named_alike(names)
     labels = []
     for sample in samples:
-        if sample.name is not None:
-            if sample.name not in index_of:
-                raise InputError(
-                    f"sample {sample.key} in {sample.shard} is labelled {sample.name!r}, which "
-                    "the class names beside the shards lack",
-                    "add it to classes.txt / classes.json",
-                )
+        if sample.name is not None and sample.name not in index_of:
+            raise InputError(
+                f"sample {sample.key} in {sample.shard} is labelled {sample.name!r}, which "
+                "the class names beside the shards lack",
+                "add it to classes.txt / classes.json",
+            )
+        if sample.name is not None and sample.index is not None and named_alike:
+            labels.append(sample.index)
+        elif sample.name is not None:
+            refuse_a_label_of_two_classes(
+                sample.name,
+                named_alike,
+                f"the label {sample.name!r} of sample {sample.key} in {sample.shard}",
+                "the classes beside the shards",
+                'give the sample its class index (KEY.cls, or "cls" in its KEY.json): '
+                "webdataset reads the index",
+            )
             labels.append(index_of[sample.name])
         elif sample.index >= len(names):
             raise InputError(

@@ -40,8 +40,10 @@ from torchkit.core.data.sources.moving import (
 from torchkit.core.data.sources.samples import (
     Samples,
     class_index,
+    classes_named_alike,
     find_class,
     nfc,
+    refuse_a_label_of_two_classes,
     refuse_unshowable_classes,
 )
 from torchkit.core.data.sources.splitting import (
@@ -322,28 +324,32 @@ def _unknown_classes(samples: Samples, known: Mapping[str, int]) -> list[str]:
 
 
 def _refuse_names_of_two_outputs(samples: Samples, classes: list[str], where: str) -> None:
-    """InputError when a class `samples` uses is the name of two or more of the model's
-    outputs (torchvision's ImageNet names hold two `crane`s and two `maillot`s): matched by
-    name, its images were scored against the first of them alone."""
-    first: dict[str, int] = {}
-    outputs: dict[str, list[int]] = {}
-    for index, name in enumerate(classes):
-        key = nfc(name)
-        if key in first:
-            outputs.setdefault(key, [first[key]]).append(index)
-        else:
-            first[key] = index
-    if not outputs:
+    """InputError when a class `samples` uses is matched by a name that is two classes: two of
+    the model's outputs (torchvision's ImageNet names hold two `crane`s and two `maillot`s),
+    whose first alone its images were scored against, or two of the data's own (classes.txt
+    beside shards labelled by `KEY.cls`), both scored against the model's one output so named.
+    Identical names in the data and the model are never matched (`relabelled`)."""
+    outputs = classes_named_alike(classes)
+    own = classes_named_alike(samples.classes)
+    if not outputs and not own:
         return
     for name in sorted({samples.classes[label] for label in samples.labels}):
-        twice = outputs.get(nfc(name))
-        if twice:
-            raise InputError(
-                f"class {_shown_class(name)} of {where} is the name of {len(twice)} of the "
-                f"model's outputs ({', '.join(map(str, twice))}): which one its images belong "
-                "to is a guess",
-                "pass --classes with one distinct name per output, in the order of the outputs",
-            )
+        shown = _shown_class(name)
+        refuse_a_label_of_two_classes(
+            name,
+            outputs,
+            f"class {shown} of {where}",
+            "the model's outputs",
+            "pass --classes with one distinct name per output, in the order of the outputs",
+        )
+        refuse_a_label_of_two_classes(
+            name,
+            own,
+            f"the model's class {shown}",
+            f"the classes of {where}",
+            "give the model the data's class names in the data's order (--classes), or the "
+            "data's classes one distinct name each",
+        )
 
 
 def _unknown_classes_error(unknown: Sequence[str], where: str, classes: list[str]) -> InputError:
