@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -415,7 +416,7 @@ def test_output_file_and_out_dir_need_force(setup, report, tmp_path):
     assert "already exists" in refused.stderr and "--force" in refused.stderr
     # --force replaces an earlier eval's folder, never one with other files in it.
     earlier = tmp_path / "earlier"
-    assert invoke(*args, "--out", earlier).exit_code == 0
+    shutil.copytree(report["out"], earlier)  # an earlier eval's folder, its marker included
     (earlier / "metrics.json").write_text("old")
     assert invoke(*args, "--out", earlier, "--force").exit_code == 0
     assert json.loads((earlier / "metrics.json").read_text())["accuracy"] == accuracy
