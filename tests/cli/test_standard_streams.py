@@ -6,12 +6,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 from output_checks import error_line
-from processes import INHERITED
+from processes import CLOSED, run_torchkit_process, start_torchkit_process
 
 # A model whose first forward pass writes to descriptor 2 at the C level (as torch, oneDNN or
 # OpenCV warn) and records what descriptor 2 is.
@@ -37,18 +35,9 @@ PROBE = textwrap.dedent(
 )
 
 
-def _torchkit(*args: object, redirect: str, cwd: Path) -> subprocess.CompletedProcess:
-    """`torchkit ARGS REDIRECT` as a shell runs it (`2>&-` closes the descriptor)."""
-    env = {key: value for key, value in os.environ.items() if key not in INHERITED}
-    command = f'exec "$0" -m torchkit "$@" {redirect}'
-    return subprocess.run(
-        ["sh", "-c", command, sys.executable, *map(str, args)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd,
-        timeout=300,
-    )
+def _full_stderr() -> int:
+    """`2>/dev/full`'s descriptor: a stderr every write to which fails (the caller closes it)."""
+    return os.open("/dev/full", os.O_WRONLY)
 
 
 def test_a_closed_stderr_is_not_taken_by_the_lock_file(tmp_path, make_image_folder):
@@ -58,7 +47,11 @@ def test_a_closed_stderr_is_not_taken_by_the_lock_file(tmp_path, make_image_fold
     make_image_folder(tmp_path / "images", {"a": 3, "b": 3})
     (tmp_path / "probe.py").write_text(PROBE)
     args = ["train", "--data", "images", "--model", "probe:Probe", "--epochs", "1", "-j", "0"]
-    done = _torchkit(*args, "--out", "run", "--format", "json", redirect="2>&-", cwd=tmp_path)
+    # A fork of a preloaded torch started as a shell's `2>&-` starts one: descriptor 2 closed
+    # and sys.stderr None, as a fresh interpreter's start-up leaves them (nothing holds 2).
+    done = run_torchkit_process(
+        *args, "--out", "run", "--format", "json", stderr=CLOSED, cwd=tmp_path
+    )
     assert done.returncode == 0, done.stdout
     assert (tmp_path / "fd2.txt").read_text() == os.devnull
     written = [path for path in (tmp_path / "run").rglob("*") if path.is_file()]
@@ -69,7 +62,9 @@ def test_an_output_naming_a_closed_stdout_is_still_refused(tmp_path, make_image_
     """Descriptor 1 is /dev/null by the time the output is checked: `-o /dev/stdout >&-` is
     refused all the same, as the descriptor the user closed."""
     make_image_folder(tmp_path / "images", {"a": 2})
-    done = _torchkit("dataset-stats", "images", "-o", "/dev/stdout", redirect=">&-", cwd=tmp_path)
+    done = run_torchkit_process(
+        "dataset-stats", "images", "-o", "/dev/stdout", stdout=CLOSED, cwd=tmp_path
+    )
     assert done.returncode == 1
     assert error_line(done.stderr, besides="nothing") == (
         "Error: cannot write output /dev/stdout: Bad file descriptor (standard output is "
@@ -82,9 +77,9 @@ def test_an_output_naming_a_descriptor_not_given_is_refused_before_any_work(
 ):
     """`train -o /dev/fd/3` without `3>FILE`: by the time -o was checked, descriptor 3 was
     the run folder's lock file, so the check passed; the run trained, then failed with "file
-    descriptor 3 is closed". A descriptor given (`3>stats.json`) is written."""
+    descriptor 3 is closed". A descriptor given (`N>stats.json`) is written."""
     args = ["train", "--data", "digits", "--epochs", "1", "--out", "run", "-o", "/dev/fd/3"]
-    done = _torchkit(*args, redirect="", cwd=tmp_path)
+    done = run_torchkit_process(*args, cwd=tmp_path)  # descriptors 0-2 only, as a shell's
     assert done.returncode == 1
     assert error_line(done.stderr, besides="warnings") == (
         "Error: cannot write -o /dev/fd/3: Bad file descriptor (file descriptor 3 is closed: "
@@ -92,8 +87,10 @@ def test_an_output_naming_a_descriptor_not_given_is_refused_before_any_work(
     )
     assert done.stdout == "" and not (tmp_path / "run").exists()
     make_image_folder(tmp_path / "images", {"a": 2})
-    args = ["dataset-stats", "images", "-o", "/dev/fd/3", "--format", "json"]
-    given = _torchkit(*args, redirect="3>stats.json", cwd=tmp_path)
+    with open(tmp_path / "stats.json", "w") as stats:
+        fd = stats.fileno()
+        args = ["dataset-stats", "images", "-o", f"/dev/fd/{fd}", "--format", "json"]
+        given = run_torchkit_process(*args, pass_fds=[fd], cwd=tmp_path)
     assert given.returncode == 0, given.stderr
     assert json.loads((tmp_path / "stats.json").read_text())["files"] == 2
 
@@ -102,16 +99,9 @@ def test_the_terminal_as_output_without_one_is_refused_before_any_work(tmp_path)
     """`train -o /dev/tty` from cron or CI (no terminal; here a new session has none): the run
     trained, then ended in "Error: OSError: [Errno 6] No such device or address"."""
     args = ["train", "--data", "digits", "--epochs", "1", "--out", "run", "-o", "/dev/tty"]
-    env = {key: value for key, value in os.environ.items() if key not in INHERITED}
-    done = subprocess.run(
-        [sys.executable, "-m", "torchkit", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=300,
-        start_new_session=True,  # no controlling terminal
-    )
+    with start_torchkit_process(*args, cwd=tmp_path) as process:  # a new session: no terminal
+        out, err = process.communicate(timeout=300)
+    done = subprocess.CompletedProcess(process.args, process.returncode, out, err)
     assert done.returncode == 1
     assert error_line(done.stderr, besides="warnings") == (
         "Error: cannot write -o /dev/tty: No such device or address (this process has no "
@@ -125,23 +115,30 @@ def test_split_with_a_full_stderr_does_its_work(tmp_path, make_image_folder):
     table on stdout (the split made all the same). Notes are best effort: exit 0, the table;
     a failure keeps its exit status."""
     make_image_folder(tmp_path / "images", {"a": 5, "b": 5})
-    done = _torchkit(
-        "split", "images", "out", "--format", "csv", redirect="2>/dev/full", cwd=tmp_path
-    )
+    full = _full_stderr()
+    try:
+        args = ["split", "images", "out", "--format", "csv"]
+        done = run_torchkit_process(*args, stderr=full, cwd=tmp_path)
+        refused = run_torchkit_process("split", "missing", "out2", stderr=full, cwd=tmp_path)
+    finally:
+        os.close(full)
     assert done.returncode == 0
     assert done.stdout.splitlines()[0] == "class,train,val,test,total"
     assert (tmp_path / "out" / "split.csv").is_file()
-    refused = _torchkit("split", "missing", "out2", redirect="2>/dev/full", cwd=tmp_path)
     assert refused.returncode == 1 and refused.stdout == ""
 
 
 def test_training_with_a_full_stderr_trains(tmp_path):
     """`train 2>/dev/full`: a long run must not die because its log stream is full."""
     args = ["--data", "digits", "--model", "convnet", "--image-size", "8", "--epochs", "1"]
-    done = _torchkit(
-        "train", *args, "--batch-size", "512", "-j", "0", "--out", "run", "--format", "json",
-        redirect="2>/dev/full", cwd=tmp_path,
-    )  # fmt: skip
+    full = _full_stderr()
+    try:
+        done = run_torchkit_process(
+            "train", *args, "--batch-size", "512", "-j", "0", "--out", "run", "--format", "json",
+            stderr=full, cwd=tmp_path,
+        )  # fmt: skip
+    finally:
+        os.close(full)
     assert done.returncode == 0
     assert json.loads(done.stdout)["epochs"] == 1
     assert (tmp_path / "run" / "best.pt").is_file()

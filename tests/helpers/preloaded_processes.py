@@ -70,10 +70,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from processes import _start_fresh, child_environment
+from processes import CLOSED, Stream, _start_fresh, child_environment
 from suite_paths import REPO
 
 # The variables read while torch is imported (see the module's doc): a fork's must equal its
@@ -125,7 +125,8 @@ MAX_SERVERS = 4  # rank 0 and 1 of the DDP tests, plain processes, one more envi
 # with nothing loaded that a fork must import itself, says so, and then forks a process for
 # each request ([stdin, stdout, stderr, status] descriptors and the request's JSON) until the
 # socket closes (or, retired, until its last process ends); each process's wait status is
-# written to its status descriptor when it ends.
+# written to its status descriptor when it ends. Descriptors after the four: the request's
+# pass_fds, in order.
 SERVER = r"""
 import ctypes, json, os, select, socket, sys
 
@@ -170,7 +171,7 @@ def serve():
             os.close(pidfd)
         if channel not in ready:
             continue
-        message, fds, _, _ = socket.recv_fds(channel, 1 << 20, 4)
+        message, fds, _, _ = socket.recv_fds(channel, 1 << 20, 4 + MAX_PASS_FDS)
         if not message:  # the tests are done: no teardown of torch's modules (seconds)
             os._exit(0)
         request = json.loads(message)
@@ -194,26 +195,39 @@ def serve():
         os.close(has_started)
         os.read(started, 1)  # its end of the pipe closed: it has its own session
         os.close(started)
-        for fd in fds[:3]:
+        for fd in (*fds[:3], *fds[4:]):
             os.close(fd)
         running[os.pidfd_open(pid)] = (pid, fds[3])
         channel.send(str(pid).encode())
 
 
 def become_torchkit(request, fds):
-    stdin, stdout, stderr, status = fds
+    import fcntl
+
+    stdin, stdout, stderr, status, *passed = fds
     os.close(status)
     # Its command line in /proc, as a fresh `python -m torchkit ARGS` has it.
     words = b"".join(os.fsencode(word) + b"\0" for word in request["command"])
     ctypes.memmove(start, words.ljust(end - start, b"\0"), end - start)
-    for target, fd in ((0, stdin), (1, stdout), (2, stderr)):
+    # Out of the way of the numbers they take (a received one may hold another's number).
+    passed = [fcntl.fcntl(fd, fcntl.F_DUPFD, 1024) for fd in passed]
+    targets = [(0, stdin), (1, stdout), (2, stderr), *zip(request["pass_fds"], passed)]
+    for target, fd in targets:
         os.dup2(fd, target)
-    for name in os.listdir("/proc/self/fd"):  # as Popen's close_fds: 0-2 only
-        if int(name) > 2:
+    kept = {0, 1, 2, *request["pass_fds"]}
+    for name in os.listdir("/proc/self/fd"):  # as Popen's close_fds and pass_fds
+        if int(name) not in kept:
             try:
                 os.close(int(name))
             except OSError:  # listdir's own descriptor
                 pass
+    # A descriptor closed at start (`>&-`): closed, and its sys stream None, as a fresh
+    # interpreter's start-up makes it (CPython's create_stdio) where the server's had one.
+    for target in request["closed"]:
+        os.close(target)
+        name = ("stdin", "stdout", "stderr")[target]
+        setattr(sys, name, None)
+        setattr(sys, f"__{name}__", None)
     os.chdir(request["cwd"])
     # The test's ignored signals, as a fresh process inherits them (a background job's SIGINT,
     # nohup's SIGHUP), the others as Python sets them; the server's were the test's at its start.
@@ -247,6 +261,8 @@ become_torchkit(*serve())
 """
 # Room in the server's own command line for a fork's (`python -m torchkit ARGS`).
 COMMAND_ROOM = 32 * 1024
+# The most descriptors a fork is given besides its standard ones (its pass_fds).
+MAX_PASS_FDS = 8
 
 
 def import_environment(environment: dict[str, str]) -> dict[str, str]:
@@ -265,8 +281,9 @@ class PreloadedServer:
     def __init__(self, environment: dict[str, str]) -> None:
         self.environment = environment
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        server = SERVER.replace("MAX_PASS_FDS", str(MAX_PASS_FDS))
         self.process = subprocess.Popen(
-            [sys.executable, "-c", SERVER, str(theirs.fileno()), " " * COMMAND_ROOM],
+            [sys.executable, "-c", server, str(theirs.fileno()), " " * COMMAND_ROOM],
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,  # as a fork's, not a terminal (its stderr: the test's)
@@ -367,7 +384,13 @@ class PreloadedProcess:
     status comes from the server, which is its parent."""
 
     def __init__(
-        self, pid: int, args: list[str], stdin: int | None, stdout: int, stderr: int, status: int
+        self,
+        pid: int,
+        args: list[str],
+        stdin: int | None,
+        stdout: int | None,
+        stderr: int | None,
+        status: int,
     ) -> None:
         self.pid = pid
         self.args = args
@@ -376,8 +399,9 @@ class PreloadedProcess:
         self.stdin = (
             None if stdin is None else io.TextIOWrapper(open(stdin, "wb", -1), write_through=True)  # noqa: SIM115
         )
-        self.stdout = io.TextIOWrapper(open(stdout, "rb", -1))  # noqa: SIM115
-        self.stderr = io.TextIOWrapper(open(stderr, "rb", -1))  # noqa: SIM115
+        # None where the test gave the descriptor (or closed it), as Popen's.
+        self.stdout = None if stdout is None else io.TextIOWrapper(open(stdout, "rb", -1))  # noqa: SIM115
+        self.stderr = None if stderr is None else io.TextIOWrapper(open(stderr, "rb", -1))  # noqa: SIM115
         self._status = status
         self._output: dict[str, list[str]] = {"stdout": [], "stderr": []}
         self._threads: list[threading.Thread] | None = None
@@ -417,13 +441,13 @@ class PreloadedProcess:
             self.stdin.close()
 
     def communicate(self, input: str | None = None, timeout: float | None = None):
-        """(stdout, stderr): what is left of them once it has ended, as Popen's; `input` is
-        written to its stdin (with stdin=PIPE), which is then closed."""
+        """(stdout, stderr): what is left of them once it has ended, as Popen's (None for one
+        not a pipe); `input` is written to its stdin (with stdin=PIPE), which is then closed."""
         if self._threads is None:
             self._threads = [
                 threading.Thread(target=self._read, args=(stream, name), daemon=True)
                 for stream, name in ((self.stdout, "stdout"), (self.stderr, "stderr"))
-                if not stream.closed
+                if stream is not None and not stream.closed
             ]
             if self.stdin is not None and not self.stdin.closed:
                 self._threads.append(
@@ -439,7 +463,10 @@ class PreloadedProcess:
             if thread.is_alive():
                 raise subprocess.TimeoutExpired(self.args, timeout)
         self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        return "".join(self._output["stdout"]), "".join(self._output["stderr"])
+        return tuple(
+            None if stream is None else "".join(self._output[name])
+            for stream, name in ((self.stdout, "stdout"), (self.stderr, "stderr"))
+        )
 
     def send_signal(self, signum: int) -> None:
         if self.poll() is None:
@@ -457,7 +484,8 @@ class PreloadedProcess:
 
     def __exit__(self, *exc_info: object) -> None:
         for stream in (self.stdout, self.stderr):
-            stream.close()
+            if stream is not None:
+                stream.close()
         if self.stdin is not None:
             with contextlib.suppress(BrokenPipeError, ValueError):
                 self.stdin.close()
@@ -486,23 +514,47 @@ def start_preloaded_process(
     env: dict[str, str] | None = None,
     cwd: str | os.PathLike | None = None,
     stdin: int | None = None,
+    stdout: Stream = None,
+    stderr: Stream = None,
+    pass_fds: Sequence[int] = (),
 ) -> PreloadedProcess | subprocess.Popen:
-    """`processes.start_torchkit_process(*args, env, cwd, stdin)`, forked from a server where
-    it can be (see the module's doc)."""
+    """`processes.start_torchkit_process(*args, env, cwd, stdin, stdout, stderr, pass_fds)`,
+    forked from a server where it can be (see the module's doc)."""
     full_env = child_environment(env)
     command = [sys.executable, "-m", "torchkit", *args]
-    if not _fork_possible():
+
+    def fresh() -> subprocess.Popen:
         SERVERS.fresh += 1
-        return _start_fresh(*args, env=env, cwd=cwd, stdin=stdin)
-    stdout, stderr, status = os.pipe(), os.pipe(), os.pipe()
-    ours_stdin = theirs_stdin = None
+        return _start_fresh(
+            *args, env=env, cwd=cwd, stdin=stdin, stdout=stdout, stderr=stderr, pass_fds=pass_fds
+        )
+
+    if not _fork_possible() or len(pass_fds) > MAX_PASS_FDS:
+        return fresh()
+    ours: list[int | None] = [None, None]  # our ends of its stdout and stderr pipes
+    theirs: list[int] = []  # descriptors opened here for it, closed once it has them
+    given: list[int] = []
+    for index, stream in enumerate((stdout, stderr)):
+        if stream is None:
+            ours[index], their_end = os.pipe()
+            theirs.append(their_end)
+            given.append(their_end)
+        elif stream == CLOSED:  # a stand-in the fork closes
+            given.append(os.open(os.devnull, os.O_WRONLY))
+            theirs.append(given[-1])
+        else:
+            given.append(stream)
+    status = os.pipe()
+    theirs.append(status[1])
+    ours_stdin = None
     if stdin is None:
         stdin_fd = 0
     elif stdin == subprocess.DEVNULL:
-        stdin_fd = theirs_stdin = os.open(os.devnull, os.O_RDONLY)
+        stdin_fd = os.open(os.devnull, os.O_RDONLY)
+        theirs.append(stdin_fd)
     elif stdin == subprocess.PIPE:
-        theirs_stdin, ours_stdin = os.pipe()
-        stdin_fd = theirs_stdin
+        stdin_fd, ours_stdin = os.pipe()
+        theirs.append(stdin_fd)
     else:
         stdin_fd = stdin if isinstance(stdin, int) else stdin.fileno()
     request = {
@@ -512,6 +564,8 @@ def start_preloaded_process(
         "cwd": str(Path(cwd or REPO).resolve()),
         "new_session": True,  # as start_torchkit_process
         "ignored": [name for name in INHERITED_SIGNALS if _ignored(name)],
+        "closed": [fd for fd, stream in ((1, stdout), (2, stderr)) if stream == CLOSED],
+        "pass_fds": list(pass_fds),
     }
     pid = None
     try:
@@ -520,39 +574,18 @@ def start_preloaded_process(
             fits = server is not None and len(b"\0".join(map(os.fsencode, command))) < server.room
             if server is not None and fits:
                 try:
-                    pid = server.fork(request, [stdin_fd, stdout[1], stderr[1], status[1]])
+                    fds = [stdin_fd, *given, status[1], *pass_fds]
+                    pid = server.fork(request, fds)
                     SERVERS.forked += 1
                 except (OSError, ValueError):  # the server ended (killed): fresh from now on
                     server.refused = ["ended"]
-            if pid is None:
-                SERVERS.fresh += 1
     finally:
-        for fd in (stdout[1], stderr[1], status[1], theirs_stdin):
-            if fd is not None:
-                os.close(fd)
+        for fd in theirs:
+            os.close(fd)
         if pid is None:
-            for fd in (stdout[0], stderr[0], status[0], ours_stdin):
+            for fd in (*ours, status[0], ours_stdin):
                 if fd is not None:
                     os.close(fd)
     if pid is None:
-        return _start_fresh(*args, env=env, cwd=cwd, stdin=stdin)
-    return PreloadedProcess(pid, command, ours_stdin, stdout[0], stderr[0], status[0])
-
-
-def run_preloaded_process(
-    *args: str,
-    env: dict[str, str] | None = None,
-    cwd: str | os.PathLike | None = None,
-    timeout: float = 300,
-) -> subprocess.CompletedProcess:
-    """`processes.run_torchkit_process`, forked where it can be: as subprocess.run with
-    capture_output, text and `timeout` (the process is killed at it)."""
-    process = start_preloaded_process(*args, env=env, cwd=cwd)
-    with process:
-        try:
-            out, err = process.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.communicate()
-            raise
-    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+        return fresh()
+    return PreloadedProcess(pid, command, ours_stdin, ours[0], ours[1], status[0])

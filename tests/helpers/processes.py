@@ -22,6 +22,14 @@ from typer.testing import CliRunner
 # The environment a test's torchkit run never inherits: tests say what they want.
 INHERITED = ("TORCHKIT_DEBUG", "FORCE_COLOR", "NO_COLOR")
 
+# A standard descriptor closed at the process's start, as a shell's `>&-` or `2>&-` starts it
+# (not subprocess.PIPE, -1, nor any descriptor).
+CLOSED = "closed"
+
+# What a start_torchkit_process's stdout or stderr may be: None (a pipe, the default), a
+# descriptor of this process (a file, /dev/full, a pipe's write end), or CLOSED.
+Stream = int | str | None
+
 
 def child_environment(env: dict[str, str] | None) -> dict[str, str]:
     """The environment of a torchkit process a test starts: this process's, less INHERITED,
@@ -36,24 +44,35 @@ def run_torchkit_process(
     env: dict[str, str] | None = None,
     cwd: str | os.PathLike | None = None,
     fresh: bool = False,
+    stdout: Stream = None,
+    stderr: Stream = None,
+    pass_fds: Sequence[int] = (),
 ) -> subprocess.CompletedProcess:
     """Run `python -m torchkit ARGS` in a real process (a fork of a preloaded torch, or with
     `fresh` a new interpreter: about a second without torch, three with it), as subprocess.run
-    with capture_output, text and a 300 s timeout: for checks whose subject is the process
-    (signals, the interpreter's exit, a full disk, a hook in sitecustomize, imports: `fresh`);
+    with text, a 300 s timeout and stdout and stderr captured unless given (a descriptor, or
+    CLOSED at its start: then None in the result), `pass_fds` kept open under their numbers:
+    for checks whose subject is the process (signals, the interpreter's exit, a full disk,
+    closed or full standard descriptors, a hook in sitecustomize, imports: `fresh`);
     `run_torchkit_in_process` does the rest."""
-    if not fresh:
-        from preloaded_processes import run_preloaded_process
-
-        return run_preloaded_process(*args, env=env, cwd=cwd, timeout=300)
-    return subprocess.run(
-        [sys.executable, "-m", "torchkit", *args],
-        capture_output=True,
-        text=True,
-        env=child_environment(env),
-        cwd=cwd or REPO,
-        timeout=300,
+    process = start_torchkit_process(
+        *args,
+        env=env,
+        cwd=cwd,
+        fresh=fresh,
+        stdout=stdout,
+        stderr=stderr,
+        pass_fds=pass_fds,
+        new_session=False,
     )
+    with process:
+        try:
+            out, err = process.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+            raise
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
 
 
 @contextlib.contextmanager
@@ -120,16 +139,34 @@ def start_torchkit_process(
     cwd: str | os.PathLike | None = None,
     stdin: int | None = None,
     fresh: bool = False,
+    stdout: Stream = None,
+    stderr: Stream = None,
+    pass_fds: Sequence[int] = (),
+    new_session: bool = True,
 ) -> subprocess.Popen:
     """Start `python -m torchkit ARGS` in its own session (process group = its PID, so that
-    `processes_in_group` finds every worker it started); stdout and stderr are pipes, stdin
-    too with `stdin=subprocess.PIPE`. Forked from a preloaded torch (a PreloadedProcess, with
-    Popen's interface) unless `fresh`: then a new interpreter, a Popen."""
+    `processes_in_group` finds every worker it started; without a controlling terminal);
+    stdout and stderr are pipes unless given (a descriptor, or CLOSED at its start), stdin a
+    pipe with `stdin=subprocess.PIPE`; `pass_fds` are kept open under their numbers. Forked
+    from a preloaded torch (a PreloadedProcess, with Popen's interface) unless `fresh`: then a
+    new interpreter, a Popen. (`new_session=False` is run_torchkit_process's: a fork is always
+    in its own session, a fresh process then in the test's, as subprocess.run starts it.)"""
     if not fresh:
         from preloaded_processes import start_preloaded_process
 
-        return start_preloaded_process(*args, env=env, cwd=cwd, stdin=stdin)
-    return _start_fresh(*args, env=env, cwd=cwd, stdin=stdin)
+        return start_preloaded_process(
+            *args, env=env, cwd=cwd, stdin=stdin, stdout=stdout, stderr=stderr, pass_fds=pass_fds
+        )
+    return _start_fresh(
+        *args,
+        env=env,
+        cwd=cwd,
+        stdin=stdin,
+        stdout=stdout,
+        stderr=stderr,
+        pass_fds=pass_fds,
+        new_session=new_session,
+    )
 
 
 def _start_fresh(
@@ -137,16 +174,31 @@ def _start_fresh(
     env: dict[str, str] | None = None,
     cwd: str | os.PathLike | None = None,
     stdin: int | None = None,
+    stdout: Stream = None,
+    stderr: Stream = None,
+    pass_fds: Sequence[int] = (),
+    new_session: bool = True,
 ) -> subprocess.Popen:
+    closed = [fd for fd, stream in ((1, stdout), (2, stderr)) if stream == CLOSED]
+
+    def close_at_start() -> None:  # after Popen's own set-up, before the interpreter starts
+        for fd in closed:
+            os.close(fd)
+
+    def given(stream: Stream) -> int | None:
+        return subprocess.PIPE if stream is None else None if stream == CLOSED else stream
+
     return subprocess.Popen(
         [sys.executable, "-m", "torchkit", *args],
         stdin=stdin,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stdout=given(stdout),
+        stderr=given(stderr),
         text=True,
         env=child_environment(env),
         cwd=cwd or REPO,
-        start_new_session=True,
+        start_new_session=new_session,
+        pass_fds=tuple(pass_fds),
+        preexec_fn=close_at_start if closed else None,
     )
 
 
