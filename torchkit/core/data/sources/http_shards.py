@@ -1125,9 +1125,9 @@ def _opened(url: str, method: str) -> Iterator[Any]:
         error.close()
         raise _status_error(url, error.code, str(error.reason or ""), error.headers) from None
     except urllib.error.URLError as error:
-        raise _network_error(url, error.reason) from None
+        raise _network_error(url, error.reason, _redirected_to(request)) from None
     except (OSError, http.client.HTTPException, ValueError) as error:
-        raise _network_error(url, error) from None
+        raise _network_error(url, error, _redirected_to(request)) from None
     with response:
         if response.status != 200:
             raise _HttpStatus(url, response.status, str(response.reason or ""))
@@ -1344,7 +1344,25 @@ def _answered_by(headers: Any) -> str | None:
 _TUNNEL_REFUSED = re.compile(r"Tunnel connection failed: (\d{3})\b ?(.*)")
 
 
-def _network_error(url: str, reason: object) -> TorchkitError:
+def _redirected_to(request: Any) -> str | None:
+    """The URL a request's redirects led to last, None where it was not redirected (urllib
+    keeps the URLs a chain of redirects visits, in order, in a dict the requests share)."""
+    visited = getattr(request, "redirect_dict", None)
+    return next(reversed(visited), None) if visited else None
+
+
+def _network_error(url: str, reason: object, target: str | None = None) -> TorchkitError:
+    """The error of a request for `url` that got no answer (`reason`); `target`: where the
+    server redirected it, which gave none (the host named is the one that failed, never the
+    server that answered with the redirect)."""
+    error = _no_answer_error(target or url, reason)
+    if target is None or not isinstance(error, _Unreachable):
+        return error
+    why = f"it redirects to {_shown(target)}, and {error.why}"
+    return _Unreachable(_shown(url), why, error.hint, error.status)
+
+
+def _no_answer_error(url: str, reason: object) -> TorchkitError:
     import socket
     import ssl
     from urllib.parse import urlsplit
