@@ -1,7 +1,7 @@
 """Class names given twice exactly, as torchvision's ImageNet names give `crane` to classes 134
 and 517: every reader takes them where labels are class indices (`KEY.cls` beside shards,
 parquet's ClassLabel) and refuses a label given by such a name alone, naming the sample, the
-name and both indices."""
+name and both indices; eval's reports say which of the two a `confused_with` class is."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from checkpoints import write_convnet_checkpoint
+from image_folders import write_image_folder
 from output_checks import error_line
 from parquet_files import png, write_parquet
 from processes import run_torchkit_in_process
@@ -116,6 +118,36 @@ def test_convert_shards_writes_two_classes_of_one_name_as_two_indices(tmp_path):
 
     assert written_classes(NAMES) == (NAMES, [0, 1, 2, 3])
     assert written_classes(["crane", "", "crane"]) == (["crane", "crane"], [0, None, 1])
+
+
+def test_eval_reports_say_which_of_two_classes_of_one_name_images_were_taken_for(tmp_path):
+    """`confused_with` named the class alone: `crane:3`, with two cranes, said neither which
+    output nor which class. JSON gains an "index" beside "class"; the table and per_class.csv
+    show `crane (#2)` for a name two classes share, the name alone for others."""
+    import torch
+
+    model = tmp_path / "model.pt"
+    write_convnet_checkpoint(model, in_channels=3, image_size=8, classes=NAMES)
+    checkpoint = torch.load(model, weights_only=True)
+    # Every image is taken for output 2, the second crane.
+    checkpoint["model"]["classifier.4.weight"].zero_()
+    checkpoint["model"]["classifier.4.bias"].copy_(torch.tensor([0.0, 0.0, 5.0, 0.0]))
+    torch.save(checkpoint, model)
+    data = write_image_folder(tmp_path / "bc", {"b": 2, "c": 1})
+    found = run_torchkit_in_process(
+        "eval", model, "--data", data, "--format", "json", "-j", "0", "--out", tmp_path / "out"
+    )
+    assert found.returncode == 0, found.stderr
+    rows = {row["index"]: row for row in json.loads(found.stdout)["per_class"]}
+    assert rows[1]["confused_with"] == [{"class": "crane", "index": 2, "count": 2}]
+    assert rows[3]["confused_with"] == [{"class": "crane", "index": 2, "count": 1}]
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert metrics["per_class"][1]["confused_with"] == rows[1]["confused_with"]
+    per_class = (tmp_path / "out" / "per_class.csv").read_text().splitlines()
+    assert ",crane (#2):2," in per_class[2] and ",crane (#2):1," in per_class[4]
+    table = run_torchkit_in_process("eval", model, "--data", data, "-j", "0")
+    assert table.returncode == 0, table.stderr
+    assert "crane (#2):2" in table.stdout and "crane (#2):1" in table.stdout
 
 
 def test_names_given_twice_are_found_in_one_pass_in_either_unicode_spelling():

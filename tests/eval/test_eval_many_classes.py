@@ -173,7 +173,9 @@ def test_both_reports_agree_with_sklearn_from_predictions_csv(tmp_path, monkeypa
             [p[label], r[label], f[label]], abs=1e-12
         )
         others = sorted((-cm[label, j], j) for j in labels if j != label and cm[label, j])
-        assert row["confused_with"] == [{"class": classes[j], "count": -n} for n, j in others]
+        assert row["confused_with"] == [
+            {"class": classes[j], "index": int(j), "count": -n} for n, j in others
+        ]
 
 
 def test_the_per_class_table_shows_the_classes_of_lowest_f1_and_says_how_to_see_all():

@@ -273,7 +273,9 @@ def per_class_table(result, *, all_classes: bool = False) -> Table:
     for label, name in enumerate(result.classes):
         if compact and m.support[label] == 0 and m.predicted[label] == 0:
             continue
-        confused = " ".join(f"{other}:{count}" for other, count in result.confused_with(label))
+        confused = " ".join(
+            f"{result.shown_class(other)}:{count}" for other, count in result.confused_with(label)
+        )
         rows.append(
             [
                 name,

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from torchkit.core.data.sources.samples import Samples
+from torchkit.core.data.sources.samples import Samples, classes_named_alike, nfc
 from torchkit.core.evaluate.metrics import CONFUSED_SHOWN, ClassificationMetrics
 from torchkit.core.inference.masked_loss import DatasetLoss, dataset_loss, masked_true_class
 from torchkit.core.topk import DEFAULT_TOPK, reported_topk, topk_name
@@ -134,8 +134,21 @@ class EvalResult:
     def _most_confused(self) -> list[list[tuple[int, int]]]:
         return self.metrics.pairs.most_confused(CONFUSED_SHOWN)  # every class's, at once
 
-    def confused_with(self, label: int) -> list[tuple[str, int]]:
-        return [(self.classes[j], n) for j, n in self._most_confused[label]]
+    @cached_property
+    def _named_alike(self) -> dict[str, list[int]]:
+        return classes_named_alike(self.classes)
+
+    def shown_class(self, index: int) -> str:
+        """Class `index`'s name as the table and per_class.csv show it: with its index,
+        `crane (#134)`, where another class has that name too (ImageNet's two `crane`s), so
+        that a reader can tell which one is meant; the name alone otherwise."""
+        name = self.classes[index]
+        return f"{name} (#{index})" if nfc(name) in self._named_alike else name
+
+    def confused_with(self, label: int) -> list[tuple[int, int]]:
+        """(class index, images) of the classes most often predicted for class `label`'s
+        images, the most first (at most CONFUSED_SHOWN)."""
+        return list(self._most_confused[label])
 
     @property
     def topk_accuracy(self) -> float | None:
@@ -202,8 +215,9 @@ class EvalResult:
                     ),
                     "loss": dataset_loss(loss_sums[label], n, masked_counts[label]).loss,
                     **({"masked": int(masked_counts[label])} if with_masked else {}),
+                    # "index" beside the name: two classes may share it (two `crane`s).
                     "confused_with": [
-                        {"class": other, "count": number}
+                        {"class": self.classes[other], "index": other, "count": number}
                         for other, number in self.confused_with(label)
                     ],
                 }
@@ -217,7 +231,9 @@ class EvalResult:
         columns = self.per_class_columns()
         rows = []
         for record in self.per_class_records():
-            confused = [f"{c['class']}:{c['count']}" for c in record.pop("confused_with")]
+            confused = [
+                f"{self.shown_class(c['index'])}:{c['count']}" for c in record.pop("confused_with")
+            ]
             confused += [None] * (CONFUSED_SHOWN - len(confused))
             rows.append([*(record[name] for name in columns[:-CONFUSED_SHOWN]), *confused])
         if with_summary:
