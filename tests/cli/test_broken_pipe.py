@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import pytest
 from image_folders import write_image_folder
-from processes import INHERITED, processes_in_group, wait_until
+from processes import processes_in_group, start_torchkit_process, wait_until
 from suite_paths import REPO
 
 fcntl = pytest.importorskip("fcntl")
@@ -28,22 +27,13 @@ def read_first_line_and_close(*args: str, cwd: os.PathLike | str = REPO):
     read_end, write_end = os.pipe()
     fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)
     # Unbuffered, Python's stdout drops what a short write to a pipe leaves out, without an
-    # error (a reader gone mid-write): a shell does not set it.
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if key not in (*INHERITED, "PYTHONUNBUFFERED")
-    }
-    process = subprocess.Popen(
-        [sys.executable, "-m", "torchkit", *args],
-        stdout=write_end,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=cwd,
-        start_new_session=True,  # its own process group: its workers can be found
-    )
-    os.close(write_end)
+    # error (a reader gone mid-write): a shell does not set it (empty is unset to Python).
+    env = {"PYTHONUNBUFFERED": ""} if os.environ.get("PYTHONUNBUFFERED") else None
+    # Its own session, so its process group: its workers can be found.
+    try:
+        process = start_torchkit_process(*args, env=env, cwd=cwd, stdout=write_end)
+    finally:
+        os.close(write_end)
     with os.fdopen(read_end, "rb") as reader:
         first = reader.readline().decode()
     try:
