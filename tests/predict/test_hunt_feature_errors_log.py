@@ -6,6 +6,7 @@ errors: 11 MB and about 1.8 s a commit, every 2 s). The errors are now appended 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -116,3 +117,22 @@ def test_a_record_whose_errors_file_is_short_is_one_error_line(runner, tmp_path)
     assert resumed.stderr.startswith("Error: cannot read ")
     assert "errors.jsonl" in resumed.stderr and "pass --force to start over" in resumed.stderr
     assert "Traceback" not in resumed.stderr
+
+
+def test_an_older_record_with_its_errors_inline_still_resumes(tmp_path):
+    """A run stopped by an earlier torchkit kept its errors in progress.json: they are read
+    from there, and the first commit of the resumed run logs them with the new ones."""
+    partial = tmp_path / ".partial"
+    partial.mkdir()
+    older = {"fingerprint": "f", "total": 12, "done": 4, "rows": 1,
+             "errors": {"0": "broken", "1": "broken \udcff"}, "layers": {}}  # fmt: skip
+    progress = feature_store.Progress.from_json(older, partial)
+    assert progress.errors == {0: "broken", 1: "broken \udcff"}
+    store = feature_store.FeatureStore.__new__(feature_store.FeatureStore)
+    store.partial, store.progress = partial, progress
+    progress.errors[3] = "also broken"
+    store._log_new_errors()
+    record = progress.to_json("f", 12)
+    assert "errors" not in record and record["errors_logged"] == 3
+    again = feature_store.Progress.from_json(json.loads(json.dumps(record)), partial)
+    assert again.errors == {0: "broken", 1: "broken \udcff", 3: "also broken"}
