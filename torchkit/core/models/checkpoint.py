@@ -8,6 +8,7 @@ A torchkit checkpoint is a dict of tensors and plain Python values, so it loads 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pickle
 import re
@@ -15,7 +16,7 @@ import stat
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from torchkit.core.io.errors import CheckpointError, TorchkitError, first_line
 from torchkit.core.io.files import atomic_path, copy_bytes, require_input, torch_save
@@ -275,17 +276,38 @@ def _holds_safetensors(source: Path) -> bool:
     Any other file named `.safetensors` (M.SAFETENSORS too) is, for safetensors to say what is
     wrong with it."""
     try:
-        size = source.stat().st_size
         with open(source, "rb") as handle:
-            head = handle.read(9)
+            if _safetensors_layout(handle, source.stat().st_size):
+                return True
+            handle.seek(0)
+            head = handle.read(4)
     except OSError:
         return source.suffix.lower() == ".safetensors"
     if head.startswith(b"PK\x03\x04") or head[:1] == b"\x80":  # torch.save's zip or pickle
         return False
-    if source.suffix.lower() == ".safetensors":
-        return True
-    # safetensors: the JSON header's length (8 bytes, little-endian), then the header.
-    return len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") <= size - 8
+    return source.suffix.lower() == ".safetensors"
+
+
+# safetensors' own bound on its JSON header.
+_SAFETENSORS_HEADER_LIMIT = 100_000_000
+
+
+def _safetensors_layout(handle: BinaryIO, size: int) -> bool:
+    """Whether the open file is laid out as safetensors: its JSON header's length (8 bytes,
+    little-endian), then that header, an object. Judged before a pickle's first byte: a header
+    of 128 + 256k bytes makes the file start with pickle's 0x80, so one safetensors file in 256
+    was read as a pickle; a pickle whose ninth byte is `{` fails the JSON."""
+    head = handle.read(9)
+    if len(head) < 9 or head[8:9] != b"{":
+        return False
+    length = int.from_bytes(head[:8], "little")
+    if length > min(size - 8, _SAFETENSORS_HEADER_LIMIT):
+        return False
+    header = head[8:] + handle.read(length - 1)
+    try:
+        return isinstance(json.loads(header), dict)
+    except ValueError:  # not JSON, or not UTF-8
+        return False
 
 
 def _load_safetensors(source: Path) -> dict:
