@@ -12,7 +12,7 @@ import sys
 
 import pytest
 from output_checks import error_line
-from processes import INHERITED
+from processes import CLOSED, INHERITED, run_torchkit_process
 from suite_paths import REPO
 
 # A caller's atexit handler, and a non-daemon thread started as the command ends, around
@@ -42,8 +42,6 @@ cli.main()
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    import os
-
     env = {key: value for key, value in os.environ.items() if key not in INHERITED}
     return subprocess.run(
         [sys.executable, "-c", PROGRAM, *args],
@@ -142,13 +140,6 @@ def test_help_and_version_into_a_closed_stdout_are_the_same_error(words):
 
 
 def _run_with_stdout_closed(words: list[str]) -> subprocess.CompletedProcess:
-    """`python -m torchkit WORDS` started as a shell's `>&-` starts it: descriptor 1 closed."""
-    return subprocess.run(
-        [sys.executable, "-m", "torchkit", *words],
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-        env={k: v for k, v in os.environ.items() if k not in INHERITED},
-        preexec_fn=lambda: os.close(1),
-        timeout=120,
-    )
+    """`python -m torchkit WORDS` started as a shell's `>&-` starts it: descriptor 1 closed
+    (and sys.stdout None, as a fresh interpreter's start-up makes it, in a fork too)."""
+    return run_torchkit_process(*words, stdout=CLOSED)
