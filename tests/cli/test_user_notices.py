@@ -16,7 +16,7 @@ import pytest
 import torch
 from image_folders import write_image_folder
 from output_checks import error_line
-from suite_paths import REPO
+from processes import run_torchkit_process
 
 from torchkit.cli import app
 from torchkit.core.data.preprocessing import Preprocess
@@ -65,15 +65,7 @@ def world(tmp_path_factory) -> dict:
 def _into_full_disk(*args: str) -> subprocess.CompletedProcess:
     """`torchkit ARGS > /dev/full` (a disk with no room left) in a real process."""
     with open("/dev/full", "w") as full:
-        return subprocess.run(
-            [sys.executable, "-m", "torchkit", *args],
-            stdout=full,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=REPO,
-            timeout=120,
-            env={k: v for k, v in os.environ.items() if k != "TORCHKIT_DEBUG"},
-        )
+        return run_torchkit_process(*args, stdout=full.fileno())
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
@@ -170,9 +162,7 @@ def test_results_on_an_unbuffered_stdout_are_written_whole_or_fail(monkeypatch, 
 def test_help_still_shows():
     # Help into a reader that leaves early (`| head -c 1`): cli/test_broken_pipe.py (exit 141,
     # nothing on stderr).
-    shown = subprocess.run(
-        [sys.executable, "-m", "torchkit", "--help"], capture_output=True, text=True, cwd=REPO
-    )
+    shown = run_torchkit_process("--help")
     assert shown.returncode == 0 and "Usage: torchkit" in shown.stdout and not shown.stderr
 
 
