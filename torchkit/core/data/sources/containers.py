@@ -11,6 +11,7 @@ when `open_data` asks, so that `digits` and `--help` never import them.
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,3 +42,12 @@ def open_container_data(
                 refuse_unshowable_classes(opened.classes, opened.spec)
             return opened
     return None
+
+
+_NUMBERED_SHARD = re.compile(r"^.+-\d+\.tar$", re.IGNORECASE)
+
+
+def is_numbered_shard_name(name: str) -> bool:
+    """Whether a `.tar` file's name is a shard's, `NAME-NNNNNN.tar`, as webdataset and `convert
+    shards` number them (a `.tar` so named alone is read as a shard)."""
+    return _NUMBERED_SHARD.match(name) is not None

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkit.core.data.sources.class_files import class_names_in_json, class_names_in_text
+from torchkit.core.data.sources.containers import is_numbered_shard_name
 from torchkit.core.data.sources.csv_index import natural_key
 from torchkit.core.data.sources.discovery import (
     CLASS_FOLDERS_HINT,
@@ -92,7 +93,6 @@ from torchkit.core.io.files import read_text
 from torchkit.core.runtime.fork_safe import ForkSafeLock
 
 _SPLIT_SHARD = re.compile(r"^(train|val|test)-\d+\.tar$")
-_NUMBERED_SHARD = re.compile(r"^.+-\d+\.tar$", re.IGNORECASE)
 _SIDE_FILES = ("classes.txt", "classes.json", "manifest.json")
 _SHARDS_HINT = (
     "shards are DIR/NAME-{000000..000009}.tar, a folder of .tar shards, or NAME.tar files "
@@ -610,12 +610,6 @@ def _folder_shards(folder: Path) -> list[str] | None:
             "manifest.json; name the shards with a pattern, DIR/NAME-{000000..000009}.tar",
         )
     return [str(folder / name) for name in sorted(tars, key=_shard_order)]
-
-
-def is_numbered_shard_name(name: str) -> bool:
-    """Whether a `.tar` file's name is a shard's, `NAME-NNNNNN.tar`, as webdataset and `convert
-    shards` number them (a `.tar` so named alone is read as a shard)."""
-    return _NUMBERED_SHARD.match(name) is not None
 
 
 def _shard_order(name: str) -> tuple:

@@ -548,7 +548,7 @@ def _refuse_shards_beside_images(path: Path, archives: list[str], images: list[s
     with a subfolder of images in it (`previews/`) was read as an image folder of one class,
     the shards left out with a warning alone, and which of the two is the data is a guess. A
     `.tar` named otherwise (`backup.tar`) beside class folders is a stray archive."""
-    from torchkit.core.data.sources.shards import is_numbered_shard_name
+    from torchkit.core.data.sources.containers import is_numbered_shard_name
 
     shards = [name for name in archives if is_numbered_shard_name(name)]
     if not shards:
