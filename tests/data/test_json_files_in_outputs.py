@@ -68,3 +68,16 @@ def test_json_files_in_outputs_are_utf8_with_non_utf8_names_escaped(tmp_path):
     assert labels == set(classes)
     assert any(f'"label": "{CAFE}"'.encode() in member for member in members)
     assert not any(b"\\u00e9" in member for member in members)
+
+
+def test_the_marker_names_a_set_aside_folder_in_utf8(tmp_path):
+    """The `.torchkit` marker of an output that replaced another names the set-aside folder
+    (`replaces`) as the other JSON files name things: "café" as itself, not "caf\\u00e9"."""
+    data = tmp_path / "data"
+    write_image_folder(data, {"a": 1, "b": 1})
+    out = tmp_path / CAFE
+    _ok("convert", "tensor", data, out, "--to", "npy", "-q")  # written whole, then put in place
+    _ok("convert", "tensor", data, out, "--to", "npy", "--force", "-q")
+    text = (out / ".torchkit").read_bytes().decode("utf-8")
+    assert json.loads(text)["replaces"].startswith(f".{CAFE}."), text
+    assert "\\u00e9" not in text

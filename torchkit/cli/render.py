@@ -168,7 +168,7 @@ def render_json(data: Any, encoding: str | None = None, indent: int | None = 2) 
     `encoding` cannot write every character (an emoji under cp1252, an accent under ASCII),
     with those characters as JSON escapes: the escapes of stdout's encoder (`\\xe9`,
     `\\U0001f431`) are not JSON, and a script's parser refused it."""
-    from torchkit.core.io.files import json_text
+    from torchkit.core.io.non_utf8_names import json_text
 
     text = json_text(to_json_value(data), indent=indent) + "\n"
     if encoding is not None:

@@ -53,10 +53,10 @@ from torchkit.core.io.files import (
     atomic_write,
     atomic_write_json,
     atomic_write_text,
-    json_text,
     remove_stale_temporaries,
 )
 from torchkit.core.io.folder_contents import names_inside
+from torchkit.core.io.non_utf8_names import json_text
 from torchkit.core.io.outputs import (
     MARKER,
     InputPath,

@@ -45,10 +45,10 @@ from torchkit.core.io.files import (
     atomic_write,
     atomic_write_json,
     folds_case,
-    json_text,
     torch_save,
 )
 from torchkit.core.io.names import distinct_names
+from torchkit.core.io.non_utf8_names import json_text
 from torchkit.core.io.outputs import (
     OutputFolder,
     is_torchkit_folder,

@@ -6,7 +6,6 @@ import contextlib
 import errno
 import itertools
 import os
-import re
 import shutil
 import stat
 import tempfile
@@ -16,6 +15,7 @@ from typing import IO
 
 from torchkit.core.io.durability import fsync_file
 from torchkit.core.io.errors import InputError, OutputWriteError
+from torchkit.core.io.non_utf8_names import json_text
 from torchkit.core.io.outputs import (
     as_write_error,
     check_claimed,
@@ -119,29 +119,10 @@ def read_text(path: str | os.PathLike, encoding: str = "utf-8") -> str:
         return handle.read()
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def holds_non_utf8(text: str) -> bool:
-    """Whether `text` holds bytes that were not UTF-8 (lone surrogates)."""
-    return _SURROGATE.search(text) is not None
-
-
 def drawable(text: str) -> str:
     """`text` with each byte of a name that is not UTF-8 as U+FFFD, as `ls` shows it: for
     plots (matplotlib cannot draw a lone surrogate)."""
     return text.encode("utf-8", NAME_ERRORS).decode("utf-8", "replace")
-
-
-def json_text(value: object, **dumps_kwargs) -> str:
-    """`json.dumps(value, ensure_ascii=False, **dumps_kwargs)`, but a lone surrogate (a file
-    name that is not UTF-8) is written as its escape, "\\udcff": the text stays valid UTF-8 JSON
-    and reads back (json.loads) to the same str, which opens the same file; every other
-    character is written as itself, as before."""
-    import json
-
-    text = json.dumps(value, ensure_ascii=False, **dumps_kwargs)
-    return _SURROGATE.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
 
 
 def own_descriptor_written_through(path: str | os.PathLike) -> int | None:

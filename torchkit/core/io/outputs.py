@@ -53,6 +53,7 @@ from torchkit.core.io.errors import (
 from torchkit.core.io.file_kinds import file_kind
 from torchkit.core.io.folder_contents import foreign_entries
 from torchkit.core.io.folder_locks import close_lock, open_unshared
+from torchkit.core.io.non_utf8_names import json_text
 from torchkit.core.io.temporaries import (
     TEMPORARY,
     apply_umask,
@@ -1063,7 +1064,7 @@ def write_marker(folder: Path, command: str, *, replaces: str | None = None) -> 
     # nothing was refused as "already exists" by the same command. A killed writer's temporary
     # is removed by the next run (`recover_leftovers`); a failed write leaves none.
     with replaced_whole(folder / MARKER, "w", encoding="utf-8", newline="") as handle:
-        handle.write(json.dumps(record) + "\n")
+        handle.write(json_text(record) + "\n")
 
 
 def _marker_field(folder: Path, key: str) -> str | None:
@@ -1506,7 +1507,7 @@ def check_claimed(target: str | os.PathLike, *, writing: bool = False) -> None:
                 if claim.journal is not None:  # on record before the name exists: a kill
                     name = os.path.relpath(text, prefix)  # after it leaves it to remove
                     with reporting_write_errors(claim.shown):
-                        claim.journal.write(json.dumps(name).encode() + b"\n")
+                        claim.journal.write(json_text(name).encode("utf-8") + b"\n")
                         claim.journal.flush()
 
 

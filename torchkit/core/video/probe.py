@@ -20,7 +20,7 @@ from typing import Any
 
 from torchkit.core.io.errors import first_line
 from torchkit.core.io.file_kinds import file_kind
-from torchkit.core.io.files import holds_non_utf8
+from torchkit.core.io.non_utf8_names import holds_non_utf8
 from torchkit.core.video.containers import (
     SNIFF_BYTES,
     container_fourcc,

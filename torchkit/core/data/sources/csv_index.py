@@ -21,7 +21,8 @@ from torchkit.core.data.sources.discovery import reported_files_in_two_splits
 from torchkit.core.data.sources.samples import nfc, refuse_spelling_twins
 from torchkit.core.data.sources.splitting import SPLIT_NAMES
 from torchkit.core.io.errors import InputError
-from torchkit.core.io.files import holds_non_utf8, open_text
+from torchkit.core.io.files import open_text
+from torchkit.core.io.non_utf8_names import holds_non_utf8
 
 _SHOWN = 5  # line numbers named in one error
 
