@@ -616,21 +616,15 @@ def test_a_file_written_to_stdout_sends_the_result_table_to_stderr(tmp_path):
     result table was printed on stdout after the file's bytes, which the reader took for the
     file's. stdout carries the file alone; the table goes to stderr."""
     import io
-    import subprocess
-    import sys
 
-    from processes import INHERITED
+    from processes import run_torchkit_process
 
     pixels = RNG.integers(0, 256, (5, 7, 3), dtype=np.uint8)
     Image.fromarray(pixels).save(tmp_path / "x.png")
-    done = subprocess.run(
-        [sys.executable, "-m", "torchkit", "convert", "tensor", "x.png", "/dev/stdout"]
-        + ["--to", "npy", "--layout", "hwc", "--dtype", "uint8"],
-        capture_output=True,
-        cwd=tmp_path,
-        env={key: value for key, value in os.environ.items() if key not in INHERITED},
-        timeout=120,
-    )
+    done = run_torchkit_process(
+        "convert", "tensor", "x.png", "/dev/stdout", "--to", "npy", "--layout", "hwc",
+        "--dtype", "uint8", cwd=tmp_path, text=False, timeout=120,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
     expected = io.BytesIO()
     np.save(expected, pixels)

@@ -391,6 +391,7 @@ class PreloadedProcess:
         stdout: int | None,
         stderr: int | None,
         status: int,
+        text: bool = True,
     ) -> None:
         self.pid = pid
         self.args = args
@@ -400,10 +401,11 @@ class PreloadedProcess:
             None if stdin is None else io.TextIOWrapper(open(stdin, "wb", -1), write_through=True)  # noqa: SIM115
         )
         # None where the test gave the descriptor (or closed it), as Popen's.
-        self.stdout = None if stdout is None else io.TextIOWrapper(open(stdout, "rb", -1))  # noqa: SIM115
-        self.stderr = None if stderr is None else io.TextIOWrapper(open(stderr, "rb", -1))  # noqa: SIM115
+        self.stdout = None if stdout is None else self._reader(stdout, text)
+        self.stderr = None if stderr is None else self._reader(stderr, text)
+        self._empty = "" if text else b""  # what a read at the end gives
         self._status = status
-        self._output: dict[str, list[str]] = {"stdout": [], "stderr": []}
+        self._output: dict[str, list] = {"stdout": [], "stderr": []}
         self._threads: list[threading.Thread] | None = None
 
     def _wait_status(self, timeout: float | None) -> bool:
@@ -428,9 +430,14 @@ class PreloadedProcess:
         assert self.returncode is not None
         return self.returncode
 
-    def _read(self, stream: io.TextIOWrapper, name: str) -> None:
+    @staticmethod
+    def _reader(fd: int, text: bool) -> io.TextIOWrapper | io.BufferedReader:
+        binary = open(fd, "rb", -1)  # noqa: SIM115  (the caller's to close, as Popen's)
+        return io.TextIOWrapper(binary) if text else binary
+
+    def _read(self, stream: io.TextIOWrapper | io.BufferedReader, name: str) -> None:
         with stream:
-            for chunk in iter(lambda: stream.read(65536), ""):
+            for chunk in iter(lambda: stream.read(65536), self._empty):
                 self._output[name].append(chunk)
 
     def _write(self, text: str | None) -> None:
@@ -464,7 +471,7 @@ class PreloadedProcess:
                 raise subprocess.TimeoutExpired(self.args, timeout)
         self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         return tuple(
-            None if stream is None else "".join(self._output[name])
+            None if stream is None else self._empty.join(self._output[name])
             for stream, name in ((self.stdout, "stdout"), (self.stderr, "stderr"))
         )
 
@@ -517,8 +524,9 @@ def start_preloaded_process(
     stdout: Stream = None,
     stderr: Stream = None,
     pass_fds: Sequence[int] = (),
+    text: bool = True,
 ) -> PreloadedProcess | subprocess.Popen:
-    """`processes.start_torchkit_process(*args, env, cwd, stdin, stdout, stderr, pass_fds)`,
+    """`processes.start_torchkit_process(*args, env, cwd, stdin, stdout, stderr, pass_fds, text)`,
     forked from a server where it can be (see the module's doc)."""
     full_env = child_environment(env)
     command = [sys.executable, "-m", "torchkit", *args]
@@ -526,7 +534,14 @@ def start_preloaded_process(
     def fresh() -> subprocess.Popen:
         SERVERS.fresh += 1
         return _start_fresh(
-            *args, env=env, cwd=cwd, stdin=stdin, stdout=stdout, stderr=stderr, pass_fds=pass_fds
+            *args,
+            env=env,
+            cwd=cwd,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            pass_fds=pass_fds,
+            text=text,
         )
 
     if not _fork_possible() or len(pass_fds) > MAX_PASS_FDS:
@@ -588,4 +603,4 @@ def start_preloaded_process(
                     os.close(fd)
     if pid is None:
         return fresh()
-    return PreloadedProcess(pid, command, ours_stdin, ours[0], ours[1], status[0])
+    return PreloadedProcess(pid, command, ours_stdin, ours[0], ours[1], status[0], text)

@@ -47,14 +47,16 @@ def run_torchkit_process(
     stdout: Stream = None,
     stderr: Stream = None,
     pass_fds: Sequence[int] = (),
+    text: bool = True,
+    timeout: float = 300,
 ) -> subprocess.CompletedProcess:
     """Run `python -m torchkit ARGS` in a real process (a fork of a preloaded torch, or with
     `fresh` a new interpreter: about a second without torch, three with it), as subprocess.run
-    with text, a 300 s timeout and stdout and stderr captured unless given (a descriptor, or
-    CLOSED at its start: then None in the result), `pass_fds` kept open under their numbers:
-    for checks whose subject is the process (signals, the interpreter's exit, a full disk,
-    closed or full standard descriptors, a hook in sitecustomize, imports: `fresh`);
-    `run_torchkit_in_process` does the rest."""
+    with `text` (else bytes), a `timeout` (s), and stdout and stderr captured unless given (a
+    descriptor, or CLOSED at its start: then None in the result), `pass_fds` kept open under
+    their numbers: for checks whose subject is the process (signals, the interpreter's exit,
+    a full disk, closed or full standard descriptors, a hook in sitecustomize, imports:
+    `fresh`); `run_torchkit_in_process` does the rest."""
     process = start_torchkit_process(
         *args,
         env=env,
@@ -63,11 +65,12 @@ def run_torchkit_process(
         stdout=stdout,
         stderr=stderr,
         pass_fds=pass_fds,
+        text=text,
         new_session=False,
     )
     with process:
         try:
-            out, err = process.communicate(timeout=300)
+            out, err = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             process.kill()
             process.communicate()
@@ -142,12 +145,14 @@ def start_torchkit_process(
     stdout: Stream = None,
     stderr: Stream = None,
     pass_fds: Sequence[int] = (),
+    text: bool = True,
     new_session: bool = True,
 ) -> subprocess.Popen:
     """Start `python -m torchkit ARGS` in its own session (process group = its PID, so that
     `processes_in_group` finds every worker it started; without a controlling terminal);
     stdout and stderr are pipes unless given (a descriptor, or CLOSED at its start), stdin a
-    pipe with `stdin=subprocess.PIPE`; `pass_fds` are kept open under their numbers. Forked
+    pipe with `stdin=subprocess.PIPE` (bytes, not text, where not `text`); `pass_fds` are
+    kept open under their numbers. Forked
     from a preloaded torch (a PreloadedProcess, with Popen's interface) unless `fresh`: then a
     new interpreter, a Popen. (`new_session=False` is run_torchkit_process's: a fork is always
     in its own session, a fresh process then in the test's, as subprocess.run starts it.)"""
@@ -155,7 +160,14 @@ def start_torchkit_process(
         from preloaded_processes import start_preloaded_process
 
         return start_preloaded_process(
-            *args, env=env, cwd=cwd, stdin=stdin, stdout=stdout, stderr=stderr, pass_fds=pass_fds
+            *args,
+            env=env,
+            cwd=cwd,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            pass_fds=pass_fds,
+            text=text,
         )
     return _start_fresh(
         *args,
@@ -165,6 +177,7 @@ def start_torchkit_process(
         stdout=stdout,
         stderr=stderr,
         pass_fds=pass_fds,
+        text=text,
         new_session=new_session,
     )
 
@@ -177,6 +190,7 @@ def _start_fresh(
     stdout: Stream = None,
     stderr: Stream = None,
     pass_fds: Sequence[int] = (),
+    text: bool = True,
     new_session: bool = True,
 ) -> subprocess.Popen:
     closed = [fd for fd, stream in ((1, stdout), (2, stderr)) if stream == CLOSED]
@@ -193,7 +207,7 @@ def _start_fresh(
         stdin=stdin,
         stdout=given(stdout),
         stderr=given(stderr),
-        text=True,
+        text=text,
         env=child_environment(env),
         cwd=cwd or REPO,
         start_new_session=new_session,

@@ -9,7 +9,6 @@ import os
 import shutil
 import struct
 import subprocess
-import sys
 from pathlib import Path
 
 import cv2
@@ -17,7 +16,7 @@ import numpy as np
 import pytest
 from fragmented_mp4 import fragmented_mp4, media_timescale
 from output_checks import error_line
-from processes import PipeLines, start_torchkit_process
+from processes import PipeLines, run_torchkit_process, start_torchkit_process
 from typer.testing import CliRunner
 
 from torchkit.cli import app
@@ -699,11 +698,9 @@ def test_a_fifo_or_a_device_named_on_the_command_line_is_a_row_not_a_hang(tmp_pa
     fifo = tmp_path / "camera.mp4"
     os.mkfifo(fifo)
     good = need(videos, "mjpg.avi")
-    done = subprocess.run(
-        [sys.executable, "-m", "torchkit", "video-info", str(fifo), "/dev/null", str(good)]
-        + ["--format", "json"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    done = run_torchkit_process(
+        "video-info", str(fifo), "/dev/null", str(good), "--format", "json", timeout=60
+    )
     assert done.returncode == 1, done.stderr
     rows = {row["path"]: row for row in json.loads(done.stdout)}
     assert rows[str(fifo)]["error"] == "not a regular file (a FIFO)"
@@ -770,9 +767,7 @@ def test_a_name_that_is_not_utf8_is_read_not_a_crash(tmp_path, videos):
     shutil.copy(need(videos, "mjpg.avi"), tmp_path / name)
     frames = tmp_path / "frames"
     args = ["video-info", name, "-k", "2", "--extract-frames", frames, "--format", "json"]
-    done = subprocess.run(
-        [sys.executable, "-m", "torchkit", *map(str, args)], capture_output=True, cwd=tmp_path
-    )
+    done = run_torchkit_process(*map(str, args), cwd=tmp_path, text=False)
     assert done.returncode == 0, done.stderr
     row = json.loads(done.stdout.decode("utf-8", "surrogateescape"))[0]
     assert [Path(f).name for f in row["frame_files"]] == sorted(
