@@ -24,7 +24,14 @@ from torchkit.cli.options import (
     seed_in_range,
 )
 from torchkit.cli.progress import progress_bar
-from torchkit.cli.render import ReportAtSwap, Table, emit, format_rate, resolve_format
+from torchkit.cli.render import (
+    ReportAtSwap,
+    Table,
+    emit,
+    format_rate,
+    report_file,
+    resolve_format,
+)
 from torchkit.core.io.sizes import SIZE_RULE
 from torchkit.core.io.wording import counted
 
@@ -230,7 +237,12 @@ def tensor(
     # (OutputFolder's) is swapped in only after an -o file is written (ReportAtSwap): a report
     # the disk has no room for leaves the old DST and report as they were.
     with ReportAtSwap(
-        _tensor_rendered, fmt=fmt, output=output, force=force, written=[dst]
+        _tensor_rendered,
+        fmt=fmt,
+        output=output,
+        force=force,
+        swapped_in=dst if os.path.isdir(src) else None,  # a folder SRC's DST is put in place
+        written=[dst],
     ) as reporting:
         with progress_bar("converting") as progress:
             report = convert_tensor(
@@ -243,6 +255,7 @@ def tensor(
                 progress=progress,
                 before_keep=reporting.before_keep,
                 replaced=reporting.replaced,
+                report=report_file(output),
             )
         reporting.after(report)
     if report.failed:  # as `cp -r`: the others are converted, and the command failed
@@ -333,8 +346,11 @@ def cifar(
     out = product_path(out, out_option)
     check_report_output(output, force, source=src, destination=out, writes=writes_file)
 
-    # An -o file is written before the new PNGs replace an old OUT (ReportAtSwap).
-    with ReportAtSwap(_cifar_rendered, fmt=fmt, output=output, force=force) as written:
+    # An -o file is written before the new PNGs replace an old OUT (ReportAtSwap), one inside
+    # OUT after.
+    with ReportAtSwap(
+        _cifar_rendered, fmt=fmt, output=output, force=force, swapped_in=out
+    ) as written:
         with progress_bar("writing PNGs") as progress:
             report = convert_cifar(
                 src,
@@ -345,6 +361,7 @@ def cifar(
                 workers=workers,
                 progress=progress,
                 before_keep=written.before_keep,
+                report=report_file(output),
             )
         written.after(report)
     if report.seconds:

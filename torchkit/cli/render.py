@@ -477,6 +477,11 @@ def emit(
             replaced.when_kept(lambda: console.note(f"wrote {output}"))
 
 
+def _lies_in(path: str | os.PathLike, folder: str | os.PathLike) -> bool:
+    real, top = os.path.realpath(path), os.path.realpath(folder)
+    return os.path.commonpath([real, top]) == top
+
+
 class ReportAtSwap:
     """The result of a command whose main output replaces an earlier one only at its very end
     (eval's --out, split's OUT, video-info's --extract-frames). An -o file is written just
@@ -484,8 +489,10 @@ class ReportAtSwap:
     (`ReplacedFiles`): a report the disk has no room for leaves the earlier output and report
     as they were, and a swap that fails after it puts the old report back. Stdout, and a run
     that swaps nothing, get the result after (`after`). `render(result)` gives emit's tables
-    and data; `to_file` False writes even an -o file after (one inside the output swapped in);
-    `written` is emit's. The command's own file outputs may join `replaced`.
+    and data; `swapped_in`: the folder the run puts in place, an -o file inside which is
+    written after the swap too (before it, it went into the old folder the swap deletes, or
+    took the new folder's place); `to_file` False writes any -o file after; `written` is
+    emit's. The command's own file outputs may join `replaced`.
     """
 
     def __init__(
@@ -496,6 +503,7 @@ class ReportAtSwap:
         output: Path | None,
         force: bool,
         to_file: bool | None = None,
+        swapped_in: str | os.PathLike | None = None,
         written: Iterable[str | os.PathLike | None] = (),
     ) -> None:
         from torchkit.core.io.outputs import ReplacedFiles
@@ -504,7 +512,12 @@ class ReportAtSwap:
         self._others = list(written)
         self.replaced = ReplacedFiles()
         self._written = False
-        at_swap = report_file(output) is not None if to_file is None else to_file
+        report = report_file(output)
+        if to_file is None:
+            to_file = report is not None and not (
+                swapped_in is not None and _lies_in(report, swapped_in)
+            )
+        at_swap = to_file
         self.before_keep = self._write if at_swap else None
 
     def __enter__(self) -> ReportAtSwap:

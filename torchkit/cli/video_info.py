@@ -211,12 +211,11 @@ def video_info(
             table = _table(infos, exact=exact, segments=segments is not None)
         return [table], [info.to_dict() for info in infos]
 
-    # An -o file is written before the new frames replace an old folder (ReportAtSwap). A report
-    # inside the frames folder (which is not there yet) after the frames.
-    to_file = report_file(output) is not None and not (
-        extract_frames is not None and _lies_in(report_file(output), extract_frames)
-    )
-    with ReportAtSwap(render, fmt=fmt, output=output, force=force, to_file=to_file) as report:
+    # An -o file is written before the new frames replace an old folder (ReportAtSwap), one
+    # inside the frames folder after.
+    with ReportAtSwap(
+        render, fmt=fmt, output=output, force=force, swapped_in=extract_frames
+    ) as report:
         with progress_bar("reading videos", eta=False, refresh_in_thread=True) as advance:
             infos = inspect_videos(
                 paths,
@@ -285,13 +284,6 @@ def _problems(tally: _Tally) -> str | None:
         return None
     kinds = ", ".join(f"{tally.statuses[s]} {s}" for s in STATUSES[1:] if tally.statuses.get(s))
     return f"{bad} of {tally.videos} videos could not be read: {kinds}"
-
-
-def _lies_in(path: Path | str, folder: Path) -> bool:
-    import os
-
-    real, top = os.path.realpath(path), os.path.realpath(folder)
-    return os.path.commonpath([real, top]) == top
 
 
 def _write_streamed(

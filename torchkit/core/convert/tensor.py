@@ -42,7 +42,7 @@ from torchkit.core.io.files import (
     safetensors_save,
     torch_save,
 )
-from torchkit.core.io.folder_contents import extension_pattern
+from torchkit.core.io.folder_contents import extension_pattern, names_inside
 from torchkit.core.io.outputs import (
     InputPath,
     OutputFolder,
@@ -689,6 +689,7 @@ def convert_tensor(
     progress: Progress | None = None,
     before_keep: Callable[[TensorReport], None] | None = None,
     replaced: ReplacedFiles | None = None,
+    report: str | os.PathLike | None = None,
 ) -> TensorReport:
     """Convert one file, or every supported file of a folder tree, by extension. Every output
     is checked before any work: never an input, never inside the input folder, an existing one
@@ -696,7 +697,9 @@ def convert_tensor(
     (a folder SRC) once every file is written, before the new folder replaces an old DST: if
     it raises (the caller's `-o` report did not fit on its disk), the old DST stays. A file
     SRC's outputs (DST, or the files it writes into a folder DST) are set aside in `replaced`
-    instead, whose `put_back` gives the old ones back when the caller fails after this."""
+    instead, whose `put_back` gives the old ones back when the caller fails after this.
+    `report`: the caller's `-o` file, which a folder DST may hold (a rerun's --force replaces
+    it with the rest)."""
     check_workers(workers)
     options = options or TensorOptions()
     source = require_input(src, what="source")
@@ -713,7 +716,7 @@ def convert_tensor(
         )
     if source.is_dir():
         return _convert_folder(
-            source, target, to, options, force, workers, strict, progress, before_keep
+            source, target, to, options, force, workers, strict, progress, before_keep, report
         )
 
     kind_of(source.suffix)  # an unknown source extension is a usage error
@@ -778,6 +781,7 @@ def _convert_folder(
     strict: bool,
     progress: Progress | None,
     before_keep: Callable[[TensorReport], None] | None = None,
+    report: str | os.PathLike | None = None,
 ) -> TensorReport:
     if to is None:
         raise UsageError(
@@ -795,8 +799,12 @@ def _convert_folder(
         inputs=[InputPath.of(source, "source folder")],
         what="output folder",
         atomic=True,
-        # The converted files, named as their sources, in any format convert writes.
-        owned=[f"**/*{extension_pattern(e)}" for e in WRITTEN_EXTENSIONS],
+        # The converted files, named as their sources, in any format convert writes, and the
+        # -o report a run wrote there.
+        owned=[
+            *(f"**/*{extension_pattern(e)}" for e in WRITTEN_EXTENSIONS),
+            *names_inside(target, [report]),
+        ],
     )
     with output:
         report = _convert_into(output, source, target, to, options, workers, strict, progress)
