@@ -193,14 +193,14 @@ def test_a_full_disk_at_meta_json_after_the_arrays_leaves_no_trace(
     if earlier:
         assert runner.invoke(app, [*BASE, "convnet", "-", str(out)], input=photos[0]).exit_code == 0
         before = tree_digest(out)
-    write_text = store.atomic_write_text
+    write_json = store.atomic_write_json
 
-    def full_at_meta(path, text, *args, **kwargs):
+    def full_at_meta(path, value, *args, **kwargs):
         if Path(path).name == "meta.json":
             raise OSError(28, "No space left on device")
-        return write_text(path, text, *args, **kwargs)
+        return write_json(path, value, *args, **kwargs)
 
-    monkeypatch.setattr(store, "atomic_write_text", full_at_meta)
+    monkeypatch.setattr(store, "atomic_write_json", full_at_meta)
     force = ["--force"] if earlier else []
     failed = runner.invoke(
         app, [*BASE, "-b", "2", "convnet", "-", str(out), *force], input="\n".join(photos)
