@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 from output_checks import error_line
 from processes import run_torchkit_in_process
+from shards import running_server
 
 
 def closed_port() -> int:
@@ -37,14 +37,8 @@ def redirecting_to(target: str):
 
         do_HEAD = do_GET
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with running_server(Redirect) as server:
+        yield server.url
 
 
 def test_a_redirect_to_where_nobody_answers_names_that_host_not_the_server(tmp_path, monkeypatch):

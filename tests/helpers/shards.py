@@ -175,18 +175,19 @@ def serving(folder: Path, cache: Path, monkeypatch, port: int = 0):
     monkeypatch.delenv("TORCHKIT_CACHE_LIMIT", raising=False)
     requests: list[tuple[str, str]] = []
     handler = functools.partial(_Handler, requests=requests, directory=str(folder))
-    with _running(handler, requests, port) as httpd:
+    with running_server(handler, requests, port) as httpd:
         yield httpd
 
 
 @contextlib.contextmanager
-def _running(handler, requests: list, port: int = 0):
-    """A ThreadingHTTPServer of `handler` on 127.0.0.1 (`.url`, `.requests`), stopped after."""
+def running_server(handler, requests: list | None = None, port: int = 0):
+    """A ThreadingHTTPServer of `handler` on 127.0.0.1 (`.url`, `.requests`), stopped after:
+    the real HTTP source of every test that serves something."""
     httpd = ThreadingHTTPServer(("127.0.0.1", port), handler)
     thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     httpd.url = f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.requests = requests
+    httpd.requests = [] if requests is None else requests
     try:
         yield httpd
     finally:
@@ -235,7 +236,7 @@ def failing_proxy(status: int, monkeypatch, headers: dict | None = None):
 
     requests: list[tuple[str, str]] = []
     handler = functools.partial(_Gateway, status=status, requests=requests, extra=headers or {})
-    with _running(handler, requests) as httpd:
+    with running_server(handler, requests) as httpd:
         for name in ("no_proxy", "NO_PROXY"):
             monkeypatch.delenv(name, raising=False)
         for name in ("http_proxy", "https_proxy"):

@@ -6,14 +6,14 @@ local HTTP server answers (torch.hub's downloads and the Hugging Face Hub's clie
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 import torchvision
 from output_checks import error_line
 from processes import run_torchkit_in_process
+from shards import running_server
 
 from torchkit.core.io.errors import InputError, OfflineError
 from torchkit.core.models import hub_cache, resolve_model
@@ -41,15 +41,9 @@ def answering(status: int, monkeypatch) -> Iterator[str]:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("no_proxy", "*")
     monkeypatch.setenv("NO_PROXY", "*")
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Answers)
-    server.status = status
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with running_server(_Answers) as server:
+        server.status = status  # read by the handler, asked only once the block runs
+        yield server.url
 
 
 @pytest.fixture
