@@ -255,7 +255,7 @@ def tensor(
                 progress=progress,
                 before_keep=reporting.before_keep,
                 replaced=reporting.replaced,
-                report=report_file(output),
+                report_file=report_file(output),
             )
         reporting.after(report)
     if report.failed:  # as `cp -r`: the others are converted, and the command failed
@@ -361,7 +361,7 @@ def cifar(
                 workers=workers,
                 progress=progress,
                 before_keep=written.before_keep,
-                report=report_file(output),
+                report_file=report_file(output),
             )
         written.after(report)
     if report.seconds:

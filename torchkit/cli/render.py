@@ -477,11 +477,6 @@ def emit(
             replaced.when_kept(lambda: console.note(f"wrote {output}"))
 
 
-def _lies_in(path: str | os.PathLike, folder: str | os.PathLike) -> bool:
-    real, top = os.path.realpath(path), os.path.realpath(folder)
-    return os.path.commonpath([real, top]) == top
-
-
 class ReportAtSwap:
     """The result of a command whose main output replaces an earlier one only at its very end
     (eval's --out, split's OUT, video-info's --extract-frames). An -o file is written just
@@ -506,6 +501,7 @@ class ReportAtSwap:
         swapped_in: str | os.PathLike | None = None,
         written: Iterable[str | os.PathLike | None] = (),
     ) -> None:
+        from torchkit.core.io.folder_contents import path_inside
         from torchkit.core.io.outputs import ReplacedFiles
 
         self._render, self._fmt, self._output, self._force = render, fmt, output, force
@@ -515,7 +511,7 @@ class ReportAtSwap:
         report = report_file(output)
         if to_file is None:
             to_file = report is not None and not (
-                swapped_in is not None and _lies_in(report, swapped_in)
+                swapped_in is not None and path_inside(report, swapped_in) is not None
             )
         at_swap = to_file
         self.before_keep = self._write if at_swap else None

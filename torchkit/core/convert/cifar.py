@@ -429,10 +429,10 @@ def output_folder(
     *,
     force: bool = False,
     inputs: Iterable[InputPath] = (),
-    report: str | os.PathLike | None = None,
+    report_file: str | os.PathLike | None = None,
 ) -> OutputFolder:
     """The checked and locked output folder of `convert cifar`: never an input, never inside
-    one; an existing one is replaced (with `force`) only if torchkit wrote it. `report`: the
+    one; an existing one is replaced (with `force`) only if torchkit wrote it. `report_file`: the
     caller's `-o` file, which the folder may hold (a rerun's --force replaces it)."""
     # No `known_files`: class folders of `<index>.png` are anybody's (MNIST as PNG from
     # another script), so only the marker says that torchkit wrote a folder.
@@ -443,7 +443,7 @@ def output_folder(
         inputs=inputs,
         what="output folder",
         atomic=True,
-        owned=(*CIFAR_OUTPUTS, *names_inside(out, [report])),
+        owned=(*CIFAR_OUTPUTS, *names_inside(out, [report_file])),
     )
 
 
@@ -541,18 +541,18 @@ def convert_cifar(
     workers: int | None = None,
     progress: Progress | None = None,
     before_keep: Callable[[CifarReport], None] | None = None,
-    report: str | os.PathLike | None = None,
+    report_file: str | os.PathLike | None = None,
 ) -> CifarReport:
     """CIFAR-10/100 python archive or folder -> `out/{train,test}/<class>/<index>.png`. The
     output is checked (never the source nor inside or around it; an existing one replaced only
     with `force`, and only if torchkit wrote it) and locked before the slow read.
     `before_keep(report)` runs once every PNG is written, before the new folder replaces an
     old one: if it raises (the caller's `-o` report did not fit on its disk), the old stays.
-    `report`: the caller's `-o` file, which OUT may hold."""
+    `report_file`: the caller's `-o` file, which OUT may hold."""
     check_workers(workers)
     source = require_input(src, what="CIFAR source")
     output = output_folder(
-        out, force=force, inputs=[InputPath.of(source, "CIFAR source")], report=report
+        out, force=force, inputs=[InputPath.of(source, "CIFAR source")], report_file=report_file
     )
     started = time.perf_counter()
 

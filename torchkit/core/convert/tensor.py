@@ -689,7 +689,7 @@ def convert_tensor(
     progress: Progress | None = None,
     before_keep: Callable[[TensorReport], None] | None = None,
     replaced: ReplacedFiles | None = None,
-    report: str | os.PathLike | None = None,
+    report_file: str | os.PathLike | None = None,
 ) -> TensorReport:
     """Convert one file, or every supported file of a folder tree, by extension. Every output
     is checked before any work: never an input, never inside the input folder, an existing one
@@ -698,7 +698,7 @@ def convert_tensor(
     it raises (the caller's `-o` report did not fit on its disk), the old DST stays. A file
     SRC's outputs (DST, or the files it writes into a folder DST) are set aside in `replaced`
     instead, whose `put_back` gives the old ones back when the caller fails after this.
-    `report`: the caller's `-o` file, which a folder DST may hold (a rerun's --force replaces
+    `report_file`: the caller's `-o` file, which a folder DST may hold (a rerun's --force replaces
     it with the rest)."""
     check_workers(workers)
     options = options or TensorOptions()
@@ -716,7 +716,7 @@ def convert_tensor(
         )
     if source.is_dir():
         return _convert_folder(
-            source, target, to, options, force, workers, strict, progress, before_keep, report
+            source, target, to, options, force, workers, strict, progress, before_keep, report_file
         )
 
     kind_of(source.suffix)  # an unknown source extension is a usage error
@@ -781,7 +781,7 @@ def _convert_folder(
     strict: bool,
     progress: Progress | None,
     before_keep: Callable[[TensorReport], None] | None = None,
-    report: str | os.PathLike | None = None,
+    report_file: str | os.PathLike | None = None,
 ) -> TensorReport:
     if to is None:
         raise UsageError(
@@ -803,7 +803,7 @@ def _convert_folder(
         # -o report a run wrote there.
         owned=[
             *(f"**/*{extension_pattern(e)}" for e in WRITTEN_EXTENSIONS),
-            *names_inside(target, [report]),
+            *names_inside(target, [report_file]),
         ],
     )
     with output:

@@ -17,7 +17,7 @@ import os
 import re
 from collections.abc import Collection, Iterable
 from fnmatch import fnmatchcase
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from torchkit.core.io.temporaries import TEMPORARY, is_unlocked
 
@@ -47,17 +47,23 @@ def exact_pattern(relative: str) -> str:
     return re.sub(r"([*?\[])", r"[\1]", relative)
 
 
+def path_inside(path: str | os.PathLike, folder: str | os.PathLike) -> PurePath | None:
+    """`path` relative to `folder` where it lies inside it (both resolved: links, `..`), else
+    None (outside it, or the folder itself): the one test of "an -o report inside the output"."""
+    inside = PurePath(os.path.relpath(os.path.realpath(path), os.path.realpath(folder)))
+    return None if not inside.parts or inside.parts[0] == os.pardir else inside
+
+
 def names_inside(folder: str | os.PathLike, paths: Iterable[str | os.PathLike | None]) -> list[str]:
     """Exact patterns for those of `paths` that lie inside `folder` (a report written there
     with `-o` by this run, which will replace it anyway)."""
-    real = os.path.realpath(folder)
     found = []
     for path in paths:
         if path is None or os.fspath(path) == "-":
             continue
-        inside = os.path.relpath(os.path.realpath(path), real)
-        if inside != os.curdir and not inside.startswith(os.pardir):
-            found.append(exact_pattern(Path(inside).as_posix()))
+        inside = path_inside(path, folder)
+        if inside is not None:
+            found.append(exact_pattern(inside.as_posix()))
     return found
 
 

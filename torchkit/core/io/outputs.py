@@ -51,7 +51,7 @@ from torchkit.core.io.errors import (
     first_line,
 )
 from torchkit.core.io.file_kinds import file_kind
-from torchkit.core.io.folder_contents import foreign_entries
+from torchkit.core.io.folder_contents import foreign_entries, path_inside
 from torchkit.core.io.folder_locks import close_lock, open_unshared
 from torchkit.core.io.non_utf8_names import json_text
 from torchkit.core.io.temporaries import (
@@ -258,8 +258,8 @@ def check_not_written_in(
     overwrite it after the work, without it the run would fail only after all the work."""
     if os.fspath(report) == "-" or is_special_file(report):
         return
-    inside = PurePath(os.path.relpath(os.path.realpath(report), os.path.realpath(folder)))
-    if not inside.parts or inside.parts[0] == os.pardir or not writes(inside):
+    inside = path_inside(report, folder)
+    if inside is None or not writes(inside):
         return
     raise OutputOverlapError(
         f"report {_shown(report)} is a file the command writes in the {what} {_shown(folder)}",
