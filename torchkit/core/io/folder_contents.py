@@ -29,10 +29,16 @@ _SET_ASIDE = re.compile(r"\..+\.[0-9a-f]{12}\.(?:replaced|partial|discarded)", r
 BROWSER_FILES = frozenset({".ds_store", "thumbs.db", "desktop.ini"})
 
 
+def is_apple_double(name: str) -> bool:
+    """`._NAME`: the AppleDouble file macOS writes beside NAME (its extended attributes) on
+    other disks, in zips and in tars; never an image, whatever its extension."""
+    return name.startswith("._")
+
+
 def is_browser_file(name: str) -> bool:
-    """`.DS_Store`, `Thumbs.db`, `desktop.ini` or an AppleDouble `._NAME` (macOS's extended
-    attributes of NAME on other disks): no one's data, whichever folder holds it."""
-    return name.casefold() in BROWSER_FILES or name.startswith("._")
+    """`.DS_Store`, `Thumbs.db`, `desktop.ini` or an AppleDouble `._NAME`: no one's data,
+    whichever folder holds it."""
+    return name.casefold() in BROWSER_FILES or is_apple_double(name)
 
 
 def extension_pattern(extension: str) -> str:

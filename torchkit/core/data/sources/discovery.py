@@ -21,6 +21,7 @@ from torchkit.core.data.sources.samples import (
 )
 from torchkit.core.io.errors import InputError
 from torchkit.core.io.files import tree_entries
+from torchkit.core.io.folder_contents import is_apple_double
 
 log = logging.getLogger("torchkit")
 
@@ -52,12 +53,6 @@ def no_class_folders_error(where: str, *, beside_empty_ones: bool = False) -> In
 
 def is_image_file(path: str | os.PathLike) -> bool:
     return Path(path).suffix.lower() in IMAGE_EXTENSIONS
-
-
-def is_apple_double(name: str) -> bool:
-    """`._NAME`: the AppleDouble file macOS writes beside NAME (its extended attributes) on
-    other disks, in zips and in tars; never an image, whatever its extension."""
-    return name.startswith("._")
 
 
 def is_skipped_folder(name: str) -> bool:
