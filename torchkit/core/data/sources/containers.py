@@ -44,10 +44,16 @@ def open_container_data(
     return None
 
 
-_NUMBERED_SHARD = re.compile(r"^.+-\d+\.tar$", re.IGNORECASE)
+_NUMBERED_SHARD = re.compile(r"^(.+)-(\d+)\.tar$", re.IGNORECASE)
+
+
+def numbered_shard_parts(name: str) -> tuple[str, str] | None:
+    """(NAME, its digits) of a shard's file name, `NAME-NNNNNN.tar`, as webdataset and
+    `convert shards` number them; None for any other name."""
+    found = _NUMBERED_SHARD.match(name)
+    return None if found is None else (found.group(1), found.group(2))
 
 
 def is_numbered_shard_name(name: str) -> bool:
-    """Whether a `.tar` file's name is a shard's, `NAME-NNNNNN.tar`, as webdataset and `convert
-    shards` number them (a `.tar` so named alone is read as a shard)."""
-    return _NUMBERED_SHARD.match(name) is not None
+    """Whether a `.tar` file's name is a shard's (a `.tar` so named alone is read as one)."""
+    return numbered_shard_parts(name) is not None

@@ -564,11 +564,14 @@ def _refuse_shards_beside_images(path: Path, archives: list[str], images: list[s
 def _shards_pattern(path: Path, shards: list[str]) -> str:
     """A brace pattern naming `shards` (`D/shard-{000000..000002}.tar`) where they are one
     name numbered without a gap, else the general form, `D/NAME-{000000..000009}.tar`."""
-    found = [re.fullmatch(r"(.+)-(\d+)\.tar", name) for name in shards]
+    from torchkit.core.data.sources.containers import numbered_shard_parts
+
+    # A `.TAR` spelled otherwise gets the general form, as the brace pattern ends in `.tar`.
+    found = [numbered_shard_parts(name) if name.endswith(".tar") else None for name in shards]
     if all(found):
-        names = {match.group(1) for match in found}
-        widths = {len(match.group(2)) for match in found}
-        numbers = sorted(int(match.group(2)) for match in found)
+        names = {stem for stem, _ in found}
+        widths = {len(digits) for _, digits in found}
+        numbers = sorted(int(digits) for _, digits in found)
         if len(names) == 1 and len(widths) == 1 and numbers[-1] - numbers[0] == len(numbers) - 1:
             if len(shards) == 1:
                 return os.path.join(path, shards[0])
