@@ -200,23 +200,23 @@ def open_output(request: FeatureRequest, listed: Sequence[str] = ()) -> OutputFo
             "to start over"
         )
 
+    recorded = known_files(out) if out.is_dir() else ()  # by OUT's own records, read once
     return OutputFolder(
         out,
         command="extract-features",
         force=request.force,
         inputs=feature_inputs(request, listed),
-        known_files=known_files(out) if out.is_dir() else (),
-        owned=output_names(out),  # anything else in OUT is refused, not deleted with it
+        known_files=recorded,
+        owned=output_names(recorded),  # anything else in OUT is refused, not deleted with it
         resume=request.resume and has_content,
         exists_hint=exists_hint,
     )
 
 
-def output_names(out: Path) -> tuple[str, ...]:
+def output_names(recorded: Sequence[str]) -> tuple[str, ...]:
     """What a run writes into OUT (`folder_contents` patterns): index.csv, meta.json, an
     interrupted run's `.partial` folder and the layers' files, those its records name where it
-    has one (`known_files`), else any file of FILE_FORMATS."""
-    recorded = known_files(out) if out.is_dir() and not out.is_symlink() else ()
+    has one (`recorded`: `known_files(OUT)`), else any file of FILE_FORMATS."""
     layers = [n for n in recorded if not n.startswith(".") and n not in (INDEX_FILE, META_FILE)]
     if not recorded:
         layers = [f"*.{extension}" for extension in FILE_FORMATS]
