@@ -34,12 +34,18 @@ class GrowingReport:
         return {"complete": complete, "samples": self.samples}
 
 
-def test_the_partial_manifest_takes_a_bounded_share_of_a_long_run(tmp_path, monkeypatch):
+def partial_on_a_clock(tmp_path, monkeypatch):
+    """(clock, report, partial manifest) with `convert shards`' clock made `clock`, started."""
     clock = Clock()
     monkeypatch.setattr(shards, "time", clock)
     report = GrowingReport(clock)
     partial = shards._PartialManifest(tmp_path / shards.PARTIAL_MANIFEST, report)
     partial.start()
+    return clock, report, partial
+
+
+def test_the_partial_manifest_takes_a_bounded_share_of_a_long_run(tmp_path, monkeypatch):
+    clock, report, partial = partial_on_a_clock(tmp_path, monkeypatch)
     for _shard in range(1000):  # 1,000 shards of 1,000 samples, 0.5 s each
         clock.now += 0.5
         report.samples += 1000
@@ -53,11 +59,7 @@ def test_the_partial_manifest_takes_a_bounded_share_of_a_long_run(tmp_path, monk
 
 
 def test_a_quick_rewrite_still_comes_every_partial_every_s(tmp_path, monkeypatch):
-    clock = Clock()
-    monkeypatch.setattr(shards, "time", clock)
-    report = GrowingReport(clock)
-    partial = shards._PartialManifest(tmp_path / shards.PARTIAL_MANIFEST, report)
-    partial.start()
+    clock, report, partial = partial_on_a_clock(tmp_path, monkeypatch)
     saved = []
     for _shard in range(20):  # tiny shards: 10 samples, 0.5 s each
         clock.now += 0.5
