@@ -185,6 +185,10 @@ def serve():
         if pid == 0:
             if request["new_session"]:
                 os.setsid()
+            # Its command line in /proc, as a fresh `python -m torchkit ARGS` has it once Popen
+            # returns: written before the server is told it has started.
+            words = b"".join(os.fsencode(word) + b"\0" for word in request["command"])
+            ctypes.memmove(start, words.ljust(end - start, b"\0"), end - start)
             os.close(has_started)
             os.close(started)
             for pidfd, (_, status) in running.items():
@@ -193,7 +197,7 @@ def serve():
             channel.close()
             return request, fds
         os.close(has_started)
-        os.read(started, 1)  # its end of the pipe closed: it has its own session
+        os.read(started, 1)  # its end of the pipe closed: its own session and command line
         os.close(started)
         for fd in (*fds[:3], *fds[4:]):
             os.close(fd)
@@ -206,9 +210,6 @@ def become_torchkit(request, fds):
 
     stdin, stdout, stderr, status, *passed = fds
     os.close(status)
-    # Its command line in /proc, as a fresh `python -m torchkit ARGS` has it.
-    words = b"".join(os.fsencode(word) + b"\0" for word in request["command"])
-    ctypes.memmove(start, words.ljust(end - start, b"\0"), end - start)
     # Out of the way of the numbers they take (a received one may hold another's number).
     passed = [fcntl.fcntl(fd, fcntl.F_DUPFD, 1024) for fd in passed]
     targets = [(0, stdin), (1, stdout), (2, stderr), *zip(request["pass_fds"], passed)]
