@@ -29,6 +29,7 @@ from photos import (  # the same photo-like test images
     photo,
 )
 from PIL import Image
+from run_curves import lay_out_curves_only
 from seeding import seed_cpu
 from torchvision import transforms as T
 
@@ -122,40 +123,48 @@ def test_crop_boxes_and_flips_are_the_fast_and_exact_paths_draws(files):
     assert no_flip.pixels_from_file(files["wide.jpg"], "RGB").flip is False
 
 
-@pytest.mark.parametrize("batched", [False, True], ids=["per-image", "batched"])
 @pytest.mark.parametrize("interpolation", ["bilinear", "bicubic", "nearest"])
-def test_pixels_are_within_the_stated_tolerance_of_the_exact_path(
-    files, interpolation, batched, monkeypatch
+def test_pixels_resized_either_way_are_within_the_stated_tolerance_of_the_exact_path(
+    files, interpolation, monkeypatch
 ):
     # Both ways to resize (core.crop_resize): the CPU's own (image by image) and CUDA's (the
-    # whole batch in two products), each through the whole decode path.
+    # whole batch in two products), each through the whole decode path, on the same draws
+    # (the exact path's crops are made once for both).
+    resize = {"batched": False}
     monkeypatch.setattr(
         "torchkit.core.data.device_decode.resize_crops",
-        lambda *args, **kwargs: resize_crops(*args, **kwargs, batched=batched),
+        lambda *args, **kwargs: resize_crops(*args, **kwargs, batched=resize["batched"]),
     )
     preprocess = Preprocess(image_size=SIZE, resize_size=73, interpolation=interpolation)
     names = ["wide.jpg", "tall.jpg", "gray.jpg", "big.jpg", "mpo.jpg"]
     samples = Samples(["a"], [0] * len(names), paths=[str(files[n]) for n in names])
     dataset = make_dataset(samples, train_transform(preprocess, decode="device"), pixels=True)
-    differences = []
+    differences: dict[bool, list[torch.Tensor]] = {False: [], True: []}
     for seed in range(12):
         items = []
         for index in range(len(names)):
             seed_cpu(seed * 100 + index)
             items.append(dataset[index])
-        batch = _decoded(items)
         assert collate_encoded(items).images.encoded_at == [0, 1, 2, 3, 4]  # all on the device
-        assert batch.images.dtype == torch.uint8 and batch.images.shape == (5, 3, SIZE, SIZE)
-        for index, name in enumerate(names):
-            expected = _exact_pixels(files[name], seed * 100 + index, interpolation)
-            differences.append(level_differences(batch.images[index], expected))
-    levels = torch.stack(differences)
-    if interpolation == "nearest":
-        assert levels.max() == 0  # nearest-exact picks PIL's pixel
-    assert levels.max() <= MAX_LEVELS and levels.mean() <= MEAN_LEVELS, (
-        float(levels.max()),
-        float(levels.mean()),
-    )
+        expected = [
+            _exact_pixels(files[name], seed * 100 + index, interpolation)
+            for index, name in enumerate(names)
+        ]
+        for batched in (False, True):
+            resize["batched"] = batched
+            batch = _decoded(items)
+            assert batch.images.dtype == torch.uint8 and batch.images.shape == (5, 3, SIZE, SIZE)
+            for index in range(len(names)):
+                differences[batched].append(level_differences(batch.images[index], expected[index]))
+    for batched, found in differences.items():
+        levels = torch.stack(found)
+        if interpolation == "nearest":
+            assert levels.max() == 0, batched  # nearest-exact picks PIL's pixel
+        assert levels.max() <= MAX_LEVELS and levels.mean() <= MEAN_LEVELS, (
+            batched,
+            float(levels.max()),
+            float(levels.mean()),
+        )
 
 
 def test_gray_jpegs_give_three_equal_channels_as_pil_converts_them(files):
@@ -474,68 +483,14 @@ def _train(runner, root: Path, out: Path, *options: str):
     )  # fmt: skip
 
 
-def test_train_decode_device_on_the_cpu_trains_and_writes_checkpoints(runner, tmp_path):
-    root = _jpeg_folder(tmp_path / "data", train=4, val=1)
-    out = tmp_path / "run"
-    result = _train(
-        runner, root, out, "--epochs", "2", "--decode", "device", "--format", "json",
-        "--decode-cpu-share", "0.5",
-    )  # fmt: skip
-    assert result.exit_code == 0, result.stderr
-    summary = json.loads(result.stdout)
-    assert len(summary["history"]) == 2
-    assert all(np.isfinite(row["train_loss"]) for row in summary["history"])
-    assert (out / "last.pt").is_file() and (out / "best.pt").is_file()
-    config = json.loads((out / "config.json").read_text())
-    assert config["options"]["decode"] == "device"
-    assert config["options"]["decode_cpu_share"] == 0.5
-    assert "decode" not in config["defaults_from_data"]  # asked for
-    checkpoint = torch.load(out / "last.pt", weights_only=True)
-    assert checkpoint["config"]["decode"] == "device"
-    assert checkpoint["drop_last"] is False  # a CPU run batches its epochs as before
+def test_train_decode_device_on_the_cpu_decodes_in_the_loop_and_writes_checkpoints(
+    runner, tmp_path, monkeypatch
+):
+    # Every training step gets normalised float images from uint8 crops the loop decoded
+    # (channels-last too), and the run records what it was asked.
+    from torchkit.core.train import loop
 
-
-def test_the_default_on_the_cpu_is_fast_and_recorded_as_chosen(tmp_path):
-    from torchkit.core.train import TrainConfig, run_training
-
-    root = _jpeg_folder(tmp_path / "data", train=2, val=1)
-    config = TrainConfig(
-        data=str(root), model="nets:TinyNet", image_size=16, batch_size=4, epochs=1,
-        workers=0, device="cpu", out=str(tmp_path / "run"),
-    )  # fmt: skip
-    assert config.decode == "auto"
-    run_training(config)
-    recorded = json.loads((tmp_path / "run" / "config.json").read_text())
-    assert recorded["options"]["decode"] == "fast"
-    assert "decode" in recorded["defaults_from_data"]  # a replay chooses again
-
-
-def test_a_cpu_share_under_auto_on_the_cpu_is_dropped_and_said(runner, tmp_path):
-    # auto takes fast on a CPU: nothing to share, and a resume must not meet a fast run with a
-    # share (which validation refuses).
-    from torchkit.cli import app
-
-    root = _jpeg_folder(tmp_path / "data", train=2, val=1)
-    out = tmp_path / "run"
-    result = _train(runner, root, out, "--epochs", "1", "--decode-cpu-share", "0.4")
-    assert result.exit_code == 0, result.stderr
-    assert "--decode-cpu-share 0.4 has nothing to share: --decode auto chose fast" in " ".join(
-        result.stderr.split()
-    )
-    recorded = json.loads((out / "config.json").read_text())
-    assert recorded["options"]["decode"] == "fast"
-    assert recorded["options"]["decode_cpu_share"] == 0.0
-    resumed = runner.invoke(
-        app, ["train", "--resume", str(out), "--epochs", "2", "--trust-checkpoint"]
-    )
-    assert resumed.exit_code == 0, resumed.stderr
-
-
-def test_the_loop_decodes_device_batches(tmp_path, monkeypatch):
-    # Every training step gets normalised float images from uint8 crops the loop decoded.
-    from torchkit.core.train import TrainConfig, loop, run_training
-
-    root = _jpeg_folder(tmp_path / "data", train=4, val=1)
+    lay_out_curves_only(monkeypatch)  # curves.png is not what is checked
     seen: list = []
     to_device = loop.to_device
 
@@ -545,12 +500,51 @@ def test_the_loop_decodes_device_batches(tmp_path, monkeypatch):
         return to_device(batch, ctx)
 
     monkeypatch.setattr(loop, "to_device", recording)
-    config = TrainConfig(
-        data=str(root), model="nets:TinyNet", image_size=16, batch_size=4, epochs=1,
-        workers=0, device="cpu", decode="device", channels_last=True, out=str(tmp_path / "run"),
+    root = _jpeg_folder(tmp_path / "data", train=4, val=1)
+    out = tmp_path / "run"
+    result = _train(
+        runner, root, out, "--epochs", "2", "--decode", "device", "--format", "json",
+        "--decode-cpu-share", "0.5", "--channels-last",
     )  # fmt: skip
-    run_training(config)
+    assert result.exit_code == 0, result.stderr
     assert seen and set(seen) == {(torch.Tensor, torch.uint8, "cpu")}
+    summary = json.loads(result.stdout)
+    assert len(summary["history"]) == 2
+    assert all(np.isfinite(row["train_loss"]) for row in summary["history"])
+    assert (out / "last.pt").is_file() and (out / "best.pt").is_file()
+    config = json.loads((out / "config.json").read_text())
+    assert config["options"]["decode"] == "device"
+    assert config["options"]["decode_cpu_share"] == 0.5
+    assert config["options"]["channels_last"] is True
+    assert "decode" not in config["defaults_from_data"]  # asked for
+    checkpoint = torch.load(out / "last.pt", weights_only=True)
+    assert checkpoint["config"]["decode"] == "device"
+    assert checkpoint["drop_last"] is False  # a CPU run batches its epochs as before
+
+
+def test_the_default_on_the_cpu_is_fast_recorded_as_chosen_and_drops_a_cpu_share(
+    runner, tmp_path, monkeypatch
+):
+    # auto takes fast on a CPU, recorded as chosen (a replay chooses again): nothing to share,
+    # and a resume must not meet a fast run with a share (which validation refuses).
+    from torchkit.cli import app
+
+    lay_out_curves_only(monkeypatch)  # curves.png is not what is checked
+    root = _jpeg_folder(tmp_path / "data", train=2, val=1)
+    out = tmp_path / "run"
+    result = _train(runner, root, out, "--epochs", "1", "--decode-cpu-share", "0.4")
+    assert result.exit_code == 0, result.stderr
+    assert "--decode-cpu-share 0.4 has nothing to share: --decode auto chose fast" in " ".join(
+        result.stderr.split()
+    )
+    recorded = json.loads((out / "config.json").read_text())
+    assert recorded["options"]["decode"] == "fast"
+    assert "decode" in recorded["defaults_from_data"]  # a replay chooses again
+    assert recorded["options"]["decode_cpu_share"] == 0.0
+    resumed = runner.invoke(
+        app, ["train", "--resume", str(out), "--epochs", "2", "--trust-checkpoint"]
+    )
+    assert resumed.exit_code == 0, resumed.stderr
 
 
 def test_the_cpu_share_is_a_stable_fraction_of_the_files():
