@@ -18,6 +18,7 @@ import pytest
 from checkpoints import write_convnet_checkpoint
 from image_folders import write_image_folder
 from processes import run_torchkit_in_process
+from run_curves import lay_out_curves_only
 from suite_paths import REPO
 
 BAD_CLASS = os.fsdecode(b"bad\xffcls")  # a class folder whose name is not UTF-8
@@ -80,7 +81,7 @@ def test_split_writes_the_names_and_reads_them_back(data, tmp_path, mode):
     assert csv_rows(out / "split.csv") == rows
 
 
-def test_dataset_stats_output_files_hold_what_stdout_does(data, tmp_path):
+def test_dataset_stats_output_files_hold_what_stdout_does(data, tmp_path, monkeypatch):
     target = tmp_path / "stats.json"
     ok("dataset-stats", data, "-o", target)
     found = json_file(target)
@@ -90,37 +91,29 @@ def test_dataset_stats_output_files_hold_what_stdout_does(data, tmp_path):
     ok("dataset-stats", data, "-o", tmp_path / "stats.csv")
     ok("dataset-stats", data, "-o", tmp_path / "stats.txt")
     assert b"bad\xffcls" in (tmp_path / "stats.txt").read_bytes()
-    # CSV and tables carry the bytes on stdout (a real process: its stdout writes the bytes of
-    # surrogates, where the in-process runner's cannot), whatever the locale: Python's stdout
-    # is strict but in the C locale. One process runs both commands, each with fd 1 on its own
-    # file: CSV under the locale's error handler, the table once stdout is made strict (as
-    # PYTHONIOENCODING=utf-8 makes it).
-    shown = {"csv": tmp_path / "shown.csv", "table": tmp_path / "shown.txt"}
-    script = (
-        "import os, sys\n"
-        "from torchkit.cli import main\n"
-        "data, csv_file, table_file = sys.argv[1:]\n"
-        "for fmt, strict, target in (('csv', False, csv_file), ('table', True, table_file)):\n"
-        "    sys.stdout.flush()\n"
-        "    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)\n"
-        "    os.dup2(fd, 1)\n"
-        "    os.close(fd)\n"
-        "    if strict:\n"
-        "        sys.stdout.reconfigure(encoding='utf-8', errors='strict')\n"
-        "    sys.argv = ['torchkit', 'dataset-stats', data, '--format', fmt]\n"
-        "    try:\n"
-        "        main()\n"
-        "    except SystemExit as ended:\n"
-        "        assert ended.code in (0, None), ended.code\n"
-        "    sys.stdout.flush()\n"
-    )
-    args = [str(data), str(shown["csv"]), str(shown["table"])]
-    done = subprocess.run(
-        [sys.executable, "-c", script, *args], capture_output=True, cwd=REPO, timeout=300
-    )
-    assert done.returncode == 0, done.stderr
-    assert shown["csv"].read_bytes() == (tmp_path / "stats.csv").read_bytes()
-    assert shown["table"].read_bytes() == (tmp_path / "stats.txt").read_bytes()
+    # CSV and tables carry the bytes on stdout whatever the locale: Python's stdout is strict
+    # but in the C locale, and `main` (the program's entry point, not the app the in-process
+    # runner calls, whose stdout cannot write such bytes) makes it write them. `main` runs here
+    # as the program runs it, with a file's text stream as stdout: CSV under the C locale's
+    # error handler, the table under a strict one (as PYTHONIOENCODING=utf-8 makes it).
+    from torchkit.cli import main
+
+    for fmt, errors, shown in (("csv", "surrogateescape", "shown.csv"),
+                               ("table", "strict", "shown.txt")):  # fmt: skip
+        with (
+            monkeypatch.context() as patched,
+            open(tmp_path / shown, "w", encoding="utf-8", errors=errors) as stdout,
+        ):
+            patched.setattr(sys, "stdout", stdout)
+            patched.setattr(sys, "stderr", sys.stderr)  # main makes it best-effort: put back
+            # argv[0] not "torchkit": main ends a process it runs as (os._exit), not a caller
+            patched.setattr(sys, "argv", ["python -m torchkit", "dataset-stats", str(data),
+                                          "--format", fmt])  # fmt: skip
+            with pytest.raises(SystemExit) as ended:
+                main()
+            assert ended.value.code in (0, None)
+    assert (tmp_path / "shown.csv").read_bytes() == (tmp_path / "stats.csv").read_bytes()
+    assert (tmp_path / "shown.txt").read_bytes() == (tmp_path / "stats.txt").read_bytes()
 
 
 def test_video_info_output_files_name_the_video(tmp_path):
@@ -150,19 +143,31 @@ def test_convert_shards_keeps_a_class_name_that_is_not_utf8(data, tmp_path):
     assert {c["name"]: c["images"] for c in classes} == {"cat": 3, "dog": 3, BAD_CLASS: 3}
 
 
-def test_train_records_the_split_and_the_classes(data, tmp_path):
+def test_train_reads_class_weights_naming_such_classes_and_records_the_split_and_classes(
+    data, tmp_path, monkeypatch
+):
+    lay_out_curves_only(monkeypatch)  # curves.png is not what is checked
+    weights = tmp_path / "weights.csv"  # --class-weights FILE reads such names too
+    weights.write_bytes(b"bad\xffcls,2\ncat,1\ndog,1\n")
     run = tmp_path / "run"
     ok("train", "--data", data, *TINY, "--val-split", "0.34", "--epochs", "1", "--batch-size", 4,
-       "--workers", 0, "--out", run, "-q", "--format", "json")  # fmt: skip
+       "--workers", 0, "--class-weights", weights, "--out", run, "-q",
+       "--format", "json")  # fmt: skip
     rows = csv_rows(run / "split.csv")
     assert all((data / row["path"]).is_file() for row in rows)  # relative to the data root
     assert {row["label"] for row in rows} == {"cat", "dog", BAD_CLASS}
     assert json_file(run / "config.json")["classes"] == sorted(["cat", "dog", BAD_CLASS])
 
 
-def test_predict_output_files_name_the_images(data, model, tmp_path):
-    ok("predict", model, data, *MODEL, "-o", tmp_path / "predictions.csv")
-    paths = [row["path"] for row in csv_rows(tmp_path / "predictions.csv")]
+def test_predict_output_files_name_the_images_and_classes_of_a_class_name_file(
+    data, model, tmp_path
+):
+    names = tmp_path / "classes.txt"  # --classes FILE (predict, eval) reads such names too
+    names.write_bytes(b"bad\xffcls\ncat\ndog\n")  # what convert shards writes
+    ok("predict", model, data, *MODEL, "--classes", names, "-o", tmp_path / "predictions.csv")
+    rows = csv_rows(tmp_path / "predictions.csv")
+    assert {row["class"] for row in rows} <= {"cat", "dog", BAD_CLASS}
+    paths = [row["path"] for row in rows]
     assert BAD_FILE in {Path(p).name for p in paths}
     assert all((data / p).is_file() for p in paths)
     ok("predict", model, data, *MODEL, "-o", tmp_path / "predictions.txt")
@@ -201,18 +206,6 @@ def test_a_csv_index_with_such_names_is_read_by_eval_and_predict(data, model, tm
     latin1.write_bytes(f"path,label\n{data}/dog/dog_0.png,caf\xe9\n".encode("latin-1"))
     done = run_torchkit_in_process("dataset-stats", latin1)
     assert done.returncode == 1 and "is not UTF-8 text" in done.stderr
-
-
-def test_class_name_files_name_such_classes(data, model, tmp_path):
-    """--classes FILE (predict, eval) and --class-weights FILE (train) read such names too."""
-    names = tmp_path / "classes.txt"
-    names.write_bytes(b"bad\xffcls\ncat\ndog\n")  # what convert shards writes
-    ok("predict", model, data, *MODEL, "--classes", names, "-o", tmp_path / "p.csv")
-    assert {row["class"] for row in csv_rows(tmp_path / "p.csv")} <= {"cat", "dog", BAD_CLASS}
-    weights = tmp_path / "weights.csv"
-    weights.write_bytes(b"bad\xffcls,2\ncat,1\ndog,1\n")
-    ok("train", "--data", data, *TINY, "--val-split", "0.34", "--epochs", "1", "--workers", 0,
-       "--class-weights", weights, "--out", tmp_path / "run", "-q", "--format", "json")  # fmt: skip
 
 
 def test_convert_tensor_writes_a_16_bit_image_to_such_a_name(tmp_path):
