@@ -18,6 +18,7 @@ from output_checks import error_line
 from torchkit.cli import app
 from torchkit.core.evaluate.reports import draw_errors, plot_confusion_matrix
 from torchkit.core.runtime import plot_helper
+from torchkit.core.runtime.helper_process import HelperProcess
 from torchkit.core.runtime.plot_helper import ARRAY_KEY, PlotHelper
 from torchkit.core.stats.plot import draw_dataset_stats
 from torchkit.core.train.lr_find import LRFindResult, write_lr_find
@@ -30,10 +31,45 @@ def _spawned() -> PlotHelper:
 
 
 @pytest.fixture(scope="module")
-def live_helper():
-    helper = _spawned()
-    yield helper
-    helper.close()
+def helper_process():
+    """The module's running helper process, started again once a test has ended it: each
+    start imports matplotlib (a second or two of CPU), and a helper answers any number of
+    requests, whoever sends them. Its `answered` starts False for each test."""
+    started: list[HelperProcess] = []
+
+    def running() -> HelperProcess:
+        if not started or started[-1].process is None:
+            helper = HelperProcess.spawn(plot_helper.SERVICE)
+            assert helper is not None
+            started.append(helper)
+        started[-1].answered = False
+        return started[-1]
+
+    yield running
+    for helper in started:
+        helper.close()
+
+
+@pytest.fixture
+def live_helper(helper_process) -> PlotHelper:
+    return PlotHelper(helper_process())
+
+
+@pytest.fixture
+def lent_helper(helper_process):
+    """`lent_helper(PlotHelper or CurvesPainter)`: one on the module's helper process whose
+    `close()` a command calls is counted in `closes`, not done (the next test draws with it)."""
+
+    def lent(kind: type[PlotHelper]) -> PlotHelper:
+        class Lent(kind):
+            closes = 0
+
+            def close(self) -> None:
+                self.closes += 1
+
+        return Lent(helper_process())
+
+    return lent
 
 
 @pytest.fixture
@@ -131,10 +167,10 @@ def test_a_dead_helper_leaves_the_plots_to_the_process(dead_helper, tmp_path):
     assert dead_helper.process is None and _leftovers(tmp_path) == []
 
 
-def test_a_failing_helper_leaves_the_error_to_the_process(tmp_path):
+def test_a_failing_helper_leaves_the_error_to_the_process(live_helper, tmp_path):
     # An output folder that is a file: the helper cannot write there, nor can the process,
     # which reports it with the error of its own drawing.
-    helper = _spawned()
+    helper = live_helper
     blocked = tmp_path / "not-a-folder"
     blocked.write_text("")
     try:
@@ -192,15 +228,14 @@ def _evaluate(monkeypatch, out, events, helper):
     return evaluate(spec, options)
 
 
-def test_eval_out_starts_the_helper_before_the_model_and_draws_its_pngs(monkeypatch, tmp_path):
+def test_eval_out_starts_the_helper_before_the_model_and_draws_its_pngs(
+    monkeypatch, lent_helper, tmp_path
+):
     events: list[str] = []
-    helper = _spawned()
-    try:
-        _evaluate(monkeypatch, tmp_path / "helper", events, helper)
-        assert events[:2] == ["plots", "model"]
-        assert helper.answered and helper.process is None  # drawn by it, then closed
-    finally:
-        helper.close()
+    helper = lent_helper(PlotHelper)
+    _evaluate(monkeypatch, tmp_path / "helper", events, helper)
+    assert events[:2] == ["plots", "model"]
+    assert helper.answered and helper.closes == 1  # drawn by it, then closed
     _evaluate(monkeypatch, tmp_path / "process", [], None)
     for name in ("confusion_matrix.png", "errors.png"):
         drawn = (tmp_path / "helper" / name).read_bytes()
@@ -226,23 +261,22 @@ def test_eval_with_a_dead_helper_draws_its_pngs_itself(monkeypatch, dead_helper,
     assert _leftovers(tmp_path / "out") == [".torchkit"]
 
 
-def test_dataset_stats_plot_starts_the_helper_before_the_pass(runner, monkeypatch, tmp_path):
+def test_dataset_stats_plot_starts_the_helper_before_the_pass(
+    runner, monkeypatch, lent_helper, tmp_path
+):
     import torchkit.core.stats as stats
 
     data = write_image_folder(tmp_path / "data", {"a": 3, "b": 2})
     events: list[str] = []
-    helper = _spawned()
+    helper = lent_helper(PlotHelper)
     monkeypatch.setattr(plot_helper, "start_plot_helper", _Logged(events, helper))
     monkeypatch.setattr(
         stats, "compute_dataset_stats", _logging(events, "pass", stats.compute_dataset_stats)
     )
-    try:
-        args = ["dataset-stats", str(data), "-j", "0", "--plot"]
-        result = runner.invoke(app, [*args, str(tmp_path / "helper.png")])
-        assert result.exit_code == 0, result.stderr
-        assert events == ["plots", "pass"] and helper.answered
-    finally:
-        helper.close()
+    args = ["dataset-stats", str(data), "-j", "0", "--plot"]
+    result = runner.invoke(app, [*args, str(tmp_path / "helper.png")])
+    assert result.exit_code == 0, result.stderr
+    assert events == ["plots", "pass"] and helper.answered and helper.closes == 1
     monkeypatch.setattr(plot_helper, "start_plot_helper", _Logged(events, None))
     result = runner.invoke(app, [*args, str(tmp_path / "process.png")])
     assert result.exit_code == 0, result.stderr
@@ -252,14 +286,15 @@ def test_dataset_stats_plot_starts_the_helper_before_the_pass(runner, monkeypatc
     assert events == ["pass"]  # no --plot: no helper
 
 
-def test_find_lr_starts_the_helper_before_torch_and_draws_with_it(runner, monkeypatch, tmp_path):
+def test_find_lr_starts_the_helper_before_torch_and_draws_with_it(
+    runner, monkeypatch, lent_helper, tmp_path
+):
     from torchkit.core.train import run_folder
     from torchkit.core.train import runner as train_runner
     from torchkit.core.train.curves_painter import CurvesPainter
 
     events: list[str] = []
-    painter = CurvesPainter.spawn()
-    assert painter is not None
+    painter = lent_helper(CurvesPainter)
 
     def start():
         events.append("plots")
@@ -270,38 +305,36 @@ def test_find_lr_starts_the_helper_before_torch_and_draws_with_it(runner, monkey
         train_runner, "_run_with_torch", _logging(events, "torch", train_runner._run_with_torch)
     )
     out = tmp_path / "run"
-    try:
-        result = runner.invoke(
-            app,
-            ["train", "--data", "digits", "--find-lr", "--find-lr-iters", "5", "--out", str(out),
-             "-j", "0", "-q"],
-        )  # fmt: skip
-        assert result.exit_code == 0, result.stderr
-        assert events == ["plots", "torch"] and painter.answered  # lr_find.png is its drawing
-    finally:
-        painter.close()
+    result = runner.invoke(
+        app,
+        ["train", "--data", "digits", "--find-lr", "--find-lr-iters", "5", "--out", str(out),
+         "-j", "0", "-q"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert events == ["plots", "torch"] and painter.answered  # lr_find.png is its drawing
     assert (out / "lr_find.png").read_bytes()[:4] == b"\x89PNG"
     assert not [p for p in out.iterdir() if p.suffix == ".npy"]
 
 
-def test_a_full_disk_is_the_commands_own_error(runner, monkeypatch, small_tmpfs, tmp_path):
-    # A real helper (started here as a command started without matplotlib starts one): it fails
-    # to write the plot (its small .npy fits), the command draws it itself and reports the full
-    # disk as it always did.
+def test_a_full_disk_is_the_commands_own_error(
+    runner, monkeypatch, live_helper, small_tmpfs, tmp_path
+):
+    # A real helper (as a command started without matplotlib starts one): it fails to write the
+    # plot (its small .npy fits), the command draws it itself and reports the full disk as it
+    # always did.
     data = write_image_folder(tmp_path / "data", {"a": 3, "b": 2})
     disk = small_tmpfs(16)
     answers: list = []
+    call = live_helper.helper.call
+
+    def recorded(request, service=None):
+        answers.append(call(request, service))
+        return answers[-1]
+
+    monkeypatch.setattr(live_helper.helper, "call", recorded)
 
     def start():
-        helper = _spawned()
-        call = helper.helper.call
-
-        def recorded(request, service=None):
-            answers.append(call(request, service))
-            return answers[-1]
-
-        helper.helper.call = recorded
-        return helper
+        return live_helper
 
     monkeypatch.setattr(plot_helper, "start_plot_helper", start)
     args = ["dataset-stats", str(data), "-j", "0", "--plot", str(disk / "p.png")]
