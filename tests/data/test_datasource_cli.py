@@ -155,11 +155,17 @@ def test_dataset_stats_on_a_split_root_measures_train_by_default(runner, tmp_pat
     assert "using train (normalisation statistics come from training data only" in stderr
     assert "--split all takes every split" in stderr
     assert default["split"] == "train" and default["images"] == 5
-    assert default["classes"] == [{"name": "cat", "images": 3}, {"name": "dog", "images": 2}]
+    assert default["classes"] == [
+        {"name": "cat", "index": 0, "images": 3},
+        {"name": "dog", "index": 1, "images": 2},
+    ]
     assert default["non_image_files"] == 0  # val/notes.txt is not in train/
     everything, stderr = stats("--split", "all")
     assert "Note:" not in stderr and everything["split"] == "all"
-    assert everything["classes"] == [{"name": "cat", "images": 5}, {"name": "dog", "images": 5}]
+    assert everything["classes"] == [
+        {"name": "cat", "index": 0, "images": 5},
+        {"name": "dog", "index": 1, "images": 5},
+    ]
     assert everything["non_image_files"] == 1
     val, _ = stats("--split", "val")
     assert (val["split"], val["images"]) == ("val", 2)

@@ -364,7 +364,7 @@ def test_a_file_of_some_rows_without_a_label_is_read_unlabelled_with_a_warning(t
     data = write_parquet(tmp_path / "d.parquet", [png(i) for i in range(6)], [0, 1, 2, 0, 1, None])
     result = run_torchkit_in_process("dataset-stats", data, "-j", "0", "--format", "json")
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["classes"] == [{"name": "", "images": 6}]
+    assert json.loads(result.stdout)["classes"] == [{"name": "", "index": 0, "images": 6}]
     assert (
         f"Warning: {data} has 1 row(s) without a label (null or -1; row 5) among 5 labelled "
         "ones: its images are read unlabelled"

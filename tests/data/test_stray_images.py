@@ -88,7 +88,10 @@ def test_dataset_stats_counts_the_classes_and_warns_once(data):
     assert stats.returncode == 0, stats.stderr
     found = json.loads(stats.stdout)
     assert found["images"] == 8 and found["num_classes"] == 2
-    assert found["classes"] == [{"name": "cat", "images": 4}, {"name": "dog", "images": 4}]
+    assert found["classes"] == [
+        {"name": "cat", "index": 0, "images": 4},
+        {"name": "dog", "index": 1, "images": 4},
+    ]
     assert stray_warnings(stats.stderr) == [
         f"Warning: 2 images beside the class folders of {data} are not read: cover.png, notes.jpg"
     ]

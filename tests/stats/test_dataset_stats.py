@@ -430,7 +430,10 @@ def test_report_counts_sizes_modes_formats_bytes(mixed_folder):
     stats = compute_dataset_stats(mixed_folder, workers=0)
     report = stats.to_dict()
     assert report["files"] == 11 and report["images"] == 8
-    assert report["classes"] == [{"name": "cat", "images": 4}, {"name": "dog", "images": 4}]
+    assert report["classes"] == [
+        {"name": "cat", "index": 0, "images": 4},
+        {"name": "dog", "index": 1, "images": 4},
+    ]
     assert report["imbalance_ratio"] == 1.0
     sizes = [Image.open(mixed_folder / n).size for n in READABLE]
     widths, heights = np.array([w for w, _ in sizes]), np.array([h for _, h in sizes])

@@ -96,7 +96,7 @@ def _tables(stats) -> list[Table]:
     share = max(stats.images, 1)
     classes = Table(
         ["class", "images", "share"],
-        [[c.name or "(unlabelled)", c.images, c.images / share] for c in stats.classes],
+        [[c.shown or "(unlabelled)", c.images, c.images / share] for c in stats.classes],
         title="Images per class",
         align_right={"images", "share"},
     )
@@ -222,7 +222,7 @@ def _long_table(stats) -> Table:
         rows.append(["summary", "near_duplicates", len(stats.near_duplicates)])
     for axis, values in (("width", stats.width), ("height", stats.height)):
         rows += [[axis, key, getattr(values, key)] for key in ("min", "median", "max")]
-    rows += [["class", c.name, c.images] for c in stats.classes]
+    rows += [["class", c.shown, c.images] for c in stats.classes]
     rows += [["mode", key, value] for key, value in stats.modes.items()]
     rows += [["format", key, value] for key, value in stats.formats.items()]
     rows += [["unreadable", u.path, u.error] for u in stats.unreadable]

@@ -270,7 +270,7 @@ def per_class_table(result, *, all_classes: bool = False) -> Table:
     m = result.metrics
     rows = []
     compact = len(result.classes) > COMPACT_TABLE_ABOVE and not all_classes
-    for label, name in enumerate(result.classes):
+    for label in range(len(result.classes)):
         if compact and m.support[label] == 0 and m.predicted[label] == 0:
             continue
         confused = " ".join(
@@ -278,7 +278,7 @@ def per_class_table(result, *, all_classes: bool = False) -> Table:
         )
         rows.append(
             [
-                name,
+                result.shown_class(label),
                 label,
                 int(m.support[label]),
                 float(m.precision[label]),

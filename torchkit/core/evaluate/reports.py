@@ -56,7 +56,7 @@ def write_reports(
     folder = Path(out_dir)
     with reporting_write_errors(folder):
         folder.mkdir(parents=True, exist_ok=True)
-    classes = result.classes
+    classes = result.shown_classes  # `crane (#134)` for a name two classes share
     dense = len(classes) <= DENSE_CONFUSION_MAX_CLASSES
     left_out = (
         ["confusion_pairs.csv"] if dense else ["confusion_matrix.csv", "confusion_matrix.png"]
@@ -129,7 +129,8 @@ def confusion_pairs_rows(pairs: ConfusionPairs, classes: list[str]) -> Iterator[
 
 def prediction_columns(result: EvalResult) -> list[str]:
     """The vocabulary of every output that names images (predict's rows too): `label` the true
-    class name, `class` the predicted one, `class_index` its index, `probability` its
+    class name (`shown_class_names`' `crane (#134)` for a name two classes share), `class` the
+    predicted one, `class_index` its index, `probability` its
     probability, `class_K`/`probability_K` the K-th most probable (K up to the top-k used)."""
     columns = [
         "path",
@@ -150,7 +151,7 @@ def prediction_rows(result: EvalResult):
     """One row per image; probabilities with 9 significant digits (float32 round-trips), as
     predict writes them."""
     p = result.predictions
-    classes = result.classes
+    classes = result.shown_classes
     for i in range(len(p)):
         true, predicted = int(p.labels[i]), int(p.predicted[i])
         row = [
@@ -320,8 +321,8 @@ def errors_layout(result: EvalResult, max_shown: int = 25) -> tuple[np.ndarray, 
             result, int(p.indices[row])
         )
         x = (left + ERROR_TILE / 2) / width
-        true = _short(result.classes[int(p.labels[row])], 18)
-        predicted = _short(result.classes[int(p.predicted[row])], 18)
+        true = _short(result.shown_class(int(p.labels[row])), 18)
+        predicted = _short(result.shown_class(int(p.predicted[row])), 18)
         name = _short(os.path.basename(result.sample_name(int(p.indices[row]))), 22)
         texts += [
             _text(x, 1 - (top - 37) / height, name, fontsize=7),

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from torchkit.core.data.sources.samples import Samples, classes_named_alike, nfc
+from torchkit.core.data.sources.samples import Samples, shown_class_names
 from torchkit.core.evaluate.metrics import CONFUSED_SHOWN, ClassificationMetrics
 from torchkit.core.inference.masked_loss import DatasetLoss, dataset_loss, masked_true_class
 from torchkit.core.topk import DEFAULT_TOPK, reported_topk, topk_name
@@ -135,15 +135,13 @@ class EvalResult:
         return self.metrics.pairs.most_confused(CONFUSED_SHOWN)  # every class's, at once
 
     @cached_property
-    def _named_alike(self) -> dict[str, list[int]]:
-        return classes_named_alike(self.classes)
+    def shown_classes(self) -> list[str]:
+        """Every class's name as the table, the CSV files and the plots show it
+        (`shown_class_names`: `crane (#134)` for a name two classes share)."""
+        return shown_class_names(self.classes)
 
     def shown_class(self, index: int) -> str:
-        """Class `index`'s name as the table and per_class.csv show it: with its index,
-        `crane (#134)`, where another class has that name too (ImageNet's two `crane`s), so
-        that a reader can tell which one is meant; the name alone otherwise."""
-        name = self.classes[index]
-        return f"{name} (#{index})" if nfc(name) in self._named_alike else name
+        return self.shown_classes[index]
 
     def confused_with(self, label: int) -> list[tuple[int, int]]:
         """(class index, images) of the classes most often predicted for class `label`'s
@@ -225,7 +223,8 @@ class EvalResult:
         return records
 
     def per_class_rows(self, *, with_summary: bool = False) -> list[list]:
-        """per_class.csv's rows (confused classes as `name:count`); `with_summary` adds the rows
+        """per_class.csv's rows (each class and those confused with it as `shown_class` names
+        them, the latter as `name:count`); `with_summary` adds the rows
         `--format csv` prints below the classes (their `index` empty): `all` (accuracy, top-k,
         loss, micro F1), then the classification-report averages `macro avg`, `weighted avg`."""
         columns = self.per_class_columns()
@@ -235,6 +234,7 @@ class EvalResult:
                 f"{self.shown_class(c['index'])}:{c['count']}" for c in record.pop("confused_with")
             ]
             confused += [None] * (CONFUSED_SHOWN - len(confused))
+            record["label"] = self.shown_class(record["index"])
             rows.append([*(record[name] for name in columns[:-CONFUSED_SHOWN]), *confused])
         if with_summary:
             m, images = self.metrics, self.num_images

@@ -18,7 +18,7 @@ from torchkit.core.data.decode import NormalizedPixels, model_input
 from torchkit.core.data.preprocessing import Preprocess, image_mode
 from torchkit.core.data.sources.digits import DIGITS
 from torchkit.core.data.sources.inputs import data_inputs, listed_check, listed_inputs
-from torchkit.core.data.sources.samples import Samples
+from torchkit.core.data.sources.samples import Samples, shown_class_names
 from torchkit.core.features.layers import (
     NORMALIZATIONS,
     POOLS,
@@ -829,9 +829,10 @@ def _index_lines(
     None (an empty field) where there is no row, label or error."""
     ids = samples.ids or samples.paths
     labelled = samples.classes != [""]  # [""]: unlabelled images
+    classes = shown_class_names(samples.classes)  # `crane (#134)`: two classes of one name
     for index in indices:
         name = ids[index] if ids else str(index)
-        label = samples.classes[samples.labels[index]] if labelled else None
+        label = classes[samples.labels[index]] if labelled else None
         if index in errors:
             line = [None, name, label, errors[index]]
         else:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchkit.core.data.batches import none_read
+from torchkit.core.data.sources.samples import shown_class_names
 from torchkit.core.inference.options import (
     InferenceOptions,
     check_inference_options,
@@ -66,6 +67,9 @@ class PredictRequest:
     stats: str | None = None  # the --stats file mean and std were read from
     strict: bool = False  # the first unreadable image (or non-finite output) is an error
     skip_errors: bool = False  # leave unreadable images out instead of an error row
+    # Classes named as tables and CSV show them (`shown_class_names`: `crane (#134)` for a
+    # name two classes share), else by their names alone (JSON, beside class_index).
+    names_shown: bool = True
 
 
 @dataclass
@@ -204,6 +208,8 @@ class PredictRun:
                 given=self.image_set.classes_given,
             )
             self.notes.append(note)
+        shown = request.names_shown
+        self._output_names = shown_class_names(self.classes) if shown else self.classes
         if self._k(outputs) < request.topk:
             k = self._k(outputs)
             classes = counted(k, "class", "classes")
@@ -514,8 +520,10 @@ class PredictRun:
         """One batch's rows, in input order: values lists, built once per batch from the
         per-batch lists of classes and probabilities (no dict per row)."""
         samples, summary, request = self.image_set.samples, self.summary, self.request
-        ids, splits, classes = samples.ids, samples.splits, self.classes
+        ids, splits, classes = samples.ids, samples.splits, self._output_names
         labels, label_names = samples.labels, samples.classes
+        if request.names_shown:
+            label_names = shown_class_names(label_names)
         errors = dict(part["failed"])
         indices = part.get("indices", [])
         position_of = {index: position for position, index in enumerate(indices)}

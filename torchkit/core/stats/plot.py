@@ -87,7 +87,7 @@ def plot_dataset_stats(
     target = check_plot_output(path, force, data_inputs(stats.root))
     sizes = np.asarray(stats.sizes, dtype=np.int64).reshape(-1, 3)[:, :2]
     values: dict[str, Any] = {
-        "names": [drawable(c.name or "(unlabelled)") for c in stats.classes],
+        "names": [drawable(c.shown or "(unlabelled)") for c in stats.classes],
         "counts": [c.images for c in stats.classes],
         "images": stats.images,
         "sizes": sizes,

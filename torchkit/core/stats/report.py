@@ -13,7 +13,7 @@ from typing import Any
 
 from torchkit.core.data.neardup import DuplicatePair
 from torchkit.core.data.sources.inputs import data_inputs
-from torchkit.core.data.sources.samples import Samples
+from torchkit.core.data.sources.samples import Samples, shown_class_names
 from torchkit.core.io.csv_rows import write_csv_file
 from torchkit.core.io.errors import InputError
 from torchkit.core.io.outputs import (
@@ -35,6 +35,8 @@ class SizeRange:
 class ClassCount:
     name: str
     images: int
+    index: int  # the class's label: two classes may share a name (ImageNet's `crane`s)
+    shown: str  # the name as the table, CSV and plot show it (`shown_class_names`)
 
 
 @dataclass
@@ -116,7 +118,9 @@ class DatasetStats:
             "duplicate_files": self.duplicate_files,
             "non_image_files": len(self.non_image_files),
             "num_classes": len(self.classes),
-            "classes": [{"name": c.name, "images": c.images} for c in self.classes],
+            "classes": [
+                {"name": c.name, "index": c.index, "images": c.images} for c in self.classes
+            ],
             "imbalance_ratio": self.imbalance_ratio,
             "width": None if self.width is None else vars(self.width).copy(),
             "height": None if self.height is None else vars(self.height).copy(),
@@ -248,13 +252,17 @@ def summarise(
     indices = records["index"]
     labels = np.asarray(samples.labels, dtype=np.int64)[indices]
     counts = np.bincount(labels, minlength=len(samples.classes)).tolist()
-    listed = list(zip(samples.classes, counts, strict=True))
+    shown = shown_class_names(samples.classes)
+    listed = [
+        ClassCount(name, n, index, shown[index])
+        for index, (name, n) in enumerate(zip(samples.classes, counts, strict=True))
+    ]
     measured = counts
     if len(listed) > 1:
         # "" beside class names is the unlabelled split of split data (HF's test split beside
         # labelled ones): listed where this split holds such images, never a class of the ratio.
-        listed = [(name, n) for name, n in listed if name or n]
-        measured = [n for name, n in listed if name]
+        listed = [c for c in listed if c.name or c.images]
+        measured = [c.images for c in listed if c.name]
     nonzero = [n for n in measured if n]
     imbalance = (
         None if not nonzero else (math.inf if 0 in measured else max(measured) / min(measured))
@@ -264,7 +272,7 @@ def summarise(
     duplicates = [
         DuplicateGroup(
             [samples.ids[i] for i in group],
-            sorted({samples.classes[samples.labels[i]] for i in group}),
+            sorted({shown[samples.labels[i]] for i in group}),
         )
         for group in _same_digest_groups(records)
     ]
@@ -280,7 +288,7 @@ def summarise(
         pixels=pixels,
         files=len(samples),
         images=len(records),
-        classes=[ClassCount(n, c) for n, c in listed],
+        classes=listed,
         imbalance_ratio=imbalance,
         width=_size_range(widths),
         height=_size_range(heights),

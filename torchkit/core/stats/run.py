@@ -12,7 +12,7 @@ from torchkit.core.data.hashing import PHASH_FLOOR
 from torchkit.core.data.neardup import DEFAULT_NEAR_THRESHOLD, MAX_THRESHOLD
 from torchkit.core.data.preprocessing import check_image_memory
 from torchkit.core.data.sources.digits import DIGITS
-from torchkit.core.data.sources.samples import Samples
+from torchkit.core.data.sources.samples import Samples, shown_class_names
 from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.io.progress import Progress
 from torchkit.core.runtime.cpus import check_workers
@@ -33,7 +33,8 @@ log = logging.getLogger("torchkit")
 
 
 def warn_empty_classes(samples: Samples) -> list[str]:
-    counts = dict(zip(samples.classes, samples.class_counts(), strict=True))
+    # By shown name: ImageNet's two `crane`s are two entries, either of which may be empty.
+    counts = dict(zip(shown_class_names(samples.classes), samples.class_counts(), strict=True))
     if counts.get("") == len(samples):  # unlabelled images: they have no class to be empty
         return []
     empty = [name for name, n in counts.items() if not n and name]

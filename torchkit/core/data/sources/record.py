@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from torchkit.core.data.sources.samples import Samples
+from torchkit.core.data.sources.samples import Samples, shown_class_names
 from torchkit.core.data.sources.source import DataSource, tagged
 from torchkit.core.data.sources.splitting import SPLIT_NAMES, path_key
 from torchkit.core.io.csv_rows import write_csv_file
@@ -92,10 +92,11 @@ def recorded_splits(
 
 
 def split_csv_rows(splits: dict[str, Samples]) -> Iterator[tuple]:
-    """A row `path,label,split` for every image of `splits` (label: the class name), one at a
+    """A row `path,label,split` for every image of `splits` (label: the class name as
+    `shown_class_names` shows it, `crane (#134)` for a name two classes share), one at a
     time."""
     for name, samples in splits.items():
-        classes = samples.classes
+        classes = shown_class_names(samples.classes)
         for ident, label in zip(samples.ids, samples.labels, strict=True):
             yield ident, classes[label], name
 

@@ -69,6 +69,21 @@ def classes_named_alike(classes: Sequence[str]) -> dict[str, list[int]]:
     return {name: found for name, found in indices.items() if len(found) > 1}
 
 
+def shown_class_names(classes: Sequence[str]) -> list[str]:
+    """Each class's name as every table, CSV file and plot shows it: with its index,
+    `crane (#134)`, where another class has that name too (ImageNet's two `crane`s, 134 and
+    517: labels are indices), so that a reader can tell which one is meant; the name alone
+    otherwise, so most data shows as it always did. JSON gives the name as it is, beside an
+    "index"."""
+    named_alike = classes_named_alike(classes)
+    if not named_alike:
+        return list(classes)
+    return [
+        f"{name} (#{index})" if nfc(name) in named_alike else name
+        for index, name in enumerate(classes)
+    ]
+
+
 def refuse_a_label_of_two_classes(
     name: str, named_alike: Mapping[str, list[int]], labelled: str, of: str, hint: str
 ) -> None:
