@@ -43,17 +43,6 @@ def scorer():
     helper.close()
 
 
-def test_the_helper_scores_exactly_as_the_process(scorer):
-    y_true, y_pred, topk, num_classes = _case()
-    here = compute_metrics(y_true, y_pred, topk, num_classes, 3)
-    there = compute_metrics(y_true, y_pred, topk, num_classes, 3, scorer=scorer)
-    assert scorer.answered  # the helper did answer: the numbers came from it
-    _equal(there, here)
-    process = scorer.process
-    scorer.close()
-    assert process.returncode == 0  # it ended because its stdin closed
-
-
 def test_a_dead_helper_leaves_the_scoring_to_the_process(scorer):
     scorer.process.kill()
     scorer.process.wait()
@@ -104,21 +93,35 @@ def test_eval_starts_the_scorer_before_the_model_and_closes_it(monkeypatch, tmp_
     assert len(recorder.requests[0]["y_true"]) == result.metrics.num_samples == 179
 
 
-def test_eval_out_draws_its_plots_in_the_scorers_process(monkeypatch, tmp_path):
+def test_eval_out_draws_its_plots_in_the_scorers_process_which_scores_as_this_one(
+    monkeypatch, tmp_path
+):
     """eval --out starts ONE helper, serving the metrics and the plots (a second process would
-    compete with it and eval for two cores), and its PNGs are those eval draws itself."""
+    compete with it and eval for two cores), and its PNGs are those eval draws itself. The
+    helper's scores are exactly the process's own (asked of it, beside eval's request, for a
+    case with a class of no images), and it ends with 0 when eval closes its stdin."""
     from torchkit.core.evaluate import EvalOptions, ModelSpec, evaluate, runner
     from torchkit.core.inference.options import InferenceOptions
     from torchkit.core.runtime import plot_helper
 
-    started = []
+    started, scorers = [], []
     spawn = HelperProcess.spawn
 
     def spawn_logged(*services):
         started.append(services)
         return spawn(*services)
 
+    def compute_metrics_checked(*args, scorer=None, **kwargs):
+        if scorer is not None:  # the one helper process, before eval's own request
+            scorers.append((scorer, scorer.process))
+            y_true, y_pred, topk, num_classes = _case()
+            there = compute_metrics(y_true, y_pred, topk, num_classes, 3, scorer=scorer)
+            assert scorer.answered  # the helper did answer: the numbers came from it
+            _equal(there, compute_metrics(y_true, y_pred, topk, num_classes, 3))
+        return compute_metrics(*args, scorer=scorer, **kwargs)
+
     monkeypatch.setattr(HelperProcess, "spawn", staticmethod(spawn_logged))
+    monkeypatch.setattr(runner, "compute_metrics", compute_metrics_checked)
     # As in a fresh eval process (this one may have drawn or scored in-process before).
     monkeypatch.delitem(sys.modules, "sklearn.metrics", raising=False)
     monkeypatch.setattr(plot_helper, "wanted", lambda: True)
@@ -133,13 +136,16 @@ def test_eval_out_draws_its_plots_in_the_scorers_process(monkeypatch, tmp_path):
         )
         return evaluate(spec, options)
 
-    run(tmp_path / "helper")
+    with_helper = run(tmp_path / "helper")
     assert started == [(metrics.SERVICE, plot_helper.SERVICE)]
+    [(scorer, process)] = scorers
+    assert scorer.process is None and process.returncode == 0  # ended as its stdin closed
     monkeypatch.setattr(plot_helper, "wanted", lambda: False)  # drawn in this process
     monkeypatch.setattr(runner, "start_scorer", lambda **_: None)
     started.clear()
-    run(tmp_path / "process")
-    assert started == []
+    in_process = run(tmp_path / "process")
+    assert started == [] and len(scorers) == 1
+    _equal(with_helper.metrics, in_process.metrics)
     for name in ("confusion_matrix.png", "errors.png"):
         drawn = (tmp_path / "helper" / name).read_bytes()
         assert drawn == (tmp_path / "process" / name).read_bytes(), name
