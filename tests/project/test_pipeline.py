@@ -34,7 +34,9 @@ def ok(runner, *args: str):
 FAST = ("--model", "convnet", "--image-size", "8", "--epochs", "1", "-j", "0", "--device", "cpu")
 
 
-def test_readme_pipeline_joins_on_path(runner, tmp_path, monkeypatch):
+def test_readme_pipeline_joins_on_path_and_eval_says_which_split_it_scores(
+    runner, tmp_path, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
     make_dataset(tmp_path / "dataset")
     ok(runner, "split", "dataset", "out", "--mode", "manifest", "--ratio", "6:2:2")
@@ -69,6 +71,14 @@ def test_readme_pipeline_joins_on_path(runner, tmp_path, monkeypatch):
         "--device",
         "cpu",
     )
+    # Without --split, eval says which split of the split data it scores: the held-out test.
+    result = ok(runner, "eval", "run/best.pt", "--data", "out/split.csv", "--format", "json",
+                "-j", "0")  # fmt: skip
+    assert "using test (held-out test data)" in result.stderr
+    assert json.loads(result.stdout)["split"] == "test"
+    clash = runner.invoke(app, ["eval", "convnet", "--model", "resnet18", "--data", "out"])
+    assert clash.exit_code == 2 and "MODEL convnet contradicts --model resnet18" in clash.stderr
+
     predictions = pd.read_csv("report/predictions.csv")
     metrics = json.loads(Path("report/metrics.json").read_text())
     assert metrics["split"] == "val" and metrics["num_images"] == 6
@@ -156,16 +166,3 @@ def test_an_excel_csv_with_a_bom_trains(runner, tmp_path, monkeypatch, bom):
     text = "\r\n".join(lines) + "\r\n"
     (tmp_path / "index.csv").write_bytes(("\ufeff" if bom else "").encode() + text.encode())
     ok(runner, "train", "--data", "index.csv", "--val-split", "0.2", "--out", "run", *FAST)
-
-
-def test_eval_says_which_split_of_split_data_it_scores(runner, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    make_dataset(tmp_path / "dataset")
-    ok(runner, "split", "dataset", "out", "--mode", "manifest", "--ratio", "6:2:2")
-    ok(runner, "train", "--data", "out/split.csv", "--out", "run", *FAST)
-    result = ok(runner, "eval", "run/best.pt", "--data", "out/split.csv", "--format", "json",
-                "-j", "0")  # fmt: skip
-    assert "using test (held-out test data)" in result.stderr
-    assert json.loads(result.stdout)["split"] == "test"
-    clash = runner.invoke(app, ["eval", "convnet", "--model", "resnet18", "--data", "out"])
-    assert clash.exit_code == 2 and "MODEL convnet contradicts --model resnet18" in clash.stderr
