@@ -14,15 +14,17 @@ What `--data` (or IMAGES) may name here, before folders and CSV indexes are trie
   `KEY.cls` (the class index as decimal text) or a `KEY.json` with "label" (a class name or an
   index) or "cls" (an index). Class names: `classes.txt` (one per line) or `classes.json` (a
   list, or {name: index}) beside the shards; without one, the names in the order of the
-  indices beside them where every sample has both, paired one to one (`_classes_by_index`),
-  else the label names sorted naturally (as class folders are), or, for indices only, "0",
-  "1", ... up to the largest index. Two names of one index that differ only by the spaces
-  around them are an error (they would be two classes); so is a sample whose index and name
-  are two classes of classes.txt / classes.json (webdataset reads the index). A name given
-  twice there (ImageNet's two "crane"s) is two classes, told apart by the samples' indices; a
-  sample labelled by such a name alone is an error (`refuse_a_label_of_two_classes`). A
-  sample's id (the `path` column) is `SHARD/KEY.EXT` (`train-000003.tar/00042.jpg`), relative to
-  the shards' folder; samples are in shard order, then member order.
+  indices beside them where every sample has both and each index one name
+  (`_classes_by_index`; two indices of one name are two classes: the index is the label),
+  else the label names sorted naturally (as class folders are; a name of two indices is an
+  error then), or, for indices only, "0", "1", ... up to the largest index. Two names of one
+  index that differ only by the spaces around them are an error (they would be two classes);
+  so is a sample whose index and name are two classes of classes.txt / classes.json
+  (webdataset reads the index). A name given twice there (ImageNet's two "crane"s) is two
+  classes, told apart by the samples' indices; a sample labelled by such a name alone is an
+  error (`refuse_a_label_of_two_classes`). A sample's id (the `path` column) is
+  `SHARD/KEY.EXT` (`train-000003.tar/00042.jpg`), relative to the shards' folder; samples are
+  in shard order, then member order.
 - a `.tar` of an image folder (`class/img.JPEG`, a split root `train/class/img.jpg`, or, where
   unlabelled images are taken, flat images or a split of them, `train/img.jpg`), read with the
   rules of folders on disk; all of it may lie in one folder named as the archive
@@ -892,16 +894,39 @@ def _refuse_index_and_name_that_disagree(
 
 def _classes_by_index(found: list[ShardSample]) -> list[str] | None:
     """The class names in the order the samples' own indices give, where every labelled sample
-    has a name (`KEY.json` "label") and an index (`KEY.cls`, "cls"), and they pair one to one
-    over 0, 1, ... (as `ShardWriter` writes a dataset's names and indices): class i is the name
-    beside index i, as webdataset's reader labels it. None otherwise (the names are sorted)."""
+    has a name (`KEY.json` "label") and an index (`KEY.cls`, "cls"), and each index 0, 1, ...
+    has one name (as `ShardWriter` writes a dataset's names and indices): class i is the name
+    beside index i, as webdataset's reader labels it. Two indices may have one name (ImageNet's
+    two `crane`s): the index is the label, the name what shows it. None otherwise (the names
+    are sorted)."""
     pairs = {(s.name, s.index) for s in found if s.name is not None or s.index is not None}
     if not pairs or any(name is None or index is None for name, index in pairs):
         return None
     by_index = {index: name for name, index in pairs}
-    if sorted(by_index) != list(range(len(pairs))) or len(set(by_index.values())) != len(pairs):
+    if sorted(by_index) != list(range(len(pairs))):  # an index of two names, or one skipped
         return None
     return [by_index[index] for index in range(len(pairs))]
+
+
+def _refuse_a_name_of_two_indices(found: list[ShardSample]) -> None:
+    """InputError where samples give one name to two class indices (`KEY.cls` 0 and 2 both
+    "crane") and no file of names beside the shards, nor the samples' pairs
+    (`_classes_by_index`), says which name each index has: read by name, as such labels are,
+    the two classes were one, silently. The index is the label."""
+    first: dict[str, ShardSample] = {}
+    for sample in found:
+        if sample.name is None or sample.index is None:
+            continue
+        seen = first.setdefault(sample.name, sample)
+        if seen.index != sample.index:
+            raise InputError(
+                f"sample {sample.key} in {sample.shard} has class index {sample.index} and the "
+                f"label {sample.name!r}, which sample {seen.key} in {seen.shard} gives class "
+                f"index {seen.index}: read by name they would be one class, and the samples do "
+                "not name each class index 0, 1, ... once",
+                "the index is the label: put classes.txt (one class name per line, in label "
+                "order) beside the shards",
+            )
 
 
 def _labelled(
@@ -1132,6 +1157,7 @@ def shards_source(
             refuse_spelling_twins(file_classes, f"labels of {spec}:")
         else:  # the names are the classes: over every split, val's `cat ` beside train's `cat`
             _refuse_spaced_names(found)
+            _refuse_a_name_of_two_indices(found)
     # classes.txt (or the samples' own name-index pairs) states the label order; names in the
     # samples alone are sorted (`_labelled`).
     given = bool(file_classes) or all(s.name is None for s in found)
