@@ -22,9 +22,10 @@ What `--data` (or IMAGES) may name here, before folders and CSV indexes are trie
   so is a sample whose index and name are two classes of classes.txt / classes.json
   (webdataset reads the index). A name given twice there (ImageNet's two "crane"s) is two
   classes, told apart by the samples' indices; a sample labelled by such a name alone is an
-  error (`refuse_a_label_of_two_classes`). A sample's id (the `path` column) is
-  `SHARD/KEY.EXT` (`train-000003.tar/00042.jpg`), relative to the shards' folder; samples are
-  in shard order, then member order.
+  error (`refuse_a_label_of_two_classes`). A label member past MAX_LABEL_MEMBER_BYTES is an
+  error, never read whole. A sample's id (the `path` column) is `SHARD/KEY.EXT`
+  (`train-000003.tar/00042.jpg`), relative to the shards' folder; samples are in shard order,
+  then member order.
 - a `.tar` of an image folder (`class/img.JPEG`, a split root `train/class/img.jpg`, or, where
   unlabelled images are taken, flat images or a split of them, `train/img.jpg`), read with the
   rules of folders on disk; all of it may lie in one folder named as the archive
@@ -102,6 +103,10 @@ _SHARDS_HINT = (
 )
 _SHOWN = 5  # names listed in one error
 _SPACES = how_they_differ("a", "a ")  # what tells `cat` and `cat ` apart, as errors say it
+# The most bytes a sample's label member (`KEY.cls`, `KEY.json`) may hold, read whole: a label
+# is a few bytes, its JSON of metadata some kilobytes; a member of gigabytes (mislabelled, or a
+# hostile shard) would take all memory.
+MAX_LABEL_MEMBER_BYTES = 16 << 20
 # Names one brace pattern may expand to: more is a typo (`{0..9999999999}`) that would take
 # all memory to list.
 MAX_PATTERN_NAMES = 1_000_000
@@ -737,7 +742,8 @@ def _label(
     """(class name, class index) a sample's `.cls` / `.json` give (None where absent)."""
     name = index = None
     if "cls" in group:
-        text = _member_bytes(listing, reader, group["cls"]).decode("utf-8", "replace").strip()
+        data = _member_bytes(listing, reader, group["cls"], where)
+        text = data.decode("utf-8", "replace").strip()
         if text == "-1":
             pass  # HF's "no label" (an unlabelled test split), as a KEY.json's -1 and parquet's
         elif not re.fullmatch(r"[0-9]{1,30}", text):  # int() refuses 4,300 digits
@@ -749,7 +755,7 @@ def _label(
             index = int(text)
     if "json" in group:
         try:
-            meta = json.loads(_member_bytes(listing, reader, group["json"]))
+            meta = json.loads(_member_bytes(listing, reader, group["json"], where))
         except (ValueError, RecursionError):  # RecursionError: nested past Python's stack
             raise InputError(f"{where}: {group['json']} is not JSON") from None
         if isinstance(meta, dict):
@@ -786,9 +792,19 @@ def _json_label(meta: dict, key: str, where: str, names: bool = True) -> str | i
     )
 
 
-def _member_bytes(listing: TarListing, reader: TarReader, member: str) -> bytes:
+def _member_bytes(listing: TarListing, reader: TarReader, member: str, where: str) -> bytes:
+    """A label member's bytes (`where`: its sample, "KEY in SHARD"); an InputError, before
+    any is read, for one past MAX_LABEL_MEMBER_BYTES."""
+    locator = listing.locator(member)
+    if locator is not None and locator[1] > MAX_LABEL_MEMBER_BYTES:
+        raise InputError(
+            f"{where}: {member} holds {locator[1]:,} bytes, more than the "
+            f"{MAX_LABEL_MEMBER_BYTES >> 20} MiB a label member may",
+            'a KEY.cls holds a class index, a KEY.json an object with a "label": check what '
+            "the shard holds under that name",
+        )
     try:
-        return reader.read(listing.locator(member))
+        return reader.read(locator)
     except OSError as error:
         raise InputError(f"cannot read {member} in {listing.path}: {error}") from None
 
