@@ -722,6 +722,10 @@ def _download(
                 chunk = _read(response, url)
                 if not chunk:
                     break
+                if want is not None and done + len(chunk) > want:
+                    # A body of no Content-Length that runs on (a close-delimited or chunked
+                    # one): stopped here, not once it filled the disk, judged by the end.
+                    raise _changed(url, f"the server sends more than {want} bytes")
                 handle.write(chunk)
                 digest.update(chunk)
                 done += len(chunk)
