@@ -99,20 +99,20 @@ def test_the_readme_has_examples_of_every_command(_torchkit_command):
 def test_a_drifted_line_fails(line, _torchkit_command):
     """The check can fail: an unknown option, sub-command or command."""
     with pytest.raises(Exception) as caught:  # click's usage errors, or the assertion
-        test_a_readme_command_line_parses(line, _torchkit_command)
+        _parsed(line, _torchkit_command)
     assert "NoSuchOption" in type(caught.value).__name__ or isinstance(caught.value, AssertionError)
 
 
-@pytest.mark.parametrize("line", DOC_COMMANDS + HELP_COMMANDS)
-def test_a_readme_command_line_parses(line, _torchkit_command):
+def _parsed(line: str, command):
+    """The click context `line` parses into (raises when the line is wrong), or None for a
+    line with an eager option, which must then be an option of the app, nothing more."""
     words = _words(line)
-    command = _torchkit_command
     eager = [word for word in words if word in EAGER]
-    if eager:  # parsing would run them: they must be options of the app, nothing more
+    if eager:  # parsing would run them
         names = {name for param in command.params for name in param.opts}
         assert set(eager) <= names | {"--help", "-h"}, line
-        return
-    _context(line, command)
+        return None
+    return _context(line, command)
 
 
 # What a model file's name ends with (models.md): a MODEL that names none of them is built with
@@ -121,12 +121,15 @@ MODEL_FILES = (".pt", ".pth", ".ckpt", ".bin", ".safetensors", ".onnx", ".ts", "
 
 
 @pytest.mark.parametrize("line", DOC_COMMANDS + HELP_COMMANDS)
-def test_no_example_runs_a_model_with_random_weights(line, _torchkit_command):
-    """An example of eval, predict or extract-features that names an architecture gives it
-    weights (these commands refuse random weights: the line would end in a usage error)."""
-    if any(word in EAGER for word in _words(line)):
+def test_a_readme_command_line_parses_and_runs_no_model_with_random_weights(
+    line, _torchkit_command
+):
+    """The line parses as the command's own (`_parsed`), and an example of eval, predict or
+    extract-features that names an architecture gives it weights (these commands refuse random
+    weights: the line would end in a usage error). One test a line, parsed once for both."""
+    context = _parsed(line, _torchkit_command)
+    if context is None:
         return
-    context = _context(line, _torchkit_command)
     params = context.params
     if "allow_untrained" not in params or params.get("list_layers"):
         return
