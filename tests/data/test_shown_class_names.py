@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from checkpoints import write_convnet_checkpoint
+from output_checks import error_line
 from parquet_files import png
 from processes import run_torchkit_in_process
 
@@ -162,3 +163,24 @@ def test_predict_rows_name_the_two_classes_apart(shards, model):
     rows = json.loads(found.stdout)
     assert [row["label"] for row in rows] == ["crane", "crane", "crane", "b"]
     assert {(row["class"], row["class_index"]) for row in rows} == {("crane", 2)}
+
+
+def test_train_names_which_of_two_classes_of_one_name_has_no_images(tmp_path, shards):
+    """ "class 'crane' has no images" said neither which crane nor, by name, that the other
+    one has some."""
+    (shards / "classes.txt").write_text("crane\nb\nc\ncrane\n")  # class 3, a crane, is empty
+    found = run_torchkit_in_process(
+        "train", "--data", shards, "--model", "convnet", "--image-size", "8", "--workers", "0",
+        "--out", tmp_path / "run",
+    )  # fmt: skip
+    assert found.returncode == 1 and found.stdout == ""
+    assert "Error: class 'crane (#3)' has no images" in error_line(found.stderr)
+
+
+def test_train_names_which_of_two_classes_of_one_name_was_never_read():
+    from torchkit.core.train.loaders import classes_never_read
+
+    train = Samples(classes=NAMES, labels=[0, 2, 1], paths=["a.png", "b.png", "c.png"])
+    assert classes_never_read(train, ["b.png: cannot identify image file"]) == {
+        "crane (#2)": "b.png"
+    }

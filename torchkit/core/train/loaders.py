@@ -28,7 +28,7 @@ from torchkit.core.data.dataset import (
 from torchkit.core.data.preprocessing import Preprocess
 from torchkit.core.data.sources import DataSource, open_labelled, split_record, training_splits
 from torchkit.core.data.sources.digits import DIGITS
-from torchkit.core.data.sources.samples import Samples
+from torchkit.core.data.sources.samples import Samples, shown_class_names
 from torchkit.core.data.stored_image import Blocks, read_blocks
 from torchkit.core.data.transforms import eval_transform, train_transform
 from torchkit.core.io.errors import InputError, first_and_more
@@ -100,15 +100,18 @@ def load_splits(config: TrainConfig, recorded: dict | None = None) -> TrainData:
             "a classifier needs at least two class folders",
         )
     counts = train.class_counts()
-    empty = [name for name, count in zip(train.classes, counts, strict=True) if count == 0]
+    # By shown name (`crane (#2)`): two classes of one name are two entries, either may be empty.
+    shown = shown_class_names
+    empty = [name for name, count in zip(shown(train.classes), counts, strict=True) if not count]
     held_out = "val" not in source.splits  # the val split is --val-split of train's images
     if empty:
         val = splits.get("val")
-        in_val = dict(zip(val.classes, val.class_counts(), strict=True)) if val else {}
+        in_val = dict(zip(shown(val.classes), val.class_counts(), strict=True)) if val else {}
         if held_out:  # train's images held out: a class no split has an image of has none
             found = {name: 0 for name in empty}
             for samples in splits.values():
-                for name, count in zip(samples.classes, samples.class_counts(), strict=True):
+                names = shown(samples.classes)
+                for name, count in zip(names, samples.class_counts(), strict=True):
                     if name in found:
                         found[name] += count
             _refuse_classes_without_images(source, [n for n in empty if not found[n]])
@@ -277,11 +280,8 @@ def classes_never_read(train: Samples, errors: Collection[str]) -> dict[str, str
             unread[label] += 1
             first.setdefault(label, str(path))
     counts = train.class_counts()
-    return {
-        train.classes[label]: shown
-        for label, shown in first.items()
-        if unread[label] == counts[label]
-    }
+    names = shown_class_names(train.classes)  # two classes of one name: two entries
+    return {names[label]: shown for label, shown in first.items() if unread[label] == counts[label]}
 
 
 def warn_classes_never_read(train: Samples, errors: Collection[str], warned: set[str]) -> None:
