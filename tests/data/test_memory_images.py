@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from run_curves import lay_out_curves_only
 
 from torchkit.core.data.dataset import (
     default_workers,
@@ -203,13 +204,15 @@ def test_decode_is_validated_and_recorded():
     assert TrainConfig().decode == "auto"  # fast unless training on CUDA from JPEGs
 
 
-def test_train_decode_option_is_recorded_and_checked(runner, tmp_path):
+def test_train_decode_option_is_recorded_and_checked(runner, tmp_path, monkeypatch):
     from torchkit.cli import app
 
+    lay_out_curves_only(monkeypatch)  # the record is checked, not curves.png
     out = tmp_path / "run"
     result = runner.invoke(
         app,
         ["train", "--data", "digits", "--epochs", "1", "--decode", "exact", "--out", str(out),
+         "--model", "nets:TinyNet", "--image-size", "8", "--batch-size", "512",
          "-j", "0", "--format", "json"],
     )  # fmt: skip
     assert result.exit_code == 0, result.stderr
