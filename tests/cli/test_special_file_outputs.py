@@ -27,13 +27,14 @@ from processes import run_torchkit_in_process
 # command line with OUT for the output; the output's name (its extension says its format).
 # The -o of eval, video-info, train, split, benchmark and extract-features is written as
 # summary's is (render.emit, atomic_write); each writer here goes through atomic_write,
-# atomic_write_bytes or atomic_path.
+# atomic_write_bytes or atomic_path. Images are read in the process (-j 0): loader workers
+# write nothing, and starting them cost more than the rest of a run.
 WRITERS = {
     "summary -o": (["summary", "ck.pt", "-o", "OUT"], "out.json"),
     "env -o": (["env", "-o", "OUT"], "out.json"),
-    "dataset-stats -o": (["dataset-stats", "ds", "-o", "OUT"], "out.csv"),
-    "dataset-stats --plot": (["dataset-stats", "ds", "--plot", "OUT"], "out.png"),
-    "predict -o": (["predict", "ck.pt", "ds", "-o", "OUT"], "out.jsonl"),
+    "dataset-stats -o": (["dataset-stats", "ds", "-j", "0", "-o", "OUT"], "out.csv"),
+    "dataset-stats --plot": (["dataset-stats", "ds", "-j", "0", "--plot", "OUT"], "out.png"),
+    "predict -o": (["predict", "ck.pt", "ds", "-j", "0", "-o", "OUT"], "out.jsonl"),
     "convert checkpoint": (["convert", "checkpoint", "ck.pt", "OUT"], "out.safetensors"),
     "convert-syncbn": (["convert-syncbn", "ck.pt", "OUT"], "out.pt"),
     "convert tensor": (["convert", "tensor", "ds/a/a_0.png", "OUT"], "out.npy"),
@@ -175,7 +176,7 @@ SHARED = {
     "convert tensor": ["convert", "tensor", "ds/a/a_0.png", "OUT", "--to", "npy", "-o", "OUT"],
     "export": ["export", "ck.pt", "OUT", "--to", "torchscript", "--no-verify", "-o", "OUT"],
     "convert-syncbn": ["convert-syncbn", "ck.pt", "OUT", "-o", "OUT"],
-    "dataset-stats": ["dataset-stats", "ds", "--plot", "OUT", "-o", "OUT"],
+    "dataset-stats": ["dataset-stats", "ds", "-j", "0", "--plot", "OUT", "-o", "OUT"],
 }
 
 
