@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from completion_runs import completions_in_one_process
 from suite_paths import REPO
 from typer.main import get_command
 
@@ -54,22 +55,48 @@ def top_level_commands() -> list[str]:
     return sorted(name for name, cmd in get_command(app).commands.items() if not cmd.hidden)
 
 
-def complete(env: dict[str, str]) -> tuple[list[str], set[str]]:
-    """Run `python -m torchkit` as a shell would for completion; return the lines it printed and
-    the top-level packages it imported (from -X importtime)."""
-    done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "torchkit"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **env},
-        timeout=120,
-    )
-    imported = {
-        line.rsplit("|", 1)[1].strip().split(".")[0]
-        for line in done.stderr.splitlines()
-        if line.startswith("import time:") and "|" in line
+# The TAB presses answered by real `python -m torchkit` processes (what they import is checked):
+# all in one fresh interpreter (`completions_in_one_process`), the first one's imports as a
+# fresh process has them, the later ones' with what the earlier ones imported (zsh's and fish's
+# help texts last).
+MODEL_NAME_WORDS = [
+    "torchkit summary resn",
+    "torchkit extract-features resn",
+    "torchkit convert-syncbn resn",
+    "torchkit eval resn",
+    "torchkit train --model resn",
+]
+TAB_PRESSES = {
+    "commands": {
+        "_TORCHKIT_COMPLETE": "complete_bash",
+        "COMP_WORDS": "torchkit ",
+        "COMP_CWORD": "1",
+    },
+    **{
+        words: {
+            "_TORCHKIT_COMPLETE": "complete_bash",
+            "COMP_WORDS": words,
+            "COMP_CWORD": str(len(words.split()) - 1),
+        }
+        for words in MODEL_NAME_WORDS
+    },
+    "zsh": {"_TORCHKIT_COMPLETE": "complete_zsh", "_TYPER_COMPLETE_ARGS": "torchkit env --format "},
+    "fish": {
+        "_TORCHKIT_COMPLETE": "complete_fish",
+        "_TYPER_COMPLETE_FISH_ACTION": "get-args",
+        "_TYPER_COMPLETE_ARGS": "torchkit env --re",
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def tab_presses() -> dict[str, tuple[list[str], set[str]]]:
+    """Each of TAB_PRESSES: the lines printed and the top-level packages imported."""
+    answers = completions_in_one_process(list(TAB_PRESSES.values()))
+    return {
+        name: (lines, {module.split(".")[0] for module in imported})
+        for name, (lines, imported) in zip(TAB_PRESSES, answers, strict=True)
     }
-    return done.stdout.splitlines(), imported
 
 
 def test_committed_completion_scripts_are_current():
@@ -83,29 +110,19 @@ def test_committed_completion_scripts_are_current():
     assert generator.main(["--check"]) == 0
 
 
-def test_bash_protocol_lists_commands_without_importing_torch():
-    lines, imported = complete(
-        {"_TORCHKIT_COMPLETE": "complete_bash", "COMP_WORDS": "torchkit ", "COMP_CWORD": "1"}
-    )
+def test_bash_protocol_lists_commands_without_importing_torch(tab_presses):
+    lines, imported = tab_presses["commands"]
     assert sorted(lines) == top_level_commands()
     assert "env" in lines
     assert not imported & HEAVY, f"completion imported {sorted(imported & HEAVY)}"
 
 
-def test_zsh_and_fish_protocols_complete_option_values():
-    zsh, imported = complete(
-        {"_TORCHKIT_COMPLETE": "complete_zsh", "_TYPER_COMPLETE_ARGS": "torchkit env --format "}
-    )
+def test_zsh_and_fish_protocols_complete_option_values(tab_presses):
+    zsh, imported = tab_presses["zsh"]
     assert zsh[0].startswith("_arguments") and '"table"' in zsh[0]
     assert '"csv"' in zsh[1] and '"json"' in zsh[2]
     assert not imported & HEAVY
-    fish, _ = complete(
-        {
-            "_TORCHKIT_COMPLETE": "complete_fish",
-            "_TYPER_COMPLETE_FISH_ACTION": "get-args",
-            "_TYPER_COMPLETE_ARGS": "torchkit env --re",
-        }
-    )
+    fish, _ = tab_presses["fish"]
     # One line per candidate: long help text must not wrap into bogus candidates.
     assert [line.split("\t")[0] for line in fish] == ["--require-cuda"]
 
@@ -142,24 +159,9 @@ def test_the_generated_model_names_are_torchvisions_and_convnet():
     ).read_text(encoding="utf-8")
 
 
-@pytest.mark.parametrize(
-    "words",
-    [
-        "torchkit summary resn",
-        "torchkit extract-features resn",
-        "torchkit convert-syncbn resn",
-        "torchkit eval resn",
-        "torchkit train --model resn",
-    ],
-)
-def test_model_names_complete_without_importing_torch(words):
-    lines, imported = complete(
-        {
-            "_TORCHKIT_COMPLETE": "complete_bash",
-            "COMP_WORDS": words,
-            "COMP_CWORD": str(len(words.split()) - 1),
-        }
-    )
+@pytest.mark.parametrize("words", MODEL_NAME_WORDS)
+def test_model_names_complete_without_importing_torch(tab_presses, words):
+    lines, imported = tab_presses[words]
     assert "resnet18" in lines and "resnet50" in lines and "resnext50_32x4d" in lines
     assert all(line.startswith("resn") for line in lines)
     assert not imported & HEAVY, f"completion imported {sorted(imported & HEAVY)}"

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import re
-import subprocess
 import sys
 
 import pytest
 from cli_commands import COMMANDS
+from completion_runs import completions_in_one_process
 from typer.testing import CliRunner
 
 from torchkit.cli import app
@@ -210,35 +209,35 @@ def test_json_has_no_yes_no_strings_anywhere(tmp_path):
 # --- completion -----------------------------------------------------------------------------------
 
 
-def completion(env: dict[str, str]) -> tuple[list[str], set[str]]:
-    done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "torchkit"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **env},
-        timeout=120,
-    )
-    imported = {
-        line.rsplit("|", 1)[1].strip()
-        for line in done.stderr.splitlines()
-        if line.startswith("import time:") and "|" in line
-    }
-    return done.stdout.splitlines(), imported
+# TAB presses answered by real `python -m torchkit` processes, all in one fresh interpreter
+# (`completions_in_one_process`): bash's, whose imports are checked, before zsh's (its help texts
+# render with rich).
+BASH_TAB_PRESSES = {  # COMP_WORDS: COMP_CWORD
+    "torchkit su": "1",
+    "torchkit summary --de": "2",
+    "torchkit convert checkpoint --st": "3",
+}
+ZSH_COMMAND_NAMES = {"_TORCHKIT_COMPLETE": "complete_zsh", "_TYPER_COMPLETE_ARGS": "torchkit "}
 
 
-@pytest.mark.parametrize(
-    "env",
-    [
-        {"COMP_WORDS": "torchkit su", "COMP_CWORD": "1"},
-        {"COMP_WORDS": "torchkit summary --de", "COMP_CWORD": "2"},
-        {"COMP_WORDS": "torchkit convert checkpoint --st", "COMP_CWORD": "3"},
-    ],
-)
-def test_completion_imports_neither_pydantic_nor_rich(env):
+@pytest.fixture(scope="module")
+def tab_presses() -> dict[str, tuple[list[str], set[str]]]:
+    """The lines printed and the modules imported, for each of BASH_TAB_PRESSES (by its words)
+    and then ZSH_COMMAND_NAMES ("zsh")."""
+    bash = [
+        {"_TORCHKIT_COMPLETE": "complete_bash", "COMP_WORDS": words, "COMP_CWORD": cword}
+        for words, cword in BASH_TAB_PRESSES.items()
+    ]
+    answers = completions_in_one_process([*bash, ZSH_COMMAND_NAMES])
+    return dict(zip([*BASH_TAB_PRESSES, "zsh"], answers, strict=True))
+
+
+@pytest.mark.parametrize("words", BASH_TAB_PRESSES)
+def test_completion_imports_neither_pydantic_nor_rich(tab_presses, words):
     """What made a TAB press take 0.3-0.45 s: Typer's value coercion (pydantic, ~50 ms), rich's
     console, and building every command's options to complete one word."""
-    lines, imported = completion({"_TORCHKIT_COMPLETE": "complete_bash", **env})
-    assert lines and all(line.startswith(env["COMP_WORDS"].split()[-1]) for line in lines)
+    lines, imported = tab_presses[words]
+    assert lines and all(line.startswith(words.split()[-1]) for line in lines)
     top = {name.split(".")[0] for name in imported}
     assert not top & {"pydantic", "rich", "torch", "cv2"}, sorted(top)
 
@@ -263,10 +262,8 @@ def test_completion_builds_only_the_command_being_completed(monkeypatch):
     assert len(app.registered_commands) > 5  # the app itself is left as it was
 
 
-def test_zsh_completion_of_command_names_keeps_their_help():
-    lines, _ = completion(
-        {"_TORCHKIT_COMPLETE": "complete_zsh", "_TYPER_COMPLETE_ARGS": "torchkit "}
-    )
+def test_zsh_completion_of_command_names_keeps_their_help(tab_presses):
+    lines, _ = tab_presses["zsh"]
     text = "\n".join(lines)
     assert '"env":"Report Python, OS, CPU' in text
     assert '"convert":"Convert images, arrays and tensors' in text

@@ -1,0 +1,66 @@
+"""Shell completions asked of `python -m torchkit` as a shell asks them (the protocol's variables
+in the environment, the module run as `-m` runs it), several in one fresh interpreter: what
+completion imports is the subject, so no process that has imported torchkit, torch or rich
+will do, but each start costs a Python and torchkit's imports (about 0.45 s of CPU).
+
+One process for all answers: what one completion loads stays loaded for the next, so an import
+shows in the answer that made it and in every later one. Give the answers whose imports are
+checked before any that may import more (zsh's help text renders with rich)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+
+# Runs in the fresh interpreter (under -X importtime, whose lines go to stderr): the cases
+# (JSON on stdin), each as `python -m torchkit` with no arguments and the case's variables set,
+# then the line ANSWERED (its argument) on stderr; the lines of their stdout as JSON.
+_ASK_EACH = r"""
+import contextlib, io, json, os, runpy, sys
+
+cases = json.load(sys.stdin)
+answered = sys.argv.pop(1)  # then sys.argv is `python -m torchkit`'s: no arguments
+answers = []
+for case in cases:
+    os.environ.update(case)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+        runpy.run_module("torchkit", run_name="__main__", alter_sys=True)
+    for name in case:
+        del os.environ[name]
+    answers.append(out.getvalue().splitlines())
+    sys.stderr.write(answered + "\n")
+    sys.stderr.flush()
+sys.stdout.write(json.dumps(answers))
+"""
+ANSWERED = "-- answered --"
+
+
+def completions_in_one_process(
+    cases: Sequence[dict[str, str]],
+) -> list[tuple[list[str], set[str]]]:
+    """For each case (the completion variables of one TAB press), in order in one fresh
+    interpreter: the lines torchkit printed, and the modules imported (as -X importtime names
+    them, failed attempts too) from the interpreter's start until it had answered."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", _ASK_EACH, ANSWERED],
+        input=json.dumps(list(cases)),
+        capture_output=True,
+        text=True,
+        env={**os.environ},
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    answers = json.loads(done.stdout)
+    imported: set[str] = set()
+    so_far = []
+    for line in done.stderr.splitlines():
+        if line == ANSWERED:
+            so_far.append(set(imported))
+        elif line.startswith("import time:") and "|" in line:
+            imported.add(line.rsplit("|", 1)[1].strip())
+    assert len(so_far) == len(answers) == len(cases), done.stderr
+    return list(zip(answers, so_far, strict=True))
