@@ -25,12 +25,12 @@ def test_convert_tensor_writes_a_report_inside_its_new_folder_after_the_swap(tmp
     source = tmp_path / "src"
     write_image_folder(source, {"a": 1, "b": 1})
     out = tmp_path / "arrays"
-    _report_kept(out, "convert", "tensor", source, out, "--to", "npy")
+    _report_kept(out, "convert", "tensor", source, out, "--to", "npy", "-j", "0")
     assert len(list(out.rglob("*.npy"))) == 2
 
 
 def test_convert_cifar_writes_a_report_inside_its_new_folder_after_the_swap(tmp_path):
     source = write_cifar10(tmp_path / "cifar", train=2, test=2)
     out = tmp_path / "pngs"
-    _report_kept(out, "convert", "cifar", source, out)
+    _report_kept(out, "convert", "cifar", source, out, "-j", "0")
     assert len(list(out.rglob("*.png"))) == 4

@@ -175,7 +175,7 @@ def test_output_over_an_input_is_refused_and_nothing_changes(work, case):
 
 
 def test_force_replaces_torchkits_own_output_folder(work):
-    convert = ["convert", "tensor", "src", "arrays", "--to", "npy"]
+    convert = ["convert", "tensor", "src", "arrays", "--to", "npy", "-j", "0"]
     first = run_torchkit_in_process(*convert, cwd=work)
     assert first.returncode == 0, first.stderr
     assert json.loads((work / "arrays" / ".torchkit").read_text())["command"] == "convert tensor"
@@ -184,7 +184,7 @@ def test_force_replaces_torchkits_own_output_folder(work):
     assert "already exists" in error_line(again.stderr, besides="warnings")
     (work / "arrays" / "stale.npy").write_bytes(b"old")
     forced = run_torchkit_in_process(
-        "convert", "tensor", "src", "arrays", "--to", "bmp", "--force", cwd=work
+        "convert", "tensor", "src", "arrays", "--to", "bmp", "--force", "-j", "0", cwd=work
     )
     assert forced.returncode == 0, forced.stderr
     names = sorted(str(p.relative_to(work / "arrays")) for p in (work / "arrays").rglob("*"))

@@ -765,7 +765,7 @@ def test_a_class_spelled_in_another_unicode_form_is_the_models_class(tmp_path):
     with tarfile.open(tmp_path / "root.tar", "w") as archive:
         archive.add(root / "test", arcname="test")
     for data in (folder, index, root, tmp_path / "root.tar"):
-        result = invoke(ckpt, "--data", data, "--format", "json")
+        result = invoke(ckpt, "--data", data, "--format", "json", "-j", "0")
         assert result.exit_code == 0, result.stderr
         report = json.loads(result.stdout)
         assert report["num_images"] == 2 and report["classes"] == ["a", "\u00e9"]
