@@ -27,6 +27,12 @@ CLASSES = "abc"
 PATTERN = "shard-{000000..000003}.tar"
 
 
+@pytest.fixture(autouse=True)
+def curves_laid_out_only(monkeypatch):
+    """The in-process runs' curves.png is not what this module checks: laid out, not drawn."""
+    lay_out_curves_only(monkeypatch)
+
+
 # dataset-stats without worker processes: each fork of the test process costs about a tenth of a
 # second, and the shards are downloaded in this process anyway. The first test and the folder
 # URL's read URL shards through the workers too (`dataset_stats`).
@@ -169,8 +175,7 @@ def test_another_tools_manifest_json_beside_url_shards_is_not_theirs(world, serv
     assert stats(f"{server.url}/foreign/{PATTERN}") == stats(world / "served" / "shards")
 
 
-def test_eval_without_data_reads_the_url_shards_a_run_trained_on(server, tmp_path, monkeypatch):
-    lay_out_curves_only(monkeypatch)  # the run's curves.png is not what is checked
+def test_eval_without_data_reads_the_url_shards_a_run_trained_on(server, tmp_path):
     trained = run_torchkit_in_process(
         "train", "--data", f"{server.url}/shards/{PATTERN}", "--model", "convnet",
         "--image-size", "8", "--epochs", "1", "--batch-size", "4", "--workers", "0",

@@ -28,6 +28,12 @@ from torchkit.core.io.errors import InputError
 CLASSES = "abc"
 
 
+@pytest.fixture(autouse=True)
+def curves_laid_out_only(monkeypatch):
+    """The in-process runs' curves.png is not what this module checks: laid out, not drawn."""
+    lay_out_curves_only(monkeypatch)
+
+
 def stats(data: object, *extra: object) -> dict:
     """dataset-stats without worker processes (each fork of the test process costs about a
     tenth of a second); the first test and the corrupt shard's read shards through them."""
@@ -110,31 +116,36 @@ def test_webdatasets_pipe_and_s3_forms_are_said_to_be_unread(spec, message):
 
 
 def test_dataset_stats_of_shards_is_that_of_their_folder(world):
-    folder = dataset_stats(world / "images")
+    folder = stats(world / "images")  # the reference, read in this process; shards by workers
     assert dataset_stats(world / "shards") == folder
     assert dataset_stats(world / "shards" / "shard-{000000..000003}.tar") == folder
     assert folder["images"] == 18
 
 
 def test_eval_of_shards_scores_as_the_folder(world):
-    def metrics(data: Path) -> dict:
-        found = run_json("eval", world / "model.pt", "--data", data, "--device", "cpu")
+    def metrics(data: Path, *extra: str) -> dict:
+        found = run_json("eval", world / "model.pt", "--data", data, "--device", "cpu", *extra)
         return {
             k: v
             for k, v in found.items()
             if k not in ("data", "root", "seconds") and "per_s" not in k and "second" not in k
         }
 
-    folder = metrics(world / "images")
+    folder = metrics(world / "images", "-j", "0")  # the reference, read in this process
     assert metrics(world / "shards") == folder
     assert folder["num_images"] == 18
 
 
 def test_extract_features_of_shards_gives_the_folders_rows_in_shard_order(world, tmp_path):
-    for data, out in ((world / "images", "folder"), (world / "shards", "shards")):
+    # the shards through the loader's workers; the folder, the reference, in this process
+    for data, out, *workers in (
+        (world / "images", "folder", "-j", "0"),
+        (world / "shards", "shards"),
+    ):
         result = run_torchkit_in_process(
-            "extract-features", world / "model.pt", data, "--out", tmp_path / out, "--device", "cpu"
-        )
+            "extract-features", world / "model.pt", data, "--out", tmp_path / out,
+            "--device", "cpu", *workers,
+        )  # fmt: skip
         assert result.returncode == 0, result.stderr
     with open(tmp_path / "shards" / "index.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
@@ -163,8 +174,7 @@ def test_extract_features_reads_a_pattern_and_a_missing_shard_leaves_no_out(worl
     assert not (tmp_path / "none").exists()
 
 
-def test_train_runs_an_epoch_on_shards_and_predict_reads_a_pattern(world, tmp_path, monkeypatch):
-    lay_out_curves_only(monkeypatch)  # the run's curves.png is not what is checked
+def test_train_runs_an_epoch_on_shards_and_predict_reads_a_pattern(world, tmp_path):
     result = run_torchkit_in_process(
         "train", "--data", world / "shards", "--model", "convnet", "--image-size", "8",
         "--epochs", "1", "--batch-size", "4", "--workers", "0", "--device", "cpu",
@@ -527,13 +537,10 @@ def test_a_json_or_cls_label_of_minus_one_is_no_label_as_in_parquet(world, tmp_p
     assert [c["name"] for c in stats(shard)["classes"]] == [""]
 
 
-def test_unlabelled_shards_train_only_as_a_test_split_and_say_they_are_unlabelled(
-    tmp_path, monkeypatch
-):
+def test_unlabelled_shards_train_only_as_a_test_split_and_say_they_are_unlabelled(tmp_path):
     # Shards `convert shards` wrote of unlabelled images were refused by train with "give each
     # sample a KEY.cls": the hint now says what reads them; an unlabelled test split beside
     # labelled train and val shards (HF's) was refused the same way and now trains.
-    lay_out_curves_only(monkeypatch)  # the run's curves.png is not what is checked
 
     def shard(name: str, labels: list[int | None]) -> None:
         members = {}
