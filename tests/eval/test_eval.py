@@ -314,7 +314,9 @@ def test_table_output_and_split_choice(setup, report):
     result = invoke(setup["ckpt"], "--data", setup["data"], "--topk", "3", "--workers", "0")
     assert "Top-3 accuracy" in result.stdout
     assert "Confused with" in result.stdout and ABSENT in result.stdout
-    result = invoke(setup["ckpt"], "--data", setup["data"], "--topk", "9", "--format", "json")
+    result = invoke(
+        setup["ckpt"], "--data", setup["data"], "--topk", "9", "--format", "json", "-j", "0"
+    )
     data = json.loads(result.stdout)
     assert result.exit_code == 0 and data["topk"] == 9
     assert data["top9"] is None and data["topk_accuracy"] is None
@@ -366,7 +368,7 @@ def test_many_classes_table_leaves_out_empty_rows(setup, tmp_path):
     save_checkpoint(_checkpoint(model, "convnet", classes, PREPROCESS), ckpt)
     result = invoke(ckpt, "--data", setup["data"], "--workers", "0")
     assert result.exit_code == 0, result.stderr
-    data = json.loads(invoke(ckpt, "--data", setup["data"], "--format", "json").stdout)
+    data = json.loads(invoke(ckpt, "--data", setup["data"], "--format", "json", "-j", "0").stdout)
     shown = [c for c in data["per_class"] if c["support"] or c["predicted"]]
     assert len(data["per_class"]) == 60 and len(shown) < 60
     words = " ".join(result.stdout.split())  # the note may wrap
@@ -499,7 +501,7 @@ def test_csv_index_gives_the_same_numbers(setup, report, tmp_path):
         writer = csv.writer(handle)
         writer.writerow(["path", "label"])
         writer.writerows([setup["data"] / r["path"], r["label"]] for r in rows)
-    result = invoke(setup["ckpt"], "--data", index, "--format", "json", "--topk", "3")
+    result = invoke(setup["ckpt"], "--data", index, "--format", "json", "--topk", "3", "-j", "0")
     assert result.exit_code == 0, result.stderr
     data = json.loads(result.stdout)
     for key in ("num_images", "accuracy", "topk_accuracy"):

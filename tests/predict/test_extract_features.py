@@ -646,7 +646,9 @@ def test_images_reach_a_4_channel_model_as_rgba_and_a_2_channel_model_is_refused
     models_module.two = lambda: nn.Sequential(nn.Conv2d(2, 2, 1), nn.Flatten())
     sizes = ["--image-size", "16", "--resize-size", "16", "--mean", "0.5", "--std", "0.25"]
     out = tmp_path / "four"
-    result = run(runner, f"{MODELS_MODULE}:four", str(images), str(out), "-l", "2", *sizes)
+    result = run(
+        runner, f"{MODELS_MODULE}:four", str(images), str(out), "-l", "2", *sizes, "-j", "0"
+    )
     assert result.exit_code == 0, result.stderr
     paths = [row["path"] for row in read_index(out)]
     transform = T.Compose([T.Resize(16), T.CenterCrop(16), T.ToTensor(), T.Normalize(0.5, 0.25)])
@@ -999,7 +1001,7 @@ def test_random_weights_are_refused_unless_allowed(runner, images, tmp_path):
         "anyway)"
     )
     assert not out.exists()
-    allowed = runner.invoke(app, [*command, "--allow-untrained", "--image-size", "16"])
+    allowed = runner.invoke(app, [*command, "--allow-untrained", "--image-size", "16", "-j", "0"])
     assert allowed.exit_code == 0, allowed.stderr
     assert (out / "penultimate.npy").is_file()
 

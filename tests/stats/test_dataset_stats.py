@@ -589,7 +589,9 @@ def test_cli_strict_stops_on_unreadable(runner, mixed_folder):
 
 def test_cli_plot(runner, mixed_folder, tmp_path):
     plot = tmp_path / "stats.png"
-    result = runner.invoke(app, ["dataset-stats", str(mixed_folder), "--plot", str(plot)])
+    result = runner.invoke(
+        app, ["dataset-stats", str(mixed_folder), "--plot", str(plot), "-j", "0"]
+    )
     assert result.exit_code == 0, result.stderr
     with Image.open(plot) as image:
         assert image.format == "PNG" and image.size[0] > 600
@@ -665,12 +667,12 @@ def test_names_from_the_data_are_shown_as_they_are_not_as_markup_or_emoji(tmp_pa
     names = ["[red]cat", ":smile:", "[bold]"]
     write_image_folder(root, dict.fromkeys(names, 1))
     (tmp_path / "index.csv").write_text("path,label\ndata/[red]cat/[red]cat_0.png,[/]\n")
-    table = run_torchkit_in_process("dataset-stats", root, cwd=tmp_path)
+    table = run_torchkit_in_process("dataset-stats", root, "-j", "0", cwd=tmp_path)
     assert table.returncode == 0, table.stderr
     assert [row[:2] for row in rows(table.stdout) if row[-1:] == ["0.3333"]] == [
         [name, "1"] for name in sorted(names)
     ]
-    label = run_torchkit_in_process("dataset-stats", "index.csv", cwd=tmp_path)
+    label = run_torchkit_in_process("dataset-stats", "index.csv", "-j", "0", cwd=tmp_path)
     assert label.returncode == 0, label.stderr
     assert ["[/]", "1", "1.0000"] in rows(label.stdout)
     missing = run_torchkit_in_process("dataset-stats", "my:fire:data", cwd=tmp_path)
