@@ -348,7 +348,7 @@ class Chatty(torch.nn.Module):
     [
         ["summary", "chatty:Chatty", "-i", "4"],
         ["benchmark", "chatty:Chatty", "-i", "4", "--iters", "1", "--warmup", "0"],
-        ["export", "chatty:Chatty", "chatty.pt2", "--image-size", "4"],
+        ["export", "chatty:Chatty", "chatty.ts", "--image-size", "4"],  # the quickest format
     ],
     ids=["summary", "benchmark", "export"],
 )
