@@ -239,13 +239,12 @@ def test_predictions_are_evals_predicted_classes(runner, world, tmp_path):
     assert evaluated.exit_code == 0, evaluated.stderr
     with open(report / "predictions.csv", newline="") as handle:
         expected = {row["path"]: row["class"] for row in csv.DictReader(handle)}
+    common = ("--split", "test", "--format", "csv", "-j", "0")
     for tta in ("none", "flip"):
         result = (
-            invoke(
-                runner, world["ckpt"], data, "--split", "test", "--format", "csv", "--tta", "flip"
-            )
+            invoke(runner, world["ckpt"], data, *common, "--tta", "flip")
             if tta == "flip"
-            else invoke(runner, world["ckpt"], data, "--split", "test", "--format", "csv")
+            else invoke(runner, world["ckpt"], data, *common)
         )
         assert result.exit_code == 0, result.stderr
         rows = read_csv(result.stdout)
@@ -362,7 +361,9 @@ def test_force_on_a_full_disk_leaves_the_earlier_predictions(runner, world, smal
     out = disk / "predictions.csv"
     out.write_text("path,class\nold.png,cat\n")
     fill_disk(disk)
-    done = invoke(runner, world["ckpt"], world["flat"], "-o", out, "--force", "--format", "csv")
+    done = invoke(
+        runner, world["ckpt"], world["flat"], "-o", out, "--force", "--format", "csv", "-j", "0"
+    )
     assert done.exit_code == 1, done.stderr
     line = error_line(done.stderr)
     assert line.startswith(f"Error: cannot write {out}: No space left on device"), line
