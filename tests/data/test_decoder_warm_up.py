@@ -9,12 +9,19 @@ import threading
 
 import pytest
 from PIL import Image
+from run_curves import lay_out_curves_only
 
 from torchkit.core.data import device_decode
 from torchkit.core.data.decoder_warm_up import start_decoder_warm_up, wait_for_decoder_warm_up
 from torchkit.core.data.device_decode import READY_COPIES, ready_decoder
 
 WARM_UP = "torchkit-decoder-warm-up"
+
+
+@pytest.fixture(autouse=True)
+def curves_laid_out_only(monkeypatch):
+    """The in-process runs' curves.png is not what this module checks: laid out, not drawn."""
+    lay_out_curves_only(monkeypatch)
 
 
 def _alive() -> int:
@@ -116,7 +123,7 @@ def test_a_run_decoding_ahead_readies_the_decoder_and_trains_as_a_cold_one(
 
     monkeypatch.setattr(decoder_warm_up, "start_decoder_warm_up", spy)
     args = ["train", "--data", str(root), "--model", "convnet", "--image-size", "16",
-            "--batch-size", "4", "--epochs", "2", "--workers", "2", "--decode", "device",
+            "--batch-size", "4", "--epochs", "1", "--workers", "2", "--decode", "device",
             "--device", "cpu", "--deterministic"]  # fmt: skip
     assert runner.invoke(app, [*args, "--out", str(tmp_path / "warm")]).exit_code == 0
     ((path, device, size, interpolation),) = warmed
