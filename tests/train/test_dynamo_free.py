@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import copy
+import sys
+import types
 
 import pytest
 import torch
@@ -58,3 +60,56 @@ def test_hooks_and_a_loaded_dynamo_take_torchs_own_step(monkeypatch):
     assert dynamo_free._undecorated_step(optimizer) is not None
     monkeypatch.setattr(dynamo_free, "dynamo_loaded", lambda: True)
     assert dynamo_free._undecorated_step(optimizer) is None
+
+
+def _inductor_stand_in(monkeypatch: pytest.MonkeyPatch, loaded: bool) -> types.ModuleType:
+    """torch._inductor.config as a stand-in whose `deterministic` a test reads: in sys.modules
+    (`loaded`: as once inductor has been imported) or absent from it (as in a process that has
+    not), importable either way without the real, heavy inductor."""
+    config = types.ModuleType("torch._inductor.config")
+    config.deterministic = False
+    package = types.ModuleType("torch._inductor")
+    package.config = config
+    monkeypatch.setitem(sys.modules, "torch._inductor", package)
+    monkeypatch.setattr(torch, "_inductor", package, raising=False)  # a real one if loaded
+    if loaded:
+        monkeypatch.setitem(sys.modules, "torch._inductor.config", config)
+    else:
+        monkeypatch.delitem(sys.modules, "torch._inductor.config", raising=False)
+    return config
+
+
+@pytest.mark.parametrize("inductor_loaded", [False, True], ids=["not-loaded", "loaded"])
+def test_deterministic_mode_imports_no_inductor_and_a_compiled_model_still_gets_it(
+    monkeypatch, inductor_loaded
+):
+    """--deterministic called torch.use_deterministic_algorithms, which imports torch._inductor
+    (and torch._dynamo and sympy: about 3 s of CPU a run) to set inductor's own flag: now torch's
+    flag alone is set until inductor is loaded, and a model torchkit compiles sets inductor's."""
+    from torchkit.core.runtime import compiled, seeding
+
+    config = _inductor_stand_in(monkeypatch, inductor_loaded)
+    torch_calls = []
+    real = torch.use_deterministic_algorithms
+    monkeypatch.setattr(
+        torch,
+        "use_deterministic_algorithms",
+        lambda *args, **kwargs: (torch_calls.append(args), real(*args, **kwargs)),
+    )
+    before = torch.are_deterministic_algorithms_enabled()
+    try:
+        seeding.seed_everything(0, deterministic=True)
+        assert torch.are_deterministic_algorithms_enabled()
+        assert torch.is_deterministic_algorithms_warn_only_enabled()
+        # torch's function (which imports inductor) only once inductor is loaded anyway
+        assert torch_calls == ([(True,)] if inductor_loaded else [])
+        assert config.deterministic is inductor_loaded
+        # Compiling imports inductor (here its stand-in's config).
+        monkeypatch.setitem(sys.modules, "torch._inductor.config", config)
+        monkeypatch.setattr(torch, "compile", lambda module, **options: module)
+        model = nn.Linear(2, 2)
+        assert compiled.compile_module(model) is model
+        assert config.deterministic is True  # what torch's function would have set
+    finally:
+        seeding.use_deterministic_algorithms(before)
+    assert torch.are_deterministic_algorithms_enabled() is before

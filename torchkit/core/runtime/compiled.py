@@ -25,4 +25,10 @@ def compile_module(module: Any, **options: Any) -> Any:
     logger = logging.getLogger(CPP_EXTENSION_LOGGER)
     if not any(isinstance(each, _DropNoCudaRuntime) for each in logger.filters):
         logger.addFilter(_DropNoCudaRuntime())
+    if torch.are_deterministic_algorithms_enabled():
+        # What torch.use_deterministic_algorithms sets for inductor, which
+        # seeding.use_deterministic_algorithms leaves alone while inductor is not loaded.
+        import torch._inductor.config as inductor_config
+
+        inductor_config.deterministic = True
     return torch.compile(module, **options)

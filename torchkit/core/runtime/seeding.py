@@ -56,7 +56,23 @@ def seed_everything(seed: int, deterministic: bool = False) -> None:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
-        torch.use_deterministic_algorithms(True, warn_only=True)
+        use_deterministic_algorithms(True, warn_only=True)
+
+
+def use_deterministic_algorithms(mode: bool, warn_only: bool = False) -> None:
+    """`torch.use_deterministic_algorithms(mode, warn_only=warn_only)` without importing
+    torch._inductor while nothing has: torch's function imports it (and torch._dynamo and
+    sympy with it: about 3 s of CPU, each --deterministic run) only to copy `mode` into
+    inductor's own `deterministic` flag, which only a model inductor compiles reads; a model
+    torchkit compiles gets it then (`compiled.compile_module`)."""
+    import sys
+
+    import torch
+
+    if "torch._inductor.config" in sys.modules:
+        torch.use_deterministic_algorithms(mode, warn_only=warn_only)
+    else:
+        torch._C._set_deterministic_algorithms(mode, warn_only=warn_only)
 
 
 def capture_rng_state(device=None) -> dict:

@@ -134,8 +134,9 @@ def _run_with_torch(
             return _run_on_device(plan, folder, callbacks, timeline)
     finally:
         if torch.are_deterministic_algorithms_enabled() != flags[0]:
-            # (only when changed: the call imports torch._dynamo, seconds of start-up)
-            torch.use_deterministic_algorithms(flags[0])
+            from torchkit.core.runtime.seeding import use_deterministic_algorithms
+
+            use_deterministic_algorithms(flags[0])
         cudnn = torch.backends.cudnn
         cudnn.deterministic, cudnn.benchmark, cudnn.benchmark_limit = flags[1:]
 
