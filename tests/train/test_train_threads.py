@@ -5,6 +5,9 @@ for image folders (core.runtime.threads)."""
 from __future__ import annotations
 
 import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -52,13 +55,35 @@ def options(run) -> dict:
     return json.loads((run / "config.json").read_text())
 
 
-def test_digits_train_on_one_thread_and_give_the_process_its_count_back(tmp_path, two_threads):
-    run = tmp_path / "run"
-    seen = ThreadsSeen()
-    run_training(TrainConfig(out=str(run), epochs=1, **DIGITS), seen)
-    assert seen.seen == [1]
-    assert torch.get_num_threads() == 2
-    config = options(run)
+@dataclass
+class DigitsRun:
+    """A digits run of one epoch started on 2 threads: its folder, the threads torch computed
+    its epoch with, and the count the process had after it."""
+
+    out: Path
+    seen: list[int]
+    threads_after: int
+
+
+@pytest.fixture(scope="module")
+def digits_run(tmp_path_factory) -> DigitsRun:
+    """The one digits run the module trains (a test that changes it resumes a copy)."""
+    out = tmp_path_factory.mktemp("digits") / "run"
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # as `two_threads`
+    try:
+        seen = ThreadsSeen()
+        run_training(TrainConfig(out=str(out), epochs=1, **DIGITS), seen)
+        threads_after = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+    return DigitsRun(out, seen.seen, threads_after)
+
+
+def test_digits_train_on_one_thread_and_give_the_process_its_count_back(digits_run):
+    assert digits_run.seen == [1]
+    assert digits_run.threads_after == 2
+    config = options(digits_run.out)
     assert config["options"]["threads"] == 1 and "threads" in config["defaults_from_data"]
 
 
@@ -121,9 +146,10 @@ def test_negative_threads_are_refused(runner, image_folder, tmp_path):
     assert not out.exists()
 
 
-def test_a_run_recorded_before_the_option_resumes_on_torchs_threads(tmp_path, two_threads):
-    run = tmp_path / "run"
-    run_training(TrainConfig(out=str(run), epochs=1, **DIGITS))
+def test_a_run_recorded_before_the_option_resumes_on_torchs_threads(
+    tmp_path, two_threads, digits_run
+):
+    run = Path(shutil.copytree(digits_run.out, tmp_path / "run"))
     checkpoint = torch.load(run / "last.pt", weights_only=True)
     del checkpoint["config"]["threads"]  # as a run saved before --threads existed
     torch.save(checkpoint, run / "last.pt")
