@@ -314,7 +314,8 @@ def test_weights_beside_an_ema_copy_are_the_models_own(runner, tmp_path, key):
     torch.save(weights, plain)
     zeros = {name: torch.zeros_like(value) for name, value in weights.items()}
     torch.save({key: weights, "model_ema": zeros, "epoch": 3}, both)
-    predict = ["predict", "convnet", str(images), "--image-size", "8", "--logits", "--format"]
+    predict = ["predict", "convnet", str(images), "--image-size", "8", "-j", "0"]
+    predict += ["--logits", "--format"]
     expected = runner.invoke(app, [*predict, "json", "--weights", str(plain)])
     result = runner.invoke(app, [*predict, "json", "--weights", str(both)])
     assert result.exit_code == 0, result.stderr

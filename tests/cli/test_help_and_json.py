@@ -275,7 +275,7 @@ def test_json_of_the_data_and_training_commands_has_typed_values(tmp_path, make_
     data = make_image_folder(tmp_path / "data", {"a": 4, "b": 4}, size=8)
     run = tmp_path / "run"
     runs = [
-        ["dataset-stats", str(data)],
+        ["dataset-stats", str(data), "-j", "0"],
         ["split", str(data), str(tmp_path / "out"), "--mode", "manifest"],
         ["train", "--data", str(data), "--model", "convnet", "--image-size", "8", "--epochs",
          "1", "-j", "0", "--out", str(run), "--val-split", "0.5"],

@@ -82,8 +82,9 @@ def test_output_name_picks_the_format(image_folder, tmp_path):
 def test_predict_output_name_picks_jsonl(image_folder, tmp_path):
     rows = tmp_path / "rows.jsonl"
     done = run_torchkit_in_process(
-        "predict", "convnet", image_folder, "--allow-untrained", "--device", "cpu", "-o", rows
-    )
+        "predict", "convnet", image_folder, "--allow-untrained", "--device", "cpu", "-j", "0",
+        "-o", rows,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
     lines = rows.read_text().splitlines()
     assert len(lines) == 5 and all(json.loads(line)["path"] for line in lines)

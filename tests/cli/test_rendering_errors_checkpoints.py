@@ -151,12 +151,12 @@ def test_control_characters_of_names_are_escaped_in_tables_and_kept_in_json(tmp_
     # reached the terminal.
     names = ["new\nline", "tab\there", "cr\rback", "esc\x1b[31mred", "c1\x85next"]
     root = write_image_folder(tmp_path / "data", dict.fromkeys(names, 1))
-    shown = run_torchkit_in_process("dataset-stats", root)
+    shown = run_torchkit_in_process("dataset-stats", root, "-j", "0")
     assert shown.returncode == 0, shown.stderr
     for name in names:
         assert repr(name)[1:-1] in shown.stdout
     assert not any(c in shown.stdout for c in "\t\r\x1b\x85")
-    written = run_torchkit_in_process("dataset-stats", root, "--format", "json")
+    written = run_torchkit_in_process("dataset-stats", root, "-j", "0", "--format", "json")
     assert sorted(c["name"] for c in json.loads(written.stdout)["classes"]) == sorted(names)
 
 
