@@ -920,7 +920,8 @@ class StreamedShards:
 
     A process fetches a shard into the cache the first time it reads from it (`_fetch_one`:
     the lock, checks and atomic download of every cached shard) and keeps it open for the next
-    reads: up to `window` shards at once (the oldest closed first). With a cache limit, the
+    reads: as many shards as fit in the cache limit together, at most `_HELD_OPEN` (the oldest
+    closed first), the shards of one window of train's order (`blocks`). With a cache limit, the
     least recently used shards of the folder are deleted to make room before a download, under
     a lock on the folder (so at most one download in flight adds to the limit), never one this
     process has open; one deleted under another process is read on through its open file, or
@@ -946,22 +947,29 @@ class StreamedShards:
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["folder"], state["names"], state["sizes"], state["limit"])
 
-    @property
-    def window(self) -> int:
-        """How many shards the cache holds at once (all without a limit)."""
-        if self.limit is None:
-            return len(self.names)
-        return max(1, self.limit // max(self.sizes))
-
     def blocks(self, locators: Sequence[tuple[int, str]]) -> Blocks:
-        """Each image's shard (numbered in order of first appearance), and `window`: train's
-        order takes that many shards at a time (`stored_image.read_blocks`), so that an epoch
-        fetches each shard about once per process."""
+        """Each image's shard (numbered in order of first appearance) and its size: train's
+        order takes as many shards at a time as fit in the cache limit together (all without
+        a limit; `stored_image.read_blocks`), so that an epoch fetches each shard about once
+        per process. Counted by the largest, one large shard among small ones made every
+        window a single small shard."""
         from torchkit.core.data.stored_image import Blocks
 
         number: dict[int, int] = {}
         ids = [number.setdefault(shard, len(number)) for shard, _ in locators]
-        return Blocks(ids, self.window)
+        if self.limit is None:
+            return Blocks(ids, max(1, len(self.names)))
+        window = max(1, self.limit // max(self.sizes))
+        sizes = [self.sizes[shard] for shard in number]
+        return Blocks(ids, window, sizes=sizes, capacity=self.limit)
+
+    def _holds_beside(self, shard: int) -> bool:
+        """Whether `shard` fits in the cache limit beside the shards this process holds open
+        (the shards of a window of `blocks` do together)."""
+        if self.limit is None:
+            return True
+        held = sum(self.sizes[number] for number in self._held)
+        return held + self.sizes[shard] <= self.limit
 
     def read(self, locator: tuple[int, str]) -> bytes:
         from torchkit.core.data.sources.shards import _pread_all
@@ -993,7 +1001,9 @@ class StreamedShards:
         with self._lock:
             held = self._held.get(shard)
             if held is None:
-                while len(self._held) >= min(self.window, _HELD_OPEN):
+                while self._held and (
+                    len(self._held) >= _HELD_OPEN or not self._holds_beside(shard)
+                ):
                     fd, _ = self._held.popitem(last=False)[1]
                     os.close(fd)
                 held = self._held[shard] = self._fetched(shard)
