@@ -83,8 +83,8 @@ def cached_files(tmp_path: Path) -> list[str]:
 def test_dataset_stats_over_http_is_that_of_the_local_shards_in_torchkits_cache(
     world, server, tmp_path
 ):
-    local = dataset_stats(world / "served" / "shards" / PATTERN)
-    assert dataset_stats(f"{server.url}/shards/{PATTERN}") == local
+    local = stats(world / "served" / "shards" / PATTERN)  # the reference, read in this process
+    assert dataset_stats(f"{server.url}/shards/{PATTERN}") == local  # through the workers
     assert local["images"] == 18
     # TORCHKIT_CACHE/shards/<16 hex digits>/NAME.tar
     (folder,) = (tmp_path / "cache" / "shards").iterdir()
@@ -155,8 +155,8 @@ def test_extract_features_and_predict_over_http_give_the_local_shards_rows(world
 
 
 def test_a_folder_url_reads_the_shards_its_manifest_lists_and_trusts_its_checksums(world, server):
-    local = dataset_stats(world / "served" / "converted")
-    assert dataset_stats(f"{server.url}/converted/") == local
+    local = stats(world / "served" / "converted")  # the reference, read in this process
+    assert dataset_stats(f"{server.url}/converted/") == local  # through the workers
     assert shard_downloads(server.requests) == [
         "/converted/shard-000000.tar",
         "/converted/shard-000001.tar",

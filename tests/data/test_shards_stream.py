@@ -91,22 +91,25 @@ def test_dataset_stats_and_eval_over_the_stream_are_those_of_the_local_shards(wo
     def without_source(found: dict) -> dict:
         return {k: v for k, v in found.items() if k not in ("source", "data", "root", "seconds")}
 
+    # The stream through worker processes; the local shards, the reference, in this process.
     local = world / "served" / "converted"
     url = f"{server.url}/converted"
     stats = [
-        without_source(run_json("dataset-stats", data, "--split", "all")) for data in (local, url)
+        without_source(run_json("dataset-stats", data, "--split", "all", *workers))
+        for data, workers in ((local, ["-j", "0"]), (url, []))
     ]
     assert stats[0] == stats[1] and stats[0]["images"] == 30
 
-    def metrics(data: object) -> dict:
+    def metrics(data: object, *workers: str) -> dict:
         found = run_json(
-            "eval", world / "model.pt", "--data", data, "--split", "val", "--device", "cpu"
-        )
+            "eval", world / "model.pt", "--data", data, "--split", "val", "--device", "cpu",
+            *workers,
+        )  # fmt: skip
         return {
             k: v for k, v in without_source(found).items() if "per_s" not in k and "second" not in k
         }
 
-    assert metrics(url) == metrics(local)
+    assert metrics(url) == metrics(local, "-j", "0")
 
 
 def test_streaming_marks_a_shard_used_without_changing_what_a_pattern_run_listed(server):
