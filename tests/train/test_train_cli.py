@@ -7,6 +7,7 @@ import json
 import logging
 import shutil
 import urllib.error
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ from checkpoints import read_checkpoint
 from gloo_ranks import BAD_LAUNCHES, set_launch_env
 from image_folders import write_image_folder
 from run_curves import lay_out_curves_only
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from torchkit.cli import app
 from torchkit.core.models.checkpoint import CHECKPOINT_KEYS
@@ -36,6 +37,39 @@ def split_root(tmp_path: Path) -> Path:
     write_image_folder(root / "val", {"ant": 2, "bee": 2, "cat": 2}, seed=2)
     write_image_folder(root / "test", {"ant": 2, "bee": 2, "cat": 2}, seed=3)
     return root
+
+
+@dataclass
+class FastRun:
+    """A module's `split_root` (read only) and one FAST run of it (2 epochs, --val-split 0.3,
+    which the root's own val/ overrides): its result, and its folder, which tests that change
+    a run copy (`copied`)."""
+
+    data: Path
+    out: Path
+    result: Result
+
+    def copied(self, to: Path) -> Path:
+        return Path(shutil.copytree(self.out, to))
+
+
+@pytest.fixture(scope="module")
+def fast_run(tmp_path_factory) -> FastRun:
+    """The run that the tests of its outputs, of fine-tuning from it and of resuming it (a
+    copy) share: one training instead of one a test."""
+    root = tmp_path_factory.mktemp("fast-run")
+    data = root / "data"
+    write_image_folder(data / "train", {"ant": 4, "bee": 4, "cat": 4}, seed=1)
+    write_image_folder(data / "val", {"ant": 2, "bee": 2, "cat": 2}, seed=2)
+    write_image_folder(data / "test", {"ant": 2, "bee": 2, "cat": 2}, seed=3)
+    out = root / "run"
+    with pytest.MonkeyPatch.context() as patch:
+        lay_out_curves_only(patch)
+        result = CliRunner().invoke(
+            app, ["train", "--data", str(data), *FAST, "--out", str(out), "--val-split", "0.3"]
+        )
+    assert result.exit_code == 0, result.stderr
+    return FastRun(data, out, result)
 
 
 @pytest.fixture(autouse=True)
@@ -154,12 +188,8 @@ def test_digits_by_default_writes_the_run_and_reports_best_pt_test_accuracy(
     assert accuracy == pytest.approx(summary["test_ema_top1"], abs=1e-9)
 
 
-def test_split_root_trains_and_summary_table_names_the_weights(runner, split_root, tmp_path):
-    out = tmp_path / "run"
-    result = train(
-        runner, "--data", str(split_root), *FAST, "--out", str(out), "--val-split", "0.3"
-    )
-    assert result.exit_code == 0, result.stderr
+def test_split_root_trains_and_summary_table_names_the_weights(fast_run):
+    out, result = fast_run.out, fast_run.result
     assert "--val-split is ignored" in result.stderr  # the root has its own val/
     assert "Test top-1 (best.pt)" in result.stdout and "(by val top1)" in result.stdout
     assert "EMA weights" not in result.stdout
@@ -301,16 +331,19 @@ def test_matches_a_hand_written_loop(runner, tmp_path):
 
     x = torch.stack([to_tensor(Image.open(p).convert("RGB")) for p in train_set.paths])
     y = torch.tensor(train_set.labels)
-    optimizer = torch.optim.SGD(net.parameters(), lr=0.5)
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
     for _ in range(3):
         loss = criterion(net(x), y) + 0.01 * (
             net.conv.weight.abs().sum() + net.fc.weight.abs().sum()
         )
-        optimizer.zero_grad()
+        net.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(net.parameters(), 0.05)
-        optimizer.step()
+        # Plain SGD (no momentum, no weight decay) by hand: torch.optim's step imports
+        # torch._dynamo (seconds of CPU), which torchkit's own steps avoid (dynamo_free).
+        with torch.no_grad():
+            for parameter in net.parameters():
+                parameter -= 0.5 * parameter.grad
     for key, value in net.state_dict().items():
         assert torch.allclose(ours[key], value, atol=1e-6), key
     accumulated = read_checkpoint(tmp_path / "halves" / "last.pt")["model"]
@@ -382,9 +415,8 @@ def test_accumulated_batches_train_as_one_batch_of_their_images(
         assert torch.allclose(accumulated[key], value, atol=1e-6), key
 
 
-def test_fine_tuning_freeze_backbone_and_head_lr(runner, split_root, tmp_path):
-    first = tmp_path / "first"
-    assert train(runner, "--data", str(split_root), *FAST, "--out", str(first)).exit_code == 0
+def test_fine_tuning_freeze_backbone_and_head_lr(runner, fast_run, tmp_path):
+    split_root, first = fast_run.data, fast_run.out  # both only read
     start = read_checkpoint(first / "best.pt")["model"]
     frozen = tmp_path / "frozen"
     result = train(
@@ -478,43 +510,46 @@ def test_regularisers_amp_channels_last_ema_and_periodic_checkpoints(runner, spl
     assert summary["test_ema_top1"] is not None
 
 
+@pytest.fixture(scope="module")
+def early_stop_runs(fast_run, tmp_path_factory) -> dict[int, tuple[Path, Result]]:
+    """--early-stop 2 runs of 6 and of 3 epochs whose val metrics repeat from epoch 1, by
+    their --epochs: what test_early_stop reads and the resume tests resume (a copy)."""
+    root = tmp_path_factory.mktemp("early-stop")
+    runs = {}
+    for epochs in (6, 3):
+        out = root / f"epochs-{epochs}"
+        with pytest.MonkeyPatch.context() as patch:
+            lay_out_curves_only(patch)
+            result = CliRunner().invoke(
+                app,
+                ["train", "--data", str(fast_run.data), *FAST, "--epochs", str(epochs),
+                 "--lr", "1e-30",  # updates vanish in float32: the val metrics repeat exactly
+                 "--early-stop", "2",
+                 "--device", "cpu",  # exactly: the CPU's kernels
+                 "--out", str(out), "--format", "json"],
+            )  # fmt: skip
+        assert result.exit_code == 0, result.stderr
+        runs[epochs] = out, result
+    return runs
+
+
 @pytest.mark.parametrize("epochs", [6, 3], ids=["stops-early", "patience-out-at-the-last-epoch"])
-def test_early_stop(runner, split_root, tmp_path, epochs):
+def test_early_stop(early_stop_runs, epochs):
     """The val metrics repeat from epoch 1, so the patience of 2 runs out at epoch 3: of 6 asked
     for, a stop; of 3, every epoch asked for was trained (no stop reported)."""
-    result = train(
-        runner,
-        "--data",
-        str(split_root),
-        *FAST,
-        "--epochs",
-        str(epochs),
-        "--lr",
-        "1e-30",  # updates vanish in float32: the val metrics repeat exactly
-        "--early-stop",
-        "2",
-        "--device",
-        "cpu",  # exactly: the CPU's kernels
-        "--out",
-        str(tmp_path / "r"),
-        "--format",
-        "json",
-    )
-    assert result.exit_code == 0, result.stderr
+    _, result = early_stop_runs[epochs]
     summary = json.loads(result.stdout)
     assert (summary["epochs"], summary["best_epoch"]) == (3, 1)
     assert summary["stopped_early"] is (epochs > 3)
 
 
 def test_resuming_a_run_that_stopped_early_trains_nothing_unless_early_stop_is_raised(
-    runner, split_root, tmp_path
+    runner, early_stop_runs, tmp_path
 ):
     """As a run that trained all its epochs: its stop rule is already met, so --resume says so
     and trains nothing (it used to train one more epoch and stop again); a larger --early-stop
     continues it."""
-    out = tmp_path / "r"
-    args = ["--data", str(split_root), *FAST, "--epochs", "6", "--lr", "1e-30", "--device", "cpu"]
-    assert train(runner, *args, "--early-stop", "2", "--out", str(out)).exit_code == 0
+    out = Path(shutil.copytree(early_stop_runs[6][0], tmp_path / "r"))  # stopped after 3 of 6
     trusted = "--trust-checkpoint"  # the run's model is code (nets:TinyNet)
     again = train(runner, "--resume", str(out), trusted, "--format", "json")
     assert again.exit_code == 0, again.stderr
@@ -531,14 +566,11 @@ def test_resuming_a_run_that_stopped_early_trains_nothing_unless_early_stop_is_r
 
 
 def test_resuming_a_run_whose_patience_ran_out_at_its_last_epoch_says_it_did_not_stop_early(
-    runner, split_root, tmp_path
+    runner, early_stop_runs, tmp_path
 ):
     """Its patience of 2 ran out at epoch 3 of its 3: a larger --epochs trains nothing more,
     and the warning and summary say its rule is met, not that the run stopped early."""
-    out = tmp_path / "r"
-    args = ["--data", str(split_root), *FAST, "--lr", "1e-30", "--device", "cpu"]
-    first = train(runner, *args, "--epochs", "3", "--early-stop", "2", "--out", str(out))
-    assert first.exit_code == 0, first.stderr
+    out = Path(shutil.copytree(early_stop_runs[3][0], tmp_path / "r"))
     trusted = "--trust-checkpoint"  # the run's model is code (nets:TinyNet)
     again = train(runner, "--resume", str(out), trusted, "--epochs", "6", "--format", "json")
     assert again.exit_code == 0, again.stderr
@@ -602,9 +634,8 @@ def test_best_metric_loss_picks_the_lowest_validation_loss(runner, split_root, t
     assert read_checkpoint(out / "best.pt")["best_metric"] == pytest.approx(lowest["val_loss"])
 
 
-def test_resume_continues_and_can_extend_the_run(runner, split_root, tmp_path):
-    out = tmp_path / "run"
-    assert train(runner, "--data", str(split_root), *FAST, "--out", str(out)).exit_code == 0
+def test_resume_continues_and_can_extend_the_run(runner, fast_run, tmp_path):
+    out = fast_run.copied(tmp_path / "run")
     trusted = "--trust-checkpoint"  # the run's model is code (nets:TinyNet)
     more = train(runner, "--resume", str(out), "--epochs", "4", "--format", "json", trusted)
     assert more.exit_code == 0, more.stderr
@@ -617,12 +648,11 @@ def test_resume_continues_and_can_extend_the_run(runner, split_root, tmp_path):
 
 
 def test_a_resume_with_nothing_to_train_leaves_config_json_as_the_run_trained(
-    runner, split_root, tmp_path
+    runner, fast_run, tmp_path
 ):
     """config.json took the options given again (--lr 0.5, --epochs 1) although no checkpoint
     was trained with them, and a replay of it (--config) ran another recipe."""
-    out = tmp_path / "run"
-    assert train(runner, "--data", str(split_root), *FAST, "--out", str(out)).exit_code == 0
+    out = fast_run.copied(tmp_path / "run")
     recorded = (out / "config.json").read_bytes()
     trusted = "--trust-checkpoint"  # the run's model is code (nets:TinyNet)
     again = train(runner, "--resume", str(out), "--lr", "0.5", "--epochs", "1", trusted)
@@ -730,9 +760,8 @@ def test_compile_wraps_the_model_without_torchs_no_cuda_runtime_warning(
 # -- bad input: one `Error:` line, non-zero exit, nothing lost -----------------------------------
 
 
-def test_existing_out_needs_resume_or_force(runner, split_root, tmp_path):
-    out = tmp_path / "run"
-    assert train(runner, "--data", str(split_root), *FAST, "--out", str(out)).exit_code == 0
+def test_existing_out_needs_resume_or_force(runner, fast_run, split_root, tmp_path):
+    out = fast_run.copied(tmp_path / "run")  # a finished run of another copy of the data
     before = (out / "last.pt").read_bytes()
     again = train(runner, "--data", str(split_root), *FAST, "--out", str(out))
     assert again.exit_code == 1
@@ -862,9 +891,8 @@ def test_pretrained_weights_offline_is_a_clear_error(runner, split_root, tmp_pat
     assert "cannot download" in line and "--weights PATH" in line
 
 
-def test_resume_with_another_model_or_class_count_is_refused(runner, split_root, tmp_path):
-    out = tmp_path / "run"
-    assert train(runner, "--data", str(split_root), *FAST, "--out", str(out)).exit_code == 0
+def test_resume_with_another_model_or_class_count_is_refused(runner, fast_run, tmp_path):
+    out = fast_run.copied(tmp_path / "run")
     other_model = train(runner, "--resume", str(out), "--model", "convnet")
     assert other_model.exit_code == 1
     assert "nets:TinyNet, not convnet" in error_line(other_model)
