@@ -23,6 +23,7 @@ from offline import offline_env, unreachable_proxy
 from output_checks import error_line
 from PIL import Image
 from processes import run_torchkit_in_process, run_torchkit_process
+from run_curves import lay_out_curves_only
 from safetensors.torch import save_file
 from torch import nn
 
@@ -53,6 +54,13 @@ timm: Any = None
 def _timm() -> None:
     global timm
     timm = importlib.import_module("timm")
+
+
+@pytest.fixture(autouse=True)
+def curves_not_rasterised(monkeypatch):
+    """The train runs here check their records and weights, never curves.png (run_curves:
+    matplotlib's rasterising is about a third of a tiny run's CPU)."""
+    lay_out_curves_only(monkeypatch)
 
 
 HUB_COMMIT = "0" * 40  # the revision a Hugging Face cache's refs/main points to
@@ -568,6 +576,14 @@ def test_default_weights_offline_in_a_real_process(tmp_path):
     """One error line and nothing before it, and the hint names the Hub's cache HF_HOME sets:
     a real process, as huggingface_hub reads HF_HOME when it is imported."""
     with unreachable_proxy() as proxy:
+        # offline_env's proxies and Hugging Face settings, without its HOME, TORCH_HOME and
+        # XDG_CACHE_HOME (caches these weights never touch: they come from the Hub): those are
+        # read while torch is imported, and a process with other values starts a fresh
+        # interpreter (~4 s of CPU) instead of a fork of the preloaded torch, which has not
+        # imported huggingface_hub either.
+        env = offline_env(proxy, tmp_path / "home")
+        for name in ("HOME", "TORCH_HOME", "XDG_CACHE_HOME"):
+            del env[name]
         result = run_torchkit_process(
             "summary",
             "timm/test_resnet",
@@ -575,7 +591,7 @@ def test_default_weights_offline_in_a_real_process(tmp_path):
             "DEFAULT",
             "--format",
             "json",
-            env=offline_env(proxy, tmp_path / "home"),
+            env=env,
             cwd=tmp_path,
         )
     assert result.returncode == 1 and result.stdout == ""
@@ -689,12 +705,14 @@ def trained(tmp_path_factory) -> dict:
             root / "data" / split, {"a": count, "b": count}, size=32, seed=len(split)
         )
     out = root / "run"
-    result = CliRunner().invoke(
-        app,
-        ["train", "--data", str(root / "data"), "--model", "timm/test_vit", "--epochs", "1"]
-        + ["--batch-size", "3", "--image-size", "32", "--resize-size", "32", "-j", "0"]
-        + ["--device", "cpu", "--seed", "0", "--out", str(out)],
-    )
+    with pytest.MonkeyPatch.context() as patch:  # (a module's fixture: before the autouse one)
+        lay_out_curves_only(patch)
+        result = CliRunner().invoke(
+            app,
+            ["train", "--data", str(root / "data"), "--model", "timm/test_vit", "--epochs", "1"]
+            + ["--batch-size", "3", "--image-size", "32", "--resize-size", "32", "-j", "0"]
+            + ["--device", "cpu", "--seed", "0", "--out", str(out)],
+        )
     assert result.exit_code == 0, result.stderr
     checkpoint = load_checkpoint(out / "best.pt")
     truth = timm.create_model("test_vit", num_classes=2, img_size=32)
