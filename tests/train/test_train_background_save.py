@@ -254,7 +254,12 @@ def test_the_last_curves_png_is_drawn_while_best_pt_is_tested(tmp_path, monkeypa
     monkeypatch.setattr(run_folder, "write_curves_png", draw)
     # No plot helper: the drawing is the patched function's, in this process.
     monkeypatch.setattr(run_folder.RunFolder, "start_painter", lambda self: None)
-    done = _train(tmp_path, "digits", "--epochs", "1")
+    # A root with its own test/ split (of 2 images: what is under test is the overlap, not
+    # the data; digits' 179 through its convnet cost a second of CPU).
+    for split, count in (("train", 4), ("val", 2), ("test", 1)):
+        write_image_folder(tmp_path / "split" / split, {"a": count, "b": count}, seed=len(split))
+    tiny = ["--model", "nets:TinyNet", "--image-size", "8", "--batch-size", "4", "-j", "0"]
+    done = _train(tmp_path, tmp_path / "split", *tiny, "--epochs", "1")
     assert done.returncode == 0, done.stderr
     assert overlapped == [True]
     assert (tmp_path / "run" / "curves.png").stat().st_size > 0
