@@ -6,6 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
+from pathlib import Path
+
+import pytest
+from image_folders import write_image_folder
+from typer.testing import CliRunner
 
 from torchkit.cli import app
 
@@ -60,12 +66,21 @@ def test_the_first_n_steps_of_the_first_two_epochs_are_profiled(
     assert "USDT" not in capfd.readouterr().err
 
 
-def test_an_epoch_shorter_than_n_steps_is_profiled_whole(runner, tmp_path, make_image_folder):
-    data = make_image_folder(tmp_path / "data", {"a": 8, "b": 8})
-    out = tmp_path / "run"
+@pytest.fixture(scope="module")
+def profiled_epoch(tmp_path_factory) -> tuple[Path, Path]:
+    """The data and a run of one epoch of 6 steps, all profiled (--profile-steps 50): read by
+    one test, resumed (a copy) by another."""
+    root = tmp_path_factory.mktemp("profiled")
+    data = write_image_folder(root / "data", {"a": 8, "b": 8})
+    out = root / "run"
     args = [*ARGS, "--epochs", "1", "--profile-steps", "50", "--data", str(data), "--out", str(out)]
-    result = runner.invoke(app, args)
+    result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.stderr
+    return data, out
+
+
+def test_an_epoch_shorter_than_n_steps_is_profiled_whole(profiled_epoch):
+    _, out = profiled_epoch
     assert sorted(p.name for p in (out / "profile").iterdir()) == ["epoch-1.json", "epoch-1.txt"]
     table = (out / "profile" / "epoch-1.txt").read_text()
     assert "epoch 1, its first 6 optimiser steps" in table
@@ -73,12 +88,10 @@ def test_an_epoch_shorter_than_n_steps_is_profiled_whole(runner, tmp_path, make_
 
 
 def test_without_the_option_nothing_is_profiled_and_a_resume_does_not_inherit_it(
-    runner, tmp_path, make_image_folder
+    runner, tmp_path, profiled_epoch
 ):
-    data = make_image_folder(tmp_path / "data", {"a": 8, "b": 8})
-    out = tmp_path / "run"
-    first = [*ARGS, "--epochs", "1", "--profile-steps", "1", "--data", str(data), "--out", str(out)]
-    assert runner.invoke(app, first).exit_code == 0
+    data, profiled = profiled_epoch
+    out = Path(shutil.copytree(profiled, tmp_path / "run"))  # profiled with --profile-steps 50
     assert [p.name for p in (out / "profile").iterdir()] != []
     # continued without the option: the saved run's --profile-steps is not taken back
     resumed = runner.invoke(app, ["train", "--resume", str(out), "--epochs", "2"])
