@@ -166,7 +166,7 @@ def predict_command(
         stats=preprocess.stats,
         strict=strict,
         skip_errors=skip_errors,
-        # JSON gives a class's name as it is, beside its index (class_index)
+        # JSON gives a class's name as it is, beside its index (class_index, label_index)
         names_shown=fmt in (StreamedOutputFormat.table, StreamedOutputFormat.csv),
     )
     to_file = report_file(output) is not None

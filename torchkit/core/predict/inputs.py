@@ -31,6 +31,9 @@ class ImageSet:
     notes: list[str]
     stream: PathStream | None = None  # the paths still to come, for `-` alone (StreamedSamples)
     classes_given: bool = False  # the data states its label order (`DataSource.classes_given`)
+    # Each image's label as an index among its own input's classes, where `samples.labels`
+    # are not (several IMAGES: their classes merged by name); None: `samples.labels` are.
+    own_labels: list[int] | None = None
 
 
 def collect_images(
@@ -78,7 +81,8 @@ def collect_images(
     if len(sets) == 1:
         _, samples, root = sets[0]
         return ImageSet(samples, root, notes, classes_given=given)
-    return ImageSet(_joined(sets), "", notes)
+    joined, own_labels = _joined(sets)
+    return ImageSet(joined, "", notes, own_labels=own_labels)
 
 
 def streams_stdin(items: Sequence[str]) -> bool:
@@ -205,9 +209,10 @@ def _files(paths: list[str], *, from_stdin: bool) -> Samples:
     return Samples([""], [0] * len(paths), paths=list(paths), source="stdin", ids=list(paths))
 
 
-def _joined(sets: list[tuple[str, Samples, str]]) -> Samples:
+def _joined(sets: list[tuple[str, Samples, str]]) -> tuple[Samples, list[int]]:
     """Several inputs as one list, each path prefixed with its input as typed, each image with
-    its input's label (the `label` column, as of one input). Its classes are "" (the class of
+    its input's label (the `label` column, as of one input), and each label's index among its
+    input's classes (`label_index`, as of one input). Its classes are "" (the class of
     unlabelled images, index 0) and then the labelled inputs' class names, merged by name in
     the order they come: not a model's class order, so a model that records no class names
     has its outputs named by index with several inputs (`output_names_from_data`)."""
@@ -215,6 +220,7 @@ def _joined(sets: list[tuple[str, Samples, str]]) -> Samples:
     ids: list[str] = []
     splits: list[str] = []
     labels: list[int] = []
+    own_labels: list[int] = []
     classes = [""]
     index_of = class_index(classes)
     any_split = any(samples.splits for _, samples, _ in sets)
@@ -233,9 +239,10 @@ def _joined(sets: list[tuple[str, Samples, str]]) -> Samples:
                 index_of.setdefault(nfc(name), found)
             mapping.append(found)
         labels += [mapping[label] for label in samples.labels]
+        own_labels += list(samples.labels)
     if any(samples.paths is None for _, samples, _ in sets):
         raise UsageError("digits cannot be combined with other IMAGES", "predict it on its own")
     joined = Samples(classes, labels, paths=paths, source="IMAGES", ids=ids)
     if any_split:
         joined.splits = splits
-    return joined
+    return joined, own_labels

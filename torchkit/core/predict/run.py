@@ -236,7 +236,10 @@ class PredictRun:
             columns.append("split")
         # The one vocabulary of outputs that name images (eval's predictions.csv too): label
         # the true class name ("" when unknown), class the predicted one, class_index its index.
-        columns += ["label", "class", "class_index", "probability"]
+        columns.append("label")
+        if not self.request.names_shown:  # JSON names a class as it is: which of two of a name
+            columns.append("label_index")
+        columns += ["class", "class_index", "probability"]
         if self.ranked:
             for rank in range(1, self._k(num_outputs) + 1):
                 columns += [f"class_{rank}", f"probability_{rank}"]
@@ -275,7 +278,7 @@ class PredictRun:
     def rows(self, progress: Progress | None = None) -> Iterator[dict[str, Any]]:
         """The rows, in input order, on rank 0 (other ranks yield nothing but take part), as
         dicts: an unreadable image's row has only `path` (`split`) and `error`."""
-        class_at = 3 if self.image_set.samples.splits else 2
+        class_at = self.columns().index("class")
         for keys, values in self._records(progress):
             row = dict(zip(keys, values, strict=True))
             if values[class_at] is None:  # an unreadable image: its path, split and error
@@ -522,6 +525,8 @@ class PredictRun:
         samples, summary, request = self.image_set.samples, self.summary, self.request
         ids, splits, classes = samples.ids, samples.splits, self._output_names
         labels, label_names = samples.labels, samples.classes
+        with_label_index = not request.names_shown
+        own_labels = self.image_set.own_labels or labels
         if request.names_shown:
             label_names = shown_class_names(label_names)
         errors = dict(part["failed"])
@@ -538,7 +543,10 @@ class PredictRun:
             if splits:
                 values.append(splits[index])
             # No true label (unlabelled images, whose one class is ""): None, an empty CSV field.
-            values.append((label_names[labels[index]] or None) if labels else None)
+            label = (label_names[labels[index]] or None) if labels else None
+            values.append(label)
+            if with_label_index:
+                values.append(None if label is None else own_labels[index])
             if index in errors:
                 summary.unreadable += 1
                 message = errors[index]
