@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import sys
 import types
 
@@ -96,6 +97,13 @@ def test_deterministic_mode_imports_no_inductor_and_a_compiled_model_still_gets_
         "use_deterministic_algorithms",
         lambda *args, **kwargs: (torch_calls.append(args), real(*args, **kwargs)),
     )
+    # What seed_everything sets beside the flag, put back with the test: the environment
+    # (its CUBLAS_ variable keys the preloaded servers' forks) and cuDNN's flags.
+    monkeypatch.setenv(
+        "CUBLAS_WORKSPACE_CONFIG", os.environ.get("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    )
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", torch.backends.cudnn.deterministic)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", torch.backends.cudnn.benchmark)
     before = torch.are_deterministic_algorithms_enabled()
     try:
         seeding.seed_everything(0, deterministic=True)
