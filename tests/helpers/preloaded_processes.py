@@ -3,46 +3,54 @@ instead of each starting a fresh interpreter: `start_preloaded_process` takes
 `processes.start_torchkit_process`'s arguments and returns what a Popen gives the tests
 (`processes.start_torchkit_process` and `run_torchkit_process` come here unless told `fresh`).
 
-A `python -m torchkit` process spends its first seconds of CPU on `import torch` (about 2.5 s of
-a 2-core machine's time, most of a short command's cost). Here a server process, started on the
-first process that needs it and kept single-threaded, imports torch and nothing of torchkit (nor
-rich, typer, click, dynamo, inductor, PIL, cv2, torchvision, timm or huggingface_hub: it
-checks); each process is forked from it and then becomes `python -m torchkit ARGS` as a fresh
-interpreter would: its own session (made before its PID is handed out, as Popen's), the test's
-ignored signals ignored, stdin, stdout and stderr, working folder and environment, no other
-descriptor, its command line in /proc (`python -m torchkit ARGS`, then NULs to the length of the
-server's: torchkit's folder locks read it to tell a torchkit holder), PYTHONPATH's folders first
-on sys.path and a sitecustomize found there run, fresh seeds for `random` and NumPy, torchkit's
-start-up (signal handlers, import hooks) run from its beginning, its exit code the one a fresh
-process ends with. What it does is real: its own process and PID, its process group, signals
-sent to it, its loader workers and helper processes, its sockets and locks. Its parent is the
-server, not the test (which learns its end from the server).
+A `python -m torchkit` process spends its first seconds of CPU on `import torch` (about 2.5 s of a
+2-core machine's time, most of a short command's cost). Here a server process, started on the first
+process that needs it and kept single-threaded, imports torch, then what every command imports
+after it (`PRELOADED`: typer, pydantic for typer's parameters, rich's console, tables and progress,
+Pillow; about 0.3 s of each fork's CPU) and torchvision as torchkit imports it (through
+torchkit.torchvision_without_dynamo's hook, which stays in place: `TORCHKIT_PRELOADED`; 0.5 s of
+each train, eval or predict), and nothing else of torchkit nor of `NOT_PRELOADED` (dynamo,
+inductor, cv2, timm, huggingface_hub, click and typer's rich_utils read variables of their own or
+load heavy parts as they are imported; torchkit asks sys.modules for matplotlib and sklearn to
+choose a helper process): it checks, and that no warning came and dynamo was not asked for. Its
+objects are then frozen out of the garbage collector's sight (`gc.freeze`): a fork's collections
+would walk them, copying their pages. Each process is forked from it and then becomes `python -m
+torchkit ARGS` as a fresh interpreter would: its own session (made before its PID is handed out, as
+Popen's), the test's ignored signals ignored, stdin, stdout and stderr, working folder and
+environment, no other descriptor, its command line in /proc (`python -m torchkit ARGS`, then NULs
+to the length of the server's: torchkit's folder locks read it to tell a torchkit holder),
+PYTHONPATH's folders first on sys.path and a sitecustomize found there run, fresh seeds for
+`random` and NumPy, torchkit's start-up (signal handlers, import hooks) run from its beginning, its
+exit code the one a fresh process ends with. What it does is real: its own process and PID, its
+process group, signals sent to it, its loader workers and helper processes, its sockets and locks.
+Its parent is the server, not the test (which learns its end from the server).
 
-Which variables may differ between a fork and its server (reasons): only what is read while
-torch is imported must match, since a fork sees the server's import. So the server is keyed by
+Which variables may differ between a fork and its server (reasons): only what is read while torch
+is imported must match, since a fork sees the server's import. So the server is keyed by
 `import_environment`: TORCH_/TORCHDYNAMO_/TORCHELASTIC_/PYTORCH_/CAFFE2_/ATEN_/KINETO_ (torch's
 Python and C++ read them as they load: log levels, allocators, dispatch),
-OMP_/KMP_/GOMP_/MKL_/OPENBLAS_/BLIS_/DNNL_/ONEDNN_ (the math libraries size their thread pools
-when loaded), CUDA_/NVIDIA_/CUBLAS/CUDNN_/NCCL_/HIP_/ROCM_/HSA_/TRITON_/XLA_ (devices),
-NPY_/NUMPY_ (NumPy, imported by torch), LD_/MALLOC_/GLIBC_ (the loader and allocator), PYTHON*
-but PYTHONPATH (the interpreter's own set-up: hash seed, I/O encoding, warnings, bytecode),
-LANG/LANGUAGE/LC_* (the standard streams' encoding is chosen at start-up), TZ (`time` reads it
-when imported), TMPDIR/TEMP/TMP (tempfile caches its folder), HOME/XDG_* and PATH (caches and
-libraries found from them). Everything else may differ: it is read after the fork, by torchkit
-(TORCHKIT_*), rich and click (NO_COLOR, FORCE_COLOR, COLUMNS, TERM...), the tests' helper
-modules and sitecustomize (TORCHKIT_TEST_*, GATE_FILE...), the launch (RANK, MASTER_PORT...,
-read when torchkit starts) or the libraries torchkit imports later (PIL, cv2, huggingface_hub);
+OMP_/KMP_/GOMP_/MKL_/OPENBLAS_/BLIS_/DNNL_/ONEDNN_ (the math libraries size their thread pools when
+loaded), CUDA_/NVIDIA_/CUBLAS/CUDNN_/NCCL_/HIP_/ROCM_/HSA_/TRITON_/XLA_ (devices), NPY_/NUMPY_
+(NumPy, imported by torch), LD_/MALLOC_/GLIBC_ (the loader and allocator), PYTHON* but PYTHONPATH
+(the interpreter's own set-up: hash seed, I/O encoding, warnings, bytecode), LANG/LANGUAGE/LC_*
+(the standard streams' encoding is chosen at start-up), TZ (`time` reads it when imported),
+TMPDIR/TEMP/TMP (tempfile caches its folder), HOME/XDG_* and PATH (caches and libraries found from
+them; torchvision reads TORCH_HOME and XDG_CACHE_HOME), TYPER_USE_RICH and PILLOW_* (typer and
+Pillow read them as they are imported). Everything else may differ: it is read after the fork, by
+torchkit (TORCHKIT_*), rich and typer (NO_COLOR, FORCE_COLOR, COLUMNS, TERM...), the tests' helper
+modules and sitecustomize (TORCHKIT_TEST_*, GATE_FILE...), the launch (RANK, MASTER_PORT..., read
+when torchkit starts) or the libraries torchkit imports later (cv2, huggingface_hub);
 TORCHINDUCTOR_* is read when torch._inductor is imported, which the server checks `import torch`
 does not do (inductor adds TORCHINDUCTOR_CACHE_DIR to the test process at its first in-process
-compile: every later process would have missed its server). A server runs with its key's
-variables only, so nothing else can leak into its import.
+compile: every later process would have missed its server). A server runs with its key's variables
+only, so nothing else can leak into its import.
 
 Servers are keyed by that environment and the rank number (RANK, 0 without it: forks of one
 server share its string hash seed, where a fresh rank 0 and rank 1 differ as under torchrun).
 The key of the test process's own environment gets a server at once; any other on its second
 request (the first starts fresh: an environment made for one test, with its own HOME or PATH,
 would cost a server as much as a fresh start and push out a useful one). At most `MAX_SERVERS`
-are kept (each costs about 2.5 s of CPU and 0.5 GB); the least recently used one is retired: it
+are kept (each costs about 3 s of CPU and 0.55 GB); the least recently used one is retired: it
 forks nothing more and ends with its last process.
 
 What a fork cannot give starts fresh (`processes._start_fresh`): a server that refused (a
@@ -112,11 +120,56 @@ IMPORT_PREFIXES = (
     "PYTHON",
     "LC_",
     "XDG_",
+    "PILLOW_",
 )
-IMPORT_NAMES = frozenset({"LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP", "TMP", "HOME", "PATH"})
+IMPORT_NAMES = frozenset(
+    {"LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP", "TMP", "HOME", "PATH", "TYPER_USE_RICH"}
+)
 # Read after the fork although their prefix is above: PYTHONPATH (applied by the fork), the
 # launch's TORCHELASTIC_RUN_ID (read when torchkit starts).
 NOT_AT_IMPORT = frozenset({"PYTHONPATH", "TORCHELASTIC_RUN_ID"})
+
+# The modules every torchkit command imports after torch (typer's and click's, pydantic's for
+# typer's parameters, rich's for its output), and Pillow, imported by the server: a fork has them.
+PRELOADED = (
+    "typer",
+    "typer._adapters",
+    "typer._coercion",
+    "typer._completion_classes",
+    "rich.console",
+    "rich.live",
+    "rich.progress",
+    "rich.table",
+    "PIL.Image",
+    "PIL.BmpImagePlugin",
+    "PIL.GifImagePlugin",
+    "PIL.JpegImagePlugin",
+    "PIL.PngImagePlugin",
+    "PIL.PpmImagePlugin",
+)
+# torchkit's modules that torchvision's import brings (its hook), and no other: they do nothing
+# as they are imported, and torchkit.cli's start-up runs in each fork from its beginning.
+TORCHKIT_PRELOADED = (
+    "torchkit",
+    "torchkit.core",
+    "torchkit.core.runtime",
+    "torchkit.core.runtime.fork_safe",
+    "torchkit.import_hooks",
+    "torchkit.stand_ins",
+    "torchkit.torchvision_without_dynamo",
+)
+NOT_PRELOADED = (
+    "torch._dynamo",
+    "torch._inductor",
+    "sitecustomize",
+    "typer.rich_utils",
+    "click",
+    "cv2",
+    "huggingface_hub",
+    "timm",
+    "matplotlib",
+    "sklearn",
+)
 
 MAX_SERVERS = 4  # rank 0 and 1 of the DDP tests, plain processes, one more environment
 
@@ -133,6 +186,25 @@ import ctypes, json, os, select, socket, sys
 channel = socket.socket(fileno=int(sys.argv[1]))
 base_path = sys.path[1:]  # sys.path[0] is -c's ''
 import torch  # noqa: F401  (the point of the server)
+import importlib, warnings
+
+# What every command imports after torch, as the module's doc says. A warning one of them gave
+# would be printed here and never by the forks: none may come (the server refuses).
+with warnings.catch_warnings(record=True) as warned:
+    for name in PRELOADED:
+        importlib.import_module(name)
+    # torchvision as torchkit imports it (torchvision_without_dynamo: its modules run with
+    # stand-ins for dynamo), with that hook in place in the forks as torchkit.cli would put it.
+    from torchkit import torchvision_without_dynamo
+
+    torchvision_without_dynamo.install()
+    import torchvision  # noqa: F401
+# Out of the collector's sight: a fork's collections would walk (and write to, copying their
+# pages) the server's objects, none of which can become garbage there.
+import gc
+
+gc.collect()
+gc.freeze()
 
 
 def argument_area():
@@ -143,12 +215,13 @@ def argument_area():
 
 start, end = argument_area()
 threads = len(os.listdir("/proc/self/task"))
-loaded = ("torch._dynamo", "torch._inductor", "sitecustomize", "rich", "typer", "click", "PIL",
-          "cv2", "huggingface_hub", "torchvision", "timm")  # read variables of their own
 problems = [
     *(["threads"] if threads != 1 else []),
-    *(name for name in loaded if name in sys.modules),
-    *(["torchkit"] if any(name.startswith("torchkit") for name in sys.modules) else []),
+    *(f"warned: {warning.message}" for warning in warned),
+    *(name for name in NOT_PRELOADED if name in sys.modules),
+    *(name for name in sys.modules if name.partition(".")[0] == "torchkit"
+      and name not in TORCHKIT_PRELOADED),
+    *(["dynamo asked"] if torchvision_without_dynamo.missing else []),
 ]
 ready = {"ready": not problems, "problems": problems, "room": end - start}
 channel.send(json.dumps(ready).encode())
@@ -282,7 +355,12 @@ class PreloadedServer:
     def __init__(self, environment: dict[str, str]) -> None:
         self.environment = environment
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        server = SERVER.replace("MAX_PASS_FDS", str(MAX_PASS_FDS))
+        server = (
+            SERVER.replace("MAX_PASS_FDS", str(MAX_PASS_FDS))
+            .replace("TORCHKIT_PRELOADED", repr(TORCHKIT_PRELOADED))
+            .replace("NOT_PRELOADED", repr(NOT_PRELOADED))
+            .replace("PRELOADED", repr(PRELOADED))
+        )
         self.process = subprocess.Popen(
             [sys.executable, "-c", server, str(theirs.fileno()), " " * COMMAND_ROOM],
             pass_fds=[theirs.fileno()],

@@ -5,6 +5,7 @@ imported torch with other values."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 
@@ -37,6 +38,52 @@ def test_a_plain_process_is_forked_from_a_server_as_a_fresh_one_would_look(monke
         process.kill()
     assert process.returncode == 1 and out == ""
     assert err.startswith("Error: no video paths on stdin")
+
+
+# Written by a fork's sitecustomize (run just before torchkit starts, this one loaded as it runs):
+# what it found imported.
+PRELOADED_REPORT = """
+import gc, json, os, sys
+
+from preloaded_processes import NOT_PRELOADED, PRELOADED, TORCHKIT_PRELOADED
+
+with open(os.environ["REPORT"], "w") as report:
+    json.dump({
+        "preloaded": [name for name in PRELOADED if name in sys.modules],
+        "not_preloaded": [
+            name for name in NOT_PRELOADED if name in sys.modules and name != "sitecustomize"
+        ],
+        "torchvision": "torchvision" in sys.modules,
+        "torchkit": sorted(
+            name for name in sys.modules
+            if name.partition(".")[0] == "torchkit" and name not in TORCHKIT_PRELOADED
+        ),
+        "dynamo_asked": sys.modules["torchkit.torchvision_without_dynamo"].missing,
+        "frozen": gc.get_freeze_count(),
+    }, report)
+"""
+
+
+def test_a_fork_starts_with_the_preloaded_modules_and_torchkit_only_from_its_start(
+    tmp_path, monkeypatch
+):
+    """What every command imports after torch, and torchvision imported without dynamo, are
+    there at a fork's start, frozen out of the collector's sight; of torchkit only the hook that
+    torchvision was imported through, nothing of what a command must import itself."""
+    monkeypatch.delenv("TORCHKIT_TEST_FRESH_PROCESSES", raising=False)
+    (tmp_path / "sitecustomize.py").write_text(PRELOADED_REPORT)
+    helpers = os.path.dirname(preloaded_processes.__file__)
+    report = tmp_path / "report.json"
+    env = {"PYTHONPATH": f"{tmp_path}{os.pathsep}{helpers}", "REPORT": str(report)}
+    process = start_torchkit_process("--version", env=env)
+    out, err = process.communicate(timeout=120)
+    assert isinstance(process, PreloadedProcess)
+    assert process.returncode == 0 and out.strip(), err
+    found = json.loads(report.read_text())
+    assert found["preloaded"] == list(preloaded_processes.PRELOADED)
+    assert found["torchvision"] and found["dynamo_asked"] == []
+    assert found["not_preloaded"] == [] and found["torchkit"] == []
+    assert found["frozen"] > 0
 
 
 def test_fresh_starts_a_new_interpreter(monkeypatch):
@@ -97,7 +144,17 @@ def test_a_differing_import_variable_gets_its_own_server_or_starts_fresh(monkeyp
 
 
 @pytest.mark.parametrize(
-    "name", ["PYTHONHASHSEED", "LD_PRELOAD", "MKL_NUM_THREADS", "LC_ALL", "TZ", "TMPDIR"]
+    "name",
+    [
+        "PYTHONHASHSEED",
+        "LD_PRELOAD",
+        "MKL_NUM_THREADS",
+        "LC_ALL",
+        "TZ",
+        "TMPDIR",
+        "TYPER_USE_RICH",  # read as the preloaded typer is imported
+        "PILLOW_BLOCK_SIZE",  # and Pillow
+    ],
 )
 def test_what_python_and_the_libraries_read_at_start_up_keys_the_server(name):
     own = preloaded_processes.child_environment(None)
