@@ -108,7 +108,8 @@ class Blocks:
 
 def read_blocks(paths: Sequence[str] | None) -> Blocks | None:
     """The blocks `paths` are read in, where reading one image reads its whole block (a
-    parquet row group: see `parquet.ParquetImages.blocks`), else None (image files, tar
+    parquet row group, a streamed shard: see `parquet.ParquetImages.blocks`,
+    `http_shards.StreamedShards.blocks`), else None (image files, tar
     members: each read alone). An order that keeps each block's images together, a window
     of blocks at a time, reads every block once instead of once per image."""
     if not paths or not is_stored(paths[0]):

@@ -320,8 +320,8 @@ class EpochSampler(WithholdingSampler):
     by repetition to a multiple of the world size, then every world_size-th from `rank`. So
     the global batch j of a world of N processes with batch B holds the same images as batch j
     of one process with batch N x B. `skip` leaves out the first images (mid-epoch resume).
-    Images read in blocks (`blocks`: parquet row groups) are shuffled by `windowed_order`
-    instead, seeded alike, before the split over ranks.
+    Images read in blocks (`blocks`: parquet row groups, streamed shards) are shuffled by
+    `windowed_order` instead, seeded alike, before the split over ranks.
     """
 
     def __init__(
