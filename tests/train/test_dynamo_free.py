@@ -121,3 +121,51 @@ def test_deterministic_mode_imports_no_inductor_and_a_compiled_model_still_gets_
     finally:
         seeding.use_deterministic_algorithms(before)
     assert torch.are_deterministic_algorithms_enabled() is before
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.05, fused=True),  # scales itself
+        lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True),
+    ],
+    ids=["fused-adamw", "sgd"],
+)
+def test_a_grad_scalers_step_takes_the_undecorated_step_bitwise(monkeypatch, build):
+    """--amp in float16 steps through a GradScaler, which calls `optimizer.step()` itself: that
+    decorated step imported torch._dynamo at the first update (about 3 s of CPU a run)."""
+    monkeypatch.setattr(dynamo_free, "dynamo_loaded", lambda: False)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    reference = copy.deepcopy(model)
+    ours, theirs = build(model.parameters()), build(reference.parameters())
+    scalers = [torch.amp.GradScaler("cpu", init_scale=2.0**8) for _ in range(2)]
+    taken = []
+    real_step = dynamo_free._undecorated_step
+
+    def spied(optimizer):
+        found = real_step(optimizer)
+        taken.append(found is not None)
+        return found
+
+    monkeypatch.setattr(dynamo_free, "_undecorated_step", spied)
+    inputs, labels = torch.randn(10, 6), torch.randint(0, 3, (10,))
+    for _ in range(3):
+        for net, optimizer, scaler, ours_side in (
+            (model, ours, scalers[0], True),
+            (reference, theirs, scalers[1], False),
+        ):
+            optimizer.zero_grad()
+            scaler.scale(nn.functional.cross_entropy(net(inputs), labels)).backward()
+            if ours_side:
+                with dynamo_free.undecorated_steps(optimizer):
+                    scaler.step(optimizer)
+                assert "step" not in vars(optimizer)  # the class's step again
+            else:
+                scaler.step(optimizer)
+            scaler.update()
+    assert taken == [True] * 3
+    for got, want in zip(model.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(got, want)
+    assert scalers[0].state_dict() == scalers[1].state_dict()
+    assert torch.is_grad_enabled()

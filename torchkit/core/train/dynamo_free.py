@@ -13,8 +13,10 @@ Should torch rename these internals, the marks are inert attributes and `step()`
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
+from collections.abc import Iterator
 from typing import Any
 
 # The Optimizer methods decorated with torch._disable_dynamo.
@@ -49,6 +51,28 @@ def step(optimizer: Any) -> None:
 
     with torch.no_grad():
         undecorated(optimizer)
+
+
+@contextlib.contextmanager
+def undecorated_steps(optimizer: Any) -> Iterator[None]:
+    """While the block runs, `optimizer.step()` is `step(optimizer)`'s undecorated step (where
+    that is safe): for a GradScaler, whose `step` calls `optimizer.step()` itself (an --amp
+    run in float16 imported torch._dynamo at its first update)."""
+    undecorated = _undecorated_step(optimizer)
+    if undecorated is None:
+        yield
+        return
+    import torch
+
+    def plain_step(*args: Any, **kwargs: Any) -> Any:
+        with torch.no_grad():
+            return undecorated(optimizer, *args, **kwargs)
+
+    optimizer.step = plain_step  # an attribute of this optimiser, over its class's method
+    try:
+        yield
+    finally:
+        del optimizer.step
 
 
 def _undecorated_step(optimizer: Any):

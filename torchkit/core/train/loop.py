@@ -522,7 +522,8 @@ def _optimizer_step(ctx: StepContext) -> None:
         params = [p for g in ctx.optimizer.param_groups for p in g["params"]]
         torch.nn.utils.clip_grad_norm_(params, ctx.clip_grad)
     if ctx.scaler is not None:
-        ctx.scaler.step(ctx.optimizer)
+        with dynamo_free.undecorated_steps(ctx.optimizer):
+            ctx.scaler.step(ctx.optimizer)
         ctx.scaler.update()
     else:
         dynamo_free.step(ctx.optimizer)
