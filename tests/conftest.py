@@ -135,6 +135,19 @@ def signal_handlers_kept():
     assert not changed, f"the test left signal handlers changed: {changed}"
 
 
+@pytest.fixture(autouse=True)
+def environment_kept():
+    """The environment as the test found it. An in-process command may set variables for the
+    rest of its process, as torchkit does (`--deterministic` sets CUBLAS_WORKSPACE_CONFIG):
+    left behind, they would reach every later test of the worker, and the ones torch reads at
+    import would give each later torchkit process a preloaded server of its own."""
+    before = dict(os.environ)
+    yield
+    if os.environ != before:
+        os.environ.clear()
+        os.environ.update(before)
+
+
 @pytest.fixture
 def run_torchkit() -> Callable[..., subprocess.CompletedProcess]:
     return run_torchkit_process

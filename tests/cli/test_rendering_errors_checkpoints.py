@@ -542,19 +542,30 @@ def test_seed_everything_repeats_python_numpy_and_torch():
 
 
 def test_deterministic_mode_is_switched_on(monkeypatch):
-    # The real call imports torch._inductor (20 s on a busy 2-core box): record it instead.
-    calls = []
-    monkeypatch.setattr(torch, "use_deterministic_algorithms", lambda *a, **k: calls.append((a, k)))
+    """torch's deterministic algorithms on (warn only), cuDNN deterministic without benchmark,
+    cuBLAS's workspace set; a plain seed changes none of them."""
+    from torchkit.core.runtime.seeding import use_deterministic_algorithms
+
     monkeypatch.setattr(torch.backends.cudnn, "deterministic", False)
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
-    seed_everything(0, deterministic=True)
-    assert calls == [((True,), {"warn_only": True})]
-    assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
-    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
-    calls.clear()
-    seed_everything(0)
-    assert calls == []
+    before = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    try:
+        use_deterministic_algorithms(False)
+        seed_everything(0)
+        assert not torch.are_deterministic_algorithms_enabled()
+        assert not torch.backends.cudnn.deterministic and torch.backends.cudnn.benchmark
+        assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+        seed_everything(0, deterministic=True)
+        assert torch.are_deterministic_algorithms_enabled()
+        assert torch.is_deterministic_algorithms_warn_only_enabled()
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    finally:
+        use_deterministic_algorithms(*before)
 
 
 def test_rng_state_round_trip_through_a_weights_only_checkpoint(tmp_path):
