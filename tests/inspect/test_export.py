@@ -244,6 +244,29 @@ def own_load(path: Path, fmt: str):
     return run, json.loads(extra["torchkit.json"])
 
 
+def read_programs_once(monkeypatch) -> None:
+    """From now on in the test, `torch.export.load` of a file it has read already hands back
+    that program and its extra files: `own_load` reads a .pt2 with torch's API, and
+    `load_exported` (torchkit's reader, which calls the same API, then reads the record,
+    checks it and takes the module) is given what that read made instead of deserialising the
+    file a second time (about a second of CPU for resnet18's). Installed after the export, so
+    that the export's own verification and the first read of each file are real."""
+    real = torch.export.load
+    read: dict[tuple[str, int], tuple[object, dict]] = {}
+
+    def load_once(f, *, extra_files=None, **kwargs):
+        key = (os.fspath(f), os.stat(f).st_mtime_ns)
+        wanted = dict.fromkeys(extra_files or {}, "")
+        if key not in read or not set(wanted) <= set(read[key][1]) or kwargs:
+            read[key] = (real(f, extra_files=wanted, **kwargs), wanted)
+        program, extra = read[key]
+        for name in wanted:
+            extra_files[name] = extra[name]
+        return program
+
+    monkeypatch.setattr(torch.export, "load", load_once)
+
+
 def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -258,10 +281,13 @@ def leftovers(folder: Path) -> list[str]:
 
 @pytest.mark.parametrize("name", ["convnet", "resnet18"])
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_round_trip_in_the_formats_own_runtime_at_batch_1_and_3(runner, world, tmp_path, fmt, name):
+def test_round_trip_in_the_formats_own_runtime_at_batch_1_and_3(
+    runner, world, tmp_path, monkeypatch, fmt, name
+):
     out = tmp_path / f"model{SUFFIX[fmt]}"
     result, data = export(runner, *MODELS[name](world["root"]), str(out))
     assert result.exit_code == 0, result.stderr
+    read_programs_once(monkeypatch)
     sample = SAMPLE[name]
     assert data["format"] == fmt and data["path"] == str(out)
     assert data["verified"] is True and data["verified_batch_sizes"] == [1, 3]
@@ -306,12 +332,13 @@ def test_round_trip_in_the_formats_own_runtime_at_batch_1_and_3(runner, world, t
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_static_batch_is_fixed_refuses_batch_3_and_a_wrong_shape_is_one_clear_failure(
-    runner, world, tmp_path, fmt
+    runner, world, tmp_path, monkeypatch, fmt
 ):
     out = tmp_path / f"fixed{SUFFIX[fmt]}"
     convnet = str(world["root"] / "convnet.pt")
     result, data = export(runner, convnet, str(out), "--static-batch", "--batch-size", "2")
     assert result.exit_code == 0, result.stderr
+    read_programs_once(monkeypatch)
     assert data["dynamic_batch"] is False and data["batch_size"] == 2
     assert data["verified_batch_sizes"] == [2]
     run, stored = own_load(out, fmt)
@@ -364,10 +391,11 @@ def test_a_fixed_batch_of_1_is_verified_on_two_inputs(runner, world, tmp_path):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_float16_weights_and_inputs(runner, world, tmp_path, fmt):
+def test_float16_weights_and_inputs(runner, world, tmp_path, monkeypatch, fmt):
     out = tmp_path / f"half{SUFFIX[fmt]}"
     result, data = export(runner, str(world["root"] / "convnet.pt"), str(out), "--dtype", "float16")
     assert result.exit_code == 0, result.stderr
+    read_programs_once(monkeypatch)
     assert data["dtype"] == "float16" and data["verified"] is True
     assert (data["atol"], data["rtol"]) == (1e-2, 2e-2)  # float16's defaults
     assert data["max_abs_diff"] <= data["tolerance"]
