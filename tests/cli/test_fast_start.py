@@ -8,6 +8,9 @@ import json
 import subprocess
 import sys
 
+import pytest
+import typer.main
+
 HEAVY = (
     "torch", "torchvision", "torchinfo", "cv2", "pandas", "sklearn", "matplotlib", "webdataset",
     "pyarrow",
@@ -89,3 +92,46 @@ def test_help_of_every_command_imports_nothing_heavy():
     for path in paths[1:]:
         if " " not in path:  # every top-level command is listed in `torchkit --help`
             assert path in root_help
+
+
+EVERY_COMMAND = {
+    "env", "train", "eval", "predict", "dataset-stats", "split", "summary", "extract-features",
+    "export", "video-info", "convert-syncbn", "benchmark", "tensor", "cifar", "checkpoint",
+    "shards",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("words", "code", "built", "shown"),
+    [
+        (["summary", "--help"], 0, {"summary"}, "Usage: torchkit summary"),
+        (["-v", "convert", "tensor", "--help"], 0, {"tensor", "cifar", "checkpoint", "shards"},
+         "Usage: torchkit convert tensor"),
+        (["-h", "train"], 0, EVERY_COMMAND, "convert-syncbn"),  # the app's help lists all
+        (["trian"], 2, EVERY_COMMAND, "Did you mean 'train'?"),  # close names: all are needed
+    ],
+)  # fmt: skip
+def test_a_command_line_builds_only_the_command_it_runs(
+    monkeypatch, capsys, words, code, built, shown
+):
+    """Typer reads the signature of every command it builds (0.1 s of CPU for all of them):
+    the app, called as `python -m torchkit` calls it, builds the named command alone, and the
+    whole tree only where the help or a misspelled name's suggestion needs every command."""
+    from torchkit.cli import app
+
+    registered = list(app.registered_commands), list(app.registered_groups)
+    names = []
+    build = typer.main.get_command_from_info
+
+    def recording(command_info, **kwargs):
+        names.append(command_info.name)
+        return build(command_info, **kwargs)
+
+    monkeypatch.setattr(typer.main, "get_command_from_info", recording)
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # Typer's call installs its own
+    with pytest.raises(SystemExit) as done:
+        app(words, prog_name="torchkit")
+    assert done.value.code == code
+    assert set(names) == built
+    assert shown in "".join(capsys.readouterr())
+    assert (app.registered_commands, app.registered_groups) == registered  # put back

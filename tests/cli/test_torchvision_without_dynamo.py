@@ -122,21 +122,6 @@ def one_process(tmp_path_factory) -> dict[str, list[str]]:
         def loaded():
             return "torch._dynamo" in sys.modules
 
-        # A `python -m torchkit` process builds typer's command tree once: built by the first
-        # main() here and reused by the others (a tenth of a second each).
-        import typer.main
-        from torchkit.cli import app
-        build, built = typer.main.get_command, []
-
-        def built_once(typer_app):
-            if typer_app is not app:
-                return build(typer_app)
-            if not built:
-                built.append(build(typer_app))
-            return built[0]
-
-        typer.main.get_command = built_once
-
         def torchkit(*args):
             sys.argv = ["python -m torchkit", *args]
             try:

@@ -771,23 +771,46 @@ def _as_placeholder(name: str, help_text: str | None, hidden: bool):
     return CommandInfo(name=name, callback=_placeholder, help=help_text, hidden=hidden)
 
 
-def _for_completion(typer_app: typer.Typer) -> tuple[list, list]:
-    """The (commands, groups) to register while completing: the command being completed alone,
-    or, while its name is being typed, every command as a placeholder with no options (the
-    names, help lines and hidden flags are all completion shows). Building a command (reading
-    its signature, evaluating its annotations) is what a TAB press spends most of its time on."""
+# The app's own options that may come before a command's name and show nothing themselves.
+_QUIET_ROOT_FLAGS = frozenset({"-v", "--verbose", "-q", "--quiet"})
+
+
+def _registered(typer_app: typer.Typer) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The app's registered commands and groups (`convert`), by name."""
     commands = {info.name: info for info in typer_app.registered_commands if info.name}
     groups = {
         _default_value(info.name): info
         for info in typer_app.registered_groups
         if _default_value(info.name)
     }
-    words = [word for word in _completed_words() if not word.startswith("-")]
-    if words and words[0] in commands:
-        return [commands[words[0]]], []
-    if words and words[0] in groups:
-        return [], [groups[words[0]]]
-    if words:  # not a command: complete as usual
+    return commands, groups
+
+
+def _named_command(typer_app: typer.Typer, words: list[str]) -> tuple[list, list] | None:
+    """The (commands, groups) that `words`, the arguments after `torchkit`, run: the command or
+    group their first word names, after the app's quiet flags alone. None for anything else (no
+    command, `--help` or `--version` first, a name that is no command's, which click answers
+    with the close names): the whole app is needed there."""
+    commands, groups = _registered(typer_app)
+    name = next((word for word in words if word not in _QUIET_ROOT_FLAGS), None)
+    if name in commands:
+        return [commands[name]], []
+    if name in groups:
+        return [], [groups[name]]
+    return None
+
+
+def _for_completion(typer_app: typer.Typer) -> tuple[list, list]:
+    """The (commands, groups) to register while completing: the command being completed alone,
+    or, while its name is being typed, every command as a placeholder with no options (the
+    names, help lines and hidden flags are all completion shows). Building a command (reading
+    its signature, evaluating its annotations) is what a TAB press spends most of its time on."""
+    words = _completed_words()
+    named = _named_command(typer_app, words)
+    if named is not None:
+        return named
+    commands, groups = _registered(typer_app)
+    if any(not word.startswith("-") for word in words):  # not a command: complete as usual
         return list(commands.values()), list(groups.values())
     placeholders = [
         _as_placeholder(
@@ -868,12 +891,21 @@ def _current_shell() -> str | None:
 
 class _TorchkitTyper(typer.Typer):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if not os.environ.get(COMPLETE_ENV):
-            _completion_for_named_shell(self, list(kwargs.get("args") or sys.argv[1:]))
+        # Typer builds every registered command (reads its signature, evaluates its
+        # annotations) on each call: a run builds only the command it runs, a TAB press only
+        # what it completes; everything else (help, a misspelled name) builds the whole app.
+        if os.environ.get(COMPLETE_ENV):
+            wanted = _for_completion(self)
+        else:
+            given = args[0] if args else kwargs.get("args")  # click's `args`: None is argv's
+            argv = list(sys.argv[1:] if given is None else given)
+            _completion_for_named_shell(self, argv)
+            wanted = _named_command(self, argv)
+        if wanted is None:
             return super().__call__(*args, **kwargs)
         registered = self.registered_commands, self.registered_groups
         try:
-            self.registered_commands, self.registered_groups = _for_completion(self)
+            self.registered_commands, self.registered_groups = wanted
             return super().__call__(*args, **kwargs)
         finally:
             self.registered_commands, self.registered_groups = registered
