@@ -11,12 +11,11 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from block_orders import shuffled_block_order
 from parquet_files import png
 
 from torchkit.core.data.sources import open_data
 from torchkit.core.data.sources import parquet as parquet_module
-from torchkit.core.data.stored_image import read_blocks
-from torchkit.core.train.loaders import EpochSampler
 
 SMALL_GROUPS = 12  # of 4 images of about 100 bytes
 LARGE_IMAGE = 40_000  # bytes: one row group of one image, most of the cache
@@ -41,17 +40,10 @@ def test_small_row_groups_beside_a_large_one_are_shuffled_together_and_read_once
     monkeypatch.setattr(parquet_module, "CACHE_BYTES", 60_000)
     source = open_data(write_uneven_row_groups(tmp_path / "uneven.parquet"))
     paths = source.whole.paths
-    blocks = read_blocks(paths)
-    assert blocks is not None
-    sampler = EpochSampler(len(paths), shuffle=True, seed=3, blocks=blocks)
-    sampler.set_epoch(0)
-    order = [index for _, index in sampler]
-    assert sorted(order) == list(range(len(paths)))
+    blocks, order, runs = shuffled_block_order(paths)
 
     # The small row groups' images are interleaved: some row group's images do not lie in one
     # run of the order (they all did, each row group a window of its own).
-    pairs = zip(order, order[1:], strict=False)
-    runs = sum(1 for a, b in pairs if blocks.ids[a] != blocks.ids[b]) + 1
     assert runs > SMALL_GROUPS + 1 + 10
 
     # Read in that order through the reader, each row group is read once.

@@ -14,12 +14,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from block_orders import shuffled_block_order
 from PIL import Image
 from shards import serving, shard_downloads
 
 from torchkit.core.data.sources import http_shards, open_data
 from torchkit.core.data.sources.http_shards import StreamedShards
-from torchkit.core.data.stored_image import Blocks, read_blocks
+from torchkit.core.data.stored_image import Blocks
 from torchkit.core.train.loaders import EpochSampler
 
 SMALL_SHARDS = 12  # of 4 samples of an 8x8 PNG: 10 kB each, tar's padding included
@@ -90,17 +91,10 @@ def test_small_shards_beside_a_large_one_are_shuffled_together_and_fetched_once(
     assert shard_downloads(server.requests) == []  # streamed: listed from manifest.json alone
     sizes = [p.stat().st_size for p in sorted((tmp_path / "served" / "uneven").glob("*.tar"))]
     assert max(sizes) <= LIMIT < max(sizes) + min(sizes)  # the large shard is a window alone
-    blocks = read_blocks(paths)
-    assert blocks is not None
-    sampler = EpochSampler(len(paths), shuffle=True, seed=3, blocks=blocks)
-    sampler.set_epoch(0)
-    order = [index for _, index in sampler]
-    assert sorted(order) == list(range(len(paths)))
+    blocks, order, runs = shuffled_block_order(paths)
 
     # The small shards' images are interleaved: some shard's images do not lie in one run of
     # the order (they all did, each shard a window of its own).
-    pairs = zip(order, order[1:], strict=False)
-    runs = sum(1 for a, b in pairs if blocks.ids[a] != blocks.ids[b]) + 1
     assert runs > SMALL_SHARDS + 1 + 10
 
     # Read in that order, each shard is fetched once and opened once (held open while its
