@@ -11,7 +11,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from checkpoints import write_convnet_checkpoint
+from checkpoints import write_constant_convnet_checkpoint
 from image_folders import write_image_folder
 from output_checks import error_line
 from parquet_files import png, write_parquet
@@ -124,15 +124,9 @@ def test_eval_reports_say_which_of_two_classes_of_one_name_images_were_taken_for
     """`confused_with` named the class alone: `crane:3`, with two cranes, said neither which
     output nor which class. JSON gains an "index" beside "class"; the table and per_class.csv
     show `crane (#2)` for a name two classes share, the name alone for others."""
-    import torch
-
     model = tmp_path / "model.pt"
-    write_convnet_checkpoint(model, in_channels=3, image_size=8, classes=NAMES)
-    checkpoint = torch.load(model, weights_only=True)
     # Every image is taken for output 2, the second crane.
-    checkpoint["model"]["classifier.4.weight"].zero_()
-    checkpoint["model"]["classifier.4.bias"].copy_(torch.tensor([0.0, 0.0, 5.0, 0.0]))
-    torch.save(checkpoint, model)
+    write_constant_convnet_checkpoint(model, image_size=8, classes=NAMES, logits=[0, 0, 5, 0])
     data = write_image_folder(tmp_path / "bc", {"b": 2, "c": 1})
     found = run_torchkit_in_process(
         "eval", model, "--data", data, "--format", "json", "-j", "0", "--out", tmp_path / "out"

@@ -13,7 +13,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from checkpoints import write_convnet_checkpoint
+from checkpoints import write_constant_convnet_checkpoint
 from output_checks import error_line
 from parquet_files import png
 from processes import run_torchkit_in_process
@@ -43,14 +43,8 @@ def shards(tmp_path: Path) -> Path:
 @pytest.fixture
 def model(tmp_path: Path) -> Path:
     """A convnet of NAMES' outputs that takes every image for output 2, the second crane."""
-    import torch
-
     path = tmp_path / "model.pt"
-    write_convnet_checkpoint(path, in_channels=3, image_size=8, classes=NAMES)
-    checkpoint = torch.load(path, weights_only=True)
-    checkpoint["model"]["classifier.4.weight"].zero_()
-    checkpoint["model"]["classifier.4.bias"].copy_(torch.tensor([0.0, 0.0, 5.0, 1.0]))
-    torch.save(checkpoint, path)
+    write_constant_convnet_checkpoint(path, image_size=8, classes=NAMES, logits=[0, 0, 5, 1])
     return path
 
 

@@ -11,7 +11,12 @@ if TYPE_CHECKING:
 
 
 def write_convnet_checkpoint(
-    path: Path, *, in_channels: int, image_size: int, classes: str, preprocess: dict | None = None
+    path: Path,
+    *,
+    in_channels: int,
+    image_size: int,
+    classes: str | list[str],
+    preprocess: dict | None = None,
 ):
     """A torchkit checkpoint of the built-in convnet for `in_channels` x `image_size` images,
     one class per letter of `classes` (and `preprocess` as recorded, if given); returns its
@@ -39,6 +44,16 @@ def write_convnet_checkpoint(
 def write_tied_convnet_checkpoint(path: Path, *, image_size: int, classes: str) -> None:
     """`write_convnet_checkpoint` (RGB) with a zeroed last layer: every image gets the same
     logit for every class, a tie that only the ranking rule breaks."""
+    write_constant_convnet_checkpoint(path, image_size=image_size, classes=classes)
+
+
+def write_constant_convnet_checkpoint(
+    path: Path, *, image_size: int, classes: str | list[str], logits: list[float] | None = None
+) -> None:
+    """`write_convnet_checkpoint` (RGB) whose last layer gives every image `logits` (zeros:
+    a tie), so that which class each image is taken for is known."""
+    import torch
+
     from torchkit.core.models.checkpoint import save_checkpoint
 
     write_convnet_checkpoint(path, in_channels=3, image_size=image_size, classes=classes)
@@ -46,7 +61,7 @@ def write_tied_convnet_checkpoint(path: Path, *, image_size: int, classes: str) 
     state = checkpoint["model"]
     head = [name for name in state if name.endswith(".weight")][-1].rsplit(".", 1)[0]
     state[f"{head}.weight"].zero_()
-    state[f"{head}.bias"].zero_()
+    state[f"{head}.bias"].copy_(torch.tensor(logits or [0.0] * len(classes)))
     save_checkpoint(checkpoint, path)
 
 
