@@ -43,21 +43,16 @@ def mark_not_compiled() -> None:
 
 def step(optimizer: Any) -> None:
     """`optimizer.step()`, without importing torch._dynamo where that is safe."""
-    undecorated = _undecorated_step(optimizer)
-    if undecorated is None:
+    with undecorated_steps(optimizer):
         optimizer.step()
-        return
-    import torch
-
-    with torch.no_grad():
-        undecorated(optimizer)
 
 
 @contextlib.contextmanager
 def undecorated_steps(optimizer: Any) -> Iterator[None]:
-    """While the block runs, `optimizer.step()` is `step(optimizer)`'s undecorated step (where
-    that is safe): for a GradScaler, whose `step` calls `optimizer.step()` itself (an --amp
-    run in float16 imported torch._dynamo at its first update)."""
+    """While the block runs, `optimizer.step()` is the class's undecorated step, where that is
+    safe (`_undecorated_step`): for `step` and for a GradScaler, whose `step` calls
+    `optimizer.step()` itself (an --amp run in float16 imported torch._dynamo at its first
+    update)."""
     undecorated = _undecorated_step(optimizer)
     if undecorated is None:
         yield
