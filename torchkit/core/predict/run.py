@@ -208,8 +208,10 @@ class PredictRun:
                 given=self.image_set.classes_given,
             )
             self.notes.append(note)
-        shown = request.names_shown
-        self._output_names = shown_class_names(self.classes) if shown else self.classes
+        # Named as the rows name them (`names_shown`), once for every batch.
+        names = shown_class_names if request.names_shown else list
+        self._output_names = names(self.classes)
+        self._label_names = names(self.image_set.samples.classes)
         if self._k(outputs) < request.topk:
             k = self._k(outputs)
             classes = counted(k, "class", "classes")
@@ -524,11 +526,9 @@ class PredictRun:
         per-batch lists of classes and probabilities (no dict per row)."""
         samples, summary, request = self.image_set.samples, self.summary, self.request
         ids, splits, classes = samples.ids, samples.splits, self._output_names
-        labels, label_names = samples.labels, samples.classes
+        labels, label_names = samples.labels, self._label_names
         with_label_index = not request.names_shown
         own_labels = self.image_set.own_labels or labels
-        if request.names_shown:
-            label_names = shown_class_names(label_names)
         errors = dict(part["failed"])
         indices = part.get("indices", [])
         position_of = {index: position for position, index in enumerate(indices)}
