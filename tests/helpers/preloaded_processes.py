@@ -173,6 +173,13 @@ NOT_PRELOADED = (
 
 MAX_SERVERS = 4  # rank 0 and 1 of the DDP tests, plain processes, one more environment
 
+# With FORK_LOG=FILE in the test process, each server appends a line per fork as it reaps it:
+# the test (PYTEST_CURRENT_TEST of the process that asked for it, with its phase), the fork's
+# CPU s (user + sys, its waited-for children included), its wall s from fork to end, its
+# arguments (tab-separated). Its CPU is otherwise booked on the server, reaped with the session:
+# a worker's last test. To measure; see /work/notes/s73/forks.md.
+FORK_LOG = "TORCHKIT_TEST_FORK_LOG"
+
 # The server: `python -c SERVER FD PADDING` with the socket's descriptor as its argument (the
 # padding makes room for a fork's command line). It imports torch, checks it is still one thread
 # with nothing loaded that a fork must import itself, says so, and then forks a process for
@@ -227,8 +234,25 @@ ready = {"ready": not problems, "problems": problems, "room": end - start}
 channel.send(json.dumps(ready).encode())
 
 
+def log_fork(request, rusage, wall):
+    # One line per fork: its own CPU is booked on this server, which the test process only
+    # reaps at the session's end (its last test's figures), so the server tells whom it was for.
+    import shlex
+
+    test = request["env"].get("PYTEST_CURRENT_TEST", "-").replace("\t", " ")
+    cpu = rusage.ru_utime + rusage.ru_stime
+    line = f"{test}\t{cpu:.3f}\t{wall:.3f}\t{shlex.join(request['args'])}\n"
+    descriptor = os.open(request["fork_log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(descriptor, line.encode())  # one write: lines of several servers stay whole
+    finally:
+        os.close(descriptor)
+
+
 def serve():
-    running = {}  # pidfd -> (pid, status descriptor)
+    import time
+
+    running = {}  # pidfd -> (pid, status descriptor, request, start time)
     retired = False
     while True:
         if retired and not running:
@@ -237,8 +261,11 @@ def serve():
         for pidfd in ready:
             if pidfd is channel:
                 continue
-            pid, status = running.pop(pidfd)
-            _, wait_status = os.waitpid(pid, 0)
+            pid, status, request, started_at = running.pop(pidfd)
+            # wait4: its rusage, its own waited-for children (loader workers, helpers) included.
+            _, wait_status, rusage = os.wait4(pid, 0)
+            if request.get("fork_log"):
+                log_fork(request, rusage, time.monotonic() - started_at)
             os.write(status, f"{wait_status}\n".encode())
             os.close(status)
             os.close(pidfd)
@@ -254,6 +281,7 @@ def serve():
         sys.stdout.flush()
         sys.stderr.flush()
         started, has_started = os.pipe()
+        started_at = time.monotonic()
         pid = os.fork()
         if pid == 0:
             if request["new_session"]:
@@ -264,7 +292,7 @@ def serve():
             ctypes.memmove(start, words.ljust(end - start, b"\0"), end - start)
             os.close(has_started)
             os.close(started)
-            for pidfd, (_, status) in running.items():
+            for pidfd, (_, status, _, _) in running.items():
                 os.close(pidfd)
                 os.close(status)
             channel.close()
@@ -274,7 +302,7 @@ def serve():
         os.close(started)
         for fd in (*fds[:3], *fds[4:]):
             os.close(fd)
-        running[os.pidfd_open(pid)] = (pid, fds[3])
+        running[os.pidfd_open(pid)] = (pid, fds[3], request, started_at)
         channel.send(str(pid).encode())
 
 
@@ -660,6 +688,8 @@ def start_preloaded_process(
         "ignored": [name for name in INHERITED_SIGNALS if _ignored(name)],
         "closed": [fd for fd, stream in ((1, stdout), (2, stderr)) if stream == CLOSED],
         "pass_fds": list(pass_fds),
+        # The server's line for it (FORK_LOG), read from this process, not the fork's env.
+        "fork_log": os.environ.get(FORK_LOG),
     }
     pid = None
     try:

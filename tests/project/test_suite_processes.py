@@ -20,10 +20,15 @@ def _parent(pid: int) -> int:
         return int(stat.read().rsplit(")", 1)[1].split()[1])
 
 
-def test_a_plain_process_is_forked_from_a_server_as_a_fresh_one_would_look(monkeypatch):
+def test_a_plain_process_is_forked_from_a_server_as_a_fresh_one_would_look_and_logged(
+    monkeypatch, tmp_path
+):
     """Its parent is a server of this process; its own session, its command line, stdin as a
-    pipe, and its exit code and output as Popen gives them."""
+    pipe, and its exit code and output as Popen gives them. With FORK_LOG, the server writes
+    its line once it has reaped it: this test, its CPU and wall seconds, its arguments."""
     monkeypatch.delenv("TORCHKIT_TEST_FRESH_PROCESSES", raising=False)
+    fork_log = tmp_path / "forks.tsv"
+    monkeypatch.setenv(preloaded_processes.FORK_LOG, str(fork_log))
     process = start_torchkit_process("video-info", "-", "--format", "json", stdin=subprocess.PIPE)
     try:
         assert isinstance(process, PreloadedProcess)
@@ -38,6 +43,10 @@ def test_a_plain_process_is_forked_from_a_server_as_a_fresh_one_would_look(monke
         process.kill()
     assert process.returncode == 1 and out == ""
     assert err.startswith("Error: no video paths on stdin")
+    [line] = fork_log.read_text().splitlines()  # written before the exit status was sent
+    test, cpu, wall, args = line.split("\t")
+    assert test == os.environ["PYTEST_CURRENT_TEST"]
+    assert float(cpu) > 0 and float(wall) > 0 and args == "video-info - --format json"
 
 
 # Written by a fork's sitecustomize (run just before torchkit starts, this one loaded as it runs):
