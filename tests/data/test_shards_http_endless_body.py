@@ -1,12 +1,14 @@
 """A shard served with no Content-Length (a close-delimited body) that runs on past the size
 manifest.json gives it was downloaded to its end, into the cache's disk, and judged only then:
-one that never ends filled the disk. It is stopped as it passes that size."""
+one that never ends filled the disk. It is stopped as it passes that size; without a size from
+manifest.json, as it passes $TORCHKIT_CACHE_LIMIT, else the room the cache's disk has."""
 
 from __future__ import annotations
 
 import functools
 import io
 import json
+import re
 import tarfile
 import threading
 from http.server import SimpleHTTPRequestHandler
@@ -51,7 +53,9 @@ class _EndlessShards(SimpleHTTPRequestHandler):
             self.finished.set()
 
 
-def test_a_body_that_runs_past_the_manifests_size_is_stopped_there(tmp_path, monkeypatch):
+def _served_shard(tmp_path: Path, manifest: bool) -> tuple[Path, Path]:
+    """(the served folder, its one shard), with a manifest.json giving the shard's size or
+    none."""
     served = tmp_path / "served"
     served.mkdir()
     shard = served / "s-000000.tar"
@@ -60,21 +64,38 @@ def test_a_body_that_runs_past_the_manifests_size_is_stopped_there(tmp_path, mon
             info = tarfile.TarInfo(member)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
-    size = shard.stat().st_size
-    (served / "manifest.json").write_text(
-        json.dumps({"shards": [{"name": shard.name, "bytes": size}]})
-    )
+    if manifest:
+        entry = {"name": shard.name, "bytes": shard.stat().st_size}
+        (served / "manifest.json").write_text(json.dumps({"shards": [entry]}))
+    return served, shard
+
+
+def _stats_of_endless_shard(served: Path, shard: Path, cache: Path, monkeypatch):
+    """dataset-stats of the shard's URL, served endless, cached in `cache`: (its URL, the
+    result, the bytes of zeros sent after the shard)."""
     for name in ("http_proxy", "https_proxy", "all_proxy"):
         monkeypatch.delenv(name, raising=False)
         monkeypatch.delenv(name.upper(), raising=False)
-    monkeypatch.setenv("TORCHKIT_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv("TORCHKIT_CACHE_LIMIT", raising=False)
+    monkeypatch.setenv("TORCHKIT_CACHE", str(cache))
     sent, finished = [0], threading.Event()
     handler = functools.partial(_EndlessShards, sent=sent, finished=finished, directory=str(served))
     with running_server(handler) as server:
         url = f"{server.url}/{shard.name}"
         result = run_torchkit_in_process("dataset-stats", url, "--workers", "0")
         assert finished.wait(10)
+    return url, result, sent[0]
+
+
+def _assert_nothing_cached(cache: Path, shard: Path) -> None:
+    cached = [p.name for p in cache.rglob("*") if p.is_file()]
+    assert not [name for name in cached if name.startswith(shard.name)], cached
+
+
+def test_a_body_that_runs_past_the_manifests_size_is_stopped_there(tmp_path, monkeypatch):
+    served, shard = _served_shard(tmp_path, manifest=True)
+    size = shard.stat().st_size
+    monkeypatch.delenv("TORCHKIT_CACHE_LIMIT", raising=False)
+    url, result, sent = _stats_of_endless_shard(served, shard, tmp_path / "cache", monkeypatch)
     assert result.returncode == 1, result.stdout
     assert error_line(result.stderr) == (
         f"Error: {url} is not the shard manifest.json describes (the server sends more than "
@@ -82,6 +103,44 @@ def test_a_body_that_runs_past_the_manifests_size_is_stopped_there(tmp_path, mon
         "manifest.json)"
     )
     # Stopped at the size, not at the body's end: what went out is what the sockets buffer.
-    assert sent[0] < ENDLESS // 4
-    cached = [p.name for p in (tmp_path / "cache").rglob("*") if p.is_file()]
-    assert not [name for name in cached if name.startswith(shard.name)], cached
+    assert sent < ENDLESS // 4
+    _assert_nothing_cached(tmp_path / "cache", shard)
+
+
+def test_a_body_of_no_size_at_all_is_stopped_at_the_cache_limit(tmp_path, monkeypatch):
+    """Neither manifest.json nor a Content-Length gives its size: it was read to its end."""
+    served, shard = _served_shard(tmp_path, manifest=False)
+    monkeypatch.setenv("TORCHKIT_CACHE_LIMIT", "1MiB")
+    url, result, sent = _stats_of_endless_shard(served, shard, tmp_path / "cache", monkeypatch)
+    assert result.returncode == 1, result.stdout
+    assert error_line(result.stderr) == (
+        f"Error: cannot download {url}: it sends more than 1048576 bytes with no "
+        "Content-Length, more than TORCHKIT_CACHE_LIMIT=1MiB lets the cache hold (check the "
+        "URL, or raise TORCHKIT_CACHE_LIMIT; nothing of it was kept)"
+    )
+    assert sent < ENDLESS // 4
+    _assert_nothing_cached(tmp_path / "cache", shard)
+
+
+def test_a_body_of_no_size_at_all_stops_short_of_filling_the_caches_disk(
+    tmp_path, small_tmpfs, monkeypatch
+):
+    """Without a cache limit, it is read up to the room the cache's disk has less a margin,
+    never until the disk is full (a write error only then, every other program's disk full)."""
+    served, shard = _served_shard(tmp_path, manifest=False)
+    monkeypatch.delenv("TORCHKIT_CACHE_LIMIT", raising=False)
+    cache = small_tmpfs(8192)
+    url, result, sent = _stats_of_endless_shard(served, shard, cache, monkeypatch)
+    assert result.returncode == 1, result.stdout
+    line = error_line(result.stderr)
+    bound = re.fullmatch(
+        rf"Error: cannot download {re.escape(url)}: it sends more than (\d+) bytes with no "
+        r"Content-Length, more than the cache's disk has room for \(keeping (\d+) bytes free\) "
+        r"\(check the URL, free some space, or set TORCHKIT_CACHE to a folder with more room; "
+        r"nothing of it was kept\)",
+        line,
+    )
+    assert bound is not None, line
+    assert int(bound[1]) + int(bound[2]) <= 8192 * 1024 and int(bound[2]) > 0
+    assert sent < ENDLESS // 4
+    _assert_nothing_cached(cache, shard)

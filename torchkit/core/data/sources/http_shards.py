@@ -27,7 +27,9 @@ Downloads run DOWNLOAD_THREADS at a time, each streamed to a hidden temporary fi
 shard and renamed into place once complete and checked (length, manifest sha256; without a
 sha256, a whole tar up to its end-of-archive marker: a server whose Content-Length is too small
 cuts the body short with no HTTP error): a failed or killed download leaves nothing under the
-shard's name. A lock file per shard makes processes
+shard's name. A body of no known size (no Content-Length, no manifest.json size) is read up to
+$TORCHKIT_CACHE_LIMIT or the room the cache's disk has (`_unsized_bound`), never on until the
+disk is full. A lock file per shard makes processes
 that share the cache (torchrun's ranks, two runs at once) download each shard once: the others
 wait for it, then use it; a shard the cache holds current is read without it, the server
 reachable or not (a cache shared read-only has none to take), and the cache limit deletes a
@@ -715,6 +717,10 @@ def _download(
             raise _changed(url, f"the server has {length} bytes, manifest.json says {want}")
         checked = expected is not None and expected["sha256"] is not None
         whole_tar = None if checked else lambda temporary: _check_whole_tar(url, temporary)
+        # A body of no size at all (no manifest.json size, no Content-Length: close-delimited,
+        # chunked or encoded) runs to its end, which an endless one never reaches.
+        unsized = want is None and length is None
+        bound = _unsized_bound(url, target.parent) if unsized else None
         with _writing_the_cache(), atomic_write(target, "wb", check=whole_tar) as handle:
             while True:
                 if stop.is_set():
@@ -726,6 +732,8 @@ def _download(
                     # A body of no Content-Length that runs on (a close-delimited or chunked
                     # one): stopped here, not once it filled the disk, judged by the end.
                     raise _changed(url, f"the server sends more than {want} bytes")
+                if bound is not None and done + len(chunk) > bound[0]:
+                    raise bound[1]
                 handle.write(chunk)
                 digest.update(chunk)
                 done += len(chunk)
@@ -739,6 +747,44 @@ def _download(
     _write_record(target, url, done, digest.hexdigest(), validators)
     seconds = time.perf_counter() - started
     log.info("downloaded %s (%.1f MB in %.1f s)", _shown(url), done / 1e6, seconds)
+
+
+# The room a download of no size leaves on the cache's disk: a twentieth of what is free, at
+# most this (other programs, and the shard's record, still have somewhere to write).
+_KEPT_FREE = 1 << 30
+
+
+def _unsized_bound(url: str, folder: Path) -> tuple[int, InputError] | None:
+    """The most a body of no known size may bring into the cache `folder`, and the error of
+    one that brings more: $TORCHKIT_CACHE_LIMIT where set (no shard is larger), and never
+    more than the disk has free less `_KEPT_FREE` (or a twentieth of it); None where neither
+    is known."""
+    bound, error = None, None
+    try:
+        stats = os.statvfs(folder)
+    except (OSError, AttributeError):  # AttributeError: no statvfs (Windows)
+        stats = None
+    if stats is not None:
+        free = stats.f_bavail * stats.f_frsize
+        kept = min(free // 20, _KEPT_FREE)
+        bound = free - kept
+        error = InputError(
+            f"cannot download {_shown(url)}: it sends more than {bound} bytes with no "
+            f"Content-Length, more than the cache's disk has room for (keeping {kept} bytes "
+            "free)",
+            "check the URL, free some space, or set TORCHKIT_CACHE to a folder with more room; "
+            "nothing of it was kept",
+        )
+    limit = cache_limit()
+    if limit is not None and (bound is None or limit <= bound):
+        bound = limit
+        error = InputError(
+            f"cannot download {_shown(url)}: it sends more than {limit} bytes with no "
+            f"Content-Length, more than {CACHE_LIMIT_VARIABLE}="
+            f"{os.environ[CACHE_LIMIT_VARIABLE].strip()} lets the cache hold",
+            f"check the URL, or raise {CACHE_LIMIT_VARIABLE}; nothing of it was kept",
+        )
+    return None if bound is None or error is None else (bound, error)
 
 
 def _check_whole_tar(url: str, temporary: Path) -> None:
