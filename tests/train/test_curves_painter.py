@@ -52,33 +52,56 @@ def painter():
     started.close()
 
 
-def test_the_helper_draws_the_file_the_run_draws_through_ctrl_c_sigterm_and_a_fork(
-    painter, tmp_path
+def test_one_helper_draws_the_runs_file_in_a_shadowing_folder_through_signals_a_fork_and_a_failure(
+    tmp_path, monkeypatch
 ):
     """One helper, many plots (each helper is a Python importing matplotlib: one for all of
-    these): the run's own file; Ctrl-C and SIGTERM do not stop it (the run decides how to
-    stop, and still draws its last plot); a forked process (DataLoader workers are forked from
-    the run) does not keep it alive: their copy of its stdin is closed at once, or the helper
-    would wait for them after the run closed it."""
-    assert painter.paint(tmp_path / "helper.png", HISTORY, 3)
-    write_curves_png(tmp_path / "run.png", HISTORY, 3)
-    assert (tmp_path / "helper.png").read_bytes() == (tmp_path / "run.png").read_bytes()
-    painter.process.send_signal(signal.SIGINT)
-    painter.process.send_signal(signal.SIGTERM)
-    assert painter.paint(tmp_path / "again.png", HISTORY[:2], None)
-    assert (tmp_path / "again.png").stat().st_size > 1000
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    these): started in a user's folder that holds a json.py, selectors.py and signal.py (which
+    `python -c` would import first), it draws the run's own file at a path relative to that
+    folder; Ctrl-C and SIGTERM do not stop it (the run decides how to stop, and still draws its
+    last plot); a run folder it cannot write into (a file) leaves the run to report the error
+    of its own drawing; a forked process (DataLoader workers are forked from the run) does not
+    keep it alive: their copy of its stdin is closed at once, or the helper would wait for them
+    after the run closed it."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("json", "selectors", "signal"):
+        (tmp_path / f"{name}.py").write_text("raise SystemExit('shadowed')\n")
+    painter = CurvesPainter.spawn()
+    assert painter is not None
+    try:
+        assert painter.paint(Path("helper.png"), HISTORY, 3)  # relative: lands in tmp_path
+        write_curves_png(tmp_path / "run.png", HISTORY, 3)
+        assert (tmp_path / "helper.png").read_bytes() == (tmp_path / "run.png").read_bytes()
+        painter.process.send_signal(signal.SIGINT)
+        painter.process.send_signal(signal.SIGTERM)
+        assert painter.paint(tmp_path / "again.png", HISTORY[:2], None)
+        assert (tmp_path / "again.png").stat().st_size > 1000
+        assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    except BaseException:
+        painter.close()
+        raise
     child = os.fork()
     if child == 0:  # pragma: no cover - the forked child
         time.sleep(20)
         os._exit(0)
     try:
         process = painter.process
-        painter.close()
+        # A run folder that is a file: the helper cannot write into it, and the run reports it
+        # as it always did, with the error of its own drawing; the failed helper is closed.
+        blocked = tmp_path / "not-a-folder"
+        blocked.write_text("")
+        with pytest.raises(OSError) as own:
+            write_curves_png(blocked / "curves.png", HISTORY, 2)
+        folder = RunFolder()
+        folder.path, folder.painter = blocked, painter
+        with pytest.raises(type(own.value)):
+            folder.write_curves(HISTORY, 2)
+        assert blocked.read_text() == "" and painter.process is None
         # It ended because its stdin closed, not killed (a used helper ends, not killed; one
         # whose stdin the fork kept open would have been killed after close's wait).
         assert process.returncode == 0
     finally:
+        painter.close()
         os.kill(child, signal.SIGKILL)
         os.waitpid(child, 0)
 
@@ -91,20 +114,6 @@ def test_a_dead_helper_leaves_the_plot_to_the_run(painter, tmp_path):
     folder.write_curves(HISTORY, 2)
     assert (tmp_path / "curves.png").stat().st_size > 1000
     assert painter.process is None  # given up: no second try on a dead helper
-
-
-def test_a_failing_helper_leaves_the_error_to_the_run(painter, tmp_path):
-    # A run folder that is a file: the helper cannot write into it, and the run reports it
-    # as it always did, with the error of its own drawing.
-    blocked = tmp_path / "not-a-folder"
-    blocked.write_text("")
-    with pytest.raises(OSError) as own:
-        write_curves_png(blocked / "curves.png", HISTORY, 2)
-    folder = RunFolder()
-    folder.path, folder.painter = blocked, painter
-    with pytest.raises(type(own.value)):
-        folder.write_curves(HISTORY, 2)
-    assert blocked.read_text() == ""
 
 
 def test_a_helper_unless_matplotlib_is_already_imported(monkeypatch):
@@ -137,19 +146,6 @@ def test_an_unused_helper_is_not_waited_for(painter, monkeypatch):
         monkeypatch.setattr(process, name, recorded(name))
     painter.close()
     assert calls[:2] == ["kill", "wait"] and process.returncode is not None
-
-
-def test_the_users_folder_shadows_nothing_and_relative_paths_land_there(tmp_path, monkeypatch):
-    # `python -c` would import a json.py or selectors.py of the working directory first.
-    monkeypatch.chdir(tmp_path)
-    for name in ("json", "selectors", "signal"):
-        (tmp_path / f"{name}.py").write_text("raise SystemExit('shadowed')\n")
-    painter = CurvesPainter.spawn()
-    try:
-        assert painter.paint(Path("relative.png"), HISTORY, None)
-    finally:
-        painter.close()
-    assert (tmp_path / "relative.png").stat().st_size > 1000
 
 
 def test_the_helper_ends_when_its_run_is_killed(tmp_path):
