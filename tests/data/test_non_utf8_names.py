@@ -25,6 +25,7 @@ BAD_CLASS = os.fsdecode(b"bad\xffcls")  # a class folder whose name is not UTF-8
 BAD_FILE = os.fsdecode(b"bad\xff.png")  # an image whose name is not UTF-8, in cat/
 TINY = ["--model", "nets:TinyNet", "--image-size", "8", "--device", "cpu", "--seed", "0"]
 MODEL = ["--device", "cpu"]
+IN_PROCESS = ["-j", "0"]  # no worker processes: where they are not what a check is about
 
 
 def ok(*args: object):
@@ -82,14 +83,16 @@ def test_split_writes_the_names_and_reads_them_back(data, tmp_path, mode):
 
 
 def test_dataset_stats_output_files_hold_what_stdout_does(data, tmp_path, monkeypatch):
+    # The names through the scan's worker processes once (default --workers); the other runs
+    # read in this process (each pool forks the test process: a tenth of a second a worker).
     target = tmp_path / "stats.json"
     ok("dataset-stats", data, "-o", target)
     found = json_file(target)
     assert BAD_CLASS in [c["name"] for c in found["classes"]]
     # JSON is escaped on stdout too: the same bytes
-    assert ok("dataset-stats", data, "--format", "json").stdout == target.read_text()
-    ok("dataset-stats", data, "-o", tmp_path / "stats.csv")
-    ok("dataset-stats", data, "-o", tmp_path / "stats.txt")
+    assert ok("dataset-stats", data, "--format", "json", *IN_PROCESS).stdout == target.read_text()
+    ok("dataset-stats", data, "-o", tmp_path / "stats.csv", *IN_PROCESS)
+    ok("dataset-stats", data, "-o", tmp_path / "stats.txt", *IN_PROCESS)
     assert b"bad\xffcls" in (tmp_path / "stats.txt").read_bytes()
     # CSV and tables carry the bytes on stdout whatever the locale: Python's stdout is strict
     # but in the C locale, and `main` (the program's entry point, not the app the in-process
@@ -108,7 +111,7 @@ def test_dataset_stats_output_files_hold_what_stdout_does(data, tmp_path, monkey
             patched.setattr(sys, "stderr", sys.stderr)  # main makes it best-effort: put back
             # argv[0] not "torchkit": main ends a process it runs as (os._exit), not a caller
             patched.setattr(sys, "argv", ["python -m torchkit", "dataset-stats", str(data),
-                                          "--format", fmt])  # fmt: skip
+                                          "--format", fmt, *IN_PROCESS])  # fmt: skip
             with pytest.raises(SystemExit) as ended:
                 main()
             assert ended.value.code in (0, None)
@@ -137,9 +140,11 @@ def test_video_info_output_files_name_the_video(tmp_path):
 
 def test_convert_shards_keeps_a_class_name_that_is_not_utf8(data, tmp_path):
     out = tmp_path / "shards"
-    ok("convert", "shards", data, out)
+    ok("convert", "shards", data, out, *IN_PROCESS)
     assert b"bad\xffcls\n" in (out / "classes.txt").read_bytes()
-    classes = json.loads(ok("dataset-stats", out, "--format", "json").stdout)["classes"]
+    classes = json.loads(ok("dataset-stats", out, "--format", "json", *IN_PROCESS).stdout)[
+        "classes"
+    ]
     assert {c["name"]: c["images"] for c in classes} == {"cat": 3, "dog": 3, BAD_CLASS: 3}
 
 
@@ -170,9 +175,9 @@ def test_predict_output_files_name_the_images_and_classes_of_a_class_name_file(
     paths = [row["path"] for row in rows]
     assert BAD_FILE in {Path(p).name for p in paths}
     assert all((data / p).is_file() for p in paths)
-    ok("predict", model, data, *MODEL, "-o", tmp_path / "predictions.txt")
+    ok("predict", model, data, *MODEL, *IN_PROCESS, "-o", tmp_path / "predictions.txt")
     assert b"bad\xff.png" in (tmp_path / "predictions.txt").read_bytes()
-    ok("predict", model, data, *MODEL, "-o", tmp_path / "predictions.json")
+    ok("predict", model, data, *MODEL, *IN_PROCESS, "-o", tmp_path / "predictions.json")
     found = json.loads((tmp_path / "predictions.json").read_bytes())
     assert [row["path"] for row in found] == paths
 
@@ -184,7 +189,7 @@ def test_eval_reports_and_features_name_the_class_and_files(data, model, tmp_pat
     assert BAD_CLASS in [row["label"] for row in per_class]
     assert (tmp_path / "ev" / "confusion_matrix.png").is_file()  # the name drawn as U+FFFD
     features = tmp_path / "features"
-    ok("extract-features", model, data, features, *MODEL)
+    ok("extract-features", model, data, features, *MODEL, *IN_PROCESS)
     paths = [row["path"] for row in csv_rows(features / "index.csv")]
     assert len(paths) == 9 and all((data / p).is_file() for p in paths)
 
@@ -197,7 +202,7 @@ def test_a_csv_index_with_such_names_is_read_by_eval_and_predict(data, model, tm
     evaluated = json.loads(ok("eval", model, "--data", index, *MODEL, "--workers", 0,
                               "--format", "json").stdout)  # fmt: skip
     assert evaluated["num_images"] == 9
-    ok("predict", model, index, *MODEL, "-o", tmp_path / "predictions.csv")
+    ok("predict", model, index, *MODEL, *IN_PROCESS, "-o", tmp_path / "predictions.csv")
     paths = [row["path"] for row in csv_rows(tmp_path / "predictions.csv")]
     assert sorted(paths) == sorted(row["path"] for row in csv_rows(index))
     # Bytes that are not UTF-8 in a row whose path names no file with them: text in another
