@@ -10,7 +10,6 @@ import urllib.error
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from checkpoints import read_checkpoint
@@ -20,7 +19,6 @@ from run_curves import lay_out_curves_only
 from typer.testing import CliRunner, Result
 
 from torchkit.cli import app
-from torchkit.core.models.checkpoint import CHECKPOINT_KEYS
 
 TINY = ["--model", "nets:TinyNet", "--image-size", "8", "--batch-size", "4"]
 FAST = [*TINY, "--workers", "0", "--epochs", "2"]
@@ -73,16 +71,10 @@ def fast_run(tmp_path_factory) -> FastRun:
 
 
 @pytest.fixture(autouse=True)
-def curves_not_rasterised(request, monkeypatch):
-    """curves.png laid out, not rasterised (run_curves.py), except for tests that request
-    `real_curves`."""
-    if "real_curves" not in request.fixturenames:
-        lay_out_curves_only(monkeypatch)
-
-
-@pytest.fixture
-def real_curves() -> None:
-    """curves.png drawn as torchkit draws it (see `curves_not_rasterised`)."""
+def curves_not_rasterised(monkeypatch):
+    """curves.png laid out, not rasterised (run_curves.py): test_train_digits_target.py's run
+    draws it as torchkit draws it."""
+    lay_out_curves_only(monkeypatch)
 
 
 def train(runner, *args: str):
@@ -99,93 +91,6 @@ def error_line(result) -> str:
     assert len(lines) == 1, result.stderr
     assert "Traceback" not in result.stderr
     return lines[0]
-
-
-def test_digits_by_default_writes_the_run_and_reports_best_pt_test_accuracy(
-    runner, tmp_path, real_curves
-):
-    out = tmp_path / "run"
-    # On the CPU, as the hand-written check below and eval's exact agreement compute.
-    args = ["--epochs", "1", "--out", str(out), "--format", "json", "--device", "cpu"]
-    result = train(runner, *args)
-    assert result.exit_code == 0, result.stderr
-    assert "no --data given: training on digits" in result.stderr
-    summary = json.loads(result.stdout)
-    assert summary["model"] == "convnet" and summary["data"] == "digits"
-    assert summary["test_weights"] == "best.pt" and summary["test_size"] == 179
-    assert summary["best_epoch"] == 1 and len(summary["history"]) == 1
-
-    config = json.loads((out / "config.json").read_text())
-    options = config["options"]
-    assert (options["model"], options["image_size"], options["flip"]) == ("convnet", 12, False)
-    assert options["crop_scale"] == [0.85, 1.0] and options["resize_size"] == 12
-    assert options["best_metric"] == "loss" and summary["best_metric"] == "loss"
-    assert options["ema"] is True and summary["best_by_ema"] is True
-    assert {"model", "image_size", "flip", "crop_scale", "best_metric", "ema"} <= set(
-        config["defaults_from_data"]
-    )
-    # --cuda-graphs: chosen for the machine (on only on CUDA), and chosen again by a replay.
-    assert options["cuda_graphs"] is False and "cuda_graphs" in config["defaults_from_data"]
-    assert config["classes"] == [str(d) for d in range(10)]
-    assert config["data_sizes"] == {"train": 1438, "val": 180, "test": 179}
-    assert {"torch", "torchvision", "torchkit", "python"} <= set(config["versions"])
-
-    rows = metrics_rows(out)
-    assert list(rows[0]) == [
-        "epoch",
-        "train_loss",
-        "train_top1",
-        "val_loss",
-        "val_top1",
-        "val_top5",
-        "lr",
-        "epoch_time_s",
-        "images_per_s",
-        "val_ema_loss",
-        "val_ema_top1",
-        "val_ema_top5",
-    ]
-    # best.pt is picked by the EMA weights' val loss, and the summary reports their accuracy.
-    assert float(rows[0]["val_ema_top1"]) == pytest.approx(summary["best_val_top1"], abs=1e-6)
-    assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-    best = read_checkpoint(out / "best.pt")  # weights_only=True
-    assert set(CHECKPOINT_KEYS) <= set(best)
-    assert best["arch"] == "convnet" and best["num_classes"] == 10 and best["epoch"] == 1
-    assert not any(key.startswith("module.") for key in best["model"])
-
-    # The test accuracy, recomputed independently from best.pt with the stored preprocessing.
-    from torchkit.core.data.preprocessing import Preprocess
-    from torchkit.core.data.sources.digits import digits_splits
-    from torchkit.core.data.transforms import eval_transform
-    from torchkit.core.models import model_from_checkpoint
-
-    model = model_from_checkpoint(best).eval()
-    transform = eval_transform(Preprocess.from_dict(best["preprocess"]))
-    test = digits_splits()["test"]
-    from PIL import Image
-
-    images = torch.stack([transform(Image.fromarray(a).convert("RGB")) for a in test.images])
-    with torch.no_grad():
-        predicted = model(images).argmax(1).numpy()
-    accuracy = float(np.mean(predicted == np.array(test.labels)))
-    assert summary["test_top1"] == pytest.approx(accuracy, abs=1e-9)
-
-    # And `torchkit eval` on the checkpoint agrees exactly.
-    evaluated = runner.invoke(
-        app,
-        ["eval", str(out / "best.pt"), "--data", "digits", "--format", "json", "--device", "cpu"],
-    )
-    assert evaluated.exit_code == 0, evaluated.stderr
-    assert json.loads(evaluated.stdout)["accuracy"] == pytest.approx(summary["test_top1"], abs=1e-9)
-    evaluated = runner.invoke(
-        app,
-        ["eval", str(out / "best.pt"), "--ema", "--data", "digits", "--format", "json"]
-        + ["--device", "cpu"],
-    )
-    assert evaluated.exit_code == 0, evaluated.stderr
-    accuracy = json.loads(evaluated.stdout)["accuracy"]
-    assert accuracy == pytest.approx(summary["test_ema_top1"], abs=1e-9)
 
 
 def test_split_root_trains_and_summary_table_names_the_weights(fast_run):
