@@ -18,7 +18,13 @@ from safety_world import write_world
 
 from torchkit.core.io.errors import OutputExistsError
 from torchkit.core.io.folder_contents import exact_pattern, foreign_entries, names_inside
-from torchkit.core.io.outputs import MARKER, WRITTEN_JOURNAL, OutputFolder
+from torchkit.core.io.outputs import (
+    MARKER,
+    WRITTEN_JOURNAL,
+    OutputFolder,
+    note_report,
+    write_marker,
+)
 from torchkit.core.train.outputs import RUN_OUTPUTS
 
 TINY = ["--model", "convnet", "--image-size", "8", "--batch-size", "4", "--workers", "0"]
@@ -166,17 +172,56 @@ def test_the_summary_this_run_writes_into_its_folder_is_its_own(world):
     )
 
 
+def test_an_earlier_runs_summary_under_another_name_goes_with_its_run_folder(world):
+    """A run folder whose marker records the summary `-o out/summary.json` wrote there (as
+    train's `note_report` does): `train --out out --force -o out/other.json` no longer refuses
+    it as a file torchkit did not write (the run goes on to its model, which cannot be found)."""
+    out = marked(world / "out", "train", {"last.pt": "x", "summary.json": "{}"})
+    write_marker(out, "train", reports=["summary.json"])
+    note_report(out / "summary.json")
+    before = tree_digest(world)
+    done = run_torchkit_in_process(
+        *TRAIN, "--out", "out", "--force", "--model", "no_such_module:Net", "-o",
+        "out/other.json", cwd=world,
+    )  # fmt: skip
+    assert done.returncode == 2 and "no_such_module" in error_line(done.stderr)
+    assert tree_digest(world) == before
+
+
 def test_the_report_a_run_writes_into_its_output_folder_is_its_own(world):
     """`convert shards ds out --force -o out/report.json` again: the earlier report, which
-    that command wrote there, is replaced with the rest; another report name leaves it the
-    user's file."""
+    that command wrote there, is replaced with the rest, also under another -o name (it was
+    refused as a file "torchkit did not write"); once the user changes it, it is theirs."""
     again = ["convert", "shards", "ds", "out", "--force", "-o", "out/report.json"]
     for _ in range(2):
         done = run_torchkit_in_process(*again, cwd=world)
         assert done.returncode == 0, done.stderr
     assert json.loads((world / "out" / "report.json").read_text())
+    other = ["convert", "shards", "ds", "out", "--force", "-o", "out/other.json"]
+    done = run_torchkit_in_process(*other, cwd=world)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((world / "out" / "other.json").read_text())
+    assert not (world / "out" / "report.json").exists()
+    with open(world / "out" / "other.json", "a") as report:
+        report.write("\n")  # the user's now, whatever its name
     check_refused_untouched(
-        ["convert", "shards", "ds", "out", "--force", "-o", "out/other.json"],
+        [*again[:-1], "out/third.json"],
+        "output folder out holds out/other.json that torchkit did not write",
+        cwd=world,
+    )
+
+
+def test_a_users_file_under_the_name_of_an_earlier_report_is_the_users(world):
+    """The marker names the report a run wrote; a file put at that name since (the report
+    deleted, or never written: the run failed first) is not that report."""
+    done = run_torchkit_in_process(
+        "convert", "shards", "ds", "out", "-o", "out/report.json", cwd=world
+    )
+    assert done.returncode == 0, done.stderr
+    (world / "out" / "report.json").unlink()
+    (world / "out" / "report.json").write_text("my own report")
+    check_refused_untouched(
+        ["convert", "shards", "ds", "out", "--force"],
         "output folder out holds out/report.json that torchkit did not write",
         cwd=world,
     )
@@ -184,7 +229,7 @@ def test_the_report_a_run_writes_into_its_output_folder_is_its_own(world):
 
 def test_the_report_video_info_writes_into_its_frames_folder_is_its_own(tmp_path):
     """`video-info --extract-frames frames --force -o frames/report.csv` again: the report the
-    last run wrote beside its frames goes with them; under another -o name it is refused."""
+    last run wrote beside its frames goes with them, also under another -o name."""
     import cv2
     import numpy as np
 
@@ -201,11 +246,10 @@ def test_the_report_video_info_writes_into_its_frames_folder_is_its_own(tmp_path
         done = run_torchkit_in_process(*frames, "-o", "frames/report.csv", cwd=tmp_path)
         assert done.returncode == 0, done.stderr
     assert (tmp_path / "frames" / "report.csv").is_file()
-    check_refused_untouched(
-        [*frames, "-o", "frames/other.csv"],
-        "frames folder frames holds frames/report.csv that torchkit did not write",
-        cwd=tmp_path,
-    )
+    done = run_torchkit_in_process(*frames, "-o", "frames/other.csv", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "frames" / "other.csv").is_file()
+    assert not (tmp_path / "frames" / "report.csv").exists()
 
 
 def test_torchkits_own_leftovers_and_a_browsers_files_are_not_the_users(tmp_path):

@@ -338,10 +338,12 @@ def _plain_lines(plain: Any, buffer: io.StringIO, table: Table) -> list[str]:
         return [line.rstrip() for line in buffer.getvalue().splitlines()]
 
     rows = table.rows
-    widths = _text_widths(plain, table) if len(rows) > PLAIN_BATCH_ROWS else None
+    widths = _text_widths(plain, table) if len(rows) > 1 else None
     # A table wider than the console has its columns narrowed and wrapped as a whole.
     if widths is None or sum(w + 2 for w in widths) + len(widths) + 1 > plain.width:
         return printed(rich_table(table))
+    if len(rows) <= PLAIN_BATCH_ROWS:
+        return _short_table_lines(printed, table, widths) or printed(rich_table(table))
     lines: list[str] = []
     edges: tuple[str, str, str, str] | None = None
     for start in range(0, len(rows), PLAIN_BATCH_ROWS):
@@ -367,6 +369,32 @@ def _plain_lines(plain: Any, buffer: io.StringIO, table: Table) -> list[str]:
             edges = _row_edges(batch, widths)
         lines += batch[0 if first else 1 : None if last else -1]
     return lines
+
+
+def _short_table_lines(
+    printed: Callable[[RichTable], list[str]], table: Table, widths: list[int]
+) -> list[str] | None:
+    """The lines of a table of up to PLAIN_BATCH_ROWS rows (two or more) that fits its page:
+    rich lays out its title, header and first row (and its last row with the note under it),
+    the rows between are laid out as `_simple_lines`, to the same text: rich's layout of the
+    whole table cost a result table of a tiny run (eval, predict, summary) 20-60 ms of CPU.
+    None where a row is not that simple: rich then lays out the whole table."""
+    rows, note = table.rows, table.note
+    head = printed(
+        rich_table(
+            Table(table.columns, rows[:1], title=table.title, align_right=table.align_right),
+            min_widths=widths,
+        )
+    )
+    edges = _row_edges(head, widths)
+    middle = rows[1:-1] if note else rows[1:]
+    simple = None if edges is None else _simple_lines(middle, widths, table, edges)
+    if simple is None:
+        return None
+    if not note:
+        return head[:-1] + simple + [edges[3]]
+    last = Table(table.columns, rows[-1:], align_right=table.align_right, note=note)
+    return head[:-1] + simple + printed(rich_table(last, min_widths=widths, show_header=False))[1:]
 
 
 def _row_edges(batch: list[str], widths: list[int]) -> tuple[str, str, str, str] | None:
@@ -438,7 +466,7 @@ def emit(
     `replaced`: the command's other outputs, whose old files go back with the old `output` if
     the command fails after this (`ReplacedFiles`); "wrote FILE" is said when they are kept."""
     from torchkit.core.io.files import atomic_write_text
-    from torchkit.core.io.outputs import check_output_file, shares_stdout
+    from torchkit.core.io.outputs import check_output_file, note_report, shares_stdout
 
     output = report_file(output)
     if output is not None:
@@ -470,6 +498,7 @@ def emit(
         screen.file.flush()
     else:
         atomic_write_text(output, text)
+        note_report(output)  # the next --force of the command whose folder holds it replaces it
         if replaced is None:
             console.note(f"wrote {output}")
         else:  # said once every output is in place: a later failure puts the old file back

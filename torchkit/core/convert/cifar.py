@@ -28,7 +28,6 @@ from torchkit.core.convert.safe_pickle import restricted_loads
 from torchkit.core.data.sources.discovery import class_folder_problem
 from torchkit.core.io.errors import InputError, OutputWriteError, UsageError, short_repr
 from torchkit.core.io.files import require_input
-from torchkit.core.io.folder_contents import names_inside
 from torchkit.core.io.outputs import (
     InputPath,
     OutputFolder,
@@ -443,7 +442,8 @@ def output_folder(
         inputs=inputs,
         what="output folder",
         atomic=True,
-        owned=(*CIFAR_OUTPUTS, *names_inside(out, [report_file])),
+        owned=CIFAR_OUTPUTS,
+        reports=[report_file],
     )
 
 

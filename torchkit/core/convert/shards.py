@@ -55,7 +55,6 @@ from torchkit.core.io.files import (
     atomic_write_text,
     remove_stale_temporaries,
 )
-from torchkit.core.io.folder_contents import names_inside
 from torchkit.core.io.non_utf8_names import json_text
 from torchkit.core.io.outputs import (
     MARKER,
@@ -892,7 +891,8 @@ def convert_shards(
         force=force,
         inputs=inputs,
         resume=resume,
-        owned=(*SHARDS_OUTPUTS, *names_inside(target, [report_file])),
+        owned=SHARDS_OUTPUTS,
+        reports=[report_file],
     )
     with output:
         if resume:  # read again under the lock

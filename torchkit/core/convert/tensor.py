@@ -42,7 +42,7 @@ from torchkit.core.io.files import (
     safetensors_save,
     torch_save,
 )
-from torchkit.core.io.folder_contents import extension_pattern, names_inside
+from torchkit.core.io.folder_contents import extension_pattern
 from torchkit.core.io.outputs import (
     InputPath,
     OutputFolder,
@@ -799,12 +799,9 @@ def _convert_folder(
         inputs=[InputPath.of(source, "source folder")],
         what="output folder",
         atomic=True,
-        # The converted files, named as their sources, in any format convert writes, and the
-        # -o report a run wrote there.
-        owned=[
-            *(f"**/*{extension_pattern(e)}" for e in WRITTEN_EXTENSIONS),
-            *names_inside(target, [report_file]),
-        ],
+        # The converted files, named as their sources, in any format convert writes.
+        owned=[f"**/*{extension_pattern(e)}" for e in WRITTEN_EXTENSIONS],
+        reports=[report_file],
     )
     with output:
         report = _convert_into(output, source, target, to, options, workers, strict, progress)

@@ -1047,11 +1047,14 @@ def named_as_final(error: OutputWriteError, temporary: str, final: str) -> Outpu
 # -- the marker and --force ---------------------------------------------------------------------
 
 
-def write_marker(folder: Path, command: str, *, replaces: str | None = None) -> None:
+def write_marker(
+    folder: Path, command: str, *, replaces: str | None = None, reports: Iterable[str] = ()
+) -> None:
     """`replaces`: the name the old output will be set aside under when this (whole, atomic)
     folder takes its place, so that a run killed between the swap and the old output's delete
-    leaves a folder the next run knows to be the complete new output."""
-    record = {
+    leaves a folder the next run knows to be the complete new output. `reports`: the -o files
+    (paths relative to the folder, `/`-separated) the run writes inside it (`REPORTS_KEY`)."""
+    record: dict[str, object] = {
         "written_by": "torchkit",
         "command": command,
         "torchkit_version": __version__,
@@ -1059,6 +1062,8 @@ def write_marker(folder: Path, command: str, *, replaces: str | None = None) -> 
     }
     if replaces is not None:
         record["replaces"] = replaces
+    if reports:
+        record[REPORTS_KEY] = [{"path": path} for path in reports]
     # Whole or not at all: written in place, a run killed between the file's creation and its
     # text left an empty marker, which names no command, so that the folder of a run that wrote
     # nothing was refused as "already exists" by the same command. A killed writer's temporary
@@ -1084,6 +1089,76 @@ def marker_command(folder: Path) -> str | None:
 def remove_marker(folder: Path) -> None:
     """Take back the marker `write_marker` left (a run that wrote nothing else)."""
     (folder / MARKER).unlink(missing_ok=True)
+
+
+# The marker's list of the -o reports its command wrote inside the folder (`-o OUT/report.json`),
+# each {"path": relative path, "bytes": size, "mtime_ns": time} once written (`note_report`):
+# the next `--force` of the command replaces them as its own (`recorded_reports`), also under a
+# name its own -o no longer gives. A name the marker lists but whose file differs from what was
+# recorded (never written, changed or put there since) is the user's.
+REPORTS_KEY = "reports"
+
+
+def note_report(report: str | os.PathLike) -> None:
+    """Record the size and time of the -o file `report`, just written, in the marker of the
+    nearest folder above it where that marker lists it (`write_marker`'s `reports`). Nothing
+    where none does; a marker that cannot be rewritten leaves the report the user's (the next
+    `--force` refuses it): never an error of the run that wrote it."""
+    real = os.path.realpath(report)
+    folder = os.path.dirname(real)
+    while True:
+        marker = Path(folder) / MARKER
+        if marker.is_file():
+            break
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return
+        folder = parent
+    record = _json_record(marker)
+    entries = record.get(REPORTS_KEY) if isinstance(record, dict) else None
+    if not isinstance(record, dict) or not isinstance(entries, list):
+        return
+    name = PurePath(os.path.relpath(real, folder)).as_posix()
+    try:
+        info = os.stat(real)
+    except OSError:
+        return
+    listed = False
+    for entry in entries:
+        if isinstance(entry, dict) and entry.get("path") == name:
+            entry.update(bytes=info.st_size, mtime_ns=info.st_mtime_ns)
+            listed = True
+    if not listed or not stat.S_ISREG(info.st_mode):
+        return
+    with (
+        contextlib.suppress(OutputWriteError, OSError),
+        replaced_whole(marker, "w", encoding="utf-8", newline="") as handle,
+    ):
+        handle.write(json_text(record) + "\n")
+
+
+def recorded_reports(folder: Path) -> list[str]:
+    """Exact patterns (`folder_contents`) of the reports the marker of `folder` lists as written
+    there whose file is still the one recorded: regular, of the recorded size and time."""
+    from torchkit.core.io.folder_contents import exact_pattern
+
+    record = _json_record(folder / MARKER)
+    entries = record.get(REPORTS_KEY) if isinstance(record, dict) else None
+    found = []
+    for entry in entries if isinstance(entries, list) else ():
+        path = entry.get("path") if isinstance(entry, dict) else None
+        if not isinstance(path, str) or not path or PurePath(path).is_absolute():
+            continue
+        if ".." in PurePath(path).parts:
+            continue
+        try:
+            info = os.lstat(folder / path)
+        except OSError:
+            continue
+        same = (info.st_size, info.st_mtime_ns) == (entry.get("bytes"), entry.get("mtime_ns"))
+        if stat.S_ISREG(info.st_mode) and same:
+            found.append(exact_pattern(path))
+    return found
 
 
 def is_torchkit_folder(folder: Path, known_files: Collection[str] = ()) -> bool:
@@ -1236,8 +1311,8 @@ def check_replaceable(
             f"{what} {folder} holds the output of torchkit {other}, not of {command}",
             f"--force only replaces an earlier output of {command}: choose another folder",
         )
-    if owned is not None:
-        refuse_foreign_entries(folder, owned, what=what)
+    if owned is not None:  # the -o reports an earlier run of the command wrote there: its own
+        refuse_foreign_entries(folder, (*owned, *recorded_reports(folder)), what=what)
     return True
 
 
@@ -1714,7 +1789,8 @@ class OutputFolder:
 
     `resume=True` continues an existing folder in place: no `--force` rules, nothing set aside.
     `owned` names what the command writes into the folder (`folder_contents`): `--force` refuses
-    a folder holding anything else, which replacing it whole would delete.
+    a folder holding anything else, which replacing it whole would delete. `reports`: the -o
+    files of the run, which are its own where they lie inside the folder (`REPORTS_KEY`).
     `start_files` names what the command writes before anything worth keeping
     (`killed_start_leftovers`): a folder holding only those, the marker and temporaries, is a
     run of the command killed before its first result, replaced without `--force` (set aside
@@ -1742,9 +1818,23 @@ class OutputFolder:
         replaced_hint: str = "",
         start_files: Collection[str] = (),
         owned: Collection[str] | None = None,
+        reports: Iterable[str | os.PathLike | None] = (),
     ) -> None:
+        from torchkit.core.io.folder_contents import exact_pattern
+
         check_not_stdout(path, what)
         self.final = Path(path)
+        # The -o files this run writes inside the folder: its own to replace, and recorded in
+        # the marker as the command's (`note_report`), so that the next --force replaces them.
+        self.reports = [
+            inside.as_posix()
+            for report in reports
+            if report is not None and os.fspath(report) != "-"
+            for inside in [path_inside(report, self.final)]
+            if inside is not None
+        ]
+        if owned is not None:
+            owned = (*owned, *(exact_pattern(name) for name in self.reports))
         self.replaced_hint = replaced_hint
         self._claim: _Claim | None = None
         self.command = command
@@ -1823,7 +1913,7 @@ class OutputFolder:
             if not (self.path / MARKER).exists():
                 replaces = None if self._swap_aside is None else self._swap_aside.name
                 try:
-                    write_marker(self.path, self.command, replaces=replaces)
+                    write_marker(self.path, self.command, replaces=replaces, reports=self.reports)
                 except OutputWriteError as error:  # name the output, not the hidden temporary
                     raise write_error(self.final, error.__cause__ or error) from error
             if self._aside is not None:  # a kill leaves the next run to remove what it wrote

@@ -21,7 +21,6 @@ from torchkit.core.data.sources import SPLIT_CSV, write_split_csv
 from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.io.errors import TorchkitError, first_line, on_every_rank
 from torchkit.core.io.files import remove_stale_temporaries
-from torchkit.core.io.folder_contents import names_inside
 from torchkit.core.io.outputs import (
     MARKER,
     InputPath,
@@ -134,8 +133,9 @@ class RunFolder:
                     resume=in_place,
                     exists_hint=_exists_hint(out),
                     start_files=START_FILES,
+                    owned=RUN_OUTPUTS,
                     # The summary -o writes into the run folder is this run's to replace.
-                    owned=(*RUN_OUTPUTS, *names_inside(out, [self.output_file])),
+                    reports=[self.output_file],
                     replaced_hint="nothing more was written there: continue a run folder you "
                     "moved with --resume NEW_PLACE, or start the run again",
                 )

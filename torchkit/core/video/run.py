@@ -25,7 +25,6 @@ from typing import Any
 
 from torchkit.core.io.errors import UsageError
 from torchkit.core.io.files import STDIN, folds_case
-from torchkit.core.io.folder_contents import names_inside
 from torchkit.core.io.outputs import (
     InputPath,
     OutputFolder,
@@ -138,8 +137,8 @@ def inspect_videos(
                 # photos too (`IMG_20240315_142530.png`): --force replaces a marked folder only.
                 what="frames folder",
                 atomic=True,  # filled as a hidden temporary folder, in place at once at the end
-                # The frames, and this run's -o report where it is written into the folder.
-                owned=(*FRAME_FILES, *names_inside(extract_dir, [report])),
+                owned=FRAME_FILES,
+                reports=[report],  # this run's -o report, where it is written into the folder
             )
             stack.callback(out.release)
             # The frames go to a temporary folder beside it, on the same file system, which
