@@ -741,51 +741,81 @@ def test_a_temporary_folder_that_cannot_be_made_is_named_not_the_special_output(
     assert raised.value is unreadable
 
 
-# Run in a mount namespace of its own whose /dev/shm is a small tmpfs, the commands through the
+# Run in a fork of this process, which has torch and torchkit imported already (a fresh Python
+# would import them again), in a mount namespace of its own whose /dev/shm is a small tmpfs:
+# private, as `unshare -m` makes it, so that no mount is seen outside. The commands through the
 # app in-process: 16 KiB has no room for a worker pool's semaphores, 64 KiB for its first
 # batches' images, not for their labels.
-FULL_SHARED_MEMORY = """
-import json, subprocess, sys
-sys.path.insert(0, sys.argv[1])
-from processes import run_torchkit_in_process
-results = []
-for size, args in (
+FULL_SHARED_MEMORY = (
     ("16k", "predict -m ck.pt images -j 2 -b 5 -o out/p.csv"),
     ("16k", "eval ck.pt -d images -j 2 -b 5"),
     ("64k", "eval ck.pt -d images -j 2 -b 5"),
-):
-    subprocess.run(["mount", "-o", f"remount,size={size}", "/dev/shm"], check=True)
-    result = run_torchkit_in_process(*args.split(), cwd=sys.argv[2])
-    results.append([result.returncode, result.stderr])
-print(json.dumps(results))
-"""
+)
+CLONE_NEWNS = 0x00020000
+MS_REMOUNT, MS_REC, MS_PRIVATE = 32, 0x4000, 1 << 18
+
+
+def _in_a_small_dev_shm(cwd: Path) -> list:
+    """[exit code, stderr] of each of FULL_SHARED_MEMORY, run in a forked child (see above) in
+    a session of its own, killed with its workers after 120 s (the hang); skips where no mount
+    namespace can be made (not root)."""
+    import ctypes
+    import json
+    import select
+    import traceback
+
+    from processes import run_torchkit_in_process
+
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: never returns into pytest
+        status = 0
+        try:
+            os.setsid()
+            os.close(read_end)
+            libc = ctypes.CDLL(None, use_errno=True)
+
+            def mount(source, target, kind, flags: int, data) -> None:
+                if libc.mount(source, target, kind, ctypes.c_ulong(flags), data) != 0:
+                    raise OSError(ctypes.get_errno(), f"cannot mount {target} ({data})")
+
+            if libc.unshare(CLONE_NEWNS) != 0:
+                answer = "no mount namespace"
+            else:
+                mount(None, b"/", None, MS_REC | MS_PRIVATE, None)  # before anything is mounted
+                mount(b"tmpfs", b"/dev/shm", b"tmpfs", 0, b"size=16k")
+                answer = []
+                for size, args in FULL_SHARED_MEMORY:
+                    mount(None, b"/dev/shm", None, MS_REMOUNT, f"size={size}".encode())
+                    result = run_torchkit_in_process(*args.split(), cwd=cwd)
+                    answer.append([result.returncode, result.stderr])
+        except BaseException:  # noqa: BLE001 - told to the test
+            answer, status = traceback.format_exc(), 1
+        finally:
+            with contextlib.suppress(BaseException), os.fdopen(write_end, "w") as out:
+                json.dump(answer, out)
+            os._exit(status)
+    os.close(write_end)
+    with os.fdopen(read_end) as answers:
+        if not select.select([answers], [], [], 120)[0]:
+            os.killpg(child, signal.SIGKILL)
+        told = answers.read()
+    _, status = os.waitpid(child, 0)
+    answer = json.loads(told) if told else f"no answer: the child ended with status {status}"
+    if answer == "no mount namespace":
+        pytest.skip("cannot make a mount namespace here (needs root)")
+    assert os.waitstatus_to_exitcode(status) == 0 and isinstance(answer, list), answer
+    return answer
 
 
 def test_a_full_dev_shm_is_named_not_blamed_on_the_output_nor_a_hang(tmp_path, image_folder):
     """A full /dev/shm (Docker's is 64 MB) failed predict as "cannot write out/p.csv: No space
     left on device", on a disk with room, eval as "OSError: [Errno 28] No space left on
     device", and, where the labels of a batch found no room, eval waited for good."""
-    import json
-    import shutil
-
     from checkpoints import write_convnet_checkpoint
-    from suite_paths import HELPERS
 
-    if shutil.which("unshare") is None:
-        pytest.skip("needs unshare")
     write_convnet_checkpoint(tmp_path / "ck.pt", in_channels=3, image_size=8, classes="ab")
-    mounted = 'mount -t tmpfs -o size=16k tmpfs /dev/shm && exec "$@"'
-    done = subprocess.run(
-        ["unshare", "-m", "sh", "-c", mounted, "sh", sys.executable, "-c", FULL_SHARED_MEMORY]
-        + [str(HELPERS), str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    if done.returncode != 0 and "unshare" in done.stderr:
-        pytest.skip("cannot make a mount namespace here (needs root)")
-    assert done.returncode == 0, done.stderr
-    for code, stderr in json.loads(done.stdout.splitlines()[-1]):
+    for code, stderr in _in_a_small_dev_shm(tmp_path):
         assert code == 1
         line = [text for text in stderr.splitlines() if text.startswith("Error:")]
         assert line == [
