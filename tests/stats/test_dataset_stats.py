@@ -817,10 +817,13 @@ def test_memory_per_image_of_the_pass(tmp_path, monkeypatch):
         Image.fromarray(np.full((2, 2, 3), i, np.uint8)).save(sources[-1])
     for i in range(n):
         # Each source's links in one class: one file in two classes is refused.
-        folder = tmp_path / "data" / f"c{i % 10 % 3}"
-        folder.mkdir(parents=True, exist_ok=True)
-        os.link(sources[i % 10], folder / f"{i:05d}.png")
-    compute_dataset_stats(tmp_path / "data", workers=0)  # imports and caches, not counted
+        for data, count in (("data", n), ("warm-up", 30)):
+            if i < count:
+                folder = tmp_path / data / f"c{i % 10 % 3}"
+                folder.mkdir(parents=True, exist_ok=True)
+                os.link(sources[i % 10], folder / f"{i:05d}.png")
+    # Imports and caches, not counted: the same kind of data, a few files of it.
+    compute_dataset_stats(tmp_path / "warm-up", workers=0)
     gathered = []
     run_chunks = run.run_chunks
 
