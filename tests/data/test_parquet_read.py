@@ -19,6 +19,7 @@ from output_checks import error_line
 from parquet_files import png, write_parquet
 from processes import dataset_stats, run_json, run_torchkit_in_process
 from run_curves import lay_out_curves_only
+from stats_plots import write_stats_plot_undrawn
 from suite_paths import REPO
 
 from torchkit.core.data.sources.parquet import split_of
@@ -220,17 +221,18 @@ def test_whole_number_float_labels_are_class_indices(tmp_path):
     assert counts == {"0": 1, "1": 0, "2": 2}
 
 
-def test_one_parquet_file_is_named_by_its_path_not_its_folder(world, tmp_path):
+def test_one_parquet_file_is_named_by_its_path_not_its_folder(world, tmp_path, monkeypatch):
     """`dataset-stats x.parquet` titled its report "Dataset ." (JSON `"source": "."`), refused
     `--plot p.png` beside it as lying "inside the data folder .", and `eval -v` said
     "evaluating 2 images of .": the data is the file."""
+    plotted = write_stats_plot_undrawn(monkeypatch)  # where the plot goes, not its drawing
     write_parquet(tmp_path / "x.parquet", [png(0), png(1)], [0, 1])
     table = run_torchkit_in_process(
         "dataset-stats", "x.parquet", "--plot", "p.png", "-j", "0", cwd=tmp_path
     )
     assert table.returncode == 0, table.stderr
     assert table.stdout.splitlines()[0].strip() == "Dataset x.parquet"
-    assert (tmp_path / "p.png").is_file()
+    assert (tmp_path / "p.png").is_file() and [plot["images"] for plot in plotted] == [2]
     found = run_torchkit_in_process(
         "dataset-stats", "x.parquet", "--format", "json", "-j", "0", cwd=tmp_path
     )

@@ -22,6 +22,7 @@ from output_checks import error_line, tree_digest
 from processes import dataset_stats, run_json, run_torchkit_in_process
 from run_curves import lay_out_curves_only
 from shards import write_shards
+from stats_plots import write_stats_plot_undrawn
 
 from torchkit.core.io.errors import InputError
 
@@ -216,9 +217,10 @@ def test_outputs_may_not_be_nor_hold_the_shards_a_pattern_or_list_names(world, t
     assert tree_digest(shards) == before
 
 
-def test_one_shard_or_a_pattern_is_named_as_given_not_by_its_folder(world, tmp_path):
+def test_one_shard_or_a_pattern_is_named_as_given_not_by_its_folder(world, tmp_path, monkeypatch):
     """`dataset-stats shard-000000.tar` titled its report with the shard's folder (JSON
     `source`) and refused `--plot p.png` beside it as lying inside that data folder."""
+    plotted = write_stats_plot_undrawn(monkeypatch)  # where the plot goes, not its drawing
     shutil.copy(world / "shards" / "shard-000000.tar", tmp_path)
     for spec in ("shard-000000.tar", "shard-{000000..000000}.tar"):
         table = run_torchkit_in_process(
@@ -227,6 +229,7 @@ def test_one_shard_or_a_pattern_is_named_as_given_not_by_its_folder(world, tmp_p
         assert table.returncode == 0, table.stderr
         assert table.stdout.splitlines()[0].strip() == f"Dataset {spec}"
         (tmp_path / "p.png").unlink()
+    assert [plot["images"] for plot in plotted] == [5, 5]  # the shard's samples
     found = run_torchkit_in_process(
         "dataset-stats", "shard-000000.tar", "-o", "s.json", "-j", "0", cwd=tmp_path
     )
