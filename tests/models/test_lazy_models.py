@@ -75,18 +75,19 @@ def test_every_command_takes_a_lazy_model(tmp_path):
     trusted = (best, "--trust-checkpoint")
     # The checkpoint's model, sized again for its 8x8 images, then loaded.
     evaluated = run_torchkit_in_process(
-        "eval", *trusted, "--data", data, "--split", "val", "--device", "cpu", "--format", "json"
-    )
+        "eval", *trusted, "--data", data, "--split", "val", "--device", "cpu", "--format", "json",
+        "-j", "0",
+    )  # fmt: skip
     assert evaluated.returncode == 0, evaluated.stderr
     assert json.loads(evaluated.stdout)["num_images"] == 4
     predicted = run_torchkit_in_process(
-        "predict", *trusted, data / "val", "--device", "cpu", "--format", "json"
+        "predict", *trusted, data / "val", "--device", "cpu", "--format", "json", "-j", "0"
     )
     assert predicted.returncode == 0, predicted.stderr
     assert len(json.loads(predicted.stdout)) == 4
     features = run_torchkit_in_process(
         "extract-features", *trusted, data / "val", tmp_path / "features", "--layer", "fc",
-        "--device", "cpu",
+        "--device", "cpu", "-j", "0",
     )  # fmt: skip
     assert features.returncode == 0, features.stderr
     assert (tmp_path / "features" / "fc.npy").is_file()
