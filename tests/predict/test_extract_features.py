@@ -321,20 +321,19 @@ def test_resnet18_checkpoint_matches_torchvision_and_truncated_sequential(runner
 def test_vgg11_matches_truncated_sequential_with_pool_none_flatten(
     runner, images, tmp_path, models_module
 ):
-    # A real vgg11, built empty and filled with seeded random weights; fc6 (4096 x 25088) repeats
-    # a 4096 x 512 block 49 times, which costs a copy instead of 102M random draws (copied
-    # through a view: no 400 MB repeated temporary).
+    # A real vgg11 (its features, its 7x7 average pool, its head's layers and names) with fc6
+    # and fc7 64 wide, not 4096: the layers and their names are the subject, not their widths,
+    # and 120M weights to fill and multiply cost a second of CPU. Built empty, filled with
+    # seeded random weights.
     with torch.device("meta"):
         model = torchvision.models.vgg11(num_classes=3)
+        for index, (width_in, width_out) in {0: (512 * 7 * 7, 64), 3: (64, 64), 6: (64, 3)}.items():
+            model.classifier[index] = nn.Linear(width_in, width_out)
     model = model.to_empty(device="cpu").eval()
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if name == "classifier.0.weight":
-                block = torch.empty(4096, 512).uniform_(-0.03, 0.03, generator=generator)
-                parameter.view(4096, 49, 512).copy_(block.unsqueeze(1).expand(-1, 49, -1))
-            else:
-                parameter.uniform_(-0.03, 0.03, generator=generator)
+        for parameter in model.parameters():
+            parameter.uniform_(-0.03, 0.03, generator=generator)
     models_module.vgg = lambda: model
     out = tmp_path / "out"
     options = ["--image-size", "32", "--resize-size", "32", "--mean", "0.5", "--std", "0.25"]
@@ -361,8 +360,8 @@ def test_vgg11_matches_truncated_sequential_with_pool_none_flatten(
         head = list(model.classifier.children())
         # The cheat-sheet's "fc7" cuts three layers: fc7 before its ReLU.
         fc7_linear = nn.Sequential(*head[:-3])(flat)
-        # The head's input, head[:-1], is that truncation's tail on it (not fc6's 0.6 GFLOP
-        # again): its ReLU is in place, so on a copy.
+        # The head's input, head[:-1], is that truncation's tail on it (not fc6 again): its
+        # ReLU is in place, so on a copy.
         fc7 = nn.Sequential(*head[-3:-1])(fc7_linear.clone())
         conv5_2 = model.features[:-2](x)  # before its ReLU(inplace=True)
     assert_close(np.load(out / "penultimate.npy"), fc7)
