@@ -122,8 +122,9 @@ def test_a_run_decoding_ahead_readies_the_decoder_and_trains_as_a_cold_one(
         return real(ready)
 
     monkeypatch.setattr(decoder_warm_up, "start_decoder_warm_up", spy)
+    # One loader worker: forked while the warm-up's thread may run, as on a GPU.
     args = ["train", "--data", str(root), "--model", "convnet", "--image-size", "16",
-            "--batch-size", "4", "--epochs", "1", "--workers", "2", "--decode", "device",
+            "--batch-size", "4", "--epochs", "1", "--workers", "1", "--decode", "device",
             "--device", "cpu", "--deterministic"]  # fmt: skip
     assert runner.invoke(app, [*args, "--out", str(tmp_path / "warm")]).exit_code == 0
     ((path, device, size, interpolation),) = warmed
