@@ -84,7 +84,7 @@ def test_a_split_manifest_reads_back_as_the_same_files(data, tmp_path):
     stats = json.loads(ok("dataset-stats", manifest, "--split", "all", "--format", "json").stdout)
     assert stats["images"] == 6 and stats["unreadable_count"] == 0
     # --format csv of a table: the class names whole
-    shown = ok("dataset-stats", data, "--format", "csv").stdout
+    shown = ok("dataset-stats", data, "--format", "csv", "-j", "0").stdout  # no pool to fork
     classes = [row[1] for row in csv.reader(io.StringIO(shown, newline="")) if row[0] == "class"]
     assert sorted(classes) == sorted(CLASSES)
 
@@ -125,7 +125,9 @@ def test_a_split_manifest_keeps_class_folders_that_differ_only_in_spaces_apart(t
     data = write_image_folder(tmp_path / "data", dict.fromkeys(spaced, 3))
     ok("split", data, tmp_path / "out", "--mode", "manifest", "--ratio", "1,1,1", "-q")
     manifest = tmp_path / "out" / "split.csv"
-    stats = json.loads(ok("dataset-stats", manifest, "--split", "all", "--format", "json").stdout)
+    stats = json.loads(
+        ok("dataset-stats", manifest, "--split", "all", "--format", "json", "-j", "0").stdout
+    )
     assert sorted(row["name"] for row in stats["classes"]) == sorted(spaced)
     model = tmp_path / "model.pt"
     write_convnet_checkpoint(model, in_channels=3, image_size=8, classes=spaced)

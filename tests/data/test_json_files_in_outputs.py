@@ -76,8 +76,9 @@ def test_the_marker_names_a_set_aside_folder_in_utf8(tmp_path):
     data = tmp_path / "data"
     write_image_folder(data, {"a": 1, "b": 1})
     out = tmp_path / CAFE
-    _ok("convert", "tensor", data, out, "--to", "npy", "-q")  # written whole, then put in place
-    _ok("convert", "tensor", data, out, "--to", "npy", "--force", "-q")
+    # Written whole, then put in place; converted in this process (-j 0): no pool to fork.
+    _ok("convert", "tensor", data, out, "--to", "npy", "-q", "-j", "0")
+    _ok("convert", "tensor", data, out, "--to", "npy", "--force", "-q", "-j", "0")
     text = (out / ".torchkit").read_bytes().decode("utf-8")
     assert json.loads(text)["replaces"].startswith(f".{CAFE}."), text
     assert "\\u00e9" not in text

@@ -122,16 +122,16 @@ def test_a_shard_replaced_on_the_server_by_one_of_its_size_is_downloaded_again(
 
 
 def test_eval_over_http_scores_as_the_local_shards(world, server):
-    def metrics(data: object) -> dict:
-        found = run_json("eval", world / "model.pt", "--data", data, "--device", "cpu")
+    def metrics(data: object, *workers: str) -> dict:
+        found = run_json("eval", world / "model.pt", "--data", data, "--device", "cpu", *workers)
         return {
             k: v
             for k, v in found.items()
             if k not in ("data", "root", "seconds") and "per_s" not in k and "second" not in k
         }
 
-    local = metrics(world / "served" / "shards" / PATTERN)
-    assert metrics(f"{server.url}/shards/{PATTERN}") == local
+    local = metrics(world / "served" / "shards" / PATTERN, "-j", "0")  # the reference, here
+    assert metrics(f"{server.url}/shards/{PATTERN}") == local  # through the loader's worker
     assert local["num_images"] == 18
 
 
@@ -162,7 +162,7 @@ def test_a_folder_url_reads_the_shards_its_manifest_lists_and_trusts_its_checksu
         "/converted/shard-000001.tar",
     ]
     server.requests.clear()
-    assert dataset_stats(f"{server.url}/converted") == local
+    assert stats(f"{server.url}/converted") == local  # in this process: no pool to fork
     # manifest.json's sizes and sha256 say the cache is current: no HEAD, no download
     assert not [path for _, path in server.requests if path.endswith(".tar")]
 
