@@ -24,15 +24,18 @@ def curves_laid_out_only(monkeypatch):
     lay_out_curves_only(monkeypatch)
 
 
-@pytest.fixture
-def stats_file(tmp_path):
-    """A stats file written by the real `torchkit dataset-stats` for a split root's train/."""
-    root = tmp_path / "data"
+@pytest.fixture(scope="module")
+def stats_file(tmp_path_factory):
+    """A stats file written by the real `torchkit dataset-stats` for a split root's train/
+    (STATS/../data: read, never written, by the tests)."""
+    folder = tmp_path_factory.mktemp("stats")
+    root = folder / "data"
     write_image_folder(root / "train", {"ant": 4, "bee": 4}, seed=1)
     write_image_folder(root / "val", {"ant": 2, "bee": 2}, seed=2)
-    path = tmp_path / "stats.json"
+    path = folder / "stats.json"
     result = runner.invoke(
-        app, ["dataset-stats", str(root / "train"), "--format", "json", "-o", str(path)]
+        app,
+        ["dataset-stats", str(root / "train"), "--format", "json", "-o", str(path), "-j", "0"],
     )
     assert result.exit_code == 0, result.stderr
     return path
@@ -113,7 +116,7 @@ def test_mean_std_options():
 
 def test_train_eval_and_extract_features_take_stats(stats_file, tmp_path):
     mean, std = read_stats_file(stats_file)
-    data = tmp_path / "data"
+    data = stats_file.parent / "data"
     out = tmp_path / "run"
     args = ["train", "--data", str(data), "--model", "convnet", "--image-size", "8"]
     args += ["--epochs", "1", "--batch-size", "4", "--workers", "0", "--stats", str(stats_file)]
