@@ -28,10 +28,12 @@ def _takes_the_lock(_chunk: int) -> bool:
     return taken
 
 
-def test_a_lock_another_thread_holds_is_not_held_in_freshly_started_workers():
+def test_freshly_started_workers_take_a_lock_another_thread_holds_and_leave_the_preload():
     """A fork copies a lock that another thread holds as held (OpenCV's and FFmpeg's threads in a
     process that read videos before): the worker that takes it waits forever. Workers started
-    fresh take it at once."""
+    fresh take it at once. `preload` imports what forked workers then share; workers started
+    fresh import it themselves, so the command does not run it (video-info imported OpenCV, a
+    quarter of a second, for nothing). (One pool for both: each worker is a Python start.)"""
     holding, done = threading.Event(), threading.Event()
 
     def hold() -> None:
@@ -42,13 +44,22 @@ def test_a_lock_another_thread_holds_is_not_held_in_freshly_started_workers():
     holder = threading.Thread(target=hold)
     holder.start()
     holding.wait(5)
+    taken: list[bool] = []
+    preloaded: list[bool] = []
     try:
-        taken: list[bool] = []
-        map_chunks(_takes_the_lock, [1, 2], workers=2, on_result=taken.append, start_fresh=True)
+        map_chunks(
+            _takes_the_lock,
+            [1, 2],
+            workers=2,
+            on_result=taken.append,
+            preload=lambda: preloaded.append(True),
+            start_fresh=True,
+        )
     finally:
         done.set()
         holder.join()
     assert taken == [True, True]
+    assert preloaded == []
 
 
 def _multiplies_a_large_tensor(_chunk: int) -> bool:
@@ -141,21 +152,3 @@ def test_a_script_without_a_main_guard_runs_once_and_its_workers_work(tmp_path):
     ran = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.split("\n") == ["started", "[1, 2, 3]", ""]
-
-
-def test_workers_started_fresh_leave_the_preload_alone():
-    """`preload` imports what forked workers then share; workers started fresh import it
-    themselves, so the command did not run it (video-info imported OpenCV, a quarter of a
-    second, for nothing)."""
-    preloaded: list[bool] = []
-    done: list[int] = []
-    map_chunks(
-        abs,
-        [-1, -2],
-        workers=2,
-        on_result=done.append,
-        preload=lambda: preloaded.append(True),
-        start_fresh=True,
-    )
-    assert sorted(done) == [1, 2]
-    assert preloaded == []
