@@ -272,7 +272,7 @@ REPORT_LAST = {
     "split": (["split", "ds", "out"], ["--seed", "5"]),
     "convert checkpoint": (["convert", "checkpoint", "ck.pt", "w.pt"], ["--dtype", "float16"]),
     "convert-syncbn": (["convert-syncbn", "net.pt", "s.pt", "--trust-checkpoint"], ["--revert"]),
-    "eval --out": (["eval", "ck.pt", "--data", "ds", "--out", "ev"], ["--topk", "2"]),
+    "eval --out": (["eval", "ck.pt", "--data", "ds", "-j", "0", "--out", "ev"], ["--topk", "2"]),
 }
 
 
