@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from disks import FifoReader, fill_disk
+from disks import FifoReader, fill_disk, slow_io_env
 from image_folders import write_image_folder
 from output_checks import check_refused_untouched, error_line, tree_digest
 from processes import (
@@ -294,8 +294,23 @@ def test_convert_tensor_on_a_read_only_disk_is_an_error(work, small_tmpfs):
 
 @pytest.fixture(scope="module")
 def many_images(tmp_path_factory) -> Path:
-    """2,000 tiny images: `-j 2` takes a couple of seconds over them."""
-    return write_image_folder(tmp_path_factory.mktemp("many") / "many", {"a": 1000, "b": 1000})
+    """200 tiny images: `-j 2` takes 5 s or more over them in `slowed_conversion`."""
+    return write_image_folder(tmp_path_factory.mktemp("many") / "many", {"a": 100, "b": 100})
+
+
+def slowed_conversion(many_images: Path, tmp_path: Path) -> dict[str, str]:
+    """The environment of a conversion of `many_images` into TMP_PATH/dst whose every file
+    put in place in the hidden folder that becomes DST takes 50 ms more (once it is there): a
+    run that a signal reaches while it converts on any machine, at a few images' CPU, where
+    2,000 images took a couple of seconds of both workers' CPU and a fast machine could finish
+    first. (The hook's sitecustomize lies beside `many_images`: TMP_PATH holds DST alone.)"""
+    return slow_io_env(
+        many_images.parent,
+        f"{tmp_path}{os.sep}.dst.",
+        calls=("os.link", "os.rename", "os.replace"),
+        delay=0.05,
+        after=True,
+    )
 
 
 @pytest.mark.parametrize(
@@ -313,8 +328,9 @@ def test_signal_stops_the_workers_and_keeps_the_old_output(
     dst = tmp_path / "dst"
     old = old_output(dst) if had_old else None
     process = start_torchkit_process(
-        "convert", "tensor", str(many_images), str(dst), "--to", "npy", "-j", "2", "--force"
-    )
+        "convert", "tensor", str(many_images), str(dst), "--to", "npy", "-j", "2", "--force",
+        env=slowed_conversion(many_images, tmp_path),
+    )  # fmt: skip
 
     def converting() -> bool:  # the hidden folder that becomes DST at the end has files
         return any(
@@ -340,7 +356,7 @@ def test_killed_parent_takes_its_workers_along_and_frees_the_output_folder(many_
     of waiting for work forever, holding DST's lock and the command's pipes."""
     dst = tmp_path / "dst"
     args = ("convert", "tensor", str(many_images), str(dst), "--to", "npy", "-j", "2")
-    process = start_torchkit_process(*args)
+    process = start_torchkit_process(*args, env=slowed_conversion(many_images, tmp_path))
 
     def converting() -> bool:
         return any(any(entry.rglob("*.npy")) for entry in tmp_path.glob(".dst.*.partial"))
