@@ -832,8 +832,16 @@ def test_a_run_puts_torchs_cudnn_switches_back(monkeypatch, tmp_path):
         assert cudnn.benchmark_limit == 3
 
     monkeypatch.setattr(train_setup, "set_cudnn_switches", as_on_cuda)
-    run_training(
-        TrainConfig(out=str(tmp_path / "run"), device="cpu", epochs=1, cudnn_benchmark_limit=3)
+    run_training(  # digits in three batches of 512, at 8 px, in this process: a short run
+        TrainConfig(
+            out=str(tmp_path / "run"),
+            device="cpu",
+            epochs=1,
+            cudnn_benchmark_limit=3,
+            batch_size=512,
+            image_size=8,
+            workers=0,
+        )
     )
     assert cudnn.benchmark_limit == 7
 
