@@ -738,30 +738,26 @@ def test_a_held_out_split_that_leaves_nothing_says_what_works(
     assert not (tmp_path / "run").exists()
 
 
-def test_corrupt_image_is_skipped_with_a_warning_or_fatal_with_strict(runner, split_root, tmp_path):
+def test_corrupt_training_and_test_images_are_skipped_with_a_warning_each_or_fatal_with_strict(
+    runner, split_root, tmp_path
+):
+    """Each unreadable image is warned of once (not once an epoch) and counted in
+    skipped_images, the test split's too: the test evaluation of best.pt runs after the epochs,
+    and its unreadable image was warned of but left out of skipped_images."""
     (split_root / "train" / "ant" / "broken.png").write_bytes(b"\x89PNG not really")
+    (split_root / "test" / "cat" / "unreadable.png").write_bytes(b"\x89PNG not really")
     result = train(
         runner, "--data", str(split_root), *FAST, "--out", str(tmp_path / "a"), "--format", "json"
     )
     assert result.exit_code == 0, result.stderr
-    assert json.loads(result.stdout)["skipped_images"] == 1
-    assert result.stderr.count("Warning: skipped unreadable image") == 1  # once, not per epoch
+    assert json.loads(result.stdout)["skipped_images"] == 2
+    assert result.stderr.count("Warning: skipped unreadable image") == 2  # once each, 2 epochs
+    assert "unreadable.png" in result.stderr
     strict = train(
         runner, "--data", str(split_root), *FAST, "--strict", "--out", str(tmp_path / "b")
     )
     assert strict.exit_code == 1
     assert "broken.png" in error_line(strict)
-
-
-def test_an_unreadable_test_image_counts_among_the_skipped(runner, split_root, tmp_path):
-    """The test evaluation of best.pt runs after the epochs: its unreadable image was warned of
-    but left out of skipped_images (0)."""
-    (split_root / "test" / "cat" / "broken.png").write_bytes(b"\x89PNG not really")
-    args = ["--data", str(split_root), *TINY, "--workers", "0", "--epochs", "1"]
-    result = train(runner, *args, "--out", str(tmp_path / "a"), "--format", "json")
-    assert result.exit_code == 0, result.stderr
-    assert result.stderr.count("Warning: skipped unreadable image") == 1
-    assert json.loads(result.stdout)["skipped_images"] == 1
 
 
 def test_unknown_model_suggests_names(runner, split_root, tmp_path):
@@ -850,14 +846,12 @@ def test_resume_on_a_csv_index_of_the_runs_numbered_class_folders_goes_on_as_on_
 
 
 def test_resume_on_data_with_another_number_of_training_images_says_it_is_not_exact(
-    runner, split_root, tmp_path
+    runner, fast_run, tmp_path
 ):
     """Went on without a word: the schedule counts updates per epoch, so with 6 training
     images of 12 cosine's end came halfway and the rest of the run trained at a learning rate
     of 0 (its val loss the same every epoch)."""
-    out = tmp_path / "run"
-    args = [*FAST, "--epochs", "2", "--device", "cpu"]
-    assert train(runner, "--data", str(split_root), *args, "--out", str(out)).exit_code == 0
+    out = fast_run.copied(tmp_path / "run")  # 2 epochs on 12 training images
     fewer = tmp_path / "fewer"
     write_image_folder(fewer / "train", {"ant": 2, "bee": 2, "cat": 2}, seed=1)
     write_image_folder(fewer / "val", {"ant": 2, "bee": 2, "cat": 2}, seed=2)
