@@ -204,7 +204,7 @@ def test_dataset_stats_counts_a_dangling_image_link_in_a_folder(runner, tmp_path
 def test_a_recipes_out_is_honoured_as_out(runner, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text("epochs: 1\nbatch-size: 256\nout: from-recipe\n")
+    recipe.write_text("epochs: 1\nbatch-size: 512\nimage-size: 8\nout: from-recipe\n")  # 3 steps
     shown = runner.invoke(app, ["train", "--config", str(recipe), "--print-config"])
     assert shown.exit_code == 0, shown.stderr
     assert json.loads(shown.stdout)["out"] == "from-recipe"
