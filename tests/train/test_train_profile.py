@@ -192,3 +192,45 @@ def test_the_profile_is_kept_when_the_epoch_ends_or_stops_and_dropped_when_it_fa
         assert profiler.calls == ["start", last]
     with profiling(None):  # no --profile-steps: nothing to do
         pass
+
+
+@pytest.mark.parametrize(
+    ("inductor_cudagraphs", "asked"), [("", False), ("1", True)], ids=["default", "env-on"]
+)
+def test_starting_a_profile_imports_no_inductor_while_its_config_is_its_default(
+    monkeypatch, inductor_cudagraphs, asked
+):
+    """torch.profiler's start asked `hasattr(torch, "_inductor")`, which imports inductor,
+    torch._dynamo and sympy (about 3 s of CPU a --profile-steps run) to read whether inductor's
+    config turns CUDA graphs on: off by default, what the profiler then reads without it. With
+    TORCHINDUCTOR_CUDAGRAPHS=1 it is asked as before. (Here torch's lazy importer records the
+    question and answers "no attribute", so the test process imports nothing either way.)"""
+    import sys
+
+    import torch
+
+    from torchkit.core.train.step_profiler import StepProfiler
+
+    lazy = torch.__dict__["__getattr__"]
+    questions = []
+
+    def recording(name):
+        if name == "_inductor":
+            questions.append(name)
+            raise AttributeError(name)
+        return lazy(name)
+
+    # As in a process that has not loaded inductor (the suite's may have). Not delattr's
+    # raising=False: its hasattr would import inductor through the lazy importer.
+    monkeypatch.delitem(sys.modules, "torch._inductor", raising=False)
+    if "_inductor" in torch.__dict__:
+        monkeypatch.delattr(torch, "_inductor")
+    monkeypatch.setattr(torch, "__getattr__", recording)
+    monkeypatch.setenv("TORCHINDUCTOR_CUDAGRAPHS", inductor_cudagraphs)
+    profiler = StepProfiler(Path("unused"), 1, 1, torch.device("cpu")).start()
+    try:
+        assert torch.__dict__["__getattr__"] is recording  # put back
+        assert questions == (["_inductor"] if asked else [])
+        assert profiler.profile.has_cudagraphs is False
+    finally:
+        profiler.abandon()

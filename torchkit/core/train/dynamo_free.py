@@ -6,7 +6,8 @@ imports dynamo on a function's first call and caches the disabled version on the
 `__dynamo_disable`) and to put graph breaks around `step`. In a process that never compiles
 both are no-ops. So, unless --compile is on or dynamo is already loaded, `mark_not_compiled()`
 gives those methods themselves as their cached "disabled" version, and `step()` runs the
-optimiser's undecorated step under no_grad, which is all the decorator does outside compilation.
+optimiser's undecorated step under no_grad and the profiler label torch's gives it, which is all
+the decorator does outside compilation.
 Should torch rename these internals, the marks are inert attributes and `step()` falls back to
 `optimizer.step()`: a slower start, the same training.
 """
@@ -59,8 +60,11 @@ def undecorated_steps(optimizer: Any) -> Iterator[None]:
         return
     import torch
 
+    # The label torch's decorated step records: a profile (--profile-steps) names the step so.
+    label = f"Optimizer.step#{type(optimizer).__name__}.step"
+
     def plain_step(*args: Any, **kwargs: Any) -> Any:
-        with torch.no_grad():
+        with torch.no_grad(), torch.autograd.profiler.record_function(label):
             return undecorated(optimizer, *args, **kwargs)
 
     optimizer.step = plain_step  # an attribute of this optimiser, over its class's method

@@ -53,6 +53,43 @@ def profiling(profiler: StepProfiler | None) -> Iterator[None]:
     profiler.stop()
 
 
+# What turns CUDA graphs on in inductor's config (its default) while inductor is not loaded.
+_INDUCTOR_CUDAGRAPHS = "TORCHINDUCTOR_CUDAGRAPHS"
+
+
+@contextlib.contextmanager
+def _inductor_unasked() -> Iterator[None]:
+    """torch.profiler's start asks `hasattr(torch, "_inductor")`, which imports inductor (and
+    torch._dynamo and sympy with it: about 3 s of CPU, each --profile-steps run) only to read
+    whether inductor's config turns CUDA graphs on. While inductor is not loaded that config is
+    its default, off unless $TORCHINDUCTOR_CUDAGRAPHS is 1: then, or once inductor is loaded (a
+    compiled model), torch asks as ever; otherwise the question is answered "no" without the
+    import, which is what the import would have read. The profile is the same."""
+    import sys
+
+    import torch
+
+    lazy = torch.__dict__.get("__getattr__")  # torch's importer of its lazy submodules
+    if (
+        "torch._inductor" in sys.modules
+        or os.environ.get(_INDUCTOR_CUDAGRAPHS) == "1"
+        or not callable(lazy)
+    ):
+        yield
+        return
+
+    def without_inductor(name: str) -> Any:
+        if name == "_inductor":
+            raise AttributeError(f"module 'torch' has no attribute {name!r}")
+        return lazy(name)
+
+    torch.__getattr__ = without_inductor
+    try:
+        yield
+    finally:
+        torch.__getattr__ = lazy
+
+
 class StepProfiler:
     """One epoch's profile: `start` before its first batch, `stepped` after each optimiser
     update (it stops itself after the Nth), `stop` when the epoch ends or stops, `abandon` when
@@ -78,7 +115,8 @@ class StepProfiler:
             activities.append(ProfilerActivity.CUDA)
         began = time.perf_counter()
         self.profile = profile(activities=activities)
-        self.profile.__enter__()
+        with _inductor_unasked():
+            self.profile.__enter__()
         self.started = time.perf_counter()
         self.setup_seconds = self.started - began
         return self
