@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from eval_plots import lay_out_eval_plots_only
 from gloo_ranks import forks_noted, run_ranks, stderr_of, watching_forks
 from output_checks import error_line
 from PIL import Image
@@ -162,13 +163,31 @@ def _read_csv(path: Path) -> tuple[list[str], list[dict]]:
 
 @pytest.fixture(scope="module")
 def report(setup, tmp_path_factory):
+    """One eval --out run, its PNGs drawn for real, with the texts drawn on figures recorded
+    (errors.png's titles)."""
+    from matplotlib.figure import Figure
+
     out = tmp_path_factory.mktemp("report") / "out"
-    result = invoke(
-        setup["ckpt"], "--data", setup["data"], "--out", out, "--format", "json",
-        "--topk", "3", "--workers", "0", "--batch-size", "7",
-    )  # fmt: skip
+    texts: list[str] = []
+    original = Figure.text
+
+    def recording(self, x, y, s, *args, **kwargs):
+        texts.append(s)
+        return original(self, x, y, s, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Figure, "text", recording)
+        result = invoke(
+            setup["ckpt"], "--data", setup["data"], "--out", out, "--format", "json",
+            "--topk", "3", "--workers", "0", "--batch-size", "7",
+        )  # fmt: skip
     assert result.exit_code == 0, result.stderr
-    return {"out": out, "json": json.loads(result.stdout), "stderr": result.stderr}
+    return {
+        "out": out,
+        "json": json.loads(result.stdout),
+        "stderr": result.stderr,
+        "figure_texts": texts,
+    }
 
 
 def test_reports_agree_with_sklearn_from_predictions_csv(setup, report):
@@ -288,7 +307,8 @@ def test_numbers_match_a_hand_written_loop(setup, report):
     assert report["json"]["loss"] == pytest.approx(reference_loss, rel=1e-5)
 
 
-def test_tta_flip_averages_image_and_mirror(setup, tmp_path):
+def test_tta_flip_averages_image_and_mirror(setup, tmp_path, monkeypatch):
+    lay_out_eval_plots_only(monkeypatch)  # the PNGs' pictures are not this test's (eval_plots)
     out = tmp_path / "tta"
     result = invoke(
         setup["ckpt"], "--data", setup["data"], "--tta", "flip", "--out", out,
@@ -404,7 +424,8 @@ def assert_same_per_class(got: list[dict], expected: list[dict]) -> None:
         assert mine["loss"] == (theirs["loss"] and pytest.approx(theirs["loss"], rel=1e-5))
 
 
-def test_output_file_and_out_dir_need_force(setup, report, tmp_path):
+def test_output_file_and_out_dir_need_force(setup, report, tmp_path, monkeypatch):
+    lay_out_eval_plots_only(monkeypatch)  # the PNGs' pictures are not this test's (eval_plots)
     target = tmp_path / "metrics.json"
     args = [setup["ckpt"], "--data", setup["data"], "--format", "json", "--workers", "0"]
     assert invoke(*args, "-o", target).exit_code == 0
@@ -911,22 +932,9 @@ def test_torchrun_two_processes_give_the_same_numbers(setup, report, tmp_path):
     ).read_text()
 
 
-def test_errors_png_names_the_files_of_the_mistakes(setup, tmp_path, monkeypatch):
-    from matplotlib.figure import Figure
-
-    texts: list[str] = []
-    original = Figure.text
-
-    def recording(self, x, y, s, *args, **kwargs):
-        texts.append(s)
-        return original(self, x, y, s, *args, **kwargs)
-
-    monkeypatch.setattr(Figure, "text", recording)
-    out = tmp_path / "out"
-    result = invoke(setup["ckpt"], "--data", setup["data"], "--out", out, "--workers", "0")
-    assert result.exit_code == 0, result.stderr
-    _, rows = _read_csv(out / "predictions.csv")
+def test_errors_png_names_the_files_of_the_mistakes(report):
+    _, rows = _read_csv(report["out"] / "predictions.csv")
     wrong = [r for r in rows if r["label"] != r["class"]]
     assert wrong, "the fixture's model makes mistakes"
     most_confident = max(wrong, key=lambda r: float(r["probability"]))
-    assert Path(most_confident["path"]).name in texts
+    assert Path(most_confident["path"]).name in report["figure_texts"]
