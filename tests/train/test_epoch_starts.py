@@ -5,12 +5,21 @@ from __future__ import annotations
 
 import multiprocessing
 
+import pytest
 import torch
 from image_folders import write_image_folder
 from processes import run_torchkit_in_process
+from run_curves import lay_out_curves_only
 
 from torchkit.core.train import epoch_starts
 from torchkit.core.train.epoch_starts import EpochStarts, StartedBatches
+
+
+@pytest.fixture(autouse=True)
+def curves_laid_out(monkeypatch):
+    """curves.png laid out, not rasterised (run_curves.py): no test here reads the image,
+    which test_curves_painter.py and the digits run of test_train_digits_target.py check."""
+    lay_out_curves_only(monkeypatch)
 
 
 class FakeSampler:
@@ -100,7 +109,8 @@ def test_early_decoding_decodes_epoch_1_while_the_model_is_built_and_trains_the_
 ):
     # --decode device as on a GPU with a budget (`ahead_budget`): each epoch's
     # batches are decoded before it begins, the first epoch's while the model is built, and
-    # the run trains bit for bit as one that decodes nothing early and starts cold.
+    # the run trains bit for bit as one that decodes nothing early and starts cold. One loader
+    # worker: an epoch starts early on persistent workers, whatever their number.
     import threading
 
     from photos import jpeg_split_folder
@@ -138,7 +148,7 @@ def test_early_decoding_decodes_epoch_1_while_the_model_is_built_and_trains_the_
     monkeypatch.setattr(epochs, "train_one_epoch", train_one_epoch)
     monkeypatch.setattr(decoder_warm_up, "start_decoder_warm_up", warmed.append)
     args = ["train", "--data", str(root), "--model", "convnet", "--image-size", "16",
-            "--batch-size", "2", "--epochs", "2", "--workers", "2", "--decode", "device",
+            "--batch-size", "2", "--epochs", "2", "--workers", "1", "--decode", "device",
             "--device", "cpu", "--deterministic"]  # fmt: skip
     monkeypatch.setattr(decode_ahead, "ahead_budget", lambda device: 2**20)
     early = runner.invoke(app, [*args, "--out", str(tmp_path / "early")])
@@ -185,7 +195,7 @@ def test_a_stop_between_epochs_stops_the_next_epochs_early_decoding(runner, tmp_
     result = runner.invoke(
         app,
         ["train", "--data", str(root), "--model", "convnet", "--image-size", "16",
-         "--batch-size", "2", "--epochs", "3", "--workers", "2", "--decode", "device",
+         "--batch-size", "2", "--epochs", "3", "--workers", "1", "--decode", "device",
          "--device", "cpu", "--out", str(tmp_path / "run"), "--format", "json"],
     )  # fmt: skip
     assert result.exit_code == 130, result.stderr  # stopped, as by Ctrl-C
