@@ -12,7 +12,7 @@ def lay_out_curves_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """Runs in this process build curves.png's figure from their history with torchkit's own
     `curves_figure` (a history it cannot draw still fails the run) and write a 1x1 PNG,
     atomically, where the drawing goes. The drawn image is checked where a test reads it
-    (test_curves_painter.py, test_train_core.py, the digits run in test_train_cli.py)."""
+    (test_curves_painter.py, test_train_core.py, the digits run in test_train_digits_target.py)."""
     from PIL import Image
 
     from torchkit.core.io.files import atomic_path
