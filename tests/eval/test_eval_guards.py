@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from eval_plots import lay_out_eval_plots_only
 from gloo_ranks import BAD_LAUNCHES, error_lines_of, run_ranks, set_launch_env, stderr_of
 from image_folders import write_image_folder
 from processes import run_torchkit_in_process
@@ -96,7 +97,10 @@ def error_lines(stderr: str) -> list[str]:
 # Non-finite outputs: eval ---------------------------------------------------------------------
 
 
-def test_eval_of_a_nan_model_warns_and_counts_instead_of_scoring_silently(world, tmp_path):
+def test_eval_of_a_nan_model_warns_and_counts_instead_of_scoring_silently(
+    world, tmp_path, monkeypatch
+):
+    lay_out_eval_plots_only(monkeypatch)  # the PNGs' pictures are not this test's (eval_plots)
     out = tmp_path / "report"
     result = invoke(*eval_args(world, "nan", "--format", "json", "--out", out))
     assert result.exit_code == 0, result.stderr
@@ -521,9 +525,10 @@ def test_explicit_bf16_on_a_gpu_without_native_bf16_warns(bf16_support, caplog):
     assert caplog.text == ""
 
 
-def test_eval_amp_dtype_on_cpu_for_real_is_recorded_and_used(world, tmp_path):
+def test_eval_amp_dtype_on_cpu_for_real_is_recorded_and_used(world, tmp_path, monkeypatch):
     """fp16 and bf16 CPU autocast both run; each gives (slightly) different numbers from the
     other and from float32, so the dtype asked for is the one that ran."""
+    lay_out_eval_plots_only(monkeypatch)  # the PNGs' pictures are not this test's (eval_plots)
     losses = {}
     for dtype in ("none", "fp16", "bf16"):
         amp = [] if dtype == "none" else ["--amp", "--amp-dtype", dtype]

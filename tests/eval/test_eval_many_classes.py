@@ -12,6 +12,7 @@ import logging
 import numpy as np
 import pytest
 from checkpoints import write_convnet_checkpoint
+from eval_plots import lay_out_eval_plots_only
 from image_folders import write_image_folder
 from processes import run_torchkit_in_process
 from sklearn.metrics import confusion_matrix, precision_recall_fscore_support
@@ -142,6 +143,7 @@ def _counts_from_report(out, classes: list[str]) -> np.ndarray:
 def test_both_reports_agree_with_sklearn_from_predictions_csv(tmp_path, monkeypatch, limit):
     """eval --out on 6 classes (one with no images) with the limit at 6 (the dense matrix and
     its PNG) and at 5 (confusion_pairs.csv and a warning): the same counts, scikit-learn's."""
+    lay_out_eval_plots_only(monkeypatch)  # the PNGs' pictures are not this test's (eval_plots)
     monkeypatch.setattr(reports, "DENSE_CONFUSION_MAX_CLASSES", limit)
     classes = "abcdef"
     ckpt = tmp_path / "model.pt"

@@ -11,6 +11,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from eval_plots import lay_out_eval_plots_only
 from image_folders import write_image_folder
 from processes import run_torchkit_in_process
 
@@ -114,9 +115,10 @@ def _run(command: str, data, *more):
     )  # fmt: skip
 
 
-def test_eval_of_a_masking_model_leaves_masked_images_out_of_the_loss(data, tmp_path):
+def test_eval_of_a_masking_model_leaves_masked_images_out_of_the_loss(data, tmp_path, monkeypatch):
     """As train's validation and test losses: the images whose true class is masked are left
     out of the loss (the mean was inf, null in JSON) and counted in `num_masked`."""
+    lay_out_eval_plots_only(monkeypatch)  # the PNGs' pictures are not this test's (eval_plots)
     out = tmp_path / "report"
     done = _run("eval", data, "--num-classes", "3", "--out", out)
     assert done.returncode == 0, done.stderr

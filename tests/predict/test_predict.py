@@ -17,6 +17,7 @@ import pytest
 import torch
 from checkpoints import add_ema_weights, ema_refusals
 from disks import fill_disk
+from eval_plots import lay_out_eval_plots_only
 from gloo_ranks import forks_noted, run_ranks, stderr_of, watching_forks
 from output_checks import error_line
 from PIL import Image
@@ -228,7 +229,8 @@ def test_files_and_folders_together_name_every_image_unambiguously(runner, world
     assert [row["path"] for row in rows] == [str(flat / "a.png"), str(flat / "sub" / "c.png")]
 
 
-def test_predictions_are_evals_predicted_classes(runner, world, tmp_path):
+def test_predictions_are_evals_predicted_classes(runner, world, tmp_path, monkeypatch):
+    lay_out_eval_plots_only(monkeypatch)  # the PNGs' pictures are not this test's (eval_plots)
     data = world["labelled"]
     report = tmp_path / "report"
     evaluated = runner.invoke(

@@ -10,6 +10,7 @@ import pytest
 import sklearn.metrics  # noqa: F401 - eval scores in this process, with no helper to wait for
 import torch
 from checkpoints import write_convnet_checkpoint
+from eval_plots import lay_out_eval_plots_only
 from image_folders import write_image_folder
 
 from torchkit.cli import app
@@ -55,7 +56,8 @@ def test_probabilities_are_torch_softmax_of_the_logits_bit_for_bit(runner, world
     assert torch.equal(got[:, 0], torch.tensor([float(r["probability"]) for r in rows]))
 
 
-def test_evals_probabilities_are_predicts(runner, world, tmp_path):
+def test_evals_probabilities_are_predicts(runner, world, tmp_path, monkeypatch):
+    lay_out_eval_plots_only(monkeypatch)  # the PNGs' pictures are not this test's (eval_plots)
     ckpt, data = world
     common = [str(ckpt), "--device", "cpu", "-j", "0"]
     report = tmp_path / "report"

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from eval_plots import lay_out_eval_plots_only
 from PIL import Image
 from run_curves import lay_out_curves_only
 
@@ -44,6 +45,7 @@ FAST = ("--model", "convnet", "--image-size", "8", "--epochs", "1", "-j", "0", "
 def test_readme_pipeline_joins_on_path_and_eval_says_which_split_it_scores(
     runner, tmp_path, monkeypatch
 ):
+    lay_out_eval_plots_only(monkeypatch)  # the PNGs' pictures are not this test's (eval_plots)
     monkeypatch.chdir(tmp_path)
     make_dataset(tmp_path / "dataset")
     ok(runner, "split", "dataset", "out", "--mode", "manifest", "--ratio", "6:2:2")
@@ -128,6 +130,7 @@ def test_readme_pipeline_joins_on_path_and_eval_says_which_split_it_scores(
 
 
 def test_a_split_train_made_is_the_split_eval_scores(runner, tmp_path, monkeypatch):
+    lay_out_eval_plots_only(monkeypatch)  # the PNGs' pictures are not this test's (eval_plots)
     monkeypatch.chdir(tmp_path)
     make_dataset(tmp_path / "flat")
     trained = ok(runner, "train", "--data", "flat", "--val-split", "0.2", "--out", "run", *FAST)
