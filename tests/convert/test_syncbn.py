@@ -275,18 +275,23 @@ def tiny_pickled_model() -> nn.Module:
     return model.eval()
 
 
+# A torchvision model with many BatchNorm layers and few weights (56 layers, 0.3 M parameters):
+# resnet18's 11 M took about a second to write, read and compare in the checkpoint tests.
+BN_ARCH, BN_LAYERS = "shufflenet_v2_x0_5", 56
+
+
 @pytest.fixture(scope="module")
-def resnet_checkpoint(tmp_path_factory):
+def bn_checkpoint(tmp_path_factory):
     import torchvision
 
     torch.manual_seed(0)
-    model = torchvision.models.resnet18(num_classes=3)
+    model = getattr(torchvision.models, BN_ARCH)(num_classes=3)
     path = tmp_path_factory.mktemp("ckpt") / "best.pt"
     save_checkpoint(
         {
             "format_version": FORMAT_VERSION,
             "torchkit_version": "0.1.0",
-            "arch": "resnet18",
+            "arch": BN_ARCH,
             "num_classes": 3,
             "classes": ["a", "b", "c"],
             "model": model.state_dict(),
@@ -302,13 +307,13 @@ def resnet_checkpoint(tmp_path_factory):
 def test_report_lists_every_batchnorm_of_a_named_model(runner):
     import torchvision
 
-    result = runner.invoke(app, ["convert-syncbn", "resnet18", "--format", "json"])
+    result = runner.invoke(app, ["convert-syncbn", BN_ARCH, "--format", "json"])
     assert result.exit_code == 0, result.stderr
     report = json.loads(result.stdout)
     with skipped_weight_init():  # only the layers' names are read
-        reference = torchvision.models.resnet18()
+        reference = getattr(torchvision.models, BN_ARCH)()
     expected = [name for name, m in reference.named_modules() if isinstance(m, nn.BatchNorm2d)]
-    assert report["count"] == len(expected) == 20
+    assert report["count"] == len(expected) == BN_LAYERS
     assert [row["name"] for row in report["layers"]] == expected
     assert set(report["layers"][0]) == {
         "name",
@@ -317,28 +322,28 @@ def test_report_lists_every_batchnorm_of_a_named_model(runner):
         "affine",
         "track_running_stats",
     }
-    table = runner.invoke(app, ["convert-syncbn", "resnet18"])
-    assert "20 BatchNorm layers of resnet18 would become SyncBatchNorm" in table.stdout
-    assert "layer4.1.bn2" in table.stdout
+    table = runner.invoke(app, ["convert-syncbn", BN_ARCH])
+    assert f"{BN_LAYERS} BatchNorm layers of {BN_ARCH} would become SyncBatchNorm" in table.stdout
+    assert "stage4.3.branch2.6" in table.stdout
 
 
-def test_checkpoint_is_marked_and_keeps_its_weights(runner, resnet_checkpoint, tmp_path):
-    source_bytes = resnet_checkpoint.read_bytes()
+def test_checkpoint_is_marked_and_keeps_its_weights(runner, bn_checkpoint, tmp_path):
+    source_bytes = bn_checkpoint.read_bytes()
     destination = tmp_path / "sync.pt"
     result = runner.invoke(
-        app, ["convert-syncbn", str(resnet_checkpoint), str(destination), "--format", "json"]
+        app, ["convert-syncbn", str(bn_checkpoint), str(destination), "--format", "json"]
     )
     assert result.exit_code == 0, result.stderr
     report = json.loads(result.stdout)
-    assert report["kind"] == "torchkit checkpoint" and report["count"] == 20
-    assert resnet_checkpoint.read_bytes() == source_bytes  # the input is never modified
-    original = torch.load(resnet_checkpoint, weights_only=True)
+    assert report["kind"] == "torchkit checkpoint" and report["count"] == BN_LAYERS
+    assert bn_checkpoint.read_bytes() == source_bytes  # the input is never modified
+    original = torch.load(bn_checkpoint, weights_only=True)
     converted = torch.load(destination, weights_only=True)
     assert converted["config"] == {"lr": 0.1, "sync_bn": True}
     assert converted["epoch"] == 4 and converted["classes"] == ["a", "b", "c"]
     assert all(torch.equal(converted["model"][k], v) for k, v in original["model"].items())
 
-    again = runner.invoke(app, ["convert-syncbn", str(resnet_checkpoint), str(destination)])
+    again = runner.invoke(app, ["convert-syncbn", str(bn_checkpoint), str(destination)])
     assert again.exit_code == 1
     assert again.stderr.startswith("Error: DST already exists") and "--force" in again.stderr
 
@@ -354,25 +359,25 @@ def test_checkpoint_is_marked_and_keeps_its_weights(runner, resnet_checkpoint, t
     report = runner.invoke(
         app, ["convert-syncbn", str(destination), "--revert", "--format", "json"]
     )
-    assert json.loads(report.stdout)["count"] == 20
+    assert json.loads(report.stdout)["count"] == BN_LAYERS
     assert json.loads(report.stdout)["marked_sync_bn"] is True
 
 
 def test_a_checkpoint_that_already_is_what_was_asked_converts_nothing(
-    runner, resnet_checkpoint, tmp_path
+    runner, bn_checkpoint, tmp_path
 ):
-    # Reverting a checkpoint never converted listed its 20 layers as SyncBatchNorm -> BatchNorm2d
+    # Reverting a checkpoint never converted listed all its layers as SyncBatchNorm -> BatchNorm2d
     # "recorded at conversion", and converting a marked one listed them again.
     unmarked = runner.invoke(
         app,
-        ["convert-syncbn", str(resnet_checkpoint), str(tmp_path / "bn.pt"), "--revert"]
+        ["convert-syncbn", str(bn_checkpoint), str(tmp_path / "bn.pt"), "--revert"]
         + ["--format", "json"],
     )
     assert unmarked.exit_code == 0, unmarked.stderr
     assert json.loads(unmarked.stdout)["count"] == 0
     assert "is not marked for SyncBatchNorm" in unmarked.stderr
     synced = tmp_path / "sync.pt"
-    save_checkpoint(mark_checkpoint(torch.load(resnet_checkpoint), sync=True), synced)
+    save_checkpoint(mark_checkpoint(torch.load(bn_checkpoint), sync=True), synced)
     again = runner.invoke(
         app, ["convert-syncbn", str(synced), str(tmp_path / "again.pt"), "--format", "json"]
     )
@@ -530,19 +535,19 @@ def test_a_report_of_plain_weights_says_to_name_their_architecture(runner, tmp_p
     )
 
 
-def test_destination_cannot_be_the_source(runner, resnet_checkpoint):
-    path = str(resnet_checkpoint)
-    before = resnet_checkpoint.read_bytes()
+def test_destination_cannot_be_the_source(runner, bn_checkpoint):
+    path = str(bn_checkpoint)
+    before = bn_checkpoint.read_bytes()
     result = runner.invoke(app, ["convert-syncbn", path, path, "--force"])
     assert result.exit_code == 1 and "is the model file" in result.stderr
-    assert resnet_checkpoint.read_bytes() == before
+    assert bn_checkpoint.read_bytes() == before
 
 
 @pytest.mark.parametrize("name", ["out.safetensors", "out.txt", "out"])
-def test_a_destination_it_cannot_write_is_a_usage_error(runner, resnet_checkpoint, name):
+def test_a_destination_it_cannot_write_is_a_usage_error(runner, bn_checkpoint, name):
     """Before: a torch pickle was written under any name, `.safetensors` included."""
-    destination = resnet_checkpoint.parent / name
-    result = runner.invoke(app, ["convert-syncbn", str(resnet_checkpoint), str(destination)])
+    destination = bn_checkpoint.parent / name
+    result = runner.invoke(app, ["convert-syncbn", str(bn_checkpoint), str(destination)])
     assert result.exit_code == 2
     assert result.stderr.strip() == (
         f"Error: cannot tell the output format from {name!r} (end DST with .pt (.pth, .ckpt, "
@@ -588,14 +593,10 @@ def test_image_size_is_the_sample_3_n_n_and_not_with_input_size(runner, tmp_path
 
 
 @pytest.mark.parametrize("sample", [["--input-size", "3,32,32"], ["--image-size", "32"]])
-def test_a_sample_without_revert_is_refused_not_ignored(
-    runner, resnet_checkpoint, tmp_path, sample
-):
+def test_a_sample_without_revert_is_refused_not_ignored(runner, bn_checkpoint, tmp_path, sample):
     """Converting to SyncBatchNorm takes no sample: the option would silently do nothing."""
     destination = tmp_path / "sync.pt"
-    result = runner.invoke(
-        app, ["convert-syncbn", str(resnet_checkpoint), str(destination), *sample]
-    )
+    result = runner.invoke(app, ["convert-syncbn", str(bn_checkpoint), str(destination), *sample])
     assert result.exit_code == 2, result.stderr
     assert "goes with SRC DST --revert" in result.stderr
     assert not destination.exists()
