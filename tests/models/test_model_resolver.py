@@ -638,7 +638,7 @@ def test_a_googlenet_run_from_weights_without_aux_heads_loads_everywhere(
     assert resumed.returncode == 0, resumed.stderr
 
 
-def _torchvisions_weights_offline(monkeypatch, tmp_path, arch: str) -> dict:
+def _torchvisions_weights_offline(monkeypatch, tmp_path, arch: str) -> None:
     """torchvision's own builder with its DEFAULT weights (it sets `transform_input=True`), the
     weights a hand-made state dict with its auxiliary heads, as torchvision's file has them,
     "downloaded" into an empty cache from a server that answers."""
@@ -648,7 +648,20 @@ def _torchvisions_weights_offline(monkeypatch, tmp_path, arch: str) -> dict:
 
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch-home"))
     monkeypatch.setattr(hub_cache, "_unreachable", lambda url: None)
+    if arch not in _HAND_MADE_WEIGHTS:
+        _HAND_MADE_WEIGHTS[arch] = _hand_made_weights(arch)
+    state = _HAND_MADE_WEIGHTS[arch]  # never handed out itself: each "download" is a copy
+    monkeypatch.setattr(
+        api, "load_state_dict_from_url", lambda *_, **__: {k: v.clone() for k, v in state.items()}
+    )
 
+
+# arch -> its hand-made weights, made once for the module's tests (a googlenet's build and
+# forward pass cost about 0.4 s of CPU, an inception_v3's more)
+_HAND_MADE_WEIGHTS: dict[str, dict] = {}
+
+
+def _hand_made_weights(arch: str) -> dict:
     torch.manual_seed(0)
     source = torchvision.models.get_model(
         arch, aux_logits=True, transform_input=True, init_weights=False
@@ -665,11 +678,7 @@ def _torchvisions_weights_offline(monkeypatch, tmp_path, arch: str) -> dict:
         source.train()(torch.rand(2, 3, *(2 * [80 if arch == "inception_v3" else 48])))
     if aux is not None:
         source.AuxLogits = aux
-    state = source.state_dict()
-    monkeypatch.setattr(
-        api, "load_state_dict_from_url", lambda *_, **__: {k: v.clone() for k, v in state.items()}
-    )
-    return state
+    return source.state_dict()
 
 
 @pytest.mark.parametrize(("arch", "size"), [("googlenet", 48), ("inception_v3", 80)])
