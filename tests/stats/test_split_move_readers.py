@@ -193,7 +193,7 @@ def test_a_read_only_dataset_is_read_and_nothing_is_written_in_it(tmp_path, make
         folder.chmod(stat.S_IRUSR | stat.S_IXUSR)
     try:
         before = sorted(os.listdir(tmp_path)), tree_digest(data)
-        result = run_torchkit_in_process("dataset-stats", data, "--format", "json")
+        result = run_torchkit_in_process("dataset-stats", data, "--format", "json", "-j", "0")
         assert result.returncode == 0, result.stderr
         assert (sorted(os.listdir(tmp_path)), tree_digest(data)) == before
     finally:
@@ -215,7 +215,7 @@ def test_without_flock_on_folders_readers_and_moves_go_ahead(
 
     monkeypatch.setattr(fcntl, "flock", no_flock_on_folders)
     results = run_each_in_process(
-        [["dataset-stats", data], ["split", data, tmp_path / "out", "--mode", "move"]]
+        [["dataset-stats", data, "-j", "0"], ["split", data, tmp_path / "out", "--mode", "move"]]
     )
     assert [r.returncode for r in results] == [0, 0], [r.stderr for r in results]
     assert not list(data.rglob("*.png"))
