@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import sklearn.metrics  # noqa: F401 - eval scores in this process, with no helper to wait for
 import torch
+from eval_plots import lay_out_eval_plots_only
 from output_checks import error_line, hidden_siblings, tree_digest
 from processes import (
     run_each_in_process,
@@ -100,7 +101,8 @@ def test_outputs_that_overlap_an_input_are_refused_and_nothing_changes(world):
     assert tree_digest(world) == before  # the inputs' bytes, and no new file anywhere
 
 
-def test_force_replaces_an_earlier_eval_folder_and_nothing_else(world, tmp_path):
+def test_force_replaces_an_earlier_eval_folder_and_nothing_else(world, tmp_path, monkeypatch):
+    lay_out_eval_plots_only(monkeypatch)  # the PNGs' pictures are not this test's (eval_plots)
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("my notes")
@@ -140,7 +142,10 @@ def test_force_replaces_an_earlier_eval_folder_and_nothing_else(world, tmp_path)
     assert hidden_siblings(older) == []
 
 
-def test_an_out_left_by_an_eval_killed_before_its_first_report_is_written_again(world, tmp_path):
+def test_an_out_left_by_an_eval_killed_before_its_first_report_is_written_again(
+    world, tmp_path, monkeypatch
+):
+    lay_out_eval_plots_only(monkeypatch)  # the PNGs' pictures are not this test's (eval_plots)
     # Killed between marking --out and its first report: the marker and a dead writer's
     # temporary were all there was, and the same command was refused ("already exists").
     out = tmp_path / "out"
