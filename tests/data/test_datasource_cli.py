@@ -214,7 +214,7 @@ def test_a_split_root_whose_test_split_has_no_class_folders_reads_it_unlabelled(
     assert refused.exit_code == 1
     assert f"{root / 'test'} holds images but no class folders" in error_line(refused.stderr)
     assert "--split val scores a labelled split" in refused.stderr
-    predicted = run("predict", out / "best.pt", root, "--format", "csv")
+    predicted = run("predict", out / "best.pt", root, "--format", "csv", "-j", "0")
     assert predicted.exit_code == 0, predicted.stderr
     labels = {r["path"]: r["label"] for r in csv.DictReader(predicted.stdout.splitlines())}
     assert labels["train/a/a_0.png"] == "a" and labels["test/x_0.png"] == ""
