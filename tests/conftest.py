@@ -248,9 +248,18 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     scorer helper process (core.evaluate.metrics.start_scorer) that imports sklearn again,
     about 1.2 s of CPU per in-process eval, and only in the workers whose earlier modules had
     not imported sklearn. eval/test_eval_scorer.py takes it out of sys.modules to test the
-    helper; the torchkit processes tests start use it."""
+    helper; the torchkit processes tests start use it.
+
+    The garbage collector is off from here until collection ends (`pytest_collection_finish`
+    collects once and turns it on again): the imports here and collection's (torch, timm,
+    dynamo, the test modules) make objects by the million and almost no garbage, and each of
+    the full collections they set off walked all of them (10 a worker, about 2.7 of its 3.6 s
+    of collection spent in the collector)."""
     if session.config.pluginmanager.has_plugin("dsession"):  # xdist's controller
         return
+    import gc
+
+    gc.disable()
     import matplotlib.figure  # noqa: F401
     import sklearn.metrics  # noqa: F401
 
@@ -266,6 +275,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
     gc.collect()
     gc.freeze()
+    gc.enable()  # off since pytest_sessionstart
     # Back in sight at the interpreter's exit: objects still frozen then are never finalised,
     # and nanobind (triton's bindings, imported with torch._dynamo) lists them as leaks on
     # stderr. Not at pytest_unconfigure: pytest's check for unraisable exceptions then makes
