@@ -338,11 +338,15 @@ def _plain_lines(plain: Any, buffer: io.StringIO, table: Table) -> list[str]:
         return [line.rstrip() for line in buffer.getvalue().splitlines()]
 
     rows = table.rows
-    widths = _text_widths(plain, table) if len(rows) > 1 else None
-    # A table wider than the console has its columns narrowed and wrapped as a whole.
-    if widths is None or sum(w + 2 for w in widths) + len(widths) + 1 > plain.width:
+    short = len(rows) <= PLAIN_BATCH_ROWS
+    # A short table whose rows rich must lay out (summary's tree of layers) is measured once.
+    if len(rows) < 2 or short and not _all_plain(_middle_rows(table)):
         return printed(rich_table(table))
-    if len(rows) <= PLAIN_BATCH_ROWS:
+    widths = _text_widths(plain, table)
+    # A table wider than the console has its columns narrowed and wrapped as a whole.
+    if sum(w + 2 for w in widths) + len(widths) + 1 > plain.width:
+        return printed(rich_table(table))
+    if short:
         return _short_table_lines(printed, table, widths) or printed(rich_table(table))
     lines: list[str] = []
     edges: tuple[str, str, str, str] | None = None
@@ -387,14 +391,29 @@ def _short_table_lines(
         )
     )
     edges = _row_edges(head, widths)
-    middle = rows[1:-1] if note else rows[1:]
-    simple = None if edges is None else _simple_lines(middle, widths, table, edges)
+    simple = None if edges is None else _simple_lines(_middle_rows(table), widths, table, edges)
     if simple is None:
         return None
     if not note:
         return head[:-1] + simple + [edges[3]]
     last = Table(table.columns, rows[-1:], align_right=table.align_right, note=note)
     return head[:-1] + simple + printed(rich_table(last, min_widths=widths, show_header=False))[1:]
+
+
+def _middle_rows(table: Table) -> list[list]:
+    """The rows `_short_table_lines` lays out without rich: all but the first, and the last
+    where a note goes under it."""
+    return table.rows[1:-1] if table.note else table.rows[1:]
+
+
+def _all_plain(rows: list[list]) -> bool:
+    """Whether every cell of `rows` is printable ASCII (what `_simple_lines` lays out)."""
+    for row in rows:
+        for value in row:
+            text = format_cell(value)
+            if not (text.isascii() and text.isprintable()):
+                return False
+    return True
 
 
 def _row_edges(batch: list[str], widths: list[int]) -> tuple[str, str, str, str] | None:
