@@ -288,46 +288,60 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 # hands out whole modules (--dist loadscope) in collection order (--no-loadscope-reorder): its
 # own order, by number of tests, sent the 23 s multi-node test and the 15 s digits run last,
 # and one worker finished them alone while the other idled. A module missing here keeps its
-# place after these; a stale entry costs nothing.
-LONGEST_MODULES = (  # seconds of test time each: a 2-core run of 2026-11-30 (a slow hour, 6:35)
-    "test_torchvision_without_dynamo",  # 46 (65 before its fresh processes were merged)
-    "test_train_ddp_faults",  # 43 (62 before DDP ranks stopped importing dynamo): 2-rank worlds
-    "test_train_ddp",  # 33 (45 before, the same): torchrun on one node and on two
-    "test_train_cli",  # 32
-    "test_model_resolver",  # 21
-    "test_benchmark",  # 19
-    "test_train_resume",  # 18
-    "test_convert_shards",  # 18
-    "test_eval",  # 17: torchrun
-    "test_decode_ahead",  # 16
-    "test_shards_read",  # 14 (16 before DDP ranks stopped importing dynamo)
-    "test_eval_guards",  # 14
-    "test_export",  # 14
-    "test_plot_helper",  # 13: real helper processes
-    "test_predict",  # 13
+# place after these; a stale entry costs nothing. Re-derived from a full run's per-test walls
+# summed by module; the order matters for the longest modules only: the short ones handed out
+# last even out the workers' ends (a greedy simulation of that run's walls ends them within 5 s
+# in this order and in the earlier one alike).
+LONGEST_MODULES = (  # seconds of test wall each: the 2-core run of 2026-12-01 (7:10), whose
+    # workers ended 4.5 s apart (406.6 and 402.1 s of tests) in this list's earlier order
+    "test_torchvision_without_dynamo",  # 37
+    "test_export",  # 25
+    "test_train_ddp_faults",  # 24
+    "test_train_ddp",  # 23
+    "test_model_resolver",  # 23
+    "test_train_digits_target",  # 23
+    "test_train_cli",  # 23
+    "test_eval",  # 22
+    "test_shards_read",  # 16
+    "test_benchmark",  # 15
+    "test_plot_helper",  # 14
+    "test_outputs",  # 13
+    "test_epoch_starts",  # 12
+    "test_extract_features",  # 12
     "test_shards_http",  # 12
-    "test_train_ddp_peer_failure",  # 12 (20 before, the same): two real ranks under an agent
-    "test_train_guards",  # 11 (16 before, the same)
+    "test_deferred_signals",  # 12
+    "test_train_guards",  # 11
+    "test_suite_gpu_policy",  # 11
+    "test_timm_models",  # 10
+    "test_video_info",  # 10
+    "test_summary",  # 10
     "test_safety_train",  # 10
-    "test_standard_streams",  # 10
-    "test_curves_painter",  # 10
-    "test_extract_features",  # 10 (2026-12-01: 30 of a loaded run's test time, 5 s of CPU)
-    "test_process_exit",  # 10: real exits
-    "test_train_digits_target",  # 9, one test
-    "test_eval_scorer",  # 9
-    "test_broken_pipe",  # 8
-    "test_timm_models",  # 8
-    "test_safety_features",  # 8
-    "test_deferred_signals",  # 8
-    "test_user_notices",  # 7
-    "test_safety_eval",  # 6
-    "test_train_background_save",  # 6 (2026-12-01, as test_extract_features: 17)
-    "test_safety_split",  # 6
-    "test_model_trust",  # 6
-    "test_safety_convert",  # 6
-    "test_epoch_starts",  # 5
-    "test_train_config_file",  # 4 (2026-12-01, as test_extract_features: 13)
-    "test_read_once",  # 4 (the same: 11)
+    "test_safety_convert",  # 9
+    "test_train_resume",  # 9
+    "test_env",  # 9
+    "test_curves_painter",  # 8
+    "test_convert_shards",  # 8
+    "test_completions",  # 8
+    "test_user_notices",  # 8
+    "test_bytecode",  # 8
+    "test_safety_split",  # 7
+    "test_safety_reports",  # 7
+    "test_broken_pipe",  # 7
+    "test_standard_streams",  # 7
+    "test_parquet_read",  # 7
+    "test_shards_stream",  # 7
+    "test_rendering_errors_checkpoints",  # 6
+    "test_hygiene",  # 6
+    "test_train_profile",  # 6
+    "test_device_decode",  # 6
+    "test_decode_ahead",  # 6
+    "test_eval_scorer",  # 6
+    "test_non_utf8_names",  # 6
+    "test_train_config_file",  # 6
+    "test_split",  # 6
+    "test_distributed_shared",  # 6
+    "test_predict",  # 6
+    "test_train_threads",  # 5
 )
 
 
