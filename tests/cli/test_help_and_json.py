@@ -12,6 +12,7 @@ import sys
 import pytest
 from cli_commands import COMMANDS
 from completion_runs import completions_in_one_process
+from run_curves import lay_out_curves_only
 from typer.testing import CliRunner
 
 from torchkit.cli import app
@@ -269,9 +270,12 @@ def test_zsh_completion_of_command_names_keeps_their_help(tab_presses):
     assert '"convert":"Convert images, arrays and tensors' in text
 
 
-def test_json_of_the_data_and_training_commands_has_typed_values(tmp_path, make_image_folder):
+def test_json_of_the_data_and_training_commands_has_typed_values(
+    tmp_path, make_image_folder, monkeypatch
+):
     """The same sweep for dataset-stats, split, train, eval and predict: numbers are numbers,
     flags are booleans, missing values null."""
+    lay_out_curves_only(monkeypatch)  # curves.png is not read here: laid out, not drawn
     data = make_image_folder(tmp_path / "data", {"a": 4, "b": 4}, size=8)
     run = tmp_path / "run"
     runs = [
