@@ -410,25 +410,44 @@ def test_the_cache_folder_of_a_url_is_named_without_its_credentials():
 @pytest.mark.parametrize(
     ("data", "hint"),
     [
-        (f"shards/{PATTERN}", "a writable folder with room)"),
-        ("converted", "a writable folder with room, or TORCHKIT_CACHE_LIMIT below"),
+        (f"shards/{PATTERN}", ""),
+        ("converted", ", or TORCHKIT_CACHE_LIMIT below the room it has"),
     ],
     ids=["downloaded-first", "streamed"],
 )
+@pytest.mark.parametrize("filled", ["before", "meanwhile"])
 def test_a_full_cache_disk_is_one_error_pointing_to_the_caches_settings(
-    server, small_tmpfs, monkeypatch, data, hint
+    server, small_tmpfs, monkeypatch, data, hint, filled
 ):
     """A download into a cache without room said "choose another output": no option of the
-    command chooses where the cache is, its settings do."""
+    command chooses where the cache is, its settings do. A shard larger than the room is
+    refused before its download; one that had room when it began (another program filled the
+    disk meanwhile) is the disk's write error."""
+    from torchkit.core.data.sources import http_shards
+
     cache = fill_disk(small_tmpfs(64), leave=12 * 1024)  # the side files fit, no shard
     monkeypatch.setenv("TORCHKIT_CACHE", str(cache))
+    if filled == "meanwhile":
+        monkeypatch.setattr(http_shards, "_cache_room", lambda *args: None)
     result = stats_run(f"{server.url}/{data}")
     assert result.returncode == 1, result.stderr
     line = error_line(result.stderr)
-    assert "No space left on device" in line and "choose another output" not in line, line
+    assert "choose another output" not in line, line
     # Whichever shard's download fails first (they are fetched ahead in threads).
-    wanted = f".tar: No space left on device (free some space, or set TORCHKIT_CACHE to {hint}"
-    assert re.search(r"shard-\d{6}\.tar: ", line) and wanted in line, line
+    if filled == "meanwhile":
+        wanted = (
+            ".tar: No space left on device (free some space, or set TORCHKIT_CACHE to a "
+            f"writable folder with room{hint})"
+        )
+        assert re.search(r"shard-\d{6}\.tar: ", line) and line.endswith(wanted), line
+    else:
+        wanted = (
+            r"\.tar: (its Content-Length is|manifest\.json gives it) \d+ bytes, more than the "
+            r"cache's disk has room for \(\d+ bytes, keeping \d+ bytes free\) \(free some "
+            rf"space, or set TORCHKIT_CACHE to a folder with more room{re.escape(hint)}; "
+            r"nothing of it was downloaded\)"
+        )
+        assert re.search(rf"shard-\d{{6}}{wanted}$", line), line
     left = [p.name for p in cache.rglob("*.tar*")]
     assert not [name for name in left if not name.endswith(".lock")], left
 

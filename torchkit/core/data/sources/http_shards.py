@@ -28,15 +28,15 @@ shard and renamed into place once complete and checked (length, manifest sha256;
 sha256, a whole tar up to its end-of-archive marker: a server whose Content-Length is too small
 cuts the body short with no HTTP error): a failed or killed download leaves nothing under the
 shard's name. A body of no known size (no Content-Length, no manifest.json size) is read up to
-$TORCHKIT_CACHE_LIMIT or the room the cache's disk has (`_unsized_bound`), never on until the
-disk is full. A lock file per shard makes processes
-that share the cache (torchrun's ranks, two runs at once) download each shard once: the others
-wait for it, then use it; a shard the cache holds current is read without it, the server
-reachable or not (a cache shared read-only has none to take), and the cache limit deletes a
-shard's lock file with it (a warning after LOCK_WAIT_WARNING_S seconds says so: a process
-stopped with Ctrl-Z holds the lock until it resumes or ends). Every socket operation times out
-after TIMEOUT_S seconds (`$TORCHKIT_HTTP_TIMEOUT` overrides it). Any failure is one error naming
-the URL and why.
+$TORCHKIT_CACHE_LIMIT or the room the cache's disk has (`_cache_room`), never on until the
+disk is full; one of a known size larger than that is refused before a byte of it is written.
+A lock file per shard makes processes that share the cache (torchrun's ranks, two runs at once)
+download each shard once: the others wait for it, then use it; a shard the cache holds current
+is read without it, the server reachable or not (a cache shared read-only has none to take),
+and the cache limit deletes a shard's lock file with it (a warning after LOCK_WAIT_WARNING_S
+seconds says so: a process stopped with Ctrl-Z holds the lock until it resumes or ends). Every
+socket operation times out after TIMEOUT_S seconds (`$TORCHKIT_HTTP_TIMEOUT` overrides it). Any
+failure is one error naming the URL and why.
 
 A server that cannot be reached at all (no HTTP answer: a refused connection, an unknown host,
 no answer in time, a proxy's or gateway's HTTP 502, 503 or 504 in its place, or a proxy's
@@ -717,10 +717,18 @@ def _download(
             raise _changed(url, f"the server has {length} bytes, manifest.json says {want}")
         checked = expected is not None and expected["sha256"] is not None
         whole_tar = None if checked else lambda temporary: _check_whole_tar(url, temporary)
-        # A body of no size at all (no manifest.json size, no Content-Length: close-delimited,
-        # chunked or encoded) runs to its end, which an endless one never reaches.
-        unsized = want is None and length is None
-        bound = _unsized_bound(url, target.parent) if unsized else None
+        # A body whose size the cache has no room for is refused before a byte of it is
+        # written, not once it filled the disk. One of no size at all (no manifest.json size,
+        # no Content-Length: close-delimited, chunked or encoded) is read up to that room: it
+        # runs to its end, which an endless one never reaches.
+        size = (want, "manifest.json gives it") if want is not None else None
+        if size is None and length is not None:
+            size = (length, "its Content-Length is")
+        bound = _cache_room(url, target.parent, size)
+        if size is not None and bound is not None:
+            if size[0] > bound[0]:
+                raise bound[1]
+            bound = None  # the checks against `want` and `length` stop a body that runs on
         with _writing_the_cache(), atomic_write(target, "wb", check=whole_tar) as handle:
             while True:
                 if stop.is_set():
@@ -749,16 +757,22 @@ def _download(
     log.info("downloaded %s (%.1f MB in %.1f s)", _shown(url), done / 1e6, seconds)
 
 
-# The room a download of no size leaves on the cache's disk: a twentieth of what is free, at
-# most this (other programs, and the shard's record, still have somewhere to write).
+# The room a download leaves on the cache's disk: a twentieth of what is free, at most this
+# (other programs, and the shard's record, still have somewhere to write).
 _KEPT_FREE = 1 << 30
+_ROOM_ON_DISK_HINT = "free some space, or set TORCHKIT_CACHE to a folder with more room"
+_NO_ROOM_HINT = f"{_ROOM_ON_DISK_HINT}; nothing of it was downloaded"  # a body of a known size
 
 
-def _unsized_bound(url: str, folder: Path) -> tuple[int, InputError] | None:
-    """The most a body of no known size may bring into the cache `folder`, and the error of
-    one that brings more: $TORCHKIT_CACHE_LIMIT where set (no shard is larger), and never
-    more than the disk has free less `_KEPT_FREE` (or a twentieth of it); None where neither
-    is known."""
+def _cache_room(
+    url: str, folder: Path, size: tuple[int, str] | None
+) -> tuple[int, InputError] | None:
+    """The most a download of `url` may bring into the cache `folder`, and the error of one
+    that brings more: $TORCHKIT_CACHE_LIMIT where set (no shard is larger), and never more
+    than the disk has free less `_KEPT_FREE` (or a twentieth of it); None where neither is
+    known. `size`: the body's bytes and what gives them, for the error's wording (None: a
+    body of no known size, stopped as it passes the room)."""
+    shown = _shown(url)
     bound, error = None, None
     try:
         stats = os.statvfs(folder)
@@ -768,22 +782,35 @@ def _unsized_bound(url: str, folder: Path) -> tuple[int, InputError] | None:
         free = stats.f_bavail * stats.f_frsize
         kept = min(free // 20, _KEPT_FREE)
         bound = free - kept
-        error = InputError(
-            f"cannot download {_shown(url)}: it sends more than {bound} bytes with no "
-            f"Content-Length, more than the cache's disk has room for (keeping {kept} bytes "
-            "free)",
-            "check the URL, free some space, or set TORCHKIT_CACHE to a folder with more room; "
-            "nothing of it was kept",
-        )
+        if size is None:
+            error = InputError(
+                f"cannot download {shown}: it sends more than {bound} bytes with no "
+                f"Content-Length, more than the cache's disk has room for (keeping {kept} "
+                "bytes free)",
+                f"check the URL, {_ROOM_ON_DISK_HINT}; nothing of it was kept",
+            )
+        else:
+            error = InputError(
+                f"cannot download {shown}: {size[1]} {size[0]} bytes, more than the cache's "
+                f"disk has room for ({bound} bytes, keeping {kept} bytes free)",
+                _NO_ROOM_HINT,
+            )
     limit = cache_limit()
     if limit is not None and (bound is None or limit <= bound):
         bound = limit
-        error = InputError(
-            f"cannot download {_shown(url)}: it sends more than {limit} bytes with no "
-            f"Content-Length, more than {CACHE_LIMIT_VARIABLE}="
-            f"{os.environ[CACHE_LIMIT_VARIABLE].strip()} lets the cache hold",
-            f"check the URL, or raise {CACHE_LIMIT_VARIABLE}; nothing of it was kept",
-        )
+        setting = f"{CACHE_LIMIT_VARIABLE}={os.environ[CACHE_LIMIT_VARIABLE].strip()}"
+        if size is None:
+            error = InputError(
+                f"cannot download {shown}: it sends more than {limit} bytes with no "
+                f"Content-Length, more than {setting} lets the cache hold",
+                f"check the URL, or raise {CACHE_LIMIT_VARIABLE}; nothing of it was kept",
+            )
+        else:
+            error = InputError(
+                f"cannot download {shown}: {size[1]} {size[0]} bytes, more than {setting} "
+                f"({limit} bytes) lets the cache hold",
+                f"raise {CACHE_LIMIT_VARIABLE}; nothing of it was downloaded",
+            )
     return None if bound is None or error is None else (bound, error)
 
 
@@ -1082,7 +1109,13 @@ class StreamedShards:
                     hint = f"{hint}, or {CACHE_LIMIT_VARIABLE} below the room it has"
                 raise ShardFetchError(error.message, hint) from None
             except TorchkitError as error:
-                raise ShardFetchError(error.message, error.hint) from None
+                hint = error.hint
+                if hint == _NO_ROOM_HINT:  # no room for it: likewise
+                    hint = (
+                        f"{_ROOM_ON_DISK_HINT}, or {CACHE_LIMIT_VARIABLE} below the room it "
+                        "has; nothing of it was downloaded"
+                    )
+                raise ShardFetchError(error.message, hint) from None
             _mark_used(target)
             fd = os.open(target, os.O_RDONLY)
             try:
