@@ -109,6 +109,11 @@ EVERY_COMMAND = {
          "Usage: torchkit convert tensor"),
         (["-h", "train"], 0, EVERY_COMMAND, "convert-syncbn"),  # the app's help lists all
         (["trian"], 2, EVERY_COMMAND, "Did you mean 'train'?"),  # close names: all are needed
+        # The quiet flags joined into one word, as click reads them.
+        (["-vq", "summary", "--help"], 0, {"summary"}, "Usage: torchkit summary"),
+        (["-qvv", "-q", "convert", "tensor", "--help"], 0,
+         {"tensor", "cifar", "checkpoint", "shards"}, "Usage: torchkit convert tensor"),
+        (["-vh", "train"], 0, EVERY_COMMAND, "convert-syncbn"),
     ],
 )  # fmt: skip
 def test_a_command_line_builds_only_the_command_it_runs(
@@ -135,3 +140,32 @@ def test_a_command_line_builds_only_the_command_it_runs(
     assert set(names) == built
     assert shown in "".join(capsys.readouterr())
     assert (app.registered_commands, app.registered_groups) == registered  # put back
+
+
+# Command lines whose first words are the app's quiet flags joined into one word: each gives
+# what the whole app gives (a command's help, a group's command's usage error, an unknown
+# option's). Cheap ones: each costs a tenth of a second of CPU or more, its help the most.
+LINES_AFTER_FLAGS = [
+    ["-vq", "summary", "--help"],
+    ["-qv", "convert", "cifar"],
+    ["-qv", "env", "--bogus"],
+]
+
+
+@pytest.mark.parametrize("words", LINES_AFTER_FLAGS, ids=" ".join)
+def test_a_command_line_gives_what_the_whole_app_gives(monkeypatch, capsys, words):
+    """Building only the command a line names changes nothing it prints or exits with."""
+    from torchkit.cli import app
+
+    app_module = sys.modules["torchkit.cli.app"]  # `torchkit.cli.app` is also the Typer app
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # Typer's call installs its own
+
+    def outcome() -> tuple[object, str, str]:
+        with pytest.raises(SystemExit) as done:
+            app(list(words), prog_name="torchkit")
+        return (done.value.code, *capsys.readouterr())
+
+    fast = outcome()
+    assert f"torchkit {words[1]}" in fast[1] + fast[2], fast  # the named command's
+    monkeypatch.setattr(app_module, "_named_command", lambda *args: None)  # the whole app
+    assert fast == outcome()

@@ -775,6 +775,15 @@ def _as_placeholder(name: str, help_text: str | None, hidden: bool):
 _QUIET_ROOT_FLAGS = frozenset({"-v", "--verbose", "-q", "--quiet"})
 
 
+def _is_quiet_root_flag(word: str) -> bool:
+    """Whether `word` is the app's quiet flags alone: one (`-v`), or short ones joined as click
+    reads them (`-vq`)."""
+    if word in _QUIET_ROOT_FLAGS:
+        return True
+    joined = word[1:] if word.startswith("-") and not word.startswith("--") else ""
+    return bool(joined) and all(f"-{letter}" in _QUIET_ROOT_FLAGS for letter in joined)
+
+
 def _registered(typer_app: typer.Typer) -> tuple[dict[str, Any], dict[str, Any]]:
     """The app's registered commands and groups (`convert`), by name."""
     commands = {info.name: info for info in typer_app.registered_commands if info.name}
@@ -788,11 +797,11 @@ def _registered(typer_app: typer.Typer) -> tuple[dict[str, Any], dict[str, Any]]
 
 def _named_command(typer_app: typer.Typer, words: list[str]) -> tuple[list, list] | None:
     """The (commands, groups) that `words`, the arguments after `torchkit`, run: the command or
-    group their first word names, after the app's quiet flags alone. None for anything else (no
-    command, `--help` or `--version` first, a name that is no command's, which click answers
-    with the close names): the whole app is needed there."""
+    group their first word names, after the app's quiet flags alone (`-v -q`, joined: `-vq`).
+    None for anything else (no command, `--help` or `--version` first, a name that is no
+    command's, which click answers with the close names): the whole app is needed there."""
     commands, groups = _registered(typer_app)
-    name = next((word for word in words if word not in _QUIET_ROOT_FLAGS), None)
+    name = next((word for word in words if not _is_quiet_root_flag(word)), None)
     if name in commands:
         return [commands[name]], []
     if name in groups:
