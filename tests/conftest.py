@@ -140,12 +140,15 @@ def environment_kept():
     """The environment as the test found it. An in-process command may set variables for the
     rest of its process, as torchkit does (`--deterministic` sets CUBLAS_WORKSPACE_CONFIG):
     left behind, they would reach every later test of the worker, and the ones torch reads at
-    import would give each later torchkit process a preloaded server of its own."""
-    before = dict(os.environ)
+    import would give each later torchkit process a preloaded server of its own.
+
+    Copied and compared as os.environ keeps it (`_data`, its encoded variables): a plain dict
+    copy and comparison decode every variable twice, 0.14 ms of every test's 2.5 ms."""
+    before = os.environ._data.copy()
     yield
-    if os.environ != before:
+    if os.environ._data != before:
         os.environ.clear()
-        os.environ.update(before)
+        os.environ.update({os.fsdecode(key): os.fsdecode(value) for key, value in before.items()})
 
 
 @pytest.fixture
