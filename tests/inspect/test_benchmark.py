@@ -5,6 +5,7 @@ agreement with a hand-written timing loop."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import gc
 import importlib
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 import uuid
 
 import pytest
@@ -547,6 +549,56 @@ def test_train_mode_includes_backward_and_the_optimizer_step():
     at_batch = [seen for seen in model.seen if seen[0] == 4]
     assert at_batch and all(training and not inference for _, training, inference, _ in at_batch)
     assert model.fc.weight.grad is None  # gradients and optimizer state dropped afterwards
+
+
+def test_train_mode_builds_and_steps_its_optimizer_without_torch_dynamo(monkeypatch):
+    """The train step built and stepped torch.optim.SGD itself, whose decorated methods import
+    torch._dynamo (and inductor and sympy: about 3 s of CPU a run) in a process that compiles
+    nothing: now it takes the optimiser's own step as `train` does (core.train.dynamo_free).
+    While the train step is built and while it runs, dynamo is a tripwire that records every
+    name asked of it, as a process without dynamo would have imported it then (the rest of the
+    run sees this process's own); the update is still taken (the weights move)."""
+    from torchkit.core.train import dynamo_free
+
+    monkeypatch.setattr(dynamo_free, "dynamo_loaded", lambda: False)
+    asked, compiled = [], []
+
+    class Tripwire(types.ModuleType):
+        def __getattr__(self, name):
+            asked.append(name)
+            raise AttributeError(name)
+
+    @contextlib.contextmanager
+    def armed():
+        with pytest.MonkeyPatch.context() as patch:
+            tripwire = Tripwire("torch._dynamo")
+            patch.setitem(sys.modules, "torch._dynamo", tripwire)
+            patch.setattr(torch, "_dynamo", tripwire, raising=False)
+            yield
+
+    real_make = bench_run.make_train_step
+
+    def make_armed(model, images, settings):
+        compiled.append(settings.compile)
+        with armed():
+            train = real_make(model, images, settings)
+        step = train.step
+
+        def armed_step():
+            with armed():
+                return step()
+
+        train.step = armed_step
+        return train
+
+    monkeypatch.setattr(bench_run, "make_train_step", make_armed)
+    model = Recorder()
+    before = model.fc.weight.detach().clone()
+    result = benchmark_model(model, (8,), options(batch_sizes=(4,), mode="train", iters=2))
+    assert asked == []
+    assert compiled == [False, False]  # the step before the run (batch 2), then batch 4's
+    assert [row.mode for row in result.results] == ["train"]
+    assert not torch.equal(before, model.fc.weight)
 
 
 def test_train_loss_covers_auxiliary_outputs_and_models_without_a_classifier():

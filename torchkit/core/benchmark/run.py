@@ -317,7 +317,7 @@ def benchmark_model(
         model=runnable,
         sample=sample,
         options=options,
-        settings=StepSettings(device, amp_dtype, options.channels_last),
+        settings=StepSettings(device, amp_dtype, options.channels_last, options.compile),
         device_name=_device_name(device),
         dtype=str(dtype).removeprefix("torch."),
         mult_adds=counted.total_mult_adds,

@@ -3,7 +3,9 @@
 - infer: `model.eval()`, `torch.inference_mode()`, autocast under --amp, the forward pass.
 - train: `model.train()`, forward under autocast, cross-entropy on random labels, backward,
   and an SGD step (momentum 0.9, so the optimizer keeps state as real training does); float16
-  gets a GradScaler, as `torchkit train` uses one.
+  gets a GradScaler, as `torchkit train` uses one. The optimiser is built and stepped as
+  `train` does it (`core.train.dynamo_free`): the same update, without importing torch._dynamo
+  (about 2-3 s of CPU a run) where nothing is compiled.
 
 The inputs and labels are made once, on the device, before any timing: a step measures the
 model, not the data pipeline.
@@ -28,6 +30,7 @@ class StepSettings:
     device: Any  # torch.device
     amp_dtype: Any = None  # a torch dtype under --amp, else None
     channels_last: bool = False
+    compile: bool = False  # the model is torch.compile'd (dynamo is loaded anyway)
 
 
 def _autocast(settings: StepSettings):
@@ -67,7 +70,11 @@ class TrainStep:
 def make_train_step(model: Any, images: Any, settings: StepSettings) -> TrainStep:
     import torch
 
+    from torchkit.core.train import dynamo_free
+
     model.train()
+    if not settings.compile:
+        dynamo_free.mark_not_compiled()
     optimizer = torch.optim.SGD(trainable_parameters(model), lr=SGD_LR, momentum=SGD_MOMENTUM)
     float16 = settings.amp_dtype == torch.float16
     scaler = torch.amp.GradScaler(settings.device.type) if float16 else None
@@ -87,11 +94,12 @@ def make_train_step(model: Any, images: Any, settings: StepSettings) -> TrainSte
         loss = training_loss(output, images.shape[0], labels_for)
         if scaler is not None:
             scaler.scale(loss).backward()
-            scaler.step(optimizer)
+            with dynamo_free.undecorated_steps(optimizer):
+                scaler.step(optimizer)
             scaler.update()
         else:
             loss.backward()
-            optimizer.step()
+            dynamo_free.step(optimizer)
         return loss
 
     return TrainStep(step, optimizer)
