@@ -7,17 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 from image_folders import write_image_folder
-from run_curves import lay_out_curves_only
 
 from torchkit.core.models.norms import has_batch_norm
 from torchkit.core.train.loaders import lone_last_batch
-
-
-@pytest.fixture(autouse=True)
-def curves_laid_out(monkeypatch):
-    """curves.png laid out, not rasterised (run_curves.py): no test here reads the image,
-    which test_curves_painter.py and the digits run of test_train_digits_target.py check."""
-    lay_out_curves_only(monkeypatch)
 
 
 @pytest.mark.parametrize(

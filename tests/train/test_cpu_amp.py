@@ -7,17 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 from image_folders import write_image_folder
-from run_curves import lay_out_curves_only
 
 from torchkit.cli import app
-
-
-@pytest.fixture(autouse=True)
-def curves_laid_out(monkeypatch):
-    """curves.png laid out, not rasterised (run_curves.py): no test here reads the image,
-    which test_curves_painter.py and the digits run of test_train_digits_target.py check."""
-    lay_out_curves_only(monkeypatch)
-
 
 NATIVE_BF16_PROBES = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
 WARNING = "Warning: this CPU has no AVX512-BF16 or AMX, so --amp computes bfloat16 by emulation"

@@ -21,6 +21,8 @@ from torchkit.core.train.curves_painter import CurvesPainter
 from torchkit.core.train.outputs import write_curves_png
 from torchkit.core.train.run_folder import RunFolder
 
+pytestmark = pytest.mark.drawn_curves  # reads curves.png's picture (tests/train/conftest.py)
+
 HISTORY = [
     {
         "epoch": epoch,

@@ -5,21 +5,12 @@ from __future__ import annotations
 
 import multiprocessing
 
-import pytest
 import torch
 from image_folders import write_image_folder
 from processes import run_torchkit_in_process
-from run_curves import lay_out_curves_only
 
 from torchkit.core.train import epoch_starts
 from torchkit.core.train.epoch_starts import EpochStarts, StartedBatches
-
-
-@pytest.fixture(autouse=True)
-def curves_laid_out(monkeypatch):
-    """curves.png laid out, not rasterised (run_curves.py): no test here reads the image,
-    which test_curves_painter.py and the digits run of test_train_digits_target.py check."""
-    lay_out_curves_only(monkeypatch)
 
 
 class FakeSampler:

@@ -16,7 +16,6 @@ import dataclasses
 import pytest
 import torch
 from graphed_training import SmallNet, batches, make_context, train, weights
-from run_curves import lay_out_curves_only
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchkit.cli import app
@@ -26,13 +25,6 @@ from torchkit.core.train import graphed_step, loop
 from torchkit.core.train.config import TrainConfig
 from torchkit.core.train.graphed_step import GraphedStep
 from torchkit.core.train.validation import validate
-
-
-@pytest.fixture(autouse=True)
-def curves_laid_out(monkeypatch):
-    """curves.png laid out, not rasterised (run_curves.py): no test here reads the image,
-    which test_curves_painter.py and the digits run of test_train_digits_target.py check."""
-    lay_out_curves_only(monkeypatch)
 
 
 @pytest.mark.parametrize(

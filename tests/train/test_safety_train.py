@@ -25,7 +25,6 @@ from processes import (
     start_torchkit_process,
     wait_until,
 )
-from run_curves import lay_out_curves_only
 from suite_paths import HELPERS
 
 # A tiny run: 2 classes x 6 images of 8x8, 8 train / 4 val with --val-split 0.3.
@@ -48,13 +47,6 @@ def old_run(folder: Path, *, marker: bool = True) -> Path:
     (folder / "tensorboard").mkdir()
     (folder / "tensorboard" / "events.out.tfevents.1.host").write_bytes(os.urandom(500))
     return folder
-
-
-@pytest.fixture(autouse=True)
-def curves_not_rasterised(monkeypatch):
-    """The runs in this process check what is kept, replaced or refused, never curves.png's
-    picture (run_curves); none of them writes it on a small disk. The real processes draw it."""
-    lay_out_curves_only(monkeypatch)
 
 
 @pytest.fixture

@@ -9,20 +9,11 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from run_curves import lay_out_curves_only
 
 from torchkit.cli import app
 from torchkit.core.data.preprocessing import Preprocess
 from torchkit.core.data.transforms import AUGMENT_POLICIES, train_transform
 from torchkit.core.models.checkpoint import load_checkpoint
-
-
-@pytest.fixture(autouse=True)
-def curves_laid_out(monkeypatch):
-    """curves.png laid out, not rasterised (run_curves.py): no test here reads the image,
-    which test_curves_painter.py and the digits run of test_train_digits_target.py check."""
-    lay_out_curves_only(monkeypatch)
-
 
 PREPROCESS = Preprocess(image_size=24, resize_size=28)
 

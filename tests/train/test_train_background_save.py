@@ -16,18 +16,9 @@ import torch
 from image_folders import write_image_folder
 from output_checks import error_line
 from processes import run_torchkit_in_process
-from run_curves import lay_out_curves_only
 
 from torchkit.core.models import checkpoint as checkpoint_module
 from torchkit.core.train import epochs, run_folder
-
-
-@pytest.fixture(autouse=True)
-def curves_laid_out(monkeypatch):
-    """curves.png laid out, not rasterised (run_curves.py): no test here reads the image,
-    which test_curves_painter.py and the digits run of test_train_digits_target.py check."""
-    lay_out_curves_only(monkeypatch)
-
 
 # 2 classes x 6 images of 8x8: 8 train / 4 val, 2 steps an epoch.
 TINY = ["--model", "convnet", "--image-size", "8", "--batch-size", "4", "--workers", "0"]

@@ -13,15 +13,6 @@ from checkpoints import read_checkpoint, save_torchkit_checkpoint
 from nets import TinyNet, tiny_vit
 from output_checks import error_line
 from processes import run_torchkit_in_process
-from run_curves import lay_out_curves_only
-
-
-@pytest.fixture(autouse=True)
-def curves_laid_out(monkeypatch):
-    """curves.png laid out, not rasterised (run_curves.py): no test here reads the image,
-    which test_curves_painter.py and the digits run of test_train_digits_target.py check."""
-    lay_out_curves_only(monkeypatch)
-
 
 RESAMPLED = (
     "Note: trained16.pt: position embeddings resampled from 2x2 to 3x3 (the weights' patch "

@@ -11,21 +11,12 @@ import pytest
 import torch
 from checkpoints import read_checkpoint
 from image_folders import write_image_folder
-from run_curves import lay_out_curves_only
 from sklearn.utils.class_weight import compute_class_weight
 from typer.testing import CliRunner
 
 from torchkit.cli import app
 from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.train.class_weights import class_weights
-
-
-@pytest.fixture(autouse=True)
-def curves_laid_out(monkeypatch):
-    """curves.png laid out, not rasterised (run_curves.py): no test here reads the image,
-    which test_curves_painter.py and the digits run of test_train_digits_target.py check."""
-    lay_out_curves_only(monkeypatch)
-
 
 CLASSES = ["ant", "bee", "cow"]
 
@@ -231,9 +222,7 @@ def weighted_recipe_and_one_batch_run(tmp_path_factory) -> tuple[list[str], Path
         "--l1", "0.001",
     ]  # fmt: skip
     words = [str(word) for word in recipe]
-    with pytest.MonkeyPatch.context() as patch:
-        lay_out_curves_only(patch)
-        full = CliRunner().invoke(app, [*words, "--batch-size", "6", "--out", str(root / "full")])
+    full = CliRunner().invoke(app, [*words, "--batch-size", "6", "--out", str(root / "full")])
     assert full.exit_code == 0, full.stderr
     return words, root / "full"
 

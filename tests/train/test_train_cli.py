@@ -15,7 +15,6 @@ import torch
 from checkpoints import read_checkpoint
 from gloo_ranks import BAD_LAUNCHES, set_launch_env
 from image_folders import write_image_folder
-from run_curves import lay_out_curves_only
 from typer.testing import CliRunner, Result
 
 from torchkit.cli import app
@@ -61,20 +60,11 @@ def fast_run(tmp_path_factory) -> FastRun:
     write_image_folder(data / "val", {"ant": 2, "bee": 2, "cat": 2}, seed=2)
     write_image_folder(data / "test", {"ant": 2, "bee": 2, "cat": 2}, seed=3)
     out = root / "run"
-    with pytest.MonkeyPatch.context() as patch:
-        lay_out_curves_only(patch)
-        result = CliRunner().invoke(
-            app, ["train", "--data", str(data), *FAST, "--out", str(out), "--val-split", "0.3"]
-        )
+    result = CliRunner().invoke(
+        app, ["train", "--data", str(data), *FAST, "--out", str(out), "--val-split", "0.3"]
+    )
     assert result.exit_code == 0, result.stderr
     return FastRun(data, out, result)
-
-
-@pytest.fixture(autouse=True)
-def curves_not_rasterised(monkeypatch):
-    """curves.png laid out, not rasterised (run_curves.py): test_train_digits_target.py's run
-    draws it as torchkit draws it."""
-    lay_out_curves_only(monkeypatch)
 
 
 def train(runner, *args: str):
@@ -272,13 +262,11 @@ def one_batch_run(tmp_path_factory) -> tuple[Path, Path]:
     (the truth both cases compare with, trained once)."""
     root = tmp_path_factory.mktemp("one-batch")
     data = write_image_folder(root / "d", {"a": 6, "b": 6}, seed=4)
-    with pytest.MonkeyPatch.context() as patch:
-        lay_out_curves_only(patch)
-        full = CliRunner().invoke(
-            app,
-            ["train", "--data", str(data), *ACCUMULATION_RECIPE, "--batch-size", "6",
-             "--out", str(root / "full")],
-        )  # fmt: skip
+    full = CliRunner().invoke(
+        app,
+        ["train", "--data", str(data), *ACCUMULATION_RECIPE, "--batch-size", "6",
+         "--out", str(root / "full")],
+    )  # fmt: skip
     assert full.exit_code == 0, full.stderr
     return data, root / "full"
 
@@ -423,16 +411,14 @@ def early_stop_runs(fast_run, tmp_path_factory) -> dict[int, tuple[Path, Result]
     runs = {}
     for epochs in (6, 3):
         out = root / f"epochs-{epochs}"
-        with pytest.MonkeyPatch.context() as patch:
-            lay_out_curves_only(patch)
-            result = CliRunner().invoke(
-                app,
-                ["train", "--data", str(fast_run.data), *FAST, "--epochs", str(epochs),
-                 "--lr", "1e-30",  # updates vanish in float32: the val metrics repeat exactly
-                 "--early-stop", "2",
-                 "--device", "cpu",  # exactly: the CPU's kernels
-                 "--out", str(out), "--format", "json"],
-            )  # fmt: skip
+        result = CliRunner().invoke(
+            app,
+            ["train", "--data", str(fast_run.data), *FAST, "--epochs", str(epochs),
+             "--lr", "1e-30",  # updates vanish in float32: the val metrics repeat exactly
+             "--early-stop", "2",
+             "--device", "cpu",  # exactly: the CPU's kernels
+             "--out", str(out), "--format", "json"],
+        )  # fmt: skip
         assert result.exit_code == 0, result.stderr
         runs[epochs] = out, result
     return runs

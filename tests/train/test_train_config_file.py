@@ -7,17 +7,8 @@ import json
 
 import pytest
 import torch
-from run_curves import lay_out_curves_only
 
 from torchkit.cli import app
-
-
-@pytest.fixture(autouse=True)
-def curves_laid_out(monkeypatch):
-    """curves.png laid out, not rasterised (run_curves.py): no test here reads the image,
-    which test_curves_painter.py and the digits run of test_train_digits_target.py check."""
-    lay_out_curves_only(monkeypatch)
-
 
 FAST = ["--epochs", "2", "--deterministic", "-j", "0", "--device", "cpu", "--batch-size", "256"]
 # A net of 8 px, BatchNorm (buffers) and dropout (random draws): digits' 1,438 training images

@@ -31,18 +31,9 @@ from gloo_ranks import (
 )
 from image_folders import write_image_folder
 from output_checks import error_line
-from run_curves import lay_out_curves_only
 from suite_paths import HELPERS, REPO
 
 from torchkit.cli import app
-
-
-@pytest.fixture(autouse=True)
-def curves_laid_out(monkeypatch):
-    """curves.png laid out, not rasterised (run_curves.py): no test here reads the image,
-    which test_curves_painter.py and the digits run of test_train_digits_target.py check."""
-    lay_out_curves_only(monkeypatch)
-
 
 pytestmark = pytest.mark.skipif(
     not torch.distributed.is_available(), reason="torch.distributed missing"

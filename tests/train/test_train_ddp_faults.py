@@ -31,19 +31,10 @@ from gloo_ranks import finish, run_ranks, start_ranks, stderr_of
 from image_folders import write_image_folder
 from nets import BNNet
 from processes import run_torchkit_in_process
-from run_curves import lay_out_curves_only
 from suite_paths import HELPERS
 from torch import nn
 
 from torchkit.core.runtime import distributed as dist_utils
-
-
-@pytest.fixture(autouse=True)
-def curves_laid_out(monkeypatch):
-    """curves.png laid out, not rasterised (run_curves.py): no test here reads the image,
-    which test_curves_painter.py and the digits run of test_train_digits_target.py check."""
-    lay_out_curves_only(monkeypatch)
-
 
 NET = "nets:BNNet"
 

@@ -12,19 +12,10 @@ import pytest
 import torch
 from gloo_ranks import run_ranks_under_agent
 from image_folders import write_image_folder
-from run_curves import lay_out_curves_only
 from suite_paths import HELPERS
 
 from torchkit.core.io.errors import DeviceError, Terminated, UsageError
 from torchkit.core.train import ddp
-
-
-@pytest.fixture(autouse=True)
-def curves_laid_out(monkeypatch):
-    """curves.png laid out, not rasterised (run_curves.py): no test here reads the image,
-    which test_curves_painter.py and the digits run of test_train_digits_target.py check."""
-    lay_out_curves_only(monkeypatch)
-
 
 # A sitecustomize for the ranks: rank 0 cannot put best.pt in place (a full disk, as if its
 # disk alone were full); the other ranks are untouched.

@@ -30,7 +30,6 @@ from image_folders import write_image_folder
 from nets import NanNet
 from output_checks import error_line, tree_digest
 from processes import run_each_in_process, run_torchkit_in_process
-from run_curves import lay_out_curves_only
 from suite_paths import HELPERS
 from torch import nn
 
@@ -40,14 +39,6 @@ from torchkit.core.train.config import TrainConfig
 from torchkit.core.train.resume_merge import merge_for_resume
 from torchkit.core.train.resume_rules import FIXED_ON_RESUME
 from torchkit.core.train.validation import option_name, resolve_defaults, validate
-
-
-@pytest.fixture(autouse=True)
-def curves_laid_out(monkeypatch):
-    """curves.png laid out, not rasterised (run_curves.py): no test here reads the image,
-    which test_curves_painter.py and the digits run of test_train_digits_target.py check."""
-    lay_out_curves_only(monkeypatch)
-
 
 ENV = {"PYTHONPATH": str(HELPERS), "OMP_NUM_THREADS": "1"}
 TINY = ["--model", "nets:TinyNet", "--image-size", "8", "--batch-size", "4"]
@@ -82,13 +73,11 @@ def trained(world: Path, tmp_path_factory) -> Path:
     from torchkit.cli import app
 
     out = tmp_path_factory.mktemp("honest-run") / "run"
-    with pytest.MonkeyPatch.context() as patch:
-        lay_out_curves_only(patch)
-        result = CliRunner().invoke(
-            app,
-            ["train", "--data", str(world / "data"), *FAST, "--epochs", "2",
-             "--scheduler", "none", "--warmup-epochs", "0", "--out", str(out)],
-        )  # fmt: skip
+    result = CliRunner().invoke(
+        app,
+        ["train", "--data", str(world / "data"), *FAST, "--epochs", "2",
+         "--scheduler", "none", "--warmup-epochs", "0", "--out", str(out)],
+    )  # fmt: skip
     assert result.exit_code == 0, result.stderr
     return out
 

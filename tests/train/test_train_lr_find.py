@@ -11,19 +11,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 from output_checks import error_line
-from run_curves import lay_out_curves_only
 
 from torchkit.cli import app
 from torchkit.core.io.errors import UsageError
 from torchkit.core.train import lr_find
 from torchkit.core.train.lr_find import find_lr, lr_schedule, range_test, suggest
-
-
-@pytest.fixture(autouse=True)
-def curves_laid_out(monkeypatch):
-    """curves.png laid out, not rasterised (run_curves.py): no test here reads the image,
-    which test_curves_painter.py and the digits run of test_train_digits_target.py check."""
-    lay_out_curves_only(monkeypatch)
 
 
 def test_the_schedule_is_geometric_from_min_to_max():

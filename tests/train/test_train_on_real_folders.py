@@ -6,19 +6,9 @@ from __future__ import annotations
 
 import os
 
-import pytest
 from image_folders import write_image_folder
 from output_checks import error_line
 from processes import run_torchkit_in_process
-from run_curves import lay_out_curves_only
-
-
-@pytest.fixture(autouse=True)
-def curves_laid_out(monkeypatch):
-    """curves.png laid out, not rasterised (run_curves.py): no test here reads the image,
-    which test_curves_painter.py and the digits run of test_train_digits_target.py check."""
-    lay_out_curves_only(monkeypatch)
-
 
 TINY = ["--model", "nets:TinyNet", "--image-size", "8", "--workers", "0", "--epochs", "1"]
 

@@ -11,18 +11,9 @@ from pathlib import Path
 
 import pytest
 from image_folders import write_image_folder
-from run_curves import lay_out_curves_only
 from typer.testing import CliRunner
 
 from torchkit.cli import app
-
-
-@pytest.fixture(autouse=True)
-def curves_laid_out(monkeypatch):
-    """curves.png laid out, not rasterised (run_curves.py): no test here reads the image,
-    which test_curves_painter.py and the digits run of test_train_digits_target.py check."""
-    lay_out_curves_only(monkeypatch)
-
 
 # 16 images, 12 of them training images in batches of 2: 6 steps an epoch.
 ARGS = ["train", "--model", "convnet", "--image-size", "8", "-b", "2", "--val-split", "0.25",
@@ -83,9 +74,7 @@ def profiled_epoch(tmp_path_factory) -> tuple[Path, Path]:
     data = write_image_folder(root / "data", {"a": 8, "b": 8})
     out = root / "run"
     args = [*ARGS, "--epochs", "1", "--profile-steps", "50", "--data", str(data), "--out", str(out)]
-    with pytest.MonkeyPatch.context() as patch:
-        lay_out_curves_only(patch)
-        result = CliRunner().invoke(app, args)
+    result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.stderr
     return data, out
 

@@ -14,17 +14,8 @@ import torch
 from checkpoints import read_checkpoint
 from image_folders import write_image_folder
 from nets import GradProbeNet
-from run_curves import lay_out_curves_only
 
 from torchkit.cli import app
-
-
-@pytest.fixture(autouse=True)
-def curves_laid_out(monkeypatch):
-    """curves.png laid out, not rasterised (run_curves.py): no test here reads the image,
-    which test_curves_painter.py and the digits run of test_train_digits_target.py check."""
-    lay_out_curves_only(monkeypatch)
-
 
 PROBE = ["--model", "nets:GradProbeNet", "--image-size", "16", "--batch-size", "4"]
 FAST = [*PROBE, "--workers", "0", "--device", "cpu"]

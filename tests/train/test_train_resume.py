@@ -16,19 +16,9 @@ import torch
 from image_folders import write_image_folder
 from processes import processes_in_group, start_torchkit_process, wait_until
 from resume_runs import assert_bitwise_equal, recipe, stderr_of
-from run_curves import lay_out_curves_only
 from suite_paths import HELPERS
 
 from torchkit.cli import app
-
-
-@pytest.fixture(scope="module", autouse=True)
-def curves_not_rasterised():
-    """The runs in this process lay curves.png out but do not rasterise it (run_curves.py):
-    what is compared here is their checkpoints."""
-    with pytest.MonkeyPatch.context() as patch:
-        lay_out_curves_only(patch)
-        yield
 
 
 @pytest.fixture(scope="module")

@@ -13,18 +13,9 @@ import pytest
 import torch
 from image_folders import write_image_folder
 from output_checks import error_line
-from run_curves import lay_out_curves_only
 
 from torchkit.cli import app
 from torchkit.core.train import TrainCallbacks, TrainConfig, run_training
-
-
-@pytest.fixture(autouse=True)
-def curves_laid_out(monkeypatch):
-    """curves.png laid out, not rasterised (run_curves.py): no test here reads the image,
-    which test_curves_painter.py and the digits run of test_train_digits_target.py check."""
-    lay_out_curves_only(monkeypatch)
-
 
 TINY = dict(model="nets:TinyNet", image_size=8, batch_size=4, workers=0, epochs=1)
 # digits with a tiny net in large batches: its data's thread default, at a fraction of the cost
@@ -82,9 +73,7 @@ def digits_run(tmp_path_factory) -> DigitsRun:
     torch.set_num_threads(2)  # as `two_threads`
     try:
         seen = ThreadsSeen()
-        with pytest.MonkeyPatch.context() as patch:
-            lay_out_curves_only(patch)
-            run_training(TrainConfig(out=str(out), epochs=1, **DIGITS), seen)
+        run_training(TrainConfig(out=str(out), epochs=1, **DIGITS), seen)
         threads_after = torch.get_num_threads()
     finally:
         torch.set_num_threads(before)

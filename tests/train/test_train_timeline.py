@@ -9,19 +9,9 @@ import subprocess
 import sys
 import time
 
-import pytest
 import torch
-from run_curves import lay_out_curves_only
 
 from torchkit.cli import app
-
-
-@pytest.fixture(autouse=True)
-def curves_laid_out(monkeypatch):
-    """curves.png laid out, not rasterised (run_curves.py): no test here reads the image,
-    which test_curves_painter.py and the digits run of test_train_digits_target.py check."""
-    lay_out_curves_only(monkeypatch)
-
 
 # 16 images, 12 of them training images in batches of 2: 6 steps an epoch.
 ARGS = ["train", "--model", "convnet", "--epochs", "2", "--image-size", "8", "-b", "2",

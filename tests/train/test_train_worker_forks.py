@@ -9,17 +9,8 @@ import threading
 
 import pytest
 from image_folders import write_image_folder
-from run_curves import lay_out_curves_only
 
 from torchkit.core.train import TrainConfig, run_training
-
-
-@pytest.fixture(autouse=True)
-def curves_laid_out(monkeypatch):
-    """curves.png laid out, not rasterised (run_curves.py): no test here reads the image,
-    which test_curves_painter.py and the digits run of test_train_digits_target.py check."""
-    lay_out_curves_only(monkeypatch)
-
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "register_at_fork"), reason="POSIX forks")
 
