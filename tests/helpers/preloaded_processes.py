@@ -244,7 +244,9 @@ def log_fork(request, rusage, wall):
     line = f"{test}\t{cpu:.3f}\t{wall:.3f}\t{shlex.join(request['args'])}\n"
     descriptor = os.open(request["fork_log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(descriptor, line.encode())  # one write: lines of several servers stay whole
+        # One write: lines of several servers stay whole. A name not UTF-8 (surrogates) as
+        # escapes.
+        os.write(descriptor, line.encode(errors="backslashreplace"))
     finally:
         os.close(descriptor)
 
@@ -265,7 +267,10 @@ def serve():
             # wait4: its rusage, its own waited-for children (loader workers, helpers) included.
             _, wait_status, rusage = os.wait4(pid, 0)
             if request.get("fork_log"):
-                log_fork(request, rusage, time.monotonic() - started_at)
+                try:
+                    log_fork(request, rusage, time.monotonic() - started_at)
+                except (OSError, ValueError):  # a line lost, never the server and its forks
+                    pass
             os.write(status, f"{wait_status}\n".encode())
             os.close(status)
             os.close(pidfd)

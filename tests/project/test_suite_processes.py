@@ -12,7 +12,7 @@ import subprocess
 import preloaded_processes
 import pytest
 from preloaded_processes import PreloadedProcess, PreloadedServers
-from processes import start_torchkit_process
+from processes import run_torchkit_process, start_torchkit_process
 
 
 def _parent(pid: int) -> int:
@@ -43,10 +43,15 @@ def test_a_plain_process_is_forked_from_a_server_as_a_fresh_one_would_look_and_l
         process.kill()
     assert process.returncode == 1 and out == ""
     assert err.startswith("Error: no video paths on stdin")
-    [line] = fork_log.read_text().splitlines()  # written before the exit status was sent
-    test, cpu, wall, args = line.split("\t")
+    # A name that is not UTF-8 is written escaped (it once ended the server: its forks with it).
+    not_utf8 = os.fsdecode(b"\xff.mp4")
+    named = run_torchkit_process("video-info", not_utf8)
+    assert named.returncode == 1 and named.stderr.startswith("Error: ")
+    first, second = fork_log.read_text().splitlines()  # each written before its exit status
+    test, cpu, wall, args = first.split("\t")
     assert test == os.environ["PYTEST_CURRENT_TEST"]
     assert float(cpu) > 0 and float(wall) > 0 and args == "video-info - --format json"
+    assert second.split("\t")[3] == "video-info '\\udcff.mp4'"
 
 
 # Written by a fork's sitecustomize (run just before torchkit starts, this one loaded as it runs):
