@@ -609,6 +609,55 @@ def test_the_best_checkpoint_of_a_resumed_one_is_found_only_in_the_same_run(tmp_
     assert best_checkpoint_for(tmp_path / "epoch-002.pt", rewound) is None
 
 
+def test_whether_a_checkpoint_holds_the_best_epoch_is_read_without_building_its_tensors(
+    tmp_path, monkeypatch
+):
+    """--resume read best.pt whole (torch.load, every tensor header unpickled) to learn which
+    epoch it holds: now its pickle record alone, with the tensors left opaque, and the same
+    answer; torch.load (weights_only) only where that reader cannot answer exactly."""
+    import os
+    import pickle
+    import zipfile
+
+    from torchkit.core.train import checkpoint_record
+    from torchkit.core.train.checkpoints import holds_best_epoch
+
+    model = nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    history = [{"epoch": 1, "val_loss": 0.5}, {"epoch": 2, "val_loss": 0.25}]
+    saved = {"epoch": 2, "best_epoch": 2, "arch": "a", "classes": ["x", "y"], "history": history,
+             "epoch_progress": None, "model": model.state_dict(),
+             "optimizer": optimizer.state_dict(), "param": nn.Parameter(torch.ones(2))}  # fmt: skip
+    torch.save(saved, tmp_path / "best.pt")
+    resumed = {**saved, "epoch": 3, "history": [*history, {"epoch": 3, "val_loss": 0.3}]}
+    loads = []
+    real_load = torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **k: (loads.append(a), real_load(*a, **k))[1])
+    assert holds_best_epoch(tmp_path / "best.pt", resumed)
+    assert not holds_best_epoch(tmp_path / "best.pt", {**resumed, "best_epoch": 1})
+    assert not holds_best_epoch(tmp_path / "best.pt", {**resumed, "classes": ["x"]})
+    assert loads == []  # no tensor built
+    # A value the reader cannot give exactly (a tensor in the history): torch.load answers.
+    torch.save({**saved, "history": [{"epoch": 1, "val_loss": torch.tensor(0.5)}]},
+               tmp_path / "tensor-history.pt")  # fmt: skip
+    assert checkpoint_record.plain_values(tmp_path / "tensor-history.pt", ("history",)) is None
+    assert not holds_best_epoch(tmp_path / "tensor-history.pt", resumed)
+    assert len(loads) == 1
+
+    # A pickle naming anything but torch.save's tensor globals is neither run nor answered.
+    class Runs:
+        def __reduce__(self):
+            return (os.makedirs, (str(tmp_path / "ran"),))
+
+    with zipfile.ZipFile(tmp_path / "evil.pt", "w") as archive:
+        archive.writestr("evil/data.pkl", pickle.dumps({"epoch": 2, "model": Runs()}))
+    assert checkpoint_record.plain_values(tmp_path / "evil.pt", ("epoch",)) is None
+    assert not holds_best_epoch(tmp_path / "evil.pt", resumed)  # weights_only refuses it too
+    assert not (tmp_path / "ran").exists()
+
+
 # -- 7. --amp: float16 with a GradScaler where bfloat16 is not native; fp16 on CPUs ---------------
 
 

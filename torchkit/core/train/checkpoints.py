@@ -194,18 +194,27 @@ def best_checkpoint_for(resumed: Path, checkpoint: dict) -> Path | None:
     return None
 
 
+# What `holds_best_epoch` compares.
+BEST_EPOCH_KEYS = ("epoch", "epoch_progress", "arch", "classes", "history")
+
+
 def holds_best_epoch(path: Path, checkpoint: dict) -> bool:
     """Whether the file `path` is a checkpoint saved at the end of `checkpoint`'s best epoch by
     the same run (its history up to that epoch is the checkpoint's). A run's own best.pt may
     not be: a kill or a full disk between the writes of an epoch's best.pt and last.pt leaves
     best.pt one epoch ahead of last.pt, on a branch the resumed run does not follow."""
-    import torch
+    from torchkit.core.train.checkpoint_record import plain_values
 
     best_epoch = checkpoint.get("best_epoch")
-    try:
-        saved = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # unreadable or not a checkpoint: not the one we want
-        return False
+    # Its few plain values without building its tensors; the whole file where that cannot be.
+    saved = plain_values(path, BEST_EPOCH_KEYS)
+    if saved is None:
+        import torch
+
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except Exception:  # unreadable or not a checkpoint: not the one we want
+            return False
     history = [dict(row) for row in checkpoint.get("history", [])][:best_epoch]
     return (
         isinstance(saved, dict)
