@@ -151,6 +151,23 @@ def environment_kept():
         os.environ.update({os.fsdecode(key): os.fsdecode(value) for key, value in before.items()})
 
 
+@pytest.fixture(scope="module", autouse=True)
+def curves_laid_out(request: pytest.FixtureRequest):
+    """train runs in the test process lay curves.png out but do not rasterise it
+    (run_curves.py): matplotlib's Agg took 0.15-0.2 s of CPU of a tiny run's 0.5 s, and most
+    tests read everything but the picture. A module marked `drawn_curves` (the painter's,
+    train_core's, the digits run's) draws it as torchkit does; processes a test starts always
+    draw it. Module-scoped, so that a module's own module-scoped runs have it too."""
+    if request.node.get_closest_marker("drawn_curves"):
+        yield
+        return
+    from run_curves import lay_out_curves_only
+
+    with pytest.MonkeyPatch.context() as patch:
+        lay_out_curves_only(patch)
+        yield
+
+
 @pytest.fixture
 def run_torchkit() -> Callable[..., subprocess.CompletedProcess]:
     return run_torchkit_process

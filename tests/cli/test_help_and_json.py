@@ -12,7 +12,6 @@ import sys
 import pytest
 from cli_commands import COMMANDS
 from completion_runs import completions_in_one_process
-from run_curves import lay_out_curves_only
 from typer.testing import CliRunner
 
 from torchkit.cli import app
@@ -275,7 +274,6 @@ def test_json_of_the_data_and_training_commands_has_typed_values(
 ):
     """The same sweep for dataset-stats, split, train, eval and predict: numbers are numbers,
     flags are booleans, missing values null."""
-    lay_out_curves_only(monkeypatch)  # curves.png is not read here: laid out, not drawn
     data = make_image_folder(tmp_path / "data", {"a": 4, "b": 4}, size=8)
     run = tmp_path / "run"
     runs = [

@@ -7,7 +7,6 @@ import json
 
 import pytest
 from cli_commands import COMMANDS
-from run_curves import lay_out_curves_only
 
 from torchkit.cli import app
 
@@ -25,7 +24,6 @@ def test_every_command_takes_quiet(_torchkit_command, path):
 
 
 def test_quiet_train_prints_its_result_and_nothing_else(runner, tmp_path, monkeypatch):
-    lay_out_curves_only(monkeypatch)  # curves.png is not read here: laid out, not drawn
     loud = runner.invoke(app, [*TRAIN, "--out", str(tmp_path / "loud")])
     quiet = runner.invoke(app, [*TRAIN, "--out", str(tmp_path / "quiet"), "-q"])
     assert loud.exit_code == 0 and quiet.exit_code == 0, quiet.stderr

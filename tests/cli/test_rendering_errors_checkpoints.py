@@ -21,7 +21,6 @@ from checkpoints import write_convnet_checkpoint
 from image_folders import write_image_folder
 from output_checks import error_line
 from processes import run_torchkit_in_process
-from run_curves import lay_out_curves_only
 from torch import nn
 
 from torchkit.cli.app import TorchkitGroup
@@ -833,7 +832,6 @@ def test_a_run_puts_torchs_cudnn_switches_back(monkeypatch, tmp_path):
         assert cudnn.benchmark_limit == 3
 
     monkeypatch.setattr(train_setup, "set_cudnn_switches", as_on_cuda)
-    lay_out_curves_only(monkeypatch)  # curves.png is not read here: laid out, not drawn
     run_training(  # digits in three batches of 512, at 8 px, in this process: a short run
         TrainConfig(
             out=str(tmp_path / "run"),

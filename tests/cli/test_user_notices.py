@@ -17,7 +17,6 @@ import torch
 from image_folders import write_image_folder
 from output_checks import error_line
 from processes import run_torchkit_process
-from run_curves import lay_out_curves_only
 
 from torchkit.cli import app
 from torchkit.core.data.preprocessing import Preprocess
@@ -203,7 +202,6 @@ def test_dataset_stats_counts_a_dangling_image_link_in_a_folder(runner, tmp_path
 
 
 def test_a_recipes_out_is_honoured_as_out(runner, tmp_path, monkeypatch):
-    lay_out_curves_only(monkeypatch)  # curves.png is not read here: laid out, not drawn
     monkeypatch.chdir(tmp_path)
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text("epochs: 1\nbatch-size: 512\nimage-size: 8\nout: from-recipe\n")  # 3 steps

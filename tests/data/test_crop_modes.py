@@ -17,7 +17,6 @@ from checkpoints import read_checkpoint, write_convnet_checkpoint
 from image_folders import write_image_folder
 from output_checks import error_line
 from PIL import Image
-from run_curves import lay_out_curves_only
 
 from torchkit.cli import app
 from torchkit.core.data.in_memory import eval_pixels
@@ -30,12 +29,6 @@ from torchkit.core.models.exported.metadata import build_metadata, preprocess_of
 from torchkit.core.train.memory_images import MemoryImages
 
 MODES = ["center", "squash", "border"]
-
-
-@pytest.fixture(autouse=True)
-def curves_laid_out_only(monkeypatch):
-    """The in-process runs' curves.png is not what this module checks: laid out, not drawn."""
-    lay_out_curves_only(monkeypatch)
 
 
 def _images(shapes: list[tuple[int, ...]], seed: int = 0) -> list[np.ndarray]:

@@ -15,7 +15,6 @@ from image_folders import write_image_folder
 from output_checks import error_line
 from PIL import Image
 from processes import run_torchkit_in_process
-from run_curves import lay_out_curves_only
 
 from torchkit.cli import app
 from torchkit.core.data.sources import open_data, select_split
@@ -23,12 +22,6 @@ from torchkit.core.models.checkpoint import CHECKPOINT_KEYS
 
 TINY = ["--model", "convnet", "--image-size", "8", "--batch-size", "4", "--workers", "0"]
 ONE_EPOCH = [*TINY, "--epochs", "1"]
-
-
-@pytest.fixture(autouse=True)
-def curves_laid_out_only(monkeypatch):
-    """The in-process runs' curves.png is not what this module checks: laid out, not drawn."""
-    lay_out_curves_only(monkeypatch)
 
 
 def rows_of(path: Path) -> list[dict]:

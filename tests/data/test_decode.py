@@ -14,7 +14,6 @@ import torch
 from image_folders import SIXTEEN_BIT_GRAY
 from photos import jpeg_split_folder, photo
 from PIL import Image
-from run_curves import lay_out_curves_only
 from seeding import seed_cpu
 from torchvision import transforms as T
 
@@ -375,7 +374,6 @@ def test_training_on_pixel_batches_ends_with_the_weights_of_tensor_batches(
 
     from torchkit.core.train import TrainConfig, loaders, loop, run_training
 
-    lay_out_curves_only(monkeypatch)  # the weights are compared, not curves.png
     config = TrainConfig(
         data=str(photo_folder), model="nets:TinyNet", image_size=32,
         batch_size=4, epochs=1, seed=3, deterministic=True, workers=0, ema=False,

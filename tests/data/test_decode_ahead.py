@@ -15,7 +15,6 @@ import pytest
 import torch
 from photos import jpeg_split_folder
 from processes import processes_in_group, start_torchkit_process, wait_until
-from run_curves import lay_out_curves_only
 from suite_paths import HELPERS
 
 from torchkit.cli import app
@@ -267,7 +266,6 @@ def test_jpeg_batches_are_decoded_as_the_loop_decodes_them(tmp_path):
 
 
 def test_training_that_decodes_ahead_equals_training_that_does_not(runner, tmp_path, monkeypatch):
-    lay_out_curves_only(monkeypatch)  # what is compared is the weights, not curves.png
     root = tmp_path / "data"
     jpeg_split_folder(root, train=6, val=2, size=(120, 90))
     args = ["train", "--data", str(root), "--model", "convnet", "--image-size", "16", "-b", "4",

@@ -9,19 +9,12 @@ import threading
 
 import pytest
 from PIL import Image
-from run_curves import lay_out_curves_only
 
 from torchkit.core.data import device_decode
 from torchkit.core.data.decoder_warm_up import start_decoder_warm_up, wait_for_decoder_warm_up
 from torchkit.core.data.device_decode import READY_COPIES, ready_decoder
 
 WARM_UP = "torchkit-decoder-warm-up"
-
-
-@pytest.fixture(autouse=True)
-def curves_laid_out_only(monkeypatch):
-    """The in-process runs' curves.png is not what this module checks: laid out, not drawn."""
-    lay_out_curves_only(monkeypatch)
 
 
 def _alive() -> int:

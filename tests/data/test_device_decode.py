@@ -29,7 +29,6 @@ from photos import (  # the same photo-like test images
     photo,
 )
 from PIL import Image
-from run_curves import lay_out_curves_only
 from seeding import seed_cpu
 from torchvision import transforms as T
 
@@ -504,7 +503,6 @@ def test_train_decode_device_on_the_cpu_decodes_in_the_loop_and_writes_checkpoin
     # (channels-last too), and the run records what it was asked.
     from torchkit.core.train import loop
 
-    lay_out_curves_only(monkeypatch)  # curves.png is not what is checked
     seen: list = []
     to_device = loop.to_device
 
@@ -543,7 +541,6 @@ def test_the_default_on_the_cpu_is_fast_recorded_as_chosen_and_drops_a_cpu_share
     # and a resume must not meet a fast run with a share (which validation refuses).
     from torchkit.cli import app
 
-    lay_out_curves_only(monkeypatch)  # curves.png is not what is checked
     root = _jpeg_folder(tmp_path / "data", train=2, val=1)
     out = tmp_path / "run"
     result = _train(runner, root, out, "--epochs", "1", "--decode-cpu-share", "0.4")

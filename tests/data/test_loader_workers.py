@@ -13,17 +13,10 @@ import pytest
 from checkpoints import write_convnet_checkpoint
 from image_folders import write_image_folder
 from processes import run_torchkit_in_process
-from run_curves import lay_out_curves_only
 
 from torchkit.core.data.dataset import OrphanedWorkerExit
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="forked workers only")
-
-
-@pytest.fixture(autouse=True)
-def curves_laid_out_only(monkeypatch):
-    """The in-process runs' curves.png is not what this module checks: laid out, not drawn."""
-    lay_out_curves_only(monkeypatch)
 
 
 def _wait_for_eof(fd: int, timeout: float = 30.0) -> bytes:

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from run_curves import lay_out_curves_only
 
 from torchkit.core.data.dataset import (
     default_workers,
@@ -207,7 +206,6 @@ def test_decode_is_validated_and_recorded():
 def test_train_decode_option_is_recorded_and_checked(runner, tmp_path, monkeypatch):
     from torchkit.cli import app
 
-    lay_out_curves_only(monkeypatch)  # the record is checked, not curves.png
     out = tmp_path / "run"
     result = runner.invoke(
         app,

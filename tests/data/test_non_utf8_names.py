@@ -18,7 +18,6 @@ import pytest
 from checkpoints import write_convnet_checkpoint
 from image_folders import write_image_folder
 from processes import run_torchkit_in_process
-from run_curves import lay_out_curves_only
 from suite_paths import REPO
 
 BAD_CLASS = os.fsdecode(b"bad\xffcls")  # a class folder whose name is not UTF-8
@@ -151,7 +150,6 @@ def test_convert_shards_keeps_a_class_name_that_is_not_utf8(data, tmp_path):
 def test_train_reads_class_weights_naming_such_classes_and_records_the_split_and_classes(
     data, tmp_path, monkeypatch
 ):
-    lay_out_curves_only(monkeypatch)  # curves.png is not what is checked
     weights = tmp_path / "weights.csv"  # --class-weights FILE reads such names too
     weights.write_bytes(b"bad\xffcls,2\ncat,1\ndog,1\n")
     run = tmp_path / "run"

@@ -18,7 +18,6 @@ from checkpoints import write_convnet_checkpoint
 from output_checks import error_line
 from parquet_files import png, write_parquet
 from processes import dataset_stats, run_json, run_torchkit_in_process
-from run_curves import lay_out_curves_only
 from stats_plots import write_stats_plot_undrawn
 from suite_paths import REPO
 
@@ -26,12 +25,6 @@ from torchkit.core.data.sources.parquet import split_of
 from torchkit.core.io.errors import InputError
 
 CLASSES = "abc"
-
-
-@pytest.fixture(autouse=True)
-def curves_laid_out_only(monkeypatch):
-    """The in-process runs' curves.png is not what this module checks: laid out, not drawn."""
-    lay_out_curves_only(monkeypatch)
 
 
 def write_split(root: Path, folder: Path, split: str, hf_split: str, per_class: int, seed: int):

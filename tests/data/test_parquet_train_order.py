@@ -12,19 +12,12 @@ import torch
 from image_folders import write_image_folder
 from parquet_files import png, write_parquet
 from resume_runs import assert_bitwise_equal, recipe, stderr_of
-from run_curves import lay_out_curves_only
 
 from torchkit.cli import app
 from torchkit.core.data.sources import open_data
 from torchkit.core.data.sources import parquet as parquet_module
 from torchkit.core.data.stored_image import Blocks, read_blocks
 from torchkit.core.train.loaders import EpochSampler
-
-
-@pytest.fixture(autouse=True)
-def curves_laid_out_only(monkeypatch):
-    """The in-process runs' curves.png is not what this module checks: laid out, not drawn."""
-    lay_out_curves_only(monkeypatch)
 
 
 def order(sampler: EpochSampler, epoch: int = 0, skip: int = 0) -> list[int]:

@@ -8,7 +8,6 @@ import re
 
 import pytest
 from image_folders import write_image_folder
-from run_curves import lay_out_curves_only
 from typer.testing import CliRunner
 
 from torchkit.cli import app
@@ -16,12 +15,6 @@ from torchkit.core.data.preprocessing import mean_std_options, parse_floats, rea
 from torchkit.core.io.errors import InputError, UsageError
 
 runner = CliRunner()
-
-
-@pytest.fixture(autouse=True)
-def curves_laid_out_only(monkeypatch):
-    """The in-process runs' curves.png is not what this module checks: laid out, not drawn."""
-    lay_out_curves_only(monkeypatch)
 
 
 @pytest.fixture(scope="module")

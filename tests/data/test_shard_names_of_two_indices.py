@@ -12,7 +12,6 @@ import pytest
 from output_checks import error_line
 from parquet_files import png
 from processes import run_torchkit_in_process
-from run_curves import lay_out_curves_only
 
 from torchkit.core.io.errors import InputError
 
@@ -51,7 +50,6 @@ def test_two_indices_of_one_name_are_two_classes_in_train_eval_and_dataset_stats
     assert stats.returncode == 0, stats.stderr
     counts = [(c["name"], c["index"], c["images"]) for c in json.loads(stats.stdout)["classes"]]
     assert counts == [("crane", 0, 3), ("b", 1, 2), ("crane", 2, 3)]
-    lay_out_curves_only(monkeypatch)
     run = tmp_path / "run"
     trained = run_torchkit_in_process(
         "train", "--data", shards, "--model", "convnet", "--image-size", "8", "--epochs", "1",

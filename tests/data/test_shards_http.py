@@ -20,17 +20,10 @@ from disks import fill_disk
 from image_folders import write_image_folder as write_images
 from output_checks import error_line
 from processes import dataset_stats, run_json, run_torchkit_in_process
-from run_curves import lay_out_curves_only
 from shards import failing_proxy, serving, shard_downloads, write_shards
 
 CLASSES = "abc"
 PATTERN = "shard-{000000..000003}.tar"
-
-
-@pytest.fixture(autouse=True)
-def curves_laid_out_only(monkeypatch):
-    """The in-process runs' curves.png is not what this module checks: laid out, not drawn."""
-    lay_out_curves_only(monkeypatch)
 
 
 # dataset-stats without worker processes: each fork of the test process costs about a tenth of a

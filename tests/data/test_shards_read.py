@@ -20,19 +20,12 @@ from gloo_ranks import run_ranks, stderr_of
 from image_folders import write_image_folder
 from output_checks import error_line, tree_digest
 from processes import dataset_stats, run_json, run_torchkit_in_process
-from run_curves import lay_out_curves_only
 from shards import write_shards
 from stats_plots import write_stats_plot_undrawn
 
 from torchkit.core.io.errors import InputError
 
 CLASSES = "abc"
-
-
-@pytest.fixture(autouse=True)
-def curves_laid_out_only(monkeypatch):
-    """The in-process runs' curves.png is not what this module checks: laid out, not drawn."""
-    lay_out_curves_only(monkeypatch)
 
 
 def stats(data: object, *extra: object) -> dict:

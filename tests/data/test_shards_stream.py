@@ -22,7 +22,6 @@ from image_folders import write_image_folder as write_images
 from output_checks import error_line
 from processes import run_json, run_torchkit_in_process
 from resume_runs import assert_bitwise_equal, recipe, stderr_of
-from run_curves import lay_out_curves_only
 from shards import serving, shard_downloads
 
 from torchkit.cli import app
@@ -59,12 +58,6 @@ def world(tmp_path_factory) -> Path:
 def server(world, tmp_path, monkeypatch):
     with serving(world / "served", tmp_path / "cache", monkeypatch) as httpd:
         yield httpd
-
-
-@pytest.fixture(autouse=True)
-def curves_laid_out_only(monkeypatch):
-    """The runs' curves.png is not what this module checks."""
-    lay_out_curves_only(monkeypatch)
 
 
 def shard_bytes(world: Path) -> int:

@@ -18,7 +18,6 @@ from eval_plots import lay_out_eval_plots_only
 from gloo_ranks import forks_noted, run_ranks, stderr_of, watching_forks
 from output_checks import error_line
 from PIL import Image
-from run_curves import lay_out_curves_only
 from sklearn.metrics import (
     balanced_accuracy_score,
     confusion_matrix,
@@ -494,7 +493,6 @@ def test_digits_reproduces_the_test_accuracy_train_reported(tmp_path, monkeypatc
     """The issue's target: `train --data digits` reports a test accuracy for best.pt; `eval`
     of best.pt on digits gives exactly that number."""
     pytest.importorskip("torchkit.cli.train", reason="needs `torchkit train`")
-    lay_out_curves_only(monkeypatch)  # curves.png's picture is not this test's (run_curves)
     run = tmp_path / "run"
     trained = runner.invoke(
         app,

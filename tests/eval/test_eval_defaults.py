@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from image_folders import write_image_folder
 from output_checks import error_line
-from run_curves import lay_out_curves_only
 
 from torchkit.cli import app
 
@@ -35,9 +34,7 @@ def flat_run(tmp_path_factory) -> Path:
 
     root = tmp_path_factory.mktemp("defaults")
     write_image_folder(root / "raw", CLASSES, size=12)
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        lay_out_curves_only(monkeypatch)  # curves.png's picture is not these tests' (run_curves)
-        _train(CliRunner(), str(root / "raw"), root / "run")
+    _train(CliRunner(), str(root / "raw"), root / "run")
     return root
 
 
@@ -83,7 +80,6 @@ def test_without_data_eval_takes_the_recorded_data(runner, flat_run):
 
 
 def test_without_data_a_csv_index_is_found_in_its_root(runner, tmp_path, monkeypatch):
-    lay_out_curves_only(monkeypatch)  # curves.png's picture is not this test's (run_curves)
     root = write_image_folder(tmp_path / "imgs", CLASSES, size=12)
     rows = [
         f"{p.relative_to(root).as_posix()},{p.parent.name}" for p in sorted(root.rglob("*.png"))

@@ -155,9 +155,6 @@ def test_eval_of_a_masking_model_leaves_masked_images_out_of_the_loss(data, tmp_
 def test_train_and_eval_of_the_same_masking_checkpoint_give_the_same_loss(tmp_path, monkeypatch):
     """train's test loss of best.pt and eval's loss of best.pt on the same test images leave
     out the same masked images: one number (eval's was inf)."""
-    from run_curves import lay_out_curves_only
-
-    lay_out_curves_only(monkeypatch)  # curves.png's picture is not this test's (run_curves)
     root = tmp_path / "data"
     for split in ("train", "val", "test"):
         write_image_folder(root / split, dict.fromkeys("abc", 3), seed=len(split))

@@ -13,7 +13,6 @@ import torchvision
 from hostile_pickles import RunsShell
 from output_checks import error_line
 from processes import run_torchkit_in_process
-from run_curves import lay_out_curves_only
 from safetensors.torch import save_file
 from torch import nn
 
@@ -23,13 +22,6 @@ from torchkit.core.models import resolve_model
 from torchkit.core.models.checkpoint import load_checkpoint
 from torchkit.core.models.convnet import convnet_class
 from torchkit.core.models.weights import load_weights_file
-
-
-@pytest.fixture(autouse=True)
-def curves_not_rasterised(monkeypatch):
-    """The train runs here check their weights, reads and refusals, never curves.png
-    (run_curves: matplotlib's rasterising is about a third of a tiny run's CPU)."""
-    lay_out_curves_only(monkeypatch)
 
 
 def small_convnet(num_classes: int = 3) -> nn.Module:

@@ -17,7 +17,6 @@ from image_folders import write_image_folder
 from nets import LazyNet, TrainOnlyLazyNet
 from output_checks import error_line
 from processes import run_torchkit_in_process
-from run_curves import lay_out_curves_only
 from torch import nn
 
 from torchkit.core.io.errors import UsageError
@@ -238,7 +237,6 @@ def test_each_module_gets_its_own_mode_back():
 def test_a_model_with_a_training_only_lazy_head_trains_and_its_checkpoint_loads(
     tmp_path, monkeypatch
 ):
-    lay_out_curves_only(monkeypatch)  # the run's weights are checked, never curves.png
     data = tmp_path / "data"
     write_image_folder(data / "train", {"a": 2, "b": 2})
     write_image_folder(data / "val", {"a": 1, "b": 1}, seed=1)

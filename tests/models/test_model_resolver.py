@@ -19,7 +19,6 @@ from image_folders import write_image_folder
 from offline import offline_env, unreachable_proxy
 from PIL import Image
 from processes import run_torchkit_in_process
-from run_curves import lay_out_curves_only
 from safetensors.torch import save_file
 from torch import nn
 
@@ -110,12 +109,6 @@ def world(tmp_path_factory) -> dict:
         for name in [m for m in sys.modules if m == PKG or m.startswith(f"{PKG}.")]:
             del sys.modules[name]
     return {"root": root, "convnet": convnet, "resnet": resnet, "net": net}
-
-
-@pytest.fixture(autouse=True)
-def curves_not_rasterised(monkeypatch):
-    """The train runs here check their weights and heads, never curves.png (run_curves)."""
-    lay_out_curves_only(monkeypatch)
 
 
 @pytest.fixture

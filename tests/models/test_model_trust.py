@@ -12,19 +12,11 @@ import pytest
 from image_folders import write_image_folder
 from output_checks import error_line
 from processes import run_torchkit_in_process, run_torchkit_process
-from run_curves import lay_out_curves_only
 
 from torchkit.cli import app
 
 CLASSES = ["a", "b", "c"]
 SIDE = 16
-
-
-@pytest.fixture(autouse=True)
-def curves_not_rasterised(monkeypatch):
-    """The train runs here check their weights, reads and refusals, never curves.png
-    (run_curves: matplotlib's rasterising is about a third of a tiny run's CPU)."""
-    lay_out_curves_only(monkeypatch)
 
 
 def _checkpoint(arch: str = "convnet", **changes) -> dict:

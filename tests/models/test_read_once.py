@@ -12,7 +12,6 @@ from tests.helpers.checkpoints import (
     write_convnet_checkpoint,
 )
 from tests.helpers.processes import run_torchkit_in_process
-from tests.helpers.run_curves import lay_out_curves_only
 
 
 @pytest.fixture
@@ -29,13 +28,6 @@ def reads(monkeypatch) -> list[str]:
 
     monkeypatch.setattr(checkpoint, "load_checkpoint", counted)
     return read
-
-
-@pytest.fixture(autouse=True)
-def curves_not_rasterised(monkeypatch):
-    """The train runs here check their weights, reads and refusals, never curves.png
-    (run_curves: matplotlib's rasterising is about a third of a tiny run's CPU)."""
-    lay_out_curves_only(monkeypatch)
 
 
 @pytest.mark.parametrize("layout", ["checkpoint", "state dict"])

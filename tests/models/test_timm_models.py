@@ -23,7 +23,6 @@ from offline import offline_env, unreachable_proxy
 from output_checks import error_line
 from PIL import Image
 from processes import run_torchkit_in_process, run_torchkit_process
-from run_curves import lay_out_curves_only
 from safetensors.torch import save_file
 from torch import nn
 
@@ -54,13 +53,6 @@ timm: Any = None
 def _timm() -> None:
     global timm
     timm = importlib.import_module("timm")
-
-
-@pytest.fixture(autouse=True)
-def curves_not_rasterised(monkeypatch):
-    """The train runs here check their records and weights, never curves.png (run_curves:
-    matplotlib's rasterising is about a third of a tiny run's CPU)."""
-    lay_out_curves_only(monkeypatch)
 
 
 HUB_COMMIT = "0" * 40  # the revision a Hugging Face cache's refs/main points to
@@ -705,14 +697,12 @@ def trained(tmp_path_factory) -> dict:
             root / "data" / split, {"a": count, "b": count}, size=32, seed=len(split)
         )
     out = root / "run"
-    with pytest.MonkeyPatch.context() as patch:  # (a module's fixture: before the autouse one)
-        lay_out_curves_only(patch)
-        result = CliRunner().invoke(
-            app,
-            ["train", "--data", str(root / "data"), "--model", "timm/test_vit", "--epochs", "1"]
-            + ["--batch-size", "3", "--image-size", "32", "--resize-size", "32", "-j", "0"]
-            + ["--device", "cpu", "--seed", "0", "--out", str(out)],
-        )
+    result = CliRunner().invoke(
+        app,
+        ["train", "--data", str(root / "data"), "--model", "timm/test_vit", "--epochs", "1"]
+        + ["--batch-size", "3", "--image-size", "32", "--resize-size", "32", "-j", "0"]
+        + ["--device", "cpu", "--seed", "0", "--out", str(out)],
+    )
     assert result.exit_code == 0, result.stderr
     checkpoint = load_checkpoint(out / "best.pt")
     truth = timm.create_model("test_vit", num_classes=2, img_size=32)

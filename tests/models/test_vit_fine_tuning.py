@@ -15,17 +15,8 @@ from checkpoints import write_convnet_checkpoint
 from nets import tiny_vit
 from output_checks import error_line
 from processes import run_torchkit_in_process
-from run_curves import lay_out_curves_only
 
 from torchkit.core.models import resolve_model
-
-
-@pytest.fixture(autouse=True)
-def curves_not_rasterised(monkeypatch):
-    """The train runs here check their weights, reads and refusals, never curves.png
-    (run_curves: matplotlib's rasterising is about a third of a tiny run's CPU)."""
-    lay_out_curves_only(monkeypatch)
-
 
 VIT = "nets:tiny_vit"  # torchvision's VisionTransformer: 8 px patches, width 16, one layer
 

@@ -57,9 +57,6 @@ def test_channels_last_runs_a_model_with_five_dimensional_weights(
     """Before: 'Error: RuntimeError: required rank 4 tensor to use channels_last format', exit
     1, from every command that takes --channels-last; predict's logits are now the same as
     without it."""
-    from run_curves import lay_out_curves_only
-
-    lay_out_curves_only(monkeypatch)  # train's curves.png: its picture is not this test's
     module = f"volumenet_{command.replace('-', '_')}"  # one module a case: imports are cached
     (tmp_path / f"{module}.py").write_text(VOLUME_NET)
     images = make_image_folder(tmp_path / "images", {"a": 2, "b": 2}, size=8)

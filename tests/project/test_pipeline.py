@@ -11,17 +11,10 @@ import pandas as pd
 import pytest
 from eval_plots import lay_out_eval_plots_only
 from PIL import Image
-from run_curves import lay_out_curves_only
 
 from torchkit.cli import app
 
 CLASSES = ("ant", "bee", "cow")
-
-
-@pytest.fixture(autouse=True)
-def _curves_laid_out_only(monkeypatch):
-    """Every test here trains: curves.png's picture is not theirs (run_curves)."""
-    lay_out_curves_only(monkeypatch)
 
 
 def make_dataset(root, per_class: int = 10) -> None:

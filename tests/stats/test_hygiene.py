@@ -849,9 +849,6 @@ def test_train_warns_about_copies_across_its_splits(tmp_path, caplog):
 
 
 def test_train_cli_prints_the_warning_once(runner, tmp_path, monkeypatch):
-    from run_curves import lay_out_curves_only
-
-    lay_out_curves_only(monkeypatch)  # curves.png's picture is not this test's (run_curves)
     root = tmp_path / "data"
     write_image_folder(root / "train", {"ant": 4, "bee": 4}, seed=1)
     write_image_folder(root / "val", {"ant": 2, "bee": 2}, seed=2)

@@ -21,7 +21,7 @@ from torchkit.core.train.curves_painter import CurvesPainter
 from torchkit.core.train.outputs import write_curves_png
 from torchkit.core.train.run_folder import RunFolder
 
-pytestmark = pytest.mark.drawn_curves  # reads curves.png's picture (tests/train/conftest.py)
+pytestmark = pytest.mark.drawn_curves  # reads curves.png's picture (tests/conftest.py)
 
 HISTORY = [
     {

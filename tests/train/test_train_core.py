@@ -21,7 +21,7 @@ from torchkit.core.train.optim import LRSchedule, build_optimizer, no_decay_name
 from torchkit.core.train.resume_merge import merge_for_resume
 from torchkit.core.train.validation import resolve_defaults, validate
 
-pytestmark = pytest.mark.drawn_curves  # reads curves.png's picture (tests/train/conftest.py)
+pytestmark = pytest.mark.drawn_curves  # reads curves.png's picture (tests/conftest.py)
 
 
 def test_config_round_trips_through_its_dict():

@@ -20,7 +20,7 @@ from typer.testing import CliRunner, Result
 from torchkit.cli import app
 from torchkit.core.models.checkpoint import CHECKPOINT_KEYS
 
-pytestmark = pytest.mark.drawn_curves  # reads curves.png's picture (tests/train/conftest.py)
+pytestmark = pytest.mark.drawn_curves  # reads curves.png's picture (tests/conftest.py)
 
 
 @dataclass

@@ -44,6 +44,7 @@ from torchkit.core.input_size import check_numel
 from torchkit.core.io.errors import TorchkitError, UsageError, first_line
 from torchkit.core.models.image_size import ImageSizeError, image_size_refusal, meta_copy
 from torchkit.core.models.inputs import iter_tensors, make_inputs
+from torchkit.core.summary.flop_counter_import import import_flop_counter
 from torchkit.core.summary.plain_shapes import plain_shapes
 from torchkit.torchvision_without_dynamo import without_dynamo
 
@@ -545,9 +546,7 @@ class _GlobalOnly:
 
 def _flop_counter() -> Any:
     """A FlopCounterMode that counts the total only, without tracking modules."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    counter = FlopCounterMode(display=False)
+    counter = import_flop_counter().FlopCounterMode(display=False)
     if "Global" in getattr(getattr(counter, "mod_tracker", None), "parents", ()):
         counter.mod_tracker = _GlobalOnly()
     return counter
