@@ -1,5 +1,6 @@
-"""curves.png laid out but not rasterised, for test modules whose in-process train runs check
-everything but the image: matplotlib's Agg took 0.15-0.2 s of CPU of a tiny run's 0.5 s."""
+"""curves.png laid out but not rasterised, for the in-process train runs of every test module
+(tests/conftest.py's `curves_laid_out`; a module marked `drawn_curves` draws it): matplotlib's
+Agg took 0.15-0.2 s of CPU of a tiny run's 0.5 s."""
 
 from __future__ import annotations
 
