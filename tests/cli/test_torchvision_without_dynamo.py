@@ -171,10 +171,13 @@ def one_process(tmp_path_factory) -> dict[str, list[str]]:
                     if name in sys.modules]
 
         before = heavy()  # torch before 2.5 loads both as it is imported
+        triton_before = "triton" in sys.modules
         torchkit("summary", "resnet18", "--image-size", "32", "--format", "json", "-o",
                  "resnet18.json")
         lstm = summarize(torch.nn.LSTM(8, 16, batch_first=True), [(2, 10, 8)])
         mark("an LSTM", loaded(), lstm.total_mult_adds)
+        # FLOP counting imported triton (through torch.utils.flop_counter): not any more
+        mark("triton", triton_before, "triton" in sys.modules)
         from torchkit.core.summary import plain_shapes
         with open({str(tmp_path / "plain-shapes")!r}, "w") as shapes:
             print(repr((before, heavy(), sorted(set(plain_shapes.missing)))), file=shapes)
@@ -244,6 +247,7 @@ def test_commands_torchvision_and_timm_never_import_dynamo_and_compiling_still_w
         *(timm_lines if TIMM else []),
         "summary False",
         f"an LSTM False {2 * 10 * (64 * 8 + 64 * 16 + 64 + 64)}",  # 4 gates, 2 x 10 steps
+        "triton False False",
         "summary False True",
         "is_compile_supported True True",  # imports the real one when called
         "the real one True",
