@@ -155,7 +155,9 @@ def test_a_body_of_no_size_at_all_stops_short_of_filling_the_caches_disk(
     )
     assert bound is not None, line
     assert int(bound[1]) + int(bound[2]) <= 8192 * 1024 and int(bound[2]) > 0
-    assert sent < ENDLESS // 4
+    # Stopped far short of its end: the bound (up to 8 MiB) and what the loopback's socket
+    # buffers took in ahead of the reads (17 MiB in all once, on a busy machine) went out.
+    assert sent < ENDLESS // 2
     _assert_nothing_cached(cache, shard)
 
 
