@@ -30,7 +30,7 @@ from processes import (
 )
 
 from torchkit.core.io.errors import UsageError
-from torchkit.core.io.outputs import remove_tree
+from torchkit.core.io.outputs import OutputFolder, remove_tree
 from torchkit.core.video import MAX_SEGMENTS, tsn_frame_indices
 from torchkit.core.video import run as video_run
 
@@ -279,6 +279,35 @@ def test_sigterm_as_the_new_frames_take_their_place_leaves_no_hidden_folder(tmp_
     code, _, err = signal_and_wait(process, signal.SIGTERM)
     assert code == 143 and "Terminated" in err and "Traceback" not in err
     assert sorted(os.listdir(tmp_path)) == ["clip.avi", "slow-io"]  # no frames, no temporary
+
+
+def test_sigterm_as_the_frames_folder_is_finished_leaves_no_hidden_folder(
+    tmp_path, clip, monkeypatch
+):
+    # Every frame written, the signal handled as the frames folder's finish() is entered,
+    # before that method's own clean-up is in place (Python runs a pending handler at a call's
+    # start; a signal that came during the last progress update is raised there): exit 143,
+    # and .frames.XXXX.partial was left with every new frame in it.
+    video = tmp_path / "clip.avi"
+    video.write_bytes(clip.read_bytes())
+    frames = tmp_path / "frames"
+    assert video_info(video, "-k", "2", "--extract-frames", frames).returncode == 0
+    before = tree_digest(frames)
+    finish = OutputFolder.finish
+    signalled = []
+
+    def signalled_on_entry(folder, ok, error=None):
+        if ok and not signalled:
+            signalled.append(True)
+            assert callable(signal.getsignal(signal.SIGTERM))  # the command's handler: it raises
+            signal.raise_signal(signal.SIGTERM)
+        finish(folder, ok, error)
+
+    monkeypatch.setattr(OutputFolder, "finish", signalled_on_entry)
+    result = video_info(video, "-k", "4", "--extract-frames", frames, "--force")
+    assert signalled and result.returncode == 143 and "Terminated" in result.stderr
+    assert tree_digest(frames) == before  # the old frames as they were
+    assert sorted(os.listdir(tmp_path)) == ["clip.avi", "frames"]  # no hidden folder, no lock
 
 
 def test_sigterm_while_the_old_frames_are_deleted_leaves_no_hidden_folder(tmp_path, clip):

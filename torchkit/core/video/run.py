@@ -146,23 +146,28 @@ def inspect_videos(
             with reporting_write_errors(out.final):
                 folding = folds_case(out.final.parent)
             frames_folder = _FramesFolder(out, folding)
-        results = _inspect(
-            videos, exact, decode_check, segments, sample_mode, seed, frames_folder, workers,
-            progress, named,
-        )  # fmt: skip
+        # Abandoned here on any failure or stop until the new frames are kept, not only in
+        # the steps that catch their own: Python raises a signal's exception at the next
+        # call's start, so one that came as the last video was handed over was raised as
+        # `finish` below was entered, before its clean-up was in place, and left the hidden
+        # folder with every new frame in it.
         try:
+            results = _inspect(
+                videos, exact, decode_check, segments, sample_mode, seed, frames_folder,
+                workers, progress, named,
+            )  # fmt: skip
             if before_keep is not None:
                 before_keep(results)
-        except BaseException as error:
             if frames_folder is not None:
+                # Keep the new frames (they replace the old folder) once there are any; with
+                # none written, the old frames folder stays as if nothing had run. A stop or an
+                # error in the swap itself abandons them too (`finish`): `keep()` alone left
+                # the hidden folder with every new frame in it.
+                frames_folder.folder.finish(bool(frames_folder.frames))
+        except BaseException as error:
+            if frames_folder is not None:  # nothing to do where finish() has kept or abandoned
                 frames_folder.folder.finish(False, error)
             raise
-        if frames_folder is not None:
-            # Keep the new frames (they replace the old folder) once there are any; with none
-            # written, the old frames folder stays as if nothing had run. A stop or an error
-            # in the swap itself abandons them too (`finish`): `keep()` alone left the hidden
-            # folder with every new frame in it.
-            frames_folder.folder.finish(bool(frames_folder.frames))
         return results
 
 
