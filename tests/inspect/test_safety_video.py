@@ -29,6 +29,7 @@ from processes import (
     wait_until,
 )
 
+from torchkit.core.io import outputs
 from torchkit.core.io.errors import UsageError
 from torchkit.core.io.outputs import OutputFolder, remove_tree
 from torchkit.core.video import MAX_SEGMENTS, tsn_frame_indices
@@ -327,6 +328,34 @@ def test_sigterm_while_the_old_frames_are_deleted_leaves_no_hidden_folder(tmp_pa
     code, _, err = signal_and_wait(process, signal.SIGTERM)
     assert code == 143 and "Terminated" in err and "Traceback" not in err
     assert sorted(os.listdir(tmp_path)) == ["clip.avi", "frames", "slow-io"]
+    assert len(list(frames.glob("*.png"))) == 4  # the new frames, whole
+
+
+def test_sigterm_as_the_old_frames_delete_begins_leaves_no_hidden_folder(
+    tmp_path, clip, monkeypatch
+):
+    # The new frames in place, the signal handled as the delete of the old folder (set aside
+    # as .frames.XXXX.replaced) was entered, before the delete's own clean-up was in place:
+    # exit 143, and the old frames stayed hidden until a next run on the same folder.
+    video = tmp_path / "clip.avi"
+    video.write_bytes(clip.read_bytes())
+    frames = tmp_path / "frames"
+    assert video_info(video, "-k", "2", "--extract-frames", frames).returncode == 0
+    discard_tree = outputs.discard_tree
+    signalled = []
+
+    def signalled_on_entry(path, gone=None):
+        if not signalled:
+            signalled.append(path.name)
+            assert callable(signal.getsignal(signal.SIGTERM))  # the command's handler: it raises
+            signal.raise_signal(signal.SIGTERM)
+        discard_tree(path, gone)
+
+    monkeypatch.setattr(outputs, "discard_tree", signalled_on_entry)
+    result = video_info(video, "-k", "4", "--extract-frames", frames, "--force")
+    assert signalled[0].endswith(".replaced") and result.returncode == 143
+    assert "Terminated" in result.stderr
+    assert sorted(os.listdir(tmp_path)) == ["clip.avi", "frames"]  # no hidden folder, no lock
     assert len(list(frames.glob("*.png"))) == 4  # the new frames, whole
 
 

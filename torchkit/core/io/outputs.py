@@ -2044,6 +2044,9 @@ class OutputFolder:
                 ours = _lstat_id(old) == self._replacing
                 if ours:
                     os.replace(self.path, self.final)
+                    # In the block: a signal raised as the delete is entered, before its own
+                    # clean-up is in place, left the old output hidden until a next run.
+                    discard_tree(old)
             except BaseException:
                 # A signal (or an error) between the two renames: the old output goes back,
                 # not left hidden with no output in its place.
@@ -2055,7 +2058,6 @@ class OutputFolder:
                 raise
             if not ours:
                 self._refuse_swap(_what_is_at(old), put_back=old)
-            discard_tree(old)
             return
         try:
             # The kernel replaces nothing or an empty folder only: a file, or a folder with
