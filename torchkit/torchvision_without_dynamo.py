@@ -12,7 +12,7 @@ those two modules answer those names:
 Any other name asked of a stand-in imports the real dynamo and answers from it, so a torchvision
 that needs more only loses the saving. The stand-ins leave sys.modules when the module's import
 ends, and `torch.compile` later in the process imports the real dynamo as usual. Nothing is done
-once dynamo is loaded. (The same saving for torch.optim: `core.train.dynamo_free`; and for
+once dynamo is loaded. (The same saving for torch.optim: `core.runtime.dynamo_free`; and for
 DistributedDataParallel, which asks `get_optimize_ddp_mode`: `core.train.ddp.wrap_ddp`.)
 
 timm's modules run with the stand-ins too: timm decorates model methods with

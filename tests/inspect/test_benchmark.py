@@ -554,11 +554,11 @@ def test_train_mode_includes_backward_and_the_optimizer_step():
 def test_train_mode_builds_and_steps_its_optimizer_without_torch_dynamo(monkeypatch):
     """The train step built and stepped torch.optim.SGD itself, whose decorated methods import
     torch._dynamo (and inductor and sympy: about 3 s of CPU a run) in a process that compiles
-    nothing: now it takes the optimiser's own step as `train` does (core.train.dynamo_free).
+    nothing: now it takes the optimiser's own step as `train` does (core.runtime.dynamo_free).
     While the train step is built and while it runs, dynamo is a tripwire that records every
     name asked of it, as a process without dynamo would have imported it then (the rest of the
     run sees this process's own); the update is still taken (the weights move)."""
-    from torchkit.core.train import dynamo_free
+    from torchkit.core.runtime import dynamo_free
 
     monkeypatch.setattr(dynamo_free, "dynamo_loaded", lambda: False)
     asked, compiled = [], []

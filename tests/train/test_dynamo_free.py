@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from torchkit.core.train import dynamo_free
+from torchkit.core.runtime import dynamo_free
 
 
 @pytest.mark.parametrize(

@@ -214,7 +214,8 @@ def test_a_parameter_the_output_does_not_use_is_one_error_at_the_first_update():
     from graphed_training import batches, make_context
 
     from torchkit.core.io.errors import UsageError
-    from torchkit.core.train import ddp, dynamo_free, loop
+    from torchkit.core.runtime import dynamo_free
+    from torchkit.core.train import ddp, loop
 
     dynamo_free.mark_not_compiled()  # as training does: torch.optim imports dynamo (seconds)
 

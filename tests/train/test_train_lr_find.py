@@ -155,7 +155,7 @@ def test_the_sweep_steps_as_training_does_at_rates_of_the_lr_option(
     statistics, as training runs it (it ran in training mode, on each batch's statistics)."""
     from image_folders import write_image_folder
 
-    from torchkit.core.train import dynamo_free
+    from torchkit.core.runtime import dynamo_free
 
     steps, norm_modes = [], []
     step, norm_forward = dynamo_free.step, torch.nn.BatchNorm2d.forward

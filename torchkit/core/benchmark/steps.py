@@ -4,7 +4,7 @@
 - train: `model.train()`, forward under autocast, cross-entropy on random labels, backward,
   and an SGD step (momentum 0.9, so the optimizer keeps state as real training does); float16
   gets a GradScaler, as `torchkit train` uses one. The optimiser is built and stepped as
-  `train` does it (`core.train.dynamo_free`): the same update, without importing torch._dynamo
+  `train` does it (`core.runtime.dynamo_free`): the same update, without importing torch._dynamo
   (about 2-3 s of CPU a run) where nothing is compiled.
 
 The inputs and labels are made once, on the device, before any timing: a step measures the
@@ -70,7 +70,7 @@ class TrainStep:
 def make_train_step(model: Any, images: Any, settings: StepSettings) -> TrainStep:
     import torch
 
-    from torchkit.core.train import dynamo_free
+    from torchkit.core.runtime import dynamo_free
 
     model.train()
     if not settings.compile:

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from torchkit.core.io.errors import DeviceError, UsageError
-from torchkit.core.train import dynamo_free
+from torchkit.core.runtime import dynamo_free
 from torchkit.core.train.step_sums import StepSums
 
 log = logging.getLogger("torchkit")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchkit.core.io.errors import InputError, TorchkitError, UsageError, on_every_rank
-from torchkit.core.train import dynamo_free
+from torchkit.core.runtime import dynamo_free
 
 log = logging.getLogger("torchkit")
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchkit.core.io.errors import InputError, UsageError
-from torchkit.core.train import dynamo_free
+from torchkit.core.runtime import dynamo_free
 from torchkit.core.train.loop import masked_loss_error, to_device, train_mode
 from torchkit.core.train.step_sums import masks_classes
 

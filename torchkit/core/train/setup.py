@@ -613,7 +613,7 @@ def _warm_decoder(
 
 def _optimisation(model: Any, config: TrainConfig, steps_per_epoch: int) -> tuple:
     """(parameter groups, optimiser, lr schedule)."""
-    from torchkit.core.train import dynamo_free
+    from torchkit.core.runtime import dynamo_free
     from torchkit.core.train.optim import (
         LRSchedule,
         build_optimizer,
