@@ -282,42 +282,54 @@ def test_sigterm_as_the_new_frames_take_their_place_leaves_no_hidden_folder(tmp_
     assert sorted(os.listdir(tmp_path)) == ["clip.avi", "slow-io"]  # no frames, no temporary
 
 
+def _signalled_on_entry(monkeypatch, owner, name: str, when=lambda *a, **k: True) -> list:
+    """Patch `owner.name` to raise SIGTERM (the command's own handler, which raises) as its
+    first call that `when` accepts is entered, before its body: where Python runs a pending
+    handler. The list it returns holds that call's arguments."""
+    original = getattr(owner, name)
+    signalled: list = []
+
+    def on_entry(*args, **kwargs):
+        if not signalled and when(*args, **kwargs):
+            signalled.append(args)
+            assert callable(signal.getsignal(signal.SIGTERM))  # the command's handler: it raises
+            signal.raise_signal(signal.SIGTERM)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, on_entry)
+    return signalled
+
+
+@pytest.fixture
+def earlier_frames(tmp_path, clip) -> tuple[Path, Path]:
+    """clip.avi and the frames folder an earlier run extracted from it (2 frames)."""
+    video = tmp_path / "clip.avi"
+    video.write_bytes(clip.read_bytes())
+    frames = tmp_path / "frames"
+    assert video_info(video, "-k", "2", "--extract-frames", frames).returncode == 0
+    return video, frames
+
+
 def test_sigterm_as_the_frames_folder_is_finished_leaves_no_hidden_folder(
-    tmp_path, clip, monkeypatch
+    tmp_path, earlier_frames, monkeypatch
 ):
     # Every frame written, the signal handled as the frames folder's finish() is entered,
     # before that method's own clean-up is in place (Python runs a pending handler at a call's
     # start; a signal that came during the last progress update is raised there): exit 143,
     # and .frames.XXXX.partial was left with every new frame in it.
-    video = tmp_path / "clip.avi"
-    video.write_bytes(clip.read_bytes())
-    frames = tmp_path / "frames"
-    assert video_info(video, "-k", "2", "--extract-frames", frames).returncode == 0
+    video, frames = earlier_frames
     before = tree_digest(frames)
-    finish = OutputFolder.finish
-    signalled = []
-
-    def signalled_on_entry(folder, ok, error=None):
-        if ok and not signalled:
-            signalled.append(True)
-            assert callable(signal.getsignal(signal.SIGTERM))  # the command's handler: it raises
-            signal.raise_signal(signal.SIGTERM)
-        finish(folder, ok, error)
-
-    monkeypatch.setattr(OutputFolder, "finish", signalled_on_entry)
+    signalled = _signalled_on_entry(monkeypatch, OutputFolder, "finish", lambda _, ok, *a, **k: ok)
     result = video_info(video, "-k", "4", "--extract-frames", frames, "--force")
     assert signalled and result.returncode == 143 and "Terminated" in result.stderr
     assert tree_digest(frames) == before  # the old frames as they were
     assert sorted(os.listdir(tmp_path)) == ["clip.avi", "frames"]  # no hidden folder, no lock
 
 
-def test_sigterm_while_the_old_frames_are_deleted_leaves_no_hidden_folder(tmp_path, clip):
+def test_sigterm_while_the_old_frames_are_deleted_leaves_no_hidden_folder(tmp_path, earlier_frames):
     # The new frames were in place and the old folder, renamed .frames.XXXX.discarded, was
     # being deleted: the stop ended the delete half-way (exit 143), the hidden folder stayed.
-    video = tmp_path / "clip.avi"
-    video.write_bytes(clip.read_bytes())
-    frames = tmp_path / "frames"
-    assert video_info(video, "-k", "2", "--extract-frames", frames).returncode == 0
+    video, frames = earlier_frames
     slow = slow_io_env(tmp_path, Path(".discarded"), calls=["os.replace"], delay=3, after=True)
     process = start_torchkit_process(
         "video-info", str(video), "-k", "4", "--extract-frames", str(frames), "--force", env=slow
@@ -332,28 +344,15 @@ def test_sigterm_while_the_old_frames_are_deleted_leaves_no_hidden_folder(tmp_pa
 
 
 def test_sigterm_as_the_old_frames_delete_begins_leaves_no_hidden_folder(
-    tmp_path, clip, monkeypatch
+    tmp_path, earlier_frames, monkeypatch
 ):
     # The new frames in place, the signal handled as the delete of the old folder (set aside
     # as .frames.XXXX.replaced) was entered, before the delete's own clean-up was in place:
     # exit 143, and the old frames stayed hidden until a next run on the same folder.
-    video = tmp_path / "clip.avi"
-    video.write_bytes(clip.read_bytes())
-    frames = tmp_path / "frames"
-    assert video_info(video, "-k", "2", "--extract-frames", frames).returncode == 0
-    discard_tree = outputs.discard_tree
-    signalled = []
-
-    def signalled_on_entry(path, gone=None):
-        if not signalled:
-            signalled.append(path.name)
-            assert callable(signal.getsignal(signal.SIGTERM))  # the command's handler: it raises
-            signal.raise_signal(signal.SIGTERM)
-        discard_tree(path, gone)
-
-    monkeypatch.setattr(outputs, "discard_tree", signalled_on_entry)
+    video, frames = earlier_frames
+    signalled = _signalled_on_entry(monkeypatch, outputs, "discard_tree")
     result = video_info(video, "-k", "4", "--extract-frames", frames, "--force")
-    assert signalled[0].endswith(".replaced") and result.returncode == 143
+    assert signalled[0][0].name.endswith(".replaced") and result.returncode == 143
     assert "Terminated" in result.stderr
     assert sorted(os.listdir(tmp_path)) == ["clip.avi", "frames"]  # no hidden folder, no lock
     assert len(list(frames.glob("*.png"))) == 4  # the new frames, whole
