@@ -104,20 +104,26 @@ def _assert_nothing_cached(cache: Path, shard: Path) -> None:
     assert not [name for name in cached if name.startswith(shard.name)], cached
 
 
+def _refused(result, sent: int, cache: Path, shard: Path) -> str:
+    """The error line of a download refused (exit 1) with nothing of it in `cache`, stopped
+    far short of the ENDLESS zeros (at a size or bound, not at the body's end: what went out
+    is what the sockets buffer)."""
+    assert result.returncode == 1, result.stdout
+    assert sent < ENDLESS // 4
+    _assert_nothing_cached(cache, shard)
+    return error_line(result.stderr)
+
+
 def test_a_body_that_runs_past_the_manifests_size_is_stopped_there(tmp_path, monkeypatch):
     served, shard = _served_shard(tmp_path, manifest=True)
     size = shard.stat().st_size
     monkeypatch.delenv("TORCHKIT_CACHE_LIMIT", raising=False)
     url, result, sent = _stats_of_endless_shard(served, shard, tmp_path / "cache", monkeypatch)
-    assert result.returncode == 1, result.stdout
-    assert error_line(result.stderr) == (
+    assert _refused(result, sent, tmp_path / "cache", shard) == (
         f"Error: {url} is not the shard manifest.json describes (the server sends more than "
         f"{size} bytes) (the shards on the server changed: serve them with their new "
         "manifest.json)"
     )
-    # Stopped at the size, not at the body's end: what went out is what the sockets buffer.
-    assert sent < ENDLESS // 4
-    _assert_nothing_cached(tmp_path / "cache", shard)
 
 
 def test_a_body_of_no_size_at_all_is_stopped_at_the_cache_limit(tmp_path, monkeypatch):
@@ -125,14 +131,11 @@ def test_a_body_of_no_size_at_all_is_stopped_at_the_cache_limit(tmp_path, monkey
     served, shard = _served_shard(tmp_path, manifest=False)
     monkeypatch.setenv("TORCHKIT_CACHE_LIMIT", "1MiB")
     url, result, sent = _stats_of_endless_shard(served, shard, tmp_path / "cache", monkeypatch)
-    assert result.returncode == 1, result.stdout
-    assert error_line(result.stderr) == (
+    assert _refused(result, sent, tmp_path / "cache", shard) == (
         f"Error: cannot download {url}: it sends more than 1048576 bytes with no "
         "Content-Length, more than TORCHKIT_CACHE_LIMIT=1MiB lets the cache hold (check the "
         "URL, or raise TORCHKIT_CACHE_LIMIT; nothing of it was kept)"
     )
-    assert sent < ENDLESS // 4
-    _assert_nothing_cached(tmp_path / "cache", shard)
 
 
 def test_a_body_of_no_size_at_all_stops_short_of_filling_the_caches_disk(
@@ -178,14 +181,11 @@ def test_a_body_sized_past_the_cache_limit_is_refused_before_a_byte_is_kept(
     url, result, sent = _stats_of_endless_shard(
         served, shard, tmp_path / "cache", monkeypatch, declared=declared
     )
-    assert result.returncode == 1, result.stdout
-    assert error_line(result.stderr) == (
+    assert _refused(result, sent, tmp_path / "cache", shard) == (
         f"Error: cannot download {url}: {says} {size} bytes, more than "
         "TORCHKIT_CACHE_LIMIT=1MiB (1048576 bytes) lets the cache hold (raise "
         "TORCHKIT_CACHE_LIMIT; nothing of it was downloaded)"
     )
-    assert sent < ENDLESS // 4
-    _assert_nothing_cached(tmp_path / "cache", shard)
 
 
 @pytest.mark.parametrize(("declared", "manifest", "says"), _SIZED, ids=["header", "manifest"])
@@ -202,8 +202,7 @@ def test_a_body_sized_past_the_caches_disk_is_refused_before_it_fills_it(
     url, result, sent = _stats_of_endless_shard(
         served, shard, cache, monkeypatch, declared=declared
     )
-    assert result.returncode == 1, result.stdout
-    line = error_line(result.stderr)
+    line = _refused(result, sent, cache, shard)
     room = re.fullmatch(
         rf"Error: cannot download {re.escape(url)}: {says} {size} bytes, more than the "
         r"cache's disk has room for \((\d+) bytes, keeping (\d+) bytes free\) \(free some "
@@ -215,5 +214,3 @@ def test_a_body_sized_past_the_caches_disk_is_refused_before_it_fills_it(
     # The margin of a body of no size: a twentieth of what is free (below 1 GiB here).
     assert int(room[2]) == (int(room[1]) + int(room[2])) // 20 > 0
     assert int(room[1]) + int(room[2]) <= 8192 * 1024
-    assert sent < ENDLESS // 4
-    _assert_nothing_cached(cache, shard)
