@@ -1104,21 +1104,16 @@ def note_report(report: str | os.PathLike) -> None:
     nearest folder above it where that marker lists it (`write_marker`'s `reports`). Nothing
     where none does; a marker that cannot be rewritten leaves the report the user's (the next
     `--force` refuses it): never an error of the run that wrote it."""
-    real = os.path.realpath(report)
-    folder = os.path.dirname(real)
-    while True:
-        marker = Path(folder) / MARKER
-        if marker.is_file():
-            break
-        parent = os.path.dirname(folder)
-        if parent == folder:
-            return
-        folder = parent
+    real = Path(os.path.realpath(report))
+    folder = next((above for above in real.parents if (above / MARKER).is_file()), None)
+    if folder is None:
+        return
+    marker = folder / MARKER
     record = _json_record(marker)
     entries = record.get(REPORTS_KEY) if isinstance(record, dict) else None
     if not isinstance(record, dict) or not isinstance(entries, list):
         return
-    name = PurePath(os.path.relpath(real, folder)).as_posix()
+    name = real.relative_to(folder).as_posix()
     try:
         info = os.stat(real)
     except OSError:
