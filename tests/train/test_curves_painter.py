@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from image_folders import write_image_folder
 from processes import processes_in_group, start_torchkit_process, wait_until
 
 from torchkit.core.train.curves_painter import CurvesPainter
@@ -173,10 +174,15 @@ def test_the_helper_ends_when_its_run_is_killed(tmp_path):
 
 
 def test_a_real_run_has_its_plot_drawn_by_the_helper_and_leaves_no_process(tmp_path):
+    # 12 images of 8x8: the helper's part is the same for any run, and digits' 1,797 images
+    # cost a second and a half of the process's CPU.
+    write_image_folder(tmp_path / "data", {"a": 6, "b": 6})
     out = tmp_path / "run"
     run = start_torchkit_process(
-        "train", "--data", "digits", "--epochs", "1", "--out", str(out), "-v", cwd=tmp_path
-    )
+        "train", "--data", "data", "--val-split", "0.3", "--model", "convnet", "--image-size",
+        "8", "--batch-size", "4", "--workers", "0", "--epochs", "1", "--out", str(out), "-v",
+        cwd=tmp_path,
+    )  # fmt: skip
 
     def helper_running() -> bool:
         for pid in processes_in_group(run.pid):
