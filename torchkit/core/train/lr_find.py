@@ -231,11 +231,20 @@ def draw_lr_find(
     smoothed: list[float],
     suggested_lr: float | None,
 ) -> None:
-    """lr_find.png: the loss and its smoothed curve against the learning rate (log axis), and
-    the suggestion."""
-    import matplotlib
-
+    """lr_find.png (see `lr_find_figure`), written atomically."""
     from torchkit.core.io.files import atomic_path
+
+    figure = lr_find_figure(lrs, losses, smoothed, suggested_lr)
+    with atomic_path(path) as tmp:
+        figure.savefig(tmp, format="png", dpi=100)
+
+
+def lr_find_figure(
+    lrs: list[float], losses: list[float], smoothed: list[float], suggested_lr: float | None
+):
+    """The loss and its smoothed curve against the learning rate (log axis), and the
+    suggestion: a matplotlib Figure, laid out."""
+    import matplotlib
 
     matplotlib.use("Agg", force=False)
     from matplotlib.figure import Figure
@@ -251,5 +260,4 @@ def draw_lr_find(
     axes.grid(alpha=0.3)
     axes.legend()
     figure.tight_layout()
-    with atomic_path(path) as tmp:
-        figure.savefig(tmp, format="png", dpi=100)
+    return figure
