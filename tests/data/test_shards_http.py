@@ -421,7 +421,7 @@ def test_a_full_cache_disk_is_one_error_pointing_to_the_caches_settings(
     cache = fill_disk(small_tmpfs(64), leave=12 * 1024)  # the side files fit, no shard
     monkeypatch.setenv("TORCHKIT_CACHE", str(cache))
     if filled == "meanwhile":
-        monkeypatch.setattr(http_shards, "_cache_room", lambda *args: None)
+        monkeypatch.setattr(http_shards, "_free_bytes", lambda *args: None)
     result = stats_run(f"{server.url}/{data}")
     assert result.returncode == 1, result.stderr
     line = error_line(result.stderr)
@@ -430,7 +430,7 @@ def test_a_full_cache_disk_is_one_error_pointing_to_the_caches_settings(
     if filled == "meanwhile":
         wanted = (
             ".tar: No space left on device (free some space, or set TORCHKIT_CACHE to a "
-            f"writable folder with room{hint})"
+            f"folder with more room{hint})"
         )
         assert re.search(r"shard-\d{6}\.tar: ", line) and line.endswith(wanted), line
     else:

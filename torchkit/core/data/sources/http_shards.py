@@ -28,8 +28,10 @@ shard and renamed into place once complete and checked (length, manifest sha256;
 sha256, a whole tar up to its end-of-archive marker: a server whose Content-Length is too small
 cuts the body short with no HTTP error): a failed or killed download leaves nothing under the
 shard's name. A body of no known size (no Content-Length, no manifest.json size) is read up to
-$TORCHKIT_CACHE_LIMIT or the room the cache's disk has (`_cache_room`), never on until the
+$TORCHKIT_CACHE_LIMIT or the room the cache's disk has (`_disk_room`), never on until the
 disk is full; one of a known size larger than that is refused before a byte of it is written.
+Downloads at once share that room (`_Claims`): each claims its size, and one that does not fit
+beside the others' claims waits for them to end (refused only if it does not fit then either).
 A lock file per shard makes processes that share the cache (torchrun's ranks, two runs at once)
 download each shard once: the others wait for it, then use it; a shard the cache holds current
 is read without it, the server reachable or not (a cache shared read-only has none to take),
@@ -359,9 +361,10 @@ def fetch_shards(urls: Sequence[str], opened: dict[str, _Folder] | None = None) 
     return local
 
 
-# A write into the cache that fails (a full disk): no output option of the command moves it.
-_CACHE_ROOM_HINT = "free some space, or set TORCHKIT_CACHE to a writable folder with room"
-# ...and one into a cache torchkit may not write (a read-only disk, a shared cache).
+# A cache without room: a write into it that fails (its disk full), or a body larger than the
+# room it has (`_too_large`). No output option of the command moves the cache: its settings do.
+_CACHE_ROOM_HINT = "free some space, or set TORCHKIT_CACHE to a folder with more room"
+# ...and a write into a cache torchkit may not write (a read-only disk, a shared cache).
 _CACHE_READ_ONLY_HINT = (
     "the cache lacks it or holds an old copy: set TORCHKIT_CACHE to a folder torchkit may "
     "write, or fetch the data into this cache where it may be written"
@@ -489,10 +492,12 @@ def _run_all(jobs: list[tuple[str, _Folder, str]]) -> None:
                 if error is not None and not isinstance(error, _Stopped):
                     errors[futures[future]] = error
                     stop.set()
+                    _CLAIMS.wake()  # the downloads waiting for room stop too
                     for other in futures:
                         other.cancel()
         except BaseException:  # Ctrl-C: the downloads in flight stop and clean up
             stop.set()
+            _CLAIMS.wake()
             for other in futures:
                 other.cancel()
             raise
@@ -704,7 +709,23 @@ def _download(
     url: str, target: Path, expected: dict[str, Any] | None, stop: threading.Event
 ) -> None:
     """`url` streamed into `target` through a temporary file, renamed once complete and
-    checked; nothing under `target`'s name on any failure."""
+    checked; nothing under `target`'s name on any failure. A body that fits the cache's disk
+    but not beside what the downloads in flight claim of it (`_CLAIMS`) waits for one of them
+    to end and is asked for again: its response is closed meanwhile (a server drops a
+    connection left idle, and the body would end early)."""
+    while True:
+        ended = _download_once(url, target, expected, stop)
+        if ended is None:
+            return
+        log.info("%s waits for room on the cache's disk (other downloads claim it)", _shown(url))
+        _CLAIMS.wait_past(ended, stop)
+
+
+def _download_once(
+    url: str, target: Path, expected: dict[str, Any] | None, stop: threading.Event
+) -> int | None:
+    """`_download`'s one request: None once `target` is downloaded, or, where the body does
+    not fit beside the downloads in flight, `_CLAIMS`'s count of ended claims to wait past."""
     from torchkit.core.io.files import atomic_write
 
     started = time.perf_counter()
@@ -724,12 +745,12 @@ def _download(
         size = (want, "manifest.json gives it") if want is not None else None
         if size is None and length is not None:
             size = (length, "its Content-Length is")
-        bound = _cache_room(url, target.parent, size)
-        if size is not None and bound is not None:
-            if size[0] > bound[0]:
-                raise bound[1]
-            bound = None  # the checks against `want` and `length` stop a body that runs on
-        with _writing_the_cache(), atomic_write(target, "wb", check=whole_tar) as handle:
+        claim = _CLAIMS.claim(url, target.parent, size, stop)
+        if not isinstance(claim, _Claim):
+            return claim
+        # The claim ends after the temporary file is deleted: its room is never counted free
+        # while the file still takes it.
+        with claim, _writing_the_cache(), atomic_write(target, "wb", check=whole_tar) as handle:
             while True:
                 if stop.is_set():
                     raise _Stopped
@@ -740,9 +761,9 @@ def _download(
                     # A body of no Content-Length that runs on (a close-delimited or chunked
                     # one): stopped here, not once it filled the disk, judged by the end.
                     raise _changed(url, f"the server sends more than {want} bytes")
-                if bound is not None and done + len(chunk) > bound[0]:
-                    raise bound[1]
+                claim.admit(len(chunk))
                 handle.write(chunk)
+                claim.written += len(chunk)
                 digest.update(chunk)
                 done += len(chunk)
             if length is not None and done < length:
@@ -755,63 +776,199 @@ def _download(
     _write_record(target, url, done, digest.hexdigest(), validators)
     seconds = time.perf_counter() - started
     log.info("downloaded %s (%.1f MB in %.1f s)", _shown(url), done / 1e6, seconds)
+    return None
 
 
 # The room a download leaves on the cache's disk: a twentieth of what is free, at most this
 # (other programs, and the shard's record, still have somewhere to write).
 _KEPT_FREE = 1 << 30
-_ROOM_ON_DISK_HINT = "free some space, or set TORCHKIT_CACHE to a folder with more room"
-_NO_ROOM_HINT = f"{_ROOM_ON_DISK_HINT}; nothing of it was downloaded"  # a body of a known size
+_NO_ROOM_HINT = f"{_CACHE_ROOM_HINT}; nothing of it was downloaded"  # a body of a known size
 
 
-def _cache_room(
-    url: str, folder: Path, size: tuple[int, str] | None
-) -> tuple[int, InputError] | None:
-    """The most a download of `url` may bring into the cache `folder`, and the error of one
-    that brings more: $TORCHKIT_CACHE_LIMIT where set (no shard is larger), and never more
-    than the disk has free less `_KEPT_FREE` (or a twentieth of it); None where neither is
-    known. `size`: the body's bytes and what gives them, for the error's wording (None: a
-    body of no known size, stopped as it passes the room)."""
-    shown = _shown(url)
-    bound, error = None, None
+def _disk_room(folder: Path, written: int = 0) -> tuple[int, int] | None:
+    """(the bytes the disk of the cache `folder` may still take, the bytes kept free): what
+    it has free, plus `written` (bytes downloads in flight wrote into it, counted as free),
+    less a twentieth of that, at most `_KEPT_FREE`; None where unknown (no statvfs: Windows)."""
+    free = _free_bytes(folder)
+    return None if free is None else _room_of(free + written)
+
+
+def _free_bytes(folder: Path) -> int | None:
     try:
         stats = os.statvfs(folder)
-    except (OSError, AttributeError):  # AttributeError: no statvfs (Windows)
-        stats = None
-    if stats is not None:
-        free = stats.f_bavail * stats.f_frsize
-        kept = min(free // 20, _KEPT_FREE)
-        bound = free - kept
-        if size is None:
-            error = InputError(
-                f"cannot download {shown}: it sends more than {bound} bytes with no "
-                f"Content-Length, more than the cache's disk has room for (keeping {kept} "
-                "bytes free)",
-                f"check the URL, {_ROOM_ON_DISK_HINT}; nothing of it was kept",
-            )
-        else:
-            error = InputError(
-                f"cannot download {shown}: {size[1]} {size[0]} bytes, more than the cache's "
-                f"disk has room for ({bound} bytes, keeping {kept} bytes free)",
-                _NO_ROOM_HINT,
-            )
-    limit = cache_limit()
-    if limit is not None and (bound is None or limit <= bound):
-        bound = limit
+    except (OSError, AttributeError):
+        return None
+    return stats.f_bavail * stats.f_frsize
+
+
+def _room_of(free: int) -> tuple[int, int]:
+    kept = min(free // 20, _KEPT_FREE)
+    return free - kept, kept
+
+
+def _too_large(
+    url: str,
+    size: tuple[int, str] | None,
+    room: tuple[int, int] | None,
+    limit: int | None,
+    claimed: int = 0,
+) -> InputError | None:
+    """The error of a body of `size` (its bytes and what gives them; None: of no known size,
+    stopped as it passes its bound) larger than the cache may take: $TORCHKIT_CACHE_LIMIT
+    where it is the smaller bound, else the disk's `room` (`_disk_room`) less what the other
+    downloads in flight `claimed` of it; None where it fits."""
+    shown = _shown(url)
+    disk = None if room is None else max(room[0] - claimed, 0)
+    if limit is not None and (disk is None or limit <= disk):
+        if size is not None and size[0] <= limit:
+            return None
         setting = f"{CACHE_LIMIT_VARIABLE}={os.environ[CACHE_LIMIT_VARIABLE].strip()}"
         if size is None:
-            error = InputError(
+            return InputError(
                 f"cannot download {shown}: it sends more than {limit} bytes with no "
                 f"Content-Length, more than {setting} lets the cache hold",
                 f"check the URL, or raise {CACHE_LIMIT_VARIABLE}; nothing of it was kept",
             )
-        else:
-            error = InputError(
-                f"cannot download {shown}: {size[1]} {size[0]} bytes, more than {setting} "
-                f"({limit} bytes) lets the cache hold",
-                f"raise {CACHE_LIMIT_VARIABLE}; nothing of it was downloaded",
+        return InputError(
+            f"cannot download {shown}: {size[1]} {size[0]} bytes, more than {setting} "
+            f"({limit} bytes) lets the cache hold",
+            f"raise {CACHE_LIMIT_VARIABLE}; nothing of it was downloaded",
+        )
+    if room is None or disk is None or (size is not None and size[0] <= disk):
+        return None
+    kept = f"keeping {room[1]} bytes free"
+    if claimed:
+        kept += f", {claimed} more claimed by the other downloads in flight"
+    if size is None:
+        return InputError(
+            f"cannot download {shown}: it sends more than {disk} bytes with no "
+            f"Content-Length, more than the cache's disk has room for ({kept})",
+            f"check the URL, {_CACHE_ROOM_HINT}; nothing of it was kept",
+        )
+    return InputError(
+        f"cannot download {shown}: {size[1]} {size[0]} bytes, more than the cache's disk has "
+        f"room for ({disk} bytes, {kept})",
+        _NO_ROOM_HINT,
+    )
+
+
+def _device(folder: Path) -> int:
+    """The disk (device number) of the cache `folder`: downloads onto one share its room."""
+    try:
+        return os.stat(folder).st_dev
+    except OSError:
+        return -1
+
+
+@dataclass(eq=False)
+class _Claim:
+    """The room one download in flight claims on the cache's disk: its whole `size` (its bytes
+    and what gives them) less what it `written` already (the disk's free room counts that),
+    none for a body of no known size, which `admit` bounds as it comes instead."""
+
+    claims: _Claims
+    url: str
+    folder: Path
+    device: int
+    size: tuple[int, str] | None
+    written: int = 0
+
+    @property
+    def outstanding(self) -> int:
+        """The bytes it will still write: room it holds that the disk still shows free."""
+        return 0 if self.size is None else max(self.size[0] - self.written, 0)
+
+    def admit(self, count: int) -> None:
+        """Raise the error of a body of no known size whose next `count` bytes pass the room
+        left beside the other downloads' claims ($TORCHKIT_CACHE_LIMIT, the disk's room)."""
+        if self.size is None:
+            self.claims.admit(self, count)
+
+    def __enter__(self) -> _Claim:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.claims.release(self)
+
+
+class _Claims:
+    """The room on the cache's disk that the downloads in flight in this process claim (their
+    shards' sizes), so that several at once (`DOWNLOAD_THREADS`, streamed shards of two
+    folders) never together take more than the disk has room for: each checked the same free
+    room, and four shards of 0.4 of it each all began and filled the disk. A body that fits the
+    disk but not beside the claims waits until one of them ends (the room a failed or stopped
+    download frees, the margin a shorter free room keeps); one that cannot fit even with
+    nothing else in flight is refused at once."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._held: list[_Claim] = []
+        self._ended = 0  # claims ended so far: what a download waiting for room waits on
+
+    def claim(
+        self, url: str, folder: Path, size: tuple[int, str] | None, stop: threading.Event
+    ) -> _Claim | int:
+        """A claim for a download of `url` into the cache `folder` of a body of `size` (None:
+        of no known size), or, where it fits the disk but not beside the others' claims, the
+        count of ended claims to `wait_past`; the error of a body larger than the cache may
+        take (`_too_large`)."""
+        limit = cache_limit()
+        device = _device(folder)
+        with self._changed:
+            if stop.is_set():  # another download failed: no claim, no error of its own
+                raise _Stopped
+            if size is not None:
+                others = [c for c in self._held if c.device == device]
+                free = _free_bytes(folder)
+                # Refused at once only where it would not fit with nothing else in flight (what
+                # the others wrote so far freed too): else their end may make room for it.
+                written = sum(c.written for c in others)
+                alone = None if free is None else _room_of(free + written)
+                error = _too_large(url, size, alone, limit)
+                if error is not None:
+                    raise error
+                room = None if free is None else _room_of(free)
+                claimed = sum(c.outstanding for c in others)
+                if _too_large(url, size, room, limit, claimed) is not None:
+                    return self._ended  # others are in flight, and will end
+            claim = _Claim(self, url, folder, device, size)
+            self._held.append(claim)
+            return claim
+
+    def admit(self, claim: _Claim, count: int) -> None:
+        """`_Claim.admit`: the disk's room measured again each time, its own writes added back
+        (what the others wrote meanwhile, or another program, is gone from it)."""
+        limit = cache_limit()
+        with self._changed:
+            claimed = sum(
+                c.outstanding for c in self._held if c.device == claim.device and c is not claim
             )
-    return None if bound is None or error is None else (bound, error)
+        room = _disk_room(claim.folder, claim.written)
+        if _too_large(claim.url, (claim.written + count, ""), room, limit, claimed) is not None:
+            raise _too_large(claim.url, None, room, limit, claimed)  # naming its bound
+
+    def release(self, claim: _Claim) -> None:
+        """End `claim` (its download done, failed or stopped) and wake the downloads waiting."""
+        with self._changed:
+            self._held.remove(claim)
+            self._ended += 1
+            self._changed.notify_all()
+
+    def wake(self) -> None:
+        """Wake the downloads waiting for room: a stop was set."""
+        with self._changed:
+            self._changed.notify_all()
+
+    def wait_past(self, ended: int, stop: threading.Event) -> None:
+        """Until a claim ends after `ended` were (`claim`'s count), or `stop` is set."""
+        with self._changed:
+            while self._ended == ended and not stop.is_set():
+                self._changed.wait(1.0)  # a stop set without `wake` is seen within a second
+        if stop.is_set():
+            raise _Stopped
+
+
+_CLAIMS = _Claims()
 
 
 def _check_whole_tar(url: str, temporary: Path) -> None:
@@ -1103,17 +1260,12 @@ class StreamedShards:
                 self._make_room(shard)
             try:
                 _fetch_one(url, self.folder, name, stop)
-            except OutputWriteError as error:  # the cache's disk: the limit may leave room
+            except TorchkitError as error:  # no room on the cache's disk: the limit may leave it
                 hint = error.hint
-                if hint == _CACHE_ROOM_HINT:
-                    hint = f"{hint}, or {CACHE_LIMIT_VARIABLE} below the room it has"
-                raise ShardFetchError(error.message, hint) from None
-            except TorchkitError as error:
-                hint = error.hint
-                if hint == _NO_ROOM_HINT:  # no room for it: likewise
-                    hint = (
-                        f"{_ROOM_ON_DISK_HINT}, or {CACHE_LIMIT_VARIABLE} below the room it "
-                        "has; nothing of it was downloaded"
+                if hint in (_CACHE_ROOM_HINT, _NO_ROOM_HINT):
+                    hint = hint.replace(
+                        _CACHE_ROOM_HINT,
+                        f"{_CACHE_ROOM_HINT}, or {CACHE_LIMIT_VARIABLE} below the room it has",
                     )
                 raise ShardFetchError(error.message, hint) from None
             _mark_used(target)

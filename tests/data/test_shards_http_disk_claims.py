@@ -1,0 +1,261 @@
+"""Shards downloaded at once (four at a time) each checked their size against the same free room
+of the cache's disk: three shards of 0.4 of it each all passed and together filled it (the run
+failed midway with a full disk, every other program on it too). Each download in flight now
+claims its size: one that does not fit beside the others' claims waits for them to end, and is
+refused (one line, nothing of it written) only when it does not fit then either; a body of no
+known size is bounded by the room the others leave it.
+
+The server holds each body until the downloads have measured the disk (`_Measured`), so that they
+overlap whatever the machine's speed."""
+
+from __future__ import annotations
+
+import functools
+import io
+import os
+import re
+import tarfile
+import threading
+from http.server import SimpleHTTPRequestHandler
+from pathlib import Path
+
+from output_checks import error_line
+from processes import run_torchkit_in_process
+from shards import running_server
+
+WAIT_S = 30  # the most a held body waits: a wait that ends so fails the test, never hangs it
+
+
+def _shard(path: Path, size: int) -> int:
+    """A tar at `path` of at most `size` bytes (one member of zeros), and its size."""
+    with tarfile.open(path, "w") as tar:
+        info = tarfile.TarInfo("k0.bin")
+        info.size = size - 3 * tarfile.RECORDSIZE
+        tar.addfile(info, io.BytesIO(bytes(info.size)))
+    return path.stat().st_size
+
+
+def _room(mount: Path) -> tuple[int, int]:
+    """(the bytes free on the disk at `mount`, the most a download may take: all but a
+    twentieth, the margin torchkit keeps free below 1 GiB)."""
+    stats = os.statvfs(mount)
+    free = stats.f_bavail * stats.f_frsize
+    return free, free - free // 20
+
+
+class _Measured:
+    """Counts the measurements of the free room of the disk at `mount` (os.statvfs of a folder
+    under it), `reached(n)` until n were made."""
+
+    def __init__(self, mount: Path, monkeypatch) -> None:
+        self.mount = str(mount)
+        self.count = 0
+        self.changed = threading.Condition()
+        measure = os.statvfs
+
+        def counted(path):
+            stats = measure(path)
+            if os.fspath(path).startswith(self.mount):
+                with self.changed:
+                    self.count += 1
+                    self.changed.notify_all()
+            return stats
+
+        monkeypatch.setattr(os, "statvfs", counted)
+
+    def reached(self, count: int) -> bool:
+        with self.changed:
+            return self.changed.wait_for(lambda: self.count >= count, WAIT_S)
+
+
+class _HeldBodies(SimpleHTTPRequestHandler):
+    """Serves its folder; a `.tar` with its Content-Length, its headers once
+    `release(path, "headers")` returns, its body once `release(path, "body")` does (a hang-up
+    on the way is the client's choice); `/cut/NAME.tar` likewise, but half its body, then the
+    connection closes; `/endless/NAME.tar`: zeros with no Content-Length until the client hangs
+    up (`endless_done` set then)."""
+
+    def __init__(self, *args, release, endless_done: threading.Event, **kwargs) -> None:
+        self.release, self.endless_done = release, endless_done
+        super().__init__(*args, **kwargs)
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        if not self.path.endswith(".tar"):
+            super().do_GET()
+            return
+        endless = self.path.startswith("/endless/")
+        cut = self.path.startswith("/cut/")
+        served = self.path.removeprefix("/cut")
+        data = b"" if endless else Path(self.translate_path(served)).read_bytes()
+        self.release(self.path, "headers")
+        self.send_response(200)
+        if not endless:
+            self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        try:
+            self.wfile.flush()
+            self.release(self.path, "body")
+            if not endless:
+                self.wfile.write(data[: len(data) // 2] if cut else data)
+                return
+            for _ in range(1024):  # 64 MiB at most
+                self.wfile.write(bytes(1 << 16))
+        except OSError:  # the client hung up
+            pass
+        finally:
+            self.close_connection = True
+            if endless:
+                self.endless_done.set()
+
+
+def _serving(folder: Path, cache: Path, monkeypatch, release):
+    for name in ("http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+    monkeypatch.setenv("TORCHKIT_CACHE", str(cache))
+    monkeypatch.delenv("TORCHKIT_CACHE_LIMIT", raising=False)
+    endless_done = threading.Event()
+    handler = functools.partial(
+        _HeldBodies, release=release, endless_done=endless_done, directory=str(folder)
+    )
+    return running_server(handler), endless_done
+
+
+def _cached(cache: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in cache.rglob("*.tar") if not p.name.startswith(".")}
+
+
+def test_three_shards_of_four_tenths_of_the_room_never_fill_the_disk(
+    tmp_path, small_tmpfs, monkeypatch
+):
+    """All three measured the same room before any body came: the old code let each in and
+    the third ran into a full disk ("No space left on device"). Now two claim the room, the
+    third waits for them and is then refused before a byte of it is written, naming its URL,
+    its size and the room; the two that fit are cached whole."""
+    cache = small_tmpfs(1024)
+    free, room = _room(cache)
+    served = tmp_path / "served"
+    served.mkdir()
+    sizes = {f"s-{n:06d}.tar": _shard(served / f"s-{n:06d}.tar", room * 2 // 5) for n in range(3)}
+    size = sizes["s-000000.tar"]
+    assert 2 * size <= room and 3 * size > free  # two fit; the three together fill the disk
+    measured = _Measured(cache, monkeypatch)
+    serving, _ = _serving(
+        served, cache, monkeypatch, lambda path, part: part == "headers" or measured.reached(3)
+    )
+    with serving as server:
+        result = run_torchkit_in_process(
+            "dataset-stats", f"{server.url}/s-{{000000..000002}}.tar", "--workers", "0"
+        )
+    assert result.returncode == 1, result.stdout
+    line = error_line(result.stderr)
+    refused = re.fullmatch(
+        rf"Error: cannot download {re.escape(server.url)}/(s-00000\d\.tar): its Content-Length "
+        rf"is {size} bytes, more than the cache's disk has room for \((\d+) bytes, keeping "
+        r"(\d+) bytes free\) \(free some space, or set TORCHKIT_CACHE to a folder with more "
+        r"room; nothing of it was downloaded\)",
+        line,
+    )
+    assert refused is not None, line
+    assert int(refused[2]) < size  # the room the two others left
+    cached = _cached(cache)
+    assert sorted(cached) == sorted(set(sizes) - {refused[1]})
+    assert all(data == (served / name).read_bytes() for name, data in cached.items())
+
+
+def test_a_body_of_no_size_is_bounded_by_the_room_the_others_claim(
+    tmp_path, small_tmpfs, monkeypatch
+):
+    """A shard of half the room claims it (its body held back); a body of no size on the
+    same disk (another folder URL) was read up to the whole room, and the two together filled
+    the disk. It is stopped as it passes what the claim leaves, the error naming that bound
+    and the claim; nothing of it is kept."""
+    cache = small_tmpfs(1024)
+    free, room = _room(cache)
+    served = tmp_path / "served"
+    (served / "endless").mkdir(parents=True)
+    size = _shard(served / "s-000000.tar", room // 2)
+    measured = _Measured(cache, monkeypatch)
+    done: list[threading.Event] = []
+
+    def release(path: str, part: str) -> None:
+        if part == "headers":
+            return
+        if path.startswith("/endless/"):
+            measured.reached(1)  # the sized shard measured the room (and claimed it)
+        else:
+            done[0].wait(WAIT_S)  # until the body of no size is given up
+
+    serving, endless_done = _serving(served, cache, monkeypatch, release)
+    done.append(endless_done)
+    with serving as server:
+        endless = f"{server.url}/endless/u-000000.tar"
+        result = run_torchkit_in_process(
+            "dataset-stats", f"{server.url}/s-000000.tar::{endless}", "--workers", "0"
+        )
+    assert result.returncode == 1, result.stdout
+    line = error_line(result.stderr)
+    bound = re.fullmatch(
+        rf"Error: cannot download {re.escape(endless)}: it sends more than (\d+) bytes with "
+        r"no Content-Length, more than the cache's disk has room for \(keeping (\d+) bytes "
+        rf"free, {size} more claimed by the other downloads in flight\) \(check the URL, free "
+        r"some space, or set TORCHKIT_CACHE to a folder with more room; nothing of it was "
+        r"kept\)",
+        line,
+    )
+    assert bound is not None, line
+    assert int(bound[1]) > 0 and int(bound[1]) + size + int(bound[2]) <= free
+    # The sized shard is stopped, or done first (its body comes as that one's ends): never
+    # anything but whole.
+    assert _cached(cache) in ({}, {"s-000000.tar": (served / "s-000000.tar").read_bytes()})
+
+
+def test_a_shard_waits_for_the_room_another_download_frees(tmp_path, small_tmpfs, monkeypatch):
+    """Two downloads at once (two runs in one process) of 0.6 of the room each: the second
+    does not fit beside the first's claim and waits; the first fails (its connection ends
+    early) and its claim ends with it; the second is then asked for again and downloaded."""
+    from torchkit.core.data.sources.http_shards import fetch_shards
+
+    cache = small_tmpfs(1024)
+    _, room = _room(cache)
+    served = tmp_path / "served"
+    served.mkdir()
+    size = _shard(served / "a-000000.tar", room * 3 // 5)
+    _shard(served / "b-000000.tar", room * 3 // 5)
+    assert size <= room < 2 * size
+    measured = _Measured(cache, monkeypatch)
+    asked: list[str] = []
+
+    def release(path: str, part: str) -> None:
+        # b's headers once a's download claimed its room; a's body once b measured it too.
+        if path.startswith("/b-") and part == "headers":
+            asked.append(path)
+            measured.reached(1)
+        elif path.startswith("/cut/") and part == "body":
+            measured.reached(2)
+
+    serving, _ = _serving(served, cache, monkeypatch, release)
+    outcomes: dict[str, object] = {}
+
+    def fetch(url: str) -> None:
+        try:
+            outcomes[url] = fetch_shards([url])
+        except Exception as error:  # the outcome the test checks
+            outcomes[url] = error
+
+    with serving as server:
+        cut, whole = f"{server.url}/cut/a-000000.tar", f"{server.url}/b-000000.tar"
+        threads = [threading.Thread(target=fetch, args=(url,)) for url in (cut, whole)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(WAIT_S)
+        assert not any(thread.is_alive() for thread in threads)
+    assert str(outcomes[cut]).startswith(f"cannot download {cut}: the connection ended early")
+    downloaded = Path(outcomes[whole][0])
+    assert downloaded.read_bytes() == (served / "b-000000.tar").read_bytes()
+    assert asked.count("/b-000000.tar") == 2  # asked again once the room was free
+    assert _cached(cache) == {"b-000000.tar": downloaded.read_bytes()}
