@@ -4,8 +4,10 @@ carry the `cuda` marker and run with `pytest -m cuda`."""
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -66,18 +68,52 @@ def test_the_gpu_machines_wheels_bring_their_own_dependencies():
     assert missing == set()
 
 
+# What both GPU scripts ask before running anything: `"$PY" -m torchkit env --require-cuda ...`.
+REQUIRE_CUDA = ("env", "--require-cuda", "--format", "json")
+
+
+@pytest.fixture(scope="module")
+def python_without_gpu(tmp_path_factory) -> Path:
+    """A PY for the GPU scripts: this Python for every command but `-m torchkit env
+    --require-cuda --format json`, which answers with what that command answered in a real
+    torchkit process without a GPU (its exit code, stdout and stderr, recorded once): each
+    script's own fresh interpreter spent seconds of CPU importing torch only to say it."""
+    from processes import run_torchkit_process
+
+    done = run_torchkit_process(*REQUIRE_CUDA, env={"CUDA_VISIBLE_DEVICES": ""})
+    assert done.returncode == 1 and "Error: no usable CUDA GPU" in done.stderr, done.stderr
+    folder = tmp_path_factory.mktemp("python_without_gpu")
+    (folder / "stdout").write_text(done.stdout)
+    (folder / "stderr").write_text(done.stderr)
+    asked = " ".join(("-m", "torchkit", *REQUIRE_CUDA))
+    python = folder / "python"
+    python.write_text(
+        "#!/bin/bash\n"
+        f'if [ "$*" = "{asked}" ]; then\n'
+        f"  cat {shlex.quote(str(folder / 'stdout'))}\n"
+        f"  cat {shlex.quote(str(folder / 'stderr'))} >&2\n"
+        f"  exit {done.returncode}\n"
+        "fi\n"
+        f'exec {shlex.quote(sys.executable)} "$@"\n'
+    )
+    python.chmod(0o755)
+    return python
+
+
 @pytest.mark.parametrize("script", ["gpu_tests.sh", "gpu_check.sh"])
-def test_the_gpu_scripts_stop_where_no_gpu_is_usable(tmp_path, script):
+def test_the_gpu_scripts_stop_where_no_gpu_is_usable(tmp_path, script, python_without_gpu):
     """Without a usable GPU the GPU tests all skip and the check's steps all fail (n/a rows):
-    either would end in 0, read as a pass. Both stop with 2 and say why, running nothing."""
+    either would end in 0, read as a pass. Both stop with 2 and say why (torchkit's own
+    reason), running nothing."""
     from suite_paths import REPO
 
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PY": sys.executable, "ONLY": "none"}
-    env["OUT"] = str(tmp_path / "out")
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PY": str(python_without_gpu)}
+    env.update(ONLY="none", OUT=str(tmp_path / "out"))
     done = subprocess.run(
         ["bash", str(REPO / "benchmarks" / script), "tests/project/test_layering.py"],
         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
-    assert "no usable CUDA GPU" in done.stderr
+    assert f"no usable CUDA GPU for {python_without_gpu}" in done.stderr
+    assert "Error: no usable CUDA GPU" in done.stderr  # torchkit's line, passed on
     assert not (tmp_path / "out" / "cuda.log").exists()
