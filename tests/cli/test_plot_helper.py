@@ -167,23 +167,18 @@ def test_a_dead_helper_leaves_the_plots_to_the_process(dead_helper, tmp_path):
     assert dead_helper.process is None and _leftovers(tmp_path) == []
 
 
-def test_a_failing_helper_leaves_the_error_to_the_process(live_helper, tmp_path):
+def test_a_folder_the_helper_cannot_use_leaves_the_error_to_the_process(live_helper, tmp_path):
     # An output folder that is a file: the helper cannot write there, nor can the process,
-    # which reports it with the error of its own drawing.
+    # which reports it with the error of its own drawing. (A helper that answers an error is
+    # given up: test_a_full_disk_is_the_commands_own_error, the last on the module's helper.)
     helper = live_helper
     blocked = tmp_path / "not-a-folder"
     blocked.write_text("")
-    try:
-        with pytest.raises(OSError) as own:
-            draw_dataset_stats(blocked / "stats.png", **STATS)
-        # No folder for the temporary .npy: the helper is not even asked.
-        assert not helper.draw("dataset_stats", blocked / "stats.png", **STATS)
-        assert helper.process is not None
-        values = {"lrs": [1e-3, 1e-2], "losses": [1.0, 0.5], "smoothed": [1.0, 0.9]}
-        assert not helper.draw("lr_find", blocked / "lr.png", **values, suggested_lr=None)
-        assert helper.process is None  # it answered an error: given up, no second try
-    finally:
-        helper.close()
+    with pytest.raises(OSError) as own:
+        draw_dataset_stats(blocked / "stats.png", **STATS)
+    # No folder for the temporary .npy: the helper is not even asked.
+    assert not helper.draw("dataset_stats", blocked / "stats.png", **STATS)
+    assert helper.process is not None and not helper.answered
     assert isinstance(own.value, OSError) and blocked.read_text() == ""
 
 
@@ -316,20 +311,23 @@ def test_find_lr_starts_the_helper_before_torch_and_draws_with_it(
     assert not [p for p in out.iterdir() if p.suffix == ".npy"]
 
 
+# Last of the tests on the module's helper, which it ends: another would import matplotlib again.
 def test_a_full_disk_is_the_commands_own_error(
     runner, monkeypatch, live_helper, small_tmpfs, tmp_path
 ):
     # A real helper (as a command started without matplotlib starts one): it fails to write the
-    # plot (its small .npy fits), the command draws it itself and reports the full disk as it
-    # always did.
+    # plot (its small .npy fits), answers an error and is given up; the command draws the plot
+    # itself and reports the full disk as it always did.
     data = write_image_folder(tmp_path / "data", {"a": 3, "b": 2})
     disk = small_tmpfs(16)
     answers: list = []
     call = live_helper.helper.call
 
     def recorded(request, service=None):
-        answers.append(call(request, service))
-        return answers[-1]
+        answer = call(request, service)
+        # given up at once (process None), before the command's own close at its end
+        answers.append((answer, live_helper.process is None))
+        return answer
 
     monkeypatch.setattr(live_helper.helper, "call", recorded)
 
@@ -340,7 +338,9 @@ def test_a_full_disk_is_the_commands_own_error(
     args = ["dataset-stats", str(data), "-j", "0", "--plot", str(disk / "p.png")]
     result = runner.invoke(app, args)
     assert result.exit_code == 1
-    assert answers == [None]  # the helper was asked and could not draw it: drawn here
+    # The helper was asked and could not draw it (drawn here); it answered an error: given up,
+    # no second try.
+    assert answers == [(None, True)]
     line = error_line(result.stderr)
     assert f"cannot write {disk / 'p.png'}" in line and "No space left" in line
     assert list(disk.iterdir()) == []
