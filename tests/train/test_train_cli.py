@@ -90,6 +90,7 @@ def test_split_root_trains_and_summary_table_names_the_weights(fast_run):
     assert "EMA weights" not in result.stdout
     assert "(12 train / 6 val / 6 test)" in result.stdout
     assert "epoch 2/2" in result.stderr  # one log line per epoch on stderr
+    assert not (out / "profile").exists()  # no --profile-steps: nothing profiled
     checkpoint = read_checkpoint(out / "last.pt")
     assert checkpoint["classes"] == ["ant", "bee", "cat"] and checkpoint["epoch"] == 2
     assert checkpoint["preprocess"]["image_size"] == 8
