@@ -46,6 +46,7 @@ def test_eval_and_benchmark_warn_too_and_not_without_amp(runner, tmp_path, cpu_b
     cpu_bf16(False)
     images = write_image_folder(tmp_path / "images", {"a": 2, "b": 2})
     base = ["convnet", "--allow-untrained", "--num-classes", "2", "--device", "cpu"]
+    base += ["--image-size", "8", "-j", "0"]  # the warning's path is the same at any size
     evaluated = runner.invoke(app, ["eval", *base, "--data", str(images), "--amp"])
     benchmarked = runner.invoke(
         app,
