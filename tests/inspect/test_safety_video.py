@@ -28,6 +28,7 @@ from processes import (
     start_torchkit_process,
     wait_until,
 )
+from signal_placement import signalled_on_entry
 
 from torchkit.core.io import outputs
 from torchkit.core.io.errors import UsageError
@@ -282,24 +283,6 @@ def test_sigterm_as_the_new_frames_take_their_place_leaves_no_hidden_folder(tmp_
     assert sorted(os.listdir(tmp_path)) == ["clip.avi", "slow-io"]  # no frames, no temporary
 
 
-def _signalled_on_entry(monkeypatch, owner, name: str, when=lambda *a, **k: True) -> list:
-    """Patch `owner.name` to raise SIGTERM (the command's own handler, which raises) as its
-    first call that `when` accepts is entered, before its body: where Python runs a pending
-    handler. The list it returns holds that call's arguments."""
-    original = getattr(owner, name)
-    signalled: list = []
-
-    def on_entry(*args, **kwargs):
-        if not signalled and when(*args, **kwargs):
-            signalled.append(args)
-            assert callable(signal.getsignal(signal.SIGTERM))  # the command's handler: it raises
-            signal.raise_signal(signal.SIGTERM)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(owner, name, on_entry)
-    return signalled
-
-
 @pytest.fixture
 def earlier_frames(tmp_path, clip) -> tuple[Path, Path]:
     """clip.avi and the frames folder an earlier run extracted from it (2 frames)."""
@@ -319,7 +302,7 @@ def test_sigterm_as_the_frames_folder_is_finished_leaves_no_hidden_folder(
     # and .frames.XXXX.partial was left with every new frame in it.
     video, frames = earlier_frames
     before = tree_digest(frames)
-    signalled = _signalled_on_entry(monkeypatch, OutputFolder, "finish", lambda _, ok, *a, **k: ok)
+    signalled = signalled_on_entry(monkeypatch, OutputFolder, "finish", lambda _, ok, *a, **k: ok)
     result = video_info(video, "-k", "4", "--extract-frames", frames, "--force")
     assert signalled and result.returncode == 143 and "Terminated" in result.stderr
     assert tree_digest(frames) == before  # the old frames as they were
@@ -350,7 +333,7 @@ def test_sigterm_as_the_old_frames_delete_begins_leaves_no_hidden_folder(
     # as .frames.XXXX.replaced) was entered, before the delete's own clean-up was in place:
     # exit 143, and the old frames stayed hidden until a next run on the same folder.
     video, frames = earlier_frames
-    signalled = _signalled_on_entry(monkeypatch, outputs, "discard_tree")
+    signalled = signalled_on_entry(monkeypatch, outputs, "discard_tree")
     result = video_info(video, "-k", "4", "--extract-frames", frames, "--force")
     assert signalled[0][0].name.endswith(".replaced") and result.returncode == 143
     assert "Terminated" in result.stderr

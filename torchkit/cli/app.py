@@ -25,6 +25,7 @@ from torchkit import __version__, deferred_signals, working_folder
 from torchkit.cli import console
 from torchkit.core.io.errors import NAME_TOO_LONG_HINT, first_line
 from torchkit.core.io.folder_locks import held_until_the_command_ends
+from torchkit.core.io.open_outputs import closed_at_end
 from torchkit.core.runtime.signals import quiet_loader_worker_deaths, restore_loader_worker_deaths
 from torchkit.program import ends_while_starting
 from torchkit.program import runs_as_the_program as runs_as_the_program  # its old home
@@ -479,7 +480,10 @@ class TorchkitGroup(TyperGroup):
         from torchkit.core.io.errors import Terminated, TorchkitError
 
         try:
-            with _terminate_like_interrupt():
+            # Every output the command left open is closed before the handlers go back (a
+            # later signal does nothing meanwhile): a stop raised where the command's own
+            # clean-up was not in place leaves no hidden folder, temporary or lock.
+            with _terminate_like_interrupt(), closed_at_end():
                 return super().invoke(ctx)
         except ClickUsageError as error:
             _usage_error(error)

@@ -31,7 +31,7 @@ from torchkit.core.io.outputs import reporting_write_errors as _reporting
 from torchkit.core.io.temporaries import (
     apply_umask,
     discarded_on_failure,
-    held_temporary,
+    open_temporary,
     temporary_affixes,
     temporary_stem,
 )
@@ -272,11 +272,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     check_claimed(target, writing=True)
     with _reporting(target):
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name, lock_fd = held_temporary(
-            target, *temporary_affixes(target.stem, target.suffix)
-        )
+        fd, temporary = open_temporary(target, *temporary_affixes(target.stem, target.suffix))
+    tmp_name = temporary.name
     os.close(fd)  # the writer opens the name (and Windows cannot rename a file that is open)
-    with discarded_on_failure(tmp_name, lock_fd), _reporting(target):
+    with discarded_on_failure(temporary), _reporting(target):
         apply_umask(tmp_name)
         yield Path(tmp_name)
         apply_umask(tmp_name)  # again: a writer may have made the file anew (safetensors)

@@ -54,19 +54,21 @@ from torchkit.core.io.file_kinds import file_kind
 from torchkit.core.io.folder_contents import foreign_entries, path_inside
 from torchkit.core.io.folder_locks import close_lock, open_unshared
 from torchkit.core.io.non_utf8_names import json_text
+from torchkit.core.io.open_outputs import closed, opened
 from torchkit.core.io.temporaries import (
     TEMPORARY,
     apply_umask,
     discarded_on_failure,
     fitting,
-    held_temporary,
     is_unlocked,
+    open_temporary,
     remove_dead_temporaries,
     remove_if_unlocked,
     temporary_affixes,
     temporary_stem,
     temporary_stems,
 )
+from torchkit.deferred_signals import signals_deferred
 from torchkit.program import closed_at_start
 
 log = logging.getLogger("torchkit")
@@ -591,14 +593,15 @@ def replaced_whole(
     target: Path, mode: str = "w", *, check: Callable[[Path], None] | None = None, **open_kwargs
 ) -> Iterator[IO]:
     """`target` written whole or not at all, through a flocked temporary beside it
-    (`temporaries.held_temporary`) renamed into place when the block (and `check`, given the
+    (`temporaries.open_temporary`) renamed into place when the block (and `check`, given the
     complete temporary) succeeds: the core of `files.atomic_write`, and how the marker is
     written, so that a run killed as it writes leaves a temporary, never a cut-short file."""
     with reporting_write_errors(target):
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name, lock_fd = held_temporary(target, *temporary_affixes(target.name))
-    # `lock_fd` keeps the flock after the handle closes: through `check` and the rename.
-    with discarded_on_failure(tmp_name, lock_fd), reporting_write_errors(target):
+        fd, temporary = open_temporary(target, *temporary_affixes(target.name))
+    tmp_name = temporary.name
+    # Its flock is held after the handle closes: through `check` and the rename.
+    with discarded_on_failure(temporary), reporting_write_errors(target):
         apply_umask(tmp_name)
         synced_later = synced_when_kept(target)  # one sync for all, before the swap
         with os.fdopen(fd, mode, **open_kwargs) as handle:
@@ -1847,10 +1850,16 @@ class OutputFolder:
             check_not_protected(self.final, what)
         check_overlap(self.final, what, inputs)
         check_folders_above(self.final, what)
-        # Lock first: a second command is refused with the holder's PID whatever its options,
-        # and a killed run's set-aside is put back before the folder is judged.
-        self._lock = FolderLock(self.final, what)
+        # Open from before its lock until released: a stop anywhere in between, also where no
+        # try of this class is running (as `__exit__` or `finish` is entered, or in the
+        # caller's steps before its `with`), is closed by the end of the command.
+        self._token: int | None = opened(self)
         try:
+            # Lock first: a second command is refused with the holder's PID whatever its
+            # options, and a killed run's set-aside is put back before the folder is judged.
+            # Signals deferred: the lock file is made and its descriptor kept, or neither.
+            with signals_deferred():
+                self._lock = FolderLock(self.final, what)
             self.notes = recover_leftovers(self.final)
             for note in self.notes:
                 log.warning(note)
@@ -2099,7 +2108,10 @@ class OutputFolder:
             if self._changed() is not None:
                 self._abandon_replaced()
             elif self.atomic:
-                remove_tree(self.path)
+                # Still the output's own name where the stop came before the hidden folder
+                # was named (`begin`): the old output there is not this run's to delete.
+                if self.path != self.final:
+                    remove_tree(self.path)
             else:
                 if self._aside is not None and not os.path.lexists(self._aside):
                     self._aside = None  # stopped before the rename: the old output is in place
@@ -2110,6 +2122,8 @@ class OutputFolder:
                     self._aside = None
             self.path = self.final
         self._began = False
+        if self._lock is None:  # released before (`finish` after a failed keep): all done
+            closed(self._token)
 
     def _remove_written(self, error: BaseException | None) -> None:
         """Remove the names this run wrote into the folder (it made the folder, or found it
@@ -2152,6 +2166,13 @@ class OutputFolder:
         if self._lock is not None:
             self._lock.release()
             self._lock = None
+        if not (self._began and not self._kept):  # else still to abandon: open until then
+            closed(self._token)
+
+    def close_unfinished(self, error: BaseException | None) -> None:
+        """Left open by its command (stopped where none of this class's clean-up was in
+        place): abandoned unless kept, and released."""
+        self.finish(False, error)
 
     def finish(self, ok: bool, error: BaseException | None = None) -> None:
         """Keep the output (`ok`) or abandon it; `error` is the failure ending the command."""

@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path, PurePath
 
 from torchkit.core.io.folder_locks import close_lock, open_unshared
+from torchkit.core.io.open_outputs import closed, opened
+from torchkit.deferred_signals import signals_deferred
 
 try:
     import fcntl
@@ -227,16 +229,49 @@ def apply_umask(path: str) -> None:
     os.chmod(path, 0o666 & ~UMASK)
 
 
+class OpenTemporary:
+    """A `held_temporary` from its making until it is renamed into place or removed: open
+    (`open_outputs`) all that time, so that a stop where its writer's clean-up is not in place
+    (as `discarded_on_failure` is entered) still removes it at the end of the command."""
+
+    def __init__(self, name: str, lock_fd: int) -> None:
+        self.name = name
+        self.lock_fd = lock_fd  # -1: none held (or released)
+        self._token: int | None = opened(self)
+
+    def remove(self) -> None:
+        """The temporary gone (one renamed into place is not at its name any more)."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.name)
+
+    def release(self) -> None:
+        """Its flock released; nothing of it is left to close."""
+        lock_fd, self.lock_fd = self.lock_fd, -1
+        if lock_fd >= 0:
+            close_lock(lock_fd)
+        closed(self._token)
+
+    def close_unfinished(self, error: BaseException | None) -> None:
+        self.remove()
+        self.release()
+
+
+def open_temporary(target: Path, prefix: str, suffix: str) -> tuple[int, OpenTemporary]:
+    """`held_temporary`'s descriptor and temporary, the temporary registered as open before a
+    signal that came while it was made is raised (its name is known only once it is made)."""
+    with signals_deferred():
+        fd, name, lock_fd = held_temporary(target, prefix, suffix)
+        return fd, OpenTemporary(name, lock_fd)
+
+
 @contextlib.contextmanager
-def discarded_on_failure(temporary: str, lock_fd: int) -> Iterator[None]:
-    """A `held_temporary`'s clean-up: the temporary removed if the block fails (it was not
-    renamed into place), and its flock released (`lock_fd`, -1 for none) either way."""
+def discarded_on_failure(temporary: OpenTemporary) -> Iterator[None]:
+    """An `open_temporary`'s clean-up: the temporary removed if the block fails (it was not
+    renamed into place), and its flock released either way."""
     try:
         yield
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
+        temporary.remove()
         raise
     finally:
-        if lock_fd >= 0:
-            close_lock(lock_fd)
+        temporary.release()

@@ -23,6 +23,7 @@ from torchkit.core.data.sources.splitting import (
 from torchkit.core.io.errors import InputError, OutputExistsError, OutputWriteError, first_and_more
 from torchkit.core.io.files import atomic_write_json, open_text, tree_entries
 from torchkit.core.io.folder_contents import is_browser_file
+from torchkit.core.io.open_outputs import closed, opened
 from torchkit.core.io.outputs import (
     MARKER,
     OutputOverlapError,
@@ -282,7 +283,9 @@ def remove_split_files(
 
 class SplitOutput:
     """OUT while one split writes it: made and marked, the earlier split set aside, and on
-    failure everything this run wrote removed and the earlier split put back."""
+    failure everything this run wrote removed and the earlier split put back. Open
+    (`open_outputs`) until kept or abandoned: a stop where the split's own clean-up is not in
+    place is finished by the end of the command as the split would have (`close_unfinished`)."""
 
     def __init__(self, out: Path, doomed: list[str]) -> None:
         self.out = out
@@ -291,6 +294,8 @@ class SplitOutput:
         self.marked = False
         self.written: list[str] = []  # every file this run may write into OUT
         self.folders: set[str] = set()  # its split folders
+        self.keeping: bool | None = None  # keep() entered; True: the split is finished too
+        self._token: int | None = opened(self)
 
     def begin(self, names: list[str], mode: str, dests: Sequence[str]) -> None:
         # Everything this run may write into OUT (a manifest split has no journal, and an
@@ -314,14 +319,28 @@ class SplitOutput:
                         aside = True
                     os.replace(self.out / name, self.out / REPLACED / name)
 
-    def keep(self) -> None:
+    def keep(self, finished: bool = False) -> None:
+        """The new split stays: the earlier one is deleted, and where the split is
+        `finished` (every file in place; not a move, whose journal says what is left to move)
+        its journal goes too, last: a kill before that redoes the split."""
+        self.keeping = finished
         with reporting_write_errors(self.out):
             discard_replaced(self.out)
+            if finished:
+                remove_journal(self.out)
+        closed(self._token)
+
+    def close_unfinished(self, error: BaseException | None) -> None:
+        if self.keeping is None:
+            self.abandon(error)
+        else:  # stopped in `keep`: what is kept is whole, so the keep is finished
+            self.keep(self.keeping)
 
     def abandon(self, error: BaseException | None = None) -> None:
         """Remove what this run wrote and put the earlier split back; files someone else put
         into OUT meanwhile stay, and `error` (the failure ending the split) says so."""
         if claimed_change(self.out) is not None:
+            closed(self._token)
             return  # removed or replaced meanwhile: what is there now is not this run's
         # Left: a split folder of this run's with someone else's files in it, or (in an OUT
         # this run made) anything at all but the marker.
@@ -332,6 +351,7 @@ class SplitOutput:
         if not self.existed:
             with contextlib.suppress(OSError):
                 self.out.rmdir()
+        closed(self._token)
         if left:
             note = kept_note(WHAT, self.out, left)
             if (self.out / REPLACED).is_dir():

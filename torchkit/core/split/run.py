@@ -62,7 +62,6 @@ from torchkit.core.split.output import (
     read_split_rows,
     recover_split_leftovers,
     refuse_files_not_written,
-    remove_journal,
     write_journal,
 )
 from torchkit.core.split.plan import (
@@ -394,11 +393,7 @@ def _plan_and_write(
     except BaseException as error:
         writing.abandon(error)
         raise
-    writing.keep()
-    if mode != "manifest":
-        # Last, after the earlier split is discarded: a kill before this redoes the split.
-        with reporting_write_errors(out):
-            remove_journal(out)
+    writing.keep(finished=mode != "manifest")  # a manifest split wrote no journal
     if progress and mode == "manifest":
         progress(len(samples), len(samples))
     return result

@@ -1,0 +1,77 @@
+"""The outputs a command has open, which the end of the command closes whatever ends it.
+
+Ctrl-C and SIGTERM end a command by raising wherever Python next runs a signal's handler: at
+the start of any call, or as a C function returns. An output cleans up after itself inside its
+own try blocks, but between them nothing does: a signal raised as `OutputFolder.__exit__` or
+`finish()` was entered, or in a caller's step between making the folder and its `with`, left
+the hidden `.NAME.XXXX.partial` folder and the lock behind. So every output is registered here
+from before it makes anything on disk until it is done with (`opened`, `closed`), and the
+CLI runs each command inside `closed_at_end`, which closes every output the command left open,
+newest first (`close_unfinished`: nothing of the run left, an earlier output put back, the
+lock released). A step that makes something on disk and learns its name only as it returns (a
+`mkstemp` temporary, a lock file's descriptor) runs with signals deferred
+(`deferred_signals.signals_deferred`) and registers before the signal is raised.
+
+Nothing here imports more than the standard library: the CLI wraps every command in it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+from collections.abc import Iterator
+from typing import Protocol
+
+log = logging.getLogger("torchkit")
+
+
+class OpenOutput(Protocol):
+    def close_unfinished(self, error: BaseException | None) -> None:
+        """Close an output its command left open: what the run wrote goes (unless it was
+        kept), an earlier output goes back, locks are released."""
+
+
+_open: dict[int, OpenOutput] = {}  # token -> output, in the order they were opened
+_tokens = itertools.count(1)
+
+
+def opened(output: OpenOutput) -> int:
+    """Register `output` as open; the token returned closes the registration (`closed`)."""
+    token = next(_tokens)
+    _open[token] = output
+    return token
+
+
+def closed(token: int | None) -> None:
+    """`output` is done with: nothing of it is left for the end of the command to close."""
+    if token is not None:
+        _open.pop(token, None)
+
+
+def open_count() -> int:
+    """How many outputs are open now (in this process)."""
+    return len(_open)
+
+
+@contextlib.contextmanager
+def closed_at_end() -> Iterator[None]:
+    """Close every output opened in the block and still open when it ends, newest first: the
+    outputs a stopped (or failed) command could not close itself. Outputs opened before the
+    block are not the block's."""
+    first = next(_tokens)  # every token the block hands out is above this one
+    error: BaseException | None = None
+    try:
+        yield
+    except BaseException as stopped:
+        error = stopped
+        raise
+    finally:
+        for token in sorted((t for t in _open if t > first), reverse=True):
+            output = _open.pop(token, None)
+            if output is None:  # closed meanwhile by another one's close
+                continue
+            try:
+                output.close_unfinished(error)
+            except Exception as failure:  # the command's own ending is the one reported
+                log.warning(f"could not clean up after the command: {failure}")
