@@ -748,9 +748,10 @@ def test_corrupt_training_and_test_images_are_skipped_with_a_warning_each_or_fat
 
 
 def test_unknown_model_suggests_names(runner, split_root, tmp_path):
-    result = train(
-        runner, "--data", str(split_root), "--model", "resnet81", "--out", str(tmp_path / "r")
-    )
+    result = train(  # -j 0: workers started before the model is known are test_epoch_starts'
+        runner, "--data", str(split_root), "--model", "resnet81", "-j", "0", "--out",
+        str(tmp_path / "r"),
+    )  # fmt: skip
     assert result.exit_code == 2
     assert "did you mean resnet18" in error_line(result)
 
@@ -771,6 +772,8 @@ def test_pretrained_weights_offline_is_a_clear_error(runner, split_root, tmp_pat
         "DEFAULT",
         "--image-size",
         "8",
+        "-j",
+        "0",
         "--out",
         str(tmp_path / "r"),
     )
