@@ -118,10 +118,15 @@ def test_mean_std_equal_numpy_float64_reference(mixed_folder, mode, convert):
     )
 
 
-def test_worker_processes_give_identical_results(mixed_folder):
+def test_worker_processes_give_identical_results_and_progress_reaching_the_total(mixed_folder):
     alone = compute_dataset_stats(mixed_folder, workers=0)
-    pooled = compute_dataset_stats(mixed_folder, workers=2)
+    calls = []
+    pooled = compute_dataset_stats(
+        mixed_folder, workers=2, progress=lambda done, total: calls.append((done, total))
+    )
     assert pooled.to_dict() == alone.to_dict()  # bit for bit: integer histograms add exactly
+    assert calls[0] == (0, 11) and calls[-1] == (11, 11)
+    assert [done for done, _ in calls] == sorted(done for done, _ in calls)
 
 
 def test_native_mode_keeps_16_bit_range(tmp_path):
@@ -506,13 +511,6 @@ def test_an_unlabelled_split_beside_labelled_ones_is_no_class(tmp_path, caplog):
     assert [(c.name, c.images) for c in test.classes] == [("cat", 0), ("dog", 0), ("", 1)]
     assert test.imbalance_ratio is None
     assert "no images" not in caplog.text
-
-
-def test_progress_reaches_the_total(mixed_folder):
-    calls = []
-    compute_dataset_stats(mixed_folder, workers=2, progress=lambda d, t: calls.append((d, t)))
-    assert calls[0] == (0, 11) and calls[-1] == (11, 11)
-    assert [d for d, _ in calls] == sorted(d for d, _ in calls)
 
 
 def test_flat_folder_and_csv_index(tmp_path):
