@@ -23,6 +23,8 @@ from output_checks import error_line
 from processes import run_torchkit_in_process
 from shards import running_server
 
+from torchkit.core.io.errors import TorchkitError
+
 WAIT_S = 30  # the most a held body waits: a wait that ends so fails the test, never hangs it
 
 
@@ -73,7 +75,7 @@ class _HeldBodies(SimpleHTTPRequestHandler):
     `release(path, "headers")` returns, its body once `release(path, "body")` does (a hang-up
     on the way is the client's choice); `/cut/NAME.tar` likewise, but half its body, then the
     connection closes; `/endless/NAME.tar`: zeros with no Content-Length until the client hangs
-    up (`endless_done` set then)."""
+    up (`endless_done` set then); a `.tar` it lacks, a 404 once its headers are released."""
 
     def __init__(self, *args, release, endless_done: threading.Event, **kwargs) -> None:
         self.release, self.endless_done = release, endless_done
@@ -88,8 +90,12 @@ class _HeldBodies(SimpleHTTPRequestHandler):
             return
         endless = self.path.startswith("/endless/")
         cut = self.path.startswith("/cut/")
-        served = self.path.removeprefix("/cut")
-        data = b"" if endless else Path(self.translate_path(served)).read_bytes()
+        served = Path(self.translate_path(self.path.removeprefix("/cut")))
+        if not endless and not served.is_file():  # a shard the server lacks: its 404
+            self.release(self.path, "headers")
+            self.send_error(404)
+            return
+        data = b"" if endless else served.read_bytes()
         self.release(self.path, "headers")
         self.send_response(200)
         if not endless:
@@ -259,3 +265,81 @@ def test_a_shard_waits_for_the_room_another_download_frees(tmp_path, small_tmpfs
     assert downloaded.read_bytes() == (served / "b-000000.tar").read_bytes()
     assert asked.count("/b-000000.tar") == 2  # asked again once the room was free
     assert _cached(cache) == {"b-000000.tar": downloaded.read_bytes()}
+
+
+def test_a_failure_stops_a_download_waiting_for_room_at_once(tmp_path, small_tmpfs, monkeypatch):
+    """a (0.6 of the room) claims it, its body held back; b (0.6) waits for a's claim to end;
+    then c, which the server lacks, fails with no claim of its own. b stops at once, woken by
+    the stop (no claim ended: a 1 s poll saw it before), before a's body comes; the run's
+    error is c's, b was asked for once, nothing is kept."""
+    from torchkit.core.data.sources import http_shards
+
+    cache = small_tmpfs(1024)
+    _, room = _room(cache)
+    served = tmp_path / "served"
+    served.mkdir()
+    _shard(served / "a-000000.tar", room * 3 // 5)
+    _shard(served / "b-000000.tar", room * 3 // 5)
+    measured = _Measured(cache, monkeypatch)
+    waiting, waited = threading.Event(), threading.Event()
+    wait_past = http_shards._CLAIMS.wait_past
+
+    def observed_wait_past(ended: int, stop: threading.Event) -> None:
+        waiting.set()
+        try:
+            wait_past(ended, stop)
+        finally:
+            waited.set()
+
+    monkeypatch.setattr(http_shards._CLAIMS, "wait_past", observed_wait_past)
+    asked: list[str] = []
+    body_after_wait: list[bool] = []
+
+    def release(path: str, part: str) -> None:
+        # b's headers once a claimed its room; c's 404 once b waits; a's body once b stopped.
+        if part == "headers":
+            asked.append(path)
+        if path.startswith("/b-") and part == "headers":
+            measured.reached(1)
+        elif path.startswith("/c-"):
+            waiting.wait(WAIT_S)
+        elif path.startswith("/a-") and part == "body":
+            body_after_wait.append(waited.wait(WAIT_S))
+
+    serving, _ = _serving(served, cache, monkeypatch, release)
+    with serving as server:
+        urls = [f"{server.url}/{name}-000000.tar" for name in "abc"]
+        try:
+            http_shards.fetch_shards(urls)
+        except TorchkitError as error:
+            failure = error
+    assert waiting.is_set() and body_after_wait == [True]  # b stopped before a's body came
+    assert failure.message.startswith(f"cannot download {urls[2]}: HTTP 404"), failure.message
+    assert asked.count("/b-000000.tar") == 1  # stopped, not asked for again
+    left = {p.name for p in cache.rglob("*") if p.is_file()}
+    assert all(name.endswith(".tar.lock") for name in left), left  # no shard, no temporary
+
+
+def test_a_forked_process_waits_for_no_claim_of_its_parent(tmp_path, monkeypatch):
+    """A process forked while a download of its parent claimed room (a loader worker) inherited
+    that claim, which no thread of its ever ended: a shard that fit beside nothing but it
+    waited for ever. The child starts with no claim: its shard is let in."""
+    from torchkit.core.data.sources import http_shards
+
+    monkeypatch.setattr(http_shards, "_free_bytes", lambda folder: 100_000)  # room: 95,000
+    monkeypatch.delenv("TORCHKIT_CACHE_LIMIT", raising=False)
+    claims, stop, size = http_shards._CLAIMS, threading.Event(), (60_000, "its Content-Length is")
+    with claims.claim("http://h/a-000000.tar", tmp_path, size, stop) as held:
+        assert isinstance(held, http_shards._Claim)
+        beside = claims.claim("http://h/b-000000.tar", tmp_path, size, stop)
+        assert not isinstance(beside, http_shards._Claim)  # in the parent, b waits for a
+        child = os.fork()
+        if child == 0:
+            code = 1
+            try:
+                inherited = claims.claim("http://h/b-000000.tar", tmp_path, size, stop)
+                code = 0 if isinstance(inherited, http_shards._Claim) else 3
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0  # 3: it would have waited for a

@@ -491,13 +491,11 @@ def _run_all(jobs: list[tuple[str, _Folder, str]]) -> None:
                 error = future.exception()
                 if error is not None and not isinstance(error, _Stopped):
                     errors[futures[future]] = error
-                    stop.set()
-                    _CLAIMS.wake()  # the downloads waiting for room stop too
+                    _stop_downloads(stop)
                     for other in futures:
                         other.cancel()
         except BaseException:  # Ctrl-C: the downloads in flight stop and clean up
-            stop.set()
-            _CLAIMS.wake()
+            _stop_downloads(stop)
             for other in futures:
                 other.cancel()
             raise
@@ -507,6 +505,13 @@ def _run_all(jobs: list[tuple[str, _Folder, str]]) -> None:
 
 class _Stopped(Exception):
     """A download given up because another one failed."""
+
+
+def _stop_downloads(stop: threading.Event) -> None:
+    """Set `stop`, and wake the downloads waiting for room on the cache's disk (`_Claims`
+    waits for nothing but a claim's end or this): they stop at once, not when a claim ends."""
+    stop.set()
+    _CLAIMS.wake()
 
 
 def _fetch_one(url: str, folder: _Folder, name: str, stop: threading.Event) -> None:
@@ -901,6 +906,13 @@ class _Claims:
     nothing else in flight is refused at once."""
 
     def __init__(self) -> None:
+        self.forget()
+
+    def forget(self) -> None:
+        """No claim held, none ended: a forked process's start (a loader worker). The claims
+        it inherits are its parent's downloads, whose threads it lacks: never ended there, a
+        download that waited for one waited for ever, and a lock one of them held at the fork
+        stayed held."""
         self._changed = threading.Condition()
         self._held: list[_Claim] = []
         self._ended = 0  # claims ended so far: what a download waiting for room waits on
@@ -960,15 +972,18 @@ class _Claims:
             self._changed.notify_all()
 
     def wait_past(self, ended: int, stop: threading.Event) -> None:
-        """Until a claim ends after `ended` were (`claim`'s count), or `stop` is set."""
+        """Until a claim ends after `ended` were (`claim`'s count), or `stop` is set (by
+        `_stop_downloads`, which wakes it: no polling)."""
         with self._changed:
             while self._ended == ended and not stop.is_set():
-                self._changed.wait(1.0)  # a stop set without `wake` is seen within a second
+                self._changed.wait()
         if stop.is_set():
             raise _Stopped
 
 
 _CLAIMS = _Claims()
+if hasattr(os, "register_at_fork"):  # not on Windows (no fork there)
+    os.register_at_fork(after_in_child=_CLAIMS.forget)
 
 
 def _check_whole_tar(url: str, temporary: Path) -> None:
