@@ -44,6 +44,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # torch is imported; OMP_NUM_THREADS given by the caller wins. (Suite: 7:21 -> 5:51.)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import kept_environment  # noqa: E402
 import pytest  # noqa: E402
 
 # The helpers behind the fixtures live in tests/helpers/ by job. The names test modules imported
@@ -140,15 +141,22 @@ def environment_kept():
     """The environment as the test found it. An in-process command may set variables for the
     rest of its process, as torchkit does (`--deterministic` sets CUBLAS_WORKSPACE_CONFIG):
     left behind, they would reach every later test of the worker, and the ones torch reads at
-    import would give each later torchkit process a preloaded server of its own.
+    import would give each later torchkit process a preloaded server of its own. Only what
+    changed is set again (kept_environment.py)."""
+    with kept_environment.environment_kept():
+        yield
 
-    Copied and compared as os.environ keeps it (`_data`, its encoded variables): a plain dict
-    copy and comparison decode every variable twice, 0.14 ms of every test's 2.5 ms."""
-    before = os.environ._data.copy()
-    yield
-    if os.environ._data != before:
-        os.environ.clear()
-        os.environ.update({os.fsdecode(key): os.fsdecode(value) for key, value in before.items()})
+
+@pytest.fixture(scope="module", autouse=True)
+def module_environment_kept():
+    """The environment as the module found it, once its module-scoped fixtures end: what they
+    set (an in-process `train --deterministic` run in a module fixture sets
+    CUBLAS_WORKSPACE_CONFIG; `--profile`, KINETO_LOG_LEVEL) is set before any test's own
+    `environment_kept` starts. Left behind, it reached every later module of the worker, and
+    since torch's libraries read such variables, each later torchkit process needed new
+    preloaded servers (about 3.5 s of CPU each) instead of the worker's first ones."""
+    with kept_environment.environment_kept():
+        yield
 
 
 @pytest.fixture(scope="module", autouse=True)
