@@ -179,6 +179,9 @@ MAX_SERVERS = 4  # rank 0 and 1 of the DDP tests, plain processes, one more envi
 # arguments (tab-separated). Its CPU is otherwise booked on the server, reaped with the session:
 # a worker's last test. To measure; see /work/notes/s73/forks.md.
 FORK_LOG = "TORCHKIT_TEST_FORK_LOG"
+# With PRELOAD_LOG=FILE in the test process, a line for each server started and the counts at
+# the session's end (`preloaded_servers`).
+PRELOAD_LOG = "TORCHKIT_TEST_PRELOAD_LOG"
 
 # The server: `python -c SERVER FD PADDING` with the socket's descriptor as its argument (the
 # padding makes room for a fork's command line). It imports torch, checks it is still one thread
@@ -439,6 +442,7 @@ class PreloadedServers:
         self.started = 0  # servers started, forks made, processes started fresh
         self.forked = 0
         self.fresh = 0
+        self.first_key: dict[str, str] | None = None  # the import variables of the first one
 
     def server_for(self, environment: dict[str, str]) -> PreloadedServer | None:
         """The server for a process with `environment` (started if worth it), or None: it
@@ -460,7 +464,25 @@ class PreloadedServers:
         self.retired = [server for server in self.retired if server.process.poll() is None]
         server = self.active[key] = PreloadedServer(imported)
         self.started += 1
+        if log := os.environ.get(PRELOAD_LOG):
+            self._log_start(log, key, own)
         return None if server.refused else server
+
+    def _log_start(self, log: str, key: tuple, own: dict[str, str]) -> None:
+        """A line for a server started (PRELOAD_LOG): for which test, which rank, and the
+        variables by which its key differs from the test process's own environment now and
+        from the first server's key (`NAME=its/own/first's`): a variable a test left behind
+        shows here as one that every later server has."""
+        imported = dict(key[1])
+        self.first_key = first = self.first_key or imported
+        differs = sorted(
+            f"{name}={imported.get(name)!r}/{own.get(name)!r}/{first.get(name)!r}"
+            for name in {*imported, *own, *first}
+            if not imported.get(name) == own.get(name) == first.get(name)
+        )
+        test = os.environ.get("PYTEST_CURRENT_TEST", "-")
+        with open(log, "a") as lines:
+            lines.write(f"server\t{test}\trank {key[0]}\t{' '.join(differs)}\n")
 
     def close(self) -> None:
         for server in [*self.active.values(), *self.retired]:
@@ -476,13 +498,13 @@ SERVERS = PreloadedServers()
 @contextlib.contextmanager
 def preloaded_servers() -> Iterator[PreloadedServers]:
     """This process's servers (each started on first use), closed when the block ends. With
-    TORCHKIT_TEST_PRELOAD_LOG=FILE, a line of how many servers, forks and fresh processes it
-    started is added to FILE (to measure)."""
+    TORCHKIT_TEST_PRELOAD_LOG=FILE, a line for each server started (`_log_start`) and one of how
+    many servers, forks and fresh processes it started are added to FILE (to measure)."""
     try:
         yield SERVERS
     finally:
         SERVERS.close()
-        if log := os.environ.get("TORCHKIT_TEST_PRELOAD_LOG"):
+        if log := os.environ.get(PRELOAD_LOG):
             with open(log, "a") as counts:
                 counts.write(
                     f"servers {SERVERS.started} forked {SERVERS.forked} fresh {SERVERS.fresh}\n"

@@ -157,6 +157,26 @@ def test_a_differing_import_variable_gets_its_own_server_or_starts_fresh(monkeyp
     assert list(servers.active.values())[:2] == [rank, plain]
 
 
+def test_the_preload_log_names_each_servers_test_and_how_its_key_differs(monkeypatch, tmp_path):
+    """With TORCHKIT_TEST_PRELOAD_LOG a line for each server started: the test, the rank and
+    the variables by which its key differs from the test process's own and the first key."""
+    monkeypatch.setattr(preloaded_processes, "PreloadedServer", _RecordedServer)
+    log = tmp_path / "preload.log"
+    monkeypatch.setenv(preloaded_processes.PRELOAD_LOG, str(log))
+    servers = PreloadedServers()
+    own = preloaded_processes.child_environment(None)
+    servers.server_for(own)
+    servers.server_for({**own, "RANK": "1"})
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # left behind by a test
+    servers.server_for(preloaded_processes.child_environment(None))
+    test = os.environ["PYTEST_CURRENT_TEST"]
+    assert log.read_text().splitlines() == [
+        f"server\t{test}\trank 0\t",
+        f"server\t{test}\trank 1\t",
+        f"server\t{test}\trank 0\tCUBLAS_WORKSPACE_CONFIG=':4096:8'/':4096:8'/None",
+    ]
+
+
 @pytest.mark.parametrize(
     "name",
     [
