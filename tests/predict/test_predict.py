@@ -21,7 +21,12 @@ from eval_plots import lay_out_eval_plots_only
 from gloo_ranks import forks_noted, run_ranks, stderr_of, watching_forks
 from output_checks import error_line
 from PIL import Image
-from processes import PipeLines, start_torchkit_process, working_directory
+from processes import (
+    PipeLines,
+    run_torchkit_in_process,
+    start_torchkit_process,
+    working_directory,
+)
 
 from torchkit.cli import app
 from torchkit.core.data.preprocessing import Preprocess
@@ -567,14 +572,23 @@ def test_two_ddp_processes_give_the_same_rows(world, runner, tmp_path):
         assert float(got["probability"]) == pytest.approx(float(want["probability"]), abs=1e-6)
 
 
+@pytest.fixture(scope="module")
+def exported(world, tmp_path_factory) -> dict[str, Path]:
+    """`world`'s checkpoint exported (and verified) once to each of ONNX and TorchScript, for
+    the tests that only read the files: {suffix: path}."""
+    folder = tmp_path_factory.mktemp("exported")
+    files = {suffix: folder / f"model{suffix}" for suffix in (".onnx", ".ts")}
+    for path in files.values():
+        made = run_torchkit_in_process("export", world["ckpt"], path)
+        assert made.returncode == 0, made.stderr
+    return files
+
+
 @pytest.mark.parametrize("suffix", [".onnx", ".ts"])
-def test_an_exported_model_predicts_the_same_classes(runner, world, tmp_path, suffix):
-    exported = tmp_path / f"model{suffix}"
-    made = runner.invoke(app, ["export", str(world["ckpt"]), str(exported)])
-    assert made.exit_code == 0, made.stderr
+def test_an_exported_model_predicts_the_same_classes(runner, world, exported, suffix):
     expected = invoke(runner, world["ckpt"], world["flat"], "--format", "csv", "-j", "0")
     expected = read_csv(expected.stdout)
-    args = [exported, world["flat"], "--format", "csv", "-j", "0"]
+    args = [exported[suffix], world["flat"], "--format", "csv", "-j", "0"]
     if suffix == ".ts":  # TorchScript runs code from the file: trusted only
         refused = invoke(runner, *args)
         assert refused.exit_code == 1 and "--trust-checkpoint" in refused.stderr
@@ -589,15 +603,12 @@ def test_an_exported_model_predicts_the_same_classes(runner, world, tmp_path, su
 
 
 def test_amp_or_channels_last_on_an_onnx_model_is_refused_not_recorded_as_applied(
-    runner, world, tmp_path
+    runner, world, exported
 ):
     """onnxruntime runs outside torch's autocast: eval --amp recorded amp: true, bf16 while its
     numbers were the float32 run's; and it takes plain arrays: --channels-last was silently
     ignored. TorchScript runs under autocast, as a torch module, and keeps both."""
-    onnx_file, script = tmp_path / "model.onnx", tmp_path / "model.ts"
-    for exported in (onnx_file, script):
-        made = runner.invoke(app, ["export", str(world["ckpt"]), str(exported)])
-        assert made.exit_code == 0, made.stderr
+    onnx_file, script = exported[".onnx"], exported[".ts"]
     for option in ("--amp", "--channels-last"):
         for command, data in (
             ("predict", [str(world["flat"])]),
