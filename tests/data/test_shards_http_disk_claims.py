@@ -282,16 +282,16 @@ def test_a_failure_stops_a_download_waiting_for_room_at_once(tmp_path, small_tmp
     _shard(served / "b-000000.tar", room * 3 // 5)
     measured = _Measured(cache, monkeypatch)
     waiting, waited = threading.Event(), threading.Event()
-    wait_past = http_shards._CLAIMS.wait_past
+    wait_for_room = http_shards._CLAIMS.wait_for_room
 
-    def observed_wait_past(ended: int, stop: threading.Event) -> None:
+    def observed_wait_for_room(*args) -> None:
         waiting.set()
         try:
-            wait_past(ended, stop)
+            wait_for_room(*args)
         finally:
             waited.set()
 
-    monkeypatch.setattr(http_shards._CLAIMS, "wait_past", observed_wait_past)
+    monkeypatch.setattr(http_shards._CLAIMS, "wait_for_room", observed_wait_for_room)
     asked: list[str] = []
     body_after_wait: list[bool] = []
 
@@ -343,3 +343,97 @@ def test_a_forked_process_waits_for_no_claim_of_its_parent(tmp_path, monkeypatch
                 os._exit(code)
         _, status = os.waitpid(child, 0)
     assert os.waitstatus_to_exitcode(status) == 0  # 3: it would have waited for a
+
+
+def test_a_waiting_shard_is_judged_by_the_size_the_server_gives_when_asked_again(
+    tmp_path, small_tmpfs, monkeypatch
+):
+    """b (0.6 of the room) waits beside a's claim; meanwhile the server's b grows past the
+    whole room. Asked for again once a is cached, b is refused by its new Content-Length, not
+    by the size its first answer gave; nothing of it is written."""
+    from torchkit.core.data.sources.http_shards import fetch_shards
+
+    cache = small_tmpfs(1024)
+    _, room = _room(cache)
+    served = tmp_path / "served"
+    served.mkdir()
+    _shard(served / "a-000000.tar", room * 3 // 5)
+    _shard(served / "b-000000.tar", room * 3 // 5)
+    measured = _Measured(cache, monkeypatch)
+    asked: list[str] = []
+    grown: list[int] = []
+
+    def release(path: str, part: str) -> None:
+        # b's first answer once a claimed its room (b grows on the server after it); a's body
+        # once b measured the room and waits.
+        if path.startswith("/b-") and part == "headers":
+            asked.append(path)
+            if not grown:
+                measured.reached(1)
+                grown.append(_shard(served / "b-000000.tar", room * 6 // 5))
+        elif path.startswith("/a-") and part == "body":
+            measured.reached(2)
+
+    serving, _ = _serving(served, cache, monkeypatch, release)
+    with serving as server:
+        urls = [f"{server.url}/{name}-000000.tar" for name in "ab"]
+        try:
+            fetch_shards(urls)
+        except TorchkitError as error:
+            failure = error
+    assert failure.message.startswith(
+        f"cannot download {urls[1]}: its Content-Length is {grown[0]} bytes, more than the "
+        "cache's disk has room for"
+    ), failure.message
+    assert asked == ["/b-000000.tar"] * 2
+    assert _cached(cache) == {"a-000000.tar": (served / "a-000000.tar").read_bytes()}
+
+
+def test_a_waiting_shard_is_asked_for_again_only_once_it_fits(tmp_path, small_tmpfs, monkeypatch):
+    """b (0.7 of the room) waits beside a's and c's claims (0.35 each). a fails: b still does
+    not fit beside c, and was asked for again all the same (a request per ended claim: a large
+    shard behind many small ones asked for again and again). Now it is asked for again once c
+    failed too, and downloaded: two requests in all."""
+    from torchkit.core.data.sources.http_shards import fetch_shards
+
+    cache = small_tmpfs(1024)
+    _, room = _room(cache)
+    served = tmp_path / "served"
+    served.mkdir()
+    for name, share in (("a", 35), ("b", 70), ("c", 35)):
+        _shard(served / f"{name}-000000.tar", room * share // 100)
+    measured = _Measured(cache, monkeypatch)
+    asked: list[str] = []
+
+    def release(path: str, part: str) -> None:
+        # b once a and c claimed their room; a's cut body once b measured it and waits; c's
+        # once b judged the room again after a's end.
+        if part == "headers":
+            asked.append(path)
+        if path.startswith("/b-") and part == "headers":
+            measured.reached(2)
+        elif path.startswith("/cut/a-") and part == "body":
+            measured.reached(3)
+        elif path.startswith("/cut/c-") and part == "body":
+            measured.reached(4)
+
+    serving, _ = _serving(served, cache, monkeypatch, release)
+    outcomes: dict[str, object] = {}
+
+    def fetch(url: str) -> None:
+        try:
+            outcomes[url] = fetch_shards([url])
+        except TorchkitError as error:  # the outcome the test checks
+            outcomes[url] = error
+
+    with serving as server:
+        urls = [f"{server.url}/{path}-000000.tar" for path in ("cut/a", "b", "cut/c")]
+        threads = [threading.Thread(target=fetch, args=(url,)) for url in urls]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(WAIT_S)
+        assert not any(thread.is_alive() for thread in threads)
+    assert all(isinstance(outcomes[url], TorchkitError) for url in (urls[0], urls[2])), outcomes
+    assert asked.count("/b-000000.tar") == 2, asked
+    assert _cached(cache) == {"b-000000.tar": (served / "b-000000.tar").read_bytes()}

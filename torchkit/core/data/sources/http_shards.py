@@ -715,22 +715,23 @@ def _download(
 ) -> None:
     """`url` streamed into `target` through a temporary file, renamed once complete and
     checked; nothing under `target`'s name on any failure. A body that fits the cache's disk
-    but not beside what the downloads in flight claim of it (`_CLAIMS`) waits for one of them
-    to end and is asked for again: its response is closed meanwhile (a server drops a
-    connection left idle, and the body would end early)."""
+    but not beside what the downloads in flight claim of it (`_CLAIMS`) waits until enough of
+    them ended for it to fit, and is asked for again (its size checked anew): its response is
+    closed meanwhile (a server drops a connection left idle, and the body would end early)."""
     while True:
-        ended = _download_once(url, target, expected, stop)
-        if ended is None:
+        waits = _download_once(url, target, expected, stop)
+        if waits is None:
             return
         log.info("%s waits for room on the cache's disk (other downloads claim it)", _shown(url))
-        _CLAIMS.wait_past(ended, stop)
+        _CLAIMS.wait_for_room(url, target.parent, *waits, stop)
 
 
 def _download_once(
     url: str, target: Path, expected: dict[str, Any] | None, stop: threading.Event
-) -> int | None:
+) -> tuple[tuple[int, str], int] | None:
     """`_download`'s one request: None once `target` is downloaded, or, where the body does
-    not fit beside the downloads in flight, `_CLAIMS`'s count of ended claims to wait past."""
+    not fit beside the downloads in flight, its size and `_CLAIMS`'s count of ended claims
+    (`_Claims.wait_for_room`'s)."""
     from torchkit.core.io.files import atomic_write
 
     started = time.perf_counter()
@@ -752,7 +753,8 @@ def _download_once(
             size = (length, "its Content-Length is")
         claim = _CLAIMS.claim(url, target.parent, size, stop)
         if not isinstance(claim, _Claim):
-            return claim
+            assert size is not None  # a body of no size never waits
+            return size, claim
         # The claim ends after the temporary file is deleted: its room is never counted free
         # while the file still takes it.
         with claim, _writing_the_cache(), atomic_write(target, "wb", check=whole_tar) as handle:
@@ -901,9 +903,10 @@ class _Claims:
     shards' sizes), so that several at once (`DOWNLOAD_THREADS`, streamed shards of two
     folders) never together take more than the disk has room for: each checked the same free
     room, and four shards of 0.4 of it each all began and filled the disk. A body that fits the
-    disk but not beside the claims waits until one of them ends (the room a failed or stopped
-    download frees, the margin a shorter free room keeps); one that cannot fit even with
-    nothing else in flight is refused at once."""
+    disk but not beside the claims waits until enough of them ended for it to fit (the room a
+    failed or stopped download frees, the margin a shorter free room keeps); one that cannot
+    fit even with nothing else in flight is refused at once. A process's own: others (ranks,
+    two runs on one cache, loader workers) do not see them (docs/data.md)."""
 
     def __init__(self) -> None:
         self.forget()
@@ -922,30 +925,35 @@ class _Claims:
     ) -> _Claim | int:
         """A claim for a download of `url` into the cache `folder` of a body of `size` (None:
         of no known size), or, where it fits the disk but not beside the others' claims, the
-        count of ended claims to `wait_past`; the error of a body larger than the cache may
-        take (`_too_large`)."""
+        count of ended claims to `wait_for_room`; the error of a body larger than the cache
+        may take (`_too_large`)."""
         limit = cache_limit()
         device = _device(folder)
         with self._changed:
             if stop.is_set():  # another download failed: no claim, no error of its own
                 raise _Stopped
-            if size is not None:
-                others = [c for c in self._held if c.device == device]
-                free = _free_bytes(folder)
-                # Refused at once only where it would not fit with nothing else in flight (what
-                # the others wrote so far freed too): else their end may make room for it.
-                written = sum(c.written for c in others)
-                alone = None if free is None else _room_of(free + written)
-                error = _too_large(url, size, alone, limit)
-                if error is not None:
-                    raise error
-                room = None if free is None else _room_of(free)
-                claimed = sum(c.outstanding for c in others)
-                if _too_large(url, size, room, limit, claimed) is not None:
-                    return self._ended  # others are in flight, and will end
+            if size is not None and not self._fits(url, folder, device, size, limit):
+                return self._ended  # others are in flight, and will end
             claim = _Claim(self, url, folder, device, size)
             self._held.append(claim)
             return claim
+
+    def _fits(
+        self, url: str, folder: Path, device: int, size: tuple[int, str], limit: int | None
+    ) -> bool:
+        """Whether a body of `size` fits the disk of the cache `folder` beside the claims on
+        it; the error of one that would not fit with nothing else in flight (what the others
+        wrote so far freed too: their end may make room for it, else nothing will)."""
+        others = [c for c in self._held if c.device == device]
+        free = _free_bytes(folder)
+        written = sum(c.written for c in others)
+        alone = None if free is None else _room_of(free + written)
+        error = _too_large(url, size, alone, limit)
+        if error is not None:
+            raise error
+        room = None if free is None else _room_of(free)
+        claimed = sum(c.outstanding for c in others)
+        return _too_large(url, size, room, limit, claimed) is None
 
     def admit(self, claim: _Claim, count: int) -> None:
         """`_Claim.admit`: the disk's room measured again each time, its own writes added back
@@ -971,14 +979,27 @@ class _Claims:
         with self._changed:
             self._changed.notify_all()
 
-    def wait_past(self, ended: int, stop: threading.Event) -> None:
-        """Until a claim ends after `ended` were (`claim`'s count), or `stop` is set (by
+    def wait_for_room(
+        self, url: str, folder: Path, size: tuple[int, str], ended: int, stop: threading.Event
+    ) -> None:
+        """Until a body of `size` that `claim` let wait (`ended`: its count) fits beside the
+        claims left, judged each time one ends (not asked for again after each: a large shard
+        behind many small ones was), or would not fit even alone (asked for again: its size
+        may have changed, and is the error's); `_Stopped` once `stop` is set (by
         `_stop_downloads`, which wakes it: no polling)."""
+        limit = cache_limit()
+        device = _device(folder)
         with self._changed:
-            while self._ended == ended and not stop.is_set():
+            while not stop.is_set():
+                if self._ended != ended:
+                    ended = self._ended
+                    try:
+                        if self._fits(url, folder, device, size, limit):
+                            return
+                    except InputError:  # no room even alone now: the request's error
+                        return
                 self._changed.wait()
-        if stop.is_set():
-            raise _Stopped
+        raise _Stopped
 
 
 _CLAIMS = _Claims()
