@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,7 @@ from output_checks import hidden_siblings, tree_digest
 from processes import run_torchkit_in_process
 from signal_placement import signalled_on_entry
 
-from torchkit.core.io import outputs
+from torchkit.core.io import open_outputs, outputs
 from torchkit.core.io.outputs import PARTIAL_SUFFIX, OutputFolder
 from torchkit.core.split import output as split_output
 
@@ -159,3 +160,28 @@ def test_dataset_stats_report_stopped_as_its_temporary_clean_up_begins_leaves_no
     _stopped(result, signalled)
     assert report.read_bytes() == earlier
     assert sorted(os.listdir(tmp_path)) == ["images", "report.json"]
+
+
+def test_the_end_of_a_command_closes_its_own_thread_s_outputs_newest_first():
+    # A background writer's file (another thread) finishes or fails in its own clean-up, never
+    # removed under it; an output opened before the command is not the command's.
+    closed_at_end: list[str] = []
+
+    class Probe:
+        def __init__(self, name: str) -> None:
+            self.name = name
+            self.token = open_outputs.opened(self)
+
+        def close_unfinished(self, error: BaseException | None) -> None:
+            closed_at_end.append(f"{self.name}: {type(error).__name__}")
+
+    probes = [Probe("earlier")]
+    with pytest.raises(KeyboardInterrupt), open_outputs.closed_at_end():
+        probes += [Probe("first"), Probe("second")]
+        writer = threading.Thread(target=lambda: probes.append(Probe("other thread")))
+        writer.start()
+        writer.join()
+        raise KeyboardInterrupt
+    assert closed_at_end == ["second: KeyboardInterrupt", "first: KeyboardInterrupt"]
+    for probe in probes:
+        open_outputs.closed(probe.token)

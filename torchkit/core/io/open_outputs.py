@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import threading
 from collections.abc import Iterator
 from typing import Protocol
 
@@ -32,34 +33,32 @@ class OpenOutput(Protocol):
         kept), an earlier output goes back, locks are released."""
 
 
-_open: dict[int, OpenOutput] = {}  # token -> output, in the order they were opened
+# token -> (the thread that opened it, the output), in the order they were opened
+_open: dict[int, tuple[int, OpenOutput]] = {}
 _tokens = itertools.count(1)
 
 
 def opened(output: OpenOutput) -> int:
     """Register `output` as open; the token returned closes the registration (`closed`)."""
     token = next(_tokens)
-    _open[token] = output
+    _open[token] = (threading.get_ident(), output)
     return token
 
 
 def closed(token: int | None) -> None:
-    """`output` is done with: nothing of it is left for the end of the command to close."""
+    """The output `token` registered is done with: nothing of it is left to close."""
     if token is not None:
         _open.pop(token, None)
-
-
-def open_count() -> int:
-    """How many outputs are open now (in this process)."""
-    return len(_open)
 
 
 @contextlib.contextmanager
 def closed_at_end() -> Iterator[None]:
     """Close every output opened in the block and still open when it ends, newest first: the
     outputs a stopped (or failed) command could not close itself. Outputs opened before the
-    block are not the block's."""
+    block are not the block's, nor those of other threads (a background writer's file): a
+    signal is raised in this thread only, and theirs finish or fail in their own clean-up."""
     first = next(_tokens)  # every token the block hands out is above this one
+    thread = threading.get_ident()
     error: BaseException | None = None
     try:
         yield
@@ -67,10 +66,13 @@ def closed_at_end() -> Iterator[None]:
         error = stopped
         raise
     finally:
-        for token in sorted((t for t in _open if t > first), reverse=True):
-            output = _open.pop(token, None)
-            if output is None:  # closed meanwhile by another one's close
+        # A copy of the keys: other threads open and close theirs meanwhile.
+        for token in sorted([t for t in list(_open) if t > first], reverse=True):
+            entry = _open.get(token)
+            if entry is None or entry[0] != thread:  # closed meanwhile, or another thread's
                 continue
+            _open.pop(token, None)
+            output = entry[1]
             try:
                 output.close_unfinished(error)
             except Exception as failure:  # the command's own ending is the one reported
