@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 import pytest
+from image_folders import write_image_folder
 
 from torchkit.core.evaluate import metrics
 from torchkit.core.evaluate.metrics import compute_metrics
@@ -125,18 +126,22 @@ def test_eval_out_draws_its_plots_in_the_scorers_process_which_scores_as_this_on
     # As in a fresh eval process (this one may have drawn or scored in-process before).
     monkeypatch.delitem(sys.modules, "sklearn.metrics", raising=False)
     monkeypatch.setattr(plot_helper, "wanted", lambda: True)
-    spec = ModelSpec(model="convnet", allow_untrained=True, image_size=8)
+    spec = ModelSpec(model="convnet", num_classes=3, allow_untrained=True, image_size=8)
+    # Eight images of three classes: both PNGs have something in them to draw (digits' 179
+    # images and 10 classes drew 16 mistakes and a larger matrix twice, in two processes).
+    data = write_image_folder(tmp_path / "data", {"a": 3, "b": 3, "c": 2})
 
     def run(out):
         import torch
 
         torch.manual_seed(0)  # the untrained model's weights: the same mistakes each time
         options = EvalOptions(
-            data="digits", out_dir=out, run=InferenceOptions(workers=0, device="cpu")
+            data=str(data), out_dir=out, run=InferenceOptions(workers=0, device="cpu")
         )
         return evaluate(spec, options)
 
     with_helper = run(tmp_path / "helper")
+    assert 0 < with_helper.metrics.accuracy < 1  # mistakes for errors.png, and right answers
     assert started == [(metrics.SERVICE, plot_helper.SERVICE)]
     [(scorer, process)] = scorers
     assert scorer.process is None and process.returncode == 0  # ended as its stdin closed
