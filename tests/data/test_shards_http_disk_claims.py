@@ -14,13 +14,16 @@ import functools
 import io
 import os
 import re
+import signal
 import tarfile
 import threading
 from http.server import SimpleHTTPRequestHandler
 from pathlib import Path
 
+import pytest
 from output_checks import error_line
-from processes import run_torchkit_in_process
+from processes import run_torchkit_in_process, start_torchkit_process
+from safety_world import ended_as_stopped
 from shards import running_server
 
 from torchkit.core.io.errors import TorchkitError
@@ -309,10 +312,9 @@ def test_a_failure_stops_a_download_waiting_for_room_at_once(tmp_path, small_tmp
     serving, _ = _serving(served, cache, monkeypatch, release)
     with serving as server:
         urls = [f"{server.url}/{name}-000000.tar" for name in "abc"]
-        try:
+        with pytest.raises(TorchkitError) as raised:
             http_shards.fetch_shards(urls)
-        except TorchkitError as error:
-            failure = error
+    failure = raised.value
     assert waiting.is_set() and body_after_wait == [True]  # b stopped before a's body came
     assert failure.message.startswith(f"cannot download {urls[2]}: HTTP 404"), failure.message
     assert asked.count("/b-000000.tar") == 1  # stopped, not asked for again
@@ -377,10 +379,9 @@ def test_a_waiting_shard_is_judged_by_the_size_the_server_gives_when_asked_again
     serving, _ = _serving(served, cache, monkeypatch, release)
     with serving as server:
         urls = [f"{server.url}/{name}-000000.tar" for name in "ab"]
-        try:
+        with pytest.raises(TorchkitError) as raised:
             fetch_shards(urls)
-        except TorchkitError as error:
-            failure = error
+    failure = raised.value
     assert failure.message.startswith(
         f"cannot download {urls[1]}: its Content-Length is {grown[0]} bytes, more than the "
         "cache's disk has room for"
@@ -437,3 +438,48 @@ def test_a_waiting_shard_is_asked_for_again_only_once_it_fits(tmp_path, small_tm
     assert all(isinstance(outcomes[url], TorchkitError) for url in (urls[0], urls[2])), outcomes
     assert asked.count("/b-000000.tar") == 2, asked
     assert _cached(cache) == {"b-000000.tar": (served / "b-000000.tar").read_bytes()}
+
+
+def test_ctrl_c_while_a_shard_waits_for_room_ends_the_run_cleanly(
+    tmp_path, small_tmpfs, monkeypatch
+):
+    """A real run: two shards of 0.6 of the room, one claims it (its body held back), the other
+    waits for it (the run says so). Ctrl-C then ends the run with 130 and its one line
+    (SIGTERM takes the same way: 143), the waiting shard stopped at once, and nothing of
+    either left in the cache but the holder's shard whole (its body is let go with the
+    signal: a read its server stalls ends only with TORCHKIT_HTTP_TIMEOUT, waiting or not)."""
+    cache = small_tmpfs(1024)
+    _, room = _room(cache)
+    served = tmp_path / "served"
+    served.mkdir()
+    for name in "ab":
+        _shard(served / f"{name}-000000.tar", room * 3 // 5)
+    signalled = threading.Event()
+
+    def release(path: str, part: str) -> None:
+        if part == "body":  # whichever claims first holds the room until the signal
+            signalled.wait(WAIT_S)
+
+    serving, _ = _serving(served, cache, monkeypatch, release)
+    with serving as server:
+        process = start_torchkit_process(
+            "-v",
+            "dataset-stats",
+            f"{server.url}/{{a,b}}-000000.tar",
+            "--workers",
+            "0",
+            env={"TORCHKIT_CACHE": str(cache)},
+        )
+        said = []
+        while not any("waits for room on the cache's disk" in line for line in said):
+            line = process.stderr.readline()
+            assert line, "".join(said)  # the run ended before a shard waited
+            said.append(line)
+        process.send_signal(signal.SIGINT)
+        signalled.set()
+        _, stderr = process.communicate(timeout=WAIT_S)
+    ended_as_stopped(process, signal.SIGINT, process.returncode, "".join(said) + stderr)
+    left = {p.name: p for p in cache.rglob("*") if p.is_file() and not p.name.endswith(".lock")}
+    assert len(left) <= 1 and all(  # no temporary; at most the holder's shard, whole
+        path.read_bytes() == (served / name).read_bytes() for name, path in left.items()
+    ), left
