@@ -15,6 +15,7 @@ import io
 import os
 import re
 import signal
+import subprocess
 import tarfile
 import threading
 from http.server import SimpleHTTPRequestHandler
@@ -444,10 +445,9 @@ def test_ctrl_c_while_a_shard_waits_for_room_ends_the_run_cleanly(
     tmp_path, small_tmpfs, monkeypatch
 ):
     """A real run: two shards of 0.6 of the room, one claims it (its body held back), the other
-    waits for it (the run says so). Ctrl-C then ends the run with 130 and its one line
-    (SIGTERM takes the same way: 143), the waiting shard stopped at once, and nothing of
-    either left in the cache but the holder's shard whole (its body is let go with the
-    signal: a read its server stalls ends only with TORCHKIT_HTTP_TIMEOUT, waiting or not)."""
+    waits for it (the run says so). Ctrl-C then ends the run at once, with 130 and its one
+    line (SIGTERM takes the same way: 143): the waiting shard stopped, the holder's stalled
+    read hung up on (it waited for TORCHKIT_HTTP_TIMEOUT), nothing of either left."""
     cache = small_tmpfs(1024)
     _, room = _room(cache)
     served = tmp_path / "served"
@@ -457,7 +457,7 @@ def test_ctrl_c_while_a_shard_waits_for_room_ends_the_run_cleanly(
     signalled = threading.Event()
 
     def release(path: str, part: str) -> None:
-        if part == "body":  # whichever claims first holds the room until the signal
+        if part == "body":  # whichever claims first holds the room until the run ended
             signalled.wait(WAIT_S)
 
     serving, _ = _serving(served, cache, monkeypatch, release)
@@ -476,10 +476,48 @@ def test_ctrl_c_while_a_shard_waits_for_room_ends_the_run_cleanly(
             assert line, "".join(said)  # the run ended before a shard waited
             said.append(line)
         process.send_signal(signal.SIGINT)
-        signalled.set()
-        _, stderr = process.communicate(timeout=WAIT_S)
+        try:
+            _, stderr = process.communicate(timeout=WAIT_S // 2)  # the client's timeout: 30 s
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+            raise
+        finally:
+            signalled.set()
     ended_as_stopped(process, signal.SIGINT, process.returncode, "".join(said) + stderr)
-    left = {p.name: p for p in cache.rglob("*") if p.is_file() and not p.name.endswith(".lock")}
-    assert len(left) <= 1 and all(  # no temporary; at most the holder's shard, whole
-        path.read_bytes() == (served / name).read_bytes() for name, path in left.items()
-    ), left
+    left = {p.name for p in cache.rglob("*") if p.is_file()}
+    assert all(name.endswith(".tar.lock") for name in left), left  # no shard, no temporary
+
+
+def test_a_failure_ends_a_read_its_server_stalls_at_once(tmp_path, monkeypatch):
+    """a's server sends its headers, then stalls its body; c, which the server lacks, fails.
+    The run waited for a's read until its timeout (TORCHKIT_HTTP_TIMEOUT, 30 s) before it
+    gave c's error; now a's connection is hung up on at once, its download stopped, not failed
+    (the error is c's), nothing of it kept."""
+    from torchkit.core.data.sources import http_shards
+
+    served = tmp_path / "served"
+    served.mkdir()
+    _shard(served / "a-000000.tar", 64 * 1024)
+    stalling, ended = threading.Event(), threading.Event()
+    stalled: list[bool] = []
+
+    def release(path: str, part: str) -> None:
+        if path.startswith("/a-") and part == "body":
+            stalling.set()
+            stalled.append(ended.wait(WAIT_S))  # until the run ended
+        elif path.startswith("/c-"):
+            stalling.wait(WAIT_S)
+
+    cache = tmp_path / "cache"
+    serving, _ = _serving(served, cache, monkeypatch, release)
+    with serving as server:
+        urls = [f"{server.url}/{name}-000000.tar" for name in "ac"]
+        with pytest.raises(TorchkitError) as raised:
+            http_shards.fetch_shards(urls)
+        ended.set()
+    assert stalled == [True]  # the run ended while a's body was still held back
+    assert raised.value.message.startswith(f"cannot download {urls[1]}: HTTP 404")
+    left = {p.name for p in cache.rglob("*") if p.is_file()}
+    assert all(name.endswith(".tar.lock") for name in left), left  # no shard, no temporary
+    assert not http_shards._READING

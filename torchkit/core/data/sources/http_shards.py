@@ -508,10 +508,57 @@ class _Stopped(Exception):
 
 
 def _stop_downloads(stop: threading.Event) -> None:
-    """Set `stop`, and wake the downloads waiting for room on the cache's disk (`_Claims`
-    waits for nothing but a claim's end or this): they stop at once, not when a claim ends."""
-    stop.set()
+    """Set `stop`, wake the downloads waiting for room on the cache's disk (`_Claims` waits
+    for nothing but a claim's end or this) and end the reads of those in flight (`_reading`):
+    they stop at once, not when a claim ends or a stalled server's TORCHKIT_HTTP_TIMEOUT."""
+    with _READING_LOCK:
+        stop.set()
+        responses = list(_READING.get(stop, ()))
     _CLAIMS.wake()
+    for response in responses:
+        _hang_up(response)
+
+
+# The responses downloads read under each `stop` (`_run_all`'s): a read a server stalls blocks
+# its thread (Ctrl-C reaches the main thread alone) until the socket's timeout, and the run
+# waited for it after Ctrl-C or another download's failure.
+_READING: dict[threading.Event, set[Any]] = {}
+_READING_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _reading(response: Any, stop: threading.Event) -> Iterator[None]:
+    """`response` read under `stop`: hung up on by `_stop_downloads`, its error then
+    `_Stopped` (the download was stopped, not failed)."""
+    with _READING_LOCK:
+        if stop.is_set():
+            raise _Stopped
+        _READING.setdefault(stop, set()).add(response)
+    try:
+        yield
+    except TorchkitError:
+        if stop.is_set():
+            raise _Stopped from None
+        raise
+    finally:
+        with _READING_LOCK:
+            reading = _READING[stop]
+            reading.discard(response)
+            if not reading:
+                del _READING[stop]
+
+
+def _hang_up(response: Any) -> None:
+    """End a read of `response` blocked in another thread: its socket shut down (the plain
+    socket's shutdown, under TLS too: the TLS state is the reading thread's), so the read ends
+    at once with the body short."""
+    import socket
+
+    raw = getattr(getattr(getattr(response, "_response", response), "fp", None), "raw", None)
+    connection = getattr(raw, "_sock", None)
+    if isinstance(connection, socket.socket):
+        with contextlib.suppress(OSError):
+            socket.socket.shutdown(connection, socket.SHUT_RDWR)
 
 
 def _fetch_one(url: str, folder: _Folder, name: str, stop: threading.Event) -> None:
@@ -757,7 +804,12 @@ def _download_once(
             return size, claim
         # The claim ends after the temporary file is deleted: its room is never counted free
         # while the file still takes it.
-        with claim, _writing_the_cache(), atomic_write(target, "wb", check=whole_tar) as handle:
+        with (
+            claim,
+            _reading(response, stop),
+            _writing_the_cache(),
+            atomic_write(target, "wb", check=whole_tar) as handle,
+        ):
             while True:
                 if stop.is_set():
                     raise _Stopped
