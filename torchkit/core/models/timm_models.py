@@ -25,7 +25,7 @@ from torchkit.core.models.hub_cache import (
     refuse_damaged_cached_file,
     require_downloadable,
 )
-from torchkit.core.models.random_init import built_for_loading
+from torchkit.core.models.random_init import built_for_loading, skipped_weight_init
 from torchkit.core.models.size_bound import refuse_unrunnable_size
 
 TIMM_PREFIX = "timm/"
@@ -127,23 +127,24 @@ def _check_size_before_download(
     spec: str, image_size: int | Sequence[int] | None, in_channels: int | None
 ) -> None:
     """`create_timm_model`'s size refusals (a size timm cannot build the model for, or builds
-    it for but it cannot run at), judged on a build on the meta device without weights: no
-    memory, no download. Nothing to judge without an --image-size."""
+    it for but it cannot run at), judged on a build on the meta device without weights nor
+    random initialisation: no memory, no download. Nothing to judge without an --image-size."""
     if size_pair(image_size) is None:
         return
     import torch
 
-    with torch.device("meta"):
+    with torch.device("meta"), skipped_weight_init():
         create_timm_model(spec, image_size=image_size, in_channels=in_channels)
 
 
 def _built_on_meta(name: str, kwargs: dict[str, Any], side: int):
-    """timm's `name` built as `kwargs` say for `side` px images, on the meta device (no memory,
-    no initialisation's compute), without pretrained weights."""
+    """timm's `name` built as `kwargs` say for `side` px images, on the meta device (no memory),
+    without pretrained weights, and without torch's random initialisers: a meta tensor holds no
+    values, and on it they run torch's Python references (about half of a CoAtNet's build)."""
     import timm
     import torch
 
-    with torch.device("meta"):
+    with torch.device("meta"), skipped_weight_init():
         return timm.create_model(name, pretrained=False, **{**kwargs, "img_size": side})
 
 
