@@ -65,8 +65,7 @@ def test_cli_caches_bytecode_in_the_environment_not_beside_user_code(tmp_path):
         "torchkit",
         "summary",
         "tinynet:build",
-        "-i",
-        "3,2,2",
+        "--params-only",  # the model built, no forward pass nor FLOP count: not the subject
         "--format",
         "json",
         env={"PYTHONDONTWRITEBYTECODE": "1"},
