@@ -17,8 +17,23 @@ needs_timm = pytest.mark.skipif(importlib.util.find_spec("timm") is None, reason
 
 
 @needs_timm
-def test_a_size_the_model_cannot_run_at_is_refused_before_its_weights_are_fetched(monkeypatch):
+def test_a_size_the_model_cannot_run_at_is_refused_before_its_weights_are_fetched_undrawn(
+    monkeypatch,
+):
+    """...by builds on the meta device (the size asked for, then two it may run at, for the
+    hint), where torch's random initialisers would draw nothing but run its Python references
+    (about half of each build's CPU): they are skipped there."""
     import timm
+    import torch
+
+    drawn: list[str] = []
+    for method in ("normal_", "uniform_"):  # what nn.init's and timm's initialisers draw with
+
+        def counted(self, *args, _real=getattr(torch.Tensor, method), **kwargs):
+            drawn.append(self.device.type)
+            return _real(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, method, counted)
 
     create_model = timm.create_model
     builds: list[bool] = []
@@ -35,6 +50,7 @@ def test_a_size_the_model_cannot_run_at_is_refused_before_its_weights_are_fetche
     with pytest.raises(UnrunnableSizeError, match="cannot run on 48x48 images.*such as 32 or 64"):
         timm_pretrained("timm/coatnet_nano_rw_224", "DEFAULT", image_size=48)
     assert True not in builds
+    assert drawn == []
     builds.clear()
     with pytest.raises(OfflineError, match="cannot download the pretrained weights"):
         timm_pretrained("timm/coatnet_nano_rw_224", "DEFAULT", image_size=64)
@@ -55,23 +71,3 @@ def test_a_size_a_torchvision_vit_cannot_be_built_for_is_refused_before_the_down
     with pytest.raises(OfflineError):
         resolver.resolve_model("vit_b_16", weights="DEFAULT", image_size=32, num_classes=2)
     assert downloads == ["vit_b_16"]
-
-
-@needs_timm
-def test_the_meta_builds_that_judge_a_size_draw_no_random_weights(monkeypatch):
-    """The size is judged on builds on the meta device (the size asked for, then two it may run
-    at, for the hint), where torch's random initialisers draw nothing but run its Python
-    references: about half of each build's CPU. They are skipped there."""
-    import torch
-
-    drawn: list[str] = []
-    for name in ("normal_", "uniform_"):  # what nn.init's and timm's initialisers draw with
-
-        def counted(self, *args, _real=getattr(torch.Tensor, name), **kwargs):
-            drawn.append(self.device.type)
-            return _real(self, *args, **kwargs)
-
-        monkeypatch.setattr(torch.Tensor, name, counted)
-    with pytest.raises(UnrunnableSizeError, match="cannot run on 48x48 images"):
-        timm_pretrained("timm/coatnet_nano_rw_224", "DEFAULT", image_size=48)
-    assert drawn == []
