@@ -326,7 +326,8 @@ def test_a_failure_stops_a_download_waiting_for_room_at_once(tmp_path, small_tmp
 def test_a_forked_process_waits_for_no_claim_of_its_parent(tmp_path, monkeypatch):
     """A process forked while a download of its parent claimed room (a loader worker) inherited
     that claim, which no thread of its ever ended: a shard that fit beside nothing but it
-    waited for ever. The child starts with no claim: its shard is let in."""
+    waited for ever; a lock a download thread held at the fork stayed held. The child starts
+    with no claim and no such lock: its shard is let in."""
     from torchkit.core.data.sources import http_shards
 
     monkeypatch.setattr(http_shards, "_free_bytes", lambda folder: 100_000)  # room: 95,000
@@ -336,16 +337,31 @@ def test_a_forked_process_waits_for_no_claim_of_its_parent(tmp_path, monkeypatch
         assert isinstance(held, http_shards._Claim)
         beside = claims.claim("http://h/b-000000.tar", tmp_path, size, stop)
         assert not isinstance(beside, http_shards._Claim)  # in the parent, b waits for a
+        holding, forked = threading.Event(), threading.Event()
+
+        def hold_reading_lock() -> None:  # as a download thread that starts or ends a read
+            with http_shards._READING_LOCK:
+                holding.set()
+                forked.wait(WAIT_S)
+
+        holder = threading.Thread(target=hold_reading_lock)
+        holder.start()
+        holding.wait(WAIT_S)
         child = os.fork()
         if child == 0:
             code = 1
             try:
                 inherited = claims.claim("http://h/b-000000.tar", tmp_path, size, stop)
                 code = 0 if isinstance(inherited, http_shards._Claim) else 3
+                if code == 0 and not http_shards._READING_LOCK.acquire(timeout=WAIT_S / 6):
+                    code = 4
             finally:
                 os._exit(code)
+        forked.set()
+        holder.join(WAIT_S)
         _, status = os.waitpid(child, 0)
-    assert os.waitstatus_to_exitcode(status) == 0  # 3: it would have waited for a
+    # 3: it would have waited for a; 4: its first download would have hung on the lock.
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def test_a_waiting_shard_is_judged_by_the_size_the_server_gives_when_asked_again(

@@ -1055,8 +1055,20 @@ class _Claims:
 
 
 _CLAIMS = _Claims()
+
+
+def _forget_downloads_in_flight() -> None:
+    """A forked process's start (a loader worker): its parent's downloads in flight, whose
+    threads it lacks, neither claim room (`_Claims.forget`) nor are read (`_READING`) there,
+    and a lock one of those threads held at the fork is not held for ever."""
+    global _READING_LOCK
+    _CLAIMS.forget()
+    _READING.clear()
+    _READING_LOCK = threading.Lock()
+
+
 if hasattr(os, "register_at_fork"):  # not on Windows (no fork there)
-    os.register_at_fork(after_in_child=_CLAIMS.forget)
+    os.register_at_fork(after_in_child=_forget_downloads_in_flight)
 
 
 def _check_whole_tar(url: str, temporary: Path) -> None:
