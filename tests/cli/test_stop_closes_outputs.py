@@ -112,6 +112,9 @@ def test_convert_shards_stopped_as_its_folder_is_finished_leaves_no_lock(tmp_pat
 @pytest.mark.parametrize(
     "where",
     [
+        # The earlier split not yet set aside: its split.csv and the files at the new split's
+        # names were deleted as what this run had written.
+        "begin",
         # Every file copied: OUT's lock stayed.
         "exit",
         # The new split written, the signal handled as it was to be kept: the earlier split
@@ -128,6 +131,7 @@ def test_split_stopped_leaves_one_whole_split_and_nothing_hidden(tmp_path, monke
     assert run_torchkit_in_process(*args, "--seed", "1").returncode == 0
     earlier = tree_digest(out, folders=False)
     stop = {
+        "begin": (split_output, "claim_folder"),
         "exit": (OutputFolder, "__exit__", _ok_exit),
         "keep": (split_output.SplitOutput, "keep"),
         "discard": (split_output, "discard_replaced"),
@@ -139,7 +143,7 @@ def test_split_stopped_leaves_one_whole_split_and_nothing_hidden(tmp_path, monke
     now = tree_digest(out, folders=False)
     assert [name for name in now if name.startswith(".")] == [".torchkit"]  # no journal, no
     # set-aside split
-    if where == "keep":
+    if where in ("begin", "keep"):
         assert now == earlier  # not kept: the earlier split back as it was
     else:  # kept: the new split whole (another seed, another split.csv), the earlier gone
         assert now["split.csv"] != earlier["split.csv"] and len(now) == len(earlier)

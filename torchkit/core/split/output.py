@@ -300,9 +300,10 @@ class SplitOutput:
     def begin(self, names: list[str], mode: str, dests: Sequence[str]) -> None:
         # Everything this run may write into OUT (a manifest split has no journal, and an
         # earlier move's journal never gets this far): removed again by abandon(), and
-        # nothing else (the split folders, once that leaves them empty).
-        self.written = [*dests, MANIFEST] + ([JOURNAL] if mode != "manifest" else [])
-        self.folders = set(names)
+        # nothing else (the split folders, once that leaves them empty). Recorded only once
+        # the earlier split is set aside: a stop or an error before that deleted the earlier
+        # split's files at those names (its split.csv, a file of the same class and name).
+        written = [*dests, MANIFEST] + ([JOURNAL] if mode != "manifest" else [])
         with reporting_write_errors(self.out):
             self.out.mkdir(parents=True, exist_ok=True)
             if not (self.out / MARKER).exists():
@@ -318,6 +319,7 @@ class SplitOutput:
                         (self.out / REPLACED).mkdir()
                         aside = True
                     os.replace(self.out / name, self.out / REPLACED / name)
+        self.written, self.folders = written, set(names)
 
     def keep(self, finished: bool = False) -> None:
         """The new split stays: the earlier one is deleted, and where the split is
