@@ -16,7 +16,7 @@ import pytest
 import torch
 from image_folders import write_image_folder
 from output_checks import error_line
-from processes import run_torchkit_process
+from processes import run_torchkit_in_process, run_torchkit_process
 
 from torchkit.cli import app
 from torchkit.core.data.preprocessing import Preprocess
@@ -68,8 +68,15 @@ def _into_full_disk(*args: str) -> subprocess.CompletedProcess:
         return run_torchkit_process(*args, stdout=full.fileno())
 
 
+def test_short_version_option_is_version():
+    # -V is --version's other name on the same option: the full-disk path is tested once, for
+    # --version; here that the short name is still there, in this process.
+    long, short = run_torchkit_in_process("--version"), run_torchkit_in_process("-V")
+    assert (short.returncode, short.stdout, short.stderr) == (0, long.stdout, "")
+    assert long.returncode == 0 and long.stdout.startswith("torchkit ")
+
+
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
-# (-V is --version's other name on the same option: the same path, not a case of its own.)
 @pytest.mark.parametrize(
     "args", [["--help"], ["--version"], ["predict", "--help"], ["convert"], []]
 )
