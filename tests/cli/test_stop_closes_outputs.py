@@ -65,6 +65,28 @@ def test_convert_tensor_stopped_keeps_the_earlier_folder_and_leaves_nothing_hidd
     assert sorted(os.listdir(tmp_path)) == ["images", "out"]
 
 
+def test_convert_tensor_stopped_once_its_new_folder_is_in_place_keeps_it(tmp_path, monkeypatch):
+    # The new folder swapped in and the earlier one deleted, the signal handled as `keep`
+    # recorded the folder under its own name: the abandon that followed deleted the new folder
+    # as if it were the hidden one, so neither output was left.
+    write_image_folder(tmp_path / "images", {"a": 2, "b": 1})
+    out = tmp_path / "out"
+    args = ["convert", "tensor", tmp_path / "images", out, "-j", "0"]
+    assert run_torchkit_in_process(*args, "--to", "npy").returncode == 0
+    signalled = signalled_on_entry(
+        monkeypatch, outputs, "claim_folder", lambda folder, **_: folder == out
+    )
+    result = run_torchkit_in_process(*args, "--to", "png", "--force")
+    _stopped(result, signalled)
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.png")) == [
+        "a/a_0.png",
+        "a/a_1.png",
+        "b/b_0.png",
+    ]  # the new folder, whole
+    assert hidden_siblings(out) == []
+    assert sorted(os.listdir(tmp_path)) == ["images", "out"]
+
+
 def _write_cifar10(root: Path) -> None:
     """A CIFAR-10 python folder of one training batch and the test batch, 2 images each."""
     rng = np.random.default_rng(0)
