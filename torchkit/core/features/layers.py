@@ -74,6 +74,10 @@ class LayerGraph:
         self.logits_node: str | None = None
         self.trace_error: str | None = None
         self._graph_module = None
+        # Of a model with timm's API, the pre-logits tap, traced with the rest (`_trace`): the
+        # extractor reads `penultimate` from that one graph. None where the model's own attribute
+        # takes the tap's name (the extractor then refuses `penultimate`, as installing would).
+        self.tap: _PreLogitsTap | None = None
         try:
             self._trace()
         except Exception as error:  # dynamic control flow and the like: fx cannot trace it
@@ -95,8 +99,20 @@ class LayerGraph:
         from torch import fx
         from torchvision.models.feature_extraction import NodePathTracer
 
-        tracer = NodePathTracer()
-        graph = tracer.trace(self.model)
+        # The one trace of a run: the listing, the aliases and the extractor (`feature_module`)
+        # all read this graph, so every listed name can be extracted. (torchvision's
+        # create_feature_extractor traced twice more, with torchvision.ops blocks such as
+        # Conv2dNormActivation as leaves, so it could not find the nodes listed inside them.)
+        model = self.model
+        if self.pre_logits and not hasattr(model, _PRE_LOGITS_MODULE):
+            self.tap = _PreLogitsTap(model)
+        # The tap is one node (a leaf module) whose output is the pre-logits; once the graph
+        # module holds it, it comes off the model again.
+        leaf_modules = [type(self.tap.module)] if self.tap else []
+        tracer = NodePathTracer(leaf_modules=leaf_modules)
+        with self.tap.installed() if self.tap else contextlib.nullcontext():
+            graph = tracer.trace(model)
+            graph_module = fx.GraphModule(tracer.root, graph, type(model).__name__)
         qualname = tracer.node_to_qualname
         for node in graph.nodes:
             if node.op == "output":
@@ -105,18 +121,50 @@ class LayerGraph:
                     self.logits_node = qualname.get(result)
                 continue
             name = qualname.get(node)
-            if name is None:
-                continue
+            if name is None or (self.tap and name == _PRE_LOGITS_MODULE):
+                continue  # not a layer of the model: listed as `penultimate`
             self.nodes.append(name)
-            self.ops[name] = _describe_node(node, self.model)
+            self.ops[name] = _describe_node(node, model)
         inputs = [_module_input(graph, qualname, head) for head in self.head_names]
         if inputs and all(inputs):
             if len(set(inputs)) == 1:  # one head, or heads that read the same node (LeViT's)
                 self.penultimate_node = inputs[0]
             else:
                 self.penultimate_nodes = inputs
-        self._graph_module = fx.GraphModule(tracer.root, graph)
+        self._graph_module = graph_module
         self._qualname = qualname
+
+    def feature_module(self, nodes: list[str]) -> Any:
+        """A torch.fx GraphModule of the traced graph that returns {node name: value} of `nodes`
+        (in graph order), what create_feature_extractor gives for those names, without tracing
+        the model again: a copy of the graph with those nodes as its output and the nodes they
+        do not need removed. Only the eval-mode graph: features are only ever extracted in eval
+        mode, so create_feature_extractor's train-mode graph (and its warning where the two
+        differ) has no use here. A name not in the graph raises KeyError."""
+        from torch import fx
+
+        traced = self._graph_module.graph
+        graph = fx.Graph(tracer_cls=traced._tracer_cls, tracer_extras=traced._tracer_extras)
+        copies: dict[Any, Any] = {}
+        graph.graph_copy(traced, copies)  # all but the output node; copies: old -> new node
+        wanted = set(nodes)
+        outputs = {
+            self._qualname[node]: copy
+            for node, copy in copies.items()
+            if self._qualname.get(node) in wanted
+        }
+        missing = [name for name in nodes if name not in outputs]
+        if missing:
+            raise KeyError(missing[0])
+        graph.output(outputs)
+        # The modules and parameters it calls are the model's own (the tap's: installed again).
+        with self.tap.installed() if self.tap else contextlib.nullcontext():
+            module = fx.GraphModule(self.model, graph, type(self.model).__name__)
+        # Dead-code elimination reads the modules (their purity), so it runs on the module's graph.
+        graph.eliminate_dead_code()
+        module.delete_all_unused_submodules()
+        module.recompile()
+        return module
 
     def lookup(self, name: str) -> str | None:
         """The node `name` reads, or None when the model has no such layer."""
@@ -228,34 +276,31 @@ class FeatureExtractor:
         self._hooks: list[Any] = []  # handles, removed by close(): the model is the caller's
         self._fx = graph.traced
         # Installed on the model while the extractor is made (torch.fx) or used (hooks).
-        self._tap = _PreLogitsTap(graph.model) if self._needs(PRE_LOGITS) else None
+        self._tap = None
+        if self._needs(PRE_LOGITS):
+            if not graph.traced:
+                self._tap = _PreLogitsTap(graph.model)
+            elif graph.tap is None:  # the model's own attribute has the tap's name
+                raise _name_taken()
+            else:
+                self._tap = graph.tap  # traced in LayerGraph's graph
         nodes = list(dict.fromkeys(x.node for x in self.layers if x.node not in _MARKERS))
         if self._needs(HEADS_MEAN):
             nodes = list(dict.fromkeys([*nodes, *graph.penultimate_nodes]))
         if self._fx:
-            from torchvision.models.feature_extraction import create_feature_extractor
-
             if self._needs(HEAD_INPUT):
                 # Keep the graph whole so that the head runs and its pre-hook sees its input.
                 if graph.logits_node is None:
                     raise _no_head_input(graph.arch)
                 nodes = list(dict.fromkeys([*nodes, graph.logits_node]))
-            tracer_kwargs = None
             if self._tap is not None:
                 nodes = list(dict.fromkeys([*nodes, _PRE_LOGITS_MODULE]))
-                tracer_kwargs = {"leaf_modules": [type(self._tap.module)]}
-            with self._tap.installed() if self._tap else contextlib.nullcontext():
-                try:
-                    module = create_feature_extractor(
-                        graph.model,
-                        return_nodes=nodes,
-                        tracer_kwargs=tracer_kwargs,
-                        suppress_diff_warning=True,
-                    )
-                except ValueError as error:  # the forward never calls forward_head
-                    if self._tap is None:
-                        raise
-                    raise _no_head_input(graph.arch) from error
+            try:
+                module = graph.feature_module(nodes)
+            except KeyError as error:  # the forward never calls forward_head: no tap node
+                if self._tap is None:
+                    raise
+                raise _no_head_input(graph.arch) from error
             self.module = module.eval()
             _snapshot_outputs(self.module)
         else:
@@ -451,7 +496,7 @@ class _PreLogitsTap:
             return
         model = self._model
         if hasattr(model, _PRE_LOGITS_MODULE):
-            raise TorchkitError(f"the model already has an attribute {_PRE_LOGITS_MODULE}")
+            raise _name_taken()
         self._earlier = vars(model).get("forward_head")
         model.add_module(_PRE_LOGITS_MODULE, self.module)
         object.__setattr__(model, "forward_head", self._patched)
@@ -543,6 +588,10 @@ def _module_input(graph, qualname: dict, module: str) -> str | None:
             fx.node.map_arg((node.args, node.kwargs), lambda arg: outside.setdefault(arg))
     read = [node for node in outside if node not in inside and node.op != "get_attr"]
     return qualname.get(read[0]) if len(read) == 1 else None
+
+
+def _name_taken() -> TorchkitError:
+    return TorchkitError(f"the model already has an attribute {_PRE_LOGITS_MODULE}")
 
 
 def _no_head_input(arch: str) -> TorchkitError:
