@@ -2,8 +2,9 @@
 a call is entered: `OutputFolder.__enter__`/`__exit__`, a step of `begin`, a split's `keep`,
 an atomic file's clean-up as it is entered): the command still ends with 143, the user's
 earlier output as it was (or the new one whole), and nothing hidden left beside or in it (no
-`.NAME.XXXX.partial`, no lock, no set-aside split, no `.NAME.XXXX.tmp`). The end of the CLI
-closes every output the command left open (`open_outputs.closed_at_end`)."""
+`.NAME.XXXX.partial`, no lock, no set-aside split, no `.NAME.XXXX.tmp`, no set-aside `-o`
+report `.NAME.XXXX.replaced`). The end of the CLI closes every output the command left open
+(`open_outputs.closed_at_end`)."""
 
 from __future__ import annotations
 
@@ -211,3 +212,40 @@ def test_the_end_of_a_command_closes_its_own_thread_s_outputs_newest_first():
     assert closed_at_end == ["second: KeyboardInterrupt", "first: KeyboardInterrupt"]
     for probe in probes:
         open_outputs.closed(probe.token)
+
+
+# Where a stop left the earlier -o report of `dataset-stats --force` set aside beside the new
+# one (`.report.json.XXXX.replaced`, removed only by a next run): the step of `ReplacedFiles`
+# entered, and whether the new report is kept (else the earlier one goes back).
+REPORT_STOPS = {
+    # The report written and renamed into place, the signal handled as the block's `with`
+    # ended: nothing was kept or put back.
+    "exit": ((outputs.ReplacedFiles, "__exit__", _ok_exit), False),
+    # The same, as `keep` was entered (before it began: not kept).
+    "keep": ((outputs.ReplacedFiles, "keep"), False),
+    # Kept, the signal handled as the earlier one's delete began: the same was left.
+    "discard": (
+        (outputs, "remove_tree", lambda path, **_: path.name.endswith(outputs.REPLACED_SUFFIX)),
+        True,
+    ),
+}
+
+
+@pytest.mark.parametrize("where", REPORT_STOPS)
+def test_report_replaced_with_force_stopped_leaves_one_whole_report_and_nothing_hidden(
+    tmp_path, monkeypatch, where
+):
+    write_image_folder(tmp_path / "images", {"a": 2})
+    report = tmp_path / "report.json"
+    args = ["dataset-stats", tmp_path / "images", "-o", report, "--format", "json", "-j", "0"]
+    assert run_torchkit_in_process(*args).returncode == 0
+    earlier = report.read_bytes()
+    stop, kept = REPORT_STOPS[where]
+    signalled = signalled_on_entry(monkeypatch, *stop)
+    result = run_torchkit_in_process(*args, "--force", "--resize", "4")
+    _stopped(result, signalled)
+    if kept:  # the new report, whole (resized images: other sizes)
+        assert report.read_bytes() != earlier and json.loads(report.read_text())
+    else:
+        assert report.read_bytes() == earlier
+    assert sorted(os.listdir(tmp_path)) == ["images", "report.json"]

@@ -647,7 +647,10 @@ class ReplacedFiles:
     folder is (`.NAME.<hex>.replaced` beside it; here a hard link, so that the name keeps the
     old file until the new one is renamed over it), and a failure before `keep()` removes every
     new file and puts every old one back (`put_back`). Without it, a disk that filled while the
-    report was written left the new OUT in place of the old one, with the command failed."""
+    report was written left the new OUT in place of the old one, with the command failed.
+    Open (`open_outputs`) from the first `set_aside` until kept or put back: a stop where no
+    clean-up of its own is in place (as `__exit__` or `keep` is entered) is finished by the end
+    of the command (`close_unfinished`), so no old file is left set aside beside its output."""
 
     def __init__(self) -> None:
         self._files: list[tuple[Path, Path | None]] = []  # (an output, its old file set aside)
@@ -655,6 +658,8 @@ class ReplacedFiles:
         self._missing: list[Path] = []  # folders above the outputs not there yet, deepest first
         self._held: list[int] = []  # descriptors holding the flock of each old file set aside
         self._when_kept: list[Callable[[], None]] = []  # `when_kept`'s, in order
+        self._keeping = False  # `keep()` entered: the new files are the result
+        self._token: int | None = None
 
     def __enter__(self) -> ReplacedFiles:
         return self
@@ -673,6 +678,8 @@ class ReplacedFiles:
         and never replaced, have nothing to set aside."""
         if path is None or os.fspath(path) == "-" or is_special_file(path):
             return
+        if self._token is None:  # before anything is held or made
+            self._token = opened(self)
         target = Path(path)
         aside = None
         folder = target.absolute().parent
@@ -714,10 +721,11 @@ class ReplacedFiles:
             here = os.lstat(path)
             if any(os.path.samestat(os.fstat(fd), here) for fd in self._held):
                 return True
-        fd = _locked_file(path)
-        if fd is None:
-            return False
-        self._held.append(fd)  # `_locked_file`'s: never held by a forked child
+        with signals_deferred():  # a descriptor taken is listed, to be released
+            fd = _locked_file(path)
+            if fd is None:
+                return False
+            self._held.append(fd)  # `_locked_file`'s: never held by a forked child
         return True
 
     def _release(self) -> None:
@@ -739,15 +747,19 @@ class ReplacedFiles:
 
     def keep(self) -> None:
         """The new files are the result: the old ones set aside are deleted."""
-        files, self._files = self._files, []
-        self._new.clear()
-        self._missing.clear()
+        self._keeping = True
         try:
-            for _, aside in files:
+            # Each forgotten once deleted: a stop half-way leaves the rest to `close_unfinished`.
+            while self._files:
+                _, aside = self._files[0]
                 if aside is not None:
                     remove_tree(aside)
+                del self._files[0]
         finally:
             self._release()
+        self._new.clear()
+        self._missing.clear()
+        self._close()
         then, self._when_kept = self._when_kept, []
         for function in then:
             function()
@@ -756,18 +768,25 @@ class ReplacedFiles:
         """The command failed: each old file goes back to its name (over the new one), each new
         file that replaced nothing is removed, and the folders made for them that this leaves
         empty."""
-        files, self._files = self._files, []
         self._when_kept.clear()
         try:
-            for target, aside in reversed(files):
-                if aside is None:
-                    new = self._new.get(target)
-                    if new is not None and _lstat_id(target) == new:
-                        remove_tree(target)
-                elif _lstat_id(aside) is not None and _lstat_id(aside) == _lstat_id(target):
-                    remove_tree(aside)  # never replaced: the old file is still at its name
-                elif os.path.lexists(aside):
-                    os.replace(aside, target)
+            # Each forgotten once done (or failed): a stop half-way leaves the rest listed, and
+            # `close_unfinished` puts them back.
+            while self._files:
+                target, aside = self._files[-1]
+                try:
+                    if aside is None:
+                        new = self._new.get(target)
+                        if new is not None and _lstat_id(target) == new:
+                            remove_tree(target)
+                    elif _lstat_id(aside) is not None and _lstat_id(aside) == _lstat_id(target):
+                        remove_tree(aside)  # never replaced: the old file is still at its name
+                    elif os.path.lexists(aside):
+                        os.replace(aside, target)
+                except Exception:
+                    del self._files[-1]
+                    raise
+                del self._files[-1]
         finally:
             self._release()
         self._new.clear()
@@ -775,6 +794,21 @@ class ReplacedFiles:
         for made in missing:  # those left empty
             with contextlib.suppress(OSError):
                 os.rmdir(made)
+        self._close()
+
+    def _close(self) -> None:
+        """Kept or put back: nothing is left to close."""
+        token, self._token = self._token, None
+        self._keeping = False
+        closed(token)
+
+    def close_unfinished(self, error: BaseException | None) -> None:
+        """Left open by a stopped command: kept where `keep()` had begun (the new files are
+        whole and in place, only the old ones' delete was left), else put back."""
+        if self._keeping:
+            self.keep()
+        else:
+            self.put_back()
 
 
 def _locked_file(path: Path, name: Path | None = None) -> int | None:
