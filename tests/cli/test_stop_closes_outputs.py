@@ -3,8 +3,8 @@ a call is entered: `OutputFolder.__enter__`/`__exit__`, a step of `begin`, a spl
 an atomic file's clean-up as it is entered): the command still ends with 143, the user's
 earlier output as it was (or the new one whole), and nothing hidden left beside or in it (no
 `.NAME.XXXX.partial`, no lock, no set-aside split, no `.NAME.XXXX.tmp`, no set-aside `-o`
-report `.NAME.XXXX.replaced`). The end of the CLI closes every output the command left open
-(`open_outputs.closed_at_end`)."""
+report `.NAME.XXXX.replaced`, no lock of a CSV file rows are added to). The end of the CLI
+closes every output the command left open (`open_outputs.closed_at_end`)."""
 
 from __future__ import annotations
 
@@ -249,3 +249,27 @@ def test_report_replaced_with_force_stopped_leaves_one_whole_report_and_nothing_
     else:
         assert report.read_bytes() == earlier
     assert sorted(os.listdir(tmp_path)) == ["images", "report.json"]
+
+
+def test_benchmark_append_stopped_as_it_takes_the_files_lock_leaves_no_lock(tmp_path, monkeypatch):
+    # `benchmark --append`'s rows added under the stop handling the CLI runs every command in
+    # (the real benchmark costs seconds of CPU for a fact about the lock), the signal handled
+    # as the lock file, made and locked, was to get the PID: `.bench.csv.torchkit-lock` stayed.
+    from torchkit.cli.app import _terminate_like_interrupt
+    from torchkit.core.benchmark import COLUMNS, append_csv
+    from torchkit.core.io.errors import Terminated
+
+    header = ",".join(COLUMNS) + "\n"
+    log = tmp_path / "bench.csv"
+    log.write_text(header)  # an earlier log, its header alone
+    lock = outputs.lock_path(log)
+
+    def on_the_lock(fd: int, _length: int) -> bool:
+        return lock.exists() and os.path.samestat(os.fstat(fd), os.stat(lock))
+
+    signalled = signalled_on_entry(monkeypatch, os, "ftruncate", on_the_lock)
+    with pytest.raises(Terminated), _terminate_like_interrupt(), open_outputs.closed_at_end():
+        append_csv(log, header + "convnet,infer,1\n")
+    assert signalled, "the signal was never placed"
+    assert log.read_text() == header  # as it was: no row added
+    assert sorted(os.listdir(tmp_path)) == ["bench.csv"]

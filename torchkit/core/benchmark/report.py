@@ -8,6 +8,7 @@ import csv
 import io
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,14 @@ from typing import Any
 from torchkit.core.benchmark.search import BatchSearch
 from torchkit.core.io.csv_rows import CsvWriter
 from torchkit.core.io.errors import OutputExistsError, first_line
-from torchkit.core.io.outputs import check_output_file, is_special_file
+from torchkit.core.io.open_outputs import closed, opened
+from torchkit.core.io.outputs import (
+    FolderLock,
+    OutputLockedError,
+    check_output_file,
+    is_special_file,
+)
+from torchkit.deferred_signals import signals_deferred
 
 MB = 1_000_000  # as `summary` counts megabytes
 
@@ -212,20 +220,43 @@ def append_csv(path: str | os.PathLike, csv_text: str, *, wait_s: float = 60.0) 
     return left_out
 
 
-@contextlib.contextmanager
-def _locked(target: Path, wait_s: float):
-    from torchkit.core.io.outputs import FolderLock, OutputLockedError
+class _AppendLock:
+    """The lock beside a CSV file while rows are added to it. Open (`open_outputs`) before its
+    lock file is made until released: a stop where `_locked`'s clean-up is not in place (as
+    the lock is taken, or as the block ends) still releases it at the end of the command."""
 
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            lock = FolderLock(target, "output")
-            break
-        except OutputLockedError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+    def __init__(self) -> None:
+        self.lock: FolderLock | None = None
+        self._token: int | None = opened(self)
+
+    def take(self, target: Path) -> None:
+        # Signals deferred: the lock file is made and listed here, or neither.
+        with signals_deferred():
+            self.lock = FolderLock(target, "output")
+
+    def release(self) -> None:
+        if self.lock is not None:  # forgotten once released: a stop in between redoes it
+            self.lock.release()
+            self.lock = None
+        closed(self._token)
+
+    def close_unfinished(self, error: BaseException | None) -> None:
+        self.release()
+
+
+@contextlib.contextmanager
+def _locked(target: Path, wait_s: float) -> Iterator[None]:
+    held = _AppendLock()
     try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                held.take(target)
+                break
+            except OutputLockedError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
         yield
     finally:
-        lock.release()
+        held.release()
