@@ -138,6 +138,28 @@ def _cached(cache: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in cache.rglob("*.tar") if not p.name.startswith(".")}
 
 
+def _fetched_at_once(urls: list[str]) -> dict[str, object]:
+    """Each URL fetched alone in its own thread, all at once: URL -> its shard paths, or the
+    exception its fetch raised (the outcome the tests check); every fetch has ended."""
+    from torchkit.core.data.sources.http_shards import fetch_shards
+
+    outcomes: dict[str, object] = {}
+
+    def fetch(url: str) -> None:
+        try:
+            outcomes[url] = fetch_shards([url])
+        except Exception as error:
+            outcomes[url] = error
+
+    threads = [threading.Thread(target=fetch, args=(url,)) for url in urls]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(WAIT_S)
+    assert not any(thread.is_alive() for thread in threads)
+    return outcomes
+
+
 def test_three_shards_of_four_tenths_of_the_room_never_fill_the_disk(
     tmp_path, small_tmpfs, monkeypatch
 ):
@@ -227,7 +249,6 @@ def test_a_shard_waits_for_the_room_another_download_frees(tmp_path, small_tmpfs
     """Two downloads at once (two runs in one process) of 0.6 of the room each: the second
     does not fit beside the first's claim and waits; the first fails (its connection ends
     early) and its claim ends with it; the second is then asked for again and downloaded."""
-    from torchkit.core.data.sources.http_shards import fetch_shards
 
     cache = small_tmpfs(1024)
     _, room = _room(cache)
@@ -248,22 +269,9 @@ def test_a_shard_waits_for_the_room_another_download_frees(tmp_path, small_tmpfs
             measured.reached(2)
 
     serving, _ = _serving(served, cache, monkeypatch, release)
-    outcomes: dict[str, object] = {}
-
-    def fetch(url: str) -> None:
-        try:
-            outcomes[url] = fetch_shards([url])
-        except Exception as error:  # the outcome the test checks
-            outcomes[url] = error
-
     with serving as server:
         cut, whole = f"{server.url}/cut/a-000000.tar", f"{server.url}/b-000000.tar"
-        threads = [threading.Thread(target=fetch, args=(url,)) for url in (cut, whole)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(WAIT_S)
-        assert not any(thread.is_alive() for thread in threads)
+        outcomes = _fetched_at_once([cut, whole])
     assert str(outcomes[cut]).startswith(f"cannot download {cut}: the connection ended early")
     downloaded = Path(outcomes[whole][0])
     assert downloaded.read_bytes() == (served / "b-000000.tar").read_bytes()
@@ -412,7 +420,6 @@ def test_a_waiting_shard_is_asked_for_again_only_once_it_fits(tmp_path, small_tm
     not fit beside c, and was asked for again all the same (a request per ended claim: a large
     shard behind many small ones asked for again and again). Now it is asked for again once c
     failed too, and downloaded: two requests in all."""
-    from torchkit.core.data.sources.http_shards import fetch_shards
 
     cache = small_tmpfs(1024)
     _, room = _room(cache)
@@ -436,22 +443,9 @@ def test_a_waiting_shard_is_asked_for_again_only_once_it_fits(tmp_path, small_tm
             measured.reached(4)
 
     serving, _ = _serving(served, cache, monkeypatch, release)
-    outcomes: dict[str, object] = {}
-
-    def fetch(url: str) -> None:
-        try:
-            outcomes[url] = fetch_shards([url])
-        except TorchkitError as error:  # the outcome the test checks
-            outcomes[url] = error
-
     with serving as server:
         urls = [f"{server.url}/{path}-000000.tar" for path in ("cut/a", "b", "cut/c")]
-        threads = [threading.Thread(target=fetch, args=(url,)) for url in urls]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(WAIT_S)
-        assert not any(thread.is_alive() for thread in threads)
+        outcomes = _fetched_at_once(urls)
     assert all(isinstance(outcomes[url], TorchkitError) for url in (urls[0], urls[2])), outcomes
     assert asked.count("/b-000000.tar") == 2, asked
     assert _cached(cache) == {"b-000000.tar": (served / "b-000000.tar").read_bytes()}
