@@ -138,6 +138,16 @@ def _cached(cache: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in cache.rglob("*.tar") if not p.name.startswith(".")}
 
 
+def _small_disk(tmp_path: Path, small_tmpfs) -> tuple[Path, int, int, Path]:
+    """A 1 MiB cache disk, its free bytes, the room a download may take of it (`_room`), and
+    an empty folder to serve shards from."""
+    cache = small_tmpfs(1024)
+    free, room = _room(cache)
+    served = tmp_path / "served"
+    served.mkdir()
+    return cache, free, room, served
+
+
 def _fetched_at_once(urls: list[str]) -> dict[str, object]:
     """Each URL fetched alone in its own thread, all at once: URL -> its shard paths, or the
     exception its fetch raised (the outcome the tests check); every fetch has ended."""
@@ -167,10 +177,7 @@ def test_three_shards_of_four_tenths_of_the_room_never_fill_the_disk(
     the third ran into a full disk ("No space left on device"). Now two claim the room, the
     third waits for them and is then refused before a byte of it is written, naming its URL,
     its size and the room; the two that fit are cached whole."""
-    cache = small_tmpfs(1024)
-    free, room = _room(cache)
-    served = tmp_path / "served"
-    served.mkdir()
+    cache, free, room, served = _small_disk(tmp_path, small_tmpfs)
     sizes = {f"s-{n:06d}.tar": _shard(served / f"s-{n:06d}.tar", room * 2 // 5) for n in range(3)}
     size = sizes["s-000000.tar"]
     assert 2 * size <= room and 3 * size > free  # two fit; the three together fill the disk
@@ -205,10 +212,8 @@ def test_a_body_of_no_size_is_bounded_by_the_room_the_others_claim(
     same disk (another folder URL) was read up to the whole room, and the two together filled
     the disk. It is stopped as it passes what the claim leaves, the error naming that bound
     and the claim; nothing of it is kept."""
-    cache = small_tmpfs(1024)
-    free, room = _room(cache)
-    served = tmp_path / "served"
-    (served / "endless").mkdir(parents=True)
+    cache, free, room, served = _small_disk(tmp_path, small_tmpfs)
+    (served / "endless").mkdir()
     size = _shard(served / "s-000000.tar", room // 2)
     measured = _Measured(cache, monkeypatch)
     done: list[threading.Event] = []
@@ -250,10 +255,7 @@ def test_a_shard_waits_for_the_room_another_download_frees(tmp_path, small_tmpfs
     does not fit beside the first's claim and waits; the first fails (its connection ends
     early) and its claim ends with it; the second is then asked for again and downloaded."""
 
-    cache = small_tmpfs(1024)
-    _, room = _room(cache)
-    served = tmp_path / "served"
-    served.mkdir()
+    cache, _, room, served = _small_disk(tmp_path, small_tmpfs)
     size = _shard(served / "a-000000.tar", room * 3 // 5)
     _shard(served / "b-000000.tar", room * 3 // 5)
     assert size <= room < 2 * size
@@ -286,10 +288,7 @@ def test_a_failure_stops_a_download_waiting_for_room_at_once(tmp_path, small_tmp
     error is c's, b was asked for once, nothing is kept."""
     from torchkit.core.data.sources import http_shards
 
-    cache = small_tmpfs(1024)
-    _, room = _room(cache)
-    served = tmp_path / "served"
-    served.mkdir()
+    cache, _, room, served = _small_disk(tmp_path, small_tmpfs)
     _shard(served / "a-000000.tar", room * 3 // 5)
     _shard(served / "b-000000.tar", room * 3 // 5)
     measured = _Measured(cache, monkeypatch)
@@ -380,10 +379,7 @@ def test_a_waiting_shard_is_judged_by_the_size_the_server_gives_when_asked_again
     by the size its first answer gave; nothing of it is written."""
     from torchkit.core.data.sources.http_shards import fetch_shards
 
-    cache = small_tmpfs(1024)
-    _, room = _room(cache)
-    served = tmp_path / "served"
-    served.mkdir()
+    cache, _, room, served = _small_disk(tmp_path, small_tmpfs)
     _shard(served / "a-000000.tar", room * 3 // 5)
     _shard(served / "b-000000.tar", room * 3 // 5)
     measured = _Measured(cache, monkeypatch)
@@ -421,10 +417,7 @@ def test_a_waiting_shard_is_asked_for_again_only_once_it_fits(tmp_path, small_tm
     shard behind many small ones asked for again and again). Now it is asked for again once c
     failed too, and downloaded: two requests in all."""
 
-    cache = small_tmpfs(1024)
-    _, room = _room(cache)
-    served = tmp_path / "served"
-    served.mkdir()
+    cache, _, room, served = _small_disk(tmp_path, small_tmpfs)
     for name, share in (("a", 35), ("b", 70), ("c", 35)):
         _shard(served / f"{name}-000000.tar", room * share // 100)
     measured = _Measured(cache, monkeypatch)
@@ -458,10 +451,7 @@ def test_ctrl_c_while_a_shard_waits_for_room_ends_the_run_cleanly(
     waits for it (the run says so). Ctrl-C then ends the run at once, with 130 and its one
     line (SIGTERM takes the same way: 143): the waiting shard stopped, the holder's stalled
     read hung up on (it waited for TORCHKIT_HTTP_TIMEOUT), nothing of either left."""
-    cache = small_tmpfs(1024)
-    _, room = _room(cache)
-    served = tmp_path / "served"
-    served.mkdir()
+    cache, _, room, served = _small_disk(tmp_path, small_tmpfs)
     for name in "ab":
         _shard(served / f"{name}-000000.tar", room * 3 // 5)
     signalled = threading.Event()
