@@ -18,14 +18,13 @@ import signal
 import subprocess
 import tarfile
 import threading
-from http.server import SimpleHTTPRequestHandler
 from pathlib import Path
 
 import pytest
 from output_checks import error_line
 from processes import run_torchkit_in_process, start_torchkit_process
 from safety_world import ended_as_stopped
-from shards import running_server
+from shards import QuietFolderHandler, running_server
 
 from torchkit.core.io.errors import TorchkitError
 
@@ -74,7 +73,7 @@ class _Measured:
             return self.changed.wait_for(lambda: self.count >= count, WAIT_S)
 
 
-class _HeldBodies(SimpleHTTPRequestHandler):
+class _HeldBodies(QuietFolderHandler):
     """Serves its folder; a `.tar` with its Content-Length, its headers once
     `release(path, "headers")` returns, its body once `release(path, "body")` does (a hang-up
     on the way is the client's choice); `/cut/NAME.tar` likewise, but half its body, then the
@@ -84,9 +83,6 @@ class _HeldBodies(SimpleHTTPRequestHandler):
     def __init__(self, *args, release, endless_done: threading.Event, **kwargs) -> None:
         self.release, self.endless_done = release, endless_done
         super().__init__(*args, **kwargs)
-
-    def log_message(self, *args) -> None:
-        pass
 
     def do_GET(self) -> None:
         if not self.path.endswith(".tar"):

@@ -13,20 +13,19 @@ import json
 import re
 import tarfile
 import threading
-from http.server import SimpleHTTPRequestHandler
 from pathlib import Path
 
 import pytest
 from output_checks import error_line
 from parquet_files import png
 from processes import run_torchkit_in_process
-from shards import running_server
+from shards import QuietFolderHandler, running_server
 
 CHUNK = 1 << 16
 ENDLESS = 64 << 20  # the zeros sent after the shard, if the client reads on
 
 
-class _EndlessShards(SimpleHTTPRequestHandler):
+class _EndlessShards(QuietFolderHandler):
     """Serves its folder; a `.tar` whole, with no Content-Length (with `declared`: one of the
     shard and the zeros), and then ENDLESS bytes of zeros (`sent`: how many of them went out),
     `finished` set once it stops."""
@@ -36,9 +35,6 @@ class _EndlessShards(SimpleHTTPRequestHandler):
     ) -> None:
         self.sent, self.finished, self.declared = sent, finished, declared
         super().__init__(*args, **kwargs)
-
-    def log_message(self, *args) -> None:
-        pass
 
     def do_GET(self) -> None:
         if not self.path.endswith(".tar"):

@@ -28,7 +28,14 @@ def write_shards(pattern: str, folder: Path, *, maxcount: int) -> None:
                 )
 
 
-class _Handler(SimpleHTTPRequestHandler):
+class QuietFolderHandler(SimpleHTTPRequestHandler):
+    """Serves its folder without a log line per request (the test's output stays its own)."""
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+class _Handler(QuietFolderHandler):
     """Serves the folder; records (method, path) of every request; `/broken/NAME.tar` answers 200
     with a Content-Length and closes after half the bytes; `/status/CODE/NAME.tar` answers CODE;
     `/lying/N/PATH.tar` answers the file PATH.tar whole with a Content-Length of N (GET and
@@ -46,9 +53,6 @@ class _Handler(SimpleHTTPRequestHandler):
     def __init__(self, *args, requests: list, **kwargs) -> None:
         self.requests = requests
         super().__init__(*args, **kwargs)
-
-    def log_message(self, *args) -> None:
-        pass
 
     def _record(self) -> None:
         self.requests.append((self.command, self.path))
