@@ -4,6 +4,7 @@ torchvision's own create_feature_extractor, the independent reference."""
 
 from __future__ import annotations
 
+import json
 import sys
 import types
 
@@ -12,7 +13,7 @@ import torch
 import torchvision
 from image_folders import write_image_folder
 from torch import fx
-from torchvision.models.feature_extraction import create_feature_extractor
+from torchvision.models.feature_extraction import create_feature_extractor, get_graph_node_names
 
 from torchkit.cli import app
 from torchkit.core.features.layers import FeatureExtractor, LayerGraph
@@ -120,3 +121,21 @@ def test_layers_inside_torchvision_ops_blocks_are_extracted():
     assert torch.equal(ours["features"], expected["features"])
     assert torch.equal(ours["avgpool"], expected["avgpool"])
     assert torch.equal(ours["penultimate"], model.classifier[:-1](expected["avgpool"].flatten(1)))
+
+
+def test_a_timm_models_listing_hides_the_pre_logits_tap_it_was_traced_with(runner):
+    # The one trace of a model with timm's API carries the pre-logits tap that `penultimate`
+    # reads; --list-layers lists the model's own nodes, as torchvision's tracer names them.
+    import timm
+
+    result = runner.invoke(
+        app,
+        ["extract-features", "timm/test_resnet", "--list-layers", "--image-size", "32"]
+        + ["--format", "json"],
+    )
+    assert result.exit_code == 0, result.stderr
+    rows = json.loads(result.stdout)["layers"]
+    _, eval_nodes = get_graph_node_names(timm.create_model("test_resnet", pretrained=False))
+    assert [row["name"] for row in rows if row["alias_of"] is None] == eval_nodes
+    aliases = {row["name"]: row["alias_of"] for row in rows if row["alias_of"] is not None}
+    assert aliases == {"penultimate": "<forward_head(pre_logits=True)>", "logits": "fc"}
