@@ -20,7 +20,7 @@ from output_checks import error_line, tree_digest
 from PIL import Image
 from processes import run_torchkit_in_process, start_torchkit_process, wait_until
 
-from torchkit.core.convert.shards import closed_size, parse_size
+from torchkit.core.convert.shards import closed_size, parse_size, read_partial
 
 
 def convert(*args: object, cwd: Path | None = None):
@@ -245,7 +245,7 @@ def test_a_killed_run_leaves_whole_shards_and_the_same_command_finishes_it(
         process.communicate(timeout=60)
     assert len(shard_files(out)) == 3
     assert not (out / "manifest.json").exists()
-    partial = json.loads((out / "manifest.partial.json").read_text())
+    partial = read_partial(out)
     for shard in partial["shards"]:
         data = (out / shard["name"]).read_bytes()
         assert hashlib.sha256(data).hexdigest() == shard["sha256"]
@@ -314,7 +314,7 @@ def test_sigterm_leaves_no_half_shard(tmp_path: Path, split_root: Path):
     assert "Traceback" not in stderr
     names = sorted(p.name for p in out.iterdir())
     assert not [n for n in names if n.endswith(".tmp")] and "manifest.json" not in names
-    partial = json.loads((out / "manifest.partial.json").read_text())
+    partial = read_partial(out)
     assert sorted(s["name"] for s in partial["shards"]) == shard_files(out)  # all listed
 
 

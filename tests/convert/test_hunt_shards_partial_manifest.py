@@ -1,70 +1,96 @@
-"""convert shards' `manifest.partial.json` lists every sample written so far (its extension and
-class), and was rewritten every 2 s however long a rewrite took: at 200,000 samples a rewrite
-took about 2 s, so half the run went into it, and the share grew with the data (a time that
-grew with its square). A rewrite now waits at least ten times as long as the last one took."""
+"""convert shards' `manifest.partial.json` lists every shard written so far (and each of its
+samples' extension and class): it was rewritten whole after a shard, as often as every 2 s or
+ten times as long as its last rewrite took, so a run of shards that take seconds each (1 GB
+shards) rewrote the growing list after every one of them, bytes written growing with the square
+of the data, while a shard complete in the last seconds was not listed at all. Each shard is now
+one line appended to it, on disk before the next shard begins."""
 
 from __future__ import annotations
 
 import json
+import os
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+from image_folders import write_image_folder
 
 from torchkit.core.convert import shards
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def monotonic(self) -> float:
-        return self.now
+SHARD_SECONDS = 5.0  # a 1 GB shard, read and written
 
 
-class GrowingReport:
-    """A report whose partial manifest takes longer to write the more samples it lists (3 s at
-    200,000, as on a loaded 2-core machine), counted on the fake clock."""
-
-    def __init__(self, clock: Clock) -> None:
-        self.clock = clock
-        self.samples = 0
-        self.saving = 0.0  # clock seconds spent writing the partial manifest
-
-    def manifest(self, *, complete: bool) -> dict:
-        cost = 15e-6 * self.samples
-        self.clock.now += cost
-        self.saving += cost
-        return {"complete": complete, "samples": self.samples}
-
-
-def partial_on_a_clock(tmp_path, monkeypatch):
-    """(clock, report, partial manifest) with `convert shards`' clock made `clock`, started."""
-    clock = Clock()
+def partial_bytes_written(tmp_path: Path, images: int, monkeypatch) -> int:
+    """Bytes written into OUT's partial manifest by `convert shards --per-shard 1` of `images`
+    images whose shards take SHARD_SECONDS each on the module's clock, seen from outside the
+    writer after every sample: a new file (another inode) counts whole, the same file its
+    growth."""
+    source = write_image_folder(tmp_path / f"images-{images}", {"a": images - images // 2})
+    write_image_folder(source, {"b": images // 2}, seed=1)
+    out = tmp_path / f"out-{images}"
+    pretend = [0.0]
+    clock = SimpleNamespace(
+        monotonic=lambda: time.monotonic() + pretend[0], perf_counter=time.perf_counter
+    )
     monkeypatch.setattr(shards, "time", clock)
-    report = GrowingReport(clock)
-    partial = shards._PartialManifest(tmp_path / shards.PARTIAL_MANIFEST, report)
-    partial.start()
-    return clock, report, partial
+    close = shards._ShardFile.close
+
+    def slow_close(self: shards._ShardFile) -> tuple[int, str]:
+        done = close(self)
+        pretend[0] += SHARD_SECONDS
+        return done
+
+    monkeypatch.setattr(shards._ShardFile, "close", slow_close)
+    seen = {"inode": None, "size": 0, "bytes": 0}
+
+    def look(done: int, total: int) -> None:
+        try:
+            status = os.stat(out / shards.PARTIAL_MANIFEST)
+        except FileNotFoundError:
+            return
+        grown = status.st_size - (seen["size"] if status.st_ino == seen["inode"] else 0)
+        seen["bytes"] += max(0, grown)
+        seen["inode"], seen["size"] = status.st_ino, status.st_size
+
+    options = shards.shard_options(per_shard=1)
+    report = shards.convert_shards(source, out, options=options, workers=0, progress=look)
+    assert len(report.shards) == images
+    return seen["bytes"]
 
 
-def test_the_partial_manifest_takes_a_bounded_share_of_a_long_run(tmp_path, monkeypatch):
-    clock, report, partial = partial_on_a_clock(tmp_path, monkeypatch)
-    for _shard in range(1000):  # 1,000 shards of 1,000 samples, 0.5 s each
-        clock.now += 0.5
-        report.samples += 1000
-        partial.shard_done()
-    writing = 1000 * 0.5
-    assert report.saving < 0.15 * writing, (report.saving, writing)
-    # Still saved as it goes (the first shard at once), and the last shards when it stops.
-    assert json.loads(partial.path.read_text())["samples"] < report.samples
-    partial.save_quietly()
-    assert json.loads(partial.path.read_text())["samples"] == report.samples
+def test_the_partial_manifest_grows_linearly_with_the_shards(tmp_path, monkeypatch):
+    few, many = (partial_bytes_written(tmp_path, n, monkeypatch) for n in (8, 32))
+    # 4x the shards: 4x the records (and one header line). Rewritten whole after each shard,
+    # it was 15x.
+    assert many < 4.5 * few, (few, many)
 
 
-def test_a_quick_rewrite_still_comes_every_partial_every_s(tmp_path, monkeypatch):
-    clock, report, partial = partial_on_a_clock(tmp_path, monkeypatch)
-    saved = []
-    for _shard in range(20):  # tiny shards: 10 samples, 0.5 s each
-        clock.now += 0.5
-        report.samples += 10
-        partial.shard_done()
-        saved.append(json.loads(partial.path.read_text())["samples"])
-    assert saved[0] == 10  # the first shard at once
-    assert len(set(saved)) == 5  # then every 2 s: at 0.5, 2.5, 4.5, 6.5 and 8.5 s
+def test_each_shard_is_listed_before_the_next_begins(tmp_path):
+    source = write_image_folder(tmp_path / "images", {"a": 3, "b": 3})
+    out = tmp_path / "out"
+    unlisted = []
+
+    def look(done: int, total: int) -> None:
+        # Shards complete now: every .tar in OUT (each renamed into place whole).
+        written = sorted(path.name for path in out.glob("*.tar"))
+        partial = shards.read_partial(out)
+        listed = sorted(entry["name"] for entry in partial["shards"]) if partial else []
+        unlisted.append(sorted(set(written) - set(listed)))
+
+    options = shards.shard_options(per_shard=1)
+    shards.convert_shards(source, out, options=options, workers=0, progress=look)
+    assert len(unlisted) == 7 and not any(unlisted), unlisted  # a rewrite every 2 s listed 1
+
+
+def test_a_torn_last_line_lists_nothing_and_a_later_line_replaces_a_shard(tmp_path):
+    (tmp_path / shards.MARKER).write_text("{}")
+    header = {"written_by": "torchkit convert shards", "format_version": shards.FORMAT_VERSION}
+    first = {"name": "shard-000000.tar", "start": 0, "end": 2, "unreadable": []}
+    second = {"name": "shard-000001.tar", "start": 2, "end": 4, "unreadable": []}
+    grown = {**second, "end": 5, "unreadable": [{"position": 4, "path": "x.png", "reason": "?"}]}
+    lines = [json.dumps(value) for value in (header, first, second, grown)]
+    torn = json.dumps({"name": "shard-000002.tar", "start": 5, "end": 7})[:-9]
+    (tmp_path / shards.PARTIAL_MANIFEST).write_text("\n".join([*lines, torn]))
+    partial = shards.read_partial(tmp_path)
+    assert partial["shards"] == [first, grown]
+    assert partial["format_version"] == shards.FORMAT_VERSION

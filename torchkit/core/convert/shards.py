@@ -19,11 +19,11 @@ Layout of OUT (what the shard reader, `core/data/sources/shards.py`, reads as sp
 The same data and options give the same shards byte for byte: the order is a seeded shuffle of
 each split (or the source order), and the tar headers carry fixed times, owners and modes.
 
-Each shard is written to a temporary name and renamed when complete, and the manifest so far is
-kept in `manifest.partial.json` after every shard: a run that is stopped (Ctrl-C, SIGTERM, a
-kill, a full disk) leaves only complete shards, and the same command run again keeps those whose
-size and SHA-256 still match and writes the rest. A run with other data or options is refused
-without `--force`.
+Each shard is written to a temporary name and renamed when complete, and listed in
+`manifest.partial.json` (a line a shard, appended: `_PartialManifest`) before the next begins: a
+run that is stopped (Ctrl-C, SIGTERM, a kill, a full disk) leaves only complete shards, and the
+same command run again keeps those whose size and SHA-256 still match and writes the rest. A run
+with other data or options is refused without `--force`.
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ from torchkit.core.io.outputs import (
     check_overlap,
     check_replaceable,
     remove_tree,
+    synced_when_kept,
 )
 from torchkit.core.io.progress import Progress
 from torchkit.core.io.redaction import redact_url
@@ -96,11 +97,6 @@ TAR_MODE = 0o444
 _BLOCK = tarfile.BLOCKSIZE
 _RECORD = tarfile.RECORDSIZE  # tarfile pads a closed archive to a multiple of this
 _END_BLOCKS = 2 * _BLOCK  # the two zero blocks that end an archive
-PARTIAL_EVERY_S = 2.0  # the partial manifest is rewritten at most this often
-# ... and at most once in this many times as long as its last rewrite took: it lists every
-# sample written so far, so at a fixed interval its rewrites took a growing share of the run
-# (200,000 samples: about 2 s a rewrite, every 2 s), a time that grew with the square of the data.
-PARTIAL_COST_SHARE = 10
 MAX_WARNED = 10  # unreadable images named one by one; the others are counted
 
 _SHARD_FILE = re.compile(r"(?:train|val|test|shard)-\d{6,}\.tar")
@@ -452,7 +448,7 @@ class _Writing:
     labelled: bool
     strict: bool
     workers: int
-    on_shard: Callable[[], None]
+    on_shard: Callable[[ShardRecord], None]  # a shard complete (or the last one grown)
     advance: Callable[[int], None]
     warned: int = 0
 
@@ -497,7 +493,7 @@ def write_set(run: _Writing, shard_set: ShardSet, records: list[ShardRecord]) ->
                 )
             )
             start, skipped, extensions, labels = end, [], [], []
-            run.on_shard()
+            run.on_shard(records[-1])
 
     try:
         positions = range(position, total)
@@ -537,7 +533,7 @@ def write_set(run: _Writing, shard_set: ShardSet, records: list[ShardRecord]) ->
             )
         records[-1].unreadable += skipped
         records[-1].end = total
-        run.on_shard()
+        run.on_shard(records[-1])
 
 
 def _set_words(shard_set: ShardSet) -> str:
@@ -660,45 +656,89 @@ class ShardsReport:
 
 
 class _PartialManifest:
-    """`manifest.partial.json`, rewritten as shards are complete: at once after the first,
-    then at most every PARTIAL_EVERY_S seconds, or PARTIAL_COST_SHARE times the last rewrite's
-    time where that is longer (with many small shards, rewriting the growing list after each
-    would cost more than the shards; with many samples, so would a rewrite every few seconds),
-    and when the run stops early. A shard complete but not yet listed is only written again by
-    the run that resumes."""
+    """`manifest.partial.json`, what a stopped run leaves for the same command to resume from,
+    in JSON Lines: its first line the manifest as the run began (the identity of the data and
+    options, the shards kept from an interrupted run), then one line a shard, appended as each is
+    complete. Each shard's record is written once: rewriting the growing list after each shard
+    (every sample's extension and class) made the bytes written grow with the square of the
+    data. A line for a shard already listed replaces it (the unreadable images after the last
+    shard). A shard is listed, on disk, before the next one begins, so a stop at any moment
+    loses none but the one being listed (a torn last line is ignored: the run that resumes
+    writes that shard again)."""
 
     def __init__(self, path: Path, report: ShardsReport) -> None:
         self.path = path
         self.report = report
-        self.saved_at: float | None = None
-        self.save_seconds = 0.0  # how long the last rewrite took
-        self.behind = False
-
-    def shard_done(self) -> None:
-        self.behind = True
-        wait = max(PARTIAL_EVERY_S, PARTIAL_COST_SHARE * self.save_seconds)
-        if self.saved_at is None or time.monotonic() - self.saved_at >= wait:
-            self.save()
+        self._whole = False  # written whole by this run: what follows is appended
+        self._fd: int | None = None  # open for appends
 
     def start(self) -> None:
-        """Saved before any shard, listing none: OUT is an interrupted run from the start (the
-        first shard is still listed at once)."""
-        self.save()
-        self.saved_at = None
+        """Written whole, listing the shards so far: at the start of a run (none: OUT is an
+        interrupted run from the start), and by the first shard of a run that began otherwise
+        (a resumed run's file may list shards after the ones it kept)."""
+        self.close()
+        header = self.report.manifest(complete=False)
+        del header["shards"]  # one line each after the header: appended alike, read alike
+        lines = [json_text(header), *(_record_line(r) for r in self.report.shards)]
+        atomic_write_text(self.path, "".join(f"{line}\n" for line in lines))
+        self._whole = True
 
-    def save(self) -> None:
-        started = time.monotonic()
-        manifest = self.report.manifest(complete=False)
-        atomic_write_json(self.path, manifest, indent=1)
-        self.saved_at, self.behind = time.monotonic(), False
-        self.save_seconds = self.saved_at - started
+    def shard_done(self, record: ShardRecord) -> None:
+        """List `record` (a shard complete, or the last one grown): one line, on disk when this
+        returns (the shard itself was synced before its rename)."""
+        if not self._whole:
+            self.start()  # lists it with the others
+            return
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        data = (_record_line(record) + "\n").encode("utf-8", "surrogateescape")
+        while data:
+            data = data[os.write(self._fd, data) :]
+        if not synced_when_kept(self.path):
+            os.fsync(self._fd)
 
-    def save_quietly(self) -> None:
-        """Save what is behind, if it can (the run is failing already: a full disk stays the
-        error reported)."""
-        if self.behind:
-            with contextlib.suppress(Exception):
-                self.save()
+    def close(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _record_line(record: ShardRecord) -> str:
+    return json_text(record.to_dict())
+
+
+def _partial_lines(text: str) -> dict | None:
+    """The partial manifest `text` as one dict with every shard in "shards": one JSON
+    document (the header alone, or a file of a torchkit before the lines), or the header line
+    and a line a shard, a later line for a shard replacing the earlier. Reading stops at a
+    line that is not a whole record: a torn last line lists nothing."""
+    try:
+        whole = json.loads(text)
+    except ValueError:
+        pass
+    else:
+        if isinstance(whole, dict):
+            whole.setdefault("shards", [])  # the header alone: none listed yet
+        return whole
+    lines = text.split("\n")
+    try:
+        header = json.loads(lines[0])
+    except ValueError:
+        return None
+    if not isinstance(header, dict):
+        return None
+    listed = {}
+    for line in lines[1:]:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            break
+        if not isinstance(record, dict) or not isinstance(record.get("name"), str):
+            break
+        listed[record["name"]] = record  # a replaced record keeps its place
+    header["shards"] = list(listed.values())
+    return header
 
 
 def read_partial(folder: Path) -> dict | None:
@@ -707,7 +747,7 @@ def read_partial(folder: Path) -> dict | None:
     if folder.is_symlink() or not (folder / MARKER).is_file() or (folder / MANIFEST).exists():
         return None
     try:
-        partial = json.loads((folder / PARTIAL_MANIFEST).read_text(encoding="utf-8"))
+        partial = _partial_lines((folder / PARTIAL_MANIFEST).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     if not isinstance(partial, dict) or partial.get("written_by") != f"torchkit {COMMAND}":
@@ -923,8 +963,8 @@ def convert_shards(
             if progress is not None:
                 progress(done, total)
 
-        def on_shard() -> None:
-            partial_manifest.shard_done()
+        def on_shard(record: ShardRecord) -> None:
+            partial_manifest.shard_done(record)
             output.keep()  # complete shards are worth keeping: an interrupt leaves them
 
         run = _Writing(
@@ -944,9 +984,8 @@ def convert_shards(
                 report.seconds = time.perf_counter() - started
                 if before_keep is not None:
                     before_keep(report)
-            except BaseException:
-                partial_manifest.save_quietly()  # a re-run keeps every complete shard
-                raise
+            finally:
+                partial_manifest.close()  # every complete shard is listed in it already
             manifest = report.manifest(complete=True)
             atomic_write_json(folder / MANIFEST, manifest, indent=1)
             remove_tree(folder / PARTIAL_MANIFEST, ignore_errors=False)
