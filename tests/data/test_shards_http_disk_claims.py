@@ -130,6 +130,15 @@ def _serving(folder: Path, cache: Path, monkeypatch, release):
     return running_server(handler), endless_done
 
 
+def _left_in(cache: Path) -> set[str]:
+    """The files in `cache` but the locks: the shards' and the claims' (which stay)."""
+    return {
+        p.name
+        for p in cache.rglob("*")
+        if p.is_file() and not p.name.endswith(".tar.lock") and p.name != "lock"
+    }
+
+
 def _cached(cache: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in cache.rglob("*.tar") if not p.name.startswith(".")}
 
@@ -322,24 +331,29 @@ def test_a_failure_stops_a_download_waiting_for_room_at_once(tmp_path, small_tmp
     assert waiting.is_set() and body_after_wait == [True]  # b stopped before a's body came
     assert failure.message.startswith(f"cannot download {urls[2]}: HTTP 404"), failure.message
     assert asked.count("/b-000000.tar") == 1  # stopped, not asked for again
-    left = {p.name for p in cache.rglob("*") if p.is_file()}
-    assert all(name.endswith(".tar.lock") for name in left), left  # no shard, no temporary
+    assert _left_in(cache) == set(), _left_in(cache)  # no shard, no temporary, no claim
 
 
-def test_a_forked_process_waits_for_no_claim_of_its_parent(tmp_path, monkeypatch):
+def test_a_forked_process_waits_for_its_parents_claim_only_while_the_parent_holds_it(
+    tmp_path, monkeypatch
+):
     """A process forked while a download of its parent claimed room (a loader worker) inherited
-    that claim, which no thread of its ever ended: a shard that fit beside nothing but it
-    waited for ever; a lock a download thread held at the fork stayed held. The child starts
-    with no claim and no such lock: its shard is let in."""
+    that claim in memory, which no thread of its ever ended: a shard that fit beside nothing but
+    it waited for ever; a lock a download thread held at the fork stayed held. The child counts
+    its parent's claim as another process's (by its file, which the parent holds): its shard
+    waits until the parent ends that claim, then takes the room; no such lock is held."""
     from torchkit.core.data.sources import http_shards
 
     monkeypatch.setattr(http_shards, "_free_bytes", lambda folder: 100_000)  # room: 95,000
     monkeypatch.delenv("TORCHKIT_CACHE_LIMIT", raising=False)
+    folder = tmp_path / "cache" / "shards" / "f"
+    folder.mkdir(parents=True)
     claims, stop, size = http_shards._CLAIMS, threading.Event(), (60_000, "its Content-Length is")
-    with claims.claim("http://h/a-000000.tar", tmp_path, size, stop) as held:
-        assert isinstance(held, http_shards._Claim)
-        beside = claims.claim("http://h/b-000000.tar", tmp_path, size, stop)
-        assert not isinstance(beside, http_shards._Claim)  # in the parent, b waits for a
+    said, says = os.pipe()
+    with claims.claim("http://h/a-000000.tar", folder, size) as held:
+        assert held.take(stop) is None
+        with claims.claim("http://h/b-000000.tar", folder, size) as beside:
+            assert beside.take(stop) is not None  # in the parent, b waits for a
         holding, forked = threading.Event(), threading.Event()
 
         def hold_reading_lock() -> None:  # as a download thread that starts or ends a read
@@ -354,16 +368,28 @@ def test_a_forked_process_waits_for_no_claim_of_its_parent(tmp_path, monkeypatch
         if child == 0:
             code = 1
             try:
-                inherited = claims.claim("http://h/b-000000.tar", tmp_path, size, stop)
-                code = 0 if isinstance(inherited, http_shards._Claim) else 3
+                os.close(said)
+                threading.Timer(WAIT_S, stop.set).start()  # a wait that never ends: code 1
+                with claims.claim("http://h/b-000000.tar", folder, size) as inherited:
+                    waiting = inherited.take(stop)
+                    code = 0 if waiting is not None and waiting.polled else 3
+                    os.write(says, b"waits")
+                    if code == 0:
+                        claims.wait_for_room(inherited.url, folder, size, waiting, stop)
+                        code = 0 if inherited.take(stop) is None else 5
                 if code == 0 and not http_shards._READING_LOCK.acquire(timeout=WAIT_S / 6):
                     code = 4
             finally:
                 os._exit(code)
+        os.close(says)
         forked.set()
         holder.join(WAIT_S)
-        _, status = os.waitpid(child, 0)
-    # 3: it would have waited for a; 4: its first download would have hung on the lock.
+        told = os.read(said, 5)
+    os.close(said)
+    _, status = os.waitpid(child, 0)  # the parent's claim ended: the child takes the room
+    assert told == b"waits"
+    # 3: the parent's claim did not count; 5: it counted once ended; 1: waited for ever (or
+    # failed); 4: its first download would have hung on the lock.
     assert os.waitstatus_to_exitcode(status) == 0
 
 
@@ -481,8 +507,7 @@ def test_ctrl_c_while_a_shard_waits_for_room_ends_the_run_cleanly(
         finally:
             signalled.set()
     ended_as_stopped(process, signal.SIGINT, process.returncode, "".join(said) + stderr)
-    left = {p.name for p in cache.rglob("*") if p.is_file()}
-    assert all(name.endswith(".tar.lock") for name in left), left  # no shard, no temporary
+    assert _left_in(cache) == set(), _left_in(cache)  # no shard, no temporary, no claim
 
 
 def test_a_failure_ends_a_read_its_server_stalls_at_once(tmp_path, monkeypatch):
@@ -514,6 +539,5 @@ def test_a_failure_ends_a_read_its_server_stalls_at_once(tmp_path, monkeypatch):
         ended.set()
     assert stalled == [True]  # the run ended while a's body was still held back
     assert raised.value.message.startswith(f"cannot download {urls[1]}: HTTP 404")
-    left = {p.name for p in cache.rglob("*") if p.is_file()}
-    assert all(name.endswith(".tar.lock") for name in left), left  # no shard, no temporary
+    assert _left_in(cache) == set(), _left_in(cache)  # no shard, no temporary, no claim
     assert not http_shards._READING

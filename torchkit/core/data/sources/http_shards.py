@@ -30,8 +30,10 @@ cuts the body short with no HTTP error): a failed or killed download leaves noth
 shard's name. A body of no known size (no Content-Length, no manifest.json size) is read up to
 $TORCHKIT_CACHE_LIMIT or the room the cache's disk has (`_disk_room`), never on until the
 disk is full; one of a known size larger than that is refused before a byte of it is written.
-Downloads at once share that room (`_Claims`): each claims its size, and one that does not fit
-beside the others' claims waits for them to end (refused only if it does not fit then either).
+Downloads at once share that room (`_Claims`), also those of other processes on the cache
+(torchrun's ranks, loader workers, two runs: each claim is a file in CACHE/.download-claims that
+its process holds flocked): each claims its size, and one that does not fit beside the others'
+claims waits for them to end (refused only if it does not fit then either).
 A lock file per shard makes processes that share the cache (torchrun's ranks, two runs at once)
 download each shard once: the others wait for it, then use it; a shard the cache holds current
 is read without it, the server reachable or not (a cache shared read-only has none to take),
@@ -762,8 +764,8 @@ def _download(
 ) -> None:
     """`url` streamed into `target` through a temporary file, renamed once complete and
     checked; nothing under `target`'s name on any failure. A body that fits the cache's disk
-    but not beside what the downloads in flight claim of it (`_CLAIMS`) waits until enough of
-    them ended for it to fit, and is asked for again (its size checked anew): its response is
+    but not beside what the downloads in flight (of any process) claim of it (`_CLAIMS`) waits
+    until enough of them ended for it to fit, and is asked for again (its size checked anew): its response is
     closed meanwhile (a server drops a connection left idle, and the body would end early)."""
     while True:
         waits = _download_once(url, target, expected, stop)
@@ -775,9 +777,9 @@ def _download(
 
 def _download_once(
     url: str, target: Path, expected: dict[str, Any] | None, stop: threading.Event
-) -> tuple[tuple[int, str], int] | None:
+) -> tuple[tuple[int, str], _Wait] | None:
     """`_download`'s one request: None once `target` is downloaded, or, where the body does
-    not fit beside the downloads in flight, its size and `_CLAIMS`'s count of ended claims
+    not fit beside the downloads in flight, its size and what to wait on
     (`_Claims.wait_for_room`'s)."""
     from torchkit.core.io.files import atomic_write
 
@@ -798,39 +800,42 @@ def _download_once(
         size = (want, "manifest.json gives it") if want is not None else None
         if size is None and length is not None:
             size = (length, "its Content-Length is")
-        claim = _CLAIMS.claim(url, target.parent, size, stop)
-        if not isinstance(claim, _Claim):
-            assert size is not None  # a body of no size never waits
-            return size, claim
-        # The claim ends after the temporary file is deleted: its room is never counted free
-        # while the file still takes it.
-        with (
-            claim,
-            _reading(response, stop),
-            _writing_the_cache(),
-            atomic_write(target, "wb", check=whole_tar) as handle,
-        ):
-            while True:
-                if stop.is_set():
-                    raise _Stopped
-                chunk = _read(response, url)
-                if not chunk:
-                    break
-                if want is not None and done + len(chunk) > want:
-                    # A body of no Content-Length that runs on (a close-delimited or chunked
-                    # one): stopped here, not once it filled the disk, judged by the end.
-                    raise _changed(url, f"the server sends more than {want} bytes")
-                claim.admit(len(chunk))
-                handle.write(chunk)
-                claim.written += len(chunk)
-                digest.update(chunk)
-                done += len(chunk)
-            if length is not None and done < length:
-                raise _short(url, done, length)
-            if want is not None and done != want:
-                raise _changed(url, f"{done} bytes downloaded, manifest.json says {want}")
-            if expected and expected["sha256"] and digest.hexdigest() != expected["sha256"]:
-                raise _changed(url, "its sha256 is not the one manifest.json records")
+        # The claim is owned (entered) before it is taken: taken first, a Ctrl-C before its
+        # `with` (streamed shards download on the main thread) kept it for the process's life.
+        # It ends after the temporary file is deleted: its room is never counted free while
+        # the file still takes it.
+        with _CLAIMS.claim(url, target.parent, size) as claim:
+            waiting = claim.take(stop)
+            if waiting is not None:
+                assert size is not None  # a body of no size never waits
+                return size, waiting
+            with (
+                _reading(response, stop),
+                _writing_the_cache(),
+                atomic_write(target, "wb", check=whole_tar) as handle,
+            ):
+                while True:
+                    if stop.is_set():
+                        raise _Stopped
+                    chunk = _read(response, url)
+                    if not chunk:
+                        break
+                    if want is not None and done + len(chunk) > want:
+                        # A body of no Content-Length that runs on (a close-delimited or
+                        # chunked one): stopped here, not once it filled the disk, judged by
+                        # the end.
+                        raise _changed(url, f"the server sends more than {want} bytes")
+                    claim.admit(len(chunk))
+                    handle.write(chunk)
+                    claim.wrote(len(chunk))
+                    digest.update(chunk)
+                    done += len(chunk)
+                if length is not None and done < length:
+                    raise _short(url, done, length)
+                if want is not None and done != want:
+                    raise _changed(url, f"{done} bytes downloaded, manifest.json says {want}")
+                if expected and expected["sha256"] and digest.hexdigest() != expected["sha256"]:
+                    raise _changed(url, "its sha256 is not the one manifest.json records")
         validators = _validators(response.headers)
     _write_record(target, url, done, digest.hexdigest(), validators)
     seconds = time.perf_counter() - started
@@ -919,11 +924,48 @@ def _device(folder: Path) -> int:
         return -1
 
 
+def _claims_folder(shard_folder: Path) -> Path:
+    """Where downloads into the cache of `shard_folder` (CACHE/shards/<hash>,
+    `shard_cache_folder`) show their claims to other processes: CACHE/.download-claims, a
+    file per claim beside the `lock` that guards them all."""
+    return shard_folder.parent.parent / ".download-claims"
+
+
+# How often a download waiting for room that another process claims looks again: nothing tells
+# a process that another's claim ended (its file deleted, or its process killed, which only lets
+# go of the file's flock), and a thread blocked on that flock could not be woken by a stop. A
+# look reads a few small files.
+_CLAIM_POLL_S = 0.25
+
+
+@dataclass(frozen=True)
+class _Foreign:
+    """Another process's claim on the cache's disk, as its file says."""
+
+    size: int | None
+    written: int
+
+    @property
+    def outstanding(self) -> int:
+        return 0 if self.size is None else max(self.size - self.written, 0)
+
+
+@dataclass(frozen=True)
+class _Wait:
+    """Why a body does not fit yet (`_Claims.take`): the count of this process's claims ended
+    so far, and whether other processes' claims count too (looked at again every
+    `_CLAIM_POLL_S`: their ends wake nothing here)."""
+
+    ended: int
+    polled: bool
+
+
 @dataclass(eq=False)
 class _Claim:
     """The room one download in flight claims on the cache's disk: its whole `size` (its bytes
     and what gives them) less what it `written` already (the disk's free room counts that),
-    none for a body of no known size, which `admit` bounds as it comes instead."""
+    none for a body of no known size, which `admit` bounds as it comes instead. Entered as a
+    context before it is taken (`take`): a stop at any moment after ends it."""
 
     claims: _Claims
     url: str
@@ -931,17 +973,32 @@ class _Claim:
     device: int
     size: tuple[int, str] | None
     written: int = 0
+    # Its file in `_claims_folder(folder)` while taken (named before it is made: a stop between
+    # the two still deletes it), the descriptor that holds the file's flock, and the length of
+    # the record in it (rewritten in place at that length: never torn, never grown).
+    file: Path | None = None
+    fd: int | None = None
+    record_bytes: int = 0
 
     @property
     def outstanding(self) -> int:
         """The bytes it will still write: room it holds that the disk still shows free."""
         return 0 if self.size is None else max(self.size[0] - self.written, 0)
 
+    def take(self, stop: threading.Event) -> _Wait | None:
+        """`_Claims.take`."""
+        return self.claims.take(self, stop)
+
     def admit(self, count: int) -> None:
         """Raise the error of a body of no known size whose next `count` bytes pass the room
         left beside the other downloads' claims ($TORCHKIT_CACHE_LIMIT, the disk's room)."""
         if self.size is None:
             self.claims.admit(self, count)
+
+    def wrote(self, count: int) -> None:
+        """`count` more bytes written: its file says so to other processes."""
+        self.written += count
+        _write_claim(self)
 
     def __enter__(self) -> _Claim:
         return self
@@ -951,14 +1008,22 @@ class _Claim:
 
 
 class _Claims:
-    """The room on the cache's disk that the downloads in flight in this process claim (their
-    shards' sizes), so that several at once (`DOWNLOAD_THREADS`, streamed shards of two
-    folders) never together take more than the disk has room for: each checked the same free
-    room, and four shards of 0.4 of it each all began and filled the disk. A body that fits the
-    disk but not beside the claims waits until enough of them ended for it to fit (the room a
-    failed or stopped download frees, the margin a shorter free room keeps); one that cannot
-    fit even with nothing else in flight is refused at once. A process's own: others (ranks,
-    two runs on one cache, loader workers) do not see them (docs/data.md)."""
+    """The room on the cache's disk that the downloads in flight claim (their shards' sizes), so
+    that several at once (`DOWNLOAD_THREADS`, streamed shards of two folders, torchrun's ranks,
+    loader workers, two runs on one cache) never together take more than the disk has room for:
+    each checked the same free room, and four shards of 0.4 of it each all began and filled the
+    disk. A body that fits the disk but not beside the claims waits until enough of them ended
+    for it to fit (the room a failed or stopped download frees, the margin a shorter free room
+    keeps); one that cannot fit even with nothing else in flight is refused at once.
+
+    This process's claims are held here; each is also a file in the cache's claims folder
+    (`_claims_folder`), flocked by its process for as long as it holds it, so that other
+    processes on the cache count it too. A flock, not a pid, tells a live claim: the kernel lets
+    go of it when its process dies however it dies (kill -9, the OOM killer), a pid is reused,
+    and processes in other containers (pid namespaces) that share the cache see other pids. A
+    claim file no process holds is a dead process's, and is deleted whatever it holds; one held
+    that cannot be read is an error naming it (the room it holds is unknown). Claims on one disk
+    in two caches are seen by their own process alone."""
 
     def __init__(self) -> None:
         self.forget()
@@ -967,45 +1032,58 @@ class _Claims:
         """No claim held, none ended: a forked process's start (a loader worker). The claims
         it inherits are its parent's downloads, whose threads it lacks: never ended there, a
         download that waited for one waited for ever, and a lock one of them held at the fork
-        stayed held."""
+        stayed held. Its parent's claim files it counts as another process's, as long as the
+        parent holds them."""
         self._changed = threading.Condition()
         self._held: list[_Claim] = []
         self._ended = 0  # claims ended so far: what a download waiting for room waits on
 
-    def claim(
-        self, url: str, folder: Path, size: tuple[int, str] | None, stop: threading.Event
-    ) -> _Claim | int:
-        """A claim for a download of `url` into the cache `folder` of a body of `size` (None:
-        of no known size), or, where it fits the disk but not beside the others' claims, the
-        count of ended claims to `wait_for_room`; the error of a body larger than the cache
-        may take (`_too_large`)."""
+    def claim(self, url: str, folder: Path, size: tuple[int, str] | None) -> _Claim:
+        """A claim, not taken yet, for a download of `url` into the cache `folder` of a body of
+        `size` (None: of no known size): enter it, then `take` it inside."""
+        return _Claim(self, url, folder, _device(folder), size)
+
+    def take(self, claim: _Claim, stop: threading.Event) -> _Wait | None:
+        """Take `claim` (None), or, where its body fits the disk but not beside the claims on
+        it (this process's and others'), what to `wait_for_room` on; the error of a body
+        larger than the cache may take (`_too_large`). Others' claims are read and this one
+        made under the claims' lock, in one step: two processes never both take the room
+        only one of them has."""
         limit = cache_limit()
-        device = _device(folder)
         with self._changed:
             if stop.is_set():  # another download failed: no claim, no error of its own
                 raise _Stopped
-            if size is not None and not self._fits(url, folder, device, size, limit):
-                return self._ended  # others are in flight, and will end
-            claim = _Claim(self, url, folder, device, size)
-            self._held.append(claim)
-            return claim
+            with _claims_lock(claim.url, claim.folder) as shared:
+                foreign = _claims_of_others(claim, self._files()) if shared else []
+                size = claim.size
+                if size is not None and not self._fits(claim, size, limit, foreign):
+                    return _Wait(self._ended, bool(foreign))  # the others will end
+                if shared:
+                    _make_claim_file(claim)
+                self._held.append(claim)
+        return None
+
+    def _files(self) -> set[str]:
+        """The names of this process's claim files (not another process's claims)."""
+        return {c.file.name for c in self._held if c.file is not None}
 
     def _fits(
-        self, url: str, folder: Path, device: int, size: tuple[int, str], limit: int | None
+        self, claim: _Claim, size: tuple[int, str], limit: int | None, foreign: list[_Foreign]
     ) -> bool:
-        """Whether a body of `size` fits the disk of the cache `folder` beside the claims on
-        it; the error of one that would not fit with nothing else in flight (what the others
-        wrote so far freed too: their end may make room for it, else nothing will)."""
-        others = [c for c in self._held if c.device == device]
-        free = _free_bytes(folder)
-        written = sum(c.written for c in others)
+        """Whether a body of `size` fits the disk of `claim`'s cache beside the claims on it
+        (`foreign`: other processes'); the error of one that would not fit with nothing else
+        in flight (what the others wrote so far freed too: their end may make room for it,
+        else nothing will)."""
+        others = [c for c in self._held if c.device == claim.device and c is not claim]
+        free = _free_bytes(claim.folder)
+        written = sum(c.written for c in others) + sum(f.written for f in foreign)
         alone = None if free is None else _room_of(free + written)
-        error = _too_large(url, size, alone, limit)
+        error = _too_large(claim.url, size, alone, limit)
         if error is not None:
             raise error
         room = None if free is None else _room_of(free)
-        claimed = sum(c.outstanding for c in others)
-        return _too_large(url, size, room, limit, claimed) is None
+        claimed = sum(c.outstanding for c in others) + sum(f.outstanding for f in foreign)
+        return _too_large(claim.url, size, room, limit, claimed) is None
 
     def admit(self, claim: _Claim, count: int) -> None:
         """`_Claim.admit`: the disk's room measured again each time, its own writes added back
@@ -1015,16 +1093,23 @@ class _Claims:
             claimed = sum(
                 c.outstanding for c in self._held if c.device == claim.device and c is not claim
             )
+            mine = self._files()
+        with _claims_lock(claim.url, claim.folder) as shared:
+            if shared:
+                claimed += sum(f.outstanding for f in _claims_of_others(claim, mine))
         room = _disk_room(claim.folder, claim.written)
         if _too_large(claim.url, (claim.written + count, ""), room, limit, claimed) is not None:
             raise _too_large(claim.url, None, room, limit, claimed)  # naming its bound
 
     def release(self, claim: _Claim) -> None:
-        """End `claim` (its download done, failed or stopped) and wake the downloads waiting."""
+        """End `claim` (its download done, failed or stopped; taken or not) and wake the
+        downloads waiting."""
         with self._changed:
-            self._held.remove(claim)
-            self._ended += 1
-            self._changed.notify_all()
+            _delete_claim_file(claim)
+            if claim in self._held:
+                self._held.remove(claim)
+                self._ended += 1
+                self._changed.notify_all()
 
     def wake(self) -> None:
         """Wake the downloads waiting for room: a stop was set."""
@@ -1032,29 +1117,187 @@ class _Claims:
             self._changed.notify_all()
 
     def wait_for_room(
-        self, url: str, folder: Path, size: tuple[int, str], ended: int, stop: threading.Event
+        self, url: str, folder: Path, size: tuple[int, str], waiting: _Wait, stop: threading.Event
     ) -> None:
-        """Until a body of `size` that `claim` let wait (`ended`: its count) fits beside the
-        claims left, judged each time one ends (not asked for again after each: a large shard
-        behind many small ones was), or would not fit even alone (asked for again: its size
-        may have changed, and is the error's); `_Stopped` once `stop` is set (by
-        `_stop_downloads`, which wakes it: no polling)."""
+        """Until a body of `size` that `take` let wait (`waiting`) fits beside the claims left,
+        judged each time one of this process's ends and, while other processes' claims count,
+        every `_CLAIM_POLL_S` (not asked for again after each: a large shard behind many small
+        ones was), or would not fit even alone (asked for again: its size may have changed, and
+        is the error's); `_Stopped` once `stop` is set (by `_stop_downloads`, which wakes it)."""
         limit = cache_limit()
-        device = _device(folder)
+        probe = self.claim(url, folder, size)
+        ended, polled, looked = waiting.ended, waiting.polled, False
         with self._changed:
             while not stop.is_set():
-                if self._ended != ended:
+                if self._ended != ended or looked:
                     ended = self._ended
                     try:
-                        if self._fits(url, folder, device, size, limit):
-                            return
-                    except InputError:  # no room even alone now: the request's error
-                        return
-                self._changed.wait()
+                        with _claims_lock(url, folder) as shared:
+                            foreign = _claims_of_others(probe, self._files()) if shared else []
+                            if self._fits(probe, size, limit, foreign):
+                                return
+                    except InputError:  # no room even alone now, or unreadable claims: the
+                        return  # request made again gives the error
+                    polled = bool(foreign)
+                looked = not self._changed.wait(_CLAIM_POLL_S if polled else None)
         raise _Stopped
 
 
 _CLAIMS = _Claims()
+
+
+def _claims_error(claim: _Claim, path: Path, error: OSError) -> TorchkitError:
+    """The error of a claims folder or lock file at `path` that cannot be made or opened."""
+    if as_write_error(error, path) is not None:  # a full or read-only cache
+        return _unwritable_cache(f"{_shown(claim.url)} into {claim.folder}", error)
+    return InputError(
+        f"cannot use {path}, where downloads into the cache claim room on its disk: "
+        f"{error.strerror or error}",
+        "it must be a folder torchkit may write: remove what is there, or set TORCHKIT_CACHE "
+        "to another folder",
+    )
+
+
+@contextlib.contextmanager
+def _claims_lock(url: str, folder: Path) -> Iterator[bool]:
+    """The lock of the claims of the cache of `folder` (`_claims_folder`: made where missing),
+    held inside; False: no flock on this platform (Windows), claims are this process's alone."""
+    try:
+        import fcntl
+    except ImportError:
+        yield False
+        return
+    claims = _claims_folder(folder)
+    probe = _Claim(_CLAIMS, url, folder, -1, None)  # names the download in an error
+    path = claims / "lock"
+    try:
+        claims.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise _claims_error(probe, claims, error) from None
+    try:
+        fd = open_unshared(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as error:
+        raise _claims_error(probe, path, error) from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # held for a few file reads, by any process
+        except OSError as error:
+            raise _claims_error(probe, path, error) from None
+        yield True
+    finally:
+        close_lock(fd)
+
+
+def _claims_of_others(claim: _Claim, mine: set[str]) -> list[_Foreign]:
+    """The claims live processes hold in the claims folder of `claim`'s cache, but this one's
+    (`mine`), under `_claims_lock`. A claim file whose flock no process holds is a dead
+    process's (or one just ended): deleted."""
+    import fcntl
+
+    claims = _claims_folder(claim.folder)
+    try:
+        names = os.listdir(claims)
+    except OSError as error:
+        raise _claims_error(claim, claims, error) from None
+    found = []
+    for name in names:
+        if not name.endswith(".claim") or name in mine:
+            continue
+        path = claims / name
+        try:
+            fd = open_unshared(path, os.O_RDONLY)
+        except FileNotFoundError:  # ended meanwhile: its process deletes it without the lock
+            continue
+        except OSError as error:
+            raise _unreadable_claim(path, error.strerror or str(error)) from None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:  # its process holds it: a claim in flight
+                found.append(_read_claim(fd, path))
+                continue
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        finally:
+            close_lock(fd)
+    return found
+
+
+def _unreadable_claim(path: Path, why: str) -> InputError:
+    return InputError(
+        f"cannot read {path}, the claim of room on the cache's disk of a torchkit process "
+        f"downloading into it: {why}",
+        "wait for the other torchkit runs on this cache to end, or set TORCHKIT_CACHE to "
+        "another folder",
+    )
+
+
+def _read_claim(fd: int, path: Path) -> _Foreign:
+    """The claim the file `path` (open as `fd`) records: its size (None: a body of no known
+    size) and the bytes written so far."""
+    try:
+        record = json.loads(os.pread(fd, 1 << 16, 0))
+        size, written = record["size"], record["written"]
+        if not (size is None or _is_index(size)) or not _is_index(written):
+            raise ValueError
+    except OSError as error:
+        raise _unreadable_claim(path, error.strerror or str(error)) from None
+    except (ValueError, KeyError, TypeError):
+        raise _unreadable_claim(path, "it holds no claim torchkit wrote") from None
+    return _Foreign(size, written)
+
+
+def _claim_record(claim: _Claim) -> bytes:
+    """What `claim`'s file holds: its size and the bytes written so far, which other processes
+    read; its process, host and URL, which say whose it is."""
+    import socket
+
+    record = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "url": _shown(claim.url)[:1000],
+        "size": None if claim.size is None else claim.size[0],
+        "written": claim.written,
+    }
+    data = json.dumps(record).encode("utf-8")
+    claim.record_bytes = claim.record_bytes or len(data) + 24  # `written`'s digits may grow
+    return data.ljust(claim.record_bytes)
+
+
+def _make_claim_file(claim: _Claim) -> None:
+    """`claim`'s file, flocked by this process (`open_unshared`: by no process it forks) and
+    written, under `_claims_lock`: its name set first, so that a stop after still deletes it."""
+    import fcntl
+
+    claims = _claims_folder(claim.folder)
+    claim.file = claims / f"{os.getpid()}-{os.urandom(8).hex()}.claim"
+    try:
+        claim.fd = open_unshared(claim.file, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+        fcntl.flock(claim.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # new: no process holds it
+        os.pwrite(claim.fd, _claim_record(claim), 0)
+    except OSError as error:
+        _delete_claim_file(claim)
+        raise _claims_error(claim, claims, error) from None
+
+
+def _write_claim(claim: _Claim) -> None:
+    """Rewrite `claim`'s file with the bytes it wrote, under the claims' lock (never read half
+    written). Left as it was where it cannot be: others then count more room claimed."""
+    if claim.fd is None:
+        return
+    with contextlib.suppress(TorchkitError, OSError), _claims_lock(claim.url, claim.folder):
+        os.pwrite(claim.fd, _claim_record(claim), 0)
+
+
+def _delete_claim_file(claim: _Claim) -> None:
+    """Delete `claim`'s file, then let go of its flock: other processes count it no more."""
+    if claim.file is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(claim.file)
+        claim.file = None
+    if claim.fd is not None:
+        fd, claim.fd = claim.fd, None
+        close_lock(fd)
 
 
 def _forget_downloads_in_flight() -> None:

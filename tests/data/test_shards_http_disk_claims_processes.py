@@ -1,0 +1,314 @@
+"""Downloads of URL shards in separate processes (torchrun's ranks, loader workers, two runs on
+one cache) each checked the cache disk's room alone: claims were a process's own, so shards that
+fit one at a time started together and one ended in "No space left on device". Each claim is now
+also a file in CACHE/.download-claims, flocked by its process while it holds it: the others count
+it, wait for it to end, and ignore (and delete) one whose process died.
+
+No test sleeps: a process that waits for another's claim looks again every quarter second by
+itself, and each test waits on what a process says or does (a pipe, a request)."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import threading
+from pathlib import Path
+
+import pytest
+from output_checks import error_line
+from processes import child_environment, run_torchkit_in_process
+from shards import QuietFolderHandler, running_server
+
+WAIT_S = 30  # the most anything waits: a wait that ends so fails the test, never hangs it
+CHUNK = 1 << 20  # what torchkit reads (and writes) of a body at a time
+
+
+def _shard(path: Path, size: int) -> int:
+    """A tar at `path` of at most `size` bytes (one member of `fill` bytes), and its size."""
+    with tarfile.open(path, "w") as tar:
+        info = tarfile.TarInfo("k0.bin")
+        info.size = size - 3 * tarfile.RECORDSIZE
+        tar.addfile(info, io.BytesIO(os.urandom(info.size)))
+    return path.stat().st_size
+
+
+def _free(mount: Path) -> int:
+    stats = os.statvfs(mount)
+    return stats.f_bavail * stats.f_frsize
+
+
+class _Paired(QuietFolderHandler):
+    """Serves its folder; a `.tar`'s body in two parts: its first MiB, then the rest once two
+    requests for shards got their first MiB (or hung up before), so that two downloads that
+    both go ahead both hold part of their shard on the disk at once."""
+
+    def __init__(self, *args, pair: threading.Condition, asked: list, **kwargs) -> None:
+        self.pair, self.asked = pair, asked
+        super().__init__(*args, **kwargs)
+
+    def do_GET(self) -> None:
+        if not self.path.endswith(".tar"):
+            super().do_GET()
+            return
+        data = Path(self.translate_path(self.path)).read_bytes()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        sent = True
+        try:
+            self.wfile.write(data[:CHUNK])
+            self.wfile.flush()
+        except OSError:  # the client hung up: it waits for room, and asks again
+            sent = False
+        with self.pair:
+            self.asked.append(self.path)
+            self.pair.notify_all()
+            self.pair.wait_for(lambda: len(self.asked) >= 2, WAIT_S)
+        if sent:
+            with contextlib.suppress(OSError):
+                self.wfile.write(data[CHUNK:])
+        self.close_connection = True
+
+
+def _claim_files(cache: Path) -> list[str]:
+    return sorted(p.name for p in (cache / ".download-claims").glob("*.claim"))
+
+
+def test_two_processes_whose_shards_fit_one_at_a_time_both_finish(
+    tmp_path, small_tmpfs, monkeypatch
+):
+    """Two processes on one cache each download a new version of a cached shard: each fits
+    beside the old copies, the two at once do not. They both went ahead (the other process's
+    download was not counted), and one ended in "No space left on device". Now the second
+    waits for the first's claim to end (its new copy renamed over the old one), asks again and
+    finishes too; no claim file is left."""
+    from torchkit.core.data.sources.http_shards import fetch_shards, shard_cache_folder
+
+    cache = small_tmpfs(5 * 1024)
+    served = tmp_path / "served"
+    served.mkdir()
+    size = _shard(served / "a-000000.tar", 3 * CHUNK // 2)
+    _shard(served / "b-000000.tar", 3 * CHUNK // 2)
+    for name in ("http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+    monkeypatch.setenv("TORCHKIT_CACHE", str(cache))
+    monkeypatch.delenv("TORCHKIT_CACHE_LIMIT", raising=False)
+    pair, asked = threading.Condition(), []
+    handler = functools.partial(_Paired, pair=pair, asked=asked, directory=str(served))
+    with running_server(handler) as server:
+        # The old copies, recorded as another version than the server's (Last-Modified).
+        folder = shard_cache_folder(server.url)
+        folder.mkdir(parents=True)
+        for name in ("a-000000.tar", "b-000000.tar"):
+            (folder / name).write_bytes(bytes(size))
+            old = {"bytes": size, "sha256": None, "etag": None}
+            old["last_modified"] = "Thu, 01 Jan 1970 00:00:00 GMT"
+            (folder / f".{name}.json").write_text(json.dumps(old))
+        free = _free(cache)
+        assert size <= free - free // 20 and size + CHUNK > free  # one at a time only
+        other = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import sys\n"
+                "from torchkit.core.data.sources.http_shards import fetch_shards\n"
+                "from torchkit.core.io.errors import TorchkitError\n"
+                "try:\n"
+                "    fetch_shards([sys.argv[1]])\n"
+                "except TorchkitError as error:\n"
+                "    sys.exit(f'Error: {error}')\n",
+                f"{server.url}/a-000000.tar",
+            ],
+            env=child_environment({"TORCHKIT_CACHE": str(cache)}),
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            mine = fetch_shards([f"{server.url}/b-000000.tar"])
+            _, said = other.communicate(timeout=WAIT_S)
+        finally:
+            if other.poll() is None:
+                other.kill()
+                other.communicate()
+    assert other.returncode == 0, said
+    assert mine == [str(folder / "b-000000.tar")]
+    for name in ("a-000000.tar", "b-000000.tar"):
+        assert (folder / name).read_bytes() == (served / name).read_bytes()
+    assert len(asked) == 3  # the one that waited asked again
+    assert _claim_files(cache) == []
+
+
+def _held_in_a_child(folder: Path, size: tuple[int, str]) -> tuple[int, int]:
+    """A forked process that takes a claim of `size` on the cache of `folder` and holds it
+    until killed; (its pid, a pipe end that says it holds it). Forked: no interpreter start."""
+    from torchkit.core.data.sources import http_shards
+
+    said, says = os.pipe()
+    child = os.fork()
+    if child == 0:
+        try:
+            os.close(said)
+            with http_shards._CLAIMS.claim("http://h/a-000000.tar", folder, size) as claim:
+                os.write(says, b"held" if claim.take(threading.Event()) is None else b"none")
+                threading.Event().wait()  # until killed
+        finally:
+            os._exit(1)
+    os.close(says)
+    return child, said
+
+
+def test_a_live_claim_of_another_process_waits_and_a_dead_one_does_not(tmp_path, monkeypatch):
+    """Another process claims 0.6 of the room: a shard of 0.6 waits for it (the old code took
+    the room as if that process were not there). That process is then killed (kill -9: no
+    clean-up of its own): its claim no longer counts, the waiting shard takes the room, and
+    the dead claim's file is deleted."""
+    from torchkit.core.data.sources import http_shards
+
+    monkeypatch.setattr(http_shards, "_free_bytes", lambda folder: 100_000)  # room: 95,000
+    monkeypatch.delenv("TORCHKIT_CACHE_LIMIT", raising=False)
+    folder = tmp_path / "cache" / "shards" / "f"
+    folder.mkdir(parents=True)
+    size, stop = (60_000, "its Content-Length is"), threading.Event()
+    child, said = _held_in_a_child(folder, size)
+    try:
+        assert os.read(said, 4) == b"held"
+        held_by_child = _claim_files(tmp_path / "cache")
+        assert len(held_by_child) == 1
+        with http_shards._CLAIMS.claim("http://h/b-000000.tar", folder, size) as claim:
+            waiting = claim.take(stop)
+            assert waiting is not None and waiting.polled  # beside the child's claim
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+            child = 0
+            timer = threading.Timer(WAIT_S, http_shards._stop_downloads, (stop,))
+            timer.start()  # a wait that never ends fails the test (_Stopped), never hangs it
+            try:
+                http_shards._CLAIMS.wait_for_room(claim.url, folder, size, waiting, stop)
+            finally:
+                timer.cancel()
+            assert claim.take(stop) is None
+            assert _claim_files(tmp_path / "cache") == [claim.file.name]
+        assert _claim_files(tmp_path / "cache") == []
+    finally:
+        os.close(said)
+        if child:
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+
+
+def test_a_claim_file_of_no_process_is_deleted_whatever_it_holds(tmp_path, monkeypatch):
+    """A claim file whose flock no process holds (its process died as it wrote it, or a
+    damaged disk left it so) is deleted, not read: the claims are rebuilt from the live ones."""
+    from torchkit.core.data.sources import http_shards
+
+    monkeypatch.setattr(http_shards, "_free_bytes", lambda folder: 100_000)
+    monkeypatch.delenv("TORCHKIT_CACHE_LIMIT", raising=False)
+    folder = tmp_path / "cache" / "shards" / "f"
+    folder.mkdir(parents=True)
+    claims = tmp_path / "cache" / ".download-claims"
+    claims.mkdir()
+    (claims / "1-dead.claim").write_bytes(b'{"size": 90000, "wri')
+    (claims / "2-dead.claim").write_bytes(b"\xff\x00 not json")
+    with http_shards._CLAIMS.claim(
+        "http://h/a-000000.tar", folder, (60_000, "its Content-Length is")
+    ) as claim:
+        assert claim.take(threading.Event()) is None
+        assert _claim_files(tmp_path / "cache") == [claim.file.name]
+
+
+def test_a_live_claim_file_torchkit_cannot_read_is_one_error_line(tmp_path, monkeypatch):
+    """A claim file a live process holds but that holds no claim torchkit wrote: the room it
+    holds is unknown, so the download is refused with one line naming the file (not ignored:
+    the disk could fill)."""
+    import fcntl
+
+    served = tmp_path / "served"
+    served.mkdir()
+    _shard(served / "a-000000.tar", 40 * 1024)
+    cache = tmp_path / "cache"
+    claims = cache / ".download-claims"
+    claims.mkdir(parents=True)
+    foreign = claims / "7-other.claim"
+    foreign.write_text("size: 10 GB\n")
+    monkeypatch.setenv("TORCHKIT_CACHE", str(cache))
+    monkeypatch.delenv("TORCHKIT_CACHE_LIMIT", raising=False)
+    for name in ("http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+    fd = os.open(foreign, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # as the live process that holds it
+        handler = functools.partial(QuietFolderHandler, directory=str(served))
+        with running_server(handler) as server:
+            result = run_torchkit_in_process(
+                "dataset-stats", f"{server.url}/a-000000.tar", "--workers", "0"
+            )
+    finally:
+        os.close(fd)
+    assert result.returncode == 1, result.stdout
+    assert error_line(result.stderr) == (
+        f"Error: cannot read {foreign}, the claim of room on the cache's disk of a torchkit "
+        "process downloading into it: it holds no claim torchkit wrote (wait for the other "
+        "torchkit runs on this cache to end, or set TORCHKIT_CACHE to another folder)"
+    )
+    assert not list(cache.rglob("a-000000.tar"))
+
+
+def test_a_claims_folder_that_is_not_a_folder_is_one_error_line(tmp_path, monkeypatch):
+    from torchkit.core.data.sources import http_shards
+    from torchkit.core.io.errors import InputError
+
+    folder = tmp_path / "cache" / "shards" / "f"
+    folder.mkdir(parents=True)
+    (tmp_path / "cache" / ".download-claims").write_text("not a folder")
+    with (
+        http_shards._CLAIMS.claim("http://h/a-000000.tar", folder, (10, "")) as claim,
+        pytest.raises(InputError) as raised,
+    ):
+        claim.take(threading.Event())
+    assert raised.value.message.startswith(
+        f"cannot use {tmp_path / 'cache' / '.download-claims'}, where downloads into the "
+        "cache claim room on its disk: "
+    )
+    assert "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize("after", ["claim", "take"])
+def test_a_stop_right_after_a_claim_is_taken_ends_it(tmp_path, monkeypatch, after):
+    """Streamed shards download on the main thread, where Ctrl-C lands: one that came just
+    after the claim was taken, before the block that ends it was entered, kept the claim (its
+    room, and now its file) for the process's life. The claim is now owned before it is
+    taken: no claim, no claim file is left."""
+    from torchkit.core.data.sources import http_shards
+
+    served = tmp_path / "served"
+    served.mkdir()
+    _shard(served / "a-000000.tar", 40 * 1024)
+    cache = tmp_path / "cache"
+    target = cache / "shards" / "f" / "a-000000.tar"
+    target.parent.mkdir(parents=True)
+    for name in ("http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+    owner = http_shards._CLAIMS if after == "claim" else http_shards._Claims
+    taken = getattr(owner, after)
+
+    def interrupted(*args, **kwargs):
+        taken(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(owner, after, interrupted)
+    handler = functools.partial(QuietFolderHandler, directory=str(served))
+    with running_server(handler) as server, pytest.raises(KeyboardInterrupt):
+        http_shards._download(f"{server.url}/a-000000.tar", target, None, threading.Event())
+    assert http_shards._CLAIMS._held == []
+    assert _claim_files(cache) == []
+    assert not target.exists()
