@@ -88,7 +88,8 @@ def test_two_processes_whose_shards_fit_one_at_a_time_both_finish(
     beside the old copies, the two at once do not. They both went ahead (the other process's
     download was not counted), and one ended in "No space left on device". Now the second
     waits for the first's claim to end (its new copy renamed over the old one), asks again and
-    finishes too; no claim file is left."""
+    finishes too (or, where the first ended before the second took the room, goes ahead at
+    once); no claim file is left."""
     from torchkit.core.data.sources.http_shards import fetch_shards, shard_cache_folder
 
     cache = small_tmpfs(5 * 1024)
@@ -142,7 +143,6 @@ def test_two_processes_whose_shards_fit_one_at_a_time_both_finish(
     assert mine == [str(folder / "b-000000.tar")]
     for name in ("a-000000.tar", "b-000000.tar"):
         assert (folder / name).read_bytes() == (served / name).read_bytes()
-    assert len(asked) == 3  # the one that waited asked again
     assert _claim_files(cache) == []
 
 
