@@ -3,10 +3,12 @@ no __pycache__ folder anywhere else (the user's model code included)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -83,15 +85,33 @@ def test_cli_caches_bytecode_in_the_environment_not_beside_user_code(tmp_path):
     assert os.path.isdir(torch_pyc)
 
 
+def _cache_but_torch(folder: Path) -> Path:
+    """`folder` made a pycache prefix holding this environment's cache (links into it) without
+    torch's part: its bytecode is read, and torch is not found compiled in it (which would
+    leave any prefix alone, decided or not)."""
+    cache = Path(sys.prefix, bytecode.CACHE_FOLDER)
+    torch_folder = Path(importlib.util.find_spec("torch").origin).parent
+    mirror = folder
+    for part in torch_folder.parts[1:]:  # the cache mirrors absolute source paths
+        mirror.mkdir()
+        for entry in cache.iterdir() if cache.is_dir() else ():
+            if entry.name != part:
+                (mirror / entry.name).symlink_to(entry)
+        mirror, cache = mirror / part, cache / part
+    return folder
+
+
 # (PYTHONDONTWRITEBYTECODE alone: the cache, as the test above finds it.)
-@pytest.mark.parametrize(
-    ("env", "expected"),
-    [
-        ({"PYTHONDONTWRITEBYTECODE": "1", "TORCHKIT_BYTECODE_CACHE": "0"}, "None True"),
-        ({"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": "/tmp/own"}, "/tmp/own True"),
-    ],
-)
-def test_the_cache_is_only_set_up_where_nothing_else_decides(env, expected):
+@pytest.mark.parametrize("decided_by", ["switch off", "own prefix"])
+def test_the_cache_is_only_set_up_where_nothing_else_decides(decided_by, tmp_path):
+    env = {"PYTHONDONTWRITEBYTECODE": "1"}
+    if decided_by == "switch off":
+        env[bytecode.SWITCH], expected = "0", "None True"
+    else:
+        # The user's own prefix, one with the bytecode torchkit.cli imports (an empty one,
+        # never written under PYTHONDONTWRITEBYTECODE, had it all compiled: a second of CPU).
+        own = _cache_but_torch(tmp_path / "own")
+        env["PYTHONPYCACHEPREFIX"], expected = str(own), f"{own} True"
     done = _python("-c", SHOW, env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == expected
