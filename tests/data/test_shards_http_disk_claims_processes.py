@@ -157,7 +157,9 @@ def _held_in_a_child(folder: Path, size: tuple[int, str]) -> tuple[int, int]:
         try:
             os.close(said)
             with http_shards._CLAIMS.claim("http://h/a-000000.tar", folder, size) as claim:
-                os.write(says, b"held" if claim.take(threading.Event()) is None else b"none")
+                taken = claim.take(threading.Event()) is None
+                claim.wrote(10_000)  # what it holds now: the rest
+                os.write(says, b"held" if taken else b"none")
                 threading.Event().wait()  # until killed
         finally:
             os._exit(1)
@@ -166,11 +168,13 @@ def _held_in_a_child(folder: Path, size: tuple[int, str]) -> tuple[int, int]:
 
 
 def test_a_live_claim_of_another_process_waits_and_a_dead_one_does_not(tmp_path, monkeypatch):
-    """Another process claims 0.6 of the room: a shard of 0.6 waits for it (the old code took
-    the room as if that process were not there). That process is then killed (kill -9: no
-    clean-up of its own): its claim no longer counts, the waiting shard takes the room, and
-    the dead claim's file is deleted."""
+    """Another process claims 0.6 of the room and wrote 0.1 of it: a shard of 0.6 waits for
+    it, and a body of no size is bounded by the 0.5 it still claims (the old code took the
+    room as if that process were not there). That process is then killed (kill -9: no clean-up
+    of its own): its claim no longer counts, the waiting shard takes the room, and the dead
+    claim's file is deleted."""
     from torchkit.core.data.sources import http_shards
+    from torchkit.core.io.errors import InputError
 
     monkeypatch.setattr(http_shards, "_free_bytes", lambda folder: 100_000)  # room: 95,000
     monkeypatch.delenv("TORCHKIT_CACHE_LIMIT", raising=False)
@@ -182,6 +186,11 @@ def test_a_live_claim_of_another_process_waits_and_a_dead_one_does_not(tmp_path,
         assert os.read(said, 4) == b"held"
         held_by_child = _claim_files(tmp_path / "cache")
         assert len(held_by_child) == 1
+        with http_shards._CLAIMS.claim("http://h/u-000000.tar", folder, None) as unsized:
+            assert unsized.take(stop) is None
+            unsized.admit(45_000)  # 95,000 less the 50,000 the child has still to write
+            with pytest.raises(InputError, match="more claimed by the other downloads"):
+                unsized.admit(45_001)
         with http_shards._CLAIMS.claim("http://h/b-000000.tar", folder, size) as claim:
             waiting = claim.take(stop)
             assert waiting is not None and waiting.polled  # beside the child's claim
