@@ -765,8 +765,9 @@ def _download(
     """`url` streamed into `target` through a temporary file, renamed once complete and
     checked; nothing under `target`'s name on any failure. A body that fits the cache's disk
     but not beside what the downloads in flight (of any process) claim of it (`_CLAIMS`) waits
-    until enough of them ended for it to fit, and is asked for again (its size checked anew): its response is
-    closed meanwhile (a server drops a connection left idle, and the body would end early)."""
+    until enough of them ended for it to fit, and is asked for again (its size checked anew):
+    its response is closed meanwhile (a server drops a connection left idle, and the body
+    would end early)."""
     while True:
         waits = _download_once(url, target, expected, stop)
         if waits is None:
@@ -974,10 +975,12 @@ class _Claim:
     size: tuple[int, str] | None
     written: int = 0
     # Its file in `_claims_folder(folder)` while taken (named before it is made: a stop between
-    # the two still deletes it), the descriptor that holds the file's flock, and the length of
-    # the record in it (rewritten in place at that length: never torn, never grown).
+    # the two still deletes it), the descriptor that holds the file's flock, and the record in
+    # it but the bytes written, and its length (rewritten in place at that length under the
+    # claims' lock: never read half written, never grown).
     file: Path | None = None
     fd: int | None = None
+    record_head: bytes = b""
     record_bytes: int = 0
 
     @property
@@ -1249,19 +1252,20 @@ def _read_claim(fd: int, path: Path) -> _Foreign:
 
 def _claim_record(claim: _Claim) -> bytes:
     """What `claim`'s file holds: its size and the bytes written so far, which other processes
-    read; its process, host and URL, which say whose it is."""
-    import socket
+    read; its process, host and URL, which say whose it is. All but the bytes written is made
+    once (rewritten after each chunk, the whole record made anew took most of the time)."""
+    if not claim.record_head:
+        import socket
 
-    record = {
-        "pid": os.getpid(),
-        "host": socket.gethostname(),
-        "url": _shown(claim.url)[:1000],
-        "size": None if claim.size is None else claim.size[0],
-        "written": claim.written,
-    }
-    data = json.dumps(record).encode("utf-8")
-    claim.record_bytes = claim.record_bytes or len(data) + 24  # `written`'s digits may grow
-    return data.ljust(claim.record_bytes)
+        whose = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "url": _shown(claim.url)[:1000],
+            "size": None if claim.size is None else claim.size[0],
+        }
+        claim.record_head = json.dumps(whose)[:-1].encode("utf-8") + b', "written": '
+        claim.record_bytes = len(claim.record_head) + 24  # `written`'s 20 digits at most
+    return (claim.record_head + b"%d}" % claim.written).ljust(claim.record_bytes)
 
 
 def _make_claim_file(claim: _Claim) -> None:
@@ -1283,10 +1287,17 @@ def _make_claim_file(claim: _Claim) -> None:
 def _write_claim(claim: _Claim) -> None:
     """Rewrite `claim`'s file with the bytes it wrote, under the claims' lock (never read half
     written). Left as it was where it cannot be: others then count more room claimed."""
-    if claim.fd is None:
+    if claim.fd is None or claim.file is None:
         return
-    with contextlib.suppress(TorchkitError, OSError), _claims_lock(claim.url, claim.folder):
-        os.pwrite(claim.fd, _claim_record(claim), 0)
+    import fcntl
+
+    with contextlib.suppress(OSError):
+        lock = open_unshared(claim.file.with_name("lock"), os.O_RDWR)  # made with the claim
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            os.pwrite(claim.fd, _claim_record(claim), 0)
+        finally:
+            close_lock(lock)
 
 
 def _delete_claim_file(claim: _Claim) -> None:
