@@ -41,6 +41,7 @@ from torchkit.core.io.files import (
     require_input,
     safetensors_save,
     torch_save,
+    tree_entries,
 )
 from torchkit.core.io.folder_contents import extension_pattern
 from torchkit.core.io.outputs import (
@@ -615,13 +616,23 @@ def _check_key(key: str | None, sources: Sequence[Path], target_extension: str) 
 
 
 def _scan(folder: Path) -> tuple[list[Path], list[Path]]:
-    """(convertible, skipped) files under `folder`, recursively, hidden ones left out."""
-    convertible, skipped = [], []
-    for path in sorted(folder.rglob("*")):
-        relative = path.relative_to(folder)
-        if any(part.startswith(".") for part in relative.parts) or not path.is_file():
+    """(convertible, skipped) files under `folder`, recursively, hidden ones left out, in the
+    order of their paths' parts (as pathlib sorts them). One `os.scandir` a folder, whose entries
+    know their type: `rglob` with a `Path`, `relative_to` and an `os.stat` (`is_file`) for each
+    file took about 16 times as long (about 5 minutes of listing for a million files)."""
+    base = str(Path(folder))
+    top = 0 if base == "." else len(base) + 1  # tree_entries spells paths as pathlib does
+    found = []
+    for path, entry in tree_entries(folder, skip_hidden=True):
+        try:
+            if entry.is_file():  # a link to a file too, as `Path.is_file`
+                found.append(path[top:].split(os.sep))
+        except OSError:  # vanished while listing
             continue
-        (convertible if path.suffix.lower() in EXTENSIONS else skipped).append(relative)
+    convertible, skipped = [], []
+    for parts in sorted(found):
+        relative = Path(*parts)
+        (convertible if relative.suffix.lower() in EXTENSIONS else skipped).append(relative)
     return convertible, skipped
 
 
