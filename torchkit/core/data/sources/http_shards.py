@@ -1022,11 +1022,12 @@ class _Claims:
     This process's claims are held here; each is also a file in the cache's claims folder
     (`_claims_folder`), flocked by its process for as long as it holds it, so that other
     processes on the cache count it too. A flock, not a pid, tells a live claim: the kernel lets
-    go of it when its process dies however it dies (kill -9, the OOM killer), a pid is reused,
-    and processes in other containers (pid namespaces) that share the cache see other pids. A
-    claim file no process holds is a dead process's, and is deleted whatever it holds; one held
-    that cannot be read is an error naming it (the room it holds is unknown). Claims on one disk
-    in two caches are seen by their own process alone."""
+    go of it when its process dies, however it dies (kill -9, the OOM killer); a pid may be
+    reused, and a process in another container (pid namespace) that shares the cache sees other
+    pids. A claim file no process holds is a dead process's, and is deleted whatever it holds;
+    one held that cannot be read is an error naming it (the room it holds is unknown). The
+    pid, host and URL in a claim file only say whose it is. Claims on one disk in two caches
+    are seen by their own process alone."""
 
     def __init__(self) -> None:
         self.forget()
