@@ -321,3 +321,18 @@ def test_a_stop_right_after_a_claim_is_taken_ends_it(tmp_path, monkeypatch, afte
     assert http_shards._CLAIMS._held == []
     assert _claim_files(cache) == []
     assert not target.exists()
+
+
+def test_a_claim_file_holds_no_secret_of_its_url(tmp_path):
+    """A claim file says whose it is (pid, host, URL) to whoever reads the cache: its URL
+    without the password and the query (a presigned URL's signature), as every message."""
+    from torchkit.core.data.sources import http_shards
+
+    folder = tmp_path / "cache" / "shards" / "f"
+    folder.mkdir(parents=True)
+    url = "https://me:pass%2Fword@h/a-000000.tar?X-Amz-Signature=sekrit"
+    with http_shards._CLAIMS.claim(url, folder, (10, "")) as claim:
+        assert claim.take(threading.Event()) is None
+        record = json.loads(claim.file.read_bytes())
+    assert record["url"] == "https://me:***@h/a-000000.tar"
+    assert record["pid"] == os.getpid() and record["size"] == 10 and record["written"] == 0
