@@ -626,13 +626,14 @@ def _scan(folder: Path) -> tuple[list[Path], list[Path]]:
     for path, entry in tree_entries(folder, skip_hidden=True):
         try:
             if entry.is_file():  # a link to a file too, as `Path.is_file`
-                found.append(path[top:].split(os.sep))
+                relative = path[top:]
+                extension = os.path.splitext(entry.name)[1].lower()
+                found.append((relative.split(os.sep), relative, extension in EXTENSIONS))
         except OSError:  # vanished while listing
             continue
     convertible, skipped = [], []
-    for parts in sorted(found):
-        relative = Path(*parts)
-        (convertible if relative.suffix.lower() in EXTENSIONS else skipped).append(relative)
+    for _parts, relative, known in sorted(found):
+        (convertible if known else skipped).append(Path(relative))
     return convertible, skipped
 
 
