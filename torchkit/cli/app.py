@@ -524,9 +524,18 @@ def _leave_to_local_rank_0() -> bool:
     return leave_to_local_rank_0()
 
 
+# The signals that reached a command's `_raise_once` since its handlers were set, first first:
+# the ending of a command that one reached is that signal's, even where its exception never
+# came out of the command (a stop raised in a `__del__` or a weakref callback is swallowed, and
+# every later signal is ignored: the command then finished and exited 0).
+_received: list[int] = []
+
+
 def _raise_once(signum, frame) -> None:
     from torchkit.core.io.errors import Terminated
 
+    if not _received:
+        _received.append(signum)
     if deferred_signals.defer(signum):  # inside `import torch`: raised when it is over
         return
     deferred_signals.ignore_later((signal.SIGTERM, signal.SIGINT))
@@ -560,27 +569,96 @@ os.register_at_fork(after_in_child=_reset_in_child)
 def _terminate_like_interrupt() -> Iterator[None]:
     """SIGTERM raises `Terminated` (a KeyboardInterrupt) so it unwinds like Ctrl-C: every
     clean-up runs. Only the first signal raises; later ones are ignored so that they cannot
-    break the clean-up half-way (SIGKILL still works)."""
+    break the clean-up half-way (SIGKILL still works). A signal that reached the command ends it
+    with 143 or 130 however the command ended (`_stop_not_come_out`): one that came as its
+    work was done, or whose exception was dropped where it was raised."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    global _unraisable_hook_before
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    for sig in previous:
-        signal.signal(sig, _raise_once)
+    quiets_stops = sys.unraisablehook is not _quiet_about_stops  # not inside the app's group
+    ended_by: BaseException | None = None
     try:
+        if quiets_stops:
+            _received.clear()
+            _unraisable_hook_before = sys.unraisablehook
+            sys.unraisablehook = _quiet_about_stops
+        for sig in previous:
+            signal.signal(sig, _raise_once)
         yield
+    except BaseException as error:
+        ended_by = error
+        raise
     finally:
-        # A command that was stopped, or that ignores the signals from now on (a torchrun rank
-        # that torchrun's agent stops after another rank's failure), keeps ignoring them while
-        # the process ends: a SIGTERM now printed a second `Terminated.` line.
-        ending = runs_as_the_program()
-        for sig, handler in previous.items():
-            if not (ending and deferred_signals.is_ignore_later(signal.getsignal(sig))):
-                signal.signal(sig, handler)
-        # The workers a group's SIGTERM ended may report in after the command is over; a call
-        # from someone's Python goes on, and its next loaders report their workers again.
-        while _QUIETED_CHILD_HANDLERS and not ending:
-            restore_loader_worker_deaths(_QUIETED_CHILD_HANDLERS.pop())
+        # The handlers go back even when the stop is raised as they do (the loop was left
+        # half-way: an in-process caller's SIGTERM and Ctrl-C were ignored from then on); the
+        # stop is raised once they are back. No call comes before the `try`: a signal is
+        # handled as a call is made, inside it.
+        stopped_meanwhile: KeyboardInterrupt | None = None
+        for _attempt in (1, 2):  # a stop raises once: the second attempt runs undisturbed
+            try:
+                _put_back_handlers(previous, quiets_stops)
+                break
+            except KeyboardInterrupt as stop:
+                stopped_meanwhile = stop
+        stop = _stop_not_come_out(ended_by)
+        if stopped_meanwhile is not None:
+            raise stopped_meanwhile from None
+        if stop is not None:
+            raise stop from None
+
+
+def _put_back_handlers(previous: dict, quiets_stops: bool) -> None:
+    if quiets_stops and sys.unraisablehook is _quiet_about_stops:
+        sys.unraisablehook = _unraisable_hook_before
+    # A command that was stopped, or that ignores the signals from now on (a torchrun rank
+    # that torchrun's agent stops after another rank's failure), keeps ignoring them while
+    # the process ends: a SIGTERM now printed a second `Terminated.` line.
+    ending = runs_as_the_program()
+    for sig, handler in previous.items():
+        if not (ending and deferred_signals.is_ignore_later(signal.getsignal(sig))):
+            signal.signal(sig, handler)
+    # The workers a group's SIGTERM ended may report in after the command is over; a call
+    # from someone's Python goes on, and its next loaders report their workers again.
+    while _QUIETED_CHILD_HANDLERS and not ending:
+        restore_loader_worker_deaths(_QUIETED_CHILD_HANDLERS.pop())
+
+
+# sys.unraisablehook as the command found it (a command inside the app's group keeps the app's).
+_unraisable_hook_before: Any = sys.unraisablehook
+
+
+def _quiet_about_stops(unraisable: Any) -> None:
+    """sys.unraisablehook while a command runs: a stop raised where Python cannot pass it on (a
+    signal handled inside a finalizer or a `__del__`) is recorded in `_received` and ends the
+    command at its end (`_stop_not_come_out`), so Python's report of it, a traceback, is left
+    out. Anything else is reported as before."""
+    if isinstance(unraisable.exc_value, KeyboardInterrupt) and _received:
+        return
+    _unraisable_hook_before(unraisable)
+
+
+def _stop_not_come_out(ended_by: BaseException | None) -> KeyboardInterrupt | None:
+    """The stop a signal that reached the command asked for, where the command ended some other
+    way: it finished (the signal came as its handlers went back, or its exception was
+    swallowed), failed, or exited. SIGTERM or Ctrl-C at any moment ends a command with 143 or
+    130, as timeout(1), systemd and Slurm expect of a process they stopped, even one whose
+    outputs were whole by then. None where the stop came out itself (a KeyboardInterrupt, or the
+    `with` left by one raised as its end began), or where a torchrun rank ends with the failed
+    rank's code on purpose. The record is read once: a group's command inside the app's ends
+    it."""
+    from torchkit.core.io.errors import Terminated, TorchkitError
+
+    if not _received:
+        return None
+    signum = _received[0]
+    _received.clear()
+    if isinstance(ended_by, KeyboardInterrupt | GeneratorExit):
+        return None
+    if isinstance(ended_by, TorchkitError) and ended_by.reported_by_another_rank:
+        return None
+    return Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
 
 def _usage_error(error: ClickUsageError) -> NoReturn:

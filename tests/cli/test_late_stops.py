@@ -1,0 +1,141 @@
+"""SIGTERM at the very end of a command, after its outputs were kept: the command did its work,
+but the process was asked to stop, so it ends as every stopped command does (143 and
+`Terminated.`), as timeout(1), systemd and Slurm expect, with its outputs whole. Where the stop
+never comes out of the command as an exception (a handler that raised inside a finalizer, whose
+exception Python reports and drops, after which every later signal is ignored) the command
+exited 0; where it came as the command's handlers went back, an in-process caller was left with
+SIGTERM and Ctrl-C ignored."""
+
+from __future__ import annotations
+
+import signal
+import textwrap
+import weakref
+
+import pytest
+from image_folders import write_image_folder
+from output_checks import hidden_siblings, tree_digest
+from processes import run_torchkit_in_process, run_torchkit_process
+from signal_placement import signalled_on_entry
+
+from torchkit.core.io.outputs import OutputFolder
+
+
+def _without_marker(digest: dict[str, str]) -> dict[str, str]:
+    return {path: what for path, what in digest.items() if path != ".torchkit"}  # holds a time
+
+
+def _convert(tmp_path):
+    write_image_folder(tmp_path / "images", {"a": 2, "b": 1})
+    return ["convert", "tensor", tmp_path / "images", tmp_path / "out", "--to", "npy", "-j", "0"]
+
+
+def _stopped(result) -> None:
+    assert result.returncode == 143, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == "Terminated.", result.stderr
+    assert "Traceback" not in result.stderr
+
+
+class _Finalized:
+    """An object whose weakref finalizer runs as it goes."""
+
+
+def _stop_swallowed() -> None:
+    """SIGTERM handled inside a finalizer (a weakref callback; a `__del__` is the same): the
+    command's handler raises there, and Python reports the exception as unraisable and drops
+    it, as it does for a real signal whose handler runs while a finalizer does."""
+    target = _Finalized()
+    weakref.finalize(target, signal.raise_signal, signal.SIGTERM)
+    del target  # the finalizer runs now
+
+
+def test_a_stop_swallowed_after_the_output_was_kept_still_ends_the_command(tmp_path, monkeypatch):
+    """Before: exit 0, and every later signal ignored."""
+    args = _convert(tmp_path)
+    whole = tmp_path / "whole"
+    assert run_torchkit_in_process(*args[:3], whole, *args[4:]).returncode == 0
+    kept = OutputFolder.__exit__
+
+    def exit_then_stop(folder, *exc):
+        ended = kept(folder, *exc)
+        _stop_swallowed()
+        return ended
+
+    monkeypatch.setattr(OutputFolder, "__exit__", exit_then_stop)
+    result = run_torchkit_in_process(*args)
+    _stopped(result)
+    assert "Exception ignored" not in result.stderr  # Python's report of the dropped stop
+    out = tmp_path / "out"
+    assert _without_marker(tree_digest(out)) == _without_marker(tree_digest(whole))
+    assert hidden_siblings(out) == []
+
+
+def test_a_stop_as_the_handlers_go_back_puts_them_back_and_ends_the_command(tmp_path, monkeypatch):
+    """Before: the stop raised as the first handler went back left both handlers ignoring
+    signals in the caller's process (exit 143)."""
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    signalled = signalled_on_entry(
+        monkeypatch,
+        signal,
+        "signal",
+        lambda sig, handler: sig == signal.SIGTERM and handler is before[signal.SIGTERM],
+    )
+    result = run_torchkit_in_process(*_convert(tmp_path))
+    assert signalled, "the signal was never placed"
+    monkeypatch.undo()
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+    _stopped(result)
+    assert hidden_siblings(tmp_path / "out") == []
+
+
+def test_a_torchrun_rank_stopped_after_another_rank_failed_keeps_its_exit_code():
+    """The rank converts the stop into the failed rank's exit code on purpose (train's
+    `one_line_per_failure`): the record of the stop does not turn it back into 143."""
+    from torchkit.cli.app import _terminate_like_interrupt
+    from torchkit.core.io.errors import DeviceError, Terminated
+
+    stopped = DeviceError("rank 1: stopped after another rank failed")
+    stopped.exit_code, stopped.reported_by_another_rank = 3, True
+    with pytest.raises(DeviceError) as ended, _terminate_like_interrupt():
+        try:
+            signal.raise_signal(signal.SIGTERM)
+        except Terminated:
+            raise stopped from None
+    assert ended.value is stopped
+
+
+# Run in a real torchkit process (PYTHONPATH): a SIGTERM handled inside a finalizer as the
+# command's output folder has just been kept, the command's last step.
+STOP_AFTER_KEEP = textwrap.dedent(
+    """
+    import signal, weakref
+    from torchkit.core.io.outputs import OutputFolder
+
+    kept = OutputFolder.__exit__
+
+    class Finalized:
+        pass
+
+    def exit_then_stop(folder, *exc):
+        ended = kept(folder, *exc)
+        target = Finalized()
+        weakref.finalize(target, signal.raise_signal, signal.SIGTERM)
+        del target
+        return ended
+
+    OutputFolder.__exit__ = exit_then_stop
+    """
+)
+
+
+def test_the_program_stopped_after_its_output_was_kept_exits_143(tmp_path):
+    """Before: exit 0 after SIGTERM (a scheduler or `timeout` was told the run succeeded)."""
+    (tmp_path / "sitecustomize.py").write_text(STOP_AFTER_KEEP)
+    args = [str(arg) for arg in _convert(tmp_path)]
+    done = run_torchkit_process(*args, env={"PYTHONPATH": str(tmp_path)})
+    _stopped(done)
+    assert done.stderr == "Terminated.\n"  # not Python's report of the stop it dropped
+    assert sorted(p.name for p in (tmp_path / "out").rglob("*.npy")) == [
+        "a_0.npy", "a_1.npy", "b_0.npy"
+    ]  # fmt: skip
+    assert hidden_siblings(tmp_path / "out") == []
