@@ -336,3 +336,35 @@ def test_a_claim_file_holds_no_secret_of_its_url(tmp_path):
         record = json.loads(claim.file.read_bytes())
     assert record["url"] == "https://me:***@h/a-000000.tar"
     assert record["pid"] == os.getpid() and record["size"] == 10 and record["written"] == 0
+
+
+def test_a_cache_on_a_file_system_without_flock_downloads_as_without_locks(tmp_path, monkeypatch):
+    """A cache on a file system whose flock fails (Lustre mounted without its flock option:
+    ENOSYS; NFS with no lock daemon: ENOLCK): every download ended in "Error: OSError: [Errno
+    38] Function not implemented" (the shard's lock file), then in an error naming the claims'
+    lock. It downloads as where the platform has no flock (the rename into place keeps the
+    cache whole; claims are the process's own): the shard is cached whole, no claim file."""
+    import errno
+    import fcntl
+
+    from torchkit.core.data.sources.http_shards import fetch_shards
+
+    served = tmp_path / "served"
+    served.mkdir()
+    _shard(served / "a-000000.tar", 40 * 1024)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("TORCHKIT_CACHE", str(cache))
+    monkeypatch.delenv("TORCHKIT_CACHE_LIMIT", raising=False)
+    for name in ("http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+
+    def no_flock(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    handler = functools.partial(QuietFolderHandler, directory=str(served))
+    with running_server(handler) as server:
+        cached = fetch_shards([f"{server.url}/a-000000.tar"])
+    assert Path(cached[0]).read_bytes() == (served / "a-000000.tar").read_bytes()
+    assert _claim_files(cache) == []

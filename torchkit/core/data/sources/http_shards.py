@@ -91,6 +91,13 @@ TIMEOUT_S = 30.0  # seconds any socket operation may take (connect, each read)
 MAX_TIMEOUT_S = 86400.0  # a day: the socket module overflows on much longer timeouts
 DOWNLOAD_THREADS = 4
 LOCK_WAIT_WARNING_S = 5.0  # a wait for another process's download this long says so
+# What flock raises where the cache's file system has none (Lustre mounted without its flock
+# option: ENOSYS; NFS with no lock daemon: ENOLCK): no lock there, as on a platform without it.
+_NO_FLOCK = frozenset(
+    getattr(errno, name)
+    for name in ("ENOSYS", "ENOLCK", "EOPNOTSUPP", "ENOTSUP", "EINVAL")
+    if hasattr(errno, name)
+)
 SIDE_FILES = ("manifest.json", "classes.txt", "classes.json")
 CACHE_LIMIT_VARIABLE = "TORCHKIT_CACHE_LIMIT"
 _HELD_OPEN = 128  # shards a process keeps open at most
@@ -596,7 +603,8 @@ def _version(target: Path) -> tuple[int, int, int] | None:
 @contextlib.contextmanager
 def _locked(path: Path, stop: threading.Event, what: str) -> Iterator[None]:
     """An exclusive lock on `path` (created), shared with other processes; none where the
-    platform has no flock (the atomic rename keeps the cache whole there too). A wait longer
+    platform or the cache's file system has no flock (`_NO_FLOCK`: the atomic rename keeps the
+    cache whole there too; it was an error, every download refused). A wait longer
     than LOCK_WAIT_WARNING_S says once that another process holds it (`what` it downloads): one
     stopped with Ctrl-Z holds it until resumed or ended, and the wait was silent for ever."""
     try:
@@ -615,6 +623,7 @@ def _locked(path: Path, stop: threading.Event, what: str) -> Iterator[None]:
             if as_write_error(error, path) is None:
                 raise
             raise _unwritable_cache(what, error) from None
+        locked = True
         try:
             while True:
                 try:
@@ -633,9 +642,18 @@ def _locked(path: Path, stop: threading.Event, what: str) -> Iterator[None]:
                             path,
                         )
                     time.sleep(0.1)
+                except OSError as error:
+                    if error.errno not in _NO_FLOCK:
+                        raise
+                    locked = False  # a file system without flock
+                    break
         except BaseException:
             close_lock(fd)
             raise
+        if not locked:  # none there, as on a platform without flock
+            close_lock(fd)
+            yield
+            return
         if _is_at(fd, path):
             break
         close_lock(fd)  # deleted while we waited (`_delete_lock`): lock the one there now
@@ -1165,7 +1183,8 @@ def _claims_error(claim: _Claim, path: Path, error: OSError) -> TorchkitError:
 @contextlib.contextmanager
 def _claims_lock(url: str, folder: Path) -> Iterator[bool]:
     """The lock of the claims of the cache of `folder` (`_claims_folder`: made where missing),
-    held inside; False: no flock on this platform (Windows), claims are this process's alone."""
+    held inside; False: no flock on this platform (Windows) or the cache's file system
+    (`_NO_FLOCK`), claims are this process's alone."""
     try:
         import fcntl
     except ImportError:
@@ -1183,11 +1202,14 @@ def _claims_lock(url: str, folder: Path) -> Iterator[bool]:
     except OSError as error:
         raise _claims_error(probe, path, error) from None
     try:
+        shared = True
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # held for a few file reads, by any process
         except OSError as error:
-            raise _claims_error(probe, path, error) from None
-        yield True
+            if error.errno not in _NO_FLOCK:
+                raise _claims_error(probe, path, error) from None
+            shared = False  # a file system without flock: none of the claims' files
+        yield shared
     finally:
         close_lock(fd)
 
