@@ -94,15 +94,22 @@ def run_torchkit_in_process(
 ) -> subprocess.CompletedProcess:
     """`torchkit ARGS` through the app in this process, in `cwd`, with the result of
     `run_torchkit_process` (exit code, stdout, stderr apart): a refusal costs milliseconds,
-    not an interpreter and its imports. An exception the CLI lets escape fails the test."""
+    not an interpreter and its imports. An exception the CLI lets escape fails the test, and so
+    does an output that a command ending well left open (`open_outputs.left_open_on_success`)."""
     from torchkit.cli import app
+    from torchkit.core.io import open_outputs
 
     environment = dict.fromkeys(INHERITED)  # unset while it runs
     words = [str(arg) for arg in args]
+    open_outputs.left_open_on_success.clear()
     with working_directory(cwd or REPO):
         result = CliRunner().invoke(
             app, words, env=environment, catch_exceptions=False, prog_name="torchkit"
         )
+    if open_outputs.left_open_on_success:  # discarded at the end, with only a warning to see
+        left = ", ".join(open_outputs.left_open_on_success)
+        open_outputs.left_open_on_success.clear()
+        pytest.fail(f"torchkit {' '.join(words)} ended well but left outputs open: {left}")
     return subprocess.CompletedProcess(words, result.exit_code, result.stdout, result.stderr)
 
 
