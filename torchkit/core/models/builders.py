@@ -402,8 +402,12 @@ def torchvision_pretrained(name: str, weights: str):
         require_downloadable(chosen.url, f"the {weights} weights of {name}")
     try:
         try:
+            # torchvision's builder loads every weight strictly right after building: the
+            # random initialisation it would draw first only costs time (built_for_loading).
             with contextlib.redirect_stdout(sys.stderr):
-                model = torchvision.models.get_model(name, weights=weights)
+                model = built_for_loading(
+                    lambda: torchvision.models.get_model(name, weights=weights)
+                )
         except Exception:  # a cached file that fails to load: damaged, or the error below
             if chosen is not None:
                 refuse_damaged_cached_file(chosen.url, f"the {weights} weights of {name}")
