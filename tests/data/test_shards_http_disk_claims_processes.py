@@ -338,6 +338,128 @@ def test_a_claim_file_holds_no_secret_of_its_url(tmp_path):
     assert record["pid"] == os.getpid() and record["size"] == 10 and record["written"] == 0
 
 
+STOP_S = 5  # the most a stop may take here (it ends at once; the old code hung for ever)
+
+
+def _holding_the_claims_lock(cache: Path, monkeypatch) -> tuple[int, threading.Event]:
+    """The claims' lock file flocked as another process stopped with Ctrl-Z holds it (a
+    descriptor of this test's: a flock is an open file's), and an event set once torchkit
+    asks for that lock."""
+    import fcntl
+
+    path = cache / ".download-claims" / "lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    holder = os.open(path, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    asked, flock = threading.Event(), fcntl.flock
+
+    def observed(fd: int, operation: int) -> None:
+        if operation & fcntl.LOCK_EX and os.path.samestat(os.fstat(fd), os.stat(path)):
+            asked.set()
+        flock(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", observed)
+    return holder, asked
+
+
+@pytest.mark.parametrize("waits_in", ["take", "wait_for_room"])
+def test_a_stop_ends_a_wait_for_the_claims_lock_another_process_holds(
+    tmp_path, monkeypatch, waits_in
+):
+    """Another process holds the claims' lock (stopped with Ctrl-Z as it read the claims or
+    wrote its progress). A download taking a claim, or looking again for room, blocked on the
+    lock's flock, holding this process's claims: the stop (Ctrl-C, another download's
+    failure) waited on it for ever, and the run with it, in silence. The wait now says who
+    holds the lock (after LOCK_WAIT_WARNING_S, 0 here), and a stop ends it at once: no claim,
+    no claim file."""
+    import logging
+
+    from torchkit.core.data.sources import http_shards
+
+    monkeypatch.setattr(http_shards, "_free_bytes", lambda folder: 100_000)
+    monkeypatch.delenv("TORCHKIT_CACHE_LIMIT", raising=False)
+    cache = tmp_path / "cache"
+    folder = cache / "shards" / "f"
+    folder.mkdir(parents=True)
+    claims, stop, size = http_shards._CLAIMS, threading.Event(), (10_000, "its Content-Length is")
+    holder, asked = _holding_the_claims_lock(cache, monkeypatch)
+    monkeypatch.setattr(http_shards, "LOCK_WAIT_WARNING_S", 0)
+    warnings: list[str] = []
+    said = threading.Event()
+
+    class Heard(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            warnings.append(record.getMessage())
+            said.set()
+
+    heard = Heard(logging.WARNING)
+    logging.getLogger("torchkit").addHandler(heard)
+    outcome: list[object] = []
+
+    def download() -> None:
+        try:
+            with claims.claim("http://h/a-000000.tar", folder, size) as claim:
+                if waits_in == "take":
+                    outcome.append(claim.take(stop))
+                else:  # looked at again after its first poll
+                    waiting = http_shards._Wait(claims._ended, polled=True)
+                    outcome.append(claims.wait_for_room(claim.url, folder, size, waiting, stop))
+        except http_shards._Stopped:
+            outcome.append("stopped")
+
+    waiter = threading.Thread(target=download, daemon=True)
+    stopper = threading.Thread(target=http_shards._stop_downloads, args=(stop,), daemon=True)
+    try:
+        waiter.start()
+        assert asked.wait(WAIT_S)
+        said.wait(STOP_S)
+        stopper.start()
+        stopper.join(STOP_S)
+        waiter.join(STOP_S)
+        hung = stopper.is_alive() or waiter.is_alive()
+    finally:
+        os.close(holder)  # lets the old code's hung threads go
+        waiter.join(WAIT_S)
+        logging.getLogger("torchkit").removeHandler(heard)
+    assert not hung and outcome == ["stopped"], outcome
+    lock = cache / ".download-claims" / "lock"
+    assert warnings == [
+        f"waiting for another torchkit process that holds {lock}, the lock of the claims of "
+        "room on the cache's disk (one stopped with Ctrl-Z holds it until resumed with fg, or "
+        "ended)"
+    ]
+    assert claims._held == [] and _claim_files(cache) == []
+
+
+def test_a_claim_writes_its_progress_without_waiting_for_the_claims_lock(tmp_path, monkeypatch):
+    """A download rewrote its claim file after each MiB under the claims' lock, waiting for it:
+    another process stopped with the lock held stopped this download too, for ever (a Ctrl-C
+    could not end that wait). The progress is now left for the next chunk's rewrite while the
+    lock is held elsewhere, and written once it is free."""
+    from torchkit.core.data.sources import http_shards
+
+    monkeypatch.setattr(http_shards, "_free_bytes", lambda folder: 100_000)
+    monkeypatch.delenv("TORCHKIT_CACHE_LIMIT", raising=False)
+    cache = tmp_path / "cache"
+    folder = cache / "shards" / "f"
+    folder.mkdir(parents=True)
+    with http_shards._CLAIMS.claim("http://h/a-000000.tar", folder, (10_000, "")) as claim:
+        assert claim.take(threading.Event()) is None
+        holder, _ = _holding_the_claims_lock(cache, monkeypatch)
+        writer = threading.Thread(target=claim.wrote, args=(100,), daemon=True)
+        try:
+            writer.start()
+            writer.join(STOP_S)
+            hung = writer.is_alive()
+        finally:
+            os.close(holder)
+            writer.join(WAIT_S)
+        assert not hung
+        claim.wrote(1)  # the lock free: both chunks' progress written
+        assert json.loads(claim.file.read_bytes())["written"] == 101
+    assert _claim_files(cache) == []
+
+
 def test_a_cache_on_a_file_system_without_flock_downloads_as_without_locks(tmp_path, monkeypatch):
     """A cache on a file system whose flock fails (Lustre mounted without its flock option:
     ENOSYS; NFS with no lock daemon: ENOLCK): every download ended in "Error: OSError: [Errno

@@ -1000,6 +1000,8 @@ class _Claim:
     fd: int | None = None
     record_head: bytes = b""
     record_bytes: int = 0
+    # The stop of the download that took it (`take`): what ends a wait of `admit`'s.
+    stop: threading.Event | None = None
 
     @property
     def outstanding(self) -> int:
@@ -1072,17 +1074,19 @@ class _Claims:
         made under the claims' lock, in one step: two processes never both take the room
         only one of them has."""
         limit = cache_limit()
-        with self._changed:
-            if stop.is_set():  # another download failed: no claim, no error of its own
-                raise _Stopped
-            with _claims_lock(claim.url, claim.folder) as shared:
-                foreign = _claims_of_others(claim, self._files()) if shared else []
-                size = claim.size
-                if size is not None and not self._fits(claim, size, limit, foreign):
-                    return _Wait(self._ended, bool(foreign))  # the others will end
-                if shared:
-                    _make_claim_file(claim)
-                self._held.append(claim)
+        if stop.is_set():  # another download failed: no claim, no error of its own
+            raise _Stopped
+        # The claims' lock first, then this process's claims: a download waiting for the lock
+        # holds nothing a stop (`wake`) or another download's end (`release`) needs.
+        with _claims_lock(claim.url, claim.folder, stop) as shared, self._changed:
+            foreign = _claims_of_others(claim, self._files()) if shared else []
+            size = claim.size
+            if size is not None and not self._fits(claim, size, limit, foreign):
+                return _Wait(self._ended, bool(foreign))  # the others will end
+            claim.stop = stop
+            if shared:
+                _make_claim_file(claim)
+            self._held.append(claim)
         return None
 
     def _files(self) -> set[str]:
@@ -1116,7 +1120,7 @@ class _Claims:
                 c.outstanding for c in self._held if c.device == claim.device and c is not claim
             )
             mine = self._files()
-        with _claims_lock(claim.url, claim.folder) as shared:
+        with _claims_lock(claim.url, claim.folder, claim.stop or threading.Event()) as shared:
             if shared:
                 claimed += sum(f.outstanding for f in _claims_of_others(claim, mine))
         room = _disk_room(claim.folder, claim.written)
@@ -1148,21 +1152,23 @@ class _Claims:
         is the error's); `_Stopped` once `stop` is set (by `_stop_downloads`, which wakes it)."""
         limit = cache_limit()
         probe = self.claim(url, folder, size)
-        ended, polled, looked = waiting.ended, waiting.polled, False
-        with self._changed:
-            while not stop.is_set():
-                if self._ended != ended or looked:
-                    ended = self._ended
-                    try:
-                        with _claims_lock(url, folder) as shared:
-                            foreign = _claims_of_others(probe, self._files()) if shared else []
-                            if self._fits(probe, size, limit, foreign):
-                                return
-                    except InputError:  # no room even alone now, or unreadable claims: the
-                        return  # request made again gives the error
-                    polled = bool(foreign)
-                looked = not self._changed.wait(_CLAIM_POLL_S if polled else None)
-        raise _Stopped
+        ended, polled = waiting.ended, waiting.polled
+        while True:
+            with self._changed:  # let go of while the claims are looked at (`take`'s order)
+                looked = False
+                while not stop.is_set() and self._ended == ended and not looked:
+                    looked = not self._changed.wait(_CLAIM_POLL_S if polled else None)
+                if stop.is_set():
+                    raise _Stopped
+                ended = self._ended
+            try:
+                with _claims_lock(url, folder, stop) as shared, self._changed:
+                    foreign = _claims_of_others(probe, self._files()) if shared else []
+                    if self._fits(probe, size, limit, foreign):
+                        return
+            except InputError:  # no room even alone now, or unreadable claims: the request
+                return  # made again gives the error
+            polled = bool(foreign)
 
 
 _CLAIMS = _Claims()
@@ -1180,11 +1186,41 @@ def _claims_error(claim: _Claim, path: Path, error: OSError) -> TorchkitError:
     )
 
 
+# This process's downloads take the claims' lock one at a time (`_claims_lock`): the lock
+# file's flock is then waited for only while another process holds it. Made anew in a forked
+# process (a thread of its parent may have held it at the fork).
+_CLAIMS_LOCK_TAKEN = threading.Lock()
+# How often a download waiting for the claims' lock looks again whether it was stopped (this
+# process's other downloads hold it a few file reads), and whether another process let go of
+# the lock file's flock: soon at first (it holds it a few file reads), then every 0.1 s at most
+# (a process stopped with Ctrl-Z holds it until resumed).
+_CLAIMS_LOCK_STEP_S = 0.01
+_CLAIMS_LOCK_LONGEST_STEP_S = 0.1
+
+
 @contextlib.contextmanager
-def _claims_lock(url: str, folder: Path) -> Iterator[bool]:
+def _claims_lock(url: str, folder: Path, stop: threading.Event) -> Iterator[bool]:
     """The lock of the claims of the cache of `folder` (`_claims_folder`: made where missing),
     held inside; False: no flock on this platform (Windows) or the cache's file system
-    (`_NO_FLOCK`), claims are this process's alone."""
+    (`_NO_FLOCK`), claims are this process's alone. `_Stopped` once `stop` is set while it
+    waits (a thread blocked on a flock another process held could not be stopped: a Ctrl-C
+    hung, as did the stop, whose `wake` waited on that thread); a wait longer than
+    LOCK_WAIT_WARNING_S says who holds it."""
+    taken, held = _CLAIMS_LOCK_TAKEN, False
+    try:
+        while not (held := taken.acquire(timeout=_CLAIMS_LOCK_STEP_S)):
+            if stop.is_set():
+                raise _Stopped
+        with _claims_flock(url, folder, stop) as shared:
+            yield shared
+    finally:
+        if held:
+            taken.release()
+
+
+@contextlib.contextmanager
+def _claims_flock(url: str, folder: Path, stop: threading.Event) -> Iterator[bool]:
+    """`_claims_lock`'s flock of the lock file, taken by one thread of this process at a time."""
     try:
         import fcntl
     except ImportError:
@@ -1202,13 +1238,30 @@ def _claims_lock(url: str, folder: Path) -> Iterator[bool]:
     except OSError as error:
         raise _claims_error(probe, path, error) from None
     try:
-        shared = True
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # held for a few file reads, by any process
-        except OSError as error:
-            if error.errno not in _NO_FLOCK:
-                raise _claims_error(probe, path, error) from None
-            shared = False  # a file system without flock: none of the claims' files
+        said_after: float | None = time.monotonic() + LOCK_WAIT_WARNING_S
+        step, shared = _CLAIMS_LOCK_STEP_S / 4, True
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:  # another process holds it
+                if stop.is_set():
+                    raise _Stopped from None
+                if said_after is not None and time.monotonic() >= said_after:
+                    said_after = None
+                    log.warning(
+                        "waiting for another torchkit process that holds %s, the lock of the "
+                        "claims of room on the cache's disk (one stopped with Ctrl-Z holds it "
+                        "until resumed with fg, or ended)",
+                        path,
+                    )
+                time.sleep(step)
+                step = min(step * 2, _CLAIMS_LOCK_LONGEST_STEP_S)
+            except OSError as error:
+                if error.errno not in _NO_FLOCK:
+                    raise _claims_error(probe, path, error) from None
+                shared = False  # a file system without flock: none of the claims' files
+                break
         yield shared
     finally:
         close_lock(fd)
@@ -1309,18 +1362,26 @@ def _make_claim_file(claim: _Claim) -> None:
 
 def _write_claim(claim: _Claim) -> None:
     """Rewrite `claim`'s file with the bytes it wrote, under the claims' lock (never read half
-    written). Left as it was where it cannot be: others then count more room claimed."""
+    written). Left as it was where it cannot be, or where the lock is held (the next chunk's
+    rewrite says it; a download waited for the lock after each chunk, for ever where another
+    process was stopped with it held): others then count more room claimed."""
     if claim.fd is None or claim.file is None:
         return
     import fcntl
 
-    with contextlib.suppress(OSError):
-        lock = open_unshared(claim.file.with_name("lock"), os.O_RDWR)  # made with the claim
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            os.pwrite(claim.fd, _claim_record(claim), 0)
-        finally:
-            close_lock(lock)
+    taken = _CLAIMS_LOCK_TAKEN
+    if not taken.acquire(blocking=False):
+        return
+    try:
+        with contextlib.suppress(OSError):  # BlockingIOError: another process holds it
+            lock = open_unshared(claim.file.with_name("lock"), os.O_RDWR)  # made with the claim
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                os.pwrite(claim.fd, _claim_record(claim), 0)
+            finally:
+                close_lock(lock)
+    finally:
+        taken.release()
 
 
 def _delete_claim_file(claim: _Claim) -> None:
@@ -1338,10 +1399,11 @@ def _forget_downloads_in_flight() -> None:
     """A forked process's start (a loader worker): its parent's downloads in flight, whose
     threads it lacks, neither claim room (`_Claims.forget`) nor are read (`_READING`) there,
     and a lock one of those threads held at the fork is not held for ever."""
-    global _READING_LOCK
+    global _READING_LOCK, _CLAIMS_LOCK_TAKEN
     _CLAIMS.forget()
     _READING.clear()
     _READING_LOCK = threading.Lock()
+    _CLAIMS_LOCK_TAKEN = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):  # not on Windows (no fork there)
