@@ -11,10 +11,11 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
-from completion_runs import completions_in_one_process
+from completion_runs import CWD, completions_in_one_process
 from suite_paths import REPO
 from typer.main import get_command
 
@@ -36,6 +37,52 @@ def run_bash(script: str, cwd: Path | None = None) -> subprocess.CompletedProces
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
+    return done
+
+
+# A stand-in for the console script, first on PATH (`run_bash_answered`): it notes what press N
+# of the script's run gave it (the protocol's variables) and prints $TAB_ANSWERS/N.answer where
+# that is written.
+_NOTING = """#!/bin/bash
+n=$(cat "$TAB_ANSWERS/count" 2>/dev/null || echo 0)
+echo $((n + 1)) > "$TAB_ANSWERS/count"
+printf %s "$COMP_WORDS" > "$TAB_ANSWERS/$n.words"
+printf %s "$COMP_CWORD" > "$TAB_ANSWERS/$n.cword"
+printf %s "$_TORCHKIT_COMPLETE" > "$TAB_ANSWERS/$n.shell"
+[[ -f $TAB_ANSWERS/$n.answer ]] && cat "$TAB_ANSWERS/$n.answer"
+exit 0
+"""
+
+
+def run_bash_answered(script: str, cwd: Path) -> subprocess.CompletedProcess:
+    """run_bash(SCRIPT, cwd) with torchkit's answers to the script's TAB presses asked of one
+    fresh interpreter (`completions_in_one_process`, in `cwd`) instead of a `torchkit` process
+    each (0.4 s of CPU apiece): the script runs once with a stand-in `torchkit` that notes what
+    each press gives it (the protocol's variables, as the script passes them), then again with
+    the stand-in printing torchkit's answers. (test_committed_bash_script_completes_in_bash runs
+    the console script itself.)"""
+    with tempfile.TemporaryDirectory() as folder:  # not in cwd: its files would be candidates
+        answers = Path(folder)
+        (answers / "torchkit").write_text(_NOTING)
+        (answers / "torchkit").chmod(0o755)
+        noting = f"export PATH={shlex.quote(folder)}:$PATH TAB_ANSWERS={shlex.quote(folder)}\n"
+
+        def presses() -> list[dict[str, str]]:
+            count = int((answers / "count").read_text())
+            (answers / "count").unlink()
+            names = {"COMP_WORDS": "words", "COMP_CWORD": "cword", "_TORCHKIT_COMPLETE": "shell"}
+            return [
+                {name: (answers / f"{n}.{part}").read_text() for name, part in names.items()}
+                for n in range(count)
+            ]
+
+        run_bash(noting + script, cwd)
+        asked = presses()
+        found = completions_in_one_process([{**case, CWD: str(cwd)} for case in asked])
+        for n, (lines, _) in enumerate(found):
+            (answers / f"{n}.answer").write_text("".join(f"{line}\n" for line in lines))
+        done = run_bash(noting + script, cwd)
+        assert presses() == asked  # the same presses, now answered
     return done
 
 
@@ -341,7 +388,7 @@ for word in ru runs/r1/b my 'my\\ run/b' resnet1; do
     printf '%s\\n' "${{COMPREPLY[@]}}" ---
 done
 """
-    done = run_bash(script, cwd=tmp_path)
+    done = run_bash_answered(script, tmp_path)
     found = [part.splitlines() for part in done.stdout.split("---\n")]
     folder, file, spaced_folder, spaced_file, names, _ = found
     as_file_names = "compopt -o filenames"
@@ -377,7 +424,7 @@ for line in 'torchkit train --device cuda:' 'torchkit train --device cuda:0 --se
     printf '%s\\n' "${{COMPREPLY[@]}}" ---
 done
 """
-    done = run_bash(script, cwd=tmp_path)
+    done = run_bash_answered(script, tmp_path)
     after_colon, after_device, folder, _ = [
         found.splitlines() for found in done.stdout.split("---\n")
     ]
@@ -453,7 +500,8 @@ source {REPO / "completions" / "torchkit.bash"}
 compopt() {{ echo "compopt $1 $2"; }}
 [[ $COMP_WORDBREAKS == *=* && $COMP_WORDBREAKS == *:* ]] || exit 3
 {calls}"""
-    done = run_bash(script, cwd=cwd)
+    run = run_bash_answered if program == "torchkit" else run_bash
+    done = run(script, cwd)
     found = [part.splitlines() for part in done.stdout.split("---\n")]
     assert len(found) == len(lines) + 1, done.stderr
     return found[:-1]

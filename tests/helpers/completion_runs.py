@@ -25,6 +25,8 @@ cases = json.load(sys.stdin)
 answered = sys.argv.pop(1)  # then sys.argv is `python -m torchkit`'s: no arguments
 answers = []
 for case in cases:
+    if "--cwd--" in case:  # CWD: the folder a shell asks from (file names complete there)
+        os.chdir(case.pop("--cwd--"))
     os.environ.update(case)
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
@@ -37,14 +39,17 @@ for case in cases:
 sys.stdout.write(json.dumps(answers))
 """
 ANSWERED = "-- answered --"
+# A case's working folder, where it is not this process's (a key, not a variable).
+CWD = "--cwd--"
 
 
 def completions_in_one_process(
     cases: Sequence[dict[str, str]],
 ) -> list[tuple[list[str], set[str]]]:
-    """For each case (the completion variables of one TAB press), in order in one fresh
-    interpreter: the lines torchkit printed, and the modules imported (as -X importtime names
-    them, failed attempts too) from the interpreter's start until it had answered."""
+    """For each case (the completion variables of one TAB press, and its working folder under
+    CWD where given), in order in one fresh interpreter: the lines torchkit printed, and the
+    modules imported (as -X importtime names them, failed attempts too) from the interpreter's
+    start until it had answered."""
     done = subprocess.run(
         [sys.executable, "-X", "importtime", "-c", _ASK_EACH, ANSWERED],
         input=json.dumps(list(cases)),
