@@ -392,8 +392,10 @@ def test_a_stop_ends_a_wait_for_the_claims_lock_another_process_holds(
             warnings.append(record.getMessage())
             said.set()
 
-    heard = Heard(logging.WARNING)
-    logging.getLogger("torchkit").addHandler(heard)
+    heard, logger = Heard(logging.WARNING), logging.getLogger("torchkit")
+    level = logger.level  # a torchrun rank's run before (in this process) set ERROR
+    logger.setLevel(logging.WARNING)
+    logger.addHandler(heard)
     outcome: list[object] = []
 
     def download() -> None:
@@ -420,7 +422,8 @@ def test_a_stop_ends_a_wait_for_the_claims_lock_another_process_holds(
     finally:
         os.close(holder)  # lets the old code's hung threads go
         waiter.join(WAIT_S)
-        logging.getLogger("torchkit").removeHandler(heard)
+        logger.removeHandler(heard)
+        logger.setLevel(level)
     assert not hung and outcome == ["stopped"], outcome
     lock = cache / ".download-claims" / "lock"
     assert warnings == [
