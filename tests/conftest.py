@@ -7,10 +7,12 @@ command-specific fixtures live with their tests."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -46,6 +48,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 import kept_environment  # noqa: E402
 import pytest  # noqa: E402
+import torch_state  # noqa: E402
 
 # The helpers behind the fixtures live in tests/helpers/ by job. The names test modules imported
 # from here before they moved are imported here too, so that `from conftest import NAME` keeps
@@ -73,6 +76,37 @@ from processes import (  # noqa: E402, F401
 )
 from suite_paths import REPO  # noqa: E402, F401
 from typer.testing import CliRunner  # noqa: E402
+
+# An xdist worker whose session has ended is done: the controller has every report, and what
+# an interpreter's teardown then does (every module's objects freed, the garbage collector
+# walking the million objects torch, timm and the tests made, once they are unfrozen at exit)
+# was 4-9 s of CPU a worker, each run. It ends once the atexit handlers registered after this
+# one (temporary folders, multiprocessing's children, torch's) have run, its output flushed,
+# with the status its interpreter would have had (0: the worker's script returns normally).
+# A worker whose session did not end (an internal error) is torn down as usual.
+_WORKER_SESSION_ENDED = []
+
+
+def _end_worker_without_teardown() -> None:
+    if not _WORKER_SESSION_ENDED:
+        return
+    import logging
+
+    logging.shutdown()  # registered before this handler (pytest imports logging): not run
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(0)
+
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    atexit.register(_end_worker_without_teardown)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        _WORKER_SESSION_ENDED.append(True)
 
 
 @pytest.fixture
@@ -156,6 +190,16 @@ def module_environment_kept():
     since torch's libraries read such variables, each later torchkit process needed new
     preloaded servers (about 3.5 s of CPU each) instead of the worker's first ones."""
     with kept_environment.environment_kept():
+        yield
+
+
+@pytest.fixture(scope="module", autouse=True)
+def torch_state_kept():
+    """torch's process-wide settings as the module found them, once it ends (torch_state.py):
+    an in-process `--deterministic` run left deterministic algorithms on for every later module
+    of the worker. Per module: reading them costs about 20 us, and a test that changes them
+    changes them for its own module's later tests only."""
+    with torch_state.torch_state_kept():
         yield
 
 
