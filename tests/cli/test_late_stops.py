@@ -9,6 +9,8 @@ fails the in-process run that shows it."""
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import signal
 import textwrap
 import weakref
@@ -88,6 +90,35 @@ def test_a_stop_as_the_handlers_go_back_puts_them_back_and_ends_the_command(tmp_
     assert {sig: signal.getsignal(sig) for sig in before} == before
     _stopped(result)
     assert hidden_siblings(tmp_path / "out") == []
+
+
+def _outermost_ending(manager, *exc) -> bool:
+    """The `with` of the app's own command handlers (not of a group's command inside it) as a
+    command that ended well leaves it."""
+    from torchkit.cli.app import _raise_once
+
+    frame = getattr(getattr(manager, "gen", None), "gi_frame", None)
+    if frame is None or frame.f_code.co_name != "_terminate_like_interrupt" or exc[0] is not None:
+        return False
+    return frame.f_locals["previous"][signal.SIGTERM] is not _raise_once
+
+
+def test_a_stop_as_the_commands_end_begins_puts_the_handlers_back(tmp_path, monkeypatch):
+    """Before: the handlers went back only when the garbage collector freed the stop's
+    traceback (never, with it off), the caller's SIGTERM and Ctrl-C ignored until then."""
+    write_image_folder(tmp_path / "images", {"a": 2, "b": 1})
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    manager = contextlib._GeneratorContextManager
+    signalled = signalled_on_entry(monkeypatch, manager, "__exit__", _outermost_ending)
+    gc.disable()  # the moment a collection would have put them back is no one's to choose
+    try:
+        result = run_torchkit_in_process("dataset-stats", tmp_path / "images", "-j", "0")
+        handlers = {sig: signal.getsignal(sig) for sig in before}
+    finally:
+        gc.enable()
+    assert signalled, "the signal was never placed"
+    assert handlers == before
+    _stopped(result)
 
 
 def test_a_torchrun_rank_stopped_after_another_rank_failed_keeps_its_exit_code():

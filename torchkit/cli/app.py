@@ -479,11 +479,12 @@ class TorchkitGroup(TyperGroup):
     def invoke(self, ctx):
         from torchkit.core.io.errors import Terminated, TorchkitError
 
+        signals = _terminate_like_interrupt()
         try:
             # Every output the command left open is closed before the handlers go back (a
             # later signal does nothing meanwhile): a stop raised where the command's own
             # clean-up was not in place leaves no hidden folder, temporary or lock.
-            with _terminate_like_interrupt(), closed_at_end():
+            with signals, closed_at_end():
                 return super().invoke(ctx)
         except ClickUsageError as error:
             _usage_error(error)
@@ -510,6 +511,12 @@ class TorchkitGroup(TyperGroup):
             what, hint = describe_unexpected(error)
             _report(error, f"{what} ({hint})")
             raise typer.Exit(1) from None
+        finally:
+            # A stop raised as the `with` began to end (its __exit__ entered) skipped the
+            # handlers' return, and the generator waited, kept by the stop's traceback, for the
+            # garbage collector: an in-process caller had SIGTERM and Ctrl-C ignored until then.
+            # Closed here, its `finally` puts them back (done already: nothing to do).
+            signals.gen.close()
 
 
 def _is_main_process() -> bool:
