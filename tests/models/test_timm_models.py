@@ -353,6 +353,27 @@ def test_unknown_names_are_usage_errors_with_suggestions(spec, message, hint):
     assert caught.value.message.startswith(message) and hint in (caught.value.hint or "")
 
 
+def test_timms_names_are_listed_once_and_a_name_registered_later_is_found(monkeypatch):
+    """timm.list_models() sorts and filters all its names (about 10 ms), and a command checks
+    its spec several times: listed once, then looked up; a name missing from the last listing
+    is looked for in a new one."""
+    import timm
+
+    from torchkit.core.models import timm_models
+
+    listings = []
+    real = timm.list_models
+    monkeypatch.setattr(timm, "list_models", lambda *a, **k: listings.append(a) or real(*a, **k))
+    monkeypatch.setattr(timm_models, "_listed_names", frozenset(), raising=False)
+    for _ in range(3):
+        assert timm_models.require_timm_name("timm/resnet18") == "resnet18"
+    assert len(listings) == 1
+    # a listing without test_vit, as if it was registered after
+    monkeypatch.setattr(timm_models, "_listed_names", frozenset({"resnet18"}), raising=False)
+    assert timm_models.require_timm_name("timm/test_vit") == "test_vit"
+    assert len(listings) == 2
+
+
 def test_without_timm_a_timm_spec_says_how_to_install_the_extra(monkeypatch, runner):
     monkeypatch.setitem(sys.modules, "timm", None)  # `import timm` fails as if not installed
     with pytest.raises(TorchkitError) as caught:

@@ -59,13 +59,27 @@ def require_timm_name(spec: str) -> str:
     arch, _, tag = name.partition(".")
     if not arch:
         raise UsageError("timm/ needs a model name after it", "for example timm/resnet18")
-    if arch not in timm.list_models():
+    if not _timm_lists(timm, arch):
         raise UsageError(f"unknown timm model {arch!r}", suggest_timm(arch, timm.list_models()))
     if tag and f"{arch}.{tag}" not in _pretrained_tags(arch):
         raise UsageError(
             f"timm has no tag {tag!r} for {arch}", "its tags: " + _tag_list(arch, with_random=True)
         )
     return name
+
+
+# The names `timm.list_models()` gave, as last listed: it filters and sorts all ~1,400 names
+# at each call (about 10 ms), and a command checks its spec several times.
+_listed_names: frozenset[str] = frozenset()
+
+
+def _timm_lists(timm: Any, arch: str) -> bool:
+    """Whether `timm.list_models()` lists `arch`; a name not listed last time is looked for in
+    a new listing (a model registered since is found)."""
+    global _listed_names
+    if arch not in _listed_names:
+        _listed_names = frozenset(timm.list_models())
+    return arch in _listed_names
 
 
 def suggest_timm(name: str, names: Sequence[str]) -> str:
