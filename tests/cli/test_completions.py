@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from completion_runs import CWD, completions_in_one_process
+from completion_runs import CWD, CompletionAnswerer, completions_in_one_process
 from suite_paths import REPO
 from typer.main import get_command
 
@@ -54,13 +54,23 @@ exit 0
 """
 
 
-def run_bash_answered(script: str, cwd: Path) -> subprocess.CompletedProcess:
-    """run_bash(SCRIPT, cwd) with torchkit's answers to the script's TAB presses asked of one
-    fresh interpreter (`completions_in_one_process`, in `cwd`) instead of a `torchkit` process
-    each (0.4 s of CPU apiece): the script runs once with a stand-in `torchkit` that notes what
-    each press gives it (the protocol's variables, as the script passes them), then again with
-    the stand-in printing torchkit's answers. (test_committed_bash_script_completes_in_bash runs
-    the console script itself.)"""
+@pytest.fixture(scope="module")
+def answerer():
+    """The module's interpreter answering the bash tests' TAB presses (`run_bash_answered`)."""
+    answering = CompletionAnswerer()
+    yield answering
+    answering.close()
+
+
+def run_bash_answered(
+    script: str, cwd: Path, answerer: CompletionAnswerer
+) -> subprocess.CompletedProcess:
+    """run_bash(SCRIPT, cwd) with torchkit's answers to the script's TAB presses asked of the
+    module's fresh interpreter (`answerer`, in `cwd`) instead of a `torchkit` process each (0.4 s
+    of CPU apiece): the script runs once with a stand-in `torchkit` that notes what each press
+    gives it (the protocol's variables, as the script passes them), then again with the
+    stand-in printing torchkit's answers. (test_committed_bash_script_completes_in_bash runs the
+    console script itself.)"""
     with tempfile.TemporaryDirectory() as folder:  # not in cwd: its files would be candidates
         answers = Path(folder)
         (answers / "torchkit").write_text(_NOTING)
@@ -78,8 +88,8 @@ def run_bash_answered(script: str, cwd: Path) -> subprocess.CompletedProcess:
 
         run_bash(noting + script, cwd)
         asked = presses()
-        found = completions_in_one_process([{**case, CWD: str(cwd)} for case in asked])
-        for n, (lines, _) in enumerate(found):
+        found = answerer.ask([{**case, CWD: str(cwd)} for case in asked])
+        for n, lines in enumerate(found):
             (answers / f"{n}.answer").write_text("".join(f"{line}\n" for line in lines))
         done = run_bash(noting + script, cwd)
         assert presses() == asked  # the same presses, now answered
@@ -370,7 +380,7 @@ def test_install_completion_from_a_shell_it_cannot_complete_in_says_so(
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
 @pytest.mark.skipif(not CONSOLE_SCRIPT.exists(), reason="no torchkit console script")
-def test_bash_completes_model_files_and_folders_as_file_names(tmp_path):
+def test_bash_completes_model_files_and_folders_as_file_names(tmp_path, answerer):
     """Typer's bash script inserted candidates as they were: `torchkit eval my<TAB>` made `my
     run/` two words, and `ru<TAB>` gave `runs/ `, whose space stopped a second TAB going on into
     it. Where candidates are files or folders, bash is told they are file names (it quotes
@@ -388,7 +398,7 @@ for word in ru runs/r1/b my 'my\\ run/b' resnet1; do
     printf '%s\\n' "${{COMPREPLY[@]}}" ---
 done
 """
-    done = run_bash_answered(script, tmp_path)
+    done = run_bash_answered(script, tmp_path, answerer)
     found = [part.splitlines() for part in done.stdout.split("---\n")]
     folder, file, spaced_folder, spaced_file, names, _ = found
     as_file_names = "compopt -o filenames"
@@ -405,7 +415,7 @@ done
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
 @pytest.mark.skipif(not CONSOLE_SCRIPT.exists(), reason="no torchkit console script")
-def test_bash_completes_a_device_after_its_colon(tmp_path):
+def test_bash_completes_a_device_after_its_colon(tmp_path, answerer):
     """bash splits `--device cuda:` at the colon (COMP_WORDBREAKS), so torchkit completed `:`
     alone and offered nothing (bash then listed files). The script joins the pieces back, and
     the candidates lose `cuda:`, as bash replaces only what follows the colon; a folder with a
@@ -424,7 +434,7 @@ for line in 'torchkit train --device cuda:' 'torchkit train --device cuda:0 --se
     printf '%s\\n' "${{COMPREPLY[@]}}" ---
 done
 """
-    done = run_bash_answered(script, tmp_path)
+    done = run_bash_answered(script, tmp_path, answerer)
     after_colon, after_device, folder, _ = [
         found.splitlines() for found in done.stdout.split("---\n")
     ]
@@ -485,10 +495,16 @@ def _bash_words(line: str) -> str:
     return " ".join(shlex.quote(word) for word in [*words, *([""] if line[-1] == " " else [])])
 
 
-def _bash_completions(lines: list[str], cwd: Path, program: str = "torchkit") -> list[list[str]]:
+def _bash_completions(
+    lines: list[str],
+    cwd: Path,
+    program: str = "torchkit",
+    answerer: CompletionAnswerer | None = None,
+) -> list[list[str]]:
     """COMPREPLY of completions/torchkit.bash at the end of each of LINES, in a real bash, with
     COMP_LINE, COMP_POINT, COMP_WORDS and COMP_CWORD as bash sets them; `program` is what the
-    script calls back (torchkit, or a stand-in). compopt calls come as lines of their own."""
+    script calls back (torchkit, answered by `answerer`, or a stand-in). compopt calls come as
+    lines of their own."""
     calls = "".join(
         f"COMP_LINE={shlex.quote(line)}; COMP_POINT=${{#COMP_LINE}}\n"
         f"COMP_WORDS=({_bash_words(line)}); COMP_CWORD=$((${{#COMP_WORDS[@]}} - 1))\n"
@@ -500,8 +516,7 @@ source {REPO / "completions" / "torchkit.bash"}
 compopt() {{ echo "compopt $1 $2"; }}
 [[ $COMP_WORDBREAKS == *=* && $COMP_WORDBREAKS == *:* ]] || exit 3
 {calls}"""
-    run = run_bash_answered if program == "torchkit" else run_bash
-    done = run(script, cwd)
+    done = run_bash_answered(script, cwd, answerer) if answerer else run_bash(script, cwd)
     found = [part.splitlines() for part in done.stdout.split("---\n")]
     assert len(found) == len(lines) + 1, done.stderr
     return found[:-1]
@@ -548,11 +563,11 @@ def test_bash_passes_option_equals_value_on_as_the_spaced_form(tmp_path):
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
 @pytest.mark.skipif(not CONSOLE_SCRIPT.exists(), reason="no torchkit console script")
-def test_bash_completes_option_equals_value(tmp_path):
+def test_bash_completes_option_equals_value(tmp_path, answerer):
     """`--device=cuda:<TAB>` offered nothing and `--format=c<TAB>` model names; the candidates
     lose what precedes the last `:` or `=`, which bash leaves in place."""
     lines = ["torchkit train --device=cuda:", "torchkit eval --format=c"]
-    assert _bash_completions(lines, tmp_path) == [["0", "1"], ["csv"]]
+    assert _bash_completions(lines, tmp_path, answerer=answerer) == [["0", "1"], ["csv"]]
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")

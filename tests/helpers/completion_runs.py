@@ -69,3 +69,54 @@ def completions_in_one_process(
             imported.add(line.rsplit("|", 1)[1].strip())
     assert len(so_far) == len(answers) == len(cases), done.stderr
     return list(zip(answers, so_far, strict=True))
+
+
+# Runs in a fresh interpreter: a case (JSON) a line on stdin, run as `python -m torchkit` with no
+# arguments in its working folder with its variables set, then what it printed (JSON: its
+# lines) a line on stdout, until stdin ends.
+_ANSWER_LINES = r"""
+import contextlib, io, json, os, runpy, sys
+
+for line in sys.stdin:
+    case = json.loads(line)
+    os.chdir(case.pop("--cwd--", os.getcwd()))
+    os.environ.update(case)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+        runpy.run_module("torchkit", run_name="__main__", alter_sys=True)
+    for name in case:
+        del os.environ[name]
+    sys.stdout.write(json.dumps(out.getvalue().splitlines()) + "\n")
+    sys.stdout.flush()
+"""
+
+
+class CompletionAnswerer:
+    """One fresh interpreter answering TAB presses as `completions_in_one_process` does, for as
+    long as it is open (several tests' presses: one start, not one a test). What it imports is
+    not checked: each answer comes after the earlier ones'."""
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", _ANSWER_LINES],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ},
+        )
+
+    def ask(self, cases: Sequence[dict[str, str]]) -> list[list[str]]:
+        """The lines torchkit printed for each case (its variables, its folder under CWD)."""
+        answers = []
+        for case in cases:
+            self.process.stdin.write(json.dumps(case) + "\n")
+            self.process.stdin.flush()
+            line = self.process.stdout.readline()
+            assert line, f"the answering interpreter ended (exit {self.process.wait()})"
+            answers.append(json.loads(line))
+        return answers
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait(timeout=60)
+        self.process.stdout.close()
