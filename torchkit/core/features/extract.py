@@ -340,14 +340,15 @@ def _extract(
         extractor = FeatureExtractor(graph, layers)  # moved to the device once they are
     try:
         growing = None  # streamed: the fingerprint, as the paths come
+        weights = weights_digest(source.model)
         if streamed is None:
             fingerprint = _fingerprint(settings, samples)
             data = data_location(image_set.root)
-            store, finished = FeatureStore.open(output, fingerprint, len(samples), data)
+            store, finished = FeatureStore.open(output, fingerprint, len(samples), data, weights)
             if store is None:
                 return _result_from_meta(Path(request.out), finished)
         else:
-            store = FeatureStore.open_streamed(output)
+            store = FeatureStore.open_streamed(output, weights)
             growing = Fingerprint(settings)
         resumed_from = store.progress.done
         started = time.perf_counter()
@@ -422,6 +423,7 @@ def _finish(
         "images": redact_url(str(request.images)),
         "root": request.root,  # what index.csv's paths are relative to
         "images_location": store.data,  # the root's real path and (device, inode), for --resume
+        **({"weights_digest": store.weights} if store.weights else {}),  # for --resume
         "split": request.split or ("all" if samples.splits else None),
         "num_images": len(samples),
         "num_rows": state.rows,
@@ -621,6 +623,22 @@ def _validate(request: FeatureRequest) -> None:
             "run it without torchrun (it uses one device: --device)",
         )
     check_inference_options(request.run)
+
+
+def weights_digest(model) -> str:
+    """SHA-256 of the model's parameters and buffers (names, dtypes, shapes, bytes), as loaded:
+    the command line names a checkpoint by its path, whose file training may rewrite between
+    an interrupted run and its --resume."""
+    import torch
+
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        if not isinstance(tensor, torch.Tensor):
+            continue
+        digest.update(f"{name}\t{tensor.dtype}\t{tuple(tensor.shape)}\n".encode())
+        flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+        digest.update(flat.view(torch.uint8).numpy())
+    return digest.hexdigest()
 
 
 def _fingerprint(settings: dict, samples: Samples) -> str:

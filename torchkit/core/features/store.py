@@ -83,11 +83,14 @@ class Progress:
     errors_logged: int = 0  # how many of `errors` (the first, in order) are in ERRORS_FILE
     errors_bytes: int = 0  # ERRORS_FILE's length once they are
 
-    def to_json(self, fingerprint: str, total: int, data: dict | None = None) -> dict:
+    def to_json(
+        self, fingerprint: str, total: int, data: dict | None = None, weights: str | None = None
+    ) -> dict:
         return {
             "fingerprint": fingerprint,
             "total": total,
             **({"images_location": data} if data else {}),
+            **({"weights_digest": weights} if weights else {}),
             "done": self.done,
             "rows": self.rows,
             "errors_logged": self.errors_logged,
@@ -135,9 +138,11 @@ class FeatureStore:
         *,
         streamed: bool = False,
         data: dict | None = None,
+        weights: str | None = None,
     ) -> None:
         self.output = output
         self.data = data  # where the images are (`data_location`), recorded for --resume
+        self.weights = weights  # the model's weights (`weights_digest`), recorded for --resume
         self.streamed = streamed
         self.skipped = 0  # streamed: the images whose error line is written (errors are not kept)
         self._appended: dict[str, Any] = {}  # streamed: open files, by layer (and the index)
@@ -151,15 +156,21 @@ class FeatureStore:
 
     @classmethod
     def open(
-        cls, output: OutputFolder, fingerprint: str, total: int, data: dict | None = None
+        cls,
+        output: OutputFolder,
+        fingerprint: str,
+        total: int,
+        data: dict | None = None,
+        weights: str | None = None,
     ) -> tuple[FeatureStore | None, dict | None]:
         """(store, None) to work in, or (None, meta) when `--resume` finds OUT already complete.
 
         `output` was opened with `resume=True` only when --resume found something in OUT: then
         OUT is continued if it was started with the same fingerprint (same model, layers,
         options and image names) on the same images (`data`, the folder their names are
-        relative to, however it is spelled). Otherwise nothing is written until the first
-        rows are.
+        relative to, however it is spelled) with the same weights (`weights`, their digest: a
+        checkpoint rewritten at the same path holds other weights). Otherwise nothing is written
+        until the first rows are.
         """
         folder = output.final
         partial, meta_path = folder / PARTIAL_DIR, folder / META_FILE
@@ -169,14 +180,16 @@ class FeatureStore:
                 state = read_json(progress_path)
                 _check_fingerprint(state.get("fingerprint"), fingerprint, folder, "an interrupted")
                 _check_data(state.get("images_location"), data, folder, "an interrupted")
+                _check_weights(state.get("weights_digest"), weights, folder, "an interrupted")
                 progress = Progress.from_json(state, partial)
-                store = cls(output, fingerprint, total, progress, data=data)
+                store = cls(output, fingerprint, total, progress, data=data, weights=weights)
                 store._begin()
                 return store, None
             if meta_path.is_file():
                 meta = read_json(meta_path)
                 _check_fingerprint(meta.get("fingerprint"), fingerprint, folder, "a finished")
                 _check_data(meta.get("images_location"), data, folder, "a finished")
+                _check_weights(meta.get("weights_digest"), weights, folder, "a finished")
                 if partial.is_dir():
                     output.begin()
                     remove_tree(partial)
@@ -193,7 +206,7 @@ class FeatureStore:
                 )
             output.begin()
             remove_tree(partial, ignore_errors=False)  # stopped before its first batch was recorded
-        return cls(output, fingerprint, total, Progress(), data=data), None
+        return cls(output, fingerprint, total, Progress(), data=data, weights=weights), None
 
     def _begin(self) -> None:
         """Make OUT (setting an old one aside with --force) and OUT/.partial."""
@@ -205,9 +218,10 @@ class FeatureStore:
             self.partial.mkdir(parents=True, exist_ok=True)
 
     @classmethod
-    def open_streamed(cls, output: OutputFolder) -> FeatureStore:
-        """A store for paths read from stdin as they come: rows appended, nothing resumed."""
-        return cls(output, "", 0, Progress(), streamed=True)
+    def open_streamed(cls, output: OutputFolder, weights: str | None = None) -> FeatureStore:
+        """A store for paths read from stdin as they come: rows appended, nothing resumed
+        (`weights` recorded in meta.json as a listed run's are)."""
+        return cls(output, "", 0, Progress(), streamed=True, weights=weights)
 
     @property
     def allocated(self) -> bool:
@@ -297,7 +311,7 @@ class FeatureStore:
             self._log_new_errors()
         atomic_write_json(
             self.partial / PROGRESS_FILE,
-            self.progress.to_json(self.fingerprint, self.total, self.data),
+            self.progress.to_json(self.fingerprint, self.total, self.data, self.weights),
             indent=None,
         )
         if self.progress.rows > 0:
@@ -487,6 +501,20 @@ def _check_data(recorded: dict | None, current: dict | None, folder: Path, what:
         f"not {current['path']}",
         "resume with the IMAGES it was started with, or pass --force to start over",
     )
+
+
+def _check_weights(recorded: str | None, current: str | None, folder: Path, what: str) -> None:
+    """A run is resumed only with the weights it was started with: the same command line may
+    name other weights (a checkpoint that training rewrote since), whose rows would be mixed
+    with the first weights' (or, of a finished run, given as theirs)."""
+    if not recorded or not current:  # recorded since this check was added
+        return
+    if recorded != current:
+        raise UsageError(
+            f"{folder} holds {what} extraction with other weights than the model's now (its "
+            "file was rewritten since)",
+            "pass --force to start over with these weights, or give another OUT",
+        )
 
 
 def _check_fingerprint(found: str | None, expected: str, folder: Path, what: str) -> None:

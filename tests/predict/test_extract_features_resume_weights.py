@@ -1,0 +1,66 @@
+"""`extract-features --resume` continues a run only with the weights it was started with: the
+command line names a checkpoint by its path, and a training run that rewrites `best.pt` between
+the stopped run and its resume would otherwise have two models' rows mixed in one array (or a
+finished run's rows given as the new weights')."""
+
+from __future__ import annotations
+
+import pytest
+from checkpoints import write_convnet_checkpoint
+from image_folders import write_image_folder
+from output_checks import error_line
+
+from torchkit.cli import app
+from torchkit.core.features import FeatureRequest, extract_features
+from torchkit.core.inference.options import InferenceOptions
+
+OPTIONS = ["-l", "penultimate", "-b", "2", "-j", "0", "--device", "cpu"]
+
+
+class Stop(Exception):
+    pass
+
+
+def interrupted(out: str) -> None:
+    """A run of model.pt on `a` stopped once its first batch is recorded (2 of 6 images)."""
+    calls = []
+
+    def stop_after_one_batch(done: int, total: int) -> None:
+        calls.append(done)
+        if len(calls) == 2:  # the initial call, then one batch
+            raise Stop
+
+    request = FeatureRequest(
+        "model.pt", "a", out, layers=["penultimate"],
+        run=InferenceOptions(batch_size=2, workers=0, device="cpu"),
+    )  # fmt: skip
+    with pytest.raises(Stop):
+        extract_features(request, progress=stop_after_one_batch)
+
+
+def extract(runner, out: str, *more: str):
+    return runner.invoke(app, ["extract-features", "model.pt", "a", out, *OPTIONS, *more])
+
+
+def test_resume_refuses_a_checkpoint_rewritten_since(runner, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_image_folder(tmp_path / "a", {"x": 3, "y": 3}, size=8)
+    write_convnet_checkpoint(tmp_path / "model.pt", in_channels=3, image_size=8, classes="xy")
+    assert extract(runner, "done").exit_code == 0
+    interrupted("stopped")
+    finished_meta = (tmp_path / "done/meta.json").read_bytes()
+    progress = (tmp_path / "stopped/.partial/progress.json").read_bytes()
+
+    # training writes a new best.pt at the same path: other weights, the same command line
+    write_convnet_checkpoint(tmp_path / "model.pt", in_channels=3, image_size=8, classes="xy")
+    for out, what in (("stopped", "an interrupted"), ("done", "a finished")):
+        refused = extract(runner, out, "--resume")
+        assert refused.exit_code == 2, refused.stderr
+        assert error_line(refused.stderr) == (
+            f"Error: {out} holds {what} extraction with other weights than the model's now "
+            "(its file was rewritten since) (pass --force to start over with these weights, "
+            "or give another OUT)"
+        )
+    assert (tmp_path / "stopped/.partial/progress.json").read_bytes() == progress
+    assert not (tmp_path / "stopped/index.csv").exists()
+    assert (tmp_path / "done/meta.json").read_bytes() == finished_meta
