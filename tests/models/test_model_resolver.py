@@ -571,12 +571,15 @@ def test_auxiliary_heads_follow_a_new_head_count_and_the_weights_shapes(arch):
     inception's `AuxLogits.fc` kept 1000 outputs under `--weights DEFAULT` and a new class
     count, and a 2-class run's weights did not fit `NAME --weights FILE` (shape mismatches)."""
     from torchkit.core.models.heads import fit_head_to, replace_head
+    from torchkit.core.models.random_init import skipped_weight_init
 
-    pretrained = torchvision.models.get_model(arch, init_weights=False)  # DEFAULT's 1000
-    replace_head(pretrained, 2)
+    # Shapes are what is checked: no random values drawn (most of inception_v3's build).
+    with skipped_weight_init():
+        pretrained = torchvision.models.get_model(arch, init_weights=False)  # DEFAULT's 1000
+        replace_head(pretrained, 2)
+        named = torchvision.models.get_model(arch, init_weights=False)  # as NAME --weights does
     aux = {"googlenet": ["aux1.fc2", "aux2.fc2"], "inception_v3": ["AuxLogits.fc"]}[arch]
     assert [pretrained.get_submodule(name).out_features for name in aux] == [2] * len(aux)
-    named = torchvision.models.get_model(arch, init_weights=False)  # as NAME --weights builds it
     fit_head_to(named, pretrained.state_dict())
     named.load_state_dict(pretrained.state_dict())
 
@@ -585,8 +588,10 @@ def test_a_googlenet_checkpoint_without_aux_heads_rebuilds():
     """A run trained from googlenet's torchvision weights (which have no auxiliary heads)
     saved none: `eval RUN/best.pt` failed with "18 missing keys (first: aux1.conv...)"."""
     from torchkit.core.models import model_from_checkpoint
+    from torchkit.core.models.random_init import skipped_weight_init
 
-    trained = torchvision.models.get_model("googlenet", num_classes=2, init_weights=False)
+    with skipped_weight_init():  # its keys are what is checked, not its values
+        trained = torchvision.models.get_model("googlenet", num_classes=2, init_weights=False)
     trained.aux_logits, trained.aux1, trained.aux2 = False, None, None
     checkpoint = {
         "format_version": FORMAT_VERSION,
