@@ -22,7 +22,7 @@ from torchkit.cli.options import (
     split_option,
 )
 from torchkit.cli.progress import progress_bar
-from torchkit.cli.render import OutputFormat, Table, emit, resolve_format
+from torchkit.cli.render import ClassRows, OutputFormat, Table, emit, resolve_format
 from torchkit.core.data.neardup import DEFAULT_NEAR_THRESHOLD, MAX_THRESHOLD  # light: no numpy
 from torchkit.core.io.wording import counted
 
@@ -99,6 +99,7 @@ def _tables(stats) -> list[Table]:
         [[c.shown or "(unlabelled)", c.images, c.images / share] for c in stats.classes],
         title="Images per class",
         align_right={"images", "share"},
+        per_class=ClassRows("images"),  # the table format: the largest and smallest classes
     )
     tables = [summary, channels, classes]
     if stats.unreadable:

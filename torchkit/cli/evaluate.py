@@ -24,17 +24,23 @@ from torchkit.cli.options import (
     model_argument,
 )
 from torchkit.cli.progress import progress_bar
-from torchkit.cli.render import ReportAtSwap, Table, format_rate, report_file, resolve_format
+from torchkit.cli.render import (
+    MOST_CLASS_ROWS,
+    ReportAtSwap,
+    Table,
+    format_rate,
+    report_file,
+    resolve_format,
+)
 from torchkit.cli.run_options import DEFAULT_PREPROCESS, DEFAULT_RUN, with_inference_options
 from torchkit.core.inference.options import InferenceOptions, PreprocessOverrides
 
 # With more classes than this, the terminal's per-class table leaves out the classes that have
 # no images and were never predicted (per_class.csv and JSON always list every class).
 COMPACT_TABLE_ABOVE = 50
-# The most rows the per-class table shows: those of the lowest F1 where there are more (1,000
-# ImageNet classes printed 1,000 rows); --all-classes shows every class, and CSV, JSON and
-# --out's per_class.csv always list every class.
-MOST_CLASS_ROWS = 50
+# The per-class table shows at most MOST_CLASS_ROWS classes, every command's bound (render.py),
+# but eval picks its own: those of the lowest F1 (1,000 ImageNet classes printed 1,000 rows);
+# --all-classes shows every class, and CSV, JSON and --out's per_class.csv always list them.
 # Where the table leaves classes out, its last line says how to see them.
 SEE_ALL_CLASSES = (
     "--all-classes shows them all, and --format csv or json, or --out's per_class.csv, list them"

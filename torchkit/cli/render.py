@@ -95,17 +95,73 @@ def fixed_format(
     return fixed
 
 
+# The most classes the table format shows of a table with a row per class (`ClassRows`:
+# split, dataset-stats; eval picks its own, as many): laying out a row per class took seconds
+# for 5,000 classes (7.5 s of CPU on a terminal too narrow for plain lines), more for
+# ImageNet-21k's 21,841, for a table nobody reads whole. CSV and JSON list every class.
+MOST_CLASS_ROWS = 50
+# What the note under a cut-down class table says of the classes it leaves out.
+SEE_EVERY_CLASS = "--format csv or json, or -o FILE.csv, lists them all"
+
+
+@dataclass(frozen=True)
+class ClassRows:
+    """Marks a table as one row per class, followed by `totals` rows (a total) that are not
+    classes. Above MOST_CLASS_ROWS classes the table format shows the largest half and the
+    smallest half of them by `size_column` (largest first; ties in the table's order), the
+    totals, and a note saying how many classes it leaves out and how to see them; CSV keeps
+    every row."""
+
+    size_column: str
+    totals: int = 0
+
+
 @dataclass
 class Table:
     """Rows for the table and CSV formats. `columns` are the header labels; `note`, a line the
     table format prints under the table (its last line on a terminal, where a title has
-    scrolled away: how to see rows it leaves out)."""
+    scrolled away: how to see rows it leaves out); `per_class`, that its rows are classes,
+    which the table format cuts down to MOST_CLASS_ROWS (`shown_rows`)."""
 
     columns: list[str]
     rows: list[Sequence[Any]]
     title: str | None = None
     align_right: set[str] = field(default_factory=set)
     note: str | None = None
+    per_class: ClassRows | None = None
+
+
+def shown_rows(table: Table) -> Table:
+    """`table` as the table format shows it: a table of more than MOST_CLASS_ROWS classes cut
+    down to the largest and smallest of them, with a note; any other table as it is."""
+    rule = table.per_class
+    if rule is None:
+        return table
+    cut = len(table.rows) - rule.totals
+    classes, totals = table.rows[:cut], table.rows[cut:]
+    if len(classes) <= MOST_CLASS_ROWS:
+        return table
+    column = table.columns.index(rule.size_column)
+
+    def larger_first(row: Sequence[Any]) -> float:
+        size = row[column]
+        return -size if isinstance(size, (int, float)) and not math.isnan(size) else math.inf
+
+    ordered = sorted(classes, key=larger_first)  # stable: equal sizes keep the table's order
+    largest = MOST_CLASS_ROWS // 2
+    smallest = MOST_CLASS_ROWS - largest
+    # The title says which classes are shown, the note (the last line) how to see the rest:
+    # both wrap to the table's width, so each is kept short.
+    shown = f"{largest} largest, {smallest} smallest of {len(classes):,}"
+    hidden = len(classes) - MOST_CLASS_ROWS
+    note = f"{hidden:,} classes not shown: {SEE_EVERY_CLASS}"
+    return Table(
+        table.columns,
+        [*ordered[:largest], *ordered[-smallest:], *totals],
+        title=f"{table.title or 'Classes'}: {shown}",
+        align_right=table.align_right,
+        note=note if table.note is None else f"{table.note}; {note}",
+    )
 
 
 def readable_number(value: float, unit: str = "") -> str:
@@ -268,7 +324,7 @@ def print_on_terminal(tables: list[Table], out: Any = None) -> None:
     table with more columns than the terminal can show is printed wider (the terminal wraps its
     lines) rather than lose text."""
     out = out or console.stdout
-    for table in tables:
+    for table in map(shown_rows, tables):
         if len(table.rows) > PLAIN_BATCH_ROWS:
             widths = _text_widths(out, table)
             if sum(w + 3 for w in widths) + 1 <= out.width:
@@ -316,7 +372,7 @@ def render_plain_tables(
 
     buffer = _Buffer(encoding)
     lines: list[str] = []
-    for table in tables:
+    for table in map(shown_rows, tables):
         # As wide as MIN_COLUMN_WIDTH columns need, were the table to have hundreds of them.
         least = _least_width([MIN_COLUMN_WIDTH] * len(table.columns))
         plain = Console(

@@ -22,7 +22,7 @@ from torchkit.cli.options import (
 )
 from torchkit.cli.out_beside_data import argument_as_out, argument_out
 from torchkit.cli.progress import progress_bar
-from torchkit.cli.render import ReportAtSwap, Table, report_file, resolve_format
+from torchkit.cli.render import ClassRows, ReportAtSwap, Table, report_file, resolve_format
 from torchkit.core.io.wording import counted
 
 
@@ -46,7 +46,12 @@ def _table(result) -> Table:
         columns.append(repeats)
         for row, extra in zip(rows, [*result.repeats, sum(result.repeats)], strict=True):
             row.append(extra)
-    return Table(columns, rows, align_right=set(columns) - {"class"})
+    return Table(
+        columns,
+        rows,
+        align_right=set(columns) - {"class"},
+        per_class=ClassRows("total", totals=1),  # the table format: the largest and smallest
+    )
 
 
 def _describe(result) -> str:
