@@ -105,7 +105,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    # A worker's own config (a pytest a test starts inherits PYTEST_XDIST_WORKER, and its exit
+    # status is its result).
+    if hasattr(session.config, "workerinput"):
         _WORKER_SESSION_ENDED.append(True)
 
 
