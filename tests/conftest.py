@@ -199,8 +199,8 @@ def module_environment_kept():
 def torch_state_kept():
     """torch's process-wide settings as the module found them, once it ends (torch_state.py):
     an in-process `--deterministic` run left deterministic algorithms on for every later module
-    of the worker. Per module: reading them costs about 20 us, and a test that changes them
-    changes them for its own module's later tests only."""
+    of the worker. Per module (reading and comparing them: about 12 us); a test that changes
+    them changes them for its own module's later tests only."""
     with torch_state.torch_state_kept():
         yield
 
