@@ -186,6 +186,7 @@ def eval_command(
         weights=weights,
         classes=parse_class_names(classes) if classes else None,
         image_size=preprocess.image_size,
+        image_channels=preprocess.image_channels,
         resize_size=preprocess.resize_size,
         crop_mode=preprocess.crop_mode,
         interpolation=preprocess.interpolation,

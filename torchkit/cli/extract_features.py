@@ -246,6 +246,7 @@ def extract_features_command(
             ema,
             trust_checkpoint,
             preprocess.image_size,
+            preprocess.image_channels,
             listing_format,
             output,
             force,
@@ -269,6 +270,7 @@ def extract_features_command(
         dtype=dtype.value,
         file_format=array_format.value,
         image_size=preprocess.image_size,
+        image_channels=preprocess.image_channels,
         resize_size=preprocess.resize_size,
         crop_mode=preprocess.crop_mode,
         interpolation=preprocess.interpolation,
@@ -349,6 +351,7 @@ def _list_layers(
     ema: bool,
     trust_checkpoint: bool,
     image_size: int | None,
+    image_channels: int | None,
     fmt: OutputFormat,
     output: Path | None,
     force: bool,
@@ -366,6 +369,7 @@ def _list_layers(
         ema=ema,
         trust_checkpoint=trust_checkpoint,
         image_size=image_size,
+        image_channels=image_channels,
     )
     if fmt == OutputFormat.csv:  # the JSON's names and values (the shape as 512x1x1)
         columns = ["name", "op", "output_shape", "alias_of"]

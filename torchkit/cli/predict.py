@@ -158,6 +158,7 @@ def predict_command(
         run=run,
         tta=tta.value,
         image_size=preprocess.image_size,
+        image_channels=preprocess.image_channels,
         resize_size=preprocess.resize_size,
         crop_mode=preprocess.crop_mode,
         interpolation=preprocess.interpolation,

@@ -20,6 +20,7 @@ from torchkit.core.inference.options import (
     InferenceOptions,
     PreprocessOverrides,
 )
+from torchkit.core.input_size import image_shape_channels
 from torchkit.core.option_specs import OptionSpec
 
 # The placeholder defaults of a decorated command's `run` and `preprocess`.
@@ -95,6 +96,7 @@ def preprocess_overrides_of(
     """The PreprocessOverrides of the options' command-line values, taken out of `values`:
     --stats read for the mean and std it stands for."""
     mean, std, stats = (values.pop(name, None) for name in ("mean", "std", "stats"))
+    image_size = values.get("image_size")  # the text: C,N,N's C is checked against the model
     given = {
         name: field_value(spec, values.pop(name))
         for name, spec in specs.items()
@@ -102,5 +104,9 @@ def preprocess_overrides_of(
     }
     mean, std = mean_std_options(mean, std, stats)
     return PreprocessOverrides(
-        **given, mean=mean, std=std, stats=None if stats is None else str(stats)
+        **given,
+        image_channels=image_shape_channels(image_size),  # parsed without error above
+        mean=mean,
+        std=std,
+        stats=None if stats is None else str(stats),
     )

@@ -70,17 +70,33 @@ def parse_image_side(text: str | None, option: str = "--image-size") -> int | No
 TRAIN_CHANNELS = 3
 
 
+def image_shape_channels(text: str | None) -> int | None:
+    """The C of an `--image-size`/`--input-size` given as a shape C,N,N; None for N, N,N or
+    nothing given."""
+    if text is None:
+        return None
+    size = parse_input_size(text)
+    return size[-3] if len(size) >= 3 else None
+
+
+def check_image_channels(text: str | None, channels: int, fed: str) -> None:
+    """Refuse (ValueError) an `--image-size`/`--input-size` C,N,N whose C is not `channels`,
+    those of the images `fed` ("train feeds its model", "resnet18 takes") names: the crop side
+    alone would be used, the C dropped unread."""
+    given = image_shape_channels(text)
+    if given is not None and given != channels:
+        raise ValueError(
+            f"{short_repr(text)} is a {given}-channel shape, and {fed} {channels}-channel"
+            f"{' (RGB)' if channels == 3 else ''} images (give N, or {channels},N,N)"
+        )
+
+
 def parse_rgb_image_side(text: str | None, option: str = "--image-size") -> int | None:
     """`parse_image_side` for `train`, which feeds its model 3-channel (RGB) images: a shape
     whose channels are not 3 (`1,28,28`) is refused, where they were dropped unread."""
     side = parse_image_side(text, option)
     if side is not None:
-        size = parse_input_size(text)
-        if len(size) >= 3 and size[-3] != TRAIN_CHANNELS:
-            raise ValueError(
-                f"{short_repr(text)} is a {size[-3]}-channel shape, and train feeds its model "
-                f"{TRAIN_CHANNELS}-channel (RGB) images (give N, or 3,N,N)"
-            )
+        check_image_channels(text, TRAIN_CHANNELS, "train feeds its model")
     return side
 
 

@@ -83,6 +83,7 @@ class FeatureRequest:
     dtype: str = "float32"
     file_format: str = "npy"
     image_size: int | None = None
+    image_channels: int | None = None  # the C of --image-size C,N,N
     resize_size: int | None = None
     crop_mode: str | None = None
     interpolation: str | None = None
@@ -141,6 +142,7 @@ def list_layers(
     ema: bool = False,
     trust_checkpoint: bool = False,
     image_size: int | None = None,
+    image_channels: int | None = None,
 ) -> LayerListing:
     """The layer names of MODEL (and the aliases), with per-image output shapes."""
     spec = ModelSpec(
@@ -149,6 +151,7 @@ def list_layers(
         ema=ema,
         trust_checkpoint=trust_checkpoint,
         image_size=image_size,
+        image_channels=image_channels,
     )
     source = resolve_spec(spec, command="extract-features")
     preprocess = source.preprocess
@@ -291,6 +294,7 @@ def _extract(
             ema=request.ema,
             trust_checkpoint=request.trust_checkpoint,
             image_size=request.image_size,
+            image_channels=request.image_channels,
             resize_size=request.resize_size,
             crop_mode=request.crop_mode,
             interpolation=request.interpolation,

@@ -109,9 +109,12 @@ class PreprocessOverrides:
         parse=parse_image_side,
         show_default=False,
         help="Input size (centre crop). Default: the checkpoint's or the weights', else the "
-        "model's standard one (224 for plain state dicts). Also spelled --input-size; C,N,N is "
-        "read as N.",
+        "model's standard one (224 for plain state dicts). Also spelled --input-size; C,N,N "
+        "crops N x N, C being the model's input channels (refused when it is not).",
     )
+    # The C of --image-size C,N,N (None for N): refused by `resolve_spec` unless it is the
+    # model's input channels.
+    image_channels: int | None = None
     resize_size: int | None = option(
         None,
         minimum=1,

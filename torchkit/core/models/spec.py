@@ -37,6 +37,8 @@ class ModelSpec:
     allow_untrained: bool = False  # run a model whose weights are random
     # Preprocessing on top of the model's own (and the size a model built here is made for).
     image_size: int | None = None
+    # The C of --image-size C,N,N: refused unless it is the model's input channels.
+    image_channels: int | None = None
     resize_size: int | None = None
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
@@ -123,6 +125,7 @@ def resolve_spec(
         every_pickled_module=every_pickled_module,
     )
     if resolved.preprocess is not None:
+        _check_image_channels(spec, resolved)
         resolved.preprocess = apply_overrides(
             resolved.preprocess,
             image_size=spec.image_size,
@@ -145,6 +148,24 @@ def resolve_spec(
         from_weights = weights is not None and resolved.preprocess_source == "checkpoint"
         resolved.preprocess.check(weights if from_weights else model)
     return resolved
+
+
+def _check_image_channels(spec: ModelSpec, resolved: ResolvedModel) -> None:
+    """Refuse --image-size C,N,N whose C is not the channels of the images the model takes (and
+    is fed): train's check, with the model's channels in place of RGB."""
+    from torchkit.core.input_size import check_image_channels
+
+    if spec.image_channels is None or spec.image_size is None:
+        return
+    side = spec.image_size
+    try:
+        check_image_channels(
+            f"{spec.image_channels},{side},{side}",
+            resolved.preprocess.in_channels,
+            f"{resolved.arch} takes",
+        )
+    except ValueError as error:
+        raise UsageError(f"--image-size {error}") from None
 
 
 def assumed_preprocess(model: str, preprocess: Preprocess) -> str:

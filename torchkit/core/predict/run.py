@@ -59,6 +59,7 @@ class PredictRequest:
     logits: bool = False
     tta: str = "none"
     image_size: int | None = None
+    image_channels: int | None = None  # the C of --image-size C,N,N
     resize_size: int | None = None
     crop_mode: str | None = None
     interpolation: str | None = None
@@ -126,6 +127,7 @@ class PredictRun:
             weights=request.weights,
             classes=request.classes,
             image_size=request.image_size,
+            image_channels=request.image_channels,
             resize_size=request.resize_size,
             crop_mode=request.crop_mode,
             interpolation=request.interpolation,
