@@ -141,6 +141,13 @@ def resume_path(spec: str) -> Path:
                 "start it again: the command that started it, without --resume",
             )
         if not candidate.is_file():
+            best = path / BEST
+            if best.is_file():  # a run whose last.pt is gone: its best epoch can still go on
+                raise CheckpointError(
+                    f"no {LAST} in {path}",
+                    f"to go on from {BEST}'s epoch, pass --resume {best} --out NEW; to "
+                    f"fine-tune from its weights, start a run with --weights {best} --out NEW",
+                )
             raise CheckpointError(
                 f"no {LAST} in {path}", "give the run folder of an earlier `torchkit train`"
             )
