@@ -1,7 +1,7 @@
 """Tables of one row per class (split, dataset-stats): the table format shows at most
 MOST_CLASS_ROWS classes, the largest and the smallest, and says how many it leaves out and how to
-see them; CSV and JSON, on stdout or in an -o file, keep every class; small tables are as they
-were."""
+see them (--all-classes shows them all); CSV and JSON, on stdout or in an -o file, keep every
+class; small tables are as they were."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from torchkit.cli.render import (
 )
 
 HALF = MOST_CLASS_ROWS // 2
+HOW_TO_SEE_ALL = "--all-classes shows them all; --format csv or json, or -o FILE.csv, list them"
 
 
 def _shown_classes(text: str, prefix: str) -> list[str]:
@@ -58,9 +59,7 @@ def test_split_of_many_classes_shows_the_largest_and_smallest_and_lists_every_cl
     assert len(table.stdout.splitlines()) < MOST_CLASS_ROWS + 12  # not a line per class
     words = " ".join(table.stdout.split())  # the title and the note wrap to the table's width
     assert words.startswith(f"Classes: {HALF} largest, {HALF} smallest of 120 ")
-    assert words.endswith(
-        "70 classes not shown: --format csv or json, or -o FILE.csv, lists them all"
-    )
+    assert words.endswith(f"70 classes not shown: {HOW_TO_SEE_ALL}")
 
     report = tmp_path / "report.csv"
     to_file = runner.invoke(app, [*args, str(tmp_path / "o2"), "-o", str(report)])
@@ -69,6 +68,9 @@ def test_split_of_many_classes_shows_the_largest_and_smallest_and_lists_every_cl
     assert [row[0] for row in rows[1:]] == [*sizes, "total"]
     as_json = runner.invoke(app, [*args, str(tmp_path / "o3"), "--format", "json"])
     assert [c["name"] for c in json.loads(as_json.stdout)["classes"]] == list(sizes)
+    every = runner.invoke(app, [*args, str(tmp_path / "o4"), "--all-classes"])
+    assert _shown_classes(every.stdout, "c") == list(sizes)
+    assert "not shown" not in every.stdout
 
 
 def test_dataset_stats_of_many_classes_shows_the_largest_and_smallest_classes(runner, tmp_path):
@@ -79,9 +81,7 @@ def test_dataset_stats_of_many_classes_shows_the_largest_and_smallest_classes(ru
     assert _shown_classes(shown.stdout, "k") == _largest_and_smallest(sizes)
     words = " ".join(shown.stdout.split())
     assert f"Images per class: {HALF} largest, {HALF} smallest of 60" in words
-    assert words.endswith(
-        "10 classes not shown: --format csv or json, or -o FILE.csv, lists them all"
-    )
+    assert words.endswith(f"10 classes not shown: {HOW_TO_SEE_ALL}")
     every = runner.invoke(app, ["dataset-stats", str(root), "-j", "0", "--format", "json"])
     assert len(json.loads(every.stdout)["classes"]) == 60
     as_csv = runner.invoke(app, ["dataset-stats", str(root), "-j", "0", "--format", "csv"])
@@ -128,3 +128,16 @@ def test_the_bound_holds_on_a_terminal_too_and_for_a_table_without_totals():
         sizes, key=lambda n: -sizes[n]
     )[-HALF:]
     assert cut.title.startswith("Classes:") and cut.note.startswith("350 classes not shown")
+
+
+def test_all_classes_beside_csv_or_json_is_a_usage_error(runner, tmp_path):
+    """They list every class already: --all-classes would do nothing there (eval's rule)."""
+    root = make_class_files(tmp_path / "data", {"a": 1})
+    for command in (["split", str(root), str(tmp_path / "out")], ["dataset-stats", str(root)]):
+        refused = runner.invoke(app, [*command, "--all-classes", "--format", "json"])
+        assert refused.exit_code == 2
+        assert refused.stderr.strip() == (
+            "Error: --all-classes shapes the table, and --format json lists every class already "
+            "(drop --all-classes)"
+        )
+        assert not (tmp_path / "out").exists()

@@ -10,6 +10,7 @@ import typer
 
 from torchkit.cli import console
 from torchkit.cli.options import (
+    AllClassesOption,
     DataSplit,
     ForceOption,
     FormatOption,
@@ -22,7 +23,14 @@ from torchkit.cli.options import (
     split_option,
 )
 from torchkit.cli.progress import progress_bar
-from torchkit.cli.render import ClassRows, OutputFormat, Table, emit, resolve_format
+from torchkit.cli.render import (
+    ClassRows,
+    OutputFormat,
+    Table,
+    check_all_classes,
+    emit,
+    resolve_format,
+)
 from torchkit.core.data.neardup import DEFAULT_NEAR_THRESHOLD, MAX_THRESHOLD  # light: no numpy
 from torchkit.core.io.wording import counted
 
@@ -60,7 +68,7 @@ def _normalize_line(mean: list[float], std: list[float]) -> str:
     return f"Normalize(mean=[{numbers(mean)}], std=[{numbers(std)}])"
 
 
-def _tables(stats) -> list[Table]:
+def _tables(stats, *, all_classes: bool = False) -> list[Table]:
     channels = Table(
         ["channel", "mean", "std"],
         [
@@ -99,7 +107,8 @@ def _tables(stats) -> list[Table]:
         [[c.shown or "(unlabelled)", c.images, c.images / share] for c in stats.classes],
         title="Images per class",
         align_right={"images", "share"},
-        per_class=ClassRows("images"),  # the table format: the largest and smallest classes
+        # The table format: the largest and smallest classes, or all of them.
+        per_class=None if all_classes else ClassRows("images"),
     )
     tables = [summary, channels, classes]
     if stats.unreadable:
@@ -323,6 +332,7 @@ def dataset_stats(
             show_default=False,
         ),
     ] = None,
+    all_classes: AllClassesOption = False,
     fmt: FormatOption = None,
     output: OutputOption = None,
     force: ForceOption = False,
@@ -360,6 +370,7 @@ def dataset_stats(
     )
 
     fmt = resolve_format(fmt, output)
+    check_all_classes(all_classes, fmt)
     root = _root(root, data)
     # Refuse outputs that would fail before the long pass, not after it.
     check_outputs(root, output, plot, force=force, leakage_csv=leakage_csv)
@@ -387,7 +398,9 @@ def dataset_stats(
         # file as it was, not a new report beside them. The "wrote" notes follow then.
         with ReplacedFiles() as replaced:
             emit(
-                tables=[_long_table(stats)] if fmt == OutputFormat.csv else _tables(stats),
+                tables=[_long_table(stats)]
+                if fmt == OutputFormat.csv
+                else _tables(stats, all_classes=all_classes),
                 data=stats.to_dict(),
                 fmt=fmt,
                 output=output,

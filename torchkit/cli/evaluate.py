@@ -28,6 +28,7 @@ from torchkit.cli.render import (
     MOST_CLASS_ROWS,
     ReportAtSwap,
     Table,
+    check_all_classes,
     format_rate,
     report_file,
     resolve_format,
@@ -172,13 +173,7 @@ def eval_command(
     from torchkit.core.runtime.launch import is_main_process
 
     fmt = resolve_format(fmt, output)
-    if all_classes and fmt != "table":  # an option that would do nothing is refused
-        from torchkit.core.io.errors import UsageError
-
-        raise UsageError(
-            f"--all-classes shapes the table, and --format {fmt.value} lists every class already",
-            "drop --all-classes",
-        )
+    check_all_classes(all_classes, fmt)  # an option that would do nothing is refused
     spec = ModelSpec(
         model=model,
         arch=model_option,

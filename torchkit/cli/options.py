@@ -8,7 +8,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from torchkit.cli.render import FORMAT_RULE, OutputFormat
+from torchkit.cli.render import FORMAT_RULE, MOST_CLASS_ROWS, OutputFormat
 
 
 def _complete_device(incomplete: str) -> list[str]:
@@ -34,6 +34,17 @@ OutputOption = Annotated[
     ),
 ]
 ForceOption = Annotated[bool, typer.Option("--force", help="Overwrite existing outputs.")]
+
+# split's and dataset-stats' (eval words its own: it picks other classes).
+AllClassesOption = Annotated[
+    bool,
+    typer.Option(
+        "--all-classes",
+        help=f"Show every class in the table (by default, above {MOST_CLASS_ROWS} classes, the "
+        f"{MOST_CLASS_ROWS // 2} largest and the {MOST_CLASS_ROWS // 2} smallest); --format csv "
+        "or json always list every class.",
+    ),
+]
 # The one rule for output locations (README, "Conventions"): `--out` names what a command makes
 # (a file or folder; a positional OUT is the same thing), `-o/--output` only the printed report.
 OutOption = Annotated[

@@ -101,7 +101,7 @@ def fixed_format(
 # ImageNet-21k's 21,841, for a table nobody reads whole. CSV and JSON list every class.
 MOST_CLASS_ROWS = 50
 # What the note under a cut-down class table says of the classes it leaves out.
-SEE_EVERY_CLASS = "--format csv or json, or -o FILE.csv, lists them all"
+SEE_EVERY_CLASS = "--all-classes shows them all; --format csv or json, or -o FILE.csv, list them"
 
 
 @dataclass(frozen=True)
@@ -129,6 +129,18 @@ class Table:
     align_right: set[str] = field(default_factory=set)
     note: str | None = None
     per_class: ClassRows | None = None
+
+
+def check_all_classes(all_classes: bool, fmt: Enum) -> None:
+    """`--all-classes` (every class in the table) beside `--format csv` or `json`, which list
+    every class already, would do nothing: a usage error, before any work."""
+    if all_classes and fmt != OutputFormat.table:
+        from torchkit.core.io.errors import UsageError
+
+        raise UsageError(
+            f"--all-classes shapes the table, and --format {fmt.value} lists every class already",
+            "drop --all-classes",
+        )
 
 
 def shown_rows(table: Table) -> Table:

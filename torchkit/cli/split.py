@@ -10,6 +10,7 @@ import typer
 
 from torchkit.cli import console
 from torchkit.cli.options import (
+    AllClassesOption,
     ForceOption,
     FormatOption,
     ImageSetArgument,
@@ -22,7 +23,14 @@ from torchkit.cli.options import (
 )
 from torchkit.cli.out_beside_data import argument_as_out, argument_out
 from torchkit.cli.progress import progress_bar
-from torchkit.cli.render import ClassRows, ReportAtSwap, Table, report_file, resolve_format
+from torchkit.cli.render import (
+    ClassRows,
+    ReportAtSwap,
+    Table,
+    check_all_classes,
+    report_file,
+    resolve_format,
+)
 from torchkit.core.io.wording import counted
 
 
@@ -34,7 +42,7 @@ class SplitMode(str, Enum):
     manifest = "manifest"
 
 
-def _table(result) -> Table:
+def _table(result, *, all_classes: bool = False) -> Table:
     rows = [
         [name or "(unlabelled)", *row, sum(row)]
         for name, row in zip(result.classes, result.counts, strict=True)
@@ -50,7 +58,8 @@ def _table(result) -> Table:
         columns,
         rows,
         align_right=set(columns) - {"class"},
-        per_class=ClassRows("total", totals=1),  # the table format: the largest and smallest
+        # The table format: the largest and smallest classes, or all of them.
+        per_class=None if all_classes else ClassRows("total", totals=1),
     )
 
 
@@ -191,6 +200,7 @@ def split(
             "leaving it out with a warning.",
         ),
     ] = False,
+    all_classes: AllClassesOption = False,
     force: ForceOption = False,
     fmt: FormatOption = None,
     output: OutputOption = None,
@@ -230,14 +240,19 @@ def split(
     from torchkit.core.split import check_report_file, split_dataset
 
     fmt = resolve_format(fmt, output)
+    check_all_classes(all_classes, fmt)
     root, out, argument_out = _root_and_out(root, out, data, out_option)
     split_names = (
         None if names is None else list_items(names, "--names", hint="e.g. --names train,val,test")
     )
     if report_file(output) is not None:
         check_report_file(output, force, root, out, split_names)
+
     # An -o file is written before the new split replaces an earlier one in OUT (ReportAtSwap).
-    with ReportAtSwap(_rendered, fmt=fmt, output=output, force=force) as report:
+    def rendered(result) -> tuple[list[Table], dict]:
+        return [_table(result, all_classes=all_classes)], result.to_dict()
+
+    with ReportAtSwap(rendered, fmt=fmt, output=output, force=force) as report:
         with (
             progress_bar(f"Splitting ({mode.value})") as update,
             argument_as_out(argument_out, data, data_name="ROOT", doing="split", command=["split"]),
@@ -270,10 +285,6 @@ def split(
         if kept:
             console.note(kept)
         report.after(result)
-
-
-def _rendered(result) -> tuple[list[Table], dict]:
-    return [_table(result)], result.to_dict()
 
 
 def _root_and_out(root, out, data, out_option) -> tuple[str, Path, Path | None]:
