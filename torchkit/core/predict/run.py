@@ -574,11 +574,14 @@ class PredictRun:
                         "check the weights, or drop --amp",
                     )
             summary.predicted += 1
-            prob = [_digits(p) for p in prob]
-            values += (names[top[0]], top[0], prob[0])
-            if self.ranked:
-                for label, p in zip(top, prob, strict=True):
-                    values += (names[label], p)
+            if ok:
+                prob = [_digits(p) for p in prob]
+                values += (names[top[0]], top[0], prob[0])
+                if self.ranked:
+                    for label, p in zip(top, prob, strict=True):
+                        values += (names[label], p)
+            else:  # NaN ranks first: its "class" would read as a prediction the model never made
+                values += [None] * (3 + (2 * len(top) if self.ranked else 0))
             if logits:
                 values += [_digits(v) for v in logits[position]]
             values.append(None if ok else "non-finite output")
