@@ -22,6 +22,7 @@ before it.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import logging
 import os
@@ -471,10 +472,11 @@ def _require_saved_model(source: str | os.PathLike) -> Path:
 
 
 def modules_by_key(loaded: Mapping[str, Any]) -> list[tuple[str | None, Any]]:
-    """Every module of a pickled dict (`{'model': net, 'model_ema': ema}`), not only the first:
-    a file reported as converted holds no layer left unconverted. Each module once (the same
-    module under two keys keeps its first); the key is None when the dict holds one module,
-    whose rows keep their plain names."""
+    """Every module of a pickled dict (`{'model': net, 'model_ema': ema}`), not only the first,
+    and those in lists, tuples and dicts inside it (`{'heads': [bn]}`: `heads.0`): a file
+    reported as converted holds no layer left unconverted. Each module once (the same module
+    under two keys keeps its first); the key is None when the dict holds one module, whose rows
+    keep their plain names."""
     from torchkit.core.models.weights import pickled_modules
 
     named = list((pickled_modules(loaded) or {}).items())
@@ -483,8 +485,35 @@ def modules_by_key(loaded: Mapping[str, Any]) -> list[tuple[str | None, Any]]:
     for key, value in named:
         if id(value) not in seen:
             seen.add(id(value))
-            modules.append((str(key) if len(named) > 1 else None, value))
+            modules.append((key if len(named) > 1 else None, value))
     return modules
+
+
+def _with_converted(value: Any, converted_of: dict[int, Any], built: dict[int, Any]) -> Any:
+    """`value` (a pickled dict, or a list, tuple or dict inside it) with each module replaced
+    by its conversion (`converted_of`: id -> converted module; the same object but for a
+    BatchNorm layer stored bare). A container held twice is rebuilt once (`built`), so what
+    the file shared stays shared."""
+    from torch import nn
+
+    if isinstance(value, nn.Module):
+        return converted_of.get(id(value), value)
+    if not isinstance(value, (dict, list, tuple)):
+        return value
+    if id(value) not in built:
+        if isinstance(value, dict):
+            rebuilt: Any = copy.copy(value)  # its kind kept: an OrderedDict, a defaultdict
+            rebuilt.update({k: _with_converted(v, converted_of, built) for k, v in value.items()})
+        else:
+            items = [_with_converted(v, converted_of, built) for v in value]
+            if isinstance(value, list):
+                rebuilt = items
+            elif type(value) is tuple:
+                rebuilt = tuple(items)
+            else:  # a named tuple
+                rebuilt = type(value)(*items)
+        built[id(value)] = rebuilt
+    return built[id(value)]
 
 
 def _keyed(row: dict, key: str | None) -> dict:
@@ -618,7 +647,7 @@ def convert_saved_model(
                     value, to=to, example_inputs=example, converted=layers
                 )
                 rows += [_keyed(row, key) for row in value_rows]
-            loaded = {k: converted_of.get(id(v), v) for k, v in loaded.items()}
+            loaded = _with_converted(loaded, converted_of, {})
         else:
             loaded, rows = convert_batchnorm(module, to=to, example_inputs=example)
         with reporting_write_errors(destination), atomic_path(destination) as tmp:

@@ -90,17 +90,37 @@ def pickled_module(loaded: Any) -> Any:
 
     if isinstance(loaded, torch.nn.Module):
         return loaded
-    return next(iter((pickled_modules(loaded) or {}).values()), None)
+    if not isinstance(loaded, Mapping):
+        return None
+    # a module under the dict's own key: one in a list beside it (a list of BatchNorm layers)
+    # is no model
+    return next((v for v in loaded.values() if isinstance(v, torch.nn.Module)), None)
 
 
-def pickled_modules(loaded: Any) -> dict[Any, Any] | None:
-    """Every `nn.Module` of a pickled dict (`{'model': net, 'model_ema': ema}`) by its key, in
-    the dict's order; None when `loaded` is no dict."""
+def pickled_modules(loaded: Any) -> dict[str, Any] | None:
+    """Every `nn.Module` of a pickled dict (`{'model': net, 'model_ema': ema}`) by its path, in
+    the dict's order: its key, or for one inside lists, tuples and dicts under a key the keys
+    and indices that lead to it (`{'heads': [a, b]}`: `heads.0`, `heads.1`); not the modules
+    inside a module (its layers). None when `loaded` is no dict."""
     import torch
 
     if not isinstance(loaded, Mapping):
         return None
-    return {key: value for key, value in loaded.items() if isinstance(value, torch.nn.Module)}
+    found: dict[str, Any] = {}
+    walked: set[int] = set()  # a list held twice is walked once, its modules keep one path
+
+    def walk(value: Any, path: str) -> None:
+        if isinstance(value, torch.nn.Module):
+            found.setdefault(path, value)
+        elif isinstance(value, (dict, list, tuple)) and id(value) not in walked:
+            walked.add(id(value))
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, item in items:
+                walk(item, f"{path}.{key}")
+
+    for key, value in loaded.items():
+        walk(value, str(key))
+    return found
 
 
 def is_state_dict(loaded: Any) -> bool:
