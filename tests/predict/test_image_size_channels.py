@@ -1,15 +1,15 @@
-"""`--image-size C,N,N` in the inference commands: C must be the channels of the images the
-model takes (train's rule, with the model's channels in place of RGB), never dropped unread."""
+"""`--image-size C,N,N` in the inference commands and export: C must be the channels of the
+images the model takes (train's rule, with the model's channels in place of RGB), never dropped
+unread."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from checkpoints import write_convnet_checkpoint
 from PIL import Image
-
-from tests.helpers.checkpoints import write_convnet_checkpoint
-from tests.helpers.processes import run_torchkit_in_process
+from processes import run_torchkit_in_process
 
 
 @pytest.fixture(scope="module")
@@ -27,10 +27,11 @@ def _commands(folder):
         "predict": ["predict", model, folder / "x.png", "-j", "0", "--allow-untrained"],
         "eval": ["eval", model, "--data", "digits", "-j", "0", "--allow-untrained"],
         "extract-features": ["extract-features", model, "--list-layers"],
+        "export": ["export", model, folder / "gray.onnx"],
     }
 
 
-@pytest.mark.parametrize("command", ["predict", "eval", "extract-features"])
+@pytest.mark.parametrize("command", ["predict", "eval", "extract-features", "export"])
 def test_a_shape_with_other_channels_is_refused(gray_model, command):
     result = run_torchkit_in_process(*_commands(gray_model)[command], "--image-size", "3,12,12")
     assert result.returncode == 2, result.stdout
@@ -38,6 +39,7 @@ def test_a_shape_with_other_channels_is_refused(gray_model, command):
         "Error: --image-size '3,12,12' is a 3-channel shape, and convnet takes 1-channel "
         "images (give N, or 1,N,N)"
     )
+    assert not (gray_model / "gray.onnx").exists()
 
 
 def test_the_model_channels_are_taken(gray_model):

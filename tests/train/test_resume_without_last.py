@@ -3,8 +3,8 @@ error says how to go on from best.pt, with the options train takes for it."""
 
 from __future__ import annotations
 
-from tests.helpers.checkpoints import write_convnet_checkpoint
-from tests.helpers.processes import run_torchkit_in_process
+from checkpoints import write_convnet_checkpoint
+from processes import run_torchkit_in_process
 
 
 def test_a_run_with_best_pt_alone_names_the_ways_on(tmp_path):

@@ -151,6 +151,7 @@ def export(
     """
     from torchkit.cli.progress import progress_bar
     from torchkit.core.export import ExportRequest, check_outputs, export_model
+    from torchkit.core.input_size import image_shape_channels, parse_image_side
     from torchkit.core.io.errors import UsageError
     from torchkit.core.io.outputs import ReplacedFiles
 
@@ -168,7 +169,8 @@ def export(
         num_classes=num_classes,
         trust_checkpoint=trust_checkpoint,
         ema=ema,
-        image_size=image_size,
+        image_size=parse_image_side(image_size),
+        image_channels=image_shape_channels(image_size),
         batch_size=batch_size,
         static_batch=static_batch,
         opset=opset,

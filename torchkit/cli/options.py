@@ -368,25 +368,29 @@ def split_option(default_help: str) -> Any:
     )
 
 
-def _image_side(param: typer.CallbackParam, value: Optional[str]) -> Optional[int]:
+def _image_side(param: typer.CallbackParam, value: Optional[str]) -> Optional[str]:
+    """The text checked (N, or C,N,N): the command reads the side and C of it."""
     from torchkit.core.input_size import parse_image_side
 
     try:
-        return parse_image_side(value, "--image-size")
+        parse_image_side(value, "--image-size")
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
+    return value
 
 
 def image_size_option(help: str) -> Any:
     """`--image-size N` of a command that crops images, also spelled `--input-size` (the name
-    summary and benchmark give a sample's shape), which takes C,N,N there as well."""
+    summary and benchmark give a sample's shape), which takes C,N,N there as well: the value is
+    the text, checked (`parse_image_side` and `image_shape_channels` read it)."""
     return typer.Option(
         "--image-size",
         "--input-size",
         metavar="N",
         show_default=False,
         callback=_image_side,
-        help=f"{help} Also spelled --input-size; C,N,N is read as N.",
+        help=f"{help} Also spelled --input-size; C,N,N is N x N, C being the model's input "
+        "channels (refused when it is not).",
     )
 
 

@@ -60,6 +60,7 @@ class ExportRequest:
     trust_checkpoint: bool = False
     ema: bool = False
     image_size: int | None = None  # default: the model's (checkpoint, weights, builder)
+    image_channels: int | None = None  # the C of --image-size C,N,N
     batch_size: int = 1
     static_batch: bool = False
     opset: int | None = None  # ONNX only; default formats.DEFAULT_OPSET
@@ -167,6 +168,7 @@ def export_model(request: ExportRequest, progress: Progress | None = None) -> Ex
         num_classes=request.num_classes,
         ema=request.ema,
         image_size=request.image_size,
+        image_channels=request.image_channels,
     )
     resolved = resolve_spec(spec, command="export")
     model = resolved.model.to("cpu").float().eval()
