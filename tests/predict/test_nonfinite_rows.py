@@ -56,3 +56,22 @@ def test_a_non_finite_row_leaves_the_csv_fields_empty(tmp_path):
     assert nan["error"] == "non-finite output"
     assert {nan[key] for key in ("class", "class_index", "probability", "class_2")} == {""}
     assert first["class"] in ("0", "1") and first["error"] == ""
+
+
+def test_eval_writes_no_class_for_a_non_finite_row(tmp_path):
+    """eval's predictions.csv (the same vocabulary): the white image, of the first class, was
+    written as that class (NaN ranks it first) and `correct` 1."""
+    for label, colour in (("a", 255), ("b", 0)):
+        (tmp_path / "data" / label).mkdir(parents=True)
+        Image.new("RGB", (8, 8), (colour,) * 3).save(tmp_path / "data" / label / "x.png")
+    result = run_torchkit_in_process(
+        "eval", f"{HERE}:BrightNanNet", "--allow-untrained", "--data", tmp_path / "data",
+        "--image-size", "8", "-j", "0", "--out", tmp_path / "report", "--format", "json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    with open(tmp_path / "report" / "predictions.csv", newline="") as file:
+        nan, finite = csv.DictReader(file)
+    assert nan["path"] == "a/x.png" and nan["label"] == "a"
+    predicted = ("class", "class_index", "probability", "correct", "class_1", "probability_1")
+    assert {nan[key] for key in predicted} == {""}
+    assert finite["class"] in ("a", "b") and finite["correct"] in ("0", "1")

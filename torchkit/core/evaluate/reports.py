@@ -154,6 +154,11 @@ def prediction_rows(result: EvalResult):
     classes = result.shown_classes
     for i in range(len(p)):
         true, predicted = int(p.labels[i]), int(p.predicted[i])
+        if not p.finite[i]:  # NaN ranks first: its "class" is no prediction (predict's rule)
+            name = result.sample_name(int(p.indices[i]))
+            empty = [None] * (2 * p.topk_labels.shape[1])
+            yield [name, classes[true], true, None, None, None, None, f"{p.loss[i]:.9g}", *empty]
+            continue
         row = [
             result.sample_name(int(p.indices[i])),
             classes[true],
