@@ -44,7 +44,8 @@ def test_a_shape_with_other_channels_is_refused(gray_model, command):
 
 def test_the_model_channels_are_taken(gray_model):
     result = run_torchkit_in_process(
-        *_commands(gray_model)["extract-features"], "--input-size", "1,12,12", "--format", "json"
+        *_commands(gray_model)["predict"], "--input-size", "1,12,12", "--format", "json"
     )
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["image_size"] == 12
+    (row,) = json.loads(result.stdout)
+    assert row["path"].endswith("x.png") and row["class"] in ("a", "b") and row["error"] is None
