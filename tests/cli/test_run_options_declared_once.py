@@ -142,8 +142,8 @@ def test_the_command_gets_the_dataclasses_in_place_of_the_options(tmp_path):
     command(**{**values, "first": 1, "last": 2, **given})
     assert seen["run"] == InferenceOptions(batch_size=8, amp_dtype="fp16", workers=0)
     assert seen["preprocess"] == PreprocessOverrides(
-        image_size=20, mean=(0.5,), std=(0.25,), stats=str(stats)
-    )
+        image_size=20, image_channels=3, mean=(0.5,), std=(0.25,), stats=str(stats)
+    )  # C of C,N,N travels on, checked against the model's input channels
     assert (seen["first"], seen["last"]) == (1, 2)
 
 
