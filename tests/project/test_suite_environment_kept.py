@@ -10,6 +10,7 @@ from pathlib import Path
 
 import kept_environment
 import pytest
+from inner_pytest import run_inner_session
 
 
 def test_what_a_test_added_changed_or_removed_is_put_back(monkeypatch):
@@ -47,7 +48,6 @@ def test_a_module_fixtures_variable_does_not_reach_the_next_module(tmp_path: Pat
     CUBLAS_WORKSPACE_CONFIG before any test's own environment_kept begins: it must end with
     the module (every later torchkit process needed new preloaded servers)."""
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
-    (tmp_path / "pytest.ini").write_text("[pytest]\n")
     (tmp_path / "test_inner_a.py").write_text(
         textwrap.dedent(
             """
@@ -71,19 +71,6 @@ def test_a_module_fixtures_variable_does_not_reach_the_next_module(tmp_path: Pat
         "import os\n\n\ndef test_the_next_module_does_not():\n"
         "    assert 'CUBLAS_WORKSPACE_CONFIG' not in os.environ\n"
     )
-    code = pytest.main(
-        [
-            str(tmp_path),
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-p",
-            "no:xdist",
-            "--rootdir",
-            str(tmp_path),
-            "-c",
-            str(tmp_path / "pytest.ini"),
-        ]  # fmt: skip
-    )
+    code = run_inner_session(tmp_path)
     assert code == pytest.ExitCode.OK
     assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch_state
+from inner_pytest import run_inner_session
 
 
 def test_every_setting_a_block_changed_is_put_back():
@@ -33,7 +34,6 @@ def test_a_modules_deterministic_run_does_not_reach_the_next_module(tmp_path: Pa
     """An in-process `train --deterministic` run (a module fixture's) turned deterministic
     algorithms on for every later module of the worker."""
     assert not torch.are_deterministic_algorithms_enabled()
-    (tmp_path / "pytest.ini").write_text("[pytest]\n")
     (tmp_path / "test_inner_torch_state_a.py").write_text(
         textwrap.dedent(
             """
@@ -58,19 +58,6 @@ def test_a_modules_deterministic_run_does_not_reach_the_next_module(tmp_path: Pa
         "    assert not torch.are_deterministic_algorithms_enabled()\n"
         "    assert not torch.backends.cudnn.deterministic\n"
     )
-    code = pytest.main(
-        [
-            str(tmp_path),
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-p",
-            "no:xdist",
-            "--rootdir",
-            str(tmp_path),
-            "-c",
-            str(tmp_path / "pytest.ini"),
-        ]  # fmt: skip
-    )
+    code = run_inner_session(tmp_path)
     assert code == pytest.ExitCode.OK
     assert not torch.are_deterministic_algorithms_enabled()
