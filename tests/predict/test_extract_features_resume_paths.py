@@ -8,36 +8,24 @@ import os
 import shutil
 
 import numpy as np
-import pytest
+from feature_runs import extract_stopped_after_one_batch
 from image_folders import write_image_folder
 from output_checks import error_line
 
 from torchkit.cli import app
-from torchkit.core.features import FeatureRequest, extract_features
+from torchkit.core.features import FeatureRequest
 from torchkit.core.inference.options import InferenceOptions
 
 OPTIONS = ["--image-size", "8", "-l", "penultimate", "-b", "2", "-j", "0", "--device", "cpu"]
 
 
-class Stop(Exception):
-    pass
-
-
 def interrupted(out: str) -> None:
     """A run on `a` stopped once its first batch is recorded (2 of 6 images)."""
-    calls = []
-
-    def stop_after_one_batch(done: int, total: int) -> None:
-        calls.append(done)
-        if len(calls) == 2:  # the initial call, then one batch
-            raise Stop
-
     request = FeatureRequest(
         "convnet", "a", out, layers=["penultimate"], image_size=8, allow_untrained=True,
         run=InferenceOptions(batch_size=2, workers=0, device="cpu"),
     )  # fmt: skip
-    with pytest.raises(Stop):
-        extract_features(request, progress=stop_after_one_batch)
+    extract_stopped_after_one_batch(request)
 
 
 def extract(runner, images: str, out: str, *more: str):

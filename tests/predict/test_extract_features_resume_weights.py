@@ -5,37 +5,25 @@ finished run's rows given as the new weights')."""
 
 from __future__ import annotations
 
-import pytest
 from checkpoints import write_convnet_checkpoint
+from feature_runs import extract_stopped_after_one_batch
 from image_folders import write_image_folder
 from output_checks import error_line
 
 from torchkit.cli import app
-from torchkit.core.features import FeatureRequest, extract_features
+from torchkit.core.features import FeatureRequest
 from torchkit.core.inference.options import InferenceOptions
 
 OPTIONS = ["-l", "penultimate", "-b", "2", "-j", "0", "--device", "cpu"]
 
 
-class Stop(Exception):
-    pass
-
-
 def interrupted(out: str) -> None:
     """A run of model.pt on `a` stopped once its first batch is recorded (2 of 6 images)."""
-    calls = []
-
-    def stop_after_one_batch(done: int, total: int) -> None:
-        calls.append(done)
-        if len(calls) == 2:  # the initial call, then one batch
-            raise Stop
-
     request = FeatureRequest(
         "model.pt", "a", out, layers=["penultimate"],
         run=InferenceOptions(batch_size=2, workers=0, device="cpu"),
     )  # fmt: skip
-    with pytest.raises(Stop):
-        extract_features(request, progress=stop_after_one_batch)
+    extract_stopped_after_one_batch(request)
 
 
 def extract(runner, out: str, *more: str):
