@@ -608,7 +608,7 @@ def _locked(path: Path, stop: threading.Event, what: str) -> Iterator[None]:
     than LOCK_WAIT_WARNING_S says once that another process holds it (`what` it downloads): one
     stopped with Ctrl-Z holds it until resumed or ended, and the wait was silent for ever."""
     try:
-        import fcntl
+        import fcntl  # noqa: F401  (whether the platform has flock at all)
     except ImportError:
         yield
         return
@@ -623,30 +623,14 @@ def _locked(path: Path, stop: threading.Event, what: str) -> Iterator[None]:
             if as_write_error(error, path) is None:
                 raise
             raise _unwritable_cache(what, error) from None
-        locked = True
-        try:
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:  # another process downloads this shard: wait for it
-                    if stop.is_set():
-                        raise _Stopped from None
-                    if said_after is not None and time.monotonic() >= said_after:
-                        said_after = None
-                        log.warning(
-                            "waiting for another torchkit process downloading %s (it holds "
-                            "%s; one stopped with Ctrl-Z holds it until resumed with fg, or "
-                            "ended)",
-                            what,
-                            path,
-                        )
-                    time.sleep(0.1)
-                except OSError as error:
-                    if error.errno not in _NO_FLOCK:
-                        raise
-                    locked = False  # a file system without flock
-                    break
+        try:  # another process that downloads this shard holds it: wait for it
+            locked = _flock_polled(
+                fd,
+                stop,
+                said_after,
+                f"waiting for another torchkit process downloading {what} (it holds {path}; "
+                f"{_HELD_TILL}",
+            )
         except BaseException:
             close_lock(fd)
             raise
@@ -661,6 +645,36 @@ def _locked(path: Path, stop: threading.Event, what: str) -> Iterator[None]:
         yield
     finally:
         close_lock(fd)  # releases the lock
+
+
+# How a warning of a long wait for a lock ends: why the wait may have no end.
+_HELD_TILL = "one stopped with Ctrl-Z holds it until resumed with fg, or ended)"
+
+
+def _flock_polled(fd: int, stop: threading.Event, warn_at: float | None, warning: str) -> bool:
+    """Take the exclusive flock of `fd`, polled (a blocking flock cannot be given up when the
+    run stops): True once held, False on a file system without flock (`_NO_FLOCK`); any other
+    OSError is raised. A stop ends the wait (`_Stopped`); once the clock passes `warn_at`,
+    `warning` is logged, once. The polls start at 2.5 ms and double up to 0.1 s."""
+    import fcntl
+
+    step = _CLAIMS_LOCK_STEP_S / 4
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:  # another process holds it
+            if stop.is_set():
+                raise _Stopped from None
+            if warn_at is not None and time.monotonic() >= warn_at:
+                warn_at = None
+                log.warning("%s", warning)
+            time.sleep(step)
+            step = min(step * 2, _CLAIMS_LOCK_LONGEST_STEP_S)
+        except OSError as error:
+            if error.errno not in _NO_FLOCK:
+                raise
+            return False
 
 
 def _is_at(fd: int, path: Path) -> bool:
@@ -678,7 +692,7 @@ def _delete_lock(path: Path) -> None:
     locked, so that a process that opened it meanwhile gets it after, finds it gone (`_is_at`)
     and locks a new one (`_locked`). Without flock, lock files are kept."""
     try:
-        import fcntl
+        import fcntl  # noqa: F401  (whether the platform has flock at all)
     except ImportError:
         return
     try:
@@ -1222,7 +1236,7 @@ def _claims_lock(url: str, folder: Path, stop: threading.Event) -> Iterator[bool
 def _claims_flock(url: str, folder: Path, stop: threading.Event) -> Iterator[bool]:
     """`_claims_lock`'s flock of the lock file, taken by one thread of this process at a time."""
     try:
-        import fcntl
+        import fcntl  # noqa: F401  (whether the platform has flock at all)
     except ImportError:
         yield False
         return
@@ -1238,30 +1252,16 @@ def _claims_flock(url: str, folder: Path, stop: threading.Event) -> Iterator[boo
     except OSError as error:
         raise _claims_error(probe, path, error) from None
     try:
-        said_after: float | None = time.monotonic() + LOCK_WAIT_WARNING_S
-        step, shared = _CLAIMS_LOCK_STEP_S / 4, True
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:  # another process holds it
-                if stop.is_set():
-                    raise _Stopped from None
-                if said_after is not None and time.monotonic() >= said_after:
-                    said_after = None
-                    log.warning(
-                        "waiting for another torchkit process that holds %s, the lock of the "
-                        "claims of room on the cache's disk (one stopped with Ctrl-Z holds it "
-                        "until resumed with fg, or ended)",
-                        path,
-                    )
-                time.sleep(step)
-                step = min(step * 2, _CLAIMS_LOCK_LONGEST_STEP_S)
-            except OSError as error:
-                if error.errno not in _NO_FLOCK:
-                    raise _claims_error(probe, path, error) from None
-                shared = False  # a file system without flock: none of the claims' files
-                break
+        try:  # False: a file system without flock, so none of the claims' files
+            shared = _flock_polled(
+                fd,
+                stop,
+                time.monotonic() + LOCK_WAIT_WARNING_S,
+                f"waiting for another torchkit process that holds {path}, the lock of the "
+                f"claims of room on the cache's disk ({_HELD_TILL}",
+            )
+        except OSError as error:
+            raise _claims_error(probe, path, error) from None
         yield shared
     finally:
         close_lock(fd)
