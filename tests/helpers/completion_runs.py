@@ -15,28 +15,29 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-# Runs in the fresh interpreter (under -X importtime, whose lines go to stderr): the cases
-# (JSON on stdin), each as `python -m torchkit` with no arguments and the case's variables set,
-# then the line ANSWERED (its argument) on stderr; the lines of their stdout as JSON.
-_ASK_EACH = r"""
+# Runs in a fresh interpreter: a case (JSON) a line on stdin, run as `python -m torchkit` with no
+# arguments in its working folder (CWD, where given) with its variables set, then what it printed
+# (JSON: its lines) a line on stdout, until stdin ends. Given an argument, it also writes that
+# line on stderr after each answer (under -X importtime, whose lines go to stderr too: the
+# imports each answer made).
+_ANSWER_LINES = r"""
 import contextlib, io, json, os, runpy, sys
 
-cases = json.load(sys.stdin)
-answered = sys.argv.pop(1)  # then sys.argv is `python -m torchkit`'s: no arguments
-answers = []
-for case in cases:
-    if "--cwd--" in case:  # CWD: the folder a shell asks from (file names complete there)
-        os.chdir(case.pop("--cwd--"))
+answered = sys.argv.pop(1) if len(sys.argv) > 1 else None  # then argv is `-m torchkit`'s
+for line in sys.stdin:
+    case = json.loads(line)
+    os.chdir(case.pop("--cwd--", os.getcwd()))
     os.environ.update(case)
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
         runpy.run_module("torchkit", run_name="__main__", alter_sys=True)
     for name in case:
         del os.environ[name]
-    answers.append(out.getvalue().splitlines())
-    sys.stderr.write(answered + "\n")
-    sys.stderr.flush()
-sys.stdout.write(json.dumps(answers))
+    sys.stdout.write(json.dumps(out.getvalue().splitlines()) + "\n")
+    sys.stdout.flush()
+    if answered is not None:
+        sys.stderr.write(answered + "\n")
+        sys.stderr.flush()
 """
 ANSWERED = "-- answered --"
 # A case's working folder, where it is not this process's (a key, not a variable).
@@ -51,15 +52,15 @@ def completions_in_one_process(
     modules imported (as -X importtime names them, failed attempts too) from the interpreter's
     start until it had answered."""
     done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", _ASK_EACH, ANSWERED],
-        input=json.dumps(list(cases)),
+        [sys.executable, "-X", "importtime", "-c", _ANSWER_LINES, ANSWERED],
+        input="".join(json.dumps(case) + "\n" for case in cases),
         capture_output=True,
         text=True,
         env={**os.environ},
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    answers = json.loads(done.stdout)
+    answers = [json.loads(line) for line in done.stdout.splitlines()]
     imported: set[str] = set()
     so_far = []
     for line in done.stderr.splitlines():
@@ -69,26 +70,6 @@ def completions_in_one_process(
             imported.add(line.rsplit("|", 1)[1].strip())
     assert len(so_far) == len(answers) == len(cases), done.stderr
     return list(zip(answers, so_far, strict=True))
-
-
-# Runs in a fresh interpreter: a case (JSON) a line on stdin, run as `python -m torchkit` with no
-# arguments in its working folder with its variables set, then what it printed (JSON: its
-# lines) a line on stdout, until stdin ends.
-_ANSWER_LINES = r"""
-import contextlib, io, json, os, runpy, sys
-
-for line in sys.stdin:
-    case = json.loads(line)
-    os.chdir(case.pop("--cwd--", os.getcwd()))
-    os.environ.update(case)
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
-        runpy.run_module("torchkit", run_name="__main__", alter_sys=True)
-    for name in case:
-        del os.environ[name]
-    sys.stdout.write(json.dumps(out.getvalue().splitlines()) + "\n")
-    sys.stdout.flush()
-"""
 
 
 class CompletionAnswerer:
