@@ -339,6 +339,13 @@ class _StderrHandler(logging.Handler):
     logged with `extra={"note": True}` is a remark shown by default (not only with -v) as a
     `Note: ...` line, and not with -q, as `note` is."""
 
+    # logging lists a new handler for its clean-up at exit (`logging.shutdown`) before its
+    # `__init__` makes the handler's lock: a stop raised in between (a SIGTERM as
+    # `install_log_handler` makes one) left a listed handler with no `lock` at all, and the
+    # exit ended in AttributeError after `Terminated.`. Such a handler has no lock to take
+    # (logging takes it only where it is set); a whole one has its own.
+    lock = None
+
     def emit(self, record: logging.LogRecord) -> None:
         is_note = record.levelno == logging.WARNING and getattr(record, "note", False)
         if is_note and _quiet:
