@@ -11,10 +11,15 @@ it takes a second or more to import. The definitions are scikit-learn's:
   (scikit-learn's default `labels=None`): a class with no images that the model never predicts
   does not drag the averages down;
 - weighted averages weight each class by its support; micro F1 pools all decisions (for
-  single-label classification it equals the accuracy);
+  single-label classification it equals the accuracy, but for images without a prediction);
 - balanced accuracy is the mean recall over the classes that have images (scikit-learn's
   `balanced_accuracy_score`): unlike the macro recall, a class the model predicts but the data
   lacks does not count.
+An image without a prediction (-1, `NO_PREDICTION`: the model's outputs for it were not finite)
+is a miss in every figure: never correct in the accuracies, counted in its true class's support
+and not in its recall's hits, in no class's predictions (no precision gains or loses from it)
+and in no cell of the confusion matrix, as scikit-learn leaves out of `confusion_matrix(labels=
+range(C))` a prediction outside the labels; -1 is never counted as a class.
 An image whose true label is not a class (-1: unlabelled) has no truth to be scored against: it
 is left out of every figure, as scikit-learn's `confusion_matrix(labels=range(C))` leaves it out
 of the matrix (scikit-learn's accuracy would count it as a mistake, and its precision as a false
@@ -30,6 +35,7 @@ from typing import Any
 import numpy as np
 
 CONFUSED_SHOWN = 5
+NO_PREDICTION = -1  # the predicted label of an image of non-finite outputs: no class
 
 
 @dataclass
@@ -190,7 +196,8 @@ def compute_metrics(
     if scores is None:
         scores = answer(request)
     pairs = ConfusionPairs.counted(y_true, y_pred, num_classes)
-    support = pairs.support()
+    # Not the matrix's row sums: an image without a prediction is in no cell, yet of its class.
+    support = np.bincount(y_true, minlength=num_classes).astype(np.int64)
     macro, weighted = scores["macro"], scores["weighted"]
     return ClassificationMetrics(
         num_samples=len(y_true),
@@ -258,9 +265,10 @@ def answer(request: dict[str, Any]) -> dict[str, Any]:
     # Counted, not taken from scikit-learn's support (a float for a class with no images). No
     # confusion matrix is built or sent here: C x C values as Python lists cost seconds and GBs
     # at thousands of classes; the caller counts its pairs (`ConfusionPairs`).
-    known = _known(y_true, y_pred, len(every_class))
-    support = np.bincount(y_true[known], minlength=len(every_class))
-    predicted = np.bincount(y_pred[known], minlength=len(every_class))
+    # Each side on its own: an image without a prediction (-1) is still of its true class.
+    count = len(every_class)
+    support = np.bincount(y_true[(y_true >= 0) & (y_true < count)], minlength=count)
+    predicted = np.bincount(y_pred[(y_pred >= 0) & (y_pred < count)], minlength=count)
     precision, recall, f1 = scores(every_class, None)
     # The classes scikit-learn's default labels=None averages over, named so they can be counted.
     present = np.flatnonzero((support > 0) | (predicted > 0))

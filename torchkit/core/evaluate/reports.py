@@ -154,7 +154,7 @@ def prediction_rows(result: EvalResult):
     classes = result.shown_classes
     for i in range(len(p)):
         true, predicted = int(p.labels[i]), int(p.predicted[i])
-        if not p.finite[i]:  # NaN ranks first: its "class" is no prediction (predict's rule)
+        if not p.finite[i]:  # no prediction (-1): outputs not finite (predict's rule)
             name = result.sample_name(int(p.indices[i]))
             empty = [None] * (2 * p.topk_labels.shape[1])
             yield [name, classes[true], true, None, None, None, None, f"{p.loss[i]:.9g}", *empty]
@@ -327,7 +327,11 @@ def errors_layout(result: EvalResult, max_shown: int = 25) -> tuple[np.ndarray, 
         )
         x = (left + ERROR_TILE / 2) / width
         true = _short(result.shown_class(int(p.labels[row])), 18)
-        predicted = _short(result.shown_class(int(p.predicted[row])), 18)
+        if p.finite[row]:
+            predicted = f"{_short(result.shown_class(int(p.predicted[row])), 18)} "
+            predicted += f"({p.confidence[row]:.2f})"
+        else:  # no prediction (-1): no class to name
+            predicted = "none (not finite)"
         name = _short(os.path.basename(result.sample_name(int(p.indices[row]))), 22)
         texts += [
             _text(x, 1 - (top - 37) / height, name, fontsize=7),
@@ -335,7 +339,7 @@ def errors_layout(result: EvalResult, max_shown: int = 25) -> tuple[np.ndarray, 
             _text(
                 x,
                 1 - (top - 3) / height,
-                f"pred: {predicted} ({p.confidence[row]:.2f})",
+                f"pred: {predicted}",
                 fontsize=8,
                 color="#b00020",
             ),

@@ -20,7 +20,7 @@ class Predictions:
 
     indices: np.ndarray  # (N,) int64
     labels: np.ndarray  # (N,) int64 true labels
-    topk_labels: np.ndarray  # (N, k) int64, best first
+    topk_labels: np.ndarray  # (N, k) int64, best first; NO_PREDICTION (-1) where not `finite`
     topk_probs: np.ndarray  # (N, k) float32 softmax probabilities of those labels
     loss: np.ndarray  # (N,) float32 cross-entropy of each image
     # (N,) bool: the model's outputs for the image were all finite (no NaN or inf logit).
@@ -238,8 +238,9 @@ class EvalResult:
             rows.append([*(record[name] for name in columns[:-CONFUSED_SHOWN]), *confused])
         if with_summary:
             m, images = self.metrics, self.num_images
+            with_class = images - self.num_nonfinite  # an image of non-finite outputs has none
             summaries = {
-                "all": {"support": images, "predicted": images, "f1": m.f1_micro,
+                "all": {"support": images, "predicted": with_class, "f1": m.f1_micro,
                         **self._top_figures(m.accuracy, self.topk_accuracy), "loss": self.loss,
                         "masked": self.num_masked},
                 "macro avg": {"support": images, "precision": m.precision_macro,

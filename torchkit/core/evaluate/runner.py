@@ -27,7 +27,7 @@ from torchkit.core.data.preprocessing import image_mode
 from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.data.sources.required import require_data
 from torchkit.core.data.sources.samples import Samples
-from torchkit.core.evaluate.metrics import compute_metrics, start_scorer
+from torchkit.core.evaluate.metrics import NO_PREDICTION, compute_metrics, start_scorer
 from torchkit.core.evaluate.reports import REPORT_FILES
 from torchkit.core.evaluate.results import EvalResult, Predictions
 from torchkit.core.evaluate.source import load_eval_samples
@@ -219,14 +219,19 @@ def predict(
                 progress(done, total)
     if not parts["indices"]:
         return Predictions.empty(k), errors, nonfinite_batches
+    finite = torch.cat(parts["finite"]).numpy()
+    topk_labels = torch.cat(parts["top"]).numpy()
+    # NaN ranks first: the ranking of an image of non-finite outputs names no class the model
+    # chose, so it predicts none (-1): a miss in every figure, in no class's predictions.
+    topk_labels[~finite] = NO_PREDICTION
     return (
         Predictions(
             indices=torch.cat(parts["indices"]).numpy(),
             labels=torch.cat(parts["labels"]).numpy(),
-            topk_labels=torch.cat(parts["top"]).numpy(),
+            topk_labels=topk_labels,
             topk_probs=torch.cat(parts["probs"]).numpy(),
             loss=torch.cat(parts["loss"]).numpy(),
-            finite=torch.cat(parts["finite"]).numpy(),
+            finite=finite,
         ),
         errors,
         nonfinite_batches,
