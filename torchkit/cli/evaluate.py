@@ -29,7 +29,6 @@ from torchkit.cli.render import (
     ReportAtSwap,
     Table,
     check_all_classes,
-    check_force_replaces,
     format_rate,
     report_file,
     resolve_format,
@@ -175,7 +174,6 @@ def eval_command(
 
     fmt = resolve_format(fmt, output)
     check_all_classes(all_classes, fmt)  # an option that would do nothing is refused
-    check_force_replaces(force, {"-o FILE": report_file(output), "--out DIR": out})
     spec = ModelSpec(
         model=model,
         arch=model_option,

@@ -33,7 +33,6 @@ from torchkit.cli.render import (
     FORMAT_RULE,
     OutputFormat,
     Table,
-    check_force_replaces,
     emit,
     format_rate,
     report_file,
@@ -241,8 +240,6 @@ def extract_features_command(
     if list_layers:
         if images is not None or out is not None:
             raise UsageError("--list-layers takes only MODEL", "drop IMAGES and OUT")
-        # The listing's -o is its only output; a run always writes OUT, which --force replaces.
-        check_force_replaces(force, {"-o FILE": report_file(output)})
         _list_layers(
             model,
             weights,

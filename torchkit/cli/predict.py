@@ -131,7 +131,7 @@ def predict_command(
 
       torchkit predict model.onnx photos/ --format csv  (classes from the exported file)
     """
-    from torchkit.cli.render import check_force_replaces, report_file, resolve_format
+    from torchkit.cli.render import report_file, resolve_format
     from torchkit.core.data.sources.inputs import listed_check
     from torchkit.core.evaluate.source import parse_class_names
     from torchkit.core.io.files import read_path_list
@@ -142,7 +142,6 @@ def predict_command(
     from torchkit.core.runtime.launch import launch_env
 
     fmt = resolve_format(fmt, output, StreamedOutputFormat)
-    check_force_replaces(force, {"-o FILE": report_file(output)})  # -o is its only output
     model, images = model_and_rest(model, model_option, list(images or []))
     images += data or []  # --data adds to IMAGES, after them: rows come in input order
     request = PredictRequest(

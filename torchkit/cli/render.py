@@ -143,27 +143,6 @@ def check_all_classes(all_classes: bool, fmt: Enum) -> None:
         )
 
 
-def check_force_replaces(force: bool, outputs: dict[str, Any]) -> None:
-    """`--force` (replace existing outputs) where none of the command's `outputs` is given would
-    do nothing: a usage error, before any work, as an option that shapes an output not given
-    is (eval's --normalize without --out). `outputs`: each output option as the hint writes it
-    (`-o FILE`) -> its value, None where it is not given (-o: `report_file`'s, so `-o -`,
-    stdout, has nothing to replace either)."""
-    if not force or any(value is not None for value in outputs.values()):
-        return
-    from torchkit.core.io.errors import UsageError
-
-    names = list(outputs)
-    if len(names) == 1:
-        missing = f"no {names[0]} is given"
-    else:
-        missing = f"neither {' nor '.join(names)} is given"
-    raise UsageError(
-        f"--force replaces existing outputs, and {missing}",
-        f"add {' or '.join(names)}, or drop --force",
-    )
-
-
 def shown_rows(table: Table) -> Table:
     """`table` as the table format shows it: a table of more than MOST_CLASS_ROWS classes cut
     down to the largest and smallest of them, with a note; any other table as it is."""
