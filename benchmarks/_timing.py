@@ -10,6 +10,7 @@ process and its children), which a shared machine disturbs far less than wall ti
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 try:
     import resource
@@ -156,3 +158,20 @@ def digits_checkpoint(folder: Path) -> Path:
         check=True, capture_output=True,
     )  # fmt: skip
     return run / "best.pt"
+
+
+def checkout_sides(now: Path, before: Path | None) -> dict[str, Path]:
+    """The checkouts a `--before DIR` benchmark compares: this one ("now"), and the older one
+    ("before") where given."""
+    sides = {"now": now}
+    if before is not None:
+        sides["before"] = before.resolve()
+    return sides
+
+
+def json_from_checkout(checkout: Path, code: str, *args: str) -> Any:
+    """Run `python -c CODE ARGS` in `checkout` (CODE puts the working folder first on sys.path,
+    so that checkout's torchkit is the one timed) and read the JSON its last stdout line holds."""
+    done = subprocess.run([sys.executable, "-c", code, *args], cwd=checkout, check=True,
+                          capture_output=True, text=True)  # fmt: skip
+    return json.loads(done.stdout.splitlines()[-1])

@@ -17,11 +17,10 @@ the layout alone (no listing, no files), with the lines it printed.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
-import sys
 from pathlib import Path
+
+from _timing import checkout_sides, json_from_checkout
 
 ROOT = Path(__file__).resolve().parent.parent
 WAYS = ("pipe", "terminal 120", "terminal 40")
@@ -61,9 +60,7 @@ print(json.dumps(figures))
 
 
 def laid_out(checkout: Path, count: int) -> dict:
-    done = subprocess.run([sys.executable, "-c", CHILD, str(count), *WAYS], cwd=checkout,
-                          check=True, capture_output=True, text=True)  # fmt: skip
-    return json.loads(done.stdout.splitlines()[-1])
+    return json_from_checkout(checkout, CHILD, str(count), *WAYS)
 
 
 def main() -> int:
@@ -72,9 +69,7 @@ def main() -> int:
     parser.add_argument("--classes", default="5000,20000", help="numbers of classes")
     parser.add_argument("--repeat", type=int, default=3)
     options = parser.parse_args()
-    sides = {"now": ROOT}
-    if options.before is not None:
-        sides["before"] = options.before.resolve()
+    sides = checkout_sides(ROOT, options.before)
     print(f"{'side':<7} {'classes':>8} {'way':<13} {'median CPU s':>12} {'lines':>7}  runs")
     for count in (int(text) for text in options.classes.split(",")):
         times = {(name, way): [] for name in sides for way in WAYS}

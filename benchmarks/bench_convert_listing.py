@@ -14,12 +14,11 @@ about 4x the time at 4x the files.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
-import subprocess
-import sys
 from pathlib import Path
+
+from _timing import checkout_sides, json_from_checkout
 
 ROOT = Path(__file__).resolve().parent.parent
 CLASSES = 100
@@ -51,9 +50,7 @@ def make_files(root: Path, count: int) -> Path:
 
 
 def listed(checkout: Path, folder: Path) -> dict:
-    done = subprocess.run([sys.executable, "-c", CHILD, str(folder)], cwd=checkout, check=True,
-                          capture_output=True, text=True)  # fmt: skip
-    return json.loads(done.stdout.splitlines()[-1])
+    return json_from_checkout(checkout, CHILD, str(folder))
 
 
 def main() -> int:
@@ -63,9 +60,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--root", type=Path, default=Path("/tmp/bench_convert_listing"))
     options = parser.parse_args()
-    sides = {"now": ROOT}
-    if options.before is not None:
-        sides["before"] = options.before.resolve()
+    sides = checkout_sides(ROOT, options.before)
     print(f"{'side':<7} {'files':>9} {'median s':>9} {'us/file':>8}  runs")
     for count in (int(text) for text in options.sizes.split(",")):
         folder = make_files(options.root, count)

@@ -23,12 +23,11 @@ grow in number: a linear cost.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
+
+from _timing import checkout_sides, json_from_checkout
 
 ROOT = Path(__file__).resolve().parent.parent
 DISTINCT = 50
@@ -113,12 +112,9 @@ def make_images(root: Path, images: int) -> Path:
 
 def run_side(checkout: Path, source: Path, out: Path, per_shard: int, seconds: float) -> dict:
     shutil.rmtree(out, ignore_errors=True)
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD, str(source), str(out), str(per_shard), str(seconds)],
-        cwd=checkout, check=True, capture_output=True, text=True,
-    )  # fmt: skip
+    found = json_from_checkout(checkout, CHILD, str(source), str(out), str(per_shard), str(seconds))
     shutil.rmtree(out, ignore_errors=True)
-    return json.loads(done.stdout.splitlines()[-1])
+    return found
 
 
 def main() -> int:
@@ -132,9 +128,7 @@ def main() -> int:
     options = parser.parse_args()
     options.root.mkdir(parents=True, exist_ok=True)
     source = make_images(options.root, options.images)
-    sides = {"now": ROOT}
-    if options.before is not None:
-        sides["before"] = options.before.resolve()
+    sides = checkout_sides(ROOT, options.before)
     print(f"convert shards of {options.images:,} images, each shard taking "
           f"{options.shard_seconds:g} s on the clock")  # fmt: skip
     print(f"{'side':<7} {'shards':>7} {'partial MB':>11} {'bytes/shard':>12} "
