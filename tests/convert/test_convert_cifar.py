@@ -517,6 +517,39 @@ def test_labels_that_are_not_class_numbers_are_refused(cifar10, tmp_path, labels
     assert not (tmp_path / "out").exists()
 
 
+def _labels_listed_by_reference(depth: int) -> list:
+    """2 ** depth zeros nested `depth` deep, each level listing the one below twice: pickled by
+    reference, a few bytes a level."""
+    nested: list = [0, 0]
+    for _ in range(depth - 1):
+        nested = [nested, nested]
+    return nested
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [
+        [[3]] * PER_BATCH,  # was flattened and read as labels
+        [_labels_listed_by_reference(40)] * PER_BATCH,  # was 20 * 2**40 numbers: terabytes
+    ],
+    ids=["nested", "expanding"],
+)
+def test_labels_nested_in_lists_are_refused_unexpanded(cifar10, tmp_path, labels):
+    folder, _, _ = cifar10
+    bad = _copy_folder(folder, tmp_path / "bad")
+    batch = {b"labels": labels, b"data": np.zeros((PER_BATCH, 3072), np.uint8)}
+    blob = pickle.dumps(batch, protocol=2)
+    assert len(blob) < 70_000  # the crafted file is small
+    (bad / "data_batch_4").write_bytes(blob)
+    result = runner.invoke(app, ["convert", "cifar", str(bad), str(tmp_path / "out"), "-j", "0"])
+    assert result.exit_code == 1
+    line = error_line(result.stderr)
+    assert line.startswith(
+        "Error: data_batch_4 has labels that are not class numbers (one is a list)"
+    )
+    assert not (tmp_path / "out").exists()
+
+
 def test_class_name_that_is_a_path_is_refused(cifar10, tmp_path):
     folder, _, _ = cifar10
     bad = _copy_folder(folder, tmp_path / "bad")

@@ -328,8 +328,23 @@ def _decode_batch(raw: bytes, source: str, label_key: str, num_classes: int) -> 
         )
     if label_key not in batch:
         raise InputError(f"{source} has no `{label_key}` list", "it is not a CIFAR batch")
+    listed = batch[label_key]
+    if isinstance(listed, (list, tuple)):
+        # A pickle may list one list many times (by reference, a few bytes each), nested: a
+        # 3 KB file whose labels np.asarray expands to billions of numbers held the process
+        # for minutes and gigabytes. Labels are one flat list of numbers, one per image.
+        if len(listed) != len(data):
+            raise InputError(f"{source} has {len(data)} images but {len(listed)} labels")
+        scalars = (int, float, complex, str, bytes, np.generic)
+        odd = [value for value in listed if not isinstance(value, scalars)][:1]
+        if odd:
+            raise InputError(
+                f"{source} has labels that are not class numbers (one is a "
+                f"{type(odd[0]).__name__})",
+                "it is not a CIFAR batch",
+            )
     try:
-        labels = np.asarray(batch[label_key]).reshape(-1)
+        labels = np.asarray(listed).reshape(-1)
     except (TypeError, ValueError) as error:
         raise InputError(f"{source} has unreadable labels: {error}") from None
     if len(labels) != len(data):
