@@ -1269,17 +1269,51 @@ def test_a_whole_mpeg_ps_whose_audio_runs_on_after_its_video_is_not_truncated(tm
         assert (info.frames_source, info.duration_s) == ("decoded", 1.6), options
 
 
+def flv_tag_ends(data: bytes) -> list[int]:
+    """Where each tag of the FLV file `data` ends, with the 4-byte size that follows it."""
+    ends, at = [], int.from_bytes(data[5:9], "big") + 4
+    while at < len(data):
+        at += 11 + int.from_bytes(data[at + 1 : at + 4], "big") + 4
+        ends.append(at)
+    return ends
+
+
 def test_a_long_flv_cut_short_is_truncated_without_exact(tmp_path):
     """The decode check seeks 4 frames before the header's last and reads on; FFmpeg lets a
     seek past the video's end succeed, and the seek's target was counted as reached: within a
     header of 400 frames or more's slack (1%), so a 600-frame FLV cut in half read `ok`, 600
-    frames (exit 0; --exact: truncated). A seek is counted only where a frame decodes after it."""
+    frames (exit 0; --exact: truncated). A seek is counted only where a frame decodes after it.
+    The copy is cut between two tags, where the tags' sizes say nothing."""
     path = tmp_path / "long.flv"
     if not write_video(path, "FLV1", 16, 16, 25.0, 600):
         pytest.skip("this OpenCV build cannot write FLV")
     assert probe_video(path).status == "ok"
-    cut = probe_video(cut_copy(path, tmp_path, 0.5))
+    data = path.read_bytes()
+    half = min(flv_tag_ends(data), key=lambda end: abs(end - len(data) // 2))
+    (tmp_path / "long-cut.flv").write_bytes(data[:half])
+    cut = probe_video(tmp_path / "long-cut.flv")
     assert cut.status == "truncated" and "of the 600 frames its header declares" in cut.error
+
+
+def test_an_flv_cut_inside_its_last_frame_is_truncated(tmp_path):
+    """An FLV copy cut inside its last video tag read `ok` (exit 0) with and without --exact:
+    FFmpeg still decodes a frame from what is left of that tag, so every frame the header
+    declares decodes. Each tag records its size: the file holds fewer bytes than they declare."""
+    path = tmp_path / "clip.flv"
+    if not write_video(path, "FLV1", 48, 32, 25.0, 10):
+        pytest.skip("this OpenCV build cannot write FLV")
+    data = path.read_bytes()
+    ends = flv_tag_ends(data)
+    assert ends[-1] == len(data) and probe_video(path).status == "ok"
+    cut = tmp_path / "cut.flv"
+    cut.write_bytes(data[: (ends[-2] + ends[-1]) // 2])
+    message = (
+        f"truncated: the file holds {cut.stat().st_size:,} of the {len(data):,} bytes its flv "
+        "structure declares"
+    )
+    for options in ({}, {"exact": True}, {"decode_check": False}):
+        info = probe_video(cut, **options)
+        assert (info.status, info.error) == ("truncated", message), options
 
 
 def test_a_whole_variable_rate_file_without_sizes_is_ok_and_its_cut_copy_truncated(

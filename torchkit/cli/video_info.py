@@ -80,7 +80,7 @@ def video_info(
             "that record no sizes (FLV, Ogg, MPEG-PS...), the last frames its header declares "
             "to prove it is whole. --no-decode-check decodes nothing (but a raw DV file's first "
             "two frames, for its rate): it reads the headers, and "
-            "the sizes MP4/MOV, AVI, MKV/WebM, WMV/ASF and MPEG-TS files record, which a copy "
+            "the sizes MP4/MOV, AVI, MKV/WebM, WMV/ASF, MPEG-TS and FLV files record, which a copy "
             "cut short falls short of.",
         ),
     ] = True,

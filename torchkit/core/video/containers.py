@@ -195,22 +195,28 @@ def flv_last_tag_s(path: str | os.PathLike) -> float | None:
     to a tag (a copy cut inside one, not an FLV file)."""
     try:
         with open(path, "rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            if size < 4 + _FLV_TAG_HEADER:
-                return None
-            handle.seek(size - 4)
-            length = int.from_bytes(handle.read(4), "big")
-            if not _FLV_TAG_HEADER <= length <= size - 4:
-                return None
-            handle.seek(size - 4 - length)
-            tag = handle.read(_FLV_TAG_HEADER)
+            tag = _flv_last_tag(handle, os.fstat(handle.fileno()).st_size)
     except OSError:
         return None
+    return None if tag is None else (int.from_bytes(tag[4:7], "big") | tag[7] << 24) / 1000
+
+
+def _flv_last_tag(handle, size: int) -> bytes | None:
+    """The header of the tag an FLV file's last 4 bytes (the size of the tag before them) lead
+    to; None where they lead to none."""
+    if size < 4 + _FLV_TAG_HEADER:
+        return None
+    handle.seek(size - 4)
+    length = int.from_bytes(handle.read(4), "big")
+    if not _FLV_TAG_HEADER <= length <= size - 4:
+        return None
+    handle.seek(size - 4 - length)
+    tag = handle.read(_FLV_TAG_HEADER)
     if tag[0] & 0x1F not in (8, 9, 18) or int.from_bytes(tag[1:4], "big") + _FLV_TAG_HEADER != (
         length
     ):
         return None
-    return (int.from_bytes(tag[4:7], "big") | tag[7] << 24) / 1000
+    return tag
 
 
 _IMAGE_MAGIC = (
@@ -539,10 +545,11 @@ def _iso_top_level_kinds(path: str | os.PathLike, container: str | None) -> set[
 # from a whole file. (1) Container structure: MP4/MOV boxes, AVI RIFF chunks, the Matroska/WebM
 # segment, ASF (WMV) objects and MPEG-TS packets carry their sizes, so reading a few bytes at a
 # few offsets says how long the file must be; a shorter file ends mid-stream. Y4M frames are all
-# one size (its header gives it), and MPEG-PS packs and packets carry their lengths. (2) Where
-# the format records no sizes (FLV, Ogg, a live recording): decoding at the end, the last frames
-# the header declares sought and decoded (`--exact` decodes them all anyway). The header's count
-# of a Y4M or MPEG-PS file is reckoned from its size, so that check cannot see a cut there.
+# one size (its header gives it), and MPEG-PS packs and packets and FLV tags carry their lengths.
+# (2) Where the format records no sizes (Ogg, a live recording), or a cut between two packets or
+# tags leaves none short: decoding at the end, the last frames the header declares sought and
+# decoded (`--exact` decodes them all anyway). The header's count of a Y4M or MPEG-PS file is
+# reckoned from its size, so that check cannot see a cut there.
 
 _MAX_BOXES = 100_000  # a fragmented MP4 has two boxes per fragment; a bound for a corrupt one
 
@@ -567,6 +574,7 @@ def declared_size(path: str | os.PathLike, container: str | None, size: int) -> 
         "y4m": _y4m_frames_end,
         "mpeg-ps": _mpeg_ps_end,
         "dv": _dv_frames_end,
+        "flv": _flv_tags_end,
     }
     reader = readers.get(container or "")
     if reader is None:
@@ -944,6 +952,38 @@ def _dv_frames_end(handle, size: int) -> int | None:
         block = handle.read(3)
         if len(block) == 3 and block[0] == 0x1F and block[1] >> 3 == 0 and block[2] == 0:
             return -(-size // start) * start
+    return None
+
+
+_MAX_FLV_TAGS = 10_000_000  # hours of audio and video tags; a bound for a corrupt file
+
+
+def _flv_tags_end(handle, size: int) -> int | None:
+    """Where the last tag of an FLV file ends (with the 4-byte size that follows each tag): past
+    the file's end when a copy is cut inside a tag, whose frame FFmpeg still decodes from what
+    is there. A file ending on a tag's size says nothing (a cut between two tags looks the same):
+    None, as for a structure that cannot be read. The tags are walked from the first only where
+    the file's last 4 bytes lead to no tag."""
+    if _flv_last_tag(handle, size) is not None:
+        return None
+    handle.seek(5)
+    header = handle.read(4)
+    if len(header) < 4:
+        return None
+    offset = int.from_bytes(header, "big") + 4  # the header, then the size of no tag before
+    for _ in range(_MAX_FLV_TAGS):
+        if offset >= size:
+            return None  # ends on a tag's size
+        handle.seek(offset)
+        tag = handle.read(_FLV_TAG_HEADER)
+        if tag[0] & 0x1F not in (8, 9, 18):
+            return None  # not a tag: trailing data we cannot judge
+        if len(tag) < _FLV_TAG_HEADER:  # the file ends inside a tag's header
+            return offset + _FLV_TAG_HEADER + 4
+        end = offset + _FLV_TAG_HEADER + int.from_bytes(tag[1:4], "big") + 4
+        if end - 4 > size:
+            return end
+        offset = end
     return None
 
 
