@@ -149,7 +149,8 @@ AllowUntrainedOption = Annotated[
     typer.Option(
         "--allow-untrained",
         help="Run a model that comes with no trained weights (a model name without --weights, "
-        "or package.module:Callable that loads its own): refused by default.",
+        "or package.module:Callable that loads its own): refused by default. Random weights "
+        "are drawn from seed 0 (extract-features: --seed), the same in every run.",
     ),
 ]
 

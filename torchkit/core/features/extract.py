@@ -273,7 +273,6 @@ def _extract(
     streamed: tuple[ImageSet, list[str]] | None = None,
 ) -> ExtractionResult:
     """`streamed`: the paths on stdin still to come, and the first of them (read already)."""
-    import torch
 
     from torchkit.core.data.dataset import inference_workers
     from torchkit.core.runtime.device import amp_dtype_name, resolve_amp_dtype, select_device
@@ -283,11 +282,11 @@ def _extract(
         until_workers_forked,
     )
 
-    # A randomly initialised model (no --weights) must be the same again when a run resumes;
-    # the caller's RNG state is left as it was. On one thread: the model is built and loaded
-    # starting no OpenMP thread before the loader's workers are forked (below).
-    with torch.random.fork_rng(devices=[]), until_workers_forked():
-        torch.manual_seed(request.seed)
+    # A randomly initialised model (no --weights) is drawn from --seed, the same again when a
+    # run resumes (resolve_spec leaves the caller's RNG state as it was). On one thread: the
+    # model is built and loaded starting no OpenMP thread before the loader's workers are
+    # forked (below).
+    with until_workers_forked():
         spec = ModelSpec(
             model=request.model,
             weights=request.weights,
@@ -302,6 +301,7 @@ def _extract(
             std=request.std,
             stats=request.stats_file,
             allow_untrained=request.allow_untrained,
+            untrained_seed=request.seed,
         )
         source = resolve_spec(spec, command="extract-features", needs_training=True)
     # Every split at once (a `split` column tells them apart), unless --split picks one.

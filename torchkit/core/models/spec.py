@@ -9,7 +9,9 @@ preprocessing options on top of what the model comes with (`--image-size`, `--re
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +37,9 @@ class ModelSpec:
     classes: list[str] | None = None
     ema: bool = False
     allow_untrained: bool = False  # run a model whose weights are random
+    # What such random weights are drawn from: an untrained model's outputs are the same in
+    # every run (a pipeline check compares them). extract-features' --seed; 0 elsewhere.
+    untrained_seed: int = 0
     # Preprocessing on top of the model's own (and the size a model built here is made for).
     image_size: int | None = None
     # The C of --image-size C,N,N: refused unless it is the model's input channels.
@@ -98,7 +103,8 @@ def resolve_spec(
     `spec.allow_untrained`, and preprocessing the model file records that no image could go
     through is an error before any image is read. `needs_training`: the command's output means
     nothing with random weights either (extract-features): refused the same way, and its images
-    go through the model's preprocessing, checked the same way. `every_pickled_module` is
+    go through the model's preprocessing, checked the same way. With `spec.allow_untrained`,
+    random weights are drawn from `spec.untrained_seed`. `every_pickled_module` is
     `resolve_model`'s.
     """
     from torchkit.core.data.preprocessing import apply_overrides
@@ -109,21 +115,22 @@ def resolve_spec(
     image_size, in_channels = spec.image_size, None
     if spec.sample_shape is not None and len(spec.sample_shape) == 3:
         in_channels, image_size = spec.sample_shape[0], tuple(spec.sample_shape[1:])
-    resolved = resolve_model(
-        model,
-        weights=weights,
-        num_classes=spec.num_classes,
-        classes=spec.classes,
-        trust_checkpoint=spec.trust_checkpoint,
-        image_size=image_size,
-        in_channels=in_channels,
-        new_head=new_head,
-        ema=spec.ema,
-        exported=exported,
-        command=command,
-        require_trained=(predicting or needs_training) and not spec.allow_untrained,
-        every_pickled_module=every_pickled_module,
-    )
+    with _untrained_drawn_from(spec.untrained_seed if spec.allow_untrained else None):
+        resolved = resolve_model(
+            model,
+            weights=weights,
+            num_classes=spec.num_classes,
+            classes=spec.classes,
+            trust_checkpoint=spec.trust_checkpoint,
+            image_size=image_size,
+            in_channels=in_channels,
+            new_head=new_head,
+            ema=spec.ema,
+            exported=exported,
+            command=command,
+            require_trained=(predicting or needs_training) and not spec.allow_untrained,
+            every_pickled_module=every_pickled_module,
+        )
     if resolved.preprocess is not None:
         _check_image_channels(spec, resolved)
         resolved.preprocess = apply_overrides(
@@ -148,6 +155,20 @@ def resolve_spec(
         from_weights = weights is not None and resolved.preprocess_source == "checkpoint"
         resolved.preprocess.check(weights if from_weights else model)
     return resolved
+
+
+@contextlib.contextmanager
+def _untrained_drawn_from(seed: int | None) -> Iterator[None]:
+    """With a seed, torch's CPU random numbers (what a model's random weights are drawn from)
+    start from it, and the caller's random state is put back afterwards."""
+    if seed is None:
+        yield
+        return
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
 
 
 def _check_image_channels(spec: ModelSpec, resolved: ResolvedModel) -> None:
