@@ -548,6 +548,26 @@ def test_unknown_layer_lists_close_names(runner, images, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_unknown_layer_names_the_model_as_given_and_how_to_list_its_layers(
+    runner, images, tmp_path
+):
+    # Named as `convnet`, the hint listed the layers of another model (a default convnet).
+    checkpoint = tmp_path / "my model.pt"
+    write_convnet_checkpoint(checkpoint, in_channels=3, image_size=8, classes="ab")
+    result = run(runner, str(checkpoint), str(images), str(tmp_path / "out"), "-l", "fetures")
+    assert result.exit_code == 2
+    assert error_line(result.stderr).startswith(f"Error: {checkpoint} has no layer 'fetures'")
+    assert "did you mean features" in result.stderr
+    listing = f"`torchkit extract-features '{checkpoint}' --list-layers` lists them"
+    assert listing in result.stderr
+    result = run(runner, "convnet", str(images), str(tmp_path / "out"), "--weights",
+                 str(checkpoint), "--trust-checkpoint", "-l", "fetures")  # fmt: skip
+    assert error_line(result.stderr).startswith("Error: convnet has no layer 'fetures'")
+    listing = f"convnet --weights '{checkpoint}' --trust-checkpoint --list-layers` lists them"
+    assert listing in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
 class Branchy(nn.Module):
     """torch.fx cannot trace the data-dependent `if`: layers come from hooks on modules."""
 

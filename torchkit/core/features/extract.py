@@ -318,7 +318,11 @@ def _extract(
     mode = image_mode(preprocess.in_channels)  # before any output is made
     with until_workers_forked():  # torch.fx traces the model
         graph = LayerGraph(source.model, arch=source.arch)
-        layers = graph.resolve(list(request.layers) or list(DEFAULT_LAYERS))
+        layers = graph.resolve(
+            list(request.layers) or list(DEFAULT_LAYERS),
+            named=request.model,
+            options=_listing_options(request),
+        )
     device = select_device(request.run.device)
     amp_dtype = resolve_amp_dtype(request.run.amp_dtype, device) if request.run.amp else None
     settings = {
@@ -599,6 +603,12 @@ def _nonfinite_hint(request: FeatureRequest, amp_dtype) -> str:
     if wider:
         hint += f", or use {' or '.join(wider)} (float16 overflows past 65504)"
     return hint
+
+
+def _listing_options(request: FeatureRequest) -> list[str]:
+    """The options that load MODEL as this run does, for the --list-layers hint."""
+    options = [] if request.weights is None else ["--weights", request.weights]
+    return options + ["--trust-checkpoint"] * request.trust_checkpoint
 
 
 def _image_name(samples: Samples, index: int) -> str:

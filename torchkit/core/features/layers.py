@@ -14,7 +14,8 @@ from __future__ import annotations
 import contextlib
 import difflib
 import logging
-from collections.abc import Iterator
+import shlex
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -190,8 +191,13 @@ class LayerGraph:
             return MODEL_OUTPUT
         return None
 
-    def resolve(self, requested: list[str]) -> list[Layer]:
-        """The layers asked for (duplicates dropped), or a UsageError naming close matches."""
+    def resolve(
+        self, requested: list[str], named: str | None = None, options: Sequence[str] = ()
+    ) -> list[Layer]:
+        """The layers asked for (duplicates dropped), or a UsageError naming close matches.
+        `named`: the model as the command line gave it (a checkpoint, `timm/NAME`), which the
+        error names and its --list-layers hint runs with `options` (`--weights FILE`); the
+        architecture if not given."""
         layers, unknown = [], []
         for name in dict.fromkeys(requested):
             node = self.lookup(name)
@@ -204,10 +210,9 @@ class LayerGraph:
             close = difflib.get_close_matches(unknown[0], choices, n=4, cutoff=0.5)
             hint = f"did you mean {', '.join(close)}? " if close else ""
             names = ", ".join(repr(n) for n in unknown)
-            raise UsageError(
-                f"{self.arch} has no layer {names}",
-                hint + f"`torchkit extract-features {self.arch} --list-layers` lists them",
-            )
+            named = named or self.arch
+            listing = shlex.join(["torchkit", "extract-features", named, *options, "--list-layers"])
+            raise UsageError(f"{named} has no layer {names}", hint + f"`{listing}` lists them")
         return layers
 
     def describe(self, image_size: int, in_channels: int) -> list[LayerInfo]:
