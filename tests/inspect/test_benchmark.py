@@ -1131,7 +1131,11 @@ def test_a_cpu_batch_beyond_the_available_memory_is_refused_before_any_run(runne
     sample = (1, 28, 28)
     counted = summarize(bench_run_model("convnet", sample), [(1, *sample)], count_flops=True)
     train_image = (counted.input_mb + counted.forward_backward_mb / 2) * 1e6
-    monkeypatch.setattr(bench_run, "available_memory", lambda: int(100 * train_image))
+    infer_image = (counted.input_mb + counted.largest_call_mb) * 1e6
+    assert infer_image < train_image
+    # batch 1000 fits in infer mode, not in train mode
+    available = int(1000 * (infer_image + train_image) / 2)
+    monkeypatch.setattr(bench_run, "available_memory", lambda: available)
     args = ["benchmark", "convnet", "-i", "1,28,28", *FAST, "--mode", "both"]
     refused = runner.invoke(app, [*args, "-b", "2,1000"])
     assert refused.exit_code == 1, refused.stdout
@@ -1141,6 +1145,26 @@ def test_a_cpu_batch_beyond_the_available_memory_is_refused_before_any_run(runne
     )
     fits = runner.invoke(app, [*args, "-b", "2,50", "--warmup", "0", "--iters", "1"])
     assert fits.exit_code == 0, fits.stderr
+
+
+def test_an_infer_batch_whose_first_layer_outgrows_the_memory_is_refused_before_any_run(
+    monkeypatch,
+):
+    """Before: infer mode counted the input batch alone, but a first convolution to 32 channels
+    makes an output ~11 times the images (resnet18's conv1 and bn1 hold ~11x at 224 px): a batch
+    whose images fit but whose first layer did not ran, into the kernel's OOM killer. Now the
+    input and one layer's inputs and output are counted: refused, before any run."""
+    model = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+    image_bytes = 3 * 16 * 16 * 4
+    monkeypatch.setattr(bench_run, "available_memory", lambda: 1000 * image_bytes)
+    with pytest.raises(TorchkitError, match=r"infer mode at batch 500 needs at least") as refused:
+        benchmark_model(model, (3, 16, 16), options(batch_sizes=(2, 500), warmup=0, iters=1))
+    assert "one layer's inputs and output" in refused.value.message
+    # per image: 3 KB of images, and the pooling's 32 KB input and 128 B output: 85 fit, 86 not
+    fits = benchmark_model(model, (3, 16, 16), options(batch_sizes=(85,), warmup=0, iters=1))
+    assert [row.batch_size for row in fits.results] == [85]
+    with pytest.raises(TorchkitError, match=r"at batch 86 needs at least"):
+        benchmark_model(model, (3, 16, 16), options(batch_sizes=(86,), warmup=0, iters=1))
 
 
 # --- --find-batch-size: what is shown, where it cannot measure, a later mode's failure --------

@@ -568,22 +568,29 @@ def _check_fits_in_memory(
     """Refuse, before any configuration runs, a CPU batch whose least memory is more than the
     machine has available: the kernel overcommits, so such a run is not an out-of-memory error
     but the OOM killer's SIGKILL (or a swapping machine). The least memory is the input batch
-    in infer mode; in train mode also the layers' outputs autograd keeps for the backward pass
-    (summary's count at batch 1, halved for a 16-bit --amp; a real step takes about twice it)."""
+    and what one layer holds at once (its inputs and its output: a first convolution's output
+    is several times the images) in infer mode; in train mode the input batch and the layers'
+    outputs autograd keeps for the backward pass. Both are summary's counts at batch 1,
+    activations halved for a 16-bit --amp; a real step takes about twice them."""
     available = available_memory()
     if available is None or counted.input_mb is None:
         return
+    halved = 2 if amp_dtype is not None and amp_dtype.itemsize == 2 else 1
     per_image = {"infer": counted.input_mb * MB, "train": counted.input_mb * MB}
+    if counted.largest_call_mb is not None:
+        per_image["infer"] += counted.largest_call_mb * MB / halved
     if counted.forward_backward_mb is not None:
         kept = counted.forward_backward_mb * MB / 2  # summary counts forward + backward
-        if amp_dtype is not None and amp_dtype.itemsize == 2:
-            kept /= 2
-        per_image["train"] += kept
+        per_image["train"] += kept / halved
     for mode in options.modes:
         batch = max(options.batch_sizes)
         needed = batch * per_image[mode]
         if needed > available:
-            what = "the input batch" if mode == "infer" else "the activations kept for backward"
+            what = (
+                "the input batch and one layer's inputs and output"
+                if mode == "infer"
+                else "the activations kept for backward"
+            )
             raise TorchkitError(
                 f"{name} in {mode} mode at batch {batch} needs at least "
                 f"{needed / 1e9:,.1f} GB ({what}), more than the "

@@ -119,6 +119,10 @@ class ModelSummary:
     # name (None when positional), shape and dtype of each input, in the order given
     inputs: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what was not measured, and why
+    # The most one leaf call holds at once besides the model's inputs: its inputs and the new
+    # outputs it makes, each storage once. With the inputs, a lower bound of an inference
+    # pass's peak (benchmark's check of a CPU batch); None without a hooked forward pass.
+    largest_call_mb: float | None = None
 
     def totals(self) -> dict[str, Any]:
         return {key: getattr(self, key) for key in TOTAL_KEYS}
@@ -285,6 +289,16 @@ def _new_output_bytes(args: tuple, output: Any) -> int:
     return total
 
 
+def _tensor_bytes(obj: Any, *, skip: set[int]) -> int:
+    """Bytes of the tensors in `obj`, each storage once, leaving out the storages in `skip`."""
+    sizes: dict[int, int] = {}
+    for tensor in iter_tensors(obj):
+        key = _storage_key(tensor)
+        if key not in skip:
+            sizes[key] = max(sizes.get(key, 0), tensor.numel() * tensor.element_size())
+    return sum(sizes.values())
+
+
 def model_device(model: Any):
     """The device of the model's first parameter or buffer (the CPU for a stateless model)."""
     import torch
@@ -316,6 +330,8 @@ class _Recorder:
         self.call_counts: dict[int, int] = {}
         self.param_cache: dict[int, tuple[int, int]] = {}
         self.activation_bytes = 0
+        self.model_input_keys: set[int] = set()  # the storages of the model's inputs
+        self.largest_call_bytes = 0
         # Row index of each leaf call in progress -> the storages its operations read so far
         # (filled by _UsedTensors while `tracking`; without it every parameter counts).
         self.tracking = False
@@ -446,7 +462,10 @@ class _Recorder:
         if row.leaf or row.index == len(self.rows) - 1:
             # a call inside which no other module ran (a leaf, or MultiheadAttention, whose
             # out_proj is never called): its outputs are what the forward pass keeps
-            self.activation_bytes += _new_output_bytes(args, output)
+            made = _new_output_bytes(args, output)
+            self.activation_bytes += made
+            held = _tensor_bytes(args, skip=self.model_input_keys) + made
+            self.largest_call_bytes = max(self.largest_call_bytes, held)
 
 
 def _add_storages(obj: Any, found: set[int]) -> None:
@@ -575,6 +594,7 @@ def _record(
             handles.append(module.register_forward_pre_hook(recorder.pre_hook, with_kwargs=True))
             handles.append(module.register_forward_hook(recorder.post_hook, always_call=True))
         model.train(train_mode)
+        _add_storages([inputs, kwargs], recorder.model_input_keys)
         recorder.tracking = True
         # The dispatch modes' first calls would import torch._dynamo (2 s), and the meta
         # kernels and references they run sympy (2-5 s): neither is needed.
@@ -760,6 +780,7 @@ def summarize(
         buffers_mb=buffer_bytes / MB,
         total_mb=(input_bytes + forward_backward + param_bytes + buffer_bytes) / MB,
         inputs=_input_descriptions(specs),
+        largest_call_mb=recorder.largest_call_bytes / MB,
     )
 
 
