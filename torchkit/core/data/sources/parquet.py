@@ -181,10 +181,9 @@ class ParquetImages:
         pa = import_extra_pyarrow()
         try:
             _, handle = self._opened[file]
-            table = handle.read_row_group(group, columns=[self.columns[file]], use_threads=False)
-            images = table.column(0).combine_chunks()
-            has_path = pa.types.is_struct(images.type) and images.type.get_field_index("path") >= 0
-            paths = images.field("path") if has_path else None
+            images = _group_column(handle, group, self.columns[file])
+            where = images.type.get_field_index("path") if pa.types.is_struct(images.type) else -1
+            paths = _one_array(images.flatten()[where]) if where >= 0 else None
         except (KeyError, OSError, pa.ArrowException):
             paths = None
         self._paths = ((file, group), paths)
@@ -209,9 +208,7 @@ class ParquetImages:
                 opened = self._opened[file] = (source, _parquet_file(source))
             source, handle = opened
             check_unchanged(source.fileno(), self.stamps[file], self.files[file])
-            table = handle.read_row_group(group, columns=[self.columns[file]], use_threads=False)
-            # Joining the chunks fails too (more than 2 GiB of images in a `binary` column).
-            images = image_bytes(table.column(0).combine_chunks())
+            images = _one_array(image_bytes(_group_column(handle, group, self.columns[file])))
         except (OSError, pa.ArrowException) as error:
             raise OSError(
                 f"cannot read row group {group} of {self.files[file]}: {first_line(error)}"
@@ -238,9 +235,42 @@ def _parquet_file(path: str | BinaryIO) -> Any:
     return pq.ParquetFile(path)
 
 
+# Rows a row group past 2 GiB of images is read in at a time (`_group_column`): 16 images of
+# up to 128 MiB each stay within the 2 GiB an Arrow array of `binary` holds.
+_BATCH_ROWS = 16
+
+
+def _group_column(handle: Any, group: int, column: str) -> Any:
+    """The column `column` of one row group, a chunked array. An Arrow array of `binary` holds
+    at most 2 GiB: pyarrow reads a larger row group's `binary` column in chunks (which cannot
+    be joined into one array) and refuses a struct column such as HF's Image past that size
+    ("Nested data conversions not implemented for chunked array outputs"), which it reads
+    only in batches. Read whole, every image of such a row group (what pyarrow's and pandas'
+    defaults write: up to a million rows a group) was unreadable, and each read of one read
+    its gigabytes again."""
+    import pyarrow as pa
+
+    try:
+        return handle.read_row_group(group, columns=[column], use_threads=False).column(0)
+    except (pa.ArrowNotImplementedError, pa.ArrowCapacityError):
+        batches = handle.iter_batches(
+            batch_size=_BATCH_ROWS, row_groups=[group], columns=[column], use_threads=False
+        )
+        kind = handle.schema_arrow.field(column).type
+        return pa.chunked_array([batch.column(0) for batch in batches], type=kind)
+
+
+def _one_array(column: Any) -> Any:
+    """A chunked array of one chunk as that array (indexed faster); others as they are."""
+    import pyarrow as pa
+
+    one = isinstance(column, pa.ChunkedArray) and column.num_chunks == 1
+    return column.chunk(0) if one else column
+
+
 def image_bytes(column: Any) -> Any:
-    """The bytes of an image column (a struct with `bytes`, or binary) as one binary array,
-    null where the struct or its bytes are."""
+    """The bytes of an image column (a struct with `bytes`, or binary; an array or a chunked
+    array) as binary, null where the struct or its bytes are."""
     import pyarrow as pa
 
     if pa.types.is_struct(column.type):
