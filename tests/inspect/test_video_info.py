@@ -1314,6 +1314,9 @@ def test_an_flv_cut_inside_its_last_frame_is_truncated(tmp_path):
     for options in ({}, {"exact": True}, {"decode_check": False}):
         info = probe_video(cut, **options)
         assert (info.status, info.error) == ("truncated", message), options
+    for tail in (bytes(3), b"\x09 trailing bytes"):  # after the last tag: not a tag
+        (tmp_path / "tail.flv").write_bytes(data + tail)
+        assert probe_video(tmp_path / "tail.flv").status == "ok", tail
 
 
 def test_a_whole_variable_rate_file_without_sizes_is_ok_and_its_cut_copy_truncated(

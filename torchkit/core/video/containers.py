@@ -976,7 +976,8 @@ def _flv_tags_end(handle, size: int) -> int | None:
             return None  # ends on a tag's size
         handle.seek(offset)
         tag = handle.read(_FLV_TAG_HEADER)
-        if tag[0] & 0x1F not in (8, 9, 18):
+        # its type, and a stream ID of 0 (always, the specification says), of as much as is there
+        if tag[0] & 0x1F not in (8, 9, 18) or tag[8:11].strip(b"\x00"):
             return None  # not a tag: trailing data we cannot judge
         if len(tag) < _FLV_TAG_HEADER:  # the file ends inside a tag's header
             return offset + _FLV_TAG_HEADER + 4
