@@ -5,7 +5,8 @@ that go with them: worker count, start method, seeding."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from array import array
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -95,6 +96,50 @@ def loader_context():
     return None
 
 
+class PackedPaths:
+    """File paths in one bytes buffer and an array of their ends: what a forked DataLoader
+    worker reads an item's path from. Read from a list, every path is a str object whose
+    reference count the worker writes, so the kernel copies the page that holds it into the
+    worker: each worker of a shuffled epoch ended up with its own copy of every path (about
+    100 bytes an image, times the workers). Two objects here, one page each. Every str comes
+    back exactly (UTF-8 with `surrogatepass`: a name that is not UTF-8 too)."""
+
+    def __init__(self, paths: Sequence[str]) -> None:
+        self._data = bytearray()  # appended to, path by path: no list of a million bytes
+        self._ends = array("q")
+        for path in paths:
+            self._data += path.encode("utf-8", "surrogatepass")
+            self._ends.append(len(self._data))
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    def __getitem__(self, index: int) -> str:
+        ends = self._ends
+        start = ends[index - 1] if index > 0 else 0
+        return self._data[start : ends[index]].decode("utf-8", "surrogatepass")
+
+
+def worker_paths(paths: Any) -> Any:
+    """`paths` as a forked worker should read them: a plain list of str packed
+    (`PackedPaths`); anything else (a stdin list that grows, shard members) as it is."""
+    if type(paths) is list and all(type(path) is str for path in paths):
+        return PackedPaths(paths)
+    return paths
+
+
+def worker_labels(labels: Any) -> Any:
+    """`labels` as a forked worker should read them: a plain list of ints in an array (an int
+    of 257 or more is an object of its own, copied into each worker as a path is); anything
+    else as it is."""
+    if type(labels) is list and all(type(label) is int for label in labels):
+        try:
+            return array("q", labels)
+        except OverflowError:
+            return labels
+    return labels
+
+
 def make_dataset(samples: Samples, transform, *, mode: str = "RGB", pixels: bool = False):
     """A torch Dataset over `samples` whose items are (tensor, label, index, error).
 
@@ -118,26 +163,30 @@ def make_dataset(samples: Samples, transform, *, mode: str = "RGB", pixels: bool
 
     from_file = getattr(transform, "pixels_from_file" if pixels else "from_file", None)
     unreadable = unreadable_image_errors()
+    # The workers read paths and labels from packed copies, never from `samples`' lists (see
+    # `PackedPaths`); a sample list that grows as it is read (stdin) is read as it is.
+    paths = None if samples.paths is None else worker_paths(samples.paths)
+    labels = worker_labels(samples.labels)
 
     class _ImageDataset(torch.utils.data.Dataset):
         def __len__(self) -> int:
             return len(samples)
 
         def __getitem__(self, index: int):
-            label = samples.labels[index]
+            label = labels[index]
             try:
                 if samples.images is not None:
                     image = Image.fromarray(samples.images[index])
                 elif from_file is not None:
-                    return from_file(samples.paths[index], mode), label, index, ""
+                    return from_file(paths[index], mode), label, index, ""
                 else:
                     # Regular files only (a FIFO would block), high bit depths scaled.
-                    image = load_image(samples.paths[index], mode)
+                    image = load_image(paths[index], mode)
                 if image.mode != mode:
                     image = image.convert(mode)
                 return transform(image), label, index, ""
             except unreadable as error:
-                name = samples.paths[index] if samples.paths else str(index)
+                name = paths[index] if samples.paths else str(index)
                 return None, label, index, f"{name}: {error}"
 
     return _ImageDataset()

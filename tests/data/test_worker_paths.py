@@ -1,0 +1,82 @@
+"""What a DataLoader worker reads an item's path and label from (`core.data.dataset.make_dataset`):
+packed copies made with the dataset, never the samples' Python lists, whose str and int
+objects a forked worker would copy page by page as it wrote their reference counts (a copy of
+every path in every worker of a shuffled epoch)."""
+
+from __future__ import annotations
+
+import os
+
+from torchkit.core.data.dataset import make_dataset
+from torchkit.core.data.sources.samples import Samples
+
+
+class _ReturnsPath:
+    """A file transform that reads no file: its item is the path it was given."""
+
+    def pixels_from_file(self, path, mode):
+        return path
+
+
+class _Untouchable:
+    """A list no item may be read from (what the workers' reads would copy)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __getitem__(self, index):
+        raise AssertionError(f"item {index} read from the samples' own list")
+
+
+NAMES = [
+    "cat/a.png",
+    "/data/ünïcödé/б.jpg",
+    os.fsdecode(b"dog/\xff\xfe-latin1.png"),  # not UTF-8: surrogate-escaped
+    "x" * 300 + "/long.png",
+    "",
+    "\ud800lone-surrogate.png",
+]
+
+
+def test_items_read_packed_paths_and_labels_not_the_samples_lists():
+    labels = [0, 300, 2, 70000, 1, 299]  # 257 and more: int objects of their own
+    samples = Samples([str(i) for i in range(70001)], list(labels), list(NAMES))
+    dataset = make_dataset(samples, _ReturnsPath(), pixels=True)
+    samples.paths = _Untouchable(len(NAMES))
+    samples.labels = _Untouchable(len(NAMES))
+    items = [dataset[index] for index in range(len(dataset))]
+    assert [item[0] for item in items] == NAMES  # every str back exactly
+    assert [item[1] for item in items] == labels
+    assert all(type(item[1]) is int for item in items)
+
+
+def test_an_unreadable_image_is_named_by_its_exact_path(tmp_path):
+    missing = os.fsdecode(os.fsencode(tmp_path) + b"/gone-\xff.png")
+    samples = Samples(["a"], [0], [missing])
+    dataset = make_dataset(samples, lambda image: image)
+    samples.paths = _Untouchable(1)
+    image, label, index, error = dataset[0]
+    assert (image, label, index) == (None, 0, 0)
+    assert error.startswith(f"{missing}: ")
+
+
+def test_paths_that_are_not_a_list_of_str_are_read_as_they_are():
+    member = object()  # a shard's member, a stdin list's entry: no str to pack
+    samples = Samples(["a"], [0], [member])
+    dataset = make_dataset(samples, _ReturnsPath(), pixels=True)
+    assert dataset[0][0] is member
+
+
+def test_packed_paths_index_like_the_list():
+    from torchkit.core.data.dataset import PackedPaths
+
+    packed = PackedPaths(NAMES)
+    assert len(packed) == len(NAMES)
+    assert [packed[i] for i in range(len(NAMES))] == NAMES
+    assert len(PackedPaths([])) == 0
