@@ -4,12 +4,14 @@ only a group they started."""
 
 from __future__ import annotations
 
+import multiprocessing
 from datetime import timedelta
 
 import numpy as np
 import pytest
 import torch.distributed as dist
 from gloo_ranks import BAD_LAUNCHES, set_launch_env
+from image_folders import write_image_folder
 from PIL import Image
 
 from torchkit.core.inference.options import InferenceOptions
@@ -53,14 +55,20 @@ def _check_one_start(starts: list[dict], error: DeviceError) -> None:
     assert error.hint == "start every rank (torchrun --nproc_per_node / --nnodes)"
 
 
-def test_eval_starts_its_process_group_with_the_collective_timeout(rank_without_peers):
+def test_eval_starts_its_process_group_with_the_collective_timeout(rank_without_peers, tmp_path):
     from torchkit.core.evaluate import EvalOptions, evaluate
     from torchkit.core.models import ModelSpec
 
+    write_image_folder(tmp_path / "data", {"a": 2, "b": 2})
     with pytest.raises(DeviceError) as caught:
-        options = EvalOptions(data="digits", run=InferenceOptions(device="cpu"))
-        evaluate(ModelSpec(model="convnet", allow_untrained=True), options)
+        options = EvalOptions(
+            data=str(tmp_path / "data"), run=InferenceOptions(device="cpu", workers=1)
+        )
+        evaluate(ModelSpec(model="convnet", allow_untrained=True, classes=["a", "b"]), options)
     _check_one_start(rank_without_peers, caught.value)
+    # The loader's worker forked before the join stops with the failure, not at the next
+    # garbage collection, whose join of it then waited 5 s (torch's status interval).
+    assert multiprocessing.active_children() == []
 
 
 def test_predict_starts_its_process_group_with_the_collective_timeout(rank_without_peers, tmp_path):
@@ -79,6 +87,7 @@ def test_predict_starts_its_process_group_with_the_collective_timeout(rank_witho
         run.setup()  # (the group is joined once the loader's workers are forked)
         list(run.rows())
     _check_one_start(rank_without_peers, caught.value)
+    assert multiprocessing.active_children() == []  # as eval's (above)
 
 
 def test_train_names_its_timeout_option_in_the_hint(rank_without_peers):

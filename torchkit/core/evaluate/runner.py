@@ -506,7 +506,13 @@ def _run(
         )
         batches = iter(loader)  # the workers are forked here
     if join is not None:
-        join()  # Gloo's threads start: after the forks
+        try:
+            join()  # Gloo's threads start: after the forks
+        except BaseException:
+            # The workers stop now, not whenever the traceback that holds this frame is
+            # collected (whose join of them then waited torch's 5 s for each).
+            del batches
+            raise
     info_amp_dtype = None if amp_dtype is None else amp_dtype_name(amp_dtype)
     model = resolved.model
     model.eval()

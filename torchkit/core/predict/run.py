@@ -341,7 +341,13 @@ class PredictRun:
         # start threads beside them: OpenMP's, a GPU driver's).
         with until_workers_forked():
             next(batches)  # its first yield: the workers are forked
-        self._join()  # Gloo's threads start: after the forks
+        try:
+            self._join()  # Gloo's threads start: after the forks
+        except BaseException:
+            # The workers stop now, not whenever the traceback that holds this frame is
+            # collected (whose join of them then waited torch's 5 s for each).
+            batches.close()
+            raise
         with torch_threads(compute_threads(workers, tiny_inputs=samples.images is not None)):
             try:
                 model = self.resolved.model.eval().to(self.device)
