@@ -23,6 +23,7 @@ import uuid
 
 import pytest
 import torch
+from nets import TinyNet
 from output_checks import error_line
 from processes import signal_and_wait, start_torchkit_process, wait_until
 from torch import nn
@@ -276,6 +277,39 @@ def test_train_mode_of_a_traced_torchscript_file_warns_it_runs_as_exported(runne
     ]
     infer = runner.invoke(app, [*args, "--format", "json"])
     assert infer.exit_code == 0 and "Warning" not in infer.stderr, infer.stderr
+
+
+def test_a_torchscript_file_of_a_fixed_batch_is_timed_at_its_batch_and_others_refused(
+    runner, tmp_path
+):
+    """Before: the FLOP count ran the file at batch 1, which `export --static-batch -b 3` files
+    refuse: every --batch-size ended in 'ShapeChecked cannot run on an input of shape (1, ...):
+    expected a batch of 3, got 1 (check --input-size)'. Now batch 3 is timed, its counts per
+    image (as the model's own), and another batch or a search is one usage error."""
+    path = tmp_path / "fixed.ts"
+    exported = runner.invoke(
+        app,
+        ["export", "nets:TinyNet", str(path), "--image-size", "8", "--static-batch", "-b", "3"],
+    )
+    assert exported.exit_code == 0, exported.stderr
+    args = ["benchmark", str(path), "--trust-checkpoint", "--device", "cpu", "--iters", "1"]
+    timed = runner.invoke(app, [*args, "-b", "3", "--warmup", "0", "--format", "json"])
+    assert timed.exit_code == 0, timed.stderr
+    data = json.loads(timed.stdout)
+    counted = summarize(TinyNet(), [(1, 3, 8, 8)], count_flops=True)
+    assert data["flops_per_image"] == counted.flops
+    assert [row["batch_size"] for row in data["results"]] == [3]
+    hint = "(give --batch-size 3, or export it without --static-batch)"
+    other = runner.invoke(app, [*args, "-b", "1,3"])
+    assert other.exit_code == 2 and other.stdout == ""
+    assert error_line(other.stderr) == (
+        f"Error: {path} takes batches of 3 only (exported with --static-batch), not 1 {hint}"
+    )
+    search = runner.invoke(app, [*args, "--find-batch-size"])
+    assert search.exit_code == 2
+    assert error_line(search.stderr) == (
+        f"Error: --find-batch-size cannot search {path}: it takes batches of 3 only {hint}"
+    )
 
 
 def test_compile_of_a_torchscript_file_is_a_usage_error(runner, tmp_path):

@@ -227,6 +227,9 @@ def run_benchmark(
             "model keeps the eval-mode BatchNorm and dropout it was traced with), not as the "
             "model trains; benchmark the checkpoint it came from for training figures"
         )
+    fixed_batch = resolved.exported_batch_size
+    if fixed_batch is not None:
+        _require_fixed_batch(spec, fixed_batch, options)
     model = resolved.model
     name, source = resolved.arch, resolved.source
     del resolved
@@ -244,6 +247,25 @@ def run_benchmark(
             progress=progress,
             search_progress=search_progress,
             timed=timed,
+            fixed_batch=fixed_batch,
+        )
+
+
+def _require_fixed_batch(spec: str, fixed_batch: int, options: BenchmarkOptions) -> None:
+    """An exported file of a fixed batch (`export --static-batch`) runs batches of that size
+    only: another --batch-size, or a search, is refused before any work."""
+    hint = f"give --batch-size {fixed_batch}, or export it without --static-batch"
+    if options.find_batch_size:
+        raise UsageError(
+            f"--find-batch-size cannot search {spec}: it takes batches of {fixed_batch} only",
+            hint,
+        )
+    others = [size for size in options.batch_sizes if size != fixed_batch]
+    if others:
+        raise UsageError(
+            f"{spec} takes batches of {fixed_batch} only (exported with --static-batch), not "
+            f"{', '.join(map(str, others))}",
+            hint,
         )
 
 
@@ -261,9 +283,11 @@ def benchmark_model(
     progress: Progress | None = None,
     search_progress: batch_search.SearchProgress | None = None,
     timed: Callable[[BenchmarkResult], None] | None = None,
+    fixed_batch: int | None = None,
 ) -> BenchmarkResult:
     """Benchmark an `nn.Module` on random inputs of `sample_shape` (one sample, no batch).
-    `timed` hears the result so far after each configuration.
+    `timed` hears the result so far after each configuration; `fixed_batch`: the only batch
+    size the model runs (an exported file's), which its counts and warm-up use.
 
     The model is moved to `device` (default: the one `options.device` names), and trained in
     place in train mode (its weights take SGD steps): pass a copy to keep them."""
@@ -296,8 +320,11 @@ def benchmark_model(
         trainable_parameters(model)
 
     # summary's counter, on a meta-device copy at batch 1: per-image figures at no cost.
+    count_batch = fixed_batch or 1
     try:
-        counted = summarize(model, [(1, *sample)], count_flops=True)
+        counted = _per_image(
+            summarize(model, [(count_batch, *sample)], count_flops=True), count_batch
+        )
     except ImageSizeError:  # its hint names the smallest size and the option
         raise
     except UsageError as error:  # the model does not take this input: say which option
@@ -322,6 +349,7 @@ def benchmark_model(
         dtype=str(dtype).removeprefix("torch."),
         mult_adds=counted.total_mult_adds,
         flops=counted.flops,
+        fixed_batch=fixed_batch,
     )
     result = BenchmarkResult(
         model=name,
@@ -375,6 +403,7 @@ class _Context:
     dtype: str
     mult_adds: int
     flops: int | None
+    fixed_batch: int | None = None  # the only batch the model runs (an exported file's)
 
     @property
     def device(self) -> Any:
@@ -417,7 +446,7 @@ class _Context:
         for mode in self.options.modes:
             step = release = None
             try:
-                step, release = self._step(mode, PRIME_BATCH[mode])
+                step, release = self._step(mode, self.fixed_batch or PRIME_BATCH[mode])
                 step()
             except UsageError:
                 raise
@@ -560,6 +589,21 @@ def _one_value_per_channel(error: BaseException) -> bool:
     """BatchNorm's refusal to train on a single value per channel: a batch of 1 whose feature
     map is 1x1 there (resnet18 at 32 px), which a larger batch trains on."""
     return "Expected more than 1 value per channel when training" in str(error)
+
+
+def _per_image(counted: Any, batch: int) -> Any:
+    """summary's counts at `batch`, made per image (they grow linearly with the batch)."""
+    if batch == 1:
+        return counted
+    for name in ("total_mult_adds", "flops"):
+        value = getattr(counted, name)
+        if value is not None:
+            setattr(counted, name, value // batch)
+    for name in ("input_mb", "largest_call_mb", "forward_backward_mb"):
+        value = getattr(counted, name)
+        if value is not None:
+            setattr(counted, name, value / batch)
+    return counted
 
 
 def _check_fits_in_memory(

@@ -99,6 +99,7 @@ class ResolvedModel:
     # timm weights | pickled model | exported (FORMAT); None for random weights.
     weights_source: str | None = None
     exported_format: str | None = None  # onnx | torchscript | exported-program
+    exported_batch_size: int | None = None  # an exported file's fixed batch (--static-batch)
     # Outputs when the model has no classifier layer to read them from (an exported file).
     known_outputs: int | None = None
     exported_data: Mapping[str, Any] | None = None  # an exported file's training data record
@@ -378,6 +379,7 @@ def _from_exported(
         sample_shape=shape,  # None when the file does not say (not written by torchkit)
         weights_source=f"exported ({fmt})",
         exported_format=fmt,
+        exported_batch_size=exported.batch_size,
         known_outputs=len(classes) if classes else exported.num_outputs,
         exported_data=exported.data,
     )
