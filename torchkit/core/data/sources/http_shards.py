@@ -109,6 +109,7 @@ _SIDE_FILE_BYTES = 1 << 30
 _URL = re.compile(r"^(https?):/+(?=[^/])", re.IGNORECASE)
 # Statuses that mean a side file is not there (S3 answers 403 for a missing key).
 _ABSENT = (401, 403, 404, 410)
+_GONE = (404, 410)  # ...of which those that say so whoever asks
 # Statuses that say no server answered: what a proxy or gateway (a load balancer) sends in its
 # place when it cannot reach it (502 Bad Gateway, 504 Gateway Timeout; squid answers 503 for a
 # host it cannot connect to or resolve, a load balancer with no server behind it 503), or a
@@ -415,8 +416,12 @@ def _open_folder(url: str, query: str, listed: bool = False) -> _Folder:
     for name in SIDE_FILES:
         if name == "classes.json" and (path / "classes.txt").exists():
             continue  # classes.txt comes first, as beside local shards
+        # A folder URL's shards are those its manifest.json lists: a refusal of it (a wrong
+        # password's 401, an expired token's 403) is that error, not a manifest.json that is
+        # not there, which such a run said.
+        absent = _GONE if listed and name == "manifest.json" else _ABSENT
         try:
-            data = _get_small(f"{url}/{name}{query}")
+            data = _get_small(f"{url}/{name}{query}", absent)
         except _Unreachable as error:
             return _unchecked_folder(url, query, path, error, listed)
         if name == "manifest.json":
@@ -2128,10 +2133,10 @@ def _head(url: str) -> tuple[int | None, dict[str, str | None]]:
         return None, _validators({})
 
 
-def _get_small(url: str) -> bytes | None:
-    """A small side file's bytes; None where the server has none (401, 403, 404, 410), or
-    answers with an HTML page (a web app's "not found" sent as 200 OK: read as classes.txt,
-    its lines named the classes)."""
+def _get_small(url: str, absent: tuple[int, ...] = _ABSENT) -> bytes | None:
+    """A small side file's bytes; None where the server has none (a status of `absent`: 401,
+    403, 404, 410), or answers with an HTML page (a web app's "not found" sent as 200 OK: read
+    as classes.txt, its lines named the classes)."""
     try:
         with _opened(url, "GET") as response:
             if response.headers.get_content_type() == "text/html":
@@ -2153,6 +2158,6 @@ def _get_small(url: str) -> bytes | None:
                 raise _short(url, len(data), length)
             return data
     except _HttpStatus as error:
-        if error.code in _ABSENT:
+        if error.code in absent:
             return None
         raise
