@@ -39,7 +39,8 @@ them; torchvision reads TORCH_HOME and XDG_CACHE_HOME), TYPER_USE_RICH and PILLO
 Pillow read them as they are imported). Everything else may differ: it is read after the fork, by
 torchkit (TORCHKIT_*), rich and typer (NO_COLOR, FORCE_COLOR, COLUMNS, TERM...), the tests' helper
 modules and sitecustomize (TORCHKIT_TEST_*, GATE_FILE...), the launch (RANK, MASTER_PORT..., read
-when torchkit starts) or the libraries torchkit imports later (cv2, huggingface_hub);
+when torchkit starts) or the libraries torchkit imports later (cv2, huggingface_hub), and
+CUBLAS_WORKSPACE_CONFIG (cuBLAS reads it as a device's first handle is made);
 TORCHINDUCTOR_* is read when torch._inductor is imported, which the server checks `import torch`
 does not do (inductor adds TORCHINDUCTOR_CACHE_DIR to the test process at its first in-process
 compile: every later process would have missed its server). A server runs with its key's variables
@@ -126,8 +127,11 @@ IMPORT_NAMES = frozenset(
     {"LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP", "TMP", "HOME", "PATH", "TYPER_USE_RICH"}
 )
 # Read after the fork although their prefix is above: PYTHONPATH (applied by the fork), the
-# launch's TORCHELASTIC_RUN_ID (read when torchkit starts).
-NOT_AT_IMPORT = frozenset({"PYTHONPATH", "TORCHELASTIC_RUN_ID"})
+# launch's TORCHELASTIC_RUN_ID (read when torchkit starts), CUBLAS_WORKSPACE_CONFIG (read by
+# cuBLAS as a device's first handle is made, never in a server; an in-process `--deterministic`
+# run sets it for the rest of its module, whose processes each needed a server of their own:
+# 3-5 s of CPU).
+NOT_AT_IMPORT = frozenset({"PYTHONPATH", "TORCHELASTIC_RUN_ID", "CUBLAS_WORKSPACE_CONFIG"})
 
 # The modules every torchkit command imports after torch (typer's and click's, pydantic's for
 # typer's parameters, rich's for its output), and Pillow, imported by the server: a fork has them.
