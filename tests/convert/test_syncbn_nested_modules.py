@@ -9,6 +9,7 @@ import json
 from collections import OrderedDict
 
 import torch
+from output_checks import error_line
 from processes import run_torchkit_in_process
 from torch import nn
 
@@ -42,3 +43,50 @@ def test_modules_inside_containers_of_a_pickled_dict_are_converted(tmp_path):
     assert written["nested"]["pair"][0] is written["list"][1]
     assert isinstance(written["model"][1], nn.SyncBatchNorm)
     assert written["inner"][0] is written["model"][1]
+
+
+class Holder:
+    """A plain object holding a layer (pickled by reference to this module)."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        self.layer = layer
+
+
+def test_a_layer_the_conversion_cannot_reach_is_refused_and_nothing_written(tmp_path):
+    # Such layers were written back unconverted while the file was reported as converted.
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
+    with_list = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
+    with_list.norms = [with_list[1]]  # a plain list beside the registered layers: kept the old
+    cases = {
+        "set": ({"model": net, "extras": {nn.BatchNorm2d(5)}}, "extras.(in a set)"),
+        "object": ({"model": net, "holder": Holder(nn.BatchNorm1d(6))}, "holder.layer"),
+        "attribute": (with_list, "norms.0"),
+    }
+    for name, (saved, path) in cases.items():
+        source, destination = tmp_path / f"{name}.pt", tmp_path / f"{name}-sync.pt"
+        torch.save(saved, source)
+        result = run_torchkit_in_process(
+            "convert-syncbn", source, destination, "--trust-checkpoint"
+        )
+        assert result.returncode == 1, result.stdout
+        assert error_line(result.stderr).startswith(
+            f"Error: {source} holds BatchNorm layers convert-syncbn cannot reach: {path} ("
+        )
+        assert not destination.exists()
+    # and back: a SyncBatchNorm left behind is refused alike
+    source, destination = tmp_path / "synced.pt", tmp_path / "plain.pt"
+    torch.save(
+        {"model": nn.Sequential(nn.SyncBatchNorm(3)), "x": Holder(nn.SyncBatchNorm(3))}, source
+    )
+    result = run_torchkit_in_process(
+        "convert-syncbn",
+        source,
+        destination,
+        "--trust-checkpoint",
+        "--revert",
+        "--input-size",
+        "3,4,4",
+    )
+    assert result.returncode == 1
+    assert "holds SyncBatchNorm layers convert-syncbn cannot reach: x.layer (" in result.stderr
+    assert not destination.exists()

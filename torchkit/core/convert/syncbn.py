@@ -516,6 +516,64 @@ def _with_converted(value: Any, converted_of: dict[int, Any], built: dict[int, A
     return built[id(value)]
 
 
+def _left_unconverted(saved: Any, wanted: Any) -> list[str]:
+    """The paths of the layers `wanted` picks (those the conversion replaces) still held by
+    what is about to be saved, wherever it holds them: in a set, as an attribute of a plain
+    object, in a module's plain attribute or list beside its registered layers. The
+    conversion reaches a module's registered layers and the dicts, lists and tuples of a
+    pickled dict; a layer anywhere else would be written back unconverted."""
+    import torch
+
+    left: list[str] = []
+    seen: set[int] = set()
+    stack: list[tuple[Any, str]] = [(saved, "")]
+    while stack:
+        value, path = stack.pop()
+        if id(value) in seen or isinstance(value, (torch.Tensor, str, bytes, int, float)):
+            continue
+        seen.add(id(value))
+        if wanted(value):
+            left.append(path or "(model)")
+        if isinstance(value, torch.nn.Module):
+            # its layers under their names; plain attributes beside them by theirs
+            items = [*value._modules.items(), *_plain_attributes(value)]
+        elif isinstance(value, Mapping):
+            items = list(value.items())
+        elif isinstance(value, (list, tuple)):
+            items = list(enumerate(value))
+        elif isinstance(value, (set, frozenset)):
+            items = [("(in a set)", item) for item in value]
+        elif isinstance(getattr(value, "__dict__", None), dict) and not isinstance(value, type):
+            items = list(vars(value).items())
+        else:
+            continue
+        stack += [(item, f"{path}.{key}" if path else str(key)) for key, item in items][::-1]
+    return left
+
+
+def _plain_attributes(module: Any) -> list[tuple[str, Any]]:
+    """A module's attributes other than its parameters, buffers and layers."""
+    registered = ("_parameters", "_buffers", "_modules")
+    return [(name, value) for name, value in vars(module).items() if name not in registered]
+
+
+def _refuse_left_unconverted(src: Path, saved: Any, *, revert: bool) -> None:
+    """An InputError, before anything is written, when the conversion of `src` left a layer
+    it should have converted (`_left_unconverted`)."""
+    from torch import nn
+
+    wanted = (lambda m: isinstance(m, nn.SyncBatchNorm)) if revert else _is_plain_batchnorm
+    left = _left_unconverted(saved, wanted)
+    if left:
+        shown = ", ".join(left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
+        kind = "SyncBatchNorm" if revert else "BatchNorm"
+        raise InputError(
+            f"{src} holds {kind} layers convert-syncbn cannot reach: {shown}",
+            "it converts a model's registered layers and the modules in the dicts, lists and "
+            "tuples of a pickled dict, not those in sets or plain objects; nothing was written",
+        )
+
+
 def _keyed(row: dict, key: str | None) -> dict:
     """A layer's row named KEY.LAYER (KEY for the module itself) in a dict of several modules."""
     if key is not None:
@@ -650,6 +708,7 @@ def convert_saved_model(
             loaded = _with_converted(loaded, converted_of, {})
         else:
             loaded, rows = convert_batchnorm(module, to=to, example_inputs=example)
+        _refuse_left_unconverted(src, loaded, revert=revert)
         with reporting_write_errors(destination), atomic_path(destination) as tmp:
             torch_save(loaded, tmp)
         kind = "pickled model"
