@@ -313,6 +313,13 @@ def _manifest_entries(manifest: Any, where: str) -> dict[str, dict[str, Any]]:
         name = entry.get("name") if isinstance(entry, dict) else None
         if not isinstance(name, str) or not _safe_name(name):
             raise InputError(f"{where} names a shard {name!r} that is not a file name")
+        if name in entries:
+            # Streamed, its samples were read twice (dataset-stats counted 8 images of 4);
+            # downloaded, once: as a list of shard URLs naming one twice, an error.
+            raise InputError(
+                f"{where} lists the shard {name} twice",
+                "its samples would be read, trained and counted twice: list each shard once",
+            )
         size, digest = entry.get("bytes"), entry.get("sha256")
         entries[name] = {
             "bytes": size if isinstance(size, int) and not isinstance(size, bool) else None,
