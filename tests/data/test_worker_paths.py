@@ -67,7 +67,7 @@ def test_an_unreadable_image_is_named_by_its_exact_path(tmp_path):
 
 
 def test_paths_that_are_not_a_list_of_str_are_read_as_they_are():
-    member = object()  # a shard's member, a stdin list's entry: no str to pack
+    member = object()  # a stdin list's entry: neither a str nor a stored image
     samples = Samples(["a"], [0], [member])
     dataset = make_dataset(samples, _ReturnsPath(), pixels=True)
     assert dataset[0][0] is member
@@ -80,3 +80,27 @@ def test_packed_paths_index_like_the_list():
     assert len(packed) == len(NAMES)
     assert [packed[i] for i in range(len(NAMES))] == NAMES
     assert len(PackedPaths([])) == 0
+
+
+class _Reader:
+    def read(self, locator):
+        return repr(locator).encode()
+
+
+def test_stored_images_come_back_with_their_reader_and_locator():
+    from torchkit.core.data.stored_image import StoredImage
+
+    readers = [_Reader(), _Reader()]
+    locators = [(512, 3000), None, (1, 2, 3), (7, "cls/x.jpg")]  # tar, parquet, http shards
+    images = [
+        StoredImage(f"train-{i}.tar/{name}", readers[i % 2], locator)
+        for i, (name, locator) in enumerate(zip(NAMES, locators, strict=False))
+    ]
+    samples = Samples(["a"], [0] * len(images), list(images))
+    dataset = make_dataset(samples, _ReturnsPath(), pixels=True)
+    for index, image in enumerate(images):
+        item = dataset[index][0]
+        assert item is not image  # made from the packed copy, not read from the list
+        assert type(item) is StoredImage and item == image
+        assert item.reader is image.reader and item.locator == image.locator
+        assert item.read_bytes() == image.read_bytes()

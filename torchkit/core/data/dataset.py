@@ -120,11 +120,57 @@ class PackedPaths:
         return self._data[start : ends[index]].decode("utf-8", "surrogatepass")
 
 
+class PackedStoredImages:
+    """`StoredImage`s (images in shards, a .tar, parquet files) packed as `PackedPaths` packs
+    paths: each one's name, its reader (an index into the few readers, the same objects) and
+    its locator (pickled here, from the listing: no outside data). A list of them was copied
+    into every worker as a list of paths was, with each image's locator and attributes: about
+    240 bytes an image a worker."""
+
+    def __init__(self, images: Sequence[Any]) -> None:
+        import pickle
+
+        self._names = PackedPaths(images)
+        self._readers: list[Any] = []
+        self._reader_of = array("q")
+        self._locators = bytearray()
+        self._locator_ends = array("q")
+        numbers: dict[int, int] = {}  # id(reader) -> its index in _readers
+        for image in images:
+            number = numbers.get(id(image.reader))
+            if number is None:
+                number = numbers[id(image.reader)] = len(self._readers)
+                self._readers.append(image.reader)
+            self._reader_of.append(number)
+            self._locators += pickle.dumps(image.locator, pickle.HIGHEST_PROTOCOL)
+            self._locator_ends.append(len(self._locators))
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __getitem__(self, index: int) -> Any:
+        import pickle
+
+        from torchkit.core.data.stored_image import StoredImage
+
+        ends = self._locator_ends
+        start = ends[index - 1] if index > 0 else 0
+        locator = pickle.loads(self._locators[start : ends[index]])
+        return StoredImage(self._names[index], self._readers[self._reader_of[index]], locator)
+
+
 def worker_paths(paths: Any) -> Any:
     """`paths` as a forked worker should read them: a plain list of str packed
-    (`PackedPaths`); anything else (a stdin list that grows, shard members) as it is."""
-    if type(paths) is list and all(type(path) is str for path in paths):
+    (`PackedPaths`), one of `StoredImage`s too (`PackedStoredImages`); anything else (a stdin
+    list that grows as it is read) as it is."""
+    from torchkit.core.data.stored_image import StoredImage
+
+    if type(paths) is not list:
+        return paths
+    if all(type(path) is str for path in paths):
         return PackedPaths(paths)
+    if all(type(path) is StoredImage for path in paths):
+        return PackedStoredImages(paths)
     return paths
 
 
