@@ -360,6 +360,39 @@ def test_shards_named_by_a_pattern_may_not_be_replaced_by_their_output(
     assert convert(pattern, tmp_path / "again", "--no-shuffle").returncode == 0
 
 
+def test_a_report_over_an_image_of_a_csv_index_or_a_shard_of_a_pattern_is_refused(
+    tmp_path: Path, image_folder: Path
+):
+    # The report was checked against SRC's own path only: --force wrote it over a source
+    # image the index names, or over a source shard the pattern names.
+    index = tmp_path / "index" / "index.csv"
+    index.parent.mkdir()
+    index.write_text(
+        f"path,label\n{image_folder / 'a' / 'a_0.png'},a\n{image_folder / 'b' / 'b_0.png'},b\n"
+    )
+    image = image_folder / "a" / "a_0.png"
+    before = tree_digest(image_folder)
+    done = convert(index, tmp_path / "out", "-o", image, "--force")
+    assert done.returncode == 1
+    assert error_line(done.stderr).startswith(f"Error: report {image} lies inside the images of")
+    assert tree_digest(image_folder) == before and not (tmp_path / "out").exists()
+
+    shards = tmp_path / "shards"
+    assert convert(image_folder, shards, "--per-shard", 3).returncode == 0
+    shard = shards / "shard-000001.tar"
+    kept = shard.read_bytes()
+    done = convert(
+        f"{shards}/shard-{{000000..000001}}.tar", tmp_path / "again", "-o", shard, "--force"
+    )
+    assert done.returncode == 1
+    assert error_line(done.stderr).startswith(f"Error: report {shard} is the source shard")
+    assert shard.read_bytes() == kept and not (tmp_path / "again").exists()
+
+    assert (
+        convert(index, tmp_path / "out", "-o", tmp_path / "index" / "report.json").returncode == 0
+    )
+
+
 def test_unreadable_images_are_skipped_and_counted_or_fatal_with_strict(
     tmp_path: Path, image_folder: Path
 ):

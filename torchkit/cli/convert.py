@@ -705,15 +705,14 @@ def shards(
 
       torchkit convert shards digits shards/digits --no-shuffle
     """
-    from torchkit.core.convert.report_file import check_report_output
-    from torchkit.core.convert.shards import convert_shards, shard_options, writes_file
+    from torchkit.core.convert.shards import check_report, convert_shards, shard_options
 
     fmt = resolve_format(fmt, output)
     out = product_path(out, out_option)
     options = shard_options(
         shard_size=shard_size, per_shard=per_shard, seed=seed, shuffle=shuffle, verify=verify
     )
-    check_report_output(output, force, source=src, destination=out, writes=writes_file)
+    check_report(output, force, source=src, destination=out)
 
     # An -o file is written before manifest.json completes OUT (ReportAtSwap): a report that
     # cannot be written (a full disk) leaves OUT an interrupted run, which the same command

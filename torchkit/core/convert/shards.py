@@ -859,6 +859,30 @@ def writes_file(relative: PurePath) -> bool:
     return first.startswith(".") or first in own or _SHARD_FILE.fullmatch(first) is not None
 
 
+def check_report(
+    output: str | os.PathLike | None,
+    force: bool,
+    *,
+    source: str | os.PathLike,
+    destination: str | os.PathLike,
+) -> None:
+    """Check a `-o FILE` report before any work (`check_report_output`): nor is it an image a
+    CSV index names or a shard a pattern names, nor inside their folders (`--force` wrote the
+    report over a source image)."""
+    from torchkit.core.convert.report_file import check_report_output
+
+    if output is None or os.fspath(output) == "-":
+        return
+    check_report_output(
+        output,
+        force,
+        source=source,
+        destination=destination,
+        writes=writes_file,
+        inputs=data_inputs(source, "source"),
+    )
+
+
 def convert_shards(
     src: str | os.PathLike,
     out: str | os.PathLike,
