@@ -426,6 +426,32 @@ def test_outputs_that_barely_depend_on_the_input_make_the_verification_inconclus
     assert out.is_file()  # kept: the file may be right, the check cannot tell
 
 
+def test_a_batch_whose_layers_outgrow_half_the_free_memory_is_refused(
+    runner, tmp_path, monkeypatch
+):
+    """Before: only the example images were checked against the free memory, while a layer's
+    output is often several times them (resnet18 -b 4096: 2.5 GB of images, ~29 GB in its
+    first layers, the kernel's OOM killer). TinyNet at 16 px, per image: 3,072 bytes of
+    images; its pooling holds the 4,096-byte ReLU output and makes 64 bytes."""
+    from torchkit.core.runtime import memory
+
+    per_image = 3 * 16 * 16 * 4
+    free = 2 * 102 * per_image * 3 // 2  # half of it holds 102 images (-b 100 verifies 102)
+    monkeypatch.setattr(memory, "available_memory", lambda: free)
+    out = tmp_path / "tiny.ts"
+    args = ["nets:TinyNet", str(out), "--image-size", "16"]
+    result, _ = export(runner, *args, "-b", "100")
+    assert result.exit_code == 2, result.stderr
+    assert error_line(result.stderr).startswith(
+        "Error: --batch-size 100 needs 0.0 GB for a batch of 102 3x16x16 inputs and one "
+        "layer's inputs and output, more than half the 0.0 GB free"
+    )
+    assert not out.exists()
+    # 64 images of (3,072 + 4,096 + 64) bytes hold in half of it (462,848 <= 470,016 bytes)
+    fits, _ = export(runner, *args, "-b", "62", "--no-verify")
+    assert fits.exit_code == 0, fits.stderr
+
+
 def test_a_fixed_batch_of_1_is_verified_on_two_inputs(runner, world, tmp_path):
     out = tmp_path / "one.onnx"
     result, data = export(runner, *MODELS["convnet"](world["root"]), str(out), "--static-batch")

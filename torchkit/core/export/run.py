@@ -183,7 +183,7 @@ def export_model(request: ExportRequest, progress: Progress | None = None) -> Ex
     # that even at batch 1 there are distinct inputs whose outputs must differ
     sizes.append(request.batch_size + 2 if dynamic else request.batch_size)
     example_size = max(2, request.batch_size) if dynamic else request.batch_size
-    _check_batch_memory(sample, max(sizes), request.batch_size)
+    _check_batch_memory(sample, max(sizes), request.batch_size, _largest_call_bytes(model, sample))
     batches = verification_batches(sample, sizes if request.verify else sizes[:1])
     references = _reference(model, batches, arch=arch)
     if request.verify:
@@ -270,16 +270,37 @@ def _verdict(verification: Verification | None) -> str:
     return "passed" if verification.conclusive else "inconclusive"
 
 
-def _check_batch_memory(sample: tuple[int, ...], largest: int, batch_size: int) -> None:
+def _largest_call_bytes(model: Any, sample: tuple[int, ...]) -> int:
+    """What one layer holds at once for one image (its inputs and its output; summary's count
+    on the meta device, no real forward pass): 0 where the meta pass cannot count it."""
+    from torchkit.core.summary.counting import MB, is_script_module, summarize
+
+    if is_script_module(model):  # summary would run it for real
+        return 0
+    try:
+        counted = summarize(model, [(1, *sample)], count_flops=False, run_for_real=False)
+    except Exception:  # noqa: BLE001 - no estimate; the reference pass reports a real failure
+        return 0
+    return int((counted.largest_call_mb or 0) * MB)
+
+
+def _check_batch_memory(
+    sample: tuple[int, ...], largest: int, batch_size: int, call_bytes: int = 0
+) -> None:
     """The example batches the export traces and verifies with, up to `largest` samples of
-    `sample` in float32, fit in half the memory free: a --batch-size past it (2**30) failed in
-    torch's allocator with a traceback's last line instead of one error."""
-    needed = largest * math.prod(sample) * 4
+    `sample` in float32, and what one layer holds at once for them (`call_bytes` an image: a
+    first convolution's output is several times the images) fit in half the memory free: a
+    --batch-size past it (2**30) failed in torch's allocator with a traceback's last line
+    instead of one error, and one whose images fit but layers did not (resnet18 at 4096)
+    ended in the kernel's OOM killer."""
+    needed = largest * (math.prod(sample) * 4 + call_bytes)
     free = beyond_half_free(needed)
     if free is not None:
+        layer = " and one layer's inputs and output" if call_bytes else ""
         raise UsageError(
-            f"--batch-size {batch_size} needs {needed / 1e9:,.1f} GB for an example batch of "
-            f"{'x'.join(map(str, sample))} inputs, more than half the {free / 1e9:,.1f} GB free",
+            f"--batch-size {batch_size} needs {needed / 1e9:,.1f} GB for a batch of {largest} "
+            f"{'x'.join(map(str, sample))} inputs{layer}, more than half the "
+            f"{free / 1e9:,.1f} GB free",
             "give a smaller --batch-size: the exported model takes any batch size unless "
             "--static-batch",
         )
