@@ -373,6 +373,17 @@ def test_what_cannot_be_written_as_it_was_is_one_error_and_no_file(tmp_path, sta
         assert not (tmp_path / out).exists()
 
 
+def test_a_key_safetensors_keeps_for_its_header_is_refused_there(tmp_path):
+    # Written, it made a .safetensors file no reader parses (exit 0).
+    torch.save({"__metadata__": torch.zeros(2), "w": torch.ones(2)}, tmp_path / "c.pt")
+    result = convert(tmp_path / "c.pt", tmp_path / "o.safetensors")
+    assert result.exit_code == 1, result.stdout
+    assert result.stderr.startswith("Error: the state dict has a key '__metadata__'")
+    assert not (tmp_path / "o.safetensors").exists()
+    ok(tmp_path / "c.pt", tmp_path / "o.safetensors", "--add-prefix", "m.")
+    assert sorted(load_file(tmp_path / "o.safetensors")) == ["m.__metadata__", "m.w"]
+
+
 def test_pickled_model_needs_trust(tmp_path):
     model = small_model()
     torch.save(model, tmp_path / "whole.pt")

@@ -219,6 +219,22 @@ def test_key_where_no_tensor_is_read_or_named_is_refused(tmp_path, target):
     assert list(load_file(tmp_path / "a.safetensors")) == ["x"]
 
 
+@pytest.mark.parametrize("folder", [False, True])
+def test_key_that_safetensors_keeps_for_its_header_is_refused(tmp_path, folder):
+    # Written, a tensor named __metadata__ made a file no safetensors reader parses (exit 0).
+    (tmp_path / "in").mkdir()
+    random_image("RGB").save(tmp_path / "in" / "a.png")
+    source = tmp_path / "in" if folder else tmp_path / "in" / "a.png"
+    out = tmp_path / ("out" if folder else "a.safetensors")
+    extra = ["--to", "safetensors"] if folder else []
+    result = convert(source, out, *extra, "--key", "__metadata__")
+    assert result.exit_code == 2
+    assert error_line(result.stderr, besides="nothing").startswith(
+        "Error: --key __metadata__ cannot name a tensor of a .safetensors file"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
+
+
 def test_safetensors_in_and_out(tmp_path):
     image = random_image("RGB")
     image.save(tmp_path / "a.png")

@@ -45,6 +45,7 @@ STATE_DICT_KEYS = (
 # Exponential-moving-average copies kept beside `state_dict` (timm): its tools take `state_dict`.
 EMA_KEYS = ("model_ema", "state_dict_ema", "ema")
 AUTO_PREFIXES = ("module.", "_orig_mod.")  # DataParallel/DDP, torch.compile
+SAFETENSORS_METADATA = "__metadata__"  # the header entry of a .safetensors file, no tensor
 
 
 @dataclass
@@ -354,6 +355,12 @@ def convert_checkpoint(
 
     shared = 0
     if extension == ".safetensors":
+        if SAFETENSORS_METADATA in out:  # written, a header no safetensors reader parses
+            raise CheckpointError(
+                f"the state dict has a key {SAFETENSORS_METADATA!r}, which .safetensors keeps "
+                "for its metadata",
+                "write .pt, or rename every key with --add-prefix",
+            )
         shared = _unshare(out)
         try:
             with atomic_path(target) as tmp, reporting_write_errors(target):

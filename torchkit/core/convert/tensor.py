@@ -82,6 +82,7 @@ WRITTEN_EXTENSIONS = (*IMAGE_FORMATS, *ARRAY_EXTENSIONS, *TENSOR_EXTENSIONS)
 EXTENSIONS = (*IMAGE_FORMATS, *READ_ONLY_IMAGE_EXTENSIONS, *ARRAY_EXTENSIONS, *TENSOR_EXTENSIONS)
 SIXTEEN_BIT_FORMATS = ("PNG", "TIFF")
 DEFAULT_TENSOR_NAME = "image"
+SAFETENSORS_METADATA = "__metadata__"  # the header entry of a .safetensors file, no tensor
 DEFAULT_NROW = 8
 DEFAULT_QUALITY = 95
 QUALITY_FORMATS = ("JPEG", "WEBP")  # the formats --quality applies to
@@ -604,7 +605,16 @@ def _check_key(key: str | None, sources: Sequence[Path], target_extension: str) 
     """--key names the tensor read from a .pt/.safetensors source or written to a .safetensors
     output: given where neither is converted, it would be ignored, so it is refused (as --dtype
     for an image output)."""
-    if key is None or target_extension.lower() == ".safetensors":
+    if key is None:
+        return
+    if target_extension.lower() == ".safetensors":
+        if key == SAFETENSORS_METADATA:
+            # Written, it made a header no safetensors reader parses (and exit code 0).
+            raise UsageError(
+                f"--key {key} cannot name a tensor of a .safetensors file: the format keeps "
+                "that name for its metadata",
+                "choose another name",
+            )
         return
     if any(path.suffix.lower() in TENSOR_EXTENSIONS for path in sources):
         return
