@@ -5,6 +5,7 @@ archive` of an earlier commit), in the same run. Linux only (it reads /proc/PID/
 
     uv run python benchmarks/bench_worker_memory.py --before /tmp/old
     uv run python benchmarks/bench_worker_memory.py --before /tmp/old --sizes 100000,1000000
+    uv run python benchmarks/bench_worker_memory.py --before /tmp/old --stored
 
 Workers are forked: they share the main process's pages until they write to one. Each item
 read from a Python list writes the reference count of its path (a str) and label (an int), so
@@ -14,6 +15,9 @@ of the epoch (what it copied; its RSS does not show it, as the pages were counte
 shared), and the time to make the dataset (packing the paths, after) and to read the epoch.
 The transform reads no file (it returns its path's length): the paths are N names like
 `/data/imagenet/train/class_0123/image_000456789.JPEG` in 1,000 classes, no file behind them.
+`--stored`: images stored in tar shards instead (`StoredImage`s named
+`train-000012.tar/class_0123/image_000456789.jpg`, each with its (offset, size) in one of 100
+shards' readers, which read nothing: the transform asks for the bytes, as a loader does).
 """
 
 from __future__ import annotations
@@ -32,15 +36,32 @@ sys.path.insert(0, os.getcwd())
 import torch
 from torchkit.core.data.dataset import make_dataset, worker_options
 from torchkit.core.data.sources.samples import Samples
+from torchkit.core.data.stored_image import StoredImage
 
-count, workers = int(sys.argv[1]), int(sys.argv[2])
-paths = [f"/data/imagenet/train/class_{i % 1000:04d}/image_{i:09d}.JPEG" for i in range(count)]
+count, workers, stored = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "stored"
+
+
+class NoBytes:
+    def read(self, locator):
+        offset, size = locator  # as a tar shard's reader takes it
+        return b""
+
+
+if stored:
+    readers = [NoBytes() for _ in range(100)]
+    paths = [
+        StoredImage(f"train-{i % 100:06d}.tar/class_{i % 1000:04d}/image_{i:09d}.jpg",
+                    readers[i % 100], (512 * i, 3000 + i % 5000))
+        for i in range(count)
+    ]
+else:
+    paths = [f"/data/imagenet/train/class_{i % 1000:04d}/image_{i:09d}.JPEG" for i in range(count)]
 samples = Samples([f"class_{c:04d}" for c in range(1000)], [i % 1000 for i in range(count)], paths)
 
 
 class NoFile:
     def pixels_from_file(self, path, mode):
-        return len(path)
+        return len(path.read_bytes()) if stored else len(path)
 
 
 def private_dirty_kb(pid):
@@ -75,6 +96,7 @@ def main() -> int:
     parser.add_argument("--before", type=Path, help="the older checkout (else: this one only)")
     parser.add_argument("--sizes", default="100000,1000000", help="numbers of images")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--stored", action="store_true", help="images stored in tar shards")
     options = parser.parse_args()
     sides = checkout_sides(ROOT, options.before)
     print(
@@ -83,7 +105,8 @@ def main() -> int:
     figures: dict[tuple[str, int], float] = {}
     for count in (int(text) for text in options.sizes.split(",")):
         for name, checkout in sides.items():
-            found = json_from_checkout(checkout, CHILD, str(count), str(options.workers))
+            kind = "stored" if options.stored else "files"
+            found = json_from_checkout(checkout, CHILD, str(count), str(options.workers), kind)
             grown = found["grown_mb"]
             figures[name, count] = max(grown)
             shown = ", ".join(f"{mb:.1f} ({mb * 2**20 / count:.0f})" for mb in grown)

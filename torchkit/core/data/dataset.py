@@ -130,6 +130,9 @@ class PackedStoredImages:
     def __init__(self, images: Sequence[Any]) -> None:
         import pickle
 
+        from torchkit.core.data.stored_image import StoredImage
+
+        self._loads, self._stored_image = pickle.loads, StoredImage  # no import per item
         self._names = PackedPaths(images)
         self._readers: list[Any] = []
         self._reader_of = array("q")
@@ -149,14 +152,11 @@ class PackedStoredImages:
         return len(self._names)
 
     def __getitem__(self, index: int) -> Any:
-        import pickle
-
-        from torchkit.core.data.stored_image import StoredImage
-
         ends = self._locator_ends
         start = ends[index - 1] if index > 0 else 0
-        locator = pickle.loads(self._locators[start : ends[index]])
-        return StoredImage(self._names[index], self._readers[self._reader_of[index]], locator)
+        locator = self._loads(self._locators[start : ends[index]])
+        reader = self._readers[self._reader_of[index]]
+        return self._stored_image(self._names[index], reader, locator)
 
 
 def worker_paths(paths: Any) -> Any:
