@@ -26,7 +26,12 @@ from torchkit.cli import console
 from torchkit.core.io.errors import NAME_TOO_LONG_HINT, first_line
 from torchkit.core.io.folder_locks import held_until_the_command_ends
 from torchkit.core.io.open_outputs import closed_at_end
-from torchkit.core.runtime.signals import quiet_loader_worker_deaths, restore_loader_worker_deaths
+from torchkit.core.runtime.signals import (
+    note_stop,
+    quiet_loader_worker_deaths,
+    received_stops,
+    restore_loader_worker_deaths,
+)
 from torchkit.program import ends_while_starting
 from torchkit.program import runs_as_the_program as runs_as_the_program  # its old home
 from torchkit.switches import switched_on
@@ -534,15 +539,15 @@ def _leave_to_local_rank_0() -> bool:
 # The signals that reached a command's `_raise_once` since its handlers were set, first first:
 # the ending of a command that one reached is that signal's, even where its exception never
 # came out of the command (a stop raised in a `__del__` or a weakref callback is swallowed, and
-# every later signal is ignored: the command then finished and exited 0).
-_received: list[int] = []
+# every later signal is ignored: the command then finished and exited 0). Shared with train's
+# own handlers (core.train.stop_signal), which note theirs there too.
+_received: list[int] = received_stops
 
 
 def _raise_once(signum, frame) -> None:
     from torchkit.core.io.errors import Terminated
 
-    if not _received:
-        _received.append(signum)
+    note_stop(signum)
     if deferred_signals.defer(signum):  # inside `import torch`: raised when it is over
         return
     deferred_signals.ignore_later((signal.SIGTERM, signal.SIGINT))

@@ -18,6 +18,19 @@ HELD_SIGNALS = ("SIGINT", "SIGTERM")
 # group (`timeout`, `kill -- -PGID`, systemd, `docker stop`) ends the workers with the command.
 _LOADER_CHILD_HANDLERS = "torch.utils.data._utils.signal_handling"
 
+# The signals whose handlers ended a command by raising, first first, since the app set its
+# handlers (cli.app's `_terminate_like_interrupt` clears and reads it): the command ends with
+# that signal's code (143, 130) even where the exception never came out of it (raised inside a
+# finalizer or a `__del__`, Python drops it). Every such handler notes its signal here
+# (`note_stop`), the app's and train's alike.
+received_stops: list[int] = []
+
+
+def note_stop(signum: int) -> None:
+    """Record `signum` as what ends the command, unless a signal was recorded already."""
+    if not received_stops:
+        received_stops.append(signum)
+
 
 @contextlib.contextmanager
 def signals_held() -> Iterator[None]:

@@ -51,7 +51,11 @@ class StopOnSignal:
         """End the command now: the clean-up (run folder, workers) runs, undisturbed by
         further signals."""
         from torchkit.core.io.errors import Terminated
+        from torchkit.core.runtime.signals import note_stop
 
+        # Noted as every command's handler notes it: raised inside a finalizer, the stop is
+        # dropped (and every later signal ignored), yet the command still ends with its code.
+        note_stop(self.signum)
         deferred_signals.ignore_later(self._previous)
         raise Terminated() if self.terminated else KeyboardInterrupt()
 
