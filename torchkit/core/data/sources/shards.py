@@ -47,6 +47,7 @@ import json
 import os
 import posixpath
 import re
+import stat
 import tarfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -92,6 +93,7 @@ from torchkit.core.data.sources.source import (
 from torchkit.core.data.sources.splitting import SPLIT_NAMES
 from torchkit.core.data.stored_image import Stamp, StoredImage, check_unchanged, file_stamp
 from torchkit.core.io.errors import InputError, short_repr
+from torchkit.core.io.file_kinds import file_kind
 from torchkit.core.io.files import read_text
 from torchkit.core.runtime.fork_safe import ForkSafeLock
 
@@ -263,7 +265,15 @@ def list_tar(path: str, *, whole: bool = False) -> TarListing:
     marker, is truncated too (what a download cut short at a member's end leaves)."""
     _forget_if_replaced(path)
     try:
-        stamp = file_stamp(os.stat(path))
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):
+            # A FIFO named like a shard (in a folder of shards) held the open below for good.
+            raise InputError(
+                f"{path} is not a regular file ({file_kind(info.st_mode)})",
+                "shards and archives are .tar files: move it out of the folder, or name the "
+                "shards with a pattern",
+            )
+        stamp = file_stamp(info)
         size = stamp[1]
         with open(path, "rb") as handle:
             first = handle.read(tarfile.BLOCKSIZE)
