@@ -1412,6 +1412,39 @@ def test_a_rotated_video_reads_as_displayed_and_its_frames_are_upright(tmp_path)
     assert cv2.imread(row["frame_files"][0]).shape == (48, 32, 3)
 
 
+@pytest.mark.parametrize(
+    ("matrix", "displayed"),
+    [
+        ((-1, 0, 0, 1), lambda stored: stored[:, ::-1]),  # QuickTime's Flip Horizontal
+        ((1, 0, 0, -1), lambda stored: stored[::-1]),  # its Flip Vertical
+        ((0, 1, 1, 0), lambda stored: stored.transpose(1, 0, 2)),  # a quarter turn, mirrored
+    ],
+)
+def test_a_mirroring_display_matrix_mirrors_the_extracted_frames(tmp_path, matrix, displayed):
+    """OpenCV turns a video's frames by its display matrix's angle alone: QuickTime's Flip
+    Horizontal (x -> -x, an angle of 180) gave --extract-frames upside-down frames, its Flip
+    Vertical frames not flipped at all, where FFmpeg's players show them mirrored. They are
+    written as displayed."""
+    path = tmp_path / "flipped.mov"
+    if not write_video(path, "mp4v", 48, 32, 25, 3):
+        pytest.skip("this OpenCV cannot write mp4v")
+    data = bytearray(path.read_bytes())
+    header = _iso_box(data, b"tkhd", _iso_box(data, b"trak", _iso_box(data, b"moov", None)))
+    a, b, c, d = (v << 16 for v in matrix)
+    struct.pack_into(">9i", data, header[0] + 8 + 40, a, b, 0, c, d, 0, 0, 0, 1 << 30)
+    path.write_bytes(bytes(data))
+    code, (row,) = json_rows(path, "--segments", "1", "--extract-frames", tmp_path / "frames")
+    assert code == 0 and row["frame_indices"] == [1]
+    stored = cv2.VideoCapture(str(path), cv2.CAP_FFMPEG)  # frame 1 as stored, not turned
+    if hasattr(cv2, "CAP_PROP_ORIENTATION_AUTO"):
+        stored.set(cv2.CAP_PROP_ORIENTATION_AUTO, 0)
+    stored.grab()
+    expected = np.ascontiguousarray(displayed(stored.read()[1]))
+    stored.release()
+    assert (row["width"], row["height"]) == (expected.shape[1], expected.shape[0])
+    assert np.array_equal(cv2.imread(row["frame_files"][0]), expected)
+
+
 def test_exact_duration_of_an_mp4_ends_with_its_last_frame_s_own_duration(tmp_path):
     """--exact added 1 / (average fps) for the last frame: 3 frames 600 s apart in 1200.04 s
     (an average of 0.0025 fps) read 1200 + 400 = 1600 s; the sample table says 0.04 s."""

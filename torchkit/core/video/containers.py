@@ -509,6 +509,43 @@ def _iso_run_samples(handle, run: tuple[int, int], default: bytes) -> tuple[int,
     return count, int.from_bytes(_iso_field(handle, run, first + (count - 1) * record), "big")
 
 
+def iso_display_mirrored(path: str | os.PathLike, container: str | None) -> bool:
+    """Whether an MP4/MOV/3GP file's display matrix mirrors its video (QuickTime Player's Flip
+    Horizontal or Vertical writes one): the video track's `tkhd` matrix times the movie's
+    `mvhd` one turns the picture over (a negative determinant). FFmpeg's players show it
+    mirrored; OpenCV turns its frames by the matrix's angle alone. False for other formats,
+    or a structure that cannot be read."""
+    if container not in _ISO_FORMATS:
+        return False
+    try:
+        with open(path, "rb") as handle:
+            moov = _iso_child(handle, b"moov", 0, os.fstat(handle.fileno()).st_size)
+            track = moov and _iso_video_track(handle, moov)
+            if not track:
+                return False
+            # the matrix after the times, IDs and volume: at 40 (version 1, 8-byte times: 52)
+            # into a tkhd's data, at 36 (48) into an mvhd's
+            turns = (
+                _iso_matrix_turns_over(handle, _iso_child(handle, b"tkhd", *track[0]), 40, 52),
+                _iso_matrix_turns_over(handle, _iso_child(handle, b"mvhd", *moov), 36, 48),
+            )
+    except OSError:
+        return False
+    return turns[0] != turns[1]
+
+
+def _iso_matrix_turns_over(handle, box: tuple[int, int] | None, at: int, at_v1: int) -> bool:
+    """Whether the 3x3 display matrix `at` bytes into `box` (`at_v1` in a version-1 box) has
+    a negative determinant: its a, b, c, d (16.16 fixed point) are the first, second, fourth
+    and fifth of its nine numbers. False where it is not there."""
+    version = _iso_field(handle, box, 0, 1)
+    matrix = _iso_field(handle, box, at_v1 if version == b"\x01" else at, 20)
+    if len(matrix) < 20:
+        return False
+    a, b, _, c, d = (int.from_bytes(matrix[i : i + 4], "big", signed=True) for i in range(0, 20, 4))
+    return a * d - b * c < 0
+
+
 def iso_lists_every_frame(path: str | os.PathLike, container: str | None) -> bool:
     """Whether an MP4/MOV/3GP file's header count is its sample table's, a line per frame: a
     file whose moov holds its samples, not a fragmented one (`moof` boxes), whose count FFmpeg

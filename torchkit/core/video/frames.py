@@ -19,7 +19,7 @@ from torchkit.core.io.outputs import (
     write_error,
 )
 from torchkit.core.io.temporaries import NAME_MAX, cut_to_bytes
-from torchkit.core.video.containers import iso_lists_every_frame
+from torchkit.core.video.containers import iso_display_mirrored, iso_lists_every_frame
 from torchkit.core.video.probe import (
     VideoInfo,
     _error_text,
@@ -120,6 +120,7 @@ def extract_frames(
     stop: threading.Event | None = None,
     decoder_threads: int | None = None,
     sampled_from: int | None = None,
+    container: str | None = None,
 ) -> list[Path]:
     """Decode `path` from the start and write the frames at `indices` (sorted, repeats allowed)
     as PNG files `<prefix>_<index>.png` in `out_dir`; one path per index, in order.
@@ -128,8 +129,9 @@ def extract_frames(
     number is inexact for many codecs; one frame is in memory at a time. `stop` set ends it
     early (`_Stopped`). `sampled_from`: the header's frame count the indices were drawn from,
     checked by decoding on to its end: a frame past it raises `_PastTheHeader` (the indices
-    leave the video's last frames out). A failure removes the frames already written: a video
-    whose row is an error leaves no frames behind."""
+    leave the video's last frames out). `container`: its format, as sniffed (an MP4/MOV/3GP
+    file's display matrix may mirror its frames). A failure removes the frames already
+    written: a video whose row is an error leaves no frames behind."""
     cv2 = _import_cv2()
     wanted = sorted(set(indices))
     written: dict[int, Path] = {}
@@ -137,6 +139,7 @@ def extract_frames(
     if capture is None:
         raise InputError(f"cannot open {path} to extract frames")
     try:
+        flip = _mirror_flip(cv2, capture, path, container)
         position = 0
         for index in wanted:
             while position <= index:
@@ -151,6 +154,8 @@ def extract_frames(
             ok, frame = capture.retrieve()
             if not ok or frame is None:
                 raise InputError(f"frame {index} could not be decoded")
+            if flip is not None:
+                frame = cv2.flip(frame, flip)
             ok, encoded = cv2.imencode(".png", frame)
             if not ok:
                 raise InputError(f"frame {index} could not be encoded as PNG")
@@ -173,6 +178,21 @@ def extract_frames(
     finally:
         capture.release()
     return [written[index] for index in indices]
+
+
+def _mirror_flip(cv2, capture, path: str | os.PathLike, container: str | None) -> int | None:
+    """The cv2.flip code that turns OpenCV's frames of a video whose display matrix mirrors it
+    into those FFmpeg's players show, or None. OpenCV turns the frames by the matrix's angle
+    alone, which for a mirroring matrix is the turn of the stored picture's x axis: its y axis
+    is turned over too, which is the frame's vertical after a half turn or none (0: upside
+    down) and its horizontal after a quarter turn (1: left to right)."""
+    meta = getattr(cv2, "CAP_PROP_ORIENTATION_META", None)
+    auto = getattr(cv2, "CAP_PROP_ORIENTATION_AUTO", None)
+    if meta is None or auto is None or not capture.get(auto):
+        return None  # the stored pixels, as read without a turn: nothing to undo
+    if not iso_display_mirrored(path, container):
+        return None
+    return 1 if round(capture.get(meta)) % 180 == 90 else 0
 
 
 # The bytes of a stem in a frame's name: a file name holds 255 bytes at most (ext4, XFS, APFS),
@@ -266,6 +286,7 @@ def _extract_into(
         stop,
         options.decoder_threads,
         sampled_from=None if _count_is_exact(info) else info.frames,
+        container=info.container,
     )
     info.frame_files = [str(options.extract_dir / f.name) for f in files]
     frames_folder.wrote(len(files))
