@@ -125,6 +125,17 @@ def test_float_outside_unit_range_is_clamped_with_a_warning(tmp_path):
     )
 
 
+def test_infinities_are_clamped_and_nan_is_zero(tmp_path):
+    # +inf was set to 0 with NaN: a saturated pixel black, where clamping (the docs, and
+    # torchvision's save_image) makes it white.
+    values = torch.tensor([[[float("nan"), float("inf"), -float("inf"), 0.5]]])  # (1, 1, 4)
+    torch.save(values, tmp_path / "t.pt")
+    result = ok(tmp_path / "t.pt", tmp_path / "t.png")
+    assert "1 NaN values were set to 0" in result.stderr
+    assert "2 values outside [0, 1] were clamped" in result.stderr
+    np.testing.assert_array_equal(np.asarray(Image.open(tmp_path / "t.png")), [[0, 255, 0, 128]])
+
+
 def test_sixteen_bit_gray_and_colour_keep_their_depth(tmp_path):
     gray = RNG.integers(0, 65536, (5, 7), dtype=np.uint16)
     Image.fromarray(gray).save(tmp_path / "g.png")

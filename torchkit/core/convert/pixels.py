@@ -130,11 +130,13 @@ def _float_to_uint8(pixels: Pixels, warn: Warn | None) -> Any:
     import numpy as np
 
     array = pixels.array
-    bad = ~np.isfinite(array)
-    if bad.any():
+    # NaN has no pixel value; an infinity is outside [0, 1] and clamped as any other value
+    # (as torchvision's save_image clamps it): +inf was made 0, a saturated pixel black.
+    nan = np.isnan(array)
+    if nan.any():
         if warn:
-            warn(f"{pixels.name}: {int(bad.sum())} NaN or infinite values were set to 0")
-        array = np.where(bad, 0, array)
+            warn(f"{pixels.name}: {int(nan.sum())} NaN values were set to 0")
+        array = np.where(nan, 0, array)
     low, high = float(array.min()), float(array.max())
     if low < 0 or high > 1:
         outside = int(((array < 0) | (array > 1)).sum())
