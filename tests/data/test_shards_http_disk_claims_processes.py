@@ -493,3 +493,45 @@ def test_a_cache_on_a_file_system_without_flock_downloads_as_without_locks(tmp_p
         cached = fetch_shards([f"{server.url}/a-000000.tar"])
     assert Path(cached[0]).read_bytes() == (served / "a-000000.tar").read_bytes()
     assert _claim_files(cache) == []
+
+
+def test_a_claims_lock_file_deleted_while_waited_for_is_not_held_beside_its_successor(
+    tmp_path, monkeypatch
+):
+    """The claims' lock file deleted while this process waited for it (a cleaner, `rm -rf` of
+    the cache), and another process made and locked a new one: this process took the old
+    file's flock once free and read and made claims beside the other, both holding "the"
+    lock (together they could claim more room than the disk has). It now locks the file
+    that is there, after the other process."""
+    import fcntl
+
+    from torchkit.core.data.sources import http_shards
+
+    folder = tmp_path / "cache" / "shards" / "f"
+    folder.mkdir(parents=True)
+    path = tmp_path / "cache" / ".download-claims" / "lock"
+    polled, successor, released = http_shards._flock_polled, [], []
+
+    def replaced_while_waiting(fd: int, *args: object) -> bool:
+        if not successor:  # the file deleted; another process makes a new one and locks it
+            path.unlink()
+            successor.append(os.open(path, os.O_RDWR | os.O_CREAT))
+            fcntl.flock(successor[0], fcntl.LOCK_EX)
+        elif not released:  # that process is done with it
+            os.close(successor[0])
+            released.append(True)
+        return polled(fd, *args)
+
+    monkeypatch.setattr(http_shards, "_flock_polled", replaced_while_waiting)
+    try:
+        with http_shards._claims_lock("http://h/a-000000.tar", folder, threading.Event()) as shared:
+            assert shared and released, "held while another process held the file there"
+            probe = os.open(path, os.O_RDWR)
+            try:
+                with pytest.raises(BlockingIOError):  # the file there is this process's lock
+                    fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            finally:
+                os.close(probe)
+    finally:
+        if successor and not released:
+            os.close(successor[0])

@@ -1255,25 +1255,36 @@ def _claims_flock(url: str, folder: Path, stop: threading.Event) -> Iterator[boo
     claims = _claims_folder(folder)
     probe = _Claim(_CLAIMS, url, folder, -1, None)  # names the download in an error
     path = claims / "lock"
-    try:
-        claims.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise _claims_error(probe, claims, error) from None
-    try:
-        fd = open_unshared(path, os.O_RDWR | os.O_CREAT, 0o666)
-    except OSError as error:
-        raise _claims_error(probe, path, error) from None
-    try:
+    warn_at = time.monotonic() + LOCK_WAIT_WARNING_S
+    while True:
+        try:
+            claims.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise _claims_error(probe, claims, error) from None
+        try:
+            fd = open_unshared(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as error:
+            raise _claims_error(probe, path, error) from None
         try:  # False: a file system without flock, so none of the claims' files
             shared = _flock_polled(
                 fd,
                 stop,
-                time.monotonic() + LOCK_WAIT_WARNING_S,
+                warn_at,
                 f"waiting for another torchkit process that holds {path}, the lock of the "
                 f"claims of room on the cache's disk ({_HELD_TILL}",
             )
-        except OSError as error:
-            raise _claims_error(probe, path, error) from None
+        except BaseException as error:
+            close_lock(fd)
+            if isinstance(error, OSError):
+                raise _claims_error(probe, path, error) from None
+            raise
+        # A lock file deleted while this one waited for it (a cleaner, `rm -rf` of the
+        # cache): another process may hold the file there now, and both would read and make
+        # claims at once, together claiming more room than the disk has. Lock that one.
+        if not shared or _is_at(fd, path):
+            break
+        close_lock(fd)
+    try:
         yield shared
     finally:
         close_lock(fd)
