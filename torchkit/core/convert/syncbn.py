@@ -526,14 +526,15 @@ def _left_unconverted(saved: Any, wanted: Any) -> list[str]:
 
     left: list[str] = []
     seen: set[int] = set()
-    stack: list[tuple[Any, str]] = [(saved, "")]
+    # Each path is spelled only for a layer found: a key may be a tensor (an optimizer's state).
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(saved, ())]
     while stack:
         value, path = stack.pop()
         if id(value) in seen or isinstance(value, (torch.Tensor, str, bytes, int, float)):
             continue
         seen.add(id(value))
         if wanted(value):
-            left.append(path or "(model)")
+            left.append(".".join(map(_path_part, path)) or "(model)")
         if isinstance(value, torch.nn.Module):
             # its layers under their names; plain attributes beside them by theirs
             items = [*value._modules.items(), *_plain_attributes(value)]
@@ -547,8 +548,13 @@ def _left_unconverted(saved: Any, wanted: Any) -> list[str]:
             items = list(vars(value).items())
         else:
             continue
-        stack += [(item, f"{path}.{key}" if path else str(key)) for key, item in items][::-1]
+        stack += [(item, (*path, key)) for key, item in reversed(items)]
     return left
+
+
+def _path_part(key: Any) -> str:
+    """A key, index or attribute name as a path names it (another kind of key by its type)."""
+    return str(key) if isinstance(key, (str, int)) else f"<{type(key).__name__}>"
 
 
 def _plain_attributes(module: Any) -> list[tuple[str, Any]]:
