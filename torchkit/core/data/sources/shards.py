@@ -280,9 +280,7 @@ def list_tar(path: str, *, whole: bool = False) -> TarListing:
     except OSError as error:
         raise InputError(f"cannot read {path}: {error.strerror or error}") from None
     if first[:2] == b"\x1f\x8b" or first[:3] == b"BZh" or first[:6] == b"\xfd7zXZ\x00":
-        raise InputError(
-            f"{path} is a compressed tar", "shards are read in place: decompress it to a .tar"
-        )
+        raise compressed_tar_error(path)
     fast = _read_plain_headers(path, size)
     if fast is not None:
         fast.stamp = stamp
@@ -572,6 +570,24 @@ def _is_tar_name(name: str) -> bool:
     return name.lower().endswith(".tar")
 
 
+# Compressed tars, which webdataset decompresses as it streams them: torchkit reads a shard in
+# place by offset, so one so named is refused naming it (it was "dataset not found", or "no
+# images" for a folder of them, though the files were there).
+_COMPRESSED_TAR_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar.zst")
+
+
+def _is_compressed_tar_name(name: str) -> bool:
+    return name.lower().endswith(_COMPRESSED_TAR_SUFFIXES)
+
+
+def compressed_tar_error(path: str, more: int = 0) -> InputError:
+    """The error of a compressed tar at `path` (`more`: how many others there are)."""
+    others = f" (and {more} more)" if more else ""
+    return InputError(
+        f"{path} is a compressed tar{others}", "shards are read in place: decompress it to a .tar"
+    )
+
+
 def is_shard_pattern(spec: str) -> bool:
     """Whether `spec` reads as a brace pattern or a `::` list of shards (a name, not a file)."""
     return ("::" in spec or ("{" in spec and "}" in spec)) and not os.path.exists(spec)
@@ -582,6 +598,10 @@ def _shard_list(spec: str) -> list[str] | None:
     if not is_shard_pattern(spec):
         return None
     names = [name for part in spec.split("::") for name in expand_braces(part)]
+    if names and all(_is_compressed_tar_name(name) for name in names):
+        there = [name for name in names if os.path.isfile(name)]
+        if there:
+            raise compressed_tar_error(there[0], len(there) - 1)
     if not names or not all(_is_tar_name(name) for name in names):
         return None
     missing = [name for name in names if not os.path.isfile(name)]
@@ -618,6 +638,9 @@ def _folder_shards(folder: Path) -> list[str] | None:
                     others.append(entry.name)
     except OSError:
         return None
+    compressed = sorted(name for name in others if _is_compressed_tar_name(name))
+    if not tars and compressed:
+        raise compressed_tar_error(str(folder / compressed[0]), len(compressed) - 1)
     if not tars:
         return None
     if others:
@@ -650,6 +673,8 @@ def open_stored(
         if found is None:
             return None
         return _open_shards(spec, found, classes, allow_unlabelled, by_split=True)
+    if _is_compressed_tar_name(spec) and path.is_file():
+        raise compressed_tar_error(spec)
     if not _is_tar_name(spec) or not path.is_file():
         return None
     listing = list_tar(spec)
