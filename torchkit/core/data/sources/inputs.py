@@ -35,7 +35,7 @@ def data_inputs(data: str | os.PathLike | None, what: str = "data") -> list[Inpu
         return _named_shards(os.fspath(data), what)
     inputs = [InputPath(source, f"{what} file")]
     if source.suffix.lower() == ".csv":
-        inputs += folders_of_files(_csv_paths(source), f"images of {source}")
+        inputs += _csv_image_folders(source)
     return inputs
 
 
@@ -78,6 +78,37 @@ def listed_check(output: str | os.PathLike, what: str) -> Callable[[list[str]], 
         seen.update(item.path for item in folders)
 
     return check
+
+
+# The last CSV index's image folders, by its path and version (`_index_version`): a command
+# checks its outputs against its inputs more than once (eval's -o FILE, then --out), and each
+# check read a million-row index whole again (1.5-5 s a read).
+_index_folders: dict[tuple, list[InputPath]] = {}
+
+
+def _index_version(index: Path) -> tuple | None:
+    """What tells one version of the file `index` from another (None where it cannot be
+    stat-ed): its real path, device, inode, size and times."""
+    try:
+        info = os.stat(index)
+    except OSError:
+        return None
+    return (os.path.realpath(index), info.st_dev, info.st_ino, info.st_size,
+            info.st_mtime_ns, info.st_ctime_ns)  # fmt: skip
+
+
+def _csv_image_folders(index: Path) -> list[InputPath]:
+    """The folders of the files a CSV index names (`folders_of_files`), read once for each
+    version of the index; none where it cannot be read (the command's own reader reports what
+    is wrong with it)."""
+    version = _index_version(index)
+    found = _index_folders.get((version, str(index)))
+    if found is None:
+        found = folders_of_files(_csv_paths(index), f"images of {index}")
+        _index_folders.clear()  # one index kept: a few folders, never the paths
+        if version is not None:
+            _index_folders[version, str(index)] = found
+    return list(found)
 
 
 def _csv_paths(index: Path) -> list[str]:

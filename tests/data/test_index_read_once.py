@@ -1,0 +1,31 @@
+"""The overlap checks' inputs of a CSV index (`core.data.sources.inputs.data_inputs`): eval checks
+its -o FILE and then its --out folder against them, and each check read the whole index again
+(a million rows: seconds a read). The index is read once for each version of the file."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from torchkit.core.data.sources import inputs
+
+
+def _write_index(path: Path, folder: str) -> None:
+    path.write_text(f"path,label\n{folder}/a.png,a\n{folder}/b.png,b\n", encoding="utf-8")
+
+
+def test_an_index_is_read_once_until_it_changes(tmp_path, monkeypatch):
+    reads: list[Path] = []
+    read = inputs._csv_paths
+    monkeypatch.setattr(inputs, "_csv_paths", lambda index: reads.append(index) or read(index))
+    index = tmp_path / "index.csv"
+    _write_index(index, "one")
+    first = inputs.data_inputs(index)
+    assert inputs.data_inputs(index) == first  # eval's second check
+    assert len(reads) == 1
+    assert [item.path for item in first] == [index, tmp_path / "one"]
+
+    _write_index(index, "two")  # another version (its size and times): read again
+    os.utime(index, ns=(1, 1))
+    assert [item.path for item in inputs.data_inputs(index)] == [index, tmp_path / "two"]
+    assert len(reads) == 2
