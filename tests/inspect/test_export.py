@@ -163,6 +163,17 @@ class Normed(nn.Module):
         return self.fc(y.mean((2, 3)))
 
 
+class RandomInEval(nn.Module):
+    """F.dropout's `training` defaults to True: random in eval mode too."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        return torch.nn.functional.dropout(self.conv(x).mean((2, 3)), 0.5)
+
+
 class Pair(nn.Module):
     def __init__(self):
         super().__init__()
@@ -864,6 +875,24 @@ def test_a_failed_verification_leaves_nothing_at_out(runner, world, tmp_path, mo
     assert result.exit_code == 1
     assert old.read_bytes() == b"the earlier export"  # replaced only by a verified file
     assert leftovers(tmp_path) == []
+
+
+def test_a_model_random_in_eval_mode_is_refused_as_such(runner, world, tmp_path, monkeypatch):
+    """Before: 'the exported model's outputs differ from PyTorch's by up to 1.2 ... (raise
+    --atol/--rtol if that much is expected)', though PyTorch itself differed from run to run
+    and no tolerance short of hiding everything would pass; now the error says that."""
+    monkeypatch.chdir(world["root"])
+    out = tmp_path / "m.ts"
+    spec = f"{PKG}.nets:RandomInEval"
+    result, _ = export(runner, spec, str(out), "--image-size", "8")
+    assert result.exit_code == 1
+    line = error_line(result.stderr, besides="nothing")
+    assert line.startswith(
+        f"Error: {spec} itself gives other outputs for the same input in PyTorch from one run "
+        "to the next (by up to "
+    ), line
+    assert "F.dropout(x, p, training=self.training)" in line
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_model_whose_own_outputs_are_nan_is_refused_as_such(runner, world, tmp_path):

@@ -25,6 +25,10 @@ class VerificationError(TorchkitError):
     """The exported model does not load, does not run, or gives other outputs than PyTorch."""
 
 
+class OutputMismatch(VerificationError):
+    """The exported model runs, and its outputs differ from PyTorch's beyond the tolerance."""
+
+
 @dataclass
 class Verification:
     batch_sizes: list[int]
@@ -103,7 +107,7 @@ def verify(
         output_spread=output_spread(references),
     )
     if not result.passed:
-        raise VerificationError(
+        raise OutputMismatch(
             f"the exported model's outputs in {runtime} differ from PyTorch's by up to "
             f"{_number(worst)}, beyond the tolerance {_number(result.tolerance)} "
             f"(atol {tolerance.atol:g} + rtol {tolerance.rtol:g} x max |output| "
@@ -111,6 +115,31 @@ def verify(
             "raise --atol/--rtol if that much is expected; nothing was written",
         )
     return result
+
+
+def require_repeatable(model: Any, batch: Any, reference: Any, tolerance: Tolerance, arch: str):
+    """After an output mismatch: refuse a model that gives other outputs for the same input on
+    another run (random operations in eval mode, as `F.dropout(x, p)` whose `training` defaults
+    to True, or a forward that changes the model's state): no export can match it, and a wider
+    --atol/--rtol would only hide that. `reference` is its float32 output for `batch`."""
+    import torch
+
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    with torch.no_grad():
+        runs = [model(batch.to(dtype)).float() for _ in range(2)]
+    if dtype == torch.float32:
+        runs.append(reference)
+    scale = max(_finite_scale(run) for run in runs)
+    diff = max(_max_abs_diff(runs[0], run) for run in runs[1:])
+    if math.isfinite(diff) and diff <= tolerance.bound(scale):
+        return
+    raise VerificationError(
+        f"{arch} itself gives other outputs for the same input in PyTorch from one run to the "
+        f"next (by up to {_number(diff)}): random operations in eval mode, or a forward that "
+        "changes the model's state; no export can match it",
+        "make its forward pass deterministic in eval mode, e.g. F.dropout(x, p, "
+        "training=self.training); --no-verify writes the file unchecked",
+    )
 
 
 def require_comparable(references: Sequence[Any], arch: str) -> None:
