@@ -1175,7 +1175,34 @@ def split_by_name(spec: str, names: Sequence[str]) -> bool:
             f"({', '.join(others[:_SHOWN])})",
             "a folder of split shards holds only train-, val- and test- shards",
         )
+    if not all(split_named):
+        _refuse_splits_named_otherwise(spec, names)
     return bool(split_named) and all(split_named)
+
+
+def _refuse_splits_named_otherwise(spec: str, names: Sequence[str]) -> None:
+    """InputError where a folder's shards name two splits otherwise than `train-N.tar`
+    (`imagenet1k-train-0000.tar` beside `imagenet1k-validation-00.tar`, as timm's ImageNet
+    shards are named): read as one unsplit dataset, train trained on the validation shards
+    too, holding out a tenth of both, without a word; as folders `Training/` and `Test/` are
+    refused. Split words are HF's (`validation`, `valid`, `dev`...), between `-`, `_`, `.`."""
+    from torchkit.core.data.sources.parquet import SPLIT_KEYWORDS
+
+    found: dict[str, str] = {}  # split -> its first shard
+    for name in names:
+        words = re.split(r"[-_.]", name.lower())
+        split = next((SPLIT_KEYWORDS[w] for w in words if w in SPLIT_KEYWORDS), None)
+        if split is not None:
+            found.setdefault(split, name)
+    if len(found) < 2:
+        return
+    shown = ", ".join(found[split] for split in SPLIT_NAMES if split in found)
+    raise InputError(
+        f"{spec} holds shards of {len(found)} splits named otherwise than train-, val- and "
+        f"test-NNNNNN.tar ({shown}): read as one dataset, they would be mixed",
+        "name one split's shards with a pattern, DIR/NAME-train-{0000..0009}.tar, or rename "
+        "them train-NNNNNN.tar, val-NNNNNN.tar and test-NNNNNN.tar",
+    )
 
 
 def shards_source(
