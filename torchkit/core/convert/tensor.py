@@ -219,6 +219,10 @@ def read_image(path: str | os.PathLike, *, exif: bool = True, name: str | None =
             orientation = exif_orientation(image, exif=exif)
             if array is None:
                 array = _pil_to_array(image, source)
+                # Pillow's TIFF loader turns the pixels by the tag and drops it: turned again
+                # here, a TIFF came out turned twice (6 and 8 upside down, 3 not turned).
+                if orientation != 1 and exif_orientation(image, exif=exif) == 1:
+                    orientation = 1
     except unreadable_image_errors() as error:
         raise InputError(
             f"cannot read image {source}: {first_line(error)}",
