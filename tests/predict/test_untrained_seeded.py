@@ -24,7 +24,7 @@ def test_the_random_weights_of_an_untrained_model_come_from_its_seed():
         built.append(model.state_dict())
     assert all(torch.equal(built[0][name], built[1][name]) for name in built[0])
     other = ModelSpec(model="convnet", allow_untrained=True, num_classes=2, image_size=8)
-    other.untrained_seed = 1  # extract-features' --seed
+    other.build_seed = 1  # extract-features' --seed
     drawn = resolve_spec(other, command="predict", predicting=True).model.state_dict()
     assert not all(torch.equal(built[0][name], drawn[name]) for name in drawn)
 

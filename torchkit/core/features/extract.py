@@ -301,7 +301,7 @@ def _extract(
             std=request.std,
             stats=request.stats_file,
             allow_untrained=request.allow_untrained,
-            untrained_seed=request.seed,
+            build_seed=request.seed,
         )
         source = resolve_spec(spec, command="extract-features", needs_training=True)
     # Every split at once (a `split` column tells them apart), unless --split picks one.

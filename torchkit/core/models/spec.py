@@ -37,9 +37,10 @@ class ModelSpec:
     classes: list[str] | None = None
     ema: bool = False
     allow_untrained: bool = False  # run a model whose weights are random
-    # What such random weights are drawn from: an untrained model's outputs are the same in
-    # every run (a pipeline check compares them). extract-features' --seed; 0 elsewhere.
-    untrained_seed: int = 0
+    # What the random numbers of the build of a model whose outputs a command reports are
+    # drawn from (random weights, a random buffer no file holds): the same outputs in every
+    # run (a pipeline check compares them). extract-features' --seed; 0 elsewhere.
+    build_seed: int = 0
     # Preprocessing on top of the model's own (and the size a model built here is made for).
     image_size: int | None = None
     # The C of --image-size C,N,N: refused unless it is the model's input channels.
@@ -103,9 +104,9 @@ def resolve_spec(
     `spec.allow_untrained`, and preprocessing the model file records that no image could go
     through is an error before any image is read. `needs_training`: the command's output means
     nothing with random weights either (extract-features): refused the same way, and its images
-    go through the model's preprocessing, checked the same way. With `spec.allow_untrained`,
-    random weights are drawn from `spec.untrained_seed`. `every_pickled_module` is
-    `resolve_model`'s.
+    go through the model's preprocessing, checked the same way. For both, the build's random
+    numbers (the random weights `spec.allow_untrained` lets through) are drawn from
+    `spec.build_seed`. `every_pickled_module` is `resolve_model`'s.
     """
     from torchkit.core.data.preprocessing import apply_overrides
 
@@ -115,7 +116,7 @@ def resolve_spec(
     image_size, in_channels = spec.image_size, None
     if spec.sample_shape is not None and len(spec.sample_shape) == 3:
         in_channels, image_size = spec.sample_shape[0], tuple(spec.sample_shape[1:])
-    with _untrained_drawn_from(spec.untrained_seed if spec.allow_untrained else None):
+    with _drawn_from(spec.build_seed if predicting or needs_training else None):
         resolved = resolve_model(
             model,
             weights=weights,
@@ -158,7 +159,7 @@ def resolve_spec(
 
 
 @contextlib.contextmanager
-def _untrained_drawn_from(seed: int | None) -> Iterator[None]:
+def _drawn_from(seed: int | None) -> Iterator[None]:
     """With a seed, torch's CPU random numbers (what a model's random weights are drawn from)
     start from it, and the caller's random state is put back afterwards."""
     if seed is None:
