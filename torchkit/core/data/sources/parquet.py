@@ -295,6 +295,7 @@ def open_stored(
         return _read(spec, kind, root, relative, None, classes, allow_unlabelled)
     splits = [split_of(name) for name in relative]
     if all(split is None for split in splits):
+        _refuse_splits_named_otherwise(spec, relative)
         return _read(spec, "parquet", root, relative, None, classes, allow_unlabelled)
     unsplit = [name for name, split in zip(relative, splits, strict=True) if split is None]
     if unsplit:
@@ -330,6 +331,34 @@ def _listing(folder: Path) -> list[str]:
         return sorted(os.listdir(folder)) if folder.is_dir() else []
     except OSError:
         return []
+
+
+# A split's keyword as a word of a file's name, not at its start (`cifar10-train.parquet`):
+# HF's datasets reads such files as that split.
+_SPLIT_WORD = re.compile(
+    r"(?:^|[-._ 0-9])(" + "|".join(SPLIT_KEYWORDS) + r")(?=[-._ 0-9]|$)", re.IGNORECASE
+)
+
+
+def _refuse_splits_named_otherwise(spec: str, relative: list[str]) -> None:
+    """InputError where the files of an unsplit folder name two splits in words of their names
+    (`cifar10-train.parquet` beside `cifar10-test.parquet`, which HF's datasets reads as two
+    splits): read as one dataset, train trained on the test images too, holding out a tenth of
+    both, and dataset-stats measured both as one, without a word."""
+    found: dict[str, str] = {}  # split -> its first file
+    for name in relative:
+        word = _SPLIT_WORD.search(Path(name).name[: -len(SUFFIX)])
+        if word is not None:
+            found.setdefault(SPLIT_KEYWORDS[word.group(1).lower()], name)
+    if len(found) < 2:
+        return
+    shown = ", ".join(found[split] for split in SPLIT_NAMES if split in found)
+    raise InputError(
+        f"{spec} holds parquet files of {len(found)} splits named in the middle of their names "
+        f"({shown}): read as one dataset, they would be mixed",
+        "name each file for its split first, as HF writes them (train-00000-of-00001.parquet, "
+        "test-...), or give one file",
+    )
 
 
 def split_of(relative: str) -> str | None:
