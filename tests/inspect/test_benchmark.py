@@ -1201,6 +1201,31 @@ def test_an_infer_batch_whose_first_layer_outgrows_the_memory_is_refused_before_
         benchmark_model(model, (3, 16, 16), options(batch_sizes=(86,), warmup=0, iters=1))
 
 
+class _Shift(nn.Module):
+    def forward(self, x, shift):
+        return x + shift
+
+
+class _Shifted(nn.Module):
+    """A parameter handed to a leaf call as an argument (a position embedding added by a
+    module of its own): memory held once, not per image."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shift = nn.Parameter(torch.zeros(1, 64, 100))
+        self.add = _Shift()
+
+    def forward(self, x):
+        return self.add(x, self.shift).mean((1, 2))
+
+
+def test_a_parameter_a_layer_is_handed_is_not_counted_per_image():
+    """Before: the infer check's per-image figure counted the 25.6 KB parameter as a layer
+    input, once per image of the batch."""
+    counted = summarize(_Shifted(), [(1, 64, 100)], count_flops=False)
+    assert round(counted.largest_call_mb * 1e6) == 64 * 100 * 4  # the sum it makes, alone
+
+
 # --- --find-batch-size: what is shown, where it cannot measure, a later mode's failure --------
 
 

@@ -330,7 +330,8 @@ class _Recorder:
         self.call_counts: dict[int, int] = {}
         self.param_cache: dict[int, tuple[int, int]] = {}
         self.activation_bytes = 0
-        self.model_input_keys: set[int] = set()  # the storages of the model's inputs
+        # The storages of the model's inputs, parameters and buffers: not a call's own memory
+        self.model_input_keys: set[int] = set()
         self.largest_call_bytes = 0
         # Row index of each leaf call in progress -> the storages its operations read so far
         # (filled by _UsedTensors while `tracking`; without it every parameter counts).
@@ -594,7 +595,9 @@ def _record(
             handles.append(module.register_forward_pre_hook(recorder.pre_hook, with_kwargs=True))
             handles.append(module.register_forward_hook(recorder.post_hook, always_call=True))
         model.train(train_mode)
-        _add_storages([inputs, kwargs], recorder.model_input_keys)
+        _add_storages(
+            [inputs, kwargs, *model.parameters(), *model.buffers()], recorder.model_input_keys
+        )
         recorder.tracking = True
         # The dispatch modes' first calls would import torch._dynamo (2 s), and the meta
         # kernels and references they run sympy (2-5 s): neither is needed.
