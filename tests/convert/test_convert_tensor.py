@@ -187,10 +187,11 @@ def test_exif_orientation_is_applied_like_pil(tmp_path, orientation):
     np.testing.assert_array_equal(raw, np.asarray(image))
 
 
-@pytest.mark.parametrize("orientation", [3, 6, 8])
+@pytest.mark.parametrize("orientation", [3, 5, 6, 7, 8])
 def test_a_tiff_is_turned_once_by_its_orientation(tmp_path, orientation):
     # Pillow's TIFF loader turns the pixels itself: turned again, a TIFF came out turned twice
-    # (3 not turned, 6 and 8 upside down) where the same PNG came out right.
+    # (3 not turned, 6 and 8 upside down) where the same PNG came out right; without EXIF it
+    # came out turned, not as stored.
     image = random_image("RGB", size=(6, 4))
     exif = Image.Exif()
     exif[0x0112] = orientation
@@ -199,6 +200,8 @@ def test_a_tiff_is_turned_once_by_its_orientation(tmp_path, orientation):
     with Image.open(tmp_path / "o.png") as opened:
         expected = np.asarray(ImageOps.exif_transpose(opened))
     np.testing.assert_array_equal(read_image(tmp_path / "o.tif").array, expected)
+    raw = read_image(tmp_path / "o.tif", exif=False).array
+    np.testing.assert_array_equal(raw, np.asarray(image))
 
 
 def test_no_exif_option(tmp_path):

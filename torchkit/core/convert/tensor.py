@@ -206,6 +206,11 @@ def _pil_to_array(image, source: Path) -> Any:
     return np.asarray(image if wanted == mode else image.convert(wanted))
 
 
+# The EXIF orientation that undoes each one: turns by 90 degrees the other way, the rest
+# (flips, 180 degrees, transposes) themselves.
+_UNDONE_BY = {6: 8, 8: 6}
+
+
 def read_image(path: str | os.PathLike, *, exif: bool = True, name: str | None = None) -> px.Pixels:
     """An image file as Pixels: grayscale, RGBA and 16-bit keep their channels and depth,
     palette images become RGB(A), EXIF orientation is applied unless `exif=False` (the picture
@@ -216,13 +221,15 @@ def read_image(path: str | os.PathLike, *, exif: bool = True, name: str | None =
         with opened_image(data, name=os.fspath(source)) as image:
             # Before getexif(), which loads a PNG: 16-bit colour is told by the tile loading drops.
             array = sixteen_bit_colour(image)
-            orientation = exif_orientation(image, exif=exif)
+            tag = exif_orientation(image, exif=True)
+            orientation = tag if exif else 1
             if array is None:
                 array = _pil_to_array(image, source)
                 # Pillow's TIFF loader turns the pixels by the tag and drops it: turned again
-                # here, a TIFF came out turned twice (6 and 8 upside down, 3 not turned).
-                if orientation != 1 and exif_orientation(image, exif=exif) == 1:
-                    orientation = 1
+                # here, a TIFF came out turned twice (6 and 8 upside down, 3 not turned), and
+                # `exif=False` gave it turned, not as stored: that turn is undone instead.
+                if tag != 1 and exif_orientation(image, exif=True) == 1:
+                    orientation = 1 if exif else _UNDONE_BY.get(tag, tag)
     except unreadable_image_errors() as error:
         raise InputError(
             f"cannot read image {source}: {first_line(error)}",
