@@ -582,6 +582,7 @@ def _record(
     """One no-grad forward pass with the hooks, in eval mode (training mode with
     `train_mode`); every module's mode is put back."""
     import torch
+    from torch.nn.parameter import is_lazy  # an unsized lazy parameter has no storage yet
 
     recorder = _Recorder(model)
     modes = [(m, m.training) for m in model.modules()]
@@ -595,9 +596,8 @@ def _record(
             handles.append(module.register_forward_pre_hook(recorder.pre_hook, with_kwargs=True))
             handles.append(module.register_forward_hook(recorder.post_hook, always_call=True))
         model.train(train_mode)
-        _add_storages(
-            [inputs, kwargs, *model.parameters(), *model.buffers()], recorder.model_input_keys
-        )
+        state = [t for t in (*model.parameters(), *model.buffers()) if not is_lazy(t)]
+        _add_storages([inputs, kwargs, state], recorder.model_input_keys)
         recorder.tracking = True
         # The dispatch modes' first calls would import torch._dynamo (2 s), and the meta
         # kernels and references they run sympy (2-5 s): neither is needed.
