@@ -655,7 +655,7 @@ def _fork_possible() -> bool:
 
 
 def start_preloaded_process(
-    *args: str,
+    *args: str | bytes | os.PathLike,
     env: dict[str, str] | None = None,
     cwd: str | os.PathLike | None = None,
     stdin: int | None = None,
@@ -666,6 +666,8 @@ def start_preloaded_process(
 ) -> PreloadedProcess | subprocess.Popen:
     """`processes.start_torchkit_process(*args, env, cwd, stdin, stdout, stderr, pass_fds, text)`,
     forked from a server where it can be (see the module's doc)."""
+    # Path-like and bytes arguments as Popen takes them (a request travels as JSON: strings).
+    args = tuple(os.fsdecode(arg) for arg in args)
     full_env = child_environment(env)
     command = [sys.executable, "-m", "torchkit", *args]
 

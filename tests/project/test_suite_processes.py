@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from pathlib import Path
 
 import preloaded_processes
 import pytest
@@ -43,9 +44,10 @@ def test_a_plain_process_is_forked_from_a_server_as_a_fresh_one_would_look_and_l
         process.kill()
     assert process.returncode == 1 and out == ""
     assert err.startswith("Error: no video paths on stdin")
-    # A name that is not UTF-8 is written escaped (it once ended the server: its forks with it).
+    # A name that is not UTF-8 is written escaped (it once ended the server: its forks with it);
+    # a Path is an argument as Popen takes it (its request could not be sent).
     not_utf8 = os.fsdecode(b"\xff.mp4")
-    named = run_torchkit_process("video-info", not_utf8)
+    named = run_torchkit_process("video-info", Path(not_utf8))
     assert named.returncode == 1 and named.stderr.startswith("Error: ")
     first, second = fork_log.read_text().splitlines()  # each written before its exit status
     test, cpu, wall, args = first.split("\t")
