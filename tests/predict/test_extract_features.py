@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import multiprocessing
 import sys
 import types
 import urllib.error
@@ -717,9 +718,10 @@ def test_unreadable_images_are_recorded_or_fatal_with_strict(runner, tmp_path):
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
     # --force whose run fails before writing a row (the bad image is in the first batch of 64)
     # puts the previous OUT back as it was.
-    first_batch = [*args[:-4], "-b", "64", "-j", "0"]
+    first_batch = [*args[:-4], "-b", "64", "-j", "1"]
     strict = run(runner, *first_batch, "-l", "features", "--strict", "--force")
     assert strict.exit_code == 1
+    assert multiprocessing.active_children() == []  # its loader's worker stopped with it
     assert "Error: cannot read image" in strict.stderr and "a_bad.png" in strict.stderr
     assert "Traceback" not in strict.stderr
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
