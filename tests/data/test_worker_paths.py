@@ -104,3 +104,25 @@ def test_stored_images_come_back_with_their_reader_and_locator():
         assert type(item) is StoredImage and item == image
         assert item.reader is image.reader and item.locator == image.locator
         assert item.read_bytes() == image.read_bytes()
+
+
+def test_a_negative_index_counts_from_the_end_as_in_the_samples_lists():
+    import pytest
+
+    from torchkit.core.data.dataset import PackedPaths
+    from torchkit.core.data.stored_image import StoredImage
+
+    # Read as a list reads it; a negative index read every path joined into one before.
+    labels = list(range(len(NAMES)))
+    dataset = make_dataset(Samples(["a"], labels, list(NAMES)), _ReturnsPath(), pixels=True)
+    items = [dataset[index] for index in range(-len(NAMES), 0)]
+    assert [item[0] for item in items] == NAMES and [item[1] for item in items] == labels
+    images = [StoredImage(name, _Reader(), (i, name)) for i, name in enumerate(NAMES)]
+    stored = make_dataset(Samples(["a"], labels, list(images)), _ReturnsPath(), pixels=True)
+    for index in range(-len(NAMES), 0):
+        item = stored[index][0]
+        assert item == images[index] and item.locator == images[index].locator
+    packed = PackedPaths(NAMES)
+    for past in (len(NAMES), -len(NAMES) - 1):
+        with pytest.raises(IndexError):
+            packed[past]

@@ -115,9 +115,17 @@ class PackedPaths:
         return len(self._ends)
 
     def __getitem__(self, index: int) -> str:
-        ends = self._ends
-        start = ends[index - 1] if index > 0 else 0
-        return self._data[start : ends[index]].decode("utf-8", "surrogatepass")
+        start, end = _span(self._ends, index)
+        return self._data[start:end].decode("utf-8", "surrogatepass")
+
+
+def _span(ends: array, index: int) -> tuple[int, int]:
+    """(start, end) of item `index` (negative: from the end, as a list's) of a buffer whose
+    items end at `ends`; IndexError past either end."""
+    end = ends[index]
+    if index < 0:
+        index += len(ends)
+    return (ends[index - 1] if index > 0 else 0), end
 
 
 class PackedStoredImages:
@@ -152,9 +160,8 @@ class PackedStoredImages:
         return len(self._names)
 
     def __getitem__(self, index: int) -> Any:
-        ends = self._locator_ends
-        start = ends[index - 1] if index > 0 else 0
-        locator = self._loads(self._locators[start : ends[index]])
+        start, end = _span(self._locator_ends, index)
+        locator = self._loads(self._locators[start:end])
         reader = self._readers[self._reader_of[index]]
         return self._stored_image(self._names[index], reader, locator)
 
