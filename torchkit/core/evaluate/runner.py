@@ -505,44 +505,46 @@ def _run(
             **worker_options(workers),
         )
         batches = iter(loader)  # the workers are forked here
-    if join is not None:
-        try:
+    try:
+        if join is not None:
             join()  # Gloo's threads start: after the forks
-        except BaseException:
-            # The workers stop now, not whenever the traceback that holds this frame is
-            # collected (whose join of them then waited torch's 5 s for each).
-            del batches
-            raise
-    info_amp_dtype = None if amp_dtype is None else amp_dtype_name(amp_dtype)
-    model = resolved.model
-    model.eval()
-    model.to(device)
-    if options.run.channels_last:
-        to_channels_last(model)
-    log.info(
-        "evaluating %d images of %s with %s on %s",
-        len(samples),
-        samples.source,
-        resolved.arch,
-        device,
-    )
-    start = time.perf_counter()
-    with torch_threads(compute_threads(workers, tiny_inputs=samples.images is not None)):
-        local, errors, nonfinite_batches = predict(
-            model,
-            loader,
+        info_amp_dtype = None if amp_dtype is None else amp_dtype_name(amp_dtype)
+        model = resolved.model
+        model.eval()
+        model.to(device)
+        if options.run.channels_last:
+            to_channels_last(model)
+        log.info(
+            "evaluating %d images of %s with %s on %s",
+            len(samples),
+            samples.source,
+            resolved.arch,
             device,
-            k=k,
-            tta=options.tta,
-            amp=options.run.amp,
-            amp_dtype=amp_dtype,
-            channels_last=options.run.channels_last,
-            strict=options.strict,
-            progress=progress if ctx.is_main else None,
-            normalized=NormalizedPixels(preprocess.mean, preprocess.std),
-            batches=batches,
         )
-        del batches  # its workers stop
+        start = time.perf_counter()
+        with torch_threads(compute_threads(workers, tiny_inputs=samples.images is not None)):
+            local, errors, nonfinite_batches = predict(
+                model,
+                loader,
+                device,
+                k=k,
+                tta=options.tta,
+                amp=options.run.amp,
+                amp_dtype=amp_dtype,
+                channels_last=options.run.channels_last,
+                strict=options.strict,
+                progress=progress if ctx.is_main else None,
+                normalized=NormalizedPixels(preprocess.mean, preprocess.std),
+                batches=batches,
+            )
+    finally:
+        # The workers stop now, also after a failed join, an error of the model or a stop:
+        # not whenever the traceback that holds this frame (and `predict`'s, which holds the
+        # iterator too) is collected, whose join of them then waited torch's 5 s for each.
+        shutdown = getattr(batches, "_shutdown_workers", None)  # none without workers
+        if shutdown is not None:
+            shutdown()
+        del batches
     seconds = time.perf_counter() - start
     predictions, errors, seconds, nonfinite_batches = _gather(
         local, errors, seconds, nonfinite_batches, k, ctx
