@@ -86,14 +86,31 @@ class Branchy(nn.Module):
 
 
 class Scaled(nn.Module):
-    """A tensor turned into a Python float: tracing warns, the constant it keeps is right."""
+    """Tensors turned into Python floats: tracing warns, the constants it keeps are right for
+    every input (they come from the input's shape and from the weights, not its values)."""
 
     def __init__(self):
         super().__init__()
         self.conv = nn.Conv2d(3, 4, 3)
 
     def forward(self, x):
-        return self.conv(x).mean((2, 3)) * float(x.abs().max() > -1)
+        y = self.conv(x).mean((2, 3)) * float(x.shape[1] == 3)
+        return y * float(self.conv.weight.abs().sum() > 0)
+
+
+class Rare(nn.Module):
+    """A branch on the input's values that the random inputs never take (`if x.mean() > 0:`
+    half of them may not): the trace keeps the way its example went."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        y = self.conv(x).mean((2, 3))
+        if x.mean() > 10:  # the branch
+            return -y
+        return y
 
 
 class Attention(nn.Module):
@@ -836,6 +853,54 @@ def test_tracer_warnings_are_one_warning_line(runner, world, tmp_path, monkeypat
     warnings = result.stderr.splitlines()
     assert len(warnings) == 1 and warnings[0].startswith(f"Warning: tracing for {fmt} warned: ")
     assert "Converting a tensor to a Python float" in warnings[0]
+
+
+RARE_BRANCH = NETS.splitlines().index("        if x.mean() > 10:  # the branch") + 1
+
+
+@pytest.mark.parametrize("fmt", [ONNX, TORCHSCRIPT])
+def test_a_branch_on_the_inputs_values_makes_the_verification_inconclusive(
+    runner, world, tmp_path, monkeypatch, fmt
+):
+    """Before: verified, passed (the tracer's warning aside), though the file gives y where
+    PyTorch gives -y for every input whose mean is over 10: the random inputs of the check all
+    went the example's way. Now the check says it cannot tell, and where the model branched."""
+    monkeypatch.chdir(world["root"])
+    out = tmp_path / f"rare{SUFFIX[fmt]}"
+    result, data = export(runner, f"{PKG}.nets:Rare", str(out), "--image-size", "8")
+    assert result.exit_code == 0, result.stderr
+    assert data["verification"] == "inconclusive" and data["verified"] is False
+    # it matched, on inputs whose outputs differ: inconclusive for the branch alone
+    assert data["max_abs_diff"] <= data["tolerance"] < data["output_spread"] / 2
+    place = f"{world['root'] / PKG / 'nets.py'}:{RARE_BRANCH}"
+    assert data["traced_input_values"] == [place]
+    tracer, warning = result.stderr.splitlines()
+    assert tracer.startswith(f"Warning: tracing for {fmt} warned: Converting a tensor to a ")
+    assert warning.startswith(
+        f"Warning: the verification of {out} is inconclusive: the model turns a value of its "
+        f"input into a Python value at {place} (a branch?), which the file keeps fixed"
+    )
+    assert out.is_file()  # kept, as torch.onnx.export keeps it: right for the example's way
+
+
+def test_a_mismatch_of_a_model_that_branches_on_its_input_names_the_branch(
+    runner, world, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(world["root"])
+    real_run = ExportedModel.run_batch
+    # as if the check's inputs had gone the other way
+    monkeypatch.setattr(ExportedModel, "run_batch", lambda self, data: -real_run(self, data))
+    out = tmp_path / "rare.ts"
+    result, _ = export(runner, f"{PKG}.nets:Rare", str(out), "--image-size", "8")
+    assert result.exit_code == 1
+    line = error_line(result.stderr, besides="warnings")  # and the tracer's
+    assert "differ from PyTorch's by up to" in line
+    assert line.endswith(
+        f"(the model reads a value of its input at {world['root'] / PKG / 'nets.py'}:"
+        f"{RARE_BRANCH} (a branch?), which the trace fixed to the example input's way; "
+        "nothing was written)"
+    )
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

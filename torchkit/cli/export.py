@@ -204,6 +204,16 @@ def export(
         )
     if result.verification == "skipped":
         console.warn(f"{result.path} was not verified (--no-verify)")
+    elif result.traced_input_values:
+        places = result.traced_input_values
+        more = f" (and {len(places) - 1} more)" if len(places) > 1 else ""
+        console.warn(
+            f"the verification of {result.path} is inconclusive: the model turns a value of "
+            f"its input into a Python value at {places[0]}{more} (a branch?), which the file "
+            "keeps fixed to what the example input gave, so inputs that would go another way "
+            "there may get wrong outputs (write it with tensor operations such as torch.where "
+            "to export it whole)"
+        )
     elif result.verification == "inconclusive":
         console.warn(
             f"the verification of {result.path} is inconclusive: PyTorch's outputs for distinct "
@@ -223,8 +233,12 @@ def _shape(data: dict) -> str:
 
 
 def _csv_cell(value):
-    if isinstance(value, list):
-        return "x".join(map(str, value))
+    if isinstance(value, list):  # a shape or batch sizes; places in the model's code
+        return (
+            "x".join(map(str, value))
+            if all(isinstance(v, int) for v in value)
+            else "; ".join(value)
+        )
     return value
 
 
@@ -232,6 +246,11 @@ def _verified_cell(data: dict) -> str:
     batches = ", ".join(map(str, data["verified_batch_sizes"]))
     if data["verification"] == "passed":
         return f"yes, in {data['runtime']} at batch {batches}"
+    if data["verification"] == "inconclusive" and data["traced_input_values"]:
+        return (
+            f"inconclusive: the trace fixed a value read from the input "
+            f"({data['runtime']} at batch {batches})"
+        )
     if data["verification"] == "inconclusive":
         return f"inconclusive: the outputs barely depend on the input ({data['runtime']})"
     return "no (--no-verify)"

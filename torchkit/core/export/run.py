@@ -21,6 +21,7 @@ from torchkit.core.export import formats as fm
 from torchkit.core.export.verification import (
     OutputMismatch,
     Verification,
+    VerificationError,
     reference_outputs,
     require_comparable,
     require_repeatable,
@@ -101,6 +102,10 @@ class ExportResult:
     # ignored it would pass too) | skipped (--no-verify)
     verification: str = "skipped"
     output_spread: float | None = None  # the most one output differs between distinct inputs
+    # "file.py:LINE" where the traced model turned a value computed from its input into a
+    # Python value (`if x.mean() > 0:`): the file keeps the example's way there, so a passing
+    # check is inconclusive (ONNX, TorchScript; torch.export refuses such a model)
+    traced_input_values: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -211,20 +216,28 @@ def export_model(request: ExportRequest, progress: Progress | None = None) -> Ex
         data=resolved.data_record,
     )
     verification: Verification | None = None
+    traced_input_values: list[str] = []
     with _parents_removed_on_failure(target), atomic_path(target) as temporary:
         kwargs = {"target": target, "dynamic": dynamic, "metadata": metadata}
         if fmt == fm.ONNX:
-            write_onnx(model, example, temporary, opset=opset, **kwargs)
+            traced_input_values = write_onnx(model, example, temporary, opset=opset, **kwargs)
         elif fmt == fm.TORCHSCRIPT:
-            write_torchscript(model, example, temporary, **kwargs)
+            traced_input_values = write_torchscript(model, example, temporary, **kwargs)
         else:
             write_exported_program(model, example, temporary, **kwargs)
         step()
         if request.verify:
             try:
                 verification = verify(temporary, fmt, batches, references, tolerance)
-            except OutputMismatch:
+            except OutputMismatch as mismatch:
                 require_repeatable(model, batches[0], references[0], tolerance, arch)
+                if traced_input_values:
+                    raise VerificationError(
+                        mismatch.message,
+                        f"the model reads a value of its input at {traced_input_values[0]} "
+                        "(a branch?), which the trace fixed to the example input's way; "
+                        "nothing was written",
+                    ) from mismatch
                 raise
         file_bytes = temporary.stat().st_size
     step()
@@ -244,7 +257,7 @@ def export_model(request: ExportRequest, progress: Progress | None = None) -> Ex
         preprocess_source=resolved.preprocess_source,
         metadata=fm.METADATA_PLACES[fmt],
         file_bytes=file_bytes,
-        verified=verification is not None and verification.conclusive,
+        verified=_verdict(verification, traced_input_values) == "passed",
         max_abs_diff=verification.max_abs_diff if verification else None,
         tolerance=verification.tolerance if verification else None,
         atol=tolerance.atol,
@@ -252,8 +265,9 @@ def export_model(request: ExportRequest, progress: Progress | None = None) -> Ex
         verified_batch_sizes=verification.batch_sizes if verification else [],
         seconds=time.perf_counter() - started,
         random_weights=random_weights,
-        verification=_verdict(verification),
+        verification=_verdict(verification, traced_input_values),
         output_spread=verification.output_spread if verification else None,
+        traced_input_values=traced_input_values,
     )
 
 
@@ -270,10 +284,15 @@ def _require_runtime(fmt: str, verifying: bool) -> None:
             )
 
 
-def _verdict(verification: Verification | None) -> str:
+def _verdict(verification: Verification | None, traced_input_values: list[str]) -> str:
+    """passed only when the outputs match and the check could tell: not when they barely
+    depend on the input, nor when the trace fixed what the model did with an input's value
+    (the random inputs may all have gone the example's way)."""
     if verification is None:
         return "skipped"
-    return "passed" if verification.conclusive else "inconclusive"
+    if not verification.conclusive or traced_input_values:
+        return "inconclusive"
+    return "passed"
 
 
 def _largest_call_bytes(model: Any, sample: tuple[int, ...]) -> int:

@@ -51,11 +51,11 @@ def exporter_output_hidden() -> Iterator[list[str]]:
                     tracer.append(_first_sentence(first_line(item.message)))
 
 
-def _library_code(filename: str) -> bool:
+def _library_code(filename: str, packages: tuple[str, ...] = ("torch", "torchvision")) -> bool:
     """A file of torch or torchvision: their tracer warnings are shape checks (torch._assert,
     MultiheadAttention's mask checks) that hold for every input of the exported shape."""
     folders = []
-    for name in ("torch", "torchvision"):
+    for name in packages:
         module = sys.modules.get(name)
         if module is not None and getattr(module, "__file__", None):
             folders.append(os.path.dirname(os.path.abspath(module.__file__)) + os.sep)
@@ -69,6 +69,93 @@ def _first_sentence(line: str) -> str:
         if found and head:
             return head + end.strip() if end == "! " else head
     return line
+
+
+# Graph nodes whose output depends on a tensor's shape, type or device, never on its values:
+# a Python value read through them (an assert on x.shape[1], int(x.size(0))) is the same for
+# every input of the exported shape, and the verification's batch sizes check the batch.
+_SHAPE_ONLY_NODES = frozenset(
+    {
+        "aten::size",
+        "aten::sym_size",
+        "aten::dim",
+        "aten::numel",
+        "aten::len",
+        "prim::shape",
+        "prim::device",
+        "prim::dtype",
+        "prim::layout",
+    }
+)
+
+
+@contextlib.contextmanager
+def input_values_read(example: Any) -> Iterator[list[str]]:
+    """Around torch's tracer (torch.jit.trace, torch.onnx.export): yields a list that receives
+    the places ("file.py:LINE") where the model turns a tensor computed from the values of
+    `example` into a Python value (`if x.mean() > 0:`, `int(x.argmax())`, `.item()`). The trace
+    keeps what the example gave there as a constant, so the file is wrong for inputs that would
+    have gone the other way, and random verification inputs may all go the example's way: such
+    an export cannot be called verified. Values read from shapes only, and from the weights,
+    are the same for every input and are not listed."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    places: list[str] = []
+    reads = {
+        torch.Tensor.__bool__,
+        torch.Tensor.__int__,
+        torch.Tensor.__index__,
+        torch.Tensor.__float__,
+        torch.Tensor.item,
+        torch.Tensor.tolist,
+    }
+    independent: set[int] = set()  # graph values known not to depend on the input's values
+
+    def depends_on_input(tensor: Any) -> bool:
+        source = torch._C._get_value_trace(example).unique()
+        stack = [torch._C._get_value_trace(tensor)]
+        visited: set[int] = set()
+        while stack:
+            value = stack.pop()
+            key = value.unique()
+            if key == source:
+                return True
+            if key in independent or key in visited:
+                continue
+            visited.add(key)
+            node = value.node()
+            if node.kind() not in _SHAPE_ONLY_NODES:
+                stack.extend(node.inputs())
+        independent.update(visited)  # the whole closure was searched: none of it depends
+        return False
+
+    class InputValueReads(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func in reads and args and torch._C._get_tracing_state() is not None:
+                try:
+                    dependent = depends_on_input(args[0])
+                except RuntimeError:  # a tensor the tracer cannot place: nothing to say
+                    dependent = False
+                place = _caller_place() if dependent else None
+                if place is not None and place not in places:  # a line run again, in a loop
+                    places.append(place)
+            return func(*args, **(kwargs or {}))
+
+    with InputValueReads():
+        yield places
+
+
+def _caller_place() -> str:
+    """file.py:LINE of the innermost frame outside torch and this module: the model's line."""
+    here = os.path.abspath(__file__)
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if os.path.abspath(filename) != here and not _library_code(filename, ("torch",)):
+            return f"{filename}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "?"
 
 
 def report_tracer_warnings(tracer: list[str], fmt: str) -> None:
@@ -121,9 +208,9 @@ def write_onnx(
     dynamic: bool,
     opset: int,
     metadata: dict[str, Any],
-) -> None:
+) -> list[str]:
     """Export to ONNX in memory, add the metadata props, save at `path` (errors name
-    `target`)."""
+    `target`). Returns where the model read a value of its input (`input_values_read`)."""
     import torch
 
     from torchkit.core.runtime.extras import import_extra
@@ -136,7 +223,7 @@ def write_onnx(
         )
     buffer = io.BytesIO()
     axes = {meta.INPUT_NAME: {0: "batch"}, meta.OUTPUT_NAME: {0: "batch"}} if dynamic else None
-    with exporter_output_hidden() as tracer:
+    with exporter_output_hidden() as tracer, input_values_read(example) as reads:
         try:
             # With autograd on: under no_grad, eval-mode nn.MultiheadAttention (ViT...) takes
             # its fast path, aten::_native_multi_head_attention, which ONNX has no symbolic for.
@@ -160,6 +247,7 @@ def write_onnx(
         prop = proto.metadata_props.add()
         prop.key, prop.value = key, value
     _write_bytes(path, memoryview(proto.SerializeToString()), target)
+    return reads
 
 
 def _shape_checked(traced: Any, shape: tuple[int, ...], batch_size: int | None) -> Any:
@@ -193,12 +281,15 @@ def write_torchscript(
     target: os.PathLike,
     dynamic: bool,
     metadata: dict[str, Any],
-) -> None:
+) -> list[str]:
+    """Trace, wrap in the shape check, save at `path`; returns where the model read a value of
+    its input (`input_values_read`)."""
     import torch
 
     with exporter_output_hidden() as tracer:
         try:
-            with torch.enable_grad():  # as for ONNX: the graph keeps portable attention ops
+            with torch.enable_grad(), input_values_read(example) as reads:
+                # with autograd on, as for ONNX: the graph keeps portable attention ops
                 traced = torch.jit.trace(model, example, check_trace=False)
             module = _shape_checked(
                 traced, tuple(example.shape[1:]), None if dynamic else example.shape[0]
@@ -211,6 +302,7 @@ def write_torchscript(
         warnings.simplefilter("ignore", FutureWarning)  # "torch.jit.save is deprecated"
         torch.jit.save(module, buffer, _extra_files={meta.EXTRA_FILE: meta.to_extra_file(metadata)})
     _write_bytes(path, buffer.getbuffer(), target)
+    return reads
 
 
 def write_exported_program(
