@@ -526,11 +526,15 @@ def _left_unconverted(saved: Any, wanted: Any) -> list[str]:
 
     left: list[str] = []
     seen: set[int] = set()
+    # A torch.fx graph names layers by their path in the module that runs it, not by the
+    # module it holds as its owner: a feature extractor's graph of the other mode holds the
+    # one it was traced in until .eval() hands it over, and that one never runs.
+    not_held = (torch.Tensor, str, bytes, int, float, torch.fx.Graph, torch.fx.Node)
     # Each path is spelled only for a layer found: a key may be a tensor (an optimizer's state).
     stack: list[tuple[Any, tuple[Any, ...]]] = [(saved, ())]
     while stack:
         value, path = stack.pop()
-        if id(value) in seen or isinstance(value, (torch.Tensor, str, bytes, int, float)):
+        if id(value) in seen or isinstance(value, not_held):
             continue
         seen.add(id(value))
         if wanted(value):
