@@ -9,6 +9,7 @@ import warnings
 
 import pytest
 import torch
+from nets import TinyNet
 from output_checks import error_line
 from torch import nn
 from torch.nn.utils import prune
@@ -250,6 +251,31 @@ def test_a_torchscript_module_that_fails_says_why(runner):
     line = error_line(result.stderr)
     assert "mat1 and mat2 shapes cannot be multiplied (1x5 and 3x4)" in line, line
     assert "TorchScript interpreter" not in line
+
+
+def test_a_torchscript_file_of_a_fixed_batch_is_counted_at_its_batch(runner, tmp_path):
+    """Before: `export --static-batch -b 3` files were run at batch 1 without --batch-size:
+    'ShapeChecked cannot run on an input of shape (1, 3, 8, 8): expected a batch of 3, got 1
+    (check --input-size ...)'. Now they are counted at 3 (as benchmark times them), and another
+    batch is one usage error naming 3."""
+    path = tmp_path / "fixed.ts"
+    exported = runner.invoke(
+        app,
+        ["export", "nets:TinyNet", str(path), "--image-size", "8", "--static-batch", "-b", "3"],
+    )
+    assert exported.exit_code == 0, exported.stderr
+    plain = invoke_json(runner, str(path), "--trust-checkpoint")
+    assert plain["inputs"][0]["shape"] == [3, 3, 8, 8]
+    assert plain["totals"]["flops"] == 3 * summarize(TinyNet(), [(1, 3, 8, 8)]).flops
+    assert invoke_json(runner, str(path), "--trust-checkpoint", "-b", "3") == plain
+    hint = "(give --batch-size 3 or none, or export it without --static-batch)"
+    for args, other in ((["-b", "2"], 2), (["-i", "1,3,8,8"], 1)):
+        refused = invoke(runner, str(path), "--trust-checkpoint", *args)
+        assert refused.exit_code == 2 and refused.stdout == ""
+        assert error_line(refused.stderr) == (
+            f"Error: {path} takes batches of 3 only (exported with --static-batch), not "
+            f"{other} {hint}"
+        )
 
 
 # --- pruned layers ---------------------------------------------------------------------------

@@ -309,6 +309,8 @@ def _summarize_loaded(
             notes.insert(0, SCRIPT_NOTE)
         result = summarize_tree(model, notes=notes)
     else:
+        if loaded.exported_batch_size is not None and not no_batch_dim:
+            batch_size = _fixed_batch(loaded, args, batch_size)
         shapes = full_shapes(
             [arg.size for arg in args],
             batch_size,
@@ -332,6 +334,23 @@ def _summarize_loaded(
     if on_meta:
         result.device = _device_name(target)
     return result
+
+
+def _fixed_batch(loaded: Any, args: list[InputArg], batch_size: int | None) -> int:
+    """The batch an exported file of a fixed batch (`export --static-batch -b N`) is counted
+    at: N, which it runs only (as benchmark); another --batch-size, or an N,C,H,W input of
+    another N, is refused naming N (it failed in the model: 'expected a batch of N, got 1')."""
+    fixed = loaded.exported_batch_size
+    given = [batch_size] if batch_size is not None else []
+    given += [arg.size[0] for arg in args if arg.name is None and len(arg.size) == 4]
+    others = [size for size in given if size != fixed]
+    if others:
+        raise UsageError(
+            f"{loaded.spec or loaded.arch} takes batches of {fixed} only (exported with "
+            f"--static-batch), not {others[0]}",
+            f"give --batch-size {fixed} or none, or export it without --static-batch",
+        )
+    return fixed
 
 
 def _device_name(device: Any) -> str:
