@@ -156,6 +156,29 @@ def test_average_of_pickled_models_takes_trust_checkpoint(runner, tmp_path):
     assert torch.allclose(torch.load(out, weights_only=True)["weight"], expected)
 
 
+def test_state_dicts_with_keys_that_are_no_names_are_one_error_naming_the_key(runner, tmp_path):
+    """Before: 'Error: AttributeError: 'int' object has no attribute 'startswith'' (the
+    DataParallel prefix was looked for in every key)."""
+    from output_checks import error_line
+
+    from torchkit.cli import app
+
+    first, second = tmp_path / "first.pt", tmp_path / "second.pt"
+    torch.save({"conv.weight": torch.ones(2), "conv.bias": torch.zeros(2)}, first)
+    torch.save({"conv.weight": torch.ones(2), 7: torch.zeros(2)}, second)
+    out = tmp_path / "avg.pt"
+    result = runner.invoke(
+        app, ["convert", "checkpoint", "--average", str(first), str(second), str(out)]
+    )
+    assert result.exit_code == 1
+    assert error_line(result.stderr, besides="nothing") == (
+        f"Error: {second}: the model weights in the checkpoint hold a key 7 (int), not a "
+        "parameter or buffer name (a state dict of model weights has string keys; the file "
+        "holds something else)"
+    )
+    assert not out.exists()
+
+
 def test_complex_tensors_are_averaged_and_their_nans_refused(tmp_path):
     """Complex weights (spectral layers) were taken from the last checkpoint, as integers are."""
     values = [torch.randn(3, dtype=torch.complex64), torch.randn(3, dtype=torch.complex64)]

@@ -149,7 +149,12 @@ def average_checkpoints(
             "average files of one kind",
         )
     names = [str(p) for p in paths]
-    states = [extract_state_dict(item) for item in loaded]
+    states = []
+    for name, item in zip(names, loaded, strict=True):
+        try:
+            states.append(extract_state_dict(item))
+        except CheckpointError as error:  # which of the checkpoints it is
+            raise CheckpointError(f"{name}: {error.message}", error.hint) from error
     if all(torchkit):
         archs = {str(item.get("arch")) for item in loaded}
         if len(archs) > 1:

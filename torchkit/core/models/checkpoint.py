@@ -410,6 +410,12 @@ def strip_module_prefix(state_dict: Mapping[str, Any]) -> dict:
         )
     cleaned = {}
     for key, value in state_dict.items():
+        if not isinstance(key, str):  # a model's state_dict() names every tensor
+            raise CheckpointError(
+                f"the model weights in the checkpoint hold a key {key!r} "
+                f"({type(key).__name__}), not a parameter or buffer name",
+                "a state dict of model weights has string keys; the file holds something else",
+            )
         # Wrappers nest in either order: DDP(compile(m)) and compile(DDP(m)).
         while key.startswith(("module.", "_orig_mod.")):
             key = key.partition(".")[2]
