@@ -56,3 +56,29 @@ def test_a_pattern_of_compressed_shards_is_one_error_line(tmp_path):
     result = run_torchkit_in_process("dataset-stats", tmp_path / "s-{000000..000000}.tar.gz")
     assert result.returncode == 1
     assert f"{tmp_path}/s-000000.tar.gz is a compressed tar" in error_line(result.stderr)
+
+
+@pytest.mark.parametrize(
+    "named, shown",
+    [
+        (
+            "https://host.invalid/d/train-{0..9}.tar.gz",
+            "https://host.invalid/d/train-0.tar.gz is a compressed tar (and 9 more)",
+        ),
+        (
+            "http://user:secret@127.0.0.1:9/d/a.tar::http://127.0.0.1:9/d/b.tgz?token=t",
+            "http://127.0.0.1:9/d/b.tgz is a compressed tar",
+        ),
+        ("http://127.0.0.1:9/one.tar.gz", "http://127.0.0.1:9/one.tar.gz is a compressed tar"),
+    ],
+)
+def test_compressed_shard_urls_are_the_same_error_before_any_download(named, shown):
+    """Before: '... names no .tar shard: a :: list joins shard URLs' for a pattern of them, and
+    a folder URL's missing manifest.json for one (after asking the server); now the error of a
+    compressed shard on disk, from the names alone (no address here answers)."""
+    from torchkit.core.data.sources import open_data
+
+    with pytest.raises(InputError) as raised:
+        open_data(named, allow_unlabelled=True)
+    assert raised.value.message == shown  # no query (a token), no password
+    assert raised.value.hint == "shards are read in place: decompress it to a .tar"
