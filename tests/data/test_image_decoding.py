@@ -1,6 +1,7 @@
 """One image-decoding module (`core.image_files`) with one EXIF rule: every entry point that
 feeds a model or measures pixels (load_image and the train/eval dataset, the reduced and device
-decodes of training, dataset-stats, the perceptual hash) reads the pixels as stored, and
+decodes of training, dataset-stats, the perceptual hash) reads the pixels as torchvision's
+loader does (as stored, but a TIFF turned by its decoder, at every bit depth), and
 `convert tensor` turns them by their EXIF orientation unless asked not to; 16-bit, CMYK and
 palette images give the same pixels through every entry point that takes them; an unreadable
 file raises the same error wherever it is read. Tiny images, in process."""
@@ -102,7 +103,8 @@ def damaged_tiff() -> bytes:
 
 
 def pil_stored(path: Path, mode: str = "RGB") -> np.ndarray:
-    """What torchvision's ImageFolder (PIL's loader) gives: the pixels as stored."""
+    """What torchvision's ImageFolder (PIL's loader) gives: the pixels as stored (a TIFF's
+    turned by its Orientation tag: Pillow's TIFF loader applies it)."""
     with Image.open(path) as image:
         return np.asarray(image.convert(mode))
 
@@ -197,6 +199,61 @@ def test_convert_tensor_turns_the_picture_unless_told_not_to(files):
     # gives convert tensor's pixels.
     with opened_image(turned) as image:
         assert np.array_equal(np.asarray(pixels_in_mode(image, "RGB", exif=True)), viewed)
+
+
+def _sixteen_bit_colour_tiff(path: Path, pixels: np.ndarray, orientation: int) -> None:
+    """An uncompressed little-endian RGB TIFF of uint16 `pixels` (H, W, 3), one strip, with
+    an Orientation tag (PIL cannot write 16-bit colour, OpenCV writes no orientation)."""
+    import struct
+
+    height, width, _ = pixels.shape
+    data = pixels.astype("<u2").tobytes()
+    count = 11
+    bits_at = 8 + 2 + 12 * count + 4  # after the header and the one IFD
+    short, long = 3, 4
+    entries = [  # (tag, type, value or offset): one value each but BitsPerSample
+        (256, long, width), (257, long, height), (258, short, bits_at), (259, short, 1),
+        (262, short, 2), (273, long, bits_at + 6), (274, short, orientation),
+        (277, short, 3), (278, long, height), (279, long, len(data)), (284, short, 1),
+    ]  # fmt: skip
+    ifd = b"".join(  # a SHORT value is left-justified in its four bytes; 258's is an offset
+        struct.pack("<HHI", tag, kind, 3 if tag == 258 else 1)
+        + struct.pack("<I" if kind == long or tag == 258 else "<H2x", value)
+        for tag, kind, value in entries
+    )
+    path.write_bytes(
+        b"II*\0" + struct.pack("<IH", 8, count) + ifd + struct.pack("<I3H", 0, 16, 16, 16) + data
+    )
+
+
+def test_a_turned_tiff_is_read_as_torchvision_reads_it_at_every_bit_depth(tmp_path):
+    """Pillow's TIFF loader turns a TIFF by its Orientation tag, so torchvision's loader gives
+    an 8-bit one turned; OpenCV, which decodes 16-bit colour, turns it too. One rule whatever
+    the depth: turned, and once. convert tensor turned a 16-bit one twice (and --no-exif
+    turned it), and under Pillow 10 (which sizes a TIFF as stored until loaded) a 16-bit one
+    turned by 5..8 was unreadable everywhere."""
+    eight = picture(6, 4)  # 4 rows of 6: a turn by 6 changes the shape
+    sixteen = eight.astype(np.uint16) * 257  # the same 8-bit pixels once scaled
+    paths = {"8-bit": tmp_path / "eight.tif", "16-bit": tmp_path / "sixteen.tif"}
+    Image.fromarray(eight).save(paths["8-bit"], exif=with_orientation(TURNED))
+    _sixteen_bit_colour_tiff(paths["16-bit"], sixteen, TURNED)
+    expected = pil_stored(paths["8-bit"])  # torchvision's default loader
+    assert np.array_equal(expected, apply_exif_orientation(eight, TURNED))
+    for depth, path in paths.items():
+        assert np.array_equal(np.asarray(load_image(path, "RGB")), expected), depth
+        assert np.array_equal(dataset_pixels(path), expected), depth
+        assert np.array_equal(reduced_decode(path), expected), depth
+        with opened_image(path) as image:  # the picture as viewed is the same: turned once
+            assert np.array_equal(np.asarray(pixels_in_mode(image, "RGB", exif=True)), expected)
+        result = scanned(path)
+        histograms = result.accumulator.histograms[(("R", "G", "B"), 255)]
+        assert np.array_equal(histograms, histogram(expected)), depth
+        assert result.hashes[0][2] == phash_image(Image.fromarray(expected)), depth
+        # convert tensor: the picture as viewed (turned once), or with --no-exif as stored
+        stored = eight if depth == "8-bit" else sixteen
+        pixels = read_image(path).array
+        assert np.array_equal(pixels, apply_exif_orientation(stored, TURNED)), depth
+        assert np.array_equal(read_image(path, exif=False).array, stored), depth
 
 
 @pytest.mark.parametrize("orientation", range(1, 9))

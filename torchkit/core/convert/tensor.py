@@ -22,6 +22,7 @@ from torchkit.core.data.image_files import (
     exif_orientation,
     expanded_mode,
     opened_image,
+    orientation_on_load,
     read_regular_file,
     sixteen_bit_colour,
     unreadable_image_errors,
@@ -222,14 +223,16 @@ def read_image(path: str | os.PathLike, *, exif: bool = True, name: str | None =
             # Before getexif(), which loads a PNG: 16-bit colour is told by the tile loading drops.
             array = sixteen_bit_colour(image)
             tag = exif_orientation(image, exif=True)
-            orientation = tag if exif else 1
+            # A TIFF's decoders (Pillow's loader, OpenCV's for 16-bit colour) turn the pixels by
+            # the tag: turned again here, a TIFF came out turned twice (6 and 8 upside down, 3
+            # not turned), and `exif=False` gave it turned, not as stored: that turn is undone.
+            turned = orientation_on_load(image)  # before loading: Pillow 13 drops the tag
+            if turned == 1:
+                orientation = tag if exif else 1
+            else:
+                orientation = 1 if exif else _UNDONE_BY.get(turned, turned)
             if array is None:
                 array = _pil_to_array(image, source)
-                # Pillow's TIFF loader turns the pixels by the tag and drops it: turned again
-                # here, a TIFF came out turned twice (6 and 8 upside down, 3 not turned), and
-                # `exif=False` gave it turned, not as stored: that turn is undone instead.
-                if tag != 1 and exif_orientation(image, exif=True) == 1:
-                    orientation = 1 if exif else _UNDONE_BY.get(tag, tag)
     except unreadable_image_errors() as error:
         raise InputError(
             f"cannot read image {source}: {first_line(error)}",

@@ -23,11 +23,16 @@ device decodes of training, `convert tensor`, video-info's check for stills).
   bilevel images to L, wherever a file's own channels are kept (`expanded_mode`).
 - EXIF orientation, one rule. Every command that feeds a model or measures pixels (train, eval,
   predict, extract-features, dataset-stats, split's near-duplicate hashing, the device decode)
-  reads the pixels as stored, the EXIF Orientation tag ignored: the pixels torchvision's
-  ImageFolder and timm's loaders give, so a checkpoint sees at eval and predict the pixels it was
-  trained on, whichever tool trained it. `convert tensor` turns them as the tag says unless
-  `--no-exif`, because what it makes is the picture as viewed. Both ask `exif_orientation(image,
-  exif=...)`, which has no default: every caller says which pixels it wants.
+  reads the pixels torchvision's ImageFolder and timm's loaders give (PIL's
+  `Image.open(path).convert("RGB")`), so a checkpoint sees at eval and predict the pixels it was
+  trained on, whichever tool trained it: a JPEG's, PNG's or WebP's as stored, the EXIF
+  Orientation tag ignored; a TIFF's turned by its Orientation tag, which Pillow's TIFF loader
+  applies as it loads the pixels (Pillow 10 as 13), and OpenCV's TIFF decoder too (4.11 as 5.0),
+  so a 16-bit colour TIFF comes turned as an 8-bit one does: one rule whatever the bit depth
+  (`orientation_on_load` says which turn a decoder made). `convert tensor` turns the pixels as
+  the tag says unless `--no-exif` (a TIFF's turn then undone), because what it makes is the
+  picture as viewed. Both ask `exif_orientation(image, exif=...)`, which has no default: every
+  caller says which pixels it wants.
 - Unreadable images raise one family of errors, `unreadable_image_errors()`, from whichever
   entry point reads them; commands word them their own way. Whatever else PIL's code raises
   for a file opened by `opened_image` (a damaged TIFF's TypeError) is `DamagedImage`, one of
@@ -249,9 +254,11 @@ def _ppm_maxval(image: Any) -> int:
 def sixteen_bit_colour(image: Any) -> Any | None:
     """The full-depth pixels of an opened, not yet loaded 16-bit RGB(A) PNG or TIFF, or RGB PPM
     (`is_sixteen_bit_colour`): a uint16 (H, W, C) array in RGB(A) order, decoded by OpenCV
-    from the image's own stream (left where it was); None for any other image. A PPM's samples
-    are scaled from its maxval to 0..65535 as PIL scales a 16-bit PGM's, round(v / maxval *
-    65535), samples over maxval taken as maxval. Raises OSError when OpenCV cannot decode it."""
+    from the image's own stream (left where it was); None for any other image. A TIFF's come
+    turned by its Orientation tag, as PIL loads an 8-bit one (`orientation_on_load`). A PPM's
+    samples are scaled from its maxval to 0..65535 as PIL scales a 16-bit PGM's, round(v /
+    maxval * 65535), samples over maxval taken as maxval. Raises OSError when OpenCV cannot
+    decode it."""
     if not is_sixteen_bit_colour(image):
         return None
     import cv2
@@ -268,7 +275,7 @@ def sixteen_bit_colour(image: Any) -> Any | None:
         array is None
         or array.dtype != np.uint16
         or array.ndim != 3
-        or array.shape[:2] != (image.height, image.width)
+        or array.shape[:2] != _decoded_shape(image)
         or array.shape[-1] < bands
     ):
         raise OSError("OpenCV cannot decode this 16-bit image")
@@ -279,6 +286,17 @@ def sixteen_bit_colour(image: Any) -> Any | None:
         if maxval != 65535:
             array = np.rint(array / maxval * 65535).astype(np.uint16)
     return array
+
+
+def _decoded_shape(image: Any) -> tuple[int, int]:
+    """(height, width) of an opened, not yet loaded image's pixels as its decoder gives them:
+    a TIFF's stored size turned by `orientation_on_load` (Pillow 13 gives that size before
+    loading, Pillow 10 the stored one: a turned 16-bit TIFF of 5..8 was refused as
+    undecodable there), any other image's size."""
+    if image.format != "TIFF":
+        return image.height, image.width
+    stored = (image.tag_v2.get(257, image.height), image.tag_v2.get(256, image.width))
+    return stored[::-1] if orientation_on_load(image) >= 5 else stored
 
 
 def to_8bit(image: Any) -> Any:
@@ -332,8 +350,9 @@ def expanded_mode(mode: str, info: dict) -> str:
 
 def exif_orientation(image: Any, *, exif: bool) -> int:
     """The EXIF orientation (1..8) to turn `image`'s stored pixels by: its Orientation tag when
-    `exif`, else 1, the pixels as stored (the module's EXIF rule). Read it before loading a PNG
-    whose tile matters: PIL loads a PNG to find its EXIF."""
+    `exif`, else 1, the pixels as stored (the module's EXIF rule: a TIFF's decoder turns them
+    itself, `orientation_on_load`). Read it before loading a PNG whose tile matters: PIL loads a
+    PNG to find its EXIF, and before loading a TIFF: Pillow 13 then drops the tag."""
     if not exif:
         return 1
     try:
@@ -341,6 +360,14 @@ def exif_orientation(image: Any, *, exif: bool) -> int:
     except (TypeError, ValueError):  # a tag that is not a number: nothing to turn
         return 1
     return value if 1 <= value <= 8 else 1
+
+
+def orientation_on_load(image: Any) -> int:
+    """The EXIF orientation (1..8) an opened, not yet loaded image's pixels come turned by from
+    its decoder (the module's EXIF rule): a TIFF's Orientation tag, which Pillow's TIFF loader
+    and OpenCV's TIFF decoder (`sixteen_bit_colour`) both apply; 1, as stored, for any other
+    format. Ask before loading: Pillow 13 drops the tag once it has turned the pixels."""
+    return exif_orientation(image, exif=True) if image.format == "TIFF" else 1
 
 
 def apply_exif_orientation(array: Any, orientation: int) -> Any:
@@ -378,12 +405,14 @@ def _oriented(image: Any, orientation: int) -> Any:
 
 def pixels_in_mode(image: Any, mode: str, *, exif: bool) -> Any:
     """The pixels of an `opened_image` as a loaded 8-bit PIL image in `mode` (e.g. RGB): high
-    bit depths scaled, then converted; turned by its EXIF orientation only when `exif`. The
-    image itself (loaded) when it is already in `mode`, else a copy. Raises what decoding an
-    unreadable file raises (`unreadable_image_errors`), and `UnsupportedSamples`."""
+    bit depths scaled, then converted; turned by its EXIF orientation only when `exif` (a TIFF
+    comes turned by its decoder either way: the module's EXIF rule). The image itself (loaded)
+    when it is already in `mode`, else a copy. Raises what decoding an unreadable file raises
+    (`unreadable_image_errors`), and `UnsupportedSamples`."""
     refuse_unscalable_samples(image)
+    turned_on_load = orientation_on_load(image) != 1  # before loading: Pillow 13 drops the tag
     pixels = to_8bit(image)  # first: a PNG's EXIF loads it, and 16-bit colour needs its tile
-    orientation = exif_orientation(image, exif=exif)
+    orientation = 1 if turned_on_load else exif_orientation(image, exif=exif)
     if pixels.mode == mode:
         pixels.load()  # the pixels outlive the file: no copy needed
     else:
@@ -392,8 +421,9 @@ def pixels_in_mode(image: Any, mode: str, *, exif: bool) -> Any:
 
 
 def load_image(path: str | os.PathLike, mode: str) -> Any:
-    """The image file at `path` as a loaded PIL image in `mode` (e.g. RGB), its pixels as stored
-    (no EXIF rotation: the rule of every loader that feeds a model), read as described above.
+    """The image file at `path` as a loaded PIL image in `mode` (e.g. RGB), its pixels as PIL's
+    loader gives them (no EXIF rotation but a TIFF's own: the rule of every loader that feeds a
+    model), read as described above.
     Raises `unreadable_image_errors()` (NotARegularFile and PIL's errors) for unreadable files."""
     with opened_image(path) as image:
         return pixels_in_mode(image, mode, exif=False)
