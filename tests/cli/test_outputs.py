@@ -567,7 +567,7 @@ def test_sigterm_and_sigint_put_the_old_output_back(tmp_path, writer_script, sig
     assert (rc, err.strip().splitlines()[-1]) == (code, word)
     assert tree_digest(run) == before
     assert sorted(os.listdir(tmp_path)) == ["run", "writer.py"]
-    wait_until(lambda: not processes_in_group(process.pid), timeout=10, what="the children to go")
+    wait_until(lambda: not processes_in_group(process.pid), what="the children to go")
 
 
 def test_sigterm_keeps_files_copied_into_a_new_output_folder_while_it_was_written(

@@ -196,7 +196,8 @@ def test_workers_hand_batches_over_after_the_temporary_folder_was_removed(tmp_pa
     config["tempdir"] = str(gone)  # made by an earlier call, then removed
     try:
         data = TensorDataset(torch.arange(8.0).reshape(8, 1))
-        loader = DataLoader(data, batch_size=4, num_workers=1, timeout=20, **worker_options(1))
+        # timeout: the hang an error (a worker started on a loaded machine takes seconds)
+        loader = DataLoader(data, batch_size=4, num_workers=1, timeout=120, **worker_options(1))
         assert [batch[0].sum().item() for batch in loader] == [6.0, 22.0]
         assert config["tempdir"] != str(gone)
     finally:

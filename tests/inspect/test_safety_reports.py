@@ -431,5 +431,5 @@ def test_sigterm_stops_dataset_stats_workers_and_writes_nothing(work, when, tmp_
     wait_until(ready, process=process, what=when)
     code, out, err = signal_and_wait(process, signal.SIGTERM, timeout=60)
     assert code == 143 and "Terminated." in err and "Traceback" not in err
-    wait_until(lambda: not processes_in_group(process.pid), timeout=10, what="no process left")
+    wait_until(lambda: not processes_in_group(process.pid), what="no process left")
     assert tree_digest(work) == before

@@ -167,7 +167,7 @@ def test_the_helper_ends_when_its_run_is_killed(tmp_path):
         assert _alive(helper)
         run.kill()  # SIGKILL: no cleanup of any kind in the run
         run.wait()
-        wait_until(lambda: not _alive(helper), timeout=20, what="the helper to exit")
+        wait_until(lambda: not _alive(helper), what="the helper to exit")  # a hang only
     finally:
         run.kill()
         run.wait()
