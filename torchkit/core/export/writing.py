@@ -110,7 +110,6 @@ def input_values_read(example: Any) -> Iterator[list[str]]:
         torch.Tensor.item,
         torch.Tensor.tolist,
     }
-    independent: set[int] = set()  # graph values known not to depend on the input's values
 
     def depends_on_input(tensor: Any) -> bool:
         source = torch._C._get_value_trace(example).unique()
@@ -121,13 +120,12 @@ def input_values_read(example: Any) -> Iterator[list[str]]:
             key = value.unique()
             if key == source:
                 return True
-            if key in independent or key in visited:
+            if key in visited:
                 continue
             visited.add(key)
             node = value.node()
             if node.kind() not in _SHAPE_ONLY_NODES:
                 stack.extend(node.inputs())
-        independent.update(visited)  # the whole closure was searched: none of it depends
         return False
 
     class InputValueReads(TorchFunctionMode):
