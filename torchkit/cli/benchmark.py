@@ -65,7 +65,8 @@ def benchmark(
             metavar="N[,N...]",
             show_default=False,
             help="Batch size, or a list to compare (1,8,32). With --find-batch-size: where the "
-            "search starts. [default: 32; 1 with --find-batch-size]",
+            "search starts. [default: 32; 1 with --find-batch-size; an export --static-batch "
+            "file's own]",
         ),
     ] = None,
     mode: Annotated[
@@ -219,6 +220,7 @@ def benchmark(
         input_size=parse_input_size(input_size) if input_size is not None else None,
         image_size=image_size,
         batch_sizes=parse_batch_sizes(batch_size or (["1"] if find_batch_size else None)),
+        default_batch_sizes=not batch_size,
         mode=mode.value,
         device=run.device,
         amp=run.amp,

@@ -8,7 +8,7 @@ import contextlib
 import logging
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from torchkit.core.benchmark import search as batch_search
@@ -63,6 +63,9 @@ class BenchmarkOptions:
     input_size: tuple[int, ...] | None = None  # one sample (C, H, W); None: the model's own
     image_size: int | None = None  # --image-size N: the sample C,N,N, C the model's channels
     batch_sizes: tuple[int, ...] = (DEFAULT_BATCH_SIZE,)
+    # batch_sizes is the default, not asked for (no --batch-size): an exported file of a fixed
+    # batch (`export --static-batch -b N`) is timed at N, the only batch it runs
+    default_batch_sizes: bool = False
     mode: str = "infer"  # infer, train or both
     device: str = "auto"
     amp: bool = False
@@ -229,6 +232,8 @@ def run_benchmark(
         )
     fixed_batch = resolved.exported_batch_size
     if fixed_batch is not None:
+        if options.default_batch_sizes and not options.find_batch_size:
+            options = replace(options, batch_sizes=(fixed_batch,))
         _require_fixed_batch(spec, fixed_batch, options)
     model = resolved.model
     name, source = resolved.arch, resolved.source
