@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from hostile_pickles import RunsShell
+from image_folders import write_sixteen_bit_colour_tiff
 from output_checks import error_line
 from PIL import Image, ImageOps
 from safetensors.torch import load_file, save_file
@@ -202,6 +203,18 @@ def test_a_tiff_is_turned_once_by_its_orientation(tmp_path, orientation):
     np.testing.assert_array_equal(read_image(tmp_path / "o.tif").array, expected)
     raw = read_image(tmp_path / "o.tif", exif=False).array
     np.testing.assert_array_equal(raw, np.asarray(image))
+
+
+@pytest.mark.parametrize("orientation", [3, 6])
+def test_a_16_bit_colour_tiff_is_turned_once_by_its_orientation(tmp_path, orientation):
+    # OpenCV, which decodes 16-bit colour, turns a TIFF by its tag as Pillow's loader turns an
+    # 8-bit one: turned again, it came out turned twice (--no-exif: turned); under Pillow 10,
+    # which sizes a TIFF as stored until loaded, one of 6 was refused as undecodable.
+    stored = np.random.default_rng(orientation).integers(0, 65536, (4, 6, 3), dtype=np.uint16)
+    write_sixteen_bit_colour_tiff(tmp_path / "o.tif", stored, orientation)
+    turned = {3: np.rot90(stored, 2), 6: np.rot90(stored, -1)}[orientation]
+    np.testing.assert_array_equal(read_image(tmp_path / "o.tif").array, turned)
+    np.testing.assert_array_equal(read_image(tmp_path / "o.tif", exif=False).array, stored)
 
 
 def test_no_exif_option(tmp_path):

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from image_folders import SIXTEEN_BIT_GRAY
+from image_folders import SIXTEEN_BIT_GRAY, write_sixteen_bit_colour_tiff
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from torchkit.core.convert import pixels as px
@@ -201,31 +201,6 @@ def test_convert_tensor_turns_the_picture_unless_told_not_to(files):
         assert np.array_equal(np.asarray(pixels_in_mode(image, "RGB", exif=True)), viewed)
 
 
-def _sixteen_bit_colour_tiff(path: Path, pixels: np.ndarray, orientation: int) -> None:
-    """An uncompressed little-endian RGB TIFF of uint16 `pixels` (H, W, 3), one strip, with
-    an Orientation tag (PIL cannot write 16-bit colour, OpenCV writes no orientation)."""
-    import struct
-
-    height, width, _ = pixels.shape
-    data = pixels.astype("<u2").tobytes()
-    count = 11
-    bits_at = 8 + 2 + 12 * count + 4  # after the header and the one IFD
-    short, long = 3, 4
-    entries = [  # (tag, type, value or offset): one value each but BitsPerSample
-        (256, long, width), (257, long, height), (258, short, bits_at), (259, short, 1),
-        (262, short, 2), (273, long, bits_at + 6), (274, short, orientation),
-        (277, short, 3), (278, long, height), (279, long, len(data)), (284, short, 1),
-    ]  # fmt: skip
-    ifd = b"".join(  # a SHORT value is left-justified in its four bytes; 258's is an offset
-        struct.pack("<HHI", tag, kind, 3 if tag == 258 else 1)
-        + struct.pack("<I" if kind == long or tag == 258 else "<H2x", value)
-        for tag, kind, value in entries
-    )
-    path.write_bytes(
-        b"II*\0" + struct.pack("<IH", 8, count) + ifd + struct.pack("<I3H", 0, 16, 16, 16) + data
-    )
-
-
 def test_a_turned_tiff_is_read_as_torchvision_reads_it_at_every_bit_depth(tmp_path):
     """Pillow's TIFF loader turns a TIFF by its Orientation tag, so torchvision's loader gives
     an 8-bit one turned; OpenCV, which decodes 16-bit colour, turns it too. One rule whatever
@@ -236,7 +211,7 @@ def test_a_turned_tiff_is_read_as_torchvision_reads_it_at_every_bit_depth(tmp_pa
     sixteen = eight.astype(np.uint16) * 257  # the same 8-bit pixels once scaled
     paths = {"8-bit": tmp_path / "eight.tif", "16-bit": tmp_path / "sixteen.tif"}
     Image.fromarray(eight).save(paths["8-bit"], exif=with_orientation(TURNED))
-    _sixteen_bit_colour_tiff(paths["16-bit"], sixteen, TURNED)
+    write_sixteen_bit_colour_tiff(paths["16-bit"], sixteen, TURNED)
     expected = pil_stored(paths["8-bit"])  # torchvision's default loader
     assert np.array_equal(expected, apply_exif_orientation(eight, TURNED))
     for depth, path in paths.items():
