@@ -181,6 +181,19 @@ def worker_paths(paths: Any) -> Any:
     return paths
 
 
+def stop_workers(batches: Any) -> None:
+    """Stop the worker processes of `batches` now: a DataLoader's iterator, or a DataLoader
+    (its persistent workers' iterator); nothing where it has none. Dropping the last reference
+    to the iterator is not enough once a run failed on an error one of its workers raised (a
+    shard written again since it was listed): the traceback, which a caller may keep (a
+    notebook's last one, a test runner's result), holds the iterator's own frame, and the
+    workers lived as long as it did."""
+    iterator = getattr(batches, "_iterator", batches)  # a loader's: None before its first pass
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
+
+
 def worker_labels(labels: Any) -> Any:
     """`labels` as a forked worker should read them: a plain list of ints in an array (an int
     of 257 or more is an object of its own, copied into each worker as a path is); anything

@@ -456,7 +456,12 @@ def _run(
     import torch
 
     from torchkit.core.data.batches import collate_skipping_unreadable
-    from torchkit.core.data.dataset import inference_dataset, inference_workers, worker_options
+    from torchkit.core.data.dataset import (
+        inference_dataset,
+        inference_workers,
+        stop_workers,
+        worker_options,
+    )
     from torchkit.core.data.device_decode import collate_encoded
     from torchkit.core.runtime.threads import (
         compute_threads,
@@ -541,9 +546,7 @@ def _run(
         # The workers stop now, also after a failed join, an error of the model or a stop:
         # not whenever the traceback that holds this frame (and `predict`'s, which holds the
         # iterator too) is collected, whose join of them then waited torch's 5 s for each.
-        shutdown = getattr(batches, "_shutdown_workers", None)  # none without workers
-        if shutdown is not None:
-            shutdown()
+        stop_workers(batches)
         del batches
     seconds = time.perf_counter() - start
     predictions, errors, seconds, nonfinite_batches = _gather(

@@ -711,7 +711,12 @@ def _loader(
     import torch
     from torch.utils.data import default_collate
 
-    from torchkit.core.data.dataset import inference_dataset, inference_workers, worker_options
+    from torchkit.core.data.dataset import (
+        inference_dataset,
+        inference_workers,
+        stop_workers,
+        worker_options,
+    )
     from torchkit.core.data.device_decode import collate_encoded_with_failures, decoded_with_indices
 
     samples = image_set.samples
@@ -749,8 +754,11 @@ def _loader(
             **worker_options(workers),
         )
         batches = iter(loader)
-        yield None  # started
-        yield from decoded(batches)
+        try:
+            yield None  # started
+            yield from decoded(batches)
+        finally:
+            stop_workers(batches)  # also after an error a worker raised (see stop_workers)
 
     def streamed_batches(start: int):
         # As predict streams: each pass of the loader takes the paths piped so far (at most
@@ -780,6 +788,7 @@ def _loader(
                 if check is not None:
                     check(paths)
         finally:
+            stop_workers(loader)  # its persistent workers
             del loader
 
     return batches if streamed is None else streamed_batches

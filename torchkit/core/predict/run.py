@@ -434,6 +434,8 @@ class PredictRun:
         """This rank's batch of every step (None for a step past its last batch), after a
         first None yielded once the loader's workers are forked; `loader_of(batches)` is the
         loader of this rank's batches (lists of indices)."""
+        from torchkit.core.data.dataset import stop_workers
+
         batch_size, ctx = self.request.run.batch_size, self.ctx
         size = len(self.image_set.samples)
         loader = loader_of(_interleaved_batches(size, batch_size, ctx.rank, ctx.world_size))
@@ -443,8 +445,9 @@ class PredictRun:
             for _ in range(_steps(size, batch_size, ctx.world_size)):
                 yield next(own, None)
         finally:
-            # Workers stop when their iterator goes: not only when it is exhausted, but also
-            # when an error leaves the caller's frame alive in a traceback.
+            # Workers stop now: not only when it is exhausted, but also when an error leaves
+            # the caller's frame (or, an error of a worker, the iterator's) in a traceback.
+            stop_workers(own)
             del own, loader
 
     def _streamed_batches(self, workers: int) -> Iterator[Any]:
@@ -452,6 +455,8 @@ class PredictRun:
         loader takes the paths piped so far (enough to keep its workers busy, at most), and
         its workers stay from one pass to the next. A first None is yielded once they are
         forked."""
+        from torchkit.core.data.dataset import stop_workers
+
         batch_size = self.request.run.batch_size
         samples, stream = self.image_set.samples, self.image_set.stream
         # A pass ends with its workers idle while the last batch is read: with 32 batches a
@@ -470,6 +475,7 @@ class PredictRun:
                 paths = stream.take(most)
                 self._check_listed(paths)
         finally:
+            stop_workers(loader)  # its persistent workers (see `_batches`)
             del loader
 
     def _amp_dtype(self):
