@@ -29,3 +29,27 @@ def test_an_index_is_read_once_until_it_changes(tmp_path, monkeypatch):
     os.utime(index, ns=(1, 1))
     assert [item.path for item in inputs.data_inputs(index)] == [index, tmp_path / "two"]
     assert len(reads) == 2
+
+
+def test_an_index_written_again_in_one_tick_of_its_file_systems_clock_is_read_again(
+    tmp_path, monkeypatch
+):
+    """A file written twice in one tick of its file system's clock (a second on many network
+    and FUSE mounts, HFS+, ext3; a few milliseconds on Linux before 6.13) has one size, inode
+    and times for both versions: the first version's folders were kept for the second."""
+    index = tmp_path / "index.csv"
+    real_stat = os.stat
+    tick = 1_700_000_000 * 10**9
+
+    def stat_in_one_tick(path, *args, **kwargs):
+        info = real_stat(path, *args, **kwargs)
+        if os.fspath(path) != os.fspath(index):
+            return info
+        times = {"st_atime_ns": tick, "st_mtime_ns": tick, "st_ctime_ns": tick}
+        return os.stat_result(tuple(info), times)
+
+    monkeypatch.setattr(os, "stat", stat_in_one_tick)
+    _write_index(index, "one")
+    assert [item.path for item in inputs.data_inputs(index)] == [index, tmp_path / "one"]
+    _write_index(index, "two")  # in place, the same length
+    assert [item.path for item in inputs.data_inputs(index)] == [index, tmp_path / "two"]

@@ -80,21 +80,28 @@ def listed_check(output: str | os.PathLike, what: str) -> Callable[[list[str]], 
     return check
 
 
-# The last CSV index's image folders, by its path and version (`_index_version`): a command
+# The last CSV index's image folders, by its path and contents (`_index_version`): a command
 # checks its outputs against its inputs more than once (eval's -o FILE, then --out), and each
 # check read a million-row index whole again (1.5-5 s a read).
 _index_folders: dict[tuple, list[InputPath]] = {}
 
 
 def _index_version(index: Path) -> tuple | None:
-    """What tells one version of the file `index` from another (None where it cannot be
-    stat-ed): its real path, device, inode, size and times."""
+    """What tells one version of the file `index` from another (None where it cannot be read):
+    its real path and a digest of its bytes (a read of the file: ~0.1 s at a million rows). Its
+    size and times did not: a file written again in the same tick of its file system's clock
+    (a second on many network and FUSE mounts, HFS+, ext3; a few milliseconds on Linux before
+    6.13) with other folders of the same length kept the first version's folders."""
+    import hashlib
+
+    digest = hashlib.blake2b(digest_size=20)
     try:
-        info = os.stat(index)
+        with open(index, "rb") as handle:
+            while chunk := handle.read(1 << 20):
+                digest.update(chunk)
     except OSError:
         return None
-    return (os.path.realpath(index), info.st_dev, info.st_ino, info.st_size,
-            info.st_mtime_ns, info.st_ctime_ns)  # fmt: skip
+    return os.path.realpath(index), digest.digest()
 
 
 def _csv_image_folders(index: Path) -> list[InputPath]:
@@ -106,7 +113,8 @@ def _csv_image_folders(index: Path) -> list[InputPath]:
     if found is None:
         found = folders_of_files(_csv_paths(index), f"images of {index}")
         _index_folders.clear()  # one index kept: a few folders, never the paths
-        if version is not None:
+        # Kept only where the file was not written again while it was read.
+        if version is not None and _index_version(index) == version:
             _index_folders[version, str(index)] = found
     return list(found)
 
