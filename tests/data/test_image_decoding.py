@@ -214,6 +214,13 @@ def test_a_turned_tiff_is_read_as_torchvision_reads_it_at_every_bit_depth(tmp_pa
     write_sixteen_bit_colour_tiff(paths["16-bit"], sixteen, TURNED)
     expected = pil_stored(paths["8-bit"])  # torchvision's default loader
     assert np.array_equal(expected, apply_exif_orientation(eight, TURNED))
+    upright = tmp_path / "upright.png"
+    Image.fromarray(expected).save(upright)
+
+    def shrunk(path: Path) -> np.ndarray:  # dataset-stats --resize 2's counts
+        scan = scan_files(0, [str(path)], [path.name], "rgb", 2, True, False)
+        return scan.accumulator.histograms[(("R", "G", "B"), 255)]
+
     for depth, path in paths.items():
         assert np.array_equal(np.asarray(load_image(path, "RGB")), expected), depth
         assert np.array_equal(dataset_pixels(path), expected), depth
@@ -224,6 +231,10 @@ def test_a_turned_tiff_is_read_as_torchvision_reads_it_at_every_bit_depth(tmp_pa
         histograms = result.accumulator.histograms[(("R", "G", "B"), 255)]
         assert np.array_equal(histograms, histogram(expected)), depth
         assert result.hashes[0][2] == phash_image(Image.fromarray(expected)), depth
+        (record,) = result.records  # its size as read (Pillow 10 gave the stored one)
+        assert (record["width"], record["height"]) == (4, 6), depth
+        # --resize gives the picture read its own shape (Pillow 10 gave it the stored one)
+        assert np.array_equal(shrunk(path), shrunk(upright)), depth
         # convert tensor: the picture as viewed (turned once), or with --no-exif as stored
         stored = eight if depth == "8-bit" else sixteen
         pixels = read_image(path).array

@@ -326,7 +326,7 @@ def scan_files(
             phash = None
             try:
                 with opened_image(data) as image:
-                    native_mode, file_format, (width, height) = image.mode, image.format, image.size
+                    native_mode, file_format = image.mode, image.format
                     deep_colour = is_sixteen_bit_colour(image)
                     sixteen_bit = declares_16_bit_samples(image)
                     wanted = target_mode(image.mode, image.info, mode)
@@ -334,6 +334,14 @@ def scan_files(
                         pixels = _native_pixels(image, wanted)
                     else:  # the 8-bit pixels torchkit's loaders feed a model, as stored
                         pixels = pixels_in_mode(image, wanted, exif=False)
+                    # The size as read, not as opened: a TIFF comes turned by its Orientation
+                    # tag, which Pillow 10 sizes as stored until loaded (--resize then gave
+                    # the turned pixels the stored shape).
+                    width, height = (
+                        pixels.size
+                        if isinstance(pixels, Image.Image)
+                        else (pixels.shape[1], pixels.shape[0])
+                    )
                     if perceptual:  # from this decode: no second one (see core.hashing)
                         try:
                             phash = phash_image(image, floor=phash_floor)
