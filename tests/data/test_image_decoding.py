@@ -225,6 +225,9 @@ def test_a_turned_tiff_is_read_as_torchvision_reads_it_at_every_bit_depth(tmp_pa
         assert np.array_equal(np.asarray(load_image(path, "RGB")), expected), depth
         assert np.array_equal(dataset_pixels(path), expected), depth
         assert np.array_equal(reduced_decode(path), expected), depth
+        torch.manual_seed(0)  # train's crops: drawn from the size as read (Pillow 10: stored)
+        boxes = [ReducedDecodeCrop(64).decode(path, "RGB")[1] for _ in range(20)]
+        assert all(right <= 4 and bottom <= 6 for _, _, right, bottom in boxes), (depth, boxes)
         with opened_image(path) as image:  # the picture as viewed is the same: turned once
             assert np.array_equal(np.asarray(pixels_in_mode(image, "RGB", exif=True)), expected)
         result = scanned(path)

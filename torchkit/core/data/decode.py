@@ -162,13 +162,15 @@ class ReducedDecodeCrop:
     def decode(self, path: str | os.PathLike, mode: str) -> tuple[Any, tuple, int]:
         """(image, crop box in its pixels, reduction k): the file at `path` in `mode`, decoded
         at 1/k, and the crop drawn for it as (left, top, right, bottom), scaled by 1/k."""
-        from torchkit.core.data.image_files import opened_image, pixels_in_mode
+        from torchkit.core.data.image_files import opened_image, pixels_in_mode, size_as_read
 
         # A JPEG is read whole in one call: PIL reads its header in dozens of small reads.
         in_memory = os.fspath(path).lower().endswith(JPEG_SUFFIXES)
         with opened_image(path, in_memory=in_memory) as image:
-            # Drawn from the header's size, before any pixel is decoded: the exact path's draws.
-            top, left, height, width = self.draws.draw(image.width, image.height)
+            # Drawn from the header's size, before any pixel is decoded: the exact path's draws
+            # (a TIFF's turned, as it is read: Pillow 10 gave the stored size, and the crop
+            # of a TIFF turned by 5..8 fell outside its pixels).
+            top, left, height, width = self.draws.draw(*size_as_read(image))
             reduction = 1
             if image.format == "JPEG":
                 wanted = reduction_for(width, height, self.image_size)

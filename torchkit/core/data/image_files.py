@@ -275,7 +275,7 @@ def sixteen_bit_colour(image: Any) -> Any | None:
         array is None
         or array.dtype != np.uint16
         or array.ndim != 3
-        or array.shape[:2] != _decoded_shape(image)
+        or array.shape[1::-1] != size_as_read(image)
         or array.shape[-1] < bands
     ):
         raise OSError("OpenCV cannot decode this 16-bit image")
@@ -288,14 +288,14 @@ def sixteen_bit_colour(image: Any) -> Any | None:
     return array
 
 
-def _decoded_shape(image: Any) -> tuple[int, int]:
-    """(height, width) of an opened, not yet loaded image's pixels as its decoder gives them:
+def size_as_read(image: Any) -> tuple[int, int]:
+    """(width, height) of an opened, not yet loaded image's pixels as its decoder gives them:
     a TIFF's stored size turned by `orientation_on_load` (Pillow 13 gives that size before
     loading, Pillow 10 the stored one: a turned 16-bit TIFF of 5..8 was refused as
     undecodable there), any other image's size."""
     if image.format != "TIFF":
-        return image.height, image.width
-    stored = (image.tag_v2.get(257, image.height), image.tag_v2.get(256, image.width))
+        return image.size
+    stored = (image.tag_v2.get(256, image.width), image.tag_v2.get(257, image.height))
     return stored[::-1] if orientation_on_load(image) >= 5 else stored
 
 
