@@ -52,7 +52,7 @@ from torchkit.core.data.sources.samples import (
     index_class_names,
 )
 from torchkit.core.data.sources.source import DataSource, _split_source, concatenate, relabelled
-from torchkit.core.data.sources.splitting import SPLIT_NAMES
+from torchkit.core.data.sources.splitting import SPLIT_NAMES, refuse_mixed_splits
 from torchkit.core.data.stored_image import (
     Blocks,
     Stamp,
@@ -345,18 +345,18 @@ def _refuse_splits_named_otherwise(spec: str, relative: list[str]) -> None:
     (`cifar10-train.parquet` beside `cifar10-test.parquet`, which HF's datasets reads as two
     splits): read as one dataset, train trained on the test images too, holding out a tenth of
     both, and dataset-stats measured both as one, without a word."""
-    found: dict[str, str] = {}  # split -> its first file
-    for name in relative:
+
+    def split_of(name: str) -> str | None:
         word = _SPLIT_WORD.search(Path(name).name[: -len(SUFFIX)])
-        if word is not None:
-            found.setdefault(SPLIT_KEYWORDS[word.group(1).lower()], name)
-    if len(found) < 2:
-        return
-    shown = ", ".join(found[split] for split in SPLIT_NAMES if split in found)
-    raise InputError(
-        f"{spec} holds parquet files of {len(found)} splits named in the middle of their names "
-        f"({shown}): read as one dataset, they would be mixed",
-        "name each file for its split first, as HF writes them (train-00000-of-00001.parquet, "
+        return None if word is None else SPLIT_KEYWORDS[word.group(1).lower()]
+
+    refuse_mixed_splits(
+        spec,
+        relative,
+        split_of,
+        files="parquet files",
+        named="named in the middle of their names",
+        hint="name each file for its split first, as HF writes them (train-00000-of-00001.parquet, "
         "test-...), or give one file",
     )
 

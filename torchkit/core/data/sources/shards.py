@@ -90,7 +90,7 @@ from torchkit.core.data.sources.source import (
     unfetched_url_error,
     unlabelled_split_error,
 )
-from torchkit.core.data.sources.splitting import SPLIT_NAMES
+from torchkit.core.data.sources.splitting import SPLIT_NAMES, refuse_mixed_splits
 from torchkit.core.data.stored_image import Stamp, StoredImage, check_unchanged, file_stamp
 from torchkit.core.io.errors import InputError, short_repr
 from torchkit.core.io.file_kinds import file_kind
@@ -1188,20 +1188,18 @@ def _refuse_splits_named_otherwise(spec: str, names: Sequence[str]) -> None:
     refused. Split words are HF's (`validation`, `valid`, `dev`...), between `-`, `_`, `.`."""
     from torchkit.core.data.sources.parquet import SPLIT_KEYWORDS
 
-    found: dict[str, str] = {}  # split -> its first shard
-    for name in names:
+    def split_of(name: str) -> str | None:
         words = re.split(r"[-_.]", name.lower())
-        split = next((SPLIT_KEYWORDS[w] for w in words if w in SPLIT_KEYWORDS), None)
-        if split is not None:
-            found.setdefault(split, name)
-    if len(found) < 2:
-        return
-    shown = ", ".join(found[split] for split in SPLIT_NAMES if split in found)
-    raise InputError(
-        f"{spec} holds shards of {len(found)} splits named otherwise than train-, val- and "
-        f"test-NNNNNN.tar ({shown}): read as one dataset, they would be mixed",
-        "name one split's shards with a pattern, DIR/NAME-train-{0000..0009}.tar, or rename "
-        "them train-NNNNNN.tar, val-NNNNNN.tar and test-NNNNNN.tar",
+        return next((SPLIT_KEYWORDS[w] for w in words if w in SPLIT_KEYWORDS), None)
+
+    refuse_mixed_splits(
+        spec,
+        names,
+        split_of,
+        files="shards",
+        named="named otherwise than train-, val- and test-NNNNNN.tar",
+        hint="name one split's shards with a pattern, DIR/NAME-train-{0000..0009}.tar, or "
+        "rename them train-NNNNNN.tar, val-NNNNNN.tar and test-NNNNNN.tar",
     )
 
 

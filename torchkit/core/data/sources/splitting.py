@@ -11,6 +11,7 @@ import unicodedata
 from collections.abc import Callable, Sequence
 
 from torchkit.core.data.sources.samples import Samples
+from torchkit.core.io.errors import InputError
 from torchkit.core.io.files import open_text
 
 SPLIT_NAMES = ("train", "val", "test")
@@ -19,6 +20,33 @@ SPLIT_NAMES = ("train", "val", "test")
 SPLIT_JOURNAL = ".torchkit-split.json"
 UNFINISHED_STATES = ("copying", "moving")
 SPLIT_MANIFEST = "split.csv"  # what torchkit split writes in OUT: path, label, split, source
+
+
+def refuse_mixed_splits(
+    spec: str,
+    names: Sequence[str],
+    split_of: Callable[[str], str | None],
+    *,
+    files: str,
+    named: str,
+    hint: str,
+) -> None:
+    """InputError where `names` (the files of one unsplit dataset) name two splits or more by
+    `split_of` (a name's split, or None): read as one dataset, train would train on the
+    held-out files too, without a word. The error shows the first file of each split."""
+    found: dict[str, str] = {}  # split -> its first file
+    for name in names:
+        split = split_of(name)
+        if split is not None:
+            found.setdefault(split, name)
+    if len(found) < 2:
+        return
+    shown = ", ".join(found[split] for split in SPLIT_NAMES if split in found)
+    raise InputError(
+        f"{spec} holds {files} of {len(found)} splits {named} ({shown}): read as one dataset, "
+        "they would be mixed",
+        hint,
+    )
 
 
 def split_journal(folder: str | os.PathLike) -> dict | None:
