@@ -406,6 +406,32 @@ def test_a_corrupt_image_in_a_shard_is_counted_unreadable(world, tmp_path):
     assert "s-000000.tar/y.png" in error_line(strict.stderr)
 
 
+def test_shards_of_some_samples_without_a_label_are_read_unlabelled_as_parquet_is(world, tmp_path):
+    """A shard of one labelled and one unlabelled sample was refused by dataset-stats (and
+    predict, extract-features), which need no labels, while parquet of some rows without a
+    label is read unlabelled with a warning: now the one rule for both. train and eval still
+    refuse it, and a bad label among them is still an error."""
+    from torchkit.core.data.sources import open_data
+
+    png = (world / "images" / "a" / "a_0.png").read_bytes()
+    shard = tar_of(tmp_path / "s-000000.tar", {"x.png": png, "x.cls": b"0", "y.png": png})
+    result = run_torchkit_in_process("dataset-stats", shard, "-j", "0", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["classes"] == [{"name": "", "index": 0, "images": 2}]
+    assert (
+        f"Warning: {shard} has 1 sample(s) without a label (no KEY.cls, no label in KEY.json, "
+        "or -1; sample y in s-000000.tar) among 1 labelled ones: its images are read unlabelled"
+    ) in result.stderr.splitlines()
+    with pytest.raises(InputError) as refused:  # train's and eval's reader
+        open_data(str(shard))
+    assert str(refused.value).startswith("sample y in s-000000.tar has no label (give each")
+    # An index past classes.txt is an error in every command, labels read or not.
+    (tmp_path / "classes.txt").write_text("a\n")
+    tar_of(shard, {"x.png": png, "x.cls": b"3", "y.png": png})
+    with pytest.raises(InputError, match="sample x in s-000000.tar has class index 3"):
+        open_data(str(shard), allow_unlabelled=True)
+
+
 @pytest.mark.parametrize(
     "damage, message",
     [
@@ -414,7 +440,6 @@ def test_a_corrupt_image_in_a_shard_is_counted_unreadable(world, tmp_path):
         ("gzip", "is a compressed tar"),
         ("no samples", "no samples in the shards"),
         ("missing shard", "shard not found: "),
-        ("no label", "sample y in s-000000.tar has no label"),
         ("huge class index", "sample y in s-000000.tar has class index 250,000,000"),
         ("huge pattern", "names 100,000,000,000 shards"),
         ("5,000-digit cls", "y.cls holds '11111111111111111111', not a class index"),

@@ -44,6 +44,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import json
+import logging
 import os
 import posixpath
 import re
@@ -96,6 +97,8 @@ from torchkit.core.io.errors import InputError, short_repr
 from torchkit.core.io.file_kinds import file_kind
 from torchkit.core.io.files import read_text
 from torchkit.core.runtime.fork_safe import ForkSafeLock
+
+log = logging.getLogger("torchkit")
 
 _SPLIT_SHARD = re.compile(r"^(train|val|test)-\d+\.tar$")
 _SIDE_FILES = ("classes.txt", "classes.json", "manifest.json")
@@ -987,7 +990,21 @@ def _labelled(
     errors)."""
     unlabelled = [s for s in samples if s.name is None and s.index is None]
     if unlabelled:
-        if allow_unlabelled and len(unlabelled) == len(samples):
+        if allow_unlabelled and len(unlabelled) < len(samples):
+            # Some labelled, some not: all read unlabelled, said, as parquet reads a file of
+            # some rows without a label (they were refused, which predict, extract-features
+            # and dataset-stats need no labels for). A bad label is still an error.
+            labelled = [s for s in samples if s.name is not None or s.index is not None]
+            _labelled(labelled, file_classes, False, where)
+            log.warning(
+                "%s has %d sample(s) without a label (no KEY.cls, no label in KEY.json, or -1; "
+                "sample %s) among %d labelled ones: its images are read unlabelled",
+                where,
+                len(unlabelled),
+                _first_samples(unlabelled),
+                len(labelled),
+            )
+        if allow_unlabelled:
             return [""], [0] * len(samples)
         first = unlabelled[0]
         hint = 'give each sample a KEY.cls (class index) or a KEY.json with a "label"'
@@ -996,6 +1013,8 @@ def _labelled(
                 "the shards hold unlabelled images, which predict, extract-features and "
                 f"dataset-stats read; to train or evaluate, {hint}"
             )
+        else:
+            hint += "; predict, extract-features and dataset-stats read them unlabelled"
         raise InputError(
             f"sample {first.key} in {first.shard} has no label"
             + (f" ({len(unlabelled)} samples have none)" if len(unlabelled) > 1 else ""),
@@ -1062,6 +1081,12 @@ def _labelled(
         else:
             labels.append(sample.index)
     return names, labels
+
+
+def _first_samples(samples: list[ShardSample]) -> str:
+    """`3 in train-000000.tar, 8 in train-000000.tar, ...`: the first samples a warning names."""
+    shown = ", ".join(f"{s.key} in {s.shard}" for s in samples[:_SHOWN])
+    return shown + (", ..." if len(samples) > _SHOWN else "")
 
 
 def _open_shards(
