@@ -7,6 +7,7 @@ verification that fails (nothing at OUT)."""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import stat
@@ -901,6 +902,74 @@ def test_a_mismatch_of_a_model_that_branches_on_its_input_names_the_branch(
         "nothing was written)"
     )
     assert list(tmp_path.iterdir()) == []
+
+
+class _CountsPositives(nn.Module):
+    """Adds 1 once per positive input value, in a Python loop the tracer unrolls: the count
+    comes from a shape (of nonzero's rows, or of a boolean mask's selection)."""
+
+    def __init__(self, count):
+        super().__init__()
+        self.count = count
+
+    def forward(self, x):
+        out = x.sum() * 0
+        for _ in range(self.count(x)):  # the read
+            out = out + 1
+        return out
+
+
+class _ReadsBeforeWritingItsInput(nn.Module):
+    def forward(self, x):
+        positive = x.mean() > 0
+        x.mul_(2)  # in place: the example gets a new value in the graph
+        return x if positive else -x  # the read
+
+
+def _traced_reads(model, example, onnx_too=True):
+    from torchkit.core.export.writing import input_values_read
+
+    found = []
+    with input_values_read(example) as reads:
+        torch.jit.trace(model, example, check_trace=False)
+    found.append(list(reads))
+    if onnx_too:
+        with input_values_read(example) as reads:
+            torch.onnx.export(model, (example,), io.BytesIO(), dynamo=False)
+        found.append(list(reads))
+    return found
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize(
+    "count",
+    [lambda x: torch.nonzero(x > 0).shape[0], lambda x: x[x > 0].shape[0]],
+    ids=["nonzero", "mask"],
+)
+def test_a_loop_counted_by_a_shape_of_the_inputs_values_is_a_read(count):
+    """Before: not found (a shape read stopped the search), and the file adds the example's
+    count for every input."""
+    example = torch.tensor([1.0, -1.0, 2.0, -3.0])
+    line = f"{__file__}:{_CountsPositives.forward.__code__.co_firstlineno + 2}"
+    assert _traced_reads(_CountsPositives(count), example) == [[line], [line]]
+    # a shape read of a tensor whose shape the input's values do not make is not
+    shape_only = _CountsPositives(lambda x: torch.nonzero(x.new_ones(3)).shape[0] + x.shape[0])
+    assert _traced_reads(shape_only, example, onnx_too=False) == [[]]
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_a_read_of_a_tensor_made_from_the_inputs_shape_alone_is_not():
+    """Before: listed (torch.ones_like(x) was followed back to x, as a value of it)."""
+    model = _CountsPositives(lambda x: int(torch.ones_like(x).sum()) + int(x.new_zeros(2).sum()))
+    assert _traced_reads(model, torch.randn(4)) == [[], []]
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_a_read_before_the_model_writes_into_its_input_is_found():
+    """Before: not found (the example's value in the graph was taken after x.mul_)."""
+    line = f"{__file__}:{_ReadsBeforeWritingItsInput.forward.__code__.co_firstlineno + 3}"
+    found = _traced_reads(_ReadsBeforeWritingItsInput(), torch.ones(4), onnx_too=False)
+    assert found == [[line]]
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -85,6 +85,34 @@ _SHAPE_ONLY_NODES = frozenset(
         "prim::device",
         "prim::dtype",
         "prim::layout",
+        # new tensors shaped like the input (torch.ones_like(x), x.new_ones(n)): no values
+        "aten::zeros_like",
+        "aten::ones_like",
+        "aten::empty_like",
+        "aten::rand_like",
+        "aten::randn_like",
+        "aten::new_zeros",
+        "aten::new_ones",
+        "aten::new_empty",
+    }
+)
+# Nodes whose output's shape depends on their inputs' values: a shape read through them
+# (torch.nonzero(x > 0).shape[0] as a loop count) is a read of those values.
+_VALUE_SHAPED_NODES = frozenset(
+    {
+        "aten::nonzero",
+        "aten::nonzero_numpy",
+        "aten::argwhere",
+        "aten::masked_select",
+        "aten::_unique",
+        "aten::_unique2",
+        "aten::unique_dim",
+        "aten::unique_consecutive",
+        "aten::unique_dim_consecutive",
+        "aten::repeat_interleave",
+        "aten::bincount",
+        "aten::arange",
+        "aten::range",
     }
 )
 
@@ -111,28 +139,52 @@ def input_values_read(example: Any) -> Iterator[list[str]]:
         torch.Tensor.tolist,
     }
 
-    def depends_on_input(tensor: Any) -> bool:
-        source = torch._C._get_value_trace(example).unique()
-        stack = [torch._C._get_value_trace(tensor)]
-        visited: set[int] = set()
+    traced: list[Any] = [None, None]  # the tracing state, the example's value as it began
+    # (value, shape only) searched whole without reaching the example, in this trace (value
+    # numbers are unique within one graph): a ViT reads many shapes of one long graph
+    independent: set[tuple[int, bool]] = set()
+
+    def depends_on_input(tensor: Any, source: int) -> bool:
+        # (value, whether only its shape matters): a shape read follows shapes back, and
+        # values again only through a node whose output's shape its inputs' values make
+        stack = [(torch._C._get_value_trace(tensor), False)]
+        visited: set[tuple[int, bool]] = set()
         while stack:
-            value = stack.pop()
-            key = value.unique()
-            if key == source:
+            value, shape_only = stack.pop()
+            key = (value.unique(), shape_only)
+            if key == (source, False):
                 return True
-            if key in visited:
+            if key in visited or key in independent:
                 continue
             visited.add(key)
             node = value.node()
-            if node.kind() not in _SHAPE_ONLY_NODES:
-                stack.extend(node.inputs())
+            kind = node.kind()
+            if kind in _SHAPE_ONLY_NODES:
+                stack.extend((each, True) for each in node.inputs())
+            elif shape_only and kind == "aten::index":  # x[mask]: as many rows as True
+                stack.extend((each, False) for each in _boolean_indices(node))
+                stack.append((next(node.inputs()), True))
+            elif shape_only and kind in _VALUE_SHAPED_NODES:
+                stack.extend((each, False) for each in node.inputs())
+            else:
+                stack.extend((each, shape_only) for each in node.inputs())
+        independent.update(visited)
         return False
 
     class InputValueReads(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
-            if func in reads and args and torch._C._get_tracing_state() is not None:
+            state = torch._C._get_tracing_state()
+            if state is not None and state is not traced[0]:
+                # a trace begins: the example's value before the model can write into it
+                # in place (x.mul_(...) gives the example a new value in the graph)
+                independent.clear()
                 try:
-                    dependent = depends_on_input(args[0])
+                    traced[:] = [state, torch._C._get_value_trace(example).unique()]
+                except RuntimeError:  # not an input of this trace
+                    traced[:] = [state, None]
+            if func in reads and args and state is not None and traced[1] is not None:
+                try:
+                    dependent = depends_on_input(args[0], traced[1])
                 except RuntimeError:  # a tensor the tracer cannot place: nothing to say
                     dependent = False
                 place = _caller_place() if dependent else None
@@ -140,8 +192,23 @@ def input_values_read(example: Any) -> Iterator[list[str]]:
                     places.append(place)
             return func(*args, **(kwargs or {}))
 
-    with InputValueReads():
-        yield places
+    try:
+        with InputValueReads():
+            yield places
+    finally:
+        traced[:] = [None, None]  # keeps no tracing state alive
+        independent.clear()
+
+
+def _boolean_indices(node: Any) -> list[Any]:
+    """The boolean masks among an aten::index node's indices (a list of optional tensors)."""
+    indices = list(node.inputs())[1]
+    found = []
+    for each in indices.node().inputs() if indices.node().kind() == "prim::ListConstruct" else []:
+        scalar_type = getattr(each.type(), "scalarType", lambda: None)()
+        if scalar_type in ("Bool", "Byte"):
+            found.append(each)
+    return found
 
 
 def _caller_place() -> str:
