@@ -964,6 +964,35 @@ def test_a_read_of_a_tensor_made_from_the_inputs_shape_alone_is_not():
     assert _traced_reads(model, torch.randn(4)) == [[], []]
 
 
+class _BranchesOn(nn.Module):
+    def __init__(self, condition):
+        super().__init__()
+        self.condition = condition
+
+    def forward(self, x):
+        return x if self.condition(x) else -x
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize(
+    "condition",
+    [
+        lambda x: x.mean().numpy() > 0,
+        lambda x: np.asarray(x.mean()) > 0,
+        lambda x: complex(x.mean()).real > 0,
+        lambda x: torch.equal(x, x.abs()),
+        lambda x: torch.allclose(x.abs(), x),
+        lambda x: x.allclose(x.abs()),
+        lambda x: torch.is_nonzero(x.mean() > 0),
+    ],
+    ids=["numpy", "asarray", "complex", "equal", "allclose", "method", "is_nonzero"],
+)
+def test_python_values_of_the_input_by_other_ways_are_reads(condition):
+    """Before: not found, and the file kept the example's way for every input."""
+    line = f"{__file__}:{condition.__code__.co_firstlineno}"  # the lambda, innermost
+    assert _traced_reads(_BranchesOn(condition), torch.ones(4), onnx_too=False) == [[line]]
+
+
 @pytest.mark.filterwarnings("ignore")
 def test_a_read_before_the_model_writes_into_its_input_is_found():
     """Before: not found (the example's value in the graph was taken after x.mul_)."""

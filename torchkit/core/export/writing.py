@@ -137,6 +137,16 @@ def input_values_read(example: Any) -> Iterator[list[str]]:
         torch.Tensor.__float__,
         torch.Tensor.item,
         torch.Tensor.tolist,
+        torch.Tensor.__complex__,
+        torch.Tensor.numpy,
+        torch.Tensor.__array__,  # np.asarray(x)
+        # Python booleans of two tensors' values (`if torch.equal(x, y):`)
+        torch.equal,
+        torch.Tensor.equal,
+        torch.allclose,
+        torch.Tensor.allclose,
+        torch.is_nonzero,
+        torch.Tensor.is_nonzero,
     }
 
     traced: list[Any] = [None, None]  # the tracing state, the example's value as it began
@@ -184,7 +194,11 @@ def input_values_read(example: Any) -> Iterator[list[str]]:
                     traced[:] = [state, None]
             if func in reads and args and state is not None and traced[1] is not None:
                 try:
-                    dependent = depends_on_input(args[0], traced[1])
+                    dependent = any(
+                        depends_on_input(each, traced[1])
+                        for each in args[:2]  # torch.equal(x, y) reads both
+                        if isinstance(each, torch.Tensor)
+                    )
                 except RuntimeError:  # a tensor the tracer cannot place: nothing to say
                     dependent = False
                 place = _caller_place() if dependent else None
