@@ -455,30 +455,58 @@ def test_outputs_that_barely_depend_on_the_input_make_the_verification_inconclus
     assert out.is_file()  # kept: the file may be right, the check cannot tell
 
 
-def test_a_batch_whose_layers_outgrow_half_the_free_memory_is_refused(
-    runner, tmp_path, monkeypatch
-):
+def test_a_batch_whose_export_outgrows_the_free_memory_is_refused(runner, tmp_path, monkeypatch):
     """Before: only the example images were checked against the free memory, while a layer's
     output is often several times them (resnet18 -b 4096: 2.5 GB of images, ~29 GB in its
-    first layers, the kernel's OOM killer). TinyNet at 16 px, per image: 3,072 bytes of
-    images; its pooling holds the 4,096-byte ReLU output and makes 64 bytes."""
+    first layers, the kernel's OOM killer); then a batch counted at half the free memory passed,
+    while TorchScript's trace peaks at ~3.3x the count (resnet18). TinyNet at 16 px, per image:
+    3,072 bytes of images; its pooling holds the 4,096-byte ReLU output and makes 64 bytes;
+    163 weights (652 bytes)."""
     from torchkit.core.runtime import memory
 
-    per_image = 3 * 16 * 16 * 4
-    free = 2 * 102 * per_image * 3 // 2  # half of it holds 102 images (-b 100 verifies 102)
-    monkeypatch.setattr(memory, "available_memory", lambda: free)
+    monkeypatch.setattr(memory, "available_memory", lambda: 2_000_000)
     out = tmp_path / "tiny.ts"
     args = ["nets:TinyNet", str(out), "--image-size", "16"]
-    result, _ = export(runner, *args, "-b", "100")
+    # 79 images (-b 77 verifies 79): 3.5 x 79 x 7,232 + 3 x 652 = 2,001,604 bytes
+    result, _ = export(runner, *args, "-b", "77")
     assert result.exit_code == 2, result.stderr
     assert error_line(result.stderr).startswith(
-        "Error: --batch-size 100 needs 0.0 GB for a batch of 102 3x16x16 inputs and one "
-        "layer's inputs and output, more than half the 0.0 GB free"
+        "Error: --batch-size 77 needs about 0.0 GB to export to torchscript (3.5 x 0.0 GB for "
+        "a batch of 79 3x16x16 inputs and one layer's inputs and output, plus 3 x 0.0 GB for "
+        "the weights), more than the 0.0 GB free"
     )
     assert not out.exists()
-    # 64 images of (3,072 + 4,096 + 64) bytes hold in half of it (462,848 <= 470,016 bytes)
-    fits, _ = export(runner, *args, "-b", "62", "--no-verify")
+    # 78 images: 1,976,292 bytes (half the free memory let -b 136 through: 998,016 bytes
+    # counted, ~3.5 MB at TorchScript's peak)
+    fits, _ = export(runner, *args, "-b", "76", "--no-verify")
     assert fits.exit_code == 0, fits.stderr
+
+
+@pytest.mark.parametrize(
+    ("fmt", "free", "refused"),
+    [
+        # torch.export traces with fake tensors: its peak is ~1.3-1.5x the count, where half
+        # the free memory refused any batch past 0.5x (what fits in 0.6x free was refused)
+        (EXPORTED_PROGRAM, 1_300_000, False),
+        (EXPORTED_PROGRAM, 1_182_000, True),
+        (TORCHSCRIPT, 2_584_000, False),  # 3.5 x 737,664 + 3 x 652 = 2,583,780 bytes
+        (ONNX, 2_584_000, True),  # the weights' copies: 4 x 652, 2,584,432 bytes
+        (ONNX, 2_584_500, False),
+    ],
+)
+def test_the_memory_an_export_needs_is_counted_for_its_format(monkeypatch, fmt, free, refused):
+    """102 TinyNet images at 16 px: 737,664 bytes counted; 652 bytes of weights."""
+    from torchkit.core.export import run
+    from torchkit.core.io.errors import UsageError
+    from torchkit.core.runtime import memory
+
+    monkeypatch.setattr(memory, "available_memory", lambda: free)
+    check = [(3, 16, 16), 102, 100, 4160]
+    if refused:
+        with pytest.raises(UsageError, match=f"needs about 0.0 GB to export to {fmt} "):
+            run._check_batch_memory(*check, fmt=fmt, weight_bytes=652)
+    else:
+        run._check_batch_memory(*check, fmt=fmt, weight_bytes=652)
 
 
 def test_a_fixed_batch_of_1_is_verified_on_two_inputs(runner, world, tmp_path):

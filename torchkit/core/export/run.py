@@ -30,6 +30,7 @@ from torchkit.core.export.verification import (
 )
 from torchkit.core.export.writing import (
     ExportError,
+    parameter_bytes,
     write_exported_program,
     write_onnx,
     write_torchscript,
@@ -47,7 +48,7 @@ from torchkit.core.models import model_inputs, require_model_files
 from torchkit.core.models.exported.metadata import build_metadata
 from torchkit.core.models.image_size import image_size_refusal
 from torchkit.core.models.resolver import has_random_weights
-from torchkit.core.runtime.memory import beyond_half_free
+from torchkit.core.runtime import memory
 
 Progress = Callable[[int, int], None]
 STEPS = 4  # model, reference, export, verification
@@ -190,7 +191,14 @@ def export_model(request: ExportRequest, progress: Progress | None = None) -> Ex
     # that even at batch 1 there are distinct inputs whose outputs must differ
     sizes.append(request.batch_size + 2 if dynamic else request.batch_size)
     example_size = max(2, request.batch_size) if dynamic else request.batch_size
-    _check_batch_memory(sample, max(sizes), request.batch_size, _largest_call_bytes(model, sample))
+    _check_batch_memory(
+        sample,
+        max(sizes),
+        request.batch_size,
+        _largest_call_bytes(model, sample),
+        fmt=fmt,
+        weight_bytes=parameter_bytes(model),
+    )
     batches = verification_batches(sample, sizes if request.verify else sizes[:1])
     references = _reference(model, batches, arch=arch)
     if request.verify:
@@ -309,22 +317,51 @@ def _largest_call_bytes(model: Any, sample: tuple[int, ...]) -> int:
     return int((counted.largest_call_mb or 0) * MB)
 
 
+# What an export holds at its peak beyond what was in memory before it: a multiple of the batch
+# `_check_batch_memory` counts, and one of the model's weights (copies: ONNX's constant folding
+# and its serialised model, the file loaded to verify). Measured as max RSS past the RSS at the
+# check, resnet18 (224 px) and convnet (128 px) at -b 16 and 48, CPU: TorchScript's and ONNX's
+# tracers run with autograd on (ONNX needs it: no_grad takes nn.MultiheadAttention's fast path,
+# which ONNX cannot export), keeping every layer's output: 3.3x the batch count (resnet18),
+# 1.1x (convnet); torch.export traces with fake tensors: 1.3x and 1.5x. Weights: 3.8-4.1x
+# (ONNX), 2.8-3.3x (.pt2), 0.4-2.7x (TorchScript). A transformer's attention holds more than
+# its layer calls show (a small ViT: 8-9x, 3.4x for .pt2), which the count cannot see.
+_PEAK_PER_BATCH = {fm.ONNX: 3.5, fm.TORCHSCRIPT: 3.5, fm.EXPORTED_PROGRAM: 1.6}
+_PEAK_PER_WEIGHTS = {fm.ONNX: 4.0, fm.TORCHSCRIPT: 3.0, fm.EXPORTED_PROGRAM: 3.5}
+
+
 def _check_batch_memory(
-    sample: tuple[int, ...], largest: int, batch_size: int, call_bytes: int = 0
+    sample: tuple[int, ...],
+    largest: int,
+    batch_size: int,
+    call_bytes: int = 0,
+    *,
+    fmt: str,
+    weight_bytes: int = 0,
 ) -> None:
-    """The example batches the export traces and verifies with, up to `largest` samples of
-    `sample` in float32, and what one layer holds at once for them (`call_bytes` an image: a
-    first convolution's output is several times the images) fit in half the memory free: a
-    --batch-size past it (2**30) failed in torch's allocator with a traceback's last line
-    instead of one error, and one whose images fit but layers did not (resnet18 at 4096)
-    ended in the kernel's OOM killer."""
-    needed = largest * (math.prod(sample) * 4 + call_bytes)
-    free = beyond_half_free(needed)
-    if free is not None:
+    """What exporting to `fmt` holds at its peak fits in the memory free: the example batches
+    it traces and verifies with, up to `largest` samples of `sample` in float32, and what one
+    layer holds at once for them (`call_bytes` an image: a first convolution's output is
+    several times the images), each format's multiple of them and of the weights (see
+    `_PEAK_PER_BATCH`). A --batch-size past it (2**30) failed in torch's allocator with a
+    traceback's last line instead of one error, one whose images fit but layers did not
+    (resnet18 at 4096) ended in the kernel's OOM killer, and one flat half of the free memory
+    let ONNX and TorchScript batches that need 1.7x it through while it refused .pt2 batches
+    that fit."""
+    batch = largest * (math.prod(sample) * 4 + call_bytes)
+    needed = _PEAK_PER_BATCH[fmt] * batch + _PEAK_PER_WEIGHTS[fmt] * weight_bytes
+    free = memory.available_memory()
+    if free is not None and needed > free:
         layer = " and one layer's inputs and output" if call_bytes else ""
+        weights = (
+            f", plus {_PEAK_PER_WEIGHTS[fmt]:g} x {weight_bytes / 1e9:,.1f} GB for the weights"
+            if weight_bytes
+            else ""
+        )
         raise UsageError(
-            f"--batch-size {batch_size} needs {needed / 1e9:,.1f} GB for a batch of {largest} "
-            f"{'x'.join(map(str, sample))} inputs{layer}, more than half the "
+            f"--batch-size {batch_size} needs about {needed / 1e9:,.1f} GB to export to {fmt} "
+            f"({_PEAK_PER_BATCH[fmt]:g} x {batch / 1e9:,.1f} GB for a batch of {largest} "
+            f"{'x'.join(map(str, sample))} inputs{layer}{weights}), more than the "
             f"{free / 1e9:,.1f} GB free",
             "give a smaller --batch-size: the exported model takes any batch size unless "
             "--static-batch",
