@@ -971,8 +971,12 @@ def _traced_reads(model, example, onnx_too=True):
 @pytest.mark.filterwarnings("ignore")
 @pytest.mark.parametrize(
     "count",
-    [lambda x: torch.nonzero(x > 0).shape[0], lambda x: x[x > 0].shape[0]],
-    ids=["nonzero", "mask"],
+    [
+        lambda x: torch.nonzero(x > 0).shape[0],
+        lambda x: x[x > 0].shape[0],
+        lambda x: torch.where(x > 0)[0].shape[0],
+    ],
+    ids=["nonzero", "mask", "where"],
 )
 def test_a_loop_counted_by_a_shape_of_the_inputs_values_is_a_read(count):
     """Before: not found (a shape read stopped the search), and the file adds the example's
@@ -983,6 +987,25 @@ def test_a_loop_counted_by_a_shape_of_the_inputs_values_is_a_read(count):
     # a shape read of a tensor whose shape the input's values do not make is not
     shape_only = _CountsPositives(lambda x: torch.nonzero(x.new_ones(3)).shape[0] + x.shape[0])
     assert _traced_reads(shape_only, example, onnx_too=False) == [[]]
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize(
+    "count",
+    [
+        lambda x: sum(1 for _ in torch.nonzero(x > 0)),
+        lambda x: len(torch.nonzero(x > 0).unbind(0)),
+    ],
+    ids=["iter", "unbind"],
+)
+def test_the_tensors_a_shape_of_the_inputs_values_splits_into_are_a_read(count):
+    """Before: not found: the count of rows a loop over a tensor (or unbind) gives is fixed in
+    the file. A loop over the input's own rows is not a read."""
+    line = f"{__file__}:{count.__code__.co_firstlineno}"
+    example = torch.tensor([1.0, -1.0, 2.0, -3.0])
+    assert _traced_reads(_CountsPositives(count), example, onnx_too=False) == [[line]]
+    rows = _CountsPositives(lambda x: len([row for row in torch.where(x > 0, x, -x)]))
+    assert _traced_reads(rows, example, onnx_too=False) == [[]]
 
 
 @pytest.mark.filterwarnings("ignore")

@@ -148,16 +148,19 @@ def input_values_read(example: Any) -> Iterator[list[str]]:
         torch.is_nonzero,
         torch.Tensor.is_nonzero,
     }
+    # Python values of a tensor's shape: the number of tensors `for row in t:` or t.unbind()
+    # gives is fixed in the file, wrong where the shape comes from the input's values
+    shape_reads = {torch.Tensor.__iter__, torch.Tensor.unbind, torch.unbind}
 
     traced: list[Any] = [None, None]  # the tracing state, the example's value as it began
     # (value, shape only) searched whole without reaching the example, in this trace (value
     # numbers are unique within one graph): a ViT reads many shapes of one long graph
     independent: set[tuple[int, bool]] = set()
 
-    def depends_on_input(tensor: Any, source: int) -> bool:
+    def depends_on_input(tensor: Any, source: int, shape_only: bool = False) -> bool:
         # (value, whether only its shape matters): a shape read follows shapes back, and
         # values again only through a node whose output's shape its inputs' values make
-        stack = [(torch._C._get_value_trace(tensor), False)]
+        stack = [(torch._C._get_value_trace(tensor), shape_only)]
         visited: set[tuple[int, bool]] = set()
         while stack:
             value, shape_only = stack.pop()
@@ -174,7 +177,9 @@ def input_values_read(example: Any) -> Iterator[list[str]]:
             elif shape_only and kind == "aten::index":  # x[mask]: as many rows as True
                 stack.extend((each, False) for each in _boolean_indices(node))
                 stack.append((next(node.inputs()), True))
-            elif shape_only and kind in _VALUE_SHAPED_NODES:
+            elif shape_only and (
+                kind in _VALUE_SHAPED_NODES or (kind == "aten::where" and node.inputsSize() == 1)
+            ):  # torch.where(mask) is torch.nonzero(mask, as_tuple=True)
                 stack.extend((each, False) for each in node.inputs())
             else:
                 stack.extend((each, shape_only) for each in node.inputs())
@@ -192,10 +197,11 @@ def input_values_read(example: Any) -> Iterator[list[str]]:
                     traced[:] = [state, torch._C._get_value_trace(example).unique()]
                 except RuntimeError:  # not an input of this trace
                     traced[:] = [state, None]
-            if func in reads and args and state is not None and traced[1] is not None:
+            watched = func in reads or func in shape_reads
+            if watched and args and state is not None and traced[1] is not None:
                 try:
                     dependent = any(
-                        depends_on_input(each, traced[1])
+                        depends_on_input(each, traced[1], func in shape_reads)
                         for each in args[:2]  # torch.equal(x, y) reads both
                         if isinstance(each, torch.Tensor)
                     )
