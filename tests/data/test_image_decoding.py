@@ -33,6 +33,7 @@ from torchkit.core.data.image_files import (
     load_image,
     opened_image,
     pixels_in_mode,
+    uint16_to_uint8,
     unreadable_image_errors,
 )
 from torchkit.core.data.preprocessing import Preprocess
@@ -243,6 +244,38 @@ def test_a_turned_tiff_is_read_as_torchvision_reads_it_at_every_bit_depth(tmp_pa
         pixels = read_image(path).array
         assert np.array_equal(pixels, apply_exif_orientation(stored, TURNED)), depth
         assert np.array_equal(read_image(path, exif=False).array, stored), depth
+
+
+def test_a_tiff_whose_orientation_is_not_a_number_is_read_as_stored(tmp_path):
+    """An Orientation tag written as the text "6" turns nothing in Pillow's TIFF loader nor in
+    OpenCV's (nor in ImageOps.exif_transpose): it was read as the number 6, so train's crops
+    were drawn from the turned size (outside the pixels), a 16-bit colour one was refused as
+    undecodable, and convert tensor --no-exif turned the stored pixels back."""
+    import struct
+
+    from PIL import TiffImagePlugin
+
+    eight = picture(6, 4)  # 4 rows of 6: a turn by 6 changes the shape
+    text_six = TiffImagePlugin.ImageFileDirectory_v2()
+    text_six[0x0112], text_six.tagtype[0x0112] = "6", 2  # ASCII
+    paths = {"8-bit": tmp_path / "eight.tif", "16-bit": tmp_path / "sixteen.tif"}
+    Image.fromarray(eight).save(paths["8-bit"], tiffinfo=text_six)
+    write_sixteen_bit_colour_tiff(paths["16-bit"], eight.astype(np.uint16) * 257, TURNED)
+    data = paths["16-bit"].read_bytes()  # its Orientation entry as ASCII "6"
+    entry = struct.pack("<HHI", 0x0112, 3, 1) + struct.pack("<H2x", TURNED)
+    assert data.count(entry) == 1
+    paths["16-bit"].write_bytes(data.replace(entry, struct.pack("<HHI", 0x0112, 2, 2) + b"6\0\0\0"))
+    assert np.array_equal(pil_stored(paths["8-bit"]), eight)  # torchvision's default loader
+    for depth, path in paths.items():
+        assert np.array_equal(np.asarray(load_image(path, "RGB")), eight), depth
+        torch.manual_seed(0)
+        boxes = [ReducedDecodeCrop(64).decode(path, "RGB")[1] for _ in range(20)]
+        assert all(right <= 6 and bottom <= 4 for _, _, right, bottom in boxes), (depth, boxes)
+        stored = read_image(path, exif=False).array
+        assert np.array_equal(read_image(path).array, stored), depth
+        assert np.array_equal(
+            uint16_to_uint8(stored) if stored.dtype == np.uint16 else stored, eight
+        )
 
 
 @pytest.mark.parametrize("orientation", range(1, 9))

@@ -55,6 +55,7 @@ SIXTEEN_BIT_MODES = frozenset({"I;16", "I;16L", "I;16B", "I;16N"})
 # Integer modes with more than 8 bits per sample: scaled by `to_8bit`.
 HIGH_BIT_DEPTH_MODES = SIXTEEN_BIT_MODES | {"I"}
 EXIF_ORIENTATION_TAG = 0x0112
+_ORIENTATIONS = frozenset(range(1, 9))
 
 
 class NotARegularFile(OSError):
@@ -355,11 +356,14 @@ def exif_orientation(image: Any, *, exif: bool) -> int:
     PNG to find its EXIF, and before loading a TIFF: Pillow 13 then drops the tag."""
     if not exif:
         return 1
+    value = image.getexif().get(EXIF_ORIENTATION_TAG, 1)
+    # Only the values PIL's decoders and exif_transpose turn by, compared as they compare them:
+    # a tag written as the text "6" turns nothing there (int() read it as 6: a TIFF's size as
+    # read was taken turned, and --no-exif turned its stored pixels back).
     try:
-        value = int(image.getexif().get(EXIF_ORIENTATION_TAG, 1) or 1)
-    except (TypeError, ValueError):  # a tag that is not a number: nothing to turn
+        return int(value) if value in _ORIENTATIONS else 1
+    except TypeError:  # unhashable: nothing to turn
         return 1
-    return value if 1 <= value <= 8 else 1
 
 
 def orientation_on_load(image: Any) -> int:
