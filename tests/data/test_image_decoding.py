@@ -276,6 +276,11 @@ def test_a_tiff_whose_orientation_is_not_a_number_is_read_as_stored(tmp_path):
         assert np.array_equal(
             uint16_to_uint8(stored) if stored.dtype == np.uint16 else stored, eight
         )
+    # convert tensor of a PNG whose EXIF says "6" in text: as ImageOps.exif_transpose, not turned
+    png = tmp_path / "text_six.png"
+    exif = b"Exif\0\0II*\0" + struct.pack("<IHHHI", 8, 1, 0x0112, 2, 2) + b"6\0\0\0\0\0\0\0"
+    Image.fromarray(eight).save(png, exif=exif)
+    assert np.array_equal(read_image(png).array, eight)
 
 
 @pytest.mark.parametrize("orientation", range(1, 9))
