@@ -153,38 +153,37 @@ def input_values_read(example: Any) -> Iterator[list[str]]:
     shape_reads = {torch.Tensor.__iter__, torch.Tensor.unbind, torch.unbind}
 
     traced: list[Any] = [None, None]  # the tracing state, the example's value as it began
-    # (value, shape only) searched whole without reaching the example, in this trace (value
-    # numbers are unique within one graph): a ViT reads many shapes of one long graph
-    independent: set[tuple[int, bool]] = set()
+    # (value, whether only its shape matters) -> whether it depends on the example's values,
+    # in this trace (value numbers are unique within one graph): a ViT reads many shapes of
+    # one long graph, a loop with a check in each step reads the same chain again and again
+    known: dict[tuple[int, bool], bool] = {}
 
     def depends_on_input(tensor: Any, source: int, shape_only: bool = False) -> bool:
-        # (value, whether only its shape matters): a shape read follows shapes back, and
-        # values again only through a node whose output's shape its inputs' values make
-        stack = [(torch._C._get_value_trace(tensor), shape_only)]
-        visited: set[tuple[int, bool]] = set()
-        while stack:
-            value, shape_only = stack.pop()
+        # depth first, with the path from the read: when the example is reached, everything
+        # on the path depends on it; a value whose inputs are all searched does not
+        path: list[tuple[tuple[int, bool], Iterator[tuple[Any, bool]]]] = []
+
+        def enter(value: Any, shape_only: bool) -> bool | None:
             key = (value.unique(), shape_only)
             if key == (source, False):
                 return True
-            if key in visited or key in independent:
-                continue
-            visited.add(key)
-            node = value.node()
-            kind = node.kind()
-            if kind in _SHAPE_ONLY_NODES:
-                stack.extend((each, True) for each in node.inputs())
-            elif shape_only and kind == "aten::index":  # x[mask]: as many rows as True
-                stack.extend((each, False) for each in _boolean_indices(node))
-                stack.append((next(node.inputs()), True))
-            elif shape_only and (
-                kind in _VALUE_SHAPED_NODES or (kind == "aten::where" and node.inputsSize() == 1)
-            ):  # torch.where(mask) is torch.nonzero(mask, as_tuple=True)
-                stack.extend((each, False) for each in node.inputs())
+            if key in known:
+                return known[key]
+            path.append((key, iter(_inputs_searched(value.node(), shape_only))))
+            return None
+
+        found = enter(torch._C._get_value_trace(tensor), shape_only)
+        while path and not found:
+            key, inputs = path[-1]
+            following = next(inputs, None)
+            if following is None:
+                known[key] = False
+                path.pop()
             else:
-                stack.extend((each, shape_only) for each in node.inputs())
-        independent.update(visited)
-        return False
+                found = enter(*following)
+        for key, _ in path:  # found: the path leads to the example
+            known[key] = True
+        return bool(found)
 
     class InputValueReads(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -192,7 +191,7 @@ def input_values_read(example: Any) -> Iterator[list[str]]:
             if state is not None and state is not traced[0]:
                 # a trace begins: the example's value before the model can write into it
                 # in place (x.mul_(...) gives the example a new value in the graph)
-                independent.clear()
+                known.clear()
                 try:
                     traced[:] = [state, torch._C._get_value_trace(example).unique()]
                 except RuntimeError:  # not an input of this trace
@@ -217,7 +216,25 @@ def input_values_read(example: Any) -> Iterator[list[str]]:
             yield places
     finally:
         traced[:] = [None, None]  # keeps no tracing state alive
-        independent.clear()
+        known.clear()
+
+
+def _inputs_searched(node: Any, shape_only: bool) -> list[tuple[Any, bool]]:
+    """The inputs of `node` that the value it makes (or only that value's shape, with
+    `shape_only`) depends on, each with whether only its shape matters: a shape read follows
+    shapes back, and values again only through a node whose output's shape its inputs'
+    values make."""
+    kind = node.kind()
+    inputs = list(node.inputs())
+    if kind in _SHAPE_ONLY_NODES:
+        return [(each, True) for each in inputs]
+    if shape_only and kind == "aten::index":  # x[mask]: as many rows as True
+        return [(inputs[0], True)] + [(each, False) for each in _boolean_indices(node)]
+    if shape_only and (
+        kind in _VALUE_SHAPED_NODES or (kind == "aten::where" and len(inputs) == 1)
+    ):  # torch.where(mask) is torch.nonzero(mask, as_tuple=True)
+        return [(each, False) for each in inputs]
+    return [(each, shape_only) for each in inputs]
 
 
 def _boolean_indices(node: Any) -> list[Any]:
