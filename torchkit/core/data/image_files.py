@@ -356,13 +356,13 @@ def exif_orientation(image: Any, *, exif: bool) -> int:
     PNG to find its EXIF, and before loading a TIFF: Pillow 13 then drops the tag."""
     if not exif:
         return 1
-    value = image.getexif().get(EXIF_ORIENTATION_TAG, 1)
     # Only the values PIL's decoders and exif_transpose turn by, compared as they compare them:
     # a tag written as the text "6" turns nothing there (int() read it as 6: a TIFF's size as
     # read was taken turned, and --no-exif turned its stored pixels back).
     try:
+        value = image.getexif().get(EXIF_ORIENTATION_TAG, 1)
         return int(value) if value in _ORIENTATIONS else 1
-    except TypeError:  # unhashable: nothing to turn
+    except (TypeError, ValueError):  # an EXIF block or a tag PIL cannot read: nothing to turn
         return 1
 
 
