@@ -955,7 +955,7 @@ class _ReadsBeforeWritingItsInput(nn.Module):
 
 
 def _traced_reads(model, example, onnx_too=True):
-    from torchkit.core.export.writing import input_values_read
+    from torchkit.core.export.value_reads import input_values_read
 
     found = []
     with input_values_read(example) as reads:
@@ -1021,7 +1021,7 @@ class _ChecksEachStep(nn.Module):
 def test_the_look_for_reads_costs_as_much_as_the_graph_not_its_square(monkeypatch):
     """Before: each read searched its whole chain back to the input again: 20,400 values
     looked at in a graph of 500 nodes (100 steps; 1,000 steps: a 1.3 s trace took 39 s)."""
-    from torchkit.core.export.writing import input_values_read
+    from torchkit.core.export.value_reads import input_values_read
 
     node = torch._C.Value.node
     looked_at = []
