@@ -279,13 +279,15 @@ def test_train_mode_of_a_traced_torchscript_file_warns_it_runs_as_exported(runne
     assert infer.exit_code == 0 and "Warning" not in infer.stderr, infer.stderr
 
 
-def test_a_torchscript_file_of_a_fixed_batch_is_timed_at_its_batch_and_others_refused(
+def test_a_torchscript_file_of_a_fixed_batch_is_timed_at_its_batch_also_unasked_others_refused(
     runner, tmp_path
 ):
     """Before: the FLOP count ran the file at batch 1, which `export --static-batch -b 3` files
     refuse: every --batch-size ended in 'ShapeChecked cannot run on an input of shape (1, ...):
     expected a batch of 3, got 1 (check --input-size)'. Now batch 3 is timed, its counts per
-    image (as the model's own), and another batch or a search is one usage error."""
+    image (as the model's own), and another batch or a search is one usage error. Without
+    --batch-size it was then refused ('takes batches of 3 only ..., not 32': the default batch
+    taken as asked for); it is timed at 3, as summary counts it."""
     path = tmp_path / "fixed.ts"
     exported = runner.invoke(
         app,
@@ -310,6 +312,9 @@ def test_a_torchscript_file_of_a_fixed_batch_is_timed_at_its_batch_and_others_re
     assert error_line(search.stderr) == (
         f"Error: --find-batch-size cannot search {path}: it takes batches of 3 only {hint}"
     )
+    unasked = runner.invoke(app, [*args, "--warmup", "0", "--format", "json"])
+    assert unasked.exit_code == 0, unasked.stderr
+    assert [row["batch_size"] for row in json.loads(unasked.stdout)["results"]] == [3]
 
 
 def test_compile_of_a_torchscript_file_is_a_usage_error(runner, tmp_path):
