@@ -23,6 +23,7 @@ from torchkit.core.data.dataset import (
     WithholdingSampler,
     make_dataset,
     seed_worker,
+    stop_workers,
     worker_options,
 )
 from torchkit.core.data.preprocessing import Preprocess
@@ -561,13 +562,9 @@ class Loaders:
         """Stop the worker processes of the loaders now (persistent workers otherwise live
         until their loader is garbage-collected, which a traceback can put off to exit)."""
         for loader in (self.train, self.val, self.test):
-            iterator = getattr(loader, "_iterator", None)
-            if iterator is None:
-                continue
-            shutdown = getattr(iterator, "_shutdown_workers", None)
-            if shutdown is not None:
-                shutdown()
-            loader._iterator = None
+            if getattr(loader, "_iterator", None) is not None:
+                stop_workers(loader)
+                loader._iterator = None
 
     def start_workers(self, *, train: bool = False) -> None:
         """Fork the validation and test loaders' workers now (and the train loader's with
