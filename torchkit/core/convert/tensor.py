@@ -25,6 +25,7 @@ from torchkit.core.data.image_files import (
     orientation_on_load,
     read_regular_file,
     sixteen_bit_colour,
+    undoing_orientation,
     unreadable_image_errors,
 )
 from torchkit.core.data.sources.discovery import IMAGE_EXTENSIONS
@@ -207,11 +208,6 @@ def _pil_to_array(image, source: Path) -> Any:
     return np.asarray(image if wanted == mode else image.convert(wanted))
 
 
-# The EXIF orientation that undoes each one: turns by 90 degrees the other way, the rest
-# (flips, 180 degrees, transposes) themselves.
-_UNDONE_BY = {6: 8, 8: 6}
-
-
 def read_image(path: str | os.PathLike, *, exif: bool = True, name: str | None = None) -> px.Pixels:
     """An image file as Pixels: grayscale, RGBA and 16-bit keep their channels and depth,
     palette images become RGB(A), EXIF orientation is applied unless `exif=False` (the picture
@@ -230,7 +226,7 @@ def read_image(path: str | os.PathLike, *, exif: bool = True, name: str | None =
             if turned == 1:
                 orientation = tag if exif else 1
             else:
-                orientation = 1 if exif else _UNDONE_BY.get(turned, turned)
+                orientation = 1 if exif else undoing_orientation(turned)
             if array is None:
                 array = _pil_to_array(image, source)
     except unreadable_image_errors() as error:

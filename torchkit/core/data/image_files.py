@@ -391,6 +391,12 @@ def apply_exif_orientation(array: Any, orientation: int) -> Any:
     return array if transform is None else np.ascontiguousarray(transform(array))
 
 
+def undoing_orientation(orientation: int) -> int:
+    """The EXIF orientation whose turn undoes `orientation`'s: a quarter turn the other way for
+    6 and 8, the same for the rest (flips, the half turn, the transposes undo themselves)."""
+    return {6: 8, 8: 6}.get(orientation, orientation)
+
+
 def _oriented(image: Any, orientation: int) -> Any:
     """A PIL image turned as `apply_exif_orientation` turns arrays (PIL's exif_transpose)."""
     from PIL import Image
