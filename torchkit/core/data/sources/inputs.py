@@ -92,16 +92,13 @@ def _index_version(index: Path) -> tuple | None:
     size and times did not: a file written again in the same tick of its file system's clock
     (a second on many network and FUSE mounts, HFS+, ext3; a few milliseconds on Linux before
     6.13) with other folders of the same length kept the first version's folders."""
-    import hashlib
+    from torchkit.core.data.hashing import file_digest
 
-    digest = hashlib.blake2b(digest_size=20)
     try:
-        with open(index, "rb") as handle:
-            while chunk := handle.read(1 << 20):
-                digest.update(chunk)
+        digest = file_digest(index)  # a regular file's only: a FIFO's data is not eaten here
     except OSError:
         return None
-    return os.path.realpath(index), digest.digest()
+    return os.path.realpath(index), digest
 
 
 def _csv_image_folders(index: Path) -> list[InputPath]:
