@@ -188,17 +188,17 @@ def open_stored(
         )
     _check_ports(parts, shown)
     from torchkit.core.data.sources.shards import (
-        _is_compressed_tar_name,
         _is_tar_name,
         _open_shards,
         compressed_tar_error,
         expand_braces,
+        is_compressed_tar_name,
     )
 
     urls = [url for part in list_parts(typed) for url in expand_braces(part)]
     names = [_location(url).name for url in urls]
     compressed = [
-        url for url, name in zip(urls, names, strict=True) if _is_compressed_tar_name(name)
+        url for url, name in zip(urls, names, strict=True) if is_compressed_tar_name(name)
     ]
     if compressed:  # as on disk: a shard is read by offset, never decompressed on the way
         raise compressed_tar_error(_shown(compressed[0]), len(compressed) - 1)

@@ -579,7 +579,7 @@ def _is_tar_name(name: str) -> bool:
 _COMPRESSED_TAR_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar.zst")
 
 
-def _is_compressed_tar_name(name: str) -> bool:
+def is_compressed_tar_name(name: str) -> bool:
     return name.lower().endswith(_COMPRESSED_TAR_SUFFIXES)
 
 
@@ -601,7 +601,7 @@ def _shard_list(spec: str) -> list[str] | None:
     if not is_shard_pattern(spec):
         return None
     names = [name for part in spec.split("::") for name in expand_braces(part)]
-    if names and all(_is_compressed_tar_name(name) for name in names):
+    if names and all(is_compressed_tar_name(name) for name in names):
         there = [name for name in names if os.path.isfile(name)]
         if there:
             raise compressed_tar_error(there[0], len(there) - 1)
@@ -641,7 +641,7 @@ def _folder_shards(folder: Path) -> list[str] | None:
                     others.append(entry.name)
     except OSError:
         return None
-    compressed = sorted(name for name in others if _is_compressed_tar_name(name))
+    compressed = sorted(name for name in others if is_compressed_tar_name(name))
     if not tars and compressed:
         raise compressed_tar_error(str(folder / compressed[0]), len(compressed) - 1)
     if not tars:
@@ -676,7 +676,7 @@ def open_stored(
         if found is None:
             return None
         return _open_shards(spec, found, classes, allow_unlabelled, by_split=True)
-    if _is_compressed_tar_name(spec) and path.is_file():
+    if is_compressed_tar_name(spec) and path.is_file():
         raise compressed_tar_error(spec)
     if not _is_tar_name(spec) or not path.is_file():
         return None
