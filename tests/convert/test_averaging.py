@@ -213,3 +213,21 @@ def test_mixed_float_dtypes_keep_the_widest_and_mixed_kinds_are_refused(tmp_path
         with pytest.raises(CheckpointError, match=r"'?w'? has different kinds.*int64.*") as error:
             average_checkpoints(pair)
         assert "float32" in str(error.value)
+
+
+def test_average_into_safetensors_writes_the_averaged_weights(runner, tmp_path):
+    """Before: 'cannot tell the output format from 'avg.safetensors'' (exit 2), the suffix
+    naming a format convert checkpoint writes."""
+    from safetensors.torch import load_file
+
+    from torchkit.cli import app
+
+    paths = [str(p) for p in checkpoints(tmp_path, count=2)]
+    out = tmp_path / "avg.safetensors"
+    result = runner.invoke(app, ["convert", "checkpoint", "--average", *paths, str(out)])
+    assert result.exit_code == 0, result.stderr
+    assert "classes and preprocessing are left out" in result.stderr
+    saved = load_file(out)
+    expected = average_checkpoints(paths)["model"]
+    assert saved.keys() == expected.keys()
+    assert all(torch.equal(saved[k], v) for k, v in expected.items())

@@ -401,7 +401,8 @@ def checkpoint(
         typer.Option(
             "--average",
             help="Average the weights of the SRC checkpoints (timm's avg_checkpoints: floats "
-            "in float64, integer buffers from the last) into DST, a checkpoint eval reads.",
+            "in float64, integer buffers from the last) into DST: .pt, a checkpoint eval reads, "
+            "or .safetensors, the weights alone.",
         ),
     ] = False,
     allow_nonfinite: Annotated[

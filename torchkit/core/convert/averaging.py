@@ -12,16 +12,21 @@ diverged epoch) is refused, naming the file and the tensor: its average is NaN t
 From torchkit checkpoints the result is a torchkit checkpoint (the last one's
 architecture, classes and preprocessing, without optimiser state: it evaluates, predicts and
 exports like any other, but does not resume); from plain state dicts, a plain state dict.
+A .safetensors destination holds the averaged state dict alone (as `convert checkpoint`
+writes one).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from torchkit.core.io.errors import CheckpointError, UsageError
+
+log = logging.getLogger("torchkit")
 
 # What an averaged checkpoint keeps of the last input: what eval, predict and export read.
 KEPT_KEYS = (
@@ -211,25 +216,42 @@ def write_average(
     --force to replace; written atomically; nothing written when a source holds a NaN or an
     infinity, unless `allow_nonfinite`; `to`: "pt" for a name without an extension, such as
     /dev/stdout). Returns the report."""
-    from torchkit.core.convert.checkpoint import TORCH_EXTENSIONS, output_extension
+    from torchkit.core.convert.checkpoint import (
+        OUTPUT_EXTENSIONS,
+        output_extension,
+        write_safetensors,
+    )
     from torchkit.core.io.files import require_input
     from torchkit.core.io.outputs import InputPath, check_output_file, reporting_write_errors
     from torchkit.core.models.checkpoint import save_checkpoint
 
     checked = [require_input(path, what="checkpoint", kind="file") for path in sources]
     target = Path(destination)
-    output_extension(target, to, TORCH_EXTENSIONS, ".pt (a checkpoint or a state dict, as read)")
+    extension = output_extension(
+        target, to, OUTPUT_EXTENSIONS, ".pt (a checkpoint or a state dict, as read) or .safetensors"
+    )
     check_output_file(target, force, [InputPath.of(path, "checkpoint") for path in checked])
     averaged = average_checkpoints(
         checked, allow_nonfinite=allow_nonfinite, trust_checkpoint=trust_checkpoint
     )
     state = averaged.get("model", averaged)
-    with reporting_write_errors(target):
-        save_checkpoint(averaged, target)
+    if extension == ".safetensors":  # the weights alone, as a single conversion writes them
+        if "model" in averaged:
+            log.warning(
+                f"{target.name} holds the averaged weights only: the checkpoints' classes and "
+                "preprocessing are left out (write .pt to keep them)"
+            )
+        state = {name: tensor.contiguous() for name, tensor in state.items()}
+        write_safetensors(state, target)
+        kind = "state dict"
+    else:
+        with reporting_write_errors(target):
+            save_checkpoint(averaged, target)
+        kind = "torchkit checkpoint" if "model" in averaged else "state dict"
     return {
         "sources": [str(path) for path in checked],
         "destination": str(target),
-        "kind": "torchkit checkpoint" if "model" in averaged else "state dict",
+        "kind": kind,
         "checkpoints": len(checked),
         "tensors": len(state),
         "values": sum(int(t.numel()) for t in state.values()),

@@ -261,6 +261,26 @@ def _check_writable(name: str, tensor: Any) -> None:
         )
 
 
+def write_safetensors(tensors: dict[str, Any], target: Path) -> tuple[int, int]:
+    """Write the dense, contiguous CPU `tensors` to `target` as .safetensors, atomically;
+    return how many shared tensors were copied (`tensors` is changed in place) and the file's
+    size (0 for a FIFO or /dev/null, which have none)."""
+    if SAFETENSORS_METADATA in tensors:  # written, a header no safetensors reader parses
+        raise CheckpointError(
+            f"the state dict has a key {SAFETENSORS_METADATA!r}, which .safetensors keeps "
+            "for its metadata",
+            "write .pt, or rename every key with --add-prefix",
+        )
+    shared = _unshare(tensors)
+    try:
+        with atomic_path(target) as tmp, reporting_write_errors(target):
+            safetensors_save(tensors, tmp, metadata={"format": "pt"})
+            file_bytes = tmp.stat().st_size  # a FIFO or /dev/null has no size to ask
+    except (ValueError, RuntimeError) as error:
+        raise CheckpointError(f"cannot write {target} as safetensors: {error}") from None
+    return shared, file_bytes
+
+
 def output_extension(target: Path, to: str | None, extensions: tuple[str, ...], named: str) -> str:
     """The format of the checkpoint written at `target`: `to` ("pt", "safetensors"), else the
     extension of `target`, one of `extensions` (`named` says them). A name without one
@@ -355,19 +375,7 @@ def convert_checkpoint(
 
     shared = 0
     if extension == ".safetensors":
-        if SAFETENSORS_METADATA in out:  # written, a header no safetensors reader parses
-            raise CheckpointError(
-                f"the state dict has a key {SAFETENSORS_METADATA!r}, which .safetensors keeps "
-                "for its metadata",
-                "write .pt, or rename every key with --add-prefix",
-            )
-        shared = _unshare(out)
-        try:
-            with atomic_path(target) as tmp, reporting_write_errors(target):
-                safetensors_save(out, tmp, metadata={"format": "pt"})
-                file_bytes = tmp.stat().st_size  # a FIFO or /dev/null has no size to ask
-        except (ValueError, RuntimeError) as error:
-            raise CheckpointError(f"cannot write {target} as safetensors: {error}") from None
+        shared, file_bytes = write_safetensors(out, target)
     else:
         with atomic_path(target) as tmp, reporting_write_errors(target):
             torch_save(out, tmp)
