@@ -564,6 +564,10 @@ def test_table_csv_and_report_file(runner, world, tmp_path):
     header, row = csv.stdout.splitlines()
     assert header.split(",")[:3] == ["format", "path", "arch"] and "max_abs_diff" in header
     assert row.startswith(f"onnx,{tmp_path / 'b.onnx'},convnet,")
+    # a shape as the table shows it; the batch sizes a list of numbers, as video-info's
+    # frame_indices (it read 1x3, a shape)
+    cells = dict(zip(header.split(","), row.split(","), strict=True))
+    assert cells["input_shape"] == "3x28x28" and cells["verified_batch_sizes"] == "1 3"
     report = tmp_path / "report.json"
     done = runner.invoke(
         app, ["export", convnet, str(tmp_path / "c.ts"), "--format", "json", "-o", str(report)]

@@ -190,7 +190,8 @@ def export(
         data = result.to_dict()
         if fmt == OutputFormat.csv:
             # One row, the JSON keys as columns: easy to append to a log of exports.
-            tables = [Table(columns=list(data), rows=[[_csv_cell(v) for v in data.values()]])]
+            row = [_csv_cell(key, value) for key, value in data.items()]
+            tables = [Table(columns=list(data), rows=[row])]
         else:
             tables = [_result_table(data)]
         emit(
@@ -232,13 +233,14 @@ def _shape(data: dict) -> str:
     return "x".join([batch, *map(str, data["input_shape"])])
 
 
-def _csv_cell(value):
-    if isinstance(value, list):  # a shape or batch sizes; places in the model's code
-        return (
-            "x".join(map(str, value))
-            if all(isinstance(v, int) for v in value)
-            else "; ".join(value)
-        )
+def _csv_cell(key: str, value):
+    """A list as one CSV cell: the input shape as the table shows it (3x224x224), numbers
+    separated by spaces (as video-info's frame_indices), places in the model's code by `; `."""
+    if key == "input_shape":
+        return "x".join(map(str, value))
+    if isinstance(value, list):
+        separator = " " if all(isinstance(v, int) for v in value) else "; "
+        return separator.join(map(str, value))
     return value
 
 
