@@ -577,6 +577,18 @@ def test_table_csv_and_report_file(runner, world, tmp_path):
     assert json.loads(report.read_text())["format"] == TORCHSCRIPT
 
 
+def test_a_model_without_weights_is_the_same_file_in_every_run(runner, tmp_path):
+    """Before: its random weights were drawn from torch's random state as it stood, so each run
+    wrote another file; now from seed 0, as predict's and eval's --allow-untrained."""
+    files = [tmp_path / "a.onnx", tmp_path / "b.onnx"]
+    for out in files:
+        args = ["export", "convnet", str(out), "--image-size", "8", "--no-verify"]
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.stderr
+        assert "convnet has random weights" in result.stderr
+    assert digest(files[0]) == digest(files[1])
+
+
 def test_no_verify_says_so(runner, world, tmp_path):
     out = tmp_path / "m.ts"
     result, data = export(runner, str(world["root"] / "convnet.pt"), str(out), "--no-verify")

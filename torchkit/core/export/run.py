@@ -178,7 +178,8 @@ def export_model(request: ExportRequest, progress: Progress | None = None) -> Ex
         image_size=request.image_size,
         image_channels=request.image_channels,
     )
-    resolved = resolve_spec(spec, command="export")
+    # seeded: a model without weights is written with the same random weights in every run
+    resolved = resolve_spec(spec, command="export", seeded=True)
     model = resolved.model.to("cpu").float().eval()
     arch = resolved.arch
     random_weights = has_random_weights(resolved)  # a note, as summary's and benchmark's

@@ -37,9 +37,10 @@ class ModelSpec:
     classes: list[str] | None = None
     ema: bool = False
     allow_untrained: bool = False  # run a model whose weights are random
-    # What the random numbers of the build of a model whose outputs a command reports are
-    # drawn from (random weights, a random buffer no file holds): the same outputs in every
-    # run (a pipeline check compares them). extract-features' --seed; 0 elsewhere.
+    # What the random numbers of the build of a model whose outputs a command reports (or
+    # whose weights export writes) are drawn from (random weights, a random buffer no file
+    # holds): the same outputs, the same file, in every run (a pipeline check compares them).
+    # extract-features' --seed; 0 elsewhere.
     build_seed: int = 0
     # Preprocessing on top of the model's own (and the size a model built here is made for).
     image_size: int | None = None
@@ -94,6 +95,7 @@ def resolve_spec(
     new_head: bool = False,
     predicting: bool = False,
     needs_training: bool = False,
+    seeded: bool = False,
     every_pickled_module: bool = False,
 ) -> ResolvedModel:
     """The model `spec` names, through the one model resolver, with the preprocessing it comes
@@ -106,7 +108,9 @@ def resolve_spec(
     nothing with random weights either (extract-features): refused the same way, and its images
     go through the model's preprocessing, checked the same way. For both, the build's random
     numbers (the random weights `spec.allow_untrained` lets through) are drawn from
-    `spec.build_seed`. `every_pickled_module` is `resolve_model`'s.
+    `spec.build_seed`; with `seeded` too, without the refusal (export: the file keeps the
+    random weights, and two runs write the same file). `every_pickled_module` is
+    `resolve_model`'s.
     """
     from torchkit.core.data.preprocessing import apply_overrides
 
@@ -116,7 +120,7 @@ def resolve_spec(
     image_size, in_channels = spec.image_size, None
     if spec.sample_shape is not None and len(spec.sample_shape) == 3:
         in_channels, image_size = spec.sample_shape[0], tuple(spec.sample_shape[1:])
-    with _drawn_from(spec.build_seed if predicting or needs_training else None):
+    with _drawn_from(spec.build_seed if predicting or needs_training or seeded else None):
         resolved = resolve_model(
             model,
             weights=weights,
