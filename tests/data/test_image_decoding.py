@@ -561,3 +561,25 @@ def test_pils_warnings_on_files_it_reads_anyway_stay_off_stderr(tmp_path, monkey
         large = image_files.load_image(tmp_path / "large.png", "RGB")
     assert [str(w.message) for w in caught] == []
     assert palette_pixels.shape == (8, 8, 3) and large.size == (40, 40)
+
+
+def test_a_16_bit_tiff_with_an_orientation_out_of_range_is_read_quietly(tmp_path, capfd):
+    """libtiff's "Bad value 9 for "Orientation" tag" came through OpenCV's log on stderr at each
+    read of a 16-bit colour TIFF whose pixels were read right (as stored): kept quiet for that
+    read, the log level put back, and such a file OpenCV cannot decode still refused."""
+    import cv2
+
+    logging = getattr(getattr(cv2, "utils", None), "logging", cv2)
+    level = logging.getLogLevel()
+    stored = picture(6, 4).astype(np.uint16) * 257
+    path = tmp_path / "nine.tif"
+    write_sixteen_bit_colour_tiff(path, stored, 9)
+    capfd.readouterr()
+    assert np.array_equal(np.asarray(load_image(path, "RGB")), uint16_to_uint8(stored))
+    assert np.array_equal(read_image(path).array, stored)
+    assert capfd.readouterr().err == ""
+    assert logging.getLogLevel() == level
+    path.write_bytes(path.read_bytes()[:-20])  # the strip cut short
+    with pytest.raises(OSError, match="OpenCV cannot decode"):
+        load_image(path, "RGB")
+    assert logging.getLogLevel() == level

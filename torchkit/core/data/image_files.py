@@ -45,6 +45,7 @@ import contextlib
 import io
 import os
 import stat
+import threading
 import warnings
 from collections.abc import Iterator
 from typing import Any, BinaryIO
@@ -270,7 +271,13 @@ def sixteen_bit_colour(image: Any) -> Any | None:
     stream.seek(0)
     data = stream.read()
     stream.seek(position)
-    array = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_UNCHANGED)
+    # libtiff reports an Orientation tag outside 1..8 through OpenCV's log on stderr ("Bad
+    # value 9 for "Orientation" tag") and reads the pixels as stored, as PIL does: that read
+    # alone is kept quiet. A file OpenCV cannot decode is still refused below.
+    tag = image.tag_v2.get(EXIF_ORIENTATION_TAG, 1) if image.format == "TIFF" else 1
+    quiet = tag not in _ORIENTATIONS
+    with _opencv_log_silenced() if quiet else contextlib.nullcontext():
+        array = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_UNCHANGED)
     bands = len(image.getbands())
     if (
         array is None
@@ -287,6 +294,26 @@ def sixteen_bit_colour(image: Any) -> Any | None:
         if maxval != 65535:
             array = np.rint(array / maxval * 65535).astype(np.uint16)
     return array
+
+
+_opencv_log_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _opencv_log_silenced() -> Iterator[None]:
+    """OpenCV's log (where libtiff's messages go) silenced, and its level put back after. One
+    at a time: two threads each putting back the level the other had set would leave it off."""
+    import cv2
+
+    # OpenCV 5 moved getLogLevel/setLogLevel to cv2.utils.logging; 4.x has them on cv2.
+    logging = getattr(getattr(cv2, "utils", None), "logging", cv2)
+    with _opencv_log_lock:
+        level = logging.getLogLevel()
+        logging.setLogLevel(0)  # LOG_LEVEL_SILENT in both
+        try:
+            yield
+        finally:
+            logging.setLogLevel(level)
 
 
 def size_as_read(image: Any) -> tuple[int, int]:
