@@ -9,6 +9,7 @@ import os
 import shutil
 import struct
 import subprocess
+import zlib
 from pathlib import Path
 
 import cv2
@@ -1433,6 +1434,105 @@ def test_a_mirroring_display_matrix_mirrors_the_extracted_frames(tmp_path, matri
     a, b, c, d = (v << 16 for v in matrix)
     struct.pack_into(">9i", data, header[0] + 8 + 40, a, b, 0, c, d, 0, 0, 0, 1 << 30)
     path.write_bytes(bytes(data))
+    code, (row,) = json_rows(path, "--segments", "1", "--extract-frames", tmp_path / "frames")
+    assert code == 0 and row["frame_indices"] == [1]
+    stored = cv2.VideoCapture(str(path), cv2.CAP_FFMPEG)  # frame 1 as stored, not turned
+    if hasattr(cv2, "CAP_PROP_ORIENTATION_AUTO"):
+        stored.set(cv2.CAP_PROP_ORIENTATION_AUTO, 0)
+    stored.grab()
+    expected = np.ascontiguousarray(displayed(stored.read()[1]))
+    stored.release()
+    assert (row["width"], row["height"]) == (expected.shape[1], expected.shape[0])
+    assert np.array_equal(cv2.imread(row["frame_files"][0]), expected)
+
+
+def ebml_elements(data: bytes, start: int, end: int):
+    """(ID, where the element starts, where its data starts, where it ends) of each EBML
+    element in `data[start:end]`."""
+    while start < end:
+        id_length = 9 - data[start].bit_length()
+        size, length = ebml_size(data, start + id_length)
+        body = start + id_length + length
+        yield int.from_bytes(data[start : start + id_length], "big"), start, body, body + size
+        start = body + size
+
+
+def ebml_child(data: bytes, element_id: int, start: int, end: int) -> tuple[int, int, int]:
+    """(where it starts, its data starts, it ends) of the first `element_id` in data[start:end]."""
+    return next(e[1:] for e in ebml_elements(data, start, end) if e[0] == element_id)
+
+
+def projected_mkv(data: bytes, yaw: float, roll: float) -> bytes:
+    """FFmpeg's Matroska file `data` with a Projection in its video track: rectangular (the
+    default type), ProjectionPoseYaw `yaw` and ProjectionPoseRoll `roll` (degrees; a yaw of
+    180 mirrors the picture left to right, the roll then turns it counter-clockwise). The
+    Void FFmpeg leaves after its SeekHead gives up the bytes, so the clusters stay where
+    the SeekHead and Cues say; the CRC-32s of the elements changed are made anew."""
+    out = bytearray(data)
+    poses = b"\x76\x73\x84" + struct.pack(">f", yaw) + b"\x76\x75\x84" + struct.pack(">f", roll)
+    projection = b"\x76\x70" + bytes([0x80 | len(poses)]) + poses
+    grow = len(projection)
+    _, segment, segment_end = ebml_child(out, 0x18538067, 0, len(out))
+    tracks = ebml_child(out, 0x1654AE6B, segment, segment_end)
+    entry = ebml_child(out, 0xAE, tracks[1], tracks[2])
+    video = ebml_child(out, 0xE0, entry[1], entry[2])
+    void = ebml_child(out, 0xEC, segment, segment_end)
+    assert void[2] < tracks[0] and void[2] - void[1] > grow  # FFmpeg's: before Info and Tracks
+
+    def add_to_size(at: int, added: int) -> None:
+        id_length = 9 - out[at].bit_length()
+        size, length = ebml_size(out, at + id_length)
+        width = at + id_length
+        out[width : width + length] = ((size + added) | 1 << 7 * length).to_bytes(length, "big")
+
+    out[video[2] : video[2]] = projection  # after the rest of Video: no start moves
+    for start in (video[0], entry[0], tracks[0]):
+        add_to_size(start, grow)
+    add_to_size(void[0], -grow)
+    del out[void[2] - grow : void[2]]
+    seek_head = ebml_child(out, 0x114D9B74, segment, segment_end)
+    for element_id, _, start, end in ebml_elements(out, seek_head[1], seek_head[2]):
+        if element_id != 0x4DBB:  # Seek: SeekID, SeekPosition
+            continue
+        sought = ebml_child(out, 0x53AB, start, end)
+        position = ebml_child(out, 0x53AC, start, end)
+        if out[sought[1] : sought[2]] in (bytes.fromhex("1549a966"), bytes.fromhex("1654ae6b")):
+            moved = int.from_bytes(out[position[1] : position[2]], "big") - grow
+            out[position[1] : position[2]] = moved.to_bytes(position[2] - position[1], "big")
+    for element_id in (0x114D9B74, 0x1654AE6B):  # their CRC-32 (ID BF) is their first child
+        _, start, end = ebml_child(out, element_id, segment, segment_end)
+        _, crc, crc_end = ebml_child(out, 0xBF, start, end)
+        out[crc:crc_end] = struct.pack("<I", zlib.crc32(out[crc_end:end]))
+    return bytes(out)
+
+
+@pytest.mark.parametrize(
+    ("yaw", "roll", "displayed"),
+    [
+        (180.0, 0.0, lambda stored: stored[:, ::-1]),  # mirrored left to right
+        (-180.0, 90.0, lambda stored: stored.transpose(1, 0, 2)),  # then a quarter turn
+        (180.0, 180.0, lambda stored: stored[::-1]),  # then a half turn: upside down
+        (0.0, 90.0, lambda stored: np.rot90(stored)),  # a turn alone, not mirrored
+    ],
+)
+def test_a_mirroring_matroska_projection_mirrors_the_extracted_frames(
+    tmp_path, yaw, roll, displayed
+):
+    """A Matroska video track's ProjectionPoseYaw of 180 mirrors it (the specification), and
+    FFmpeg makes it a mirroring display matrix, which OpenCV turns the frames by the angle of:
+    --extract-frames wrote a left-to-right mirrored clip upside down, and one mirrored and
+    turned by a half turn not mirrored at all, as an MP4's display matrix did. They are
+    written as displayed."""
+    path = tmp_path / "mirrored.mkv"
+    if not write_video(path, "FFV1", 48, 32, 25, 3):
+        pytest.skip("this OpenCV build cannot write FFV1")
+    data = path.read_bytes()
+    path.write_bytes(projected_mkv(data, 0.0, 90.0))  # a quarter turn, if FFmpeg reads it
+    turned = cv2.VideoCapture(str(path), cv2.CAP_FFMPEG)
+    if not turned.get(getattr(cv2, "CAP_PROP_ORIENTATION_META", -1)):
+        pytest.skip("this OpenCV's FFmpeg does not read a Matroska Projection")
+    turned.release()
+    path.write_bytes(projected_mkv(data, yaw, roll))
     code, (row,) = json_rows(path, "--segments", "1", "--extract-frames", tmp_path / "frames")
     assert code == 0 and row["frame_indices"] == [1]
     stored = cv2.VideoCapture(str(path), cv2.CAP_FFMPEG)  # frame 1 as stored, not turned

@@ -6,8 +6,10 @@ from __future__ import annotations
 import errno
 import itertools
 import logging
+import math
 import os
 import re
+import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -815,9 +817,10 @@ def matroska_video_frames(
     return round((int(hours) * 3600 + int(minutes) * 60 + float(seconds)) * fps)
 
 
-def _matroska_track_tags(handle) -> dict[str, str] | None:
-    """The simple tags (name: text) of the first video track of a Matroska/WebM file."""
-    head = handle.read(_MKV_HEAD)
+def _matroska_head_elements(head: bytes) -> tuple[int, dict[int, tuple[int, int]]] | None:
+    """Where the Segment's data starts in a Matroska/WebM file's first bytes `head`, and the
+    (start, end) of the data of its first SeekHead, Tracks and Tags wholly in `head`, before
+    the first Cluster; None where `head` holds no Segment."""
     segment = next((s for i, s, _ in _ebml_elements(head, 0) if i == _MKV_SEGMENT), None)
     if segment is None:
         return None
@@ -829,8 +832,16 @@ def _matroska_track_tags(handle) -> dict[str, str] | None:
             head
         ):
             found.setdefault(element_id, (start, start + length))
-    if _MKV_TRACKS not in found:
+    return segment, found
+
+
+def _matroska_track_tags(handle) -> dict[str, str] | None:
+    """The simple tags (name: text) of the first video track of a Matroska/WebM file."""
+    head = handle.read(_MKV_HEAD)
+    elements = _matroska_head_elements(head)
+    if elements is None or _MKV_TRACKS not in elements[1]:
         return None
+    segment, found = elements
     uid = _matroska_video_uid(head, *found[_MKV_TRACKS])
     if uid is None:
         return None
@@ -861,15 +872,61 @@ def _children(data: bytes, start: int, end: int) -> dict[int, bytes]:
     return found
 
 
-def _matroska_video_uid(data: bytes, start: int, end: int) -> int | None:
-    """The TrackUID of the first video track (TrackType 1) in the Tracks `data[start:end]`."""
+def _matroska_video_entry(data: bytes, start: int, end: int) -> dict[int, bytes] | None:
+    """The children of the first video track's TrackEntry (TrackType 1) in the Tracks
+    `data[start:end]`."""
     for element_id, at, length in _ebml_elements(data, start, end):
         if element_id == 0xAE and length >= 0:  # TrackEntry
             entry = _children(data, at, at + length)
             if int.from_bytes(entry.get(0x83, b""), "big") == 1:  # TrackType: video
-                uid = entry.get(0x73C5)  # TrackUID
-                return None if uid is None else int.from_bytes(uid, "big")
+                return entry
     return None
+
+
+def _matroska_video_uid(data: bytes, start: int, end: int) -> int | None:
+    """The TrackUID of the first video track (TrackType 1) in the Tracks `data[start:end]`."""
+    entry = _matroska_video_entry(data, start, end)
+    uid = None if entry is None else entry.get(0x73C5)  # TrackUID
+    return None if uid is None else int.from_bytes(uid, "big")
+
+
+def matroska_mirroring_roll(path: str | os.PathLike, container: str | None) -> float | None:
+    """The ProjectionPoseRoll (degrees, counter-clockwise) of a Matroska/WebM file whose first
+    video track's Projection mirrors it, as FFmpeg reads one: rectangular (ProjectionType 0,
+    the default), no ProjectionPrivate of another version, a pitch of 0 and a yaw of 180 or
+    -180, which the specification says mirrors the picture left to right (FFmpeg makes it a
+    display matrix that mirrors, then turns by the roll). None for another Projection or
+    none, other formats, or a structure that cannot be read."""
+    if container not in ("mkv", "webm"):
+        return None
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(_MKV_HEAD)
+    except OSError:
+        return None
+    elements = _matroska_head_elements(head)
+    if elements is None or _MKV_TRACKS not in elements[1]:
+        return None
+    entry = _matroska_video_entry(head, *elements[1][_MKV_TRACKS])
+    video = None if entry is None else entry.get(0xE0)  # Video
+    projection = None if video is None else _children(video, 0, len(video)).get(0x7670)
+    if projection is None:
+        return None
+    fields = _children(projection, 0, len(projection))
+    kind, private = fields.get(0x7671, b""), fields.get(0x7672, b"")
+    if int.from_bytes(kind, "big") != 0 or private[:1] not in (b"", b"\x00"):
+        return None
+    yaw, pitch, roll = (_ebml_float(fields.get(i, b"")) for i in (0x7673, 0x7674, 0x7675))
+    if pitch != 0 or yaw not in (180.0, -180.0) or roll is None or math.isnan(roll):
+        return None
+    return roll
+
+
+def _ebml_float(data: bytes) -> float | None:
+    """An EBML float element's value: 0 for no bytes, else 4 or 8 big-endian (None else)."""
+    if not data:
+        return 0.0
+    return struct.unpack(">f" if len(data) == 4 else ">d", data)[0] if len(data) in (4, 8) else None
 
 
 def _matroska_seek_position(

@@ -19,7 +19,11 @@ from torchkit.core.io.outputs import (
     write_error,
 )
 from torchkit.core.io.temporaries import NAME_MAX, cut_to_bytes
-from torchkit.core.video.containers import iso_display_mirrored, iso_lists_every_frame
+from torchkit.core.video.containers import (
+    iso_display_mirrored,
+    iso_lists_every_frame,
+    matroska_mirroring_roll,
+)
 from torchkit.core.video.probe import (
     VideoInfo,
     _error_text,
@@ -182,17 +186,25 @@ def extract_frames(
 
 def _mirror_flip(cv2, capture, path: str | os.PathLike, container: str | None) -> int | None:
     """The cv2.flip code that turns OpenCV's frames of a video whose display matrix mirrors it
-    into those FFmpeg's players show, or None. OpenCV turns the frames by the matrix's angle
-    alone, which for a mirroring matrix is the turn of the stored picture's x axis: its y axis
-    is turned over too, which is the frame's vertical after a half turn or none (0: upside
-    down) and its horizontal after a quarter turn (1: left to right)."""
+    (an MP4/MOV one, or the one FFmpeg makes of a Matroska Projection) into those FFmpeg's
+    players show, or None. OpenCV turns the frames by the matrix's angle alone, which for a
+    mirroring matrix is the turn of the stored picture's x axis: its y axis is turned over
+    too, which is the frame's vertical after a half turn or none (0: upside down) and its
+    horizontal after a quarter turn (1: left to right)."""
     meta = getattr(cv2, "CAP_PROP_ORIENTATION_META", None)
     auto = getattr(cv2, "CAP_PROP_ORIENTATION_AUTO", None)
     if meta is None or auto is None or not capture.get(auto):
         return None  # the stored pixels, as read without a turn: nothing to undo
-    if not iso_display_mirrored(path, container):
+    angle = round(capture.get(meta))
+    if container in ("mkv", "webm"):
+        roll = matroska_mirroring_roll(path, container)
+        # The matrix's angle is 180 - roll: another one is an FFmpeg that reads no Projection
+        # (nor do its players), whose frames OpenCV gives as stored
+        if roll is None or round(angle - 180 + roll) % 360:
+            return None
+    elif not iso_display_mirrored(path, container):
         return None
-    return 1 if round(capture.get(meta)) % 180 == 90 else 0
+    return 1 if angle % 180 == 90 else 0
 
 
 # The bytes of a stem in a frame's name: a file name holds 255 bytes at most (ext4, XFS, APFS),
