@@ -1557,6 +1557,62 @@ def test_exact_duration_of_an_mp4_ends_with_its_last_frame_s_own_duration(tmp_pa
     assert probe_video(path).duration_s == pytest.approx(1200.04)  # the header's, as before
 
 
+def slowing_mp4_with_an_uncoded_frame(path: Path) -> bool:
+    """10 frames, 5 of 40 ms then 5 of 80 ms (0.6 s, as ffprobe gives it), whose frame 3 is a
+    VOP marked not coded, which FFmpeg's decoder skips: 9 frames decode, the last starting at
+    0.52 s and lasting 80 ms. An OpenCV MP4 whose sample times (stts) and durations are
+    rewritten (version-0 boxes, moov last)."""
+    if not write_video(path, "mp4v", 16, 16, 25, 10):
+        return False
+    data = bytearray(path.read_bytes())
+
+    def get(at: int) -> int:
+        return struct.unpack_from(">I", data, at)[0]
+
+    moov = _iso_box(data, b"moov", None)
+    trak = _iso_box(data, b"trak", moov)
+    mdia = _iso_box(data, b"mdia", trak)
+    minf = _iso_box(data, b"minf", mdia)
+    stbl = _iso_box(data, b"stbl", minf)
+    mvhd, mdhd = _iso_box(data, b"mvhd", moov)[0] + 8, _iso_box(data, b"mdhd", mdia)[0] + 8
+    movie, media = get(mvhd + 12), get(mdhd + 12)  # the timescales
+    elst = _iso_box(data, b"elst", _iso_box(data, b"edts", trak))[0] + 8
+    for at, scale in ((mvhd + 16, movie), (mdhd + 16, media), (elst + 8, movie)):
+        struct.pack_into(">I", data, at, scale * 6 // 10)
+    struct.pack_into(">I", data, _iso_box(data, b"tkhd", trak)[0] + 28, movie * 6 // 10)
+    # frame 3's VOP header: 00 00 01 B6, P (01), modulo time base 0, marker, its time
+    # increment (5 bits at 25 fps: 3), marker, then vop_coded, set to 0
+    sizes = _iso_box(data, b"stsz", stbl)[0] + 20
+    vop = get(_iso_box(data, b"stco", stbl)[0] + 16) + sum(get(sizes + 4 * i) for i in range(3))
+    assert data[vop : vop + 4] == b"\x00\x00\x01\xb6" and data[vop + 4] == 0b01010001
+    assert data[vop + 5] >> 5 == 0b111
+    data[vop + 5] &= ~0b00100000
+    stts = _iso_box(data, b"stts", stbl)
+    times = struct.pack(">I4sIIIIII", 32, b"stts", 0, 2, 5, media // 25, 5, media // 25 * 2)
+    grow = len(times) - (stts[1] - stts[0])
+    data[stts[0] : stts[1]] = times
+    for box in (moov, trak, mdia, minf, stbl):
+        struct.pack_into(">I", data, box[0], get(box[0]) + grow)
+    path.write_bytes(bytes(data))
+    return True
+
+
+def test_exact_duration_of_an_mp4_whose_packet_decodes_to_no_frame_ends_with_its_last_frame(
+    tmp_path,
+):
+    """The last frame's own duration was the sample table's only where as many frames
+    decoded as it lists: with one packet that decodes to no frame, --exact gave the last
+    frame 1 / (average fps), 0.52 + 0.06 = 0.58 s for a 0.6 s video (ffprobe: 0.6 s). The
+    frame is found in the table by its time: 80 ms."""
+    path = tmp_path / "slowing.mp4"
+    if not slowing_mp4_with_an_uncoded_frame(path):
+        pytest.skip("this OpenCV cannot write mp4v")
+    exact = probe_video(path, exact=True)
+    assert (exact.status, exact.frames_decoded, exact.frames_header) == ("ok", 9, 10)
+    assert exact.duration_s == pytest.approx(0.6)
+    assert probe_video(path).duration_s == pytest.approx(0.6)  # the header's, as before
+
+
 def fragmented_copy(path: Path, **layout) -> Path:
     """A 5-frame MP4 in fragments (`fragmented_mp4`): 3 frames of 0.04 s, one of 2 s and a
     last of 0.04 s (2.16 s in all: an average of 2.31 fps, so 1 / fps is 0.432 s)."""

@@ -377,13 +377,100 @@ _ISO_FORMATS = ("mp4", "mov", "3gp")
 
 
 def last_frame_duration(
-    path: str | os.PathLike, container: str | None, frames: int
+    path: str | os.PathLike, container: str | None, frames: int, start_s: float | None = None
 ) -> float | None:
-    """How long the last of the `frames` frames of an MP4/MOV/3GP file's video lasts, in
-    seconds, as the file records it (`iso_video_samples`); None for other formats, samples of
-    another number (not the track decoded) or a structure that cannot be read."""
-    samples = iso_video_samples(path, container) if frames > 0 else None
+    """How long the last of the `frames` frames of an MP4/MOV/3GP file's video, decoded
+    starting `start_s` seconds after the first, lasts, in seconds, as the file records it:
+    the sample its `moov` lists at that time (`iso_sample_duration_at`: a packet that decodes
+    to no frame leaves one sample more than frames), else, where as many frames decoded as
+    the file holds samples, the last one's (`iso_video_samples`, a fragmented file's too).
+    None for other formats, a frame matched to no sample, or a structure that cannot be
+    read."""
+    if frames <= 0:
+        return None
+    if start_s is not None:
+        own = iso_sample_duration_at(path, container, start_s)
+        if own is not None:
+            return own
+    samples = iso_video_samples(path, container)
     return samples.last_s if samples is not None and samples.count == frames else None
+
+
+def iso_sample_duration_at(
+    path: str | os.PathLike, container: str | None, start_s: float
+) -> float | None:
+    """How long the sample of an MP4/MOV/3GP file's first video track shown `start_s` seconds
+    after its first one lasts, in seconds: its `stts` delta over the `mdhd` timescale, its
+    time the decoding time and its `ctts` offset (signed, as FFmpeg reads it) from the
+    earliest sample's, as FFmpeg's timestamps count from the stream's start. Runs of the two
+    tables are walked together, not sample by sample. None for a fragmented file (its samples
+    are in its fragments), other formats, no sample at that time (within half a tick), or a
+    structure that cannot be read."""
+    if not math.isfinite(start_s) or start_s < 0 or not iso_lists_every_frame(path, container):
+        return None
+    try:
+        with open(path, "rb") as handle:
+            moov = _iso_child(handle, b"moov", 0, os.fstat(handle.fileno()).st_size)
+            track = moov and _iso_video_track(handle, moov)
+            table = track and _iso_sample_table(handle, track[1])
+            if not table:
+                return None
+            header = _iso_child(handle, b"mdhd", *track[1])
+            version = _iso_field(handle, header, 0, 1)
+            scale = _iso_field(handle, header, 20 if version == b"\x01" else 12)
+            deltas = _iso_entries(handle, _iso_child(handle, b"stts", *table), signed=False)
+            offsets = _iso_entries(handle, _iso_child(handle, b"ctts", *table), signed=True)
+    except OSError:
+        return None
+    timescale = int.from_bytes(scale, "big") if len(scale) == 4 else 0
+    runs = list(_iso_sample_runs(deltas, offsets))
+    if not timescale or not runs:
+        return None
+    wanted = min(dts + offset for _, dts, _, offset in runs) + start_s * timescale
+    for count, dts, delta, offset in runs:
+        if delta <= 0:  # a sample of no duration is no frame's
+            continue
+        step = round((wanted - dts - offset) / delta)
+        if 0 <= step < count and abs(dts + offset + step * delta - wanted) <= 0.5:
+            return delta / timescale
+    return None
+
+
+def _iso_entries(handle, box: tuple[int, int] | None, *, signed: bool) -> list[tuple[int, int]]:
+    """The (sample count, value) entries of an `stts` or `ctts` box (version and flags, the
+    entry count, then 8 bytes an entry); none for no box or a short one."""
+    entries = int.from_bytes(_iso_field(handle, box, 4), "big")
+    data = _iso_field(handle, box, 8, 8 * entries)
+    if len(data) != 8 * entries:
+        return []
+    return [
+        (
+            int.from_bytes(data[at : at + 4], "big"),
+            int.from_bytes(data[at + 4 : at + 8], "big", signed=signed),
+        )
+        for at in range(0, len(data), 8)
+    ]
+
+
+def _iso_sample_runs(
+    deltas: list[tuple[int, int]], offsets: list[tuple[int, int]]
+) -> Iterator[tuple[int, int, int, int]]:
+    """Runs of samples of one `stts` delta and one `ctts` offset (0 past the `ctts` table's
+    samples, as for a track without one): (samples, the first one's decoding time, delta,
+    offset)."""
+    dts = 0
+    offset_runs = iter(offsets)
+    left, offset = 0, 0
+    for count, delta in deltas:
+        while count > 0:
+            if left == 0:
+                left, offset = next(offset_runs, (count, 0))
+                if left == 0:
+                    continue
+            run = min(count, left)
+            yield run, dts, delta, offset
+            dts += run * delta
+            count, left = count - run, left - run
 
 
 def fragmented_frame_count(path: str | os.PathLike, container: str | None) -> int | None:

@@ -331,7 +331,7 @@ def _decode_to_end(
     fps = info.fps if info is not None else None
     if not fps or not start_ms or not math.isfinite(start_ms) or start_ms < 0:
         return count, None
-    own = last_frame_duration(info.path, info.container, count)
+    own = last_frame_duration(info.path, info.container, count, start_ms / 1000)
     return count, start_ms / 1000 + (own if own is not None else 1 / fps)
 
 
