@@ -316,6 +316,8 @@ def test_split_names_torchkit_keeps_for_itself_are_usage_errors(tmp_path, data):
         "train,a/b,test",
         "train,..,test",
         "train,val," + "x" * 256,
+        ".git,val,test",  # hidden, or a folder readers skip: a split nobody would see
+        "train,__MACOSX,test",
     ]
     cases = [["split", data, tmp_path / "out", "--mode", "move", "--names", n] for n in names]
     for given, result in zip(names, run_each_in_process(cases), strict=True):

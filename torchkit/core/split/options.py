@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from torchkit.core.data.sources.discovery import is_folder_name
+from torchkit.core.data.sources.discovery import is_folder_name, is_skipped_folder
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.data.sources.splitting import SPLIT_MANIFEST
 from torchkit.core.io.errors import UsageError, short_repr
@@ -91,6 +91,12 @@ def check_names(names: Sequence[str], parts: int) -> list[str]:
             raise UsageError(
                 f"{name!r} cannot be a split folder name: torchkit keeps its own files in OUT "
                 f"under {MANIFEST} and names starting with {RESERVED_PREFIX}",
+                "use names like train",
+            )
+        if is_skipped_folder(name):  # `.git`: a split no image-folder reader would see
+            raise UsageError(
+                f"{name!r} cannot be a split folder name: readers skip hidden folders and "
+                "__MACOSX, so the split would vanish",
                 "use names like train",
             )
     taken = [name for name in names if name in REPORT_KEYS]
