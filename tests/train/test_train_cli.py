@@ -504,6 +504,28 @@ def test_summary_table_says_the_ema_weights_picked_best_pt(runner, tmp_path):
         assert label in text
 
 
+def test_a_best_epoch_from_before_ema_was_turned_on_is_not_called_the_emas(
+    runner, split_root, tmp_path
+):
+    """A run resumed with --ema ranks its earlier epochs by the model's metrics: where one of
+    them stays best, the summary reports the model's figures as such (it called them the EMA
+    weights', and said the EMA weights picked an epoch that had none)."""
+    out = tmp_path / "r"
+    args = ["--data", str(split_root), *FAST, "--best-metric", "loss", "--out", str(out)]
+    assert train(runner, *args).exit_code == 0
+    # A learning rate of 1 wrecks the weights (and their average): epoch 3 is not the best.
+    resumed = train(
+        runner, "--resume", str(out), "--trust-checkpoint", "--ema", "--epochs", "3",
+        "--lr", "1", "--format", "json",
+    )  # fmt: skip
+    assert resumed.exit_code == 0, resumed.stderr
+    summary = json.loads(resumed.stdout)
+    best = summary["history"][summary["best_epoch"] - 1]
+    assert summary["best_epoch"] < 3 and "val_ema_loss" not in best
+    assert summary["best_by_ema"] is False
+    assert summary["best_val_top1"] == best["val_top1"]
+
+
 def test_no_ema_turns_the_digits_default_off(runner, tmp_path):
     out = tmp_path / "r"
     result = train(runner, *DIGITS_TINY, "--no-ema", "--out", str(out), "--format", "json")

@@ -281,6 +281,7 @@ class EpochDriver:
         if self.ctx.is_main:
             self.callbacks.on_train_end(result.interrupted)
         result.best_epoch = state.best_epoch
+        result.best_by_ema = state.best_by_ema()
         result.best_val_top1 = state.best_value("top1")
         result.best_val_top5 = state.best_value("top5")
         result.skipped_images = state.unreadable.count

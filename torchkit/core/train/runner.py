@@ -281,7 +281,7 @@ def _begin(ctx: DistContext, plan: RunPlan, state: TrainState, folder: RunFolder
         best_val_top1=state.best_value("top1"),
         best_val_top5=state.best_value("top5"),
         best_metric=config.best_metric,
-        best_by_ema=bool(config.ema),
+        best_by_ema=state.best_by_ema(),
         num_classes=len(state.classes),
         resumed_from=state.resumed_name,
         train_size=state.loaders.train_size,

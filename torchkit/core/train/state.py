@@ -77,6 +77,15 @@ class TrainState:
         resumed with --ema turned on has earlier rows without the EMA columns)."""
         return row.get(self.watched + name, row.get(f"val_{name}"))
 
+    def best_by_ema(self) -> bool:
+        """Whether the best epoch was ranked by its EMA weights' metrics: with --ema, unless
+        its row has none (a run resumed with --ema turned on ranked its earlier epochs, and
+        reports their figures, by the model's own)."""
+        if not self.config.ema:
+            return False
+        row = next((r for r in self.history if r["epoch"] == self.best_epoch), None)
+        return row is None or "val_ema_loss" in row
+
     def best_value(self, name: str) -> float | None:
         """`name` of the watched weights at the best epoch."""
         for row in self.history:
