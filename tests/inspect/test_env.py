@@ -193,6 +193,22 @@ def test_csv_tells_an_empty_cuda_visible_devices_from_an_unset_one(runner, monke
     assert rows == {"": 'cuda.visible_devices,""', None: "cuda.visible_devices,"}
 
 
+def test_csv_tells_an_empty_list_from_a_missing_one():
+    """Before: `gpus,` with no GPU, as a missing value (null) is written; now an empty list or
+    object is `""`, as an empty list cell is in every CSV (export's, video-info's)."""
+    from torchkit.cli.env import flat_table
+    from torchkit.cli.render import render_csv
+
+    report = {"gpus": [], "features": None, "packages": {}, "flags": ["a"]}
+    assert render_csv(flat_table(report)).splitlines() == [
+        "key,value",
+        'gpus,""',
+        "features,",
+        'packages,""',
+        "flags.0,a",
+    ]
+
+
 def test_report_says_what_collect_env_says_for_a_bug_report(runner, monkeypatch, clean_env):
     # torch's collect_env gives the OS by name, libc, a debug build, the variables that change
     # how torch runs and triton's version; the report said none of them.

@@ -219,8 +219,8 @@ def _flatten(value: Any, prefix: str) -> list[tuple[str, Any]]:
         items = list(enumerate(value))
     else:
         return [(prefix, value)]
-    if not items:
-        return [(prefix, None)]  # keep the key: `gpus` with no GPUs
+    if not items:  # keep the key: `gpus` with no GPUs; "" (written `""`), not a missing value
+        return [(prefix, "")]
     rows: list[tuple[str, Any]] = []
     for key, item in items:
         rows += _flatten(item, f"{prefix}.{key}" if prefix else str(key))
