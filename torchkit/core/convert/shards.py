@@ -832,6 +832,23 @@ def _container_inputs(data: Any) -> list[InputPath]:
     return [InputPath.of(file, "source file") for file in files]
 
 
+def _warn_partly_labelled(sets: Sequence[ShardSet], labelled: bool) -> None:
+    """A warning for each set of which only some samples have a label: they are written so,
+    and train and eval refuse such shards as they refuse the source (an unlabelled split
+    beside labelled ones is no such set: train trains on the others)."""
+    if not labelled:
+        return
+    for shard_set in sets:
+        total = len(shard_set.order)
+        missing = sum(1 for index in range(total) if shard_set.label(index) is None)
+        if 0 < missing < total:
+            log.warning(
+                f"{missing} of the {total} images of {_set_words(shard_set)} have no label: "
+                "written without one, the others with theirs (train and eval refuse such "
+                "shards)"
+            )
+
+
 def _classes_text(classes: Sequence[str], labelled: bool) -> str:
     if not labelled:
         return ""
@@ -906,6 +923,7 @@ def convert_shards(
     the same command finishes, keeping every shard. `report_file`: the caller's `-o` file,
     which, written into `out`, is this command's to replace there with the rest."""
     from torchkit.core.data.sources import open_data, warn_empty_splits, warn_stray_images
+    from torchkit.core.data.sources.samples import partial_labels_kept
     from torchkit.core.runtime.cpus import check_workers
     from torchkit.core.runtime.pool import default_workers
 
@@ -919,7 +937,8 @@ def convert_shards(
     check_overlap(target, WHAT, inputs)
     if read_partial(target) is None and not force:
         check_replaceable(target, False, what=WHAT, command=COMMAND)
-    data = open_data(src, allow_unlabelled=True)
+    with partial_labels_kept():  # written again: a sample without a label stays so, no other
+        data = open_data(src, allow_unlabelled=True)
     warn_empty_splits(data)
     warn_stray_images(data)
     check_overlap(target, WHAT, _container_inputs(data))
@@ -928,6 +947,7 @@ def convert_shards(
     classes = written_classes(data.classes)[0] if labelled else list(data.classes)
     classes_text = _classes_text(classes, labelled)
     sets = plan_sets(data, options)
+    _warn_partly_labelled(sets, labelled)
     identity = {"fingerprint": fingerprint(data.classes, sets), "options": options.to_dict()}
     partial = read_partial(target)
     differences = _differences(partial, identity) if partial is not None else []

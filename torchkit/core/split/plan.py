@@ -327,9 +327,11 @@ def load_split_input(
     that is split already (a split root, a CSV with a split column, digits) is refused.
     Images beside class folders are warned of, with what `mode` does with them (nothing)."""
     from torchkit.core.data.sources import open_data, warn_stray_images
+    from torchkit.core.data.sources.samples import partial_labels_kept
     from torchkit.core.data.stored_image import is_stored
 
-    data = open_data(source, allow_unlabelled=True)
+    with partial_labels_kept():  # refused below, never split with every label dropped
+        data = open_data(source, allow_unlabelled=True)
     if data.is_split:
         hint = (
             f"split one of its parts (e.g. {Path(data.spec) / 'train'}), or the data it came from"
@@ -344,10 +346,28 @@ def load_split_input(
             f"{data.describe()} holds its images in container files, not as image files",
             "train holds a validation split out itself (--val-split), recorded in RUN/split.csv",
         )
+    _refuse_partly_labelled(data.whole, data.describe())
     warn_stray_images(data, STRAYS_FATE[mode])
     folder = data.kind in ("image folder", "flat folder")
     left_out = list_left_out(Path(data.root)) if folder else ([], [])
     return data.whole, left_out, data.kind == "csv"
+
+
+def _refuse_partly_labelled(samples: Samples, described: str) -> None:
+    """InputError for a CSV index of which only some rows have a label: split writes each
+    image into its class's folder (or row), and the commands that read no labels read such
+    data all unlabelled, so its split would lose every label."""
+    if "" not in samples.classes or samples.classes == [""]:
+        return
+    unlabelled = samples.classes.index("")
+    missing = [i for i, label in enumerate(samples.labels) if label == unlabelled]
+    shown = ", ".join(samples.ids[i] for i in missing[:3]) + (", ..." if len(missing) > 3 else "")
+    raise InputError(
+        f"{described} has {len(missing)} image(s) without a label ({shown}) among "
+        f"{len(samples) - len(missing)} labelled ones",
+        "give every row a label, or none (a label column empty in every row splits "
+        "unlabelled images)",
+    )
 
 
 def refuse_linked_folders(sources: list[str], root: Path) -> None:

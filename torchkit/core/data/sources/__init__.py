@@ -51,13 +51,16 @@ How each command uses it:
                       `data`); writes split.csv and checkpoint["data"] = split_record(...)
     dataset-stats     open_data(ROOT, allow_unlabelled=True);
                       select_split(..., default="train"): statistics of training data
-    split             open_data(ROOT, allow_unlabelled=True); refuses data already split
+    split             open_data(ROOT, allow_unlabelled=True) inside samples.partial_labels_kept;
+                      refuses data already split, and partly labelled data
     eval              open_labelled(--data), labelled by the model's classes;
                       select_split(..., default="test", recorded=checkpoint.get("data"))
     extract-features  open_data(IMAGES, allow_unlabelled=True);
                       select_split(..., default="all"): `split` column from Samples.splits,
                       `label` the class name, `path` from Samples.ids
     predict           open_data(IMAGES, allow_unlabelled=True); select_split(..., default="all")
+    convert shards    open_data(SRC, allow_unlabelled=True) inside samples.partial_labels_kept:
+                      partly labelled data written with the labels it has
 
 Modules beneath it, each imported directly: `samples` (the `Samples` record every reader gives),
 `discovery` (image files and folders on disk), `digits` (the built-in `digits`), `splitting`

@@ -34,13 +34,15 @@ class IndexRows:
     `splits` None without a split column). A row that repeats an earlier row (one file, with
     the same label and split) is left out (`repeated`: its line and the earlier row's), but
     where a `repeat` column says the rows are repeated on purpose (`split --oversample --mode
-    manifest`'s, which train reads so)."""
+    manifest`'s, which train reads so). Read with `labelled=False`, some rows may have no
+    label (""): `unlabelled_lines` are their lines."""
 
     source: Path
     paths: list[str]
     labels: list[str] | None
     splits: list[str] | None
     repeated: list[tuple[int, int]] = field(default_factory=list)
+    unlabelled_lines: list[int] = field(default_factory=list)
 
     @property
     def base(self) -> Path:
@@ -86,7 +88,8 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
     rows with more fields than the header, an empty path or one holding a NUL byte, an empty
     label, a split other than train, val or test, a path whose spaces around it are a typo
     (`_refuse_spaced_paths`) or that names the index itself.
-    `labelled=False`: the label column may be missing, or empty in every row (unlabelled images)."""
+    `labelled=False`: the label column may be missing, or empty in every row (unlabelled
+    images: `labels` None), or in some rows (partly labelled: "" there, `unlabelled_lines`)."""
     source = Path(csv_path)
     if not source.is_file():
         raise InputError(f"CSV index not found: {source}", "check the path")
@@ -197,14 +200,19 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
             f"(line {_lines(nul_path)})",
             NUL_PATH_HINT,
         )
+    unlabelled_lines = []
     if no_label and not labelled and len(no_label) == len(paths):
         # Unlabelled images: what `split` writes for a flat folder (an empty label column).
         has_label, no_label = False, []
+    elif no_label and not labelled:
+        # Partly labelled: the reader of a command that takes unlabelled images decides.
+        unlabelled_lines, no_label = [line for line, _ in no_label], []
     if no_label:
         raise InputError(
             f"{source} has {len(no_label)} row(s) with an empty label "
             f"(line {_lines([line for line, _ in no_label])})",
-            "every row needs a path and a label",
+            "every row needs a path and a label; predict, extract-features and dataset-stats "
+            "read images without one unlabelled",
         )
     _refuse_spaced_paths(source, paths, spaced)
     _refuse_foreign_paths(source, paths)
@@ -216,6 +224,7 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
             "the split column takes train, val or test",
         )
     rows = IndexRows(source, paths, labels if has_label else None, splits if has_split else None)
+    rows.unlabelled_lines = unlabelled_lines
     _drop_repeated_rows(rows, on_purpose="repeat" in columns)
     return rows
 
@@ -513,6 +522,17 @@ def repeated_rows_warning(rows: IndexRows) -> str | None:
         f"{rows.source} lists {len(rows.repeated)} image(s) again{same} "
         f"({shown}{more}): each is read once (a `repeat` column, as split --oversample "
         "--mode manifest writes, keeps repeated rows)"
+    )
+
+
+def unlabelled_rows_warning(rows: IndexRows) -> str:
+    """The warning for partly labelled rows (`IndexRows.unlabelled_lines`) read all unlabelled,
+    in the words shards and parquet files of some samples without a label are warned of."""
+    lines = rows.unlabelled_lines
+    labelled = sum(1 for label in rows.labels or () if label)
+    return (
+        f"{rows.source} has {len(lines)} row(s) without a label (line {_lines(lines)}) among "
+        f"{labelled} labelled ones: its images are read unlabelled"
     )
 
 

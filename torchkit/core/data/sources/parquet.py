@@ -50,6 +50,7 @@ from torchkit.core.data.sources.samples import (
     class_index,
     find_class,
     index_class_names,
+    partial_labels_are_kept,
 )
 from torchkit.core.data.sources.source import DataSource, _split_source, concatenate, relabelled
 from torchkit.core.data.sources.splitting import SPLIT_NAMES, refuse_mixed_splits
@@ -627,7 +628,11 @@ def _read(
 ) -> DataSource:
     files = [_File(root, name) for name in relative]
     _warn_of_large_row_groups(files)
-    labelled_files = _labelled_files(files, splits, allow_unlabelled)
+    # `convert shards`: the labels of partly labelled data kept, the rows without one class "".
+    keep = allow_unlabelled and partial_labels_are_kept()
+    labelled_files = (
+        _partly_labelled_files(files) if keep else _labelled_files(files, splits, allow_unlabelled)
+    )
     with_labels = {id(file) for file in labelled_files}
     if labelled_files:
         chosen = [i for i, file in enumerate(files) if id(file) in with_labels]
@@ -635,6 +640,14 @@ def _read(
         names = _names(spec, root, labelled_files, chosen_splits)
     else:
         names = [""]
+    unlabelled_rows = {id(file): set(file.missing_labels()) for file in labelled_files}
+    some_unlabelled = (
+        keep
+        and bool(labelled_files)
+        and (len(labelled_files) < len(files) or any(unlabelled_rows.values()))
+    )
+    if some_unlabelled:
+        names = [*names, ""]  # the class of the rows without a label
     reader = ParquetImages(
         [f.path for f in files],
         [f.image_column for f in files],
@@ -649,7 +662,11 @@ def _read(
     for index, file in enumerate(files):
         if id(file) in with_labels:
             labels = [find_class(index_of, x) if isinstance(x, str) else x for x in file.labels]
+            for row in unlabelled_rows[id(file)]:
+                labels[row] = len(names) - 1  # some_unlabelled: class ""
             file_names = names
+        elif some_unlabelled:  # one list of names for every file
+            labels, file_names = [len(names) - 1] * len(file.locators), names
         else:
             labels, file_names = [0] * len(file.locators), [""]
         # ids FILE/ROW (ROW: the row in the file); names as a file path would print.
@@ -711,6 +728,19 @@ def _labelled_files(
     return chosen
 
 
+def _partly_labelled_files(files: list[_File]) -> list[_File]:
+    """The files whose labels are read where those of partly labelled data are kept: each
+    with a label column some row has a label in (a column of another type is warned of)."""
+    for file in files:
+        if file.label_problem is not None:
+            log.warning("%s: its images are read unlabelled (%s)", file.label_problem, _CAST_HINT)
+    return [
+        file
+        for file in files
+        if file.labels is not None and len(file.missing_labels()) < len(file.locators)
+    ]
+
+
 def _labelled(files: list[_File], allow_unlabelled: bool) -> bool:
     """Whether the data is read with its labels; InputError for rows without one where labels
     are needed."""
@@ -748,15 +778,18 @@ def _labelled(files: list[_File], allow_unlabelled: bool) -> bool:
 
 
 def _names(spec: str, root: str, files: list[_File], splits: list[str | None] | None) -> list[str]:
-    """The class names in label order (see the module's docstring)."""
+    """The class names in label order (see the module's docstring), from the rows that have
+    a label."""
     strings = [f for f in files if f.string_labels]
     if strings:
         if len(strings) != len(files):
             raise InputError(f"{spec} mixes labels that are class names with class indices")
-        labels = [label for f in files for label in f.labels]
+        labels = [label for f in files for label in f.labels if label is not None]
         order = None
         if splits is not None:
-            order = [s for f, s in zip(files, splits, strict=True) for _ in f.labels]
+            order = [
+                s for f, s in zip(files, splits, strict=True) for x in f.labels if x is not None
+            ]
         return class_order(labels, order, spec)
     found = {tuple(f.names) for f in files if f.names}
     if len(found) > 1:
@@ -765,7 +798,7 @@ def _names(spec: str, root: str, files: list[_File], splits: list[str | None] | 
             "give the files of one dataset",
         )
     names = list(found.pop()) if found else _dataset_info_names(root, files[0].label_column)
-    largest = max((label for f in files for label in f.labels), default=-1)
+    largest = max((label for f in files for label in f.labels if label is not None), default=-1)
     if names is None:
         where = next((f.path for f in files if largest in f.labels), spec)
         return index_class_names(

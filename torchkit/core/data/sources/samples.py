@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextvars
 import unicodedata
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +14,40 @@ from torchkit.core.io.errors import InputError
 # Classes data without class names may have: they are named "0".."N-1" from the largest class
 # index, and an index past this is damaged data that would take all memory to name.
 MAX_INDEX_CLASSES = 1_000_000
+
+_PARTIAL_LABELS_KEPT: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "partial_labels_kept", default=False
+)
+
+
+@contextmanager
+def partial_labels_kept() -> Iterator[None]:
+    """Within it, every reader that takes unlabelled images (`allow_unlabelled`) keeps the
+    labels of partly labelled data (shards, parquet rows, CSV rows of which only some have a
+    label): the samples without one are of class "", the last class, where outside it all of
+    them are read unlabelled, with a warning. For the commands that write the data again
+    (`convert shards`), whose output would otherwise lose the labels, or refuse it (`split`)."""
+    token = _PARTIAL_LABELS_KEPT.set(True)
+    try:
+        yield
+    finally:
+        _PARTIAL_LABELS_KEPT.reset(token)
+
+
+def partial_labels_are_kept() -> bool:
+    """Whether the readers keep partial labels here (`partial_labels_kept`)."""
+    return _PARTIAL_LABELS_KEPT.get()
+
+
+def with_unlabelled_class(
+    names: Sequence[str], labels: Sequence[int | None]
+) -> tuple[list[str], list[int]]:
+    """(class names, labels) of partly labelled data (`labels` None where a sample has none):
+    `names`, and class "" after them where some sample has no label, its label."""
+    if all(label is not None for label in labels):
+        return list(names), list(labels)
+    unlabelled = len(names)
+    return [*names, ""], [unlabelled if label is None else label for label in labels]
 
 
 def class_index(classes: Sequence[str]) -> dict[str, int]:

@@ -79,8 +79,10 @@ from torchkit.core.data.sources.samples import (
     index_class_names,
     is_blank_name,
     nfc,
+    partial_labels_are_kept,
     refuse_a_label_of_two_classes,
     refuse_spelling_twins,
+    with_unlabelled_class,
 )
 from torchkit.core.data.sources.source import (
     DataSource,
@@ -990,6 +992,15 @@ def _labelled(
     errors)."""
     unlabelled = [s for s in samples if s.name is None and s.index is None]
     if unlabelled:
+        if allow_unlabelled and len(unlabelled) < len(samples) and partial_labels_are_kept():
+            # `convert shards`: the labels there are, written again, the others class "".
+            labelled = [s for s in samples if s.name is not None or s.index is not None]
+            names, labels = _labelled(labelled, file_classes, False, where)
+            given = iter(labels)
+            return with_unlabelled_class(
+                names,
+                [None if s.name is None and s.index is None else next(given) for s in samples],
+            )
         if allow_unlabelled and len(unlabelled) < len(samples):
             # Some labelled, some not: all read unlabelled, said, as parquet reads a file of
             # some rows without a label (they were refused, which predict, extract-features

@@ -15,6 +15,7 @@ from torchkit.core.data.sources.csv_index import (
     index_folder,
     read_index_rows,
     repeated_rows_warning,
+    unlabelled_rows_warning,
 )
 from torchkit.core.data.sources.digits import DIGITS, digits_splits
 from torchkit.core.data.sources.discovery import (
@@ -43,8 +44,10 @@ from torchkit.core.data.sources.samples import (
     classes_named_alike,
     find_class,
     nfc,
+    partial_labels_are_kept,
     refuse_a_label_of_two_classes,
     refuse_unshowable_classes,
+    with_unlabelled_class,
 )
 from torchkit.core.data.sources.splitting import (
     SPLIT_NAMES,
@@ -148,6 +151,11 @@ def open_data(
     caller warns, `select.warn_stray_images`); a folder with images only at its top level is
     flat. `every_image` (with `allow_unlabelled`; predict and extract-features, which read no
     labels): such a folder is read whole instead, as a flat folder.
+
+    Partly labelled data (shards, parquet rows, CSV rows of which only some have a label) is
+    refused without `allow_unlabelled`, and read all unlabelled with it, with a warning; inside
+    `samples.partial_labels_kept` (convert shards) its labels are kept, the samples without
+    one of class "".
 
     The data's own class names are held to what a report can show (`refuse_unshowable_classes`),
     whichever reader gave them.
@@ -455,27 +463,44 @@ def csv_samples(
     classes: Sequence[str] | None = None,
     allow_unlabelled: bool = False,
 ) -> Samples:
-    """Every row of a CSV index, in file order (`splits` set when it has a split column)."""
+    """Every row of a CSV index, in file order (`splits` set when it has a split column).
+    `allow_unlabelled`: rows without a label are taken, as unlabelled images; where only some
+    rows lack one, all are read unlabelled, with a warning, as partly labelled shards and
+    parquet files are (inside `partial_labels_kept`, the labels there are kept, the rows
+    without one of class "", the last)."""
     rows = read_index_rows(path, labelled=not allow_unlabelled)
     source = rows.source
     repeated = repeated_rows_warning(rows)
     if repeated:
         log.warning(repeated)
+    if rows.unlabelled_lines and not partial_labels_are_kept():
+        log.warning(unlabelled_rows_warning(rows))
+        rows.labels = None
     if rows.labels is None:  # unlabelled images
         names, labels = [""], [0] * len(rows.paths)
     else:
-        present = class_order(rows.labels, rows.splits, where=str(source))
+        given_labels, given_splits = rows.labels, rows.splits
+        if rows.unlabelled_lines:  # partly labelled, kept: the classes of the labelled rows
+            given = [i for i, label in enumerate(rows.labels) if label]
+            given_labels = [rows.labels[i] for i in given]
+            given_splits = None if rows.splits is None else [rows.splits[i] for i in given]
+        present = class_order(given_labels, given_splits, where=str(source))
         names = list(classes) if classes is not None else present
         index_of = class_index(names)
         # every spelling (a val label in NFD is train's NFC class: `class_order`)
-        found = {name: find_class(index_of, name) for name in dict.fromkeys(present + rows.labels)}
+        found = {name: find_class(index_of, name) for name in dict.fromkeys(present + given_labels)}
         unknown = [name for name in found if found[name] is None]
         if unknown:
             raise InputError(
                 f"label(s) {', '.join(unknown[:5])} in {source} are not known classes",
                 "the classes are: " + ", ".join(names[:10]) + (" ..." if len(names) > 10 else ""),
             )
-        labels = [found[label] for label in rows.labels]
+        if rows.unlabelled_lines:
+            names, labels = with_unlabelled_class(
+                names, [found[label] if label else None for label in rows.labels]
+            )
+        else:
+            labels = [found[label] for label in rows.labels]
     return Samples(
         classes=names,
         labels=labels,

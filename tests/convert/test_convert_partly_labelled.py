@@ -1,0 +1,115 @@
+"""Data of which only some samples have a label (shards, parquet rows, CSV rows): `convert shards`
+wrote it all unlabelled (read so for the commands that need no labels), dropping every label the
+labelled samples had. The shards keep each label now, and read back as partly labelled data, as
+the source does; `split`, which cannot write an image without a label into a class folder,
+refuses such data."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import tarfile
+from pathlib import Path
+
+import pytest
+from parquet_files import write_parquet
+from PIL import Image
+from processes import run_torchkit_in_process
+
+from torchkit.core.data.sources import open_data
+from torchkit.core.io.errors import InputError
+
+# Per source sample in order: its class name, or None for no label.
+LABELS = ["cat", None, "dog", "cat", None]
+NAMES = ["cat", "dog"]
+
+
+def _png(index: int) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (4, 4), (index * 40, 3, 5)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _source(kind: str, folder: Path) -> Path:
+    """`LABELS` as partly labelled data of `kind`: WebDataset shards (no `KEY.cls`), an HF
+    parquet file (null and -1 for no label) or a CSV index (an empty label)."""
+    folder.mkdir()
+    if kind == "shards":
+        (folder / "classes.txt").write_text("cat\ndog\n")
+        with tarfile.open(folder / "shard-000000.tar", "w") as tar:
+            for index, label in enumerate(LABELS):
+                members = {"png": _png(index)}
+                if label is not None:
+                    members["cls"] = str(NAMES.index(label)).encode()
+                for extension, data in members.items():
+                    info = tarfile.TarInfo(f"s{index}.{extension}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+        return folder
+    if kind == "parquet":
+        missing = iter([None, -1])
+        labels = [next(missing) if x is None else NAMES.index(x) for x in LABELS]
+        images = [_png(index) for index in range(len(LABELS))]
+        return write_parquet(folder / "data.parquet", images, labels, names=NAMES)
+    lines = ["path,label"]
+    for index, label in enumerate(LABELS):
+        (folder / f"{index}.png").write_bytes(_png(index))
+        lines.append(f"{index}.png,{label or ''}")
+    (folder / "index.csv").write_text("\n".join(lines) + "\n")
+    return folder / "index.csv"
+
+
+def _written(out: Path) -> dict[int, tuple[int | None, str | None]]:
+    """Source sample -> (its KEY.cls, its KEY.json label) in the shards, known by its pixel."""
+    found = {}
+    with tarfile.open(out / "shard-000000.tar") as tar:
+        members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+    for name, data in members.items():
+        key, _, extension = name.partition(".")
+        if extension != "png":
+            continue
+        with Image.open(io.BytesIO(data)) as image:
+            index = image.getpixel((0, 0))[0] // 40
+        label = members.get(f"{key}.cls")
+        found[index] = (
+            None if label is None else int(label),
+            json.loads(members[f"{key}.json"])["label"],
+        )
+    return found
+
+
+@pytest.mark.parametrize("kind", ["shards", "parquet", "csv"])
+def test_convert_shards_keeps_every_label_of_partly_labelled_data(
+    tmp_path, kind, caplog, monkeypatch
+):
+    source = _source(kind, tmp_path / "source")
+    out = tmp_path / "out"
+    done = run_torchkit_in_process("convert", "shards", source, out, "--format", "json")
+    assert done.returncode == 0, done.stderr
+    assert _written(out) == {
+        index: (None, None) if label is None else (NAMES.index(label), label)
+        for index, label in enumerate(LABELS)
+    }
+    assert (out / "classes.txt").read_text() == "cat\ndog\n"
+    assert "2 of the 5 images of the data have no label: written without one" in done.stderr
+    assert json.loads(done.stdout)["splits"]["shard"]["class_counts"] == {"cat": 2, "dog": 1}
+    # Read back by the rule of the source: unlabelled (with a warning) where labels are not
+    # needed, refused where they are.
+    monkeypatch.setattr(logging.getLogger("torchkit"), "propagate", True)  # the CLI's: False
+    with caplog.at_level("WARNING", logger="torchkit"):
+        assert open_data(out, allow_unlabelled=True).classes == [""]
+    assert "2 sample(s) without a label" in caplog.text
+    with pytest.raises(InputError, match="has no label"):
+        open_data(out)
+
+
+def test_split_refuses_a_partly_labelled_index_rather_than_dropping_its_labels(tmp_path):
+    from torchkit.core.split.plan import load_split_input
+
+    index = _source("csv", tmp_path / "source")
+    with pytest.raises(InputError) as refused:
+        load_split_input(index)
+    assert str(refused.value).startswith(
+        f"{index} (csv) has 2 image(s) without a label (1.png, 4.png) among 3 labelled ones"
+    )

@@ -1,0 +1,53 @@
+"""A CSV index of which only some rows have a label follows the rule of partly labelled shards and
+parquet files: the commands that need no labels (dataset-stats, predict, extract-features) read
+it all unlabelled, with a warning naming the rows without one, where every command refused it;
+train and eval still refuse it. Its image folders are inputs no output may land in."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from PIL import Image
+from processes import run_torchkit_in_process
+
+from torchkit.core.data.sources import csv_samples
+from torchkit.core.data.sources.inputs import data_inputs
+from torchkit.core.io.errors import InputError
+
+
+def _partly_labelled_index(folder: Path) -> Path:
+    images = folder / "images"
+    images.mkdir(parents=True)
+    for index in range(4):
+        Image.new("RGB", (4, 4), (index * 50, 0, 0)).save(images / f"{index}.png")
+    index = folder / "index.csv"
+    index.write_text(
+        "path,label\nimages/0.png,cat\nimages/1.png,\nimages/2.png,dog\nimages/3.png,\n"
+    )
+    return index
+
+
+def test_a_partly_labelled_index_is_read_unlabelled_where_no_labels_are_needed(tmp_path):
+    index = _partly_labelled_index(tmp_path)
+    done = run_torchkit_in_process("dataset-stats", index, "-j", "0", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["classes"] == [{"name": "", "index": 0, "images": 4}]
+    assert (
+        f"Warning: {index} has 2 row(s) without a label (line 3, 5) among 2 labelled ones: its "
+        "images are read unlabelled"
+    ) in done.stderr.splitlines()
+    with pytest.raises(InputError) as refused:  # train's and eval's reader
+        csv_samples(index)
+    assert str(refused.value) == (
+        f"{index} has 2 row(s) with an empty label (line 3, 5) (every row needs a path and a "
+        "label; predict, extract-features and dataset-stats read images without one unlabelled)"
+    )
+
+
+def test_the_image_folders_of_a_partly_labelled_index_are_inputs(tmp_path):
+    # The overlap checks read the index as the commands that take unlabelled images do: one of
+    # some empty labels gave no folders, so an output could be written among its images.
+    index = _partly_labelled_index(tmp_path)
+    assert [item.path for item in data_inputs(index)] == [index, tmp_path / "images"]
