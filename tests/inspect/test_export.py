@@ -1011,17 +1011,24 @@ def test_a_loop_counted_by_a_shape_of_the_inputs_values_is_a_read(count):
     [
         lambda x: sum(1 for _ in torch.nonzero(x > 0)),
         lambda x: len(torch.nonzero(x > 0).unbind(0)),
+        lambda x: len(torch.nonzero(x > 0).split(1)),
+        lambda x: len(torch.chunk(torch.nonzero(x > 0), 4)),
     ],
-    ids=["iter", "unbind"],
+    ids=["iter", "unbind", "split", "chunk"],
 )
 def test_the_tensors_a_shape_of_the_inputs_values_splits_into_are_a_read(count):
-    """Before: not found: the count of rows a loop over a tensor (or unbind) gives is fixed in
-    the file. A loop over the input's own rows is not a read."""
+    """Before: not found: the count of rows a loop over a tensor (or unbind, split, chunk)
+    gives is fixed in the file. A loop over the input's own rows is not a read, nor a split
+    into listed sizes (as many pieces as sizes, whatever the shape)."""
     line = f"{__file__}:{count.__code__.co_firstlineno}"
     example = torch.tensor([1.0, -1.0, 2.0, -3.0])
     assert _traced_reads(_CountsPositives(count), example, onnx_too=False) == [[line]]
     rows = _CountsPositives(lambda x: len([row for row in torch.where(x > 0, x, -x)]))
     assert _traced_reads(rows, example, onnx_too=False) == [[]]
+    listed = _CountsPositives(
+        lambda x: len(x.split(1)) + len(torch.split(torch.nonzero(x > 0), [1, 1]))
+    )
+    assert _traced_reads(listed, example, onnx_too=False) == [[]]
 
 
 class _ChecksEachStep(nn.Module):
@@ -1076,8 +1083,15 @@ class _BranchesOn(nn.Module):
         lambda x: torch.allclose(x.abs(), x),
         lambda x: x.allclose(x.abs()),
         lambda x: torch.is_nonzero(x.mean() > 0),
+        lambda x: f"{x.mean():.0f}" == "1",
+        lambda x: str(x.mean()) == "tensor(1.)",
+        lambda x: format(x.mean(), ".0f") == "1",
+        lambda x: 1.0 in x,
     ],
-    ids=["numpy", "asarray", "complex", "equal", "allclose", "method", "is_nonzero"],
+    ids=[
+        *("numpy", "asarray", "complex", "equal", "allclose", "method", "is_nonzero"),
+        *("f-string", "str", "format", "in"),
+    ],
 )
 def test_python_values_of_the_input_by_other_ways_are_reads(condition):
     """Before: not found, and the file kept the example's way for every input."""

@@ -98,10 +98,25 @@ def input_values_read(example: Any) -> Iterator[list[str]]:
         torch.Tensor.allclose,
         torch.is_nonzero,
         torch.Tensor.is_nonzero,
+        # text of the values (f"{x.sum():.0f}", str(x), print(x)) and `if 2.0 in x:`
+        torch.Tensor.__format__,
+        torch.Tensor.__repr__,
+        torch.Tensor.__contains__,
     }
-    # Python values of a tensor's shape: the number of tensors `for row in t:` or t.unbind()
-    # gives is fixed in the file, wrong where the shape comes from the input's values
+    # Python values of a tensor's shape: the number of tensors `for row in t:`, t.unbind(),
+    # t.split(n) or t.chunk(n) gives is fixed in the file, wrong where the shape comes from
+    # the input's values (split into listed sizes gives as many tensors as sizes)
     shape_reads = {torch.Tensor.__iter__, torch.Tensor.unbind, torch.unbind}
+    counted_pieces = {
+        torch.Tensor.split,
+        torch.split,
+        torch.Tensor.chunk,
+        torch.chunk,
+        torch.Tensor.unsafe_split,
+        torch.unsafe_split,
+        torch.Tensor.unsafe_chunk,
+        torch.unsafe_chunk,
+    }
 
     traced: list[Any] = [None, None]  # the tracing state, the example's value as it began
     # (value, whether only its shape matters) -> whether it depends on the example's values,
@@ -147,11 +162,14 @@ def input_values_read(example: Any) -> Iterator[list[str]]:
                     traced[:] = [state, torch._C._get_value_trace(example).unique()]
                 except RuntimeError:  # not an input of this trace
                     traced[:] = [state, None]
-            watched = func in reads or func in shape_reads
+            shape_read = func in shape_reads or (
+                func in counted_pieces and not _listed_sizes(args, kwargs)
+            )
+            watched = func in reads or shape_read
             if watched and args and state is not None and traced[1] is not None:
                 try:
                     dependent = any(
-                        depends_on_input(each, traced[1], func in shape_reads)
+                        depends_on_input(each, traced[1], shape_read)
                         for each in args[:2]  # torch.equal(x, y) reads both
                         if isinstance(each, torch.Tensor)
                     )
@@ -168,6 +186,14 @@ def input_values_read(example: Any) -> Iterator[list[str]]:
     finally:
         traced[:] = [None, None]  # keeps no tracing state alive
         known.clear()
+
+
+def _listed_sizes(args: tuple, kwargs: dict | None) -> bool:
+    """Whether a split is into listed sizes (t.split([2, 3])): as many pieces as sizes."""
+    sizes = args[1] if len(args) > 1 else (kwargs or {}).get("split_size_or_sections")
+    if sizes is None:
+        sizes = (kwargs or {}).get("split_size")
+    return isinstance(sizes, (list, tuple))
 
 
 def _inputs_searched(node: Any, shape_only: bool) -> list[tuple[Any, bool]]:
