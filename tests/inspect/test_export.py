@@ -7,6 +7,7 @@ verification that fails (nothing at OUT)."""
 from __future__ import annotations
 
 import hashlib
+import inspect
 import io
 import json
 import os
@@ -1105,6 +1106,33 @@ def test_a_read_before_the_model_writes_into_its_input_is_found():
     line = f"{__file__}:{_ReadsBeforeWritingItsInput.forward.__code__.co_firstlineno + 3}"
     found = _traced_reads(_ReadsBeforeWritingItsInput(), torch.ones(4), onnx_too=False)
     assert found == [[line]]
+
+
+class _PredictsInTorch(nn.AdaptiveLogSoftmaxWithLoss):
+    """A model whose forward is torch's own code, which branches on its predictions."""
+
+    forward = nn.AdaptiveLogSoftmaxWithLoss.predict
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_a_read_in_torchs_own_code_is_named_where_torch_makes_it(tmp_path):
+    """Before: named the exporter's line that calls the tracer (torchkit's writing.py), no
+    line of the model: the model had no frame outside torch, and torchkit's came next."""
+    import linecache
+
+    from torchkit.core.export.writing import write_torchscript
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), _PredictsInTorch(12, 10, [5])).eval()
+    out = tmp_path / "m.ts"
+    example = torch.randn(2, 3, 2, 2)
+    reads = write_torchscript(model, example, out, target=out, dynamic=True, metadata={})
+    source = os.path.abspath(inspect.getsourcefile(nn.AdaptiveLogSoftmaxWithLoss))
+    assert len(reads) >= 1
+    for place in reads:
+        filename, line = place.rsplit(":", 1)
+        assert os.path.abspath(filename) == source
+        assert "not_in_shortlist" in linecache.getline(filename, int(line))
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -226,12 +226,20 @@ def _boolean_indices(node: Any) -> list[Any]:
 
 
 def _caller_place() -> str:
-    """file.py:LINE of the innermost frame outside torch and this module: the model's line."""
-    here = os.path.abspath(__file__)
+    """file.py:LINE of the model's line that made the read: the innermost frame outside torch,
+    below the exporter's (this package: what calls the tracer is not the model). A model whose
+    forward is torch's own code has no such line: the read is named where torch makes it."""
+    exporter = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    in_torch = None  # the innermost frame in torch's code
     frame = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename
-        if os.path.abspath(filename) != here and not library_code(filename, ("torch",)):
+        if os.path.abspath(filename).startswith(exporter):
+            if in_torch is not None:  # the exporter's call: the model's frames are all below
+                break
+        elif library_code(filename, ("torch",)):
+            in_torch = in_torch or f"{filename}:{frame.f_lineno}"
+        else:
             return f"{filename}:{frame.f_lineno}"
         frame = frame.f_back
-    return "?"
+    return in_torch or "?"
