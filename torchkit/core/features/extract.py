@@ -370,6 +370,7 @@ def _extract(
             next(batches)  # its first yield: the workers are forked
         normalized = NormalizedPixels(preprocess.mean, preprocess.std)
         workers = inference_workers(samples, request.run.workers)  # as _loader's
+        streamed_skipped: list[tuple[str, str]] = []  # streamed: its errors are not kept
         try:
             with torch_threads(compute_threads(workers, tiny_inputs=samples.images is not None)):
                 extractor.to(device, channels_last=request.run.channels_last)
@@ -384,6 +385,7 @@ def _extract(
                     amp_dtype,
                     progress,
                     growing,
+                    streamed_skipped,
                 )
         finally:
             # The workers stop now, also after an error (--strict, a stop), not whenever the
@@ -392,6 +394,7 @@ def _extract(
         seconds = time.perf_counter() - started
         if growing is not None:
             fingerprint = growing.value(len(samples))
+        skipped = streamed_skipped if streamed else _skipped(samples, store.progress.errors)
         meta = _finish(store, request, samples, source, settings, layers, fingerprint)
     finally:
         extractor.close()
@@ -404,7 +407,7 @@ def _extract(
             store.progress.nonfinite_first,
             _nonfinite_hint(request, amp_dtype),
         )
-    result = _result_from_meta(Path(request.out), meta)
+    result = _result_from_meta(Path(request.out), meta, skipped)
     result.already_complete = False
     result.resumed_from = resumed_from
     result.seconds = seconds
@@ -471,13 +474,15 @@ def _extract_rows(
     amp_dtype,
     progress: Progress | None,
     streamed: Fingerprint | None = None,
+    streamed_skipped: list[tuple[str, str]] | None = None,
 ) -> None:
     """Fill the store batch by batch from where its progress record says, saving that record
     every COMMIT_INTERVAL_S, at the end, and when anything stops the loop. Rows with a NaN or
     inf feature are counted (with `strict`, the first batch that has one is an error, and is
     not written). Batches of 8-bit pixels are normalised on the device by `normalized`.
     A `streamed` store (paths on stdin) also gets each batch's index.csv lines, and the
-    batch's images go into the run's fingerprint (`streamed`), as they come."""
+    batch's images go into the run's fingerprint (`streamed`), as they come; its unreadable
+    images, which the store forgets, into `streamed_skipped` (path, why)."""
     import torch
 
     state = store.progress
@@ -522,7 +527,9 @@ def _extract_rows(
                     state.nonfinite += nonfinite
                     state.nonfinite_first = state.nonfinite_first or first
                 if streamed is not None:
-                    _append_index(store, samples, indices)
+                    skipped = _append_index(store, samples, indices)
+                    if streamed_skipped is not None:
+                        streamed_skipped += skipped
                     streamed.add(samples, indices)
                 state.done = max(indices) + 1
             if time.perf_counter() - last_commit >= COMMIT_INTERVAL_S:
@@ -889,22 +896,36 @@ def _index_lines(
         yield line
 
 
-def _append_index(store: FeatureStore, samples: Samples, indices: list[int]) -> None:
+def _append_index(
+    store: FeatureStore, samples: Samples, indices: list[int]
+) -> list[tuple[str, str]]:
     """A streamed batch's index.csv lines (its rows are the last ones written); its errors are
-    then forgotten, so that memory does not grow with the unreadable images either."""
+    then forgotten by the store, and given back (path, why) as index.csv names them."""
     errors = store.progress.errors
-    failed = sum(1 for index in indices if index in errors)
-    first_row = store.progress.rows - (len(indices) - failed)
+    failed = {index: errors[index] for index in indices if index in errors}
+    first_row = store.progress.rows - (len(indices) - len(failed))
     store.append_index(INDEX_COLUMNS, _index_lines(samples, indices, errors, first_row))
-    store.skipped += failed
+    store.skipped += len(failed)
     for index in indices:
         errors.pop(index, None)
+    return _skipped(samples, failed)
 
 
-def _result_from_meta(out: Path, meta: dict) -> ExtractionResult:
-    errors = []
+def _skipped(samples: Samples, errors: dict[int, str]) -> list[tuple[str, str]]:
+    """(path, why) of each unreadable image of `errors`, in index order, as index.csv's `path`
+    and `error` columns give them."""
+    ids = samples.ids or samples.paths
+    return [(str(ids[index]) if ids else str(index), errors[index]) for index in sorted(errors)]
+
+
+def _result_from_meta(
+    out: Path, meta: dict, skipped: list[tuple[str, str]] | None = None
+) -> ExtractionResult:
+    """The result of the run whose meta.json is `meta`; its unreadable images `skipped`, else
+    (a complete OUT found again) read from its index.csv."""
+    errors = skipped or []
     index_path = out / "index.csv"
-    if index_path.is_file():
+    if skipped is None and index_path.is_file():
         import csv
 
         with open_text(index_path) as handle:
