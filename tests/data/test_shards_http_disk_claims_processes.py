@@ -535,3 +535,42 @@ def test_a_claims_lock_file_deleted_while_waited_for_is_not_held_beside_its_succ
     finally:
         if successor and not released:
             os.close(successor[0])
+
+
+def test_a_claims_lock_file_deleted_while_held_is_not_trusted(tmp_path, monkeypatch):
+    """The claims' lock file deleted while this process HELD it, as it read the claims (a
+    cleaner, `rm -rf` of the cache): another process made and locked a new one, found no claim
+    and claimed 0.6 of the room; this one, having read none either, claimed 0.6 too, the two
+    together more than the disk has. It now sees that the file it holds is no longer the lock,
+    undoes its claim, and takes it again under the other's lock: it waits for that claim."""
+    from torchkit.core.data.sources import http_shards
+
+    monkeypatch.setattr(http_shards, "_free_bytes", lambda folder: 100_000)  # room: 95,000
+    monkeypatch.delenv("TORCHKIT_CACHE_LIMIT", raising=False)
+    cache = tmp_path / "cache"
+    folder = cache / "shards" / "f"
+    folder.mkdir(parents=True)
+    size, read, newcomer = (60_000, "its Content-Length is"), http_shards._claims_of_others, []
+
+    def lock_replaced_as_read(claim, mine):
+        found = read(claim, mine)
+        if not newcomer:  # once (not in the child, which forks with this list filled)
+            newcomer.append(None)
+            (cache / ".download-claims" / "lock").unlink()
+            newcomer[0] = _held_in_a_child(folder, size)  # makes and locks a new lock file
+            assert os.read(newcomer[0][1], 4) == b"held"
+        return found
+
+    monkeypatch.setattr(http_shards, "_claims_of_others", lock_replaced_as_read)
+    try:
+        with http_shards._CLAIMS.claim("http://h/b-000000.tar", folder, size) as claim:
+            waiting = claim.take(threading.Event())
+            assert waiting is not None and waiting.polled, "both claimed 0.6 of the room"
+            assert len(_claim_files(cache)) == 1  # the other process's alone
+        assert http_shards._CLAIMS._held == []
+    finally:
+        if newcomer and newcomer[0] is not None:
+            child, said = newcomer[0]
+            os.close(said)
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)

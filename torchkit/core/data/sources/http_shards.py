@@ -1115,16 +1115,21 @@ class _Claims:
             raise _Stopped
         # The claims' lock first, then this process's claims: a download waiting for the lock
         # holds nothing a stop (`wake`) or another download's end (`release`) needs.
-        with _claims_lock(claim.url, claim.folder, stop) as shared, self._changed:
-            foreign = _claims_of_others(claim, self._files()) if shared else []
-            size = claim.size
-            if size is not None and not self._fits(claim, size, limit, foreign):
-                return _Wait(self._ended, bool(foreign))  # the others will end
-            claim.stop = stop
-            if shared:
-                _make_claim_file(claim)
-            self._held.append(claim)
-        return None
+        while True:
+            try:
+                with _claims_lock(claim.url, claim.folder, stop) as shared, self._changed:
+                    foreign = _claims_of_others(claim, self._files()) if shared else []
+                    size = claim.size
+                    if size is not None and not self._fits(claim, size, limit, foreign):
+                        return _Wait(self._ended, bool(foreign))  # the others will end
+                    claim.stop = stop
+                    if shared:
+                        _make_claim_file(claim)
+                    self._held.append(claim)
+            except _ClaimsLockLost:  # taken beside another process's step: undone, and redone
+                self.release(claim)
+                continue
+            return None
 
     def _files(self) -> set[str]:
         """The names of this process's claim files (not another process's claims)."""
@@ -1152,14 +1157,21 @@ class _Claims:
         """`_Claim.admit`: the disk's room measured again each time, its own writes added back
         (what the others wrote meanwhile, or another program, is gone from it)."""
         limit = cache_limit()
-        with self._changed:
-            claimed = sum(
-                c.outstanding for c in self._held if c.device == claim.device and c is not claim
-            )
-            mine = self._files()
-        with _claims_lock(claim.url, claim.folder, claim.stop or threading.Event()) as shared:
-            if shared:
-                claimed += sum(f.outstanding for f in _claims_of_others(claim, mine))
+        while True:
+            with self._changed:
+                claimed = sum(
+                    c.outstanding for c in self._held if c.device == claim.device and c is not claim
+                )
+                mine = self._files()
+            try:
+                with _claims_lock(
+                    claim.url, claim.folder, claim.stop or threading.Event()
+                ) as shared:
+                    if shared:
+                        claimed += sum(f.outstanding for f in _claims_of_others(claim, mine))
+            except _ClaimsLockLost:  # read beside another process's step: read again
+                continue
+            break
         room = _disk_room(claim.folder, claim.written)
         if _too_large(claim.url, (claim.written + count, ""), room, limit, claimed) is not None:
             raise _too_large(claim.url, None, room, limit, claimed)  # naming its bound
@@ -1203,8 +1215,9 @@ class _Claims:
                     foreign = _claims_of_others(probe, self._files()) if shared else []
                     if self._fits(probe, size, limit, foreign):
                         return
-            except InputError:  # no room even alone now, or unreadable claims: the request
-                return  # made again gives the error
+            except (InputError, _ClaimsLockLost):  # no room even alone now, unreadable
+                return  # claims, or read beside another process's step: the request made
+                # again (its `take`) decides
             polled = bool(foreign)
 
 
@@ -1233,6 +1246,13 @@ _CLAIMS_LOCK_TAKEN = threading.Lock()
 # (a process stopped with Ctrl-Z holds it until resumed).
 _CLAIMS_LOCK_STEP_S = 0.01
 _CLAIMS_LOCK_LONGEST_STEP_S = 0.1
+
+
+class _ClaimsLockLost(Exception):
+    """The claims' lock file was deleted while this process held it (a cleaner, `rm -rf` of
+    the cache): another process may have made and locked a new one meanwhile, and read and
+    made claims at the same time as this one. Raised as `_claims_lock` is left: the step taken
+    under it is undone and taken again."""
 
 
 @contextlib.contextmanager
@@ -1297,6 +1317,10 @@ def _claims_flock(url: str, folder: Path, stop: threading.Event) -> Iterator[boo
         close_lock(fd)
     try:
         yield shared
+        # Deleted while held: a process that came meanwhile made and locked a new one, and
+        # read and made claims beside this one's. What this one read and made is not trusted.
+        if shared and not _is_at(fd, path):
+            raise _ClaimsLockLost
     finally:
         close_lock(fd)
 
@@ -1408,10 +1432,14 @@ def _write_claim(claim: _Claim) -> None:
         return
     try:
         with contextlib.suppress(OSError):  # BlockingIOError: another process holds it
-            lock = open_unshared(claim.file.with_name("lock"), os.O_RDWR)  # made with the claim
+            path = claim.file.with_name("lock")
+            lock = open_unshared(path, os.O_RDWR)  # made with the claim
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                os.pwrite(claim.fd, _claim_record(claim), 0)
+                # The lock file there, not one deleted as it was opened: under the new one,
+                # another process may read this claim's file as it is rewritten.
+                if _is_at(lock, path):
+                    os.pwrite(claim.fd, _claim_record(claim), 0)
             finally:
                 close_lock(lock)
     finally:
