@@ -90,3 +90,46 @@ def test_a_layer_the_conversion_cannot_reach_is_refused_and_nothing_written(tmp_
     assert result.returncode == 1
     assert "holds SyncBatchNorm layers convert-syncbn cannot reach: x.layer (" in result.stderr
     assert not destination.exists()
+
+
+def test_the_listing_names_the_layers_converting_would_refuse(tmp_path):
+    """Without DST the layers were listed, and those converting then refused (in a set, a
+    plain object, a plain list beside the registered layers) went unsaid: a warning names
+    them, by the paths the refusal gives; layers converting reaches give none."""
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
+    with_list = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
+    with_list.norms = [with_list[1]]
+    reached = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
+    cases = {
+        "set": {"model": net, "extras": {nn.BatchNorm2d(5)}},
+        "object": {"model": net, "holder": Holder(nn.Sequential(nn.BatchNorm1d(6)))},
+        "attribute": with_list,
+        # held in a plain object too, but converted in place as a layer of the model
+        "reached": {"model": reached, "holder": Holder(reached), "list": [reached[1]]},
+        "revert": {"model": nn.Sequential(nn.SyncBatchNorm(3)), "x": Holder(nn.SyncBatchNorm(3))},
+    }
+    for name, saved in cases.items():
+        source = tmp_path / f"{name}.pt"
+        torch.save(saved, source)
+        revert = ["--revert"] if name == "revert" else []
+        listing = run_torchkit_in_process("convert-syncbn", source, "--trust-checkpoint", *revert)
+        assert listing.returncode == 0, listing.stderr
+        converting = run_torchkit_in_process(
+            "convert-syncbn",
+            source,
+            tmp_path / f"{name}-out.pt",
+            "--trust-checkpoint",
+            *([*revert, "-i", "3,4,4"] if revert else []),
+        )
+        kind = "SyncBatchNorm" if name == "revert" else "BatchNorm"
+        if name == "reached":
+            assert converting.returncode == 0, converting.stderr
+            assert "cannot reach" not in listing.stderr
+            continue
+        assert converting.returncode == 1, converting.stdout
+        refused = error_line(converting.stderr)
+        paths = refused.split("cannot reach: ")[1].split(" (")[0]
+        assert (
+            f"Warning: {source} also holds {kind} layers convert-syncbn cannot reach, not "
+            f"listed: {paths} (converting it is refused;"
+        ) in " ".join(listing.stderr.split()), (name, listing.stderr)

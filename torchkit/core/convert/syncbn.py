@@ -556,6 +556,46 @@ def _left_unconverted(saved: Any, wanted: Any) -> list[str]:
     return left
 
 
+def _out_of_reach(saved: Any, wanted: Any, converted: Sequence[Any]) -> list[str]:
+    """Before converting: the paths of the layers `wanted` picks that converting `converted`
+    (the modules of the unpickled file `saved`) would leave behind, which `_left_unconverted`
+    then refuses. Converting rewrites the registered slots of the modules inside `converted`
+    (in place, wherever those modules are held) and rebuilds the dicts, lists and tuples of a
+    pickled dict; a layer held in any other slot (a plain attribute, a set, a plain object)
+    stays. Each layer once, by the first such path."""
+    import torch
+
+    rewritten_parents = {id(m) for module in converted for m in module.modules()}
+    not_held = (torch.Tensor, str, bytes, int, float, torch.fx.Graph, torch.fx.Node)
+    left: dict[int, str] = {}
+    seen: set[tuple[int, bool]] = set()  # a value held in both kinds of slot is walked twice
+    # (value, path, whether converting rewrites the slot it is held in)
+    stack: list[tuple[Any, tuple[Any, ...], bool]] = [(saved, (), True)]
+    while stack:
+        value, path, rewritten = stack.pop()
+        if (id(value), rewritten) in seen or isinstance(value, not_held):
+            continue
+        seen.add((id(value), rewritten))
+        if wanted(value) and not rewritten:
+            left.setdefault(id(value), ".".join(map(_path_part, path)) or "(model)")
+        if isinstance(value, torch.nn.Module):
+            registered = id(value) in rewritten_parents
+            items = [(k, v, registered) for k, v in value._modules.items()]
+            items += [(k, v, False) for k, v in _plain_attributes(value)]
+        elif isinstance(value, Mapping):  # rebuilt as `_with_converted` rebuilds: dicts only
+            items = [(k, v, rewritten and isinstance(value, dict)) for k, v in value.items()]
+        elif isinstance(value, (list, tuple)):
+            items = [(k, v, rewritten) for k, v in enumerate(value)]
+        elif isinstance(value, (set, frozenset)):
+            items = [("(in a set)", item, False) for item in value]
+        elif isinstance(getattr(value, "__dict__", None), dict) and not isinstance(value, type):
+            items = [(k, v, False) for k, v in vars(value).items()]
+        else:
+            continue
+        stack += [(item, (*path, key), kept) for key, item, kept in reversed(items)]
+    return list(left.values())
+
+
 def _path_part(key: Any) -> str:
     """A key, index or attribute name as a path names it (another kind of key by its type)."""
     return str(key) if isinstance(key, (str, int)) else f"<{type(key).__name__}>"
@@ -619,6 +659,24 @@ def batchnorm_report(
             for key, module in modules_by_key(loaded.pickled_modules)
             for row in find_batchnorm_layers(module, sync=revert, seen=listed)
         ]
+    if loaded.pickled_file is not None:  # what SRC DST would refuse to convert, said now
+        from torch import nn
+
+        wanted = (lambda m: isinstance(m, nn.SyncBatchNorm)) if revert else _is_plain_batchnorm
+        modules = (
+            [module for _, module in modules_by_key(loaded.pickled_modules)]
+            if loaded.pickled_modules is not None
+            else [model]
+        )
+        left = _out_of_reach(loaded.pickled_file, wanted, modules)
+        if left:
+            shown = ", ".join(left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
+            log.warning(
+                f"{spec} also holds {'SyncBatchNorm' if revert else 'BatchNorm'} layers "
+                f"convert-syncbn cannot reach, not listed: {shown} (converting it is refused; "
+                "it converts a model's registered layers and the modules in the dicts, lists "
+                "and tuples of a pickled dict)"
+            )
     report = {
         "model": loaded.arch,
         "origin": loaded.source,

@@ -106,6 +106,9 @@ class ResolvedModel:
     # Every module of a pickled dict by key (`{'model': net, 'model_ema': ema}`, `model` the
     # first): what convert-syncbn lists and converts, without unpickling the file again.
     pickled_modules: Mapping[Any, Any] | None = None
+    # The whole unpickled file, kept beside them: where convert-syncbn looks for the layers its
+    # conversion cannot reach (in a set, a plain object), which converting refuses.
+    pickled_file: Any = None
 
     @property
     def data_record(self) -> Mapping[str, Any] | None:
@@ -518,6 +521,7 @@ def _from_file(
             # Kept only for a caller that asks (convert-syncbn): the others would hold every
             # module of the dict (an EMA copy too) for the whole run.
             pickled_modules=pickled_modules(loaded) if every_pickled_module else None,
+            pickled_file=loaded if every_pickled_module else None,
         )
     if holds_weights_only(loaded):
         raise weights_only_error(path)
