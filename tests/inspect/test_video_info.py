@@ -1613,6 +1613,38 @@ def test_exact_duration_of_an_mp4_whose_packet_decodes_to_no_frame_ends_with_its
     assert probe_video(path).duration_s == pytest.approx(0.6)  # the header's, as before
 
 
+def test_an_mp4_cut_by_its_edit_list_counts_the_frames_it_shows(tmp_path):
+    """A clip cut without re-encoding (`ffmpeg -ss 0.12 -c copy`, a player's Trim) keeps every
+    sample from the key frame before the cut, and its edit list shows those after it: FFmpeg
+    decodes the others and drops them. The header count was the samples': 10 frames and 0.4 s
+    for a clip of 7 frames, 0.28 s (ffprobe: 0.28 s), and --segments sampled frames past its
+    end (row ok)."""
+    path = tmp_path / "cut.mp4"
+    if not write_video(path, "mp4v", 16, 16, 25, 10):
+        pytest.skip("this OpenCV cannot write mp4v")
+    data = bytearray(path.read_bytes())
+    moov = _iso_box(data, b"moov", None)
+    trak = _iso_box(data, b"trak", moov)
+    media = struct.unpack_from(
+        ">I", data, _iso_box(data, b"mdhd", _iso_box(data, b"mdia", trak))[0] + 20
+    )[0]
+    movie = struct.unpack_from(">I", data, _iso_box(data, b"mvhd", moov)[0] + 20)[0]
+    elst = _iso_box(data, b"elst", _iso_box(data, b"edts", trak))[0] + 8
+    assert struct.unpack_from(">II", data, elst + 4) == (1, movie * 10 // 25)  # one edit: all
+    struct.pack_into(">Ii", data, elst + 8, movie * 7 // 25, media * 3 // 25)  # from frame 3
+    path.write_bytes(bytes(data))
+    info = probe_video(path)
+    assert (info.status, info.frames_header, info.duration_s) == ("ok", 7, pytest.approx(0.28))
+    exact = probe_video(path, exact=True)
+    assert (exact.frames_decoded, exact.frames_differ, exact.duration_s) == (
+        7,
+        False,
+        pytest.approx(0.28),
+    )
+    code, (row,) = json_rows(path, "--segments", "2")
+    assert code == 0 and row["frame_indices"] == [1, 5]
+
+
 def fragmented_copy(path: Path, **layout) -> Path:
     """A 5-frame MP4 in fragments (`fragmented_mp4`): 3 frames of 0.04 s, one of 2 s and a
     last of 0.04 s (2.16 s in all: an average of 2.31 fps, so 1 / fps is 0.432 s)."""

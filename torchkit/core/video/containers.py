@@ -400,13 +400,60 @@ def iso_sample_duration_at(
     path: str | os.PathLike, container: str | None, start_s: float
 ) -> float | None:
     """How long the sample of an MP4/MOV/3GP file's first video track shown `start_s` seconds
-    after its first one lasts, in seconds: its `stts` delta over the `mdhd` timescale, its
-    time the decoding time and its `ctts` offset (signed, as FFmpeg reads it) from the
-    earliest sample's, as FFmpeg's timestamps count from the stream's start. Runs of the two
-    tables are walked together, not sample by sample. None for a fragmented file (its samples
-    are in its fragments), other formats, no sample at that time (within half a tick), or a
-    structure that cannot be read."""
-    if not math.isfinite(start_s) or start_s < 0 or not iso_lists_every_frame(path, container):
+    after its first shown one lasts, in seconds: its `stts` delta over the `mdhd` timescale,
+    its time the decoding time and its `ctts` offset (`iso_timing`) from the earliest shown
+    sample's, as FFmpeg's timestamps count from the stream's start. None for a fragmented
+    file (its samples are in its fragments), other formats, no sample at that time (within
+    half a tick), or a structure that cannot be read."""
+    timing = iso_timing(path, container) if math.isfinite(start_s) and start_s >= 0 else None
+    shown = timing and _iso_shown(timing.runs, timing.edits[:1] or None)
+    if not shown or not shown[0]:
+        return None
+    wanted = shown[1] + start_s * timing.timescale
+    for count, dts, delta, offset in timing.runs:
+        if delta <= 0:  # a sample of no duration is no frame's
+            continue
+        step = round((wanted - dts - offset) / delta)
+        if 0 <= step < count and abs(dts + offset + step * delta - wanted) <= 0.5:
+            return delta / timing.timescale
+    return None
+
+
+def iso_edited_frame_count(path: str | os.PathLike, container: str | None) -> int | None:
+    """The frames an MP4/MOV/3GP file's edit list (`elst`) shows of its first video track, as
+    FFmpeg's demuxer keeps them: the samples whose time (`iso_timing`) lies inside an edit,
+    once for each edit (the others it reads from the key frame before an edit's start are
+    decoded and dropped). A clip cut without re-encoding (`ffmpeg -ss 0.5 -c copy`, a
+    player's Trim) keeps every sample and shows those of its edit. None where it shows each
+    sample once (the track's count, as FFmpeg gives it), for a file without an edit list, a
+    fragmented one, other formats, or a structure that cannot be read."""
+    timing = iso_timing(path, container)
+    if timing is None or not timing.edited:
+        return None
+    shown = _iso_shown(timing.runs, timing.edits)[0]
+    return None if shown == sum(count for count, _, _, _ in timing.runs) else shown
+
+
+@dataclass(frozen=True)
+class IsoTiming:
+    """The sample times of an ISO file's first video track, in its `mdhd` timescale: runs of
+    (samples, the first one's decoding time, their `stts` delta, their `ctts` offset), and
+    the media time span [start, end) of each edit of its edit list that shows media
+    (`edited`: the file has an edit list; without one, its samples are all shown)."""
+
+    timescale: int
+    runs: list[tuple[int, int, int, int]]
+    edits: list[tuple[int, int]]
+    edited: bool
+
+
+def iso_timing(path: str | os.PathLike, container: str | None) -> IsoTiming | None:
+    """`IsoTiming` of an unfragmented MP4/MOV/3GP file's first video track: a sample's time
+    is its decoding time plus its `ctts` offset, signed as FFmpeg reads it, which an edit's
+    media time is compared with; an edit's duration is in the `mvhd` timescale. Runs of the
+    two tables are walked together, not sample by sample. None for a fragmented file, other
+    formats, or a structure that cannot be read."""
+    if not iso_lists_every_frame(path, container):
         return None
     try:
         with open(path, "rb") as handle:
@@ -415,25 +462,73 @@ def iso_sample_duration_at(
             table = track and _iso_sample_table(handle, track[1])
             if not table:
                 return None
-            header = _iso_child(handle, b"mdhd", *track[1])
-            version = _iso_field(handle, header, 0, 1)
-            scale = _iso_field(handle, header, 20 if version == b"\x01" else 12)
+            scale = _iso_timescale(handle, _iso_child(handle, b"mdhd", *track[1]))
+            movie_scale = _iso_timescale(handle, _iso_child(handle, b"mvhd", *moov))
             deltas = _iso_entries(handle, _iso_child(handle, b"stts", *table), signed=False)
             offsets = _iso_entries(handle, _iso_child(handle, b"ctts", *table), signed=True)
+            edit_box = _iso_child(handle, b"edts", *track[0])
+            edit_list = edit_box and _iso_child(handle, b"elst", *edit_box)
+            edits = _iso_edits(handle, edit_list) if edit_list else None
     except OSError:
         return None
-    timescale = int.from_bytes(scale, "big") if len(scale) == 4 else 0
     runs = list(_iso_sample_runs(deltas, offsets))
-    if not timescale or not runs:
+    if not scale or not runs:
         return None
-    wanted = min(dts + offset for _, dts, _, offset in runs) + start_s * timescale
-    for count, dts, delta, offset in runs:
-        if delta <= 0:  # a sample of no duration is no frame's
-            continue
-        step = round((wanted - dts - offset) / delta)
-        if 0 <= step < count and abs(dts + offset + step * delta - wanted) <= 0.5:
-            return delta / timescale
-    return None
+    spans = [
+        (media, media + (duration * scale + movie_scale // 2) // movie_scale)  # rounded
+        for duration, media in (edits or [])
+        if media != -1 and movie_scale
+    ]
+    return IsoTiming(scale, runs, spans, edits is not None and bool(movie_scale))
+
+
+def _iso_timescale(handle, header: tuple[int, int] | None) -> int:
+    """The timescale of an `mdhd` or `mvhd` box (after version and flags, two times of 4
+    bytes, 8 in version 1); 0 where it is not there."""
+    version = _iso_field(handle, header, 0, 1)
+    scale = _iso_field(handle, header, 20 if version == b"\x01" else 12)
+    return int.from_bytes(scale, "big") if len(scale) == 4 else 0
+
+
+def _iso_edits(handle, box: tuple[int, int]) -> list[tuple[int, int]] | None:
+    """The (duration, media time) of each entry of an `elst` box (version and flags, the
+    entry count, then per entry its duration and signed media time, 4 bytes each or, in
+    version 1, 8, and its rate); None for a short box."""
+    wide = _iso_field(handle, box, 0, 1) == b"\x01"
+    size = 8 if wide else 4
+    entries = int.from_bytes(_iso_field(handle, box, 4), "big")
+    data = _iso_field(handle, box, 8, (2 * size + 4) * entries)
+    if len(data) != (2 * size + 4) * entries:
+        return None
+    return [
+        (
+            int.from_bytes(data[at : at + size], "big"),
+            int.from_bytes(data[at + size : at + 2 * size], "big", signed=True),
+        )
+        for at in range(0, len(data), 2 * size + 4)
+    ]
+
+
+def _iso_shown(
+    runs: list[tuple[int, int, int, int]], edits: list[tuple[int, int]] | None
+) -> tuple[int, int | None]:
+    """(how many samples of `runs` the `edits` show, once for each edit, the earliest shown
+    one's time); all samples where `edits` is None."""
+    spans = [(-math.inf, math.inf)] if edits is None else edits
+    shown, first = 0, None
+    for start, end in spans:
+        for count, dts, delta, offset in runs:
+            at = dts + offset  # the run's first sample's time: each next one `delta` later
+            if delta <= 0:
+                low, high = (0, count) if start <= at < end else (0, 0)
+            else:
+                low = 0 if at >= start else min(count, -((at - start) // delta))
+                high = count if end == math.inf else max(0, min(count, -((at - end) // delta)))
+            if high > low:
+                shown += high - low
+                time = at + low * delta
+                first = time if first is None else min(first, time)
+    return shown, first
 
 
 def _iso_entries(handle, box: tuple[int, int] | None, *, signed: bool) -> list[tuple[int, int]]:

@@ -29,6 +29,7 @@ from torchkit.core.video.containers import (
     flv_last_tag_s,
     fourcc_text,
     fragmented_frame_count,
+    iso_edited_frame_count,
     iso_index_missing,
     last_frame_duration,
     last_picture_rows,
@@ -431,6 +432,11 @@ def _probe_into(
         # FFmpeg counts a fragmented MP4's moov samples alone (those of its first fragment, as
         # `-movflags frag_keyframe` writes it): its fragments' runs hold the rest.
         declared_frames = fragmented_frame_count(path, sniffed) or declared_frames
+        # and an MP4's count is its samples', where its edit list may show fewer (a clip cut
+        # without re-encoding keeps the frames before its cut, which are decoded and dropped)
+        edited = iso_edited_frame_count(path, sniffed)
+        if edited is not None:
+            declared_frames = float(edited)
         # and a Matroska file's count is its longest stream's duration times the video's rate
         # (50 frames for 5 beside 2 s of audio): the video track's own tags say less.
         own = matroska_video_frames(path, sniffed, info.fps)
