@@ -501,6 +501,33 @@ def test_load_optimizer_state_keeps_the_new_hyperparameters_and_the_old_moments(
     assert torch.equal(new.state[param]["momentum_buffer"], torch.ones(2))
 
 
+def test_rmsprop_resumed_with_momentum_turned_on_starts_its_momentum_at_zero():
+    """An RMSprop run trained with --momentum 0, resumed with --momentum 0.9: its state holds
+    no momentum buffer, which torch's step reads for every parameter with a state (the resume
+    ended in `Error: KeyError: 'momentum_buffer'`); the buffer starts at zero, as at a first
+    step, and the moving average of squares goes on."""
+    from torchkit.core.runtime import dynamo_free
+    from torchkit.core.train.optim import load_optimizer_state
+
+    param = nn.Parameter(torch.ones(2))
+
+    def rmsprop(momentum: float) -> torch.optim.RMSprop:
+        group = {"params": [param], "lr": 0.1, "base_lr": 0.1}
+        return torch.optim.RMSprop([group], momentum=momentum, alpha=0.9)  # as build_optimizer
+
+    old = rmsprop(0.0)
+    param.grad = torch.ones(2)
+    dynamo_free.step(old)  # torch.optim's own step imports torch._dynamo (seconds of CPU)
+    new = rmsprop(0.9)
+    load_optimizer_state(new, old.state_dict())
+    square_avg, before = new.state[param]["square_avg"].clone(), param.detach().clone()
+    param.grad = torch.full((2,), 2.0)
+    dynamo_free.step(new)
+    update = 2.0 / ((0.9 * square_avg + 0.1 * 4.0).sqrt() + 1e-8)  # buffer: 0.9 x 0 + update
+    assert torch.allclose(new.state[param]["momentum_buffer"], update)
+    assert torch.allclose(param.detach(), before - 0.1 * update)
+
+
 # -- 6. a run resumed into another folder carries its best.pt -------------------------------------
 
 

@@ -201,6 +201,26 @@ def load_optimizer_state(optimizer, state: dict) -> None:
     optimizer.load_state_dict(state)
     for group, values in zip(optimizer.param_groups, wanted, strict=True):
         group.update(values)
+    _start_momentum_buffers(optimizer)
+
+
+def _start_momentum_buffers(optimizer) -> None:
+    """RMSprop keeps a momentum buffer only while its momentum is on, and its step reads one for
+    every parameter that has a state: a run trained with --momentum 0 and resumed with a
+    momentum gets zero buffers, as torch gives a first step (SGD starts a missing one itself)."""
+    import torch
+
+    if not isinstance(optimizer, torch.optim.RMSprop):
+        return
+    for group in optimizer.param_groups:
+        if group["momentum"] <= 0:
+            continue
+        for param in group["params"]:
+            state = optimizer.state.get(param)
+            if state and "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(
+                    param, memory_format=torch.preserve_format
+                )
 
 
 def warn_if_warmup_too_short(config: TrainConfig, updates_per_epoch: int) -> None:
