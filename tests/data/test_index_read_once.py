@@ -53,3 +53,21 @@ def test_an_index_written_again_in_one_tick_of_its_file_systems_clock_is_read_ag
     assert [item.path for item in inputs.data_inputs(index)] == [index, tmp_path / "one"]
     _write_index(index, "two")  # in place, the same length
     assert [item.path for item in inputs.data_inputs(index)] == [index, tmp_path / "two"]
+
+
+def test_a_linked_index_is_read_again_once_its_images_lie_beside_the_file_it_leads_to(tmp_path):
+    """`ln -s ~/splits/train.csv flowers/`: its paths are read beside the link while its first
+    path names a file there and none beside the file it leads to, and beside that file once
+    one is there too (the images copied beside the index). The folders kept for that version
+    of the index stayed the link's: an output could be written among the images read."""
+    splits, flowers = tmp_path / "splits", tmp_path / "flowers"
+    (flowers / "one").mkdir(parents=True)
+    (flowers / "one" / "a.png").write_bytes(b"png")
+    splits.mkdir()
+    _write_index(splits / "train.csv", "one")
+    link = flowers / "train.csv"
+    link.symlink_to(splits / "train.csv")
+    assert [item.path for item in inputs.data_inputs(link)] == [link, flowers / "one"]
+    (splits / "one").mkdir()
+    (splits / "one" / "a.png").write_bytes(b"png")
+    assert [item.path for item in inputs.data_inputs(link)] == [link, splits / "one"]

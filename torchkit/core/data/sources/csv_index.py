@@ -60,7 +60,7 @@ def index_folder(source: Path, paths: Sequence[str]) -> Path:
     if not source.is_symlink():
         return source.parent
     real = Path(os.path.realpath(source)).parent
-    first = next((path for path in paths if path.strip() and not os.path.isabs(path)), None)
+    first = first_relative_path(paths)
     if (
         first is not None
         and not os.path.lexists(os.path.join(real, first))
@@ -68,6 +68,11 @@ def index_folder(source: Path, paths: Sequence[str]) -> Path:
     ):
         return source.parent
     return real
+
+
+def first_relative_path(paths: Sequence[str]) -> str | None:
+    """The first of `paths` that is relative, which decides the folder `index_folder` takes."""
+    return next((path for path in paths if path.strip() and not os.path.isabs(path)), None)
 
 
 def _lines(numbers: list[int]) -> str:

@@ -82,8 +82,9 @@ def listed_check(output: str | os.PathLike, what: str) -> Callable[[list[str]], 
 
 # The last CSV index's image folders, by its path and contents (`_index_version`): a command
 # checks its outputs against its inputs more than once (eval's -o FILE, then --out), and each
-# check read a million-row index whole again (1.5-5 s a read).
-_index_folders: dict[tuple, list[InputPath]] = {}
+# check read a million-row index whole again (1.5-5 s a read). Beside them, the folder its
+# relative paths were joined to and the first of them, which decides that folder (`_base`).
+_index_folders: dict[tuple, tuple[str | None, str, list[InputPath]]] = {}
 
 
 def _index_version(index: Path) -> tuple | None:
@@ -103,25 +104,44 @@ def _index_version(index: Path) -> tuple | None:
 
 def _csv_image_folders(index: Path) -> list[InputPath]:
     """The folders of the files a CSV index names (`folders_of_files`), read once for each
-    version of the index; none where it cannot be read (the command's own reader reports what
-    is wrong with it)."""
+    version of the index and folder its paths are relative to; none where it cannot be read
+    (the command's own reader reports what is wrong with it)."""
     version = _index_version(index)
-    found = _index_folders.get((version, str(index)))
-    if found is None:
-        found = folders_of_files(_csv_paths(index), f"images of {index}")
-        _index_folders.clear()  # one index kept: a few folders, never the paths
-        # Kept only where the file was not written again while it was read.
-        if version is not None and _index_version(index) == version:
-            _index_folders[version, str(index)] = found
+    cached = _index_folders.get((version, str(index)))
+    # A symbolic link to the index reads its paths beside the link or beside the file it leads
+    # to, by where its first path names a file (`index_folder`): one made there since (images
+    # copied beside the index) moves every image, in the same version of the index.
+    if cached is not None and _base(index, cached[0]) == cached[1]:
+        return list(cached[2])
+    paths, first, base = _csv_paths(index)
+    found = folders_of_files(paths, f"images of {index}")
+    _index_folders.clear()  # one index kept: a few folders, never the paths
+    # Kept only where the file was not written again while it was read.
+    if version is not None and _index_version(index) == version:
+        _index_folders[version, str(index)] = (first, base, found)
     return list(found)
 
 
-def _csv_paths(index: Path) -> list[str]:
-    """The files a CSV index names; none where it cannot be read (the command's own reader
-    reports what is wrong with it)."""
-    from torchkit.core.data.sources.csv_index import absolute_paths, read_index_rows
+def _base(index: Path, first: str | None) -> str:
+    """The folder the relative paths of `index` are joined to, whose first is `first`."""
+    from torchkit.core.data.sources.csv_index import index_folder
+
+    return str(index_folder(index, [] if first is None else [first]))
+
+
+def _csv_paths(index: Path) -> tuple[list[str], str | None, str]:
+    """The files a CSV index names, its first relative path and the folder they are joined to
+    (`_base`); no files where it cannot be read (the command's own reader reports what is
+    wrong with it)."""
+    from torchkit.core.data.sources.csv_index import (
+        absolute_paths,
+        first_relative_path,
+        read_index_rows,
+    )
 
     try:
-        return absolute_paths(read_index_rows(index, labelled=False))
+        rows = read_index_rows(index, labelled=False)
     except (OSError, TorchkitError):
-        return []
+        return [], None, _base(index, None)
+    first = first_relative_path(rows.paths)
+    return absolute_paths(rows), first, _base(index, first)
