@@ -614,6 +614,26 @@ def _fetch_one(url: str, folder: _Folder, name: str, stop: threading.Event) -> N
         _download(url, target, expected, stop)
 
 
+def _folder_id(folder: Path) -> tuple[int, int] | None:
+    """Which folder is at `folder` (device, inode); None: none."""
+    try:
+        info = os.stat(folder)
+    except OSError:
+        return None
+    return (info.st_dev, info.st_ino)
+
+
+def _cache_deleted(what: str) -> TorchkitError:
+    """The error of a download (`what`: `URL into FOLDER`) whose cache folder, or file being
+    written, was deleted as it ran (`rm -rf` of the cache). Not downloaded again into a folder
+    made anew: the side files read beside the shards (classes.txt) went with the old one."""
+    return TorchkitError(
+        f"cannot download {what}: the cache was deleted while torchkit used it (another "
+        "program deleted the folder or the file being written)",
+        "run again; nothing of it was kept",
+    )
+
+
 def _version(target: Path) -> tuple[int, int, int] | None:
     """What tells one cached copy of the shard `target` from another (None: no file there)."""
     try:
@@ -642,6 +662,8 @@ def _locked(path: Path, stop: threading.Event, what: str) -> Iterator[None]:
             # download runs on a thread): one that outlived a SIGKILL of this process would hold
             # the lock, and the next run would wait for a download nobody makes.
             fd = open_unshared(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except FileNotFoundError:  # its folder deleted since this run made it
+            raise _cache_deleted(what) from None
         except OSError as error:  # a cache that cannot be written (read-only, full)
             if as_write_error(error, path) is None:
                 raise
@@ -865,33 +887,50 @@ def _download_once(
             if waiting is not None:
                 assert size is not None  # a body of no size never waits
                 return size, waiting
-            with (
-                _reading(response, stop),
-                _writing_the_cache(),
-                atomic_write(target, "wb", check=whole_tar) as handle,
-            ):
-                while True:
-                    if stop.is_set():
-                        raise _Stopped
-                    chunk = _read(response, url)
-                    if not chunk:
-                        break
-                    if want is not None and done + len(chunk) > want:
-                        # A body of no Content-Length that runs on (a close-delimited or
-                        # chunked one): stopped here, not once it filled the disk, judged by
-                        # the end.
-                        raise _changed(url, f"the server sends more than {want} bytes")
-                    claim.admit(len(chunk))
-                    handle.write(chunk)
-                    claim.wrote(len(chunk))
-                    digest.update(chunk)
-                    done += len(chunk)
-                if length is not None and done < length:
-                    raise _short(url, done, length)
-                if want is not None and done != want:
-                    raise _changed(url, f"{done} bytes downloaded, manifest.json says {want}")
-                if expected and expected["sha256"] and digest.hexdigest() != expected["sha256"]:
-                    raise _changed(url, "its sha256 is not the one manifest.json records")
+            what = f"{_shown(url)} into {target.parent}"
+            begun = _folder_id(target.parent)
+            if begun is None:  # deleted since its lock was taken: never made again here
+                raise _cache_deleted(what)
+            try:
+                with (
+                    _reading(response, stop),
+                    _writing_the_cache(),
+                    atomic_write(target, "wb", check=whole_tar) as handle,
+                ):
+                    while True:
+                        if stop.is_set():
+                            raise _Stopped
+                        chunk = _read(response, url)
+                        if not chunk:
+                            break
+                        if want is not None and done + len(chunk) > want:
+                            # A body of no Content-Length that runs on (a close-delimited or
+                            # chunked one): stopped here, not once it filled the disk, judged
+                            # by the end.
+                            raise _changed(url, f"the server sends more than {want} bytes")
+                        claim.admit(len(chunk))
+                        handle.write(chunk)
+                        claim.wrote(len(chunk))
+                        # Its folder deleted (`rm -rf` of the cache, its claim with it):
+                        # written on, the temporary took room no claim shows, to be lost at
+                        # the rename. (A stat of the folder: st_nlink is not kept alike by
+                        # every file system.)
+                        if _folder_id(target.parent) != begun:
+                            raise _cache_deleted(what)
+                        digest.update(chunk)
+                        done += len(chunk)
+                    if length is not None and done < length:
+                        raise _short(url, done, length)
+                    if want is not None and done != want:
+                        raise _changed(url, f"{done} bytes downloaded, manifest.json says {want}")
+                    if expected and expected["sha256"] and digest.hexdigest() != expected["sha256"]:
+                        raise _changed(url, "its sha256 is not the one manifest.json records")
+            except (OSError, TorchkitError):
+                # The cache deleted as the temporary was checked or renamed: the check's
+                # "cannot read", the rename's FileNotFoundError, meant that.
+                if _folder_id(target.parent) != begun:
+                    raise _cache_deleted(what) from None
+                raise
         validators = _validators(response.headers)
     _write_record(target, url, done, digest.hexdigest(), validators)
     seconds = time.perf_counter() - started
