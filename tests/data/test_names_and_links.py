@@ -379,3 +379,27 @@ def test_a_folder_link_inside_a_tar_class_is_not_entered_with_the_warning_on_dis
         assert f"Warning: {warning.format(data)}to a folder read already: cat/more" in (
             result.stderr.splitlines()
         )
+
+
+def test_tar_members_are_read_by_their_unpacked_paths_and_escaping_ones_said(tmp_path, caplog):
+    """`cat/../dog/e.png` counted as class cat, and members that would unpack outside the
+    archive's folder (`/abs/x.png`, `../up.png`) were left out without a word."""
+    members = [
+        ("cat/a.png", png(0)),
+        ("dog/c.png", png(1)),
+        ("/abs/x.png", png(2)),
+        ("../up.png", png(3)),
+        ("cat/../dog/e.png", png(4)),
+        ("cat/./f.png", png(5)),
+    ]
+    archive = _tar(tmp_path / "pets.tar", members)
+    with caplog.at_level("WARNING", logger="torchkit"):
+        source = open_data(str(archive))
+    assert source.classes == ["cat", "dog"]
+    assert source.whole.ids == ["cat/a.png", "cat/f.png", "dog/c.png", "dog/e.png"]
+    assert [source.classes[label] for label in source.whole.labels] == ["cat", "cat", "dog", "dog"]
+    assert [path.read_bytes() for path in source.whole.paths] == [png(i) for i in (0, 5, 1, 4)]
+    assert [record.getMessage() for record in caplog.records] == [
+        f"{archive}: 2 image members would unpack outside the archive's folder (an absolute "
+        "path, or one up through '..') and were left out: /abs/x.png, ../up.png"
+    ]

@@ -95,9 +95,10 @@ from torchkit.core.data.sources.source import (
 )
 from torchkit.core.data.sources.splitting import SPLIT_NAMES, refuse_mixed_splits
 from torchkit.core.data.stored_image import Stamp, StoredImage, check_unchanged, file_stamp
-from torchkit.core.io.errors import InputError, short_repr
+from torchkit.core.io.errors import InputError, first_and_more, short_repr
 from torchkit.core.io.file_kinds import file_kind
 from torchkit.core.io.files import read_text
+from torchkit.core.io.wording import counted
 from torchkit.core.runtime.fork_safe import ForkSafeLock
 
 log = logging.getLogger("torchkit")
@@ -1321,23 +1322,45 @@ def _open_folder_tar(
     """A `.tar` of an image folder, a split root or (unlabelled) flat images: the rules of
     `source._open_folder` (the class-folder rule, `DataSource.strays`), on the member paths."""
     # macOS tar stores extended attributes as `._NAME` members: never images.
-    names = [
+    stored = [
         name
         for name in (*listing.members, *listing.links)
         if is_image_file(name) and not is_apple_double(posixpath.basename(name))
     ]
-    folders = set(listing.folders) | {posixpath.dirname(name) for name in names}
+    # Each image by its path as unpacked (`cat/../dog/e.png` is dog/e.png, of class dog), and
+    # the member it is; one that would unpack outside the archive's folder (`/abs/x.png`,
+    # `../x.png`, which tar refuses or strips) is left out, said.
+    member_of: dict[str, str] = {}
+    outside = []
+    for name in stored:
+        unpacked = posixpath.normpath(name)
+        if _outside_archive(unpacked):
+            outside.append(name)
+        else:
+            member_of[unpacked] = name
+    if outside:
+        log.warning(
+            f"{spec}: {counted(len(outside), 'image member')} would unpack outside the "
+            "archive's folder (an absolute path, or one up through '..') and "
+            f"{'was' if len(outside) == 1 else 'were'} left out: {first_and_more(outside, 3)}"
+        )
+    names = list(member_of)
+    folders = {
+        folder
+        for folder in map(posixpath.normpath, listing.folders)
+        if folder != "." and not _outside_archive(folder)
+    } | {posixpath.dirname(name) for name in names}
     prefix = _wrapping_folder(spec, names, folders)
     if prefix:
         names = [name[len(prefix) :] for name in names]
         folders = {f[len(prefix) :] for f in folders if f.startswith(prefix)}
-    looping = sorted(name for name in names if prefix + name in listing.looped)
+    looping = sorted(name for name in names if member_of[prefix + name] in listing.looped)
     if looping:
         # No file missing but a broken archive (unpacked, a link to nothing): named, not read.
         first = looping[0]
         raise InputError(
-            f"{spec}:{first} -> {listing.looped[prefix + first]} is a link that leads round in "
-            "a loop of links, to no file"
+            f"{spec}:{first} -> {listing.looped[member_of[prefix + first]]} is a link that leads "
+            "round in a loop of links, to no file"
             + (f" (and {len(looping) - 1} more)" if len(looping) > 1 else ""),
             "remove the link, or point it at an image in the archive",
         )
@@ -1401,7 +1424,10 @@ def _open_folder_tar(
                 ends.append(len(chosen))
         if not chosen:
             raise no_images_error(f"{spec}:{base}" if base else spec)
-        located = [listing.locator(through.get(n, prefix + n)) for n in chosen]
+        located = [
+            listing.locator(member_of.get(full, full))
+            for full in (through.get(n, prefix + n) for n in chosen)
+        ]
         paths = [
             StoredImage(f"{archive}/{prefix}{n}", reader, where)
             for n, where in zip(chosen, located, strict=True)
@@ -1532,6 +1558,12 @@ def _class_folder_links(
             )
         found[name] = folder
     return found, sorted(unentered)
+
+
+def _outside_archive(path: str) -> bool:
+    """Whether a member's normalised path (`posixpath.normpath`) lies outside the folder the
+    archive unpacks into: absolute, or up through `..`."""
+    return path.startswith("/") or path == ".." or path.startswith("../")
 
 
 def _linked_class_images(class_links: dict[str, str], images: list[str]) -> dict[str, str]:
