@@ -6,6 +6,7 @@ train and eval still refuse it. Its image folders are inputs no output may land 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -51,3 +52,33 @@ def test_the_image_folders_of_a_partly_labelled_index_are_inputs(tmp_path):
     # some empty labels gave no folders, so an output could be written among its images.
     index = _partly_labelled_index(tmp_path)
     assert [item.path for item in data_inputs(index)] == [index, tmp_path / "images"]
+
+
+def test_of_a_split_index_only_the_split_holding_rows_without_a_label_is_unlabelled(
+    tmp_path, caplog, monkeypatch
+):
+    # As of split parquet files and shards: an unlabelled test split leaves train and val
+    # labelled, which train trains on (without testing best.pt); train or val is refused.
+    from torchkit.core.data.sources import open_labelled
+
+    for index in range(5):
+        Image.new("RGB", (4, 4), (index * 50, 0, 0)).save(tmp_path / f"{index}.png")
+    index = tmp_path / "index.csv"
+    index.write_text(
+        "path,label,split\n0.png,cat,train\n1.png,dog,train\n2.png,cat,val\n3.png,,test\n"
+        "4.png,dog,test\n"
+    )
+    monkeypatch.setattr(logging.getLogger("torchkit"), "propagate", True)  # the CLI's: False
+    with caplog.at_level("WARNING", logger="torchkit"):
+        source, refusal = open_labelled(index)
+    assert (
+        f"{index} has 1 row(s) without a label (line 5) among 4 labelled ones: the images of "
+        "its test split are read unlabelled"
+    ) in caplog.messages
+    assert refusal is not None and "1 row(s) with an empty label (line 5)" in str(refusal)
+    assert source.classes == ["cat", "dog", ""]
+    assert {name: (part.labels, part.has_unlabelled) for name, part in source.splits.items()} == {
+        "train": ([0, 1], False),
+        "val": ([0], False),
+        "test": ([2, 2], True),
+    }

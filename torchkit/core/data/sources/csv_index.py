@@ -530,14 +530,18 @@ def repeated_rows_warning(rows: IndexRows) -> str | None:
     )
 
 
-def unlabelled_rows_warning(rows: IndexRows) -> str:
-    """The warning for partly labelled rows (`IndexRows.unlabelled_lines`) read all unlabelled,
-    in the words shards and parquet files of some samples without a label are warned of."""
+def unlabelled_rows_warning(rows: IndexRows, splits: Sequence[str] = ()) -> str:
+    """The warning for partly labelled rows (`IndexRows.unlabelled_lines`) read unlabelled, in
+    the words shards and parquet files of some samples without a label are warned of: all of
+    them, or (`splits`) the rows of those splits."""
     lines = rows.unlabelled_lines
     labelled = sum(1 for label in rows.labels or () if label)
+    which = "its images"
+    if splits:
+        which = f"the images of its {', '.join(splits)} split{'s' if len(splits) > 1 else ''}"
     return (
         f"{rows.source} has {len(lines)} row(s) without a label (line {_lines(lines)}) among "
-        f"{labelled} labelled ones: its images are read unlabelled"
+        f"{labelled} labelled ones: {which} are read unlabelled"
     )
 
 

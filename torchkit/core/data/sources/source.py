@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchkit.core.data.sources.csv_index import (
+    IndexRows,
     absolute_paths,
     class_order,
     index_folder,
@@ -465,17 +466,17 @@ def csv_samples(
 ) -> Samples:
     """Every row of a CSV index, in file order (`splits` set when it has a split column).
     `allow_unlabelled`: rows without a label are taken, as unlabelled images; where only some
-    rows lack one, all are read unlabelled, with a warning, as partly labelled shards and
-    parquet files are (inside `partial_labels_kept`, the labels there are kept, the rows
-    without one of class "", the last)."""
+    rows lack one, all (of split data, the splits that hold such rows) are read unlabelled,
+    with a warning, as partly labelled shards and parquet files are (inside
+    `partial_labels_kept`, the labels there are kept, the rows without one of class "", the
+    last)."""
     rows = read_index_rows(path, labelled=not allow_unlabelled)
     source = rows.source
     repeated = repeated_rows_warning(rows)
     if repeated:
         log.warning(repeated)
     if rows.unlabelled_lines and not partial_labels_are_kept():
-        log.warning(unlabelled_rows_warning(rows))
-        rows.labels = None
+        _read_unlabelled(rows)
     if rows.labels is None:  # unlabelled images
         names, labels = [""], [0] * len(rows.paths)
     else:
@@ -509,6 +510,22 @@ def csv_samples(
         ids=list(rows.paths),
         splits=rows.splits,
     )
+
+
+def _read_unlabelled(rows: IndexRows) -> None:
+    """Partly labelled rows read unlabelled, with a warning, as shards and parquet files are:
+    all of them, or of split data the splits that hold rows without a label (an unlabelled
+    test split leaves train and val labelled, which train trains on)."""
+    assert rows.labels is not None
+    labels, splits = rows.labels, rows.splits
+    pairs = [] if splits is None else list(zip(splits, labels, strict=True))
+    missing = {split for split, label in pairs if not label}
+    if splits is None or missing >= set(splits):
+        log.warning(unlabelled_rows_warning(rows))
+        rows.labels = None
+        return
+    log.warning(unlabelled_rows_warning(rows, [s for s in SPLIT_NAMES if s in missing]))
+    rows.labels = ["" if split in missing else label for split, label in pairs]
 
 
 def _subfolders(path: Path) -> tuple[list[str], list[str]]:
