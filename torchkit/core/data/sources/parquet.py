@@ -640,7 +640,8 @@ def _read(
         names = _names(spec, root, labelled_files, chosen_splits)
     else:
         names = [""]
-    unlabelled_rows = {id(file): set(file.missing_labels()) for file in labelled_files}
+    # Kept partial labels: the rows of the labelled files without one (else there are none).
+    unlabelled_rows = {id(f): set(f.missing_labels()) for f in labelled_files} if keep else {}
     some_unlabelled = (
         keep
         and bool(labelled_files)
@@ -662,7 +663,7 @@ def _read(
     for index, file in enumerate(files):
         if id(file) in with_labels:
             labels = [find_class(index_of, x) if isinstance(x, str) else x for x in file.labels]
-            for row in unlabelled_rows[id(file)]:
+            for row in unlabelled_rows.get(id(file), ()):
                 labels[row] = len(names) - 1  # some_unlabelled: class ""
             file_names = names
         elif some_unlabelled:  # one list of names for every file
