@@ -13,6 +13,7 @@ import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from torchkit.core.data.image_files import opened_image
 from torchkit.core.io.errors import InputError, UsageError
@@ -405,18 +406,18 @@ def iso_sample_duration_at(
     sample's, as FFmpeg's timestamps count from the stream's start. None for a fragmented
     file (its samples are in its fragments), other formats, no sample at that time (within
     half a tick), or a structure that cannot be read."""
+    import numpy as np
+
     timing = iso_timing(path, container) if math.isfinite(start_s) and start_s >= 0 else None
     shown = timing and _iso_shown(timing.runs, timing.edits[:1] or None)
     if not shown or not shown[0]:
         return None
+    count, at, delta = timing.runs
     wanted = shown[1] + start_s * timing.timescale
-    for count, dts, delta, offset in timing.runs:
-        if delta <= 0:  # a sample of no duration is no frame's
-            continue
-        step = round((wanted - dts - offset) / delta)
-        if 0 <= step < count and abs(dts + offset + step * delta - wanted) <= 0.5:
-            return delta / timing.timescale
-    return None
+    steps = np.round((wanted - at) / np.maximum(delta, 1))
+    # a sample of no duration is no frame's
+    found = (delta > 0) & (steps >= 0) & (steps < count) & (abs(at + steps * delta - wanted) <= 0.5)
+    return float(delta[found][0]) / timing.timescale if found.any() else None
 
 
 def iso_edited_frame_count(path: str | os.PathLike, container: str | None) -> int | None:
@@ -431,18 +432,19 @@ def iso_edited_frame_count(path: str | os.PathLike, container: str | None) -> in
     if timing is None or not timing.edited:
         return None
     shown = _iso_shown(timing.runs, timing.edits)[0]
-    return None if shown == sum(count for count, _, _, _ in timing.runs) else shown
+    return None if shown == int(timing.runs[0].sum()) else shown
 
 
 @dataclass(frozen=True)
 class IsoTiming:
     """The sample times of an ISO file's first video track, in its `mdhd` timescale: runs of
-    (samples, the first one's decoding time, their `stts` delta, their `ctts` offset), and
-    the media time span [start, end) of each edit of its edit list that shows media
-    (`edited`: the file has an edit list; without one, its samples are all shown)."""
+    samples of one `stts` delta and one `ctts` offset, as three arrays (how many samples, the
+    first one's time, the delta from one to the next), and the media time span [start, end)
+    of each edit of its edit list that shows media (`edited`: the file has an edit list;
+    without one, its samples are all shown)."""
 
     timescale: int
-    runs: list[tuple[int, int, int, int]]
+    runs: tuple[Any, Any, Any]
     edits: list[tuple[int, int]]
     edited: bool
 
@@ -464,15 +466,15 @@ def iso_timing(path: str | os.PathLike, container: str | None) -> IsoTiming | No
                 return None
             scale = _iso_timescale(handle, _iso_child(handle, b"mdhd", *track[1]))
             movie_scale = _iso_timescale(handle, _iso_child(handle, b"mvhd", *moov))
-            deltas = _iso_entries(handle, _iso_child(handle, b"stts", *table), signed=False)
-            offsets = _iso_entries(handle, _iso_child(handle, b"ctts", *table), signed=True)
+            deltas = _iso_entries(handle, _iso_child(handle, b"stts", *table))
+            offsets = _iso_entries(handle, _iso_child(handle, b"ctts", *table))
             edit_box = _iso_child(handle, b"edts", *track[0])
             edit_list = edit_box and _iso_child(handle, b"elst", *edit_box)
             edits = _iso_edits(handle, edit_list) if edit_list else None
     except OSError:
         return None
-    runs = list(_iso_sample_runs(deltas, offsets))
-    if not scale or not runs:
+    runs = _iso_sample_runs(deltas, offsets)
+    if not scale or runs is None:
         return None
     spans = [
         (media, media + (duration * scale + movie_scale // 2) // movie_scale)  # rounded
@@ -510,62 +512,64 @@ def _iso_edits(handle, box: tuple[int, int]) -> list[tuple[int, int]] | None:
 
 
 def _iso_shown(
-    runs: list[tuple[int, int, int, int]], edits: list[tuple[int, int]] | None
+    runs: tuple[Any, Any, Any], edits: list[tuple[int, int]] | None
 ) -> tuple[int, int | None]:
     """(how many samples of `runs` the `edits` show, once for each edit, the earliest shown
     one's time); all samples where `edits` is None."""
-    spans = [(-math.inf, math.inf)] if edits is None else edits
+    import numpy as np
+
+    count, at, delta = runs
+    if edits is None:
+        return int(count.sum()), int(at.min())
     shown, first = 0, None
-    for start, end in spans:
-        for count, dts, delta, offset in runs:
-            at = dts + offset  # the run's first sample's time: each next one `delta` later
-            if delta <= 0:
-                low, high = (0, count) if start <= at < end else (0, 0)
-            else:
-                low = 0 if at >= start else min(count, -((at - start) // delta))
-                high = count if end == math.inf else max(0, min(count, -((at - end) // delta)))
-            if high > low:
-                shown += high - low
-                time = at + low * delta
-                first = time if first is None else min(first, time)
+    step = np.maximum(delta, 1)
+    for start, end in edits:
+        # the run's samples lie `delta` apart from `at`: those from `low` to `high` are shown
+        low = np.clip(-((at - start) // step), 0, count)
+        high = np.clip(-((at - end) // step), 0, count)
+        still = delta == 0  # all of a run of no duration or none
+        inside = (at >= start) & (at < end)
+        low, high = np.where(still, 0, low), np.where(still, np.where(inside, count, 0), high)
+        kept = high > low
+        if kept.any():
+            shown += int((high - low)[kept].sum())
+            earliest = int((at + low * delta)[kept].min())
+            first = earliest if first is None else min(first, earliest)
     return shown, first
 
 
-def _iso_entries(handle, box: tuple[int, int] | None, *, signed: bool) -> list[tuple[int, int]]:
-    """The (sample count, value) entries of an `stts` or `ctts` box (version and flags, the
-    entry count, then 8 bytes an entry); none for no box or a short one."""
+def _iso_entries(handle, box: tuple[int, int] | None) -> bytes:
+    """The entries of an `stts` or `ctts` box, 8 bytes each (after version and flags and the
+    entry count); none for no box or a short one."""
     entries = int.from_bytes(_iso_field(handle, box, 4), "big")
     data = _iso_field(handle, box, 8, 8 * entries)
-    if len(data) != 8 * entries:
-        return []
-    return [
-        (
-            int.from_bytes(data[at : at + 4], "big"),
-            int.from_bytes(data[at + 4 : at + 8], "big", signed=signed),
-        )
-        for at in range(0, len(data), 8)
-    ]
+    return data if len(data) == 8 * entries else b""
 
 
-def _iso_sample_runs(
-    deltas: list[tuple[int, int]], offsets: list[tuple[int, int]]
-) -> Iterator[tuple[int, int, int, int]]:
-    """Runs of samples of one `stts` delta and one `ctts` offset (0 past the `ctts` table's
-    samples, as for a track without one): (samples, the first one's decoding time, delta,
-    offset)."""
-    dts = 0
-    offset_runs = iter(offsets)
-    left, offset = 0, 0
-    for count, delta in deltas:
-        while count > 0:
-            if left == 0:
-                left, offset = next(offset_runs, (count, 0))
-                if left == 0:
-                    continue
-            run = min(count, left)
-            yield run, dts, delta, offset
-            dts += run * delta
-            count, left = count - run, left - run
+def _iso_sample_runs(deltas: bytes, offsets: bytes) -> tuple[Any, Any, Any] | None:
+    """Runs of samples of one `stts` delta and one `ctts` offset (signed, as FFmpeg reads it;
+    0 past the `ctts` table's samples, as for a track without one), as three arrays: how
+    many samples, the first one's time (its decoding time plus its offset), the delta. The
+    two tables' entries (each a count, then a delta or offset) are merged where either's
+    runs end, in NumPy: a long video's tables hold an entry a frame. None for no samples."""
+    import numpy as np
+
+    times = np.frombuffer(deltas, ">u4").reshape(-1, 2).astype(np.int64)
+    shifts = np.frombuffer(offsets, ">u4").reshape(-1, 2)
+    if not times[:, 0].any():
+        return None
+    time_ends = np.cumsum(times[:, 0])
+    shift_ends = np.cumsum(shifts[:, 0].astype(np.int64))
+    starts = np.sort(np.concatenate(([0], time_ends[:-1], shift_ends)))
+    starts = starts[(starts < time_ends[-1]) & np.append(True, starts[1:] != starts[:-1])]
+    count = np.diff(np.append(starts, time_ends[-1]))
+    entry = np.searchsorted(time_ends, starts, side="right")
+    first_dts = np.concatenate(([0], np.cumsum(times[:, 0] * times[:, 1])[:-1]))
+    delta = times[entry, 1]
+    dts = first_dts[entry] + (starts - (time_ends - times[:, 0])[entry]) * delta
+    shift_entry = np.searchsorted(shift_ends, starts, side="right")
+    signed = np.append(shifts[:, 1].astype(np.uint32).view(np.int32).astype(np.int64), 0)
+    return count, dts + signed[np.minimum(shift_entry, len(shifts))], delta
 
 
 def fragmented_frame_count(path: str | os.PathLike, container: str | None) -> int | None:
