@@ -1645,6 +1645,49 @@ def test_an_mp4_cut_by_its_edit_list_counts_the_frames_it_shows(tmp_path):
     assert code == 0 and row["frame_indices"] == [1, 5]
 
 
+def sample_table(*entries: tuple[int, int]) -> bytes:
+    """`stts` or `ctts` entries as the box holds them: a count, then a (signed) value."""
+    return b"".join(struct.pack(">Ii", count, value) for count, value in entries)
+
+
+@pytest.mark.parametrize(
+    ("times", "offsets", "runs", "edit", "shown"),
+    [
+        # B-frames: an offset a frame (times 1024, 3072, 2048, 1536, 2560)
+        (
+            [(5, 512)],
+            [(1, 1024), (1, 2560), (1, 1024), (1, 0), (1, 512)],
+            [(1, 1024, 512), (1, 3072, 512), (1, 2048, 512), (1, 1536, 512), (1, 2560, 512)],
+            (2048, 3072),
+            (2, 2048),
+        ),
+        # two deltas, offsets for 4 of 5 samples: times 5, 15, 25, 35, 50
+        ([(3, 10), (2, 20)], [(4, 5)], [(3, 5, 10), (1, 35, 20), (1, 50, 20)], (20, 40), (2, 25)),
+        # entries of no samples, a negative offset: times -5, 13, 23
+        (
+            [(0, 9), (3, 10)],
+            [(0, 7), (1, -5), (2, 3)],
+            [(1, -5, 10), (2, 13, 10)],
+            (-5, 20),
+            (2, -5),
+        ),
+        ([(3, 10)], [], [(3, 0, 10)], (5, 40), (2, 10)),  # no ctts: the decoding times
+    ],
+)
+def test_sample_times_are_merged_from_the_two_tables_and_counted_in_an_edit(
+    times, offsets, runs, edit, shown
+):
+    """A sample's time is its decoding time (stts) plus its composition offset (ctts), the
+    two tables' runs merged where either's end (NumPy); an edit [start, end) shows the
+    samples whose time lies in it."""
+    from torchkit.core.video.containers import _iso_sample_runs, _iso_shown
+
+    merged = _iso_sample_runs(sample_table(*times), sample_table(*offsets))
+    assert [tuple(int(v) for v in run) for run in zip(*merged, strict=True)] == runs
+    assert _iso_shown(merged, [edit]) == shown
+    assert _iso_shown(merged, None)[0] == sum(count for count, _ in times)
+
+
 def fragmented_copy(path: Path, **layout) -> Path:
     """A 5-frame MP4 in fragments (`fragmented_mp4`): 3 frames of 0.04 s, one of 2 s and a
     last of 0.04 s (2.16 s in all: an average of 2.31 fps, so 1 / fps is 0.432 s)."""
