@@ -45,3 +45,26 @@ def test_predict_and_eval_of_an_untrained_model_agree_run_to_run(tmp_path):
     assert [row["probability"] for row in first] == [row["probability"] for row in second]
     first, second = (_scores("eval", data, seed, "--num-classes", "2") for seed in (1, 2))
     assert first["loss"] == second["loss"] and first["per_class"] == second["per_class"]
+
+
+def test_a_build_on_the_gpu_is_seeded_and_the_callers_cuda_state_put_back(monkeypatch):
+    """torch.manual_seed seeds CUDA too (a build factory's weights made on the GPU come from
+    the seed), but only the CPU generator was saved and put back: a started CUDA's generators
+    were left at the build's seed. CUDA mocked: one started GPU, its generator a number."""
+    cuda = {"state": "the caller's", "seeded": []}
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": cuda["state"])
+
+    def set_rng_state(state, device="cuda"):
+        cuda["state"] = state
+
+    def manual_seed_all(seed):
+        cuda["seeded"].append(seed)
+        cuda["state"] = f"seed {seed}"
+
+    monkeypatch.setattr(torch.cuda, "set_rng_state", set_rng_state)
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", manual_seed_all)
+    spec = ModelSpec(model="convnet", allow_untrained=True, num_classes=2, image_size=8)
+    resolve_spec(spec, command="predict", predicting=True)
+    assert cuda == {"state": "the caller's", "seeded": [0]}

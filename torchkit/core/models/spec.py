@@ -164,14 +164,19 @@ def resolve_spec(
 
 @contextlib.contextmanager
 def _drawn_from(seed: int | None) -> Iterator[None]:
-    """With a seed, torch's CPU random numbers (what a model's random weights are drawn from)
-    start from it, and the caller's random state is put back afterwards."""
+    """With a seed, torch's random numbers (what a model's random weights are drawn from) start
+    from it, and the caller's random state is put back afterwards. `torch.manual_seed` seeds
+    every device: a `package.module:build` factory that makes its model on the GPU draws from
+    the seed too. The CUDA generators are put back where CUDA has started; where it has not,
+    it is not started here (seconds, on a run meant for the CPU) and its seed waits for it."""
     if seed is None:
         yield
         return
     import torch
 
-    with torch.random.fork_rng(devices=[]):
+    started = torch.cuda.is_initialized()
+    gpus = list(range(torch.cuda.device_count())) if started else []
+    with torch.random.fork_rng(devices=gpus, device_type="cuda"):
         torch.manual_seed(seed)
         yield
 
