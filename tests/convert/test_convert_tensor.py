@@ -244,6 +244,23 @@ def test_dict_of_tensors_needs_key_when_ambiguous(tmp_path):
     assert result.exit_code == 2 and "no key 'nope'" in result.stderr
 
 
+def test_a_checkpoint_whose_tensors_are_nested_is_not_said_to_hold_none(tmp_path):
+    """Before: a training checkpoint (tensors under `model`) was 'holds no tensors', as a file
+    with none at all, with no word of --key's reach or of `convert checkpoint`."""
+    checkpoint = {"epoch": 3, "model": {"conv.weight": torch.rand(2, 3, 1, 1)}}
+    torch.save(checkpoint, tmp_path / "best.pt")
+    torch.save({"epoch": 3, "lr": 0.1}, tmp_path / "plain.pt")
+    result = convert(tmp_path / "best.pt", tmp_path / "x.png")
+    assert result.exit_code == 1
+    line = error_line(result.stderr)
+    assert "holds its tensors inside nested dicts" in line and "keys are: epoch, model" in line
+    assert "torchkit convert checkpoint" in line
+    result = convert(tmp_path / "plain.pt", tmp_path / "x.png")
+    assert result.exit_code == 1
+    assert "holds no tensors (its keys are: epoch, lr)" in error_line(result.stderr)
+    assert not (tmp_path / "x.png").exists()
+
+
 @pytest.mark.parametrize("target", ["a.npy", "a.pt", "folder"])
 def test_key_where_no_tensor_is_read_or_named_is_refused(tmp_path, target):
     # --key names the tensor of a .pt/.safetensors source or of a .safetensors output: an image

@@ -318,10 +318,43 @@ def _pick_tensor(obj: Any, key: str | None, source: Path) -> Any:
     if len(tensors) == 1:
         return next(iter(tensors.values()))
     if not tensors:
-        raise InputError(f"{source} holds no tensors")
+        _refuse_dict_without_top_level_tensors(obj, source)
     raise UsageError(
         f"{source} holds {len(tensors)} tensors", "pick one with --key: " + ", ".join(tensors)
     )
+
+
+def _holds_tensors(obj: Any) -> bool:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return True
+    if isinstance(obj, Mapping):
+        return any(_holds_tensors(value) for value in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return any(_holds_tensors(value) for value in obj)
+    return False
+
+
+def _refuse_dict_without_top_level_tensors(obj: Mapping, source: Path) -> None:
+    """A training checkpoint or a nested state dict keeps its tensors below the top level,
+    where --key (a top-level name) cannot reach: saying it holds none sent users looking for a
+    broken file."""
+    if not obj:
+        raise InputError(f"{source} holds no tensors (it is empty)")
+    if not _holds_tensors(obj):
+        raise InputError(f"{source} holds no tensors (its keys are: {_listed_keys(obj)})")
+    raise InputError(
+        f"{source} holds its tensors inside nested dicts, not at the top level "
+        f"(its keys are: {_listed_keys(obj)})",
+        "a model checkpoint? `torchkit convert checkpoint` converts its weights; "
+        "--key picks a tensor at the top level only",
+    )
+
+
+def _listed_keys(obj: Mapping, limit: int = 12) -> str:
+    keys = [str(key) for key in obj]
+    return ", ".join(keys[:limit]) + (" ..." if len(keys) > limit else "")
 
 
 def _tensor_to_numpy(tensor: Any) -> Any:
