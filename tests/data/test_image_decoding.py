@@ -583,3 +583,40 @@ def test_a_16_bit_tiff_with_an_orientation_out_of_range_is_read_quietly(tmp_path
     with pytest.raises(OSError, match="OpenCV cannot decode"):
         load_image(path, "RGB")
     assert logging.getLogLevel() == level
+
+
+def _grey_with_alpha_png(grey: np.ndarray, alpha: np.ndarray) -> bytes:
+    """A 16-bit grey-with-alpha PNG (colour type 4), which neither PIL nor OpenCV writes."""
+    import struct
+    import zlib
+
+    height, width = grey.shape
+    samples = np.stack([grey, alpha], axis=-1).astype(">u2")
+    rows = b"".join(b"\0" + samples[y].tobytes() for y in range(height))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (
+            struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        )
+
+    header = struct.pack(">IIBBBBB", width, height, 16, 4, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )  # fmt: skip
+
+
+def test_a_16_bit_grey_with_alpha_png_is_scaled_as_16_bit_colour(tmp_path):
+    """PIL opens it as RGBA, keeping each sample's high byte: it is read at all 16 bits and
+    scaled, round(v / 257), as 16-bit grey and colour are; its grey is R, G and B (as PIL
+    gives it), so convert tensor keeps four 16-bit channels (docs/data.md)."""
+    grey = np.array([[386, 51528, 65535], [0, 257, 32896]], np.uint16)  # 386: high byte 1
+    alpha = np.array([[65535, 0, 1000], [200, 65535, 40000]], np.uint16)
+    path = tmp_path / "grey_alpha16.png"
+    path.write_bytes(_grey_with_alpha_png(grey, alpha))
+    eight = uint16_to_uint8(grey)
+    assert not np.array_equal(pil_stored(path, "L"), eight)  # PIL alone: the high byte
+    assert np.array_equal(np.asarray(load_image(path, "L")), eight)
+    assert np.array_equal(np.asarray(load_image(path, "RGB")), np.stack([eight] * 3, axis=-1))
+    assert np.array_equal(dataset_pixels(path), np.stack([eight] * 3, axis=-1))
+    assert np.array_equal(read_image(path).array, np.stack([grey, grey, grey, alpha], axis=-1))
