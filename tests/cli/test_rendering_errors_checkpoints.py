@@ -720,6 +720,21 @@ def test_extract_state_dict_from_the_usual_wrappers():
         extract_state_dict([1, 2])
 
 
+def test_an_empty_checkpoint_is_said_to_be_empty_not_given_an_empty_key_list(tmp_path):
+    """Before: 'cannot find model weights in the checkpoint (its top-level keys are: )' for an
+    empty state dict or .safetensors file, and the same blank list from convert checkpoint."""
+    with pytest.raises(CheckpointError, match=r"it is empty \(no keys\)"):
+        extract_state_dict({})
+    torch.save({}, tmp_path / "empty.pt")
+    result = run_torchkit_in_process(
+        "convert", "checkpoint", tmp_path / "empty.pt", tmp_path / "out.safetensors"
+    )
+    assert result.returncode == 1
+    line = error_line(result.stderr)
+    assert "it is empty (no keys)" in line and "keys are: )" not in line
+    assert not (tmp_path / "out.safetensors").exists()
+
+
 def test_load_weights_into_explains_the_mismatch():
     model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
     state = _state_dict()

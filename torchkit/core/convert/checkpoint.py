@@ -100,6 +100,8 @@ def _is_module(value: Any) -> bool:
 
 def _keys_hint(obj: Mapping) -> str:
     keys = [str(k) for k in obj]
+    if not keys:
+        return "it is empty (no keys): give the file the weights were saved to"
     return "its top-level keys are: " + ", ".join(keys[:12]) + (" ..." if len(keys) > 12 else "")
 
 

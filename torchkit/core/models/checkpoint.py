@@ -394,6 +394,11 @@ def extract_state_dict(obj: Any) -> dict:
     for key in (*MODEL_WEIGHT_KEYS, "model_ema"):
         if key in obj:
             return extract_state_dict(obj[key])
+    if not obj:  # an empty dict: no keys to list
+        raise CheckpointError(
+            "the checkpoint holds no model weights: it is empty (no keys)",
+            "give the file the model's weights were saved to",
+        )
     raise CheckpointError(
         "cannot find model weights in the checkpoint",
         f"its top-level keys are: {', '.join(map(str, list(obj)[:10]))}",
