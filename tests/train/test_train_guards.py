@@ -485,6 +485,29 @@ def test_resume_trains_with_the_new_lr_and_weight_decay_that_config_json_records
     assert (options["lr"], options["weight_decay"]) == (0.5, 0.001)
 
 
+def test_a_run_trained_with_amp_resumes_in_full_precision_with_no_amp(world, tmp_path, runner):
+    """--amp may change on resume, but a flag without a negation only turned it on: an fp16
+    run (a GradScaler) could not go on in float32 (`No such option: --no-amp`)."""
+    from torchkit.cli import app
+
+    out = tmp_path / "run"
+    first = runner.invoke(
+        app,
+        ["train", "--data", str(world / "data"), *FAST, "--epochs", "1", "--amp",
+         "--amp-dtype", "fp16", "--out", str(out)],
+    )  # fmt: skip
+    assert first.exit_code == 0, first.stderr
+    assert read_checkpoint(out / "last.pt")["scaler"] is not None
+    resumed = runner.invoke(
+        app, ["train", "--resume", str(out), "--trust-checkpoint", "--epochs", "2", "--no-amp"]
+    )
+    assert resumed.exit_code == 0, resumed.stderr
+    config = json.loads((out / "config.json").read_text())
+    assert (config["options"]["amp"], config["amp_dtype"]) == (False, "float32")
+    last = read_checkpoint(out / "last.pt")
+    assert last["epoch"] == 2 and last["scaler"] is None
+
+
 def test_load_optimizer_state_keeps_the_new_hyperparameters_and_the_old_moments():
     from torchkit.core.train.optim import load_optimizer_state
 

@@ -389,6 +389,7 @@ class TrainConfig:
     amp: bool = option(
         False,
         panel=OPTIM_PANEL,
+        flags=("--amp/--no-amp",),  # --no-amp: a run resumed in full precision
         help="Mixed precision: bf16, or fp16 with a GradScaler (CUDA and CPU).",
     )
     amp_dtype: str = option(
