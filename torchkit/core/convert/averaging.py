@@ -228,7 +228,7 @@ def write_average(
     checked = [require_input(path, what="checkpoint", kind="file") for path in sources]
     target = Path(destination)
     extension = output_extension(
-        target, to, OUTPUT_EXTENSIONS, ".pt (a checkpoint or a state dict, as read) or .safetensors"
+        target, to, OUTPUT_EXTENSIONS, ".safetensors (the weights alone) or .pt"
     )
     check_output_file(target, force, [InputPath.of(path, "checkpoint") for path in checked])
     averaged = average_checkpoints(
