@@ -510,6 +510,42 @@ def test_the_memory_an_export_needs_is_counted_for_its_format(monkeypatch, fmt, 
         run._check_batch_memory(*check, fmt=fmt, weight_bytes=652)
 
 
+class _Tokens(nn.Module):
+    """16 tokens of 8 channels from a 16 px image, mixed twice by 2 heads of attention:
+    through nn.MultiheadAttention, or F.scaled_dot_product_attention on heads split by hand."""
+
+    def __init__(self, by_module: bool):
+        super().__init__()
+        self.patches = nn.Conv2d(3, 8, 4, stride=4)
+        self.attention = nn.MultiheadAttention(8, 2, batch_first=True) if by_module else None
+        self.qkv = nn.Linear(8, 24)
+
+    def forward(self, x):
+        tokens = self.patches(x).flatten(2).transpose(1, 2)
+        for _ in range(2):  # two attention calls, as two blocks of a ViT
+            if self.attention is not None:
+                tokens = self.attention(tokens, tokens, tokens, need_weights=False)[0]
+            else:
+                q, k, v = self.qkv(tokens).unflatten(2, (3, 2, 4)).permute(2, 0, 3, 1, 4)
+                tokens = nn.functional.scaled_dot_product_attention(q, k, v)
+                tokens = tokens.transpose(1, 2).flatten(2)
+        return tokens.mean(1)
+
+
+@pytest.mark.parametrize("by_module", [True, False], ids=["MultiheadAttention", "sdpa"])
+def test_the_attention_matrix_is_counted_with_the_largest_layer_call(by_module):
+    """Before: the largest layer call alone; the heads x N x N matrix each attention call
+    holds is no layer's output, and the tracers keep every one (a small ViT's ONNX export held
+    2.1-2.2x the count, 1.0x with them)."""
+    from torchkit.core.export.run import _largest_call_bytes
+    from torchkit.core.summary.counting import MB, summarize
+
+    model = _Tokens(by_module).eval()
+    layer = summarize(model, [(1, 3, 16, 16)], count_flops=False, run_for_real=False)
+    matrices = 2 * (2 * 16 * 16 * 4)  # two calls of heads x queries x keys, float32
+    assert _largest_call_bytes(model, (3, 16, 16)) == int(layer.largest_call_mb * MB) + matrices
+
+
 def test_a_fixed_batch_of_1_is_verified_on_two_inputs(runner, world, tmp_path):
     out = tmp_path / "one.onnx"
     result, data = export(runner, *MODELS["convnet"](world["root"]), str(out), "--static-batch")
@@ -992,8 +1028,9 @@ def _traced_reads(model, example, onnx_too=True):
         lambda x: torch.nonzero(x > 0).shape[0],
         lambda x: x[x > 0].shape[0],
         lambda x: torch.where(x > 0)[0].shape[0],
+        lambda x: torch.arange(x.max()).shape[0],
     ],
-    ids=["nonzero", "mask", "where"],
+    ids=["nonzero", "mask", "where", "arange"],
 )
 def test_a_loop_counted_by_a_shape_of_the_inputs_values_is_a_read(count):
     """Before: not found (a shape read stopped the search), and the file adds the example's

@@ -306,16 +306,51 @@ def _verdict(verification: Verification | None, traced_input_values: list[str]) 
 
 def _largest_call_bytes(model: Any, sample: tuple[int, ...]) -> int:
     """What one layer holds at once for one image (its inputs and its output; summary's count
-    on the meta device, no real forward pass): 0 where the meta pass cannot count it."""
+    on the meta device, no real forward pass), plus the attention matrices of one image (heads
+    x N x N at each attention call: no layer's output, though each is held, and the tracers
+    keep every one): 0 where the meta pass cannot count it."""
     from torchkit.core.summary.counting import MB, is_script_module, summarize
 
     if is_script_module(model):  # summary would run it for real
         return 0
     try:
-        counted = summarize(model, [(1, *sample)], count_flops=False, run_for_real=False)
+        with _attention_matrices() as attention:
+            counted = summarize(model, [(1, *sample)], count_flops=False, run_for_real=False)
     except Exception:  # noqa: BLE001 - no estimate; the reference pass reports a real failure
         return 0
-    return int((counted.largest_call_mb or 0) * MB)
+    return int((counted.largest_call_mb or 0) * MB) + sum(attention)
+
+
+@contextlib.contextmanager
+def _attention_matrices():
+    """Around a forward pass: yields a list that receives the bytes of the attention matrix
+    (queries x keys for each head and sample) of each F.scaled_dot_product_attention and
+    nn.MultiheadAttention call, from the shapes at the call."""
+    import torch.nn.functional as F
+    from torch.overrides import TorchFunctionMode
+
+    found: list[int] = []
+
+    class AttentionMatrices(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            try:
+                if func is F.scaled_dot_product_attention:
+                    query, key = args[0], args[1] if len(args) > 1 else kwargs["key"]
+                    rows = math.prod(query.shape[:-1])  # (batch, heads, ..., queries)
+                    found.append(rows * key.shape[-2] * query.element_size())
+                elif func is F.multi_head_attention_forward:
+                    query, key = args[0], args[1]  # (L, N, E) or (L, E), sequence first
+                    heads = args[4] if len(args) > 4 else kwargs["num_heads"]
+                    samples = query.shape[1] if query.dim() == 3 else 1
+                    queries, keys = query.shape[0], key.shape[0]
+                    found.append(samples * heads * queries * keys * query.element_size())
+            except (IndexError, KeyError, AttributeError, TypeError):  # another signature
+                pass
+            return func(*args, **kwargs)
+
+    with AttentionMatrices():
+        yield found
 
 
 # What an export holds at its peak beyond what was in memory before it: a multiple of the batch
@@ -325,8 +360,11 @@ def _largest_call_bytes(model: Any, sample: tuple[int, ...]) -> int:
 # tracers run with autograd on (ONNX needs it: no_grad takes nn.MultiheadAttention's fast path,
 # which ONNX cannot export), keeping every layer's output: 3.3x the batch count (resnet18),
 # 1.1x (convnet); torch.export traces with fake tensors: 1.3x and 1.5x. Weights: 3.8-4.1x
-# (ONNX), 2.8-3.3x (.pt2), 0.4-2.7x (TorchScript). A transformer's attention holds more than
-# its layer calls show (a small ViT: 8-9x, 3.4x for .pt2), which the count cannot see.
+# (ONNX), 2.8-3.3x (.pt2), 0.4-2.7x (TorchScript). An attention call's matrices are no
+# layer's output, and the tracers keep every one: counted from the shapes at each call, a small
+# ViT (4 blocks of 4 heads, 224 px, -b 16 and 64) holds 0.96-1.01x the count (ONNX,
+# TorchScript) and 0.81-1.04x (.pt2), against 1.8-2.3x without them; vit_b_16 (ONNX, -b 1
+# and 4) 0.88x, where its growth per image was 4.3x the count without them.
 _PEAK_PER_BATCH = {fm.ONNX: 3.5, fm.TORCHSCRIPT: 3.5, fm.EXPORTED_PROGRAM: 1.6}
 _PEAK_PER_WEIGHTS = {fm.ONNX: 4.0, fm.TORCHSCRIPT: 3.0, fm.EXPORTED_PROGRAM: 3.5}
 
