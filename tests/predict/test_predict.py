@@ -224,6 +224,27 @@ def test_a_nul_separated_list_without_null_is_a_usage_error(runner, world):
         os.close(write)
 
 
+def test_a_line_separated_list_with_null_is_a_usage_error(runner, world):
+    """`find | predict m.pt - --null`: the whole list, line breaks and all, was one path, one
+    unreadable row on stdout and 'none of the 1 images could be read'. Refused before any row,
+    as the opposite slip is; a NUL-separated list (a name may hold a line break) still reads."""
+    from torchkit.core.io.errors import UsageError
+    from torchkit.core.io.path_lists import NulSeparated, PathStream
+
+    listed = "".join(f"{world['flat'] / name}\n" for name in ("a.png", "b.png"))
+    result = invoke(runner, world["ckpt"], "-", "--null", "--format", "csv", "-j", "0",
+                    input=listed)  # fmt: skip
+    assert result.exit_code == 2, result.stderr
+    line = error_line(result.stderr)
+    assert "separated by line breaks, not NUL bytes" in line and "drop --null" in line
+    assert result.stdout == ""
+    read, write = os.pipe()  # from a pipe: refused at the list's end, before any path is taken
+    os.write(write, listed.encode())
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe, pytest.raises(UsageError, match="drop --null"):
+        PathStream(NulSeparated(pipe), "image")
+
+
 def test_files_and_folders_together_name_every_image_unambiguously(runner, world):
     flat = world["flat"]
     result = invoke(

@@ -48,6 +48,7 @@ class PathStream:
             self._lines = iter([source.read()] if self._null else source)
         self._ready: deque[str] = deque()
         self._partial = b""  # the start of a line whose end has not come yet
+        self._seen_nul = False
         self._first_line = True
         self._ended = False
         self._read_until_ready()
@@ -83,6 +84,7 @@ class PathStream:
                 self._ended = True
             elif self._null:
                 text = line.encode("utf-8", "surrogateescape") if isinstance(line, str) else line
+                self._refuse_lines_for_null(text)
                 self._add_pieces(text + b"\0")
             else:
                 self._add(line)
@@ -91,6 +93,7 @@ class PathStream:
         if not data:
             self._ended = True
             if self._partial:  # a last line without its newline
+                self._refuse_lines_for_null(self._partial)
                 self._add(self._partial)
             return
         self._add_pieces(data)
@@ -98,6 +101,7 @@ class PathStream:
     def _add_pieces(self, data: bytes) -> None:
         """The paths that `data`, after what came before it, ends; keeps the start of the next."""
         self._refuse_nul(data)  # at once: a `find -print0` list is one "line" until its end
+        self._seen_nul = self._seen_nul or b"\0" in data
         lines = (self._partial + data).split(b"\0" if self._null else b"\n")
         self._partial = lines.pop()
         for line in lines:
@@ -110,6 +114,16 @@ class PathStream:
             raise UsageError(
                 "the paths on stdin are separated by NUL bytes (find -print0)",
                 "pass --null to read them so",
+            )
+
+    def _refuse_lines_for_null(self, rest: bytes) -> None:
+        """With --null, a whole list (`rest`: all that came, no NUL among it) holding line breaks:
+        the list of `find` (one path per line), which was read as one unreadable path whose
+        name held every line. `find -print0` ends each path, the last too, in a NUL."""
+        if self._null and not self._seen_nul and b"\0" not in rest and b"\n" in rest:
+            raise UsageError(
+                "the paths on stdin are separated by line breaks, not NUL bytes",
+                "drop --null to read one path per line",
             )
 
     def _add(self, line: bytes | str) -> None:
