@@ -29,6 +29,7 @@ from torchkit.core.io.outputs import (
     OutputOverlapError,
     check_output_file,
     lock_path,
+    marker_command,
 )
 from torchkit.core.runtime import distributed
 from torchkit.core.train.checkpoint_writer import CheckpointWriter
@@ -360,6 +361,9 @@ def _exists_hint(out: Path) -> str:
             "its run was stopped before its first checkpoint, so there is nothing to resume: "
             "pass --force to start it again, or choose another --out"
         )
+    if marker_command(out) != "train" and not any(os.path.lexists(out / n) for n in (LAST, BEST)):
+        # Not a run: --resume would find no last.pt, --force refuses what train did not write.
+        return "it is not a torchkit run folder: choose another --out, or empty it yourself"
     return (
         f"pass --resume {out} to continue that run, --force to overwrite it, "
         "or choose another --out"
