@@ -198,6 +198,13 @@ def test_data_completes_its_name_and_then_paths(monkeypatch, command):
             assert param.shell_complete(None, "pho") == []
 
 
+# The hint for a folder of the user's, which --force refuses too: "pass --force" was a dead end.
+NOT_TORCHKITS = (
+    "it was not written by torchkit, which --force does not replace: choose another folder, or "
+    "empty it yourself"
+)
+
+
 def test_argument_taken_as_out_beside_data_is_refused_naming_both(
     runner, make_image_folder, image_folder, tmp_path
 ):
@@ -214,7 +221,7 @@ def test_argument_taken_as_out_beside_data_is_refused_naming_both(
     )
     assert error_line(result.stderr, besides="nothing") == (
         f"Error: output folder already exists: {image_folder} ({rule}; to split {other_data} "
-        f"into {image_folder}: pass --force to replace the split in it)"
+        f"into {image_folder}: {NOT_TORCHKITS})"
     )
     assert sorted(path.relative_to(image_folder) for path in image_folder.rglob("*")) == before
     inside = other_data / "a"
@@ -226,8 +233,7 @@ def test_argument_taken_as_out_beside_data_is_refused_naming_both(
     # Given as --out, OUT was meant as OUT: the refusal says nothing of the argument.
     result = runner.invoke(app, ["split", "--data", str(other_data), "--out", str(image_folder)])
     assert error_line(result.stderr, besides="nothing") == (
-        f"Error: output folder already exists: {image_folder} (pass --force to replace the "
-        "split in it)"
+        f"Error: output folder already exists: {image_folder} ({NOT_TORCHKITS})"
     )
     help_text = " ".join(runner.invoke(app, ["split", "--help"]).stdout.split())
     assert "With --data the argument is OUT: `split raw --data raw2` splits raw2 into raw" in (
@@ -255,7 +261,7 @@ def test_extract_features_argument_taken_as_out_beside_data_is_refused_naming_bo
         assert result.exit_code == 1
         assert error_line(result.stderr, besides="nothing") == (
             f"Error: output folder already exists: {image_folder} ({rule}; to extract features "
-            f"of {other_data} into {image_folder}: pass --force to overwrite it)"
+            f"of {other_data} into {image_folder}: {NOT_TORCHKITS})"
         )
     assert sorted(path.relative_to(image_folder) for path in image_folder.rglob("*")) == before
     inside = other_data / "a"
@@ -268,7 +274,7 @@ def test_extract_features_argument_taken_as_out_beside_data_is_refused_naming_bo
     args = ["extract-features", str(model), "--data", str(other_data), "--out", str(image_folder)]
     result = runner.invoke(app, [*args, *CPU])
     assert error_line(result.stderr, besides="nothing") == (
-        f"Error: output folder already exists: {image_folder} (pass --force to overwrite it)"
+        f"Error: output folder already exists: {image_folder} ({NOT_TORCHKITS})"
     )
     help_text = " ".join(runner.invoke(app, ["extract-features", "--help"]).stdout.split())
     assert "With --data the argument after MODEL is OUT: `extract-features convnet raw --data" in (

@@ -215,6 +215,26 @@ def test_the_working_directory_its_parents_and_home_are_never_outputs(tmp_path, 
 # --force and the marker ------------------------------------------------------------------------
 
 
+def test_an_existing_folder_that_force_would_refuse_is_not_hinted_force(tmp_path):
+    """Before: 'output folder already exists: photos (pass --force to overwrite it)' for the
+    user's folder or another command's output, and --force was then refused: a dead end.
+    Where --force does replace the folder (an earlier output of the command), it still says so."""
+    user = tmp_path / "photos"
+    user.mkdir()
+    (user / "holiday.jpg").write_bytes(b"jpg")
+    with pytest.raises(OutputExistsError) as refused:
+        OutputFolder(user, command="eval")
+    assert "pass --force" not in str(refused.value)
+    assert "it was not written by torchkit, which --force does not replace" in str(refused.value)
+    trained = _old_run(tmp_path / "run")
+    (trained / MARKER).write_text('{"written_by": "torchkit", "command": "train"}\n')
+    with pytest.raises(OutputExistsError, match="holds torchkit train's output, which eval"):
+        OutputFolder(trained, command="eval")
+    with pytest.raises(OutputExistsError, match="already exists.*pass --force to overwrite it"):
+        OutputFolder(trained, command="train")
+    assert (user / "holiday.jpg").read_bytes() == b"jpg"
+
+
 def test_force_replaces_only_empty_or_torchkit_folders(tmp_path):
     user = tmp_path / "photos"
     user.mkdir()

@@ -92,7 +92,7 @@ def test_outputs_that_overlap_an_input_are_refused_and_nothing_is_touched(world)
         ([*DATA, "--out", "yolo", "--force"], world, "not empty and was not written by torchkit"),
         ([*DATA, "--out", "old"], world, "run folder already exists: old (pass --resume old"),
         # Not a run: the hint was --resume (no last.pt there) or --force (refused, as above).
-        ([*DATA, "--out", "mine"], world, "mine (it is not a torchkit run folder: choose"),
+        ([*DATA, "--out", "mine"], world, "mine (it was not written by torchkit, which --force"),
         (
             [*DATA, "--out", "new", "-o", "ds/summary.json"],
             world,

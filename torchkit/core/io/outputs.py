@@ -1329,7 +1329,10 @@ def check_replaceable(
         return False  # emptied by `OutputFolder` (`clear_killed_start`), its lock held
     if not force:
         raise OutputExistsError(
-            f"{what} already exists: {folder}", hint or "pass --force to overwrite it"
+            f"{what} already exists: {folder}",
+            hint
+            or force_refusal_hint(folder, known_files, command)
+            or "pass --force to overwrite it",
         )
     if not is_torchkit_folder(folder, known_files):
         raise OutputExistsError(
@@ -1346,6 +1349,27 @@ def check_replaceable(
     if owned is not None:  # the -o reports an earlier run of the command wrote there: its own
         refuse_foreign_entries(folder, (*owned, *recorded_reports(folder)), what=what)
     return True
+
+
+def force_refusal_hint(
+    folder: Path, known_files: Collection[str] = (), command: str | None = None
+) -> str | None:
+    """What to do about an existing folder that --force would refuse too (`check_replaceable`),
+    where "pass --force" sent the user to a second refusal: None where --force may replace it."""
+    if not folder.is_dir() or folder.is_symlink():
+        return None
+    if not is_torchkit_folder(folder, known_files):
+        return (
+            "it was not written by torchkit, which --force does not replace: choose another "
+            "folder, or empty it yourself"
+        )
+    other = marker_command(folder)
+    if command is not None and other is not None and other != command:
+        return (
+            f"it holds torchkit {other}'s output, which {command} --force does not replace: "
+            "choose another folder"
+        )
+    return None
 
 
 def refuse_foreign_entries(folder: Path, owned: Collection[str], *, what: str) -> None:

@@ -26,6 +26,7 @@ from torchkit.core.io.outputs import (
     check_not_protected,
     check_overlap,
     check_replaceable,
+    force_refusal_hint,
     marker_command,
     remove_tree,
     reporting_write_errors,
@@ -201,7 +202,8 @@ def _split_or_finish(
             out,
             force,
             what=WHAT,
-            hint="pass --force to replace the split in it",
+            hint=force_refusal_hint(out, command="split")
+            or "pass --force to replace the split in it",
         )
         if out.is_dir():
             refuse_files_not_written(out, set(options.names) | previous_split_names(out))

@@ -28,8 +28,8 @@ from torchkit.core.io.outputs import (
     OutputLockedError,
     OutputOverlapError,
     check_output_file,
+    force_refusal_hint,
     lock_path,
-    marker_command,
 )
 from torchkit.core.runtime import distributed
 from torchkit.core.train.checkpoint_writer import CheckpointWriter
@@ -361,9 +361,9 @@ def _exists_hint(out: Path) -> str:
             "its run was stopped before its first checkpoint, so there is nothing to resume: "
             "pass --force to start it again, or choose another --out"
         )
-    if marker_command(out) != "train" and not any(os.path.lexists(out / n) for n in (LAST, BEST)):
-        # Not a run: --resume would find no last.pt, --force refuses what train did not write.
-        return "it is not a torchkit run folder: choose another --out, or empty it yourself"
+    refused = force_refusal_hint(out, old_run_files(out), "train")
+    if refused is not None and not any(os.path.lexists(out / n) for n in (LAST, BEST)):
+        return refused  # not a run: --resume would find no last.pt, and --force is refused
     return (
         f"pass --resume {out} to continue that run, --force to overwrite it, "
         "or choose another --out"
