@@ -231,7 +231,10 @@ def test_an_existing_folder_that_force_would_refuse_is_not_hinted_force(tmp_path
     with pytest.raises(OutputExistsError, match="holds torchkit train's output, which eval"):
         OutputFolder(trained, command="eval")
     with pytest.raises(OutputExistsError, match="already exists.*pass --force to overwrite it"):
-        OutputFolder(trained, command="train")
+        OutputFolder(trained, command="train", owned=["result.json"])
+    (trained / "notes.txt").write_text("mine\n")  # which --force would refuse to delete
+    with pytest.raises(OutputExistsError, match="notes.txt that torchkit did not write, so --f"):
+        OutputFolder(trained, command="train", owned=["result.json"])
     assert (user / "holiday.jpg").read_bytes() == b"jpg"
 
 

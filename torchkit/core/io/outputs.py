@@ -1332,6 +1332,7 @@ def check_replaceable(
             f"{what} already exists: {folder}",
             hint
             or force_refusal_hint(folder, known_files, command)
+            or _foreign_entries_hint(folder, owned)
             or "pass --force to overwrite it",
         )
     if not is_torchkit_folder(folder, known_files):
@@ -1370,6 +1371,21 @@ def force_refusal_hint(
             "choose another folder"
         )
     return None
+
+
+def _foreign_entries_hint(folder: Path, owned: Collection[str] | None) -> str | None:
+    """The files of the user's in an earlier output, which --force refuses to delete with it
+    (`refuse_foreign_entries`): None where there are none."""
+    if owned is None:
+        return None
+    owned = (*owned, *recorded_reports(folder))
+    foreign = foreign_entries(folder, owned, top_level=(MARKER, WRITTEN_JOURNAL))
+    if not foreign:
+        return None
+    return (
+        f"it holds {_shown(folder / foreign[0])} that torchkit did not write, so --force is "
+        "refused too: move it out first, or choose another folder"
+    )
 
 
 def refuse_foreign_entries(folder: Path, owned: Collection[str], *, what: str) -> None:
