@@ -44,7 +44,6 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import re
 import stat
 import warnings
 from collections.abc import Iterator
@@ -174,10 +173,6 @@ def opened_image(
                 # Image.open(path) does, so messages and reports do not change from run to run.
                 raise UnidentifiedImageError(f"cannot identify image file {name!r}") from None
             with image:
-                if _libtiff_finds_bad_orientation(image):
-                    # Decoded now, libtiff's complaint kept off stderr: later loads are no-ops.
-                    with _stderr_lines_dropped(_BAD_ORIENTATION_LINE):
-                        image.load()
                 yield image
         except (MemoryError, *unreadable_image_errors()):
             raise  # out of memory is no fault of the file
@@ -185,58 +180,6 @@ def opened_image(
             if not _raised_by_pil(error):
                 raise
             raise DamagedImage(f"damaged image data ({type(error).__name__}: {error})") from error
-
-
-# What libtiff prints, straight to the process's stderr, for an Orientation tag outside 1..8.
-_BAD_ORIENTATION_LINE = re.compile(rb'[^\n]*Bad value \d+ for "Orientation" tag[^\n]*\n?')
-_stderr_lock = ForkSafeLock()
-
-
-def _libtiff_finds_bad_orientation(image: Any) -> bool:
-    """Whether loading an opened TIFF goes through libtiff (PIL's decoder of compressed TIFFs),
-    which prints a line to stderr for its Orientation tag outside 1..8 (its pixels are read as
-    stored all the same): not for 16-bit colour, which OpenCV decodes (`sixteen_bit_colour`)."""
-    if image.format != "TIFF" or not image.tile or image.tile[0][0] != "libtiff":
-        return False
-    return image.tag_v2.get(EXIF_ORIENTATION_TAG, 1) not in _ORIENTATIONS and not (
-        is_sixteen_bit_colour(image)
-    )
-
-
-@contextlib.contextmanager
-def _stderr_lines_dropped(pattern: re.Pattern) -> Iterator[None]:
-    """The process's stderr (file descriptor 2, where C libraries write) caught for the block,
-    then written out without the lines `pattern` matches: whatever else was written meanwhile,
-    by this thread or another, comes out after the block, nothing lost. One block at a time.
-    Where stderr cannot be caught (no descriptor 2), the block runs as it is."""
-    import sys
-    import tempfile
-
-    with _stderr_lock:
-        try:
-            if sys.stderr is not None:
-                sys.stderr.flush()
-            saved = os.dup(2)
-        except (OSError, ValueError):
-            saved = None
-        if saved is None:
-            yield
-            return
-        with tempfile.TemporaryFile() as caught:
-            os.dup2(caught.fileno(), 2)
-            try:
-                yield
-            finally:
-                if sys.stderr is not None:
-                    with contextlib.suppress(OSError, ValueError):
-                        sys.stderr.flush()
-                os.dup2(saved, 2)
-                os.close(saved)
-                caught.seek(0)
-                kept = pattern.sub(b"", caught.read())
-                with contextlib.suppress(OSError):
-                    while kept:
-                        kept = kept[os.write(2, kept) :]
 
 
 def _raised_by_pil(error: BaseException) -> bool:
