@@ -117,3 +117,55 @@ def test_a_cache_deleted_between_two_shards_downloads_is_one_line(tmp_path, monk
         "written) (run again; nothing of it was kept)"
     )
     assert not cache.exists()
+
+
+@pytest.mark.parametrize("checked_by", ["manifest", "whole tar"])
+@pytest.mark.parametrize("deleted_at", ["second chunk", "end of body"])
+def test_the_file_being_written_deleted_is_one_line(tmp_path, monkeypatch, checked_by, deleted_at):
+    """The download's temporary file deleted alone, its folder kept (a cleaner of hidden files):
+    the body was written on into the deleted file to its end, then failed at the rename with
+    "Error: FileNotFoundError: [Errno 2] ...", or, checked as a whole tar, "cannot read URL: No
+    such file or directory", while the message for a deleted cache names the file being written
+    too. It is that line now, the download stopped at the chunk it was deleted at."""
+    from torchkit.core.data.sources import http_shards
+    from torchkit.core.io.temporaries import temporary_stem
+
+    served, cache = tmp_path / "served", tmp_path / "cache"
+    served.mkdir()
+    data = _shard(served / "a-000000.tar", 2 * CHUNK + CHUNK // 2)  # read in 3 chunks, then b""
+    if checked_by == "manifest":
+        entry = {"name": "a-000000.tar", "bytes": len(data)}
+        entry["sha256"] = hashlib.sha256(data).hexdigest()
+        (served / "manifest.json").write_text(json.dumps({"shards": [entry]}))
+    read, after, deleted = http_shards._read, [], []
+    read_number = 2 if deleted_at == "second chunk" else 4
+
+    def deleting_the_temporary(response, url):
+        if not url.endswith(".tar"):  # a side file (manifest.json)
+            return read(response, url)
+        deleting_the_temporary.reads += 1
+        if deleting_the_temporary.reads == read_number:
+            for path in folder.iterdir():
+                if temporary_stem(path.name) == "a-000000.tar":
+                    path.unlink()
+                    deleted.append(path.name)
+        elif deleting_the_temporary.reads > read_number:
+            after.append(deleting_the_temporary.reads)
+        return read(response, url)
+
+    deleting_the_temporary.reads = 0
+    monkeypatch.setattr(http_shards, "_read", deleting_the_temporary)
+    with serving(served, cache, monkeypatch) as server:
+        spec = f"{server.url}/" if checked_by == "manifest" else f"{server.url}/a-000000.tar"
+        folder = http_shards.shard_cache_folder(server.url)
+        result = run_torchkit_in_process("dataset-stats", spec, "--workers", "0")
+    assert len(deleted) == 1
+    assert result.returncode == 1, result.stdout
+    assert error_line(result.stderr) == (
+        f"Error: cannot download {server.url}/a-000000.tar into {folder}: the cache was deleted "
+        "while torchkit used it (another program deleted the folder or the file being "
+        "written) (run again; nothing of it was kept)"
+    )
+    assert after == []  # stopped at the chunk it was deleted at, not read to its end
+    assert not (folder / "a-000000.tar").exists()
+    assert [name for name in os.listdir(folder) if temporary_stem(name)] == []

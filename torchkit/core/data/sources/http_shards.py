@@ -870,7 +870,6 @@ def _download_once(
         if want is not None and length is not None and length != want:
             raise _changed(url, f"the server has {length} bytes, manifest.json says {want}")
         checked = expected is not None and expected["sha256"] is not None
-        whole_tar = None if checked else lambda temporary: _check_whole_tar(url, temporary)
         # A body whose size the cache has no room for is refused before a byte of it is
         # written, not once it filled the disk. One of no size at all (no manifest.json size,
         # no Content-Length: close-delimited, chunked or encoded) is read up to that room: it
@@ -891,11 +890,20 @@ def _download_once(
             begun = _folder_id(target.parent)
             if begun is None:  # deleted since its lock was taken: never made again here
                 raise _cache_deleted(what)
+
+            def whole_tar(temporary: Path) -> None:
+                try:
+                    _check_whole_tar(url, temporary)
+                except InputError:  # "cannot read URL: No such file": the temporary deleted
+                    if not os.path.lexists(temporary):
+                        raise _cache_deleted(what) from None
+                    raise
+
             try:
                 with (
                     _reading(response, stop),
                     _writing_the_cache(),
-                    atomic_write(target, "wb", check=whole_tar) as handle,
+                    atomic_write(target, "wb", check=None if checked else whole_tar) as handle,
                 ):
                     while True:
                         if stop.is_set():
@@ -911,11 +919,15 @@ def _download_once(
                         claim.admit(len(chunk))
                         handle.write(chunk)
                         claim.wrote(len(chunk))
-                        # Its folder deleted (`rm -rf` of the cache, its claim with it):
-                        # written on, the temporary took room no claim shows, to be lost at
-                        # the rename. (A stat of the folder: st_nlink is not kept alike by
-                        # every file system.)
-                        if _folder_id(target.parent) != begun:
+                        # Its folder deleted (`rm -rf` of the cache, its claim with it), or
+                        # the temporary alone: written on, it took room no claim shows, to be
+                        # lost at the rename. (A stat of the folder: st_nlink of a folder is
+                        # not kept alike by every file system; a deleted file's is 0, but
+                        # NFS keeps it linked under another name until it is closed.)
+                        if (
+                            _folder_id(target.parent) != begun
+                            or os.fstat(handle.fileno()).st_nlink == 0
+                        ):
                             raise _cache_deleted(what)
                         digest.update(chunk)
                         done += len(chunk)
@@ -925,10 +937,12 @@ def _download_once(
                         raise _changed(url, f"{done} bytes downloaded, manifest.json says {want}")
                     if expected and expected["sha256"] and digest.hexdigest() != expected["sha256"]:
                         raise _changed(url, "its sha256 is not the one manifest.json records")
-            except (OSError, TorchkitError):
+            except (OSError, TorchkitError) as error:
                 # The cache deleted as the temporary was checked or renamed: the check's
-                # "cannot read", the rename's FileNotFoundError, meant that.
-                if _folder_id(target.parent) != begun:
+                # "cannot read", the rename's FileNotFoundError, meant that. In the folder
+                # still there, nothing else in this block raises FileNotFoundError: the
+                # temporary was deleted before the rename.
+                if _folder_id(target.parent) != begun or isinstance(error, FileNotFoundError):
                     raise _cache_deleted(what) from None
                 raise
         validators = _validators(response.headers)
