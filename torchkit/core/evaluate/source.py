@@ -122,6 +122,10 @@ def load_eval_samples(
                 f"--split {labelled[0]} scores a labelled split; predict reads unlabelled images",
             )
         raise unlabelled
+    if unlabelled is not None:
+        # The unlabelled split's class "" is no class of the labelled images scored: kept, it
+        # was a third output a model of two lacked, or a blank name in the class order.
+        samples = relabelled(samples, [name for name in source.classes if name], source.spec)
     used = split or _split_of(samples) or ("test" if source.splits else None)
     if classes:
         where = f"{source.spec} ({used})" if used else source.spec

@@ -205,6 +205,13 @@ def _labelled_splits(
                 f"the test split of {source.spec} has no labels: best.pt is not tested "
                 "(predict reads those images)"
             )
+        elif source.kind == "split csv":
+            # The CSV reader reads the whole split unlabelled for one empty label: its own
+            # error names the rows without one (a count of the split's images was wrong).
+            raise InputError(
+                f"the {name} split of {source.spec} has rows without a label: {unlabelled.message}",
+                unlabelled.hint,
+            )
         else:
             blank = samples.class_counts()[samples.classes.index("")]
             raise InputError(

@@ -1,0 +1,65 @@
+"""Split data of which one split has images without a label (a CSV index's empty labels, HF's
+unlabelled test split): the class "" those images are read as is no class of the labelled splits
+eval scores, and train's refusal of a training row without a label names its line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from nets import TinyNet
+from output_checks import error_line
+from PIL import Image
+from processes import run_torchkit_in_process
+
+
+def _split_index(folder: Path, empty_label_line: int) -> Path:
+    """A split index of 12 images, cat and dog in turn (train 6, val 3, test 3), whose row on
+    `empty_label_line` has an empty label (in `folder`/data)."""
+    folder = folder / "data"
+    folder.mkdir()
+    rows = ["path,label,split"]
+    for number in range(12):
+        Image.new("RGB", (4, 4), (number * 20, 0, 0)).save(folder / f"{number}.png")
+        split = "train" if number < 6 else "val" if number < 9 else "test"
+        label = "" if number + 2 == empty_label_line else ("cat", "dog")[number % 2]
+        rows.append(f"{number}.png,{label},{split}")
+    index = folder / "index.csv"
+    index.write_text("\n".join(rows) + "\n")
+    return index
+
+
+def test_eval_of_a_labelled_split_beside_a_split_without_labels_scores_the_named_classes(
+    tmp_path,
+):
+    # A model that records no class names, scored on val: the test split's class "" was a
+    # third class ('sorted as text they are , cat, dog': refused; shards: 'the model has 2
+    # outputs but the data has 3 classes (cat, dog, )').
+    index = _split_index(tmp_path, empty_label_line=13)  # a test row
+    weights = tmp_path / "tiny.pt"
+    torch.save(TinyNet(2).state_dict(), weights)
+    scored = run_torchkit_in_process(
+        "eval", "--model", "nets:TinyNet", "--weights", weights, "--data", index,
+        "--split", "val", "--image-size", "4", "-j", "0", "--format", "json",
+    )  # fmt: skip
+    assert scored.returncode == 0, scored.stderr
+    report = json.loads(scored.stdout)
+    assert report["classes"] == ["cat", "dog"] and report["num_classes"] == 2
+    assert report["num_images"] == 3
+    assert [row["label"] for row in report["per_class"]] == ["cat", "dog"]
+
+
+def test_train_refuses_a_training_row_without_a_label_naming_its_line(tmp_path):
+    # The train split was read unlabelled whole: 'the train split of I has 6 image(s) without
+    # a label', one row having none, and no line named (as train.md says it is).
+    index = _split_index(tmp_path, empty_label_line=5)
+    refused = run_torchkit_in_process(
+        "train", "--model", "nets:TinyNet", "--data", index, "--out", tmp_path / "run"
+    )
+    assert refused.returncode == 1
+    line = error_line(refused.stderr)
+    assert line.startswith(f"Error: the train split of {index} has rows without a label: ")
+    assert "1 row(s) with an empty label (line 5)" in line
+    assert "6 image(s)" not in line
+    assert not (tmp_path / "run").exists()
