@@ -169,3 +169,25 @@ def test_the_file_being_written_deleted_is_one_line(tmp_path, monkeypatch, check
     assert after == []  # stopped at the chunk it was deleted at, not read to its end
     assert not (folder / "a-000000.tar").exists()
     assert [name for name in os.listdir(folder) if temporary_stem(name)] == []
+
+
+def test_a_file_system_that_reports_no_link_count_downloads(tmp_path, monkeypatch):
+    """A file system that reports st_nlink 0 for every file (a FUSE one that fills no link
+    count) is not taken for one whose temporary was deleted: the download is kept."""
+    from torchkit.core.data.sources.http_shards import shard_cache_folder
+
+    served, cache = tmp_path / "served", tmp_path / "cache"
+    served.mkdir()
+    data = _shard(served / "a-000000.tar", 2 * CHUNK)
+    fstat = os.fstat
+
+    def no_link_count(fd):
+        info = fstat(fd)
+        return os.stat_result((info[:3] + (0,) + info[4:]), {})
+
+    with serving(served, cache, monkeypatch) as server:
+        folder = shard_cache_folder(server.url)
+        monkeypatch.setattr(os, "fstat", no_link_count)
+        result = run_torchkit_in_process("dataset-stats", f"{server.url}/a-000000.tar", "-j", "0")
+    assert "the cache was deleted" not in result.stderr  # read: its one member is no image
+    assert (folder / "a-000000.tar").read_bytes() == data

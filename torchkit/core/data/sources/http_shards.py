@@ -905,6 +905,9 @@ def _download_once(
                     _writing_the_cache(),
                     atomic_write(target, "wb", check=None if checked else whole_tar) as handle,
                 ):
+                    # Linked as it began: a file system that reports no link count (a FUSE
+                    # one may say 0) is never taken for one whose temporary was deleted.
+                    linked = os.fstat(handle.fileno()).st_nlink > 0
                     while True:
                         if stop.is_set():
                             raise _Stopped
@@ -924,9 +927,8 @@ def _download_once(
                         # lost at the rename. (A stat of the folder: st_nlink of a folder is
                         # not kept alike by every file system; a deleted file's is 0, but
                         # NFS keeps it linked under another name until it is closed.)
-                        if (
-                            _folder_id(target.parent) != begun
-                            or os.fstat(handle.fileno()).st_nlink == 0
+                        if _folder_id(target.parent) != begun or (
+                            linked and os.fstat(handle.fileno()).st_nlink == 0
                         ):
                             raise _cache_deleted(what)
                         digest.update(chunk)
