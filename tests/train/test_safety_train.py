@@ -93,6 +93,10 @@ def test_outputs_that_overlap_an_input_are_refused_and_nothing_is_touched(world)
         ([*DATA, "--out", "old"], world, "run folder already exists: old (pass --resume old"),
         # Not a run: the hint was --resume (no last.pt there) or --force (refused, as above).
         ([*DATA, "--out", "mine"], world, "mine (it was not written by torchkit, which --force"),
+        # Another trainer's last.pt: --resume is refused (not torchkit's), and so is --force.
+        ([*DATA, "--out", "yolo"], world, "yolo (it was not written by torchkit, which --force"),
+        # A run holding files of the user's: --resume goes on, --force refuses to delete them.
+        ([*DATA, "--out", "old"], world, "it holds old/stats.json that torchkit did not write"),
         (
             [*DATA, "--out", "new", "-o", "ds/summary.json"],
             world,

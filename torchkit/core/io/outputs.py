@@ -1332,7 +1332,7 @@ def check_replaceable(
             f"{what} already exists: {folder}",
             hint
             or force_refusal_hint(folder, known_files, command)
-            or _foreign_entries_hint(folder, owned)
+            or foreign_entries_hint(folder, owned)
             or "pass --force to overwrite it",
         )
     if not is_torchkit_folder(folder, known_files):
@@ -1373,7 +1373,7 @@ def force_refusal_hint(
     return None
 
 
-def _foreign_entries_hint(folder: Path, owned: Collection[str] | None) -> str | None:
+def foreign_entries_hint(folder: Path, owned: Collection[str] | None) -> str | None:
     """The files of the user's in an earlier output, which --force refuses to delete with it
     (`refuse_foreign_entries`): None where there are none."""
     if owned is None:

@@ -29,7 +29,9 @@ from torchkit.core.io.outputs import (
     OutputOverlapError,
     check_output_file,
     force_refusal_hint,
+    foreign_entries_hint,
     lock_path,
+    marker_command,
 )
 from torchkit.core.runtime import distributed
 from torchkit.core.train.checkpoint_writer import CheckpointWriter
@@ -132,7 +134,7 @@ class RunFolder:
                     known_files=old_run_files(out),
                     what="run folder",
                     resume=in_place,
-                    exists_hint=_exists_hint(out),
+                    exists_hint=_exists_hint(out, self._owned(out)),
                     start_files=START_FILES,
                     owned=RUN_OUTPUTS,
                     # The summary -o writes into the run folder is this run's to replace.
@@ -151,6 +153,14 @@ class RunFolder:
         if in_place:  # a run killed while its files were written left their temporaries
             remove_stale_temporaries(out, is_run_file)
         return out, in_place
+
+    def _owned(self, out: Path) -> tuple[str, ...]:
+        """What --force replaces in `out`: a run's files, and the -o summary this run writes
+        into it (as `OutputFolder` counts them)."""
+        from torchkit.core.io.folder_contents import exact_pattern, path_inside
+
+        inside = None if self.output_file is None else path_inside(self.output_file, out)
+        return (*RUN_OUTPUTS, *([exact_pattern(inside.as_posix())] if inside else []))
 
     def _out_path(self, plan: RunPlan) -> tuple[Path, bool]:
         """The run folder, and whether it continues the resumed run in place."""
@@ -353,17 +363,23 @@ def option_inputs(config: TrainConfig) -> list[InputPath]:
     )
 
 
-def _exists_hint(out: Path) -> str:
+def _exists_hint(out: Path, owned: Collection[str]) -> str:
     """What to do about an existing run folder: one killed before its first checkpoint has
-    nothing to continue, where `--resume` would only say it holds no last.pt."""
+    nothing to continue, where `--resume` would only say it holds no last.pt; a folder that is
+    no run (another trainer's last.pt too) has neither way on; a run holding a file of the
+    user's (not in `owned`) is continued, but --force refuses to delete that file with it."""
     if stopped_before_first_checkpoint(out):
         return (
             "its run was stopped before its first checkpoint, so there is nothing to resume: "
             "pass --force to start it again, or choose another --out"
         )
-    refused = force_refusal_hint(out, old_run_files(out), "train")
-    if refused is not None and not any(os.path.lexists(out / n) for n in (LAST, BEST)):
-        return refused  # not a run: --resume would find no last.pt, and --force is refused
+    if marker_command(out) != "train" and not old_run_files(out):
+        refused = force_refusal_hint(out, (), "train")
+        if refused is not None:  # --resume finds no run's last.pt, and --force is refused
+            return refused
+    foreign = foreign_entries_hint(out, owned)
+    if foreign is not None:
+        return f"pass --resume {out} to continue that run, or choose another --out; {foreign}"
     return (
         f"pass --resume {out} to continue that run, --force to overwrite it, "
         "or choose another --out"
