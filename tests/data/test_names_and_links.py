@@ -403,3 +403,37 @@ def test_tar_members_are_read_by_their_unpacked_paths_and_escaping_ones_said(tmp
         f"{archive}: 2 image members would unpack outside the archive's folder (an absolute "
         "path, or one up through '..') and were left out: /abs/x.png, ../up.png"
     ]
+
+
+def test_a_tar_link_reaches_a_member_stored_under_another_spelling_of_its_path(tmp_path):
+    """A member stored as `dog/./c.png` (or `dog//c.png`) is dog/c.png once unpacked, and a
+    link to it (`dog/s.png` -> `c.png`) an image there too: it was 'a link to a member the
+    archive does not hold', skipped as unreadable."""
+    members = [
+        ("cat/a.png", png(0)),
+        ("cat/b.png", png(1)),
+        ("dog/./c.png", png(2)),
+        ("dog//d.png", png(3)),
+        ("dog/s.png", "->c.png"),
+        ("dog/t.png", "->./d.png"),
+    ]
+    source = open_data(str(_tar(tmp_path / "pets.tar", members)))
+    assert source.whole.ids == [
+        f"{c}.png" for c in ("cat/a", "cat/b", "dog/c", "dog/d", "dog/s", "dog/t")
+    ]
+    assert [path.read_bytes() for path in source.whole.paths[4:]] == [png(2), png(3)]
+
+
+def test_a_tar_link_stored_under_another_spelling_of_its_path_is_named_in_the_hint(tmp_path):
+    """`cat/./s.png` -> `../dog/c.png`, one file in two classes: the hint said to remove one
+    of two names of a file (hard links), missing the link by its unpacked path cat/s.png."""
+    members = [
+        ("cat/a.png", png(0)),
+        ("dog/c.png", png(1)),
+        ("cat/./s.png", "->../dog/c.png"),
+    ]
+    archive = _tar(tmp_path / "pets.tar", members)
+    assert _refused(archive) == (
+        f"{archive}:cat/s.png and {archive}:dog/c.png are one file in two classes, cat and dog "
+        f"(an image has one label: remove the link {archive}:cat/s.png -> dog/c.png)"
+    )

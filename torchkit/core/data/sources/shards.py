@@ -358,16 +358,26 @@ def _link_ends(
     straight to a member: one lookup each."""
     ends: dict[str, str | None] = {}
     looped: dict[str, str] = {}
+    respelled: dict[str, str] | None = None  # made at the first link that misses a member
     for name, target in links.items():
         at: str | None = target
         hops = 0
         while at is not None and at not in members:
-            at = _one_link_on(at, links)
+            if respelled is None:
+                respelled = _respelled_members(members)
+            at = respelled.get(at) or _one_link_on(at, links)
             hops += 1
             if hops > _MOST_LINKS:
                 looped[name], at = target, None
         ends[name] = at
     return ends, looped
+
+
+def _respelled_members(members: dict[str, tuple[int, int]]) -> dict[str, str]:
+    """The members stored under a name `posixpath.normpath` spells otherwise (`dog/./c.png`,
+    `dog//c.png`), by that spelling: the file a link's target (normalised) names once
+    unpacked. Where two such names are one file, the last, as unpacking leaves it."""
+    return {posixpath.normpath(name): name for name in members if "//" in name or "/." in name}
 
 
 def _folder_link_ends(
@@ -1379,9 +1389,10 @@ def _open_folder_tar(
     # Per split folder read ("" = the archive's root), its images by class as
     # `refuse_one_file_in_two_places` takes them: each numbered by its data's offset.
     numbered: dict[str, list[tuple[str, Numbered]]] = {}
+    # By the links' unpacked paths, as the images are named (`cat/./s.png` is cat/s.png).
     links = {
         name[len(prefix) :]: target
-        for name, target in listing.links.items()
+        for name, target in ((posixpath.normpath(n), t) for n, t in listing.links.items())
         if name.startswith(prefix)
     }
     links.update(class_links)
