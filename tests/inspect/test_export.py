@@ -1172,6 +1172,36 @@ def test_a_read_in_torchs_own_code_is_named_where_torch_makes_it(tmp_path):
         assert "not_in_shortlist" in linecache.getline(filename, int(line))
 
 
+class _ChecksItsSize(nn.Module):
+    """Checks its input's height with torch._assert, as torchvision's ViT and timm's patch
+    embeddings do: a shape check, the same for every input of the exported shape."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 2, 3)
+
+    def forward(self, x):
+        torch._assert(x.shape[2] == 8, "expected 8 px")
+        return self.conv(x).mean((2, 3))
+
+
+@pytest.mark.parametrize("fmt", [ONNX, TORCHSCRIPT])
+def test_a_shape_check_in_torchs_own_code_is_no_tracer_warning(tmp_path, caplog, fmt):
+    """Before: 'tracing for onnx warned: Converting a tensor to a Python boolean' for every
+    export of torchvision's ViT: the look for reads makes each read itself, so the tracer
+    named that line in torchkit, which is no library's, instead of torch._assert's."""
+    from torchkit.core.export.writing import write_onnx, write_torchscript
+
+    out = tmp_path / f"checked{SUFFIX[fmt]}"
+    kwargs = {"target": out, "dynamic": True, "metadata": {"arch": "checked"}}
+    with caplog.at_level("WARNING", logger="torchkit"):
+        if fmt == ONNX:
+            reads = write_onnx(_ChecksItsSize(), torch.randn(2, 3, 8, 8), out, opset=18, **kwargs)
+        else:
+            reads = write_torchscript(_ChecksItsSize(), torch.randn(2, 3, 8, 8), out, **kwargs)
+    assert reads == [] and caplog.messages == []
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_attention_models_export_like_vit(runner, world, tmp_path, monkeypatch, fmt):
     monkeypatch.chdir(world["root"])

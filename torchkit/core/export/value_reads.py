@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -178,6 +179,9 @@ def input_values_read(example: Any) -> Iterator[list[str]]:
                 place = _caller_place() if dependent else None
                 if place is not None and place not in places:  # a line run again, in a loop
                     places.append(place)
+            if state is not None and (watched or func is torch.Tensor.__len__):
+                with _warnings_at(_caller_frame(func)):  # the reads the tracer warns of
+                    return func(*args, **(kwargs or {}))
             return func(*args, **(kwargs or {}))
 
     try:
@@ -186,6 +190,41 @@ def input_values_read(example: Any) -> Iterator[list[str]]:
     finally:
         traced[:] = [None, None]  # keeps no tracing state alive
         known.clear()
+
+
+def _caller_frame(func: Any) -> Any:
+    """The frame that called `func` (seen from the torch-function mode's handler): the next
+    one out for a C function (`bool(x)`), past torch's dispatch (overrides.py) and `func`'s
+    own frame for one written in Python (`len(x)`)."""
+    dispatch = os.path.join("torch", "overrides.py")
+    own = getattr(func, "__code__", None)
+    frame = sys._getframe(2)
+    while frame.f_back is not None and (
+        frame.f_code.co_filename.endswith(dispatch) or frame.f_code is own
+    ):
+        frame = frame.f_back
+    return frame
+
+
+@contextlib.contextmanager
+def _warnings_at(caller: Any) -> Iterator[None]:
+    """A read made in the torch-function mode warns (the tracer's "Converting a tensor to a
+    Python boolean") at the mode's line, which is no library's: torch._assert's shape check in
+    torchvision's ViT and timm's patch embeddings became a tracer warning for the user. Such
+    warnings are given again at `caller`'s line, where they would be without the mode."""
+    here = os.path.abspath(__file__)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            yield
+        finally:
+            warnings_made = list(caught)
+    for item in warnings_made:
+        if os.path.abspath(item.filename) == here:
+            filename, lineno = caller.f_code.co_filename, caller.f_lineno
+        else:
+            filename, lineno = item.filename, item.lineno
+        warnings.warn_explicit(item.message, item.category, filename, lineno)
 
 
 def _listed_sizes(args: tuple, kwargs: dict | None) -> bool:
