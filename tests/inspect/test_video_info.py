@@ -1688,6 +1688,101 @@ def test_sample_times_are_merged_from_the_two_tables_and_counted_in_an_edit(
     assert _iso_shown(merged, None)[0] == sum(count for count, _ in times)
 
 
+def with_box(data: bytes, path: tuple[bytes, ...], payload: bytes) -> bytes:
+    """`data` with the box at `path` (its types, from the top level) holding `payload`, the
+    boxes around it resized (an OpenCV MP4: its moov last, so no chunk offset moves)."""
+    boxes, parent = [], None
+    for kind in path:
+        parent = _iso_box(data, kind, parent)
+        boxes.append(parent)
+    start, end = boxes[-1]
+    grow = 8 + len(payload) - (end - start)
+    size = struct.pack(">I", 8 + len(payload))
+    out = bytearray(data[:start] + size + data[start + 4 : start + 8] + payload + data[end:])
+    for box_start, _ in boxes[:-1]:
+        struct.pack_into(">I", out, box_start, struct.unpack_from(">I", out, box_start)[0] + grow)
+    return bytes(out)
+
+
+EDIT_LIST = (b"moov", b"trak", b"edts", b"elst")
+TIMES = (b"moov", b"trak", b"mdia", b"minf", b"stbl", b"stts")
+MOVIE_SCALE = ("the mvhd timescale, set to 0",)
+
+
+def edit_list(count: int, *edits: tuple[int, int], version: int = 0) -> bytes:
+    """An `elst` payload: version, flags, an entry `count` (as given, right or not), then
+    each (duration, media time) at rate 1."""
+    entry = ">QqI" if version else ">IiI"
+    return struct.pack(">BxxxI", version, count) + b"".join(
+        struct.pack(entry, duration, media, 0x10000) for duration, media in edits
+    )
+
+
+def sample_count(samples: int, delta: int) -> bytes:
+    """An `stts` payload of one entry: `samples` samples `delta` apart."""
+    return struct.pack(">III", 0, 1, samples) + struct.pack(">I", delta)
+
+
+@pytest.mark.parametrize(
+    ("boxes", "frames"),
+    [
+        # no entries: no edit list (every frame), where it showed none (0 frames, ok)
+        (lambda v, m: [(EDIT_LIST, edit_list(0))], 10),
+        # the entries the box holds, whatever its count says (0 frames; all 10)
+        (lambda v, m: [(EDIT_LIST, edit_list(0, (7 * v, 3 * m)))], 7),
+        (lambda v, m: [(EDIT_LIST, edit_list(2, (7 * v, 3 * m)))], 7),
+        # the 10 samples stsz lists, whatever stts adds up to: cut (12 shown), or its last
+        # delta lasting to them (3 shown)
+        (
+            lambda v, m: [(EDIT_LIST, edit_list(1, (12 * v, 3 * m))), (TIMES, sample_count(15, m))],
+            7,
+        ),
+        (lambda v, m: [(EDIT_LIST, edit_list(1, (12 * v, 3 * m))), (TIMES, sample_count(6, m))], 7),
+        # an empty edit after one that shows frames shows those from time -1 (4 shown)
+        (lambda v, m: [(EDIT_LIST, edit_list(2, (4 * v, 0), (2 * v, -1)))], 6),
+        # an edit ending past the largest time FFmpeg holds shows none (an error row's
+        # 'Python int too large to convert to C long')
+        (lambda v, m: [(EDIT_LIST, edit_list(1, (1 << 62, 0), version=1))], 0),
+        # a movie timescale of 0 is 1: 1 s from frame 3 (10 frames: the edit list unread)
+        (lambda v, m: [(MOVIE_SCALE, b""), (EDIT_LIST, edit_list(1, (1, 3 * m)))], 7),
+    ],
+    ids=[
+        "no-entries",
+        "count-0",
+        "count-2",
+        "stts-15",
+        "stts-6",
+        "later-empty",
+        "past-int64",
+        "movie-timescale-0",
+    ],
+)
+def test_an_mp4_edit_list_is_read_as_ffmpeg_reads_it(tmp_path, boxes, frames):
+    """A 10-frame MP4 (25 fps) whose edit list, sample times or timescale are rewritten:
+    the frames counted are those FFmpeg's MP4 reader shows (OpenCV decodes as many)."""
+    path = tmp_path / "edited.mp4"
+    if not write_video(path, "mp4v", 16, 16, 25, 10):
+        pytest.skip("this OpenCV cannot write mp4v")
+    data = path.read_bytes()
+    moov = _iso_box(data, b"moov", None)
+    mdhd = _iso_box(data, b"mdhd", _iso_box(data, b"mdia", _iso_box(data, b"trak", moov)))
+    mvhd = _iso_box(data, b"mvhd", moov)
+    media, movie = (struct.unpack_from(">I", data, box[0] + 20)[0] for box in (mdhd, mvhd))
+    for box, payload in boxes(movie // 25, media // 25):
+        if box is MOVIE_SCALE:
+            data = data[: mvhd[0] + 20] + bytes(4) + data[mvhd[0] + 24 :]
+        else:
+            data = with_box(data, box, payload)
+    path.write_bytes(data)
+    info = probe_video(path)
+    assert info.frames_header == frames
+    assert (info.status, info.error) == (
+        ("ok", None)
+        if frames
+        else ("unreadable", "empty video: it holds no frames (its header declares none)")
+    )
+
+
 def fragmented_copy(path: Path, **layout) -> Path:
     """A 5-frame MP4 in fragments (`fragmented_mp4`): 3 frames of 0.04 s, one of 2 s and a
     last of 0.04 s (2.16 s in all: an average of 2.31 fps, so 1 / fps is 0.432 s)."""

@@ -426,13 +426,13 @@ def iso_edited_frame_count(path: str | os.PathLike, container: str | None) -> in
     once for each edit (the others it reads from the key frame before an edit's start are
     decoded and dropped). A clip cut without re-encoding (`ffmpeg -ss 0.5 -c copy`, a
     player's Trim) keeps every sample and shows those of its edit. None where it shows each
-    sample once (the track's count, as FFmpeg gives it), for a file without an edit list, a
-    fragmented one, other formats, or a structure that cannot be read."""
+    sample once (the `stts` count, as FFmpeg's header gives it), for a file without an edit
+    list, a fragmented one, other formats, or a structure that cannot be read."""
     timing = iso_timing(path, container)
     if timing is None or not timing.edited:
         return None
     shown = _iso_shown(timing.runs, timing.edits)[0]
-    return None if shown == int(timing.runs[0].sum()) else shown
+    return None if shown == timing.listed else shown
 
 
 @dataclass(frozen=True)
@@ -441,20 +441,27 @@ class IsoTiming:
     samples of one `stts` delta and one `ctts` offset, as three arrays (how many samples, the
     first one's time, the delta from one to the next), and the media time span [start, end)
     of each edit of its edit list that shows media (`edited`: the file has an edit list;
-    without one, its samples are all shown)."""
+    without one, its samples are all shown). `listed`: the samples its `stts` lists (FFmpeg's
+    header count), which may differ from the samples the runs hold (its `stsz` count)."""
 
     timescale: int
     runs: tuple[Any, Any, Any]
     edits: list[tuple[int, int]]
     edited: bool
+    listed: int
 
 
 def iso_timing(path: str | os.PathLike, container: str | None) -> IsoTiming | None:
     """`IsoTiming` of an unfragmented MP4/MOV/3GP file's first video track: a sample's time
     is its decoding time plus its `ctts` offset, signed as FFmpeg reads it, which an edit's
     media time is compared with; an edit's duration is in the `mvhd` timescale. Runs of the
-    two tables are walked together, not sample by sample. None for a fragmented file, other
-    formats, or a structure that cannot be read."""
+    two tables are walked together, not sample by sample. As FFmpeg indexes them, the samples
+    are those the `stsz` (or `stz2`) box counts, whatever the `stts` entries add up to, and an
+    empty edit (media time -1) after one that shows media shows media from time -1 (before
+    one, it only delays the track). None for a fragmented file, other formats, or a structure
+    that cannot be read."""
+    import numpy as np
+
     if not iso_lists_every_frame(path, container):
         return None
     try:
@@ -468,39 +475,49 @@ def iso_timing(path: str | os.PathLike, container: str | None) -> IsoTiming | No
             movie_scale = _iso_timescale(handle, _iso_child(handle, b"mvhd", *moov))
             deltas = _iso_entries(handle, _iso_child(handle, b"stts", *table))
             offsets = _iso_entries(handle, _iso_child(handle, b"ctts", *table))
+            sizes = _iso_child(handle, b"stsz", *table) or _iso_child(handle, b"stz2", *table)
+            # stsz: version and flags, the sample size, then the count; stz2: its field size
+            samples = _iso_field(handle, sizes, 8)
             edit_box = _iso_child(handle, b"edts", *track[0])
             edit_list = edit_box and _iso_child(handle, b"elst", *edit_box)
             edits = _iso_edits(handle, edit_list) if edit_list else None
     except OSError:
         return None
-    runs = _iso_sample_runs(deltas, offsets)
+    count = int.from_bytes(samples, "big") if len(samples) == 4 else None
+    runs = _iso_sample_runs(deltas, offsets, count)
     if not scale or runs is None:
         return None
-    spans = [
-        (media, media + (duration * scale + movie_scale // 2) // movie_scale)  # rounded
-        for duration, media in (edits or [])
-        if media != -1 and movie_scale
-    ]
-    return IsoTiming(scale, runs, spans, edits is not None and bool(movie_scale))
+    spans: list[tuple[int, int]] = []
+    for duration, media in (edits or []) if movie_scale else ():
+        if media != -1 or spans:
+            shown = (duration * scale + movie_scale // 2) // movie_scale  # rounded
+            # an edit that would end past the largest time FFmpeg holds shows nothing there
+            spans.append((media, media + shown if media + shown < 1 << 63 else media))
+    listed = int(np.frombuffer(deltas, ">u4")[::2].sum(dtype=np.int64))
+    return IsoTiming(scale, runs, spans, edits is not None and bool(movie_scale), listed)
 
 
 def _iso_timescale(handle, header: tuple[int, int] | None) -> int:
     """The timescale of an `mdhd` or `mvhd` box (after version and flags, two times of 4
-    bytes, 8 in version 1); 0 where it is not there."""
+    bytes, 8 in version 1); 0 where it is not there. One of 0, or negative as FFmpeg reads
+    it (a signed 32-bit number), is 1, as FFmpeg takes it."""
     version = _iso_field(handle, header, 0, 1)
     scale = _iso_field(handle, header, 20 if version == b"\x01" else 12)
-    return int.from_bytes(scale, "big") if len(scale) == 4 else 0
+    if len(scale) != 4:
+        return 0
+    return max(int.from_bytes(scale, "big", signed=True), 0) or 1
 
 
 def _iso_edits(handle, box: tuple[int, int]) -> list[tuple[int, int]] | None:
     """The (duration, media time) of each entry of an `elst` box (version and flags, the
     entry count, then per entry its duration and signed media time, 4 bytes each or, in
-    version 1, 8, and its rate); None for a short box."""
+    version 1, 8, and its rate): as FFmpeg reads them, the whole entries the box holds,
+    whatever its entry count says; None for none (no edit list)."""
     wide = _iso_field(handle, box, 0, 1) == b"\x01"
     size = 8 if wide else 4
-    entries = int.from_bytes(_iso_field(handle, box, 4), "big")
-    data = _iso_field(handle, box, 8, (2 * size + 4) * entries)
-    if len(data) != (2 * size + 4) * entries:
+    data = _iso_field(handle, box, 8, box[1] - box[0])
+    data = data[: len(data) - len(data) % (2 * size + 4)]
+    if not data:
         return None
     return [
         (
@@ -546,15 +563,23 @@ def _iso_entries(handle, box: tuple[int, int] | None) -> bytes:
     return data if len(data) == 8 * entries else b""
 
 
-def _iso_sample_runs(deltas: bytes, offsets: bytes) -> tuple[Any, Any, Any] | None:
+def _iso_sample_runs(
+    deltas: bytes, offsets: bytes, samples: int | None = None
+) -> tuple[Any, Any, Any] | None:
     """Runs of samples of one `stts` delta and one `ctts` offset (signed, as FFmpeg reads it;
     0 past the `ctts` table's samples, as for a track without one), as three arrays: how
     many samples, the first one's time (its decoding time plus its offset), the delta. The
     two tables' entries (each a count, then a delta or offset) are merged where either's
-    runs end, in NumPy: a long video's tables hold an entry a frame. None for no samples."""
+    runs end, in NumPy: a long video's tables hold an entry a frame. `samples`: the track's
+    sample count (`stsz`), where FFmpeg ends the `stts` runs, or lasts its last delta to
+    (None: the `stts` count). None for no samples."""
     import numpy as np
 
     times = np.frombuffer(deltas, ">u4").reshape(-1, 2).astype(np.int64)
+    if samples is not None and len(times):
+        ends = np.minimum(np.cumsum(times[:, 0]), samples)
+        times[:, 0] = np.diff(ends, prepend=0)
+        times[-1, 0] += samples - ends[-1]
     shifts = np.frombuffer(offsets, ">u4").reshape(-1, 2)
     if not times[:, 0].any():
         return None
