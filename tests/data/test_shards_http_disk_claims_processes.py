@@ -574,3 +574,80 @@ def test_a_claims_lock_file_deleted_while_held_is_not_trusted(tmp_path, monkeypa
             os.close(said)
             os.kill(child, signal.SIGKILL)
             os.waitpid(child, 0)
+
+
+def test_an_empty_claim_file_being_made_beside_a_lock_deleted_while_held_is_skipped(
+    tmp_path, monkeypatch
+):
+    """A process whose claims' lock file was deleted while it held it makes its claim file
+    (made, flocked, then written) at the same moment as a newcomer under the new lock reads
+    the claims: the newcomer found it empty and ended in "it holds no claim torchkit wrote",
+    the whole run failed (four processes taking claims while the lock file was deleted every
+    0.5 ms: three of them failed so within 4 s). An empty one is skipped now: its maker finds
+    its lock gone as it lets go of it, and takes its claim again beside this one."""
+    import fcntl
+
+    from torchkit.core.data.sources import http_shards
+
+    monkeypatch.setattr(http_shards, "_free_bytes", lambda folder: 100_000)
+    monkeypatch.delenv("TORCHKIT_CACHE_LIMIT", raising=False)
+    folder = tmp_path / "cache" / "shards" / "f"
+    folder.mkdir(parents=True)
+    claims = tmp_path / "cache" / ".download-claims"
+    claims.mkdir()
+    being_made = claims / "7-made.claim"
+    fd = os.open(being_made, os.O_RDWR | os.O_CREAT | os.O_EXCL)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # as its maker holds it, before writing it
+        size = (60_000, "its Content-Length is")
+        with http_shards._CLAIMS.claim("http://h/a-000000.tar", folder, size) as claim:
+            assert claim.take(threading.Event()) is None
+            assert _claim_files(tmp_path / "cache") == sorted([claim.file.name, being_made.name])
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("reader", ["looks at it", "deletes it"])
+def test_a_claim_file_a_reader_under_another_lock_takes_for_dead_is_made_again(
+    tmp_path, monkeypatch, reader
+):
+    """A process under a claims' lock file deleted while held (or a newcomer under the new one,
+    beside such a process) reads the claims just as this one makes its file, before its flock:
+    it takes the file's flock to see whether its process lives (this one's flock then failed:
+    "cannot use CACHE/.download-claims ...: Resource temporarily unavailable", the run ended),
+    and, finding it free, deletes it (this one's claim then counted by no process: its room
+    taken twice). The claim is made again now, and shows."""
+    import fcntl
+
+    from torchkit.core.data.sources import http_shards
+
+    monkeypatch.setattr(http_shards, "_free_bytes", lambda folder: 100_000)
+    monkeypatch.delenv("TORCHKIT_CACHE_LIMIT", raising=False)
+    folder = tmp_path / "cache" / "shards" / "f"
+    folder.mkdir(parents=True)
+    opened, made = http_shards.open_unshared, []
+
+    def read_as_made(path, flags, *mode):
+        fd = opened(path, flags, *mode)
+        if str(path).endswith(".claim") and flags & os.O_CREAT and not made:
+            made.append(path)
+            other = os.open(path, os.O_RDONLY)  # as the reader in another process
+            fcntl.flock(other, fcntl.LOCK_SH | fcntl.LOCK_NB)  # free: taken for a dead claim
+            if reader == "deletes it":
+                os.unlink(path)
+                os.close(other)
+            else:  # held as this one takes its flock
+                made.append(other)
+        return fd
+
+    monkeypatch.setattr(http_shards, "open_unshared", read_as_made)
+    size = (60_000, "its Content-Length is")
+    try:
+        with http_shards._CLAIMS.claim("http://h/a-000000.tar", folder, size) as claim:
+            assert claim.take(threading.Event()) is None
+            assert claim.file != made[0]
+            assert _claim_files(tmp_path / "cache") == [claim.file.name]
+    finally:
+        if len(made) == 2:
+            os.close(made[1])
+    assert _claim_files(tmp_path / "cache") == []

@@ -1406,7 +1406,9 @@ def _claims_of_others(claim: _Claim, mine: set[str]) -> list[_Foreign]:
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:  # its process holds it: a claim in flight
-                found.append(_read_claim(fd, path))
+                held = _read_claim(fd, path)
+                if held is not None:
+                    found.append(held)
                 continue
             with contextlib.suppress(OSError):
                 os.unlink(path)
@@ -1424,11 +1426,18 @@ def _unreadable_claim(path: Path, why: str) -> InputError:
     )
 
 
-def _read_claim(fd: int, path: Path) -> _Foreign:
-    """The claim the file `path` (open as `fd`) records: its size (None: a body of no known
-    size) and the bytes written so far."""
+def _read_claim(fd: int, path: Path) -> _Foreign | None:
+    """The claim the file `path` (open as `fd`, held by its process) records: its size (None:
+    a body of no known size) and the bytes written so far. None where it is empty: being made
+    (made, flocked, then written, in one step under the claims' lock) by a process whose lock
+    file was deleted while it held it, at the same moment as this one reads under another:
+    one of the two finds its lock gone as it lets go of it, and takes its step again
+    (`_ClaimsLockLost`), the other's claim then counted."""
     try:
-        record = json.loads(os.pread(fd, 1 << 16, 0))
+        data = os.pread(fd, 1 << 16, 0)
+        if not data:
+            return None
+        record = json.loads(data)
         size, written = record["size"], record["written"]
         if not (size is None or _is_index(size)) or not _is_index(written):
             raise ValueError
@@ -1466,7 +1475,17 @@ def _make_claim_file(claim: _Claim) -> None:
     claim.file = claims / f"{os.getpid()}-{os.urandom(8).hex()}.claim"
     try:
         claim.fd = open_unshared(claim.file, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
-        fcntl.flock(claim.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # new: no process holds it
+        try:
+            fcntl.flock(claim.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # new: no process holds it
+            taken_for_dead = not _is_at(claim.fd, claim.file)
+        except BlockingIOError:
+            taken_for_dead = True
+        if taken_for_dead:
+            # Another process read the claims as this one made it, before its flock (one of
+            # the two under a claims' lock file deleted while held): it held the file's flock
+            # to see whether its process lives, or, finding it free, deleted it (the claim
+            # counted by no process). Made again, as a lock found lost (`take`'s step).
+            raise _ClaimsLockLost
         os.pwrite(claim.fd, _claim_record(claim), 0)
     except OSError as error:
         _delete_claim_file(claim)
