@@ -427,12 +427,13 @@ def iso_edited_frame_count(path: str | os.PathLike, container: str | None) -> in
     decoded and dropped). A clip cut without re-encoding (`ffmpeg -ss 0.5 -c copy`, a
     player's Trim) keeps every sample and shows those of its edit. None where it shows each
     sample once (the `stts` count, as FFmpeg's header gives it), for a file without an edit
-    list, a fragmented one, other formats, or a structure that cannot be read."""
+    list, a fragmented one, other formats, or a structure that cannot be read, or an edit
+    list too long to count at its size (`_iso_shown`)."""
     timing = iso_timing(path, container)
     if timing is None or not timing.edited:
         return None
-    shown = _iso_shown(timing.runs, timing.edits)[0]
-    return None if shown == timing.listed else shown
+    shown = _iso_shown(timing.runs, timing.edits)
+    return None if shown is None or shown[0] == timing.listed else shown[0]
 
 
 @dataclass(frozen=True)
@@ -528,16 +529,31 @@ def _iso_edits(handle, box: tuple[int, int]) -> list[tuple[int, int]] | None:
     ]
 
 
+# A few edits are counted one at a time over every run. More (thousands of edits of a long
+# B-frame video took minutes, edits times runs) are counted on the sample times, sorted once,
+# up to _MAX_SORTED_SAMPLES of them (3 arrays of 16 MiB: 9.7 hours at 60 fps); past that,
+# one at a time again up to _EDIT_RUN_PAIRS edits times runs (about a second).
+_FEW_EDITS = 8
+_MAX_SORTED_SAMPLES = 1 << 21
+_EDIT_RUN_PAIRS = 1 << 26
+
+
 def _iso_shown(
     runs: tuple[Any, Any, Any], edits: list[tuple[int, int]] | None
-) -> tuple[int, int | None]:
+) -> tuple[int, int | None] | None:
     """(how many samples of `runs` the `edits` show, once for each edit, the earliest shown
-    one's time); all samples where `edits` is None."""
+    one's time); all samples where `edits` is None. None for more edits and samples than
+    can be counted in about a second (`_EDIT_RUN_PAIRS`)."""
     import numpy as np
 
     count, at, delta = runs
     if edits is None:
         return int(count.sum()), int(at.min())
+    if len(edits) > _FEW_EDITS:
+        if int(count.sum()) <= _MAX_SORTED_SAMPLES:
+            return _iso_shown_sorted(runs, edits)
+        if len(edits) * len(count) > _EDIT_RUN_PAIRS:
+            return None
     shown, first = 0, None
     step = np.maximum(delta, 1)
     for start, end in edits:
@@ -553,6 +569,29 @@ def _iso_shown(
             earliest = int((at + low * delta)[kept].min())
             first = earliest if first is None else min(first, earliest)
     return shown, first
+
+
+def _iso_shown_sorted(
+    runs: tuple[Any, Any, Any], edits: list[tuple[int, int]]
+) -> tuple[int, int | None]:
+    """`_iso_shown` for many edits: every sample's time, sorted, and each edit's first and
+    last shown sample found by bisection, in time that grows as the samples and edits do,
+    not as their product."""
+    import numpy as np
+
+    count, at, delta = runs
+    # sample n of a run whose first is sample f lies at its time plus (n - f) deltas
+    times = np.repeat(at - (np.cumsum(count) - count) * delta, count)
+    steps = np.arange(len(times))
+    steps *= np.repeat(delta, count)
+    times += steps
+    times.sort()
+    spans = np.array(edits, dtype=np.int64).reshape(-1, 2)
+    low, high = np.searchsorted(times, spans[:, 0]), np.searchsorted(times, spans[:, 1])
+    kept = high > low
+    if not kept.any():
+        return 0, None
+    return int((high - low)[kept].sum()), int(times[low[kept]].min())
 
 
 def _iso_entries(handle, box: tuple[int, int] | None) -> bytes:
