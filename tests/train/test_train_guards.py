@@ -502,10 +502,18 @@ def test_a_run_trained_with_amp_resumes_in_full_precision_with_no_amp(world, tmp
         app, ["train", "--resume", str(out), "--trust-checkpoint", "--epochs", "2", "--no-amp"]
     )
     assert resumed.exit_code == 0, resumed.stderr
+    # The run's own --amp-dtype, not given again, is no option of this invocation to warn of.
+    assert "has no effect" not in resumed.stderr
     config = json.loads((out / "config.json").read_text())
     assert (config["options"]["amp"], config["amp_dtype"]) == (False, "float32")
     last = read_checkpoint(out / "last.pt")
     assert last["epoch"] == 2 and last["scaler"] is None
+    # Given again for nothing, it is warned of (the run has nothing left to train).
+    again = runner.invoke(
+        app, ["train", "--resume", str(out), "--trust-checkpoint", "--amp-dtype", "bf16"]
+    )
+    assert again.exit_code == 0, again.stderr
+    assert "--amp-dtype bf16 has no effect: only --amp uses it" in again.stderr
 
 
 def test_load_optimizer_state_keeps_the_new_hyperparameters_and_the_old_moments():

@@ -28,10 +28,8 @@ def merge_for_resume(
     CheckpointError naming both values; --weights is a UsageError.
     """
     base = TrainConfig.from_dict(with_pre_option_values(saved))
-    defaults = TrainConfig()
     known = TRAIN_OPTIONS.keys()
-    if overrides is None:
-        overrides = [name for name in known if getattr(config, name) != getattr(defaults, name)]
+    overrides = given_options(config, overrides)
     changes: dict[str, Any] = {}
     for name in overrides:
         if name in IGNORED_ON_RESUME or name not in known:
@@ -69,6 +67,15 @@ def merge_for_resume(
         if name in base.data_defaults and name not in changes:
             setattr(merged, name, None)  # chosen again where the run goes on
     return merged
+
+
+def given_options(config: TrainConfig, overrides: Collection[str] | None) -> list[str]:
+    """The options given again to a resumed run: `overrides`, or (None) those of `config` that
+    differ from the defaults."""
+    if overrides is not None:
+        return list(overrides)
+    defaults = TrainConfig()
+    return [name for name in TRAIN_OPTIONS if getattr(config, name) != getattr(defaults, name)]
 
 
 # Both set the head/backbone ratio (only one may be given): one given again replaces the run's.

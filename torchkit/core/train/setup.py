@@ -44,7 +44,7 @@ from torchkit.core.train.resume import (
     restore_training,
     resume_point,
 )
-from torchkit.core.train.resume_merge import merge_for_resume
+from torchkit.core.train.resume_merge import given_options, merge_for_resume
 from torchkit.core.train.state import Amp, TrainState
 from torchkit.core.train.timeline import RunTimeline
 from torchkit.core.train.validation import resolve_defaults
@@ -70,14 +70,21 @@ def plan_run(requested: TrainConfig, overrides) -> RunPlan:
     again; None: those that differ from the defaults). A new run imports no torch here, but for
     a checkpoint given as --weights or --model, whose recorded mean/std it reads."""
     config, resumed_from, checkpoint = requested, None, None
+    not_given: list[str] = []
     if config.resume:
         resumed_from, checkpoint = load_for_resume(config.resume)
         config = merge_for_resume(checkpoint["config"], config, overrides)
+        # The run's own values were warned of when it started (and --no-amp makes its
+        # --amp-dtype unused without that value being given for nothing).
+        given = set(given_options(requested, overrides))
+        not_given = [name for name in TRAIN_OPTIONS if name not in given]
         as_trained = mean_std_as_trained(checkpoint, str(resumed_from))
         if as_trained is not None:  # an older googlenet's transform_input, as eval feeds it
             config = dataclasses.replace(config, mean=as_trained[0], std=as_trained[1])
     model_file = _model_file(config)
-    config = resolve_defaults(config, is_digits=config.data == DIGITS, ahead=model_file)
+    config = resolve_defaults(
+        config, is_digits=config.data == DIGITS, ahead=model_file, not_given=not_given
+    )
     return RunPlan(config, resumed_from, checkpoint, model_file)
 
 

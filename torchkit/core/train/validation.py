@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
@@ -58,13 +58,18 @@ PREPROCESS_OPTIONS = ("image_size", "resize_size", "mean", "std", "interpolation
 
 
 def resolve_defaults(
-    config: TrainConfig, *, is_digits: bool, ahead: ReadAhead | None = None
+    config: TrainConfig,
+    *,
+    is_digits: bool,
+    ahead: ReadAhead | None = None,
+    not_given: Collection[str] = (),
 ) -> TrainConfig:
     """Fill the None options from the data and from what the model's weights were trained on
     (the input size, resize, mean/std, interpolation and crop mode a torchkit checkpoint
     records, or a timm model's pretrained config gives, weights loaded or not; mean/std 0.5 for
     torchvision's googlenet and inception_v3 weights); the names filled go into
-    `data_defaults`. `ahead` reads the model's checkpoint, once for the model built later."""
+    `data_defaults`. `ahead` reads the model's checkpoint, once for the model built later;
+    `not_given`: see `validate`."""
     from torchkit.core.data.preprocessing import IMAGENET_MEAN, IMAGENET_STD, resize_for_crop
     from torchkit.core.models.builders import (
         TRANSFORM_INPUT_MEAN_STD,
@@ -108,7 +113,7 @@ def resolve_defaults(
     resolved.data_defaults = tuple(
         sorted(set(config.data_defaults) | set(chosen) | set(normalization))
     )
-    validate(resolved)
+    validate(resolved, not_given=not_given)
     return resolved
 
 
@@ -172,9 +177,11 @@ def three_channels(
     return tuple(values) * 3 if len(values) == 1 else tuple(values)
 
 
-def validate(config: TrainConfig) -> None:
+def validate(config: TrainConfig, *, not_given: Collection[str] = ()) -> None:
     """Refuse contradictory or out-of-range options before anything is loaded; warn of
-    options that work against each other."""
+    options that work against each other. `not_given`: options this invocation did not give (a
+    resumed run's own values), whose lack of effect is not warned of (`--no-amp` on a run
+    trained with `--amp-dtype fp16`: that value is the run's, not an option given for nothing)."""
 
     def bad(message: str, hint: str | None = None) -> None:
         raise UsageError(message, hint)
@@ -423,6 +430,8 @@ def validate(config: TrainConfig) -> None:
         )
     if not config.find_lr:  # --find-lr has its own note of what it ignores
         for name, users in unused_options(config):
+            if name in not_given:
+                continue
             log.warning(
                 "%s %s has no effect: only %s uses it%s",
                 option_name(name),
