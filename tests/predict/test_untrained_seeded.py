@@ -68,3 +68,22 @@ def test_a_build_on_the_gpu_is_seeded_and_the_callers_cuda_state_put_back(monkey
     spec = ModelSpec(model="convnet", allow_untrained=True, num_classes=2, image_size=8)
     resolve_spec(spec, command="predict", predicting=True)
     assert cuda == {"state": "the caller's", "seeded": [0]}
+
+
+def test_a_cuda_not_started_yet_starts_from_the_callers_seed(monkeypatch):
+    """torch.manual_seed queues its seed for a CUDA that has not started, for its start: the
+    build's seed 0 took the place of the caller's, so the caller's CUDA numbers, once it
+    started, came from 0. CUDA's start played: one GPU, its generator a CPU one."""
+    import torch.cuda.random
+
+    assert not torch.cuda.is_initialized()
+    torch.manual_seed(5)
+    spec = ModelSpec(model="convnet", allow_untrained=True, num_classes=2, image_size=8)
+    resolve_spec(spec, command="predict", predicting=True)
+    gpu = torch.Generator()
+    monkeypatch.setattr(torch.cuda.random, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "default_generators", (gpu,))
+    for call in torch.cuda._lazy_seed_tracker.get_calls():  # as CUDA's start runs them
+        if call:
+            call[0]()
+    assert gpu.initial_seed() == 5

@@ -168,7 +168,9 @@ def _drawn_from(seed: int | None) -> Iterator[None]:
     from it, and the caller's random state is put back afterwards. `torch.manual_seed` seeds
     every device: a `package.module:build` factory that makes its model on the GPU draws from
     the seed too. The CUDA generators are put back where CUDA has started; where it has not,
-    it is not started here (seconds, on a run meant for the CPU) and its seed waits for it."""
+    it is not started here (seconds, on a run meant for the CPU) and its seed waits for it:
+    torch keeps the last seed given before the start, so the caller's (or none) is put back
+    in its place unless the build started CUDA."""
     if seed is None:
         yield
         return
@@ -176,9 +178,15 @@ def _drawn_from(seed: int | None) -> Iterator[None]:
 
     started = torch.cuda.is_initialized()
     gpus = list(range(torch.cuda.device_count())) if started else []
+    waiting = getattr(torch.cuda, "_lazy_seed_tracker", None)  # the seeds kept for the start
+    callers = None if started or waiting is None else dict(vars(waiting))
     with torch.random.fork_rng(devices=gpus, device_type="cuda"):
         torch.manual_seed(seed)
-        yield
+        try:
+            yield
+        finally:
+            if callers is not None and not torch.cuda.is_initialized():
+                vars(waiting).update(callers)
 
 
 def _check_image_channels(spec: ModelSpec, resolved: ResolvedModel) -> None:
