@@ -651,3 +651,45 @@ def test_a_claim_file_a_reader_under_another_lock_takes_for_dead_is_made_again(
         if len(made) == 2:
             os.close(made[1])
     assert _claim_files(tmp_path / "cache") == []
+
+
+@pytest.mark.parametrize("deleted", ["as its lock file is opened", "as claims are read", "as made"])
+def test_a_claims_folder_deleted_as_a_claim_is_taken_is_made_again(tmp_path, monkeypatch, deleted):
+    """The claims folder deleted (`rm -rf` of the cache) just as a download takes its claim:
+    between making the folder and opening its lock file, or while holding the lock, as it
+    listed the claims or made its own file. That was "cannot use CACHE/.download-claims...:
+    No such file or directory (it must be a folder torchkit may write: remove what is there,
+    ...)", nothing wrong with the folder. The claim is taken in the folder made again now (a
+    download whose shard folder went with it then says the cache was deleted)."""
+    import shutil
+
+    from torchkit.core.data.sources import http_shards
+
+    monkeypatch.setattr(http_shards, "_free_bytes", lambda folder: 100_000)
+    monkeypatch.delenv("TORCHKIT_CACHE_LIMIT", raising=False)
+    folder = tmp_path / "cache" / "shards" / "f"
+    folder.mkdir(parents=True)
+    claims = tmp_path / "cache" / ".download-claims"
+    opened, read, deletions = http_shards.open_unshared, http_shards._claims_of_others, []
+
+    def delete_once(when: str) -> None:
+        if when == deleted and not deletions:
+            deletions.append(when)
+            shutil.rmtree(claims)
+
+    def opening(path, flags, *mode):
+        delete_once("as its lock file is opened" if path.name == "lock" else "as made")
+        return opened(path, flags, *mode)
+
+    def reading(claim, mine):
+        delete_once("as claims are read")
+        return read(claim, mine)
+
+    monkeypatch.setattr(http_shards, "open_unshared", opening)
+    monkeypatch.setattr(http_shards, "_claims_of_others", reading)
+    size = (60_000, "its Content-Length is")
+    with http_shards._CLAIMS.claim("http://h/a-000000.tar", folder, size) as claim:
+        assert claim.take(threading.Event()) is None
+        assert deletions == [deleted]
+        assert _claim_files(tmp_path / "cache") == [claim.file.name]
+    assert _claim_files(tmp_path / "cache") == []

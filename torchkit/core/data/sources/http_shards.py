@@ -1306,8 +1306,9 @@ _CLAIMS_LOCK_LONGEST_STEP_S = 0.1
 class _ClaimsLockLost(Exception):
     """The claims' lock file was deleted while this process held it (a cleaner, `rm -rf` of
     the cache): another process may have made and locked a new one meanwhile, and read and
-    made claims at the same time as this one. Raised as `_claims_lock` is left: the step taken
-    under it is undone and taken again."""
+    made claims at the same time as this one. Raised as `_claims_lock` is left, or inside where
+    the claims folder is found gone or a claim file made is found taken for dead: the step
+    taken under it is undone and taken again."""
 
 
 @contextlib.contextmanager
@@ -1349,6 +1350,8 @@ def _claims_flock(url: str, folder: Path, stop: threading.Event) -> Iterator[boo
             raise _claims_error(probe, claims, error) from None
         try:
             fd = open_unshared(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except FileNotFoundError:  # the folder deleted since it was made (`rm -rf` of the
+            continue  # cache): made again
         except OSError as error:
             raise _claims_error(probe, path, error) from None
         try:  # False: a file system without flock, so none of the claims' files
@@ -1389,6 +1392,8 @@ def _claims_of_others(claim: _Claim, mine: set[str]) -> list[_Foreign]:
     claims = _claims_folder(claim.folder)
     try:
         names = os.listdir(claims)
+    except FileNotFoundError:  # deleted, its lock file with it, while this one held it
+        raise _ClaimsLockLost from None
     except OSError as error:
         raise _claims_error(claim, claims, error) from None
     found = []
@@ -1474,7 +1479,10 @@ def _make_claim_file(claim: _Claim) -> None:
     claims = _claims_folder(claim.folder)
     claim.file = claims / f"{os.getpid()}-{os.urandom(8).hex()}.claim"
     try:
-        claim.fd = open_unshared(claim.file, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+        try:
+            claim.fd = open_unshared(claim.file, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileNotFoundError:  # the folder deleted, its lock file with it, while held
+            raise _ClaimsLockLost from None
         try:
             fcntl.flock(claim.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # new: no process holds it
             taken_for_dead = not _is_at(claim.fd, claim.file)
