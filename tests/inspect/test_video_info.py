@@ -1545,6 +1545,26 @@ def test_a_mirroring_matroska_projection_mirrors_the_extracted_frames(
     assert np.array_equal(cv2.imread(row["frame_files"][0]), expected)
 
 
+def test_a_mirroring_matroska_projection_of_an_infinite_roll_is_written_as_opencv_gives_it(
+    tmp_path,
+):
+    """A ProjectionPoseRoll of infinity (a float element can hold one): FFmpeg's display
+    matrix of it holds no angle (its cosine and sine are NaN), and --extract-frames made the
+    row of a readable video 'unreadable: cannot convert float infinity to integer' (exit 1).
+    Its frames are written as OpenCV gives them."""
+    path = tmp_path / "infinite.mkv"
+    if not write_video(path, "FFV1", 48, 32, 25, 3):
+        pytest.skip("this OpenCV build cannot write FFV1")
+    path.write_bytes(projected_mkv(path.read_bytes(), 180.0, float("inf")))
+    code, (row,) = json_rows(path, "--segments", "1", "--extract-frames", tmp_path / "frames")
+    assert (code, row["status"], row["error"], row["frame_indices"]) == (0, "ok", None, [1])
+    capture = cv2.VideoCapture(str(path), cv2.CAP_FFMPEG)
+    capture.grab()
+    expected = capture.read()[1]
+    capture.release()
+    assert np.array_equal(cv2.imread(row["frame_files"][0]), expected)
+
+
 def test_exact_duration_of_an_mp4_ends_with_its_last_frame_s_own_duration(tmp_path):
     """--exact added 1 / (average fps) for the last frame: 3 frames 600 s apart in 1200.04 s
     (an average of 0.0025 fps) read 1200 + 400 = 1600 s; the sample table says 0.04 s."""

@@ -1146,7 +1146,9 @@ def matroska_mirroring_roll(path: str | os.PathLike, container: str | None) -> f
     the default), no ProjectionPrivate of another version, a pitch of 0 and a yaw of 180 or
     -180, which the specification says mirrors the picture left to right (FFmpeg makes it a
     display matrix that mirrors, then turns by the roll). None for another Projection or
-    none, other formats, or a structure that cannot be read."""
+    none, a roll that is no finite number (FFmpeg ignores a NaN one, and its matrix of an
+    infinite one holds no angle: its cosine and sine are NaN), other formats, or a structure
+    that cannot be read."""
     if container not in ("mkv", "webm"):
         return None
     try:
@@ -1167,7 +1169,7 @@ def matroska_mirroring_roll(path: str | os.PathLike, container: str | None) -> f
     if int.from_bytes(kind, "big") != 0 or private[:1] not in (b"", b"\x00"):
         return None
     yaw, pitch, roll = (_ebml_float(fields.get(i, b"")) for i in (0x7673, 0x7674, 0x7675))
-    if pitch != 0 or yaw not in (180.0, -180.0) or roll is None or math.isnan(roll):
+    if pitch != 0 or yaw not in (180.0, -180.0) or roll is None or not math.isfinite(roll):
         return None
     return roll
 
