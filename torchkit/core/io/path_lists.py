@@ -19,6 +19,17 @@ from typing import Any
 from torchkit.core.io.errors import InputError, UsageError
 
 _READ_SIZE = 1 << 16
+# More than any one path a system opens (Linux's PATH_MAX is 4,096 bytes; Windows' long paths
+# 32,767 characters): with --null, so much without a NUL and with line breaks is a `find` list.
+_LONGEST_PATH = 1 << 20
+
+
+def _lines_for_null_error() -> UsageError:
+    """--null given for a list of one path per line (`find` without -print0)."""
+    return UsageError(
+        "the paths on stdin are separated by line breaks, not NUL bytes",
+        "drop --null to read one path per line",
+    )
 
 
 class NulSeparated:
@@ -47,7 +58,11 @@ class PathStream:
             # NUL-separated: all of it, as one line (its pieces are split as a pipe's are)
             self._lines = iter([source.read()] if self._null else source)
         self._ready: deque[str] = deque()
-        self._partial = b""  # the start of a line whose end has not come yet
+        # The start of a line whose end has not come yet, as read: joined once its end comes
+        # (joined at each read, a long line was copied again at every read: quadratic).
+        self._partial: list[bytes] = []
+        self._partial_bytes = 0
+        self._partial_breaks = False  # whether it holds a line break (with --null)
         self._seen_nul = False
         self._first_line = True
         self._ended = False
@@ -92,9 +107,10 @@ class PathStream:
         data = os.read(self._fd, _READ_SIZE)  # type: ignore[arg-type]
         if not data:
             self._ended = True
-            if self._partial:  # a last line without its newline
-                self._refuse_lines_for_null(self._partial)
-                self._add(self._partial)
+            rest = b"".join(self._partial)
+            if rest:  # a last line without its newline
+                self._refuse_lines_for_null(rest)
+                self._add(rest)
             return
         self._add_pieces(data)
 
@@ -102,8 +118,19 @@ class PathStream:
         """The paths that `data`, after what came before it, ends; keeps the start of the next."""
         self._refuse_nul(data)  # at once: a `find -print0` list is one "line" until its end
         self._seen_nul = self._seen_nul or b"\0" in data
-        lines = (self._partial + data).split(b"\0" if self._null else b"\n")
-        self._partial = lines.pop()
+        separator = b"\0" if self._null else b"\n"
+        if separator not in data:  # no line ends in it
+            self._partial.append(data)
+            self._partial_bytes += len(data)
+            self._partial_breaks = self._partial_breaks or self._null and b"\n" in data
+            if self._partial_breaks and not self._seen_nul and self._partial_bytes > _LONGEST_PATH:
+                # No path is so long: a list of lines, refused now rather than at its end.
+                raise _lines_for_null_error()
+            return
+        lines = b"".join([*self._partial, data]).split(separator)
+        last = lines.pop()
+        self._partial, self._partial_bytes = ([last], len(last)) if last else ([], 0)
+        self._partial_breaks = self._null and b"\n" in last
         for line in lines:
             self._add(line)
 
@@ -121,10 +148,7 @@ class PathStream:
         the list of `find` (one path per line), which was read as one unreadable path whose
         name held every line. `find -print0` ends each path, the last too, in a NUL."""
         if self._null and not self._seen_nul and b"\0" not in rest and b"\n" in rest:
-            raise UsageError(
-                "the paths on stdin are separated by line breaks, not NUL bytes",
-                "drop --null to read one path per line",
-            )
+            raise _lines_for_null_error()
 
     def _add(self, line: bytes | str) -> None:
         self._refuse_nul(line)
