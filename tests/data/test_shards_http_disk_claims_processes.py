@@ -693,3 +693,21 @@ def test_a_claims_folder_deleted_as_a_claim_is_taken_is_made_again(tmp_path, mon
         assert deletions == [deleted]
         assert _claim_files(tmp_path / "cache") == [claim.file.name]
     assert _claim_files(tmp_path / "cache") == []
+
+
+def test_a_claims_lock_file_that_links_to_nowhere_is_one_error(tmp_path):
+    """The claims' lock file a link to a folder that is not there: an error naming it, not
+    taken for a claims folder deleted as it was made (which is made again, and would be for
+    ever)."""
+    from torchkit.core.data.sources import http_shards
+    from torchkit.core.io.errors import InputError
+
+    folder = tmp_path / "cache" / "shards" / "f"
+    folder.mkdir(parents=True)
+    claims = tmp_path / "cache" / ".download-claims"
+    claims.mkdir()
+    (claims / "lock").symlink_to(tmp_path / "nowhere" / "lock")
+    size = (60_000, "its Content-Length is")
+    claim = http_shards._CLAIMS.claim("http://h/a-000000.tar", folder, size)
+    with claim, pytest.raises(InputError, match=r"cannot use .*lock, .*No such file"):
+        claim.take(threading.Event())

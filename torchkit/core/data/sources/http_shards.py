@@ -1350,9 +1350,11 @@ def _claims_flock(url: str, folder: Path, stop: threading.Event) -> Iterator[boo
             raise _claims_error(probe, claims, error) from None
         try:
             fd = open_unshared(path, os.O_RDWR | os.O_CREAT, 0o666)
-        except FileNotFoundError:  # the folder deleted since it was made (`rm -rf` of the
-            continue  # cache): made again
         except OSError as error:
+            # The folder deleted since it was made (`rm -rf` of the cache): made again. (Not
+            # a link at `lock` to where nothing is: that would be tried for ever.)
+            if isinstance(error, FileNotFoundError) and not os.path.isdir(claims):
+                continue
             raise _claims_error(probe, path, error) from None
         try:  # False: a file system without flock, so none of the claims' files
             shared = _flock_polled(
