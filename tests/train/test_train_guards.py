@@ -516,6 +516,25 @@ def test_a_run_trained_with_amp_resumes_in_full_precision_with_no_amp(world, tmp
     assert "--amp-dtype bf16 has no effect: only --amp uses it" in again.stderr
 
 
+def test_resume_turns_off_the_runs_nesterov_compile_and_tensorboard(trained, tmp_path, runner):
+    """Options given again apply on resume, but these flags had no negation: a run trained with
+    --nesterov could not go on with --momentum 0 ('--nesterov needs ... a positive
+    --momentum', and 'No such option: --no-nesterov'), nor leave --compile or --tensorboard."""
+    from torchkit.cli import app
+
+    checkpoint = read_checkpoint(trained / "last.pt")
+    checkpoint["config"].update(optimizer="sgd", nesterov=True, compile=True, tensorboard=True)
+    torch.save(checkpoint, tmp_path / "last.pt")
+    turned_off = ["--momentum", "0", "--no-nesterov", "--no-compile", "--no-tensorboard"]
+    printed = runner.invoke(
+        app, ["train", "--resume", str(tmp_path / "last.pt"), *turned_off, "--print-config"]
+    )
+    assert printed.exit_code == 0, printed.stderr
+    options = json.loads(printed.stdout)
+    assert (options["momentum"], options["nesterov"]) == (0.0, False)
+    assert (options["compile"], options["tensorboard"]) == (False, False)
+
+
 def test_load_optimizer_state_keeps_the_new_hyperparameters_and_the_old_moments():
     from torchkit.core.train.optim import load_optimizer_state
 

@@ -291,7 +291,13 @@ class TrainConfig:
     )
     lr: float = option(3e-3, panel=OPTIM_PANEL, help="Peak learning rate.")
     momentum: float = option(0.9, panel=OPTIM_PANEL, help="SGD / RMSprop momentum.")
-    nesterov: bool = option(False, panel=OPTIM_PANEL, help="Nesterov momentum (SGD).")
+    # The negations turn off on --resume what the run was started with.
+    nesterov: bool = option(
+        False,
+        panel=OPTIM_PANEL,
+        flags=("--nesterov/--no-nesterov",),
+        help="Nesterov momentum (SGD).",
+    )
     weight_decay: float = option(
         0.05,
         panel=OPTIM_PANEL,
@@ -406,7 +412,9 @@ class TrainConfig:
         show_default=False,
         help=f"channels-last memory format. {data_default_help('channels_last')}",
     )
-    compile: bool = option(False, panel=OPTIM_PANEL, help="torch.compile the model.")
+    compile: bool = option(
+        False, panel=OPTIM_PANEL, flags=("--compile/--no-compile",), help="torch.compile the model."
+    )
     cudnn_benchmark: bool | None = option(
         None,
         panel=OPTIM_PANEL,
@@ -506,6 +514,7 @@ class TrainConfig:
     tensorboard: bool = option(
         False,
         panel=OUTPUTS_PANEL,
+        flags=("--tensorboard/--no-tensorboard",),
         help="Also log to OUT/tensorboard (needs the tensorboard package).",
     )
     profile_steps: int = option(

@@ -267,7 +267,10 @@ def validate(config: TrainConfig, *, not_given: Collection[str] = ()) -> None:
     if config.freeze_backbone and (config.backbone_lr is not None):
         bad("--freeze-backbone trains no backbone, so --backbone-lr has nothing to do")
     if config.nesterov and (config.optimizer != "sgd" or config.momentum <= 0):
-        bad("--nesterov needs --optimizer sgd with a positive --momentum")
+        bad(
+            "--nesterov needs --optimizer sgd with a positive --momentum",
+            "a run resumed with --momentum 0 needs --no-nesterov too",
+        )
     if not 0 <= config.label_smoothing < 1:
         bad(f"--label-smoothing must be in [0, 1), not {show_value(config.label_smoothing)}")
     for name in ("mixup_alpha", "cutmix_alpha", "l1", "weight_decay", "min_lr", "warmup_epochs"):
