@@ -63,3 +63,29 @@ def test_train_refuses_a_training_row_without_a_label_naming_its_line(tmp_path):
     assert "1 row(s) with an empty label (line 5)" in line
     assert "6 image(s)" not in line
     assert not (tmp_path / "run").exists()
+
+
+def test_convert_shards_says_what_train_does_with_a_partly_labelled_split(tmp_path):
+    # It said train and eval refuse the shards of any split partly labelled, while train reads
+    # such a test split unlabelled beside the others and trains on them.
+    from torchkit.core.data.sources import open_labelled
+
+    index = _split_index(tmp_path, empty_label_line=13)  # a test row
+    out = tmp_path / "shards"
+    done = run_torchkit_in_process("convert", "shards", index, out, "-j", "0")
+    assert done.returncode == 0, done.stderr
+    assert (
+        "Warning: 1 of the 3 images of split test have no label: written without one, the "
+        "others with theirs (train and eval read such a test split unlabelled: best.pt is not "
+        "tested on it)"
+    ) in done.stderr.splitlines()
+    source, refusal = open_labelled(out)  # what train reads: a test split without labels
+    assert refusal is not None and source.classes == ["cat", "dog", ""]
+    assert [source.splits[name].has_unlabelled for name in source.splits] == [False, False, True]
+    index.write_text(index.read_text().replace("7.png,dog,val", "7.png,,val"))
+    done = run_torchkit_in_process("convert", "shards", index, tmp_path / "again", "-j", "0")
+    assert done.returncode == 0, done.stderr
+    assert (
+        "Warning: 1 of the 3 images of split val have no label: written without one, the "
+        "others with theirs (train and eval refuse such shards)"
+    ) in done.stderr.splitlines()

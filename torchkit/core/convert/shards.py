@@ -834,18 +834,22 @@ def _container_inputs(data: Any) -> list[InputPath]:
 
 def _warn_partly_labelled(sets: Sequence[ShardSet], labelled: bool) -> None:
     """A warning for each set of which only some samples have a label: they are written so,
-    and train and eval refuse such shards as they refuse the source (an unlabelled split
-    beside labelled ones is no such set: train trains on the others)."""
+    and train and eval refuse such shards as they refuse the source, but for a test split,
+    read unlabelled beside the others (train trains on those, without testing)."""
     if not labelled:
         return
     for shard_set in sets:
         total = len(shard_set.order)
         missing = sum(1 for index in range(total) if shard_set.label(index) is None)
         if 0 < missing < total:
+            read = (
+                "train and eval read such a test split unlabelled: best.pt is not tested on it"
+                if shard_set.name == "test"
+                else "train and eval refuse such shards"
+            )
             log.warning(
                 f"{missing} of the {total} images of {_set_words(shard_set)} have no label: "
-                "written without one, the others with theirs (train and eval refuse such "
-                "shards)"
+                f"written without one, the others with theirs ({read})"
             )
 
 
