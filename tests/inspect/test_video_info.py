@@ -1727,6 +1727,7 @@ def with_box(data: bytes, path: tuple[bytes, ...], payload: bytes) -> bytes:
 EDIT_LIST = (b"moov", b"trak", b"edts", b"elst")
 TIMES = (b"moov", b"trak", b"mdia", b"minf", b"stbl", b"stts")
 MOVIE_SCALE = ("the mvhd timescale, set to 0",)
+ZERO_OFFSETS = ("a ctts of offset 0 for the 10 samples, added",)
 
 
 def edit_list(count: int, *edits: tuple[int, int], version: int = 0) -> bytes:
@@ -1758,6 +1759,16 @@ def sample_count(samples: int, delta: int) -> bytes:
             7,
         ),
         (lambda v, m: [(EDIT_LIST, edit_list(1, (12 * v, 3 * m))), (TIMES, sample_count(6, m))], 7),
+        # with a ctts, samples past the stts runs have no duration: 6 to 9 all at frame 6's
+        # time, inside an edit of frames 5 and 6 (2 shown)
+        (
+            lambda v, m: [
+                (EDIT_LIST, edit_list(1, (2 * v, 5 * m))),
+                (TIMES, sample_count(6, m)),
+                (ZERO_OFFSETS, b""),
+            ],
+            5,
+        ),
         # an empty edit after one that shows frames shows those from time -1 (4 shown)
         (lambda v, m: [(EDIT_LIST, edit_list(2, (4 * v, 0), (2 * v, -1)))], 6),
         # an edit ending past the largest time FFmpeg holds shows none (an error row's
@@ -1772,6 +1783,7 @@ def sample_count(samples: int, delta: int) -> bytes:
         "count-2",
         "stts-15",
         "stts-6",
+        "stts-6-ctts",
         "later-empty",
         "past-int64",
         "movie-timescale-0",
@@ -1791,6 +1803,12 @@ def test_an_mp4_edit_list_is_read_as_ffmpeg_reads_it(tmp_path, boxes, frames):
     for box, payload in boxes(movie // 25, media // 25):
         if box is MOVIE_SCALE:
             data = data[: mvhd[0] + 20] + bytes(4) + data[mvhd[0] + 24 :]
+        elif box is ZERO_OFFSETS:  # the sample table, a ctts box added at its end
+            stbl = None
+            for kind in TIMES[:-1]:
+                stbl = _iso_box(data, kind, stbl)
+            offsets = struct.pack(">I4sIIII", 24, b"ctts", 0, 1, 10, 0)
+            data = with_box(data, TIMES[:-1], data[stbl[0] + 8 : stbl[1]] + offsets)
         else:
             data = with_box(data, box, payload)
     path.write_bytes(data)

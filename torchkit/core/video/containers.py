@@ -611,14 +611,18 @@ def _iso_sample_runs(
     two tables' entries (each a count, then a delta or offset) are merged where either's
     runs end, in NumPy: a long video's tables hold an entry a frame. `samples`: the track's
     sample count (`stsz`), where FFmpeg ends the `stts` runs, or lasts its last delta to
-    (None: the `stts` count). None for no samples."""
+    (None: the `stts` count); with `ctts` offsets, it gives the samples past the `stts` runs
+    no duration (it lists the times a sample at a time). None for no samples."""
     import numpy as np
 
     times = np.frombuffer(deltas, ">u4").reshape(-1, 2).astype(np.int64)
     if samples is not None and len(times):
         ends = np.minimum(np.cumsum(times[:, 0]), samples)
         times[:, 0] = np.diff(ends, prepend=0)
-        times[-1, 0] += samples - ends[-1]
+        if offsets and samples > ends[-1]:
+            times = np.vstack((times, [(samples - ends[-1], 0)]))
+        else:
+            times[-1, 0] += samples - ends[-1]
     shifts = np.frombuffer(offsets, ">u4").reshape(-1, 2)
     if not times[:, 0].any():
         return None
