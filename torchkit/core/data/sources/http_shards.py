@@ -905,9 +905,6 @@ def _download_once(
                     _writing_the_cache(),
                     atomic_write(target, "wb", check=None if checked else whole_tar) as handle,
                 ):
-                    # Linked as it began: a file system that reports no link count (a FUSE
-                    # one may say 0) is never taken for one whose temporary was deleted.
-                    linked = os.fstat(handle.fileno()).st_nlink > 0
                     while True:
                         if stop.is_set():
                             raise _Stopped
@@ -922,14 +919,13 @@ def _download_once(
                         claim.admit(len(chunk))
                         handle.write(chunk)
                         claim.wrote(len(chunk))
-                        # Its folder deleted (`rm -rf` of the cache, its claim with it), or
-                        # the temporary alone: written on, it took room no claim shows, to be
-                        # lost at the rename. (A stat of the folder: st_nlink of a folder is
-                        # not kept alike by every file system; a deleted file's is 0, but
-                        # NFS keeps it linked under another name until it is closed.)
-                        if _folder_id(target.parent) != begun or (
-                            linked and os.fstat(handle.fileno()).st_nlink == 0
-                        ):
+                        # Its folder deleted (`rm -rf` of the cache, its claim with it):
+                        # written on, the temporary took room no claim shows, to be lost at
+                        # the rename. (A stat of the folder: st_nlink is not kept alike by
+                        # every file system. The temporary alone deleted, its claim still
+                        # counts its room: found at the end, below. An fstat of it here would
+                        # make NFS write out each MiB before the next is read.)
+                        if _folder_id(target.parent) != begun:
                             raise _cache_deleted(what)
                         digest.update(chunk)
                         done += len(chunk)
