@@ -1759,6 +1759,9 @@ def sample_count(samples: int, delta: int) -> bytes:
             7,
         ),
         (lambda v, m: [(EDIT_LIST, edit_list(1, (12 * v, 3 * m))), (TIMES, sample_count(6, m))], 7),
+        # so too without an edit list (15 and 6 frames counted)
+        (lambda v, m: [(EDIT_LIST, edit_list(0)), (TIMES, sample_count(15, m))], 10),
+        (lambda v, m: [(EDIT_LIST, edit_list(0)), (TIMES, sample_count(6, m))], 10),
         # with a ctts, samples past the stts runs have no duration: 6 to 9 all at frame 6's
         # time, inside an edit of frames 5 and 6 (2 shown)
         (
@@ -1783,6 +1786,8 @@ def sample_count(samples: int, delta: int) -> bytes:
         "count-2",
         "stts-15",
         "stts-6",
+        "no-edits-stts-15",
+        "no-edits-stts-6",
         "stts-6-ctts",
         "later-empty",
         "past-int64",

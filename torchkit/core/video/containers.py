@@ -425,14 +425,15 @@ def iso_edited_frame_count(path: str | os.PathLike, container: str | None) -> in
     FFmpeg's demuxer keeps them: the samples whose time (`iso_timing`) lies inside an edit,
     once for each edit (the others it reads from the key frame before an edit's start are
     decoded and dropped). A clip cut without re-encoding (`ffmpeg -ss 0.5 -c copy`, a
-    player's Trim) keeps every sample and shows those of its edit. None where it shows each
-    sample once (the `stts` count, as FFmpeg's header gives it), for a file without an edit
-    list, a fragmented one, other formats, or a structure that cannot be read, or an edit
-    list too long to count at its size (`_iso_shown`)."""
+    player's Trim) keeps every sample and shows those of its edit. Without an edit list, the
+    samples the `stsz` box lists, which FFmpeg decodes, where the `stts` lists more or fewer.
+    None where it shows each sample once (the `stts` count, as FFmpeg's header gives it), for
+    a fragmented file, other formats, or a structure that cannot be read, or an edit list too
+    long to count at its size (`_iso_shown`)."""
     timing = iso_timing(path, container)
-    if timing is None or not timing.edited:
+    if timing is None:
         return None
-    shown = _iso_shown(timing.runs, timing.edits)
+    shown = _iso_shown(timing.runs, timing.edits if timing.edited else None)
     return None if shown is None or shown[0] == timing.listed else shown[0]
 
 
