@@ -143,13 +143,15 @@ def test_force_refuses_files_in_split_folders_that_the_earlier_split_did_not_wri
     (out / yours).parent.mkdir(parents=True, exist_ok=True)
     (out / yours).write_text("mine")
     before = tree_digest(out)
-    result = split(data, out, "--force", "--seed", "1")
-    assert result.returncode == 1, result.stderr
-    assert error_line(result.stderr) == (
-        f"Error: output folder {out} holds files in its split folders that the earlier split "
-        f"did not write, which --force would delete with them: {yours} (move them out of "
-        "those folders, or choose another output folder)"
-    )
+    # Without --force the refusal is the same, not a hint to pass --force (refused in turn).
+    for force in (["--force"], []):
+        result = split(data, out, *force, "--seed", "1")
+        assert result.returncode == 1, result.stderr
+        assert error_line(result.stderr) == (
+            f"Error: output folder {out} holds files in its split folders that the earlier "
+            f"split did not write, which --force would delete with them: {yours} (move them "
+            "out of those folders, or choose another output folder)"
+        )
     assert tree_digest(out) == before
     (out / yours).unlink()  # gone: the earlier split is replaced as before, and what a file
     (out / yours).with_name(".DS_Store").write_text("")  # browser left there goes with it
@@ -586,7 +588,8 @@ def test_a_killed_force_copy_leaves_a_file_put_in_its_split_folder_to_the_next_r
     kill_mid_copy(tmp_path, data, out, "--force")
     (out / "train" / "mine.txt").write_text("mine")
     result = split(data, out)  # the next run on OUT: refused (no --force), after the recovery
-    assert result.returncode == 1 and "already exists" in error_line(result.stderr)
+    # Named, as --force would be refused for it (not "already exists (pass --force ...)").
+    assert result.returncode == 1 and "train/mine.txt (move them" in error_line(result.stderr)
     assert "removed the unfinished split" in result.stderr
     assert "it holds files the killed split did not write (train)" in result.stderr
     mine = tree_digest(out / "train")

@@ -198,15 +198,13 @@ def _split_or_finish(
                 f"{WHAT} {out} holds the output of torchkit {other}, not a split",
                 "--force only replaces an earlier split: choose another output folder",
             )
-        check_replaceable(
-            out,
-            force,
-            what=WHAT,
-            hint=force_refusal_hint(out, command="split")
-            or "pass --force to replace the split in it",
-        )
-        if out.is_dir():
+        refused = force_refusal_hint(out, command="split")
+        if refused is None and out.is_dir():
+            # Before "already exists": its hint, --force, would be refused for these files.
             refuse_files_not_written(out, set(options.names) | previous_split_names(out))
+        check_replaceable(
+            out, force, what=WHAT, hint=refused or "pass --force to replace the split in it"
+        )
         return _split_into(source, out, options, progress, before_keep)
 
 
