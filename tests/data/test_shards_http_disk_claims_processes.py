@@ -711,3 +711,35 @@ def test_a_claims_lock_file_that_links_to_nowhere_is_one_error(tmp_path):
     claim = http_shards._CLAIMS.claim("http://h/a-000000.tar", folder, size)
     with claim, pytest.raises(InputError, match=r"cannot use .*lock, .*No such file"):
         claim.take(threading.Event())
+
+
+def test_a_claims_folder_made_and_deleted_as_it_is_made_is_made_again(tmp_path, monkeypatch):
+    """Another process made the claims folder just before this one, and it was deleted again
+    (`rm -rf` of the cache) before pathlib looked whether a folder stood there: "cannot use
+    CACHE/.download-claims ...: File exists (it must be a folder torchkit may write: remove
+    what is there, ...)", nothing there (four processes taking claims while the folder was
+    deleted every 0.5 ms: most of them ended so). It is made again now; a file there is still
+    that error (test_a_claims_folder_that_is_not_a_folder_is_one_error_line)."""
+    from torchkit.core.data.sources import http_shards
+
+    monkeypatch.setattr(http_shards, "_free_bytes", lambda folder: 100_000)
+    monkeypatch.delenv("TORCHKIT_CACHE_LIMIT", raising=False)
+    folder = tmp_path / "cache" / "shards" / "f"
+    folder.mkdir(parents=True)
+    claims = tmp_path / "cache" / ".download-claims"
+    make, raced = os.mkdir, []
+
+    def made_and_deleted(path, *args, **kwargs):
+        if os.fspath(path) == str(claims) and not raced:
+            raced.append(path)
+            make(path)  # by another process, first
+            os.rmdir(path)  # and deleted before this one's look
+            raise FileExistsError(17, "File exists", os.fspath(path))
+        return make(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", made_and_deleted)
+    size = (60_000, "its Content-Length is")
+    with http_shards._CLAIMS.claim("http://h/a-000000.tar", folder, size) as claim:
+        assert claim.take(threading.Event()) is None
+        assert raced
+        assert _claim_files(tmp_path / "cache") == [claim.file.name]

@@ -1343,13 +1343,24 @@ def _claims_flock(url: str, folder: Path, stop: threading.Event) -> Iterator[boo
         try:
             claims.mkdir(parents=True, exist_ok=True)
         except OSError as error:
+            # Made by another process, then deleted again (`rm -rf` of the cache) before
+            # pathlib saw a folder there (and maybe made again since): made again. What
+            # stays there but a folder (a file) is the error.
+            raced = (
+                isinstance(error, FileExistsError)
+                and error.filename is not None
+                and os.fspath(error.filename) == os.fspath(claims)  # not a parent's
+            )
+            if raced and (os.path.isdir(claims) or not os.path.lexists(claims)):
+                continue
             raise _claims_error(probe, claims, error) from None
         try:
             fd = open_unshared(path, os.O_RDWR | os.O_CREAT, 0o666)
         except OSError as error:
-            # The folder deleted since it was made (`rm -rf` of the cache): made again. (Not
-            # a link at `lock` to where nothing is: that would be tried for ever.)
-            if isinstance(error, FileNotFoundError) and not os.path.isdir(claims):
+            # The folder deleted since it was made (`rm -rf` of the cache; maybe made again
+            # since by another process): made again. Not a link at `lock` to where nothing
+            # is: that would be tried for ever.
+            if isinstance(error, FileNotFoundError) and not os.path.islink(path):
                 continue
             raise _claims_error(probe, path, error) from None
         try:  # False: a file system without flock, so none of the claims' files
