@@ -813,6 +813,13 @@ def test_resume_after_interruption_equals_an_uninterrupted_run(runner, tmp_path)
     assert refused.exit_code == 1
     assert "holds an interrupted extraction" in refused.stderr
     assert "--resume" in refused.stderr
+    # A file of the user's in it: --force would be refused, so the hint does not offer it.
+    (part / "notes.txt").write_text("mine")
+    held = run(runner, "convnet", str(root), str(part), *options)
+    assert f"pass --resume to continue it; it holds {part / 'notes.txt'} that torchkit did " in (
+        error_line(held.stderr)
+    )
+    (part / "notes.txt").unlink()
 
     resumed = run(runner, "convnet", str(root), str(part), *options, "--resume", "-j", "0")
     assert resumed.exit_code == 0, resumed.stderr

@@ -41,7 +41,7 @@ from torchkit.core.inference.options import InferenceOptions, check_inference_op
 from torchkit.core.inference.scoring import scorable_rows
 from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.io.files import NAME_ERRORS, open_text, require_input
-from torchkit.core.io.outputs import InputPath, OutputFolder
+from torchkit.core.io.outputs import InputPath, OutputFolder, foreign_entries_hint
 from torchkit.core.io.progress import Progress
 from torchkit.core.io.redaction import redact_url
 from torchkit.core.models import ModelSpec, require_model_files, resolve_spec
@@ -190,20 +190,21 @@ def open_output(request: FeatureRequest, listed: Sequence[str] = ()) -> OutputFo
     out = Path(request.out)
     has_content = out.is_dir() and not out.is_symlink() and any(out.iterdir())
 
+    recorded = known_files(out) if out.is_dir() else ()  # by OUT's own records, read once
+
     def exists_hint() -> str:  # judged once a killed run's leftovers are cleaned up
         if not (out / PARTIAL_DIR).is_dir():
             return ""
+        # A file of the user's in OUT: --force refuses to delete it with the extraction.
+        refused = foreign_entries_hint(out, output_names(recorded))
         if str(request.images) == STDIN:  # --resume with - is refused: stdin cannot be read again
-            return (
-                "it holds an interrupted extraction, which a list piped on stdin cannot "
-                "continue: pass --force to start over"
+            return "it holds an interrupted extraction, which a list piped on stdin cannot " + (
+                f"continue; {refused}" if refused else "continue: pass --force to start over"
             )
-        return (
-            "it holds an interrupted extraction: pass --resume to continue it, or --force "
-            "to start over"
+        return "it holds an interrupted extraction: pass --resume to continue it" + (
+            f"; {refused}" if refused else ", or --force to start over"
         )
 
-    recorded = known_files(out) if out.is_dir() else ()  # by OUT's own records, read once
     return OutputFolder(
         out,
         command="extract-features",
