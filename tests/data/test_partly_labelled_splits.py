@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from nets import TinyNet
 from output_checks import error_line
+from parquet_files import png, write_parquet
 from PIL import Image
 from processes import run_torchkit_in_process
 
@@ -89,3 +90,27 @@ def test_convert_shards_says_what_train_does_with_a_partly_labelled_split(tmp_pa
         "Warning: 1 of the 3 images of split val have no label: written without one, the "
         "others with theirs (train and eval refuse such shards)"
     ) in done.stderr.splitlines()
+
+
+def test_classes_of_one_name_beside_an_unlabelled_test_split_are_read(tmp_path):
+    # HF's ImageNet-1k names two classes "crane" and its test split has no labels: the class
+    # "" of that split, added to the others', made them be matched by name, and train,
+    # dataset-stats and eval refused the data ('class crane of D (train) is the name of 2 of
+    # the model's outputs').
+    from torchkit.core.data.sources import open_labelled
+    from torchkit.core.evaluate import load_eval_samples
+
+    names = ["crane", "crane", "dog"]
+    for split, labels in (("train", [0, 1, 2, 1]), ("validation", [2, 1, 0]), ("test", [-1, -1])):
+        images = [png(number) for number in range(len(labels))]
+        write_parquet(tmp_path / "data" / f"{split}-00000-of-00001.parquet", images, labels,
+                      names=names)  # fmt: skip
+    source, refusal = open_labelled(tmp_path)
+    assert refusal is not None and source.classes == [*names, ""]
+    assert {name: part.labels for name, part in source.splits.items()} == {
+        "train": [0, 1, 2, 1],
+        "val": [2, 1, 0],
+        "test": [3, 3],
+    }
+    scored = load_eval_samples(str(tmp_path), split="val", classes=names)
+    assert scored.samples.classes == names and scored.samples.labels == [2, 1, 0]

@@ -304,10 +304,22 @@ def concatenate(parts: Sequence[Samples]) -> Samples:
 
 
 def relabelled(samples: Samples, classes: Sequence[str], where: str) -> Samples:
-    """`samples` labelled by `classes` (matched by name)."""
+    """`samples` labelled by `classes` (matched by name; where the two are one list of names
+    but for the unlabelled class "", by place)."""
     classes = list(classes)
     if classes == samples.classes:
         return samples
+    by_place = _by_place_but_unlabelled(samples, classes)
+    if by_place is not None:
+        return Samples(
+            classes=classes,
+            labels=by_place,
+            paths=samples.paths,
+            images=samples.images,
+            source=samples.source,
+            ids=samples.ids,
+            splits=samples.splits,
+        )
     index_of = class_index(classes)
     unknown = _unknown_classes(samples, index_of)
     if unknown:
@@ -324,6 +336,23 @@ def relabelled(samples: Samples, classes: Sequence[str], where: str) -> Samples:
         ids=samples.ids,
         splits=samples.splits,
     )
+
+
+def _by_place_but_unlabelled(samples: Samples, classes: list[str]) -> list[int] | None:
+    """The labels of `samples` in `classes` where the two list the same class names in the same
+    order but for the unlabelled class "" (which split data adds to the classes of its labelled
+    splits where one split has no labels), None otherwise: the same classes, also those of one
+    name (ImageNet's two "crane"s), which matched by name were refused as a guess."""
+    if "" not in classes and "" not in samples.classes:
+        return None
+    named = [i for i, name in enumerate(classes) if name]
+    if [classes[i] for i in named] != [name for name in samples.classes if name]:
+        return None
+    given = iter(named)
+    blank = classes.index("") if "" in classes else -1
+    mapping = [next(given) if name else blank for name in samples.classes]
+    labels = [mapping[label] for label in samples.labels]
+    return None if -1 in labels else labels
 
 
 def _unknown_classes(samples: Samples, known: Mapping[str, int]) -> list[str]:
