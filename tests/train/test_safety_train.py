@@ -160,10 +160,15 @@ def test_a_killed_start_holding_a_users_file_still_needs_force(world, mine):
     killed = killed_start(world / "killed", world / "old" / "config.json")
     (killed / mine).write_text("my notes\n")
     before = tree_digest(world)
-    again = run_torchkit_in_process("train", *TINY, *DATA, "--out", "killed", cwd=world)
+    again, forced = run_each_in_process(
+        [["train", *TINY, *DATA, "--out", "killed", *force] for force in ([], ["--force"])],
+        cwd=world,
+    )
     assert again.returncode == 1 and "--resume" not in error_line(again.stderr)
     assert "stopped before its first checkpoint" in error_line(again.stderr)
-    assert "pass --force to start it again" in error_line(again.stderr)
+    # --force refuses to delete the user's file: the hint names it (it offered --force).
+    assert f"it holds killed/{mine} that torchkit did not write" in error_line(again.stderr)
+    assert forced.returncode == 1 and f"killed/{mine}" in error_line(forced.stderr)
     assert tree_digest(world) == before
 
 

@@ -369,9 +369,11 @@ def _exists_hint(out: Path, owned: Collection[str]) -> str:
     no run (another trainer's last.pt too) has neither way on; a run holding a file of the
     user's (not in `owned`) is continued, but --force refuses to delete that file with it."""
     if stopped_before_first_checkpoint(out):
-        return (
-            "its run was stopped before its first checkpoint, so there is nothing to resume: "
-            "pass --force to start it again, or choose another --out"
+        foreign = foreign_entries_hint(out, owned)
+        return "its run was stopped before its first checkpoint, so there is nothing to " + (
+            f"resume; {foreign}"
+            if foreign
+            else "resume: pass --force to start it again, or choose another --out"
         )
     if marker_command(out) != "train" and not old_run_files(out):
         refused = force_refusal_hint(out, (), "train")
