@@ -114,3 +114,25 @@ def test_classes_of_one_name_beside_an_unlabelled_test_split_are_read(tmp_path):
     }
     scored = load_eval_samples(str(tmp_path), split="val", classes=names)
     assert scored.samples.classes == names and scored.samples.labels == [2, 1, 0]
+
+
+def test_dataset_stats_counts_no_class_for_images_without_a_label(tmp_path):
+    # The row of the test split's images without a label was counted as a class: 'classes 3'
+    # (num_classes 3) for data of cat and dog.
+    index = _split_index(tmp_path, empty_label_line=13)  # a test row
+    stats = run_torchkit_in_process(
+        "dataset-stats", index, "--split", "all", "--no-leakage", "-j", "0", "--format", "json"
+    )
+    assert stats.returncode == 0, stats.stderr
+    report = json.loads(stats.stdout)
+    assert [(row["name"], row["images"]) for row in report["classes"]] == [
+        ("cat", 5),
+        ("dog", 4),
+        ("", 3),
+    ]
+    assert report["num_classes"] == 2
+    flat = run_torchkit_in_process(
+        "dataset-stats", index.parent, "--no-leakage", "-j", "0", "--format", "json"
+    )
+    assert flat.returncode == 0, flat.stderr
+    assert json.loads(flat.stdout)["num_classes"] == 1  # unlabelled images alone: as before

@@ -86,7 +86,7 @@ def _tables(stats, *, all_classes: bool = False) -> list[Table]:
         [
             ["normalize", _normalize_line(stats.mean, stats.std)],
             ["images", f"{stats.images} readable of {stats.files} image files"],
-            ["classes", len(stats.classes)],
+            ["classes", stats.num_classes],
             ["imbalance ratio", stats.imbalance_ratio],
             ["width min / median / max", f"{width.min} / {width.median:g} / {width.max}"],
             ["height min / median / max", f"{height.min} / {height.median:g} / {height.max}"],
@@ -213,7 +213,7 @@ def _long_table(stats) -> Table:
         ["summary", "files", stats.files],
         ["summary", "images", stats.images],
         ["summary", "pixels", stats.pixels],
-        ["summary", "classes", len(stats.classes)],
+        ["summary", "classes", stats.num_classes],
         ["summary", "imbalance_ratio", stats.imbalance_ratio],
         ["summary", "total_bytes", stats.total_bytes],
         ["summary", "unreadable", len(stats.unreadable)],

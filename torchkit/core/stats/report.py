@@ -98,6 +98,13 @@ class DatasetStats:
         return {kind: sum(1 for p in self.leakage if p.kind == kind) for kind in ("exact", "near")}
 
     @property
+    def num_classes(self) -> int:
+        """The classes listed; beside class names, the row of unlabelled images ("", an
+        unlabelled split of split data) is no class."""
+        named = sum(1 for count in self.classes if count.name)
+        return named or len(self.classes)
+
+    @property
     def duplicate_files(self) -> int:
         """Files that are a copy of another one (each group counts all but its first file)."""
         return sum(len(group.paths) - 1 for group in self.duplicates)
@@ -117,7 +124,7 @@ class DatasetStats:
             "unreadable_count": len(self.unreadable),
             "duplicate_files": self.duplicate_files,
             "non_image_files": len(self.non_image_files),
-            "num_classes": len(self.classes),
+            "num_classes": self.num_classes,
             "classes": [
                 {"name": c.name, "index": c.index, "images": c.images} for c in self.classes
             ],
