@@ -136,3 +136,33 @@ def test_dataset_stats_counts_no_class_for_images_without_a_label(tmp_path):
     )
     assert flat.returncode == 0, flat.stderr
     assert json.loads(flat.stdout)["num_classes"] == 1  # unlabelled images alone: as before
+
+
+def test_train_counts_and_names_the_images_without_a_label_of_a_shards_split(tmp_path):
+    # A val split of shards of which one sample has no label is read all unlabelled: train's
+    # error counted its 3 images, naming none (data.md: it names the first samples).
+    import io
+    import tarfile
+
+    png_bytes = io.BytesIO()
+    Image.new("RGB", (4, 4), (1, 2, 3)).save(png_bytes, format="PNG")
+    data = tmp_path / "shards"
+    data.mkdir()
+    for split, labels in (("train", ["0", "1", "0", "1"]), ("val", ["0", None, "1"])):
+        with tarfile.open(data / f"{split}-000000.tar", "w") as tar:
+            for number, label in enumerate(labels):
+                members = [("png", png_bytes.getvalue())]
+                members += [] if label is None else [("cls", label.encode())]
+                for extension, content in members:
+                    info = tarfile.TarInfo(f"{split}_{number}.{extension}")
+                    info.size = len(content)
+                    tar.addfile(info, io.BytesIO(content))
+    (data / "classes.txt").write_text("cat\ndog\n")
+    refused = run_torchkit_in_process(
+        "train", "--model", "nets:TinyNet", "--data", data, "--out", tmp_path / "run"
+    )
+    assert refused.returncode == 1
+    assert error_line(refused.stderr).startswith(
+        f"Error: the val split of {data} has 1 image(s) without a label "
+        "(val-000000.tar/val_1.png) ("
+    )
