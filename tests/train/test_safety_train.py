@@ -522,10 +522,15 @@ def test_kept_note_of_an_interrupted_run_says_how_to_continue_it():
 
     from torchkit.cli.train import _kept_run
 
-    stopped = SimpleNamespace(out_dir=Path("runs/r1"), interrupted=True)
+    stopped = SimpleNamespace(out_dir=Path("runs/r1"), interrupted=True, model="convnet")
     assert _kept_run(stopped) == (
         "the run is kept in runs/r1 (last.pt saved; continue with "
         "`torchkit train --resume runs/r1`)"
+    )
+    # A command that works as pasted: the folder quoted, and the trust that model code needs.
+    stopped = SimpleNamespace(out_dir=Path("my runs/r1"), interrupted=True, model="nets:TinyNet")
+    assert _kept_run(stopped).endswith(
+        "continue with `torchkit train --resume 'my runs/r1' --trust-checkpoint`)"
     )
 
 

@@ -234,7 +234,7 @@ def train_command(ctx: typer.Context, **values: Any) -> None:
     if result.interrupted:
         console.stderr.print(
             f"{word}: saved {result.out_dir / 'last.pt'}; continue with "
-            f"`torchkit train --resume {result.out_dir}`",
+            f"`{_resume_command(result)}`",
             highlight=False,
             markup=False,
         )
@@ -256,9 +256,21 @@ def _kept_run(result: Any) -> str:
     if result.interrupted:
         return (
             f"the run is kept in {result.out_dir} (last.pt saved; continue with "
-            f"`torchkit train --resume {result.out_dir}`)"
+            f"`{_resume_command(result)}`)"
         )
     return f"the finished run is kept in {result.out_dir}"
+
+
+def _resume_command(result: Any) -> str:
+    """The command that continues a stopped run, as a shell takes it: its folder quoted, and
+    --trust-checkpoint where its checkpoint names model code (`package.module:Callable`), which
+    --resume refuses to import without it."""
+    import shlex
+
+    from torchkit.core.models.usercode import is_callable_spec
+
+    trust = ["--trust-checkpoint"] if is_callable_spec(result.model) else []
+    return shlex.join(["torchkit", "train", "--resume", str(result.out_dir), *trust])
 
 
 def _config_from(values: dict[str, Any], stats: Path | None) -> TrainConfig:
