@@ -551,6 +551,34 @@ def test_load_optimizer_state_keeps_the_new_hyperparameters_and_the_old_moments(
     assert torch.equal(new.state[param]["momentum_buffer"], torch.ones(2))
 
 
+@pytest.mark.parametrize("optimizer", [torch.optim.SGD, torch.optim.RMSprop])
+def test_momentum_turned_off_on_resume_leaves_no_buffer_for_a_later_resume(optimizer):
+    """A run resumed with --momentum 0 kept the buffers of the epochs before (torch's step no
+    longer reads nor updates them): resumed later with a momentum again, its first update went
+    on from that old direction, up to 10 gradients' worth at 0.9. It starts afresh."""
+    from torchkit.core.runtime import dynamo_free
+    from torchkit.core.train.optim import load_optimizer_state
+
+    param = nn.Parameter(torch.ones(2))
+
+    def build(momentum: float) -> torch.optim.Optimizer:
+        return optimizer([{"params": [param], "lr": 0.1, "base_lr": 0.1}], momentum=momentum)
+
+    trained = build(0.9)
+    for _ in range(3):
+        param.grad = torch.ones(2)
+        dynamo_free.step(trained)
+    paused = build(0.0)
+    load_optimizer_state(paused, trained.state_dict())
+    assert "momentum_buffer" not in paused.state[param]
+    resumed = build(0.9)
+    load_optimizer_state(resumed, paused.state_dict())
+    param.grad = torch.full((2,), -1.0)
+    dynamo_free.step(resumed)
+    buffer = resumed.state[param]["momentum_buffer"]
+    assert (buffer < 0).all()  # this gradient's direction, not the old buffer's
+
+
 def test_rmsprop_resumed_with_momentum_turned_on_starts_its_momentum_at_zero():
     """An RMSprop run trained with --momentum 0, resumed with --momentum 0.9: its state holds
     no momentum buffer, which torch's step reads for every parameter with a state (the resume

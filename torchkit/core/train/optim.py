@@ -201,23 +201,30 @@ def load_optimizer_state(optimizer, state: dict) -> None:
     optimizer.load_state_dict(state)
     for group, values in zip(optimizer.param_groups, wanted, strict=True):
         group.update(values)
-    _start_momentum_buffers(optimizer)
+    _match_momentum_buffers(optimizer)
 
 
-def _start_momentum_buffers(optimizer) -> None:
-    """RMSprop keeps a momentum buffer only while its momentum is on, and its step reads one for
-    every parameter that has a state: a run trained with --momentum 0 and resumed with a
-    momentum gets zero buffers, as torch gives a first step (SGD starts a missing one itself)."""
+def _match_momentum_buffers(optimizer) -> None:
+    """The momentum buffers of a run resumed with another --momentum, as at a first step.
+
+    RMSprop keeps a buffer only while its momentum is on, and its step reads one for every
+    parameter that has a state: a run trained with --momentum 0 and resumed with a momentum
+    gets zero buffers (SGD starts a missing one itself). Resumed with --momentum 0, the
+    buffers are dropped: torch leaves them as they were, and a later resume with a momentum
+    would start from the direction of the epochs before the pause (up to 1 / (1 - momentum)
+    times a gradient) instead of afresh."""
     import torch
 
-    if not isinstance(optimizer, torch.optim.RMSprop):
+    if not isinstance(optimizer, (torch.optim.SGD, torch.optim.RMSprop)):
         return
     for group in optimizer.param_groups:
-        if group["momentum"] <= 0:
-            continue
         for param in group["params"]:
             state = optimizer.state.get(param)
-            if state and "momentum_buffer" not in state:
+            if not state:
+                continue
+            if group["momentum"] <= 0:
+                state.pop("momentum_buffer", None)
+            elif isinstance(optimizer, torch.optim.RMSprop) and "momentum_buffer" not in state:
                 state["momentum_buffer"] = torch.zeros_like(
                     param, memory_format=torch.preserve_format
                 )
