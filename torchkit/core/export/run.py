@@ -192,13 +192,16 @@ def export_model(request: ExportRequest, progress: Progress | None = None) -> Ex
     # that even at batch 1 there are distinct inputs whose outputs must differ
     sizes.append(request.batch_size + 2 if dynamic else request.batch_size)
     example_size = max(2, request.batch_size) if dynamic else request.batch_size
+    call_bytes, attention_bytes, output_bytes = _per_image_bytes(model, sample)
     _check_batch_memory(
         sample,
         max(sizes),
         request.batch_size,
-        _largest_call_bytes(model, sample),
+        call_bytes,
         fmt=fmt,
         weight_bytes=parameter_bytes(model),
+        attention_bytes=attention_bytes,
+        output_bytes=output_bytes,
     )
     batches = verification_batches(sample, sizes if request.verify else sizes[:1])
     references = _reference(model, batches, arch=arch)
@@ -304,21 +307,23 @@ def _verdict(verification: Verification | None, traced_input_values: list[str]) 
     return "passed"
 
 
-def _largest_call_bytes(model: Any, sample: tuple[int, ...]) -> int:
-    """What one layer holds at once for one image (its inputs and its output; summary's count
-    on the meta device, no real forward pass), plus the attention matrices of one image (heads
-    x N x N at each attention call: no layer's output, though each is held, and the tracers
-    keep every one): 0 where the meta pass cannot count it."""
+def _per_image_bytes(model: Any, sample: tuple[int, ...]) -> tuple[int, int, int]:
+    """For one image, from summary's count on the meta device (no real forward pass): what one
+    layer holds at once (its inputs and its output), the attention matrices (heads x N x N at
+    each attention call: no layer's output, though each is held), and the new outputs of
+    every layer (what a tracer with autograd on keeps, with those matrices); zeros where the
+    meta pass cannot count them."""
     from torchkit.core.summary.counting import MB, is_script_module, summarize
 
     if is_script_module(model):  # summary would run it for real
-        return 0
+        return 0, 0, 0
     try:
         with _attention_matrices() as attention:
             counted = summarize(model, [(1, *sample)], count_flops=False, run_for_real=False)
     except Exception:  # noqa: BLE001 - no estimate; the reference pass reports a real failure
-        return 0
-    return int((counted.largest_call_mb or 0) * MB) + sum(attention)
+        return 0, 0, 0
+    outputs = (counted.forward_backward_mb or 0) * MB / 2  # the outputs, and their gradients
+    return int((counted.largest_call_mb or 0) * MB), sum(attention), int(outputs)
 
 
 @contextlib.contextmanager
@@ -360,12 +365,19 @@ def _attention_matrices():
 # tracers run with autograd on (ONNX needs it: no_grad takes nn.MultiheadAttention's fast path,
 # which ONNX cannot export), keeping every layer's output: 3.3x the batch count (resnet18),
 # 1.1x (convnet); torch.export traces with fake tensors: 1.3x and 1.5x. Weights: 3.8-4.1x
-# (ONNX), 2.8-3.3x (.pt2), 0.4-2.7x (TorchScript). An attention call's matrices are no
-# layer's output, and the tracers keep every one: counted from the shapes at each call, a small
-# ViT (4 blocks of 4 heads, 224 px, -b 16 and 64) holds 0.96-1.01x the count (ONNX,
-# TorchScript) and 0.81-1.04x (.pt2), against 1.8-2.3x without them; vit_b_16 (ONNX, -b 1
-# and 4) 0.88x, where its growth per image was 4.3x the count without them.
+# (ONNX), 2.8-3.3x (.pt2), 0.4-2.7x (TorchScript). A deep model keeps more than its largest
+# call shows, in every block: ONNX's and TorchScript's count is at least `_KEPT_PER_BATCH`
+# times the images, every layer's new outputs and the attention matrices (heads x N x N at
+# each call, no layer's output, each kept once). ONNX, then: mobilenet_v2 (-b 8 and 32)
+# 0.80-0.91x the count, resnet50 (-b 2 and 10) 0.61-0.63x, vit_b_16 (-b 1 and 8) 0.74-0.78x;
+# ViTs of 64 channels and 4 heads at 224 px, 4, 12 and 24 blocks (torchvision's and timm's),
+# -b 64, ONNX and TorchScript: 0.44-0.76x. Counted with the largest call alone (the matrices
+# with it, 3.5 times over), mobilenet_v2 held 1.8-2.1x, resnet50 1.2-1.9x and vit_b_16 grew
+# 1.24x that count per image, while the thin ViTs held 0.36-0.51x. .pt2 counts the matrices
+# with the largest call: 0.87x (4 blocks), 0.40x (12), 0.20x (24), its peak growing little
+# with depth (not calibrated further).
 _PEAK_PER_BATCH = {fm.ONNX: 3.5, fm.TORCHSCRIPT: 3.5, fm.EXPORTED_PROGRAM: 1.6}
+_KEPT_PER_BATCH = {fm.ONNX: 1.6, fm.TORCHSCRIPT: 1.6}
 _PEAK_PER_WEIGHTS = {fm.ONNX: 4.0, fm.TORCHSCRIPT: 3.0, fm.EXPORTED_PROGRAM: 3.5}
 
 
@@ -377,21 +389,38 @@ def _check_batch_memory(
     *,
     fmt: str,
     weight_bytes: int = 0,
+    attention_bytes: int = 0,
+    output_bytes: int = 0,
 ) -> None:
     """What exporting to `fmt` holds at its peak fits in the memory free: the example batches
     it traces and verifies with, up to `largest` samples of `sample` in float32, and what one
     layer holds at once for them (`call_bytes` an image: a first convolution's output is
     several times the images), each format's multiple of them and of the weights (see
-    `_PEAK_PER_BATCH`). A --batch-size past it (2**30) failed in torch's allocator with a
+    `_PEAK_PER_BATCH`); for ONNX and TorchScript, at least what their tracers keep of each
+    image (`_KEPT_PER_BATCH` times the image, every layer's new outputs, `output_bytes`, and
+    the attention matrices, `attention_bytes`), which torch.export's counts with the layer's
+    instead. A --batch-size past it (2**30) failed in torch's allocator with a
     traceback's last line instead of one error, one whose images fit but layers did not
     (resnet18 at 4096) ended in the kernel's OOM killer, and one flat half of the free memory
     let ONNX and TorchScript batches that need 1.7x it through while it refused .pt2 batches
     that fit."""
-    batch = largest * (math.prod(sample) * 4 + call_bytes)
-    needed = _PEAK_PER_BATCH[fmt] * batch + _PEAK_PER_WEIGHTS[fmt] * weight_bytes
+    image_bytes = math.prod(sample) * 4
+    kept_rate = _KEPT_PER_BATCH.get(fmt)
+    if kept_rate is None:
+        call_bytes += attention_bytes
+    batch = largest * (image_bytes + call_bytes)
+    kept = largest * (image_bytes + output_bytes + attention_bytes)
+    by_kept = kept_rate is not None and kept_rate * kept > _PEAK_PER_BATCH[fmt] * batch
+    rate, counted = (kept_rate, kept) if by_kept else (_PEAK_PER_BATCH[fmt], batch)
+    needed = rate * counted + _PEAK_PER_WEIGHTS[fmt] * weight_bytes
     free = memory.available_memory()
     if free is not None and needed > free:
-        layer = " and one layer's inputs and output" if call_bytes else ""
+        if by_kept:
+            held = " and every layer's outputs for them" + (
+                " and their attention matrices" if attention_bytes else ""
+            )
+        else:
+            held = " and one layer's inputs and output" if call_bytes else ""
         weights = (
             f", plus {_PEAK_PER_WEIGHTS[fmt]:g} x {weight_bytes / 1e9:,.1f} GB for the weights"
             if weight_bytes
@@ -399,8 +428,8 @@ def _check_batch_memory(
         )
         raise UsageError(
             f"--batch-size {batch_size} needs about {needed / 1e9:,.1f} GB to export to {fmt} "
-            f"({_PEAK_PER_BATCH[fmt]:g} x {batch / 1e9:,.1f} GB for a batch of {largest} "
-            f"{'x'.join(map(str, sample))} inputs{layer}{weights}), more than the "
+            f"({rate:g} x {counted / 1e9:,.1f} GB for a batch of {largest} "
+            f"{'x'.join(map(str, sample))} inputs{held}{weights}), more than the "
             f"{free / 1e9:,.1f} GB free",
             "give a smaller --batch-size: the exported model takes any batch size unless "
             "--static-batch",
