@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -311,15 +312,7 @@ def relabelled(samples: Samples, classes: Sequence[str], where: str) -> Samples:
         return samples
     by_place = _by_place_but_unlabelled(samples, classes)
     if by_place is not None:
-        return Samples(
-            classes=classes,
-            labels=by_place,
-            paths=samples.paths,
-            images=samples.images,
-            source=samples.source,
-            ids=samples.ids,
-            splits=samples.splits,
-        )
+        return dataclasses.replace(samples, classes=classes, labels=by_place)
     index_of = class_index(classes)
     unknown = _unknown_classes(samples, index_of)
     if unknown:
