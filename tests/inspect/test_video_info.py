@@ -10,6 +10,7 @@ import shutil
 import struct
 import subprocess
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import cv2
@@ -1363,12 +1364,12 @@ def _iso_box(data: bytes, kind: bytes, parent: tuple[int, int] | None) -> tuple[
     raise AssertionError(f"no {kind} box")
 
 
-def sparse_mp4(path: Path) -> bool:
-    """3 frames 600 s apart, the last lasting 1/25 s (ffprobe: 1200.04 s): an OpenCV MP4 whose
-    sample times (stts), durations and edit list are rewritten (version-0 boxes, moov last)."""
-    if not write_video(path, "mp4v", 16, 16, 25, 3):
-        return False
-    data = bytearray(path.read_bytes())
+def _retime_mp4(
+    data: bytearray, numerator: int, denominator: int, runs: Callable[[int], list[tuple[int, int]]]
+) -> None:
+    """An OpenCV MP4 (version-0 boxes, moov last) made to last numerator / denominator seconds
+    (movie, media, track and edit durations) with sample times `runs(media timescale)`: the stts
+    box's (count, delta) runs."""
 
     def get(at: int) -> int:
         return struct.unpack_from(">I", data, at)[0]
@@ -1376,20 +1377,31 @@ def sparse_mp4(path: Path) -> bool:
     moov = _iso_box(data, b"moov", None)
     trak = _iso_box(data, b"trak", moov)
     mdia = _iso_box(data, b"mdia", trak)
+    minf = _iso_box(data, b"minf", mdia)
+    stbl = _iso_box(data, b"stbl", minf)
     mvhd, mdhd = _iso_box(data, b"mvhd", moov)[0] + 8, _iso_box(data, b"mdhd", mdia)[0] + 8
     movie, media = get(mvhd + 12), get(mdhd + 12)  # the timescales
     elst = _iso_box(data, b"elst", _iso_box(data, b"edts", trak))[0] + 8
-    for at, scale in ((mvhd + 16, movie), (mdhd + 16, media), (elst + 8, movie)):
-        struct.pack_into(">I", data, at, scale * 120004 // 100)  # durations: 1200.04 s
-    struct.pack_into(">I", data, _iso_box(data, b"tkhd", trak)[0] + 28, movie * 120004 // 100)
-    minf = _iso_box(data, b"minf", mdia)
-    stbl = _iso_box(data, b"stbl", minf)
+    header = _iso_box(data, b"tkhd", trak)[0] + 28  # its duration (version 0)
+    for at, scale in ((mvhd + 16, movie), (mdhd + 16, media), (elst + 8, movie), (header, movie)):
+        struct.pack_into(">I", data, at, scale * numerator // denominator)
+    entries = runs(media)
+    flat = [number for run in entries for number in run]
+    times = struct.pack(f">I4sII{len(flat)}I", 16 + 4 * len(flat), b"stts", 0, len(entries), *flat)
     stts = _iso_box(data, b"stts", stbl)
-    times = struct.pack(">I4sIIIIII", 32, b"stts", 0, 2, 2, 600 * media, 1, media // 25)
     grow = len(times) - (stts[1] - stts[0])
     data[stts[0] : stts[1]] = times
     for box in (moov, trak, mdia, minf, stbl):
         struct.pack_into(">I", data, box[0], get(box[0]) + grow)
+
+
+def sparse_mp4(path: Path) -> bool:
+    """3 frames 600 s apart, the last lasting 1/25 s (ffprobe: 1200.04 s): an OpenCV MP4 whose
+    sample times (stts), durations and edit list are rewritten."""
+    if not write_video(path, "mp4v", 16, 16, 25, 3):
+        return False
+    data = bytearray(path.read_bytes())
+    _retime_mp4(data, 120004, 100, lambda media: [(2, 600 * media), (1, media // 25)])
     path.write_bytes(bytes(data))
     return True
 
@@ -1581,7 +1593,7 @@ def slowing_mp4_with_an_uncoded_frame(path: Path) -> bool:
     """10 frames, 5 of 40 ms then 5 of 80 ms (0.6 s, as ffprobe gives it), whose frame 3 is a
     VOP marked not coded, which FFmpeg's decoder skips: 9 frames decode, the last starting at
     0.52 s and lasting 80 ms. An OpenCV MP4 whose sample times (stts) and durations are
-    rewritten (version-0 boxes, moov last)."""
+    rewritten."""
     if not write_video(path, "mp4v", 16, 16, 25, 10):
         return False
     data = bytearray(path.read_bytes())
@@ -1589,17 +1601,8 @@ def slowing_mp4_with_an_uncoded_frame(path: Path) -> bool:
     def get(at: int) -> int:
         return struct.unpack_from(">I", data, at)[0]
 
-    moov = _iso_box(data, b"moov", None)
-    trak = _iso_box(data, b"trak", moov)
-    mdia = _iso_box(data, b"mdia", trak)
-    minf = _iso_box(data, b"minf", mdia)
-    stbl = _iso_box(data, b"stbl", minf)
-    mvhd, mdhd = _iso_box(data, b"mvhd", moov)[0] + 8, _iso_box(data, b"mdhd", mdia)[0] + 8
-    movie, media = get(mvhd + 12), get(mdhd + 12)  # the timescales
-    elst = _iso_box(data, b"elst", _iso_box(data, b"edts", trak))[0] + 8
-    for at, scale in ((mvhd + 16, movie), (mdhd + 16, media), (elst + 8, movie)):
-        struct.pack_into(">I", data, at, scale * 6 // 10)
-    struct.pack_into(">I", data, _iso_box(data, b"tkhd", trak)[0] + 28, movie * 6 // 10)
+    trak = _iso_box(data, b"trak", _iso_box(data, b"moov", None))
+    stbl = _iso_box(data, b"stbl", _iso_box(data, b"minf", _iso_box(data, b"mdia", trak)))
     # frame 3's VOP header: 00 00 01 B6, P (01), modulo time base 0, marker, its time
     # increment (5 bits at 25 fps: 3), marker, then vop_coded, set to 0
     sizes = _iso_box(data, b"stsz", stbl)[0] + 20
@@ -1607,12 +1610,7 @@ def slowing_mp4_with_an_uncoded_frame(path: Path) -> bool:
     assert data[vop : vop + 4] == b"\x00\x00\x01\xb6" and data[vop + 4] == 0b01010001
     assert data[vop + 5] >> 5 == 0b111
     data[vop + 5] &= ~0b00100000
-    stts = _iso_box(data, b"stts", stbl)
-    times = struct.pack(">I4sIIIIII", 32, b"stts", 0, 2, 5, media // 25, 5, media // 25 * 2)
-    grow = len(times) - (stts[1] - stts[0])
-    data[stts[0] : stts[1]] = times
-    for box in (moov, trak, mdia, minf, stbl):
-        struct.pack_into(">I", data, box[0], get(box[0]) + grow)
+    _retime_mp4(data, 6, 10, lambda media: [(5, media // 25), (5, media // 25 * 2)])
     path.write_bytes(bytes(data))
     return True
 
