@@ -1518,6 +1518,18 @@ def projected_mkv(data: bytes, yaw: float, roll: float) -> bytes:
     return bytes(out)
 
 
+def skip_unless_ffmpeg_reads_a_projection(path: Path, data: bytes) -> None:
+    """Skip where OpenCV's FFmpeg does not read a Projection (or the file `projected_mkv`
+    makes of `data`: the FFmpeg of the lowest OpenCV refuses it), by a quarter turn written at
+    `path`."""
+    path.write_bytes(projected_mkv(data, 0.0, 90.0))
+    turned = cv2.VideoCapture(str(path), cv2.CAP_FFMPEG)
+    read = turned.get(getattr(cv2, "CAP_PROP_ORIENTATION_META", -1))
+    turned.release()
+    if not read:
+        pytest.skip("this OpenCV's FFmpeg does not read a Matroska Projection")
+
+
 @pytest.mark.parametrize(
     ("yaw", "roll", "displayed"),
     [
@@ -1539,11 +1551,7 @@ def test_a_mirroring_matroska_projection_mirrors_the_extracted_frames(
     if not write_video(path, "FFV1", 48, 32, 25, 3):
         pytest.skip("this OpenCV build cannot write FFV1")
     data = path.read_bytes()
-    path.write_bytes(projected_mkv(data, 0.0, 90.0))  # a quarter turn, if FFmpeg reads it
-    turned = cv2.VideoCapture(str(path), cv2.CAP_FFMPEG)
-    if not turned.get(getattr(cv2, "CAP_PROP_ORIENTATION_META", -1)):
-        pytest.skip("this OpenCV's FFmpeg does not read a Matroska Projection")
-    turned.release()
+    skip_unless_ffmpeg_reads_a_projection(path, data)
     path.write_bytes(projected_mkv(data, yaw, roll))
     code, (row,) = json_rows(path, "--segments", "1", "--extract-frames", tmp_path / "frames")
     assert code == 0 and row["frame_indices"] == [1]
@@ -1567,7 +1575,9 @@ def test_a_mirroring_matroska_projection_of_an_infinite_roll_is_written_as_openc
     path = tmp_path / "infinite.mkv"
     if not write_video(path, "FFV1", 48, 32, 25, 3):
         pytest.skip("this OpenCV build cannot write FFV1")
-    path.write_bytes(projected_mkv(path.read_bytes(), 180.0, float("inf")))
+    data = path.read_bytes()
+    skip_unless_ffmpeg_reads_a_projection(path, data)
+    path.write_bytes(projected_mkv(data, 180.0, float("inf")))
     code, (row,) = json_rows(path, "--segments", "1", "--extract-frames", tmp_path / "frames")
     assert (code, row["status"], row["error"], row["frame_indices"]) == (0, "ok", None, [1])
     capture = cv2.VideoCapture(str(path), cv2.CAP_FFMPEG)
