@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import tarfile
+from pathlib import Path
 
 import pytest
 from output_checks import error_line
@@ -25,6 +26,15 @@ from processes import run_torchkit_in_process
 from shards import serving
 
 CHUNK = 1 << 20  # what torchkit reads (and writes) of a body at a time
+
+
+def cache_deleted_line(url: str, folder: Path) -> str:
+    """The one error line of a download of `url` into `folder` whose cache was deleted."""
+    return (
+        f"Error: cannot download {url} into {folder}: the cache was deleted while torchkit used "
+        "it (another program deleted the folder or the file being written) (run again; nothing "
+        "of it was kept)"
+    )
 
 
 def _shard(path, size: int) -> bytes:
@@ -80,11 +90,7 @@ def test_a_cache_deleted_as_a_shard_downloads_is_one_line(
         folder = shard_cache_folder(server.url)
         result = run_torchkit_in_process("dataset-stats", spec, "--workers", "0")
     assert result.returncode == 1, result.stdout
-    assert error_line(result.stderr) == (
-        f"Error: cannot download {server.url}/a-000000.tar into {folder}: the cache was deleted "
-        "while torchkit used it (another program deleted the folder or the file being "
-        "written) (run again; nothing of it was kept)"
-    )
+    assert error_line(result.stderr) == cache_deleted_line(f"{server.url}/a-000000.tar", folder)
     assert after == []  # stopped at the chunk it was deleted at, not read to its end
     assert not cache.exists()  # not made again: nothing of it kept
 
@@ -111,11 +117,7 @@ def test_a_cache_deleted_between_two_shards_downloads_is_one_line(tmp_path, monk
         spec = f"{server.url}/a-{{000000..000001}}.tar"
         result = run_torchkit_in_process("dataset-stats", spec, "--workers", "0")
     assert result.returncode == 1, result.stdout
-    assert error_line(result.stderr) == (
-        f"Error: cannot download {server.url}/a-000001.tar into {folder}: the cache was "
-        "deleted while torchkit used it (another program deleted the folder or the file being "
-        "written) (run again; nothing of it was kept)"
-    )
+    assert error_line(result.stderr) == cache_deleted_line(f"{server.url}/a-000001.tar", folder)
     assert not cache.exists()
 
 
@@ -159,10 +161,6 @@ def test_the_file_being_written_deleted_is_one_line(tmp_path, monkeypatch, check
         result = run_torchkit_in_process("dataset-stats", spec, "--workers", "0")
     assert len(deleted) == 1
     assert result.returncode == 1, result.stdout
-    assert error_line(result.stderr) == (
-        f"Error: cannot download {server.url}/a-000000.tar into {folder}: the cache was deleted "
-        "while torchkit used it (another program deleted the folder or the file being "
-        "written) (run again; nothing of it was kept)"
-    )
+    assert error_line(result.stderr) == cache_deleted_line(f"{server.url}/a-000000.tar", folder)
     assert not (folder / "a-000000.tar").exists()
     assert [name for name in os.listdir(folder) if temporary_stem(name)] == []

@@ -81,6 +81,18 @@ def _claim_files(cache: Path) -> list[str]:
     return sorted(p.name for p in (cache / ".download-claims").glob("*.claim"))
 
 
+def _disk_of_100_000_bytes(tmp_path: Path, monkeypatch) -> tuple[Path, Path]:
+    """(a shard folder of a cache in `tmp_path`, that cache's claims folder, not made), on a
+    disk of 100,000 free bytes and no TORCHKIT_CACHE_LIMIT."""
+    from torchkit.core.data.sources import http_shards
+
+    monkeypatch.setattr(http_shards, "_free_bytes", lambda folder: 100_000)
+    monkeypatch.delenv("TORCHKIT_CACHE_LIMIT", raising=False)
+    folder = tmp_path / "cache" / "shards" / "f"
+    folder.mkdir(parents=True)
+    return folder, tmp_path / "cache" / ".download-claims"
+
+
 def test_two_processes_whose_shards_fit_one_at_a_time_both_finish(
     tmp_path, small_tmpfs, monkeypatch
 ):
@@ -218,11 +230,7 @@ def test_a_claim_file_of_no_process_is_deleted_whatever_it_holds(tmp_path, monke
     damaged disk left it so) is deleted, not read: the claims are rebuilt from the live ones."""
     from torchkit.core.data.sources import http_shards
 
-    monkeypatch.setattr(http_shards, "_free_bytes", lambda folder: 100_000)
-    monkeypatch.delenv("TORCHKIT_CACHE_LIMIT", raising=False)
-    folder = tmp_path / "cache" / "shards" / "f"
-    folder.mkdir(parents=True)
-    claims = tmp_path / "cache" / ".download-claims"
+    folder, claims = _disk_of_100_000_bytes(tmp_path, monkeypatch)
     claims.mkdir()
     (claims / "1-dead.claim").write_bytes(b'{"size": 90000, "wri')
     (claims / "2-dead.claim").write_bytes(b"\xff\x00 not json")
@@ -589,11 +597,7 @@ def test_an_empty_claim_file_being_made_beside_a_lock_deleted_while_held_is_skip
 
     from torchkit.core.data.sources import http_shards
 
-    monkeypatch.setattr(http_shards, "_free_bytes", lambda folder: 100_000)
-    monkeypatch.delenv("TORCHKIT_CACHE_LIMIT", raising=False)
-    folder = tmp_path / "cache" / "shards" / "f"
-    folder.mkdir(parents=True)
-    claims = tmp_path / "cache" / ".download-claims"
+    folder, claims = _disk_of_100_000_bytes(tmp_path, monkeypatch)
     claims.mkdir()
     being_made = claims / "7-made.claim"
     fd = os.open(being_made, os.O_RDWR | os.O_CREAT | os.O_EXCL)
@@ -665,11 +669,7 @@ def test_a_claims_folder_deleted_as_a_claim_is_taken_is_made_again(tmp_path, mon
 
     from torchkit.core.data.sources import http_shards
 
-    monkeypatch.setattr(http_shards, "_free_bytes", lambda folder: 100_000)
-    monkeypatch.delenv("TORCHKIT_CACHE_LIMIT", raising=False)
-    folder = tmp_path / "cache" / "shards" / "f"
-    folder.mkdir(parents=True)
-    claims = tmp_path / "cache" / ".download-claims"
+    folder, claims = _disk_of_100_000_bytes(tmp_path, monkeypatch)
     opened, read, deletions = http_shards.open_unshared, http_shards._claims_of_others, []
 
     def delete_once(when: str) -> None:
@@ -722,11 +722,7 @@ def test_a_claims_folder_made_and_deleted_as_it_is_made_is_made_again(tmp_path, 
     that error (test_a_claims_folder_that_is_not_a_folder_is_one_error_line)."""
     from torchkit.core.data.sources import http_shards
 
-    monkeypatch.setattr(http_shards, "_free_bytes", lambda folder: 100_000)
-    monkeypatch.delenv("TORCHKIT_CACHE_LIMIT", raising=False)
-    folder = tmp_path / "cache" / "shards" / "f"
-    folder.mkdir(parents=True)
-    claims = tmp_path / "cache" / ".download-claims"
+    folder, claims = _disk_of_100_000_bytes(tmp_path, monkeypatch)
     make, raced = os.mkdir, []
 
     def made_and_deleted(path, *args, **kwargs):

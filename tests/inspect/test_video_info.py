@@ -1425,6 +1425,21 @@ def test_a_rotated_video_reads_as_displayed_and_its_frames_are_upright(tmp_path)
     assert cv2.imread(row["frame_files"][0]).shape == (48, 32, 3)
 
 
+def assert_frame_1_extracted_as_displayed(path: Path, frames: Path, displayed) -> None:
+    """`--segments 1 --extract-frames` of `path` writes frame 1 as `displayed` (a function of
+    the frame as stored, OpenCV's turning off) shows it, and its row gives that size."""
+    code, (row,) = json_rows(path, "--segments", "1", "--extract-frames", frames)
+    assert code == 0 and row["frame_indices"] == [1]
+    stored = cv2.VideoCapture(str(path), cv2.CAP_FFMPEG)  # frame 1 as stored, not turned
+    if hasattr(cv2, "CAP_PROP_ORIENTATION_AUTO"):
+        stored.set(cv2.CAP_PROP_ORIENTATION_AUTO, 0)
+    stored.grab()
+    expected = np.ascontiguousarray(displayed(stored.read()[1]))
+    stored.release()
+    assert (row["width"], row["height"]) == (expected.shape[1], expected.shape[0])
+    assert np.array_equal(cv2.imread(row["frame_files"][0]), expected)
+
+
 @pytest.mark.parametrize(
     ("matrix", "displayed"),
     [
@@ -1446,16 +1461,7 @@ def test_a_mirroring_display_matrix_mirrors_the_extracted_frames(tmp_path, matri
     a, b, c, d = (v << 16 for v in matrix)
     struct.pack_into(">9i", data, header[0] + 8 + 40, a, b, 0, c, d, 0, 0, 0, 1 << 30)
     path.write_bytes(bytes(data))
-    code, (row,) = json_rows(path, "--segments", "1", "--extract-frames", tmp_path / "frames")
-    assert code == 0 and row["frame_indices"] == [1]
-    stored = cv2.VideoCapture(str(path), cv2.CAP_FFMPEG)  # frame 1 as stored, not turned
-    if hasattr(cv2, "CAP_PROP_ORIENTATION_AUTO"):
-        stored.set(cv2.CAP_PROP_ORIENTATION_AUTO, 0)
-    stored.grab()
-    expected = np.ascontiguousarray(displayed(stored.read()[1]))
-    stored.release()
-    assert (row["width"], row["height"]) == (expected.shape[1], expected.shape[0])
-    assert np.array_equal(cv2.imread(row["frame_files"][0]), expected)
+    assert_frame_1_extracted_as_displayed(path, tmp_path / "frames", displayed)
 
 
 def ebml_elements(data: bytes, start: int, end: int):
@@ -1553,16 +1559,7 @@ def test_a_mirroring_matroska_projection_mirrors_the_extracted_frames(
     data = path.read_bytes()
     skip_unless_ffmpeg_reads_a_projection(path, data)
     path.write_bytes(projected_mkv(data, yaw, roll))
-    code, (row,) = json_rows(path, "--segments", "1", "--extract-frames", tmp_path / "frames")
-    assert code == 0 and row["frame_indices"] == [1]
-    stored = cv2.VideoCapture(str(path), cv2.CAP_FFMPEG)  # frame 1 as stored, not turned
-    if hasattr(cv2, "CAP_PROP_ORIENTATION_AUTO"):
-        stored.set(cv2.CAP_PROP_ORIENTATION_AUTO, 0)
-    stored.grab()
-    expected = np.ascontiguousarray(displayed(stored.read()[1]))
-    stored.release()
-    assert (row["width"], row["height"]) == (expected.shape[1], expected.shape[0])
-    assert np.array_equal(cv2.imread(row["frame_files"][0]), expected)
+    assert_frame_1_extracted_as_displayed(path, tmp_path / "frames", displayed)
 
 
 def test_a_mirroring_matroska_projection_of_an_infinite_roll_is_written_as_opencv_gives_it(
