@@ -175,14 +175,21 @@ def test_palette_images_keep_their_colours(tmp_path):
     assert (expected[..., 3] == 0).any()
 
 
-@pytest.mark.parametrize("orientation", range(1, 9))
-def test_exif_orientation_is_applied_like_pil(tmp_path, orientation):
+def _saved_with_orientation(tmp_path, orientation: int, *names: str):
+    """(a random 6x4 image, its pixels as PIL's exif_transpose turns them) saved in tmp_path
+    under each of `names` (the first a PNG) with the EXIF orientation `orientation`."""
     image = random_image("RGB", size=(6, 4))
     exif = Image.Exif()
     exif[0x0112] = orientation
-    image.save(tmp_path / "o.png", exif=exif)
-    with Image.open(tmp_path / "o.png") as opened:
-        expected = np.asarray(ImageOps.exif_transpose(opened))
+    for name in names:
+        image.save(tmp_path / name, exif=exif)
+    with Image.open(tmp_path / names[0]) as opened:
+        return image, np.asarray(ImageOps.exif_transpose(opened))
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_exif_orientation_is_applied_like_pil(tmp_path, orientation):
+    image, expected = _saved_with_orientation(tmp_path, orientation, "o.png")
     np.testing.assert_array_equal(read_image(tmp_path / "o.png").array, expected)
     raw = read_image(tmp_path / "o.png", exif=False).array
     np.testing.assert_array_equal(raw, np.asarray(image))
@@ -193,13 +200,7 @@ def test_a_tiff_is_turned_once_by_its_orientation(tmp_path, orientation):
     # Pillow's TIFF loader turns the pixels itself: turned again, a TIFF came out turned twice
     # (3 not turned, 6 and 8 upside down) where the same PNG came out right; without EXIF it
     # came out turned, not as stored.
-    image = random_image("RGB", size=(6, 4))
-    exif = Image.Exif()
-    exif[0x0112] = orientation
-    image.save(tmp_path / "o.png", exif=exif)
-    image.save(tmp_path / "o.tif", exif=exif)
-    with Image.open(tmp_path / "o.png") as opened:
-        expected = np.asarray(ImageOps.exif_transpose(opened))
+    image, expected = _saved_with_orientation(tmp_path, orientation, "o.png", "o.tif")
     np.testing.assert_array_equal(read_image(tmp_path / "o.tif").array, expected)
     raw = read_image(tmp_path / "o.tif", exif=False).array
     np.testing.assert_array_equal(raw, np.asarray(image))
