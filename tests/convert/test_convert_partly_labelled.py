@@ -13,7 +13,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from parquet_files import write_parquet
+from partly_labelled import KINDS, partly_labelled_source
 from PIL import Image
 from processes import run_torchkit_in_process
 
@@ -23,41 +23,6 @@ from torchkit.core.io.errors import InputError
 # Per source sample in order: its class name, or None for no label.
 LABELS = ["cat", None, "dog", "cat", None]
 NAMES = ["cat", "dog"]
-
-
-def _png(index: int) -> bytes:
-    buffer = io.BytesIO()
-    Image.new("RGB", (4, 4), (index * 40, 3, 5)).save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
-def _source(kind: str, folder: Path) -> Path:
-    """`LABELS` as partly labelled data of `kind`: WebDataset shards (no `KEY.cls`), an HF
-    parquet file (null and -1 for no label) or a CSV index (an empty label)."""
-    folder.mkdir()
-    if kind == "shards":
-        (folder / "classes.txt").write_text("cat\ndog\n")
-        with tarfile.open(folder / "shard-000000.tar", "w") as tar:
-            for index, label in enumerate(LABELS):
-                members = {"png": _png(index)}
-                if label is not None:
-                    members["cls"] = str(NAMES.index(label)).encode()
-                for extension, data in members.items():
-                    info = tarfile.TarInfo(f"s{index}.{extension}")
-                    info.size = len(data)
-                    tar.addfile(info, io.BytesIO(data))
-        return folder
-    if kind == "parquet":
-        missing = iter([None, -1])
-        labels = [next(missing) if x is None else NAMES.index(x) for x in LABELS]
-        images = [_png(index) for index in range(len(LABELS))]
-        return write_parquet(folder / "data.parquet", images, labels, names=NAMES)
-    lines = ["path,label"]
-    for index, label in enumerate(LABELS):
-        (folder / f"{index}.png").write_bytes(_png(index))
-        lines.append(f"{index}.png,{label or ''}")
-    (folder / "index.csv").write_text("\n".join(lines) + "\n")
-    return folder / "index.csv"
 
 
 def _written(out: Path) -> dict[int, tuple[int | None, str | None]]:
@@ -79,11 +44,11 @@ def _written(out: Path) -> dict[int, tuple[int | None, str | None]]:
     return found
 
 
-@pytest.mark.parametrize("kind", ["shards", "parquet", "csv"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_convert_shards_keeps_every_label_of_partly_labelled_data(
     tmp_path, kind, caplog, monkeypatch
 ):
-    source = _source(kind, tmp_path / "source")
+    source = partly_labelled_source(kind, tmp_path / "source", LABELS, NAMES)
     out = tmp_path / "out"
     done = run_torchkit_in_process("convert", "shards", source, out, "--format", "json")
     assert done.returncode == 0, done.stderr
@@ -107,7 +72,7 @@ def test_convert_shards_keeps_every_label_of_partly_labelled_data(
 def test_split_refuses_a_partly_labelled_index_rather_than_dropping_its_labels(tmp_path):
     from torchkit.core.split.plan import load_split_input
 
-    index = _source("csv", tmp_path / "source")
+    index = partly_labelled_source("csv", tmp_path / "source", LABELS, NAMES)
     with pytest.raises(InputError) as refused:
         load_split_input(index)
     assert str(refused.value).startswith(

@@ -886,7 +886,8 @@ def _index_lines(
     classes = shown_class_names(samples.classes)  # `crane (#134)`: two classes of one name
     for index in indices:
         name = ids[index] if ids else str(index)
-        label = classes[samples.labels[index]] if labelled else None
+        # Class "" beside class names: a sample of partly labelled data without a label.
+        label = (classes[samples.labels[index]] or None) if labelled else None
         if index in errors:
             line = [None, name, label, errors[index]]
         else:

@@ -18,7 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchkit.core.data.sources.discovery import is_image_file
-from torchkit.core.data.sources.samples import Samples, class_index, find_class, nfc
+from torchkit.core.data.sources.samples import (
+    Samples,
+    class_index,
+    find_class,
+    nfc,
+    partial_labels_kept,
+)
 from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.io.files import STDIN, read_path_list
 from torchkit.core.io.path_lists import PathStream
@@ -64,13 +70,17 @@ def collect_images(
             continue
         # Shards (a pattern names no file), a .tar of images, parquet files: data in containers.
         # Predict reads no labels: images beside class folders are read too (`every_image`).
-        source = open_container_data(item, None, True, every_image=True)
-        if source is None:
-            if os.path.isfile(item) and not item.lower().endswith(".csv"):
-                raise InputError(f"{item} is neither an image, a folder nor a CSV index")
-            if item != "digits" and not os.path.lexists(item):
-                raise _not_found(item)
-            source = open_data(item, allow_unlabelled=True, every_image=True)
+        # Of partly labelled data each label is kept, the `label` column of its sample (class
+        # "" where there is none), as `convert shards` keeps them: read all unlabelled, every
+        # row's label was empty.
+        with partial_labels_kept():
+            source = open_container_data(item, None, True, every_image=True)
+            if source is None:
+                if os.path.isfile(item) and not item.lower().endswith(".csv"):
+                    raise InputError(f"{item} is neither an image, a folder nor a CSV index")
+                if item != "digits" and not os.path.lexists(item):
+                    raise _not_found(item)
+                source = open_data(item, allow_unlabelled=True, every_image=True)
         read_as_data = True
         samples, found_notes = select_split(source, split, default="all", recorded=recorded)
         notes += found_notes
