@@ -739,3 +739,70 @@ def test_a_claims_folder_made_and_deleted_as_it_is_made_is_made_again(tmp_path, 
         assert claim.take(threading.Event()) is None
         assert raced
         assert _claim_files(tmp_path / "cache") == [claim.file.name]
+
+
+def test_a_claims_folder_deleted_while_another_process_downloads_is_made_again(
+    tmp_path, monkeypatch
+):
+    """Another process downloads a shard of 0.6 of the room when the claims folder is deleted
+    (`rm -rf CACHE/.download-claims`, a user cleaning up): its claim went with it, and a
+    newcomer's shard of 0.6 took the room that was promised (both together more than the disk
+    has). The download makes its claim file again as it writes its next chunk: the newcomer
+    waits for it."""
+    import shutil
+
+    from torchkit.core.data.sources import http_shards
+
+    folder, claims = _disk_of_100_000_bytes(tmp_path, monkeypatch)
+    size = (60_000, "its Content-Length is")
+    asked, ask = os.pipe()
+    said, says = os.pipe()
+    child = os.fork()
+    if child == 0:
+        try:
+            os.close(said)
+            os.close(ask)
+            with http_shards._CLAIMS.claim("http://h/a-000000.tar", folder, size) as claim:
+                taken = claim.take(threading.Event()) is None
+                os.write(says, b"held" if taken else b"none")
+                while os.read(asked, 1) == b"w":  # a chunk written, then told so
+                    claim.wrote(1_000)
+                    os.write(says, b"wrote")
+        finally:
+            os._exit(1)
+    os.close(says)
+    os.close(asked)
+    try:
+        assert os.read(said, 4) == b"held"
+        (before,) = _claim_files(tmp_path / "cache")
+        shutil.rmtree(claims)
+        os.write(ask, b"w")
+        assert os.read(said, 5) == b"wrote"
+        (after,) = _claim_files(tmp_path / "cache")
+        assert after != before and after.startswith(f"{child}-")
+        assert json.loads((claims / after).read_bytes())["written"] == 1_000
+        with http_shards._CLAIMS.claim("http://h/b-000000.tar", folder, size) as claim:
+            waiting = claim.take(threading.Event())
+            assert waiting is not None and waiting.polled, "the promised room taken twice"
+    finally:
+        os.close(ask)
+        os.close(said)
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+
+
+def test_a_claim_written_after_its_cache_was_deleted_makes_no_cache_again(tmp_path, monkeypatch):
+    """A claim file is made again where the claims folder went, but not where the cache went
+    whole (`rm -rf CACHE`): the download ends with "the cache was deleted", and no cache folder
+    is left made anew."""
+    import shutil
+
+    from torchkit.core.data.sources import http_shards
+
+    folder, _ = _disk_of_100_000_bytes(tmp_path, monkeypatch)
+    with http_shards._CLAIMS.claim("http://h/a-000000.tar", folder, (60_000, "")) as claim:
+        assert claim.take(threading.Event()) is None
+        shutil.rmtree(tmp_path / "cache")
+        claim.wrote(1_000)
+    assert not (tmp_path / "cache").exists()
+    assert http_shards._CLAIMS._held == []

@@ -33,7 +33,9 @@ disk is full; one of a known size larger than that is refused before a byte of i
 Downloads at once share that room (`_Claims`), also those of other processes on the cache
 (torchrun's ranks, loader workers, two runs: each claim is a file in CACHE/.download-claims that
 its process holds flocked): each claims its size, and one that does not fit beside the others'
-claims waits for them to end (refused only if it does not fit then either).
+claims waits for them to end (refused only if it does not fit then either). A claim file deleted
+while its download runs (`rm -rf CACHE/.download-claims`) is made again as its next chunk is
+written.
 A lock file per shard makes processes that share the cache (torchrun's ranks, two runs at once)
 download each shard once: the others wait for it, then use it; a shard the cache holds current
 is read without it, the server reachable or not (a cache shared read-only has none to take),
@@ -1213,12 +1215,15 @@ class _Claims:
                 claimed = sum(
                     c.outstanding for c in self._held if c.device == claim.device and c is not claim
                 )
-                mine = self._files()
             try:
                 with _claims_lock(
                     claim.url, claim.folder, claim.stop or threading.Event()
                 ) as shared:
                     if shared:
+                        # Named under the lock: a claim file of this process's made again
+                        # (`_write_claim`) is not counted as another's.
+                        with self._changed:
+                            mine = self._files()
                         claimed += sum(f.outstanding for f in _claims_of_others(claim, mine))
             except _ClaimsLockLost:  # read beside another process's step: read again
                 continue
@@ -1341,7 +1346,13 @@ def _claims_flock(url: str, folder: Path, stop: threading.Event) -> Iterator[boo
     warn_at = time.monotonic() + LOCK_WAIT_WARNING_S
     while True:
         try:
-            claims.mkdir(parents=True, exist_ok=True)
+            claims.mkdir(exist_ok=True)
+        except FileNotFoundError:
+            # The cache deleted whole (`rm -rf CACHE`) as a download ran, or before it began:
+            # its download ends so. Not made again to hold just this lock file: an empty
+            # cache folder of a lock file was left behind the error (a body of no size asks
+            # here before each chunk).
+            raise _cache_deleted(f"{_shown(url)} into {folder}") from None
         except OSError as error:
             # Made by another process, then deleted again (`rm -rf` of the cache) before
             # pathlib saw a folder there (and maybe made again since): made again. What
@@ -1513,7 +1524,14 @@ def _write_claim(claim: _Claim) -> None:
     """Rewrite `claim`'s file with the bytes it wrote, under the claims' lock (never read half
     written). Left as it was where it cannot be, or where the lock is held (the next chunk's
     rewrite says it; a download waited for the lock after each chunk, for ever where another
-    process was stopped with it held): others then count more room claimed."""
+    process was stopped with it held): others then count more room claimed.
+
+    A claim file deleted while its download runs (`rm -rf CACHE/.download-claims`, a user
+    cleaning up: the claims folder, its lock file with it) is made again here, and the folder
+    and lock file with it where they went too: the room it still claims was counted by no
+    process, and a newcomer took it. Between the deletion and the download's next chunk (a
+    MiB: a server that stalls holds it up to the timeout) a newcomer still sees no claim. A
+    cache deleted whole is not made again (its download ends with "the cache was deleted")."""
     if claim.fd is None or claim.file is None:
         return
     import fcntl
@@ -1524,17 +1542,41 @@ def _write_claim(claim: _Claim) -> None:
     try:
         with contextlib.suppress(OSError):  # BlockingIOError: another process holds it
             path = claim.file.with_name("lock")
-            lock = open_unshared(path, os.O_RDWR)  # made with the claim
+            lost = not _is_at(claim.fd, claim.file)
+            if lost:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(path.parent)  # not its parents: the cache deleted is not made
+            lock = open_unshared(path, os.O_RDWR | (os.O_CREAT if lost else 0), 0o666)
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 # The lock file there, not one deleted as it was opened: under the new one,
                 # another process may read this claim's file as it is rewritten.
-                if _is_at(lock, path):
+                if not _is_at(lock, path):
+                    return
+                if lost:
+                    _remake_claim_file(claim)
+                else:
                     os.pwrite(claim.fd, _claim_record(claim), 0)
             finally:
                 close_lock(lock)
     finally:
         taken.release()
+
+
+def _remake_claim_file(claim: _Claim) -> None:
+    """`claim`'s file made anew (`_make_claim_file`) under the claims' lock, its old one
+    deleted meanwhile by another program; where that fails, the old one is kept (its flock
+    held) and the next chunk's `_write_claim` tries again."""
+    old_file, old_fd = claim.file, claim.fd
+    claim.file = claim.fd = None
+    try:
+        _make_claim_file(claim)
+    except (_ClaimsLockLost, TorchkitError):
+        _delete_claim_file(claim)
+        claim.file, claim.fd = old_file, old_fd
+        return
+    if old_fd is not None:
+        close_lock(old_fd)
 
 
 def _delete_claim_file(claim: _Claim) -> None:
