@@ -535,6 +535,30 @@ def test_resume_turns_off_the_runs_nesterov_compile_and_tensorboard(trained, tmp
     assert (options["compile"], options["tensorboard"]) == (False, False)
 
 
+def test_deterministic_and_strict_turn_off_a_resumed_runs_and_a_recipes(trained, tmp_path, runner):
+    """--deterministic and --strict had no negation: a run (or a --config recipe) that set them
+    could not go on without them ('No such option: --no-deterministic'). The flags given on the
+    command line override both; not given, the run's and the recipe's own stay."""
+    from torchkit.cli import app
+
+    checkpoint = read_checkpoint(trained / "last.pt")
+    checkpoint["config"].update(deterministic=True, strict=True)
+    torch.save(checkpoint, tmp_path / "last.pt")
+    resumed = ["train", "--resume", str(tmp_path / "last.pt"), "--print-config"]
+    recipe = tmp_path / "recipe.json"
+    recipe.write_text(json.dumps({"deterministic": True, "strict": True}))
+    replayed = ["train", "--config", str(recipe), "--print-config"]
+    for command in (resumed, replayed):
+        kept = runner.invoke(app, command)
+        assert kept.exit_code == 0, kept.stderr
+        options = json.loads(kept.stdout)
+        assert (options["deterministic"], options["strict"]) == (True, True)
+        turned_off = runner.invoke(app, [*command, "--no-deterministic", "--no-strict"])
+        assert turned_off.exit_code == 0, turned_off.stderr
+        options = json.loads(turned_off.stdout)
+        assert (options["deterministic"], options["strict"]) == (False, False)
+
+
 def test_load_optimizer_state_keeps_the_new_hyperparameters_and_the_old_moments():
     from torchkit.core.train.optim import load_optimizer_state
 

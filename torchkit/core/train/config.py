@@ -451,7 +451,13 @@ class TrainConfig:
     )
     # How this run executes (the options every command shares, in the general panel)
     seed: int = option(0, shared=True)
-    deterministic: bool = option(False, shared=True)
+    # Not the shared flags of the other commands: the negations turn off what a --config recipe
+    # or a resumed run set (both apply from the resumed step on).
+    deterministic: bool = option(
+        False,
+        flags=("--deterministic/--no-deterministic",),
+        help="Also make cuDNN and torch use deterministic algorithms.",
+    )
     device: str = option("auto", shared=True)
     # torchrun: seconds a collective waits for the other ranks before the run fails.
     dist_timeout: float = option(
@@ -472,7 +478,11 @@ class TrainConfig:
         "image folders OMP_NUM_THREADS where set, else the cores the --workers leave free "
         "(at least 1), as eval and predict.",
     )
-    strict: bool = option(False, shared=True)
+    strict: bool = option(
+        False,
+        flags=("--strict/--no-strict",),
+        help="Stop at the first unreadable file instead of skipping it.",
+    )
     # Outputs
     out: str | None = option(
         None,
