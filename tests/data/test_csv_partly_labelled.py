@@ -82,3 +82,31 @@ def test_of_a_split_index_only_the_split_holding_rows_without_a_label_is_unlabel
         "val": ([0], False),
         "test": ([2, 2], True),
     }
+
+
+def test_a_row_without_a_label_beside_a_row_of_its_file_with_one_is_no_second_label(tmp_path):
+    # Every command refused it: "gives '0.png' two labels: 'cat' in line 2 and '' in line 4".
+    for number in range(3):
+        Image.new("RGB", (4, 4), (number * 50, 0, 0)).save(tmp_path / f"{number}.png")
+    index = tmp_path / "index.csv"
+    index.write_text("path,label\n0.png,\n1.png,dog\n2.png,cat\n0.png,cat\n")
+    done = run_torchkit_in_process("dataset-stats", index, "-j", "0", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    assert [(c["name"], c["images"]) for c in json.loads(done.stdout)["classes"]] == [
+        ("cat", 2),
+        ("dog", 1),
+    ]
+    assert done.stderr.splitlines() == [
+        f"Warning: {index} lists 1 image(s) in a row without a label beside a row with one "
+        "(lines 2 and 5): an empty label is no second label: each image is read with that label"
+    ]
+    samples = csv_samples(index)  # train's and eval's reader: every image has its label
+    assert (samples.ids, samples.labels) == (["0.png", "1.png", "2.png"], [0, 1, 0])
+    # Two labels are still two labels, named by the rows that give them.
+    index.write_text("path,label\n0.png,\n1.png,dog\n0.png,cat\n0.png,dog\n")
+    with pytest.raises(InputError) as refused:
+        csv_samples(index, allow_unlabelled=True)
+    assert str(refused.value) == (
+        f"{index} gives '0.png' two labels: 'cat' in line 4 and 'dog' in line 5 (an image has "
+        "one label: fix or remove one of the rows)"
+    )

@@ -34,14 +34,17 @@ class IndexRows:
     `splits` None without a split column). A row that repeats an earlier row (one file, with
     the same label and split) is left out (`repeated`: its line and the earlier row's), but
     where a `repeat` column says the rows are repeated on purpose (`split --oversample --mode
-    manifest`'s, which train reads so). Read with `labelled=False`, some rows may have no
-    label (""): `unlabelled_lines` are their lines."""
+    manifest`'s, which train reads so). A row without a label that names the file of a row
+    with one is no second label: it takes that label (`label_filled`: the lines of each such
+    pair), and is then such a repeat. Read with `labelled=False`, some rows may have no label
+    (""): `unlabelled_lines` are their lines."""
 
     source: Path
     paths: list[str]
     labels: list[str] | None
     splits: list[str] | None
     repeated: list[tuple[int, int]] = field(default_factory=list)
+    label_filled: list[tuple[int, int]] = field(default_factory=list)
     unlabelled_lines: list[int] = field(default_factory=list)
 
     @property
@@ -205,20 +208,9 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
             f"(line {_lines(nul_path)})",
             NUL_PATH_HINT,
         )
-    unlabelled_lines = []
     if no_label and not labelled and len(no_label) == len(paths):
         # Unlabelled images: what `split` writes for a flat folder (an empty label column).
         has_label, no_label = False, []
-    elif no_label and not labelled:
-        # Partly labelled: the reader of a command that takes unlabelled images decides.
-        unlabelled_lines, no_label = [line for line, _ in no_label], []
-    if no_label:
-        raise InputError(
-            f"{source} has {len(no_label)} row(s) with an empty label "
-            f"(line {_lines([line for line, _ in no_label])})",
-            "every row needs a path and a label; predict, extract-features and dataset-stats "
-            "read images without one unlabelled",
-        )
     _refuse_spaced_paths(source, paths, spaced)
     _refuse_foreign_paths(source, paths)
     _refuse_itself(source, paths, own_name)
@@ -229,8 +221,21 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
             "the split column takes train, val or test",
         )
     rows = IndexRows(source, paths, labels if has_label else None, splits if has_split else None)
-    rows.unlabelled_lines = unlabelled_lines
-    _drop_repeated_rows(rows, on_purpose="repeat" in columns)
+    kept = _drop_repeated_rows(rows, on_purpose="repeat" in columns)
+    # Rows without a label, but those that took the label of another row of their file.
+    line_of = dict((row, line) for line, row in no_label)
+    no_label_lines = [
+        line_of[row] for at, row in enumerate(kept) if row in line_of and not rows.labels[at]
+    ]
+    if no_label_lines and labelled:
+        raise InputError(
+            f"{source} has {len(no_label_lines)} row(s) with an empty label "
+            f"(line {_lines(no_label_lines)})",
+            "every row needs a path and a label; predict, extract-features and dataset-stats "
+            "read images without one unlabelled",
+        )
+    # Partly labelled: the reader of a command that takes unlabelled images decides.
+    rows.unlabelled_lines = no_label_lines
     return rows
 
 
@@ -444,17 +449,19 @@ def _one_file(base: str, path: str, other: str) -> bool:
         return True
 
 
-def _drop_repeated_rows(rows: IndexRows, *, on_purpose: bool) -> None:
+def _drop_repeated_rows(rows: IndexRows, *, on_purpose: bool) -> list[int]:
     """Rows naming one file: an error where they give it two labels (its label is a guess:
     train trained it as both) or put it in two splits (it leaks from one into the other), each
     naming the lines of the first such pair; else the later rows are left out of `rows`, their
-    lines in `rows.repeated` (the caller warns), but where they are repeats `on_purpose`.
-    Inside `files_in_two_splits_reported` (dataset-stats' leakage report) a file in two splits
-    is kept in each, its first row in each reported there (two labels in one split are an
-    error still)."""
+    lines in `rows.repeated` (the caller warns), but where they are repeats `on_purpose`. A row
+    without a label ("") beside a row of its file with one takes that label (no second label:
+    `rows.label_filled`, warned of), before it is judged so. Inside
+    `files_in_two_splits_reported` (dataset-stats' leakage report) a file in two splits is kept
+    in each, its first row in each reported there (two labels in one split are an error still).
+    Returns the rows kept (their indices in the rows read)."""
     keys = _path_keys(rows)
     if len(set(keys)) == len(keys):
-        return
+        return list(range(len(keys)))
     firsts = _row_lines(rows.source)
     reported = reported_files_in_two_splits()
     labels, splits = rows.labels, rows.splits
@@ -466,6 +473,7 @@ def _drop_repeated_rows(rows: IndexRows, *, on_purpose: bool) -> None:
     two_labels: list[tuple[int, int]] = []
     two_splits: list[tuple[int, int]] = []
     repeats: list[int] = []
+    label_from: dict[int, int] = {}  # a row without a label -> the row whose label it took
     named_again = {key for key, count in Counter(keys).items() if count > 1}
     for row, key in enumerate(keys):
         if key not in named_again:
@@ -478,6 +486,11 @@ def _drop_repeated_rows(rows: IndexRows, *, on_purpose: bool) -> None:
         earlier = first_row.setdefault((key, splits[row]) if by_split else key, row)
         if earlier == row or not _one_file(base, rows.paths[earlier], rows.paths[row]):
             continue
+        if labels is not None and bool(labels[earlier]) != bool(labels[row]):
+            # An empty label is none (partly labelled rows): the file has the other's label.
+            blank, given = (earlier, row) if labels[row] else (row, earlier)
+            labels[blank], label_from[blank] = labels[given], given
+            rows.label_filled.append((firsts[earlier], firsts[row]))
         same_label = labels is None or labels[earlier] == labels[row]
         if not same_label and nfc(labels[earlier]) != nfc(labels[row]):
             two_labels.append((earlier, row))
@@ -494,6 +507,7 @@ def _drop_repeated_rows(rows: IndexRows, *, on_purpose: bool) -> None:
     ):
         if pairs:
             earlier, row = pairs[0]
+            earlier = label_from.get(earlier, earlier) if what == "labels" else earlier
             more = f" (and {len(pairs) - 1} more)" if len(pairs) > 1 else ""
             raise InputError(
                 f"{rows.source} gives {rows.paths[row]!r} two {what}: {values[earlier]!r} in line "
@@ -508,26 +522,40 @@ def _drop_repeated_rows(rows: IndexRows, *, on_purpose: bool) -> None:
         ]
     if on_purpose or not repeats:
         rows.repeated = []
-        return
+        return list(range(len(keys)))
     dropped = set(repeats)
     kept = [row for row in range(len(keys)) if row not in dropped]
     rows.paths = [rows.paths[row] for row in kept]
     rows.labels = None if labels is None else [labels[row] for row in kept]
     rows.splits = None if splits is None else [splits[row] for row in kept]
+    return kept
 
 
 def repeated_rows_warning(rows: IndexRows) -> str | None:
-    """The warning for the rows `read_index_rows` left out as repeats, None for none."""
-    if not rows.repeated:
-        return None
-    shown = ", ".join(f"line {line} repeats line {first}" for line, first in rows.repeated[:3])
-    more = ", ..." if len(rows.repeated) > 3 else ""
-    same = "" if rows.labels is None else " with the same label"  # unlabelled: none to name
-    return (
-        f"{rows.source} lists {len(rows.repeated)} image(s) again{same} "
-        f"({shown}{more}): each is read once (a `repeat` column, as split --oversample "
-        "--mode manifest writes, keeps repeated rows)"
-    )
+    """The warning for the rows `read_index_rows` left out as repeats (and the rows without a
+    label that took the label of another row of their file), None for none."""
+    said = []
+    if rows.label_filled:
+        pairs = rows.label_filled
+        shown = ", ".join(f"lines {first} and {line}" for first, line in pairs[:3])
+        more = ", ..." if len(pairs) > 3 else ""
+        said.append(
+            f"{rows.source} lists {len(pairs)} image(s) in a row without a label beside a row "
+            f"with one ({shown}{more}): an empty label is no second label: each image is read with "
+            "that label"
+        )
+    filled = {line for pair in rows.label_filled for line in pair}
+    repeated = [pair for pair in rows.repeated if not filled.issuperset(pair)]
+    if repeated:
+        shown = ", ".join(f"line {line} repeats line {first}" for line, first in repeated[:3])
+        more = ", ..." if len(repeated) > 3 else ""
+        same = "" if rows.labels is None else " with the same label"  # unlabelled: none to name
+        said.append(
+            f"{rows.source} lists {len(repeated)} image(s) again{same} "
+            f"({shown}{more}): each is read once (a `repeat` column, as split --oversample "
+            "--mode manifest writes, keeps repeated rows)"
+        )
+    return "; ".join(said) or None
 
 
 def unlabelled_rows_warning(rows: IndexRows, splits: Sequence[str] = ()) -> str:
