@@ -1670,6 +1670,42 @@ def test_an_mp4_cut_by_its_edit_list_counts_the_frames_it_shows(tmp_path):
     assert code == 0 and row["frame_indices"] == [1, 5]
 
 
+def decoded_by_opencv(path: Path) -> int:
+    """The frames OpenCV's FFmpeg decodes of `path`, counted apart from torchkit's code."""
+    capture, frames = cv2.VideoCapture(str(path), cv2.CAP_FFMPEG), 0
+    while capture.grab():
+        frames += 1
+    capture.release()
+    return frames
+
+
+def test_an_mp4_edts_box_of_size_0_holds_the_mdia_after_it(tmp_path):
+    """An `edts` box of size 0 runs to the end of its track, over the `mdia` after it: FFmpeg
+    reads that `mdia` as the track's all the same (it takes a box wherever it lies), where the
+    parser found no video track: the header count was the samples' (10, not the 7 the edit
+    list shows, which decode) and the codec FFmpeg's FMP4, not the file's mp4v."""
+    path = tmp_path / "edts-0.mp4"
+    if not write_video(path, "mp4v", 16, 16, 25, 10):
+        pytest.skip("this OpenCV cannot write mp4v")
+    data = bytearray(path.read_bytes())
+    moov = _iso_box(data, b"moov", None)
+    trak = _iso_box(data, b"trak", moov)
+    media = struct.unpack_from(
+        ">I", data, _iso_box(data, b"mdhd", _iso_box(data, b"mdia", trak))[0] + 20
+    )[0]
+    movie = struct.unpack_from(">I", data, _iso_box(data, b"mvhd", moov)[0] + 20)[0]
+    edts = _iso_box(data, b"edts", trak)
+    assert edts[1] < _iso_box(data, b"mdia", trak)[1]  # the mdia after it, in the track
+    struct.pack_into(">Ii", data, edts[0] + 24, movie * 7 // 25, media * 3 // 25)  # frames 3-9
+    struct.pack_into(">I", data, edts[0], 0)
+    path.write_bytes(bytes(data))
+    assert decoded_by_opencv(path) == 7
+    info = probe_video(path)
+    assert (info.status, info.frames_header, info.codec) == ("ok", 7, "mp4v")
+    exact = probe_video(path, exact=True)
+    assert (exact.status, exact.frames_decoded, exact.frames_differ) == ("ok", 7, False)
+
+
 def sample_table(*entries: tuple[int, int]) -> bytes:
     """`stts` or `ctts` entries as the box holds them: a count, then a (signed) value."""
     return b"".join(struct.pack(">Ii", count, value) for count, value in entries)

@@ -316,9 +316,19 @@ def _iso_box_header(head: bytes, room: int) -> tuple[int, int]:
     return (room if length == 0 else length), 8
 
 
+# The boxes FFmpeg's MP4 reader reads as boxes of boxes (`mov_read_default`)
+_ISO_CONTAINERS = frozenset(
+    {b"moov", b"trak", b"edts", b"mdia", b"minf", b"stbl", b"dinf", b"mvex", b"moof", b"traf"}
+)
+
+
 def _iso_children(handle, start: int, end: int) -> Iterator[tuple[bytes, int, int]]:
     """The boxes of the file between `start` and `end`, each header read where it lies:
-    (type, where its data starts, where it ends)."""
+    (type, where its data starts, where it ends). A box of size 0 runs to the end of its
+    parent, as FFmpeg reads it (ISO BMFF allows it for a file's last box alone); where it
+    holds boxes (`_ISO_CONTAINERS`), the boxes after it are read inside it, and FFmpeg, which
+    takes a box wherever it lies, reads them as it would beside it: an `edts` of size 0 holds
+    the `mdia` after it, which is still the track's. So are they here: the walk goes on in it."""
     offset = start
     for _ in range(_MAX_BOXES):
         handle.seek(offset)
@@ -329,6 +339,10 @@ def _iso_children(handle, start: int, end: int) -> Iterator[tuple[bytes, int, in
         if length < header:
             return
         yield head[4:8], offset + header, min(offset + length, end)
+        if head[:4] == bytes(4):  # size 0: to the end of its parent
+            if head[4:8] not in _ISO_CONTAINERS:
+                return
+            length = header
         offset += length
 
 
