@@ -1706,6 +1706,39 @@ def test_an_mp4_edts_box_of_size_0_holds_the_mdia_after_it(tmp_path):
     assert (exact.status, exact.frames_decoded, exact.frames_differ) == ("ok", 7, False)
 
 
+@pytest.mark.parametrize(
+    "pattern",
+    [(1, 3, 0, 0), (2, 2, 2, 2), (0, 3, 1, 1), (1, -1)],
+    ids=["IPBB", "shifted", "PBB", "negative"],
+)
+def test_an_mp4_ctts_out_of_its_frames_order_counts_the_frames_ffmpeg_decodes(tmp_path, pattern):
+    """A `ctts` of B-frame offsets (in frames) on a video without B-frames: its edit list then
+    leaves a frame or two of 100 outside, which FFmpeg's reader drops (98 decode of 100): the
+    header count is those that decode, and the file is whole (ok, not damaged)."""
+    path = tmp_path / "ctts.mp4"
+    if not write_video(path, "mp4v", 16, 16, 25, 100):
+        pytest.skip("this OpenCV cannot write mp4v")
+    data = path.read_bytes()
+    trak = _iso_box(data, b"trak", _iso_box(data, b"moov", None))
+    delta = (
+        struct.unpack_from(
+            ">I", data, _iso_box(data, b"mdhd", _iso_box(data, b"mdia", trak))[0] + 20
+        )[0]
+        // 25
+    )
+    offsets = sample_table(*((1, pattern[i % len(pattern)] * delta) for i in range(100)))
+    stbl = None
+    for kind in TIMES[:-1]:
+        stbl = _iso_box(data, kind, stbl)
+    ctts = struct.pack(">I4sII", 16 + len(offsets), b"ctts", 0, 100) + offsets
+    path.write_bytes(with_box(data, TIMES[:-1], data[stbl[0] + 8 : stbl[1]] + ctts))
+    decoded = decoded_by_opencv(path)
+    assert 97 <= decoded <= 100
+    assert probe_video(path).frames_header == decoded
+    exact = probe_video(path, exact=True)
+    assert (exact.status, exact.frames_decoded, exact.frames_differ) == ("ok", decoded, False)
+
+
 def sample_table(*entries: tuple[int, int]) -> bytes:
     """`stts` or `ctts` entries as the box holds them: a count, then a (signed) value."""
     return b"".join(struct.pack(">Ii", count, value) for count, value in entries)
