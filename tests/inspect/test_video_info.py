@@ -2028,6 +2028,11 @@ def test_an_mp4_without_its_index_is_truncated_not_a_file_without_video(tmp_path
     }
 
 
+def test_a_y4m_file_s_codec_is_rawvideo_as_ffprobe_names_it(whole_videos):
+    """A Y4M file records no codec tag (OpenCV's FOURCC is 0): the codec was empty."""
+    assert probe_video(need(whole_videos, "clip.y4m")).codec == "rawvideo"
+
+
 def test_the_cut_mp4_of_the_issue_on_the_command_line(tmp_path, whole_videos):
     """`a copy of an MP4 cut to its first megabyte` (here: its first third), which opened and
     was reported healthy, `--exact` showing 71 (header 241) with exit code 0."""

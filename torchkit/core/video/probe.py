@@ -146,6 +146,11 @@ def _describe_unopenable(size: int, container: str | None, whole: bool = False) 
     return f"truncated or corrupt {container} file"
 
 
+# The codec of a container that records no tag for it (FFmpeg gives none, so OpenCV's FOURCC is
+# 0), as ffprobe names it: a Y4M file's frames are raw video.
+_UNTAGGED_CODECS = {"y4m": "rawvideo"}
+
+
 # A video whose header declares no frame and none decodes: a recording stopped before its first
 # frame (a writer opened and released), not a damaged file.
 NO_FRAMES = "empty video: it holds no frames (its header declares none)"
@@ -453,9 +458,12 @@ def _probe_into(
         undecodable = (
             NO_FRAMES if declared_frames == 0 else "no frame decodes (truncated or corrupt)"
         )
-        # The tag the container records (XVID, mp4v), as ffprobe shows it; else FFmpeg's own
-        info.codec = container_fourcc(path, sniffed) or fourcc_to_text(
-            capture.get(cv2.CAP_PROP_FOURCC)
+        # The tag the container records (XVID, mp4v), as ffprobe shows it; else FFmpeg's own;
+        # else, for a container that records none, ffprobe's codec name
+        info.codec = (
+            container_fourcc(path, sniffed)
+            or fourcc_to_text(capture.get(cv2.CAP_PROP_FOURCC))
+            or _UNTAGGED_CODECS.get(sniffed or "")
         )
         if width is None or height is None:
             info.fail(cut or "no video stream", "truncated" if cut else "unreadable")
