@@ -1972,14 +1972,16 @@ def test_a_fragmented_mp4_whose_moov_holds_its_first_frames_counts_them_all(tmp_
 def test_a_whole_file_whose_header_overstates_its_frames_is_not_truncated(
     tmp_path, whole_videos, monkeypatch
 ):
-    """Decoders drop a frame here and there: where the container's sizes say the file is
-    whole and its header counts the video's own samples (MP4), frames short of the header are
-    shown (and noted with --exact) but the file is ok, and its end is not sought. (A count
-    reckoned from the file's duration is checked at the end: audio may run on.)"""
+    """Decoders drop a frame here and there (a VOP marked not coded): where the container's
+    sizes say the file is whole and its header counts the video's own samples (MP4), a frame
+    short of the header is shown (and noted with --exact) but the file is ok, and its end is
+    not sought. More frames short are damage (test_damaged_files_are_damaged_with_exact). (A
+    count reckoned from the file's duration is checked at the end: audio may run on.)"""
     import torchkit.core.video.probe as probe
 
     path = need(whole_videos, "clip.mp4")
     opened = probe._open_capture
+    overstated = 1
 
     class Overstating:
         def __init__(self, capture):
@@ -1987,7 +1989,7 @@ def test_a_whole_file_whose_header_overstates_its_frames_is_not_truncated(
 
         def get(self, prop):
             value = self.capture.get(prop)
-            return value + 5 if prop == cv2.CAP_PROP_FRAME_COUNT else value
+            return value + overstated if prop == cv2.CAP_PROP_FRAME_COUNT else value
 
         def set(self, *args):
             raise AssertionError("the end of a whole file is not sought")
@@ -1999,11 +2001,14 @@ def test_a_whole_file_whose_header_overstates_its_frames_is_not_truncated(
         probe, "_open_capture", lambda cv2, p, *threads: Overstating(opened(cv2, p, *threads))
     )
     info = probe_video(path)
-    assert (info.status, info.frames_header) == ("ok", 45)
+    assert (info.status, info.frames_header) == ("ok", 41)
     exact = probe_video(path, exact=True)
     assert (exact.status, exact.frames_decoded, exact.frames_differ) == ("ok", 40, True)
     result = invoke(path, "--exact")
     assert result.exit_code == 0 and "different number of frames" in result.stderr
+    overstated = 5
+    assert probe_video(path).status == "ok"  # headers and a first frame: nothing to see
+    assert probe_video(path, exact=True).status == "damaged"
     monkeypatch.setattr(probe, "declared_size", lambda *args: None)  # sizes unknown: judged
     assert probe_video(path, exact=True).status == "truncated"
 
@@ -2026,6 +2031,69 @@ def test_an_mp4_without_its_index_is_truncated_not_a_file_without_video(tmp_path
         "truncated: no index (moov box), which a recorder writes when it finishes: still "
         "being written, stopped before the end, or a copy cut short"
     }
+
+
+def zeroed_copy(source: Path, folder: Path, at: float = 0.5, share: float = 0.1) -> Path:
+    """A copy of `source` whose bytes from `at` of the way in, `share` of them, are zeroes:
+    as an unfinished download's preallocated file or a failing disk leaves a file, every
+    byte its container declares there."""
+    data = bytearray(source.read_bytes())
+    start, length = int(len(data) * at), int(len(data) * share)
+    data[start : start + length] = bytes(length)
+    target = folder / f"zeroed-{source.name}"
+    target.write_bytes(bytes(data))
+    return target
+
+
+DAMAGED_MESSAGES = {  # what a 40-frame video's zeroed copy says it holds
+    "clip.avi": "frames its index lists decode, though the file holds every byte its avi",
+    "clip.mkv": "frames its header declares decode, and its mkv structure breaks at byte ",
+    "clip.webm": "frames its header declares decode, and its webm structure breaks at byte ",
+    "clip.mov": "frames its header declares decode, though the file holds every byte its mov",
+    "clip.mp4": "frames its header declares decode, though the file holds every byte its mp4",
+    "faststart.mp4": "frames its header declares decode, though the file holds every byte",
+    "clip.y4m": "frames its header declares decode, though the file holds every byte its y4m",
+}
+
+
+@pytest.mark.parametrize("name", DAMAGED_MESSAGES)
+def test_a_zeroed_copy_is_damaged_with_exact(tmp_path, whole_videos, name):
+    """A tenth of a whole file zeroed in its middle read `ok` (--exact: 9 of 40 frames, still
+    ok), as the container's sizes are whole: what decodes (OpenCV's own count) falls short of
+    the frames the file holds (its sample table, AVI index, Matroska clusters, Y4M frames),
+    so the file is damaged. Without --exact nothing past the first frame is decoded."""
+    whole = need(whole_videos, name)
+    zeroed = zeroed_copy(whole, tmp_path)
+    decoded = decoded_by_opencv(zeroed)
+    assert decoded < 40 - 1
+    info = probe_video(zeroed)
+    assert (info.status, info.frames, info.error) == ("ok", 40, None)
+    exact = probe_video(zeroed, exact=True)
+    assert (exact.status, exact.frames_decoded, exact.frames_header) == ("damaged", decoded, 40)
+    assert exact.error.startswith(f"damaged: {decoded} of the 40 {DAMAGED_MESSAGES[name]}")
+    whole_exact = probe_video(whole, exact=True)
+    assert (whole_exact.status, whole_exact.frames_decoded) == ("ok", 40)
+
+
+def test_damaged_rows_on_the_command_line(tmp_path, whole_videos):
+    """The status column says `damaged`, the closing line counts it apart from `truncated`,
+    and the exit code is 1 (0 with --skip-errors); the JSON keys are those of every row."""
+    whole = need(whole_videos, "clip.mp4")
+    zeroed = zeroed_copy(whole, tmp_path)
+    cut = cut_copy(whole, tmp_path, 0.5)
+    result = invoke(whole, zeroed, cut, "--exact", "--format", "json")
+    assert result.exit_code == 1
+    rows = json.loads(result.stdout)
+    assert [row["status"] for row in rows] == ["ok", "damaged", "truncated"]
+    assert rows[1]["error"].startswith("damaged: ") and rows[1]["frames"] < 40
+    assert {tuple(row) for row in rows} == {tuple(rows[0])}
+    assert error_line(result.stderr) == (
+        "Error: 2 of 3 videos could not be read: 1 truncated, 1 damaged "
+        "(see the status and error columns; --skip-errors exits 0)"
+    )
+    assert invoke(zeroed, "--exact", "--skip-errors").exit_code == 0
+    table = table_text(tmp_path, zeroed, "--exact")
+    assert any(zeroed.name in line and " damaged " in line for line in table.splitlines())
 
 
 def test_a_y4m_file_s_codec_is_rawvideo_as_ffprobe_names_it(whole_videos):

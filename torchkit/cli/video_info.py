@@ -87,7 +87,8 @@ def video_info(
     skip_errors: Annotated[
         bool,
         typer.Option(
-            "--skip-errors", help="Exit 0 even when some videos are truncated or unreadable."
+            "--skip-errors",
+            help="Exit 0 even when some videos are truncated, damaged or unreadable.",
         ),
     ] = False,
     segments: Annotated[
@@ -162,8 +163,10 @@ def video_info(
 
     Each video gets a status: ok; truncated, a copy cut short (the file is shorter than the
     sizes its container records say or, in formats that record none, the frames its header
-    declares do not all decode); or unreadable (empty, not a video, corrupt). A video that is
-    not ok is a row with its error, and the exit code is 1 at the end (0 with --skip-errors).
+    declares do not all decode); damaged (with --exact: every byte its container declares is
+    there, but its frames do not all decode, as where a region is zeroed); or unreadable
+    (empty, not a video, corrupt). A video that is not ok is a row with its error, and the
+    exit code is 1 at the end (0 with --skip-errors).
 
     Examples:
 

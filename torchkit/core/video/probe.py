@@ -23,6 +23,7 @@ from torchkit.core.io.file_kinds import file_kind
 from torchkit.core.io.non_utf8_names import holds_non_utf8
 from torchkit.core.video.containers import (
     SNIFF_BYTES,
+    avi_indexed_frames,
     container_fourcc,
     declared_size,
     declares_no_video,
@@ -33,12 +34,13 @@ from torchkit.core.video.containers import (
     iso_index_missing,
     last_frame_duration,
     last_picture_rows,
+    matroska_video_blocks,
     matroska_video_frames,
     sniff_container,
     still_image_format,
 )
 
-STATUSES = ("ok", "truncated", "unreadable")
+STATUSES = ("ok", "truncated", "damaged", "unreadable")
 # The frames the cheap end-of-file check decodes: it seeks to this many frames before the last
 # one the header declares and reads on (seeking lands on a key frame and decodes forward, so
 # this costs at most one group of pictures).
@@ -54,7 +56,9 @@ class VideoInfo:
     """What is known about one video. `frames` is the count shown: `frames_decoded` when frames
     were counted by decoding (`frames_source == "decoded"`), else the container's estimate.
     `status` is `ok`, `truncated` (the file ends before what its container structure or its
-    frame count declares) or `unreadable`; `error` says why when it is not `ok`."""
+    frame count declares), `damaged` (every byte its container declares is there, but its
+    frames do not all decode: data zeroed or overwritten) or `unreadable`; `error` says why
+    when it is not `ok`."""
 
     path: str
     size_bytes: int | None = None
@@ -78,7 +82,8 @@ class VideoInfo:
 
     def fail(self, message: str, status: str = "unreadable") -> None:
         """Mark the video as not ok: `truncated` (it ends before what its container or header
-        declares) or `unreadable` (anything else that stops it being read)."""
+        declares), `damaged` (all there, but its frames do not all decode) or `unreadable`
+        (anything else that stops it being read)."""
         self.status, self.error = status, message
 
     @property
@@ -212,6 +217,50 @@ def _frames_short(decoded: int, header: int | None, reached: int = 0) -> str | N
 # MKV/WebM whose tags record its video track's own length is counted from them instead;
 # MP4/MOV/3GP and AVI count the video's samples, Y4M and raw DV hold video alone.
 _COUNT_FROM_FILE_DURATION = frozenset({"mpeg-ts", "m2ts", "mpeg-ps", "asf", "mkv", "webm"})
+
+
+# Formats whose header count is the frames the file holds, one by one: an MP4/MOV/3GP sample
+# table (or the frames its edit list shows), a Y4M or raw DV file's frames of one size. An
+# AVI's index and a Matroska/WebM file's clusters are counted (`avi_indexed_frames`,
+# `matroska_video_blocks`). Elsewhere a whole file's count may overstate its frames (an AVI
+# stream length a writer overstates, a duration times a variable rate): there the last
+# frame's time must fall short too.
+_HEADER_COUNTS_EVERY_FRAME = frozenset({"mp4", "mov", "3gp", "y4m", "dv"})
+
+
+def _frames_lost(
+    info: VideoInfo, path: Path, end_s: float | None, count_from_duration: bool = False
+) -> str | None:
+    """A message when a file whose container's sizes say it is whole decodes (--exact) to
+    fewer frames than it holds, the last ending `end_s` seconds in: its data is damaged (a
+    region zeroed, as an unfinished download's preallocated file or a bad sector leaves it,
+    or overwritten), which a count an estimate cannot explain. A decoder that skips a frame
+    here and there (a VOP marked not coded) stays within `_frame_slack`.
+    `count_from_duration`: the header's count is the file's duration times the rate, which
+    audio that runs on overstates: only the clusters of a Matroska/WebM file tell."""
+    container, decoded, header = info.container, info.frames_decoded, info.frames_header
+    held, reached, listed_by = header, 0, "its header declares"
+    indexed = avi_indexed_frames(path, container)
+    blocks = matroska_video_blocks(path, container)
+    if count_from_duration and blocks is None:
+        return None
+    if indexed is not None:
+        held, listed_by = indexed, "its index lists"
+    elif blocks is not None and blocks[1] is None:
+        held, listed_by = blocks[0], "its clusters hold"
+    elif blocks is None and container not in _HEADER_COUNTS_EVERY_FRAME:
+        reached = _position(end_s, info.fps)
+    if held is None or decoded is None or max(decoded, reached) >= held - _frame_slack(held):
+        return None
+    if blocks is not None and blocks[1] is not None:  # the clusters' elements stop
+        return (
+            f"damaged: {decoded:,} of the {held:,} frames {listed_by} decode, and its "
+            f"{container} structure breaks at byte {blocks[1]:,}, inside the bytes it declares"
+        )
+    return (
+        f"damaged: {decoded:,} of the {held:,} frames {listed_by} decode, though the file "
+        f"holds every byte its {container} structure declares"
+    )
 
 
 def _runs_on_past_its_video(
@@ -413,6 +462,7 @@ def _probe_into(
     # sizes say nothing (the end is not sought where they do, but for a count reckoned from
     # the file's duration, below: the frames there, not a cut).
     judge_by_frames = declared is None and not cut
+    damage = None
     capture = _open_capture(cv2, path, decoder_threads)
     if capture is None:
         cut = cut or _index_missing(path, sniffed)
@@ -477,7 +527,12 @@ def _probe_into(
                 reached = _position(end_s, info.fps)
                 cut = _frames_short(info.frames_decoded, info.frames_header, reached)
                 if cut and _runs_on_past_its_video(path, sniffed, info, sizes_whole):
-                    cut = None  # whole: its audio runs on after its video
+                    cut = None  # whole: its audio runs on after its video, or frames lost
+                    damage = _frames_lost(info, path, end_s, count_from_duration=True)
+            elif not cut and sizes_whole:
+                # all its bytes there, its header counting the video's own frames: frames
+                # that do not decode are damage, not a cut
+                damage = _frames_lost(info, path, end_s)
         else:
             info.frames, info.frames_source = info.frames_header, "header"
             # Decoding the first frame tells a readable video from a header with broken data,
@@ -506,6 +561,8 @@ def _probe_into(
         info.known_whole = True  # its sizes say so (a header count it falls short of is wrong)
     if cut:
         info.fail(cut, "truncated")
+    elif damage:
+        info.fail(damage, "damaged")
 
 
 def _raw_dv_timing(
