@@ -165,16 +165,31 @@ def test_a_run_recorded_before_the_option_resumes_on_torchs_threads(
     assert options(run)["options"]["threads"] == 0
 
 
-def test_more_threads_than_cores_is_a_warning_naming_the_cores(runner, monkeypatch):
-    """Was accepted without a word: --threads 1000 on 2 cores trained about 5x slower."""
+def test_more_threads_than_cores_is_refused_naming_the_cores(runner, tmp_path, monkeypatch):
+    """Was accepted without a word, then with a warning: --threads 1000 on 2 cores trained
+    about 5x slower (torch's threads wait for each other at every operation). Refused now, as
+    too many --workers are, before anything is written; a resumed run recorded with more
+    threads than this machine's cores takes --threads again."""
     monkeypatch.setattr("torchkit.core.train.validation.usable_cpus", lambda: 2, raising=False)
-    result = runner.invoke(app, ["train", "--threads", "3", "--print-config"])
-    assert result.exit_code == 0, result.stderr
-    warnings = [line for line in result.stderr.splitlines() if "--threads" in line]
-    assert warnings == [
-        "Warning: --threads 3 is more than the 2 cores this process may use: the extra "
-        "threads only wait for each other and slow the run down (give at most 2, or 0 for one "
-        "per core)"
-    ], result.stderr
-    within = runner.invoke(app, ["train", "--threads", "2", "--print-config"])
-    assert within.exit_code == 0 and "Warning" not in within.stderr, within.stderr
+    out = tmp_path / "run"
+    for threads in ("3", "1000"):
+        result = runner.invoke(app, ["train", "--threads", threads, "--out", str(out)])
+        assert result.exit_code == 2, result.stderr
+        assert error_line(result.stderr) == (
+            f"Error: --threads {threads} is more than the 2 cores this process may use: the "
+            "extra threads would only wait for each other and slow every step down (give at "
+            "most 2, or 0 for one per core)"
+        )
+        assert not out.exists()
+    for threads in ("2", "0"):
+        within = runner.invoke(app, ["train", "--threads", threads, "--print-config"])
+        assert within.exit_code == 0 and "Warning" not in within.stderr, within.stderr
+
+
+@pytest.mark.parametrize("threads", ["-1", "nan", "2.5"])
+def test_a_threads_count_that_is_no_count_is_one_error_line(runner, threads):
+    """The option's own check (its wording is the Typer version's): exit 2, one line."""
+    result = runner.invoke(app, ["train", "--threads", threads, "--print-config"])
+    assert result.exit_code == 2, result.stderr
+    assert error_line(result.stderr).startswith("Error: Invalid value for '--threads': ")
+    assert result.stdout == ""

@@ -376,14 +376,13 @@ def validate(config: TrainConfig, *, not_given: Collection[str] = ()) -> None:
     if config.threads is not None and config.threads > cores:
         # Torch's threads meet at a barrier after each operation: more than the cores means
         # some wait for the scheduler at every one (1000 on 2 cores trained about 5x slower).
-        log.warning(
-            "--threads %d is more than the %d core%s this process may use: the extra threads "
-            "only wait for each other and slow the run down (give at most %d, or 0 for one "
-            "per core)",
-            config.threads,
-            cores,
-            "" if cores == 1 else "s",
-            cores,
+        # Refused, as too many --workers are, rather than run slow (a warning did) or on fewer
+        # threads than asked (other numbers than the count given computes).
+        bad(
+            f"--threads {config.threads} is more than the {cores} core{'' if cores == 1 else 's'}"
+            " this process may use: the extra threads would only wait for each other and slow "
+            "every step down",
+            f"give at most {cores}, or 0 for one per core",
         )
     if config.find_lr:
         if not 0 < config.lr_min < config.lr_max:
