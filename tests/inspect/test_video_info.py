@@ -2096,6 +2096,23 @@ def test_damaged_rows_on_the_command_line(tmp_path, whole_videos):
     assert any(zeroed.name in line and " damaged " in line for line in table.splitlines())
 
 
+@pytest.mark.parametrize("name", ["clip.mp4", "clip.avi"])
+def test_frames_extracted_from_a_zeroed_copy_make_it_damaged_not_sampled_again(
+    tmp_path, whole_videos, name
+):
+    """--extract-frames finds the frames past the damage missing: where the sizes say the file
+    is whole, it took the header's count for wrong, counted the frames by decoding and
+    sampled again from them (row ok); the count that falls short of the frames the file holds
+    is the damage --exact reports, and the row writes no frame."""
+    zeroed = zeroed_copy(need(whole_videos, name), tmp_path)
+    out = tmp_path / "frames"
+    code, (row,) = json_rows(zeroed, "-k", "8", "--extract-frames", out)
+    exact = probe_video(zeroed, exact=True)
+    assert code == 1 and (row["status"], row["error"]) == (exact.status, exact.error)
+    assert row["status"] == "damaged" and row["frames_decoded"] == exact.frames_decoded
+    assert row["frame_files"] is None and not list(out.glob("*.png"))
+
+
 def test_a_y4m_file_s_codec_is_rawvideo_as_ffprobe_names_it(whole_videos):
     """A Y4M file records no codec tag (OpenCV's FOURCC is 0): the codec was empty."""
     assert probe_video(need(whole_videos, "clip.y4m")).codec == "rawvideo"

@@ -250,6 +250,8 @@ def _sample_into(
         if info.frames is None and not recount_frames(info, stop, options.decoder_threads):
             info.fail("the video could not be opened again to count its frames")
             return
+        if info.status != "ok":  # its count decoded: damaged
+            return
         info.frame_indices = tsn_frame_indices(info.frames, options.num_segments, options.mode, rng)
         if frames_folder is not None:
             try:
@@ -266,6 +268,8 @@ def _sample_into(
                     raise
                 if not recount_frames(info, stop, options.decoder_threads):
                     raise
+                if info.status != "ok":  # damaged: frames lost, not a header's mistake
+                    return
                 info.frame_indices = tsn_frame_indices(
                     info.frames, options.num_segments, options.mode, rng
                 )

@@ -610,13 +610,21 @@ def recount_frames(
     info: VideoInfo, stop: threading.Event | None = None, decoder_threads: int | None = None
 ) -> bool:
     """Count `info`'s frames by decoding, as --exact does, once its header's count has turned
-    out wrong (frames sampled past the end of a whole file); False if it cannot be opened."""
+    out wrong (frames sampled past the end of a whole file); False if it cannot be opened. A
+    file whose sizes say it is whole but whose frames do not all decode is `damaged`, as
+    --exact finds it."""
     cv2 = _import_cv2()
     capture = _open_capture(cv2, Path(info.path), decoder_threads)
     if capture is None:
         return False
     try:
-        _take_decoded_count(info, *_decode_to_end(cv2, capture, stop, info))
+        decoded, end_s = _decode_to_end(cv2, capture, stop, info)
     finally:
         capture.release()
+    _take_decoded_count(info, decoded, end_s)
+    if info.known_whole:
+        from_duration = info.container in _COUNT_FROM_FILE_DURATION
+        damage = _frames_lost(info, Path(info.path), end_s, count_from_duration=from_duration)
+        if damage:
+            info.fail(damage, "damaged")
     return True
