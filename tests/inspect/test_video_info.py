@@ -923,6 +923,24 @@ def test_cut_copies_are_truncated(tmp_path, whole_videos, name, fraction):
         assert cut.stat().st_size < declared <= whole_videos[name].stat().st_size
 
 
+@pytest.mark.parametrize("at", (0.3, 0.6))
+@pytest.mark.parametrize("name", [spec[0] for spec in TRUNCATION_SPECS] + ["faststart.mp4"])
+def test_copies_missing_bytes_in_their_middle_are_truncated_without_decoding(
+    tmp_path, whole_videos, name, at
+):
+    """A tenth of the bytes cut out of the middle (a transfer that skipped a block): the file
+    is shorter than its container's sizes say (an MP4 whose index is last: its index is not
+    where its boxes say, so not found), caught from the sizes or the index alone, as a copy
+    cut at its end is. (A Y4M file's frames then stop being frames: the bytes after them are
+    not judged, its header's count, reckoned from the size, not decoding to its end.)"""
+    data = need(whole_videos, name).read_bytes()
+    start, length = int(len(data) * at), len(data) // 10
+    gapped = tmp_path / f"gapped-{name}"
+    gapped.write_bytes(data[:start] + data[start + length :])
+    info = probe_video(gapped, decode_check=name == "clip.y4m")
+    assert info.status == "truncated", info
+
+
 @pytest.mark.parametrize("fraction", (0.3, 0.6, 0.9))
 @pytest.mark.parametrize("name", ["clip.avi", "clip.mkv", "clip.webm", "faststart.mp4"])
 def test_cut_copies_are_truncated_by_decoding_where_sizes_say_nothing(
