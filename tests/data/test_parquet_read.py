@@ -399,7 +399,9 @@ def test_an_unlabelled_test_split_leaves_the_other_splits_labelled(world, tmp_pa
     }
     refused = run_torchkit_in_process("eval", world / "model.pt", "--data", data)
     assert refused.returncode == 1  # the test split eval reads has no labels
-    assert "has 1 row(s) without a label" in error_line(refused.stderr)
+    assert "has 1 image(s) without a label (data/test-00000-of-00001.parquet/0)" in error_line(
+        refused.stderr
+    )
     # eval --split train was refused with that same error: it scores the labelled split.
     scored = run_json("eval", world / "model.pt", "--data", data, "--split", "train", "-j", "0")
     assert (scored["split"], scored["num_images"]) == ("train", 2)
@@ -438,7 +440,7 @@ def test_train_trains_on_labelled_splits_beside_an_unlabelled_test_split(tmp_pat
     refused = run_torchkit_in_process("eval", tmp_path / "run" / "best.pt", "--data", data)
     assert refused.returncode == 1
     line = error_line(refused.stderr)
-    assert "the test split of" in line and "has 2 row(s) without a label" in line
+    assert "the test split of" in line and "has 2 image(s) without a label" in line
     assert "--split val scores a labelled split" in line
     # Unlabelled validation images are still refused.
     write_parquet(data / "data" / "validation-00000-of-00001.parquet", [png(6)], [-1], names=ab)

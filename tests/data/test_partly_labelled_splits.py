@@ -60,8 +60,9 @@ def test_train_refuses_a_training_row_without_a_label_naming_its_line(tmp_path):
     )
     assert refused.returncode == 1
     line = error_line(refused.stderr)
-    assert line.startswith(f"Error: the train split of {index} has rows without a label: ")
-    assert "1 row(s) with an empty label (line 5)" in line
+    assert line.startswith(
+        f"Error: the train split of {index} has 1 row(s) without a label (line 5)"
+    )
     assert "6 image(s)" not in line
     assert not (tmp_path / "run").exists()
 
@@ -166,3 +167,30 @@ def test_train_counts_and_names_the_images_without_a_label_of_a_shards_split(tmp
         f"Error: the val split of {data} has 1 image(s) without a label "
         "(val-000000.tar/val_1.png) ("
     )
+
+
+def test_the_refusal_of_a_split_without_labels_names_that_splits_rows(tmp_path):
+    # eval --split val named the first file of some rows without a label, the test split's
+    # (`Error: D/data/test-00000-of-00001.parquet has 1 row(s) without a label`), where the
+    # validation file's rows were those refused; of a CSV index, the lines of every split.
+    for split, labels in (("train", [0, 1]), ("validation", [0, None, 1]), ("test", [0, -1])):
+        images = [png(number) for number in range(len(labels))]
+        write_parquet(tmp_path / "hf" / "data" / f"{split}-00000-of-00001.parquet", images,
+                      labels, names=["cat", "dog"])  # fmt: skip
+    index = _split_index(tmp_path, empty_label_line=10)  # a val row
+    index.write_text(index.read_text().replace("11.png,dog,test", "11.png,,test"))
+    weights = tmp_path / "tiny.pt"
+    torch.save(TinyNet(2).state_dict(), weights)
+    for data, named in (
+        (tmp_path / "hf", "1 image(s) without a label (data/validation-00000-of-00001.parquet/1)"),
+        (index, "1 row(s) without a label (line 10)"),
+    ):
+        for command in (
+            ["eval", "--model", "nets:TinyNet", "--weights", weights, "--split", "val"],
+            ["train", "--model", "nets:TinyNet", "--out", tmp_path / "run"],
+        ):
+            refused = run_torchkit_in_process(*command, "--data", data, "-j", "0")
+            assert refused.returncode == 1
+            assert error_line(refused.stderr).startswith(
+                f"Error: the val split of {data} has {named} ("
+            ), command

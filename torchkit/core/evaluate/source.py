@@ -100,7 +100,7 @@ def load_eval_samples(
     split unless `--split` says otherwise; unsplit data whole, or the split a training run held
     out of it (`recorded`: the checkpoint's `data` entry) with `--split`."""
     from torchkit.core.data.sources import open_labelled, select_split
-    from torchkit.core.data.sources.source import relabelled
+    from torchkit.core.data.sources.source import relabelled, split_without_labels_error
 
     # Labelled by the model's classes after the split is chosen: a class the model lacks is an
     # error only in the images scored, and names their split.
@@ -114,14 +114,24 @@ def load_eval_samples(
         held_out_default=True,
     )
     if unlabelled is not None and samples.has_unlabelled:
+        # The error names the scored split's images without a label (the data's first refusal
+        # may name another split's file); a split root's names its split folders of images
+        # without class folders.
+        scored = split or "test"
+        refusal = unlabelled
+        if scored in source.splits and source.kind not in ("split root", "tar split root"):
+            refusal = split_without_labels_error(source, scored, unlabelled)
         if split is None:  # the default test split: the labelled ones can still be scored
             labelled = [n for n in ("val", "train") if n in source.splits]
             labelled = [n for n in labelled if not source.splits[n].has_unlabelled] or ["all"]
+            said = refusal.message  # the test split named already, or not (a split root's)
+            if refusal is unlabelled:
+                said = f"the test split of {source.spec} has no labels: {said}"
             raise InputError(
-                f"the test split of {source.spec} has no labels: {unlabelled.message}",
+                said,
                 f"--split {labelled[0]} scores a labelled split; predict reads unlabelled images",
             )
-        raise unlabelled
+        raise refusal
     if unlabelled is not None:
         # The unlabelled split's class "" is no class of the labelled images scored: kept, it
         # was a third output a model of two lacked, or a blank name in the class order.

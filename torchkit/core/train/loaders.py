@@ -32,7 +32,7 @@ from torchkit.core.data.sources.digits import DIGITS
 from torchkit.core.data.sources.samples import Samples, shown_class_names
 from torchkit.core.data.stored_image import Blocks, read_blocks
 from torchkit.core.data.transforms import eval_transform, train_transform
-from torchkit.core.io.errors import InputError, TorchkitError, first_and_more
+from torchkit.core.io.errors import InputError, first_and_more
 from torchkit.core.io.redaction import redact_url
 from torchkit.core.runtime.seeding import SPLITMIX_INCREMENT, SPLITMIX_MULTIPLIERS, splitmix_output
 from torchkit.core.train.config import TrainConfig
@@ -193,7 +193,7 @@ def _labelled_splits(
     labelled by the class names alone: an unlabelled test split is left out (best.pt is not
     tested, with a note); unlabelled train or val images are refused (`unlabelled`: the error
     of the data's first unlabelled file, whose hint says what reads such images)."""
-    from torchkit.core.data.sources.source import relabelled
+    from torchkit.core.data.sources.source import relabelled, split_without_labels_error
 
     named = [name for name in source.classes if name]
     kept = {}
@@ -205,45 +205,9 @@ def _labelled_splits(
                 f"the test split of {source.spec} has no labels: best.pt is not tested "
                 "(predict reads those images)"
             )
-        elif source.kind == "split csv":
-            # The CSV reader reads the whole split unlabelled for one empty label: its own
-            # error names the rows without one (a count of the split's images was wrong).
-            raise InputError(
-                f"the {name} split of {source.spec} has rows without a label: {unlabelled.message}",
-                unlabelled.hint,
-            )
         else:
-            missing = _images_without_a_label(source, name) or []
-            blank = len(missing) or samples.class_counts()[samples.classes.index("")]
-            shown = f" ({first_and_more(missing, 3)})" if missing else ""
-            raise InputError(
-                f"the {name} split of {source.spec} has {blank} image(s) without a label{shown}",
-                unlabelled.hint,
-            )
+            raise split_without_labels_error(source, name, unlabelled)
     return kept
-
-
-def _images_without_a_label(source: DataSource, split: str) -> list[str] | None:
-    """The images of `split` that have no label, as the data has them: its readers read a
-    split of which only some images have one (shards, parquet files) all unlabelled, whose
-    count was no count of them. Read again keeping the labels there are (an error path
-    only); None where that read fails."""
-    from torchkit.core.data.sources import open_data
-    from torchkit.core.data.sources.samples import partial_labels_kept
-
-    level = log.level
-    log.setLevel(logging.ERROR)  # its warnings were given at the first read
-    try:
-        with partial_labels_kept():
-            samples = open_data(source.spec, allow_unlabelled=True).splits[split]
-    except (TorchkitError, KeyError):
-        return None
-    finally:
-        log.setLevel(level)
-    if "" not in samples.classes:
-        return None
-    blank = samples.classes.index("")
-    return [samples.ids[i] for i, label in enumerate(samples.labels) if label == blank]
 
 
 def cross_split_copies(splits: dict[str, Samples]) -> tuple[int, int]:

@@ -573,6 +573,14 @@ def unlabelled_rows_warning(rows: IndexRows, splits: Sequence[str] = ()) -> str:
     )
 
 
+def unlabelled_lines_of_split(rows: IndexRows, split: str) -> list[int]:
+    """The lines of the rows of `split` without a label (`IndexRows.unlabelled_lines`)."""
+    if rows.labels is None or rows.splits is None:
+        return []
+    blank_splits = [s for s, label in zip(rows.splits, rows.labels, strict=True) if not label]
+    return [line for line, s in zip(rows.unlabelled_lines, blank_splits, strict=True) if s == split]
+
+
 def _refuse_itself(source: Path, paths: list[str], named: list[tuple[int, int]]) -> None:
     """A row naming the index itself (`named`: the (line, row) of the paths with its name) is
     an error: it is no image, and `split --mode move` moved the index into OUT as one (a

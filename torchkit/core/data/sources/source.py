@@ -17,6 +17,7 @@ from torchkit.core.data.sources.csv_index import (
     index_folder,
     read_index_rows,
     repeated_rows_warning,
+    unlabelled_lines_of_split,
     unlabelled_rows_warning,
 )
 from torchkit.core.data.sources.digits import DIGITS, digits_splits
@@ -47,6 +48,7 @@ from torchkit.core.data.sources.samples import (
     find_class,
     nfc,
     partial_labels_are_kept,
+    partial_labels_kept,
     refuse_a_label_of_two_classes,
     refuse_unshowable_classes,
     with_unlabelled_class,
@@ -56,7 +58,7 @@ from torchkit.core.data.sources.splitting import (
     unfinished_split,
     written_split_names,
 )
-from torchkit.core.io.errors import InputError, first_and_more
+from torchkit.core.io.errors import InputError, TorchkitError, first_and_more
 from torchkit.core.io.outputs import marker_command
 
 log = logging.getLogger("torchkit")
@@ -244,6 +246,53 @@ def open_labelled(spec: str | os.PathLike) -> tuple[DataSource, InputError | Non
         if not source.splits or "" not in source.classes or source.classes == [""]:
             raise error from None
         return source, error
+
+
+def split_without_labels_error(
+    source: DataSource, split: str, unlabelled: InputError
+) -> InputError:
+    """Where labels are needed (train, eval), the error for the split `split` of `source` (of
+    `open_labelled`) holding images without a label: naming that split and its first images
+    without one as the data has them (of a CSV index, their lines), where `unlabelled`, the
+    data's first refusal, may name another split's file (a partly labelled test file where
+    val is scored). Its hint is kept."""
+    if source.kind == "split csv":
+        lines = unlabelled_lines_of_split(read_index_rows(source.spec, labelled=False), split)
+        if lines:
+            return InputError(
+                f"the {split} split of {source.spec} has {len(lines)} row(s) without a label "
+                f"(line {', '.join(map(str, lines[:10]))}{', ...' if len(lines) > 10 else ''})",
+                unlabelled.hint,
+            )
+        return unlabelled
+    missing = images_without_a_label(source, split) or []
+    samples = source.splits[split]
+    count = len(missing) or samples.class_counts()[samples.classes.index("")]
+    shown = f" ({first_and_more(missing, 3)})" if missing else ""
+    return InputError(
+        f"the {split} split of {source.spec} has {count} image(s) without a label{shown}",
+        unlabelled.hint,
+    )
+
+
+def images_without_a_label(source: DataSource, split: str) -> list[str] | None:
+    """The images of `split` that have no label, as the data has them: its readers read a
+    split of which only some images have one (shards, parquet files) all unlabelled, whose
+    count was no count of them. Read again keeping the labels there are (an error path
+    only); None where that read fails."""
+    level = log.level
+    log.setLevel(logging.ERROR)  # its warnings were given at the first read
+    try:
+        with partial_labels_kept():
+            samples = open_data(source.spec, allow_unlabelled=True).splits[split]
+    except (TorchkitError, KeyError):
+        return None
+    finally:
+        log.setLevel(level)
+    if "" not in samples.classes:
+        return None
+    blank = samples.classes.index("")
+    return [samples.ids[i] for i, label in enumerate(samples.labels) if label == blank]
 
 
 def not_found(path: Path | str) -> InputError:
