@@ -23,6 +23,7 @@ from torchkit.core.io.file_kinds import file_kind
 from torchkit.core.io.non_utf8_names import holds_non_utf8
 from torchkit.core.video.containers import (
     SNIFF_BYTES,
+    asf_packet_break,
     avi_indexed_frames,
     container_fourcc,
     declared_size,
@@ -237,25 +238,28 @@ def _frames_lost(
     or overwritten), which a count an estimate cannot explain. A decoder that skips a frame
     here and there (a VOP marked not coded) stays within `_frame_slack`.
     `count_from_duration`: the header's count is the file's duration times the rate, which
-    audio that runs on overstates: only the clusters of a Matroska/WebM file tell."""
+    audio that runs on overstates: only the clusters of a Matroska/WebM file tell, or the
+    structure breaking inside the bytes it declares (a Matroska/WebM file's elements, an
+    ASF file's data packets)."""
     container, decoded, header = info.container, info.frames_decoded, info.frames_header
     held, reached, listed_by = header, 0, "its header declares"
     indexed = avi_indexed_frames(path, container)
     blocks = matroska_video_blocks(path, container)
-    if count_from_duration and blocks is None:
+    broken_at = blocks[1] if blocks is not None else asf_packet_break(path, container)
+    if count_from_duration and blocks is None and broken_at is None:
         return None
     if indexed is not None:
         held, listed_by = indexed, "its index lists"
     elif blocks is not None and blocks[1] is None:
         held, listed_by = blocks[0], "its clusters hold"
-    elif blocks is None and container not in _HEADER_COUNTS_EVERY_FRAME:
+    elif broken_at is None and container not in _HEADER_COUNTS_EVERY_FRAME:
         reached = _position(end_s, info.fps)
     if held is None or decoded is None or max(decoded, reached) >= held - _frame_slack(held):
         return None
-    if blocks is not None and blocks[1] is not None:  # the clusters' elements stop
+    if broken_at is not None:  # its elements or packets stop being so
         return (
             f"damaged: {decoded:,} of the {held:,} frames {listed_by} decode, and its "
-            f"{container} structure breaks at byte {blocks[1]:,}, inside the bytes it declares"
+            f"{container} structure breaks at byte {broken_at:,}, inside the bytes it declares"
         )
     return (
         f"damaged: {decoded:,} of the {held:,} frames {listed_by} decode, though the file "
@@ -527,7 +531,8 @@ def _probe_into(
                 reached = _position(end_s, info.fps)
                 cut = _frames_short(info.frames_decoded, info.frames_header, reached)
                 if cut and _runs_on_past_its_video(path, sniffed, info, sizes_whole):
-                    cut = None  # whole: its audio runs on after its video, or frames lost
+                    cut = None  # whole: its audio runs on after its video
+                if not cut:  # or frames lost, where its structure tells
                     damage = _frames_lost(info, path, end_s, count_from_duration=True)
             elif not cut and sizes_whole:
                 # all its bytes there, its header counting the video's own frames: frames
