@@ -223,9 +223,10 @@ _COUNT_FROM_FILE_DURATION = frozenset({"mpeg-ts", "m2ts", "mpeg-ps", "asf", "mkv
 # Formats whose header count is the frames the file holds, one by one: an MP4/MOV/3GP sample
 # table (or the frames its edit list shows), a Y4M or raw DV file's frames of one size. An
 # AVI's index and a Matroska/WebM file's clusters are counted (`avi_indexed_frames`,
-# `matroska_video_blocks`). Elsewhere a whole file's count may overstate its frames (an AVI
-# stream length a writer overstates, a duration times a variable rate): there the last
-# frame's time must fall short too.
+# `matroska_video_blocks`), and an ASF file's packets checked (`asf_packet_break`).
+# Elsewhere a whole file's count may overstate its frames (an AVI stream length a writer
+# overstates, a duration times a variable rate): there the last frame's time must fall
+# short too.
 _HEADER_COUNTS_EVERY_FRAME = frozenset({"mp4", "mov", "3gp", "y4m", "dv"})
 
 
