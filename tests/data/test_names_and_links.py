@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
+import subprocess
 import tarfile
 import unicodedata
 from pathlib import Path
@@ -381,9 +383,11 @@ def test_a_folder_link_inside_a_tar_class_is_not_entered_with_the_warning_on_dis
         )
 
 
-def test_tar_members_are_read_by_their_unpacked_paths_and_escaping_ones_said(tmp_path, caplog):
-    """`cat/../dog/e.png` counted as class cat, and members that would unpack outside the
-    archive's folder (`/abs/x.png`, `../up.png`) were left out without a word."""
+def test_tar_members_are_read_where_tar_unpacks_them(tmp_path, caplog):
+    """`cat/../dog/e.png` counted as class cat, then as dog/e.png, and `/abs/x.png` was left out:
+    GNU tar (`tar -xf`) unpacks no member with a `..` part, also one that stays inside the
+    archive, and unpacks `/abs/x.png` as abs/x.png. The tar is read as the folder it unpacks
+    to: the same images under the same classes."""
     members = [
         ("cat/a.png", png(0)),
         ("dog/c.png", png(1)),
@@ -395,13 +399,23 @@ def test_tar_members_are_read_by_their_unpacked_paths_and_escaping_ones_said(tmp
     archive = _tar(tmp_path / "pets.tar", members)
     with caplog.at_level("WARNING", logger="torchkit"):
         source = open_data(str(archive))
-    assert source.classes == ["cat", "dog"]
-    assert source.whole.ids == ["cat/a.png", "cat/f.png", "dog/c.png", "dog/e.png"]
-    assert [source.classes[label] for label in source.whole.labels] == ["cat", "cat", "dog", "dog"]
-    assert [path.read_bytes() for path in source.whole.paths] == [png(i) for i in (0, 5, 1, 4)]
+    assert source.classes == ["abs", "cat", "dog"]
+    assert source.whole.ids == ["abs/x.png", "cat/a.png", "cat/f.png", "dog/c.png"]
+    assert [source.classes[label] for label in source.whole.labels] == ["abs", "cat", "cat", "dog"]
+    assert [path.read_bytes() for path in source.whole.paths] == [png(i) for i in (2, 0, 5, 1)]
     assert [record.getMessage() for record in caplog.records] == [
-        f"{archive}: 2 image members would unpack outside the archive's folder (an absolute "
-        "path, or one up through '..') and were left out: /abs/x.png, ../up.png"
+        f"{archive}: 2 image members with '..' in their path are not read, as tar -x does not "
+        "unpack such members: ../up.png, cat/../dog/e.png"
+    ]
+    if shutil.which("tar") is None:
+        return
+    unpacked = tmp_path / "unpacked"
+    unpacked.mkdir()
+    subprocess.run(["tar", "-xf", archive, "-C", unpacked], capture_output=True)  # 2: the '..'
+    folder = open_data(str(unpacked))
+    assert (folder.classes, folder.whole.ids) == (source.classes, source.whole.ids)
+    assert [Path(path).read_bytes() for path in folder.whole.paths] == [
+        path.read_bytes() for path in source.whole.paths
     ]
 
 

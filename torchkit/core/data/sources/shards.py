@@ -376,8 +376,13 @@ def _link_ends(
 def _respelled_members(members: dict[str, tuple[int, int]]) -> dict[str, str]:
     """The members stored under a name `posixpath.normpath` spells otherwise (`dog/./c.png`,
     `dog//c.png`), by that spelling: the file a link's target (normalised) names once
-    unpacked. Where two such names are one file, the last, as unpacking leaves it."""
-    return {posixpath.normpath(name): name for name in members if "//" in name or "/." in name}
+    unpacked. Where two such names are one file, the last, as unpacking leaves it. Not one of
+    a `..` part, which tar does not unpack (`_unpacked_path`)."""
+    return {
+        posixpath.normpath(name): name
+        for name in members
+        if ("//" in name or "/." in name) and ".." not in name.split("/")
+    }
 
 
 def _folder_link_ends(
@@ -1337,28 +1342,29 @@ def _open_folder_tar(
         for name in (*listing.members, *listing.links)
         if is_image_file(name) and not is_apple_double(posixpath.basename(name))
     ]
-    # Each image by its path as unpacked (`cat/../dog/e.png` is dog/e.png, of class dog), and
-    # the member it is; one that would unpack outside the archive's folder (`/abs/x.png`,
-    # `../x.png`, which tar refuses or strips) is left out, said.
+    # Each image by the path `tar -xf` unpacks it to (`/abs/x.png` is abs/x.png), and the
+    # member it is; one with a `..` part, which tar does not unpack (`cat/../dog/e.png`, also
+    # inside the archive), is left out, said.
     member_of: dict[str, str] = {}
-    outside = []
+    not_unpacked = []
     for name in stored:
-        unpacked = posixpath.normpath(name)
-        if _outside_archive(unpacked):
-            outside.append(name)
+        unpacked = _unpacked_path(name)
+        if unpacked is None:
+            not_unpacked.append(name)
         else:
             member_of[unpacked] = name
-    if outside:
+    if not_unpacked:
         log.warning(
-            f"{spec}: {counted(len(outside), 'image member')} would unpack outside the "
-            "archive's folder (an absolute path, or one up through '..') and "
-            f"{'was' if len(outside) == 1 else 'were'} left out: {first_and_more(outside, 3)}"
+            f"{spec}: {counted(len(not_unpacked), 'image member')} with '..' in "
+            f"{'its' if len(not_unpacked) == 1 else 'their'} path "
+            f"{'is' if len(not_unpacked) == 1 else 'are'} not read, as tar -x does not unpack "
+            f"such members: {first_and_more(not_unpacked, 3)}"
         )
     names = list(member_of)
     folders = {
         folder
-        for folder in map(posixpath.normpath, listing.folders)
-        if folder != "." and not _outside_archive(folder)
+        for folder in map(_unpacked_path, listing.folders)
+        if folder is not None and folder != "."
     } | {posixpath.dirname(name) for name in names}
     prefix = _wrapping_folder(spec, names, folders)
     if prefix:
@@ -1392,8 +1398,8 @@ def _open_folder_tar(
     # By the links' unpacked paths, as the images are named (`cat/./s.png` is cat/s.png).
     links = {
         name[len(prefix) :]: target
-        for name, target in ((posixpath.normpath(n), t) for n, t in listing.links.items())
-        if name.startswith(prefix)
+        for name, target in ((_unpacked_path(n), t) for n, t in listing.links.items())
+        if name is not None and name.startswith(prefix)
     }
     links.update(class_links)
 
@@ -1571,10 +1577,15 @@ def _class_folder_links(
     return found, sorted(unentered)
 
 
-def _outside_archive(path: str) -> bool:
-    """Whether a member's normalised path (`posixpath.normpath`) lies outside the folder the
-    archive unpacks into: absolute, or up through `..`."""
-    return path.startswith("/") or path == ".." or path.startswith("../")
+def _unpacked_path(name: str) -> str | None:
+    """The path the member `name` of a tar unpacks to with GNU tar's `tar -xf`: without its
+    leading slashes (`/abs/x.png` is abs/x.png, as Python's tarfile with its `data` filter
+    unpacks it too) and spelled plainly (`dog/./c.png`, `dog//c.png` are dog/c.png). None for a
+    name with a `..` part, which GNU tar (and bsdtar) do not unpack ("Member name contains
+    '..'"), also where it stays inside the archive (`cat/../dog/e.png`)."""
+    if ".." in name.split("/"):
+        return None
+    return posixpath.normpath(name.lstrip("/") or ".")
 
 
 def _linked_class_images(class_links: dict[str, str], images: list[str]) -> dict[str, str]:
