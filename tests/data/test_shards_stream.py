@@ -278,12 +278,12 @@ def test_a_cached_shard_deleted_before_it_is_listed_is_fetched_again(
     real_list_tar = shards.list_tar
     calls = []
 
-    def deleted_first(path: str):
+    def deleted_first(path: str, **options):
         if path == str(cached):
             calls.append(path)
             if len(calls) == 1:
                 cached.unlink()  # as another process's make-room does
-        return real_list_tar(path)
+        return real_list_tar(path, **options)
 
     monkeypatch.setattr(shards, "list_tar", deleted_first)
     again = open_data(url).splits["train"]

@@ -1,0 +1,115 @@
+"""Listing shards at scale: a shard's `.cls` and `.json` labels are read with its headers (one
+pass over the file), not by a read of their own each (a million samples cost a million reads
+more), and the headers' checksums, checked a chunk of headers at a time, still catch a damaged
+header wherever it lies."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from torchkit.core.data.sources import open_data, shards
+
+
+def write_tar(path: Path, members: list[tuple[str, bytes]]) -> Path:
+    """A ustar archive of `members` in this order (a name may come twice)."""
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+@pytest.fixture
+def counted_reads(monkeypatch) -> list:
+    """The locators of every read of a shard's bytes outside its listing."""
+    reads = []
+    real_read = shards.TarReader.read
+
+    def read(self, locator):
+        reads.append(locator)
+        return real_read(self, locator)
+
+    monkeypatch.setattr(shards.TarReader, "read", read)
+    return reads
+
+
+def test_labels_are_read_with_the_headers_not_a_read_each(tmp_path, counted_reads):
+    """300 samples over three shards, labelled by `.cls` (and some by a `.json` name): opening
+    them reads no member on its own; a `.json` past the size read with its header (a long
+    caption) is read alone, and still labels its sample."""
+    png = b"\x89PNG not decoded here"
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    caption = "x" * 6000
+    for shard in range(3):
+        members = []
+        for key in range(shard * 100, shard * 100 + 100):
+            members.append((f"{key:05d}.png", png))
+            if key % 10 == 3:
+                members.append((f"{key:05d}.json", json.dumps({"label": "b"}).encode()))
+            elif key == 250:
+                meta = {"label": "c", "caption": caption}
+                members.append((f"{key:05d}.json", json.dumps(meta).encode()))
+            else:
+                members.append((f"{key:05d}.cls", str(key % 3).encode()))
+        write_tar(folder / f"shard-{shard:06d}.tar", members)
+    (folder / "classes.txt").write_text("a\nb\nc\n")
+    data = open_data(str(folder))
+    expected = [1 if key % 10 == 3 else 2 if key == 250 else key % 3 for key in range(300)]
+    assert list(data.whole.labels) == expected
+    assert len(counted_reads) == 1  # the long .json alone
+    assert counted_reads[0][1] > shards._LABEL_READ_BYTES
+
+
+def test_a_label_member_written_again_under_its_name_is_read_as_the_last(tmp_path):
+    """A tar may hold a name twice (appended to: `tar rf`); the last one is the member, as
+    tarfile reads it. A first `.cls` kept from the headers' pass, under a second too long to
+    be kept so, gave the sample the first one's label."""
+    png = b"\x89PNG"
+    padded = b"2" + b" " * (shards._LABEL_READ_BYTES + 10)  # "2", whitespace around it
+    shard = write_tar(
+        tmp_path / "s-000000.tar",
+        [("x.png", png), ("x.cls", b"1"), ("y.png", png), ("y.cls", b"0"), ("x.cls", padded)],
+    )
+    data = open_data(str(shard), allow_unlabelled=True)
+    assert dict(zip(data.whole.ids, data.whole.labels, strict=True)) == {
+        "s-000000.tar/x.png": 2,
+        "s-000000.tar/y.png": 0,
+    }
+
+
+@pytest.mark.parametrize("members", [6, 200])  # checked one by one; a chunk at a time
+def test_a_header_with_a_wrong_checksum_is_damage_wherever_it_lies(tmp_path, members):
+    files = [(f"{i:04d}.cls", b"1") for i in range(members)]
+    archive = write_tar(tmp_path / "s.tar", files)
+    raw = bytearray(archive.read_bytes())
+    bad = (members // 2) * 2 * tarfile.BLOCKSIZE  # the header of member members // 2
+    assert raw[bad : bad + 4] == b"%04d" % (members // 2)
+    raw[bad] = ord("9")  # its checksum no longer holds
+    archive.write_bytes(bytes(raw))
+    assert shards._read_plain_headers(str(archive), len(raw)) is None  # tarfile judges
+    with pytest.raises(shards.DamagedTar, match=f"after {members // 2} members"):
+        shards.list_tar(str(archive))
+
+
+def test_the_headers_pass_finds_every_member_where_tarfile_does(tmp_path):
+    """Members of many sizes, so that headers fall across the chunks the pass reads, and some
+    larger than a chunk: the same names, offsets and sizes as tarfile's, labels kept whole."""
+    sizes = [0, 1, 511, 512, 513, 70_000, 5, 200_000, *range(0, 3000, 97)]
+    files = [(f"d/{i:03d}.{'cls' if i % 2 else 'bin'}", bytes([i % 251]) * n)
+             for i, n in enumerate(sizes)]  # fmt: skip
+    archive = write_tar(tmp_path / "mixed.tar", files)
+    listing = shards._read_plain_headers(str(archive), archive.stat().st_size, labels=True)
+    assert listing is not None
+    with tarfile.open(archive) as tar:
+        expected = {m.name: (m.offset_data, m.size) for m in tar.getmembers()}
+    assert listing.members == expected
+    small = {name: data for name, data in files
+             if name.endswith(".cls") and len(data) <= shards._LABEL_READ_BYTES}  # fmt: skip
+    assert listing.labels == small
