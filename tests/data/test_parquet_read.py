@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -362,17 +363,33 @@ def test_a_class_index_below_minus_one_is_one_error_line_naming_its_row(tmp_path
     assert str(refused.value) == message
 
 
-def test_a_file_of_some_rows_without_a_label_is_read_unlabelled_with_a_warning(tmp_path):
+def test_a_file_of_some_rows_without_a_label_is_read_with_the_labels_it_has(
+    tmp_path, caplog, monkeypatch
+):
     """Five labelled rows and one null: dataset-stats counted all six as unlabelled images, its
-    class counts gone without a word."""
+    class counts gone without a word, then with a warning. It counts each class, the row
+    without a label in a row of its own."""
+    from torchkit.core.data.sources import open_data
+
     data = write_parquet(tmp_path / "d.parquet", [png(i) for i in range(6)], [0, 1, 2, 0, 1, None])
     result = run_torchkit_in_process("dataset-stats", data, "-j", "0", "--format", "json")
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["classes"] == [{"name": "", "index": 0, "images": 6}]
+    report = json.loads(result.stdout)
+    assert [(row["name"], row["images"]) for row in report["classes"]] == [
+        ("a", 2),
+        ("b", 2),
+        ("c", 1),
+        ("", 1),
+    ]
+    assert report["num_classes"] == 3
+    # Read unlabelled, where it is (beside train's and eval's refusal), it is said.
+    monkeypatch.setattr(logging.getLogger("torchkit"), "propagate", True)  # the CLI's: False
+    with caplog.at_level("WARNING", logger="torchkit"):
+        assert open_data(str(data), allow_unlabelled=True).classes == [""]
     assert (
-        f"Warning: {data} has 1 row(s) without a label (null or -1; row 5) among 5 labelled "
-        "ones: its images are read unlabelled"
-    ) in result.stderr.splitlines()
+        f"{data} has 1 row(s) without a label (null or -1; row 5) among 5 labelled ones: its "
+        "images are read unlabelled"
+    ) in caplog.messages
 
 
 def test_an_unlabelled_test_split_leaves_the_other_splits_labelled(world, tmp_path):

@@ -69,6 +69,7 @@ def _stats_data(
     the leakage report, where every other reader refuses it)."""
     from torchkit.core.data.sources import concatenate, non_image_files, open_data, select_split
     from torchkit.core.data.sources.discovery import files_in_two_splits_reported
+    from torchkit.core.data.sources.samples import partial_labels_kept
 
     if os.fspath(source) == DIGITS:
         raise InputError(
@@ -76,11 +77,15 @@ def _stats_data(
             "give an image folder, a split root or a CSV index (./digits for a folder named so)",
         )
     shared: list[tuple[str, ...]] = []
-    if leakage:
-        with files_in_two_splits_reported() as shared:
+    # Of partly labelled data each label is kept, the samples without one counted in a row of
+    # their own (class ""), as beside an unlabelled test split: read all unlabelled, the class
+    # counts of the labelled samples were lost.
+    with partial_labels_kept():
+        if leakage:
+            with files_in_two_splits_reported() as shared:
+                data = open_data(source, allow_unlabelled=True)
+        else:
             data = open_data(source, allow_unlabelled=True)
-    else:
-        data = open_data(source, allow_unlabelled=True)
     samples, notes = select_split(data, split, default="train", default_reason=STATS_SPLIT_REASON)
     measured = None
     if data.is_split:
