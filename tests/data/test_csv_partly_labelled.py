@@ -52,6 +52,21 @@ def test_a_partly_labelled_index_is_read_where_no_labels_are_needed(tmp_path):
     )
 
 
+def test_train_and_eval_refuse_it_without_a_warning_that_its_images_are_read(tmp_path):
+    # Their refusal followed "Warning: I has 2 row(s) without a label ...: its images are read
+    # unlabelled", of a second read that finds no split to read so.
+    index = _partly_labelled_index(tmp_path)
+    refused = run_torchkit_in_process(
+        "train", "--model", "nets:TinyNet", "--data", index, "--out", tmp_path / "run"
+    )
+    assert refused.returncode == 1
+    assert refused.stderr.splitlines() == [
+        f"Error: {index} has 2 row(s) with an empty label (line 3, 5) (every row needs a path "
+        "and a label; predict, extract-features and dataset-stats read images without one "
+        "unlabelled)"
+    ]
+
+
 def test_the_image_folders_of_a_partly_labelled_index_are_inputs(tmp_path):
     # The overlap checks read the index as the commands that take unlabelled images do: one of
     # some empty labels gave no folders, so an output could be written among its images.

@@ -236,16 +236,50 @@ def open_labelled(spec: str | os.PathLike) -> tuple[DataSource, InputError | Non
     data with the unlabelled split's images of class "" and the error such images are refused
     with (eval scores, and train trains on, the labelled splits). Other unlabelled data is
     refused with that error."""
+    said = _Warnings(hold=False)
+    log.addFilter(said)
     try:
         return open_data(spec), None
     except InputError as error:
+        # The second read's warnings are held: given where its data is read (not those the
+        # first read gave already), never before the refusal of data that is not (`Warning:
+        # i.csv has 2 row(s) without a label ...: its images are read unlabelled`, then the
+        # error that no image is read).
+        held = _Warnings(hold=True)
+        log.removeFilter(said)
+        log.addFilter(held)
         try:
             source = open_data(spec, allow_unlabelled=True)
         except InputError:
             raise error from None
+        finally:
+            log.removeFilter(held)
         if not source.splits or "" not in source.classes or source.classes == [""]:
             raise error from None
+        for record in held.records:
+            if record.getMessage() not in said.messages:
+                log.handle(record)
         return source, error
+    finally:
+        log.removeFilter(said)
+
+
+class _Warnings(logging.Filter):
+    """The records a logger is given: their messages noted (`hold=False`), or the records
+    kept back from its handlers (`hold=True`), for `open_labelled`."""
+
+    def __init__(self, *, hold: bool) -> None:
+        super().__init__()
+        self.hold = hold
+        self.messages: set[str] = set()
+        self.records: list[logging.LogRecord] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.hold:
+            self.records.append(record)
+            return False
+        self.messages.add(record.getMessage())
+        return True
 
 
 def split_without_labels_error(
