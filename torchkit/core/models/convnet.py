@@ -36,9 +36,26 @@ def convnet_class():
             )
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.classifier(self.features(x))
+            features = self.features(x)
+            if self.training and features.requires_grad and features.device.type == "cpu":
+                _gradient_as_channels_last(features)
+            return self.classifier(features)
 
     return ConvNet
+
+
+def _gradient_as_channels_last(features) -> None:
+    """Flatten's backward hands channels-last feature maps an NCHW gradient, and on the CPU
+    max-pool's backward then works in NCHW: it copies its zeroed gradient and its indices to
+    NCHW and the result back, 0.15 ms of the digits job's 4-5 ms step. The gradient made
+    channels-last first costs one copy of the small pooled maps; the values are the same."""
+    import torch
+
+    channels_last = torch.channels_last
+    if torch.jit.is_tracing() or torch.compiler.is_compiling():
+        return
+    if features.ndim == 4 and features.is_contiguous(memory_format=channels_last):
+        features.register_hook(lambda grad: grad.contiguous(memory_format=channels_last))
 
 
 def _check_fits(image_size: int, classifier_weights: int) -> None:
