@@ -78,19 +78,25 @@ def _undecorated_step(optimizer: Any):
     """The optimiser class's own step function, or None where the decorated one must run:
     dynamo already loaded, step hooks registered (the decorator runs them), a differentiable
     optimiser, or a step that is not decorated as expected."""
-    from torch.optim import optimizer as optimizer_module
-
     if dynamo_loaded() or optimizer.defaults.get("differentiable", False):
         return None
+    if has_step_hooks(optimizer):
+        return None
+    return _unwrapped_step(type(optimizer))
+
+
+def has_step_hooks(optimizer: Any) -> bool:
+    """Whether a step pre- or post-hook is registered (the decorated step runs them), on this
+    optimiser or on every one; True too where torch keeps them elsewhere than here."""
+    from torch.optim import optimizer as optimizer_module
+
     hooks = (
         getattr(optimizer_module, "_global_optimizer_pre_hooks", None),
         getattr(optimizer_module, "_global_optimizer_post_hooks", None),
         getattr(optimizer, "_optimizer_step_pre_hooks", None),
         getattr(optimizer, "_optimizer_step_post_hooks", None),
     )
-    if any(hook is None or len(hook) for hook in hooks):
-        return None
-    return _unwrapped_step(type(optimizer))
+    return any(hook is None or len(hook) for hook in hooks)
 
 
 @functools.lru_cache(maxsize=16)

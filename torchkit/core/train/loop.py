@@ -16,6 +16,7 @@ from typing import Any
 
 from torchkit.core.io.errors import InputError, TorchkitError, UsageError, on_every_rank
 from torchkit.core.runtime import dynamo_free
+from torchkit.core.train import fused_step
 
 log = logging.getLogger("torchkit")
 
@@ -525,7 +526,7 @@ def _optimizer_step(ctx: StepContext) -> None:
         with dynamo_free.undecorated_steps(ctx.optimizer):
             ctx.scaler.step(ctx.optimizer)
         ctx.scaler.update()
-    else:
+    elif not fused_step.step(ctx.optimizer):
         dynamo_free.step(ctx.optimizer)
     ctx.optimizer.zero_grad(set_to_none=True)
     ctx.schedule.step()
