@@ -31,14 +31,36 @@ TINY = ["--model", "convnet", "--image-size", "8", "--batch-size", "4", "--worke
 TRAIN = ["train", *TINY, "--data", "ds", "--val-split", "0.5", "--epochs", "1"]
 
 
-def marked(folder: Path, command: str, files: dict[str, str]) -> Path:
+def _saved(value: object) -> bytes:
+    import io
+
+    import torch
+
+    saved = io.BytesIO()
+    torch.save(value, saved)
+    return saved.getvalue()
+
+
+# What torchkit writes under the names others use too, as --force's proofs read them: a
+# checkpoint with torchkit's keys, a run's config.json, an eval's metrics.json.
+CHECKPOINT = _saved({"format_version": 1, "torchkit_version": "0.1.0", "model": {}})
+RUN_CONFIG = json.dumps({"options": {}, "arch": "convnet", "classes": ["a"], "preprocess": {}})
+EVAL_METRICS = json.dumps(
+    {"num_images": 1, "num_skipped": 0, "accuracy": 1.0, "topk_accuracy": {"top5": 1.0}}
+)
+
+
+def marked(folder: Path, command: str, files: dict[str, str | bytes]) -> Path:
     """An earlier output of `command` at `folder`: its marker and `files` (relative path ->
-    text), what torchkit wrote there and what the test adds."""
+    text or bytes), what torchkit wrote there and what the test adds."""
     folder.mkdir(parents=True)
     (folder / MARKER).write_text(json.dumps({"written_by": "torchkit", "command": command}))
-    for name, text in files.items():
+    for name, data in files.items():
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        (folder / name).write_text(text)
+        if isinstance(data, bytes):
+            (folder / name).write_bytes(data)
+        else:
+            (folder / name).write_text(data)
     return folder
 
 
@@ -62,14 +84,18 @@ FAMILIES = {
     "train": (
         [*TRAIN, "--out", "out", "--force"],
         "train",
-        {"config.json": "{}", "last.pt": "x", "tensorboard/events.out.tfevents.1.h": "x"},
+        {
+            "config.json": RUN_CONFIG,
+            "last.pt": CHECKPOINT,
+            "tensorboard/events.out.tfevents.1.h": "x",
+        },
         {"notes.txt": "my notes on this run"},
         "run folder out holds out/notes.txt that torchkit did not write",
     ),
     "eval": (
         ["eval", "run/best.pt", "--data", "ds", "--out", "out", "--force"],
         "eval",
-        {"metrics.json": "{}", "per_class.csv": "x"},
+        {"metrics.json": EVAL_METRICS, "per_class.csv": "x"},
         {"my_plot.png": "x"},
         "output folder out holds out/my_plot.png that torchkit did not write",
     ),
@@ -122,8 +148,48 @@ def test_force_refuses_an_output_folder_holding_a_users_file(world, family):
     )
 
 
+# A file of the user's under a name torchkit writes too, which torchkit cannot show it wrote
+# (another trainer's checkpoint, another tool's record or log): --force deleted it silently.
+USERS_UNDER_TORCHKIT_NAMES = {
+    "another trainer's best.pt": ("train", {"best.pt": b"PK not a torchkit checkpoint"}),
+    "another trainer's epoch checkpoint": ("train", {"epoch-042.pt": CHECKPOINT[:100]}),
+    "a plain state dict": (
+        "train",
+        {"last.pt": CHECKPOINT.replace(b"torchkit_version", b"x" * 16)},
+    ),
+    "another tool's config.json": ("train", {"config.json": '{"lr": 0.1}'}),
+    "another logger's metrics.csv": ("train", {"metrics.csv": "step,loss\n1,0.5\n"}),
+    "another tool's metrics.json": ("eval", {"metrics.json": '{"accuracy": 0.9}'}),
+}
+
+
+@pytest.mark.parametrize("case", list(USERS_UNDER_TORCHKIT_NAMES))
+def test_force_refuses_a_users_file_under_a_name_torchkit_writes_too(world, case):
+    """Refused before any work, naming the file, with a hint that leads to no other refusal:
+    once the file is moved out, --force replaces the folder."""
+    command, users = USERS_UNDER_TORCHKIT_NAMES[case]
+    own = {"last.pt": CHECKPOINT} if command == "train" else {"per_class.csv": "x"}
+    marked(world / "out", command, {**own, **users})
+    args = FAMILIES[command][0]
+    (name,) = users
+    what = "run folder" if command == "train" else "output folder"
+    check_refused_untouched(
+        args, f"{what} out holds out/{name} that torchkit did not write", cwd=world
+    )
+    done = run_torchkit_in_process(*args, cwd=world)
+    assert error_line(done.stderr, besides="warnings").endswith(
+        "which --force would delete with it (move them out of out, or delete them yourself)"
+    )
+    (world / "out" / name).rename(world / name)  # as the hint says
+    done = run_torchkit_in_process(*args, cwd=world)
+    assert done.returncode == 0, done.stderr
+    assert (world / name).is_file()
+
+
 def test_the_error_counts_what_else_is_not_torchkits(world):
-    marked(world / "out", "train", {"last.pt": "x", "a.txt": "x", "b.txt": "x", "c/d.txt": "x"})
+    marked(
+        world / "out", "train", {"last.pt": CHECKPOINT, "a.txt": "x", "b.txt": "x", "c/d.txt": "x"}
+    )
     check_refused_untouched(
         [*TRAIN, "--out", "out", "--force"],
         "run folder out holds out/a.txt and 2 more that torchkit did not write",
@@ -134,10 +200,10 @@ def test_the_error_counts_what_else_is_not_torchkits(world):
 def test_a_torchkit_name_in_another_place_or_a_link_is_the_users(world):
     """`extra/best.pt` is not the run's best.pt; a link named best.pt is not a file train
     wrote (it is not followed: what it points at is not judged, nor deleted)."""
-    marked(world / "out", "train", {"last.pt": "x", "extra/best.pt": "x"})
-    marked(world / "linked", "train", {"last.pt": "x"})
+    marked(world / "out", "train", {"last.pt": CHECKPOINT, "extra/best.pt": "x"})
+    marked(world / "linked", "train", {"last.pt": CHECKPOINT})
     (world / "linked" / "best.pt").symlink_to(world / "run" / "best.pt")
-    marked(world / "old", "train", {"last.pt": "x", "tensorboard/notes.txt": "x"})
+    marked(world / "old", "train", {"last.pt": CHECKPOINT, "tensorboard/notes.txt": "x"})
     (world / "old" / MARKER).unlink()  # a run from before the marker: known by config.json
     config = {"options": {}, "arch": "convnet", "classes": ["a", "b"], "preprocess": {}}
     (world / "old" / "config.json").write_text(json.dumps(config))
@@ -157,7 +223,7 @@ def test_the_summary_this_run_writes_into_its_folder_is_its_own(world):
     """`train --out run --force -o run/summary.json` again: the earlier summary is replaced
     with the run (the run goes on to its next step, here a model that cannot be found); a
     summary under another name is a file this run does not write."""
-    marked(world / "out", "train", {"last.pt": "x", "summary.json": "{}"})
+    marked(world / "out", "train", {"last.pt": CHECKPOINT, "summary.json": "{}"})
     before = tree_digest(world)
     args = [*TRAIN, "--out", "out", "--force"]
     done = run_torchkit_in_process(
@@ -176,7 +242,7 @@ def test_an_earlier_runs_summary_under_another_name_goes_with_its_run_folder(wor
     """A run folder whose marker records the summary `-o out/summary.json` wrote there (as
     train's `note_report` does): `train --out out --force -o out/other.json` no longer refuses
     it as a file torchkit did not write (the run goes on to its model, which cannot be found)."""
-    out = marked(world / "out", "train", {"last.pt": "x", "summary.json": "{}"})
+    out = marked(world / "out", "train", {"last.pt": CHECKPOINT, "summary.json": "{}"})
     write_marker(out, "train", reports=["summary.json"])
     note_report(out / "summary.json")
     before = tree_digest(world)
@@ -256,7 +322,7 @@ def test_torchkits_own_leftovers_and_a_browsers_files_are_not_the_users(tmp_path
     """The marker, the journal of a killed run, a dead writer's temporary, an output set aside
     inside the folder and `.DS_Store` go with the folder; a temporary a live writer holds is
     still being written, and a FIFO is nobody's output."""
-    out = marked(tmp_path / "out", "train", {"last.pt": "x", "tensorboard/.DS_Store": "x"})
+    out = marked(tmp_path / "out", "train", {"last.pt": CHECKPOINT, "tensorboard/.DS_Store": "x"})
     (out / WRITTEN_JOURNAL).write_text('"last.pt"\n')
     (out / ".last.pt.abcd1234.tmp").write_text("half")
     (out / ".best.pt.0123456789ab.replaced").write_text("old")
@@ -304,9 +370,9 @@ def test_a_report_name_holding_glob_characters_names_that_file_only(tmp_path):
 def test_resume_continues_a_folder_holding_the_users_files(tmp_path):
     """`train --resume` does not replace its folder: the user's files in it are no reason to
     refuse, and stay."""
-    out = marked(tmp_path / "out", "train", {"last.pt": "x", "notes.txt": "mine"})
+    out = marked(tmp_path / "out", "train", {"last.pt": CHECKPOINT, "notes.txt": "mine"})
     with OutputFolder(out, command="train", resume=True, owned=RUN_OUTPUTS) as folder:
-        (folder.begin() / "epoch-002.pt").write_text("x")
+        (folder.begin() / "epoch-002.pt").write_bytes(CHECKPOINT)
     assert (out / "notes.txt").read_text() == "mine"
     with pytest.raises(OutputExistsError, match="holds .*notes.txt that torchkit did not write"):
         OutputFolder(out, command="train", force=True, owned=RUN_OUTPUTS)

@@ -439,7 +439,8 @@ def test_output_file_and_out_dir_need_force(setup, report, tmp_path, monkeypatch
     # --force replaces an earlier eval's folder, never one with other files in it.
     earlier = tmp_path / "earlier"
     shutil.copytree(report["out"], earlier)  # an earlier eval's folder, its marker included
-    (earlier / "metrics.json").write_text("old")
+    old = json.loads((earlier / "metrics.json").read_text())  # eval's record: its own to replace
+    (earlier / "metrics.json").write_text(json.dumps({**old, "accuracy": -1.0}))
     assert invoke(*args, "--out", earlier, "--force").exit_code == 0
     assert json.loads((earlier / "metrics.json").read_text())["accuracy"] == accuracy
     out = tmp_path / "out"

@@ -41,9 +41,9 @@ def old_run(folder: Path, *, marker: bool = True) -> Path:
     config = {"options": {"seed": 99}, "arch": "convnet", "classes": ["a", "b"], "preprocess": {}}
     (folder / "config.json").write_text(json.dumps(config) + "\n")
     (folder / "metrics.csv").write_text("epoch,train_loss\n1,0.5\n2,0.4\n")
-    (folder / "last.pt").write_bytes(os.urandom(3000))
-    (folder / "best.pt").write_bytes(os.urandom(3000))
-    (folder / "epoch-002.pt").write_bytes(os.urandom(3000))
+    for name in ("last.pt", "best.pt", "epoch-002.pt"):  # torchkit's keys: --force's proof
+        checkpoint = {"format_version": 1, "torchkit_version": "0.1.0", "model": torch.rand(700)}
+        torch.save(checkpoint, folder / name)
     (folder / "tensorboard").mkdir()
     (folder / "tensorboard" / "events.out.tfevents.1.host").write_bytes(os.urandom(500))
     return folder

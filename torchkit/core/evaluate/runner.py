@@ -38,6 +38,7 @@ from torchkit.core.inference.options import (
 )
 from torchkit.core.inference.scoring import TTA_MODES, score_batch
 from torchkit.core.io.errors import InputError, OutputWriteError, UsageError, on_every_rank
+from torchkit.core.io.folder_contents import proven
 from torchkit.core.io.outputs import (
     InputPath,
     OutputFolder,
@@ -306,6 +307,17 @@ def check_report_file(output: str | os.PathLike, spec: ModelSpec, options: EvalO
 METRICS_KEYS = ("num_images", "num_skipped", "accuracy", "topk_accuracy")
 
 
+def _is_eval_metrics(path: Path) -> bool:
+    return holds_json_record(path, METRICS_KEYS)
+
+
+# What eval writes into --out (`folder_contents` patterns): its metrics.json only where it holds
+# an eval's record (another tool's metrics.json is yours: `ProvenPattern`).
+OWNED_REPORTS = tuple(
+    proven(name, _is_eval_metrics) if name == "metrics.json" else name for name in REPORT_FILES
+)
+
+
 def _old_report_files(out: Path) -> tuple[str, ...]:
     """KNOWN_FILES where `out` holds an eval's metrics.json, else nothing: a folder without the
     marker is an earlier report only by its record, never by a name another tool uses too."""
@@ -326,7 +338,7 @@ def open_report_folder(spec: ModelSpec, options: EvalOptions) -> OutputFolder | 
         force=options.force,
         inputs=inputs,
         known_files=_old_report_files(Path(options.out_dir)),
-        owned=REPORT_FILES,  # a folder holding anything else is refused, not deleted with it
+        owned=OWNED_REPORTS,  # a folder holding anything else is refused, not deleted with it
         # The reports are written into a hidden folder that replaces --out at the end: an old
         # report stays whole until the new one is complete, and a failed run leaves no trace.
         atomic=True,

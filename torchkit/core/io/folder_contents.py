@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from fnmatch import fnmatchcase
 from pathlib import Path, PurePath
 
@@ -73,18 +73,48 @@ def names_inside(folder: str | os.PathLike, paths: Iterable[str | os.PathLike | 
     return found
 
 
+class ProvenPattern(str):
+    """A pattern of files whose names others use too (another trainer's `best.pt`, another
+    tool's `metrics.json`): a file it names is the command's only where `proof(path)` shows
+    torchkit wrote it (a checkpoint with torchkit's keys, a record with the command's keys).
+    `--force` named a user's own file of such a name torchkit's, and deleted it."""
+
+    proof: Callable[[Path], bool]
+
+
+def proven(pattern: str, proof: Callable[[Path], bool]) -> ProvenPattern:
+    """`pattern`, naming only the files `proof` accepts (`ProvenPattern`)."""
+    made = ProvenPattern(pattern)
+    made.proof = proof
+    return made
+
+
 class _Patterns:
     """Compiled `/`-separated patterns: which files they name (one regular expression for all,
     matched against the `/`-joined path: a folder of a million files is judged in a second),
-    which folders they go through."""
+    which folders they go through. A `ProvenPattern` names a file only where its proof holds."""
 
     def __init__(self, patterns: Iterable[str]) -> None:
-        self.split = [tuple(p.strip("/").split("/")) for p in patterns if p.strip("/")]
-        either = "|".join(_path_regex(pattern) for pattern in self.split) or "(?!)"
+        patterns = [p for p in patterns if p.strip("/")]
+        self.split = [tuple(p.strip("/").split("/")) for p in patterns]
+        plain = [p for p in patterns if not isinstance(p, ProvenPattern)]
+        either = "|".join(_path_regex(tuple(p.strip("/").split("/"))) for p in plain) or "(?!)"
         self.files = re.compile(f"(?:{either})", re.DOTALL)
+        self.proven = [
+            (re.compile(_path_regex(tuple(p.strip("/").split("/"))), re.DOTALL), p.proof)
+            for p in patterns
+            if isinstance(p, ProvenPattern)
+        ]
 
-    def names_file(self, parts: tuple[str, ...]) -> bool:
-        return self.files.fullmatch("/".join(parts)) is not None
+    def names_file(self, parts: tuple[str, ...], path: Path | None = None) -> bool:
+        """Whether a pattern names the file `parts` (at `path`, which a proof reads)."""
+        joined = "/".join(parts)
+        if self.files.fullmatch(joined) is not None:
+            return True
+        return any(
+            pattern.fullmatch(joined) is not None and path is not None and proof(path)
+            for pattern, proof in self.proven
+        )
 
     def goes_through(self, parts: tuple[str, ...]) -> bool:
         """Whether some pattern names a file below the folder `parts`."""
@@ -188,7 +218,8 @@ def foreign_entries(
                 regular = entry.is_file(follow_symlinks=False)
             except OSError:  # gone while listed
                 continue
-            if regular and (patterns.names_file(here) or _is_dead_temporary(entry)):
+            named = regular and patterns.names_file(here, Path(entry.path))
+            if named or (regular and _is_dead_temporary(entry)):
                 continue
             foreign.append(shown)  # a link, a FIFO, a socket, or a file of someone else's
         pending.extend(reversed(below))  # depth first, in name order

@@ -17,6 +17,7 @@ from typing import Any
 from torchkit import __version__
 from torchkit.core.io.csv_rows import csv_text
 from torchkit.core.io.files import atomic_path, atomic_write_json, atomic_write_text
+from torchkit.core.io.folder_contents import proven
 from torchkit.core.io.outputs import holds_json_record, reporting_write_errors
 from torchkit.core.topk import DEFAULT_TOPK as TOPK
 from torchkit.core.topk import topk_informative, topk_name
@@ -64,10 +65,59 @@ RUN_FILES = (
 CONFIG_KEYS = ("options", "arch", "classes", "preprocess")
 
 
+def is_torchkit_checkpoint(path: Path) -> bool:
+    """Whether `path` is a checkpoint torchkit wrote: torch.save's zip whose pickle names the
+    keys every torchkit checkpoint has (`torchkit_version`, `format_version`). Read without
+    unpickling: the pickle holds the keys and the tensors' references, not their data."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            pickled = [name for name in archive.namelist() if name.endswith("/data.pkl")]
+            if len(pickled) != 1 or archive.getinfo(pickled[0]).file_size > _PICKLE_LIMIT:
+                return False
+            data = archive.read(pickled[0])
+    except (OSError, zipfile.BadZipFile, ValueError, RuntimeError, EOFError):
+        return False
+    return b"torchkit_version" in data and b"format_version" in data
+
+
+_PICKLE_LIMIT = 256 << 20  # a checkpoint's pickle without its tensors: keys and references
+
+
+def _is_run_config(path: Path) -> bool:
+    return holds_json_record(path, CONFIG_KEYS)
+
+
+def _is_run_metrics(path: Path) -> bool:
+    """metrics.csv as every run wrote it: its header begins with these columns."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(len(_METRICS_HEAD)) == _METRICS_HEAD
+    except OSError:
+        return False
+
+
+_METRICS_HEAD = b"epoch,train_loss"
+
+
 # Everything a run writes into its folder (`folder_contents` patterns): `--force` replaces a run
-# folder that holds nothing else (a notes.txt of yours, an `extra/best.pt`, refused first).
+# folder that holds nothing else (a notes.txt of yours, an `extra/best.pt`, refused first). Its
+# checkpoints, config.json and metrics.csv only where torchkit can show it wrote them (names
+# other trainers and loggers use too: `ProvenPattern`): a file of yours under one is refused.
+_PROOFS = {
+    "last.pt": is_torchkit_checkpoint,
+    "best.pt": is_torchkit_checkpoint,
+    "epoch-[0-9][0-9][0-9]*.pt": is_torchkit_checkpoint,
+    "config.json": _is_run_config,
+    "metrics.csv": _is_run_metrics,
+}
 RUN_OUTPUTS = (
-    *(p for p in RUN_FILES if p != "tensorboard" and not p.startswith(".")),
+    *(
+        proven(p, _PROOFS[p]) if p in _PROOFS else p
+        for p in RUN_FILES
+        if p != "tensorboard" and not p.startswith(".")
+    ),
     "tensorboard/events.out.tfevents.*",
     "profile/epoch-*.txt",  # --profile-steps: `step_profiler`'s table, trace and GPU timeline
     "profile/epoch-*.json",
