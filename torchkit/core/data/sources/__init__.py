@@ -49,16 +49,17 @@ API
 How each command uses it:
     train             open_labelled(--data); training_splits(..., recorded=resumed checkpoint's
                       `data`); writes split.csv and checkpoint["data"] = split_record(...)
-    dataset-stats     open_data(ROOT, allow_unlabelled=True);
+    dataset-stats     open_data(ROOT, allow_unlabelled=True) inside samples.partial_labels_kept;
                       select_split(..., default="train"): statistics of training data
     split             open_data(ROOT, allow_unlabelled=True) inside samples.partial_labels_kept;
                       refuses data already split, and partly labelled data
     eval              open_labelled(--data), labelled by the model's classes;
                       select_split(..., default="test", recorded=checkpoint.get("data"))
-    extract-features  open_data(IMAGES, allow_unlabelled=True);
+    extract-features  open_data(IMAGES, allow_unlabelled=True) inside partial_labels_kept;
                       select_split(..., default="all"): `split` column from Samples.splits,
                       `label` the class name, `path` from Samples.ids
-    predict           open_data(IMAGES, allow_unlabelled=True); select_split(..., default="all")
+    predict           open_data(IMAGES, allow_unlabelled=True) inside partial_labels_kept;
+                      select_split(..., default="all")
     convert shards    open_data(SRC, allow_unlabelled=True) inside samples.partial_labels_kept:
                       partly labelled data written with the labels it has
 

@@ -25,8 +25,9 @@ def partial_labels_kept() -> Iterator[None]:
     """Within it, every reader that takes unlabelled images (`allow_unlabelled`) keeps the
     labels of partly labelled data (shards, parquet rows, CSV rows of which only some have a
     label): the samples without one are of class "", the last class, where outside it all of
-    them are read unlabelled, with a warning. For the commands that write the data again
-    (`convert shards`), whose output would otherwise lose the labels, or refuse it (`split`)."""
+    them are read unlabelled, with a warning. For the commands that need no labels and keep
+    those there are (`predict`, `extract-features`, `dataset-stats`, `convert shards`), or
+    refuse such data (`split`)."""
     token = _PARTIAL_LABELS_KEPT.set(True)
     try:
         yield

@@ -158,8 +158,8 @@ def open_data(
 
     Partly labelled data (shards, parquet rows, CSV rows of which only some have a label) is
     refused without `allow_unlabelled`, and read all unlabelled with it, with a warning; inside
-    `samples.partial_labels_kept` (convert shards) its labels are kept, the samples without
-    one of class "".
+    `samples.partial_labels_kept` (predict, extract-features, dataset-stats, convert shards)
+    its labels are kept, the samples without one of class "".
 
     The data's own class names are held to what a report can show (`refuse_unshowable_classes`),
     whichever reader gave them.
