@@ -368,7 +368,7 @@ def become_torchkit(request, fds):
     sys.argv[:] = ["-m", *request["args"]]
     import runpy
 
-    runpy.run_module("torchkit", run_name="__main__", alter_sys=True)
+    runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
 
 
 become_torchkit(*serve())
@@ -663,13 +663,16 @@ def start_preloaded_process(
     stderr: Stream = None,
     pass_fds: Sequence[int] = (),
     text: bool = True,
+    module: str = "torchkit",
 ) -> PreloadedProcess | subprocess.Popen:
     """`processes.start_torchkit_process(*args, env, cwd, stdin, stdout, stderr, pass_fds, text)`,
-    forked from a server where it can be (see the module's doc)."""
+    forked from a server where it can be (see the module's doc). `module`: `python -m MODULE
+    ARGS` instead (torchrun's agent, `torch.distributed.run`, which then starts its ranks as
+    fresh interpreters)."""
     # Path-like and bytes arguments as Popen takes them (a request travels as JSON: strings).
     args = tuple(os.fsdecode(arg) for arg in args)
     full_env = child_environment(env)
-    command = [sys.executable, "-m", "torchkit", *args]
+    command = [sys.executable, "-m", module, *args]
 
     def fresh() -> subprocess.Popen:
         SERVERS.fresh += 1
@@ -682,6 +685,7 @@ def start_preloaded_process(
             stderr=stderr,
             pass_fds=pass_fds,
             text=text,
+            module=module,
         )
 
     if not _fork_possible() or len(pass_fds) > MAX_PASS_FDS:
@@ -713,6 +717,7 @@ def start_preloaded_process(
     else:
         stdin_fd = stdin if isinstance(stdin, int) else stdin.fileno()
     request = {
+        "module": module,
         "args": list(args),
         "command": command,
         "env": full_env,

@@ -199,6 +199,7 @@ def _start_fresh(
     pass_fds: Sequence[int] = (),
     text: bool = True,
     new_session: bool = True,
+    module: str = "torchkit",
 ) -> subprocess.Popen:
     closed = [fd for fd, stream in ((1, stdout), (2, stderr)) if stream == CLOSED]
 
@@ -210,7 +211,7 @@ def _start_fresh(
         return subprocess.PIPE if stream is None else None if stream == CLOSED else stream
 
     return subprocess.Popen(
-        [sys.executable, "-m", "torchkit", *args],
+        [sys.executable, "-m", module, *args],
         stdin=stdin,
         stdout=given(stdout),
         stderr=given(stderr),

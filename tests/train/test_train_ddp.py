@@ -5,16 +5,15 @@ a c10d rendezvous, train to exactly the weights of one node running two processe
 itself only reads RANK / WORLD_SIZE / LOCAL_RANK, so what differs between the two launches is
 torchrun's rendezvous and rank assignment, which must not change the result. (With the c10d
 rendezvous torchrun ignores --node-rank and numbers the ranks as agents join.) The one node's
-ranks are started as torchrun starts them, without an agent (gloo_ranks.py): each agent is a
-Python process importing torch (seconds of CPU). The one-node run is made once for both
-comparisons."""
+ranks are started as torchrun starts them, without an agent (gloo_ranks.py). The two agents are
+forked from a Python that has imported torch (preloaded_processes.py); the rank each starts is a
+fresh interpreter. The one-node run is made once for both comparisons."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from gloo_ranks import (
 )
 from image_folders import write_image_folder
 from output_checks import error_line
+from preloaded_processes import start_preloaded_process
 from suite_paths import HELPERS, REPO
 
 from torchkit.cli import app
@@ -53,14 +53,15 @@ def recipe(data: Path, out: Path, batch_size: int, workers: int = 0) -> list[str
 
 
 def start_torchrun(launch: list[str], args: list[str]) -> subprocess.Popen:
+    """A torchrun agent, forked from a Python that has imported torch (preloaded_processes.py:
+    its own `import torch` was about 3 s of CPU an agent); the ranks it starts are fresh
+    interpreters, as under any torchrun."""
     # One torch thread in every rank, as torchrun sets only with --nproc-per-node > 1: ranks
     # left to torch's default thread count round differently (digits convnet, 2 epochs: 1.9e-6).
-    env = {**os.environ, "PYTHONPATH": str(HELPERS), "OMP_NUM_THREADS": "1"}
-    env.pop("TORCHKIT_DEBUG", None)
-    return subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", *launch, "--monitor-interval=0.1",
-         "-m", "torchkit", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
+    env = {"PYTHONPATH": str(HELPERS), "OMP_NUM_THREADS": "1"}
+    return start_preloaded_process(
+        *launch, "--monitor-interval=0.1", "-m", "torchkit", *args,
+        env=env, cwd=REPO, module="torch.distributed.run",
     )  # fmt: skip
 
 
