@@ -512,41 +512,49 @@ def test_the_memory_an_export_needs_is_counted_for_its_format(monkeypatch, fmt, 
 
 class _Tokens(nn.Module):
     """16 tokens of 8 channels from a 16 px image, mixed twice by 2 heads of attention:
-    through nn.MultiheadAttention, or F.scaled_dot_product_attention on heads split by hand."""
+    through nn.MultiheadAttention, F.scaled_dot_product_attention on heads split by hand, or
+    attention written by hand (a scaled product of queries and keys, then a softmax)."""
 
-    def __init__(self, by_module: bool):
+    def __init__(self, how: str):
         super().__init__()
+        self.how = how
         self.patches = nn.Conv2d(3, 8, 4, stride=4)
-        self.attention = nn.MultiheadAttention(8, 2, batch_first=True) if by_module else None
+        self.attention = nn.MultiheadAttention(8, 2, batch_first=True)
         self.qkv = nn.Linear(8, 24)
 
     def forward(self, x):
         tokens = self.patches(x).flatten(2).transpose(1, 2)
         for _ in range(2):  # two attention calls, as two blocks of a ViT
-            if self.attention is not None:
+            if self.how == "MultiheadAttention":
                 tokens = self.attention(tokens, tokens, tokens, need_weights=False)[0]
-            else:
-                q, k, v = self.qkv(tokens).unflatten(2, (3, 2, 4)).permute(2, 0, 3, 1, 4)
+                continue
+            q, k, v = self.qkv(tokens).unflatten(2, (3, 2, 4)).permute(2, 0, 3, 1, 4)
+            if self.how == "sdpa":
                 tokens = nn.functional.scaled_dot_product_attention(q, k, v)
-                tokens = tokens.transpose(1, 2).flatten(2)
+            else:
+                tokens = ((q @ k.transpose(-2, -1)) * 0.5).softmax(-1) @ v
+            tokens = tokens.transpose(1, 2).flatten(2)
         return tokens.mean(1)
 
 
-@pytest.mark.parametrize("by_module", [True, False], ids=["MultiheadAttention", "sdpa"])
-def test_the_attention_matrix_of_each_call_is_counted(by_module):
+@pytest.mark.parametrize("how", ["MultiheadAttention", "sdpa", "by hand"])
+def test_the_attention_matrix_of_each_call_is_counted(how):
     """Before: the largest layer call alone; the heads x N x N matrix each attention call
     holds is no layer's output, and the tracers keep every one (a small ViT's ONNX export held
-    2.1-2.2x the count). Counted beside the largest call and every layer's new outputs."""
+    2.1-2.2x the count). Counted beside the largest call and every layer's new outputs; and
+    written by hand (before: not counted at all, the product being no layer's output)."""
     from torchkit.core.export.run import _per_image_bytes
     from torchkit.core.summary.counting import MB, summarize
 
-    model = _Tokens(by_module).eval()
+    model = _Tokens(how).eval()
     layer = summarize(model, [(1, 3, 16, 16)], count_flops=False, run_for_real=False)
-    matrices = 2 * (2 * 16 * 16 * 4)  # two calls of heads x queries x keys, float32
+    matrix = 2 * 16 * 16 * 4  # heads x queries x keys, float32
     outputs = int(layer.forward_backward_mb * MB / 2)  # the outputs, not their gradients
-    assert _per_image_bytes(model, (3, 16, 16)) == (
+    call, attention, kept = _per_image_bytes(model, (3, 16, 16))
+    assert (call, attention.total(), attention.largest(), kept) == (
         int(layer.largest_call_mb * MB),
-        matrices,
+        2 * matrix,  # two calls
+        matrix,
         outputs,
     )
 
@@ -588,11 +596,16 @@ def test_a_deep_models_count_is_at_least_what_its_tracer_keeps(monkeypatch):
     from torchkit.core.runtime import memory
 
     monkeypatch.setattr(memory, "available_memory", lambda: 8_000_000_000)
-    per_image = {"attention_bytes": 22_354_000, "output_bytes": 88_358_000}
+    per_image = {
+        "attention_bytes": 22_354_000,
+        "output_bytes": 88_358_000,
+        "largest_attention_bytes": 1_862_832,  # 12 heads x 197 x 197 floats, in each block
+    }
     check = [(3, 224, 224), 66, 64, 4_841_000]
     with pytest.raises(UsageError, match="needs about 13.1 GB to export to onnx .1.6 x 7.3 GB"):
         run._check_batch_memory(*check, fmt=ONNX, weight_bytes=346_300_000, **per_image)
-    # torch.export traces with fake tensors: its count is the layer's call's, as before
+    # torch.export traces with fake tensors: its count is the layer's call's and one block's
+    # attention matrix, 1.6 x 66 x 5,443,112 + 4 x 66 x 1,862,832 + 3.5 x 346,300,000 bytes
     run._check_batch_memory(*check, fmt=EXPORTED_PROGRAM, weight_bytes=346_300_000, **per_image)
 
 

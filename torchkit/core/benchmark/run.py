@@ -43,6 +43,12 @@ from torchkit.core.models.inputs import make_inputs
 from torchkit.core.runtime.compiled import compile_module
 from torchkit.core.runtime.device import is_out_of_memory, to_channels_last
 from torchkit.core.runtime.memory import available_memory
+from torchkit.core.summary.attention import (
+    ATTENTION_MATRICES,
+    EXPLICIT,
+    LARGEST_ATTENTION_MATRIX,
+    MHA,
+)
 
 log = logging.getLogger("torchkit")
 
@@ -608,6 +614,7 @@ def _per_image(counted: Any, batch: int) -> Any:
         value = getattr(counted, name)
         if value is not None:
             setattr(counted, name, value / batch)
+    counted.attention = counted.attention.per_sample(batch)
     return counted
 
 
@@ -618,28 +625,38 @@ def _check_fits_in_memory(
     machine has available: the kernel overcommits, so such a run is not an out-of-memory error
     but the OOM killer's SIGKILL (or a swapping machine). The least memory is the input batch
     and what one layer holds at once (its inputs and its output: a first convolution's output
-    is several times the images) in infer mode; in train mode the input batch and the layers'
-    outputs autograd keeps for the backward pass. Both are summary's counts at batch 1,
-    activations halved for a 16-bit --amp; a real step takes about twice them."""
+    is several times the images), or the largest attention matrix where that is more, in infer
+    mode; in train mode the input batch and the layers' outputs autograd keeps for the
+    backward pass, with the attention matrices it keeps. Both are summary's counts at batch 1
+    (the matrices: summary/attention.py; the fused kernel of F.scaled_dot_product_attention
+    holds none, nn.MultiheadAttention's only in inference), activations halved for a 16-bit
+    --amp; a real step takes about twice them."""
     available = available_memory()
     if available is None or counted.input_mb is None:
         return
     halved = 2 if amp_dtype is not None and amp_dtype.itemsize == 2 else 1
-    per_image = {"infer": counted.input_mb * MB, "train": counted.input_mb * MB}
-    if counted.largest_call_mb is not None:
-        per_image["infer"] += counted.largest_call_mb * MB / halved
+    layer = (counted.largest_call_mb or 0) * MB
+    matrix = counted.attention.largest(EXPLICIT, MHA)
+    per_image = {
+        "infer": counted.input_mb * MB + max(layer, matrix) / halved,
+        "train": counted.input_mb * MB,
+    }
+    kept_matrices = counted.attention.total(EXPLICIT)
     if counted.forward_backward_mb is not None:
         kept = counted.forward_backward_mb * MB / 2  # summary counts forward + backward
-        per_image["train"] += kept / halved
+        per_image["train"] += (kept + kept_matrices) / halved
     for mode in options.modes:
         batch = max(options.batch_sizes)
         needed = batch * per_image[mode]
         if needed > available:
-            what = (
-                "the input batch and one layer's inputs and output"
-                if mode == "infer"
-                else "the activations kept for backward"
-            )
+            if mode == "train":
+                what = "the activations kept for backward" + (
+                    f" and their {ATTENTION_MATRICES}" if kept_matrices else ""
+                )
+            elif matrix > layer:
+                what = f"the input batch and its {LARGEST_ATTENTION_MATRIX}"
+            else:
+                what = "the input batch and one layer's inputs and output"
             raise TorchkitError(
                 f"{name} in {mode} mode at batch {batch} needs at least "
                 f"{needed / 1e9:,.1f} GB ({what}), more than the "

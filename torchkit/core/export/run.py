@@ -49,6 +49,11 @@ from torchkit.core.models.exported.metadata import build_metadata
 from torchkit.core.models.image_size import image_size_refusal
 from torchkit.core.models.resolver import has_random_weights
 from torchkit.core.runtime import memory
+from torchkit.core.summary.attention import (
+    ATTENTION_MATRICES,
+    LARGEST_ATTENTION_MATRIX,
+    AttentionMatrices,
+)
 
 Progress = Callable[[int, int], None]
 STEPS = 4  # model, reference, export, verification
@@ -192,7 +197,7 @@ def export_model(request: ExportRequest, progress: Progress | None = None) -> Ex
     # that even at batch 1 there are distinct inputs whose outputs must differ
     sizes.append(request.batch_size + 2 if dynamic else request.batch_size)
     example_size = max(2, request.batch_size) if dynamic else request.batch_size
-    call_bytes, attention_bytes, output_bytes = _per_image_bytes(model, sample)
+    call_bytes, attention, output_bytes = _per_image_bytes(model, sample)
     _check_batch_memory(
         sample,
         max(sizes),
@@ -200,8 +205,9 @@ def export_model(request: ExportRequest, progress: Progress | None = None) -> Ex
         call_bytes,
         fmt=fmt,
         weight_bytes=parameter_bytes(model),
-        attention_bytes=attention_bytes,
+        attention_bytes=attention.total(),
         output_bytes=output_bytes,
+        largest_attention_bytes=attention.largest(),
     )
     batches = verification_batches(sample, sizes if request.verify else sizes[:1])
     references = _reference(model, batches, arch=arch)
@@ -307,55 +313,22 @@ def _verdict(verification: Verification | None, traced_input_values: list[str]) 
     return "passed"
 
 
-def _per_image_bytes(model: Any, sample: tuple[int, ...]) -> tuple[int, int, int]:
+def _per_image_bytes(model: Any, sample: tuple[int, ...]) -> tuple[int, AttentionMatrices, int]:
     """For one image, from summary's count on the meta device (no real forward pass): what one
     layer holds at once (its inputs and its output), the attention matrices (heads x N x N at
-    each attention call: no layer's output, though each is held), and the new outputs of
-    every layer (what a tracer with autograd on keeps, with those matrices); zeros where the
+    each attention call: no layer's output, though the tracers hold each), and the new outputs
+    of every layer (what a tracer with autograd on keeps, with those matrices); zeros where the
     meta pass cannot count them."""
     from torchkit.core.summary.counting import MB, is_script_module, summarize
 
     if is_script_module(model):  # summary would run it for real
-        return 0, 0, 0
+        return 0, AttentionMatrices(), 0
     try:
-        with _attention_matrices() as attention:
-            counted = summarize(model, [(1, *sample)], count_flops=False, run_for_real=False)
+        counted = summarize(model, [(1, *sample)], count_flops=False, run_for_real=False)
     except Exception:  # noqa: BLE001 - no estimate; the reference pass reports a real failure
-        return 0, 0, 0
+        return 0, AttentionMatrices(), 0
     outputs = (counted.forward_backward_mb or 0) * MB / 2  # the outputs, and their gradients
-    return int((counted.largest_call_mb or 0) * MB), sum(attention), int(outputs)
-
-
-@contextlib.contextmanager
-def _attention_matrices():
-    """Around a forward pass: yields a list that receives the bytes of the attention matrix
-    (queries x keys for each head and sample) of each F.scaled_dot_product_attention and
-    nn.MultiheadAttention call, from the shapes at the call."""
-    import torch.nn.functional as F
-    from torch.overrides import TorchFunctionMode
-
-    found: list[int] = []
-
-    class AttentionMatrices(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            try:
-                if func is F.scaled_dot_product_attention:
-                    query, key = args[0], args[1] if len(args) > 1 else kwargs["key"]
-                    rows = math.prod(query.shape[:-1])  # (batch, heads, ..., queries)
-                    found.append(rows * key.shape[-2] * query.element_size())
-                elif func is F.multi_head_attention_forward:
-                    query, key = args[0], args[1]  # (L, N, E) or (L, E), sequence first
-                    heads = args[4] if len(args) > 4 else kwargs["num_heads"]
-                    samples = query.shape[1] if query.dim() == 3 else 1
-                    queries, keys = query.shape[0], key.shape[0]
-                    found.append(samples * heads * queries * keys * query.element_size())
-            except (IndexError, KeyError, AttributeError, TypeError):  # another signature
-                pass
-            return func(*args, **kwargs)
-
-    with AttentionMatrices():
-        yield found
+    return int((counted.largest_call_mb or 0) * MB), counted.attention, int(outputs)
 
 
 # What an export holds at its peak beyond what was in memory before it: a multiple of the batch
@@ -373,11 +346,15 @@ def _attention_matrices():
 # ViTs of 64 channels and 4 heads at 224 px, 4, 12 and 24 blocks (torchvision's and timm's),
 # -b 64, ONNX and TorchScript: 0.44-0.76x. Counted with the largest call alone (the matrices
 # with it, 3.5 times over), mobilenet_v2 held 1.8-2.1x, resnet50 1.2-1.9x and vit_b_16 grew
-# 1.24x that count per image, while the thin ViTs held 0.36-0.51x. .pt2 counts the matrices
-# with the largest call: 0.87x (4 blocks), 0.40x (12), 0.20x (24), its peak growing little
-# with depth (not calibrated further).
+# 1.24x that count per image, while the thin ViTs held 0.36-0.51x. .pt2's peak grows little
+# with depth: with every block's matrix beside the largest call, the thin ViTs held 1.78x that
+# count (1 block), 0.89x (4), 0.41x (12), 0.09x (24). It holds about one block's: its count is
+# `_PEAK_PER_MATRIX` times the largest matrix beside the batch's, 0.88x, 0.82x, 0.76x and
+# 0.79x the measured peak at -b 64, the rest ~80 MB that does not grow with the batch (from -b
+# 16 to 64 the peak grew 0.89-1.11x the count per image).
 _PEAK_PER_BATCH = {fm.ONNX: 3.5, fm.TORCHSCRIPT: 3.5, fm.EXPORTED_PROGRAM: 1.6}
 _KEPT_PER_BATCH = {fm.ONNX: 1.6, fm.TORCHSCRIPT: 1.6}
+_PEAK_PER_MATRIX = {fm.EXPORTED_PROGRAM: 4.0}
 _PEAK_PER_WEIGHTS = {fm.ONNX: 4.0, fm.TORCHSCRIPT: 3.0, fm.EXPORTED_PROGRAM: 3.5}
 
 
@@ -391,6 +368,7 @@ def _check_batch_memory(
     weight_bytes: int = 0,
     attention_bytes: int = 0,
     output_bytes: int = 0,
+    largest_attention_bytes: int | None = None,
 ) -> None:
     """What exporting to `fmt` holds at its peak fits in the memory free: the example batches
     it traces and verifies with, up to `largest` samples of `sample` in float32, and what one
@@ -398,42 +376,84 @@ def _check_batch_memory(
     several times the images), each format's multiple of them and of the weights (see
     `_PEAK_PER_BATCH`); for ONNX and TorchScript, at least what their tracers keep of each
     image (`_KEPT_PER_BATCH` times the image, every layer's new outputs, `output_bytes`, and
-    the attention matrices, `attention_bytes`), which torch.export's counts with the layer's
-    instead. A --batch-size past it (2**30) failed in torch's allocator with a
-    traceback's last line instead of one error, one whose images fit but layers did not
-    (resnet18 at 4096) ended in the kernel's OOM killer, and one flat half of the free memory
-    let ONNX and TorchScript batches that need 1.7x it through while it refused .pt2 batches
-    that fit."""
-    image_bytes = math.prod(sample) * 4
-    kept_rate = _KEPT_PER_BATCH.get(fmt)
-    if kept_rate is None:
-        call_bytes += attention_bytes
-    batch = largest * (image_bytes + call_bytes)
-    kept = largest * (image_bytes + output_bytes + attention_bytes)
-    by_kept = kept_rate is not None and kept_rate * kept > _PEAK_PER_BATCH[fmt] * batch
-    rate, counted = (kept_rate, kept) if by_kept else (_PEAK_PER_BATCH[fmt], batch)
-    needed = rate * counted + _PEAK_PER_WEIGHTS[fmt] * weight_bytes
+    every attention matrix, `attention_bytes`); torch.export's counts the largest attention
+    matrix (`largest_attention_bytes`; None: all of them) with the layer's call instead. A
+    --batch-size past it (2**30) failed in torch's allocator with a traceback's last line
+    instead of one error, one whose images fit but layers did not (resnet18 at 4096) ended in
+    the kernel's OOM killer, and one flat half of the free memory let ONNX and TorchScript
+    batches that need 1.7x it through while it refused .pt2 batches that fit."""
+    needed = export_memory_needed(
+        sample,
+        largest,
+        call_bytes,
+        fmt=fmt,
+        weight_bytes=weight_bytes,
+        attention_bytes=attention_bytes,
+        output_bytes=output_bytes,
+        largest_attention_bytes=largest_attention_bytes,
+    )
     free = memory.available_memory()
-    if free is not None and needed > free:
-        if by_kept:
-            held = " and every layer's outputs for them" + (
-                " and their attention matrices" if attention_bytes else ""
-            )
-        else:
-            held = " and one layer's inputs and output" if call_bytes else ""
+    if free is not None and needed.bytes > free:
         weights = (
             f", plus {_PEAK_PER_WEIGHTS[fmt]:g} x {weight_bytes / 1e9:,.1f} GB for the weights"
             if weight_bytes
             else ""
         )
         raise UsageError(
-            f"--batch-size {batch_size} needs about {needed / 1e9:,.1f} GB to export to {fmt} "
-            f"({rate:g} x {counted / 1e9:,.1f} GB for a batch of {largest} "
-            f"{'x'.join(map(str, sample))} inputs{held}{weights}), more than the "
+            f"--batch-size {batch_size} needs about {needed.bytes / 1e9:,.1f} GB to export to "
+            f"{fmt} ({needed.rate:g} x {needed.counted / 1e9:,.1f} GB for a batch of {largest} "
+            f"{'x'.join(map(str, sample))} inputs{needed.held}{weights}), more than the "
             f"{free / 1e9:,.1f} GB free",
             "give a smaller --batch-size: the exported model takes any batch size unless "
             "--static-batch",
         )
+
+
+@dataclass(frozen=True)
+class MemoryNeeded:
+    """An export's count: `bytes` in all, `rate` x `counted` of them for the batch, `held`
+    what the batch's count is made of beside the inputs (words for the refusal)."""
+
+    bytes: float
+    rate: float
+    counted: int
+    held: str
+
+
+def export_memory_needed(
+    sample: tuple[int, ...],
+    largest: int,
+    call_bytes: int = 0,
+    *,
+    fmt: str,
+    weight_bytes: int = 0,
+    attention_bytes: int = 0,
+    output_bytes: int = 0,
+    largest_attention_bytes: int | None = None,
+) -> MemoryNeeded:
+    """What `_check_batch_memory` counts an export to `fmt` of `largest` samples to need."""
+    image_bytes = math.prod(sample) * 4
+    kept_rate = _KEPT_PER_BATCH.get(fmt)
+    batch = largest * (image_bytes + call_bytes)
+    kept = largest * (image_bytes + output_bytes + attention_bytes)
+    by_kept = kept_rate is not None and kept_rate * kept > _PEAK_PER_BATCH[fmt] * batch
+    rate, counted = (kept_rate, kept) if by_kept else (_PEAK_PER_BATCH[fmt], batch)
+    if by_kept:
+        held = " and every layer's outputs for them" + (
+            f" and their {ATTENTION_MATRICES}" if attention_bytes else ""
+        )
+    else:
+        held = " and one layer's inputs and output" if call_bytes else ""
+    needed = rate * counted + _PEAK_PER_WEIGHTS[fmt] * weight_bytes
+    matrix_rate = _PEAK_PER_MATRIX.get(fmt)
+    matrix = attention_bytes if largest_attention_bytes is None else largest_attention_bytes
+    if matrix_rate is not None and matrix:
+        needed += matrix_rate * largest * matrix
+        held += (
+            f", plus {matrix_rate:g} x {largest * matrix / 1e9:,.1f} GB for their "
+            f"{LARGEST_ATTENTION_MATRIX}"
+        )
+    return MemoryNeeded(needed, rate, counted, held)
 
 
 def _stepper(progress: Progress | None) -> Callable[[], None]:

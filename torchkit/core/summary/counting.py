@@ -44,6 +44,7 @@ from torchkit.core.input_size import check_numel
 from torchkit.core.io.errors import TorchkitError, UsageError, first_line
 from torchkit.core.models.image_size import ImageSizeError, image_size_refusal, meta_copy
 from torchkit.core.models.inputs import iter_tensors, make_inputs
+from torchkit.core.summary.attention import AttentionCounter, AttentionMatrices
 from torchkit.core.summary.flop_counter_import import import_flop_counter
 from torchkit.core.summary.plain_shapes import plain_shapes
 from torchkit.torchvision_without_dynamo import without_dynamo
@@ -123,6 +124,9 @@ class ModelSummary:
     # outputs it makes, each storage once. With the inputs, a lower bound of an inference
     # pass's peak (benchmark's check of a CPU batch); None without a hooked forward pass.
     largest_call_mb: float | None = None
+    # The attention matrices the pass made (queries x keys for each head and sample), which no
+    # layer's output shows: export's and benchmark's memory checks count them (attention.py).
+    attention: AttentionMatrices = field(default_factory=AttentionMatrices)
 
     def totals(self) -> dict[str, Any]:
         return {key: getattr(self, key) for key in TOTAL_KEYS}
@@ -347,6 +351,7 @@ class _Recorder:
         # are counted as products (a leaf torchinfo's rule has no positions for: `x @ self.w`
         # in a user's module) -> the storages of the parameters counted so.
         self.product_leaves: dict[int, set[int]] = {}
+        self.attention = AttentionCounter(_storage_key, model)
 
     def functional_matmul(self, args: tuple) -> bool:
         """Count a matrix product (mm, addmm, bmm, baddbmm) that reads a parameter outside
@@ -515,6 +520,7 @@ def _used_tensors(recorder: _Recorder) -> Any:
                 recorder.last_product = _storage_key(result)
             elif functional and func in convolutions:
                 recorder.functional_conv(args, result)
+            recorder.attention.dispatched(func, args, result)
             return result
 
     return UsedTensors()
@@ -601,7 +607,14 @@ def _record(
         recorder.tracking = True
         # The dispatch modes' first calls would import torch._dynamo (2 s), and the meta
         # kernels and references they run sympy (2-5 s): neither is needed.
-        with torch.no_grad(), without_dynamo(), plain_shapes(), _used_tensors(recorder):
+        attention_calls = recorder.attention.calls()
+        with (
+            torch.no_grad(),
+            without_dynamo(),
+            plain_shapes(),
+            attention_calls,
+            _used_tensors(recorder),
+        ):
             if count_flops:
                 with _flop_counter() as counter:
                     model(*inputs, **(kwargs or {}))
@@ -784,6 +797,7 @@ def summarize(
         total_mb=(input_bytes + forward_backward + param_bytes + buffer_bytes) / MB,
         inputs=_input_descriptions(specs),
         largest_call_mb=recorder.largest_call_bytes / MB,
+        attention=recorder.attention.found(),
     )
 
 

@@ -1,0 +1,232 @@
+"""The attention matrices summary's counter finds (core/summary/attention.py), and the memory
+checks of `export` and `benchmark` that count them: heads x tokens x tokens per sample at each
+attention call, a tensor that is no layer's output."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+from output_checks import error_line
+from torch import nn
+
+from torchkit.core.benchmark import run as bench_run
+from torchkit.core.benchmark.run import BenchmarkOptions, benchmark_model
+from torchkit.core.export import run as export_run
+from torchkit.core.io.errors import TorchkitError, UsageError
+from torchkit.core.runtime import memory
+from torchkit.core.summary import summarize
+
+# A ViT's blocks in four ways to compute attention: the ways torch's modules and functions do
+# it, and by hand, as many users' and timm's models write it.
+BLOCKS = '''
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, how, channels, heads):
+        super().__init__()
+        self.how, self.heads = how, heads
+        self.attention = nn.MultiheadAttention(channels, heads, batch_first=True)
+        self.qkv = nn.Linear(channels, 3 * channels)
+
+    def forward(self, tokens):
+        if self.how == "mha":  # torchvision's ViT
+            return tokens + self.attention(tokens, tokens, tokens, need_weights=False)[0]
+        if self.how == "mha-weights":
+            return tokens + self.attention(tokens, tokens, tokens)[0]
+        batch, count, channels = tokens.shape
+        q, k, v = self.qkv(tokens).reshape(batch, count, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        if self.how == "sdpa":
+            mixed = nn.functional.scaled_dot_product_attention(q, k, v)
+        else:  # by hand: a scaled product of queries and keys, then a softmax
+            scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+            mixed = scores.softmax(dim=-1) @ v
+        return tokens + mixed.transpose(1, 2).reshape(batch, count, channels)
+
+
+class Vit(nn.Module):
+    """8 px patches of 8 channels, `depth` blocks of 2 heads."""
+
+    def __init__(self, how="by-hand", depth=2):
+        super().__init__()
+        self.patches = nn.Conv2d(3, 8, 8, stride=8)
+        self.blocks = nn.Sequential(*[Block(how, 8, 2) for _ in range(depth)])
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, x):
+        tokens = self.patches(x).flatten(2).transpose(1, 2)
+        return self.head(self.blocks(tokens).mean(1))
+
+
+def by_hand():
+    return Vit("by-hand")
+'''
+HEADS = 2
+KINDS = {"mha": "mha", "mha-weights": "explicit", "sdpa": "sdpa", "by-hand": "explicit"}
+
+
+@pytest.fixture(scope="module")
+def vits(tmp_path_factory) -> dict:
+    """The module's namespace, and its folder (importable as `attentionvits`)."""
+    root = tmp_path_factory.mktemp("vits")
+    (root / "attentionvits.py").write_text(textwrap.dedent(BLOCKS), encoding="utf-8")
+    namespace: dict = {}
+    exec(BLOCKS, namespace)
+    return {"root": root, **namespace}
+
+
+def matrix_bytes(side: int, batch: int = 1) -> int:
+    """One call's matrix by hand: batch x heads x tokens^2 x 4 bytes (8 px patches)."""
+    tokens = (side // 8) ** 2
+    return batch * HEADS * tokens * tokens * 4
+
+
+@pytest.mark.parametrize("how", list(KINDS))
+def test_each_attention_call_makes_one_matrix_the_counter_finds(vits, how):
+    """Before: export counted the matrices of F.scaled_dot_product_attention and
+    nn.MultiheadAttention only, and attention written by hand (`q @ k.transpose(-2, -1)`, a
+    scale, a softmax) not at all: its product is no layer's output. Now every way, once per
+    call (the softmax's input and output are the same matrix, counted once), at 2 images."""
+    model = vits["Vit"](how, depth=3).eval()
+    counted = summarize(model, [(2, 3, 64, 64)], count_flops=False)
+    matrix = matrix_bytes(64, batch=2)  # 64 tokens: 2 x 2 x 64 x 64 x 4 = 65,536 bytes
+    assert [(m.bytes, m.kind) for m in counted.attention.matrices] == [(matrix, KINDS[how])] * 3
+    assert counted.attention.total() == 3 * matrix
+    assert counted.attention.largest() == matrix
+
+
+def test_a_real_run_counts_the_fused_kernels_matrix_from_its_shapes(vits):
+    """A model the meta device cannot run is run for real, where F.scaled_dot_product_attention
+    is one fused operation: its matrix from the query's and key's shapes, as on meta."""
+    model = vits["Vit"]("sdpa", depth=2).eval()
+    counted = summarize(model, [(2, 3, 32, 32)], count_flops=False, on_meta=False)
+    assert counted.attention.total() == 2 * matrix_bytes(32, batch=2)
+
+
+def test_a_product_of_activations_without_a_softmax_is_no_attention_matrix():
+    """A Gram matrix (features x features^T) is a product of activations, not softmaxed."""
+
+    class Gram(nn.Module):
+        def forward(self, x):
+            features = x.flatten(2)
+            return (features @ features.transpose(1, 2)).flatten(1)
+
+    assert summarize(Gram(), [(2, 3, 8, 8)], count_flops=False).attention.total() == 0
+
+
+def _refusal_of_benchmark(model, side, batch, mode="infer"):
+    opts = BenchmarkOptions(batch_sizes=(batch,), mode=mode, device="cpu", warmup=0, iters=1)
+    with pytest.raises(TorchkitError) as refused:
+        benchmark_model(model, (3, side, side), opts)
+    return refused.value
+
+
+def test_benchmark_counts_the_matrix_an_inference_holds(vits, monkeypatch):
+    """Before: a ViT at a large input passed benchmark's check with the images and one layer's
+    call alone, while its inference holds a heads x N x N matrix at each block (torchvision's
+    vit at 768 px, 64 channels, 2,305 tokens, -b 2: a peak of 201 MB, 170 MB of it the
+    matrix) and so ran into the kernel's OOM killer. At 512 px, 4,096 tokens: 134 MB an
+    image of matrix, beside 3.1 MB of image and 1.6 MB of layer call."""
+    side, batch = 512, 8
+    model = vits["by_hand"]().eval()
+    image = 3 * side * side * 4
+    matrix = matrix_bytes(side)
+    counted = summarize(model, [(1, 3, side, side)], count_flops=False)
+    assert counted.largest_call_mb * 1e6 < matrix / 50
+    needed = batch * (image + matrix)  # 1.1 GB
+    monkeypatch.setattr(bench_run, "available_memory", lambda: needed - 1)
+    refusal = _refusal_of_benchmark(model, side, batch)
+    assert refusal.message == (
+        f"Vit in infer mode at batch {batch} needs at least {needed / 1e9:,.1f} GB (the input "
+        "batch and its largest attention matrix), more than the 1.1 GB of memory available"
+    )
+    assert refusal.hint == "use a smaller --batch-size, or --find-batch-size"
+
+
+@pytest.mark.parametrize(("how", "kept"), [("by-hand", True), ("sdpa", False)])
+def test_benchmark_training_counts_the_matrices_autograd_keeps(vits, monkeypatch, how, kept):
+    """Attention by hand keeps each block's softmax for the backward pass (measured, 768 px,
+    -b 2: +175 MB a block, one matrix); F.scaled_dot_product_attention's fused CPU kernel
+    keeps none (its peak did not grow with them), and is not counted."""
+    side, batch = 256, 8
+    model = vits["Vit"](how, depth=2)
+    counted = summarize(model, [(1, 3, side, side)], count_flops=False)
+    activations = counted.input_mb * 1e6 + counted.forward_backward_mb * 1e6 / 2
+    matrices = 2 * matrix_bytes(side)  # two blocks
+    needed = batch * (activations + (matrices if kept else 0))
+    monkeypatch.setattr(bench_run, "available_memory", lambda: needed - 1)
+    refusal = _refusal_of_benchmark(model, side, batch, mode="train")
+    what = "the activations kept for backward" + (" and their attention matrices" if kept else "")
+    assert refusal.message.startswith(
+        f"Vit in train mode at batch {batch} needs at least {needed / 1e9:,.1f} GB ({what})"
+    )
+
+
+def test_export_and_benchmark_count_the_same_matrix(vits, runner, monkeypatch):
+    """One counter for both: at 512 px and 10 images, benchmark's infer check and torch.export's
+    count name the same largest attention matrix, 10 x 2 heads x 4,096^2 x 4 bytes (1.3 GB).
+    Before: benchmark counted none, and .pt2 every block's at once."""
+    from torchkit.cli import app
+
+    side, largest = 512, 10
+    matrix = matrix_bytes(side, batch=largest)
+    monkeypatch.setattr(memory, "available_memory", lambda: 1_000_000_000)
+    monkeypatch.setattr(bench_run, "available_memory", lambda: 1_000_000_000)
+    monkeypatch.chdir(vits["root"])
+    monkeypatch.syspath_prepend(str(vits["root"]))
+    out = vits["root"] / "vit.pt2"
+    # -b 8 verifies at 8 and 10 images: 10 counted
+    args = ["export", "attentionvits:by_hand", str(out), "--image-size", str(side), "-b", "8"]
+    exported = runner.invoke(app, args)
+    assert exported.exit_code == 2, exported.stdout
+    assert f"plus 4 x {matrix / 1e9:,.1f} GB for their largest attention matrix" in (
+        error_line(exported.stderr)
+    )
+    assert not out.exists()
+    refusal = _refusal_of_benchmark(vits["by_hand"]().eval(), side, largest)
+    images = largest * 3 * side * side * 4
+    assert f"needs at least {(images + matrix) / 1e9:,.1f} GB (the input batch and its " in (
+        refusal.message
+    )
+
+
+@pytest.mark.parametrize("depth", [1, 4, 12])
+def test_a_pt2_export_counts_one_blocks_matrix_at_any_depth(vits, depth):
+    """Before: torch.export's count took every block's matrix with the largest call, while its
+    peak grows little with depth: a thin ViT (64 channels, 4 heads, 224 px, -b 64) held 1.78x
+    the count at 1 block, 0.89x at 4, 0.41x at 12. Now 1.6 x (images and one layer's call) and
+    4 x the largest matrix, the same at every depth: 0.88x, 0.82x, 0.76x (docs/commands/
+    export.md)."""
+    side, largest = 64, 66
+    model = vits["Vit"]("mha", depth=depth).eval()
+    call, attention, outputs = export_run._per_image_bytes(model, (3, side, side))
+    assert attention.total() == depth * matrix_bytes(side)
+    needed = export_run.export_memory_needed(
+        (3, side, side),
+        largest,
+        call,
+        fmt="exported-program",
+        attention_bytes=attention.total(),
+        output_bytes=outputs,
+        largest_attention_bytes=attention.largest(),
+    )
+    image = 3 * side * side * 4
+    assert needed.bytes == pytest.approx(
+        1.6 * largest * (image + call) + 4 * largest * matrix_bytes(side)
+    )
+
+
+def test_the_export_refusal_names_the_matrix(monkeypatch):
+    with_matrix = {"attention_bytes": 10_000_000, "largest_attention_bytes": 1_000_000}
+    monkeypatch.setattr(memory, "available_memory", lambda: 100_000)
+    with pytest.raises(UsageError) as refused:
+        export_run._check_batch_memory(
+            (3, 8, 8), 100, 98, 1000, fmt="exported-program", **with_matrix
+        )
+    assert refused.value.message == (
+        "--batch-size 98 needs about 0.4 GB to export to exported-program (1.6 x 0.0 GB for a "
+        "batch of 100 3x8x8 inputs and one layer's inputs and output, plus 4 x 0.1 GB for "
+        "their largest attention matrix), more than the 0.0 GB free"
+    )

@@ -1,0 +1,199 @@
+"""The attention matrices a forward pass makes: queries x keys for each head and sample, a
+tensor that is no layer's output (it lives and dies inside an attention call, or inside a
+module's own forward), yet is often the largest thing a transformer holds (vit_b_16 at 224 px:
+12 heads x 197 x 197 floats, 1.9 MB an image in every block, where a block's output is 0.6 MB).
+
+Counted during summary's forward pass (`summarize`), one matrix per attention call, by how it
+is computed, because that decides whether a real run holds it:
+
+- `explicit`: the softmax of a product of two activations (neither a parameter), through any
+  pointwise steps between them (a scale, a mask, a bias): attention written by hand
+  (`(q @ k.transpose(-2, -1)) * scale`, then softmax), or nn.MultiheadAttention asked for its
+  weights. Every run makes it, and training keeps it for the backward pass.
+- `sdpa`: `F.scaled_dot_product_attention` called by the model. Its fused CPU kernel tiles
+  the product and never holds the matrix (measured: a benchmark's peak did not grow with it,
+  in either mode); its math path and the exporters' tracers hold it.
+- `mha`: nn.MultiheadAttention without weights (`need_weights=False`, torchvision's ViT).
+  Its inference fast path (eval, no grad) makes the matrix; training goes through the fused
+  kernel, which does not.
+
+On the meta device `F.scaled_dot_product_attention` runs its math path (a product, then a
+softmax), which the same rule finds; on a real device the fused operations are counted from
+their query and key shapes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+EXPLICIT, SDPA, MHA = "explicit", "sdpa", "mha"
+# The words export's and benchmark's memory refusals name them by
+ATTENTION_MATRICES = "attention matrices"
+LARGEST_ATTENTION_MATRIX = "largest attention matrix"
+
+
+@dataclass(frozen=True)
+class AttentionMatrix:
+    """One attention call's matrix: its bytes and how it was computed (see the module)."""
+
+    bytes: int
+    kind: str
+
+
+@dataclass(frozen=True)
+class AttentionMatrices:
+    """The matrices of one forward pass, in call order."""
+
+    matrices: tuple[AttentionMatrix, ...] = ()
+
+    def total(self, *kinds: str) -> int:
+        """Bytes of every matrix (of `kinds`, when given): what a pass that keeps them holds."""
+        return sum(m.bytes for m in self.matrices if not kinds or m.kind in kinds)
+
+    def largest(self, *kinds: str) -> int:
+        """Bytes of the largest matrix (of `kinds`): what a pass that frees each holds."""
+        return max((m.bytes for m in self.matrices if not kinds or m.kind in kinds), default=0)
+
+    def per_sample(self, batch: int) -> AttentionMatrices:
+        """The matrices of a pass at `batch`, made per sample (they grow with the batch)."""
+        if batch == 1:
+            return self
+        return AttentionMatrices(
+            tuple(AttentionMatrix(m.bytes // batch, m.kind) for m in self.matrices)
+        )
+
+
+# How many products of activations are followed at once on their way to a softmax: a few
+# (query-key products of heads computed one by one); a longer chain is no attention.
+_FOLLOWED = 8
+
+
+class AttentionCounter:
+    """Finds the matrices during a forward pass: `calls()` around it (a function mode that
+    tells which attention function is running), `dispatched()` for each operation the
+    summary's dispatch mode sees, `found()` after it."""
+
+    def __init__(self, storage_key: Any, model: Any) -> None:
+        self._key = storage_key  # tensor -> the storage it lives in (views share it)
+        self._model = model
+        self._parameters: set[int] | None = None  # the storages of the model's parameters
+        self._matrices: list[AttentionMatrix] = []
+        self._sdpa = 0  # depth of F.scaled_dot_product_attention calls in progress
+        self._mha: list[str] = []  # the kind of each nn.MultiheadAttention call in progress
+        # score matrices on their way to a softmax: storage -> the tensor (held, so that its
+        # storage is not freed and its address given to another tensor while followed)
+        self._scores: dict[int, Any] = {}
+        self._order: deque[int] = deque()
+
+    def found(self) -> AttentionMatrices:
+        self._scores.clear()
+        self._order.clear()
+        return AttentionMatrices(tuple(self._matrices))
+
+    def _kind(self) -> str:
+        if self._mha:
+            return self._mha[-1]
+        return SDPA if self._sdpa else EXPLICIT
+
+    @contextlib.contextmanager
+    def calls(self) -> Iterator[None]:
+        import torch.nn.functional as F
+        from torch.overrides import TorchFunctionMode
+
+        counter = self
+
+        class AttentionCalls(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                if func is F.scaled_dot_product_attention:
+                    counter._sdpa += 1
+                    try:
+                        return func(*args, **kwargs)
+                    finally:
+                        counter._sdpa -= 1
+                if func is F.multi_head_attention_forward:
+                    weights = kwargs.get("need_weights", args[15] if len(args) > 15 else True)
+                    counter._mha.append(EXPLICIT if weights else MHA)
+                    try:
+                        return func(*args, **kwargs)
+                    finally:
+                        counter._mha.pop()
+                return func(*args, **kwargs)
+
+        with AttentionCalls():
+            yield
+
+    def dispatched(self, func: Any, args: tuple, result: Any) -> None:
+        """Follow one operation: a product of two activations starts a score matrix, a
+        pointwise step carries it on, a softmax of one is an attention matrix; a fused
+        attention operation is one from its shapes."""
+        import torch
+
+        key_of = self._key
+        if func in _operations(_FUSED):
+            query, key = args[0], args[1]
+            rows = math.prod(query.shape[:-1])  # (batch, heads, ..., queries)
+            self._matrices.append(
+                AttentionMatrix(rows * key.shape[-2] * query.element_size(), self._kind())
+            )
+            return
+        if not isinstance(result, torch.Tensor):
+            return
+        aten = torch.ops.aten
+        if func in _operations(_SOFTMAXES):
+            if self._scores.pop(key_of(args[0]), None) is not None:
+                size = result.numel() * result.element_size()
+                self._matrices.append(AttentionMatrix(size, self._kind()))
+            return
+        if func in (aten.bmm.default, aten.mm.default, aten.baddbmm.default):
+            left, right = (args[1], args[2]) if func is aten.baddbmm.default else args[:2]
+            if self._parameters is None:
+                self._parameters = {key_of(p) for p in self._model.parameters()}
+            parameters = self._parameters
+            if key_of(left) in parameters or key_of(right) in parameters:
+                return
+            self._follow(key_of(result), result)
+            return
+        if not self._scores or torch.Tag.pointwise not in getattr(func, "tags", ()):
+            return
+        for arg in args:
+            if isinstance(arg, torch.Tensor) and key_of(arg) in self._scores:
+                if arg.numel() == result.numel():
+                    self._follow(key_of(result), result)
+                return
+
+    def _follow(self, key: int, tensor: Any) -> None:
+        if key in self._scores:
+            return
+        self._scores[key] = tensor
+        self._order.append(key)
+        while len(self._order) > _FOLLOWED:
+            self._scores.pop(self._order.popleft(), None)
+
+
+# The operations by name (a torch that lacks one has none to see: torch 2.4 has no
+# _safe_softmax, which later ones' scaled_dot_product_attention runs on the meta device).
+_SOFTMAXES = ("_softmax", "_safe_softmax")
+_FUSED = (
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_fused_attention_overrideable",
+)
+_FOUND: dict[tuple[str, ...], frozenset] = {}
+
+
+def _operations(names: tuple[str, ...]) -> frozenset:
+    """The default overloads of the aten operations `names` this torch has."""
+    if names not in _FOUND:
+        import torch
+
+        found = (getattr(torch.ops.aten, name, None) for name in names)
+        _FOUND[names] = frozenset(op.default for op in found if op is not None)
+    return _FOUND[names]
