@@ -1,0 +1,73 @@
+"""The output-overlap check over many input folders (a CSV index of `ID/image.png` rows names a
+folder per image): each folder on the way is looked at once per check, not once per input that
+lies under it, and links among the inputs are still followed."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from torchkit.core.io.outputs import InputPath, OutputOverlapError, check_overlap
+
+pytestmark = pytest.mark.skipif(os.name != "posix", reason="the posix path of the check")
+
+
+def test_the_folders_above_many_inputs_are_looked_at_once(tmp_path, monkeypatch):
+    """300 input folders, each an `ID/` folder in one data folder: one lstat for each input's
+    own name (is it a link?) and a stat for each folder, instead of one for every folder from
+    `/` down to each input (realpath's), and the folders above walked once."""
+    data = tmp_path / "data" / "images"
+    inputs = []
+    for i in range(300):
+        (data / f"{i:04d}").mkdir(parents=True)
+        inputs.append(InputPath(data / f"{i:04d}", "image folder"))
+    depth = len(data.parts)
+    calls = {"lstat": 0, "stat": 0}
+    real_lstat, real_stat = os.lstat, os.stat
+
+    def lstat(path, *args, **kwargs):
+        calls["lstat"] += 1
+        return real_lstat(path, *args, **kwargs)
+
+    def stat(path, *args, **kwargs):
+        calls["stat"] += 1
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "lstat", lstat)
+    monkeypatch.setattr(os, "stat", stat)
+    check_overlap(tmp_path / "out", "--out", inputs)
+    assert calls["lstat"] <= len(inputs) + 4 * depth  # before: about 300 x depth
+    assert calls["stat"] <= len(inputs) + 4 * depth
+
+
+def test_links_among_many_inputs_are_still_followed(tmp_path):
+    """An input folder that is a link to the output's folder, and one reached through a linked
+    folder, among ordinary ones: both are refused as before."""
+    data = tmp_path / "data"
+    for i in range(40):
+        (data / f"{i:03d}").mkdir(parents=True)
+    out_parent = tmp_path / "runs"
+    out_parent.mkdir()
+    (data / "linked").symlink_to(out_parent)
+    plain = [InputPath(data / f"{i:03d}", "image folder") for i in range(40)]
+    linked = InputPath(data / "linked", "image folder")
+    with pytest.raises(OutputOverlapError, match="lies inside the image folder .*linked"):
+        check_overlap(out_parent / "out", "--out", [*plain, linked])
+    (tmp_path / "via").symlink_to(tmp_path)  # a linked folder on the way to the output
+    behind = InputPath(tmp_path / "via" / "runs" / "out" / "x", "image folder")
+    with pytest.raises(OutputOverlapError, match="contains the image folder"):
+        check_overlap(out_parent / "out", "--out", [*plain, behind])
+    check_overlap(tmp_path / "elsewhere", "--out", [*plain, behind])  # no overlap: no error
+
+
+def test_an_input_named_with_dot_dot_is_resolved_as_realpath_does(tmp_path):
+    """`link/..` is the folder above the link's target, not the link's own folder."""
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "to_b").symlink_to(tmp_path / "a" / "b")
+    through = InputPath(Path(f"{tmp_path}/c/to_b/.."), "image folder")  # is tmp_path/a
+    with pytest.raises(OutputOverlapError, match="lies inside"):
+        check_overlap(tmp_path / "a" / "out", "--out", [through])
+    check_overlap(tmp_path / "c" / "out", "--out", [through])
