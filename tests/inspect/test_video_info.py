@@ -2133,6 +2133,100 @@ def test_frames_extracted_from_a_zeroed_copy_make_it_damaged_not_sampled_again(
     assert row["frame_files"] is None and not list(out.glob("*.png"))
 
 
+def first_cluster_blocks(data: bytes) -> list[tuple[int, int, bool]]:
+    """(where it starts, its data starts, a key frame) of each SimpleBlock of the first
+    Cluster of the Matroska file `data` (its flags byte follows the track number and time)."""
+    cluster = data.find(bytes.fromhex("1f43b675"))
+    size, length = ebml_size(data, cluster + 4)
+    body = cluster + 4 + length
+    return [
+        (start, data_start, bool(data[data_start + ebml_size(data, data_start)[1] + 2] & 0x80))
+        for element, start, data_start, _ in ebml_elements(data, body, body + size)
+        if element == 0xA3
+    ]
+
+
+def without_first_key_frames(data: bytes) -> bytes:
+    """The Matroska file `data` with the SimpleBlocks before its first that is no key frame
+    made Void elements of the same size: a stream that starts without a key frame, as a copy
+    cut at a frame that is not one (`ffmpeg -i a.mp4 -ss 3 -c copy -copyinkf`) or a
+    recording begun mid-GOP leaves it, every byte its sizes declare there."""
+    out = bytearray(data)
+    for start, _, key in first_cluster_blocks(data):
+        if not key:
+            return bytes(out)
+        out[start] = 0xEC  # Void: FFmpeg and torchkit pass over it
+    raise AssertionError("the first cluster holds key frames alone")
+
+
+def test_a_stream_that_starts_without_a_key_frame_is_not_damaged(tmp_path):
+    """The frames stored before a stream's first key frame have nothing to be decoded from, and
+    FFmpeg drops them: an x264 clip cut 3 s in with `-c copy -copyinkf` decodes to 50 of the
+    223 frames its MP4/MKV/AVI index holds, and --exact called that whole file damaged. Frames
+    before its first key frame are not counted against it; damage after it still is. (MPEG-2
+    here: a VP8 or VP9 stream so cut decodes to no frame in OpenCV, unreadable.)"""
+    whole = tmp_path / "whole.mkv"
+    if not write_video(whole, "MPG2", 48, 32, 25.0, 40):
+        pytest.skip("this OpenCV build writes no MPEG-2")
+    cut = tmp_path / "cut.mkv"
+    cut.write_bytes(without_first_key_frames(whole.read_bytes()))
+    decoded = decoded_by_opencv(cut)
+    voided = sum(1 for a, b in zip(whole.read_bytes(), cut.read_bytes(), strict=True) if a != b)
+    assert decoded < 40 - voided - 1  # those before the next key frame do not decode
+    exact = probe_video(cut, exact=True)
+    assert (exact.status, exact.frames_decoded, exact.error) == ("ok", decoded, None)
+    code, (row,) = json_rows(cut, "-k", "4", "--extract-frames", tmp_path / "frames")
+    assert code == 0 and row["status"] == "ok" and len(row["frame_files"]) == 4
+    assert probe_video(zeroed_copy(cut, tmp_path), exact=True).status == "damaged"
+
+
+def test_frames_before_the_first_key_frame_as_each_index_lists_them(tmp_path, whole_videos):
+    """The frames an index holds before its first key frame, stored or shown before it (an
+    open GOP's leading pictures, which refer to frames before it): a Matroska file's blocks
+    (their key flag and times), an AVI's idx1 flags, an MP4's sync sample table."""
+    from torchkit.core.video.containers import (
+        avi_indexed_frames,
+        iso_frames_before_first_key,
+        matroska_video_blocks,
+    )
+
+    webm = need(whole_videos, "clip.webm")
+    data = webm.read_bytes()
+    blocks = matroska_video_blocks(webm, "webm")
+    assert (blocks.frames, blocks.leading, blocks.broken_at) == (40, 0, None)
+    keys = [key for _, _, key in first_cluster_blocks(data)]
+    cut = tmp_path / "cut.webm"
+    cut.write_bytes(without_first_key_frames(data))
+    voided, next_key = keys.index(False), keys.index(True, keys.index(False))
+    blocks = matroska_video_blocks(cut, "webm")
+    assert (blocks.frames, blocks.leading) == (40 - voided, next_key - voided)
+    # the second block shown before the first (its time, after its track number, made -40 ms)
+    shown_before = bytearray(data)
+    struct.pack_into(">h", shown_before, first_cluster_blocks(data)[1][1] + 1, -40)
+    (tmp_path / "early.webm").write_bytes(bytes(shown_before))
+    assert matroska_video_blocks(tmp_path / "early.webm", "webm").leading == 1
+
+    avi = bytearray(need(whole_videos, "clip.avi").read_bytes())  # MJPG: every frame a key
+    assert avi_indexed_frames(need(whole_videos, "clip.avi"), "avi") == (40, 0)
+    index = avi.rfind(b"idx1") + 8
+    entries = [e for e in range(index, len(avi) - 15, 16) if avi[e + 2 : e + 4] == b"dc"]
+    for entry in entries[:3]:  # the first three not flagged key frames (AVIIF_KEYFRAME)
+        avi[entry + 4] &= ~0x10
+    (tmp_path / "late.avi").write_bytes(bytes(avi))
+    assert avi_indexed_frames(tmp_path / "late.avi", "avi") == (40, 3)
+    for entry in entries:  # none flagged: the writer sets no flags, which tells nothing
+        avi[entry + 4] &= ~0x10
+    (tmp_path / "none.avi").write_bytes(bytes(avi))
+    assert avi_indexed_frames(tmp_path / "none.avi", "avi") == (40, 0)
+
+    mp4 = bytearray(need(whole_videos, "clip.mp4").read_bytes())
+    assert iso_frames_before_first_key(need(whole_videos, "clip.mp4"), "mp4") == 0
+    table = mp4.find(b"stss") + 4  # version and flags, the entry count, the key samples
+    struct.pack_into(">II", mp4, table + 4, 1, 13)  # one key frame: the 13th sample
+    (tmp_path / "late.mp4").write_bytes(bytes(mp4))
+    assert iso_frames_before_first_key(tmp_path / "late.mp4", "mp4") == 12
+
+
 def test_a_y4m_file_s_codec_is_rawvideo_as_ffprobe_names_it(whole_videos):
     """A Y4M file records no codec tag (OpenCV's FOURCC is 0): the codec was empty."""
     assert probe_video(need(whole_videos, "clip.y4m")).codec == "rawvideo"

@@ -310,12 +310,14 @@ def _avi_fourcc(handle, size: int) -> str | None:
 _MAX_AVI_INDEX = 1 << 26  # bytes of an idx1 read (4M entries: over a day at 30 fps with audio)
 
 
-def avi_indexed_frames(path: str | os.PathLike, container: str | None) -> int | None:
+def avi_indexed_frames(path: str | os.PathLike, container: str | None) -> tuple[int, int] | None:
     """The frames of an AVI file's first video stream that its index (`idx1`) lists with data:
     the chunks a decoder is given, where the stream header's length may say more (a writer
     that counted frames it did not write) and a capture's empty chunks for dropped frames
-    decode to nothing. None for other formats, a file without `idx1` (an OpenDML file's
-    index is elsewhere) or a structure that cannot be read."""
+    decode to nothing; and how many of them come before the first it flags a key frame (a
+    stream cut where no key frame starts it: they have nothing to be decoded from). None for
+    other formats, a file without `idx1` (an OpenDML file's index is elsewhere) or a
+    structure that cannot be read."""
     import numpy as np
 
     if container != "avi":
@@ -347,8 +349,13 @@ def avi_indexed_frames(path: str | os.PathLike, container: str | None) -> int | 
     # an entry: the chunk's ID ("00dc": stream 0, compressed video; "00db": uncompressed),
     # flags, offset and size
     ids = {int.from_bytes(f"{stream:02d}{kind}".encode(), "little") for kind in ("dc", "db")}
-    video = np.isin(entries[:, 0], list(ids)) & (entries[:, 3] > 0)
-    return int(video.sum())
+    video = entries[np.isin(entries[:, 0], list(ids)) & (entries[:, 3] > 0)]
+    keys = np.flatnonzero(video[:, 1] & _AVI_KEY_FRAME)
+    # an index that flags no key frame tells nothing of them (a writer that sets no flags)
+    return len(video), int(keys[0]) if len(keys) else 0
+
+
+_AVI_KEY_FRAME = 0x10  # AVIIF_KEYFRAME, an idx1 entry's flag
 
 
 def _avi_video_stream(headers: bytes) -> int | None:
@@ -710,6 +717,52 @@ def _iso_sample_runs(
     shift_entry = np.searchsorted(shift_ends, starts, side="right")
     signed = np.append(shifts[:, 1].astype(np.uint32).view(np.int32).astype(np.int64), 0)
     return count, dts + signed[np.minimum(shift_entry, len(shifts))], delta
+
+
+_MAX_ISO_SAMPLES = 50_000_000  # a day of 30 fps video, ten times over
+
+
+def iso_frames_before_first_key(path: str | os.PathLike, container: str | None) -> int:
+    """The samples of an MP4/MOV/3GP file's video that come before the first its sync sample
+    table (`stss`) lists, in the order they are stored, or after it but shown before it (its
+    `ctts` offsets: an open GOP's leading pictures): a stream cut where no key frame starts
+    it has nothing to decode them from, and FFmpeg drops them. 0 where every sample is a key
+    frame (no `stss`), for other formats, a fragmented file's samples (not read) or a
+    structure that cannot be read."""
+    import numpy as np
+
+    if container not in _ISO_FORMATS:
+        return 0
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            moov = _iso_child(handle, b"moov", 0, size)
+            track = moov and _iso_video_track(handle, moov)
+            table = track and _iso_sample_table(handle, track[1])
+            if not table:
+                return 0
+            syncs = _iso_child(handle, b"stss", *table)
+            # stss: version and flags, the entry count, then the key samples' numbers (from 1)
+            first = int.from_bytes(_iso_field(handle, syncs, 8), "big")
+            deltas = _iso_entries(handle, _iso_child(handle, b"stts", *table))
+            offsets = _iso_entries(handle, _iso_child(handle, b"ctts", *table))
+    except OSError:
+        return 0
+    if first < 1:
+        return 0
+    if not offsets or not deltas:
+        return first - 1
+    times = np.frombuffer(deltas, ">u4").reshape(-1, 2).astype(np.int64)
+    shifts = np.frombuffer(offsets, ">u4").reshape(-1, 2)
+    if max(times[:, 0].sum(), shifts[:, 0].astype(np.int64).sum()) > _MAX_ISO_SAMPLES:
+        return first - 1  # counts no real file holds: not expanded a sample at a time
+    shown = np.cumsum(np.repeat(times[:, 1], times[:, 0])) - np.repeat(times[:, 1], times[:, 0])
+    signed = np.repeat(shifts[:, 1].astype(np.uint32).view(np.int32), shifts[:, 0])
+    count = min(len(shown), len(signed))
+    if first > count:
+        return first - 1
+    shown = shown[:count] + signed[:count]
+    return first - 1 + int((shown[first:] < shown[first - 1]).sum())
 
 
 def fragmented_frame_count(path: str | os.PathLike, container: str | None) -> int | None:
@@ -1201,17 +1254,30 @@ def matroska_video_frames(
 
 
 _MKV_SIMPLE_BLOCK, _MKV_BLOCK_GROUP, _MKV_BLOCK = 0xA3, 0xA0, 0xA1
+_MKV_CLUSTER_TIME, _MKV_REFERENCE_BLOCK = 0xE7, 0xFB
 _MKV_MAX_ELEMENTS = 50_000_000  # a day of 30 fps video and its audio; a bound for a corrupt file
 
 
-def matroska_video_blocks(
-    path: str | os.PathLike, container: str | None
-) -> tuple[int, int | None] | None:
+@dataclass(frozen=True)
+class MatroskaBlocks:
+    """What the clusters of a Matroska/WebM file hold for its first video track: `frames`,
+    `leading` of them before its first key frame, in the order they are stored or shown (a
+    stream cut where no key frame starts it, or at an open GOP's key frame, whose leading
+    pictures refer to frames before it: FFmpeg decodes none of them), and `broken_at`, where
+    its bytes stop being elements inside the sizes its Segment and Clusters record (None where
+    they never do)."""
+
+    frames: int
+    leading: int
+    broken_at: int | None
+
+
+def matroska_video_blocks(path: str | os.PathLike, container: str | None) -> MatroskaBlocks | None:
     """The frames the clusters of a Matroska/WebM file hold for its first video track: its
     blocks (SimpleBlock, or a BlockGroup's Block), a laced one's frames each, those flagged
-    invisible (a VP8 alternate reference, which decodes to no picture) left out; and where,
-    inside the sizes its Segment and Clusters record, its bytes stop being elements (zeroed
-    or overwritten: None where they never do). A header or two are read a block (7 us:
+    invisible (a VP8 alternate reference, which decodes to no picture) left out; those before
+    its first key frame; and where, inside the sizes its Segment and Clusters record, its
+    bytes stop being elements (zeroed or overwritten). A header or two are read a block (7 us:
     about 2 s for an hour of 30 fps video and its audio), so for --exact alone, whose decode
     of every frame takes far longer. None for other formats, Tracks not in the first bytes,
     or a Cluster or the Segment of unknown size (a live recording)."""
@@ -1224,7 +1290,7 @@ def matroska_video_blocks(
         return None
 
 
-def _matroska_video_blocks(handle, size: int) -> int | None:
+def _matroska_video_blocks(handle, size: int) -> MatroskaBlocks | None:
     head = handle.read(_MKV_HEAD)
     elements = _matroska_head_elements(head)
     if elements is None or _MKV_TRACKS not in elements[1]:
@@ -1247,25 +1313,38 @@ def _matroska_video_blocks(handle, size: int) -> int | None:
             return None
         return found[0], at + found[1] + length[1], length[0], data[found[1] + length[1] :]
 
-    def frames_in(block: bytes) -> int:
-        """The shown frames of a Block or SimpleBlock of the video track (its first bytes)."""
+    frames, leading, key_time, cluster_time = 0, 0, None, 0
+
+    def count(block: bytes, key: bool | None = None) -> None:
+        """Count the shown frames of a Block or SimpleBlock of the video track (its first
+        bytes), and those of them that lead the first key frame: `key` for a Block (its group
+        refers to no other), a SimpleBlock's own flag where None."""
+        nonlocal frames, leading, key_time
         owner = _ebml_number(block, 0, keep_marker=False)
         if owner is None or owner[0] != track or len(block) < owner[1] + 3:
-            return 0
+            return
         flags = block[owner[1] + 2]
         if flags & 0x08:  # invisible
-            return 0
+            return
+        key = bool(flags & 0x80) if key is None else key
         laced = flags >> 1 & 3
-        return 1 if not laced else (block[owner[1] + 3] + 1 if len(block) > owner[1] + 3 else 0)
+        shown = 1 if not laced else (block[owner[1] + 3] + 1 if len(block) > owner[1] + 3 else 0)
+        # its time: the cluster's and its own offset from it (a signed 16-bit number)
+        time = cluster_time + int.from_bytes(block[owner[1] : owner[1] + 2], "big", signed=True)
+        if key_time is None and key:
+            key_time = time
+        elif key_time is None or time < key_time:
+            leading += shown
+        frames += shown
 
-    frames, at, end = 0, segment[0], min(segment[0] + segment[1], size)
+    at, end = segment[0], min(segment[0] + segment[1], size)
     budget = _MKV_MAX_ELEMENTS
     while at < end:
         found = element(at)
         if found is not None and found[2] < 0:
             return None  # a Cluster of unknown size
         if found is None or found[1] + found[2] > end:
-            return frames, at
+            return MatroskaBlocks(frames, leading, at)
         kind, start, length, _ = found
         if kind == _MKV_CLUSTER:
             child, cluster_end = start, start + length
@@ -1275,29 +1354,35 @@ def _matroska_video_blocks(handle, size: int) -> int | None:
                 if budget < 0:
                     return None
                 if inner is None or inner[2] < 0 or inner[1] + inner[2] > cluster_end:
-                    return frames, child
+                    return MatroskaBlocks(frames, leading, child)
                 inner_kind, inner_start, inner_length, first = inner
-                if inner_kind == _MKV_SIMPLE_BLOCK:
-                    frames += frames_in(first)
+                if inner_kind == _MKV_CLUSTER_TIME:
+                    cluster_time = int.from_bytes(first[: min(inner_length, 8)], "big")
+                elif inner_kind == _MKV_SIMPLE_BLOCK:
+                    count(first)
                 elif inner_kind == _MKV_BLOCK_GROUP:
-                    block = next((e for e in _ebml_group(element, inner_start, inner_length)), None)
-                    frames += frames_in(block) if block is not None else 0
+                    block, referenced = _ebml_group(element, inner_start, inner_length)
+                    if block is not None:
+                        count(block, not referenced)
                 child = inner_start + inner_length
         at = start + length
-    return frames, None
+    return MatroskaBlocks(frames, leading, None)
 
 
-def _ebml_group(element, start: int, length: int) -> Iterator[bytes]:
-    """The first bytes of the Block of the BlockGroup whose data is at `start`."""
-    at = start
+def _ebml_group(element, start: int, length: int) -> tuple[bytes | None, bool]:
+    """The first bytes of the Block of the BlockGroup whose data is at `start` (None if it
+    holds none), and whether the group refers to other blocks (a ReferenceBlock: no key
+    frame)."""
+    block, referenced, at = None, False, start
     while at < start + length:
         found = element(at)
         if found is None or found[2] < 0:
-            return
+            break
         if found[0] == _MKV_BLOCK:
-            yield found[3]
-            return
+            block = found[3]
+        referenced = referenced or found[0] == _MKV_REFERENCE_BLOCK
         at = found[1] + found[2]
+    return block, referenced
 
 
 def _matroska_head_elements(head: bytes) -> tuple[int, dict[int, tuple[int, int]]] | None:

@@ -32,6 +32,7 @@ from torchkit.core.video.containers import (
     fourcc_text,
     fragmented_frame_count,
     iso_edited_frame_count,
+    iso_frames_before_first_key,
     iso_index_missing,
     last_frame_duration,
     last_picture_rows,
@@ -246,16 +247,23 @@ def _frames_lost(
     held, reached, listed_by = header, 0, "its header declares"
     indexed = avi_indexed_frames(path, container)
     blocks = matroska_video_blocks(path, container)
-    broken_at = blocks[1] if blocks is not None else asf_packet_break(path, container)
+    broken_at = blocks.broken_at if blocks is not None else asf_packet_break(path, container)
     if count_from_duration and blocks is None and broken_at is None:
         return None
+    # frames before the first key frame (stored or shown before it) have nothing to be
+    # decoded from in a stream cut where no key frame starts it: not damage
+    leading = iso_frames_before_first_key(path, container)
     if indexed is not None:
-        held, listed_by = indexed, "its index lists"
-    elif blocks is not None and blocks[1] is None:
-        held, listed_by = blocks[0], "its clusters hold"
+        (held, leading), listed_by = indexed, "its index lists"
+    elif blocks is not None:
+        leading = blocks.leading
+        if broken_at is None:
+            held, listed_by = blocks.frames, "its clusters hold"
     elif broken_at is None and container not in _HEADER_COUNTS_EVERY_FRAME:
         reached = _position(end_s, info.fps)
-    if held is None or decoded is None or max(decoded, reached) >= held - _frame_slack(held):
+    if held is None or decoded is None:
+        return None
+    if max(decoded, reached) >= held - leading - _frame_slack(held):
         return None
     if broken_at is not None:  # its elements or packets stop being so
         return (
