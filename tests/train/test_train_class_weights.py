@@ -282,3 +282,60 @@ def test_weights_by_name_for_tens_of_thousands_of_classes_are_read_in_linear_tim
     assert time.process_time() - started < 2
     assert weights[:3] == [1.0, 2.0, 3.0]
     assert weights[-1] == 40_000.0
+
+
+@pytest.mark.parametrize("class_weights", [None, [1.0, 4.0, 0.0]], ids=["none", "weighted"])
+def test_the_epochs_loss_sums_are_the_weighted_mean_over_its_images_whatever_the_batches(
+    class_weights,
+):
+    """The epoch's sums of batches of 2, 3 or 7 images divide to torch's weighted
+    cross-entropy over all 7 at once (a hand computation from the logits): with
+    --class-weights each batch's mean was weighed by its image count, and train_loss moved
+    with the batch size."""
+    import torch.nn.functional as F
+
+    from torchkit.core.train.class_weights import training_loss
+    from torchkit.core.train.step_sums import StepSums
+
+    criterion = training_loss(class_weights, 0.1, "cpu")
+    outputs = torch.randn(7, 3, generator=torch.Generator().manual_seed(3))
+    labels = torch.tensor([0, 0, 0, 0, 1, 2, 1])
+    weight = None if class_weights is None else torch.tensor(class_weights)
+    expected = F.cross_entropy(outputs, labels, weight=weight, label_smoothing=0.1).item()
+    for size in (2, 3, 7):
+        sums = StepSums("cpu", torch.float64, getattr(criterion, "weight", None))
+        for start in range(0, 7, size):
+            part = slice(start, start + size)
+            loss = criterion(outputs[part], labels[part])
+            sums.add(loss, outputs[part], labels[part], start // size)
+        assert float(sums.loss_sum / sums.loss_weight) == pytest.approx(expected, rel=1e-6)
+
+
+def test_train_loss_with_class_weights_does_not_depend_on_the_batch_size(runner, tmp_path):
+    """One epoch whose weights do not move (lr 1e-30): metrics.csv's train_loss of batches of
+    2 and 4 is that of one batch of all 7 training images, torch's weighted mean over them
+    (0.744, 0.677 and 0.675 before), as it is without class weights."""
+    import csv
+
+    data = write_image_folder(tmp_path / "d", {"a": 10, "b": 4}, seed=4)
+    weights = tmp_path / "weights.txt"
+    weights.write_text("a,1\nb,4\n", encoding="utf-8")
+    recipe = [
+        "train", "--data", data, "--val-split", "0.5", "--model", "nets:TinyNet",
+        "--image-size", "8", "--resize-size", "8", "--crop-scale", "1,1", "--no-flip",
+        "--optimizer", "sgd", "--momentum", "0", "--weight-decay", "0", "--lr", "1e-30",
+        "--scheduler", "none", "--warmup-epochs", "0", "--epochs", "1", "--workers", "0",
+        "--no-ema", "--device", "cpu", "--label-smoothing", "0.1",
+    ]  # fmt: skip
+    for weighted in (False, True):
+        figures = []
+        for size in ("2", "4", "7"):
+            out = tmp_path / f"run-{weighted}-{size}"
+            given = ["--class-weights", str(weights)] if weighted else []
+            words = [*map(str, recipe), *given, "--batch-size", size, "--out", str(out)]
+            result = runner.invoke(app, words)
+            assert result.exit_code == 0, result.stderr
+            with open(out / "metrics.csv", newline="") as metrics:
+                figures.append(float(next(csv.DictReader(metrics))["train_loss"]))
+        assert figures[0] == pytest.approx(figures[2], rel=1e-6), figures
+        assert figures[1] == pytest.approx(figures[2], rel=1e-6), figures

@@ -296,8 +296,15 @@ def epoch_row(ctx: DistContext, state: TrainState, callbacks: TrainCallbacks, ep
     """metrics.csv's row of a finished epoch: training sums reduced over ranks, then
     validation (of the EMA weights too, with --ema)."""
     progress = state.progress
-    loss_sum, correct, seen, l1_sum = distributed.all_reduce_sum(
-        ctx, [progress.loss_sum, progress.correct, float(progress.seen), progress.l1_sum]
+    loss_sum, correct, seen, l1_sum, loss_weight = distributed.all_reduce_sum(
+        ctx,
+        [
+            progress.loss_sum,
+            progress.correct,
+            float(progress.seen),
+            progress.l1_sum,
+            progress.loss_weight,
+        ],
     )
     if seen == 0:  # not a training loss of 0 that would even win --best-metric loss
         raise InputError(
@@ -315,7 +322,10 @@ def epoch_row(ctx: DistContext, state: TrainState, callbacks: TrainCallbacks, ep
     val = evaluate_over_ranks(ctx, state, state.model, state.loaders.val)
     row = {
         "epoch": epoch + 1,
-        "train_loss": loss_sum / max(seen, 1.0),
+        # The mean over the epoch's images, weighted by --class-weights: whatever the batch
+        # size (a weighted mean per batch averaged over batches was not). Images all of
+        # weight 0 train nothing: 0.
+        "train_loss": loss_sum / loss_weight if loss_weight > 0 else 0.0,
         "train_top1": correct / max(seen, 1.0),
         "val_loss": val["loss"],
         "val_top1": val["top1"],

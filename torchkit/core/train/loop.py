@@ -84,13 +84,19 @@ class EpochProgress:
     seconds: float = 0.0
     last_lr: float = 0.0  # the lr of the epoch's last update
     l1_sum: float = 0.0
+    # What `loss_sum` is a sum of: the images seen, or with --class-weights their weights
+    # (train_loss = loss_sum / loss_weight, core.train.step_sums).
+    loss_weight: float = 0.0
 
     def to_dict(self) -> dict:
         return dict(vars(self))
 
     @classmethod
     def from_dict(cls, data: dict | None) -> EpochProgress:
-        return cls(**(data or {}))
+        data = dict(data or {})
+        # A checkpoint from before the field summed each batch's mean loss per image.
+        data.setdefault("loss_weight", float(data.get("seen", 0)))
+        return cls(**data)
 
 
 @dataclass
@@ -230,7 +236,8 @@ def train_one_epoch(
     graphed = ctx.graphed
     # The first non-finite loss is looked at only every FINITE_CHECK_EVERY updates: that waits
     # for the device. With --cuda-graphs the graph adds to its own sums, which last the run.
-    sums = graphed.sums if graphed is not None else StepSums(ctx.device, acc)
+    class_weight = getattr(ctx.criterion, "weight", None)  # --class-weights, on the device
+    sums = graphed.sums if graphed is not None else StepSums(ctx.device, acc, class_weight)
     sums.reset()
     updates = 0
     weighted = _WeightedUpdate.of(ctx)
@@ -269,6 +276,7 @@ def train_one_epoch(
             )
 
     base_loss, base_correct = progress_state.loss_sum, progress_state.correct
+    base_weight = progress_state.loss_weight
     base_l1 = progress_state.l1_sum
     readout = SumsReadout(ctx.device, acc)
     last_report = 0.0
@@ -357,15 +365,16 @@ def train_one_epoch(
                 # The last step's figures are exact; the others are read without waiting for
                 # the device (core.train.readout), so the bar never stalls a GPU.
                 read = readout.exact if progress_state.batches == total else readout.read
-                shown_loss, shown_correct, shown_seen = read(
-                    sums.loss_sum, sums.correct, progress_state.seen
+                shown_loss, shown_correct, shown_seen, shown_weight = read(
+                    sums.loss_sum, sums.correct, progress_state.seen, sums.loss_weight
                 )
                 shown_seen = max(1, shown_seen)
+                shown_weight = base_weight + shown_weight
                 on_step(
                     StepInfo(
                         step=progress_state.batches,
                         steps=total,
-                        loss=(base_loss + shown_loss) / shown_seen,
+                        loss=(base_loss + shown_loss) / shown_weight if shown_weight > 0 else 0.0,
                         top1=(base_correct + shown_correct) / shown_seen,
                         lr=ctx.schedule.current_lr(),
                         images_per_s=progress_state.seen / max(progress_state.seconds, 1e-9),
@@ -374,6 +383,7 @@ def train_one_epoch(
             if is_update and should_stop is not None and should_stop():
                 check_finite(weights=True)
                 progress_state.loss_sum = base_loss + float(sums.loss_sum)
+                progress_state.loss_weight = base_weight + float(sums.loss_weight)
                 progress_state.correct = base_correct + float(sums.correct)
                 progress_state.l1_sum = base_l1 + float(sums.l1_sum)
                 return False
@@ -382,6 +392,7 @@ def train_one_epoch(
             ahead.close()
     check_finite(weights=True)
     progress_state.loss_sum = base_loss + float(sums.loss_sum)
+    progress_state.loss_weight = base_weight + float(sums.loss_weight)
     progress_state.correct = base_correct + float(sums.correct)
     progress_state.l1_sum = base_l1 + float(sums.l1_sum)
     progress_state.seconds = time.perf_counter() - started

@@ -17,7 +17,8 @@ from typing import Any
 class SumsReadout:
     """`read(loss_sum, correct, seen)` -> (loss_sum, correct, seen) as of the newest copy that
     has reached the host (on a CPU, and at the first read: the values given). `exact` reads
-    without the lag."""
+    without the lag. Given `weight` too (the weight the loss sum is a sum of), it is read with
+    them, and returned after them."""
 
     def __init__(
         self, device: Any, dtype: Any, *, make_event: Callable[[], Any] | None = None
@@ -25,33 +26,37 @@ class SumsReadout:
         import torch
 
         self.lagging = torch.device(device).type == "cuda" or make_event is not None
-        self.landed: tuple[float, float, int] | None = None
+        self.landed: tuple | None = None
         self._copy: Any = None  # (event, seen) of the copy on its way
         if self.lagging:
             self._make_event = make_event or torch.cuda.Event
-            host = torch.zeros(2, dtype=dtype)
+            host = torch.zeros(3, dtype=dtype)
             self._host = host.pin_memory() if torch.device(device).type == "cuda" else host
 
-    def read(self, loss_sum: Any, correct: Any, seen: int) -> tuple[float, float, int]:
+    def read(self, loss_sum: Any, correct: Any, seen: int, weight: Any = None) -> tuple:
         if not self.lagging or self.landed is None:
             # The first read of an epoch waits once, so the bar never shows a made-up figure.
-            self.landed = self.exact(loss_sum, correct, seen)
+            self.landed = self.exact(loss_sum, correct, seen, weight)
             return self.landed
         import torch
 
         if self._copy is not None:
             event, copied_seen = self._copy
             if event.query():  # landed: page-locked host memory, read without a sync
-                self.landed = (float(self._host[0]), float(self._host[1]), copied_seen)
+                landed = (float(self._host[0]), float(self._host[1]), copied_seen)
+                self.landed = landed if weight is None else (*landed, float(self._host[2]))
                 self._copy = None
         if self._copy is None:
-            self._host.copy_(torch.stack([loss_sum, correct]), non_blocking=True)
+            read = [loss_sum, correct] + ([] if weight is None else [weight])
+            self._host[: len(read)].copy_(torch.stack(read), non_blocking=True)
             event = self._make_event()
             event.record()
             self._copy = (event, seen)
         return self.landed
 
     @staticmethod
-    def exact(loss_sum: Any, correct: Any, seen: int) -> tuple[float, float, int]:
+    def exact(loss_sum: Any, correct: Any, seen: int, weight: Any = None) -> tuple:
         """The sums now (waits for the device)."""
-        return float(loss_sum), float(correct), seen
+        if weight is None:
+            return float(loss_sum), float(correct), seen
+        return float(loss_sum), float(correct), seen, float(weight)

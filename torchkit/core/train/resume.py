@@ -186,6 +186,10 @@ def rank_progress(
         progress = EpochProgress(
             batches=batches,
             loss_sum=total("loss_sum"),
+            # Before the field: each batch's mean loss summed per image.
+            loss_weight=sum(p.get("loss_weight", p.get("seen", 0)) for p in sums)
+            if ctx.is_main
+            else 0.0,
             correct=total("correct"),
             l1_sum=total("l1_sum"),
             seen=int(total("seen")),

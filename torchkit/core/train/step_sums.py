@@ -1,6 +1,8 @@
 """The epoch's running training sums, kept on the device.
 
-The loss sum (the criterion's: what the validation loss measures), the --l1 penalty's sum, the
+The loss sum (the criterion's: what the validation loss measures) and the weight it is a sum
+of (the images, or with --class-weights their classes' weights: the epoch's train_loss is the
+weighted mean over its images, whatever the batch size), the --l1 penalty's sum, the
 correct predictions, the number of the first batch whose loss was not finite (-1: none) and
 whether that batch's logits were finite but for -inf ones (a model that masks classes: the mask,
 not a divergence, made its loss infinite) are only read every so often (the progress bar, the
@@ -24,11 +26,14 @@ def masks_classes(outputs: Any) -> Any:
 class StepSums:
     """`add()` after each batch's forward; `reset()` at the start of an epoch."""
 
-    def __init__(self, device: Any, dtype: Any) -> None:
+    def __init__(self, device: Any, dtype: Any, class_weight: Any = None) -> None:
+        """`class_weight`: the criterion's per-class weights on the device (None: none)."""
         import torch
 
         self.dtype = dtype
+        self.class_weight = class_weight
         self.loss_sum = torch.zeros((), dtype=dtype, device=device)
+        self.loss_weight = torch.zeros((), dtype=dtype, device=device)
         self.l1_sum = torch.zeros((), dtype=dtype, device=device)
         self.correct = torch.zeros((), dtype=dtype, device=device)
         self.first_bad = torch.full((), -1, dtype=torch.long, device=device)
@@ -36,6 +41,7 @@ class StepSums:
 
     def reset(self) -> None:
         self.loss_sum.zero_()
+        self.loss_weight.zero_()
         self.l1_sum.zero_()
         self.correct.zero_()
         self.first_bad.fill_(-1)
@@ -71,7 +77,17 @@ class StepSums:
             masked = masks_classes(outputs)
             self.bad_masked.copy_(torch.where(keep, self.bad_masked, masked))
             self.first_bad.copy_(torch.where(keep, self.first_bad, batch_no))
-            self.loss_sum += detached.to(self.dtype) * count
+            # The batch's mean loss times its weight: the sum of its images' weighted losses,
+            # which the epoch's sum divided by its weight makes the mean over the epoch's
+            # images. With --class-weights a batch's mean was weighed by its image count: the
+            # epoch's figure then moved with the batch size. (Mixed labels are the batch's
+            # own, permuted: the same weight.)
+            if self.class_weight is None:
+                weight = count
+            else:
+                weight = self.class_weight[labels].sum().to(self.dtype)
+            self.loss_sum += detached.to(self.dtype) * weight
+            self.loss_weight += weight
             if l1 is not None:
                 self.l1_sum += l1.detach().to(self.dtype) * count
             self.correct += hits.to(self.dtype)
