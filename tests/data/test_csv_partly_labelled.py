@@ -117,8 +117,9 @@ def test_a_row_without_a_label_beside_a_row_of_its_file_with_one_is_no_second_la
         ("dog", 1),
     ]
     assert done.stderr.splitlines() == [
-        f"Warning: {index} lists 1 image(s) in a row without a label beside a row with one "
-        "(lines 2 and 5): an empty label is no second label: each image is read with that label"
+        f"Warning: {index} lists 1 row(s) without a label beside a row of the same image with "
+        "one (lines 2 and 5): an empty label is no second label: each image is read with that "
+        "label"
     ]
     samples = csv_samples(index)  # train's and eval's reader: every image has its label
     assert (samples.ids, samples.labels) == (["0.png", "1.png", "2.png"], [0, 1, 0])
@@ -130,3 +131,23 @@ def test_a_row_without_a_label_beside_a_row_of_its_file_with_one_is_no_second_la
         f"{index} gives '0.png' two labels: 'cat' in line 4 and 'dog' in line 5 (an image has "
         "one label: fix or remove one of the rows)"
     )
+
+
+def test_rows_without_a_label_around_the_labelled_row_of_their_image_are_named_by_it(tmp_path):
+    # Blank, cat, blank: the warning counted "2 image(s)" of one image and named "lines 2 and
+    # 6" for the second blank row, two rows without a label, not the cat row of line 4.
+    for number in range(2):
+        Image.new("RGB", (4, 4), (number * 50, 0, 0)).save(tmp_path / f"{number}.png")
+    index = tmp_path / "index.csv"
+    index.write_text("path,label\n0.png,\n1.png,dog\n0.png,cat\n0.png,\n")
+    done = run_torchkit_in_process("dataset-stats", index, "-j", "0", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    assert [(c["name"], c["images"]) for c in json.loads(done.stdout)["classes"]] == [
+        ("cat", 1),
+        ("dog", 1),
+    ]
+    assert done.stderr.splitlines() == [
+        f"Warning: {index} lists 2 row(s) without a label beside a row of the same image with "
+        "one (lines 2 and 4, lines 4 and 5): an empty label is no second label: each image is "
+        "read with that label"
+    ]

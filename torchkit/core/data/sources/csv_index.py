@@ -36,7 +36,8 @@ class IndexRows:
     where a `repeat` column says the rows are repeated on purpose (`split --oversample --mode
     manifest`'s, which train reads so). A row without a label that names the file of a row
     with one is no second label: it takes that label (`label_filled`: the lines of each such
-    pair), and is then such a repeat. Read with `labelled=False`, some rows may have no label
+    pair, the row without one and the row that gives the label, in line order), and is then
+    such a repeat. Read with `labelled=False`, some rows may have no label
     (""): `unlabelled_lines` are their lines."""
 
     source: Path
@@ -489,8 +490,12 @@ def _drop_repeated_rows(rows: IndexRows, *, on_purpose: bool) -> list[int]:
         if labels is not None and bool(labels[earlier]) != bool(labels[row]):
             # An empty label is none (partly labelled rows): the file has the other's label.
             blank, given = (earlier, row) if labels[row] else (row, earlier)
+            # The row that gives the label in the file (`given` may have taken it itself:
+            # blank, cat, blank names the cat row for both blank rows).
+            given = label_from.get(given, given)
             labels[blank], label_from[blank] = labels[given], given
-            rows.label_filled.append((firsts[earlier], firsts[row]))
+            first_line, later_line = sorted((firsts[blank], firsts[given]))
+            rows.label_filled.append((first_line, later_line))
         same_label = labels is None or labels[earlier] == labels[row]
         if not same_label and nfc(labels[earlier]) != nfc(labels[row]):
             two_labels.append((earlier, row))
@@ -540,9 +545,9 @@ def repeated_rows_warning(rows: IndexRows) -> str | None:
         shown = ", ".join(f"lines {first} and {line}" for first, line in pairs[:3])
         more = ", ..." if len(pairs) > 3 else ""
         said.append(
-            f"{rows.source} lists {len(pairs)} image(s) in a row without a label beside a row "
-            f"with one ({shown}{more}): an empty label is no second label: each image is read with "
-            "that label"
+            f"{rows.source} lists {len(pairs)} row(s) without a label beside a row of the same "
+            f"image with one ({shown}{more}): an empty label is no second label: each image is "
+            "read with that label"
         )
     filled = {line for pair in rows.label_filled for line in pair}
     repeated = [pair for pair in rows.repeated if not filled.issuperset(pair)]
