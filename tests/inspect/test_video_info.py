@@ -2133,17 +2133,21 @@ def test_frames_extracted_from_a_zeroed_copy_make_it_damaged_not_sampled_again(
     assert row["frame_files"] is None and not list(out.glob("*.png"))
 
 
-def first_cluster_blocks(data: bytes) -> list[tuple[int, int, bool]]:
-    """(where it starts, its data starts, a key frame) of each SimpleBlock of the first
-    Cluster of the Matroska file `data` (its flags byte follows the track number and time)."""
+def cluster_blocks(data: bytes) -> list[tuple[int, int, bool]]:
+    """(where it starts, its data starts, a key frame) of each SimpleBlock of the Clusters of
+    the Matroska file `data` (its flags byte follows the track number and time)."""
+    blocks = []
     cluster = data.find(bytes.fromhex("1f43b675"))
-    size, length = ebml_size(data, cluster + 4)
-    body = cluster + 4 + length
-    return [
-        (start, data_start, bool(data[data_start + ebml_size(data, data_start)[1] + 2] & 0x80))
-        for element, start, data_start, _ in ebml_elements(data, body, body + size)
-        if element == 0xA3
-    ]
+    while cluster >= 0:
+        size, length = ebml_size(data, cluster + 4)
+        body = cluster + 4 + length
+        blocks += [
+            (start, data_start, bool(data[data_start + ebml_size(data, data_start)[1] + 2] & 0x80))
+            for element, start, data_start, _ in ebml_elements(data, body, body + size)
+            if element == 0xA3
+        ]
+        cluster = data.find(bytes.fromhex("1f43b675"), body + size)
+    return blocks
 
 
 def without_first_key_frames(data: bytes) -> bytes:
@@ -2152,11 +2156,11 @@ def without_first_key_frames(data: bytes) -> bytes:
     cut at a frame that is not one (`ffmpeg -i a.mp4 -ss 3 -c copy -copyinkf`) or a
     recording begun mid-GOP leaves it, every byte its sizes declare there."""
     out = bytearray(data)
-    for start, _, key in first_cluster_blocks(data):
+    for start, _, key in cluster_blocks(data):
         if not key:
             return bytes(out)
         out[start] = 0xEC  # Void: FFmpeg and torchkit pass over it
-    raise AssertionError("the first cluster holds key frames alone")
+    raise AssertionError("every frame a key frame")
 
 
 def test_a_stream_that_starts_without_a_key_frame_is_not_damaged(tmp_path):
@@ -2185,6 +2189,7 @@ def test_frames_before_the_first_key_frame_as_each_index_lists_them(tmp_path, wh
     open GOP's leading pictures, which refer to frames before it): a Matroska file's blocks
     (their key flag and times), an AVI's idx1 flags, an MP4's sync sample table."""
     from torchkit.core.video.containers import (
+        HeldFrames,
         avi_indexed_frames,
         iso_frames_before_first_key,
         matroska_video_blocks,
@@ -2193,8 +2198,8 @@ def test_frames_before_the_first_key_frame_as_each_index_lists_them(tmp_path, wh
     webm = need(whole_videos, "clip.webm")
     data = webm.read_bytes()
     blocks = matroska_video_blocks(webm, "webm")
-    assert (blocks.frames, blocks.leading, blocks.broken_at) == (40, 0, None)
-    keys = [key for _, _, key in first_cluster_blocks(data)]
+    assert (blocks.frames, blocks.leading, blocks.not_coded, blocks.broken_at) == (40, 0, 0, None)
+    keys = [key for _, _, key in cluster_blocks(data)]
     cut = tmp_path / "cut.webm"
     cut.write_bytes(without_first_key_frames(data))
     voided, next_key = keys.index(False), keys.index(True, keys.index(False))
@@ -2202,22 +2207,22 @@ def test_frames_before_the_first_key_frame_as_each_index_lists_them(tmp_path, wh
     assert (blocks.frames, blocks.leading) == (40 - voided, next_key - voided)
     # the second block shown before the first (its time, after its track number, made -40 ms)
     shown_before = bytearray(data)
-    struct.pack_into(">h", shown_before, first_cluster_blocks(data)[1][1] + 1, -40)
+    struct.pack_into(">h", shown_before, cluster_blocks(data)[1][1] + 1, -40)
     (tmp_path / "early.webm").write_bytes(bytes(shown_before))
     assert matroska_video_blocks(tmp_path / "early.webm", "webm").leading == 1
 
     avi = bytearray(need(whole_videos, "clip.avi").read_bytes())  # MJPG: every frame a key
-    assert avi_indexed_frames(need(whole_videos, "clip.avi"), "avi") == (40, 0)
+    assert avi_indexed_frames(need(whole_videos, "clip.avi"), "avi") == HeldFrames(40, 0, 0)
     index = avi.rfind(b"idx1") + 8
     entries = [e for e in range(index, len(avi) - 15, 16) if avi[e + 2 : e + 4] == b"dc"]
     for entry in entries[:3]:  # the first three not flagged key frames (AVIIF_KEYFRAME)
         avi[entry + 4] &= ~0x10
     (tmp_path / "late.avi").write_bytes(bytes(avi))
-    assert avi_indexed_frames(tmp_path / "late.avi", "avi") == (40, 3)
+    assert avi_indexed_frames(tmp_path / "late.avi", "avi") == HeldFrames(40, 3, 0)
     for entry in entries:  # none flagged: the writer sets no flags, which tells nothing
         avi[entry + 4] &= ~0x10
     (tmp_path / "none.avi").write_bytes(bytes(avi))
-    assert avi_indexed_frames(tmp_path / "none.avi", "avi") == (40, 0)
+    assert avi_indexed_frames(tmp_path / "none.avi", "avi") == HeldFrames(40, 0, 0)
 
     mp4 = bytearray(need(whole_videos, "clip.mp4").read_bytes())
     assert iso_frames_before_first_key(need(whole_videos, "clip.mp4"), "mp4") == 0
@@ -2225,6 +2230,89 @@ def test_frames_before_the_first_key_frame_as_each_index_lists_them(tmp_path, wh
     struct.pack_into(">II", mp4, table + 4, 1, 13)  # one key frame: the 13th sample
     (tmp_path / "late.mp4").write_bytes(bytes(mp4))
     assert iso_frames_before_first_key(tmp_path / "late.mp4", "mp4") == 12
+
+
+def not_coded_vops(data: bytes, every: int = 2) -> bytes:
+    """The Matroska file `data` (MPEG-4 Part 2 at 25 fps, as OpenCV writes `mp4v`) with one
+    frame in `every`, but the first, a VOP marked not coded: a P-VOP's
+    header alone (6 bytes), as Xvid and DivX write a frame that repeats the one before. Its
+    SimpleBlock keeps its size field's length, a Void element the bytes it gives up."""
+    out = bytearray(data)
+    increment_bits = (25 - 1).bit_length()  # FFmpeg's: the time base's denominator, less 1
+    bits = "01" + "0" + "1" + "0" * increment_bits + "1" + "0"  # P, time, markers, not coded
+    bits += "0" + "1" * (-(len(bits) + 1) % 8)  # stuffing to a byte
+    vop = b"\x00\x00\x01\xb6" + int(bits, 2).to_bytes(len(bits) // 8, "big")
+    for index, (start, data_start, _) in enumerate(cluster_blocks(data)):
+        if index == 0 or index % every:
+            continue
+        size_length, total = data_start - start - 1, ebml_size(data, start + 1)[0]
+        header = bytes(out[data_start : data_start + 4])  # track number, time, flags
+        block = header + vop
+        void = total - len(block) - 1 - 8  # Void: its ID, an 8-byte size, zeroes
+        assert void >= 0 and size_length <= 8
+        size = (len(block) | 1 << 7 * size_length).to_bytes(size_length, "big")
+        rest = b"\xec" + (void | 1 << 56).to_bytes(8, "big") + bytes(void)
+        out[data_start - size_length : data_start + total] = size + block + rest
+    assert len(out) == len(data)
+    return bytes(out)
+
+
+def test_vops_marked_not_coded_are_not_damage(tmp_path, monkeypatch):
+    """A VOP marked not coded decodes to no picture (FFmpeg shows none), and Xvid and DivX
+    write one for each frame that repeats the one before: half the frames of a static scene.
+    Such a whole file read `damaged` (53 of the 100 frames its index lists decode); frames of
+    a few bytes (an AVI's index, a Matroska file's clusters, an MP4's sample sizes) are not
+    counted among those that must decode, and damage elsewhere still is."""
+    whole = tmp_path / "whole.mkv"
+    if not write_video(whole, "mp4v", 48, 32, 25.0, 40):
+        pytest.skip("this OpenCV build writes no MPEG-4 Part 2 into Matroska")
+    static = tmp_path / "static.mkv"
+    static.write_bytes(not_coded_vops(whole.read_bytes()))
+    decoded = decoded_by_opencv(static)
+    assert decoded < 40 - 2  # the VOPs marked not coded give no picture
+    exact = probe_video(static, exact=True)
+    assert (exact.status, exact.frames_decoded, exact.error) == ("ok", decoded, None)
+    assert probe_video(zeroed_copy(static, tmp_path), exact=True).status == "damaged"
+    # in a packed bitstream such frames are placeholders FFmpeg shows a picture for: missing
+    import torchkit.core.video.probe as probe
+
+    monkeypatch.setattr(probe, "mpeg4_packed", lambda path: True)
+    assert probe_video(static, exact=True).status == "damaged"
+
+
+def test_frames_of_a_few_bytes_are_not_counted_in_an_index(tmp_path, whole_videos):
+    """An AVI's idx1 entries and an MP4's stsz sizes of 8 bytes or fewer (a VOP marked not
+    coded) are not among the frames that must decode, but in a packed bitstream."""
+    from torchkit.core.video.containers import (
+        HeldFrames,
+        avi_indexed_frames,
+        iso_not_coded_samples,
+        mpeg4_packed,
+    )
+
+    avi = bytearray(need(whole_videos, "clip.avi").read_bytes())
+    index = avi.rfind(b"idx1") + 8
+    entries = [e for e in range(index, len(avi) - 15, 16) if avi[e + 2 : e + 4] == b"dc"]
+    for entry, size in zip(entries[1:4], (6, 8, 9), strict=True):
+        struct.pack_into("<I", avi, entry + 12, size)
+    (tmp_path / "nvop.avi").write_bytes(bytes(avi))
+    assert avi_indexed_frames(tmp_path / "nvop.avi", "avi") == HeldFrames(40, 0, 2)
+    assert not mpeg4_packed(tmp_path / "nvop.avi")
+    # a packed bitstream's user data (DivX and Xvid write it in its frames): its frames of a
+    # few bytes are placeholders for the B-frame packed before them, which FFmpeg shows
+    packed = bytearray(avi)
+    first_frame = packed.find(b"00dc", packed.find(b"movi")) + 8
+    packed[first_frame + 16 : first_frame + 33] = b"\x00\x00\x01\xb2DivX503b1393p"
+    (tmp_path / "packed.avi").write_bytes(bytes(packed))
+    assert mpeg4_packed(tmp_path / "packed.avi")
+
+    mp4 = bytearray(need(whole_videos, "clip.mp4").read_bytes())
+    assert iso_not_coded_samples(need(whole_videos, "clip.mp4"), "mp4") == 0
+    sizes = mp4.find(b"stsz") + 4  # version and flags, one size for all, the count, sizes
+    assert struct.unpack_from(">II", mp4, sizes + 4) == (0, 40)
+    struct.pack_into(">3I", mp4, sizes + 12 + 4, 6, 8, 9)
+    (tmp_path / "nvop.mp4").write_bytes(bytes(mp4))
+    assert iso_not_coded_samples(tmp_path / "nvop.mp4", "mp4") == 2
 
 
 def test_a_y4m_file_s_codec_is_rawvideo_as_ffprobe_names_it(whole_videos):

@@ -310,14 +310,50 @@ def _avi_fourcc(handle, size: int) -> str | None:
 _MAX_AVI_INDEX = 1 << 26  # bytes of an idx1 read (4M entries: over a day at 30 fps with audio)
 
 
-def avi_indexed_frames(path: str | os.PathLike, container: str | None) -> tuple[int, int] | None:
+@dataclass(frozen=True)
+class HeldFrames:
+    """The frames a file's index or clusters hold for its video (`frames`), and of them those
+    a whole file may give no picture for: `leading`, before its first key frame, in the order
+    they are stored or shown (a stream cut where no key frame starts it, or at an open GOP's
+    key frame, whose leading pictures refer to frames before it: FFmpeg decodes none of
+    them), and `not_coded`, frames of `NOT_CODED_BYTES` or fewer; `broken_at`, where its
+    bytes stop being its structure inside the sizes it records (None where they never do)."""
+
+    frames: int
+    leading: int
+    not_coded: int
+    broken_at: int | None = None
+
+
+# The most bytes of a frame that may decode to no picture in a whole file: an MPEG-4 Part 2
+# VOP marked not coded (an N-VOP: its start code and a few bits, 6 to 8 bytes), which Xvid
+# and DivX write for a frame that repeats the one before (FFmpeg shows nothing for it); in a
+# packed bitstream the placeholder for the B-frame packed before it (`mpeg4_packed`), which
+# FFmpeg shows.
+NOT_CODED_BYTES = 8
+# The user data DivX and Xvid write in a packed bitstream's frames: "DivX503b1393p"
+_PACKED_MARK = re.compile(rb"DivX\d+(?:b|Build)\d+p")
+_PACKED_SEARCH = 1 << 20  # bytes searched for it: the first frames carry it
+
+
+def mpeg4_packed(path: str | os.PathLike) -> bool:
+    """Whether a file's MPEG-4 Part 2 video is a packed bitstream, as DivX and Xvid write
+    B-frames into AVI: its user data, in its first frames, ends in `p`. Its frames of a few
+    bytes are then placeholders that FFmpeg shows the packed B-frame for."""
+    try:
+        with open(path, "rb") as handle:
+            return _PACKED_MARK.search(handle.read(_PACKED_SEARCH)) is not None
+    except OSError:
+        return False
+
+
+def avi_indexed_frames(path: str | os.PathLike, container: str | None) -> HeldFrames | None:
     """The frames of an AVI file's first video stream that its index (`idx1`) lists with data:
     the chunks a decoder is given, where the stream header's length may say more (a writer
     that counted frames it did not write) and a capture's empty chunks for dropped frames
-    decode to nothing; and how many of them come before the first it flags a key frame (a
-    stream cut where no key frame starts it: they have nothing to be decoded from). None for
-    other formats, a file without `idx1` (an OpenDML file's index is elsewhere) or a
-    structure that cannot be read."""
+    decode to nothing; those before the first it flags a key frame and those of a few bytes.
+    None for other formats, a file without `idx1` (an OpenDML file's index is elsewhere) or
+    a structure that cannot be read."""
     import numpy as np
 
     if container != "avi":
@@ -352,7 +388,8 @@ def avi_indexed_frames(path: str | os.PathLike, container: str | None) -> tuple[
     video = entries[np.isin(entries[:, 0], list(ids)) & (entries[:, 3] > 0)]
     keys = np.flatnonzero(video[:, 1] & _AVI_KEY_FRAME)
     # an index that flags no key frame tells nothing of them (a writer that sets no flags)
-    return len(video), int(keys[0]) if len(keys) else 0
+    leading = int(keys[0]) if len(keys) else 0
+    return HeldFrames(len(video), leading, int((video[:, 3] <= NOT_CODED_BYTES).sum()))
 
 
 _AVI_KEY_FRAME = 0x10  # AVIIF_KEYFRAME, an idx1 entry's flag
@@ -763,6 +800,34 @@ def iso_frames_before_first_key(path: str | os.PathLike, container: str | None) 
         return first - 1
     shown = shown[:count] + signed[:count]
     return first - 1 + int((shown[first:] < shown[first - 1]).sum())
+
+
+def iso_not_coded_samples(path: str | os.PathLike, container: str | None) -> int:
+    """The samples of an MP4/MOV/3GP file's video of `NOT_CODED_BYTES` or fewer (its `stsz`
+    table), which may decode to no picture in a whole file (a VOP marked not coded). 0 for
+    other formats, samples all of one size or a structure that cannot be read."""
+    import numpy as np
+
+    if container not in _ISO_FORMATS:
+        return 0
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            moov = _iso_child(handle, b"moov", 0, size)
+            track = moov and _iso_video_track(handle, moov)
+            table = track and _iso_sample_table(handle, track[1])
+            sizes = table and _iso_child(handle, b"stsz", *table)
+            # stsz: version and flags, one size for every sample (0: each its own), the sample
+            # count, then the sizes
+            head = _iso_field(handle, sizes, 4, 8)
+            if len(head) < 8 or int.from_bytes(head[:4], "big"):
+                return 0
+            count = min(int.from_bytes(head[4:], "big"), _MAX_ISO_SAMPLES)
+            data = _iso_field(handle, sizes, 12, 4 * count)
+    except OSError:
+        return 0
+    entries = np.frombuffer(data[: len(data) - len(data) % 4], ">u4")
+    return int((entries <= NOT_CODED_BYTES).sum())
 
 
 def fragmented_frame_count(path: str | os.PathLike, container: str | None) -> int | None:
@@ -1258,29 +1323,16 @@ _MKV_CLUSTER_TIME, _MKV_REFERENCE_BLOCK = 0xE7, 0xFB
 _MKV_MAX_ELEMENTS = 50_000_000  # a day of 30 fps video and its audio; a bound for a corrupt file
 
 
-@dataclass(frozen=True)
-class MatroskaBlocks:
-    """What the clusters of a Matroska/WebM file hold for its first video track: `frames`,
-    `leading` of them before its first key frame, in the order they are stored or shown (a
-    stream cut where no key frame starts it, or at an open GOP's key frame, whose leading
-    pictures refer to frames before it: FFmpeg decodes none of them), and `broken_at`, where
-    its bytes stop being elements inside the sizes its Segment and Clusters record (None where
-    they never do)."""
-
-    frames: int
-    leading: int
-    broken_at: int | None
-
-
-def matroska_video_blocks(path: str | os.PathLike, container: str | None) -> MatroskaBlocks | None:
+def matroska_video_blocks(path: str | os.PathLike, container: str | None) -> HeldFrames | None:
     """The frames the clusters of a Matroska/WebM file hold for its first video track: its
     blocks (SimpleBlock, or a BlockGroup's Block), a laced one's frames each, those flagged
     invisible (a VP8 alternate reference, which decodes to no picture) left out; those before
-    its first key frame; and where, inside the sizes its Segment and Clusters record, its
-    bytes stop being elements (zeroed or overwritten). A header or two are read a block (7 us:
-    about 2 s for an hour of 30 fps video and its audio), so for --exact alone, whose decode
-    of every frame takes far longer. None for other formats, Tracks not in the first bytes,
-    or a Cluster or the Segment of unknown size (a live recording)."""
+    its first key frame and those of a few bytes; and where, inside the sizes its Segment and
+    Clusters record, its bytes stop being elements (zeroed or overwritten). A header or two
+    are read a block (7 us: about 2 s for an hour of 30 fps video and its audio), so for
+    --exact alone, whose decode of every frame takes far longer. None for other formats,
+    Tracks not in the first bytes, or a Cluster or the Segment of unknown size (a live
+    recording)."""
     if container not in ("mkv", "webm"):
         return None
     try:
@@ -1290,7 +1342,7 @@ def matroska_video_blocks(path: str | os.PathLike, container: str | None) -> Mat
         return None
 
 
-def _matroska_video_blocks(handle, size: int) -> MatroskaBlocks | None:
+def _matroska_video_blocks(handle, size: int) -> HeldFrames | None:
     head = handle.read(_MKV_HEAD)
     elements = _matroska_head_elements(head)
     if elements is None or _MKV_TRACKS not in elements[1]:
@@ -1313,13 +1365,14 @@ def _matroska_video_blocks(handle, size: int) -> MatroskaBlocks | None:
             return None
         return found[0], at + found[1] + length[1], length[0], data[found[1] + length[1] :]
 
-    frames, leading, key_time, cluster_time = 0, 0, None, 0
+    frames, leading, not_coded, key_time, cluster_time = 0, 0, 0, None, 0
 
-    def count(block: bytes, key: bool | None = None) -> None:
+    def count(block: bytes, length: int, key: bool | None = None) -> None:
         """Count the shown frames of a Block or SimpleBlock of the video track (its first
-        bytes), and those of them that lead the first key frame: `key` for a Block (its group
-        refers to no other), a SimpleBlock's own flag where None."""
-        nonlocal frames, leading, key_time
+        bytes, `length` in all), and those of them that lead the first key frame: `key` for a
+        Block (its group refers to no other), a SimpleBlock's own flag where None, and those of
+        `NOT_CODED_BYTES` or fewer."""
+        nonlocal frames, leading, not_coded, key_time
         owner = _ebml_number(block, 0, keep_marker=False)
         if owner is None or owner[0] != track or len(block) < owner[1] + 3:
             return
@@ -1329,6 +1382,8 @@ def _matroska_video_blocks(handle, size: int) -> MatroskaBlocks | None:
         key = bool(flags & 0x80) if key is None else key
         laced = flags >> 1 & 3
         shown = 1 if not laced else (block[owner[1] + 3] + 1 if len(block) > owner[1] + 3 else 0)
+        if not laced and length - owner[1] - 3 <= NOT_CODED_BYTES:
+            not_coded += 1
         # its time: the cluster's and its own offset from it (a signed 16-bit number)
         time = cluster_time + int.from_bytes(block[owner[1] : owner[1] + 2], "big", signed=True)
         if key_time is None and key:
@@ -1344,7 +1399,7 @@ def _matroska_video_blocks(handle, size: int) -> MatroskaBlocks | None:
         if found is not None and found[2] < 0:
             return None  # a Cluster of unknown size
         if found is None or found[1] + found[2] > end:
-            return MatroskaBlocks(frames, leading, at)
+            return HeldFrames(frames, leading, not_coded, at)
         kind, start, length, _ = found
         if kind == _MKV_CLUSTER:
             child, cluster_end = start, start + length
@@ -1354,32 +1409,32 @@ def _matroska_video_blocks(handle, size: int) -> MatroskaBlocks | None:
                 if budget < 0:
                     return None
                 if inner is None or inner[2] < 0 or inner[1] + inner[2] > cluster_end:
-                    return MatroskaBlocks(frames, leading, child)
+                    return HeldFrames(frames, leading, not_coded, child)
                 inner_kind, inner_start, inner_length, first = inner
                 if inner_kind == _MKV_CLUSTER_TIME:
                     cluster_time = int.from_bytes(first[: min(inner_length, 8)], "big")
                 elif inner_kind == _MKV_SIMPLE_BLOCK:
-                    count(first)
+                    count(first, inner_length)
                 elif inner_kind == _MKV_BLOCK_GROUP:
                     block, referenced = _ebml_group(element, inner_start, inner_length)
                     if block is not None:
-                        count(block, not referenced)
+                        count(*block, key=not referenced)
                 child = inner_start + inner_length
         at = start + length
-    return MatroskaBlocks(frames, leading, None)
+    return HeldFrames(frames, leading, not_coded)
 
 
-def _ebml_group(element, start: int, length: int) -> tuple[bytes | None, bool]:
-    """The first bytes of the Block of the BlockGroup whose data is at `start` (None if it
-    holds none), and whether the group refers to other blocks (a ReferenceBlock: no key
-    frame)."""
+def _ebml_group(element, start: int, length: int) -> tuple[tuple[bytes, int] | None, bool]:
+    """The first bytes and the length of the Block of the BlockGroup whose data is at `start`
+    (None if it holds none), and whether the group refers to other blocks (a ReferenceBlock:
+    no key frame)."""
     block, referenced, at = None, False, start
     while at < start + length:
         found = element(at)
         if found is None or found[2] < 0:
             break
         if found[0] == _MKV_BLOCK:
-            block = found[3]
+            block = found[3], found[2]
         referenced = referenced or found[0] == _MKV_REFERENCE_BLOCK
         at = found[1] + found[2]
     return block, referenced

@@ -34,10 +34,12 @@ from torchkit.core.video.containers import (
     iso_edited_frame_count,
     iso_frames_before_first_key,
     iso_index_missing,
+    iso_not_coded_samples,
     last_frame_duration,
     last_picture_rows,
     matroska_video_blocks,
     matroska_video_frames,
+    mpeg4_packed,
     sniff_container,
     still_image_format,
 )
@@ -238,32 +240,34 @@ def _frames_lost(
     fewer frames than it holds, the last ending `end_s` seconds in: its data is damaged (a
     region zeroed, as an unfinished download's preallocated file or a bad sector leaves it,
     or overwritten), which a count an estimate cannot explain. A decoder that skips a frame
-    here and there (a VOP marked not coded) stays within `_frame_slack`.
+    here and there stays within `_frame_slack`.
     `count_from_duration`: the header's count is the file's duration times the rate, which
     audio that runs on overstates: only the clusters of a Matroska/WebM file tell, or the
     structure breaking inside the bytes it declares (a Matroska/WebM file's elements, an
     ASF file's data packets)."""
     container, decoded, header = info.container, info.frames_decoded, info.frames_header
     held, reached, listed_by = header, 0, "its header declares"
-    indexed = avi_indexed_frames(path, container)
-    blocks = matroska_video_blocks(path, container)
-    broken_at = blocks.broken_at if blocks is not None else asf_packet_break(path, container)
-    if count_from_duration and blocks is None and broken_at is None:
+    indexed = avi_indexed_frames(path, container) or matroska_video_blocks(path, container)
+    broken_at = indexed.broken_at if indexed is not None else asf_packet_break(path, container)
+    if count_from_duration and indexed is None and broken_at is None:
         return None
-    # frames before the first key frame (stored or shown before it) have nothing to be
-    # decoded from in a stream cut where no key frame starts it: not damage
+    # frames that give no picture in a whole file are not damage: those before the first key
+    # frame (stored or shown before it), which have nothing to be decoded from in a stream cut
+    # where no key frame starts it, and VOPs marked not coded (but in a packed bitstream)
     leading = iso_frames_before_first_key(path, container)
+    not_coded = iso_not_coded_samples(path, container)
     if indexed is not None:
-        (held, leading), listed_by = indexed, "its index lists"
-    elif blocks is not None:
-        leading = blocks.leading
+        leading, not_coded = indexed.leading, indexed.not_coded
         if broken_at is None:
-            held, listed_by = blocks.frames, "its clusters hold"
+            held = indexed.frames
+            listed_by = "its index lists" if container == "avi" else "its clusters hold"
     elif broken_at is None and container not in _HEADER_COUNTS_EVERY_FRAME:
         reached = _position(end_s, info.fps)
+    if not_coded and mpeg4_packed(path):
+        not_coded = 0  # placeholders for the B-frames packed before them, which FFmpeg shows
     if held is None or decoded is None:
         return None
-    if max(decoded, reached) >= held - leading - _frame_slack(held):
+    if max(decoded, reached) >= held - leading - not_coded - _frame_slack(held):
         return None
     if broken_at is not None:  # its elements or packets stop being so
         return (
