@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import io
 import json
-import logging
 import tarfile
 from pathlib import Path
 
 import pytest
+from output_checks import torchkit_log_to_caplog
 from partly_labelled import KINDS, partly_labelled_source
 from PIL import Image
 from processes import run_torchkit_in_process
@@ -61,7 +61,7 @@ def test_convert_shards_keeps_every_label_of_partly_labelled_data(
     assert json.loads(done.stdout)["splits"]["shard"]["class_counts"] == {"cat": 2, "dog": 1}
     # Read back by the rule of the source: unlabelled (with a warning) where labels are not
     # needed, refused where they are.
-    monkeypatch.setattr(logging.getLogger("torchkit"), "propagate", True)  # the CLI's: False
+    torchkit_log_to_caplog(caplog, monkeypatch)
     with caplog.at_level("WARNING", logger="torchkit"):
         assert open_data(out, allow_unlabelled=True).classes == [""]
     assert "2 sample(s) without a label" in caplog.text

@@ -6,10 +6,10 @@ image folders are inputs no output may land in."""
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 
 import pytest
+from output_checks import torchkit_log_to_caplog
 from PIL import Image
 from processes import run_torchkit_in_process
 
@@ -88,7 +88,7 @@ def test_of_a_split_index_only_the_split_holding_rows_without_a_label_is_unlabel
         "path,label,split\n0.png,cat,train\n1.png,dog,train\n2.png,cat,val\n3.png,,test\n"
         "4.png,dog,test\n"
     )
-    monkeypatch.setattr(logging.getLogger("torchkit"), "propagate", True)  # the CLI's: False
+    torchkit_log_to_caplog(caplog, monkeypatch)
     with caplog.at_level("WARNING", logger="torchkit"):
         source, refusal = open_labelled(index)
     assert (

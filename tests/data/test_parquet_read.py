@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import csv
 import json
-import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from checkpoints import write_convnet_checkpoint
-from output_checks import error_line
+from output_checks import error_line, torchkit_log_to_caplog
 from parquet_files import png, write_parquet
 from processes import dataset_stats, run_json, run_torchkit_in_process
 from stats_plots import write_stats_plot_undrawn
@@ -383,7 +382,7 @@ def test_a_file_of_some_rows_without_a_label_is_read_with_the_labels_it_has(
     ]
     assert report["num_classes"] == 3
     # Read unlabelled, where it is (beside train's and eval's refusal), it is said.
-    monkeypatch.setattr(logging.getLogger("torchkit"), "propagate", True)  # the CLI's: False
+    torchkit_log_to_caplog(caplog, monkeypatch)
     with caplog.at_level("WARNING", logger="torchkit"):
         assert open_data(str(data), allow_unlabelled=True).classes == [""]
     assert (

@@ -8,7 +8,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import logging
 import os
 import shutil
 import tarfile
@@ -19,7 +18,7 @@ import pytest
 from checkpoints import write_convnet_checkpoint
 from gloo_ranks import run_ranks, stderr_of
 from image_folders import write_image_folder
-from output_checks import error_line, tree_digest
+from output_checks import error_line, torchkit_log_to_caplog, tree_digest
 from processes import dataset_stats, run_json, run_torchkit_in_process
 from shards import write_shards
 from stats_plots import write_stats_plot_undrawn
@@ -425,13 +424,13 @@ def test_shards_of_some_samples_without_a_label_are_read_as_parquet_is(
         {"name": "0", "index": 0, "images": 1},
         {"name": "", "index": 1, "images": 1},
     ]
-    monkeypatch.setattr(logging.getLogger("torchkit"), "propagate", True)  # the CLI's: False
+    torchkit_log_to_caplog(caplog, monkeypatch)
     with caplog.at_level("WARNING", logger="torchkit"):
         assert open_data(str(shard), allow_unlabelled=True).classes == [""]
-    assert (
+    assert caplog.messages == [
         f"{shard} has 1 sample(s) without a label (no KEY.cls, no label in KEY.json, or -1; "
         "sample y in s-000000.tar) among 1 labelled ones: its images are read unlabelled"
-    ) in caplog.messages
+    ]
     with pytest.raises(InputError) as refused:  # train's and eval's reader
         open_data(str(shard))
     assert str(refused.value).startswith("sample y in s-000000.tar has no label (give each")

@@ -5,12 +5,24 @@ tests, issue #13)."""
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import stat
 from collections.abc import Sequence
 from pathlib import Path
 
 from processes import run_torchkit_in_process
+
+
+def torchkit_log_to_caplog(caplog, monkeypatch) -> None:  # noqa: ANN001 (pytest fixtures)
+    """Let `caplog` see each record of the `torchkit` logger once. The CLI makes that logger
+    non-propagating (it has its own stderr handler), and pytest adds caplog's handler to the
+    loggers that do not propagate when a test starts (an earlier command run in the same
+    process made it so): there propagating too gave caplog each record twice; else the records
+    reach caplog through the root logger only where the logger propagates."""
+    logger = logging.getLogger("torchkit")
+    if caplog.handler not in logger.handlers:
+        monkeypatch.setattr(logger, "propagate", True)
 
 
 def tree_digest(root: Path, *, folders: bool = True) -> dict[str, str]:
