@@ -2191,7 +2191,7 @@ def test_frames_before_the_first_key_frame_as_each_index_lists_them(tmp_path, wh
     from torchkit.core.video.containers import (
         HeldFrames,
         avi_indexed_frames,
-        iso_frames_before_first_key,
+        iso_frames_without_picture,
         matroska_video_blocks,
     )
 
@@ -2225,11 +2225,11 @@ def test_frames_before_the_first_key_frame_as_each_index_lists_them(tmp_path, wh
     assert avi_indexed_frames(tmp_path / "none.avi", "avi") == HeldFrames(40, 0, 0)
 
     mp4 = bytearray(need(whole_videos, "clip.mp4").read_bytes())
-    assert iso_frames_before_first_key(need(whole_videos, "clip.mp4"), "mp4") == 0
+    assert iso_frames_without_picture(need(whole_videos, "clip.mp4"), "mp4").leading == 0
     table = mp4.find(b"stss") + 4  # version and flags, the entry count, the key samples
     struct.pack_into(">II", mp4, table + 4, 1, 13)  # one key frame: the 13th sample
     (tmp_path / "late.mp4").write_bytes(bytes(mp4))
-    assert iso_frames_before_first_key(tmp_path / "late.mp4", "mp4") == 12
+    assert iso_frames_without_picture(tmp_path / "late.mp4", "mp4").leading == 12
 
 
 def not_coded_vops(data: bytes, every: int = 2) -> bytes:
@@ -2286,7 +2286,7 @@ def test_frames_of_a_few_bytes_are_not_counted_in_an_index(tmp_path, whole_video
     from torchkit.core.video.containers import (
         HeldFrames,
         avi_indexed_frames,
-        iso_not_coded_samples,
+        iso_frames_without_picture,
         mpeg4_packed,
     )
 
@@ -2307,12 +2307,12 @@ def test_frames_of_a_few_bytes_are_not_counted_in_an_index(tmp_path, whole_video
     assert mpeg4_packed(tmp_path / "packed.avi")
 
     mp4 = bytearray(need(whole_videos, "clip.mp4").read_bytes())
-    assert iso_not_coded_samples(need(whole_videos, "clip.mp4"), "mp4") == 0
+    assert iso_frames_without_picture(need(whole_videos, "clip.mp4"), "mp4").not_coded == 0
     sizes = mp4.find(b"stsz") + 4  # version and flags, one size for all, the count, sizes
     assert struct.unpack_from(">II", mp4, sizes + 4) == (0, 40)
     struct.pack_into(">3I", mp4, sizes + 12 + 4, 6, 8, 9)
     (tmp_path / "nvop.mp4").write_bytes(bytes(mp4))
-    assert iso_not_coded_samples(tmp_path / "nvop.mp4", "mp4") == 2
+    assert iso_frames_without_picture(tmp_path / "nvop.mp4", "mp4").not_coded == 2
 
 
 def test_a_y4m_file_s_codec_is_rawvideo_as_ffprobe_names_it(whole_videos):

@@ -759,17 +759,17 @@ def _iso_sample_runs(
 _MAX_ISO_SAMPLES = 50_000_000  # a day of 30 fps video, ten times over
 
 
-def iso_frames_before_first_key(path: str | os.PathLike, container: str | None) -> int:
-    """The samples of an MP4/MOV/3GP file's video that come before the first its sync sample
-    table (`stss`) lists, in the order they are stored, or after it but shown before it (its
-    `ctts` offsets: an open GOP's leading pictures): a stream cut where no key frame starts
-    it has nothing to decode them from, and FFmpeg drops them. 0 where every sample is a key
-    frame (no `stss`), for other formats, a fragmented file's samples (not read) or a
-    structure that cannot be read."""
-    import numpy as np
-
+def iso_frames_without_picture(path: str | os.PathLike, container: str | None) -> HeldFrames:
+    """The samples of an MP4/MOV/3GP file's video (its sample table's) that a whole file may
+    give no picture for: `leading`, those before the first its sync sample table (`stss`)
+    lists, in the order they are stored, or after it but shown before it (its `ctts`
+    offsets: an open GOP's leading pictures), which a stream cut where no key frame starts it
+    has nothing to decode from, and FFmpeg drops; `not_coded`, those of `NOT_CODED_BYTES` or
+    fewer (its `stsz` sizes). `frames` is 0: the header's count is FFmpeg's. None of them for
+    other formats, a fragmented file's fragments (not read) or a structure that cannot be
+    read; no `leading` where every sample is a key frame (no `stss`)."""
     if container not in _ISO_FORMATS:
-        return 0
+        return HeldFrames(0, 0, 0)
     try:
         with open(path, "rb") as handle:
             size = os.fstat(handle.fileno()).st_size
@@ -777,14 +777,23 @@ def iso_frames_before_first_key(path: str | os.PathLike, container: str | None) 
             track = moov and _iso_video_track(handle, moov)
             table = track and _iso_sample_table(handle, track[1])
             if not table:
-                return 0
-            syncs = _iso_child(handle, b"stss", *table)
-            # stss: version and flags, the entry count, then the key samples' numbers (from 1)
-            first = int.from_bytes(_iso_field(handle, syncs, 8), "big")
-            deltas = _iso_entries(handle, _iso_child(handle, b"stts", *table))
-            offsets = _iso_entries(handle, _iso_child(handle, b"ctts", *table))
+                return HeldFrames(0, 0, 0)
+            leading = _iso_leading_samples(handle, table)
+            not_coded = _iso_not_coded_samples(handle, table)
     except OSError:
-        return 0
+        return HeldFrames(0, 0, 0)
+    return HeldFrames(0, leading, not_coded)
+
+
+def _iso_leading_samples(handle, table: tuple[int, int]) -> int:
+    """The samples before a sample table's first key frame, stored or shown before it."""
+    import numpy as np
+
+    syncs = _iso_child(handle, b"stss", *table)
+    # stss: version and flags, the entry count, then the key samples' numbers (from 1)
+    first = int.from_bytes(_iso_field(handle, syncs, 8), "big")
+    deltas = _iso_entries(handle, _iso_child(handle, b"stts", *table))
+    offsets = _iso_entries(handle, _iso_child(handle, b"ctts", *table))
     if first < 1:
         return 0
     if not offsets or not deltas:
@@ -802,30 +811,19 @@ def iso_frames_before_first_key(path: str | os.PathLike, container: str | None) 
     return first - 1 + int((shown[first:] < shown[first - 1]).sum())
 
 
-def iso_not_coded_samples(path: str | os.PathLike, container: str | None) -> int:
-    """The samples of an MP4/MOV/3GP file's video of `NOT_CODED_BYTES` or fewer (its `stsz`
-    table), which may decode to no picture in a whole file (a VOP marked not coded). 0 for
-    other formats, samples all of one size or a structure that cannot be read."""
+def _iso_not_coded_samples(handle, table: tuple[int, int]) -> int:
+    """The samples of `NOT_CODED_BYTES` or fewer a sample table's `stsz` lists (0 where they
+    are all one size)."""
     import numpy as np
 
-    if container not in _ISO_FORMATS:
+    sizes = _iso_child(handle, b"stsz", *table)
+    # stsz: version and flags, one size for every sample (0: each its own), the sample count,
+    # then the sizes
+    head = _iso_field(handle, sizes, 4, 8)
+    if len(head) < 8 or int.from_bytes(head[:4], "big"):
         return 0
-    try:
-        with open(path, "rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            moov = _iso_child(handle, b"moov", 0, size)
-            track = moov and _iso_video_track(handle, moov)
-            table = track and _iso_sample_table(handle, track[1])
-            sizes = table and _iso_child(handle, b"stsz", *table)
-            # stsz: version and flags, one size for every sample (0: each its own), the sample
-            # count, then the sizes
-            head = _iso_field(handle, sizes, 4, 8)
-            if len(head) < 8 or int.from_bytes(head[:4], "big"):
-                return 0
-            count = min(int.from_bytes(head[4:], "big"), _MAX_ISO_SAMPLES)
-            data = _iso_field(handle, sizes, 12, 4 * count)
-    except OSError:
-        return 0
+    count = min(int.from_bytes(head[4:], "big"), _MAX_ISO_SAMPLES)
+    data = _iso_field(handle, sizes, 12, 4 * count)
     entries = np.frombuffer(data[: len(data) - len(data) % 4], ">u4")
     return int((entries <= NOT_CODED_BYTES).sum())
 

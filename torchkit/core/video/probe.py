@@ -32,9 +32,8 @@ from torchkit.core.video.containers import (
     fourcc_text,
     fragmented_frame_count,
     iso_edited_frame_count,
-    iso_frames_before_first_key,
+    iso_frames_without_picture,
     iso_index_missing,
-    iso_not_coded_samples,
     last_frame_duration,
     last_picture_rows,
     matroska_video_blocks,
@@ -254,8 +253,8 @@ def _frames_lost(
     # frames that give no picture in a whole file are not damage: those before the first key
     # frame (stored or shown before it), which have nothing to be decoded from in a stream cut
     # where no key frame starts it, and VOPs marked not coded (but in a packed bitstream)
-    leading = iso_frames_before_first_key(path, container)
-    not_coded = iso_not_coded_samples(path, container)
+    without_picture = iso_frames_without_picture(path, container)
+    leading, not_coded = without_picture.leading, without_picture.not_coded
     if indexed is not None:
         leading, not_coded = indexed.leading, indexed.not_coded
         if broken_at is None:
