@@ -230,3 +230,49 @@ def test_the_export_refusal_names_the_matrix(monkeypatch):
         "batch of 100 3x8x8 inputs and one layer's inputs and output, plus 4 x 0.1 GB for "
         "their largest attention matrix), more than the 0.0 GB free"
     )
+
+
+class _SequenceFirst(nn.Module):
+    """8 px patches of 8 channels, 2 blocks of nn.MultiheadAttention (2 heads) without weights
+    that cannot take its inference fast path: sequence first (`batch_first=False`, the
+    default), or batch first with queries that are not the keys."""
+
+    def __init__(self, batch_first: bool = False):
+        super().__init__()
+        self.batch_first = batch_first
+        self.patches = nn.Conv2d(3, 8, 8, stride=8)
+        self.blocks = nn.ModuleList(
+            nn.MultiheadAttention(8, HEADS, batch_first=batch_first) for _ in range(2)
+        )
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, x):
+        tokens = self.patches(x).flatten(2).transpose(1, 2)  # (batch, tokens, channels)
+        if not self.batch_first:
+            tokens = tokens.transpose(0, 1)
+        for block in self.blocks:
+            keys = tokens if not self.batch_first else tokens * 1.0  # another tensor
+            tokens = tokens + block(tokens, keys, keys, need_weights=False)[0]
+        return self.head(tokens.mean(0 if not self.batch_first else 1))
+
+
+@pytest.mark.parametrize("batch_first", [False, True], ids=["sequence-first", "cross"])
+def test_multihead_attention_off_its_fast_path_holds_no_matrix_in_inference(
+    monkeypatch, batch_first
+):
+    """nn.MultiheadAttention without weights makes the matrix in inference only on its fast
+    path (batch_first, self-attention...); otherwise it calls F.scaled_dot_product_attention,
+    whose fused CPU kernel makes none (measured, 64 channels, 4 blocks, 1,024 tokens, -b 8:
+    a peak of 41 MB in infer mode, as with F.scaled_dot_product_attention, 188 MB on the fast
+    path). Before: counted as the fast path's, so benchmark refused a batch that fits (it
+    counted 141 MB, 3.4x that peak)."""
+    side, batch = 512, 8
+    model = _SequenceFirst(batch_first).eval()
+    counted = summarize(model, [(1, 3, side, side)], count_flops=False)
+    assert [m.kind for m in counted.attention.matrices] == ["sdpa", "sdpa"]
+    assert counted.attention.largest() == matrix_bytes(side)  # still counted, for export
+    image = 3 * side * side * 4
+    with_matrix = batch * (image + matrix_bytes(side))  # 1.1 GB: what the check counted
+    monkeypatch.setattr(bench_run, "available_memory", lambda: with_matrix - 1)
+    opts = BenchmarkOptions(batch_sizes=(batch,), mode="infer", device="cpu", warmup=0, iters=1)
+    bench_run._check_fits_in_memory("m", bench_run._per_image(counted, 1), opts, None)

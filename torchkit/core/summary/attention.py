@@ -13,9 +13,11 @@ is computed, because that decides whether a real run holds it:
 - `sdpa`: `F.scaled_dot_product_attention` called by the model. Its fused CPU kernel tiles
   the product and never holds the matrix (measured: a benchmark's peak did not grow with it,
   in either mode); its math path and the exporters' tracers hold it.
-- `mha`: nn.MultiheadAttention without weights (`need_weights=False`, torchvision's ViT).
-  Its inference fast path (eval, no grad) makes the matrix; training goes through the fused
-  kernel, which does not.
+- `mha`: nn.MultiheadAttention without weights (`need_weights=False`, torchvision's ViT) where
+  it takes its inference fast path (eval, no grad, `batch_first`, self-attention, an even
+  number of heads...: `_takes_fast_path`), which makes the matrix; training goes through the
+  fused kernel, which does not. Where it cannot take that path (`batch_first=False`, queries
+  that are not the keys) every run goes through F.scaled_dot_product_attention: `sdpa`.
 
 On the meta device `F.scaled_dot_product_attention` runs its math path (a product, then a
 softmax), which the same rule finds; on a real device the fused operations are counted from
@@ -85,6 +87,9 @@ class AttentionCounter:
         self._matrices: list[AttentionMatrix] = []
         self._sdpa = 0  # depth of F.scaled_dot_product_attention calls in progress
         self._mha: list[str] = []  # the kind of each nn.MultiheadAttention call in progress
+        # whether the nn.MultiheadAttention call about to run would take its inference fast
+        # path (`module_called`; its F.multi_head_attention_forward call takes it up)
+        self._fast_path = False
         # score matrices on their way to a softmax: storage -> the tensor (held, so that its
         # storage is not freed and its address given to another tensor while followed)
         self._scores: dict[int, Any] = {}
@@ -99,6 +104,14 @@ class AttentionCounter:
         if self._mha:
             return self._mha[-1]
         return SDPA if self._sdpa else EXPLICIT
+
+    def module_called(self, module: Any, args: tuple, kwargs: dict) -> None:
+        """Before each module's call (summary's pre-hook): note whether an
+        nn.MultiheadAttention call would take its inference fast path in a real run."""
+        from torch import nn
+
+        if isinstance(module, nn.MultiheadAttention):
+            self._fast_path = _takes_fast_path(module, args, kwargs)
 
     @contextlib.contextmanager
     def calls(self) -> Iterator[None]:
@@ -118,7 +131,8 @@ class AttentionCounter:
                         counter._sdpa -= 1
                 if func is F.multi_head_attention_forward:
                     weights = kwargs.get("need_weights", args[15] if len(args) > 15 else True)
-                    counter._mha.append(EXPLICIT if weights else MHA)
+                    fast_path, counter._fast_path = counter._fast_path, False
+                    counter._mha.append(EXPLICIT if weights else MHA if fast_path else SDPA)
                     try:
                         return func(*args, **kwargs)
                     finally:
@@ -174,6 +188,32 @@ class AttentionCounter:
         self._order.append(key)
         while len(self._order) > _FOLLOWED:
             self._scores.pop(self._order.popleft(), None)
+
+
+def _takes_fast_path(module: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether nn.MultiheadAttention's forward, in eval mode without grad, calls
+    torch._native_multi_head_attention for these arguments (its conditions that do not depend
+    on the device or on autograd, which summary's pass turns off)."""
+    import torch
+
+    names = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask")
+    given = dict(zip(names, args, strict=False)) | kwargs
+    query, key, value = (given.get(name) for name in names[:3])
+    masks = (given.get("attn_mask"), given.get("key_padding_mask"))
+    return bool(
+        isinstance(query, torch.Tensor)
+        and query.dim() == 3
+        and query is key
+        and key is value
+        and module.batch_first
+        and module.num_heads % 2 == 0
+        and module._qkv_same_embed_dim
+        and module.in_proj_bias is not None
+        and module.bias_k is None
+        and module.bias_v is None
+        and not module.add_zero_attn
+        and not any(m is not None and torch.is_floating_point(m) for m in masks)
+    )
 
 
 # The operations by name (a torch that lacks one has none to see: torch 2.4 has no

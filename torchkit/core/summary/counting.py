@@ -415,6 +415,7 @@ class _Recorder:
             self.product_leaves[self.stack[-1][1].index] |= keys
 
     def pre_hook(self, module: Any, args: tuple, kwargs: dict) -> None:
+        self.attention.module_called(module, args, kwargs)
         key = id(module)
         self.call_counts[key] = self.call_counts.get(key, 0) + 1
         row = LayerCall(
