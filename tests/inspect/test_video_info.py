@@ -2185,8 +2185,9 @@ def test_a_stream_that_starts_without_a_key_frame_is_not_damaged(tmp_path):
 
 
 def test_frames_before_the_first_key_frame_as_each_index_lists_them(tmp_path, whole_videos):
-    """The frames an index holds before its first key frame, stored or shown before it (an
-    open GOP's leading pictures, which refer to frames before it): a Matroska file's blocks
+    """The frames an index holds before its first key frame, stored or shown before it or at
+    its time (an open GOP's leading pictures, which refer to frames before it, their times
+    lifted to the start of a copy cut at the key frame): a Matroska file's blocks
     (their key flag and times), an AVI's idx1 flags, an MP4's sync sample table."""
     from torchkit.core.video.containers import (
         HeldFrames,
@@ -2206,10 +2207,13 @@ def test_frames_before_the_first_key_frame_as_each_index_lists_them(tmp_path, wh
     blocks = matroska_video_blocks(cut, "webm")
     assert (blocks.frames, blocks.leading) == (40 - voided, next_key - voided)
     # the second block shown before the first (its time, after its track number, made -40 ms)
-    shown_before = bytearray(data)
-    struct.pack_into(">h", shown_before, cluster_blocks(data)[1][1] + 1, -40)
-    (tmp_path / "early.webm").write_bytes(bytes(shown_before))
-    assert matroska_video_blocks(tmp_path / "early.webm", "webm").leading == 1
+    (first, _, _), (second, _, _) = cluster_blocks(data)[:2]
+    assert data.rfind(bytes.fromhex("1f43b675"), 0, second) < first  # both in one Cluster
+    for time in (-40, 0):  # 0: its time lifted to the file's start, as a muxer does
+        shown_before = bytearray(data)
+        struct.pack_into(">h", shown_before, cluster_blocks(data)[1][1] + 1, time)
+        (tmp_path / "early.webm").write_bytes(bytes(shown_before))
+        assert matroska_video_blocks(tmp_path / "early.webm", "webm").leading == 1
 
     avi = bytearray(need(whole_videos, "clip.avi").read_bytes())  # MJPG: every frame a key
     assert avi_indexed_frames(need(whole_videos, "clip.avi"), "avi") == HeldFrames(40, 0, 0)

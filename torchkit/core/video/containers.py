@@ -808,7 +808,8 @@ def _iso_leading_samples(handle, table: tuple[int, int]) -> int:
     if first > count:
         return first - 1
     shown = shown[:count] + signed[:count]
-    return first - 1 + int((shown[first:] < shown[first - 1]).sum())
+    # at or before it: a muxer lifts a time before the file's start to it
+    return first - 1 + int((shown[first:] <= shown[first - 1]).sum())
 
 
 def _iso_not_coded_samples(handle, table: tuple[int, int]) -> int:
@@ -1386,7 +1387,7 @@ def _matroska_video_blocks(handle, size: int) -> HeldFrames | None:
         time = cluster_time + int.from_bytes(block[owner[1] : owner[1] + 2], "big", signed=True)
         if key_time is None and key:
             key_time = time
-        elif key_time is None or time < key_time:
+        elif key_time is None or time <= key_time:  # a muxer lifts a time before 0 to 0
             leading += shown
         frames += shown
 
