@@ -33,12 +33,14 @@ ZERO_WIDTH = "\u200b"
 
 
 def _tar(path: Path, members: list[tuple[str, bytes | str]]) -> Path:
-    """A tar of `members`: (name, bytes) a file, (name, "->TARGET") a symbolic link."""
+    """A tar of `members`: (name, bytes) a file, (name, "->TARGET") a symbolic link, (name,
+    "=>TARGET") a hard link."""
     with tarfile.open(path, "w") as tar:
         for name, data in members:
             info = tarfile.TarInfo(name)
             if isinstance(data, str):
-                info.type, info.linkname = tarfile.SYMTYPE, data.removeprefix("->")
+                kind = tarfile.LNKTYPE if data.startswith("=>") else tarfile.SYMTYPE
+                info.type, info.linkname = kind, data[2:]
                 tar.addfile(info)
             else:
                 info.size = len(data)
@@ -381,6 +383,47 @@ def test_a_folder_link_inside_a_tar_class_is_not_entered_with_the_warning_on_dis
         assert f"Warning: {warning.format(data)}to a folder read already: cat/more" in (
             result.stderr.splitlines()
         )
+
+
+def test_links_in_a_tar_end_where_tar_unpacks_their_targets(tmp_path):
+    """Links were resolved by the members' stored names: a hard link to `/cat/b.png` (as `tar
+    -cP` writes its targets) or to `cat/a.png` stored as `/cat/a.png` read as unreadable, where
+    tar -xf strips the leading slash of both; links to `../up.png`, which is not read (tar does
+    not unpack it), read its pixels under their own names."""
+    members = [
+        ("/cat/a.png", png(0)),
+        ("cat/b.png", png(1)),
+        ("cat/h.png", "=>/cat/b.png"),
+        ("cat/k.png", "=>cat/a.png"),
+        ("../up.png", png(2)),
+        ("dog/c.png", png(3)),
+        ("dog/s.png", "->../../up.png"),
+        ("dog/t.png", "=>../up.png"),
+    ]
+    archive = _tar(tmp_path / "pets.tar", members)
+    source = open_data(str(archive))
+    readable = {}
+    for name, path in zip(source.whole.ids, source.whole.paths, strict=True):
+        try:
+            readable[name] = path.read_bytes()
+        except OSError as error:
+            assert "a link to a member the archive does not hold" in str(error)
+    assert source.whole.ids == [
+        "cat/a.png", "cat/b.png", "cat/h.png", "cat/k.png", "dog/c.png", "dog/s.png", "dog/t.png"
+    ]  # fmt: skip
+    expected = {"cat/a.png": 0, "cat/b.png": 1, "cat/h.png": 1, "cat/k.png": 0, "dog/c.png": 3}
+    assert readable == {name: png(index) for name, index in expected.items()}
+    if shutil.which("tar") is None:
+        return
+    unpacked = tmp_path / "unpacked"
+    unpacked.mkdir()
+    subprocess.run(["tar", "-xf", archive, "-C", unpacked], capture_output=True)  # 2: the '..'
+    files = {
+        path.relative_to(unpacked).as_posix(): path.read_bytes()
+        for path in unpacked.rglob("*")
+        if path.is_file()
+    }
+    assert files == readable
 
 
 def test_tar_members_are_read_where_tar_unpacks_them(tmp_path, caplog):

@@ -256,6 +256,18 @@ class TarListing:
         return None if target is None else self.members.get(target)
 
 
+def _link_target(name: str, linkname: str, *, symbolic: bool) -> str:
+    """The member a link `name` holding `linkname` names: a symbolic link's relative to its
+    folder; a hard link's a member's name, without the leading slashes tar -x strips from it
+    as from the members' (`/cat/a.png` is the member cat/a.png, or `/cat/a.png` itself where
+    stored so: `_respelled_members`)."""
+    if symbolic:
+        linkname = posixpath.join(posixpath.dirname(name), linkname)
+    else:
+        linkname = linkname.lstrip("/") or linkname
+    return posixpath.normpath(_member_name(linkname))
+
+
 def _member_name(name: str) -> str:
     while name.startswith("./"):
         name = name[2:]
@@ -309,10 +321,7 @@ def list_tar(path: str, *, whole: bool = False, labels: bool = False) -> TarList
                 if info.isdir():
                     folders.add(name)
                 elif info.issym() or info.islnk():
-                    target = info.linkname
-                    if info.issym():  # relative to the link's folder
-                        target = posixpath.join(posixpath.dirname(name), target)
-                    links[name] = posixpath.normpath(_member_name(target))
+                    links[name] = _link_target(name, info.linkname, symbolic=info.issym())
                 elif info.isreg() and not info.issparse():
                     if info.offset_data + info.size > size:
                         raise tarfile.ReadError(f"{name} runs past the end of the file")
@@ -381,12 +390,13 @@ def _link_ends(
 def _respelled_members(members: dict[str, tuple[int, int]]) -> dict[str, str]:
     """The members stored under a name `posixpath.normpath` spells otherwise (`dog/./c.png`,
     `dog//c.png`), by that spelling: the file a link's target (normalised) names once
-    unpacked. Where two such names are one file, the last, as unpacking leaves it. Not one of
-    a `..` part, which tar does not unpack (`_unpacked_path`)."""
+    unpacked. Where two such names are one file, the last, as unpacking leaves it. Also a name
+    with a leading slash (`/cat/a.png`, unpacked as cat/a.png: a hard link names it so). Not
+    one of a `..` part, which tar does not unpack (`_unpacked_path`)."""
     return {
-        posixpath.normpath(name): name
+        posixpath.normpath(name.lstrip("/")): name
         for name in members
-        if ("//" in name or "/." in name) and ".." not in name.split("/")
+        if ("//" in name or "/." in name or name.startswith("/")) and ".." not in name.split("/")
     }
 
 
@@ -537,9 +547,7 @@ def _read_plain_headers(path: str, size: int, labels: bool = False) -> TarListin
                     folders.add(member)
                 elif kind in (_HARD_LINK, _SYMBOLIC_LINK):
                     linkname = pax.get("linkpath") or long_link or _text(block[157:257])
-                    if kind == _SYMBOLIC_LINK:  # relative to the link's folder
-                        linkname = posixpath.join(posixpath.dirname(member), linkname)
-                    links[member] = posixpath.normpath(_member_name(linkname))
+                    links[member] = _link_target(member, linkname, symbolic=kind == _SYMBOLIC_LINK)
                 elif kind not in _SKIPPED:
                     return None
                 long_name = long_link = None
@@ -1483,6 +1491,14 @@ def _open_folder_tar(
     }
     links.update(class_links)
 
+    def unpacked_locator(name: str) -> tuple[int, int] | None:
+        """Where `name`'s data lies; None for a link to a member of a `..` part, which tar
+        does not unpack (the link is left pointing at nothing), as that member is not read."""
+        end = name if name in listing.members else listing.links.get(name)
+        if end is not None and ".." in end.split("/"):
+            return None
+        return listing.locator(name)
+
     def samples_under(base: str, unlabelled: bool) -> Samples:
         """The images under `base` ("" = all), as `discover_image_folder` or
         `discover_flat_folder` read them (ids relative to the archive's root)."""
@@ -1522,7 +1538,7 @@ def _open_folder_tar(
         if not chosen:
             raise no_images_error(f"{spec}:{base}" if base else spec)
         located = [
-            listing.locator(member_of.get(full, full))
+            unpacked_locator(member_of.get(full, full))
             for full in (through.get(n, prefix + n) for n in chosen)
         ]
         paths = [
