@@ -155,17 +155,20 @@ FileId = tuple[int, int]  # (st_dev, st_ino): one file or folder, whatever path 
 
 
 def _file_ids(
-    path: Path, known: dict[Path, FileId | None], chains: dict[Path, list[FileId]]
+    path: Path,
+    known: dict[Path, FileId | None],
+    chains: dict[Path, list[FileId]],
+    keep: bool = False,
 ) -> list[FileId]:
     """The identities of `path` and the existing folders above it, nearest first (`known`
-    caches each place's identity, `chains` each place's list, across the inputs of one check:
-    a folder's list is its own identity and its parent's list, so inputs that share folders
-    stat and walk each folder once)."""
+    caches each place's identity, `chains` the list of each folder above an input, across the
+    inputs of one check: a folder's list is its own identity and its parent's list, so inputs
+    that share folders stat and walk each folder once). `keep`: keep `path`'s own list too."""
     chain = chains.get(path)
     if chain is not None:
         return chain
     parent = path.parent
-    above = [] if parent == path else _file_ids(parent, known, chains)
+    above = [] if parent == path else _file_ids(parent, known, chains, keep=True)
     if path not in known:
         try:
             info = os.stat(path)
@@ -174,7 +177,8 @@ def _file_ids(
             known[path] = None
     identity = known[path]
     chain = above if identity is None else [identity, *above]
-    chains[path] = chain
+    if keep:  # a folder above inputs (an input's own list is asked for once)
+        chains[path] = chain
     return chain
 
 
