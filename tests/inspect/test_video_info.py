@@ -2184,6 +2184,31 @@ def test_a_stream_that_starts_without_a_key_frame_is_not_damaged(tmp_path):
     assert probe_video(zeroed_copy(cut, tmp_path), exact=True).status == "damaged"
 
 
+def test_an_avi_cut_at_an_open_gop_s_key_frame_is_not_damaged(tmp_path):
+    """An open GOP's B-frames that follow its key frame (stored after it, shown before it)
+    refer to the frames before it: in a copy cut there (`ffmpeg -ss 2.5 -i a.avi -c copy`),
+    FFmpeg drops them, and --exact called the whole file damaged (140 of the 142 frames its
+    index lists). An AVI records no times: the MPEG-1/2 pictures and MPEG-4 VOPs right after
+    its first key frame are B-frames by their own headers."""
+    whole = tmp_path / "whole.avi"
+    if not write_video(whole, "MPG2", 48, 32, 25.0, 40):  # I0 I3 B1 B2 I6 B4 B5 ...
+        pytest.skip("this OpenCV build writes no MPEG-2")
+    data = bytearray(whole.read_bytes())
+    first = data.find(b"00dc", data.find(b"movi"))  # the first frame, I0, made a JUNK chunk
+    data[first : first + 4] = b"JUNK"
+    index = data.rfind(b"idx1") + 8
+    assert data[index : index + 4] == b"00dc"
+    data[index : index + 4] = b"JUNK"  # and its index entry
+    cut = tmp_path / "cut.avi"
+    cut.write_bytes(bytes(data))
+    decoded = decoded_by_opencv(cut)
+    assert decoded == 39 - 2  # B1 and B2, which refer to I0, do not decode
+    exact = probe_video(cut, exact=True)
+    assert (exact.status, exact.frames_decoded, exact.error) == ("ok", decoded, None)
+    assert probe_video(whole, exact=True).status == "ok"
+    assert probe_video(zeroed_copy(cut, tmp_path), exact=True).status == "damaged"
+
+
 def test_frames_before_the_first_key_frame_as_each_index_lists_them(tmp_path, whole_videos):
     """The frames an index holds before its first key frame, stored or shown before it or at
     its time (an open GOP's leading pictures, which refer to frames before it, their times

@@ -366,32 +366,64 @@ def avi_indexed_frames(path: str | os.PathLike, container: str | None) -> HeldFr
                 return None
             headers = handle.read(min(int.from_bytes(head[16:20], "little") - 4, _MAX_HEADERS))
             stream = _avi_video_stream(headers)
-            index, offset = None, 12
+            index, movi, offset = None, None, 12
             for _ in range(_MAX_BOXES):  # the chunks of the first RIFF: hdrl, movi, idx1
                 handle.seek(offset)
-                chunk = handle.read(8)
+                chunk = handle.read(12)
                 if len(chunk) < 8 or offset >= size:
                     break
                 length = int.from_bytes(chunk[4:8], "little")
+                if chunk[:4] == b"LIST" and chunk[8:12] == b"movi":
+                    movi = offset + 8  # where idx1's offsets count from
                 if chunk[:4] == b"idx1":
+                    handle.seek(offset + 8)
                     index = handle.read(min(length, _MAX_AVI_INDEX))
                     break
                 offset += 8 + length + (length & 1)
+            if stream is None or index is None:
+                return None
+            entries = np.frombuffer(index[: len(index) - len(index) % 16], "<u4").reshape(-1, 4)
+            # an entry: the chunk's ID ("00dc": stream 0, compressed video; "00db":
+            # uncompressed), flags, offset and size
+            ids = [int.from_bytes(b"%02d" % stream + kind, "little") for kind in (b"dc", b"db")]
+            video = entries[np.isin(entries[:, 0], ids) & (entries[:, 3] > 0)]
+            keys = np.flatnonzero(video[:, 1] & _AVI_KEY_FRAME)
+            # an index that flags no key frame tells nothing of them (a writer that sets none)
+            leading = int(keys[0]) if len(keys) else 0
+            if len(keys) and movi is not None:
+                leading += _avi_leading_b_frames(handle, video[keys[0] + 1 :], movi)
     except OSError:
         return None
-    if stream is None or index is None:
-        return None
-    entries = np.frombuffer(index[: len(index) - len(index) % 16], dtype="<u4").reshape(-1, 4)
-    # an entry: the chunk's ID ("00dc": stream 0, compressed video; "00db": uncompressed),
-    # flags, offset and size
-    ids = {int.from_bytes(f"{stream:02d}{kind}".encode(), "little") for kind in ("dc", "db")}
-    video = entries[np.isin(entries[:, 0], list(ids)) & (entries[:, 3] > 0)]
-    keys = np.flatnonzero(video[:, 1] & _AVI_KEY_FRAME)
-    # an index that flags no key frame tells nothing of them (a writer that sets no flags)
-    leading = int(keys[0]) if len(keys) else 0
     return HeldFrames(len(video), leading, int((video[:, 3] <= NOT_CODED_BYTES).sum()))
 
 
+def _avi_leading_b_frames(handle, entries, movi: int) -> int:
+    """The B-frames (MPEG-1/2 pictures, MPEG-4 Part 2 VOPs) that follow an AVI's first key
+    frame, the idx1 `entries` after it: in an open GOP cut at its key frame they refer to the
+    frames before it, which are not there, and FFmpeg drops them (a whole file's next frame is
+    the P- or I-frame they are shown before). An AVI records no times to tell them by."""
+    leading = 0
+    for chunk_id, _, offset, length in entries[:_MAX_LEADING_B_FRAMES]:
+        # offsets count from the movi list's type, or in some files from the file's start
+        for base in (movi, 0):
+            handle.seek(base + int(offset))
+            if handle.read(4) == int(chunk_id).to_bytes(4, "little"):
+                break
+        else:
+            return leading
+        handle.seek(4, os.SEEK_CUR)
+        data = handle.read(min(int(length), 64))
+        picture = data.find(b"\x00\x00\x01\x00") + 5  # MPEG-1/2: its type after 10 bits
+        vop = data.find(b"\x00\x00\x01\xb6") + 4  # MPEG-4: its type its first 2 bits
+        b_picture = picture >= 5 and picture < len(data) and data[picture] >> 3 & 7 == 3
+        b_vop = vop >= 4 and vop < len(data) and data[vop] >> 6 == 2
+        if not (b_picture or b_vop):
+            return leading
+        leading += 1
+    return leading
+
+
+_MAX_LEADING_B_FRAMES = 16  # more B-frames in a row than any encoder writes
 _AVI_KEY_FRAME = 0x10  # AVIIF_KEYFRAME, an idx1 entry's flag
 
 
