@@ -82,18 +82,23 @@ def smallest_side(model: Any, channels: int, side: int, *, dtype: Any = None) ->
 def meta_runner(model: Any, channels: int, *, dtype: Any = None) -> Callable[[int], bool] | None:
     """A function of a square side that says whether `model` (a meta-device copy in eval mode:
     no compute) runs on an image of that side; None when the model cannot be copied to the
-    meta device (and is not judged)."""
+    meta device (and is not judged). Copy and passes run as summary's do (`plain_shapes`,
+    `without_dynamo`): the meta kernels would import sympy, and torch._refs' references
+    torch._dynamo, 2-5 s of a command's start; the answers are the same for plain sizes."""
     import torch
 
+    from torchkit.core.summary.plain_shapes import plain_shapes
+    from torchkit.torchvision_without_dynamo import without_dynamo
+
     # Inference mode (eval, predict) would make the copy's parameters inference tensors.
-    with torch.inference_mode(False):
+    with torch.inference_mode(False), without_dynamo(), plain_shapes():
         try:
             copy = meta_copy(model).eval()
         except Exception:  # noqa: BLE001 - a model that cannot be copied is not judged here
             return None
 
     def runs(n: int) -> bool:
-        with torch.inference_mode(False), torch.no_grad():
+        with torch.inference_mode(False), torch.no_grad(), without_dynamo(), plain_shapes():
             try:
                 copy(torch.empty(1, channels, n, n, device="meta", dtype=dtype))
             except Exception:  # noqa: BLE001 - whatever the reason, not this side
