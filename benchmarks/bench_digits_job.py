@@ -1,6 +1,7 @@
-"""Benchmark: the README's main job, `torchkit train --data digits`, whole process, wall time and
-test top-1 of best.pt; against the same job on torch's default thread count (`--threads 0`, what
-it ran on before digits defaulted to one thread), in turns.
+"""Benchmark: the README's main job, `torchkit train --data digits`, whole process, wall time, CPU
+time (user + system: the job runs one torch thread, and a shared machine disturbs it less than wall
+time) and test top-1 of best.pt; against the same job on torch's default thread count
+(`--threads 0`, what it ran on before digits defaulted to one thread), in turns.
 
     uv run python benchmarks/bench_digits_job.py [--repeat 3] [--busy] [--before DIR]
         [--seeds 0,1,2,3,4,5,6,7] [-- MORE TRAIN OPTIONS]
@@ -23,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _timing import run_once, torchkit_command
+from _timing import Timing, _children_cpu, run_once, torchkit_command
 
 
 def job(folder: Path, label: str, *extra: str) -> list[str]:
@@ -39,12 +40,14 @@ def test_top1(folder: Path, label: str) -> tuple[float, float | None]:
     return summary["test_top1"], summary.get("test_ema_top1")
 
 
-def timed(command: list[str], cwd: str | None = None) -> float:
+def timed(command: list[str], cwd: str | None = None) -> Timing:
     if cwd is None:
-        return run_once(command).wall
+        return run_once(command)
+    cpu = _children_cpu()
     start = time.perf_counter()
     subprocess.run(command, cwd=cwd, check=True, capture_output=True)
-    return time.perf_counter() - start
+    wall = time.perf_counter() - start
+    return Timing(wall, None if cpu is None else _children_cpu() - cpu)
 
 
 def main() -> int:
@@ -64,7 +67,9 @@ def main() -> int:
             if args.seeds:
                 for seed in args.seeds.split(","):
                     label = f"seed{seed}"
-                    wall = timed(torchkit_command(*job(folder, label, "--seed", seed, *args.extra)))
+                    wall = timed(
+                        torchkit_command(*job(folder, label, "--seed", seed, *args.extra))
+                    ).wall
                     top1, ema = test_top1(folder, label)
                     print(
                         f"seed {seed}: test top-1 {top1:.4f} (EMA weights {ema:.4f}), {wall:.2f} s"
@@ -79,16 +84,20 @@ def main() -> int:
             else:
                 threads0 = torchkit_command(*job(folder, "old", "--threads", "0", *args.extra))
                 commands["--threads 0"] = (threads0, None, "old")
-            walls: dict[str, list[float]] = {name: [] for name in commands}
+            timings: dict[str, list[Timing]] = {name: [] for name in commands}
             for _ in range(max(1, args.repeat)):
                 for name, (command, cwd, _) in commands.items():
-                    walls[name].append(timed(command, cwd))
+                    timings[name].append(timed(command, cwd))
             for name, (_, _, label) in commands.items():
                 top1, _ = test_top1(folder, label)
-                runs = ", ".join(f"{w:.2f}" for w in walls[name])
+                walls = [t.wall for t in timings[name]]
+                cpus = [t.cpu for t in timings[name] if t.cpu is not None]
+                runs = ", ".join(f"{w:.2f}" for w in walls)
+                cpu = f", CPU median {statistics.median(cpus):6.2f} s" if cpus else ""
+                cpu_runs = f" ({', '.join(f'{c:.2f}' for c in cpus)})" if cpus else ""
                 print(
-                    f"{name:<12} wall median {statistics.median(walls[name]):6.2f} s "
-                    f"({runs}), test top-1 {top1:.4f}"
+                    f"{name:<12} wall median {statistics.median(walls):6.2f} s ({runs}){cpu}"
+                    f"{cpu_runs}, test top-1 {top1:.4f}"
                 )
     finally:
         if busy is not None:
