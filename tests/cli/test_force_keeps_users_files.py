@@ -186,6 +186,36 @@ def test_force_refuses_a_users_file_under_a_name_torchkit_writes_too(world, case
     assert (world / name).is_file()
 
 
+def test_force_replaces_the_records_of_a_run_and_an_eval_of_many_classes(world):
+    """A run of 30,000 classes writes a config.json of 1.4 MB (its classes listed), an eval of
+    as many a metrics.json of several (a record per class): both are the command's own. Read
+    only up to 1 MB, they were taken for another tool's files and --force was refused."""
+    classes = [f"species_{index:05d}_a_rather_long_latin_name" for index in range(30_000)]
+    config = {"options": {}, "arch": "convnet", "classes": classes, "preprocess": {}}
+    marked(
+        world / "out", "train", {"last.pt": CHECKPOINT, "config.json": json.dumps(config, indent=2)}
+    )
+    assert (world / "out" / "config.json").stat().st_size > 1 << 20
+    before = tree_digest(world)
+    done = run_torchkit_in_process(
+        *TRAIN, "--out", "out", "--force", "--model", "no_such_module:Net", cwd=world
+    )  # past the folder's check, to the model, which cannot be found
+    assert done.returncode == 2 and "no_such_module" in error_line(done.stderr)
+    assert tree_digest(world) == before
+    metrics = {
+        **json.loads(EVAL_METRICS),
+        "classes": classes,
+        "per_class": [{"class": name, "precision": 0.5, "recall": 0.5} for name in classes],
+    }
+    marked(world / "report", "eval", {"metrics.json": json.dumps(metrics), "per_class.csv": "x"})
+    assert (world / "report" / "metrics.json").stat().st_size > 1 << 20
+    done = run_torchkit_in_process(
+        *FAMILIES["eval"][0][:-3], "--out", "report", "--force", cwd=world
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads((world / "report" / "metrics.json").read_text())["num_classes"] < 10
+
+
 def test_the_error_counts_what_else_is_not_torchkits(world):
     marked(
         world / "out", "train", {"last.pt": CHECKPOINT, "a.txt": "x", "b.txt": "x", "c/d.txt": "x"}

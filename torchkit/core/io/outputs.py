@@ -1250,27 +1250,32 @@ def holds_json_record(path: Path, keys: Collection[str]) -> bool:
     wrote before torchkit marked its outputs, by the record it always wrote there (config.json,
     metrics.json). Names alone are anybody's: another trainer's `best.pt` and `last.pt`, another
     tool's `metrics.json`, photos called `IMG_20240315_142530.png`."""
-    record = _json_record(path)
+    record = _json_record(path, _RUN_RECORD_LIMIT)
     return isinstance(record, dict) and all(key in record for key in keys)
 
 
-_RECORD_LIMIT = 1 << 20  # markers and config/metrics records are a few KB
+_RECORD_LIMIT = 1 << 20  # markers are a few KB
+# A run's config.json lists its classes, an eval's metrics.json a record per class and every
+# skipped file: 1.4 MB at 30,000 classes, and more. Under a smaller limit such a record read as
+# another tool's file, and --force refused the command's own output folder.
+_RUN_RECORD_LIMIT = 64 << 20  # read whole: 64 MB is about 0.5 s of json.loads
 
 
-def _json_record(path: Path) -> object:
-    """The JSON value in the regular file `path`, or None: not there, not JSON, or not a regular
-    file. Opened without blocking and read only when regular, so a FIFO or a device planted
-    under a record's name cannot hang the check (or feed it without end)."""
+def _json_record(path: Path, limit: int = _RECORD_LIMIT) -> object:
+    """The JSON value in the regular file `path` of at most `limit` bytes, or None: not there,
+    not JSON, too large, or not a regular file. Opened without blocking and read only when
+    regular, so a FIFO or a device planted under a record's name cannot hang the check (or feed
+    it without end)."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError:
         return None
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > _RECORD_LIMIT:
+        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
             return None
         with os.fdopen(fd, "rb", closefd=False) as handle:
-            return json.loads(handle.read(_RECORD_LIMIT).decode("utf-8"))
+            return json.loads(handle.read(limit).decode("utf-8"))
     except (OSError, ValueError):
         return None
     finally:
