@@ -84,13 +84,16 @@ def fragmented_mp4(
     in_moov: int = 0,
     last_from: str = "trun",
     default_duration: int = 0,
+    key_frames: Sequence[bool] | None = None,
 ) -> bytes:
     """The MP4 `data` (one video track, moov last, as OpenCV writes it) with its first
     `in_moov` samples in its moov's sample table (0: an empty moov) and the others in
     fragments of `fragments` samples each; sample i lasts `durations[i]` ticks of the track's
     timescale (`mdhd`). The last fragment's durations are recorded where `last_from` says:
     in its `trun` records, as its `tfhd`'s default, or as the `trex` default (then each of
-    its samples lasts `default_duration`, the trex default, whatever `durations` says)."""
+    its samples lasts `default_duration`, the trex default, whatever `durations` says).
+    `key_frames`: each fragment's samples' flags in its `trun` records, the non-sync bit
+    (0x10000) set where False (None: no flags, every sample a sync sample)."""
     top = _boxes(data)
     moov = _find(top, [b"moov"])
     trak = [b"moov", b"trak"]
@@ -123,11 +126,13 @@ def fragmented_mp4(
     for number, count in enumerate(fragments, start=1):
         mode = last_from if number == len(fragments) else "trun"
         records = [
-            struct.pack(">II", durations[i], len(samples[i])) if mode == "trun" else
-            struct.pack(">I", len(samples[i]))
+            (struct.pack(">II", durations[i], len(samples[i])) if mode == "trun" else
+             struct.pack(">I", len(samples[i])))
+            + (b"" if key_frames is None else struct.pack(">I", 0 if key_frames[i] else 0x10000))
             for i in range(at, at + count)
         ]  # fmt: skip
         run_flags = 0x1 | 0x200 | (0x100 if mode == "trun" else 0)
+        run_flags |= 0 if key_frames is None else 0x400
         # tfhd: default-base-is-moof (data offsets count from the moof's start), a default
         # duration where the flags say
         fields = struct.pack(">I", track_id)

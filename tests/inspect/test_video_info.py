@@ -2253,6 +2253,15 @@ def test_frames_before_the_first_key_frame_as_each_index_lists_them(tmp_path, wh
     (tmp_path / "none.avi").write_bytes(bytes(avi))
     assert avi_indexed_frames(tmp_path / "none.avi", "avi") == HeldFrames(40, 0, 0)
 
+    # a fragmented MP4's samples: their trun flags, the non-sync bit clear on a key frame
+    fragmented = tmp_path / "fragmented.mp4"
+    keys = [False] * 12 + [True] * 28
+    data = need(whole_videos, "clip.mp4").read_bytes()
+    fragmented.write_bytes(fragmented_mp4(data, [512] * 40, [10, 30], key_frames=keys))
+    assert iso_frames_without_picture(fragmented, "mp4").leading == 12
+    fragmented.write_bytes(fragmented_mp4(data, [512] * 40, [5, 30], in_moov=5))
+    assert iso_frames_without_picture(fragmented, "mp4") == HeldFrames(0, 0, 0)
+
     mp4 = bytearray(need(whole_videos, "clip.mp4").read_bytes())
     assert iso_frames_without_picture(need(whole_videos, "clip.mp4"), "mp4").leading == 0
     table = mp4.find(b"stss") + 4  # version and flags, the entry count, the key samples

@@ -792,14 +792,17 @@ _MAX_ISO_SAMPLES = 50_000_000  # a day of 30 fps video, ten times over
 
 
 def iso_frames_without_picture(path: str | os.PathLike, container: str | None) -> HeldFrames:
-    """The samples of an MP4/MOV/3GP file's video (its sample table's) that a whole file may
-    give no picture for: `leading`, those before the first its sync sample table (`stss`)
-    lists, in the order they are stored, or after it but shown before it (its `ctts`
-    offsets: an open GOP's leading pictures), which a stream cut where no key frame starts it
-    has nothing to decode from, and FFmpeg drops; `not_coded`, those of `NOT_CODED_BYTES` or
-    fewer (its `stsz` sizes). `frames` is 0: the header's count is FFmpeg's. None of them for
-    other formats, a fragmented file's fragments (not read) or a structure that cannot be
-    read; no `leading` where every sample is a key frame (no `stss`)."""
+    """The samples of an MP4/MOV/3GP file's video (its `moov` sample table's and its
+    fragments') that a whole file may give no picture for: `leading`, those before its first
+    key frame (`stss`, or a fragment's sample flags), in the order they are stored, or after
+    it but shown before it or at its time (`ctts` or a fragment's composition offsets: an
+    open GOP's leading pictures, their times lifted to the start of a copy cut at the key
+    frame), which a stream cut where no key frame starts it has nothing to decode from, and
+    FFmpeg drops; `not_coded`, those of `NOT_CODED_BYTES` or fewer. `frames` is 0: the
+    header's count is FFmpeg's. None of them for other formats or a structure that cannot
+    be read."""
+    import numpy as np
+
     if container not in _ISO_FORMATS:
         return HeldFrames(0, 0, 0)
     try:
@@ -807,58 +810,173 @@ def iso_frames_without_picture(path: str | os.PathLike, container: str | None) -
             size = os.fstat(handle.fileno()).st_size
             moov = _iso_child(handle, b"moov", 0, size)
             track = moov and _iso_video_track(handle, moov)
-            table = track and _iso_sample_table(handle, track[1])
-            if not table:
+            if not track:
                 return HeldFrames(0, 0, 0)
-            leading = _iso_leading_samples(handle, table)
-            not_coded = _iso_not_coded_samples(handle, table)
+            table = _iso_sample_table(handle, track[1])
+            samples = [_iso_table_sample_array(handle, table)] if table else []
+            samples += _iso_fragment_sample_arrays(handle, size, moov, track[0])
     except OSError:
         return HeldFrames(0, 0, 0)
-    return HeldFrames(0, leading, not_coded)
+    samples = [s for s in samples if s is not None and len(s[0])]
+    if not samples:
+        return HeldFrames(0, 0, 0)
+    keys, durations, offsets, sizes = (np.concatenate(part) for part in zip(*samples, strict=True))
+    shown = np.cumsum(durations) - durations + offsets
+    first = int(np.argmax(keys)) if keys.any() else 0
+    # at or before its time: a muxer lifts a time before the file's start to it
+    leading = first + int((shown[first + 1 :] <= shown[first]).sum())
+    return HeldFrames(0, leading, int((sizes <= NOT_CODED_BYTES).sum()))
 
 
-def _iso_leading_samples(handle, table: tuple[int, int]) -> int:
-    """The samples before a sample table's first key frame, stored or shown before it."""
+# One array a sample: whether it is a key frame, its duration, its composition offset, its size
+_SampleArrays = tuple[Any, Any, Any, Any]
+
+
+def _iso_table_sample_array(handle, table: tuple[int, int]) -> _SampleArrays | None:
+    """The samples of a `moov` sample table (`stbl`): its `stsz` sizes, `stss` key frames
+    (every sample where it has none), `stts` durations and `ctts` offsets (0 where none)."""
     import numpy as np
 
-    syncs = _iso_child(handle, b"stss", *table)
-    # stss: version and flags, the entry count, then the key samples' numbers (from 1)
-    first = int.from_bytes(_iso_field(handle, syncs, 8), "big")
-    deltas = _iso_entries(handle, _iso_child(handle, b"stts", *table))
-    offsets = _iso_entries(handle, _iso_child(handle, b"ctts", *table))
-    if first < 1:
-        return 0
-    if not offsets or not deltas:
-        return first - 1
-    times = np.frombuffer(deltas, ">u4").reshape(-1, 2).astype(np.int64)
-    shifts = np.frombuffer(offsets, ">u4").reshape(-1, 2)
-    if max(times[:, 0].sum(), shifts[:, 0].astype(np.int64).sum()) > _MAX_ISO_SAMPLES:
-        return first - 1  # counts no real file holds: not expanded a sample at a time
-    shown = np.cumsum(np.repeat(times[:, 1], times[:, 0])) - np.repeat(times[:, 1], times[:, 0])
-    signed = np.repeat(shifts[:, 1].astype(np.uint32).view(np.int32), shifts[:, 0])
-    count = min(len(shown), len(signed))
-    if first > count:
-        return first - 1
-    shown = shown[:count] + signed[:count]
-    # at or before it: a muxer lifts a time before the file's start to it
-    return first - 1 + int((shown[first:] <= shown[first - 1]).sum())
-
-
-def _iso_not_coded_samples(handle, table: tuple[int, int]) -> int:
-    """The samples of `NOT_CODED_BYTES` or fewer a sample table's `stsz` lists (0 where they
-    are all one size)."""
-    import numpy as np
-
-    sizes = _iso_child(handle, b"stsz", *table)
+    sizes_box = _iso_child(handle, b"stsz", *table)
     # stsz: version and flags, one size for every sample (0: each its own), the sample count,
     # then the sizes
-    head = _iso_field(handle, sizes, 4, 8)
-    if len(head) < 8 or int.from_bytes(head[:4], "big"):
-        return 0
-    count = min(int.from_bytes(head[4:], "big"), _MAX_ISO_SAMPLES)
-    data = _iso_field(handle, sizes, 12, 4 * count)
-    entries = np.frombuffer(data[: len(data) - len(data) % 4], ">u4")
-    return int((entries <= NOT_CODED_BYTES).sum())
+    head = _iso_field(handle, sizes_box, 4, 8)
+    if len(head) < 8:
+        return None
+    one_size, count = int.from_bytes(head[:4], "big"), int.from_bytes(head[4:], "big")
+    if count > _MAX_ISO_SAMPLES:
+        return None
+    if one_size:
+        sizes = np.full(count, one_size, np.int64)
+    else:
+        data = _iso_field(handle, sizes_box, 12, 4 * count)
+        sizes = np.frombuffer(data[: len(data) - len(data) % 4], ">u4").astype(np.int64)
+        count = len(sizes)
+    syncs = _iso_child(handle, b"stss", *table)
+    if syncs is None:
+        keys = np.ones(count, bool)
+    else:
+        # stss: version and flags, the entry count, then the key samples' numbers (from 1)
+        listed = int.from_bytes(_iso_field(handle, syncs, 4), "big")
+        numbers = np.frombuffer(_iso_field(handle, syncs, 8, 4 * min(listed, count)), ">u4")
+        keys = np.zeros(count, bool)
+        keys[numbers[(numbers >= 1) & (numbers <= count)].astype(np.int64) - 1] = True
+    return (
+        keys,
+        _iso_expand(_iso_entries(handle, _iso_child(handle, b"stts", *table)), count),
+        _iso_expand(_iso_entries(handle, _iso_child(handle, b"ctts", *table)), count),
+        sizes,
+    )
+
+
+def _iso_expand(entries: bytes, count: int) -> Any:
+    """An `stts` or `ctts` table's (count, value) runs as one value a sample (signed, as
+    FFmpeg reads a `ctts` offset), `count` of them: 0 past its runs."""
+    import numpy as np
+
+    runs = np.frombuffer(entries, ">u4").reshape(-1, 2)
+    repeats = np.minimum(np.cumsum(runs[:, 0].astype(np.int64)), count)
+    values = np.repeat(runs[:, 1].astype(np.uint32).view(np.int32), np.diff(repeats, prepend=0))
+    return np.concatenate((values.astype(np.int64), np.zeros(count - len(values), np.int64)))
+
+
+def _iso_fragment_sample_arrays(
+    handle, size: int, moov: tuple[int, int], track: tuple[int, int]
+) -> list[_SampleArrays]:
+    """The samples of `track` in the fragments (`moof` boxes) of an ISO file, a run (`trun`)
+    at a time: each sample's flags (its own, the run's first sample's, the `tfhd` default or
+    the `trex` one; a key frame where the non-sync bit 0x10000 is clear), duration and size
+    (its own, else the defaults) and composition offset (its own, else 0)."""
+
+    header = _iso_child(handle, b"tkhd", *track)
+    track_id = _iso_field(handle, header, 20 if _iso_field(handle, header, 0, 1) == b"\x01" else 12)
+    extends = _iso_child(handle, b"mvex", *moov)
+    # trex: version and flags, the track's ID, its default description index, then its
+    # default duration, size and flags
+    trex = next(
+        (
+            _iso_field(handle, (s, e), 12, 12)
+            for k, s, e in (_iso_children(handle, *extends) if extends else ())
+            if k == b"trex" and _iso_field(handle, (s, e), 4) == track_id
+        ),
+        b"",
+    )
+    defaults = (
+        [int.from_bytes(trex[i : i + 4], "big") for i in (0, 4, 8)]
+        if len(trex) == 12
+        else [0, 0, 0]
+    )
+    runs, total = [], 0
+    for kind, start, end in _iso_children(handle, 0, size):
+        if kind != b"moof":
+            continue
+        for part, part_start, part_end in _iso_children(handle, start, end):
+            if part != b"traf":
+                continue
+            # tfhd: version and flags, the track's ID, then the fields its flags say are there:
+            # a base offset (8 bytes), a description index (4), the default duration (4),
+            # size (4) and flags (4)
+            fields = _iso_field(handle, _iso_child(handle, b"tfhd", part_start, part_end), 0, 40)
+            if len(fields) < 8 or fields[4:8] != track_id:
+                continue
+            flags, at, own = int.from_bytes(fields[1:4], "big"), 8, list(defaults)
+            at += 8 if flags & 0x1 else 0
+            at += 4 if flags & 0x2 else 0
+            for bit, slot in ((0x8, 0), (0x10, 1), (0x20, 2)):
+                if flags & bit:
+                    own[slot] = int.from_bytes(fields[at : at + 4], "big")
+                    at += 4
+            for run, run_start, run_end in _iso_children(handle, part_start, part_end):
+                if run != b"trun":
+                    continue
+                arrays = _iso_run_sample_array(handle, (run_start, run_end), own)
+                total += len(arrays[0]) if arrays else 0
+                if arrays is None or total > _MAX_ISO_SAMPLES:
+                    return runs
+                runs.append(arrays)
+    return runs
+
+
+def _iso_run_sample_array(
+    handle, run: tuple[int, int], defaults: list[int]
+) -> _SampleArrays | None:
+    """The samples of a `trun` box, `defaults` its fragment's duration, size and flags."""
+    import numpy as np
+
+    # trun: version and flags, the sample count, a data offset and the first sample's flags
+    # where the flags say, then a record per sample of the fields the flags say (4 bytes each:
+    # duration 0x100, size 0x200, flags 0x400, composition offset 0x800)
+    head = _iso_field(handle, run, 0, 16)
+    if len(head) < 8:
+        return None
+    flags, count = int.from_bytes(head[1:4], "big"), int.from_bytes(head[4:8], "big")
+    if count > _MAX_ISO_SAMPLES:
+        return None
+    at = 8 + (4 if flags & 0x1 else 0)
+    first_flags = int.from_bytes(head[at : at + 4], "big") if flags & 0x4 else None
+    at += 4 if flags & 0x4 else 0
+    fields = [bit for bit in (0x100, 0x200, 0x400, 0x800) if flags & bit]
+    data = _iso_field(handle, run, at, 4 * len(fields) * count)
+    if len(data) < 4 * len(fields) * count:
+        return None
+    records = np.frombuffer(data, ">u4").reshape(count, len(fields)) if fields else None
+
+    def column(bit: int, default: int) -> Any:
+        if bit in fields:
+            return records[:, fields.index(bit)].astype(np.int64)
+        return np.full(count, default, np.int64)
+
+    sample_flags = column(0x400, defaults[2])
+    if first_flags is not None and count and 0x400 not in fields:
+        sample_flags[0] = first_flags
+    offsets = column(0x800, 0)
+    offsets = offsets.astype(np.uint32).view(np.int32).astype(np.int64)
+    return (
+        (sample_flags & 0x10000) == 0,
+        column(0x100, defaults[0]),
+        offsets,
+        column(0x200, defaults[1]),
+    )
 
 
 def fragmented_frame_count(path: str | os.PathLike, container: str | None) -> int | None:
