@@ -142,9 +142,9 @@ def _is_within(inner: Path, outer: Path) -> bool:
     if os.name != "posix":  # names compare without case there: Path's own comparison
         return outer in inner.parents
     # `outer in inner.parents` made a Path of each folder above `inner`: with an input folder
-    # per image (`ID/image.png`), most of an overlap check of a million of them.
-    above = outer.parts
-    return len(inner.parts) > len(above) and inner.parts[: len(above)] == above
+    # per image (`ID/image.png`), most of an overlap check of a million of them. Both are
+    # normalised, so their text compares (`.parts` would be kept on each input's Path).
+    return str(inner).startswith(str(outer).rstrip("/") + "/")
 
 
 def _shown(path: str | os.PathLike) -> str:
