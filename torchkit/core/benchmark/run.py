@@ -45,6 +45,7 @@ from torchkit.core.runtime.device import is_out_of_memory, to_channels_last
 from torchkit.core.runtime.memory import available_memory
 from torchkit.core.summary.attention import (
     ATTENTION_MATRICES,
+    DROPOUT,
     EXPLICIT,
     LARGEST_ATTENTION_MATRIX,
     MHA,
@@ -629,7 +630,8 @@ def _check_fits_in_memory(
     mode; in train mode the input batch and the layers' outputs autograd keeps for the
     backward pass, with the attention matrices it keeps. Both are summary's counts at batch 1
     (the matrices: summary/attention.py; the fused kernel of F.scaled_dot_product_attention
-    holds none, nn.MultiheadAttention's only in inference), activations halved for a 16-bit
+    holds none, nn.MultiheadAttention's without weights only on its inference fast path, or in
+    training with dropout), activations halved for a 16-bit
     --amp; a real step takes about twice them."""
     available = available_memory()
     if available is None or counted.input_mb is None:
@@ -641,7 +643,7 @@ def _check_fits_in_memory(
         "infer": counted.input_mb * MB + max(layer, matrix) / halved,
         "train": counted.input_mb * MB,
     }
-    kept_matrices = counted.attention.total(EXPLICIT)
+    kept_matrices = counted.attention.total(EXPLICIT, DROPOUT)
     if counted.forward_backward_mb is not None:
         kept = counted.forward_backward_mb * MB / 2  # summary counts forward + backward
         per_image["train"] += (kept + kept_matrices) / halved

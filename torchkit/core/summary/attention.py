@@ -18,6 +18,11 @@ is computed, because that decides whether a real run holds it:
   number of heads...: `_takes_fast_path`), which makes the matrix; training goes through the
   fused kernel, which does not. Where it cannot take that path (`batch_first=False`, queries
   that are not the keys) every run goes through F.scaled_dot_product_attention: `sdpa`.
+- `dropout`: the same off its fast path with dropout (nn.TransformerEncoderLayer's default
+  0.1): inference holds no matrix, but the fused CPU kernel takes no dropout, so training runs
+  the math path and keeps it for the backward pass (measured, 4 blocks of 64 channels, 1,024
+  tokens, -b 8: a training peak of 1.87 GB, 0.13 GB without dropout). On its fast path with
+  dropout it is `explicit`: both modes hold it.
 
 On the meta device `F.scaled_dot_product_attention` runs its math path (a product, then a
 softmax), which the same rule finds; on a real device the fused operations are counted from
@@ -33,7 +38,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-EXPLICIT, SDPA, MHA = "explicit", "sdpa", "mha"
+EXPLICIT, SDPA, MHA, DROPOUT = "explicit", "sdpa", "mha", "dropout"
 # The words export's and benchmark's memory refusals name them by
 ATTENTION_MATRICES = "attention matrices"
 LARGEST_ATTENTION_MATRIX = "largest attention matrix"
@@ -131,8 +136,9 @@ class AttentionCounter:
                         counter._sdpa -= 1
                 if func is F.multi_head_attention_forward:
                     weights = kwargs.get("need_weights", args[15] if len(args) > 15 else True)
+                    dropout = kwargs.get("dropout_p", args[10] if len(args) > 10 else 0.0)
                     fast_path, counter._fast_path = counter._fast_path, False
-                    counter._mha.append(EXPLICIT if weights else MHA if fast_path else SDPA)
+                    counter._mha.append(_mha_kind(weights, fast_path, dropout > 0))
                     try:
                         return func(*args, **kwargs)
                     finally:
@@ -188,6 +194,16 @@ class AttentionCounter:
         self._order.append(key)
         while len(self._order) > _FOLLOWED:
             self._scores.pop(self._order.popleft(), None)
+
+
+def _mha_kind(weights: bool, fast_path: bool, dropout: bool) -> str:
+    """The kind of an nn.MultiheadAttention call's matrix (see the module): which of
+    inference (the fast path) and training (weights, or dropout) holds it."""
+    if weights or (fast_path and dropout):
+        return EXPLICIT
+    if dropout:
+        return DROPOUT
+    return MHA if fast_path else SDPA
 
 
 def _takes_fast_path(module: Any, args: tuple, kwargs: dict) -> bool:
