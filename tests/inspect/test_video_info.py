@@ -2234,6 +2234,11 @@ def test_frames_before_the_first_key_frame_as_each_index_lists_them(tmp_path, wh
     # the second block shown before the first (its time, after its track number, made -40 ms)
     (first, _, _), (second, _, _) = cluster_blocks(data)[:2]
     assert data.rfind(bytes.fromhex("1f43b675"), 0, second) < first  # both in one Cluster
+    unflagged = bytearray(data)
+    for _, data_start, _ in cluster_blocks(data):  # no key frame flagged: nothing told
+        unflagged[data_start + 3] &= 0x7F
+    (tmp_path / "unflagged.webm").write_bytes(bytes(unflagged))
+    assert matroska_video_blocks(tmp_path / "unflagged.webm", "webm").leading == 0
     for time in (-40, 0):  # 0: its time lifted to the file's start, as a muxer does
         shown_before = bytearray(data)
         struct.pack_into(">h", shown_before, cluster_blocks(data)[1][1] + 1, time)

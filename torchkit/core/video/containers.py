@@ -1541,6 +1541,10 @@ def _matroska_video_blocks(handle, size: int) -> HeldFrames | None:
             leading += shown
         frames += shown
 
+    def held(broken_at: int | None) -> HeldFrames:
+        # no key frame flagged: a writer that sets no flags, which tells nothing of them
+        return HeldFrames(frames, leading if key_time is not None else 0, not_coded, broken_at)
+
     at, end = segment[0], min(segment[0] + segment[1], size)
     budget = _MKV_MAX_ELEMENTS
     while at < end:
@@ -1548,7 +1552,7 @@ def _matroska_video_blocks(handle, size: int) -> HeldFrames | None:
         if found is not None and found[2] < 0:
             return None  # a Cluster of unknown size
         if found is None or found[1] + found[2] > end:
-            return HeldFrames(frames, leading, not_coded, at)
+            return held(at)
         kind, start, length, _ = found
         if kind == _MKV_CLUSTER:
             child, cluster_end = start, start + length
@@ -1558,7 +1562,7 @@ def _matroska_video_blocks(handle, size: int) -> HeldFrames | None:
                 if budget < 0:
                     return None
                 if inner is None or inner[2] < 0 or inner[1] + inner[2] > cluster_end:
-                    return HeldFrames(frames, leading, not_coded, child)
+                    return held(child)
                 inner_kind, inner_start, inner_length, first = inner
                 if inner_kind == _MKV_CLUSTER_TIME:
                     cluster_time = int.from_bytes(first[: min(inner_length, 8)], "big")
@@ -1570,7 +1574,7 @@ def _matroska_video_blocks(handle, size: int) -> HeldFrames | None:
                         count(*block, key=not referenced)
                 child = inner_start + inner_length
         at = start + length
-    return HeldFrames(frames, leading, not_coded)
+    return held(None)
 
 
 def _ebml_group(element, start: int, length: int) -> tuple[tuple[bytes, int] | None, bool]:
