@@ -193,3 +193,36 @@ def test_a_threads_count_that_is_no_count_is_one_error_line(runner, threads):
     assert result.exit_code == 2, result.stderr
     assert error_line(result.stderr).startswith("Error: Invalid value for '--threads': ")
     assert result.stdout == ""
+
+
+def test_a_saved_runs_threads_and_workers_above_this_machine_are_chosen_again(
+    runner, tmp_path, monkeypatch, digits_run
+):
+    """A run started with --threads 8 on a larger machine, resumed (or its config.json
+    replayed) here without --threads, was refused for a value the user did not give ("--threads
+    8 is more than the 2 cores"). Chosen again now, as without the option, with a warning naming
+    whose value it was; --workers alike. Given on this command line, still refused."""
+    monkeypatch.setattr("torchkit.core.train.validation.usable_cpus", lambda: 2, raising=False)
+    run = Path(shutil.copytree(digits_run.out, tmp_path / "run"))
+    checkpoint = torch.load(run / "last.pt", weights_only=True)
+    checkpoint["config"].update(threads=8, workers=10_000)  # as recorded on a larger machine
+    torch.save(checkpoint, run / "last.pt")
+    recipe = tmp_path / "recipe.json"
+    recipe.write_text(json.dumps({"threads": 8, "workers": 10_000}))
+    for args, whose in [
+        (["--resume", str(run)], "the resumed run's"),
+        (["--config", str(recipe)], f"{recipe}'s"),
+    ]:
+        result = runner.invoke(app, ["train", *args, "--print-config"])
+        assert result.exit_code == 0, result.stderr
+        said = " ".join(result.stderr.split())
+        assert (
+            f"Warning: {whose} --threads 8 is more than the 2 cores this process may use: "
+            "training on the threads a run without --threads takes (give --threads to choose)"
+        ) in said
+        assert f"Warning: {whose} --workers 10000 is more than this machine can use" in said
+        printed = json.loads(result.stdout)
+        assert printed["threads"] in (None, 0, 1, 2) and printed["workers"] != 10_000
+        given = runner.invoke(app, ["train", *args, "--threads", "8", "--print-config"])
+        assert given.exit_code == 2
+        assert "--threads 8 is more than the 2 cores" in error_line(given.stderr)

@@ -138,6 +138,10 @@ def train_command(ctx: typer.Context, **values: Any) -> None:
     output = report_file(output)
     _refuse_output_meant_as_out(output, values["out"])
     is_main = is_main_process()
+    if not is_main:  # torchrun: rank 0 reports, the others stay quiet (a recipe's warnings too)
+        import logging
+
+        logging.getLogger("torchkit").setLevel(logging.ERROR)
     # The files this command reads besides the data: -o may be none of them.
     option_files = [
         InputPath.of(path, what)
@@ -178,10 +182,6 @@ def train_command(ctx: typer.Context, **values: Any) -> None:
             "no --data given: training on digits, the 1,797 8x8 handwritten digits "
             "bundled with scikit-learn"
         )
-    if not is_main:  # torchrun: rank 0 reports, the others stay quiet
-        import logging
-
-        logging.getLogger("torchkit").setLevel(logging.ERROR)
     display = TrainProgress(enabled=is_main)
     # A range test's -o file is written before its files replace an earlier run folder
     # (ReportAtSwap): a report the disk refuses leaves that run as it was. A training run is
@@ -305,7 +305,7 @@ def _with_config_file(
             "drop one of them",
         )
     file_options = read_config_file(path, sys.stdin)
-    config = apply_config_file(config, file_options, given)
+    config = apply_config_file(config, file_options, given, recipe_source(path))
     return config, naming_the_recipe(recipe_source(path), file_options, given), set(file_options)
 
 

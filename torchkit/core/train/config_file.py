@@ -34,7 +34,7 @@ from torchkit.core.io.errors import InputError, UsageError, short_repr
 from torchkit.core.runtime.launch import launch_env
 from torchkit.core.train.config import TRAIN_OPTIONS, TrainConfig
 from torchkit.core.train.defaults import with_pre_option_values
-from torchkit.core.train.validation import option_name
+from torchkit.core.train.validation import fitted_to_this_machine, option_name
 
 # Entries of a run's options that describe that run, not the recipe.
 NOT_CARRIED = ("out", "resume", "force", "data_defaults", "profile_steps")
@@ -531,15 +531,21 @@ def _fits_items(values: tuple, annotation: str) -> bool:
 
 
 def apply_config_file(
-    config: TrainConfig, file_options: Mapping[str, Any], given: Collection[str]
+    config: TrainConfig,
+    file_options: Mapping[str, Any],
+    given: Collection[str],
+    source: str | Path = "the recipe",
 ) -> TrainConfig:
     """`config` (from the command line) with every option not `given` there taken from the
-    file; values are checked as the command line's are when the run starts."""
+    file `source`; values are checked as the command line's are when the run starts, but for
+    --threads and --workers above what this machine can use (a recipe recorded on a larger
+    one), which are chosen again with a warning (`fitted_to_this_machine`)."""
     changes = {name: value for name, value in file_options.items() if name not in given}
     try:
-        return dataclasses.replace(config, **changes)
+        config = dataclasses.replace(config, **changes)
     except TypeError as error:  # pragma: no cover - names were checked against the fields
         raise UsageError(f"bad config file option: {error}") from error
+    return fitted_to_this_machine(config, changes, f"{source}'s")
 
 
 def recipe_source(path: str | Path) -> str | Path:

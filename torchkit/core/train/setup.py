@@ -47,7 +47,7 @@ from torchkit.core.train.resume import (
 from torchkit.core.train.resume_merge import given_options, merge_for_resume
 from torchkit.core.train.state import Amp, TrainState
 from torchkit.core.train.timeline import RunTimeline
-from torchkit.core.train.validation import resolve_defaults
+from torchkit.core.train.validation import fitted_to_this_machine, resolve_defaults
 
 log = logging.getLogger("torchkit")
 
@@ -78,6 +78,7 @@ def plan_run(requested: TrainConfig, overrides) -> RunPlan:
         # --amp-dtype unused without that value being given for nothing).
         given = set(given_options(requested, overrides))
         not_given = [name for name in TRAIN_OPTIONS if name not in given]
+        config = fitted_to_this_machine(config, not_given, "the resumed run's")
         as_trained = mean_std_as_trained(checkpoint, str(resumed_from))
         if as_trained is not None:  # an older googlenet's transform_input, as eval feeds it
             config = dataclasses.replace(config, mean=as_trained[0], std=as_trained[1])

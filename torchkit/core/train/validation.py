@@ -20,7 +20,7 @@ from torchkit.core.data.preprocessing import (
 from torchkit.core.data.transforms import AUGMENT_POLICIES, AUTOAUGMENT_POLICIES
 from torchkit.core.inference.options import check_batch_fits
 from torchkit.core.io.errors import UsageError
-from torchkit.core.runtime.cpus import check_workers, usable_cpus
+from torchkit.core.runtime.cpus import check_workers, max_workers, usable_cpus
 from torchkit.core.runtime.device import AMP_DTYPES
 from torchkit.core.runtime.seeding import check_seed
 from torchkit.core.train.config import (
@@ -175,6 +175,38 @@ def three_channels(
     if values is None:
         return tuple(default)
     return tuple(values) * 3 if len(values) == 1 else tuple(values)
+
+
+def fitted_to_this_machine(config: TrainConfig, names: Collection[str], whose: str) -> TrainConfig:
+    """`config` with its --threads and --workers among `names` (values this command line did
+    not give: a resumed run's own, a recipe's) chosen again, as without the option, where they
+    are more than this machine can use, with a warning naming `whose` they were. Given on the
+    command line, such a value is refused (`validate`); recorded on a larger machine, it only
+    moves the run to this one (a run resumed on a laptop was refused for the --threads 32 it
+    was started with)."""
+    changes: dict[str, Any] = {}
+    cores = usable_cpus()
+    if "threads" in names and config.threads is not None and config.threads > cores:
+        log.warning(
+            "%s --threads %d is more than the %d core%s this process may use: training on the "
+            "threads a run without --threads takes (give --threads to choose)",
+            whose,
+            config.threads,
+            cores,
+            "" if cores == 1 else "s",
+        )
+        changes["threads"] = None
+    bound = max_workers()
+    if "workers" in names and config.workers is not None and config.workers > bound:
+        log.warning(
+            "%s --workers %d is more than this machine can use (at most %d): training with the "
+            "workers a run without --workers takes (give --workers to choose)",
+            whose,
+            config.workers,
+            bound,
+        )
+        changes["workers"] = None
+    return dataclasses.replace(config, **changes) if changes else config
 
 
 def validate(config: TrainConfig, *, not_given: Collection[str] = ()) -> None:
