@@ -194,3 +194,6 @@ def test_the_refusal_of_a_split_without_labels_names_that_splits_rows(tmp_path):
             assert error_line(refused.stderr).startswith(
                 f"Error: the val split of {data} has {named} ("
             ), command
+            # Not first "Warning: ... its images are read unlabelled" of val's and test's
+            # files: no image is read.
+            assert "are read unlabelled" not in refused.stderr, command

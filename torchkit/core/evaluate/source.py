@@ -99,12 +99,20 @@ def load_eval_samples(
     (matched by name): of split data (a split root, a CSV with a split column, digits) the test
     split unless `--split` says otherwise; unsplit data whole, or the split a training run held
     out of it (`recorded`: the checkpoint's `data` entry) with `--split`."""
-    from torchkit.core.data.sources import open_labelled, select_split
+    from torchkit.core.data.sources import DataSource, open_labelled, select_split
     from torchkit.core.data.sources.source import relabelled, split_without_labels_error
 
     # Labelled by the model's classes after the split is chosen: a class the model lacks is an
     # error only in the images scored, and names their split.
-    source, unlabelled = open_labelled(data)
+    scored = split or "test"
+
+    def refused(opened: DataSource) -> bool:
+        """Whether the split scored (all, where it is none of them) has images without a label."""
+        part = opened.splits.get(scored)
+        parts = [part] if part is not None else opened.splits.values()
+        return any(each.has_unlabelled for each in parts)
+
+    source, unlabelled = open_labelled(data, refused=refused)
     samples, notes = select_split(
         source,
         split,
@@ -117,7 +125,6 @@ def load_eval_samples(
         # The error names the scored split's images without a label (the data's first refusal
         # may name another split's file); a split root's names its split folders of images
         # without class folders.
-        scored = split or "test"
         refusal = unlabelled
         if scored in source.splits and source.kind not in ("split root", "tar split root"):
             refusal = split_without_labels_error(source, scored, unlabelled)

@@ -87,7 +87,13 @@ class TrainData:
 def load_splits(config: TrainConfig, recorded: dict | None = None) -> TrainData:
     """train/val(/test) of --data (`core.datasource.training_splits`: a resumed run's
     `recorded` split comes back exactly), with clear errors for data that cannot train."""
-    source, unlabelled = open_labelled(config.data)
+    # Train and val need every label (`_labelled_splits` refuses them otherwise).
+    source, unlabelled = open_labelled(
+        config.data,
+        refused=lambda data: any(
+            part.has_unlabelled for name, part in data.splits.items() if name != "test"
+        ),
+    )
     splits, notes = training_splits(
         source, val_split=config.val_split, seed=config.seed, recorded=recorded
     )

@@ -22,11 +22,11 @@ API
     open_data(spec, *, classes=None, allow_unlabelled=False) -> DataSource
         Read the data once. `classes`: label by a model's class names. `allow_unlabelled`:
         also a folder of images without class folders and a CSV without labels (class "").
-    open_labelled(spec) -> (DataSource, InputError | None)
+    open_labelled(spec, refused=None) -> (DataSource, InputError | None)
         open_data with labels; split data with an unlabelled split beside labelled ones
         (HF's test split of label -1, a split root's test/ without class folders) read with
         that split unlabelled, and the error it is refused with where labels are needed (eval,
-        train).
+        train). `refused(source)`: the caller refuses such data (no warning of it given).
     select_split(source, split, *, default, recorded=None, default_reason="")
             -> (Samples, notes)
         The samples `--split` names: train | val | test | all | None (the whole of unsplit data,

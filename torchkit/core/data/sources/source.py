@@ -230,12 +230,15 @@ def _shards_beside_folders_error(path: Path) -> InputError | None:
     )
 
 
-def open_labelled(spec: str | os.PathLike) -> tuple[DataSource, InputError | None]:
+def open_labelled(
+    spec: str | os.PathLike, refused: Callable[[DataSource], bool] | None = None
+) -> tuple[DataSource, InputError | None]:
     """The data `spec` names, with labels (`open_data`); and, for split data whose unlabelled
     split sits beside labelled ones (HF's test split of label -1, shards without labels), that
     data with the unlabelled split's images of class "" and the error such images are refused
     with (eval scores, and train trains on, the labelled splits). Other unlabelled data is
-    refused with that error."""
+    refused with that error. `refused(source)`: whether the caller will refuse that split data
+    (a split it needs labelled has images without one); its warnings are then not given."""
     said = _Warnings(hold=False)
     log.addFilter(said)
     try:
@@ -256,6 +259,10 @@ def open_labelled(spec: str | os.PathLike) -> tuple[DataSource, InputError | Non
             log.removeFilter(held)
         if not source.splits or "" not in source.classes or source.classes == [""]:
             raise error from None
+        if refused is not None and refused(source):
+            # Its refusal names the split and its images: `its images are read unlabelled`
+            # before it said what is not so.
+            return source, error
         for record in held.records:
             if record.getMessage() not in said.messages:
                 log.handle(record)
