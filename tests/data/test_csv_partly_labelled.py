@@ -104,19 +104,25 @@ def test_of_a_split_index_only_the_split_holding_rows_without_a_label_is_unlabel
     }
 
 
-def test_a_row_without_a_label_beside_a_row_of_its_file_with_one_is_no_second_label(tmp_path):
-    # Every command refused it: "gives '0.png' two labels: 'cat' in line 2 and '' in line 4".
-    for number in range(3):
-        Image.new("RGB", (4, 4), (number * 50, 0, 0)).save(tmp_path / f"{number}.png")
-    index = tmp_path / "index.csv"
-    index.write_text("path,label\n0.png,\n1.png,dog\n2.png,cat\n0.png,cat\n")
+def _stats_of_rows(folder: Path, rows: str) -> tuple[Path, list[tuple[str, int]], list[str]]:
+    """(the index, dataset-stats' (class, images), its stderr lines) of an index of `rows`
+    (after the header) naming `{i}.png`, each made in `folder`."""
+    index = folder / "index.csv"
+    index.write_text("path,label\n" + rows)
+    for number in range(rows.count("\n")):
+        Image.new("RGB", (4, 4), (number * 50, 0, 0)).save(folder / f"{number}.png")
     done = run_torchkit_in_process("dataset-stats", index, "-j", "0", "--format", "json")
     assert done.returncode == 0, done.stderr
-    assert [(c["name"], c["images"]) for c in json.loads(done.stdout)["classes"]] == [
-        ("cat", 2),
-        ("dog", 1),
-    ]
-    assert done.stderr.splitlines() == [
+    classes = [(c["name"], c["images"]) for c in json.loads(done.stdout)["classes"]]
+    return index, classes, done.stderr.splitlines()
+
+
+def test_a_row_without_a_label_beside_a_row_of_its_file_with_one_is_no_second_label(tmp_path):
+    # Every command refused it: "gives '0.png' two labels: 'cat' in line 2 and '' in line 4".
+    rows = "0.png,\n1.png,dog\n2.png,cat\n0.png,cat\n"
+    index, classes, said = _stats_of_rows(tmp_path, rows)
+    assert classes == [("cat", 2), ("dog", 1)]
+    assert said == [
         f"Warning: {index} lists 1 row(s) without a label beside a row of the same image with "
         "one (lines 2 and 5): an empty label is no second label: each image is read with that "
         "label"
@@ -136,17 +142,9 @@ def test_a_row_without_a_label_beside_a_row_of_its_file_with_one_is_no_second_la
 def test_rows_without_a_label_around_the_labelled_row_of_their_image_are_named_by_it(tmp_path):
     # Blank, cat, blank: the warning counted "2 image(s)" of one image and named "lines 2 and
     # 6" for the second blank row, two rows without a label, not the cat row of line 4.
-    for number in range(2):
-        Image.new("RGB", (4, 4), (number * 50, 0, 0)).save(tmp_path / f"{number}.png")
-    index = tmp_path / "index.csv"
-    index.write_text("path,label\n0.png,\n1.png,dog\n0.png,cat\n0.png,\n")
-    done = run_torchkit_in_process("dataset-stats", index, "-j", "0", "--format", "json")
-    assert done.returncode == 0, done.stderr
-    assert [(c["name"], c["images"]) for c in json.loads(done.stdout)["classes"]] == [
-        ("cat", 1),
-        ("dog", 1),
-    ]
-    assert done.stderr.splitlines() == [
+    index, classes, said = _stats_of_rows(tmp_path, "0.png,\n1.png,dog\n0.png,cat\n0.png,\n")
+    assert classes == [("cat", 1), ("dog", 1)]
+    assert said == [
         f"Warning: {index} lists 2 row(s) without a label beside a row of the same image with "
         "one (lines 2 and 4, lines 4 and 5): an empty label is no second label: each image is "
         "read with that label"
