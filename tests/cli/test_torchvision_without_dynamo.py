@@ -139,6 +139,9 @@ def one_process(tmp_path_factory) -> dict[str, list[str]]:
         torchkit("eval", "digits-run/best.pt", "--data", "digits", "--format", "json")
         # its held-out test split (179 images): all 1,797 took five times the CPU, the same path
         torchkit("predict", "digits-run/best.pt", "digits", "--split", "test", "--format", "json")
+        # image files: their 8-bit eval crops made with PIL alone (importing torchvision took
+        # 1-1.5 s of predict's start)
+        torchkit("predict", "digits-run/best.pt", "ds/val", "--format", "json", "-j", "0")
         mark("digits", "torchvision" in sys.modules)
         # a checkpoint at another size: its meta-device check imported sympy (2-5 s), and for
         # some models torch._dynamo, until it ran under summary's stand-ins. The convnet's is
@@ -266,7 +269,8 @@ def test_commands_torchvision_and_timm_never_import_dynamo_and_compiling_still_w
         "train False",  # sgd: the other optimiser step torchkit takes without dynamo
         "eval False",
         "predict False",
-        "digits False",
+        "predict False",  # image files
+        "digits False",  # and files: torchvision not imported
         "train False",
         "eval False",
         "train False",  # shufflenet's checkpoint fine-tuned at another size

@@ -66,18 +66,40 @@ def test_an_exported_file_records_the_crop_mode_and_an_older_one_reads_as_center
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("sizes", [(40, 32), (32, 32), (24, 32)])  # (resize, crop): some padded
-def test_in_memory_pixels_are_the_pil_transforms(mode, sizes):
+@pytest.mark.parametrize(
+    ("colours", "interpolation"),
+    [("RGB", "bilinear"), ("L", "bicubic"), ("RGB", "nearest"), ("RGBA", "bilinear")],
+)
+def test_pil_only_pixels_are_torchvisions(mode, sizes, colours, interpolation):
+    """The 8-bit eval crop made with PIL alone, for image files (`eval_transform(pixels=True)`,
+    which imports no torchvision) and in memory (`eval_pixels`), against torchvision's own
+    steps (`eval_crop_steps`: Resize + CenterCrop, `border`'s on torchvision's functions), bit
+    for bit. RGBA goes through torchvision's steps themselves."""
+    from torchvision import transforms as T
+
+    from torchkit.core.data.transforms import eval_crop_steps
+
     resize, size = sizes
-    images = _images([(37, 61, 3), (70, 29, 3)])
+    channels = {"RGB": (3,), "L": (), "RGBA": (4,)}[colours]
+    images = _images([(37, 61, *channels), (70, 29, *channels)])
     preprocess = Preprocess(
-        image_size=size, resize_size=resize, mean=(0.2, 0.5, 0.9), crop_mode=mode
+        image_size=size,
+        resize_size=resize,
+        mean=(0.2, 0.5, 0.9, 0.3)[: channels[0] if channels else 1],  # border's fill
+        crop_mode=mode,
+        interpolation=interpolation,
     )
+    reference = T.Compose([*eval_crop_steps(preprocess), T.PILToTensor()])
     transform = eval_transform(preprocess, pixels=True)
     for image in images:
-        ours = eval_pixels(
-            image[None], resize, size, "bilinear", "RGB", crop_mode=mode, mean=preprocess.mean
-        )[0]
-        assert torch.equal(ours, transform(Image.fromarray(image)))
+        expected = reference(Image.fromarray(image))
+        assert torch.equal(transform(Image.fromarray(image)), expected)
+        if colours != "RGBA":
+            ours = eval_pixels(
+                image[None], resize, size, interpolation, colours, crop_mode=mode,
+                mean=preprocess.mean,
+            )[0]  # fmt: skip
+            assert torch.equal(ours, expected)
 
 
 @pytest.mark.parametrize("shape", [(50, 3000, 3), (3000, 50, 3), (1, 100, 3)])

@@ -15,6 +15,7 @@ resize an image to the same size and crop the same window.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 
 def resized_size(width: int, height: int, resize_size: int, crop_mode: str) -> tuple[int, int]:
@@ -44,3 +45,31 @@ def border_fill(mean: Sequence[float], channels: int) -> tuple[int, ...]:
     """The 8-bit colour `border` pads with: the mean, round(255 * mean) per channel (timm's)."""
     values = [round(255 * v) for v in mean]
     return tuple(values * channels if len(values) == 1 else values)
+
+
+def crop_image(
+    image: Any,
+    resize_size: int,
+    size: int,
+    resample: Any,
+    crop_mode: str,
+    mean: Sequence[float] = (0.0,),
+) -> Any:
+    """The eval crop of a PIL image with PIL alone: resized as `crop_mode` says (`resample`: a
+    PIL filter), the centre cropped to `size`, a side shorter than the crop padded (`border`:
+    with the colour of `mean`, the others with zeros). For 8-bit RGB and L images these are
+    torchvision's Resize + CenterCrop on PIL images (and the `border` mode's steps), to the bit:
+    the same PIL calls."""
+    from PIL import Image
+
+    target = resized_size(*image.size, resize_size, crop_mode)
+    if target != image.size:
+        image = image.resize(target, resample)
+    width, height = image.size
+    top, left = crop_start(height, size), crop_start(width, size)
+    if crop_mode == "border" and (top < 0 or left < 0):
+        fill = border_fill(mean, len(image.getbands()))
+        canvas = Image.new(image.mode, (size, size), fill[0] if len(fill) == 1 else fill)
+        canvas.paste(image, (-left, -top))
+        return canvas
+    return image.crop((left, top, left + size, top + size))  # zeros outside the image

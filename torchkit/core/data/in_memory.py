@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from torchkit.core.data.decode import pil_resample
-from torchkit.core.data.eval_crop import border_fill, crop_start, resized_size
+from torchkit.core.data.eval_crop import crop_image
 from torchkit.core.data.preprocessing import Preprocess
 from torchkit.core.data.sources.samples import Samples
 
@@ -44,18 +44,7 @@ def eval_pixels(
         image = Image.fromarray(pixels)
         if mode is not None and image.mode != mode:
             image = image.convert(mode)
-        target = resized_size(*image.size, resize, crop_mode)
-        if target != image.size:
-            image = image.resize(target, resample)
-        width, height = image.size
-        top, left = crop_start(height, size), crop_start(width, size)
-        if crop_mode == "border" and (top < 0 or left < 0):
-            fill = border_fill(mean, len(image.getbands()))
-            canvas = Image.new(image.mode, (size, size), fill[0] if len(fill) == 1 else fill)
-            canvas.paste(image, (-left, -top))
-            image = canvas
-        else:
-            image = image.crop((left, top, left + size, top + size))  # zeros outside the image
+        image = crop_image(image, resize, size, resample, crop_mode, mean)
         array = torch.from_numpy(np.asarray(image, dtype=np.uint8).copy())
         out.append(array.unsqueeze(-1) if array.ndim == 2 else array)
     return torch.stack(out).permute(0, 3, 1, 2)

@@ -27,9 +27,9 @@ def eval_transform(preprocess: Preprocess, *, pixels: bool = False, decode: str 
     consumer normalises whole batches on its device (`core.decode.model_input`): the same
     float32 values, bit for bit, from a quarter of the bytes. `decode="device"` (with `pixels`):
     JPEG files reach the batch as their bytes, to be decoded, resized and cropped where the
-    model runs (`core.device_decode.DeviceEvalTransform`); other images as with `exact`."""
-    from torchvision import transforms as T
-
+    model runs (`core.device_decode.DeviceEvalTransform`); other images as with `exact`.
+    The 8-bit crops are made without torchvision (`EvalCrop`): importing it took 1-1.5 s of
+    the start of predict and extract-features on a folder of images."""
     from torchkit.core.data.decode import INFERENCE_DECODES, PixelTensor
 
     if decode not in INFERENCE_DECODES:
@@ -41,10 +41,58 @@ def eval_transform(preprocess: Preprocess, *, pixels: bool = False, decode: str 
             raise ValueError("decode='device' gives 8-bit crops: it needs pixels=True")
         return DeviceEvalTransform(eval_transform(preprocess, pixels=True), preprocess)
 
-    crop = eval_crop_steps(preprocess)
     if pixels:
-        return T.Compose([*crop, PixelTensor()])
+        return Steps([EvalCrop(preprocess), PixelTensor()])
+    from torchvision import transforms as T
+
+    crop = eval_crop_steps(preprocess)
     return T.Compose([*crop, T.ToTensor(), T.Normalize(preprocess.mean, preprocess.std)])
+
+
+class Steps:
+    """Transforms applied in turn (torchvision's Compose, without importing torchvision)."""
+
+    def __init__(self, steps: list) -> None:
+        self.transforms = steps
+
+    def __call__(self, image):
+        for step in self.transforms:
+            image = step(image)
+        return image
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(map(repr, self.transforms))})"
+
+
+class EvalCrop:
+    """`eval_crop_steps` on a PIL image with PIL alone (`core.eval_crop.crop_image`): the same
+    pixels for 8-bit RGB and L images, the modes torchkit's datasets give; any other mode goes
+    through torchvision's steps (its padding keeps a palette)."""
+
+    def __init__(self, preprocess: Preprocess) -> None:
+        self.preprocess = preprocess
+        self._steps: list | None = None
+
+    def __call__(self, image):
+        from torchkit.core.data.decode import pil_resample
+        from torchkit.core.data.eval_crop import crop_image
+
+        p = self.preprocess
+        if image.mode in ("RGB", "L"):
+            resample = pil_resample(p.interpolation)
+            return crop_image(image, p.resize_size, p.image_size, resample, p.crop_mode, p.mean)
+        if self._steps is None:
+            self._steps = eval_crop_steps(p)
+        for step in self._steps:
+            image = step(image)
+        return image
+
+    def __repr__(self) -> str:
+        p = self.preprocess
+        return (
+            f"{type(self).__name__}(resize_size={p.resize_size}, size={p.image_size}, "
+            f"crop_mode={p.crop_mode!r}, interpolation={p.interpolation!r})"
+        )
 
 
 def eval_crop_steps(preprocess: Preprocess) -> list:
