@@ -309,6 +309,6 @@ def test_extract_features_resumes_only_with_the_decode_it_started_with(world):
     _invoke(*args, "--decode", "device")
     other = CliRunner().invoke(app, [*args, "--resume", "--device", "cpu", "-j", "0"])
     assert other.exit_code == 2
-    assert "another model, layers, options or images" in other.stderr
+    assert "another model, layers, options, images or labels" in other.stderr
     same = _invoke(*args, "--resume", "--decode", "device")
     assert "already complete" in same.stderr

@@ -772,7 +772,7 @@ def test_existing_out_needs_force_or_resume(runner, images, tmp_path):
 
     other = run(runner, *args, "--resume", "--normalize", "l2")
     assert other.exit_code == 2
-    assert "another model, layers, options or images" in other.stderr
+    assert "another model, layers, options, images or labels" in other.stderr
 
 
 def test_resume_after_interruption_equals_an_uninterrupted_run(runner, tmp_path):

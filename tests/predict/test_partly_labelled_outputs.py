@@ -10,6 +10,7 @@ import json
 
 import pytest
 from checkpoints import write_convnet_checkpoint
+from output_checks import error_line
 from partly_labelled import KINDS, partly_labelled_source
 from processes import run_torchkit_in_process
 
@@ -40,3 +41,21 @@ def test_each_row_has_its_samples_label_and_none_where_it_has_none(tmp_path, kin
         assert [row["label"] for row in csv.DictReader(index)] == [x or "" for x in LABELS]
     # An empty field, as of unlabelled images (not a quoted "").
     assert (out / "index.csv").read_text().splitlines()[2].split(",")[2] == ""
+
+
+def test_resume_over_other_labels_of_the_same_images_says_labels(tmp_path):
+    # The labels are part of what --resume matches (index.csv's column would be mixed): the
+    # refusal named "another model, layers, options or images", none of which differed.
+    data = partly_labelled_source("csv", tmp_path / "data", LABELS, NAMES)
+    model = tmp_path / "model.pt"
+    write_convnet_checkpoint(model, in_channels=3, image_size=8, classes=NAMES)
+    out = tmp_path / "features"
+    args = ("extract-features", model, data, out, "-l", "logits", "-j", "0")
+    assert run_torchkit_in_process(*args).returncode == 0
+    data.write_text(data.read_text().replace("1.png,", "1.png,dog"))
+    resumed = run_torchkit_in_process(*args, "--resume")
+    assert resumed.returncode == 2
+    assert error_line(resumed.stderr).startswith(
+        f"Error: {out} holds a finished extraction with another model, layers, options, images "
+        "or labels ("
+    )

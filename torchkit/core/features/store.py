@@ -520,7 +520,8 @@ def _check_weights(recorded: str | None, current: str | None, folder: Path, what
 def _check_fingerprint(found: str | None, expected: str, folder: Path, what: str) -> None:
     if found != expected:
         raise UsageError(
-            f"{folder} holds {what} extraction with another model, layers, options or images",
+            f"{folder} holds {what} extraction with another model, layers, options, images or "
+            "labels",
             "resume with the same command line, or pass --force to start over",
         )
 
