@@ -218,7 +218,7 @@ def test_a_saved_runs_threads_and_workers_above_this_machine_are_chosen_again(
         said = " ".join(result.stderr.split())
         assert (
             f"Warning: {whose} --threads 8 is more than the 2 cores this process may use: "
-            "training on the threads a run without --threads takes (give --threads to choose)"
+            "training with what a run without --threads takes (give --threads to choose)"
         ) in said
         assert f"Warning: {whose} --workers 10000 is more than this machine can use" in said
         printed = json.loads(result.stdout)

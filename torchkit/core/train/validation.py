@@ -184,28 +184,22 @@ def fitted_to_this_machine(config: TrainConfig, names: Collection[str], whose: s
     command line, such a value is refused (`validate`); recorded on a larger machine, it only
     moves the run to this one (a run resumed on a laptop was refused for the --threads 32 it
     was started with)."""
+    cores, workers = usable_cpus(), max_workers()
+    bounds = {
+        "threads": (cores, f"the {cores} core{'' if cores == 1 else 's'} this process may use"),
+        "workers": (workers, f"this machine can use (at most {workers})"),
+    }
     changes: dict[str, Any] = {}
-    cores = usable_cpus()
-    if "threads" in names and config.threads is not None and config.threads > cores:
-        log.warning(
-            "%s --threads %d is more than the %d core%s this process may use: training on the "
-            "threads a run without --threads takes (give --threads to choose)",
-            whose,
-            config.threads,
-            cores,
-            "" if cores == 1 else "s",
-        )
-        changes["threads"] = None
-    bound = max_workers()
-    if "workers" in names and config.workers is not None and config.workers > bound:
-        log.warning(
-            "%s --workers %d is more than this machine can use (at most %d): training with the "
-            "workers a run without --workers takes (give --workers to choose)",
-            whose,
-            config.workers,
-            bound,
-        )
-        changes["workers"] = None
+    for name, (bound, room) in bounds.items():
+        value = getattr(config, name)
+        if name in names and value is not None and value > bound:
+            flag = option_name(name)
+            log.warning(
+                "%s %s %d is more than %s: training with what a run without %s takes (give %s "
+                "to choose)",
+                *(whose, flag, value, room, flag, flag),
+            )
+            changes[name] = None
     return dataclasses.replace(config, **changes) if changes else config
 
 
