@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -95,14 +94,13 @@ class AttentionCounter:
         # whether the nn.MultiheadAttention call about to run would take its inference fast
         # path (`module_called`; its F.multi_head_attention_forward call takes it up)
         self._fast_path = False
-        # score matrices on their way to a softmax: storage -> the tensor (held, so that its
-        # storage is not freed and its address given to another tensor while followed)
+        # score matrices on their way to a softmax, oldest first: storage -> the tensor (held,
+        # so that its storage is not freed and its address given to another tensor while
+        # followed; once a softmax takes one, its address may come back as a new score's)
         self._scores: dict[int, Any] = {}
-        self._order: deque[int] = deque()
 
     def found(self) -> AttentionMatrices:
         self._scores.clear()
-        self._order.clear()
         return AttentionMatrices(tuple(self._matrices))
 
     def _kind(self) -> str:
@@ -191,9 +189,8 @@ class AttentionCounter:
         if key in self._scores:
             return
         self._scores[key] = tensor
-        self._order.append(key)
-        while len(self._order) > _FOLLOWED:
-            self._scores.pop(self._order.popleft(), None)
+        while len(self._scores) > _FOLLOWED:  # the oldest goes
+            del self._scores[next(iter(self._scores))]
 
 
 def _mha_kind(weights: bool, fast_path: bool, dropout: bool) -> str:
