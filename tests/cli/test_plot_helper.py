@@ -97,6 +97,7 @@ STATS = {
     "counts": [5, 3, 1],
     "images": 9,
     "sizes": np.array([[8, 8], [32, 24], [640, 480], [7, 9]] * 2 + [[5, 5]], dtype=np.int64),
+    "classes": 2,
 }
 LR_FIND = LRFindResult(
     lrs=[1e-4 * 1.5**i for i in range(20)],

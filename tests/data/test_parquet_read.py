@@ -371,7 +371,10 @@ def test_a_file_of_some_rows_without_a_label_is_read_with_the_labels_it_has(
     from torchkit.core.data.sources import open_data
 
     data = write_parquet(tmp_path / "d.parquet", [png(i) for i in range(6)], [0, 1, 2, 0, 1, None])
-    result = run_torchkit_in_process("dataset-stats", data, "-j", "0", "--format", "json")
+    plotted = write_stats_plot_undrawn(monkeypatch)
+    result = run_torchkit_in_process(
+        "dataset-stats", data, "-j", "0", "--format", "json", "--plot", tmp_path / "p.png"
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert [(row["name"], row["images"]) for row in report["classes"]] == [
@@ -381,6 +384,10 @@ def test_a_file_of_some_rows_without_a_label_is_read_with_the_labels_it_has(
         ("", 1),
     ]
     assert report["num_classes"] == 3
+    # The plot's 'class (N)' as the report counts them: it said 'class (4)'.
+    assert [(plot["names"], plot["classes"]) for plot in plotted] == [
+        (["a", "b", "c", "(unlabelled)"], 3)
+    ]
     # Read unlabelled, where it is (beside train's and eval's refusal), it is said.
     torchkit_log_to_caplog(caplog, monkeypatch)
     with caplog.at_level("WARNING", logger="torchkit"):

@@ -20,9 +20,11 @@ def write_stats_plot_undrawn(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
 
     asked: list[dict] = []
 
-    def written_undrawn(path: Path, names: list[str], counts: list[int], images: int, sizes):
+    def written_undrawn(
+        path: Path, names: list[str], counts: list[int], images: int, sizes, classes: int
+    ):
         assert len(names) == len(counts) and images == len(sizes)
-        asked.append({"names": names, "counts": counts, "images": images})
+        asked.append({"names": names, "counts": counts, "images": images, "classes": classes})
         image = io.BytesIO()
         Image.new("RGB", (1, 1)).save(image, format="PNG")
         atomic_write_bytes(path, image.getvalue())

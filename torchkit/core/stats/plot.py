@@ -91,6 +91,7 @@ def plot_dataset_stats(
         "counts": [c.images for c in stats.classes],
         "images": stats.images,
         "sizes": sizes,
+        "classes": stats.num_classes,  # the bar of unlabelled images beside classes is none
     }
     if painter is None or not painter.draw("dataset_stats", target, **values):
         draw_dataset_stats(target, **values)
@@ -98,9 +99,15 @@ def plot_dataset_stats(
 
 
 def draw_dataset_stats(
-    path: str | os.PathLike, names: list[str], counts: list[int], images: int, sizes
+    path: str | os.PathLike,
+    names: list[str],
+    counts: list[int],
+    images: int,
+    sizes,
+    classes: int | None = None,
 ) -> None:
-    """The class histogram (`counts` images per class of `names`, `images` in all) and the
+    """The class histogram (`counts` images per class of `names`, `images` in all, `classes` of
+    them classes: the report's count, the bar of unlabelled images none, all where None) and the
     scatter of `sizes` (an N x 2 array of widths and heights), written at `path` in the format
     its name says."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -113,7 +120,7 @@ def draw_dataset_stats(
     bars.bar(range(len(names)), counts, color="tab:blue")
     if len(names) <= 60:  # beyond that the labels are an unreadable smear
         bars.set_xticks(range(len(names)), names, rotation=90 if len(names) > 8 else 0)
-    bars.set_xlabel(f"class ({len(names)})")
+    bars.set_xlabel(f"class ({len(names) if classes is None else classes})")
     bars.set_ylabel("images")
     bars.set_title(f"Images per class ({images} images)")
     bars.yaxis.set_major_locator(MaxNLocator(integer=True))
