@@ -168,8 +168,8 @@ def test_a_run_recorded_before_the_option_resumes_on_torchs_threads(
 def test_more_threads_than_cores_is_refused_naming_the_cores(runner, tmp_path, monkeypatch):
     """Was accepted without a word, then with a warning: --threads 1000 on 2 cores trained
     about 5x slower (torch's threads wait for each other at every operation). Refused now, as
-    too many --workers are, before anything is written; a resumed run recorded with more
-    threads than this machine's cores takes --threads again."""
+    too many --workers are, before anything is written. A resumed run's or a recipe's value,
+    which this command line does not give, is chosen again (the last test)."""
     monkeypatch.setattr("torchkit.core.train.validation.usable_cpus", lambda: 2, raising=False)
     out = tmp_path / "run"
     for threads in ("3", "1000"):
