@@ -389,12 +389,14 @@ def test_links_in_a_tar_end_where_tar_unpacks_their_targets(tmp_path):
     """Links were resolved by the members' stored names: a hard link to `/cat/b.png` (as `tar
     -cP` writes its targets) or to `cat/a.png` stored as `/cat/a.png` read as unreadable, where
     tar -xf strips the leading slash of both; links to `../up.png`, which is not read (tar does
-    not unpack it), read its pixels under their own names."""
+    not unpack it), read its pixels under their own names; a hard link to `cat/x/../b.png`
+    read cat/b.png, where tar strips all up to the last `..` (b.png: no member)."""
     members = [
         ("/cat/a.png", png(0)),
         ("cat/b.png", png(1)),
         ("cat/h.png", "=>/cat/b.png"),
         ("cat/k.png", "=>cat/a.png"),
+        ("cat/m.png", "=>cat/x/../b.png"),  # tar: b.png, no member (normpath: cat/b.png)
         ("../up.png", png(2)),
         ("dog/c.png", png(3)),
         ("dog/s.png", "->../../up.png"),
@@ -409,7 +411,8 @@ def test_links_in_a_tar_end_where_tar_unpacks_their_targets(tmp_path):
         except OSError as error:
             assert "a link to a member the archive does not hold" in str(error)
     assert source.whole.ids == [
-        "cat/a.png", "cat/b.png", "cat/h.png", "cat/k.png", "dog/c.png", "dog/s.png", "dog/t.png"
+        "cat/a.png", "cat/b.png", "cat/h.png", "cat/k.png", "cat/m.png", "dog/c.png", "dog/s.png",
+        "dog/t.png",
     ]  # fmt: skip
     expected = {"cat/a.png": 0, "cat/b.png": 1, "cat/h.png": 1, "cat/k.png": 0, "dog/c.png": 3}
     assert readable == {name: png(index) for name, index in expected.items()}

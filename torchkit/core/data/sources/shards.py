@@ -258,12 +258,16 @@ class TarListing:
 
 def _link_target(name: str, linkname: str, *, symbolic: bool) -> str:
     """The member a link `name` holding `linkname` names: a symbolic link's relative to its
-    folder; a hard link's a member's name, without the leading slashes tar -x strips from it
-    as from the members' (`/cat/a.png` is the member cat/a.png, or `/cat/a.png` itself where
-    stored so: `_respelled_members`)."""
+    folder; a hard link's a member's name, without what GNU tar -x strips from it: its leading
+    slashes, as from the members' (`/cat/a.png` is the member cat/a.png, or `/cat/a.png`
+    itself where stored so: `_respelled_members`), and all up to its last `..` part
+    (`cat/x/../b.png` is b.png, not cat/b.png)."""
     if symbolic:
         linkname = posixpath.join(posixpath.dirname(name), linkname)
     else:
+        parts = linkname.split("/")
+        if ".." in parts:
+            linkname = "/".join(parts[len(parts) - parts[::-1].index("..") :])
         linkname = linkname.lstrip("/") or linkname
     return posixpath.normpath(_member_name(linkname))
 
