@@ -71,3 +71,21 @@ def test_an_input_named_with_dot_dot_is_resolved_as_realpath_does(tmp_path):
     with pytest.raises(OutputOverlapError, match="lies inside"):
         check_overlap(tmp_path / "a" / "out", "--out", [through])
     check_overlap(tmp_path / "c" / "out", "--out", [through])
+
+
+def test_a_folder_deeper_than_pythons_recursion_limit_is_checked(tmp_path):
+    """An output or input 1,500 folders deep (`d/d/.../d`, 3,000 characters: a path Linux
+    takes) is checked like any other: the walk up its folders is a loop (it was a recursion
+    a folder, 'Error: RecursionError: maximum recursion depth exceeded' from split --out)."""
+    deep = Path(tmp_path, *["d"] * 1500)
+    data = tmp_path / "data"
+    data.mkdir()
+    check_overlap(deep / "out", "--out", [InputPath(data, "data")])
+    check_overlap(tmp_path / "out", "--out", [InputPath(deep, "data")])
+    (tmp_path / "d").mkdir()
+    (tmp_path / "alias").symlink_to(tmp_path / "d")  # by identity too
+    for name in ("d", "alias"):
+        with pytest.raises(OutputOverlapError, match=f"lies inside the data .*{name}"):
+            check_overlap(deep / "out", "--out", [InputPath(tmp_path / name, "data")])
+    with pytest.raises(OutputOverlapError, match="contains the data"):
+        check_overlap(tmp_path / "d", "--out", [InputPath(deep, "data")])

@@ -155,30 +155,35 @@ FileId = tuple[int, int]  # (st_dev, st_ino): one file or folder, whatever path 
 
 
 def _file_ids(
-    path: Path,
-    known: dict[Path, FileId | None],
-    chains: dict[Path, list[FileId]],
-    keep: bool = False,
+    path: Path, known: dict[Path, FileId | None], chains: dict[Path, list[FileId]]
 ) -> list[FileId]:
     """The identities of `path` and the existing folders above it, nearest first (`known`
     caches each place's identity, `chains` the list of each folder above an input, across the
     inputs of one check: a folder's list is its own identity and its parent's list, so inputs
-    that share folders stat and walk each folder once). `keep`: keep `path`'s own list too."""
-    chain = chains.get(path)
-    if chain is not None:
-        return chain
-    parent = path.parent
-    above = [] if parent == path else _file_ids(parent, known, chains, keep=True)
-    if path not in known:
-        try:
-            info = os.stat(path)
-            known[path] = (info.st_dev, info.st_ino)
-        except (OSError, ValueError):
-            known[path] = None
-    identity = known[path]
-    chain = above if identity is None else [identity, *above]
-    if keep:  # a folder above inputs (an input's own list is asked for once)
-        chains[path] = chain
+    that share folders stat and walk each folder once). Walked in a loop, not by recursion: a
+    folder a thousand deep (2,000 characters of `d/d/...`) is a path like any other."""
+    places = []  # `path` and the folders above it up to the nearest with a list already
+    place = path
+    while place not in chains:
+        places.append(place)
+        parent = place.parent
+        if parent == place:  # the root: nothing above it
+            chain: list[FileId] = []
+            break
+        place = parent
+    else:
+        chain = chains[place]
+    for place in reversed(places):
+        if place not in known:
+            try:
+                info = os.stat(place)
+                known[place] = (info.st_dev, info.st_ino)
+            except (OSError, ValueError):
+                known[place] = None
+        identity = known[place]
+        chain = chain if identity is None else [identity, *chain]
+        if place != path:  # a folder above inputs (an input's own list is asked for once)
+            chains[place] = chain
     return chain
 
 
