@@ -59,3 +59,26 @@ def test_resume_over_other_labels_of_the_same_images_says_labels(tmp_path):
         f"Error: {out} holds a finished extraction with another model, layers, options, images "
         "or labels ("
     )
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_model_without_class_names_is_named_by_the_classes_of_the_labelled_samples(
+    tmp_path, kind
+):
+    # The class "" of the samples without a label made predict name the outputs by index
+    # (`class` 0 beside `label` cat), where eval names them by the data's classes.
+    import torch
+    from nets import TinyNet
+
+    data = partly_labelled_source(kind, tmp_path / "data", LABELS, NAMES)
+    weights = tmp_path / "tiny.pt"
+    torch.save(TinyNet(2).state_dict(), weights)
+    predicted = run_torchkit_in_process(
+        "predict", "nets:TinyNet", data, "--weights", weights, "--image-size", "4", "-j", "0",
+        "--format", "json",
+    )  # fmt: skip
+    assert predicted.returncode == 0, predicted.stderr
+    assert "its outputs are named by the classes of" in predicted.stderr
+    rows = json.loads(predicted.stdout)
+    assert {row["class"] for row in rows} <= set(NAMES)
+    assert [row["class"] for row in rows] == [NAMES[row["class_index"]] for row in rows]

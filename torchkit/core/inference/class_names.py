@@ -41,6 +41,11 @@ def output_names_from_data(
     outputs, in an order the data states, `given`, or sorting settles), else each output's
     index."""
     classes, data = list(data_classes), redact_url(data)
+    if len(classes) > 1 and classes[-1] == "":
+        # The class "" after class names (`with_unlabelled_class`: partly labelled data, an
+        # unlabelled test split) is no output's: eval scores the others by the names alone.
+        # Several IMAGES' classes start with "" (`predict.inputs._joined`): named by index.
+        classes = classes[:-1]
     labelled = bool(classes) and "" not in classes
     why = ""
     if labelled and num_outputs not in (None, len(classes)):
