@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 
 from torchkit.core.models import convnet
@@ -50,3 +51,23 @@ def test_evaluation_and_nchw_models_get_no_hook(monkeypatch):
     assert calls == []  # eval mode: no hook at all
     _, layouts = _gradients_and_pool_layouts(model.train(), images)
     assert calls == [None] and layouts == [False]  # an NCHW model's gradient stays NCHW
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
+def test_the_convnet_scripts_and_traces_with_torch_fx_in_training_mode():
+    """The hook is Python's: torch.jit.script leaves it out rather than failing to compile the
+    forward ("import statements aren't supported"), and a torch.fx trace in training mode
+    (torchvision's create_feature_extractor traces both modes) gets no hook rather than failing
+    on its Proxy ("symbolically traced variables cannot be used as inputs to control flow")."""
+    torch.manual_seed(0)
+    model = convnet.convnet_class()(10, 3, 12).to(memory_format=torch.channels_last).train()
+    images = torch.randn(3, 3, 12, 12).contiguous(memory_format=torch.channels_last)
+    scripted = torch.jit.script(model)
+    traced = torch.fx.symbolic_trace(model)
+    torch.manual_seed(1)  # the same dropout masks for each
+    want = model(images)
+    for other in (scripted, traced):
+        torch.manual_seed(1)
+        assert torch.equal(other(images), want)
+    model.eval()
+    assert torch.equal(scripted.eval()(images), model(images))

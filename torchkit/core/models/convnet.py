@@ -37,7 +37,8 @@ def convnet_class():
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             features = self.features(x)
-            if self.training and features.requires_grad and features.device.type == "cpu":
+            # Not compiled by torch.jit.script (the hook is Python's), which skips this branch.
+            if not torch.jit.is_scripting() and self.training:
                 _gradient_as_channels_last(features)
             return self.classifier(features)
 
@@ -52,7 +53,11 @@ def _gradient_as_channels_last(features) -> None:
     import torch
 
     channels_last = torch.channels_last
+    if not isinstance(features, torch.Tensor):  # a torch.fx trace's Proxy: no control flow
+        return
     if torch.jit.is_tracing() or torch.compiler.is_compiling():
+        return
+    if not features.requires_grad or features.device.type != "cpu":
         return
     if features.ndim == 4 and features.is_contiguous(memory_format=channels_last):
         features.register_hook(lambda grad: grad.contiguous(memory_format=channels_last))
