@@ -197,7 +197,7 @@ def one_process(tmp_path_factory) -> dict[str, list[str]]:
         mark("an LSTM", loaded(), lstm.total_mult_adds)
         # FLOP counting imported triton (through torch.utils.flop_counter): not any more
         mark("triton", triton_before, "triton" in sys.modules)
-        from torchkit.core.summary import plain_shapes
+        from torchkit.core.runtime import plain_shapes
         with open({str(tmp_path / "plain-shapes")!r}, "w") as shapes:
             print(repr((before, heavy(), sorted(set(plain_shapes.missing)))), file=shapes)
         model = build_model("convnet", num_classes=10, image_size=28)

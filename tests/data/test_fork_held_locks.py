@@ -18,8 +18,8 @@ from parquet_files import write_parquet
 from torchkit import torchvision_without_dynamo
 from torchkit.core.data.sources import parquet, shards
 from torchkit.core.models import random_init
+from torchkit.core.runtime import plain_shapes
 from torchkit.core.runtime.fork_safe import ForkSafeLock
-from torchkit.core.summary import plain_shapes
 
 no_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")
 

@@ -87,7 +87,7 @@ def meta_runner(model: Any, channels: int, *, dtype: Any = None) -> Callable[[in
     torch._dynamo, 2-5 s of a command's start; the answers are the same for plain sizes."""
     import torch
 
-    from torchkit.core.summary.plain_shapes import plain_shapes
+    from torchkit.core.runtime.plain_shapes import plain_shapes
     from torchkit.torchvision_without_dynamo import without_dynamo
 
     # Inference mode (eval, predict) would make the copy's parameters inference tensors.

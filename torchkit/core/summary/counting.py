@@ -44,9 +44,9 @@ from torchkit.core.input_size import check_numel
 from torchkit.core.io.errors import TorchkitError, UsageError, first_line
 from torchkit.core.models.image_size import ImageSizeError, image_size_refusal, meta_copy
 from torchkit.core.models.inputs import iter_tensors, make_inputs
+from torchkit.core.runtime.plain_shapes import plain_shapes
 from torchkit.core.summary.attention import AttentionCounter, AttentionMatrices
 from torchkit.core.summary.flop_counter_import import import_flop_counter
-from torchkit.core.summary.plain_shapes import plain_shapes
 from torchkit.torchvision_without_dynamo import without_dynamo
 
 MB = 1_000_000  # torchinfo's (and the SI) megabyte

@@ -15,6 +15,7 @@ from torchkit.core.io.errors import TorchkitError, UsageError, first_line
 from torchkit.core.models import ModelSpec, model_inputs, resolve_spec
 from torchkit.core.models.builders import BUILTIN_MODELS, is_timm_spec, list_models
 from torchkit.core.models.resolver import has_random_weights, untrained_note
+from torchkit.core.runtime.plain_shapes import plain_shapes
 from torchkit.core.summary.counting import (
     SCRIPT_NOTE,
     InputSpec,
@@ -25,7 +26,6 @@ from torchkit.core.summary.counting import (
     summarize,
     summarize_tree,
 )
-from torchkit.core.summary.plain_shapes import plain_shapes
 from torchkit.torchvision_without_dynamo import without_dynamo
 
 log = logging.getLogger("torchkit")
