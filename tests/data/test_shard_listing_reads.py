@@ -5,14 +5,17 @@ header wherever it lies."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import signal
 import tarfile
 from pathlib import Path
 
 import pytest
 
 from torchkit.core.data.sources import open_data, shards
+from torchkit.core.io.errors import InputError
 
 
 def write_tar(path: Path, members: list[tuple[str, bytes]]) -> Path:
@@ -113,3 +116,75 @@ def test_the_headers_pass_finds_every_member_where_tarfile_does(tmp_path):
     small = {name: data for name, data in files
              if name.endswith(".cls") and len(data) <= shards._LABEL_READ_BYTES}  # fmt: skip
     assert listing.labels == small
+
+
+class Looped(BaseException):
+    """Raised into a listing that went on past its time (no `except Exception` catches it)."""
+
+
+@contextlib.contextmanager
+def stopped_after(seconds: float):
+    """A listing that loops is stopped (`Looped`) rather than hanging the suite."""
+
+    def stop(signum, frame):
+        raise Looped("the listing went on past its time: a loop")
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _with_size_field(raw: bytearray, header: int, field: bytes, *, checksum: bool) -> bytes:
+    """`raw` with the size field of the header at `header` set to `field`, its checksum made
+    to hold again where `checksum` (a tar written so) or left wrong (a damaged one)."""
+    raw[header + 124 : header + 136] = field.ljust(12, b"\0")
+    if checksum:
+        block = raw[header : header + 512]
+        block[148:156] = b" " * 8
+        raw[header + 148 : header + 156] = b"%06o\0 " % sum(block)
+    return bytes(raw)
+
+
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="SIGALRM stops a loop")
+@pytest.mark.parametrize(
+    ("field", "checksum", "after"),
+    [
+        (b"-0001000", False, 2),  # damaged: the chunked pass went on for ever (tarfile: 2)
+        (b"-0002000", False, 2),  # back to a data block read as a header, then here again
+        (b"-0001000", True, 2),  # a header that says so: this one again, for ever (tarfile too)
+        (b"-0002000", True, 2),
+    ],
+)
+def test_a_negative_member_size_is_damage_not_a_loop(tmp_path, field, checksum, after):
+    """A size field of `-1000` (octal) parses as a size of -512: the next header is then this
+    one, or one before it. A damaged header's checksum is checked a chunk later, after its
+    size is used: the pass read the same headers for ever (its list of headers to check
+    growing with them), where one by one it stopped at that header."""
+    files = [(name, b"\x89PNG" + bytes(600) if name.endswith(".png") else b"1")
+             for i in range(6) for name in (f"k{i}.png", f"k{i}.cls")]  # fmt: skip
+    archive = write_tar(tmp_path / "s-000000.tar", files)
+    raw = bytearray(archive.read_bytes())
+    header = 5 * 512  # k1.png's: after k0.png's header and 2 blocks, k0.cls's header and 1
+    assert raw[header : header + 6] == b"k1.png"
+    archive.write_bytes(_with_size_field(raw, header, field, checksum=checksum))
+    with stopped_after(2), pytest.raises(shards.DamagedTar, match=f"after {after} members"):
+        shards.list_tar(str(archive))
+    with stopped_after(2), pytest.raises(InputError, match="truncated or damaged"):
+        open_data(str(archive))
+
+
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="SIGALRM stops a loop")
+def test_a_negative_pax_size_is_damage_not_a_loop(tmp_path):
+    archive = tmp_path / "s-000000.tar"
+    with tarfile.open(archive, "w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in (("k0.png", b"\x89PNG"), ("k0.cls", b"1")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.pax_headers = {"size": "-1024"} if name == "k0.cls" else {}
+            tar.addfile(info, io.BytesIO(data))
+    with stopped_after(2), pytest.raises(shards.DamagedTar, match="negative size"):
+        shards.list_tar(str(archive))

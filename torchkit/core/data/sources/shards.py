@@ -320,6 +320,10 @@ def list_tar(path: str, *, whole: bool = False, labels: bool = False) -> TarList
         with tarfile.open(path, "r:") as tar:
             while (info := tar.next()) is not None:
                 tar.members.clear()  # one pass: keep no TarInfo (1M members would be ~1 GB)
+                if info.size < 0:
+                    # tarfile takes a size field of `-1000` and goes back to this header, or
+                    # one before it, for ever (Python 3.11).
+                    raise tarfile.ReadError(f"{info.name} has a negative size ({info.size})")
                 count += 1
                 name = _member_name(info.name)
                 if info.isdir():
@@ -510,6 +514,8 @@ def _read_plain_headers(path: str, size: int, labels: bool = False) -> TarListin
                 if block[124] & 0x80:  # base-256 size (over 8 GiB)
                     return None
                 length = int(block[124:136].split(b"\0", 1)[0].strip() or b"0", 8)
+                if length < 0:  # `-1000` parses; the next header would be this one or before
+                    return None
                 kind = block[156:157]
                 data = offset + tarfile.BLOCKSIZE
                 offset = data + -(-length // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
@@ -531,6 +537,8 @@ def _read_plain_headers(path: str, size: int, labels: bool = False) -> TarListin
                     name = _text(block[345:500]) + "/" + name  # POSIX ustar's prefix field
                 if "size" in pax:
                     length = int(pax["size"])
+                    if length < 0:
+                        return None
                     offset = data + -(-length // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
                 member = _member_name(name)
                 if kind in _REGULAR and not name.endswith("/"):
