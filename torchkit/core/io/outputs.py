@@ -182,7 +182,7 @@ def _file_ids(
                 known[place] = None
         identity = known[place]
         chain = chain if identity is None else [identity, *chain]
-        if place != path:  # a folder above inputs (an input's own list is asked for once)
+        if place is not path:  # a folder above inputs (an input's own list is asked for once)
             chains[place] = chain
     return chain
 
