@@ -14,6 +14,7 @@ import json
 import math
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -1159,7 +1160,10 @@ def test_agrees_with_a_hand_written_timing_loop(mode):
             theirs.append(hand_written_images_per_s(model, 16, side, mode, warmup=1, iters=8))
     finally:
         torch.set_num_threads(threads)
-    ratio = max(ours) / max(theirs)
+    # The median of each round's own ratio: a round's two figures share that moment's load,
+    # and one round sped up or slowed down by another process (3,730 img/s beside 790 and
+    # 990 on a loaded machine) moves neither a median nor the other rounds.
+    ratio = statistics.median(a / b for a, b in zip(ours, theirs, strict=True))
     assert 0.5 <= ratio <= 2.0, (ours, theirs)
 
 
