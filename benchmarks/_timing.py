@@ -175,3 +175,32 @@ def json_from_checkout(checkout: Path, code: str, *args: str) -> Any:
     done = subprocess.run([sys.executable, "-c", code, *args], cwd=checkout, check=True,
                           capture_output=True, text=True)  # fmt: skip
     return json.loads(done.stdout.splitlines()[-1])
+
+
+def runs_in_turns(sides: dict[str, Path], repeat: int, code: str, *args: str):
+    """`json_from_checkout` of each side `repeat` times, the sides' order turned each round (so
+    that neither always runs in the other's wake): yields (side, its JSON)."""
+    for turn in range(repeat):
+        order = list(sides.items()) if turn % 2 == 0 else list(sides.items())[::-1]
+        for name, checkout in order:
+            yield name, json_from_checkout(checkout, code, *args)
+
+
+def print_best_ratio(best: dict[str, float]) -> None:
+    """The before/now ratio of each side's best CPU seconds, where a before side ran."""
+    if "before" in best:
+        print(f"        best CPU s: before / now = {best['before'] / best['now']:.2f}x")
+
+
+def write_index_once(index: Path, rows: int, line_of_row) -> Path:
+    """A `path,label` CSV index of `rows` rows (`line_of_row(row)` each, its newline included),
+    written once (through a partial file) and kept for later runs."""
+    if not index.exists():
+        index.parent.mkdir(parents=True, exist_ok=True)
+        partial = index.with_suffix(".partial")
+        with open(partial, "w", encoding="utf-8") as out:
+            out.write("path,label\n")
+            for row in range(rows):
+                out.write(line_of_row(row))
+        partial.replace(index)
+    return index

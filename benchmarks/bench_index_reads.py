@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from _timing import checkout_sides, json_from_checkout
+from _timing import checkout_sides, json_from_checkout, write_index_once
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,17 +36,11 @@ print(json.dumps({"seconds": times, "inputs": len(found)}))
 
 
 def make_index(root: Path, rows: int) -> Path:
-    index = root / f"index-{rows}.csv"
-    if not index.exists():
-        root.mkdir(parents=True, exist_ok=True)
-        partial = index.with_suffix(".partial")
-        with open(partial, "w", encoding="utf-8") as out:
-            out.write("path,label\n")
-            for row in range(rows):
-                label = f"class_{row % 100:03d}"
-                out.write(f"images/{label}/img_{row:07d}.png,{label}\n")
-        partial.replace(index)
-    return index
+    def line(row: int) -> str:
+        label = f"class_{row % 100:03d}"
+        return f"images/{label}/img_{row:07d}.png,{label}\n"
+
+    return write_index_once(root / f"index-{rows}.csv", rows, line)
 
 
 def main() -> int:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from _timing import checkout_sides, json_from_checkout
+from _timing import checkout_sides, print_best_ratio, runs_in_turns, write_index_once
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,16 +41,11 @@ print(json.dumps({"seconds": min(times), "inputs": len(inputs), "peak_mb": peak}
 
 
 def make_index(root: Path, rows: int) -> Path:
-    index = root / f"ids-{rows}.csv"
-    if not index.exists():
-        root.mkdir(parents=True, exist_ok=True)
-        partial = index.with_suffix(".partial")
-        with open(partial, "w", encoding="utf-8") as out:
-            out.write("path,label\n")
-            for row in range(rows):
-                out.write(f"images/{row:07d}/image.png,class_{row % 100:03d}\n")
-        partial.replace(index)
-    return index
+    return write_index_once(
+        root / f"ids-{rows}.csv",
+        rows,
+        lambda row: f"images/{row:07d}/image.png,class_{row % 100:03d}\n",
+    )
 
 
 def main() -> int:
@@ -66,15 +61,11 @@ def main() -> int:
     for rows in (int(text) for text in options.sizes.split(",")):
         index = make_index(options.root, rows)
         best: dict[str, float] = {}
-        for turn in range(options.repeat):
-            order = list(sides.items()) if turn % 2 == 0 else list(sides.items())[::-1]
-            for name, checkout in order:
-                found = json_from_checkout(checkout, CHILD, str(index), str(out))
-                best[name] = min(best.get(name, found["seconds"]), found["seconds"])
-                print(f"{name:<7} {found['inputs']:>9,} {found['seconds']:>8.2f} "
-                      f"{found['peak_mb']:>8.0f}")  # fmt: skip
-        if "before" in best:
-            print(f"        best CPU s: before / now = {best['before'] / best['now']:.2f}x")
+        for name, found in runs_in_turns(sides, options.repeat, CHILD, str(index), str(out)):
+            best[name] = min(best.get(name, found["seconds"]), found["seconds"])
+            print(f"{name:<7} {found['inputs']:>9,} {found['seconds']:>8.2f} "
+                  f"{found['peak_mb']:>8.0f}")  # fmt: skip
+        print_best_ratio(best)
     return 0
 
 

@@ -19,7 +19,7 @@ import io
 import tarfile
 from pathlib import Path
 
-from _timing import checkout_sides, json_from_checkout
+from _timing import checkout_sides, print_best_ratio, runs_in_turns
 
 ROOT = Path(__file__).resolve().parent.parent
 PER_SHARD = 10_000
@@ -82,15 +82,11 @@ def main() -> int:
     for samples in (int(text) for text in options.sizes.split(",")):
         folder = make_shards(options.root, samples)
         best: dict[str, float] = {}
-        for turn in range(options.repeat):
-            order = list(sides.items()) if turn % 2 == 0 else list(sides.items())[::-1]
-            for name, checkout in order:
-                found = json_from_checkout(checkout, CHILD, str(folder))
-                best[name] = min(best.get(name, found["cpu"]), found["cpu"])
-                print(f"{name:<7} {samples:>9,} {found['wall']:>8.2f} {found['cpu']:>8.2f} "
-                      f"{found['peak_mb']:>8.0f} {found['reads']:>8,}")  # fmt: skip
-        if "before" in best:
-            print(f"        best CPU s: before / now = {best['before'] / best['now']:.2f}x")
+        for name, found in runs_in_turns(sides, options.repeat, CHILD, str(folder)):
+            best[name] = min(best.get(name, found["cpu"]), found["cpu"])
+            print(f"{name:<7} {samples:>9,} {found['wall']:>8.2f} {found['cpu']:>8.2f} "
+                  f"{found['peak_mb']:>8.0f} {found['reads']:>8,}")  # fmt: skip
+        print_best_ratio(best)
     return 0
 
 
