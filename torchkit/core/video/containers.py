@@ -887,7 +887,38 @@ def _iso_fragment_sample_arrays(
     at a time: each sample's flags (its own, the run's first sample's, the `tfhd` default or
     the `trex` one; a key frame where the non-sync bit 0x10000 is clear), duration and size
     (its own, else the defaults) and composition offset (its own, else 0)."""
+    track_id, trex = _iso_track_extends(handle, moov, track, 12)  # duration, size, flags
+    defaults = (
+        [int.from_bytes(trex[i : i + 4], "big") for i in (0, 4, 8)]
+        if len(trex) == 12
+        else [0, 0, 0]
+    )
+    runs, total = [], 0
+    for part_start, part_end, fields in _iso_track_fragments(handle, size, track_id):
+        flags, at, own = int.from_bytes(fields[1:4], "big"), 8, list(defaults)
+        at += 8 if flags & 0x1 else 0
+        at += 4 if flags & 0x2 else 0
+        for bit, slot in ((0x8, 0), (0x10, 1), (0x20, 2)):
+            if flags & bit:
+                own[slot] = int.from_bytes(fields[at : at + 4], "big")
+                at += 4
+        for run, run_start, run_end in _iso_children(handle, part_start, part_end):
+            if run != b"trun":
+                continue
+            arrays = _iso_run_sample_array(handle, (run_start, run_end), own)
+            total += len(arrays[0]) if arrays else 0
+            if arrays is None or total > _MAX_ISO_SAMPLES:
+                return runs
+            runs.append(arrays)
+    return runs
 
+
+def _iso_track_extends(
+    handle, moov: tuple[int, int], track: tuple[int, int], length: int
+) -> tuple[bytes, bytes]:
+    """(the ID of `track`, the first `length` bytes of its `trex` defaults from the default
+    duration on: b"" where the `moov` gives none)."""
+    # tkhd: version and flags, two times of 4 bytes (version 1: 8), then the track's ID
     header = _iso_child(handle, b"tkhd", *track)
     track_id = _iso_field(handle, header, 20 if _iso_field(handle, header, 0, 1) == b"\x01" else 12)
     extends = _iso_child(handle, b"mvex", *moov)
@@ -895,18 +926,18 @@ def _iso_fragment_sample_arrays(
     # default duration, size and flags
     trex = next(
         (
-            _iso_field(handle, (s, e), 12, 12)
+            _iso_field(handle, (s, e), 12, length)
             for k, s, e in (_iso_children(handle, *extends) if extends else ())
             if k == b"trex" and _iso_field(handle, (s, e), 4) == track_id
         ),
         b"",
     )
-    defaults = (
-        [int.from_bytes(trex[i : i + 4], "big") for i in (0, 4, 8)]
-        if len(trex) == 12
-        else [0, 0, 0]
-    )
-    runs, total = [], 0
+    return track_id, trex
+
+
+def _iso_track_fragments(handle, size: int, track_id: bytes) -> Iterator[tuple[int, int, bytes]]:
+    """Each `traf` of the track `track_id` in the `moof` boxes of an ISO file: (its start, end,
+    its `tfhd`'s first 40 bytes)."""
     for kind, start, end in _iso_children(handle, 0, size):
         if kind != b"moof":
             continue
@@ -917,24 +948,8 @@ def _iso_fragment_sample_arrays(
             # a base offset (8 bytes), a description index (4), the default duration (4),
             # size (4) and flags (4)
             fields = _iso_field(handle, _iso_child(handle, b"tfhd", part_start, part_end), 0, 40)
-            if len(fields) < 8 or fields[4:8] != track_id:
-                continue
-            flags, at, own = int.from_bytes(fields[1:4], "big"), 8, list(defaults)
-            at += 8 if flags & 0x1 else 0
-            at += 4 if flags & 0x2 else 0
-            for bit, slot in ((0x8, 0), (0x10, 1), (0x20, 2)):
-                if flags & bit:
-                    own[slot] = int.from_bytes(fields[at : at + 4], "big")
-                    at += 4
-            for run, run_start, run_end in _iso_children(handle, part_start, part_end):
-                if run != b"trun":
-                    continue
-                arrays = _iso_run_sample_array(handle, (run_start, run_end), own)
-                total += len(arrays[0]) if arrays else 0
-                if arrays is None or total > _MAX_ISO_SAMPLES:
-                    return runs
-                runs.append(arrays)
-    return runs
+            if len(fields) >= 8 and fields[4:8] == track_id:
+                yield part_start, part_end, fields
 
 
 def _iso_run_sample_array(
@@ -1051,39 +1066,17 @@ def _iso_fragment_samples(
     in ticks); (0, 0) for a file without fragments. Each `moof` holds a `traf` per track (its
     `tfhd` names the track), each with `trun` runs of samples, whose durations are the run's
     own, else the `tfhd`'s default, else the `trex` one the `moov` gives the track."""
-    # tkhd: version and flags, two times of 4 bytes (version 1: 8), then the track's ID
-    header = _iso_child(handle, b"tkhd", *track)
-    track_id = _iso_field(handle, header, 20 if _iso_field(handle, header, 0, 1) == b"\x01" else 12)
-    extends = _iso_child(handle, b"mvex", *moov)
-    # trex: version and flags, the track's ID, its default description index, then duration
-    default = next(
-        (
-            _iso_field(handle, (s, e), 12)
-            for k, s, e in (_iso_children(handle, *extends) if extends else ())
-            if k == b"trex" and _iso_field(handle, (s, e), 4) == track_id
-        ),
-        b"",
-    )
+    track_id, default = _iso_track_extends(handle, moov, track, 4)  # the default duration
     samples, last = 0, 0
-    for kind, start, end in _iso_children(handle, 0, size):
-        if kind != b"moof":
-            continue
-        for part, part_start, part_end in _iso_children(handle, start, end):
-            if part != b"traf":
-                continue
-            # tfhd: version and flags, the track's ID, then the fields its flags say are there:
-            # a base offset (8 bytes), a description index (4), the default duration (4)
-            fields = _iso_field(handle, _iso_child(handle, b"tfhd", part_start, part_end), 0, 24)
-            if len(fields) < 8 or fields[4:8] != track_id:
-                continue
-            flags = int.from_bytes(fields[1:4], "big")
-            at = 8 + (8 if flags & 0x1 else 0) + (4 if flags & 0x2 else 0)
-            fragment_default = fields[at : at + 4] if flags & 0x8 else default
-            for run, run_start, run_end in _iso_children(handle, part_start, part_end):
-                if run == b"trun":
-                    count, ticks = _iso_run_samples(handle, (run_start, run_end), fragment_default)
-                    if count:
-                        samples, last = samples + count, ticks
+    for part_start, part_end, fields in _iso_track_fragments(handle, size, track_id):
+        flags = int.from_bytes(fields[1:4], "big")
+        at = 8 + (8 if flags & 0x1 else 0) + (4 if flags & 0x2 else 0)
+        fragment_default = fields[at : at + 4] if flags & 0x8 else default
+        for run, run_start, run_end in _iso_children(handle, part_start, part_end):
+            if run == b"trun":
+                count, ticks = _iso_run_samples(handle, (run_start, run_end), fragment_default)
+                if count:
+                    samples, last = samples + count, ticks
     return samples, last
 
 
