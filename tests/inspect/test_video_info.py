@@ -1382,6 +1382,18 @@ def _iso_box(data: bytes, kind: bytes, parent: tuple[int, int] | None) -> tuple[
     raise AssertionError(f"no {kind} box")
 
 
+def _mp4_track_and_timescales(data: bytes) -> tuple[tuple[int, int], tuple[int, int], int, int]:
+    """The `moov` and first `trak` boxes of an OpenCV MP4 (version-0 boxes), and its media's
+    and movie's timescales (ticks a second)."""
+    moov = _iso_box(data, b"moov", None)
+    trak = _iso_box(data, b"trak", moov)
+    media = struct.unpack_from(
+        ">I", data, _iso_box(data, b"mdhd", _iso_box(data, b"mdia", trak))[0] + 20
+    )[0]
+    movie = struct.unpack_from(">I", data, _iso_box(data, b"mvhd", moov)[0] + 20)[0]
+    return moov, trak, media, movie
+
+
 def _retime_mp4(
     data: bytearray, numerator: int, denominator: int, runs: Callable[[int], list[tuple[int, int]]]
 ) -> None:
@@ -1666,12 +1678,7 @@ def test_an_mp4_cut_by_its_edit_list_counts_the_frames_it_shows(tmp_path):
     if not write_video(path, "mp4v", 16, 16, 25, 10):
         pytest.skip("this OpenCV cannot write mp4v")
     data = bytearray(path.read_bytes())
-    moov = _iso_box(data, b"moov", None)
-    trak = _iso_box(data, b"trak", moov)
-    media = struct.unpack_from(
-        ">I", data, _iso_box(data, b"mdhd", _iso_box(data, b"mdia", trak))[0] + 20
-    )[0]
-    movie = struct.unpack_from(">I", data, _iso_box(data, b"mvhd", moov)[0] + 20)[0]
+    moov, trak, media, movie = _mp4_track_and_timescales(data)
     elst = _iso_box(data, b"elst", _iso_box(data, b"edts", trak))[0] + 8
     assert struct.unpack_from(">II", data, elst + 4) == (1, movie * 10 // 25)  # one edit: all
     struct.pack_into(">Ii", data, elst + 8, movie * 7 // 25, media * 3 // 25)  # from frame 3
@@ -1706,12 +1713,7 @@ def test_an_mp4_edts_box_of_size_0_holds_the_mdia_after_it(tmp_path):
     if not write_video(path, "mp4v", 16, 16, 25, 10):
         pytest.skip("this OpenCV cannot write mp4v")
     data = bytearray(path.read_bytes())
-    moov = _iso_box(data, b"moov", None)
-    trak = _iso_box(data, b"trak", moov)
-    media = struct.unpack_from(
-        ">I", data, _iso_box(data, b"mdhd", _iso_box(data, b"mdia", trak))[0] + 20
-    )[0]
-    movie = struct.unpack_from(">I", data, _iso_box(data, b"mvhd", moov)[0] + 20)[0]
+    moov, trak, media, movie = _mp4_track_and_timescales(data)
     edts = _iso_box(data, b"edts", trak)
     assert edts[1] < _iso_box(data, b"mdia", trak)[1]  # the mdia after it, in the track
     struct.pack_into(">Ii", data, edts[0] + 24, movie * 7 // 25, media * 3 // 25)  # frames 3-9
