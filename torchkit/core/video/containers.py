@@ -1485,6 +1485,10 @@ def matroska_video_blocks(path: str | os.PathLike, container: str | None) -> Hel
 
 
 def _matroska_video_blocks(handle, size: int) -> HeldFrames | None:
+    """The frames a Matroska/WebM file's clusters hold for its video track, walked element by
+    element (a block's first bytes read, never its frame); `broken_at` where an element's bytes
+    stop being one inside the segment's size. None where the file's head names no video track,
+    a cluster is of unknown size (live WebM), or the walk passes `_MKV_MAX_ELEMENTS`."""
     head = handle.read(_MKV_HEAD)
     elements = _matroska_head_elements(head)
     if elements is None or _MKV_TRACKS not in elements[1]:
