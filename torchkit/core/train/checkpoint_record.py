@@ -86,15 +86,11 @@ def plain_values(path: Path, keys: tuple[str, ...]) -> dict[str, Any] | None:
     where they cannot be read this way exactly (see module doc)."""
     try:
         with zipfile.ZipFile(path) as archive:
-            records = [
-                info
-                for info in archive.infolist()
-                if info.filename.count("/") == 1 and info.filename.endswith("/" + PICKLE_RECORD)
-            ]
-            if len(records) != 1 or records[0].file_size > MAX_RECORD_BYTES:
+            record = _pickle_record(archive, MAX_RECORD_BYTES)
+            if record is None:
                 return None
-            data = archive.read(records[0])
-            prefix = records[0].filename.split("/")[0] + "/"
+            data = archive.read(record)
+            prefix = record.filename.split("/")[0] + "/"
             stored = {
                 info.filename.removeprefix(prefix)
                 for info in archive.infolist()
@@ -107,6 +103,38 @@ def plain_values(path: Path, keys: tuple[str, ...]) -> dict[str, Any] | None:
         return None if _holds_opaque(values) else values
     except Exception:  # not a zip of torch.save's, or a pickle this reader does not take
         return None
+
+
+def is_torchkit_checkpoint_file(path: Path) -> bool:
+    """Whether `path` is a checkpoint torchkit wrote: torch.save's zip whose pickle names the
+    keys every torchkit checkpoint has (`torchkit_version`, `format_version`). Its bytes are
+    looked at, never unpickled: the pickle holds the keys and the tensors' references, not
+    their data."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            record = _pickle_record(archive, MAX_CHECKPOINT_PICKLE_BYTES)
+            if record is None:
+                return False
+            data = archive.read(record)
+    except (OSError, zipfile.BadZipFile, ValueError, RuntimeError, EOFError):
+        return False
+    return b"torchkit_version" in data and b"format_version" in data
+
+
+MAX_CHECKPOINT_PICKLE_BYTES = 256 << 20  # keys and references: a limit no checkpoint reaches
+
+
+def _pickle_record(archive: zipfile.ZipFile, limit: int) -> zipfile.ZipInfo | None:
+    """torch.save's `<name>/data.pkl` record of `archive`, where it has one, of at most `limit`
+    bytes unpacked (a zip bomb is not read)."""
+    records = [
+        info
+        for info in archive.infolist()
+        if info.filename.count("/") == 1 and info.filename.endswith("/" + PICKLE_RECORD)
+    ]
+    if len(records) != 1 or records[0].file_size > limit:
+        return None
+    return records[0]
 
 
 def _holds_opaque(value: Any) -> bool:

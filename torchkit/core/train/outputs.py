@@ -21,6 +21,7 @@ from torchkit.core.io.folder_contents import proven
 from torchkit.core.io.outputs import holds_json_record, reporting_write_errors
 from torchkit.core.topk import DEFAULT_TOPK as TOPK
 from torchkit.core.topk import topk_informative, topk_name
+from torchkit.core.train.checkpoint_record import is_torchkit_checkpoint_file
 
 TOPK_SUFFIX = "_" + topk_name(TOPK)  # val_top5, val_ema_top5, best_val_top5, test_top5
 
@@ -65,26 +66,6 @@ RUN_FILES = (
 CONFIG_KEYS = ("options", "arch", "classes", "preprocess")
 
 
-def is_torchkit_checkpoint(path: Path) -> bool:
-    """Whether `path` is a checkpoint torchkit wrote: torch.save's zip whose pickle names the
-    keys every torchkit checkpoint has (`torchkit_version`, `format_version`). Read without
-    unpickling: the pickle holds the keys and the tensors' references, not their data."""
-    import zipfile
-
-    try:
-        with zipfile.ZipFile(path) as archive:
-            pickled = [name for name in archive.namelist() if name.endswith("/data.pkl")]
-            if len(pickled) != 1 or archive.getinfo(pickled[0]).file_size > _PICKLE_LIMIT:
-                return False
-            data = archive.read(pickled[0])
-    except (OSError, zipfile.BadZipFile, ValueError, RuntimeError, EOFError):
-        return False
-    return b"torchkit_version" in data and b"format_version" in data
-
-
-_PICKLE_LIMIT = 256 << 20  # a checkpoint's pickle without its tensors: keys and references
-
-
 def _is_run_config(path: Path) -> bool:
     return holds_json_record(path, CONFIG_KEYS)
 
@@ -106,9 +87,9 @@ _METRICS_HEAD = b"epoch,train_loss"
 # checkpoints, config.json and metrics.csv only where torchkit can show it wrote them (names
 # other trainers and loggers use too: `ProvenPattern`): a file of yours under one is refused.
 _PROOFS = {
-    "last.pt": is_torchkit_checkpoint,
-    "best.pt": is_torchkit_checkpoint,
-    "epoch-[0-9][0-9][0-9]*.pt": is_torchkit_checkpoint,
+    "last.pt": is_torchkit_checkpoint_file,
+    "best.pt": is_torchkit_checkpoint_file,
+    "epoch-[0-9][0-9][0-9]*.pt": is_torchkit_checkpoint_file,
     "config.json": _is_run_config,
     "metrics.csv": _is_run_metrics,
 }
