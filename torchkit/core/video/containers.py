@@ -507,6 +507,13 @@ def _iso_video_track(
     return None
 
 
+def _iso_movie_video_track(handle, size: int) -> tuple[Any, Any]:
+    """The `moov` box of an ISO file of `size` bytes and its first video track (as
+    `_iso_video_track` gives it), each falsy where the file has none."""
+    moov = _iso_child(handle, b"moov", 0, size)
+    return moov, moov and _iso_video_track(handle, moov)
+
+
 def _iso_sample_table(handle, media: tuple[int, int]) -> tuple[int, int] | None:
     table = _iso_child(handle, b"minf", *media)
     return table and _iso_child(handle, b"stbl", *table)
@@ -514,8 +521,7 @@ def _iso_sample_table(handle, media: tuple[int, int]) -> tuple[int, int] | None:
 
 def _iso_fourcc(handle, size: int) -> str | None:
     """The sample entry type of the first video track of an ISO file."""
-    moov = _iso_child(handle, b"moov", 0, size)
-    track = moov and _iso_video_track(handle, moov)
+    moov, track = _iso_movie_video_track(handle, size)
     table = track and _iso_sample_table(handle, track[1])
     # stsd: version and flags, the entry count, then the first entry's size and type
     return fourcc_text(_iso_field(handle, table and _iso_child(handle, b"stsd", *table), 12))
@@ -615,8 +621,7 @@ def iso_timing(path: str | os.PathLike, container: str | None) -> IsoTiming | No
         return None
     try:
         with open(path, "rb") as handle:
-            moov = _iso_child(handle, b"moov", 0, os.fstat(handle.fileno()).st_size)
-            track = moov and _iso_video_track(handle, moov)
+            moov, track = _iso_movie_video_track(handle, os.fstat(handle.fileno()).st_size)
             table = track and _iso_sample_table(handle, track[1])
             if not table:
                 return None
@@ -808,8 +813,7 @@ def iso_frames_without_picture(path: str | os.PathLike, container: str | None) -
     try:
         with open(path, "rb") as handle:
             size = os.fstat(handle.fileno()).st_size
-            moov = _iso_child(handle, b"moov", 0, size)
-            track = moov and _iso_video_track(handle, moov)
+            moov, track = _iso_movie_video_track(handle, size)
             if not track:
                 return HeldFrames(0, 0, 0)
             table = _iso_sample_table(handle, track[1])
@@ -1026,8 +1030,7 @@ def iso_video_samples(path: str | os.PathLike, container: str | None) -> IsoSamp
     try:
         with open(path, "rb") as handle:
             size = os.fstat(handle.fileno()).st_size
-            moov = _iso_child(handle, b"moov", 0, size)
-            track = moov and _iso_video_track(handle, moov)
+            moov, track = _iso_movie_video_track(handle, size)
             if not track:
                 return None
             header = _iso_child(handle, b"mdhd", *track[1])
@@ -1107,8 +1110,7 @@ def iso_display_mirrored(path: str | os.PathLike, container: str | None) -> bool
         return False
     try:
         with open(path, "rb") as handle:
-            moov = _iso_child(handle, b"moov", 0, os.fstat(handle.fileno()).st_size)
-            track = moov and _iso_video_track(handle, moov)
+            moov, track = _iso_movie_video_track(handle, os.fstat(handle.fileno()).st_size)
             if not track:
                 return False
             # the matrix after the times, IDs and volume: at 40 (version 1, 8-byte times: 52)
