@@ -28,8 +28,8 @@ def eval_transform(preprocess: Preprocess, *, pixels: bool = False, decode: str 
     float32 values, bit for bit, from a quarter of the bytes. `decode="device"` (with `pixels`):
     JPEG files reach the batch as their bytes, to be decoded, resized and cropped where the
     model runs (`core.device_decode.DeviceEvalTransform`); other images as with `exact`.
-    The 8-bit crops are made without torchvision (`EvalCrop`): importing it took 1-1.5 s of
-    the start of predict and extract-features on a folder of images."""
+    The 8-bit crops are made without torchvision (`EvalCrop`): importing it took about 0.5 s
+    of the start of predict and eval on a folder of images."""
     from torchkit.core.data.decode import INFERENCE_DECODES, PixelTensor
 
     if decode not in INFERENCE_DECODES:
