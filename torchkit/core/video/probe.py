@@ -451,12 +451,43 @@ def _probe_into(
     stop: threading.Event | None,
     decoder_threads: int | None,
 ) -> None:
+    """`probe_video`'s work: the file's first bytes, its sizes against its container's, the
+    header FFmpeg reads and the frames decoded, into `info`."""
     cv2 = _import_cv2()
+    start = _read_start(info, path)
+    if start is None:
+        return
+    head, sniffed = start
+    # Read before FFmpeg opens the file: a cut MP4 whose index was at its end cannot be opened,
+    # and this still tells a truncated copy from a corrupt file.
+    declared = declared_size(path, sniffed, info.size_bytes)
+    cut = _shortfall(info, declared) or _picture_cut(path, sniffed, info.size_bytes)
+    capture = _open_capture(cv2, path, decoder_threads)
+    if capture is None:
+        _fail_unopened(info, path, head, sniffed, declared, cut)
+        return
+    if info.container is None:  # FFmpeg knows a format we do not sniff: trust the name
+        info.container = path.suffix.lower().lstrip(".") or None
+    try:
+        judged = _judge_opened(
+            cv2, capture, info, path, sniffed, declared, cut,
+            exact=exact, decode_check=decode_check, stop=stop, decoder_threads=decoder_threads,
+        )  # fmt: skip
+    finally:
+        capture.release()
+    if judged is not None:
+        _conclude(info, declared, *judged)
+
+
+def _read_start(info: VideoInfo, path: Path) -> tuple[bytes, str | None] | None:
+    """The file's first bytes and the container they show, with its size and container into
+    `info`; None, with `info` failed, for what is no video to open: a special file, an empty
+    one, a still image."""
     status = path.stat()
     mode = status.st_mode
     if not stat.S_ISREG(mode):  # opening a FIFO waits for a writer: forever
         info.fail(f"not a regular file ({file_kind(mode)})")
-        return
+        return None
     info.size_bytes = status.st_size
     with open(path, "rb") as handle:
         head = handle.read(SNIFF_BYTES)
@@ -464,114 +495,218 @@ def _probe_into(
     info.container = sniffed
     if info.size_bytes == 0:
         info.fail(_describe_unopenable(0, sniffed))
-        return
+        return None
     image = still_image_format(path, head)  # None for anything but an image's first bytes
     if image is not None:
         info.fail(f"a still image ({image}), not a video")
+        return None
+    return head, sniffed
+
+
+def _fail_unopened(
+    info: VideoInfo,
+    path: Path,
+    head: bytes,
+    sniffed: str | None,
+    declared: int | None,
+    cut: str | None,
+) -> None:
+    """Why FFmpeg cannot open the file, into `info`: truncated where its bytes tell a cut,
+    else unreadable (said as a whole file where nothing is missing)."""
+    cut = cut or _index_missing(path, sniffed)
+    if cut:
+        info.fail(cut, "truncated")
         return
-    # Read before FFmpeg opens the file: a cut MP4 whose index was at its end cannot be opened,
-    # and this still tells a truncated copy from a corrupt file.
-    declared = declared_size(path, sniffed, info.size_bytes)
-    cut = _shortfall(info, declared) or _picture_cut(path, sniffed, info.size_bytes)
+    whole = declared is not None and declared == info.size_bytes
+    whole = whole or declares_no_video(head, sniffed)  # nothing cut: no video in it
+    info.fail(_describe_unopenable(info.size_bytes, sniffed, whole))
+
+
+def _judge_opened(
+    cv2,
+    capture,
+    info: VideoInfo,
+    path: Path,
+    sniffed: str | None,
+    declared: int | None,
+    cut: str | None,
+    *,
+    exact: bool,
+    decode_check: bool,
+    stop: threading.Event | None,
+    decoder_threads: int | None,
+) -> tuple[str | None, str | None] | None:
+    """The header's fields into `info`, then the frames decoded (all of them with `exact`,
+    else the first and, where the sizes say nothing, the last): (why it is cut, why it is
+    damaged), each None where it is not; None where `info` has failed for good (no picture
+    size: no video stream)."""
     # Where the container's sizes say the file is whole, frames short of the header's count
     # are an estimate or a decoder's quirk, not a cut: decoding is the evidence only where the
     # sizes say nothing (the end is not sought where they do, but for a count reckoned from
     # the file's duration, below: the frames there, not a cut).
     judge_by_frames = declared is None and not cut
+    declared_frames, own = _read_header_fields(cv2, capture, info, path, sniffed, decoder_threads)
+    # a count from the file's duration is checked against the video's frames, as where
+    # the format records no sizes: the sizes tell a cut, not audio that runs on
+    sizes_whole = declared is not None and not cut
+    judge_by_frames = judge_by_frames or (
+        sizes_whole and sniffed in _COUNT_FROM_FILE_DURATION and own is None
+    )
+    # 0: the header's duration is 0 (an unknown one reads as a negative count, shown as none)
+    info.frames_header = 0 if declared_frames == 0 else _positive_int(declared_frames)
+    undecodable = NO_FRAMES if declared_frames == 0 else "no frame decodes (truncated or corrupt)"
+    # The tag the container records (XVID, mp4v), as ffprobe shows it; else FFmpeg's own;
+    # else, for a container that records none, ffprobe's codec name
+    info.codec = (
+        container_fourcc(path, sniffed)
+        or fourcc_to_text(capture.get(cv2.CAP_PROP_FOURCC))
+        or _UNTAGGED_CODECS.get(sniffed or "")
+    )
+    if info.width is None or info.height is None:
+        info.fail(cut or "no video stream", "truncated" if cut else "unreadable")
+        return None
+    if exact:
+        return _judge_all_decoded(
+            cv2, capture, info, path, sniffed, cut, stop,
+            judge_by_frames=judge_by_frames, sizes_whole=sizes_whole, undecodable=undecodable,
+        )  # fmt: skip
+    cut = _judge_by_header(
+        cv2, capture, info, path, sniffed, cut, stop, decoder_threads,
+        decode_check=decode_check, judge_by_frames=judge_by_frames, sizes_whole=sizes_whole,
+        undecodable=undecodable,
+    )  # fmt: skip
+    return cut, None
+
+
+def _read_header_fields(
+    cv2, capture, info: VideoInfo, path: Path, sniffed: str | None, decoder_threads: int | None
+) -> tuple[float, int | None]:
+    """The picture size and rate into `info`; the frame count the header declares, as the
+    container's own records correct FFmpeg's, and the Matroska video track's own count (None
+    for other containers, or where it records none)."""
+    info.width = _positive_int(capture.get(cv2.CAP_PROP_FRAME_WIDTH))
+    info.height = _positive_int(capture.get(cv2.CAP_PROP_FRAME_HEIGHT))
+    fps = capture.get(cv2.CAP_PROP_FPS)
+    info.fps = float(fps) if fps and math.isfinite(fps) and fps > 0 else None
+    declared_frames = capture.get(cv2.CAP_PROP_FRAME_COUNT)
+    if sniffed == "dv":
+        declared_frames = _raw_dv_timing(cv2, path, decoder_threads, info, declared_frames)
+    # FFmpeg counts a fragmented MP4's moov samples alone (those of its first fragment, as
+    # `-movflags frag_keyframe` writes it): its fragments' runs hold the rest.
+    declared_frames = fragmented_frame_count(path, sniffed) or declared_frames
+    # and an MP4's count is its samples', where its edit list may show fewer (a clip cut
+    # without re-encoding keeps the frames before its cut, which are decoded and dropped)
+    edited = iso_edited_frame_count(path, sniffed)
+    if edited is not None:
+        declared_frames = float(edited)
+    # and a Matroska file's count is its longest stream's duration times the video's rate
+    # (50 frames for 5 beside 2 s of audio): the video track's own tags say less.
+    own = matroska_video_frames(path, sniffed, info.fps)
+    if own is not None and 0 < own < declared_frames:
+        declared_frames = float(own)
+    return declared_frames, own
+
+
+def _judge_all_decoded(
+    cv2,
+    capture,
+    info: VideoInfo,
+    path: Path,
+    sniffed: str | None,
+    cut: str | None,
+    stop: threading.Event | None,
+    *,
+    judge_by_frames: bool,
+    sizes_whole: bool,
+    undecodable: str,
+) -> tuple[str | None, str | None]:
+    """--exact: every frame decoded and counted into `info`; (why it is cut, why it is
+    damaged) from the frames that decode, where its bytes have not told already."""
     damage = None
+    decoded, end_s = _decode_to_end(cv2, capture, stop, info)
+    _take_decoded_count(info, decoded, end_s)
+    if info.frames_decoded == 0 and not cut:
+        info.fail(undecodable)
+    elif not cut and judge_by_frames:
+        reached = _position(end_s, info.fps)
+        cut = _frames_short(info.frames_decoded, info.frames_header, reached)
+        if cut and _runs_on_past_its_video(path, sniffed, info, sizes_whole):
+            cut = None  # whole: its audio runs on after its video
+        if not cut:  # or frames lost, where its structure tells
+            damage = _frames_lost(info, path, end_s, count_from_duration=True)
+    elif not cut and sizes_whole:
+        # all its bytes there, its header counting the video's own frames: frames
+        # that do not decode are damage, not a cut
+        damage = _frames_lost(info, path, end_s)
+    return cut, damage
+
+
+def _judge_by_header(
+    cv2,
+    capture,
+    info: VideoInfo,
+    path: Path,
+    sniffed: str | None,
+    cut: str | None,
+    stop: threading.Event | None,
+    decoder_threads: int | None,
+    *,
+    decode_check: bool,
+    judge_by_frames: bool,
+    sizes_whole: bool,
+    undecodable: str,
+) -> str | None:
+    """The header's count as the row's; with `decode_check`, the first frame decoded, and,
+    where the sizes say nothing, the last ones the header declares: why it is cut, or None.
+    `capture` may be released here (to decode from the start again)."""
+    info.frames, info.frames_source = info.frames_header, "header"
+    # Decoding the first frame tells a readable video from a header with broken data,
+    # decoding the last ones a whole file from one that stops early.
+    if decode_check and not cut and not capture.grab():
+        info.fail(undecodable)
+    elif decode_check and judge_by_frames and info.frames_header:
+        cut = _tail_decodes(cv2, capture, info.frames_header, decoded=1)
+        if cut:  # or a variable frame rate: decoded to the end, the last frame's time
+            capture.release()
+            cut = _cut_after_decoding_all(
+                cv2, info, path, sniffed, cut, stop, decoder_threads, sizes_whole=sizes_whole
+            )
+        info.known_whole = not cut
+    return cut
+
+
+def _cut_after_decoding_all(
+    cv2,
+    info: VideoInfo,
+    path: Path,
+    sniffed: str | None,
+    cut: str,
+    stop: threading.Event | None,
+    decoder_threads: int | None,
+    *,
+    sizes_whole: bool,
+) -> str | None:
+    """Where the header's last frames did not decode (`cut`): the file opened again and decoded
+    to the end, a cut only if the last frame's time falls short too (a variable frame rate
+    puts fewer frames in the same time); `cut` as it was where it cannot be opened again."""
     capture = _open_capture(cv2, path, decoder_threads)
     if capture is None:
-        cut = cut or _index_missing(path, sniffed)
-        if cut:
-            info.fail(cut, "truncated")
-        else:
-            whole = declared is not None and declared == info.size_bytes
-            whole = whole or declares_no_video(head, sniffed)  # nothing cut: no video in it
-            info.fail(_describe_unopenable(info.size_bytes, sniffed, whole))
-        return
-    if info.container is None:  # FFmpeg knows a format we do not sniff: trust the name
-        info.container = path.suffix.lower().lstrip(".") or None
+        return cut
     try:
-        width = _positive_int(capture.get(cv2.CAP_PROP_FRAME_WIDTH))
-        height = _positive_int(capture.get(cv2.CAP_PROP_FRAME_HEIGHT))
-        info.width, info.height = width, height
-        fps = capture.get(cv2.CAP_PROP_FPS)
-        info.fps = float(fps) if fps and math.isfinite(fps) and fps > 0 else None
-        declared_frames = capture.get(cv2.CAP_PROP_FRAME_COUNT)
-        if sniffed == "dv":
-            declared_frames = _raw_dv_timing(cv2, path, decoder_threads, info, declared_frames)
-        # FFmpeg counts a fragmented MP4's moov samples alone (those of its first fragment, as
-        # `-movflags frag_keyframe` writes it): its fragments' runs hold the rest.
-        declared_frames = fragmented_frame_count(path, sniffed) or declared_frames
-        # and an MP4's count is its samples', where its edit list may show fewer (a clip cut
-        # without re-encoding keeps the frames before its cut, which are decoded and dropped)
-        edited = iso_edited_frame_count(path, sniffed)
-        if edited is not None:
-            declared_frames = float(edited)
-        # and a Matroska file's count is its longest stream's duration times the video's rate
-        # (50 frames for 5 beside 2 s of audio): the video track's own tags say less.
-        own = matroska_video_frames(path, sniffed, info.fps)
-        if own is not None and 0 < own < declared_frames:
-            declared_frames = float(own)
-        # a count from the file's duration is checked against the video's frames, as where
-        # the format records no sizes: the sizes tell a cut, not audio that runs on
-        sizes_whole = declared is not None and not cut
-        judge_by_frames = judge_by_frames or (
-            sizes_whole and sniffed in _COUNT_FROM_FILE_DURATION and own is None
-        )
-        # 0: the header's duration is 0 (an unknown one reads as a negative count, shown as none)
-        info.frames_header = 0 if declared_frames == 0 else _positive_int(declared_frames)
-        undecodable = (
-            NO_FRAMES if declared_frames == 0 else "no frame decodes (truncated or corrupt)"
-        )
-        # The tag the container records (XVID, mp4v), as ffprobe shows it; else FFmpeg's own;
-        # else, for a container that records none, ffprobe's codec name
-        info.codec = (
-            container_fourcc(path, sniffed)
-            or fourcc_to_text(capture.get(cv2.CAP_PROP_FOURCC))
-            or _UNTAGGED_CODECS.get(sniffed or "")
-        )
-        if width is None or height is None:
-            info.fail(cut or "no video stream", "truncated" if cut else "unreadable")
-            return
-        if exact:
-            decoded, end_s = _decode_to_end(cv2, capture, stop, info)
-            _take_decoded_count(info, decoded, end_s)
-            if info.frames_decoded == 0 and not cut:
-                info.fail(undecodable)
-            elif not cut and judge_by_frames:
-                reached = _position(end_s, info.fps)
-                cut = _frames_short(info.frames_decoded, info.frames_header, reached)
-                if cut and _runs_on_past_its_video(path, sniffed, info, sizes_whole):
-                    cut = None  # whole: its audio runs on after its video
-                if not cut:  # or frames lost, where its structure tells
-                    damage = _frames_lost(info, path, end_s, count_from_duration=True)
-            elif not cut and sizes_whole:
-                # all its bytes there, its header counting the video's own frames: frames
-                # that do not decode are damage, not a cut
-                damage = _frames_lost(info, path, end_s)
-        else:
-            info.frames, info.frames_source = info.frames_header, "header"
-            # Decoding the first frame tells a readable video from a header with broken data,
-            # decoding the last ones a whole file from one that stops early.
-            if decode_check and not cut and not capture.grab():
-                info.fail(undecodable)
-            elif decode_check and judge_by_frames and info.frames_header:
-                cut = _tail_decodes(cv2, capture, info.frames_header, decoded=1)
-                if cut:  # or a variable frame rate: decoded to the end, the last frame's time
-                    capture.release()
-                    capture = _open_capture(cv2, path, decoder_threads)
-                    if capture is not None:
-                        decoded, end_s = _decode_to_end(cv2, capture, stop, info)
-                        reached = _position(end_s, info.fps)
-                        cut = _frames_short(decoded, info.frames_header, reached)
-                        if cut and _runs_on_past_its_video(path, sniffed, info, sizes_whole):
-                            cut = None  # whole, with fewer frames: those decoded are the row's
-                            _take_decoded_count(info, decoded, end_s)
-                info.known_whole = not cut
+        decoded, end_s = _decode_to_end(cv2, capture, stop, info)
     finally:
-        if capture is not None:
-            capture.release()
+        capture.release()
+    reached = _position(end_s, info.fps)
+    cut = _frames_short(decoded, info.frames_header, reached)
+    if cut and _runs_on_past_its_video(path, sniffed, info, sizes_whole):
+        cut = None  # whole, with fewer frames: those decoded are the row's
+        _take_decoded_count(info, decoded, end_s)
+    return cut
+
+
+def _conclude(info: VideoInfo, declared: int | None, cut: str | None, damage: str | None) -> None:
+    """The row's duration where the header gave none, whether it is known whole, and its
+    status: truncated where `cut`, else damaged where `damage`."""
     if info.duration_s is None and info.frames is not None and info.fps:
         info.duration_s = info.frames / info.fps
     if declared is not None and not cut:
