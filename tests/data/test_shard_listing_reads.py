@@ -188,3 +188,37 @@ def test_a_negative_pax_size_is_damage_not_a_loop(tmp_path):
             tar.addfile(info, io.BytesIO(data))
     with stopped_after(2), pytest.raises(shards.DamagedTar, match="negative size"):
         shards.list_tar(str(archive))
+
+
+def test_the_samples_of_one_class_share_its_name_and_index(tmp_path, monkeypatch):
+    """Each `KEY.json` label parses into a str of its own (and each index past 256 into an int
+    of its own): a million samples held a million copies of a hundred names while the shards
+    were listed. The samples of a class now share one name and one index, over every shard;
+    the labels are the same."""
+    png = b"\x89PNG not decoded here"
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    for shard in range(2):
+        members = []
+        for key in range(shard * 60, shard * 60 + 60):
+            meta = {"label": f"class_{key % 3}", "cls": 1000 + key % 3, "path": f"{key}.png"}
+            members += [(f"{key:05d}.png", png), (f"{key:05d}.json", json.dumps(meta).encode())]
+        write_tar(folder / f"shard-{shard:06d}.tar", members)
+    listed = []
+    real_source = shards.shards_source
+
+    def source(spec, root, found, *args, **kwargs):
+        listed.extend(found)
+        return real_source(spec, root, found, *args, **kwargs)
+
+    monkeypatch.setattr(shards, "shards_source", source)
+    data = open_data(str(folder))
+    assert len(listed) == 120
+    assert len({id(sample.name) for sample in listed}) == 3
+    assert len({id(sample.index) for sample in listed}) == 3
+    assert sorted({(sample.name, sample.index) for sample in listed}) == [
+        ("class_0", 1000),
+        ("class_1", 1001),
+        ("class_2", 1002),
+    ]
+    assert list(data.whole.labels) == [key % 3 for key in range(120)]

@@ -846,8 +846,14 @@ def _holds_an_image_folder(listing: TarListing) -> bool:
     )
 
 
-def _shard_samples(listing: TarListing, shown: str, reader: TarReader) -> list[ShardSample]:
-    """The samples of one shard, in member order (`shown`: the shard's name in messages)."""
+def _shard_samples(
+    listing: TarListing, shown: str, reader: TarReader, labels: dict | None = None
+) -> list[ShardSample]:
+    """The samples of one shard, in member order (`shown`: the shard's name in messages).
+    `labels`: the class names and indices met so far (each its own key and value), so that the
+    samples of one class share one object: each `KEY.json` parses its name into a new str (and
+    an index past 256 is a new int), about 60 bytes a sample held until the labels are made."""
+    labels = {} if labels is None else labels
     groups: dict[str, dict[str, str]] = {}
     looping: list[str] = []
     for member in (*listing.members, *listing.links):
@@ -884,6 +890,10 @@ def _shard_samples(listing: TarListing, shown: str, reader: TarReader) -> list[S
                 + ", KEY.".join(e.lstrip(".") for e in sorted(IMAGE_EXTENSIONS)),
             )
         name, index = _label(group, listing, reader, f"{key} in {shown}")
+        if name is not None:
+            name = labels.setdefault(name, name)
+        if index is not None:
+            index = labels.setdefault(index, index)
         image = group[images[0]]
         samples.append(ShardSample(shown, key, image, listing.locator(image), name, index))
     return samples
@@ -1240,12 +1250,13 @@ def _open_shards(
     splits = [name.split("-", 1)[0] if by_split else None for name in names]
     reported = _shards_named_twice(spec, shards, shown_names, splits)
     starts = []  # where each shard's samples begin in `found`
+    labels: dict = {}  # one object a class name and a class index, over every shard
     for position, shard in enumerate(shards):
         listing = listed[position] if listed else list_tar(shard, labels=True)
         shown = shown_names[position]
         readers[shown] = TarReader(shard, listing.stamp)
         starts.append(len(found))
-        found += _shard_samples(listing, shown, readers[shown])
+        found += _shard_samples(listing, shown, readers[shown], labels)
     starts.append(len(found))
     paths = [StoredImage(f"{s.shard}/{s.image}", readers[s.shard], s.locator) for s in found]
     for positions in reported:
