@@ -13,6 +13,7 @@ import json
 import os
 import stat
 import subprocess
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +40,7 @@ from torchkit.core.export import (
     load_exported,
     sniff_format,
 )
+from torchkit.core.export.writing import export_failure
 from torchkit.core.io.errors import InputError
 from torchkit.core.models.checkpoint import FORMAT_VERSION, save_checkpoint
 from torchkit.core.models.convnet import convnet_class
@@ -791,6 +793,20 @@ def test_an_onnx_run_that_fails_is_one_error_without_onnxruntimes_log_line(tmp_p
     assert capfd.readouterr().err == ""
 
 
+def test_a_pt2_file_in_older_torchs_layout_is_an_exported_program(tmp_path):
+    # torch 2.4's torch.export.save writes its entries at the archive's top, with no
+    # `archive_format`: its own .pt2 files were refused as "not an exported model".
+    old = tmp_path / "old.pt2"
+    with zipfile.ZipFile(old, "w") as archive:
+        for name in ("serialized_exported_program.json", "serialized_state_dict.pt", "version"):
+            archive.writestr(name, b"")
+        archive.writestr("extra_files/torchkit.json", b"{}")
+    assert sniff_format(old) == EXPORTED_PROGRAM
+    written = tmp_path / "new.pt2"
+    torch.export.save(torch.export.export(nn.Linear(3, 2), (torch.randn(2, 3),)), written)
+    assert sniff_format(written) == EXPORTED_PROGRAM  # this torch's own layout
+
+
 def test_load_exported_refuses_what_is_not_an_exported_model(world, tmp_path):
     assert sniff_format(world["root"] / "convnet.pt") is None  # a checkpoint, not a TorchScript
     with pytest.raises(InputError, match="not an exported model"):
@@ -965,6 +981,21 @@ def test_an_operator_onnx_lacks_is_one_error_line_naming_it(world, tmp_path, cap
     line = error_line(done.stderr, besides="nothing")
     assert "aten::linalg_svdvals" in line and "not supported" in line
     assert done.stdout == "" and not out.exists() and leftovers(tmp_path) == []
+
+
+def test_torch_2_4s_words_for_a_branch_on_values_are_the_same_error():
+    # torch 2.4's torch.export refuses Branchy with these words (a UserError), which fell
+    # through to the generic line without the hint that names torch.cond.
+    error = type("UserError", (Exception,), {})(
+        "Dynamic control flow is not supported at the moment. Please use "
+        "functorch.experimental.control_flow.cond to explicitly capture the control flow."
+    )
+    failure = export_failure(error, arch="Branchy", fmt=EXPORTED_PROGRAM)
+    assert failure.message == (
+        "cannot export Branchy to exported-program: the model branches on tensor values "
+        "(data-dependent control flow: Dynamic control flow is not supported at the moment)"
+    )
+    assert "torch.cond" in failure.hint
 
 
 @pytest.mark.parametrize(

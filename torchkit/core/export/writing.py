@@ -84,7 +84,9 @@ def export_failure(error: BaseException, *, arch: str, fmt: str) -> ExportError:
             f"cannot export {arch} with a dynamic batch size: the model fixes it ({line})",
             "pass --static-batch (with --batch-size N)",
         )
-    if "GuardOnDataDependent" in name or "data-dependent" in text or "data dependent" in text:
+    # torch 2.4's torch.export says "Dynamic control flow is not supported" (a UserError)
+    data_dependent = ("data-dependent", "data dependent", "Dynamic control flow is not supported")
+    if "GuardOnDataDependent" in name or any(words in text for words in data_dependent):
         return ExportError(
             f"cannot export {arch} to {fmt}: the model branches on tensor values "
             f"(data-dependent control flow: {line})",

@@ -37,10 +37,16 @@ def format_of_extension(path: str | os.PathLike) -> str | None:
     return None
 
 
+# The program's entry at the top of torch.export.save's archive in older torch (2.4's), whose
+# archives have no folder and no `archive_format`
+_FLAT_EXPORTED_PROGRAM = "serialized_exported_program.json"
+
+
 def sniff_format(path: str | os.PathLike) -> str | None:
     """The format of an exported file, from its extension (.onnx) or its zip archive's entries
-    (TorchScript holds `code/`, torch.export's `archive_format`); None for anything else (a
-    checkpoint, a state dict, a file that is not there)."""
+    (TorchScript holds `code/`; torch.export's `archive_format` in a folder, or, written by an
+    older torch such as 2.4, `serialized_exported_program.json` at the top); None for anything
+    else (a checkpoint, a state dict, a file that is not there)."""
     source = Path(path)
     if not source.is_file():
         return None
@@ -52,7 +58,7 @@ def sniff_format(path: str | os.PathLike) -> str | None:
     except (OSError, zipfile.BadZipFile):
         return None
     entries = {name.split("/", 1)[1] for name in names if "/" in name}
-    if "archive_format" in entries:
+    if "archive_format" in entries or _FLAT_EXPORTED_PROGRAM in names:
         return EXPORTED_PROGRAM
     if "constants.pkl" in entries or any(name.startswith("code/") for name in entries):
         return TORCHSCRIPT
