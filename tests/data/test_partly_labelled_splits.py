@@ -197,3 +197,27 @@ def test_the_refusal_of_a_split_without_labels_names_that_splits_rows(tmp_path):
             # Not first "Warning: ... its images are read unlabelled" of val's and test's
             # files: no image is read.
             assert "are read unlabelled" not in refused.stderr, command
+
+
+def test_eval_of_the_held_out_val_split_warns_of_a_train_row_without_a_label(tmp_path, caplog):
+    # Without a test split, eval of a run's data scores the val split the run held out; a
+    # train row without a label (the index edited since) was read unlabelled without its
+    # warning, which eval --split val gave: the warnings were kept back whenever any split
+    # had such images, as if every split were scored.
+    import logging
+
+    from torchkit.core.evaluate import load_eval_samples
+
+    index = _split_index(tmp_path, empty_label_line=5)  # a train row
+    index.write_text(index.read_text().replace(",test\n", ",val\n"))  # train and val only
+    recorded = {"kind": "csv index", "root": str(index.parent)}
+    for split in (None, "val"):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="torchkit"):
+            scored = load_eval_samples(str(index), split=split, recorded=recorded)
+        assert scored.split == "val" and len(scored.samples) == 6
+        warned = [r.getMessage() for r in caplog.records if "read unlabelled" in r.getMessage()]
+        assert warned == [
+            f"{index} has 1 row(s) without a label (line 5) among 11 labelled ones: the images "
+            "of its train split are read unlabelled"
+        ], split

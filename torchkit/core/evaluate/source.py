@@ -107,10 +107,17 @@ def load_eval_samples(
     scored = split or "test"
 
     def refused(opened: DataSource) -> bool:
-        """Whether the split scored (all, where it is none of them) has images without a label."""
-        part = opened.splits.get(scored)
-        parts = [part] if part is not None else opened.splits.values()
-        return any(each.has_unlabelled for each in parts)
+        """Whether the images scored have one without a label (or none are: no split to score).
+        Without a test split, the split a training run held out of its data is scored, not
+        every split: a partly labelled train split gave no warning of its images read
+        unlabelled while val was scored."""
+        try:
+            chosen, _ = select_split(
+                opened, split, default="test", recorded=recorded, held_out_default=True, quiet=True
+            )
+        except (InputError, UsageError):  # refused below
+            return True
+        return chosen.has_unlabelled
 
     source, unlabelled = open_labelled(data, refused=refused)
     samples, notes = select_split(

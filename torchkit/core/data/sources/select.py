@@ -82,6 +82,7 @@ def select_split(
     recorded: Mapping | None = None,
     default_reason: str = "",
     held_out_default: bool = False,
+    quiet: bool = False,
 ) -> tuple[Samples, list[str]]:
     """The samples `--split` names in `source`, and notes for the user.
 
@@ -96,8 +97,13 @@ def select_split(
     `held_out_default` (eval): without --split, the data a training run used (`recorded`, same
     root) that has no test split of its own gives the split the run held out (its val), not
     the whole data, most of which the model trained on.
+
+    `quiet`: no warning of empty splits or stray images (the samples only, looked at before
+    they are read).
     """
     chosen = _select_split(source, split, default, recorded, default_reason, held_out_default)
+    if quiet:
+        return chosen
     warn_empty_splits(source, set(chosen[0].splits or ()))
     warn_stray_images(source)
     return chosen
