@@ -142,7 +142,10 @@ def test_benchmark_counts_the_matrix_an_inference_holds(vits, monkeypatch):
         f"Vit in infer mode at batch {batch} needs at least {needed / 1e9:,.1f} GB (the input "
         "batch and its largest attention matrix), more than the 1.1 GB of memory available"
     )
-    assert refusal.hint == "use a smaller --batch-size, or --find-batch-size"
+    assert refusal.hint == (
+        "give a smaller --batch-size, or find the largest that fits with --find-batch-size"
+    )
+    assert refusal.exit_code == 2  # a usage error, as export's refusal
 
 
 @pytest.mark.parametrize(("how", "kept"), [("by-hand", True), ("sdpa", False)])

@@ -1169,8 +1169,9 @@ def test_agrees_with_a_hand_written_timing_loop(mode):
 
 def test_a_cpu_batch_beyond_the_available_memory_is_refused_before_any_run(runner, monkeypatch):
     """Before: the run started, and a batch the machine could not hold was not an out-of-memory
-    error but the kernel's OOM killer (exit 137, every figure lost); now one error line, exit 1,
-    before any configuration runs."""
+    error but the kernel's OOM killer (exit 137, every figure lost); now one error line before
+    any configuration runs, a usage error (exit 2) as export's refusal of a batch that would not
+    fit is (it exited 1)."""
     sample = (1, 28, 28)
     counted = summarize(bench_run_model("convnet", sample), [(1, *sample)], count_flops=True)
     train_image = (counted.input_mb + counted.forward_backward_mb / 2) * 1e6
@@ -1181,10 +1182,12 @@ def test_a_cpu_batch_beyond_the_available_memory_is_refused_before_any_run(runne
     monkeypatch.setattr(bench_run, "available_memory", lambda: available)
     args = ["benchmark", "convnet", "-i", "1,28,28", *FAST, "--mode", "both"]
     refused = runner.invoke(app, [*args, "-b", "2,1000"])
-    assert refused.exit_code == 1, refused.stdout
+    assert refused.exit_code == 2, refused.stdout
     assert refused.stdout == ""
-    assert error_line(refused.stderr).startswith(
-        "Error: convnet in train mode at batch 1000 needs at least"
+    line = error_line(refused.stderr)
+    assert line.startswith("Error: convnet in train mode at batch 1000 needs at least")
+    assert line.endswith(
+        "(give a smaller --batch-size, or find the largest that fits with --find-batch-size)"
     )
     fits = runner.invoke(app, [*args, "-b", "2,50", "--warmup", "0", "--iters", "1"])
     assert fits.exit_code == 0, fits.stderr

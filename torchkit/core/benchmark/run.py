@@ -659,11 +659,13 @@ def _check_fits_in_memory(
                 what = f"the input batch and its {LARGEST_ATTENTION_MATRIX}"
             else:
                 what = "the input batch and one layer's inputs and output"
-            raise TorchkitError(
+            # a value this machine cannot run, refused before any work: a usage error, as
+            # export's, summary's and --num-classes' memory refusals are (conventions.md)
+            raise UsageError(
                 f"{name} in {mode} mode at batch {batch} needs at least "
                 f"{needed / 1e9:,.1f} GB ({what}), more than the "
                 f"{available / 1e9:,.1f} GB of memory available",
-                "use a smaller --batch-size, or --find-batch-size",
+                "give a smaller --batch-size, or find the largest that fits with --find-batch-size",
             )
 
 
