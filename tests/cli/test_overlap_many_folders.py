@@ -89,3 +89,41 @@ def test_a_folder_deeper_than_pythons_recursion_limit_is_checked(tmp_path):
             check_overlap(deep / "out", "--out", [InputPath(tmp_path / name, "data")])
     with pytest.raises(OutputOverlapError, match="contains the data"):
         check_overlap(tmp_path / "d", "--out", [InputPath(deep, "data")])
+
+
+@pytest.mark.parametrize(
+    ("out_name", "input_name"),
+    [
+        ("runs/out", "runs/out/link"),
+        ("//TMP/runs/out", "runs/out/link"),  # a leading `//` is `/` on Linux
+        ("runs/out", "//TMP/runs/out/link"),
+        ("to_runs/out", "runs/out/link"),  # a link to the output's folder on the way
+        ("runs/out", "to_runs/out/link"),
+        ("runs/./out/", "runs/out/./link/"),
+        ("runs/x/../out", "to_runs/out/link"),
+        ("runs/out", "runs/out/inside_link/data"),  # through a link inside OUT
+    ],
+)
+def test_an_input_named_through_the_output_is_refused_however_spelled(
+    tmp_path, out_name, input_name
+):
+    """`--data OUT/link` (a link in OUT to data elsewhere) is gone from its name once OUT is
+    replaced: refused however either is spelled. A leading `//` and a link to OUT's folder
+    passed before (the name was compared as `abspath` spells it)."""
+    (tmp_path / "runs" / "out").mkdir(parents=True)
+    (tmp_path / "runs" / "x").mkdir()
+    (tmp_path / "elsewhere" / "data").mkdir(parents=True)
+    (tmp_path / "runs" / "out" / "link").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "runs" / "out" / "inside_link").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "to_runs").symlink_to(tmp_path / "runs")
+
+    def spelled(name: str) -> str:
+        return name.replace("//TMP", "/" + str(tmp_path)) if "TMP" in name else f"{tmp_path}/{name}"
+
+    with pytest.raises(OutputOverlapError, match="contains the data"):
+        check_overlap(spelled(out_name), "--out", [InputPath.of(spelled(input_name), "data")])
+    # the same input beside another output, and the data it links to: no overlap
+    check_overlap(tmp_path / "runs" / "x", "--out", [InputPath.of(spelled(input_name), "data")])
+    check_overlap(
+        spelled(out_name), "--out", [InputPath.of(tmp_path / "elsewhere" / "data", "data")]
+    )

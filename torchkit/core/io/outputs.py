@@ -118,22 +118,46 @@ def _real(path: str | os.PathLike) -> Path:
     return Path(os.path.realpath(os.fspath(path)))
 
 
-def _real_in(path: str | os.PathLike, folders: dict[str, str]) -> Path:
-    """`_real(path)`, with the real paths of the folders that hold inputs kept in `folders`
-    (across the inputs of one check): only the last name is looked at (an lstat) where its
-    folder was resolved before, instead of every folder on the way (a dozen lstats an input
-    folder, a million input folders for a CSV index of `ID/image.png` rows)."""
-    text = os.fspath(path)
-    if os.name != "posix" or ".." in text.split(os.sep) or text.startswith("~"):
-        return _real(text)
-    head, name = os.path.split(os.path.abspath(text))
-    if not name:  # the root
-        return _real(text)
-    real_head = folders.get(head)
-    if real_head is None:
-        real_head = folders[head] = os.path.realpath(head)
-    candidate = os.path.join(real_head, name)
-    return Path(os.path.realpath(candidate) if os.path.islink(candidate) else candidate)
+class _Resolver:
+    """Real paths of the inputs of one overlap check, and whether each is named through the
+    output folder (`--data OUT/link`, a link inside OUT to data elsewhere: gone from its name
+    once OUT is replaced). Each path is walked a name at a time from `/`, as realpath walks it,
+    and each folder's result is kept (`walked`): a million input folders `ID/` below one data
+    folder cost an lstat each, not a dozen (realpath's). The output folder is recognised
+    however either path spells it: `//OUT`, `.` segments, a link to a folder on the way."""
+
+    def __init__(self, output: Path | None) -> None:
+        self.output = output  # the real output folder where it exists (else nothing is through)
+        self.cwd = os.getcwd() if os.name == "posix" else ""
+        self.walked: dict[str, tuple[str, bool]] = {"": ("/", False)}
+
+    def resolve(self, path: str | os.PathLike) -> tuple[Path, bool]:
+        """`_real(path)`, and whether `path` goes through the output folder on its way."""
+        text = os.fspath(path)
+        if os.name != "posix":  # names compare without case there: realpath's and Path's rules
+            named = Path(os.path.abspath(text))
+            return _real(text), self.output is not None and _is_within(named, self.output)
+        absolute = text if text.startswith("/") else f"{self.cwd}/{text}"
+        # `//` and `/./` are `/` (POSIX leaves a leading `//` to the system; Linux: `/`)
+        names = [name for name in absolute.split("/") if name not in ("", ".")]
+        known = len(names)
+        while "/".join(names[:known]) not in self.walked:
+            known -= 1
+        real, through = self.walked["/".join(names[:known])]
+        for index in range(known, len(names)):
+            name = names[index]
+            if name == "..":
+                real = os.path.dirname(real)
+                through = self.output is not None and _is_within(Path(real), self.output)
+            else:
+                candidate = os.path.join(real, name)
+                # the name itself inside OUT, before a link is followed: the link goes with OUT
+                through = through or (
+                    self.output is not None and _is_within(Path(candidate), self.output)
+                )
+                real = os.path.realpath(candidate) if os.path.islink(candidate) else candidate
+            self.walked["/".join(names[: index + 1])] = (real, through)
+        return Path(real), through
 
 
 def _is_within(inner: Path, outer: Path) -> bool:
@@ -195,17 +219,16 @@ def check_overlap(output: str | os.PathLike, what: str, inputs: Iterable[InputPa
     out = _real(output)
     known: dict[Path, FileId | None] = {}
     chains: dict[Path, list[FileId]] = {}
-    real_folders: dict[str, str] = {}
     out_chain = _file_ids(out, known, chains)
     out_id = known[out]
     out_is_dir = out_id is not None and os.path.isdir(out)
     # An input named through the output folder (`--data OUT/link`, the link to a folder
     # elsewhere) is gone from its name once OUT is replaced, however it resolves.
-    out_named = Path(os.path.abspath(output)) if out_is_dir else None
+    resolver = _Resolver(out if out_is_dir else None)
     for item in inputs:
         if item is None:
             continue
-        source = _real_in(item.path, real_folders)
+        source, named_through_out = resolver.resolve(item.path)
         source_chain = _file_ids(source, known, chains)
         source_id = known[source]
         if out == source or (out_id is not None and out_id == source_id):
@@ -213,12 +236,7 @@ def check_overlap(output: str | os.PathLike, what: str, inputs: Iterable[InputPa
                 f"{what} {_shown(output)} is the {item.what} {_shown(item.path)}",
                 "choose another output",
             )
-        named = Path(os.path.abspath(item.path))
-        if (
-            _is_within(source, out)
-            or (out_is_dir and out_id in source_chain)
-            or (out_named is not None and _is_within(named, out_named))
-        ):
+        if _is_within(source, out) or (out_is_dir and out_id in source_chain) or named_through_out:
             raise OutputOverlapError(
                 f"{what} {_shown(output)} contains the {item.what} {_shown(item.path)}",
                 "choose an output outside the inputs",
