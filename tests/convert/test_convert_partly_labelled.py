@@ -78,3 +78,22 @@ def test_split_refuses_a_partly_labelled_index_rather_than_dropping_its_labels(t
     assert str(refused.value).startswith(
         f"{index} (csv) has 2 image(s) without a label (1.png, 4.png) among 3 labelled ones"
     )
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_no_shuffle_writes_partly_labelled_samples_in_the_sources_order(tmp_path, kind):
+    # The samples without a label stay where the source has them (class "" is a label, not a
+    # sort key): dog, none, cat, ... is written so, not by class nor with the unlabelled last.
+    labels = ["dog", None, "cat", "dog", None, "cat"]
+    source = partly_labelled_source(kind, tmp_path / "source", labels, NAMES)
+    out = tmp_path / "out"
+    done = run_torchkit_in_process("convert", "shards", source, out, "--no-shuffle")
+    assert done.returncode == 0, done.stderr
+    with tarfile.open(out / "shard-000000.tar") as tar:
+        written = [
+            json.loads(tar.extractfile(member).read())["label"]
+            for member in tar.getmembers()
+            if member.name.endswith(".json")
+        ]
+    assert written == labels
+    assert list(_written(out)) == list(range(len(labels)))  # the source's samples, in turn
