@@ -16,6 +16,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+from damaged_videos import decoded_by_opencv, ffmpeg_made, moving_picture, zeroed_copy
 from fragmented_mp4 import fragmented_mp4, media_timescale
 from output_checks import error_line
 from processes import PipeLines, run_torchkit_process, start_torchkit_process
@@ -1695,15 +1696,6 @@ def test_an_mp4_cut_by_its_edit_list_counts_the_frames_it_shows(tmp_path):
     assert code == 0 and row["frame_indices"] == [1, 5]
 
 
-def decoded_by_opencv(path: Path) -> int:
-    """The frames OpenCV's FFmpeg decodes of `path`, counted apart from torchkit's code."""
-    capture, frames = cv2.VideoCapture(str(path), cv2.CAP_FFMPEG), 0
-    while capture.grab():
-        frames += 1
-    capture.release()
-    return frames
-
-
 def test_an_mp4_edts_box_of_size_0_holds_the_mdia_after_it(tmp_path):
     """An `edts` box of size 0 runs to the end of its track, over the `mdia` after it: FFmpeg
     reads that `mdia` as the track's all the same (it takes a box wherever it lies), where the
@@ -2053,18 +2045,6 @@ def test_an_mp4_without_its_index_is_truncated_not_a_file_without_video(tmp_path
     }
 
 
-def zeroed_copy(source: Path, folder: Path, at: float = 0.5, share: float = 0.1) -> Path:
-    """A copy of `source` whose bytes from `at` of the way in, `share` of them, are zeroes:
-    as an unfinished download's preallocated file or a failing disk leaves a file, every
-    byte its container declares there."""
-    data = bytearray(source.read_bytes())
-    start, length = int(len(data) * at), int(len(data) * share)
-    data[start : start + length] = bytes(length)
-    target = folder / f"zeroed-{source.name}"
-    target.write_bytes(bytes(data))
-    return target
-
-
 DAMAGED_MESSAGES = {  # what a 40-frame video's zeroed copy says it holds
     "clip.avi": "frames its index lists decode, though the file holds every byte its avi",
     "clip.mkv": "frames its header declares decode, and its mkv structure breaks at byte ",
@@ -2095,6 +2075,81 @@ def test_a_zeroed_copy_is_damaged_with_exact(tmp_path, whole_videos, name):
     assert exact.error.startswith(f"damaged: {decoded} of the 40 {DAMAGED_MESSAGES[name]}")
     whole_exact = probe_video(whole, exact=True)
     assert (whole_exact.status, whole_exact.frames_decoded) == ("ok", 40)
+
+
+@pytest.fixture(scope="module")
+def x264_clip(tmp_path_factory) -> Path:
+    """An H.264 MP4 of 4 s at 25 fps as x264 writes it: a key frame a second, B-frames."""
+    return ffmpeg_made(
+        tmp_path_factory.mktemp("x264") / "x264.mp4",
+        *moving_picture(4),
+        *("-c:v", "libx264", "-g", "25", "-bf", "2", "-pix_fmt", "yuv420p"),
+        encoders=("libx264",),
+    )
+
+
+def test_a_fragmented_mp4_whose_moov_lists_the_frames_before_its_first_key_frame(
+    tmp_path, x264_clip
+):
+    """`ffmpeg -i a.mp4 -ss 1.4 -c copy -copyinkf -movflags frag_keyframe` keeps the frames
+    before the first key frame in the moov's sample table, with no stss: FFmpeg writes none
+    where none of its samples is a key frame, as where all are, so each read as one, and
+    --exact called the whole file damaged (150 of 173 frames decode, those before the first
+    key frame dropped). A table without stss in front of fragments that hold frames other
+    than key frames is read as those frames; damage after them is still found."""
+    cut = ffmpeg_made(
+        tmp_path / "cut.mp4",
+        *("-i", x264_clip, "-ss", "1.4", "-c", "copy", "-copyinkf"),
+        *("-movflags", "frag_keyframe"),
+    )
+    data = cut.read_bytes()
+    assert b"stss" not in data[: data.find(b"moof")] and b"stss" in x264_clip.read_bytes()
+    decoded = decoded_by_opencv(cut)
+    exact = probe_video(cut, exact=True)
+    assert exact.frames_header - decoded >= 10  # 1.4 s to 2 s: no key frame to decode from
+    assert (exact.status, exact.frames_decoded, exact.error) == ("ok", decoded, None)
+    assert probe_video(zeroed_copy(cut, tmp_path), exact=True).status == "damaged"
+
+
+@pytest.mark.parametrize("at", (0.3, 0.5, 0.7))
+def test_a_zeroed_fragmented_mp4_is_damaged(tmp_path, whole_videos, at):
+    """A fragmented MP4 with a tenth of its bytes zeroed: its fragments were counted up to the
+    zeroes (the boxes stop there, where FFmpeg's reader stops too), so the frames before them
+    decoded, the file read `ok` (or `truncated`, a fragment cut by the zeroes falling short of
+    its count) under --exact. Past bytes that are no box, the walk goes on at the next
+    fragment (its `moof`, as the `mfra` index FFmpeg writes last lists it, or found by its
+    first bytes): the frames of the whole file are counted, and the file is damaged, its
+    structure breaking where the zeroes start. (OpenCV's MP4 in fragments; and ffmpeg's.)"""
+    clip = need(whole_videos, "clip.mp4")
+    fragmented = tmp_path / "fragmented.mp4"
+    fragmented.write_bytes(fragmented_mp4(clip.read_bytes(), [512] * 40, [10] * 4))
+    assert probe_video(fragmented, exact=True).status == "ok"
+    zeroed = zeroed_copy(fragmented, tmp_path, at)
+    exact = probe_video(zeroed, exact=True)
+    # (the count of a fragment whose moof the zeroes cover is lost with it: 10 frames)
+    assert exact.status == "damaged" and exact.frames_header >= 30
+    assert exact.frames_decoded == decoded_by_opencv(zeroed) < exact.frames_header - 1
+    if at > 0.3:  # the first fragment's frames end at a third of the file: the boxes break
+        start, size = int(fragmented.stat().st_size * at), fragmented.stat().st_size
+        found = exact.error.split("mp4 structure breaks at byte ")[1].split(" ")[0]
+        assert start <= int(found.rstrip(",").replace(",", "")) < start + size // 10
+    assert probe_video(zeroed).status == "ok"  # damage is looked for with --exact alone
+    assert probe_video(cut_copy(zeroed, tmp_path, 0.95), exact=True).status == "truncated"
+
+
+def test_a_zeroed_fragmented_mp4_from_ffmpeg_is_damaged(tmp_path, x264_clip):
+    """FFmpeg's fragmented MP4s (the first fragment in the moov or not), whose `mfra` lists
+    where each fragment starts, zeroed a tenth at 30, 50 and 70% of the way in."""
+    for flags in ("frag_keyframe", "frag_keyframe+empty_moov"):
+        made = ffmpeg_made(tmp_path / "made.mp4", "-i", x264_clip, "-c", "copy", "-movflags", flags)
+        assert made.read_bytes()[-12:-8] == b"mfro"  # its fragments' index
+        assert probe_video(made, exact=True).status == "ok"
+        for at in (0.3, 0.5, 0.7):
+            exact = probe_video(zeroed_copy(made, tmp_path, at), exact=True)
+            assert (exact.status, exact.frames_decoded < exact.frames_header - 1) == (
+                "damaged",
+                True,
+            ), (flags, at, exact)
 
 
 def test_damaged_rows_on_the_command_line(tmp_path, whole_videos):
@@ -2268,6 +2323,11 @@ def test_frames_before_the_first_key_frame_as_each_index_lists_them(tmp_path, wh
     assert iso_frames_without_picture(fragmented, "mp4").leading == 12
     fragmented.write_bytes(fragmented_mp4(data, [512] * 40, [5, 30], in_moov=5))
     assert iso_frames_without_picture(fragmented, "mp4") == HeldFrames(0, 0, 0)
+    # its moov's table, without stss, in front of fragments that hold frames other than key
+    # frames: those before the first key frame (FFmpeg's muxer lists none where none is one)
+    keys = [False] * 5 + ([True] + [False] * 9) * 3 + [True] + [False] * 4
+    fragmented.write_bytes(fragmented_mp4(data, [512] * 40, [5, 30], in_moov=5, key_frames=keys))
+    assert iso_frames_without_picture(fragmented, "mp4").leading == 5
 
     mp4 = bytearray(need(whole_videos, "clip.mp4").read_bytes())
     assert iso_frames_without_picture(need(whole_videos, "clip.mp4"), "mp4").leading == 0

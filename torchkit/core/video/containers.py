@@ -492,6 +492,135 @@ def _iso_field(handle, box: tuple[int, int] | None, at: int, length: int = 4) ->
     return handle.read(min(length, box[1] - box[0] - at))
 
 
+def _iso_file_boxes(
+    handle, size: int, breaks: list[int] | None = None
+) -> Iterator[tuple[bytes, int, int]]:
+    """The top-level boxes of an ISO file of `size` bytes, as `_iso_children` gives them. In a
+    fragmented file (a `moov` with an `mvex`, or a `moof` met), bytes that are no box inside
+    the file (a region zeroed or overwritten) are passed over to the next fragment
+    (`_iso_fragment_after`), and where they start is added to `breaks`: FFmpeg's reader stops
+    there, but the fragments after them are the file's (a cut copy ends instead)."""
+    offset, fragmented = 0, False
+    for _ in range(_MAX_BOXES):
+        handle.seek(offset)
+        head = handle.read(16)
+        if offset + 8 > size or len(head) < 8:
+            return
+        length, header = _iso_box_header(head, size - offset)
+        kind = head[4:8]
+        if length >= header and (_iso_box_kind(kind) or not fragmented):
+            yield kind, offset + header, min(offset + length, size)
+            fragmented = (
+                fragmented or kind == b"moof" or _iso_moov_extends(handle, offset, head, size)
+            )
+            if head[:4] == bytes(4) and kind in _ISO_CONTAINERS:
+                length = header  # size 0: the boxes after it read inside it (_iso_children)
+            offset += length
+            continue
+        resumed = _iso_fragment_after(handle, offset, size) if fragmented else None
+        if resumed is None:
+            return
+        if breaks is not None:
+            breaks.append(offset)
+        offset = resumed
+
+
+def _iso_box_kind(kind: bytes) -> bool:
+    """Whether four bytes are a box's type: printable ASCII (a zeroed or overwritten region's
+    bytes are not)."""
+    return len(kind) == 4 and all(32 <= byte < 127 for byte in kind)
+
+
+def _iso_moov_extends(handle, at: int, head: bytes, size: int) -> bool:
+    """Whether the top-level box at `at`, whose first bytes are `head`, is a `moov` that holds
+    an `mvex` (its file's samples go on in fragments)."""
+    if head[4:8] != b"moov":
+        return False
+    length, header = _iso_box_header(head, size - at)
+    return _iso_child(handle, b"mvex", at + header, min(at + length, size)) is not None
+
+
+_ISO_RESYNC_BYTES = 1 << 26  # past a break, the next fragment is searched for this far
+_MOOF_HEAD = re.compile(rb"moof\x00\x00\x00\x10mfhd")  # a moof's type, its first child's
+
+
+def _iso_fragment_after(handle, at: int, size: int) -> int | None:
+    """Where the first fragment (`moof` box) of an ISO file after byte `at` starts: one of
+    those its fragment index (`mfra`, which FFmpeg writes last) lists, else one found by its
+    first bytes (its type, then its first child, a 16-byte `mfhd`) in the next
+    `_ISO_RESYNC_BYTES`; the `mfra` itself where no fragment is; None where none is."""
+    index = _iso_fragment_index(handle, size)
+    for start in index:
+        if start > at and _iso_moof_at(handle, start, size):
+            return start
+    end = min(size, at + _ISO_RESYNC_BYTES)
+    step = 1 << 20
+    for chunk in range(at + 1, end, step):
+        handle.seek(chunk)
+        data = handle.read(min(step + 11, end - chunk))  # a head across the chunks' border
+        for found in _MOOF_HEAD.finditer(data):
+            if found.start() >= 4 and _iso_moof_at(handle, chunk + found.start() - 4, size):
+                return chunk + found.start() - 4
+    mfra = _iso_fragment_index_start(handle, size)
+    return mfra if mfra is not None and mfra > at else None
+
+
+def _iso_moof_at(handle, at: int, size: int) -> bool:
+    """Whether a `moof` box that starts with an `mfhd` and ends inside the file is at `at`."""
+    handle.seek(at)
+    head = handle.read(16)
+    length = int.from_bytes(head[:4], "big")
+    return head[4:] == b"moof\x00\x00\x00\x10mfhd" and 24 <= length <= size - at
+
+
+def _iso_fragment_index_start(handle, size: int) -> int | None:
+    """Where the `mfra` box of an ISO file starts, as the `mfro` box that ends the file says
+    (its last 4 bytes: the `mfra`'s size); None where there is none."""
+    if size < 16:
+        return None
+    handle.seek(size - 16)
+    tail = handle.read(16)
+    start = size - int.from_bytes(tail[12:], "big")
+    if tail[:8] != b"\x00\x00\x00\x10mfro" or not 0 <= start <= size - 24:
+        return None
+    handle.seek(start + 4)
+    return start if handle.read(4) == b"mfra" else None
+
+
+_MAX_INDEX_BYTES = 1 << 24  # an mfra bigger than this is not read
+
+
+def _iso_fragment_index(handle, size: int) -> list[int]:
+    """The `moof` offsets the `tfra` boxes of an ISO file's `mfra` list (a track's entries:
+    each a time and an offset, 4 bytes each or 8 in version 1, then three numbers of the
+    sizes its fields give), sorted; none where it has no `mfra`."""
+    import numpy as np
+
+    start = _iso_fragment_index_start(handle, size)
+    if start is None:
+        return []
+    handle.seek(start)
+    length = int.from_bytes(handle.read(4), "big")
+    if length > _MAX_INDEX_BYTES:
+        return []
+    offsets: set[int] = set()
+    for kind, box_start, box_end in _iso_children(handle, start + 8, min(start + length, size)):
+        if kind != b"tfra":
+            continue
+        handle.seek(box_start)
+        data = handle.read(box_end - box_start)
+        if len(data) < 16:
+            continue
+        wide = 8 if data[0] == 1 else 4
+        sizes = int.from_bytes(data[8:12], "big")
+        entry = 2 * wide + sum((sizes >> shift & 3) + 1 for shift in (4, 2, 0))
+        count = min(int.from_bytes(data[12:16], "big"), (len(data) - 16) // entry)
+        table = np.frombuffer(data[16 : 16 + count * entry], np.uint8).reshape(count, entry)
+        moofs = table[:, wide : 2 * wide].copy().view(">u8" if wide == 8 else ">u4")
+        offsets.update(int(offset) for offset in moofs.ravel())
+    return sorted(offsets)
+
+
 def _iso_video_track(
     handle, moov: tuple[int, int]
 ) -> tuple[tuple[int, int], tuple[int, int]] | None:
@@ -817,11 +946,13 @@ def iso_frames_without_picture(path: str | os.PathLike, container: str | None) -
             if not track:
                 return HeldFrames(0, 0, 0)
             table = _iso_sample_table(handle, track[1])
-            samples = [_iso_table_sample_array(handle, table)] if table else []
-            samples += _iso_fragment_sample_arrays(handle, size, moov, track[0])
+            listed = table and _iso_table_sample_array(handle, table)
+            in_fragments = _iso_fragment_sample_arrays(handle, size, moov, track[0])
+            if listed and _iso_child(handle, b"stss", *table) is None and in_fragments:
+                listed = _iso_keys_before_fragments(listed, in_fragments)
     except OSError:
         return HeldFrames(0, 0, 0)
-    samples = [s for s in samples if s is not None and len(s[0])]
+    samples = [s for s in [listed, *in_fragments] if s is not None and len(s[0])]
     if not samples:
         return HeldFrames(0, 0, 0)
     keys, durations, offsets, sizes = (np.concatenate(part) for part in zip(*samples, strict=True))
@@ -834,6 +965,25 @@ def iso_frames_without_picture(path: str | os.PathLike, container: str | None) -
 
 # One array a sample: whether it is a key frame, its duration, its composition offset, its size
 _SampleArrays = tuple[Any, Any, Any, Any]
+
+
+def _iso_keys_before_fragments(
+    listed: _SampleArrays, in_fragments: list[_SampleArrays]
+) -> _SampleArrays:
+    """The samples of a fragmented file's `moov` table without an `stss` box, whose fragments
+    hold samples that are no key frame: FFmpeg's muxer leaves the `stss` out where none of
+    the table's samples is a key frame as well as where all are. With `-movflags
+    frag_keyframe` (without `empty_moov`) the table holds the samples before the first key
+    frame, which starts the first fragment: a stream cut where none starts it (`-ss 3
+    -copyinkf`) lists its leading frames there, none of them a key frame. Where the table's
+    samples are key frames (an intra-only start) they are taken for leading ones too: their
+    damage is not looked for, rather than a whole file called damaged."""
+    import numpy as np
+
+    if not any((~keys).any() for keys, *_ in in_fragments):
+        return listed  # every sample a key frame: an intra-only stream, its table's too
+    keys, *rest = listed
+    return (np.zeros(len(keys), bool), *rest)
 
 
 def _iso_table_sample_array(handle, table: tuple[int, int]) -> _SampleArrays | None:
@@ -942,7 +1092,7 @@ def _iso_track_extends(
 def _iso_track_fragments(handle, size: int, track_id: bytes) -> Iterator[tuple[int, int, bytes]]:
     """Each `traf` of the track `track_id` in the `moof` boxes of an ISO file: (its start, end,
     its `tfhd`'s first 40 bytes)."""
-    for kind, start, end in _iso_children(handle, 0, size):
+    for kind, start, end in _iso_file_boxes(handle, size):
         if kind != b"moof":
             continue
         for part, part_start, part_end in _iso_children(handle, start, end):
@@ -1144,6 +1294,24 @@ def iso_lists_every_frame(path: str | os.PathLike, container: str | None) -> boo
     return b"moov" in kinds and b"moof" not in kinds
 
 
+def iso_boxes_break(path: str | os.PathLike, container: str | None) -> int | None:
+    """Where the top-level boxes of a fragmented MP4/MOV/3GP file stop being boxes, with
+    fragments after (`_iso_file_boxes`): a region zeroed or overwritten inside a whole file.
+    None where they never do, for an unfragmented file, other formats, or a structure that
+    cannot be read."""
+    if container not in _ISO_FORMATS:
+        return None
+    breaks: list[int] = []
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            for _ in _iso_file_boxes(handle, size, breaks):
+                pass
+    except OSError:
+        return None
+    return breaks[0] if breaks else None
+
+
 def iso_index_missing(path: str | os.PathLike, container: str | None) -> bool:
     """Whether an MP4/MOV/3GP file holds media data (`mdat`) but no index (`moov`), which
     every whole file has: a recorder writes it when it finishes (FFmpeg, phones, OpenCV), so
@@ -1160,7 +1328,7 @@ def _iso_top_level_kinds(path: str | os.PathLike, container: str | None) -> set[
     try:
         with open(path, "rb") as handle:
             size = os.fstat(handle.fileno()).st_size
-            return {kind for kind, _, _ in _iso_children(handle, 0, size)}
+            return {kind for kind, _, _ in _iso_file_boxes(handle, size)}
     except OSError:
         return set()
 
@@ -1214,8 +1382,10 @@ def declared_size(path: str | os.PathLike, container: str | None, size: int) -> 
 
 
 def _iso_boxes_end(handle, size: int) -> int | None:
-    """The end of the last top-level box of an ISO base media file (MP4, MOV, 3GP)."""
-    offset = 0
+    """The end of the last top-level box of an ISO base media file (MP4, MOV, 3GP). In a
+    fragmented file, bytes that are no box are passed over to the next fragment, as
+    `_iso_file_boxes` does: a region zeroed inside a whole file is damage, not a cut."""
+    offset, fragmented = 0, False
     for _ in range(_MAX_BOXES):
         if offset >= size:
             return offset
@@ -1224,13 +1394,20 @@ def _iso_boxes_end(handle, size: int) -> int | None:
         if len(header) < 8:  # the file ends inside a box header, or a few padding zeros
             return offset if not header.strip(b"\x00") else offset + 8
         kind = header[4:8]
-        if not (kind.isascii() and all(32 <= byte < 127 for byte in kind)):
-            return None  # not a box: trailing data we cannot judge
         if header[:4] == b"\x00\x00\x00\x01" and len(header) < 16:
             return offset + 16  # the file ends inside a 64-bit size
         length, header_length = _iso_box_header(header, size - offset)  # 0: to the end
-        if length < header_length:
-            return None
+        if not _iso_box_kind(kind) or length < header_length:
+            # not a box: trailing data we cannot judge, or in a fragmented file damage that
+            # the fragments after it pass
+            resumed = _iso_fragment_after(handle, offset, size) if fragmented else None
+            if resumed is None:
+                return None
+            offset = resumed
+            continue
+        fragmented = (
+            fragmented or kind == b"moof" or _iso_moov_extends(handle, offset, header, size)
+        )
         offset += length
     return None
 

@@ -31,6 +31,7 @@ from torchkit.core.video.containers import (
     flv_last_tag_s,
     fourcc_text,
     fragmented_frame_count,
+    iso_boxes_break,
     iso_edited_frame_count,
     iso_frames_without_picture,
     iso_index_missing,
@@ -247,7 +248,10 @@ def _frames_lost(
     container, decoded, header = info.container, info.frames_decoded, info.frames_header
     held, reached, listed_by = header, 0, "its header declares"
     indexed = avi_indexed_frames(path, container) or matroska_video_blocks(path, container)
-    broken_at = indexed.broken_at if indexed is not None else asf_packet_break(path, container)
+    if indexed is not None:
+        broken_at = indexed.broken_at
+    else:
+        broken_at = asf_packet_break(path, container) or iso_boxes_break(path, container)
     if count_from_duration and indexed is None and broken_at is None:
         return None
     # frames that give no picture in a whole file are not damage: those before the first key
