@@ -410,9 +410,10 @@ def test_links_in_a_tar_end_where_tar_unpacks_their_targets(tmp_path):
             readable[name] = path.read_bytes()
         except OSError as error:
             assert "a link to a member the archive does not hold" in str(error)
+    # dog/s.png leads out of the archive (to ../up.png): left out, as test_tar_links_out_of_
+    # the_archive_are_never_followed says.
     assert source.whole.ids == [
-        "cat/a.png", "cat/b.png", "cat/h.png", "cat/k.png", "cat/m.png", "dog/c.png", "dog/s.png",
-        "dog/t.png",
+        "cat/a.png", "cat/b.png", "cat/h.png", "cat/k.png", "cat/m.png", "dog/c.png", "dog/t.png",
     ]  # fmt: skip
     expected = {"cat/a.png": 0, "cat/b.png": 1, "cat/h.png": 1, "cat/k.png": 0, "dog/c.png": 3}
     assert readable == {name: png(index) for name, index in expected.items()}
@@ -463,6 +464,43 @@ def test_tar_members_are_read_where_tar_unpacks_them(tmp_path, caplog):
     assert [Path(path).read_bytes() for path in folder.whole.paths] == [
         path.read_bytes() for path in source.whole.paths
     ]
+
+
+def test_tar_links_out_of_the_archive_are_never_followed(tmp_path, caplog):
+    """tar -xf unpacks a symbolic link as it is stored: one to an absolute path, or above the
+    archive's root, points at the host's files (an attacker's archive at /etc/passwd). Such
+    links, and links that lead to one, were read as unreadable images ('a link to a member the
+    archive does not hold'): they are left out with a warning naming each, and never read. A
+    link stored as `/cat/s.png` -> `a.png` is cat/s.png -> cat/a.png, as tar unpacks it (it
+    was a link to /cat/a.png, unreadable)."""
+    host = tmp_path / "host.png"
+    host.write_bytes(png(9))
+    members = [
+        ("cat/a.png", png(0)),
+        ("dog/c.png", png(1)),
+        ("cat/abs.png", f"->{host}"),
+        ("dog/up.png", "->../../host.png"),  # unpacked in tmp_path/unpacked: tmp_path/host.png
+        ("dog/via.png", "->up.png"),
+        ("/cat/s.png", "->a.png"),
+    ]
+    archive = _tar(tmp_path / "pets.tar", members)
+    with caplog.at_level("WARNING", logger="torchkit"):
+        source = open_data(str(archive))
+    assert source.whole.ids == ["cat/a.png", "cat/s.png", "dog/c.png"]
+    assert [path.read_bytes() for path in source.whole.paths] == [png(0), png(0), png(1)]
+    assert [record.getMessage() for record in caplog.records] == [
+        f"{archive}: 3 image members are links out of the archive, not read, as torchkit "
+        f"follows no link out of an archive: cat/abs.png -> {host}, dog/up.png -> ../host.png, "
+        "dog/via.png -> ../host.png"
+    ]
+    if shutil.which("tar") is None:
+        return
+    unpacked = tmp_path / "unpacked"
+    unpacked.mkdir()
+    subprocess.run(["tar", "-xf", archive, "-C", unpacked], check=True, capture_output=True)
+    for name in ("cat/abs.png", "dog/up.png", "dog/via.png"):
+        assert (unpacked / name).resolve() == host.resolve(), name  # the host's file
+    assert (unpacked / "cat/s.png").resolve() == (unpacked / "cat/a.png").resolve()
 
 
 def test_a_tar_link_reaches_a_member_stored_under_another_spelling_of_its_path(tmp_path):

@@ -248,6 +248,10 @@ class TarListing:
     # The bytes of small label members (`KEY.cls`, `KEY.json`), read with their headers when
     # asked (`list_tar(labels=True)`): a shard's labels cost no read of their own.
     labels: dict[str, bytes] = field(default_factory=dict)
+    # The symbolic links that lead out of the archive (an absolute target, or one above its
+    # root), each with the path it names: tar -x unpacks them pointing there, at the host's
+    # files; never followed (read as links to nothing, left out of a folder's tar).
+    outside: dict[str, str] = field(default_factory=dict)
 
     def locator(self, name: str) -> tuple[int, int] | None:
         if name in self.members:
@@ -257,13 +261,14 @@ class TarListing:
 
 
 def _link_target(name: str, linkname: str, *, symbolic: bool) -> str:
-    """The member a link `name` holding `linkname` names: a symbolic link's relative to its
-    folder; a hard link's a member's name, without what GNU tar -x strips from it: its leading
-    slashes, as from the members' (`/cat/a.png` is the member cat/a.png, or `/cat/a.png`
-    itself where stored so: `_respelled_members`), and all up to its last `..` part
-    (`cat/x/../b.png` is b.png, not cat/b.png)."""
+    """The member a link `name` holding `linkname` names: a symbolic link's relative to the
+    folder it unpacks to (`/cat/s.png` -> `a.png` is cat/a.png; one leading out of the archive
+    starts with `/` or `..`: `_leaves_archive`); a hard link's a member's name, without what
+    GNU tar -x strips from it: its leading slashes, as from the members' (`/cat/a.png` is the
+    member cat/a.png, or `/cat/a.png` itself where stored so: `_respelled_members`), and all
+    up to its last `..` part (`cat/x/../b.png` is b.png, not cat/b.png)."""
     if symbolic:
-        linkname = posixpath.join(posixpath.dirname(name), linkname)
+        linkname = posixpath.join(posixpath.dirname(name.lstrip("/")), linkname)
     else:
         parts = linkname.split("/")
         if ".." in parts:
@@ -362,7 +367,48 @@ def _listing(
 ) -> TarListing:
     resolved, looped = _link_ends(members, links)
     linked_folders = _folder_link_ends(members, links, folders, resolved, looped)
-    return TarListing(path, members, resolved, folders, looped=looped, folder_links=linked_folders)
+    outside = _links_out(links, resolved, looped)
+    # Never to a member stored under the host path it names (`/etc/passwd`): unpacked, the
+    # link names the host's file.
+    resolved.update(dict.fromkeys(outside))
+    return TarListing(
+        path,
+        members,
+        resolved,
+        folders,
+        looped=looped,
+        folder_links=linked_folders,
+        outside=outside,
+    )
+
+
+def _links_out(
+    links: dict[str, str], ends: dict[str, str | None], looped: dict[str, str]
+) -> dict[str, str]:
+    """The links whose chain leads out of the archive (`_leaves_archive`), each with the path
+    outside it names (also where a member is stored under that name: `../up.png`, which tar
+    does not unpack); chains are walked for the links to no member only (most lead to one),
+    through links and linked folders as `_link_ends` goes."""
+    found: dict[str, str] = {}
+    for name, end in ends.items():
+        at: str | None = links[name]
+        if _leaves_archive(at):
+            found[name] = at
+        if end is not None or name in looped:
+            continue
+        for _ in range(_MOST_LINKS):
+            if at is None or _leaves_archive(at):
+                break
+            at = _one_link_on(at, links)
+        if at is not None and _leaves_archive(at):
+            found[name] = at
+    return found
+
+
+def _leaves_archive(target: str) -> bool:
+    """Whether a symbolic link's target (`_link_target`) lies outside the folder the archive
+    unpacks to: an absolute path, or one above its root (`cat/x.png` -> `../../etc/passwd`)."""
+    return target.startswith("/") or target == ".." or target.startswith("../")
 
 
 # Links followed in one chain before it counts as a loop: Linux's limit (ELOOP) in one path.
@@ -1453,6 +1499,17 @@ def _open_folder_tar(
         for name in (*listing.members, *listing.links)
         if is_image_file(name) and not is_apple_double(posixpath.basename(name))
     ]
+    # A link out of the archive, which tar -x unpacks pointing at the host's file (an attacker's
+    # archive at /etc/passwd): never followed, left out and said, as a '..' member is.
+    leaving = [name for name in stored if name in listing.outside]
+    if leaving:
+        stored = [name for name in stored if name not in listing.outside]
+        shown = [f"{name} -> {listing.outside[name]}" for name in leaving]
+        log.warning(
+            f"{spec}: {counted(len(leaving), 'image member')} "
+            f"{'is a link' if len(leaving) == 1 else 'are links'} out of the archive, not read, "
+            f"as torchkit follows no link out of an archive: {first_and_more(shown, 3)}"
+        )
     # Each image by the path `tar -xf` unpacks it to (`/abs/x.png` is abs/x.png), and the
     # member it is; one with a `..` part, which tar does not unpack (`cat/../dog/e.png`, also
     # inside the archive), is left out, said.
