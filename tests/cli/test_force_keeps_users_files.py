@@ -44,6 +44,61 @@ def _saved(value: object) -> bytes:
 # What torchkit writes under the names others use too, as --force's proofs read them: a
 # checkpoint with torchkit's keys, a run's config.json, an eval's metrics.json.
 CHECKPOINT = _saved({"format_version": 1, "torchkit_version": "0.1.0", "model": {}})
+
+
+def _zipped(records: dict[str, bytes]) -> bytes:
+    """A zip holding `records` (name -> bytes), as a hand-made `best.pt` is."""
+    import io
+    import zipfile
+
+    made = io.BytesIO()
+    with zipfile.ZipFile(made, "w") as archive:
+        for name, data in records.items():
+            archive.writestr(name, data)
+    return made.getvalue()
+
+
+def _without_record(saved: bytes, name: str) -> bytes:
+    """torch.save's zip `saved` less its record `ARCHIVE/name`."""
+    import io
+    import zipfile
+
+    with zipfile.ZipFile(io.BytesIO(saved)) as archive:
+        kept = {
+            info.filename: archive.read(info)
+            for info in archive.infolist()
+            if info.filename.split("/", 1)[1] != name
+        }
+    return _zipped(kept)
+
+
+# Files that hold torchkit's key strings without being a checkpoint it wrote: --force's proof
+# (the words anywhere in a zip's data.pkl record) took each for torchkit's and deleted it.
+KEYS_NOT_A_CHECKPOINT = {
+    "the words in a hand-made zip": _zipped(
+        {"archive/data.pkl": b"torchkit_version format_version", "archive/version": b"3\n"}
+    ),
+    "a pickle of them in a zip without torch.save's records": _zipped(
+        {
+            "archive/data.pkl": __import__("pickle").dumps(
+                {"format_version": 2, "torchkit_version": "0.1.0"}, protocol=2
+            )
+        }  # fmt: skip
+    ),
+    "the words as values": _saved({"notes": ["torchkit_version", "format_version"]}),
+    "the keys of an inner dict": _saved(
+        {"arch": "yolo", "meta": {"format_version": 1, "torchkit_version": "0.1.0"}}
+    ),
+    "a format_version that is not a number": _saved(
+        {"format_version": "v1", "torchkit_version": "0.1.0"}
+    ),
+}
+# (and torchkit's own checkpoint less the record that tells torch.save's format version)
+KEYS_NOT_A_CHECKPOINT["a checkpoint less its version record"] = _without_record(
+    _saved({"format_version": 1, "torchkit_version": "0.1.0", "model": {}}), "version"
+)
+
+
 RUN_CONFIG = json.dumps({"options": {}, "arch": "convnet", "classes": ["a"], "preprocess": {}})
 EVAL_METRICS = json.dumps(
     {"num_images": 1, "num_skipped": 0, "accuracy": 1.0, "topk_accuracy": {"top5": 1.0}}
@@ -160,6 +215,7 @@ USERS_UNDER_TORCHKIT_NAMES = {
     "another tool's config.json": ("train", {"config.json": '{"lr": 0.1}'}),
     "another logger's metrics.csv": ("train", {"metrics.csv": "step,loss\n1,0.5\n"}),
     "another tool's metrics.json": ("eval", {"metrics.json": '{"accuracy": 0.9}'}),
+    **{what: ("train", {"best.pt": data}) for what, data in KEYS_NOT_A_CHECKPOINT.items()},
 }
 
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import collections
 import io
 import pickle
+import pickletools
+import re
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -106,22 +108,224 @@ def plain_values(path: Path, keys: tuple[str, ...]) -> dict[str, Any] | None:
 
 
 def is_torchkit_checkpoint_file(path: Path) -> bool:
-    """Whether `path` is a checkpoint torchkit wrote: torch.save's zip whose pickle names the
-    keys every torchkit checkpoint has (`torchkit_version`, `format_version`). Its bytes are
-    looked at, never unpickled: the pickle holds the keys and the tensors' references, not
-    their data."""
+    """Whether `path` is a checkpoint torchkit wrote: torch.save's zip (one `NAME/` folder of
+    records: `data.pkl`, a `version` of digits, a `byteorder` where the torch version writes
+    one, the `data/KEY` record of each storage the pickle refers to) whose pickle is a dict
+    with `format_version` (an int) and `torchkit_version` (a str) among its own keys. The
+    pickle's opcodes are read (`pickletools.genops`), never unpickled: nothing it names is
+    called or imported. A zip that only holds those words somewhere (a hand-made `best.pt`)
+    is not one."""
     try:
         with zipfile.ZipFile(path) as archive:
             record = _pickle_record(archive, MAX_CHECKPOINT_PICKLE_BYTES)
             if record is None:
                 return False
+            prefix = record.filename.split("/")[0] + "/"
+            names = {info.filename for info in archive.infolist()}
+            if any(not name.startswith(prefix) for name in names):
+                return False
+            if not _is_record(archive, names, prefix + "version", _VERSION_RECORD, required=True):
+                return False
+            if not _is_record(archive, names, prefix + "byteorder", _BYTEORDER_RECORD):
+                return False
             data = archive.read(record)
     except (OSError, zipfile.BadZipFile, ValueError, RuntimeError, EOFError):
         return False
-    return b"torchkit_version" in data and b"format_version" in data
+    stored = {name.removeprefix(prefix) for name in names}
+    try:
+        saved, storages = _pickle_shape(data)
+    except (ValueError, KeyError, IndexError, TypeError):  # genops' errors, a broken stack
+        return False
+    return (
+        isinstance(saved, _Dict)
+        and isinstance(saved.get("format_version"), int)
+        and not isinstance(saved.get("format_version"), bool)
+        and isinstance(saved.get("torchkit_version"), str)
+        and all(f"data/{key}" in stored for key in storages)
+    )
 
 
 MAX_CHECKPOINT_PICKLE_BYTES = 256 << 20  # keys and references: a limit no checkpoint reaches
+_VERSION_RECORD = re.compile(rb"[0-9]+\n?")
+_BYTEORDER_RECORD = re.compile(rb"little|big")
+
+
+def _is_record(
+    archive: zipfile.ZipFile, names: set[str], name: str, content: re.Pattern, *, required=False
+) -> bool:
+    """Whether the small record `name` is there (where `required`) and reads as `content`."""
+    if name not in names:
+        return not required
+    info = archive.getinfo(name)
+    return info.file_size <= 16 and content.fullmatch(archive.read(info)) is not None
+
+
+class _Dict:
+    """A dict of the pickle read by `_pickle_shape`: its string keys' values (others dropped)."""
+
+    __slots__ = ("items",)
+
+    def __init__(self) -> None:
+        self.items: dict[str, Any] = {}
+
+    def set(self, key: Any, value: Any) -> None:
+        if isinstance(key, str):
+            self.items[key] = value
+
+    def get(self, key: str) -> Any:
+        return self.items.get(key)
+
+
+class _Other:
+    """Anything else the pickle builds (a tensor, an OrderedDict, a global): not looked into."""
+
+    __slots__ = ()
+
+
+_OTHER = _Other()
+# Opcodes that push one plain value: their argument (genops') is the value.
+_VALUE_OPCODES = frozenset(
+    [
+        "INT",
+        "BININT",
+        "BININT1",
+        "BININT2",
+        "LONG",
+        "LONG1",
+        "LONG4",
+        "STRING",
+        "BINSTRING",
+        "SHORT_BINSTRING",
+        "BINBYTES",
+        "SHORT_BINBYTES",
+        "BINBYTES8",
+        "BYTEARRAY8",
+        "UNICODE",
+        "SHORT_BINUNICODE",
+        "BINUNICODE",
+        "BINUNICODE8",
+        "FLOAT",
+        "BINFLOAT",
+    ]
+)
+_CONSTANTS = {"NONE": None, "NEWTRUE": True, "NEWFALSE": False}
+
+
+def _pickle_shape(data: bytes) -> tuple[Any, list[str]]:
+    """The value a pickle builds, in outline: plain values as they are, lists and tuples of
+    them, dicts as `_Dict`, anything built by a call or named by a global as `_Other`; and the
+    keys of the storages its persistent ids name (`('storage', type, key, location, numel)`).
+    Only the opcodes are read; a pickle that does not end at its STOP, or uses an opcode
+    torch.save does not write, raises ValueError."""
+    stack: list[Any] = []
+    marks: list[int] = []
+    memo: dict[int, Any] = {}
+    storages: list[str] = []
+
+    def since_mark() -> list[Any]:
+        start = marks.pop()
+        items = stack[start:]
+        del stack[start:]
+        return items
+
+    for opcode, arg, position in pickletools.genops(data):
+        name = opcode.name
+        if name in _VALUE_OPCODES:
+            stack.append(arg)
+        elif name in _CONSTANTS:
+            stack.append(_CONSTANTS[name])
+        elif name in ("BINPUT", "LONG_BINPUT", "PUT"):
+            memo[arg] = stack[-1]
+        elif name == "MEMOIZE":
+            memo[len(memo)] = stack[-1]
+        elif name in ("BINGET", "LONG_BINGET", "GET"):
+            stack.append(memo[arg])
+        elif name == "MARK":
+            marks.append(len(stack))
+        elif name == "EMPTY_DICT":
+            stack.append(_Dict())
+        elif name in ("EMPTY_LIST", "EMPTY_TUPLE", "EMPTY_SET"):
+            stack.append([] if name != "EMPTY_TUPLE" else ())
+        elif name in ("TUPLE", "LIST", "FROZENSET"):
+            items = since_mark()
+            stack.append(tuple(items) if name == "TUPLE" else items)
+        elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
+            size = int(name[-1])
+            items = tuple(stack[-size:])
+            del stack[-size:]
+            stack.append(items)
+        elif name == "DICT":
+            items = since_mark()
+            made = _Dict()
+            for key, value in zip(items[::2], items[1::2], strict=True):
+                made.set(key, value)
+            stack.append(made)
+        elif name == "SETITEM":
+            value, key = stack.pop(), stack.pop()
+            _set_items(stack[-1], [key, value])
+        elif name == "SETITEMS":
+            _set_items_after(stack, since_mark())
+        elif name == "APPEND":
+            stack.pop()
+            _require_list(stack[-1])
+        elif name in ("APPENDS", "ADDITEMS"):
+            since_mark()
+            _require_list(stack[-1])
+        elif name in ("GLOBAL", "STACK_GLOBAL"):
+            if name == "STACK_GLOBAL":
+                del stack[-2:]
+            stack.append(_OTHER)
+        elif name in ("REDUCE", "NEWOBJ"):
+            del stack[-2:]
+            stack.append(_OTHER)
+        elif name == "NEWOBJ_EX":
+            del stack[-3:]
+            stack.append(_OTHER)
+        elif name == "BUILD":
+            stack.pop()
+            if not isinstance(stack[-1], _Other):
+                raise ValueError("BUILD of a plain value")
+        elif name == "BINPERSID":
+            pid = stack.pop()
+            if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
+                raise ValueError("a persistent id torch.save does not write")
+            storages.append(str(pid[2]))
+            stack.append(_OTHER)
+        elif name == "POP":
+            stack.pop()
+        elif name == "POP_MARK":
+            since_mark()
+        elif name == "DUP":
+            stack.append(stack[-1])
+        elif name in ("PROTO", "FRAME"):
+            pass
+        elif name == "STOP":
+            if position + 1 != len(data) or len(stack) != 1 or marks:
+                raise ValueError("not one whole pickle")
+            return stack[0], storages
+        else:  # PERSID, INST, OBJ, EXT*, ...: not what torch.save writes
+            raise ValueError(f"opcode {name}")
+    raise ValueError("no STOP")
+
+
+def _set_items_after(stack: list[Any], items: list[Any]) -> None:
+    if len(items) % 2:
+        raise ValueError("a key without a value")
+    _set_items(stack[-1], items)
+
+
+def _set_items(target: Any, items: list[Any]) -> None:
+    """SETITEM(S) into `target`: a dict of the pickle's own, or one built by a call."""
+    if isinstance(target, _Dict):
+        for key, value in zip(items[::2], items[1::2], strict=True):
+            target.set(key, value)
+    elif not isinstance(target, _Other):
+        raise ValueError("items set into a plain value")
+
+
+def _require_list(target: Any) -> None:
+    if not isinstance(target, list | _Other):
+        raise ValueError("items appended to something else")
 
 
 def _pickle_record(archive: zipfile.ZipFile, limit: int) -> zipfile.ZipInfo | None:
