@@ -252,6 +252,10 @@ class TarListing:
     # root), each with the path it names: tar -x unpacks them pointing there, at the host's
     # files; never followed (read as links to nothing, left out of a folder's tar).
     outside: dict[str, str] = field(default_factory=dict)
+    # The members stored sparse (`tar --sparse`: GNU's old format, or pax's `GNU.sparse.*`
+    # records, listed under `GNUSparseFile.NNN/` names by readers that know them not), by the
+    # names tar -x unpacks them to: not read (a folder's tar says so).
+    sparse: list[str] = field(default_factory=list)
 
     def locator(self, name: str) -> tuple[int, int] | None:
         if name in self.members:
@@ -320,6 +324,7 @@ def list_tar(path: str, *, whole: bool = False, labels: bool = False) -> TarList
     members: dict[str, tuple[int, int]] = {}
     links: dict[str, str | None] = {}
     folders: set[str] = set()
+    sparse: list[str] = []
     count = 0
     try:
         with tarfile.open(path, "r:") as tar:
@@ -335,7 +340,9 @@ def list_tar(path: str, *, whole: bool = False, labels: bool = False) -> TarList
                     folders.add(name)
                 elif info.issym() or info.islnk():
                     links[name] = _link_target(name, info.linkname, symbolic=info.issym())
-                elif info.isreg() and not info.issparse():
+                elif info.issparse():  # its real name (pax: GNU.sparse.name), its data in pieces
+                    sparse.append(name)
+                elif info.isreg():
                     if info.offset_data + info.size > size:
                         raise tarfile.ReadError(f"{name} runs past the end of the file")
                     members[name] = (info.offset_data, info.size)
@@ -359,6 +366,7 @@ def list_tar(path: str, *, whole: bool = False, labels: bool = False) -> TarList
         raise _damaged(path, count, f"it ends at byte {end} without the end-of-archive marker")
     listing = _listing(path, members, links, folders)
     listing.stamp = stamp
+    listing.sparse = sparse
     return listing
 
 
@@ -578,6 +586,8 @@ def _read_plain_headers(path: str, size: int, labels: bool = False) -> TarListin
                     else:
                         pax = _pax_records(payload)
                     continue
+                if any(key.startswith("GNU.sparse.") for key in pax):
+                    return None  # stored sparse: tarfile lists it by its real name
                 name = pax.get("path") or long_name or _text(block[0:100])
                 if block[257:263] == b"ustar\0" and block[345] and "path" not in pax:
                     name = _text(block[345:500]) + "/" + name  # POSIX ustar's prefix field
@@ -1521,6 +1531,14 @@ def _open_folder_tar(
             not_unpacked.append(name)
         else:
             member_of[unpacked] = name
+    sparse = [name for name in listing.sparse if is_image_file(name)]
+    if sparse:
+        log.warning(
+            f"{spec}: {counted(len(sparse), 'image member')} "
+            f"{'is' if len(sparse) == 1 else 'are'} stored sparse (tar --sparse), which torchkit "
+            f"does not read: {first_and_more(sparse, 3)} (write the archive without --sparse, "
+            "or give the folder tar -x unpacks)"
+        )
     if not_unpacked:
         log.warning(
             f"{spec}: {counted(len(not_unpacked), 'image member')} with '..' in "
