@@ -317,12 +317,15 @@ class HeldFrames:
     they are stored or shown (a stream cut where no key frame starts it, or at an open GOP's
     key frame, whose leading pictures refer to frames before it: FFmpeg decodes none of
     them), and `not_coded`, frames of `NOT_CODED_BYTES` or fewer; `broken_at`, where its
-    bytes stop being its structure inside the sizes it records (None where they never do)."""
+    bytes stop being its structure inside the sizes it records (None where they never do);
+    `past_breaks`: `frames` counts those after it too (the structure found again past it),
+    else the frames before it alone."""
 
     frames: int
     leading: int
     not_coded: int
     broken_at: int | None = None
+    past_breaks: bool = False
 
 
 # The most bytes of a frame that may decode to no picture in a whole file: an MPEG-4 Part 2

@@ -43,6 +43,7 @@ from torchkit.core.video.containers import (
     sniff_container,
     still_image_format,
 )
+from torchkit.core.video.streams import ts_video_frames
 
 STATUSES = ("ok", "truncated", "damaged", "unreadable")
 # The frames the cheap end-of-file check decodes: it seeks to this many frames before the last
@@ -233,6 +234,15 @@ _COUNT_FROM_FILE_DURATION = frozenset({"mpeg-ts", "m2ts", "mpeg-ps", "asf", "mkv
 _HEADER_COUNTS_EVERY_FRAME = frozenset({"mp4", "mov", "3gp", "y4m", "dv"})
 
 
+# What counts a file's frames where its structure does (`_frames_lost`): Matroska/WebM's
+# clusters elsewhere
+_LISTED_BY = {
+    "avi": "its index lists",
+    "mpeg-ts": "its video packets hold",
+    "m2ts": "its video packets hold",
+}
+
+
 def _frames_lost(
     info: VideoInfo, path: Path, end_s: float | None, count_from_duration: bool = False
 ) -> str | None:
@@ -247,7 +257,13 @@ def _frames_lost(
     ASF file's data packets)."""
     container, decoded, header = info.container, info.frames_decoded, info.frames_header
     held, reached, listed_by = header, 0, "its header declares"
-    indexed = avi_indexed_frames(path, container) or matroska_video_blocks(path, container)
+    indexed = (
+        avi_indexed_frames(path, container)
+        or matroska_video_blocks(path, container)
+        or ts_video_frames(path, container)
+    )
+    if indexed is not None and indexed.past_breaks and header and indexed.frames > 1.5 * header:
+        return None  # its units are not frames one each (fields, each its own packet)
     if indexed is not None:
         broken_at = indexed.broken_at
     else:
@@ -261,9 +277,9 @@ def _frames_lost(
     leading, not_coded = without_picture.leading, without_picture.not_coded
     if indexed is not None:
         leading, not_coded = indexed.leading, indexed.not_coded
-        if broken_at is None:
+        if broken_at is None or indexed.past_breaks:
             held = indexed.frames
-            listed_by = "its index lists" if container == "avi" else "its clusters hold"
+            listed_by = _LISTED_BY.get(container or "", "its clusters hold")
     elif broken_at is None and container not in _HEADER_COUNTS_EVERY_FRAME:
         reached = _position(end_s, info.fps)
     if not_coded and mpeg4_packed(path):

@@ -1,0 +1,99 @@
+"""`video-info --exact` on the formats made for streaming, which record no frame count (MPEG-TS,
+M2TS): a whole file reads `ok`, one with a region zeroed `damaged`, counted from the packets
+(test_video_info.py holds the formats whose index or sizes count the frames). The files are
+ffmpeg's, made at test time: each test skips where this machine has no ffmpeg."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from damaged_videos import decoded_by_opencv, ffmpeg_made, moving_picture, zeroed_copy
+
+from torchkit.core.video import probe_video
+from torchkit.core.video.streams import ts_video_frames
+
+ZEROED_AT = (0.3, 0.5, 0.7)
+
+
+def assert_whole_and_zeroed(path: Path, folder: Path, held_by: str) -> None:
+    """`path` reads ok under --exact, every frame its packets hold decoding; each copy with a
+    tenth of it zeroed (at 30, 50, 70%) reads damaged: fewer frames decode than it holds."""
+    whole = probe_video(path, exact=True)
+    assert (whole.status, whole.error) == ("ok", None), whole
+    for at in ZEROED_AT:
+        zeroed = zeroed_copy(path, folder, at)
+        exact = probe_video(zeroed, exact=True)
+        assert exact.status == "damaged", (at, exact)
+        assert exact.frames_decoded == decoded_by_opencv(zeroed)
+        assert exact.error.startswith(f"damaged: {exact.frames_decoded} of the ")
+        assert f" frames {held_by} decode" in exact.error
+
+
+@pytest.fixture(scope="module")
+def mpeg2_ts(tmp_path_factory) -> Path:
+    """An MPEG-2 MPEG-TS of 4 s at 25 fps with MP2 audio, as ffmpeg writes it (a key frame
+    every 12, B-frames, its key frames' packets flagged random access points)."""
+    return ffmpeg_made(
+        tmp_path_factory.mktemp("ts") / "clip.ts",
+        *moving_picture(4),
+        *("-f", "lavfi", "-i", "sine=duration=4", "-c:v", "mpeg2video", "-g", "12", "-bf", "2"),
+        *("-c:a", "mp2"),
+        encoders=("mpeg2video", "mp2"),
+        muxer="mpegts",
+    )
+
+
+def test_a_zeroed_mpeg_ts_is_damaged(tmp_path, mpeg2_ts):
+    """An MPEG-TS records no frame count (FFmpeg's is its duration times the rate, which
+    audio that runs on overstates): a copy with a tenth zeroed read `ok` under --exact (225
+    of 250 frames decode). Its video's PES packets that carry a time are its frames, and the
+    frames whose packets the zeroes took are the video's times missing across them."""
+    held = ts_video_frames(mpeg2_ts, "mpeg-ts")
+    assert (held.frames, held.leading, held.broken_at) == (100, 0, None)
+    assert_whole_and_zeroed(mpeg2_ts, tmp_path, "its video packets hold")
+    zeroed = probe_video(zeroed_copy(mpeg2_ts, tmp_path, 0.5), exact=True)
+    start = int(mpeg2_ts.stat().st_size * 0.5)
+    assert f"its mpeg-ts structure breaks at byte {-(-start // 188) * 188:,}," in zeroed.error
+    # (B-frames stored after the zeroes, shown before their last frame, narrow the gap)
+    assert 98 <= ts_video_frames(zeroed_copy(mpeg2_ts, tmp_path, 0.5), "mpeg-ts").frames <= 100
+    # an M2TS file: the same packets, each after a 4-byte time
+    m2ts = ffmpeg_made(
+        tmp_path / "clip.m2ts",
+        "-i",
+        mpeg2_ts,
+        "-c",
+        "copy",
+        "-f",
+        "mpegts",
+        "-mpegts_m2ts_mode",
+        "1",
+    )
+    assert ts_video_frames(m2ts, "m2ts").frames == 100
+    assert_whole_and_zeroed(m2ts, tmp_path, "its video packets hold")
+
+
+def test_an_mpeg_ts_cut_where_no_key_frame_starts_it_is_not_damaged(tmp_path, mpeg2_ts):
+    """A copy cut where no key frame starts it (`-ss 1.1 -c copy -copyinkf`): the frames
+    before the first whose packet flags a random access point have nothing to decode from,
+    and those shown before it (an open GOP's), and are not counted against it."""
+    cut = ffmpeg_made(tmp_path / "cut.ts", "-i", mpeg2_ts, "-ss", "1.1", "-c", "copy", "-copyinkf")
+    held = ts_video_frames(cut, "mpeg-ts")
+    assert held.leading > 0 and decoded_by_opencv(cut) < held.frames - 1
+    assert_whole_and_zeroed(cut, tmp_path, "its video packets hold")
+
+
+def test_an_mpeg_ts_that_flags_no_random_access_point_is_not_judged(tmp_path, mpeg2_ts):
+    """Which frame decodes first is not told where no packet flags a random access point (a
+    muxer that sets none): a copy cut anywhere may give no picture for many frames, so no
+    count is taken for the damage check (its row gives the frames decoded)."""
+    data = np.frombuffer(mpeg2_ts.read_bytes(), np.uint8).reshape(-1, 188).copy()
+    adapted = (data[:, 3] & 0x20 > 0) & (data[:, 4] > 0)
+    assert (data[adapted, 5] & 0x40 > 0).any()
+    data[adapted, 5] &= 0xBF
+    unflagged = tmp_path / "unflagged.ts"
+    unflagged.write_bytes(data.tobytes())
+    assert ts_video_frames(unflagged, "mpeg-ts") is None
+    exact = probe_video(zeroed_copy(unflagged, tmp_path), exact=True)
+    assert (exact.status, exact.frames_decoded < 100 - 1) == ("ok", True)
