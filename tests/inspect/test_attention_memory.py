@@ -304,21 +304,76 @@ class _Encoder(nn.Module):
 def test_training_with_attention_dropout_keeps_the_matrices(monkeypatch, batch_first, kind):
     """F.scaled_dot_product_attention's fused CPU kernel takes no dropout: nn.MultiheadAttention
     with dropout (nn.TransformerEncoderLayer's default) trains through the math path and keeps
-    each matrix (measured, 4 blocks of 64 channels, 1,024 tokens, -b 8: a training peak of
-    1.87 GB, 0.13 GB without dropout). Before: counted as held in inference only, so
-    benchmark's train check counted 0.03 GB of it and let any batch through."""
+    each matrix, three times over (measured, 4 blocks of 64 channels, 1,024 tokens, -b 8: a
+    training peak of 1.87 GB, 0.13 GB without dropout). Before: counted as held in inference
+    only, so benchmark's train check counted 0.03 GB of it and let any batch through; then
+    once (0.54 GB)."""
     side, batch = 256, 8
     model = _Encoder(batch_first)
     counted = summarize(model, [(1, 3, side, side)], count_flops=False)
     assert [m.kind for m in counted.attention.matrices] == [kind, kind]
     activations = counted.input_mb * 1e6 + counted.forward_backward_mb * 1e6 / 2
-    needed = batch * (activations + 2 * matrix_bytes(side))
+    kept = 3 if kind == "dropout" else 1  # the softmax, dropout's mask, their product
+    needed = batch * (activations + kept * 2 * matrix_bytes(side))
     monkeypatch.setattr(bench_run, "available_memory", lambda: needed - 1)
     refusal = _refusal_of_benchmark(model, side, batch, mode="train")
     assert refusal.message.startswith(
         f"_Encoder in train mode at batch {batch} needs at least {needed / 1e9:,.1f} GB (the "
         "activations kept for backward and their attention matrices)"
     )
+
+
+class _TimmDropout(nn.Module):
+    """Attention as timm writes it: F.scaled_dot_product_attention with dropout in training
+    only (`dropout_p=self.attn_drop.p if self.training else 0.`), 8 px patches of 8 channels,
+    2 blocks of 2 heads."""
+
+    def __init__(self, p: float = 0.1):
+        super().__init__()
+        self.p = p
+        self.patches = nn.Conv2d(3, 8, 8, stride=8)
+        self.qkv = nn.ModuleList(nn.Linear(8, 24) for _ in range(2))
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, x):
+        tokens = self.patches(x).flatten(2).transpose(1, 2)
+        batch, count, channels = tokens.shape
+        for qkv in self.qkv:
+            q, k, v = qkv(tokens).reshape(batch, count, 3, HEADS, -1).permute(2, 0, 3, 1, 4)
+            mixed = nn.functional.scaled_dot_product_attention(
+                q, k, v, dropout_p=self.p if self.training else 0.0
+            )
+            tokens = tokens + mixed.transpose(1, 2).reshape(batch, count, channels)
+        return self.head(tokens.mean(1))
+
+
+@pytest.mark.parametrize("p", [0.1, 0.0])
+def test_scaled_dot_product_attention_with_dropout_in_training_keeps_its_matrices(monkeypatch, p):
+    """F.scaled_dot_product_attention with dropout_p > 0 runs the math path in training, the
+    fused CPU kernel taking no dropout, and keeps each block's matrix three times over (the
+    softmax, dropout's mask of floats, their product; measured, 4 blocks of 64 channels, 4
+    heads, 1,024 tokens, -b 8: a training peak of 1.83 GB, 67 MB with dropout_p=0). Before:
+    a model passing dropout_p in training only, as timm's do, showed none in summary's eval
+    pass, and benchmark's train check let through a batch 3.4x what it counted. Without
+    dropout the fused kernel keeps none, and none is counted."""
+    side, batch = 256, 8
+    model = _TimmDropout(p)
+    in_eval = summarize(model, [(1, 3, side, side)], count_flops=False)
+    assert [m.kind for m in in_eval.attention.matrices] == ["sdpa", "sdpa"]
+    in_training = summarize(model, [(1, 3, side, side)], count_flops=False, train_mode=True)
+    kind = "dropout" if p else "sdpa"
+    assert [m.kind for m in in_training.attention.matrices] == [kind, kind]
+    activations = in_eval.input_mb * 1e6 + in_eval.forward_backward_mb * 1e6 / 2
+    kept = 3 * 2 * matrix_bytes(side) if p else 0
+    needed = batch * (activations + kept)
+    monkeypatch.setattr(bench_run, "available_memory", lambda: needed - 1)
+    refusal = _refusal_of_benchmark(model, side, batch, mode="train")
+    what = "the activations kept for backward" + (" and their attention matrices" if p else "")
+    assert refusal.message.startswith(
+        f"_TimmDropout in train mode at batch {batch} needs at least {needed / 1e9:,.1f} GB "
+        f"({what})"
+    )
+    assert model.training  # the module's own mode is put back
 
 
 def test_a_score_at_the_address_of_one_a_softmax_took_is_followed():

@@ -46,9 +46,11 @@ from torchkit.core.runtime.memory import available_memory
 from torchkit.core.summary.attention import (
     ATTENTION_MATRICES,
     DROPOUT,
+    DROPOUT_KEPT,
     EXPLICIT,
     LARGEST_ATTENTION_MATRIX,
     MHA,
+    SDPA,
 )
 
 log = logging.getLogger("torchkit")
@@ -342,7 +344,8 @@ def benchmark_model(
     except UsageError as error:  # the model does not take this input: say which option
         raise UsageError(error.message, "check --input-size") from error
     if device.type == "cpu" and not options.find_batch_size:  # the search predicts its own
-        _check_fits_in_memory(name, counted, options, amp_dtype)
+        trained = _trained_attention(model, (count_batch, *sample), counted, options)
+        _check_fits_in_memory(name, counted, options, amp_dtype, trained)
     model.to(device)
     if options.channels_last:
         to_channels_last(model)
@@ -619,8 +622,32 @@ def _per_image(counted: Any, batch: int) -> Any:
     return counted
 
 
+def _trained_attention(
+    model: Any, shape: tuple[int, ...], counted: Any, options: BenchmarkOptions
+) -> Any:
+    """The attention matrices of a training-mode pass of `shape` (the eval pass's), per image,
+    where train mode is asked and the eval pass saw F.scaled_dot_product_attention without
+    dropout: a model that passes `dropout_p` in training only (timm's `dropout_p=
+    self.attn_drop.p if self.training else 0.`) runs the math path there and keeps its
+    matrices (summary/attention.py), which the eval pass cannot show. Otherwise the eval
+    pass's (its counts hold for training)."""
+    from torchkit.core.summary import summarize
+
+    if "train" not in options.modes or not counted.attention.total(SDPA):
+        return counted.attention
+    try:
+        trained = summarize(model, [shape], count_flops=False, train_mode=True).attention
+        return trained.per_sample(shape[0])
+    except Exception:  # noqa: BLE001 - the eval pass's count; the run reports a real failure
+        return counted.attention
+
+
 def _check_fits_in_memory(
-    name: str, counted: Any, options: BenchmarkOptions, amp_dtype: Any
+    name: str,
+    counted: Any,
+    options: BenchmarkOptions,
+    amp_dtype: Any,
+    trained: Any = None,
 ) -> None:
     """Refuse, before any configuration runs, a CPU batch whose least memory is more than the
     machine has available: the kernel overcommits, so such a run is not an out-of-memory error
@@ -628,10 +655,11 @@ def _check_fits_in_memory(
     and what one layer holds at once (its inputs and its output: a first convolution's output
     is several times the images), or the largest attention matrix where that is more, in infer
     mode; in train mode the input batch and the layers' outputs autograd keeps for the
-    backward pass, with the attention matrices it keeps. Both are summary's counts at batch 1
-    (the matrices: summary/attention.py; the fused kernel of F.scaled_dot_product_attention
-    holds none, nn.MultiheadAttention's without weights only on its inference fast path, or in
-    training with dropout), activations halved for a 16-bit
+    backward pass, with the attention matrices it keeps (`trained`: a training-mode pass's,
+    else `counted`'s). Both are summary's counts at batch 1 (the matrices:
+    summary/attention.py; the fused kernel of F.scaled_dot_product_attention holds none,
+    nn.MultiheadAttention's without weights only on its inference fast path; with dropout,
+    training keeps each DROPOUT_KEPT times over), activations halved for a 16-bit
     --amp; a real step takes about twice them."""
     available = available_memory()
     if available is None or counted.input_mb is None:
@@ -643,7 +671,8 @@ def _check_fits_in_memory(
         "infer": counted.input_mb * MB + max(layer, matrix) / halved,
         "train": counted.input_mb * MB,
     }
-    kept_matrices = counted.attention.total(EXPLICIT, DROPOUT)
+    trained = counted.attention if trained is None else trained
+    kept_matrices = trained.total(EXPLICIT) + DROPOUT_KEPT * trained.total(DROPOUT)
     if counted.forward_backward_mb is not None:
         kept = counted.forward_backward_mb * MB / 2  # summary counts forward + backward
         per_image["train"] += (kept + kept_matrices) / halved

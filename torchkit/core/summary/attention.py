@@ -19,10 +19,15 @@ is computed, because that decides whether a real run holds it:
   fused kernel, which does not. Where it cannot take that path (`batch_first=False`, queries
   that are not the keys) every run goes through F.scaled_dot_product_attention: `sdpa`.
 - `dropout`: the same off its fast path with dropout (nn.TransformerEncoderLayer's default
-  0.1): inference holds no matrix, but the fused CPU kernel takes no dropout, so training runs
-  the math path and keeps it for the backward pass (measured, 4 blocks of 64 channels, 1,024
-  tokens, -b 8: a training peak of 1.87 GB, 0.13 GB without dropout). On its fast path with
-  dropout it is `explicit`: both modes hold it.
+  0.1), or F.scaled_dot_product_attention called with `dropout_p > 0`: inference holds no
+  matrix, but the fused CPU kernel takes no dropout, so training runs the math path and keeps
+  it for the backward pass, three times over (the softmax, dropout's mask of floats, and their
+  product: `DROPOUT_KEPT`; measured, 4 blocks of 64 channels, 4 heads, 1,024 tokens, -b 8: a
+  training peak of 1.87 GB through nn.MultiheadAttention, 1.83 GB through
+  F.scaled_dot_product_attention, 0.07-0.13 GB without dropout, 3.15x a block's matrix for
+  each block past the first). On nn.MultiheadAttention's fast path with dropout it is
+  `explicit`: both modes hold it. Models that pass `dropout_p` in training only (timm's)
+  show it in a training-mode pass only (benchmark's train check makes one).
 
 On the meta device `F.scaled_dot_product_attention` runs its math path (a product, then a
 softmax), which the same rule finds; on a real device the fused operations are counted from
@@ -38,6 +43,8 @@ from dataclasses import dataclass
 from typing import Any
 
 EXPLICIT, SDPA, MHA, DROPOUT = "explicit", "sdpa", "mha", "dropout"
+# The copies of a `dropout` matrix that training keeps for the backward pass (see the module)
+DROPOUT_KEPT = 3
 # The words export's and benchmark's memory refusals name them by
 ATTENTION_MATRICES = "attention matrices"
 LARGEST_ATTENTION_MATRIX = "largest attention matrix"
@@ -89,7 +96,8 @@ class AttentionCounter:
         self._model = model
         self._parameters: set[int] | None = None  # the storages of the model's parameters
         self._matrices: list[AttentionMatrix] = []
-        self._sdpa = 0  # depth of F.scaled_dot_product_attention calls in progress
+        # the kind of each F.scaled_dot_product_attention call in progress (`_sdpa_kind`)
+        self._sdpa: list[str] = []
         self._mha: list[str] = []  # the kind of each nn.MultiheadAttention call in progress
         # whether the nn.MultiheadAttention call about to run would take its inference fast
         # path (`module_called`; its F.multi_head_attention_forward call takes it up)
@@ -106,7 +114,7 @@ class AttentionCounter:
     def _kind(self) -> str:
         if self._mha:
             return self._mha[-1]
-        return SDPA if self._sdpa else EXPLICIT
+        return self._sdpa[-1] if self._sdpa else EXPLICIT
 
     def module_called(self, module: Any, args: tuple, kwargs: dict) -> None:
         """Before each module's call (summary's pre-hook): note whether an
@@ -127,11 +135,12 @@ class AttentionCounter:
             def __torch_function__(self, func, types, args=(), kwargs=None):
                 kwargs = kwargs or {}
                 if func is F.scaled_dot_product_attention:
-                    counter._sdpa += 1
+                    dropout = kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0)
+                    counter._sdpa.append(DROPOUT if dropout > 0 else SDPA)
                     try:
                         return func(*args, **kwargs)
                     finally:
-                        counter._sdpa -= 1
+                        counter._sdpa.pop()
                 if func is F.multi_head_attention_forward:
                     weights = kwargs.get("need_weights", args[15] if len(args) > 15 else True)
                     dropout = kwargs.get("dropout_p", args[10] if len(args) > 10 else 0.0)
