@@ -1,5 +1,5 @@
 """`video-info --exact` on the formats made for streaming, which record no frame count (MPEG-TS,
-M2TS): a whole file reads `ok`, one with a region zeroed `damaged`, counted from the packets
+M2TS, FLV): a whole file reads `ok`, one with a region zeroed `damaged`, counted from the packets
 (test_video_info.py holds the formats whose index or sizes count the frames). The files are
 ffmpeg's, made at test time: each test skips where this machine has no ffmpeg."""
 
@@ -12,7 +12,7 @@ import pytest
 from damaged_videos import decoded_by_opencv, ffmpeg_made, moving_picture, zeroed_copy
 
 from torchkit.core.video import probe_video
-from torchkit.core.video.streams import ts_video_frames
+from torchkit.core.video.streams import flv_video_frames, ts_video_frames
 
 ZEROED_AT = (0.3, 0.5, 0.7)
 
@@ -97,3 +97,47 @@ def test_an_mpeg_ts_that_flags_no_random_access_point_is_not_judged(tmp_path, mp
     assert ts_video_frames(unflagged, "mpeg-ts") is None
     exact = probe_video(zeroed_copy(unflagged, tmp_path), exact=True)
     assert (exact.status, exact.frames_decoded < 100 - 1) == ("ok", True)
+
+
+@pytest.fixture(scope="module")
+def flv1_flv(tmp_path_factory) -> Path:
+    """A Sorenson Spark (flv1) FLV of 4 s at 25 fps with audio, as ffmpeg writes it."""
+    return ffmpeg_made(
+        tmp_path_factory.mktemp("flv") / "clip.flv",
+        *moving_picture(4),
+        *("-f", "lavfi", "-i", "sine=duration=4", "-c:v", "flv", "-g", "12"),
+        *("-c:a", "aac"),
+        encoders=("flv", "aac"),
+        muxer="flv",
+    )
+
+
+def test_a_zeroed_flv_is_damaged(tmp_path, flv1_flv):
+    """An FLV records no frame count (FFmpeg's is its duration times the rate): a copy with
+    a tenth zeroed read `ok` under --exact (225 of 250 frames decode). Its video tags are
+    its frames, walked by their sizes past the zeroes to the next whole tag (FFmpeg's reader
+    finds it too), those the zeroes took counted from the times either side."""
+    held = flv_video_frames(flv1_flv, "flv")
+    assert (held.frames, held.leading, held.broken_at) == (100, 0, None)
+    zeroed = zeroed_copy(flv1_flv, tmp_path, 0.5)
+    found = flv_video_frames(zeroed, "flv")
+    assert found.frames == 100 and 0.5 * zeroed.stat().st_size <= found.broken_at
+    assert_whole_and_zeroed(flv1_flv, tmp_path, "its video tags hold")
+    assert " its flv structure breaks at byte " in probe_video(zeroed, exact=True).error
+
+
+def test_an_flv_cut_where_no_key_frame_starts_it_is_not_damaged(tmp_path):
+    """An H.264 FLV cut where no key frame starts it (`-ss 1.4 -c copy -copyinkf`): the
+    frames before the first tag flagged a key frame do not decode, and are not counted
+    against it."""
+    source = ffmpeg_made(
+        tmp_path / "source.flv",
+        *moving_picture(4),
+        *("-c:v", "libx264", "-g", "25", "-bf", "2", "-pix_fmt", "yuv420p"),
+        encoders=("libx264",),
+        muxer="flv",
+    )
+    cut = ffmpeg_made(tmp_path / "cut.flv", "-i", source, "-ss", "1.4", "-c", "copy", "-copyinkf")
+    held = flv_video_frames(cut, "flv")
+    assert held.leading >= 10 and decoded_by_opencv(cut) < held.frames - 10
+    assert_whole_and_zeroed(cut, tmp_path, "its video tags hold")

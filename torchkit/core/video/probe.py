@@ -43,7 +43,7 @@ from torchkit.core.video.containers import (
     sniff_container,
     still_image_format,
 )
-from torchkit.core.video.streams import ts_video_frames
+from torchkit.core.video.streams import flv_video_frames, ts_video_frames
 
 STATUSES = ("ok", "truncated", "damaged", "unreadable")
 # The frames the cheap end-of-file check decodes: it seeks to this many frames before the last
@@ -240,6 +240,7 @@ _LISTED_BY = {
     "avi": "its index lists",
     "mpeg-ts": "its video packets hold",
     "m2ts": "its video packets hold",
+    "flv": "its video tags hold",
 }
 
 
@@ -261,6 +262,7 @@ def _frames_lost(
         avi_indexed_frames(path, container)
         or matroska_video_blocks(path, container)
         or ts_video_frames(path, container)
+        or flv_video_frames(path, container)
     )
     if indexed is not None and indexed.past_breaks and header and indexed.frames > 1.5 * header:
         return None  # its units are not frames one each (fields, each its own packet)
