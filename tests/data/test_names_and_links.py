@@ -548,6 +548,40 @@ def test_tar_members_stored_sparse_are_named_by_their_real_path_and_not_read(
     assert "dog/s.bmp" in listed.stdout.splitlines()  # the name tar -x gives it
 
 
+def test_a_shard_with_a_member_stored_sparse_is_refused_naming_it(tmp_path):
+    """A webdataset shard written with GNU tar --sparse: its sample was said to have no image
+    ('it holds cls'), its image left unread."""
+    if (
+        shutil.which("tar") is None
+        or "GNU tar"
+        not in subprocess.run(["tar", "--version"], capture_output=True, text=True).stdout
+    ):
+        pytest.skip("GNU tar writes the sparse members")
+    from PIL import Image
+
+    folder = tmp_path / "src"
+    folder.mkdir()
+    (folder / "00000.png").write_bytes(png(0))
+    (folder / "00000.cls").write_text("0")
+    whole = io.BytesIO()
+    Image.new("RGB", (512, 512)).save(whole, format="BMP")
+    with open(folder / "00001.bmp", "wb") as holes:
+        holes.write(whole.getvalue()[:54])
+        holes.truncate(len(whole.getvalue()))
+    (folder / "00001.cls").write_text("1")
+    shard = tmp_path / "shard-000000.tar"
+    members = ["00000.png", "00000.cls", "00001.bmp", "00001.cls"]
+    command = ["tar", "--sparse", "--format=pax", "-cf", shard, "-C", folder, *members]
+    subprocess.run(command, check=True, capture_output=True)
+    with tarfile.open(shard) as tar:
+        if not any(member.issparse() for member in tar.getmembers()):
+            pytest.skip("this file system keeps no holes: tar stored the file whole")
+    assert _refused(shard) == (
+        "shard-000000.tar:00001.bmp is stored sparse (tar --sparse), which torchkit does not "
+        "read (write the shard without --sparse)"
+    )
+
+
 def test_a_tar_link_reaches_a_member_stored_under_another_spelling_of_its_path(tmp_path):
     """A member stored as `dog/./c.png` (or `dog//c.png`) is dog/c.png once unpacked, and a
     link to it (`dog/s.png` -> `c.png`) an image there too: it was 'a link to a member the

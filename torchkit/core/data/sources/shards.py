@@ -934,6 +934,14 @@ def _shard_samples(
             + (f" (and {len(looping) - 1} more)" if len(looping) > 1 else ""),
             "remove the link, or point it at a member of the shard",
         )
+    if listing.sparse:
+        # Its sample said to have no image ('it holds cls'), the image not being read.
+        more = f" (and {len(listing.sparse) - 1} more)" if len(listing.sparse) > 1 else ""
+        raise InputError(
+            f"{shown}:{listing.sparse[0]} is stored sparse (tar --sparse), which torchkit does "
+            f"not read{more}",
+            "write the shard without --sparse",
+        )
     samples = []
     for key, group in groups.items():
         images = [ext for ext in group if "." + ext.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS]
