@@ -18,7 +18,7 @@ FOREIGN = {
     "--master-port", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--rdzv-conf",
     "--nodes", "--ntasks-per-node", "--gpus-per-node", "--cpus-per-task", "--help",
     "--compressed", "--extra", "--no-sync", "--reinstall", "--check", "--compile-bytecode",
-    "--index-url", "--torch-backend",
+    "--index-url", "--torch-backend", "--sparse",
 }  # fmt: skip
 # Pages about the benchmark and development scripts, whose options are the scripts' own.
 SCRIPT_PAGES = ("performance.md", "development.md")
