@@ -1,7 +1,7 @@
 """`video-info --exact` on the formats made for streaming, which record no frame count (MPEG-TS,
-M2TS, FLV): a whole file reads `ok`, one with a region zeroed `damaged`, counted from the packets
-(test_video_info.py holds the formats whose index or sizes count the frames). The files are
-ffmpeg's, made at test time: each test skips where this machine has no ffmpeg."""
+M2TS, FLV, Ogg): a whole file reads `ok`, one with a region zeroed `damaged`, counted from its
+packets or tags (test_video_info.py holds the formats whose index or sizes count the frames).
+The files are ffmpeg's, made at test time: each test skips where this machine has no ffmpeg."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from damaged_videos import decoded_by_opencv, ffmpeg_made, moving_picture, zeroed_copy
 
 from torchkit.core.video import probe_video
-from torchkit.core.video.streams import flv_video_frames, ts_video_frames
+from torchkit.core.video.streams import flv_video_frames, ogg_video_frames, ts_video_frames
 
 ZEROED_AT = (0.3, 0.5, 0.7)
 
@@ -141,3 +141,32 @@ def test_an_flv_cut_where_no_key_frame_starts_it_is_not_damaged(tmp_path):
     held = flv_video_frames(cut, "flv")
     assert held.leading >= 10 and decoded_by_opencv(cut) < held.frames - 10
     assert_whole_and_zeroed(cut, tmp_path, "its video tags hold")
+
+
+@pytest.mark.parametrize("encoder", ["libtheora", "libvpx"])
+def test_a_zeroed_ogg_is_damaged_and_one_cut_inside_a_page_truncated(tmp_path, encoder):
+    """An Ogg file records no frame count: a copy with a tenth zeroed read `ok` under --exact
+    (215 of 250 Theora frames decode), a VP8 one `truncated` (51 of 250: FFmpeg's reader
+    stopped at the zeroes). Its video packets (Theora, VP8) are its frames, walked page by
+    page past the zeroes to the next page, those the zeroes took counted from the frame
+    numbers of the granule positions either side; its last page, which closes its stream,
+    says the file is whole, and a copy cut inside it is truncated without decoding."""
+    clip = ffmpeg_made(
+        tmp_path / "clip.ogv",
+        *moving_picture(4),
+        *("-f", "lavfi", "-i", "sine=duration=4", "-c:v", encoder, "-g", "12", "-c:a", "flac"),
+        *(("-deadline", "realtime", "-cpu-used", "8") if encoder == "libvpx" else ()),
+        encoders=(encoder, "flac"),
+        muxer="ogg",
+    )
+    held = ogg_video_frames(clip, "ogg")
+    assert (held.frames, held.leading, held.not_coded, held.broken_at) == (100, 0, 0, None)
+    assert ogg_video_frames(zeroed_copy(clip, tmp_path, 0.5), "ogg").frames == 100
+    assert_whole_and_zeroed(clip, tmp_path, "its video packets hold")
+    data = clip.read_bytes()
+    cut = tmp_path / "cut.ogv"
+    cut.write_bytes(data[: len(data) - 100])
+    info = probe_video(cut, decode_check=False)
+    assert info.status == "truncated" and info.error.startswith(
+        f"truncated: the file holds {len(data) - 100:,} of the {len(data):,} bytes its ogg "
+    )

@@ -1355,7 +1355,7 @@ _MAX_BOXES = 100_000  # a fragmented MP4 has two boxes per fragment; a bound for
 def declared_size(path: str | os.PathLike, container: str | None, size: int) -> int | None:
     """How many bytes the container structure of a `size`-byte file says it holds, for the
     formats that record it (MP4/MOV/3GP, AVI, Matroska/WebM, ASF/WMV, MPEG-TS, M2TS, Y4M, MPEG-PS,
-    raw DV);
+    raw DV, FLV and Ogg, the last three where their ends say);
     None when the format does not say or the structure cannot be read (so nothing is claimed
     about the file)."""
     packet = {"mpeg-ts": TS_PACKET, "m2ts": M2TS_PACKET}.get(container or "")
@@ -1373,6 +1373,7 @@ def declared_size(path: str | os.PathLike, container: str | None, size: int) -> 
         "mpeg-ps": _mpeg_ps_end,
         "dv": _dv_frames_end,
         "flv": _flv_tags_end,
+        "ogg": _ogg_pages_end,
     }
     reader = readers.get(container or "")
     if reader is None:
@@ -2037,6 +2038,30 @@ def _flv_tags_end(handle, size: int) -> int | None:
             return end
         offset = end
     return None
+
+
+_OGG_TAIL = 65_307 + 27  # the most bytes of a page (255 segments of 255 bytes), and another's head
+
+
+def _ogg_pages_end(handle, size: int) -> int | None:
+    """Where the last page of an Ogg file ends, found in its last bytes: past the file's end
+    when a copy is cut inside it; the file's end where that page ends it and closes its
+    stream (the end-of-stream flag, which a whole file's last page sets). A file that ends on
+    a page's end without it says nothing (a copy cut between two pages, a live stream's
+    recording): None, as for a structure that cannot be read."""
+    start = max(0, size - _OGG_TAIL)
+    handle.seek(start)
+    tail = handle.read(size - start)
+    at = tail.rfind(b"OggS\x00")
+    if at < 0 or at + 27 > len(tail):
+        return None if at < 0 else start + at + 27  # the file ends inside the page's header
+    table = at + 27 + tail[at + 26]
+    if table > len(tail):
+        return start + table  # inside its segment table
+    end = table + sum(tail[at + 27 : table])
+    if end > len(tail):
+        return start + end
+    return size if end == len(tail) and tail[at + 5] & 4 else None
 
 
 _MPEG_START = b"\x00\x00\x01"  # the prefix of every MPEG start code (program stream, video)

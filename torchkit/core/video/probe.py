@@ -43,7 +43,7 @@ from torchkit.core.video.containers import (
     sniff_container,
     still_image_format,
 )
-from torchkit.core.video.streams import flv_video_frames, ts_video_frames
+from torchkit.core.video.streams import flv_video_frames, ogg_video_frames, ts_video_frames
 
 STATUSES = ("ok", "truncated", "damaged", "unreadable")
 # The frames the cheap end-of-file check decodes: it seeks to this many frames before the last
@@ -221,7 +221,7 @@ def _frames_short(decoded: int, header: int | None, reached: int = 0) -> str | N
 # length: beside audio that runs on, the count overstates the video's frames (100 for 25). An
 # MKV/WebM whose tags record its video track's own length is counted from them instead;
 # MP4/MOV/3GP and AVI count the video's samples, Y4M and raw DV hold video alone.
-_COUNT_FROM_FILE_DURATION = frozenset({"mpeg-ts", "m2ts", "mpeg-ps", "asf", "mkv", "webm"})
+_COUNT_FROM_FILE_DURATION = frozenset({"mpeg-ts", "m2ts", "mpeg-ps", "asf", "mkv", "webm", "ogg"})
 
 
 # Formats whose header count is the frames the file holds, one by one: an MP4/MOV/3GP sample
@@ -241,6 +241,7 @@ _LISTED_BY = {
     "mpeg-ts": "its video packets hold",
     "m2ts": "its video packets hold",
     "flv": "its video tags hold",
+    "ogg": "its video packets hold",
 }
 
 
@@ -263,6 +264,7 @@ def _frames_lost(
         or matroska_video_blocks(path, container)
         or ts_video_frames(path, container)
         or flv_video_frames(path, container)
+        or ogg_video_frames(path, container)
     )
     if indexed is not None and indexed.past_breaks and header and indexed.frames > 1.5 * header:
         return None  # its units are not frames one each (fields, each its own packet)

@@ -11,6 +11,7 @@ called damaged.
 
 from __future__ import annotations
 
+import bisect
 import mmap
 import os
 import re
@@ -294,3 +295,152 @@ def _flv_tag_after(data, at: int, size: int) -> int | None:
         ):
             return start
     return None
+
+
+# --- Ogg ----------------------------------------------------------------------------------------
+
+_OGG_PAGE = 27  # "OggS", version, flags, granule position (8), serial (4), number (4), CRC (4),
+# then the segment count and table
+_OGG_RESYNC_BYTES = 1 << 26  # past a break, the next page is searched for this far
+_MAX_OGG_PAGES = 50_000_000
+_NO_GRANULE = (1 << 64) - 1  # a page on which no packet ends
+
+
+def ogg_video_frames(path: str | os.PathLike, container: str | None) -> HeldFrames | None:
+    """The frames an Ogg file holds for its Theora or VP8 stream: its packets but its headers
+    (and a VP8 frame not shown, an alternate reference), walked page by page (each records
+    its packets' sizes); past bytes that are no page inside the file (`broken_at`, the
+    first), from the next page found (its capture pattern, and the page after it where it
+    says), the frames whose packets they took counted from the frame numbers the granule
+    positions either side give. `leading`: those before the first key frame (its packet's
+    own flag); `not_coded`: packets of a few bytes or none (a Theora encoder's repeated
+    frame). None for other formats, another video codec, no video stream, or a structure
+    that cannot be read."""
+    from torchkit.core.video.containers import NOT_CODED_BYTES
+
+    if container != "ogg":
+        return None
+    video, codec, shift = None, None, 0
+    frames, leading, not_coded, keyed = 0, 0, 0, False
+    counted: list[int] = []  # at each video page with a granule position: the frames counted,
+    numbers: list[int] = []  # and the frame number it gives its last packet
+    breaks: list[tuple[int, int]] = []  # where the walk passed bytes that are no page, and
+    # the frames counted by then
+    pending = b""  # the first bytes of a video packet that goes on to the next page
+    try:
+        with open(path, "rb") as handle, _mapped(handle) as data:
+            size, at = len(data), 0
+            for _ in range(_MAX_OGG_PAGES):
+                if at + _OGG_PAGE > size:
+                    break
+                end = _ogg_page_end(data, at, size)
+                if end is None:
+                    found = _ogg_page_after(data, at, size)
+                    if found is None:
+                        break
+                    breaks.append((at, frames))
+                    at, pending = found, b""
+                    continue
+                lacing = data[at + _OGG_PAGE : at + _OGG_PAGE + data[at + 26]]
+                start = at + _OGG_PAGE + len(lacing)
+                serial = data[at + 14 : at + 18]
+                if video is None and data[at + 5] & 2:  # a stream's first page: its codec
+                    codec = _ogg_codec(data[start : start + 42])
+                    if codec is not None:
+                        video, shift = serial, _theora_shift(data[start : start + 42])
+                if serial != video:
+                    at = end
+                    continue
+                if not data[at + 5] & 1:  # no packet goes on from the page before
+                    pending = b""
+                length = 0
+                for value in lacing:
+                    length += value
+                    if value == 255:  # the packet goes on
+                        continue
+                    head = (pending + data[start : start + min(length, 8)])[:8]
+                    pending = b""
+                    key = _ogg_frame(codec, head)
+                    if key is not None:
+                        frames += 1
+                        not_coded += length <= NOT_CODED_BYTES
+                        keyed = keyed or key
+                        leading += not keyed
+                    start, length = start + length, 0
+                if length:
+                    pending = (pending + data[start : start + min(length, 8)])[:8]
+                granule = int.from_bytes(data[at + 6 : at + 14], "little")
+                if granule != _NO_GRANULE:
+                    counted.append(frames)
+                    numbers.append(_ogg_frame_number(codec, granule, shift))
+                at = end
+    except (OSError, ValueError):  # ValueError: an empty file cannot be mapped
+        return None
+    if video is None or not frames:
+        return None
+    missing = 0
+    for _, by_then in breaks:
+        # the last page with a granule position before the break and the first after it: the
+        # frame numbers between them that no packet counted were in the bytes it took
+        after = bisect.bisect_right(counted, by_then)
+        if 0 < after < len(counted):
+            numbered = numbers[after] - numbers[after - 1]
+            missing += max(0, numbered - (counted[after] - counted[after - 1]))
+    broken_at = breaks[0][0] if breaks else None
+    return HeldFrames(frames + missing, leading if keyed else 0, not_coded, broken_at, True)
+
+
+def _ogg_page_end(data, at: int, size: int) -> int | None:
+    """Where the Ogg page (version 0) that starts at `at` ends, where that is the file's end
+    or another page's start (a page whose segment table a zeroed region reached, its sizes
+    then wrong, is no page); None where no such page starts there."""
+    if data[at : at + 5] != b"OggS\x00" or at + _OGG_PAGE > size:
+        return None
+    table = at + _OGG_PAGE + data[at + 26]
+    end = table + sum(data[at + _OGG_PAGE : table])
+    return end if end == size or (end < size and data[end : end + 4] == b"OggS") else None
+
+
+def _ogg_page_after(data, at: int, size: int) -> int | None:
+    """Where the first page after byte `at` of an Ogg file starts (`_ogg_page_end`), within
+    `_OGG_RESYNC_BYTES`."""
+    stop = min(size, at + _OGG_RESYNC_BYTES)
+    found = data.find(b"OggS\x00", at + 1, stop)
+    while found >= 0 and _ogg_page_end(data, found, size) is None:
+        found = data.find(b"OggS\x00", found + 1, stop)
+    return found if found >= 0 else None
+
+
+def _ogg_codec(head: bytes) -> str | None:
+    """The video codec whose identification header `head` (a stream's first packet) is."""
+    if head.startswith(b"\x80theora"):
+        return "theora"
+    return "vp8" if head.startswith(b"OVP80\x01") else None
+
+
+def _theora_shift(head: bytes) -> int:
+    """The bits of a Theora granule position that count the frames since its key frame
+    (KFGSHIFT, 5 bits of its identification header's 41st and 42nd bytes); 0 for another."""
+    if len(head) < 42 or not head.startswith(b"\x80theora"):
+        return 0
+    return (head[40] & 0x03) << 3 | head[41] >> 5
+
+
+def _ogg_frame(codec: str | None, head: bytes) -> bool | None:
+    """Whether the packet whose first bytes are `head` is a key frame; None for one that is
+    no frame shown (a header; a VP8 frame not shown)."""
+    if codec == "theora":
+        if head[:1] and head[0] & 0x80:  # a header packet
+            return None
+        return bool(head) and not head[0] & 0x40
+    if not head or head[:1] == b"O":  # a VP8 header packet ("OVP80")
+        return None if head else False
+    return None if not head[0] & 0x10 else not head[0] & 1  # show_frame, then its type
+
+
+def _ogg_frame_number(codec: str | None, granule: int, shift: int) -> int:
+    """The frame number a granule position gives (Theora: the key frame's and the frames
+    since; VP8: its upper 32 bits)."""
+    if codec == "theora":
+        return (granule >> shift) + (granule & ((1 << shift) - 1))
+    return granule >> 32
