@@ -1,7 +1,8 @@
 """`video-info --exact` on the formats made for streaming, which record no frame count (MPEG-TS,
-M2TS, FLV, Ogg): a whole file reads `ok`, one with a region zeroed `damaged`, counted from its
-packets or tags (test_video_info.py holds the formats whose index or sizes count the frames).
-The files are ffmpeg's, made at test time: each test skips where this machine has no ffmpeg."""
+M2TS, FLV, Ogg, a live Matroska recording): a whole file reads `ok`, one with a region zeroed
+`damaged`, counted from its packets, tags or clusters (test_video_info.py holds the formats
+whose index or sizes count the frames). The files are ffmpeg's, made at test time: each test
+skips where this machine has no ffmpeg."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from damaged_videos import decoded_by_opencv, ffmpeg_made, moving_picture, zeroed_copy
 
 from torchkit.core.video import probe_video
+from torchkit.core.video.containers import matroska_video_blocks
 from torchkit.core.video.streams import flv_video_frames, ogg_video_frames, ts_video_frames
 
 ZEROED_AT = (0.3, 0.5, 0.7)
@@ -170,3 +172,40 @@ def test_a_zeroed_ogg_is_damaged_and_one_cut_inside_a_page_truncated(tmp_path, e
     assert info.status == "truncated" and info.error.startswith(
         f"truncated: the file holds {len(data) - 100:,} of the {len(data):,} bytes its ogg "
     )
+
+
+def unknown_sizes(data: bytes) -> bytes:
+    """The Matroska file `data` with its Segment's and each Cluster's size written as unknown
+    (every bit of its value set, in as many bytes), as a live recording (a browser's
+    MediaRecorder, a stream's capture) leaves them."""
+    out = bytearray(data)
+    for element_id in (b"\x18\x53\x80\x67", b"\x1f\x43\xb6\x75"):  # Segment, Cluster
+        at = data.find(element_id)
+        while at >= 0:
+            length = 9 - data[at + 4].bit_length()  # the size's bytes, by its first
+            out[at + 4 : at + 4 + length] = ((1 << 7 * length + 1) - 1).to_bytes(length, "big")
+            at = data.find(element_id, at + 4) if element_id[0] == 0x1F else -1
+    return bytes(out)
+
+
+def test_a_zeroed_live_matroska_recording_is_damaged(tmp_path):
+    """A live recording's Segment and Clusters record no size (a browser's MediaRecorder
+    WebM), so its clusters were not walked and a copy with a tenth zeroed read `ok` under
+    --exact (no count to judge it by). A Cluster of unknown size ends where the next one
+    starts; past bytes that are no element, the walk goes on at the next Cluster (as FFmpeg's
+    reader does), the frames whose blocks the zeroes took counted from the times either
+    side."""
+    made = ffmpeg_made(
+        tmp_path / "made.mkv",
+        *moving_picture(4),
+        *("-c:v", "mpeg4", "-g", "12", "-cluster_time_limit", "400"),
+        encoders=("mpeg4",),
+        muxer="matroska",
+    )
+    live = tmp_path / "live.mkv"
+    live.write_bytes(unknown_sizes(made.read_bytes()))
+    assert decoded_by_opencv(live) == 100
+    held = matroska_video_blocks(live, "mkv")
+    assert (held.frames, held.leading, held.broken_at, held.past_breaks) == (100, 0, None, True)
+    assert matroska_video_blocks(zeroed_copy(live, tmp_path, 0.5), "mkv").frames == 100
+    assert_whole_and_zeroed(live, tmp_path, "its clusters hold")

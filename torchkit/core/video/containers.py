@@ -328,6 +328,50 @@ class HeldFrames:
     past_breaks: bool = False
 
 
+# An open GOP's leading pictures follow its key frame at once: the frames after it whose time
+# is at or before its own are sought this far (past it, a 33-bit time that wraps misleads)
+_LEADING_WINDOW = 64
+
+
+def leading_frames(times, keys) -> int:
+    """The frames, in stored order, with their times (`times`) and key flags (`keys`, one at
+    least), that a whole file gives no picture for: those before the first key frame, and
+    those after it within `_LEADING_WINDOW` shown at or before it."""
+    import numpy as np
+
+    first = int(np.argmax(keys))
+    after = times[first + 1 : first + 1 + _LEADING_WINDOW]
+    return first + int((after <= times[first]).sum())
+
+
+def frames_between(times, places, firsts, lasts) -> int:
+    """The frames whose starts lay in the lost runs of a file's structure (from `firsts` to
+    `lasts`, in the units of `places`, sorted): for each, the frame times missing between
+    the latest time of the frames stored before it and the earliest of those after
+    (`times`, the frames' starts at `places`, sorted), at the video's frame interval (the
+    mean of the steps between its times within a tick of the commonest: 33 and 34 ms steps
+    of a 29.97 fps video's millisecond times). Frames stored out of their order (B-frames)
+    make the gap smaller, never larger."""
+    import numpy as np
+
+    steps = np.diff(np.unique(times))
+    if not len(firsts) or not len(steps):
+        return 0
+    values, counts = np.unique(steps, return_counts=True)
+    commonest = values[np.argmax(counts)]
+    interval = float(steps[abs(steps - commonest) <= 1].mean())
+    missing = 0
+    for start, end in zip(firsts, lasts, strict=True):
+        before = np.searchsorted(places, start)
+        after = np.searchsorted(places, end, side="right")
+        if before == 0 or after == len(places):
+            continue
+        shown_before = times[max(0, before - _LEADING_WINDOW) : before].max()
+        shown_after = times[after : after + _LEADING_WINDOW].min()
+        missing += max(0, round((shown_after - shown_before) / interval) - 1)
+    return missing
+
+
 # The most bytes of a frame that may decode to no picture in a whole file: an MPEG-4 Part 2
 # VOP marked not coded (an N-VOP: its start code and a few bits, 6 to 8 bytes), which Xvid
 # and DivX write for a frame that repeats the one before (FFmpeg shows nothing for it); in a
@@ -1679,9 +1723,18 @@ def _matroska_video_blocks(handle, size: int) -> HeldFrames | None:
     entry = _matroska_video_entry(head, *elements[1][_MKV_TRACKS])
     number = None if entry is None else entry.get(0xD7)  # TrackNumber
     segment = next(((s, n) for i, s, n in _ebml_elements(head, 0) if i == _MKV_SEGMENT), None)
-    if not number or segment is None or segment[1] < 0:
+    if not number or segment is None:
         return None
     track = int.from_bytes(number, "big")
+    # a live recording's Segment or Clusters of unknown size: past bytes that are no element,
+    # the walk goes on at the next Cluster (as FFmpeg's reader does), the frames it passed
+    # counted from the times either side; a file of known sizes gives its break alone
+    live = segment[1] < 0
+    times: list[int] = []
+    places: list[int] = []
+    firsts: list[int] = []
+    lasts: list[int] = []
+    here = 0  # where the block being counted starts
 
     def element(at: int) -> tuple[int, int, int, bytes] | None:
         """(ID, where its data starts, its length, its first bytes) of the element at `at`;
@@ -1720,30 +1773,56 @@ def _matroska_video_blocks(handle, size: int) -> HeldFrames | None:
         elif key_time is None or time <= key_time:  # a muxer lifts a time before 0 to 0
             leading += shown
         frames += shown
+        times.append(time)
+        places.append(here)
 
     def held(broken_at: int | None) -> HeldFrames:
         # no key frame flagged: a writer that sets no flags, which tells nothing of them
-        return HeldFrames(frames, leading if key_time is not None else 0, not_coded, broken_at)
+        leads = leading if key_time is not None else 0
+        if not live:
+            return HeldFrames(frames, leads, not_coded, broken_at)
+        import numpy as np
 
-    at, end = segment[0], min(segment[0] + segment[1], size)
+        missing = frames_between(*(np.array(x, np.int64) for x in (times, places, firsts, lasts)))
+        broken = firsts[0] if firsts else None
+        return HeldFrames(frames + missing, leads, not_coded, broken, past_breaks=True)
+
+    def passed(at: int, resumed: int) -> int:
+        firsts.append(at)
+        lasts.append(resumed - 1)
+        return resumed
+
+    at, end = segment[0], size if live else min(segment[0] + segment[1], size)
     budget = _MKV_MAX_ELEMENTS
     while at < end:
         found = element(at)
-        if found is not None and found[2] < 0:
-            return None  # a Cluster of unknown size
-        if found is None or found[1] + found[2] > end:
-            return held(at)
+        if found is not None and found[2] < 0 and found[0] != _MKV_CLUSTER:
+            return None  # an element of unknown size that holds no frames
+        if found is None or found[1] + max(found[2], 0) > end:
+            resumed = _matroska_cluster_after(handle, at, end) if live else None
+            if resumed is None:  # the file's end: a live recording cut there reads so
+                return held(None if live else at)
+            at = passed(at, resumed)
+            continue
         kind, start, length, _ = found
         if kind == _MKV_CLUSTER:
-            child, cluster_end = start, start + length
+            live = live or length < 0
+            child, cluster_end = start, end if length < 0 else start + length
             while child < cluster_end:
                 budget -= 1
                 inner = element(child)
                 if budget < 0:
                     return None
+                if length < 0 and inner is not None and inner[0] in _MKV_LEVEL_1:
+                    break  # a Cluster of unknown size ends where the next one starts
                 if inner is None or inner[2] < 0 or inner[1] + inner[2] > cluster_end:
-                    return held(child)
+                    if not live:
+                        return held(child)
+                    if length >= 0:  # the rest of a Cluster of known size passed
+                        child = passed(child, cluster_end)
+                    break  # else the walk goes on from there: the next Cluster
                 inner_kind, inner_start, inner_length, first = inner
+                here = child
                 if inner_kind == _MKV_CLUSTER_TIME:
                     cluster_time = int.from_bytes(first[: min(inner_length, 8)], "big")
                 elif inner_kind == _MKV_SIMPLE_BLOCK:
@@ -1753,8 +1832,40 @@ def _matroska_video_blocks(handle, size: int) -> HeldFrames | None:
                     if block is not None:
                         count(*block, key=not referenced)
                 child = inner_start + inner_length
+            if length < 0 or child < cluster_end:
+                at = child
+                continue
         at = start + length
     return held(None)
+
+
+# The top-level elements of a Matroska Segment (and the EBML header of a stream that follows)
+_MKV_LEVEL_1 = frozenset(
+    {_MKV_CLUSTER, _MKV_SEEK_HEAD, _MKV_TRACKS, _MKV_TAGS, 0x1C53BB6B, 0x1043A770, 0x1941A469}
+    | {0x1549A966, 0x1A45DFA3}
+)
+_MKV_RESYNC_BYTES = 1 << 26  # past a break, the next Cluster is searched for this far
+
+
+def _matroska_cluster_after(handle, at: int, end: int) -> int | None:
+    """Where the first Cluster after byte `at` of a Matroska/WebM file starts: its ID, a size,
+    then (after a CRC-32 element, where one is) its time, as writers put it first, within
+    `_MKV_RESYNC_BYTES`."""
+    stop = min(end, at + _MKV_RESYNC_BYTES)
+    step = 1 << 20
+    for chunk in range(at + 1, stop, step):
+        handle.seek(chunk)
+        data = handle.read(min(step + 16, stop - chunk))
+        found = data.find(b"\x1f\x43\xb6\x75")
+        while found >= 0:
+            length = _ebml_number(data, found + 4, keep_marker=False)
+            child = found + 4 + length[1] if length is not None else len(data)
+            if data[child : child + 2] == b"\xbf\x84":  # a CRC-32 element first (mkvmerge's)
+                child += 6
+            if data[child : child + 1] == b"\xe7":
+                return chunk + found
+            found = data.find(b"\x1f\x43\xb6\x75", found + 1)
+    return None
 
 
 def _ebml_group(element, start: int, length: int) -> tuple[tuple[bytes, int] | None, bool]:

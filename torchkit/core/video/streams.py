@@ -16,7 +16,13 @@ import mmap
 import os
 import re
 
-from torchkit.core.video.containers import M2TS_PACKET, TS_PACKET, HeldFrames
+from torchkit.core.video.containers import (
+    M2TS_PACKET,
+    TS_PACKET,
+    HeldFrames,
+    frames_between,
+    leading_frames,
+)
 
 # --- MPEG-TS ------------------------------------------------------------------------------------
 
@@ -25,9 +31,6 @@ from torchkit.core.video.containers import M2TS_PACKET, TS_PACKET, HeldFrames
 _TS_VIDEO_TYPES = frozenset({0x01, 0x02, 0x10, 0x1B, 0x24, 0x33, 0x42, 0xD1, 0xEA})
 _TS_CHUNK_PACKETS = 1 << 16  # packets read at a time (12 MiB)
 _TS_TABLE_PACKETS = 1 << 14  # the PAT and PMT are sought in the first packets (FFmpeg: each 0.1 s)
-# An open GOP's leading pictures follow its key frame at once: the frames after it whose time
-# is at or before its own are sought this far (past it, a 33-bit time that wraps misleads)
-_LEADING_WINDOW = 64
 
 
 def ts_video_frames(path: str | os.PathLike, container: str | None) -> HeldFrames | None:
@@ -78,36 +81,8 @@ def ts_video_frames(path: str | os.PathLike, container: str | None) -> HeldFrame
         broken_at = int(lost[0]) * size
         gaps = np.flatnonzero(np.diff(lost) > 1)  # the last lost packet of a run, but the last
         firsts, lasts = lost[np.r_[0, gaps + 1]], lost[np.r_[gaps, len(lost) - 1]]
-        frames += _frames_between(times, places, firsts, lasts)
-    return HeldFrames(frames, _leading(times, keys), 0, broken_at, past_breaks=True)
-
-
-def _frames_between(times, places, firsts, lasts) -> int:
-    """The frames whose starts lay in the lost runs of a file's structure (from `firsts` to
-    `lasts`, in the units of `places`, sorted): for each, the frame times missing between
-    the latest time of the frames stored before it and the earliest of those after
-    (`times`, the frames' starts at `places`, sorted), at the video's frame interval (the
-    mean of the steps between its times within a tick of the commonest: 33 and 34 ms steps
-    of a 29.97 fps video's millisecond times). Frames stored out of their order (B-frames)
-    make the gap smaller, never larger."""
-    import numpy as np
-
-    steps = np.diff(np.unique(times))
-    if not len(firsts) or not len(steps):
-        return 0
-    values, counts = np.unique(steps, return_counts=True)
-    commonest = values[np.argmax(counts)]
-    interval = float(steps[abs(steps - commonest) <= 1].mean())
-    missing = 0
-    for start, end in zip(firsts, lasts, strict=True):
-        before = np.searchsorted(places, start)
-        after = np.searchsorted(places, end, side="right")
-        if before == 0 or after == len(places):
-            continue
-        shown_before = times[max(0, before - _LEADING_WINDOW) : before].max()
-        shown_after = times[after : after + _LEADING_WINDOW].min()
-        missing += max(0, round((shown_after - shown_before) / interval) - 1)
-    return missing
+        frames += frames_between(times, places, firsts, lasts)
+    return HeldFrames(frames, leading_frames(times, keys), 0, broken_at, past_breaks=True)
 
 
 def _ts_pes_starts(packets, video: int):
@@ -187,17 +162,6 @@ def _ts_video_pid(handle, size: int, prefix: int) -> int | None:
     return None
 
 
-def _leading(times, keys) -> int:
-    """The frames, in stored order, with their times (`times`) and key flags (`keys`, one at
-    least), that a whole file gives no picture for: those before the first key frame, and
-    those after it within `_LEADING_WINDOW` shown at or before it."""
-    import numpy as np
-
-    first = int(np.argmax(keys))
-    after = times[first + 1 : first + 1 + _LEADING_WINDOW]
-    return first + int((after <= times[first]).sum())
-
-
 def _mapped(handle) -> mmap.mmap:
     """The file open as `handle`, mapped to be read as bytes (a tag or page at a time, without
     a read call each); ValueError for an empty file."""
@@ -263,9 +227,9 @@ def flv_video_frames(path: str | os.PathLike, container: str | None) -> HeldFram
     if not keys.any():
         return None
     firsts, lasts = np.array(firsts, np.int64), np.array(lasts, np.int64)
-    frames = len(times) + _frames_between(times, places, firsts, lasts)
+    frames = len(times) + frames_between(times, places, firsts, lasts)
     broken_at = int(firsts[0]) if len(firsts) else None
-    return HeldFrames(frames, _leading(times, keys), 0, broken_at, past_breaks=True)
+    return HeldFrames(frames, leading_frames(times, keys), 0, broken_at, past_breaks=True)
 
 
 def _flv_frame(head: bytes) -> tuple[bool, int] | None:
