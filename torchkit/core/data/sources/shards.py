@@ -529,104 +529,182 @@ def _read_plain_headers(path: str, size: int, labels: bool = False) -> TarListin
     tar, base-256 sizes, sparse files, global pax headers): tarfile then reads it, and says
     what is wrong. `labels`: keep the bytes of small label members (`TarListing.labels`);
     they follow their header, so the read is from the buffer the header came in."""
-    members: dict[str, tuple[int, int]] = {}
-    label_bytes: dict[str, bytes] = {}
-    links: dict[str, str] = {}
-    folders: set[str] = set()
-    long_name = long_link = None
-    pax: dict[str, str] = {}
-    offset = 0
-    chunk, chunk_start = b"", 0  # the bytes of the file read last, and where they begin
-    # The headers of `chunk` not yet checked: where each begins in it, and the checksum it holds.
-    unchecked: list[int] = []
-    checksums: list[int] = []
     try:
         with open(path, "rb", buffering=0) as handle:
-
-            def read(at: int, length: int) -> bytes:
-                """`length` bytes from `at` (fewer at the end of the file), from `chunk` where
-                it holds them, else read with the bytes after them into a new `chunk`."""
-                nonlocal chunk, chunk_start
-                if at < chunk_start or at + length > chunk_start + len(chunk):
-                    if not _checksums_hold(chunk, unchecked, checksums):
-                        raise ValueError("a header's checksum does not hold")
-                    unchecked.clear()
-                    checksums.clear()
-                    handle.seek(at)
-                    chunk, chunk_start = _read_up_to(handle, max(length, _CHUNK_BYTES)), at
-                return chunk[at - chunk_start : at - chunk_start + length]
-
-            while True:
-                block = read(offset, tarfile.BLOCKSIZE)
-                if len(block) < tarfile.BLOCKSIZE:
-                    return None  # no end-of-archive marker: let tarfile judge
-                if block == _ZERO_BLOCK:
-                    break
-                checksum = int(block[148:156].split(b"\0", 1)[0].strip() or b"0", 8)
-                unchecked.append(offset - chunk_start)
-                checksums.append(checksum)
-                if block[124] & 0x80:  # base-256 size (over 8 GiB)
-                    return None
-                length = int(block[124:136].split(b"\0", 1)[0].strip() or b"0", 8)
-                if length < 0:  # `-1000` parses; the next header would be this one or before
-                    return None
-                kind = block[156:157]
-                data = offset + tarfile.BLOCKSIZE
-                offset = data + -(-length // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
-                if kind in (b"L", b"K", b"x"):
-                    if checksum != sum(block) - sum(block[148:156]) + 256:
-                        return None  # checked before its length is trusted to read
-                    payload = read(data, length)
-                    if len(payload) < length:
-                        return None
-                    if kind == b"L":
-                        long_name = _text(payload)
-                    elif kind == b"K":
-                        long_link = _text(payload)
-                    else:
-                        pax = _pax_records(payload)
-                    continue
-                if any(key.startswith("GNU.sparse.") for key in pax):
-                    return None  # stored sparse: tarfile lists it by its real name
-                name = pax.get("path") or long_name or _text(block[0:100])
-                if block[257:263] == b"ustar\0" and block[345] and "path" not in pax:
-                    name = _text(block[345:500]) + "/" + name  # POSIX ustar's prefix field
-                if "size" in pax:
-                    length = int(pax["size"])
-                    if length < 0:
-                        return None
-                    offset = data + -(-length // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
-                member = _member_name(name)
-                if kind in _REGULAR and not name.endswith("/"):
-                    if data + length > size:
-                        return None
-                    members[member] = (data, length)
-                    label_bytes.pop(member, None)  # a later member of that name replaces it
-                    if (
-                        labels
-                        and length <= _LABEL_READ_BYTES
-                        and member.lower().endswith(_LABEL_SUFFIXES)
-                    ):
-                        payload = read(data, length)
-                        if len(payload) < length:
-                            return None
-                        label_bytes[member] = payload
-                elif kind in _REGULAR or kind == _FOLDER:
-                    folders.add(member)
-                elif kind in (_HARD_LINK, _SYMBOLIC_LINK):
-                    linkname = pax.get("linkpath") or long_link or _text(block[157:257])
-                    links[member] = _link_target(member, linkname, symbolic=kind == _SYMBOLIC_LINK)
-                elif kind not in _SKIPPED:
-                    return None
-                long_name = long_link = None
-                pax = {}
-            if not _checksums_hold(chunk, unchecked, checksums):
+            chunks = _CheckedChunks(handle)
+            found = _PlainMembers(chunks, size, labels)
+            if not _walk_plain_headers(chunks, found):
                 return None
     except (OSError, ValueError):
         return None
-    listing = _listing(path, members, links, folders)
-    listing.labels = label_bytes
+    listing = _listing(path, found.members, found.links, found.folders)
+    listing.labels = found.label_bytes
     return listing
+
+
+def _walk_plain_headers(chunks: _CheckedChunks, found: _PlainMembers) -> bool:
+    """Every header of the tar from its start to its end-of-archive marker, its members into
+    `found`; False where a plain reading is not enough (tarfile's job). ValueError where a
+    field does not parse or a checksum does not hold."""
+    offset = 0
+    long_name = long_link = None  # a GNU long name or long link, for the header after it
+    pax: dict[str, str] = {}  # the pax records for the header after them
+    read, take = chunks.read, found.take  # looked up once, not at each header
+    # the headers of the chunk read last to check (the lists are cleared, never replaced)
+    unchecked, checksums = chunks.unchecked, chunks.checksums
+    while True:
+        block = read(offset, tarfile.BLOCKSIZE)
+        if len(block) < tarfile.BLOCKSIZE:
+            return False  # no end-of-archive marker: let tarfile judge
+        if block == _ZERO_BLOCK:
+            return chunks.checksums_hold()
+        fields = _plain_header_fields(block)
+        if fields is None:
+            return False
+        checksum, length, kind = fields
+        unchecked.append(offset - chunks.start)
+        checksums.append(checksum)
+        data = offset + tarfile.BLOCKSIZE
+        offset = data + -(-length // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE  # whole blocks
+        if kind in _EXTENDED_HEADERS:
+            payload = _extended_payload(chunks, block, checksum, data, length)
+            if payload is None:
+                return False
+            if kind == b"L":
+                long_name = _text(payload)
+            elif kind == b"K":
+                long_link = _text(payload)
+            else:
+                pax = _pax_records(payload)
+            continue
+        if pax and any(key.startswith("GNU.sparse.") for key in pax):
+            return False  # stored sparse: tarfile lists it by its real name
+        name = _plain_member_path(block, long_name, pax)
+        if "size" in pax:
+            length = int(pax["size"])
+            if length < 0:
+                return False
+            offset = data + -(-length // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+        linkname = (pax.get("linkpath") if pax else None) or long_link
+        if not take(block, kind, name, data, length, linkname):
+            return False
+        long_name = long_link = None
+        pax = {}
+
+
+# GNU long name, GNU long link, pax extended header: each says more of the header after it.
+_EXTENDED_HEADERS = (b"L", b"K", b"x")
+
+
+def _plain_header_fields(block: bytes) -> tuple[int, int, bytes] | None:
+    """A header's (checksum, data length, kind); None for a length tarfile must read (base-256,
+    negative). ValueError where a field is not a number."""
+    checksum = int(block[148:156].split(b"\0", 1)[0].strip() or b"0", 8)
+    if block[124] & 0x80:  # base-256 size (over 8 GiB)
+        return None
+    length = int(block[124:136].split(b"\0", 1)[0].strip() or b"0", 8)
+    if length < 0:  # `-1000` parses; the next header would be this one or before
+        return None
+    return checksum, length, block[156:157]
+
+
+def _extended_payload(
+    chunks: _CheckedChunks, block: bytes, checksum: int, data: int, length: int
+) -> bytes | None:
+    """The data of an extended header (`block`, its data `length` bytes at `data`); None where
+    its checksum does not hold (checked before its length is trusted to read) or the file ends
+    first."""
+    if checksum != sum(block) - sum(block[148:156]) + 256:
+        return None
+    payload = chunks.read(data, length)
+    return None if len(payload) < length else payload
+
+
+def _plain_member_path(block: bytes, long_name: str | None, pax: dict[str, str]) -> str:
+    """The path of header `block`'s member: a pax path, a GNU long name, or its own name field
+    (after a POSIX ustar prefix)."""
+    name = pax.get("path") or long_name or _text(block[0:100])
+    if block[257:263] == b"ustar\0" and block[345] and "path" not in pax:
+        name = _text(block[345:500]) + "/" + name  # POSIX ustar's prefix field
+    return name
+
+
+class _CheckedChunks:
+    """A tar read a chunk at a time (as a buffered file would), the checksums of the headers in
+    a chunk checked together before it is dropped: at a few microseconds a header in Python,
+    the sums were most of a listing."""
+
+    __slots__ = ("handle", "chunk", "start", "unchecked", "checksums")
+
+    def __init__(self, handle: BinaryIO) -> None:
+        self.handle = handle
+        self.chunk, self.start = b"", 0  # the bytes of the file read last, and where they begin
+        # The headers of `chunk` not yet checked: where each begins in it, and its checksum.
+        self.unchecked: list[int] = []
+        self.checksums: list[int] = []
+
+    def read(self, at: int, length: int) -> bytes:
+        """`length` bytes from `at` (fewer at the end of the file), from the chunk where it
+        holds them, else read with the bytes after them into a new chunk. ValueError where a
+        header of the chunk dropped does not hold its checksum."""
+        chunk, start = self.chunk, self.start
+        if at < start or at + length > start + len(chunk):
+            if not self.checksums_hold():
+                raise ValueError("a header's checksum does not hold")
+            self.unchecked.clear()
+            self.checksums.clear()
+            self.handle.seek(at)
+            chunk = self.chunk = _read_up_to(self.handle, max(length, _CHUNK_BYTES))
+            start = self.start = at
+        return chunk[at - start : at - start + length]
+
+    def checksums_hold(self) -> bool:
+        return _checksums_hold(self.chunk, self.unchecked, self.checksums)
+
+
+class _PlainMembers:
+    """The members `_read_plain_headers` finds in the tar `chunks` reads (`size` bytes):
+    regular members (name -> (offset, size)), the bytes of small label members where asked
+    (`labels`), links (name -> the name each holds) and folders."""
+
+    __slots__ = ("chunks", "size", "labels", "members", "label_bytes", "links", "folders")
+
+    def __init__(self, chunks: _CheckedChunks, size: int, labels: bool) -> None:
+        self.chunks, self.size, self.labels = chunks, size, labels
+        self.members: dict[str, tuple[int, int]] = {}
+        self.label_bytes: dict[str, bytes] = {}
+        self.links: dict[str, str] = {}
+        self.folders: set[str] = set()
+
+    def take(
+        self, block: bytes, kind: bytes, name: str, data: int, length: int, linkname: str | None
+    ) -> bool:
+        """The member of header `block` (its path `name`, its data `length` bytes at `data`;
+        `linkname` from the headers before it) into the listing; False for what tarfile must
+        read: data past the end of the file, a kind of member not known here."""
+        member = _member_name(name)
+        if kind in _REGULAR and not name.endswith("/"):
+            if data + length > self.size:
+                return False
+            self.members[member] = (data, length)
+            self.label_bytes.pop(member, None)  # a later member of that name replaces it
+            if (
+                self.labels
+                and length <= _LABEL_READ_BYTES
+                and member.lower().endswith(_LABEL_SUFFIXES)
+            ):
+                payload = self.chunks.read(data, length)
+                if len(payload) < length:
+                    return False
+                self.label_bytes[member] = payload
+        elif kind in _REGULAR or kind == _FOLDER:
+            self.folders.add(member)
+        elif kind in (_HARD_LINK, _SYMBOLIC_LINK):
+            linkname = linkname or _text(block[157:257])
+            self.links[member] = _link_target(member, linkname, symbolic=kind == _SYMBOLIC_LINK)
+        elif kind not in _SKIPPED:
+            return False
+        return True
 
 
 # `_read_plain_headers` reads the file this much at a time (as a buffered file would).
