@@ -51,8 +51,15 @@ def defer(signum: int) -> bool:
 
 @contextlib.contextmanager
 def signals_deferred() -> Iterator[None]:
-    """Signals noted by `defer` within the block are sent again when it ends."""
+    """Signals noted by `defer` within the block are sent again when it ends. Only the main
+    thread's block holds them back: handlers run (and raise) there alone, so another thread's
+    block has nothing to fear from them. Counted for any thread, a block of a download thread
+    (making its temporary file) held the main thread's Ctrl-C back and sent it again from that
+    thread, where it woke nothing: the main thread, waiting for the downloads, waited for ever."""
     global _depth
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     _depth += 1
     try:
         yield

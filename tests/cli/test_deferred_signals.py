@@ -116,6 +116,32 @@ def test_a_signal_inside_the_block_is_handled_once_when_it_ends(handled):
     assert handled == [signal.SIGUSR1] * 2
 
 
+def test_a_block_in_another_thread_holds_no_signal_back(handled):
+    """A download thread making its temporary file (a block) held the main thread's signal
+    back, then sent it again from that thread, where no handler runs: the main thread, waiting
+    on a lock for that thread's work, never woke. Handled at once now, and once."""
+    import threading
+
+    inside, leave = threading.Event(), threading.Event()
+
+    def block() -> None:
+        with deferred_signals.signals_deferred():
+            inside.set()
+            leave.wait(30)
+
+    thread = threading.Thread(target=block)
+    thread.start()
+    try:
+        assert inside.wait(30)
+        signal.raise_signal(signal.SIGUSR1)  # to the main thread, as the kernel sends Ctrl-C
+        assert handled == [signal.SIGUSR1]
+    finally:
+        leave.set()
+        thread.join(30)
+    assert handled == [signal.SIGUSR1]
+    assert deferred_signals._depth == 0 and deferred_signals._pending == []
+
+
 def test_only_the_main_threads_first_import_of_the_packages_is_wrapped(monkeypatch):
     finder = deferred_signals._Finder()
     others = [f for f in sys.meta_path if not isinstance(f, deferred_signals._Finder)]
