@@ -17,12 +17,13 @@ import re
 import signal
 import subprocess
 import tarfile
+import textwrap
 import threading
 from pathlib import Path
 
 import pytest
 from output_checks import error_line
-from processes import run_torchkit_in_process, start_torchkit_process
+from processes import run_torchkit_in_process, start_torchkit_process, wait_until
 from safety_world import ended_as_stopped
 from shards import QuietFolderHandler, running_server
 
@@ -516,6 +517,99 @@ def test_ctrl_c_while_a_shard_waits_for_room_ends_the_run_cleanly(
         finally:
             signalled.set()
     ended_as_stopped(process, signal.SIGINT, process.returncode, "".join(said) + stderr)
+    assert _left_in(cache) == set(), _left_in(cache)  # no shard, no temporary, no claim
+
+
+# A child's sitecustomize: the run parks where TK_TEST_PARK_AT says, says so in TK_TEST_PARKED
+# and stays there until the command's handler has seen a signal (60 s at most): "temporary", a
+# download thread about to make its temporary file (`held_temporary`, inside
+# `signals_deferred`); "start", the main thread as the first download has begun, before the
+# others are.
+PARKED = textwrap.dedent(
+    """
+    import os, threading, time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from torchkit.core.io import temporaries
+    from torchkit.core.runtime.signals import received_stops
+
+    def park():
+        open(os.environ["TK_TEST_PARKED"], "w").close()
+        deadline = time.monotonic() + 60
+        while not received_stops and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+    made, submit = temporaries.held_temporary, ThreadPoolExecutor.submit
+
+    def parked_making(*args, **kwargs):
+        if threading.current_thread() is not threading.main_thread():
+            park()
+        return made(*args, **kwargs)
+
+    def parked_submitting(self, fn, *args, **kwargs):
+        future = submit(self, fn, *args, **kwargs)
+        if fn.__name__ == "_fetch_one":
+            park()
+        return future
+
+    if os.environ["TK_TEST_PARK_AT"] == "temporary":
+        temporaries.held_temporary = parked_making
+    else:
+        ThreadPoolExecutor.submit = parked_submitting
+    """
+)
+
+
+@pytest.mark.parametrize("moment", ["temporary", "start"])
+def test_ctrl_c_as_a_download_begins_ends_the_run(tmp_path, monkeypatch, moment):
+    """Two moments a Ctrl-C could meet as downloads begin, made certain; the run then waited
+    for the server's body for ever. "temporary" (the Ctrl-C test above met it now and then on
+    a busy machine): a download thread was making its temporary file, with signals held back.
+    The hold, meant for the main thread where handlers run, counted for any thread: the main
+    thread's handler held the signal back, the download thread sent it again as its step
+    ended, to itself, and the main thread, waiting for the downloads, never woke. "start": the
+    main thread was starting the downloads; the one begun was never stopped, and the run's end
+    waited for it. Now the run ends at once: 130, nothing of the shards left."""
+    served = tmp_path / "served"
+    served.mkdir()
+    for name in "ab":
+        _shard(served / f"{name}-000000.tar", 64 * 1024)
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(PARKED)
+    parked, cache = tmp_path / "parked", tmp_path / "cache"
+    signalled = threading.Event()
+
+    def release(path: str, part: str) -> None:
+        if part == "body":  # held until the run ended: only a hang-up ends its read
+            signalled.wait(3 * _HANG_S)
+
+    serving, _ = _serving(served, cache, monkeypatch, release)
+    with serving as server:
+        process = start_torchkit_process(
+            "dataset-stats",
+            f"{server.url}/{{a,b}}-000000.tar",
+            "--workers",
+            "0",
+            env={
+                "PYTHONPATH": str(site),
+                "TK_TEST_PARK_AT": moment,
+                "TK_TEST_PARKED": str(parked),
+                "TORCHKIT_CACHE": str(cache),
+                "TORCHKIT_HTTP_TIMEOUT": str(_NEVER_S),
+            },
+        )
+        try:
+            wait_until(parked.exists, process=process, what=f"the run parked ({moment})")
+            process.send_signal(signal.SIGINT)
+            _, stderr = process.communicate(timeout=_HANG_S)  # only a hang waits this long
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+            raise
+        finally:
+            signalled.set()
+    ended_as_stopped(process, signal.SIGINT, process.returncode, stderr)
     assert _left_in(cache) == set(), _left_in(cache)  # no shard, no temporary, no claim
 
 

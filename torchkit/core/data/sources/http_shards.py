@@ -508,7 +508,7 @@ def _run_all(jobs: list[tuple[str, _Folder, str]]) -> None:
     """Each shard checked against the cache and downloaded where needed, DOWNLOAD_THREADS at a
     time; on the first failure the others stop (their temporary files deleted) and the failure
     of the first shard in `jobs` order that failed is raised."""
-    from concurrent.futures import ThreadPoolExecutor, as_completed
+    from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 
     if not jobs:
         return
@@ -517,8 +517,12 @@ def _run_all(jobs: list[tuple[str, _Folder, str]]) -> None:
     with ThreadPoolExecutor(
         max_workers=min(DOWNLOAD_THREADS, len(jobs)), thread_name_prefix="torchkit-download"
     ) as pool:
-        futures = {pool.submit(_fetch_one, *job, stop): i for i, job in enumerate(jobs)}
+        futures: dict[Future[None], int] = {}
         try:
+            # Submitted inside: a Ctrl-C between two submits stops the downloads begun, which
+            # the pool's end waited for (one waiting for room or a stalled server: for ever).
+            for i, job in enumerate(jobs):
+                futures[pool.submit(_fetch_one, *job, stop)] = i
             for future in as_completed(futures):
                 if future.cancelled():
                     continue
