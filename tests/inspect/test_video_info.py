@@ -34,6 +34,7 @@ from torchkit.core.video import (
     tsn_frame_indices,
 )
 from torchkit.core.video import run as video_run
+from torchkit.core.video.containers import avi_indexed_frames
 
 runner = CliRunner()
 
@@ -2264,6 +2265,39 @@ def test_an_avi_cut_at_an_open_gop_s_key_frame_is_not_damaged(tmp_path):
     assert (exact.status, exact.frames_decoded, exact.error) == ("ok", decoded, None)
     assert probe_video(whole, exact=True).status == "ok"
     assert probe_video(zeroed_copy(cut, tmp_path), exact=True).status == "damaged"
+
+
+def test_an_hevc_avi_cut_at_a_cra_is_not_damaged(tmp_path):
+    """An HEVC open GOP's key frame (a CRA) is followed by its RASL pictures, which refer to
+    the frames before it: in an AVI cut there (its frames before it made JUNK chunks, as a
+    copy cut there holds them), FFmpeg drops them, and --exact called the whole file damaged
+    (50 of the 53 frames its index lists). An AVI records no times: they are told by their
+    NAL unit types (H.264: the B-frames right after an I-frame that is no IDR)."""
+    source = ffmpeg_made(
+        tmp_path / "source.mp4",
+        *moving_picture(3),
+        *("-c:v", "libx265", "-pix_fmt", "yuv420p", "-x265-params"),
+        "log-level=error:open-gop=1:keyint=25:min-keyint=25:scenecut=0:bframes=3:b-pyramid=1",
+        encoders=("libx265",),
+    )
+    whole = ffmpeg_made(tmp_path / "whole.avi", "-i", source, "-c", "copy", muxer="avi")
+    data = bytearray(whole.read_bytes())
+    index, movi = data.rfind(b"idx1") + 8, data.find(b"movi")
+    entries = [e for e in range(index, len(data) - 15, 16) if data[e + 2 : e + 4] == b"dc"]
+    second_key = [e for e in entries if data[e + 4] & 0x10][1]
+    for entry in entries[: entries.index(second_key)]:  # its chunk and its entry: JUNK
+        chunk = movi + int.from_bytes(data[entry + 8 : entry + 12], "little")
+        assert data[chunk : chunk + 4] == data[entry : entry + 4]
+        data[chunk : chunk + 4] = data[entry : entry + 4] = b"JUNK"
+    cut = tmp_path / "cut.avi"
+    cut.write_bytes(bytes(data))
+    decoded = decoded_by_opencv(cut)
+    held = avi_indexed_frames(cut, "avi")
+    assert (held.frames - decoded, held.leading) == (3, 3)  # its 3 RASL pictures
+    exact = probe_video(cut, exact=True)
+    assert (exact.status, exact.frames_decoded, exact.error) == ("ok", decoded, None)
+    # (its first half is the JUNK: the frames are zeroed in the second)
+    assert probe_video(zeroed_copy(cut, tmp_path, 0.75), exact=True).status == "damaged"
 
 
 def test_frames_before_the_first_key_frame_as_each_index_lists_them(tmp_path, whole_videos):

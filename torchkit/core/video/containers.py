@@ -438,7 +438,13 @@ def avi_indexed_frames(path: str | os.PathLike, container: str | None) -> HeldFr
             # an index that flags no key frame tells nothing of them (a writer that sets none)
             leading = int(keys[0]) if len(keys) else 0
             if len(keys) and movi is not None:
-                leading += _avi_leading_b_frames(handle, video[keys[0] + 1 :], movi)
+                handle.seek(0)
+                codec = (_avi_fourcc(handle, size) or "").lower()
+                key, after = video[keys[0] : keys[0] + 1], video[keys[0] + 1 :]
+                if codec in _AVC_TAGS or codec in _HEVC_TAGS:
+                    leading += _avi_leading_nal_pictures(handle, key, after, movi, codec)
+                else:
+                    leading += _avi_leading_b_frames(handle, after, movi)
     except OSError:
         return None
     return HeldFrames(len(video), leading, int((video[:, 3] <= NOT_CODED_BYTES).sum()))
@@ -471,6 +477,98 @@ def _avi_leading_b_frames(handle, entries, movi: int) -> int:
 
 
 _MAX_LEADING_B_FRAMES = 16  # more B-frames in a row than any encoder writes
+# The FOURCCs of H.264 and HEVC in AVI (lower case), whose pictures are NAL units
+_AVC_TAGS = frozenset({"h264", "x264", "avc1", "davc", "vssh"})
+_HEVC_TAGS = frozenset({"hevc", "h265", "hev1", "hvc1", "x265"})
+
+
+def _avi_chunk(handle, entry, movi: int, wanted: int) -> bytes | None:
+    """The first `wanted` bytes of the data of the idx1 `entry`'s chunk (its offset counts
+    from the movi list's type, or in some files from the file's start); None where no chunk
+    of its ID is there."""
+    chunk_id, _, offset, length = entry
+    for base in (movi, 0):
+        handle.seek(base + int(offset))
+        if handle.read(4) == int(chunk_id).to_bytes(4, "little"):
+            handle.seek(4, os.SEEK_CUR)
+            return handle.read(min(int(length), wanted))
+    return None
+
+
+def _nal_units(data: bytes) -> Iterator[bytes]:
+    """The NAL units (their first bytes) of a frame's data: after start codes (Annex B), or
+    each after its 4-byte length (as an MP4 stores them, and FFmpeg copies them into AVI)."""
+    if data[:3] == b"\x00\x00\x01" or data[:4] == b"\x00\x00\x00\x01":
+        at = data.find(b"\x00\x00\x01")
+        while 0 <= at < len(data) - 3:
+            end = data.find(b"\x00\x00\x01", at + 3)
+            yield data[at + 3 : end if end >= 0 else len(data)]
+            at = end
+        return
+    at = 0
+    while at + 5 <= len(data):
+        length = int.from_bytes(data[at : at + 4], "big")
+        yield data[at + 4 : at + 4 + length]
+        at += 4 + length
+
+
+def _nal_picture(data: bytes, hevc: bool) -> str | None:
+    """What the first picture NAL unit of a frame's data says of it: for HEVC its type, "RASL"
+    (a random access skipped leading picture, which FFmpeg drops after a CRA that starts a
+    stream), "IRAP" (a key frame: IDR, CRA, BLA) or "other"; for H.264 "IDR", or its first
+    slice's type, "B" or "other". None where no picture is in the bytes read."""
+    for unit in _nal_units(data):
+        if not unit:
+            continue
+        if hevc:
+            kind = unit[0] >> 1 & 0x3F
+            if kind < 32:  # a picture's (VCL) unit
+                return "RASL" if kind in (8, 9) else "IRAP" if 16 <= kind <= 23 else "other"
+            continue
+        kind = unit[0] & 0x1F
+        if kind == 5:
+            return "IDR"
+        if kind == 1:  # a slice: first_mb_in_slice, then slice_type, two Exp-Golomb numbers
+            numbers = _exp_golomb(unit[1:9], 2)
+            if numbers is None:
+                return None
+            return "B" if numbers[1] % 5 == 1 else "other"
+    return None
+
+
+def _exp_golomb(data: bytes, count: int) -> list[int] | None:
+    """The first `count` unsigned Exp-Golomb numbers of `data`; None where it ends first."""
+    bits = "".join(f"{byte:08b}" for byte in data)
+    numbers, at = [], 0
+    for _ in range(count):
+        zeros = bits.find("1", at) - at
+        if zeros < 0 or at + 2 * zeros + 1 > len(bits):
+            return None
+        numbers.append(int(bits[at + zeros : at + 2 * zeros + 1], 2) - 1)
+        at += 2 * zeros + 1
+    return numbers
+
+
+def _avi_leading_nal_pictures(handle, key, entries, movi: int, codec: str) -> int:
+    """The pictures after an H.264 or HEVC AVI's first key frame (its idx1 entry `key`, the
+    `entries` after it) that FFmpeg gives no picture for, told by their NAL units (an AVI
+    records no times): an HEVC CRA's RASL pictures, which refer to frames before it, and an
+    H.264 open GOP's B-frames right after its I-frame that is no IDR (a recovery point)."""
+    hevc = codec in _HEVC_TAGS
+    first = _avi_chunk(handle, key[0], movi, _NAL_BYTES) if len(key) else None
+    start = first and _nal_picture(first, hevc)
+    if start not in (("IRAP",) if hevc else ("other",)):
+        return 0  # an IDR (or nothing read): every frame after it decodes
+    leading = 0
+    for entry in entries[:_MAX_LEADING_B_FRAMES]:
+        data = _avi_chunk(handle, entry, movi, _NAL_BYTES)
+        if data is None or _nal_picture(data, hevc) != ("RASL" if hevc else "B"):
+            return leading
+        leading += 1
+    return leading
+
+
+_NAL_BYTES = 4096  # the bytes of a frame read for its first picture NAL unit (after its SEI)
 _AVI_KEY_FRAME = 0x10  # AVIIF_KEYFRAME, an idx1 entry's flag
 
 
