@@ -560,8 +560,12 @@ PARKED = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("moment", ["temporary", "start"])
-def test_ctrl_c_as_a_download_begins_ends_the_run(tmp_path, monkeypatch, moment):
+@pytest.mark.parametrize(
+    ("moment", "signum"),
+    [("temporary", signal.SIGINT), ("start", signal.SIGINT), ("temporary", signal.SIGTERM)],
+    ids=["temporary", "start", "temporary-sigterm"],
+)
+def test_ctrl_c_or_sigterm_as_a_download_begins_ends_the_run(tmp_path, monkeypatch, moment, signum):
     """Two moments a Ctrl-C could meet as downloads begin, made certain; the run then waited
     for the server's body for ever. "temporary" (the Ctrl-C test above met it now and then on
     a busy machine): a download thread was making its temporary file, with signals held back.
@@ -569,7 +573,7 @@ def test_ctrl_c_as_a_download_begins_ends_the_run(tmp_path, monkeypatch, moment)
     thread's handler held the signal back, the download thread sent it again as its step
     ended, to itself, and the main thread, waiting for the downloads, never woke. "start": the
     main thread was starting the downloads; the one begun was never stopped, and the run's end
-    waited for it. Now the run ends at once: 130, nothing of the shards left."""
+    waited for it. Now the run ends at once: 130 (SIGTERM: 143), nothing of the shards left."""
     served = tmp_path / "served"
     served.mkdir()
     for name in "ab":
@@ -601,7 +605,7 @@ def test_ctrl_c_as_a_download_begins_ends_the_run(tmp_path, monkeypatch, moment)
         )
         try:
             wait_until(parked.exists, process=process, what=f"the run parked ({moment})")
-            process.send_signal(signal.SIGINT)
+            process.send_signal(signum)
             _, stderr = process.communicate(timeout=_HANG_S)  # only a hang waits this long
         except subprocess.TimeoutExpired:
             process.kill()
@@ -609,7 +613,7 @@ def test_ctrl_c_as_a_download_begins_ends_the_run(tmp_path, monkeypatch, moment)
             raise
         finally:
             signalled.set()
-    ended_as_stopped(process, signal.SIGINT, process.returncode, stderr)
+    ended_as_stopped(process, signum, process.returncode, stderr)
     assert _left_in(cache) == set(), _left_in(cache)  # no shard, no temporary, no claim
 
 
