@@ -51,7 +51,11 @@ from torchkit.core.models.resolver import has_random_weights
 from torchkit.core.runtime import memory
 from torchkit.core.summary.attention import (
     ATTENTION_MATRICES,
+    DROPOUT,
+    EXPLICIT,
     LARGEST_ATTENTION_MATRIX,
+    MHA,
+    SDPA,
     AttentionMatrices,
 )
 
@@ -208,6 +212,7 @@ def export_model(request: ExportRequest, progress: Progress | None = None) -> Ex
         attention_bytes=attention.total(),
         output_bytes=output_bytes,
         largest_attention_bytes=attention.largest(),
+        held_matrices=pt2_held_matrices(attention),
     )
     batches = verification_batches(sample, sizes if request.verify else sizes[:1])
     references = _reference(model, batches, arch=arch)
@@ -352,9 +357,43 @@ def _per_image_bytes(model: Any, sample: tuple[int, ...]) -> tuple[int, Attentio
 # `_PEAK_PER_MATRIX` times the largest matrix beside the batch's, 0.88x, 0.82x, 0.76x and
 # 0.79x the measured peak at -b 64, the rest ~80 MB that does not grow with the batch (from -b
 # 16 to 64 the peak grew 0.89-1.11x the count per image).
+# That flat 4 times the largest matrix was the same for every way of computing attention, while
+# .pt2's tracer holds none (fake tensors) and what holds them are its real runs, PyTorch's
+# reference pass and the verification of the file: attention by hand holds the scores and their
+# softmax at once, nn.MultiheadAttention's inference fast path one matrix, and the fused kernel
+# of F.scaled_dot_product_attention none. Measured (thin ViTs of 64 channels, 4 heads, 4 blocks
+# with their MLPs, 224 px, -b 16 and 64, the peak's growth per image against the count's): at
+# 784 tokens (9.8 MB of matrix an image) by hand 24.5 MB, nn.MultiheadAttention 13.8 MB,
+# F.scaled_dot_product_attention 5.4 MB, where the flat rate counted 42.9 MB for each (batches
+# that fit refused). So `PT2_MATRICES_HELD` per kind, the largest of them counted
+# (`pt2_held_matrices`), with `_IMAGES_HELD` below: the count's growth is then 24.1, 14.2 and
+# 4.4 MB (at 196 tokens 3.7 and 3.1 MB against 3.9 and 3.8; swin_t 20.9 against 27.4). Not
+# counted: 70-220 MB that torch.export's first run adds whatever the batch.
 _PEAK_PER_BATCH = {fm.ONNX: 3.5, fm.TORCHSCRIPT: 3.5, fm.EXPORTED_PROGRAM: 1.6}
 _KEPT_PER_BATCH = {fm.ONNX: 1.6, fm.TORCHSCRIPT: 1.6}
-_PEAK_PER_MATRIX = {fm.EXPORTED_PROGRAM: 4.0}
+_PEAK_PER_MATRIX = {fm.EXPORTED_PROGRAM: 4.0}  # without `held_matrices`: the flat rate
+# The same ViTs showed the images short: .pt2's runs hold the verification's batches (B and B+2
+# images) and the example's at once, about 3 x the largest batch's images, which 1.6 x (images
+# and one layer's call) covers where that call is several times the images (a CNN's first
+# convolution), not where it is smaller than them (a ViT's, 0.4 MB an image beside 0.6 MB). So
+# `_IMAGES_HELD` x the images beside: the ViTs' peaks grew 0.97-1.25x the count's growth per
+# image (196 and 784 tokens, by hand, nn.MultiheadAttention, F.scaled_dot_product_attention;
+# docs/commands/export.md).
+_IMAGES_HELD = {fm.EXPORTED_PROGRAM: 1.4}
+PT2_MATRICES_HELD = {EXPLICIT: 2.0, MHA: 1.0, SDPA: 0.0, DROPOUT: 0.0}
+
+
+def pt2_held_matrices(attention: AttentionMatrices) -> tuple[float, int]:
+    """What torch.export's export holds of the attention matrices at its peak: the rate and
+    bytes of the matrix whose rate x bytes is largest (`PT2_MATRICES_HELD`; the runs hold one
+    call's at a time)."""
+    return max(
+        ((PT2_MATRICES_HELD[m.kind], m.bytes) for m in attention.matrices),
+        key=lambda held: held[0] * held[1],
+        default=(0.0, 0),
+    )
+
+
 _PEAK_PER_WEIGHTS = {fm.ONNX: 4.0, fm.TORCHSCRIPT: 3.0, fm.EXPORTED_PROGRAM: 3.5}
 
 
@@ -369,6 +408,7 @@ def _check_batch_memory(
     attention_bytes: int = 0,
     output_bytes: int = 0,
     largest_attention_bytes: int | None = None,
+    held_matrices: tuple[float, int] | None = None,
 ) -> None:
     """What exporting to `fmt` holds at its peak fits in the memory free: the example batches
     it traces and verifies with, up to `largest` samples of `sample` in float32, and what one
@@ -377,7 +417,8 @@ def _check_batch_memory(
     `_PEAK_PER_BATCH`); for ONNX and TorchScript, at least what their tracers keep of each
     image (`_KEPT_PER_BATCH` times the image, every layer's new outputs, `output_bytes`, and
     every attention matrix, `attention_bytes`); torch.export's counts the largest attention
-    matrix (`largest_attention_bytes`; None: all of them) with the layer's call instead. A
+    matrix (`largest_attention_bytes`; None: all of them) with the layer's call instead, or
+    what its runs hold of them (`held_matrices`, `pt2_held_matrices`'s rate and bytes). A
     --batch-size past it (2**30) failed in torch's allocator with a traceback's last line
     instead of one error, one whose images fit but layers did not (resnet18 at 4096) ended in
     the kernel's OOM killer, and one flat half of the free memory let ONNX and TorchScript
@@ -391,6 +432,7 @@ def _check_batch_memory(
         attention_bytes=attention_bytes,
         output_bytes=output_bytes,
         largest_attention_bytes=largest_attention_bytes,
+        held_matrices=held_matrices,
     )
     free = memory.available_memory()
     if free is not None and needed.bytes > free:
@@ -430,6 +472,7 @@ def export_memory_needed(
     attention_bytes: int = 0,
     output_bytes: int = 0,
     largest_attention_bytes: int | None = None,
+    held_matrices: tuple[float, int] | None = None,
 ) -> MemoryNeeded:
     """What `_check_batch_memory` counts an export to `fmt` of `largest` samples to need."""
     image_bytes = math.prod(sample) * 4
@@ -447,7 +490,15 @@ def export_memory_needed(
     needed = rate * counted + _PEAK_PER_WEIGHTS[fmt] * weight_bytes
     matrix_rate = _PEAK_PER_MATRIX.get(fmt)
     matrix = attention_bytes if largest_attention_bytes is None else largest_attention_bytes
-    if matrix_rate is not None and matrix:
+    if matrix_rate is not None and held_matrices is not None:
+        matrix_rate, matrix = held_matrices
+    images_rate = _IMAGES_HELD.get(fmt)
+    if images_rate is not None:
+        needed += images_rate * largest * image_bytes
+        held += (
+            f", plus {images_rate:g} x {largest * image_bytes / 1e9:,.1f} GB for the other batches"
+        )
+    if matrix_rate and matrix:  # (F.scaled_dot_product_attention's in .pt2: none held)
         needed += matrix_rate * largest * matrix
         held += (
             f", plus {matrix_rate:g} x {largest * matrix / 1e9:,.1f} GB for their "
