@@ -100,6 +100,7 @@ KEYS_NOT_A_CHECKPOINT["a checkpoint less its version record"] = _without_record(
 
 
 RUN_CONFIG = json.dumps({"options": {}, "arch": "convnet", "classes": ["a"], "preprocess": {}})
+PER_CLASS = "label,index,support,predicted,precision\na,0,1,1,1.0\n"  # eval's header
 EVAL_METRICS = json.dumps(
     {"num_images": 1, "num_skipped": 0, "accuracy": 1.0, "topk_accuracy": {"top5": 1.0}}
 )
@@ -150,7 +151,7 @@ FAMILIES = {
     "eval": (
         ["eval", "run/best.pt", "--data", "ds", "--out", "out", "--force"],
         "eval",
-        {"metrics.json": EVAL_METRICS, "per_class.csv": "x"},
+        {"metrics.json": EVAL_METRICS, "per_class.csv": PER_CLASS},
         {"my_plot.png": "x"},
         "output folder out holds out/my_plot.png that torchkit did not write",
     ),
@@ -224,7 +225,7 @@ def test_force_refuses_a_users_file_under_a_name_torchkit_writes_too(world, case
     """Refused before any work, naming the file, with a hint that leads to no other refusal:
     once the file is moved out, --force replaces the folder."""
     command, users = USERS_UNDER_TORCHKIT_NAMES[case]
-    own = {"last.pt": CHECKPOINT} if command == "train" else {"per_class.csv": "x"}
+    own = {"last.pt": CHECKPOINT} if command == "train" else {"per_class.csv": PER_CLASS}
     marked(world / "out", command, {**own, **users})
     args = FAMILIES[command][0]
     (name,) = users
@@ -263,7 +264,9 @@ def test_force_replaces_the_records_of_a_run_and_an_eval_of_many_classes(world):
         "classes": classes,
         "per_class": [{"class": name, "precision": 0.5, "recall": 0.5} for name in classes],
     }
-    marked(world / "report", "eval", {"metrics.json": json.dumps(metrics), "per_class.csv": "x"})
+    marked(
+        world / "report", "eval", {"metrics.json": json.dumps(metrics), "per_class.csv": PER_CLASS}
+    )
     assert (world / "report" / "metrics.json").stat().st_size > 1 << 20
     done = run_torchkit_in_process(
         *FAMILIES["eval"][0][:-3], "--out", "report", "--force", cwd=world

@@ -893,6 +893,8 @@ def test_confusion_matrix_png_is_readable_with_100_classes(tmp_path, monkeypatch
 
     saved = []
 
+    from torchkit.core.io.output_proofs import PNG_METADATA
+
     def sized_png(figure, path, **kwargs):
         width, height = figure.get_size_inches() * figure.dpi
         saved.append((round(width), round(height), kwargs))
@@ -904,7 +906,8 @@ def test_confusion_matrix_png_is_readable_with_100_classes(tmp_path, monkeypatch
     path = tmp_path / "cm.png"
     plot_confusion_matrix(cm, [f"class_{i:03d}" for i in range(100)], path, normalize=True)
     [(width, height, kwargs)] = saved
-    assert kwargs == {"format": "png"}  # the PNG's pixels are the figure's
+    # the PNG's pixels are the figure's (no dpi of savefig's), with torchkit's Software text
+    assert kwargs == {"format": "png", "metadata": PNG_METADATA}
     assert min(width, height) >= 100 * 22  # at least 22 pixels (a 7-point name) per class
     assert path.is_file() and not list(tmp_path.glob(".*.tmp*"))  # atomically, no leftovers
 

@@ -50,11 +50,33 @@ def world(tmp_path_factory) -> Path:
     return root
 
 
+def _matplotlib_png() -> bytes:
+    import io
+
+    from PIL import Image, PngImagePlugin
+
+    text = PngImagePlugin.PngInfo()
+    text.add_text("Software", "Matplotlib version3.8.0, https://matplotlib.org/")
+    made = io.BytesIO()
+    Image.new("RGB", (4, 4)).save(made, format="PNG", pnginfo=text)
+    return made.getvalue()
+
+
+EARLIER = {
+    "per_class.csv": b"label,index,support,predicted,precision\na,0,1,1,1.0\n",
+    "confusion_matrix.csv": b"true \\ predicted,a,b\na,1,0\nb,0,1\n",
+    "confusion_pairs.csv": b"true,predicted,count\n",
+    "predictions.csv": b"path,label,label_index,class,class_index,probability\n",
+    "confusion_matrix.png": _matplotlib_png(),
+    "errors.png": _matplotlib_png(),
+}
+
+
 def older_eval_output(folder: Path, *, marker: bool) -> None:
     """An eval --out folder as an earlier torchkit wrote it (with or before the marker)."""
     folder.mkdir()
-    for name in REPORTS:
-        (folder / name).write_bytes(f"earlier {name}\n".encode())
+    for name in REPORTS:  # as --force's proofs read them: the CSVs' headers, Matplotlib's PNGs
+        (folder / name).write_bytes(EARLIER.get(name, f"earlier {name}\n".encode()))
     earlier = {"num_images": 12, "num_skipped": 0, "accuracy": 0.5, "topk_accuracy": {"1": 0.5}}
     (folder / "metrics.json").write_text(json.dumps(earlier) + "\n")
     if marker:

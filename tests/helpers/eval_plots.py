@@ -25,10 +25,13 @@ def lay_out_eval_plots_only(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _laid_out_only(draw: Callable[..., None]) -> Callable[..., None]:
     from matplotlib.figure import Figure
-    from PIL import Image
+    from PIL import Image, PngImagePlugin
 
     def one_pixel_png(figure: Figure, path: Any, *args: Any, **kwargs: Any) -> None:
-        Image.new("RGB", (1, 1)).save(path, format="PNG")
+        text = PngImagePlugin.PngInfo()  # the metadata savefig was given (torchkit's Software)
+        for key, value in (kwargs.get("metadata") or {}).items():
+            text.add_text(key, value)
+        Image.new("RGB", (1, 1)).save(path, format="PNG", pnginfo=text)
 
     def laid_out(*args: Any, **kwargs: Any) -> None:
         with pytest.MonkeyPatch.context() as patch:

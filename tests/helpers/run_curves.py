@@ -15,15 +15,21 @@ def lay_out_curves_only(monkeypatch: pytest.MonkeyPatch) -> None:
     `curves_figure` (a history it cannot draw still fails the run) and write a 1x1 PNG,
     atomically, where the drawing goes. The drawn image is checked where a test reads it
     (test_curves_painter.py, test_train_core.py, the digits run in test_train_digits_target.py)."""
-    from PIL import Image
+    from PIL import Image, PngImagePlugin
 
     from torchkit.core.io.files import atomic_path
+    from torchkit.core.io.output_proofs import PNG_METADATA
     from torchkit.core.train import lr_find, outputs, run_folder
+
+    # the text every PNG torchkit draws carries: --force over the run proves the file its own
+    text = PngImagePlugin.PngInfo()
+    for key, value in PNG_METADATA.items():
+        text.add_text(key, value)
 
     def laid_out_only(path: Path, history: list[dict], best_epoch: int | None = None) -> None:
         outputs.curves_figure(history, best_epoch)
         with atomic_path(path) as tmp:
-            Image.new("RGB", (1, 1)).save(tmp, format="PNG")
+            Image.new("RGB", (1, 1)).save(tmp, format="PNG", pnginfo=text)
 
     monkeypatch.setattr(run_folder, "write_curves_png", laid_out_only)
 
@@ -38,7 +44,7 @@ def lay_out_curves_only(monkeypatch: pytest.MonkeyPatch) -> None:
         def draw(self, kind: str, path: Path, **values) -> bool:
             lr_find.lr_find_figure(**values)
             with atomic_path(path) as tmp:
-                Image.new("RGB", (1, 1)).save(tmp, format="PNG")
+                Image.new("RGB", (1, 1)).save(tmp, format="PNG", pnginfo=text)
             return True
 
     def lr_find_laid_out_only(folder: Path, result, painter=None) -> list:

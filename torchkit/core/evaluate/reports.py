@@ -15,6 +15,7 @@ import numpy as np
 
 from torchkit.core.io.csv_rows import csv_text, write_csv_file
 from torchkit.core.io.files import atomic_path, atomic_write_json, atomic_write_text, drawable
+from torchkit.core.io.output_proofs import PNG_METADATA
 from torchkit.core.io.outputs import reporting_write_errors
 
 if TYPE_CHECKING:
@@ -253,7 +254,7 @@ def draw_confusion_matrix(
                     color="white" if values[i, j] > threshold else "black",
                 )
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png")
+        fig.savefig(tmp, format="png", metadata=PNG_METADATA)
 
 
 ERROR_TILE = 128  # pixels per image in errors.png
@@ -361,4 +362,4 @@ def draw_errors(path: str | os.PathLike, canvas: np.ndarray, texts: list[dict]) 
         fig.text(**text)
     fig.figimage(canvas, 0, 0, zorder=0)
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=100)
+        fig.savefig(tmp, format="png", dpi=100, metadata=PNG_METADATA)

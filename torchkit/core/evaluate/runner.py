@@ -28,7 +28,11 @@ from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.data.sources.required import require_data
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.evaluate.metrics import NO_PREDICTION, compute_metrics, start_scorer
-from torchkit.core.evaluate.reports import REPORT_FILES
+from torchkit.core.evaluate.reports import (
+    CONFUSION_CORNER,
+    CONFUSION_PAIRS_COLUMNS,
+    REPORT_FILES,
+)
 from torchkit.core.evaluate.results import EvalResult, Predictions
 from torchkit.core.evaluate.source import load_eval_samples
 from torchkit.core.inference.options import (
@@ -39,6 +43,7 @@ from torchkit.core.inference.options import (
 from torchkit.core.inference.scoring import TTA_MODES, score_batch
 from torchkit.core.io.errors import InputError, OutputWriteError, UsageError, on_every_rank
 from torchkit.core.io.folder_contents import proven
+from torchkit.core.io.output_proofs import csv_header, is_matplotlib_png, torchkit_png
 from torchkit.core.io.outputs import (
     InputPath,
     OutputFolder,
@@ -311,11 +316,35 @@ def _is_eval_metrics(path: Path) -> bool:
     return holds_json_record(path, METRICS_KEYS)
 
 
-# What eval writes into --out (`folder_contents` patterns): its metrics.json only where it holds
-# an eval's record (another tool's metrics.json is yours: `ProvenPattern`).
-OWNED_REPORTS = tuple(
-    proven(name, _is_eval_metrics) if name == "metrics.json" else name for name in REPORT_FILES
-)
+# An eval's plot drawn before the Software text: Matplotlib's, written within this many seconds
+# of the eval's metrics.json beside it (by the same run; a plot of yours made since is not).
+_SAME_RUN_S = 120.0
+
+
+def _is_eval_plot(path: Path) -> bool:
+    if torchkit_png()(path):
+        return True
+    record = path.with_name("metrics.json")
+    try:
+        apart = abs(path.stat().st_mtime - record.stat().st_mtime)
+    except OSError:
+        return False
+    return apart <= _SAME_RUN_S and is_matplotlib_png(path) and _is_eval_metrics(record)
+
+
+# What eval writes into --out (`folder_contents` patterns), each only where its content shows
+# eval wrote it (another tool's metrics.json or predictions.csv, your own confusion_matrix.png
+# is yours: `ProvenPattern`): the record's keys, the CSVs' headers, the plots' Software text.
+_REPORT_PROOFS = {
+    "metrics.json": _is_eval_metrics,
+    "per_class.csv": csv_header(("label", "index", "support", "predicted"), whole=False),
+    "confusion_matrix.csv": csv_header((CONFUSION_CORNER,), whole=False),
+    "confusion_pairs.csv": csv_header(CONFUSION_PAIRS_COLUMNS),
+    "predictions.csv": csv_header(("path", "label", "label_index", "class"), whole=False),
+    "confusion_matrix.png": _is_eval_plot,
+    "errors.png": _is_eval_plot,
+}
+OWNED_REPORTS = tuple(proven(name, _REPORT_PROOFS[name]) for name in REPORT_FILES)
 
 
 def _old_report_files(out: Path) -> tuple[str, ...]:

@@ -208,10 +208,11 @@ def write_lr_find(folder, result: LRFindResult, painter: Any = None) -> list:
     plot helper `painter` (`core.runtime.plot_helper`) where it answers."""
     from torchkit.core.io.csv_rows import csv_text
     from torchkit.core.io.files import atomic_write_text
+    from torchkit.core.train.outputs import LR_FIND_COLUMNS
 
     # The shared CSV writer: floats as repr writes them, so a rate read back is the one tried
     # (and JSON's suggested_lr is one of them).
-    text = csv_text([("lr", "loss", "smoothed_loss"), *result.rows()])
+    text = csv_text([LR_FIND_COLUMNS, *result.rows()])
     atomic_write_text(folder / "lr_find.csv", text)
     values = {
         "lrs": result.lrs,
@@ -233,10 +234,11 @@ def draw_lr_find(
 ) -> None:
     """lr_find.png (see `lr_find_figure`), written atomically."""
     from torchkit.core.io.files import atomic_path
+    from torchkit.core.io.output_proofs import PNG_METADATA
 
     figure = lr_find_figure(lrs, losses, smoothed, suggested_lr)
     with atomic_path(path) as tmp:
-        figure.savefig(tmp, format="png", dpi=100)
+        figure.savefig(tmp, format="png", dpi=100, metadata=PNG_METADATA)
 
 
 def lr_find_figure(

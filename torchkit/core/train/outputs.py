@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from torchkit import __version__
+from torchkit.core.data.sources.record import SPLIT_CSV_COLUMNS
 from torchkit.core.io.csv_rows import csv_text
 from torchkit.core.io.files import atomic_path, atomic_write_json, atomic_write_text
 from torchkit.core.io.folder_contents import proven
+from torchkit.core.io.output_proofs import PNG_METADATA, csv_header, torchkit_png
 from torchkit.core.io.outputs import holds_json_record, reporting_write_errors
 from torchkit.core.topk import DEFAULT_TOPK as TOPK
 from torchkit.core.topk import topk_informative, topk_name
@@ -25,6 +27,7 @@ from torchkit.core.train.checkpoint_record import is_torchkit_checkpoint_file
 
 TOPK_SUFFIX = "_" + topk_name(TOPK)  # val_top5, val_ema_top5, best_val_top5, test_top5
 
+LR_FIND_COLUMNS = ("lr", "loss", "smoothed_loss")  # lr_find.csv's header
 METRIC_COLUMNS = (
     "epoch",
     "train_loss",
@@ -84,14 +87,19 @@ _METRICS_HEAD = b"epoch,train_loss"
 
 # Everything a run writes into its folder (`folder_contents` patterns): `--force` replaces a run
 # folder that holds nothing else (a notes.txt of yours, an `extra/best.pt`, refused first). Its
-# checkpoints, config.json and metrics.csv only where torchkit can show it wrote them (names
-# other trainers and loggers use too: `ProvenPattern`): a file of yours under one is refused.
+# checkpoints, records, CSVs and plots only where torchkit can show it wrote them (names other
+# trainers and loggers use too: `ProvenPattern`): a file of yours under one is refused.
 _PROOFS = {
     "last.pt": is_torchkit_checkpoint_file,
     "best.pt": is_torchkit_checkpoint_file,
     "epoch-[0-9][0-9][0-9]*.pt": is_torchkit_checkpoint_file,
     "config.json": _is_run_config,
     "metrics.csv": _is_run_metrics,
+    "split.csv": csv_header(SPLIT_CSV_COLUMNS),
+    "lr_find.csv": csv_header(LR_FIND_COLUMNS),
+    # drawn before the Software text: only curves_figure's 15x4 or 10x4 inches, lr_find's 6x4
+    "curves.png": torchkit_png(legacy_sizes={(1500, 400), (1000, 400)}),
+    "lr_find.png": torchkit_png(legacy_sizes={(600, 400)}),
 }
 RUN_OUTPUTS = (
     *(
@@ -185,7 +193,7 @@ def write_curves_png(path: Path, history: list[dict], best_epoch: int | None = N
     """curves.png (see `curves_figure`), written atomically."""
     figure = curves_figure(history, best_epoch)
     with atomic_path(path) as tmp:
-        figure.savefig(tmp, format="png", dpi=100)
+        figure.savefig(tmp, format="png", dpi=100, metadata=PNG_METADATA)
 
 
 def import_plotting() -> None:

@@ -1,0 +1,148 @@
+"""`--force` replaces the files torchkit writes under names others use too (curves.png,
+split.csv, lr_find.*, eval's CSVs and plots) only where their content shows torchkit wrote
+them (`core.io.output_proofs`): a user's own file of such a name in an earlier output is refused,
+byte for byte untouched, and every command's own output is replaced on a re-run. Before, these
+were judged by name alone, and a user's curves.png went with the run folder."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from output_checks import error_line, tree_digest
+from processes import run_torchkit_in_process, run_torchkit_process
+from safety_world import write_world
+
+from torchkit.core.evaluate.runner import OWNED_REPORTS, _is_eval_plot
+from torchkit.core.io.folder_contents import ProvenPattern
+from torchkit.core.io.output_proofs import torchkit_png
+from torchkit.core.train.outputs import RUN_OUTPUTS
+
+pytestmark = pytest.mark.drawn_curves  # the real curves.png and lr_find.png (tests/conftest.py)
+
+TINY = ["--model", "convnet", "--image-size", "8", "--batch-size", "4", "--workers", "0"]
+TRAIN = ["train", *TINY, "--data", "ds", "--val-split", "0.5", "--epochs", "1", "--out", "out"]
+EVAL = ["eval", "run/best.pt", "--data", "ds", "--out", "rep"]
+
+
+def _png(size: tuple[int, int], software: str | None) -> bytes:
+    """A PNG of `size` pixels, with a Software text where given (as Matplotlib writes one)."""
+    from PIL import Image, PngImagePlugin
+
+    info = PngImagePlugin.PngInfo()
+    if software is not None:
+        info.add_text("Software", software)
+    image = io.BytesIO()
+    Image.new("RGB", size, "white").save(image, format="PNG", pnginfo=info)
+    return image.getvalue()
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory) -> Path:
+    """The world, a run (`train`, with --find-lr's files beside it) and an eval's reports, each
+    written twice by the real commands: the second time with --force over the first (a
+    re-run is never refused over the command's own output)."""
+    root = write_world(tmp_path_factory.mktemp("proofs"))
+    for args in (TRAIN, [*TRAIN[:-1], "lr"], EVAL):
+        if args[-1] == "lr":
+            args = [*args, "--find-lr", "--find-lr-iters", "5"]
+        for again in ([], ["--force"]):
+            done = run_torchkit_in_process(*args, *again, cwd=root)
+            assert done.returncode == 0, done.stderr
+    shutil.copytree(root / "lr", root / "findlr")
+    for name in ("lr_find.csv", "lr_find.png"):  # a run folder holding --find-lr's files too
+        shutil.copy(root / "lr" / name, root / "out" / name)
+    shutil.rmtree(root / "lr")
+    return root
+
+
+def test_each_file_a_command_writes_passes_its_proof(outputs):
+    """The files the real commands wrote (above), each named by its proven pattern."""
+    for folder, owned in [("out", RUN_OUTPUTS), ("rep", OWNED_REPORTS)]:
+        proofs = {p: p.proof for p in owned if isinstance(p, ProvenPattern)}
+        for path in sorted((outputs / folder).iterdir()):
+            if path.name in proofs:
+                assert proofs[path.name](path), path
+    written = {p.name for p in (outputs / "out").iterdir()} | {
+        p.name for p in (outputs / "rep").iterdir()
+    }
+    assert {"curves.png", "split.csv", "lr_find.csv", "lr_find.png", "predictions.csv"} <= written
+    assert {"per_class.csv", "confusion_matrix.png", "confusion_matrix.csv"} <= written
+
+
+@pytest.fixture
+def world(outputs, tmp_path) -> Path:
+    return Path(shutil.copytree(outputs, tmp_path / "world", symlinks=True))
+
+
+USERS_FILES = {
+    "curves.png": _png((640, 480), "Matplotlib version3.9.0, https://matplotlib.org/"),
+    "split.csv": b"path,label,fold\nds/a/a_0.png,a,1\n",
+    "lr_find.csv": b"lr,loss\n0.1,2.0\n",
+    "lr_find.png": _png((600, 400), None),  # the size of torchkit's, not Matplotlib's
+}
+
+
+@pytest.mark.parametrize("name", list(USERS_FILES))
+def test_force_keeps_a_users_file_in_a_run_folder(world, name):
+    """`train --force` (a real process for one) over a run folder where the user's own file
+    took the name of one the run wrote: refused before any work, the file's bytes as they
+    were."""
+    (world / "out" / name).write_bytes(USERS_FILES[name])
+    before = tree_digest(world)
+    run = run_torchkit_process if name == "curves.png" else run_torchkit_in_process
+    done = run(*TRAIN, "--force", cwd=world)
+    assert done.returncode == 1, done.stderr
+    assert f"run folder out holds out/{name} that torchkit did not write" in error_line(
+        done.stderr, besides="warnings"
+    )
+    assert (world / "out" / name).read_bytes() == USERS_FILES[name]
+    assert tree_digest(world) == before
+
+
+EVAL_USERS_FILES = {
+    "predictions.csv": b"id,prediction\n1,a\n",
+    "per_class.csv": b"class,f1\na,0.5\n",
+    "confusion_pairs.csv": b"true,predicted,count,share\na,b,1,0.5\n",
+    "confusion_matrix.png": _png((640, 480), "Matplotlib version3.9.0, https://matplotlib.org/"),
+}
+
+
+@pytest.mark.parametrize("name", list(EVAL_USERS_FILES))
+def test_force_keeps_a_users_file_in_an_eval_folder(world, name):
+    (world / "rep" / name).write_bytes(EVAL_USERS_FILES[name])
+    made = (world / "rep" / "metrics.json").stat().st_mtime + 3600  # made an hour after the eval
+    os.utime(world / "rep" / name, (made, made))
+    before = tree_digest(world)
+    run = run_torchkit_process if name == "predictions.csv" else run_torchkit_in_process
+    done = run(*EVAL, "--force", cwd=world)
+    assert done.returncode == 1, done.stderr
+    assert f"output folder rep holds rep/{name} that torchkit did not write" in error_line(
+        done.stderr, besides="warnings"
+    )
+    assert tree_digest(world) == before
+
+
+def test_a_plot_drawn_before_the_software_text_is_proven_by_its_size(tmp_path):
+    """curves.png and lr_find.png of an earlier version (Matplotlib's Software text, the
+    figure's own pixel size) are the run's; the same text at another size is not."""
+    matplotlib = "Matplotlib version3.8.0, https://matplotlib.org/"
+    for size, proven in [((1500, 400), True), ((1000, 400), True), ((640, 480), False)]:
+        (tmp_path / "curves.png").write_bytes(_png(size, matplotlib))
+        assert (
+            torchkit_png(legacy_sizes={(1500, 400), (1000, 400)})(tmp_path / "curves.png") is proven
+        )
+    # eval's plots (their size depends on the data): Matplotlib's, written with the record
+    (tmp_path / "metrics.json").write_text(
+        '{"num_images": 1, "num_skipped": 0, "accuracy": 1.0, "topk_accuracy": {}}'
+    )
+    (tmp_path / "errors.png").write_bytes(_png((700, 300), matplotlib))
+    assert _is_eval_plot(tmp_path / "errors.png")
+    later = (tmp_path / "metrics.json").stat().st_mtime + 3600
+    os.utime(tmp_path / "errors.png", (later, later))
+    assert not _is_eval_plot(tmp_path / "errors.png")
+    (tmp_path / "x.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 10)  # cut short
+    assert not torchkit_png()(tmp_path / "x.png")

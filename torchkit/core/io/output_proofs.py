@@ -1,0 +1,104 @@
+"""Content proofs for the files torchkit writes under names others use too (a `curves.png`,
+a `split.csv`, a `predictions.csv` a user made beside a run): `folder_contents.proven` names
+such a file torchkit's, for `--force` to replace, only where its content shows torchkit wrote
+it. A proof reads a few hundred bytes at most and never fails: an unreadable file is not
+proven (and so is refused, never deleted).
+
+- A PNG torchkit draws carries the text chunk `Software: torchkit VERSION` (`PNG_METADATA`,
+  given to every savefig). One drawn by an earlier version, without it, is proven only where
+  its pixel size is one only torchkit's figure has (train's curves.png and lr_find.png), or
+  (a size that depends on the data: eval's plots) it was written with the record beside it.
+- A CSV is proven by the header line torchkit writes, whole or (where it goes on with columns
+  that depend on the data) its first columns.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Callable, Collection
+from pathlib import Path
+
+from torchkit import __version__
+
+PNG_SOFTWARE = b"torchkit"
+PNG_METADATA = {"Software": f"torchkit {__version__}"}  # savefig(..., metadata=PNG_METADATA)
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_CHUNKS_READ = 64  # chunks before the image data: a PNG's header and text come first
+_MAX_HEADER_BYTES = 4096
+
+
+def _png_size_and_texts(path: Path) -> tuple[tuple[int, int], dict[bytes, bytes]] | None:
+    """A PNG's (width, height) and the tEXt/iTXt/zTXt chunks before its image data, or None
+    where `path` is not a PNG (or cannot be read)."""
+    texts: dict[bytes, bytes] = {}
+    try:
+        with open(path, "rb") as handle:
+            if handle.read(8) != _PNG_SIGNATURE:
+                return None
+            size = None
+            for _ in range(_CHUNKS_READ):
+                head = handle.read(8)
+                if len(head) < 8:
+                    return None
+                length, kind = struct.unpack(">I4s", head)
+                if kind in (b"IDAT", b"IEND"):
+                    break
+                if length > 1 << 20:
+                    return None
+                body = handle.read(length)
+                handle.read(4)  # its CRC
+                if kind == b"IHDR" and length >= 8:
+                    size = struct.unpack(">II", body[:8])
+                elif kind in (b"tEXt", b"zTXt", b"iTXt"):
+                    key, _, value = body.partition(b"\0")
+                    if kind == b"zTXt":
+                        value = zlib.decompress(value[1:], bufsize=256)[:256]
+                    elif kind == b"iTXt":  # flag, method, language\0, translated key\0, text
+                        value = value[2:].split(b"\0", 2)[-1]
+                    texts[key] = value
+    except (OSError, struct.error, zlib.error):
+        return None
+    return None if size is None else (size, texts)
+
+
+def torchkit_png(legacy_sizes: Collection[tuple[int, int]] = ()) -> Callable[[Path], bool]:
+    """The proof of a PNG torchkit draws: its `Software` text (`PNG_METADATA`), or, drawn by
+    a version before that text, Matplotlib's with a pixel size of `legacy_sizes` (the sizes
+    only torchkit's figure of that name has)."""
+
+    def proof(path: Path) -> bool:
+        found = _png_size_and_texts(path)
+        if found is None:
+            return False
+        size, texts = found
+        software = texts.get(b"Software", b"")
+        if software.startswith(PNG_SOFTWARE + b" "):
+            return True
+        return software.startswith(b"Matplotlib") and tuple(size) in set(legacy_sizes)
+
+    return proof
+
+
+def is_matplotlib_png(path: Path) -> bool:
+    """Whether `path` is a PNG with Matplotlib's Software text (drawn by some Matplotlib
+    figure, torchkit's of an earlier version or anyone's)."""
+    found = _png_size_and_texts(path)
+    return found is not None and found[1].get(b"Software", b"").startswith(b"Matplotlib")
+
+
+def csv_header(columns: Collection[str], *, whole: bool = True) -> Callable[[Path], bool]:
+    """The proof of a CSV torchkit writes: its first line is `columns` (`whole`), or begins
+    with them (a header that goes on with columns that depend on the data)."""
+    head = ",".join(columns).encode("utf-8")
+
+    def proof(path: Path) -> bool:
+        try:
+            with open(path, "rb") as handle:
+                first = handle.readline(_MAX_HEADER_BYTES)
+        except OSError:
+            return False
+        first = first.removeprefix(b"\xef\xbb\xbf").rstrip(b"\r\n")
+        return first == head if whole else first == head or first.startswith(head + b",")
+
+    return proof
