@@ -1,6 +1,6 @@
 """`video-info --exact` on the formats made for streaming, which record no frame count (MPEG-TS,
-M2TS, FLV, Ogg, a live Matroska recording): a whole file reads `ok`, one with a region zeroed
-`damaged`, counted from its packets, tags or clusters (test_video_info.py holds the formats
+M2TS, MPEG-PS, FLV, Ogg, a live Matroska recording): a whole file reads `ok`, one with a region
+zeroed `damaged`, counted from its packets, tags or clusters (test_video_info.py holds the formats
 whose index or sizes count the frames). The files are ffmpeg's, made at test time: each test
 skips where this machine has no ffmpeg."""
 
@@ -14,17 +14,24 @@ from damaged_videos import decoded_by_opencv, ffmpeg_made, moving_picture, zeroe
 
 from torchkit.core.video import probe_video
 from torchkit.core.video.containers import matroska_video_blocks
-from torchkit.core.video.streams import flv_video_frames, ogg_video_frames, ts_video_frames
+from torchkit.core.video.streams import (
+    flv_video_frames,
+    ogg_video_frames,
+    ps_video_frames,
+    ts_video_frames,
+)
 
 ZEROED_AT = (0.3, 0.5, 0.7)
 
 
-def assert_whole_and_zeroed(path: Path, folder: Path, held_by: str) -> None:
+def assert_whole_and_zeroed(
+    path: Path, folder: Path, held_by: str, zeroed_at: tuple[float, ...] = ZEROED_AT
+) -> None:
     """`path` reads ok under --exact, every frame its packets hold decoding; each copy with a
     tenth of it zeroed (at 30, 50, 70%) reads damaged: fewer frames decode than it holds."""
     whole = probe_video(path, exact=True)
     assert (whole.status, whole.error) == ("ok", None), whole
-    for at in ZEROED_AT:
+    for at in zeroed_at:
         zeroed = zeroed_copy(path, folder, at)
         exact = probe_video(zeroed, exact=True)
         assert exact.status == "damaged", (at, exact)
@@ -209,3 +216,25 @@ def test_a_zeroed_live_matroska_recording_is_damaged(tmp_path):
     assert (held.frames, held.leading, held.broken_at, held.past_breaks) == (100, 0, None, True)
     assert matroska_video_blocks(zeroed_copy(live, tmp_path, 0.5), "mkv").frames == 100
     assert_whole_and_zeroed(live, tmp_path, "its clusters hold")
+
+
+def test_a_zeroed_mpeg_ps_is_damaged_and_a_cut_without_a_key_frame_not(tmp_path, mpeg2_ts):
+    """An MPEG-PS file (.mpg, .vob) records no frame count: a copy with a tenth zeroed read
+    `ok` under --exact (223 of 250 frames decode). The pictures of its video packets'
+    MPEG-1/2 data are its frames, walked pack by pack past the zeroes to the next pack, those
+    the zeroes took counted from the time codes of the GOP headers either side; a copy cut
+    where no I-picture starts it gives no picture for those before the first, nor for the
+    B-pictures right after it (an open GOP's), and is not counted against it."""
+    vob = ffmpeg_made(tmp_path / "clip.vob", "-i", mpeg2_ts, "-c", "copy", "-f", "vob")
+    held = ps_video_frames(vob, "mpeg-ps")
+    assert (held.frames, held.leading, held.broken_at) == (100, 0, None)
+    assert ps_video_frames(zeroed_copy(vob, tmp_path, 0.5), "mpeg-ps").frames == 100
+    # (zeroes over its last GOP header leave no time code after them: those frames are not
+    # found, and its last tenth holds no other)
+    assert_whole_and_zeroed(vob, tmp_path, "its video packets hold", (0.3, 0.5))
+    cut = ffmpeg_made(
+        tmp_path / "cut.mpg", "-i", vob, "-ss", "1.1", "-c", "copy", "-copyinkf", "-f", "mpeg"
+    )
+    held = ps_video_frames(cut, "mpeg-ps")
+    assert held.leading > 0 and decoded_by_opencv(cut) < held.frames - 1
+    assert_whole_and_zeroed(cut, tmp_path, "its video packets hold", (0.3,))

@@ -43,7 +43,12 @@ from torchkit.core.video.containers import (
     sniff_container,
     still_image_format,
 )
-from torchkit.core.video.streams import flv_video_frames, ogg_video_frames, ts_video_frames
+from torchkit.core.video.streams import (
+    flv_video_frames,
+    ogg_video_frames,
+    ps_video_frames,
+    ts_video_frames,
+)
 
 STATUSES = ("ok", "truncated", "damaged", "unreadable")
 # The frames the cheap end-of-file check decodes: it seeks to this many frames before the last
@@ -242,6 +247,7 @@ _LISTED_BY = {
     "m2ts": "its video packets hold",
     "flv": "its video tags hold",
     "ogg": "its video packets hold",
+    "mpeg-ps": "its video packets hold",
 }
 
 
@@ -265,6 +271,7 @@ def _frames_lost(
         or ts_video_frames(path, container)
         or flv_video_frames(path, container)
         or ogg_video_frames(path, container)
+        or ps_video_frames(path, container)
     )
     if indexed is not None and indexed.past_breaks and header and indexed.frames > 1.5 * header:
         return None  # its units are not frames one each (fields, each its own packet)

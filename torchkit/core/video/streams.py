@@ -11,7 +11,6 @@ called damaged.
 
 from __future__ import annotations
 
-import bisect
 import mmap
 import os
 import re
@@ -288,8 +287,8 @@ def ogg_video_frames(path: str | os.PathLike, container: str | None) -> HeldFram
     frames, leading, not_coded, keyed = 0, 0, 0, False
     counted: list[int] = []  # at each video page with a granule position: the frames counted,
     numbers: list[int] = []  # and the frame number it gives its last packet
-    breaks: list[tuple[int, int]] = []  # where the walk passed bytes that are no page, and
-    # the frames counted by then
+    # where the walk passed bytes that are no page, the frames counted and the marks by then
+    breaks: list[tuple[int, int, int]] = []
     pending = b""  # the first bytes of a video packet that goes on to the next page
     try:
         with open(path, "rb") as handle, _mapped(handle) as data:
@@ -302,7 +301,7 @@ def ogg_video_frames(path: str | os.PathLike, container: str | None) -> HeldFram
                     found = _ogg_page_after(data, at, size)
                     if found is None:
                         break
-                    breaks.append((at, frames))
+                    breaks.append((at, frames, len(counted)))
                     at, pending = found, b""
                     continue
                 lacing = data[at + _OGG_PAGE : at + _OGG_PAGE + data[at + 26]]
@@ -342,16 +341,25 @@ def ogg_video_frames(path: str | os.PathLike, container: str | None) -> HeldFram
         return None
     if video is None or not frames:
         return None
+    missing = _numbers_missing(breaks, counted, numbers)
+    broken_at = breaks[0][0] if breaks else None
+    return HeldFrames(frames + missing, leading if keyed else 0, not_coded, broken_at, True)
+
+
+def _numbers_missing(
+    breaks: list[tuple[int, int, int]], counted: list[int], numbers: list[int]
+) -> int:
+    """The frames a file's breaks took, each break (where, the frames counted by then, the
+    marks made by then) between the last mark before it and the first after it: a mark is
+    the frames counted at a point and the frame number the file gives there (an Ogg page's
+    granule position, an MPEG GOP header's time code); the frame numbers between the two
+    that no frame counted were in the bytes the break took."""
     missing = 0
-    for _, by_then in breaks:
-        # the last page with a granule position before the break and the first after it: the
-        # frame numbers between them that no packet counted were in the bytes it took
-        after = bisect.bisect_right(counted, by_then)
+    for _, _, after in breaks:
         if 0 < after < len(counted):
             numbered = numbers[after] - numbers[after - 1]
             missing += max(0, numbered - (counted[after] - counted[after - 1]))
-    broken_at = breaks[0][0] if breaks else None
-    return HeldFrames(frames + missing, leading if keyed else 0, not_coded, broken_at, True)
+    return missing
 
 
 def _ogg_page_end(data, at: int, size: int) -> int | None:
@@ -408,3 +416,144 @@ def _ogg_frame_number(codec: str | None, granule: int, shift: int) -> int:
     if codec == "theora":
         return (granule >> shift) + (granule & ((1 << shift) - 1))
     return granule >> 32
+
+
+# --- MPEG-PS ------------------------------------------------------------------------------------
+
+_PS_VIDEO = 0xE0  # the first video stream's ID
+_PS_RESYNC_BYTES = 1 << 26  # past a break, the next pack is searched for this far
+_MAX_PS_PACKETS = 100_000_000
+# A picture's, a sequence header's and a GOP header's start codes in MPEG-1/2 video
+_PS_CODES = re.compile(rb"\x00\x00\x01[\x00\xb3\xb8]")
+# The time codes' nominal rates of the frame rate codes (23.976 counts 24, 29.97 counts 30)
+_PS_TIMECODE_RATES = {1: 24, 2: 24, 3: 25, 4: 30, 5: 30, 6: 50, 7: 60, 8: 60}
+
+
+def ps_video_frames(path: str | os.PathLike, container: str | None) -> HeldFrames | None:
+    """The frames an MPEG-PS file (.mpg, .vob) holds for its first video stream, MPEG-1/2
+    video: the pictures (their start codes) of its video packets' data, walked pack by pack
+    and packet by packet (each records its length); past bytes that are no pack or packet
+    inside the file (`broken_at`, the first), from the next pack found, the pictures they
+    took counted from the time codes of the GOP headers either side. `leading`: those before
+    the first I-picture and the B-pictures right after it (an open GOP's, which refer to
+    frames before it: FFmpeg decodes none of them). None for other formats, other video (no
+    picture start code), or a structure that cannot be read."""
+    if container != "mpeg-ps":
+        return None
+    state = _PsPictures()
+    breaks: list[tuple[int, int, int]] = []
+    try:
+        with open(path, "rb") as handle, _mapped(handle) as data:
+            size, at = len(data), 0
+            for _ in range(_MAX_PS_PACKETS):
+                if at + 4 > size:
+                    break
+                length = _ps_unit_length(data, at, size)
+                if length is None:
+                    found = data.find(b"\x00\x00\x01\xba", at + 1, min(size, at + _PS_RESYNC_BYTES))
+                    if found < 0:
+                        break
+                    breaks.append((at, state.frames, len(state.counted)))
+                    state.carry = b""  # a picture's start split by the break is lost
+                    at = found
+                    continue
+                if length == 0:  # the end code
+                    break
+                if data[at + 3] == _PS_VIDEO:
+                    state.read(data[_ps_payload(data, at) : at + length])
+                at += length
+    except (OSError, ValueError):
+        return None
+    if not state.frames or state.first_key is None:
+        return None
+    missing = _numbers_missing(breaks, state.counted, state.numbers)
+    broken_at = breaks[0][0] if breaks else None
+    return HeldFrames(state.frames + missing, state.leading, 0, broken_at, past_breaks=True)
+
+
+class _PsPictures:
+    """The pictures of an MPEG-1/2 video stream's data, given a packet's data at a time: how
+    many, those that lead its first I-picture (before it, and the B-pictures right after
+    it), and at each GOP header the pictures counted before it (`counted`) and the frame
+    number its time code gives (`numbers`)."""
+
+    def __init__(self) -> None:
+        self.frames, self.leading, self.first_key = 0, 0, None
+        self.following = False  # the pictures since the first I-picture are all B-pictures
+        self.rate, self.counted, self.numbers = 0, [], []
+        self.carry = b""  # the last bytes of the data before: a start code split between two
+
+    def read(self, payload: bytes) -> None:
+        data, stop = self.carry + payload, None
+        for found in _PS_CODES.finditer(data):
+            at, code = found.start(), data[found.start() + 3]
+            if at + 8 > len(data):
+                stop = at  # read with the next packet's data
+                break
+            if code == 0x00:  # a picture: its type after 10 bits of temporal reference
+                self.count(data[at + 5] >> 3 & 7)
+            elif code == 0xB3:  # a sequence header: its frame rate code
+                self.rate = _PS_TIMECODE_RATES.get(data[at + 7] & 0x0F, 0)
+            elif code == 0xB8 and self.rate:  # a GOP header: its time code
+                self.counted.append(self.frames)
+                self.numbers.append(_gop_frame_number(data[at + 4 : at + 8], self.rate))
+        # a start code's first bytes at the end (one read whole ends 8 bytes before it at most)
+        self.carry = data[stop:] if stop is not None else data[-3:]
+
+    def count(self, kind: int) -> None:
+        """Count a picture of type `kind` (1: I, 2: P, 3: B)."""
+        if self.first_key is None:
+            if kind == 1:
+                self.first_key, self.following = self.frames, True
+            else:
+                self.leading += 1
+        elif self.following:
+            self.following = kind == 3
+            self.leading += kind == 3
+        self.frames += 1
+
+
+def _gop_frame_number(field: bytes, rate: int) -> int:
+    """The frame number a GOP header's time code gives (drop-frame: two frame numbers a
+    minute left out, but each tenth minute's)."""
+    bits = int.from_bytes(field, "big") >> 7  # 25 bits: drop, hours, minutes, marker, ...
+    drop, hours, minutes = bits >> 24 & 1, bits >> 19 & 0x1F, bits >> 13 & 0x3F
+    seconds, pictures = bits >> 6 & 0x3F, bits & 0x3F
+    total_minutes = 60 * hours + minutes
+    number = ((total_minutes * 60) + seconds) * rate + pictures
+    return number - (2 * (total_minutes - total_minutes // 10) if drop else 0)
+
+
+def _ps_unit_length(data, at: int, size: int) -> int | None:
+    """The length of the pack header or packet at `at` of an MPEG program stream (0 for the
+    end code); None where none starts there or it runs past the file's end."""
+    if data[at : at + 3] != b"\x00\x00\x01" or data[at + 3] < 0xB9:
+        return None
+    if data[at + 3] == 0xB9:
+        return 0
+    if data[at + 3] == 0xBA:
+        if at + 14 > size:
+            return None
+        if data[at + 4] >> 6 == 1:  # MPEG-2: 14 bytes and up to 7 of stuffing
+            length = 14 + (data[at + 13] & 7)
+        elif data[at + 4] >> 4 == 2:  # MPEG-1: 12 bytes
+            length = 12
+        else:
+            return None
+    else:
+        length = 6 + int.from_bytes(data[at + 4 : at + 6], "big")
+    return length if at + length <= size else None
+
+
+def _ps_payload(data, at: int) -> int:
+    """Where the data of the PES packet at `at` starts, after its header (MPEG-2's: its
+    length at byte 8; MPEG-1's: stuffing, a buffer size and its time stamps)."""
+    if data[at + 6] >> 6 == 2:
+        return at + 9 + data[at + 8]
+    at += 6
+    while data[at] == 0xFF:  # stuffing
+        at += 1
+    if data[at] >> 6 == 1:  # the STD buffer's scale and size
+        at += 2
+    flags = data[at] >> 4
+    return at + (5 if flags == 2 else 10 if flags == 3 else 1)
