@@ -221,3 +221,23 @@ def test_eval_of_the_held_out_val_split_warns_of_a_train_row_without_a_label(tmp
             f"{index} has 1 row(s) without a label (line 5) among 11 labelled ones: the images "
             "of its train split are read unlabelled"
         ], split
+
+
+def test_eval_refusal_of_the_held_out_val_split_names_that_split(tmp_path):
+    # Without a test split, eval of a run's data scores the val split the run held out; a val
+    # row without a label was refused as 'the test split of I has no labels: I has 1 row(s)
+    # with an empty label (line 9)', a split the data does not have.
+    import pytest
+
+    from torchkit.core.evaluate import load_eval_samples
+    from torchkit.core.io.errors import InputError
+
+    index = _split_index(tmp_path, empty_label_line=9)  # a val row
+    index.write_text(index.read_text().replace(",test\n", ",val\n"))  # train and val only
+    recorded = {"kind": "csv index", "root": str(index.parent)}
+    with pytest.raises(InputError) as refused:
+        load_eval_samples(str(index), recorded=recorded)
+    assert str(refused.value) == (
+        f"the val split of {index} has 1 row(s) without a label (line 9) (--split train scores "
+        "a labelled split; predict reads unlabelled images)"
+    )

@@ -104,7 +104,6 @@ def load_eval_samples(
 
     # Labelled by the model's classes after the split is chosen: a class the model lacks is an
     # error only in the images scored, and names their split.
-    scored = split or "test"
 
     def refused(opened: DataSource) -> bool:
         """Whether the images scored have one without a label (or none are: no split to score).
@@ -131,16 +130,18 @@ def load_eval_samples(
     if unlabelled is not None and samples.has_unlabelled:
         # The error names the scored split's images without a label (the data's first refusal
         # may name another split's file); a split root's names its split folders of images
-        # without class folders.
+        # without class folders. Without --split, the test split, or the val split a run held
+        # out where the data has no test split (it was said to be 'the test split').
+        scored = split or _split_of(samples) or "test"
         refusal = unlabelled
         if scored in source.splits and source.kind not in ("split root", "tar split root"):
             refusal = split_without_labels_error(source, scored, unlabelled)
-        if split is None:  # the default test split: the labelled ones can still be scored
+        if split is None:  # the default split: the labelled ones can still be scored
             labelled = [n for n in ("val", "train") if n in source.splits]
             labelled = [n for n in labelled if not source.splits[n].has_unlabelled] or ["all"]
-            said = refusal.message  # the test split named already, or not (a split root's)
+            said = refusal.message  # the split named already, or not (a split root's)
             if refusal is unlabelled:
-                said = f"the test split of {source.spec} has no labels: {said}"
+                said = f"the {scored} split of {source.spec} has no labels: {said}"
             raise InputError(
                 said,
                 f"--split {labelled[0]} scores a labelled split; predict reads unlabelled images",
