@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 import subprocess
 import tarfile
@@ -501,6 +502,44 @@ def test_tar_links_out_of_the_archive_are_never_followed(tmp_path, caplog):
     for name in ("cat/abs.png", "dog/up.png", "dog/via.png"):
         assert (unpacked / name).resolve() == host.resolve(), name  # the host's file
     assert (unpacked / "cat/s.png").resolve() == (unpacked / "cat/a.png").resolve()
+
+
+def _unpacked_by_tar(archive: Path) -> Path | None:
+    """The folder GNU tar (or the tar there is) unpacks `archive` to; None without tar."""
+    if shutil.which("tar") is None:
+        return None
+    unpacked = archive.parent / "unpacked"
+    unpacked.mkdir()
+    subprocess.run(["tar", "-xf", archive, "-C", unpacked], check=True, capture_output=True)
+    return unpacked
+
+
+def test_a_tar_link_to_a_link_out_is_left_out_where_the_archive_holds_its_target(tmp_path, caplog):
+    """`cat/x.png -> y.png -> /etc/p.png`, in an archive that also stores `/etc/p.png` (which
+    tar unpacks as etc/p.png): unpacked, x.png is the host's /etc/p.png, as y.png is. x.png
+    was read as the archive's etc/p.png, an image in two classes, and the data refused ('one
+    file in two classes ... remove the link cat/x.png -> /etc/p.png'); it is left out with
+    y.png."""
+    members = [
+        ("cat/a.png", png(0)),
+        ("dog/c.png", png(1)),
+        ("cat/x.png", "->y.png"),
+        ("cat/y.png", "->/etc/p.png"),
+        ("/etc/p.png", png(2)),
+    ]
+    archive = _tar(tmp_path / "pets.tar", members)
+    with caplog.at_level("WARNING", logger="torchkit"):
+        source = open_data(str(archive))
+    assert source.whole.ids == ["cat/a.png", "dog/c.png", "etc/p.png"]
+    assert [record.getMessage() for record in caplog.records] == [
+        f"{archive}: 2 image members are links out of the archive, not read, as torchkit "
+        "follows no link out of an archive: cat/x.png -> /etc/p.png, cat/y.png -> /etc/p.png"
+    ]
+    unpacked = _unpacked_by_tar(archive)
+    if unpacked is not None:
+        assert os.readlink(unpacked / "cat/x.png") == "y.png"
+        assert os.readlink(unpacked / "cat/y.png") == "/etc/p.png"  # the host's, not etc/p.png
+        assert (unpacked / "etc/p.png").read_bytes() == png(2)
 
 
 @pytest.mark.parametrize("form", ["pax", "gnu"])

@@ -375,7 +375,7 @@ def _listing(
 ) -> TarListing:
     resolved, looped = _link_ends(members, links)
     linked_folders = _folder_link_ends(members, links, folders, resolved, looped)
-    outside = _links_out(links, resolved, looped)
+    outside = _links_out(members, links, looped)
     # Never to a member stored under the host path it names (`/etc/passwd`): unpacked, the
     # link names the host's file.
     resolved.update(dict.fromkeys(outside))
@@ -391,32 +391,36 @@ def _listing(
 
 
 def _links_out(
-    links: dict[str, str], ends: dict[str, str | None], looped: dict[str, str]
+    members: dict[str, tuple[int, int]], links: dict[str, str], looped: dict[str, str]
 ) -> dict[str, str]:
     """The links whose chain leads out of the archive (`_leaves_archive`), each with the path
-    outside it names (also where a member is stored under that name: `../up.png`, which tar
-    does not unpack); chains are walked for the links to no member only (most lead to one),
-    through links and linked folders as `_link_ends` goes."""
-    found: dict[str, str] = {}
-    for name, end in ends.items():
-        at: str | None = links[name]
-        if _leaves_archive(at):
-            found[name] = at
-        if end is not None or name in looped:
+    outside it names: also where a member is stored under that name (`../up.png`, which tar
+    does not unpack; `/etc/p.png`, which it unpacks as etc/p.png), and where a link on the way
+    names one (`x.png -> y.png -> /etc/p.png`: unpacked, x.png is the host's file too). Chains
+    are walked, through links and linked folders as `_link_ends` goes, for the links that name
+    no member themselves only (most name one)."""
+    found = {name: at for name, at in links.items() if at.startswith(_OUTSIDE) or at == ".."}
+    for name in [name for name, at in links.items() if at not in members]:
+        if name in found or name in looped:
             continue
+        at: str | None = links[name]
         for _ in range(_MOST_LINKS):
-            if at is None or _leaves_archive(at):
-                break
             at = _one_link_on(at, links)
+            if at is None or _leaves_archive(at) or at in members:
+                break
         if at is not None and _leaves_archive(at):
             found[name] = at
     return found
 
 
+# How a symbolic link's target (`_link_target`) outside the archive's folder starts.
+_OUTSIDE = ("/", "../")
+
+
 def _leaves_archive(target: str) -> bool:
     """Whether a symbolic link's target (`_link_target`) lies outside the folder the archive
     unpacks to: an absolute path, or one above its root (`cat/x.png` -> `../../etc/passwd`)."""
-    return target.startswith("/") or target == ".." or target.startswith("../")
+    return target.startswith(_OUTSIDE) or target == ".."
 
 
 # Links followed in one chain before it counts as a loop: Linux's limit (ELOOP) in one path.
