@@ -4,7 +4,9 @@ once; exact frame counting by decoding; Temporal Segment Network (TSN) frame sam
 OpenCV is imported inside functions only, so importing this package stays cheap.
 
 Modules: containers (finding video files, sniffing the container, the size its structure
-declares, the FOURCC it records), probe (one video: `VideoInfo`, the truncation checks), frames
+declares, the FOURCC it records, the frames its index holds), streams (the frames MPEG-TS,
+MPEG-PS, FLV and Ogg files hold, from their packets, tags and pages), probe (one video:
+`VideoInfo`, the truncation and damage checks), frames
 (TSN sampling, writing the sampled frames) and run (`inspect_videos`, many videos on worker
 threads; `stream_videos`, their records as they come).
 """
