@@ -542,6 +542,25 @@ def test_a_tar_link_to_a_link_out_is_left_out_where_the_archive_holds_its_target
         assert (unpacked / "etc/p.png").read_bytes() == png(2)
 
 
+def test_a_tar_link_to_the_root_is_a_link_out_of_the_archive(tmp_path, caplog):
+    """A symbolic link to `/` (or `//`) points at the host's root once unpacked: it was a
+    link to the archive's root, listed as an unreadable image with the warning of a linked
+    folder not entered."""
+    members = [("cat/a.png", png(0)), ("dog/c.png", png(1)), ("cat/r.png", "->/")]
+    members.append(("dog/r.png", "->//"))
+    archive = _tar(tmp_path / "pets.tar", members)
+    with caplog.at_level("WARNING", logger="torchkit"):
+        source = open_data(str(archive))
+    assert source.whole.ids == ["cat/a.png", "dog/c.png"]
+    assert [record.getMessage() for record in caplog.records] == [
+        f"{archive}: 2 image members are links out of the archive, not read, as torchkit "
+        "follows no link out of an archive: cat/r.png -> /, dog/r.png -> //"
+    ]
+    unpacked = _unpacked_by_tar(archive)
+    if unpacked is not None:
+        assert (unpacked / "cat/r.png").resolve() == Path("/")
+
+
 @pytest.mark.parametrize("form", ["pax", "gnu"])
 def test_tar_members_stored_sparse_are_named_by_their_real_path_and_not_read(
     tmp_path, caplog, form

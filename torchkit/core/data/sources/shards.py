@@ -270,7 +270,8 @@ def _link_target(name: str, linkname: str, *, symbolic: bool) -> str:
     starts with `/` or `..`: `_leaves_archive`); a hard link's a member's name, without what
     GNU tar -x strips from it: its leading slashes, as from the members' (`/cat/a.png` is the
     member cat/a.png, or `/cat/a.png` itself where stored so: `_respelled_members`), and all
-    up to its last `..` part (`cat/x/../b.png` is b.png, not cat/b.png)."""
+    up to its last `..` part (`cat/x/../b.png` is b.png, not cat/b.png). A symbolic link to
+    `/` is one to the host's root, not to the archive's (`.`)."""
     if symbolic:
         linkname = posixpath.join(posixpath.dirname(name.lstrip("/")), linkname)
     else:
@@ -278,7 +279,7 @@ def _link_target(name: str, linkname: str, *, symbolic: bool) -> str:
         if ".." in parts:
             linkname = "/".join(parts[len(parts) - parts[::-1].index("..") :])
         linkname = linkname.lstrip("/") or linkname
-    return posixpath.normpath(_member_name(linkname))
+    return posixpath.normpath(_member_name(linkname) or linkname)
 
 
 def _member_name(name: str) -> str:
