@@ -561,6 +561,28 @@ def test_a_tar_link_to_the_root_is_a_link_out_of_the_archive(tmp_path, caplog):
         assert (unpacked / "cat/r.png").resolve() == Path("/")
 
 
+def test_a_tar_name_stored_as_a_file_and_as_a_link_out_is_named_once(tmp_path, caplog):
+    """`cat/x.png` stored as an image, then again as a link to /etc/passwd (which tar -xf
+    leaves, the later member replacing the first): the warning named it twice."""
+    members = [
+        ("cat/a.png", png(0)),
+        ("dog/c.png", png(1)),
+        ("cat/x.png", png(2)),
+        ("cat/x.png", "->/etc/passwd"),
+    ]
+    archive = _tar(tmp_path / "pets.tar", members)
+    with caplog.at_level("WARNING", logger="torchkit"):
+        source = open_data(str(archive))
+    assert source.whole.ids == ["cat/a.png", "dog/c.png"]
+    assert [record.getMessage() for record in caplog.records] == [
+        f"{archive}: 1 image member is a link out of the archive, not read, as torchkit "
+        "follows no link out of an archive: cat/x.png -> /etc/passwd"
+    ]
+    unpacked = _unpacked_by_tar(archive)
+    if unpacked is not None:
+        assert os.readlink(unpacked / "cat/x.png") == "/etc/passwd"
+
+
 @pytest.mark.parametrize("form", ["pax", "gnu"])
 def test_tar_members_stored_sparse_are_named_by_their_real_path_and_not_read(
     tmp_path, caplog, form

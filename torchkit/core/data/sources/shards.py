@@ -1602,7 +1602,8 @@ def _open_folder_tar(
     ]
     # A link out of the archive, which tar -x unpacks pointing at the host's file (an attacker's
     # archive at /etc/passwd): never followed, left out and said, as a '..' member is.
-    leaving = [name for name in stored if name in listing.outside]
+    # (A name stored twice, as a link and as a file, once.)
+    leaving = list(dict.fromkeys(name for name in stored if name in listing.outside))
     if leaving:
         stored = [name for name in stored if name not in listing.outside]
         shown = [f"{name} -> {listing.outside[name]}" for name in leaving]
