@@ -662,6 +662,42 @@ def test_a_shard_with_a_member_stored_sparse_is_refused_naming_it(tmp_path):
     )
 
 
+def test_a_shard_member_stored_sparse_that_no_sample_reads_is_no_refusal(tmp_path):
+    """A shard's extra member stored sparse (`00001.depth.bmp`, `00001.npy`: torchkit reads a
+    sample's image and labels only) refused the whole shard ('is stored sparse ... write the
+    shard without --sparse'): its samples read as they did before sparse members were said."""
+    if (
+        shutil.which("tar") is None
+        or "GNU tar"
+        not in subprocess.run(["tar", "--version"], capture_output=True, text=True).stdout
+    ):
+        pytest.skip("GNU tar writes the sparse members")
+    from PIL import Image
+
+    folder = tmp_path / "src"
+    folder.mkdir()
+    whole = io.BytesIO()
+    Image.new("RGB", (512, 512)).save(whole, format="BMP")
+    members = []
+    for key, index in (("00000", 0), ("00001", 1)):
+        (folder / f"{key}.png").write_bytes(png(index))
+        (folder / f"{key}.cls").write_text(str(index))
+        for extra in (f"{key}.depth.bmp", f"{key}.npy"):
+            with open(folder / extra, "wb") as holes:
+                holes.write(whole.getvalue()[:54])
+                holes.truncate(len(whole.getvalue()))
+        members += [f"{key}.png", f"{key}.cls", f"{key}.depth.bmp", f"{key}.npy"]
+    shard = tmp_path / "shard-000000.tar"
+    command = ["tar", "--sparse", "--format=pax", "-cf", shard, "-C", folder, *members]
+    subprocess.run(command, check=True, capture_output=True)
+    with tarfile.open(shard) as tar:
+        if not any(member.issparse() for member in tar.getmembers()):
+            pytest.skip("this file system keeps no holes: tar stored the file whole")
+    source = open_data(str(shard))
+    assert [path.read_bytes() for path in source.whole.paths] == [png(0), png(1)]
+    assert list(source.whole.labels) == [0, 1]
+
+
 def test_a_tar_link_reaches_a_member_stored_under_another_spelling_of_its_path(tmp_path):
     """A member stored as `dog/./c.png` (or `dog//c.png`) is dog/c.png once unpacked, and a
     link to it (`dog/s.png` -> `c.png`) an image there too: it was 'a link to a member the

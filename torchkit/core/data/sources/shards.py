@@ -1017,11 +1017,13 @@ def _shard_samples(
             + (f" (and {len(looping) - 1} more)" if len(looping) > 1 else ""),
             "remove the link, or point it at a member of the shard",
         )
-    if listing.sparse:
-        # Its sample said to have no image ('it holds cls'), the image not being read.
-        more = f" (and {len(listing.sparse) - 1} more)" if len(listing.sparse) > 1 else ""
+    # A sample's image or label stored sparse: its sample said to have no image ('it holds
+    # cls'), or read unlabelled. Other members (`KEY.npy`, `KEY.seg.png`) are never read.
+    unread = [member for member in listing.sparse if _read_by_its_sample(member)]
+    if unread:
+        more = f" (and {len(unread) - 1} more)" if len(unread) > 1 else ""
         raise InputError(
-            f"{shown}:{listing.sparse[0]} is stored sparse (tar --sparse), which torchkit does "
+            f"{shown}:{unread[0]} is stored sparse (tar --sparse), which torchkit does "
             f"not read{more}",
             "write the shard without --sparse",
         )
@@ -1044,6 +1046,18 @@ def _shard_samples(
         image = group[images[0]]
         samples.append(ShardSample(shown, key, image, listing.locator(image), name, index))
     return samples
+
+
+def _read_by_its_sample(member: str) -> bool:
+    """Whether a shard's member is one `_shard_samples` reads: a sample's image (`KEY.png`,
+    not `KEY.seg.png`) or label (`KEY.cls`, `KEY.json`)."""
+    split = _key_and_extension(member)
+    if split is None:
+        return False
+    extension = split[1]
+    return extension in ("cls", "json") or (
+        "." not in extension and "." + extension in IMAGE_EXTENSIONS
+    )
 
 
 def _label(
