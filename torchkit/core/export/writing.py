@@ -190,7 +190,7 @@ def write_torchscript(
     its input (`input_values_read`)."""
     import torch
 
-    with exporter_output_hidden() as tracer:
+    with exporter_output_hidden() as tracer, _own_compilation_unit():
         try:
             with torch.enable_grad(), input_values_read(example) as reads:
                 # with autograd on, as for ONNX: the graph keeps portable attention ops
@@ -207,6 +207,29 @@ def write_torchscript(
         torch.jit.save(module, buffer, _extra_files={meta.EXTRA_FILE: meta.to_extra_file(metadata)})
     _write_bytes(path, buffer.getbuffer(), target)
     return reads
+
+
+@contextlib.contextmanager
+def _own_compilation_unit() -> Iterator[None]:
+    """TorchScript's types made in a compilation unit of their own: torch puts every traced or
+    scripted module's type in one per process, where a second type of the same name (the same
+    model exported again) is renamed `___torch_mangle_N`, N counting every type the process
+    made, and the file's code, names and bytes differed from the first export's. torch looks
+    the unit up at `torch.jit._state._python_cu` each time it makes a type; where a torch
+    keeps it elsewhere, the types go where torch puts them."""
+    from torch.jit import _state
+
+    shared = getattr(_state, "_python_cu", None)
+    if shared is None:
+        yield
+        return
+    import torch
+
+    _state._python_cu = torch._C.CompilationUnit()
+    try:
+        yield
+    finally:
+        _state._python_cu = shared
 
 
 def write_exported_program(
