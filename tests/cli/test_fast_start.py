@@ -142,6 +142,31 @@ def test_a_command_line_builds_only_the_command_it_runs(
     assert (app.registered_commands, app.registered_groups) == registered  # put back
 
 
+def test_the_app_keeps_every_command_while_one_is_built(monkeypatch, capsys):
+    """The command a line names is built from a copy of the app that holds it alone: the app
+    itself keeps every command meanwhile. It held that command alone while the command ran,
+    so a second call meanwhile (another thread's) found no other command, and the two calls
+    put back each other's sets: the app could be left with one command."""
+    from torchkit.cli import app
+
+    every = list(app.registered_commands), list(app.registered_groups)
+    seen = []
+    build = typer.main.get_command_from_info
+
+    def recording(command_info, **kwargs):
+        seen.append((command_info.name, len(app.registered_commands)))
+        return build(command_info, **kwargs)
+
+    monkeypatch.setattr(typer.main, "get_command_from_info", recording)
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # Typer's call installs its own
+    with pytest.raises(SystemExit) as done:
+        app(["env", "--help"], prog_name="torchkit")
+    assert done.value.code == 0
+    assert "Usage: torchkit env" in capsys.readouterr().out
+    assert seen == [("env", len(every[0]))]
+    assert (app.registered_commands, app.registered_groups) == every
+
+
 # Command lines whose first words are the app's quiet flags joined into one word: each gives
 # what the whole app gives (a command's help, a group's command's usage error, an unknown
 # option's). Cheap ones: each costs a tenth of a second of CPU or more, its help the most.

@@ -1006,12 +1006,11 @@ class _TorchkitTyper(typer.Typer):
             wanted = _named_command(self, argv)
         if wanted is None:
             return super().__call__(*args, **kwargs)
-        registered = self.registered_commands, self.registered_groups
-        try:
-            self.registered_commands, self.registered_groups = wanted
-            return super().__call__(*args, **kwargs)
-        finally:
-            self.registered_commands, self.registered_groups = registered
+        # A copy of the app holding those alone is built: the app itself is never changed, so
+        # another call meanwhile (another thread's, one from inside a command) sees all of it.
+        view = copy.copy(self)
+        view.registered_commands, view.registered_groups = wanted
+        return typer.Typer.__call__(view, *args, **kwargs)
 
 
 app = _TorchkitTyper(
