@@ -514,6 +514,41 @@ def _unpacked_by_tar(archive: Path) -> Path | None:
     return unpacked
 
 
+def _opened_with_warnings(archive: Path, caplog) -> tuple:
+    """(`open_data` of `archive`, the messages of the warnings it gave)."""
+    with caplog.at_level("WARNING", logger="torchkit"):
+        source = open_data(str(archive))
+    return source, [record.getMessage() for record in caplog.records]
+
+
+def _write_with_holes(path: Path) -> None:
+    """A 512x512 BMP, all zeros past its header, written as a hole: a sparse file where the
+    file system keeps holes."""
+    from PIL import Image
+
+    whole = io.BytesIO()
+    Image.new("RGB", (512, 512)).save(whole, format="BMP")
+    with open(path, "wb") as holes:
+        holes.write(whole.getvalue()[:54])
+        holes.truncate(len(whole.getvalue()))
+
+
+def _sparse_tar(archive: Path, folder: Path, names: list[str], form: str = "pax") -> Path:
+    """GNU `tar --sparse` of `names` in `folder`; the test is skipped without GNU tar, or where
+    tar stored every file whole (a file system that keeps no holes)."""
+    version = shutil.which("tar") and subprocess.run(
+        ["tar", "--version"], capture_output=True, text=True
+    )
+    if not version or "GNU tar" not in version.stdout:
+        pytest.skip("GNU tar writes the sparse members")
+    command = ["tar", "--sparse", f"--format={form}", "-cf", archive, "-C", folder, *names]
+    subprocess.run(command, check=True, capture_output=True)
+    with tarfile.open(archive) as tar:
+        if not any(member.issparse() for member in tar.getmembers()):
+            pytest.skip("this file system keeps no holes: tar stored the file whole")
+    return archive
+
+
 def test_a_tar_link_to_a_link_out_is_left_out_where_the_archive_holds_its_target(tmp_path, caplog):
     """`cat/x.png -> y.png -> /etc/p.png`, in an archive that also stores `/etc/p.png` (which
     tar unpacks as etc/p.png): unpacked, x.png is the host's /etc/p.png, as y.png is. x.png
@@ -528,10 +563,9 @@ def test_a_tar_link_to_a_link_out_is_left_out_where_the_archive_holds_its_target
         ("/etc/p.png", png(2)),
     ]
     archive = _tar(tmp_path / "pets.tar", members)
-    with caplog.at_level("WARNING", logger="torchkit"):
-        source = open_data(str(archive))
+    source, warned = _opened_with_warnings(archive, caplog)
     assert source.whole.ids == ["cat/a.png", "dog/c.png", "etc/p.png"]
-    assert [record.getMessage() for record in caplog.records] == [
+    assert warned == [
         f"{archive}: 2 image members are links out of the archive, not read, as torchkit "
         "follows no link out of an archive: cat/x.png -> /etc/p.png, cat/y.png -> /etc/p.png"
     ]
@@ -549,10 +583,9 @@ def test_a_tar_link_to_the_root_is_a_link_out_of_the_archive(tmp_path, caplog):
     members = [("cat/a.png", png(0)), ("dog/c.png", png(1)), ("cat/r.png", "->/")]
     members.append(("dog/r.png", "->//"))
     archive = _tar(tmp_path / "pets.tar", members)
-    with caplog.at_level("WARNING", logger="torchkit"):
-        source = open_data(str(archive))
+    source, warned = _opened_with_warnings(archive, caplog)
     assert source.whole.ids == ["cat/a.png", "dog/c.png"]
-    assert [record.getMessage() for record in caplog.records] == [
+    assert warned == [
         f"{archive}: 2 image members are links out of the archive, not read, as torchkit "
         "follows no link out of an archive: cat/r.png -> /, dog/r.png -> //"
     ]
@@ -571,10 +604,9 @@ def test_a_tar_name_stored_as_a_file_and_as_a_link_out_is_named_once(tmp_path, c
         ("cat/x.png", "->/etc/passwd"),
     ]
     archive = _tar(tmp_path / "pets.tar", members)
-    with caplog.at_level("WARNING", logger="torchkit"):
-        source = open_data(str(archive))
+    source, warned = _opened_with_warnings(archive, caplog)
     assert source.whole.ids == ["cat/a.png", "dog/c.png"]
-    assert [record.getMessage() for record in caplog.records] == [
+    assert warned == [
         f"{archive}: 1 image member is a link out of the archive, not read, as torchkit "
         "follows no link out of an archive: cat/x.png -> /etc/passwd"
     ]
@@ -592,34 +624,16 @@ def test_tar_members_stored_sparse_are_named_by_their_real_path_and_not_read(
     that name (a folder in class dog), its bytes the sparse map and pieces, 'not an image PIL
     can read'; the old GNU format's was left out silently. Both are said by their real name,
     not read."""
-    if (
-        shutil.which("tar") is None
-        or "GNU tar"
-        not in subprocess.run(["tar", "--version"], capture_output=True, text=True).stdout
-    ):
-        pytest.skip("GNU tar writes the sparse members")
-    from PIL import Image
-
     folder = tmp_path / "pets"
     for name, index in (("cat/a.png", 0), ("dog/c.png", 1)):
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_bytes(png(index))
-    whole = io.BytesIO()
-    Image.new("RGB", (512, 512)).save(whole, format="BMP")  # all zeros past its header
-    with open(folder / "dog" / "s.bmp", "wb") as holes:
-        holes.write(whole.getvalue()[:54])
-        holes.truncate(len(whole.getvalue()))
-    archive = tmp_path / "pets.tar"
-    command = ["tar", "--sparse", f"--format={form}", "-cf", archive, "-C", folder, "cat", "dog"]
-    subprocess.run(command, check=True, capture_output=True)
-    with tarfile.open(archive) as tar:
-        if not any(member.issparse() for member in tar.getmembers()):
-            pytest.skip("this file system keeps no holes: tar stored the file whole")
-    with caplog.at_level("WARNING", logger="torchkit"):
-        source = open_data(str(archive))
+    _write_with_holes(folder / "dog" / "s.bmp")
+    archive = _sparse_tar(tmp_path / "pets.tar", folder, ["cat", "dog"], form)
+    source, warned = _opened_with_warnings(archive, caplog)
     assert source.whole.ids == ["cat/a.png", "dog/c.png"]
     assert [path.read_bytes() for path in source.whole.paths] == [png(0), png(1)]
-    assert [record.getMessage() for record in caplog.records] == [
+    assert warned == [
         f"{archive}: 1 image member is stored sparse (tar --sparse), which torchkit does not "
         "read: dog/s.bmp (write the archive without --sparse, or give the folder tar -x "
         "unpacks)"
@@ -631,31 +645,14 @@ def test_tar_members_stored_sparse_are_named_by_their_real_path_and_not_read(
 def test_a_shard_with_a_member_stored_sparse_is_refused_naming_it(tmp_path):
     """A webdataset shard written with GNU tar --sparse: its sample was said to have no image
     ('it holds cls'), its image left unread."""
-    if (
-        shutil.which("tar") is None
-        or "GNU tar"
-        not in subprocess.run(["tar", "--version"], capture_output=True, text=True).stdout
-    ):
-        pytest.skip("GNU tar writes the sparse members")
-    from PIL import Image
-
     folder = tmp_path / "src"
     folder.mkdir()
     (folder / "00000.png").write_bytes(png(0))
     (folder / "00000.cls").write_text("0")
-    whole = io.BytesIO()
-    Image.new("RGB", (512, 512)).save(whole, format="BMP")
-    with open(folder / "00001.bmp", "wb") as holes:
-        holes.write(whole.getvalue()[:54])
-        holes.truncate(len(whole.getvalue()))
+    _write_with_holes(folder / "00001.bmp")
     (folder / "00001.cls").write_text("1")
-    shard = tmp_path / "shard-000000.tar"
     members = ["00000.png", "00000.cls", "00001.bmp", "00001.cls"]
-    command = ["tar", "--sparse", "--format=pax", "-cf", shard, "-C", folder, *members]
-    subprocess.run(command, check=True, capture_output=True)
-    with tarfile.open(shard) as tar:
-        if not any(member.issparse() for member in tar.getmembers()):
-            pytest.skip("this file system keeps no holes: tar stored the file whole")
+    shard = _sparse_tar(tmp_path / "shard-000000.tar", folder, members)
     assert _refused(shard) == (
         "shard-000000.tar:00001.bmp is stored sparse (tar --sparse), which torchkit does not "
         "read (write the shard without --sparse)"
@@ -666,33 +663,16 @@ def test_a_shard_member_stored_sparse_that_no_sample_reads_is_no_refusal(tmp_pat
     """A shard's extra member stored sparse (`00001.depth.bmp`, `00001.npy`: torchkit reads a
     sample's image and labels only) refused the whole shard ('is stored sparse ... write the
     shard without --sparse'): its samples read as they did before sparse members were said."""
-    if (
-        shutil.which("tar") is None
-        or "GNU tar"
-        not in subprocess.run(["tar", "--version"], capture_output=True, text=True).stdout
-    ):
-        pytest.skip("GNU tar writes the sparse members")
-    from PIL import Image
-
     folder = tmp_path / "src"
     folder.mkdir()
-    whole = io.BytesIO()
-    Image.new("RGB", (512, 512)).save(whole, format="BMP")
     members = []
     for key, index in (("00000", 0), ("00001", 1)):
         (folder / f"{key}.png").write_bytes(png(index))
         (folder / f"{key}.cls").write_text(str(index))
-        for extra in (f"{key}.depth.bmp", f"{key}.npy"):
-            with open(folder / extra, "wb") as holes:
-                holes.write(whole.getvalue()[:54])
-                holes.truncate(len(whole.getvalue()))
+        _write_with_holes(folder / f"{key}.depth.bmp")
+        _write_with_holes(folder / f"{key}.npy")
         members += [f"{key}.png", f"{key}.cls", f"{key}.depth.bmp", f"{key}.npy"]
-    shard = tmp_path / "shard-000000.tar"
-    command = ["tar", "--sparse", "--format=pax", "-cf", shard, "-C", folder, *members]
-    subprocess.run(command, check=True, capture_output=True)
-    with tarfile.open(shard) as tar:
-        if not any(member.issparse() for member in tar.getmembers()):
-            pytest.skip("this file system keeps no holes: tar stored the file whole")
+    shard = _sparse_tar(tmp_path / "shard-000000.tar", folder, members)
     source = open_data(str(shard))
     assert [path.read_bytes() for path in source.whole.paths] == [png(0), png(1)]
     assert list(source.whole.labels) == [0, 1]
