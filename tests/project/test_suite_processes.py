@@ -161,6 +161,53 @@ def test_a_differing_import_variable_gets_its_own_server_or_starts_fresh(monkeyp
     assert list(servers.active.values())[:2] == [rank, plain]
 
 
+class _EndingServer(_RecordedServer):
+    """A stand-in whose process ends when told, and which records being closed."""
+
+    def __init__(self, environment: dict[str, str]) -> None:
+        super().__init__(environment)
+        self.ended = self.closed = False
+
+    def poll(self) -> int | None:
+        return 0 if self.ended else None
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_past_max_servers_the_least_recently_used_is_retired_until_its_process_ends(monkeypatch):
+    """A server past MAX_SERVERS retires the one used longest ago (not the one started first):
+    it is never handed out again, is kept (to be closed with the others) while its process
+    runs its last forks, and is let go once that process has ended."""
+    monkeypatch.setattr(preloaded_processes, "PreloadedServer", _EndingServer)
+    monkeypatch.setattr(preloaded_processes, "MAX_SERVERS", 2)
+    servers = PreloadedServers()
+    own = preloaded_processes.child_environment(None)
+    ranks = [{**own, "RANK": str(rank)} for rank in range(4)]
+    first, second = servers.server_for(ranks[0]), servers.server_for(ranks[1])
+    assert servers.server_for(ranks[0]) is first  # used again: `second` is now the oldest
+    third = servers.server_for(ranks[2])
+    assert second.retired and not first.retired and not third.retired
+    assert list(servers.active.values()) == [first, third] and servers.retired == [second]
+
+    second.ended = True  # its last fork has ended: let go at the next start
+    fourth = servers.server_for(ranks[3])
+    assert first.retired and servers.retired == [first]
+    assert list(servers.active.values()) == [third, fourth]
+    again = servers.server_for(ranks[1])  # a retired server is never handed out again
+    assert again not in (first, second, third, fourth) and third.retired
+
+    servers.close()
+    assert [first.closed, second.closed, third.closed, fourth.closed, again.closed] == [
+        True,
+        False,  # ended and let go: nothing to close
+        True,
+        True,
+        True,
+    ]
+    assert not servers.active and not servers.retired
+
+
 def test_the_preload_log_names_each_servers_test_and_how_its_key_differs(monkeypatch, tmp_path):
     """With TORCHKIT_TEST_PRELOAD_LOG a line for each server started: the test, the rank and
     the variables by which its key differs from the test process's own and the first key."""
