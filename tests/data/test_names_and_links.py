@@ -594,6 +594,28 @@ def test_a_tar_link_to_the_root_is_a_link_out_of_the_archive(tmp_path, caplog):
         assert (unpacked / "cat/r.png").resolve() == Path("/")
 
 
+def test_a_tar_class_folder_linked_out_of_the_archive_is_said(tmp_path, caplog):
+    """`tar -cf` stores a class folder that is a link (`bird -> /data/birds`) as that link:
+    never followed, its class went missing without a word. One warning names such links where
+    a class or split folder could be; links deeper inside a class, and hidden ones, not."""
+    members = [
+        ("pets/train/cat/a.png", png(0)),
+        ("pets/train/dog/c.png", png(1)),
+        ("pets/train/bird", "->/data/birds"),
+        ("pets/val", "->../../val"),
+        ("pets/train/cat/more", "->/data/more"),
+        ("pets/.cache", "->/tmp"),
+    ]
+    archive = _tar(tmp_path / "pets.tar", members)
+    source, warned = _opened_with_warnings(archive, caplog)
+    assert source.splits["train"].ids == ["train/cat/a.png", "train/dog/c.png"]
+    assert warned == [
+        f"{archive}: 2 links where a class folder could be lead out of the archive, not "
+        "followed, as torchkit follows no link out of an archive: train/bird -> /data/birds, "
+        "val -> ../val (tar -h stores the files a link leads to)"
+    ]
+
+
 def test_a_tar_name_stored_as_a_file_and_as_a_link_out_is_named_once(tmp_path, caplog):
     """`cat/x.png` stored as an image, then again as a link to /etc/passwd (which tar -xf
     leaves, the later member replacing the first): the warning named it twice."""

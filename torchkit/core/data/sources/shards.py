@@ -1676,6 +1676,7 @@ def _open_folder_tar(
     # of the links it does not enter.
     class_links, unentered = _class_folder_links(spec, listing, prefix)
     warn_unentered([os.path.join(spec, name) for name in unentered], spec)
+    _warn_class_links_out(spec, listing, prefix)
     through = _linked_class_images(class_links, [prefix + name for name in names])
     names += list(through)
     folders |= {posixpath.dirname(name) for name in through} | set(class_links)
@@ -1875,6 +1876,27 @@ def _class_folder_links(
             )
         found[name] = folder
     return found, sorted(unentered)
+
+
+def _warn_class_links_out(spec: str, listing: TarListing, prefix: str) -> None:
+    """One warning naming the links out of the archive where a class or split folder could be
+    (`bird -> /data/birds`, as `tar -cf` stores a linked folder): never followed, their images
+    are not read, where the class went missing without a word (`prefix`: the wrapping folder)."""
+    shown = []
+    for link, target in listing.outside.items():
+        name = _unpacked_path(link)
+        if name is None or is_image_file(link) or not name.startswith(prefix):
+            continue
+        parent, _, base = name[len(prefix) :].rpartition("/")
+        if (not parent or parent in SPLIT_NAMES) and not is_skipped_folder(base):
+            shown.append(f"{name[len(prefix) :]} -> {target}")
+    if shown:
+        log.warning(
+            f"{spec}: {counted(len(shown), 'link')} where a class folder could be "
+            f"{'leads' if len(shown) == 1 else 'lead'} out of the archive, not followed, as "
+            f"torchkit follows no link out of an archive: {first_and_more(sorted(shown), 3)} "
+            "(tar -h stores the files a link leads to)"
+        )
 
 
 def _unpacked_path(name: str) -> str | None:
