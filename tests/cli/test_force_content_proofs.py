@@ -146,3 +146,26 @@ def test_a_plot_drawn_before_the_software_text_is_proven_by_its_size(tmp_path):
     assert not _is_eval_plot(tmp_path / "errors.png")
     (tmp_path / "x.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 10)  # cut short
     assert not torchkit_png()(tmp_path / "x.png")
+
+
+# per_class.csv and predictions.csv as eval wrote them before their columns were renamed
+# (`Class,Label,# occurrence`; `path,true_label,true_class,predicted_label`), a row each.
+EARLIER_EVAL_FILES = {
+    "per_class.csv": b"Class,Label,# occurrence,Precision,Recall,F1,Confused class 1,"
+    b"Confused class 2,Confused class 3,Confused class 4,Confused class 5\n"
+    b"a,0,3,0.0,0.0,0.0,b:3,,,,\n",
+    "predictions.csv": b"path,true_label,true_class,predicted_label,predicted_class,confidence,"
+    b"correct,loss,top1_label,top1_prob,top2_label,top2_prob\n"
+    b"a/a_0.png,0,a,1,b,0.517027676,0,0.727795959,1,0.517027676,0,0.482972324\n",
+}
+
+
+def test_force_replaces_an_earlier_versions_eval_csvs(world):
+    """A re-run of eval over the folder an earlier version wrote (its CSVs under the headers
+    of then) replaces them: before, it was refused as holding files torchkit did not write."""
+    for name, text in EARLIER_EVAL_FILES.items():
+        (world / "rep" / name).write_bytes(text)
+    done = run_torchkit_in_process(*EVAL, "--force", cwd=world)
+    assert done.returncode == 0, done.stderr
+    assert (world / "rep" / "per_class.csv").read_text().startswith("label,index,support,")
+    assert (world / "rep" / "predictions.csv").read_text().startswith("path,label,label_index,")

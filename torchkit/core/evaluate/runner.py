@@ -316,6 +316,11 @@ def _is_eval_metrics(path: Path) -> bool:
     return holds_json_record(path, METRICS_KEYS)
 
 
+def _any_of(*proofs: Callable[[Path], bool]) -> Callable[[Path], bool]:
+    """The proof that holds where one of `proofs` holds."""
+    return lambda path: any(proof(path) for proof in proofs)
+
+
 # An eval's plot drawn before the Software text: Matplotlib's, written within this many seconds
 # of the eval's metrics.json beside it (by the same run; a plot of yours made since is not).
 _SAME_RUN_S = 120.0
@@ -335,12 +340,20 @@ def _is_eval_plot(path: Path) -> bool:
 # What eval writes into --out (`folder_contents` patterns), each only where its content shows
 # eval wrote it (another tool's metrics.json or predictions.csv, your own confusion_matrix.png
 # is yours: `ProvenPattern`): the record's keys, the CSVs' headers, the plots' Software text.
+# per_class.csv and predictions.csv: the header this version writes, or the one earlier
+# versions wrote (before their columns were renamed): a re-run over an earlier eval's folder.
 _REPORT_PROOFS = {
     "metrics.json": _is_eval_metrics,
-    "per_class.csv": csv_header(("label", "index", "support", "predicted"), whole=False),
+    "per_class.csv": _any_of(
+        csv_header(("label", "index", "support", "predicted"), whole=False),
+        csv_header(("Class", "Label", "# occurrence", "Precision"), whole=False),
+    ),
     "confusion_matrix.csv": csv_header((CONFUSION_CORNER,), whole=False),
     "confusion_pairs.csv": csv_header(CONFUSION_PAIRS_COLUMNS),
-    "predictions.csv": csv_header(("path", "label", "label_index", "class"), whole=False),
+    "predictions.csv": _any_of(
+        csv_header(("path", "label", "label_index", "class"), whole=False),
+        csv_header(("path", "true_label", "true_class", "predicted_label"), whole=False),
+    ),
     "confusion_matrix.png": _is_eval_plot,
     "errors.png": _is_eval_plot,
 }
