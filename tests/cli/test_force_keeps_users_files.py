@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from format_files import chrome_trace, tensorboard_events
 from output_checks import check_refused_untouched, error_line, tree_digest
 from processes import run_torchkit_in_process
 from safety_world import write_world
@@ -143,7 +144,9 @@ FAMILIES = {
         {
             "config.json": RUN_CONFIG,
             "last.pt": CHECKPOINT,
-            "tensorboard/events.out.tfevents.1.h": "x",
+            "tensorboard/events.out.tfevents.1.h": tensorboard_events(),
+            "profile/epoch-1.txt": "torchkit train --profile-steps: epoch 1, its first 2 ...\n",
+            "profile/epoch-1.json": chrome_trace(),
         },
         {"notes.txt": "my notes on this run"},
         "run folder out holds out/notes.txt that torchkit did not write",
@@ -216,6 +219,13 @@ USERS_UNDER_TORCHKIT_NAMES = {
     "another tool's config.json": ("train", {"config.json": '{"lr": 0.1}'}),
     "another logger's metrics.csv": ("train", {"metrics.csv": "step,loss\n1,0.5\n"}),
     "another tool's metrics.json": ("eval", {"metrics.json": '{"accuracy": 0.9}'}),
+    "not a TensorBoard log": ("train", {"tensorboard/events.out.tfevents.1.h": "my notes\n"}),
+    "a TensorBoard log's first bytes only": (
+        "train",
+        {"tensorboard/events.out.tfevents.2.h": tensorboard_events()[:10]},
+    ),
+    "your notes as a profile table": ("train", {"profile/epoch-1.txt": "slow dataloader\n"}),
+    "another tool's trace": ("train", {"profile/epoch-1.json": '{"traceEvents": []}'}),
     **{what: ("train", {"best.pt": data}) for what, data in KEYS_NOT_A_CHECKPOINT.items()},
 }
 
@@ -237,10 +247,11 @@ def test_force_refuses_a_users_file_under_a_name_torchkit_writes_too(world, case
     assert error_line(done.stderr, besides="warnings").endswith(
         "which --force would delete with it (move them out of out, or delete them yourself)"
     )
-    (world / "out" / name).rename(world / name)  # as the hint says
+    moved = world / Path(name).name
+    (world / "out" / name).rename(moved)  # as the hint says
     done = run_torchkit_in_process(*args, cwd=world)
     assert done.returncode == 0, done.stderr
-    assert (world / name).is_file()
+    assert moved.is_file()
 
 
 def test_force_replaces_the_records_of_a_run_and_an_eval_of_many_classes(world):

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from disks import fill_disk
+from format_files import tensorboard_events
 from image_folders import write_image_folder
 from output_checks import error_line, hidden_siblings, tree_digest
 from processes import (
@@ -45,7 +46,7 @@ def old_run(folder: Path, *, marker: bool = True) -> Path:
         checkpoint = {"format_version": 1, "torchkit_version": "0.1.0", "model": torch.rand(700)}
         torch.save(checkpoint, folder / name)
     (folder / "tensorboard").mkdir()
-    (folder / "tensorboard" / "events.out.tfevents.1.host").write_bytes(os.urandom(500))
+    (folder / "tensorboard" / "events.out.tfevents.1.host").write_bytes(tensorboard_events())
     return folder
 
 
@@ -126,7 +127,7 @@ def killed_start(folder: Path, config: Path) -> Path:
     (folder / "config.json").write_text(config.read_text())
     (folder / "split.csv").write_text("path,label,split\na/a_0.png,a,train\n")
     (folder / "tensorboard").mkdir()
-    (folder / "tensorboard" / "events.out.tfevents.1.host.1.0").write_bytes(os.urandom(88))
+    (folder / "tensorboard" / "events.out.tfevents.1.host.1.0").write_bytes(tensorboard_events())
     return folder
 
 

@@ -9,7 +9,11 @@ proven (and so is refused, never deleted).
   its pixel size is one only torchkit's figure has (train's curves.png and lr_find.png), or
   (a size that depends on the data: eval's plots) it was written with the record beside it.
 - A CSV is proven by the header line torchkit writes, whole or (where it goes on with columns
-  that depend on the data) its first columns.
+  that depend on the data) its first columns; a text file by its first line.
+- Formats torchkit cannot write a mark of its own into are proven by the format's own start: a
+  TensorBoard event file (its first record, TensorBoard's `brain.Event` version), a Chrome
+  trace (Kineto's `schemaVersion` first): another program's file of that format under that
+  name passes too.
 """
 
 from __future__ import annotations
@@ -102,3 +106,53 @@ def csv_header(columns: Collection[str], *, whole: bool = True) -> Callable[[Pat
         return first == head if whole else first == head or first.startswith(head + b",")
 
     return proof
+
+
+def text_start(start: bytes) -> Callable[[Path], bool]:
+    """The proof of a text file torchkit writes: it begins with `start` (a heading that names
+    torchkit's command)."""
+
+    def proof(path: Path) -> bool:
+        try:
+            with open(path, "rb") as handle:
+                return handle.read(len(start)) == start
+        except OSError:
+            return False
+
+    return proof
+
+
+_TF_EVENT_VERSION = b"brain.Event:"  # the file_version of the first event of every event file
+
+
+def is_tensorboard_events(path: Path) -> bool:
+    """Whether `path` is a TensorBoard event file: its first TFRecord (an 8-byte length, its
+    4-byte CRC) holds an Event whose `file_version` (field 3) is `brain.Event:N`, as every
+    writer's first record does; or an empty file (a writer killed before its first record:
+    nothing in it to lose)."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(12)
+            if not head:
+                return True
+            if len(head) < 12:
+                return False
+            (length,) = struct.unpack("<Q", head[:8])
+            if length > _MAX_HEADER_BYTES:
+                return False
+            event = handle.read(length)
+    except OSError:
+        return False
+    return _TF_EVENT_VERSION in event
+
+
+def is_chrome_trace(path: Path) -> bool:
+    """Whether `path` is a trace as torch.profiler's Kineto writes it (`export_chrome_trace`):
+    a JSON object whose first key is `schemaVersion`."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(256)
+    except OSError:
+        return False
+    body = head.removeprefix(b"\xef\xbb\xbf").lstrip()
+    return body.startswith(b"{") and body[1:].lstrip().startswith(b'"schemaVersion"')

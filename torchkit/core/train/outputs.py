@@ -19,7 +19,14 @@ from torchkit.core.data.sources.record import SPLIT_CSV_COLUMNS
 from torchkit.core.io.csv_rows import csv_text
 from torchkit.core.io.files import atomic_path, atomic_write_json, atomic_write_text
 from torchkit.core.io.folder_contents import proven
-from torchkit.core.io.output_proofs import PNG_METADATA, csv_header, torchkit_png
+from torchkit.core.io.output_proofs import (
+    PNG_METADATA,
+    csv_header,
+    is_chrome_trace,
+    is_tensorboard_events,
+    text_start,
+    torchkit_png,
+)
 from torchkit.core.io.outputs import holds_json_record, reporting_write_errors
 from torchkit.core.topk import DEFAULT_TOPK as TOPK
 from torchkit.core.topk import topk_informative, topk_name
@@ -83,6 +90,8 @@ def _is_run_metrics(path: Path) -> bool:
 
 
 _METRICS_HEAD = b"epoch,train_loss"
+# How every --profile-steps table and GPU timeline begins (`step_profiler`): their proof.
+PROFILE_HEADING = "torchkit train --profile-steps: epoch "
 
 
 # Everything a run writes into its folder (`folder_contents` patterns): `--force` replaces a run
@@ -107,9 +116,10 @@ RUN_OUTPUTS = (
         for p in RUN_FILES
         if p != "tensorboard" and not p.startswith(".")
     ),
-    "tensorboard/events.out.tfevents.*",
-    "profile/epoch-*.txt",  # --profile-steps: `step_profiler`'s table, trace and GPU timeline
-    "profile/epoch-*.json",
+    proven("tensorboard/events.out.tfevents.*", is_tensorboard_events),
+    # --profile-steps: `step_profiler`'s table and GPU timeline (its heading), Kineto's trace
+    proven("profile/epoch-*.txt", text_start(PROFILE_HEADING.encode())),
+    proven("profile/epoch-*.json", is_chrome_trace),
 )
 
 

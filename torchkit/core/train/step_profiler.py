@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkit.core.io.files import atomic_path, atomic_write_text
+from torchkit.core.train.outputs import PROFILE_HEADING
 
 log = logging.getLogger("torchkit")
 
@@ -200,7 +201,7 @@ class StepProfiler:
 
     def _heading(self) -> str:
         return (
-            f"torchkit train --profile-steps: epoch {self.epoch}, its first {self.updates} "
+            f"{PROFILE_HEADING}{self.epoch}, its first {self.updates} "
             f"optimiser steps"
         )
 
