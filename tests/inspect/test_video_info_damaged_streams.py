@@ -152,6 +152,50 @@ def test_an_flv_cut_where_no_key_frame_starts_it_is_not_damaged(tmp_path):
     assert_whole_and_zeroed(cut, tmp_path, "its video tags hold")
 
 
+def _flv_tag_ends(path: Path) -> list[int]:
+    """Where each tag of an FLV file ends (with the size after it that repeats its own)."""
+    data = path.read_bytes()
+    at, ends = int.from_bytes(data[5:9], "big") + 4, []
+    while at + 11 <= len(data):
+        at += 11 + int.from_bytes(data[at + 1 : at + 4], "big") + 4
+        ends.append(at)
+    return ends
+
+
+@pytest.mark.parametrize(
+    ("video", "audio"),
+    [
+        (("-c:v", "libx264", "-bf", "3", "-pix_fmt", "yuv420p"), ()),
+        (("-c:v", "flv"), ("-f", "lavfi", "-i", "sine=duration=2", "-c:a", "adpcm_swf")),
+    ],
+    ids=["h264-b-frames", "adpcm-audio"],
+)
+def test_a_whole_flv_whose_streams_end_after_their_last_tags_is_ok(tmp_path, video, audio):
+    """FFmpeg's duration of an FLV runs to where its streams end: its last video frame shown
+    (B-frames: 2 frames after the last tag's time) or its last audio tag played (ADPCM's: 0.37
+    s at 11 kHz). A whole file read `truncated: 50 of the 52 frames its header declares
+    decode` under --exact (of 55 with ADPCM), its last tag's time short of that; the same file
+    cut at a tag's end, a third gone, still reads `truncated`."""
+    encoder = "libx264" if "libx264" in video else "flv"
+    whole = ffmpeg_made(
+        tmp_path / "clip.flv",
+        *moving_picture(2),
+        *audio[:4],
+        *video,
+        *audio[4:],
+        *(("-ar", "11025") if audio else ()),
+        encoders=(encoder, "adpcm_swf") if audio else (encoder,),
+        muxer="flv",
+    )
+    exact = probe_video(whole, exact=True)
+    assert (exact.status, exact.error, exact.frames_decoded) == ("ok", None, 50)
+    cut = tmp_path / "cut.flv"
+    ends = _flv_tag_ends(whole)
+    cut.write_bytes(whole.read_bytes()[: [end for end in ends if end < ends[-1] * 0.7][-1]])
+    short = probe_video(cut, exact=True)
+    assert short.status == "truncated" and short.frames_decoded < 40, short
+
+
 @pytest.mark.parametrize("encoder", ["libtheora", "libvpx"])
 def test_a_zeroed_ogg_is_damaged_and_one_cut_inside_a_page_truncated(tmp_path, encoder):
     """An Ogg file records no frame count: a copy with a tenth zeroed read `ok` under --exact

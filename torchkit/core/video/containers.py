@@ -319,13 +319,16 @@ class HeldFrames:
     them), and `not_coded`, frames of `NOT_CODED_BYTES` or fewer; `broken_at`, where its
     bytes stop being its structure inside the sizes it records (None where they never do);
     `past_breaks`: `frames` counts those after it too (the structure found again past it),
-    else the frames before it alone."""
+    else the frames before it alone. `end_s`: where the walk tells it (an FLV's tags), the
+    time in seconds its streams end: the last video frame's shown (its time and composition
+    offset), the last audio tag's time plus the time from the one before it."""
 
     frames: int
     leading: int
     not_coded: int
     broken_at: int | None = None
     past_breaks: bool = False
+    end_s: float | None = None
 
 
 # An open GOP's leading pictures follow its key frame at once: the frames after it whose time

@@ -322,6 +322,11 @@ def _runs_on_past_its_video(
     if sizes_whole or container in ("mpeg-ps", "mpeg-ts", "m2ts"):
         return True
     end_s = flv_last_tag_s(path) if container == "flv" else None
+    walked = flv_video_frames(path, container) if end_s is not None else None
+    if walked is not None and walked.end_s is not None:
+        # its streams end after their last tags' times: the last video frame shown later
+        # (B-frames), the last audio tag lasting longer than a frame
+        end_s = max(end_s, walked.end_s)
     header = info.frames_header
     # the last tag starts a frame of its own: one more frame position
     return (

@@ -185,13 +185,19 @@ def flv_video_frames(path: str | os.PathLike, container: str | None) -> HeldFram
     the size after it that matches its own), the frames whose tags they took counted from
     the video's times either side. `leading`: those before the first tag flagged a key
     frame, and after it shown at or before it (its time and an H.264/HEVC composition
-    offset). None for other formats, a file without video tags or none flagged a key frame,
-    or a structure that cannot be read."""
+    offset). `end_s`: when its streams end (the last video tag's time with the first frame's
+    composition offset, the last audio tag's with the time from the one before it). None for
+    other formats, a file without video tags or none flagged a key frame, or a structure that
+    cannot be read."""
     import numpy as np
 
     if container != "flv":
         return None
     times, keys, places, firsts, lasts = [], [], [], [], []
+    audio: list[int] = []  # the last two audio tags' times (ms)
+    # the first frame's composition offset (the delay B-frames add to every frame's time) and
+    # the last frame's tag time (ms)
+    delay, last_video = None, 0
     try:
         with (
             open(path, "rb") as handle,
@@ -212,11 +218,16 @@ def flv_video_frames(path: str | os.PathLike, container: str | None) -> HeldFram
                     lasts.append(found - 1)
                     at = found
                     continue
+                if data[at] & 0x1F == 8:
+                    time = int.from_bytes(data[at + 4 : at + 7], "big") | data[at + 7] << 24
+                    audio = [*audio[-1:], time]
                 if data[at] & 0x1F == 9 and length:
                     frame = _flv_frame(data[at + _FLV_TAG : at + _FLV_TAG + min(length, 5)])
                     if frame is not None:
                         time = int.from_bytes(data[at + 4 : at + 7], "big") | data[at + 7] << 24
                         times.append(time + frame[1])
+                        delay = frame[1] if delay is None else delay
+                        last_video = time
                         keys.append(frame[0])
                         places.append(at)
                 at = end + 4
@@ -228,7 +239,14 @@ def flv_video_frames(path: str | os.PathLike, container: str | None) -> HeldFram
     firsts, lasts = np.array(firsts, np.int64), np.array(lasts, np.int64)
     frames = len(times) + frames_between(times, places, firsts, lasts)
     broken_at = int(firsts[0]) if len(firsts) else None
-    return HeldFrames(frames, leading_frames(times, keys), 0, broken_at, past_breaks=True)
+    # the video ends where its last frame is shown: its time and the delay B-frames add (not
+    # the latest time shown: past a cut, a P-frame stored before the B-frames lost), an audio
+    # tag lasts as long as the time from the one before it (ADPCM's 4096 samples a tag: 0.19
+    # s at 22 kHz), which FFmpeg's duration counts
+    end_ms = max(last_video + (delay or 0), 2 * audio[1] - audio[0] if len(audio) == 2 else 0)
+    return HeldFrames(
+        frames, leading_frames(times, keys), 0, broken_at, past_breaks=True, end_s=end_ms / 1000
+    )
 
 
 def _flv_frame(head: bytes) -> tuple[bool, int] | None:
