@@ -7,6 +7,7 @@ verification that fails (nothing at OUT)."""
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import inspect
 import io
 import json
@@ -806,6 +807,41 @@ def test_a_pt2_file_in_older_torchs_layout_is_an_exported_program(tmp_path):
     written = tmp_path / "new.pt2"
     torch.export.save(torch.export.export(nn.Linear(3, 2), (torch.randn(2, 3),)), written)
     assert sniff_format(written) == EXPORTED_PROGRAM  # this torch's own layout
+
+
+def test_a_zip_holding_only_the_programs_name_at_its_top_is_no_exported_program(tmp_path):
+    # A user's archive that happens to hold serialized_exported_program.json was taken for a
+    # .pt2 (code that runs when loaded): torch 2.4's archives also hold `version` at the top.
+    archive_path = tmp_path / "mine.zip"
+    with zipfile.ZipFile(archive_path, "w") as archive:
+        archive.writestr("serialized_exported_program.json", b"{}")
+        archive.writestr("notes.txt", b"x")
+    assert sniff_format(archive_path) is None
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("torch.export.pt2_archive") is None,
+    reason="this torch writes (and reads) the entries at the archive's top itself",
+)
+def test_a_pt2_an_older_torch_saved_is_one_error_line_without_torchs_log(tmp_path, capfd):
+    # torch 2.4's .pt2 (entries at the top) in this torch: torch.export.load logged a
+    # traceback as warnings, then 'We ran into an error ... check the warnings above' or a
+    # schema version, with the hint 'is it a complete file written by this version ...?'.
+    old = tmp_path / "old.pt2"
+    with zipfile.ZipFile(old, "w") as archive:
+        archive.writestr("serialized_exported_program.json", b"{}")
+        archive.writestr("serialized_state_dict.pt", b"")
+        archive.writestr("version", b"5.3")
+    with pytest.raises(RuntimeFailure) as failure:
+        load_exported(old)
+    assert failure.value.message.startswith(
+        f"torch.export.load cannot load {old}, saved by an older torch (its entries at the "
+        f"archive's top) that torch {torch.__version__} cannot read: "
+    )
+    assert failure.value.hint == (
+        "export the model again with this torch: torchkit export CHECKPOINT OUT.pt2"
+    )
+    assert capfd.readouterr().err == ""
 
 
 def test_load_exported_refuses_what_is_not_an_exported_model(world, tmp_path):

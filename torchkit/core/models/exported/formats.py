@@ -37,29 +37,43 @@ def format_of_extension(path: str | os.PathLike) -> str | None:
     return None
 
 
-# The program's entry at the top of torch.export.save's archive in older torch (2.4's), whose
-# archives have no folder and no `archive_format`
-_FLAT_EXPORTED_PROGRAM = "serialized_exported_program.json"
+# The entries at the top of torch.export.save's archive in older torch (2.4's), whose archives
+# have no folder and no `archive_format`: the program and its `version` (what torch.export.load
+# itself looks for in such a file)
+_FLAT_EXPORTED_PROGRAM = ("serialized_exported_program.json", "version")
+
+
+def _archive_names(source: Path) -> list[str] | None:
+    try:
+        with zipfile.ZipFile(source) as archive:
+            return archive.namelist()
+    except (OSError, zipfile.BadZipFile):
+        return None
 
 
 def sniff_format(path: str | os.PathLike) -> str | None:
     """The format of an exported file, from its extension (.onnx) or its zip archive's entries
     (TorchScript holds `code/`; torch.export's `archive_format` in a folder, or, written by an
-    older torch such as 2.4, `serialized_exported_program.json` at the top); None for anything
-    else (a checkpoint, a state dict, a file that is not there)."""
+    older torch such as 2.4, `serialized_exported_program.json` and `version` at the top); None
+    for anything else (a checkpoint, a state dict, a file that is not there)."""
     source = Path(path)
     if not source.is_file():
         return None
     if source.suffix.lower() == ".onnx":
         return ONNX
-    try:
-        with zipfile.ZipFile(source) as archive:
-            names = archive.namelist()
-    except (OSError, zipfile.BadZipFile):
+    names = _archive_names(source)
+    if names is None:
         return None
     entries = {name.split("/", 1)[1] for name in names if "/" in name}
-    if "archive_format" in entries or _FLAT_EXPORTED_PROGRAM in names:
+    if "archive_format" in entries or in_older_torch_layout(names):
         return EXPORTED_PROGRAM
     if "constants.pkl" in entries or any(name.startswith("code/") for name in entries):
         return TORCHSCRIPT
     return None
+
+
+def in_older_torch_layout(source: str | os.PathLike | list[str]) -> bool:
+    """Whether a torch.export archive (a path, or its entries' names) is in older torch's
+    layout (2.4's: its entries at the top), which later torch no longer reads."""
+    names = source if isinstance(source, list) else _archive_names(Path(source))
+    return names is not None and all(name in names for name in _FLAT_EXPORTED_PROGRAM)

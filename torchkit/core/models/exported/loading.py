@@ -5,6 +5,8 @@ preprocessing stored beside the weights (what `predict` needs to take an exporte
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 import os
 import warnings
 from collections.abc import Callable, Sequence
@@ -21,6 +23,7 @@ from torchkit.core.models.exported.formats import (
     ONNX,
     RUNTIMES,
     TORCHSCRIPT,
+    in_older_torch_layout,
     sniff_format,
 )
 
@@ -336,7 +339,25 @@ def _load_exported_program(source: Path) -> ExportedModel:
     import torch
 
     extra = {meta.EXTRA_FILE: ""}
-    program = torch.export.load(os.fspath(source), extra_files=extra)
+    # torch.export.load logs each failed attempt's traceback as a warning before it raises
+    export_log = logging.getLogger("torch.export")
+    level = export_log.level
+    export_log.setLevel(logging.ERROR)
+    try:
+        program = torch.export.load(os.fspath(source), extra_files=extra)
+    except Exception as error:
+        # torch that writes its folder layout (torch.export.pt2_archive) reads no earlier one
+        folder_layout = importlib.util.find_spec("torch.export.pt2_archive") is not None
+        if not (folder_layout and in_older_torch_layout(source)):
+            raise
+        raise RuntimeFailure(
+            f"torch.export.load cannot load {source}, saved by an older torch (its entries at "
+            f"the archive's top) that torch {torch.__version__} cannot read: "
+            f"{first_line(error)}",
+            "export the model again with this torch: torchkit export CHECKPOINT OUT.pt2",
+        ) from error
+    finally:
+        export_log.setLevel(level)
     metadata = meta.from_extra_file(extra[meta.EXTRA_FILE])
     meta.check_metadata(metadata, os.fspath(source))
     example = _program_input(program)
