@@ -12,13 +12,14 @@ import shutil
 from pathlib import Path
 
 import pytest
-from format_files import chrome_trace, tensorboard_events
+from format_files import bare_png, chrome_trace, tensorboard_events
 from output_checks import check_refused_untouched, error_line, tree_digest
 from processes import run_torchkit_in_process
 from safety_world import write_world
 
 from torchkit.core.io.errors import OutputExistsError
 from torchkit.core.io.folder_contents import exact_pattern, foreign_entries, names_inside
+from torchkit.core.io.output_proofs import with_software_text
 from torchkit.core.io.outputs import (
     MARKER,
     WRITTEN_JOURNAL,
@@ -100,6 +101,7 @@ KEYS_NOT_A_CHECKPOINT["a checkpoint less its version record"] = _without_record(
 )
 
 
+FRAME = with_software_text(bare_png((16, 16)))  # a frame as video-info writes it
 RUN_CONFIG = json.dumps({"options": {}, "arch": "convnet", "classes": ["a"], "preprocess": {}})
 PER_CLASS = "label,index,support,predicted,precision\na,0,1,1,1.0\n"  # eval's header
 EVAL_METRICS = json.dumps(
@@ -175,7 +177,7 @@ FAMILIES = {
     "convert cifar": (
         ["convert", "cifar", "ds", "out", "--force"],
         "convert cifar",
-        {"train/cat/0.png": "x", "test/cat/0.png": "x"},
+        {"train/cat/0.png": bare_png(), "test/cat/0.png": with_software_text(bare_png())},
         {"train/cat/my_cat.jpg": "x"},
         "output folder out holds out/train/cat/my_cat.jpg that torchkit did not write",
     ),
@@ -189,7 +191,7 @@ FAMILIES = {
     "video-info frames": (
         ["video-info", "clip.avi", "--segments", "2", "--extract-frames", "out", "--force"],
         "video-info",
-        {"clip_000001.png": "x"},
+        {"clip_000001.png": bare_png((16, 16)), "clip_000004.png": FRAME},
         {"notes.txt": "x"},
         "frames folder out holds out/notes.txt that torchkit did not write",
     ),

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from format_files import bare_png
 from hostile_pickles import RunsShell
 from output_checks import error_line, tree_digest
 from PIL import Image
@@ -301,7 +302,8 @@ def test_existing_output_needs_force(cifar10, tmp_path):
     assert result.exit_code == 1 and "extra.png that torchkit did not write" in result.stderr
     assert (out / "train" / CIFAR10_CLASSES[0] / "extra.png").read_bytes() == b""
     (out / "train" / CIFAR10_CLASSES[0] / "extra.png").unlink()
-    (out / "train" / CIFAR10_CLASSES[0] / "9999.png").write_bytes(b"")  # as an earlier run's
+    # an earlier version's (OpenCV's bare PNG, before the Software text): the run's own
+    (out / "train" / CIFAR10_CLASSES[0] / "9999.png").write_bytes(bare_png((32, 32)))
     result = runner.invoke(app, ["convert", "cifar", str(folder), str(out), "-j", "0", "--force"])
     assert result.exit_code == 0, result.stderr
     check_output_tree(out, truth, CIFAR10_CLASSES)
@@ -637,7 +639,7 @@ def test_a_report_the_full_disk_refuses_leaves_the_old_output(cifar10, tmp_path,
     folder, _, _ = cifar10
     out = tmp_path / "out"
     assert runner.invoke(app, ["convert", "cifar", str(folder), str(out), "-j", "0"]).exit_code == 0
-    (out / "train" / CIFAR10_CLASSES[0] / "9999.png").write_bytes(b"")  # gone if replaced
+    (out / "train" / CIFAR10_CLASSES[0] / "9999.png").write_bytes(bare_png())  # gone if replaced
     before = tree_digest(out)
     disk = small_tmpfs(64)
     report = disk / "report.json"

@@ -18,3 +18,25 @@ def tensorboard_events(wall_time: float = 1.0) -> bytes:
 def chrome_trace() -> bytes:
     """A trace as torch.profiler's `export_chrome_trace` (Kineto) writes one."""
     return b'{\n  "schemaVersion": 1,\n  "deviceProperties": [],\n  "traceEvents": []\n}\n'
+
+
+def bare_png(size: tuple[int, int] = (32, 32), value: int = 7) -> bytes:
+    """A PNG as OpenCV's `imencode` writes one (no chunk but IHDR before the image data): a
+    frame or CIFAR image of a torchkit from before their Software text."""
+    import cv2
+    import numpy as np
+
+    ok, encoded = cv2.imencode(".png", np.full((size[1], size[0], 3), value, dtype=np.uint8))
+    assert ok
+    return encoded.tobytes()
+
+
+def photo_png(size: tuple[int, int] = (32, 32)) -> bytes:
+    """A PNG as a camera or an editor saves one: its resolution (pHYs) before the image data."""
+    import io
+
+    from PIL import Image
+
+    made = io.BytesIO()
+    Image.new("RGB", size, "white").save(made, format="PNG", dpi=(72, 72))
+    return made.getvalue()

@@ -28,6 +28,8 @@ from torchkit.core.convert.safe_pickle import restricted_loads
 from torchkit.core.data.sources.discovery import class_folder_problem
 from torchkit.core.io.errors import InputError, OutputWriteError, UsageError, short_repr
 from torchkit.core.io.files import require_input
+from torchkit.core.io.folder_contents import proven
+from torchkit.core.io.output_proofs import torchkit_png, with_software_text
 from torchkit.core.io.outputs import (
     InputPath,
     OutputFolder,
@@ -48,7 +50,11 @@ VARIANTS = {"cifar10": CIFAR10, "cifar100": CIFAR100}
 SPLITS = ("train", "test")
 # What a conversion writes into OUT (`folder_contents` patterns, see `image_paths`): --force
 # refuses an OUT holding anything else, which replacing it would delete.
-CIFAR_OUTPUTS = tuple(f"{split}/*/[0-9]*.png" for split in SPLITS)
+# Each PNG only where its content shows torchkit wrote it (the Software text it carries, or
+# from an earlier version a bare 32x32 PNG as OpenCV encodes one): an image of yours is refused.
+CIFAR_OUTPUTS = tuple(
+    proven(f"{split}/*/[0-9]*.png", torchkit_png(legacy_bare={(32, 32)})) for split in SPLITS
+)
 
 MIB = 1 << 20
 # The largest genuine member, CIFAR-100's `train`, is 155 MB, and a whole archive expands to about
@@ -432,7 +438,7 @@ def _write_pngs(task: tuple[str, str, Any, list[str]]) -> int:
         target = os.path.join(root, relative)
         try:
             with reporting_write_errors(target), open(target, "wb") as handle:
-                handle.write(encoded.tobytes())
+                handle.write(with_software_text(encoded.tobytes()))
         except OutputWriteError as error:
             raise named_as_final(error, root, final) from None
     return len(paths)

@@ -32,10 +32,14 @@ _CHUNKS_READ = 64  # chunks before the image data: a PNG's header and text come 
 _MAX_HEADER_BYTES = 4096
 
 
-def _png_size_and_texts(path: Path) -> tuple[tuple[int, int], dict[bytes, bytes]] | None:
+def _png_size_and_texts(
+    path: Path, kinds: set[bytes] | None = None
+) -> tuple[tuple[int, int], dict[bytes, bytes]] | None:
     """A PNG's (width, height) and the tEXt/iTXt/zTXt chunks before its image data, or None
-    where `path` is not a PNG (or cannot be read)."""
+    where `path` is not a PNG (or cannot be read). `kinds`: filled with the chunk types read
+    before the image data."""
     texts: dict[bytes, bytes] = {}
+    kinds = set() if kinds is None else kinds
     try:
         with open(path, "rb") as handle:
             if handle.read(8) != _PNG_SIGNATURE:
@@ -46,6 +50,7 @@ def _png_size_and_texts(path: Path) -> tuple[tuple[int, int], dict[bytes, bytes]
                 if len(head) < 8:
                     return None
                 length, kind = struct.unpack(">I4s", head)
+                kinds.add(kind)
                 if kind in (b"IDAT", b"IEND"):
                     break
                 if length > 1 << 20:
@@ -66,22 +71,42 @@ def _png_size_and_texts(path: Path) -> tuple[tuple[int, int], dict[bytes, bytes]
     return None if size is None else (size, texts)
 
 
-def torchkit_png(legacy_sizes: Collection[tuple[int, int]] = ()) -> Callable[[Path], bool]:
-    """The proof of a PNG torchkit draws: its `Software` text (`PNG_METADATA`), or, drawn by
-    a version before that text, Matplotlib's with a pixel size of `legacy_sizes` (the sizes
-    only torchkit's figure of that name has)."""
+def torchkit_png(
+    legacy_sizes: Collection[tuple[int, int]] = (),
+    *,
+    legacy_bare: bool | Collection[tuple[int, int]] = False,
+) -> Callable[[Path], bool]:
+    """The proof of a PNG torchkit writes: its `Software` text (`PNG_METADATA`, or
+    `with_software_text`), or, written by a version before that text, Matplotlib's with a
+    pixel size of `legacy_sizes` (the sizes only torchkit's figure of that name has), or where
+    `legacy_bare` (an image OpenCV encoded: `imencode` writes no chunk but IHDR before the
+    image data) such a bare PNG, of any size (True) or of these sizes."""
 
     def proof(path: Path) -> bool:
-        found = _png_size_and_texts(path)
+        kinds: set[bytes] = set()
+        found = _png_size_and_texts(path, kinds)
         if found is None:
             return False
         size, texts = found
         software = texts.get(b"Software", b"")
         if software.startswith(PNG_SOFTWARE + b" "):
             return True
+        if legacy_bare and kinds <= {b"IHDR", b"IDAT", b"IEND"}:
+            return legacy_bare is True or tuple(size) in set(legacy_bare)
         return software.startswith(b"Matplotlib") and tuple(size) in set(legacy_sizes)
 
     return proof
+
+
+def with_software_text(png: bytes) -> bytes:
+    """`png` (as OpenCV's `imencode` writes it: IHDR first) with the `Software: torchkit
+    VERSION` text chunk after its IHDR, the mark `torchkit_png` proves it by."""
+    if png[:8] != _PNG_SIGNATURE or png[12:16] != b"IHDR":
+        return png
+    end = 8 + 12 + struct.unpack(">I", png[8:12])[0]  # past IHDR's length, type, data, CRC
+    body = b"tEXtSoftware\0" + PNG_METADATA["Software"].encode("latin-1")
+    chunk = struct.pack(">I", len(body) - 4) + body + struct.pack(">I", zlib.crc32(body))
+    return png[:end] + chunk + png[end:]
 
 
 def is_matplotlib_png(path: Path) -> bool:

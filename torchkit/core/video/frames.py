@@ -11,7 +11,9 @@ from typing import Any
 
 from torchkit.core.io.errors import InputError, OutputWriteError, UsageError
 from torchkit.core.io.files import atomic_write_bytes
+from torchkit.core.io.folder_contents import proven
 from torchkit.core.io.names import distinct_names
+from torchkit.core.io.output_proofs import torchkit_png, with_software_text
 from torchkit.core.io.outputs import (
     OutputFolder,
     OutputFolderReplacedError,
@@ -39,7 +41,10 @@ SAMPLE_MODES = ("test", "train")
 # sampling of a long clip, with rows of tens of KiB. Frames themselves are streamed: decoded one
 # at a time, written and dropped, so neither a long video nor a large K holds more than one frame.
 MAX_SEGMENTS = 10_000
-FRAME_FILES = ("*_[0-9][0-9][0-9][0-9][0-9][0-9]*.png",)  # <video>_<frame, 6+ digits>.png
+# <video>_<frame, 6+ digits>.png, only where its content shows torchkit wrote it (a photo of
+# yours under such a name is refused): the Software text each frame carries, or (frames of an
+# earlier version) a bare PNG as OpenCV encodes one.
+FRAME_FILES = (proven("*_[0-9][0-9][0-9][0-9][0-9][0-9]*.png", torchkit_png(legacy_bare=True)),)
 # What separates a video's frame files in a CSV cell: never in a name torchkit gives a frame,
 # nor in the frames folder's name where the report is CSV (the CLI refuses one that holds it).
 FRAME_FILES_SEPARATOR = ";"
@@ -164,7 +169,7 @@ def extract_frames(
             if not ok:
                 raise InputError(f"frame {index} could not be encoded as PNG")
             target = out_dir / frame_file_name(prefix, index)
-            atomic_write_bytes(target, encoded.tobytes())
+            atomic_write_bytes(target, with_software_text(encoded.tobytes()))
             written[index] = target
         if sampled_from is not None:
             while capture.grab():  # the last segment's half at most, then one frame

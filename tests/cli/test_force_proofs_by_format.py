@@ -1,0 +1,113 @@
+"""`--force` over an earlier output of convert cifar, video-info --extract-frames, convert
+shards and extract-features: each file torchkit writes there is its own only where its
+content shows it (`core.io.output_proofs`), so a user's image, tar or array under a name the
+command writes is refused, byte for byte untouched. Before, these were judged by name alone and
+went with the folder. (Re-runs over the commands' own outputs: their own test modules, and
+tests/cli/test_force_keeps_users_files.py's FAMILIES.)"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from format_files import bare_png, photo_png
+from output_checks import check_refused_untouched
+from safety_world import write_world
+
+from torchkit.core.io.output_proofs import torchkit_png, with_software_text
+from torchkit.core.io.outputs import MARKER
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory) -> Path:
+    root = write_world(tmp_path_factory.mktemp("template"))
+    (root / "clip.avi").write_bytes(b"not read: the frames folder is refused first")
+    return root
+
+
+@pytest.fixture
+def world(template, tmp_path) -> Path:
+    return Path(shutil.copytree(template, tmp_path / "world", symlinks=True))
+
+
+def _marked(folder: Path, command: str, files: dict[str, bytes]) -> None:
+    folder.mkdir()
+    (folder / MARKER).write_text(json.dumps({"written_by": "torchkit", "command": command}))
+    for name, data in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(data)
+
+
+FRAMES = ["video-info", "clip.avi", "--segments", "2", "--extract-frames", "out", "--force"]
+CIFAR = ["convert", "cifar", "ds", "out", "--force"]
+
+# command line, its marker's command, what torchkit wrote, the user's file (name, bytes)
+CASES = {
+    "a photo as a frame": (
+        FRAMES,
+        "video-info",
+        {"clip_000001.png": with_software_text(bare_png((16, 16)))},
+        ("clip_000004.png", photo_png((16, 16))),
+    ),
+    "another program's PNG as a frame": (
+        FRAMES,
+        "video-info",
+        {"clip_000001.png": bare_png((16, 16))},
+        ("clip_000004.png", with_software_text(bare_png()).replace(b"torchkit", b"gimp 2.1")),
+    ),
+    "a JPEG named as a frame": (
+        FRAMES,
+        "video-info",
+        {"clip_000001.png": bare_png((16, 16))},
+        ("clip_000004.png", b"\xff\xd8\xff\xe0 a JPEG"),
+    ),
+    "a photo as a CIFAR image": (
+        CIFAR,
+        "convert cifar",
+        {"train/cat/0.png": bare_png()},
+        ("train/cat/1.png", photo_png()),
+    ),
+    "a larger bare PNG as a CIFAR image": (
+        CIFAR,
+        "convert cifar",
+        {"train/cat/0.png": with_software_text(bare_png())},
+        ("test/dog/7.png", bare_png((64, 64))),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_force_refuses_a_users_file_under_a_name_the_command_writes(world, case):
+    args, command, own, (name, data) = CASES[case]
+    _marked(world / "out", command, {**own, name: data})
+    what = "frames folder" if command == "video-info" else "output folder"
+    check_refused_untouched(
+        args, f"{what} out holds out/{name} that torchkit did not write", cwd=world
+    )
+    assert (world / "out" / name).read_bytes() == data
+
+
+def test_the_software_text_keeps_the_image_and_is_proven(tmp_path):
+    """with_software_text adds a chunk PIL and OpenCV read past (same pixels), which the
+    proof finds; the bare PNG of an earlier version passes only where allowed."""
+    import io
+
+    import cv2
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.arange(32 * 32 * 3, dtype=np.uint8).reshape(32, 32, 3)
+    bare = cv2.imencode(".png", pixels)[1].tobytes()
+    marked = with_software_text(bare)
+    assert (cv2.imdecode(np.frombuffer(marked, np.uint8), cv2.IMREAD_COLOR) == pixels).all()
+    with Image.open(io.BytesIO(marked)) as image:
+        image.load()  # checks each chunk's CRC
+        assert image.info["Software"].startswith("torchkit ")
+    (tmp_path / "new.png").write_bytes(marked)
+    (tmp_path / "old.png").write_bytes(bare)
+    assert torchkit_png()(tmp_path / "new.png")
+    assert not torchkit_png()(tmp_path / "old.png")
+    assert torchkit_png(legacy_bare={(32, 32)})(tmp_path / "old.png")
+    assert not torchkit_png(legacy_bare={(16, 16)})(tmp_path / "old.png")
