@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import cv2
 import numpy as np
 import pytest
 from damaged_videos import decoded_by_opencv, ffmpeg_made, moving_picture, zeroed_copy
@@ -223,6 +224,33 @@ def test_a_zeroed_ogg_is_damaged_and_one_cut_inside_a_page_truncated(tmp_path, e
     assert info.status == "truncated" and info.error.startswith(
         f"truncated: the file holds {len(data) - 100:,} of the {len(data):,} bytes its ogg "
     )
+
+
+def test_a_theora_ogg_with_repeated_frames_is_ok(tmp_path):
+    """A Theora encoder writes a frame repeated (a dropped frame filled in at a constant
+    rate) as a packet of no bytes, which FFmpeg gives no picture for: OpenCV's grab fails
+    there and the frames after it decode on. The decode stopped at the first, and a whole
+    file read `damaged: 10 of the 50 frames its video packets hold decode` under --exact;
+    each such packet's failure is passed over."""
+    clip = ffmpeg_made(
+        tmp_path / "clip.ogv",
+        *("-f", "lavfi", "-i", "testsrc=size=64x48:rate=25:duration=2"),
+        # a frame in 7 dropped, then repeated
+        *("-vf", "select='not(eq(mod(n\\,7)\\,3))'", "-fps_mode", "cfr", "-c:v", "libtheora"),
+        encoders=("libtheora",),
+        muxer="ogg",
+    )
+    held = ogg_video_frames(clip, "ogg")
+    assert (held.frames, held.not_coded) == (50, 1)
+    capture, grabbed = cv2.VideoCapture(str(clip), cv2.CAP_FFMPEG), []
+    for _ in range(60):
+        grabbed.append(capture.grab())
+    capture.release()
+    assert (grabbed.index(False), sum(grabbed)) == (10, 49)  # the repeated frame's grab fails
+    exact = probe_video(clip, exact=True)
+    assert (exact.status, exact.error, exact.frames_decoded) == ("ok", None, 49)
+    zeroed = probe_video(zeroed_copy(clip, tmp_path, 0.5), exact=True)
+    assert zeroed.status == "damaged" and zeroed.frames_decoded < 45, zeroed
 
 
 def unknown_sizes(data: bytes) -> bytes:

@@ -427,9 +427,17 @@ def _decode_to_end(
     without `cv2` and `info`: not asked for): for a variable frame rate, the video's length,
     which the count over the rate is not. The last frame lasts as long as the container
     records (MP4/MOV/3GP), else 1 / `info.fps`: FFmpeg's rate, which in an MP4 is the frames
-    over the duration, 400 s a frame for 3 frames 600 s apart."""
-    count, start_ms = 0, None
-    while capture.grab():
+    over the duration, 400 s a frame for 3 frames 600 s apart.
+    An Ogg Theora file's repeated frames (packets of no bytes, which FFmpeg gives no picture
+    for) each make a grab fail, the frames after them decoding on: as many failures as it
+    holds such packets are passed over."""
+    count, start_ms, skips = 0, None, _failing_grabs(info)
+    while True:
+        if not capture.grab():
+            if skips <= 0:
+                break
+            skips -= 1
+            continue
         count += 1
         if cv2 is not None:
             start_ms = capture.get(cv2.CAP_PROP_POS_MSEC)
@@ -440,6 +448,15 @@ def _decode_to_end(
         return count, None
     own = last_frame_duration(info.path, info.container, count, start_ms / 1000)
     return count, start_ms / 1000 + (own if own is not None else 1 / fps)
+
+
+def _failing_grabs(info: VideoInfo | None) -> int:
+    """The grabs of `info`'s video that fail with frames after them: an Ogg file's video
+    packets of a few bytes or none (a Theora encoder's repeated frame); 0 elsewhere."""
+    if info is None or info.container != "ogg":
+        return 0
+    held = ogg_video_frames(info.path, info.container)
+    return held.not_coded if held is not None else 0
 
 
 def probe_video(
