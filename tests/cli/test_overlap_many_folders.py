@@ -127,3 +127,17 @@ def test_an_input_named_through_the_output_is_refused_however_spelled(
     check_overlap(
         spelled(out_name), "--out", [InputPath.of(tmp_path / "elsewhere" / "data", "data")]
     )
+
+
+def test_absolute_paths_are_checked_from_a_deleted_working_folder(tmp_path, monkeypatch):
+    """The working folder deleted under the process (library use: the CLI refuses it first):
+    absolute paths need none and are checked as ever; before, os.getcwd's FileNotFoundError
+    came out of the check whatever the paths."""
+    (tmp_path / "data" / "a").mkdir(parents=True)
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    check_overlap(tmp_path / "out", "--out", [InputPath(tmp_path / "data", "image folder")])
+    with pytest.raises(OutputOverlapError, match="contains the folder"):
+        check_overlap(tmp_path / "data", "--out", [InputPath(tmp_path / "data" / "a", "folder")])

@@ -128,7 +128,7 @@ class _Resolver:
 
     def __init__(self, output: Path | None) -> None:
         self.output = output  # the real output folder where it exists (else nothing is through)
-        self.cwd = os.getcwd() if os.name == "posix" else ""
+        self.cwd: str | None = None  # at a relative path: absolute ones pass a deleted cwd
         self.walked: dict[str, tuple[str, bool]] = {"": ("/", False)}
 
     def resolve(self, path: str | os.PathLike) -> tuple[Path, bool]:
@@ -137,6 +137,8 @@ class _Resolver:
         if os.name != "posix":  # names compare without case there: realpath's and Path's rules
             named = Path(os.path.abspath(text))
             return _real(text), self.output is not None and _is_within(named, self.output)
+        if not text.startswith("/") and self.cwd is None:
+            self.cwd = os.getcwd()
         absolute = text if text.startswith("/") else f"{self.cwd}/{text}"
         # `//` and `/./` are `/` (POSIX leaves a leading `//` to the system; Linux: `/`)
         names = [name for name in absolute.split("/") if name not in ("", ".")]
