@@ -141,3 +141,18 @@ def test_absolute_paths_are_checked_from_a_deleted_working_folder(tmp_path, monk
     check_overlap(tmp_path / "out", "--out", [InputPath(tmp_path / "data", "image folder")])
     with pytest.raises(OutputOverlapError, match="contains the folder"):
         check_overlap(tmp_path / "data", "--out", [InputPath(tmp_path / "data" / "a", "folder")])
+
+
+def test_the_walk_keeps_the_folders_above_the_inputs_not_each_input(tmp_path):
+    """What one check keeps of its walk (`_Resolver.walked`) is the folders on the way, not an
+    entry per input: 100k `ID/` input folders held 25 MB more at the check's peak (82.5 against
+    57.2 MB), the real paths of inputs the check never walks again."""
+    from torchkit.core.io.outputs import _Resolver
+
+    data = tmp_path / "data" / "images"
+    for i in range(50):
+        (data / f"{i:03d}").mkdir(parents=True)
+    resolver = _Resolver(None)
+    for i in range(50):
+        assert resolver.resolve(data / f"{i:03d}") == (data / f"{i:03d}", False)
+    assert len(resolver.walked) <= len(data.parts) + 1  # before: 50 more

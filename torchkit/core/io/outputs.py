@@ -158,7 +158,8 @@ class _Resolver:
                     self.output is not None and _is_within(Path(candidate), self.output)
                 )
                 real = os.path.realpath(candidate) if os.path.islink(candidate) else candidate
-            self.walked["/".join(names[: index + 1])] = (real, through)
+            if index < len(names) - 1:  # the folders on the way, not each input (a million)
+                self.walked["/".join(names[: index + 1])] = (real, through)
         return Path(real), through
 
 
