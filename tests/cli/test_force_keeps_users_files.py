@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from format_files import bare_png, chrome_trace, tensorboard_events
+from format_files import bare_png, chrome_trace, owned_tar, tensorboard_events
 from output_checks import check_refused_untouched, error_line, tree_digest
 from processes import run_torchkit_in_process
 from safety_world import write_world
@@ -101,6 +101,7 @@ KEYS_NOT_A_CHECKPOINT["a checkpoint less its version record"] = _without_record(
 )
 
 
+SHARDS_MANIFEST = json.dumps({"written_by": "torchkit convert shards", "shards": []})
 FRAME = with_software_text(bare_png((16, 16)))  # a frame as video-info writes it
 RUN_CONFIG = json.dumps({"options": {}, "arch": "convnet", "classes": ["a"], "preprocess": {}})
 PER_CLASS = "label,index,support,predicted,precision\na,0,1,1,1.0\n"  # eval's header
@@ -184,7 +185,7 @@ FAMILIES = {
     "convert shards": (
         ["convert", "shards", "ds", "out", "--force"],
         "convert shards",
-        {"train-000000.tar": "x", "manifest.json": "{}", "classes.txt": "a\n"},
+        {"train-000000.tar": owned_tar(), "manifest.json": SHARDS_MANIFEST, "classes.txt": "a\n"},
         {"train-000000.tar.md5": "x"},
         "output folder out holds out/train-000000.tar.md5 that torchkit did not write",
     ),

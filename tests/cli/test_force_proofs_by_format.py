@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from format_files import bare_png, photo_png
+from format_files import bare_png, owned_tar, photo_png
 from output_checks import check_refused_untouched
 from safety_world import write_world
 
@@ -42,6 +42,8 @@ def _marked(folder: Path, command: str, files: dict[str, bytes]) -> None:
 
 FRAMES = ["video-info", "clip.avi", "--segments", "2", "--extract-frames", "out", "--force"]
 CIFAR = ["convert", "cifar", "ds", "out", "--force"]
+SHARDS = ["convert", "shards", "ds", "out", "--force"]
+MANIFEST = json.dumps({"written_by": "torchkit convert shards", "shards": []}).encode()
 
 # command line, its marker's command, what torchkit wrote, the user's file (name, bytes)
 CASES = {
@@ -75,6 +77,24 @@ CASES = {
         {"train/cat/0.png": with_software_text(bare_png())},
         ("test/dog/7.png", bare_png((64, 64))),
     ),
+    "another tool's shard": (
+        SHARDS,
+        "convert shards",
+        {"train-000000.tar": owned_tar(), "manifest.json": MANIFEST},
+        ("train-000001.tar", owned_tar("ann")),
+    ),
+    "not a tar under a shard's name": (
+        SHARDS,
+        "convert shards",
+        {"train-000000.tar": owned_tar()},
+        ("val-000000.tar", b"my notes"),
+    ),
+    "another tool's manifest.json": (
+        SHARDS,
+        "convert shards",
+        {"train-000000.tar": owned_tar()},
+        ("manifest.json", b'{"name": "a web app", "icons": []}'),
+    ),
 }
 
 
@@ -87,6 +107,24 @@ def test_force_refuses_a_users_file_under_a_name_the_command_writes(world, case)
         args, f"{what} out holds out/{name} that torchkit did not write", cwd=world
     )
     assert (world / "out" / name).read_bytes() == data
+
+
+def test_a_tar_is_torchkits_by_its_members_owner(tmp_path):
+    """A shard with a long first member name (a PAX header first, of no owner), an empty
+    archive and an old torchkit's partial manifest (one JSON document) are the run's own."""
+    from torchkit.core.convert.shards import SHARDS_OUTPUTS
+    from torchkit.core.io.folder_contents import foreign_entries
+
+    files = {
+        "train-000000.tar": owned_tar(name="k" * 150 + ".png"),
+        "val-000000.tar": bytes(10240),
+        "manifest.partial.json": MANIFEST,
+    }
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    assert foreign_entries(tmp_path, SHARDS_OUTPUTS) == []
+    (tmp_path / "test-000000.tar").write_bytes(owned_tar("root", name="k" * 150))
+    assert foreign_entries(tmp_path, SHARDS_OUTPUTS) == ["test-000000.tar"]
 
 
 def test_the_software_text_keeps_the_image_and_is_proven(tmp_path):

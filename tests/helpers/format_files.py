@@ -40,3 +40,17 @@ def photo_png(size: tuple[int, int] = (32, 32)) -> bytes:
     made = io.BytesIO()
     Image.new("RGB", size, "white").save(made, format="PNG", dpi=(72, 72))
     return made.getvalue()
+
+
+def owned_tar(owner: str = "torchkit", name: str = "sample_00000000.png") -> bytes:
+    """A tar of one member owned (user and group name) by `owner`, as convert shards writes
+    each member."""
+    import io
+    import tarfile
+
+    made = io.BytesIO()
+    with tarfile.open(fileobj=made, mode="w") as archive:
+        info = tarfile.TarInfo(name)
+        info.size, info.uname, info.gname = 3, owner, owner
+        archive.addfile(info, io.BytesIO(b"abc"))
+    return made.getvalue()

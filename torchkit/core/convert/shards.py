@@ -55,7 +55,9 @@ from torchkit.core.io.files import (
     atomic_write_text,
     remove_stale_temporaries,
 )
+from torchkit.core.io.folder_contents import proven
 from torchkit.core.io.non_utf8_names import json_text
+from torchkit.core.io.output_proofs import tar_by
 from torchkit.core.io.outputs import (
     MARKER,
     InputPath,
@@ -77,12 +79,19 @@ WHAT = "output folder"
 MANIFEST = "manifest.json"
 PARTIAL_MANIFEST = "manifest.partial.json"
 CLASSES_FILE = "classes.txt"
+TAR_OWNER = "torchkit"  # every member's user and group name
 # Everything a run writes into OUT (`folder_contents` patterns): --force refuses an OUT holding
-# anything else, which replacing it would delete.
+# anything else, which replacing it would delete. Shards and manifests only where their content
+# shows torchkit wrote them (another tool's train-000000.tar or manifest.json is refused): each
+# member's owner `torchkit` (TAR_OWNER), the manifest's `written_by`. classes.txt, a class a
+# line, has nothing to show it: judged by name.
 SHARDS_OUTPUTS = (
-    *(f"{name}-[0-9][0-9][0-9][0-9][0-9][0-9]*.tar" for name in ("train", "val", "test", "shard")),
-    MANIFEST,
-    PARTIAL_MANIFEST,
+    *(
+        proven(f"{name}-[0-9][0-9][0-9][0-9][0-9][0-9]*.tar", tar_by(TAR_OWNER))
+        for name in ("train", "val", "test", "shard")
+    ),
+    proven(MANIFEST, lambda path: _is_manifest(path)),  # (defined below)
+    proven(PARTIAL_MANIFEST, lambda path: _is_manifest(path)),
     CLASSES_FILE,
 )
 UNSPLIT = "shard"  # the shard names of data without splits: shard-000000.tar
@@ -92,7 +101,6 @@ DEFAULT_SHARD_SIZE = "1GB"
 # Fixed tar header fields, so that the same data and options give the same bytes. An integer
 # mtime: a float one makes tarfile add a PAX header to every member.
 TAR_MTIME = 0
-TAR_OWNER = "torchkit"
 TAR_MODE = 0o444
 _BLOCK = tarfile.BLOCKSIZE
 _RECORD = tarfile.RECORDSIZE  # tarfile pads a closed archive to a multiple of this
@@ -739,6 +747,16 @@ def _partial_lines(text: str) -> dict | None:
         listed[record["name"]] = record  # a replaced record keeps its place
     header["shards"] = list(listed.values())
     return header
+
+
+def _is_manifest(path: Path) -> bool:
+    """Whether `path` is a manifest (or partial manifest, its lines) a run wrote: its record
+    written by this command, as every run's, old or new."""
+    try:
+        found = _partial_lines(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(found, dict) and found.get("written_by") == f"torchkit {COMMAND}"
 
 
 def read_partial(folder: Path) -> dict | None:

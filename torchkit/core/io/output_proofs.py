@@ -14,6 +14,7 @@ proven (and so is refused, never deleted).
   TensorBoard event file (its first record, TensorBoard's `brain.Event` version), a Chrome
   trace (Kineto's `schemaVersion` first): another program's file of that format under that
   name passes too.
+- A tar torchkit writes names torchkit as each member's owner (`tar_by`).
 """
 
 from __future__ import annotations
@@ -181,3 +182,30 @@ def is_chrome_trace(path: Path) -> bool:
         return False
     body = head.removeprefix(b"\xef\xbb\xbf").lstrip()
     return body.startswith(b"{") and body[1:].lstrip().startswith(b'"schemaVersion"')
+
+
+_TAR_BLOCK = 512
+
+
+def tar_by(owner: str) -> Callable[[Path], bool]:
+    """The proof of a tar torchkit writes: a ustar header (past a PAX header of its own)
+    whose user name is `owner`, as every member's is; or an archive of no member (its end
+    blocks only)."""
+    name = owner.encode("utf-8")
+
+    def proof(path: Path) -> bool:
+        try:
+            with open(path, "rb") as handle:
+                for _ in range(2):  # a PAX header ('x', 'g') before the first member
+                    block = handle.read(_TAR_BLOCK)
+                    if len(block) < _TAR_BLOCK or block[257:262] != b"ustar":
+                        return len(block) == _TAR_BLOCK and block == bytes(_TAR_BLOCK)
+                    if block[156:157] not in (b"x", b"g"):
+                        return block[265:297].rstrip(b"\0") == name
+                    size = int(block[124:136].rstrip(b"\0 ") or b"0", 8)
+                    handle.seek(-(-size // _TAR_BLOCK) * _TAR_BLOCK, 1)
+        except (OSError, ValueError):
+            return False
+        return False
+
+    return proof
