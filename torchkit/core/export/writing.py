@@ -14,6 +14,7 @@ import contextlib
 import io
 import logging
 import os
+import threading
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -34,6 +35,13 @@ class ExportError(TorchkitError):
     """The exporter could not turn the model into the format."""
 
 
+# Held around each exporter: what it changes for the whole process while it runs (file
+# descriptors 1 and 2, the warnings filters, TorchScript's compilation unit) would be restored
+# out of order by exports in two threads at once, and each export's types named after the
+# other's; exports in one process run one at a time.
+_EXPORTING = threading.RLock()
+
+
 @contextlib.contextmanager
 def exporter_output_hidden() -> Iterator[list[str]]:
     """Around an exporter: Python warnings and what it prints (torch's ONNX exporter dumps whole
@@ -41,7 +49,7 @@ def exporter_output_hidden() -> Iterator[list[str]]:
     and of the command's results. Yields a list that receives the tracer's warnings (a traced
     branch or shape that became a constant), which are worth a line."""
     tracer: list[str] = []
-    with output_discarded(), warnings.catch_warnings(record=True) as caught:
+    with _EXPORTING, output_discarded(), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             yield tracer
@@ -219,17 +227,18 @@ def _own_compilation_unit() -> Iterator[None]:
     keeps it elsewhere, the types go where torch puts them."""
     from torch.jit import _state
 
-    shared = getattr(_state, "_python_cu", None)
-    if shared is None:
-        yield
-        return
-    import torch
+    with _EXPORTING:
+        shared = getattr(_state, "_python_cu", None)
+        if shared is None:
+            yield
+            return
+        import torch
 
-    _state._python_cu = torch._C.CompilationUnit()
-    try:
-        yield
-    finally:
-        _state._python_cu = shared
+        _state._python_cu = torch._C.CompilationUnit()
+        try:
+            yield
+        finally:
+            _state._python_cu = shared
 
 
 def write_exported_program(
