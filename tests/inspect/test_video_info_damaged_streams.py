@@ -136,6 +136,17 @@ def test_a_zeroed_flv_is_damaged(tmp_path, flv1_flv):
     assert " its flv structure breaks at byte " in probe_video(zeroed, exact=True).error
 
 
+def test_an_flv_cut_after_a_video_tags_header_is_walked(tmp_path, flv1_flv):
+    """A copy cut right after its last video tag's header (none of its data there): the walk
+    read the first byte of no data (IndexError); the tags before it are counted."""
+    data = flv1_flv.read_bytes()
+    last = [end for end in _flv_tag_ends(flv1_flv) if data[end : end + 1] == b"\x09"][-1]
+    cut = tmp_path / "cut.flv"
+    cut.write_bytes(data[: last + 11])
+    held = flv_video_frames(cut, "flv")
+    assert held is not None and held.frames == 99
+
+
 def test_an_flv_cut_where_no_key_frame_starts_it_is_not_damaged(tmp_path):
     """An H.264 FLV cut where no key frame starts it (`-ss 1.4 -c copy -copyinkf`): the
     frames before the first tag flagged a key frame do not decode, and are not counted

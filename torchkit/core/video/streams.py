@@ -251,7 +251,10 @@ def flv_video_frames(path: str | os.PathLike, container: str | None) -> HeldFram
 
 def _flv_frame(head: bytes) -> tuple[bool, int] | None:
     """(whether it is a key frame, its composition offset in ms) of a video tag whose data
-    starts with `head`; None for a tag that holds no frame."""
+    starts with `head`; None for a tag that holds no frame (or none of whose data the file
+    holds: a last tag cut off after its header)."""
+    if not head:
+        return None
     kind, codec = head[0] >> 4 & 7, head[0] & 0x0F
     if kind == 5 or head[0] & 0x80:  # a video info or command frame; an extended header
         return None
