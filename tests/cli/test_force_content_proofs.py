@@ -169,3 +169,32 @@ def test_force_replaces_an_earlier_versions_eval_csvs(world):
     assert done.returncode == 0, done.stderr
     assert (world / "rep" / "per_class.csv").read_text().startswith("label,index,support,")
     assert (world / "rep" / "predictions.csv").read_text().startswith("path,label,label_index,")
+
+
+def _png_with_ztxt(software: bytes) -> bytes:
+    """A 10x10 PNG whose Software text is a compressed (zTXt) chunk."""
+    from PIL import Image, PngImagePlugin
+
+    info = PngImagePlugin.PngInfo()
+    info.add_text("Software", software, zip=True)
+    image = io.BytesIO()
+    Image.new("RGB", (10, 10), "white").save(image, format="PNG", pnginfo=info)
+    return image.getvalue()
+
+
+def test_a_png_text_that_unpacks_to_much_is_read_a_little(tmp_path):
+    """A curves.png whose compressed text chunk unpacks to 64 MB (65 KB on disk; 1 MB of it to
+    1 GB, 7 s): the proof unpacks the few bytes it looks at, never the whole text."""
+    import tracemalloc
+
+    path = tmp_path / "curves.png"
+    path.write_bytes(_png_with_ztxt(b"\0" * (64 << 20)))
+    tracemalloc.start()
+    try:
+        assert not torchkit_png()(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20  # before: the 64 MB unpacked
+    path.write_bytes(_png_with_ztxt(b"torchkit 0.1.0"))
+    assert torchkit_png()(path)  # a compressed Software text is still read
