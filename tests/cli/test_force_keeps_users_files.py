@@ -101,6 +101,7 @@ KEYS_NOT_A_CHECKPOINT["a checkpoint less its version record"] = _without_record(
 )
 
 
+NPY = b"\x93NUMPY\x01\x00" + b"v" * 10  # a .npy's magic and version, as numpy writes
 SHARDS_MANIFEST = json.dumps({"written_by": "torchkit convert shards", "shards": []})
 FRAME = with_software_text(bare_png((16, 16)))  # a frame as video-info writes it
 RUN_CONFIG = json.dumps({"options": {}, "arch": "convnet", "classes": ["a"], "preprocess": {}})
@@ -164,7 +165,7 @@ FAMILIES = {
     "extract-features": (
         ["extract-features", "run/best.pt", "ds", "out", "-l", "logits", "-j", "0", "--force"],
         "extract-features",
-        {"index.csv": "x", "logits.npy": "x"},
+        {"index.csv": "row,path,label,error\n", "logits.npy": NPY},
         {"analysis/umap.png": "x"},
         "output folder out holds out/analysis/ that torchkit did not write",
     ),

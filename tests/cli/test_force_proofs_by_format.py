@@ -43,6 +43,9 @@ def _marked(folder: Path, command: str, files: dict[str, bytes]) -> None:
 FRAMES = ["video-info", "clip.avi", "--segments", "2", "--extract-frames", "out", "--force"]
 CIFAR = ["convert", "cifar", "ds", "out", "--force"]
 SHARDS = ["convert", "shards", "ds", "out", "--force"]
+FEATURES = ["extract-features", "run/best.pt", "ds", "out", "-l", "logits", "-j", "0", "--force"]
+INDEX = b"row,path,label,error\n0,ds/a/a_0.png,a,\n"
+NPY = b"\x93NUMPY\x01\x00" + b"v" * 10
 MANIFEST = json.dumps({"written_by": "torchkit convert shards", "shards": []}).encode()
 
 # command line, its marker's command, what torchkit wrote, the user's file (name, bytes)
@@ -95,6 +98,24 @@ CASES = {
         {"train-000000.tar": owned_tar()},
         ("manifest.json", b'{"name": "a web app", "icons": []}'),
     ),
+    "your own index.csv": (
+        FEATURES,
+        "extract-features",
+        {"logits.npy": NPY},
+        ("index.csv", b"path,label\nds/a/a_0.png,a\n"),
+    ),
+    "a text file named as a layer's array": (
+        FEATURES,
+        "extract-features",
+        {"index.csv": INDEX},
+        ("umap.npy", b"x,y\n0.1,0.2\n"),
+    ),
+    "a pickle named as a layer's .pt": (
+        FEATURES,
+        "extract-features",
+        {"index.csv": INDEX, "logits.npy": NPY},
+        ("logits.pt", __import__("pickle").dumps({"mine": 1})),
+    ),
 }
 
 
@@ -107,6 +128,29 @@ def test_force_refuses_a_users_file_under_a_name_the_command_writes(world, case)
         args, f"{what} out holds out/{name} that torchkit did not write", cwd=world
     )
     assert (world / "out" / name).read_bytes() == data
+
+
+def test_extract_features_files_of_each_format_are_its_own(world):
+    """An OUT of each --array-format passes its own proofs (written by the real command), and
+    --force over the last replaces it."""
+    from processes import run_torchkit_in_process
+
+    from torchkit.core.features.extract import output_names
+    from torchkit.core.features.store import known_files
+    from torchkit.core.io.folder_contents import foreign_entries
+    from torchkit.core.io.outputs import WRITTEN_JOURNAL
+
+    for array_format in ("npy", "pt", "safetensors"):
+        args = [*FEATURES[:3], array_format, *FEATURES[4:-1], "--array-format", array_format]
+        done = run_torchkit_in_process(*args, cwd=world)
+        assert done.returncode == 0, done.stderr
+        out = world / array_format
+        assert (out / f"logits.{array_format}").is_file()
+        for recorded in (known_files(out), ()):  # by its records, and as if it had none
+            owned = output_names(recorded)
+            assert foreign_entries(out, owned, top_level=(MARKER, WRITTEN_JOURNAL)) == []
+    done = run_torchkit_in_process(*args, "--force", cwd=world)
+    assert done.returncode == 0, done.stderr
 
 
 def test_a_tar_is_torchkits_by_its_members_owner(tmp_path):

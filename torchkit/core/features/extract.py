@@ -41,7 +41,14 @@ from torchkit.core.inference.options import InferenceOptions, check_inference_op
 from torchkit.core.inference.scoring import scorable_rows
 from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.io.files import NAME_ERRORS, open_text, require_input
-from torchkit.core.io.outputs import InputPath, OutputFolder, foreign_entries_hint
+from torchkit.core.io.folder_contents import proven
+from torchkit.core.io.output_proofs import csv_header, is_npy, is_safetensors, is_torch_save
+from torchkit.core.io.outputs import (
+    InputPath,
+    OutputFolder,
+    foreign_entries_hint,
+    holds_json_record,
+)
 from torchkit.core.io.progress import Progress
 from torchkit.core.io.redaction import redact_url
 from torchkit.core.models import ModelSpec, require_model_files, resolve_spec
@@ -224,7 +231,24 @@ def output_names(recorded: Sequence[str]) -> tuple[str, ...]:
     layers = [n for n in recorded if not n.startswith(".") and n not in (INDEX_FILE, META_FILE)]
     if not recorded:
         layers = [f"*.{extension}" for extension in FILE_FORMATS]
-    return (INDEX_FILE, META_FILE, f"{PARTIAL_DIR}/**", *layers)
+    # Each file only where its content shows a run wrote it (your own index.csv or an array of
+    # yours under a layer's name is refused): the index's header, the record's fingerprint, the
+    # format of the layer file's extension. The hidden `.partial` folder is the run's by name.
+    return (
+        proven(INDEX_FILE, csv_header(INDEX_COLUMNS, whole=False)),
+        proven(META_FILE, lambda path: holds_json_record(path, ("fingerprint", "layers"))),
+        f"{PARTIAL_DIR}/**",
+        *(_proven_layer(name) for name in layers),
+    )
+
+
+_LAYER_PROOFS = {"npy": is_npy, "pt": is_torch_save, "safetensors": is_safetensors}
+
+
+def _proven_layer(pattern: str) -> str:
+    """A layer file's pattern, proven by its format (`FILE_FORMATS`); another name as it is."""
+    proof = _LAYER_PROOFS.get(pattern.rsplit(".", 1)[-1])
+    return pattern if proof is None else proven(pattern, proof)
 
 
 def extract_features(

@@ -210,3 +210,56 @@ def tar_by(owner: str) -> Callable[[Path], bool]:
         return False
 
     return proof
+
+
+def is_npy(path: Path) -> bool:
+    """Whether `path` is a NumPy `.npy` file: its magic `\\x93NUMPY` and a version."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(8)
+    except OSError:
+        return False
+    return head[:6] == b"\x93NUMPY" and len(head) == 8
+
+
+def is_torch_save(path: Path) -> bool:
+    """Whether `path` is a file `torch.save` wrote: a zip whose first record is its
+    `ARCHIVE/data.pkl`."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(30 + 256)
+    except OSError:
+        return False
+    if head[:4] != b"PK\x03\x04" or len(head) < 30:
+        return False
+    (length,) = struct.unpack("<H", head[26:28])
+    return head[30 : 30 + length].endswith(b"/data.pkl")
+
+
+_SAFETENSORS_HEADER_LIMIT = 1 << 20  # a header of a few tensors: a few hundred bytes
+
+
+def is_safetensors(path: Path) -> bool:
+    """Whether `path` is a `.safetensors` file: a little-endian u64 length, then a JSON object
+    of that length whose entries (but `__metadata__`) each give a tensor's dtype, shape and
+    data offsets."""
+    import json
+
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(8)
+            if len(head) < 8:
+                return False
+            (length,) = struct.unpack("<Q", head)
+            if not 2 <= length <= _SAFETENSORS_HEADER_LIMIT:
+                return False
+            header = json.loads(handle.read(length))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(header, dict):
+        return False
+    tensors = [value for key, value in header.items() if key != "__metadata__"]
+    return all(
+        isinstance(value, dict) and {"dtype", "shape", "data_offsets"} <= value.keys()
+        for value in tensors
+    )
