@@ -172,7 +172,7 @@ FAMILIES = {
     "convert tensor": (
         ["convert", "tensor", "ds", "out", "--to", "npy", "--force"],
         "convert tensor",
-        {"a/a_0.npy": "x"},
+        {"a/a_0.npy": NPY},
         {"a/README": "x"},
         "output folder out holds out/a/README that torchkit did not write",
     ),

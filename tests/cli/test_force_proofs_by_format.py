@@ -98,6 +98,18 @@ CASES = {
         {"train-000000.tar": owned_tar()},
         ("manifest.json", b'{"name": "a web app", "icons": []}'),
     ),
+    "a text of yours named as a converted array": (
+        ["convert", "tensor", "ds", "out", "--to", "npy", "--force"],
+        "convert tensor",
+        {"a/a_0.npy": NPY},
+        ("a/a_1.npy", b"0.1 0.2 0.3\n"),
+    ),
+    "your notes named as a converted image": (
+        ["convert", "tensor", "ds", "out", "--to", "jpg", "--force"],
+        "convert tensor",
+        {"a/a_0.jpg": b"\xff\xd8\xff\xe0 a JPEG"},
+        ("a/a_1.JPG", b"notes"),
+    ),
     "your own index.csv": (
         FEATURES,
         "extract-features",
@@ -151,6 +163,23 @@ def test_extract_features_files_of_each_format_are_its_own(world):
             assert foreign_entries(out, owned, top_level=(MARKER, WRITTEN_JOURNAL)) == []
     done = run_torchkit_in_process(*args, "--force", cwd=world)
     assert done.returncode == 0, done.stderr
+
+
+def test_convert_tensor_files_of_each_format_are_its_own(world):
+    """Each format convert tensor writes passes its proof (the real command's files)."""
+    from processes import run_torchkit_in_process
+
+    from torchkit.core.convert.tensor import WRITTEN_EXTENSIONS
+    from torchkit.core.io.output_proofs import of_its_format
+
+    for extension in WRITTEN_EXTENSIONS:
+        out = f"to{extension}"
+        args = ["convert", "tensor", "ds/a/a_0.png", f"{out}/a{extension}", "-j", "0"]
+        done = run_torchkit_in_process(*args, cwd=world)
+        assert done.returncode == 0, (extension, done.stderr)
+        assert of_its_format(world / out / f"a{extension}"), extension
+        (world / out / f"b{extension}").write_bytes(b"not of this format")
+        assert not of_its_format(world / out / f"b{extension}"), extension
 
 
 def test_a_tar_is_torchkits_by_its_members_owner(tmp_path):

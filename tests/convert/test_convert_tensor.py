@@ -12,6 +12,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
+from format_files import npy
 from hostile_pickles import RunsShell
 from image_folders import write_sixteen_bit_colour_tiff
 from output_checks import error_line
@@ -437,7 +438,7 @@ def test_folder_table_output_and_existing_destination(tmp_path):
     (dst / "old.txt").unlink()
     result = convert(src, dst, "--to", "npy", "-j", "0")  # an empty folder needs no --force
     assert result.exit_code == 1 and "2 of 7 files could not be converted" in result.stderr
-    (dst / "stale.npy").write_text("stale")  # as if from an earlier conversion: replaced
+    (dst / "stale.npy").write_bytes(npy())  # as if from an earlier conversion: replaced
     result = convert(src, dst, "--to", "png", "-j", "0", "--force", "--format", "csv")
     assert result.exit_code == 1 and "2 of 7 files could not be converted" in result.stderr
     assert result.stdout.splitlines() == [

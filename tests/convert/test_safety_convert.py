@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from disks import FifoReader, fill_disk, slow_io_env
+from format_files import npy
 from image_folders import write_image_folder
 from output_checks import check_refused_untouched, error_line, tree_digest
 from processes import (
@@ -182,7 +183,7 @@ def test_force_replaces_torchkits_own_output_folder(work):
     again = run_torchkit_in_process(*convert, cwd=work)
     assert again.returncode == 1
     assert "already exists" in error_line(again.stderr, besides="warnings")
-    (work / "arrays" / "stale.npy").write_bytes(b"old")
+    (work / "arrays" / "stale.npy").write_bytes(npy())  # an earlier run's
     forced = run_torchkit_in_process(
         "convert", "tensor", "src", "arrays", "--to", "bmp", "--force", "-j", "0", cwd=work
     )
@@ -200,7 +201,7 @@ def old_output(folder: Path) -> dict[str, str]:
     """An earlier torchkit output at `folder` (it carries the marker): --force may replace it."""
     (folder / "a").mkdir(parents=True)
     (folder / ".torchkit").write_text('{"written_by": "torchkit"}\n')
-    (folder / "a" / "old.npy").write_bytes(b"old result")
+    (folder / "a" / "old.npy").write_bytes(npy((7.0,)))
     return tree_digest(folder)
 
 
@@ -539,7 +540,7 @@ def test_a_report_the_full_disk_refuses_leaves_the_old_folder_dst(tmp_path, smal
     dst = tmp_path / "out"
     args = ["convert", "tensor", source, dst, "--to", "pt"]
     assert run_torchkit_in_process(*args).returncode == 0
-    (dst / "old-only.pt").write_bytes(b"")  # gone if the folder is replaced
+    shutil.copy(dst / "a.pt", dst / "old-only.pt")  # gone if the folder is replaced
     before = tree_digest(dst)
     disk = small_tmpfs(64)
     report = disk / "report.json"

@@ -54,3 +54,14 @@ def owned_tar(owner: str = "torchkit", name: str = "sample_00000000.png") -> byt
         info.size, info.uname, info.gname = 3, owner, owner
         archive.addfile(info, io.BytesIO(b"abc"))
     return made.getvalue()
+
+
+def npy(values: tuple[float, ...] = (1.0, 2.0)) -> bytes:
+    """A .npy file of `values`, as numpy.save writes it."""
+    import io
+
+    import numpy as np
+
+    made = io.BytesIO()
+    np.save(made, np.array(values, dtype=np.float32))
+    return made.getvalue()

@@ -45,7 +45,8 @@ from torchkit.core.io.files import (
     torch_save,
     tree_entries,
 )
-from torchkit.core.io.folder_contents import extension_pattern
+from torchkit.core.io.folder_contents import extension_pattern, proven
+from torchkit.core.io.output_proofs import of_its_format
 from torchkit.core.io.outputs import (
     InputPath,
     OutputFolder,
@@ -865,7 +866,9 @@ def _convert_folder(
         what="output folder",
         atomic=True,
         # The converted files, named as their sources, in any format convert writes.
-        owned=[f"**/*{extension_pattern(e)}" for e in WRITTEN_EXTENSIONS],
+        # each file only where it is of the format its extension names (a text of yours
+        # named a.npy is refused); another program's image or array passes: judged by format
+        owned=[proven(f"**/*{extension_pattern(e)}", of_its_format) for e in WRITTEN_EXTENSIONS],
         reports=[report_file],
     )
     with output:

@@ -263,3 +263,42 @@ def is_safetensors(path: Path) -> bool:
         isinstance(value, dict) and {"dtype", "shape", "data_offsets"} <= value.keys()
         for value in tensors
     )
+
+
+def _starts(*magics: bytes) -> Callable[[bytes], bool]:
+    return lambda head: any(head.startswith(magic) for magic in magics)
+
+
+# The first bytes of each image format torchkit writes (`convert tensor`), by extension.
+_IMAGE_MAGIC: dict[str, Callable[[bytes], bool]] = {
+    ".png": _starts(_PNG_SIGNATURE),
+    ".jpg": _starts(b"\xff\xd8\xff"),
+    ".jpeg": _starts(b"\xff\xd8\xff"),
+    ".bmp": _starts(b"BM"),
+    ".webp": lambda head: head[:4] == b"RIFF" and head[8:12] == b"WEBP",
+    ".tif": _starts(b"II*\0", b"MM\0*"),
+    ".tiff": _starts(b"II*\0", b"MM\0*"),
+}
+_FILE_PROOFS: dict[str, Callable[[Path], bool]] = {
+    ".npy": is_npy,
+    ".pt": is_torch_save,
+    ".pth": is_torch_save,
+    ".safetensors": is_safetensors,
+}
+
+
+def of_its_format(path: Path) -> bool:
+    """Whether `path` is a file of the format its extension names (in any case): an image's
+    magic, a .npy, a torch.save zip, a safetensors header. Nothing shows which program wrote
+    it: the proof of a file torchkit writes in another program's format, nothing of its own."""
+    extension = path.suffix.lower()
+    if extension in _FILE_PROOFS:
+        return _FILE_PROOFS[extension](path)
+    magic = _IMAGE_MAGIC.get(extension)
+    if magic is None:
+        return False
+    try:
+        with open(path, "rb") as handle:
+            return magic(handle.read(12))
+    except OSError:
+        return False
