@@ -109,16 +109,18 @@ def plain_values(path: Path, keys: tuple[str, ...]) -> dict[str, Any] | None:
 
 def is_torchkit_checkpoint_file(path: Path) -> bool:
     """Whether `path` is a checkpoint torchkit wrote: torch.save's zip (one `NAME/` folder of
-    records: `data.pkl`, a `version` of digits, a `byteorder` where the torch version writes
-    one, the `data/KEY` record of each storage the pickle refers to) whose pickle is a dict
-    with `format_version` (an int) and `torchkit_version` (a str) among its own keys. The
-    pickle's opcodes are read (`pickletools.genops`), never unpickled: nothing it names is
-    called or imported. A zip that only holds those words somewhere (a hand-made `best.pt`)
-    is not one."""
+    records: `data.pkl` stored uncompressed, a `version` of digits, a `byteorder` where the
+    torch version writes one, the `data/KEY` record of each storage the pickle refers to)
+    whose pickle is a dict with `format_version` (an int) and `torchkit_version` (a str)
+    among its own keys. The pickle's opcodes are read (`pickletools.genops`), never
+    unpickled: nothing it names is called or imported. A zip that only holds those words
+    somewhere (a hand-made `best.pt`) is not one."""
     try:
         with zipfile.ZipFile(path) as archive:
             record = _pickle_record(archive, MAX_CHECKPOINT_PICKLE_BYTES)
-            if record is None:
+            # torch.save stores its records as they are: a compressed pickle is not its (and
+            # 32 KB of one unpacked to 32 MB of opcodes, 8 s of reading them)
+            if record is None or record.compress_type != zipfile.ZIP_STORED:
                 return False
             prefix = record.filename.split("/")[0] + "/"
             names = {info.filename for info in archive.infolist()}
