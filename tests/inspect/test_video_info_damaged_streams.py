@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from damaged_videos import decoded_by_opencv, ffmpeg_made, moving_picture, zeroed_copy
 
-from torchkit.core.video import probe_video
+from torchkit.core.video import probe_video, streams
 from torchkit.core.video.containers import matroska_video_blocks
 from torchkit.core.video.streams import (
     flv_video_frames,
@@ -262,6 +262,39 @@ def test_a_theora_ogg_with_repeated_frames_is_ok(tmp_path):
     assert (exact.status, exact.error, exact.frames_decoded) == ("ok", None, 49)
     zeroed = probe_video(zeroed_copy(clip, tmp_path, 0.5), exact=True)
     assert zeroed.status == "damaged" and zeroed.frames_decoded < 45, zeroed
+
+
+@pytest.mark.parametrize("walk", ["ogg", "flv", "mpeg-ps"])
+def test_bytes_no_search_passes_are_a_break(tmp_path, monkeypatch, walk, flv1_flv, mpeg2_ts):
+    """Where bytes that are no page (tag, pack) run on past the search for the next (64 MiB;
+    here made 32 KiB), the walk stopped there as at the file's end: an Ogg file with them
+    inserted read `ok` under --exact with 37 of its 100 frames (FFmpeg's reader stops there
+    too). They are where its structure breaks, and its frames are judged by the header's."""
+    if walk == "ogg":
+        source = ffmpeg_made(
+            tmp_path / "clip.ogv",
+            *moving_picture(4),
+            *("-c:v", "libtheora", "-g", "12"),
+            encoders=("libtheora",),
+            muxer="ogg",
+        )
+    elif walk == "flv":
+        source = flv1_flv
+    else:
+        source = ffmpeg_made(tmp_path / "clip.mpg", "-i", mpeg2_ts, "-c", "copy", muxer="mpeg")
+    monkeypatch.setattr(streams, f"_{walk.split('-')[-1].upper()}_RESYNC_BYTES", 1 << 15)
+    data = source.read_bytes()
+    inserted = tmp_path / f"inserted{source.suffix}"
+    inserted.write_bytes(data[: len(data) // 3] + bytes(100_000) + data[len(data) // 3 :])
+    walker = {"ogg": ogg_video_frames, "flv": flv_video_frames, "mpeg-ps": ps_video_frames}
+    held = walker[walk](inserted, walk)
+    assert held.broken_at is not None and not held.past_breaks
+    assert abs(held.broken_at - len(data) // 3) < 65_536  # at the unit the zeroes split
+    exact = probe_video(inserted, exact=True)
+    if walk == "ogg":  # FFmpeg's reader stops there; FLV's and MPEG-PS's go on
+        assert exact.status == "damaged" and f"breaks at byte {held.broken_at:,}" in exact.error
+    else:
+        assert exact.status == "ok" and exact.frames_decoded == decoded_by_opencv(inserted)
 
 
 def unknown_sizes(data: bytes) -> bytes:

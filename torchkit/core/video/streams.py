@@ -195,6 +195,7 @@ def flv_video_frames(path: str | os.PathLike, container: str | None) -> HeldFram
         return None
     times, keys, places, firsts, lasts = [], [], [], [], []
     audio: list[int] = []  # the last two audio tags' times (ms)
+    unpassed = None  # where bytes that are no tag run on past the search for the next
     # the first frame's composition offset (the delay B-frames add to every frame's time) and
     # the last frame's tag time (ms)
     delay, last_video = None, 0
@@ -213,6 +214,8 @@ def flv_video_frames(path: str | os.PathLike, container: str | None) -> HeldFram
                 if data[at] & 0x1F not in (8, 9, 18) or data[at + 8 : at + 11] != b"\x00" * 3:
                     found = _flv_tag_after(data, at, size)
                     if found is None:
+                        # bytes past the search the walk could not pass: their frames untold
+                        unpassed = at if at + _FLV_RESYNC_BYTES < size else None
                         break
                     firsts.append(at)
                     lasts.append(found - 1)
@@ -238,14 +241,19 @@ def flv_video_frames(path: str | os.PathLike, container: str | None) -> HeldFram
         return None
     firsts, lasts = np.array(firsts, np.int64), np.array(lasts, np.int64)
     frames = len(times) + frames_between(times, places, firsts, lasts)
-    broken_at = int(firsts[0]) if len(firsts) else None
+    broken_at = int(firsts[0]) if len(firsts) else unpassed
     # the video ends where its last frame is shown: its time and the delay B-frames add (not
     # the latest time shown: past a cut, a P-frame stored before the B-frames lost), an audio
     # tag lasts as long as the time from the one before it (ADPCM's 4096 samples a tag: 0.19
     # s at 22 kHz), which FFmpeg's duration counts
     end_ms = max(last_video + (delay or 0), 2 * audio[1] - audio[0] if len(audio) == 2 else 0)
     return HeldFrames(
-        frames, leading_frames(times, keys), 0, broken_at, past_breaks=True, end_s=end_ms / 1000
+        frames,
+        leading_frames(times, keys),
+        0,
+        broken_at,
+        past_breaks=unpassed is None,
+        end_s=end_ms / 1000,
     )
 
 
@@ -311,6 +319,7 @@ def ogg_video_frames(path: str | os.PathLike, container: str | None) -> HeldFram
     # where the walk passed bytes that are no page, the frames counted and the marks by then
     breaks: list[tuple[int, int, int]] = []
     pending = b""  # the first bytes of a video packet that goes on to the next page
+    unpassed = None  # where bytes that are no page run on past the search for the next
     try:
         with open(path, "rb") as handle, _mapped(handle) as data:
             size, at = len(data), 0
@@ -321,6 +330,8 @@ def ogg_video_frames(path: str | os.PathLike, container: str | None) -> HeldFram
                 if end is None:
                     found = _ogg_page_after(data, at, size)
                     if found is None:
+                        # bytes past the search the walk could not pass: their frames untold
+                        unpassed = at if at + _OGG_RESYNC_BYTES < size else None
                         break
                     breaks.append((at, frames, len(counted)))
                     at, pending = found, b""
@@ -363,8 +374,9 @@ def ogg_video_frames(path: str | os.PathLike, container: str | None) -> HeldFram
     if video is None or not frames:
         return None
     missing = _numbers_missing(breaks, counted, numbers)
-    broken_at = breaks[0][0] if breaks else None
-    return HeldFrames(frames + missing, leading if keyed else 0, not_coded, broken_at, True)
+    broken_at = breaks[0][0] if breaks else unpassed
+    leading = leading if keyed else 0
+    return HeldFrames(frames + missing, leading, not_coded, broken_at, unpassed is None)
 
 
 def _numbers_missing(
@@ -463,6 +475,7 @@ def ps_video_frames(path: str | os.PathLike, container: str | None) -> HeldFrame
         return None
     state = _PsPictures()
     breaks: list[tuple[int, int, int]] = []
+    unpassed = None  # where bytes that are no pack run on past the search for the next
     try:
         with open(path, "rb") as handle, _mapped(handle) as data:
             size, at = len(data), 0
@@ -471,8 +484,10 @@ def ps_video_frames(path: str | os.PathLike, container: str | None) -> HeldFrame
                     break
                 length = _ps_unit_length(data, at, size)
                 if length is None:
-                    found = data.find(b"\x00\x00\x01\xba", at + 1, min(size, at + _PS_RESYNC_BYTES))
-                    if found < 0:
+                    found = _ps_pack_after(data, at, size)
+                    if found is None:
+                        # bytes past the search the walk could not pass: their frames untold
+                        unpassed = at if at + _PS_RESYNC_BYTES < size else None
                         break
                     breaks.append((at, state.frames, len(state.counted)))
                     state.carry = b""  # a picture's start split by the break is lost
@@ -488,8 +503,10 @@ def ps_video_frames(path: str | os.PathLike, container: str | None) -> HeldFrame
     if not state.frames or state.first_key is None:
         return None
     missing = _numbers_missing(breaks, state.counted, state.numbers)
-    broken_at = breaks[0][0] if breaks else None
-    return HeldFrames(state.frames + missing, state.leading, 0, broken_at, past_breaks=True)
+    broken_at = breaks[0][0] if breaks else unpassed
+    return HeldFrames(
+        state.frames + missing, state.leading, 0, broken_at, past_breaks=unpassed is None
+    )
 
 
 class _PsPictures:
@@ -543,6 +560,17 @@ def _gop_frame_number(field: bytes, rate: int) -> int:
     total_minutes = 60 * hours + minutes
     number = ((total_minutes * 60) + seconds) * rate + pictures
     return number - (2 * (total_minutes - total_minutes // 10) if drop else 0)
+
+
+def _ps_pack_after(data, at: int, size: int) -> int | None:
+    """Where the first pack header after byte `at` of an MPEG program stream starts (its
+    start code and a length `_ps_unit_length` reads: bytes that only look like its start
+    code, a run of them, are passed in one search), within `_PS_RESYNC_BYTES`."""
+    stop = min(size, at + _PS_RESYNC_BYTES)
+    found = data.find(b"\x00\x00\x01\xba", at + 1, stop)
+    while found >= 0 and _ps_unit_length(data, found, size) is None:
+        found = data.find(b"\x00\x00\x01\xba", found + 1, stop)
+    return found if found >= 0 else None
 
 
 def _ps_unit_length(data, at: int, size: int) -> int | None:
