@@ -198,3 +198,25 @@ def test_a_png_text_that_unpacks_to_much_is_read_a_little(tmp_path):
     assert peak < 4 << 20  # before: the 64 MB unpacked
     path.write_bytes(_png_with_ztxt(b"torchkit 0.1.0"))
     assert torchkit_png()(path)  # a compressed Software text is still read
+
+
+def test_an_earlier_versions_plots_after_a_long_predictions_csv_are_the_evals(world):
+    """An earlier version's eval folder whose predictions.csv (millions of rows) was written
+    minutes after metrics.json, its plots right after it: a re-run replaces them. Before, the
+    plots were judged by metrics.json's time alone and the re-run was refused."""
+    rep = world / "rep"
+    matplotlib = "Matplotlib version3.8.0, https://matplotlib.org/"
+    for name in ("confusion_matrix.png", "errors.png"):
+        (rep / name).write_bytes(_png((700, 300), matplotlib))
+    written = (rep / "predictions.csv").stat().st_mtime
+    os.utime(rep / "metrics.json", (written - 300, written - 300))
+    for name in ("confusion_matrix.png", "errors.png"):
+        os.utime(rep / name, (written + 2, written + 2))
+    assert _is_eval_plot(rep / "errors.png")
+    done = run_torchkit_in_process(*EVAL, "--force", cwd=world)
+    assert done.returncode == 0, done.stderr
+    # a plot of yours made an hour after both is still not the eval's
+    (rep / "errors.png").write_bytes(_png((700, 300), matplotlib))
+    later = max((rep / n).stat().st_mtime for n in ("metrics.json", "predictions.csv")) + 3600
+    os.utime(rep / "errors.png", (later, later))
+    assert not _is_eval_plot(rep / "errors.png")

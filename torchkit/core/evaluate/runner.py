@@ -322,19 +322,30 @@ def _any_of(*proofs: Callable[[Path], bool]) -> Callable[[Path], bool]:
 
 
 # An eval's plot drawn before the Software text: Matplotlib's, written within this many seconds
-# of the eval's metrics.json beside it (by the same run; a plot of yours made since is not).
+# of the eval's metrics.json or predictions.csv beside it (by the same run; a plot of yours made
+# since is not). The plots follow predictions.csv, which follows metrics.json: a predictions.csv
+# of millions of rows puts minutes between the record and the plots, none between it and them.
 _SAME_RUN_S = 120.0
 
 
 def _is_eval_plot(path: Path) -> bool:
     if torchkit_png()(path):
         return True
-    record = path.with_name("metrics.json")
+    if not is_matplotlib_png(path):
+        return False
     try:
-        apart = abs(path.stat().st_mtime - record.stat().st_mtime)
+        drawn = path.stat().st_mtime
     except OSError:
         return False
-    return apart <= _SAME_RUN_S and is_matplotlib_png(path) and _is_eval_metrics(record)
+    for name in ("metrics.json", "predictions.csv"):
+        written = path.with_name(name)
+        try:
+            apart = abs(drawn - written.stat().st_mtime)
+        except OSError:
+            continue
+        if apart <= _SAME_RUN_S and _REPORT_PROOFS[name](written):
+            return True
+    return False
 
 
 # What eval writes into --out (`folder_contents` patterns), each only where its content shows
