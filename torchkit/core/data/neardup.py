@@ -177,19 +177,22 @@ def near_pairs(hashes: Sequence[int] | Any, threshold: int) -> tuple[Any, Any, A
     order = np.argsort(inverse, kind="stable")
     counts = np.bincount(inverse, minlength=len(unique))
     starts = np.cumsum(counts) - counts
-    members = [order[starts[k] : starts[k] + counts[k]] for k in range(len(unique))]
+
+    def members(k: int) -> Any:  # the hashes of distinct value k (a view each: made on demand)
+        return order[starts[k] : starts[k] + counts[k]]
+
     parts_a, parts_b, parts_d = [], [], []
     single = (counts[ua] == 1) & (counts[ub] == 1)
     parts_a.append(order[starts[ua[single]]])
     parts_b.append(order[starts[ub[single]]])
     parts_d.append(ud[single])
     for u, v, d in zip(ua[~single], ub[~single], ud[~single], strict=True):
-        grid_a, grid_b = np.meshgrid(members[u], members[v], indexing="ij")
+        grid_a, grid_b = np.meshgrid(members(u), members(v), indexing="ij")
         parts_a.append(grid_a.ravel())
         parts_b.append(grid_b.ravel())
         parts_d.append(np.full(grid_a.size, d, dtype=np.int64))
     for k in np.nonzero(counts > 1)[0]:
-        group = members[k]
+        group = members(k)
         a, b = np.triu_indices(len(group), 1)
         parts_a.append(group[a])
         parts_b.append(group[b])
@@ -242,8 +245,8 @@ def _split_rank(split: str | None) -> int:
 def find_pairs(
     ids: Sequence[str],
     splits: Sequence[str | None],
-    digests: Sequence[bytes | None],
-    phashes: Sequence[int | None],
+    digests: Sequence[bytes | None] | Any,
+    phashes: Sequence[int | None] | Any,
     *,
     threshold: int,
     within: bool = False,
@@ -251,8 +254,8 @@ def find_pairs(
 ) -> tuple[list[DuplicatePair], list[DuplicatePair]]:
     """(leakage, near duplicates within a split) among files i (`ids[i]` in `splits[i]`, its
     SHA-256 `digests[i]` and pHash `phashes[i]`; None for a file that could not be read or
-    decoded). `same_file[i]`: a number the names of one file in two splits share (a link
-    across splits), None for the others.
+    decoded, or numpy masked arrays, masked there). `same_file[i]`: a number the names of one
+    file in two splits share (a link across splits), None for the others.
 
     Files are ordered by split (train, val, test) then path. Byte-identical files form one
     content (as do the names of one file, read or not); each copy in another split than its
@@ -264,17 +267,42 @@ def find_pairs(
     pair each, and searched as one; a content of such a cluster that no pair names yet, in a
     later split than a first file of a near cluster, is named once, paired with that file. So
     n copies of one image give n - 1 pairs, not n^2 / 2, and every leaked file is named.
+
+    Contents and clusters are numpy arrays over the files: Python objects (lists, dicts) are
+    made only for the contents of several files and the clusters that are paired, so a
+    million distinct images cost tens of bytes each here, not a kilobyte.
     """
     import numpy as np
 
-    rank = sorted(range(len(ids)), key=lambda i: (_split_rank(splits[i]), ids[i]))
-    contents: dict[bytes | int, list[int]] = {}
-    for index in rank:
-        number = None if same_file is None else same_file[index]
-        # A file that could not be read is still one content with its other names.
-        key = digests[index] if digests[index] is not None else number
-        if key is not None:
-            contents.setdefault(key, []).append(index)
+    n = len(ids)
+    digest_codes, has_digest = _codes(digests)
+    phash_values, has_phash = _phash_column(phashes)
+    split_ranks = {split: _split_rank(split) for split in set(splits)}
+    ranks = np.fromiter((split_ranks[split] for split in splits), dtype=np.int64, count=n)
+    by_id = np.array(sorted(range(n), key=ids.__getitem__), dtype=np.int64)
+    rank = by_id[np.argsort(ranks[by_id], kind="stable")]  # files by (split, path)
+    del by_id
+    position = np.empty(n, dtype=np.int64)
+    position[rank] = np.arange(n)
+    # Each file's content: its SHA-256, else (a file that could not be read) the number of its
+    # file's names; -1 for neither.
+    content = np.full(n, -1, dtype=np.int64)
+    if has_digest.any():
+        content[has_digest] = np.unique(digest_codes[has_digest], return_inverse=True)[1].ravel()
+    if same_file is not None:
+        number_codes, has_number = _codes(same_file)
+        numbered = has_number & ~has_digest
+        if numbered.any():
+            codes = np.unique(number_codes[numbered], return_inverse=True)[1].ravel()
+            content[numbered] = codes + content.max() + 1
+    # The files of each content, in rank order: kept[starts[g] : starts[g] + sizes[g]].
+    kept = np.flatnonzero(content >= 0)
+    kept = kept[np.lexsort((position[kept], content[kept]))]
+    kept_contents = content[kept]
+    starts = np.flatnonzero(np.diff(kept_contents, prepend=-1))
+    sizes = np.diff(starts, append=len(kept))
+    # Contents in the order their first files rank (`contents` in that order, as a dict held).
+    content_order = np.argsort(position[kept[starts]], kind="stable")
     leakage: list[DuplicatePair] = []
     within_pairs: list[DuplicatePair] = []
 
@@ -304,7 +332,12 @@ def find_pairs(
             first.setdefault(splits[m], m)
         return first
 
-    for members in contents.values():
+    def files_of(group: int) -> list[int]:
+        return kept[starts[group] : starts[group] + sizes[group]].tolist()
+
+    # One content's files in one split are no pair: only contents of several files are walked.
+    for group in content_order[sizes[content_order] > 1].tolist():
+        members = files_of(group)
         anchor = members[0]
         names: dict[int, dict[str | None, int]] = {}  # a file's number -> its first name a split
         for m in members:
@@ -316,37 +349,73 @@ def find_pairs(
                 leakage.append(pair(other, m, "exact", 0, one_file=True))
             elif splits[m] != splits[anchor]:
                 leakage.append(pair(anchor, m, "exact", 0))
-    # Contents with the same pHash (a PNG and its lossless re-encode, blank images) form one
-    # cluster: linked to its first content one by one, and searched once, as one value.
-    clusters: dict[int, list[list[int]]] = {}
-    for members in contents.values():
-        value = next((phashes[m] for m in members if phashes[m] is not None), None)
-        if value is not None:
-            clusters.setdefault(value, []).append(members)
-    cluster_firsts, cluster_parts = [], []
-    for parts in clusters.values():
+    # A content's pHash: its first file's that has one. Contents with the same pHash (a PNG and
+    # its lossless re-encode, blank images) form one cluster, in the order of its first content:
+    # linked to its first content one by one, and searched once, as one value.
+    hashed = has_phash[kept]
+    hashed_groups = np.repeat(np.arange(len(starts)), sizes)[hashed]
+    first_hashed = np.flatnonzero(np.diff(hashed_groups, prepend=-1))
+    group_value = np.zeros(len(starts), dtype=np.uint64)
+    valued = np.zeros(len(starts), dtype=bool)
+    group_value[hashed_groups[first_hashed]] = phash_values[kept[hashed][first_hashed]]
+    valued[hashed_groups[first_hashed]] = True
+    del hashed, hashed_groups, first_hashed
+    valued_groups = content_order[valued[content_order]]  # in content order
+    values, first_seen, cluster_of = np.unique(
+        group_value[valued_groups], return_index=True, return_inverse=True
+    )
+    cluster_rank = np.argsort(first_seen)
+    renumbered = np.empty_like(cluster_rank)
+    renumbered[cluster_rank] = np.arange(len(cluster_rank))
+    cluster_of = renumbered[cluster_of.ravel()]
+    cluster_values = values[cluster_rank]
+    del values, first_seen, cluster_rank, renumbered
+    # The contents of cluster k, in content order: cluster_groups[cluster_starts[k]:][:size].
+    cluster_groups = valued_groups[np.argsort(cluster_of, kind="stable")]
+    cluster_sizes = np.bincount(cluster_of, minlength=len(cluster_values))
+    cluster_starts = np.cumsum(cluster_sizes) - cluster_sizes
+    del valued_groups, cluster_of
+
+    def parts_of(cluster: int) -> list[list[int]]:
+        start = cluster_starts[cluster]
+        return [files_of(g) for g in cluster_groups[start : start + cluster_sizes[cluster]]]
+
+    cluster_firsts: dict[int, dict[str | None, int]] = {}  # made for clusters linked or paired
+    cluster_parts: dict[int, list[dict[str | None, int]]] = {}
+    for cluster in np.flatnonzero(cluster_sizes > 1).tolist():
+        parts = parts_of(cluster)
         first_files = [firsts_of(members) for members in parts]
         for other in first_files[1:]:
             link(first_files[0], other, 0)
-        cluster_firsts.append(firsts_of([m for members in parts for m in members]))
-        cluster_parts.append(first_files)
-    if len(clusters) > 1:
-        values = np.array(list(clusters), dtype=np.uint64)
-        a_idx, b_idx, dist = near_pairs(values, threshold)
+        cluster_firsts[cluster] = firsts_of([m for members in parts for m in members])
+        cluster_parts[cluster] = first_files
+
+    def firsts(cluster: int) -> dict[str | None, int]:
+        if cluster not in cluster_firsts:  # one content
+            cluster_firsts[cluster] = firsts_of(parts_of(cluster)[0])
+            cluster_parts[cluster] = [cluster_firsts[cluster]]
+        return cluster_firsts[cluster]
+
+    if len(cluster_values) > 1:
+        a_idx, b_idx, dist = near_pairs(cluster_values, threshold)
         near = sorted(zip(dist.tolist(), a_idx.tolist(), b_idx.tolist(), strict=True))
         for d, u, v in near:
-            link(cluster_firsts[u], cluster_firsts[v], d)
+            link(firsts(u), firsts(v), d)
         # Each pair of clusters is listed by its first files; a cluster's other contents (a
         # JPEG beside its PNG, with one pHash, in a split of their own) are as near: each one
         # still unnamed is named once, by the nearest cluster's first file of an earlier split.
         # (A train file has no earlier split: never waiting to be named.)
         named = {(p.path_a, p.split_a) for p in leakage} | {(p.path_b, p.split_b) for p in leakage}
-        waiting = [
-            [(s, f) for firsts in parts for s, f in firsts.items() if _split_rank(s) > 0]
-            for parts in cluster_parts
-        ]
+        waiting: dict[int, list[tuple[str | None, int]]] = {}
         for d, u, v in near:
             for mine, theirs in ((u, v), (v, u)):
+                if mine not in waiting:
+                    waiting[mine] = [
+                        (s, f)
+                        for first in cluster_parts[mine]
+                        for s, f in first.items()
+                        if _split_rank(s) > 0
+                    ]
                 left = []
                 for split, file in waiting[mine]:
                     if (ids[file], split) in named:
@@ -367,3 +436,30 @@ def find_pairs(
         return (p.kind != "exact", p.distance, _split_rank(p.split_a), p.path_a, p.path_b)
 
     return sorted(leakage, key=order), sorted(within_pairs, key=order)
+
+
+def _codes(values: Sequence[Any] | Any) -> tuple[Any, Any]:
+    """(a numpy array equal where `values` are equal, whether each is known): a masked array's
+    data and mask, or a list's values (None: unknown) numbered in the order met."""
+    import numpy as np
+
+    if isinstance(values, np.ma.MaskedArray):
+        return values.data, ~np.ma.getmaskarray(values)
+    numbers: dict[Any, int] = {}
+    codes = np.fromiter(
+        (-1 if v is None else numbers.setdefault(v, len(numbers)) for v in values),
+        dtype=np.int64,
+        count=len(values),
+    )
+    return codes, codes >= 0
+
+
+def _phash_column(phashes: Sequence[int | None] | Any) -> tuple[Any, Any]:
+    """(the pHashes as uint64, whether each is known): from a masked array or a list."""
+    import numpy as np
+
+    if isinstance(phashes, np.ma.MaskedArray):
+        return phashes.data.astype(np.uint64, copy=False), ~np.ma.getmaskarray(phashes)
+    known = np.array([h is not None for h in phashes], dtype=bool)
+    values = np.array([0 if h is None else int(h) for h in phashes], dtype=np.uint64)
+    return values, known

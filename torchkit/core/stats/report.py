@@ -164,18 +164,19 @@ def find_duplicates(
     (`digests_only`, `scan.DIGEST_DTYPE` rows: undecodable files, found by their exact copies).
     `shared`: the ids of each file the data reaches under names in two splits (a link across
     splits), whose pairs are marked as one file."""
+    import numpy as np
+
     from torchkit.core.data.neardup import find_pairs
 
     n = len(samples)
     ids = list(samples.ids) + ([] if others is None else list(others.ids))
     own = samples.splits if samples.splits is not None else [stats.split] * n
     splits = list(own) + ([] if others is None else list(others.splits or []))
-    digests: list[bytes | None] = [None] * len(ids)
-    phashes: list[int | None] = [None] * len(ids)
-    for index, digest, phash in hashes.tolist():
-        digests[index], phashes[index] = digest, phash
-    for index, digest in digests_only.tolist():
-        digests[index] = digest
+    # Masked where a file has none: one array each, not a Python bytes and int a file.
+    digests = np.ma.masked_all(len(ids), dtype=hashes.dtype["sha256"])
+    phashes = np.ma.masked_all(len(ids), dtype=np.uint64)
+    digests[hashes["index"]], phashes[hashes["index"]] = hashes["sha256"], hashes["phash"]
+    digests[digests_only["index"]] = digests_only["sha256"]
     number_of = {name: number for number, names in enumerate(shared) for name in names}
     same_file = [number_of.get(name) for name in ids] if number_of else None
     leaked, near = find_pairs(
