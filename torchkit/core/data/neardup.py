@@ -109,13 +109,14 @@ def _multi_index_pairs(values: Any, threshold: int, m: int) -> tuple[Any, Any, A
     shift = BITS
     for bits in _chunk_bits(m):
         shift -= bits
+        # The last chunk's tables go before this one's are made (at 22 bits, 16 MB each).
+        table_counts = table_starts = None
         chunk = ((values >> np.uint64(shift)) & np.uint64((1 << bits) - 1)).astype(np.int64)
         order = np.argsort(chunk, kind="stable")
         if bits <= _DENSE_BITS:  # a table of every chunk value: lookups by indexing
             table_counts = np.bincount(chunk, minlength=1 << bits).astype(np.int32)
-            table_starts = (np.cumsum(table_counts, dtype=np.int64) - table_counts).astype(
-                np.int32 if n < 2**31 else np.int64
-            )
+            table_starts = np.cumsum(table_counts, dtype=np.int32 if n < 2**31 else np.int64)
+            table_starts -= table_counts
         else:
             ordered = chunk[order]
         for flip in _flips(bits, radius):
