@@ -88,13 +88,12 @@ USERS_FILES = {
 
 @pytest.mark.parametrize("name", list(USERS_FILES))
 def test_force_keeps_a_users_file_in_a_run_folder(world, name):
-    """`train --force` (a real process for one) over a run folder where the user's own file
-    took the name of one the run wrote: refused before any work, the file's bytes as they
-    were."""
+    """`train --force` over a run folder where the user's own file took the name of one the
+    run wrote: refused before any work, the file's bytes as they were (in process: a real
+    train process, its plot helper's start, cost 8 s; eval's refusal below is a real one)."""
     (world / "out" / name).write_bytes(USERS_FILES[name])
     before = tree_digest(world)
-    run = run_torchkit_process if name == "curves.png" else run_torchkit_in_process
-    done = run(*TRAIN, "--force", cwd=world)
+    done = run_torchkit_in_process(*TRAIN, "--force", cwd=world)
     assert done.returncode == 1, done.stderr
     assert f"run folder out holds out/{name} that torchkit did not write" in error_line(
         done.stderr, besides="warnings"
