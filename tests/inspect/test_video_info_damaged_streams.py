@@ -264,6 +264,27 @@ def test_a_theora_ogg_with_repeated_frames_is_ok(tmp_path):
     assert zeroed.status == "damaged" and zeroed.frames_decoded < 45, zeroed
 
 
+def test_a_still_theora_ogg_is_readable(tmp_path):
+    """A still picture's Theora file holds a key frame, then repeated frames (packets of no
+    bytes) but at its key frames: the first grabs fail, and it read `unreadable: no frame
+    decodes` without --exact. Its repeated frames' failures are passed over there too."""
+    clip = ffmpeg_made(
+        tmp_path / "still.ogv",
+        *("-f", "lavfi", "-i", "color=c=red:size=64x48:rate=25:duration=1", "-c:v", "libtheora"),
+        encoders=("libtheora",),
+        muxer="ogg",
+    )
+    capture, grabbed = cv2.VideoCapture(str(clip), cv2.CAP_FFMPEG), []
+    for _ in range(40):
+        grabbed.append(capture.grab())
+    capture.release()
+    assert not grabbed[0] and sum(grabbed) >= 1
+    info = probe_video(clip)
+    assert (info.status, info.error, info.frames) == ("ok", None, 25)
+    exact = probe_video(clip, exact=True)
+    assert (exact.status, exact.frames_decoded) == ("ok", sum(grabbed))
+
+
 @pytest.mark.parametrize("walk", ["ogg", "flv", "mpeg-ps"])
 def test_bytes_no_search_passes_are_a_break(tmp_path, monkeypatch, walk, flv1_flv, mpeg2_ts):
     """Where bytes that are no page (tag, pack) run on past the search for the next (64 MiB;

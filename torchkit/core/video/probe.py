@@ -459,6 +459,12 @@ def _failing_grabs(info: VideoInfo | None) -> int:
     return held.not_coded if held is not None else 0
 
 
+def _first_grab(capture, info: VideoInfo) -> bool:
+    """Whether a frame of `info`'s video decodes: the first grab, or past the grabs that fail
+    with frames after them (`_failing_grabs`, sought only where the first fails)."""
+    return capture.grab() or any(capture.grab() for _ in range(_failing_grabs(info)))
+
+
 def probe_video(
     path: str | os.PathLike,
     *,
@@ -715,7 +721,7 @@ def _judge_by_header(
     info.frames, info.frames_source = info.frames_header, "header"
     # Decoding the first frame tells a readable video from a header with broken data,
     # decoding the last ones a whole file from one that stops early.
-    if decode_check and not cut and not capture.grab():
+    if decode_check and not cut and not _first_grab(capture, info):
         info.fail(undecodable)
     elif decode_check and judge_by_frames and info.frames_header:
         cut = _tail_decodes(cv2, capture, info.frames_header, decoded=1)
