@@ -19,6 +19,7 @@ import subprocess
 import tarfile
 import textwrap
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -473,6 +474,25 @@ _HANG_S = 120
 _NEVER_S = 86400  # TORCHKIT_HTTP_TIMEOUT's largest
 
 
+def _stopped_when(
+    process: subprocess.Popen, moment: Callable[[], None], signum: int, signalled: threading.Event
+) -> str:
+    """`process`'s stderr once `signum`, sent as `moment` returns, has ended it; killed (and
+    the test failed) where it still runs after _HANG_S: only a hang waits that long.
+    `signalled` is set however it went: the server lets go of the bodies it holds back."""
+    try:
+        moment()
+        process.send_signal(signum)
+        _, stderr = process.communicate(timeout=_HANG_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        raise
+    finally:
+        signalled.set()
+    return stderr
+
+
 def test_ctrl_c_while_a_shard_waits_for_room_ends_the_run_cleanly(
     tmp_path, small_tmpfs, monkeypatch
 ):
@@ -503,19 +523,14 @@ def test_ctrl_c_while_a_shard_waits_for_room_ends_the_run_cleanly(
             env={"TORCHKIT_CACHE": str(cache), "TORCHKIT_HTTP_TIMEOUT": str(_NEVER_S)},
         )
         said = []
-        try:
+
+        def waiting_for_room() -> None:
             while not any("waits for room on the cache's disk" in line for line in said):
                 line = process.stderr.readline()
                 assert line, "".join(said)  # the run ended before a shard waited
                 said.append(line)
-            process.send_signal(signal.SIGINT)
-            _, stderr = process.communicate(timeout=_HANG_S)  # only a hang waits this long
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.communicate()
-            raise
-        finally:
-            signalled.set()
+
+        stderr = _stopped_when(process, waiting_for_room, signal.SIGINT, signalled)
     ended_as_stopped(process, signal.SIGINT, process.returncode, "".join(said) + stderr)
     assert _left_in(cache) == set(), _left_in(cache)  # no shard, no temporary, no claim
 
@@ -603,16 +618,11 @@ def test_ctrl_c_or_sigterm_as_a_download_begins_ends_the_run(tmp_path, monkeypat
                 "TORCHKIT_HTTP_TIMEOUT": str(_NEVER_S),
             },
         )
-        try:
+
+        def parked_there() -> None:
             wait_until(parked.exists, process=process, what=f"the run parked ({moment})")
-            process.send_signal(signum)
-            _, stderr = process.communicate(timeout=_HANG_S)  # only a hang waits this long
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.communicate()
-            raise
-        finally:
-            signalled.set()
+
+        stderr = _stopped_when(process, parked_there, signum, signalled)
     ended_as_stopped(process, signum, process.returncode, stderr)
     assert _left_in(cache) == set(), _left_in(cache)  # no shard, no temporary, no claim
 
