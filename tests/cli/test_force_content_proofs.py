@@ -23,6 +23,7 @@ from torchkit.core.train.outputs import RUN_OUTPUTS
 
 pytestmark = pytest.mark.drawn_curves  # the real curves.png and lr_find.png (tests/conftest.py)
 
+RUN_PROOFS = {p: p.proof for p in RUN_OUTPUTS if isinstance(p, ProvenPattern)}
 TINY = ["--model", "convnet", "--image-size", "8", "--batch-size", "4", "--workers", "0"]
 TRAIN = ["train", *TINY, "--data", "ds", "--val-split", "0.5", "--epochs", "1", "--out", "out"]
 EVAL = ["eval", "run/best.pt", "--data", "ds", "--out", "rep"]
@@ -219,3 +220,27 @@ def test_an_earlier_versions_plots_after_a_long_predictions_csv_are_the_evals(wo
     later = max((rep / n).stat().st_mtime for n in ("metrics.json", "predictions.csv")) + 3600
     os.utime(rep / "errors.png", (later, later))
     assert not _is_eval_plot(rep / "errors.png")
+
+
+def test_an_earlier_versions_plots_of_another_size_drawn_with_their_csv_are_the_runs(world):
+    """An earlier version's curves.png and lr_find.png under a matplotlibrc's `savefig.bbox:
+    tight` (1442x392 and 590x390, not the figures' 1500x400 and 600x400), each written with
+    the CSV it plots: a re-run replaces them. Before, judged by their size alone, the re-run
+    was refused. A Matplotlib plot larger than the figure is not the run's."""
+    matplotlib = "Matplotlib version3.8.0, https://matplotlib.org/"
+    tight = {"curves.png": (1442, 392), "lr_find.png": (590, 390)}
+    for name, csv_name in [("curves.png", "metrics.csv"), ("lr_find.png", "lr_find.csv")]:
+        written = (world / "out" / csv_name).stat().st_mtime
+        (world / "out" / name).write_bytes(_png((640, 480), matplotlib))  # Matplotlib's default
+        os.utime(world / "out" / name, (written + 1, written + 1))
+        assert not RUN_PROOFS[name](world / "out" / name)
+        (world / "out" / name).write_bytes(_png(tight[name], matplotlib))
+        os.utime(world / "out" / name, (written + 1, written + 1))
+        assert RUN_PROOFS[name](world / "out" / name)
+    done = run_torchkit_in_process(*TRAIN, "--force", cwd=world)
+    assert done.returncode == 0, done.stderr
+    # a plot of yours made an hour after the run's CSV is still not the run's
+    (world / "out" / "curves.png").write_bytes(_png((1442, 392), matplotlib))
+    later = (world / "out" / "metrics.csv").stat().st_mtime + 3600
+    os.utime(world / "out" / "curves.png", (later, later))
+    assert not RUN_PROOFS["curves.png"](world / "out" / "curves.png")

@@ -43,7 +43,7 @@ from torchkit.core.inference.options import (
 from torchkit.core.inference.scoring import TTA_MODES, score_batch
 from torchkit.core.io.errors import InputError, OutputWriteError, UsageError, on_every_rank
 from torchkit.core.io.folder_contents import proven
-from torchkit.core.io.output_proofs import csv_header, is_matplotlib_png, torchkit_png
+from torchkit.core.io.output_proofs import any_of, csv_header, drawn_with, torchkit_png
 from torchkit.core.io.outputs import (
     InputPath,
     OutputFolder,
@@ -316,55 +316,33 @@ def _is_eval_metrics(path: Path) -> bool:
     return holds_json_record(path, METRICS_KEYS)
 
 
-def _any_of(*proofs: Callable[[Path], bool]) -> Callable[[Path], bool]:
-    """The proof that holds where one of `proofs` holds."""
-    return lambda path: any(proof(path) for proof in proofs)
-
-
-# An eval's plot drawn before the Software text: Matplotlib's, written within this many seconds
-# of the eval's metrics.json or predictions.csv beside it (by the same run; a plot of yours made
-# since is not). The plots follow predictions.csv, which follows metrics.json: a predictions.csv
-# of millions of rows puts minutes between the record and the plots, none between it and them.
-_SAME_RUN_S = 120.0
-
-
-def _is_eval_plot(path: Path) -> bool:
-    if torchkit_png()(path):
-        return True
-    if not is_matplotlib_png(path):
-        return False
-    try:
-        drawn = path.stat().st_mtime
-    except OSError:
-        return False
-    for name in ("metrics.json", "predictions.csv"):
-        written = path.with_name(name)
-        try:
-            apart = abs(drawn - written.stat().st_mtime)
-        except OSError:
-            continue
-        if apart <= _SAME_RUN_S and _REPORT_PROOFS[name](written):
-            return True
-    return False
+# per_class.csv and predictions.csv: the header this version writes, or the one earlier
+# versions wrote (before their columns were renamed): a re-run over an earlier eval's folder.
+_PREDICTIONS_CSV = any_of(
+    csv_header(("path", "label", "label_index", "class"), whole=False),
+    csv_header(("path", "true_label", "true_class", "predicted_label"), whole=False),
+)
+# An eval's plot: its Software text, or (drawn before it) Matplotlib's written with the record
+# or predictions.csv: the plots follow predictions.csv, which follows metrics.json (a
+# predictions.csv of millions of rows puts minutes between the record and the plots).
+_is_eval_plot = any_of(
+    torchkit_png(),
+    drawn_with({"metrics.json": _is_eval_metrics, "predictions.csv": _PREDICTIONS_CSV}),
+)
 
 
 # What eval writes into --out (`folder_contents` patterns), each only where its content shows
 # eval wrote it (another tool's metrics.json or predictions.csv, your own confusion_matrix.png
 # is yours: `ProvenPattern`): the record's keys, the CSVs' headers, the plots' Software text.
-# per_class.csv and predictions.csv: the header this version writes, or the one earlier
-# versions wrote (before their columns were renamed): a re-run over an earlier eval's folder.
 _REPORT_PROOFS = {
     "metrics.json": _is_eval_metrics,
-    "per_class.csv": _any_of(
+    "per_class.csv": any_of(
         csv_header(("label", "index", "support", "predicted"), whole=False),
         csv_header(("Class", "Label", "# occurrence", "Precision"), whole=False),
     ),
     "confusion_matrix.csv": csv_header((CONFUSION_CORNER,), whole=False),
     "confusion_pairs.csv": csv_header(CONFUSION_PAIRS_COLUMNS),
-    "predictions.csv": _any_of(
-        csv_header(("path", "label", "label_index", "class"), whole=False),
-        csv_header(("path", "true_label", "true_class", "predicted_label"), whole=False),
-    ),
+    "predictions.csv": _PREDICTIONS_CSV,
     "confusion_matrix.png": _is_eval_plot,
     "errors.png": _is_eval_plot,
 }

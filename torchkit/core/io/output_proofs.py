@@ -7,7 +7,8 @@ proven (and so is refused, never deleted).
 - A PNG torchkit draws carries the text chunk `Software: torchkit VERSION` (`PNG_METADATA`,
   given to every savefig). One drawn by an earlier version, without it, is proven only where
   its pixel size is one only torchkit's figure has (train's curves.png and lr_find.png), or
-  (a size that depends on the data: eval's plots) it was written with the record beside it.
+  it was written with the file its run wrote just before it (`drawn_with`: eval's plots,
+  whose size depends on the data, and train's under a matplotlibrc's other size).
 - A CSV is proven by the header line torchkit writes, whole or (where it goes on with columns
   that depend on the data) its first columns; a text file by its first line.
 - Formats torchkit cannot write a mark of its own into are proven by the format's own start: a
@@ -111,11 +112,45 @@ def with_software_text(png: bytes) -> bytes:
     return png[:end] + chunk + png[end:]
 
 
-def is_matplotlib_png(path: Path) -> bool:
-    """Whether `path` is a PNG with Matplotlib's Software text (drawn by some Matplotlib
-    figure, torchkit's of an earlier version or anyone's)."""
-    found = _png_size_and_texts(path)
-    return found is not None and found[1].get(b"Software", b"").startswith(b"Matplotlib")
+def any_of(*proofs: Callable[[Path], bool]) -> Callable[[Path], bool]:
+    """The proof that holds where one of `proofs` holds (a file of this version or of an
+    earlier one)."""
+    return lambda path: any(proof(path) for proof in proofs)
+
+
+SAME_RUN_S = 120.0  # a plot and the file its run wrote just before it: seconds apart
+
+
+def drawn_with(
+    records: dict[str, Callable[[Path], bool]], *, at_most: tuple[int, int] | None = None
+) -> Callable[[Path], bool]:
+    """The proof of a plot an earlier version drew without the Software text, whatever its
+    size: Matplotlib's, written within `SAME_RUN_S` of a file beside it that its run wrote
+    just before (`records`: each name and the proof that the file of that name is the run's),
+    and where given no wider or taller than `at_most` pixels (its figure's size, cropped by
+    a matplotlibrc's `savefig.bbox: tight`, padded). A plot of yours made since is not."""
+
+    def proof(path: Path) -> bool:
+        found = _png_size_and_texts(path)
+        if found is None or not found[1].get(b"Software", b"").startswith(b"Matplotlib"):
+            return False
+        if at_most is not None and (found[0][0] > at_most[0] or found[0][1] > at_most[1]):
+            return False
+        try:
+            drawn = path.stat().st_mtime
+        except OSError:
+            return False
+        for name, record_proof in records.items():
+            written = path.with_name(name)
+            try:
+                apart = abs(drawn - written.stat().st_mtime)
+            except OSError:
+                continue
+            if apart <= SAME_RUN_S and record_proof(written):
+                return True
+        return False
+
+    return proof
 
 
 def csv_header(columns: Collection[str], *, whole: bool = True) -> Callable[[Path], bool]:

@@ -21,7 +21,9 @@ from torchkit.core.io.files import atomic_path, atomic_write_json, atomic_write_
 from torchkit.core.io.folder_contents import proven
 from torchkit.core.io.output_proofs import (
     PNG_METADATA,
+    any_of,
     csv_header,
+    drawn_with,
     is_chrome_trace,
     is_tensorboard_events,
     text_start,
@@ -98,6 +100,7 @@ PROFILE_HEADING = "torchkit train --profile-steps: epoch "
 # folder that holds nothing else (a notes.txt of yours, an `extra/best.pt`, refused first). Its
 # checkpoints, records, CSVs and plots only where torchkit can show it wrote them (names other
 # trainers and loggers use too: `ProvenPattern`): a file of yours under one is refused.
+_LR_FIND_CSV = csv_header(LR_FIND_COLUMNS)
 _PROOFS = {
     "last.pt": is_torchkit_checkpoint_file,
     "best.pt": is_torchkit_checkpoint_file,
@@ -105,10 +108,18 @@ _PROOFS = {
     "config.json": _is_run_config,
     "metrics.csv": _is_run_metrics,
     "split.csv": csv_header(SPLIT_CSV_COLUMNS),
-    "lr_find.csv": csv_header(LR_FIND_COLUMNS),
-    # drawn before the Software text: only curves_figure's 15x4 or 10x4 inches, lr_find's 6x4
-    "curves.png": torchkit_png(legacy_sizes={(1500, 400), (1000, 400)}),
-    "lr_find.png": torchkit_png(legacy_sizes={(600, 400)}),
+    "lr_find.csv": _LR_FIND_CSV,
+    # drawn before the Software text: curves_figure's 15x4 or 10x4 inches, lr_find's 6x4, or
+    # (cropped by a matplotlibrc's savefig.bbox: tight) Matplotlib's no larger, drawn with the
+    # CSV it plots (0.1 inch of padding on each side: 20 pixels)
+    "curves.png": any_of(
+        torchkit_png(legacy_sizes={(1500, 400), (1000, 400)}),
+        drawn_with({"metrics.csv": _is_run_metrics}, at_most=(1520, 420)),
+    ),
+    "lr_find.png": any_of(
+        torchkit_png(legacy_sizes={(600, 400)}),
+        drawn_with({"lr_find.csv": _LR_FIND_CSV}, at_most=(620, 420)),
+    ),
 }
 RUN_OUTPUTS = (
     *(
