@@ -200,10 +200,7 @@ class StepProfiler:
         )
 
     def _heading(self) -> str:
-        return (
-            f"{PROFILE_HEADING}{self.epoch}, its first {self.updates} "
-            f"optimiser steps"
-        )
+        return f"{PROFILE_HEADING}{self.epoch}, its first {self.updates} optimiser steps"
 
     def _table(self, profile: Any) -> str:
         on_gpu = self.device.type == "cuda"
