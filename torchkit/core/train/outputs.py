@@ -82,16 +82,8 @@ def _is_run_config(path: Path) -> bool:
     return holds_json_record(path, CONFIG_KEYS)
 
 
-def _is_run_metrics(path: Path) -> bool:
-    """metrics.csv as every run wrote it: its header begins with these columns."""
-    try:
-        with open(path, "rb") as handle:
-            return handle.read(len(_METRICS_HEAD)) == _METRICS_HEAD
-    except OSError:
-        return False
-
-
-_METRICS_HEAD = b"epoch,train_loss"
+# metrics.csv as every run wrote it: its header begins with these columns
+_is_run_metrics = text_start(b"epoch,train_loss")
 # How every --profile-steps table and GPU timeline begins (`step_profiler`): their proof.
 PROFILE_HEADING = "torchkit train --profile-steps: epoch "
 
