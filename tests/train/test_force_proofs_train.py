@@ -51,3 +51,20 @@ def test_the_proofs_take_the_formats_and_only_them(tmp_path: Path):
     for name, (proof, data, expected) in cases.items():
         (tmp_path / name).write_bytes(data)
         assert proof(tmp_path / name) is expected, name
+
+
+def test_a_trace_of_a_torch_without_kineto_is_the_runs(tmp_path: Path):
+    """Where torch has no Kineto, `export_chrome_trace` writes the autograd profiler's events
+    as a JSON array (EventList's exporter, the reference here): a run's trace all the same, so
+    --force replaces the run folder; a JSON array of the user's is still refused."""
+    from torch.autograd.profiler_util import EventList, FunctionEvent
+
+    run = tmp_path / "run"
+    (run / "profile").mkdir(parents=True)
+    trace = run / "profile" / "epoch-1.json"
+    add = FunctionEvent(id=0, name="aten::add", thread=1, start_us=0, end_us=5, trace_name="add")
+    for events in ([add], []):  # a profile's events, or none
+        EventList(events).export_chrome_trace(str(trace))
+        assert foreign_entries(run, RUN_OUTPUTS, top_level=(MARKER,)) == [], trace.read_text()
+    trace.write_bytes(b'[{"id": 1}, {"id": 2}]')
+    assert foreign_entries(run, RUN_OUTPUTS, top_level=(MARKER,)) == ["profile/epoch-1.json"]

@@ -13,8 +13,8 @@ proven (and so is refused, never deleted).
   that depend on the data) its first columns; a text file by its first line.
 - Formats torchkit cannot write a mark of its own into are proven by the format's own start: a
   TensorBoard event file (its first record, TensorBoard's `brain.Event` version), a Chrome
-  trace (Kineto's `schemaVersion` first): another program's file of that format under that
-  name passes too.
+  trace (Kineto's `schemaVersion` first, or the autograd profiler's array of events where
+  torch has no Kineto): another program's file of that format under that name passes too.
 - A tar torchkit writes names torchkit as each member's owner (`tar_by`).
 """
 
@@ -210,13 +210,17 @@ def is_tensorboard_events(path: Path) -> bool:
 
 def is_chrome_trace(path: Path) -> bool:
     """Whether `path` is a trace as torch.profiler's Kineto writes it (`export_chrome_trace`):
-    a JSON object whose first key is `schemaVersion`."""
+    a JSON object whose first key is `schemaVersion`; or, from a torch built without Kineto,
+    the autograd profiler's array of events (each `{"name": ...`, or none)."""
     try:
         with open(path, "rb") as handle:
             head = handle.read(256)
     except OSError:
         return False
     body = head.removeprefix(b"\xef\xbb\xbf").lstrip()
+    if body.startswith(b"["):
+        events = body[1:].lstrip()
+        return events.startswith(b"]") or events.startswith(b'{"name": ')
     return body.startswith(b"{") and body[1:].lstrip().startswith(b'"schemaVersion"')
 
 
