@@ -26,10 +26,10 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 
 from torchkit import __version__
+from torchkit.core.io.image_magic import HEAD_BYTES, PNG_SIGNATURE, image_format
 
 PNG_SOFTWARE = b"torchkit"
 PNG_METADATA = {"Software": f"torchkit {__version__}"}  # savefig(..., metadata=PNG_METADATA)
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _CHUNKS_READ = 64  # chunks before the image data: a PNG's header and text come first
 _MAX_HEADER_BYTES = 4096
 
@@ -44,7 +44,7 @@ def _png_size_and_texts(
     kinds = set() if kinds is None else kinds
     try:
         with open(path, "rb") as handle:
-            if handle.read(8) != _PNG_SIGNATURE:
+            if handle.read(8) != PNG_SIGNATURE:
                 return None
             size = None
             for _ in range(_CHUNKS_READ):
@@ -104,7 +104,7 @@ def torchkit_png(
 def with_software_text(png: bytes) -> bytes:
     """`png` (as OpenCV's `imencode` writes it: IHDR first) with the `Software: torchkit
     VERSION` text chunk after its IHDR, the mark `torchkit_png` proves it by."""
-    if png[:8] != _PNG_SIGNATURE or png[12:16] != b"IHDR":
+    if png[:8] != PNG_SIGNATURE or png[12:16] != b"IHDR":
         return png
     end = 8 + 12 + struct.unpack(">I", png[8:12])[0]  # past IHDR's length, type, data, CRC
     body = b"tEXtSoftware\0" + PNG_METADATA["Software"].encode("latin-1")
@@ -304,19 +304,15 @@ def is_safetensors(path: Path) -> bool:
     )
 
 
-def _starts(*magics: bytes) -> Callable[[bytes], bool]:
-    return lambda head: any(head.startswith(magic) for magic in magics)
-
-
-# The first bytes of each image format torchkit writes (`convert tensor`), by extension.
-_IMAGE_MAGIC: dict[str, Callable[[bytes], bool]] = {
-    ".png": _starts(_PNG_SIGNATURE),
-    ".jpg": _starts(b"\xff\xd8\xff"),
-    ".jpeg": _starts(b"\xff\xd8\xff"),
-    ".bmp": _starts(b"BM"),
-    ".webp": lambda head: head[:4] == b"RIFF" and head[8:12] == b"WEBP",
-    ".tif": _starts(b"II*\0", b"MM\0*"),
-    ".tiff": _starts(b"II*\0", b"MM\0*"),
+# The image format of each extension torchkit writes images under (`convert tensor`).
+_IMAGE_FORMATS = {
+    ".png": "PNG",
+    ".jpg": "JPEG",
+    ".jpeg": "JPEG",
+    ".bmp": "BMP",
+    ".webp": "WebP",
+    ".tif": "TIFF",
+    ".tiff": "TIFF",
 }
 _FILE_PROOFS: dict[str, Callable[[Path], bool]] = {
     ".npy": is_npy,
@@ -333,11 +329,11 @@ def of_its_format(path: Path) -> bool:
     extension = path.suffix.lower()
     if extension in _FILE_PROOFS:
         return _FILE_PROOFS[extension](path)
-    magic = _IMAGE_MAGIC.get(extension)
-    if magic is None:
+    expected = _IMAGE_FORMATS.get(extension)
+    if expected is None:
         return False
     try:
         with open(path, "rb") as handle:
-            return magic(handle.read(12))
+            return image_format(handle.read(HEAD_BYTES)) == expected
     except OSError:
         return False

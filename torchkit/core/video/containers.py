@@ -18,6 +18,7 @@ from typing import Any
 from torchkit.core.data.image_files import opened_image
 from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.io.files import STDIN, read_path_list, tree_entries
+from torchkit.core.io.image_magic import image_format
 
 logger = logging.getLogger("torchkit")
 
@@ -169,12 +170,8 @@ def sniff_container(head: bytes) -> str | None:
         return "dv"  # raw DV: the header block of its first frame (the top bit: 625/50 lines)
     # Animated images FFmpeg reads as videos (a GIF saved as .mp4 is common): their own names, as
     # the column says what the bytes are. Still ones are refused before (`still_image_format`).
-    image = next((name for magic, name in _IMAGE_MAGIC if head.startswith(magic)), None)
-    if image in ("GIF", "PNG"):
-        return image.lower()
-    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
-        return "webp"
-    return None
+    image = image_format(head)
+    return image.lower() if image in ("GIF", "PNG", "WebP") else None
 
 
 def declares_no_video(head: bytes, container: str | None) -> bool:
@@ -222,24 +219,11 @@ def _flv_last_tag(handle, size: int) -> bytes | None:
     return tag
 
 
-_IMAGE_MAGIC = (
-    (b"\x89PNG\r\n\x1a\n", "PNG"),
-    (b"\xff\xd8\xff", "JPEG"),
-    (b"GIF87a", "GIF"),
-    (b"GIF89a", "GIF"),
-    (b"BM", "BMP"),
-    (b"II*\x00", "TIFF"),
-    (b"MM\x00*", "TIFF"),
-)
-
-
 def still_image_format(path: str | os.PathLike, head: bytes) -> str | None:
     """The format ("PNG", "JPEG", "GIF"...) when the file is a still image (one frame), which
     FFmpeg would otherwise open as a one-frame "video" at a made-up 25 fps; None for anything
     else, an animated GIF, PNG or WebP included (those are left to FFmpeg)."""
-    kind = next((name for magic, name in _IMAGE_MAGIC if head.startswith(magic)), None)
-    if kind is None and head[:4] == b"RIFF" and head[8:12] == b"WEBP":
-        kind = "WebP"
+    kind = image_format(head)
     if kind is None:
         return None
     try:
