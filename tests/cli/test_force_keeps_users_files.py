@@ -15,7 +15,7 @@ import pytest
 from format_files import bare_png, chrome_trace, owned_tar, tensorboard_events
 from output_checks import check_refused_untouched, error_line, tree_digest
 from processes import run_torchkit_in_process
-from safety_world import write_world
+from safety_world import marked, write_world
 
 from torchkit.core.io.errors import OutputExistsError
 from torchkit.core.io.folder_contents import exact_pattern, foreign_entries, names_inside
@@ -109,20 +109,6 @@ PER_CLASS = "label,index,support,predicted,precision\na,0,1,1,1.0\n"  # eval's h
 EVAL_METRICS = json.dumps(
     {"num_images": 1, "num_skipped": 0, "accuracy": 1.0, "topk_accuracy": {"top5": 1.0}}
 )
-
-
-def marked(folder: Path, command: str, files: dict[str, str | bytes]) -> Path:
-    """An earlier output of `command` at `folder`: its marker and `files` (relative path ->
-    text or bytes), what torchkit wrote there and what the test adds."""
-    folder.mkdir(parents=True)
-    (folder / MARKER).write_text(json.dumps({"written_by": "torchkit", "command": command}))
-    for name, data in files.items():
-        (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(data, bytes):
-            (folder / name).write_bytes(data)
-        else:
-            (folder / name).write_text(data)
-    return folder
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from format_files import bare_png, owned_tar, photo_png
 from output_checks import check_refused_untouched
-from safety_world import write_world
+from safety_world import marked, write_world
 
 from torchkit.core.io.output_proofs import torchkit_png, with_software_text
 from torchkit.core.io.outputs import MARKER
@@ -30,14 +30,6 @@ def template(tmp_path_factory) -> Path:
 @pytest.fixture
 def world(template, tmp_path) -> Path:
     return Path(shutil.copytree(template, tmp_path / "world", symlinks=True))
-
-
-def _marked(folder: Path, command: str, files: dict[str, bytes]) -> None:
-    folder.mkdir()
-    (folder / MARKER).write_text(json.dumps({"written_by": "torchkit", "command": command}))
-    for name, data in files.items():
-        (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        (folder / name).write_bytes(data)
 
 
 FRAMES = ["video-info", "clip.avi", "--segments", "2", "--extract-frames", "out", "--force"]
@@ -134,7 +126,7 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_force_refuses_a_users_file_under_a_name_the_command_writes(world, case):
     args, command, own, (name, data) = CASES[case]
-    _marked(world / "out", command, {**own, name: data})
+    marked(world / "out", command, {**own, name: data})
     what = "frames folder" if command == "video-info" else "output folder"
     check_refused_untouched(
         args, f"{what} out holds out/{name} that torchkit did not write", cwd=world

@@ -15,6 +15,7 @@ from output_checks import error_line
 from processes import processes_in_group, run_torchkit_in_process, signal_and_wait, wait_until
 
 from torchkit.core.data.preprocessing import Preprocess
+from torchkit.core.io.outputs import MARKER
 from torchkit.core.models import build_model
 from torchkit.core.models.checkpoint import FORMAT_VERSION, save_checkpoint
 
@@ -124,3 +125,17 @@ def ended_as_stopped(process: subprocess.Popen, signum: int, code: int, stderr: 
     assert (code, stderr.splitlines()[-1:]) == (said[0], [said[1]]), stderr
     assert "Traceback" not in stderr and "Error:" not in stderr, stderr
     wait_until(lambda: not processes_in_group(process.pid), what="the workers to exit")
+
+
+def marked(folder: Path, command: str, files: dict[str, str | bytes]) -> Path:
+    """An earlier output of `command` at `folder`: its marker and `files` (relative path ->
+    text or bytes), what torchkit wrote there and what the test adds."""
+    folder.mkdir(parents=True)
+    (folder / MARKER).write_text(json.dumps({"written_by": "torchkit", "command": command}))
+    for name, data in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(data, bytes):
+            (folder / name).write_bytes(data)
+        else:
+            (folder / name).write_text(data)
+    return folder
