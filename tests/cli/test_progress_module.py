@@ -341,3 +341,36 @@ def test_a_bar_fed_an_update_an_item_redraws_a_few_times_a_second(stderr, monkey
     assert drawn[-1] == 1000
     assert drawn == sorted(drawn)
     assert 10 <= len(set(drawn)) <= 14
+
+
+class _WatchedTerminal(io.StringIO):
+    """A terminal that tells when `text` is first written to it."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text, self.seen = text, threading.Event()
+
+    def write(self, text: str) -> int:
+        if self.text in text:
+            self.seen.set()
+        return super().write(text)
+
+
+def test_a_pause_after_a_burst_of_updates_shows_the_bursts_last_count(monkeypatch):
+    """A bar without a redraw thread drew an update only when the next came: after a burst of
+    items (each within the 0.1 s between redraws) and a pause, it showed the burst's first
+    count until the next item. The last count is drawn about 0.1 s later, with no update."""
+    terminal = _WatchedTerminal("50/100")
+    made = console.make_console(file=terminal, force_terminal=True, width=100)
+    monkeypatch.setattr(console, "stderr", made, raising=False)
+    clock = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    with progress_bar("writing shards") as update:
+        for done in range(1, 51):
+            update(done, 100)
+            clock[0] += 0.001
+        assert "50/100" not in terminal.getvalue()  # within the interval: not drawn at once
+        assert terminal.seen.wait(30)  # the pause: drawn without another update
+        drawn = [int(count) for count in re.findall(r"(\d+)/100\b", terminal.getvalue())]
+        assert drawn == [1, 50]
+    assert not [t for t in threading.enumerate() if t.name == "torchkit-progress-late"]

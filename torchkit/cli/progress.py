@@ -158,7 +158,7 @@ class _Redraws:
                 console.write_lock.release()
 
 
-_bars: weakref.WeakSet = weakref.WeakSet()  # every `_Redraws` made
+_bars: weakref.WeakSet = weakref.WeakSet()  # every `_Redraws` and `_LateRedraw` made
 
 
 def _pause_redraws() -> None:
@@ -172,11 +172,24 @@ def _pause_redraws() -> None:
 def _forget_redraws() -> None:
     """After the fork, in the child: it draws no bar."""
     for redraws in list(_bars):
-        redraws.paused = False
+        if isinstance(redraws, _LateRedraw):
+            redraws.due = False
+        else:
+            redraws.paused = False
+
+
+def _resume_late_redraws() -> None:
+    """After the fork, in the parent: an update a fork left undrawn is drawn (`_Redraws`
+    waits for the bar's next update instead: the next worker's fork would be beside it)."""
+    for redraws in list(_bars):
+        if isinstance(redraws, _LateRedraw):
+            redraws.resume()
 
 
 if hasattr(os, "register_at_fork"):  # POSIX
-    os.register_at_fork(before=_pause_redraws, after_in_child=_forget_redraws)
+    os.register_at_fork(
+        before=_pause_redraws, after_in_parent=_resume_late_redraws, after_in_child=_forget_redraws
+    )
 
 
 # A bar that redraws on its updates (no thread) does so at most this often: core calls back
@@ -185,11 +198,75 @@ if hasattr(os, "register_at_fork"):  # POSIX
 REDRAW_EVERY_S = 0.1
 
 
+class _LateRedraw:
+    """One redraw of a bar REDRAW_EVERY_S after an update that was not drawn, from a short-lived
+    thread: a burst of items followed by a pause (a large file, a slow shard) showed the count
+    of the burst's first item until the next update. A fork (`_pause_redraws`) or the bar's end
+    (`cancel`) ends the thread first, after its redraw in flight; an update left undrawn by a
+    fork is drawn after it, in the parent."""
+
+    def __init__(self, bar: Progress) -> None:
+        self.bar = bar
+        self.lock = threading.Lock()
+        self.due = False  # an update not drawn yet
+        self.thread: threading.Thread | None = None
+        self.done = threading.Event()
+
+    def arm(self) -> None:
+        """Draw the bar's state within REDRAW_EVERY_S (the thread, when running, draws it)."""
+        with self.lock:
+            self.due = True
+            if self.thread is None:
+                self.done = threading.Event()
+                self.thread = threading.Thread(
+                    target=self._run, args=(self.done,), name="torchkit-progress-late", daemon=True
+                )
+                self.thread.start()
+
+    def drawn(self) -> None:
+        """The bar was just drawn with its last update."""
+        with self.lock:
+            self.due = False
+
+    def cancel(self) -> None:
+        with self.lock:
+            thread, self.thread = self.thread, None
+            self.done.set()
+        if thread is not None:
+            thread.join()  # after its redraw in flight, which waits for no lock this one holds
+
+    def pause(self) -> None:  # before a fork: `due` stays for `resume`
+        self.cancel()
+
+    def resume(self) -> None:  # after a fork, in the parent
+        if self.due:
+            self.arm()
+
+    def _run(self, done: threading.Event) -> None:
+        while not done.wait(REDRAW_EVERY_S):
+            # Like `_Redraws`: never waits for the console's lock, it retries a tick later.
+            if not console.write_lock.acquire(blocking=False):
+                continue
+            try:
+                with self.lock:
+                    if done.is_set():
+                        return
+                    if not self.due:  # drawn since: nothing left to show
+                        self.thread = None
+                        return
+                    self.due = False
+                self.bar.refresh()
+            finally:
+                console.write_lock.release()
+
+
 class ProgressUpdate:
     """Core's (done, total) callback for a progress bar; `status(text)` shows what is being
     done now beside the label (`status(None)` clears it). Without a redraw thread the bar is
     redrawn on an update at most every REDRAW_EVERY_S, and when the count reaches the total;
-    the bar's stop draws its last count."""
+    an update not drawn is drawn REDRAW_EVERY_S later if none is drawn by then (`_LateRedraw`),
+    so a pause after a burst of items shows the burst's last count; the bar's stop draws its
+    last count."""
 
     def __init__(
         self, bar: Any, label: str, *, refresh: bool, count_from_first_update: bool
@@ -197,6 +274,10 @@ class ProgressUpdate:
         self._bar, self._label, self._refresh = bar, label, refresh
         self._description = label
         self._drawn_at = -math.inf  # the first update is drawn at once
+        self._late: _LateRedraw | None = None
+        if refresh and not bar.disable:
+            self._late = _LateRedraw(bar)
+            _bars.add(self._late)
         # A task made at the first update counts speed and time from the count it is given
         # (a resumed run starts part-way); until then the bar shows nothing.
         self._task = None if count_from_first_update else bar.add_task(label, total=None)
@@ -215,6 +296,15 @@ class ProgressUpdate:
         self._bar.update(self._task, completed=done, total=total, refresh=redraw)
         if redraw:
             self._drawn_at = now
+            if self._late is not None:
+                self._late.drawn()
+        elif self._late is not None:
+            self._late.arm()
+
+    def close(self) -> None:
+        """End the late redraw before the bar's last drawing."""
+        if self._late is not None:
+            self._late.cancel()
 
     def status(self, text: str | None) -> None:
         from rich.markup import escape
@@ -258,12 +348,16 @@ def progress_bar(
     with stderr_progress(
         *columns, transient=not keep, refresh_in_thread=refresh_in_thread, hidden=hidden
     ) as bar:
-        yield ProgressUpdate(
+        update = ProgressUpdate(
             bar,
             label,
             refresh=not refresh_in_thread,
             count_from_first_update=count_from_first_update,
         )
+        try:
+            yield update
+        finally:
+            update.close()
 
 
 def _rate_column(unit: str) -> ProgressColumn:
