@@ -156,3 +156,25 @@ def test_the_walk_keeps_the_folders_above_the_inputs_not_each_input(tmp_path):
     for i in range(50):
         assert resolver.resolve(data / f"{i:03d}") == (data / f"{i:03d}", False)
     assert len(resolver.walked) <= len(data.parts) + 1  # before: 50 more
+
+
+def test_an_input_named_up_from_a_link_inside_the_output_is_refused(tmp_path):
+    """`OUT/link/..` (OUT/link a link to a folder elsewhere) is the folder above the link's
+    target, as the kernel resolves it, but its name hangs on OUT/link, which replacing OUT
+    takes away: refused, as `OUT/link` is. It passed once the check walked each name from
+    `/` (a `..` took the walk out of OUT by the target's path). A `..` up a real folder of
+    OUT leaves OUT by name: `OUT/sub/../..` is OUT's folder, which OUT lies inside."""
+    out = tmp_path / "out"
+    (out / "sub").mkdir(parents=True)
+    (tmp_path / "elsewhere" / "data").mkdir(parents=True)
+    (out / "link").symlink_to(tmp_path / "elsewhere" / "data")
+    (out / "sub" / "link").symlink_to(tmp_path / "elsewhere" / "data")
+    for named in ("out/link/..", "out/sub/link/..", "out/link/../data/..", "out/sub/../link/.."):
+        with pytest.raises(OutputOverlapError, match="contains the data"):
+            check_overlap(out, "--out", [InputPath.of(f"{tmp_path}/{named}", "data")])
+        # the same input beside another output: no overlap
+        check_overlap(tmp_path / "other", "--out", [InputPath.of(f"{tmp_path}/{named}", "data")])
+    # named up and out of OUT through its own folders: the data beside OUT, no overlap
+    (tmp_path / "beside").mkdir()
+    for named in ("out/../beside", "out/sub/../../beside"):
+        check_overlap(out, "--out", [InputPath.of(f"{tmp_path}/{named}", "data")])

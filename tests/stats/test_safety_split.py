@@ -80,6 +80,20 @@ def test_out_that_is_in_or_holds_the_dataset_is_refused_and_nothing_moves(tmp_pa
     assert tree_digest(tmp_path) == before  # not a byte changed, nothing created, no lock left
 
 
+def test_data_named_up_from_a_link_inside_out_is_refused(tmp_path, data):
+    """`split OUT/link/.. OUT --force` (OUT/link a link to a class folder): the data folder is
+    named through OUT, whose replacement takes the name away: refused, nothing written."""
+    out = tmp_path / "out"
+    assert split(data, out, "--mode", "manifest").returncode == 0  # an earlier split
+    (out / "link").symlink_to(data / "cat", target_is_directory=True)
+    before = tree_digest(tmp_path)
+    result = split(out / "link" / "..", out, "--force")
+    assert result.returncode == 1, result.stderr
+    line = error_line(result.stderr)
+    assert f"output folder {out} contains the data folder {out / 'link' / '..'}" in line
+    assert tree_digest(tmp_path) == before
+
+
 def test_force_over_a_folder_that_is_not_a_split_is_refused(tmp_path, data):
     mine = tmp_path / "mine"
     make_files(mine, {"train": 2})  # a `train/` of the user's own, no split.csv, no marker

@@ -129,10 +129,13 @@ class _Resolver:
     def __init__(self, output: Path | None) -> None:
         self.output = output  # the real output folder where it exists (else nothing is through)
         self.cwd: str | None = None  # at a relative path: absolute ones pass a deleted cwd
-        self.walked: dict[str, tuple[str, bool]] = {"": ("/", False)}
+        # each folder's (real path, named through OUT, a link inside OUT followed on the way)
+        self.walked: dict[str, tuple[str, bool, bool]] = {"": ("/", False, False)}
 
     def resolve(self, path: str | os.PathLike) -> tuple[Path, bool]:
-        """`_real(path)`, and whether `path` goes through the output folder on its way."""
+        """`_real(path)`, and whether `path` goes through the output folder on its way. A `..`
+        after a link inside OUT is taken from the link's target (as the kernel takes it), but
+        the name still hangs on the link (`OUT/link/..`): through OUT, wherever it leads."""
         text = os.fspath(path)
         if os.name != "posix":  # names compare without case there: realpath's and Path's rules
             named = Path(os.path.abspath(text))
@@ -145,21 +148,28 @@ class _Resolver:
         known = len(names)
         while "/".join(names[:known]) not in self.walked:
             known -= 1
-        real, through = self.walked["/".join(names[:known])]
+        real, through, linked = self.walked["/".join(names[:known])]
         for index in range(known, len(names)):
             name = names[index]
             if name == "..":
                 real = os.path.dirname(real)
-                through = self.output is not None and _is_within(Path(real), self.output)
+                # `OUT/sub/..` leaves OUT by name; `OUT/link/..` never does (`linked`)
+                through = linked or (
+                    self.output is not None and _is_within(Path(real), self.output)
+                )
             else:
                 candidate = os.path.join(real, name)
                 # the name itself inside OUT, before a link is followed: the link goes with OUT
                 through = through or (
                     self.output is not None and _is_within(Path(candidate), self.output)
                 )
-                real = os.path.realpath(candidate) if os.path.islink(candidate) else candidate
+                if os.path.islink(candidate):
+                    linked = linked or through
+                    real = os.path.realpath(candidate)
+                else:
+                    real = candidate
             if index < len(names) - 1:  # the folders on the way, not each input (a million)
-                self.walked["/".join(names[: index + 1])] = (real, through)
+                self.walked["/".join(names[: index + 1])] = (real, through, linked)
         return Path(real), through
 
 
