@@ -329,20 +329,24 @@ class _Encoder(nn.Module):
         return self.head(self.encoder(tokens).mean(1 if self.batch_first else 0))
 
 
-@pytest.mark.parametrize(("batch_first", "kind"), [(False, "dropout"), (True, "explicit")])
+@pytest.mark.parametrize(("batch_first", "kind"), [(False, "dropout"), (True, "mha-dropout")])
 def test_training_with_attention_dropout_keeps_the_matrices(monkeypatch, batch_first, kind):
     """F.scaled_dot_product_attention's fused CPU kernel takes no dropout: nn.MultiheadAttention
     with dropout (nn.TransformerEncoderLayer's default) trains through the math path and keeps
     each matrix, three times over (measured, 4 blocks of 64 channels, 1,024 tokens, -b 8: a
     training peak of 1.87 GB, 0.13 GB without dropout). Before: counted as held in inference
     only, so benchmark's train check counted 0.03 GB of it and let any batch through; then
-    once (0.54 GB)."""
+    once (0.54 GB), and still once where the module takes its inference fast path (batch
+    first), which training never does. In inference the fast path holds one matrix, the other
+    none."""
     side, batch = 256, 8
     model = _Encoder(batch_first)
     counted = summarize(model, [(1, 3, side, side)], count_flops=False)
     assert [m.kind for m in counted.attention.matrices] == [kind, kind]
+    held = matrix_bytes(side) if batch_first else 0
+    assert counted.attention.held_in_inference() == held
     activations = counted.input_mb * 1e6 + counted.forward_backward_mb * 1e6 / 2
-    kept = 3 if kind == "dropout" else 1  # the softmax, dropout's mask, their product
+    kept = 3  # the softmax, dropout's mask, their product
     needed = batch * (activations + kept * 2 * matrix_bytes(side))
     monkeypatch.setattr(bench_run, "available_memory", lambda: needed - 1)
     refusal = _refusal_of_benchmark(model, side, batch, mode="train")
@@ -355,11 +359,11 @@ def test_training_with_attention_dropout_keeps_the_matrices(monkeypatch, batch_f
 class _TimmDropout(nn.Module):
     """Attention as timm writes it: F.scaled_dot_product_attention with dropout in training
     only (`dropout_p=self.attn_drop.p if self.training else 0.`), 8 px patches of 8 channels,
-    2 blocks of 2 heads."""
+    2 blocks of 2 heads; `in_eval`: with dropout in eval mode too."""
 
-    def __init__(self, p: float = 0.1):
+    def __init__(self, p: float = 0.1, in_eval: bool = False):
         super().__init__()
-        self.p = p
+        self.p, self.in_eval = p, in_eval
         self.patches = nn.Conv2d(3, 8, 8, stride=8)
         self.qkv = nn.ModuleList(nn.Linear(8, 24) for _ in range(2))
         self.head = nn.Linear(8, 10)
@@ -370,7 +374,7 @@ class _TimmDropout(nn.Module):
         for qkv in self.qkv:
             q, k, v = qkv(tokens).reshape(batch, count, 3, HEADS, -1).permute(2, 0, 3, 1, 4)
             mixed = nn.functional.scaled_dot_product_attention(
-                q, k, v, dropout_p=self.p if self.training else 0.0
+                q, k, v, dropout_p=self.p if self.training or self.in_eval else 0.0
             )
             tokens = tokens + mixed.transpose(1, 2).reshape(batch, count, channels)
         return self.head(tokens.mean(1))
@@ -390,7 +394,7 @@ def test_scaled_dot_product_attention_with_dropout_in_training_keeps_its_matrice
     in_eval = summarize(model, [(1, 3, side, side)], count_flops=False)
     assert [m.kind for m in in_eval.attention.matrices] == ["sdpa", "sdpa"]
     in_training = summarize(model, [(1, 3, side, side)], count_flops=False, train_mode=True)
-    kind = "dropout" if p else "sdpa"
+    kind = "sdpa-dropout" if p else "sdpa"
     assert [m.kind for m in in_training.attention.matrices] == [kind, kind]
     activations = in_eval.input_mb * 1e6 + in_eval.forward_backward_mb * 1e6 / 2
     kept = 3 * 2 * matrix_bytes(side) if p else 0
@@ -403,6 +407,34 @@ def test_scaled_dot_product_attention_with_dropout_in_training_keeps_its_matrice
         f"({what})"
     )
     assert model.training  # the module's own mode is put back
+
+
+def test_scaled_dot_product_attention_with_dropout_in_inference_holds_three_matrices(
+    monkeypatch,
+):
+    """F.scaled_dot_product_attention called with dropout_p > 0 in eval mode too drops out
+    through the math path there: an inference holds the softmax, dropout's mask and their
+    product at once (measured: 797 MB for a 268 MB matrix). Before: counted as training's
+    alone, none in inference, so benchmark's infer check and .pt2's count took none of it.
+    Now 3 x the largest matrix, in both (2 blocks: the same at any depth)."""
+    side, batch = 256, 8
+    model = _TimmDropout(0.1, in_eval=True).eval()
+    counted = summarize(model, [(1, 3, side, side)], count_flops=False)
+    assert [m.kind for m in counted.attention.matrices] == ["sdpa-dropout"] * 2
+    matrix = matrix_bytes(side)  # 2 heads x 1,024 tokens^2 x 4 bytes: 8.4 MB an image
+    assert counted.attention.held_in_inference() == 3 * matrix
+    assert export_run.pt2_held_matrices(counted.attention) == (3, matrix)
+    image = 3 * side * side * 4
+    layer = counted.largest_call_mb * 1e6
+    assert layer < matrix
+    needed = batch * (image + 3 * matrix)  # 0.21 GB
+    monkeypatch.setattr(bench_run, "available_memory", lambda: needed - 1)
+    refusal = _refusal_of_benchmark(model, side, batch)
+    assert refusal.message == (
+        f"_TimmDropout in infer mode at batch {batch} needs at least {needed / 1e9:,.1f} GB "
+        "(the input batch and its largest attention matrix), more than the 0.2 GB of memory "
+        "available"
+    )
 
 
 def test_a_score_at_the_address_of_one_a_softmax_took_is_followed():

@@ -45,11 +45,7 @@ from torchkit.core.runtime.device import is_out_of_memory, to_channels_last
 from torchkit.core.runtime.memory import available_memory
 from torchkit.core.summary.attention import (
     ATTENTION_MATRICES,
-    DROPOUT,
-    DROPOUT_KEPT,
-    EXPLICIT,
     LARGEST_ATTENTION_MATRIX,
-    MHA,
     SDPA,
 )
 
@@ -659,20 +655,21 @@ def _check_fits_in_memory(
     else `counted`'s). Both are summary's counts at batch 1 (the matrices:
     summary/attention.py; the fused kernel of F.scaled_dot_product_attention holds none,
     nn.MultiheadAttention's without weights only on its inference fast path; with dropout,
-    training keeps each DROPOUT_KEPT times over), activations halved for a 16-bit
+    training keeps each DROPOUT_KEPT times over, and F.scaled_dot_product_attention called
+    with dropout holds that many in inference too), activations halved for a 16-bit
     --amp; a real step takes about twice them."""
     available = available_memory()
     if available is None or counted.input_mb is None:
         return
     halved = 2 if amp_dtype is not None and amp_dtype.itemsize == 2 else 1
     layer = (counted.largest_call_mb or 0) * MB
-    matrix = counted.attention.largest(EXPLICIT, MHA)
+    matrix = counted.attention.held_in_inference()
     per_image = {
         "infer": counted.input_mb * MB + max(layer, matrix) / halved,
         "train": counted.input_mb * MB,
     }
     trained = counted.attention if trained is None else trained
-    kept_matrices = trained.total(EXPLICIT) + DROPOUT_KEPT * trained.total(DROPOUT)
+    kept_matrices = trained.kept_in_training()
     if counted.forward_backward_mb is not None:
         kept = counted.forward_backward_mb * MB / 2  # summary counts forward + backward
         per_image["train"] += (kept + kept_matrices) / halved

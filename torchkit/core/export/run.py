@@ -52,10 +52,13 @@ from torchkit.core.runtime import memory
 from torchkit.core.summary.attention import (
     ATTENTION_MATRICES,
     DROPOUT,
+    DROPOUT_KEPT,
     EXPLICIT,
     LARGEST_ATTENTION_MATRIX,
     MHA,
+    MHA_DROPOUT,
     SDPA,
+    SDPA_DROPOUT,
     AttentionMatrices,
 )
 
@@ -380,7 +383,16 @@ _PEAK_PER_MATRIX = {fm.EXPORTED_PROGRAM: 4.0}  # without `held_matrices`: the fl
 # image (196 and 784 tokens, by hand, nn.MultiheadAttention, F.scaled_dot_product_attention;
 # docs/commands/export.md).
 _IMAGES_HELD = {fm.EXPORTED_PROGRAM: 1.4}
-PT2_MATRICES_HELD = {EXPLICIT: 2.0, MHA: 1.0, SDPA: 0.0, DROPOUT: 0.0}
+# F.scaled_dot_product_attention called with dropout runs its math path in the reference pass:
+# the softmax, dropout's mask and their product at once (summary/attention.py)
+PT2_MATRICES_HELD = {
+    EXPLICIT: 2.0,
+    MHA: 1.0,
+    MHA_DROPOUT: 1.0,
+    SDPA: 0.0,
+    DROPOUT: 0.0,
+    SDPA_DROPOUT: float(DROPOUT_KEPT),
+}
 
 
 def pt2_held_matrices(attention: AttentionMatrices) -> tuple[float, int]:

@@ -19,15 +19,25 @@ is computed, because that decides whether a real run holds it:
   fused kernel, which does not. Where it cannot take that path (`batch_first=False`, queries
   that are not the keys) every run goes through F.scaled_dot_product_attention: `sdpa`.
 - `dropout`: the same off its fast path with dropout (nn.TransformerEncoderLayer's default
-  0.1), or F.scaled_dot_product_attention called with `dropout_p > 0`: inference holds no
-  matrix, but the fused CPU kernel takes no dropout, so training runs the math path and keeps
-  it for the backward pass, three times over (the softmax, dropout's mask of floats, and their
-  product: `DROPOUT_KEPT`; measured, 4 blocks of 64 channels, 4 heads, 1,024 tokens, -b 8: a
-  training peak of 1.87 GB through nn.MultiheadAttention, 1.83 GB through
-  F.scaled_dot_product_attention, 0.07-0.13 GB without dropout, 3.15x a block's matrix for
-  each block past the first). On nn.MultiheadAttention's fast path with dropout it is
-  `explicit`: both modes hold it. Models that pass `dropout_p` in training only (timm's)
-  show it in a training-mode pass only (benchmark's train check makes one).
+  0.1): inference holds no matrix (nn.MultiheadAttention drops out in training only), but the
+  fused CPU kernel takes no dropout, so training runs the math path and keeps it for the
+  backward pass, three times over (the softmax, dropout's mask of floats, and their product:
+  `DROPOUT_KEPT`; measured, 4 blocks of 64 channels, 4 heads, 1,024 tokens, -b 8: a training
+  peak of 1.87 GB, 0.07-0.13 GB without dropout, 3.15x a block's matrix for each block past
+  the first).
+- `mha-dropout`: nn.MultiheadAttention without weights on its inference fast path, with
+  dropout: inference holds the fast path's one matrix, training (never on the fast path) keeps
+  `DROPOUT_KEPT` of each, as `dropout`.
+- `sdpa-dropout`: F.scaled_dot_product_attention called with `dropout_p > 0` (by the model
+  itself, not through nn.MultiheadAttention): it drops out in whatever mode it is called so,
+  through the math path, which holds the softmax, the mask and their product at once in
+  inference too (measured: 797 MB for a 268 MB matrix, 2.97x) and keeps them in training
+  (1.83 GB, the figures above, 67 MB with dropout_p=0). Models that pass `dropout_p` in
+  training only (timm's) show it in a training-mode pass only (benchmark's train check makes
+  one); their eval pass shows `sdpa`.
+
+What a run holds of each kind: `INFERENCE_HELD` (one call's at a time: the largest counts,
+`held_in_inference`) and `TRAINING_KEPT` (every call's: `kept_in_training`).
 
 On the meta device `F.scaled_dot_product_attention` runs its math path (a product, then a
 softmax), which the same rule finds; on a real device the fused operations are counted from
@@ -43,8 +53,27 @@ from dataclasses import dataclass
 from typing import Any
 
 EXPLICIT, SDPA, MHA, DROPOUT = "explicit", "sdpa", "mha", "dropout"
-# The copies of a `dropout` matrix that training keeps for the backward pass (see the module)
+MHA_DROPOUT, SDPA_DROPOUT = "mha-dropout", "sdpa-dropout"
+# The copies of a matrix that dropout's math path holds (the softmax, dropout's mask of floats,
+# their product): at once in inference, kept for the backward pass in training (see the module)
 DROPOUT_KEPT = 3
+# What an inference pass holds of one call's matrix, and what training keeps of each, by kind
+INFERENCE_HELD = {
+    EXPLICIT: 1,
+    MHA: 1,
+    MHA_DROPOUT: 1,
+    SDPA: 0,
+    DROPOUT: 0,
+    SDPA_DROPOUT: DROPOUT_KEPT,
+}
+TRAINING_KEPT = {
+    EXPLICIT: 1,
+    MHA: 0,
+    MHA_DROPOUT: DROPOUT_KEPT,
+    SDPA: 0,
+    DROPOUT: DROPOUT_KEPT,
+    SDPA_DROPOUT: DROPOUT_KEPT,
+}
 # The words export's and benchmark's memory refusals name them by
 ATTENTION_MATRICES = "attention matrices"
 LARGEST_ATTENTION_MATRIX = "largest attention matrix"
@@ -71,6 +100,15 @@ class AttentionMatrices:
     def largest(self, *kinds: str) -> int:
         """Bytes of the largest matrix (of `kinds`): what a pass that frees each holds."""
         return max((m.bytes for m in self.matrices if not kinds or m.kind in kinds), default=0)
+
+    def held_in_inference(self) -> int:
+        """Bytes an inference pass holds of them at once: the largest call's, as many times as
+        its kind holds it (`INFERENCE_HELD`; each call's are freed before the next)."""
+        return max((INFERENCE_HELD[m.kind] * m.bytes for m in self.matrices), default=0)
+
+    def kept_in_training(self) -> int:
+        """Bytes a training pass keeps of them for the backward pass (`TRAINING_KEPT`)."""
+        return sum(TRAINING_KEPT[m.kind] * m.bytes for m in self.matrices)
 
     def per_sample(self, batch: int) -> AttentionMatrices:
         """The matrices of a pass at `batch`, made per sample (they grow with the batch)."""
@@ -136,7 +174,7 @@ class AttentionCounter:
                 kwargs = kwargs or {}
                 if func is F.scaled_dot_product_attention:
                     dropout = kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0)
-                    counter._sdpa.append(DROPOUT if dropout > 0 else SDPA)
+                    counter._sdpa.append(SDPA_DROPOUT if dropout > 0 else SDPA)
                     try:
                         return func(*args, **kwargs)
                     finally:
@@ -204,11 +242,11 @@ class AttentionCounter:
 
 def _mha_kind(weights: bool, fast_path: bool, dropout: bool) -> str:
     """The kind of an nn.MultiheadAttention call's matrix (see the module): which of
-    inference (the fast path) and training (weights, or dropout) holds it."""
-    if weights or (fast_path and dropout):
+    inference (the fast path, or weights) and training (weights, or dropout) holds it."""
+    if weights:
         return EXPLICIT
     if dropout:
-        return DROPOUT
+        return MHA_DROPOUT if fast_path else DROPOUT
     return MHA if fast_path else SDPA
 
 
