@@ -7,7 +7,7 @@ import logging
 import math
 from collections.abc import Collection, Iterable
 from dataclasses import fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from torchkit.core.data.decode import DECODE_CHOICES
 from torchkit.core.data.preprocessing import (
@@ -208,35 +208,52 @@ def validate(config: TrainConfig, *, not_given: Collection[str] = ()) -> None:
     options that work against each other. `not_given`: options this invocation did not give (a
     resumed run's own values), whose lack of effect is not warned of (`--no-amp` on a run
     trained with `--amp-dtype fp16`: that value is the run's, not an option given for nothing)."""
-
-    def bad(message: str, hint: str | None = None) -> None:
-        raise UsageError(message, hint)
-
     check_finite(config)
+    _check_names(config)
+    _check_augmentation(config)
+    _check_decoding(config)
+    _check_precision_and_batches(config)
+    _check_optimization(config)
+    _check_data_and_preprocessing(config)
+    _check_schedule(config)
+    _check_seed_and_counts(config)
+    _check_workers_and_threads(config)
+    _check_find_lr(config)
+    _check_cudnn_and_graphs(config)
+    _check_dist_timeout(config)
+    _warn_of_options_at_odds(config, not_given)
+
+
+def _check_names(config: TrainConfig) -> None:
+    """Options that name one of a list of choices."""
     if config.optimizer not in OPTIMIZERS:
-        bad(f"unknown --optimizer {config.optimizer!r}", "use " + ", ".join(OPTIMIZERS))
+        _refuse(f"unknown --optimizer {config.optimizer!r}", "use " + ", ".join(OPTIMIZERS))
     if config.scheduler not in SCHEDULERS:
-        bad(f"unknown --scheduler {config.scheduler!r}", "use " + ", ".join(SCHEDULERS))
+        _refuse(f"unknown --scheduler {config.scheduler!r}", "use " + ", ".join(SCHEDULERS))
     if config.best_metric is not None and config.best_metric not in BEST_METRICS:
-        bad(f"unknown --best-metric {config.best_metric!r}", "use " + ", ".join(BEST_METRICS))
+        _refuse(f"unknown --best-metric {config.best_metric!r}", "use " + ", ".join(BEST_METRICS))
     if config.augment not in AUGMENT_POLICIES:
-        bad(f"unknown --augment {config.augment!r}", "use " + ", ".join(AUGMENT_POLICIES))
+        _refuse(f"unknown --augment {config.augment!r}", "use " + ", ".join(AUGMENT_POLICIES))
     if config.autoaugment_policy not in AUTOAUGMENT_POLICIES:
-        bad(
+        _refuse(
             f"unknown --autoaugment-policy {config.autoaugment_policy!r}",
             "use " + ", ".join(AUTOAUGMENT_POLICIES),
         )
     if config.interpolation is not None and config.interpolation not in INTERPOLATIONS:
-        bad(
+        _refuse(
             f"unknown --interpolation {config.interpolation!r}",
             "use " + ", ".join(INTERPOLATIONS),
         )
     if config.crop_mode is not None and config.crop_mode not in CROP_MODES:
-        bad(f"unknown --crop-mode {config.crop_mode!r}", "use " + ", ".join(CROP_MODES))
+        _refuse(f"unknown --crop-mode {config.crop_mode!r}", "use " + ", ".join(CROP_MODES))
+
+
+def _check_augmentation(config: TrainConfig) -> None:
+    """The strength of the augmentations, and AugMix's resampling."""
     if not 0 <= config.randaugment_magnitude <= 30:
-        bad(f"--randaugment-magnitude must be in 0..30, not {config.randaugment_magnitude}")
+        _refuse(f"--randaugment-magnitude must be in 0..30, not {config.randaugment_magnitude}")
     if not 1 <= config.augmix_severity <= 10:
-        bad(f"--augmix-severity must be in 1..10, not {config.augmix_severity}")
+        _refuse(f"--augmix-severity must be in 1..10, not {config.augmix_severity}")
     if config.augment == "augmix" and config.interpolation == "bicubic":
         # AugMix runs its operations on tensors, which torchvision resamples with nearest or
         # bilinear only: its shears and rotations would fail in the loader workers.
@@ -249,104 +266,123 @@ def validate(config: TrainConfig, *, not_given: Collection[str] = ()) -> None:
             what = "bicubic, the weights' interpolation"
             if config.weights is None and is_timm_spec(str(config.model)):
                 what = "bicubic, the interpolation of the model's pretrained config"
-        bad(
+        _refuse(
             f"--augment augmix cannot use {what} (torchvision's AugMix resamples with bilinear "
             "or nearest)",
             "give --interpolation bilinear, or another --augment",
         )
+
+
+def _check_decoding(config: TrainConfig) -> None:
+    """--decode and what it can run (the range of --random-erasing is checked after the
+    device decoder's refusal of it), --decode-cpu-share."""
     if config.decode not in DECODE_CHOICES:
-        bad(f"unknown --decode {config.decode!r}", "use " + ", ".join(DECODE_CHOICES))
+        _refuse(f"unknown --decode {config.decode!r}", "use " + ", ".join(DECODE_CHOICES))
     if config.decode == "device":
         from torchkit.core.data.device_decode import check_device_decode
 
         check_device_decode(config.augment, config.random_erasing)
     if not 0 <= config.random_erasing <= 1:
-        bad(f"--random-erasing is a probability in [0, 1], not {show_value(config.random_erasing)}")
+        _refuse(
+            f"--random-erasing is a probability in [0, 1], not {show_value(config.random_erasing)}"
+        )
     if not 0 <= config.decode_cpu_share <= 1:
-        bad(
+        _refuse(
             f"--decode-cpu-share is a fraction in [0, 1], not {show_value(config.decode_cpu_share)}"
         )
     if config.decode_cpu_share > 0 and config.decode in ("fast", "exact"):
-        bad(
+        _refuse(
             f"--decode-cpu-share shares the decoding with the device, and --decode "
             f"{config.decode} decodes nothing there",
             "use --decode device (or auto, on CUDA)",
         )
+
+
+def _check_precision_and_batches(config: TrainConfig) -> None:
+    """--amp-dtype, --epochs, the batch size and the accumulation."""
     if config.amp_dtype not in AMP_DTYPES:
-        bad(f"unknown --amp-dtype {config.amp_dtype!r}", "use " + ", ".join(AMP_DTYPES))
+        _refuse(f"unknown --amp-dtype {config.amp_dtype!r}", "use " + ", ".join(AMP_DTYPES))
     if config.epochs is not None and config.epochs < 1:
-        bad(f"--epochs must be at least 1, not {config.epochs}")
+        _refuse(f"--epochs must be at least 1, not {config.epochs}")
     if config.batch_size is not None and config.batch_size < 1:
-        bad(f"--batch-size must be at least 1, not {config.batch_size}")
+        _refuse(f"--batch-size must be at least 1, not {config.batch_size}")
     if config.batch_size is not None:
         check_batch_fits(config.batch_size)
     if config.accum_steps < 1:
-        bad(f"--accum-steps must be at least 1, not {config.accum_steps}")
+        _refuse(f"--accum-steps must be at least 1, not {config.accum_steps}")
+
+
+def _check_optimization(config: TrainConfig) -> None:
+    """Learning rates, the optimiser, the loss, the mixing and the EMA."""
     if config.lr <= 0:
-        bad(f"--lr must be positive, not {show_value(config.lr)}")
+        _refuse(f"--lr must be positive, not {show_value(config.lr)}")
     if config.backbone_lr is not None and config.head_lr_mult is not None:
-        bad("--backbone-lr and --head-lr-mult both set the head/backbone ratio", "give one")
+        _refuse("--backbone-lr and --head-lr-mult both set the head/backbone ratio", "give one")
     if config.backbone_lr is not None and config.backbone_lr < 0:
-        bad(f"--backbone-lr must not be negative, not {show_value(config.backbone_lr)}")
+        _refuse(f"--backbone-lr must not be negative, not {show_value(config.backbone_lr)}")
     if config.head_lr_mult is not None and config.head_lr_mult <= 0:
-        bad(f"--head-lr-mult must be positive, not {show_value(config.head_lr_mult)}")
+        _refuse(f"--head-lr-mult must be positive, not {show_value(config.head_lr_mult)}")
     if config.freeze_backbone and (config.backbone_lr is not None):
-        bad("--freeze-backbone trains no backbone, so --backbone-lr has nothing to do")
+        _refuse("--freeze-backbone trains no backbone, so --backbone-lr has nothing to do")
     if config.nesterov and (config.optimizer != "sgd" or config.momentum <= 0):
-        bad(
+        _refuse(
             "--nesterov needs --optimizer sgd with a positive --momentum",
             "a run resumed with --momentum 0 needs --no-nesterov too",
         )
     if not 0 <= config.label_smoothing < 1:
-        bad(f"--label-smoothing must be in [0, 1), not {show_value(config.label_smoothing)}")
+        _refuse(f"--label-smoothing must be in [0, 1), not {show_value(config.label_smoothing)}")
     for name in ("mixup_alpha", "cutmix_alpha", "l1", "weight_decay", "min_lr", "warmup_epochs"):
         if getattr(config, name) < 0:
-            bad(
+            _refuse(
                 f"{option_name(name)} must not be negative, not {show_value(getattr(config, name))}"
             )
     for name in ("mixup_alpha", "cutmix_alpha"):
         alpha = getattr(config, name)
         if 0 < alpha < MIN_MIX_ALPHA:
-            bad(
+            _refuse(
                 f"{option_name(name)} {alpha} is too small: below {MIN_MIX_ALPHA} torch's Beta "
                 "sampler draws 0.5 (the most mixing) instead of nearly 0 or 1, or fails",
                 "0 turns it off",
             )
         if alpha > MAX_MIX_ALPHA:
-            bad(
+            _refuse(
                 f"{option_name(name)} {alpha:g} is too large: above {MAX_MIX_ALPHA:g} torch's "
                 "Beta sampler draws nearly 0 (the other image whole) instead of 0.5",
                 "an alpha of 100 already mixes nearly evenly",
             )
     if config.epochs is not None and config.warmup_epochs > config.epochs and not config.find_lr:
-        bad(
+        _refuse(
             f"--warmup-epochs {show_value(config.warmup_epochs)} is longer than the run (--epochs "
             f"{config.epochs}): the learning rate would never reach --lr",
             "give at most --epochs",
         )
     if not 0 <= config.momentum < 1:
-        bad(f"--momentum must be in [0, 1), not {show_value(config.momentum)}")
+        _refuse(f"--momentum must be in [0, 1), not {show_value(config.momentum)}")
     if config.gamma is not None and not 0 < config.gamma <= 1:
-        bad(f"--gamma is a decay factor: it must be in (0, 1], not {show_value(config.gamma)}")
+        _refuse(f"--gamma is a decay factor: it must be in (0, 1], not {show_value(config.gamma)}")
     if config.min_lr > config.lr:
-        bad(
+        _refuse(
             f"--min-lr {show_value(config.min_lr)} is larger than --lr {show_value(config.lr)}",
             "the schedule anneals from --lr down to --min-lr",
         )
     if config.clip_grad is not None and config.clip_grad <= 0:
-        bad(f"--clip-grad must be positive, not {show_value(config.clip_grad)}")
+        _refuse(f"--clip-grad must be positive, not {show_value(config.clip_grad)}")
     if not 0 < config.ema_decay < 1:
-        bad(f"--ema-decay must be between 0 and 1, not {show_value(config.ema_decay)}")
+        _refuse(f"--ema-decay must be between 0 and 1, not {show_value(config.ema_decay)}")
+
+
+def _check_data_and_preprocessing(config: TrainConfig) -> None:
+    """The validation share, the crops and sizes (their memory), mean and std."""
     if config.val_split is not None and not 0 < config.val_split < 1:
-        bad(f"--val-split must be between 0 and 1, not {show_value(config.val_split)}")
+        _refuse(f"--val-split must be between 0 and 1, not {show_value(config.val_split)}")
     if config.crop_scale is not None:
         low, high = config.crop_scale
         if not 0 < low <= high <= 1:
-            bad(f"--crop-scale must satisfy 0 < MIN <= MAX <= 1, not {low} {high}")
+            _refuse(f"--crop-scale must satisfy 0 < MIN <= MAX <= 1, not {low} {high}")
     if config.image_size is not None and config.image_size < 1:
-        bad(f"--image-size must be positive, not {config.image_size}")
+        _refuse(f"--image-size must be positive, not {config.image_size}")
     if config.train_crop_size is not None and config.train_crop_size < 1:
-        bad(f"--train-crop-size must be positive, not {config.train_crop_size}")
+        _refuse(f"--train-crop-size must be positive, not {config.train_crop_size}")
     if config.image_size is not None or config.resize_size is not None:
         from torchkit.core.data.preprocessing import check_image_memory
 
@@ -365,90 +401,119 @@ def validate(config: TrainConfig, *, not_given: Collection[str] = ()) -> None:
         # The weights' own ratio may pad the crop (timm's crop_pct above 1): eval takes it too.
         and "resize_size" not in config.data_defaults
     ):
-        bad(
+        _refuse(
             f"--resize-size {config.resize_size} is smaller than --image-size {config.image_size}",
             "the centre crop must fit inside the resized image",
         )
     for name in ("mean", "std"):
         values = getattr(config, name)
         if values is not None and len(values) not in (1, 3):
-            bad(f"--{name} takes 3 values (one per RGB channel) or 1, not {len(values)}")
+            _refuse(f"--{name} takes 3 values (one per RGB channel) or 1, not {len(values)}")
     if config.std is not None and any(v <= 0 for v in config.std):
-        bad("--std values must be positive")
+        _refuse("--std values must be positive")
     if config.mean is not None and config.std is not None:
         check_normalization(config.mean, config.std)
+
+
+def _check_schedule(config: TrainConfig) -> None:
+    """The milestones a multistep schedule needs."""
     if config.scheduler == "multistep" and not config.milestones:
-        bad("--scheduler multistep needs --milestones", "e.g. --milestones 30,60")
+        _refuse("--scheduler multistep needs --milestones", "e.g. --milestones 30,60")
     if any(milestone < 1 for milestone in config.milestones):
         given = ",".join(map(str, config.milestones))
-        bad(
+        _refuse(
             f"--milestones are the epochs after which the learning rate drops, from 1: not {given}",
             "e.g. --milestones 30,60",
         )
+
+
+def _check_seed_and_counts(config: TrainConfig) -> None:
+    """The seed, the step size and the counts that must not be negative."""
     check_seed(config.seed)
     if config.step_size < 1:
-        bad(f"--step-size must be at least 1, not {config.step_size}")
+        _refuse(f"--step-size must be at least 1, not {config.step_size}")
     for name in ("save_every", "keep", "early_stop", "patience", "profile_steps"):
         if getattr(config, name) < 0:
-            bad(f"{option_name(name)} must not be negative")
+            _refuse(f"{option_name(name)} must not be negative")
+
+
+def _check_workers_and_threads(config: TrainConfig) -> None:
+    """Loader workers and torch threads, against what this process may use."""
     if config.workers is not None and config.workers < 0:
-        bad(f"--workers must not be negative, not {config.workers}")
+        _refuse(f"--workers must not be negative, not {config.workers}")
     check_workers(config.workers)
     if config.threads is not None and config.threads < 0:
-        bad(f"--threads must not be negative, not {config.threads}", "0 is torch's default")
+        _refuse(f"--threads must not be negative, not {config.threads}", "0 is torch's default")
     if config.threads is not None and config.threads > MAX_THREADS:
-        bad(f"--threads {config.threads} is more than torch takes ({MAX_THREADS})")
+        _refuse(f"--threads {config.threads} is more than torch takes ({MAX_THREADS})")
     cores = usable_cpus()
     if config.threads is not None and config.threads > cores:
         # Torch's threads meet at a barrier after each operation: more than the cores means
         # some wait for the scheduler at every one (1000 on 2 cores trained about 5x slower).
         # Refused, as too many --workers are, rather than run slow (a warning did) or on fewer
         # threads than asked (other numbers than the count given computes).
-        bad(
+        _refuse(
             f"--threads {config.threads} is more than the {cores} core{'' if cores == 1 else 's'}"
             " this process may use: the extra threads would only wait for each other and slow "
             "every step down",
             f"give at most {cores}, or 0 for one per core",
         )
+
+
+def _check_find_lr(config: TrainConfig) -> None:
+    """--find-lr's range and what it cannot be combined with."""
     if config.find_lr:
         if not 0 < config.lr_min < config.lr_max:
-            bad(
+            _refuse(
                 f"--lr-min {show_value(config.lr_min)} and --lr-max "
                 f"{show_value(config.lr_max)}: need 0 < MIN < MAX"
             )
         if config.find_lr_iters < 2:
-            bad(f"--find-lr-iters must be at least 2, not {config.find_lr_iters}")
+            _refuse(f"--find-lr-iters must be at least 2, not {config.find_lr_iters}")
         if config.resume is not None:
-            bad("--find-lr starts from the model's weights; it does not continue a run")
+            _refuse("--find-lr starts from the model's weights; it does not continue a run")
         if config.profile_steps:
-            bad("--profile-steps profiles training epochs, and --find-lr trains none")
+            _refuse("--profile-steps profiles training epochs, and --find-lr trains none")
+
+
+def _check_cudnn_and_graphs(config: TrainConfig) -> None:
+    """cuDNN's autotuning, and --cuda-graphs."""
     if config.cudnn_benchmark and config.deterministic:
-        bad(
+        _refuse(
             "--cudnn-benchmark picks algorithms by timing them, which --deterministic rules out",
             "drop one of the two",
         )
     # Not refused with the autotuning off: a resumed run keeps its limit when given
     # --no-cudnn-benchmark, and there is no value that says "none".
     if config.cudnn_benchmark_limit is not None and config.cudnn_benchmark_limit < 0:
-        bad(f"--cudnn-benchmark-limit must not be negative, not {config.cudnn_benchmark_limit}")
+        _refuse(f"--cudnn-benchmark-limit must not be negative, not {config.cudnn_benchmark_limit}")
     if (config.cudnn_benchmark_limit or 0) > MAX_CUDNN_BENCHMARK_LIMIT:
-        bad(
+        _refuse(
             f"--cudnn-benchmark-limit {config.cudnn_benchmark_limit} is more than cuDNN takes "
             f"({MAX_CUDNN_BENCHMARK_LIMIT})",
             "0 times all of its algorithms",
         )
     if config.cuda_graphs:
         _check_graphable(config)
+
+
+def _check_dist_timeout(config: TrainConfig) -> None:
+    """--dist-timeout, within what torch can wait."""
     if not config.dist_timeout > 0:
-        bad(
+        _refuse(
             "--dist-timeout must be a positive number of seconds, not "
             f"{show_value(config.dist_timeout)}"
         )
     if config.dist_timeout > MAX_DIST_TIMEOUT_S:
-        bad(
+        _refuse(
             f"--dist-timeout {config.dist_timeout:g} is longer than torch can wait "
             f"({MAX_DIST_TIMEOUT_S:g} s)"
         )
+
+
+def _warn_of_options_at_odds(config: TrainConfig, not_given: Collection[str]) -> None:
+    """Warn of options that work against each other or have no effect; `not_given` as
+    `validate` takes it."""
     if config.balanced_sampler and config.class_weights != "none":
         log.warning(
             "--class-weights %s and --balanced-sampler both correct the class imbalance: "
@@ -468,6 +533,10 @@ def validate(config: TrainConfig, *, not_given: Collection[str] = ()) -> None:
                 _meant_instead(name, config),
             )
         _warn_of_drops_after_the_run(config)
+
+
+def _refuse(message: str, hint: str | None = None) -> NoReturn:
+    raise UsageError(message, hint)
 
 
 def _warn_of_drops_after_the_run(config: TrainConfig) -> None:
