@@ -228,7 +228,9 @@ def check_overlap(output: str | os.PathLike, what: str, inputs: Iterable[InputPa
     """Refuse an output that is an input, contains one (so replacing it would delete the input)
     or lies inside an input folder (so writing it would change the input). Paths are compared
     resolved, and by identity where they exist: a second path to the same folder (a bind
-    mount, another case of the name on a case-insensitive disk) is the same folder."""
+    mount, another case of the name on a case-insensitive disk) is the same folder. A bind
+    mount that shows the output, or a folder of its tree, at another path (OUT mounted inside
+    an input, an input's folder mounted inside OUT) is checked at that path too."""
     out = _real(output)
     known: dict[Path, FileId | None] = {}
     chains: dict[Path, list[FileId]] = {}
@@ -238,6 +240,7 @@ def check_overlap(output: str | os.PathLike, what: str, inputs: Iterable[InputPa
     # An input named through the output folder (`--data OUT/link`, the link to a folder
     # elsewhere) is gone from its name once OUT is replaced, however it resolves.
     resolver = _Resolver(out if out_is_dir else None)
+    places: list[MountedPlace] | None = None
     for item in inputs:
         if item is None:
             continue
@@ -260,6 +263,62 @@ def check_overlap(output: str | os.PathLike, what: str, inputs: Iterable[InputPa
                 f"{what} {_shown(output)} lies inside the {item.what} {_shown(item.path)}",
                 "choose an output outside the inputs",
             )
+        if places is None:  # read once, at the first input: most checks have none
+            places = _mounted_places(out, out_is_dir)
+        if places:
+            _check_mounted_overlap(output, what, item, source, places)
+
+
+# A place where a bind mount shows the output's folder, or a folder inside its tree: (the folder
+# of the output's tree it shows, whether it is the output whole, the place).
+MountedPlace = tuple[str, bool, str]
+
+
+def _mounted_places(out: Path, out_is_dir: bool) -> list[MountedPlace]:
+    """Where bind mounts show the output `out` (or a part of it) at another path: the output
+    itself (`OUT` mounted inside an input), or a mount inside the output folder (an input's
+    folder mounted inside OUT, which replacing OUT would empty)."""
+    from torchkit.core.io.mounts import MountTable
+
+    table = MountTable.read()
+    pieces = [str(out), *(table.points_below(str(out)) if out_is_dir else ())]
+    found = []
+    for piece in pieces:
+        whole, parts = table.places(piece)
+        found += [(piece, piece == str(out), place) for place in whole]  # OUT itself whole
+        found += [(piece, False, place) for place in parts]
+    return found
+
+
+def _check_mounted_overlap(
+    output: str | os.PathLike, what: str, item: InputPath, source: Path, places: list[MountedPlace]
+) -> None:
+    """`check_overlap` for the other paths of the output's tree (`_mounted_places`)."""
+    out = os.fspath(_real(output))
+    for piece, is_whole, place in places:
+        if _is_within(source, Path(place)):
+            relation = "contains"
+        elif _is_within(Path(place), source) and os.path.isdir(source):
+            # OUT there whole, a folder of OUT there, or a folder of the input mounted in OUT
+            relation = (
+                "lies inside"
+                if is_whole
+                else "lies partly inside"
+                if piece == out
+                else "contains a folder of"
+            )
+        else:
+            continue
+        if is_whole:
+            how = f"it is mounted at {place} too"
+        elif piece == out:
+            how = f"a folder in it is mounted at {place}"
+        else:
+            how = f"{piece} in it is a mount of {place}"
+        raise OutputOverlapError(
+            f"{what} {_shown(output)} {relation} the {item.what} {_shown(item.path)} ({how})",
+            "choose an output outside the inputs, or unmount what joins them",
+        )
 
 
 def folders_of_files(paths: Iterable[str | os.PathLike], what: str) -> list[InputPath]:

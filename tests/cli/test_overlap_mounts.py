@@ -1,0 +1,97 @@
+"""The output-overlap check across bind mounts: a folder shown at a second path (OUT mounted
+inside the data, the data's folder mounted inside OUT) is the same folder, which realpath
+cannot tell. Real mounts in a mount namespace of the test's own (`mount_namespaces`), and the
+mount table read from a mountinfo file where no mount can be made."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from image_folders import make_class_files
+from mount_namespaces import in_bind_mounts
+from output_checks import error_line, tree_digest
+from processes import run_torchkit_in_process
+
+from torchkit.core.io.mounts import MountTable
+from torchkit.core.io.outputs import InputPath, OutputOverlapError, check_overlap
+
+pytestmark = pytest.mark.skipif(os.name != "posix", reason="Linux's mount table")
+
+
+def test_the_other_places_of_a_folder_are_read_from_the_mount_table(tmp_path):
+    """mountinfo's fields (a space written `\\040`): a mount of the folder or of one above it
+    shows it whole, a mount of a folder inside it shows a part; another file system's mount
+    of the same path names another folder."""
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(
+        "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n"
+        "40 27 254:0 /srv/runs /data/my\\040runs rw - ext4 /dev/vda rw\n"  # runs, elsewhere
+        "41 27 254:0 /srv/runs/out/train /mnt/train rw - ext4 /dev/vda rw\n"  # a part of out
+        "42 27 0:50 /srv/runs/out /mnt/other rw - tmpfs tmpfs rw\n"  # another file system
+        "43 27 254:0 /srv/data /srv/runs/out/in rw - ext4 /dev/vda rw\n"  # data inside out
+    )
+    table = MountTable.read(str(mountinfo))
+    assert table.places("/srv/runs/out") == (["/data/my runs/out"], ["/mnt/train"])
+    assert table.places("/srv/elsewhere") == ([], [])
+    assert table.points_below("/srv/runs/out") == ["/srv/runs/out/in"]
+    assert table.places("/srv/runs/out/in") == (["/srv/data"], [])
+    assert MountTable.read(str(tmp_path / "none")).places("/srv/runs/out") == ([], [])
+
+
+def test_an_output_and_an_input_joined_by_a_bind_mount_are_refused_and_nothing_is_lost(
+    tmp_path,
+):
+    """OUT mounted inside the data (split wrote its split.csv into the data it read), the
+    data's class folder mounted inside an earlier split (`--force` emptied it through the
+    mount, deleting the images), and a folder of OUT mounted inside the data: refused before
+    any work, as a second path to one folder is."""
+    data = make_class_files(tmp_path / "data", {"cat": 3, "dog": 3})
+    other = make_class_files(tmp_path / "other", {"cat": 3, "dog": 3})
+    (data / "mounted").mkdir()
+    out, earlier = tmp_path / "out", tmp_path / "earlier"
+    out.mkdir()
+    assert run_torchkit_in_process("split", data, earlier, "--mode", "copy").returncode == 0
+    (tmp_path / "view" / "x").mkdir(parents=True)
+
+    def work() -> object:
+        runs = [
+            ("split", data, out, "--mode", "manifest"),  # out is data/mounted too
+            ("split", other, earlier, "--force"),  # earlier/train/cat is other/cat
+            ("split", tmp_path / "view", earlier, "--force"),  # view/x is earlier/train
+        ]
+        answer: list[object] = []
+        for args in runs:
+            result = run_torchkit_in_process(*args)
+            answer.append([result.returncode, result.stderr])
+        # an input inside a part of OUT shown elsewhere: OUT contains it
+        try:
+            check_overlap(earlier, "--out", [InputPath(tmp_path / "view" / "x" / "cat", "data")])
+        except OutputOverlapError as error:
+            answer.append(str(error))
+        return answer
+
+    binds = [
+        (out, data / "mounted"),
+        (other / "cat", earlier / "train" / "cat"),
+        (earlier / "train", tmp_path / "view" / "x"),
+    ]
+    before = tree_digest(tmp_path)
+    first, second, third, core = in_bind_mounts(binds, work)  # type: ignore[misc]
+    assert first[0] == 1 and error_line(first[1]) == (
+        f"Error: output folder {out} lies inside the data folder {data} (it is mounted at "
+        f"{data / 'mounted'} too) (choose an output outside the inputs, or unmount what "
+        "joins them)"
+    )
+    assert second[0] == 1 and error_line(second[1]) == (
+        f"Error: output folder {earlier} contains a folder of the data folder {other} "
+        f"({earlier / 'train' / 'cat'} in it is a mount of {other / 'cat'}) (choose an output "
+        "outside the inputs, or unmount what joins them)"
+    )
+    assert third[0] == 1 and error_line(third[1]) == (
+        f"Error: output folder {earlier} lies partly inside the data folder {tmp_path / 'view'} "
+        f"(a folder in it is mounted at {tmp_path / 'view' / 'x'}) (choose an output outside "
+        "the inputs, or unmount what joins them)"
+    )
+    assert core.startswith(f"--out {earlier} contains the data {tmp_path / 'view' / 'x'}")
+    assert tree_digest(tmp_path) == before  # not a byte written, nothing deleted
