@@ -4,6 +4,7 @@ attention call, a tensor that is no layer's output."""
 
 from __future__ import annotations
 
+import json
 import textwrap
 
 import pytest
@@ -435,6 +436,37 @@ def test_scaled_dot_product_attention_with_dropout_in_inference_holds_three_matr
         "(the input batch and its largest attention matrix), more than the 0.2 GB of memory "
         "available"
     )
+
+
+def test_summary_shows_the_matrices_it_counts(vits, runner, monkeypatch):
+    """summary counted the matrices for export and benchmark, and showed none of them. Now
+    its totals hold them (JSON keys attention_mb and largest_attention_mb; table rows where
+    the pass made any): 2 blocks at 64 px and 2 images, 2 x 2 heads x 64^2 x 4 bytes each."""
+    from torchkit.cli import app
+
+    monkeypatch.chdir(vits["root"])
+    monkeypatch.syspath_prepend(str(vits["root"]))
+    args = ["summary", "attentionvits:by_hand", "-i", "3,64,64", "-b", "2"]
+    shown = runner.invoke(app, [*args, "--format", "json"])
+    assert shown.exit_code == 0, shown.stderr
+    totals = json.loads(shown.stdout)["totals"]
+    matrix = matrix_bytes(64, batch=2)  # 65,536 bytes
+    counted = summarize(vits["by_hand"]().eval(), [(2, 3, 64, 64)], count_flops=False)
+    assert totals["attention_mb"] == counted.attention.total() / 1e6 == 2 * matrix / 1e6
+    assert totals["largest_attention_mb"] == counted.attention.largest() / 1e6 == matrix / 1e6
+    table = runner.invoke(app, args, terminal_width=200)
+    assert table.exit_code == 0, table.stderr
+    rows = {
+        line.split("│")[1].strip(): line.split("│")[2].strip()
+        for line in (table.stdout.splitlines())
+        if line.count("│") == 3
+    }
+    assert rows["Attention matrices (MB)"] == f"{2 * matrix / 1e6:,.2f}"  # 0.13
+    assert rows["Largest attention matrix (MB)"] == f"{matrix / 1e6:,.2f}"  # 0.07
+    # a model without attention: 0 in JSON, no rows in the table
+    plain = runner.invoke(app, ["summary", "convnet", "--format", "json"])
+    assert json.loads(plain.stdout)["totals"]["attention_mb"] == 0
+    assert "Attention" not in runner.invoke(app, ["summary", "convnet"]).stdout
 
 
 def test_a_score_at_the_address_of_one_a_softmax_took_is_followed():

@@ -634,6 +634,8 @@ def test_json_output_of_a_named_model(runner):
         "flops",
         "input_mb",
         "forward_backward_mb",
+        "attention_mb",
+        "largest_attention_mb",
         "params_mb",
         "buffers_mb",
         "total_mb",

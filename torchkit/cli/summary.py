@@ -41,10 +41,15 @@ TOTAL_LABELS = {
     "flops": "FLOPs (FlopCounterMode)",
     "input_mb": "Input size (MB)",
     "forward_backward_mb": "Forward/backward pass size (MB)",
+    "attention_mb": "Attention matrices (MB)",
+    "largest_attention_mb": "Largest attention matrix (MB)",
     "params_mb": "Params size (MB)",
     "buffers_mb": "Buffers size (MB)",
     "total_mb": "Estimated total size (MB)",
 }
+
+# Shown in the table where the pass made attention matrices (JSON has them always)
+ATTENTION_KEYS = ("attention_mb", "largest_attention_mb")
 
 
 def summary(
@@ -216,7 +221,11 @@ def summary(
     totals = result.totals()
     totals_table = Table(
         columns=["Total", "Value"],
-        rows=[[TOTAL_LABELS[key], _total_text(key, value)] for key, value in totals.items()],
+        rows=[
+            [TOTAL_LABELS[key], _total_text(key, value)]
+            for key, value in totals.items()
+            if not (key in ATTENTION_KEYS and value == 0)  # a model without attention
+        ],
         align_right={"Value"},
     )
     csv_table = Table(

@@ -59,6 +59,8 @@ TOTAL_KEYS = (
     "flops",
     "input_mb",
     "forward_backward_mb",
+    "attention_mb",
+    "largest_attention_mb",
     "params_mb",
     "buffers_mb",
     "total_mb",
@@ -127,6 +129,17 @@ class ModelSummary:
     # The attention matrices the pass made (queries x keys for each head and sample), which no
     # layer's output shows: export's and benchmark's memory checks count them (attention.py).
     attention: AttentionMatrices = field(default_factory=AttentionMatrices)
+
+    @property
+    def attention_mb(self) -> float | None:
+        """Every attention matrix of the pass (what a pass that keeps them all holds: training
+        through attention written by hand); None without a hooked forward pass."""
+        return None if self.largest_call_mb is None else self.attention.total() / MB
+
+    @property
+    def largest_attention_mb(self) -> float | None:
+        """The largest one (what a pass that frees each before the next holds at once)."""
+        return None if self.largest_call_mb is None else self.attention.largest() / MB
 
     def totals(self) -> dict[str, Any]:
         return {key: getattr(self, key) for key in TOTAL_KEYS}
