@@ -21,6 +21,7 @@ import pickle
 import pickletools
 import re
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -219,95 +220,155 @@ def _pickle_shape(data: bytes) -> tuple[Any, list[str]]:
     keys of the storages its persistent ids name (`('storage', type, key, location, numel)`).
     Only the opcodes are read; a pickle that does not end at its STOP, or uses an opcode
     torch.save does not write, raises ValueError."""
-    stack: list[Any] = []
-    marks: list[int] = []
-    memo: dict[int, Any] = {}
-    storages: list[str] = []
-
-    def since_mark() -> list[Any]:
-        start = marks.pop()
-        items = stack[start:]
-        del stack[start:]
-        return items
-
+    outline = _Outline()
     for opcode, arg, position in pickletools.genops(data):
         name = opcode.name
-        if name in _VALUE_OPCODES:
-            stack.append(arg)
-        elif name in _CONSTANTS:
-            stack.append(_CONSTANTS[name])
-        elif name in ("BINPUT", "LONG_BINPUT", "PUT"):
-            memo[arg] = stack[-1]
-        elif name == "MEMOIZE":
-            memo[len(memo)] = stack[-1]
-        elif name in ("BINGET", "LONG_BINGET", "GET"):
-            stack.append(memo[arg])
-        elif name == "MARK":
-            marks.append(len(stack))
-        elif name == "EMPTY_DICT":
-            stack.append(_Dict())
-        elif name in ("EMPTY_LIST", "EMPTY_TUPLE", "EMPTY_SET"):
-            stack.append([] if name != "EMPTY_TUPLE" else ())
-        elif name in ("TUPLE", "LIST", "FROZENSET"):
-            items = since_mark()
-            stack.append(tuple(items) if name == "TUPLE" else items)
-        elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
-            size = int(name[-1])
-            items = tuple(stack[-size:])
-            del stack[-size:]
-            stack.append(items)
-        elif name == "DICT":
-            items = since_mark()
-            made = _Dict()
-            for key, value in zip(items[::2], items[1::2], strict=True):
-                made.set(key, value)
-            stack.append(made)
-        elif name == "SETITEM":
-            value, key = stack.pop(), stack.pop()
-            _set_items(stack[-1], [key, value])
-        elif name == "SETITEMS":
-            _set_items_after(stack, since_mark())
-        elif name == "APPEND":
-            stack.pop()
-            _require_list(stack[-1])
-        elif name in ("APPENDS", "ADDITEMS"):
-            since_mark()
-            _require_list(stack[-1])
-        elif name in ("GLOBAL", "STACK_GLOBAL"):
-            if name == "STACK_GLOBAL":
-                del stack[-2:]
-            stack.append(_OTHER)
-        elif name in ("REDUCE", "NEWOBJ"):
-            del stack[-2:]
-            stack.append(_OTHER)
-        elif name == "NEWOBJ_EX":
-            del stack[-3:]
-            stack.append(_OTHER)
-        elif name == "BUILD":
-            stack.pop()
-            if not isinstance(stack[-1], _Other):
-                raise ValueError("BUILD of a plain value")
-        elif name == "BINPERSID":
-            pid = stack.pop()
-            if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
-                raise ValueError("a persistent id torch.save does not write")
-            storages.append(str(pid[2]))
-            stack.append(_OTHER)
-        elif name == "POP":
-            stack.pop()
-        elif name == "POP_MARK":
-            since_mark()
-        elif name == "DUP":
-            stack.append(stack[-1])
-        elif name in ("PROTO", "FRAME"):
-            pass
-        elif name == "STOP":
-            if position + 1 != len(data) or len(stack) != 1 or marks:
+        if name == "STOP":
+            if position + 1 != len(data) or len(outline.stack) != 1 or outline.marks:
                 raise ValueError("not one whole pickle")
-            return stack[0], storages
-        else:  # PERSID, INST, OBJ, EXT*, ...: not what torch.save writes
+            return outline.stack[0], outline.storages
+        step = _OUTLINE_STEPS.get(name)
+        if step is None:  # PERSID, INST, OBJ, EXT*, ...: not what torch.save writes
             raise ValueError(f"opcode {name}")
+        step(outline, name, arg)
     raise ValueError("no STOP")
+
+
+class _Outline:
+    """The machine `_pickle_shape` runs: its stack, marks and memo, and the storages named."""
+
+    def __init__(self) -> None:
+        self.stack: list[Any] = []
+        self.marks: list[int] = []
+        self.memo: dict[int, Any] = {}
+        self.storages: list[str] = []
+
+    def since_mark(self) -> list[Any]:
+        start = self.marks.pop()
+        items = self.stack[start:]
+        del self.stack[start:]
+        return items
+
+    # One method per family of opcodes, each taking the opcode's name and argument.
+
+    def push_value(self, name: str, arg: Any) -> None:
+        self.stack.append(arg)
+
+    def push_constant(self, name: str, arg: Any) -> None:
+        self.stack.append(_CONSTANTS[name])
+
+    def memo_put(self, name: str, arg: Any) -> None:
+        self.memo[arg] = self.stack[-1]
+
+    def memoize(self, name: str, arg: Any) -> None:
+        self.memo[len(self.memo)] = self.stack[-1]
+
+    def memo_get(self, name: str, arg: Any) -> None:
+        self.stack.append(self.memo[arg])
+
+    def mark(self, name: str, arg: Any) -> None:
+        self.marks.append(len(self.stack))
+
+    def empty_dict(self, name: str, arg: Any) -> None:
+        self.stack.append(_Dict())
+
+    def empty_sequence(self, name: str, arg: Any) -> None:
+        self.stack.append([] if name != "EMPTY_TUPLE" else ())
+
+    def sequence_since_mark(self, name: str, arg: Any) -> None:
+        items = self.since_mark()
+        self.stack.append(tuple(items) if name == "TUPLE" else items)
+
+    def small_tuple(self, name: str, arg: Any) -> None:
+        size = int(name[-1])
+        items = tuple(self.stack[-size:])
+        del self.stack[-size:]
+        self.stack.append(items)
+
+    def dict_since_mark(self, name: str, arg: Any) -> None:
+        items = self.since_mark()
+        made = _Dict()
+        for key, value in zip(items[::2], items[1::2], strict=True):
+            made.set(key, value)
+        self.stack.append(made)
+
+    def set_item(self, name: str, arg: Any) -> None:
+        value, key = self.stack.pop(), self.stack.pop()
+        _set_items(self.stack[-1], [key, value])
+
+    def set_items(self, name: str, arg: Any) -> None:
+        _set_items_after(self.stack, self.since_mark())
+
+    def append(self, name: str, arg: Any) -> None:
+        self.stack.pop()
+        _require_list(self.stack[-1])
+
+    def appends(self, name: str, arg: Any) -> None:
+        self.since_mark()
+        _require_list(self.stack[-1])
+
+    def global_(self, name: str, arg: Any) -> None:
+        if name == "STACK_GLOBAL":
+            del self.stack[-2:]
+        self.stack.append(_OTHER)
+
+    def call(self, name: str, arg: Any) -> None:
+        """REDUCE and NEWOBJ take a callable and its arguments, NEWOBJ_EX also keywords."""
+        del self.stack[-3 if name == "NEWOBJ_EX" else -2 :]
+        self.stack.append(_OTHER)
+
+    def build(self, name: str, arg: Any) -> None:
+        self.stack.pop()
+        if not isinstance(self.stack[-1], _Other):
+            raise ValueError("BUILD of a plain value")
+
+    def persistent_id(self, name: str, arg: Any) -> None:
+        pid = self.stack.pop()
+        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
+            raise ValueError("a persistent id torch.save does not write")
+        self.storages.append(str(pid[2]))
+        self.stack.append(_OTHER)
+
+    def pop(self, name: str, arg: Any) -> None:
+        self.stack.pop()
+
+    def pop_mark(self, name: str, arg: Any) -> None:
+        self.since_mark()
+
+    def dup(self, name: str, arg: Any) -> None:
+        self.stack.append(self.stack[-1])
+
+    def framing(self, name: str, arg: Any) -> None:
+        pass
+
+
+# The opcodes torch.save writes (STOP aside, which `_pickle_shape` reads itself), each with
+# its step of `_Outline`.
+_OUTLINE_STEPS: dict[str, Callable[[_Outline, str, Any], None]] = {
+    **dict.fromkeys(_VALUE_OPCODES, _Outline.push_value),
+    **dict.fromkeys(_CONSTANTS, _Outline.push_constant),
+    **dict.fromkeys(("BINPUT", "LONG_BINPUT", "PUT"), _Outline.memo_put),
+    "MEMOIZE": _Outline.memoize,
+    **dict.fromkeys(("BINGET", "LONG_BINGET", "GET"), _Outline.memo_get),
+    "MARK": _Outline.mark,
+    "EMPTY_DICT": _Outline.empty_dict,
+    **dict.fromkeys(("EMPTY_LIST", "EMPTY_TUPLE", "EMPTY_SET"), _Outline.empty_sequence),
+    **dict.fromkeys(("TUPLE", "LIST", "FROZENSET"), _Outline.sequence_since_mark),
+    **dict.fromkeys(("TUPLE1", "TUPLE2", "TUPLE3"), _Outline.small_tuple),
+    "DICT": _Outline.dict_since_mark,
+    "SETITEM": _Outline.set_item,
+    "SETITEMS": _Outline.set_items,
+    "APPEND": _Outline.append,
+    **dict.fromkeys(("APPENDS", "ADDITEMS"), _Outline.appends),
+    **dict.fromkeys(("GLOBAL", "STACK_GLOBAL"), _Outline.global_),
+    **dict.fromkeys(("REDUCE", "NEWOBJ", "NEWOBJ_EX"), _Outline.call),
+    "BUILD": _Outline.build,
+    "BINPERSID": _Outline.persistent_id,
+    "POP": _Outline.pop,
+    "POP_MARK": _Outline.pop_mark,
+    "DUP": _Outline.dup,
+    **dict.fromkeys(("PROTO", "FRAME"), _Outline.framing),
+}
 
 
 def _set_items_after(stack: list[Any], items: list[Any]) -> None:
