@@ -249,8 +249,9 @@ class TarListing:
     # asked (`list_tar(labels=True)`): a shard's labels cost no read of their own.
     labels: dict[str, bytes] = field(default_factory=dict)
     # The symbolic links that lead out of the archive (an absolute target, or one above its
-    # root), each with the path it names: tar -x unpacks them pointing there, at the host's
-    # files; never followed (read as links to nothing, left out of a folder's tar).
+    # root), each with its target as stored, and those of the links its chain goes on
+    # through (`_links_out`): tar -x unpacks them pointing there, at the host's files; never
+    # followed (read as links to nothing, left out of a folder's tar).
     outside: dict[str, str] = field(default_factory=dict)
     # The members stored sparse (`tar --sparse`: GNU's old format, or pax's `GNU.sparse.*`
     # records, listed under `GNUSparseFile.NNN/` names by readers that know them not), by the
@@ -271,9 +272,13 @@ def _link_target(name: str, linkname: str, *, symbolic: bool) -> str:
     GNU tar -x strips from it: its leading slashes, as from the members' (`/cat/a.png` is the
     member cat/a.png, or `/cat/a.png` itself where stored so: `_respelled_members`), and all
     up to its last `..` part (`cat/x/../b.png` is b.png, not cat/b.png). A symbolic link to
-    `/` is one to the host's root, not to the archive's (`.`)."""
+    `/` is one to the host's root, not to the archive's (`.`). A symbolic link's target with a
+    `..` part is returned as joined, not normalised: whether `link/..` is the folder `link` is
+    in depends on the links of the archive (`_through_links`, once all are listed)."""
     if symbolic:
         linkname = posixpath.join(posixpath.dirname(name.lstrip("/")), linkname)
+        if ".." in linkname.split("/") and not linkname.startswith("/"):
+            return linkname  # a `..` after a link is the system's to take: `_through_links`
     else:
         parts = linkname.split("/")
         if ".." in parts:
@@ -322,10 +327,7 @@ def list_tar(path: str, *, whole: bool = False, labels: bool = False) -> TarList
     if fast is not None:
         fast.stamp = stamp
         return fast
-    members: dict[str, tuple[int, int]] = {}
-    links: dict[str, str | None] = {}
-    folders: set[str] = set()
-    sparse: list[str] = []
+    found = _PlainMembers(None, size, labels=False)
     count = 0
     try:
         with tarfile.open(path, "r:") as tar:
@@ -338,15 +340,17 @@ def list_tar(path: str, *, whole: bool = False, labels: bool = False) -> TarList
                 count += 1
                 name = _member_name(info.name)
                 if info.isdir():
-                    folders.add(name)
+                    found.folders.add(name)
                 elif info.issym() or info.islnk():
-                    links[name] = _link_target(name, info.linkname, symbolic=info.issym())
+                    found.link(name, info.linkname, info.issym())
                 elif info.issparse():  # its real name (pax: GNU.sparse.name), its data in pieces
-                    sparse.append(name)
+                    found.replace(name)
+                    found.sparse[name] = None
                 elif info.isreg():
                     if info.offset_data + info.size > size:
                         raise tarfile.ReadError(f"{name} runs past the end of the file")
-                    members[name] = (info.offset_data, info.size)
+                    found.replace(name)
+                    found.members[name] = (info.offset_data, info.size)
             end = tar.offset
     except tarfile.ReadError as error:
         if not count and first[257:262] != b"ustar":
@@ -365,18 +369,19 @@ def list_tar(path: str, *, whole: bool = False, labels: bool = False) -> TarList
         raise _damaged(path, count, f"no tar header at byte {end}")
     if whole and not tail:
         raise _damaged(path, count, f"it ends at byte {end} without the end-of-archive marker")
-    listing = _listing(path, members, links, folders)
+    listing = _listing(path, found)
     listing.stamp = stamp
-    listing.sparse = sparse
     return listing
 
 
-def _listing(
-    path: str, members: dict[str, tuple[int, int]], links: dict[str, str], folders: set[str]
-) -> TarListing:
+def _listing(path: str, found: _PlainMembers) -> TarListing:
+    members, links = found.members, found.links
+    for name, target in links.items():
+        if ".." in target.split("/"):
+            links[name] = _through_links(target, links)
     resolved, looped = _link_ends(members, links)
-    linked_folders = _folder_link_ends(members, links, folders, resolved, looped)
-    outside = _links_out(members, links, looped)
+    linked_folders = _folder_link_ends(members, links, found.folders, resolved, looped)
+    outside = _links_out(members, links, looped, found.link_texts)
     # Never to a member stored under the host path it names (`/etc/passwd`): unpacked, the
     # link names the host's file.
     resolved.update(dict.fromkeys(outside))
@@ -384,34 +389,78 @@ def _listing(
         path,
         members,
         resolved,
-        folders,
+        found.folders,
         looped=looped,
         folder_links=linked_folders,
+        labels=found.label_bytes,
         outside=outside,
+        sparse=list(found.sparse),
     )
 
 
 def _links_out(
-    members: dict[str, tuple[int, int]], links: dict[str, str], looped: dict[str, str]
+    members: dict[str, tuple[int, int]],
+    links: dict[str, str],
+    looped: dict[str, str],
+    link_texts: dict[str, str],
 ) -> dict[str, str]:
-    """The links whose chain leads out of the archive (`_leaves_archive`), each with the path
-    outside it names: also where a member is stored under that name (`../up.png`, which tar
-    does not unpack; `/etc/p.png`, which it unpacks as etc/p.png), and where a link on the way
-    names one (`x.png -> y.png -> /etc/p.png`: unpacked, x.png is the host's file too). Chains
-    are walked, through links and linked folders as `_link_ends` goes, for the links that name
-    no member themselves only (most name one)."""
-    found = {name: at for name, at in links.items() if at.startswith(_OUTSIDE) or at == ".."}
+    """The links whose chain leads out of the archive (`_leaves_archive`), each with its target
+    as stored (`ls -l` of the unpacked link), and on through the links its chain follows to the
+    one leading out (`via.png -> up.png -> ../../host.png`): also where a member is stored under
+    the path outside (`../up.png`, which tar does not unpack; `/etc/p.png`, which it unpacks as
+    etc/p.png), and where a link on the way leads out (`x.png -> y.png -> /etc/p.png`: unpacked,
+    x.png is the host's file too). Chains are walked, through links and linked folders as
+    `_link_ends` goes, for the links that name no member themselves only (most name one)."""
+    found = {name: link_texts[name] for name, at in links.items() if _leaves_archive(at)}
     for name in [name for name, at in links.items() if at not in members]:
         if name in found or name in looped:
             continue
         at: str | None = links[name]
+        chain = [link_texts[name]]
         for _ in range(_MOST_LINKS):
+            followed = _first_link_on(at, links)
+            if followed is None:
+                break
             at = _one_link_on(at, links)
-            if at is None or _leaves_archive(at) or at in members:
+            chain.append(link_texts[followed])
+            if _leaves_archive(at) or at in members:
                 break
         if at is not None and _leaves_archive(at):
-            found[name] = at
+            found[name] = " -> ".join(chain)
     return found
+
+
+def _through_links(target: str, links: dict[str, str]) -> str:
+    """The path a symbolic link's `target` (from the archive's root, its `..` parts as stored:
+    `_link_target`) names once unpacked: a `..` after a folder that is a link steps out of the
+    folder the link leads to, as the system resolves a path (`link/../x.png`, where `link ->
+    sub/deeper`, is sub/x.png; `posixpath.normpath` took it for x.png). A path above the
+    archive's root starts with `../` (`_leaves_archive`); links are followed only where a `..`
+    comes after them (the rest of a chain is `_link_ends`')."""
+    ahead = target.split("/")[::-1]  # the parts still to walk, the next one last
+    walked: list[str] = []
+    hops = 0
+    while ahead:
+        part = ahead.pop()
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not walked:
+                return posixpath.normpath("/".join(["..", *ahead[::-1]]))
+            walked.pop()
+            continue
+        walked.append(part)
+        if ".." not in ahead:
+            continue
+        linked = links.get("/".join(walked))
+        if linked is None:
+            continue
+        hops += 1
+        if hops > _MOST_LINKS or linked.startswith("/"):  # a loop, or out to the host's root
+            return posixpath.normpath(target) if hops > _MOST_LINKS else linked
+        ahead += linked.split("/")[::-1]
+        walked = []
+    return "/".join(walked) or "."
 
 
 # How a symbolic link's target (`_link_target`) outside the archive's folder starts.
@@ -503,13 +552,22 @@ def _folder_link_ends(
 def _one_link_on(name: str, links: dict[str, str]) -> str | None:
     """`name` with the first link on its way followed (a linked folder holding it, or `name`
     itself), None where none is."""
+    link = _first_link_on(name, links)
+    if link is None or link == name:
+        return links.get(name)
+    return posixpath.normpath(links[link] + name[len(link) :])
+
+
+def _first_link_on(name: str, links: dict[str, str]) -> str | None:
+    """The first link on the way to `name`: a linked folder holding it, or `name` itself;
+    None where none is."""
     slash = name.find("/")
     while slash != -1:
         folder = name[:slash]
         if folder in links:
-            return posixpath.normpath(links[folder] + name[slash:])
+            return folder
         slash = name.find("/", slash + 1)
-    return links.get(name)
+    return name if name in links else None
 
 
 _REGULAR, _FOLDER, _HARD_LINK, _SYMBOLIC_LINK = (b"0", b"\0", b"7"), b"5", b"1", b"2"
@@ -542,9 +600,7 @@ def _read_plain_headers(path: str, size: int, labels: bool = False) -> TarListin
                 return None
     except (OSError, ValueError):
         return None
-    listing = _listing(path, found.members, found.links, found.folders)
-    listing.labels = found.label_bytes
-    return listing
+    return _listing(path, found)
 
 
 def _walk_plain_headers(chunks: _CheckedChunks, found: _PlainMembers) -> bool:
@@ -668,18 +724,43 @@ class _CheckedChunks:
 
 
 class _PlainMembers:
-    """The members `_read_plain_headers` finds in the tar `chunks` reads (`size` bytes):
-    regular members (name -> (offset, size)), the bytes of small label members where asked
-    (`labels`), links (name -> the name each holds) and folders."""
+    """The members `_read_plain_headers` finds in the tar `chunks` reads (`size` bytes), or that
+    tarfile lists (`chunks` None): regular members (name -> (offset, size)), the bytes of small
+    label members where asked (`labels`), links (name -> the name each holds; `link_texts`: its
+    target as stored), members stored sparse, and folders. A name met again (`tar -rf` appends
+    a newer version of a file; a file stored again as a link, or the other way round) keeps
+    its last member only, as `tar -xf` leaves the last in place; so does a path met under
+    another spelling (`/cat/a.png` after `cat/a.png`: `_unpacked_path`)."""
 
-    __slots__ = ("chunks", "size", "labels", "members", "label_bytes", "links", "folders")
+    __slots__ = (
+        "chunks",
+        "size",
+        "labels",
+        "members",
+        "label_bytes",
+        "links",
+        "link_texts",
+        "sparse",
+        "folders",
+        "spellings",
+        "hard_links",
+    )
 
-    def __init__(self, chunks: _CheckedChunks, size: int, labels: bool) -> None:
+    def __init__(self, chunks: _CheckedChunks | None, size: int, labels: bool) -> None:
         self.chunks, self.size, self.labels = chunks, size, labels
         self.members: dict[str, tuple[int, int]] = {}
         self.label_bytes: dict[str, bytes] = {}
         self.links: dict[str, str] = {}
+        self.link_texts: dict[str, str] = {}
+        self.sparse: dict[str, None] = {}
         self.folders: set[str] = set()
+        # Each unpacked path stored under a spelling of its own (`/cat/a.png`, `cat//a.png`)
+        # -> that name: few archives hold one, so a plain name costs one look-up of an empty
+        # dict.
+        self.spellings: dict[str, str] = {}
+        # Each regular member that hard links name -> those links with the name each holds: a
+        # newer member of its name leaves them the data they were made to (`_forget`).
+        self.hard_links: dict[str, list[tuple[str, str]]] = {}
 
     def take(
         self, block: bytes, kind: bytes, name: str, data: int, length: int, linkname: str | None
@@ -691,8 +772,8 @@ class _PlainMembers:
         if kind in _REGULAR and not name.endswith("/"):
             if data + length > self.size:
                 return False
+            self.replace(member)
             self.members[member] = (data, length)
-            self.label_bytes.pop(member, None)  # a later member of that name replaces it
             if (
                 self.labels
                 and length <= _LABEL_READ_BYTES
@@ -705,11 +786,51 @@ class _PlainMembers:
         elif kind in _REGULAR or kind == _FOLDER:
             self.folders.add(member)
         elif kind in (_HARD_LINK, _SYMBOLIC_LINK):
-            linkname = linkname or _text(block[157:257])
-            self.links[member] = _link_target(member, linkname, symbolic=kind == _SYMBOLIC_LINK)
+            self.link(member, linkname or _text(block[157:257]), kind == _SYMBOLIC_LINK)
         elif kind not in _SKIPPED:
             return False
         return True
+
+    def link(self, member: str, linkname: str, symbolic: bool) -> None:
+        self.replace(member)
+        target = self.links[member] = _link_target(member, linkname, symbolic=symbolic)
+        self.link_texts[member] = linkname
+        if not symbolic:
+            stored = target if target in self.members else self.spellings.get(target)
+            if stored in self.members:
+                self.hard_links.setdefault(stored, []).append((member, target))
+
+    def replace(self, member: str) -> None:
+        """Forget what an earlier member of the path `member` unpacks to left: the member
+        about to be kept replaces it, also in the listing's order."""
+        self._forget(member)
+        if member[:1] == "/" or "//" in member or "/." in member:
+            unpacked = _unpacked_path(member)
+            if unpacked is None or unpacked == member:
+                return
+            earlier: str | None = self.spellings.get(unpacked, unpacked)
+            self.spellings[unpacked] = member
+        elif self.spellings:
+            earlier = self.spellings.pop(member, None)
+        else:
+            return
+        if earlier is not None and earlier != member:
+            self._forget(earlier)
+
+    def _forget(self, member: str) -> None:
+        earlier = self.members.pop(member, None)
+        if earlier is not None:
+            self.label_bytes.pop(member, None)
+            # A hard link is a second name of the file it was made to: tar -x replaces the
+            # file under this name and leaves the link the earlier data.
+            for link, target in self.hard_links.pop(member, ()):
+                if self.links.get(link) == target:
+                    del self.links[link], self.link_texts[link]
+                    self.members[link] = earlier
+        elif self.links.pop(member, None) is not None:
+            del self.link_texts[member]
+        elif self.sparse:
+            self.sparse.pop(member, None)
 
 
 # `_read_plain_headers` reads the file this much at a time (as a buffered file would).
@@ -1608,11 +1729,15 @@ def _open_folder_tar(
 ) -> DataSource:
     """A `.tar` of an image folder, a split root or (unlabelled) flat images: the rules of
     `source._open_folder` (the class-folder rule, `DataSource.strays`), on the member paths."""
-    # macOS tar stores extended attributes as `._NAME` members: never images.
+    # macOS tar stores extended attributes as `._NAME` members: never images. A link to a
+    # folder (`cat/f.png -> ../dog/`) is a folder once unpacked, whatever its name: a linked
+    # folder (`_class_folder_links`), never an image.
     stored = [
         name
         for name in (*listing.members, *listing.links)
-        if is_image_file(name) and not is_apple_double(posixpath.basename(name))
+        if is_image_file(name)
+        and not is_apple_double(posixpath.basename(name))
+        and name not in listing.folder_links
     ]
     # A link out of the archive, which tar -x unpacks pointing at the host's file (an attacker's
     # archive at /etc/passwd): never followed, left out and said, as a '..' member is.
@@ -1652,6 +1777,7 @@ def _open_folder_tar(
             f"{'is' if len(not_unpacked) == 1 else 'are'} not read, as tar -x does not unpack "
             f"such members: {first_and_more(not_unpacked, 3)}"
         )
+    _leave_out_members_under_links_out(spec, listing, member_of)
     names = list(member_of)
     folders = {
         folder
@@ -1845,6 +1971,37 @@ def _open_folder_tar(
     if top_images:
         source.strays[spec] = beside("")
     return source
+
+
+def _leave_out_members_under_links_out(
+    spec: str, listing: TarListing, member_of: dict[str, str]
+) -> None:
+    """Take out of `member_of` (unpacked path -> member) the images stored under a folder
+    that is a link out of the archive (`out -> /tmp`, then `out/x.png`): tar -x writes no
+    member through such a link ("Cannot open: Not a directory"), where torchkit read them as
+    class out. Said in one warning naming each with its link."""
+    if not listing.outside:
+        return
+    links_out = {}
+    for link, target in listing.outside.items():
+        unpacked = _unpacked_path(link)
+        if unpacked is not None:
+            links_out[unpacked] = f"{unpacked} -> {target}"
+    shown = []
+    for name in list(member_of):
+        slash = name.find("/")
+        while slash != -1 and name[:slash] not in links_out:
+            slash = name.find("/", slash + 1)
+        if slash != -1:
+            shown.append(f"{name} (in {links_out[name[:slash]]})")
+            del member_of[name]
+    if shown:
+        log.warning(
+            f"{spec}: {counted(len(shown), 'image member')} "
+            f"{'lies' if len(shown) == 1 else 'lie'} in a folder that is a link out of the "
+            "archive, not read, as tar -x writes no member through such a link: "
+            f"{first_and_more(sorted(shown), 3)}"
+        )
 
 
 def _class_folder_links(

@@ -1,0 +1,240 @@
+"""A `.tar` of an image folder reads as the folder `tar -xf` unpacks it to: a name stored twice
+keeps its last member, a `..` after a link in a link's target steps out of the folder the link
+leads to, an image-named link to a folder is a folder, members under a folder that is a link
+out of the archive are not read, and warnings show link targets as the archive stores them.
+GNU tar is the reference where the machine has it (`tar --version`)."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+from parquet_files import png
+from processes import run_torchkit_in_process
+
+from torchkit.core.data.sources import open_data
+
+
+def _tar(path: Path, members: list[tuple[str, bytes | str]]) -> Path:
+    """A tar of `members` in their order: (name, bytes) a file, (name, "->TARGET") a symbolic
+    link, (name, "=>TARGET") a hard link."""
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            if isinstance(data, str):
+                kind = tarfile.LNKTYPE if data.startswith("=>") else tarfile.SYMTYPE
+                info.type, info.linkname = kind, data[2:]
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def _gnu_tar() -> bool:
+    found = shutil.which("tar") and subprocess.run(
+        ["tar", "--version"], capture_output=True, text=True
+    )
+    return bool(found) and "GNU tar" in found.stdout
+
+
+def _unpacked_by_gnu_tar(archive: Path) -> Path | None:
+    """The folder GNU tar unpacks `archive` to (whatever it refuses left out); None without
+    GNU tar."""
+    if not _gnu_tar():
+        return None
+    unpacked = archive.parent / f"{archive.stem}-unpacked"
+    unpacked.mkdir()
+    subprocess.run(["tar", "-xf", archive, "-C", unpacked], capture_output=True)
+    return unpacked
+
+
+def _read(archive: Path, caplog) -> tuple[dict[str, bytes], list[str]]:
+    """({id: its bytes}, the warnings) of `open_data` of `archive`."""
+    with caplog.at_level("WARNING", logger="torchkit"):
+        source = open_data(str(archive))
+    images = {
+        name: path.read_bytes()
+        for name, path in zip(source.whole.ids, source.whole.paths, strict=True)
+    }
+    return images, [record.getMessage() for record in caplog.records]
+
+
+def _files(folder: Path, names) -> dict[str, bytes]:
+    return {name: (folder / name).read_bytes() for name in names}
+
+
+def test_a_name_stored_again_reads_its_last_member(tmp_path, caplog):
+    """`tar -rf` appends a newer version of a file, and `tar -xf` leaves the last member of a
+    name: where the versions were of two kinds the first was read (a file then a link to
+    another image read the old file; a file after a link out of the archive was left out as
+    that link), and so where a path was stored under two spellings (`/cat/f.png`). A hard
+    link made before a newer member of its target's name keeps the data it was made to (a
+    second name of the earlier file), where it read the newer one."""
+    members = [
+        ("cat/a.png", png(0)),
+        ("cat/d.png", png(1)),
+        ("cat/e.png", "->/etc/passwd"),
+        ("/cat/f.png", png(5)),
+        ("cat/g.png", png(6)),
+        ("cat/h.png", png(8)),
+        ("dog/c.png", png(9)),
+        ("cat/i.png", "=>cat/a.png"),  # a second name of the first a.png: it stays
+        ("cat/a.png", png(2)),  # a file again
+        ("cat/e.png", png(3)),  # a file where a link out was
+        ("cat/f.png", png(4)),
+        ("/cat/f.png", png(7)),  # a third time, under the first spelling
+        ("cat/g.png", "->d.png"),  # a symbolic link where a file was
+        ("cat/h.png", "=>cat/d.png"),  # a hard link where a file was
+    ]
+    archive = _tar(tmp_path / "pets.tar", members)
+    images, warned = _read(archive, caplog)
+    expected = {"a": 2, "d": 1, "e": 3, "f": 7, "g": 1, "h": 1, "i": 0}
+    assert images == {
+        **{f"cat/{name}.png": png(index) for name, index in expected.items()},
+        "dog/c.png": png(9),
+    }
+    assert warned == []
+    result = run_torchkit_in_process("dataset-stats", archive, "-j", "0", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert (report["images"], report["unreadable_count"]) == (8, 0)
+    unpacked = _unpacked_by_gnu_tar(archive)
+    if unpacked is not None:
+        # cat/e.png aside: GNU tar makes a link out last (a placeholder file till then), and
+        # where the file written over the placeholder takes its inode it puts the link back.
+        shown = [name for name in images if name != "cat/e.png"]
+        assert _files(unpacked, shown) == {name: images[name] for name in shown}
+
+
+def test_a_shard_member_stored_again_reads_its_last_member(tmp_path):
+    """A shard's image and label appended again (`tar -rf`): the sample reads the last of
+    each, in the order of the members kept (its last)."""
+    members = [
+        ("00000.png", png(0)),
+        ("00000.cls", b"0"),
+        ("00001.png", png(1)),
+        ("00001.cls", b"1"),
+        ("00000.png", png(2)),
+        ("00000.cls", b"1"),
+    ]
+    source = open_data(str(_tar(tmp_path / "shard-000000.tar", members)))
+    assert [path.read_bytes() for path in source.whole.paths] == [png(1), png(2)]
+    assert list(source.whole.labels) == [1, 1]
+
+
+def test_a_dot_dot_after_a_link_in_a_link_target_steps_out_of_the_linked_folder(tmp_path, caplog):
+    """`cat/s.png -> link/../x.png`, where `cat/link -> ../.sub/deeper`: the system takes the
+    `..` out of .sub/deeper (.sub/x.png), where torchkit collapsed `link/..` as text and read
+    cat/x.png; one more `..` is x.png at the root, and three more lead out of the archive."""
+    members = [
+        ("cat/a.png", png(0)),
+        ("dog/c.png", png(1)),
+        (".sub/deeper/q.png", png(2)),
+        (".sub/x.png", png(3)),
+        ("cat/x.png", png(4)),
+        ("x.png", png(5)),
+        ("cat/link", "->../.sub/deeper"),
+        ("cat/s.png", "->link/../x.png"),
+        ("cat/t.png", "->link/../../x.png"),
+        ("dog/u.png", "->../cat/link/../../../x.png"),
+    ]
+    archive = _tar(tmp_path / "pets.tar", members)
+    images, warned = _read(archive, caplog)
+    assert images == {
+        "cat/a.png": png(0),
+        "cat/s.png": png(3),
+        "cat/t.png": png(5),
+        "cat/x.png": png(4),
+        "dog/c.png": png(1),
+    }
+    assert warned == [
+        f"{archive}: 1 image member is a link out of the archive, not read, as torchkit "
+        "follows no link out of an archive: dog/u.png -> ../cat/link/../../../x.png",
+        f"1 linked folder(s) in {archive} not entered: each leads back into the data, above "
+        "it, or to a folder read already: cat/link",
+    ]
+    unpacked = _unpacked_by_gnu_tar(archive)
+    if unpacked is not None:
+        assert _files(unpacked, ["cat/s.png", "cat/t.png"]) == {
+            "cat/s.png": png(3),
+            "cat/t.png": png(5),
+        }
+        assert (unpacked / "dog/u.png").resolve() == (tmp_path / "x.png").resolve()
+
+
+def test_an_image_named_link_to_a_folder_is_a_folder_not_an_unreadable_image(tmp_path):
+    """`cat/f.png -> ../dog/`: tar -xf makes a link to a folder, which a folder on disk does
+    not enter (with its warning); torchkit warned so and also listed it as an image it could
+    not read. A class folder so named (`b.png -> .sub`) is read as a linked class folder."""
+    members = [
+        ("cat/a.png", png(0)),
+        ("dog/c.png", png(1)),
+        (".sub/q.png", png(2)),
+        ("cat/f.png", "->../dog/"),
+        ("b.png", "->.sub"),
+    ]
+    archive = _tar(tmp_path / "pets.tar", members)
+    result = run_torchkit_in_process("dataset-stats", archive, "-j", "0", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert (report["images"], report["unreadable_count"]) == (3, 0)
+    assert report["num_classes"] == 3
+    assert (
+        f"Warning: 1 linked folder(s) in {archive} not entered: each leads back into the data, "
+        "above it, or to a folder read already: cat/f.png"
+    ) in result.stderr.splitlines()
+    source = open_data(str(archive))
+    assert source.whole.ids == ["b.png/q.png", "cat/a.png", "dog/c.png"]
+
+
+def test_members_in_a_folder_that_is_a_link_out_are_not_read(tmp_path, caplog):
+    """`out -> /host`, then `out/x.png`: tar -xf writes no member through such a link ('Cannot
+    open: Not a directory'), where torchkit read out/x.png as class out. Left out, said with
+    the link as stored; also under a link above the root deeper in a class."""
+    host = tmp_path / "host"
+    host.mkdir()
+    members = [
+        ("cat/a.png", png(0)),
+        ("dog/c.png", png(1)),
+        ("out", f"->{host}"),
+        ("out/x.png", png(2)),
+        ("cat/up", "->../.."),
+        ("cat/up/y.png", png(3)),
+    ]
+    archive = _tar(tmp_path / "pets.tar", members)
+    images, warned = _read(archive, caplog)
+    assert images == {"cat/a.png": png(0), "dog/c.png": png(1)}
+    assert warned == [
+        f"{archive}: 2 image members lie in a folder that is a link out of the archive, not "
+        "read, as tar -x writes no member through such a link: cat/up/y.png (in cat/up -> "
+        f"../..), out/x.png (in out -> {host})",
+        f"{archive}: 1 link where a class folder could be leads out of the archive, not "
+        f"followed, as torchkit follows no link out of an archive: out -> {host} (tar -h "
+        "stores the files a link leads to)",
+    ]
+    unpacked = _unpacked_by_gnu_tar(archive)
+    if unpacked is not None:
+        assert list(host.iterdir()) == []
+        assert not (tmp_path / "y.png").exists()
+
+
+@pytest.mark.parametrize("kind", ["file", "link"])
+def test_the_listing_keeps_one_member_a_name(tmp_path, kind):
+    """A name stored as a file and again as a `kind`: the listing holds it once, as its last
+    member (a name in both the members and the links read the file first)."""
+    from torchkit.core.data.sources.shards import list_tar
+
+    again = png(1) if kind == "file" else "->b.png"
+    archive = _tar(tmp_path / "x.tar", [("a.png", png(0)), ("b.png", png(2)), ("a.png", again)])
+    listing = list_tar(str(archive))
+    assert ("a.png" in listing.members, "a.png" in listing.links) == (
+        kind == "file",
+        kind == "link",
+    )
+    assert listing.locator("a.png") == listing.members["a.png" if kind == "file" else "b.png"]
