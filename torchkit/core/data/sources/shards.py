@@ -1729,129 +1729,147 @@ def _open_folder_tar(
 ) -> DataSource:
     """A `.tar` of an image folder, a split root or (unlabelled) flat images: the rules of
     `source._open_folder` (the class-folder rule, `DataSource.strays`), on the member paths."""
-    # macOS tar stores extended attributes as `._NAME` members: never images. A link to a
-    # folder (`cat/f.png -> ../dog/`) is a folder once unpacked, whatever its name: a linked
-    # folder (`_class_folder_links`), never an image.
-    stored = [
-        name
-        for name in (*listing.members, *listing.links)
-        if is_image_file(name)
-        and not is_apple_double(posixpath.basename(name))
-        and name not in listing.folder_links
-    ]
-    # A link out of the archive, which tar -x unpacks pointing at the host's file (an attacker's
-    # archive at /etc/passwd): never followed, left out and said, as a '..' member is.
-    # (A name stored twice, as a link and as a file, once.)
-    leaving = list(dict.fromkeys(name for name in stored if name in listing.outside))
-    if leaving:
-        stored = [name for name in stored if name not in listing.outside]
-        shown = [f"{name} -> {listing.outside[name]}" for name in leaving]
-        log.warning(
-            f"{spec}: {counted(len(leaving), 'image member')} "
-            f"{'is a link' if len(leaving) == 1 else 'are links'} out of the archive, not read, "
-            f"as torchkit follows no link out of an archive: {first_and_more(shown, 3)}"
-        )
-    # Each image by the path `tar -xf` unpacks it to (`/abs/x.png` is abs/x.png), and the
-    # member it is; one with a `..` part, which tar does not unpack (`cat/../dog/e.png`, also
-    # inside the archive), is left out, said.
-    member_of: dict[str, str] = {}
-    not_unpacked = []
-    for name in stored:
-        unpacked = _unpacked_path(name)
-        if unpacked is None:
-            not_unpacked.append(name)
-        else:
-            member_of[unpacked] = name
-    sparse = [name for name in listing.sparse if is_image_file(name)]
-    if sparse:
-        log.warning(
-            f"{spec}: {counted(len(sparse), 'image member')} "
-            f"{'is' if len(sparse) == 1 else 'are'} stored sparse (tar --sparse), which torchkit "
-            f"does not read: {first_and_more(sparse, 3)} (write the archive without --sparse, "
-            "or give the folder tar -x unpacks)"
-        )
-    if not_unpacked:
-        log.warning(
-            f"{spec}: {counted(len(not_unpacked), 'image member')} with '..' in "
-            f"{'its' if len(not_unpacked) == 1 else 'their'} path "
-            f"{'is' if len(not_unpacked) == 1 else 'are'} not read, as tar -x does not unpack "
-            f"such members: {first_and_more(not_unpacked, 3)}"
-        )
-    _leave_out_members_under_links_out(spec, listing, member_of)
-    names = list(member_of)
-    folders = {
-        folder
-        for folder in map(_unpacked_path, listing.folders)
-        if folder is not None and folder != "."
-    } | {posixpath.dirname(name) for name in names}
-    prefix = _wrapping_folder(spec, names, folders)
-    if prefix:
-        names = [name[len(prefix) :] for name in names]
-        folders = {f[len(prefix) :] for f in folders if f.startswith(prefix)}
-    looping = sorted(name for name in names if member_of[prefix + name] in listing.looped)
-    if looping:
-        # No file missing but a broken archive (unpacked, a link to nothing): named, not read.
-        first = looping[0]
-        raise InputError(
-            f"{spec}:{first} -> {listing.looped[member_of[prefix + first]]} is a link that leads "
-            "round in a loop of links, to no file"
-            + (f" (and {len(looping) - 1} more)" if len(looping) > 1 else ""),
-            "remove the link, or point it at an image in the archive",
-        )
-    # Linked class folders, read as a folder on disk reads them (`list_folders`), which warns
-    # of the links it does not enter.
-    class_links, unentered = _class_folder_links(spec, listing, prefix)
-    warn_unentered([os.path.join(spec, name) for name in unentered], spec)
-    _warn_class_links_out(spec, listing, prefix)
-    through = _linked_class_images(class_links, [prefix + name for name in names])
-    names += list(through)
-    folders |= {posixpath.dirname(name) for name in through} | set(class_links)
-    tops = {f.split("/")[0] for f in folders if f}
+    tree = _unpacked_tar(spec, listing)
+    tops = {folder.split("/")[0] for folder in tree.folders if folder}
     top_folders = sorted(top for top in tops if not is_skipped_folder(top))
-    top_images = any("/" not in name for name in names)
-    reader = TarReader(spec, listing.stamp)
-    archive = os.path.basename(spec)
+    top_images = any("/" not in name for name in tree.names)
+    refuse_other_split_names(spec, top_folders, tree.listed)
+    split_folders = [name for name in SPLIT_NAMES if name in top_folders]
+    if split_folders:
+        others = [name for name in top_folders if name not in SPLIT_NAMES]
+        if others or top_images:
+            what = (
+                f"other folders ({', '.join(n + '/' for n in others[:3])})" if others else "images"
+            )
+            raise InputError(
+                f"{spec} mixes split folders ({', '.join(n + '/' for n in split_folders)}) "
+                f"with {what}",
+                "a split root holds only train/, val/ and test/; an image folder only class "
+                "folders",
+            )
+        return _tar_split_root(tree, split_folders, classes, allow_unlabelled, every_image)
+    return _tar_image_folder(
+        tree, bool(top_folders), top_images, classes, allow_unlabelled, every_image
+    )
+
+
+def _tar_split_root(
+    tree: _UnpackedTar,
+    split_folders: list[str],
+    classes: Sequence[str] | None,
+    allow_unlabelled: bool,
+    every_image: bool,
+) -> DataSource:
+    """The split root a folder's tar unpacks to (`split_folders`: its train/, val/, test/), as
+    `source._open_split_root` reads one unpacked: a split folder is unlabelled where its
+    subfolders hold no image (a split of a flat folder, `split` writes OUT/train/x.png; an
+    unlabelled test split beside labelled ones)."""
+    spec = tree.spec
+    inside = {name: tree.listed(name) for name in split_folders}
+    unlabelled = [
+        name
+        for name in split_folders
+        if inside[name][1] and (every_image or not tree.in_subfolders(name))
+    ]
+    # An empty split folder (no class folder, no image) says nothing of the layout.
+    laid_out = [name for name in split_folders if inside[name][0] or inside[name][1]]
+    flat = bool(laid_out) and all(name in unlabelled for name in laid_out)
+    if unlabelled and not allow_unlabelled:
+        shown = [f"{spec}:{name}" for name in unlabelled]
+        raise unlabelled_split_error(spec, shown, whole=flat)
+    parts, empty, strays = {}, {}, {}
+    for name in split_folders:
+        try:
+            parts[name] = tree.samples_under(name, name in unlabelled)
+        except NoImagesError:
+            empty[name] = f"{spec}:{name}"
+            continue
+        if inside[name][1] and name not in unlabelled:
+            strays[f"{spec}:{name}"] = tree.beside(name)
+    refuse_one_file_in_two_places(
+        [((name, label), files) for name in parts for label, files in tree.numbered[name]],
+        spec,
+        archive_links=tree.links,
+    )
+    source = split_root_source(spec, "tar split root", spec, parts, empty, classes, flat=flat)
+    source.strays = strays
+    return source
+
+
+def _tar_image_folder(
+    tree: _UnpackedTar,
+    top_folders: bool,
+    top_images: bool,
+    classes: Sequence[str] | None,
+    allow_unlabelled: bool,
+    every_image: bool,
+) -> DataSource:
+    """The image folder (or, where unlabelled images are taken, the flat folder) a folder's tar
+    unpacks to, as `source._open_folder` reads one: `top_folders`, `top_images`: whether its
+    root holds visible folders, images."""
+    spec = tree.spec
+    flat = not top_folders or top_images and (every_image or not tree.in_subfolders(""))
+    if allow_unlabelled and flat:
+        samples = tree.samples_under("", True)
+        return DataSource(spec, "tar flat folder", spec, {}, samples, [""])
+    if top_images and top_folders and not tree.in_subfolders(""):
+        raise no_class_folders_error(spec, beside_empty_ones=True)
+    samples = tree.samples_under("", False)
+    refuse_one_file_in_two_places(
+        [((None, label), files) for label, files in tree.numbered[""]],
+        spec,
+        archive_links=tree.links,
+    )
+    if classes is not None:
+        samples = relabelled(samples, classes, spec)
+    source = DataSource(spec, "tar image folder", spec, {}, samples, list(samples.classes))
+    if top_images:
+        source.strays[spec] = tree.beside("")
+    return source
+
+
+@dataclass
+class _UnpackedTar:
+    """The folder a folder's tar unpacks to (`_unpacked_tar`), read as `source._open_folder`
+    reads one on disk: its images and folders by their paths inside the wrapping folder
+    `prefix` (`_wrapping_folder`), ids as the unpacked folder's would be."""
+
+    spec: str
+    listing: TarListing
+    member_of: dict[str, str]  # each image's unpacked path (`prefix` and all) -> its member
+    names: list[str]  # the images' paths inside `prefix`, those through linked classes too
+    folders: set[str]  # the folders' paths inside `prefix`
+    prefix: str
+    # Each image under a linked class folder (`img/x.png`) -> the unpacked path it is
+    # (`_linked_class_images`).
+    through: dict[str, str]
+    # Each link by its unpacked path inside `prefix` (`cat/./s.png` is cat/s.png) -> its end,
+    # and the linked class folders: named in the error of one file in two classes.
+    links: dict[str, str | None]
+    reader: TarReader  # one for every image of the archive
     # Per split folder read ("" = the archive's root), its images by class as
     # `refuse_one_file_in_two_places` takes them: each numbered by its data's offset.
-    numbered: dict[str, list[tuple[str, Numbered]]] = {}
-    # By the links' unpacked paths, as the images are named (`cat/./s.png` is cat/s.png).
-    links = {
-        name[len(prefix) :]: target
-        for name, target in ((_unpacked_path(n), t) for n, t in listing.links.items())
-        if name is not None and name.startswith(prefix)
-    }
-    links.update(class_links)
+    numbered: dict[str, list[tuple[str, Numbered]]] = field(default_factory=dict)
 
-    def unpacked_locator(name: str) -> tuple[int, int] | None:
-        """Where `name`'s data lies; None for a link to a member of a `..` part, which tar
+    def locator(self, member: str) -> tuple[int, int] | None:
+        """Where `member`'s data lies; None for a link to a member of a `..` part, which tar
         does not unpack (the link is left pointing at nothing), as that member is not read."""
-        end = name if name in listing.members else listing.links.get(name)
+        listing = self.listing
+        end = member if member in listing.members else listing.links.get(member)
         if end is not None and ".." in end.split("/"):
             return None
-        return listing.locator(name)
+        return listing.locator(member)
 
-    def samples_under(base: str, unlabelled: bool) -> Samples:
+    def samples_under(self, base: str, unlabelled: bool) -> Samples:
         """The images under `base` ("" = all), as `discover_image_folder` or
         `discover_flat_folder` read them (ids relative to the archive's root)."""
+        spec, names, prefix = self.spec, self.names, self.prefix
         start = base + "/" if base else ""
         if unlabelled:
             chosen = sorted(n for n in names if n.startswith(start))
             class_names, labels, ends = [""], [0] * len(chosen), [len(chosen)]
         else:
-            class_names = sorted(
-                {
-                    f[len(start) :].split("/")[0]
-                    for f in folders
-                    if f.startswith(start) and f != base
-                }
-                - {""}
-            )
-            class_names = [c for c in class_names if not is_skipped_folder(c)]
-            if not class_names:
-                where = f"{spec}:{base}" if base else spec
-                if any("/" not in n[len(start) :] for n in names if n.startswith(start)):
-                    raise no_class_folders_error(where)
-                raise NoImagesError(f"no class folders in {where}", CLASS_FOLDERS_HINT)
+            class_names = self.class_folders(base)
             # One pass over the names, by class folder: a scan per class took 20 s for 1,000
             # classes of 40 images, and hours for ImageNet's 1,000 classes of 1,300.
             by_class: dict[str, list[str]] = {}
@@ -1869,108 +1887,187 @@ def _open_folder_tar(
         if not chosen:
             raise no_images_error(f"{spec}:{base}" if base else spec)
         located = [
-            unpacked_locator(member_of.get(full, full))
-            for full in (through.get(n, prefix + n) for n in chosen)
+            self.locator(self.member_of.get(full, full))
+            for full in (self.through.get(n, prefix + n) for n in chosen)
         ]
+        archive = os.path.basename(spec)
         paths = [
-            StoredImage(f"{archive}/{prefix}{n}", reader, where)
+            StoredImage(f"{archive}/{prefix}{n}", self.reader, where)
             for n, where in zip(chosen, located, strict=True)
         ]
         # A link to nothing: a number of its own (no member starts before the archive).
         offsets = [-1 - i if where is None else where[0] for i, where in enumerate(located)]
-        numbered[base] = [
+        self.numbered[base] = [
             (name, (chosen[first:end], offsets[first:end]))
             for name, first, end in zip(class_names, [0, *ends], ends, strict=False)
         ]
         return Samples(class_names, labels, paths=paths, source=spec, ids=list(chosen))
 
-    def listed(base: str) -> tuple[list[str], bool]:
+    def class_folders(self, base: str) -> list[str]:
+        """The class folders in folder `base` ("" = the root), sorted; NoImagesError where
+        there is none (InputError where images lie in `base` without one)."""
+        start = base + "/" if base else ""
+        class_names = sorted(
+            {
+                f[len(start) :].split("/")[0]
+                for f in self.folders
+                if f.startswith(start) and f != base
+            }
+            - {""}
+        )
+        class_names = [c for c in class_names if not is_skipped_folder(c)]
+        if not class_names:
+            where = f"{self.spec}:{base}" if base else self.spec
+            if any("/" not in n[len(start) :] for n in self.names if n.startswith(start)):
+                raise no_class_folders_error(where)
+            raise NoImagesError(f"no class folders in {where}", CLASS_FOLDERS_HINT)
+        return class_names
+
+    def listed(self, base: str) -> tuple[list[str], bool]:
         """(the folders in folder `base`, whether images lie directly in it), as
         `source._subfolders` lists an unpacked folder."""
         start = base + "/"
-        inside = {f[len(start) :].split("/")[0] for f in folders if f.startswith(start)}
-        images = any(n.startswith(start) and "/" not in n[len(start) :] for n in names)
+        inside = {f[len(start) :].split("/")[0] for f in self.folders if f.startswith(start)}
+        images = any(n.startswith(start) and "/" not in n[len(start) :] for n in self.names)
         return sorted(f for f in inside if f and not is_skipped_folder(f)), images
 
-    def in_subfolders(base: str) -> bool:
+    def in_subfolders(self, base: str) -> bool:
         """Whether images lie in the visible subfolders of folder `base` ("" = the root)."""
         start = base + "/" if base else ""
         return any(
             n.startswith(start)
             and "/" in n[len(start) :]
             and not is_skipped_folder(n[len(start) :].split("/")[0])
-            for n in names
+            for n in self.names
         )
 
-    def beside(base: str) -> list[str]:
+    def beside(self, base: str) -> list[str]:
         """The images directly in folder `base` ("" = the root), as named in it, sorted."""
         start = base + "/" if base else ""
         return sorted(
-            n[len(start) :] for n in names if n.startswith(start) and "/" not in n[len(start) :]
+            n[len(start) :]
+            for n in self.names
+            if n.startswith(start) and "/" not in n[len(start) :]
         )
 
-    refuse_other_split_names(spec, top_folders, listed)
-    split_folders = [name for name in SPLIT_NAMES if name in top_folders]
-    if split_folders:
-        others = [name for name in top_folders if name not in SPLIT_NAMES]
-        if others or top_images:
-            what = (
-                f"other folders ({', '.join(n + '/' for n in others[:3])})" if others else "images"
-            )
-            raise InputError(
-                f"{spec} mixes split folders ({', '.join(n + '/' for n in split_folders)}) "
-                f"with {what}",
-                "a split root holds only train/, val/ and test/; an image folder only class "
-                "folders",
-            )
-        # The class-folder rule, as `source._open_split_root` reads one unpacked: a split folder
-        # is unlabelled where its subfolders hold no image (a split of a flat folder, `split`
-        # writes OUT/train/x.png; an unlabelled test split beside labelled ones).
-        inside = {name: listed(name) for name in split_folders}
-        unlabelled = [
-            name
-            for name in split_folders
-            if inside[name][1] and (every_image or not in_subfolders(name))
-        ]
-        # An empty split folder (no class folder, no image) says nothing of the layout.
-        laid_out = [name for name in split_folders if inside[name][0] or inside[name][1]]
-        flat = bool(laid_out) and all(name in unlabelled for name in laid_out)
-        if unlabelled and not allow_unlabelled:
-            shown = [f"{spec}:{name}" for name in unlabelled]
-            raise unlabelled_split_error(spec, shown, whole=flat)
-        parts, empty, strays = {}, {}, {}
-        for name in split_folders:
-            try:
-                parts[name] = samples_under(name, name in unlabelled)
-            except NoImagesError:
-                empty[name] = f"{spec}:{name}"
-                continue
-            if inside[name][1] and name not in unlabelled:
-                strays[f"{spec}:{name}"] = beside(name)
-        refuse_one_file_in_two_places(
-            [((name, label), files) for name in parts for label, files in numbered[name]],
-            spec,
-            archive_links=links,
+
+def _unpacked_tar(spec: str, listing: TarListing) -> _UnpackedTar:
+    """The folder `listing`'s tar unpacks to: its images (`_images_by_unpacked_path`), inside
+    the folder named as the archive where all lie in it, and its linked class folders read as a
+    folder on disk reads them (`list_folders`, which warns of the links it does not enter).
+    InputError where an image is a link in a loop of links."""
+    member_of = _images_by_unpacked_path(spec, listing)
+    names = list(member_of)
+    folders = {
+        folder
+        for folder in map(_unpacked_path, listing.folders)
+        if folder is not None and folder != "."
+    } | {posixpath.dirname(name) for name in names}
+    prefix = _wrapping_folder(spec, names, folders)
+    if prefix:
+        names = [name[len(prefix) :] for name in names]
+        folders = {f[len(prefix) :] for f in folders if f.startswith(prefix)}
+    _refuse_looping_images(spec, listing, names, member_of, prefix)
+    class_links, unentered = _class_folder_links(spec, listing, prefix)
+    warn_unentered([os.path.join(spec, name) for name in unentered], spec)
+    _warn_class_links_out(spec, listing, prefix)
+    through = _linked_class_images(class_links, [prefix + name for name in names])
+    names += list(through)
+    folders |= {posixpath.dirname(name) for name in through} | set(class_links)
+    # By the links' unpacked paths, as the images are named (`cat/./s.png` is cat/s.png).
+    links: dict[str, str | None] = {
+        name[len(prefix) :]: target
+        for name, target in ((_unpacked_path(n), t) for n, t in listing.links.items())
+        if name is not None and name.startswith(prefix)
+    }
+    links.update(class_links)
+    reader = TarReader(spec, listing.stamp)
+    return _UnpackedTar(spec, listing, member_of, names, folders, prefix, through, links, reader)
+
+
+def _refuse_looping_images(
+    spec: str, listing: TarListing, names: list[str], member_of: dict[str, str], prefix: str
+) -> None:
+    """InputError naming the images (`names`, inside `prefix`) that are links in a loop of
+    links: no file missing but a broken archive (unpacked, a link to nothing), named, not
+    read."""
+    looping = sorted(name for name in names if member_of[prefix + name] in listing.looped)
+    if looping:
+        first = looping[0]
+        raise InputError(
+            f"{spec}:{first} -> {listing.looped[member_of[prefix + first]]} is a link that leads "
+            "round in a loop of links, to no file"
+            + (f" (and {len(looping) - 1} more)" if len(looping) > 1 else ""),
+            "remove the link, or point it at an image in the archive",
         )
-        source = split_root_source(spec, "tar split root", spec, parts, empty, classes, flat=flat)
-        source.strays = strays
-        return source
-    flat = not top_folders or top_images and (every_image or not in_subfolders(""))
-    if allow_unlabelled and flat:
-        samples = samples_under("", True)
-        return DataSource(spec, "tar flat folder", spec, {}, samples, [""])
-    if top_images and top_folders and not in_subfolders(""):
-        raise no_class_folders_error(spec, beside_empty_ones=True)
-    samples = samples_under("", False)
-    refuse_one_file_in_two_places(
-        [((None, label), files) for label, files in numbered[""]], spec, archive_links=links
+
+
+def _images_by_unpacked_path(spec: str, listing: TarListing) -> dict[str, str]:
+    """Each image of a folder's tar by the path `tar -xf` unpacks it to (`/abs/x.png` is
+    abs/x.png) -> the member it is; the images it does not read said in warnings: links out
+    of the archive, members stored sparse, members of a `..` part (which tar does not unpack,
+    also where they stay inside the archive: `cat/../dog/e.png`), and members in a folder that
+    is a link out."""
+    stored = _without_links_out(spec, listing, _image_members(listing))
+    member_of: dict[str, str] = {}
+    not_unpacked = []
+    for name in stored:
+        unpacked = _unpacked_path(name)
+        if unpacked is None:
+            not_unpacked.append(name)
+        else:
+            member_of[unpacked] = name
+    _warn_sparse_images(spec, listing)
+    if not_unpacked:
+        log.warning(
+            f"{spec}: {counted(len(not_unpacked), 'image member')} with '..' in "
+            f"{'its' if len(not_unpacked) == 1 else 'their'} path "
+            f"{'is' if len(not_unpacked) == 1 else 'are'} not read, as tar -x does not unpack "
+            f"such members: {first_and_more(not_unpacked, 3)}"
+        )
+    _leave_out_members_under_links_out(spec, listing, member_of)
+    return member_of
+
+
+def _image_members(listing: TarListing) -> list[str]:
+    """The members and links of a folder's tar named as images, in the listing's order. Not
+    macOS tar's `._NAME` members (extended attributes), nor a link to a folder (`cat/f.png ->
+    ../dog/`), a folder once unpacked whatever its name: a linked folder
+    (`_class_folder_links`)."""
+    return [
+        name
+        for name in (*listing.members, *listing.links)
+        if is_image_file(name)
+        and not is_apple_double(posixpath.basename(name))
+        and name not in listing.folder_links
+    ]
+
+
+def _without_links_out(spec: str, listing: TarListing, stored: list[str]) -> list[str]:
+    """`stored` without the links out of the archive, which tar -x unpacks pointing at the
+    host's file (an attacker's archive at /etc/passwd): never followed, left out and said, as a
+    '..' member is."""
+    leaving = [name for name in stored if name in listing.outside]
+    if not leaving:
+        return stored
+    shown = [f"{name} -> {listing.outside[name]}" for name in leaving]
+    log.warning(
+        f"{spec}: {counted(len(leaving), 'image member')} "
+        f"{'is a link' if len(leaving) == 1 else 'are links'} out of the archive, not read, "
+        f"as torchkit follows no link out of an archive: {first_and_more(shown, 3)}"
     )
-    if classes is not None:
-        samples = relabelled(samples, classes, spec)
-    source = DataSource(spec, "tar image folder", spec, {}, samples, list(samples.classes))
-    if top_images:
-        source.strays[spec] = beside("")
-    return source
+    return [name for name in stored if name not in listing.outside]
+
+
+def _warn_sparse_images(spec: str, listing: TarListing) -> None:
+    sparse = [name for name in listing.sparse if is_image_file(name)]
+    if sparse:
+        log.warning(
+            f"{spec}: {counted(len(sparse), 'image member')} "
+            f"{'is' if len(sparse) == 1 else 'are'} stored sparse (tar --sparse), which torchkit "
+            f"does not read: {first_and_more(sparse, 3)} (write the archive without --sparse, "
+            "or give the folder tar -x unpacks)"
+        )
 
 
 def _leave_out_members_under_links_out(
