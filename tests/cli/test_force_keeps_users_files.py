@@ -102,7 +102,9 @@ KEYS_NOT_A_CHECKPOINT["a checkpoint less its version record"] = _without_record(
 
 
 NPY = b"\x93NUMPY\x01\x00" + b"v" * 10  # a .npy's magic and version, as numpy writes
-SHARDS_MANIFEST = json.dumps({"written_by": "torchkit convert shards", "shards": []})
+SHARDS_MANIFEST = json.dumps(
+    {"written_by": "torchkit convert shards", "classes": ["a"], "shards": []}
+)
 FRAME = with_software_text(bare_png((16, 16)))  # a frame as video-info writes it
 RUN_CONFIG = json.dumps({"options": {}, "arch": "convnet", "classes": ["a"], "preprocess": {}})
 PER_CLASS = "label,index,support,predicted,precision\na,0,1,1,1.0\n"  # eval's header

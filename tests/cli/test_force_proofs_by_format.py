@@ -39,6 +39,8 @@ FEATURES = ["extract-features", "run/best.pt", "ds", "out", "-l", "logits", "-j"
 INDEX = b"row,path,label,error\n0,ds/a/a_0.png,a,\n"
 NPY = b"\x93NUMPY\x01\x00" + b"v" * 10
 MANIFEST = json.dumps({"written_by": "torchkit convert shards", "shards": []}).encode()
+LABELLED = json.dumps({"written_by": "torchkit convert shards", "classes": ["a", "b"]}).encode()
+PROGRESS = json.dumps({"fingerprint": "f", "total": 6, "done": 3, "rows": 3, "layers": {}})
 
 # command line, its marker's command, what torchkit wrote, the user's file (name, bytes)
 CASES = {
@@ -101,6 +103,30 @@ CASES = {
         "convert tensor",
         {"a/a_0.jpg": b"\xff\xd8\xff\xe0 a JPEG"},
         ("a/a_1.JPG", b"notes"),
+    ),
+    "your class list as classes.txt": (
+        SHARDS,
+        "convert shards",
+        {"train-000000.tar": owned_tar(), "manifest.json": LABELLED},
+        ("classes.txt", b"cat\ndog\n"),
+    ),
+    "your notes in an interrupted extraction": (
+        FEATURES,
+        "extract-features",
+        {".partial/progress.json": PROGRESS, ".partial/logits.npy": NPY},
+        (".partial/notes.txt", b"to do"),
+    ),
+    "a text file named as an interrupted extraction's array": (
+        FEATURES,
+        "extract-features",
+        {".partial/progress.json": PROGRESS},
+        (".partial/umap.npy", b"x,y\n0.1,0.2\n"),
+    ),
+    "your own errors.jsonl in an interrupted extraction": (
+        FEATURES,
+        "extract-features",
+        {".partial/progress.json": PROGRESS},
+        (".partial/errors.jsonl", b'{"level": "error"}\n'),
     ),
     "your own index.csv": (
         FEATURES,
@@ -214,3 +240,65 @@ def test_the_software_text_keeps_the_image_and_is_proven(tmp_path):
     assert not torchkit_png()(tmp_path / "old.png")
     assert torchkit_png(legacy_bare={(32, 32)})(tmp_path / "old.png")
     assert not torchkit_png(legacy_bare={(16, 16)})(tmp_path / "old.png")
+
+
+def test_classes_txt_is_the_runs_by_its_manifests_names(tmp_path):
+    """classes.txt is convert shards' where its lines are the class names its manifest (or
+    partial manifest, of this version or an earlier one) lists, or it is empty (unlabelled
+    data); with no manifest yet (a --force run stopped before its first shard), where it was
+    written with the run's marker. Another list under that name is the user's."""
+    import os
+
+    from torchkit.core.convert.shards import SHARDS_OUTPUTS
+    from torchkit.core.io.folder_contents import foreign_entries
+
+    def judged(files: dict[str, bytes], *, later_s: float = 0) -> list[str]:
+        folder = tmp_path / f"case{len(list(tmp_path.iterdir()))}"
+        marked(folder, "convert shards", files)
+        if later_s:  # put there later than the run's marker
+            marker = (folder / MARKER).stat().st_mtime
+            os.utime(folder / "classes.txt", (marker + later_s, marker + later_s))
+        return foreign_entries(folder, SHARDS_OUTPUTS, top_level=(MARKER,))
+
+    partial = LABELLED.replace(b"}", b', "complete": false}') + b'\n{"name": "train-000000.tar"}\n'
+    unlabelled = json.dumps({"written_by": "torchkit convert shards", "classes": []}).encode()
+    assert judged({"manifest.json": LABELLED, "classes.txt": b"a\nb\n"}) == []
+    assert judged({"manifest.partial.json": partial, "classes.txt": b"a\nb\n"}) == []
+    assert judged({"manifest.json": unlabelled, "classes.txt": b""}) == []
+    assert judged({"classes.txt": b"a\nb\n"}) == []  # a --force run stopped at its start
+    refused = [
+        ({"manifest.json": LABELLED, "classes.txt": b"b\na\n"}, 0),  # not in label order
+        ({"manifest.json": LABELLED, "classes.txt": b"a\nb"}, 0),  # not as torchkit ends it
+        ({"manifest.json": unlabelled, "classes.txt": b"a\nb\n"}, 0),
+        ({"manifest.json": b'{"name": "a web app"}', "classes.txt": b"a\nb\n"}, 0),
+        ({"classes.txt": b"a\nb\n"}, 3600),  # put there an hour after the run began
+        ({"classes.txt": b"my notes, one line\n  indented\n"}, 0),
+    ]
+    for files, later_s in refused:
+        assert judged(files, later_s=later_s)[0] == "classes.txt", files
+
+
+def test_an_interrupted_extractions_files_are_its_own(tmp_path):
+    """What an interrupted extract-features run keeps in OUT/.partial, as the store writes it
+    (numpy's memory-mapped array, the progress record, the errors log, a streamed index; each
+    empty where the run was stopped as it made it), passes its proof."""
+    import numpy as np
+
+    from torchkit.core.features.extract import output_names
+    from torchkit.core.features.store import Progress
+    from torchkit.core.io.folder_contents import foreign_entries
+
+    out = marked(tmp_path / "out", "extract-features", {})
+    partial = out / ".partial"
+    partial.mkdir()
+    np.lib.format.open_memmap(partial / "logits.npy", mode="w+", dtype="float32", shape=(6, 2))
+    (partial / "progress.json").write_text(json.dumps(Progress(3, 2, {1: "bad"}).to_json("f", 6)))
+    (partial / "errors.jsonl").write_text('[1, "cannot identify image file"]\n')
+    (partial / "index.csv").write_text("row,path,label,error\n0,a/a_0.png,a,\n")
+    (partial / "layer1.npy").write_bytes(b"")
+    assert foreign_entries(out, output_names(()), top_level=(MARKER,)) == []
+    (partial / "index.csv").write_bytes(b"")
+    (partial / "errors.jsonl").write_bytes(b"")
+    assert foreign_entries(out, output_names(()), top_level=(MARKER,)) == []
+    (partial / "deeper").mkdir()
+    assert foreign_entries(out, output_names(()), top_level=(MARKER,)) == [".partial/deeper/"]

@@ -57,13 +57,14 @@ from torchkit.core.io.files import (
 )
 from torchkit.core.io.folder_contents import proven
 from torchkit.core.io.non_utf8_names import json_text
-from torchkit.core.io.output_proofs import tar_by
+from torchkit.core.io.output_proofs import SAME_RUN_S, tar_by
 from torchkit.core.io.outputs import (
     MARKER,
     InputPath,
     OutputFolder,
     check_overlap,
     check_replaceable,
+    marker_command,
     remove_tree,
     synced_when_kept,
 )
@@ -83,8 +84,8 @@ TAR_OWNER = "torchkit"  # every member's user and group name
 # Everything a run writes into OUT (`folder_contents` patterns): --force refuses an OUT holding
 # anything else, which replacing it would delete. Shards and manifests only where their content
 # shows torchkit wrote them (another tool's train-000000.tar or manifest.json is refused): each
-# member's owner `torchkit` (TAR_OWNER), the manifest's `written_by`. classes.txt, a class a
-# line, has nothing to show it: judged by name.
+# member's owner `torchkit` (TAR_OWNER), the manifest's `written_by`, classes.txt's names those
+# its manifest lists (`_is_classes_file`).
 SHARDS_OUTPUTS = (
     *(
         proven(f"{name}-[0-9][0-9][0-9][0-9][0-9][0-9]*.tar", tar_by(TAR_OWNER))
@@ -92,7 +93,7 @@ SHARDS_OUTPUTS = (
     ),
     proven(MANIFEST, lambda path: _is_manifest(path)),  # (defined below)
     proven(PARTIAL_MANIFEST, lambda path: _is_manifest(path)),
-    CLASSES_FILE,
+    proven(CLASSES_FILE, lambda path: _is_classes_file(path)),
 )
 UNSPLIT = "shard"  # the shard names of data without splits: shard-000000.tar
 UNSPLIT_KEY = "sample"  # and its sample keys: sample_00000000
@@ -757,6 +758,50 @@ def _is_manifest(path: Path) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(found, dict) and found.get("written_by") == f"torchkit {COMMAND}"
+
+
+_CLASSES_LIMIT = 64 << 20  # a million class names of 60 characters
+
+
+def _is_classes_file(path: Path) -> bool:
+    """Whether `path` is the classes.txt a run wrote: empty (unlabelled data), or the class
+    names, one a line, that the manifest beside it (or its partial manifest) lists; where
+    neither is there (a `--force` run stopped before its first shard), names one a line
+    written within `SAME_RUN_S` of the marker of a `convert shards` run (which the run wrote
+    just before). A list of yours under that name is not: its names are not the manifest's,
+    or it was put there later."""
+    try:
+        if path.stat().st_size > _CLASSES_LIMIT:
+            return False
+        text = path.read_bytes().decode("utf-8", "surrogateescape")
+    except (OSError, ValueError):
+        return False
+    if not text:
+        return True
+    names = text.split("\n")
+    if names.pop() != "":
+        return False  # each name a line, ended by "\n"
+    listed = False
+    for manifest in (path.with_name(MANIFEST), path.with_name(PARTIAL_MANIFEST)):
+        if not (manifest.exists() or manifest.is_symlink()):
+            continue
+        listed = True  # a manifest there, the run's or not: classes.txt goes by it
+        try:
+            record = _partial_lines(manifest.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if not isinstance(record, dict) or record.get("written_by") != f"torchkit {COMMAND}":
+            continue
+        classes = record.get("classes")
+        if isinstance(classes, list) and names in (classes, [name for name in classes if name]):
+            return True
+    if listed or any(name != name.strip() or not name for name in names):
+        return False  # as this version writes them: no spaces around a name
+    try:
+        apart = abs(path.stat().st_mtime - path.with_name(MARKER).stat().st_mtime)
+    except OSError:
+        return False
+    return apart <= SAME_RUN_S and marker_command(path.parent) == COMMAND
 
 
 def read_partial(folder: Path) -> dict | None:

@@ -29,10 +29,12 @@ from torchkit.core.features.layers import (
 )
 from torchkit.core.features.store import (
     DTYPES,
+    ERRORS_FILE,
     FILE_FORMATS,
     INDEX_FILE,
     META_FILE,
     PARTIAL_DIR,
+    PROGRESS_FILE,
     FeatureStore,
     data_location,
     known_files,
@@ -42,7 +44,14 @@ from torchkit.core.inference.scoring import scorable_rows
 from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.io.files import NAME_ERRORS, open_text, require_input
 from torchkit.core.io.folder_contents import proven
-from torchkit.core.io.output_proofs import csv_header, is_npy, is_safetensors, is_torch_save
+from torchkit.core.io.output_proofs import (
+    any_of,
+    csv_header,
+    empty_file,
+    is_npy,
+    is_safetensors,
+    is_torch_save,
+)
 from torchkit.core.io.outputs import (
     InputPath,
     OutputFolder,
@@ -233,12 +242,45 @@ def output_names(recorded: Sequence[str]) -> tuple[str, ...]:
         layers = [f"*.{extension}" for extension in FILE_FORMATS]
     # Each file only where its content shows a run wrote it (your own index.csv or an array of
     # yours under a layer's name is refused): the index's header, the record's fingerprint, the
-    # format of the layer file's extension. The hidden `.partial` folder is the run's by name.
+    # format of the layer file's extension; in an interrupted run's `.partial` folder likewise
+    # (its files empty where a run was stopped as it made them: nothing in them to lose).
     return (
         proven(INDEX_FILE, csv_header(INDEX_COLUMNS, whole=False)),
         proven(META_FILE, lambda path: holds_json_record(path, ("fingerprint", "layers"))),
-        f"{PARTIAL_DIR}/**",
+        *_partial_names(),
         *(_proven_layer(name) for name in layers),
+    )
+
+
+def _partial_names() -> tuple[str, ...]:
+    """What an interrupted run keeps in OUT/.partial (`FeatureStore`): its progress record, the
+    log of unreadable images, a streamed run's index, an array a layer."""
+    return (
+        proven(
+            f"{PARTIAL_DIR}/{PROGRESS_FILE}",
+            lambda path: holds_json_record(path, ("fingerprint", "done", "rows")),
+        ),
+        proven(f"{PARTIAL_DIR}/{ERRORS_FILE}", any_of(empty_file, _is_errors_log)),
+        proven(
+            f"{PARTIAL_DIR}/{INDEX_FILE}",
+            any_of(empty_file, csv_header(INDEX_COLUMNS, whole=False)),
+        ),
+        proven(f"{PARTIAL_DIR}/*.npy", any_of(empty_file, is_npy)),
+    )
+
+
+def _is_errors_log(path: Path) -> bool:
+    """Whether `path` begins as ERRORS_FILE does: a line `[image index, "why"]`."""
+    try:
+        with open(path, "rb") as handle:
+            first = json.loads(handle.readline(1 << 16))
+    except (OSError, ValueError):
+        return False
+    return (
+        isinstance(first, list)
+        and len(first) == 2
+        and type(first[0]) is int
+        and isinstance(first[1], str)
     )
 
 

@@ -118,6 +118,15 @@ def any_of(*proofs: Callable[[Path], bool]) -> Callable[[Path], bool]:
     return lambda path: any(proof(path) for proof in proofs)
 
 
+def empty_file(path: Path) -> bool:
+    """Whether `path` is an empty regular file: one a run made and was stopped before it wrote
+    in it (nothing in it to lose)."""
+    try:
+        return path.stat().st_size == 0 and path.is_file()
+    except OSError:
+        return False
+
+
 SAME_RUN_S = 120.0  # a plot and the file its run wrote just before it: seconds apart
 
 
