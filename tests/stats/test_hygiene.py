@@ -413,23 +413,44 @@ def test_masked_arrays_give_the_pairs_lists_with_none_give():
     ]
 
 
-def test_the_search_lets_each_chunks_table_go_before_the_next_is_made():
+def test_the_search_holds_memory_for_its_hashes_not_for_every_chunk_value():
     """Past about 60,000 distinct pHashes the search cuts them into three chunks of 22 and 21
-    bits, each looked up in a table of every value (16 MB for counts, 16 MB for starts): the
-    last chunk's tables were held while the next were made through bincount's 64-bit counts,
-    about 80 MB at once; now about 48 MB."""
+    bits, and looked each up in a table of every value: 48 MB at once whatever the number of
+    hashes (730 B a hash at 65,000). Its tables now hold a few buckets a hash, and the
+    candidates are checked a block at a time."""
     import tracemalloc
 
     values = np.random.default_rng(1).integers(0, 2**63, 2_000, dtype=np.uint64)
     values[1] = values[0] ^ np.uint64(0b11)
+    neardup._multi_index_pairs(values[:10], 2, 3)  # numpy's first-call allocations
     tracemalloc.start()
     try:
         a, b, d = neardup._multi_index_pairs(values, 2, 3)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert peak < 56 * 2**20
+    assert peak < 2 * 2**20
     assert (0, 1, 2) in set(zip(a.tolist(), b.tolist(), d.tolist(), strict=True))
+
+
+@pytest.mark.parametrize(("chunks", "threshold"), [(2, 5), (3, 8), (4, 8)])
+def test_buckets_narrower_than_a_chunk_find_every_pair(chunks, threshold):
+    """A chunk's table holds fewer buckets than the chunk has values (about 8 to 16 a hash), so
+    a bucket holds other values too: every pair is still found, and no other, among many near
+    copies of one image and equal hashes."""
+    rng = np.random.default_rng(chunks)
+    base = rng.integers(0, 2**64, 2000, dtype=np.uint64)
+    cluster = np.full(400, base[0])
+    for _ in range(5):  # 400 hashes within 5 bits of one
+        flipped = rng.random(400) < 0.5
+        bits = rng.integers(0, 64, int(flipped.sum())).astype(np.uint64)
+        cluster[flipped] ^= np.uint64(1) << bits
+    values = np.unique(np.concatenate([base, base[:300] ^ np.uint64(0b1001), cluster]))
+    assert neardup._bucket_bits(len(values), 64 // chunks) < 64 // chunks
+    a, b, d = neardup._multi_index_pairs(values, threshold, chunks)
+    got = set(zip(a.tolist(), b.tolist(), d.tolist(), strict=True))
+    assert got == _brute_force(values, threshold)
+    assert len(got) > 5_000
 
 
 # --------------------------------------------------------------------------- dataset-stats

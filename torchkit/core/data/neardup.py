@@ -7,8 +7,12 @@ least one chunk (pigeonhole), so each chunk's values are sorted once and every h
 few values within that radius of its own chunk (all flips of up to floor(t / m) bits), then the
 candidates are checked on all 64 bits. m is chosen from a cost model (lookups plus expected
 candidates for n uniform hashes); small sets, or thresholds where no m pays, are compared in
-blocks (numpy, all pairs). Equal hashes are searched once. Time and memory grow about linearly
-in n for n up to about 2^(64/m) per chunk, which covers millions of images at t <= 12.
+blocks (numpy, all pairs). Equal hashes are searched once. Each chunk's values are looked up
+in a table of a few buckets a hash (not one entry for every value of the chunk), and the
+candidates are checked a block at a time: memory grows linearly in n. Time does while n stays
+under about 2^(64/m): past it each lookup meets n / 2^(64/m) other hashes by chance, so at a
+fixed m the candidates grow as n^2 (at t = 8, three chunks of 21-22 bits from about 65,000
+hashes on: 0.25-0.5 candidates a lookup at a million, 254 lookups a hash a chunk).
 
 `find_pairs(...)` turns the hashes of a dataset's files into the report `dataset-stats` gives:
 byte-identical files (same SHA-256) and near-duplicates (pHash within the threshold) whose
@@ -36,7 +40,11 @@ BITS = 64
 DEFAULT_NEAR_THRESHOLD = 8
 MAX_THRESHOLD = 24  # beyond it, pHash no longer separates copies from different images
 _BLOCK_CELLS = 1 << 22  # pairs compared at once by the all-pairs path
-_DENSE_BITS = 22  # chunks of up to this many bits are looked up in a table of every value
+# A chunk's values are looked up in a table of up to 2^_TABLE_BITS buckets (16 MB of int32),
+# about 2 to 4 buckets a hash: memory linear in n, and few other values met in a bucket.
+_TABLE_BITS = 22
+_TABLE_BLOCK = 1 << 20  # table entries made at once
+_CANDIDATE_BLOCK = 1 << 16  # candidate pairs checked at once
 
 
 def popcount(values: Any) -> Any:
@@ -100,6 +108,74 @@ def _flips(bits: int, radius: int) -> list[int]:
     return masks
 
 
+def _bucket_bits(n: int, bits: int) -> int:
+    """The bits of a chunk a table is made of for n hashes: about 2 to 4 table entries a hash
+    (all the chunk's bits once n reaches a quarter of its values), at most _TABLE_BITS."""
+    return max(1, min(bits, _TABLE_BITS, (max(n, 2) - 1).bit_length() + 3))
+
+
+def _bucket_ends(sorted_buckets: Any, size: int) -> Any:
+    """ends[v] = how many of `sorted_buckets` are < v, for v in 0..size: int32 (for fewer than
+    2^31 hashes), made a block at a time, so no table of 64-bit integers is made."""
+    import numpy as np
+
+    dtype = np.int32 if len(sorted_buckets) < 2**31 else np.int64
+    ends = np.empty(size + 1, dtype=dtype)
+    for start in range(0, size + 1, _TABLE_BLOCK):
+        stop = min(size + 1, start + _TABLE_BLOCK)
+        ends[start:stop] = np.searchsorted(sorted_buckets, np.arange(start, stop))
+    return ends
+
+
+def _chunk_candidates(
+    values: Any, chunk: Any, bits: int, radius: int, threshold: int
+) -> tuple[list[Any], list[Any]]:
+    """The pairs (i < j) within `threshold` whose `chunk` values (of `bits` bits) are within
+    `radius`: each hash looks up every flip of up to `radius` bits of its chunk in a table of
+    the chunk's low `_bucket_bits` bits (a bucket a value), checks that the chunk matches whole,
+    then all 64 bits."""
+    import numpy as np
+
+    bucket_bits = _bucket_bits(len(values), bits)
+    bucket_mask = (1 << bucket_bits) - 1
+    buckets = chunk & bucket_mask
+    order = np.argsort(buckets, kind="stable")
+    ends = _bucket_ends(buckets[order], 1 << bucket_bits)
+    del buckets
+    found_a, found_b = [], []
+    for flip in _flips(bits, radius):
+        query = chunk ^ flip
+        wanted = query & bucket_mask
+        low = ends[wanted]
+        counts = ends[wanted + 1] - low
+        hit = np.nonzero(counts)[0]
+        counts, low = counts[hit], low[hit]
+        # The candidates (a hash and each one in its bucket) a block of about _CANDIDATE_BLOCK
+        # at a time: their number grows as n^2 / 2^bucket_bits, their arrays stay bounded.
+        if not len(hit):
+            continue
+        reached = np.cumsum(counts, dtype=np.int64)
+        cuts = np.searchsorted(reached, np.arange(0, reached[-1], _CANDIDATE_BLOCK), side="right")
+        for first, last in zip(cuts.tolist(), [*cuts[1:].tolist(), len(hit)], strict=True):
+            if first == last:
+                continue
+            part = counts[first:last]
+            total = int(part.sum())
+            source = np.repeat(hit[first:last], part)
+            offsets = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(part) - part, part)
+            target = order[np.repeat(low[first:last], part) + offsets]
+            del offsets
+            # A bucket narrower than the chunk holds other chunk values too.
+            keep = source < target
+            if bucket_bits < bits:
+                keep &= chunk[target] == query[source]
+            source, target = source[keep], target[keep]
+            close = popcount(values[source] ^ values[target]) <= threshold
+            found_a.append(source[close])
+            found_b.append(target[close])
+    return found_a, found_b
+
+
 def _multi_index_pairs(values: Any, threshold: int, m: int) -> tuple[Any, Any, Any]:
     import numpy as np
 
@@ -109,40 +185,10 @@ def _multi_index_pairs(values: Any, threshold: int, m: int) -> tuple[Any, Any, A
     shift = BITS
     for bits in _chunk_bits(m):
         shift -= bits
-        # The last chunk's tables go before this one's are made (at 22 bits, 16 MB each).
-        table_counts = table_starts = None
         chunk = ((values >> np.uint64(shift)) & np.uint64((1 << bits) - 1)).astype(np.int64)
-        order = np.argsort(chunk, kind="stable")
-        if bits <= _DENSE_BITS:  # a table of every chunk value: lookups by indexing
-            table_counts = np.bincount(chunk, minlength=1 << bits).astype(np.int32)
-            table_starts = np.cumsum(table_counts, dtype=np.int32 if n < 2**31 else np.int64)
-            table_starts -= table_counts
-        else:
-            ordered = chunk[order]
-        for flip in _flips(bits, radius):
-            query = chunk ^ flip
-            if bits <= _DENSE_BITS:
-                counts = table_counts[query]
-                hit = np.nonzero(counts)[0]
-                counts, low = counts[hit], table_starts[query[hit]]
-            else:
-                low = np.searchsorted(ordered, query, side="left")
-                counts = np.searchsorted(ordered, query, side="right") - low
-                hit = np.nonzero(counts)[0]
-                counts, low = counts[hit], low[hit]
-            total = int(counts.sum())
-            if not total:
-                continue
-            source = np.repeat(hit, counts)
-            offsets = np.arange(total, dtype=np.int64) - np.repeat(
-                np.cumsum(counts) - counts, counts
-            )
-            target = order[np.repeat(low, counts) + offsets]
-            keep = source < target
-            source, target = source[keep], target[keep]
-            close = popcount(values[source] ^ values[target]) <= threshold
-            keys_a.append(source[close])
-            keys_b.append(target[close])
+        found_a, found_b = _chunk_candidates(values, chunk, bits, radius, threshold)
+        keys_a.extend(found_a)
+        keys_b.extend(found_b)
     if not keys_a:
         empty = np.zeros(0, dtype=np.int64)
         return empty, empty, empty
