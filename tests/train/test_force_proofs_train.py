@@ -24,10 +24,16 @@ TRAIN = [
 
 
 def test_a_run_with_tensorboard_and_a_profile_is_replaced_by_force(tmp_path: Path):
+    """Also where its event file was cut inside its first record (a full disk): --force
+    refused the run's own folder ("holds run/tensorboard/events.out.tfevents... that torchkit
+    did not write"), so that the run could not be made again."""
     write_image_folder(tmp_path / "ds", {"a": 4, "b": 4})
     for again in ([], ["--force"]):
         done = run_torchkit_in_process(*TRAIN, *again, cwd=tmp_path)
         assert done.returncode == 0, done.stderr
+        (events,) = (tmp_path / "run" / "tensorboard").iterdir()
+        if not again:
+            events.write_bytes(events.read_bytes()[:30])  # past its length, in its Event
     run = tmp_path / "run"
     (events,) = (run / "tensorboard").iterdir()
     assert events.name.startswith("events.out.tfevents.") and is_tensorboard_events(events)
@@ -42,7 +48,7 @@ def test_the_proofs_take_the_formats_and_only_them(tmp_path: Path):
     cases = {
         "events": (is_tensorboard_events, tensorboard_events(), True),
         "empty": (is_tensorboard_events, b"", True),
-        "cut": (is_tensorboard_events, tensorboard_events()[:20], False),
+        "cut, not TFRecord's CRC": (is_tensorboard_events, tensorboard_events()[:20], False),
         "csv": (is_tensorboard_events, b"step,loss\n1,2\n", False),
         "trace": (is_chrome_trace, chrome_trace(), True),
         "other json": (is_chrome_trace, b'{"traceEvents": []}', False),
@@ -68,3 +74,32 @@ def test_a_trace_of_a_torch_without_kineto_is_the_runs(tmp_path: Path):
         assert foreign_entries(run, RUN_OUTPUTS, top_level=(MARKER,)) == [], trace.read_text()
     trace.write_bytes(b'[{"id": 1}, {"id": 2}]')
     assert foreign_entries(run, RUN_OUTPUTS, top_level=(MARKER,)) == ["profile/epoch-1.json"]
+
+
+def test_an_event_file_cut_anywhere_in_its_first_record_is_the_runs(tmp_path: Path):
+    """TensorBoard's own writer's first record (the reference), cut after each of its bytes
+    (a full disk, a writer killed as it wrote it), is an event file; a file that only begins
+    like one is not: another length, its CRC not the length's, another first field, a
+    file_version that is not TensorBoard's."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(tmp_path / "log")
+    writer.close()
+    (written,) = (tmp_path / "log").iterdir()
+    record = written.read_bytes()
+    cut = tmp_path / "events.out.tfevents.1.h"
+    for length in range(len(record) + 1):
+        cut.write_bytes(record[:length])
+        assert is_tensorboard_events(cut), length
+    not_events = {
+        "a text": b"a\n",
+        "a CSV": b"step,loss\n1,2\n",
+        "zeros": bytes(40),
+        "a length of two bytes": b"\x00\x01" + record[2:30],
+        "the CRC of another length": bytes([record[0] + 1]) + record[1:30],
+        "a first field that is no wall_time": record[:12] + b"\x0a" + record[13:30],
+        "another file_version": record[:23] + b"brain.Other" + record[34:40],
+    }
+    for name, data in not_events.items():
+        cut.write_bytes(data)
+        assert not is_tensorboard_events(cut), name

@@ -12,7 +12,8 @@ proven (and so is refused, never deleted).
 - A CSV is proven by the header line torchkit writes, whole or (where it goes on with columns
   that depend on the data) its first columns; a text file by its first line.
 - Formats torchkit cannot write a mark of its own into are proven by the format's own start: a
-  TensorBoard event file (its first record, TensorBoard's `brain.Event` version), a Chrome
+  TensorBoard event file (its first record, TensorBoard's `brain.Event` version, or a file
+  cut inside that record by a full disk: a start of it, its length's CRC checked), a Chrome
   trace (Kineto's `schemaVersion` first, or the autograd profiler's array of events where
   torch has no Kineto): another program's file of that format under that name passes too.
 - A tar torchkit writes names torchkit as each member's owner (`tar_by`).
@@ -199,22 +200,74 @@ _TF_EVENT_VERSION = b"brain.Event:"  # the file_version of the first event of ev
 def is_tensorboard_events(path: Path) -> bool:
     """Whether `path` is a TensorBoard event file: its first TFRecord (an 8-byte length, its
     4-byte CRC) holds an Event whose `file_version` (field 3) is `brain.Event:N`, as every
-    writer's first record does; or an empty file (a writer killed before its first record:
-    nothing in it to lose)."""
+    writer's first record does; or a file cut inside that record (a full disk, a writer killed
+    as it wrote it: `_is_first_record_start`), an empty one too (nothing in it to lose)."""
     try:
         with open(path, "rb") as handle:
-            head = handle.read(12)
-            if not head:
-                return True
-            if len(head) < 12:
-                return False
-            (length,) = struct.unpack("<Q", head[:8])
-            if length > _MAX_HEADER_BYTES:
-                return False
-            event = handle.read(length)
+            head = handle.read(12 + _MAX_HEADER_BYTES)
     except OSError:
         return False
-    return _TF_EVENT_VERSION in event
+    if len(head) < 12:
+        return _is_first_record_start(head)
+    (length,) = struct.unpack("<Q", head[:8])
+    if length > _MAX_HEADER_BYTES:
+        return False
+    event = head[12 : 12 + length]
+    return _TF_EVENT_VERSION in event or (len(event) < length and _is_first_record_start(head))
+
+
+# The start of every writer's first Event: its wall_time (field 1, a double: 8 bytes of any
+# value), then its file_version (field 3, a string of a one-byte length) `brain.Event:N`.
+_EVENT_START = (b"\x09", *(None,) * 8, b"\x1a", None, *(bytes([c]) for c in _TF_EVENT_VERSION))
+
+
+_FIRST_EVENT_MIN = len(_EVENT_START) + 1  # with a one-digit version: brain.Event:2
+
+
+def _is_first_record_start(head: bytes) -> bool:
+    """Whether `head` (all a file holds, or all of it up to the end of its first record) is a
+    start of the first record an event file writer writes, however short: a length of one
+    byte, that length's masked CRC32C, and an Event beginning as every writer's does
+    (`_EVENT_START`). Nothing else begins so (a CSV, a text, an image, another format):
+    a user's file is not taken for one."""
+    if not head:
+        return True
+    # A first record is short: wall_time and file_version (24 bytes), a writer's name (72): its
+    # length, little-endian, is one byte and zeros.
+    if head[0] < _FIRST_EVENT_MIN or any(head[1:8]):
+        return False
+    length = head[0]
+    if not struct.pack("<I", _masked_crc32c(head[:8])).startswith(head[8:12]):
+        return False
+    event = head[12 : 12 + length]
+    for index, (byte, expected) in enumerate(zip(event, _EVENT_START, strict=False)):
+        if index == 10:  # the length of file_version: `brain.Event:` and a version
+            if not len(_TF_EVENT_VERSION) < byte < 0x80:
+                return False
+        elif expected is not None and bytes([byte]) != expected:
+            return False
+    return True
+
+
+def _crc32c_table() -> list[int]:
+    table = []
+    for value in range(256):
+        for _ in range(8):
+            value = (value >> 1) ^ (0x82F63B78 if value & 1 else 0)
+        table.append(value)
+    return table
+
+
+_CRC32C = _crc32c_table()
+
+
+def _masked_crc32c(data: bytes) -> int:
+    """TFRecord's checksum of `data`: CRC32C (Castagnoli), rotated and offset ("masked")."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc = _CRC32C[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    crc ^= 0xFFFFFFFF
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
 def is_chrome_trace(path: Path) -> bool:
