@@ -182,16 +182,7 @@ def compute_dataset_stats(
     images are reduced first (`core.hashing.PHASH_FLOOR`), much faster on large JPEGs and a
     few bits off on some.
     """
-    if mode not in STATS_MODES:
-        raise UsageError(f"unknown --mode {mode!r}", "use one of: " + ", ".join(STATS_MODES))
-    if resize is not None and resize < 1:
-        raise UsageError(f"--resize must be a positive number of pixels, not {resize}")
-    if resize is not None:
-        # Each image is resized in memory: a side no machine holds would have the OOM killer
-        # end a worker, or PIL overflow, counted as every image unreadable.
-        check_image_memory(resize, 3, f"--resize {resize}")
-    check_near_threshold(near_threshold)
-    check_workers(workers)
+    _check_stats_options(mode, resize, near_threshold, workers)
     samples, non_images, measured, notes, others, shared = _stats_data(
         source, split, leakage=leakage
     )
@@ -219,93 +210,24 @@ def compute_dataset_stats(
             "duplicates" + ("; --no-leakage skips them" if checked else "")
         )
     workers = default_stats_workers() if workers is None else workers
-    extra = 0 if others is None else len(others)
-    total = len(samples) + extra
-    floor = 0 if exact_phash else PHASH_FLOOR
-    tasks = scan_tasks(
-        samples, workers, mode, resize, perceptual=perceptual, phash_floor=floor, total=total
-    )
-    if others is not None:
-        tasks += scan_tasks(
-            others,
-            workers,
-            mode,
-            resize,
-            offset=len(samples),
-            measure=False,
-            phash_floor=floor,
-            total=total,
-        )
-    accumulator = Accumulator()
-    # One row per file, at its index (`scan.RECORD_DTYPE`, `scan.HASH_DTYPE`): filled in as the
-    # chunks come, so the rows are in index order, and no chunk's arrays are kept.
-    records = _RowsByIndex(record_array(), len(samples))
-    hashes = _RowsByIndex(hash_array(), total if perceptual else 0)
-    digests = _RowsByIndex(digest_array(), total if perceptual else 0)  # files without a pHash
-    names: dict[str, int] = {}  # mode and format names -> the codes the records use
-    errors: list[tuple[int, str, int]] = []
-    sixteen_bit = done = hash_errors = no_phash = unhashed = 0
+    total = len(samples) + (0 if others is None else len(others))
+    tasks = _stats_tasks(samples, others, workers, mode, resize, perceptual, exact_phash, total)
+    tally = _ScanTally(samples, total, perceptual=perceptual, strict=strict, progress=progress)
     if progress:
         progress(0, total)
-
-    def take(result: ChunkResult) -> None:
-        nonlocal sixteen_bit, done, hash_errors, no_phash, unhashed
-        if strict and result.errors:
-            index, reason, _ = min(result.errors)
-            raise InputError(
-                f"unreadable image {samples.ids[index]}: {reason}",
-                "fix or remove it, or leave out --strict to skip unreadable files",
-            )
-        accumulator.merge(result.accumulator)
-        if len(result.records):
-            codes = result.name_codes(names)
-            records.put(result.records, mode=codes, format=codes)
-        hashes.put(result.hashes)
-        digests.put(result.digests)
-        errors.extend(result.errors)
-        hash_errors += result.hash_errors
-        no_phash += result.no_phash
-        unhashed += result.unhashed
-        sixteen_bit += result.sixteen_bit
-        done += len(result.records) + len(result.errors) + result.hash_errors + result.no_phash
-        done += int((result.hashes["index"] >= len(samples)).sum())
-        if progress:
-            progress(done, total)
-
-    run_chunks(tasks, workers, take)
-    records, hashes, digests = records.rows(), hashes.rows(), digests.rows()
-    errors.sort()
+    run_chunks(tasks, workers, tally.take)
+    records, hashes, digests = tally.records.rows(), tally.hashes.rows(), tally.digests.rows()
+    errors = sorted(tally.errors)
     if not len(records):
         index, reason, _ = errors[0]
         raise InputError(
             f"none of the {total} image files in {_data_name(source, samples)} could be read",
             f"the first, {samples.ids[index]}: {reason}",
         )
-    if errors:
-        log.warning(f"skipped {len(errors)} unreadable file(s) (listed in the report)")
-    if hash_errors:
-        log.warning(
-            f"{hash_errors} file(s) of the other splits could not be read: they take no part "
-            "in the duplicate search"
-        )
-    if no_phash:
-        log.warning(
-            f"{no_phash} file(s) of the other splits are not images torchkit can hash (not "
-            "decodable, or 32-bit samples it cannot scale): only their byte-identical copies "
-            "are looked for"
-        )
-    if unhashed:
-        log.warning(
-            f"{unhashed} image(s) have 32-bit samples that cannot be scaled to 8 bits (as the "
-            "loaders refuse them): measured, but only their byte-identical copies are looked for"
-        )
-    if sixteen_bit:
-        log.warning(
-            f"{sixteen_bit} image(s) have 16 or 32 bits per pixel: --mode {mode} scales them to "
-            "8 bits (v / 257), as torchkit's loaders feed them to a model; --mode native "
-            "measures their full range"
-        )
-    stats = summarise(samples, mode, resize, accumulator, records, list(names), errors, non_images)
+    _warn_of_skipped_files(tally, len(errors), mode)
+    stats = summarise(
+        samples, mode, resize, tally.accumulator, records, list(tally.names), errors, non_images
+    )
     stats.source, stats.split, stats.notes = _data_name(source, samples), measured, notes
     if perceptual:
         find_duplicates(
@@ -321,6 +243,129 @@ def compute_dataset_stats(
         )
         stats.exact_phash = exact_phash
     return stats
+
+
+def _check_stats_options(
+    mode: str, resize: int | None, near_threshold: int, workers: int | None
+) -> None:
+    """Refuse a --mode, --resize, --near-threshold or --workers no pass can run with."""
+    if mode not in STATS_MODES:
+        raise UsageError(f"unknown --mode {mode!r}", "use one of: " + ", ".join(STATS_MODES))
+    if resize is not None and resize < 1:
+        raise UsageError(f"--resize must be a positive number of pixels, not {resize}")
+    if resize is not None:
+        # Each image is resized in memory: a side no machine holds would have the OOM killer
+        # end a worker, or PIL overflow, counted as every image unreadable.
+        check_image_memory(resize, 3, f"--resize {resize}")
+    check_near_threshold(near_threshold)
+    check_workers(workers)
+
+
+def _stats_tasks(
+    samples: Samples,
+    others: Samples | None,
+    workers: int,
+    mode: str,
+    resize: int | None,
+    perceptual: bool,
+    exact_phash: bool,
+    total: int,
+) -> list:
+    """The pass's chunks: the measured files, then the other splits' (hashed, not measured)
+    at the indices after them."""
+    floor = 0 if exact_phash else PHASH_FLOOR
+    tasks = scan_tasks(
+        samples, workers, mode, resize, perceptual=perceptual, phash_floor=floor, total=total
+    )
+    if others is not None:
+        tasks += scan_tasks(
+            others,
+            workers,
+            mode,
+            resize,
+            offset=len(samples),
+            measure=False,
+            phash_floor=floor,
+            total=total,
+        )
+    return tasks
+
+
+class _ScanTally:
+    """The pass's chunks gathered as they come (`take`): the measurements merged; one row per
+    file at its index (`scan.RECORD_DTYPE`, `scan.HASH_DTYPE`), so the rows are in index order
+    and no chunk's arrays are kept; the unreadable files and the counts warned of after."""
+
+    def __init__(
+        self,
+        samples: Samples,
+        total: int,
+        *,
+        perceptual: bool,
+        strict: bool,
+        progress: Progress | None,
+    ) -> None:
+        self.samples, self.total, self.strict, self.progress = samples, total, strict, progress
+        self.accumulator = Accumulator()
+        self.records = _RowsByIndex(record_array(), len(samples))
+        self.hashes = _RowsByIndex(hash_array(), total if perceptual else 0)
+        # Files without a pHash: their bytes' digests.
+        self.digests = _RowsByIndex(digest_array(), total if perceptual else 0)
+        self.names: dict[str, int] = {}  # mode and format names -> the codes the records use
+        self.errors: list[tuple[int, str, int]] = []
+        self.sixteen_bit = self.done = self.hash_errors = self.no_phash = self.unhashed = 0
+
+    def take(self, result: ChunkResult) -> None:
+        if self.strict and result.errors:
+            index, reason, _ = min(result.errors)
+            raise InputError(
+                f"unreadable image {self.samples.ids[index]}: {reason}",
+                "fix or remove it, or leave out --strict to skip unreadable files",
+            )
+        self.accumulator.merge(result.accumulator)
+        if len(result.records):
+            codes = result.name_codes(self.names)
+            self.records.put(result.records, mode=codes, format=codes)
+        self.hashes.put(result.hashes)
+        self.digests.put(result.digests)
+        self.errors.extend(result.errors)
+        self.hash_errors += result.hash_errors
+        self.no_phash += result.no_phash
+        self.unhashed += result.unhashed
+        self.sixteen_bit += result.sixteen_bit
+        self.done += len(result.records) + len(result.errors) + result.hash_errors + result.no_phash
+        self.done += int((result.hashes["index"] >= len(self.samples)).sum())
+        if self.progress:
+            self.progress(self.done, self.total)
+
+
+def _warn_of_skipped_files(tally: _ScanTally, unreadable: int, mode: str) -> None:
+    """Warn of the files skipped or only partly read by the pass."""
+    if unreadable:
+        log.warning(f"skipped {unreadable} unreadable file(s) (listed in the report)")
+    if tally.hash_errors:
+        log.warning(
+            f"{tally.hash_errors} file(s) of the other splits could not be read: they take no "
+            "part in the duplicate search"
+        )
+    if tally.no_phash:
+        log.warning(
+            f"{tally.no_phash} file(s) of the other splits are not images torchkit can hash "
+            "(not decodable, or 32-bit samples it cannot scale): only their byte-identical "
+            "copies are looked for"
+        )
+    if tally.unhashed:
+        log.warning(
+            f"{tally.unhashed} image(s) have 32-bit samples that cannot be scaled to 8 bits (as "
+            "the loaders refuse them): measured, but only their byte-identical copies are "
+            "looked for"
+        )
+    if tally.sixteen_bit:
+        log.warning(
+            f"{tally.sixteen_bit} image(s) have 16 or 32 bits per pixel: --mode {mode} scales "
+            "them to 8 bits (v / 257), as torchkit's loaders feed them to a model; --mode "
+            "native measures their full range"
+        )
 
 
 def _data_name(source: str | os.PathLike, samples: Samples) -> str:
