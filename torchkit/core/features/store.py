@@ -1,8 +1,10 @@
 """The OUT folder of extract-features: one array file per layer, `index.csv` and `meta.json`.
 
-While a run goes on, each layer's rows are written batch by batch into a memory-mapped `.npy` in
-`OUT/.partial/` (so a dataset bigger than RAM works), and `progress.json` there records how far it
-got once those rows are flushed. A crash or Ctrl-C leaves a state `--resume` continues from.
+While a run goes on, each layer's rows are written batch by batch at their place in a `.npy` in
+`OUT/.partial/` (`pwrite`: the pages go through the page cache and are not this process's memory,
+so neither a dataset bigger than RAM nor a wide layer grows the process), and `progress.json`
+there records how far it got once those rows are on disk. A crash or Ctrl-C leaves a state
+`--resume` continues from.
 The unreadable images' errors are appended to `errors.jsonl` there as they come, and the record
 counts how many of them (and how many bytes of it) it holds: the record, written every few
 seconds, stays the same size however many images failed (rewriting every error each time made
@@ -19,7 +21,8 @@ layer's rows to a `.npy` whose header says 0 rows, and the lines of `index.csv` 
 OUT itself is a `core.outputs.OutputFolder`: checked against the inputs and locked before any
 work, made (and an old OUT replaced with --force set aside) only when the first rows are about
 to be written, and kept once rows are on disk; a run stopped before that leaves the old OUT.
-The arrays are reserved on disk when they are created, so a full disk is an error, not SIGBUS.
+The arrays are reserved on disk when they are created, so a full disk is an error before the first
+row (and a write error later is one too).
 """
 
 from __future__ import annotations
@@ -151,7 +154,7 @@ class FeatureStore:
         self.fingerprint = fingerprint
         self.total = total
         self.progress = progress
-        self._arrays: dict[str, Any] = {}
+        self._arrays: dict[str, _RowsFile] = {}  # by layer, open for writing rows
         self._begun = False  # OUT made (an old one set aside): there is something to record
 
     @classmethod
@@ -230,8 +233,6 @@ class FeatureStore:
     def allocate(self, layers: dict[str, dict]) -> None:
         """Create one (total, *shape) array per layer. `layers[name]` has `shape` (per row),
         `dtype` and anything else worth recording; a file name is added."""
-        from numpy.lib.format import open_memmap
-
         self._begin()
         with reporting_write_errors(self.out):
             fold = folds_case(self.partial)  # `Conv1.npy` and `conv1.npy` one file there
@@ -243,22 +244,19 @@ class FeatureStore:
                 if self.streamed:
                     self._appended[name] = _npy_for_appending(path, info)
                     continue
-                array = open_memmap(
-                    path, mode="w+", dtype=info["dtype"], shape=(self.total, *info["shape"])
-                )
-                self._arrays[name] = array
-                reserve_space(path, self.out, zero_fill_from=array.offset)
+                rows = _RowsFile.create(path, info, self.total)
+                self._arrays[name] = rows
+                reserve_space(path, self.out, zero_fill_from=rows.data_start)
 
     def _partial_array(self, stem: str) -> Path:
         return self.partial / f"{stem}.npy"
 
-    def _array(self, name: str):
+    def _array(self, name: str) -> _RowsFile:
         if name not in self._arrays:
-            import numpy as np
-
-            path = self._partial_array(self.progress.layers[name]["file"])
+            info = self.progress.layers[name]
+            path = self._partial_array(info["file"])
             try:
-                self._arrays[name] = np.load(path, mmap_mode="r+")
+                self._arrays[name] = _RowsFile.reopen(path, info, self.total)
             except (OSError, ValueError) as error:
                 raise InputError(
                     f"cannot reopen {path} to resume: {error}", "pass --force to start over"
@@ -277,8 +275,9 @@ class FeatureStore:
                     handle.write(np.ascontiguousarray(values, dtype=dtype).data)
                     handle.flush()  # on disk as it comes: a reader sees whole batches
             return
-        for name, values in arrays.items():
-            self._array(name)[row : row + len(values)] = values
+        with reporting_write_errors(self.out):
+            for name, values in arrays.items():
+                self._array(name).write(row, values)
 
     def append_index(self, columns: list[str], lines: Iterable[list]) -> None:
         """Streamed: the index.csv lines of a batch, after its header (written first)."""
@@ -307,7 +306,7 @@ class FeatureStore:
             return
         with reporting_write_errors(self.out):
             for array in self._arrays.values():
-                array.flush()
+                array.sync()
             self._log_new_errors()
         atomic_write_json(
             self.partial / PROGRESS_FILE,
@@ -379,11 +378,97 @@ class FeatureStore:
             handle.close()
         self._appended.clear()
         for array in self._arrays.values():
-            array.flush()
-            mm = getattr(array, "_mmap", None)
-            if mm is not None:
-                mm.close()
+            array.close()
         self._arrays.clear()
+
+
+@dataclass
+class _RowsFile:
+    """A layer's `.npy` in `.partial`, open for writing rows at their place (`pwrite`). A
+    memory map of it (before) kept every page written resident in this process: its resident
+    set grew by the whole N x D array (8 GB for a million rows of 2,048 float32 features),
+    which a job's memory limit counts, though the kernel could drop those pages."""
+
+    fd: int
+    data_start: int  # the header's length
+    row_bytes: int
+    dtype: Any  # numpy's
+    shape: tuple[int, ...]  # the whole array's
+
+    @classmethod
+    def create(cls, path: Path, info: dict, total: int) -> _RowsFile:
+        """A new .npy of `total` rows of `info`'s shape and dtype (as `open_memmap` makes it:
+        the same header, the data as a hole to be reserved)."""
+        import numpy as np
+        from numpy.lib import format as npy
+
+        dtype, shape = np.dtype(info["dtype"]), (total, *info["shape"])
+        with open(path, "wb") as handle:
+            header = {"descr": npy.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
+            npy.write_array_header_1_0(handle, header)
+            data_start = handle.tell()
+            handle.truncate(data_start + _row_bytes(shape, dtype) * total)
+        return cls._opened(path, data_start, dtype, shape)
+
+    @classmethod
+    def reopen(cls, path: Path, info: dict, total: int) -> _RowsFile:
+        """An interrupted run's .npy of `total` rows of `info`'s shape and dtype (ValueError if
+        it is not that, or shorter)."""
+        import numpy as np
+
+        expected = (total, *info["shape"])
+        shape, dtype, data_start = _npy_layout(path)
+        if shape != expected or dtype != np.dtype(info["dtype"]):
+            raise ValueError(f"it holds {shape} {dtype}, not {expected} {info['dtype']}")
+        size, needed = path.stat().st_size, data_start + _row_bytes(shape, dtype) * total
+        if size < needed:
+            raise ValueError(f"it holds {size} bytes, not {needed}")
+        return cls._opened(path, data_start, dtype, shape)
+
+    @classmethod
+    def _opened(cls, path: Path, data_start: int, dtype, shape) -> _RowsFile:
+        fd = os.open(path, os.O_RDWR | getattr(os, "O_BINARY", 0))
+        return cls(fd, data_start, _row_bytes(shape, dtype), dtype, shape)
+
+    def write(self, row: int, values) -> None:
+        """`values` (rows of this array's row shape) as rows `row`, `row + 1`, ..."""
+        import numpy as np
+
+        data = np.ascontiguousarray(values, dtype=self.dtype)
+        if data.shape[1:] != self.shape[1:] or row + len(data) > self.shape[0]:
+            raise ValueError(f"rows {data.shape} at {row} do not fit an array of {self.shape}")
+        view = memoryview(data.reshape(-1).view(np.uint8))
+        offset = self.data_start + row * self.row_bytes
+        while view:
+            written = os.pwrite(self.fd, view, offset)
+            view, offset = view[written:], offset + written
+
+    def sync(self) -> None:
+        """The rows written so far on disk (what a progress record may then claim)."""
+        getattr(os, "fdatasync", os.fsync)(self.fd)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _row_bytes(shape: tuple[int, ...], dtype) -> int:
+    size = dtype.itemsize
+    for dimension in shape[1:]:
+        size *= dimension
+    return size
+
+
+def _npy_layout(path: Path) -> tuple[tuple[int, ...], Any, int]:
+    """(shape, dtype, where the data starts) of a C-order .npy (ValueError for another)."""
+    from numpy.lib import format as npy
+
+    with open(path, "rb") as handle:
+        version = npy.read_magic(handle)
+        read_header = npy.read_array_header_2_0 if version >= (2, 0) else npy.read_array_header_1_0
+        shape, fortran, dtype = read_header(handle)
+        if fortran:
+            raise ValueError("it is in Fortran order")
+        return tuple(shape), dtype, handle.tell()
 
 
 def known_files(folder: Path) -> tuple[str, ...]:
