@@ -6,6 +6,7 @@ skips where this machine has no ffmpeg."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import cv2
@@ -363,11 +364,13 @@ def test_a_zeroed_mpeg_ps_is_damaged_and_a_cut_without_a_key_frame_not(tmp_path,
     where no I-picture starts it gives no picture for those before the first, nor for the
     B-pictures right after it (an open GOP's), and is not counted against it."""
     vob = ffmpeg_made(tmp_path / "clip.vob", "-i", mpeg2_ts, "-c", "copy", "-f", "vob")
-    held = ps_video_frames(vob, "mpeg-ps")
+    held = ps_video_frames(vob, "mpeg-ps", 25.0)
     assert (held.frames, held.leading, held.broken_at) == (100, 0, None)
-    assert ps_video_frames(zeroed_copy(vob, tmp_path, 0.5), "mpeg-ps").frames == 100
-    # (zeroes over its last GOP header leave no time code after them: those frames are not
-    # found, and its last tenth holds no other)
+    # (the frames the zeroes took, from the times either side, less a frame each side for
+    # where a time's picture may stray: never more than there were)
+    assert 98 <= ps_video_frames(zeroed_copy(vob, tmp_path, 0.5), "mpeg-ps", 25.0).frames <= 100
+    # (its last tenth is audio: zeroes at 70% take its last pictures, with none after them
+    # to tell that any were there)
     assert_whole_and_zeroed(vob, tmp_path, "its video packets hold", (0.3, 0.5))
     cut = ffmpeg_made(
         tmp_path / "cut.mpg", "-i", vob, "-ss", "1.1", "-c", "copy", "-copyinkf", "-f", "mpeg"
@@ -375,3 +378,88 @@ def test_a_zeroed_mpeg_ps_is_damaged_and_a_cut_without_a_key_frame_not(tmp_path,
     held = ps_video_frames(cut, "mpeg-ps")
     assert held.leading > 0 and decoded_by_opencv(cut) < held.frames - 1
     assert_whole_and_zeroed(cut, tmp_path, "its video packets hold", (0.3,))
+
+
+def test_a_zeroed_vcd_is_damaged(tmp_path):
+    """A VCD's program stream (`-target vcd`) ends each 2,324-byte sector with 20 zero
+    bytes: the walk took them for a break and counted its pictures from there, so a copy
+    with a tenth zeroed at 50% read `ok` under --exact (91 of 101). The padding is passed
+    as such, and the zeroes are found."""
+    vcd = ffmpeg_made(
+        tmp_path / "clip.mpg",
+        *("-f", "lavfi", "-i", "testsrc=size=352x288:rate=25:duration=2"),
+        *("-target", "pal-vcd", "-an"),
+        encoders=("mpeg1video",),
+        muxer="vcd",
+    )
+    held = ps_video_frames(vcd, "mpeg-ps", 25.0)
+    assert (held.frames, held.leading, held.broken_at) == (50, 0, None)
+    assert_whole_and_zeroed(vcd, tmp_path, "its video packets hold", (0.5,))
+
+
+def test_a_zeroed_mpeg_ts_whose_times_wrap_is_damaged(tmp_path):
+    """A recording's 33-bit presentation times wrap after 26.5 hours: across the wrap a
+    frame's time fell by 2^33, its first key frame then seemed shown after every frame
+    after it (all of them leading), and a copy with a tenth zeroed read `ok` under --exact
+    (88 of 100). The times are unwrapped."""
+    wraps = ffmpeg_made(
+        tmp_path / "wraps.ts",
+        *moving_picture(4),
+        *("-c:v", "mpeg2video", "-g", "12", "-bf", "2", "-output_ts_offset", "95441.5"),
+        encoders=("mpeg2video",),
+        muxer="mpegts",
+    )
+    held = ts_video_frames(wraps, "mpeg-ts")
+    assert (held.frames, held.leading) == (100, 0)
+    assert_whole_and_zeroed(wraps, tmp_path, "its video packets hold")
+
+
+def test_mpeg_ts_files_joined_by_cat_are_judged(tmp_path, mpeg2_ts):
+    """Two MPEG-TS files joined by `cat` (each restarting its times) hold twice the frames
+    FFmpeg's header counts, which read as units that are no frames one each: a copy with a
+    tenth zeroed read `ok` (179 of 200). Their count is checked against the times they
+    span (8 s here), and the frames either side of the zeroes are taken from the file the
+    zeroes lie in."""
+    joined = tmp_path / "joined.ts"
+    joined.write_bytes(mpeg2_ts.read_bytes() * 2)
+    held = ts_video_frames(joined, "mpeg-ts")
+    assert (held.frames, held.span_s) == (200, 8.0)
+    assert_whole_and_zeroed(joined, tmp_path, "its video packets hold", (0.3, 0.7))
+
+
+@pytest.mark.parametrize(
+    ("encoder", "options"),
+    [("libx264", ("-bf", "3", "-pix_fmt", "yuv420p")), ("mpeg4", ("-bf", "2"))],
+    ids=["h264", "mpeg4"],
+)
+def test_a_zeroed_mpeg_ps_of_h264_or_mpeg4_is_damaged(tmp_path, encoder, options):
+    """An MPEG-PS file of H.264 or MPEG-4 Part 2 video was not judged (its pictures were
+    not counted: 0x00 00 01 00 is MPEG-1/2's picture start code alone, and FFmpeg writes
+    H.264 as stream 0xE2): a copy with a tenth zeroed read `ok` under --exact (122 of 150
+    frames). Its pictures (an H.264 picture's first slice, an MPEG-4 VOP) are counted, those
+    the zeroes took from the times of the pictures either side; audio zeroed whole, its
+    video all there, stays `ok`."""
+    clip = ffmpeg_made(
+        tmp_path / "clip.mpg",
+        *("-f", "lavfi", "-i", "testsrc2=size=320x180:rate=25:duration=3"),
+        *("-f", "lavfi", "-i", "sine=duration=3", "-c:v", encoder, "-g", "25", *options),
+        *("-b:v", "1500k", "-c:a", "mp2", "-f", "mpeg"),
+        encoders=(encoder, "mp2"),
+        muxer="mpeg",
+    )
+    held = ps_video_frames(clip, "mpeg-ps", 25.0)
+    assert (held.frames, held.leading, held.broken_at) == (75, 0, None)
+    assert_whole_and_zeroed(clip, tmp_path, "its video packets hold")
+    data, at = bytearray(clip.read_bytes()), 0
+    while 0 <= at < len(data):  # each pack of audio alone, from a third of the way in, zeroed
+        end = data.find(b"\x00\x00\x01\xba", at + 4)
+        end = len(data) if end < 0 else end
+        video = re.search(rb"\x00\x00\x01[\xe0-\xef]", bytes(data[at:end]))
+        if len(data) // 3 < at < len(data) // 2 and not video:
+            data[at:end] = bytes(end - at)
+        at = end if end < len(data) else -1
+    audio_zeroed = tmp_path / "audio-zeroed.mpg"
+    audio_zeroed.write_bytes(bytes(data))
+    assert ps_video_frames(audio_zeroed, "mpeg-ps", 25.0).broken_at is not None
+    exact = probe_video(audio_zeroed, exact=True)
+    assert (exact.status, exact.frames_decoded) == ("ok", 75)

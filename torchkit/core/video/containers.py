@@ -305,7 +305,10 @@ class HeldFrames:
     `past_breaks`: `frames` counts those after it too (the structure found again past it),
     else the frames before it alone. `end_s`: where the walk tells it (an FLV's tags), the
     time in seconds its streams end: the last video frame's shown (its time and composition
-    offset), the last audio tag's time plus the time from the one before it."""
+    offset), the last audio tag's time plus the time from the one before it. `span_s`: where
+    the walk reads the video's times (MPEG-TS and MPEG-PS), the seconds they span, a frame's
+    time added for each run of them (files joined by `cat` restart their times: each
+    file's run counts), which bounds the frames one each its units can be."""
 
     frames: int
     leading: int
@@ -313,6 +316,7 @@ class HeldFrames:
     broken_at: int | None = None
     past_breaks: bool = False
     end_s: float | None = None
+    span_s: float | None = None
 
 
 # An open GOP's leading pictures follow its key frame at once: the frames after it whose time
@@ -331,6 +335,49 @@ def leading_frames(times, keys) -> int:
     return first + int((after <= times[first]).sum())
 
 
+def frame_interval(times) -> float | None:
+    """The video's frame interval in the units of its frames' `times`: the mean of the steps
+    between its distinct times within a tick of the commonest (33 and 34 ms steps of a 29.97
+    fps video's millisecond times); None for fewer than two."""
+    import numpy as np
+
+    steps = np.diff(np.unique(times))
+    if not len(steps):
+        return None
+    values, counts = np.unique(steps, return_counts=True)
+    commonest = values[np.argmax(counts)]
+    return float(steps[abs(steps - commonest) <= 1].mean())
+
+
+_PTS_WRAP = 1 << 33  # an MPEG presentation time's 33 bits at 90 kHz wrap after 26.5 hours
+PTS_CLOCK = 90_000
+
+
+def unwrapped_pts(times):
+    """MPEG presentation times (90 kHz, 33 bits) in stored order, each run after a wrap (a
+    step back by over half the range) raised by the range, and lowered again after a step
+    forward by as much (a B-frame stored after the wrap, shown before it)."""
+    import numpy as np
+
+    steps = np.diff(times)
+    wraps = (steps < -(_PTS_WRAP // 2)).astype(np.int64) - (steps > _PTS_WRAP // 2)
+    return times + np.r_[0, np.cumsum(wraps)] * _PTS_WRAP
+
+
+def pts_span_s(times) -> float | None:
+    """The seconds MPEG presentation times (90 kHz, unwrapped, in stored order) span: runs
+    split where a step exceeds a second either way (files joined, a discontinuity), each
+    run's first to last time and a frame's interval; None for fewer than two times."""
+    import numpy as np
+
+    interval = frame_interval(times)
+    if interval is None:
+        return None
+    cuts = np.flatnonzero(abs(np.diff(times)) > PTS_CLOCK) + 1
+    runs = np.split(times, cuts)
+    return sum(float(run.max() - run.min()) + interval for run in runs) / PTS_CLOCK
+
+
 def frames_between(times, places, firsts, lasts) -> int:
     """The frames whose starts lay in the lost runs of a file's structure (from `firsts` to
     `lasts`, in the units of `places`, sorted): for each, the frame times missing between
@@ -338,24 +385,28 @@ def frames_between(times, places, firsts, lasts) -> int:
     (`times`, the frames' starts at `places`, sorted), at the video's frame interval (the
     mean of the steps between its times within a tick of the commonest: 33 and 34 ms steps
     of a 29.97 fps video's millisecond times). Frames stored out of their order (B-frames)
-    make the gap smaller, never larger."""
+    make the gap smaller, never larger. The frames either side are taken up to a step back
+    by more than `_LEADING_WINDOW` frames (files joined by `cat`, each restarting its
+    times: those of the other file say nothing of this one's gap)."""
     import numpy as np
 
-    steps = np.diff(np.unique(times))
-    if not len(firsts) or not len(steps):
+    interval = frame_interval(times)
+    if not len(firsts) or interval is None:
         return 0
-    values, counts = np.unique(steps, return_counts=True)
-    commonest = values[np.argmax(counts)]
-    interval = float(steps[abs(steps - commonest) <= 1].mean())
     missing = 0
     for start, end in zip(firsts, lasts, strict=True):
         before = np.searchsorted(places, start)
         after = np.searchsorted(places, end, side="right")
         if before == 0 or after == len(places):
             continue
-        shown_before = times[max(0, before - _LEADING_WINDOW) : before].max()
-        shown_after = times[after : after + _LEADING_WINDOW].min()
-        missing += max(0, round((shown_after - shown_before) / interval) - 1)
+        earlier = times[max(0, before - _LEADING_WINDOW) : before]
+        later = times[after : after + _LEADING_WINDOW]
+        jump = -_LEADING_WINDOW * interval  # a step back no reordering makes
+        restarts = np.flatnonzero(np.diff(earlier) < jump)
+        earlier = earlier[restarts[-1] + 1 :] if len(restarts) else earlier
+        restarts = np.flatnonzero(np.diff(later) < jump)
+        later = later[: restarts[0] + 1] if len(restarts) else later
+        missing += max(0, round((later.min() - earlier.max()) / interval) - 1)
     return missing
 
 
@@ -516,14 +567,14 @@ def _nal_picture(data: bytes, hevc: bool) -> str | None:
         if kind == 5:
             return "IDR"
         if kind == 1:  # a slice: first_mb_in_slice, then slice_type, two Exp-Golomb numbers
-            numbers = _exp_golomb(unit[1:9], 2)
+            numbers = exp_golomb(unit[1:9], 2)
             if numbers is None:
                 return None
             return "B" if numbers[1] % 5 == 1 else "other"
     return None
 
 
-def _exp_golomb(data: bytes, count: int) -> list[int] | None:
+def exp_golomb(data: bytes, count: int) -> list[int] | None:
     """The first `count` unsigned Exp-Golomb numbers of `data`; None where it ends first."""
     bits = "".join(f"{byte:08b}" for byte in data)
     numbers, at = [], 0

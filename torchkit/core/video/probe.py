@@ -271,9 +271,12 @@ def _frames_lost(
         or ts_video_frames(path, container)
         or flv_video_frames(path, container)
         or ogg_video_frames(path, container)
-        or ps_video_frames(path, container)
+        or ps_video_frames(path, container, info.fps)
     )
-    if indexed is not None and indexed.past_breaks and header and indexed.frames > 1.5 * header:
+    # frames counted one each its units are not many more than its header's count, or the
+    # times its units span at its rate (files joined by `cat`, each restarting its times)
+    spanned = max(header or 0, _position(indexed.span_s, info.fps)) if indexed else 0
+    if indexed is not None and indexed.past_breaks and spanned and indexed.frames > 1.5 * spanned:
         return None  # its units are not frames one each (fields, each its own packet)
     if indexed is not None:
         broken_at = indexed.broken_at

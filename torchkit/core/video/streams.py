@@ -17,10 +17,15 @@ import re
 
 from torchkit.core.video.containers import (
     M2TS_PACKET,
+    NOT_CODED_BYTES,
+    PTS_CLOCK,
     TS_PACKET,
     HeldFrames,
+    exp_golomb,
     frames_between,
     leading_frames,
+    pts_span_s,
+    unwrapped_pts,
 )
 
 # --- MPEG-TS ------------------------------------------------------------------------------------
@@ -75,13 +80,15 @@ def ts_video_frames(path: str | os.PathLike, container: str | None) -> HeldFrame
     times, keys, places, lost = (np.concatenate(part) for part in (times, keys, places, lost))
     if not keys.any():
         return None
+    times = unwrapped_pts(times)  # a recording's times may wrap (33 bits at 90 kHz: 26.5 h)
     broken_at, frames = None, len(times)
     if len(lost):
         broken_at = int(lost[0]) * size
         gaps = np.flatnonzero(np.diff(lost) > 1)  # the last lost packet of a run, but the last
         firsts, lasts = lost[np.r_[0, gaps + 1]], lost[np.r_[gaps, len(lost) - 1]]
         frames += frames_between(times, places, firsts, lasts)
-    return HeldFrames(frames, leading_frames(times, keys), 0, broken_at, past_breaks=True)
+    leading = leading_frames(times, keys)
+    return HeldFrames(frames, leading, 0, broken_at, past_breaks=True, span_s=pts_span_s(times))
 
 
 def _ts_pes_starts(packets, video: int):
@@ -308,8 +315,6 @@ def ogg_video_frames(path: str | os.PathLike, container: str | None) -> HeldFram
     own flag); `not_coded`: packets of a few bytes or none (a Theora encoder's repeated
     frame). None for other formats, another video codec, no video stream, or a structure
     that cannot be read."""
-    from torchkit.core.video.containers import NOT_CODED_BYTES
-
     if container != "ogg":
         return None
     video, codec, shift = None, None, 0
@@ -385,10 +390,12 @@ def _numbers_missing(
     """The frames a file's breaks took, each break (where, the frames counted by then, the
     marks made by then) between the last mark before it and the first after it: a mark is
     the frames counted at a point and the frame number the file gives there (an Ogg page's
-    granule position, an MPEG GOP header's time code); the frame numbers between the two
+    granule position); the frame numbers between the two
     that no frame counted were in the bytes the break took."""
     missing = 0
-    for _, _, after in breaks:
+    # several breaks between the same two marks (zeroes a muxer pads with beside a region
+    # zeroed) took the frame numbers between them once
+    for after in sorted({after for _, _, after in breaks}):
         if 0 < after < len(counted):
             numbered = numbers[after] - numbers[after - 1]
             missing += max(0, numbered - (counted[after] - counted[after - 1]))
@@ -453,28 +460,38 @@ def _ogg_frame_number(codec: str | None, granule: int, shift: int) -> int:
 
 # --- MPEG-PS ------------------------------------------------------------------------------------
 
-_PS_VIDEO = 0xE0  # the first video stream's ID
+_PS_VIDEO = 0xE0  # the video streams' IDs: 0xE0 to 0xEF
 _PS_RESYNC_BYTES = 1 << 26  # past a break, the next pack is searched for this far
+_VCD_SECTOR = 2324  # a VCD's sector: a pack and its padding
+_VCD_SECTOR = 2324  # a VCD's sector: a pack and its padding
+_PS_PADDING = 64  # zero bytes a muxer may write between packs elsewhere
+_NONZERO = re.compile(rb"[^\x00]")
 _MAX_PS_PACKETS = 100_000_000
-# A picture's, a sequence header's and a GOP header's start codes in MPEG-1/2 video
-_PS_CODES = re.compile(rb"\x00\x00\x01[\x00\xb3\xb8]")
-# The time codes' nominal rates of the frame rate codes (23.976 counts 24, 29.97 counts 30)
-_PS_TIMECODE_RATES = {1: 24, 2: 24, 3: 25, 4: 30, 5: 30, 6: 50, 7: 60, 8: 60}
+_FIT_PICTURES = 8  # the pictures a run of anchors spans at least, to check the frame rate by
+_MEDIAN_ANCHORS = 5  # the anchors of a run whose median keeps to the common offset
+_MPEG_START_CODE = re.compile(rb"\x00\x00\x01")
+# The picture types (1: I, 2: P, 3: B) of an MPEG-4 Part 2 VOP's coding type (I, P, B, S)
+_VOP_TYPES = (1, 2, 3, 2)
 
 
-def ps_video_frames(path: str | os.PathLike, container: str | None) -> HeldFrames | None:
-    """The frames an MPEG-PS file (.mpg, .vob) holds for its first video stream, MPEG-1/2
-    video: the pictures (their start codes) of its video packets' data, walked pack by pack
-    and packet by packet (each records its length); past bytes that are no pack or packet
-    inside the file (`broken_at`, the first), from the next pack found, the pictures they
-    took counted from the time codes of the GOP headers either side. `leading`: those before
-    the first I-picture and the B-pictures right after it (an open GOP's, which refer to
-    frames before it: FFmpeg decodes none of them). None for other formats, other video (no
-    picture start code), or a structure that cannot be read."""
+def ps_video_frames(
+    path: str | os.PathLike, container: str | None, fps: float | None = None
+) -> HeldFrames | None:
+    """The frames an MPEG-PS file (.mpg, .vob) holds for its first video stream (MPEG-1/2,
+    MPEG-4 Part 2, H.264 or HEVC): the pictures that start in its video packets' data
+    (`_PsPictures`), walked pack by pack and packet by packet (each records its length);
+    past bytes that are no pack or packet inside the file (`broken_at`, the first), from the
+    next pack found, the pictures they took counted from the presentation times of the video
+    packets either side (`frames_between`). `leading`: those before the first I-picture and
+    the B-pictures right after it (an open GOP's, which refer to frames before it: FFmpeg
+    decodes none of them); `not_coded`: MPEG-4 VOPs of a few bytes. None for other formats,
+    video of another codec, or a structure that cannot be read."""
+    import numpy as np
+
     if container != "mpeg-ps":
         return None
-    state = _PsPictures()
-    breaks: list[tuple[int, int, int]] = []
+    state, video = _PsPictures(), None  # the first video stream's ID
+    breaks: list[int] = []  # where bytes that are no pack or packet start
     unpassed = None  # where bytes that are no pack run on past the search for the next
     try:
         with open(path, "rb") as handle, _mapped(handle) as data:
@@ -484,59 +501,217 @@ def ps_video_frames(path: str | os.PathLike, container: str | None) -> HeldFrame
                     break
                 length = _ps_unit_length(data, at, size)
                 if length is None:
+                    padded = _ps_padding_end(data, at, size)
+                    if padded is not None:
+                        if padded - at > _PS_PADDING:  # sectors empty, or zeroes ending there:
+                            state.lose(bytes_lost=False)  # the times either side tell
+                        at = padded
+                        continue
                     found = _ps_pack_after(data, at, size)
                     if found is None:
                         # bytes past the search the walk could not pass: their frames untold
                         unpassed = at if at + _PS_RESYNC_BYTES < size else None
                         break
-                    breaks.append((at, state.frames, len(state.counted)))
-                    state.carry = b""  # a picture's start split by the break is lost
+                    breaks.append(at)
+                    state.lose()  # a picture's start split by the break is lost
                     at = found
                     continue
                 if length == 0:  # the end code
                     break
-                if data[at + 3] == _PS_VIDEO:
-                    state.read(data[_ps_payload(data, at) : at + length])
+                if video is None and data[at + 3] & 0xF0 == _PS_VIDEO:
+                    video = data[at + 3]  # FFmpeg writes H.264 as 0xE2
+                if data[at + 3] == video:
+                    payload, pts = _ps_payload(data, at)
+                    state.read(data[payload : at + length], pts)
                 at += length
-    except (OSError, ValueError):
+    except (OSError, ValueError, IndexError):
         return None
     if not state.frames or state.first_key is None:
         return None
-    missing = _numbers_missing(breaks, state.counted, state.numbers)
-    broken_at = breaks[0][0] if breaks else unpassed
     return HeldFrames(
-        state.frames + missing, state.leading, 0, broken_at, past_breaks=unpassed is None
+        state.frames + state.lost(fps),
+        state.leading,
+        state.not_coded,
+        breaks[0] if breaks else unpassed,
+        past_breaks=unpassed is None,
+        span_s=pts_span_s(unwrapped_pts(np.array([t for _, t in state.anchors], np.int64))),
     )
 
 
+def _pictures_lost(
+    anchors: list[tuple[int, float]],
+    breaks: list[tuple[int, bool]],
+    jump: float,
+    rate_checked: bool = False,
+) -> int:
+    """The pictures the breaks of a stream took, from its pictures whose frame position is
+    known (`anchors`: a picture's number, in stored order, and its position in frames: its
+    presentation time over the frame interval, or its GOP's time code and its temporal
+    reference): in each run of anchors between breaks (`breaks`: the pictures counted
+    before each, and whether it is bytes that are no pack, else a VCD's empty sectors), an
+    anchor's position less its number is the same but for B-frames shown before frames
+    stored before them; across a break it grows by the pictures lost. Each run's median is
+    taken, less its error (the most an anchor strays from its run's median between the
+    breaks of bytes that are no pack, where the run has few anchors, else a frame): a count
+    that can fall short, never exceed the pictures lost (a variable frame rate strays
+    more). Runs split where the positions step over `jump` frames either way (files joined,
+    each restarting its times). `rate_checked`: none counted where the positions do not keep
+    to one frame a picture (within a tenth, over a run of `_FIT_PICTURES`: a variable frame
+    rate, FFmpeg's rate wrong)."""
+    import numpy as np
+
+    if len(anchors) < 2 or not breaks:
+        return 0
+    index = np.array([number for number, _ in anchors], np.int64)
+    positions = np.array([position for _, position in anchors], np.float64)
+    offset = positions - index
+    jumps = set((np.flatnonzero(abs(np.diff(positions)) > jump) + 1).tolist())
+    firsts = np.searchsorted(index, [number for number, _ in breaks])  # the anchor after
+    hard = set(firsts[np.array([bytes_lost for _, bytes_lost in breaks], bool)].tolist())
+    stray, checked = 0.0, not rate_checked
+    for run in _runs(len(index), hard | jumps):
+        stray = max(stray, float(abs(offset[run] - np.median(offset[run])).max()))
+        if not rate_checked or index[run[-1]] - index[run[0]] < _FIT_PICTURES:
+            continue
+        if abs(_run_slope(index, positions, run) - 1) > 0.1:
+            return 0
+        checked = True
+    if not checked:
+        return 0
+    starts = sorted((set(firsts.tolist()) | jumps) - {0, len(index)})
+    runs = _runs(len(index), set(starts))
+    medians = [float(np.median(offset[run])) for run in runs]
+    errors = [stray if len(run) < _MEDIAN_ANCHORS else 1.0 for run in runs]
+    run_of = np.searchsorted(starts, np.arange(len(index)), side="right")
+    missing = 0
+    for first in np.unique(firsts):
+        if 0 < first < len(index):
+            now, before = run_of[first], run_of[first - 1]
+            grown = medians[now] - medians[before]
+            missing += max(0, int(grown - errors[now] - errors[before]))
+    return missing
+
+
+def _runs(count: int, starts: set[int]) -> list:
+    """The runs of `count` anchors' positions, a run starting at each of `starts`."""
+    import numpy as np
+
+    return np.split(np.arange(count), sorted(starts - {0, count}))
+
+
+def _run_slope(index, positions, run) -> float:
+    """The frames a picture of a run of anchors moves on: their positions' least-squares
+    slope over their numbers (B-frames shown before frames stored before them stray either
+    side)."""
+    numbers = index[run] - index[run].mean()
+    return float((numbers * (positions[run] - positions[run].mean())).sum() / (numbers**2).sum())
+
+
+# The time codes' nominal rates of the frame rate codes (23.976 counts 24, 29.97 counts 30)
+_PS_TIMECODE_RATES = {1: 24, 2: 24, 3: 25, 4: 30, 5: 30, 6: 50, 7: 60, 8: 60}
+
+
+def _gop_frame_number(field: bytes, rate: int) -> int:
+    """The frame number a GOP header's time code gives (drop-frame: two frame numbers a
+    minute left out, but each tenth minute's)."""
+    bits = int.from_bytes(field, "big") >> 7  # 25 bits: drop, hours, minutes, marker, ...
+    drop, hours, minutes = bits >> 24 & 1, bits >> 19 & 0x1F, bits >> 13 & 0x3F
+    seconds, pictures = bits >> 6 & 0x3F, bits & 0x3F
+    total_minutes = 60 * hours + minutes
+    number = ((total_minutes * 60) + seconds) * rate + pictures
+    return number - (2 * (total_minutes - total_minutes // 10) if drop else 0)
+
+
 class _PsPictures:
-    """The pictures of an MPEG-1/2 video stream's data, given a packet's data at a time: how
-    many, those that lead its first I-picture (before it, and the B-pictures right after
-    it), and at each GOP header the pictures counted before it (`counted`) and the frame
-    number its time code gives (`numbers`)."""
+    """The pictures of a video stream's data (MPEG-1/2, MPEG-4 Part 2, H.264, HEVC; told by
+    its first sequence header, VOL or parameter set), given a packet's data at a time: how
+    many start in it (a picture start code, a VOP start code, the first slice of a picture),
+    those that lead its first I-picture (before it, and the B-pictures right after it), and
+    MPEG-4 VOPs of `NOT_CODED_BYTES` or fewer (not coded: FFmpeg shows no picture);
+    `anchors`, the pictures that carry a time (the first to start in a packet that gives
+    one: its number and the time), and `breaks`, the pictures counted before each break."""
 
     def __init__(self) -> None:
-        self.frames, self.leading, self.first_key = 0, 0, None
+        self.frames, self.leading, self.first_key, self.not_coded = 0, 0, None, 0
         self.following = False  # the pictures since the first I-picture are all B-pictures
-        self.rate, self.counted, self.numbers = 0, [], []
+        self.codec: str | None = None
         self.carry = b""  # the last bytes of the data before: a start code split between two
+        self.read_bytes = 0  # the stream's bytes before `carry`'s first
+        self.vop_at: int | None = None  # where the last MPEG-4 VOP started in the stream
+        self.anchors: list[tuple[int, int]] = []
+        self.breaks: list[tuple[int, bool]] = []
+        self.time: int | None = None  # a packet's time, for the next picture to start
+        # MPEG-1/2: the time codes' rate, the frame number of the last GOP header's time
+        # code (None past a break, until the next), and each picture numbered from it
+        self.rate, self.gop, self.numbered = 0, None, []
 
-    def read(self, payload: bytes) -> None:
+    def lose(self, bytes_lost: bool = True) -> None:
+        """Bytes of the stream lost (`bytes_lost`: bytes that are no pack, else a VCD's
+        empty sectors, which may end zeroes): a start code split by them, a VOP's size,
+        and the picture a time was given for, untold."""
+        self.read_bytes += len(self.carry)
+        self.carry, self.vop_at, self.time, self.gop = b"", None, None, None
+        self.breaks.append((self.frames, bytes_lost))
+
+    def lost(self, fps: float | None) -> int:
+        """The pictures the breaks took (`_pictures_lost`), from the pictures' times at the
+        rate `fps`, or the time codes and temporal references of MPEG-1/2 pictures: the
+        more of the two (each can fall short, never exceed them)."""
+        import numpy as np
+
+        by_codes = _pictures_lost(self.numbered, self.breaks, self.rate)
+        if not fps or len(self.anchors) < 2:
+            return by_codes
+        times = unwrapped_pts(np.array([time for _, time in self.anchors], np.int64))
+        numbers = [number for number, _ in self.anchors]
+        positions = list(zip(numbers, times * fps / PTS_CLOCK, strict=True))
+        return max(by_codes, _pictures_lost(positions, self.breaks, fps, rate_checked=True))
+
+    def read(self, payload: bytes, time: int | None = None) -> None:
+        """Count the pictures that start in a packet's data `payload`, the first given the
+        packet's `time` (a picture whose start code began in the packet before is not)."""
         data, stop = self.carry + payload, None
-        for found in _PS_CODES.finditer(data):
-            at, code = found.start(), data[found.start() + 3]
+        if time is not None:
+            self.time = None  # one the packet before gave, to no picture: not this one's
+        fresh = len(self.carry)  # where this packet's own data starts
+        for found in _MPEG_START_CODE.finditer(data):
+            at = found.start()
             if at + 8 > len(data):
                 stop = at  # read with the next packet's data
                 break
-            if code == 0x00:  # a picture: its type after 10 bits of temporal reference
-                self.count(data[at + 5] >> 3 & 7)
-            elif code == 0xB3:  # a sequence header: its frame rate code
-                self.rate = _PS_TIMECODE_RATES.get(data[at + 7] & 0x0F, 0)
-            elif code == 0xB8 and self.rate:  # a GOP header: its time code
-                self.counted.append(self.frames)
-                self.numbers.append(_gop_frame_number(data[at + 4 : at + 8], self.rate))
+            if self.vop_at is not None:  # the VOP before ends at this start code
+                self.not_coded += self.read_bytes + at - self.vop_at <= NOT_CODED_BYTES
+                self.vop_at = None
+            if self.codec is None:
+                self.codec = _ps_codec(data[at + 3 : at + 5])
+            if self.codec == "mpeg12":
+                self.time_code(data[at + 3 : at + 8])
+            kind = _picture_type(self.codec, data[at + 3 : at + 8])
+            if kind is not None:
+                if at >= fresh and time is not None:
+                    self.time, time = time, None
+                if self.time is not None:
+                    self.anchors.append((self.frames, self.time))
+                    self.time = None
+                self.count(kind)
+                self.vop_at = self.read_bytes + at if self.codec == "mpeg4" else None
         # a start code's first bytes at the end (one read whole ends 8 bytes before it at most)
-        self.carry = data[stop:] if stop is not None else data[-3:]
+        kept = stop if stop is not None else max(0, len(data) - 3)
+        self.read_bytes += kept
+        self.carry = data[kept:]
+        if time is not None:  # no picture started here: the next to start takes it
+            self.time = time
+
+    def time_code(self, head: bytes) -> None:
+        """Read an MPEG-1/2 start code's next bytes `head`: a sequence header's rate, a GOP
+        header's time code, a picture's temporal reference (its place in display order from
+        the GOP's first), which numbers it."""
+        if head[0] == 0xB3:  # a sequence header: its frame rate code
+            self.rate = _PS_TIMECODE_RATES.get(head[4] & 0x0F, 0)
+        elif head[0] == 0xB8:  # a GOP header: its time code
+            self.gop = _gop_frame_number(head[1:5], self.rate) if self.rate else None
+        elif head[0] == 0x00 and self.gop is not None:
+            self.numbered.append((self.frames, float(self.gop + (head[1] << 2 | head[2] >> 6))))
 
     def count(self, kind: int) -> None:
         """Count a picture of type `kind` (1: I, 2: P, 3: B)."""
@@ -551,15 +726,56 @@ class _PsPictures:
         self.frames += 1
 
 
-def _gop_frame_number(field: bytes, rate: int) -> int:
-    """The frame number a GOP header's time code gives (drop-frame: two frame numbers a
-    minute left out, but each tenth minute's)."""
-    bits = int.from_bytes(field, "big") >> 7  # 25 bits: drop, hours, minutes, marker, ...
-    drop, hours, minutes = bits >> 24 & 1, bits >> 19 & 0x1F, bits >> 13 & 0x3F
-    seconds, pictures = bits >> 6 & 0x3F, bits & 0x3F
-    total_minutes = 60 * hours + minutes
-    number = ((total_minutes * 60) + seconds) * rate + pictures
-    return number - (2 * (total_minutes - total_minutes // 10) if drop else 0)
+def _ps_codec(code: bytes) -> str | None:
+    """The codec whose stream a start code's byte (and the one after) `code` begins: an
+    MPEG-1/2 sequence header, an MPEG-4 visual object sequence or VOL, an H.264 sequence
+    parameter set, an HEVC video or sequence parameter set; None for another start code."""
+    if code[0] == 0xB3:
+        return "mpeg12"
+    if code[0] == 0xB0 or 0x20 <= code[0] <= 0x2F:
+        return "mpeg4"
+    if code[0] in (0x67, 0x47):
+        return "h264"
+    if code[0] in (0x40, 0x42) and code[1:2] == b"\x01":
+        return "hevc"
+    return None
+
+
+def _picture_type(codec: str | None, head: bytes) -> int | None:
+    """The type (1: I, 2: P, 3: B) of the picture a start code whose next bytes are `head`
+    starts in a `codec` stream; None where it starts none (another start code, a slice that
+    is not its picture's first)."""
+    code = head[0]
+    if codec == "mpeg12":  # a picture: its type after 10 bits of temporal reference
+        return head[2] >> 3 & 7 if code == 0x00 else None
+    if codec == "mpeg4":  # a VOP: its coding type first
+        return _VOP_TYPES[head[1] >> 6] if code == 0xB6 else None
+    if codec == "h264":  # a slice NAL unit whose first_mb_in_slice is 0, then its type
+        if code & 0x80 or code & 0x1F not in (1, 5) or not head[1] & 0x80:
+            return None
+        numbers = exp_golomb(head[1:], 2)
+        if code & 0x1F == 5 or numbers is None:
+            return 1 if code & 0x1F == 5 else 2
+        return {2: 1, 4: 1, 1: 3}.get(numbers[1] % 5, 2)
+    if codec == "hevc":  # a VCL NAL unit whose first_slice_segment_in_pic_flag is set
+        kind = code >> 1 & 0x3F
+        if code & 0x80 or kind > 21 or 9 < kind < 16 or not head[2] & 0x80:
+            return None
+        return 1 if kind >= 16 else 3 if kind in (8, 9) else 2  # IRAP, RASL, others
+    return None
+
+
+def _ps_padding_end(data, at: int, size: int) -> int | None:
+    """Where the next pack starts after zero bytes a muxer pads packs with: a VCD ends each
+    2,324-byte sector with 20 and writes sectors empty where it has nothing to send (a
+    run of zeroes up to a sector's start), others a few; None where `at` starts none."""
+    nonzero = _NONZERO.search(data, at, min(size, at + _PS_RESYNC_BYTES))
+    found = nonzero.start() - 2 if nonzero else -1  # a pack's start code: 00 00 01 BA
+    if found <= at or data[found : found + 4] != b"\x00\x00\x01\xba":
+        return None
+    if found - at > _PS_PADDING and found % _VCD_SECTOR:
+        return None
+    return found if _ps_unit_length(data, found, size) is not None else None
 
 
 def _ps_pack_after(data, at: int, size: int) -> int | None:
@@ -594,15 +810,29 @@ def _ps_unit_length(data, at: int, size: int) -> int | None:
     return length if at + length <= size else None
 
 
-def _ps_payload(data, at: int) -> int:
+def _ps_payload(data, at: int) -> tuple[int, int | None]:
     """Where the data of the PES packet at `at` starts, after its header (MPEG-2's: its
-    length at byte 8; MPEG-1's: stuffing, a buffer size and its time stamps)."""
+    length at byte 8; MPEG-1's: stuffing, a buffer size and its time stamps), and the
+    presentation time it carries (None where it carries none)."""
     if data[at + 6] >> 6 == 2:
-        return at + 9 + data[at + 8]
+        pts = _pts(data[at + 9 : at + 14]) if data[at + 7] & 0x80 else None
+        return at + 9 + data[at + 8], pts
     at += 6
     while data[at] == 0xFF:  # stuffing
         at += 1
     if data[at] >> 6 == 1:  # the STD buffer's scale and size
         at += 2
     flags = data[at] >> 4
-    return at + (5 if flags == 2 else 10 if flags == 3 else 1)
+    pts = _pts(data[at : at + 5]) if flags in (2, 3) else None
+    return at + (5 if flags == 2 else 10 if flags == 3 else 1), pts
+
+
+def _pts(field: bytes) -> int:
+    """The 33-bit presentation time of a PES header's 5 bytes (marker bits between)."""
+    return (
+        (field[0] >> 1 & 7) << 30
+        | field[1] << 22
+        | (field[2] >> 1) << 15
+        | field[3] << 7
+        | field[4] >> 1
+    )
