@@ -6,6 +6,8 @@ mount table read from a mountinfo file where no mount can be made."""
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 
 import pytest
 from image_folders import make_class_files
@@ -45,7 +47,8 @@ def test_an_output_and_an_input_joined_by_a_bind_mount_are_refused_and_nothing_i
     """OUT mounted inside the data (split wrote its split.csv into the data it read), the
     data's class folder mounted inside an earlier split (`--force` emptied it through the
     mount, deleting the images), and a folder of OUT mounted inside the data: refused before
-    any work, as a second path to one folder is."""
+    any work, as a second path to one folder is. `--force` over a folder holding a mount of
+    a folder that is no input is refused too: it deleted that folder's files."""
     data = make_class_files(tmp_path / "data", {"cat": 3, "dog": 3})
     other = make_class_files(tmp_path / "other", {"cat": 3, "dog": 3})
     (data / "mounted").mkdir()
@@ -53,12 +56,15 @@ def test_an_output_and_an_input_joined_by_a_bind_mount_are_refused_and_nothing_i
     out.mkdir()
     assert run_torchkit_in_process("split", data, earlier, "--mode", "copy").returncode == 0
     (tmp_path / "view" / "x").mkdir(parents=True)
+    again = Path(shutil.copytree(earlier, tmp_path / "again"))  # the same split again
+    shutil.copytree(earlier / "train" / "cat", tmp_path / "kept" / "cat")  # as split wrote it
 
     def work() -> object:
         runs = [
             ("split", data, out, "--mode", "manifest"),  # out is data/mounted too
             ("split", other, earlier, "--force"),  # earlier/train/cat is other/cat
             ("split", tmp_path / "view", earlier, "--force"),  # view/x is earlier/train
+            ("split", data, again, "--force"),  # again/train/cat is kept/cat, no input
         ]
         answer: list[object] = []
         for args in runs:
@@ -75,9 +81,10 @@ def test_an_output_and_an_input_joined_by_a_bind_mount_are_refused_and_nothing_i
         (out, data / "mounted"),
         (other / "cat", earlier / "train" / "cat"),
         (earlier / "train", tmp_path / "view" / "x"),
+        (tmp_path / "kept" / "cat", again / "train" / "cat"),
     ]
     before = tree_digest(tmp_path)
-    first, second, third, core = in_bind_mounts(binds, work)  # type: ignore[misc]
+    first, second, third, fourth, core = in_bind_mounts(binds, work)  # type: ignore[misc]
     assert first[0] == 1 and error_line(first[1]) == (
         f"Error: output folder {out} lies inside the data folder {data} (it is mounted at "
         f"{data / 'mounted'} too) (choose an output outside the inputs, or unmount what "
@@ -92,6 +99,11 @@ def test_an_output_and_an_input_joined_by_a_bind_mount_are_refused_and_nothing_i
         f"Error: output folder {earlier} lies partly inside the data folder {tmp_path / 'view'} "
         f"(a folder in it is mounted at {tmp_path / 'view' / 'x'}) (choose an output outside "
         "the inputs, or unmount what joins them)"
+    )
+    assert fourth[0] == 1 and error_line(fourth[1]) == (
+        f"Error: output folder {again} holds a mount at {again / 'train' / 'cat'}, whose "
+        f"files --force would delete with it (unmount it, or choose another folder than "
+        f"{again})"
     )
     assert core.startswith(f"--out {earlier} contains the data {tmp_path / 'view' / 'x'}")
     assert tree_digest(tmp_path) == before  # not a byte written, nothing deleted

@@ -1488,7 +1488,23 @@ def check_replaceable(
         )
     if owned is not None:  # the -o reports an earlier run of the command wrote there: its own
         refuse_foreign_entries(folder, (*owned, *recorded_reports(folder)), what=what)
+    refuse_mounts_inside(folder, what=what)
     return True
+
+
+def refuse_mounts_inside(folder: Path, *, what: str) -> None:
+    """`--force` replaces `folder` whole: refused where a file system or a bind mount is
+    mounted inside it, whose files (another folder's, shown there) it would delete."""
+    from torchkit.core.io.mounts import MountTable
+
+    points = MountTable.read().points_below(os.fspath(_real(folder)))
+    if points:
+        more = f" and {len(points) - 1} more" if len(points) > 1 else ""
+        raise OutputExistsError(
+            f"{what} {_shown(folder)} holds a mount at {sorted(points)[0]}{more}, whose files "
+            "--force would delete with it",
+            f"unmount it, or choose another folder than {_shown(folder)}",
+        )
 
 
 def force_refusal_hint(
