@@ -8,6 +8,7 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from torchkit import __version__
 from torchkit.core.data.sources.inputs import data_inputs
@@ -221,8 +222,87 @@ def _plan_and_write(
     held: contextlib.ExitStack,
     before_keep: Callable[[SplitResult], None] | None = None,
 ) -> SplitResult:
-    names, seed, stratify = options.names, options.seed, options.stratify
-    group, mode = options.group, options.mode
+    names, mode = options.names, options.mode
+    root = Path(source)
+    samples, sources, is_csv, emptied = _split_input(source, options, held)
+    keys = sample_keys(samples)
+    units, n_groups, dedup_groups, dedup_files = _grouping(samples, sources, keys, options)
+    parts, filled, split_of, counts = _assign_splits(samples, keys, units, options)
+    plan, extra = _file_plan(samples, sources, keys, split_of, counts, is_csv, out, options)
+    totals = [sum(row[j] for row in counts) for j in range(len(names))]
+    result = SplitResult(
+        source=str(root),
+        out=str(out),
+        mode=mode,
+        names=names,
+        ratio=options.ratio or [t / max(1, sum(totals)) for t in totals],
+        seed=options.seed,
+        stratified=options.stratify,
+        group=options.group,
+        groups=n_groups,
+        classes=list(samples.classes),
+        counts=counts,
+        manifest=str(out / MANIFEST),
+        dedup=options.dedup,
+        dedup_groups=dedup_groups,
+        dedup_files=dedup_files,
+        fixed=options.fixed,
+        repeats=extra,
+        notes=[
+            spread_note(names[j], len(parts[j]), len({samples.labels[i] for i in parts[j]}))
+            for j in filled
+        ],
+    )
+
+    writing = SplitOutput(out, sorted(set(names) | previous_split_names(out) | {MANIFEST}))
+    try:
+        writing.begin(names, mode, plan.dests)
+        if mode != "manifest":
+            _journal_half_split(writing, plan, out, mode, names, emptied, held)
+        if mode == "move" and before_keep is not None:
+            before_keep(result)  # while the earlier split can still be put back, as below
+        if mode == "move":
+            # The plan goes to disk before the first file moves: an interrupted move can be
+            # finished, so from here on nothing is undone; the earlier split is discarded.
+            # (Killed before its journal says "moving", it has moved nothing: the journal
+            # above has the rerun start again, where split.csv alone was a finished split.)
+            write_manifest(out, plan, names, mode)
+            record = _moving_record(root, result)
+            note_moving(root, out)
+            write_journal(out, record)
+    except BaseException as error:
+        writing.abandon(error)
+        raise
+    if mode == "move":
+        writing.keep()
+        with _finish_hint(root, out), reporting_write_errors(out):
+            place_files(plan, out, mode, progress)
+            write_journal(out, record | {"state": "done"})
+        forget_moving(root)
+        return result
+    try:
+        with reporting_write_errors(out):
+            if mode != "manifest":
+                place_files(plan, out, mode, progress)
+            write_manifest(out, plan, names, mode)
+        if before_keep is not None:
+            before_keep(result)
+    except BaseException as error:
+        writing.abandon(error)
+        raise
+    writing.keep(finished=mode != "manifest")  # a manifest split wrote no journal
+    if progress and mode == "manifest":
+        progress(len(samples), len(samples))
+    return result
+
+
+def _split_input(
+    source, options: SplitOptions, held: contextlib.ExitStack
+) -> tuple[Any, list[str], bool, list]:
+    """(the images to split, the paths to read each from, whether `source` is a CSV index, the
+    folders a move out of a CSV index empties), warned of what is left out; a move out of a
+    CSV index holds those folders (in `held`) from here on."""
+    mode = options.mode
     samples, (non_images, dangling), is_csv = load_split_input(source, mode)
     root = Path(source)
     if non_images:
@@ -246,11 +326,28 @@ def _plan_and_write(
             sources = [base + i for i in samples.ids]
         if mode == "move":
             refuse_linked_folders(sources, root)
-    keys = sample_keys(samples)
+    return samples, sources, is_csv, emptied
+
+
+def _grouping(
+    samples: Any, sources: list[str], keys: Any, options: SplitOptions
+) -> tuple[Any, int | None, int, int]:
+    """(the units that go to one split together, or None; the number of --group groups; the
+    groups of byte-identical files kept together and their files)."""
+    group = options.group
     groups, n_groups = group_names(samples, keys, group) if group else (None, None)
     units, dedup_groups, dedup_files = (
         dedup_units(sources, keys, groups) if options.dedup else (groups, 0, 0)
     )
+    return units, n_groups, dedup_groups, dedup_files
+
+
+def _assign_splits(
+    samples: Any, keys: Any, units: Any, options: SplitOptions
+) -> tuple[list, list[int], list[int], list[list[int]]]:
+    """(each split's members, the splits given an image of every class they lacked, each
+    image's split, the images of each class in each split), warned of splits too small."""
+    names, seed, stratify = options.names, options.seed, options.stratify
     labels = samples.labels if stratify else [0] * len(samples)
     filled: list[int] = []
     if options.fixed is not None:
@@ -278,7 +375,22 @@ def _plan_and_write(
         warn_small(samples.classes, counts, names, stratify)
     else:
         warn_fixed_unmet(samples.classes, counts, names, options.fixed, stratify)
+    return parts, filled, split_of, counts
 
+
+def _file_plan(
+    samples: Any,
+    sources: list[str],
+    keys: Any,
+    split_of: list[int],
+    counts: list[list[int]],
+    is_csv: bool,
+    out: Path,
+    options: SplitOptions,
+) -> tuple[Plan, Any]:
+    """(what goes where, with --oversample's repeats; the repeats per class), checked for the
+    mode: hard links possible into OUT, a move's sources removable."""
+    mode, names = options.mode, options.names
     plan = Plan(
         sources=sources,
         labels=[samples.classes[label] for label in samples.labels],
@@ -288,7 +400,7 @@ def _plan_and_write(
     extra = None
     if options.oversample:
         repeats, extra = oversample_repeats(
-            samples.labels, split_of, keys, seed, len(samples.classes)
+            samples.labels, split_of, keys, options.seed, len(samples.classes)
         )
         add_repeats(plan, repeats, mode)
         warn_unbalanced(samples.classes, counts, names)
@@ -297,106 +409,62 @@ def _plan_and_write(
     if mode == "move":
         check_sources_removable(plan.sources)
         refuse_temporary_names(plan)
-    totals = [sum(row[j] for row in counts) for j in range(len(names))]
-    result = SplitResult(
-        source=str(root),
-        out=str(out),
-        mode=mode,
-        names=names,
-        ratio=options.ratio or [t / max(1, sum(totals)) for t in totals],
-        seed=seed,
-        stratified=stratify,
-        group=group,
-        groups=n_groups,
-        classes=list(samples.classes),
-        counts=counts,
-        manifest=str(out / MANIFEST),
-        dedup=options.dedup,
-        dedup_groups=dedup_groups,
-        dedup_files=dedup_files,
-        fixed=options.fixed,
-        repeats=extra,
-        notes=[
-            spread_note(names[j], len(parts[j]), len({samples.labels[i] for i in parts[j]}))
-            for j in filled
-        ],
+    return plan, extra
+
+
+def _journal_half_split(
+    writing: SplitOutput,
+    plan: Plan,
+    out: Path,
+    mode: str,
+    names: list[str],
+    emptied: list,
+    held: contextlib.ExitStack,
+) -> None:
+    """Before files go into OUT: OUT held against moves (in `held`), its file names checked on
+    its file system, and the journal that marks it a half split written."""
+    # Held while files go in: no move takes them out of OUT (or a folder in it).
+    held.enter_context(moving_out_of(out, locked=emptied))
+    with reporting_write_errors(out):  # the probe writes a file into OUT
+        refuse_case_twins(
+            plan.dests,
+            out,
+            "rename one of them in the data, split into a folder on a file system that "
+            "tells case apart, or use --mode manifest",
+        )
+    # Until it is removed (or a move's replaces it), OUT is a half split: readers
+    # refuse it, a rerun removes what it lists and redoes it.
+    write_journal(
+        out,
+        {"state": "copying", "mode": mode, "names": names, "marked": writing.marked}
+        # What a rerun removes after a kill: these files and no other (`made`: OUT is
+        # the split's own, so that anything else in it is someone else's).
+        | {"made": not writing.existed, "dests": plan.dests}
+        | {"torchkit_version": __version__},
     )
 
-    writing = SplitOutput(out, sorted(set(names) | previous_split_names(out) | {MANIFEST}))
-    try:
-        writing.begin(names, mode, plan.dests)
-        if mode != "manifest":
-            # Held while files go in: no move takes them out of OUT (or a folder in it).
-            held.enter_context(moving_out_of(out, locked=emptied))
-            with reporting_write_errors(out):  # the probe writes a file into OUT
-                refuse_case_twins(
-                    plan.dests,
-                    out,
-                    "rename one of them in the data, split into a folder on a file system that "
-                    "tells case apart, or use --mode manifest",
-                )
-            # Until it is removed (or a move's replaces it), OUT is a half split: readers
-            # refuse it, a rerun removes what it lists and redoes it.
-            write_journal(
-                out,
-                {"state": "copying", "mode": mode, "names": names, "marked": writing.marked}
-                # What a rerun removes after a kill: these files and no other (`made`: OUT is
-                # the split's own, so that anything else in it is someone else's).
-                | {"made": not writing.existed, "dests": plan.dests}
-                | {"torchkit_version": __version__},
-            )
-        if mode == "move" and before_keep is not None:
-            before_keep(result)  # while the earlier split can still be put back, as below
-        if mode == "move":
-            # The plan goes to disk before the first file moves: an interrupted move can be
-            # finished, so from here on nothing is undone; the earlier split is discarded.
-            # (Killed before its journal says "moving", it has moved nothing: the journal
-            # above has the rerun start again, where split.csv alone was a finished split.)
-            write_manifest(out, plan, names, mode)
-            record = {
-                "state": "moving",
-                "mode": "move",
-                "root": os.path.realpath(root),
-                "names": names,
-                "ratio": result.ratio,
-                "fixed": options.fixed,
-                "seed": seed,
-                "stratified": stratify,
-                "group": group,
-                "groups": n_groups,
-                "dedup": options.dedup,
-                "dedup_groups": dedup_groups,
-                "dedup_files": dedup_files,
-                "classes": list(samples.classes),
-                "counts": counts,
-                "torchkit_version": __version__,
-            }
-            note_moving(root, out)
-            write_journal(out, record)
-    except BaseException as error:
-        writing.abandon(error)
-        raise
-    if mode == "move":
-        writing.keep()
-        with _finish_hint(root, out), reporting_write_errors(out):
-            place_files(plan, out, mode, progress)
-            write_journal(out, record | {"state": "done"})
-        forget_moving(root)
-        return result
-    try:
-        with reporting_write_errors(out):
-            if mode != "manifest":
-                place_files(plan, out, mode, progress)
-            write_manifest(out, plan, names, mode)
-        if before_keep is not None:
-            before_keep(result)
-    except BaseException as error:
-        writing.abandon(error)
-        raise
-    writing.keep(finished=mode != "manifest")  # a manifest split wrote no journal
-    if progress and mode == "manifest":
-        progress(len(samples), len(samples))
-    return result
+
+def _moving_record(root: Path, result: SplitResult) -> dict:
+    """The journal of a move under way: what a rerun needs to finish it, or to say that the
+    same move is finished."""
+    return {
+        "state": "moving",
+        "mode": "move",
+        "root": os.path.realpath(root),
+        "names": result.names,
+        "ratio": result.ratio,
+        "fixed": result.fixed,
+        "seed": result.seed,
+        "stratified": result.stratified,
+        "group": result.group,
+        "groups": result.groups,
+        "dedup": result.dedup,
+        "dedup_groups": result.dedup_groups,
+        "dedup_files": result.dedup_files,
+        "classes": result.classes,
+        "counts": result.counts,
+        "torchkit_version": __version__,
+    }
 
 
 @contextlib.contextmanager
