@@ -6,6 +6,7 @@ at their place: the process's file-backed memory stays flat while they come."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -55,3 +56,38 @@ def test_rows_written_do_not_stay_in_the_process_memory(tmp_path, monkeypatch):
     assert written > 20 * 2**20, seen
     # Before: the resident set grew by what was written (about 26 MB); now by a few pages.
     assert resident_last - resident_then < written / 8, (written, seen)
+
+
+@pytest.mark.skipif(not STATUS.exists(), reason="reads /proc/self/status (Linux)")
+def test_the_safetensors_file_is_written_without_keeping_the_array_in_memory(tmp_path, monkeypatch):
+    """`--array-format safetensors` copies the finished array into its file at the end: read
+    through a memory map, every page of it stayed resident until the copy ended."""
+    rows = np.arange(24 * 2**18, dtype=np.float32).reshape(-1, 1024)  # 24 MB
+    source, target = tmp_path / "layer.npy", tmp_path / "layer.safetensors"
+    np.save(source, rows)
+    resident = []  # after each chunk is written
+    atomic_write = feature_store.atomic_write
+
+    @contextlib.contextmanager
+    def measured(path, mode):
+        with atomic_write(path, mode) as handle:
+            write = handle.write
+
+            def measured_write(data) -> int:
+                resident.append(file_backed_bytes())
+                return write(data)
+
+            handle.write = measured_write
+            yield handle
+
+    monkeypatch.setattr(feature_store, "_CHUNK_BYTES", 2**20)
+    monkeypatch.setattr(feature_store, "atomic_write", measured)
+    feature_store._write_safetensors(source, target, "layer")
+
+    from safetensors.numpy import load_file
+
+    assert np.array_equal(load_file(target)["layer"], rows)
+    assert not source.exists()
+    assert len(resident) > 20, resident  # the length, the header, then 24 chunks
+    # Before: it grew by every chunk read (24 MB); now by a few pages.
+    assert resident[-1] - resident[2] < 4 * 2**20, resident

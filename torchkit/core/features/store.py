@@ -698,26 +698,39 @@ def _write_pt(source: Path, target: Path) -> None:
 
 def _write_safetensors(source: Path, target: Path, key: str) -> None:
     """A .safetensors holding one tensor named `key`, written chunk by chunk: the format is a
-    JSON header (padded to 8 bytes) after its little-endian u64 length, then the raw data."""
+    JSON header (padded to 8 bytes) after its little-endian u64 length, then the raw data. The
+    data is read from the file, not a memory map of it (whose pages, all of them read, stayed in
+    the process: its resident set grew by the whole array at the end of a run)."""
     import numpy as np
 
-    array = np.load(source, mmap_mode="r")
-    dtype_name = str(array.dtype)
+    shape, dtype, data_start = _npy_layout(source)
+    nbytes = _row_bytes(shape, dtype) * shape[0]
     header = {
         key: {
-            "dtype": _SAFETENSORS_DTYPES[dtype_name],
-            "shape": list(array.shape),
-            "data_offsets": [0, int(array.nbytes)],
+            "dtype": _SAFETENSORS_DTYPES[str(dtype)],
+            "shape": list(shape),
+            "data_offsets": [0, nbytes],
         },
         "__metadata__": {"format": "torchkit extract-features"},
     }
     raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
     raw += b" " * (-len(raw) % 8)
-    little = array.dtype.newbyteorder("<")
-    with atomic_write(target, "wb") as handle:
+    little = dtype.newbyteorder("<")
+    chunk = _CHUNK_BYTES - _CHUNK_BYTES % dtype.itemsize  # whole values: swapped where needed
+    with open(source, "rb") as data, atomic_write(target, "wb") as handle:
         handle.write(struct.pack("<Q", len(raw)))
         handle.write(raw)
-        for start, stop in _chunks(array, len(array)):
-            handle.write(np.ascontiguousarray(array[start:stop], dtype=little).tobytes())
-    del array
+        data.seek(data_start)
+        left = nbytes
+        while left:
+            values = data.read(min(chunk, left))
+            if not values:
+                raise InputError(
+                    f"cannot read {source}: it ends {left} bytes before its rows do",
+                    "pass --force to start over",
+                )
+            left -= len(values)
+            if dtype != little:
+                values = np.frombuffer(values, dtype=dtype).astype(little).tobytes()
+            handle.write(values)
     remove_tree(source, ignore_errors=False)  # the scratch array, once the file is in place
