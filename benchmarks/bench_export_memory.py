@@ -6,9 +6,13 @@ tracemalloc does not see torch's allocations). Linux only.
     uv run python benchmarks/bench_export_memory.py                 # the table
     uv run python benchmarks/bench_export_memory.py --only vit-mha  # one model
 
+    uv run python benchmarks/bench_export_memory.py --only torchvision   # the zoo's models
+
 Models: thin ViTs (64 channels, 4 heads, 4 blocks; attention by hand and nn.MultiheadAttention
 without weights, as torchvision's), with 16 px patches at 224 px (196 tokens) and 8 px
-(784 tokens); torchvision's swin_t and maxvit_t (windowed attention, 49 tokens) at 224 px.
+(784 tokens); torchvision's swin_t and maxvit_t (windowed attention, 49 tokens) at 224 px; and
+torchvision's resnet18, efficientnet_b0, vit_b_16, swin_t and convnext_tiny (`torchvision-*`),
+built without weights (random, no download), at 224 px.
 """
 
 from __future__ import annotations
@@ -83,6 +87,11 @@ CASES = {
     "vit-sdpa-784": ("benchvits:sdpa_8", 224, (16, 64)),
     "swin_t": ("swin_t", 224, (4, 16)),
     "maxvit_t": ("maxvit_t", 224, (4, 16)),
+    "torchvision-resnet18": ("resnet18", 224, (1, 16)),
+    "torchvision-efficientnet_b0": ("efficientnet_b0", 224, (1, 16)),
+    "torchvision-vit_b_16": ("vit_b_16", 224, (1, 8)),
+    "torchvision-swin_t": ("swin_t", 224, (1, 16)),
+    "torchvision-convnext_tiny": ("convnext_tiny", 224, (1, 16)),
 }
 
 
@@ -105,6 +114,7 @@ def measure_one(model: str, image_size: int, batch: int, fmt: str) -> dict:
         needed = counting(*args, **kwargs)
         seen["counted"] = needed.bytes
         seen["weights"] = export_run._PEAK_PER_WEIGHTS[kwargs["fmt"]] * kwargs["weight_bytes"]
+        seen["weight_bytes"] = kwargs["weight_bytes"]
         seen["matrix"] = kwargs.get("largest_attention_bytes") or 0
         seen["largest"] = args[1]
         Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
@@ -138,8 +148,8 @@ def main() -> None:
     root = Path(tempfile.mkdtemp())
     (root / "benchvits.py").write_text(textwrap.dedent(MODELS), encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": str(root)}
-    print("| model | format | -b (images) | counted MB | peak MB | peak/count |")
-    print("|---|---|---|---|---|---|")
+    print("| model | format | -b (images) | counted MB | peak MB | peak/count | weights MB |")
+    print("|---|---|---|---|---|---|---|")
     for name, (model, size, batches) in CASES.items():
         if args.only and args.only not in name:
             continue
@@ -168,7 +178,8 @@ def main() -> None:
             print(
                 f"| {name} | {args.format} | {batch} ({seen['largest']}) | "
                 f"{seen['counted'] / 1e6:,.0f} | {seen['peak'] / 1e6:,.0f} | "
-                f"{seen['peak'] / seen['counted']:.2f} | matrix/img {seen['matrix'] / 1e6:.2f} MB",
+                f"{seen['peak'] / seen['counted']:.2f} | {seen['weight_bytes'] / 1e6:,.0f} | "
+                f"matrix/img {seen['matrix'] / 1e6:.2f} MB",
                 flush=True,
             )
 
