@@ -319,11 +319,24 @@ def find_pairs(
     made only for the contents of several files and the clusters that are paired, so a
     million distinct images cost tens of bytes each here, not a kilobyte.
     """
+    position = _rank_files(ids, splits)
+    contents = _Contents.of(_content_of_files(digests, same_file), position)
+    pairs = _Pairs(ids, splits, within)
+    _pair_exact_copies(contents, pairs, same_file)
+    clusters = _Clusters.of(contents, phashes, pairs)
+    if len(clusters.values) > 1:
+        near = _near_cluster_pairs(clusters, threshold)
+        for d, u, v in near:
+            pairs.link(clusters.firsts(u), clusters.firsts(v), d)
+        _name_other_near_copies(near, clusters, pairs)
+    return pairs.sorted()
+
+
+def _rank_files(ids: Sequence[str], splits: Sequence[str | None]) -> Any:
+    """Each file's place when the files are ordered by split (train, val, test) then path."""
     import numpy as np
 
     n = len(ids)
-    digest_codes, has_digest = _codes(digests)
-    phash_values, has_phash = _phash_column(phashes)
     split_ranks = {split: _split_rank(split) for split in set(splits)}
     ranks = np.fromiter((split_ranks[split] for split in splits), dtype=np.int64, count=n)
     by_id = np.array(sorted(range(n), key=ids.__getitem__), dtype=np.int64)
@@ -331,9 +344,18 @@ def find_pairs(
     del by_id
     position = np.empty(n, dtype=np.int64)
     position[rank] = np.arange(n)
-    # Each file's content: its SHA-256, else (a file that could not be read) the number of its
-    # file's names; -1 for neither.
-    content = np.full(n, -1, dtype=np.int64)
+    return position
+
+
+def _content_of_files(
+    digests: Sequence[bytes | None] | Any, same_file: Sequence[int | None] | None
+) -> Any:
+    """Each file's content: a number for its SHA-256, else (a file that could not be read) for
+    its file's names; -1 for neither."""
+    import numpy as np
+
+    digest_codes, has_digest = _codes(digests)
+    content = np.full(len(digest_codes), -1, dtype=np.int64)
     if has_digest.any():
         content[has_digest] = np.unique(digest_codes[has_digest], return_inverse=True)[1].ravel()
     if same_file is not None:
@@ -342,49 +364,88 @@ def find_pairs(
         if numbered.any():
             codes = np.unique(number_codes[numbered], return_inverse=True)[1].ravel()
             content[numbered] = codes + content.max() + 1
-    # The files of each content, in rank order: kept[starts[g] : starts[g] + sizes[g]].
-    kept = np.flatnonzero(content >= 0)
-    kept = kept[np.lexsort((position[kept], content[kept]))]
-    kept_contents = content[kept]
-    starts = np.flatnonzero(np.diff(kept_contents, prepend=-1))
-    sizes = np.diff(starts, append=len(kept))
-    # Contents in the order their first files rank (`contents` in that order, as a dict held).
-    content_order = np.argsort(position[kept[starts]], kind="stable")
-    leakage: list[DuplicatePair] = []
-    within_pairs: list[DuplicatePair] = []
+    return content
 
-    def place(i: int) -> tuple[int, str]:
-        return _split_rank(splits[i]), ids[i]
 
-    def pair(a: int, b: int, kind: str, distance: int, one_file: bool = False) -> DuplicatePair:
-        if place(b) < place(a):
+@dataclass
+class _Contents:
+    """The files of each content, in rank order: `kept[starts[g] : starts[g] + sizes[g]]`;
+    `order`: the contents in the order their first files rank."""
+
+    kept: Any
+    starts: Any
+    sizes: Any
+    order: Any
+
+    @classmethod
+    def of(cls, content: Any, position: Any) -> _Contents:
+        import numpy as np
+
+        kept = np.flatnonzero(content >= 0)
+        kept = kept[np.lexsort((position[kept], content[kept]))]
+        starts = np.flatnonzero(np.diff(content[kept], prepend=-1))
+        sizes = np.diff(starts, append=len(kept))
+        order = np.argsort(position[kept[starts]], kind="stable")
+        return cls(kept, starts, sizes, order)
+
+    def files_of(self, group: int) -> list[int]:
+        return self.kept[self.starts[group] : self.starts[group] + self.sizes[group]].tolist()
+
+
+class _Pairs:
+    """The report's two lists as they are made: leakage (across splits) and, with `within`,
+    near duplicates within a split."""
+
+    def __init__(self, ids: Sequence[str], splits: Sequence[str | None], within: bool) -> None:
+        self.ids, self.splits, self.within = ids, splits, within
+        self.leakage: list[DuplicatePair] = []
+        self.within_pairs: list[DuplicatePair] = []
+
+    def place(self, i: int) -> tuple[int, str]:
+        return _split_rank(self.splits[i]), self.ids[i]
+
+    def pair(self, a: int, b: int, kind: str, distance: int, one_file: bool = False):
+        if self.place(b) < self.place(a):
             a, b = b, a
+        ids, splits = self.ids, self.splits
         return DuplicatePair(ids[a], splits[a], ids[b], splits[b], kind, int(distance), one_file)
 
-    def link(first_u: dict, first_v: dict, distance: int) -> None:
+    def firsts_of(self, files: Sequence[int]) -> dict[str | None, int]:
+        """The first of `files` in each split."""
+        first: dict[str | None, int] = {}
+        for m in files:
+            first.setdefault(self.splits[m], m)
+        return first
+
+    def link(self, first_u: dict, first_v: dict, distance: int) -> None:
         """One near pair between two sets of files, given the first file of each in each
         split: across splits (leakage) when they have any, and within each shared split."""
         crossing = [(first_u[su], first_v[sv]) for su in first_u for sv in first_v if su != sv]
         if crossing:
-            best = min(crossing, key=lambda p: sorted((place(p[0]), place(p[1]))))
-            leakage.append(pair(*best, "near", distance))
-        if within:
-            within_pairs.extend(
-                pair(first_u[s], first_v[s], "near", distance) for s in first_u if s in first_v
+            best = min(crossing, key=lambda p: sorted((self.place(p[0]), self.place(p[1]))))
+            self.leakage.append(self.pair(*best, "near", distance))
+        if self.within:
+            self.within_pairs.extend(
+                self.pair(first_u[s], first_v[s], "near", distance) for s in first_u if s in first_v
             )
 
-    def firsts_of(files: Sequence[int]) -> dict[str | None, int]:
-        first: dict[str | None, int] = {}
-        for m in files:
-            first.setdefault(splits[m], m)
-        return first
+    def sorted(self) -> tuple[list[DuplicatePair], list[DuplicatePair]]:
+        def order(p: DuplicatePair):
+            return (p.kind != "exact", p.distance, _split_rank(p.split_a), p.path_a, p.path_b)
 
-    def files_of(group: int) -> list[int]:
-        return kept[starts[group] : starts[group] + sizes[group]].tolist()
+        return sorted(self.leakage, key=order), sorted(self.within_pairs, key=order)
 
-    # One content's files in one split are no pair: only contents of several files are walked.
-    for group in content_order[sizes[content_order] > 1].tolist():
-        members = files_of(group)
+
+def _pair_exact_copies(
+    contents: _Contents, pairs: _Pairs, same_file: Sequence[int | None] | None
+) -> None:
+    """Each copy in another split than its content's first file, paired with that file
+    (`exact`), or with the first name of its own file in another split (`same_file`). One
+    content's files in one split are no pair: only contents of several files are walked."""
+    splits = pairs.splits
+    order = contents.order
+    for group in order[contents.sizes[order] > 1].tolist():
+        members = contents.files_of(group)
         anchor = members[0]
         names: dict[int, dict[str | None, int]] = {}  # a file's number -> its first name a split
         for m in members:
@@ -393,96 +454,123 @@ def find_pairs(
             other = next((e for split, e in earlier.items() if split != splits[m]), None)
             earlier.setdefault(splits[m], m)
             if other is not None:
-                leakage.append(pair(other, m, "exact", 0, one_file=True))
+                pairs.leakage.append(pairs.pair(other, m, "exact", 0, one_file=True))
             elif splits[m] != splits[anchor]:
-                leakage.append(pair(anchor, m, "exact", 0))
-    # A content's pHash: its first file's that has one. Contents with the same pHash (a PNG and
-    # its lossless re-encode, blank images) form one cluster, in the order of its first content:
-    # linked to its first content one by one, and searched once, as one value.
-    hashed = has_phash[kept]
-    hashed_groups = np.repeat(np.arange(len(starts)), sizes)[hashed]
-    first_hashed = np.flatnonzero(np.diff(hashed_groups, prepend=-1))
-    group_value = np.zeros(len(starts), dtype=np.uint64)
-    valued = np.zeros(len(starts), dtype=bool)
-    group_value[hashed_groups[first_hashed]] = phash_values[kept[hashed][first_hashed]]
-    valued[hashed_groups[first_hashed]] = True
-    del hashed, hashed_groups, first_hashed
-    valued_groups = content_order[valued[content_order]]  # in content order
-    values, first_seen, cluster_of = np.unique(
-        group_value[valued_groups], return_index=True, return_inverse=True
-    )
-    cluster_rank = np.argsort(first_seen)
-    renumbered = np.empty_like(cluster_rank)
-    renumbered[cluster_rank] = np.arange(len(cluster_rank))
-    cluster_of = renumbered[cluster_of.ravel()]
-    cluster_values = values[cluster_rank]
-    del values, first_seen, cluster_rank, renumbered
-    # The contents of cluster k, in content order: cluster_groups[cluster_starts[k]:][:size].
-    cluster_groups = valued_groups[np.argsort(cluster_of, kind="stable")]
-    cluster_sizes = np.bincount(cluster_of, minlength=len(cluster_values))
-    cluster_starts = np.cumsum(cluster_sizes) - cluster_sizes
-    del valued_groups, cluster_of
+                pairs.leakage.append(pairs.pair(anchor, m, "exact", 0))
 
-    def parts_of(cluster: int) -> list[list[int]]:
-        start = cluster_starts[cluster]
-        return [files_of(g) for g in cluster_groups[start : start + cluster_sizes[cluster]]]
 
-    cluster_firsts: dict[int, dict[str | None, int]] = {}  # made for clusters linked or paired
-    cluster_parts: dict[int, list[dict[str | None, int]]] = {}
-    for cluster in np.flatnonzero(cluster_sizes > 1).tolist():
-        parts = parts_of(cluster)
-        first_files = [firsts_of(members) for members in parts]
-        for other in first_files[1:]:
-            link(first_files[0], other, 0)
-        cluster_firsts[cluster] = firsts_of([m for members in parts for m in members])
-        cluster_parts[cluster] = first_files
+class _Clusters:
+    """Contents with the same pHash (a PNG and its lossless re-encode, blank images), in the
+    order of their first contents; cluster k's contents, in content order, are
+    `groups[starts[k] : starts[k] + sizes[k]]`, its pHash `values[k]`. Each cluster's first
+    files a split (`firsts`) and its contents' (`parts`) are made for the clusters linked or
+    paired only."""
 
-    def firsts(cluster: int) -> dict[str | None, int]:
-        if cluster not in cluster_firsts:  # one content
-            cluster_firsts[cluster] = firsts_of(parts_of(cluster)[0])
-            cluster_parts[cluster] = [cluster_firsts[cluster]]
-        return cluster_firsts[cluster]
+    def __init__(self, contents: _Contents, pairs: _Pairs, values, groups, starts, sizes):
+        self.contents, self.pairs = contents, pairs
+        self.values, self.groups, self.starts, self.sizes = values, groups, starts, sizes
+        self.cluster_firsts: dict[int, dict[str | None, int]] = {}
+        self.cluster_parts: dict[int, list[dict[str | None, int]]] = {}
 
-    if len(cluster_values) > 1:
-        a_idx, b_idx, dist = near_pairs(cluster_values, threshold)
-        near = sorted(zip(dist.tolist(), a_idx.tolist(), b_idx.tolist(), strict=True))
-        for d, u, v in near:
-            link(firsts(u), firsts(v), d)
-        # Each pair of clusters is listed by its first files; a cluster's other contents (a
-        # JPEG beside its PNG, with one pHash, in a split of their own) are as near: each one
-        # still unnamed is named once, by the nearest cluster's first file of an earlier split.
-        # (A train file has no earlier split: never waiting to be named.)
-        named = {(p.path_a, p.split_a) for p in leakage} | {(p.path_b, p.split_b) for p in leakage}
-        waiting: dict[int, list[tuple[str | None, int]]] = {}
-        for d, u, v in near:
-            for mine, theirs in ((u, v), (v, u)):
-                if mine not in waiting:
-                    waiting[mine] = [
-                        (s, f)
-                        for first in cluster_parts[mine]
-                        for s, f in first.items()
-                        if _split_rank(s) > 0
-                    ]
-                left = []
-                for split, file in waiting[mine]:
-                    if (ids[file], split) in named:
-                        continue
-                    earlier = [
-                        f
-                        for s, f in cluster_firsts[theirs].items()
-                        if s != split and place(f) < place(file)
-                    ]
-                    if earlier:
-                        leakage.append(pair(min(earlier, key=place), file, "near", d))
-                        named.add((ids[file], split))
-                    else:
-                        left.append((split, file))
-                waiting[mine] = left
+    @classmethod
+    def of(cls, contents: _Contents, phashes: Sequence[int | None] | Any, pairs: _Pairs):
+        """A content's pHash is its first file's that has one; contents of one pHash are
+        linked to their first content one by one (distance 0), and searched as one value."""
+        import numpy as np
 
-    def order(p: DuplicatePair):
-        return (p.kind != "exact", p.distance, _split_rank(p.split_a), p.path_a, p.path_b)
+        phash_values, has_phash = _phash_column(phashes)
+        kept, starts, sizes = contents.kept, contents.starts, contents.sizes
+        hashed = has_phash[kept]
+        hashed_groups = np.repeat(np.arange(len(starts)), sizes)[hashed]
+        first_hashed = np.flatnonzero(np.diff(hashed_groups, prepend=-1))
+        group_value = np.zeros(len(starts), dtype=np.uint64)
+        valued = np.zeros(len(starts), dtype=bool)
+        group_value[hashed_groups[first_hashed]] = phash_values[kept[hashed][first_hashed]]
+        valued[hashed_groups[first_hashed]] = True
+        del hashed, hashed_groups, first_hashed
+        valued_groups = contents.order[valued[contents.order]]  # in content order
+        values, first_seen, cluster_of = np.unique(
+            group_value[valued_groups], return_index=True, return_inverse=True
+        )
+        cluster_rank = np.argsort(first_seen)
+        renumbered = np.empty_like(cluster_rank)
+        renumbered[cluster_rank] = np.arange(len(cluster_rank))
+        cluster_of = renumbered[cluster_of.ravel()]
+        cluster_values = values[cluster_rank]
+        del values, first_seen, cluster_rank, renumbered
+        cluster_groups = valued_groups[np.argsort(cluster_of, kind="stable")]
+        cluster_sizes = np.bincount(cluster_of, minlength=len(cluster_values))
+        cluster_starts = np.cumsum(cluster_sizes) - cluster_sizes
+        clusters = cls(
+            contents, pairs, cluster_values, cluster_groups, cluster_starts, cluster_sizes
+        )
+        clusters._link_equal_phashes()
+        return clusters
 
-    return sorted(leakage, key=order), sorted(within_pairs, key=order)
+    def parts_of(self, cluster: int) -> list[list[int]]:
+        start = self.starts[cluster]
+        groups = self.groups[start : start + self.sizes[cluster]]
+        return [self.contents.files_of(g) for g in groups]
+
+    def _link_equal_phashes(self) -> None:
+        import numpy as np
+
+        firsts_of = self.pairs.firsts_of
+        for cluster in np.flatnonzero(self.sizes > 1).tolist():
+            parts = self.parts_of(cluster)
+            first_files = [firsts_of(members) for members in parts]
+            for other in first_files[1:]:
+                self.pairs.link(first_files[0], other, 0)
+            self.cluster_firsts[cluster] = firsts_of([m for members in parts for m in members])
+            self.cluster_parts[cluster] = first_files
+
+    def firsts(self, cluster: int) -> dict[str | None, int]:
+        if cluster not in self.cluster_firsts:  # one content
+            self.cluster_firsts[cluster] = self.pairs.firsts_of(self.parts_of(cluster)[0])
+            self.cluster_parts[cluster] = [self.cluster_firsts[cluster]]
+        return self.cluster_firsts[cluster]
+
+
+def _near_cluster_pairs(clusters: _Clusters, threshold: int) -> list[tuple[int, int, int]]:
+    """(distance, cluster, cluster) of the clusters within `threshold`, nearest first."""
+    a_idx, b_idx, dist = near_pairs(clusters.values, threshold)
+    return sorted(zip(dist.tolist(), a_idx.tolist(), b_idx.tolist(), strict=True))
+
+
+def _name_other_near_copies(
+    near: list[tuple[int, int, int]], clusters: _Clusters, pairs: _Pairs
+) -> None:
+    """Each pair of clusters is listed by its first files; a cluster's other contents (a JPEG
+    beside its PNG, with one pHash, in a split of their own) are as near: each one still
+    unnamed is named once, by the nearest cluster's first file of an earlier split. (A train
+    file has no earlier split: never waiting to be named.)"""
+    ids, place, leakage = pairs.ids, pairs.place, pairs.leakage
+    named = {(p.path_a, p.split_a) for p in leakage} | {(p.path_b, p.split_b) for p in leakage}
+    waiting: dict[int, list[tuple[str | None, int]]] = {}
+    for d, u, v in near:
+        for mine, theirs in ((u, v), (v, u)):
+            if mine not in waiting:
+                waiting[mine] = [
+                    (s, f)
+                    for first in clusters.cluster_parts[mine]
+                    for s, f in first.items()
+                    if _split_rank(s) > 0
+                ]
+            left = []
+            for split, file in waiting[mine]:
+                if (ids[file], split) in named:
+                    continue
+                earlier = [
+                    f
+                    for s, f in clusters.cluster_firsts[theirs].items()
+                    if s != split and place(f) < place(file)
+                ]
+                if earlier:
+                    leakage.append(pairs.pair(min(earlier, key=place), file, "near", d))
+                    named.add((ids[file], split))
+                else:
+                    left.append((split, file))
+            waiting[mine] = left
 
 
 def _codes(values: Sequence[Any] | Any) -> tuple[Any, Any]:
