@@ -463,3 +463,37 @@ def test_a_zeroed_mpeg_ps_of_h264_or_mpeg4_is_damaged(tmp_path, encoder, options
     assert ps_video_frames(audio_zeroed, "mpeg-ps", 25.0).broken_at is not None
     exact = probe_video(audio_zeroed, exact=True)
     assert (exact.status, exact.frames_decoded) == ("ok", 75)
+
+
+def test_an_flv_cut_between_tags_losing_only_video_is_truncated(tmp_path):
+    """A copy cut at a tag's end that loses only its last video tags, its audio all there
+    (an ADPCM tag plays 0.37 s at 11 kHz, past the video frames lost), read `ok` with 47 of
+    its 50 frames: the tags' sizes cannot tell it from a whole file, and its streams end
+    where its header says. FFmpeg records the file's size in its metadata (`filesize`),
+    which the copy falls short of: truncated, without decoding. A copy whose metadata
+    records no size is read as before."""
+    whole = ffmpeg_made(
+        tmp_path / "clip.flv",
+        *moving_picture(2),
+        *("-f", "lavfi", "-i", "sine=duration=2", "-c:v", "flv", "-c:a", "adpcm_swf"),
+        *("-ar", "11025"),
+        encoders=("flv", "adpcm_swf"),
+        muxer="flv",
+    )
+    data = whole.read_bytes()
+    starts = [int.from_bytes(data[5:9], "big") + 4, *_flv_tag_ends(whole)[:-1]]
+    last_audio = max(i for i, start in enumerate(starts) if data[start] == 8)
+    cut_at = starts[last_audio + 1]  # the video tags after its last audio tag gone
+    cut = tmp_path / "cut.flv"
+    cut.write_bytes(data[:cut_at])
+    assert probe_video(whole, exact=True).status == "ok"
+    info = probe_video(cut, decode_check=False)
+    assert (info.status, info.error) == (
+        "truncated",
+        f"truncated: the file holds {cut_at:,} of the {len(data):,} bytes its flv "
+        "structure declares",
+    )
+    unrecorded = tmp_path / "unrecorded.flv"
+    unrecorded.write_bytes(data[:cut_at].replace(b"\x08filesize", b"\x08filesizx", 1))
+    exact = probe_video(unrecorded, exact=True)
+    assert (exact.status, exact.frames_decoded) == ("ok", 47)

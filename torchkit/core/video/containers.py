@@ -2262,9 +2262,11 @@ def _flv_tags_end(handle, size: int) -> int | None:
     the file's end when a copy is cut inside a tag, whose frame FFmpeg still decodes from what
     is there. A file ending on a tag's size says nothing (a cut between two tags looks the same):
     None, as for a structure that cannot be read. The tags are walked from the first only where
-    the file's last 4 bytes lead to no tag."""
+    the file's last 4 bytes lead to no tag. Where it ends on a tag's size, the file's size
+    its metadata records (`_flv_recorded_size`), where that is more: a copy cut between two
+    tags."""
     if _flv_last_tag(handle, size) is not None:
-        return None
+        return _flv_recorded_size(handle, size)
     handle.seek(5)
     header = handle.read(4)
     if len(header) < 4:
@@ -2272,7 +2274,7 @@ def _flv_tags_end(handle, size: int) -> int | None:
     offset = int.from_bytes(header, "big") + 4  # the header, then the size of no tag before
     for _ in range(_MAX_FLV_TAGS):
         if offset >= size:
-            return None  # ends on a tag's size
+            return _flv_recorded_size(handle, size)  # ends on a tag's size
         handle.seek(offset)
         tag = handle.read(_FLV_TAG_HEADER)
         # its type, and a stream ID of 0 (always, the specification says), of as much as is there
@@ -2285,6 +2287,26 @@ def _flv_tags_end(handle, size: int) -> int | None:
             return end
         offset = end
     return None
+
+
+# The file size an FLV's onMetaData records (an AMF0 number), as FFmpeg writes it once the
+# file is written (a live stream's recording has none)
+_FLV_FILESIZE = re.compile(rb"\x00\x08filesize\x00([\s\S]{8})")
+_FLV_METADATA_BYTES = 1 << 16  # the first bytes searched for it: the first tag holds it
+
+
+def _flv_recorded_size(handle, size: int) -> int | None:
+    """The file size an FLV's metadata records where it is more than the file's `size` (a
+    copy cut between two tags, which the tags' own sizes cannot tell); None where it records
+    none, or no more (a writer that fills in the tags' metadata before the end)."""
+    handle.seek(0)
+    found = _FLV_FILESIZE.search(handle.read(_FLV_METADATA_BYTES))
+    if found is None:
+        return None
+    recorded = struct.unpack(">d", found.group(1))[0]
+    if not math.isfinite(recorded) or not size < recorded < 1 << 50:
+        return None
+    return int(recorded)
 
 
 _OGG_TAIL = 65_307 + 27  # the most bytes of a page (255 segments of 255 bytes), and another's head
