@@ -376,9 +376,12 @@ def list_tar(path: str, *, whole: bool = False, labels: bool = False) -> TarList
 
 def _listing(path: str, found: _PlainMembers) -> TarListing:
     members, links = found.members, found.links
+    deepest = 0  # the most parts a link's name has: no deeper path is a link
     for name, target in links.items():
         if ".." in target.split("/"):
-            links[name] = _through_links(target, links)
+            if not deepest:
+                deepest = max(name.count("/") for name in links) + 1
+            links[name] = _through_links(target, links, deepest)
     resolved, looped = _link_ends(members, links)
     linked_folders = _folder_link_ends(members, links, found.folders, resolved, looped)
     outside = _links_out(members, links, looped, found.link_texts)
@@ -430,38 +433,54 @@ def _links_out(
     return found
 
 
-def _through_links(target: str, links: dict[str, str]) -> str:
+def _through_links(target: str, links: dict[str, str], deepest: int) -> str:
     """The path a symbolic link's `target` (from the archive's root, its `..` parts as stored:
     `_link_target`) names once unpacked: a `..` after a folder that is a link steps out of the
     folder the link leads to, as the system resolves a path (`link/../x.png`, where `link ->
     sub/deeper`, is sub/x.png; `posixpath.normpath` took it for x.png). A path above the
     archive's root starts with `../` (`_leaves_archive`); links are followed only where a `..`
-    comes after them (the rest of a chain is `_link_ends`')."""
+    comes after them (the rest of a chain is `_link_ends`'). `deepest`: the most parts of a
+    link's name. A target longer than the system resolves (PATH_MAX) is taken as text: no file
+    is there once unpacked (and a hostile one costs no more than its length)."""
+    if len(target) > _PATH_MAX:
+        return posixpath.normpath(target)
     ahead = target.split("/")[::-1]  # the parts still to walk, the next one last
-    walked: list[str] = []
+    ups = ahead.count("..")  # the `..` parts among them: counted, not searched for at each part
+    walked: list[str] = []  # the path walked, and each folder on it: one string a part
     hops = 0
     while ahead:
+        if not ups:  # no `..` to come: the rest is text
+            return posixpath.normpath("/".join([*walked[-1:], *ahead[::-1]]))
         part = ahead.pop()
         if part in ("", "."):
             continue
         if part == "..":
+            ups -= 1
             if not walked:
                 return posixpath.normpath("/".join(["..", *ahead[::-1]]))
             walked.pop()
             continue
-        walked.append(part)
-        if ".." not in ahead:
+        walked.append(f"{walked[-1]}/{part}" if walked else part)
+        if len(walked) > deepest:
             continue
-        linked = links.get("/".join(walked))
+        linked = links.get(walked[-1])
         if linked is None:
             continue
         hops += 1
         if hops > _MOST_LINKS or linked.startswith("/"):  # a loop, or out to the host's root
             return posixpath.normpath(target) if hops > _MOST_LINKS else linked
-        ahead += linked.split("/")[::-1]
+        if len(linked) > _PATH_MAX:
+            return posixpath.normpath(target)
+        spliced = linked.split("/")
+        ups += spliced.count("..")
+        ahead += spliced[::-1]
         walked = []
-    return "/".join(walked) or "."
+    return walked[-1] if walked else "."
 
+
+# The longest path the system resolves (Linux's PATH_MAX): a symbolic link's target longer
+# than this names no file once unpacked.
+_PATH_MAX = 4096
 
 # How a symbolic link's target (`_link_target`) outside the archive's folder starts.
 _OUTSIDE = ("/", "../")
