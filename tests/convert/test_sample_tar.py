@@ -21,12 +21,16 @@ from torchkit.core.convert.sample_tar import SampleTarWriter
 from torchkit.core.convert.shards import TAR_MODE, TAR_MTIME, TAR_OWNER
 
 # Members of every size class a tar pads differently (empty, under, at and over a 512-byte
-# block, several records), a bytearray, and a 120-character name (past ustar's 100: a PAX header).
+# block, several records), a bytearray, 120- and 101-character and non-ASCII names (a PAX header)
+# and a 100-character one (none).
 SAMPLES = [
     {"__key__": "train_00000000", "png": b"\x89PNG" * 300, "cls": b"1", "json": b"{}"},
     {"__key__": "train_00000001", "jpg": b"", "cls": b"0", "json": bytearray(b'{"a": 1}')},
     {"__key__": "val_00000000", "webp": b"x" * 511, "txt": b"y" * 512, "bin": b"z" * 513},
     {"__key__": "k" * 120, "png": bytes(range(256)) * 90},
+    {"__key__": "m" * 96, "png": b"at ustar's 100 bytes", "jpeg": b"past them: PAX"},
+    {"__key__": "café_00000001", "png": b"not ASCII: PAX"},
+    {"__key__": "train_00000002", "png": b"after PAX headers" * 1000},
 ]
 
 
@@ -70,7 +74,7 @@ def test_the_tar_is_byte_for_byte_what_webdatasets_tar_writer_writes():
             "train_00000000.png",
             "train_00000001.cls",
         ]
-        assert names[-1] == "k" * 120 + ".png"
+        assert "k" * 120 + ".png" in names and "m" * 96 + ".jpeg" in names
         for member in headers:
             assert member.isreg() and (member.mode, member.mtime) == (TAR_MODE, TAR_MTIME)
             assert (member.uname, member.gname, member.uid, member.gid) == (TAR_OWNER,) * 2 + (0, 0)

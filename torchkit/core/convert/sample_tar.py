@@ -13,9 +13,20 @@ import io
 import tarfile
 from typing import BinaryIO
 
+_NAME = slice(0, 100)  # a ustar header's fields: the member's name,
+_SIZE = slice(124, 136)  # its size (11 octal digits and a NUL),
+_CHECKSUM = slice(148, 155)  # its checksum (6 octal digits and a NUL; a space follows)
+_BLOCK = tarfile.BLOCKSIZE
+
 
 class SampleTarWriter:
-    """Samples (`{"__key__": KEY, EXT: bytes, ...}`) as tar members `KEY.EXT` into `stream`."""
+    """Samples (`{"__key__": KEY, EXT: bytes, ...}`) as tar members `KEY.EXT` into `stream`.
+
+    A member whose header needs no PAX record (an ASCII name of up to 100 bytes, under 8 GiB:
+    every member `convert shards` names) gets tarfile's header made from one made at the start,
+    its name, size and checksum filled in: tarfile's own (a TarInfo copied, fifteen fields
+    formatted, the checksum's four unpackings) took about 60% of the writing's CPU, 0.09 ms a
+    sample of three members. The others go through tarfile."""
 
     def __init__(self, stream: BinaryIO, *, owner: str, mode: int, mtime: int) -> None:
         self._owner = owner
@@ -23,6 +34,39 @@ class SampleTarWriter:
         self._mtime = mtime
         self._tar = tarfile.open(  # noqa: SIM115 (closed by `close`)
             fileobj=stream, mode="w|", format=tarfile.DEFAULT_FORMAT
+        )
+        template = self._info("", 0).tobuf(self._tar.format, self._tar.encoding, self._tar.errors)
+        # None: the owner's name needs a PAX record, every header goes through tarfile.
+        self._template = template if len(template) == _BLOCK else None
+        if self._template is not None:  # the checksum without the name's and size's bytes
+            self._checksum = 256 + sum(template[:148]) + sum(template[156:]) - sum(template[_SIZE])
+
+    def _info(self, name: str, size: int) -> tarfile.TarInfo:
+        info = tarfile.TarInfo(name)
+        info.size = size
+        info.mtime = self._mtime
+        info.mode = self._mode
+        info.uname = info.gname = self._owner
+        return info
+
+    def _header(self, name: str, size: int) -> bytes | None:
+        """The member's ustar header as tarfile makes it, or None where tarfile would write a
+        PAX record first."""
+        if self._template is None or not name.isascii() or len(name) > 100 or size >= 8**11:
+            return None
+        name_field = name.encode("ascii").ljust(100, b"\0")
+        size_field = b"%011o\0" % size
+        checksum = self._checksum + sum(name_field) + sum(size_field)
+        template = self._template
+        return b"".join(
+            (
+                name_field,
+                template[_NAME.stop : _SIZE.start],
+                size_field,
+                template[_SIZE.stop : _CHECKSUM.start],
+                b"%06o\0" % checksum,
+                template[_CHECKSUM.stop :],
+            )
         )
 
     @property
@@ -40,12 +84,18 @@ class SampleTarWriter:
             data = sample[extension]
             if not isinstance(data, (bytes, bytearray, memoryview)):
                 raise TypeError(f"member {key}.{extension} is {type(data).__name__}, not bytes")
-            info = tarfile.TarInfo(f"{key}.{extension}")
-            info.size = len(data)
-            info.mtime = self._mtime
-            info.mode = self._mode
-            info.uname = info.gname = self._owner
-            self._tar.addfile(info, io.BytesIO(data))
+            name = f"{key}.{extension}"
+            header = self._header(name, len(data))
+            if header is None:
+                self._tar.addfile(self._info(name, len(data)), io.BytesIO(data))
+                continue
+            # What addfile writes (its stream pads to whole records only at the end).
+            padding = -len(data) % _BLOCK
+            self._tar.fileobj.write(header)
+            self._tar.fileobj.write(data)
+            if padding:
+                self._tar.fileobj.write(bytes(padding))
+            self._tar.offset += _BLOCK + len(data) + padding
 
     def close(self) -> None:
         """End the archive (its two zero blocks, padded to a whole record) and flush it."""
