@@ -21,29 +21,41 @@ from typing import Any
 from torchkit.core.io.errors import first_line
 from torchkit.core.io.file_kinds import file_kind
 from torchkit.core.io.non_utf8_names import holds_non_utf8
+from torchkit.core.video.asf import (
+    asf_packet_break,
+)
+from torchkit.core.video.avi import (
+    avi_indexed_frames,
+)
 from torchkit.core.video.containers import (
     SNIFF_BYTES,
-    asf_packet_break,
-    avi_indexed_frames,
     container_fourcc,
     declared_size,
     declares_no_video,
-    flv_last_tag_s,
+    sniff_container,
+    still_image_format,
+)
+from torchkit.core.video.held import (
     fourcc_text,
+    mpeg4_packed,
+)
+from torchkit.core.video.matroska import (
+    matroska_video_blocks,
+    matroska_video_frames,
+)
+from torchkit.core.video.mp4 import (
     fragmented_frame_count,
     iso_boxes_break,
     iso_edited_frame_count,
     iso_frames_without_picture,
     iso_index_missing,
     last_frame_duration,
+)
+from torchkit.core.video.raw import (
     last_picture_rows,
-    matroska_video_blocks,
-    matroska_video_frames,
-    mpeg4_packed,
-    sniff_container,
-    still_image_format,
 )
 from torchkit.core.video.streams import (
+    flv_last_tag_s,
     flv_video_frames,
     ogg_video_frames,
     ps_video_frames,

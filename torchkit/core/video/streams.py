@@ -1,5 +1,7 @@
-"""The frames the formats made for streaming hold for their video, counted from their own
-structure without decoding (for `--exact`'s damage check): MPEG-TS and M2TS packets, FLV tags.
+"""The formats made for streaming (MPEG-TS and M2TS, FLV, Ogg, MPEG-PS): the frames they hold
+for their video, counted from their own structure without decoding (for `--exact`'s damage
+check: packets, tags, pages, pictures), and where an FLV, Ogg or MPEG-PS file ends (a copy
+cut short).
 
 These formats record no frame count: FFmpeg's is their duration times the rate. Their packets
 or tags are walked, a frame each where the format says one starts, past a region zeroed or
@@ -11,15 +13,16 @@ called damaged.
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import re
+import struct
 
-from torchkit.core.video.containers import (
-    M2TS_PACKET,
+from torchkit.core.video.held import (
+    MPEG_START,
     NOT_CODED_BYTES,
     PTS_CLOCK,
-    TS_PACKET,
     HeldFrames,
     exp_golomb,
     frames_between,
@@ -27,6 +30,9 @@ from torchkit.core.video.containers import (
     pts_span_s,
     unwrapped_pts,
 )
+
+TS_PACKET = 188
+M2TS_PACKET = 192  # M2TS/MTS (AVCHD, Blu-ray): a 4-byte timestamp before each TS packet
 
 # --- MPEG-TS ------------------------------------------------------------------------------------
 
@@ -836,3 +842,169 @@ def _pts(field: bytes) -> int:
         | field[3] << 7
         | field[4] >> 1
     )
+
+
+# --- where an FLV, Ogg or MPEG-PS file ends (a copy cut short) ------------------------------
+
+_FLV_TAG_HEADER = 11  # type, data size (3 bytes), timestamp (3 + 1), stream ID (3)
+
+
+def flv_last_tag_s(path: str | os.PathLike) -> float | None:
+    """The time, in seconds, of an FLV file's last tag of any stream (audio, video, script):
+    its last 4 bytes give that tag's size, so one read finds it. None where they do not lead
+    to a tag (a copy cut inside one, not an FLV file)."""
+    try:
+        with open(path, "rb") as handle:
+            tag = _flv_last_tag(handle, os.fstat(handle.fileno()).st_size)
+    except OSError:
+        return None
+    return None if tag is None else (int.from_bytes(tag[4:7], "big") | tag[7] << 24) / 1000
+
+
+def _flv_last_tag(handle, size: int) -> bytes | None:
+    """The header of the tag an FLV file's last 4 bytes (the size of the tag before them) lead
+    to; None where they lead to none."""
+    if size < 4 + _FLV_TAG_HEADER:
+        return None
+    handle.seek(size - 4)
+    length = int.from_bytes(handle.read(4), "big")
+    if not _FLV_TAG_HEADER <= length <= size - 4:
+        return None
+    handle.seek(size - 4 - length)
+    tag = handle.read(_FLV_TAG_HEADER)
+    if tag[0] & 0x1F not in (8, 9, 18) or int.from_bytes(tag[1:4], "big") + _FLV_TAG_HEADER != (
+        length
+    ):
+        return None
+    return tag
+
+
+def flv_tags_end(handle, size: int) -> int | None:
+    """Where the last tag of an FLV file ends (with the 4-byte size that follows each tag): past
+    the file's end when a copy is cut inside a tag, whose frame FFmpeg still decodes from what
+    is there. A file ending on a tag's size says nothing (a cut between two tags looks the same):
+    None, as for a structure that cannot be read. The tags are walked from the first only where
+    the file's last 4 bytes lead to no tag. Where it ends on a tag's size, the file's size
+    its metadata records (`_flv_recorded_size`), where that is more: a copy cut between two
+    tags."""
+    if _flv_last_tag(handle, size) is not None:
+        return _flv_recorded_size(handle, size)
+    handle.seek(5)
+    header = handle.read(4)
+    if len(header) < 4:
+        return None
+    offset = int.from_bytes(header, "big") + 4  # the header, then the size of no tag before
+    for _ in range(_MAX_FLV_TAGS):
+        if offset >= size:
+            return _flv_recorded_size(handle, size)  # ends on a tag's size
+        handle.seek(offset)
+        tag = handle.read(_FLV_TAG_HEADER)
+        # its type, and a stream ID of 0 (always, the specification says), of as much as is there
+        if tag[0] & 0x1F not in (8, 9, 18) or tag[8:11].strip(b"\x00"):
+            return None  # not a tag: trailing data we cannot judge
+        if len(tag) < _FLV_TAG_HEADER:  # the file ends inside a tag's header
+            return offset + _FLV_TAG_HEADER + 4
+        end = offset + _FLV_TAG_HEADER + int.from_bytes(tag[1:4], "big") + 4
+        if end - 4 > size:
+            return end
+        offset = end
+    return None
+
+
+# The file size an FLV's onMetaData records (an AMF0 number), as FFmpeg writes it once the
+# file is written (a live stream's recording has none)
+_FLV_FILESIZE = re.compile(rb"\x00\x08filesize\x00([\s\S]{8})")
+_FLV_METADATA_BYTES = 1 << 16  # the first bytes searched for it: the first tag holds it
+
+
+def _flv_recorded_size(handle, size: int) -> int | None:
+    """The file size an FLV's metadata records where it is more than the file's `size` (a
+    copy cut between two tags, which the tags' own sizes cannot tell); None where it records
+    none, or no more (a writer that fills in the tags' metadata before the end)."""
+    handle.seek(0)
+    found = _FLV_FILESIZE.search(handle.read(_FLV_METADATA_BYTES))
+    if found is None:
+        return None
+    recorded = struct.unpack(">d", found.group(1))[0]
+    if not math.isfinite(recorded) or not size < recorded < 1 << 50:
+        return None
+    return int(recorded)
+
+
+_OGG_TAIL = 65_307 + 27  # the most bytes of a page (255 segments of 255 bytes), and another's head
+
+
+def ogg_pages_end(handle, size: int) -> int | None:
+    """Where the last page of an Ogg file ends, found in its last bytes: past the file's end
+    when a copy is cut inside it; the file's end where that page ends it and closes its
+    stream (the end-of-stream flag, which a whole file's last page sets). A file that ends on
+    a page's end without it says nothing (a copy cut between two pages, a live stream's
+    recording): None, as for a structure that cannot be read."""
+    start = max(0, size - _OGG_TAIL)
+    handle.seek(start)
+    tail = handle.read(size - start)
+    at = tail.rfind(b"OggS\x00")
+    if at < 0 or at + 27 > len(tail):
+        return None if at < 0 else start + at + 27  # the file ends inside the page's header
+    table = at + 27 + tail[at + 26]
+    if table > len(tail):
+        return start + table  # inside its segment table
+    end = table + sum(tail[at + 27 : table])
+    if end > len(tail):
+        return start + end
+    return size if end == len(tail) and tail[at + 5] & 4 else None
+
+
+_PS_PACK = MPEG_START + b"\xba"
+_PS_END_CODE = 0xB9
+_PS_TAIL = 1 << 17  # the last bytes searched for a pack start (a PES packet is under 64 KiB)
+
+
+def mpeg_ps_end(handle, size: int) -> int | None:
+    """Where the last packet of an MPEG program stream (.mpg, .vob) ends, walked from a pack
+    start near the end: past the file's end when a copy is cut inside a pack. A stream that
+    ends on a packet boundary without the end code (FFmpeg writes none) says nothing: None,
+    as for a structure that cannot be read."""
+    start = max(0, size - _PS_TAIL)
+    handle.seek(start)
+    tail = handle.read(size - start)
+    at = tail.find(_PS_PACK)
+    while at >= 0:  # a pack start code may also occur inside a packet's data: walk from each
+        end = _ps_packets_end(tail, at)
+        if end is not None:
+            whole_or_cut = end != len(tail) or tail[end - 4 : end] == MPEG_START + b"\xb9"
+            return start + end if whole_or_cut else None
+        at = tail.find(_PS_PACK, at + 1)
+    return None
+
+
+def _ps_packets_end(data: bytes, offset: int) -> int | None:
+    """The end of the packs and packets of `data` from `offset` (past its end when the last
+    is cut short; the end code's end when one is found); None when they are not a program
+    stream's."""
+    while offset < len(data):
+        start_code = data[offset : offset + 4]
+        if len(start_code) < 4:  # the file ends inside a start code
+            return offset + 4 if MPEG_START.startswith(start_code[:3]) else None
+        if start_code[:3] != MPEG_START or start_code[3] < _PS_END_CODE:
+            return None
+        if start_code[3] == _PS_END_CODE:
+            return offset + 4
+        if start_code == _PS_PACK:
+            if offset + 5 > len(data):
+                return offset + 12
+            marker = data[offset + 4] >> 4
+            if marker >> 2 == 0b01:  # MPEG-2: 14 bytes and up to 7 of stuffing
+                if offset + 14 > len(data):
+                    return offset + 14
+                length = 14 + (data[offset + 13] & 7)
+            elif marker == 0b0010:  # MPEG-1: 12 bytes
+                length = 12
+            else:
+                return None
+        else:  # a system header or a PES packet: its length follows the start code
+            if offset + 6 > len(data):
+                return offset + 6
+            length = 6 + int.from_bytes(data[offset + 4 : offset + 6], "big")
+        offset += length
+    return offset
