@@ -222,7 +222,7 @@ def extract_features_command(
 
       torchkit extract-features best.pt --data data/ feats/  (IMAGES as --data: the argument is OUT)
     """
-    from torchkit.core.io.errors import UsageError
+    from torchkit.core.io.errors import OutputWriteError, UsageError
 
     listing_format, array_format = _formats(fmt, output, array_format, list_layers)
     given = [p for p in (images, out) if p is not None]
@@ -309,6 +309,15 @@ def extract_features_command(
         if (out / ".partial").is_dir():
             console.note(f"the rows done so far are kept in {out}; add --resume to continue")
         raise
+    except OutputWriteError:
+        # A full disk at the end of a long run (the index, a --array-format copy): the rows
+        # are on disk, and --resume only finishes them; "choose another output" would redo all.
+        if (out / ".partial").is_dir():
+            console.note(
+                f"the rows done so far are kept in {out}; add --resume to continue once it "
+                "can be written"
+            )
+        raise
     _report(result)
 
 
@@ -357,7 +366,7 @@ def _list_layers(
     force: bool,
 ) -> None:
     from torchkit.core.features import list_layers
-    from torchkit.core.io.outputs import check_output_file
+    from torchkit.core.io.file_outputs import check_output_file
     from torchkit.core.models import require_model_files
 
     if report_file(output) is not None:
