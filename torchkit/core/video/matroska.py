@@ -132,6 +132,24 @@ def _matroska_video_blocks(handle, size: int) -> HeldFrames | None:
     element (a block's first bytes read, never its frame); `broken_at` where an element's bytes
     stop being one inside the segment's size. None where the file's head names no video track,
     a cluster is of unknown size (live WebM), or the walk passes `_MKV_MAX_ELEMENTS`."""
+    found = _matroska_video_track(handle)
+    if found is None:
+        return None
+    track, (start, length) = found
+    # a live recording's Segment or Clusters of unknown size: past bytes that are no element,
+    # the walk goes on at the next Cluster (as FFmpeg's reader does), the frames it passed
+    # counted from the times either side; a file of known sizes gives its break alone
+    walk = _ClusterWalk(handle, track, live=length < 0)
+    try:
+        return walk.segment(start, size if walk.live else min(start + length, size))
+    except _WalkEnds as ended:
+        return ended.held
+
+
+def _matroska_video_track(handle) -> tuple[int, tuple[int, int]] | None:
+    """(the video track's number, (where the Segment's data starts, its size: -1 unknown)) of
+    the Matroska/WebM file open as `handle`, from its first `_MKV_HEAD` bytes; None where they
+    name no video track or Segment."""
     head = handle.read(_MKV_HEAD)
     elements = _matroska_head_elements(head)
     if elements is None or _MKV_TRACKS not in elements[1]:
@@ -141,38 +159,114 @@ def _matroska_video_blocks(handle, size: int) -> HeldFrames | None:
     segment = next(((s, n) for i, s, n in _ebml_elements(head, 0) if i == _MKV_SEGMENT), None)
     if not number or segment is None:
         return None
-    track = int.from_bytes(number, "big")
-    # a live recording's Segment or Clusters of unknown size: past bytes that are no element,
-    # the walk goes on at the next Cluster (as FFmpeg's reader does), the frames it passed
-    # counted from the times either side; a file of known sizes gives its break alone
-    live = segment[1] < 0
-    times: list[int] = []
-    places: list[int] = []
-    firsts: list[int] = []
-    lasts: list[int] = []
-    here = 0  # where the block being counted starts
+    return int.from_bytes(number, "big"), segment
 
-    def element(at: int) -> tuple[int, int, int, bytes] | None:
+
+class _WalkEnds(Exception):
+    """The walk of a file's clusters ends before its Segment's end: `held`, what it found (a
+    file of known sizes whose bytes stop being elements), or None (too many elements)."""
+
+    def __init__(self, held: HeldFrames | None) -> None:
+        super().__init__()
+        self.held = held
+
+
+class _ClusterWalk:
+    """The walk of a Matroska/WebM file's clusters for the frames of its video track `track`,
+    counted as its blocks are read: the frames shown, those that lead its first key frame,
+    those of a few bytes, and for a live recording (`live`: its Segment or a Cluster of
+    unknown size) each frame's time and place and the runs of bytes passed, for the frames
+    they took."""
+
+    def __init__(self, handle, track: int, *, live: bool) -> None:
+        self.handle, self.track, self.live = handle, track, live
+        self.frames, self.leading, self.not_coded = 0, 0, 0
+        self.key_time: int | None = None  # the first key frame's time
+        self.cluster_time = 0
+        self.here = 0  # where the block being counted starts
+        self.times: list[int] = []
+        self.places: list[int] = []
+        self.firsts: list[int] = []  # where each run of bytes passed starts
+        self.lasts: list[int] = []  # and its last byte
+        self.budget = _MKV_MAX_ELEMENTS
+
+    def segment(self, at: int, end: int) -> HeldFrames | None:
+        """Walk the Segment's top-level elements from `at` to `end`, each Cluster's children
+        (`cluster`); past bytes that are no element, a live recording's walk goes on at the
+        next Cluster. None for an element of unknown size that holds no frames."""
+        while at < end:
+            found = self.element(at)
+            if found is not None and found[2] < 0 and found[0] != _MKV_CLUSTER:
+                return None  # an element of unknown size that holds no frames
+            if found is None or found[1] + max(found[2], 0) > end:
+                resumed = _matroska_cluster_after(self.handle, at, end) if self.live else None
+                if resumed is None:  # the file's end: a live recording cut there reads so
+                    return self.held(None if self.live else at)
+                at = self.passed(at, resumed)
+                continue
+            kind, start, length, _ = found
+            if kind == _MKV_CLUSTER:
+                self.live = self.live or length < 0
+                child = self.cluster(start, length, end)
+                if length < 0 or child < start + length:
+                    at = child
+                    continue
+            at = start + length
+        return self.held(None)
+
+    def cluster(self, start: int, length: int, end: int) -> int:
+        """Walk the children of the Cluster whose data starts at `start` (`length` bytes, or
+        -1: to where the next top-level element starts, up to `end`), counting its blocks;
+        where the walk goes on. Bytes that are no element end a file of known sizes there
+        (`_WalkEnds`); a live recording's walk passes the rest of a Cluster of known size."""
+        child, cluster_end = start, end if length < 0 else start + length
+        while child < cluster_end:
+            self.budget -= 1
+            inner = self.element(child)
+            if self.budget < 0:
+                raise _WalkEnds(None)
+            if length < 0 and inner is not None and inner[0] in _MKV_LEVEL_1:
+                break  # a Cluster of unknown size ends where the next one starts
+            if inner is None or inner[2] < 0 or inner[1] + inner[2] > cluster_end:
+                if not self.live:
+                    raise _WalkEnds(self.held(child))
+                if length >= 0:  # the rest of a Cluster of known size passed
+                    child = self.passed(child, cluster_end)
+                break  # else the walk goes on from there: the next Cluster
+            self.here = child
+            self.read(*inner)
+            child = inner[1] + inner[2]
+        return child
+
+    def read(self, kind: int, start: int, length: int, first: bytes) -> None:
+        """Read a Cluster's child: its time, a SimpleBlock, or a BlockGroup's Block."""
+        if kind == _MKV_CLUSTER_TIME:
+            self.cluster_time = int.from_bytes(first[: min(length, 8)], "big")
+        elif kind == _MKV_SIMPLE_BLOCK:
+            self.count(first, length)
+        elif kind == _MKV_BLOCK_GROUP:
+            block, referenced = _ebml_group(self.element, start, length)
+            if block is not None:
+                self.count(*block, key=not referenced)
+
+    def element(self, at: int) -> tuple[int, int, int, bytes] | None:
         """(ID, where its data starts, its length, its first bytes) of the element at `at`;
         None where its bytes are no element's, or one that runs past its parent's end."""
-        handle.seek(at)
-        data = handle.read(24)
+        self.handle.seek(at)
+        data = self.handle.read(24)
         found = _ebml_number(data, 0, keep_marker=True)
         length = found and _ebml_number(data, found[1], keep_marker=False)
         if not length:
             return None
         return found[0], at + found[1] + length[1], length[0], data[found[1] + length[1] :]
 
-    frames, leading, not_coded, key_time, cluster_time = 0, 0, 0, None, 0
-
-    def count(block: bytes, length: int, key: bool | None = None) -> None:
+    def count(self, block: bytes, length: int, key: bool | None = None) -> None:
         """Count the shown frames of a Block or SimpleBlock of the video track (its first
         bytes, `length` in all), and those of them that lead the first key frame: `key` for a
         Block (its group refers to no other), a SimpleBlock's own flag where None, and those of
         `NOT_CODED_BYTES` or fewer."""
-        nonlocal frames, leading, not_coded, key_time
         owner = _ebml_number(block, 0, keep_marker=False)
-        if owner is None or owner[0] != track or len(block) < owner[1] + 3:
+        if owner is None or owner[0] != self.track or len(block) < owner[1] + 3:
             return
         flags = block[owner[1] + 2]
         if flags & 0x08:  # invisible
@@ -181,78 +275,37 @@ def _matroska_video_blocks(handle, size: int) -> HeldFrames | None:
         laced = flags >> 1 & 3
         shown = 1 if not laced else (block[owner[1] + 3] + 1 if len(block) > owner[1] + 3 else 0)
         if not laced and length - owner[1] - 3 <= NOT_CODED_BYTES:
-            not_coded += 1
+            self.not_coded += 1
         # its time: the cluster's and its own offset from it (a signed 16-bit number)
-        time = cluster_time + int.from_bytes(block[owner[1] : owner[1] + 2], "big", signed=True)
-        if key_time is None and key:
-            key_time = time
-        elif key_time is None or time <= key_time:  # a muxer lifts a time before 0 to 0
-            leading += shown
-        frames += shown
-        times.append(time)
-        places.append(here)
+        offset = int.from_bytes(block[owner[1] : owner[1] + 2], "big", signed=True)
+        time = self.cluster_time + offset
+        if self.key_time is None and key:
+            self.key_time = time
+        elif self.key_time is None or time <= self.key_time:  # a time before 0 lifted to 0
+            self.leading += shown
+        self.frames += shown
+        self.times.append(time)
+        self.places.append(self.here)
 
-    def held(broken_at: int | None) -> HeldFrames:
-        # no key frame flagged: a writer that sets no flags, which tells nothing of them
-        leads = leading if key_time is not None else 0
-        if not live:
-            return HeldFrames(frames, leads, not_coded, broken_at)
-        import numpy as np
-
-        missing = frames_between(*(np.array(x, np.int64) for x in (times, places, firsts, lasts)))
-        broken = firsts[0] if firsts else None
-        return HeldFrames(frames + missing, leads, not_coded, broken, past_breaks=True)
-
-    def passed(at: int, resumed: int) -> int:
-        firsts.append(at)
-        lasts.append(resumed - 1)
+    def passed(self, at: int, resumed: int) -> int:
+        """Note the bytes from `at` to `resumed` passed (no elements); `resumed`."""
+        self.firsts.append(at)
+        self.lasts.append(resumed - 1)
         return resumed
 
-    at, end = segment[0], size if live else min(segment[0] + segment[1], size)
-    budget = _MKV_MAX_ELEMENTS
-    while at < end:
-        found = element(at)
-        if found is not None and found[2] < 0 and found[0] != _MKV_CLUSTER:
-            return None  # an element of unknown size that holds no frames
-        if found is None or found[1] + max(found[2], 0) > end:
-            resumed = _matroska_cluster_after(handle, at, end) if live else None
-            if resumed is None:  # the file's end: a live recording cut there reads so
-                return held(None if live else at)
-            at = passed(at, resumed)
-            continue
-        kind, start, length, _ = found
-        if kind == _MKV_CLUSTER:
-            live = live or length < 0
-            child, cluster_end = start, end if length < 0 else start + length
-            while child < cluster_end:
-                budget -= 1
-                inner = element(child)
-                if budget < 0:
-                    return None
-                if length < 0 and inner is not None and inner[0] in _MKV_LEVEL_1:
-                    break  # a Cluster of unknown size ends where the next one starts
-                if inner is None or inner[2] < 0 or inner[1] + inner[2] > cluster_end:
-                    if not live:
-                        return held(child)
-                    if length >= 0:  # the rest of a Cluster of known size passed
-                        child = passed(child, cluster_end)
-                    break  # else the walk goes on from there: the next Cluster
-                inner_kind, inner_start, inner_length, first = inner
-                here = child
-                if inner_kind == _MKV_CLUSTER_TIME:
-                    cluster_time = int.from_bytes(first[: min(inner_length, 8)], "big")
-                elif inner_kind == _MKV_SIMPLE_BLOCK:
-                    count(first, inner_length)
-                elif inner_kind == _MKV_BLOCK_GROUP:
-                    block, referenced = _ebml_group(element, inner_start, inner_length)
-                    if block is not None:
-                        count(*block, key=not referenced)
-                child = inner_start + inner_length
-            if length < 0 or child < cluster_end:
-                at = child
-                continue
-        at = start + length
-    return held(None)
+    def held(self, broken_at: int | None) -> HeldFrames:
+        """What the walk found: a live recording's frames with those the bytes it passed
+        took, else its frames and where its bytes stopped being elements (`broken_at`)."""
+        # no key frame flagged: a writer that sets no flags, which tells nothing of them
+        leading = self.leading if self.key_time is not None else 0
+        if not self.live:
+            return HeldFrames(self.frames, leading, self.not_coded, broken_at)
+        import numpy as np
+
+        runs = (self.times, self.places, self.firsts, self.lasts)
+        missing = frames_between(*(np.array(run, np.int64) for run in runs))
+        broken = self.firsts[0] if self.firsts else None
+        return HeldFrames(self.frames + missing, leading, self.not_coded, broken, past_breaks=True)
 
 
 # The top-level elements of a Matroska Segment (and the EBML header of a stream that follows)
