@@ -193,10 +193,14 @@ def test_an_image_named_link_to_a_folder_is_a_folder_not_an_unreadable_image(tmp
     assert source.whole.ids == ["b.png/q.png", "cat/a.png", "dog/c.png"]
 
 
-def test_members_in_a_folder_that_is_a_link_out_are_not_read(tmp_path, caplog):
+def test_members_in_a_folder_that_is_a_link_tar_does_not_write_through_are_not_read(
+    tmp_path, caplog
+):
     """`out -> /host`, then `out/x.png`: tar -xf writes no member through such a link ('Cannot
-    open: Not a directory'), where torchkit read out/x.png as class out. Left out, said with
-    the link as stored; also under a link above the root deeper in a class."""
+    open: Not a directory'), where torchkit read out/x.png as class out. Nor through a link
+    above the root, one whose target holds `..` (GNU tar makes those last: a plain file till
+    then), or one to a file. Left out, said with each link as stored. A plain link to a
+    folder of the archive is written through, as tar does."""
     host = tmp_path / "host"
     host.mkdir()
     members = [
@@ -206,14 +210,29 @@ def test_members_in_a_folder_that_is_a_link_out_are_not_read(tmp_path, caplog):
         ("out/x.png", png(2)),
         ("cat/up", "->../.."),
         ("cat/up/y.png", png(3)),
+        ("dog/in", "->../cat"),
+        ("dog/in/w.png", png(4)),
+        ("cat/f", "->a.png"),
+        ("cat/f/v.png", png(5)),
+        (".s/q.png", png(6)),
+        ("bird", "->.s"),
+        ("bird/u.png", png(7)),
     ]
     archive = _tar(tmp_path / "pets.tar", members)
     images, warned = _read(archive, caplog)
-    assert images == {"cat/a.png": png(0), "dog/c.png": png(1)}
+    assert images == {
+        "bird/q.png": png(6),
+        "bird/u.png": png(7),
+        "cat/a.png": png(0),
+        "dog/c.png": png(1),
+    }
     assert warned == [
-        f"{archive}: 2 image members lie in a folder that is a link out of the archive, not "
-        "read, as tar -x writes no member through such a link: cat/up/y.png (in cat/up -> "
-        f"../..), out/x.png (in out -> {host})",
+        f"{archive}: 4 image members lie in a folder that is a link, not read, as tar -x writes "
+        "no member through a link out of the archive, to a file, or whose target starts with "
+        "'/' or holds '..': cat/f/v.png (in cat/f -> a.png), cat/up/y.png (in cat/up -> ../..), "
+        "dog/in/w.png (in dog/in -> ../cat) and 1 more",
+        f"1 linked folder(s) in {archive} not entered: each leads back into the data, above "
+        "it, or to a folder read already: dog/in",
         f"{archive}: 1 link where a class folder could be leads out of the archive, not "
         f"followed, as torchkit follows no link out of an archive: out -> {host} (tar -h "
         "stores the files a link leads to)",
@@ -222,6 +241,8 @@ def test_members_in_a_folder_that_is_a_link_out_are_not_read(tmp_path, caplog):
     if unpacked is not None:
         assert list(host.iterdir()) == []
         assert not (tmp_path / "y.png").exists()
+        assert sorted(p.name for p in (unpacked / "cat").iterdir()) == ["a.png", "f", "up"]
+        assert sorted(p.name for p in (unpacked / ".s").iterdir()) == ["q.png", "u.png"]
 
 
 @pytest.mark.parametrize("kind", ["file", "link"])

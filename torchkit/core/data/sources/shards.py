@@ -257,6 +257,8 @@ class TarListing:
     # records, listed under `GNUSparseFile.NNN/` names by readers that know them not), by the
     # names tar -x unpacks them to: not read (a folder's tar says so).
     sparse: list[str] = field(default_factory=list)
+    # Each link's target as stored (what `ls -l` shows once unpacked), for messages.
+    link_texts: dict[str, str] = field(default_factory=dict)
 
     def locator(self, name: str) -> tuple[int, int] | None:
         if name in self.members:
@@ -398,6 +400,7 @@ def _listing(path: str, found: _PlainMembers) -> TarListing:
         labels=found.label_bytes,
         outside=outside,
         sparse=list(found.sparse),
+        link_texts=found.link_texts,
     )
 
 
@@ -2026,7 +2029,7 @@ def _images_by_unpacked_path(spec: str, listing: TarListing) -> dict[str, str]:
     abs/x.png) -> the member it is; the images it does not read said in warnings: links out
     of the archive, members stored sparse, members of a `..` part (which tar does not unpack,
     also where they stay inside the archive: `cat/../dog/e.png`), and members in a folder that
-    is a link out."""
+    is a link tar -x writes nothing through (`_leave_out_members_under_links`)."""
     stored = _without_links_out(spec, listing, _image_members(listing))
     member_of: dict[str, str] = {}
     not_unpacked = []
@@ -2044,7 +2047,7 @@ def _images_by_unpacked_path(spec: str, listing: TarListing) -> dict[str, str]:
             f"{'is' if len(not_unpacked) == 1 else 'are'} not read, as tar -x does not unpack "
             f"such members: {first_and_more(not_unpacked, 3)}"
         )
-    _leave_out_members_under_links_out(spec, listing, member_of)
+    _leave_out_members_under_links(spec, listing, member_of)
     return member_of
 
 
@@ -2089,35 +2092,60 @@ def _warn_sparse_images(spec: str, listing: TarListing) -> None:
         )
 
 
-def _leave_out_members_under_links_out(
+def _leave_out_members_under_links(
     spec: str, listing: TarListing, member_of: dict[str, str]
 ) -> None:
-    """Take out of `member_of` (unpacked path -> member) the images stored under a folder
-    that is a link out of the archive (`out -> /tmp`, then `out/x.png`): tar -x writes no
-    member through such a link ("Cannot open: Not a directory"), where torchkit read them as
-    class out. Said in one warning naming each with its link."""
-    if not listing.outside:
+    """Take out of `member_of` (unpacked path -> member) the images stored under a folder that
+    is a link GNU tar -x writes no member through ("Cannot open: Not a directory"): a link out
+    of the archive (`out -> /tmp`, then `out/x.png`), or one to a file, or whose target starts
+    with `/` or holds `..` (tar makes those last, a plain file till then). torchkit read them
+    (as class out). Said in one warning naming each with its link as stored. A plain link to
+    a folder of the archive (`dog -> .s`) is written through: `dog/x.png` is .s/x.png."""
+    if not listing.links:
         return
-    links_out = {}
-    for link, target in listing.outside.items():
-        unpacked = _unpacked_path(link)
-        if unpacked is not None:
-            links_out[unpacked] = f"{unpacked} -> {target}"
+    # Links stored under another spelling of their path (`cat//in`): few, by their path.
+    respelled = {
+        _unpacked_path(link): link
+        for link in listing.links
+        if link[:1] == "/" or "//" in link or "/." in link
+    }
+    held: dict[str, str | None] = {}  # each image's folder -> `_unwritable_link_on` it
     shown = []
     for name in list(member_of):
-        slash = name.find("/")
-        while slash != -1 and name[:slash] not in links_out:
-            slash = name.find("/", slash + 1)
-        if slash != -1:
-            shown.append(f"{name} (in {links_out[name[:slash]]})")
+        folder = name.rpartition("/")[0]
+        if folder not in held:
+            held[folder] = _unwritable_link_on(folder, listing, respelled)
+        link = held[folder]
+        if link is not None:
+            shown.append(f"{name} (in {link})")
             del member_of[name]
     if shown:
         log.warning(
             f"{spec}: {counted(len(shown), 'image member')} "
-            f"{'lies' if len(shown) == 1 else 'lie'} in a folder that is a link out of the "
-            "archive, not read, as tar -x writes no member through such a link: "
-            f"{first_and_more(sorted(shown), 3)}"
+            f"{'lies' if len(shown) == 1 else 'lie'} in a folder that is a link, not read, as "
+            "tar -x writes no member through a link out of the archive, to a file, or whose "
+            f"target starts with '/' or holds '..': {first_and_more(sorted(shown), 3)}"
         )
+
+
+def _unwritable_link_on(
+    folder: str, listing: TarListing, respelled: dict[str | None, str]
+) -> str | None:
+    """`LINK -> TARGET` (as stored) of the first folder on the way to `folder` (itself too)
+    that is a link tar -x writes nothing through (`_leave_out_members_under_links`), None
+    where none is. `respelled`: the links stored under another spelling, by their path."""
+    parts = folder.split("/") if folder else []
+    for depth in range(1, len(parts) + 1):
+        path = "/".join(parts[:depth])
+        link = path if path in listing.link_texts else respelled.get(path)
+        if link is None:
+            continue
+        text = listing.link_texts[link]
+        plain = not (text.startswith("/") or ".." in text.split("/"))
+        if plain and link in listing.folder_links and link not in listing.outside:
+            continue  # written through: `bird/u.png` is .s/u.png
+        return f"{path} -> {listing.outside.get(link, text)}"
+    return None
 
 
 def _class_folder_links(
