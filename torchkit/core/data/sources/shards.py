@@ -1154,10 +1154,10 @@ def _shard_samples(
     if looping:
         # A broken shard (unpacked, a link to nothing), as in a folder's tar: one error naming
         # the member, where its sample read as one of no label, or its image as unreadable.
+        stored = listing.link_texts[looping[0]]  # its target as stored, as `ls -l` shows it
         raise InputError(
-            f"{shown}:{looping[0]} -> {listing.looped[looping[0]]} is a link that leads round in "
-            "a loop of links, to no file"
-            + (f" (and {len(looping) - 1} more)" if len(looping) > 1 else ""),
+            f"{shown}:{looping[0]} -> {stored} is a link that leads round in a loop of links, to "
+            "no file" + (f" (and {len(looping) - 1} more)" if len(looping) > 1 else ""),
             "remove the link, or point it at a member of the shard",
         )
     # A sample's image or label stored sparse: its sample said to have no image ('it holds
@@ -2016,10 +2016,10 @@ def _refuse_looping_images(
     looping = sorted(name for name in names if member_of[prefix + name] in listing.looped)
     if looping:
         first = looping[0]
+        stored = listing.link_texts[member_of[prefix + first]]  # as `ls -l` shows it
         raise InputError(
-            f"{spec}:{first} -> {listing.looped[member_of[prefix + first]]} is a link that leads "
-            "round in a loop of links, to no file"
-            + (f" (and {len(looping) - 1} more)" if len(looping) > 1 else ""),
+            f"{spec}:{first} -> {stored} is a link that leads round in a loop of links, to no "
+            "file" + (f" (and {len(looping) - 1} more)" if len(looping) > 1 else ""),
             "remove the link, or point it at an image in the archive",
         )
 
