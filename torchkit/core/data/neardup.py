@@ -145,7 +145,7 @@ def _chunk_candidates(
     found_a, found_b = [], []
     for flip in _flips(bits, radius):
         query = chunk ^ flip
-        wanted = query & bucket_mask
+        wanted = query & bucket_mask if bucket_bits < bits else query
         low = ends[wanted]
         counts = ends[wanted + 1] - low
         hit = np.nonzero(counts)[0]
