@@ -497,3 +497,38 @@ def test_an_flv_cut_between_tags_losing_only_video_is_truncated(tmp_path):
     unrecorded.write_bytes(data[:cut_at].replace(b"\x08filesize", b"\x08filesizx", 1))
     exact = probe_video(unrecorded, exact=True)
     assert (exact.status, exact.frames_decoded) == ("ok", 47)
+
+
+@pytest.mark.parametrize("audio", [False, True], ids=["video-alone", "with-audio"])
+def test_an_ogg_whose_last_page_header_is_zeroed(tmp_path, audio):
+    """An Ogg file whose last page's 27-byte header is zeroed (its capture pattern, granule
+    position and segment count) read `ok` under --exact with 97 of its 100 frames: the walk
+    stopped at the page before it (no page after it to end at) and FFmpeg's count stopped
+    with the frames decoded. A page whose checksum holds is one, and the video's last page,
+    where its stream alone is not closed by then, is read from its segment table to the
+    file's end: `damaged`. Where the lost page is the audio's (the video closed before it),
+    every frame decodes and none is counted lost (the row reads `truncated`, as before: the
+    header's count runs to an audio end the lost page took)."""
+    clip = ffmpeg_made(
+        tmp_path / "clip.ogv",
+        *moving_picture(4),
+        *(("-f", "lavfi", "-i", "sine=duration=4.5", "-c:a", "flac") if audio else ()),
+        *("-c:v", "libtheora", "-g", "12"),
+        encoders=("libtheora", "flac") if audio else ("libtheora",),
+        muxer="ogg",
+    )
+    data = bytearray(clip.read_bytes())
+    last = data.rfind(b"OggS")
+    data[last : last + 27] = bytes(27)
+    zeroed = tmp_path / "zeroed.ogv"
+    zeroed.write_bytes(bytes(data))
+    assert probe_video(clip, exact=True).status == "ok"
+    held = ogg_video_frames(zeroed, "ogg")
+    exact = probe_video(zeroed, exact=True)
+    if audio:
+        assert (held.frames, held.broken_at) == (100, None)
+        assert (exact.status, exact.frames_decoded) == ("truncated", 100)
+    else:
+        assert (held.frames, held.broken_at) == (100, last)
+        assert exact.status == "damaged" and exact.frames_decoded == decoded_by_opencv(zeroed)
+        assert exact.error.startswith(f"damaged: {exact.frames_decoded} of the 100 frames ")

@@ -13,6 +13,7 @@ called damaged.
 
 from __future__ import annotations
 
+import functools
 import math
 import mmap
 import os
@@ -331,6 +332,8 @@ def ogg_video_frames(path: str | os.PathLike, container: str | None) -> HeldFram
     breaks: list[tuple[int, int, int]] = []
     pending = b""  # the first bytes of a video packet that goes on to the next page
     unpassed = None  # where bytes that are no page run on past the search for the next
+    opened: set[bytes] = set()  # the streams whose first page was read, and last
+    closed: set[bytes] = set()
     try:
         with open(path, "rb") as handle, _mapped(handle) as data:
             size, at = len(data), 0
@@ -343,6 +346,15 @@ def ogg_video_frames(path: str | os.PathLike, container: str | None) -> HeldFram
                     if found is None:
                         # bytes past the search the walk could not pass: their frames untold
                         unpassed = at if at + _OGG_RESYNC_BYTES < size else None
+                        # but the video's last page, its header lost, where it alone is
+                        # not closed by then (its packets' sizes still read to the end)
+                        unclosed = video is not None and opened - closed == {video}
+                        lost = _ogg_headless_page(data, at, size) if unclosed else None
+                        if lost is not None:
+                            breaks.append((at, frames, len(counted)))
+                            frames += sum(
+                                _ogg_frame(codec, (pending + head)[:8]) is not None for head in lost
+                            )
                         break
                     breaks.append((at, frames, len(counted)))
                     at, pending = found, b""
@@ -350,6 +362,8 @@ def ogg_video_frames(path: str | os.PathLike, container: str | None) -> HeldFram
                 lacing = data[at + _OGG_PAGE : at + _OGG_PAGE + data[at + 26]]
                 start = at + _OGG_PAGE + len(lacing)
                 serial = data[at + 14 : at + 18]
+                opened |= {serial} if data[at + 5] & 2 else set()
+                closed |= {serial} if data[at + 5] & 4 else set()
                 if video is None and data[at + 5] & 2:  # a stream's first page: its codec
                     codec = _ogg_codec(data[start : start + 42])
                     if codec is not None:
@@ -410,13 +424,58 @@ def _numbers_missing(
 
 def _ogg_page_end(data, at: int, size: int) -> int | None:
     """Where the Ogg page (version 0) that starts at `at` ends, where that is the file's end
-    or another page's start (a page whose segment table a zeroed region reached, its sizes
-    then wrong, is no page); None where no such page starts there."""
+    or another page's start, or its checksum holds (a page whose segment table a zeroed
+    region reached, its sizes then wrong, is no page); None where no such page starts
+    there."""
     if data[at : at + 5] != b"OggS\x00" or at + _OGG_PAGE > size:
         return None
     table = at + _OGG_PAGE + data[at + 26]
     end = table + sum(data[at + _OGG_PAGE : table])
-    return end if end == size or (end < size and data[end : end + 4] == b"OggS") else None
+    if end == size or (end < size and data[end : end + 4] == b"OggS"):
+        return end
+    return end if end < size and _ogg_checksum_holds(data[at:end]) else None
+
+
+def _ogg_checksum_holds(page: bytes) -> bool:
+    """Whether an Ogg page's CRC-32 (bytes 22 to 25: its own, taken as zeroes) is its bytes'
+    (the polynomial 0x04C11DB7, not reflected, from 0)."""
+    crc, table = 0, _ogg_crc_table()
+    for byte in page[:22] + bytes(4) + page[26:]:
+        crc = (crc << 8 & 0xFFFFFFFF) ^ table[crc >> 24 ^ byte]
+    return crc == int.from_bytes(page[22:26], "little")
+
+
+@functools.cache
+def _ogg_crc_table() -> tuple[int, ...]:
+    table = []
+    for index in range(256):
+        crc = index << 24
+        for _ in range(8):
+            crc = (crc << 1 ^ 0x04C11DB7 if crc & 1 << 31 else crc << 1) & 0xFFFFFFFF
+        table.append(crc)
+    return tuple(table)
+
+
+def _ogg_headless_page(data, at: int, size: int) -> list[bytes] | None:
+    """The first bytes of each packet that ends on the page from `at` to the file's end whose
+    first 27 bytes are lost (zeroed, overwritten: its capture pattern, granule position and
+    segment count), where just one count of its segment table's entries makes the sizes
+    they give reach the file's end; None where none does, or more than one."""
+    fits = [
+        count
+        for count in range(1, 256)
+        if at + _OGG_PAGE + count <= size
+        and at + _OGG_PAGE + count + sum(data[at + _OGG_PAGE : at + _OGG_PAGE + count]) == size
+    ]
+    if len(fits) != 1:
+        return None
+    heads, start, length = [], at + _OGG_PAGE + fits[0], 0
+    for value in data[at + _OGG_PAGE : at + _OGG_PAGE + fits[0]]:
+        length += value
+        if value < 255:
+            heads.append(data[start : start + min(length, 8)])
+            start, length = start + length, 0
+    return heads
 
 
 def _ogg_page_after(data, at: int, size: int) -> int | None:
