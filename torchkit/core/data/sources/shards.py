@@ -794,8 +794,18 @@ class _PlainMembers:
         if kind in _REGULAR and not name.endswith("/"):
             if data + length > self.size:
                 return False
-            self.replace(member)
-            self.members[member] = (data, length)
+            members = self.members
+            # Most names are new and plain: two look-ups, no call (`replace`'s test inline).
+            if (
+                member in members
+                or member in self.links
+                or self.spellings
+                or member[:1] == "/"
+                or "//" in member
+                or "/." in member
+            ):
+                self.replace(member)
+            members[member] = (data, length)
             if (
                 self.labels
                 and length <= _LABEL_READ_BYTES
