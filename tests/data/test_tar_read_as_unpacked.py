@@ -104,6 +104,19 @@ def test_a_name_stored_again_reads_its_last_member(tmp_path, caplog):
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert (report["images"], report["unreadable_count"]) == (8, 0)
+    out = tmp_path / "shards"
+    converted = run_torchkit_in_process("convert", "shards", archive, out)
+    assert converted.returncode == 0, converted.stderr
+    written = {}
+    with tarfile.open(next(out.glob("*.tar"))) as shard:
+        for member in shard.getmembers():
+            written[member.name] = shard.extractfile(member).read()
+    paths = {
+        json.loads(data)["path"]: written[name.replace(".json", ".png")]
+        for name, data in written.items()
+        if name.endswith(".json")
+    }
+    assert paths == images
     unpacked = _unpacked_by_gnu_tar(archive)
     if unpacked is not None:
         # cat/e.png aside: GNU tar makes a link out last (a placeholder file till then), and
