@@ -8,6 +8,7 @@ micro-batches: unscale, clip, optimiser step, zero_grad, lr schedule, EMA.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -219,9 +220,7 @@ def train_one_epoch(
     `batch_images` (images of a full batch, of the epoch's last one: `train_batch_images`)
     weighs the batches of an update that holds a shorter last batch by their images."""
 
-    from torchkit.core.data.decode_ahead import DecodedAhead
     from torchkit.core.data.device_decode import decoded_batch
-    from torchkit.core.train.mixing import mix_batch
     from torchkit.core.train.readout import SumsReadout
     from torchkit.core.train.step_sums import StepSums
     from torchkit.core.train.timeline import EpochTimeline
@@ -241,53 +240,12 @@ def train_one_epoch(
     sums.reset()
     updates = 0
     weighted = _WeightedUpdate.of(ctx)
-
-    def check_finite(*, weights: bool = False) -> None:
-        """Raise DivergedError if a loss was not finite (on any rank); with `weights`, before
-        a checkpoint, also if a weight is not (a gradient overflowed while the loss did not:
-        the weights are the same on every rank, so each rank finds the same)."""
-        hint = DIVERGED_HINT
-        local = int(sums.first_bad)
-        # 2 x step, + 1 unless a mask made it infinite: the earliest step's cause on every rank.
-        coded = -1 if local < 0 else 2 * local + (0 if bool(sums.bad_masked) else 1)
-        if ctx.earliest_over_ranks is not None:
-            coded = ctx.earliest_over_ranks(coded)
-        bad = coded // 2 if coded >= 0 else -1
-        # The earliest bad step of every rank and weights DDP keeps equal: the same on each.
-        if bad >= 0 and coded % 2 == 0:
-            where = f"epoch {epoch}, step {bad} of {total}"
-            raise on_every_rank(masked_loss_error(ctx.criterion, where))
-        if bad >= 0:
-            raise on_every_rank(
-                DivergedError(
-                    f"the training loss is not finite (NaN or infinite) at epoch {epoch}, step "
-                    f"{bad} of {total}: the run diverged",
-                    hint,
-                )
-            )
-        if weights and not _all_finite(ctx.optimizer):
-            raise on_every_rank(
-                DivergedError(
-                    f"the weights are not finite (NaN or infinite) at epoch {epoch}, step "
-                    f"{progress_state.batches} of {total}, although the loss was: a gradient "
-                    "overflowed",
-                    hint,
-                )
-            )
-
-    base_loss, base_correct = progress_state.loss_sum, progress_state.correct
-    base_weight = progress_state.loss_weight
-    base_l1 = progress_state.l1_sum
+    # The sums of the epoch before this call (a resumed epoch's), which this call's add to.
+    base = dataclasses.replace(progress_state)
     readout = SumsReadout(ctx.device, acc)
     last_report = 0.0
     timeline = EpochTimeline(ctx.device, started) if EpochTimeline.wanted() else None
-    if isinstance(loader, DecodedAhead):  # started early (core.train.epoch_starts)
-        ahead = loader
-    else:
-        ahead = DecodedAhead(loader, ctx.device) if ctx.decode_ahead else None
-    batches = loader if ahead is None else ahead
-    if timeline is not None:
-        batches = timeline.timed(batches)
+    ahead, batches = _epoch_batches(loader, ctx, timeline)
     try:
         for batch in batches:
             if timeline is not None:
@@ -301,104 +259,207 @@ def train_one_epoch(
             in_update = min(accum, total - (progress_state.batches - 1) // accum * accum)
             share = _share_of_update(batch_images, progress_state.batches, total, accum, in_update)
             if graphed is not None:
-                # The whole update in one replay (core.train.graphed_step): one batch each,
-                # no mixing, no DDP, no GradScaler (the config and set-up checked).
-                progress_state.last_lr = ctx.schedule.current_lr()
-                if batch.images is None:
-                    graphed.update_without_batch()
-                else:
-                    images, labels = to_device(batch, ctx)
-                    recording = profiler is not None and profiler.recording
-                    graphed.step(images, labels, progress_state.batches, may_capture=not recording)
-                    progress_state.seen += labels.shape[0]
+                _graphed_update(ctx, batch, progress_state, profiler)
             elif batch.images is not None:
-                images, labels = to_device(batch, ctx)
-                mixed = mix_batch(images, labels, ctx.mixup_alpha, ctx.cutmix_alpha)
-                if mixed is not None:
-                    images = mixed.images
-                sync = ctx.model.no_sync() if ctx.distributed and not is_update else None
-                with sync or contextlib.nullcontext():
-                    with ctx.autocast():
-                        outputs = ctx.model(images)
-                        if mixed is None:
-                            loss = ctx.criterion(outputs, labels)
-                        else:
-                            loss = mixed.lam * ctx.criterion(outputs, mixed.labels_a) + (
-                                1 - mixed.lam
-                            ) * ctx.criterion(outputs, mixed.labels_b)
-                    penalty = ctx.l1_penalty()
-                    trained = loss if penalty is None else loss + penalty
-                    scaled = trained / in_update if share is None else trained * share
-                    if weighted is not None and in_update > 1:
-                        part = 1 / in_update if share is None else share
-                        scaled = weighted.scale(scaled, part, labels, last=is_update)
-                    if ctx.scaler is not None:
-                        ctx.scaler.scale(scaled).backward()
-                    else:
-                        scaled.backward()
-                sums.add(loss, outputs, labels, progress_state.batches, mixed, l1=penalty)
-                progress_state.seen += labels.shape[0]
+                _forward_backward(
+                    ctx, batch, sums, progress_state, is_update, in_update, share, weighted
+                )
             elif ctx.distributed:
                 if weighted is not None and is_update:
                     weighted.close()  # before the all-reduce of the empty batch's backward
                 _empty_step(ctx, is_update, progress_state.batches)
             if is_update:
                 if graphed is None:
-                    if weighted is not None:
-                        weighted.close()  # the update's last batch had no readable image
-                    progress_state.last_lr = ctx.schedule.current_lr()
-                    if ctx.check_gradients is not None:
-                        check, ctx.check_gradients = ctx.check_gradients, None
-                        check()
-                    _optimizer_step(ctx)
+                    _update_weights(ctx, progress_state, weighted)
                 updates += 1
                 if timeline is not None:
                     timeline.stepped()
                 if profiler is not None:
                     profiler.stepped()
                 if updates % FINITE_CHECK_EVERY == 0:
-                    check_finite()
+                    _check_finite(ctx, sums, progress_state, epoch, total)
             now = time.perf_counter()
             progress_state.seconds = now - started
             if on_step is not None and (now - last_report > 0.1 or progress_state.batches == total):
                 last_report = now
-                # The last step's figures are exact; the others are read without waiting for
-                # the device (core.train.readout), so the bar never stalls a GPU.
-                read = readout.exact if progress_state.batches == total else readout.read
-                shown_loss, shown_correct, shown_seen, shown_weight = read(
-                    sums.loss_sum, sums.correct, progress_state.seen, sums.loss_weight
-                )
-                shown_seen = max(1, shown_seen)
-                shown_weight = base_weight + shown_weight
-                on_step(
-                    StepInfo(
-                        step=progress_state.batches,
-                        steps=total,
-                        loss=(base_loss + shown_loss) / shown_weight if shown_weight > 0 else 0.0,
-                        top1=(base_correct + shown_correct) / shown_seen,
-                        lr=ctx.schedule.current_lr(),
-                        images_per_s=progress_state.seen / max(progress_state.seconds, 1e-9),
-                    )
-                )
+                on_step(_step_info(ctx, progress_state, total, sums, readout, base))
             if is_update and should_stop is not None and should_stop():
-                check_finite(weights=True)
-                progress_state.loss_sum = base_loss + float(sums.loss_sum)
-                progress_state.loss_weight = base_weight + float(sums.loss_weight)
-                progress_state.correct = base_correct + float(sums.correct)
-                progress_state.l1_sum = base_l1 + float(sums.l1_sum)
+                _check_finite(ctx, sums, progress_state, epoch, total, weights=True)
+                _add_step_sums(progress_state, base, sums)
                 return False
     finally:
         if ahead is not None:
             ahead.close()
-    check_finite(weights=True)
-    progress_state.loss_sum = base_loss + float(sums.loss_sum)
-    progress_state.loss_weight = base_weight + float(sums.loss_weight)
-    progress_state.correct = base_correct + float(sums.correct)
-    progress_state.l1_sum = base_l1 + float(sums.l1_sum)
+    _check_finite(ctx, sums, progress_state, epoch, total, weights=True)
+    _add_step_sums(progress_state, base, sums)
     progress_state.seconds = time.perf_counter() - started
     if timeline is not None:
         timeline.report(epoch, progress_state.seconds, ahead)
     return True
+
+
+def _epoch_batches(loader: Any, ctx: StepContext, timeline: Any) -> tuple[Any, Any]:
+    """(the thread decoding batches one ahead or None, what the epoch iterates): `loader`, or
+    with --decode device its batches decoded ahead, timed for the timeline when one is kept."""
+    from torchkit.core.data.decode_ahead import DecodedAhead
+
+    if isinstance(loader, DecodedAhead):  # started early (core.train.epoch_starts)
+        ahead = loader
+    else:
+        ahead = DecodedAhead(loader, ctx.device) if ctx.decode_ahead else None
+    batches = loader if ahead is None else ahead
+    if timeline is not None:
+        batches = timeline.timed(batches)
+    return ahead, batches
+
+
+def _graphed_update(
+    ctx: StepContext, batch: Any, progress_state: EpochProgress, profiler: Any
+) -> None:
+    """The whole update in one replay (core.train.graphed_step): one batch each, no mixing,
+    no DDP, no GradScaler (the config and set-up checked)."""
+    progress_state.last_lr = ctx.schedule.current_lr()
+    if batch.images is None:
+        ctx.graphed.update_without_batch()
+    else:
+        images, labels = to_device(batch, ctx)
+        recording = profiler is not None and profiler.recording
+        ctx.graphed.step(images, labels, progress_state.batches, may_capture=not recording)
+        progress_state.seen += labels.shape[0]
+
+
+def _forward_backward(
+    ctx: StepContext,
+    batch: Any,
+    sums: Any,
+    progress_state: EpochProgress,
+    is_update: bool,
+    in_update: int,
+    share: float | None,
+    weighted: _WeightedUpdate | None,
+) -> None:
+    """One batch's forward (mixed with --mixup/--cutmix) and backward, its gradients scaled to
+    its share of the update (synchronised under DDP only by the update's last batch,
+    `is_update`); its loss and accuracy added to `sums`."""
+    from torchkit.core.train.mixing import mix_batch
+
+    images, labels = to_device(batch, ctx)
+    mixed = mix_batch(images, labels, ctx.mixup_alpha, ctx.cutmix_alpha)
+    if mixed is not None:
+        images = mixed.images
+    sync = ctx.model.no_sync() if ctx.distributed and not is_update else None
+    with sync or contextlib.nullcontext():
+        with ctx.autocast():
+            outputs = ctx.model(images)
+            if mixed is None:
+                loss = ctx.criterion(outputs, labels)
+            else:
+                loss = mixed.lam * ctx.criterion(outputs, mixed.labels_a) + (
+                    1 - mixed.lam
+                ) * ctx.criterion(outputs, mixed.labels_b)
+        penalty = ctx.l1_penalty()
+        trained = loss if penalty is None else loss + penalty
+        scaled = trained / in_update if share is None else trained * share
+        if weighted is not None and in_update > 1:
+            part = 1 / in_update if share is None else share
+            scaled = weighted.scale(scaled, part, labels, last=is_update)
+        if ctx.scaler is not None:
+            ctx.scaler.scale(scaled).backward()
+        else:
+            scaled.backward()
+    sums.add(loss, outputs, labels, progress_state.batches, mixed, l1=penalty)
+    progress_state.seen += labels.shape[0]
+
+
+def _update_weights(
+    ctx: StepContext, progress_state: EpochProgress, weighted: _WeightedUpdate | None
+) -> None:
+    """The optimiser update that ends a group of --accum-steps batches (the eager step; a
+    CUDA graph's replay holds its own)."""
+    if weighted is not None:
+        weighted.close()  # the update's last batch had no readable image
+    progress_state.last_lr = ctx.schedule.current_lr()
+    if ctx.check_gradients is not None:
+        check, ctx.check_gradients = ctx.check_gradients, None
+        check()
+    _optimizer_step(ctx)
+
+
+def _check_finite(
+    ctx: StepContext,
+    sums: Any,
+    progress_state: EpochProgress,
+    epoch: int,
+    total: int,
+    *,
+    weights: bool = False,
+) -> None:
+    """Raise DivergedError if a loss was not finite (on any rank); with `weights`, before
+    a checkpoint, also if a weight is not (a gradient overflowed while the loss did not:
+    the weights are the same on every rank, so each rank finds the same)."""
+    hint = DIVERGED_HINT
+    local = int(sums.first_bad)
+    # 2 x step, + 1 unless a mask made it infinite: the earliest step's cause on every rank.
+    coded = -1 if local < 0 else 2 * local + (0 if bool(sums.bad_masked) else 1)
+    if ctx.earliest_over_ranks is not None:
+        coded = ctx.earliest_over_ranks(coded)
+    bad = coded // 2 if coded >= 0 else -1
+    # The earliest bad step of every rank and weights DDP keeps equal: the same on each.
+    if bad >= 0 and coded % 2 == 0:
+        where = f"epoch {epoch}, step {bad} of {total}"
+        raise on_every_rank(masked_loss_error(ctx.criterion, where))
+    if bad >= 0:
+        raise on_every_rank(
+            DivergedError(
+                f"the training loss is not finite (NaN or infinite) at epoch {epoch}, step "
+                f"{bad} of {total}: the run diverged",
+                hint,
+            )
+        )
+    if weights and not _all_finite(ctx.optimizer):
+        raise on_every_rank(
+            DivergedError(
+                f"the weights are not finite (NaN or infinite) at epoch {epoch}, step "
+                f"{progress_state.batches} of {total}, although the loss was: a gradient "
+                "overflowed",
+                hint,
+            )
+        )
+
+
+def _step_info(
+    ctx: StepContext,
+    progress_state: EpochProgress,
+    total: int,
+    sums: Any,
+    readout: Any,
+    base: EpochProgress,
+) -> StepInfo:
+    """What the progress bar shows now: the last step's figures are exact; the others are read
+    without waiting for the device (core.train.readout), so the bar never stalls a GPU."""
+    read = readout.exact if progress_state.batches == total else readout.read
+    shown_loss, shown_correct, shown_seen, shown_weight = read(
+        sums.loss_sum, sums.correct, progress_state.seen, sums.loss_weight
+    )
+    shown_seen = max(1, shown_seen)
+    shown_weight = base.loss_weight + shown_weight
+    return StepInfo(
+        step=progress_state.batches,
+        steps=total,
+        loss=(base.loss_sum + shown_loss) / shown_weight if shown_weight > 0 else 0.0,
+        top1=(base.correct + shown_correct) / shown_seen,
+        lr=ctx.schedule.current_lr(),
+        images_per_s=progress_state.seen / max(progress_state.seconds, 1e-9),
+    )
+
+
+def _add_step_sums(progress_state: EpochProgress, base: EpochProgress, sums: Any) -> None:
+    """The epoch's sums: those before this call's (`base`) plus this call's steps' (one read
+    of the device's sums)."""
+    progress_state.loss_sum = base.loss_sum + float(sums.loss_sum)
+    progress_state.loss_weight = base.loss_weight + float(sums.loss_weight)
+    progress_state.correct = base.correct + float(sums.correct)
+    progress_state.l1_sum = base.l1_sum + float(sums.l1_sum)
 
 
 class _WeightedUpdate:
