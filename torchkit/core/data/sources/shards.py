@@ -470,8 +470,10 @@ def _through_links(target: str, links: dict[str, str], deepest: int) -> str:
         if linked is None:
             continue
         hops += 1
-        if hops > _MOST_LINKS or linked.startswith("/"):  # a loop, or out to the host's root
-            return posixpath.normpath(target) if hops > _MOST_LINKS else linked
+        if hops > _MOST_LINKS:  # a loop: no file is there
+            return posixpath.normpath(target)
+        if linked.startswith("/"):  # out to the host's files
+            return posixpath.normpath("/".join([linked, *ahead[::-1]]))
         if len(linked) > _PATH_MAX:
             return posixpath.normpath(target)
         spliced = linked.split("/")
