@@ -12,8 +12,8 @@ from output_checks import error_line
 from processes import run_torchkit_in_process
 
 from torchkit.core.io.errors import OutputExistsError
+from torchkit.core.io.file_outputs import check_output_file
 from torchkit.core.io.files import atomic_path, atomic_write_text
-from torchkit.core.io.outputs import check_output_file
 
 # A model whose forward writes the file `rival.csv` once, as a second command given the same
 # `-o` would while this one predicts.

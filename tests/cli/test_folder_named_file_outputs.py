@@ -12,7 +12,7 @@ from output_checks import error_line, tree_digest, write_command_inputs
 
 from torchkit.cli import app
 from torchkit.core.io.errors import UsageError
-from torchkit.core.io.outputs import check_output_file
+from torchkit.core.io.file_outputs import check_output_file
 
 
 @pytest.fixture

@@ -19,14 +19,10 @@ from safety_world import marked, write_world
 
 from torchkit.core.io.errors import OutputExistsError
 from torchkit.core.io.folder_contents import exact_pattern, foreign_entries, names_inside
+from torchkit.core.io.force import note_report, write_marker
+from torchkit.core.io.output_paths import MARKER, WRITTEN_JOURNAL
 from torchkit.core.io.output_proofs import with_software_text
-from torchkit.core.io.outputs import (
-    MARKER,
-    WRITTEN_JOURNAL,
-    OutputFolder,
-    note_report,
-    write_marker,
-)
+from torchkit.core.io.outputs import OutputFolder
 from torchkit.core.train.outputs import RUN_OUTPUTS
 
 TINY = ["--model", "convnet", "--image-size", "8", "--batch-size", "4", "--workers", "0"]

@@ -16,8 +16,8 @@ from format_files import bare_png, owned_tar, photo_png
 from output_checks import check_refused_untouched
 from safety_world import marked, write_world
 
+from torchkit.core.io.output_paths import MARKER
 from torchkit.core.io.output_proofs import torchkit_png, with_software_text
-from torchkit.core.io.outputs import MARKER
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +168,7 @@ def test_extract_features_files_of_each_format_are_its_own(world):
     from torchkit.core.features.extract import output_names
     from torchkit.core.features.store import known_files
     from torchkit.core.io.folder_contents import foreign_entries
-    from torchkit.core.io.outputs import WRITTEN_JOURNAL
+    from torchkit.core.io.output_paths import WRITTEN_JOURNAL
 
     for array_format in ("npy", "pt", "safetensors"):
         args = [*FEATURES[:3], array_format, *FEATURES[4:-1], "--array-format", array_format]

@@ -19,7 +19,8 @@ from output_checks import error_line
 from processes import run_torchkit_in_process
 
 from torchkit.core.io import folder_locks
-from torchkit.core.io.outputs import FolderLock, OutputLockedError, ReplacedFiles, lock_path
+from torchkit.core.io.file_outputs import ReplacedFiles
+from torchkit.core.io.output_locks import FolderLock, OutputLockedError, lock_path
 
 pytestmark = pytest.mark.skipif(
     shutil.which("flock") is None or not os.path.exists("/proc/locks"),

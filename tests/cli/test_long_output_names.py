@@ -13,8 +13,8 @@ import pytest
 from processes import run_torchkit_in_process
 
 from torchkit.core.io.files import atomic_path, atomic_write
-from torchkit.core.io.outputs import is_write_error, write_error
 from torchkit.core.io.temporaries import temporary_stem, temporary_stems
+from torchkit.core.io.write_errors import is_write_error, write_error
 
 # 255 bytes with its extension; 245 bytes of two-byte letters; 242, the first that failed.
 LONG_NAMES = ["b" * 250 + ".json", "é" * 120 + ".json", "c" * 238 + ".csv"]

@@ -20,26 +20,23 @@ from output_checks import tree_digest
 from processes import processes_in_group, signal_and_wait, wait_until
 
 from torchkit.core.data.sources.inputs import data_inputs
+from torchkit.core.io.claims import reporting_write_errors
 from torchkit.core.io.errors import OutputExistsError, OutputWriteError
+from torchkit.core.io.file_outputs import check_output_file
 from torchkit.core.io.files import atomic_path, atomic_write_text, torch_save
-from torchkit.core.io.outputs import (
-    MARKER,
-    FolderLock,
+from torchkit.core.io.force import write_marker
+from torchkit.core.io.output_locks import FolderLock, OutputLockedError
+from torchkit.core.io.output_paths import MARKER
+from torchkit.core.io.outputs import OutputFolder, recover_leftovers
+from torchkit.core.io.overlap import (
     InputPath,
-    OutputFolder,
-    OutputLockedError,
     OutputOverlapError,
-    as_write_error,
     check_not_protected,
-    check_output_file,
     check_overlap,
-    is_special_file,
-    is_write_error,
-    recover_leftovers,
-    reporting_write_errors,
-    write_marker,
 )
+from torchkit.core.io.special_files import is_special_file
 from torchkit.core.io.temporaries import temporary_affixes
+from torchkit.core.io.write_errors import as_write_error, is_write_error
 
 
 def _old_run(folder: Path) -> Path:
@@ -430,7 +427,7 @@ def _holding_process(script: str) -> subprocess.Popen:
 
 def test_the_lock_is_held_across_processes_and_dropped_when_the_holder_is_killed(tmp_path):
     holder = _holding_process(
-        "import sys, pathlib; from torchkit.core.io.outputs import FolderLock; "
+        "import sys, pathlib; from torchkit.core.io.output_locks import FolderLock; "
         f"FolderLock(pathlib.Path({str(tmp_path / 'run')!r}), 'x'); "
         "print('ready', flush=True); sys.stdin.read()"
     )
@@ -999,7 +996,7 @@ def test_an_output_naming_a_descriptor_open_for_reading_is_refused_before_any_wo
     from output_checks import error_line
     from processes import run_torchkit_in_process
 
-    from torchkit.core.io.outputs import own_descriptor
+    from torchkit.core.io.special_files import own_descriptor
 
     assert [own_descriptor(f"/dev/std{n}") for n in ("in", "out", "err")] == [0, 1, 2]
     notes = tmp_path / "notes.txt"
@@ -1295,7 +1292,7 @@ def test_torch_save_stopped_in_a_write_raises_the_stop_not_a_stream_error(tmp_pa
 def test_a_fifo_or_device_under_a_records_name_is_no_record_and_does_not_hang(tmp_path):
     # `--force` recognises an older output by its config.json/metrics.json and a marked one by
     # .torchkit; both were read with read_text, which waited for ever on a FIFO planted there.
-    from torchkit.core.io.outputs import holds_json_record, marker_command
+    from torchkit.core.io.force import holds_json_record, marker_command
 
     folder = tmp_path / "out"
     folder.mkdir()

@@ -13,13 +13,10 @@ from image_folders import write_image_folder
 from output_checks import error_line
 from processes import run_torchkit_in_process
 
+from torchkit.core.io.claims import OutputFolderReplacedError, reporting_write_errors
 from torchkit.core.io.files import atomic_path, atomic_write_text
-from torchkit.core.io.outputs import (
-    MARKER,
-    OutputFolder,
-    OutputFolderReplacedError,
-    reporting_write_errors,
-)
+from torchkit.core.io.output_paths import MARKER
+from torchkit.core.io.outputs import OutputFolder
 
 
 def _remove(folder: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from torchkit.core.io.outputs import InputPath, OutputOverlapError, check_overlap
+from torchkit.core.io.overlap import InputPath, OutputOverlapError, check_overlap
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="the posix path of the check")
 
@@ -147,7 +147,7 @@ def test_the_walk_keeps_the_folders_above_the_inputs_not_each_input(tmp_path):
     """What one check keeps of its walk (`_Resolver.walked`) is the folders on the way, not an
     entry per input: 100k `ID/` input folders held 25 MB more at the check's peak (82.5 against
     57.2 MB), the real paths of inputs the check never walks again."""
-    from torchkit.core.io.outputs import _Resolver
+    from torchkit.core.io.overlap import _Resolver
 
     data = tmp_path / "data" / "images"
     for i in range(50):

@@ -16,7 +16,7 @@ from output_checks import error_line, tree_digest
 from processes import run_torchkit_in_process
 
 from torchkit.core.io.mounts import MountTable
-from torchkit.core.io.outputs import InputPath, OutputOverlapError, check_overlap
+from torchkit.core.io.overlap import InputPath, OutputOverlapError, check_overlap
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="Linux's mount table")
 

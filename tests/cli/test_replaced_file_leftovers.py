@@ -13,14 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from torchkit.core.io.outputs import OutputLockedError, ReplacedFiles
+from torchkit.core.io.file_outputs import ReplacedFiles
+from torchkit.core.io.output_locks import OutputLockedError
 
 
 def _run_setting_aside(target: Path) -> subprocess.Popen:
     """A run that sets `target` aside and prints `ready`; on a line on its stdin it puts a new
     file in its place and prints `replaced`; then it waits until it is killed."""
     script = (
-        "import os, sys, pathlib; from torchkit.core.io.outputs import ReplacedFiles\n"
+        "import os, sys, pathlib; from torchkit.core.io.file_outputs import ReplacedFiles\n"
         f"target = pathlib.Path({str(target)!r})\n"
         "replaced = ReplacedFiles(); replaced.set_aside(target); print('ready', flush=True)\n"
         "sys.stdin.readline()\n"

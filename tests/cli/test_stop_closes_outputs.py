@@ -21,8 +21,9 @@ from output_checks import hidden_siblings, tree_digest
 from processes import run_torchkit_in_process
 from signal_placement import signalled_on_entry
 
-from torchkit.core.io import open_outputs, outputs
-from torchkit.core.io.outputs import PARTIAL_SUFFIX, OutputFolder
+from torchkit.core.io import file_outputs, open_outputs, output_locks, outputs
+from torchkit.core.io.output_paths import PARTIAL_SUFFIX, REPLACED_SUFFIX
+from torchkit.core.io.outputs import OutputFolder
 from torchkit.core.split import output as split_output
 
 
@@ -45,7 +46,7 @@ CONVERT_TENSOR_STOPS = {
     "exit": (OutputFolder, "__exit__", _ok_exit),
     # `begin` had marked the folder begun but not yet named the hidden one: the abandon that
     # followed deleted the earlier output (--force) in its place.
-    "begin": (outputs, "_sibling", lambda folder, suffix: suffix == PARTIAL_SUFFIX),
+    "begin": (outputs, "sibling", lambda folder, suffix: suffix == PARTIAL_SUFFIX),
 }
 
 
@@ -182,7 +183,7 @@ def test_dataset_stats_report_stopped_as_its_temporary_clean_up_begins_leaves_no
     args = ["dataset-stats", tmp_path / "images", "-o", report, "-j", "0"]
     assert run_torchkit_in_process(*args).returncode == 0
     earlier = report.read_bytes()
-    signalled = signalled_on_entry(monkeypatch, outputs, "discarded_on_failure")
+    signalled = signalled_on_entry(monkeypatch, file_outputs, "discarded_on_failure")
     result = run_torchkit_in_process(*args, "--force", "--resize", "4")
     _stopped(result, signalled)
     assert report.read_bytes() == earlier
@@ -220,12 +221,12 @@ def test_the_end_of_a_command_closes_its_own_thread_s_outputs_newest_first():
 REPORT_STOPS = {
     # The report written and renamed into place, the signal handled as the block's `with`
     # ended: nothing was kept or put back.
-    "exit": ((outputs.ReplacedFiles, "__exit__", _ok_exit), False),
+    "exit": ((file_outputs.ReplacedFiles, "__exit__", _ok_exit), False),
     # The same, as `keep` was entered (before it began: not kept).
-    "keep": ((outputs.ReplacedFiles, "keep"), False),
+    "keep": ((file_outputs.ReplacedFiles, "keep"), False),
     # Kept, the signal handled as the earlier one's delete began: the same was left.
     "discard": (
-        (outputs, "remove_tree", lambda path, **_: path.name.endswith(outputs.REPLACED_SUFFIX)),
+        (file_outputs, "remove_tree", lambda path, **_: path.name.endswith(REPLACED_SUFFIX)),
         True,
     ),
 }
@@ -262,7 +263,7 @@ def test_benchmark_append_stopped_as_it_takes_the_files_lock_leaves_no_lock(tmp_
     header = ",".join(COLUMNS) + "\n"
     log = tmp_path / "bench.csv"
     log.write_text(header)  # an earlier log, its header alone
-    lock = outputs.lock_path(log)
+    lock = output_locks.lock_path(log)
 
     def on_the_lock(fd: int, _length: int) -> bool:
         return lock.exists() and os.path.samestat(os.fstat(fd), os.stat(lock))

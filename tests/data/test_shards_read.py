@@ -189,7 +189,7 @@ def test_train_runs_an_epoch_on_shards_and_predict_reads_a_pattern(world, tmp_pa
 def test_outputs_may_not_be_nor_hold_the_shards_a_pattern_or_list_names(world, tmp_path):
     """A brace pattern or `::` list names no path, yet its shards are inputs: with --force,
     `-o SHARD` overwrote one and `OUT` = their folder (a torchkit output) deleted them all."""
-    from torchkit.core.io.outputs import write_marker
+    from torchkit.core.io.force import write_marker
 
     shards = tmp_path / "shards"
     shutil.copytree(world / "shards", shards)

@@ -15,7 +15,7 @@ from output_checks import error_line
 from processes import processes_in_group, run_torchkit_in_process, signal_and_wait, wait_until
 
 from torchkit.core.data.preprocessing import Preprocess
-from torchkit.core.io.outputs import MARKER
+from torchkit.core.io.output_paths import MARKER
 from torchkit.core.models import build_model
 from torchkit.core.models.checkpoint import FORMAT_VERSION, save_checkpoint
 

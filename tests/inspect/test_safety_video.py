@@ -32,7 +32,8 @@ from signal_placement import signalled_on_entry
 
 from torchkit.core.io import outputs
 from torchkit.core.io.errors import UsageError
-from torchkit.core.io.outputs import OutputFolder, remove_tree
+from torchkit.core.io.output_paths import remove_tree
+from torchkit.core.io.outputs import OutputFolder
 from torchkit.core.video import MAX_SEGMENTS, tsn_frame_indices
 from torchkit.core.video import run as video_run
 
@@ -174,7 +175,7 @@ def test_frames_of_videos_named_alike_but_for_case_stay_apart_where_case_is_igno
 
 
 def test_a_second_run_on_a_locked_frames_folder_is_refused_at_once(tmp_path, clips):
-    from torchkit.core.io.outputs import FolderLock
+    from torchkit.core.io.output_locks import FolderLock
 
     frames = tmp_path / "frames"
     lock = FolderLock(frames, "frames folder")  # as another torchkit process writing it would

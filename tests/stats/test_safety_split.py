@@ -109,7 +109,7 @@ def test_force_over_a_folder_that_is_not_a_split_is_refused(tmp_path, data):
 def test_force_over_another_commands_output_is_refused(tmp_path, data):
     # `split DATA RUN --force` merged a split into a train run: the run's split.csv, which
     # `eval --split val` reuses, was replaced by this split's.
-    from torchkit.core.io.outputs import write_marker
+    from torchkit.core.io.force import write_marker
 
     run = tmp_path / "run"
     run.mkdir()
@@ -211,7 +211,7 @@ def test_report_file_may_not_be_an_input_or_a_file_the_split_writes(tmp_path, da
 
 
 def test_a_second_split_into_a_locked_out_is_refused_at_once(tmp_path, data):
-    from torchkit.core.io.outputs import FolderLock
+    from torchkit.core.io.output_locks import FolderLock
 
     out = tmp_path / "out"
     before = tree_digest(data)

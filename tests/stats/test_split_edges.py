@@ -15,7 +15,7 @@ from torchkit.core.data.sources import moving
 from torchkit.core.data.sources.moving import source_folders
 from torchkit.core.io import files
 from torchkit.core.io.files import case_twins, folds_case
-from torchkit.core.io.outputs import OutputLockedError
+from torchkit.core.io.output_locks import OutputLockedError
 from torchkit.core.split import files as split_files
 from torchkit.core.split.run import split_dataset
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from torchkit.core.io import files
-from torchkit.core.io.outputs import OutputWriteError
+from torchkit.core.io.errors import OutputWriteError
 from torchkit.core.train.checkpoints import save_epoch
 
 

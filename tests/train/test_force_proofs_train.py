@@ -12,8 +12,8 @@ from image_folders import write_image_folder
 from processes import run_torchkit_in_process
 
 from torchkit.core.io.folder_contents import foreign_entries
+from torchkit.core.io.output_paths import MARKER, WRITTEN_JOURNAL
 from torchkit.core.io.output_proofs import is_chrome_trace, is_tensorboard_events
-from torchkit.core.io.outputs import MARKER, WRITTEN_JOURNAL
 from torchkit.core.train.outputs import RUN_OUTPUTS
 
 TRAIN = [

@@ -29,9 +29,10 @@ from safety_world import GATE_MODULE
 from suite_paths import HELPERS
 
 from torchkit.core.data.dataset import OrphanedWorkerExit
+from torchkit.core.io.file_outputs import ReplacedFiles
 from torchkit.core.io.files import atomic_path, atomic_write
 from torchkit.core.io.folder_locks import flock_path
-from torchkit.core.io.outputs import FolderLock, OutputLockedError, ReplacedFiles
+from torchkit.core.io.output_locks import FolderLock, OutputLockedError
 from torchkit.core.split.files import moving_out_of
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="POSIX forks")

@@ -357,7 +357,7 @@ def test_a_full_disk_is_an_error_and_keeps_the_last_good_checkpoints(tmp_path, s
 def test_the_lock_holder_pid_is_in_the_refusal_even_before_any_file_is_written(tmp_path):
     """The lock is taken before the data is read: a run refused by it costs nothing. (The
     lock is an flock of its own open file: held here, it refuses a run in this process too.)"""
-    from torchkit.core.io.outputs import FolderLock
+    from torchkit.core.io.output_locks import FolderLock
 
     write_image_folder(tmp_path / "ds", {"a": 6, "b": 6})
     lock = FolderLock(tmp_path / "run", "run folder")
@@ -374,7 +374,7 @@ def test_runs_started_in_the_same_second_get_their_own_default_folders(tmp_path,
     """runs/<model>-<timestamp> is taken by a run that holds its lock even before its folder
     exists: the next run started in that second gets the next name instead of being refused
     (or, before the lock existed, mixing its files into the other run's)."""
-    from torchkit.core.io.outputs import FolderLock
+    from torchkit.core.io.output_locks import FolderLock
     from torchkit.core.runtime.distributed import DistContext
     from torchkit.core.train import TrainConfig, run_folder
     from torchkit.core.train.setup import plan_run

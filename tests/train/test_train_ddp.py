@@ -211,7 +211,7 @@ def test_a_refusal_on_rank_0_is_an_error_on_every_rank_not_a_hang(tmp_path):
     """Only rank 0 checks and locks the run folder: when it is refused (here: locked by another
     process), every rank ends with the same error instead of waiting for rank 0 forever; rank 0
     alone prints it (each rank printed its own copy: the user read it once per rank)."""
-    from torchkit.core.io.outputs import FolderLock
+    from torchkit.core.io.output_locks import FolderLock
 
     data = tmp_path / "data"
     write_image_folder(data / "train", {"a": 2, "b": 2}, seed=1)

@@ -58,7 +58,7 @@ def describe_unexpected(error: BaseException) -> tuple[str, str]:
     if isinstance(error, FileNotFoundError) and error.filename is None and working_folder.is_gone():
         gone = working_folder.gone_error()  # a relative path made absolute (os.getcwd)
         return gone.message, gone.hint
-    from torchkit.core.io.outputs import shared_memory_full
+    from torchkit.core.io.write_errors import shared_memory_full
 
     shared = shared_memory_full(error)  # a bare "No space left on device": where?
     if shared is not None:
@@ -262,7 +262,7 @@ def _refuse_folder_name(param, ctx, value) -> None:
         return
     if getattr(ctx.get_parameter_source(param.name), "name", None) != "COMMANDLINE":
         return
-    from torchkit.core.io.outputs import check_not_folder_name
+    from torchkit.core.io.special_files import check_not_folder_name
 
     name = param.display_name_raw if isinstance(param, TyperArgument) else _long_name(param)
     for item in value if isinstance(value, list | tuple) else (value,):

@@ -211,7 +211,7 @@ def tensor(
     """
     from torchkit.core.convert.report_file import check_report_output
     from torchkit.core.convert.tensor import TensorOptions, convert_tensor, writes_file
-    from torchkit.core.io.outputs import names_a_folder
+    from torchkit.core.io.special_files import names_a_folder
 
     fmt = resolve_format(fmt, output)
     dst = product_path(dst, out_option, name="DST")
@@ -472,7 +472,8 @@ def checkpoint(
     from torchkit.core.convert.checkpoint import convert_checkpoint
     from torchkit.core.convert.report_file import check_report_output
     from torchkit.core.io.errors import UsageError
-    from torchkit.core.io.outputs import ReplacedFiles, check_not_folder_name
+    from torchkit.core.io.file_outputs import ReplacedFiles
+    from torchkit.core.io.special_files import check_not_folder_name
 
     fmt = resolve_format(fmt, output)
     if out_option is not None:  # --out DST: every path given is a source
@@ -576,7 +577,7 @@ def _average(
     from torchkit.core.convert.averaging import write_average
     from torchkit.core.convert.report_file import check_report_output
     from torchkit.core.io.errors import UsageError
-    from torchkit.core.io.outputs import ReplacedFiles
+    from torchkit.core.io.file_outputs import ReplacedFiles
 
     if len(paths) < 3:
         raise UsageError(

@@ -92,7 +92,7 @@ def convert_syncbn(
       torchkit convert-syncbn net-sync.pt net-bn.pt --trust-checkpoint --revert -i 3,224,224
     """
     from torchkit.core.convert import syncbn
-    from torchkit.core.io.outputs import ReplacedFiles
+    from torchkit.core.io.file_outputs import ReplacedFiles
 
     fmt = resolve_format(fmt, output)
     destination = product_path(destination, out_option, required=False, name="DST")

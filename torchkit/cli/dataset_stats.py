@@ -360,7 +360,7 @@ def dataset_stats(
     """
     from functools import partial
 
-    from torchkit.core.io.outputs import ReplacedFiles
+    from torchkit.core.io.file_outputs import ReplacedFiles
     from torchkit.core.runtime.plot_helper import plot_helper
     from torchkit.core.stats import (
         check_outputs,

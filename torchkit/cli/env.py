@@ -53,7 +53,7 @@ def env_command(
       torchkit env -q --require-cuda && torchkit train --data flowers/ --device cuda
     """
     from torchkit.core.env import collect_env, require_usable_cuda
-    from torchkit.core.io.outputs import check_output_file
+    from torchkit.core.io.file_outputs import check_output_file
 
     fmt = resolve_format(fmt, output)
     output = report_file(output)

@@ -153,7 +153,7 @@ def export(
     from torchkit.core.export import ExportRequest, check_outputs, export_model
     from torchkit.core.input_size import image_shape_channels, parse_image_side
     from torchkit.core.io.errors import UsageError
-    from torchkit.core.io.outputs import ReplacedFiles
+    from torchkit.core.io.file_outputs import ReplacedFiles
 
     fmt = resolve_format(fmt, output)
     model, rest = model_and_rest(model, model_option, [out] if out is not None else [])

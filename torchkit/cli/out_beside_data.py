@@ -39,7 +39,7 @@ def argument_as_out(
     own hint for writing --data's value into it. `doing`: the command's verb with what it takes
     (`split`, `extract features of`); `command`: the words before the data's place."""
     from torchkit.core.io.errors import OutputExistsError
-    from torchkit.core.io.outputs import OutputOverlapError
+    from torchkit.core.io.overlap import OutputOverlapError
 
     try:
         yield

@@ -134,8 +134,8 @@ def predict_command(
     from torchkit.cli.render import report_file, resolve_format
     from torchkit.core.data.sources.inputs import listed_check
     from torchkit.core.evaluate.source import parse_class_names
+    from torchkit.core.io.file_outputs import check_output_file
     from torchkit.core.io.files import read_path_list
-    from torchkit.core.io.outputs import check_output_file
     from torchkit.core.models import require_model_files
     from torchkit.core.predict import PredictRequest, PredictRun
     from torchkit.core.predict.inputs import require_images, streams_stdin
@@ -209,7 +209,7 @@ def _inputs(request, stats: str | None, classes: str | None, listed: list[str] |
     import os
 
     from torchkit.core.data.sources.inputs import data_inputs, listed_inputs
-    from torchkit.core.io.outputs import InputPath
+    from torchkit.core.io.overlap import InputPath
     from torchkit.core.models import model_inputs
 
     inputs = model_inputs(request.model, request.weights)

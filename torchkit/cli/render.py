@@ -16,7 +16,7 @@ from torchkit.cli import console
 if TYPE_CHECKING:
     from rich.table import Table as RichTable
 
-    from torchkit.core.io.outputs import ReplacedFiles
+    from torchkit.core.io.file_outputs import ReplacedFiles
 
 
 class OutputFormat(str, Enum):
@@ -552,8 +552,10 @@ def emit(
     link to it, the FIFO or file stdout goes to), the result goes to stderr, not into the file.
     `replaced`: the command's other outputs, whose old files go back with the old `output` if
     the command fails after this (`ReplacedFiles`); "wrote FILE" is said when they are kept."""
+    from torchkit.core.io.file_outputs import check_output_file
     from torchkit.core.io.files import atomic_write_text
-    from torchkit.core.io.outputs import check_output_file, note_report, shares_stdout
+    from torchkit.core.io.force import note_report
+    from torchkit.core.io.special_files import shares_stdout
 
     output = report_file(output)
     if output is not None:
@@ -617,8 +619,8 @@ class ReportAtSwap:
         swapped_in: str | os.PathLike | None = None,
         written: Iterable[str | os.PathLike | None] = (),
     ) -> None:
+        from torchkit.core.io.file_outputs import ReplacedFiles
         from torchkit.core.io.folder_contents import path_inside
-        from torchkit.core.io.outputs import ReplacedFiles
 
         self._render, self._fmt, self._output, self._force = render, fmt, output, force
         self._others = list(written)

@@ -86,7 +86,7 @@ def _refuse_output_meant_as_out(output: Path | None, out: Path | None) -> None:
     """`train -o myrun` meant `--out myrun` (the run folder) far more often than a summary file
     without an extension: say so instead of writing a text file and a run elsewhere."""
     from torchkit.core.io.errors import UsageError
-    from torchkit.core.io.outputs import is_special_file
+    from torchkit.core.io.special_files import is_special_file
 
     if output is None or out is not None or output.suffix or is_special_file(output):
         return
@@ -121,8 +121,10 @@ def train_command(ctx: typer.Context, **values: Any) -> None:
     """
     from torchkit.cli.app import runs_as_the_program
     from torchkit.cli.progress import TrainProgress
+    from torchkit.core.io.claims import tell_note
     from torchkit.core.io.errors import TorchkitError
-    from torchkit.core.io.outputs import InputPath, check_output_file, tell_note
+    from torchkit.core.io.file_outputs import check_output_file
+    from torchkit.core.io.overlap import InputPath
     from torchkit.core.runtime.launch import is_main_process
     from torchkit.core.train import run_training
     from torchkit.core.train.stop_signal import StopOnSignal

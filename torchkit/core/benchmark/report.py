@@ -16,13 +16,10 @@ from typing import Any
 from torchkit.core.benchmark.search import BatchSearch
 from torchkit.core.io.csv_rows import CsvWriter
 from torchkit.core.io.errors import OutputExistsError, first_line
+from torchkit.core.io.file_outputs import check_output_file
 from torchkit.core.io.open_outputs import closed, opened
-from torchkit.core.io.outputs import (
-    FolderLock,
-    OutputLockedError,
-    check_output_file,
-    is_special_file,
-)
+from torchkit.core.io.output_locks import FolderLock, OutputLockedError
+from torchkit.core.io.special_files import is_special_file
 from torchkit.deferred_signals import signals_deferred
 
 MB = 1_000_000  # as `summary` counts megabytes

@@ -221,8 +221,10 @@ def write_average(
         output_extension,
         write_safetensors,
     )
+    from torchkit.core.io.claims import reporting_write_errors
+    from torchkit.core.io.file_outputs import check_output_file
     from torchkit.core.io.files import require_input
-    from torchkit.core.io.outputs import InputPath, check_output_file, reporting_write_errors
+    from torchkit.core.io.overlap import InputPath
     from torchkit.core.models.checkpoint import save_checkpoint
 
     checked = [require_input(path, what="checkpoint", kind="file") for path in sources]

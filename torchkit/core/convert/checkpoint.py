@@ -17,9 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from torchkit.core.io.claims import reporting_write_errors
 from torchkit.core.io.errors import CheckpointError, UsageError
+from torchkit.core.io.file_outputs import check_output_file
 from torchkit.core.io.files import atomic_path, require_input, safetensors_save, torch_save
-from torchkit.core.io.outputs import InputPath, check_output_file, reporting_write_errors
+from torchkit.core.io.overlap import InputPath
 from torchkit.core.models.checkpoint import is_torchkit_checkpoint, load_checkpoint
 
 log = logging.getLogger("torchkit")

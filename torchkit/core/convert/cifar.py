@@ -26,17 +26,15 @@ from typing import Any
 
 from torchkit.core.convert.safe_pickle import restricted_loads
 from torchkit.core.data.sources.discovery import class_folder_problem
+from torchkit.core.io.claims import reporting_write_errors
 from torchkit.core.io.errors import InputError, OutputWriteError, UsageError, short_repr
 from torchkit.core.io.files import require_input
 from torchkit.core.io.folder_contents import proven
 from torchkit.core.io.output_proofs import torchkit_png, with_software_text
-from torchkit.core.io.outputs import (
-    InputPath,
-    OutputFolder,
-    named_as_final,
-    reporting_write_errors,
-)
+from torchkit.core.io.outputs import OutputFolder
+from torchkit.core.io.overlap import InputPath
 from torchkit.core.io.progress import Progress
+from torchkit.core.io.write_errors import named_as_final
 from torchkit.core.runtime.cpus import check_workers
 from torchkit.core.runtime.pool import chunked, default_workers, map_chunks
 

@@ -7,12 +7,8 @@ import os
 from collections.abc import Callable, Iterable
 from pathlib import PurePath
 
-from torchkit.core.io.outputs import (
-    InputPath,
-    check_distinct_outputs,
-    check_not_written_in,
-    check_output_file,
-)
+from torchkit.core.io.file_outputs import check_output_file
+from torchkit.core.io.overlap import InputPath, check_distinct_outputs, check_not_written_in
 
 
 def check_report_output(

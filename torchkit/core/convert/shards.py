@@ -48,6 +48,7 @@ from torchkit.core.convert.sample_tar import SampleTarWriter
 from torchkit.core.data.sources.discovery import IMAGE_EXTENSIONS
 from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.io import sizes
+from torchkit.core.io.claims import synced_when_kept
 from torchkit.core.io.errors import InputError, OutputExistsError, UsageError
 from torchkit.core.io.files import (
     atomic_write,
@@ -56,18 +57,12 @@ from torchkit.core.io.files import (
     remove_stale_temporaries,
 )
 from torchkit.core.io.folder_contents import proven
+from torchkit.core.io.force import check_replaceable, marker_command
 from torchkit.core.io.non_utf8_names import json_text
+from torchkit.core.io.output_paths import MARKER, remove_tree
 from torchkit.core.io.output_proofs import SAME_RUN_S, tar_by
-from torchkit.core.io.outputs import (
-    MARKER,
-    InputPath,
-    OutputFolder,
-    check_overlap,
-    check_replaceable,
-    marker_command,
-    remove_tree,
-    synced_when_kept,
-)
+from torchkit.core.io.outputs import OutputFolder
+from torchkit.core.io.overlap import InputPath, check_overlap
 from torchkit.core.io.progress import Progress
 from torchkit.core.io.redaction import redact_url
 from torchkit.core.runtime.ahead import read_ahead

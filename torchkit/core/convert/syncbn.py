@@ -430,11 +430,9 @@ def check_outputs(
     """Check every output of `convert-syncbn` before any work: DST and the report (`-o`) may
     not be SRC, the weights, nor each other, and replace an existing file only with `force`."""
     from torchkit.core.convert.checkpoint import TORCH_EXTENSIONS  # DST is a torch.save file
-    from torchkit.core.io.outputs import (
-        check_distinct_outputs,
-        check_output_file,
-        is_special_file,
-    )
+    from torchkit.core.io.file_outputs import check_output_file
+    from torchkit.core.io.overlap import check_distinct_outputs
+    from torchkit.core.io.special_files import is_special_file
     from torchkit.core.models import model_inputs, require_model_files
 
     # The inputs first: a missing SRC is not reported as a DST that "already exists".
@@ -708,8 +706,8 @@ def convert_saved_model(
     layer stood for when the file does not record it.
     """
 
+    from torchkit.core.io.claims import reporting_write_errors
     from torchkit.core.io.files import atomic_path, torch_save
-    from torchkit.core.io.outputs import reporting_write_errors
     from torchkit.core.models import model_from_checkpoint, pickled_module
     from torchkit.core.models.checkpoint import is_torchkit_checkpoint, save_checkpoint
     from torchkit.core.models.resolver import EXPORTED_TITLES, exported_format_of

@@ -29,6 +29,7 @@ from torchkit.core.data.image_files import (
     unreadable_image_errors,
 )
 from torchkit.core.data.sources.discovery import IMAGE_EXTENSIONS
+from torchkit.core.io.claims import OutputFolderReplacedError, check_claimed, reporting_write_errors
 from torchkit.core.io.errors import (
     InputError,
     OutputWriteError,
@@ -37,6 +38,7 @@ from torchkit.core.io.errors import (
     first_line,
 )
 from torchkit.core.io.file_kinds import file_kind
+from torchkit.core.io.file_outputs import ReplacedFiles, check_output_file
 from torchkit.core.io.files import (
     atomic_path,
     refuse_case_twins,
@@ -47,21 +49,11 @@ from torchkit.core.io.files import (
 )
 from torchkit.core.io.folder_contents import extension_pattern, proven
 from torchkit.core.io.output_proofs import of_its_format
-from torchkit.core.io.outputs import (
-    InputPath,
-    OutputFolder,
-    OutputFolderReplacedError,
-    ReplacedFiles,
-    as_write_error,
-    check_claimed,
-    check_not_stdout,
-    check_output_file,
-    is_special_file,
-    named_as_final,
-    names_a_folder,
-    reporting_write_errors,
-)
+from torchkit.core.io.outputs import OutputFolder
+from torchkit.core.io.overlap import InputPath
 from torchkit.core.io.progress import Progress
+from torchkit.core.io.special_files import check_not_stdout, is_special_file, names_a_folder
+from torchkit.core.io.write_errors import as_write_error, named_as_final
 from torchkit.core.runtime.cpus import check_workers
 from torchkit.core.runtime.pool import chunked, default_workers, map_chunks
 

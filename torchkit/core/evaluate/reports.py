@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from torchkit.core.io.claims import reporting_write_errors
 from torchkit.core.io.csv_rows import csv_text, write_csv_file
 from torchkit.core.io.files import atomic_path, atomic_write_json, atomic_write_text, drawable
 from torchkit.core.io.output_proofs import PNG_METADATA
-from torchkit.core.io.outputs import reporting_write_errors
 
 if TYPE_CHECKING:
     from torchkit.core.evaluate.metrics import ConfusionPairs

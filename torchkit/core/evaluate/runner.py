@@ -42,20 +42,20 @@ from torchkit.core.inference.options import (
 )
 from torchkit.core.inference.scoring import TTA_MODES, score_batch
 from torchkit.core.io.errors import InputError, OutputWriteError, UsageError, on_every_rank
+from torchkit.core.io.file_outputs import check_output_file
 from torchkit.core.io.folder_contents import proven
+from torchkit.core.io.force import holds_json_record
 from torchkit.core.io.output_proofs import any_of, csv_header, drawn_with, torchkit_png
-from torchkit.core.io.outputs import (
+from torchkit.core.io.outputs import OutputFolder
+from torchkit.core.io.overlap import (
     InputPath,
-    OutputFolder,
     OutputOverlapError,
     check_not_protected,
-    check_output_file,
     check_overlap,
-    holds_json_record,
-    is_special_file,
 )
 from torchkit.core.io.progress import Progress
 from torchkit.core.io.redaction import redact_url
+from torchkit.core.io.special_files import is_special_file
 from torchkit.core.models import ModelSpec, resolve_spec
 from torchkit.core.runtime.device import (
     amp_dtype_name,

@@ -37,13 +37,10 @@ from torchkit.core.export.writing import (
 )
 from torchkit.core.inference.options import check_batch_fits
 from torchkit.core.io.errors import OutputWriteError, UsageError, first_line
+from torchkit.core.io.file_outputs import check_output_file
 from torchkit.core.io.files import atomic_path
-from torchkit.core.io.outputs import (
-    InputPath,
-    check_distinct_outputs,
-    check_output_file,
-    is_special_file,
-)
+from torchkit.core.io.overlap import InputPath, check_distinct_outputs
+from torchkit.core.io.special_files import is_special_file
 from torchkit.core.models import model_inputs, require_model_files
 from torchkit.core.models.exported.metadata import build_metadata
 from torchkit.core.models.image_size import image_size_refusal

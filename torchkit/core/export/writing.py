@@ -20,8 +20,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from torchkit.core.export.value_reads import input_values_read, library_code
+from torchkit.core.io.claims import reporting_write_errors
 from torchkit.core.io.errors import TorchkitError, first_line
-from torchkit.core.io.outputs import reporting_write_errors
 from torchkit.core.io.quiet import output_discarded
 from torchkit.core.models.exported import metadata as meta
 from torchkit.core.models.exported.formats import EXPORTED_PROGRAM, ONNX, TORCHSCRIPT

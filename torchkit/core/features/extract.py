@@ -44,6 +44,7 @@ from torchkit.core.inference.scoring import scorable_rows
 from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.io.files import NAME_ERRORS, open_text, require_input
 from torchkit.core.io.folder_contents import proven
+from torchkit.core.io.force import foreign_entries_hint, holds_json_record
 from torchkit.core.io.output_proofs import (
     any_of,
     csv_header,
@@ -52,12 +53,8 @@ from torchkit.core.io.output_proofs import (
     is_safetensors,
     is_torch_save,
 )
-from torchkit.core.io.outputs import (
-    InputPath,
-    OutputFolder,
-    foreign_entries_hint,
-    holds_json_record,
-)
+from torchkit.core.io.outputs import OutputFolder
+from torchkit.core.io.overlap import InputPath
 from torchkit.core.io.progress import Progress
 from torchkit.core.io.redaction import redact_url
 from torchkit.core.models import ModelSpec, require_model_files, resolve_spec

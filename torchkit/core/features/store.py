@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from torchkit.core.io.claims import reporting_write_errors
 from torchkit.core.io.csv_rows import csv_text, write_csv_file
 from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.io.files import (
@@ -50,15 +51,12 @@ from torchkit.core.io.files import (
     folds_case,
     torch_save,
 )
+from torchkit.core.io.force import is_torchkit_folder
 from torchkit.core.io.names import distinct_names
 from torchkit.core.io.non_utf8_names import json_text
-from torchkit.core.io.outputs import (
-    OutputFolder,
-    is_torchkit_folder,
-    remove_tree,
-    reporting_write_errors,
-    write_error,
-)
+from torchkit.core.io.output_paths import remove_tree
+from torchkit.core.io.outputs import OutputFolder
+from torchkit.core.io.write_errors import write_error
 
 log = logging.getLogger("torchkit")
 

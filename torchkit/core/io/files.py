@@ -13,21 +13,14 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO
 
+from torchkit.core.io.claims import check_claimed, synced_when_kept
+from torchkit.core.io.claims import reporting_write_errors as _reporting
 from torchkit.core.io.durability import fsync_file
 from torchkit.core.io.errors import InputError, OutputWriteError
+from torchkit.core.io.file_outputs import rename_into_place, replaced_whole
 from torchkit.core.io.non_utf8_names import json_text
-from torchkit.core.io.outputs import (
-    as_write_error,
-    check_claimed,
-    is_special_file,
-    own_descriptor,
-    remove_tree,
-    rename_into_place,
-    replaced_whole,
-    synced_when_kept,
-    write_failure_reason,
-)
-from torchkit.core.io.outputs import reporting_write_errors as _reporting
+from torchkit.core.io.output_paths import remove_tree
+from torchkit.core.io.special_files import is_special_file, own_descriptor
 from torchkit.core.io.temporaries import (
     apply_umask,
     discarded_on_failure,
@@ -35,6 +28,7 @@ from torchkit.core.io.temporaries import (
     temporary_affixes,
     temporary_stem,
 )
+from torchkit.core.io.write_errors import as_write_error, write_failure_reason
 
 
 def require_input(

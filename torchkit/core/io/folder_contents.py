@@ -1,5 +1,5 @@
 """What in an output folder torchkit did not write: the entries `--force` would delete with the
-folder it replaces, so that the command refuses instead (`outputs.check_replaceable`).
+folder it replaces, so that the command refuses instead (`force.check_replaceable`).
 
 A command says what it writes into its output folder as shell patterns, relative to the folder
 and separated by `/` (`best.pt`, `epoch-[0-9][0-9][0-9]*.pt`, `tensorboard/events.out.tfevents.*`,
@@ -21,7 +21,7 @@ from pathlib import Path, PurePath
 
 from torchkit.core.io.temporaries import TEMPORARY, is_unlocked
 
-# The hidden siblings an output writer makes beside an output it replaces (`outputs._sibling`):
+# The hidden siblings an output writer makes beside an output it replaces (`output_paths.sibling`):
 # a file output inside a folder (`convert tensor FILE FOLDER`) leaves its set-aside there.
 _SET_ASIDE = re.compile(r"\..+\.[0-9a-f]{12}\.(?:replaced|partial|discarded)", re.DOTALL)
 

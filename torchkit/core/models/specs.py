@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from torchkit.core.io.files import require_input
-from torchkit.core.io.outputs import InputPath
+from torchkit.core.io.overlap import InputPath
 from torchkit.core.models.builders import BUILTIN_MODELS, is_callable_spec, is_checkpoint_path
 
 

@@ -26,7 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from torchkit.core.io.outputs import is_special_file, remove_tree
+from torchkit.core.io.output_paths import remove_tree
+from torchkit.core.io.special_files import is_special_file
 from torchkit.core.io.temporaries import temporary_affixes
 from torchkit.core.runtime.helper_process import HelperProcess
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkit.core.data.hashing import file_digest
+from torchkit.core.io.claims import check_claimed, reporting_write_errors
 from torchkit.core.io.csv_rows import CsvWriter
 from torchkit.core.io.errors import InputError, OutputExistsError, OutputWriteError, UsageError
 from torchkit.core.io.files import atomic_write
@@ -20,12 +21,8 @@ from torchkit.core.io.folder_locks import (
     flock_path,
     held_exclusively,
 )
-from torchkit.core.io.outputs import (
-    OutputLockedError,
-    check_claimed,
-    remove_tree,
-    reporting_write_errors,
-)
+from torchkit.core.io.output_locks import OutputLockedError
+from torchkit.core.io.output_paths import remove_tree
 from torchkit.core.io.progress import Progress
 from torchkit.core.runtime.ahead import read_ahead
 from torchkit.core.runtime.signals import signals_held

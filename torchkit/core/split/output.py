@@ -20,27 +20,24 @@ from torchkit.core.data.sources.splitting import (
     path_key,
     written_split_names,
 )
-from torchkit.core.io.errors import InputError, OutputExistsError, OutputWriteError, first_and_more
-from torchkit.core.io.files import atomic_write_json, open_text, tree_entries
-from torchkit.core.io.folder_contents import is_browser_file
-from torchkit.core.io.open_outputs import closed, opened
-from torchkit.core.io.outputs import (
-    MARKER,
-    OutputOverlapError,
-    check_output_file,
+from torchkit.core.io.claims import (
     claim_folder,
     claimed_change,
-    clear_killed_start,
-    discard_tree,
-    is_special_file,
     kept_note,
-    remove_marker,
-    remove_tree,
     remove_written,
     reporting_write_errors,
     tell_note,
-    write_marker,
 )
+from torchkit.core.io.errors import InputError, OutputExistsError, OutputWriteError, first_and_more
+from torchkit.core.io.file_outputs import check_output_file
+from torchkit.core.io.files import atomic_write_json, open_text, tree_entries
+from torchkit.core.io.folder_contents import is_browser_file
+from torchkit.core.io.force import clear_killed_start, remove_marker, write_marker
+from torchkit.core.io.open_outputs import closed, opened
+from torchkit.core.io.output_paths import MARKER, remove_tree
+from torchkit.core.io.outputs import discard_tree
+from torchkit.core.io.overlap import OutputOverlapError
+from torchkit.core.io.special_files import is_special_file
 from torchkit.core.io.temporaries import remove_dead_temporaries
 from torchkit.core.split.options import MANIFEST, RESERVED_PREFIX, is_folder_name
 

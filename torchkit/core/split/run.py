@@ -20,18 +20,13 @@ from torchkit.core.data.sources.splitting import (
     spread_note,
     stratified_split,
 )
+from torchkit.core.io.claims import reporting_write_errors
 from torchkit.core.io.errors import OutputExistsError, UsageError
 from torchkit.core.io.files import absolute_as_opened, refuse_case_twins
-from torchkit.core.io.outputs import (
-    OutputFolder,
-    check_not_protected,
-    check_overlap,
-    check_replaceable,
-    force_refusal_hint,
-    marker_command,
-    remove_tree,
-    reporting_write_errors,
-)
+from torchkit.core.io.force import check_replaceable, force_refusal_hint, marker_command
+from torchkit.core.io.output_paths import remove_tree
+from torchkit.core.io.outputs import OutputFolder
+from torchkit.core.io.overlap import check_not_protected, check_overlap
 from torchkit.core.io.progress import Progress
 from torchkit.core.split.files import (
     MOVE_TEMP,

@@ -11,13 +11,10 @@ from typing import TYPE_CHECKING, Any
 from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.data.sources.required import require_data
 from torchkit.core.io.errors import UsageError
+from torchkit.core.io.file_outputs import check_output_file
 from torchkit.core.io.files import atomic_write_bytes, drawable
-from torchkit.core.io.outputs import (
-    InputPath,
-    check_distinct_outputs,
-    check_output_file,
-    is_special_file,
-)
+from torchkit.core.io.overlap import InputPath, check_distinct_outputs
+from torchkit.core.io.special_files import is_special_file
 from torchkit.core.stats.report import DatasetStats
 
 if TYPE_CHECKING:

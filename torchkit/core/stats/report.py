@@ -16,9 +16,7 @@ from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.data.sources.samples import Samples, shown_class_names
 from torchkit.core.io.csv_rows import write_csv_file
 from torchkit.core.io.errors import InputError
-from torchkit.core.io.outputs import (
-    check_output_file,
-)
+from torchkit.core.io.file_outputs import check_output_file
 from torchkit.core.stats.scan import Accumulator
 
 log = logging.getLogger("torchkit")

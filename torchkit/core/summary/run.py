@@ -56,7 +56,7 @@ def check_output(
     """Check `-o` before the model is built: not the checkpoint, weights or model source it
     reads, an existing file replaced only with `force`, and a folder that takes the file
     (`-o -` is stdout)."""
-    from torchkit.core.io.outputs import check_output_file
+    from torchkit.core.io.file_outputs import check_output_file
 
     if output is not None and os.fspath(output) != "-":
         check_output_file(output, force, model_inputs(spec, weights), what="output")

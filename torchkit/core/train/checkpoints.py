@@ -16,7 +16,7 @@ from typing import Any
 
 from torchkit import __version__
 from torchkit.core.io.errors import CheckpointError
-from torchkit.core.io.outputs import remove_tree
+from torchkit.core.io.output_paths import remove_tree
 from torchkit.core.models.checkpoint import (
     FORMAT_VERSION,
     copy_checkpoint,

@@ -18,7 +18,7 @@ from typing import Any
 from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.io.files import read_text
 from torchkit.core.io.ordered_lines import ordered_lines
-from torchkit.core.io.outputs import InputPath
+from torchkit.core.io.overlap import InputPath
 
 NONE, BALANCED = "none", "balanced"
 

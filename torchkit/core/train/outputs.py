@@ -16,9 +16,11 @@ from typing import Any
 
 from torchkit import __version__
 from torchkit.core.data.sources.record import SPLIT_CSV_COLUMNS
+from torchkit.core.io.claims import reporting_write_errors
 from torchkit.core.io.csv_rows import csv_text
 from torchkit.core.io.files import atomic_path, atomic_write_json, atomic_write_text
 from torchkit.core.io.folder_contents import proven
+from torchkit.core.io.force import holds_json_record
 from torchkit.core.io.output_proofs import (
     PNG_METADATA,
     any_of,
@@ -29,7 +31,6 @@ from torchkit.core.io.output_proofs import (
     text_start,
     torchkit_png,
 )
-from torchkit.core.io.outputs import holds_json_record, reporting_write_errors
 from torchkit.core.topk import DEFAULT_TOPK as TOPK
 from torchkit.core.topk import topk_informative, topk_name
 from torchkit.core.train.checkpoint_record import is_torchkit_checkpoint_file

@@ -20,19 +20,13 @@ from typing import TYPE_CHECKING, Any
 from torchkit.core.data.sources import SPLIT_CSV, write_split_csv
 from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.io.errors import TorchkitError, first_line, on_every_rank
+from torchkit.core.io.file_outputs import check_output_file
 from torchkit.core.io.files import remove_stale_temporaries
-from torchkit.core.io.outputs import (
-    MARKER,
-    InputPath,
-    OutputFolder,
-    OutputLockedError,
-    OutputOverlapError,
-    check_output_file,
-    force_refusal_hint,
-    foreign_entries_hint,
-    lock_path,
-    marker_command,
-)
+from torchkit.core.io.force import force_refusal_hint, foreign_entries_hint, marker_command
+from torchkit.core.io.output_locks import OutputLockedError, lock_path
+from torchkit.core.io.output_paths import MARKER
+from torchkit.core.io.outputs import OutputFolder
+from torchkit.core.io.overlap import InputPath, OutputOverlapError
 from torchkit.core.runtime import distributed
 from torchkit.core.train.checkpoint_writer import CheckpointWriter
 from torchkit.core.train.checkpoints import (

@@ -16,7 +16,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator
 
 from torchkit.core.data.sources import SPLIT_CSV
 from torchkit.core.io.errors import DeviceError, InputError, UsageError, on_every_rank
-from torchkit.core.io.outputs import InputPath
+from torchkit.core.io.overlap import InputPath
 from torchkit.core.io.redaction import redact_url
 from torchkit.core.models.image_size import image_size_refusal
 from torchkit.core.runtime import distributed

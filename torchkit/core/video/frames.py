@@ -9,18 +9,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from torchkit.core.io.claims import OutputFolderReplacedError
 from torchkit.core.io.errors import InputError, OutputWriteError, UsageError
 from torchkit.core.io.files import atomic_write_bytes
 from torchkit.core.io.folder_contents import proven
 from torchkit.core.io.names import distinct_names
+from torchkit.core.io.output_paths import remove_tree
 from torchkit.core.io.output_proofs import torchkit_png, with_software_text
-from torchkit.core.io.outputs import (
-    OutputFolder,
-    OutputFolderReplacedError,
-    remove_tree,
-    write_error,
-)
+from torchkit.core.io.outputs import OutputFolder
 from torchkit.core.io.temporaries import NAME_MAX, cut_to_bytes
+from torchkit.core.io.write_errors import write_error
 from torchkit.core.video.containers import (
     iso_display_mirrored,
     iso_lists_every_frame,

@@ -23,16 +23,16 @@ from fnmatch import fnmatchcase
 from pathlib import PurePath
 from typing import Any
 
+from torchkit.core.io.claims import reporting_write_errors
 from torchkit.core.io.errors import UsageError
+from torchkit.core.io.file_outputs import check_output_file
 from torchkit.core.io.files import STDIN, folds_case
-from torchkit.core.io.outputs import (
+from torchkit.core.io.outputs import OutputFolder
+from torchkit.core.io.overlap import (
     InputPath,
-    OutputFolder,
     check_distinct_outputs,
     check_not_written_in,
-    check_output_file,
     check_overlap,
-    reporting_write_errors,
 )
 from torchkit.core.io.path_lists import PathStream
 from torchkit.core.io.progress import Progress

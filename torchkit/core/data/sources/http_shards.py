@@ -73,6 +73,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from torchkit.core.data.stored_image import StoredReadError
+from torchkit.core.io.claims import reporting_write_errors
 from torchkit.core.io.errors import (
     InputError,
     OfflineError,
@@ -81,8 +82,9 @@ from torchkit.core.io.errors import (
     UsageError,
 )
 from torchkit.core.io.folder_locks import close_lock, open_unshared
-from torchkit.core.io.outputs import as_write_error, remove_tree, reporting_write_errors
+from torchkit.core.io.output_paths import remove_tree
 from torchkit.core.io.redaction import has_redacted_secret, list_parts, redact_url
+from torchkit.core.io.write_errors import as_write_error
 
 if TYPE_CHECKING:
     from torchkit.core.data.stored_image import Blocks

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from torchkit.core.io.errors import TorchkitError
-from torchkit.core.io.outputs import InputPath, check_overlap, folders_of_files
+from torchkit.core.io.overlap import InputPath, check_overlap, folders_of_files
 
 
 def data_inputs(data: str | os.PathLike | None, what: str = "data") -> list[InputPath]:

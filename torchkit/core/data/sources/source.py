@@ -59,7 +59,7 @@ from torchkit.core.data.sources.splitting import (
     written_split_names,
 )
 from torchkit.core.io.errors import InputError, TorchkitError, first_and_more
-from torchkit.core.io.outputs import marker_command
+from torchkit.core.io.force import marker_command
 
 log = logging.getLogger("torchkit")
 

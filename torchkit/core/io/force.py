@@ -1,0 +1,372 @@
+"""The marker and --force: the `.torchkit` marker an output folder carries, and what `--force`
+may replace (`check_replaceable`): only the same command's output, holding nothing torchkit
+did not write there, and no mount.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import stat
+import time
+from collections.abc import Collection, Iterable
+from pathlib import Path, PurePath
+
+from torchkit import __version__
+from torchkit.core.io.errors import (
+    OutputExistsError,
+    OutputWriteError,
+)
+from torchkit.core.io.file_kinds import file_kind
+from torchkit.core.io.file_outputs import replaced_whole
+from torchkit.core.io.folder_contents import foreign_entries
+from torchkit.core.io.non_utf8_names import json_text
+from torchkit.core.io.output_paths import MARKER, WRITTEN_JOURNAL, real_path, shown
+from torchkit.core.io.temporaries import (
+    TEMPORARY,
+    is_unlocked,
+    remove_if_unlocked,
+)
+
+
+def write_marker(
+    folder: Path, command: str, *, replaces: str | None = None, reports: Iterable[str] = ()
+) -> None:
+    """`replaces`: the name the old output will be set aside under when this (whole, atomic)
+    folder takes its place, so that a run killed between the swap and the old output's delete
+    leaves a folder the next run knows to be the complete new output. `reports`: the -o files
+    (paths relative to the folder, `/`-separated) the run writes inside it (`REPORTS_KEY`)."""
+    record: dict[str, object] = {
+        "written_by": "torchkit",
+        "command": command,
+        "torchkit_version": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    if replaces is not None:
+        record["replaces"] = replaces
+    if reports:
+        record[REPORTS_KEY] = [{"path": path} for path in reports]
+    # Whole or not at all: written in place, a run killed between the file's creation and its
+    # text left an empty marker, which names no command, so that the folder of a run that wrote
+    # nothing was refused as "already exists" by the same command. A killed writer's temporary
+    # is removed by the next run (`recover_leftovers`); a failed write leaves none.
+    with replaced_whole(folder / MARKER, "w", encoding="utf-8", newline="") as handle:
+        handle.write(json_text(record) + "\n")
+
+
+def marker_field(folder: Path, key: str) -> str | None:
+    """A text field of the folder's marker, or None: no marker, no such field, or one that
+    cannot be read."""
+    record = _json_record(folder / MARKER)
+    value = record.get(key) if isinstance(record, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def marker_command(folder: Path) -> str | None:
+    """The command the folder's marker names (`train`, `split`...), or None: no marker, or one
+    that cannot be read."""
+    return marker_field(folder, "command")
+
+
+def remove_marker(folder: Path) -> None:
+    """Take back the marker `write_marker` left (a run that wrote nothing else)."""
+    (folder / MARKER).unlink(missing_ok=True)
+
+
+# The marker's list of the -o reports its command wrote inside the folder (`-o OUT/report.json`),
+# each {"path": relative path, "bytes": size, "mtime_ns": time} once written (`note_report`):
+# the next `--force` of the command replaces them as its own (`recorded_reports`), also under a
+# name its own -o no longer gives. A name the marker lists but whose file differs from what was
+# recorded (never written, changed or put there since) is the user's.
+REPORTS_KEY = "reports"
+
+
+def note_report(report: str | os.PathLike) -> None:
+    """Record the size and time of the -o file `report`, just written, in the marker of the
+    nearest folder above it where that marker lists it (`write_marker`'s `reports`). Nothing
+    where none does; a marker that cannot be rewritten leaves the report the user's (the next
+    `--force` refuses it): never an error of the run that wrote it."""
+    real = Path(os.path.realpath(report))
+    folder = next((above for above in real.parents if (above / MARKER).is_file()), None)
+    if folder is None:
+        return
+    marker = folder / MARKER
+    record = _json_record(marker)
+    entries = record.get(REPORTS_KEY) if isinstance(record, dict) else None
+    if not isinstance(record, dict) or not isinstance(entries, list):
+        return
+    name = real.relative_to(folder).as_posix()
+    try:
+        info = os.stat(real)
+    except OSError:
+        return
+    listed = False
+    for entry in entries:
+        if isinstance(entry, dict) and entry.get("path") == name:
+            entry.update(bytes=info.st_size, mtime_ns=info.st_mtime_ns)
+            listed = True
+    if not listed or not stat.S_ISREG(info.st_mode):
+        return
+    with (
+        contextlib.suppress(OutputWriteError, OSError),
+        replaced_whole(marker, "w", encoding="utf-8", newline="") as handle,
+    ):
+        handle.write(json_text(record) + "\n")
+
+
+def recorded_reports(folder: Path) -> list[str]:
+    """Exact patterns (`folder_contents`) of the reports the marker of `folder` lists as written
+    there whose file is still the one recorded: regular, of the recorded size and time."""
+    from torchkit.core.io.folder_contents import exact_pattern
+
+    record = _json_record(folder / MARKER)
+    entries = record.get(REPORTS_KEY) if isinstance(record, dict) else None
+    found = []
+    for entry in entries if isinstance(entries, list) else ():
+        path = entry.get("path") if isinstance(entry, dict) else None
+        if not isinstance(path, str) or not path or PurePath(path).is_absolute():
+            continue
+        if ".." in PurePath(path).parts:
+            continue
+        try:
+            info = os.lstat(folder / path)
+        except OSError:
+            continue
+        same = (info.st_size, info.st_mtime_ns) == (entry.get("bytes"), entry.get("mtime_ns"))
+        if stat.S_ISREG(info.st_mode) and same:
+            found.append(exact_pattern(path))
+    return found
+
+
+def is_torchkit_folder(folder: Path, known_files: Collection[str] = ()) -> bool:
+    """Written by torchkit: it carries the marker, or (for folders written before the marker
+    existed) holds only names the command writes (`known_files`, shell-style patterns)."""
+    if (folder / MARKER).is_file():
+        return True
+    if not known_files:
+        return False
+    from fnmatch import fnmatch
+
+    names = [entry.name for entry in os.scandir(folder)]
+    return bool(names) and all(any(fnmatch(n, pattern) for pattern in known_files) for n in names)
+
+
+def holds_json_record(path: Path, keys: Collection[str]) -> bool:
+    """`path` is a JSON object with every one of `keys`: how a command recognises a folder it
+    wrote before torchkit marked its outputs, by the record it always wrote there (config.json,
+    metrics.json). Names alone are anybody's: another trainer's `best.pt` and `last.pt`, another
+    tool's `metrics.json`, photos called `IMG_20240315_142530.png`."""
+    record = _json_record(path, _RUN_RECORD_LIMIT)
+    return isinstance(record, dict) and all(key in record for key in keys)
+
+
+_RECORD_LIMIT = 1 << 20  # markers are a few KB
+
+
+# A run's config.json lists its classes, an eval's metrics.json a record per class and every
+# skipped file: 1.4 MB at 30,000 classes, and more. Under a smaller limit such a record read as
+# another tool's file, and --force refused the command's own output folder.
+_RUN_RECORD_LIMIT = 64 << 20  # read whole: 64 MB is about 0.5 s of json.loads
+
+
+def _json_record(path: Path, limit: int = _RECORD_LIMIT) -> object:
+    """The JSON value in the regular file `path` of at most `limit` bytes, or None: not there,
+    not JSON, too large, or not a regular file. Opened without blocking and read only when
+    regular, so a FIFO or a device planted under a record's name cannot hang the check (or feed
+    it without end)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            return json.loads(handle.read(limit).decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+
+
+def is_empty_dir(folder: Path) -> bool:
+    with os.scandir(folder) as entries:
+        return next(entries, None) is None
+
+
+def killed_start_leftovers(
+    folder: Path, command: str, start_files: Collection[str] = ()
+) -> list[Path] | None:
+    """What is in `folder` besides the marker when all it holds is what a run of `command`
+    killed before its first result left: the marker naming `command`, temporaries no live
+    writer holds, and the files `start_files` names (what the command writes before anything
+    worth keeping: train's config.json, split.csv and TensorBoard log, see `_is_start_file`).
+    None when it holds anything else (or another command's marker, or none). To that command
+    such a folder is as good as empty (with `start_files`: replaced without `--force`)."""
+    if not folder.is_dir() or folder.is_symlink() or marker_command(folder) != command:
+        return None
+    leftovers = []
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:  # a folder of a million files: judged by its first few
+                if entry.name == MARKER:
+                    continue
+                path = folder / entry.name
+                temporary = TEMPORARY.fullmatch(entry.name) and is_unlocked(path)
+                if not (temporary or _is_start_file(entry, start_files)):
+                    return None
+                leftovers.append(path)
+    except OSError:
+        return None
+    return leftovers
+
+
+def _is_start_file(entry: os.DirEntry, start_files: Collection[str]) -> bool:
+    """Whether `entry` is one of `start_files` (fnmatch patterns): a regular file whose name
+    matches one, or a folder holding only regular files that `FOLDER/PATTERN` patterns match
+    (a TensorBoard log's event files, never a user's notes put beside them)."""
+    from fnmatch import fnmatchcase
+
+    if entry.is_file(follow_symlinks=False):
+        return any(fnmatchcase(entry.name, pattern) for pattern in start_files)
+    inside = [p.split("/", 1)[1] for p in start_files if p.startswith(f"{entry.name}/")]
+    if not inside or not entry.is_dir(follow_symlinks=False):
+        return False
+    with os.scandir(entry.path) as files:
+        return all(
+            file.is_file(follow_symlinks=False)
+            and any(fnmatchcase(file.name, pattern) for pattern in inside)
+            for file in files
+        )
+
+
+def clear_killed_start(folder: Path, command: str) -> bool:
+    """Empty `folder` (its lock held) when `killed_start_leftovers` finds only a killed run's
+    start in it, so that running the command again is not refused as "already exists" and an
+    atomic output can take the folder's place. Whether it was emptied."""
+    leftovers = killed_start_leftovers(folder, command)
+    if leftovers is None or not all([remove_if_unlocked(path) for path in leftovers]):
+        return False
+    remove_marker(folder)
+    return True
+
+
+def check_replaceable(
+    folder: Path,
+    force: bool,
+    *,
+    what: str,
+    known_files: Collection[str] = (),
+    hint: str = "",
+    command: str | None = None,
+    owned: Collection[str] | None = None,
+) -> bool:
+    """May `folder` be written? Returns whether it has content that `--force` will replace:
+    with `command`, only an output of that command (`eval --out RUN --force` never deletes a
+    training run whose marker says `train`); with `owned` (the patterns of what the command
+    writes there, see `folder_contents`), only a folder holding nothing else."""
+    if not (folder.exists() or folder.is_symlink()):
+        return False
+    if folder.is_symlink():
+        raise OutputExistsError(
+            f"{what} is a symbolic link: {folder}", "give the real folder or a new name"
+        )
+    if not folder.is_dir():  # a file, or a FIFO, socket or device: said which
+        kind = file_kind(os.stat(folder).st_mode)
+        raise OutputExistsError(f"{what} is {kind}, not a folder: {folder}", "give a folder name")
+    if is_empty_dir(folder):
+        return False
+    if command is not None and killed_start_leftovers(folder, command) is not None:
+        return False  # emptied by `OutputFolder` (`clear_killed_start`), its lock held
+    if not force:
+        raise OutputExistsError(
+            f"{what} already exists: {folder}",
+            hint
+            or force_refusal_hint(folder, known_files, command)
+            or foreign_entries_hint(folder, owned)
+            or "pass --force to overwrite it",
+        )
+    if not is_torchkit_folder(folder, known_files):
+        raise OutputExistsError(
+            f"{what} {folder} is not empty and was not written by torchkit",
+            "--force only replaces torchkit's own outputs: choose another folder, or remove "
+            "it yourself",
+        )
+    other = marker_command(folder)
+    if command is not None and other is not None and other != command:
+        raise OutputExistsError(
+            f"{what} {folder} holds the output of torchkit {other}, not of {command}",
+            f"--force only replaces an earlier output of {command}: choose another folder",
+        )
+    if owned is not None:  # the -o reports an earlier run of the command wrote there: its own
+        refuse_foreign_entries(folder, (*owned, *recorded_reports(folder)), what=what)
+    refuse_mounts_inside(folder, what=what)
+    return True
+
+
+def refuse_mounts_inside(folder: Path, *, what: str) -> None:
+    """`--force` replaces `folder` whole: refused where a file system or a bind mount is
+    mounted inside it, whose files (another folder's, shown there) it would delete."""
+    from torchkit.core.io.mounts import MountTable
+
+    points = MountTable.read().points_below(os.fspath(real_path(folder)))
+    if points:
+        more = f" and {len(points) - 1} more" if len(points) > 1 else ""
+        raise OutputExistsError(
+            f"{what} {shown(folder)} holds a mount at {sorted(points)[0]}{more}, whose files "
+            "--force would delete with it",
+            f"unmount it, or choose another folder than {shown(folder)}",
+        )
+
+
+def force_refusal_hint(
+    folder: Path, known_files: Collection[str] = (), command: str | None = None
+) -> str | None:
+    """What to do about an existing folder that --force would refuse too (`check_replaceable`),
+    where "pass --force" sent the user to a second refusal: None where --force may replace it."""
+    if not folder.is_dir() or folder.is_symlink():
+        return None
+    if not is_torchkit_folder(folder, known_files):
+        return (
+            "it was not written by torchkit, which --force does not replace: choose another "
+            "folder, or empty it yourself"
+        )
+    other = marker_command(folder)
+    if command is not None and other is not None and other != command:
+        return (
+            f"it holds torchkit {other}'s output, which {command} --force does not replace: "
+            "choose another folder"
+        )
+    return None
+
+
+def foreign_entries_hint(folder: Path, owned: Collection[str] | None) -> str | None:
+    """The files of the user's in an earlier output, which --force refuses to delete with it
+    (`refuse_foreign_entries`): None where there are none."""
+    if owned is None:
+        return None
+    owned = (*owned, *recorded_reports(folder))
+    foreign = foreign_entries(folder, owned, top_level=(MARKER, WRITTEN_JOURNAL))
+    if not foreign:
+        return None
+    return (
+        f"it holds {shown(folder / foreign[0])} that torchkit did not write, so --force is "
+        "refused too: move it out first, or choose another folder"
+    )
+
+
+def refuse_foreign_entries(folder: Path, owned: Collection[str], *, what: str) -> None:
+    """`--force` replaces `folder` whole: refused, before any work, where it holds an entry that
+    `owned` (what the command writes there) does not name, which would be deleted with it (your
+    notes.txt in a run folder, a plot, a folder of analysis, a link)."""
+    foreign = foreign_entries(folder, owned, top_level=(MARKER, WRITTEN_JOURNAL))
+    if foreign:
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        raise OutputExistsError(
+            f"{what} {shown(folder)} holds {shown(folder / foreign[0])}"
+            f"{'/' if foreign[0].endswith('/') else ''}{more} that torchkit did not write, "
+            "which --force would delete with it",
+            f"move them out of {shown(folder)}, or delete them yourself",
+        )
