@@ -496,26 +496,98 @@ def _run(
 ) -> tuple[EvalResult, list[str]] | None:
     """The images scored on this rank and gathered on rank 0; `join` joins the process group
     once the loader's workers are forked."""
+    from torchkit.core.data.dataset import stop_workers
+
+    setup, batches = _model_and_loader(spec, options, ctx)
+    try:
+        if join is not None:
+            join()  # Gloo's threads start: after the forks
+        model = _model_on_device(setup, options, ctx)
+        start = time.perf_counter()
+        local, errors, nonfinite_batches = _score_here(
+            setup, model, batches, options, ctx, progress
+        )
+    finally:
+        # The workers stop now, also after a failed join, an error of the model or a stop:
+        # not whenever the traceback that holds this frame (and `predict`'s, which holds the
+        # iterator too) is collected, whose join of them then waited torch's 5 s for each.
+        stop_workers(batches)
+        del batches
+    seconds = time.perf_counter() - start
+    predictions, errors, seconds, nonfinite_batches = _gather(
+        local, errors, seconds, nonfinite_batches, setup.k, ctx
+    )
+    samples = setup.data.samples
+    info_amp_dtype = None if setup.amp_dtype is None else amp_dtype_name(setup.amp_dtype)
+    # Counted over every rank's gathered outputs: the same error on each, rank 0 reports it.
+    if errors and options.strict:
+        raise on_every_rank(
+            InputError(
+                f"unreadable image {errors[0]}", "fix or remove it, or drop --strict to skip it"
+            )
+        )
+    if nonfinite_batches and options.strict:
+        raise on_every_rank(
+            InputError(
+                _nonfinite_message(predictions, samples, nonfinite_batches),
+                _nonfinite_hint(info_amp_dtype, strict=True),
+            )
+        )
+    if not ctx.is_main:
+        return None
+    if len(predictions) == 0:
+        first = f"the first, {errors[0]}" if errors else None
+        raise none_read(len(samples), redact_url(options.data), first)  # not the cache folder
+    metrics = compute_metrics(
+        predictions.labels,
+        predictions.predicted,
+        predictions.topk_labels,
+        setup.num_classes,
+        setup.k,
+        scorer=scorer,
+    )
+    result = EvalResult(
+        classes=setup.classes,
+        metrics=metrics,
+        predictions=predictions,
+        samples=samples,
+        loss=predictions.mean_loss().loss,
+        skipped=errors,
+        seconds=seconds,
+        info=_run_info(spec, options, setup, ctx, info_amp_dtype),
+        nonfinite_batches=nonfinite_batches,
+        topk=options.topk or DEFAULT_TOPK,
+    )
+    return result, errors
+
+
+@dataclass
+class _EvalSetup:
+    """What `_model_and_loader` resolved: the model, the data and how they are run."""
+
+    resolved: Any  # the resolved model spec (core.models.resolve_spec)
+    data: Any  # the data read (core.evaluate.source.load_eval_samples)
+    classes: list[str]
+    num_classes: int
+    k: int  # the top-k scored
+    amp_dtype: Any  # the autocast dtype, None without --amp
+    workers: int
+    loader: Any
+
+
+def _model_and_loader(spec: ModelSpec, options: EvalOptions, ctx: DistContext) -> tuple:
+    """(the model and data resolved, the loader's batches): the loader's workers are forked
+    before any thread of the command exists: the model is loaded and the data read on one
+    thread (`until_workers_forked`), moved to its device and run on the command's threads once
+    the workers are started."""
     import torch
 
     from torchkit.core.data.batches import collate_skipping_unreadable
-    from torchkit.core.data.dataset import (
-        inference_dataset,
-        inference_workers,
-        stop_workers,
-        worker_options,
-    )
+    from torchkit.core.data.dataset import inference_dataset, inference_workers, worker_options
     from torchkit.core.data.device_decode import collate_encoded
-    from torchkit.core.runtime.threads import (
-        compute_threads,
-        torch_threads,
-        until_workers_forked,
-    )
+    from torchkit.core.runtime.threads import until_workers_forked
 
     device = ctx.device
-    # The loader's workers are forked before any thread of the command exists: the model is
-    # loaded and the data read on one thread (`until_workers_forked`), moved to its device and
-    # run on the command's threads once the workers are started.
     with until_workers_forked():
         resolved = resolve_spec(spec, command="eval", exported="runtime", predicting=True)
         check_torch_options_apply(options.run, resolved.exported_format)
@@ -553,77 +625,67 @@ def _run(
             **worker_options(workers),
         )
         batches = iter(loader)  # the workers are forked here
-    try:
-        if join is not None:
-            join()  # Gloo's threads start: after the forks
-        info_amp_dtype = None if amp_dtype is None else amp_dtype_name(amp_dtype)
-        model = resolved.model
-        model.eval()
-        model.to(device)
-        if options.run.channels_last:
-            to_channels_last(model)
-        log.info(
-            "evaluating %d images of %s with %s on %s",
-            len(samples),
-            samples.source,
-            resolved.arch,
-            device,
-        )
-        start = time.perf_counter()
-        with torch_threads(compute_threads(workers, tiny_inputs=samples.images is not None)):
-            local, errors, nonfinite_batches = predict(
-                model,
-                loader,
-                device,
-                k=k,
-                tta=options.tta,
-                amp=options.run.amp,
-                amp_dtype=amp_dtype,
-                channels_last=options.run.channels_last,
-                strict=options.strict,
-                progress=progress if ctx.is_main else None,
-                normalized=NormalizedPixels(preprocess.mean, preprocess.std),
-                batches=batches,
-            )
-    finally:
-        # The workers stop now, also after a failed join, an error of the model or a stop:
-        # not whenever the traceback that holds this frame (and `predict`'s, which holds the
-        # iterator too) is collected, whose join of them then waited torch's 5 s for each.
-        stop_workers(batches)
-        del batches
-    seconds = time.perf_counter() - start
-    predictions, errors, seconds, nonfinite_batches = _gather(
-        local, errors, seconds, nonfinite_batches, k, ctx
-    )
+    setup = _EvalSetup(resolved, data, classes, num_classes, k, amp_dtype, workers, loader)
+    return setup, batches
 
-    # Counted over every rank's gathered outputs: the same error on each, rank 0 reports it.
-    if errors and options.strict:
-        raise on_every_rank(
-            InputError(
-                f"unreadable image {errors[0]}", "fix or remove it, or drop --strict to skip it"
-            )
-        )
-    if nonfinite_batches and options.strict:
-        raise on_every_rank(
-            InputError(
-                _nonfinite_message(predictions, samples, nonfinite_batches),
-                _nonfinite_hint(info_amp_dtype, strict=True),
-            )
-        )
-    if not ctx.is_main:
-        return None
-    if len(predictions) == 0:
-        first = f"the first, {errors[0]}" if errors else None
-        raise none_read(len(samples), redact_url(options.data), first)  # not the cache folder
-    metrics = compute_metrics(
-        predictions.labels,
-        predictions.predicted,
-        predictions.topk_labels,
-        num_classes,
-        k,
-        scorer=scorer,
+
+def _model_on_device(setup: _EvalSetup, options: EvalOptions, ctx: DistContext) -> Any:
+    """The model in eval mode on its device (in channels-last memory with --channels-last)."""
+    device, resolved, samples = ctx.device, setup.resolved, setup.data.samples
+    model = resolved.model
+    model.eval()
+    model.to(device)
+    if options.run.channels_last:
+        to_channels_last(model)
+    log.info(
+        "evaluating %d images of %s with %s on %s",
+        len(samples),
+        samples.source,
+        resolved.arch,
+        device,
     )
-    info = {
+    return model
+
+
+def _score_here(
+    setup: _EvalSetup,
+    model: Any,
+    batches: Iterator,
+    options: EvalOptions,
+    ctx: DistContext,
+    progress: Progress | None,
+) -> tuple[Predictions, list[str], int]:
+    """This rank's images scored: `predict`'s outputs."""
+    from torchkit.core.runtime.threads import compute_threads, torch_threads
+
+    samples, preprocess = setup.data.samples, setup.resolved.preprocess
+    with torch_threads(compute_threads(setup.workers, tiny_inputs=samples.images is not None)):
+        return predict(
+            model,
+            setup.loader,
+            ctx.device,
+            k=setup.k,
+            tta=options.tta,
+            amp=options.run.amp,
+            amp_dtype=setup.amp_dtype,
+            channels_last=options.run.channels_last,
+            strict=options.strict,
+            progress=progress if ctx.is_main else None,
+            normalized=NormalizedPixels(preprocess.mean, preprocess.std),
+            batches=batches,
+        )
+
+
+def _run_info(
+    spec: ModelSpec,
+    options: EvalOptions,
+    setup: _EvalSetup,
+    ctx: DistContext,
+    info_amp_dtype: str | None,
+) -> dict[str, Any]:
+    """The run's record in metrics.json: the model, the data and the settings."""
+    resolved, data = setup.resolved, setup.data
+    return {
         "checkpoint": spec.model or spec.weights,
         "arch": resolved.arch,
         "model_source": resolved.weights_source or resolved.source,
@@ -631,28 +693,15 @@ def _run(
         "data": redact_url(options.data),
         "split": data.split,
         "root": data.root,
-        "device": str(device),
+        "device": str(ctx.device),
         "world_size": ctx.world_size,
         "batch_size": options.run.batch_size,
         "tta": options.tta,
         "amp": options.run.amp,
         "amp_dtype": info_amp_dtype,
         "ema": spec.ema,
-        "preprocess": preprocess.to_dict(),
+        "preprocess": resolved.preprocess.to_dict(),
     }
-    result = EvalResult(
-        classes=classes,
-        metrics=metrics,
-        predictions=predictions,
-        samples=samples,
-        loss=predictions.mean_loss().loss,
-        skipped=errors,
-        seconds=seconds,
-        info=info,
-        nonfinite_batches=nonfinite_batches,
-        topk=options.topk or DEFAULT_TOPK,
-    )
-    return result, errors
 
 
 def _nonfinite_message(
