@@ -258,6 +258,36 @@ def test_members_in_a_folder_that_is_a_link_tar_does_not_write_through_are_not_r
         assert sorted(p.name for p in (unpacked / ".s").iterdir()) == ["q.png", "u.png"]
 
 
+def test_members_written_through_a_plain_link_to_a_folder_are_read_where_tar_puts_them(
+    tmp_path,
+):
+    """`cat/plain -> sub`, then `cat/plain/z.png`: tar -xf writes it through the link, to
+    cat/sub/z.png (a later `cat/plain/k.png` replacing `cat/sub/k.png`), where torchkit read it
+    as cat/plain/z.png, a path the unpacked folder does not read (a link not entered)."""
+    members = [
+        ("cat/a.png", png(0)),
+        ("dog/c.png", png(1)),
+        ("cat/plain", "->sub"),
+        ("cat/sub/k.png", png(2)),
+        ("cat/plain/z.png", png(3)),
+        ("cat/plain/k.png", png(4)),
+    ]
+    archive = _tar(tmp_path / "pets.tar", members)
+    source = open_data(str(archive))
+    images = dict(zip(source.whole.ids, (p.read_bytes() for p in source.whole.paths), strict=True))
+    assert images == {
+        "cat/a.png": png(0),
+        "cat/sub/k.png": png(4),
+        "cat/sub/z.png": png(3),
+        "dog/c.png": png(1),
+    }
+    unpacked = _unpacked_by_gnu_tar(archive)
+    if unpacked is not None:
+        folder = open_data(str(unpacked))
+        assert folder.whole.ids == source.whole.ids
+        assert _files(unpacked, images) == images
+
+
 @pytest.mark.parametrize("kind", ["file", "link"])
 def test_the_listing_keeps_one_member_a_name(tmp_path, kind):
     """A name stored as a file and again as a `kind`: the listing holds it once, as its last

@@ -2112,7 +2112,8 @@ def _leave_out_members_under_links(
     of the archive (`out -> /tmp`, then `out/x.png`), or one to a file, or whose target starts
     with `/` or holds `..` (tar makes those last, a plain file till then). torchkit read them
     (as class out). Said in one warning naming each with its link as stored. A plain link to
-    a folder of the archive (`dog -> .s`) is written through: `dog/x.png` is .s/x.png."""
+    a folder of the archive (`cat/plain -> sub`) is written through: the member
+    `cat/plain/z.png` is read as cat/sub/z.png, where tar -x puts it."""
     if not listing.links:
         return
     # Links stored under another spelling of their path (`cat//in`): few, by their path.
@@ -2121,16 +2122,24 @@ def _leave_out_members_under_links(
         for link in listing.links
         if link[:1] == "/" or "//" in link or "/." in link
     }
-    held: dict[str, str | None] = {}  # each image's folder -> `_unwritable_link_on` it
+    held: dict[str, tuple[str | None, str]] = {}  # each image's folder -> `_folder_written`
     shown = []
     for name in list(member_of):
         folder = name.rpartition("/")[0]
         if folder not in held:
-            held[folder] = _unwritable_link_on(folder, listing, respelled)
-        link = held[folder]
+            held[folder] = _folder_written(folder, listing, respelled)
+        link, written = held[folder]
         if link is not None:
             shown.append(f"{name} (in {link})")
             del member_of[name]
+        elif written != folder:
+            # Written through a link: where tar -x puts it, unless a member written there
+            # later replaces it.
+            member = member_of.pop(name)
+            there = f"{written}/{name[len(folder) + 1 :]}" if written else name[len(folder) + 1 :]
+            earlier = member_of.get(there)
+            if earlier is None or _data_at(listing, earlier) < _data_at(listing, member):
+                member_of[there] = member
     if shown:
         log.warning(
             f"{spec}: {counted(len(shown), 'image member')} "
@@ -2140,24 +2149,37 @@ def _leave_out_members_under_links(
         )
 
 
-def _unwritable_link_on(
+def _data_at(listing: TarListing, member: str) -> int:
+    """Where `member`'s data lies in the archive (-1 for a link): the later member of two."""
+    return listing.members[member][0] if member in listing.members else -1
+
+
+def _folder_written(
     folder: str, listing: TarListing, respelled: dict[str | None, str]
-) -> str | None:
-    """`LINK -> TARGET` (as stored) of the first folder on the way to `folder` (itself too)
-    that is a link tar -x writes nothing through (`_leave_out_members_under_links`), None
-    where none is. `respelled`: the links stored under another spelling, by their path."""
-    parts = folder.split("/") if folder else []
-    for depth in range(1, len(parts) + 1):
-        path = "/".join(parts[:depth])
-        link = path if path in listing.link_texts else respelled.get(path)
-        if link is None:
-            continue
-        text = listing.link_texts[link]
-        plain = not (text.startswith("/") or ".." in text.split("/"))
-        if plain and link in listing.folder_links and link not in listing.outside:
-            continue  # written through: `bird/u.png` is .s/u.png
-        return f"{path} -> {listing.outside.get(link, text)}"
-    return None
+) -> tuple[str | None, str]:
+    """(`LINK -> TARGET`, as stored, of the first folder on the way to `folder`, itself too,
+    that is a link tar -x writes nothing through (`_leave_out_members_under_links`), else
+    None; the folder tar -x writes `folder`'s members to: through each plain link to a folder
+    of the archive on the way, `cat/plain` is cat/sub where `cat/plain -> sub`).
+    `respelled`: the links stored under another spelling, by their path."""
+    for _ in range(_MOST_LINKS):
+        parts = folder.split("/") if folder else []
+        for depth in range(1, len(parts) + 1):
+            path = "/".join(parts[:depth])
+            link = path if path in listing.link_texts else respelled.get(path)
+            if link is None:
+                continue
+            text = listing.link_texts[link]
+            plain = not (text.startswith("/") or ".." in text.split("/"))
+            if not plain or link not in listing.folder_links or link in listing.outside:
+                return f"{path} -> {listing.outside.get(link, text)}", folder
+            # written through: on to the folder it leads to, and its links
+            linked = listing.folder_links[link]
+            folder = "/".join(filter(None, [linked, *parts[depth:]]))
+            break
+        else:
+            return None, folder
+    return None, folder  # links round in a loop: as stored
 
 
 def _class_folder_links(
