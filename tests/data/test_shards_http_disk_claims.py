@@ -627,6 +627,118 @@ def test_ctrl_c_or_sigterm_as_a_download_begins_ends_the_run(tmp_path, monkeypat
     assert _left_in(cache) == set(), _left_in(cache)  # no shard, no temporary, no claim
 
 
+# A child's sitecustomize: once the first download is submitted, the main thread's first
+# acquisition of a future's lock parks holding it, says so in TK_TEST_PARKED and stays until
+# TK_TEST_RELEASE exists (written once the signal is sent) or the command's handler has seen a
+# signal (60 s at most).
+PARKED_HOLDING_A_FUTURE = textwrap.dedent(
+    """
+    import os, threading, time
+    from concurrent.futures import ThreadPoolExecutor, _base
+
+    from torchkit.core.runtime.signals import received_stops
+
+    armed, parked = [False], [False]
+
+    class ParkingLock:
+        def __init__(self):
+            self._inner = threading.RLock()
+            self._release_save = self._inner._release_save
+            self._acquire_restore = self._inner._acquire_restore
+            self._is_owned = self._inner._is_owned
+            self.release = self._inner.release
+
+        def acquire(self, *args, **kwargs):
+            got = self._inner.acquire(*args, **kwargs)
+            main = threading.current_thread() is threading.main_thread()
+            if got and main and armed[0] and not parked[0]:
+                parked[0] = True
+                open(os.environ["TK_TEST_PARKED"], "w").close()
+                deadline = time.monotonic() + 60
+                while not received_stops and time.monotonic() < deadline:
+                    if os.path.exists(os.environ["TK_TEST_RELEASE"]):
+                        break
+                    time.sleep(0.005)
+            return got
+
+        __enter__ = acquire
+
+        def __exit__(self, *exc):
+            self.release()
+
+    made = _base.Future.__init__
+
+    def future_init(self):
+        made(self)
+        self._condition = threading.Condition(ParkingLock())
+
+    submit = ThreadPoolExecutor.submit
+
+    def armed_submit(self, fn, *args, **kwargs):
+        if fn.__name__ == "_fetch_one":
+            armed[0] = True
+        return submit(self, fn, *args, **kwargs)
+
+    _base.Future.__init__ = future_init
+    ThreadPoolExecutor.submit = armed_submit
+    """
+)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
+def test_a_stop_while_the_main_thread_holds_a_downloads_lock_ends_the_run(
+    tmp_path, monkeypatch, signum
+):
+    """A Ctrl-C (or SIGTERM) raised in the main thread while it holds a download's future's
+    lock: waiting with `as_completed`, which takes every future's lock at once, the lock stayed
+    held, the download's thread waited on it to end its future, and the pool's join on that
+    thread for ever. Made certain here (the lock is held until the signal is sent); the run
+    now ends at once, 130 (SIGTERM: 143), nothing of the shards left."""
+    served = tmp_path / "served"
+    served.mkdir()
+    for name in "ab":
+        _shard(served / f"{name}-000000.tar", 64 * 1024)
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(PARKED_HOLDING_A_FUTURE)
+    parked, release, cache = tmp_path / "parked", tmp_path / "release", tmp_path / "cache"
+    signalled = threading.Event()
+
+    def hold_body(path: str, part: str) -> None:
+        if part == "body":  # held until the run ended: only a hang-up ends its read
+            signalled.wait(3 * _HANG_S)
+
+    serving, _ = _serving(served, cache, monkeypatch, hold_body)
+    with serving as server:
+        process = start_torchkit_process(
+            "dataset-stats",
+            f"{server.url}/{{a,b}}-000000.tar",
+            "--workers",
+            "0",
+            env={
+                "PYTHONPATH": str(site),
+                "TK_TEST_PARKED": str(parked),
+                "TK_TEST_RELEASE": str(release),
+                "TORCHKIT_CACHE": str(cache),
+                "TORCHKIT_HTTP_TIMEOUT": str(_NEVER_S),
+            },
+        )
+
+        try:
+            wait_until(parked.exists, process=process, what="the run parked holding a lock")
+            process.send_signal(signum)
+            release.touch()  # the lock let go of: where the stop is held back, it comes now
+            _, stderr = process.communicate(timeout=_HANG_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+            raise
+        finally:
+            signalled.set()
+    ended_as_stopped(process, signum, process.returncode, stderr)
+    assert _left_in(cache) == set(), _left_in(cache)  # no shard, no temporary, no claim
+
+
 def test_a_failure_ends_a_read_its_server_stalls_at_once(tmp_path, monkeypatch):
     """a's server sends its headers, then stalls its body; c, which the server lacks, fails.
     The run waited for a's read until its timeout (TORCHKIT_HTTP_TIMEOUT, 30 s) before it

@@ -509,35 +509,56 @@ def _unchecked_folder(
 def _run_all(jobs: list[tuple[str, _Folder, str]]) -> None:
     """Each shard checked against the cache and downloaded where needed, DOWNLOAD_THREADS at a
     time; on the first failure the others stop (their temporary files deleted) and the failure
-    of the first shard in `jobs` order that failed is raised."""
-    from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+    of the first shard in `jobs` order that failed is raised.
+
+    The main thread waits on a queue each download's end is put into (by the download's
+    thread, as the future's done-callback, with its outcome read there), not on
+    `as_completed`: that takes every future's lock at once, and a Ctrl-C raised in the main
+    thread between those acquisitions left some of them held for ever, so a download thread
+    ending its future waited on the lock, and the pool's join on that thread (a hang). The
+    few steps where the main thread still takes a future's lock (a callback added, the
+    downloads cancelled) hold Ctrl-C and SIGTERM back until the lock is let go."""
+    from concurrent.futures import Future, ThreadPoolExecutor
+    from queue import SimpleQueue
+
+    from torchkit.core.runtime.signals import signals_held
 
     if not jobs:
         return
     stop = threading.Event()
     errors: dict[int, BaseException] = {}
+    # (a download's future, its error or None): one for each future, cancelled ones too.
+    ended: SimpleQueue[tuple[Future[None], BaseException | None]] = SimpleQueue()
+
+    def put_ended(future: Future[None]) -> None:
+        ended.put((future, None if future.cancelled() else future.exception()))
+
     with ThreadPoolExecutor(
         max_workers=min(DOWNLOAD_THREADS, len(jobs)), thread_name_prefix="torchkit-download"
     ) as pool:
         futures: dict[Future[None], int] = {}
+
+        def stop_all() -> None:
+            with signals_held():
+                _stop_downloads(stop)
+                for other in futures:
+                    other.cancel()
+
         try:
             # Submitted inside: a Ctrl-C between two submits stops the downloads begun, which
             # the pool's end waited for (one waiting for room or a stalled server: for ever).
             for i, job in enumerate(jobs):
-                futures[pool.submit(_fetch_one, *job, stop)] = i
-            for future in as_completed(futures):
-                if future.cancelled():
-                    continue
-                error = future.exception()
+                future = pool.submit(_fetch_one, *job, stop)
+                futures[future] = i
+                with signals_held():
+                    future.add_done_callback(put_ended)
+            for _ in range(len(futures)):
+                future, error = ended.get()  # a Ctrl-C raises here, holding no lock
                 if error is not None and not isinstance(error, _Stopped):
                     errors[futures[future]] = error
-                    _stop_downloads(stop)
-                    for other in futures:
-                        other.cancel()
+                    stop_all()
         except BaseException:  # Ctrl-C: the downloads in flight stop and clean up
-            _stop_downloads(stop)
-            for other in futures:
-                other.cancel()
+            stop_all()
             raise
     if errors:
         raise errors[min(errors)]
