@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -369,16 +370,30 @@ def _per_image_bytes(model: Any, sample: tuple[int, ...]) -> tuple[int, Attentio
 # (`pt2_held_matrices`), with `_IMAGES_HELD` below: the count's growth is then 24.1, 14.2 and
 # 4.4 MB (at 196 tokens 3.7 and 3.1 MB against 3.9 and 3.8; swin_t 20.9 against 27.4).
 # torchvision's models (random weights, 224 px, -b 1 and 16, 8 for vit_b_16; 2026-12-02,
-# docs/performance.md) showed the rest of .pt2's count off: the weights at 3.5 copies held about
-# one (vit_b_16's 346 MB counted 1.2 GB: a 0.47 GB export refused on a machine with 1 GB free),
-# 50-100 MB a run that no batch makes (`_PT2_FIXED`) not counted at all, and a transformer's
-# peak growing 1.3-1.5x the count per image (vit_b_16 14.4 MB an image, swin_t 30.8 MB: its
-# blocks hold their queries, keys and values and the attention call's copies beside the largest
-# call), the CNNs' 0.93-1.06x. So `_PT2_PER_BATCH_WITH_ATTENTION` for a model with attention
-# matrices, 1.7 for the others, 1.2 copies of the weights and `_PT2_FIXED`: 1.04-1.24x the peaks.
+# docs/performance.md) showed the rest of .pt2's count off: the weights counted 3.5 times where
+# an export takes about one copy more (vit_b_16's 346 MB counted 1.2 GB: an export that took
+# 0.47 GB in all was refused on a machine with 1 GB free), 50-60 MB a run that no batch makes
+# (`_PT2_FIXED`) not counted at all, and a transformer's peak growing 1.3-1.5x the count per
+# image (vit_b_16 14.4 MB an image, swin_t 30.8 MB: its blocks hold their queries, keys and
+# values and the attention call's copies beside the largest call), the CNNs' 0.93-1.06x. So
+# `_PT2_PER_BATCH_WITH_ATTENTION` for a model with attention matrices, 1.7 for the others, 1.2
+# copies of the weights and `_PT2_FIXED` (and `_PT2_IMPORTS`): 1.02-1.37x the peaks.
 _PEAK_PER_BATCH = {fm.ONNX: 3.5, fm.TORCHSCRIPT: 3.5, fm.EXPORTED_PROGRAM: 1.7}
 _PT2_PER_BATCH_WITH_ATTENTION = 2.5
 _PT2_FIXED = 80_000_000
+# What torch.export's machinery takes once imported (torch._dynamo, sympy: 154 MB of RSS, torch
+# 2.15), where nothing has imported it before the check: a model built by name has (torchvision's
+# builders import it), a `module:Callable` may not (thin ViTs at 196 tokens, -b 16: 289 MB held,
+# 164 MB counted without it).
+_PT2_IMPORTS = 160_000_000
+
+
+def pt2_fixed_bytes() -> int:
+    """What a .pt2 export takes whatever its batch: `_PT2_FIXED`, and `_PT2_IMPORTS` where
+    torch.export's machinery is not imported yet."""
+    return _PT2_FIXED + (0 if "torch._dynamo" in sys.modules else _PT2_IMPORTS)
+
+
 _KEPT_PER_BATCH = {fm.ONNX: 1.6, fm.TORCHSCRIPT: 1.6}
 _PEAK_PER_MATRIX = {fm.EXPORTED_PROGRAM: 4.0}  # without `held_matrices`: the flat rate
 # The same ViTs showed the images short: .pt2's runs hold the verification's batches (B and B+2
@@ -529,7 +544,7 @@ def export_memory_needed(
             f", plus {matrix_rate:g} x {largest * matrix / 1e9:,.1f} GB for their "
             f"{LARGEST_ATTENTION_MATRIX}"
         )
-    fixed = _PT2_FIXED if fmt == fm.EXPORTED_PROGRAM else 0
+    fixed = pt2_fixed_bytes() if fmt == fm.EXPORTED_PROGRAM else 0
     return MemoryNeeded(needed + fixed, rate, counted, held, fixed)
 
 
