@@ -4,9 +4,10 @@ parquet: CPU seconds (user + sys of the process tree), peak memory and cost per 
 Parts (--parts, comma-separated):
 
 - convert: `convert shards` (`--per-shard 10000`, `-j 0`) of a CSV index (bench_scaling.py's
-  ROOT/n<N>/index.csv: 300 distinct 8x8 PNGs hard-linked, 100 classes) and of HF parquet (the
-  same PNGs' bytes, 10 files, row groups of 1,000 rows, a ClassLabel of 100 names): the whole
-  run. The CSV index's shards are kept (ROOT/shards-<N>) for the infer part.
+  ROOT/n<N>/index.csv: 300 distinct 8x8 PNGs hard-linked, 100 classes), of HF parquet (the
+  same PNGs' bytes, 10 files, row groups of 1,000 rows, a ClassLabel of 100 names) and of the
+  index's folder of class folders (ROOT/n<N>/images): the whole run. The CSV index's shards
+  are kept (ROOT/shards-<N>) for the infer part.
 - neardup: `dataset-stats --near-duplicates --format json -o` of parquet holding N distinct
   random 8x8 PNGs, a tenth of them planted near copies (one pixel moved by one level): the
   listing, then the whole run (every image read and hashed).
@@ -162,6 +163,7 @@ def convert(root: Path, samples: int, timeout: float) -> None:
     for name, spec, out in (
         ("convert shards, CSV index", data / "index.csv", root / f"shards-{samples}"),
         ("convert shards, parquet", parquet, root / f"runs/shards-pq-{samples}"),
+        ("convert shards, folder", data / "images", root / f"runs/shards-folder-{samples}"),
     ):
         arguments = ["convert", "shards", str(spec), str(out), "--per-shard", "10000"]
         result = run([*arguments, "-j", "0", "--force"], {}, None, timeout)
