@@ -143,9 +143,118 @@ def prepare_state(
     `after_forks` runs once every loader worker is forked (under torchrun: joining the process
     group, whose threads no worker may be forked beside)."""
 
+    split = RunTimeline(time.perf_counter(), None)  # where the set-up's time goes (`train -v`)
+    checkpoint = plan.checkpoint
+    run = _seeds_and_data(ctx, plan, amp)
+    config, data, preprocess = run.config, run.data, run.preprocess
+    split.mark("seeds and data")
+    build_model = functools.cache(  # built once, by whichever asks first
+        functools.partial(
+            _build_model,
+            ctx,
+            config,
+            run.arch,
+            run.classes,
+            preprocess,
+            sync_bn,
+            from_checkpoint=checkpoint is not None,
+            resumed_weights=checkpoint.get("model") if checkpoint is not None else None,
+            model_file=plan.model_file,
+        )
+    )
+    loaders, starts = _loaders_and_starts(ctx, config, run, build_model)
+    split.mark("loaders")
+    try:
+        if len(loaders.train) == 0:
+            raise UsageError("no training batches", "is the training set empty?")
+        point = ResumePoint()
+        if checkpoint is not None:
+            point = resume_point(checkpoint, ctx, config, plan.resumed_from)
+        _start_reading(ctx, config, data, preprocess, loaders, starts, point)
+        split.mark("starting the workers")
+        if after_forks is not None:
+            after_forks()
+            if ctx.is_distributed:
+                split.mark("joining the ranks")
+        model, arch, parameters = build_model()
+        split.mark("model")
+        _to_device(model, ctx, config)
+        split.mark("the model to the device")
+        groups, optimizer, schedule = _optimisation(model, config, len(loaders.train))
+        if checkpoint is not None:
+            restore_training(
+                checkpoint,
+                plan.resumed_from,
+                model=model,
+                config=config,
+                groups=groups,
+                optimizer=optimizer,
+                schedule=schedule,
+                scaler=amp.scaler,
+            )
+            realign_schedule(schedule, point, config, train_size_changed=run.train_size_changed)
+        ema = _ema(model, config, checkpoint)
+        step_ctx = _step_context(
+            ctx, config, model, groups, optimizer, schedule, ema, amp, run.weights, preprocess
+        )
+        if config.cuda_graphs:
+            from torchkit.core.train.graphed_step import GraphedStep
+
+            step_ctx.graphed = GraphedStep(step_ctx, amp.dtype, config.batch_size)
+    except BaseException:
+        _stop_reading(starts, loaders)
+        raise
+    return TrainState(
+        config=config,
+        data=data,
+        classes=run.classes,
+        class_weights=run.weights,
+        arch=arch,
+        preprocess=preprocess,
+        model=model,
+        parameters=parameters,
+        loaders=loaders,
+        epoch_starts=starts,
+        drop_last=run.drop_last,
+        amp=amp,
+        groups=groups,
+        optimizer=optimizer,
+        schedule=schedule,
+        ema=ema,
+        step_ctx=step_ctx,
+        unreadable=UnreadableImages(config.strict),
+        resumed_from=plan.resumed_from,
+        start_epoch=point.start_epoch,
+        setup_split=_marked(split, "optimiser and the rest"),
+        best_metric=point.best_metric,
+        best_epoch=point.best_epoch,
+        history=point.history,
+        progress=point.progress,
+        resume_rng=point.rng,
+        resumed_stopped_early=point.stopped_early,
+    )
+
+
+@dataclass
+class _RunData:
+    """What `_seeds_and_data` settled: the config as this run resolves it, its data, classes and
+    preprocessing, and what a resumed run's checkpoint decided."""
+
+    config: TrainConfig
+    data: TrainData
+    classes: list[str]
+    weights: Any  # --class-weights: a weight per class, or None
+    arch: str
+    preprocess: Preprocess
+    drop_last: bool
+    train_size_changed: bool
+
+
+def _seeds_and_data(ctx: DistContext, plan: RunPlan, amp: Amp) -> _RunData:
+    """The run seeded, cuDNN set, and its data read (a resumed run takes back the split it
+    recorded, labelled in its classes' order, and its architecture, trusted)."""
     from torchkit.core.runtime.seeding import seed_everything
 
-    split = RunTimeline(time.perf_counter(), None)  # where the set-up's time goes (`train -v`)
     config, checkpoint = plan.config, plan.checkpoint
     config = _resolve_cuda_graphs(ctx, config, amp.dtype)
     if config.cuda_graphs:
@@ -175,125 +284,68 @@ def prepare_state(
         arch, _ = checkpoint_arch(checkpoint, str(plan.resumed_from))
         require_trusted_arch(arch, str(plan.resumed_from), config.trust_checkpoint)
     preprocess = preprocess_for(config)
-    split.mark("seeds and data")
-    build_model = functools.cache(  # built once, by whichever asks first
-        functools.partial(
-            _build_model,
-            ctx,
-            config,
-            arch,
-            classes,
-            preprocess,
-            sync_bn,
-            from_checkpoint=checkpoint is not None,
-            resumed_weights=checkpoint.get("model") if checkpoint is not None else None,
-            model_file=plan.model_file,
-        )
-    )
-    # The loaders come first, so that their workers read the first batches (and the GPU's
-    # decoder readies itself) while the model is built and moved to the device. They ask for
-    # the model only when an epoch would end in a batch of one image (BatchNorm refuses it).
+    return _RunData(config, data, classes, weights, arch, preprocess, drop_last, train_size_changed)
+
+
+def _loaders_and_starts(
+    ctx: DistContext, config: TrainConfig, run: _RunData, build_model: Callable[[], tuple]
+) -> tuple[Any, EpochStarts]:
+    """The loaders and what starts each epoch's batches. They come first, so that their
+    workers read the first batches (and the GPU's decoder readies itself) while the model is
+    built and moved to the device. They ask for the model only when an epoch would end in a
+    batch of one image (BatchNorm refuses it)."""
     loaders = build_loaders(
-        data.splits,
-        preprocess,
+        run.data.splits,
+        run.preprocess,
         config,
         rank=ctx.rank,
         world=ctx.world_size,
         pin_memory=ctx.device.type == "cuda",
-        drop_last=drop_last,
+        drop_last=run.drop_last,
         drop_lone_image=lambda: has_batch_norm(build_model()[0]),
     )
-    if loaders.train.drop_last and not drop_last:
-        data.notes.append(
+    if loaders.train.drop_last and not run.drop_last:
+        run.data.notes.append(
             "each epoch's last training batch is left out: it would hold 1 image, and "
             "BatchNorm cannot train on a batch of one"
         )
     starts = EpochStarts(
         loaders.train, loaders.train_sampler, decode_ahead=_early_decoding(ctx, config)
     )
-    split.mark("loaders")
-    try:
-        if len(loaders.train) == 0:
-            raise UsageError("no training batches", "is the training set empty?")
-        point = ResumePoint()
-        if checkpoint is not None:
-            point = resume_point(checkpoint, ctx, config, plan.resumed_from)
-        if not config.find_lr:
-            # Forked first: no thread runs beside them yet (the train loader's are forked with
-            # the first epoch's batches below, unless that epoch is resumed in its middle).
-            loaders.start_workers(train=point.progress.batches > 0)
-        if point.progress.batches == 0 and not config.find_lr:
-            # The workers read the first batches and the GPU's decoder readies itself while
-            # the model is built and the rest is set up (first epoch: issue #30).
-            starts.start_early(point.start_epoch)
-            if not starts.decoding_early:  # else decoding the first batches readies it
-                _warm_decoder(ctx, config, data, preprocess)
-        split.mark("starting the workers")
-        if after_forks is not None:
-            after_forks()
-            if ctx.is_distributed:
-                split.mark("joining the ranks")
-        model, arch, parameters = build_model()
-        split.mark("model")
-        _to_device(model, ctx, config)
-        split.mark("the model to the device")
-        groups, optimizer, schedule = _optimisation(model, config, len(loaders.train))
-        if checkpoint is not None:
-            restore_training(
-                checkpoint,
-                plan.resumed_from,
-                model=model,
-                config=config,
-                groups=groups,
-                optimizer=optimizer,
-                schedule=schedule,
-                scaler=amp.scaler,
-            )
-            realign_schedule(schedule, point, config, train_size_changed=train_size_changed)
-        ema = _ema(model, config, checkpoint)
-        step_ctx = _step_context(
-            ctx, config, model, groups, optimizer, schedule, ema, amp, weights, preprocess
-        )
-        if config.cuda_graphs:
-            from torchkit.core.train.graphed_step import GraphedStep
+    return loaders, starts
 
-            step_ctx.graphed = GraphedStep(step_ctx, amp.dtype, config.batch_size)
-    except BaseException:
-        starts.close()  # its decoding threads read from the workers: stopped first
-        loaders.close()
-        from torchkit.core.data.decoder_warm_up import wait_for_decoder_warm_up
 
-        wait_for_decoder_warm_up()  # not left inside CUDA calls while the process exits
-        raise
-    return TrainState(
-        config=config,
-        data=data,
-        classes=classes,
-        class_weights=weights,
-        arch=arch,
-        preprocess=preprocess,
-        model=model,
-        parameters=parameters,
-        loaders=loaders,
-        epoch_starts=starts,
-        drop_last=drop_last,
-        amp=amp,
-        groups=groups,
-        optimizer=optimizer,
-        schedule=schedule,
-        ema=ema,
-        step_ctx=step_ctx,
-        unreadable=UnreadableImages(config.strict),
-        resumed_from=plan.resumed_from,
-        start_epoch=point.start_epoch,
-        setup_split=_marked(split, "optimiser and the rest"),
-        best_metric=point.best_metric,
-        best_epoch=point.best_epoch,
-        history=point.history,
-        progress=point.progress,
-        resume_rng=point.rng,
-        resumed_stopped_early=point.stopped_early,
-    )
+def _start_reading(
+    ctx: DistContext,
+    config: TrainConfig,
+    data: TrainData,
+    preprocess: Preprocess,
+    loaders: Any,
+    starts: EpochStarts,
+    point: ResumePoint,
+) -> None:
+    """The loaders' workers forked, and the first epoch's batches asked for (the GPU's decoder
+    readied), unless --find-lr, which trains no epoch."""
+    if not config.find_lr:
+        # Forked first: no thread runs beside them yet (the train loader's are forked with
+        # the first epoch's batches below, unless that epoch is resumed in its middle).
+        loaders.start_workers(train=point.progress.batches > 0)
+    if point.progress.batches == 0 and not config.find_lr:
+        # The workers read the first batches and the GPU's decoder readies itself while
+        # the model is built and the rest is set up (first epoch: issue #30).
+        starts.start_early(point.start_epoch)
+        if not starts.decoding_early:  # else decoding the first batches readies it
+            _warm_decoder(ctx, config, data, preprocess)
+
+
+def _stop_reading(starts: EpochStarts, loaders: Any) -> None:
+    """After a failed set-up: the decoding threads, then the workers they read from, stopped,
+    and the decoder's warm-up waited for (not left inside CUDA calls as the process exits)."""
+    starts.close()  # its decoding threads read from the workers: stopped first
+    loaders.close()
+    from torchkit.core.data.decoder_warm_up import wait_for_decoder_warm_up
+
+    wait_for_decoder_warm_up()  # not left inside CUDA calls while the process exits
 
 
 def set_cudnn_switches(device_type: str, config: TrainConfig) -> None:
