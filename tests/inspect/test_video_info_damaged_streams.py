@@ -532,3 +532,35 @@ def test_an_ogg_whose_last_page_header_is_zeroed(tmp_path, audio):
         assert (held.frames, held.broken_at) == (100, last)
         assert exact.status == "damaged" and exact.frames_decoded == decoded_by_opencv(zeroed)
         assert exact.error.startswith(f"damaged: {exact.frames_decoded} of the 100 frames ")
+
+
+@pytest.mark.parametrize("serials", ["same", "new"])
+def test_ogg_files_joined_by_cat_are_ok(tmp_path, serials):
+    """Ogg files joined by `cat` (a chained Ogg file: each link begins its streams again)
+    decode in OpenCV's FFmpeg to the first link's frames. Where the links' streams have the
+    same serial numbers (ffmpeg's `-fflags +bitexact` numbers them from 0), the walk counted
+    every link's frames: a whole file of a 1 s link and a 2 s one read `damaged: 25 of the
+    75 frames its video packets hold decode`, exit 1. The walk stops where a stream begins
+    after the first link's pages: the first link's frames are counted, as where the serial
+    numbers are new."""
+    links = [
+        ffmpeg_made(
+            tmp_path / f"link{seconds}.ogv",
+            *moving_picture(seconds),
+            *("-c:v", "libtheora", "-g", "12"),
+            *(("-fflags", "+bitexact") if serials == "same" else ()),
+            encoders=("libtheora",),
+            muxer="ogg",
+        )
+        for seconds in (1, 2)
+    ]
+    joined = tmp_path / "joined.ogv"
+    joined.write_bytes(links[0].read_bytes() + links[1].read_bytes())
+    assert ogg_video_frames(joined, "ogg").frames == 25
+    exact = probe_video(joined, exact=True)
+    assert (exact.status, exact.error, exact.frames_decoded) == (
+        "ok",
+        None,
+        decoded_by_opencv(joined),
+    )
+    assert exact.frames_decoded == 25

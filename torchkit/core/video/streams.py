@@ -334,6 +334,7 @@ def ogg_video_frames(path: str | os.PathLike, container: str | None) -> HeldFram
     unpassed = None  # where bytes that are no page run on past the search for the next
     opened: set[bytes] = set()  # the streams whose first page was read, and last
     closed: set[bytes] = set()
+    begun = False  # a page that begins no stream read: the streams of the first link begun
     try:
         with open(path, "rb") as handle, _mapped(handle) as data:
             size, at = len(data), 0
@@ -362,6 +363,12 @@ def ogg_video_frames(path: str | os.PathLike, container: str | None) -> HeldFram
                 lacing = data[at + _OGG_PAGE : at + _OGG_PAGE + data[at + 26]]
                 start = at + _OGG_PAGE + len(lacing)
                 serial = data[at + 14 : at + 18]
+                if data[at + 5] & 2 and begun:
+                    # a stream begun after the first link's pages: the next link of files
+                    # joined by `cat` (its serial numbers new or the same), which OpenCV's
+                    # FFmpeg does not decode; the frames of the first alone are counted
+                    break
+                begun = begun or not data[at + 5] & 2
                 opened |= {serial} if data[at + 5] & 2 else set()
                 closed |= {serial} if data[at + 5] & 4 else set()
                 if video is None and data[at + 5] & 2:  # a stream's first page: its codec
