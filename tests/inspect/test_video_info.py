@@ -34,7 +34,7 @@ from torchkit.core.video import (
     tsn_frame_indices,
 )
 from torchkit.core.video import run as video_run
-from torchkit.core.video.containers import avi_indexed_frames
+from torchkit.core.video.avi import avi_indexed_frames
 
 runner = CliRunner()
 
@@ -1006,7 +1006,7 @@ def test_raw_mpeg2_video_cut_inside_a_picture_is_truncated(tmp_path):
 
 
 def test_last_picture_rows_of_hand_made_mpeg2_streams(tmp_path):
-    from torchkit.core.video.containers import last_picture_rows
+    from torchkit.core.video.raw import last_picture_rows
 
     def rows(data: bytes) -> tuple[int, int] | None:
         path = tmp_path / "file.m2v"
@@ -1788,7 +1788,7 @@ def test_sample_times_are_merged_from_the_two_tables_and_counted_in_an_edit(
     """A sample's time is its decoding time (stts) plus its composition offset (ctts), the
     two tables' runs merged where either's end (NumPy); an edit [start, end) shows the
     samples whose time lies in it."""
-    from torchkit.core.video.containers import _iso_sample_runs, _iso_shown
+    from torchkit.core.video.mp4 import _iso_sample_runs, _iso_shown
 
     merged = _iso_sample_runs(sample_table(*times), sample_table(*offsets))
     assert [tuple(int(v) for v in run) for run in zip(*merged, strict=True)] == runs
@@ -1920,7 +1920,7 @@ def test_many_edits_are_counted_in_time_that_grows_as_the_data_does():
     read (a 1 MB file: 30 s). The sample times are sorted once and each edit bisected."""
     import time
 
-    from torchkit.core.video.containers import _iso_sample_runs, _iso_shown
+    from torchkit.core.video.mp4 import _iso_sample_runs, _iso_shown
 
     samples, edits = 50_000, 5_000
     runs = _iso_sample_runs(sample_table((samples, 10)), sample_table((1, 0)) * samples)
@@ -2306,12 +2306,9 @@ def test_frames_before_the_first_key_frame_as_each_index_lists_them(tmp_path, wh
     its time (an open GOP's leading pictures, which refer to frames before it, their times
     lifted to the start of a copy cut at the key frame): a Matroska file's blocks
     (their key flag and times), an AVI's idx1 flags, an MP4's sync sample table."""
-    from torchkit.core.video.containers import (
-        HeldFrames,
-        avi_indexed_frames,
-        iso_frames_without_picture,
-        matroska_video_blocks,
-    )
+    from torchkit.core.video.held import HeldFrames
+    from torchkit.core.video.matroska import matroska_video_blocks
+    from torchkit.core.video.mp4 import iso_frames_without_picture
 
     webm = need(whole_videos, "clip.webm")
     data = webm.read_bytes()
@@ -2423,12 +2420,8 @@ def test_vops_marked_not_coded_are_not_damage(tmp_path, monkeypatch):
 def test_frames_of_a_few_bytes_are_not_counted_in_an_index(tmp_path, whole_videos):
     """An AVI's idx1 entries and an MP4's stsz sizes of 8 bytes or fewer (a VOP marked not
     coded) are not among the frames that must decode, but in a packed bitstream."""
-    from torchkit.core.video.containers import (
-        HeldFrames,
-        avi_indexed_frames,
-        iso_frames_without_picture,
-        mpeg4_packed,
-    )
+    from torchkit.core.video.held import HeldFrames, mpeg4_packed
+    from torchkit.core.video.mp4 import iso_frames_without_picture
 
     avi = bytearray(need(whole_videos, "clip.avi").read_bytes())
     index = avi.rfind(b"idx1") + 8
@@ -2860,7 +2853,7 @@ def test_only_an_unfragmented_iso_file_counts_its_frames_in_its_header(tmp_path)
     """Extraction decodes on past the header's count except where the count is a sample
     table's: an MP4 whose moov lists its samples. A fragmented MP4's count is FFmpeg's
     reckoning from the duration, as any other format's."""
-    from torchkit.core.video.containers import iso_lists_every_frame
+    from torchkit.core.video.mp4 import iso_lists_every_frame
 
     box = lambda kind, payload: struct.pack(">I4s", 8 + len(payload), kind) + payload  # noqa: E731
     files = {

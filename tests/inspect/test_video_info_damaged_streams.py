@@ -15,7 +15,7 @@ import pytest
 from damaged_videos import decoded_by_opencv, ffmpeg_made, moving_picture, zeroed_copy
 
 from torchkit.core.video import probe_video, streams
-from torchkit.core.video.containers import matroska_video_blocks
+from torchkit.core.video.matroska import matroska_video_blocks
 from torchkit.core.video.streams import (
     flv_video_frames,
     ogg_video_frames,

@@ -1,8 +1,6 @@
 """Finding video files, telling their container from their first bytes, and the size their
 container structure declares (which tells a copy cut short from a whole file), read by each
-format's module (avi, mp4, matroska, asf, raw, streams). The names other modules and tests
-took from here before the formats had modules of their own are imported here under them
-(`name as name`)."""
+format's module (avi, mp4, matroska, asf, raw, streams)."""
 
 from __future__ import annotations
 
@@ -18,21 +16,9 @@ from torchkit.core.io.files import STDIN, read_path_list, tree_entries
 from torchkit.core.io.image_magic import image_format
 from torchkit.core.video.asf import asf_objects_end
 from torchkit.core.video.avi import avi_fourcc, riff_chunks_end
-from torchkit.core.video.avi import avi_indexed_frames as avi_indexed_frames
-from torchkit.core.video.held import HeldFrames as HeldFrames
-from torchkit.core.video.held import fourcc_text as fourcc_text
-from torchkit.core.video.held import mpeg4_packed as mpeg4_packed
 from torchkit.core.video.matroska import ebml_segment_end
-from torchkit.core.video.matroska import matroska_mirroring_roll as matroska_mirroring_roll
-from torchkit.core.video.matroska import matroska_video_blocks as matroska_video_blocks
-from torchkit.core.video.mp4 import _iso_sample_runs as _iso_sample_runs
-from torchkit.core.video.mp4 import _iso_shown as _iso_shown
 from torchkit.core.video.mp4 import iso_boxes_end, iso_fourcc
-from torchkit.core.video.mp4 import iso_display_mirrored as iso_display_mirrored
-from torchkit.core.video.mp4 import iso_frames_without_picture as iso_frames_without_picture
-from torchkit.core.video.mp4 import iso_lists_every_frame as iso_lists_every_frame
 from torchkit.core.video.raw import dv_frames_end, y4m_frames_end
-from torchkit.core.video.raw import last_picture_rows as last_picture_rows
 from torchkit.core.video.streams import (
     M2TS_PACKET,
     TS_PACKET,

@@ -19,11 +19,8 @@ from torchkit.core.io.output_proofs import torchkit_png, with_software_text
 from torchkit.core.io.outputs import OutputFolder
 from torchkit.core.io.temporaries import NAME_MAX, cut_to_bytes
 from torchkit.core.io.write_errors import write_error
-from torchkit.core.video.containers import (
-    iso_display_mirrored,
-    iso_lists_every_frame,
-    matroska_mirroring_roll,
-)
+from torchkit.core.video.matroska import matroska_mirroring_roll
+from torchkit.core.video.mp4 import iso_display_mirrored, iso_lists_every_frame
 from torchkit.core.video.probe import (
     VideoInfo,
     _error_text,

@@ -535,7 +535,6 @@ def _ogg_frame_number(codec: str | None, granule: int, shift: int) -> int:
 _PS_VIDEO = 0xE0  # the video streams' IDs: 0xE0 to 0xEF
 _PS_RESYNC_BYTES = 1 << 26  # past a break, the next pack is searched for this far
 _VCD_SECTOR = 2324  # a VCD's sector: a pack and its padding
-_VCD_SECTOR = 2324  # a VCD's sector: a pack and its padding
 _PS_PADDING = 64  # zero bytes a muxer may write between packs elsewhere
 _NONZERO = re.compile(rb"[^\x00]")
 _MAX_PS_PACKETS = 100_000_000
