@@ -302,3 +302,47 @@ def test_the_listing_keeps_one_member_a_name(tmp_path, kind):
         kind == "link",
     )
     assert listing.locator("a.png") == listing.members["a.png" if kind == "file" else "b.png"]
+
+
+def test_a_folder_stored_after_a_link_of_its_name_is_a_folder(tmp_path):
+    """`bird -> dog`, then the folder `bird/` (an archive appended to after the link was made a
+    folder again): tar -xf replaces the link by the folder and writes `bird/q.png` into it,
+    where torchkit kept the link (bird read as dog's images, one file in two classes: an
+    error). So for an image-named link (`cat/s.png -> a.png`, then `cat/s.png/`): a folder,
+    not an image."""
+    members = [
+        ("dog/c.png", png(2)),
+        ("cat/a.png", png(1)),
+        ("bird", "->dog"),
+        ("bird/", "dir"),
+        ("bird/q.png", png(7)),
+        ("cat/s.png", "->a.png"),
+        ("./cat/s.png/", "dir"),
+        ("cat/s.png/r.png", png(3)),
+    ]
+    archive = tmp_path / "pets.tar"
+    with tarfile.open(archive, "w", format=tarfile.GNU_FORMAT) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            if data == "dir":
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(info)
+            elif isinstance(data, str):
+                info.type, info.linkname = tarfile.SYMTYPE, data[2:]
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    source = open_data(str(archive))
+    images = dict(zip(source.whole.ids, (p.read_bytes() for p in source.whole.paths), strict=True))
+    assert images == {
+        "bird/q.png": png(7),
+        "cat/a.png": png(1),
+        "cat/s.png/r.png": png(3),
+        "dog/c.png": png(2),
+    }
+    assert source.whole.classes == ["bird", "cat", "dog"]
+    unpacked = _unpacked_by_gnu_tar(archive)
+    if unpacked is not None:
+        assert open_data(str(unpacked)).whole.ids == source.whole.ids
+        assert _files(unpacked, images) == images

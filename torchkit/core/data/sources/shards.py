@@ -342,7 +342,7 @@ def list_tar(path: str, *, whole: bool = False, labels: bool = False) -> TarList
                 count += 1
                 name = _member_name(info.name)
                 if info.isdir():
-                    found.folders.add(name)
+                    found.folder(name)
                 elif info.issym() or info.islnk():
                     found.link(name, info.linkname, info.issym())
                 elif info.issparse():  # its real name (pax: GNU.sparse.name), its data in pieces
@@ -818,12 +818,26 @@ class _PlainMembers:
                     return False
                 self.label_bytes[member] = payload
         elif kind in _REGULAR or kind == _FOLDER:
-            self.folders.add(member)
+            self.folder(member)
         elif kind in (_HARD_LINK, _SYMBOLIC_LINK):
             self.link(member, linkname or _text(block[157:257]), kind == _SYMBOLIC_LINK)
         elif kind not in _SKIPPED:
             return False
         return True
+
+    def folder(self, member: str) -> None:
+        """A folder member: tar -x replaces a link or file stored before it under its name by the
+        folder (`cat/s.png -> a.png`, then `cat/s.png/`: its files are written into it)."""
+        if (
+            member in self.links
+            or member in self.members
+            or self.spellings
+            or member[:1] == "/"
+            or "//" in member
+            or "/." in member
+        ):
+            self.replace(member)
+        self.folders.add(member)
 
     def link(self, member: str, linkname: str, symbolic: bool) -> None:
         self.replace(member)
