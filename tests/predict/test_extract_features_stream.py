@@ -152,14 +152,14 @@ def test_resume_of_a_stream_is_refused(runner, photos, tmp_path):
 
 def test_an_image_inside_out_later_in_the_stream_keeps_the_old_out(runner, photos, tmp_path):
     """A path read after the first rows that lies in OUT (replaced with --force) stops the run,
-    and the old OUT, with that image, is put back as it was."""
+    and the old OUT, with that file, is put back as it was."""
     marked = tmp_path / "marked"
     first = runner.invoke(app, [*BASE, "convnet", "-", str(marked)], input=photos[0])
     assert first.exit_code == 0, first.stderr
-    # Where an earlier run keeps its work (a user's file anywhere else in OUT is refused first).
+    # Rows a killed run kept (--force refuses a user's file anywhere in OUT first).
     (marked / ".partial").mkdir()
-    inside = marked / ".partial" / "a.png"
-    inside.write_bytes(Path(photos[0]).read_bytes())
+    inside = marked / ".partial" / "penultimate.npy"
+    np.lib.format.open_memmap(inside, "w+", np.float32, (4, 8))
     before = sorted(p.name for p in marked.rglob("*"))
     stream = "\n".join([*photos[:2], *photos[4:], str(inside)])
     refused = runner.invoke(
@@ -219,7 +219,7 @@ def test_a_full_disk_at_meta_json_after_the_arrays_leaves_no_trace(
 def _killed_stream(out: Path) -> None:
     """What `extract-features MODEL - OUT` killed (SIGKILL) mid-stream leaves in a new OUT."""
     (out / ".partial").mkdir(parents=True)
-    (out / ".partial" / "penultimate.npy").write_bytes(b"\x93NUMPY")
+    np.lib.format.open_memmap(out / ".partial" / "penultimate.npy", "w+", np.float32, (4, 8))
     (out / ".torchkit").write_text('{"written_by": "torchkit", "command": "extract-features"}\n')
 
 
