@@ -761,70 +761,33 @@ def test_a_temporary_folder_that_cannot_be_made_is_named_not_the_special_output(
     assert raised.value is unreadable
 
 
-# Run in a fork of this process, which has torch and torchkit imported already (a fresh Python
-# would import them again), in a mount namespace of its own whose /dev/shm is a small tmpfs:
-# private, as `unshare -m` makes it, so that no mount is seen outside. The commands through the
-# app in-process: 16 KiB has no room for a worker pool's semaphores, 64 KiB for its first
-# batches' images, not for their labels.
+# Run in a mount namespace of its own (`in_mount_namespace`) whose /dev/shm is a small tmpfs,
+# through the app in-process: 16 KiB has no room for a worker pool's semaphores, 64 KiB for its
+# first batches' images, not for their labels.
 FULL_SHARED_MEMORY = (
     ("16k", "predict -m ck.pt images -j 2 -b 5 -o out/p.csv"),
     ("16k", "eval ck.pt -d images -j 2 -b 5"),
     ("64k", "eval ck.pt -d images -j 2 -b 5"),
 )
-CLONE_NEWNS = 0x00020000
-MS_REMOUNT, MS_REC, MS_PRIVATE = 32, 0x4000, 1 << 18
 
 
 def _in_a_small_dev_shm(cwd: Path) -> list:
-    """[exit code, stderr] of each of FULL_SHARED_MEMORY, run in a forked child (see above) in
-    a session of its own, killed with its workers after 120 s (the hang); skips where no mount
-    namespace can be made (not root)."""
-    import ctypes
-    import json
-    import select
-    import traceback
-
+    """[exit code, stderr] of each of FULL_SHARED_MEMORY, run with a /dev/shm of its size;
+    killed with its workers after 120 s (the hang)."""
+    from mount_namespaces import MS_REMOUNT, in_mount_namespace
     from processes import run_torchkit_in_process
 
-    read_end, write_end = os.pipe()
-    child = os.fork()
-    if child == 0:  # the child: never returns into pytest
-        status = 0
-        try:
-            os.setsid()
-            os.close(read_end)
-            libc = ctypes.CDLL(None, use_errno=True)
+    def work(mount) -> list:
+        mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=16k")
+        answer = []
+        for size, args in FULL_SHARED_MEMORY:
+            mount(None, "/dev/shm", flags=MS_REMOUNT, data=f"size={size}")
+            result = run_torchkit_in_process(*args.split(), cwd=cwd)
+            answer.append([result.returncode, result.stderr])
+        return answer
 
-            def mount(source, target, kind, flags: int, data) -> None:
-                if libc.mount(source, target, kind, ctypes.c_ulong(flags), data) != 0:
-                    raise OSError(ctypes.get_errno(), f"cannot mount {target} ({data})")
-
-            if libc.unshare(CLONE_NEWNS) != 0:
-                answer = "no mount namespace"
-            else:
-                mount(None, b"/", None, MS_REC | MS_PRIVATE, None)  # before anything is mounted
-                mount(b"tmpfs", b"/dev/shm", b"tmpfs", 0, b"size=16k")
-                answer = []
-                for size, args in FULL_SHARED_MEMORY:
-                    mount(None, b"/dev/shm", None, MS_REMOUNT, f"size={size}".encode())
-                    result = run_torchkit_in_process(*args.split(), cwd=cwd)
-                    answer.append([result.returncode, result.stderr])
-        except BaseException:  # noqa: BLE001 - told to the test
-            answer, status = traceback.format_exc(), 1
-        finally:
-            with contextlib.suppress(BaseException), os.fdopen(write_end, "w") as out:
-                json.dump(answer, out)
-            os._exit(status)
-    os.close(write_end)
-    with os.fdopen(read_end) as answers:
-        if not select.select([answers], [], [], 120)[0]:
-            os.killpg(child, signal.SIGKILL)
-        told = answers.read()
-    _, status = os.waitpid(child, 0)
-    answer = json.loads(told) if told else f"no answer: the child ended with status {status}"
-    if answer == "no mount namespace":
-        pytest.skip("cannot make a mount namespace here (needs root)")
-    assert os.waitstatus_to_exitcode(status) == 0 and isinstance(answer, list), answer
+    answer = in_mount_namespace(work)
+    assert isinstance(answer, list), answer
     return answer
 
 
