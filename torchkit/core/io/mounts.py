@@ -90,3 +90,12 @@ class MountTable:
     def points_below(self, path: str) -> list[str]:
         """The mount points inside the folder `path` (not `path` itself)."""
         return [point for point in self.by_point if point != path and _within(point, path)]
+
+
+def is_mount_point(path: str | os.PathLike) -> bool:
+    """Whether the folder at `path` is a mount point: another file system's (`os.path.ismount`)
+    or a bind mount of a folder of the same one (the mount table). Such a folder cannot be
+    renamed, nor another renamed onto it (EBUSY)."""
+    if os.path.ismount(path):
+        return True
+    return os.path.realpath(path) in MountTable.read().by_point

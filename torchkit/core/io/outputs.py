@@ -53,7 +53,7 @@ from torchkit.core.io.claims import (
     written_into,
 )
 from torchkit.core.io.durability import fsync_directory, sync_file_system
-from torchkit.core.io.errors import OutputWriteError
+from torchkit.core.io.errors import OutputExistsError, OutputWriteError
 from torchkit.core.io.file_outputs import check_folders_above
 from torchkit.core.io.folder_contents import path_inside
 from torchkit.core.io.force import (
@@ -64,6 +64,7 @@ from torchkit.core.io.force import (
     marker_field,
     write_marker,
 )
+from torchkit.core.io.mounts import is_mount_point
 from torchkit.core.io.open_outputs import closed, opened
 from torchkit.core.io.output_locks import FolderLock
 from torchkit.core.io.output_paths import (
@@ -308,6 +309,8 @@ class OutputFolder:
                 )
             else:
                 self.has_content = self.final.is_dir() and not is_empty_dir(self.final)
+            if self._existed and is_mount_point(self.final):
+                self._written_in_place(resume)
             # The old output judged replaceable here: an atomic `keep()` replaces that folder
             # only, never one made at its place while the command ran.
             self._replacing = lstat_id(self.final) if self.has_content else None
@@ -315,6 +318,19 @@ class OutputFolder:
             self.release()
             raise
         self.path = self.final  # where to write; a temporary folder once begun with `atomic`
+
+    def _written_in_place(self, resume: bool) -> None:
+        """The output folder is a mount point (a volume mounted at OUT): it cannot be renamed
+        (EBUSY), so an old output in it cannot be set aside for `--force`, refused here before
+        any work; nor can a finished hidden folder take its place, so an atomic output is
+        written into it in place, as other outputs are (a failed run removes what it wrote)."""
+        if self.has_content and not resume:
+            raise OutputExistsError(
+                f"{self.what} {shown(self.final)} is a mount point, which cannot be renamed to "
+                "set the earlier output in it aside",
+                f"give a new folder inside it, or empty {shown(self.final)} yourself",
+            )
+        self.atomic = False
 
     def begin(self) -> Path:
         """Set the old output aside (with `--force`), make the folder and mark it."""
