@@ -22,7 +22,7 @@ from torchkit.core.io.errors import (
     OutputWriteError,
 )
 from torchkit.core.io.file_kinds import file_kind
-from torchkit.core.io.folder_locks import close_lock, open_unshared
+from torchkit.core.io.folder_locks import close_lock, lock_holder, open_unshared
 from torchkit.core.io.open_outputs import closed, opened
 from torchkit.core.io.output_locks import OutputLockedError
 from torchkit.core.io.output_paths import (
@@ -429,8 +429,6 @@ def _locked_file(path: Path, name: Path | None = None) -> int | None:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return fd
     except BlockingIOError:
-        from torchkit.core.io.folder_locks import lock_holder
-
         # Any process may hold a flock on the file (`flock report.json CMD`); a torchkit run
         # replacing it holds it through its set-aside, a hard link beside it (or is that file).
         holder = lock_holder(fd)

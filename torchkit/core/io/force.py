@@ -20,7 +20,8 @@ from torchkit.core.io.errors import (
 )
 from torchkit.core.io.file_kinds import file_kind
 from torchkit.core.io.file_outputs import replaced_whole
-from torchkit.core.io.folder_contents import foreign_entries
+from torchkit.core.io.folder_contents import exact_pattern, foreign_entries
+from torchkit.core.io.mounts import MountTable
 from torchkit.core.io.non_utf8_names import json_text
 from torchkit.core.io.output_paths import MARKER, WRITTEN_JOURNAL, real_path, shown
 from torchkit.core.io.temporaries import (
@@ -118,8 +119,6 @@ def note_report(report: str | os.PathLike) -> None:
 def recorded_reports(folder: Path) -> list[str]:
     """Exact patterns (`folder_contents`) of the reports the marker of `folder` lists as written
     there whose file is still the one recorded: regular, of the recorded size and time."""
-    from torchkit.core.io.folder_contents import exact_pattern
-
     record = _json_record(folder / MARKER)
     entries = record.get(REPORTS_KEY) if isinstance(record, dict) else None
     found = []
@@ -309,8 +308,6 @@ def check_replaceable(
 def refuse_mounts_inside(folder: Path, *, what: str) -> None:
     """`--force` replaces `folder` whole: refused where a file system or a bind mount is
     mounted inside it, whose files (another folder's, shown there) it would delete."""
-    from torchkit.core.io.mounts import MountTable
-
     points = MountTable.read().points_below(os.fspath(real_path(folder)))
     if points:
         more = f" and {len(points) - 1} more" if len(points) > 1 else ""

@@ -13,7 +13,7 @@ from torchkit.core.io.errors import (
     OutputWriteError,
     TorchkitError,
 )
-from torchkit.core.io.folder_locks import close_lock, open_unshared
+from torchkit.core.io.folder_locks import close_lock, lock_holder, open_unshared
 from torchkit.core.io.output_paths import LOCK_SUFFIX, shown, sibling_base
 from torchkit.core.io.write_errors import write_error
 
@@ -67,8 +67,6 @@ class FolderLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                from torchkit.core.io.folder_locks import lock_holder
-
                 # Any process may hold it (`flock .NAME.torchkit-lock CMD` in a script), not
                 # only a torchkit run, which writes its PID in the file.
                 holder = lock_holder(fd, _read_pid(fd))

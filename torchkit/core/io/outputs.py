@@ -55,7 +55,7 @@ from torchkit.core.io.claims import (
 from torchkit.core.io.durability import fsync_directory, sync_file_system
 from torchkit.core.io.errors import OutputExistsError, OutputWriteError
 from torchkit.core.io.file_outputs import check_folders_above
-from torchkit.core.io.folder_contents import path_inside
+from torchkit.core.io.folder_contents import exact_pattern, path_inside
 from torchkit.core.io.force import (
     check_replaceable,
     clear_killed_start,
@@ -242,8 +242,6 @@ class OutputFolder:
         owned: Collection[str] | None = None,
         reports: Iterable[str | os.PathLike | None] = (),
     ) -> None:
-        from torchkit.core.io.folder_contents import exact_pattern
-
         check_not_stdout(path, what)
         self.final = Path(path)
         # The -o files this run writes inside the folder: its own to replace, and recorded in

@@ -13,6 +13,7 @@ from pathlib import Path, PurePath
 
 from torchkit.core.io.errors import TorchkitError
 from torchkit.core.io.folder_contents import path_inside
+from torchkit.core.io.mounts import MountTable
 from torchkit.core.io.output_paths import FileId, is_within, real_path, shown
 from torchkit.core.io.special_files import is_special_file
 
@@ -173,8 +174,6 @@ def _mounted_places(out: Path, out_is_dir: bool) -> list[MountedPlace]:
     """Where bind mounts show the output `out` (or a part of it) at another path: the output
     itself (`OUT` mounted inside an input), or a mount inside the output folder (an input's
     folder mounted inside OUT, which replacing OUT would empty)."""
-    from torchkit.core.io.mounts import MountTable
-
     table = MountTable.read()
     pieces = [str(out), *(table.points_below(str(out)) if out_is_dir else ())]
     found = []
