@@ -541,6 +541,9 @@ _MAX_PS_PACKETS = 100_000_000
 _FIT_PICTURES = 8  # the pictures a run of anchors spans at least, to check the frame rate by
 _MEDIAN_ANCHORS = 5  # the anchors of a run whose median keeps to the common offset
 _MPEG_START_CODE = re.compile(rb"\x00\x00\x01")
+# An MPEG-1/2 stream's start codes that count or number its pictures: a picture's, a sequence
+# header's, a GOP header's (not its slices', a row of macroblocks each: 30 a DVD picture)
+_MPEG12_CODES = re.compile(rb"\x00\x00\x01[\x00\xb3\xb8]")
 # The picture types (1: I, 2: P, 3: B) of an MPEG-4 Part 2 VOP's coding type (I, P, B, S)
 _VOP_TYPES = (1, 2, 3, 2)
 
@@ -745,7 +748,8 @@ class _PsPictures:
         if time is not None:
             self.time = None  # one the packet before gave, to no picture: not this one's
         fresh = len(self.carry)  # where this packet's own data starts
-        for found in _MPEG_START_CODE.finditer(data):
+        codes = _MPEG12_CODES if self.codec == "mpeg12" else _MPEG_START_CODE
+        for found in codes.finditer(data):
             at = found.start()
             if at + 8 > len(data):
                 stop = at  # read with the next packet's data
