@@ -424,3 +424,21 @@ def test_the_late_redraw_waits_the_interval_from_an_updates_drawing(monkeypatch)
         assert terminal.seen.wait(30)  # the interval passed: drawn
         drawn = [int(count) for count in re.findall(r"(\d+)/100\b", terminal.getvalue())]
         assert drawn == [1, 2]
+
+
+def test_a_ctrl_c_as_the_late_redraw_starts_is_a_ctrl_c(monkeypatch):
+    """A Ctrl-C landing as an update started the late redraw's thread (before it ran) left the
+    bar's end a thread to join that never started: a RuntimeError replaced the
+    KeyboardInterrupt (a traceback, exit 1 where 130 is due)."""
+    terminal = _WatchedTerminal("never")
+    made = console.make_console(file=terminal, force_terminal=True, width=100)
+    monkeypatch.setattr(console, "stderr", made, raising=False)
+
+    class Interrupted(threading.Thread):
+        def start(self) -> None:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(progress.threading, "Thread", Interrupted)
+    with pytest.raises(KeyboardInterrupt), progress_bar("writing shards") as update:
+        update(1, 100)  # drawn at once
+        update(2, 100)  # left to the thread, which the Ctrl-C meets

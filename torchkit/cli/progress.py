@@ -224,10 +224,13 @@ class _LateRedraw:
             self.due = True
             if self.thread is None:
                 self.done = threading.Event()
-                self.thread = threading.Thread(
+                thread = threading.Thread(
                     target=self._run, args=(self.done,), name="torchkit-progress-late", daemon=True
                 )
-                self.thread.start()
+                # Kept once started: a Ctrl-C before then left `cancel` a thread to join that
+                # never started (a RuntimeError in place of the KeyboardInterrupt).
+                thread.start()
+                self.thread = thread
 
     def drawn(self, now: float) -> None:
         """The bar was just drawn with its last update, at `now` (time.monotonic())."""
