@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from image_folders import make_class_files
-from mount_namespaces import in_bind_mounts
+from mount_namespaces import in_bind_mounts, in_mount_namespace
 from output_checks import error_line, tree_digest
 from processes import run_torchkit_in_process
 
@@ -107,3 +107,49 @@ def test_an_output_and_an_input_joined_by_a_bind_mount_are_refused_and_nothing_i
     )
     assert core.startswith(f"--out {earlier} contains the data {tmp_path / 'view' / 'x'}")
     assert tree_digest(tmp_path) == before  # not a byte written, nothing deleted
+
+
+def test_mounts_out_of_sight_are_no_places(tmp_path):
+    """mountinfo lists mounts that a later mount hides: one stacked on the same point, one
+    inside a folder another file system was mounted over later (`mount -t tmpfs tmpfs A` over
+    an A holding a mount at A/out/x). No path leads there: they are no place and no mount
+    inside a folder (`--force` over A/out was refused, naming A/out/x)."""
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(
+        "27 27 254:0 / / rw - ext4 /dev/vda rw\n"  # a root listed as its own parent
+        "40 27 0:40 / /a rw - tmpfs tmpfs rw\n"
+        "41 40 0:41 / /a/out/x rw - tmpfs tmpfs rw\n"  # hidden by 42, mounted over /a later
+        "42 40 0:42 / /a rw - tmpfs tmpfs rw\n"  # stacked on 40, which it hides
+        "43 42 0:43 / /a/out/y rw - tmpfs tmpfs rw\n"  # in 42: in sight
+        "44 27 254:0 /srv/data /b rw - ext4 /dev/vda rw\n"
+        "45 27 254:0 /srv/other /b rw - ext4 /dev/vda rw\n"  # over 44 at the same point
+        "46 27 254:0 /srv /c rw - ext4 /dev/vda rw\n"
+    )
+    table = MountTable.read(str(mountinfo))
+    assert table.points_below("/a/out") == ["/a/out/y"]
+    assert table.mount_of("/a/out/x/f").device == "0:42"
+    assert table.places("/srv/data/f") == (["/c/data/f"], [])  # not /b/f: 44 is covered
+    assert table.places("/srv/other/f") == (["/b/f", "/c/other/f"], [])
+
+
+def test_force_over_a_folder_with_a_hidden_mount_inside_is_not_refused(tmp_path):
+    """`split DATA A/out --force`, A/out holding an earlier split, where a mount at A/out/x
+    was hidden by a tmpfs mounted over A later: no folder is at A/out/x, nothing of another
+    folder would go with A/out. It was refused ('holds a mount at A/out/x')."""
+    data = make_class_files(tmp_path / "data", {"cat": 3, "dog": 3})
+    earlier, volume = tmp_path / "earlier", tmp_path / "a"
+    assert run_torchkit_in_process("split", data, earlier, "--mode", "copy").returncode == 0
+    volume.mkdir()
+
+    def work(mount) -> object:
+        mount("tmpfs", volume, "tmpfs", 0, "size=1m")
+        (volume / "out" / "x").mkdir(parents=True)
+        mount("tmpfs", volume / "out" / "x", "tmpfs", 0, "size=1m")
+        mount("tmpfs", volume, "tmpfs", 0, "size=1m")  # over A: A/out/x out of sight
+        shutil.copytree(earlier, volume / "out")
+        result = run_torchkit_in_process("split", data, volume / "out", "--force")
+        return [result.returncode, result.stderr, sorted(os.listdir(volume / "out"))]
+
+    code, stderr, listed = in_mount_namespace(work)  # type: ignore[misc]
+    assert code == 0, stderr
+    assert listed == [".torchkit", "split.csv", "test", "train", "val"]

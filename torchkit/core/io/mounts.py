@@ -20,6 +20,8 @@ class Mount:
     point: str  # where it is mounted, as this process sees it
     device: str  # "major:minor" of its file system
     root: str  # the folder of that file system shown there
+    id: str = ""  # mountinfo's mount ID, and the ID of the mount it is mounted in
+    parent: str = ""
 
 
 def _unescaped(field: str) -> str:
@@ -35,11 +37,57 @@ def _below(inner: str, outer: str) -> str:
     return "" if inner == outer else inner[len(outer.rstrip("/")) :]
 
 
+def _in_sight(mounts: list[Mount]) -> list[Mount]:
+    """The mounts of `mounts` (mountinfo's order) that can be reached: mountinfo lists a mount
+    hidden by a later one too, which a path can no longer lead into. A mount is hidden where
+    one mounted later in the same parent covers its point or a folder above it (mounted
+    first, it would have been mounted inside that one), where one is stacked on its point (a
+    child at its own point), or where the mount it is in is out of reach (covered)."""
+    by_id = {mount.id: mount for mount in mounts}
+    # each parent's children: point -> the order of the last one mounted there
+    children: dict[str, dict[str, int]] = {}
+    stacked_on: set[str] = set()
+    for order, mount in enumerate(mounts):
+        if mount.parent != mount.id:  # a root listed as its own parent is no child of its own
+            children.setdefault(mount.parent, {})[mount.point] = order
+        parent = by_id.get(mount.parent)
+        if parent is not None and parent is not mount and parent.point == mount.point:
+            stacked_on.add(parent.id)
+    order_of = {mount.id: order for order, mount in enumerate(mounts)}
+
+    def covered(mount: Mount) -> bool:
+        points = children.get(mount.parent, {})
+        if points.get(mount.point, -1) > order_of[mount.id]:
+            return True  # a sibling mounted on the same point after it
+        if len(points) < 2:
+            return False
+        place = mount.point  # each folder above it (an absolute, normal path: cut at a `/`)
+        while (cut := place.rfind("/")) > 0:
+            place = place[:cut]
+            if place in points:
+                return True
+        return mount.point != "/" and "/" in points
+
+    reachable: dict[str, bool] = {}
+    for mount in mounts:
+        chain = []  # up to the nearest mount judged already, or one in no mount listed
+        at: Mount | None = mount
+        while at is not None and at.id not in reachable and at.id not in chain:
+            chain.append(at.id)
+            at = by_id.get(at.parent)
+        above = True if at is None or at.id in chain else reachable[at.id]
+        for mount_id in reversed(chain):
+            above = above and not covered(by_id[mount_id])
+            reachable[mount_id] = above
+    return [mount for mount in mounts if reachable[mount.id] and mount.id not in stacked_on]
+
+
 class MountTable:
-    """The mounts this process sees, the topmost at each point (a mount stacked on another
-    hides it)."""
+    """The mounts this process sees: the topmost at each point, none hidden (`_in_sight`)."""
 
     def __init__(self, mounts: list[Mount]) -> None:
+        if all(mount.id for mount in mounts) and len({m.id for m in mounts}) == len(mounts):
+            mounts = _in_sight(mounts)
         self.by_point = {mount.point: mount for mount in mounts}  # later lines are on top
 
     @classmethod
@@ -52,7 +100,7 @@ class MountTable:
                     fields = line.split(" ")
                     if len(fields) > 4:
                         root, point = _unescaped(fields[3]), _unescaped(fields[4])
-                        mounts.append(Mount(point, fields[2], root))
+                        mounts.append(Mount(point, fields[2], root, fields[0], fields[1]))
         except OSError:
             pass
         return cls(mounts)
