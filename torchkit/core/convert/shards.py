@@ -38,7 +38,7 @@ import re
 import sys
 import tarfile
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath, PurePosixPath
 from typing import Any
@@ -247,8 +247,13 @@ class Loaded:
 
 def _extension(name: str) -> str:
     """The image extension of a file `name`, lower-cased ("" if it has none readers know)."""
-    suffix = PurePosixPath(name).suffix.lower()
-    return suffix.lstrip(".") if suffix in IMAGE_EXTENSIONS else ""
+    last = name[name.rfind("/") + 1 :]
+    if last in ("", "."):  # `a/b.png/`, `a/b.png/.`: the component before (pathlib's name)
+        last = PurePosixPath(name).name
+    # PurePosixPath(name).suffix without making one a sample (a tenth of a sample's CPU).
+    dot = last.rfind(".")
+    suffix = last[dot:].lower() if 0 < dot < len(last) - 1 else ""
+    return suffix[1:] if suffix in IMAGE_EXTENSIONS else ""
 
 
 def _png(pixels: Any) -> bytes:
@@ -261,10 +266,13 @@ def _png(pixels: Any) -> bytes:
     return buffer.getvalue()
 
 
-def load_sample(samples: Any, index: int, *, verify: bool = False) -> Loaded:
+def load_sample(
+    samples: Any, index: int, *, verify: bool = False, read: bytes | Exception | None = None
+) -> Loaded:
     """The bytes of sample `index` as the source file has them (in-memory pixels as a PNG),
     checked to be an image PIL can open (`verify`: decoded in full, so that a truncated file
-    is caught too). An unreadable image is a `Loaded` with its `error`, never an exception."""
+    is caught too). An unreadable image is a `Loaded` with its `error`, never an exception.
+    `read`: the file's bytes read already (`read_file`), or what reading them raised."""
     from torchkit.core.data.image_files import (
         opened_image,
         read_regular_file,
@@ -276,7 +284,9 @@ def load_sample(samples: Any, index: int, *, verify: bool = False) -> Loaded:
     path = samples.paths[index]
     name = samples.ids[index] if samples.ids else str(path)
     try:
-        data = read_regular_file(path)
+        data = read_regular_file(path) if read is None else read
+        if isinstance(data, Exception):
+            raise data
         with opened_image(data, name=name) as image:
             if verify:
                 image.load()
@@ -292,6 +302,17 @@ def load_sample(samples: Any, index: int, *, verify: bool = False) -> Loaded:
             f"(they hold {', '.join(sorted(set(_FORMAT_EXTENSIONS.values())))}: convert it first)"
         )
     return Loaded(extension, data)
+
+
+def read_file(samples: Any, index: int) -> bytes | Exception:
+    """The bytes of sample `index`'s file, or the exception reading them raised (raised again
+    by `load_sample(..., read=)`, where it is told unreadable or not)."""
+    from torchkit.core.data.image_files import read_regular_file
+
+    try:
+        return read_regular_file(samples.paths[index])
+    except Exception as error:
+        return error
 
 
 # --- writing shards ---------------------------------------------------------------------------
@@ -470,8 +491,8 @@ def write_set(run: _Writing, shard_set: ShardSet, records: list[ShardRecord]) ->
     shard: _ShardFile | None = None
     samples = shard_set.samples
 
-    def load(position: int) -> Loaded:
-        return load_sample(samples, shard_set.order[position], verify=options.verify)
+    def load(position: int, read: bytes | Exception | None = None) -> Loaded:
+        return load_sample(samples, shard_set.order[position], verify=options.verify, read=read)
 
     def finish(end: int) -> None:
         nonlocal shard, start, skipped, extensions, labels
@@ -501,9 +522,19 @@ def write_set(run: _Writing, shard_set: ShardSet, records: list[ShardRecord]) ->
 
     try:
         positions = range(position, total)
-        for position, loaded in zip(
-            positions, read_ahead(load, positions, run.workers), strict=True
-        ):
+        costs = _window_costs(samples)
+        if costs is None:  # image files, tar members: each read alone
+            reads = read_ahead(load, positions, run.workers)
+        else:
+            reads = _read_in_windows(
+                lambda position: read_file(samples, shard_set.order[position]),
+                load,
+                positions,
+                shard_set.order,
+                costs,
+                run.workers,
+            )
+        for position, loaded in zip(positions, reads, strict=True):
             if loaded.error is not None:
                 _skip(run, shard_set, position, loaded.error, skipped)
                 continue
@@ -538,6 +569,66 @@ def write_set(run: _Writing, shard_set: ShardSet, records: list[ShardRecord]) ->
         records[-1].unreadable += skipped
         records[-1].end = total
         run.on_shard(records[-1])
+
+
+# The bytes of read samples `write_set` holds at most (about) where the source reads images in
+# blocks (parquet row groups, streamed shards): the samples of the next positions that fit are
+# read in source order, so each block once, then written in the set's order. Read in the
+# shuffled order, nearly every sample read its whole block again once the blocks outgrew the
+# reader's cache (a million tiny parquet images: 7 s of CPU a shard instead of 1).
+WINDOW_BYTES = 256 << 20
+# What a read sample holds beyond its image's bytes: its `Loaded`, the bytes object, a list slot.
+_SAMPLE_OVERHEAD = 400
+
+
+def _window_costs(samples: Any) -> Callable[[int], int] | None:
+    """The bytes sample `index` of `samples` takes read (its block's image bytes shared among
+    the block's samples), where the source reads images in blocks of known size; else None."""
+    from torchkit.core.data.stored_image import read_blocks
+
+    blocks = read_blocks(samples.paths)
+    if blocks is None or blocks.sizes is None:
+        return None  # no blocks, or (streamed shards without a cache limit) all kept anyway
+    counts = [0] * len(blocks.sizes)
+    for block in blocks.ids:
+        counts[block] += 1
+    pairs = zip(blocks.sizes, counts, strict=True)
+    each = [size // max(1, count) + _SAMPLE_OVERHEAD for size, count in pairs]
+    ids = blocks.ids
+    return lambda index: each[ids[index]]
+
+
+def _read_in_windows(
+    read: Callable[[int], bytes | Exception],
+    load: Callable[[int, bytes | Exception], Loaded],
+    positions: range,
+    order: Sequence[int],
+    cost: Callable[[int], int],
+    workers: int,
+) -> Iterator[Loaded]:
+    """The samples at `positions`, in order, a window of consecutive positions at a time (as
+    many as take WINDOW_BYTES): each window's files `read` in the order of their source indices
+    (`order`: the set's writing order), in this thread, which reads each block of the source
+    once a window, then checked by `load` in `workers` threads, in order. In threads, two
+    samples of neighbouring blocks read at once dropped each other's block from a cache that
+    holds one (100 MB row groups), and read it again."""
+    start, end = positions.start, positions.stop
+    while start < end:
+        stop, held = start, 0
+        while stop < end and (stop == start or held + cost(order[stop]) <= WINDOW_BYTES):
+            held += cost(order[stop])
+            stop += 1
+        first = start
+        files: list[bytes | Exception | None] = [None] * (stop - first)
+        for position in sorted(range(first, stop), key=order.__getitem__):
+            files[position - first] = read(position)
+
+        def checked(position: int, first: int = first, files: list = files) -> Loaded:
+            data, files[position - first] = files[position - first], None  # freed once taken
+            return load(position, data)
+
+        yield from read_ahead(checked, range(first, stop), workers)
+        start = stop
 
 
 def _set_words(shard_set: ShardSet) -> str:

@@ -1,0 +1,108 @@
+"""`convert shards` from parquet past the reader's cache of row groups: the shards are a seeded
+shuffle of every sample, and read in that order nearly every sample read its whole row group
+again (a million tiny images: 7 s of CPU a shard instead of 1). The samples of a window of
+positions are now read in source order, each row group once a window, and written in the
+shuffled order, the same bytes."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from parquet_files import png, write_parquet
+from processes import run_torchkit_in_process
+
+from torchkit.core.convert import shards as shards_module
+from torchkit.core.data.sources import open_data
+from torchkit.core.data.sources import parquet as parquet_module
+
+ROWS, GROUP_ROWS = 120, 8
+GROUPS = ROWS // GROUP_ROWS
+
+
+@pytest.fixture
+def row_group_reads(monkeypatch) -> list[int]:
+    """The row groups read, in order, with a cache that holds about one of them."""
+    reads: list[int] = []
+    real = pq.ParquetFile.read_row_group
+
+    def counted(self, group, *args, **kwargs):
+        reads.append(group)
+        return real(self, group, *args, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", counted)
+    monkeypatch.setattr(parquet_module, "CACHE_BYTES", 3_000)  # a group: 8 PNGs of ~250 bytes
+    return reads
+
+
+def convert_parquet(tmp_path: Path, out: Path, *options: str) -> dict[str, bytes]:
+    source = tmp_path / "rows.parquet"
+    if not source.exists():
+        images = [png(row) for row in range(ROWS)]
+        write_parquet(source, images, [row % 3 for row in range(ROWS)], row_group_size=GROUP_ROWS)
+    result = run_torchkit_in_process(
+        "convert", "shards", source, out, "--per-shard", 10, "--seed", 5, *options
+    )
+    assert result.returncode == 0, result.stderr
+    return {p.name: p.read_bytes() for p in sorted(out.glob("*.tar"))}
+
+
+def test_a_shuffled_convert_reads_each_row_group_once_and_writes_each_rows_image(
+    tmp_path, row_group_reads
+):
+    shards = convert_parquet(tmp_path, tmp_path / "out", "-j", "2")
+    assert sorted(row_group_reads) == list(range(GROUPS))  # was about one read a sample
+
+    # Each sample holds its own row's image, whatever order the rows were read in.
+    keys = []
+    for name in shards:
+        with tarfile.open(tmp_path / "out" / name) as tar:
+            members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+        for member, data in members.items():
+            key, _, extension = member.partition(".")
+            if extension == "json":
+                row = int(json.loads(data)["path"].rsplit("/", 1)[1])
+                assert members[f"{key}.png"] == png(row)
+                keys.append(row)
+    assert sorted(keys) == list(range(ROWS))
+    assert keys != sorted(keys)  # shuffled
+
+
+def test_windows_smaller_than_the_data_read_each_row_group_once_a_window_same_bytes(
+    tmp_path, row_group_reads, monkeypatch
+):
+    whole = convert_parquet(tmp_path, tmp_path / "whole", "-j", "0")
+    row_group_reads.clear()
+    # Windows of 40 samples, as the window's count of a sample's bytes has it.
+    each = shards_module._window_costs(open_data(tmp_path / "rows.parquet").whole)(0)
+    monkeypatch.setattr(shards_module, "WINDOW_BYTES", 40 * each)
+    windowed = convert_parquet(tmp_path, tmp_path / "windowed", "-j", "2")
+    assert windowed == whole
+    # Each row group at most once a window (three windows): in the shuffled order, a read a
+    # sample.
+    assert GROUPS < len(row_group_reads) <= 3 * GROUPS
+
+
+def test_a_samples_read_error_is_raised_at_its_position_after_those_before():
+    order = [5, 3, 0, 4, 1, 2]
+    read_order: list[int] = []
+
+    def read(position: int) -> bytes | Exception:
+        read_order.append(order[position])
+        return shards_module.InputError("gone") if position == 3 else bytes([order[position]])
+
+    def load(position: int, data: bytes | Exception) -> shards_module.Loaded:
+        if isinstance(data, Exception):
+            raise data
+        return shards_module.Loaded("png", data)
+
+    reads = shards_module._read_in_windows(read, load, range(6), order, lambda index: 1, 2)
+    got = []
+    with pytest.raises(shards_module.InputError, match="gone"):
+        for loaded in reads:
+            got.append(loaded.data[0])
+    assert got == [5, 3, 0]  # the samples before it, in writing order
+    assert read_order == [0, 1, 2, 3, 4, 5]  # read in source order
