@@ -564,3 +564,25 @@ def test_ogg_files_joined_by_cat_are_ok(tmp_path, serials):
         decoded_by_opencv(joined),
     )
     assert exact.frames_decoded == 25
+
+
+def test_a_pal_dvd_title_part_starting_inside_a_picture_is_judged(tmp_path):
+    """A DVD title is stored in parts (VTS_01_1.VOB, VTS_01_2.VOB, ...) split after a pack,
+    so a part after the first starts inside a picture. In a PAL DVD (576 rows), the start
+    code of a slice of row 32 to 36 met before the first sequence header was taken for an
+    MPEG-4 VOL (0x20 to 0x2F): no picture was counted, the part was not judged and a copy
+    with a tenth zeroed read `ok` under --exact. A VOL is one right after its VO's start
+    code: the part's pictures are counted from its first sequence header."""
+    title = ffmpeg_made(
+        tmp_path / "title.vob",
+        *moving_picture(3, size="720x576"),
+        *("-target", "pal-dvd"),
+        encoders=("mpeg2video",),
+        muxer="dvd",
+    )
+    data = title.read_bytes()
+    part = tmp_path / "VTS_01_2.VOB"
+    part.write_bytes(data[len(data) // 3 // 2048 * 2048 :])
+    held = ps_video_frames(part, "mpeg-ps", 25.0)
+    assert held is not None and held.frames - held.leading == decoded_by_opencv(part)
+    assert_whole_and_zeroed(part, tmp_path, "its video packets hold", zeroed_at=(0.3,))

@@ -758,7 +758,7 @@ class _PsPictures:
                 self.not_coded += self.read_bytes + at - self.vop_at <= NOT_CODED_BYTES
                 self.vop_at = None
             if self.codec is None:
-                self.codec = _ps_codec(data[at + 3 : at + 5])
+                self.codec = _ps_codec(data[at + 3 : at + 5], data[max(0, at - 4) : at])
             if self.codec == "mpeg12":
                 self.time_code(data[at + 3 : at + 8])
             kind = _picture_type(self.codec, data[at + 3 : at + 8])
@@ -801,13 +801,17 @@ class _PsPictures:
         self.frames += 1
 
 
-def _ps_codec(code: bytes) -> str | None:
+def _ps_codec(code: bytes, before: bytes) -> str | None:
     """The codec whose stream a start code's byte (and the one after) `code` begins: an
     MPEG-1/2 sequence header, an MPEG-4 visual object sequence or VOL, an H.264 sequence
-    parameter set, an HEVC video or sequence parameter set; None for another start code."""
+    parameter set, an HEVC video or sequence parameter set; None for another start code.
+    `before`: the 4 bytes before the start code. A VOL's codes (0x20 to 0x2F) are an MPEG-2
+    slice's too (rows 32 to 47: a PAL DVD's last rows, where a part of a title split after a
+    pack starts inside a picture): a VOL follows its VO's start code (0x00 to 0x1F, no data)."""
     if code[0] == 0xB3:
         return "mpeg12"
-    if code[0] == 0xB0 or 0x20 <= code[0] <= 0x2F:
+    after_vo = len(before) == 4 and before[:3] == b"\x00\x00\x01" and before[3] < 0x20
+    if code[0] == 0xB0 or (0x20 <= code[0] <= 0x2F and after_vo):
         return "mpeg4"
     if code[0] in (0x67, 0x47):
         return "h264"
