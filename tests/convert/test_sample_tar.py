@@ -87,6 +87,22 @@ def test_a_member_that_is_not_bytes_is_refused():
         writer.write({"__key__": "a", "txt": "text"})
 
 
+def test_a_memoryview_of_wider_items_is_written_as_its_bytes():
+    """A memoryview of 4-byte items got a header of its item count (4) before its 16 bytes:
+    the rest of them were read as the next header, and the members after it were lost."""
+    import array
+
+    items = array.array("i", [1, 2, 3, 4])
+    samples = [
+        {"__key__": "a", "bin": memoryview(items)},
+        {"__key__": "b", "bin": memoryview(items.tobytes()).cast("B", (2, 8)), "cls": b"1"},
+    ]
+    ours, _ = written_by_torchkit(samples)
+    with tarfile.open(fileobj=io.BytesIO(ours)) as tar:
+        read = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+    assert read == {"a.bin": items.tobytes(), "b.bin": items.tobytes(), "b.cls": b"1"}
+
+
 def tar_samples(out: Path, prefix: str) -> dict[str, dict[str, bytes]]:
     """KEY -> {extension: bytes} of the shards `prefix-*.tar` as tarfile reads them."""
     grouped: dict[str, dict[str, bytes]] = {}

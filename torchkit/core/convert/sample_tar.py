@@ -84,6 +84,10 @@ class SampleTarWriter:
             data = sample[extension]
             if not isinstance(data, (bytes, bytearray, memoryview)):
                 raise TypeError(f"member {key}.{extension} is {type(data).__name__}, not bytes")
+            if isinstance(data, memoryview) and not (data.ndim == 1 and data.itemsize == 1):
+                # Its len() counts items, not bytes: a header of that size before the whole
+                # buffer's bytes made the members after it unreadable.
+                data = data.tobytes()
             name = f"{key}.{extension}"
             header = self._header(name, len(data))
             if header is None:
