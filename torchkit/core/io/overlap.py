@@ -162,12 +162,12 @@ def check_overlap(output: str | os.PathLike, what: str, inputs: Iterable[InputPa
         if places is None:  # read once, at the first input: most checks have none
             places = _mounted_places(out, out_is_dir)
         if places:
-            _check_mounted_overlap(output, what, item, source, places)
+            _check_mounted_overlap(output, out, what, item, source, places)
 
 
 # A place where a bind mount shows the output's folder, or a folder inside its tree: (the folder
 # of the output's tree it shows, whether it is the output whole, the place).
-MountedPlace = tuple[str, bool, str]
+MountedPlace = tuple[str, bool, Path]
 
 
 def _mounted_places(out: Path, out_is_dir: bool) -> list[MountedPlace]:
@@ -179,33 +179,39 @@ def _mounted_places(out: Path, out_is_dir: bool) -> list[MountedPlace]:
     found = []
     for piece in pieces:
         whole, parts = table.places(piece)
-        found += [(piece, piece == str(out), place) for place in whole]  # OUT itself whole
-        found += [(piece, False, place) for place in parts]
+        found += [(piece, piece == str(out), Path(place)) for place in whole]  # OUT whole
+        found += [(piece, False, Path(place)) for place in parts]
     return found
 
 
 def _check_mounted_overlap(
-    output: str | os.PathLike, what: str, item: InputPath, source: Path, places: list[MountedPlace]
+    output: str | os.PathLike,
+    out: Path,
+    what: str,
+    item: InputPath,
+    source: Path,
+    places: list[MountedPlace],
 ) -> None:
-    """`check_overlap` for the other paths of the output's tree (`_mounted_places`)."""
-    out = os.fspath(real_path(output))
+    """`check_overlap` for the other paths of the output's tree (`_mounted_places`), `out` the
+    output's real path, `source` the input's (each worked out once a check, not once an input
+    and place: a million inputs)."""
     for piece, is_whole, place in places:
-        if is_within(source, Path(place)):
+        if is_within(source, place):
             relation = "contains"
-        elif is_within(Path(place), source) and os.path.isdir(source):
+        elif is_within(place, source) and os.path.isdir(source):
             # OUT there whole, a folder of OUT there, or a folder of the input mounted in OUT
             relation = (
                 "lies inside"
                 if is_whole
                 else "lies partly inside"
-                if piece == out
+                if piece == str(out)
                 else "contains a folder of"
             )
         else:
             continue
         if is_whole:
             how = f"it is mounted at {place} too"
-        elif piece == out:
+        elif piece == str(out):
             how = f"a folder in it is mounted at {place}"
         else:
             how = f"{piece} in it is a mount of {place}"
