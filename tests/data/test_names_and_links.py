@@ -23,6 +23,7 @@ import pytest
 from output_checks import error_line
 from parquet_files import png, write_parquet
 from processes import run_torchkit_in_process
+from tar_members import tar_of_members
 
 from torchkit.core.data.sources import open_data
 from torchkit.core.data.sources.class_files import class_names_in_json, class_names_in_text
@@ -31,22 +32,6 @@ from torchkit.core.models.stored_classes import stored_class_names
 
 COMPOSED, DECOMPOSED = "caf\u00e9", unicodedata.normalize("NFD", "caf\u00e9")
 ZERO_WIDTH = "\u200b"
-
-
-def _tar(path: Path, members: list[tuple[str, bytes | str]]) -> Path:
-    """A tar of `members`: (name, bytes) a file, (name, "->TARGET") a symbolic link, (name,
-    "=>TARGET") a hard link."""
-    with tarfile.open(path, "w") as tar:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            if isinstance(data, str):
-                kind = tarfile.LNKTYPE if data.startswith("=>") else tarfile.SYMTYPE
-                info.type, info.linkname = kind, data[2:]
-                tar.addfile(info)
-            else:
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-    return path
 
 
 def _sample(key: str, i: int, *, cls: int | None = None, label: str | None = None) -> list:
@@ -123,7 +108,7 @@ def test_a_classes_list_is_held_to_the_rule_of_a_classes_file():
 def test_classes_beside_shards_and_exact_names_still_read(tmp_path):
     folder = tmp_path / "shards"
     folder.mkdir()
-    _tar(folder / "s-000000.tar", _sample("a", 0, cls=0) + _sample("b", 1, cls=1))
+    tar_of_members(folder / "s-000000.tar", _sample("a", 0, cls=0) + _sample("b", 1, cls=1))
     (folder / "classes.json").write_text(json.dumps([COMPOSED, " dog"]), encoding="utf-8")
     assert open_data(str(folder)).classes == [COMPOSED, " dog"]
     (folder / "classes.json").write_text(json.dumps([DECOMPOSED, COMPOSED]), encoding="utf-8")
@@ -141,7 +126,7 @@ def test_classes_beside_shards_and_exact_names_still_read(tmp_path):
 def test_shard_labels_without_an_index_that_differ_by_spaces_are_one_class_error(tmp_path):
     """`cat` and `cat ` in KEY.json alone (no KEY.cls) were two classes, as the same two names
     of one KEY.cls index are not: the same error, naming both samples."""
-    shard = _tar(
+    shard = tar_of_members(
         tmp_path / "s-000000.tar",
         _sample("a", 0, label="cat") + _sample("b", 1, label="dog") + _sample("c", 2, label="cat "),
     )
@@ -152,15 +137,19 @@ def test_shard_labels_without_an_index_that_differ_by_spaces_are_one_class_error
     )
     split = tmp_path / "split"  # val's `cat ` beside train's `cat`
     split.mkdir()
-    _tar(split / "train-000000.tar", _sample("a", 0, label="cat") + _sample("b", 1, label="dog"))
-    _tar(split / "val-000000.tar", _sample("c", 2, label="cat ") + _sample("d", 3, label="dog"))
+    tar_of_members(
+        split / "train-000000.tar", _sample("a", 0, label="cat") + _sample("b", 1, label="dog")
+    )
+    tar_of_members(
+        split / "val-000000.tar", _sample("c", 2, label="cat ") + _sample("d", 3, label="dog")
+    )
     assert _refused(split).startswith(
         "sample c in val-000000.tar is labelled 'cat ', and sample a in train-000000.tar 'cat': "
     )
 
 
 def test_a_shard_label_of_spaces_alone_is_refused_naming_the_sample(tmp_path):
-    shard = _tar(
+    shard = tar_of_members(
         tmp_path / "s-000000.tar", _sample("a", 0, label="cat") + _sample("b", 1, label=" ")
     )
     assert _refused(shard).startswith(
@@ -173,7 +162,7 @@ def test_a_class_index_past_the_classes_file_beside_a_listed_name_is_one_error(t
     while webdataset's reader takes index 5."""
     folder = tmp_path / "shards"
     folder.mkdir()
-    _tar(
+    tar_of_members(
         folder / "s-000000.tar",
         _sample("a", 0, cls=0, label="cat") + _sample("b", 1, cls=5, label="dog"),
     )
@@ -188,7 +177,7 @@ def test_a_class_index_past_the_classes_file_beside_a_listed_name_is_one_error(t
 def test_a_link_loop_inside_a_shard_is_one_error_line_naming_the_member(tmp_path):
     """s1.png -> s1b.png -> s1.png: read as a sample s1b of no label (or, with labels, as an
     image that could not be read): one error line naming the link."""
-    shard = _tar(
+    shard = tar_of_members(
         tmp_path / "s-000000.tar",
         [
             *_sample("s0", 0, cls=0),
@@ -228,7 +217,7 @@ def test_predict_of_a_tar_with_a_class_folder_of_spaces_alone_is_one_error_line(
     gave the label column a class of no name, where the folder is refused."""
     from checkpoints import write_convnet_checkpoint
 
-    archive = _tar(tmp_path / "x.tar", [("cat/x.png", png(0)), (" /y.png", png(1))])
+    archive = tar_of_members(tmp_path / "x.tar", [("cat/x.png", png(0)), (" /y.png", png(1))])
     model = tmp_path / "m.pt"
     write_convnet_checkpoint(model, in_channels=3, image_size=8, classes="ab")
     result = run_torchkit_in_process("predict", model, archive, "-j", "0")
@@ -330,7 +319,7 @@ def _image_folder_tar(path: Path, members: list[tuple[str, bytes | str]]) -> Pat
             os.symlink(data.removeprefix("->"), target)
         else:
             target.write_bytes(data)
-    return _tar(path, members)
+    return tar_of_members(path, members)
 
 
 def test_a_linked_class_folder_in_a_tar_is_read_as_the_unpacked_folder_reads_it(tmp_path):
@@ -364,7 +353,7 @@ def test_a_tar_class_folder_linked_to_another_class_is_one_error_naming_the_link
     assert _refused(unpacked).startswith(
         f"{unpacked}/img/x.png and {unpacked}/real/x.png are one file in two classes, img and "
     )
-    rooted = _tar(tmp_path / "rooted.tar", [("cat/x.png", png(0)), ("all", "->.")])
+    rooted = tar_of_members(tmp_path / "rooted.tar", [("cat/x.png", png(0)), ("all", "->.")])
     assert _refused(rooted) == (
         f"{rooted}:all -> . is a class folder linked to a folder that holds it, or that it "
         "holds (remove the link, or link to the class's own folder)"
@@ -403,7 +392,7 @@ def test_links_in_a_tar_end_where_tar_unpacks_their_targets(tmp_path):
         ("dog/s.png", "->../../up.png"),
         ("dog/t.png", "=>../up.png"),
     ]
-    archive = _tar(tmp_path / "pets.tar", members)
+    archive = tar_of_members(tmp_path / "pets.tar", members)
     source = open_data(str(archive))
     readable = {}
     for name, path in zip(source.whole.ids, source.whole.paths, strict=True):
@@ -444,7 +433,7 @@ def test_tar_members_are_read_where_tar_unpacks_them(tmp_path, caplog):
         ("cat/../dog/e.png", png(4)),
         ("cat/./f.png", png(5)),
     ]
-    archive = _tar(tmp_path / "pets.tar", members)
+    archive = tar_of_members(tmp_path / "pets.tar", members)
     with caplog.at_level("WARNING", logger="torchkit"):
         source = open_data(str(archive))
     assert source.classes == ["abs", "cat", "dog"]
@@ -484,7 +473,7 @@ def test_tar_links_out_of_the_archive_are_never_followed(tmp_path, caplog):
         ("dog/via.png", "->up.png"),
         ("/cat/s.png", "->a.png"),
     ]
-    archive = _tar(tmp_path / "pets.tar", members)
+    archive = tar_of_members(tmp_path / "pets.tar", members)
     with caplog.at_level("WARNING", logger="torchkit"):
         source = open_data(str(archive))
     assert source.whole.ids == ["cat/a.png", "cat/s.png", "dog/c.png"]
@@ -562,7 +551,7 @@ def test_a_tar_link_to_a_link_out_is_left_out_where_the_archive_holds_its_target
         ("cat/y.png", "->/etc/p.png"),
         ("/etc/p.png", png(2)),
     ]
-    archive = _tar(tmp_path / "pets.tar", members)
+    archive = tar_of_members(tmp_path / "pets.tar", members)
     source, warned = _opened_with_warnings(archive, caplog)
     assert source.whole.ids == ["cat/a.png", "dog/c.png", "etc/p.png"]
     assert warned == [
@@ -583,7 +572,7 @@ def test_a_tar_link_to_the_root_is_a_link_out_of_the_archive(tmp_path, caplog):
     folder not entered."""
     members = [("cat/a.png", png(0)), ("dog/c.png", png(1)), ("cat/r.png", "->/")]
     members.append(("dog/r.png", "->//"))
-    archive = _tar(tmp_path / "pets.tar", members)
+    archive = tar_of_members(tmp_path / "pets.tar", members)
     source, warned = _opened_with_warnings(archive, caplog)
     assert source.whole.ids == ["cat/a.png", "dog/c.png"]
     assert warned == [
@@ -607,7 +596,7 @@ def test_a_tar_class_folder_linked_out_of_the_archive_is_said(tmp_path, caplog):
         ("pets/train/cat/more", "->/data/more"),
         ("pets/.cache", "->/tmp"),
     ]
-    archive = _tar(tmp_path / "pets.tar", members)
+    archive = tar_of_members(tmp_path / "pets.tar", members)
     source, warned = _opened_with_warnings(archive, caplog)
     assert source.splits["train"].ids == ["train/cat/a.png", "train/dog/c.png"]
     assert warned == [
@@ -626,7 +615,7 @@ def test_a_tar_name_stored_as_a_file_and_as_a_link_out_is_named_once(tmp_path, c
         ("cat/x.png", png(2)),
         ("cat/x.png", "->/etc/passwd"),
     ]
-    archive = _tar(tmp_path / "pets.tar", members)
+    archive = tar_of_members(tmp_path / "pets.tar", members)
     source, warned = _opened_with_warnings(archive, caplog)
     assert source.whole.ids == ["cat/a.png", "dog/c.png"]
     assert warned == [
@@ -713,7 +702,7 @@ def test_a_tar_link_reaches_a_member_stored_under_another_spelling_of_its_path(t
         ("dog/s.png", "->c.png"),
         ("dog/t.png", "->./d.png"),
     ]
-    source = open_data(str(_tar(tmp_path / "pets.tar", members)))
+    source = open_data(str(tar_of_members(tmp_path / "pets.tar", members)))
     assert source.whole.ids == [
         f"{c}.png" for c in ("cat/a", "cat/b", "dog/c", "dog/d", "dog/s", "dog/t")
     ]
@@ -728,7 +717,7 @@ def test_a_tar_link_stored_under_another_spelling_of_its_path_is_named_in_the_hi
         ("dog/c.png", png(1)),
         ("cat/./s.png", "->../dog/c.png"),
     ]
-    archive = _tar(tmp_path / "pets.tar", members)
+    archive = tar_of_members(tmp_path / "pets.tar", members)
     assert _refused(archive) == (
         f"{archive}:cat/s.png and {archive}:dog/c.png are one file in two classes, cat and dog "
         f"(an image has one label: remove the link {archive}:cat/s.png -> dog/c.png)"

@@ -6,7 +6,6 @@ GNU tar is the reference where the machine has it (`tar --version`)."""
 
 from __future__ import annotations
 
-import io
 import json
 import shutil
 import subprocess
@@ -16,24 +15,13 @@ from pathlib import Path
 import pytest
 from parquet_files import png
 from processes import run_torchkit_in_process
+from tar_members import tar_of_members
 
 from torchkit.core.data.sources import open_data
 
 
-def _tar(path: Path, members: list[tuple[str, bytes | str]]) -> Path:
-    """A tar of `members` in their order: (name, bytes) a file, (name, "->TARGET") a symbolic
-    link, (name, "=>TARGET") a hard link."""
-    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            if isinstance(data, str):
-                kind = tarfile.LNKTYPE if data.startswith("=>") else tarfile.SYMTYPE
-                info.type, info.linkname = kind, data[2:]
-                tar.addfile(info)
-            else:
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-    return path
+def _tar(path: Path, members: list[tuple[str, bytes | str | None]]) -> Path:
+    return tar_of_members(path, members, format=tarfile.GNU_FORMAT)
 
 
 def _gnu_tar() -> bool:
@@ -314,25 +302,13 @@ def test_a_folder_stored_after_a_link_of_its_name_is_a_folder(tmp_path):
         ("dog/c.png", png(2)),
         ("cat/a.png", png(1)),
         ("bird", "->dog"),
-        ("bird/", "dir"),
+        ("bird/", None),
         ("bird/q.png", png(7)),
         ("cat/s.png", "->a.png"),
-        ("./cat/s.png/", "dir"),
+        ("./cat/s.png/", None),
         ("cat/s.png/r.png", png(3)),
     ]
-    archive = tmp_path / "pets.tar"
-    with tarfile.open(archive, "w", format=tarfile.GNU_FORMAT) as tar:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            if data == "dir":
-                info.type, info.mode = tarfile.DIRTYPE, 0o755
-                tar.addfile(info)
-            elif isinstance(data, str):
-                info.type, info.linkname = tarfile.SYMTYPE, data[2:]
-                tar.addfile(info)
-            else:
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
+    archive = _tar(tmp_path / "pets.tar", members)
     source = open_data(str(archive))
     images = dict(zip(source.whole.ids, (p.read_bytes() for p in source.whole.paths), strict=True))
     assert images == {
