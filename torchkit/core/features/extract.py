@@ -410,6 +410,7 @@ def _extract(
     }
     with until_workers_forked():
         extractor = FeatureExtractor(graph, layers)  # moved to the device once they are
+    store = None
     try:
         growing = None  # streamed: the fingerprint, as the paths come
         weights = weights_digest(source.model)
@@ -462,6 +463,8 @@ def _extract(
         meta = _finish(store, request, samples, source, settings, layers, fingerprint)
     finally:
         extractor.close()
+        if store is not None:
+            store.close()
     if store.progress.nonfinite:
         logger.warning(
             "%d of the %d rows have non-finite features (NaN or inf; first: %s): they mean "

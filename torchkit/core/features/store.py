@@ -344,7 +344,7 @@ class FeatureStore:
         self, file_format: str, index_columns: list[str], index_rows: Iterable[list], meta: dict
     ) -> dict[str, Path]:
         rows = self.progress.rows
-        self._close_arrays()
+        self.close()
         files = {}
         for name, info in self.progress.layers.items():
             source = self._partial_array(info["file"])
@@ -371,7 +371,9 @@ class FeatureStore:
         remove_tree(self.partial)
         return files
 
-    def _close_arrays(self) -> None:
+    def close(self) -> None:
+        """Close the arrays' files: at the end, and after an error (an int file descriptor is
+        never closed by the garbage collector, so each failed run in one process kept its own)."""
         for handle in self._appended.values():
             handle.close()
         self._appended.clear()
