@@ -356,13 +356,19 @@ class _WatchedTerminal(io.StringIO):
         return super().write(text)
 
 
+def _watched_stderr(monkeypatch, text: str) -> _WatchedTerminal:
+    """stderr made a terminal that tells when `text` is first written to it."""
+    terminal = _WatchedTerminal(text)
+    made = console.make_console(file=terminal, force_terminal=True, width=100)
+    monkeypatch.setattr(console, "stderr", made, raising=False)
+    return terminal
+
+
 def test_a_pause_after_a_burst_of_updates_shows_the_bursts_last_count(monkeypatch):
     """A bar without a redraw thread drew an update only when the next came: after a burst of
     items (each within the 0.1 s between redraws) and a pause, it showed the burst's first
     count until the next item. The last count is drawn about 0.1 s later, with no update."""
-    terminal = _WatchedTerminal("50/100")
-    made = console.make_console(file=terminal, force_terminal=True, width=100)
-    monkeypatch.setattr(console, "stderr", made, raising=False)
+    terminal = _watched_stderr(monkeypatch, "50/100")
     clock = [100.0]
     monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     with progress_bar("writing shards") as update:
@@ -407,9 +413,7 @@ def test_the_late_redraw_waits_the_interval_from_an_updates_drawing(monkeypatch)
     had drawn the bar: a stream of updates was drawn about 17 times a second, not 10 (1M tiny
     updates: 249 drawings in 15 s against 128 in 14 s, a fifth more CPU). It now waits the
     interval from the last drawing, by either."""
-    terminal = _WatchedTerminal("2/100")
-    made = console.make_console(file=terminal, force_terminal=True, width=100)
-    monkeypatch.setattr(console, "stderr", made, raising=False)
+    terminal = _watched_stderr(monkeypatch, "2/100")
     lock = _TickedLock(ticks=3)
     monkeypatch.setattr(console, "write_lock", lock)
     clock = [100.0]
@@ -430,9 +434,7 @@ def test_a_ctrl_c_as_the_late_redraw_starts_is_a_ctrl_c(monkeypatch):
     """A Ctrl-C landing as an update started the late redraw's thread (before it ran) left the
     bar's end a thread to join that never started: a RuntimeError replaced the
     KeyboardInterrupt (a traceback, exit 1 where 130 is due)."""
-    terminal = _WatchedTerminal("never")
-    made = console.make_console(file=terminal, force_terminal=True, width=100)
-    monkeypatch.setattr(console, "stderr", made, raising=False)
+    _watched_stderr(monkeypatch, "")
 
     class Interrupted(threading.Thread):
         def start(self) -> None:
