@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 from image_folders import write_image_folder
-from mount_namespaces import in_mount_namespace
+from mount_namespaces import MS_BIND, in_mount_namespace
 from output_checks import error_line, tree_digest
 from processes import run_torchkit_in_process
 
@@ -67,3 +67,35 @@ def test_an_output_folder_that_is_a_mount_point_is_written_in_place(tmp_path):
     )
     assert untouched
     assert sorted(os.listdir(tmp_path)) == ["earlier", "failed", "full", "images", "volume"]
+
+
+def test_a_file_output_that_is_a_mount_point_is_refused_before_any_work(tmp_path):
+    """`-o OUT/my report.json` where a file is bind-mounted at that name (`docker run -v
+    ./report.json:/out/report.json`): with --force, dataset-stats failed after its work with
+    "Error: OSError: [Errno 18] Invalid cross-device link" (the old file linked aside) and env
+    with "[Errno 16] Device or resource busy" (the new one renamed over it); without, "pass
+    --force" led there. Refused before any work now, the mounted file untouched."""
+    images = write_image_folder(tmp_path / "images", {"a": 2})
+    kept, report = tmp_path / "kept.json", tmp_path / "out" / "my report.json"
+    kept.write_text("yours\n")
+    report.parent.mkdir()
+    report.write_text("")
+
+    def work(mount) -> list:
+        mount(kept, report, flags=MS_BIND)
+        runs = [
+            ("dataset-stats", images, "-o", report, "--force"),
+            ("env", "-o", report, "--force"),
+            ("env", "-o", report),
+        ]
+        results = [run_torchkit_in_process(*args) for args in runs]
+        return [[result.returncode, result.stderr] for result in results]
+
+    answers = in_mount_namespace(work)
+    for code, stderr in answers:  # type: ignore[union-attr]
+        assert code == 1 and error_line(stderr) == (
+            f"Error: output {report} is a mount point (a file mounted there), which torchkit "
+            "cannot replace (give another file name, and copy the result there yourself)"
+        ), stderr
+    assert kept.read_text() == "yours\n" and report.read_text() == ""
+    assert sorted(os.listdir(tmp_path / "out")) == ["my report.json"]

@@ -23,6 +23,7 @@ from torchkit.core.io.errors import (
 )
 from torchkit.core.io.file_kinds import file_kind
 from torchkit.core.io.folder_locks import close_lock, lock_holder, open_unshared
+from torchkit.core.io.mounts import is_mount_point
 from torchkit.core.io.open_outputs import closed, opened
 from torchkit.core.io.output_locks import OutputLockedError
 from torchkit.core.io.output_paths import (
@@ -127,6 +128,15 @@ def check_output_file(
     check_folders_above(target, what)
     if target.is_dir():
         raise OutputExistsError(f"{what} is a folder, not a file: {target}", "give a file name")
+    if target.is_file() and not target.is_symlink() and is_mount_point(target):
+        # A file bind-mounted at its name (`docker run -v ./report.json:/out/report.json`) is
+        # never renamed over, nor hard-linked aside to another mount: refused now, not with a
+        # raw EBUSY or EXDEV once the work is done.
+        raise OutputExistsError(
+            f"{what} {shown(target)} is a mount point (a file mounted there), which torchkit "
+            "cannot replace",
+            "give another file name, and copy the result there yourself",
+        )
     if (target.exists() or target.is_symlink()) and not force:
         raise OutputExistsError(f"{what} already exists: {target}", "pass --force to overwrite it")
     # A read-only disk (or a folder without permission) is found before any work, not when the

@@ -93,16 +93,17 @@ class MountTable:
     @classmethod
     def read(cls, path: str = MOUNTINFO) -> MountTable:
         """The table of `path` (mountinfo's format); an empty one where it cannot be read."""
+        return cls.parse(_text_of(path))
+
+    @classmethod
+    def parse(cls, text: str) -> MountTable:
+        """The table of mountinfo's `text`."""
         mounts = []
-        try:
-            with open(path, encoding="utf-8", errors="surrogateescape") as handle:
-                for line in handle:
-                    fields = line.split(" ")
-                    if len(fields) > 4:
-                        root, point = _unescaped(fields[3]), _unescaped(fields[4])
-                        mounts.append(Mount(point, fields[2], root, fields[0], fields[1]))
-        except OSError:
-            pass
+        for line in text.splitlines():
+            fields = line.split(" ")
+            if len(fields) > 4:
+                root, point = _unescaped(fields[3]), _unescaped(fields[4])
+                mounts.append(Mount(point, fields[2], root, fields[0], fields[1]))
         return cls(mounts)
 
     def mount_of(self, path: str) -> Mount | None:
@@ -140,10 +141,30 @@ class MountTable:
         return [point for point in self.by_point if point != path and _within(point, path)]
 
 
+def _text_of(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="surrogateescape") as handle:
+            return handle.read()
+    except OSError:
+        return ""
+
+
+def _escaped(path: str) -> str:
+    """`path` as mountinfo writes it (`\\`, space, tab and newline in octal)."""
+    for char in "\\ \t\n":
+        path = path.replace(char, f"\\{ord(char):03o}")
+    return path
+
+
 def is_mount_point(path: str | os.PathLike) -> bool:
-    """Whether the folder at `path` is a mount point: another file system's (`os.path.ismount`)
-    or a bind mount of a folder of the same one (the mount table). Such a folder cannot be
-    renamed, nor another renamed onto it (EBUSY)."""
+    """Whether the folder or file at `path` is a mount point: another file system's
+    (`os.path.ismount`) or a bind mount from the same one (the mount table). Such a folder or
+    file cannot be renamed, nor another renamed onto it (EBUSY). The table is parsed only where
+    it names the path at all (not so for most: a write's check of its file stays cheap)."""
     if os.path.ismount(path):
         return True
-    return os.path.realpath(path) in MountTable.read().by_point
+    real = os.path.realpath(path)
+    text = _text_of(MOUNTINFO)
+    if f" {_escaped(real)} " not in text:
+        return False
+    return real in MountTable.parse(text).by_point
