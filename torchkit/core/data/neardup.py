@@ -41,7 +41,8 @@ DEFAULT_NEAR_THRESHOLD = 8
 MAX_THRESHOLD = 24  # beyond it, pHash no longer separates copies from different images
 _BLOCK_CELLS = 1 << 22  # pairs compared at once by the all-pairs path
 # A chunk's values are looked up in a table of up to 2^_TABLE_BITS buckets (16 MB of int32),
-# about 2 to 4 buckets a hash: memory linear in n, and few other values met in a bucket.
+# 8 to 16 buckets a hash (fewer past half a million hashes, at the cap: 4 at a million): memory
+# linear in n, and few other values met in a bucket.
 _TABLE_BITS = 22
 _TABLE_BLOCK = 1 << 20  # table entries made at once
 _CANDIDATE_BLOCK = 1 << 16  # candidate pairs checked at once
@@ -109,8 +110,8 @@ def _flips(bits: int, radius: int) -> list[int]:
 
 
 def _bucket_bits(n: int, bits: int) -> int:
-    """The bits of a chunk a table is made of for n hashes: about 2 to 4 table entries a hash
-    (all the chunk's bits once n reaches a quarter of its values), at most _TABLE_BITS."""
+    """The bits of a chunk a table is made of for n hashes: 8 to 16 table entries a hash (all
+    the chunk's bits once n passes a sixteenth of its values), at most _TABLE_BITS."""
     return max(1, min(bits, _TABLE_BITS, (max(n, 2) - 1).bit_length() + 3))
 
 
