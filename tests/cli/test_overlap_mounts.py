@@ -153,3 +153,24 @@ def test_force_over_a_folder_with_a_hidden_mount_inside_is_not_refused(tmp_path)
     code, stderr, listed = in_mount_namespace(work)  # type: ignore[misc]
     assert code == 0, stderr
     assert listed == [".torchkit", "split.csv", "test", "train", "val"]
+
+
+def test_a_mount_table_without_devices_tells_no_places(tmp_path, monkeypatch):
+    """A mountinfo whose mounts all say device 0:0 (kernels that emulate Linux's; Linux gives
+    no file system 0:0) seemed to show every mount's root at every mount point: `--out
+    VOLUME` was refused as containing `--data DATA`, another mount ('it is mounted at /
+    too'). Nothing is known there: no place, no refusal."""
+    from torchkit.core.io import overlap
+
+    results, data = tmp_path / "results", tmp_path / "data"
+    results.mkdir(), data.mkdir()
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(
+        "1 0 0:0 / / rw - rootfs rootfs rw\n"
+        f"2 1 0:0 / {results} rw - 9p results rw\n"
+        f"3 1 0:0 / {data} rw - 9p data rw\n"
+    )
+    table = MountTable.read(str(mountinfo))
+    assert table.places(str(results / "run")) == ([], [])
+    monkeypatch.setattr(overlap.MountTable, "read", classmethod(lambda cls: table))
+    check_overlap(results, "--out", [InputPath(data, "data folder")])

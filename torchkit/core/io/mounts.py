@@ -12,6 +12,10 @@ import re
 from dataclasses import dataclass
 
 MOUNTINFO = "/proc/self/mountinfo"
+# The device of no file system: Linux gives none "0:0", kernels that emulate its mountinfo give
+# it to every mount (one file system to all appearances, each mount's root `/`: every mount a
+# place of every folder). Nothing is known of a folder's other places there.
+_NO_DEVICE = "0:0"
 _ESCAPED = re.compile(r"\\([0-7]{3})")  # mountinfo writes a space as \040, a `\` as \134
 
 
@@ -121,7 +125,7 @@ class MountTable:
         yet) is shown: (`whole`: the folder itself, through a mount of it or of a folder above
         it; `parts`: the points of mounts of a folder inside it). `path` itself is not one."""
         mount = self.mount_of(path)
-        if mount is None or len(self.by_point) < 2:
+        if mount is None or mount.device == _NO_DEVICE or len(self.by_point) < 2:
             return [], []
         own = mount.root.rstrip("/") + _below(path, mount.point) or "/"
         whole, parts = [], []
