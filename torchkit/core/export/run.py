@@ -52,6 +52,7 @@ from torchkit.core.summary.attention import (
     DROPOUT,
     DROPOUT_KEPT,
     EXPLICIT,
+    EXPLICIT_DROPOUT,
     LARGEST_ATTENTION_MATRIX,
     MHA,
     MHA_DROPOUT,
@@ -408,6 +409,7 @@ _IMAGES_HELD = {fm.EXPORTED_PROGRAM: 1.4}
 # the softmax, dropout's mask and their product at once (summary/attention.py)
 PT2_MATRICES_HELD = {
     EXPLICIT: 2.0,
+    EXPLICIT_DROPOUT: 2.0,  # its runs are in eval mode: no dropout
     MHA: 1.0,
     MHA_DROPOUT: 1.0,
     SDPA: 0.0,
