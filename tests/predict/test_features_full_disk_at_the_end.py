@@ -10,6 +10,7 @@ import os
 
 import pytest
 from disks import fill_disk
+from image_folders import write_image_folder
 from output_checks import error_line
 from processes import run_torchkit_in_process
 from safetensors.numpy import load_file
@@ -58,3 +59,48 @@ def test_a_full_disk_before_any_row_is_kept_says_nothing_of_resume(world, small_
     assert full.returncode == 1, full.stderr
     assert "No space left" in error_line(full.stderr) and "--resume" not in full.stderr
     assert sorted(os.listdir(disk)) == ["filler"]
+
+
+def _interrupted_run(world, out) -> bytes:
+    """OUT left by a run of another layer that --strict stopped at its last image (its first
+    rows kept, for --resume); the bytes of its progress record."""
+    images = write_image_folder(out.parent / "imgs", {"a": 3, "b": 2}, size=8)
+    (images / "b" / "b_1.png").write_bytes(b"broken")
+    stopped = run_torchkit_in_process(
+        "extract-features", "run/best.pt", str(images), str(out), "--workers", "0", "-b", "2",
+        "-l", "features.3", "--strict", cwd=world,
+    )  # fmt: skip
+    assert stopped.returncode == 1 and "b_1.png" in error_line(stopped.stderr), stopped.stderr
+    return (out / ".partial" / "progress.json").read_bytes()
+
+
+def test_a_force_run_on_a_full_disk_says_nothing_of_the_old_rows_it_put_back(world, small_tmpfs):
+    """--force over an interrupted OUT, on a disk too full for its first rows: the old OUT is
+    put back, its rows another command line's. The note said they were this run's and that
+    --resume continues them: --resume with this command line refused them (exit 2)."""
+    disk = small_tmpfs(256)
+    out = disk / "out"
+    record = _interrupted_run(world, out)
+    fill_disk(disk)
+    forced = run_torchkit_in_process(*FEATURES, str(out), "--force", cwd=world)
+    assert forced.returncode == 1, forced.stderr
+    assert "No space left" in error_line(forced.stderr) and "--resume" not in forced.stderr
+    assert (out / ".partial" / "progress.json").read_bytes() == record  # the old OUT, as it was
+
+
+def test_a_force_run_whose_rows_are_kept_says_resume_finishes_them(world, small_tmpfs):
+    """--force over an interrupted OUT, on a disk with room for the rows and not for their
+    safetensors copy: the rows are this run's, and --resume finishes them."""
+    disk = small_tmpfs(256)
+    out = disk / "out"
+    _interrupted_run(world, out)
+    fill_disk(disk, leave=52 * 1024)
+    forced = run_torchkit_in_process(*FEATURES, str(out), "--force", cwd=world)
+    assert forced.returncode == 1, forced.stderr
+    line = error_line(forced.stderr)  # the rows written, not their copy
+    assert line.startswith(f"Error: cannot write {out / 'features.0.safetensors'}: No space"), line
+    assert f"the rows done so far are kept in {out}; add --resume" in forced.stderr
+    os.remove(disk / "filler")
+    resumed = run_torchkit_in_process(*FEATURES, str(out), "--resume", cwd=world)
+    assert resumed.returncode == 0, resumed.stderr
+    assert load_file(out / "features.0.safetensors")["features.0"].shape == (6, 32, 6, 6)

@@ -305,20 +305,31 @@ def extract_features_command(
             ),
         ):
             result = extract_features(request, progress=update, stdin=stdin)
-    except KeyboardInterrupt:
-        if (out / ".partial").is_dir():
+    except KeyboardInterrupt as error:
+        if _rows_kept(error, out, force):
             console.note(f"the rows done so far are kept in {out}; add --resume to continue")
         raise
-    except OutputWriteError:
+    except OutputWriteError as error:
         # A full disk at the end of a long run (the index, a --array-format copy): the rows
         # are on disk, and --resume only finishes them; "choose another output" would redo all.
-        if (out / ".partial").is_dir():
+        if _rows_kept(error, out, force):
             console.note(
                 f"the rows done so far are kept in {out}; add --resume to continue once it "
                 "can be written"
             )
         raise
     _report(result)
+
+
+def _rows_kept(error: BaseException, out: Path, force: bool) -> bool:
+    """OUT holds rows of this command line that --resume continues. Not where a --force run
+    stopped before its first rows: the old OUT it put back holds another run's, which --resume
+    with this command line refuses; where the run stopped before it began (the model loading),
+    an old OUT's rows are the ones --resume continues, unless --force was to replace them."""
+    kept = getattr(error, "extract_rows_kept", None)
+    if kept is None:
+        kept = not force
+    return kept and (out / ".partial").is_dir()
 
 
 def _formats(

@@ -461,6 +461,12 @@ def _extract(
             fingerprint = growing.value(len(samples))
         skipped = streamed_skipped if streamed else _skipped(samples, store.progress.errors)
         meta = _finish(store, request, samples, source, settings, layers, fingerprint)
+    except BaseException as error:
+        # What the command line says of the stop: rows of this run that --resume continues
+        # are in OUT, or not (a --force run stopped before its first rows put the old OUT
+        # back, whose rows are another command line's).
+        error.extract_rows_kept = store is not None and store.rows_kept  # type: ignore[attr-defined]
+        raise
     finally:
         extractor.close()
         if store is not None:

@@ -154,6 +154,9 @@ class FeatureStore:
         self.progress = progress
         self._arrays: dict[str, _RowsFile] = {}  # by layer, open for writing rows
         self._begun = False  # OUT made (an old one set aside): there is something to record
+        # OUT/.partial holds rows of this command line on record, which --resume continues: a
+        # resumed run's, or this run's once a record counts rows (not an old OUT put back).
+        self.rows_kept = False
 
     @classmethod
     def open(
@@ -184,6 +187,7 @@ class FeatureStore:
                 _check_weights(state.get("weights_digest"), weights, folder, "an interrupted")
                 progress = Progress.from_json(state, partial)
                 store = cls(output, fingerprint, total, progress, data=data, weights=weights)
+                store.rows_kept = True
                 store._begin()
                 return store, None
             if meta_path.is_file():
@@ -313,6 +317,7 @@ class FeatureStore:
         )
         if self.progress.rows > 0:
             self.output.keep()
+            self.rows_kept = True
 
     def _log_new_errors(self) -> None:
         """Append the errors found since the last commit to ERRORS_FILE, durable before the
