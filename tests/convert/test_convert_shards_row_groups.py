@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from image_folders import write_image_folder
 from parquet_files import png, write_parquet
 from processes import run_torchkit_in_process
+from shards import serving, shard_downloads
 
 from torchkit.core.convert import shards as shards_module
 from torchkit.core.data.sources import open_data
@@ -84,6 +86,32 @@ def test_windows_smaller_than_the_data_read_each_row_group_once_a_window_same_by
     # Each row group at most once a window (three windows): in the shuffled order, a read a
     # sample.
     assert GROUPS < len(row_group_reads) <= 3 * GROUPS
+
+
+def test_shards_streamed_under_a_cache_limit_are_fetched_once_and_written_as_local_ones(
+    tmp_path, monkeypatch
+):
+    write_image_folder(tmp_path / "images" / "train", dict.fromkeys("abc", 30))
+    served = tmp_path / "served" / "converted"  # 18 shards of 5, in the folder's order
+    result = run_torchkit_in_process(
+        "convert", "shards", tmp_path / "images", served, "--per-shard", 5, "--no-shuffle"
+    )
+    assert result.returncode == 0, result.stderr
+    local = tmp_path / "local"
+    result = run_torchkit_in_process("convert", "shards", served, local, "--per-shard", 7)
+    assert result.returncode == 0, result.stderr
+    largest = max(p.stat().st_size for p in served.glob("*.tar"))
+    with serving(served.parent, tmp_path / "cache", monkeypatch) as server:
+        monkeypatch.setenv("TORCHKIT_CACHE_LIMIT", str(2 * largest))  # two shards at a time
+        streamed = tmp_path / "streamed"
+        result = run_torchkit_in_process(
+            "convert", "shards", f"{server.url}/converted", streamed, "--per-shard", 7, "-j", 2
+        )
+        assert result.returncode == 0, result.stderr
+        downloads = shard_downloads(server.requests)
+    assert len(downloads) == 18  # in the shuffled order: 80
+    tars = {p.name: p.read_bytes() for p in local.glob("*.tar")}
+    assert tars and {p.name: p.read_bytes() for p in streamed.glob("*.tar")} == tars
 
 
 def test_a_samples_read_error_is_raised_at_its_position_after_those_before():
