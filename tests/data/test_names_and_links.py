@@ -720,5 +720,5 @@ def test_a_tar_link_stored_under_another_spelling_of_its_path_is_named_in_the_hi
     archive = tar_of_members(tmp_path / "pets.tar", members)
     assert _refused(archive) == (
         f"{archive}:cat/s.png and {archive}:dog/c.png are one file in two classes, cat and dog "
-        f"(an image has one label: remove the link {archive}:cat/s.png -> dog/c.png)"
+        f"(an image has one label: remove the link {archive}:cat/s.png -> ../dog/c.png)"
     )

@@ -1896,8 +1896,8 @@ class _UnpackedTar:
     # Each image under a linked class folder (`img/x.png`) -> the unpacked path it is
     # (`_linked_class_images`).
     through: dict[str, str]
-    # Each link by its unpacked path inside `prefix` (`cat/./s.png` is cat/s.png) -> its end,
-    # and the linked class folders: named in the error of one file in two classes.
+    # Each link by its unpacked path inside `prefix` (`cat/./s.png` is cat/s.png) -> its target
+    # as stored, and the linked class folders: named in the error of one file in two classes.
     links: dict[str, str | None]
     reader: TarReader  # one for every image of the archive
     # Per split folder read ("" = the archive's root), its images by class as
@@ -2027,13 +2027,15 @@ def _unpacked_tar(spec: str, listing: TarListing) -> _UnpackedTar:
     through = _linked_class_images(class_links, [prefix + name for name in names])
     names += list(through)
     folders |= {posixpath.dirname(name) for name in through} | set(class_links)
-    # By the links' unpacked paths, as the images are named (`cat/./s.png` is cat/s.png).
+    # By the links' unpacked paths, as the images are named (`cat/./s.png` is cat/s.png),
+    # each with its target as stored (as `ls -l` shows it once unpacked).
+    texts = listing.link_texts
     links: dict[str, str | None] = {
-        name[len(prefix) :]: target
-        for name, target in ((_unpacked_path(n), t) for n, t in listing.links.items())
+        name[len(prefix) :]: texts[stored]
+        for name, stored in ((_unpacked_path(n), n) for n in listing.links)
         if name is not None and name.startswith(prefix)
     }
-    links.update(class_links)
+    links.update({name: texts.get(prefix + name, end) for name, end in class_links.items()})
     reader = TarReader(spec, listing.stamp)
     return _UnpackedTar(spec, listing, member_of, names, folders, prefix, through, links, reader)
 
