@@ -30,7 +30,9 @@ Opening reads the parquet footers and the label column only, never an image. An 
 (file, row group, row) through `ParquetImages`, which keeps the image column of the last row
 groups it read (LRU, `CACHE_BYTES` per process): a pass in order reads each row group once, and
 so does train's shuffled order, which takes row groups in random order and shuffles the images
-of as many of them as the cache holds together (`ParquetImages.blocks`, `core.train.loaders`).
+of as many of them as the cache holds together (`ParquetImages.blocks`, `core.train.loaders`),
+and so does `convert shards`' shuffle, whose samples are read a window at a time in file order
+(`core.convert.shards._read_in_windows`).
 """
 
 from __future__ import annotations
