@@ -475,14 +475,21 @@ _NEVER_S = 86400  # TORCHKIT_HTTP_TIMEOUT's largest
 
 
 def _stopped_when(
-    process: subprocess.Popen, moment: Callable[[], None], signum: int, signalled: threading.Event
+    process: subprocess.Popen,
+    moment: Callable[[], None],
+    signum: int,
+    signalled: threading.Event,
+    then: Callable[[], None] | None = None,
 ) -> str:
-    """`process`'s stderr once `signum`, sent as `moment` returns, has ended it; killed (and
-    the test failed) where it still runs after _HANG_S: only a hang waits that long.
-    `signalled` is set however it went: the server lets go of the bodies it holds back."""
+    """`process`'s stderr once `signum`, sent as `moment` returns (and `then` run just after),
+    has ended it; killed (and the test failed) where it still runs after _HANG_S: only a hang
+    waits that long. `signalled` is set however it went: the server lets go of the bodies it
+    holds back."""
     try:
         moment()
         process.send_signal(signum)
+        if then is not None:
+            then()
         _, stderr = process.communicate(timeout=_HANG_S)
     except subprocess.TimeoutExpired:
         process.kill()
@@ -533,6 +540,56 @@ def test_ctrl_c_while_a_shard_waits_for_room_ends_the_run_cleanly(
         stderr = _stopped_when(process, waiting_for_room, signal.SIGINT, signalled)
     ended_as_stopped(process, signal.SIGINT, process.returncode, "".join(said) + stderr)
     assert _left_in(cache) == set(), _left_in(cache)  # no shard, no temporary, no claim
+
+
+def _parked_and_stopped(
+    tmp_path: Path,
+    monkeypatch,
+    sitecustomize: str,
+    env: dict[str, str],
+    signum: int,
+    where: str,
+    then: Callable[[], None] | None = None,
+) -> tuple[subprocess.Popen, str, Path]:
+    """A real dataset-stats of two URL shards whose bodies the server holds back, run with
+    `sitecustomize`, which parks it and then says so in TK_TEST_PARKED (`where`: the place),
+    and `env`; `signum` sent once it is parked (`then` run just after). The process, its
+    stderr and its cache folder."""
+    served = tmp_path / "served"
+    served.mkdir()
+    for name in "ab":
+        _shard(served / f"{name}-000000.tar", 64 * 1024)
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(sitecustomize)
+    parked, cache = tmp_path / "parked", tmp_path / "cache"
+    signalled = threading.Event()
+
+    def hold_body(path: str, part: str) -> None:
+        if part == "body":  # held until the run ended: only a hang-up ends its read
+            signalled.wait(3 * _HANG_S)
+
+    serving, _ = _serving(served, cache, monkeypatch, hold_body)
+    with serving as server:
+        process = start_torchkit_process(
+            "dataset-stats",
+            f"{server.url}/{{a,b}}-000000.tar",
+            "--workers",
+            "0",
+            env={
+                "PYTHONPATH": str(site),
+                "TK_TEST_PARKED": str(parked),
+                "TORCHKIT_CACHE": str(cache),
+                "TORCHKIT_HTTP_TIMEOUT": str(_NEVER_S),
+                **env,
+            },
+        )
+
+        def parked_there() -> None:
+            wait_until(parked.exists, process=process, what=f"the run {where}")
+
+        stderr = _stopped_when(process, parked_there, signum, signalled, then)
+    return process, stderr, cache
 
 
 # A child's sitecustomize: the run parks where TK_TEST_PARK_AT says, says so in TK_TEST_PARKED
@@ -589,40 +646,9 @@ def test_ctrl_c_or_sigterm_as_a_download_begins_ends_the_run(tmp_path, monkeypat
     ended, to itself, and the main thread, waiting for the downloads, never woke. "start": the
     main thread was starting the downloads; the one begun was never stopped, and the run's end
     waited for it. Now the run ends at once: 130 (SIGTERM: 143), nothing of the shards left."""
-    served = tmp_path / "served"
-    served.mkdir()
-    for name in "ab":
-        _shard(served / f"{name}-000000.tar", 64 * 1024)
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(PARKED)
-    parked, cache = tmp_path / "parked", tmp_path / "cache"
-    signalled = threading.Event()
-
-    def release(path: str, part: str) -> None:
-        if part == "body":  # held until the run ended: only a hang-up ends its read
-            signalled.wait(3 * _HANG_S)
-
-    serving, _ = _serving(served, cache, monkeypatch, release)
-    with serving as server:
-        process = start_torchkit_process(
-            "dataset-stats",
-            f"{server.url}/{{a,b}}-000000.tar",
-            "--workers",
-            "0",
-            env={
-                "PYTHONPATH": str(site),
-                "TK_TEST_PARK_AT": moment,
-                "TK_TEST_PARKED": str(parked),
-                "TORCHKIT_CACHE": str(cache),
-                "TORCHKIT_HTTP_TIMEOUT": str(_NEVER_S),
-            },
-        )
-
-        def parked_there() -> None:
-            wait_until(parked.exists, process=process, what=f"the run parked ({moment})")
-
-        stderr = _stopped_when(process, parked_there, signum, signalled)
+    process, stderr, cache = _parked_and_stopped(
+        tmp_path, monkeypatch, PARKED, {"TK_TEST_PARK_AT": moment}, signum, f"parked ({moment})"
+    )
     ended_as_stopped(process, signum, process.returncode, stderr)
     assert _left_in(cache) == set(), _left_in(cache)  # no shard, no temporary, no claim
 
@@ -694,47 +720,16 @@ def test_a_stop_while_the_main_thread_holds_a_downloads_lock_ends_the_run(
     held, the download's thread waited on it to end its future, and the pool's join on that
     thread for ever. Made certain here (the lock is held until the signal is sent); the run
     now ends at once, 130 (SIGTERM: 143), nothing of the shards left."""
-    served = tmp_path / "served"
-    served.mkdir()
-    for name in "ab":
-        _shard(served / f"{name}-000000.tar", 64 * 1024)
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(PARKED_HOLDING_A_FUTURE)
-    parked, release, cache = tmp_path / "parked", tmp_path / "release", tmp_path / "cache"
-    signalled = threading.Event()
-
-    def hold_body(path: str, part: str) -> None:
-        if part == "body":  # held until the run ended: only a hang-up ends its read
-            signalled.wait(3 * _HANG_S)
-
-    serving, _ = _serving(served, cache, monkeypatch, hold_body)
-    with serving as server:
-        process = start_torchkit_process(
-            "dataset-stats",
-            f"{server.url}/{{a,b}}-000000.tar",
-            "--workers",
-            "0",
-            env={
-                "PYTHONPATH": str(site),
-                "TK_TEST_PARKED": str(parked),
-                "TK_TEST_RELEASE": str(release),
-                "TORCHKIT_CACHE": str(cache),
-                "TORCHKIT_HTTP_TIMEOUT": str(_NEVER_S),
-            },
-        )
-
-        try:
-            wait_until(parked.exists, process=process, what="the run parked holding a lock")
-            process.send_signal(signum)
-            release.touch()  # the lock let go of: where the stop is held back, it comes now
-            _, stderr = process.communicate(timeout=_HANG_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.communicate()
-            raise
-        finally:
-            signalled.set()
+    release = tmp_path / "release"  # made once the signal is sent: the parked lock let go of
+    process, stderr, cache = _parked_and_stopped(
+        tmp_path,
+        monkeypatch,
+        PARKED_HOLDING_A_FUTURE,
+        {"TK_TEST_RELEASE": str(release)},
+        signum,
+        "parked holding a lock",
+        then=release.touch,
+    )
     ended_as_stopped(process, signum, process.returncode, stderr)
     assert _left_in(cache) == set(), _left_in(cache)  # no shard, no temporary, no claim
 
