@@ -470,22 +470,57 @@ def _check_batch_memory(
         held_matrices=held_matrices,
     )
     free = memory.available_memory()
-    if free is not None and needed.bytes > free:
-        weights = (
-            f", plus {_PEAK_PER_WEIGHTS[fmt]:g} x {weight_bytes / 1e9:,.1f} GB for the weights"
-            if weight_bytes
-            else ""
-        )
-        if needed.fixed:
-            weights += f", plus {needed.fixed / 1e9:,.1f} GB that torch.export takes at any batch"
-        raise UsageError(
-            f"--batch-size {batch_size} needs about {needed.bytes / 1e9:,.1f} GB to export to "
-            f"{fmt} ({needed.rate:g} x {needed.counted / 1e9:,.1f} GB for a batch of {largest} "
-            f"{'x'.join(map(str, sample))} inputs{needed.held}{weights}), more than the "
-            f"{free / 1e9:,.1f} GB free",
+    if free is None or needed.bytes <= free:
+        return
+    weights = (
+        f", plus {_PEAK_PER_WEIGHTS[fmt]:g} x {weight_bytes / 1e9:,.1f} GB for the weights"
+        if weight_bytes
+        else ""
+    )
+    if needed.fixed:
+        weights += f", plus {needed.fixed / 1e9:,.1f} GB that torch.export takes at any batch"
+    # --batch-size 1's count: where it does not fit either (the weights, or what .pt2 takes at
+    # any batch, past the memory free), a smaller --batch-size is no way out
+    smallest = export_memory_needed(
+        sample,
+        largest - batch_size + 1,
+        call_bytes,
+        fmt=fmt,
+        weight_bytes=weight_bytes,
+        attention_bytes=attention_bytes,
+        output_bytes=output_bytes,
+        largest_attention_bytes=largest_attention_bytes,
+        held_matrices=held_matrices,
+    ).bytes
+    digits = _distinct_digits(needed.bytes, free)
+    if smallest <= free:
+        hint = (
             "give a smaller --batch-size: the exported model takes any batch size unless "
-            "--static-batch",
+            "--static-batch"
         )
+    else:
+        smaller = (
+            "no smaller batch"
+            if batch_size == 1
+            else f"--batch-size 1 needs about {smallest / 1e9:,.{digits}f} GB too"
+        )
+        hint = f"{smaller}: free some memory, or export on a machine with more"
+    raise UsageError(
+        f"--batch-size {batch_size} needs about {needed.bytes / 1e9:,.{digits}f} GB to export to "
+        f"{fmt} ({needed.rate:g} x {needed.counted / 1e9:,.1f} GB for a batch of {largest} "
+        f"{'x'.join(map(str, sample))} inputs{needed.held}{weights}), more than the "
+        f"{free / 1e9:,.{digits}f} GB free",
+        hint,
+    )
+
+
+def _distinct_digits(needed: float, free: float) -> int:
+    """The decimals (1 to 3) of GB at which `needed` and `free` read differently: a refusal
+    read 'needs about 0.2 GB ..., more than the 0.2 GB free' (240 MB against 200 MB)."""
+    digits = 1
+    while digits < 3 and f"{needed / 1e9:.{digits}f}" == f"{free / 1e9:.{digits}f}":
+        digits += 1
+    return digits
 
 
 @dataclass(frozen=True)
