@@ -6,10 +6,12 @@ made as the loader asks for them."""
 from __future__ import annotations
 
 import tracemalloc
+from types import SimpleNamespace
 
 import pytest
 
-from torchkit.core.predict.run import _InterleavedBatches, _steps
+from torchkit.core.predict.inputs import LoaderPass
+from torchkit.core.predict.run import PredictRun, _InterleavedBatches, _steps
 
 
 @pytest.mark.parametrize(("size", "batch_size", "world"), [(10, 3, 1), (10, 3, 2), (7, 2, 3)])
@@ -33,3 +35,32 @@ def test_the_plan_of_ten_million_images_holds_no_list_of_them():
         tracemalloc.stop()
     assert len(plan) == 39_063 and first == list(range(256))
     assert made < 100_000  # before: 400 MB
+
+
+class _Paths:
+    """The paths of a list of `size` images, made as they are asked for."""
+
+    def __getitem__(self, index: int) -> str:
+        return f"img/{index}.png"
+
+
+def test_the_keyed_plan_of_a_list_on_stdin_under_torchrun_holds_no_key_of_every_image():
+    """torchrun with `-`: the loader, started before the list came, finds each path in its key.
+    The keys of every batch of the rank were made at once (about 250 bytes an image)."""
+    passes = LoaderPass()
+    run = SimpleNamespace(
+        _listed=("loader", passes),
+        image_set=SimpleNamespace(samples=SimpleNamespace(paths=_Paths())),
+    )
+    tracemalloc.start()
+    try:
+        loader = PredictRun._listed_loader(run, _InterleavedBatches(200_000, 64, 1, 2))
+        made, _peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert loader == "loader" and run._listed is None
+    assert made < 100_000  # before: 31 MB (the keys, and here their paths)
+    assert len(passes) == 1562  # of the 3,125 batches, those at odd places
+    first, *_, last = passes
+    assert first == list(range(64, 128)) and last == list(range(199_872, 199_936))
+    assert [key.path for key in first[:2]] == ["img/64.png", "img/65.png"]

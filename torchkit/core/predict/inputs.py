@@ -154,7 +154,7 @@ class LoaderPass:
     the paths piped so far, and the loader's persistent workers stay from one to the next."""
 
     def __init__(self) -> None:
-        self.batches: list[list[int]] = []
+        self.batches: Any = []  # a list, or batches made as they are read (Sized, Iterable)
 
     def __iter__(self) -> Iterator[list[int]]:
         return iter(self.batches)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -421,16 +421,15 @@ class PredictRun:
             iter(loader)  # no batch yet: the persistent workers are forked, and stay
         return loader, passes
 
-    def _listed_loader(self, batches: Iterable[list[int]]) -> Any:
+    def _listed_loader(self, batches: _InterleavedBatches) -> Any:
         """The loader `_start_loader` made before the list came (torchrun with `-`), set to
         `batches` as the keys of their paths."""
         loader, passes = self._listed
         self._listed = None  # the loader goes with `_batches`
-        paths = self.image_set.samples.paths
-        passes.batches = [[PathKey(index, paths[index]) for index in batch] for batch in batches]
+        passes.batches = _KeyedBatches(batches, self.image_set.samples.paths)
         return loader
 
-    def _batches(self, loader_of: Callable[[Iterable[list[int]]], Any]) -> Iterator[Any]:
+    def _batches(self, loader_of: Callable[[_InterleavedBatches], Any]) -> Iterator[Any]:
         """This rank's batch of every step (None for a step past its last batch), after a
         first None yielded once the loader's workers are forked; `loader_of(batches)` is the
         loader of this rank's batches (lists of indices)."""
@@ -647,6 +646,23 @@ class _InterleavedBatches:
     def __iter__(self) -> Iterator[list[int]]:
         for start in self.starts:
             yield list(range(start, min(start + self.batch_size, self.size)))
+
+
+class _KeyedBatches:
+    """`batches` of indices as the keys of their `paths` (torchrun with `-`), each batch made
+    as the loader asks for it: a list of them all held a key object for every image of the
+    rank (about 250 bytes an image) before the first batch was read."""
+
+    def __init__(self, batches: _InterleavedBatches, paths: Sequence[str]) -> None:
+        self.batches, self.paths = batches, paths
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[list[PathKey]]:
+        paths = self.paths
+        for batch in self.batches:
+            yield [PathKey(index, paths[index]) for index in batch]
 
 
 def _steps(size: int, batch_size: int, world: int) -> int:
