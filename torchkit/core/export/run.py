@@ -9,6 +9,7 @@ leaves OUT as it was (absent, or the old file that --force would have replaced).
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import sys
@@ -469,10 +470,10 @@ def _check_batch_memory(
     instead of one error, one whose images fit but layers did not (resnet18 at 4096) ended in
     the kernel's OOM killer, and one flat half of the free memory let ONNX and TorchScript
     batches that need 1.7x it through while it refused .pt2 batches that fit."""
-    needed = export_memory_needed(
+    counting = functools.partial(
+        export_memory_needed,
         sample,
-        largest,
-        call_bytes,
+        call_bytes=call_bytes,
         fmt=fmt,
         weight_bytes=weight_bytes,
         attention_bytes=attention_bytes,
@@ -480,6 +481,7 @@ def _check_batch_memory(
         largest_attention_bytes=largest_attention_bytes,
         held_matrices=held_matrices,
     )
+    needed = counting(largest)
     free = memory.available_memory()
     if free is None or needed.bytes <= free:
         return
@@ -492,17 +494,7 @@ def _check_batch_memory(
         weights += f", plus {needed.fixed / 1e9:,.1f} GB that torch.export takes at any batch"
     # --batch-size 1's count: where it does not fit either (the weights, or what .pt2 takes at
     # any batch, past the memory free), a smaller --batch-size is no way out
-    smallest = export_memory_needed(
-        sample,
-        largest - batch_size + 1,
-        call_bytes,
-        fmt=fmt,
-        weight_bytes=weight_bytes,
-        attention_bytes=attention_bytes,
-        output_bytes=output_bytes,
-        largest_attention_bytes=largest_attention_bytes,
-        held_matrices=held_matrices,
-    ).bytes
+    smallest = counting(largest - batch_size + 1).bytes
     digits = _distinct_digits(needed.bytes, free)
     if smallest <= free:
         hint = (
