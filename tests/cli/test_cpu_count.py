@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from cgroup_files import V1, V2, fake_proc
 
 
 @pytest.fixture
@@ -15,29 +16,6 @@ def three_of_64_cores(monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
     monkeypatch.setattr(cpus, "cgroup_cpu_quota", lambda: None)  # whatever limits this host
-
-
-def fake_proc(tmp_path, cgroup: str, mounts: list[tuple[str, str, str, str]], files: dict):
-    """A /proc/self with `cgroup` and one mountinfo line per (root, mount point under tmp_path,
-    type, options); `files` maps a path under tmp_path to its text (cpu.max, ...)."""
-    (tmp_path / "proc/self").mkdir(parents=True)
-    (tmp_path / "proc/self/cgroup").write_text(cgroup)
-    lines = [
-        f"{30 + n} 23 0:{28 + n} {root} {tmp_path / point} rw,nosuid - {kind} {kind} {options}"
-        for n, (root, point, kind, options) in enumerate(mounts)
-    ]
-    (tmp_path / "proc/self/mountinfo").write_text("\n".join(lines) + "\n")
-    for name, text in files.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
-    return str(tmp_path / "proc")
-
-
-V2 = [("/", "fs/cgroup", "cgroup2", "rw,nsdelegate")]
-V1 = [
-    ("/", "fs/cgroup/memory", "cgroup", "rw,memory"),
-    ("/", "fs/cgroup/cpu,cpuacct", "cgroup", "rw,cpu,cpuacct"),
-]
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,8 @@ import functools
 import math
 import os
 
+from torchkit.core.runtime.cgroups import cgroup_chains
+
 
 def usable_cpus() -> int:
     """The cores this process may use: those taskset and container cpusets let it run on
@@ -23,39 +25,13 @@ def usable_cpus() -> int:
 def cgroup_cpu_quota(proc: str = "/proc") -> float | None:
     """The CPUs the cgroup CPU quota allows this process (1.5 for `docker --cpus 1.5`), the
     tightest along its cgroup and the cgroup's ancestors, cgroup v2 or v1; None where there is
-    no quota (or no cgroups: not Linux). Read as the JVM and Go read it: each cgroup mount of
-    `/proc/self/mountinfo` joined with this process's path in `/proc/self/cgroup`."""
-    try:
-        with open(f"{proc}/self/cgroup", encoding="utf-8", errors="replace") as handle:
-            memberships = [line.split(":", 2) for line in handle.read().splitlines()]
-        with open(f"{proc}/self/mountinfo", encoding="utf-8", errors="replace") as handle:
-            mounts = [line.split() for line in handle.read().splitlines()]
-    except OSError:
-        return None
-    quotas: list[float] = []
-    for fields in mounts:
-        if "-" not in fields[6:]:
-            continue
-        tail = fields[fields.index("-", 6) + 1 :]  # filesystem type, source, super options
-        root, mount_point = fields[3], fields[4]
-        if tail[:1] == ["cgroup2"]:
-            paths = [m[2] for m in memberships if len(m) == 3 and m[0] == "0" and not m[1]]
-        elif tail[:1] == ["cgroup"] and "cpu" in (tail[2].split(",") if len(tail) > 2 else []):
-            paths = [m[2] for m in memberships if len(m) == 3 and "cpu" in m[1].split(",")]
-        else:
-            continue
-        for path in paths:
-            # A container that sees its cgroup as the mount's root: the mount point is its cgroup.
-            # (A path outside the mount, "/../x" from another cgroup namespace, likewise.)
-            inside = path[len(root) :] if path.startswith(root) and ".." not in path else ""
-            folder = os.path.normpath(mount_point + "/" + inside.strip("/"))
-            while True:
-                quota = _cgroup_folder_quota(folder)
-                if quota is not None:
-                    quotas.append(quota)
-                if folder == mount_point or len(folder) <= len(mount_point):
-                    break
-                folder = os.path.dirname(folder)
+    no quota (or no cgroups: not Linux), found by `cgroup_chains`."""
+    quotas = [
+        quota
+        for chain in cgroup_chains("cpu", proc)
+        for folder in chain
+        if (quota := _cgroup_folder_quota(folder)) is not None
+    ]
     return min(quotas) if quotas else None
 
 
