@@ -361,3 +361,41 @@ def test_a_member_thousands_of_folders_deep_beside_a_link_to_a_folder_costs_its_
     source = open_data(str(archive))
     assert time.process_time() - started < 0.5
     assert source.whole.ids == ["cat/a.png", deep, "dog/c.png"]
+
+
+def test_a_link_loop_where_no_image_is_read_refuses_nothing(tmp_path):
+    """A loop of links in a hidden folder beside the classes (`.trash/x.png -> y.png -> x.png`),
+    in `__MACOSX/`, or in a hidden folder of a split root: GNU tar -xf unpacks them as links to
+    nothing (exit 0), which the unpacked folder never reads; torchkit refused the whole archive
+    for them. Nothing read goes through them now; a loop among the images read (a hidden
+    folder inside a class is read) is still the one error naming it."""
+    members = [
+        ("cat/a.png", png(0)),
+        ("dog/c.png", png(1)),
+        (".trash/x.png", "->y.png"),
+        (".trash/y.png", "->x.png"),
+        ("__MACOSX/cat/z.png", "->z.png"),
+    ]
+    archive = _tar(tmp_path / "pets.tar", members)
+    result = run_torchkit_in_process("dataset-stats", archive, "-j", "0", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["images"] == 2
+    assert open_data(str(archive)).whole.ids == ["cat/a.png", "dog/c.png"]
+    split = [
+        ("train/cat/a.png", png(0)),
+        ("train/dog/c.png", png(1)),
+        ("train/.old/x.png", "->x.png"),
+        ("val/cat/b.png", png(2)),
+    ]
+    source = open_data(str(_tar(tmp_path / "split.tar", split)))
+    assert {name: part.ids for name, part in source.splits.items()} == {
+        "train": ["train/cat/a.png", "train/dog/c.png"],
+        "val": ["val/cat/b.png"],
+    }
+    read = _tar(tmp_path / "read.tar", [*members[:2], ("cat/.cache/x.png", "->x.png")])
+    result = run_torchkit_in_process("dataset-stats", read, "-j", "0")
+    assert result.returncode == 1
+    assert result.stderr == (
+        f"Error: {read}:cat/.cache/x.png -> x.png is a link that leads round in a loop of links, "
+        "to no file (remove the link, or point it at an image in the archive)\n"
+    )

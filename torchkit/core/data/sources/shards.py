@@ -1939,10 +1939,12 @@ class _UnpackedTar:
                 ends.append(len(chosen))
         if not chosen:
             raise no_images_error(f"{spec}:{base}" if base else spec)
-        located = [
-            self.locator(self.member_of.get(full, full))
+        members = [
+            self.member_of.get(full, full)
             for full in (self.through.get(n, prefix + n) for n in chosen)
         ]
+        _refuse_looping_images(spec, self.listing, chosen, members)
+        located = [self.locator(member) for member in members]
         archive = os.path.basename(spec)
         paths = [
             StoredImage(f"{archive}/{prefix}{n}", self.reader, where)
@@ -2007,8 +2009,7 @@ class _UnpackedTar:
 def _unpacked_tar(spec: str, listing: TarListing) -> _UnpackedTar:
     """The folder `listing`'s tar unpacks to: its images (`_images_by_unpacked_path`), inside
     the folder named as the archive where all lie in it, and its linked class folders read as a
-    folder on disk reads them (`list_folders`, which warns of the links it does not enter).
-    InputError where an image is a link in a loop of links."""
+    folder on disk reads them (`list_folders`, which warns of the links it does not enter)."""
     member_of = _images_by_unpacked_path(spec, listing)
     names = list(member_of)
     folders = {
@@ -2020,7 +2021,6 @@ def _unpacked_tar(spec: str, listing: TarListing) -> _UnpackedTar:
     if prefix:
         names = [name[len(prefix) :] for name in names]
         folders = {f[len(prefix) :] for f in folders if f.startswith(prefix)}
-    _refuse_looping_images(spec, listing, names, member_of, prefix)
     class_links, unentered = _class_folder_links(spec, listing, prefix)
     warn_unentered([os.path.join(spec, name) for name in unentered], spec)
     _warn_class_links_out(spec, listing, prefix)
@@ -2041,15 +2041,21 @@ def _unpacked_tar(spec: str, listing: TarListing) -> _UnpackedTar:
 
 
 def _refuse_looping_images(
-    spec: str, listing: TarListing, names: list[str], member_of: dict[str, str], prefix: str
+    spec: str, listing: TarListing, names: list[str], members: list[str]
 ) -> None:
-    """InputError naming the images (`names`, inside `prefix`) that are links in a loop of
-    links: no file missing but a broken archive (unpacked, a link to nothing), named, not
-    read."""
-    looping = sorted(name for name in names if member_of[prefix + name] in listing.looped)
+    """InputError naming the images read (`names`, as ids; `members`: the member each is) that
+    are links in a loop of links: no file missing but a broken archive (unpacked, a link to
+    nothing), named, not read. A loop among the files no reader reads (a hidden folder beside
+    the classes, `__MACOSX/`, images beside class folders) is no refusal: nothing read goes
+    through it."""
+    looping = sorted(
+        (name, member)
+        for name, member in zip(names, members, strict=True)
+        if member in listing.looped
+    )
     if looping:
-        first = looping[0]
-        stored = listing.link_texts[member_of[prefix + first]]  # as `ls -l` shows it
+        first, member = looping[0]
+        stored = listing.link_texts[member]  # as `ls -l` shows it
         raise InputError(
             f"{spec}:{first} -> {stored} is a link that leads round in a loop of links, to no "
             "file" + (f" (and {len(looping) - 1} more)" if len(looping) > 1 else ""),
