@@ -73,19 +73,52 @@ def test_a_shuffled_convert_reads_each_row_group_once_and_writes_each_rows_image
     assert keys != sorted(keys)  # shuffled
 
 
+def sample_cost(tmp_path: Path) -> int:
+    """The bytes a window counts for one sample of the file `convert_parquet` writes."""
+    return shards_module._window_costs(open_data(tmp_path / "rows.parquet").whole)(0)
+
+
 def test_windows_smaller_than_the_data_read_each_row_group_once_a_window_same_bytes(
     tmp_path, row_group_reads, monkeypatch
 ):
     whole = convert_parquet(tmp_path, tmp_path / "whole", "-j", "0")
     row_group_reads.clear()
-    # Windows of 40 samples, as the window's count of a sample's bytes has it.
-    each = shards_module._window_costs(open_data(tmp_path / "rows.parquet").whole)(0)
-    monkeypatch.setattr(shards_module, "WINDOW_BYTES", 40 * each)
+    # Two windows of 60 samples: each row group once a window, nothing spilled.
+    monkeypatch.setattr(shards_module, "WINDOW_BYTES", 60 * sample_cost(tmp_path))
+    monkeypatch.setattr(shards_module, "_SpilledSamples", None)  # fails if used
     windowed = convert_parquet(tmp_path, tmp_path / "windowed", "-j", "2")
     assert windowed == whole
-    # Each row group at most once a window (three windows): in the shuffled order, a read a
-    # sample.
-    assert GROUPS < len(row_group_reads) <= 3 * GROUPS
+    assert GROUPS < len(row_group_reads) <= 2 * GROUPS
+
+
+@pytest.mark.parametrize("window", [40, 3, 1])
+def test_many_windows_of_a_shuffle_read_each_row_group_once_through_a_spill_same_bytes(
+    tmp_path, row_group_reads, monkeypatch, window
+):
+    """Large images (few a window) in a full shuffle read every row group once a window: 400
+    windows of a 100 GB source, each reading nearly all of it. The samples are now spilled to
+    an unnamed file in the output folder in source order, and each window read back from it."""
+    whole = convert_parquet(tmp_path, tmp_path / "whole", "-j", "0")
+    row_group_reads.clear()
+    monkeypatch.setattr(shards_module, "WINDOW_BYTES", window * sample_cost(tmp_path))
+    out = tmp_path / "windowed"
+    windowed = convert_parquet(tmp_path, out, "-j", "2")
+    assert windowed == whole  # byte for byte, the same shards in the same order
+    assert sorted(row_group_reads) == list(range(GROUPS))  # was a read a window: 45 to 1,800
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        p.name for p in (tmp_path / "whole").iterdir()
+    )
+
+
+def test_windows_of_an_unshuffled_convert_read_each_row_group_once_without_a_spill(
+    tmp_path, row_group_reads, monkeypatch
+):
+    whole = convert_parquet(tmp_path, tmp_path / "whole", "--no-shuffle")
+    row_group_reads.clear()
+    monkeypatch.setattr(shards_module, "WINDOW_BYTES", 3 * sample_cost(tmp_path))
+    monkeypatch.setattr(shards_module, "_SpilledSamples", None)  # fails if used
+    assert convert_parquet(tmp_path, tmp_path / "windowed", "--no-shuffle") == whole
+    assert sorted(row_group_reads) == list(range(GROUPS))
 
 
 def test_shards_streamed_under_a_cache_limit_are_fetched_once_and_written_as_local_ones(
@@ -114,7 +147,10 @@ def test_shards_streamed_under_a_cache_limit_are_fetched_once_and_written_as_loc
     assert tars and {p.name: p.read_bytes() for p in streamed.glob("*.tar")} == tars
 
 
-def test_a_samples_read_error_is_raised_at_its_position_after_those_before():
+@pytest.mark.parametrize("spilled", [False, True])
+def test_a_samples_read_error_is_raised_at_its_position_after_those_before(
+    tmp_path, monkeypatch, spilled
+):
     order = [5, 3, 0, 4, 1, 2]
     read_order: list[int] = []
 
@@ -127,10 +163,18 @@ def test_a_samples_read_error_is_raised_at_its_position_after_those_before():
             raise data
         return shards_module.Loaded("png", data)
 
-    reads = shards_module._read_in_windows(read, load, range(6), order, lambda index: 1, 2)
+    if spilled:  # windows of one sample, read back from a spill
+        monkeypatch.setattr(shards_module, "_spill_pays", lambda *args: True)
+        costs = shards_module._BlockCosts([0] * 6, [6], [1])
+        reads = shards_module._read_in_windows(
+            read, load, range(6), order, costs, 2, spill_folder=tmp_path, window_bytes=1
+        )
+    else:
+        reads = shards_module._read_in_windows(read, load, range(6), order, lambda index: 1, 2)
     got = []
     with pytest.raises(shards_module.InputError, match="gone"):
         for loaded in reads:
             got.append(loaded.data[0])
     assert got == [5, 3, 0]  # the samples before it, in writing order
     assert read_order == [0, 1, 2, 3, 4, 5]  # read in source order
+    assert list(tmp_path.iterdir()) == []  # the spill, if any, has no name

@@ -533,6 +533,7 @@ def write_set(run: _Writing, shard_set: ShardSet, records: list[ShardRecord]) ->
                 shard_set.order,
                 costs,
                 run.workers,
+                spill_folder=run.folder,
             )
         for position, loaded in zip(positions, reads, strict=True):
             if loaded.error is not None:
@@ -581,9 +582,22 @@ WINDOW_BYTES = 256 << 20
 _SAMPLE_OVERHEAD = 400
 
 
-def _window_costs(samples: Any) -> Callable[[int], int] | None:
-    """The bytes sample `index` of `samples` takes read (its block's image bytes shared among
-    the block's samples), where the source reads images in blocks of known size; else None."""
+@dataclass
+class _BlockCosts:
+    """The bytes sample `index` takes read (`costs(index)`): its block's image bytes shared
+    among the block's samples, plus what holding it costs."""
+
+    ids: Sequence[int]  # each sample's block
+    sizes: Sequence[int]  # each block's image bytes
+    each: list[int]  # a sample of each block, read
+
+    def __call__(self, index: int) -> int:
+        return self.each[self.ids[index]]
+
+
+def _window_costs(samples: Any) -> _BlockCosts | None:
+    """The bytes each sample of `samples` takes read, where the source reads images in blocks
+    of known size; else None."""
     from torchkit.core.data.stored_image import read_blocks
 
     blocks = read_blocks(samples.paths)
@@ -594,8 +608,43 @@ def _window_costs(samples: Any) -> Callable[[int], int] | None:
         counts[block] += 1
     pairs = zip(blocks.sizes, counts, strict=True)
     each = [size // max(1, count) + _SAMPLE_OVERHEAD for size, count in pairs]
-    ids = blocks.ids
-    return lambda index: each[ids[index]]
+    return _BlockCosts(blocks.ids, blocks.sizes, each)
+
+
+def _windows(
+    positions: range, order: Sequence[int], cost: Callable[[int], int], window_bytes: int
+) -> list[range]:
+    """`positions` cut into windows of consecutive positions whose samples take up to
+    `window_bytes` read (at least one sample each)."""
+    windows = []
+    start, end = positions.start, positions.stop
+    while start < end:
+        stop, held = start, 0
+        while stop < end and (stop == start or held + cost(order[stop]) <= window_bytes):
+            held += cost(order[stop])
+            stop += 1
+        windows.append(range(start, stop))
+        start = stop
+    return windows
+
+
+def _spill_pays(windows: list[range], order: Sequence[int], costs: _BlockCosts) -> bool:
+    """Whether reading the windows one at a time would read more than twice the bytes of the
+    blocks they need: a full shuffle of data many windows large reads nearly every block once a
+    window, where spilling the samples to disk reads each block once and the samples twice. The
+    block a window reads last (its samples are read in source order) is taken as still held
+    by the reader for the next window."""
+    if len(windows) < 3:
+        return False
+    needed: set[int] = set()
+    held = None
+    read = 0
+    for window in windows:
+        blocks = {costs.ids[order[position]] for position in window}
+        read += sum(costs.sizes[block] for block in blocks if block != held)
+        needed |= blocks
+        held = costs.ids[max(order[position] for position in window)]
+    return read > 2 * sum(costs.sizes[block] for block in needed)
 
 
 def _read_in_windows(
@@ -605,30 +654,112 @@ def _read_in_windows(
     order: Sequence[int],
     cost: Callable[[int], int],
     workers: int,
+    *,
+    spill_folder: Path | None = None,
+    window_bytes: int | None = None,
 ) -> Iterator[Loaded]:
     """The samples at `positions`, in order, a window of consecutive positions at a time (as
-    many as take WINDOW_BYTES): each window's files `read` in the order of their source indices
-    (`order`: the set's writing order), in this thread, which reads each block of the source
-    once a window, then checked by `load` in `workers` threads, in order. In threads, two
-    samples of neighbouring blocks read at once dropped each other's block from a cache that
-    holds one (100 MB row groups), and read it again."""
-    start, end = positions.start, positions.stop
-    while start < end:
-        stop, held = start, 0
-        while stop < end and (stop == start or held + cost(order[stop]) <= WINDOW_BYTES):
-            held += cost(order[stop])
-            stop += 1
-        first = start
-        files: list[bytes | Exception | None] = [None] * (stop - first)
-        for position in sorted(range(first, stop), key=order.__getitem__):
-            files[position - first] = read(position)
+    many as take `window_bytes`, WINDOW_BYTES unless given): each window's files `read` in the
+    order of their source indices (`order`: the set's writing order), in this thread, which
+    reads each block of the source once a window, then checked by `load` in `workers` threads,
+    in order. In threads, two samples of neighbouring blocks read at once dropped each other's
+    block from a cache that holds one (100 MB row groups), and read it again.
 
-        def checked(position: int, first: int = first, files: list = files) -> Loaded:
-            data, files[position - first] = files[position - first], None  # freed once taken
-            return load(position, data)
+    Where a window holds few of the blocks' samples (large images in a full shuffle), reading
+    every block once a window is quadratic: then, with `spill_folder` and block `cost`s
+    (`_BlockCosts`), every sample is read once in source order into an unnamed temporary file
+    there, and each window read back from it."""
+    windows = _windows(
+        positions, order, cost, WINDOW_BYTES if window_bytes is None else window_bytes
+    )
+    fetch = read
+    spill = None
+    if (
+        spill_folder is not None
+        and isinstance(cost, _BlockCosts)
+        and _spill_pays(windows, order, cost)
+    ):
+        spill = _spill(read, positions, order, spill_folder)
+        fetch = spill.read
+    try:
+        for window in windows:
+            first = window.start
+            files: list[bytes | Exception | None] = [None] * len(window)
+            key = order.__getitem__ if spill is None else spill.offset
+            for position in sorted(window, key=key):
+                files[position - first] = fetch(position)
 
-        yield from read_ahead(checked, range(first, stop), workers)
-        start = stop
+            def checked(position: int, first: int = first, files: list = files) -> Loaded:
+                data, files[position - first] = files[position - first], None  # freed once taken
+                return load(position, data)
+
+            yield from read_ahead(checked, window, workers)
+    finally:
+        if spill is not None:
+            spill.close()
+
+
+class _SpilledSamples:
+    """Samples' bytes in an unnamed temporary file (gone when closed, or when the process
+    ends however it ends), each read back by its position."""
+
+    def __init__(self, folder: Path, positions: range) -> None:
+        import tempfile
+        from array import array
+
+        # Unnamed (O_TMPFILE, or unlinked at once): nothing is left behind, whatever stops the run.
+        self._file = tempfile.TemporaryFile(dir=folder, prefix=".spill-")  # noqa: SIM115
+        self._first = positions.start
+        self._offsets = array("q", bytes(8 * len(positions)))
+        self._sizes = array("q", bytes(8 * len(positions)))
+        self._errors: dict[int, Exception] = {}  # what reading a sample's file raised
+        self._end = 0
+
+    def write(self, position: int, data: bytes | Exception) -> None:
+        if isinstance(data, Exception):
+            self._errors[position] = data
+            return
+        self._offsets[position - self._first] = self._end
+        self._sizes[position - self._first] = len(data)
+        self._file.write(data)
+        self._end += len(data)
+
+    def written(self) -> None:
+        """Every sample written: flushed, to be read back."""
+        self._file.flush()
+
+    def offset(self, position: int) -> int:
+        return self._offsets[position - self._first]
+
+    def read(self, position: int) -> bytes | Exception:
+        if position in self._errors:
+            return self._errors.pop(position)
+        size = self._sizes[position - self._first]
+        data = os.pread(self._file.fileno(), size, self.offset(position))
+        if len(data) != size:
+            raise OSError(
+                f"the temporary file of samples read back short ({len(data)} of {size} bytes)"
+            )
+        return data
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _spill(
+    read: Callable[[int], bytes | Exception], positions: range, order: Sequence[int], folder: Path
+) -> _SpilledSamples:
+    """Every sample at `positions` read in the order of its source index, each block once, into
+    a temporary file in `folder`."""
+    spill = _SpilledSamples(folder, positions)
+    try:
+        for position in sorted(positions, key=order.__getitem__):
+            spill.write(position, read(position))
+        spill.written()
+    except BaseException:
+        spill.close()
+        raise
+    return spill
 
 
 def _set_words(shard_set: ShardSet) -> str:
