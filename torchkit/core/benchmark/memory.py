@@ -16,7 +16,8 @@
 
 `--memory-limit` is a size as every size option reads it (`2GB` is 2*10^9 bytes, `512MiB` and
 `512M` 512*2^20, `1e9` bytes: core/io/sizes.py) or a percentage: of the memory
-available when the run starts on the CPU (`MemAvailable`), of the GPU's total memory on CUDA.
+available when the run starts on the CPU (`MemAvailable`, or what a container's cgroup memory
+limit leaves where that is less: runtime/memory.py), of the GPU's total memory on CUDA.
 """
 
 from __future__ import annotations

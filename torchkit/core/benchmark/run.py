@@ -42,7 +42,7 @@ from torchkit.core.models.image_size import ImageSizeError
 from torchkit.core.models.inputs import make_inputs
 from torchkit.core.runtime.compiled import compile_module
 from torchkit.core.runtime.device import is_out_of_memory, to_channels_last
-from torchkit.core.runtime.memory import available_memory
+from torchkit.core.runtime.memory import available_memory, limit_words
 from torchkit.core.summary.attention import (
     ATTENTION_MATRICES,
     LARGEST_ATTENTION_MATRIX,
@@ -690,7 +690,7 @@ def _check_fits_in_memory(
             raise UsageError(
                 f"{name} in {mode} mode at batch {batch} needs at least "
                 f"{needed / 1e9:,.1f} GB ({what}), more than the "
-                f"{available / 1e9:,.1f} GB of memory available",
+                f"{available / 1e9:,.1f} GB of memory available{limit_words(available)}",
                 "give a smaller --batch-size, or find the largest that fits with --find-batch-size",
             )
 

@@ -512,7 +512,7 @@ def _check_batch_memory(
         f"--batch-size {batch_size} needs about {needed.bytes / 1e9:,.{digits}f} GB to export to "
         f"{fmt} ({needed.rate:g} x {needed.counted / 1e9:,.1f} GB for a batch of {largest} "
         f"{'x'.join(map(str, sample))} inputs{needed.held}{weights}), more than the "
-        f"{free / 1e9:,.{digits}f} GB free",
+        f"{free / 1e9:,.{digits}f} GB free{memory.limit_words(free)}",
         hint,
     )
 

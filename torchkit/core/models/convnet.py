@@ -68,14 +68,15 @@ def _check_fits(image_size: int, classifier_weights: int) -> None:
     1,500 px, which a checkpoint can record): past half the memory free, refused before its
     allocation, which would end in the kernel's OOM killer rather than an error (training
     needs its gradient and optimiser state too)."""
-    from torchkit.core.runtime.memory import beyond_half_free
+    from torchkit.core.runtime.memory import beyond_half_free, limit_words
 
     needed = classifier_weights * 4
     free = beyond_half_free(needed)
     if free is not None:
         raise UsageError(
             f"convnet at {image_size} px has {classifier_weights:,} weights in its first linear "
-            f"layer ({needed / 1e9:,.1f} GB), more than half the {free / 1e9:,.1f} GB free here",
+            f"layer ({needed / 1e9:,.1f} GB), more than half the {free / 1e9:,.1f} GB free here"
+            f"{limit_words(free)}",
             "convnet is made for small images: give a smaller --image-size, or a model made "
             "for large images such as resnet18",
         )

@@ -1,21 +1,116 @@
-"""How much memory this machine has free: a floor module that any command's core may ask
-(benchmark's --memory-limit, summary's check that real inputs fit) without one of them
-importing the other."""
+"""How much memory this process can have: a floor module that any command's core may ask
+(benchmark's --memory-limit, summary's check that real inputs fit, export's batch) without one
+of them importing the other. The one reader of /proc/meminfo and of the cgroup memory limits."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 
+from torchkit.core.runtime.cgroups import PROC, cgroup_chains
 
-def available_memory() -> int | None:
-    """Linux's MemAvailable (what can be allocated without swapping), else None."""
-    value = proc_kib("/proc/meminfo", "MemAvailable:")
-    if value is not None:
-        return value
-    with contextlib.suppress(ValueError, OSError, AttributeError):
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+MACHINE = "machine"  # the machine's MemAvailable set the figure
+CGROUP = "cgroup"  # a cgroup's memory limit (a container's, a systemd slice's) set it
+# cgroup v1's "no limit": the largest page counter, in bytes (9223372036854771712 with 4 KiB
+# pages); any limit this high is none.
+_V1_UNLIMITED = 2**62
+
+
+class FreeMemory(int):
+    """Bytes that can be allocated now: an int, compared and divided as one, that also says
+    which limit set it (`bound`: MACHINE or CGROUP), for a refusal to name it."""
+
+    bound: str
+
+    def __new__(cls, value: int, bound: str = MACHINE) -> FreeMemory:
+        free = super().__new__(cls, value)
+        free.bound = bound
+        return free
+
+
+def available_memory(proc: str | None = None) -> FreeMemory | None:
+    """What can be allocated without swapping or being killed: the least of Linux's
+    MemAvailable and what each memory cgroup of this process has left under its limit
+    (`cgroup_memory_left`): in a container (docker --memory, a Kubernetes limit) or a systemd
+    slice (MemoryMax=), the cgroup's limit is what the kernel's OOM killer enforces, however
+    much the machine has free. None where neither can be told. `proc`: the /proc to read
+    (`PROC`, a test's folder of fake files)."""
+    proc = PROC if proc is None else proc
+    machine = proc_kib(f"{proc}/meminfo", "MemAvailable:")
+    if machine is None and proc == "/proc":  # not Linux: the system's own count of free pages
+        with contextlib.suppress(ValueError, OSError, AttributeError):
+            machine = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    left = cgroup_memory_left(proc)
+    if left is not None and (machine is None or left < machine):
+        return FreeMemory(left, CGROUP)
+    return None if machine is None else FreeMemory(machine, MACHINE)
+
+
+def limit_words(free: int) -> str:
+    """What a refusal adds after "N GB free" to say that a cgroup's limit set the figure, not
+    the machine's free memory: "" where the machine's did (or `free` does not say)."""
+    if getattr(free, "bound", MACHINE) == CGROUP:
+        return " under the container's memory limit (cgroup)"
+    return ""
+
+
+def cgroup_memory_left(proc: str = PROC) -> int | None:
+    """The least memory any cgroup of this process (its own, and each above it: a parent's
+    limit binds too) has left under its limit, cgroup v2 or v1; None where none has a limit
+    or none can be read (a missing or unreadable file is passed over, never an error)."""
+    left = [
+        room
+        for chain in cgroup_chains("memory", proc)
+        for folder in chain
+        if (room := _cgroup_folder_left(folder)) is not None
+    ]
+    return min(left) if left else None
+
+
+def _cgroup_folder_left(folder: str) -> int | None:
+    """What one cgroup has left: its limit less its usage, plus the file cache it holds that
+    the kernel would reclaim before killing (`inactive_file`, as MemAvailable counts the
+    machine's). v2: `memory.max` ("max": none), `memory.current`, `memory.stat`'s
+    `inactive_file`; v1: `memory.limit_in_bytes` (past 2**62: none), `memory.usage_in_bytes`,
+    `memory.stat`'s `total_inactive_file` (with the cgroups below it, as its usage is)."""
+    for limit_file, usage_file, cache_key in (
+        ("memory.max", "memory.current", "inactive_file"),
+        ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"),
+    ):
+        limit = _read_bytes(os.path.join(folder, limit_file))
+        if limit is None:
+            continue
+        if limit >= _V1_UNLIMITED:
+            return None
+        usage = _read_bytes(os.path.join(folder, usage_file))
+        if usage is None:
+            return None  # a limit without its usage says nothing of what is left
+        cache = _stat_bytes(os.path.join(folder, "memory.stat"), cache_key)
+        return max(0, limit - usage + min(cache, usage))
     return None
+
+
+def _read_bytes(path: str) -> int | None:
+    """A cgroup file's one number ("max", v2's no limit, as 2**63); None where it cannot be read."""
+    try:
+        with open(path, encoding="ascii", errors="replace") as handle:
+            text = handle.read().strip()
+        return 2**63 if text == "max" else int(text)
+    except (OSError, ValueError):
+        return None
+
+
+def _stat_bytes(path: str, key: str) -> int:
+    """`key`'s value in a `memory.stat` file of `KEY N` lines, 0 where it cannot be read."""
+    try:
+        with open(path, encoding="ascii", errors="replace") as handle:
+            for line in handle:
+                name, _, value = line.partition(" ")
+                if name == key:
+                    return max(0, int(value))
+    except (OSError, ValueError):
+        return 0
+    return 0
 
 
 def beyond_half_free(needed: int) -> int | None:

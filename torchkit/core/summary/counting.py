@@ -44,6 +44,7 @@ from torchkit.core.input_size import check_numel
 from torchkit.core.io.errors import TorchkitError, UsageError, first_line
 from torchkit.core.models.image_size import ImageSizeError, image_size_refusal, meta_copy
 from torchkit.core.models.inputs import iter_tensors, make_inputs
+from torchkit.core.runtime.memory import limit_words
 from torchkit.core.runtime.plain_shapes import plain_shapes
 from torchkit.core.summary.attention import AttentionCounter, AttentionMatrices
 from torchkit.core.summary.flop_counter_import import import_flop_counter
@@ -663,8 +664,9 @@ def _normalise_specs(input_shapes: Sequence[Any] | None, default_dtype: Any) -> 
 
 
 def _free_memory(device: Any) -> int | None:
-    """Bytes that can be allocated on `device` now: free GPU memory on CUDA, MemAvailable on
-    the CPU; None where it cannot be told."""
+    """Bytes that can be allocated on `device` now: free GPU memory on CUDA, on the CPU
+    `available_memory`'s (MemAvailable, or a cgroup's limit where that leaves less); None where
+    it cannot be told."""
     import torch
 
     try:
@@ -687,7 +689,7 @@ def check_inputs_fit(specs: Sequence[InputSpec], device: Any) -> None:
     if free is not None and needed > free:
         raise UsageError(
             f"an input of shape {_shapes_text(specs)} takes {needed / 1e9:,.1f} GB, more than "
-            f"the {free / 1e9:,.1f} GB free on {device}",
+            f"the {free / 1e9:,.1f} GB free on {device}{limit_words(free)}",
             "give a smaller --input-size or --batch-size",
         )
 

@@ -1,0 +1,236 @@
+"""The memory every command's up-front check compares with (`core/runtime/memory.py`): the least
+of the machine's MemAvailable and what each memory cgroup of this process (its own and those
+above it, v2 or v1) has left under its limit. Read from a fake /proc and cgroup files."""
+
+from __future__ import annotations
+
+import pytest
+from cgroup_files import V1, V2, fake_proc
+from output_checks import error_line
+from processes import run_torchkit_in_process
+
+MiB = 2**20
+GiB = 2**30
+V1_UNLIMITED = "9223372036854771712\n"  # the largest page counter (4 KiB pages): no limit
+
+
+def meminfo(available: int) -> dict[str, str]:
+    text = f"MemTotal:       {64 * GiB // 1024} kB\nMemAvailable:   {available // 1024} kB\n"
+    return {"proc/meminfo": text}
+
+
+def v2_files(folder: str, limit: str, current: int, inactive_file: int = 0) -> dict[str, str]:
+    stat = f"anon {current}\nactive_file 4096\ninactive_file {inactive_file}\n"
+    return {
+        f"{folder}/memory.max": limit,
+        f"{folder}/memory.current": f"{current}\n",
+        f"{folder}/memory.stat": stat,
+    }
+
+
+def v1_files(folder: str, limit: str, usage: int, inactive_file: int = 0) -> dict[str, str]:
+    # inactive_file: this cgroup's own; total_inactive_file: with the cgroups below it
+    stat = f"cache 0\ninactive_file 4096\ntotal_inactive_file {inactive_file}\n"
+    return {
+        f"{folder}/memory.limit_in_bytes": limit,
+        f"{folder}/memory.usage_in_bytes": f"{usage}\n",
+        f"{folder}/memory.stat": stat,
+    }
+
+
+def v1_mounts(root: str) -> list[tuple[str, str, str, str]]:
+    return [(root, point, kind, options) for _, point, kind, options in V1]
+
+
+@pytest.mark.parametrize(
+    ("cgroup", "mounts", "files", "free", "bound"),
+    [
+        # docker --memory 1g on cgroup v2, in its own cgroup namespace: 900 MiB used, 100 MiB
+        # of it file cache the kernel would reclaim first; the machine has 8 GiB available.
+        (
+            "0::/\n",
+            V2,
+            {**meminfo(8 * GiB), **v2_files("fs/cgroup", f"{GiB}\n", 900 * MiB, 100 * MiB)},
+            GiB - 800 * MiB,
+            "cgroup",
+        ),
+        (
+            "0::/\n",
+            V2,
+            {**meminfo(8 * GiB), **v2_files("fs/cgroup", "max\n", GiB)},
+            8 * GiB,
+            "machine",
+        ),
+        # systemd-run -p MemoryMax=4G in a slice of MemoryMax=1G: the slice's limit binds.
+        (
+            "0::/user.slice/job.scope\n",
+            V2,
+            {
+                **meminfo(8 * GiB),
+                **v2_files("fs/cgroup/user.slice", f"{GiB}\n", 700 * MiB),
+                **v2_files("fs/cgroup/user.slice/job.scope", f"{4 * GiB}\n", 300 * MiB),
+            },
+            GiB - 700 * MiB,
+            "cgroup",
+        ),
+        # ... and the scope's where it leaves less than the slice's.
+        (
+            "0::/user.slice/job.scope\n",
+            V2,
+            {
+                **meminfo(8 * GiB),
+                **v2_files("fs/cgroup/user.slice", f"{4 * GiB}\n", 700 * MiB),
+                **v2_files("fs/cgroup/user.slice/job.scope", f"{GiB}\n", 300 * MiB, 50 * MiB),
+            },
+            GiB - 250 * MiB,
+            "cgroup",
+        ),
+        # docker on cgroup v1 without a cgroup namespace: the container's path is the mount's
+        # root, /proc/self/cgroup names it too.
+        (
+            "5:memory:/docker/abc\n3:cpu,cpuacct:/docker/abc\n",
+            v1_mounts("/docker/abc"),
+            {
+                **meminfo(8 * GiB),
+                **v1_files("fs/cgroup/memory", f"{512 * MiB}\n", 256 * MiB, 64 * MiB),
+            },
+            320 * MiB,
+            "cgroup",
+        ),
+        # cgroup v1 on a host: this process's cgroup below the root, a limit on its parent.
+        (
+            "5:memory:/batch/job\n",
+            V1,
+            {
+                **meminfo(8 * GiB),
+                **v1_files("fs/cgroup/memory", V1_UNLIMITED, 6 * GiB),
+                **v1_files("fs/cgroup/memory/batch", f"{2 * GiB}\n", GiB),
+                **v1_files("fs/cgroup/memory/batch/job", V1_UNLIMITED, 512 * MiB),
+            },
+            GiB,
+            "cgroup",
+        ),
+        (
+            "5:memory:/\n",
+            V1,
+            {**meminfo(8 * GiB), **v1_files("fs/cgroup/memory", V1_UNLIMITED, 6 * GiB)},
+            8 * GiB,
+            "machine",
+        ),
+        # a limit the machine cannot give anyway: the machine's MemAvailable binds
+        (
+            "0::/\n",
+            V2,
+            {**meminfo(GiB), **v2_files("fs/cgroup", f"{16 * GiB}\n", GiB)},
+            GiB,
+            "machine",
+        ),
+        # a limit lowered below what the cgroup holds: nothing left, not a negative figure
+        (
+            "0::/\n",
+            V2,
+            {**meminfo(8 * GiB), **v2_files("fs/cgroup", f"{GiB}\n", 2 * GiB)},
+            0,
+            "cgroup",
+        ),
+    ],
+    ids=[
+        "v2-container",
+        "v2-max",
+        "v2-slice-binds",
+        "v2-scope-binds",
+        "v1-container",
+        "v1-parent-binds",
+        "v1-no-limit",
+        "machine-binds",
+        "over-limit",
+    ],
+)
+def test_the_free_memory_is_the_least_the_machine_and_each_cgroup_leave(
+    tmp_path, cgroup, mounts, files, free, bound
+):
+    from torchkit.core.runtime.memory import available_memory
+
+    found = available_memory(fake_proc(tmp_path, cgroup, mounts, files))
+    assert (found, found.bound) == (free, bound)
+
+
+def test_cgroup_files_that_cannot_be_read_leave_the_machine_figure(tmp_path):
+    """A limit whose usage is missing, a file that is a folder, a value that is no number:
+    each cgroup passed over, never an error; without mountinfo, no cgroup at all."""
+    from torchkit.core.runtime.memory import available_memory
+
+    files = {
+        **meminfo(8 * GiB),
+        "fs/cgroup/a/memory.max": f"{GiB}\n",  # memory.current missing
+        "fs/cgroup/a/b/memory.max": "a lot\n",
+        "fs/cgroup/a/b/memory.current": f"{GiB}\n",
+        "fs/cgroup/a/b/c/memory.max/x": "",  # a folder where the file should be
+        "fs/cgroup/a/b/c/memory.current": f"{GiB}\n",
+    }
+    proc = fake_proc(tmp_path, "0::/a/b/c\n", V2, files)
+    found = available_memory(proc)
+    assert (found, found.bound) == (8 * GiB, "machine")
+    (tmp_path / "proc/self/mountinfo").unlink()
+    (tmp_path / "fs/cgroup/a/memory.current").write_text(f"{GiB - MiB}\n")
+    assert available_memory(proc) == 8 * GiB
+
+
+def test_a_cgroup_limit_counts_where_the_machine_figure_cannot_be_read(tmp_path):
+    from torchkit.core.runtime.memory import available_memory, cgroup_memory_left
+
+    # no memory.stat: no cache counted back
+    files = {"fs/cgroup/memory.max": f"{GiB}\n", "fs/cgroup/memory.current": f"{100 * MiB}\n"}
+    proc = fake_proc(tmp_path, "0::/\n", V2, files)
+    found = available_memory(proc)
+    assert (found, found.bound) == (GiB - 100 * MiB, "cgroup")
+    (tmp_path / "fs/cgroup/memory.max").write_text("max\n")
+    assert available_memory(proc) is None
+    assert cgroup_memory_left(proc) is None
+
+
+def test_this_machine_is_read_without_error():
+    from torchkit.core.runtime.memory import available_memory
+
+    found = available_memory()
+    assert found is not None and found > 0
+    assert found.bound in ("machine", "cgroup")
+
+
+# A cgroup limit leaving 64 MiB on a machine with 8 GiB available: convnet's head of 128 x
+# 100,000 weights (51.6 MB) is more than half of it; a batch of 100,000 28x28 images (314 MB of
+# inputs) more than all of it.
+def cgroup_leaving_64_mib(tmp_path, monkeypatch) -> None:
+    from torchkit.core.runtime import memory
+
+    files = {**meminfo(8 * GiB), **v2_files("fs/cgroup", f"{GiB}\n", GiB - 64 * MiB)}
+    monkeypatch.setattr(memory, "PROC", fake_proc(tmp_path, "0::/\n", V2, files))
+
+
+LIMIT = "under the container's memory limit (cgroup)"
+
+
+def test_a_refusal_names_the_cgroup_limit_that_set_the_free_memory(tmp_path, monkeypatch):
+    """Before: the checks read the machine's MemAvailable only; in a container whose limit
+    left less, they let the job through to the kernel's OOM killer (exit 137, no message)."""
+    cgroup_leaving_64_mib(tmp_path, monkeypatch)
+    head = run_torchkit_in_process("summary", "convnet", "--num-classes", "100000")
+    assert head.returncode == 2, head.stderr
+    assert error_line(head.stderr) == (
+        "Error: --num-classes 100000 needs 0.1 GB for a classifier of 128 x 100,000 weights, "
+        f"more than half the 0.1 GB free {LIMIT} (give a smaller --num-classes)"
+    )
+    batch = run_torchkit_in_process(
+        "benchmark", "convnet", "-i", "1,28,28", "-b", "100000", "--mode", "infer"
+    )
+    assert batch.returncode == 2, batch.stderr
+    line = error_line(batch.stderr)
+    assert line.startswith("Error: convnet in infer mode at batch 100000 needs at least"), line
+    assert f"more than the 0.1 GB of memory available {LIMIT} (" in line
+    out = tmp_path / "tiny.onnx"
+    export = run_torchkit_in_process(
+        "export", "nets:TinyNet", out, "--image-size", "16", "-b", "100000"
+    )
+    assert export.returncode == 2, export.stderr
+    assert f"GB free {LIMIT} (" in error_line(export.stderr)
+    assert not out.exists()
