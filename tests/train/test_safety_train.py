@@ -28,6 +28,8 @@ from processes import (
 )
 from suite_paths import HELPERS
 
+from torchkit.core.io.force import note_started
+
 # A tiny run: 2 classes x 6 images of 8x8, 8 train / 4 val with --val-split 0.3.
 TINY = ["--model", "convnet", "--image-size", "8", "--batch-size", "4", "--workers", "0"]
 DATA = ["--data", "ds", "--val-split", "0.3"]
@@ -128,7 +130,51 @@ def killed_start(folder: Path, config: Path) -> Path:
     (folder / "split.csv").write_text("path,label,split\na/a_0.png,a,train\n")
     (folder / "tensorboard").mkdir()
     (folder / "tensorboard" / "events.out.tfevents.1.host.1.0").write_bytes(tensorboard_events())
+    # recorded in the marker as the run records them (see the real kill's test below)
+    note_started(folder, ["config.json", "split.csv"])
+    note_started(folder, ["tensorboard/events.out.tfevents.1.host.1.0"], growing=True)
     return folder
+
+
+def test_a_sigkilled_start_is_started_again_but_a_users_file_of_its_names_is_kept(tmp_path):
+    """A real run of `train --tensorboard` SIGKILLed in its first step (no checkpoint yet) is
+    started again without --force, its files replaced; the same folder where a split.csv of
+    the user's (a `split --mode manifest` file: the same header) took the run's place is
+    refused, and that file kept. It was judged by its name (and header) and deleted."""
+    import shutil
+
+    write_image_folder(tmp_path / "ds", {"a": 6, "b": 6})
+    options, env, gate = gated(tmp_path, at=1)
+    options[options.index("--workers") + 1] = "0"
+    killed = start_torchkit_process(
+        "train", *options, "--epochs", "1", "--tensorboard", "--out", "run", cwd=tmp_path, env=env
+    )
+    wait_until(gate.exists, process=killed, what="the first step")
+    os.killpg(killed.pid, signal.SIGKILL)
+    killed.communicate()
+    gate.unlink()
+    run = tmp_path / "run"
+    (event,) = (run / "tensorboard").iterdir()
+    assert sorted(p.name for p in run.iterdir()) == [
+        ".torchkit",
+        "config.json",
+        "split.csv",
+        "tensorboard",
+    ]
+    shutil.copytree(run, tmp_path / "mine")
+    manifest = "path,label,split\nds/a/a_0.png,a,val\n"  # the user's split of the data
+    (tmp_path / "mine" / "split.csv").write_text(manifest)
+    before = tree_digest(tmp_path / "mine")
+
+    mine, again = run_each_in_process(
+        [["train", *TINY, *DATA, "--epochs", "1", "--out", out] for out in ("mine", "run")],
+        cwd=tmp_path,
+    )
+    assert mine.returncode == 1 and "run folder already exists: mine" in error_line(mine.stderr)
+    assert tree_digest(tmp_path / "mine") == before
+    assert again.returncode == 0, again.stderr
+    assert (run / "last.pt").is_file() and not (run / "tensorboard").exists()
+    assert not event.exists() and hidden_siblings(run) == []
 
 
 def test_a_run_killed_before_its_first_checkpoint_starts_again_without_force(world):

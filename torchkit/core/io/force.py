@@ -109,11 +109,63 @@ def note_report(report: str | os.PathLike) -> None:
             listed = True
     if not listed or not stat.S_ISREG(info.st_mode):
         return
+    _rewrite_marker(marker, record)
+
+
+def _rewrite_marker(marker: Path, record: dict) -> None:
+    """The marker `marker` rewritten whole with `record`; a failure leaves the old one (what it
+    does not record stays the user's: refused, never deleted)."""
     with (
         contextlib.suppress(OutputWriteError, OSError),
         replaced_whole(marker, "w", encoding="utf-8", newline="") as handle,
     ):
         handle.write(json_text(record) + "\n")
+
+
+# The marker's list of the files a run wrote at its start, before anything worth keeping
+# (`note_started`): {"path": relative path, "bytes": size, "mtime_ns": time}, without the size
+# and time for a file that grows (a TensorBoard log). A folder holding only those is a run killed
+# before its first result (`killed_start_leftovers`); a file under such a name that the marker
+# does not record as written (a split.csv of yours, put there since) is not.
+STARTED_KEY = "started_with"
+
+
+def note_started(folder: Path, names: Iterable[str], *, growing: bool = False) -> None:
+    """Record in the marker of `folder` the files `names` (paths relative to it, `/`-separated)
+    just written by the run that marked it, with their size and time (not where `growing`: a
+    log its writer goes on appending to). Nothing where the folder has no marker."""
+    marker = folder / MARKER
+    record = _json_record(marker)
+    if not isinstance(record, dict):
+        return
+    entries = record.get(STARTED_KEY)
+    started = {
+        entry["path"]: entry
+        for entry in (entries if isinstance(entries, list) else ())
+        if isinstance(entry, dict) and isinstance(entry.get("path"), str)
+    }
+    for name in names:
+        try:
+            info = os.lstat(folder / name)
+        except OSError:
+            continue
+        if not stat.S_ISREG(info.st_mode):
+            continue
+        sized = {} if growing else {"bytes": info.st_size, "mtime_ns": info.st_mtime_ns}
+        started[name] = {"path": name, **sized}
+    record[STARTED_KEY] = list(started.values())
+    _rewrite_marker(marker, record)
+
+
+def _started_files(folder: Path) -> dict[str, dict]:
+    """The marker's `STARTED_KEY` entries of `folder`, by path."""
+    record = _json_record(folder / MARKER)
+    entries = record.get(STARTED_KEY) if isinstance(record, dict) else None
+    return {
+        entry["path"]: entry
+        for entry in (entries if isinstance(entries, list) else ())
+        if isinstance(entry, dict) and isinstance(entry.get("path"), str)
+    }
 
 
 def recorded_reports(folder: Path) -> list[str]:
@@ -201,11 +253,13 @@ def killed_start_leftovers(
     """What is in `folder` besides the marker when all it holds is what a run of `command`
     killed before its first result left: the marker naming `command`, temporaries no live
     writer holds, and the files `start_files` names (what the command writes before anything
-    worth keeping: train's config.json, split.csv and TensorBoard log, see `_is_start_file`).
-    None when it holds anything else (or another command's marker, or none). To that command
-    such a folder is as good as empty (with `start_files`: replaced without `--force`)."""
+    worth keeping: train's config.json, split.csv and TensorBoard log, see `_is_start_file`)
+    that the marker records as the run's (`note_started`). None when it holds anything else
+    (or another command's marker, or none). To that command such a folder is as good as empty
+    (with `start_files`: replaced without `--force`)."""
     if not folder.is_dir() or folder.is_symlink() or marker_command(folder) != command:
         return None
+    started = _started_files(folder) if start_files else {}
     leftovers = []
     try:
         with os.scandir(folder) as entries:
@@ -214,7 +268,7 @@ def killed_start_leftovers(
                     continue
                 path = folder / entry.name
                 temporary = TEMPORARY.fullmatch(entry.name) and is_unlocked(path)
-                if not (temporary or _is_start_file(entry, start_files)):
+                if not (temporary or _is_start_file(entry, start_files, started)):
                     return None
                 leftovers.append(path)
     except OSError:
@@ -222,23 +276,54 @@ def killed_start_leftovers(
     return leftovers
 
 
-def _is_start_file(entry: os.DirEntry, start_files: Collection[str]) -> bool:
-    """Whether `entry` is one of `start_files` (fnmatch patterns): a regular file whose name
-    matches one, or a folder holding only regular files that `FOLDER/PATTERN` patterns match
-    (a TensorBoard log's event files, never a user's notes put beside them)."""
-    from fnmatch import fnmatchcase
-
+def _is_start_file(
+    entry: os.DirEntry, start_files: Collection[str], started: dict[str, dict]
+) -> bool:
+    """Whether `entry` is one of `start_files` (fnmatch patterns) that the marker records
+    (`started`): a regular file whose name matches one, of the size and time recorded, or a
+    folder holding only regular files that `FOLDER/PATTERN` patterns match, each recorded (a
+    TensorBoard log's event files, never a user's notes or logs put beside them). A
+    `ProvenPattern`'s file passes only where its proof holds too."""
     if entry.is_file(follow_symlinks=False):
-        return any(fnmatchcase(entry.name, pattern) for pattern in start_files)
-    inside = [p.split("/", 1)[1] for p in start_files if p.startswith(f"{entry.name}/")]
+        return _matches(entry.name, start_files, Path(entry.path)) and _as_recorded(
+            started.get(entry.name), entry
+        )
+    inside = [p for p in start_files if p.startswith(f"{entry.name}/")]
     if not inside or not entry.is_dir(follow_symlinks=False):
         return False
     with os.scandir(entry.path) as files:
         return all(
             file.is_file(follow_symlinks=False)
-            and any(fnmatchcase(file.name, pattern) for pattern in inside)
+            and _matches(f"{entry.name}/{file.name}", inside, Path(file.path))
+            and _as_recorded(started.get(f"{entry.name}/{file.name}"), file)
             for file in files
         )
+
+
+def _matches(name: str, patterns: Collection[str], path: Path) -> bool:
+    """`name` matches one of `patterns` (whose proof, for a `ProvenPattern`, holds for `path`)."""
+    from fnmatch import fnmatchcase
+
+    for pattern in patterns:
+        if fnmatchcase(name, pattern):
+            proof = getattr(pattern, "proof", None)
+            if proof is None or proof(path):
+                return True
+    return False
+
+
+def _as_recorded(entry: dict | None, file: os.DirEntry) -> bool:
+    """The file is the one `note_started` recorded (`entry`): of that size and time where it
+    recorded them."""
+    if entry is None:
+        return False
+    if "bytes" not in entry and "mtime_ns" not in entry:
+        return True  # a log that grows: recorded by its name
+    try:
+        info = file.stat(follow_symlinks=False)
+    except OSError:
+        return False
+    return (info.st_size, info.st_mtime_ns) == (entry.get("bytes"), entry.get("mtime_ns"))
 
 
 def clear_killed_start(folder: Path, command: str) -> bool:

@@ -128,9 +128,13 @@ RUN_OUTPUTS = (
 
 
 # What a run writes before its first checkpoint: a run folder holding only these (with the
-# marker and temporaries) is a run killed before it saved anything, started again without
-# --force (`OutputFolder`'s start_files).
-START_FILES = ("config.json", "split.csv", "tensorboard/events.out.tfevents.*")
+# marker and temporaries), each recorded in the marker as the run's (`note_started`), is a run
+# killed before it saved anything, started again without --force (`OutputFolder`'s start_files).
+START_FILES = (
+    "config.json",
+    "split.csv",
+    proven("tensorboard/events.out.tfevents.*", is_tensorboard_events),
+)
 
 
 def old_run_files(folder: Path) -> tuple[str, ...]:

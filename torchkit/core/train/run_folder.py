@@ -22,7 +22,12 @@ from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.io.errors import TorchkitError, first_line, on_every_rank
 from torchkit.core.io.file_outputs import check_output_file
 from torchkit.core.io.files import remove_stale_temporaries
-from torchkit.core.io.force import force_refusal_hint, foreign_entries_hint, marker_command
+from torchkit.core.io.force import (
+    force_refusal_hint,
+    foreign_entries_hint,
+    marker_command,
+    note_started,
+)
 from torchkit.core.io.output_locks import OutputLockedError, lock_path
 from torchkit.core.io.output_paths import MARKER
 from torchkit.core.io.outputs import OutputFolder
@@ -188,6 +193,8 @@ class RunFolder:
             self.old_config_json = (out / "config.json").read_bytes()
         write_config_json(out / "config.json", config_json)
         write_split_csv(out / SPLIT_CSV, splits)
+        if not self.in_place:  # a kill from here to the first checkpoint: started again
+            note_started(out, ["config.json", SPLIT_CSV])
         return out
 
     def carry_best(self, ctx: DistContext, resumed_from: Path, checkpoint: dict) -> bool:
@@ -211,6 +218,10 @@ class RunFolder:
         if self.output is not None and not folder.exists():
             self.output.wrote(folder)  # its event files are written by TensorBoard's writer
         self.tensorboard = TensorBoardLog(folder, purge_step=purge_step)
+        if self.output is not None and not self.in_place:  # its event file, made by now
+            with contextlib.suppress(OSError), os.scandir(folder) as logs:
+                names = [f"tensorboard/{entry.name}" for entry in logs]
+                note_started(self.path, names, growing=True)
 
     def close_tensorboard(self) -> None:
         if self.tensorboard is not None:
