@@ -259,6 +259,9 @@ class TarListing:
     sparse: list[str] = field(default_factory=list)
     # Each link's target as stored (what `ls -l` shows once unpacked), for messages.
     link_texts: dict[str, str] = field(default_factory=dict)
+    # The hard links to a folder, each with its target as stored: tar -x makes none (a folder
+    # takes no hard link), so they are not in `links` (a folder's tar says so).
+    hard_to_folders: dict[str, str] = field(default_factory=dict)
 
     def locator(self, name: str) -> tuple[int, int] | None:
         if name in self.members:
@@ -386,6 +389,16 @@ def _listing(path: str, found: _PlainMembers) -> TarListing:
             links[name] = _through_links(target, links, deepest)
     resolved, looped = _link_ends(members, links)
     linked_folders = _folder_link_ends(members, links, found.folders, resolved, looped)
+    # A hard link to a folder (not to a symbolic link to one, which it copies): tar -x makes
+    # nothing there ("Cannot hard link: Operation not permitted"), having removed what an
+    # earlier member left under its name.
+    to_folders = {
+        name: found.link_texts[name]
+        for name in linked_folders
+        if name in found.hard and links[name] not in links
+    }
+    for name in to_folders:
+        del links[name], found.link_texts[name], resolved[name], linked_folders[name]
     outside = _links_out(members, links, looped, found.link_texts)
     # Never to a member stored under the host path it names (`/etc/passwd`): unpacked, the
     # link names the host's file.
@@ -401,6 +414,7 @@ def _listing(path: str, found: _PlainMembers) -> TarListing:
         outside=outside,
         sparse=list(found.sparse),
         link_texts=found.link_texts,
+        hard_to_folders=to_folders,
     )
 
 
@@ -773,6 +787,7 @@ class _PlainMembers:
         "folders",
         "spellings",
         "hard_links",
+        "hard",
     )
 
     def __init__(self, chunks: _CheckedChunks | None, size: int, labels: bool) -> None:
@@ -790,6 +805,8 @@ class _PlainMembers:
         # Each regular member that hard links name -> those links with the name each holds: a
         # newer member of its name leaves them the data they were made to (`_forget`).
         self.hard_links: dict[str, list[tuple[str, str]]] = {}
+        # The names of the hard links (a hard link to a folder is made by no tar -x).
+        self.hard: set[str] = set()
 
     def take(
         self, block: bytes, kind: bytes, name: str, data: int, length: int, linkname: str | None
@@ -849,6 +866,7 @@ class _PlainMembers:
         target = self.links[member] = _link_target(member, linkname, symbolic=symbolic)
         self.link_texts[member] = linkname
         if not symbolic:
+            self.hard.add(member)
             stored = target if target in self.members else self.spellings.get(target)
             if stored in self.members:
                 self.hard_links.setdefault(stored, []).append((member, target))
@@ -882,6 +900,7 @@ class _PlainMembers:
                     self.members[link] = earlier
         elif self.links.pop(member, None) is not None:
             del self.link_texts[member]
+            self.hard.discard(member)
         elif self.sparse:
             self.sparse.pop(member, None)
 
@@ -2079,6 +2098,7 @@ def _images_by_unpacked_path(spec: str, listing: TarListing) -> dict[str, str]:
         else:
             member_of[unpacked] = name
     _warn_sparse_images(spec, listing)
+    _warn_hard_links_to_folders(spec, listing)
     if not_unpacked:
         log.warning(
             f"{spec}: {counted(len(not_unpacked), 'image member')} with '..' in "
@@ -2118,6 +2138,20 @@ def _without_links_out(spec: str, listing: TarListing, stored: list[str]) -> lis
         f"as torchkit follows no link out of an archive: {first_and_more(shown, 3)}"
     )
     return [name for name in stored if name not in listing.outside]
+
+
+def _warn_hard_links_to_folders(spec: str, listing: TarListing) -> None:
+    """One warning naming the hard links to a folder: nothing is there once unpacked, where
+    torchkit read the folder under the link's name (a class of another's images, or one file
+    in two classes)."""
+    found = listing.hard_to_folders
+    if found:
+        shown = sorted(f"{name} link to {target}" for name, target in found.items())  # tar -tv
+        log.warning(
+            f"{spec}: {counted(len(found), 'hard link')} to a folder "
+            f"{'is' if len(found) == 1 else 'are'} not read, as tar -x makes no hard link to "
+            f"a folder: {first_and_more(shown, 3)}"
+        )
 
 
 def _warn_sparse_images(spec: str, listing: TarListing) -> None:
