@@ -4,6 +4,8 @@ above it, v2 or v1) has left under its limit. Read from a fake /proc and cgroup 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from cgroup_files import V1, V2, fake_proc
 from output_checks import error_line
@@ -234,3 +236,37 @@ def test_a_refusal_names_the_cgroup_limit_that_set_the_free_memory(tmp_path, mon
     assert export.returncode == 2, export.stderr
     assert f"GB free {LIMIT} (" in error_line(export.stderr)
     assert not out.exists()
+
+
+def test_the_memory_total_is_the_tightest_cgroup_limit_below_the_machine(tmp_path):
+    """What an image must fit half of (`--image-size`, `--resize`): the machine's physical
+    memory, or the tightest limit along this process's cgroups where less."""
+    from torchkit.core.runtime.memory import memory_total
+
+    files = {
+        **v2_files("fs/cgroup/user.slice", f"{GiB}\n", 700 * MiB),
+        **v2_files("fs/cgroup/user.slice/job.scope", f"{512 * MiB}\n", 300 * MiB),
+    }
+    proc = fake_proc(tmp_path, "0::/user.slice/job.scope\n", V2, files)
+    total = memory_total(proc)
+    assert (total, total.bound) == (512 * MiB, "cgroup")
+    for name in ("user.slice", "user.slice/job.scope"):
+        (tmp_path / "fs/cgroup" / name / "memory.max").write_text("max\n")
+    machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    total = memory_total(proc)
+    assert (total, total.bound) == (machine, "machine")
+
+
+def test_a_resize_past_half_the_cgroup_limit_is_refused(image_folder, tmp_path, monkeypatch):
+    """Before: only the machine's physical memory counted; in a container limited to 128 MiB
+    a --resize of 3,000 px (108 MB an image) was let through to the OOM killer."""
+    from torchkit.core.runtime import memory
+
+    files = v2_files("fs/cgroup", f"{128 * MiB}\n", 10 * MiB)
+    monkeypatch.setattr(memory, "PROC", fake_proc(tmp_path, "0::/\n", V2, files))
+    result = run_torchkit_in_process("dataset-stats", image_folder, "--resize", 3000, "-j", "0")
+    assert result.returncode == 2, result.stderr
+    assert error_line(result.stderr) == (
+        "Error: --resize 3000 needs 0.1 GB for each image, more than half the 0.1 GB of the "
+        "container's memory limit (cgroup) (give a smaller size)"
+    )

@@ -16,19 +16,20 @@ CGROUP = "cgroup"  # a cgroup's memory limit (a container's, a systemd slice's) 
 _V1_UNLIMITED = 2**62
 
 
-class FreeMemory(int):
-    """Bytes that can be allocated now: an int, compared and divided as one, that also says
-    which limit set it (`bound`: MACHINE or CGROUP), for a refusal to name it."""
+class MemoryBytes(int):
+    """Bytes of memory (free now, or all a process may have): an int, compared and divided as
+    one, that also says which limit set it (`bound`: MACHINE or CGROUP), for a refusal to name
+    it."""
 
     bound: str
 
-    def __new__(cls, value: int, bound: str = MACHINE) -> FreeMemory:
+    def __new__(cls, value: int, bound: str = MACHINE) -> MemoryBytes:
         free = super().__new__(cls, value)
         free.bound = bound
         return free
 
 
-def available_memory(proc: str | None = None) -> FreeMemory | None:
+def available_memory(proc: str | None = None) -> MemoryBytes | None:
     """What can be allocated without swapping or being killed: the least of Linux's
     MemAvailable and what each memory cgroup of this process has left under its limit
     (`cgroup_memory_left`): in a container (docker --memory, a Kubernetes limit) or a systemd
@@ -42,8 +43,8 @@ def available_memory(proc: str | None = None) -> FreeMemory | None:
             machine = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     left = cgroup_memory_left(proc)
     if left is not None and (machine is None or left < machine):
-        return FreeMemory(left, CGROUP)
-    return None if machine is None else FreeMemory(machine, MACHINE)
+        return MemoryBytes(left, CGROUP)
+    return None if machine is None else MemoryBytes(machine, MACHINE)
 
 
 def limit_words(free: int) -> str:
@@ -52,6 +53,20 @@ def limit_words(free: int) -> str:
     if getattr(free, "bound", MACHINE) == CGROUP:
         return " under the container's memory limit (cgroup)"
     return ""
+
+
+def memory_total(proc: str | None = None) -> MemoryBytes | None:
+    """All the memory this process may have: the machine's physical memory or, where less, the
+    tightest memory limit of its cgroups (`cgroup_memory_limit`); None where neither can be
+    told."""
+    try:
+        machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        machine = None
+    limit = cgroup_memory_limit(PROC if proc is None else proc)
+    if limit is not None and (machine is None or limit < machine):
+        return MemoryBytes(limit, CGROUP)
+    return None if machine is None else MemoryBytes(machine, MACHINE)
 
 
 def cgroup_memory_left(proc: str = PROC) -> int | None:
@@ -67,27 +82,48 @@ def cgroup_memory_left(proc: str = PROC) -> int | None:
     return min(left) if left else None
 
 
+def cgroup_memory_limit(proc: str = PROC) -> int | None:
+    """The tightest memory limit of this process's cgroups (its own and those above it); None
+    where none has one or none can be read."""
+    limits = [
+        found[0]
+        for chain in cgroup_chains("memory", proc)
+        for folder in chain
+        if (found := _cgroup_folder_limit(folder)) is not None
+    ]
+    return min(limits) if limits else None
+
+
+# Each cgroup version's files: the limit, the usage, memory.stat's key of the file cache the
+# kernel reclaims first (v1's `total_` one counts the cgroups below too, as its usage does).
+_V2_FILES = ("memory.max", "memory.current", "inactive_file")
+_V1_FILES = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+
+
+def _cgroup_folder_limit(folder: str) -> tuple[int, tuple[str, str, str]] | None:
+    """One cgroup's memory limit, and the files of its version; None where it has none (v2's
+    "max", v1's past 2**62) or it cannot be read."""
+    for files in (_V2_FILES, _V1_FILES):
+        limit = _read_bytes(os.path.join(folder, files[0]))
+        if limit is not None:
+            return None if limit >= _V1_UNLIMITED else (limit, files)
+    return None
+
+
 def _cgroup_folder_left(folder: str) -> int | None:
     """What one cgroup has left: its limit less its usage, plus the file cache it holds that
     the kernel would reclaim before killing (`inactive_file`, as MemAvailable counts the
-    machine's). v2: `memory.max` ("max": none), `memory.current`, `memory.stat`'s
-    `inactive_file`; v1: `memory.limit_in_bytes` (past 2**62: none), `memory.usage_in_bytes`,
-    `memory.stat`'s `total_inactive_file` (with the cgroups below it, as its usage is)."""
-    for limit_file, usage_file, cache_key in (
-        ("memory.max", "memory.current", "inactive_file"),
-        ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"),
-    ):
-        limit = _read_bytes(os.path.join(folder, limit_file))
-        if limit is None:
-            continue
-        if limit >= _V1_UNLIMITED:
-            return None
-        usage = _read_bytes(os.path.join(folder, usage_file))
-        if usage is None:
-            return None  # a limit without its usage says nothing of what is left
-        cache = _stat_bytes(os.path.join(folder, "memory.stat"), cache_key)
-        return max(0, limit - usage + min(cache, usage))
-    return None
+    machine's): v2 `memory.max` - `memory.current`, v1 `memory.limit_in_bytes` -
+    `memory.usage_in_bytes`, each with its `memory.stat`."""
+    found = _cgroup_folder_limit(folder)
+    if found is None:
+        return None
+    limit, (_, usage_file, cache_key) = found
+    usage = _read_bytes(os.path.join(folder, usage_file))
+    if usage is None:
+        return None  # a limit without its usage says nothing of what is left
+    cache = _stat_bytes(os.path.join(folder, "memory.stat"), cache_key)
+    return max(0, limit - usage + min(cache, usage))
 
 
 def _read_bytes(path: str) -> int | None:
