@@ -245,8 +245,9 @@ def test_the_software_text_keeps_the_image_and_is_proven(tmp_path):
 def test_classes_txt_is_the_runs_by_its_manifests_names(tmp_path):
     """classes.txt is convert shards' where its lines are the class names its manifest (or
     partial manifest, of this version or an earlier one) lists, or it is empty (unlabelled
-    data); with no manifest yet (a --force run stopped before its first shard), where it was
-    written with the run's marker. Another list under that name is the user's."""
+    data): a run writes its partial manifest before classes.txt. Another list under that name
+    is the user's, one beside the run's marker alone too, however soon after it was written
+    (such a list written within 120 s of the marker was taken for the run's)."""
     import os
 
     from torchkit.core.convert.shards import SHARDS_OUTPUTS
@@ -265,12 +266,12 @@ def test_classes_txt_is_the_runs_by_its_manifests_names(tmp_path):
     assert judged({"manifest.json": LABELLED, "classes.txt": b"a\nb\n"}) == []
     assert judged({"manifest.partial.json": partial, "classes.txt": b"a\nb\n"}) == []
     assert judged({"manifest.json": unlabelled, "classes.txt": b""}) == []
-    assert judged({"classes.txt": b"a\nb\n"}) == []  # a --force run stopped at its start
     refused = [
         ({"manifest.json": LABELLED, "classes.txt": b"b\na\n"}, 0),  # not in label order
         ({"manifest.json": LABELLED, "classes.txt": b"a\nb"}, 0),  # not as torchkit ends it
         ({"manifest.json": unlabelled, "classes.txt": b"a\nb\n"}, 0),
         ({"manifest.json": b'{"name": "a web app"}', "classes.txt": b"a\nb\n"}, 0),
+        ({"classes.txt": b"a\nb\n"}, 0),  # beside the marker alone, as soon as it was
         ({"classes.txt": b"a\nb\n"}, 3600),  # put there an hour after the run began
         ({"classes.txt": b"my notes, one line\n  indented\n"}, 0),
     ]

@@ -280,6 +280,40 @@ def test_a_run_killed_before_its_first_shard_is_finished_by_the_same_command(
     assert tree_bytes(out) == tree_bytes(reference)
 
 
+def test_a_force_run_killed_before_its_first_shard_is_finished_and_a_users_list_kept(
+    tmp_path: Path, split_root: Path
+):
+    """A --force run into a new OUT, SIGKILLed before its first shard, wrote its partial
+    manifest before classes.txt: the same command finishes it without --force (it was
+    refused: "already exists"), and classes.txt is the run's by the names that manifest
+    lists. A list of the user's as classes.txt beside such a run's marker, with no manifest,
+    is refused by --force and kept: it was taken for the run's (written within 120 s of the
+    marker) and deleted."""
+    import shutil
+
+    reference, out, mine = tmp_path / "reference", tmp_path / "out", tmp_path / "mine"
+    args = ("convert", "shards", str(split_root), str(out), "--per-shard", "1")
+    assert convert(split_root, reference, "--per-shard", "1").returncode == 0
+    env, paused = paused_io_env(tmp_path, out / "train-000000.tar", calls=("os.replace",))
+    process = start_torchkit_process(*args, "--force", env=env)
+    try:
+        wait_until(paused.exists, process=process, what="the first shard")
+        process.send_signal(signal.SIGKILL)
+    finally:
+        process.communicate(timeout=60)
+    assert read_partial(out) is not None and (out / "classes.txt").read_text() == "cat\ndog\n"
+    shutil.copytree(out, mine, ignore=shutil.ignore_patterns("manifest.partial.json", ".*.tmp"))
+    (mine / "classes.txt").write_text("siamese\ntabby\n")  # the user's own list, just now
+    before = tree_digest(mine)
+    done = convert(*args[2:])
+    assert done.returncode == 0, done.stderr
+    assert tree_bytes(out) == tree_bytes(reference)
+    forced = convert(split_root, mine, "--per-shard", "1", "--force")
+    assert forced.returncode == 1
+    assert "classes.txt that torchkit did not write" in error_line(forced.stderr)
+    assert tree_digest(mine) == before
+
+
 def test_a_run_killed_before_its_partial_manifest_is_run_again_by_the_same_command(
     tmp_path: Path, split_root: Path
 ):

@@ -57,10 +57,10 @@ from torchkit.core.io.files import (
     remove_stale_temporaries,
 )
 from torchkit.core.io.folder_contents import proven
-from torchkit.core.io.force import check_replaceable, marker_command
+from torchkit.core.io.force import check_replaceable
 from torchkit.core.io.non_utf8_names import json_text
 from torchkit.core.io.output_paths import MARKER, remove_tree
-from torchkit.core.io.output_proofs import SAME_RUN_S, tar_by
+from torchkit.core.io.output_proofs import tar_by
 from torchkit.core.io.outputs import OutputFolder
 from torchkit.core.io.overlap import InputPath, check_overlap
 from torchkit.core.io.progress import Progress
@@ -982,11 +982,10 @@ _CLASSES_LIMIT = 64 << 20  # a million class names of 60 characters
 
 def _is_classes_file(path: Path) -> bool:
     """Whether `path` is the classes.txt a run wrote: empty (unlabelled data), or the class
-    names, one a line, that the manifest beside it (or its partial manifest) lists; where
-    neither is there (a `--force` run stopped before its first shard), names one a line
-    written within `SAME_RUN_S` of the marker of a `convert shards` run (which the run wrote
-    just before). A list of yours under that name is not: its names are not the manifest's,
-    or it was put there later."""
+    names, one a line, that the manifest beside it (or its partial manifest, which a run
+    writes before classes.txt) lists. A list of yours under that name is not: its names are
+    not the manifest's, or there is no manifest (a list beside a run's marker alone, however
+    soon after the marker it was written)."""
     try:
         if path.stat().st_size > _CLASSES_LIMIT:
             return False
@@ -998,11 +997,7 @@ def _is_classes_file(path: Path) -> bool:
     names = text.split("\n")
     if names.pop() != "":
         return False  # each name a line, ended by "\n"
-    listed = False
     for manifest in (path.with_name(MANIFEST), path.with_name(PARTIAL_MANIFEST)):
-        if not (manifest.exists() or manifest.is_symlink()):
-            continue
-        listed = True  # a manifest there, the run's or not: classes.txt goes by it
         try:
             record = _partial_lines(manifest.read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -1012,13 +1007,7 @@ def _is_classes_file(path: Path) -> bool:
         classes = record.get("classes")
         if isinstance(classes, list) and names in (classes, [name for name in classes if name]):
             return True
-    if listed or any(name != name.strip() or not name for name in names):
-        return False  # as this version writes them: no spaces around a name
-    try:
-        apart = abs(path.stat().st_mtime - path.with_name(MARKER).stat().st_mtime)
-    except OSError:
-        return False
-    return apart <= SAME_RUN_S and marker_command(path.parent) == COMMAND
+    return False
 
 
 def read_partial(folder: Path) -> dict | None:
@@ -1272,12 +1261,14 @@ def convert_shards(
         partial_manifest = _PartialManifest(folder / PARTIAL_MANIFEST, report)
         with output.reporting_write_errors():
             _remove_leftovers(folder)
-            if not (force or resume):
+            if not (resume or output.has_content):
                 # Before anything else in OUT: a run killed before its first shard is listed
                 # is resumed by the same command, where classes.txt alone (or a whole shard
-                # not listed yet) made it "already exists (pass --force)". (A --force run
-                # killed so is started again by its own command; an old output it set aside
-                # is put back.)
+                # not listed yet) made it "already exists (pass --force)"; and classes.txt is
+                # always the run's by the names its manifest lists (`_is_classes_file`). (A
+                # --force run that set an old output aside starts it at its first shard: one
+                # killed before is undone by the next run, which puts the old output back,
+                # never resumed into it.)
                 partial_manifest.start()
             atomic_write_text(folder / CLASSES_FILE, classes_text)
         total = sum(len(s.order) for s in sets)
