@@ -24,9 +24,9 @@ class MemoryBytes(int):
     bound: str
 
     def __new__(cls, value: int, bound: str = MACHINE) -> MemoryBytes:
-        free = super().__new__(cls, value)
-        free.bound = bound
-        return free
+        number = super().__new__(cls, value)
+        number.bound = bound
+        return number
 
 
 def available_memory(proc: str | None = None) -> MemoryBytes | None:
