@@ -8,6 +8,10 @@ Parts (--parts, comma-separated):
   same PNGs' bytes, 10 files, row groups of 1,000 rows, a ClassLabel of 100 names) and of the
   index's folder of class folders (ROOT/n<N>/images): the whole run. The CSV index's shards
   are kept (ROOT/shards-<N>) for the infer part.
+- convert-large: `convert shards` (`--per-shard 1000`, `-j 0`) of parquet of large images
+  (--large-kb, 250: 50 distinct noise PNGs over and over; one file, row groups of 100 rows),
+  each parquet row group read counted; with --before, an older checkout's run too and every
+  shard's SHA-256 compared with it. Its shards are removed after each run.
 - neardup: `dataset-stats --near-duplicates --format json -o` of parquet holding N distinct
   random 8x8 PNGs, a tenth of them planted near copies (one pixel moved by one level): the
   listing, then the whole run (every image read and hashed).
@@ -25,6 +29,8 @@ MB is the largest resident set of the process tree (`wait4`), CPU s its user + s
 
     uv run python benchmarks/bench_data_scale.py --sizes 10000,100000
     uv run python benchmarks/bench_data_scale.py --sizes 1000000 --parts convert --timeout 600
+    uv run python benchmarks/bench_data_scale.py --sizes 2000,6000 --parts convert-large \
+        --before OLD_CHECKOUT
 
 Data is built once under --root and reused; remove it when done (1M: about 1.5 GB).
 Benchmarks are not tests: they print figures.
@@ -59,8 +65,11 @@ def hf_schema():
     return pa.schema([("image", image), ("label", pa.int64())], metadata=metadata)
 
 
-def write_parquet(folder: Path, samples: int, image_bytes) -> Path:
-    """FOLDER/data/train-0000K-of-00010.parquet: `samples` rows, image i `image_bytes(i)`."""
+def write_parquet(
+    folder: Path, samples: int, image_bytes, files: int = PARQUET_FILES, row_group: int = ROW_GROUP
+) -> Path:
+    """FOLDER/data/train-0000K-of-0000F.parquet: `samples` rows in `files` files of row groups of
+    `row_group` rows, image i `image_bytes(i)`."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -69,13 +78,13 @@ def write_parquet(folder: Path, samples: int, image_bytes) -> Path:
         return folder
     (folder / "data").mkdir(parents=True, exist_ok=True)
     schema = hf_schema()
-    per_file = -(-samples // PARQUET_FILES)
-    for k in range(PARQUET_FILES):
+    per_file = -(-samples // files)
+    for k in range(files):
         rows = range(k * per_file, min(samples, (k + 1) * per_file))
-        name = folder / "data" / f"train-{k:05d}-of-{PARQUET_FILES:05d}.parquet"
+        name = folder / "data" / f"train-{k:05d}-of-{files:05d}.parquet"
         with pq.ParquetWriter(name, schema) as writer:
-            for start in range(rows.start, rows.stop, ROW_GROUP):
-                chunk = range(start, min(rows.stop, start + ROW_GROUP))
+            for start in range(rows.start, rows.stop, row_group):
+                chunk = range(start, min(rows.stop, start + row_group))
                 table = pa.table(
                     {
                         "image": [{"bytes": image_bytes(i), "path": None} for i in chunk],
@@ -83,7 +92,7 @@ def write_parquet(folder: Path, samples: int, image_bytes) -> Path:
                     },
                     schema=schema,
                 )
-                writer.write_table(table, row_group_size=ROW_GROUP)
+                writer.write_table(table, row_group_size=row_group)
     done.touch()
     return folder
 
@@ -120,9 +129,17 @@ def distinct_pngs(root: Path, samples: int) -> Path:
 
 def run(arguments: list[str], marks: dict, stop_after: str | None, timeout: float) -> dict:
     """One `python -m torchkit ARGUMENTS` process: seconds of each mark, CPU s, peak MB."""
+    return run_python(["-m", "torchkit", *arguments], timeout, marks, stop_after)
+
+
+def run_python(
+    arguments: list[str], timeout: float, marks: dict | None = None, stop_after: str | None = None
+) -> dict:
+    """One `python ARGUMENTS` process: seconds of each mark, CPU s, peak MB."""
+    marks = {} if marks is None else marks
     before = os.times()
     watched = bench_scaling.run_watched(
-        [sys.executable, "-m", "torchkit", *arguments],
+        [sys.executable, *arguments],
         Path(__file__).resolve().parents[1],
         marks,
         stop_after,
@@ -157,17 +174,87 @@ def first_counted(line, count) -> bool:
     return count is not None and count[0] != "0"
 
 
-def convert(root: Path, samples: int, timeout: float) -> None:
+def convert(root: Path, samples: int, timeout: float, sources: str = "csv,parquet,folder") -> None:
     data = bench_scaling.build_data(root, samples)
-    parquet = same_pngs(root, samples)
-    for name, spec, out in (
-        ("convert shards, CSV index", data / "index.csv", root / f"shards-{samples}"),
-        ("convert shards, parquet", parquet, root / f"runs/shards-pq-{samples}"),
-        ("convert shards, folder", data / "images", root / f"runs/shards-folder-{samples}"),
+    parquet = same_pngs(root, samples) if "parquet" in sources.split(",") else None
+    runs = root / "runs"
+    for key, name, spec, out in (
+        ("csv", "convert shards, CSV index", data / "index.csv", root / f"shards-{samples}"),
+        ("parquet", "convert shards, parquet", parquet, runs / f"shards-pq-{samples}"),
+        ("folder", "convert shards, folder", data / "images", runs / f"shards-folder-{samples}"),
     ):
+        if key not in sources.split(","):
+            continue
         arguments = ["convert", "shards", str(spec), str(out), "--per-shard", "10000"]
         result = run([*arguments, "-j", "0", "--force"], {}, None, timeout)
         show(name, samples, result)
+
+
+def large_pngs(root: Path, samples: int, kilobytes: int) -> Path:
+    """Parquet of 50 distinct noise PNGs of about `kilobytes` KB each, over and over: one file,
+    row groups of 100 rows (as HF writes images)."""
+    import numpy as np
+
+    side = int((kilobytes * 1000 / 3) ** 0.5)
+    rng = np.random.default_rng(0)
+    data = [png(rng.integers(0, 256, (side, side, 3), dtype=np.uint8)) for _ in range(50)]
+    folder = root / f"pq-large-{kilobytes}k-{samples}"
+    return write_parquet(folder, samples, lambda i: data[i % len(data)], files=1, row_group=100)
+
+
+def counted_run(reads_file: Path, torchkit_root: Path | None, arguments: list[str]) -> None:
+    """`torchkit ARGUMENTS` in this process, each parquet row group read counted: the count
+    written to `reads_file` at exit (`torchkit_root`: an older checkout's torchkit)."""
+    import atexit
+    import runpy
+
+    if torchkit_root is not None:
+        sys.path.insert(0, str(torchkit_root))
+    import pyarrow.parquet as pq
+
+    reads = [0]
+    real = pq.ParquetFile.read_row_group
+
+    def counted(self, *args, **kwargs):
+        reads[0] += 1
+        return real(self, *args, **kwargs)
+
+    pq.ParquetFile.read_row_group = counted
+    atexit.register(lambda: reads_file.write_text(str(reads[0])))
+    sys.argv = ["torchkit", *arguments]
+    runpy.run_module("torchkit", run_name="__main__")
+
+
+def convert_large(
+    root: Path, samples: int, timeout: float, kilobytes: int, before: Path | None
+) -> None:
+    """`convert shards` of parquet of large images (a window of 256 MB holds few of them), with
+    row-group reads counted; with --before, the older checkout's run first, and every shard's
+    SHA-256 compared. The shards are removed after."""
+    import hashlib
+
+    parquet = large_pngs(root, samples, kilobytes)
+    digests = {}
+    for label, torchkit_root in (("before", before), ("after", None)):
+        if label == "before" and before is None:
+            continue
+        out = root / "runs" / f"shards-large-{label}-{samples}"
+        reads_file = root / "runs" / "reads.txt"
+        reads_file.unlink(missing_ok=True)
+        command = [__file__, "--counted-run", str(reads_file)]
+        command += ["--before", str(torchkit_root)] if torchkit_root else []
+        arguments = ["convert", "shards", str(parquet), str(out), "--per-shard", "1000"]
+        with_reads = ["--", *arguments, "-j", "0", "--force"]
+        result = run_python([*command, *with_reads], timeout)
+        reads = reads_file.read_text() if reads_file.exists() else "?"
+        show(f"convert shards, parquet {kilobytes} KB: {label} ({reads} reads)", samples, result)
+        digests[label] = {
+            p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.glob("*.tar"))
+        }
+        shutil.rmtree(out)
+    if len(digests) == 2:
+        same = digests["before"] == digests["after"]
+        print(f"  {len(digests['after'])} shards, SHA-256 of every one the same: {same}")
 
 
 def neardup(root: Path, samples: int, timeout: float) -> None:
@@ -291,7 +378,16 @@ def main() -> None:
                         help="predict and extract-features run whole up to this size")  # fmt: skip
     parser.add_argument("--before", type=Path,
                         help="labels: also open the shards with this torchkit")  # fmt: skip
+    parser.add_argument("--sources", default="csv,parquet,folder",
+                        help="convert: the sources converted")  # fmt: skip
+    parser.add_argument("--large-kb", type=int, default=250,
+                        help="convert-large: KB an image")  # fmt: skip
+    parser.add_argument("--counted-run", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("arguments", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.counted_run:
+        counted_run(args.counted_run, args.before, args.arguments)
+        return
     (args.root / "runs").mkdir(parents=True, exist_ok=True)
     when = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
     print(f"machine: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, {when} UTC, "
@@ -299,7 +395,9 @@ def main() -> None:
     for samples in [int(s) for s in args.sizes.split(",")]:
         for part in args.parts.split(","):
             if part == "convert":
-                convert(args.root, samples, args.timeout)
+                convert(args.root, samples, args.timeout, args.sources)
+            elif part == "convert-large":
+                convert_large(args.root, samples, args.timeout, args.large_kb, args.before)
             elif part == "neardup":
                 neardup(args.root, samples, args.timeout)
             elif part == "infer":
