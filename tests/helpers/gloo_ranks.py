@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from processes import start_torchkit_process
+from processes import killed, start_torchkit_process
 from suite_paths import HELPERS, REPO
 
 LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
@@ -117,9 +117,8 @@ def finish(process: subprocess.Popen, timeout: float) -> subprocess.CompletedPro
     try:
         out, err = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        process.kill()
-        out, err = process.communicate()
-        pytest.fail(f"rank did not end within {timeout} s (a hang):\n{err[-3000:]}")
+        out, err = killed(process)
+        pytest.fail(f"rank did not end within {timeout} s (a hang):\n{(err or '')[-3000:]}")
     return subprocess.CompletedProcess(process.args, process.returncode, out, err)
 
 

@@ -545,6 +545,7 @@ class PreloadedProcess:
         self._status = status
         self._output: dict[str, list] = {"stdout": [], "stderr": []}
         self._threads: list[threading.Thread] | None = None
+        self._readers: dict[int, threading.Thread] = {}  # id(stream): the thread reading it
 
     def _wait_status(self, timeout: float | None) -> bool:
         if self.returncode is not None:
@@ -589,11 +590,12 @@ class PreloadedProcess:
         """(stdout, stderr): what is left of them once it has ended, as Popen's (None for one
         not a pipe); `input` is written to its stdin (with stdin=PIPE), which is then closed."""
         if self._threads is None:
-            self._threads = [
-                threading.Thread(target=self._read, args=(stream, name), daemon=True)
+            self._readers = {
+                id(stream): threading.Thread(target=self._read, args=(stream, name), daemon=True)
                 for stream, name in ((self.stdout, "stdout"), (self.stderr, "stderr"))
                 if stream is not None and not stream.closed
-            ]
+            }
+            self._threads = list(self._readers.values())
             if self.stdin is not None and not self.stdin.closed:
                 self._threads.append(
                     threading.Thread(target=self._write, args=(input,), daemon=True)
@@ -606,8 +608,12 @@ class PreloadedProcess:
         for thread in self._threads:
             thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
             if thread.is_alive():
-                raise subprocess.TimeoutExpired(self.args, timeout)
+                out, err = self._output_so_far()
+                raise subprocess.TimeoutExpired(self.args, timeout, output=out, stderr=err)
         self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return self._output_so_far()
+
+    def _output_so_far(self) -> tuple:
         return tuple(
             None if stream is None else self._empty.join(self._output[name])
             for stream, name in ((self.stdout, "stdout"), (self.stderr, "stderr"))
@@ -628,8 +634,11 @@ class PreloadedProcess:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        # A stream a thread still reads (a process it started keeps it open: `communicate`
+        # gave up) is left to that thread: a close waits for the read in flight, for ever.
         for stream in (self.stdout, self.stderr):
-            if stream is not None:
+            reader = self._readers.get(id(stream))
+            if stream is not None and not (reader is not None and reader.is_alive()):
                 stream.close()
         if self.stdin is not None:
             with contextlib.suppress(BrokenPipeError, ValueError):

@@ -71,11 +71,46 @@ def run_torchkit_process(
     with process:
         try:
             out, err = process.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.communicate()
+        except subprocess.TimeoutExpired as error:
+            error.output, error.stderr = killed(process)
             raise
     return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
+# How long the output of a process that has ended (or been killed) is read for: a process it
+# started that outlives it (a helper, a loader worker forked by a thread, one in a session of
+# its own) keeps its stdout and stderr open for as long as it lives, and an unbounded read of
+# them to their end hung the test, and the run behind it, that long.
+OUTPUT_AFTER_END_S = 10.0
+
+
+def killed(process: Any) -> tuple[Any, Any]:
+    """Kill `process` (a Popen or a PreloadedProcess), with its process group where it leads
+    one (its workers and helpers), reap it and return what is left of its (stdout, stderr):
+    read for OUTPUT_AFTER_END_S at most, then given up on (what came by then)."""
+    if process.poll() is None:
+        with contextlib.suppress(OSError):
+            if os.getpgid(process.pid) == process.pid:  # never this process's own group
+                os.killpg(process.pid, 9)
+        process.kill()
+    return output_after_end(process)
+
+
+def output_after_end(process: Any) -> tuple[Any, Any]:
+    """What is left of the (stdout, stderr) of `process`, ended or killed, and reaped: read
+    for OUTPUT_AFTER_END_S at most, then given up on (what came by then, closed unread)."""
+    try:
+        return process.communicate(timeout=OUTPUT_AFTER_END_S)
+    except subprocess.TimeoutExpired as error:
+        out, err = error.output, error.stderr
+        if isinstance(process, subprocess.Popen):  # no thread reads its pipes: closed here
+            for stream in (process.stdout, process.stderr):
+                if stream is not None:
+                    stream.close()
+            if process.text_mode:
+                out, err = (None if b is None else b.decode(errors="replace") for b in (out, err))
+        process.wait()  # it has ended or was killed: reaped at once
+        return out, err
 
 
 @contextlib.contextmanager
@@ -270,7 +305,7 @@ def wait_until(
     deadline = time.monotonic() + timeout
     while not condition():
         if process is not None and process.poll() is not None:
-            out, err = process.communicate()
+            out, err = output_after_end(process)
             pytest.fail(f"the process ended (rc {process.returncode}) before {what}:\n{err}")
         if time.monotonic() > deadline:
             if process is not None:
@@ -292,8 +327,7 @@ def signal_and_wait(
     try:
         out, err = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, 9)
-        out, err = process.communicate()
+        out, err = killed(process)
         pytest.fail(f"the process did not end within {timeout} s of signal {signum}:\n{err}")
     return process.returncode, out, err
 
