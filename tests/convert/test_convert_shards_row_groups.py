@@ -178,3 +178,27 @@ def test_a_samples_read_error_is_raised_at_its_position_after_those_before(
     assert got == [5, 3, 0]  # the samples before it, in writing order
     assert read_order == [0, 1, 2, 3, 4, 5]  # read in source order
     assert list(tmp_path.iterdir()) == []  # the spill, if any, has no name
+
+
+def test_a_spill_after_a_resume_holds_only_the_positions_left(tmp_path, monkeypatch):
+    order = [5, 3, 0, 4, 1, 2]
+    read_order: list[int] = []
+
+    def read(position: int) -> bytes:
+        read_order.append(order[position])
+        return bytes([order[position]])
+
+    monkeypatch.setattr(shards_module, "_spill_pays", lambda *args: True)
+    costs = shards_module._BlockCosts([0] * 6, [6], [1])
+    reads = shards_module._read_in_windows(
+        read,
+        lambda position, data: shards_module.Loaded("png", data),
+        range(2, 6),  # the first two positions' shard is complete
+        order,
+        costs,
+        0,
+        spill_folder=tmp_path,
+        window_bytes=1,
+    )
+    assert [loaded.data[0] for loaded in reads] == [0, 4, 1, 2]
+    assert read_order == [0, 1, 2, 4]  # once each, in source order
