@@ -113,20 +113,40 @@ def test_a_name_stored_again_reads_its_last_member(tmp_path, caplog):
         assert _files(unpacked, shown) == {name: images[name] for name in shown}
 
 
-def test_a_shard_member_stored_again_reads_its_last_member(tmp_path):
+def test_a_shard_member_stored_again_reads_its_last_member_in_its_first_place(tmp_path):
     """A shard's image and label appended again (`tar -rf`): the sample reads the last of
-    each, in the order of the members kept (its last)."""
-    members = [
-        ("00000.png", png(0)),
-        ("00000.cls", b"0"),
-        ("00001.png", png(1)),
-        ("00001.cls", b"1"),
+    each, at the place its name first took in the shard, as the folder `tar -xf` unpacks lists
+    it (00000, 00001, 00002); the sample moved to the end, so `convert shards` of the shard
+    wrote other shards than of the same shard written once (with --no-shuffle, and with its
+    seeded shuffle). So for a sample whose members are links: at its links' place, not after
+    every sample of regular members."""
+    once = [
         ("00000.png", png(2)),
         ("00000.cls", b"1"),
+        ("00001.png", png(1)),
+        ("00001.cls", b"1"),
+        ("00002.png", "->00001.png"),
+        ("00002.cls", "->00001.cls"),
+        ("00003.png", png(3)),
+        ("00003.cls", b"0"),
     ]
-    source = open_data(str(_tar(tmp_path / "shard-000000.tar", members)))
-    assert [path.read_bytes() for path in source.whole.paths] == [png(1), png(2)]
-    assert list(source.whole.labels) == [1, 1]
+    appended = [("00000.png", png(0)), ("00000.cls", b"0"), *once[2:], *once[:2]]
+    (tmp_path / "once").mkdir()
+    (tmp_path / "appended").mkdir()
+    written = tar_of_members(tmp_path / "once" / "shard-000000.tar", once)
+    stored_again = tar_of_members(tmp_path / "appended" / "shard-000000.tar", appended)
+    source = open_data(str(stored_again))
+    assert [path.read_bytes() for path in source.whole.paths] == [png(2), png(1), png(1), png(3)]
+    assert list(source.whole.labels) == [1, 1, 1, 0]
+    assert source.whole.ids == [f"shard-000000.tar/0000{i}.png" for i in range(4)]
+    for extra in ([], ["--no-shuffle"]):
+        shards = {}
+        for name, shard in (("once", written), ("appended", stored_again)):
+            out = tmp_path / f"{name}-out{len(extra)}"
+            result = run_torchkit_in_process("convert", "shards", shard, out, *extra)
+            assert result.returncode == 0, result.stderr
+            shards[name] = [path.read_bytes() for path in sorted(out.glob("*.tar"))]
+        assert shards["appended"] == shards["once"]
 
 
 def test_a_dot_dot_after_a_link_in_a_link_target_steps_out_of_the_linked_folder(tmp_path, caplog):

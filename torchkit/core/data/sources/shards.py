@@ -262,6 +262,25 @@ class TarListing:
     # The hard links to a folder, each with its target as stored: tar -x makes none (a folder
     # takes no hard link), so they are not in `links` (a folder's tar says so).
     hard_to_folders: dict[str, str] = field(default_factory=dict)
+    # Each link's place in the tar, and each name stored more than once, the place of its
+    # first member (`_PlainMembers`): the order of a shard's samples.
+    link_places: dict[str, int] = field(default_factory=dict)
+    first_places: dict[str, int] = field(default_factory=dict)
+
+    def in_tar_order(self) -> list[str]:
+        """The members and links, each where its name first appears in the tar."""
+        names = [*self.members, *self.links]
+        if not self.links and not self.first_places:
+            return names  # the members' order
+        members, links, first = self.members, self.link_places, self.first_places
+
+        def place(name: str) -> int:
+            found = first.get(name)
+            if found is not None:
+                return found
+            return members[name][0] if name in members else links[name]
+
+        return sorted(names, key=place)
 
     def locator(self, name: str) -> tuple[int, int] | None:
         if name in self.members:
@@ -347,7 +366,7 @@ def list_tar(path: str, *, whole: bool = False, labels: bool = False) -> TarList
                 if info.isdir():
                     found.folder(name)
                 elif info.issym() or info.islnk():
-                    found.link(name, info.linkname, info.issym())
+                    found.link(name, info.linkname, info.issym(), info.offset_data)
                 elif info.issparse():  # its real name (pax: GNU.sparse.name), its data in pieces
                     found.replace(name)
                     found.sparse[name] = None
@@ -415,6 +434,8 @@ def _listing(path: str, found: _PlainMembers) -> TarListing:
         sparse=list(found.sparse),
         link_texts=found.link_texts,
         hard_to_folders=to_folders,
+        link_places=found.link_places,
+        first_places=found.first_places,
     )
 
 
@@ -788,6 +809,8 @@ class _PlainMembers:
         "spellings",
         "hard_links",
         "hard",
+        "link_places",
+        "first_places",
     )
 
     def __init__(self, chunks: _CheckedChunks | None, size: int, labels: bool) -> None:
@@ -807,6 +830,12 @@ class _PlainMembers:
         self.hard_links: dict[str, list[tuple[str, str]]] = {}
         # The names of the hard links (a hard link to a folder is made by no tar -x).
         self.hard: set[str] = set()
+        # Each link's place in the tar (where its header's data would begin), and each name
+        # stored more than once, the place of its first member: a shard's samples are in the
+        # order their names first appear (a sample appended again with `tar -rf` keeps its
+        # place, as in the folder `tar -xf` unpacks, listed in order).
+        self.link_places: dict[str, int] = {}
+        self.first_places: dict[str, int] = {}
 
     def take(
         self, block: bytes, kind: bytes, name: str, data: int, length: int, linkname: str | None
@@ -842,7 +871,7 @@ class _PlainMembers:
         elif kind in _REGULAR or kind == _FOLDER:
             self.folder(member)
         elif kind in (_HARD_LINK, _SYMBOLIC_LINK):
-            self.link(member, linkname or _text(block[157:257]), kind == _SYMBOLIC_LINK)
+            self.link(member, linkname or _text(block[157:257]), kind == _SYMBOLIC_LINK, data)
         elif kind not in _SKIPPED:
             return False
         return True
@@ -861,9 +890,11 @@ class _PlainMembers:
             self.replace(member)
         self.folders.add(member)
 
-    def link(self, member: str, linkname: str, symbolic: bool) -> None:
+    def link(self, member: str, linkname: str, symbolic: bool, at: int) -> None:
+        """A link member (`at`: where its header's data would begin, its place in the tar)."""
         self.replace(member)
         target = self.links[member] = _link_target(member, linkname, symbolic=symbolic)
+        self.link_places[member] = at
         self.link_texts[member] = linkname
         if not symbolic:
             self.hard.add(member)
@@ -873,22 +904,35 @@ class _PlainMembers:
 
     def replace(self, member: str) -> None:
         """Forget what an earlier member of the path `member` unpacks to left: the member
-        about to be kept replaces it, also in the listing's order."""
-        self._forget(member)
+        about to be kept replaces it, in the listing's order too, and takes its place in the
+        tar (`first_places`)."""
+        first = self._forget(member)
         if member[:1] == "/" or "//" in member or "/." in member:
             unpacked = _unpacked_path(member)
             if unpacked is None or unpacked == member:
+                self._keep_place(member, first)
                 return
             earlier: str | None = self.spellings.get(unpacked, unpacked)
             self.spellings[unpacked] = member
         elif self.spellings:
             earlier = self.spellings.pop(member, None)
         else:
+            self._keep_place(member, first)
             return
         if earlier is not None and earlier != member:
-            self._forget(earlier)
+            place = self._forget(earlier)
+            place = self.first_places.pop(earlier, place)
+            first = place if first is None or (place is not None and place < first) else first
+        self._keep_place(member, first)
 
-    def _forget(self, member: str) -> None:
+    def _keep_place(self, member: str, place: int | None) -> None:
+        """`member` stored again: its first place in the tar, where its earlier member was."""
+        if place is not None:
+            self.first_places[member] = min(place, self.first_places.get(member, place))
+
+    def _forget(self, member: str) -> int | None:
+        """Forget `member`'s entry; its place in the tar (None for a folder, a sparse member,
+        or none)."""
         earlier = self.members.pop(member, None)
         if earlier is not None:
             self.label_bytes.pop(member, None)
@@ -897,12 +941,17 @@ class _PlainMembers:
             for link, target in self.hard_links.pop(member, ()):
                 if self.links.get(link) == target:
                     del self.links[link], self.link_texts[link]
+                    self.hard.discard(link)
                     self.members[link] = earlier
-        elif self.links.pop(member, None) is not None:
+                    self._keep_place(link, self.link_places.pop(link))
+            return earlier[0]
+        if self.links.pop(member, None) is not None:
             del self.link_texts[member]
             self.hard.discard(member)
-        elif self.sparse:
+            return self.link_places.pop(member)
+        if self.sparse:
             self.sparse.pop(member, None)
+        return None
 
 
 # `_read_plain_headers` reads the file this much at a time (as a buffered file would).
@@ -1181,14 +1230,15 @@ def _holds_an_image_folder(listing: TarListing) -> bool:
 def _shard_samples(
     listing: TarListing, shown: str, reader: TarReader, labels: dict | None = None
 ) -> list[ShardSample]:
-    """The samples of one shard, in member order (`shown`: the shard's name in messages).
+    """The samples of one shard, in member order, each where its first member is (a name stored
+    again keeps its first place; `shown`: the shard's name in messages).
     `labels`: the class names and indices met so far (each its own key and value), so that the
     samples of one class share one object: each `KEY.json` parses its name into a new str (and
     an index past 256 is a new int), about 60 bytes a sample held until the labels are made."""
     labels = {} if labels is None else labels
     groups: dict[str, dict[str, str]] = {}
     looping: list[str] = []
-    for member in (*listing.members, *listing.links):
+    for member in listing.in_tar_order():
         split = _key_and_extension(member)
         if split is None or member.startswith("__") and "/" not in member:  # webdataset meta
             continue
