@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 from disks import fill_disk
 from image_folders import write_image_folder
 from output_checks import error_line
@@ -26,14 +27,19 @@ def world(tmp_path_factory):
     return write_world(tmp_path_factory.mktemp("features-full-disk"))
 
 
-def test_a_full_disk_after_the_rows_keeps_them_and_resume_finishes(world, small_tmpfs, tmp_path):
+@pytest.mark.parametrize("array_format", ["safetensors", "pt"])
+def test_a_full_disk_after_the_rows_keeps_them_and_resume_finishes(
+    world, small_tmpfs, tmp_path, array_format
+):
     disk = small_tmpfs(256)
     out = disk / "out"
+    arguments = [*FEATURES[:-1], array_format]
+    name = f"features.0.{array_format}"
     fill_disk(disk, leave=48 * 1024)  # room for the rows, not for their copy
-    full = run_torchkit_in_process(*FEATURES, str(out), cwd=world)
+    full = run_torchkit_in_process(*arguments, str(out), cwd=world)
     assert full.returncode == 1, full.stderr
     line = error_line(full.stderr)
-    assert line.startswith(f"Error: cannot write {out / 'features.0.safetensors'}: No space")
+    assert line.startswith(f"Error: cannot write {out / name}: No space")
     assert (
         f"Note: the rows done so far are kept in {out}; add --resume to continue once it can "
         "be written"
@@ -41,13 +47,16 @@ def test_a_full_disk_after_the_rows_keeps_them_and_resume_finishes(world, small_
     assert sorted(os.listdir(out)) == [".partial", ".torchkit"]
 
     os.remove(disk / "filler")
-    resumed = run_torchkit_in_process(*FEATURES, str(out), "--resume", cwd=world)
+    resumed = run_torchkit_in_process(*arguments, str(out), "--resume", cwd=world)
     assert resumed.returncode == 0, resumed.stderr
     direct = tmp_path / "direct"
-    assert run_torchkit_in_process(*FEATURES, str(direct), cwd=world).returncode == 0
-    for name in ("features.0.safetensors", "index.csv"):
-        assert (out / name).read_bytes() == (direct / name).read_bytes(), name
-    assert load_file(out / "features.0.safetensors")["features.0"].shape == (6, 32, 6, 6)
+    assert run_torchkit_in_process(*arguments, str(direct), cwd=world).returncode == 0
+    for written in (name, "index.csv"):
+        assert (out / written).read_bytes() == (direct / written).read_bytes(), written
+    if array_format == "pt":
+        assert torch.load(out / name, weights_only=True).shape == (6, 32, 6, 6)
+    else:
+        assert load_file(out / name)["features.0"].shape == (6, 32, 6, 6)
     assert not (out / ".partial").exists()
 
 

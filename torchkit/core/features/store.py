@@ -684,21 +684,119 @@ def _chunks(array, rows: int):
 
 
 def _write_pt(source: Path, target: Path) -> None:
-    """A .pt holding one tensor (loads with weights_only=True). The tensor shares the memory map,
-    so torch.save streams it from disk rather than from a copy in RAM."""
+    """A .pt holding one tensor, as torch.save writes it: a zip of torch's records (its pickle,
+    written by torch's own `_save`), each stored uncompressed at a 64-byte boundary, the rows
+    copied into `data/0` chunk by chunk from the file. torch.load reads it (weights_only=True,
+    mmap=True) as it reads torch.save's. torch.save itself read the rows through a memory map
+    of the file, whose pages all stayed in the process: its resident set grew by the whole
+    array at the end of a run (2 GB for a million rows of 512 float32 features)."""
     import warnings
+    import zipfile
 
     import numpy as np
     import torch
 
-    array = np.load(source, mmap_mode="c")
+    shape, dtype, data_start = _npy_layout(source)
+    nbytes = _row_bytes(shape, dtype) * shape[0]
+    # The tensor torch pickles, its rows never read through this map (none to map: an array).
+    array = np.load(source, mmap_mode="c") if nbytes else np.empty(shape, dtype)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # from_numpy on a memory map
         tensor = torch.from_numpy(array)
-    with atomic_path(target) as tmp:
-        torch_save(tensor, tmp)
-    del tensor, array
+    records = _torch_records(tensor, nbytes)
+    if records is None:  # a torch whose `_save` this does not know: torch.save, holding the rows
+        with atomic_path(target) as tmp:
+            torch_save(tensor, tmp)
+    else:
+        del tensor, array
+        with open(source, "rb") as data, atomic_write(target, "wb") as handle:
+            archive = zipfile.ZipFile(handle, "w", zipfile.ZIP_STORED)
+            try:
+                for name, value, size in records:
+                    info = _aligned_record(f"archive/{name}", handle.tell(), size)
+                    with archive.open(info, "w") as member:
+                        if value is not None:
+                            member.write(value)
+                        else:
+                            data.seek(data_start)
+                            _copy_bytes(data, member, size, source)
+            except BaseException:
+                # No end record after an error (a full disk): atomic_write removes the file.
+                # Closed (or collected), the archive would write one into it, or a closed file.
+                archive.fp = None
+                raise
+            archive.close()
     remove_tree(source, ignore_errors=False)  # the scratch array, once the file is in place
+
+
+_RECORD_ALIGNMENT = 64  # torch.save's: a storage loaded with mmap=True starts aligned
+
+
+def _torch_records(tensor, nbytes: int) -> list[tuple[str, bytes | None, int]] | None:
+    """The records torch.save writes for `tensor`, in its order (name, bytes, size), its one
+    storage's bytes None (the caller copies them); then `version`, which torch's zip writer
+    adds. None where this torch's `torch.serialization._save` (private: the same arguments
+    from torch 1.6 to 2.15) does not record them so."""
+    import pickle
+
+    import torch
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.records: list[tuple[str, bytes | None, int]] = []
+
+        def write_record(self, name: str, value, size: int) -> None:
+            if isinstance(value, str):
+                value = value.encode("utf-8")
+            if isinstance(value, bytes | bytearray):
+                self.records.append((name, bytes(value[:size]), size))
+            else:  # a storage: recorded by size, never read here
+                self.records.append((name, None, size))
+
+    recorder = Recorder()
+    save = getattr(torch.serialization, "_save", None)
+    protocol = getattr(torch.serialization, "DEFAULT_PROTOCOL", 2)
+    try:
+        save(tensor, recorder, pickle, protocol, False)  # type: ignore[misc]
+    except (TypeError, AttributeError) as error:
+        log.debug("torch.serialization._save cannot be used to write a .pt: %s", error)
+        return None
+    storages = [record for record in recorder.records if record[1] is None]
+    names = [name for name, _, _ in recorder.records]
+    if storages != [("data/0", None, nbytes)] or "data.pkl" not in names:
+        log.debug("torch.serialization._save wrote other records: %s", names)
+        return None
+    return [*recorder.records, ("version", b"3\n", 2)]
+
+
+def _aligned_record(name: str, offset: int, size: int):
+    """The ZipInfo of a stored record whose local header is at `offset`, padded (as torch's
+    writer pads, an extra field `FB` of `Z`s) so that its data starts at a multiple of 64."""
+    import zipfile
+
+    info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+    info.compress_type = zipfile.ZIP_STORED
+    info.file_size = size
+    # zipfile adds a 20-byte zip64 field to the local header of a record this large.
+    zip64 = 20 if size * 1.05 > zipfile.ZIP64_LIMIT else 0
+    start = offset + 30 + len(name.encode("utf-8")) + 4 + zip64
+    padding = -start % _RECORD_ALIGNMENT
+    info.extra = b"FB" + struct.pack("<H", padding) + b"Z" * padding
+    return info
+
+
+def _copy_bytes(data, target, size: int, source: Path) -> None:
+    """`size` bytes from `data` (at its position) to `target`, a chunk at a time."""
+    left = size
+    while left:
+        values = data.read(min(_CHUNK_BYTES, left))
+        if not values:
+            raise InputError(
+                f"cannot read {source}: it ends {left} bytes before its rows do",
+                "pass --force to start over",
+            )
+        left -= len(values)
+        target.write(values)
 
 
 def _write_safetensors(source: Path, target: Path, key: str) -> None:
