@@ -28,16 +28,20 @@ class Mount:
     parent: str = ""
 
 
-def _unescaped(field: str) -> str:
+def unescaped(field: str) -> str:
+    """A path field of mountinfo (a mount's root or point) as the path it names: its octal
+    escapes undone."""
     return _ESCAPED.sub(lambda found: chr(int(found.group(1), 8)), field)
 
 
-def _within(inner: str, outer: str) -> bool:
+def within(inner: str, outer: str) -> bool:
+    """`inner` is the absolute path `outer` or lies inside it, judged at a path boundary
+    (`/a/bc` is not inside `/a/b`)."""
     return inner == outer or inner.startswith(outer.rstrip("/") + "/")
 
 
-def _below(inner: str, outer: str) -> str:
-    """What `inner` adds to `outer` (which it lies within): "" or "/a/b"."""
+def below(inner: str, outer: str) -> str:
+    """What `inner` adds to `outer` (which it lies `within`): "" or "/a/b"."""
     return "" if inner == outer else inner[len(outer.rstrip("/")) :]
 
 
@@ -106,7 +110,7 @@ class MountTable:
         for line in text.splitlines():
             fields = line.split(" ")
             if len(fields) > 4:
-                root, point = _unescaped(fields[3]), _unescaped(fields[4])
+                root, point = unescaped(fields[3]), unescaped(fields[4])
                 mounts.append(Mount(point, fields[2], root, fields[0], fields[1]))
         return cls(mounts)
 
@@ -127,22 +131,22 @@ class MountTable:
         mount = self.mount_of(path)
         if mount is None or mount.device == _NO_DEVICE or len(self.by_point) < 2:
             return [], []
-        own = mount.root.rstrip("/") + _below(path, mount.point) or "/"
+        own = mount.root.rstrip("/") + below(path, mount.point) or "/"
         whole, parts = [], []
         for other in self.by_point.values():
             if other.device != mount.device:
                 continue
-            if _within(own, other.root):
-                place = other.point.rstrip("/") + _below(own, other.root) or "/"
+            if within(own, other.root):
+                place = other.point.rstrip("/") + below(own, other.root) or "/"
                 if place != path:
                     whole.append(place)
-            elif _within(other.root, own) and other.point != path:
+            elif within(other.root, own) and other.point != path:
                 parts.append(other.point)
         return whole, parts
 
     def points_below(self, path: str) -> list[str]:
         """The mount points inside the folder `path` (not `path` itself)."""
-        return [point for point in self.by_point if point != path and _within(point, path)]
+        return [point for point in self.by_point if point != path and within(point, path)]
 
 
 def _text_of(path: str) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from torchkit.core.io.mounts import _unescaped
+from torchkit.core.io.mounts import below, unescaped, within
 
 PROC = "/proc"
 
@@ -31,7 +31,7 @@ def cgroup_chains(controller: str, proc: str = PROC) -> list[list[str]]:
         if len(fields) < 5 or "-" not in fields[6:]:
             continue
         tail = fields[fields.index("-", 6) + 1 :]  # filesystem type, source, super options
-        root, mount_point = _unescaped(fields[3]), _unescaped(fields[4])
+        root, mount_point = unescaped(fields[3]), unescaped(fields[4])
         if tail[:1] == ["cgroup2"]:
             paths = [m[2] for m in memberships if len(m) == 3 and m[0] == "0" and not m[1]]
         elif tail[:1] == ["cgroup"] and controller in (tail[2].split(",") if len(tail) > 2 else []):
@@ -48,8 +48,7 @@ def _chain(path: str, root: str, mount_point: str) -> list[str]:
     where the cgroup folder `root` is mounted."""
     # A container that sees its cgroup as the mount's root: the mount point is its cgroup. (A
     # path outside the mount, "/../x" from another cgroup namespace, likewise.)
-    within = path == root or path.startswith(root.rstrip("/") + "/")
-    inside = path[len(root) :] if within and ".." not in path.split("/") else ""
+    inside = below(path, root) if within(path, root) and ".." not in path.split("/") else ""
     mount_point = os.path.normpath(mount_point)
     folder = os.path.normpath(mount_point + "/" + inside.strip("/"))
     chain = [folder]
