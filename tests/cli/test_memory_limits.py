@@ -21,8 +21,19 @@ def meminfo(available: int) -> dict[str, str]:
     return {"proc/meminfo": text}
 
 
-def v2_files(folder: str, limit: str, current: int, inactive_file: int = 0) -> dict[str, str]:
-    stat = f"anon {current}\nactive_file 4096\ninactive_file {inactive_file}\n"
+def v2_files(
+    folder: str,
+    limit: str,
+    current: int,
+    inactive_file: int = 0,
+    active_file: int = 0,
+    slab_reclaimable: int = 0,
+) -> dict[str, str]:
+    stat = (
+        f"anon {current}\nfile {active_file + inactive_file}\nactive_file {active_file}\n"
+        f"inactive_file {inactive_file}\nslab_reclaimable {slab_reclaimable}\n"
+        f"slab_unreclaimable 8192\n"
+    )
     return {
         f"{folder}/memory.max": limit,
         f"{folder}/memory.current": f"{current}\n",
@@ -30,9 +41,14 @@ def v2_files(folder: str, limit: str, current: int, inactive_file: int = 0) -> d
     }
 
 
-def v1_files(folder: str, limit: str, usage: int, inactive_file: int = 0) -> dict[str, str]:
+def v1_files(
+    folder: str, limit: str, usage: int, inactive_file: int = 0, active_file: int = 0
+) -> dict[str, str]:
     # inactive_file: this cgroup's own; total_inactive_file: with the cgroups below it
-    stat = f"cache 0\ninactive_file 4096\ntotal_inactive_file {inactive_file}\n"
+    stat = (
+        f"cache 0\ninactive_file 4096\nactive_file 4096\ntotal_inactive_file {inactive_file}\n"
+        f"total_active_file {active_file}\n"
+    )
     return {
         f"{folder}/memory.limit_in_bytes": limit,
         f"{folder}/memory.usage_in_bytes": f"{usage}\n",
@@ -127,6 +143,36 @@ def v1_mounts(root: str) -> list[tuple[str, str, str, str]]:
             GiB,
             "machine",
         ),
+        # Page cache read twice is all active, and the kernel reclaims it before its OOM
+        # killer all the same (as MemAvailable counts it): measured in a v1 cgroup limited to
+        # 512 MiB holding 384 MiB of a file read three times (usage 410 MiB, all of the cache
+        # active), a process allocated 470 MiB and lived, 530 MiB and was killed. Before: 102
+        # MiB (inactive file cache only) counted free there.
+        (
+            "4:memory:/job\n",
+            V1,
+            {
+                **meminfo(8 * GiB),
+                **v1_files("fs/cgroup/memory/job", f"{512 * MiB}\n", 410 * MiB, 0, 384 * MiB),
+            },
+            486 * MiB,
+            "cgroup",
+        ),
+        # v2 likewise, with the reclaimable slab (dentries and inodes of files listed) v2's
+        # memory.current counts: 3.5 GiB used of 4 GiB, 2.5 GiB of it active file cache, 0.5
+        # GiB inactive, 0.25 GiB reclaimable slab.
+        (
+            "0::/\n",
+            V2,
+            {
+                **meminfo(48 * GiB),
+                **v2_files(
+                    "fs/cgroup", f"{4 * GiB}\n", 3584 * MiB, 512 * MiB, 2560 * MiB, 256 * MiB
+                ),
+            },
+            3840 * MiB,
+            "cgroup",
+        ),
         # a limit lowered below what the cgroup holds: nothing left, not a negative figure
         (
             "0::/\n",
@@ -145,6 +191,8 @@ def v1_mounts(root: str) -> list[tuple[str, str, str, str]]:
         "v1-parent-binds",
         "v1-no-limit",
         "machine-binds",
+        "v1-active-file-cache",
+        "v2-file-cache-and-slab",
         "over-limit",
     ],
 )

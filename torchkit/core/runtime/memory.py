@@ -94,13 +94,22 @@ def cgroup_memory_limit(proc: str = PROC) -> int | None:
     return min(limits) if limits else None
 
 
-# Each cgroup version's files: the limit, the usage, memory.stat's key of the file cache the
-# kernel reclaims first (v1's `total_` one counts the cgroups below too, as its usage does).
-_V2_FILES = ("memory.max", "memory.current", "inactive_file")
-_V1_FILES = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+# Each cgroup version's files: the limit, the usage, and memory.stat's keys of what the kernel
+# reclaims in the cgroup before its OOM killer: the page cache, active and inactive (a file read
+# twice is all active, and reclaimed all the same), as MemAvailable counts the machine's and
+# LXCFS a container's, and on v2 the reclaimable kernel slab (the dentries and inodes of a
+# dataset's files listed) that v2's usage counts. v1's `total_` keys count the cgroups below
+# too, as its usage does; v2's memory.stat always does.
+_V2_FILES = ("memory.max", "memory.current", ("active_file", "inactive_file", "slab_reclaimable"))
+_V1_FILES = (
+    "memory.limit_in_bytes",
+    "memory.usage_in_bytes",
+    ("total_active_file", "total_inactive_file"),
+)
+_CgroupFiles = tuple[str, str, tuple[str, ...]]
 
 
-def _cgroup_folder_limit(folder: str) -> tuple[int, tuple[str, str, str]] | None:
+def _cgroup_folder_limit(folder: str) -> tuple[int, _CgroupFiles] | None:
     """One cgroup's memory limit, and the files of its version; None where it has none (v2's
     "max", v1's past 2**62) or it cannot be read."""
     for files in (_V2_FILES, _V1_FILES):
@@ -111,19 +120,19 @@ def _cgroup_folder_limit(folder: str) -> tuple[int, tuple[str, str, str]] | None
 
 
 def _cgroup_folder_left(folder: str) -> int | None:
-    """What one cgroup has left: its limit less its usage, plus the file cache it holds that
-    the kernel would reclaim before killing (`inactive_file`, as MemAvailable counts the
-    machine's): v2 `memory.max` - `memory.current`, v1 `memory.limit_in_bytes` -
-    `memory.usage_in_bytes`, each with its `memory.stat`."""
+    """What one cgroup has left: its limit less its usage, plus what of that usage the kernel
+    would reclaim before killing (the page cache, and v2's reclaimable slab: `_V2_FILES`): v2
+    `memory.max` - `memory.current`, v1 `memory.limit_in_bytes` - `memory.usage_in_bytes`,
+    each with its `memory.stat`."""
     found = _cgroup_folder_limit(folder)
     if found is None:
         return None
-    limit, (_, usage_file, cache_key) = found
+    limit, (_, usage_file, reclaimable_keys) = found
     usage = _read_bytes(os.path.join(folder, usage_file))
     if usage is None:
         return None  # a limit without its usage says nothing of what is left
-    cache = _stat_bytes(os.path.join(folder, "memory.stat"), cache_key)
-    return max(0, limit - usage + min(cache, usage))
+    reclaimable = _stat_bytes(os.path.join(folder, "memory.stat"), reclaimable_keys)
+    return max(0, limit - usage + min(reclaimable, usage))
 
 
 def _read_bytes(path: str) -> int | None:
@@ -136,17 +145,19 @@ def _read_bytes(path: str) -> int | None:
         return None
 
 
-def _stat_bytes(path: str, key: str) -> int:
-    """`key`'s value in a `memory.stat` file of `KEY N` lines, 0 where it cannot be read."""
+def _stat_bytes(path: str, keys: tuple[str, ...]) -> int:
+    """The sum of `keys`' values in a `memory.stat` file of `KEY N` lines (a key it lacks
+    counts 0); 0 where it cannot be read."""
+    total = 0
     try:
         with open(path, encoding="ascii", errors="replace") as handle:
             for line in handle:
                 name, _, value = line.partition(" ")
-                if name == key:
-                    return max(0, int(value))
+                if name in keys:
+                    total += max(0, int(value))
     except (OSError, ValueError):
         return 0
-    return 0
+    return total
 
 
 def beyond_half_free(needed: int) -> int | None:
