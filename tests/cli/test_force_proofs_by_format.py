@@ -40,7 +40,15 @@ INDEX = b"row,path,label,error\n0,ds/a/a_0.png,a,\n"
 NPY = b"\x93NUMPY\x01\x00" + b"v" * 10
 MANIFEST = json.dumps({"written_by": "torchkit convert shards", "shards": []}).encode()
 LABELLED = json.dumps({"written_by": "torchkit convert shards", "classes": ["a", "b"]}).encode()
-PROGRESS = json.dumps({"fingerprint": "f", "total": 6, "done": 3, "rows": 3, "layers": {}})
+LOGITS = {"logits": {"shape": [2], "dtype": "float32", "file": "logits"}}
+PROGRESS = json.dumps({"fingerprint": "f", "total": 6, "done": 3, "rows": 3, "layers": LOGITS})
+# an interrupted run's array of its record's layer: 6 rows of 2 float32 (an npy header's bytes)
+PARTIAL_NPY = (
+    b"\x93NUMPY\x01\x00v\x00"
+    + b"{'descr': '<f4', 'fortran_order': False, 'shape': (6, 2), }".ljust(117)
+    + b"\n"
+    + bytes(48)
+)
 
 # command line, its marker's command, what torchkit wrote, the user's file (name, bytes)
 CASES = {
@@ -113,7 +121,7 @@ CASES = {
     "your notes in an interrupted extraction": (
         FEATURES,
         "extract-features",
-        {".partial/progress.json": PROGRESS, ".partial/logits.npy": NPY},
+        {".partial/progress.json": PROGRESS, ".partial/logits.npy": PARTIAL_NPY},
         (".partial/notes.txt", b"to do"),
     ),
     "a text file named as an interrupted extraction's array": (
@@ -293,7 +301,8 @@ def test_an_interrupted_extractions_files_are_its_own(tmp_path):
     partial = out / ".partial"
     partial.mkdir()
     np.lib.format.open_memmap(partial / "logits.npy", mode="w+", dtype="float32", shape=(6, 2))
-    (partial / "progress.json").write_text(json.dumps(Progress(3, 2, {1: "bad"}).to_json("f", 6)))
+    progress = Progress(3, 2, {1: "bad"}, layers=LOGITS)
+    (partial / "progress.json").write_text(json.dumps(progress.to_json("f", 6)))
     (partial / "errors.jsonl").write_text('[1, "cannot identify image file"]\n')
     (partial / "index.csv").write_text("row,path,label,error\n0,a/a_0.png,a,\n")
     (partial / "layer1.npy").write_bytes(b"")
@@ -301,5 +310,18 @@ def test_an_interrupted_extractions_files_are_its_own(tmp_path):
     (partial / "index.csv").write_bytes(b"")
     (partial / "errors.jsonl").write_bytes(b"")
     assert foreign_entries(out, output_names(()), top_level=(MARKER,)) == []
+    # Its rows kept (2 of 6) or a streamed run's count: any number of rows of the layer's.
+    np.save(partial / "logits.npy", np.zeros((2, 2), np.float32))
+    assert foreign_entries(out, output_names(()), top_level=(MARKER,)) == []
+    # An array of yours there: a name the record does not give, or the layer's name with
+    # another dtype or row shape (every valid .npy passed, and --force deleted it).
+    np.save(partial / "umap.npy", np.zeros((6, 2), np.float32))
+    assert foreign_entries(out, output_names(()), top_level=(MARKER,)) == [".partial/umap.npy"]
+    (partial / "umap.npy").unlink()
+    for dtype, shape in (("float64", (6, 2)), ("float32", (6, 3)), ("float32", (12,))):
+        np.save(partial / "logits.npy", np.zeros(shape, dtype))
+        owned = output_names(())
+        assert foreign_entries(out, owned, top_level=(MARKER,)) == [".partial/logits.npy"]
+    (partial / "logits.npy").unlink()
     (partial / "deeper").mkdir()
     assert foreign_entries(out, output_names(()), top_level=(MARKER,)) == [".partial/deeper/"]

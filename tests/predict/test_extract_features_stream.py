@@ -157,9 +157,7 @@ def test_an_image_inside_out_later_in_the_stream_keeps_the_old_out(runner, photo
     first = runner.invoke(app, [*BASE, "convnet", "-", str(marked)], input=photos[0])
     assert first.exit_code == 0, first.stderr
     # Rows a killed run kept (--force refuses a user's file anywhere in OUT first).
-    (marked / ".partial").mkdir()
-    inside = marked / ".partial" / "penultimate.npy"
-    np.lib.format.open_memmap(inside, "w+", np.float32, (4, 8))
+    inside = _partial_rows(marked / ".partial")
     before = sorted(p.name for p in marked.rglob("*"))
     stream = "\n".join([*photos[:2], *photos[4:], str(inside)])
     refused = runner.invoke(
@@ -216,10 +214,20 @@ def test_a_full_disk_at_meta_json_after_the_arrays_leaves_no_trace(
     assert sorted(p.name for p in tmp_path.iterdir()) == (["o"] if earlier else [])
 
 
+def _partial_rows(partial: Path) -> Path:
+    """A streamed run's array of a layer in `partial` (OUT/.partial), and its record, which
+    names the array as the run's: as the store writes them before the first rows."""
+    partial.mkdir(parents=True)
+    layers = {"penultimate": {"shape": [8], "dtype": "float32", "file": "penultimate"}}
+    record = {**store.Progress(layers=layers).to_json("", 0), "streamed": True}
+    (partial / store.PROGRESS_FILE).write_text(json.dumps(record))
+    np.lib.format.open_memmap(partial / "penultimate.npy", "w+", np.float32, (4, 8))
+    return partial / "penultimate.npy"
+
+
 def _killed_stream(out: Path) -> None:
     """What `extract-features MODEL - OUT` killed (SIGKILL) mid-stream leaves in a new OUT."""
-    (out / ".partial").mkdir(parents=True)
-    np.lib.format.open_memmap(out / ".partial" / "penultimate.npy", "w+", np.float32, (4, 8))
+    _partial_rows(out / ".partial")
     (out / ".torchkit").write_text('{"written_by": "torchkit", "command": "extract-features"}\n')
 
 

@@ -153,6 +153,49 @@ def test_sigterm_after_the_first_rows_keeps_a_resumable_out(world, tmp_path):
     assert not (out / ".partial").exists()
 
 
+def test_a_sigkilled_runs_arrays_are_cleared_but_an_array_of_yours_beside_them_is_kept(
+    world, tmp_path
+):
+    """A run SIGKILLed once its first rows are being written leaves its arrays in .partial,
+    each named with its row shape and dtype by the run's record (written before the arrays
+    are made): --force clears them, --resume continues. An array of yours put there is
+    refused by --force, named, and kept: any valid .npy there passed and was deleted."""
+    import shutil
+
+    out, mine, again = tmp_path / "out", tmp_path / "mine", tmp_path / "again"
+    started = tmp_path / "started"
+    env = {"GATE_FILE": str(started), "GATE_AT": "2"}  # the first batch of 2 is being written
+    process = start_torchkit_process(*GATED, str(out), cwd=world, env=env)
+    try:
+        wait_until(started.exists, process=process, what="the second batch")
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate(timeout=60)
+    assert sorted(p.name for p in (out / ".partial").iterdir()) == ["body.npy", "progress.json"]
+    shutil.copytree(out, mine)
+    shutil.copytree(out, again)
+    np.save(mine / ".partial" / "umap.npy", np.zeros((6, 2), np.float32))  # the user's
+    before = tree_digest(mine)
+
+    forced, cleared, resumed = run_each_in_process(
+        [
+            [*GATED, str(mine), "--force", "--workers", "0"],
+            [*GATED, str(out), "--force", "--workers", "0"],
+            [*GATED, str(again), "--resume", "--workers", "0"],
+        ],
+        cwd=world,
+    )
+    assert forced.returncode == 1
+    assert f"holds {mine}/.partial/umap.npy that torchkit did not write" in error_line(
+        forced.stderr
+    )
+    assert tree_digest(mine) == before
+    for done, folder in ((cleared, out), (resumed, again)):
+        assert done.returncode == 0, done.stderr
+        assert np.load(folder / "body.npy").shape == (6, 16)
+        assert not (folder / ".partial").exists() and hidden_siblings(folder) == []
+
+
 def test_full_disk_is_an_error_not_sigbus_and_the_old_out_comes_back(world, small_tmpfs):
     disk = small_tmpfs(256)
     out = disk / "out"

@@ -37,6 +37,7 @@ from torchkit.core.features.store import (
     PROGRESS_FILE,
     FeatureStore,
     data_location,
+    is_recorded_array,
     known_files,
 )
 from torchkit.core.inference.options import InferenceOptions, check_inference_options
@@ -251,7 +252,8 @@ def output_names(recorded: Sequence[str]) -> tuple[str, ...]:
 
 def _partial_names() -> tuple[str, ...]:
     """What an interrupted run keeps in OUT/.partial (`FeatureStore`): its progress record, the
-    log of unreadable images, a streamed run's index, an array a layer."""
+    log of unreadable images, a streamed run's index, an array a layer (one its record names,
+    of the layer's dtype and row shape: any .npy of yours there is refused)."""
     return (
         proven(
             f"{PARTIAL_DIR}/{PROGRESS_FILE}",
@@ -262,7 +264,7 @@ def _partial_names() -> tuple[str, ...]:
             f"{PARTIAL_DIR}/{INDEX_FILE}",
             any_of(empty_file, csv_header(INDEX_COLUMNS, whole=False)),
         ),
-        proven(f"{PARTIAL_DIR}/*.npy", any_of(empty_file, is_npy)),
+        proven(f"{PARTIAL_DIR}/*.npy", any_of(empty_file, is_recorded_array)),
     )
 
 

@@ -180,8 +180,8 @@ class FeatureStore:
         partial, meta_path = folder / PARTIAL_DIR, folder / META_FILE
         if output.resume and output.has_content:
             progress_path = partial / PROGRESS_FILE
-            if progress_path.is_file():
-                state = read_json(progress_path)
+            state = read_json(progress_path) if progress_path.is_file() else None
+            if state is not None and _records_work(state):
                 _check_fingerprint(state.get("fingerprint"), fingerprint, folder, "an interrupted")
                 _check_data(state.get("images_location"), data, folder, "an interrupted")
                 _check_weights(state.get("weights_digest"), weights, folder, "an interrupted")
@@ -240,9 +240,13 @@ class FeatureStore:
             fold = folds_case(self.partial)  # `Conv1.npy` and `conv1.npy` one file there
             stems = distinct_names(map(_file_stem, layers), separator="_", fold_case=fold)
             for (name, info), stem in zip(layers.items(), stems, strict=True):
-                info = {**info, "file": stem}
-                self.progress.layers[name] = info
-                path = self._partial_array(stem)
+                self.progress.layers[name] = {**info, "file": stem}
+        # On record before they are made: every array in .partial is named, with its row shape
+        # and dtype, by the run's record (`is_recorded_array`), which --force goes by.
+        self._write_record()
+        with reporting_write_errors(self.out):
+            for name, info in self.progress.layers.items():
+                path = self._partial_array(info["file"])
                 if self.streamed:
                     self._appended[name] = _npy_for_appending(path, info)
                     continue
@@ -310,14 +314,18 @@ class FeatureStore:
             for array in self._arrays.values():
                 array.sync()
             self._log_new_errors()
-        atomic_write_json(
-            self.partial / PROGRESS_FILE,
-            self.progress.to_json(self.fingerprint, self.total, self.data, self.weights),
-            indent=None,
-        )
+        self._write_record()
         if self.progress.rows > 0:
             self.output.keep()
             self.rows_kept = True
+
+    def _write_record(self) -> None:
+        """PROGRESS_FILE: how far the run got (a streamed run's: only its arrays, as it has
+        nothing to resume)."""
+        record = self.progress.to_json(self.fingerprint, self.total, self.data, self.weights)
+        if self.streamed:
+            record["streamed"] = True
+        atomic_write_json(self.partial / PROGRESS_FILE, record, indent=None)
 
     def _log_new_errors(self) -> None:
         """Append the errors found since the last commit to ERRORS_FILE, durable before the
@@ -501,6 +509,34 @@ def known_files(folder: Path) -> tuple[str, ...]:
         temporaries += [f".{stem}.*.tmp.{ext}" for stem in stems for ext in FILE_FORMATS]
         return (PARTIAL_DIR, INDEX_FILE, META_FILE, *names, *temporaries)
     return ()
+
+
+def _records_work(state: dict) -> bool:
+    """Whether a progress record counts images done, to resume from: not one written as the
+    arrays were made (none done yet), nor a streamed run's (nothing to resume)."""
+    return not state.get("streamed") and (state.get("done"), state.get("rows")) != (0, 0)
+
+
+def is_recorded_array(path: Path) -> bool:
+    """Whether `path` (OUT/.partial/STEM.npy) is an array of the run whose record is beside
+    it: the record names a layer's file STEM, and the array has that layer's dtype and row
+    shape (any number of rows: the run's total, the rows kept, or a streamed run's count).
+    Any other .npy there (yours) is not the run's."""
+    try:
+        record = json.loads((path.parent / PROGRESS_FILE).read_text(encoding="utf-8"))
+        layers = record["layers"] if isinstance(record, dict) else None
+        if not isinstance(layers, dict) or path.suffix != ".npy":
+            return False
+        infos = [i for i in _dicts(layers.values()) if i.get("file") == path.name[: -len(".npy")]]
+        if len(infos) != 1:
+            return False
+        import numpy as np
+
+        shape, dtype, _ = _npy_layout(path)
+        info = infos[0]
+        return dtype == np.dtype(info["dtype"]) and list(shape[1:]) == list(info["shape"])
+    except (OSError, ValueError, TypeError, KeyError, SyntaxError):
+        return False
 
 
 def _dicts(items) -> list[dict]:
