@@ -174,3 +174,21 @@ def test_a_mount_table_without_devices_tells_no_places(tmp_path, monkeypatch):
     assert table.places(str(results / "run")) == ([], [])
     monkeypatch.setattr(overlap.MountTable, "read", classmethod(lambda cls: table))
     check_overlap(results, "--out", [InputPath(data, "data folder")])
+
+
+def test_without_a_mount_table_every_check_goes_on_and_knows_no_mount(tmp_path, monkeypatch):
+    """Where /proc/self/mountinfo cannot be read (macOS, Windows, a container without /proc)
+    the table is empty: no mount is known, no check fails on it, and `split --force` replaces
+    an earlier split (the marker, its files) and refuses OUT inside the data, as elsewhere."""
+    from torchkit.core.io import mounts
+    from torchkit.core.io.mounts import is_mount_point
+
+    monkeypatch.setattr(mounts, "MOUNTINFO", str(tmp_path / "no-proc" / "mountinfo"))
+    assert MountTable.read().by_point == {}
+    assert not is_mount_point(tmp_path) and is_mount_point("/")  # another file system's, seen
+    data = make_class_files(tmp_path / "data", {"cat": 3, "dog": 3})
+    assert run_torchkit_in_process("split", data, tmp_path / "out").returncode == 0
+    again = run_torchkit_in_process("split", data, tmp_path / "out", "--force", "--seed", "3")
+    assert again.returncode == 0, again.stderr
+    inside = run_torchkit_in_process("split", data, data / "out")
+    assert inside.returncode == 1 and "lies inside the data folder" in error_line(inside.stderr)

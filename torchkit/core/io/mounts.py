@@ -99,9 +99,12 @@ class MountTable:
         self.by_point = {mount.point: mount for mount in mounts}  # later lines are on top
 
     @classmethod
-    def read(cls, path: str = MOUNTINFO) -> MountTable:
-        """The table of `path` (mountinfo's format); an empty one where it cannot be read."""
-        return cls.parse(_text_of(path))
+    def read(cls, path: str | None = None) -> MountTable:
+        """The table of `path` (mountinfo's format; MOUNTINFO by default); an empty one where
+        it cannot be read (no `/proc`: macOS, Windows, a container without it): no bind mount
+        is known then, and only a mount of another file system at a path itself is seen
+        (`is_mount_point`), none inside a folder (`points_below`)."""
+        return cls.parse(_text_of(MOUNTINFO if path is None else path))
 
     @classmethod
     def parse(cls, text: str) -> MountTable:
