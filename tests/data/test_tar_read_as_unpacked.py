@@ -452,3 +452,53 @@ def test_a_hard_link_to_a_folder_is_made_by_no_tar(tmp_path, caplog):
     copied = [("dog/c.png", png(2)), (".h/z.png", png(5)), ("bird", "->.h"), ("fish", "=>bird")]
     listing = list_tar(str(_tar(tmp_path / "copied.tar", copied)))
     assert (listing.folder_links, listing.hard_to_folders) == ({"bird": ".h", "fish": ".h"}, {})
+
+
+def test_a_link_target_through_a_file_names_no_file(tmp_path):
+    """`cat/s.png -> a.png/../b.png`, where cat/a.png is a file: the system resolves no path
+    through a file ('Not a directory'), nor through a name the archive does not hold, nor
+    `a.png/` (a final `/` after a file); torchkit took the target as text (`a.png/..` is
+    cat, so cat/b.png was read; `a.png/` was a.png). Each is a link to nothing now (an
+    unreadable image, as other links to nothing in a tar). Through a folder (`../dog/..`) the
+    `..` steps back as before."""
+    members = [
+        ("dog/c.png", png(2)),
+        ("cat/a.png", png(1)),
+        ("cat/b.png", png(3)),
+        ("cat/f", "->a.png"),
+        ("cat/g", "->gone"),
+        ("cat/s.png", "->a.png/../b.png"),
+        ("cat/t.png", "->nothing/../b.png"),
+        ("cat/u.png", "->f/../b.png"),
+        ("cat/v.png", "->g/../b.png"),
+        ("cat/w.png", "->a.png/"),
+        ("cat/x.png", "->a.png/."),
+        ("cat/y.png", "->../dog/../cat/b.png"),
+        ("cat/z.png", "->y.png/../../dog/c.png"),
+    ]
+    archive = _tar(tmp_path / "pets.tar", members)
+    source = open_data(str(archive))
+    read = {}
+    for name, path in zip(source.whole.ids, source.whole.paths, strict=True):
+        try:
+            read[name] = path.read_bytes()
+        except OSError:  # a link to nothing
+            read[name] = None
+    # GNU tar 1.34 unpacks s to z.png as links to nothing but y.png (cat/b.png)
+    nothing = dict.fromkeys(f"cat/{n}.png" for n in "stuvwxz")
+    assert read == {
+        "cat/a.png": png(1),
+        "cat/b.png": png(3),
+        "cat/y.png": png(3),
+        "dog/c.png": png(2),
+        **nothing,
+    }
+    result = run_torchkit_in_process("dataset-stats", archive, "-j", "0", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert (report["images"], report["unreadable_count"]) == (4, 7)
+    unpacked = _unpacked_by_gnu_tar(archive)
+    if unpacked is not None:
+        assert [name for name in read if (unpacked / name).is_file()] == [
+            name for name, data in read.items() if data is not None
+        ]

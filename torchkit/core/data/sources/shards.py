@@ -298,11 +298,18 @@ def _link_target(name: str, linkname: str, *, symbolic: bool) -> str:
     up to its last `..` part (`cat/x/../b.png` is b.png, not cat/b.png). A symbolic link to
     `/` is one to the host's root, not to the archive's (`.`). A symbolic link's target with a
     `..` part is returned as joined, not normalised: whether `link/..` is the folder `link` is
-    in depends on the links of the archive (`_through_links`, once all are listed)."""
+    in depends on the links of the archive (`_through_links`, once all are listed), and so is
+    one ending in `/` (`a.png/` names no file where a.png is one)."""
     if symbolic:
-        linkname = posixpath.join(posixpath.dirname(name.lstrip("/")), linkname)
-        if ".." in linkname.split("/") and not linkname.startswith("/"):
-            return linkname  # a `..` after a link is the system's to take: `_through_links`
+        stored, linkname = linkname, posixpath.join(posixpath.dirname(name.lstrip("/")), linkname)
+        if not linkname.startswith("/") and (
+            ".." in linkname.split("/")
+            or linkname.endswith(_FOLDER_ENDS)
+            and posixpath.normpath(stored) != "."
+        ):
+            # A `..` after a link, or after a file, and a final `/` after a file, are the
+            # system's to take: `_through_links`
+            return linkname
     else:
         parts = linkname.split("/")
         if ".." in parts:
@@ -401,11 +408,13 @@ def list_tar(path: str, *, whole: bool = False, labels: bool = False) -> TarList
 def _listing(path: str, found: _PlainMembers) -> TarListing:
     members, links = found.members, found.links
     deepest = 0  # the most parts a link's name has: no deeper path is a link
+    is_folder: Callable[[str], bool] | None = None
     for name, target in links.items():
-        if ".." in target.split("/"):
+        if ".." in target.split("/") or target.endswith(_FOLDER_ENDS):
             if not deepest:
                 deepest = max(name.count("/") for name in links) + 1
-            links[name] = _through_links(target, links, deepest)
+                is_folder = _folder_test(members, links, found.folders)
+            links[name] = _through_links(target, links, deepest, members, is_folder)
     resolved, looped = _link_ends(members, links)
     linked_folders = _folder_link_ends(members, links, found.folders, resolved, looped)
     # A hard link to a folder (not to a symbolic link to one, which it copies): tar -x makes
@@ -471,15 +480,25 @@ def _links_out(
     return found
 
 
-def _through_links(target: str, links: dict[str, str], deepest: int) -> str:
+def _through_links(
+    target: str,
+    links: dict[str, str],
+    deepest: int,
+    members: dict[str, tuple[int, int]],
+    is_folder: Callable[[str], bool],
+) -> str:
     """The path a symbolic link's `target` (from the archive's root, its `..` parts as stored:
     `_link_target`) names once unpacked: a `..` after a folder that is a link steps out of the
     folder the link leads to, as the system resolves a path (`link/../x.png`, where `link ->
     sub/deeper`, is sub/x.png; `posixpath.normpath` took it for x.png). A path above the
     archive's root starts with `../` (`_leaves_archive`); links are followed only where a `..`
-    comes after them (the rest of a chain is `_link_ends`'). `deepest`: the most parts of a
-    link's name. A target longer than the system resolves (PATH_MAX) is taken as text: no file
-    is there once unpacked (and a hostile one costs no more than its length)."""
+    comes after them (the rest of a chain is `_link_ends`'). A `..` after a file or a name the
+    archive does not hold (`a.png/../b.png`), or a final `/` after a file (`a.png/`), names no
+    file, as the system says "Not a directory" (ENOTDIR, ENOENT): `_NOWHERE` then. `deepest`:
+    the most parts of a link's name; `members`: the regular members; `is_folder`: whether a
+    path is a folder of the archive (`_folder_test`). A target longer than the system resolves
+    (PATH_MAX) is taken as text: no file is there once unpacked (and a hostile one costs no
+    more than its length)."""
     if len(target) > _PATH_MAX:
         return posixpath.normpath(target)
     ahead = target.split("/")[::-1]  # the parts still to walk, the next one last
@@ -488,7 +507,10 @@ def _through_links(target: str, links: dict[str, str], deepest: int) -> str:
     hops = 0
     while ahead:
         if not ups:  # no `..` to come: the rest is text
-            return posixpath.normpath("/".join([*walked[-1:], *ahead[::-1]]))
+            rest = posixpath.normpath("/".join([*walked[-1:], *ahead[::-1]]))
+            if rest in members and target.endswith(_FOLDER_ENDS):
+                return _NOWHERE + target
+            return rest
         part = ahead.pop()
         if part in ("", "."):
             continue
@@ -496,6 +518,8 @@ def _through_links(target: str, links: dict[str, str], deepest: int) -> str:
             ups -= 1
             if not walked:
                 return posixpath.normpath("/".join(["..", *ahead[::-1]]))
+            if not is_folder(walked[-1]):
+                return _NOWHERE + target
             walked.pop()
             continue
         walked.append(f"{walked[-1]}/{part}" if walked else part)
@@ -515,7 +539,45 @@ def _through_links(target: str, links: dict[str, str], deepest: int) -> str:
         ups += spliced.count("..")
         ahead += spliced[::-1]
         walked = []
+    if walked and walked[-1] in members and target.endswith(_FOLDER_ENDS):
+        return _NOWHERE + target
     return walked[-1] if walked else "."
+
+
+# A symbolic link's target ends so where it names a folder (`dog/`, `dog/.`): a file there is
+# "Not a directory".
+_FOLDER_ENDS = ("/", "/.")
+# What a symbolic link's target (`_through_links`) starts with where it names no file once
+# unpacked (a `..` after a file, `a.png/`): no member's or folder's name starts so (a tar name
+# holds no NUL), and no link is followed from it.
+_NOWHERE = "\0"
+
+
+def _folder_test(
+    members: dict[str, tuple[int, int]], links: dict[str, str], folders: set[str]
+) -> Callable[[str], bool]:
+    """Whether a path is a folder of the archive once unpacked: a folder member, or one that a
+    member, link or folder lies in. The names are sorted at the first path that is no folder
+    member (only for the archives whose links' targets hold `..`)."""
+    ordered: list[str] = []
+
+    def is_folder(path: str) -> bool:
+        if path in folders:
+            return True
+        if not ordered:
+            names = [*(f + "/" for f in folders), *members, *links]
+            # by the paths they unpack to too (`/cat/a.png` is in cat)
+            names += [
+                path
+                for path in map(_unpacked_path, [n for n in names if n[:1] == "/" or "/." in n])
+                if path is not None
+            ]
+            ordered.extend(sorted(names))
+        start = path + "/"
+        place = bisect.bisect_left(ordered, start)
+        return place < len(ordered) and ordered[place].startswith(start)
+
+    return is_folder
 
 
 # The longest path the system resolves (Linux's PATH_MAX): a symbolic link's target longer
