@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 from output_checks import error_line
-from processes import run_torchkit_in_process, start_torchkit_process, wait_until
+from processes import killed, run_torchkit_in_process, start_torchkit_process, wait_until
 from safety_world import ended_as_stopped
 from shards import QuietFolderHandler, running_server
 
@@ -492,8 +492,7 @@ def _stopped_when(
             then()
         _, stderr = process.communicate(timeout=_HANG_S)
     except subprocess.TimeoutExpired:
-        process.kill()
-        process.communicate()
+        killed(process)
         raise
     finally:
         signalled.set()
@@ -596,7 +595,8 @@ def _parked_and_stopped(
 # and stays there until the command's handler has seen a signal (60 s at most): "temporary", a
 # download thread about to make its temporary file (`held_temporary`, inside
 # `signals_deferred`); "start", the main thread as the first download has begun, before the
-# others are.
+# others are; "submit", the main thread inside the pool's submit of the first download (the
+# pool's locks held, its thread started).
 PARKED = textwrap.dedent(
     """
     import os, threading, time
@@ -624,8 +624,17 @@ PARKED = textwrap.dedent(
             park()
         return future
 
+    adjust = ThreadPoolExecutor._adjust_thread_count
+
+    def parked_in_submit(self):  # inside submit: its locks held, the first download begun
+        adjust(self)
+        if self._thread_name_prefix.startswith("torchkit-download"):
+            park()
+
     if os.environ["TK_TEST_PARK_AT"] == "temporary":
         temporaries.held_temporary = parked_making
+    elif os.environ["TK_TEST_PARK_AT"] == "submit":
+        ThreadPoolExecutor._adjust_thread_count = parked_in_submit
     else:
         ThreadPoolExecutor.submit = parked_submitting
     """
@@ -634,8 +643,13 @@ PARKED = textwrap.dedent(
 
 @pytest.mark.parametrize(
     ("moment", "signum"),
-    [("temporary", signal.SIGINT), ("start", signal.SIGINT), ("temporary", signal.SIGTERM)],
-    ids=["temporary", "start", "temporary-sigterm"],
+    [
+        ("temporary", signal.SIGINT),
+        ("start", signal.SIGINT),
+        ("submit", signal.SIGINT),
+        ("temporary", signal.SIGTERM),
+    ],
+    ids=["temporary", "start", "submit", "temporary-sigterm"],
 )
 def test_ctrl_c_or_sigterm_as_a_download_begins_ends_the_run(tmp_path, monkeypatch, moment, signum):
     """Two moments a Ctrl-C could meet as downloads begin, made certain; the run then waited
@@ -650,6 +664,71 @@ def test_ctrl_c_or_sigterm_as_a_download_begins_ends_the_run(tmp_path, monkeypat
         tmp_path, monkeypatch, PARKED, {"TK_TEST_PARK_AT": moment}, signum, f"parked ({moment})"
     )
     ended_as_stopped(process, signum, process.returncode, stderr)
+    assert _left_in(cache) == set(), _left_in(cache)  # no shard, no temporary, no claim
+
+
+# A child's sitecustomize: a download thread, stopped, stays in its download (`_fetch_one`)
+# after it ended until TK_TEST_RELEASE exists (60 s at most), saying so in TK_TEST_JOINING: the
+# main thread, stopped, waits for it in the pool's end. TK_TEST_PARKED (the process's PID) once
+# a download began.
+STOPPED_DOWNLOAD_HELD = textwrap.dedent(
+    """
+    import os, time
+
+    from torchkit.core.data.sources import http_shards
+
+    fetch = http_shards._fetch_one
+
+    def held_fetch(*args):
+        with open(os.environ["TK_TEST_PARKED"] + ".part", "w") as out:
+            out.write(str(os.getpid()))
+        os.replace(os.environ["TK_TEST_PARKED"] + ".part", os.environ["TK_TEST_PARKED"])
+        try:
+            return fetch(*args)
+        finally:
+            open(os.environ["TK_TEST_JOINING"], "a").close()
+            deadline = time.monotonic() + 60
+            while not os.path.exists(os.environ["TK_TEST_RELEASE"]):
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.005)
+
+    http_shards._fetch_one = held_fetch
+    """
+)
+
+
+def _signal_pending(pid: int, signum: int) -> bool:
+    """Whether `signum` sent to process `pid` waits to be handled (Linux /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    pending = int(re.search(r"^ShdPnd:\s*([0-9a-f]+)", status, re.MULTILINE).group(1), 16)
+    return bool(pending >> (signum - 1) & 1)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="Linux /proc")
+def test_a_second_ctrl_c_while_the_stopped_downloads_end_is_ignored(tmp_path, monkeypatch):
+    """The first Ctrl-C stops the downloads and the run waits for their threads to end (the
+    pool's join); a second one, handled there, neither hangs the run nor cuts its clean-up
+    short: 130, nothing of the shards left."""
+    parked, joining, release = (tmp_path / name for name in ("parked", "joining", "release"))
+
+    def second_ctrl_c() -> None:
+        pid = int(parked.read_text())
+        wait_until(joining.exists, what="a stopped download still in the pool")
+        os.kill(pid, signal.SIGINT)
+        wait_until(lambda: not _signal_pending(pid, signal.SIGINT), what="its delivery")
+        release.touch()
+
+    process, stderr, cache = _parked_and_stopped(
+        tmp_path,
+        monkeypatch,
+        STOPPED_DOWNLOAD_HELD,
+        {"TK_TEST_JOINING": str(joining), "TK_TEST_RELEASE": str(release)},
+        signal.SIGINT,
+        "downloading",
+        then=second_ctrl_c,
+    )
+    ended_as_stopped(process, signal.SIGINT, process.returncode, stderr)
     assert _left_in(cache) == set(), _left_in(cache)  # no shard, no temporary, no claim
 
 
