@@ -414,6 +414,49 @@ def test_a_zeroed_mpeg_ts_whose_times_wrap_is_damaged(tmp_path):
     assert_whole_and_zeroed(wraps, tmp_path, "its video packets hold")
 
 
+def test_mpeg_ts_files_of_two_codecs_joined_by_cat_are_judged_by_the_first(tmp_path):
+    """An H.264 MPEG-TS and an MPEG-2 one joined by `cat` (the second file's PMT gives the
+    same video PID another stream type) read `damaged: 72 of the 150 frames its video
+    packets hold decode` under --exact, exit 1, though both are whole: OpenCV's FFmpeg
+    decodes the first codec alone, and the walk counted the second's packets as frames. The
+    walk stops at the PMT that switches the codec: the frames after it are not judged, nor
+    those of the first codec's last GOP (a decoder fed the other codec's data may never show
+    them: 3 here); zeroes in the first file are still damage. Files whose video moves to
+    another PID are walked to the switch too; pictures of another size, one codec, are not
+    a switch."""
+    h264, mpeg2, moved, larger = (
+        ffmpeg_made(
+            tmp_path / name,
+            *moving_picture(3, size),
+            *options,
+            encoders=(options[1],),
+            muxer="mpegts",
+        )
+        for name, size, options in (
+            ("h264.ts", "64x48", ("-c:v", "libx264", "-g", "10", "-pix_fmt", "yuv420p")),
+            ("mpeg2.ts", "64x48", ("-c:v", "mpeg2video", "-g", "12", "-bf", "2")),
+            ("moved.ts", "64x48", ("-c:v", "mpeg2video", "-mpegts_start_pid", "0x200")),
+            ("larger.ts", "128x96", ("-c:v", "libx264", "-g", "10", "-pix_fmt", "yuv420p")),
+        )
+    )
+    for first, second in ((h264, mpeg2), (mpeg2, h264), (mpeg2, moved)):
+        joined = tmp_path / f"{first.stem}-{second.stem}.ts"
+        joined.write_bytes(first.read_bytes() + second.read_bytes())
+        held = ts_video_frames(joined, "mpeg-ts")
+        assert (held.frames, held.span_s) == (75, 3.0), joined.name
+        assert 0 < held.leading <= 12, joined.name  # the first file's last GOP at most
+        for options in ({}, {"exact": True}):
+            info = probe_video(joined, **options)
+            assert (info.status, info.error) == ("ok", None), (joined.name, options)
+    zeroed = probe_video(zeroed_copy(tmp_path / "h264-mpeg2.ts", tmp_path, 0.2), exact=True)
+    assert zeroed.status == "damaged", zeroed
+    assert zeroed.error.startswith(f"damaged: {zeroed.frames_decoded} of the 7")
+    resized = tmp_path / "resized.ts"
+    resized.write_bytes(h264.read_bytes() + larger.read_bytes())
+    assert ts_video_frames(resized, "mpeg-ts").frames == 150
+    assert probe_video(resized, exact=True).status == "ok"
+
+
 def test_mpeg_ts_files_joined_by_cat_are_judged(tmp_path, mpeg2_ts):
     """Two MPEG-TS files joined by `cat` (each restarting its times) hold twice the frames
     FFmpeg's header counts, which read as units that are no frames one each: a copy with a

@@ -22,15 +22,17 @@ class HeldFrames:
     a whole file may give no picture for: `leading`, before its first key frame, in the order
     they are stored or shown (a stream cut where no key frame starts it, or at an open GOP's
     key frame, whose leading pictures refer to frames before it: FFmpeg decodes none of
-    them), and `not_coded`, frames of `NOT_CODED_BYTES` or fewer; `broken_at`, where its
-    bytes stop being its structure inside the sizes it records (None where they never do);
-    `past_breaks`: `frames` counts those after it too (the structure found again past it),
-    else the frames before it alone. `end_s`: where the walk tells it (an FLV's tags), the
-    time in seconds its streams end: the last video frame's shown (its time and composition
-    offset), the last audio tag's time plus the time from the one before it. `span_s`: where
-    the walk reads the video's times (MPEG-TS and MPEG-PS), the seconds they span, a frame's
-    time added for each run of them (files joined by `cat` restart their times: each
-    file's run counts), which bounds the frames one each its units can be."""
+    them; an MPEG-TS walk stopped where a PMT switches the video's codec adds those from the
+    last key frame before it), and `not_coded`, frames of `NOT_CODED_BYTES` or fewer;
+    `broken_at`, where its bytes stop being its structure inside the sizes it records (None
+    where they never do); `past_breaks`: `frames` counts those after it too (the structure
+    found again past it), else the frames before it alone. `end_s`: where the walk tells it
+    (an FLV's tags), the time in seconds its streams end: the last video frame's shown (its
+    time and composition offset), the last audio tag's time plus the time from the one
+    before it. `span_s`: where the walk reads the video's times (MPEG-TS and MPEG-PS), the
+    seconds they span, a frame's time added for each run of them (files joined by `cat`
+    restart their times: each file's run counts), which bounds the frames one each its
+    units can be."""
 
     frames: int
     leading: int

@@ -52,9 +52,14 @@ def ts_video_frames(path: str | os.PathLike, container: str | None) -> HeldFrame
     byte lie inside the file (zeroed or overwritten: `broken_at`, the first), the frames
     whose times fall between the video's times either side of them (`_frames_between`).
     `leading`: those before the first whose packet flags a random access point (its key
-    frame), and those after it shown at or before it (an open GOP's leading pictures). None
-    for other formats, no video stream in the first packets' PMT, or a file that flags no
-    random access point (which frame decodes first is not told)."""
+    frame), and those after it shown at or before it (an open GOP's leading pictures). Where
+    a later PMT no longer lists the video's PID with its stream type (files of another codec
+    joined by `cat`, FFmpeg's decoder fed their data), the walk stops there: the frames after
+    it are not counted, and those from the last key frame before it are `leading` too (a
+    decoder fed another codec's data may never show those it still held: 3 of 90 H.264
+    frames, 1 to 3 MPEG-2). None for other formats, no video stream in the first packets'
+    PMT, or a file that flags no random access point (which frame decodes first is not
+    told)."""
     import numpy as np
 
     if container not in ("mpeg-ts", "m2ts"):
@@ -63,9 +68,10 @@ def ts_video_frames(path: str | os.PathLike, container: str | None) -> HeldFrame
     times, keys, places, lost = [], [], [], []
     try:
         with open(path, "rb") as handle:
-            video = _ts_video_pid(handle, size, prefix)
-            if video is None:
+            found = _ts_video_stream(handle, size, prefix)
+            if found is None:
                 return None
+            video, tables, switch = found[0], _TsTables(*found), None
             handle.seek(0)
             first = 0  # the number of the chunk's first packet
             while True:
@@ -74,19 +80,24 @@ def ts_video_frames(path: str | os.PathLike, container: str | None) -> HeldFrame
                 if not whole:
                     break
                 packets = np.frombuffer(data[:whole], np.uint8).reshape(-1, size)[:, prefix:]
+                switch = tables.switch_in(packets)
+                packets = packets[:switch]  # (all of them where the codec stays)
                 lost.append(first + np.flatnonzero(packets[:, 0] != 0x47))
                 chunk_times, chunk_keys, chunk_places = _ts_pes_starts(packets, video)
                 times.append(chunk_times)
                 keys.append(chunk_keys)
                 places.append(first + chunk_places)
                 first += len(packets)
-                if len(data) < size * _TS_CHUNK_PACKETS:
+                if switch is not None or len(data) < size * _TS_CHUNK_PACKETS:
                     break
     except OSError:
         return None
     times, keys, places, lost = (np.concatenate(part) for part in (times, keys, places, lost))
     if not keys.any():
         return None
+    # the frames a decoder may still hold where another codec's data follows: from the last
+    # key frame before the switch
+    held_at_switch = len(keys) - int(np.flatnonzero(keys)[-1]) if switch is not None else 0
     times = unwrapped_pts(times)  # a recording's times may wrap (33 bits at 90 kHz: 26.5 h)
     broken_at, frames = None, len(times)
     if len(lost):
@@ -94,7 +105,7 @@ def ts_video_frames(path: str | os.PathLike, container: str | None) -> HeldFrame
         gaps = np.flatnonzero(np.diff(lost) > 1)  # the last lost packet of a run, but the last
         firsts, lasts = lost[np.r_[0, gaps + 1]], lost[np.r_[gaps, len(lost) - 1]]
         frames += frames_between(times, places, firsts, lasts)
-    leading = leading_frames(times, keys)
+    leading = min(len(times), leading_frames(times, keys) + held_at_switch)
     return HeldFrames(frames, leading, 0, broken_at, past_breaks=True, span_s=pts_span_s(times))
 
 
@@ -136,43 +147,135 @@ def _ts_pes_starts(packets, video: int):
     return pts, random_access, numbers
 
 
-def _ts_video_pid(handle, size: int, prefix: int) -> int | None:
-    """The PID of the first video stream the first PMT of an MPEG-TS file lists (its PAT's
-    first program's), found in its first `_TS_TABLE_PACKETS` packets."""
+def _ts_video_stream(handle, size: int, prefix: int) -> tuple[int, int, int] | None:
+    """(the PID of the first video stream the first PMT of an MPEG-TS file lists, its stream
+    type, that PMT's PID), the PAT's first program's, found in its first `_TS_TABLE_PACKETS`
+    packets."""
     handle.seek(0)
     data = handle.read(size * _TS_TABLE_PACKETS)
     tables: dict[int, int] = {0: -1}  # PID: the program's PMT (-1: the PAT)
     for at in range(0, len(data) - size + 1, size):
         packet = data[at + prefix : at + size]
         pid = (packet[1] & 0x1F) << 8 | packet[2]
-        if packet[0] != 0x47 or pid not in tables or not packet[1] & 0x40:
+        if packet[0] != 0x47 or pid not in tables:
             continue
-        control, payload = packet[3] >> 4 & 3, 4
-        if control & 2:
-            payload += 1 + packet[4]
-        if not control & 1 or payload >= len(packet):
+        section = _ts_section(packet)
+        if section is None:
             continue
-        section = packet[payload + 1 + packet[payload] :]  # after the pointer field
-        length = (section[1] & 0x0F) << 8 | section[2] if len(section) > 3 else 0
-        body = section[8 : min(3 + length - 4, len(section))]  # the CRC left out
+        body = section[8 : min(3 + _ts_section_length(section) - 4, len(section))]  # no CRC
         if tables[pid] == -1 and section[:1] == b"\x00":  # the PAT: program, PID pairs
-            programs = [
-                (int.from_bytes(body[i : i + 2], "big"), (body[i + 2] & 0x1F) << 8 | body[i + 3])
-                for i in range(0, len(body) - 3, 4)
-            ]
-            maps = [pmt for number, pmt in programs if number != 0]  # 0: the network's PID
-            if maps:
-                tables = {maps[0]: maps[0]}
+            program_map = _ts_first_program_map(body)
+            if program_map is not None:
+                tables = {program_map: program_map}
         elif tables[pid] != -1 and section[:1] == b"\x02":  # the PMT
-            at_stream = 4 + ((body[2] & 0x0F) << 8 | body[3]) if len(body) > 3 else len(body)
-            while at_stream + 5 <= len(body):
-                kind = body[at_stream]
-                stream_pid = (body[at_stream + 1] & 0x1F) << 8 | body[at_stream + 2]
+            for kind, stream_pid in _ts_pmt_streams(body):
                 if kind in _TS_VIDEO_TYPES:
-                    return stream_pid
-                at_stream += 5 + ((body[at_stream + 3] & 0x0F) << 8 | body[at_stream + 4])
+                    return stream_pid, kind, pid
             return None
     return None
+
+
+def _ts_section(packet) -> bytes | None:
+    """The bytes of the PSI section (PAT, PMT) that a TS packet `packet` (188 bytes, sync
+    byte first) starts, to the packet's end (None where it starts none)."""
+    packet = bytes(packet)  # (a row of numpy's bytes, whose sums would wrap at 256)
+    if not packet[1] & 0x40:  # no section or PES packet starts in it
+        return None
+    control, payload = packet[3] >> 4 & 3, 4
+    if control & 2:
+        payload += 1 + packet[4]
+    if not control & 1 or payload >= len(packet):
+        return None
+    return bytes(packet[payload + 1 + packet[payload] :])  # after the pointer field
+
+
+def _ts_section_length(section: bytes) -> int:
+    """The length a PSI section's header gives for the bytes after its first 3 (0 where they
+    are not there)."""
+    return (section[1] & 0x0F) << 8 | section[2] if len(section) > 3 else 0
+
+
+def _ts_first_program_map(body: bytes) -> int | None:
+    """The PMT PID of the first program a PAT's body (its program, PID pairs) lists (program
+    0 is the network's PID)."""
+    for at in range(0, len(body) - 3, 4):
+        if int.from_bytes(body[at : at + 2], "big"):
+            return (body[at + 2] & 0x1F) << 8 | body[at + 3]
+    return None
+
+
+def _ts_pmt_streams(body: bytes) -> list[tuple[int, int]]:
+    """(stream type, PID) of each elementary stream a PMT's body lists, in order."""
+    streams = []
+    at = 4 + ((body[2] & 0x0F) << 8 | body[3]) if len(body) > 3 else len(body)
+    while at + 5 <= len(body):
+        streams.append((body[at], (body[at + 1] & 0x1F) << 8 | body[at + 2]))
+        at += 5 + ((body[at + 3] & 0x0F) << 8 | body[at + 4])
+    return streams
+
+
+def _ts_whole_section(section: bytes) -> bytes | None:
+    """A PSI section's bytes (`section`: from its table ID to the packet's end) where the
+    packet holds all of it and its CRC-32 holds (the polynomial 0x04C11DB7 from all ones:
+    over a whole section, CRC and all, 0); None otherwise (a section that runs on into the
+    next packets is not read)."""
+    end = 3 + _ts_section_length(section)
+    if len(section) < 12 or end > len(section):
+        return None
+    crc, table = 0xFFFFFFFF, _ogg_crc_table()
+    for byte in section[:end]:
+        crc = (crc << 8 & 0xFFFFFFFF) ^ table[crc >> 24 ^ byte]
+    return section[:end] if crc == 0 else None
+
+
+class _TsTables:
+    """An MPEG-TS file's PATs and PMTs, walked chunk by chunk: where a PMT of the first
+    program (on the PID the latest PAT gives it) first lists no stream of the video's PID and
+    stream type (a file of another codec, or with its video on another PID, joined by `cat`).
+    Only sections a packet holds whole, whose CRC holds, are read."""
+
+    def __init__(self, video: int, kind: int, program_map: int) -> None:
+        self.video, self.kind, self.program_map = video, kind, program_map
+        self.read: dict[bytes, object] = {}  # a section's bytes: what it says (they repeat)
+
+    def switch_in(self, packets) -> int | None:
+        """The number, in the chunk `packets` (188 bytes a row, sync byte first), of the
+        packet whose PMT switches the video's codec; None where none does."""
+        import numpy as np
+
+        pid = (packets[:, 1].astype(np.int32) & 0x1F) << 8 | packets[:, 2]
+        starts = (packets[:, 0] == 0x47) & (packets[:, 1] & 0x40 > 0)
+        pats = np.flatnonzero(starts & (pid == 0))
+        maps = {self.program_map}
+        for number in pats:  # the PMT PIDs the PATs give, to pick their packets out
+            said = self._said(packets[number], 0x00)
+            maps.add(said if isinstance(said, int) else self.program_map)
+        for number in np.flatnonzero(starts & np.isin(pid, [0, *maps])):
+            if pid[number] == 0:
+                said = self._said(packets[number], 0x00)
+                self.program_map = said if isinstance(said, int) else self.program_map
+            elif pid[number] == self.program_map:
+                said = self._said(packets[number], 0x02)
+                if isinstance(said, list) and (self.kind, self.video) not in said:
+                    return int(number)
+        return None
+
+    def _said(self, packet, table: int) -> object:
+        """What a PAT (`table` 0: its first program's PMT PID) or a PMT (2: its streams)
+        whose section the packet holds whole says; None for another table, or one not read."""
+        start = _ts_section(packet)
+        if start is None:
+            return None
+        if start not in self.read:  # (a table repeats, its packets' bytes alike)
+            section = _ts_whole_section(start)
+            said = None
+            if section is not None and section[0] == 0x00:
+                said = (0x00, _ts_first_program_map(section[8:-4]))
+            elif section is not None and section[0] == 0x02:
+                said = (0x02, _ts_pmt_streams(section[8:-4]))
+            self.read[start] = said
+        said = self.read[start]
+        return said[1] if said is not None and said[0] == table else None
 
 
 def _mapped(handle) -> mmap.mmap:
