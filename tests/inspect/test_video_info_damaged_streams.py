@@ -7,6 +7,7 @@ skips where this machine has no ffmpeg."""
 from __future__ import annotations
 
 import re
+import struct
 from pathlib import Path
 
 import cv2
@@ -513,8 +514,9 @@ def test_an_flv_cut_between_tags_losing_only_video_is_truncated(tmp_path):
     (an ADPCM tag plays 0.37 s at 11 kHz, past the video frames lost), read `ok` with 47 of
     its 50 frames: the tags' sizes cannot tell it from a whole file, and its streams end
     where its header says. FFmpeg records the file's size in its metadata (`filesize`),
-    which the copy falls short of: truncated, without decoding. A copy whose metadata
-    records no size is read as before."""
+    which the copy falls short of by more than those frames' tags, and its tags end within
+    a frame of its last video frame: truncated, by the decode check and --exact. Without
+    decoding, or where its metadata records no size, the frames short are not told."""
     whole = ffmpeg_made(
         tmp_path / "clip.flv",
         *moving_picture(2),
@@ -530,16 +532,66 @@ def test_an_flv_cut_between_tags_losing_only_video_is_truncated(tmp_path):
     cut = tmp_path / "cut.flv"
     cut.write_bytes(data[:cut_at])
     assert probe_video(whole, exact=True).status == "ok"
-    info = probe_video(cut, decode_check=False)
-    assert (info.status, info.error) == (
-        "truncated",
-        f"truncated: the file holds {cut_at:,} of the {len(data):,} bytes its flv "
-        "structure declares",
-    )
+    header = probe_video(cut, decode_check=False).frames_header
+    for options in ({}, {"exact": True}):
+        info = probe_video(cut, **options)
+        assert (info.status, info.error) == (
+            "truncated",
+            f"truncated: the file holds {cut_at:,} of the {len(data):,} bytes its flv metadata "
+            f"records, and its video ends at frame 47 of the {header} its header declares",
+        ), options
+    assert probe_video(cut, decode_check=False).status == "ok"
     unrecorded = tmp_path / "unrecorded.flv"
     unrecorded.write_bytes(data[:cut_at].replace(b"\x08filesize", b"\x08filesizx", 1))
     exact = probe_video(unrecorded, exact=True)
     assert (exact.status, exact.frames_decoded) == ("ok", 47)
+
+
+def _recorded_size(data: bytes, size: float) -> bytes:
+    """An FLV file `data` whose metadata records `size` as its file size (`filesize`)."""
+    found = re.search(rb"\x00\x08filesize\x00([\s\S]{8})", data)
+    assert found is not None
+    return data[: found.start(1)] + struct.pack(">d", size) + data[found.end(1) :]
+
+
+@pytest.mark.parametrize("duration", [True, False], ids=["duration", "no-duration"])
+def test_an_flv_whose_metadata_records_a_stale_size_is_ok(tmp_path, duration):
+    """A tool that rewrites an FLV's metadata may leave the file size it records stale: a
+    whole H.264 FLV recording 25 bytes more than it holds read `truncated: the file holds
+    23,903 of the 23,928 bytes its flv structure declares`, exit 1 (with and without --exact,
+    and without decoding), as one 100 kB short did. The recorded size says nothing alone: a
+    cut's evidence only where the frames fall short of the header's count (its AAC runs 2
+    frames past its video) by frames the missing bytes could hold, and the file's tags end
+    within a frame of its last video frame (a muxer writes tags in time order: here its
+    audio's run 117 ms on, so the file went on past its video's end). A copy cut between
+    tags, its last video frame and audio gone, is still truncated."""
+    made = ffmpeg_made(
+        tmp_path / "clip.flv",
+        *moving_picture(2),
+        *("-f", "lavfi", "-i", "sine=duration=2", "-c:v", "libx264", "-pix_fmt", "yuv420p"),
+        *("-c:a", "aac"),
+        encoders=("libx264", "aac"),
+        muxer="flv",
+    )
+    data = made.read_bytes()
+    if not duration:  # as a tool that writes no duration leaves it: FFmpeg's from the last tag
+        data = data.replace(b"\x08duration", b"\x08duratioX", 1)
+    for extra in (25, 100_000):
+        stale = tmp_path / f"stale-{extra}.flv"
+        stale.write_bytes(_recorded_size(data, len(data) + extra))
+        for options in ({}, {"exact": True}, {"decode_check": False}):
+            info = probe_video(stale, **options)
+            assert (info.status, info.error) == ("ok", None), (extra, options)
+    cut = tmp_path / "cut.flv"
+    ends = _flv_tag_ends(made)
+    cut.write_bytes(data[: ends[-9]])  # its last video frame, audio and end of sequence gone
+    exact = probe_video(cut, exact=True)
+    if duration:
+        assert exact.status == "truncated" and exact.frames_decoded == 49
+        assert exact.error.startswith(f"truncated: the file holds {ends[-9]:,} of the ")
+        assert probe_video(cut).status == "truncated"
+    else:  # its header's count from its last tag: the frames are not short of it
+        assert (exact.status, exact.frames_decoded) == ("ok", 49)
 
 
 @pytest.mark.parametrize("audio", [False, True], ids=["video-alone", "with-audio"])

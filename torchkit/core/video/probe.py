@@ -55,7 +55,9 @@ from torchkit.core.video.raw import (
     last_picture_rows,
 )
 from torchkit.core.video.streams import (
+    flv_cut_short,
     flv_last_tag_s,
+    flv_recorded_size,
     flv_video_frames,
     ogg_video_frames,
     ps_video_frames,
@@ -336,16 +338,39 @@ def _runs_on_past_its_video(
     ends before another stream (a cut ends them all, and the duration)."""
     if sizes_whole or container in ("mpeg-ps", "mpeg-ts", "m2ts"):
         return True
+    reached, header = _flv_streams_end(path, container, info), info.frames_header
+    return bool(reached and header) and _frames_short(0, header, reached) is None
+
+
+def _flv_streams_end(path: Path, container: str | None, info: VideoInfo) -> int:
+    """The frame position (at `info.fps`) where an FLV file's streams end: its last tag's
+    time, of any stream, or later where the walk of its tags tells (the last video frame
+    shown after its tag's time: B-frames; the last audio tag lasting longer than a frame),
+    the last tag starting a frame of its own; 0 where it is not told (another format)."""
     end_s = flv_last_tag_s(path) if container == "flv" else None
     walked = flv_video_frames(path, container) if end_s is not None else None
     if walked is not None and walked.end_s is not None:
-        # its streams end after their last tags' times: the last video frame shown later
-        # (B-frames), the last audio tag lasting longer than a frame
         end_s = max(end_s, walked.end_s)
-    header = info.frames_header
-    # the last tag starts a frame of its own: one more frame position
+    return _position(end_s, info.fps) + 1 if end_s else 0
+
+
+def _flv_cut_between_tags(
+    path: Path, container: str | None, info: VideoInfo, reached: int, ended: str
+) -> str | None:
+    """A message when an FLV file whose frames end at frame position `reached` (`ended`:
+    what ends there, its video or its tags), short of its header's count, falls short of the
+    file size its metadata records by bytes that could hold the frames missing: a copy cut
+    between two tags (`flv_cut_short`). The recorded size alone says nothing (a tool that
+    rewrote the metadata may leave it stale), nor does a file whose frames reach the count."""
+    header, size = info.frames_header, info.size_bytes
+    if container != "flv" or not header or size is None:
+        return None
+    recorded = flv_cut_short(path, size, header - _frame_slack(header) - reached, info.fps)
+    if recorded is None:
+        return None
     return (
-        bool(end_s and header) and _frames_short(0, header, _position(end_s, info.fps) + 1) is None
+        f"truncated: the file holds {size:,} of the {recorded:,} bytes its flv metadata "
+        f"records, and {ended} at frame {reached:,} of the {header:,} its header declares"
     )
 
 
@@ -705,7 +730,10 @@ def _judge_all_decoded(
         reached = _position(end_s, info.fps)
         cut = _frames_short(info.frames_decoded, info.frames_header, reached)
         if cut and _runs_on_past_its_video(path, sniffed, info, sizes_whole):
-            cut = None  # whole: its audio runs on after its video
+            # whole, its audio running on after its video, but where the FLV's recorded size
+            # backs the frames short
+            video_end = max(info.frames_decoded, reached)
+            cut = _flv_cut_between_tags(path, sniffed, info, video_end, "its video ends")
         if not cut:  # or frames lost, where its structure tells
             damage = _frames_lost(info, path, end_s, count_from_duration=True)
     elif not cut and sizes_whole:
@@ -738,6 +766,11 @@ def _judge_by_header(
     # decoding the last ones a whole file from one that stops early.
     if decode_check and not cut and not _first_grab(capture, info):
         info.fail(undecodable)
+    elif not decode_check and not cut and judge_by_frames and sniffed == "flv":
+        # no decode: where an FLV records a larger size, its tags' end (walked only then)
+        if flv_recorded_size(path, info.size_bytes) is not None:
+            ended = _flv_streams_end(path, sniffed, info)
+            cut = _flv_cut_between_tags(path, sniffed, info, ended, "its tags end")
     elif decode_check and judge_by_frames and info.frames_header:
         cut = _tail_decodes(cv2, capture, info.frames_header, decoded=1)
         if cut:  # or a variable frame rate: decoded to the end, the last frame's time
@@ -773,8 +806,10 @@ def _cut_after_decoding_all(
     reached = _position(end_s, info.fps)
     cut = _frames_short(decoded, info.frames_header, reached)
     if cut and _runs_on_past_its_video(path, sniffed, info, sizes_whole):
-        cut = None  # whole, with fewer frames: those decoded are the row's
-        _take_decoded_count(info, decoded, end_s)
+        video_end = max(decoded, reached)  # (an FLV's recorded size may back the frames short)
+        cut = _flv_cut_between_tags(path, sniffed, info, video_end, "its video ends")
+        if not cut:  # whole, with fewer frames: those decoded are the row's
+            _take_decoded_count(info, decoded, end_s)
     return cut
 
 

@@ -1060,11 +1060,10 @@ def flv_tags_end(handle, size: int) -> int | None:
     the file's end when a copy is cut inside a tag, whose frame FFmpeg still decodes from what
     is there. A file ending on a tag's size says nothing (a cut between two tags looks the same):
     None, as for a structure that cannot be read. The tags are walked from the first only where
-    the file's last 4 bytes lead to no tag. Where it ends on a tag's size, the file's size
-    its metadata records (`_flv_recorded_size`), where that is more: a copy cut between two
-    tags."""
+    the file's last 4 bytes lead to no tag. (The file size its metadata may record says
+    nothing alone: a tool that rewrites the metadata may leave it stale, `flv_cut_short`.)"""
     if _flv_last_tag(handle, size) is not None:
-        return _flv_recorded_size(handle, size)
+        return None
     handle.seek(5)
     header = handle.read(4)
     if len(header) < 4:
@@ -1072,7 +1071,7 @@ def flv_tags_end(handle, size: int) -> int | None:
     offset = int.from_bytes(header, "big") + 4  # the header, then the size of no tag before
     for _ in range(_MAX_FLV_TAGS):
         if offset >= size:
-            return _flv_recorded_size(handle, size)  # ends on a tag's size
+            return None  # ends on a tag's size
         handle.seek(offset)
         tag = handle.read(_FLV_TAG_HEADER)
         # its type, and a stream ID of 0 (always, the specification says), of as much as is there
@@ -1093,18 +1092,71 @@ _FLV_FILESIZE = re.compile(rb"\x00\x08filesize\x00([\s\S]{8})")
 _FLV_METADATA_BYTES = 1 << 16  # the first bytes searched for it: the first tag holds it
 
 
-def _flv_recorded_size(handle, size: int) -> int | None:
-    """The file size an FLV's metadata records where it is more than the file's `size` (a
-    copy cut between two tags, which the tags' own sizes cannot tell); None where it records
-    none, or no more (a writer that fills in the tags' metadata before the end)."""
-    handle.seek(0)
-    found = _FLV_FILESIZE.search(handle.read(_FLV_METADATA_BYTES))
+def flv_recorded_size(path: str | os.PathLike, size: int) -> int | None:
+    """The file size an FLV's metadata records (`filesize`, as FFmpeg writes it) where it is
+    more than the file's `size`; None where it records none, or no more."""
+    try:
+        with open(path, "rb") as handle:
+            found = _FLV_FILESIZE.search(handle.read(_FLV_METADATA_BYTES))
+    except OSError:
+        return None
     if found is None:
         return None
     recorded = struct.unpack(">d", found.group(1))[0]
     if not math.isfinite(recorded) or not size < recorded < 1 << 50:
         return None
     return int(recorded)
+
+
+def flv_cut_short(
+    path: str | os.PathLike, size: int, frames_short: int, fps: float | None
+) -> int | None:
+    """The file size an FLV's metadata records (`flv_recorded_size`) where the `size`-byte
+    file looks cut between two tags that lost `frames_short` video frames (at `fps`), which
+    the tags' own sizes cannot tell: it falls short of that size by bytes that could hold
+    those frames' tags (each as large as its smallest video tag: header, data and the size
+    after it), and its tags end within a frame of its last video frame's (a muxer writes
+    tags in time order: where tags of other streams follow the video's last by more, the
+    file went on past the video's end, which is its own). None where it records no size or
+    no more than the file holds, or either fails (a tool that rewrote the metadata left the
+    size stale: a whole file), or the tags cannot be walked."""
+    recorded = flv_recorded_size(path, size) if frames_short > 0 and fps else None
+    if recorded is None:
+        return None
+    try:
+        with open(path, "rb") as handle, _mapped(handle) as data:
+            tail = _flv_video_tail(data)
+    except (OSError, ValueError):  # ValueError: an empty file cannot be mapped
+        return None
+    if tail is None:
+        return None
+    smallest, last_video_ms, latest_ms = tail
+    if recorded - size < frames_short * smallest or latest_ms - last_video_ms > 1000 / fps + 1:
+        return None
+    return recorded
+
+
+def _flv_video_tail(data) -> tuple[int, int, int] | None:
+    """(the bytes the smallest video tag of an FLV file that holds a frame takes: its header,
+    data and the size after it; the last such tag's time; the latest time of any tag: an
+    H.264 end of sequence after it carries its time), in ms, walked by the tags' sizes; None
+    where there is none, or where the walk meets bytes that are no tag."""
+    smallest, last_video, latest, at = None, 0, 0, int.from_bytes(data[5:9], "big") + 4
+    for _ in range(_MAX_FLV_TAGS):
+        if at + _FLV_TAG_HEADER > len(data):
+            break
+        if data[at] & 0x1F not in (8, 9, 18) or data[at + 8 : at + 11] != bytes(3):
+            return None
+        length = int.from_bytes(data[at + 1 : at + 4], "big")
+        time = int.from_bytes(data[at + 4 : at + 7], "big") | data[at + 7] << 24
+        latest = max(latest, time)
+        head = data[at + _FLV_TAG_HEADER : at + _FLV_TAG_HEADER + min(length, 5)]
+        if data[at] & 0x1F == 9 and _flv_frame(head) is not None:
+            taken = _FLV_TAG_HEADER + length + 4
+            smallest = taken if smallest is None else min(smallest, taken)
+            last_video = time
+        at += _FLV_TAG_HEADER + length + 4
+    return None if smallest is None else (smallest, last_video, latest)
 
 
 _OGG_TAIL = 65_307 + 27  # the most bytes of a page (255 segments of 255 bytes), and another's head
