@@ -42,18 +42,26 @@ def v2_files(
 
 
 def v1_files(
-    folder: str, limit: str, usage: int, inactive_file: int = 0, active_file: int = 0
+    folder: str,
+    limit: str,
+    usage: int,
+    inactive_file: int = 0,
+    active_file: int = 0,
+    use_hierarchy: int | None = None,
 ) -> dict[str, str]:
     # inactive_file: this cgroup's own; total_inactive_file: with the cgroups below it
     stat = (
         f"cache 0\ninactive_file 4096\nactive_file 4096\ntotal_inactive_file {inactive_file}\n"
         f"total_active_file {active_file}\n"
     )
-    return {
+    files = {
         f"{folder}/memory.limit_in_bytes": limit,
         f"{folder}/memory.usage_in_bytes": f"{usage}\n",
         f"{folder}/memory.stat": stat,
     }
+    if use_hierarchy is not None:
+        files[f"{folder}/memory.use_hierarchy"] = f"{use_hierarchy}\n"
+    return files
 
 
 def v1_mounts(root: str) -> list[tuple[str, str, str, str]]:
@@ -135,6 +143,49 @@ def v1_mounts(root: str) -> list[tuple[str, str, str, str]]:
             8 * GiB,
             "machine",
         ),
+        # cgroup v1 where a parent keeps its children apart (memory.use_hierarchy 0, older
+        # kernels' default): the job is not charged to it, and its limit (1 GiB, 900 MiB used
+        # by its own tasks) binds only those. Before: 124 MiB counted free, the job refused.
+        (
+            "5:memory:/batch/job\n",
+            V1,
+            {
+                **meminfo(8 * GiB),
+                **v1_files("fs/cgroup/memory", V1_UNLIMITED, 6 * GiB, use_hierarchy=0),
+                **v1_files("fs/cgroup/memory/batch", f"{GiB}\n", 900 * MiB, use_hierarchy=0),
+                **v1_files("fs/cgroup/memory/batch/job", V1_UNLIMITED, 2 * GiB, use_hierarchy=0),
+            },
+            8 * GiB,
+            "machine",
+        ),
+        # ... and where the parent charges it but the grandparent does not, the parent's limit
+        # binds and the grandparent's does not.
+        (
+            "5:memory:/batch/job\n",
+            V1,
+            {
+                **meminfo(8 * GiB),
+                **v1_files("fs/cgroup/memory", f"{GiB}\n", 900 * MiB, use_hierarchy=0),
+                **v1_files("fs/cgroup/memory/batch", f"{4 * GiB}\n", GiB, use_hierarchy=1),
+                **v1_files("fs/cgroup/memory/batch/job", V1_UNLIMITED, GiB, use_hierarchy=1),
+            },
+            3 * GiB,
+            "cgroup",
+        ),
+        # a hybrid host (systemd's default before cgroup v2 only): the v2 hierarchy holds no
+        # memory controller's files, the v1 memory hierarchy the limit
+        (
+            "0::/user.slice/job.scope\n4:memory:/user.slice/job.scope\n",
+            [*V1, ("/", "fs/cgroup/unified", "cgroup2", "rw,nsdelegate")],
+            {
+                **meminfo(8 * GiB),
+                "fs/cgroup/unified/user.slice/job.scope/cgroup.procs": "1\n",
+                "fs/cgroup/unified/user.slice/job.scope/memory.pressure": "some avg10=0.00\n",
+                **v1_files("fs/cgroup/memory/user.slice/job.scope", f"{GiB}\n", 256 * MiB),
+            },
+            768 * MiB,
+            "cgroup",
+        ),
         # a limit the machine cannot give anyway: the machine's MemAvailable binds
         (
             "0::/\n",
@@ -190,6 +241,9 @@ def v1_mounts(root: str) -> list[tuple[str, str, str, str]]:
         "v1-container",
         "v1-parent-binds",
         "v1-no-limit",
+        "v1-parent-keeps-children-apart",
+        "v1-grandparent-keeps-children-apart",
+        "hybrid",
         "machine-binds",
         "v1-active-file-cache",
         "v2-file-cache-and-slab",
@@ -301,6 +355,14 @@ def test_the_memory_total_is_the_tightest_cgroup_limit_below_the_machine(tmp_pat
     for name in ("user.slice", "user.slice/job.scope"):
         (tmp_path / "fs/cgroup" / name / "memory.max").write_text("max\n")
     machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    total = memory_total(proc)
+    assert (total, total.bound) == (machine, "machine")
+    # a v1 parent that keeps its children apart (memory.use_hierarchy 0): its limit is not theirs
+    files = {
+        **v1_files("fs/cgroup/memory/batch", f"{256 * MiB}\n", 0, use_hierarchy=0),
+        **v1_files("fs/cgroup/memory/batch/job", V1_UNLIMITED, 0, use_hierarchy=0),
+    }
+    proc = fake_proc(tmp_path / "v1", "5:memory:/batch/job\n", V1, files)
     total = memory_total(proc)
     assert (total, total.bound) == (machine, "machine")
 

@@ -70,28 +70,42 @@ def memory_total(proc: str | None = None) -> MemoryBytes | None:
 
 
 def cgroup_memory_left(proc: str = PROC) -> int | None:
-    """The least memory any cgroup of this process (its own, and each above it: a parent's
-    limit binds too) has left under its limit, cgroup v2 or v1; None where none has a limit
-    or none can be read (a missing or unreadable file is passed over, never an error)."""
+    """The least memory any cgroup of this process (its own, and each above it whose limit
+    binds it: `_binding_folders`) has left under its limit, cgroup v2 or v1; None where none
+    has a limit or none can be read (a missing or unreadable file is passed over, never an
+    error)."""
     left = [
         room
-        for chain in cgroup_chains("memory", proc)
-        for folder in chain
+        for folder in _binding_folders(proc)
         if (room := _cgroup_folder_left(folder)) is not None
     ]
     return min(left) if left else None
 
 
 def cgroup_memory_limit(proc: str = PROC) -> int | None:
-    """The tightest memory limit of this process's cgroups (its own and those above it); None
-    where none has one or none can be read."""
+    """The tightest memory limit of this process's cgroups (its own and those above it whose
+    limit binds it); None where none has one or none can be read."""
     limits = [
         found[0]
-        for chain in cgroup_chains("memory", proc)
-        for folder in chain
+        for folder in _binding_folders(proc)
         if (found := _cgroup_folder_limit(folder)) is not None
     ]
     return min(limits) if limits else None
+
+
+def _binding_folders(proc: str) -> list[str]:
+    """The memory cgroup folders whose limits bind this process: its own, and each above it up
+    to the first that keeps its children's memory apart. cgroup v2 always charges a child to
+    its parent; v1 only where the parent's `memory.use_hierarchy` is 1 (current kernels refuse
+    0; older ones default to it, a parent's limit then binding only its own tasks)."""
+    folders = []
+    for chain in cgroup_chains("memory", proc):
+        folders.append(chain[0])
+        for parent in chain[1:]:
+            if _read_bytes(os.path.join(parent, "memory.use_hierarchy")) == 0:
+                break
+            folders.append(parent)
+    return folders
 
 
 # Each cgroup version's files: the limit, the usage, and memory.stat's keys of what the kernel
