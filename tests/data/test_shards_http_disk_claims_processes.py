@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from output_checks import error_line
-from processes import child_environment, run_torchkit_in_process
+from processes import child_environment, killed, run_torchkit_in_process
 from shards import QuietFolderHandler, running_server
 
 WAIT_S = 30  # the most anything waits: a wait that ends so fails the test, never hangs it
@@ -149,8 +149,7 @@ def test_two_processes_whose_shards_fit_one_at_a_time_both_finish(
             _, said = other.communicate(timeout=WAIT_S)
         finally:
             if other.poll() is None:
-                other.kill()
-                other.communicate()
+                killed(other)
     assert other.returncode == 0, said
     assert mine == [str(folder / "b-000000.tar")]
     for name in ("a-000000.tar", "b-000000.tar"):

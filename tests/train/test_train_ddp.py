@@ -31,6 +31,7 @@ from gloo_ranks import (
 from image_folders import write_image_folder
 from output_checks import error_line
 from preloaded_processes import start_preloaded_process
+from processes import killed
 from suite_paths import HELPERS, REPO
 
 from torchkit.cli import app
@@ -75,8 +76,7 @@ def finish(processes: list[subprocess.Popen], timeout: float = 240) -> list[tupl
     finally:
         for process in processes:
             if process.poll() is None:
-                process.kill()
-                process.communicate()
+                killed(process)
     return results
 
 

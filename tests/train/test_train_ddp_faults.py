@@ -30,7 +30,7 @@ import torch
 from gloo_ranks import finish, run_ranks, start_ranks, stderr_of
 from image_folders import write_image_folder
 from nets import BNNet
-from processes import run_torchkit_in_process
+from processes import killed, run_torchkit_in_process
 from suite_paths import HELPERS
 from torch import nn
 
@@ -403,8 +403,7 @@ def test_a_rank_that_stops_answering_ends_the_run_after_dist_timeout(uninterrupt
     try:
         rank0 = finish(ranks[0], timeout=120 + timeout)
     finally:
-        ranks[1].kill()
-        ranks[1].communicate()
+        killed(ranks[1])
     assert rank0.returncode == 1
     errors = [line for line in rank0.stderr.splitlines() if line.startswith("Error:")]
     assert errors == [
