@@ -159,7 +159,8 @@ def test_a_sigkilled_runs_arrays_are_cleared_but_an_array_of_yours_beside_them_i
     """A run SIGKILLed once its first rows are being written leaves its arrays in .partial,
     each named with its row shape and dtype by the run's record (written before the arrays
     are made): --force clears them, --resume continues. An array of yours put there is
-    refused by --force, named, and kept: any valid .npy there passed and was deleted."""
+    refused by both, named, and kept: any valid .npy there passed --force and was deleted,
+    and --resume deleted it with .partial."""
     import shutil
 
     out, mine, again = tmp_path / "out", tmp_path / "mine", tmp_path / "again"
@@ -177,18 +178,20 @@ def test_a_sigkilled_runs_arrays_are_cleared_but_an_array_of_yours_beside_them_i
     np.save(mine / ".partial" / "umap.npy", np.zeros((6, 2), np.float32))  # the user's
     before = tree_digest(mine)
 
-    forced, cleared, resumed = run_each_in_process(
+    forced, continued, cleared, resumed = run_each_in_process(
         [
             [*GATED, str(mine), "--force", "--workers", "0"],
+            [*GATED, str(mine), "--resume", "--workers", "0"],
             [*GATED, str(out), "--force", "--workers", "0"],
             [*GATED, str(again), "--resume", "--workers", "0"],
         ],
         cwd=world,
     )
-    assert forced.returncode == 1
-    assert f"holds {mine}/.partial/umap.npy that torchkit did not write" in error_line(
-        forced.stderr
-    )
+    for refused, option in ((forced, "--force"), (continued, "--resume")):
+        assert refused.returncode == 1, refused.stderr
+        line = error_line(refused.stderr)
+        assert f"holds {mine}/.partial/umap.npy that torchkit did not write" in line
+        assert f"which {option} would delete" in line
     assert tree_digest(mine) == before
     for done, folder in ((cleared, out), (resumed, again)):
         assert done.returncode == 0, done.stderr
