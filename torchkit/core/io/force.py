@@ -138,12 +138,7 @@ def note_started(folder: Path, names: Iterable[str], *, growing: bool = False) -
     record = _json_record(marker)
     if not isinstance(record, dict):
         return
-    entries = record.get(STARTED_KEY)
-    started = {
-        entry["path"]: entry
-        for entry in (entries if isinstance(entries, list) else ())
-        if isinstance(entry, dict) and isinstance(entry.get("path"), str)
-    }
+    started = _started_entries(record)
     for name in names:
         try:
             info = os.lstat(folder / name)
@@ -157,9 +152,8 @@ def note_started(folder: Path, names: Iterable[str], *, growing: bool = False) -
     _rewrite_marker(marker, record)
 
 
-def _started_files(folder: Path) -> dict[str, dict]:
-    """The marker's `STARTED_KEY` entries of `folder`, by path."""
-    record = _json_record(folder / MARKER)
+def _started_entries(record: object) -> dict[str, dict]:
+    """The `STARTED_KEY` entries of the marker's `record`, by path."""
     entries = record.get(STARTED_KEY) if isinstance(record, dict) else None
     return {
         entry["path"]: entry
@@ -259,7 +253,7 @@ def killed_start_leftovers(
     (with `start_files`: replaced without `--force`)."""
     if not folder.is_dir() or folder.is_symlink() or marker_command(folder) != command:
         return None
-    started = _started_files(folder) if start_files else {}
+    started = _started_entries(_json_record(folder / MARKER)) if start_files else {}
     leftovers = []
     try:
         with os.scandir(folder) as entries:
