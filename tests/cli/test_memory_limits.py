@@ -311,7 +311,7 @@ def cgroup_leaving_64_mib(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(memory, "PROC", fake_proc(tmp_path, "0::/\n", V2, files))
 
 
-LIMIT = "under the container's memory limit (cgroup)"
+LIMIT = "under the cgroup memory limit"
 
 
 def test_a_refusal_names_the_cgroup_limit_that_set_the_free_memory(tmp_path, monkeypatch):
@@ -338,6 +338,13 @@ def test_a_refusal_names_the_cgroup_limit_that_set_the_free_memory(tmp_path, mon
     assert export.returncode == 2, export.stderr
     assert f"GB free {LIMIT} (" in error_line(export.stderr)
     assert not out.exists()
+    convnet = run_torchkit_in_process("summary", "convnet", "--image-size", "1400")
+    assert convnet.returncode == 2, convnet.stderr
+    assert error_line(convnet.stderr) == (
+        "Error: convnet at 1400 px has 3,991,175,168 weights in its first linear layer (16.0 GB), "
+        f"more than half the 0.1 GB free here {LIMIT} (convnet is made for small images: give a "
+        "smaller --image-size, or a model made for large images such as resnet18)"
+    )
 
 
 def test_the_memory_total_is_the_tightest_cgroup_limit_below_the_machine(tmp_path):
@@ -377,6 +384,6 @@ def test_a_resize_past_half_the_cgroup_limit_is_refused(image_folder, tmp_path, 
     result = run_torchkit_in_process("dataset-stats", image_folder, "--resize", 3000, "-j", "0")
     assert result.returncode == 2, result.stderr
     assert error_line(result.stderr) == (
-        "Error: --resize 3000 needs 0.1 GB for each image, more than half the 0.1 GB of the "
-        "container's memory limit (cgroup) (give a smaller size)"
+        "Error: --resize 3000 needs 0.1 GB for each image, more than half the 0.1 GB cgroup "
+        "memory limit (give a smaller size)"
     )

@@ -16,7 +16,7 @@ from typing import Any
 from torchkit.core.io.errors import CheckpointError, InputError, UsageError, short_repr
 from torchkit.core.io.option_lists import number_items
 from torchkit.core.io.wording import counted
-from torchkit.core.runtime.memory import CGROUP, memory_total
+from torchkit.core.runtime.memory import CGROUP, CGROUP_LIMIT, memory_total
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -307,16 +307,16 @@ def check_fits_in_memory(preprocess: Preprocess, channels: int) -> None:
 
 def check_image_memory(side: int, channels: int, shown: str) -> None:
     """One `side`x`side` image in float32 fits in half the memory this process may have (the
-    machine's, or its container's memory limit where less): a size beyond it (`--image-size
-    100000`, 120 GB an image) would have the kernel's OOM killer end a loader worker, the
-    command, or another process, rather than give an error."""
+    machine's, or its cgroup memory limit where less: a container's): a size beyond it
+    (`--image-size 100000`, 120 GB an image) would have the kernel's OOM killer end a loader
+    worker, the command, or another process, rather than give an error."""
     needed = max(channels, 3) * side * side * 4
     memory = memory_total()
     if memory is None:
         return  # no way to tell here
     if needed > memory / 2:
         if memory.bound == CGROUP:
-            whose = f"the {memory / 1e9:,.1f} GB of the container's memory limit (cgroup)"
+            whose = f"the {memory / 1e9:,.1f} GB {CGROUP_LIMIT}"
         else:
             whose = f"this machine's {memory / 1e9:,.0f} GB"
         raise UsageError(

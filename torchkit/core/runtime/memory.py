@@ -47,11 +47,17 @@ def available_memory(proc: str | None = None) -> MemoryBytes | None:
     return None if machine is None else MemoryBytes(machine, MACHINE)
 
 
+# What a refusal calls a cgroup's memory limit: a container's (Docker, Kubernetes), a systemd
+# slice's (MemoryMax=) or a batch job's (Slurm) alike, in words that leave the hint's brackets
+# the only ones at the line's end.
+CGROUP_LIMIT = "cgroup memory limit"
+
+
 def limit_words(free: int) -> str:
     """What a refusal adds after "N GB free" to say that a cgroup's limit set the figure, not
     the machine's free memory: "" where the machine's did (or `free` does not say)."""
     if getattr(free, "bound", MACHINE) == CGROUP:
-        return " under the container's memory limit (cgroup)"
+        return f" under the {CGROUP_LIMIT}"
     return ""
 
 
