@@ -502,3 +502,47 @@ def test_a_link_target_through_a_file_names_no_file(tmp_path):
         assert [name for name in read if (unpacked / name).is_file()] == [
             name for name, data in read.items() if data is not None
         ]
+
+
+def test_a_file_and_a_folder_of_one_name_read_as_tar_leaves_them(tmp_path, caplog):
+    """Where a file (or link) and a folder of one name meet, the first written stays. A file,
+    link or hard link stored when the folder of its name holds files is not written ('Cannot
+    open: File exists', 'Cannot create symlink: File exists'), where torchkit read the link
+    (`bird -> dog`: one file in two classes, an error) or the file beside the folder's images;
+    members stored under a file after it are not written ('Not a directory'), where torchkit
+    read them (`notes`, then `notes/q.png`: a class `notes`). Where the folder was empty, the
+    file stored after it takes its place, as before. Images left out are named in a warning."""
+    members = [
+        ("dog/c.png", png(2)),
+        ("cat/a.png", png(1)),
+        ("bird/", None),
+        ("bird/q.png", png(7)),
+        ("bird", "->dog"),  # after the folder it names, which holds q.png: not written
+        ("cat/s.png/r.png", png(3)),
+        ("cat/s.png", png(4)),  # not written: a folder of its name holds r.png
+        ("notes", b"a file"),
+        ("notes/q.png", png(5)),  # under a file: not written
+        ("cat/t", b"x"),
+        ("cat/t/u/v.png", png(6)),  # deeper under a file: not written
+        ("cat/e.png/", None),
+        ("cat/e.png", png(8)),  # after an empty folder: written in its place
+    ]
+    archive = _tar(tmp_path / "pets.tar", members)
+    images, warned = _read(archive, caplog)
+    # GNU tar 1.34 (exit 2, each refusal said) unpacks these images
+    assert images == {
+        "bird/q.png": png(7),
+        "cat/a.png": png(1),
+        "cat/e.png": png(8),
+        "cat/s.png/r.png": png(3),
+        "dog/c.png": png(2),
+    }
+    assert warned == [
+        f"{archive}: 3 image members are not read, as tar -x writes no file where a folder of "
+        "its name holds files, nor anything in a file: cat/s.png (a folder of its name holds "
+        "files), cat/t/u/v.png (in cat/t, a file), notes/q.png (in notes, a file)"
+    ]
+    unpacked = _unpacked_by_gnu_tar(archive)
+    if unpacked is not None:
+        assert open_data(str(unpacked)).whole.ids == sorted(images)
+        assert _files(unpacked, images) == images

@@ -266,6 +266,9 @@ class TarListing:
     # first member (`_PlainMembers`): the order of a shard's samples.
     link_places: dict[str, int] = field(default_factory=dict)
     first_places: dict[str, int] = field(default_factory=dict)
+    # The members and links tar -x does not write where a file and a folder of one name meet
+    # (`_leave_out_what_tar_writes_not`), each with why: not listed (a folder's tar says so).
+    unwritten: dict[str, str] = field(default_factory=dict)
 
     def in_tar_order(self) -> list[str]:
         """The members and links, each where its name first appears in the tar."""
@@ -371,7 +374,7 @@ def list_tar(path: str, *, whole: bool = False, labels: bool = False) -> TarList
                 count += 1
                 name = _member_name(info.name)
                 if info.isdir():
-                    found.folder(name)
+                    found.folder(name, info.offset_data)
                 elif info.issym() or info.islnk():
                     found.link(name, info.linkname, info.issym(), info.offset_data)
                 elif info.issparse():  # its real name (pax: GNU.sparse.name), its data in pieces
@@ -406,6 +409,7 @@ def list_tar(path: str, *, whole: bool = False, labels: bool = False) -> TarList
 
 
 def _listing(path: str, found: _PlainMembers) -> TarListing:
+    _leave_out_what_tar_writes_not(found)
     members, links = found.members, found.links
     deepest = 0  # the most parts a link's name has: no deeper path is a link
     is_folder: Callable[[str], bool] | None = None
@@ -444,8 +448,79 @@ def _listing(path: str, found: _PlainMembers) -> TarListing:
         link_texts=found.link_texts,
         hard_to_folders=to_folders,
         link_places=found.link_places,
+        unwritten=found.unwritten,
         first_places=found.first_places,
     )
+
+
+def _leave_out_what_tar_writes_not(found: _PlainMembers) -> None:
+    """Take out of `found` what GNU tar -xf does not write where a file (or link) and a folder
+    of one name meet: a file, link or hard link stored when a folder of its name holds
+    something ("Cannot open: File exists": `x.png/r.png`, then `x.png`), and the members stored
+    under a file after it ("Not a directory": `notes`, then `notes/q.png`); where the folder
+    was empty the member stored after it takes its place. (Members stored under a link: their
+    own rules, `_leave_out_members_under_links`.) The names that may be such a folder are
+    found from the folders the names lie in, a look-up at each `/` of those folders whose
+    length is that of a file's or link's name: a few for most archives, and no string made
+    for the folders on the way to a path thousands deep."""
+    members, links, folders = found.members, found.links, found.folders
+    parents = {name.rpartition("/")[0] for name in members}
+    parents.update(name.rpartition("/")[0] for name in links)
+    parents.update(name.rpartition("/")[0] for name in folders)
+    parents.discard("")
+    lengths = set(map(len, members))
+    lengths.update(map(len, links))
+    both = {name for name in folders if name in members or name in links}  # emptied, or not
+    for folder in parents:
+        slash = folder.find("/")
+        while True:
+            end = len(folder) if slash == -1 else slash
+            if end in lengths:
+                path = folder[:end]
+                if path in members or path in links:
+                    both.add(path)
+            if slash == -1:
+                break
+            slash = folder.find("/", slash + 1)
+    if not both:
+        return
+    ordered = sorted([*members, *links, *folders])
+
+    def place(name: str) -> int:
+        first = found.first_places.get(name)
+        if first is not None:
+            return first
+        if name in members:
+            return members[name][0]
+        return found.link_places[name] if name in links else found.folder_places[name]
+
+    for path in sorted(both):  # a folder before those in it
+        if path not in members and path not in links:
+            continue  # left out already, under a file
+        start = bisect.bisect_left(ordered, path + "/")
+        inside = []
+        for name in ordered[start : bisect.bisect_left(ordered, path + "0")]:  # `0` follows `/`
+            if name in members or name in links or name in folders:
+                inside.append(name)
+        if inside and min(map(place, inside)) < place(path):
+            _leave_out(found, path, "a folder of its name holds files")  # the folder stays
+            continue
+        folders.discard(path)  # empty when the file or link was written: replaced by it
+        if path in members:  # a file: nothing is written under it
+            for name in inside:
+                if name in members or name in links:
+                    _leave_out(found, name, f"in {path}, a file")
+                folders.discard(name)
+
+
+def _leave_out(found: _PlainMembers, name: str, why: str) -> None:
+    """`name`'s member or link, as not written by tar -x (`why`, for the warning): a hard link
+    to it links to nothing (not to its data, as where a newer member replaces it:
+    `_PlainMembers._forget`)."""
+    found.hard_links.pop(name, None)
+    found._forget(name)
+    found.first_places.pop(name, None)
+    found.unwritten[name] = why
 
 
 def _links_out(
@@ -873,6 +948,8 @@ class _PlainMembers:
         "hard",
         "link_places",
         "first_places",
+        "folder_places",
+        "unwritten",
     )
 
     def __init__(self, chunks: _CheckedChunks | None, size: int, labels: bool) -> None:
@@ -898,6 +975,10 @@ class _PlainMembers:
         # place, as in the folder `tar -xf` unpacks, listed in order).
         self.link_places: dict[str, int] = {}
         self.first_places: dict[str, int] = {}
+        self.folder_places: dict[str, int] = {}  # each folder member's first place in the tar
+        # The members and links tar -x does not write, a file and a folder of one name meeting
+        # (`_leave_out_what_tar_writes_not`), each with why.
+        self.unwritten: dict[str, str] = {}
 
     def take(
         self, block: bytes, kind: bytes, name: str, data: int, length: int, linkname: str | None
@@ -931,16 +1012,17 @@ class _PlainMembers:
                     return False
                 self.label_bytes[member] = payload
         elif kind in _REGULAR or kind == _FOLDER:
-            self.folder(member)
+            self.folder(member, data)
         elif kind in (_HARD_LINK, _SYMBOLIC_LINK):
             self.link(member, linkname or _text(block[157:257]), kind == _SYMBOLIC_LINK, data)
         elif kind not in _SKIPPED:
             return False
         return True
 
-    def folder(self, member: str) -> None:
-        """A folder member: tar -x replaces a link or file stored before it under its name by the
-        folder (`cat/s.png -> a.png`, then `cat/s.png/`: its files are written into it)."""
+    def folder(self, member: str, at: int) -> None:
+        """A folder member (`at`: its place in the tar): tar -x replaces a link or file stored
+        before it under its name by the folder (`cat/s.png -> a.png`, then `cat/s.png/`: its
+        files are written into it)."""
         if (
             member in self.links
             or member in self.members
@@ -951,6 +1033,7 @@ class _PlainMembers:
         ):
             self.replace(member)
         self.folders.add(member)
+        self.folder_places.setdefault(member, at)
 
     def link(self, member: str, linkname: str, symbolic: bool, at: int) -> None:
         """A link member (`at`: where its header's data would begin, its place in the tar)."""
@@ -2211,6 +2294,7 @@ def _images_by_unpacked_path(spec: str, listing: TarListing) -> dict[str, str]:
             member_of[unpacked] = name
     _warn_sparse_images(spec, listing)
     _warn_hard_links_to_folders(spec, listing)
+    _warn_unwritten_images(spec, listing)
     if not_unpacked:
         log.warning(
             f"{spec}: {counted(len(not_unpacked), 'image member')} with '..' in "
@@ -2250,6 +2334,20 @@ def _without_links_out(spec: str, listing: TarListing, stored: list[str]) -> lis
         f"as torchkit follows no link out of an archive: {first_and_more(shown, 3)}"
     )
     return [name for name in stored if name not in listing.outside]
+
+
+def _warn_unwritten_images(spec: str, listing: TarListing) -> None:
+    """One warning naming the images tar -x does not write where a file and a folder of one
+    name meet (`TarListing.unwritten`), where torchkit read both."""
+    shown = sorted(
+        f"{name} ({why})" for name, why in listing.unwritten.items() if is_image_file(name)
+    )
+    if shown:
+        log.warning(
+            f"{spec}: {counted(len(shown), 'image member')} {'is' if len(shown) == 1 else 'are'} "
+            "not read, as tar -x writes no file where a folder of its name holds files, nor "
+            f"anything in a file: {first_and_more(shown, 3)}"
+        )
 
 
 def _warn_hard_links_to_folders(spec: str, listing: TarListing) -> None:
