@@ -42,11 +42,14 @@ from torchkit.core.features.store import (
 )
 from torchkit.core.inference.options import InferenceOptions, check_inference_options
 from torchkit.core.inference.scoring import scorable_rows
-from torchkit.core.io.errors import InputError, OutputExistsError, UsageError
+from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.io.files import NAME_ERRORS, open_text, require_input
-from torchkit.core.io.folder_contents import foreign_entries, proven
-from torchkit.core.io.force import foreign_entries_hint, holds_json_record
-from torchkit.core.io.output_paths import MARKER, WRITTEN_JOURNAL, shown
+from torchkit.core.io.folder_contents import proven
+from torchkit.core.io.force import (
+    foreign_entries_hint,
+    holds_json_record,
+    refuse_foreign_entries,
+)
 from torchkit.core.io.output_proofs import (
     any_of,
     csv_header,
@@ -243,17 +246,9 @@ def _refuse_foreign_partial(out: Path, recorded: Sequence[str]) -> None:
     """--resume removes OUT/.partial (an interrupted run's rows, started over or moved into
     OUT at the end): refused, before any work, where it holds a file the run did not write
     there (an array of yours), which would go with it."""
-    if not (out / PARTIAL_DIR).is_dir() or out.is_symlink():
-        return
-    owned = output_names(recorded)
-    found = foreign_entries(out, owned, top_level=(MARKER, WRITTEN_JOURNAL))
-    foreign = [entry for entry in found if entry.startswith(f"{PARTIAL_DIR}/")]
-    if foreign:
-        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
-        raise OutputExistsError(
-            f"output folder {shown(out)} holds {shown(out / foreign[0])}{more} that torchkit "
-            "did not write, which --resume would delete with the interrupted run's files",
-            f"move them out of {shown(out / PARTIAL_DIR)}, then run it again",
+    if (out / PARTIAL_DIR).is_dir() and not out.is_symlink():
+        refuse_foreign_entries(
+            out, output_names(recorded), what="output folder", within=PARTIAL_DIR, option="--resume"
         )
 
 

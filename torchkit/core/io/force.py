@@ -433,16 +433,28 @@ def foreign_entries_hint(folder: Path, owned: Collection[str] | None) -> str | N
     )
 
 
-def refuse_foreign_entries(folder: Path, owned: Collection[str], *, what: str) -> None:
+def refuse_foreign_entries(
+    folder: Path,
+    owned: Collection[str],
+    *,
+    what: str,
+    within: str | None = None,
+    option: str = "--force",
+) -> None:
     """`--force` replaces `folder` whole: refused, before any work, where it holds an entry that
     `owned` (what the command writes there) does not name, which would be deleted with it (your
-    notes.txt in a run folder, a plot, a folder of analysis, a link)."""
+    notes.txt in a run folder, a plot, a folder of analysis, a link). `within`: only the
+    entries below that folder of it count, the one `option` deletes (extract-features'
+    `--resume`, its `.partial`)."""
     foreign = foreign_entries(folder, owned, top_level=(MARKER, WRITTEN_JOURNAL))
+    if within is not None:
+        foreign = [entry for entry in foreign if entry.startswith(f"{within}/")]
     if foreign:
         more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        place = folder if within is None else folder / within
         raise OutputExistsError(
             f"{what} {shown(folder)} holds {shown(folder / foreign[0])}"
             f"{'/' if foreign[0].endswith('/') else ''}{more} that torchkit did not write, "
-            "which --force would delete with it",
-            f"move them out of {shown(folder)}, or delete them yourself",
+            f"which {option} would delete with it",
+            f"move them out of {shown(place)}, or delete them yourself",
         )
