@@ -1,8 +1,10 @@
 """A `.tar` of an image folder reads as the folder `tar -xf` unpacks it to: a name stored twice
 keeps its last member, a `..` after a link in a link's target steps out of the folder the link
 leads to, an image-named link to a folder is a folder, members under a folder that is a link
-out of the archive are not read, and warnings show link targets as the archive stores them.
-GNU tar is the reference where the machine has it (`tar --version`)."""
+out of the archive are not read, and warnings show link targets as the archive stores them;
+where a file and a folder of one name meet the first written stays, a hard link to a folder
+is no link, and a link target through a file names nothing. GNU tar is the reference where
+the machine has it (`tar --version`); the tests record what GNU tar 1.34 unpacks."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ What `--data` (or IMAGES) may name here, before folders and CSV indexes are trie
   error (`refuse_a_label_of_two_classes`). A label member past MAX_LABEL_MEMBER_BYTES is an
   error, never read whole. A sample's id (the `path` column) is `SHARD/KEY.EXT`
   (`train-000003.tar/00042.jpg`), relative to the shards' folder; samples are in shard order,
-  then member order.
+  then member order (a name stored again at the place it first took).
 - a `.tar` of an image folder (`class/img.JPEG`, a split root `train/class/img.jpg`, or, where
   unlabelled images are taken, flat images or a split of them, `train/img.jpg`), read with the
   rules of folders on disk; all of it may lie in one folder named as the archive
