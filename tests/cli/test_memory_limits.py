@@ -28,11 +28,13 @@ def v2_files(
     inactive_file: int = 0,
     active_file: int = 0,
     slab_reclaimable: int = 0,
+    shmem: int = 0,
 ) -> dict[str, str]:
+    # shmem (tmpfs, /dev/shm) counts in `file` but lies on the anon lists, not the file ones
     stat = (
-        f"anon {current}\nfile {active_file + inactive_file}\nactive_file {active_file}\n"
-        f"inactive_file {inactive_file}\nslab_reclaimable {slab_reclaimable}\n"
-        f"slab_unreclaimable 8192\n"
+        f"anon {current}\nfile {active_file + inactive_file + shmem}\nshmem {shmem}\n"
+        f"inactive_anon {shmem}\nactive_file {active_file}\ninactive_file {inactive_file}\n"
+        f"slab_reclaimable {slab_reclaimable}\nslab_unreclaimable 8192\n"
     )
     return {
         f"{folder}/memory.max": limit,
@@ -224,6 +226,18 @@ def v1_mounts(root: str) -> list[tuple[str, str, str, str]]:
             3840 * MiB,
             "cgroup",
         ),
+        # ... but not the batches DataLoader workers leave in /dev/shm (1 GiB of shmem), which
+        # only swap frees: memory.stat counts them in `file`, not in the file lists.
+        (
+            "0::/\n",
+            V2,
+            {
+                **meminfo(48 * GiB),
+                **v2_files("fs/cgroup", f"{4 * GiB}\n", 3 * GiB, 512 * MiB, 0, 0, GiB),
+            },
+            1536 * MiB,
+            "cgroup",
+        ),
         # a limit lowered below what the cgroup holds: nothing left, not a negative figure
         (
             "0::/\n",
@@ -247,6 +261,7 @@ def v1_mounts(root: str) -> list[tuple[str, str, str, str]]:
         "machine-binds",
         "v1-active-file-cache",
         "v2-file-cache-and-slab",
+        "v2-shared-memory-held",
         "over-limit",
     ],
 )

@@ -118,8 +118,10 @@ def _binding_folders(proc: str) -> list[str]:
 # reclaims in the cgroup before its OOM killer: the page cache, active and inactive (a file read
 # twice is all active, and reclaimed all the same), as MemAvailable counts the machine's and
 # LXCFS a container's, and on v2 the reclaimable kernel slab (the dentries and inodes of a
-# dataset's files listed) that v2's usage counts. v1's `total_` keys count the cgroups below
-# too, as its usage does; v2's memory.stat always does.
+# dataset's files listed) that v2's usage counts. Not memory.stat's `file`/`cache`: they count
+# tmpfs and /dev/shm too (DataLoader workers' batches), which only swap frees, and which the
+# file lists leave out. v1's `total_` keys count the cgroups below too, as its usage does; v2's
+# memory.stat always does.
 _V2_FILES = ("memory.max", "memory.current", ("active_file", "inactive_file", "slab_reclaimable"))
 _V1_FILES = (
     "memory.limit_in_bytes",
