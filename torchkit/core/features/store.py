@@ -822,17 +822,19 @@ def _aligned_record(name: str, offset: int, size: int):
 
 
 def _copy_bytes(data, target, size: int, source: Path) -> None:
-    """`size` bytes from `data` (at its position) to `target`, a chunk at a time."""
+    """`size` bytes from `data` (at its position) to `target`, a chunk at a time, read into one
+    buffer (a new bytes object a chunk held two chunks at once)."""
+    buffer = memoryview(bytearray(min(_CHUNK_BYTES, size)))
     left = size
     while left:
-        values = data.read(min(_CHUNK_BYTES, left))
-        if not values:
+        count = data.readinto(buffer[: min(len(buffer), left)])
+        if not count:
             raise InputError(
                 f"cannot read {source}: it ends {left} bytes before its rows do",
                 "pass --force to start over",
             )
-        left -= len(values)
-        target.write(values)
+        left -= count
+        target.write(buffer[:count])
 
 
 def _write_safetensors(source: Path, target: Path, key: str) -> None:
