@@ -548,3 +548,8 @@ def test_a_file_and_a_folder_of_one_name_read_as_tar_leaves_them(tmp_path, caplo
     if unpacked is not None:
         assert open_data(str(unpacked)).whole.ids == sorted(images)
         assert _files(unpacked, images) == images
+    # A file replaced by a folder is gone: stored again after the folder holds y.png, it is
+    # not written (GNU tar: cat/x/y.png).
+    again = [("dog/c.png", png(2)), ("cat/x", b"1"), ("cat/x/", None), ("cat/x/y.png", png(3))]
+    archive = _tar(tmp_path / "again.tar", [*again, ("cat/x", b"2")])
+    assert open_data(str(archive)).whole.ids == ["cat/x/y.png", "dog/c.png"]

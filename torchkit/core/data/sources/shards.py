@@ -1032,6 +1032,8 @@ class _PlainMembers:
             or "/." in member
         ):
             self.replace(member)
+            # the file it replaces is gone: a file stored again takes its own place
+            self.first_places.pop(member, None)
         self.folders.add(member)
         self.folder_places.setdefault(member, at)
 
