@@ -1,6 +1,7 @@
 """The memory every command's up-front check compares with (`core/runtime/memory.py`): the least
 of the machine's MemAvailable and what each memory cgroup of this process (its own and those
-above it, v2 or v1) has left under its limit. Read from a fake /proc and cgroup files."""
+above it, v2 or v1) has left under its limit. Read from a fake /proc and cgroup files, and where
+this machine lets a test make one, from a real cgroup whose kernel is the reference."""
 
 from __future__ import annotations
 
@@ -402,3 +403,96 @@ def test_a_resize_past_half_the_cgroup_limit_is_refused(image_folder, tmp_path, 
         "Error: --resize 3000 needs 0.1 GB for each image, more than half the 0.1 GB cgroup "
         "memory limit (give a smaller size)"
     )
+
+
+# A real cgroup, where this machine lets a test make one (root, a v1 memory hierarchy or a v2
+# one delegating memory): a child process moved into it reads a file twice (active page cache),
+# asks available_memory, then holds 90% of that much, which the kernel grants only by
+# reclaiming the cache. The kernel is the reference: too low a figure fails the first check
+# (before: only the inactive cache counted back, about 110 of 256 MiB), too high the second
+# (the child OOM-killed).
+KERNEL_CHILD = """
+import os, sys
+folder, path, size = sys.argv[1], sys.argv[2], int(sys.argv[3])
+with open(os.path.join(folder, "cgroup.procs"), "w") as procs:
+    procs.write(str(os.getpid()))
+block = os.urandom(2**20)
+with open(path, "wb") as out:
+    for _ in range(size // 2**20):
+        out.write(block)
+    out.flush()
+    os.fsync(out.fileno())
+for _ in range(2):
+    with open(path, "rb") as again:
+        while again.read(2**23):
+            pass
+from torchkit.core.runtime.memory import available_memory
+free = available_memory()
+stat = dict(line.split() for line in open(os.path.join(folder, "memory.stat")))
+shmem = int(stat.get("total_shmem", stat.get("shmem", 0)))
+print(int(free), free.bound, shmem, flush=True)
+held = bytearray(int(free * 0.9))
+for page in range(0, len(held), 4096):
+    held[page] = 1
+print("held", flush=True)
+"""
+
+
+def make_memory_cgroup(limit: int) -> str:
+    """A new memory cgroup below this process's, limited to `limit` bytes; skips the test where
+    none can be made here."""
+    import uuid
+
+    from torchkit.core.runtime.cgroups import cgroup_chains
+
+    for chain in cgroup_chains("memory"):
+        parent = chain[0]
+        try:
+            with open(os.path.join(parent, "cgroup.subtree_control"), encoding="ascii") as f:
+                delegated = "memory" in f.read().split()
+        except OSError:
+            delegated = os.path.exists(os.path.join(parent, "memory.limit_in_bytes"))  # v1
+        if not delegated or not os.access(parent, os.W_OK):
+            continue
+        folder = os.path.join(parent, f"torchkit-test-{uuid.uuid4().hex[:8]}")
+        try:
+            os.mkdir(folder)
+        except OSError:
+            continue
+        limit_file = "memory.max" if os.path.exists(f"{folder}/memory.max") else None
+        try:
+            with open(f"{folder}/{limit_file or 'memory.limit_in_bytes'}", "w") as f:
+                f.write(str(limit))
+        except OSError:
+            os.rmdir(folder)
+            continue
+        return folder
+    pytest.skip("no memory cgroup can be made here (not root, or no memory hierarchy)")
+
+
+def test_the_kernel_grants_what_a_real_cgroup_is_counted_to_leave(tmp_path):
+    import subprocess
+    import sys
+
+    from suite_paths import REPO
+
+    limit, cache = 256 * MiB, 128 * MiB
+    folder = make_memory_cgroup(limit)
+    try:
+        child = subprocess.run(
+            [sys.executable, "-c", KERNEL_CHILD, folder, str(tmp_path / "read"), str(cache)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=REPO,
+        )
+    finally:
+        os.rmdir(folder)
+    lines = child.stdout.split("\n")
+    assert lines[0], (child.returncode, child.stderr)
+    free, bound, shmem = lines[0].split()
+    if int(shmem) >= cache // 2:
+        pytest.skip("tmp_path is on tmpfs: the file read is shared memory, not page cache")
+    assert bound == "cgroup", child.stdout
+    assert int(free) >= limit - cache // 2, child.stdout  # the cache read counted free
+    assert child.returncode == 0 and lines[1] == "held", (child.returncode, child.stderr)
