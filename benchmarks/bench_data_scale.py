@@ -11,7 +11,8 @@ Parts (--parts, comma-separated):
 - convert-large: `convert shards` (`--per-shard 1000`, `-j 0`) of parquet of large images
   (--large-kb, 250: 50 distinct noise PNGs over and over; one file, row groups of 100 rows),
   each parquet row group read counted; with --before, an older checkout's run too and every
-  shard's SHA-256 compared with it. Its shards are removed after each run.
+  shard's SHA-256 compared with it (--window-mb: convert shards' window smaller than its 256
+  MiB, to stand for data that many times larger). Its shards are removed after each run.
 - neardup: `dataset-stats --near-duplicates --format json -o` of parquet holding N distinct
   random 8x8 PNGs, a tenth of them planted near copies (one pixel moved by one level): the
   listing, then the whole run (every image read and hashed).
@@ -66,7 +67,12 @@ def hf_schema():
 
 
 def write_parquet(
-    folder: Path, samples: int, image_bytes, files: int = PARQUET_FILES, row_group: int = ROW_GROUP
+    folder: Path,
+    samples: int,
+    image_bytes,
+    files: int = PARQUET_FILES,
+    row_group: int = ROW_GROUP,
+    dictionary: bool = True,
 ) -> Path:
     """FOLDER/data/train-0000K-of-0000F.parquet: `samples` rows in `files` files of row groups of
     `row_group` rows, image i `image_bytes(i)`."""
@@ -82,7 +88,7 @@ def write_parquet(
     for k in range(files):
         rows = range(k * per_file, min(samples, (k + 1) * per_file))
         name = folder / "data" / f"train-{k:05d}-of-{files:05d}.parquet"
-        with pq.ParquetWriter(name, schema) as writer:
+        with pq.ParquetWriter(name, schema, use_dictionary=dictionary) as writer:
             for start in range(rows.start, rows.stop, row_group):
                 chunk = range(start, min(rows.stop, start + row_group))
                 table = pa.table(
@@ -192,19 +198,24 @@ def convert(root: Path, samples: int, timeout: float, sources: str = "csv,parque
 
 def large_pngs(root: Path, samples: int, kilobytes: int) -> Path:
     """Parquet of 50 distinct noise PNGs of about `kilobytes` KB each, over and over: one file,
-    row groups of 100 rows (as HF writes images)."""
+    row groups of 100 rows (as HF writes images), no dictionary (which would store the repeated
+    images once, where distinct images take their size each)."""
     import numpy as np
 
     side = int((kilobytes * 1000 / 3) ** 0.5)
     rng = np.random.default_rng(0)
     data = [png(rng.integers(0, 256, (side, side, 3), dtype=np.uint8)) for _ in range(50)]
-    folder = root / f"pq-large-{kilobytes}k-{samples}"
-    return write_parquet(folder, samples, lambda i: data[i % len(data)], files=1, row_group=100)
+    folder = root / f"pq-large-{kilobytes}k-plain-{samples}"
+    image = lambda i: data[i % len(data)]  # noqa: E731
+    return write_parquet(folder, samples, image, files=1, row_group=100, dictionary=False)
 
 
-def counted_run(reads_file: Path, torchkit_root: Path | None, arguments: list[str]) -> None:
+def counted_run(
+    reads_file: Path, torchkit_root: Path | None, window_mb: int | None, arguments: list[str]
+) -> None:
     """`torchkit ARGUMENTS` in this process, each parquet row group read counted: the count
-    written to `reads_file` at exit (`torchkit_root`: an older checkout's torchkit)."""
+    written to `reads_file` at exit (`torchkit_root`: an older checkout's torchkit;
+    `window_mb`: convert shards' window of reads, in MiB, instead of its 256)."""
     import atexit
     import runpy
 
@@ -220,13 +231,22 @@ def counted_run(reads_file: Path, torchkit_root: Path | None, arguments: list[st
         return real(self, *args, **kwargs)
 
     pq.ParquetFile.read_row_group = counted
+    if window_mb is not None:
+        from torchkit.core.convert import shards
+
+        shards.WINDOW_BYTES = window_mb << 20
     atexit.register(lambda: reads_file.write_text(str(reads[0])))
     sys.argv = ["torchkit", *arguments]
     runpy.run_module("torchkit", run_name="__main__")
 
 
 def convert_large(
-    root: Path, samples: int, timeout: float, kilobytes: int, before: Path | None
+    root: Path,
+    samples: int,
+    timeout: float,
+    kilobytes: int,
+    before: Path | None,
+    window_mb: int | None = None,
 ) -> None:
     """`convert shards` of parquet of large images (a window of 256 MB holds few of them), with
     row-group reads counted; with --before, the older checkout's run first, and every shard's
@@ -243,11 +263,14 @@ def convert_large(
         reads_file.unlink(missing_ok=True)
         command = [__file__, "--counted-run", str(reads_file)]
         command += ["--before", str(torchkit_root)] if torchkit_root else []
+        command += ["--window-mb", str(window_mb)] if window_mb else []
         arguments = ["convert", "shards", str(parquet), str(out), "--per-shard", "1000"]
         with_reads = ["--", *arguments, "-j", "0", "--force"]
         result = run_python([*command, *with_reads], timeout)
         reads = reads_file.read_text() if reads_file.exists() else "?"
-        show(f"convert shards, parquet {kilobytes} KB: {label} ({reads} reads)", samples, result)
+        window = f", {window_mb} MiB windows" if window_mb else ""
+        title = f"convert shards, parquet {kilobytes} KB{window}: {label} ({reads} reads)"
+        show(title, samples, result)
         digests[label] = {
             p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.glob("*.tar"))
         }
@@ -382,11 +405,14 @@ def main() -> None:
                         help="convert: the sources converted")  # fmt: skip
     parser.add_argument("--large-kb", type=int, default=250,
                         help="convert-large: KB an image")  # fmt: skip
+    parser.add_argument("--window-mb", type=int,
+                        help="convert-large: convert shards' window in MiB (256), smaller to "
+                        "stand for data that many windows larger")  # fmt: skip
     parser.add_argument("--counted-run", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("arguments", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.counted_run:
-        counted_run(args.counted_run, args.before, args.arguments)
+        counted_run(args.counted_run, args.before, args.window_mb, args.arguments)
         return
     (args.root / "runs").mkdir(parents=True, exist_ok=True)
     when = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
@@ -397,7 +423,9 @@ def main() -> None:
             if part == "convert":
                 convert(args.root, samples, args.timeout, args.sources)
             elif part == "convert-large":
-                convert_large(args.root, samples, args.timeout, args.large_kb, args.before)
+                convert_large(
+                    args.root, samples, args.timeout, args.large_kb, args.before, args.window_mb
+                )
             elif part == "neardup":
                 neardup(args.root, samples, args.timeout)
             elif part == "infer":
