@@ -46,15 +46,17 @@ import bench_scaling  # noqa: E402
 TREE = Path(__file__).resolve().parents[1]
 
 
-def commands(model: Path, data: str, out: Path) -> dict[str, list[str]]:
-    """name -> torchkit arguments (each writes under `out`)."""
+def commands(model: Path, data: str, out: Path, layer: str | None = None) -> dict[str, list[str]]:
+    """name -> torchkit arguments (each writes under `out`); extract-features of `layer`."""
     predict = ["predict", str(model), data, "--format"]
     features = ["extract-features", str(model), data, str(out / "features")]
+    features += ["-l", layer] if layer else []
     return {
         "predict-csv": [*predict, "csv", "-o", str(out / "p.csv")],
         "predict-jsonl": [*predict, "jsonl", "-o", str(out / "p.jsonl")],
         "extract-features": features,
         "extract-features-safetensors": [*features, "--array-format", "safetensors"],
+        "extract-features-pt": [*features, "--array-format", "pt"],
     }
 
 
@@ -169,6 +171,11 @@ def main() -> None:
     parser.add_argument("--layouts", default="folder,csv", help="folder, csv")
     parser.add_argument("--root", type=Path, default=Path("/tmp/bench_inference_scale"))
     parser.add_argument("--timeout", type=float, default=480.0, help="seconds a run")
+    parser.add_argument(
+        "--layer",
+        help="extract-features' layer (default its own: penultimate, 128 float32 an image; "
+        "classifier.0: 1,024)",
+    )
     args = parser.parse_args()
     model = trained_model(args.root)
     when = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
@@ -187,7 +194,7 @@ def main() -> None:
             for layout in args.layouts.split(","):
                 out = args.root / "runs" / f"{command}-{layout}-{images}"
                 out.mkdir(parents=True, exist_ok=True)
-                arguments = [*commands(model, layouts[layout], out)[command], "--force"]
+                arguments = [*commands(model, layouts[layout], out, args.layer)[command], "--force"]
                 result = watched(arguments, images, args.timeout)
                 first = result["marks"].get("first", {})
                 written = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
