@@ -2,7 +2,9 @@
 shuffle of every sample, and read in that order nearly every sample read its whole row group
 again (a million tiny images: 7 s of CPU a shard instead of 1). The samples of a window of
 positions are now read in source order, each row group once a window, and written in the
-shuffled order, the same bytes."""
+shuffled order, the same bytes. Where that would read the row groups more than twice over (large
+images, many windows), the samples are spilled to an unnamed file in source order first, each
+row group read once."""
 
 from __future__ import annotations
 
