@@ -82,6 +82,18 @@ def test_the_pt_file_loads_as_torch_saves_file_does(tmp_path, name):
     assert all(offset % 64 == 0 for offset in data_offsets(ours).values()), data_offsets(ours)
 
 
+@pytest.mark.skipif(
+    not hasattr(torch.serialization, "_get_storage_alignment"), reason="torch 2.4 aligns to 64"
+)
+def test_records_are_aligned_as_torch_is_set_to_align_them(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.serialization, "_get_storage_alignment", lambda: 4096)
+    array = ARRAYS["rows"]
+    ours = written(tmp_path, array)
+    assert zipfile.ZipFile(ours).read("archive/.storage_alignment") == b"4096"
+    assert all(offset % 4096 == 0 for offset in data_offsets(ours).values())
+    assert np.array_equal(torch.load(ours, weights_only=True, mmap=True).numpy(), array)
+
+
 def test_a_torch_whose_save_records_otherwise_gets_torch_save_file(tmp_path, monkeypatch):
     """A torch whose private `_save` takes other arguments: the file is torch.save's own."""
 

@@ -747,9 +747,11 @@ def _write_pt(source: Path, target: Path) -> None:
         del tensor, array
         with open(source, "rb") as data, atomic_write(target, "wb") as handle:
             archive = zipfile.ZipFile(handle, "w", zipfile.ZIP_STORED)
+            # As torch's writer aligns them: newer torch records the alignment (its setting).
+            alignment = int(dict((n, v) for n, v, _ in records).get(".storage_alignment") or 64)
             try:
                 for name, value, size in records:
-                    info = _aligned_record(f"archive/{name}", handle.tell(), size)
+                    info = _aligned_record(f"archive/{name}", handle.tell(), size, alignment)
                     with archive.open(info, "w") as member:
                         if value is not None:
                             member.write(value)
@@ -763,9 +765,6 @@ def _write_pt(source: Path, target: Path) -> None:
                 raise
             archive.close()
     remove_tree(source, ignore_errors=False)  # the scratch array, once the file is in place
-
-
-_RECORD_ALIGNMENT = 64  # torch.save's: a storage loaded with mmap=True starts aligned
 
 
 def _torch_records(tensor, nbytes: int) -> list[tuple[str, bytes | None, int]] | None:
@@ -805,9 +804,10 @@ def _torch_records(tensor, nbytes: int) -> list[tuple[str, bytes | None, int]] |
     return [*recorder.records, ("version", b"3\n", 2)]
 
 
-def _aligned_record(name: str, offset: int, size: int):
+def _aligned_record(name: str, offset: int, size: int, alignment: int):
     """The ZipInfo of a stored record whose local header is at `offset`, padded (as torch's
-    writer pads, an extra field `FB` of `Z`s) so that its data starts at a multiple of 64."""
+    writer pads, an extra field `FB` of `Z`s) so that its data starts at a multiple of
+    `alignment` (a storage loaded with mmap=True starts aligned)."""
     import zipfile
 
     info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
@@ -816,7 +816,7 @@ def _aligned_record(name: str, offset: int, size: int):
     # zipfile adds a 20-byte zip64 field to the local header of a record this large.
     zip64 = 20 if size * 1.05 > zipfile.ZIP64_LIMIT else 0
     start = offset + 30 + len(name.encode("utf-8")) + 4 + zip64
-    padding = -start % _RECORD_ALIGNMENT
+    padding = -start % alignment
     info.extra = b"FB" + struct.pack("<H", padding) + b"Z" * padding
     return info
 
