@@ -412,12 +412,11 @@ def _listing(path: str, found: _PlainMembers) -> TarListing:
     _leave_out_what_tar_writes_not(found)
     members, links = found.members, found.links
     deepest = 0  # the most parts a link's name has: no deeper path is a link
-    is_folder: Callable[[str], bool] | None = None
+    is_folder = _folder_test(members, links, found.folders)  # sorts at its first question
     for name, target in links.items():
         if ".." in target.split("/") or target.endswith(_FOLDER_ENDS):
             if not deepest:
                 deepest = max(name.count("/") for name in links) + 1
-                is_folder = _folder_test(members, links, found.folders)
             links[name] = _through_links(target, links, deepest, members, is_folder)
     resolved, looped = _link_ends(members, links)
     linked_folders = _folder_link_ends(members, links, found.folders, resolved, looped)
