@@ -354,6 +354,14 @@ def test_a_refusal_names_the_cgroup_limit_that_set_the_free_memory(tmp_path, mon
     assert export.returncode == 2, export.stderr
     assert f"GB free {LIMIT} (" in error_line(export.stderr)
     assert not out.exists()
+    # where even --batch-size 1 does not fit, the way out is the limit, not another machine
+    out = tmp_path / "resnet.onnx"
+    single = run_torchkit_in_process("export", "resnet18", out, "-b", "1")
+    assert single.returncode == 2, single.stderr
+    assert error_line(single.stderr).endswith(
+        f"GB free {LIMIT} (no smaller batch: free some memory, or raise the cgroup memory limit)"
+    )
+    assert not out.exists()
     convnet = run_torchkit_in_process("summary", "convnet", "--image-size", "1400")
     assert convnet.returncode == 2, convnet.stderr
     assert error_line(convnet.stderr) == (

@@ -507,7 +507,13 @@ def _check_batch_memory(
             if batch_size == 1
             else f"--batch-size 1 needs about {smallest / 1e9:,.{digits}f} GB too"
         )
-        hint = f"{smaller}: free some memory, or export on a machine with more"
+        # under a container's limit the machine may well have more: the limit is the way out
+        more = (
+            f"raise the {memory.CGROUP_LIMIT}"
+            if getattr(free, "bound", memory.MACHINE) == memory.CGROUP
+            else "export on a machine with more"
+        )
+        hint = f"{smaller}: free some memory, or {more}"
     raise UsageError(
         f"--batch-size {batch_size} needs about {needed.bytes / 1e9:,.{digits}f} GB to export to "
         f"{fmt} ({needed.rate:g} x {needed.counted / 1e9:,.1f} GB for a batch of {largest} "
