@@ -419,6 +419,15 @@ def _listing(path: str, found: _PlainMembers) -> TarListing:
                 deepest = max(name.count("/") for name in links) + 1
             links[name] = _through_links(target, links, deepest, members, is_folder)
     resolved, looped = _link_ends(members, links)
+    for name, text in found.link_texts.items():
+        # `f/`, where f is a link to a file: "Not a directory" too (`_through_links` tells
+        # a file named so)
+        if (
+            text.endswith(_FOLDER_ENDS)
+            and name not in found.hard
+            and resolved.get(name) is not None
+        ):
+            resolved[name] = None
     linked_folders = _folder_link_ends(members, links, found.folders, resolved, looped)
     # A hard link to a folder (not to a symbolic link to one, which it copies): tar -x makes
     # nothing there ("Cannot hard link: Operation not permitted"), having removed what an
