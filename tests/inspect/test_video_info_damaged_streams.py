@@ -458,6 +458,84 @@ def test_mpeg_ts_files_of_two_codecs_joined_by_cat_are_judged_by_the_first(tmp_p
     assert probe_video(resized, exact=True).status == "ok"
 
 
+def _mpeg_crc(data: bytes) -> int:
+    """The CRC-32 of an MPEG PSI section (polynomial 0x04C11DB7, not reflected, from all
+    ones), bit by bit."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte << 24
+        for _ in range(8):
+            crc = (crc << 1 ^ 0x04C11DB7 if crc & 1 << 31 else crc << 1) & 0xFFFFFFFF
+    return crc
+
+
+def test_an_mpeg_ts_whose_programs_share_a_pmt_pid_is_judged(tmp_path):
+    """Two programs whose PMTs share a PID, each its own section (the PAT gives both
+    programs PID 0x1000): the walk took program 2's PMT, which lists no stream of program
+    1's video, for a switch of codec at the file's first packets and judged nothing, so a
+    copy with a tenth of it zeroed read `ok`. A PMT is its program's only where it gives the
+    program's number: the file is judged as one whose PMTs have PIDs of their own."""
+    made = ffmpeg_made(
+        tmp_path / "programs.ts",
+        *moving_picture(2),
+        *("-f", "lavfi", "-i", "testsrc2=size=64x48:rate=25:duration=2"),
+        *("-map", "0:v", "-map", "1:v", "-c:v:0", "libx264", "-g", "10", "-pix_fmt", "yuv420p"),
+        *("-c:v:1", "mpeg2video", "-program", "title=A:st=0", "-program", "title=B:st=1"),
+        encoders=("libx264", "mpeg2video"),
+        muxer="mpegts",
+    )
+    packets = [bytearray(p) for p in re.findall(rb"\x47[\s\S]{187}", made.read_bytes())]
+    for packet in packets:
+        pid = (packet[1] & 0x1F) << 8 | packet[2]
+        if pid == 0x1001:  # program 2's PMT onto program 1's PID
+            packet[1:3] = bytes([packet[1] & 0xE0 | 0x10, 0x00])
+        elif pid == 0 and packet[1] & 0x40:  # the PAT: programs 1 and 2, both PMTs at 0x1000
+            start = 5 + packet[4]
+            assert packet[start + 8 : start + 16] == bytes.fromhex("0001f0000002f001")
+            packet[start + 15] = 0x00
+            packet[start + 16 : start + 20] = _mpeg_crc(packet[start : start + 16]).to_bytes(4)
+    shared = tmp_path / "shared.ts"
+    shared.write_bytes(b"".join(packets))
+    held = ts_video_frames(shared, "mpeg-ts")
+    assert (held.frames, held.span_s) == (50, 2.0)
+    assert_whole_and_zeroed(shared, tmp_path, "its video packets hold")
+
+
+def test_mpeg_ts_files_of_two_codecs_whose_pmt_takes_two_packets_joined_by_cat(tmp_path):
+    """A PMT listing many streams takes more than one TS packet (here a video and 20 audio
+    streams, each with its language: 241 bytes). Only sections a packet holds whole were
+    read, so an H.264 file and an MPEG-2 one of such PMTs joined by `cat` read `damaged: 47
+    of the 100 frames its video packets hold decode` under --exact, exit 1, though both are
+    whole: a section is joined across the packets it takes, and the walk stops at the PMT
+    that switches the codec, as for a short one."""
+    parts = []
+    for codec, options in (
+        ("libx264", ("-g", "10", "-pix_fmt", "yuv420p")),
+        ("mpeg2video", ("-g", "12", "-bf", "2")),
+    ):
+        audio = [("-map", "1:a", f"-metadata:s:a:{n}", "language=eng") for n in range(20)]
+        parts.append(
+            ffmpeg_made(
+                tmp_path / f"{codec}.ts",
+                *moving_picture(2),
+                *("-f", "lavfi", "-i", "sine=duration=2:sample_rate=8000", "-map", "0:v"),
+                *(option for stream in audio for option in stream),
+                *("-c:v", codec, *options, "-c:a", "mp2", "-b:a", "32k"),
+                encoders=(codec, "mp2"),
+                muxer="mpegts",
+            ).read_bytes()
+        )
+    pmt_packets = re.findall(rb"\x47[\x10\x50]\x00[\s\S]{185}", parts[0])
+    assert pmt_packets[1][1] == 0x10  # (the PMT runs on into a second packet)
+    joined = tmp_path / "joined.ts"
+    joined.write_bytes(b"".join(parts))
+    held = ts_video_frames(joined, "mpeg-ts")
+    assert (held.frames, held.span_s) == (50, 2.0)
+    for options in ({}, {"exact": True}):
+        info = probe_video(joined, **options)
+        assert (info.status, info.error) == ("ok", None), options
+
+
 def test_mpeg_ts_files_joined_by_cat_are_judged(tmp_path, mpeg2_ts):
     """Two MPEG-TS files joined by `cat` (each restarting its times) hold twice the frames
     FFmpeg's header counts, which read as units that are no frames one each: a copy with a

@@ -41,7 +41,8 @@ M2TS_PACKET = 192  # M2TS/MTS (AVCHD, Blu-ray): a 4-byte timestamp before each T
 # AVS, Dirac, VC-1
 _TS_VIDEO_TYPES = frozenset({0x01, 0x02, 0x10, 0x1B, 0x24, 0x33, 0x42, 0xD1, 0xEA})
 _TS_CHUNK_PACKETS = 1 << 16  # packets read at a time (12 MiB)
-_TS_TABLE_PACKETS = 1 << 14  # the PAT and PMT are sought in the first packets (FFmpeg: each 0.1 s)
+_TS_SECTION = 1024  # the most bytes of a PAT's or PMT's section
+_TS_TABLES_KEPT = 64  # the sections read kept, to read each table's repeats once
 
 
 def ts_video_frames(path: str | os.PathLike, container: str | None) -> HeldFrames | None:
@@ -57,8 +58,9 @@ def ts_video_frames(path: str | os.PathLike, container: str | None) -> HeldFrame
     joined by `cat`, FFmpeg's decoder fed their data), the walk stops there: the frames after
     it are not counted, and those from the last key frame before it are `leading` too (a
     decoder fed another codec's data may never show those it still held: 3 of 90 H.264
-    frames, 1 to 3 MPEG-2). None for other formats, no video stream in the first packets'
-    PMT, or a file that flags no random access point (which frame decodes first is not
+    frames, 1 to 3 MPEG-2); the tables are its first program's (`_TsTables`). None for other
+    formats, no video stream in that program's first PMT (read in the first chunk's
+    packets), or a file that flags no random access point (which frame decodes first is not
     told)."""
     import numpy as np
 
@@ -68,11 +70,7 @@ def ts_video_frames(path: str | os.PathLike, container: str | None) -> HeldFrame
     times, keys, places, lost = [], [], [], []
     try:
         with open(path, "rb") as handle:
-            found = _ts_video_stream(handle, size, prefix)
-            if found is None:
-                return None
-            video, tables, switch = found[0], _TsTables(*found), None
-            handle.seek(0)
+            tables, switch = _TsTables(), None
             first = 0  # the number of the chunk's first packet
             while True:
                 data = handle.read(size * _TS_CHUNK_PACKETS)
@@ -81,9 +79,11 @@ def ts_video_frames(path: str | os.PathLike, container: str | None) -> HeldFrame
                     break
                 packets = np.frombuffer(data[:whole], np.uint8).reshape(-1, size)[:, prefix:]
                 switch = tables.switch_in(packets)
+                if tables.video is None:  # no video stream in its first PMT (or none read)
+                    return None
                 packets = packets[:switch]  # (all of them where the codec stays)
                 lost.append(first + np.flatnonzero(packets[:, 0] != 0x47))
-                chunk_times, chunk_keys, chunk_places = _ts_pes_starts(packets, video)
+                chunk_times, chunk_keys, chunk_places = _ts_pes_starts(packets, tables.video[1])
                 times.append(chunk_times)
                 keys.append(chunk_keys)
                 places.append(first + chunk_places)
@@ -147,60 +147,121 @@ def _ts_pes_starts(packets, video: int):
     return pts, random_access, numbers
 
 
-def _ts_video_stream(handle, size: int, prefix: int) -> tuple[int, int, int] | None:
-    """(the PID of the first video stream the first PMT of an MPEG-TS file lists, its stream
-    type, that PMT's PID), the PAT's first program's, found in its first `_TS_TABLE_PACKETS`
-    packets."""
-    handle.seek(0)
-    data = handle.read(size * _TS_TABLE_PACKETS)
-    tables: dict[int, int] = {0: -1}  # PID: the program's PMT (-1: the PAT)
-    for at in range(0, len(data) - size + 1, size):
-        packet = data[at + prefix : at + size]
-        pid = (packet[1] & 0x1F) << 8 | packet[2]
-        if packet[0] != 0x47 or pid not in tables:
-            continue
-        section = _ts_section(packet)
-        if section is None:
-            continue
-        body = section[8 : min(3 + _ts_section_length(section) - 4, len(section))]  # no CRC
-        if tables[pid] == -1 and section[:1] == b"\x00":  # the PAT: program, PID pairs
-            program_map = _ts_first_program_map(body)
-            if program_map is not None:
-                tables = {program_map: program_map}
-        elif tables[pid] != -1 and section[:1] == b"\x02":  # the PMT
-            for kind, stream_pid in _ts_pmt_streams(body):
-                if kind in _TS_VIDEO_TYPES:
-                    return stream_pid, kind, pid
-            return None
-    return None
+class _TsTables:
+    """An MPEG-TS file's PAT and its first program's PMT, read as its packets come: the first
+    video stream that program's first PMT lists, and where a later PMT of it no longer lists
+    that stream's PID with its stream type (a file of another codec, or with its video on
+    another PID, joined by `cat`). A section is joined across the packets it takes (a PMT
+    listing many streams takes more than one) and read only whole, its CRC holding (as
+    FFmpeg reads them); a PMT is the program's only where it gives the program's number
+    (programs may share a PMT's PID, each its own section)."""
 
+    def __init__(self) -> None:
+        self.program: tuple[int, int] | None = None  # the PAT's first program: number, PMT PID
+        self.video: tuple[int, int] | None = None  # the first PMT's first video: type, PID
+        self.mapped = False  # the first PMT read
+        self.pending: dict[int, bytearray] = {}  # PID: the section begun on it
+        self.read: dict[bytes, object] = {}  # a section's bytes: what it says (they repeat)
 
-def _ts_section(packet) -> bytes | None:
-    """The bytes of the PSI section (PAT, PMT) that a TS packet `packet` (188 bytes, sync
-    byte first) starts, to the packet's end (None where it starts none)."""
-    packet = bytes(packet)  # (a row of numpy's bytes, whose sums would wrap at 256)
-    if not packet[1] & 0x40:  # no section or PES packet starts in it
+    def switch_in(self, packets) -> int | None:
+        """Reads the PATs and PMTs of the chunk `packets` (188 bytes a row, sync byte first);
+        the number of the packet whose PMT switches the video's codec, None where none
+        does."""
+        import numpy as np
+
+        pid = (packets[:, 1].astype(np.int32) & 0x1F) << 8 | packets[:, 2]
+        synced = packets[:, 0] == 0x47
+        maps = {self.program[1]} if self.program else set()
+        for number in np.flatnonzero(synced & (pid == 0) & (packets[:, 1] & 0x40 > 0)):
+            # the PMT PIDs the PATs may give (their first packets, read below in order)
+            program = _ts_first_program(_ts_section_start(bytes(packets[number]))[8:])
+            maps.add(program[1] if program else 0)
+        for number in np.flatnonzero(synced & np.isin(pid, [0, *maps])):
+            for section in self._sections(bytes(packets[number]), int(pid[number])):
+                said = self._said(section)
+                if said is None:
+                    continue
+                if section[0] == 0x00 and pid[number] == 0:
+                    self.program = said or self.program
+                elif self.program and (section[0], pid[number]) == (0x02, self.program[1]):
+                    program, streams = said
+                    if program != self.program[0]:  # another program's, on the same PID
+                        continue
+                    if not self.mapped:
+                        videos = [s for s in streams if s[0] in _TS_VIDEO_TYPES]
+                        self.video, self.mapped = (videos[0] if videos else None), True
+                    elif self.video is not None and self.video not in streams:
+                        return int(number)
         return None
-    control, payload = packet[3] >> 4 & 3, 4
+
+    def _sections(self, packet: bytes, pid: int) -> list[bytes]:
+        """The sections on `pid` that the TS packet `packet` ends whole: one begun in the
+        packets before it, one it begins."""
+        payload = _ts_payload(packet)
+        if not payload:
+            return []
+        ended = []
+        if packet[1] & 0x40:  # a section begins, where its pointer field says
+            if pid in self.pending:  # the bytes before it end the one pending
+                ended.append(self.pending.pop(pid) + payload[1 : 1 + payload[0]])
+            self.pending[pid] = bytearray(payload[1 + payload[0] :])
+        elif pid in self.pending:
+            self.pending[pid] += payload
+        whole = []
+        for section in [*ended, self.pending.get(pid)]:
+            if section is None or len(section) < 3:
+                continue
+            end = 3 + _ts_section_length(section)
+            if end <= len(section):
+                whole.append(bytes(section[:end]))
+            if section is self.pending.get(pid) and (end <= len(section) or end > _TS_SECTION):
+                del self.pending[pid]  # read, or no section (stuffing: 0xFF)
+        return whole
+
+    def _said(self, section: bytes) -> object:
+        """What a PAT (its first program: number, PMT PID) or a PMT (its program's number,
+        (stream type, PID) of each stream) says, its CRC holding; None otherwise."""
+        if section not in self.read:
+            said = None
+            if len(section) >= 12 and _crc32(section, 0xFFFFFFFF) == 0:  # (over its CRC too)
+                body = section[8:-4]
+                if section[0] == 0x00:
+                    said = _ts_first_program(body)
+                elif section[0] == 0x02:
+                    said = (int.from_bytes(section[3:5], "big"), _ts_pmt_streams(body))
+            if len(self.read) > _TS_TABLES_KEPT:  # (a table changes rarely: versions kept)
+                self.read.clear()
+            self.read[section] = said
+        return self.read[section]
+
+
+def _ts_payload(packet: bytes) -> bytes:
+    """A TS packet's payload: its bytes after its header and adaptation field (none where it
+    flags none)."""
+    control, at = packet[3] >> 4 & 3, 4
     if control & 2:
-        payload += 1 + packet[4]
-    if not control & 1 or payload >= len(packet):
-        return None
-    return bytes(packet[payload + 1 + packet[payload] :])  # after the pointer field
+        at += 1 + packet[4]
+    return packet[at:] if control & 1 else b""
 
 
-def _ts_section_length(section: bytes) -> int:
-    """The length a PSI section's header gives for the bytes after its first 3 (0 where they
-    are not there)."""
-    return (section[1] & 0x0F) << 8 | section[2] if len(section) > 3 else 0
+def _ts_section_start(packet: bytes) -> bytes:
+    """The bytes of the PSI section (PAT, PMT) that a TS packet begins (it flags one), to the
+    packet's end; empty where it holds none."""
+    payload = _ts_payload(packet)
+    return payload[1 + payload[0] :] if payload else b""  # after the pointer field
 
 
-def _ts_first_program_map(body: bytes) -> int | None:
-    """The PMT PID of the first program a PAT's body (its program, PID pairs) lists (program
-    0 is the network's PID)."""
+def _ts_section_length(section) -> int:
+    """The length a PSI section's header gives for the bytes after its first 3."""
+    return (section[1] & 0x0F) << 8 | section[2]
+
+
+def _ts_first_program(body: bytes) -> tuple[int, int] | None:
+    """(number, PMT PID) of the first program a PAT's body (its program, PID pairs) lists
+    (program 0 is the network's PID)."""
     for at in range(0, len(body) - 3, 4):
-        if int.from_bytes(body[at : at + 2], "big"):
-            return (body[at + 2] & 0x1F) << 8 | body[at + 3]
+        if number := int.from_bytes(body[at : at + 2], "big"):
+            return number, (body[at + 2] & 0x1F) << 8 | body[at + 3]
     return None
 
 
@@ -212,70 +273,6 @@ def _ts_pmt_streams(body: bytes) -> list[tuple[int, int]]:
         streams.append((body[at], (body[at + 1] & 0x1F) << 8 | body[at + 2]))
         at += 5 + ((body[at + 3] & 0x0F) << 8 | body[at + 4])
     return streams
-
-
-def _ts_whole_section(section: bytes) -> bytes | None:
-    """A PSI section's bytes (`section`: from its table ID to the packet's end) where the
-    packet holds all of it and its CRC-32 holds (the polynomial 0x04C11DB7 from all ones:
-    over a whole section, CRC and all, 0); None otherwise (a section that runs on into the
-    next packets is not read)."""
-    end = 3 + _ts_section_length(section)
-    if len(section) < 12 or end > len(section):
-        return None
-    crc, table = 0xFFFFFFFF, _ogg_crc_table()
-    for byte in section[:end]:
-        crc = (crc << 8 & 0xFFFFFFFF) ^ table[crc >> 24 ^ byte]
-    return section[:end] if crc == 0 else None
-
-
-class _TsTables:
-    """An MPEG-TS file's PATs and PMTs, walked chunk by chunk: where a PMT of the first
-    program (on the PID the latest PAT gives it) first lists no stream of the video's PID and
-    stream type (a file of another codec, or with its video on another PID, joined by `cat`).
-    Only sections a packet holds whole, whose CRC holds, are read."""
-
-    def __init__(self, video: int, kind: int, program_map: int) -> None:
-        self.video, self.kind, self.program_map = video, kind, program_map
-        self.read: dict[bytes, object] = {}  # a section's bytes: what it says (they repeat)
-
-    def switch_in(self, packets) -> int | None:
-        """The number, in the chunk `packets` (188 bytes a row, sync byte first), of the
-        packet whose PMT switches the video's codec; None where none does."""
-        import numpy as np
-
-        pid = (packets[:, 1].astype(np.int32) & 0x1F) << 8 | packets[:, 2]
-        starts = (packets[:, 0] == 0x47) & (packets[:, 1] & 0x40 > 0)
-        pats = np.flatnonzero(starts & (pid == 0))
-        maps = {self.program_map}
-        for number in pats:  # the PMT PIDs the PATs give, to pick their packets out
-            said = self._said(packets[number], 0x00)
-            maps.add(said if isinstance(said, int) else self.program_map)
-        for number in np.flatnonzero(starts & np.isin(pid, [0, *maps])):
-            if pid[number] == 0:
-                said = self._said(packets[number], 0x00)
-                self.program_map = said if isinstance(said, int) else self.program_map
-            elif pid[number] == self.program_map:
-                said = self._said(packets[number], 0x02)
-                if isinstance(said, list) and (self.kind, self.video) not in said:
-                    return int(number)
-        return None
-
-    def _said(self, packet, table: int) -> object:
-        """What a PAT (`table` 0: its first program's PMT PID) or a PMT (2: its streams)
-        whose section the packet holds whole says; None for another table, or one not read."""
-        start = _ts_section(packet)
-        if start is None:
-            return None
-        if start not in self.read:  # (a table repeats, its packets' bytes alike)
-            section = _ts_whole_section(start)
-            said = None
-            if section is not None and section[0] == 0x00:
-                said = (0x00, _ts_first_program_map(section[8:-4]))
-            elif section is not None and section[0] == 0x02:
-                said = (0x02, _ts_pmt_streams(section[8:-4]))
-            self.read[start] = said
-        said = self.read[start]
-        return said[1] if said is not None and said[0] == table else None
 
 
 def _mapped(handle) -> mmap.mmap:
@@ -549,14 +546,20 @@ def _ogg_page_end(data, at: int, size: int) -> int | None:
 def _ogg_checksum_holds(page: bytes) -> bool:
     """Whether an Ogg page's CRC-32 (bytes 22 to 25: its own, taken as zeroes) is its bytes'
     (the polynomial 0x04C11DB7, not reflected, from 0)."""
-    crc, table = 0, _ogg_crc_table()
-    for byte in page[:22] + bytes(4) + page[26:]:
+    return _crc32(page[:22] + bytes(4) + page[26:], 0) == int.from_bytes(page[22:26], "little")
+
+
+def _crc32(data: bytes, crc: int) -> int:
+    """The CRC-32 of `data` by the polynomial 0x04C11DB7, not reflected, from `crc` (Ogg's
+    from 0; MPEG's PSI sections from all ones, 0 over a section and its CRC)."""
+    table = _crc32_table()
+    for byte in data:
         crc = (crc << 8 & 0xFFFFFFFF) ^ table[crc >> 24 ^ byte]
-    return crc == int.from_bytes(page[22:26], "little")
+    return crc
 
 
 @functools.cache
-def _ogg_crc_table() -> tuple[int, ...]:
+def _crc32_table() -> tuple[int, ...]:
     table = []
     for index in range(256):
         crc = index << 24
