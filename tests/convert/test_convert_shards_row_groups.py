@@ -204,3 +204,43 @@ def test_a_spill_after_a_resume_holds_only_the_positions_left(tmp_path, monkeypa
     )
     assert [loaded.data[0] for loaded in reads] == [0, 4, 1, 2]
     assert read_order == [0, 1, 2, 4]  # once each, in source order
+
+
+def test_a_spill_of_rows_with_null_images_holds_no_row_group_for_their_errors(
+    tmp_path, monkeypatch
+):
+    """A null image's error, kept until its window is written, held through its traceback the
+    reader's frame and in it the whole row group: with a null image in every row group, a
+    spill held them all (a 100 GB source: 100 GB of memory). Its frames are cleared now."""
+    import os
+    import random
+
+    import pyarrow as pa
+
+    groups, rows, image = 30, 10, 20_000
+    images = [None if i % rows == 0 else png(i) + os.urandom(image) for i in range(groups * rows)]
+    labels = [0] * len(images)
+    source = write_parquet(tmp_path / "nulls.parquet", images, labels, row_group_size=rows)
+    monkeypatch.setattr(parquet_module, "CACHE_BYTES", 2 * rows * image)  # about one row group
+    samples = open_data(source).whole
+    order = list(range(len(images)))
+    random.Random(0).shuffle(order)
+    costs = shards_module._window_costs(samples)
+    held = []
+
+    def load(position: int, data: bytes | Exception) -> shards_module.Loaded:
+        held.append(pa.total_allocated_bytes())
+        return shards_module.Loaded("png", b"" if isinstance(data, Exception) else data)
+
+    reads = shards_module._read_in_windows(
+        lambda position: shards_module.read_file(samples, order[position]),
+        load,
+        range(len(order)),
+        order,
+        costs,
+        0,
+        spill_folder=tmp_path,
+        window_bytes=3 * costs(1),
+    )
+    assert sum(1 for _ in reads) == len(images)
+    assert max(held) < 4 * rows * image  # was all of them: groups * rows * image

@@ -38,6 +38,7 @@ import re
 import sys
 import tarfile
 import time
+import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath, PurePosixPath
@@ -312,6 +313,9 @@ def read_file(samples: Any, index: int) -> bytes | Exception:
     try:
         return read_regular_file(samples.paths[index])
     except Exception as error:
+        # Kept until the sample is written (a window, a spill: the whole set later): its
+        # traceback's frames let go of their locals, a parquet reader's whole row group.
+        traceback.clear_frames(error.__traceback__)
         return error
 
 
