@@ -171,13 +171,16 @@ class _TsTables:
 
         pid = (packets[:, 1].astype(np.int32) & 0x1F) << 8 | packets[:, 2]
         synced = packets[:, 0] == 0x47
-        maps = {self.program[1]} if self.program else set()
-        for number in np.flatnonzero(synced & (pid == 0) & (packets[:, 1] & 0x40 > 0)):
+        width, maps = packets.shape[1], {self.program[1]} if self.program else set()
+        pats = packets[synced & (pid == 0) & (packets[:, 1] & 0x40 > 0)].tobytes()
+        for packet in {pats[at : at + width] for at in range(0, len(pats), width)}:
             # the PMT PIDs the PATs may give (their first packets, read below in order)
-            program = _ts_first_program(_ts_section_start(bytes(packets[number]))[8:])
+            program = _ts_first_program(_ts_section_start(packet)[8:])
             maps.add(program[1] if program else 0)
-        for number in np.flatnonzero(synced & np.isin(pid, [0, *maps])):
-            for section in self._sections(bytes(packets[number]), int(pid[number])):
+        numbers = np.flatnonzero(synced & np.isin(pid, [0, *maps]))
+        tables = packets[numbers].tobytes()
+        for at, number in zip(range(0, len(tables), width), numbers.tolist(), strict=True):
+            for section in self._sections(tables[at : at + width], int(pid[number])):
                 said = self._said(section)
                 if said is None:
                     continue
@@ -191,7 +194,7 @@ class _TsTables:
                         videos = [s for s in streams if s[0] in _TS_VIDEO_TYPES]
                         self.video, self.mapped = (videos[0] if videos else None), True
                     elif self.video is not None and self.video not in streams:
-                        return int(number)
+                        return number
         return None
 
     def _sections(self, packet: bytes, pid: int) -> list[bytes]:
