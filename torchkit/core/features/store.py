@@ -721,7 +721,7 @@ def _chunks(array, rows: int):
 
 def _write_pt(source: Path, target: Path) -> None:
     """A .pt holding one tensor, as torch.save writes it: a zip of torch's records (its pickle,
-    written by torch's own `_save`), each stored uncompressed at a 64-byte boundary, the rows
+    written by torch's own `_save`), each stored uncompressed where torch aligns it, the rows
     copied into `data/0` chunk by chunk from the file. torch.load reads it (weights_only=True,
     mmap=True) as it reads torch.save's. torch.save itself read the rows through a memory map
     of the file, whose pages all stayed in the process: its resident set grew by the whole
@@ -770,8 +770,8 @@ def _write_pt(source: Path, target: Path) -> None:
 def _torch_records(tensor, nbytes: int) -> list[tuple[str, bytes | None, int]] | None:
     """The records torch.save writes for `tensor`, in its order (name, bytes, size), its one
     storage's bytes None (the caller copies them); then `version`, which torch's zip writer
-    adds. None where this torch's `torch.serialization._save` (private: the same arguments
-    from torch 1.6 to 2.15) does not record them so."""
+    adds. None where this torch's `torch.serialization._save` (private: the same arguments in
+    torch 2.4 and 2.15) does not record them so."""
     import pickle
 
     import torch
