@@ -177,6 +177,41 @@ def test_a_sigkilled_start_is_started_again_but_a_users_file_of_its_names_is_kep
     assert not event.exists() and hidden_siblings(run) == []
 
 
+# A sitecustomize: the process SIGKILLs itself as it renames split.csv's finished temporary into
+# place, config.json written (a split.csv of a million images is seconds of writing before).
+KILLED_WRITING_SPLIT_CSV = """
+import os, signal, sys
+
+def _hook(event, args):
+    if event in ("os.rename", "os.replace", "os.link") and str(args[1]).endswith("split.csv"):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+sys.addaudithook(_hook)
+"""
+
+
+def test_a_run_sigkilled_as_it_writes_split_csv_is_started_again_without_force(tmp_path):
+    """config.json is recorded in the marker as written, not after split.csv too: a run killed
+    between the two is a killed start. It was refused, `run folder already exists: run (its
+    run was stopped before its first checkpoint ... pass --force to start it again ...)`."""
+    write_image_folder(tmp_path / "ds", {"a": 6, "b": 6})
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(KILLED_WRITING_SPLIT_CSV)
+    args = ["train", *TINY, *DATA, "--epochs", "1", "--out", "run"]
+    env = {"PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{HELPERS}"}
+    killed = start_torchkit_process(*args, cwd=tmp_path, env=env)
+    killed.communicate(timeout=120)
+    assert killed.returncode == -signal.SIGKILL
+    run = tmp_path / "run"
+    names = sorted(p.name for p in run.iterdir())
+    assert names[1:] == [".torchkit", "config.json"] and names[0].startswith(".split.csv.")
+
+    again = run_torchkit_in_process(*args, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith(".split")) == []
+    assert (run / "last.pt").is_file() and (run / "split.csv").is_file()
+
+
 def test_a_run_killed_before_its_first_checkpoint_starts_again_without_force(world):
     # It was "run folder already exists: killed (its run was stopped before its first
     # checkpoint, so there is nothing to resume: pass --force to start it again ...)".

@@ -27,7 +27,8 @@ import io
 import itertools
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import IO, Any
 
 # Whitespace (but a line end) at either end of a field in rendered rows: where a field may have
@@ -133,6 +134,7 @@ def write_csv_file(
     rows: Iterable[Iterable[Any]],
     *,
     header: Iterable[Any] | None = None,
+    check: Callable[[Path], None] | None = None,
 ) -> None:
     """`header` (if given) and `rows` written to `path` as `csv_text` writes them, byte for
     byte, atomically (`atomic_write`: a temporary file renamed into place) and streamed in
@@ -140,7 +142,7 @@ def write_csv_file(
     predictions.csv of 200 MB) is never held whole."""
     from torchkit.core.io.files import atomic_write
 
-    with atomic_write(path, "w", encoding="utf-8", newline="") as handle:
+    with atomic_write(path, "w", check=check, encoding="utf-8", newline="") as handle:
         writer = CsvWriter(handle)
         if header is not None:
             writer.writerow(header)

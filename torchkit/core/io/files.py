@@ -192,18 +192,26 @@ def remove_stale_temporaries(folder: Path, owns: Callable[[str], bool]) -> list[
     return removed
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    with atomic_write(path, "w", encoding="utf-8", newline="") as handle:
+def atomic_write_text(
+    path: str | os.PathLike, text: str, *, check: Callable[[Path], None] | None = None
+) -> None:
+    with atomic_write(path, "w", check=check, encoding="utf-8", newline="") as handle:
         handle.write(text)
 
 
-def atomic_write_json(path: str | os.PathLike, value: object, *, indent: int | None = 2) -> None:
+def atomic_write_json(
+    path: str | os.PathLike,
+    value: object,
+    *,
+    indent: int | None = 2,
+    check: Callable[[Path], None] | None = None,
+) -> None:
     """`value` as the JSON file `path` (`indent` None: on one line), written whole
     (`atomic_write_text`): the one writer of the JSON files in torchkit's outputs
     (metrics.json, meta.json, manifest.json, config.json...), written as stdout's JSON is
     (`json_text`): UTF-8, "café" as itself, a name that is not UTF-8 as its escape
     ("\\udcff")."""
-    atomic_write_text(path, json_text(value, indent=indent) + "\n")
+    atomic_write_text(path, json_text(value, indent=indent) + "\n", check=check)
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:

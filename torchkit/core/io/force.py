@@ -10,7 +10,7 @@ import json
 import os
 import stat
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path, PurePath
 
 from torchkit import __version__
@@ -134,14 +134,28 @@ def note_started(folder: Path, names: Iterable[str], *, growing: bool = False) -
     """Record in the marker of `folder` the files `names` (paths relative to it, `/`-separated)
     just written by the run that marked it, with their size and time (not where `growing`: a
     log its writer goes on appending to). Nothing where the folder has no marker."""
+    _note_files(folder, {name: folder / name for name in names}, growing=growing)
+
+
+def noting_started(folder: Path, name: str) -> Callable[[Path], None]:
+    """The `check` of the atomic write of the start file `folder/name` (`atomic_write`'s):
+    records the finished temporary's size and time under `name` before it is renamed into
+    place, which keeps both: a kill at any moment leaves a temporary or the file as recorded.
+    Recorded after the writes, a kill between them (a split.csv of a million images: seconds)
+    left a config.json the marker did not know, and the same command was refused."""
+    return lambda temporary: _note_files(folder, {name: temporary}, growing=False)
+
+
+def _note_files(folder: Path, files: dict[str, Path], *, growing: bool) -> None:
+    """`note_started` of `files` (name in `folder` -> the file whose size and time are its)."""
     marker = folder / MARKER
     record = _json_record(marker)
     if not isinstance(record, dict):
         return
     started = _started_entries(record)
-    for name in names:
+    for name, file in files.items():
         try:
-            info = os.lstat(folder / name)
+            info = os.lstat(file)
         except OSError:
             continue
         if not stat.S_ISREG(info.st_mode):

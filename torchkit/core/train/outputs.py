@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import platform
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -171,8 +172,10 @@ def versions() -> dict[str, str]:
     }
 
 
-def write_config_json(path: Path, payload: dict[str, Any]) -> None:
-    atomic_write_json(path, payload)
+def write_config_json(
+    path: Path, payload: dict[str, Any], *, check: Callable[[Path], None] | None = None
+) -> None:
+    atomic_write_json(path, payload, check=check)
 
 
 def metric_columns(history: list[dict]) -> list[str]:

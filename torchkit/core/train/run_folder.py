@@ -27,6 +27,7 @@ from torchkit.core.io.force import (
     foreign_entries_hint,
     marker_command,
     note_started,
+    noting_started,
 )
 from torchkit.core.io.output_locks import OutputLockedError, lock_path
 from torchkit.core.io.output_paths import MARKER
@@ -191,10 +192,14 @@ class RunFolder:
         out = self.path = self.output.begin()
         if self.in_place and (out / "config.json").is_file():
             self.old_config_json = (out / "config.json").read_bytes()
-        write_config_json(out / "config.json", config_json)
-        write_split_csv(out / SPLIT_CSV, splits)
-        if not self.in_place:  # a kill from here to the first checkpoint: started again
-            note_started(out, ["config.json", SPLIT_CSV])
+
+        def started(name: str) -> Callable[[Path], None] | None:
+            """Each recorded as written: a kill from here to the first checkpoint leaves a
+            start that the same command starts again."""
+            return None if self.in_place else noting_started(out, name)
+
+        write_config_json(out / "config.json", config_json, check=started("config.json"))
+        write_split_csv(out / SPLIT_CSV, splits, check=started(SPLIT_CSV))
         return out
 
     def carry_best(self, ctx: DistContext, resumed_from: Path, checkpoint: dict) -> bool:

@@ -11,7 +11,7 @@ since, and eval / extract-features / predict given the checkpoint and the same d
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from torchkit.core.data.sources.samples import Samples, shown_class_names
@@ -101,8 +101,13 @@ def split_csv_rows(splits: dict[str, Samples]) -> Iterator[tuple]:
             yield ident, classes[label], name
 
 
-def write_split_csv(path: str | os.PathLike, splits: dict[str, Samples]) -> Path:
+def write_split_csv(
+    path: str | os.PathLike,
+    splits: dict[str, Samples],
+    *,
+    check: Callable[[Path], None] | None = None,
+) -> Path:
     """Write split.csv (`split_csv_rows`) to `path` atomically, streamed: a million images'
-    text (60 MB) is never held whole."""
-    write_csv_file(path, split_csv_rows(splits), header=SPLIT_CSV_COLUMNS)
+    text (60 MB) is never held whole. `check`: `atomic_write`'s."""
+    write_csv_file(path, split_csv_rows(splits), header=SPLIT_CSV_COLUMNS, check=check)
     return Path(path)
