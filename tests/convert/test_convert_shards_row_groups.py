@@ -244,3 +244,60 @@ def test_a_spill_of_rows_with_null_images_holds_no_row_group_for_their_errors(
     )
     assert sum(1 for _ in reads) == len(images)
     assert max(held) < 4 * rows * image  # was all of them: groups * rows * image
+
+
+def write_large_rows(path: Path) -> Path:
+    """60 rows of 20 kB images (PNGs with bytes after their end), in row groups of 6."""
+    images = [png(row) + bytes(range(256)) * 80 for row in range(60)]
+    return write_parquet(path, images, [row % 3 for row in range(60)], row_group_size=6)
+
+
+def test_a_spill_that_leaves_no_room_for_the_shards_is_not_made(tmp_path, small_tmpfs, monkeypatch):
+    """The spill's images beside the shards take twice the room of the shards alone: on a disk
+    with room for the shards only, a run that wrote the shards before read everything into the
+    spill, then failed at a shard with 'No space left on device'. OUT's free space is now
+    checked first, and the windows read the row groups again instead, with a warning."""
+    source = write_large_rows(tmp_path / "rows.parquet")
+    whole = tmp_path / "whole"
+    assert run_torchkit_in_process("convert", "shards", source, whole).returncode == 0
+    each = shards_module._window_costs(open_data(source).whole)(0)
+    monkeypatch.setattr(shards_module, "WINDOW_BYTES", 3 * each)
+    out = small_tmpfs(2000) / "out"  # 2 MB: the shards' 1.4 MB, not their images twice
+    done = run_torchkit_in_process("convert", "shards", source, out)
+    assert done.returncode == 0, done.stderr
+    assert tars_of(out) == tars_of(whole)
+    warning = "no room for a temporary copy of the images"
+    assert warning in done.stderr and "MB free" in done.stderr
+
+
+def test_a_spill_past_the_disks_largest_file_leaves_the_windows_to_read_the_row_groups_again(
+    tmp_path, monkeypatch
+):
+    """The spill is one file as large as all the images: past the largest file the disk takes
+    (FAT32's 4 GB, a quota, `ulimit -f`), the run failed after reading everything, where
+    shards of a few hundred kB each were written before. It is given up now, with a warning,
+    and the windows read the row groups again."""
+    import resource
+
+    source = write_large_rows(tmp_path / "rows.parquet")
+    whole = tmp_path / "whole"
+    done = run_torchkit_in_process("convert", "shards", source, whole, "--per-shard", 10)
+    assert done.returncode == 0
+    each = shards_module._window_costs(open_data(source).whole)(0)
+    monkeypatch.setattr(shards_module, "WINDOW_BYTES", 3 * each)
+    out = tmp_path / "out"
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (500_000, limits[1]))  # Python ignores SIGXFSZ
+    try:
+        done = run_torchkit_in_process("convert", "shards", source, out, "--per-shard", 10)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+    assert done.returncode == 0, done.stderr
+    assert tars_of(out) == tars_of(whole)
+    assert f"the temporary copy of the images in {out} could not be written (File too large)" in (
+        done.stderr.replace("\n", " ")
+    )
+
+
+def tars_of(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.glob("*.tar"))}

@@ -60,7 +60,7 @@ from torchkit.core.io.files import (
 from torchkit.core.io.folder_contents import proven
 from torchkit.core.io.force import check_replaceable
 from torchkit.core.io.non_utf8_names import json_text
-from torchkit.core.io.output_paths import MARKER, remove_tree
+from torchkit.core.io.output_paths import MARKER, remove_tree, shown
 from torchkit.core.io.output_proofs import tar_by
 from torchkit.core.io.outputs import OutputFolder
 from torchkit.core.io.overlap import InputPath, check_overlap
@@ -676,15 +676,14 @@ def _read_in_windows(
     windows = _windows(
         positions, order, cost, WINDOW_BYTES if window_bytes is None else window_bytes
     )
-    fetch = read
     spill = None
     if (
         spill_folder is not None
         and isinstance(cost, _BlockCosts)
         and _spill_pays(windows, order, cost)
     ):
-        spill = _spill(read, positions, order, spill_folder)
-        fetch = spill.read
+        spill = _spill(read, positions, order, cost, spill_folder)
+    fetch = read if spill is None else spill.read
     try:
         for window in windows:
             first = window.start
@@ -747,17 +746,50 @@ class _SpilledSamples:
         return data
 
     def close(self) -> None:
-        self._file.close()
+        # What is still buffered is dropped with the file: a full disk raises again in the flush.
+        with contextlib.suppress(OSError):
+            self._file.close()
+
+
+# What a sample's members take in a shard beyond its image's bytes, reckoned up: the headers
+# of three members (image, .json, .cls), the last two's bytes, the padding of all three.
+_SHARD_SAMPLE_BYTES = 3 << 10
 
 
 def _spill(
-    read: Callable[[int], bytes | Exception], positions: range, order: Sequence[int], folder: Path
-) -> _SpilledSamples:
+    read: Callable[[int], bytes | Exception],
+    positions: range,
+    order: Sequence[int],
+    cost: Callable[[int], int],
+    folder: Path,
+) -> _SpilledSamples | None:
     """Every sample at `positions` read in the order of its source index, each block once, into
-    a temporary file in `folder`."""
+    a temporary file in `folder`. None, with a warning, where `folder`'s disk has no room for
+    the images twice (the spill and the shards: checked first) or fills meanwhile: the windows
+    then read the blocks again, as slow as before but with the room it had."""
     from array import array
 
-    spill = _SpilledSamples(folder, positions)
+    from torchkit.core.io.write_errors import WRITE_ONLY_ERRNOS
+
+    images = sum(cost(order[position]) for position in positions)  # and what holding them costs
+    needed = 2 * images + _SHARD_SAMPLE_BYTES * len(positions)
+    free = sizes.free_bytes(folder)
+    if free is not None and free < needed:
+        _no_spill(
+            f"{shown(folder)} has no room for a temporary copy of the images beside the shards "
+            f"({sizes.format_megabytes(free / 1e6)} MB free, about "
+            f"{sizes.format_megabytes(needed / 1e6)} MB needed)"
+        )
+        return None
+    try:
+        spill = _SpilledSamples(folder, positions)
+    except OSError as error:
+        if error.errno not in WRITE_ONLY_ERRNOS:
+            raise
+        _no_spill(
+            f"cannot make a temporary copy of the images in {shown(folder)} ({error.strerror})"
+        )
+        return None
     try:
         # Each source index's position (-1: none), 8 bytes an index where a sorted list of the
         # positions took about 36 a sample.
@@ -768,10 +800,26 @@ def _spill(
             if position >= 0:
                 spill.write(position, read(position))
         spill.written()
+    except OSError as error:
+        spill.close()
+        if error.errno not in WRITE_ONLY_ERRNOS:
+            raise
+        _no_spill(
+            f"the temporary copy of the images in {shown(folder)} could not be written "
+            f"({error.strerror})"
+        )
+        return None
     except BaseException:
         spill.close()
         raise
     return spill
+
+
+def _no_spill(why: str) -> None:
+    log.warning(
+        f"{why}: reading the source's row groups again for each {WINDOW_BYTES >> 20} MiB of "
+        "the shuffled order instead, which is slower; the shards are the same"
+    )
 
 
 def _set_words(shard_set: ShardSet) -> str:

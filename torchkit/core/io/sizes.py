@@ -9,6 +9,7 @@ a bare number (`4096`, `1.5e9`) is bytes.
 from __future__ import annotations
 
 import math
+import os
 import re
 from fractions import Fraction
 
@@ -55,3 +56,13 @@ def format_megabytes(megabytes: float) -> str:
         return f"{megabytes:,.1f}"
     decimals = 2 - math.floor(math.log10(abs(rounded)))
     return f"{megabytes:.{decimals}f}"
+
+
+def free_bytes(folder: str | os.PathLike) -> int | None:
+    """The bytes the disk of `folder` has free for this user; None where unknown (no statvfs:
+    Windows)."""
+    try:
+        stats = os.statvfs(folder)
+    except (OSError, AttributeError):
+        return None
+    return stats.f_bavail * stats.f_frsize

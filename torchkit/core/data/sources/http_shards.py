@@ -84,6 +84,7 @@ from torchkit.core.io.errors import (
 from torchkit.core.io.folder_locks import close_lock, open_unshared
 from torchkit.core.io.output_paths import remove_tree
 from torchkit.core.io.redaction import has_redacted_secret, list_parts, redact_url
+from torchkit.core.io.sizes import free_bytes as _free_bytes
 from torchkit.core.io.write_errors import as_write_error
 
 if TYPE_CHECKING:
@@ -991,14 +992,6 @@ def _disk_room(folder: Path, written: int = 0) -> tuple[int, int] | None:
     less a twentieth of that, at most `_KEPT_FREE`; None where unknown (no statvfs: Windows)."""
     free = _free_bytes(folder)
     return None if free is None else _room_of(free + written)
-
-
-def _free_bytes(folder: Path) -> int | None:
-    try:
-        stats = os.statvfs(folder)
-    except (OSError, AttributeError):
-        return None
-    return stats.f_bavail * stats.f_frsize
 
 
 def _room_of(free: int) -> tuple[int, int]:
