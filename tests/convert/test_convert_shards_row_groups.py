@@ -12,10 +12,9 @@ import json
 import tarfile
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 from image_folders import write_image_folder
-from parquet_files import png, write_parquet
+from parquet_files import counted_row_group_reads, png, write_parquet
 from processes import run_torchkit_in_process
 from shards import serving, shard_downloads
 
@@ -30,16 +29,8 @@ GROUPS = ROWS // GROUP_ROWS
 @pytest.fixture
 def row_group_reads(monkeypatch) -> list[int]:
     """The row groups read, in order, with a cache that holds about one of them."""
-    reads: list[int] = []
-    real = pq.ParquetFile.read_row_group
-
-    def counted(self, group, *args, **kwargs):
-        reads.append(group)
-        return real(self, group, *args, **kwargs)
-
-    monkeypatch.setattr(pq.ParquetFile, "read_row_group", counted)
     monkeypatch.setattr(parquet_module, "CACHE_BYTES", 3_000)  # a group: 8 PNGs of ~250 bytes
-    return reads
+    return counted_row_group_reads(monkeypatch)
 
 
 def convert_parquet(tmp_path: Path, out: Path, *options: str) -> dict[str, bytes]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 from block_orders import shuffled_block_order
-from parquet_files import png
+from parquet_files import counted_row_group_reads, png
 
 from torchkit.core.data.sources import open_data
 from torchkit.core.data.sources import parquet as parquet_module
@@ -47,14 +47,7 @@ def test_small_row_groups_beside_a_large_one_are_shuffled_together_and_read_once
     assert runs > SMALL_GROUPS + 1 + 10
 
     # Read in that order through the reader, each row group is read once.
-    reads: list[int] = []
-    real = pq.ParquetFile.read_row_group
-
-    def counted(self, group, *args, **kwargs):
-        reads.append(group)
-        return real(self, group, *args, **kwargs)
-
-    monkeypatch.setattr(pq.ParquetFile, "read_row_group", counted)
+    reads = counted_row_group_reads(monkeypatch)
     read = [paths[i].read_bytes() for i in order]
     assert len(read[order.index(len(paths) - 1)]) == LARGE_IMAGE
     assert sorted(reads) == list(range(SMALL_GROUPS + 1))

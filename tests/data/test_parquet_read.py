@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from checkpoints import write_convnet_checkpoint
 from output_checks import error_line, torchkit_log_to_caplog
-from parquet_files import png, write_parquet
+from parquet_files import counted_row_group_reads, png, write_parquet
 from processes import dataset_stats, run_json, run_torchkit_in_process
 from stats_plots import write_stats_plot_undrawn
 from suite_paths import REPO
@@ -631,7 +631,6 @@ def test_rows_of_paths_alone_read_their_row_group_once_for_their_paths(tmp_path,
     """A dataset saved without its images embedded has a null image in every row: each row's
     message read its row group again, so dataset-stats of 20,000 such rows took 50 s (2.6 s
     before the path was named), growing with the square of the rows."""
-    import pyarrow.parquet as pq
 
     import torchkit.core.data.sources.parquet as parquet
 
@@ -641,14 +640,7 @@ def test_rows_of_paths_alone_read_their_row_group_once_for_their_paths(tmp_path,
         tmp_path / "d.parquet", [png(0)] + [None] * (count - 1), None, row_group_size=count,
         image_paths=paths,
     )  # fmt: skip
-    reads = []
-    real_read = pq.ParquetFile.read_row_group
-
-    def read_row_group(self, *args, **kwargs):  # counted, then read as ever
-        reads.append(args)
-        return real_read(self, *args, **kwargs)
-
-    monkeypatch.setattr(pq.ParquetFile, "read_row_group", read_row_group)
+    reads = counted_row_group_reads(monkeypatch)
     reader = parquet.ParquetImages([str(data)], ["image"])
     assert reader.read((0, 0, 0)) == png(0)
     for row in range(1, count):

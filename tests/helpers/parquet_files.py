@@ -62,3 +62,19 @@ def png(seed: int) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(pixels).save(buffer, format="PNG")
     return buffer.getvalue()
+
+
+def counted_row_group_reads(monkeypatch) -> list[int]:
+    """The row groups pyarrow reads from now on (`ParquetFile.read_row_group`), in order, each
+    still read as ever."""
+    import pyarrow.parquet as pq
+
+    reads: list[int] = []
+    real = pq.ParquetFile.read_row_group
+
+    def counted(self, group, *args, **kwargs):
+        reads.append(group)
+        return real(self, group, *args, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", counted)
+    return reads
