@@ -672,6 +672,32 @@ def test_an_flv_whose_metadata_records_a_stale_size_is_ok(tmp_path, duration):
         assert (exact.status, exact.frames_decoded) == ("ok", 49)
 
 
+def test_an_flv_whose_audio_plays_past_its_video_and_records_a_stale_size_is_ok(tmp_path):
+    """A whole FLV whose video (1.88 s) ends short of its ADPCM audio (2 s; a tag plays
+    0.37 s), its last audio tag starting within a frame of its last video frame, and whose
+    metadata records a file size 100 kB larger than the file (left stale by a tool that
+    rewrote it) read `truncated: the file holds 27,504 of the 127,504 bytes its flv metadata
+    records, and its video ends at frame 47 of the 56 its header declares`, exit 1, with
+    and without --exact: so does a copy cut after its last audio tag, losing video frames
+    alone, but by the bytes of those frames' tags. A size short by more than the frames
+    missing and their time's audio could take says nothing: ok."""
+    made = ffmpeg_made(
+        tmp_path / "clip.flv",
+        *moving_picture(1.88),
+        *("-f", "lavfi", "-i", "sine=duration=2", "-c:v", "flv", "-c:a", "adpcm_swf"),
+        *("-ar", "11025"),
+        encoders=("flv", "adpcm_swf"),
+        muxer="flv",
+    )
+    data = made.read_bytes()
+    stale = tmp_path / "stale.flv"
+    stale.write_bytes(_recorded_size(data, len(data) + 100_000))
+    assert probe_video(made, exact=True).frames_decoded == 47
+    for options in ({}, {"exact": True}, {"decode_check": False}):
+        info = probe_video(stale, **options)
+        assert (info.status, info.error) == ("ok", None), options
+
+
 @pytest.mark.parametrize("audio", [False, True], ids=["video-alone", "with-audio"])
 def test_an_ogg_whose_last_page_header_is_zeroed(tmp_path, audio):
     """An Ogg file whose last page's 27-byte header is zeroed (its capture pattern, granule

@@ -365,7 +365,8 @@ def _flv_cut_between_tags(
     header, size = info.frames_header, info.size_bytes
     if container != "flv" or not header or size is None:
         return None
-    recorded = flv_cut_short(path, size, header - _frame_slack(header) - reached, info.fps)
+    missing = header - reached
+    recorded = flv_cut_short(path, size, missing - _frame_slack(header), info.fps, missing)
     if recorded is None:
         return None
     return (

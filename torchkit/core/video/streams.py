@@ -19,6 +19,7 @@ import mmap
 import os
 import re
 import struct
+from typing import NamedTuple
 
 from torchkit.core.video.held import (
     MPEG_START,
@@ -1115,17 +1116,21 @@ def flv_recorded_size(path: str | os.PathLike, size: int) -> int | None:
 
 
 def flv_cut_short(
-    path: str | os.PathLike, size: int, frames_short: int, fps: float | None
+    path: str | os.PathLike, size: int, frames_short: int, fps: float | None, frames_missing: int
 ) -> int | None:
     """The file size an FLV's metadata records (`flv_recorded_size`) where the `size`-byte
-    file looks cut between two tags that lost `frames_short` video frames (at `fps`), which
-    the tags' own sizes cannot tell: it falls short of that size by bytes that could hold
-    those frames' tags (each as large as its smallest video tag: header, data and the size
-    after it), and its tags end within a frame of its last video frame's (a muxer writes
-    tags in time order: where tags of other streams follow the video's last by more, the
-    file went on past the video's end, which is its own). None where it records no size or
-    no more than the file holds, or either fails (a tool that rewrote the metadata left the
-    size stale: a whole file), or the tags cannot be walked."""
+    file looks cut between two tags that lost `frames_short` video frames past the count's
+    slack (`frames_missing` in all, at `fps`), which the tags' own sizes cannot tell: it
+    falls short of that size by bytes that could hold those frames' tags (each as large as
+    its smallest video tag: header, data and the size after it), and by no more than the
+    tags of the frames missing and their time's audio could take (each as large as its
+    largest video tag, twice its audio's bytes a second, and one more tag: a file of tags
+    of its own past its video's end, or a size left stale by more, is whole); and its tags
+    end within a frame of its last video frame's (a muxer writes tags in time order: where
+    tags of other streams follow the video's last by more, the file went on past the
+    video's end, which is its own). None where it records no size or no more than the file
+    holds, or either fails (a tool that rewrote the metadata left the size stale: a whole
+    file), or the tags cannot be walked."""
     recorded = flv_recorded_size(path, size) if frames_short > 0 and fps else None
     if recorded is None:
         return None
@@ -1136,18 +1141,32 @@ def flv_cut_short(
         return None
     if tail is None:
         return None
-    smallest, last_video_ms, latest_ms = tail
-    if recorded - size < frames_short * smallest or latest_ms - last_video_ms > 1000 / fps + 1:
+    frame_ms = 1000 / fps
+    missing_most = (frames_missing + 1) * (tail.largest + 2 * tail.audio_per_ms * frame_ms)
+    if not frames_short * tail.smallest <= recorded - size <= missing_most:
         return None
-    return recorded
+    return recorded if tail.latest_ms - tail.last_video_ms <= frame_ms + 1 else None
 
 
-def _flv_video_tail(data) -> tuple[int, int, int] | None:
-    """(the bytes the smallest video tag of an FLV file that holds a frame takes: its header,
-    data and the size after it; the last such tag's time; the latest time of any tag: an
-    H.264 end of sequence after it carries its time), in ms, walked by the tags' sizes; None
-    where there is none, or where the walk meets bytes that are no tag."""
-    smallest, last_video, latest, at = None, 0, 0, int.from_bytes(data[5:9], "big") + 4
+class _FlvVideoTail(NamedTuple):
+    """What `flv_cut_short` weighs of an FLV file's tags: the bytes the smallest and the
+    largest video tag that holds a frame takes (its header, data and the size after it), the
+    last such tag's time, the latest time of any tag (an H.264 end of sequence after it
+    carries its time), in ms, and the bytes its audio tags take a ms of the time they span."""
+
+    smallest: int
+    largest: int
+    last_video_ms: int
+    latest_ms: int
+    audio_per_ms: float
+
+
+def _flv_video_tail(data) -> _FlvVideoTail | None:
+    """An FLV file's `_FlvVideoTail`, walked by its tags' sizes; None where it has no video
+    frame, or where the walk meets bytes that are no tag."""
+    smallest, largest, last_video, latest = None, 0, 0, 0
+    audio_bytes, audio_first, audio_last = 0, None, 0
+    at = int.from_bytes(data[5:9], "big") + 4
     for _ in range(_MAX_FLV_TAGS):
         if at + _FLV_TAG_HEADER > len(data):
             break
@@ -1155,14 +1174,19 @@ def _flv_video_tail(data) -> tuple[int, int, int] | None:
             return None
         length = int.from_bytes(data[at + 1 : at + 4], "big")
         time = int.from_bytes(data[at + 4 : at + 7], "big") | data[at + 7] << 24
-        latest = max(latest, time)
+        latest, taken = max(latest, time), _FLV_TAG_HEADER + length + 4
         head = data[at + _FLV_TAG_HEADER : at + _FLV_TAG_HEADER + min(length, 5)]
         if data[at] & 0x1F == 9 and _flv_frame(head) is not None:
-            taken = _FLV_TAG_HEADER + length + 4
             smallest = taken if smallest is None else min(smallest, taken)
-            last_video = time
-        at += _FLV_TAG_HEADER + length + 4
-    return None if smallest is None else (smallest, last_video, latest)
+            largest, last_video = max(largest, taken), time
+        elif data[at] & 0x1F == 8:
+            audio_bytes, audio_last = audio_bytes + taken, time
+            audio_first = time if audio_first is None else audio_first
+        at += taken
+    if smallest is None:
+        return None
+    audio_ms = audio_last - audio_first if audio_first is not None else 0
+    return _FlvVideoTail(smallest, largest, last_video, latest, audio_bytes / max(audio_ms, 1))
 
 
 _OGG_TAIL = 65_307 + 27  # the most bytes of a page (255 segments of 255 bytes), and another's head
