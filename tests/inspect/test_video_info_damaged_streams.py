@@ -458,6 +458,37 @@ def test_mpeg_ts_files_of_two_codecs_joined_by_cat_are_judged_by_the_first(tmp_p
     assert probe_video(resized, exact=True).status == "ok"
 
 
+def test_a_zeroed_mpeg_ts_of_two_codecs_whose_first_is_one_gop_is_damaged(tmp_path):
+    """Where a PMT switches the codec, the first codec's frames from its last key frame are
+    not held against the file (a decoder may never show those it still held); a first file
+    of one GOP (a key frame every 250 frames: 75 here) was not judged at all, so a copy with
+    a tenth of it zeroed read `ok`. No decoder holds more than 16 pictures (H.264's and
+    HEVC's largest buffer): no more are excused, and the damage is told."""
+    h264, mpeg2 = (
+        ffmpeg_made(
+            tmp_path / name,
+            *moving_picture(3),
+            *options,
+            encoders=(options[1],),
+            muxer="mpegts",
+        )
+        for name, options in (
+            ("h264.ts", ("-c:v", "libx264", "-g", "250", "-bf", "8", "-pix_fmt", "yuv420p")),
+            ("mpeg2.ts", ("-c:v", "mpeg2video", "-g", "12", "-bf", "2")),
+        )
+    )
+    joined = tmp_path / "joined.ts"
+    joined.write_bytes(h264.read_bytes() + mpeg2.read_bytes())
+    held = ts_video_frames(joined, "mpeg-ts")
+    assert (held.frames, held.leading) == (75, 16)
+    for threads in (1, 16):
+        whole = probe_video(joined, exact=True, decoder_threads=threads)
+        assert (whole.status, whole.error) == ("ok", None), threads
+    zeroed = probe_video(zeroed_copy(joined, tmp_path, 0.2), exact=True)
+    assert zeroed.status == "damaged", zeroed
+    assert zeroed.error.startswith(f"damaged: {zeroed.frames_decoded} of the 7")
+
+
 def _mpeg_crc(data: bytes) -> int:
     """The CRC-32 of an MPEG PSI section (polynomial 0x04C11DB7, not reflected, from all
     ones), bit by bit."""

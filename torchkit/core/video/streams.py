@@ -42,6 +42,10 @@ M2TS_PACKET = 192  # M2TS/MTS (AVCHD, Blu-ray): a 4-byte timestamp before each T
 # AVS, Dirac, VC-1
 _TS_VIDEO_TYPES = frozenset({0x01, 0x02, 0x10, 0x1B, 0x24, 0x33, 0x42, 0xD1, 0xEA})
 _TS_CHUNK_PACKETS = 1 << 16  # packets read at a time (12 MiB)
+# the most pictures a decoder holds back to show later: H.264's and HEVC's largest picture
+# buffer (FFmpeg's decoder fed another codec's data after them drops 1-3 of them: H.264 with
+# 0-16 B-frames, HEVC, MPEG-2, 1-16 decoder threads)
+_DECODER_HOLDS = 16
 _TS_SECTION = 1024  # the most bytes of a PAT's or PMT's section
 _TS_TABLES_KEPT = 64  # the sections read kept, to read each table's repeats once
 
@@ -57,12 +61,12 @@ def ts_video_frames(path: str | os.PathLike, container: str | None) -> HeldFrame
     frame), and those after it shown at or before it (an open GOP's leading pictures). Where
     a later PMT no longer lists the video's PID with its stream type (files of another codec
     joined by `cat`, FFmpeg's decoder fed their data), the walk stops there: the frames after
-    it are not counted, and those from the last key frame before it are `leading` too (a
-    decoder fed another codec's data may never show those it still held: 3 of 90 H.264
-    frames, 1 to 3 MPEG-2); the tables are its first program's (`_TsTables`). None for other
-    formats, no video stream in that program's first PMT (read in the first chunk's
-    packets), or a file that flags no random access point (which frame decodes first is not
-    told)."""
+    it are not counted, and those from the last key frame before it, `_DECODER_HOLDS` at
+    most, are `leading` too (a decoder fed another codec's data may never show those it
+    still held: 3 of 90 H.264 frames, 1 to 3 MPEG-2); the tables are its first program's
+    (`_TsTables`). None for other formats, no video stream in that program's first PMT
+    (read in the first chunk's packets), or a file that flags no random access point (which
+    frame decodes first is not told)."""
     import numpy as np
 
     if container not in ("mpeg-ts", "m2ts"):
@@ -97,8 +101,11 @@ def ts_video_frames(path: str | os.PathLike, container: str | None) -> HeldFrame
     if not keys.any():
         return None
     # the frames a decoder may still hold where another codec's data follows: from the last
-    # key frame before the switch
-    held_at_switch = len(keys) - int(np.flatnonzero(keys)[-1]) if switch is not None else 0
+    # key frame before the switch, but no more than a decoder holds (a whole GOP of hundreds
+    # would excuse any damage before it)
+    held_at_switch = 0
+    if switch is not None:
+        held_at_switch = min(_DECODER_HOLDS, len(keys) - int(np.flatnonzero(keys)[-1]))
     times = unwrapped_pts(times)  # a recording's times may wrap (33 bits at 90 kHz: 26.5 h)
     broken_at, frames = None, len(times)
     if len(lost):
