@@ -314,6 +314,33 @@ def test_a_force_run_killed_before_its_first_shard_is_finished_and_a_users_list_
     assert tree_digest(mine) == before
 
 
+def test_a_force_run_killed_before_its_first_shard_gives_the_old_output_back(
+    tmp_path: Path, split_root: Path
+):
+    """A --force run over an earlier output, SIGKILLed before its first shard, set the old
+    output aside: the next run puts it back (and, without --force, refuses to replace it).
+    The check made before the source is listed refused first, "already exists", leaving the
+    old output hidden beside OUT, and OUT holding only the killed run's marker."""
+    out = tmp_path / "out"
+    assert convert(split_root, out, "--per-shard", "2").returncode == 0
+    old = tree_digest(out)
+    env, paused = paused_io_env(tmp_path, out / "train-000000.tar", calls=("os.replace",))
+    args = ("convert", "shards", str(split_root), str(out), "--per-shard", "1", "--force")
+    process = start_torchkit_process(*args, env=env)
+    try:
+        wait_until(paused.exists, process=process, what="the first shard")
+        process.send_signal(signal.SIGKILL)
+    finally:
+        process.communicate(timeout=60)
+    assert "manifest.json" not in os.listdir(out)  # the old output is set aside
+    again = convert(split_root, out, "--per-shard", "1")
+    assert again.returncode == 1
+    assert f"put back {out}, which a killed torchkit run had set aside" in again.stderr
+    assert "output folder already exists" in error_line(again.stderr)
+    assert tree_digest(out) == old
+    assert not any(p.name.endswith(".replaced") for p in tmp_path.iterdir())
+
+
 def test_a_run_killed_before_its_partial_manifest_is_run_again_by_the_same_command(
     tmp_path: Path, split_root: Path
 ):

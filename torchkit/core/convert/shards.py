@@ -60,7 +60,7 @@ from torchkit.core.io.files import (
 from torchkit.core.io.folder_contents import proven
 from torchkit.core.io.force import check_replaceable
 from torchkit.core.io.non_utf8_names import json_text
-from torchkit.core.io.output_paths import MARKER, remove_tree, shown
+from torchkit.core.io.output_paths import MARKER, REPLACED_SUFFIX, leftovers, remove_tree, shown
 from torchkit.core.io.output_proofs import tar_by
 from torchkit.core.io.outputs import OutputFolder
 from torchkit.core.io.overlap import InputPath, check_overlap
@@ -1266,9 +1266,10 @@ def convert_shards(
     target = Path(out)
     inputs = data_inputs(src, "source")
     # Refused before the source is listed: an output that overlaps it, or that exists (an
-    # interrupted run of this command aside: whether it resumes depends on the data).
+    # interrupted run of this command aside: whether it resumes depends on the data; and a
+    # --force run killed before its first shard, whose old output `OutputFolder` puts back).
     check_overlap(target, WHAT, inputs)
-    if read_partial(target) is None and not force:
+    if read_partial(target) is None and not force and not leftovers(target, REPLACED_SUFFIX):
         check_replaceable(target, False, what=WHAT, command=COMMAND)
     with partial_labels_kept():  # written again: a sample without a label stays so, no other
         data = open_data(src, allow_unlabelled=True)
