@@ -605,3 +605,41 @@ def test_folders_in_one_another_each_of_a_file_s_name_cost_what_they_hold_once(t
     assert time.process_time() - started < 0.3
     assert len(found.unwritten) == depth
     assert len(found.members) == count
+
+
+def test_members_stored_under_a_file_a_folder_replaced_later_are_not_read(tmp_path, caplog):
+    """`cat/f`, `cat/f/x.png`, then the folder `cat/f/`: tar -xf writes nothing under the file
+    ('Not a directory'), then replaces it by the folder, empty; torchkit met only the folder
+    and read cat/f/x.png (and a hard link so stored). What is stored after the folder is
+    written into it; where the folder was there before the file (`dog/g/a.png`, then `dog/g`:
+    'File exists'), what follows the file is written into the folder too."""
+    members = [
+        ("cat/a.png", png(1)),
+        ("cat/f", png(2)),
+        ("cat/f/x.png", png(3)),  # under a file: not written
+        ("cat/f/s.png", "=>cat/f"),  # nor a hard link to that file
+        ("/cat/f/h.png", "=>cat/a.png"),  # nor a hard link
+        ("cat/./f/", None),  # the file replaced by a folder
+        ("cat/f/y.png", png(4)),
+        ("dog/g/a.png", png(5)),
+        ("dog/g", png(6)),  # not written: the folder holds a.png
+        ("dog/g/b.png", png(7)),  # into the folder
+        ("dog/g/", None),
+    ]
+    archive = _tar(tmp_path / "pets.tar", members)
+    images, warned = _read(archive, caplog)
+    assert images == {
+        "cat/a.png": png(1),
+        "cat/f/y.png": png(4),
+        "dog/g/a.png": png(5),
+        "dog/g/b.png": png(7),
+    }
+    assert warned == [
+        f"{archive}: 3 image members are not read, as tar -x writes no file where a folder of "
+        "its name holds files, nor anything in a file: /cat/f/h.png (in cat/f, a file), "
+        "cat/f/s.png (in cat/f, a file), cat/f/x.png (in cat/f, a file)"
+    ]
+    unpacked = _unpacked_by_gnu_tar(archive)
+    if unpacked is not None:
+        assert open_data(str(unpacked)).whole.ids == sorted(images)
+        assert _files(unpacked, images) == images

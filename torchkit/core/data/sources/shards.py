@@ -473,6 +473,8 @@ def _leave_out_what_tar_writes_not(found: _PlainMembers) -> None:
     whose length is that of a file's or link's name: a few for most archives, and no string
     made for the folders on the way to a path thousands deep."""
     members, links, folders = found.members, found.links, found.folders
+    if found.files_made_folders:
+        _leave_out_what_was_stored_in_a_file_made_a_folder(found)
     # Each path tar -x unpacks -> its one stored name (`_PlainMembers.replace` keeps one a
     # path), for the files and links, and -> its stored names, for the folders.
     files: dict[str, str] = {}
@@ -560,6 +562,50 @@ def _leave_out_what_tar_writes_not(found: _PlainMembers) -> None:
                     _leave_out(found, files[inside], f"in {path}, a file")
                 for name in folder_names.get(inside, ()):
                     folders.discard(name)
+
+
+def _leave_out_what_was_stored_in_a_file_made_a_folder(found: _PlainMembers) -> None:
+    """Take out of `found` the members and links stored under a file before a folder member of
+    the file's name replaced it (`cat/f`, `cat/f/x.png`, then `cat/f/`): tar -x wrote nothing
+    there ("Not a directory"), then made the folder, empty. Not where something was stored
+    under the file's name before it (`cat/f/a.png`, then `cat/f`: the folder stays, the file
+    is not written). Each name's folders looked up at its `/`s whose length is that of such a
+    file's path: each name twice."""
+    made = found.files_made_folders
+    lengths = set(map(len, made))
+    placed: list[tuple[str, int]] = []  # each name as unpacked, where it was last written
+    for name, (data, _) in found.members.items():
+        # a hard link whose file was replaced holds the file's data, stored before it
+        placed.append((name, max(data, found.first_places.get(name, data))))
+    placed.extend(found.link_places.items())
+    placed.extend(found.folder_places.items())
+    earliest: dict[str, int] = {}  # each such file's path -> the first place of what it holds
+    for name, written in placed:
+        path = _unpacked_path(name)
+        slash = -1 if path is None else path.find("/")
+        while slash != -1:
+            if slash in lengths and path[:slash] in made:
+                held = earliest.get(path[:slash])
+                earliest[path[:slash]] = written if held is None else min(held, written)
+            slash = path.find("/", slash + 1)
+
+    def file_it_lay_in(path: str, written: int) -> str | None:
+        slash = path.find("/")
+        while slash != -1:
+            folder = path[:slash]
+            if slash in lengths and folder in made:
+                for start, end in made[folder]:
+                    if start < written < end and earliest[folder] > start:
+                        return folder
+            slash = path.find("/", slash + 1)
+        return None
+
+    for name, written in placed:
+        path = _unpacked_path(name)
+        if path is not None and (name in found.members or name in found.links):
+            file = file_it_lay_in(path, written)
+            if file is not None:
+                _leave_out(found, name, f"in {file}, a file")
 
 
 def _leave_out(found: _PlainMembers, name: str, why: str) -> None:
@@ -999,6 +1045,7 @@ class _PlainMembers:
         "first_places",
         "folder_places",
         "unwritten",
+        "files_made_folders",
     )
 
     def __init__(self, chunks: _CheckedChunks | None, size: int, labels: bool) -> None:
@@ -1028,6 +1075,9 @@ class _PlainMembers:
         # The members and links tar -x does not write, a file and a folder of one name meeting
         # (`_leave_out_what_tar_writes_not`), each with why.
         self.unwritten: dict[str, str] = {}
+        # Each file a folder member replaced (its path as unpacked) -> (the file's place, the
+        # folder's) each time: what was stored under it in between was not written.
+        self.files_made_folders: dict[str, list[tuple[int, int]]] = {}
 
     def take(
         self, block: bytes, kind: bytes, name: str, data: int, length: int, linkname: str | None
@@ -1080,6 +1130,11 @@ class _PlainMembers:
             or "//" in member
             or "/." in member
         ):
+            path = _unpacked_path(member)
+            stored = self.spellings.get(path, path) if path is not None else member
+            if stored in self.members:  # tar -x unlinks the file and makes the folder
+                made = self.files_made_folders.setdefault(path or member, [])
+                made.append((self.first_places.get(stored, self.members[stored][0]), at))
             self.replace(member)
             # the file it replaces is gone: a file stored again takes its own place
             self.first_places.pop(member, None)
