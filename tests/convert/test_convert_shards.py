@@ -27,6 +27,15 @@ def convert(*args: object, cwd: Path | None = None):
     return run_torchkit_in_process("convert", "shards", *args, cwd=cwd)
 
 
+def sigkilled_when_paused(process, paused: Path, what: str) -> None:
+    """SIGKILL `process` once it is paused (`paused_io_env`: at the step `what`), then reap it."""
+    try:
+        wait_until(paused.exists, process=process, what=what)
+        process.send_signal(signal.SIGKILL)
+    finally:
+        process.communicate(timeout=60)
+
+
 def members(tar_path: Path) -> dict[str, bytes]:
     with tarfile.open(tar_path) as tar:
         return {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
@@ -237,12 +246,7 @@ def test_a_killed_run_leaves_whole_shards_and_the_same_command_finishes_it(
     assert convert(split_root, reference, "--per-shard", "1").returncode == 0
     # Stopped once its third shard took its name (a rename onto a `.tar`).
     env, paused = paused_io_env(tmp_path, ".tar", calls=("os.replace",), after=True, at=3)
-    process = start_torchkit_process(*args, env=env)
-    try:
-        wait_until(paused.exists, process=process, what="three shards")
-        process.send_signal(signal.SIGKILL)
-    finally:
-        process.communicate(timeout=60)
+    sigkilled_when_paused(start_torchkit_process(*args, env=env), paused, "three shards")
     assert len(shard_files(out)) == 3
     assert not (out / "manifest.json").exists()
     partial = read_partial(out)
@@ -267,13 +271,8 @@ def test_a_run_killed_before_its_first_shard_is_finished_by_the_same_command(
     assert convert(split_root, reference, "--per-shard", "1").returncode == 0
     # Stopped as the first shard's temporary is renamed into place.
     env, paused = paused_io_env(tmp_path, out / "train-000000.tar", calls=("os.replace",))
-    process = start_torchkit_process(*args, env=env)
-    try:
-        wait_until(paused.exists, process=process, what="the first shard")
-        assert (out / "classes.txt").exists()
-        process.send_signal(signal.SIGKILL)
-    finally:
-        process.communicate(timeout=60)
+    sigkilled_when_paused(start_torchkit_process(*args, env=env), paused, "the first shard")
+    assert (out / "classes.txt").exists()
     assert not shard_files(out)
     done = convert(*args[2:])
     assert done.returncode == 0, done.stderr
@@ -295,12 +294,9 @@ def test_a_force_run_killed_before_its_first_shard_is_finished_and_a_users_list_
     args = ("convert", "shards", str(split_root), str(out), "--per-shard", "1")
     assert convert(split_root, reference, "--per-shard", "1").returncode == 0
     env, paused = paused_io_env(tmp_path, out / "train-000000.tar", calls=("os.replace",))
-    process = start_torchkit_process(*args, "--force", env=env)
-    try:
-        wait_until(paused.exists, process=process, what="the first shard")
-        process.send_signal(signal.SIGKILL)
-    finally:
-        process.communicate(timeout=60)
+    sigkilled_when_paused(
+        start_torchkit_process(*args, "--force", env=env), paused, "the first shard"
+    )
     assert read_partial(out) is not None and (out / "classes.txt").read_text() == "cat\ndog\n"
     shutil.copytree(out, mine, ignore=shutil.ignore_patterns("manifest.partial.json", ".*.tmp"))
     (mine / "classes.txt").write_text("siamese\ntabby\n")  # the user's own list, just now
@@ -326,12 +322,7 @@ def test_a_force_run_killed_before_its_first_shard_gives_the_old_output_back(
     old = tree_digest(out)
     env, paused = paused_io_env(tmp_path, out / "train-000000.tar", calls=("os.replace",))
     args = ("convert", "shards", str(split_root), str(out), "--per-shard", "1", "--force")
-    process = start_torchkit_process(*args, env=env)
-    try:
-        wait_until(paused.exists, process=process, what="the first shard")
-        process.send_signal(signal.SIGKILL)
-    finally:
-        process.communicate(timeout=60)
+    sigkilled_when_paused(start_torchkit_process(*args, env=env), paused, "the first shard")
     assert "manifest.json" not in os.listdir(out)  # the old output is set aside
     again = convert(split_root, out, "--per-shard", "1")
     assert again.returncode == 1
