@@ -624,8 +624,9 @@ def test_an_flv_cut_between_tags_losing_only_video_is_truncated(tmp_path):
     its 50 frames: the tags' sizes cannot tell it from a whole file, and its streams end
     where its header says. FFmpeg records the file's size in its metadata (`filesize`),
     which the copy falls short of by more than those frames' tags, and its tags end within
-    a frame of its last video frame: truncated, by the decode check and --exact. Without
-    decoding, or where its metadata records no size, the frames short are not told."""
+    a frame of its last video frame: truncated, by the decode check and --exact, and without
+    decoding (its video tags' frames and times, which read `ok` by where its tags end).
+    Where its metadata records no size, the frames short are not told."""
     whole = ffmpeg_made(
         tmp_path / "clip.flv",
         *moving_picture(2),
@@ -642,14 +643,13 @@ def test_an_flv_cut_between_tags_losing_only_video_is_truncated(tmp_path):
     cut.write_bytes(data[:cut_at])
     assert probe_video(whole, exact=True).status == "ok"
     header = probe_video(cut, decode_check=False).frames_header
-    for options in ({}, {"exact": True}):
+    for options in ({}, {"exact": True}, {"decode_check": False}):
         info = probe_video(cut, **options)
         assert (info.status, info.error) == (
             "truncated",
             f"truncated: the file holds {cut_at:,} of the {len(data):,} bytes its flv metadata "
             f"records, and its video ends at frame 47 of the {header} its header declares",
         ), options
-    assert probe_video(cut, decode_check=False).status == "ok"
     unrecorded = tmp_path / "unrecorded.flv"
     unrecorded.write_bytes(data[:cut_at].replace(b"\x08filesize", b"\x08filesizx", 1))
     exact = probe_video(unrecorded, exact=True)
@@ -673,7 +673,7 @@ def test_an_flv_whose_metadata_records_a_stale_size_is_ok(tmp_path, duration):
     frames past its video) by frames the missing bytes could hold, and the file's tags end
     within a frame of its last video frame (a muxer writes tags in time order: here its
     audio's run 117 ms on, so the file went on past its video's end). A copy cut between
-    tags, its last video frame and audio gone, is still truncated."""
+    tags, its last 2 video frames and audio gone, is still truncated."""
     made = ffmpeg_made(
         tmp_path / "clip.flv",
         *moving_picture(2),
@@ -693,14 +693,43 @@ def test_an_flv_whose_metadata_records_a_stale_size_is_ok(tmp_path, duration):
             assert (info.status, info.error) == ("ok", None), (extra, options)
     cut = tmp_path / "cut.flv"
     ends = _flv_tag_ends(made)
-    cut.write_bytes(data[: ends[-9]])  # its last video frame, audio and end of sequence gone
+    cut.write_bytes(data[: ends[-12]])  # its last 2 video frames, audio and end of sequence gone
     exact = probe_video(cut, exact=True)
     if duration:
-        assert exact.status == "truncated" and exact.frames_decoded == 49
-        assert exact.error.startswith(f"truncated: the file holds {ends[-9]:,} of the ")
+        assert (exact.status, exact.error) == (
+            "truncated",
+            "truncated: 48 of the 52 frames its header declares decode",
+        )
         assert probe_video(cut).status == "truncated"
     else:  # its header's count from its last tag: the frames are not short of it
-        assert (exact.status, exact.frames_decoded) == ("ok", 49)
+        assert (exact.status, exact.frames_decoded) == ("ok", 48)
+
+
+def test_a_video_only_flv_whose_first_frame_shows_later_and_records_a_stale_size_is_ok(
+    tmp_path,
+):
+    """An H.264 FLV of B-frames (x264's defaults) shows its first frame 80 ms in: its
+    duration, and the header's count (52), counts from 0, while the decoder's times count
+    from the first frame shown (50 frames, the last ending at frame 50). A whole one of video
+    alone whose metadata records a size 300-700 bytes over the file's read `truncated: the
+    file holds 4,681 of the 5,181 bytes its flv metadata records, and its video ends at frame
+    50 of the 52 its header declares`, exit 1, with and without --exact: where its video
+    ends is read from its tags' times too (the last frame shown, from 0): ok."""
+    made = ffmpeg_made(
+        tmp_path / "clip.flv",
+        *moving_picture(2),
+        *("-c:v", "libx264", "-pix_fmt", "yuv420p"),
+        encoders=("libx264",),
+        muxer="flv",
+    )
+    data = made.read_bytes()
+    assert probe_video(made, exact=True).frames_header == 52
+    for extra in (300, 500, 700):
+        stale = tmp_path / f"stale-{extra}.flv"
+        stale.write_bytes(_recorded_size(data, len(data) + extra))
+        for options in ({}, {"exact": True}, {"decode_check": False}):
+            info = probe_video(stale, **options)
+            assert (info.status, info.error) == ("ok", None), (extra, options)
 
 
 def test_an_flv_whose_audio_plays_past_its_video_and_records_a_stale_size_is_ok(tmp_path):

@@ -58,6 +58,7 @@ from torchkit.core.video.streams import (
     flv_cut_short,
     flv_last_tag_s,
     flv_recorded_size,
+    flv_video_end,
     flv_video_frames,
     ogg_video_frames,
     ps_video_frames,
@@ -355,23 +356,31 @@ def _flv_streams_end(path: Path, container: str | None, info: VideoInfo) -> int:
 
 
 def _flv_cut_between_tags(
-    path: Path, container: str | None, info: VideoInfo, reached: int, ended: str
+    path: Path, container: str | None, info: VideoInfo, reached: int
 ) -> str | None:
-    """A message when an FLV file whose frames end at frame position `reached` (`ended`:
-    what ends there, its video or its tags), short of its header's count, falls short of the
-    file size its metadata records by bytes that could hold the frames missing: a copy cut
-    between two tags (`flv_cut_short`). The recorded size alone says nothing (a tool that
-    rewrote the metadata may leave it stale), nor does a file whose frames reach the count."""
+    """A message when an FLV file whose video ends at frame position `reached` (the frames
+    decoded, 0 where none were; or later where its video tags tell: their count, the last
+    one's time shown, which counts from 0 as the duration does where a decoder's counts from
+    the first frame shown), short of its header's count, falls short of the file size its
+    metadata records by bytes that could hold the frames missing: a copy cut between two
+    tags (`flv_cut_short`). The recorded size alone says nothing (a tool that rewrote the
+    metadata may leave it stale), nor does a file whose frames reach the count."""
     header, size = info.frames_header, info.size_bytes
     if container != "flv" or not header or size is None:
         return None
+    if flv_recorded_size(path, size) is None:  # (the tags walked only where it records more)
+        return None
+    video = flv_video_end(path)
+    if video is not None:
+        reached = max(reached, video[0], _position(video[1], info.fps) + 1)
     missing = header - reached
     recorded = flv_cut_short(path, size, missing - _frame_slack(header), info.fps, missing)
     if recorded is None:
         return None
     return (
         f"truncated: the file holds {size:,} of the {recorded:,} bytes its flv metadata "
-        f"records, and {ended} at frame {reached:,} of the {header:,} its header declares"
+        f"records, and its video ends at frame {reached:,} of the {header:,} its header "
+        "declares"
     )
 
 
@@ -734,7 +743,7 @@ def _judge_all_decoded(
             # whole, its audio running on after its video, but where the FLV's recorded size
             # backs the frames short
             video_end = max(info.frames_decoded, reached)
-            cut = _flv_cut_between_tags(path, sniffed, info, video_end, "its video ends")
+            cut = _flv_cut_between_tags(path, sniffed, info, video_end)
         if not cut:  # or frames lost, where its structure tells
             damage = _frames_lost(info, path, end_s, count_from_duration=True)
     elif not cut and sizes_whole:
@@ -768,10 +777,8 @@ def _judge_by_header(
     if decode_check and not cut and not _first_grab(capture, info):
         info.fail(undecodable)
     elif not decode_check and not cut and judge_by_frames and sniffed == "flv":
-        # no decode: where an FLV records a larger size, its tags' end (walked only then)
-        if flv_recorded_size(path, info.size_bytes) is not None:
-            ended = _flv_streams_end(path, sniffed, info)
-            cut = _flv_cut_between_tags(path, sniffed, info, ended, "its tags end")
+        # no decode: where an FLV records a larger size, its video's end as its tags tell
+        cut = _flv_cut_between_tags(path, sniffed, info, 0)
     elif decode_check and judge_by_frames and info.frames_header:
         cut = _tail_decodes(cv2, capture, info.frames_header, decoded=1)
         if cut:  # or a variable frame rate: decoded to the end, the last frame's time
@@ -808,7 +815,7 @@ def _cut_after_decoding_all(
     cut = _frames_short(decoded, info.frames_header, reached)
     if cut and _runs_on_past_its_video(path, sniffed, info, sizes_whole):
         video_end = max(decoded, reached)  # (an FLV's recorded size may back the frames short)
-        cut = _flv_cut_between_tags(path, sniffed, info, video_end, "its video ends")
+        cut = _flv_cut_between_tags(path, sniffed, info, video_end)
         if not cut:  # whole, with fewer frames: those decoded are the row's
             _take_decoded_count(info, decoded, end_s)
     return cut

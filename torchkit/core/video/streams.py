@@ -1155,23 +1155,39 @@ def flv_cut_short(
     return recorded if tail.latest_ms - tail.last_video_ms <= frame_ms + 1 else None
 
 
+def flv_video_end(path: str | os.PathLike) -> tuple[int, float] | None:
+    """(the video frames an FLV file's tags hold, the time in seconds its last is shown: its
+    tag's time and composition offset, the latest of them), walked by the tags' sizes; None
+    where it holds none, or the walk meets bytes that are no tag."""
+    try:
+        with open(path, "rb") as handle, _mapped(handle) as data:
+            tail = _flv_video_tail(data)
+    except (OSError, ValueError):  # ValueError: an empty file cannot be mapped
+        return None
+    return None if tail is None else (tail.frames, tail.last_shown_ms / 1000)
+
+
 class _FlvVideoTail(NamedTuple):
     """What `flv_cut_short` weighs of an FLV file's tags: the bytes the smallest and the
     largest video tag that holds a frame takes (its header, data and the size after it), the
     last such tag's time, the latest time of any tag (an H.264 end of sequence after it
-    carries its time), in ms, and the bytes its audio tags take a ms of the time they span."""
+    carries its time), in ms, and the bytes its audio tags take a ms of the time they span;
+    and the frames its video tags hold, the latest time one is shown (its tag's time and
+    composition offset), in ms."""
 
     smallest: int
     largest: int
     last_video_ms: int
     latest_ms: int
     audio_per_ms: float
+    frames: int
+    last_shown_ms: int
 
 
 def _flv_video_tail(data) -> _FlvVideoTail | None:
     """An FLV file's `_FlvVideoTail`, walked by its tags' sizes; None where it has no video
     frame, or where the walk meets bytes that are no tag."""
-    smallest, largest, last_video, latest = None, 0, 0, 0
+    smallest, largest, last_video, latest, frames, last_shown = None, 0, 0, 0, 0, 0
     audio_bytes, audio_first, audio_last = 0, None, 0
     at = int.from_bytes(data[5:9], "big") + 4
     for _ in range(_MAX_FLV_TAGS):
@@ -1183,9 +1199,11 @@ def _flv_video_tail(data) -> _FlvVideoTail | None:
         time = int.from_bytes(data[at + 4 : at + 7], "big") | data[at + 7] << 24
         latest, taken = max(latest, time), _FLV_TAG_HEADER + length + 4
         head = data[at + _FLV_TAG_HEADER : at + _FLV_TAG_HEADER + min(length, 5)]
-        if data[at] & 0x1F == 9 and _flv_frame(head) is not None:
+        frame = _flv_frame(head) if data[at] & 0x1F == 9 else None
+        if frame is not None:
             smallest = taken if smallest is None else min(smallest, taken)
-            largest, last_video = max(largest, taken), time
+            largest, last_video, frames = max(largest, taken), time, frames + 1
+            last_shown = max(last_shown, time + frame[1])
         elif data[at] & 0x1F == 8:
             audio_bytes, audio_last = audio_bytes + taken, time
             audio_first = time if audio_first is None else audio_first
@@ -1193,7 +1211,10 @@ def _flv_video_tail(data) -> _FlvVideoTail | None:
     if smallest is None:
         return None
     audio_ms = audio_last - audio_first if audio_first is not None else 0
-    return _FlvVideoTail(smallest, largest, last_video, latest, audio_bytes / max(audio_ms, 1))
+    audio_per_ms = audio_bytes / max(audio_ms, 1)
+    return _FlvVideoTail(
+        smallest, largest, last_video, latest, audio_per_ms, frames, max(last_shown, 0)
+    )
 
 
 _OGG_TAIL = 65_307 + 27  # the most bytes of a page (255 segments of 255 bytes), and another's head
