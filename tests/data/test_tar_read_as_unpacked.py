@@ -643,3 +643,30 @@ def test_members_stored_under_a_file_a_folder_replaced_later_are_not_read(tmp_pa
     if unpacked is not None:
         assert open_data(str(unpacked)).whole.ids == sorted(images)
         assert _files(unpacked, images) == images
+
+
+def test_a_file_stored_after_a_folder_whose_file_a_folder_replaced_is_not_written(tmp_path):
+    """`b.png/h/a.png`, then the file `b.png` (not written: the folder b.png holds a file,
+    'File exists'), then the folder `b.png/h/a.png/` in that file's place: torchkit dated the
+    folder b.png/h/a.png from its own member, after b.png, took b.png's folder for empty when
+    b.png was written and read b.png (and a hard link to it: cat/x.png). The path holds
+    something from its first member on."""
+    members = [
+        ("cat/a.png", png(1)),
+        ("b.png/h/a.png", png(2)),
+        ("b.png", png(3)),  # not written: b.png/ holds h/a.png
+        ("b.png/h/a.png/", None),  # a folder in the file's place
+        ("cat/x.png", "=>b.png"),  # a hard link to a folder: nothing
+        ("dog/s.png", "->../cat/a.png"),
+        ("dog/s.png/", None),  # a folder in the link's place
+        ("dog", png(4)),  # not written: dog/ holds s.png/
+        ("dog/c.png", png(5)),
+    ]
+    archive = _tar(tmp_path / "pets.tar", members)
+    source = open_data(str(archive))
+    images = dict(zip(source.whole.ids, (p.read_bytes() for p in source.whole.paths), strict=True))
+    assert images == {"cat/a.png": png(1), "dog/c.png": png(5)}
+    unpacked = _unpacked_by_gnu_tar(archive)
+    if unpacked is not None:
+        assert open_data(str(unpacked)).whole.ids == sorted(images)
+        assert _files(unpacked, images) == images

@@ -1132,12 +1132,19 @@ class _PlainMembers:
         ):
             path = _unpacked_path(member)
             stored = self.spellings.get(path, path) if path is not None else member
+            since = at
             if stored in self.members:  # tar -x unlinks the file and makes the folder
+                since = self.first_places.get(stored, self.members[stored][0])
                 made = self.files_made_folders.setdefault(path or member, [])
-                made.append((self.first_places.get(stored, self.members[stored][0]), at))
+                made.append((since, at))
+            elif stored in self.links:
+                since = self.first_places.get(stored, self.link_places[stored])
             self.replace(member)
             # the file it replaces is gone: a file stored again takes its own place
             self.first_places.pop(member, None)
+            # something has been at its path since the file or link it replaced was written:
+            # a file of the name of a folder above it, stored after that, is not written
+            self.folder_places.setdefault(member, since)
         self.folders.add(member)
         self.folder_places.setdefault(member, at)
 
