@@ -1141,11 +1141,7 @@ def flv_cut_short(
     recorded = flv_recorded_size(path, size) if frames_short > 0 and fps else None
     if recorded is None:
         return None
-    try:
-        with open(path, "rb") as handle, _mapped(handle) as data:
-            tail = _flv_video_tail(data)
-    except (OSError, ValueError):  # ValueError: an empty file cannot be mapped
-        return None
+    tail = _flv_video_tail(path)
     if tail is None:
         return None
     frame_ms = 1000 / fps
@@ -1159,11 +1155,7 @@ def flv_video_end(path: str | os.PathLike) -> tuple[int, float] | None:
     """(the video frames an FLV file's tags hold, the time in seconds its last is shown: its
     tag's time and composition offset, the latest of them), walked by the tags' sizes; None
     where it holds none, or the walk meets bytes that are no tag."""
-    try:
-        with open(path, "rb") as handle, _mapped(handle) as data:
-            tail = _flv_video_tail(data)
-    except (OSError, ValueError):  # ValueError: an empty file cannot be mapped
-        return None
+    tail = _flv_video_tail(path)
     return None if tail is None else (tail.frames, tail.last_shown_ms / 1000)
 
 
@@ -1184,9 +1176,18 @@ class _FlvVideoTail(NamedTuple):
     last_shown_ms: int
 
 
-def _flv_video_tail(data) -> _FlvVideoTail | None:
+def _flv_video_tail(path: str | os.PathLike) -> _FlvVideoTail | None:
     """An FLV file's `_FlvVideoTail`, walked by its tags' sizes; None where it has no video
-    frame, or where the walk meets bytes that are no tag."""
+    frame, where the walk meets bytes that are no tag, or it cannot be read."""
+    try:
+        with open(path, "rb") as handle, _mapped(handle) as data:
+            return _flv_tags_tail(data)
+    except (OSError, ValueError):  # ValueError: an empty file cannot be mapped
+        return None
+
+
+def _flv_tags_tail(data) -> _FlvVideoTail | None:
+    """`_flv_video_tail` of an FLV file's bytes `data`."""
     smallest, largest, last_video, latest, frames, last_shown = None, 0, 0, 0, 0, 0
     audio_bytes, audio_first, audio_last = 0, None, 0
     at = int.from_bytes(data[5:9], "big") + 4
