@@ -28,7 +28,7 @@ from processes import (
 )
 from suite_paths import HELPERS
 
-from torchkit.core.io.force import note_started
+from torchkit.core.io.force import note_started, write_marker
 
 # A tiny run: 2 classes x 6 images of 8x8, 8 train / 4 val with --val-split 0.3.
 TINY = ["--model", "convnet", "--image-size", "8", "--batch-size", "4", "--workers", "0"]
@@ -210,6 +210,18 @@ def test_a_run_sigkilled_as_it_writes_split_csv_is_started_again_without_force(t
     assert again.returncode == 0, again.stderr
     assert sorted(p.name for p in run.iterdir() if p.name.startswith(".split")) == []
     assert (run / "last.pt").is_file() and (run / "split.csv").is_file()
+
+
+def test_resume_of_a_run_killed_before_its_config_json_says_to_start_it_again(tmp_path):
+    """A run killed as soon as it marked its folder (before config.json): --resume says there
+    is nothing to resume and to start it again, as for one killed after config.json. It was
+    "no last.pt in run (give the run folder of an earlier `torchkit train`)", which it is."""
+    (tmp_path / "run").mkdir()
+    write_marker(tmp_path / "run", "train")
+    resumed = run_torchkit_in_process("train", "--resume", "run", cwd=tmp_path)
+    assert resumed.returncode == 1
+    assert "run: its run was stopped before its first checkpoint" in error_line(resumed.stderr)
+    assert "the command that started it, without --resume" in error_line(resumed.stderr)
 
 
 def test_a_run_killed_before_its_first_checkpoint_starts_again_without_force(world):

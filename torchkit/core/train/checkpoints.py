@@ -16,6 +16,7 @@ from typing import Any
 
 from torchkit import __version__
 from torchkit.core.io.errors import CheckpointError
+from torchkit.core.io.force import marker_command
 from torchkit.core.io.output_paths import remove_tree
 from torchkit.core.models.checkpoint import (
     FORMAT_VERSION,
@@ -123,11 +124,12 @@ def prune_periodic(folder: Path, keep: int) -> list[Path]:
 
 
 def stopped_before_first_checkpoint(folder: Path) -> bool:
-    """Whether `folder` is a run train began (config.json comes first) that holds neither
-    last.pt nor best.pt: one killed before its first checkpoint, with nothing to resume."""
-    return (folder / "config.json").is_file() and not any(
-        os.path.lexists(folder / name) for name in (LAST, BEST)
-    )
+    """Whether `folder` is a run train began (its marker names train, or config.json, which
+    comes first, is there) that holds neither last.pt nor best.pt: one killed before its first
+    checkpoint, with nothing to resume. (Killed before config.json, it was told to give "the
+    run folder of an earlier `torchkit train`", which it was.)"""
+    began = (folder / "config.json").is_file() or marker_command(folder) == "train"
+    return began and not any(os.path.lexists(folder / name) for name in (LAST, BEST))
 
 
 def resume_path(spec: str) -> Path:
