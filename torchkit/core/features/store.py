@@ -768,10 +768,13 @@ def _write_pt(source: Path, target: Path) -> None:
 
 
 def _torch_records(tensor, nbytes: int) -> list[tuple[str, bytes | None, int]] | None:
-    """The records torch.save writes for `tensor`, in its order (name, bytes, size), its one
-    storage's bytes None (the caller copies them); then `version`, which torch's zip writer
-    adds. None where this torch's `torch.serialization._save` (private: the same arguments in
-    torch 2.4 and 2.15) does not record them so."""
+    """The records torch.save writes for `tensor` (name, bytes, size): its small ones in its
+    order, then `version` (which torch's zip writer adds), then its one storage, its bytes None
+    (the caller copies them). The storage comes last, where torch writes it before `version`:
+    zipfile gives a record past 2 GiB a zip64 offset, which torch 2.4's reader refuses in a
+    file under 4 GiB ("invalid header or archive is corrupted"); first, every small record's
+    offset is small. None where this torch's `torch.serialization._save` (private: the same
+    arguments in torch 2.4 and 2.15) does not record them so."""
     import pickle
 
     import torch
@@ -801,7 +804,8 @@ def _torch_records(tensor, nbytes: int) -> list[tuple[str, bytes | None, int]] |
     if storages != [("data/0", None, nbytes)] or "data.pkl" not in names:
         log.debug("torch.serialization._save wrote other records: %s", names)
         return None
-    return [*recorder.records, ("version", b"3\n", 2)]
+    small = [record for record in recorder.records if record[1] is not None]
+    return [*small, ("version", b"3\n", 2), *storages]
 
 
 def _aligned_record(name: str, offset: int, size: int, alignment: int):
