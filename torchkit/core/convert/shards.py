@@ -621,14 +621,15 @@ def _windows(
     """`positions` cut into windows of consecutive positions whose samples take up to
     `window_bytes` read (at least one sample each)."""
     windows = []
-    start, end = positions.start, positions.stop
-    while start < end:
-        stop, held = start, 0
-        while stop < end and (stop == start or held + cost(order[stop]) <= window_bytes):
-            held += cost(order[stop])
-            stop += 1
-        windows.append(range(start, stop))
-        start = stop
+    start, held = positions.start, 0
+    sizes_read = map(cost, order[positions.start : positions.stop])
+    for position, size in zip(positions, sizes_read, strict=True):
+        if position > start and held + size > window_bytes:
+            windows.append(range(start, position))
+            start, held = position, 0
+        held += size
+    if start < positions.stop:
+        windows.append(range(start, positions.stop))
     return windows
 
 
@@ -644,10 +645,11 @@ def _spill_pays(windows: list[range], order: Sequence[int], costs: _BlockCosts) 
     held = None
     read = 0
     for window in windows:
-        blocks = {costs.ids[order[position]] for position in window}
+        sources = order[window.start : window.stop]  # sliced and mapped: no Python loop a sample
+        blocks = set(map(costs.ids.__getitem__, sources))
         read += sum(costs.sizes[block] for block in blocks if block != held)
         needed |= blocks
-        held = costs.ids[max(order[position] for position in window)]
+        held = costs.ids[max(sources)]
     return read > 2 * sum(costs.sizes[block] for block in needed)
 
 
@@ -771,7 +773,7 @@ def _spill(
 
     from torchkit.core.io.write_errors import WRITE_ONLY_ERRNOS
 
-    images = sum(cost(order[position]) for position in positions)  # and what holding them costs
+    images = sum(map(cost, order[positions.start : positions.stop]))  # and holding them
     needed = 2 * images + _SHARD_SAMPLE_BYTES * len(positions)
     free = sizes.free_bytes(folder)
     if free is not None and free < needed:
