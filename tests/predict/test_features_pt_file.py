@@ -126,20 +126,45 @@ def test_rows_past_the_zip64_limit_load_on_every_torch(tmp_path, monkeypatch):
     assert all(offset % 64 == 0 for offset in data_offsets(ours).values()), data_offsets(ours)
 
 
-def test_a_torch_whose_save_records_otherwise_gets_torch_save_file(tmp_path, monkeypatch):
-    """A torch whose private `_save` takes other arguments: the file is torch.save's own."""
+class KeyedOtherwise:
+    """A writer to `_save` that names its storage's record `data/1`, as a torch whose pickle
+    keys storages otherwise would (the pickle would name `1`)."""
 
-    save = torch.serialization._save
+    def __init__(self, writer) -> None:
+        self.writer = writer
+
+    def write_record(self, name, value, size) -> None:
+        self.writer.write_record("data/1" if name == "data/0" else name, value, size)
+
+
+OTHER_SAVES = {  # what a torch whose private `_save` differs does with torchkit's recorder
+    "other arguments": TypeError("other arguments"),
+    "a check of its writer": RuntimeError("expected a PyTorchFileWriter"),
+    "another storage key": KeyedOtherwise,
+}
+
+
+@pytest.mark.parametrize("case", list(OTHER_SAVES))
+def test_a_torch_whose_save_records_otherwise_gets_torch_save_file(tmp_path, monkeypatch, case):
+    """A torch whose private `_save` takes other arguments, refuses torchkit's recorder (a
+    RuntimeError ended the run: 'Error: RuntimeError: ...', exit 1, its rows kept) or records
+    otherwise: the file is torch.save's own."""
+    save, saved = torch.serialization._save, []
 
     def other_save(obj, zip_file, *arguments):
-        if not isinstance(zip_file, torch._C.PyTorchFileWriter):  # torch.save's own writer
-            raise TypeError("other arguments")
-        return save(obj, zip_file, *arguments)
+        if isinstance(zip_file, torch._C.PyTorchFileWriter):  # torch.save's own writer
+            saved.append(obj.shape)
+            return save(obj, zip_file, *arguments)
+        other = OTHER_SAVES[case]
+        if isinstance(other, Exception):
+            raise other
+        return save(obj, other(zip_file), *arguments)
 
     monkeypatch.setattr(torch.serialization, "_save", other_save)
     array = ARRAYS["rows"]
     loaded = torch.load(written(tmp_path, array), weights_only=True)
     assert np.array_equal(loaded.numpy(), array)
+    assert saved == [torch.Size(array.shape)]
 
 
 @pytest.mark.skipif(not STATUS.exists(), reason="reads /proc/self/status (Linux)")

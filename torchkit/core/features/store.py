@@ -796,8 +796,8 @@ def _torch_records(tensor, nbytes: int) -> list[tuple[str, bytes | None, int]] |
     protocol = getattr(torch.serialization, "DEFAULT_PROTOCOL", 2)
     try:
         save(tensor, recorder, pickle, protocol, False)  # type: ignore[misc]
-    except (TypeError, AttributeError) as error:
-        log.debug("torch.serialization._save cannot be used to write a .pt: %s", error)
+    except Exception as error:  # noqa: BLE001 (private: whatever it raises, torch.save is the way)
+        log.debug("torch.serialization._save cannot be used to write a .pt: %r", error)
         return None
     storages = [record for record in recorder.records if record[1] is None]
     names = [name for name, _, _ in recorder.records]
