@@ -268,8 +268,7 @@ def test_a_spill_past_the_disks_largest_file_leaves_the_windows_to_read_the_row_
     (FAT32's 4 GB, a quota, `ulimit -f`), the run failed after reading everything, where
     shards of a few hundred kB each were written before. It is given up now, with a warning,
     and the windows read the row groups again."""
-    import resource
-
+    resource = pytest.importorskip("resource")  # POSIX
     source = write_large_rows(tmp_path / "rows.parquet")
     whole = tmp_path / "whole"
     done = run_torchkit_in_process("convert", "shards", source, whole, "--per-shard", 10)
