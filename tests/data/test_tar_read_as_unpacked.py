@@ -670,3 +670,38 @@ def test_a_file_stored_after_a_folder_whose_file_a_folder_replaced_is_not_writte
     if unpacked is not None:
         assert open_data(str(unpacked)).whole.ids == sorted(images)
         assert _files(unpacked, images) == images
+
+
+def test_a_hard_link_to_a_symbolic_link_reads_its_target_from_its_own_folder(tmp_path):
+    """`cp -al cat dog` makes dog/s.png a second name of the symbolic link cat/s.png -> a.png,
+    and `tar -cf` stores it as a hard link to cat/s.png; tar -xf makes it so, a link whose
+    `a.png` the system reads from dog/: dog/a.png. torchkit read it as cat/a.png and refused
+    the archive ('one file in two classes'). A hard link to that hard link is one too."""
+    members = [
+        ("cat/a.png", png(1)),
+        ("cat/s.png", "->a.png"),
+        ("dog/a.png", png(2)),
+        ("dog/s.png", "=>cat/s.png"),
+        ("dog/t.png", "=>/dog/s.png"),
+        ("bird/c.png", png(3)),
+        ("bird/s.png", "=>cat/s.png"),  # bird/a.png: none, a link to nothing
+    ]
+    archive = _tar(tmp_path / "pets.tar", members)
+    source = open_data(str(archive))
+    images = {}
+    for name, path in zip(source.whole.ids, source.whole.paths, strict=True):
+        images[name] = path.read_bytes() if name != "bird/s.png" else None
+    assert images == {
+        "bird/c.png": png(3),
+        "bird/s.png": None,
+        "cat/a.png": png(1),
+        "cat/s.png": png(1),
+        "dog/a.png": png(2),
+        "dog/s.png": png(2),
+        "dog/t.png": png(2),
+    }
+    unpacked = _unpacked_by_gnu_tar(archive)
+    if unpacked is not None:
+        assert not (unpacked / "bird/s.png").exists()  # a link to nothing
+        read = [name for name in images if name != "bird/s.png"]
+        assert _files(unpacked, read) == {name: images[name] for name in read}

@@ -1149,7 +1149,15 @@ class _PlainMembers:
         self.folder_places.setdefault(member, at)
 
     def link(self, member: str, linkname: str, symbolic: bool, at: int) -> None:
-        """A link member (`at`: where its header's data would begin, its place in the tar)."""
+        """A link member (`at`: where its header's data would begin, its place in the tar). A
+        hard link to a symbolic link is a second name of that symbolic link, as tar -x makes
+        it: its target read from the hard link's own folder (`cp -al cat dog`: dog/s.png ->
+        a.png is dog/a.png, not cat's)."""
+        if not symbolic:
+            target = _link_target(member, linkname, symbolic=False)
+            stored = target if target in self.links else self.spellings.get(target)
+            if stored in self.links and stored not in self.hard:
+                linkname, symbolic = self.link_texts[stored], True
         self.replace(member)
         target = self.links[member] = _link_target(member, linkname, symbolic=symbolic)
         self.link_places[member] = at
