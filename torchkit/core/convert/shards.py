@@ -819,8 +819,9 @@ def _spill(
 
 def _no_spill(why: str) -> None:
     log.warning(
-        f"{why}: reading the source's row groups again for each {WINDOW_BYTES >> 20} MiB of "
-        "the shuffled order instead, which is slower; the shards are the same"
+        f"{why}: reading the source's row groups (or streamed shards) again for each "
+        f"{WINDOW_BYTES >> 20} MiB of the shuffled order instead, which is slower; the shards "
+        "are the same"
     )
 
 
