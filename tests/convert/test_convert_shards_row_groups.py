@@ -114,8 +114,9 @@ def test_windows_of_an_unshuffled_convert_read_each_row_group_once_without_a_spi
     assert sorted(row_group_reads) == list(range(GROUPS))
 
 
+@pytest.mark.parametrize("spilled", [False, True])
 def test_shards_streamed_under_a_cache_limit_are_fetched_once_and_written_as_local_ones(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, spilled
 ):
     write_image_folder(tmp_path / "images" / "train", dict.fromkeys("abc", 30))
     served = tmp_path / "served" / "converted"  # 18 shards of 5, in the folder's order
@@ -127,6 +128,16 @@ def test_shards_streamed_under_a_cache_limit_are_fetched_once_and_written_as_loc
     result = run_torchkit_in_process("convert", "shards", served, local, "--per-shard", 7)
     assert result.returncode == 0, result.stderr
     largest = max(p.stat().st_size for p in served.glob("*.tar"))
+    spills = []
+    if spilled:  # windows of a few samples: spilled, as data of many windows is
+        monkeypatch.setattr(shards_module, "WINDOW_BYTES", 3_000)
+        real_spill = shards_module._spill
+
+        def spill(*args):
+            spills.append(real_spill(*args))
+            return spills[-1]
+
+        monkeypatch.setattr(shards_module, "_spill", spill)
     with serving(served.parent, tmp_path / "cache", monkeypatch) as server:
         monkeypatch.setenv("TORCHKIT_CACHE_LIMIT", str(2 * largest))  # two shards at a time
         streamed = tmp_path / "streamed"
@@ -136,6 +147,7 @@ def test_shards_streamed_under_a_cache_limit_are_fetched_once_and_written_as_loc
         assert result.returncode == 0, result.stderr
         downloads = shard_downloads(server.requests)
     assert len(downloads) == 18  # in the shuffled order: 80
+    assert len(spills) == int(spilled) and None not in spills
     tars = {p.name: p.read_bytes() for p in local.glob("*.tar")}
     assert tars and {p.name: p.read_bytes() for p in streamed.glob("*.tar")} == tars
 
