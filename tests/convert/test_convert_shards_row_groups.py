@@ -303,3 +303,24 @@ def test_a_spill_past_the_disks_largest_file_leaves_the_windows_to_read_the_row_
 
 def tars_of(out: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(out.glob("*.tar"))}
+
+
+def test_a_spilled_sample_read_back_in_parts_is_whole(tmp_path, monkeypatch):
+    """One read returns at most 2 GiB less a page on Linux (and any read may return less than
+    asked): a sample past that, spilled, failed the run as 'read back short'."""
+    order = [2, 0, 1]
+    images = [bytes([index]) * 20 for index in range(3)]
+    real_pread = shards_module.os.pread
+    monkeypatch.setattr(shards_module.os, "pread", lambda fd, n, at: real_pread(fd, min(n, 7), at))
+    monkeypatch.setattr(shards_module, "_spill_pays", lambda *args: True)
+    reads = shards_module._read_in_windows(
+        lambda position: images[order[position]],
+        lambda position, data: shards_module.Loaded("png", data),
+        range(3),
+        order,
+        shards_module._BlockCosts([0] * 3, [60], [20]),
+        0,
+        spill_folder=tmp_path,
+        window_bytes=1,
+    )
+    assert [loaded.data for loaded in reads] == [images[index] for index in order]

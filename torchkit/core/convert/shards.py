@@ -739,13 +739,20 @@ class _SpilledSamples:
     def read(self, position: int) -> bytes | Exception:
         if position in self._errors:
             return self._errors.pop(position)
-        size = self._sizes[position - self._first]
-        data = os.pread(self._file.fileno(), size, self.offset(position))
-        if len(data) != size:
-            raise OSError(
-                f"the temporary file of samples read back short ({len(data)} of {size} bytes)"
-            )
-        return data
+        size, at = self._sizes[position - self._first], self.offset(position)
+        data = os.pread(self._file.fileno(), size, at)
+        if len(data) == size:
+            return data
+        # In parts: a read returns at most 2 GiB less a page on Linux, any read may return less.
+        whole = bytearray(data)
+        while len(whole) < size:
+            part = os.pread(self._file.fileno(), size - len(whole), at + len(whole))
+            if not part:
+                raise OSError(
+                    f"the temporary file of samples read back short ({len(whole)} of {size} bytes)"
+                )
+            whole += part
+        return bytes(whole)
 
     def close(self) -> None:
         # What is still buffered is dropped with the file: a full disk raises again in the flush.
