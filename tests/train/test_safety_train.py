@@ -29,6 +29,7 @@ from processes import (
 from suite_paths import HELPERS
 
 from torchkit.core.io.force import note_started, write_marker
+from torchkit.core.io.output_proofs import is_tensorboard_events
 
 # A tiny run: 2 classes x 6 images of 8x8, 8 train / 4 val with --val-split 0.3.
 TINY = ["--model", "convnet", "--image-size", "8", "--batch-size", "4", "--workers", "0"]
@@ -210,6 +211,57 @@ def test_a_run_sigkilled_as_it_writes_split_csv_is_started_again_without_force(t
     assert again.returncode == 0, again.stderr
     assert sorted(p.name for p in run.iterdir() if p.name.startswith(".split")) == []
     assert (run / "last.pt").is_file() and (run / "split.csv").is_file()
+
+
+# A sitecustomize: the process SIGKILLs itself at the first file it opens once TensorBoard's
+# writer has made its event file (the marker, read to record that file, where it was recorded
+# once made).
+KILLED_AFTER_THE_EVENT_FILE = """
+import os, signal, sys
+
+made = []
+
+def _hook(event, args):
+    if event != "open":
+        return
+    if os.path.basename(str(args[0])).startswith("events.out.tfevents."):
+        made.append(True)
+    elif made:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+sys.addaudithook(_hook)
+"""
+
+
+def test_a_run_sigkilled_as_its_tensorboard_log_is_made_is_started_again_without_force(
+    tmp_path,
+):
+    """The event file is recorded in the marker (by a pattern its name ends with, given to the
+    writer) before the writer makes it: a run killed just after is a killed start. Recorded
+    once made, such a run was refused, "run folder already exists: run (its run was stopped
+    before its first checkpoint ... pass --force to start it again ...)"."""
+    write_image_folder(tmp_path / "ds", {"a": 6, "b": 6})
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(KILLED_AFTER_THE_EVENT_FILE)
+    args = ["train", *TINY, *DATA, "--epochs", "1", "--tensorboard", "--out", "run"]
+    env = {"PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{HELPERS}"}
+    killed = start_torchkit_process(*args, cwd=tmp_path, env=env)
+    killed.communicate(timeout=120)
+    assert killed.returncode == -signal.SIGKILL
+    run = tmp_path / "run"
+    assert sorted(p.name for p in run.iterdir()) == [
+        ".torchkit",
+        "config.json",
+        "split.csv",
+        "tensorboard",
+    ]
+    (event,) = (run / "tensorboard").iterdir()
+
+    again = run_torchkit_in_process(*args, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert (run / "last.pt").is_file() and not event.exists()
+    (log,) = (run / "tensorboard").iterdir()  # the new run's, its name of the same form
+    assert log.name.startswith("events.out.tfevents.") and is_tensorboard_events(log)
 
 
 def test_resume_of_a_run_killed_before_its_config_json_says_to_start_it_again(tmp_path):

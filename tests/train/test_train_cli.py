@@ -979,7 +979,7 @@ def test_tensorboard_logs_each_epoch(runner, split_root, tmp_path, monkeypatch):
     logged = []
 
     class FakeWriter:
-        def __init__(self, log_dir, purge_step=None):
+        def __init__(self, log_dir, purge_step=None, filename_suffix=""):
             logged.append(("dir", log_dir))
 
         def add_scalar(self, tag, value, step):

@@ -146,6 +146,22 @@ def noting_started(folder: Path, name: str) -> Callable[[Path], None]:
     return lambda temporary: _note_files(folder, {name: temporary}, growing=False)
 
 
+def note_starting_log(folder: Path, pattern: str) -> None:
+    """Record in the marker of `folder`, before a log's writer makes it (a name it chooses, such
+    as TensorBoard's event file), the pattern its path in `folder` matches (`fnmatch`, made
+    unique by a suffix the writer is given): a kill at any moment after leaves a log that the
+    marker names. Recorded by name once made, a kill before the record left a log that was
+    not, and the same command was refused."""
+    marker = folder / MARKER
+    record = _json_record(marker)
+    if not isinstance(record, dict):
+        return
+    started = _started_entries(record)
+    started[pattern] = {"path": pattern, "pattern": True}
+    record[STARTED_KEY] = list(started.values())
+    _rewrite_marker(marker, record)
+
+
 def _note_files(folder: Path, files: dict[str, Path], *, growing: bool) -> None:
     """`note_started` of `files` (name in `folder` -> the file whose size and time are its)."""
     marker = folder / MARKER
@@ -303,7 +319,7 @@ def _is_start_file(
         return all(
             file.is_file(follow_symlinks=False)
             and _matches(f"{entry.name}/{file.name}", inside, Path(file.path))
-            and _as_recorded(started.get(f"{entry.name}/{file.name}"), file)
+            and _as_recorded(_recorded_entry(started, f"{entry.name}/{file.name}"), file)
             for file in files
         )
 
@@ -318,6 +334,18 @@ def _matches(name: str, patterns: Collection[str], path: Path) -> bool:
             if proof is None or proof(path):
                 return True
     return False
+
+
+def _recorded_entry(started: dict[str, dict], name: str) -> dict | None:
+    """The entry of `started` for the file `name`: by its name, or by a pattern it matches
+    (`note_starting_log`)."""
+    from fnmatch import fnmatchcase
+
+    if name in started:
+        return started[name]
+    return next(
+        (e for p, e in started.items() if e.get("pattern") is True and fnmatchcase(name, p)), None
+    )
 
 
 def _as_recorded(entry: dict | None, file: os.DirEntry) -> bool:

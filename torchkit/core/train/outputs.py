@@ -301,11 +301,16 @@ class TensorBoardLog:
     """Scalars per epoch (and the training loss per update) under OUT/tensorboard. A full or
     read-only disk is one write error naming the folder, as for the run's other files."""
 
-    def __init__(self, folder: Path, purge_step: int | None = None) -> None:
+    def __init__(
+        self, folder: Path, purge_step: int | None = None, filename_suffix: str = ""
+    ) -> None:
+        """`filename_suffix`: what the event file's name ends with."""
         self.folder = folder
         _quiet_writer_thread_errors()
         with reporting_write_errors(folder):
-            self.writer = summary_writer_class()(log_dir=str(folder), purge_step=purge_step)
+            self.writer = summary_writer_class()(
+                log_dir=str(folder), purge_step=purge_step, filename_suffix=filename_suffix
+            )
 
     def epoch(self, row: dict) -> None:
         epoch = row["epoch"]

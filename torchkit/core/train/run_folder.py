@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 from collections.abc import Callable, Collection, Iterable
 from datetime import datetime
 from pathlib import Path
@@ -26,7 +27,7 @@ from torchkit.core.io.force import (
     force_refusal_hint,
     foreign_entries_hint,
     marker_command,
-    note_started,
+    note_starting_log,
     noting_started,
 )
 from torchkit.core.io.output_locks import OutputLockedError, lock_path
@@ -222,11 +223,13 @@ class RunFolder:
         folder = self.path / "tensorboard"
         if self.output is not None and not folder.exists():
             self.output.wrote(folder)  # its event files are written by TensorBoard's writer
-        self.tensorboard = TensorBoardLog(folder, purge_step=purge_step)
-        if self.output is not None and not self.in_place:  # its event file, made by now
-            with contextlib.suppress(OSError), os.scandir(folder) as logs:
-                names = [f"tensorboard/{entry.name}" for entry in logs]
-                note_started(self.path, names, growing=True)
+        suffix = ""
+        if self.output is not None and not self.in_place:
+            # Its event file recorded before it is made, by a name of its own: a kill from
+            # here to the first checkpoint leaves a start the same command starts again.
+            suffix = f".{secrets.token_hex(6)}"
+            note_starting_log(self.path, f"tensorboard/events.out.tfevents.*{suffix}")
+        self.tensorboard = TensorBoardLog(folder, purge_step=purge_step, filename_suffix=suffix)
 
     def close_tensorboard(self) -> None:
         if self.tensorboard is not None:
