@@ -124,7 +124,8 @@ def _rewrite_marker(marker: Path, record: dict) -> None:
 
 # The marker's list of the files a run wrote at its start, before anything worth keeping
 # (`note_started`): {"path": relative path, "bytes": size, "mtime_ns": time}, without the size
-# and time for a file that grows (a TensorBoard log). A folder holding only those is a run killed
+# and time for a file that grows (a TensorBoard log, recorded before it is made by the pattern its
+# name matches: {"path": pattern, "pattern": true}). A folder holding only those is a run killed
 # before its first result (`killed_start_leftovers`); a file under such a name that the marker
 # does not record as written (a split.csv of yours, put there since) is not.
 STARTED_KEY = "started_with"
