@@ -28,7 +28,7 @@ from processes import (
 )
 from suite_paths import HELPERS
 
-from torchkit.core.io.force import note_started, write_marker
+from torchkit.core.io.force import note_starting_log, noting_started, write_marker
 from torchkit.core.io.output_proofs import is_tensorboard_events
 
 # A tiny run: 2 classes x 6 images of 8x8, 8 train / 4 val with --val-split 0.3.
@@ -132,8 +132,9 @@ def killed_start(folder: Path, config: Path) -> Path:
     (folder / "tensorboard").mkdir()
     (folder / "tensorboard" / "events.out.tfevents.1.host.1.0").write_bytes(tensorboard_events())
     # recorded in the marker as the run records them (see the real kill's test below)
-    note_started(folder, ["config.json", "split.csv"])
-    note_started(folder, ["tensorboard/events.out.tfevents.1.host.1.0"], growing=True)
+    for name in ("config.json", "split.csv"):
+        noting_started(folder, name)(folder / name)
+    note_starting_log(folder, "tensorboard/events.out.tfevents.*.host.1.0")
     return folder
 
 

@@ -123,19 +123,12 @@ def _rewrite_marker(marker: Path, record: dict) -> None:
 
 
 # The marker's list of the files a run wrote at its start, before anything worth keeping
-# (`note_started`): {"path": relative path, "bytes": size, "mtime_ns": time}, without the size
-# and time for a file that grows (a TensorBoard log, recorded before it is made by the pattern its
-# name matches: {"path": pattern, "pattern": true}). A folder holding only those is a run killed
-# before its first result (`killed_start_leftovers`); a file under such a name that the marker
-# does not record as written (a split.csv of yours, put there since) is not.
+# (`noting_started`): {"path": relative path, "bytes": size, "mtime_ns": time}, or for a file
+# that grows (a TensorBoard log), recorded before it is made, the pattern its name matches:
+# {"path": pattern, "pattern": true} (`note_starting_log`). A folder holding only those is a run
+# killed before its first result (`killed_start_leftovers`); a file under such a name that the
+# marker does not record as written (a split.csv of yours, put there since) is not.
 STARTED_KEY = "started_with"
-
-
-def note_started(folder: Path, names: Iterable[str], *, growing: bool = False) -> None:
-    """Record in the marker of `folder` the files `names` (paths relative to it, `/`-separated)
-    just written by the run that marked it, with their size and time (not where `growing`: a
-    log its writer goes on appending to). Nothing where the folder has no marker."""
-    _note_files(folder, {name: folder / name for name in names}, growing=growing)
 
 
 def noting_started(folder: Path, name: str) -> Callable[[Path], None]:
@@ -144,7 +137,17 @@ def noting_started(folder: Path, name: str) -> Callable[[Path], None]:
     place, which keeps both: a kill at any moment leaves a temporary or the file as recorded.
     Recorded after the writes, a kill between them (a split.csv of a million images: seconds)
     left a config.json the marker did not know, and the same command was refused."""
-    return lambda temporary: _note_files(folder, {name: temporary}, growing=False)
+
+    def note(temporary: Path) -> None:
+        try:
+            info = os.lstat(temporary)
+        except OSError:
+            return
+        if stat.S_ISREG(info.st_mode):
+            sized = {"bytes": info.st_size, "mtime_ns": info.st_mtime_ns}
+            _record_started(folder, {"path": name, **sized})
+
+    return note
 
 
 def note_starting_log(folder: Path, pattern: str) -> None:
@@ -153,32 +156,18 @@ def note_starting_log(folder: Path, pattern: str) -> None:
     unique by a suffix the writer is given): a kill at any moment after leaves a log that the
     marker names. Recorded by name once made, a kill before the record left a log that was
     not, and the same command was refused."""
+    _record_started(folder, {"path": pattern, "pattern": True})
+
+
+def _record_started(folder: Path, entry: dict) -> None:
+    """`entry` added to (or replacing its path's in) the `STARTED_KEY` list of the marker of
+    `folder`. Nothing where the folder has no marker."""
     marker = folder / MARKER
     record = _json_record(marker)
     if not isinstance(record, dict):
         return
     started = _started_entries(record)
-    started[pattern] = {"path": pattern, "pattern": True}
-    record[STARTED_KEY] = list(started.values())
-    _rewrite_marker(marker, record)
-
-
-def _note_files(folder: Path, files: dict[str, Path], *, growing: bool) -> None:
-    """`note_started` of `files` (name in `folder` -> the file whose size and time are its)."""
-    marker = folder / MARKER
-    record = _json_record(marker)
-    if not isinstance(record, dict):
-        return
-    started = _started_entries(record)
-    for name, file in files.items():
-        try:
-            info = os.lstat(file)
-        except OSError:
-            continue
-        if not stat.S_ISREG(info.st_mode):
-            continue
-        sized = {} if growing else {"bytes": info.st_size, "mtime_ns": info.st_mtime_ns}
-        started[name] = {"path": name, **sized}
+    started[entry["path"]] = entry
     record[STARTED_KEY] = list(started.values())
     _rewrite_marker(marker, record)
 
@@ -279,9 +268,9 @@ def killed_start_leftovers(
     killed before its first result left: the marker naming `command`, temporaries no live
     writer holds, and the files `start_files` names (what the command writes before anything
     worth keeping: train's config.json, split.csv and TensorBoard log, see `_is_start_file`)
-    that the marker records as the run's (`note_started`). None when it holds anything else
-    (or another command's marker, or none). To that command such a folder is as good as empty
-    (with `start_files`: replaced without `--force`)."""
+    that the marker records as the run's (`noting_started`, `note_starting_log`). None when it
+    holds anything else (or another command's marker, or none). To that command such a folder
+    is as good as empty (with `start_files`: replaced without `--force`)."""
     if not folder.is_dir() or folder.is_symlink() or marker_command(folder) != command:
         return None
     started = _started_entries(_json_record(folder / MARKER)) if start_files else {}
@@ -350,7 +339,7 @@ def _recorded_entry(started: dict[str, dict], name: str) -> dict | None:
 
 
 def _as_recorded(entry: dict | None, file: os.DirEntry) -> bool:
-    """The file is the one `note_started` recorded (`entry`): of that size and time where it
+    """The file is the one `noting_started` recorded (`entry`): of that size and time where it
     recorded them."""
     if entry is None:
         return False

@@ -129,7 +129,7 @@ RUN_OUTPUTS = (
 
 
 # What a run writes before its first checkpoint: a run folder holding only these (with the
-# marker and temporaries), each recorded in the marker as the run's (`note_started`), is a run
+# marker and temporaries), each recorded in the marker as the run's (`noting_started`), is a run
 # killed before it saved anything, started again without --force (`OutputFolder`'s start_files).
 START_FILES = (
     "config.json",
