@@ -324,3 +324,23 @@ def test_a_spilled_sample_read_back_in_parts_is_whole(tmp_path, monkeypatch):
         window_bytes=1,
     )
     assert [loaded.data for loaded in reads] == [images[index] for index in order]
+
+
+def test_the_spill_says_how_far_it_is_beside_the_progress(tmp_path, monkeypatch):
+    """No sample is written while the images are copied to the spill (a 100 GB source: many
+    minutes): the bar stood at 0 without a word. The copy's count is shown beside it now."""
+    convert_parquet(tmp_path, tmp_path / "whole")
+    monkeypatch.setattr(shards_module, "WINDOW_BYTES", 3 * sample_cost(tmp_path))
+    said: list[str | None] = []
+    progress: list[int] = []
+    shards_module.convert_shards(
+        tmp_path / "rows.parquet",
+        tmp_path / "out",
+        options=shards_module.shard_options(per_shard=10, seed=5),
+        workers=0,
+        progress=lambda done, total: progress.append(done),
+        status=said.append,
+    )
+    assert said[0] == f"copying images to a temporary file, 0 of {ROWS}"
+    assert len(said) == ROWS + 1 and said[-1] is None  # a hundredth's count (here each), then none
+    assert progress[-1] == ROWS

@@ -729,6 +729,7 @@ def shards(
                 force=force,
                 workers=workers,
                 progress=progress,
+                status=progress.status,
                 before_keep=written.before_keep,
                 report_file=output,
             )

@@ -480,6 +480,7 @@ class _Writing:
     on_shard: Callable[[ShardRecord], None]  # a shard complete (or the last one grown)
     advance: Callable[[int], None]
     warned: int = 0
+    status: Callable[[str | None], None] | None = None  # what is done now, beside the progress
 
 
 def write_set(run: _Writing, shard_set: ShardSet, records: list[ShardRecord]) -> None:
@@ -538,6 +539,7 @@ def write_set(run: _Writing, shard_set: ShardSet, records: list[ShardRecord]) ->
                 costs,
                 run.workers,
                 spill_folder=run.folder,
+                status=run.status,
             )
         for position, loaded in zip(positions, reads, strict=True):
             if loaded.error is not None:
@@ -663,6 +665,7 @@ def _read_in_windows(
     *,
     spill_folder: Path | None = None,
     window_bytes: int | None = None,
+    status: Callable[[str | None], None] | None = None,
 ) -> Iterator[Loaded]:
     """The samples at `positions`, in order, a window of consecutive positions at a time (as
     many as take `window_bytes`, WINDOW_BYTES unless given): each window's files `read` in the
@@ -674,7 +677,8 @@ def _read_in_windows(
     Where a window holds few of the blocks' samples (large images in a full shuffle), reading
     every block once a window is quadratic: then, with `spill_folder` and block `cost`s
     (`_BlockCosts`), every sample is read once in source order into an unnamed temporary file
-    there, and each window read back from it."""
+    there, and each window read back from it (`status` told how far that is: no sample is
+    written meanwhile)."""
     windows = _windows(
         positions, order, cost, WINDOW_BYTES if window_bytes is None else window_bytes
     )
@@ -684,7 +688,7 @@ def _read_in_windows(
         and isinstance(cost, _BlockCosts)
         and _spill_pays(windows, order, cost)
     ):
-        spill = _spill(read, positions, order, cost, spill_folder)
+        spill = _spill(read, positions, order, cost, spill_folder, status)
     fetch = read if spill is None else spill.read
     try:
         for window in windows:
@@ -771,6 +775,7 @@ def _spill(
     order: Sequence[int],
     cost: Callable[[int], int],
     folder: Path,
+    status: Callable[[str | None], None] | None = None,
 ) -> _SpilledSamples | None:
     """Every sample at `positions` read in the order of its source index, each block once, into
     a temporary file in `folder`. None, with a warning, where `folder`'s disk has no room for
@@ -805,9 +810,13 @@ def _spill(
         position_of = array("q", [-1]) * (max(order[p] for p in positions) + 1 if positions else 0)
         for position in positions:
             position_of[order[position]] = position
+        count, every = 0, max(1, len(positions) // 100)
         for position in position_of:
             if position >= 0:
+                if status is not None and count % every == 0:
+                    status(f"copying images to a temporary file, {count:,} of {len(positions):,}")
                 spill.write(position, read(position))
+                count += 1
         spill.written()
     except OSError as error:
         spill.close()
@@ -821,6 +830,9 @@ def _spill(
     except BaseException:
         spill.close()
         raise
+    finally:
+        if status is not None:
+            status(None)
     return spill
 
 
@@ -1252,6 +1264,7 @@ def convert_shards(
     force: bool = False,
     workers: int | None = None,
     progress: Progress | None = None,
+    status: Callable[[str | None], None] | None = None,
     before_keep: Callable[[ShardsReport], None] | None = None,
     report_file: str | os.PathLike | None = None,
 ) -> ShardsReport:
@@ -1264,7 +1277,9 @@ def convert_shards(
     shard is written, before manifest.json says the output is complete: if it raises (the
     caller's `-o` report did not fit on its disk), `out` is left as an interrupted run, which
     the same command finishes, keeping every shard. `report_file`: the caller's `-o` file,
-    which, written into `out`, is this command's to replace there with the rest."""
+    which, written into `out`, is this command's to replace there with the rest. `status(text)`:
+    what the run does meanwhile where no shard is written for a while (the images copied to a
+    temporary file first), `status(None)` once it is done."""
     from torchkit.core.data.sources import open_data, warn_empty_splits, warn_stray_images
     from torchkit.core.data.sources.samples import partial_labels_kept
     from torchkit.core.runtime.cpus import check_workers
@@ -1366,6 +1381,7 @@ def convert_shards(
             workers=default_workers() if workers is None else workers,
             on_shard=on_shard,
             advance=advance,
+            status=status,
         )
         with output.reporting_write_errors():
             try:
