@@ -91,3 +91,51 @@ def test_the_safetensors_file_is_written_without_keeping_the_array_in_memory(tmp
     assert len(resident) > 20, resident  # the length, the header, then 24 chunks
     # Before: it grew by every chunk read (24 MB); now by a few pages.
     assert resident[-1] - resident[2] < 4 * 2**20, resident
+
+
+def status_bytes(field: str) -> int:
+    for line in STATUS.read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {field} in /proc/self/status")
+
+
+@pytest.mark.skipif(not STATUS.exists(), reason="reads /proc/self/status (Linux)")
+def test_the_safetensors_copy_holds_one_chunk_at_a_time(tmp_path, monkeypatch):
+    """The copy read each chunk into a new bytes object while the last one was still held: its
+    peak resident set grew by two chunks (16 MB with 8 MB chunks; 128 MB at the default 64),
+    the `.pt` copy's by one. Both now read into one buffer."""
+    rows = np.arange(12 * 2**20, dtype=np.float32).reshape(-1, 1024)  # 48 MB
+    source, target = tmp_path / "layer.npy", tmp_path / "layer.safetensors"
+    np.save(source, rows)
+    del rows
+    chunk = 8 * 2**20
+    monkeypatch.setattr(feature_store, "_CHUNK_BYTES", chunk)
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # the peak (VmHWM) from now on
+    except OSError:
+        pytest.skip("cannot reset the peak resident set here (/proc/self/clear_refs)")
+    before = status_bytes("VmRSS")
+    feature_store._write_safetensors(source, target, "layer")
+    grown = status_bytes("VmHWM") - before
+
+    from safetensors.numpy import load_file
+
+    loaded = load_file(target)["layer"]
+    assert loaded.shape == (12 * 1024, 1024) and loaded[-1, -1] == 12 * 2**20 - 1
+    assert grown < 1.5 * chunk, grown  # before: 16 MB and more
+
+
+def test_big_endian_rows_are_written_little_endian_to_safetensors(tmp_path, monkeypatch):
+    """safetensors stores little-endian values: rows of another byte order (a big-endian
+    machine's) are swapped as they are copied, a chunk of whole values at a time."""
+    rows = np.arange(3000, dtype=">f4").reshape(-1, 10)
+    source, target = tmp_path / "layer.npy", tmp_path / "layer.safetensors"
+    np.save(source, rows)
+    monkeypatch.setattr(feature_store, "_CHUNK_BYTES", 1001)  # 250 values a chunk
+    feature_store._write_safetensors(source, target, "layer")
+
+    from safetensors.numpy import load_file
+
+    loaded = load_file(target)["layer"]
+    assert loaded.dtype == np.dtype("<f4") and np.array_equal(loaded, rows)

@@ -825,10 +825,11 @@ def _aligned_record(name: str, offset: int, size: int, alignment: int):
     return info
 
 
-def _copy_bytes(data, target, size: int, source: Path) -> None:
+def _copy_bytes(data, target, size: int, source: Path, convert=None, unit: int = 1) -> None:
     """`size` bytes from `data` (at its position) to `target`, a chunk at a time, read into one
-    buffer (a new bytes object a chunk held two chunks at once)."""
-    buffer = memoryview(bytearray(min(_CHUNK_BYTES, size)))
+    buffer (a new bytes object a chunk held two chunks at once); each chunk, whole values of
+    `unit` bytes, written as `convert` gives it where given."""
+    buffer = memoryview(bytearray(min(_CHUNK_BYTES - _CHUNK_BYTES % unit, size)))
     left = size
     while left:
         count = data.readinto(buffer[: min(len(buffer), left)])
@@ -838,7 +839,7 @@ def _copy_bytes(data, target, size: int, source: Path) -> None:
                 "pass --force to start over",
             )
         left -= count
-        target.write(buffer[:count])
+        target.write(buffer[:count] if convert is None else convert(buffer[:count]))
 
 
 def _write_safetensors(source: Path, target: Path, key: str) -> None:
@@ -852,7 +853,7 @@ def _write_safetensors(source: Path, target: Path, key: str) -> None:
     nbytes = _row_bytes(shape, dtype) * shape[0]
     header = {
         key: {
-            "dtype": _SAFETENSORS_DTYPES[str(dtype)],
+            "dtype": _SAFETENSORS_DTYPES[dtype.name],
             "shape": list(shape),
             "data_offsets": [0, nbytes],
         },
@@ -860,22 +861,11 @@ def _write_safetensors(source: Path, target: Path, key: str) -> None:
     }
     raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
     raw += b" " * (-len(raw) % 8)
-    little = dtype.newbyteorder("<")
-    chunk = _CHUNK_BYTES - _CHUNK_BYTES % dtype.itemsize  # whole values: swapped where needed
+    little = dtype.newbyteorder("<")  # safetensors' byte order: values swapped where not
+    swap = None if dtype == little else lambda values: np.frombuffer(values, dtype).astype(little)
     with open(source, "rb") as data, atomic_write(target, "wb") as handle:
         handle.write(struct.pack("<Q", len(raw)))
         handle.write(raw)
         data.seek(data_start)
-        left = nbytes
-        while left:
-            values = data.read(min(chunk, left))
-            if not values:
-                raise InputError(
-                    f"cannot read {source}: it ends {left} bytes before its rows do",
-                    "pass --force to start over",
-                )
-            left -= len(values)
-            if dtype != little:
-                values = np.frombuffer(values, dtype=dtype).astype(little).tobytes()
-            handle.write(values)
+        _copy_bytes(data, handle, nbytes, source, convert=swap, unit=dtype.itemsize)
     remove_tree(source, ignore_errors=False)  # the scratch array, once the file is in place
