@@ -13,6 +13,7 @@ from output_checks import error_line, tree_digest
 
 import torchkit.core.features.store as store
 from torchkit.cli import app
+from torchkit.core.io.force import write_marker
 
 BASE = ["extract-features", "--device", "cpu", "--allow-untrained", "--image-size", "16", "-j", "0"]
 
@@ -147,7 +148,23 @@ def test_resume_of_a_stream_is_refused(runner, photos, tmp_path):
     )
     assert refused.exit_code == 2
     assert "--resume cannot continue a list piped on stdin" in error_line(refused.stderr)
+    assert "(run it again without --resume," in error_line(refused.stderr)
     assert not (tmp_path / "o").exists()
+
+
+def test_resume_of_a_stream_into_an_interrupted_run_says_force(runner, photos, tmp_path):
+    """--resume with `-` into an OUT holding an interrupted run says to start it over with
+    --force: without --resume (what it said) is refused, "already exists (... pass --force to
+    start over)"; with --force the list runs."""
+    out = tmp_path / "o"
+    _partial_rows(out / ".partial")
+    write_marker(out, "extract-features")
+    paths = "\n".join(photos)
+    refused = runner.invoke(app, [*BASE, "convnet", "-", str(out), "--resume"], input=paths)
+    assert refused.exit_code == 2
+    assert "(pass --force in place of --resume to start it over" in error_line(refused.stderr)
+    done = runner.invoke(app, [*BASE, "convnet", "-", str(out), "--force"], input=paths)
+    assert done.exit_code == 0, done.stderr
 
 
 def test_an_image_inside_out_later_in_the_stream_keeps_the_old_out(runner, photos, tmp_path):

@@ -48,6 +48,7 @@ from torchkit.core.io.folder_contents import proven
 from torchkit.core.io.force import (
     foreign_entries_hint,
     holds_json_record,
+    is_empty_dir,
     refuse_foreign_entries,
 )
 from torchkit.core.io.output_proofs import (
@@ -340,9 +341,20 @@ def extract_features(
         require_input(images, what="IMAGES")
     if images == STDIN:
         if request.resume:
+            # Without --resume, an OUT holding a run is refused as "already exists".
+            out = Path(request.out)
+            try:
+                holds_a_run = out.is_dir() and not is_empty_dir(out)
+            except OSError:  # unreadable: what it holds is told by the run without --resume
+                holds_a_run = False
+            again = (
+                "pass --force in place of --resume to start it over"
+                if holds_a_run
+                else "run it again without --resume"
+            )
             raise UsageError(
                 "--resume cannot continue a list piped on stdin (-): it cannot be read again",
-                "run it again without --resume, or save the list as a CSV index and give that",
+                f"{again}, or save the list as a CSV index and give that",
             )
         streamed = streamed_images(stdin, request.split)
         # The first paths checked before OUT is opened, the others as they are read.
