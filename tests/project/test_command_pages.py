@@ -16,7 +16,7 @@ SHARED = ("--format", "--output", "--out", "--force", "--quiet", "--verbose", "-
 FOREIGN = {
     "--nproc_per_node", "--nproc-per-node", "--nnodes", "--node-rank", "--master-addr",
     "--master-port", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--rdzv-conf",
-    "--nodes", "--ntasks-per-node", "--gpus-per-node", "--cpus-per-task", "--help",
+    "--nodes", "--ntasks-per-node", "--gpus-per-node", "--cpus-per-task", "--mem", "--help",
     "--compressed", "--extra", "--no-sync", "--reinstall", "--check", "--compile-bytecode",
     "--index-url", "--torch-backend", "--sparse",
 }  # fmt: skip
