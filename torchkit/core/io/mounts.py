@@ -26,6 +26,8 @@ class Mount:
     root: str  # the folder of that file system shown there
     id: str = ""  # mountinfo's mount ID, and the ID of the mount it is mounted in
     parent: str = ""
+    kind: str = ""  # its file system's type ("ext4", "cgroup2") and super options ("rw,memory")
+    options: str = ""
 
 
 def unescaped(field: str) -> str:
@@ -109,13 +111,7 @@ class MountTable:
     @classmethod
     def parse(cls, text: str) -> MountTable:
         """The table of mountinfo's `text`."""
-        mounts = []
-        for line in text.splitlines():
-            fields = line.split(" ")
-            if len(fields) > 4:
-                root, point = unescaped(fields[3]), unescaped(fields[4])
-                mounts.append(Mount(point, fields[2], root, fields[0], fields[1]))
-        return cls(mounts)
+        return cls(parse_mounts(text))
 
     def mount_of(self, path: str) -> Mount | None:
         """The mount that holds the absolute, resolved `path` (the nearest point above it)."""
@@ -150,6 +146,25 @@ class MountTable:
     def points_below(self, path: str) -> list[str]:
         """The mount points inside the folder `path` (not `path` itself)."""
         return [point for point in self.by_point if point != path and within(point, path)]
+
+
+def parse_mounts(text: str) -> list[Mount]:
+    """Every mount of mountinfo's `text`, in its order (hidden ones too)."""
+    mounts = []
+    for line in text.splitlines():
+        fields = line.split(" ")
+        if len(fields) > 4:
+            root, point = unescaped(fields[3]), unescaped(fields[4])
+            # After the optional fields and "-": the file system's type, source, super options.
+            tail = fields[fields.index("-", 6) + 1 :] if "-" in fields[6:] else []
+            kind, options = (tail + ["", "", ""])[0], (tail + ["", "", ""])[2]
+            mounts.append(Mount(point, fields[2], root, fields[0], fields[1], kind, options))
+    return mounts
+
+
+def read_mounts(path: str = MOUNTINFO) -> list[Mount]:
+    """Every mount of the mountinfo file `path`; [] where it cannot be read (no `/proc`)."""
+    return parse_mounts(_text_of(path))
 
 
 def _text_of(path: str) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from torchkit.core.io.mounts import below, unescaped, within
+from torchkit.core.io.mounts import below, read_mounts, within
 
 PROC = "/proc"
 
@@ -22,24 +22,18 @@ def cgroup_chains(controller: str, proc: str = PROC) -> list[list[str]]:
     try:
         with open(f"{proc}/self/cgroup", encoding="utf-8", errors="replace") as handle:
             memberships = [line.split(":", 2) for line in handle.read().splitlines()]
-        with open(f"{proc}/self/mountinfo", encoding="utf-8", errors="replace") as handle:
-            mounts = [line.split() for line in handle.read().splitlines()]
     except OSError:
         return []
     chains = []
-    for fields in mounts:
-        if len(fields) < 5 or "-" not in fields[6:]:
-            continue
-        tail = fields[fields.index("-", 6) + 1 :]  # filesystem type, source, super options
-        root, mount_point = unescaped(fields[3]), unescaped(fields[4])
-        if tail[:1] == ["cgroup2"]:
+    for mount in read_mounts(f"{proc}/self/mountinfo"):
+        if mount.kind == "cgroup2":
             paths = [m[2] for m in memberships if len(m) == 3 and m[0] == "0" and not m[1]]
-        elif tail[:1] == ["cgroup"] and controller in (tail[2].split(",") if len(tail) > 2 else []):
+        elif mount.kind == "cgroup" and controller in mount.options.split(","):
             paths = [m[2] for m in memberships if len(m) == 3 and controller in m[1].split(",")]
         else:
             continue
         for path in paths:
-            chains.append(_chain(path, root, mount_point))
+            chains.append(_chain(path, mount.root, mount.point))
     return chains
 
 
