@@ -58,8 +58,8 @@ from torchkit.core.video.streams import (
     flv_cut_short,
     flv_last_tag_s,
     flv_recorded_size,
-    flv_video_end,
     flv_video_frames,
+    flv_video_tail,
     ogg_video_frames,
     ps_video_frames,
     ts_video_frames,
@@ -368,14 +368,15 @@ def _flv_cut_between_tags(
     header, size = info.frames_header, info.size_bytes
     if container != "flv" or not header or size is None:
         return None
-    if flv_recorded_size(path, size) is None:  # (the tags walked only where it records more)
+    recorded = flv_recorded_size(path, size)
+    if recorded is None:  # (the tags walked only where it records more)
         return None
-    video = flv_video_end(path)
-    if video is not None:
-        reached = max(reached, video[0], _position(video[1], info.fps) + 1)
+    tail = flv_video_tail(path)
+    if tail is None:
+        return None
+    reached = max(reached, tail.frames, _position(tail.last_shown_ms / 1000, info.fps) + 1)
     missing = header - reached
-    recorded = flv_cut_short(path, size, missing - _frame_slack(header), info.fps, missing)
-    if recorded is None:
+    if not flv_cut_short(tail, size, recorded, missing - _frame_slack(header), info.fps, missing):
         return None
     return (
         f"truncated: the file holds {size:,} of the {recorded:,} bytes its flv metadata "

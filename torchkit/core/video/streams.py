@@ -1122,44 +1122,7 @@ def flv_recorded_size(path: str | os.PathLike, size: int) -> int | None:
     return int(recorded)
 
 
-def flv_cut_short(
-    path: str | os.PathLike, size: int, frames_short: int, fps: float | None, frames_missing: int
-) -> int | None:
-    """The file size an FLV's metadata records (`flv_recorded_size`) where the `size`-byte
-    file looks cut between two tags that lost `frames_short` video frames past the count's
-    slack (`frames_missing` in all, at `fps`), which the tags' own sizes cannot tell: it
-    falls short of that size by bytes that could hold those frames' tags (each as large as
-    its smallest video tag: header, data and the size after it), and by no more than the
-    tags of the frames missing and their time's audio could take (each as large as its
-    largest video tag, twice its audio's bytes a second, and one more tag: a file of tags
-    of its own past its video's end, or a size left stale by more, is whole); and its tags
-    end within a frame of its last video frame's (a muxer writes tags in time order: where
-    tags of other streams follow the video's last by more, the file went on past the
-    video's end, which is its own). None where it records no size or no more than the file
-    holds, or either fails (a tool that rewrote the metadata left the size stale: a whole
-    file), or the tags cannot be walked."""
-    recorded = flv_recorded_size(path, size) if frames_short > 0 and fps else None
-    if recorded is None:
-        return None
-    tail = _flv_video_tail(path)
-    if tail is None:
-        return None
-    frame_ms = 1000 / fps
-    missing_most = (frames_missing + 1) * (tail.largest + 2 * tail.audio_per_ms * frame_ms)
-    if not frames_short * tail.smallest <= recorded - size <= missing_most:
-        return None
-    return recorded if tail.latest_ms - tail.last_video_ms <= frame_ms + 1 else None
-
-
-def flv_video_end(path: str | os.PathLike) -> tuple[int, float] | None:
-    """(the video frames an FLV file's tags hold, the time in seconds its last is shown: its
-    tag's time and composition offset, the latest of them), walked by the tags' sizes; None
-    where it holds none, or the walk meets bytes that are no tag."""
-    tail = _flv_video_tail(path)
-    return None if tail is None else (tail.frames, tail.last_shown_ms / 1000)
-
-
-class _FlvVideoTail(NamedTuple):
+class FlvVideoTail(NamedTuple):
     """What `flv_cut_short` weighs of an FLV file's tags: the bytes the smallest and the
     largest video tag that holds a frame takes (its header, data and the size after it), the
     last such tag's time, the latest time of any tag (an H.264 end of sequence after it
@@ -1176,8 +1139,8 @@ class _FlvVideoTail(NamedTuple):
     last_shown_ms: int
 
 
-def _flv_video_tail(path: str | os.PathLike) -> _FlvVideoTail | None:
-    """An FLV file's `_FlvVideoTail`, walked by its tags' sizes; None where it has no video
+def flv_video_tail(path: str | os.PathLike) -> FlvVideoTail | None:
+    """An FLV file's `FlvVideoTail`, walked by its tags' sizes; None where it has no video
     frame, where the walk meets bytes that are no tag, or it cannot be read."""
     try:
         with open(path, "rb") as handle, _mapped(handle) as data:
@@ -1186,8 +1149,37 @@ def _flv_video_tail(path: str | os.PathLike) -> _FlvVideoTail | None:
         return None
 
 
-def _flv_tags_tail(data) -> _FlvVideoTail | None:
-    """`_flv_video_tail` of an FLV file's bytes `data`."""
+def flv_cut_short(
+    tail: FlvVideoTail,
+    size: int,
+    recorded: int,
+    frames_short: int,
+    fps: float | None,
+    frames_missing: int,
+) -> bool:
+    """Whether the `size`-byte FLV file whose tags are `tail`, and whose metadata records
+    `recorded` bytes (`flv_recorded_size`), looks cut between two tags that lost
+    `frames_short` video frames past the count's slack (`frames_missing` in all, at `fps`),
+    which the tags' own sizes cannot tell: it falls short of that size by bytes that could
+    hold those frames' tags (each as large as its smallest video tag: header, data and the
+    size after it), and by no more than the tags of the frames missing and their time's
+    audio could take (each as large as its largest video tag, twice its audio's bytes a
+    second, and one more tag: a file of tags of its own past its video's end, or a size left
+    stale by more, is whole); and its tags end within a frame of its last video frame's (a
+    muxer writes tags in time order: where tags of other streams follow the video's last by
+    more, the file went on past the video's end, which is its own). False where either fails
+    (a tool that rewrote the metadata left the size stale: a whole file)."""
+    if frames_short <= 0 or not fps:
+        return False
+    frame_ms = 1000 / fps
+    missing_most = (frames_missing + 1) * (tail.largest + 2 * tail.audio_per_ms * frame_ms)
+    if not frames_short * tail.smallest <= recorded - size <= missing_most:
+        return False
+    return tail.latest_ms - tail.last_video_ms <= frame_ms + 1
+
+
+def _flv_tags_tail(data) -> FlvVideoTail | None:
+    """`flv_video_tail` of an FLV file's bytes `data`."""
     smallest, largest, last_video, latest, frames, last_shown = None, 0, 0, 0, 0, 0
     audio_bytes, audio_first, audio_last = 0, None, 0
     at = int.from_bytes(data[5:9], "big") + 4
@@ -1213,7 +1205,7 @@ def _flv_tags_tail(data) -> _FlvVideoTail | None:
         return None
     audio_ms = audio_last - audio_first if audio_first is not None else 0
     audio_per_ms = audio_bytes / max(audio_ms, 1)
-    return _FlvVideoTail(
+    return FlvVideoTail(
         smallest, largest, last_video, latest, audio_per_ms, frames, max(last_shown, 0)
     )
 
