@@ -271,9 +271,12 @@ def killed_start_leftovers(
     that the marker records as the run's (`noting_started`, `note_starting_log`). None when it
     holds anything else (or another command's marker, or none). To that command such a folder
     is as good as empty (with `start_files`: replaced without `--force`)."""
-    if not folder.is_dir() or folder.is_symlink() or marker_command(folder) != command:
+    if not folder.is_dir() or folder.is_symlink():
         return None
-    started = _started_entries(_json_record(folder / MARKER)) if start_files else {}
+    record = _json_record(folder / MARKER)  # (read once: its command, the files it started)
+    if not isinstance(record, dict) or record.get("command") != command:
+        return None
+    started = _started_entries(record) if start_files else {}
     leftovers = []
     try:
         with os.scandir(folder) as entries:
