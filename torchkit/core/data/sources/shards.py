@@ -512,13 +512,7 @@ def _leave_out_what_tar_writes_not(found: _PlainMembers) -> None:
         return
     ordered = sorted({*files, *folder_names})
 
-    def place(name: str) -> int:
-        first = found.first_places.get(name)
-        if first is not None:
-            return first
-        if name in members:
-            return members[name][0]
-        return found.link_places[name] if name in links else found.folder_places[name]
+    place = found.place
 
     def path_place(path: str) -> int:
         stored = files.get(path)
@@ -1132,13 +1126,9 @@ class _PlainMembers:
         ):
             path = _unpacked_path(member)
             stored = self.spellings.get(path, path) if path is not None else member
-            since = at
+            since = self.place(stored) if stored in self.members or stored in self.links else at
             if stored in self.members:  # tar -x unlinks the file and makes the folder
-                since = self.first_places.get(stored, self.members[stored][0])
-                made = self.files_made_folders.setdefault(path or member, [])
-                made.append((since, at))
-            elif stored in self.links:
-                since = self.first_places.get(stored, self.link_places[stored])
+                self.files_made_folders.setdefault(path or member, []).append((since, at))
             self.replace(member)
             # the file it replaces is gone: a file stored again takes its own place
             self.first_places.pop(member, None)
@@ -1147,6 +1137,16 @@ class _PlainMembers:
             self.folder_places.setdefault(member, since)
         self.folders.add(member)
         self.folder_places.setdefault(member, at)
+
+    def place(self, name: str) -> int:
+        """Where the member, link or folder `name` first appears in the tar (where stored
+        again: its first member's place, `first_places`)."""
+        first = self.first_places.get(name)
+        if first is not None:
+            return first
+        if name in self.members:
+            return self.members[name][0]
+        return self.link_places[name] if name in self.links else self.folder_places[name]
 
     def link(self, member: str, linkname: str, symbolic: bool, at: int) -> None:
         """A link member (`at`: where its header's data would begin, its place in the tar). A
