@@ -307,8 +307,7 @@ def _link_target(name: str, linkname: str, *, symbolic: bool) -> str:
         stored, linkname = linkname, posixpath.join(posixpath.dirname(name.lstrip("/")), linkname)
         if not linkname.startswith("/") and (
             ".." in linkname.split("/")
-            or linkname.endswith(_FOLDER_ENDS)
-            and posixpath.normpath(stored) != "."
+            or (linkname.endswith(_FOLDER_ENDS) and posixpath.normpath(stored) != ".")
         ):
             # A `..` after a link, or after a file, and a final `/` after a file, are the
             # system's to take: `_through_links`
