@@ -689,12 +689,12 @@ def _read_in_windows(
         and _spill_pays(windows, order, cost)
     ):
         spill = _spill(read, positions, order, cost, spill_folder, status)
-    fetch = read if spill is None else spill.read
+    # Each window read in source order, or where the spill holds it
+    fetch, key = (read, order.__getitem__) if spill is None else (spill.read, spill.offset)
     try:
         for window in windows:
             first = window.start
             files: list[bytes | Exception | None] = [None] * len(window)
-            key = order.__getitem__ if spill is None else spill.offset
             for position in sorted(window, key=key):
                 files[position - first] = fetch(position)
 
