@@ -301,6 +301,33 @@ def test_a_spill_past_the_disks_largest_file_leaves_the_windows_to_read_the_row_
     )
 
 
+def test_a_spill_file_the_disk_refuses_leaves_the_windows_to_read_the_row_groups_again(
+    tmp_path, monkeypatch
+):
+    """Where OUT's disk refuses the spill's file itself (a quota, a disk full since the room
+    was checked), the run goes on without it, with a warning, as where writing it fails."""
+    import errno
+    import tempfile
+
+    source = write_large_rows(tmp_path / "rows.parquet")
+    whole = tmp_path / "whole"
+    assert run_torchkit_in_process("convert", "shards", source, whole).returncode == 0
+    each = shards_module._window_costs(open_data(source).whole)(0)
+    monkeypatch.setattr(shards_module, "WINDOW_BYTES", 3 * each)
+
+    def refused(*args, **kwargs):
+        raise OSError(errno.EDQUOT, "Disk quota exceeded")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", refused)
+    out = tmp_path / "out"
+    done = run_torchkit_in_process("convert", "shards", source, out)
+    assert done.returncode == 0, done.stderr
+    assert tars_of(out) == tars_of(whole)
+    assert f"cannot make a temporary copy of the images in {out} (Disk quota exceeded)" in (
+        done.stderr.replace("\n", " ")
+    )
+
+
 def tars_of(out: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(out.glob("*.tar"))}
 
