@@ -52,3 +52,26 @@ def test_resume_refuses_a_checkpoint_rewritten_since(runner, tmp_path, monkeypat
     assert (tmp_path / "stopped/.partial/progress.json").read_bytes() == progress
     assert not (tmp_path / "stopped/index.csv").exists()
     assert (tmp_path / "done/meta.json").read_bytes() == finished_meta
+
+
+def test_resume_starts_over_a_run_stopped_before_its_first_rows(runner, tmp_path, monkeypatch):
+    """A run stopped once its arrays are made, before its first rows are recorded, leaves the
+    record it wrote as it made them (no images done): --resume starts it over, with the
+    weights of now, as where it left no record; not refused as a run of other weights."""
+    import json
+
+    import numpy as np
+
+    monkeypatch.chdir(tmp_path)
+    write_image_folder(tmp_path / "a", {"x": 3, "y": 3}, size=8)
+    write_convnet_checkpoint(tmp_path / "model.pt", in_channels=3, image_size=8, classes="xy")
+    interrupted("stopped")
+    record_path = tmp_path / "stopped/.partial/progress.json"
+    record = json.loads(record_path.read_text(encoding="utf-8"))
+    record_path.write_text(json.dumps({**record, "done": 0, "rows": 0}), encoding="utf-8")
+    write_convnet_checkpoint(tmp_path / "model.pt", in_channels=3, image_size=8, classes="xy")
+
+    resumed = extract(runner, "stopped", "--resume")
+    assert resumed.exit_code == 0, resumed.stderr
+    assert np.load(tmp_path / "stopped/penultimate.npy").shape[0] == 6
+    assert not (tmp_path / "stopped/.partial").exists()
