@@ -743,20 +743,16 @@ class _SpilledSamples:
     def read(self, position: int) -> bytes | Exception:
         if position in self._errors:
             return self._errors.pop(position)
+        from torchkit.core.data.sources.shards import _pread_all
+
         size, at = self._sizes[position - self._first], self.offset(position)
-        data = os.pread(self._file.fileno(), size, at)
-        if len(data) == size:
-            return data
         # In parts: a read returns at most 2 GiB less a page on Linux, any read may return less.
-        whole = bytearray(data)
-        while len(whole) < size:
-            part = os.pread(self._file.fileno(), size - len(whole), at + len(whole))
-            if not part:
-                raise OSError(
-                    f"the temporary file of samples read back short ({len(whole)} of {size} bytes)"
-                )
-            whole += part
-        return bytes(whole)
+        data = _pread_all(self._file.fileno(), at, size)
+        if len(data) < size:
+            raise OSError(
+                f"the temporary file of samples read back short ({len(data)} of {size} bytes)"
+            )
+        return data
 
     def close(self) -> None:
         # What is still buffered is dropped with the file: a full disk raises again in the flush.
