@@ -210,12 +210,13 @@ def open_output(request: FeatureRequest, listed: Sequence[str] = ()) -> OutputFo
     has_content = out.is_dir() and not out.is_symlink() and any(out.iterdir())
 
     recorded = known_files(out) if out.is_dir() else ()  # by OUT's own records, read once
+    owned = output_names(recorded)  # anything else in OUT is refused, not deleted with it
 
     def exists_hint() -> str:  # judged once a killed run's leftovers are cleaned up
         if not (out / PARTIAL_DIR).is_dir():
             return ""
         # A file of the user's in OUT: --force refuses to delete it with the extraction.
-        refused = foreign_entries_hint(out, output_names(recorded))
+        refused = foreign_entries_hint(out, owned)
         if str(request.images) == STDIN:  # --resume with - is refused: stdin cannot be read again
             return "it holds an interrupted extraction, which a list piped on stdin cannot " + (
                 f"continue; {refused}" if refused else "continue: pass --force to start over"
@@ -230,26 +231,26 @@ def open_output(request: FeatureRequest, listed: Sequence[str] = ()) -> OutputFo
         force=request.force,
         inputs=feature_inputs(request, listed),
         known_files=recorded,
-        owned=output_names(recorded),  # anything else in OUT is refused, not deleted with it
+        owned=owned,
         resume=request.resume and has_content,
         exists_hint=exists_hint,
     )
     if output.resume:
         try:
-            _refuse_foreign_partial(out, recorded)
+            _refuse_foreign_partial(out, owned)
         except BaseException:
             output.release()
             raise
     return output
 
 
-def _refuse_foreign_partial(out: Path, recorded: Sequence[str]) -> None:
+def _refuse_foreign_partial(out: Path, owned: Sequence[str]) -> None:
     """--resume removes OUT/.partial (an interrupted run's rows, started over or moved into
     OUT at the end): refused, before any work, where it holds a file the run did not write
-    there (an array of yours), which would go with it."""
+    there (one `owned` does not name: an array of yours), which would go with it."""
     if (out / PARTIAL_DIR).is_dir() and not out.is_symlink():
         refuse_foreign_entries(
-            out, output_names(recorded), what="output folder", within=PARTIAL_DIR, option="--resume"
+            out, owned, what="output folder", within=PARTIAL_DIR, option="--resume"
         )
 
 
