@@ -566,16 +566,20 @@ def _leave_out_what_was_stored_in_a_file_made_a_folder(found: _PlainMembers) -> 
     file's path: each name twice."""
     made = found.files_made_folders
     lengths = set(map(len, made))
-    placed: list[tuple[str, int]] = []  # each name as unpacked, where it was last written
+    written_at: list[tuple[str, int]] = []  # each name, where it was last written
     for name, (data, _) in found.members.items():
         # a hard link whose file was replaced holds the file's data, stored before it
-        placed.append((name, max(data, found.first_places.get(name, data))))
-    placed.extend(found.link_places.items())
-    placed.extend(found.folder_places.items())
+        written_at.append((name, max(data, found.first_places.get(name, data))))
+    written_at.extend(found.link_places.items())
+    written_at.extend(found.folder_places.items())
+    placed = [  # and its path as unpacked
+        (name, path, written)
+        for name, written in written_at
+        if (path := _unpacked_path(name)) is not None
+    ]
     earliest: dict[str, int] = {}  # each such file's path -> the first place of what it holds
-    for name, written in placed:
-        path = _unpacked_path(name)
-        slash = -1 if path is None else path.find("/")
+    for _, path, written in placed:
+        slash = path.find("/")
         while slash != -1:
             if slash in lengths and path[:slash] in made:
                 held = earliest.get(path[:slash])
@@ -593,9 +597,8 @@ def _leave_out_what_was_stored_in_a_file_made_a_folder(found: _PlainMembers) -> 
             slash = path.find("/", slash + 1)
         return None
 
-    for name, written in placed:
-        path = _unpacked_path(name)
-        if path is not None and (name in found.members or name in found.links):
+    for name, path, written in placed:
+        if name in found.members or name in found.links:
             file = file_it_lay_in(path, written)
             if file is not None:
                 _leave_out(found, name, f"in {file}, a file")
