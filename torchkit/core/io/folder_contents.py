@@ -121,6 +121,12 @@ class _Patterns:
         return any(_matches_prefix(pattern, parts) for pattern in self.split)
 
 
+def names_file(patterns: Collection[str], relative: str, path: Path) -> bool:
+    """Whether one of `patterns` names the file `relative` (`/`-separated) at `path`, as
+    `foreign_entries` judges it: a `ProvenPattern` only where its proof holds for `path`."""
+    return _Patterns(patterns).names_file(tuple(relative.split("/")), path)
+
+
 def _path_regex(pattern: tuple[str, ...]) -> str:
     """The regular expression of a `/`-separated pattern: each segment as `fnmatchcase` reads
     it, never across a `/`; `**` any number of folders (at the end: anything below)."""

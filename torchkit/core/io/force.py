@@ -20,7 +20,7 @@ from torchkit.core.io.errors import (
 )
 from torchkit.core.io.file_kinds import file_kind
 from torchkit.core.io.file_outputs import replaced_whole
-from torchkit.core.io.folder_contents import exact_pattern, foreign_entries
+from torchkit.core.io.folder_contents import exact_pattern, foreign_entries, names_file
 from torchkit.core.io.mounts import MountTable
 from torchkit.core.io.non_utf8_names import json_text
 from torchkit.core.io.output_paths import MARKER, WRITTEN_JOURNAL, real_path, shown
@@ -302,7 +302,7 @@ def _is_start_file(
     TensorBoard log's event files, never a user's notes or logs put beside them). A
     `ProvenPattern`'s file passes only where its proof holds too."""
     if entry.is_file(follow_symlinks=False):
-        return _matches(entry.name, start_files, Path(entry.path)) and _as_recorded(
+        return names_file(start_files, entry.name, Path(entry.path)) and _as_recorded(
             started.get(entry.name), entry
         )
     inside = [p for p in start_files if p.startswith(f"{entry.name}/")]
@@ -311,22 +311,10 @@ def _is_start_file(
     with os.scandir(entry.path) as files:
         return all(
             file.is_file(follow_symlinks=False)
-            and _matches(f"{entry.name}/{file.name}", inside, Path(file.path))
+            and names_file(inside, f"{entry.name}/{file.name}", Path(file.path))
             and _as_recorded(_recorded_entry(started, f"{entry.name}/{file.name}"), file)
             for file in files
         )
-
-
-def _matches(name: str, patterns: Collection[str], path: Path) -> bool:
-    """`name` matches one of `patterns` (whose proof, for a `ProvenPattern`, holds for `path`)."""
-    from fnmatch import fnmatchcase
-
-    for pattern in patterns:
-        if fnmatchcase(name, pattern):
-            proof = getattr(pattern, "proof", None)
-            if proof is None or proof(path):
-                return True
-    return False
 
 
 def _recorded_entry(started: dict[str, dict], name: str) -> dict | None:
