@@ -192,6 +192,8 @@ def test_a_sigkilled_runs_arrays_are_cleared_but_an_array_of_yours_beside_them_i
         line = error_line(refused.stderr)
         assert f"holds {mine}/.partial/umap.npy that torchkit did not write" in line
         assert f"which {option} would delete with it" in line
+        place = mine / ".partial" if option == "--resume" else mine  # what it would delete
+        assert f"(move them out of {place}, or delete them yourself)" in line
     assert tree_digest(mine) == before
     for done, folder in ((cleared, out), (resumed, again)):
         assert done.returncode == 0, done.stderr
