@@ -133,10 +133,18 @@ _CgroupFiles = tuple[str, str, tuple[str, ...]]
 
 def _cgroup_folder_limit(folder: str) -> tuple[int, _CgroupFiles] | None:
     """One cgroup's memory limit, and the files of its version; None where it has none (v2's
-    "max", v1's past 2**62) or it cannot be read."""
+    "max", v1's past 2**62) or it cannot be read. On v2, the lesser of `memory.max` and
+    `memory.high`: past `memory.high` the kernel throttles the cgroup's tasks and reclaims
+    hard (a job slowed to a crawl, not killed), which no job means to run under (systemd's
+    MemoryHigh=, Kubernetes' memory QoS). Swap is not counted (`memory.swap.max`, v1's
+    `memsw`): MemAvailable counts none either, and a job that fits only by swapping runs at the
+    disk's pace."""
     for files in (_V2_FILES, _V1_FILES):
         limit = _read_bytes(os.path.join(folder, files[0]))
         if limit is not None:
+            if files is _V2_FILES:
+                high = _read_bytes(os.path.join(folder, "memory.high"))
+                limit = limit if high is None else min(limit, high)
             return None if limit >= _V1_UNLIMITED else (limit, files)
     return None
 
@@ -144,8 +152,8 @@ def _cgroup_folder_limit(folder: str) -> tuple[int, _CgroupFiles] | None:
 def _cgroup_folder_left(folder: str) -> int | None:
     """What one cgroup has left: its limit less its usage, plus what of that usage the kernel
     would reclaim before killing (the page cache, and v2's reclaimable slab: `_V2_FILES`): v2
-    `memory.max` - `memory.current`, v1 `memory.limit_in_bytes` - `memory.usage_in_bytes`,
-    each with its `memory.stat`."""
+    `memory.max` (or `memory.high` where lower) - `memory.current`, v1 `memory.limit_in_bytes`
+    - `memory.usage_in_bytes`, each with its `memory.stat`."""
     found = _cgroup_folder_limit(folder)
     if found is None:
         return None
