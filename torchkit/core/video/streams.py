@@ -316,70 +316,116 @@ def flv_video_frames(path: str | os.PathLike, container: str | None) -> HeldFram
     cannot be read."""
     import numpy as np
 
-    if container != "flv":
+    tags = _flv_tags(path) if container == "flv" else None
+    if tags is None:
         return None
-    times, keys, places, firsts, lasts = [], [], [], [], []
-    audio: list[int] = []  # the last two audio tags' times (ms)
-    unpassed = None  # where bytes that are no tag run on past the search for the next
-    # the first frame's composition offset (the delay B-frames add to every frame's time) and
-    # the last frame's tag time (ms)
-    delay, last_video = None, 0
-    try:
-        with (
-            open(path, "rb") as handle,
-            mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data,
-        ):
-            size = len(data)
-            at = int.from_bytes(data[5:9], "big") + 4  # the header, the size of no tag before
-            for _ in range(_MAX_FLV_TAGS):
-                if at + _FLV_TAG > size:
-                    break
-                length = int.from_bytes(data[at + 1 : at + 4], "big")
-                end = at + _FLV_TAG + length
-                if data[at] & 0x1F not in (8, 9, 18) or data[at + 8 : at + 11] != b"\x00" * 3:
-                    found = _flv_tag_after(data, at, size)
-                    if found is None:
-                        # bytes past the search the walk could not pass: their frames untold
-                        unpassed = at if at + _FLV_RESYNC_BYTES < size else None
-                        break
-                    firsts.append(at)
-                    lasts.append(found - 1)
-                    at = found
-                    continue
-                if data[at] & 0x1F == 8:
-                    time = int.from_bytes(data[at + 4 : at + 7], "big") | data[at + 7] << 24
-                    audio = [*audio[-1:], time]
-                if data[at] & 0x1F == 9 and length:
-                    frame = _flv_frame(data[at + _FLV_TAG : at + _FLV_TAG + min(length, 5)])
-                    if frame is not None:
-                        time = int.from_bytes(data[at + 4 : at + 7], "big") | data[at + 7] << 24
-                        times.append(time + frame[1])
-                        delay = frame[1] if delay is None else delay
-                        last_video = time
-                        keys.append(frame[0])
-                        places.append(at)
-                at = end + 4
-    except (OSError, ValueError):  # ValueError: an empty file cannot be mapped
-        return None
-    times, keys, places = np.array(times, np.int64), np.array(keys, bool), np.array(places)
+    times, keys = np.array(tags.times, np.int64), np.array(tags.keys, bool)
     if not keys.any():
         return None
-    firsts, lasts = np.array(firsts, np.int64), np.array(lasts, np.int64)
-    frames = len(times) + frames_between(times, places, firsts, lasts)
-    broken_at = int(firsts[0]) if len(firsts) else unpassed
+    firsts, lasts = np.array(tags.firsts, np.int64), np.array(tags.lasts, np.int64)
+    frames = len(times) + frames_between(times, np.array(tags.places), firsts, lasts)
+    broken_at = int(firsts[0]) if len(firsts) else tags.unpassed
     # the video ends where its last frame is shown: its time and the delay B-frames add (not
-    # the latest time shown: past a cut, a P-frame stored before the B-frames lost), an audio
-    # tag lasts as long as the time from the one before it (ADPCM's 4096 samples a tag: 0.19
-    # s at 22 kHz), which FFmpeg's duration counts
-    end_ms = max(last_video + (delay or 0), 2 * audio[1] - audio[0] if len(audio) == 2 else 0)
+    # the latest time shown: past a cut, a P-frame stored before the B-frames lost)
+    end_ms = max(tags.last_video + (tags.delay or 0), tags.audio_end_ms)
     return HeldFrames(
         frames,
         leading_frames(times, keys),
         0,
         broken_at,
-        past_breaks=unpassed is None,
+        past_breaks=tags.unpassed is None,
         end_s=end_ms / 1000,
     )
+
+
+class _FlvTags:
+    """What one walk of an FLV file's tags reads (`_walk_flv_tags`). Of its video tags that
+    hold a frame: each one's time shown (its tag's and its composition offset, ms), whether it
+    is a key frame, where it starts; the first one's composition offset (`delay`, which
+    B-frames add to every frame's time), the last one's tag time, the bytes the smallest and
+    the largest takes (header, data and the size after it). Of its audio tags: the bytes they
+    take, the first one's and the last two's times. The latest time of any tag. Where bytes
+    that are no tag break the walk: each run's first and last byte (`firsts`, `lasts`: the
+    walk went on from the next tag found), or where a run the search could not pass starts
+    (`unpassed`; `broken` either way). `ends_whole`: its last tag ends the file, and the size
+    after it repeats that tag's own."""
+
+    def __init__(self) -> None:
+        self.times: list[int] = []
+        self.keys: list[bool] = []
+        self.places: list[int] = []
+        self.firsts: list[int] = []
+        self.lasts: list[int] = []
+        self.unpassed: int | None = None
+        self.broken = False
+        self.delay: int | None = None
+        self.last_video = 0
+        self.smallest: int | None = None
+        self.largest = 0
+        self.latest = 0
+        self.audio_bytes = 0
+        self.audio_first: int | None = None
+        self.audio: list[int] = []  # the last two audio tags' times (ms)
+        self.ends_whole = False
+
+    @property
+    def audio_end_ms(self) -> int:
+        """When its audio ends: its last tag lasts as long as the time from the one before it
+        (ADPCM's 4096 samples a tag: 0.19 s at 22 kHz), which FFmpeg's duration counts; 0
+        without two audio tags."""
+        return 2 * self.audio[1] - self.audio[0] if len(self.audio) == 2 else 0
+
+
+def _flv_tags(path: str | os.PathLike) -> _FlvTags | None:
+    """`_walk_flv_tags` of the FLV file at `path`; None where it cannot be read."""
+    try:
+        with open(path, "rb") as handle, _mapped(handle) as data:
+            return _walk_flv_tags(data)
+    except (OSError, ValueError):  # ValueError: an empty file cannot be mapped
+        return None
+
+
+def _walk_flv_tags(data) -> _FlvTags:
+    """The `_FlvTags` of an FLV file's bytes `data`, walked tag by tag from the header's end
+    by the size each records, past bytes that are no tag from the next tag found."""
+    tags, size = _FlvTags(), len(data)
+    at = int.from_bytes(data[5:9], "big") + 4  # the header, the size of no tag before
+    for _ in range(_MAX_FLV_TAGS):
+        if at + _FLV_TAG > size:
+            break
+        if data[at] & 0x1F not in (8, 9, 18) or data[at + 8 : at + 11] != b"\x00" * 3:
+            tags.broken = True
+            found = _flv_tag_after(data, at, size)
+            if found is None:
+                # bytes past the search the walk could not pass: their frames untold
+                tags.unpassed = at if at + _FLV_RESYNC_BYTES < size else None
+                break
+            tags.firsts.append(at)
+            tags.lasts.append(found - 1)
+            at = found
+            continue
+        kind, length = data[at] & 0x1F, int.from_bytes(data[at + 1 : at + 4], "big")
+        time = int.from_bytes(data[at + 4 : at + 7], "big") | data[at + 7] << 24
+        tags.latest, taken = max(tags.latest, time), _FLV_TAG + length + 4
+        if kind == 8:
+            tags.audio = [*tags.audio[-1:], time]
+            tags.audio_bytes += taken
+            tags.audio_first = time if tags.audio_first is None else tags.audio_first
+        elif kind == 9 and length:
+            frame = _flv_frame(data[at + _FLV_TAG : at + _FLV_TAG + min(length, 5)])
+            if frame is not None:
+                tags.times.append(time + frame[1])
+                tags.delay = frame[1] if tags.delay is None else tags.delay
+                tags.last_video = time
+                tags.keys.append(frame[0])
+                tags.places.append(at)
+                tags.smallest = taken if tags.smallest is None else min(tags.smallest, taken)
+                tags.largest = max(tags.largest, taken)
+        tags.ends_whole = at + taken == size and (
+            int.from_bytes(data[size - 4 : size], "big") == taken - 4
+        )
+        at += taken
+    return tags
 
 
 def _flv_frame(head: bytes) -> tuple[bool, int] | None:
@@ -1128,7 +1174,8 @@ class FlvVideoTail(NamedTuple):
     last such tag's time, the latest time of any tag (an H.264 end of sequence after it
     carries its time), in ms, and the bytes its audio tags take a ms of the time they span;
     and the frames its video tags hold, the latest time one is shown (its tag's time and
-    composition offset), in ms."""
+    composition offset), in ms; when its audio ends (ms, 0 without two audio tags), and
+    whether its last tag ends the file with the size after it that repeats its own."""
 
     smallest: int
     largest: int
@@ -1137,16 +1184,28 @@ class FlvVideoTail(NamedTuple):
     audio_per_ms: float
     frames: int
     last_shown_ms: int
+    audio_end_ms: int
+    ends_whole: bool
 
 
 def flv_video_tail(path: str | os.PathLike) -> FlvVideoTail | None:
     """An FLV file's `FlvVideoTail`, walked by its tags' sizes; None where it has no video
     frame, where the walk meets bytes that are no tag, or it cannot be read."""
-    try:
-        with open(path, "rb") as handle, _mapped(handle) as data:
-            return _flv_tags_tail(data)
-    except (OSError, ValueError):  # ValueError: an empty file cannot be mapped
+    tags = _flv_tags(path)
+    if tags is None or tags.broken or tags.smallest is None:
         return None
+    audio_ms = tags.audio[-1] - tags.audio_first if tags.audio_first is not None else 0
+    return FlvVideoTail(
+        tags.smallest,
+        tags.largest,
+        tags.last_video,
+        tags.latest,
+        tags.audio_bytes / max(audio_ms, 1),
+        len(tags.times),
+        max(max(tags.times), 0),
+        tags.audio_end_ms,
+        tags.ends_whole,
+    )
 
 
 def flv_cut_short(
@@ -1176,38 +1235,6 @@ def flv_cut_short(
     if not frames_short * tail.smallest <= recorded - size <= missing_most:
         return False
     return tail.latest_ms - tail.last_video_ms <= frame_ms + 1
-
-
-def _flv_tags_tail(data) -> FlvVideoTail | None:
-    """`flv_video_tail` of an FLV file's bytes `data`."""
-    smallest, largest, last_video, latest, frames, last_shown = None, 0, 0, 0, 0, 0
-    audio_bytes, audio_first, audio_last = 0, None, 0
-    at = int.from_bytes(data[5:9], "big") + 4
-    for _ in range(_MAX_FLV_TAGS):
-        if at + _FLV_TAG_HEADER > len(data):
-            break
-        if data[at] & 0x1F not in (8, 9, 18) or data[at + 8 : at + 11] != bytes(3):
-            return None
-        length = int.from_bytes(data[at + 1 : at + 4], "big")
-        time = int.from_bytes(data[at + 4 : at + 7], "big") | data[at + 7] << 24
-        latest, taken = max(latest, time), _FLV_TAG_HEADER + length + 4
-        head = data[at + _FLV_TAG_HEADER : at + _FLV_TAG_HEADER + min(length, 5)]
-        frame = _flv_frame(head) if data[at] & 0x1F == 9 else None
-        if frame is not None:
-            smallest = taken if smallest is None else min(smallest, taken)
-            largest, last_video, frames = max(largest, taken), time, frames + 1
-            last_shown = max(last_shown, time + frame[1])
-        elif data[at] & 0x1F == 8:
-            audio_bytes, audio_last = audio_bytes + taken, time
-            audio_first = time if audio_first is None else audio_first
-        at += taken
-    if smallest is None:
-        return None
-    audio_ms = audio_last - audio_first if audio_first is not None else 0
-    audio_per_ms = audio_bytes / max(audio_ms, 1)
-    return FlvVideoTail(
-        smallest, largest, last_video, latest, audio_per_ms, frames, max(last_shown, 0)
-    )
 
 
 _OGG_TAIL = 65_307 + 27  # the most bytes of a page (255 segments of 255 bytes), and another's head
