@@ -618,15 +618,15 @@ def test_a_zeroed_mpeg_ps_of_h264_or_mpeg4_is_damaged(tmp_path, encoder, options
     assert (exact.status, exact.frames_decoded) == ("ok", 75)
 
 
-def test_an_flv_cut_between_tags_losing_only_video_is_truncated(tmp_path):
-    """A copy cut at a tag's end that loses only its last video tags, its audio all there
-    (an ADPCM tag plays 0.37 s at 11 kHz, past the video frames lost), read `ok` with 47 of
-    its 50 frames: the tags' sizes cannot tell it from a whole file, and its streams end
-    where its header says. FFmpeg records the file's size in its metadata (`filesize`),
-    which the copy falls short of by more than those frames' tags, and its tags end within
-    a frame of its last video frame: truncated, by the decode check and --exact, and without
-    decoding (its video tags' frames and times, which read `ok` by where its tags end).
-    Where its metadata records no size, the frames short are not told."""
+def test_an_flv_cut_between_tags_losing_audio_is_truncated(tmp_path):
+    """A copy cut at a tag's end that loses its last audio tag and the video tags after it
+    (an ADPCM tag plays 0.37 s at 11 kHz) is truncated, by the decode check and --exact (47
+    of the 56 frames its header declares decode), and without decoding (it falls short of
+    the size its metadata records, `filesize`, by bytes that could hold the frames missing).
+    A copy that loses only the video tags after its last audio tag, that audio playing to
+    the file's duration, cannot be told from a whole file whose video ends there and whose
+    recorded size a tool left stale: it reads ok, with the 47 frames that decode (as it
+    does where its metadata records no size)."""
     whole = ffmpeg_made(
         tmp_path / "clip.flv",
         *moving_picture(2),
@@ -638,22 +638,30 @@ def test_an_flv_cut_between_tags_losing_only_video_is_truncated(tmp_path):
     data = whole.read_bytes()
     starts = [int.from_bytes(data[5:9], "big") + 4, *_flv_tag_ends(whole)[:-1]]
     last_audio = max(i for i, start in enumerate(starts) if data[start] == 8)
-    cut_at = starts[last_audio + 1]  # the video tags after its last audio tag gone
+    assert probe_video(whole, exact=True).status == "ok"
+    cut_at = starts[last_audio]  # its last audio tag and the video tags after it gone
     cut = tmp_path / "cut.flv"
     cut.write_bytes(data[:cut_at])
-    assert probe_video(whole, exact=True).status == "ok"
     header = probe_video(cut, decode_check=False).frames_header
-    for options in ({}, {"exact": True}, {"decode_check": False}):
+    expected = {
+        "default": f"truncated: 47 of the {header} frames its header declares decode",
+        "exact": f"truncated: 47 of the {header} frames its header declares decode",
+        "no-decode": (
+            f"truncated: the file holds {cut_at:,} of the {len(data):,} bytes its flv "
+            f"metadata records, and its video ends at frame 47 of the {header} its header "
+            "declares"
+        ),
+    }
+    modes = {"default": {}, "exact": {"exact": True}, "no-decode": {"decode_check": False}}
+    for mode, options in modes.items():
         info = probe_video(cut, **options)
-        assert (info.status, info.error) == (
-            "truncated",
-            f"truncated: the file holds {cut_at:,} of the {len(data):,} bytes its flv metadata "
-            f"records, and its video ends at frame 47 of the {header} its header declares",
-        ), options
-    unrecorded = tmp_path / "unrecorded.flv"
-    unrecorded.write_bytes(data[:cut_at].replace(b"\x08filesize", b"\x08filesizx", 1))
-    exact = probe_video(unrecorded, exact=True)
-    assert (exact.status, exact.frames_decoded) == ("ok", 47)
+        assert (info.status, info.error) == ("truncated", expected[mode]), mode
+    video_lost = tmp_path / "video-lost.flv"
+    video_lost.write_bytes(data[: starts[last_audio + 1]])
+    for options in modes.values():
+        info = probe_video(video_lost, **options)
+        assert (info.status, info.error) == ("ok", None), options
+    assert probe_video(video_lost, exact=True).frames_decoded == 47
 
 
 def _recorded_size(data: bytes, size: float) -> bytes:
@@ -738,9 +746,9 @@ def test_an_flv_whose_audio_plays_past_its_video_and_records_a_stale_size_is_ok(
     metadata records a file size 100 kB larger than the file (left stale by a tool that
     rewrote it) read `truncated: the file holds 27,504 of the 127,504 bytes its flv metadata
     records, and its video ends at frame 47 of the 56 its header declares`, exit 1, with
-    and without --exact: so does a copy cut after its last audio tag, losing video frames
-    alone, but by the bytes of those frames' tags. A size short by more than the frames
-    missing and their time's audio could take says nothing: ok."""
+    and without --exact; so did one whose recorded size is 1-10 kB over the file's, bytes
+    the video's missing frames could take. Its last tag ends the file whole and its audio
+    plays to its duration, so none of its tags is missing: ok, whatever size is recorded."""
     made = ffmpeg_made(
         tmp_path / "clip.flv",
         *moving_picture(1.88),
@@ -750,12 +758,13 @@ def test_an_flv_whose_audio_plays_past_its_video_and_records_a_stale_size_is_ok(
         muxer="flv",
     )
     data = made.read_bytes()
-    stale = tmp_path / "stale.flv"
-    stale.write_bytes(_recorded_size(data, len(data) + 100_000))
     assert probe_video(made, exact=True).frames_decoded == 47
-    for options in ({}, {"exact": True}, {"decode_check": False}):
-        info = probe_video(stale, **options)
-        assert (info.status, info.error) == ("ok", None), options
+    for extra in (1_000, 3_000, 10_000, 100_000):
+        stale = tmp_path / f"stale-{extra}.flv"
+        stale.write_bytes(_recorded_size(data, len(data) + extra))
+        for options in ({}, {"exact": True}, {"decode_check": False}):
+            info = probe_video(stale, **options)
+            assert (info.status, info.error) == ("ok", None), (extra, options)
 
 
 @pytest.mark.parametrize("audio", [False, True], ids=["video-alone", "with-audio"])

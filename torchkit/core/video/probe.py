@@ -55,6 +55,7 @@ from torchkit.core.video.raw import (
     last_picture_rows,
 )
 from torchkit.core.video.streams import (
+    FlvVideoTail,
     flv_cut_short,
     flv_last_tag_s,
     flv_recorded_size,
@@ -372,7 +373,7 @@ def _flv_cut_between_tags(
     if recorded is None:  # (the tags walked only where it records more)
         return None
     tail = flv_video_tail(path)
-    if tail is None:
+    if tail is None or _flv_audio_whole(tail, info):
         return None
     reached = max(reached, tail.frames, _position(tail.last_shown_ms / 1000, info.fps) + 1)
     missing = header - reached
@@ -382,6 +383,21 @@ def _flv_cut_between_tags(
         f"truncated: the file holds {size:,} of the {recorded:,} bytes its flv metadata "
         f"records, and its video ends at frame {reached:,} of the {header:,} its header "
         "declares"
+    )
+
+
+def _flv_audio_whole(tail: FlvVideoTail, info: VideoInfo) -> bool:
+    """Whether an FLV file's tags say nothing it holds is missing, whatever size its metadata
+    records: its last tag ends the file whole (the size after it repeats its own) and its
+    audio plays to the header's count (its duration). A muxer writes tags in time order, so
+    a copy cut between tags that lost any within that time lost audio with them; what such a
+    cut may lose unseen is video shown after the last audio tag starts (ADPCM's plays 0.37 s
+    at 11 kHz), which a whole file whose video ends there, its recorded size left stale by a
+    tool that rewrote its metadata, cannot be told from."""
+    header = info.frames_header
+    audio_end = _position(tail.audio_end_ms / 1000, info.fps)
+    return bool(tail.ends_whole and audio_end and header) and (
+        _frames_short(0, header, audio_end + 1) is None
     )
 
 
