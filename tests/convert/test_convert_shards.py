@@ -699,3 +699,33 @@ def test_round_trip_dataset_stats_of_the_shards_equal_the_source(tmp_path: Path,
         report = json.loads(done.stdout)
         stats[data] = (report["mean"], report["std"], report["classes"], report["images"])
     assert stats[split_root] == stats[out]
+
+
+def test_a_users_file_in_out_is_named_where_the_hint_said_force(tmp_path: Path, image_folder):
+    """Before: "already exists (pass --force to overwrite it)", and --force then refused the
+    user's notes.txt in OUT; an interrupted run with other options said the same. Now the first
+    refusal names the file, and nothing changes."""
+    out = tmp_path / "out"
+    assert convert(image_folder, out, "--per-shard", 2).returncode == 0
+    (out / "notes.txt").write_text("mine")
+    done = convert(image_folder, out)
+    assert done.returncode == 1
+    assert error_line(done.stderr) == (
+        f"Error: output folder already exists: {out} (it holds {out / 'notes.txt'} that "
+        "torchkit did not write, so --force is refused too: move it out first, or choose "
+        "another folder)"
+    )
+    _interrupted_copy(out, 1)
+    before = tree_bytes(out)
+    done = convert(image_folder, out, "--per-shard", 3)
+    assert done.returncode == 1
+    assert error_line(done.stderr).endswith(
+        f"(run it with the same SRC and options to finish it; it holds {out / 'notes.txt'} "
+        "that torchkit did not write, so --force is refused too: move it out first, or choose "
+        "another folder)"
+    )
+    forced = error_line(convert(image_folder, out, "--force").stderr)
+    assert "notes.txt that torchkit did not write, which --force would delete" in forced
+    assert tree_bytes(out) == before
+    (out / "notes.txt").unlink()  # what the hint said: --force now runs
+    assert convert(image_folder, out, "--per-shard", 3, "--force").returncode == 0

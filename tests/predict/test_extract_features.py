@@ -1097,6 +1097,41 @@ def test_resume_in_a_folder_torchkit_did_not_write_does_not_suggest_force(tmp_pa
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
 
 
+def test_resume_hints_name_what_stops_force_too(tmp_path):
+    """Before: a refused --resume said "pass --force to start over" (a finished OUT of other
+    options) or "pass --force to replace it" (train's run folder), and --force then refused
+    the user's notes.txt in OUT, or train's output. Now the hint says so first."""
+    from image_folders import write_image_folder
+    from processes import run_torchkit_in_process
+
+    from torchkit.core.io.force import write_marker
+
+    write_image_folder(tmp_path / "data", {"a": 2, "b": 2})
+    base = ("extract-features", "convnet", "data", "--device", "cpu", "--allow-untrained")
+    first = run_torchkit_in_process(*base, "o", "--image-size", "16", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    (tmp_path / "o" / "notes.txt").write_text("keep\n")
+    other = run_torchkit_in_process(*base, "o", "--resume", "--image-size", "24", cwd=tmp_path)
+    assert other.returncode == 2
+    assert other.stderr.strip().endswith(
+        "(resume with the same command line; it holds o/notes.txt that torchkit did not "
+        "write, so --force is refused too: move it out first, or choose another folder)"
+    )
+    run = tmp_path / "run"
+    run.mkdir()
+    write_marker(run, "train")
+    (run / "config.json").write_text("{}")
+    refused = run_torchkit_in_process(*base, "run", "--resume", cwd=tmp_path)
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == (
+        "Error: nothing to resume in run: it holds no extract-features run (it holds torchkit "
+        "train's output, which extract-features --force does not replace: choose another "
+        "folder)"
+    )
+    assert (tmp_path / "o" / "notes.txt").is_file()
+    assert sorted(p.name for p in run.iterdir()) == [".torchkit", "config.json"]
+
+
 class _CaseNet(nn.Module):
     """Two layers whose names differ only by case."""
 

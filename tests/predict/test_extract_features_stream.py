@@ -167,6 +167,37 @@ def test_resume_of_a_stream_into_an_interrupted_run_says_force(runner, photos, t
     assert done.exit_code == 0, done.stderr
 
 
+@pytest.mark.parametrize("held", ["only yours", "a run and a file of yours", "train's run"])
+def test_resume_of_a_stream_never_says_force_where_force_is_refused(runner, photos, tmp_path, held):
+    """Before: --resume with `-` into an OUT holding anything said "pass --force in place of
+    --resume", and --force then refused OUT (a folder of the user's files, a file of theirs in
+    an interrupted run, another command's output). Now the first refusal says why --force would
+    be refused and what to do, and OUT is left as it was."""
+    out = tmp_path / "o"
+    out.mkdir()
+    expected = {
+        "only yours": f"(OUT {out} was not written by torchkit, which --force does not replace:"
+        " choose another folder, or empty it yourself)",
+        "a run and a file of yours": f"(OUT {out} holds {out / 'notes.txt'} that torchkit did "
+        "not write, so --force is refused too: move it out first, or choose another folder)",
+        "train's run": f"(OUT {out} holds torchkit train's output, which extract-features "
+        "--force does not replace: choose another folder)",
+    }[held]
+    if held != "only yours":
+        write_marker(out, "train" if held == "train's run" else "extract-features")
+    if held == "a run and a file of yours":
+        _partial_rows(out / ".partial")
+    (out / "notes.txt").write_text("mine")
+    before = tree_digest(out)
+    paths = "\n".join(photos)
+    refused = runner.invoke(app, [*BASE, "convnet", "-", str(out), "--resume"], input=paths)
+    assert refused.exit_code == 2
+    assert error_line(refused.stderr).endswith(f"cannot be read again {expected}")
+    forced = runner.invoke(app, [*BASE, "convnet", "-", str(out), "--force"], input=paths)
+    assert forced.exit_code == 1  # the hint was right not to send the user here
+    assert tree_digest(out) == before
+
+
 def test_an_image_inside_out_later_in_the_stream_keeps_the_old_out(runner, photos, tmp_path):
     """A path read after the first rows that lies in OUT (replaced with --force) stops the run,
     and the old OUT, with that file, is put back as it was."""

@@ -57,12 +57,12 @@ from torchkit.core.io.files import (
     atomic_write_text,
     remove_stale_temporaries,
 )
-from torchkit.core.io.folder_contents import proven
-from torchkit.core.io.force import check_replaceable
+from torchkit.core.io.folder_contents import exact_pattern, proven
+from torchkit.core.io.force import check_replaceable, force_hint
 from torchkit.core.io.non_utf8_names import json_text
 from torchkit.core.io.output_paths import MARKER, REPLACED_SUFFIX, leftovers, remove_tree, shown
 from torchkit.core.io.output_proofs import tar_by
-from torchkit.core.io.outputs import OutputFolder
+from torchkit.core.io.outputs import OutputFolder, reports_inside
 from torchkit.core.io.overlap import InputPath, check_overlap
 from torchkit.core.io.progress import Progress
 from torchkit.core.io.redaction import redact_url
@@ -1290,8 +1290,11 @@ def convert_shards(
     # interrupted run of this command aside: whether it resumes depends on the data; and a
     # --force run killed before its first shard, whose old output `OutputFolder` puts back).
     check_overlap(target, WHAT, inputs)
+    # What --force replaces in OUT (`OutputFolder`'s `owned`): a hint to pass --force is given
+    # only where --force would not be refused too (a file of yours in OUT).
+    owned = (*SHARDS_OUTPUTS, *map(exact_pattern, reports_inside(target, [report_file])))
     if read_partial(target) is None and not force and not leftovers(target, REPLACED_SUFFIX):
-        check_replaceable(target, False, what=WHAT, command=COMMAND)
+        check_replaceable(target, False, what=WHAT, command=COMMAND, owned=owned)
     with partial_labels_kept():  # written again: a sample without a label stays so, no other
         data = open_data(src, allow_unlabelled=True)
     warn_empty_splits(data)
@@ -1307,9 +1310,11 @@ def convert_shards(
     partial = read_partial(target)
     differences = _differences(partial, identity) if partial is not None else []
     if differences and not force:
+        refused = force_hint(target, "", command=COMMAND, owned=owned)  # where --force is too
         raise OutputExistsError(
             f"{WHAT} {target} holds an interrupted {COMMAND} run with " + ", ".join(differences),
-            "run it with the same SRC and options to finish it, or pass --force to start over",
+            "run it with the same SRC and options to finish it"
+            + (f"; {refused}" if refused else ", or pass --force to start over"),
         )
     resume = partial is not None and not differences
     report = ShardsReport(

@@ -46,6 +46,7 @@ from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.io.files import NAME_ERRORS, open_text, require_input
 from torchkit.core.io.folder_contents import proven
 from torchkit.core.io.force import (
+    force_hint,
     foreign_entries_hint,
     holds_json_record,
     is_empty_dir,
@@ -353,9 +354,20 @@ def extract_features(
                 if holds_a_run
                 else "run it again without --resume"
             )
+            again += ", or save the list as a CSV index and give that"
+            if holds_a_run:  # where --force would be refused too: what to do instead
+                recorded = known_files(out)
+                again = force_hint(
+                    out,
+                    again,
+                    known_files=recorded,
+                    command="extract-features",
+                    owned=output_names(recorded),
+                    subject=f"OUT {out}",
+                )
             raise UsageError(
                 "--resume cannot continue a list piped on stdin (-): it cannot be read again",
-                f"{again}, or save the list as a CSV index and give that",
+                again,
             )
         streamed = streamed_images(stdin, request.split)
         # The first paths checked before OUT is opened, the others as they are read.

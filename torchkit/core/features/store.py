@@ -182,9 +182,9 @@ class FeatureStore:
             progress_path = partial / PROGRESS_FILE
             state = read_json(progress_path) if progress_path.is_file() else None
             if state is not None and _records_work(state):
-                _check_fingerprint(state.get("fingerprint"), fingerprint, folder, "an interrupted")
-                _check_data(state.get("images_location"), data, folder, "an interrupted")
-                _check_weights(state.get("weights_digest"), weights, folder, "an interrupted")
+                _check_fingerprint(state.get("fingerprint"), fingerprint, output, "an interrupted")
+                _check_data(state.get("images_location"), data, output, "an interrupted")
+                _check_weights(state.get("weights_digest"), weights, output, "an interrupted")
                 progress = Progress.from_json(state, partial)
                 store = cls(output, fingerprint, total, progress, data=data, weights=weights)
                 store.rows_kept = True
@@ -192,9 +192,9 @@ class FeatureStore:
                 return store, None
             if meta_path.is_file():
                 meta = read_json(meta_path)
-                _check_fingerprint(meta.get("fingerprint"), fingerprint, folder, "a finished")
-                _check_data(meta.get("images_location"), data, folder, "a finished")
-                _check_weights(meta.get("weights_digest"), weights, folder, "a finished")
+                _check_fingerprint(meta.get("fingerprint"), fingerprint, output, "a finished")
+                _check_data(meta.get("images_location"), data, output, "a finished")
+                _check_weights(meta.get("weights_digest"), weights, output, "a finished")
                 if partial.is_dir():
                     output.begin()
                     remove_tree(partial)
@@ -202,7 +202,7 @@ class FeatureStore:
             if not partial.is_dir():
                 # --force replaces only torchkit's own folders: name it only where it would.
                 hint = (
-                    "give another OUT, or pass --force to replace it"
+                    output.force_hint("give another OUT, or pass --force to replace it")
                     if is_torchkit_folder(Path(folder))
                     else "give another OUT: this folder was not written by torchkit"
                 )
@@ -615,7 +615,16 @@ def _read_errors(path: Path, count: int, length: int) -> dict[int, str]:
         raise InputError(f"cannot read {path}: {error}", "pass --force to start over") from error
 
 
-def _check_data(recorded: dict | None, current: dict | None, folder: Path, what: str) -> None:
+def _or_start_over(output: OutputFolder, way: str) -> str:
+    """The hint of a refused --resume: `way`, or --force to start over, where --force would
+    replace OUT; else what stops --force too (a file of yours in OUT), never a second refusal."""
+    refused = output.force_hint("")
+    return f"{way}; {refused}" if refused else f"{way}, or pass --force to start over"
+
+
+def _check_data(
+    recorded: dict | None, current: dict | None, output: OutputFolder, what: str
+) -> None:
     """A run is resumed only on the images it was started with: the same names in another
     folder are other images, whose rows would be mixed with the first folder's."""
     if not recorded or not current:  # recorded since this check was added; local folders only
@@ -623,32 +632,37 @@ def _check_data(recorded: dict | None, current: dict | None, folder: Path, what:
     if recorded.get("path") == current["path"] or recorded.get("id") == current["id"]:
         return
     raise UsageError(
-        f"{folder} holds {what} extraction of the images in {recorded.get('path')}, "
+        f"{output.final} holds {what} extraction of the images in {recorded.get('path')}, "
         f"not {current['path']}",
-        "resume with the IMAGES it was started with, or pass --force to start over",
+        _or_start_over(output, "resume with the IMAGES it was started with"),
     )
 
 
-def _check_weights(recorded: str | None, current: str | None, folder: Path, what: str) -> None:
+def _check_weights(
+    recorded: str | None, current: str | None, output: OutputFolder, what: str
+) -> None:
     """A run is resumed only with the weights it was started with: the same command line may
     name other weights (a checkpoint that training rewrote since), whose rows would be mixed
     with the first weights' (or, of a finished run, given as theirs)."""
     if not recorded or not current:  # recorded since this check was added
         return
     if recorded != current:
+        refused = output.force_hint("")
         raise UsageError(
-            f"{folder} holds {what} extraction with other weights than the model's now (its "
-            "file was rewritten since)",
-            "pass --force to start over with these weights, or give another OUT",
+            f"{output.final} holds {what} extraction with other weights than the model's now "
+            "(its file was rewritten since)",
+            f"give another OUT; {refused}"
+            if refused
+            else "pass --force to start over with these weights, or give another OUT",
         )
 
 
-def _check_fingerprint(found: str | None, expected: str, folder: Path, what: str) -> None:
+def _check_fingerprint(found: str | None, expected: str, output: OutputFolder, what: str) -> None:
     if found != expected:
         raise UsageError(
-            f"{folder} holds {what} extraction with another model, layers, options, images or "
-            "labels",
-            "resume with the same command line, or pass --force to start over",
+            f"{output.final} holds {what} extraction with another model, layers, options, "
+            "images or labels",
+            _or_start_over(output, "resume with the same command line"),
         )
 
 

@@ -385,9 +385,13 @@ def check_replaceable(
         raise OutputExistsError(
             f"{what} already exists: {folder}",
             hint
-            or force_refusal_hint(folder, known_files, command)
-            or foreign_entries_hint(folder, owned)
-            or "pass --force to overwrite it",
+            or force_hint(
+                folder,
+                "pass --force to overwrite it",
+                known_files=known_files,
+                command=command,
+                owned=owned,
+            ),
         )
     if not is_torchkit_folder(folder, known_files):
         raise OutputExistsError(
@@ -420,8 +424,32 @@ def refuse_mounts_inside(folder: Path, *, what: str) -> None:
         )
 
 
+def force_hint(
+    folder: Path,
+    default: str,
+    *,
+    known_files: Collection[str] = (),
+    command: str | None = None,
+    owned: Collection[str] | None = None,
+    subject: str = "it",
+) -> str:
+    """The hint of a refusal that would send the user to `--force` (`default`, such as "pass
+    --force to start over"): `default` where `check_replaceable(force=True)` would replace the
+    folder as it is now, else why --force would be refused too and what to do instead, so
+    that no hint leads to a second refusal. `subject` names the folder in that sentence."""
+    return (
+        force_refusal_hint(folder, known_files, command, subject=subject)
+        or foreign_entries_hint(folder, owned, subject=subject)
+        or default
+    )
+
+
 def force_refusal_hint(
-    folder: Path, known_files: Collection[str] = (), command: str | None = None
+    folder: Path,
+    known_files: Collection[str] = (),
+    command: str | None = None,
+    *,
+    subject: str = "it",
 ) -> str | None:
     """What to do about an existing folder that --force would refuse too (`check_replaceable`),
     where "pass --force" sent the user to a second refusal: None where --force may replace it."""
@@ -429,19 +457,21 @@ def force_refusal_hint(
         return None
     if not is_torchkit_folder(folder, known_files):
         return (
-            "it was not written by torchkit, which --force does not replace: choose another "
-            "folder, or empty it yourself"
+            f"{subject} was not written by torchkit, which --force does not replace: choose "
+            "another folder, or empty it yourself"
         )
     other = marker_command(folder)
     if command is not None and other is not None and other != command:
         return (
-            f"it holds torchkit {other}'s output, which {command} --force does not replace: "
-            "choose another folder"
+            f"{subject} holds torchkit {other}'s output, which {command} --force does not "
+            "replace: choose another folder"
         )
     return None
 
 
-def foreign_entries_hint(folder: Path, owned: Collection[str] | None) -> str | None:
+def foreign_entries_hint(
+    folder: Path, owned: Collection[str] | None, *, subject: str = "it"
+) -> str | None:
     """The files of the user's in an earlier output, which --force refuses to delete with it
     (`refuse_foreign_entries`): None where there are none."""
     if owned is None:
@@ -451,8 +481,8 @@ def foreign_entries_hint(folder: Path, owned: Collection[str] | None) -> str | N
     if not foreign:
         return None
     return (
-        f"it holds {shown(folder / foreign[0])} that torchkit did not write, so --force is "
-        "refused too: move it out first, or choose another folder"
+        f"{subject} holds {shown(folder / foreign[0])} that torchkit did not write, so "
+        "--force is refused too: move it out first, or choose another folder"
     )
 
 

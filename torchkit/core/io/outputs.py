@@ -59,6 +59,7 @@ from torchkit.core.io.folder_contents import exact_pattern, path_inside
 from torchkit.core.io.force import (
     check_replaceable,
     clear_killed_start,
+    force_hint,
     is_empty_dir,
     killed_start_leftovers,
     marker_field,
@@ -200,6 +201,19 @@ def _close_quietly(journal: IO[bytes]) -> None:
         journal.close()
 
 
+def reports_inside(folder: Path, reports: Iterable[str | os.PathLike | None]) -> list[str]:
+    """The -o files of `reports` that lie inside `folder`, as paths relative to it
+    (`/`-separated): the run's own to replace there with the rest (`OutputFolder`'s
+    `reports`). None and `-` (stdout) are none."""
+    return [
+        inside.as_posix()
+        for report in reports
+        if report is not None and os.fspath(report) != "-"
+        for inside in [path_inside(report, folder)]
+        if inside is not None
+    ]
+
+
 class OutputFolder:
     """One output folder of one command, from the checks to the end of the run.
 
@@ -246,15 +260,11 @@ class OutputFolder:
         self.final = Path(path)
         # The -o files this run writes inside the folder: its own to replace, and recorded in
         # the marker as the command's (`note_report`), so that the next --force replaces them.
-        self.reports = [
-            inside.as_posix()
-            for report in reports
-            if report is not None and os.fspath(report) != "-"
-            for inside in [path_inside(report, self.final)]
-            if inside is not None
-        ]
+        self.reports = reports_inside(self.final, reports)
         if owned is not None:
             owned = (*owned, *(exact_pattern(name) for name in self.reports))
+        self.known_files = known_files
+        self.owned = owned
         self.replaced_hint = replaced_hint
         self._claim: Claim | None = None
         self.command = command
@@ -316,6 +326,18 @@ class OutputFolder:
             self.release()
             raise
         self.path = self.final  # where to write; a temporary folder once begun with `atomic`
+
+    def force_hint(self, default: str) -> str:
+        """The hint of a later refusal that would send the user to `--force` (`default`):
+        `default` where --force would replace this folder as it is now, else what to do
+        instead (`force.force_hint`)."""
+        return force_hint(
+            self.final,
+            default,
+            known_files=self.known_files,
+            command=self.command,
+            owned=self.owned,
+        )
 
     def _written_in_place(self, resume: bool) -> None:
         """The output folder is a mount point (a volume mounted at OUT): it cannot be renamed
