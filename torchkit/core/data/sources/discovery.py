@@ -92,11 +92,12 @@ Numbered = tuple[list[str], list[int]]
 @dataclass
 class FolderListing:
     """What one listing of folders found: per folder listed (`tops`, in order) its image files
-    and its image links to nothing; in all of them the other files (hidden ones aside) and the
-    symbolic links to folders entered and left unentered. Paths are spelled from the folder
-    given, through the links entered (`ROOT/cat/more/x.png`), sorted. `numbered`: per folder
-    listed, its image files as listed (unsorted) and each one's inode number (a link's: its
-    target's), for `refuse_one_file_in_two_places`."""
+    and its image links to nothing (to no file, round a loop, or through a file: `a.png/`); in
+    all of them the other files (hidden ones aside) and the symbolic links to folders entered
+    and left unentered. Paths are spelled from the folder given, through the links entered
+    (`ROOT/cat/more/x.png`), sorted. `numbered`: per folder listed, its image files as listed
+    (unsorted) and each one's inode number (a link's: its target's), for
+    `refuse_one_file_in_two_places`."""
 
     images: list[list[str]]
     numbered: list[Numbered]
@@ -167,7 +168,14 @@ def list_folders(
                 try:
                     if links_only and not entry.is_symlink():
                         continue
-                    is_file = entry.is_file()
+                    try:
+                        is_file = entry.is_file()
+                    except OSError:
+                        # A link round a loop, or through a file (`x.png -> a.png/`): a link
+                        # to nothing, as one to a missing file is (it was passed over unsaid)
+                        if not entry.is_symlink():
+                            raise
+                        is_file = False
                     if not is_file and not entry.is_symlink():
                         continue
                 except OSError:  # vanished while listing

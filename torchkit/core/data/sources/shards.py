@@ -240,7 +240,8 @@ class TarListing:
     folders: set[str]  # names of its directory members
     stamp: Stamp | None = None  # `file_stamp` of the file listed
     # The links whose chain never ends (a loop), each with the name it holds (resolved in its
-    # folder): read as links to nothing, refused where they are images of a folder's tar.
+    # folder): read as links to nothing (a folder's tar: an unreadable image, as the unpacked
+    # folder's link is; a shard refuses them).
     looped: dict[str, str] = field(default_factory=dict)
     # The links that lead to a folder of the archive (a member `img` -> `real/`, whose files
     # are `real/x.png`), each with that folder: a linked class folder (`_linked_class_images`).
@@ -408,6 +409,8 @@ def list_tar(path: str, *, whole: bool = False, labels: bool = False) -> TarList
 
 
 def _listing(path: str, found: _PlainMembers) -> TarListing:
+    if found.unlinked:
+        found.settle_hard_links_to_nothing()
     _leave_out_what_tar_writes_not(found)
     members, links = found.members, found.links
     deepest = 0  # the most parts a link's name has: no deeper path is a link
@@ -417,16 +420,13 @@ def _listing(path: str, found: _PlainMembers) -> TarListing:
             if not deepest:
                 deepest = max(name.count("/") for name in links) + 1
             links[name] = _through_links(target, links, deepest, members, is_folder)
-    resolved, looped = _link_ends(members, links)
-    for name, text in found.link_texts.items():
-        # `f/`, where f is a link to a file: "Not a directory" too (`_through_links` tells
-        # a file named so)
-        if (
-            text.endswith(_FOLDER_ENDS)
-            and name not in found.hard
-            and resolved.get(name) is not None
-        ):
-            resolved[name] = None
+    # The symbolic links whose target ends in `/` (`f/`): their chain must end at a folder
+    slashed = {
+        name
+        for name, text in found.link_texts.items()
+        if text.endswith(_FOLDER_ENDS) and name not in found.hard
+    }
+    resolved, looped = _link_ends(members, links, slashed)
     linked_folders = _folder_link_ends(members, links, found.folders, resolved, looped)
     # A hard link to a folder (not to a symbolic link to one, which it copies): tar -x makes
     # nothing there ("Cannot hard link: Operation not permitted"), having removed what an
@@ -765,28 +765,33 @@ _MOST_LINKS = 40
 
 
 def _link_ends(
-    members: dict[str, tuple[int, int]], links: dict[str, str]
+    members: dict[str, tuple[int, int]], links: dict[str, str], slashed: set[str]
 ) -> tuple[dict[str, str | None], dict[str, str]]:
     """(each link -> the regular member its chain ends at, None where it ends at no member;
     the links whose chain goes on past `_MOST_LINKS` links, a loop -> the name each holds).
     `links`: each link -> the name it holds, resolved in its folder. A chain goes through
     links (a symbolic link to a hard link, as tar stores a second name of a file it met) and
     linked folders on the way (`t.png -> rose2/a.png`, where `rose2 -> rose`); most links lead
-    straight to a member: one lookup each."""
+    straight to a member: one lookup each. `slashed`: the symbolic links whose target ends in
+    `/`: a chain through one names a folder, no file ("Not a directory": `x.png -> y.png`,
+    `y.png -> f/`, `f -> a.png` reads nothing), wherever in the chain it is."""
     ends: dict[str, str | None] = {}
     looped: dict[str, str] = {}
     respelled: dict[str, str] | None = None  # made at the first link that misses a member
     for name, target in links.items():
         at: str | None = target
         hops = 0
+        folder_only = name in slashed
         while at is not None and at not in members:
             if respelled is None:
                 respelled = _respelled_members(members)
+            if at in slashed:
+                folder_only = True
             at = respelled.get(at) or _one_link_on(at, links)
             hops += 1
             if hops > _MOST_LINKS:
                 looped[name], at = target, None
-        ends[name] = at
+        ends[name] = None if folder_only else at
     return ends, looped
 
 
@@ -1042,6 +1047,7 @@ class _PlainMembers:
         "folder_places",
         "unwritten",
         "files_made_folders",
+        "unlinked",
     )
 
     def __init__(self, chunks: _CheckedChunks | None, size: int, labels: bool) -> None:
@@ -1074,6 +1080,10 @@ class _PlainMembers:
         # Each file a folder member replaced (its path as unpacked) -> (the file's place, the
         # folder's) each time: what was stored under it in between was not written.
         self.files_made_folders: dict[str, list[tuple[int, int]]] = {}
+        # The hard links whose target no member, link or folder held when each was met:
+        # (its name, its target as stored, its place), settled once all are listed
+        # (`settle_hard_links_to_nothing`).
+        self.unlinked: list[tuple[str, str, int]] = []
 
     def take(
         self, block: bytes, kind: bytes, name: str, data: int, length: int, linkname: str | None
@@ -1160,6 +1170,17 @@ class _PlainMembers:
             stored = target if target in self.links else self.spellings.get(target)
             if stored in self.links and stored not in self.hard:
                 linkname, symbolic = self.link_texts[stored], True
+            elif (
+                stored is None
+                and target not in self.links
+                and target not in self.members
+                and target not in self.folders
+            ):
+                # tar -x links to what its target's path holds at this point: maybe nothing
+                # (stored after it, or never), a folder only its members imply, or a path
+                # through a link to a folder; the first leaves what is at its name as it is
+                self.unlinked.append((member, linkname, at))
+                return
         self.replace(member)
         target = self.links[member] = _link_target(member, linkname, symbolic=symbolic)
         self.link_places[member] = at
@@ -1169,6 +1190,54 @@ class _PlainMembers:
             stored = target if target in self.members else self.spellings.get(target)
             if stored in self.members:
                 self.hard_links.setdefault(stored, []).append((member, target))
+
+    def settle_hard_links_to_nothing(self) -> None:
+        """The hard links `link` put aside (`unlinked`), as tar -x met each: one whose target's
+        path was then a folder (a member stored in it before the link) or lay through a link
+        (a linked folder on its way) is a link as any other; one to nothing is not made ("Cannot
+        hard link: No such file or directory": a hard link stored before its target, or to a
+        name never stored), leaving what was at its name, and the folder it lies in, which tar
+        makes for it. Each name is looked up at its `/`s whose length is that of such a target
+        (as `_leave_out_what_tar_writes_not`): linear in the names' length for few targets."""
+        pending = self.unlinked
+        targets = {_link_target(name, text, symbolic=False): at for name, text, at in pending}
+        lengths = set(map(len, targets))
+        earliest: dict[str, int] = {}  # each target -> the first place of a name inside it
+        named = [*self.members, *self.links, *self.folders]
+        for name in named:
+            path = _unpacked_path(name)
+            if path is None:
+                continue
+            slash = path.find("/")
+            while slash != -1:
+                if slash in lengths and path[:slash] in targets:
+                    place, folder = self.place(name), path[:slash]
+                    earliest[folder] = min(place, earliest.get(folder, place))
+                slash = path.find("/", slash + 1)
+        link_lengths = set(map(len, self.links))
+        for name, text, at in pending:
+            target = _link_target(name, text, symbolic=False)
+            implied = earliest.get(target, at) < at
+            through = any(
+                target[:slash] in self.links and self.link_places[target[:slash]] < at
+                for slash in _slashes(target)
+                if slash in link_lengths
+            )
+            if implied or through:
+                stored_again = name in self.members or name in self.links or name in self.folders
+                if stored_again and self.place(name) > at:
+                    continue  # stored again after the link: that stays
+                self.replace(name)
+                self.links[name] = target
+                self.link_places[name] = at
+                self.link_texts[name] = text
+                self.hard.add(name)
+                continue
+            folder = posixpath.dirname(name)
+            if folder and folder not in self.members and folder not in self.links:
+                self.folders.add(folder)
+                self.folder_places.setdefault(folder, at)
+        self.unlinked = []
 
     def replace(self, member: str) -> None:
         """Forget what an earlier member of the path `member` unpacks to left: the member
@@ -1220,6 +1289,14 @@ class _PlainMembers:
         if self.sparse:
             self.sparse.pop(member, None)
         return None
+
+
+def _slashes(path: str):
+    """The places of the `/`s in `path`, first to last."""
+    slash = path.find("/")
+    while slash != -1:
+        yield slash
+        slash = path.find("/", slash + 1)
 
 
 # `_read_plain_headers` reads the file this much at a time (as a buffered file would).
@@ -1520,8 +1597,8 @@ def _shard_samples(
             )
         group[extension] = member
     if looping:
-        # A broken shard (unpacked, a link to nothing), as in a folder's tar: one error naming
-        # the member, where its sample read as one of no label, or its image as unreadable.
+        # A broken shard (unpacked, a link to nothing): one error naming the member, where its
+        # sample read as one of no label, or its image as unreadable.
         stored = listing.link_texts[looping[0]]  # its target as stored, as `ls -l` shows it
         raise InputError(
             f"{shown}:{looping[0]} -> {stored} is a link that leads round in a loop of links, to "
@@ -2280,7 +2357,6 @@ class _UnpackedTar:
             self.member_of.get(full, full)
             for full in (self.through.get(n, prefix + n) for n in chosen)
         ]
-        _refuse_looping_images(spec, self.listing, chosen, members)
         located = [self.locator(member) for member in members]
         archive = os.path.basename(spec)
         paths = [
@@ -2375,29 +2451,6 @@ def _unpacked_tar(spec: str, listing: TarListing) -> _UnpackedTar:
     links.update({name: texts.get(prefix + name, end) for name, end in class_links.items()})
     reader = TarReader(spec, listing.stamp)
     return _UnpackedTar(spec, listing, member_of, names, folders, prefix, through, links, reader)
-
-
-def _refuse_looping_images(
-    spec: str, listing: TarListing, names: list[str], members: list[str]
-) -> None:
-    """InputError naming the images read (`names`, as ids; `members`: the member each is) that
-    are links in a loop of links: no file missing but a broken archive (unpacked, a link to
-    nothing), named, not read. A loop among the files no reader reads (a hidden folder beside
-    the classes, `__MACOSX/`, images beside class folders) is no refusal: nothing read goes
-    through it."""
-    looping = sorted(
-        (name, member)
-        for name, member in zip(names, members, strict=True)
-        if member in listing.looped
-    )
-    if looping:
-        first, member = looping[0]
-        stored = listing.link_texts[member]  # as `ls -l` shows it
-        raise InputError(
-            f"{spec}:{first} -> {stored} is a link that leads round in a loop of links, to no "
-            "file" + (f" (and {len(looping) - 1} more)" if len(looping) > 1 else ""),
-            "remove the link, or point it at an image in the archive",
-        )
 
 
 def _images_by_unpacked_path(spec: str, listing: TarListing) -> dict[str, str]:
