@@ -381,6 +381,66 @@ def test_a_zeroed_mpeg_ps_is_damaged_and_a_cut_without_a_key_frame_not(tmp_path,
     assert_whole_and_zeroed(cut, tmp_path, "its video packets hold", (0.3,))
 
 
+def _soft_telecined(stream: bytes) -> bytes:
+    """A 23.976 fps progressive MPEG-2 video stream flagged for 3:2 pulldown at 29.97, as
+    DGPulldown does it (soft telecine): its sequence header's rate 29.97, its sequence
+    interlaced, each picture's top_field_first and repeat_first_field in turn (3, 2, 3, 2
+    fields shown, in display order), each GOP's time code counting the frames shown."""
+    data, at, counted = bytearray(stream), 0, 0
+    flags = [(1, 1), (0, 0), (0, 1), (1, 0)]  # (top_field_first, repeat_first_field)
+    base = shown = 0  # the pictures before the GOP, in display order
+    while (at := data.find(b"\x00\x00\x01", at)) >= 0 and at + 9 <= len(data):
+        code = data[at + 3]
+        if code == 0xB3:
+            data[at + 7] = data[at + 7] & 0xF0 | 4  # frame rate code 4: 29.97
+        elif code == 0xB5 and data[at + 4] >> 4 == 1:
+            data[at + 5] &= ~0x08  # progressive_sequence off
+        elif code == 0xB8:  # its time code: the frames shown before it, at 30 (non-drop)
+            base, fields = counted, sum(3 if flags[k % 4][1] else 2 for k in range(counted))
+            minutes, pictures = divmod(fields // 2, 1800)
+            seconds, pictures = divmod(pictures, 30)
+            code_bits = minutes << 13 | 1 << 12 | seconds << 6 | pictures
+            field = int.from_bytes(data[at + 4 : at + 8], "big") & 0x7F | code_bits << 7
+            data[at + 4 : at + 8] = field.to_bytes(4, "big")
+        elif code == 0x00:
+            shown = base + (data[at + 4] << 2 | data[at + 5] >> 6)  # its temporal reference
+        elif code == 0xB5 and data[at + 4] >> 4 == 8:  # its picture coding extension
+            top, repeat = flags[shown % 4]
+            data[at + 7] = data[at + 7] & ~0x82 | top << 7 | repeat << 1
+            data[at + 8] |= 0x80  # progressive_frame
+            counted += 1
+        at += 4
+    return bytes(data)
+
+
+def test_a_zeroed_soft_telecined_mpeg_ps_is_damaged(tmp_path):
+    """Soft telecine (3:2 pulldown flags: a 23.976 fps film shown at 29.97, 4 pictures for
+    5 frames) decodes to one frame a picture, while its times and time codes count the
+    frames shown. The pictures a zeroed region took were counted from those as if each
+    were a frame: this copy zeroed at 50% counted 163 pictures of 144, and copies muxed
+    otherwise counted fewer than decode and read `ok` (123 of 144). A picture that repeats a
+    field counts its frames shown as such (its picture coding extension's
+    repeat_first_field), and the frames lost over the frames a picture is shown for are the
+    pictures lost: never more than there were."""
+    film = ffmpeg_made(
+        tmp_path / "film.m2v",
+        *("-f", "lavfi", "-i", "testsrc=size=176x120:rate=24000/1001:duration=6"),
+        *("-c:v", "mpeg2video", "-g", "12", "-bf", "2", "-b:v", "2M"),
+        encoders=("mpeg2video",),
+        muxer="mpeg2video",
+    )
+    soft = tmp_path / "soft.m2v"
+    soft.write_bytes(_soft_telecined(film.read_bytes()))
+    vob = ffmpeg_made(tmp_path / "clip.vob", "-i", soft, "-c", "copy", "-f", "vob", muxer="vob")
+    assert decoded_by_opencv(vob) == 144
+    held = ps_video_frames(vob, "mpeg-ps", 29.97)
+    assert (held.frames, held.leading, held.broken_at) == (144, 0, None)
+    for at in (0.5, 0.7):
+        zeroed = ps_video_frames(zeroed_copy(vob, tmp_path, at), "mpeg-ps", 29.97)
+        assert zeroed.broken_at is not None and 140 <= zeroed.frames <= 144, at
+    assert_whole_and_zeroed(vob, tmp_path, "its video packets hold", (0.5, 0.7))
+
+
 def test_a_zeroed_vcd_is_damaged(tmp_path):
     """A VCD's program stream (`-target vcd`) ends each 2,324-byte sector with 20 zero
     bytes: the walk took them for a break and counted its pictures from there, so a copy

@@ -705,8 +705,9 @@ _FIT_PICTURES = 8  # the pictures a run of anchors spans at least, to check the 
 _MEDIAN_ANCHORS = 5  # the anchors of a run whose median keeps to the common offset
 _MPEG_START_CODE = re.compile(rb"\x00\x00\x01")
 # An MPEG-1/2 stream's start codes that count or number its pictures: a picture's, a sequence
-# header's, a GOP header's (not its slices', a row of macroblocks each: 30 a DVD picture)
-_MPEG12_CODES = re.compile(rb"\x00\x00\x01[\x00\xb3\xb8]")
+# header's, a GOP header's, an extension's (a picture's says how long it is shown); not its
+# slices' (a row of macroblocks each: 30 a DVD picture)
+_MPEG12_CODES = re.compile(rb"\x00\x00\x01[\x00\xb3\xb5\xb8]")
 # The picture types (1: I, 2: P, 3: B) of an MPEG-4 Part 2 VOP's coding type (I, P, B, S)
 _VOP_TYPES = (1, 2, 3, 2)
 
@@ -776,13 +777,14 @@ def ps_video_frames(
 
 
 def _pictures_lost(
-    anchors: list[tuple[int, float]],
-    breaks: list[tuple[int, bool]],
+    anchors: list[tuple[float, float]],
+    breaks: list[tuple[float, bool]],
     jump: float,
     rate_checked: bool = False,
 ) -> int:
-    """The pictures the breaks of a stream took, from its pictures whose frame position is
-    known (`anchors`: a picture's number, in stored order, and its position in frames: its
+    """The frames the breaks of a stream took, from its pictures whose frame position is
+    known (`anchors`: a picture's number, the frames the pictures stored before it are shown
+    for (one each, more where a flag repeats a field), and its position in frames: its
     presentation time over the frame interval, or its GOP's time code and its temporal
     reference): in each run of anchors between breaks (`breaks`: the pictures counted
     before each, and whether it is bytes that are no pack, else a VCD's empty sectors), an
@@ -799,7 +801,7 @@ def _pictures_lost(
 
     if len(anchors) < 2 or not breaks:
         return 0
-    index = np.array([number for number, _ in anchors], np.int64)
+    index = np.array([number for number, _ in anchors], np.float64)
     positions = np.array([position for _, position in anchors], np.float64)
     offset = positions - index
     jumps = set((np.flatnonzero(abs(np.diff(positions)) > jump) + 1).tolist())
@@ -866,7 +868,10 @@ class _PsPictures:
     those that lead its first I-picture (before it, and the B-pictures right after it), and
     MPEG-4 VOPs of `NOT_CODED_BYTES` or fewer (not coded: FFmpeg shows no picture);
     `anchors`, the pictures that carry a time (the first to start in a packet that gives
-    one: its number and the time), and `breaks`, the pictures counted before each break."""
+    one: its number and the time), and `breaks`, the pictures counted before each break;
+    numbered by the frames they are shown for (`shown`: one each, more where an MPEG-2
+    picture repeats a field, as soft telecine's 3:2 pulldown flags do: FFmpeg decodes one
+    frame a picture, while its times and time codes count the frames shown)."""
 
     def __init__(self) -> None:
         self.frames, self.leading, self.first_key, self.not_coded = 0, 0, None, 0
@@ -875,12 +880,16 @@ class _PsPictures:
         self.carry = b""  # the last bytes of the data before: a start code split between two
         self.read_bytes = 0  # the stream's bytes before `carry`'s first
         self.vop_at: int | None = None  # where the last MPEG-4 VOP started in the stream
-        self.anchors: list[tuple[int, int]] = []
-        self.breaks: list[tuple[int, bool]] = []
+        self.anchors: list[tuple[float, int]] = []
+        self.breaks: list[tuple[float, bool]] = []
+        self.shown = 0.0  # the frames the pictures counted are shown for
+        self.progressive = False  # an MPEG-2 sequence extension's progressive_sequence
         self.time: int | None = None  # a packet's time, for the next picture to start
         # MPEG-1/2: the time codes' rate, the frame number of the last GOP header's time
-        # code (None past a break, until the next), and each picture numbered from it
-        self.rate, self.gop, self.numbered = 0, None, []
+        # code (None past a break, until the next), and each picture's number, that frame
+        # number and its temporal reference
+        self.rate, self.gop = 0, None
+        self.numbered: list[tuple[float, int, int]] = []
 
     def lose(self, bytes_lost: bool = True) -> None:
         """Bytes of the stream lost (`bytes_lost`: bytes that are no pack, else a VCD's
@@ -888,21 +897,26 @@ class _PsPictures:
         and the picture a time was given for, untold."""
         self.read_bytes += len(self.carry)
         self.carry, self.vop_at, self.time, self.gop = b"", None, None, None
-        self.breaks.append((self.frames, bytes_lost))
+        self.breaks.append((self.shown, bytes_lost))
 
     def lost(self, fps: float | None) -> int:
         """The pictures the breaks took (`_pictures_lost`), from the pictures' times at the
         rate `fps`, or the time codes and temporal references of MPEG-1/2 pictures: the
-        more of the two (each can fall short, never exceed them)."""
+        more of the two (each can fall short, never exceed them); the frames lost over the
+        frames a picture is shown for on average (one but where pictures repeat fields)."""
         import numpy as np
 
-        by_codes = _pictures_lost(self.numbered, self.breaks, self.rate)
-        if not fps or len(self.anchors) < 2:
-            return by_codes
-        times = unwrapped_pts(np.array([time for _, time in self.anchors], np.int64))
-        numbers = [number for number, _ in self.anchors]
-        positions = list(zip(numbers, times * fps / PTS_CLOCK, strict=True))
-        return max(by_codes, _pictures_lost(positions, self.breaks, fps, rate_checked=True))
+        per_picture = self.shown / self.frames if self.frames else 1.0
+        # a temporal reference counts pictures, a time code frames shown
+        numbered = [(number, gop + order * per_picture) for number, gop, order in self.numbered]
+        by_codes = _pictures_lost(numbered, self.breaks, self.rate)
+        if fps and len(self.anchors) >= 2:
+            times = unwrapped_pts(np.array([time for _, time in self.anchors], np.int64))
+            numbers = [number for number, _ in self.anchors]
+            positions = list(zip(numbers, times * fps / PTS_CLOCK, strict=True))
+            by_times = _pictures_lost(positions, self.breaks, fps, rate_checked=True)
+            by_codes = max(by_codes, by_times)
+        return int(by_codes / per_picture + 1e-9)
 
     def read(self, payload: bytes, time: int | None = None) -> None:
         """Count the pictures that start in a packet's data `payload`, the first given the
@@ -929,7 +943,7 @@ class _PsPictures:
                 if at >= fresh and time is not None:
                     self.time, time = time, None
                 if self.time is not None:
-                    self.anchors.append((self.frames, self.time))
+                    self.anchors.append((self.shown, self.time))
                     self.time = None
                 self.count(kind)
                 self.vop_at = self.read_bytes + at if self.codec == "mpeg4" else None
@@ -943,13 +957,21 @@ class _PsPictures:
     def time_code(self, head: bytes) -> None:
         """Read an MPEG-1/2 start code's next bytes `head`: a sequence header's rate, a GOP
         header's time code, a picture's temporal reference (its place in display order from
-        the GOP's first), which numbers it."""
+        the GOP's first), which numbers it; a sequence extension's progressive_sequence, and
+        the picture coding extension after a picture's header: a frame picture whose
+        repeat_first_field is set is shown for a field more (in a progressive sequence, a
+        frame more, two with top_field_first)."""
         if head[0] == 0xB3:  # a sequence header: its frame rate code
             self.rate = _PS_TIMECODE_RATES.get(head[4] & 0x0F, 0)
         elif head[0] == 0xB8:  # a GOP header: its time code
             self.gop = _gop_frame_number(head[1:5], self.rate) if self.rate else None
         elif head[0] == 0x00 and self.gop is not None:
-            self.numbered.append((self.frames, float(self.gop + (head[1] << 2 | head[2] >> 6))))
+            self.numbered.append((self.shown, self.gop, head[1] << 2 | head[2] >> 6))
+        elif head[0] == 0xB5 and head[1] >> 4 == 1:  # a sequence extension
+            self.progressive = bool(head[2] & 0x08)
+        elif head[0] == 0xB5 and head[1] >> 4 == 8 and head[3] & 3 == 3 and head[4] & 0x02:
+            # a picture coding extension: a frame picture's repeat_first_field
+            self.shown += (1 + (head[4] >> 7)) if self.progressive else 0.5
 
     def count(self, kind: int) -> None:
         """Count a picture of type `kind` (1: I, 2: P, 3: B)."""
@@ -962,6 +984,7 @@ class _PsPictures:
             self.following = kind == 3
             self.leading += kind == 3
         self.frames += 1
+        self.shown += 1
 
 
 def _ps_codec(code: bytes, before: bytes) -> str | None:
