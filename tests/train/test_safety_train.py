@@ -302,6 +302,49 @@ def test_a_run_killed_before_its_first_checkpoint_starts_again_without_force(wor
     assert hidden_siblings(killed) == []
 
 
+def copied_with_new_times(source: Path, target: Path) -> Path:
+    """`source` copied file by file as `cp -r` or `rsync` without -t copy it: the same bytes,
+    new modification times (set apart from the originals' on purpose: a coarse clock could give
+    the same)."""
+    import shutil
+
+    for path in sorted(source.rglob("*")):
+        copy = target / path.relative_to(source)
+        if path.is_dir():
+            copy.mkdir(parents=True)
+            continue
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, copy)
+        later = path.stat().st_mtime_ns + 7_000_000_000
+        os.utime(copy, ns=(later, later))
+    return target
+
+
+def test_a_killed_start_copied_with_new_times_starts_again_without_force(world):
+    """Before: a killed start was known by its files' sizes and times only, so the same folder
+    copied (`cp -r`, `rsync` without -t) was "run folder already exists ... pass --force". Now
+    the marker records their content's digest too: the copy starts again without --force,
+    while a copy whose split.csv holds other bytes of the same size (the user's) is refused
+    and kept."""
+    killed = killed_start(world / "killed", world / "old" / "config.json")
+    copied = copied_with_new_times(killed, world / "copied")
+    theirs = copied_with_new_times(killed, world / "theirs")
+    split = (theirs / "split.csv").read_text()
+    (theirs / "split.csv").write_text(split.replace("train", "trian"))  # the same size
+    assert (theirs / "split.csv").stat().st_size == (killed / "split.csv").stat().st_size
+    before = tree_digest(theirs)
+    again, refused = run_each_in_process(
+        [["train", *TINY, *DATA, "--epochs", "1", "--out", out] for out in ("copied", "theirs")],
+        cwd=world,
+    )
+    assert again.returncode == 0, again.stderr
+    assert (copied / "last.pt").is_file() and not (copied / "tensorboard").exists()
+    assert hidden_siblings(copied) == []
+    assert refused.returncode == 1
+    assert "run folder already exists: theirs" in error_line(refused.stderr)
+    assert tree_digest(theirs) == before
+
+
 @pytest.mark.parametrize("mine", ["notes.txt", "tensorboard/notes.txt"])
 def test_a_killed_start_holding_a_users_file_still_needs_force(world, mine):
     killed = killed_start(world / "killed", world / "old" / "config.json")

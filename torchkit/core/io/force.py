@@ -123,7 +123,8 @@ def _rewrite_marker(marker: Path, record: dict) -> None:
 
 
 # The marker's list of the files a run wrote at its start, before anything worth keeping
-# (`noting_started`): {"path": relative path, "bytes": size, "mtime_ns": time}, or for a file
+# (`noting_started`): {"path": relative path, "bytes": size, "mtime_ns": time, "sha256": digest
+# of its content (`_content_digest`; none for a file over `_DIGEST_LIMIT`)}, or for a file
 # that grows (a TensorBoard log), recorded before it is made, the pattern its name matches:
 # {"path": pattern, "pattern": true} (`note_starting_log`). A folder holding only those is a run
 # killed before its first result (`killed_start_leftovers`); a file under such a name that the
@@ -144,7 +145,12 @@ def noting_started(folder: Path, name: str) -> Callable[[Path], None]:
         except OSError:
             return
         if stat.S_ISREG(info.st_mode):
-            sized = {"bytes": info.st_size, "mtime_ns": info.st_mtime_ns}
+            sized: dict[str, object] = {"bytes": info.st_size, "mtime_ns": info.st_mtime_ns}
+            # Its content too: a killed start copied (`cp -r`, `rsync` without -t) has new
+            # times, and is known by what its files hold (`_as_recorded`).
+            digest = _content_digest(temporary, info.st_size)
+            if digest is not None:
+                sized["sha256"] = digest
             _record_started(folder, {"path": name, **sized})
 
     return note
@@ -331,7 +337,8 @@ def _recorded_entry(started: dict[str, dict], name: str) -> dict | None:
 
 def _as_recorded(entry: dict | None, file: os.DirEntry) -> bool:
     """The file is the one `noting_started` recorded (`entry`): of that size and time where it
-    recorded them."""
+    recorded them, or (its time changed by a copy) of that size and content where it recorded
+    the content's digest."""
     if entry is None:
         return False
     if "bytes" not in entry and "mtime_ns" not in entry:
@@ -340,7 +347,44 @@ def _as_recorded(entry: dict | None, file: os.DirEntry) -> bool:
         info = file.stat(follow_symlinks=False)
     except OSError:
         return False
-    return (info.st_size, info.st_mtime_ns) == (entry.get("bytes"), entry.get("mtime_ns"))
+    if info.st_size != entry.get("bytes"):
+        return False
+    if info.st_mtime_ns == entry.get("mtime_ns"):
+        return True  # the fast path: not read
+    digest = entry.get("sha256")
+    return isinstance(digest, str) and _content_digest(Path(file.path), info.st_size) == digest
+
+
+# Start files are small (a config.json, a split.csv: about 60 bytes an image); one larger than
+# this is recorded by size and time only, never read whole to be recognised.
+_DIGEST_LIMIT = 256 << 20
+
+
+def _content_digest(path: Path, size: int) -> str | None:
+    """The SHA-256 (hex) of the regular file `path` of `size` bytes, or None: larger than
+    `_DIGEST_LIMIT`, not a regular file, not of that size, or unreadable. Opened without
+    blocking, so that a FIFO put under a start file's name cannot hang the check."""
+    import hashlib
+
+    if size > _DIGEST_LIMIT:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size != size:
+            return None
+        digest = hashlib.sha256()
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+        return digest.hexdigest()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def clear_killed_start(folder: Path, command: str) -> bool:
