@@ -333,7 +333,7 @@ def test_a_bad_parquet_file_is_one_error_line(tmp_path, make, message):
 def test_unlabelled_rows_are_read_unlabelled_by_predict_and_refused_by_eval(world, tmp_path):
     data = write_parquet(tmp_path / "test.parquet", [png(0), png(1), png(2)], [0, -1, -1])
     predicted = run_torchkit_in_process(
-        "predict", world / "model.pt", tmp_path, "--format", "csv", "--device", "cpu"
+        "predict", world / "model.pt", tmp_path, "--format", "csv", "--device", "cpu", "-j", "0"
     )
     assert predicted.returncode == 0, predicted.stderr
     assert predicted.stdout.splitlines()[1].startswith("test.parquet/0,")
@@ -411,7 +411,7 @@ def test_an_unlabelled_test_split_leaves_the_other_splits_labelled(world, tmp_pa
     assert [train.classes[label] for label in train.labels] == ["c", "a"]
     assert [test.classes[label] for label in test.labels] == [""]
     predicted = run_torchkit_in_process(
-        "predict", world / "model.pt", data, "--format", "csv", "--device", "cpu"
+        "predict", world / "model.pt", data, "--format", "csv", "--device", "cpu", "-j", "0"
     )
     assert predicted.returncode == 0, predicted.stderr
     rows = {row["path"]: row["label"] for row in csv.DictReader(predicted.stdout.splitlines())}

@@ -1108,7 +1108,7 @@ def test_resume_hints_name_what_stops_force_too(tmp_path):
 
     write_image_folder(tmp_path / "data", {"a": 2, "b": 2})
     base = ("extract-features", "convnet", "data", "--device", "cpu", "--allow-untrained")
-    first = run_torchkit_in_process(*base, "o", "--image-size", "16", cwd=tmp_path)
+    first = run_torchkit_in_process(*base, "o", "--image-size", "16", "-j", "0", cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     (tmp_path / "o" / "notes.txt").write_text("keep\n")
     other = run_torchkit_in_process(*base, "o", "--resume", "--image-size", "24", cwd=tmp_path)

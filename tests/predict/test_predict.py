@@ -340,12 +340,13 @@ def test_unreadable_images_error_rows_skip_errors_and_strict(runner, world, tmp_
     folder.mkdir()
     Image.new("RGB", (12, 12)).save(folder / "good.png")
     (folder / "broken.png").write_bytes(b"not a png")
-    rows = read_csv(invoke(runner, world["ckpt"], folder, "--format", "csv").stdout)
+    # -j 0 where the worker is not the subject: only --strict's run (-j 1) checks it ends
+    rows = read_csv(invoke(runner, world["ckpt"], folder, "--format", "csv", "-j", "0").stdout)
     assert [(r["path"], r["class"] == "", r["error"] != "") for r in rows] == [
         ("broken.png", True, True),
         ("good.png", False, False),
     ]
-    skipped = invoke(runner, world["ckpt"], folder, "--format", "csv", "--skip-errors")
+    skipped = invoke(runner, world["ckpt"], folder, "--format", "csv", "--skip-errors", "-j", "0")
     assert [r["path"] for r in read_csv(skipped.stdout)] == ["good.png"]
     assert "left out (--skip-errors)" in skipped.stderr
     out = tmp_path / "p.csv"
