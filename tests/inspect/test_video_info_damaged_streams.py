@@ -357,6 +357,32 @@ def test_a_zeroed_live_matroska_recording_is_damaged(tmp_path):
     assert_whole_and_zeroed(live, tmp_path, "its clusters hold")
 
 
+def test_an_mpeg_ts_whose_pmts_fail_their_crc_is_judged_by_its_video_pes(tmp_path, mpeg2_ts):
+    """A PMT is read only where its CRC holds: one that fails is passed over for the next
+    (FFmpeg's too). Where none in the first chunk holds (a file of one PMT, damaged; a muxer
+    that writes the CRC wrong), the walk gave up, and a copy with a tenth of it zeroed read
+    `ok`; FFmpeg guesses the streams from their PES packets and decodes the video: so does
+    the walk, the first PID whose PES packets are a video stream's (0xE0-0xEF)."""
+    data = np.frombuffer(mpeg2_ts.read_bytes(), np.uint8).reshape(-1, 188).copy()
+    pid = (data[:, 1].astype(np.int32) & 0x1F) << 8 | data[:, 2]
+    pat = data[np.flatnonzero(pid == 0)[0]]
+    section = pat[5 + pat[4] :].tobytes()  # the PAT's first program's PMT PID
+    pmt_pid = (section[10] & 0x1F) << 8 | section[11]
+    pmts = np.flatnonzero((pid == pmt_pid) & (data[:, 1] & 0x40 > 0))
+    assert len(pmts) > 1
+    for broken, which in ((pmts[:1], "first"), (pmts, "all")):
+        copy = data.copy()
+        for number in broken:
+            start = 5 + copy[number, 4]  # after the pointer field: its CRC ends the section
+            end = start + 3 + ((copy[number, start + 1] & 0x0F) << 8 | copy[number, start + 2])
+            copy[number, end - 1] ^= 0xFF
+        failing = tmp_path / f"{which}-pmt-fails.ts"
+        failing.write_bytes(copy.tobytes())
+        held = ts_video_frames(failing, "mpeg-ts")
+        assert (held.frames, held.leading, held.broken_at) == (100, 0, None), which
+    assert_whole_and_zeroed(failing, tmp_path, "its video packets hold")
+
+
 def test_a_zeroed_mpeg_ps_is_damaged_and_a_cut_without_a_key_frame_not(tmp_path, mpeg2_ts):
     """An MPEG-PS file (.mpg, .vob) records no frame count: a copy with a tenth zeroed read
     `ok` under --exact (223 of 250 frames decode). The pictures of its video packets'

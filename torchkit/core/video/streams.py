@@ -64,9 +64,11 @@ def ts_video_frames(path: str | os.PathLike, container: str | None) -> HeldFrame
     it are not counted, and those from the last key frame before it, `_DECODER_HOLDS` at
     most, are `leading` too (a decoder fed another codec's data may never show those it
     still held: 3 of 90 H.264 frames, 1 to 3 MPEG-2); the tables are its first program's
-    (`_TsTables`). None for other formats, no video stream in that program's first PMT
-    (read in the first chunk's packets), or a file that flags no random access point (which
-    frame decodes first is not told)."""
+    (`_TsTables`); where the first chunk's packets hold no PMT whose CRC holds, the first
+    PID whose PES packets are a video stream's (as FFmpeg guesses the streams of a file
+    whose tables it cannot read). None for other formats, no video stream in that program's
+    first PMT (read in the first chunk's packets), or a file that flags no random access
+    point (which frame decodes first is not told)."""
     import numpy as np
 
     if container not in ("mpeg-ts", "m2ts"):
@@ -84,6 +86,8 @@ def ts_video_frames(path: str | os.PathLike, container: str | None) -> HeldFrame
                     break
                 packets = np.frombuffer(data[:whole], np.uint8).reshape(-1, size)[:, prefix:]
                 switch = tables.switch_in(packets)
+                if tables.video is None and not tables.mapped and not first:
+                    tables.video = _ts_guessed_video(packets)  # no PMT whose CRC holds
                 if tables.video is None:  # no video stream in its first PMT (or none read)
                     return None
                 packets = packets[:switch]  # (all of them where the codec stays)
@@ -115,6 +119,20 @@ def ts_video_frames(path: str | os.PathLike, container: str | None) -> HeldFrame
         frames += frames_between(times, places, firsts, lasts)
     leading = min(len(times), leading_frames(times, keys) + held_at_switch)
     return HeldFrames(frames, leading, 0, broken_at, past_breaks=True, span_s=pts_span_s(times))
+
+
+def _ts_guessed_video(packets) -> tuple[int, int] | None:
+    """(0, its PID) of the first TS packet of `packets` (188 bytes a row, sync byte first)
+    that starts a PES packet of a video stream (stream ID 0xE0 to 0xEF); None where none
+    does."""
+    import numpy as np
+
+    starts = (packets[:, 0] == 0x47) & (packets[:, 1] & 0x40 > 0) & (packets[:, 3] & 0x10 > 0)
+    for number in np.flatnonzero(starts).tolist():
+        payload = _ts_payload(packets[number].tobytes())
+        if payload[:3] == MPEG_START and len(payload) > 3 and payload[3] & 0xF0 == _PS_VIDEO:
+            return 0, (int(packets[number, 1]) & 0x1F) << 8 | int(packets[number, 2])
+    return None
 
 
 def _ts_pes_starts(packets, video: int):
