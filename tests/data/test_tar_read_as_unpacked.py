@@ -759,7 +759,8 @@ def test_a_hard_link_reads_its_target_as_tar_met_it(tmp_path, caplog):
     its name make a folder there. torchkit resolved hard links by the archive's final state:
     it read a link stored before its target at the target's bytes, an earlier file of the
     link's name not at all, and members under a hard link to nothing not at all (as in a
-    folder that is a link). A hard link after its target reads it, as before."""
+    folder that is a link), and a hard link to its own name as a link to nothing, where tar
+    leaves the file. A hard link after its target reads it, as before."""
     members = [
         ("cat/a.png", png(0)),
         ("dog/c.png", png(1)),
@@ -770,6 +771,7 @@ def test_a_hard_link_reads_its_target_as_tar_met_it(tmp_path, caplog):
         ("bird", "=>nothing"),  # not made: bird/q.png makes the folder bird
         ("bird/q.png", png(4)),
         ("cat/m.png", "=>cat/b.png"),  # after its target: b.png's bytes
+        ("cat/a.png", "=>cat/a.png"),  # to itself: a.png stays (was a link to nothing)
     ]
     archive = _tar(tmp_path / "pets.tar", members)
     read, unreadable = _readable(open_data(str(archive)))
@@ -798,19 +800,24 @@ def test_a_link_loop_among_the_images_is_an_unreadable_image_as_unpacked(tmp_pat
     for name, data in (("rose/r.png", png(1)), ("tulip/t.png", png(2))):
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_bytes(data)
-    links = [("rose/s.png", "s.png"), ("tulip/a.png", "b.png"), ("tulip/b.png", "a.png")]
+    links = [
+        ("rose/s.png", "s.png"),
+        ("rose/u.png", "u.png/../r.png"),  # read r.png: the `..` after the link was not followed
+        ("tulip/a.png", "b.png"),
+        ("tulip/b.png", "a.png"),
+    ]
     for name, target in links:
         (folder / name).symlink_to(target)
     members = [("flowers/rose/r.png", png(1)), ("flowers/tulip/t.png", png(2))]
     members += [(f"flowers/{name}", f"->{target}") for name, target in links]
     archive = _tar(tmp_path / "flowers.tar", members)
-    expected = (2, ["rose/s.png", "tulip/a.png", "tulip/b.png"])
+    expected = (2, ["rose/s.png", "rose/u.png", "tulip/a.png", "tulip/b.png"])
     assert _stats(folder) == expected
     assert _stats(archive) == expected
     read, unreadable = _readable(open_data(str(archive)))
     assert (read, unreadable) == (
         {"rose/r.png": png(1), "tulip/t.png": png(2)},
-        ["rose/s.png", "tulip/a.png", "tulip/b.png"],
+        ["rose/s.png", "rose/u.png", "tulip/a.png", "tulip/b.png"],
     )
     unpacked = _unpacked_by_gnu_tar(archive)
     if unpacked is not None:

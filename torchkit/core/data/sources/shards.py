@@ -695,8 +695,8 @@ def _through_links(
         if linked is None:
             continue
         hops += 1
-        if hops > _MOST_LINKS:  # a loop: no file is there
-            return posixpath.normpath(target)
+        if hops > _MOST_LINKS:  # a loop: no file is there (`b.png -> b.png/../a.png`)
+            return _NOWHERE + target
         if linked.startswith("/"):  # out to the host's files
             return posixpath.normpath("/".join([linked, *ahead[::-1]]))
         if len(linked) > _PATH_MAX:
@@ -1167,6 +1167,8 @@ class _PlainMembers:
         a.png is dog/a.png, not cat's)."""
         if not symbolic:
             target = _link_target(member, linkname, symbolic=False)
+            if target == member and (target in self.members or target in self.links):
+                return  # a hard link to itself: tar -x leaves the file there as it is
             stored = target if target in self.links else self.spellings.get(target)
             if stored in self.links and stored not in self.hard:
                 linkname, symbolic = self.link_texts[stored], True
