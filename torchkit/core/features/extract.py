@@ -50,7 +50,6 @@ from torchkit.core.io.force import (
     foreign_entries_hint,
     holds_json_record,
     is_empty_dir,
-    refuse_foreign_entries,
 )
 from torchkit.core.io.output_proofs import (
     any_of,
@@ -226,7 +225,7 @@ def open_output(request: FeatureRequest, listed: Sequence[str] = ()) -> OutputFo
             f"; {refused}" if refused else ", or --force to start over"
         )
 
-    output = OutputFolder(
+    return OutputFolder(
         out,
         command="extract-features",
         force=request.force,
@@ -235,24 +234,10 @@ def open_output(request: FeatureRequest, listed: Sequence[str] = ()) -> OutputFo
         owned=owned,
         resume=request.resume and has_content,
         exists_hint=exists_hint,
+        # --resume removes OUT/.partial (an interrupted run's rows, started over or moved into
+        # OUT at the end): refused where it holds a file the run did not write there.
+        resume_removes=(PARTIAL_DIR,),
     )
-    if output.resume:
-        try:
-            _refuse_foreign_partial(out, owned)
-        except BaseException:
-            output.release()
-            raise
-    return output
-
-
-def _refuse_foreign_partial(out: Path, owned: Sequence[str]) -> None:
-    """--resume removes OUT/.partial (an interrupted run's rows, started over or moved into
-    OUT at the end): refused, before any work, where it holds a file the run did not write
-    there (one `owned` does not name: an array of yours), which would go with it."""
-    if (out / PARTIAL_DIR).is_dir() and not out.is_symlink():
-        refuse_foreign_entries(
-            out, owned, what="output folder", within=PARTIAL_DIR, option="--resume"
-        )
 
 
 def output_names(recorded: Sequence[str]) -> tuple[str, ...]:

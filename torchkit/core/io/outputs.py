@@ -63,6 +63,7 @@ from torchkit.core.io.force import (
     is_empty_dir,
     killed_start_leftovers,
     marker_field,
+    refuse_foreign_entries,
     write_marker,
 )
 from torchkit.core.io.mounts import is_mount_point
@@ -232,7 +233,10 @@ class OutputFolder:
     run of the command killed before its first result, replaced without `--force` (set aside
     like an old output, and put back if the new run keeps nothing: `replaces_killed_start`).
     `atomic=True` fills a hidden temporary folder that replaces the output only at the end, so
-    the output never holds a half-written result.
+    the output never holds a half-written result. `resume_removes` names the work folders
+    inside it that a continued run removes (extract-features' `.partial`, its rows moved out
+    at the end): `resume=True` is refused, before any work, where one holds an entry that
+    `owned` does not name (a file of yours), which would go with it.
 
     From `begin()` on, every write through `atomic_write`/`atomic_path` (and `check()`) checks
     that the folder is still the one begun: one removed, renamed away or replaced stops the
@@ -255,6 +259,7 @@ class OutputFolder:
         start_files: Collection[str] = (),
         owned: Collection[str] | None = None,
         reports: Iterable[str | os.PathLike | None] = (),
+        resume_removes: Collection[str] = (),
     ) -> None:
         check_not_stdout(path, what)
         self.final = Path(path)
@@ -317,6 +322,7 @@ class OutputFolder:
                 )
             else:
                 self.has_content = self.final.is_dir() and not is_empty_dir(self.final)
+                self._refuse_foreign_work(resume_removes, owned)
             if self._existed and is_mount_point(self.final):
                 self._written_in_place(resume)
             # The old output judged replaceable here: an atomic `keep()` replaces that folder
@@ -326,6 +332,18 @@ class OutputFolder:
             self.release()
             raise
         self.path = self.final  # where to write; a temporary folder once begun with `atomic`
+
+    def _refuse_foreign_work(self, work: Collection[str], owned: Collection[str] | None) -> None:
+        """A continued run removes its work folders (`work`) inside the output: refused where
+        one holds an entry `owned` does not name (the same proofs as --force's), which would
+        be deleted with it."""
+        if not self.has_content or self.final.is_symlink():
+            return
+        for within in work:
+            if (self.final / within).is_dir():
+                refuse_foreign_entries(
+                    self.final, owned or (), what=self.what, within=within, option="--resume"
+                )
 
     def force_hint(self, default: str) -> str:
         """The hint of a later refusal that would send the user to `--force` (`default`):
