@@ -270,6 +270,10 @@ class TarListing:
     # The members and links tar -x does not write where a file and a folder of one name meet
     # (`_leave_out_what_tar_writes_not`), each with why: not listed (a folder's tar says so).
     unwritten: dict[str, str] = field(default_factory=dict)
+    # The hard links tar -x does not make, their target holding nothing where the archive
+    # stores them (stored before it, or never), where nothing else is at their name, each
+    # with its target as stored: not listed (a folder's tar says so).
+    unmade_hard_links: dict[str, str] = field(default_factory=dict)
 
     def in_tar_order(self) -> list[str]:
         """The members and links, each where its name first appears in the tar."""
@@ -457,6 +461,11 @@ def _listing(path: str, found: _PlainMembers) -> TarListing:
         link_places=found.link_places,
         unwritten=found.unwritten,
         first_places=found.first_places,
+        unmade_hard_links={
+            name: text
+            for name, text in found.unmade.items()
+            if name not in members and name not in links and name not in found.folders
+        },
     )
 
 
@@ -1048,6 +1057,7 @@ class _PlainMembers:
         "unwritten",
         "files_made_folders",
         "unlinked",
+        "unmade",
     )
 
     def __init__(self, chunks: _CheckedChunks | None, size: int, labels: bool) -> None:
@@ -1084,6 +1094,8 @@ class _PlainMembers:
         # (its name, its target as stored, its place), settled once all are listed
         # (`settle_hard_links_to_nothing`).
         self.unlinked: list[tuple[str, str, int]] = []
+        # Of those, the ones tar -x does not make (to nothing), each with its target as stored.
+        self.unmade: dict[str, str] = {}
 
     def take(
         self, block: bytes, kind: bytes, name: str, data: int, length: int, linkname: str | None
@@ -1235,6 +1247,7 @@ class _PlainMembers:
                 self.link_texts[name] = text
                 self.hard.add(name)
                 continue
+            self.unmade[name] = text
             folder = posixpath.dirname(name)
             if folder and folder not in self.members and folder not in self.links:
                 self.folders.add(folder)
@@ -2472,6 +2485,7 @@ def _images_by_unpacked_path(spec: str, listing: TarListing) -> dict[str, str]:
             member_of[unpacked] = name
     _warn_sparse_images(spec, listing)
     _warn_hard_links_to_folders(spec, listing)
+    _warn_unmade_hard_links(spec, listing)
     _warn_unwritten_images(spec, listing)
     if not_unpacked:
         log.warning(
@@ -2539,6 +2553,23 @@ def _warn_hard_links_to_folders(spec: str, listing: TarListing) -> None:
             f"{spec}: {counted(len(found), 'hard link')} to a folder "
             f"{'is' if len(found) == 1 else 'are'} not read, as tar -x makes no hard link to "
             f"a folder: {first_and_more(shown, 3)}"
+        )
+
+
+def _warn_unmade_hard_links(spec: str, listing: TarListing) -> None:
+    """One warning naming the image-named hard links tar -x does not make, their target
+    holding nothing where the archive stores them ('Cannot hard link to ...: No such file or
+    directory'): nothing is there once unpacked."""
+    shown = sorted(
+        f"{name} link to {target}"  # as tar -tv lists it
+        for name, target in listing.unmade_hard_links.items()
+        if is_image_file(name) and not is_apple_double(posixpath.basename(name))
+    )
+    if shown:
+        log.warning(
+            f"{spec}: {counted(len(shown), 'hard link')} named as an image "
+            f"{'is' if len(shown) == 1 else 'are'} not read, as tar -x makes no hard link to "
+            f"a file stored after the link, or not at all: {first_and_more(shown, 3)}"
         )
 
 
