@@ -26,7 +26,9 @@ A sample's id (the `path` column of outputs) is `FILE/ROW`, FILE relative to ROO
 folder for one file) and ROW the row in that file from 0: `data/train-00000-of-00002.parquet/123`.
 It is unique and stable whatever the rows hold (HF's own `image.path` is often empty or repeated).
 
-Opening reads the parquet footers and the label column only, never an image. An image is read by
+Opening reads the parquet footers and the label column only, never an image (and where the
+image column is dictionary-encoded, the headers of its first pages: the bytes a row group holds
+read, each row's copy of a repeated image counted, `parquet_pages`). An image is read by
 (file, row group, row) through `ParquetImages`, which keeps the image column of the last row
 groups it read (LRU, `CACHE_BYTES` per process): a pass in order reads each row group once, and
 so does train's shuffled order, which takes row groups in random order and shuffles the images
@@ -115,7 +117,7 @@ class ParquetImages:
     ) -> None:
         self.files = list(files)
         self.columns = list(columns)  # the image column of each file
-        # The size of each row group's image column, uncompressed (from the footer), per file.
+        # The bytes each row group's image column holds read (`_image_bytes_read`), per file.
         self.group_bytes = [list(sizes) for sizes in group_bytes]
         self.stamps = list(stamps) or [None] * len(self.files)
         self._pid = -1
@@ -416,10 +418,7 @@ class _File:
             for group in range(metadata.num_row_groups)
             for row in range(metadata.row_group(group).num_rows)
         ]
-        self.group_bytes = [
-            _column_bytes(metadata.row_group(group), self.image_column)
-            for group in range(metadata.num_row_groups)
-        ]
+        self.group_bytes = _image_bytes_read(self.path, metadata, self.image_column)
         self.labels: list[Any] | None = None
         # Why a `label` column of another type (pandas' float64 of an int column with a
         # missing value, bools) is no labels: said, never silently read as unlabelled data.
@@ -487,15 +486,28 @@ class _File:
         ]
 
 
-def _column_bytes(group: Any, column: str) -> int:
-    """The uncompressed size of `column` (all its leaves: an Image's bytes and path) in one
-    row group's metadata."""
-    chunks = (group.column(i) for i in range(group.num_columns))
-    return sum(
-        chunk.total_uncompressed_size
-        for chunk in chunks
-        if chunk.path_in_schema == column or chunk.path_in_schema.startswith(column + ".")
-    )
+def _image_bytes_read(path: str, metadata: Any, column: str) -> list[int]:
+    """The bytes `column` (all its leaves: an Image's bytes and path) of each row group holds
+    once read: the footer's uncompressed size, or more where dictionary-encoded values repeat
+    (`parquet_pages`: 10,000 rows of 50 distinct images were counted as 50 images, and a
+    window of `convert shards`, train's shuffle and the room for a spill were planned for that
+    much). The footer's sizes alone where the file cannot be opened again."""
+    from torchkit.core.data.sources.parquet_pages import decoded_chunk_bytes
+
+    groups = [metadata.row_group(group) for group in range(metadata.num_row_groups)]
+    chunks = [
+        [chunk for chunk in map(group.column, range(group.num_columns))
+         if chunk.path_in_schema == column or chunk.path_in_schema.startswith(column + ".")]
+        for group in groups
+    ]  # fmt: skip
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return [sum(chunk.total_uncompressed_size for chunk in group) for group in chunks]
+    try:
+        return [sum(decoded_chunk_bytes(fd, chunk) for chunk in group) for group in chunks]
+    finally:
+        os.close(fd)
 
 
 def _hf_features(schema: Any) -> dict:

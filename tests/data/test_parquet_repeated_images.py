@@ -1,0 +1,130 @@
+"""Parquet images stored once and read many times: pyarrow's writer (HF's, pandas') dictionary-
+encodes a column by default, so a column of 10,000 rows holding 50 distinct images stores the 50
+once, and the footer's sizes say so, where pyarrow reads every row's copy back. The row groups'
+sizes that plan reading (train's shuffle, `convert shards`' windows and the room for its spill,
+the warning of row groups past the reader's cache) were the footer's: 1 MB for a row group read
+as 193 MB. They are the sizes read now (`parquet_pages`), checked against pyarrow's own read."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from parquet_files import png
+from processes import run_torchkit_in_process
+
+from torchkit.core.convert import shards as shards_module
+from torchkit.core.data.sources import open_data
+from torchkit.core.data.sources import parquet as parquet_module
+from torchkit.core.io import sizes
+
+
+def write_rows(path, rows: int, distinct: int, group_rows: int, **options) -> str:
+    """`rows` rows cycling through `distinct` 2 kB images (PNGs with bytes after their end),
+    as HF's Image struct, or (`binary=True`) a plain binary column; `nulls`: every third row's
+    image null. Other options: pyarrow's `write_table`'s."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    binary, nulls = options.pop("binary", False), options.pop("nulls", False)
+    images = [png(i) + bytes([i]) * 2000 for i in range(distinct)]
+    column = [None if nulls and row % 3 == 0 else images[row % distinct] for row in range(rows)]
+    if binary:
+        array = pa.array(column, pa.binary())
+    else:
+        kind = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+        array = pa.array([None if b is None else {"bytes": b, "path": None} for b in column], kind)
+    table = pa.table({"image": array, "label": pa.array([row % 3 for row in range(rows)])})
+    pq.write_table(table, path, row_group_size=group_rows, **options)
+    return str(path)
+
+
+def sizes_read(path: str) -> list[int]:
+    """What pyarrow's read of each row group's image column holds: the reference."""
+    import pyarrow.parquet as pq
+
+    handle = pq.ParquetFile(path)
+    return [
+        parquet_module.image_bytes(handle.read_row_group(g, columns=["image"]).column(0)).nbytes
+        for g in range(handle.metadata.num_row_groups)
+    ]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},  # pyarrow's defaults: dictionary pages, data pages v1, snappy
+        {"data_page_version": "2.0", "compression": "zstd"},
+        {"nulls": True},  # null images counted nothing, as read
+        {"binary": True},
+        {"use_dictionary": False},  # the footer's sizes were right: unchanged
+        # the dictionary past its page's 1 MiB: pyarrow's fallback to plain pages, as HF's
+        # datasets of large distinct images have in every row group
+        {"dictionary_pagesize_limit": 10_000},
+    ],
+    ids=["dictionary", "v2-zstd", "nulls", "binary", "plain", "fallback"],
+)
+def test_row_group_sizes_are_what_reading_them_holds(tmp_path, options):
+    """Before: 2,000 rows of 20 distinct images counted 45 kB a row group of 4 MB read."""
+    path = write_rows(tmp_path / "d.parquet", 4000, 20, 2000, **options)
+    read = sizes_read(path)
+    stored = open_data(path).whole
+    blocks = stored.paths[0].reader.blocks([p.locator for p in stored.paths])
+    counted = [size * 8 / 9 for size in blocks.sizes]  # `blocks` adds an eighth for offsets
+    assert len(counted) == len(read) == 2
+    for size, real in zip(counted, read, strict=True):
+        assert real * 0.98 <= size <= real * 1.1, (counted, read)
+
+
+def test_row_groups_of_repeated_images_past_the_cache_are_said(tmp_path, monkeypatch):
+    """Before: no warning, the footer's 45 kB a row group being far below the cache."""
+    path = write_rows(tmp_path / "d.parquet", 4000, 20, 2000)
+    monkeypatch.setattr(parquet_module, "CACHE_BYTES", 2 << 20)  # half a row group read
+    said = run_torchkit_in_process("dataset-stats", path, "-j", "0")
+    assert said.returncode == 0, said.stderr
+    warnings = [line for line in said.stderr.splitlines() if "row groups of up to" in line]
+    assert len(warnings) == 1, said.stderr
+    said_mb = int(re.search(r"row groups of up to (\d+) MB", warnings[0]).group(1))
+    assert said_mb == max(sizes_read(path)) >> 20
+
+
+def test_a_spill_of_repeated_images_counts_the_room_they_take(tmp_path, monkeypatch):
+    """The room a spill of `convert shards` needs is its images twice (the spill and the
+    shards). Before: counted from the footer's sizes, 0.3 MB where the spill wrote 8 MB, and a
+    disk of 2 MB free was filled by the spill before the shards' turn."""
+    path = write_rows(tmp_path / "d.parquet", 4000, 20, 500)
+    monkeypatch.setattr(shards_module, "WINDOW_BYTES", 1 << 20)  # 8 windows of 8 row groups
+    monkeypatch.setattr(shards_module.sizes, "free_bytes", lambda folder: 12_000_000)
+    assert shards_module.sizes is sizes
+    done = run_torchkit_in_process("convert", "shards", path, tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    assert "no room for a temporary copy of the images" in done.stderr, done.stderr
+    needed = float(re.search(r"about ([\d.]+) MB needed", done.stderr).group(1)) * 1e6
+    assert needed >= 2 * sum(sizes_read(path)) > 12_000_000
+
+
+def test_page_headers_that_cannot_be_read_leave_the_footers_size(tmp_path):
+    """Headers not as expected (garbled, encrypted, the file cut short): the footer's figure,
+    never an error at opening."""
+
+    import pyarrow.parquet as pq
+
+    path = write_rows(tmp_path / "d.parquet", 400, 20, 400)
+    chunk = pq.ParquetFile(path).metadata.row_group(0).column(0)
+    assert decoded_chunk_bytes_of(path, chunk) > 10 * chunk.total_uncompressed_size
+    for garbage in (b"\xff" * 64, bytes(range(256)) * 16, b"\x15\x04" * 8, b""):
+        other = tmp_path / "other"
+        other.write_bytes(garbage)
+        assert decoded_chunk_bytes_of(str(other), chunk) == chunk.total_uncompressed_size
+
+
+def decoded_chunk_bytes_of(path: str, chunk) -> int:
+    import os
+
+    from torchkit.core.data.sources.parquet_pages import decoded_chunk_bytes
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return decoded_chunk_bytes(fd, chunk)
+    finally:
+        os.close(fd)
