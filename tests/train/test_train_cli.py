@@ -769,6 +769,27 @@ def test_corrupt_training_and_test_images_are_skipped_with_a_warning_each_or_fat
     assert "broken.png" in error_line(strict)
 
 
+def test_unreadable_images_past_the_first_few_are_counted_without_a_warning_each(
+    runner, split_root, tmp_path, monkeypatch
+):
+    """A warning line per unreadable file buried the epoch lines of a dataset with many broken
+    files (200 lines for 200 empty files): the first few are named, then one line says that
+    the rest are only counted; the count in the summary stays whole."""
+    from torchkit.core.train import loop
+
+    monkeypatch.setattr(loop, "WARN_UNREADABLE", 2, raising=False)
+    for index in range(3):
+        (split_root / "train" / "ant" / f"broken{index}.png").write_bytes(b"\x89PNG not really")
+    (split_root / "test" / "cat" / "unreadable.png").write_bytes(b"")
+    result = train(
+        runner, "--data", str(split_root), *FAST, "--out", str(tmp_path / "a"), "--format", "json"
+    )
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["skipped_images"] == 4
+    assert result.stderr.count("Warning: skipped unreadable image") == 2
+    assert result.stderr.count("Warning: more than 2 unreadable images: the others are") == 1
+
+
 def test_unknown_model_suggests_names(runner, split_root, tmp_path):
     result = train(  # -j 0: workers started before the model is known are test_epoch_starts'
         runner, "--data", str(split_root), "--model", "resnet81", "-j", "0", "--out",

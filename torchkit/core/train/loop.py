@@ -149,8 +149,14 @@ class StepContext:
         return self.l1 * sum(p.abs().sum() for p in self.l1_params)
 
 
+# Unreadable images named one warning each; the rest are counted (the summary's "Skipped
+# (unreadable)"), not named: a dataset with thousands of broken files would bury the epoch lines.
+WARN_UNREADABLE = 10
+
+
 class UnreadableImages:
-    """Counts images the loader could not read; warns once per file, or stops with --strict."""
+    """Counts images the loader could not read; warns once per file for the first
+    WARN_UNREADABLE, then once that more are only counted; or stops with --strict."""
 
     def __init__(self, strict: bool) -> None:
         self.strict = strict
@@ -170,7 +176,14 @@ class UnreadableImages:
         if error not in self.seen:
             self.seen.add(error)
             self.unshared.append(error)
-            log.warning("skipped unreadable image %s", error)
+            if len(self.seen) <= WARN_UNREADABLE:
+                log.warning("skipped unreadable image %s", error)
+            elif len(self.seen) == WARN_UNREADABLE + 1:
+                log.warning(
+                    f"more than {WARN_UNREADABLE} unreadable images: the others are skipped "
+                    "without a warning each (the summary counts them all; torchkit "
+                    "dataset-stats lists every unreadable file)"
+                )
 
     @property
     def count(self) -> int:
