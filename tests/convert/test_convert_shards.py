@@ -729,3 +729,28 @@ def test_a_users_file_in_out_is_named_where_the_hint_said_force(tmp_path: Path, 
     assert tree_bytes(out) == before
     (out / "notes.txt").unlink()  # what the hint said: --force now runs
     assert convert(image_folder, out, "--per-shard", 3, "--force").returncode == 0
+
+
+def test_finishing_a_run_keeps_a_users_file_of_a_shards_name(tmp_path: Path, image_folder):
+    """Finishing an interrupted run removes shard files its manifest does not list (a killed
+    run's): before, a file of the user's under such a name went with them; now the run is
+    refused before any work, naming it, and finishes once it is moved out."""
+    out = tmp_path / "out"
+    assert convert(image_folder, out, "--per-shard", 2).returncode == 0
+    _interrupted_copy(out, 1)
+    (out / "shard-000077.tar").write_text("mine")
+    (out / "notes.txt").write_text("mine")  # not a shard's name: finishing leaves it
+    before = tree_bytes(out)
+    done = convert(image_folder, out, "--per-shard", 2)
+    assert done.returncode == 1
+    assert error_line(done.stderr) == (
+        f"Error: output folder {out} holds {out / 'shard-000077.tar'} that torchkit did not "
+        f"write, which finishing the interrupted run would delete with it (move them out of "
+        f"{out}, or delete them yourself)"
+    )
+    assert tree_bytes(out) == before
+    (out / "shard-000077.tar").unlink()
+    done = convert(image_folder, out, "--per-shard", 2)
+    assert done.returncode == 0, done.stderr
+    assert shard_files(out) == ["shard-000000.tar", "shard-000001.tar", "shard-000002.tar"]
+    assert (out / "notes.txt").read_text() == "mine"

@@ -81,12 +81,13 @@ TAR_OWNER = "torchkit"  # every member's user and group name
 # anything else, which replacing it would delete. Shards and manifests only where their content
 # shows torchkit wrote them (another tool's train-000000.tar or manifest.json is refused): each
 # member's owner `torchkit` (TAR_OWNER), the manifest's `written_by`, classes.txt's names those
-# its manifest lists (`_is_classes_file`).
+# its manifest lists (`_is_classes_file`). SHARD_NAMES: the names of shard files (`_SHARD_FILE`)
+# as `folder_contents` patterns.
+SHARD_NAMES = tuple(
+    f"{name}-[0-9][0-9][0-9][0-9][0-9][0-9]*.tar" for name in ("train", "val", "test", "shard")
+)
 SHARDS_OUTPUTS = (
-    *(
-        proven(f"{name}-[0-9][0-9][0-9][0-9][0-9][0-9]*.tar", tar_by(TAR_OWNER))
-        for name in ("train", "val", "test", "shard")
-    ),
+    *(proven(pattern, tar_by(TAR_OWNER)) for pattern in SHARD_NAMES),
     proven(MANIFEST, lambda path: _is_manifest(path)),  # (defined below)
     proven(PARTIAL_MANIFEST, lambda path: _is_manifest(path)),
     proven(CLASSES_FILE, lambda path: _is_classes_file(path)),
@@ -1329,14 +1330,19 @@ def convert_shards(
         sets=sets,
         records={s.name: [] for s in sets},
     )
+    # Finishing a run removes the shard files its manifest does not list (`_remove_leftovers`):
+    # refused where one is not a shard this command wrote (a file of yours of such a name).
+    listed = [s.get("name") for s in (partial or {}).get("shards", []) if isinstance(s, dict)]
     output = OutputFolder(
         target,
         command=COMMAND,
         force=force,
         inputs=inputs,
         resume=resume,
-        owned=SHARDS_OUTPUTS,
+        owned=(*SHARDS_OUTPUTS, *(exact_pattern(n) for n in listed if isinstance(n, str))),
         reports=[report_file],
+        resume_removes=SHARD_NAMES,
+        resume_option="finishing the interrupted run",
     )
     with output:
         if resume:  # read again under the lock

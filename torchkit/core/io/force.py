@@ -535,20 +535,25 @@ def refuse_foreign_entries(
     owned: Collection[str],
     *,
     what: str,
-    within: str | None = None,
+    within: str | Collection[str] | None = None,
     option: str = "--force",
 ) -> None:
     """`--force` replaces `folder` whole: refused, before any work, where it holds an entry that
     `owned` (what the command writes there) does not name, which would be deleted with it (your
     notes.txt in a run folder, a plot, a folder of analysis, a link). `within`: only the
-    entries below that folder of it count, the one `option` deletes (extract-features'
-    `--resume`, its `.partial`)."""
+    entries that `option` deletes count: those below that folder of it (extract-features'
+    `--resume`, its `.partial`), or for patterns (a collection of them), the files directly in
+    `folder` whose names match one (convert shards finishing a run removes stale shards)."""
+    from fnmatch import fnmatchcase
+
     foreign = foreign_entries(folder, owned, top_level=(MARKER, WRITTEN_JOURNAL))
-    if within is not None:
+    if isinstance(within, str):
         foreign = [entry for entry in foreign if entry.startswith(f"{within}/")]
+    elif within is not None:
+        foreign = [entry for entry in foreign if any(fnmatchcase(entry, p) for p in within)]
     if foreign:
         more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
-        place = folder if within is None else folder / within
+        place = folder / within if isinstance(within, str) else folder
         raise OutputExistsError(
             f"{what} {shown(folder)} holds {shown(folder / foreign[0])}"
             f"{'/' if foreign[0].endswith('/') else ''}{more} that torchkit did not write, "

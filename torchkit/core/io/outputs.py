@@ -233,10 +233,11 @@ class OutputFolder:
     run of the command killed before its first result, replaced without `--force` (set aside
     like an old output, and put back if the new run keeps nothing: `replaces_killed_start`).
     `atomic=True` fills a hidden temporary folder that replaces the output only at the end, so
-    the output never holds a half-written result. `resume_removes` names the work folders
-    inside it that a continued run removes (extract-features' `.partial`, its rows moved out
-    at the end): `resume=True` is refused, before any work, where one holds an entry that
-    `owned` does not name (a file of yours), which would go with it.
+    the output never holds a half-written result. `resume_removes` names what a continued
+    run removes inside it: work folders (extract-features' `.partial`, its rows moved out at
+    the end) and patterns (with `*`) of files directly in it (convert shards' stale shards):
+    `resume=True` is refused, before any work, where those hold an entry that `owned` does not
+    name (a file of yours), which would go with it (`resume_option` says what would).
 
     From `begin()` on, every write through `atomic_write`/`atomic_path` (and `check()`) checks
     that the folder is still the one begun: one removed, renamed away or replaced stops the
@@ -260,6 +261,7 @@ class OutputFolder:
         owned: Collection[str] | None = None,
         reports: Iterable[str | os.PathLike | None] = (),
         resume_removes: Collection[str] = (),
+        resume_option: str = "--resume",
     ) -> None:
         check_not_stdout(path, what)
         self.final = Path(path)
@@ -322,7 +324,7 @@ class OutputFolder:
                 )
             else:
                 self.has_content = self.final.is_dir() and not is_empty_dir(self.final)
-                self._refuse_foreign_work(resume_removes, owned)
+                self._refuse_foreign_work(resume_removes, owned, resume_option)
             if self._existed and is_mount_point(self.final):
                 self._written_in_place(resume)
             # The old output judged replaceable here: an atomic `keep()` replaces that folder
@@ -333,17 +335,20 @@ class OutputFolder:
             raise
         self.path = self.final  # where to write; a temporary folder once begun with `atomic`
 
-    def _refuse_foreign_work(self, work: Collection[str], owned: Collection[str] | None) -> None:
-        """A continued run removes its work folders (`work`) inside the output: refused where
-        one holds an entry `owned` does not name (the same proofs as --force's), which would
+    def _refuse_foreign_work(
+        self, work: Collection[str], owned: Collection[str] | None, option: str
+    ) -> None:
+        """A continued run removes `work` inside the output (`resume_removes`): refused where
+        that holds an entry `owned` does not name (the same proofs as --force's), which would
         be deleted with it."""
         if not self.has_content or self.final.is_symlink():
             return
-        for within in work:
-            if (self.final / within).is_dir():
-                refuse_foreign_entries(
-                    self.final, owned or (), what=self.what, within=within, option="--resume"
-                )
+        patterns = tuple(name for name in work if "*" in name)
+        folders = [name for name in work if "*" not in name and (self.final / name).is_dir()]
+        for within in [*folders, *([patterns] if patterns else [])]:
+            refuse_foreign_entries(
+                self.final, owned or (), what=self.what, within=within, option=option
+            )
 
     def force_hint(self, default: str) -> str:
         """The hint of a later refusal that would send the user to `--force` (`default`):
