@@ -526,6 +526,11 @@ def write_set(run: _Writing, shard_set: ShardSet, records: list[ShardRecord]) ->
             start, skipped, extensions, labels = end, [], [], []
             run.on_shard(records[-1])
 
+    def refuse(position: int, error: Exception) -> None:
+        # --strict: an image the spill cannot read stops the run then, not after the spill
+        # of every other sample (all of the data's images, before a word).
+        _skip(run, shard_set, position, load(position, error).error or str(error), skipped)
+
     try:
         positions = range(position, total)
         costs = _window_costs(samples)
@@ -541,6 +546,7 @@ def write_set(run: _Writing, shard_set: ShardSet, records: list[ShardRecord]) ->
                 run.workers,
                 spill_folder=run.folder,
                 status=run.status,
+                refuse=refuse if run.strict else None,
             )
         for position, loaded in zip(positions, reads, strict=True):
             if loaded.error is not None:
@@ -667,6 +673,7 @@ def _read_in_windows(
     spill_folder: Path | None = None,
     window_bytes: int | None = None,
     status: Callable[[str | None], None] | None = None,
+    refuse: Callable[[int, Exception], None] | None = None,
 ) -> Iterator[Loaded]:
     """The samples at `positions`, in order, a window of consecutive positions at a time (as
     many as take `window_bytes`, WINDOW_BYTES unless given): each window's files `read` in the
@@ -679,7 +686,8 @@ def _read_in_windows(
     every block once a window is quadratic: then, with `spill_folder` and block `cost`s
     (`_BlockCosts`), every sample is read once in source order into an unnamed temporary file
     there, and each window read back from it (`status` told how far that is: no sample is
-    written meanwhile)."""
+    written meanwhile). `refuse`: called with a sample whose file the spill cannot read (it
+    raises: `--strict`), else such a sample's error is kept for its turn."""
     windows = _windows(
         positions, order, cost, WINDOW_BYTES if window_bytes is None else window_bytes
     )
@@ -689,7 +697,7 @@ def _read_in_windows(
         and isinstance(cost, _BlockCosts)
         and _spill_pays(windows, order, cost)
     ):
-        spill = _spill(read, positions, order, cost, spill_folder, status)
+        spill = _spill(read, positions, order, cost, spill_folder, status, refuse)
     # Each window read in source order, or where the spill holds it
     fetch, key = (read, order.__getitem__) if spill is None else (spill.read, spill.offset)
     try:
@@ -773,6 +781,7 @@ def _spill(
     cost: Callable[[int], int],
     folder: Path,
     status: Callable[[str | None], None] | None = None,
+    refuse: Callable[[int, Exception], None] | None = None,
 ) -> _SpilledSamples | None:
     """Every sample at `positions` read in the order of its source index, each block once, into
     a temporary file in `folder`. None, with a warning, where `folder`'s disk has no room for
@@ -812,7 +821,10 @@ def _spill(
             if position >= 0:
                 if status is not None and count % every == 0:
                     status(f"copying images to a temporary file, {count:,} of {len(positions):,}")
-                spill.write(position, read(position))
+                data = read(position)
+                if refuse is not None and isinstance(data, Exception):
+                    refuse(position, data)
+                spill.write(position, data)
                 count += 1
         spill.written()
     except OSError as error:
