@@ -128,3 +128,35 @@ def decoded_chunk_bytes_of(path: str, chunk) -> int:
         return decoded_chunk_bytes(fd, chunk)
     finally:
         os.close(fd)
+
+
+def test_images_read_from_one_of_several_image_columns_are_said(tmp_path):
+    """Several {bytes, path} columns none named `image` (a pair's `left` and `right`): the
+    first was read without a word. It still is, with one warning naming the column read; a
+    column named `image` beside others is the one read, as ever, quietly."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    kind = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    left, right = [png(i) for i in range(4)], [png(10 + i) for i in range(4)]
+
+    def column(images):
+        return pa.array([{"bytes": b, "path": None} for b in images], kind)
+
+    pair = tmp_path / "pair.parquet"
+    pq.write_table(pa.table({"left": column(left), "right": column(right), "label": [0] * 4}), pair)
+    said = run_torchkit_in_process("dataset-stats", pair, "-j", "0")
+    assert said.returncode == 0, said.stderr
+    warnings = [line for line in said.stderr.splitlines() if "image columns" in line]
+    assert warnings == [
+        f"Warning: {pair} has 2 image columns (left, right): its images are read from left, the "
+        "first (name the column to read `image`)"
+    ], said.stderr
+    assert [p.read_bytes() for p in open_data(str(pair)).whole.paths] == left
+    named = tmp_path / "named.parquet"
+    pq.write_table(
+        pa.table({"mask": column(left), "image": column(right), "label": [0] * 4}), named
+    )
+    quiet = run_torchkit_in_process("dataset-stats", named, "-j", "0")
+    assert quiet.returncode == 0 and "image columns" not in quiet.stderr, quiet.stderr
+    assert [p.read_bytes() for p in open_data(str(named)).whole.paths] == right

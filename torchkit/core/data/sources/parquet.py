@@ -10,8 +10,9 @@ What `--data` (or IMAGES) may name here, before folders and CSV indexes are trie
 - one `.parquet` file: unsplit data, whatever its name.
 
 Columns: the image is HF's `Image` struct {bytes, path} (the column `image`, else `img`, else the
-first column HF's metadata calls an Image, else the first struct column with a `bytes` field; a
-plain binary column of those names too). The label is the column `label`, else the first column
+first column HF's metadata calls an Image, else the first struct column with a `bytes` field,
+with a warning naming the column read where another could be it; a plain binary column of the
+names `image` and `img` too). The label is the column `label`, else the first column
 HF's metadata calls a ClassLabel; integers (or floats that are all whole numbers) are class
 indices, strings class names; a `label` column of another type is an error where labels are
 needed, else a warning and unlabelled data. Class names
@@ -401,7 +402,11 @@ class _File:
             ) from None
         self.column_names = list(schema.names)
         self.features = _hf_features(schema)
-        self.image_column = _image_column(schema, self.features)
+        candidates = _image_columns(schema, self.features)
+        self.image_column = candidates[0] if candidates else None
+        # The others where the choice is not by name (`_warn_of_unnamed_choice`).
+        named = self.image_column in IMAGE_COLUMNS
+        self.other_image_columns = [] if named else candidates[1:]
         if self.image_column is None:
             raise InputError(
                 f"{self.path} has no image column (its columns: {', '.join(schema.names)})",
@@ -535,7 +540,9 @@ def _is_binary(kind: Any) -> bool:
     return pa.types.is_binary(kind) or pa.types.is_large_binary(kind)
 
 
-def _image_column(schema: Any, features: dict) -> str | None:
+def _image_columns(schema: Any, features: dict) -> list[str]:
+    """The columns that can hold the images, the one read first (see the module's docstring)."""
+
     def usable(name: str) -> bool:
         return name in schema.names and _is_image_type(schema.field(name).type)
 
@@ -544,7 +551,24 @@ def _image_column(schema: Any, features: dict) -> str | None:
     import pyarrow as pa
 
     named += [n for n in schema.names if pa.types.is_struct(schema.field(n).type) and usable(n)]
-    return named[0] if named else None
+    return list(dict.fromkeys(named))
+
+
+def _warn_of_unnamed_choice(files: list[_File]) -> None:
+    """Images read from the first of several image columns none of which is named `image` or
+    `img` (a pair's `left` and `right`, a `photo` beside its `mask`): said once, naming the
+    column read, where it was read without a word."""
+    for file in files:
+        if file.other_image_columns:
+            log.warning(
+                "%s has %d image columns (%s): its images are read from %s, the first (name "
+                "the column to read `image`)",
+                file.path,
+                len(file.other_image_columns) + 1,
+                ", ".join([file.image_column, *file.other_image_columns]),
+                file.image_column,
+            )
+            return
 
 
 def _feature_type(feature: Any) -> str | None:
@@ -641,6 +665,7 @@ def _read(
     allow_unlabelled: bool,
 ) -> DataSource:
     files = [_File(root, name) for name in relative]
+    _warn_of_unnamed_choice(files)
     _warn_of_large_row_groups(files)
     # `convert shards`: the labels of partly labelled data kept, the rows without one class "".
     keep = allow_unlabelled and partial_labels_are_kept()
