@@ -338,20 +338,22 @@ def flv_video_frames(path: str | os.PathLike, container: str | None) -> HeldFram
     if tags is None:
         return None
     times, keys = np.array(tags.times, np.int64), np.array(tags.keys, bool)
-    if not keys.any():
-        return None
+    places = np.array(tags.places)
     firsts, lasts = np.array(tags.firsts, np.int64), np.array(tags.lasts, np.int64)
-    frames = len(times) + frames_between(times, np.array(tags.places), firsts, lasts)
-    broken_at = int(firsts[0]) if len(firsts) else tags.unpassed
+    unpassed = tags.unpassed
     # the video ends where its last frame is shown: its time and the delay B-frames add (not
     # the latest time shown: past a cut, a P-frame stored before the B-frames lost)
     end_ms = max(tags.last_video + (tags.delay or 0), tags.audio_end_ms)
+    del tags  # (its lists, a frame's entries each: not kept beside the arrays)
+    if not keys.any():
+        return None
+    frames = len(times) + frames_between(times, places, firsts, lasts)
     return HeldFrames(
         frames,
         leading_frames(times, keys),
         0,
-        broken_at,
-        past_breaks=tags.unpassed is None,
+        int(firsts[0]) if len(firsts) else unpassed,
+        past_breaks=unpassed is None,
         end_s=end_ms / 1000,
     )
 
