@@ -1211,31 +1211,24 @@ class _PlainMembers:
         (a linked folder on its way) is a link as any other; one to nothing is not made ("Cannot
         hard link: No such file or directory": a hard link stored before its target, or to a
         name never stored), leaving what was at its name, and the folder it lies in, which tar
-        makes for it. Each name is looked up at its `/`s whose length is that of such a target
-        (as `_leave_out_what_tar_writes_not`): linear in the names' length for few targets."""
+        makes for it. The targets, and the links, are looked up a folder at a time in a tree of
+        their parts (`_part_tree`): linear in the names' length, however many there are."""
         pending = self.unlinked
-        targets = {_link_target(name, text, symbolic=False): at for name, text, at in pending}
-        lengths = set(map(len, targets))
+        targets = _part_tree(_link_target(name, text, symbolic=False) for name, text, _ in pending)
         earliest: dict[str, int] = {}  # each target -> the first place of a name inside it
-        named = [*self.members, *self.links, *self.folders]
-        for name in named:
+        for name in [*self.members, *self.links, *self.folders]:
             path = _unpacked_path(name)
-            if path is None:
-                continue
-            slash = path.find("/")
-            while slash != -1:
-                if slash in lengths and path[:slash] in targets:
-                    place, folder = self.place(name), path[:slash]
+            if path is not None:
+                for folder in _tree_folders_of(targets, path):
+                    place = self.place(name)
                     earliest[folder] = min(place, earliest.get(folder, place))
-                slash = path.find("/", slash + 1)
-        link_lengths = set(map(len, self.links))
+        links = _part_tree(p for p in map(_unpacked_path, self.links) if p is not None)
+        spelled = {_unpacked_path(name): name for name in self.links}
         for name, text, at in pending:
             target = _link_target(name, text, symbolic=False)
             implied = earliest.get(target, at) < at
             through = any(
-                target[:slash] in self.links and self.link_places[target[:slash]] < at
-                for slash in _slashes(target)
-                if slash in link_lengths
+                self.link_places[spelled[link]] < at for link in _tree_folders_of(links, target)
             )
             if implied or through:
                 stored_again = name in self.members or name in self.links or name in self.folders
@@ -1306,12 +1299,29 @@ class _PlainMembers:
         return None
 
 
-def _slashes(path: str):
-    """The places of the `/`s in `path`, first to last."""
-    slash = path.find("/")
-    while slash != -1:
-        yield slash
-        slash = path.find("/", slash + 1)
+def _part_tree(paths) -> dict:
+    """A tree of `paths` (`a/b/c`) by their `/`-parts: each node a dict of parts -> nodes, the
+    node where a path ends holding it under the key None."""
+    tree: dict = {}
+    for path in paths:
+        node = tree
+        for part in path.split("/"):
+            node = node.setdefault(part, {})
+        node[None] = path
+    return tree
+
+
+def _tree_folders_of(tree: dict, path: str) -> list[str]:
+    """The paths of `tree` (`_part_tree`) that are folders `path` lies in, outermost first:
+    one look-up a part, up to where the tree has no more."""
+    found, node = [], tree
+    for part in path.split("/")[:-1]:
+        node = node.get(part)
+        if node is None:
+            break
+        if None in node:
+            found.append(node[None])
+    return found
 
 
 # `_read_plain_headers` reads the file this much at a time (as a buffered file would).
