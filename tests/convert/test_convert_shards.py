@@ -13,6 +13,7 @@ import sys
 import tarfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 from disks import fill_disk, paused_io_env, slow_io_env
 from image_folders import write_image_folder
@@ -464,6 +465,35 @@ def test_unreadable_images_are_skipped_and_counted_or_fatal_with_strict(
     assert done.returncode == 1
     assert "unreadable image a/broken.png" in error_line(done.stderr)
     assert not strict.exists()
+
+
+HEADER_ONLY = "each image's header alone was checked, which a truncated image passes"
+
+
+def test_a_truncated_image_passes_the_header_check_and_verify_skips_it(
+    tmp_path: Path, image_folder: Path
+):
+    """By default each image's header is checked: a truncated JPEG goes into the shards (and
+    every run reading them skips it then), which a note says where some image was unreadable;
+    --verify decodes each image in full and skips it too. --verify had no test."""
+    whole = io.BytesIO()
+    noise = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    Image.fromarray(noise).save(whole, "JPEG")  # mostly scan data: cut in half, past the header
+    (image_folder / "a" / "cut.jpg").write_bytes(whole.getvalue()[: len(whole.getvalue()) // 2])
+    (image_folder / "b" / "empty.png").write_bytes(b"")
+    done = convert(image_folder, tmp_path / "headers", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["unreadable"] == 1  # the empty file alone
+    manifest = json.loads((tmp_path / "headers" / "manifest.json").read_text())
+    assert manifest["samples"] == 6 and manifest["splits"]["shard"]["class_counts"]["a"] == 4
+    assert done.stderr.count(HEADER_ONLY) == 1
+    verified = convert(image_folder, tmp_path / "verified", "--verify", "--format", "json")
+    assert verified.returncode == 0, verified.stderr
+    assert json.loads(verified.stdout)["unreadable"] == 2
+    assert "Warning: skipped unreadable image a/cut.jpg: " in verified.stderr
+    manifest = json.loads((tmp_path / "verified" / "manifest.json").read_text())
+    assert manifest["samples"] == 5 and manifest["splits"]["shard"]["class_counts"]["a"] == 3
+    assert HEADER_ONLY not in verified.stderr
 
 
 def test_unlabelled_images_have_no_class(tmp_path: Path):

@@ -736,6 +736,16 @@ def shards(
         written.after(report)
     if report.kept_shards:
         console.note(f"kept {report.kept_shards} complete shard(s) of an interrupted run")
+    unreadable = sum(
+        counts["unreadable"] for counts in report.split_counts(per_class=False).values()
+    )
+    if unreadable and not verify:
+        # Data with broken files often holds truncated ones too, which a header passes: they
+        # went into the shards, and every run reading them skips them then.
+        console.note(
+            "each image's header alone was checked, which a truncated image passes (it goes "
+            "into the shards); --verify decodes every image in full and skips those too"
+        )
 
 
 def _shards_rendered(report) -> tuple[list[Table], dict]:
