@@ -833,6 +833,9 @@ def test_a_link_loop_among_the_images_is_an_unreadable_image_as_unpacked(tmp_pat
     expected = (2, ["rose/s.png", "rose/u.png", "tulip/a.png", "tulip/b.png"])
     assert _stats(folder) == expected
     assert _stats(archive) == expected
+    result = run_torchkit_in_process("dataset-stats", archive, "-j", "0", "--format", "json")
+    errors = {row["path"]: row["error"] for row in json.loads(result.stdout)["unreadable"]}
+    assert errors["tulip/a.png"] == f"OSError: {archive}: a link round a loop of links, to no file"
     read, unreadable = _readable(open_data(str(archive)))
     assert (read, unreadable) == (
         {"rose/r.png": png(1), "tulip/t.png": png(2)},

@@ -139,6 +139,8 @@ class TarReader:
     def read(self, locator: Any) -> bytes:
         if locator is None:
             raise OSError(f"{self.path}: a link to a member the archive does not hold")
+        if isinstance(locator, str):  # why a link reads no file (`_LOOPING`)
+            raise OSError(f"{self.path}: {locator}")
         offset, size = locator
         if not hasattr(os, "pread"):  # Windows: no positioned read, a handle per read
             with open(self.path, "rb") as handle:
@@ -2320,6 +2322,10 @@ def _tar_image_folder(
     return source
 
 
+# What reading a link round a loop of links says (unpacked: "Too many levels of symbolic links").
+_LOOPING = "a link round a loop of links, to no file"
+
+
 @dataclass
 class _UnpackedTar:
     """The folder a folder's tar unpacks to (`_unpacked_tar`), read as `source._open_folder`
@@ -2343,10 +2349,13 @@ class _UnpackedTar:
     # `refuse_one_file_in_two_places` takes them: each numbered by its data's offset.
     numbered: dict[str, list[tuple[str, Numbered]]] = field(default_factory=dict)
 
-    def locator(self, member: str) -> tuple[int, int] | None:
+    def locator(self, member: str) -> tuple[int, int] | str | None:
         """Where `member`'s data lies; None for a link to a member of a `..` part, which tar
-        does not unpack (the link is left pointing at nothing), as that member is not read."""
+        does not unpack (the link is left pointing at nothing), as that member is not read;
+        `_LOOPING` for a link round a loop of links (what its read says)."""
         listing = self.listing
+        if member in listing.looped:
+            return _LOOPING
         end = member if member in listing.members else listing.links.get(member)
         if end is not None and ".." in end.split("/"):
             return None
@@ -2389,7 +2398,9 @@ class _UnpackedTar:
             for n, where in zip(chosen, located, strict=True)
         ]
         # A link to nothing: a number of its own (no member starts before the archive).
-        offsets = [-1 - i if where is None else where[0] for i, where in enumerate(located)]
+        offsets = [
+            where[0] if isinstance(where, tuple) else -1 - i for i, where in enumerate(located)
+        ]
         self.numbered[base] = [
             (name, (chosen[first:end], offsets[first:end]))
             for name, first, end in zip(class_names, [0, *ends], ends, strict=False)
