@@ -34,6 +34,8 @@ def decoded_chunk_bytes(fd: int, chunk: Any) -> int:
     stored = chunk.total_uncompressed_size
     if not chunk.has_dictionary_page or chunk.dictionary_page_offset is None:
         return stored
+    if not hasattr(os, "pread"):  # Windows: the footer's figure
+        return stored
     try:
         decoded = _dictionary_pages_decoded(fd, chunk)
     except (OSError, ValueError, IndexError):
