@@ -811,20 +811,23 @@ def test_a_listed_file_that_is_no_image_is_left_out_with_a_warning_or_refused_wi
 def test_linked_folders_are_split_and_the_links_left_out_are_warned(tmp_path, caplog):
     """A folder linked inside a class folder (ImageFolder reads its images) was left out of the
     split; now it is split, a loop is not entered, and both are named in warnings with an
-    image link to nothing."""
+    image link to nothing; so are links round a loop or through a file (`a.png/`), which the
+    listing passed over unsaid."""
     root = make_files(tmp_path / "data", {"a": 3, "b": 3})
     more = make_files(tmp_path / "elsewhere", {"more": 4})
     (root / "a" / "more").symlink_to(more / "more", target_is_directory=True)
     (root / "a" / "loop").symlink_to("..", target_is_directory=True)
     (root / "b" / "gone.png").symlink_to(tmp_path / "nowhere.png")
+    (root / "b" / "self.png").symlink_to("self.png")
+    first = sorted((root / "a").iterdir())[0].name
+    (root / "b" / "slash.png").symlink_to(f"../a/{first}/")  # 'Not a directory'
     with caplog.at_level(logging.WARNING, logger="torchkit"):
         result = split_dataset(root, tmp_path / "out", mode="manifest")
     assert sum(result.totals) == 10 and result.classes == ["a", "b"]
     assert f"1 linked folder(s) in {root} not entered: " in caplog.text
     assert f"read already: {os.path.join('a', 'loop')}\n" in caplog.text + "\n"
-    assert f"1 image link(s) point nowhere and are left out: {os.path.join('b', 'gone.png')}" in (
-        caplog.text
-    )
+    shown = ", ".join(os.path.join("b", name) for name in ("gone.png", "self.png", "slash.png"))
+    assert f"3 image link(s) point nowhere and are left out: {shown}" in caplog.text
 
 
 def test_many_files_of_one_name_are_named_in_linear_time(monkeypatch):
