@@ -1132,6 +1132,32 @@ def test_resume_hints_name_what_stops_force_too(tmp_path):
     assert sorted(p.name for p in run.iterdir()) == [".torchkit", "config.json"]
 
 
+def test_a_record_that_cannot_be_read_names_what_stops_force_too(tmp_path):
+    """Before: a cut-short meta.json in OUT was "cannot read ... (pass --force to start over)",
+    and --force then refused that very file as not torchkit's. Now the hint says so."""
+    from image_folders import write_image_folder
+    from processes import run_each_in_process, run_torchkit_in_process
+
+    write_image_folder(tmp_path / "data", {"a": 2, "b": 2})
+    base = ("extract-features", "convnet", "data", "o", "--device", "cpu", "--allow-untrained")
+    first = run_torchkit_in_process(*base, "--image-size", "16", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    meta = tmp_path / "o" / "meta.json"
+    meta.write_bytes(meta.read_bytes()[:20])
+    resumed, forced = run_each_in_process(
+        [[*base, "--image-size", "16", option] for option in ("--resume", "--force")],
+        cwd=tmp_path,
+    )
+    assert resumed.returncode == 1
+    assert resumed.stderr.strip().startswith("Error: cannot read o/meta.json: ")
+    assert resumed.stderr.strip().endswith(
+        "(it holds o/meta.json that torchkit did not write, so --force is refused too: move "
+        "it out first, or choose another folder)"
+    )
+    assert forced.returncode == 1 and "o/meta.json that torchkit did not write" in forced.stderr
+    assert len(meta.read_bytes()) == 20
+
+
 class _CaseNet(nn.Module):
     """Two layers whose names differ only by case."""
 

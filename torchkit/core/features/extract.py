@@ -47,7 +47,6 @@ from torchkit.core.io.files import NAME_ERRORS, open_text, require_input
 from torchkit.core.io.folder_contents import proven
 from torchkit.core.io.force import (
     force_hint,
-    foreign_entries_hint,
     holds_json_record,
     is_empty_dir,
 )
@@ -215,8 +214,8 @@ def open_output(request: FeatureRequest, listed: Sequence[str] = ()) -> OutputFo
     def exists_hint() -> str:  # judged once a killed run's leftovers are cleaned up
         if not (out / PARTIAL_DIR).is_dir():
             return ""
-        # A file of the user's in OUT: --force refuses to delete it with the extraction.
-        refused = foreign_entries_hint(out, owned)
+        # A file of the user's in OUT (or another command's output): --force refuses it too.
+        refused = force_hint(out, "", known_files=recorded, command="extract-features", owned=owned)
         if str(request.images) == STDIN:  # --resume with - is refused: stdin cannot be read again
             return "it holds an interrupted extraction, which a list piped on stdin cannot " + (
                 f"continue; {refused}" if refused else "continue: pass --force to start over"

@@ -27,6 +27,7 @@ row (and a write error later is one too).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import itertools
@@ -35,7 +36,7 @@ import logging
 import os
 import re
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,11 +121,31 @@ class Progress:
         return progress
 
 
+# The hint of a run's record that cannot be read: given as it is only where --force would
+# replace OUT (`_start_over_told`).
+START_OVER = "pass --force to start over"
+
+
+@contextlib.contextmanager
+def _start_over_told(output: OutputFolder) -> Iterator[None]:
+    """A record of OUT that cannot be read (START_OVER) says what stops --force too where it
+    would be refused (a file of yours in OUT): never a hint that leads to a second refusal."""
+    try:
+        yield
+    except InputError as error:
+        if error.hint != START_OVER:
+            raise
+        hint = output.force_hint(START_OVER)
+        if hint == START_OVER:  # --force would replace OUT: said as it is
+            raise
+        raise InputError(error.message, hint) from error
+
+
 def read_json(path: Path) -> dict:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
-        raise InputError(f"cannot read {path}: {error}", "pass --force to start over") from error
+        raise InputError(f"cannot read {path}: {error}", START_OVER) from error
 
 
 class FeatureStore:
@@ -180,18 +201,21 @@ class FeatureStore:
         partial, meta_path = folder / PARTIAL_DIR, folder / META_FILE
         if output.resume and output.has_content:
             progress_path = partial / PROGRESS_FILE
-            state = read_json(progress_path) if progress_path.is_file() else None
+            with _start_over_told(output):
+                state = read_json(progress_path) if progress_path.is_file() else None
             if state is not None and _records_work(state):
                 _check_fingerprint(state.get("fingerprint"), fingerprint, output, "an interrupted")
                 _check_data(state.get("images_location"), data, output, "an interrupted")
                 _check_weights(state.get("weights_digest"), weights, output, "an interrupted")
-                progress = Progress.from_json(state, partial)
+                with _start_over_told(output):
+                    progress = Progress.from_json(state, partial)
                 store = cls(output, fingerprint, total, progress, data=data, weights=weights)
                 store.rows_kept = True
                 store._begin()
                 return store, None
             if meta_path.is_file():
-                meta = read_json(meta_path)
+                with _start_over_told(output):
+                    meta = read_json(meta_path)
                 _check_fingerprint(meta.get("fingerprint"), fingerprint, output, "a finished")
                 _check_data(meta.get("images_location"), data, output, "a finished")
                 _check_weights(meta.get("weights_digest"), weights, output, "a finished")
@@ -264,9 +288,10 @@ class FeatureStore:
             try:
                 self._arrays[name] = _RowsFile.reopen(path, info, self.total)
             except (OSError, ValueError) as error:
-                raise InputError(
-                    f"cannot reopen {path} to resume: {error}", "pass --force to start over"
-                ) from error
+                with _start_over_told(self.output):
+                    raise InputError(
+                        f"cannot reopen {path} to resume: {error}", START_OVER
+                    ) from error
             reserve_space(path, self.out)  # a file from an older run may still have holes
         return self._arrays[name]
 
@@ -612,7 +637,7 @@ def _read_errors(path: Path, count: int, length: int) -> dict[int, str]:
             raise ValueError(f"it holds {len(lines)} of the {count} errors its record counts")
         return {int(index): str(why) for index, why in map(json.loads, lines)}
     except (OSError, ValueError, TypeError) as error:
-        raise InputError(f"cannot read {path}: {error}", "pass --force to start over") from error
+        raise InputError(f"cannot read {path}: {error}", START_OVER) from error
 
 
 def _or_start_over(output: OutputFolder, way: str) -> str:
