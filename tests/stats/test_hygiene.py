@@ -9,6 +9,7 @@ import io
 import json
 import logging
 import re
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -914,6 +915,30 @@ def test_cli_reports_dedup_groups(runner, tmp_path):
     )
     assert off.exit_code == 0 and json.loads(off.stdout)["dedup_groups"] is None
     assert "byte-identical" not in off.stderr
+
+
+def test_empty_files_are_no_group_of_byte_identical_files(runner, tmp_path):
+    """Empty files (an interrupted download leaves many) are no images and no copies of one:
+    as one group of byte-identical files they went to one split whole, whatever their classes,
+    and the split's other files were cut around them (val and test of 2 and 3 files of 40)."""
+    raw = make_files(tmp_path / "raw", {"cat": 10, "dog": 10})
+    for name in ("cat", "dog"):
+        for k in range(10):
+            (raw / name / f"empty{k}.jpg").write_bytes(b"")
+    assert hashing.content_groups(sorted(raw.rglob("empty*.jpg"))) == []
+    args = ["split", str(raw), str(tmp_path / "out"), "--mode", "manifest", "--format", "json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert (data["dedup_groups"], data["dedup_files"]) == (0, 0)
+    assert "byte-identical" not in result.stderr
+    with open(tmp_path / "out" / "split.csv", encoding="utf-8", newline="") as index:
+        rows = list(csv.DictReader(index))
+    counts = Counter((row["split"], row["label"]) for row in rows)
+    assert counts == {
+        ("train", "cat"): 16, ("val", "cat"): 2, ("test", "cat"): 2,
+        ("train", "dog"): 16, ("val", "dog"): 2, ("test", "dog"): 2,
+    }  # fmt: skip
 
 
 # --------------------------------------------------------------------------- train

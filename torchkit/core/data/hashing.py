@@ -95,8 +95,10 @@ def _refine(
 
 def content_groups(paths: Sequence[str | os.PathLike]) -> list[list[int]]:
     """Indices of byte-identical files among `paths`, in groups of two or more (each group
-    sorted, groups by their first index). Files that cannot be read belong to no group. The
-    same file listed twice (or two links to it) is a group too."""
+    sorted, groups by their first index). Files that cannot be read belong to no group, and
+    neither do empty files: no image, no copy of one (an interrupted download leaves many, which
+    as one group went to one split whole, whatever their classes). The same file listed twice
+    (or two links to it) is a group too."""
     names = [os.fspath(p) for p in paths]
     by_size: dict[int, list[int]] = {}
     for index, path in enumerate(names):
@@ -104,7 +106,7 @@ def content_groups(paths: Sequence[str | os.PathLike]) -> list[list[int]]:
             info = os.stat(path)
         except OSError:
             continue
-        if stat.S_ISREG(info.st_mode):
+        if stat.S_ISREG(info.st_mode) and info.st_size:
             by_size.setdefault(info.st_size, []).append(index)
     # Sizes up to the prefix length are settled by the prefix hash itself.
     small = [g for size, g in by_size.items() if len(g) > 1 and size <= _PREFIX]
