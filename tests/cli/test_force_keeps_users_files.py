@@ -365,6 +365,33 @@ def test_the_report_a_run_writes_into_its_output_folder_is_its_own(world):
     )
 
 
+def test_a_report_in_an_output_copied_with_new_times_is_still_its_own(world):
+    """An output folder copied as `cp -r` copies it (the same bytes, new times): the report its
+    run wrote there was known by size and time only, and --force over the copy refused it as
+    "torchkit did not write"; now by its content too. Other bytes of the same size are not."""
+    done = run_torchkit_in_process(
+        "convert", "shards", "ds", "out", "-o", "out/report.json", cwd=world
+    )
+    assert done.returncode == 0, done.stderr
+    for name in ("copy", "changed"):
+        shutil.copytree(world / "out", world / name, copy_function=shutil.copy)
+        report = world / name / "report.json"
+        later = report.stat().st_mtime_ns + 7_000_000_000  # apart from the original's time
+        os.utime(report, ns=(later, later))
+    changed = world / "changed" / "report.json"
+    text = changed.read_text()
+    changed.write_text(text.replace('"', "'", 1))  # other bytes, the same size
+    os.utime(changed, ns=(later, later))
+    check_refused_untouched(
+        ["convert", "shards", "ds", "changed", "--force"],
+        "output folder changed holds changed/report.json that torchkit did not write",
+        cwd=world,
+    )
+    again = run_torchkit_in_process("convert", "shards", "ds", "copy", "--force", cwd=world)
+    assert again.returncode == 0, again.stderr
+    assert not (world / "copy" / "report.json").exists()  # replaced with the rest
+
+
 def test_a_users_file_under_the_name_of_an_earlier_report_is_the_users(world):
     """The marker names the report a run wrote; a file put at that name since (the report
     deleted, or never written: the run failed first) is not that report."""

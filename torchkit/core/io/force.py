@@ -76,7 +76,8 @@ def remove_marker(folder: Path) -> None:
 
 
 # The marker's list of the -o reports its command wrote inside the folder (`-o OUT/report.json`),
-# each {"path": relative path, "bytes": size, "mtime_ns": time} once written (`note_report`):
+# each {"path": relative path, "bytes": size, "mtime_ns": time, "sha256": digest} once written
+# (`note_report`; a copy with new times is known by its content):
 # the next `--force` of the command replaces them as its own (`recorded_reports`), also under a
 # name its own -o no longer gives. A name the marker lists but whose file differs from what was
 # recorded (never written, changed or put there since) is the user's.
@@ -103,9 +104,13 @@ def note_report(report: str | os.PathLike) -> None:
     except OSError:
         return
     listed = False
+    # Its content's digest too: the output folder copied (new times) still holds its report.
+    digest = _content_digest(real, info.st_size) if stat.S_ISREG(info.st_mode) else None
     for entry in entries:
         if isinstance(entry, dict) and entry.get("path") == name:
             entry.update(bytes=info.st_size, mtime_ns=info.st_mtime_ns)
+            if digest is not None:
+                entry["sha256"] = digest
             listed = True
     if not listed or not stat.S_ISREG(info.st_mode):
         return
@@ -204,8 +209,7 @@ def recorded_reports(folder: Path) -> list[str]:
             info = os.lstat(folder / path)
         except OSError:
             continue
-        same = (info.st_size, info.st_mtime_ns) == (entry.get("bytes"), entry.get("mtime_ns"))
-        if stat.S_ISREG(info.st_mode) and same:
+        if stat.S_ISREG(info.st_mode) and _is_recorded_file(entry, folder / path, info):
             found.append(exact_pattern(path))
     return found
 
@@ -336,9 +340,7 @@ def _recorded_entry(started: dict[str, dict], name: str) -> dict | None:
 
 
 def _as_recorded(entry: dict | None, file: os.DirEntry) -> bool:
-    """The file is the one `noting_started` recorded (`entry`): of that size and time where it
-    recorded them, or (its time changed by a copy) of that size and content where it recorded
-    the content's digest."""
+    """The file is the one `noting_started` recorded (`entry`, `_is_recorded_file`)."""
     if entry is None:
         return False
     if "bytes" not in entry and "mtime_ns" not in entry:
@@ -347,12 +349,19 @@ def _as_recorded(entry: dict | None, file: os.DirEntry) -> bool:
         info = file.stat(follow_symlinks=False)
     except OSError:
         return False
+    return _is_recorded_file(entry, Path(file.path), info)
+
+
+def _is_recorded_file(entry: dict, path: Path, info: os.stat_result) -> bool:
+    """The file at `path` (`info`, its lstat) is the one a marker's `entry` records: of that
+    size and time, or (its time changed by a copy: `cp -r`, `rsync` without -t) of that size
+    and content where the entry records the content's digest."""
     if info.st_size != entry.get("bytes"):
         return False
     if info.st_mtime_ns == entry.get("mtime_ns"):
         return True  # the fast path: not read
     digest = entry.get("sha256")
-    return isinstance(digest, str) and _content_digest(Path(file.path), info.st_size) == digest
+    return isinstance(digest, str) and _content_digest(path, info.st_size) == digest
 
 
 # Start files are small (a config.json, a split.csv: about 60 bytes an image); one larger than
