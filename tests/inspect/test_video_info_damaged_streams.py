@@ -750,6 +750,35 @@ def test_an_flv_cut_between_tags_losing_audio_is_truncated(tmp_path):
     assert probe_video(video_lost, exact=True).frames_decoded == 47
 
 
+def test_a_long_flv_cut_before_its_last_audio_tag_is_truncated(tmp_path):
+    """A 40 s FLV whose ADPCM audio plays past its video, cut at its last audio tag's start
+    (0.37 s of audio gone, and the video after it): its audio's end falls 9 frames short of
+    the 1,003 its header declares, within the count's slack (10), so nothing but the size
+    its metadata records tells the cut, which it falls short of by that tag's bytes:
+    truncated, by the decode check and --exact, and without decoding. Whole, it is ok."""
+    whole = ffmpeg_made(
+        tmp_path / "clip.flv",
+        *moving_picture(39.6),
+        *("-f", "lavfi", "-i", "sine=duration=40", "-c:v", "flv", "-c:a", "adpcm_swf"),
+        *("-ar", "11025"),
+        encoders=("flv", "adpcm_swf"),
+        muxer="flv",
+    )
+    data = whole.read_bytes()
+    starts = [int.from_bytes(data[5:9], "big") + 4, *_flv_tag_ends(whole)[:-1]]
+    cut_at = max(start for start in starts if data[start] == 8)
+    cut = tmp_path / "cut.flv"
+    cut.write_bytes(data[:cut_at])
+    assert probe_video(whole, exact=True).status == "ok"
+    for options in ({}, {"exact": True}, {"decode_check": False}):
+        info = probe_video(cut, **options)
+        assert (info.status, info.error) == (
+            "truncated",
+            f"truncated: the file holds {cut_at:,} of the {len(data):,} bytes its flv metadata "
+            "records, and its video ends at frame 990 of the 1,003 its header declares",
+        ), options
+
+
 def _recorded_size(data: bytes, size: float) -> bytes:
     """An FLV file `data` whose metadata records `size` as its file size (`filesize`)."""
     found = re.search(rb"\x00\x08filesize\x00([\s\S]{8})", data)

@@ -389,16 +389,16 @@ def _flv_cut_between_tags(
 def _flv_audio_whole(tail: FlvVideoTail, info: VideoInfo) -> bool:
     """Whether an FLV file's tags say nothing it holds is missing, whatever size its metadata
     records: its last tag ends the file whole (the size after it repeats its own) and its
-    audio plays to the header's count (its duration). A muxer writes tags in time order, so
-    a copy cut between tags that lost any within that time lost audio with them; what such a
-    cut may lose unseen is video shown after the last audio tag starts (ADPCM's plays 0.37 s
-    at 11 kHz), which a whole file whose video ends there, its recorded size left stale by a
-    tool that rewrote its metadata, cannot be told from."""
+    audio plays to the header's count (its duration), to the frame, not within the count's
+    slack (a cut that lost the last audio tag of a long file falls within that). A muxer
+    writes tags in time order, so a copy cut between tags that lost any within that time
+    lost audio with them; what such a cut may lose unseen is video shown after the last
+    audio tag starts (ADPCM's plays 0.37 s at 11 kHz), which a whole file whose video ends
+    there, its recorded size left stale by a tool that rewrote its metadata, cannot be told
+    from."""
     header = info.frames_header
     audio_end = _position(tail.audio_end_ms / 1000, info.fps)
-    return bool(tail.ends_whole and audio_end and header) and (
-        _frames_short(0, header, audio_end + 1) is None
-    )
+    return bool(tail.ends_whole and audio_end and header) and audio_end + 1 >= header
 
 
 def _position(end_s: float | None, fps: float | None) -> int:
