@@ -763,7 +763,8 @@ def test_a_hard_link_reads_its_target_as_tar_met_it(tmp_path, caplog):
     """tar -x makes a hard link to what its target's path holds when it meets the link: a hard
     link stored before its target, or to a name never stored, is not made ('Cannot hard link
     to ...: No such file or directory'), what was at its name stays, and members stored under
-    its name make a folder there. torchkit resolved hard links by the archive's final state:
+    its name make a folder there, as does the folder it lies in (a hard link to that folder is
+    one to a folder). torchkit resolved hard links by the archive's final state:
     it read a link stored before its target at the target's bytes, an earlier file of the
     link's name not at all, and members under a hard link to nothing not at all (as in a
     folder that is a link), and a hard link to its own name as a link to nothing, where tar
@@ -780,6 +781,7 @@ def test_a_hard_link_reads_its_target_as_tar_met_it(tmp_path, caplog):
         ("cat/m.png", "=>cat/b.png"),  # after its target: b.png's bytes
         ("cat/a.png", "=>cat/a.png"),  # to itself: a.png stays (was a link to nothing)
         ("fish/e.png", "=>nothing"),  # not made: the folder fish is, empty
+        ("cat/z.png", "=>fish"),  # to that folder: not made either
     ]
     archive = _tar(tmp_path / "pets.tar", members)
     source, warned = _source_and_warnings(archive, caplog)
@@ -796,9 +798,11 @@ def test_a_hard_link_reads_its_target_as_tar_met_it(tmp_path, caplog):
     }
     assert (read, unreadable) == (expected, [])
     assert warned == [
+        f"{archive}: 1 hard link to a folder is not read, as tar -x makes no hard link to a "
+        "folder: cat/z.png link to fish",
         f"{archive}: 2 hard links named as an image are not read, as tar -x makes no hard link "
         "to a file stored after the link, or not at all: cat/h.png link to cat/b.png, "
-        "fish/e.png link to nothing"
+        "fish/e.png link to nothing",
     ]
     assert _stats(archive) == (6, [])
     unpacked = _unpacked_by_gnu_tar(archive)

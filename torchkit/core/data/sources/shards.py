@@ -1226,9 +1226,13 @@ class _PlainMembers:
                     earliest[folder] = min(place, earliest.get(folder, place))
         links = _part_tree(p for p in map(_unpacked_path, self.links) if p is not None)
         spelled = {_unpacked_path(name): name for name in self.links}
+        made: dict = {}  # the folders tar made for the links before not made, by their parts
         for name, text, at in pending:
             target = _link_target(name, text, symbolic=False)
-            implied = earliest.get(target, at) < at
+            node: dict | None = made
+            for part in target.split("/"):
+                node = node.get(part) if node is not None else None
+            implied = earliest.get(target, at) < at or node is not None
             through = any(
                 self.link_places[spelled[link]] < at for link in _tree_folders_of(links, target)
             )
@@ -1247,6 +1251,9 @@ class _PlainMembers:
             if folder and folder not in self.members and folder not in self.links:
                 self.folders.add(folder)
                 self.folder_places.setdefault(folder, at)
+                node = made
+                for part in posixpath.dirname(_unpacked_path(name) or name).split("/"):
+                    node = node.setdefault(part, {})
         self.unlinked = []
 
     def replace(self, member: str) -> None:
