@@ -65,7 +65,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("image-decoding")
     paths = {name: folder / name for name in (
         "plain.jpg", "turned.jpg", "gray16.png", "rgb16.png", "cmyk.jpg", "palette.png",
-        "clear_palette.png", "garbage.jpg", "truncated.jpg", "damaged.tif",
+        "clear_palette.png", "garbage.jpg", "truncated.jpg", "damaged.tif", "empty.jpg",
     )}  # fmt: skip
     # The same pixels encoded the same way, with and without the tag: the same scan data.
     stored = Image.fromarray(picture(48, 32))
@@ -86,6 +86,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
     data = paths["plain.jpg"].read_bytes()
     paths["truncated.jpg"].write_bytes(data[: len(data) // 2])
     paths["damaged.tif"].write_bytes(damaged_tiff())
+    paths["empty.jpg"].write_bytes(b"")
     return paths
 
 
@@ -461,6 +462,9 @@ def _errors_of_every_reader(path: Path) -> dict[str, BaseException]:
     ("name", "kind", "message"),
     [
         ("garbage.jpg", UnidentifiedImageError, "cannot identify image file"),
+        # Was PIL's words alone, as for a format it does not know (dataset-stats said "empty
+        # file"): an interrupted download leaves many.
+        ("empty.jpg", UnidentifiedImageError, "cannot identify image file"),
         ("truncated.jpg", OSError, "truncated"),
         # Was the TypeError itself: it ended train, eval and predict ("Error: TypeError: 'float'
         # object cannot be interpreted as an integer", naming no file) instead of skipping it.
@@ -475,8 +479,9 @@ def test_an_unreadable_image_is_the_same_error_everywhere(files, name, kind, mes
         assert isinstance(error, kind) and isinstance(error, unreadable_image_errors()), reader
         assert message in str(error), reader
     if kind is UnidentifiedImageError:  # named by its path, whichever reader met it
+        empty = " (an empty file)" if name == "empty.jpg" else ""
         assert {str(error) for error in raised.values()} == {
-            f"cannot identify image file {os.fspath(path)!r}"
+            f"cannot identify image file {os.fspath(path)!r}{empty}"
         }
     # What the commands make of it: a skipped item, a listed file, no pHash, convert's error.
     _, _, _, item_error = make_dataset(Samples(["a"], [0], paths=[str(path)]), np.asarray)[0]

@@ -171,7 +171,11 @@ def opened_image(
                     raise
                 # PIL names the file object (`<_io.BufferedReader name=13>`): name the path, as
                 # Image.open(path) does, so messages and reports do not change from run to run.
-                raise UnidentifiedImageError(f"cannot identify image file {name!r}") from None
+                # An empty file (an interrupted download) is said to be one, as dataset-stats
+                # says: PIL's words alone read as a format it does not know.
+                empty = " (an empty file)" if _is_empty(stream) else ""
+                message = f"cannot identify image file {name!r}{empty}"
+                raise UnidentifiedImageError(message) from None
             with image:
                 yield image
         except (MemoryError, *unreadable_image_errors()):
@@ -180,6 +184,14 @@ def opened_image(
             if not _raised_by_pil(error):
                 raise
             raise DamagedImage(f"damaged image data ({type(error).__name__}: {error})") from error
+
+
+def _is_empty(stream: Any) -> bool:
+    """Whether the file (or bytes) `stream` reads holds no byte at all."""
+    try:
+        return stream.seek(0, io.SEEK_END) == 0
+    except (OSError, ValueError):
+        return False
 
 
 def _raised_by_pil(error: BaseException) -> bool:
