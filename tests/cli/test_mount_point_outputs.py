@@ -45,7 +45,9 @@ def test_an_output_folder_that_is_a_mount_point_is_written_in_place(tmp_path):
         atomic_write_text(output.begin() / "half.csv", "x\n")
         output.finish(False)  # a failed run
         forced = run_torchkit_in_process(*convert, full, "--force")
+        plain = run_torchkit_in_process(*convert, full)  # its hint: not "pass --force"
         return [
+            plain.stderr,
             written.returncode,
             written.stderr,
             sorted(os.listdir(volume)),
@@ -57,7 +59,12 @@ def test_an_output_folder_that_is_a_mount_point_is_written_in_place(tmp_path):
         ]
 
     answer = in_mount_namespace(work)
-    code, stderr, listed, left, still_mounted, forced_code, forced_stderr, untouched = answer
+    plain, code, stderr, listed, left, still_mounted, forced_code, forced_stderr, untouched = answer
+    assert error_line(plain) == (
+        f"Error: output folder already exists: {full} (it is a mount point, which cannot be "
+        "renamed to set the earlier output in it aside: give a new folder inside it, or empty "
+        "it yourself)"
+    )
     assert code == 0, stderr
     assert listed == [".torchkit", "a_0.npy", "a_1.npy"]
     assert left == [] and still_mounted

@@ -65,6 +65,7 @@ def test_an_output_and_an_input_joined_by_a_bind_mount_are_refused_and_nothing_i
             ("split", other, earlier, "--force"),  # earlier/train/cat is other/cat
             ("split", tmp_path / "view", earlier, "--force"),  # view/x is earlier/train
             ("split", data, again, "--force"),  # again/train/cat is kept/cat, no input
+            ("split", data, again),  # the same without --force: its hint, not "pass --force"
         ]
         answer: list[object] = []
         for args in runs:
@@ -84,7 +85,7 @@ def test_an_output_and_an_input_joined_by_a_bind_mount_are_refused_and_nothing_i
         (tmp_path / "kept" / "cat", again / "train" / "cat"),
     ]
     before = tree_digest(tmp_path)
-    first, second, third, fourth, core = in_bind_mounts(binds, work)  # type: ignore[misc]
+    first, second, third, fourth, fifth, core = in_bind_mounts(binds, work)  # type: ignore[misc]
     assert first[0] == 1 and error_line(first[1]) == (
         f"Error: output folder {out} lies inside the data folder {data} (it is mounted at "
         f"{data / 'mounted'} too) (choose an output outside the inputs, or unmount what "
@@ -104,6 +105,11 @@ def test_an_output_and_an_input_joined_by_a_bind_mount_are_refused_and_nothing_i
         f"Error: output folder {again} holds a mount at {again / 'train' / 'cat'}, whose "
         f"files --force would delete with it (unmount it, or choose another folder than "
         f"{again})"
+    )
+    assert fifth[0] == 1 and error_line(fifth[1]) == (
+        f"Error: output folder already exists: {again} (it holds a mount at "
+        f"{again / 'train' / 'cat'}, whose files --force would delete with it: unmount it, or "
+        "choose another folder)"
     )
     assert core.startswith(f"--out {earlier} contains the data {tmp_path / 'view' / 'x'}")
     assert tree_digest(tmp_path) == before  # not a byte written, nothing deleted

@@ -21,7 +21,7 @@ from torchkit.core.io.errors import (
 from torchkit.core.io.file_kinds import file_kind
 from torchkit.core.io.file_outputs import replaced_whole
 from torchkit.core.io.folder_contents import exact_pattern, foreign_entries, names_file
-from torchkit.core.io.mounts import MountTable
+from torchkit.core.io.mounts import MountTable, is_mount_point
 from torchkit.core.io.non_utf8_names import json_text
 from torchkit.core.io.output_paths import MARKER, WRITTEN_JOURNAL, real_path, shown
 from torchkit.core.io.temporaries import (
@@ -490,11 +490,26 @@ def force_hint(
     --force to start over"): `default` where `check_replaceable(force=True)` would replace the
     folder as it is now, else why --force would be refused too and what to do instead, so
     that no hint leads to a second refusal. `subject` names the folder in that sentence."""
-    return (
-        force_refusal_hint(folder, known_files, command, subject=subject)
-        or foreign_entries_hint(folder, owned, subject=subject)
-        or default
-    )
+    if folder.is_symlink():
+        return (
+            f"{subject} is a symbolic link, which --force does not replace: give the real "
+            "folder or a new name"
+        )
+    refused = force_refusal_hint(folder, known_files, command, subject=subject)
+    refused = refused or foreign_entries_hint(folder, owned, subject=subject)
+    if refused is None and folder.is_dir() and is_mount_point(folder):
+        refused = (
+            f"{subject} is a mount point, which cannot be renamed to set the earlier output in "
+            "it aside: give a new folder inside it, or empty it yourself"
+        )
+    if refused is None and folder.is_dir():
+        points = MountTable.read().points_below(os.fspath(real_path(folder)))
+        if points:
+            refused = (
+                f"{subject} holds a mount at {sorted(points)[0]}, whose files --force would "
+                "delete with it: unmount it, or choose another folder"
+            )
+    return refused or default
 
 
 def force_refusal_hint(

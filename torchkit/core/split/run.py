@@ -23,7 +23,12 @@ from torchkit.core.data.sources.splitting import (
 from torchkit.core.io.claims import reporting_write_errors
 from torchkit.core.io.errors import OutputExistsError, UsageError
 from torchkit.core.io.files import absolute_as_opened, refuse_case_twins
-from torchkit.core.io.force import check_replaceable, force_refusal_hint, marker_command
+from torchkit.core.io.force import (
+    check_replaceable,
+    force_hint,
+    force_refusal_hint,
+    marker_command,
+)
 from torchkit.core.io.output_paths import remove_tree
 from torchkit.core.io.outputs import OutputFolder
 from torchkit.core.io.overlap import check_not_protected, check_overlap
@@ -199,7 +204,10 @@ def _split_or_finish(
             # Before "already exists": its hint, --force, would be refused for these files.
             refuse_files_not_written(out, set(options.names) | previous_split_names(out))
         check_replaceable(
-            out, force, what=WHAT, hint=refused or "pass --force to replace the split in it"
+            out,
+            force,
+            what=WHAT,
+            hint=force_hint(out, "pass --force to replace the split in it", command="split"),
         )
         return _split_into(source, out, options, progress, before_keep)
 
