@@ -761,14 +761,14 @@ def test_a_link_chain_through_a_target_ending_in_a_slash_reads_no_file(tmp_path)
 
 def test_a_hard_link_reads_its_target_as_tar_met_it(tmp_path, caplog):
     """tar -x makes a hard link to what its target's path holds when it meets the link: a hard
-    link stored before its target, or to a name never stored, is not made ('Cannot hard link
-    to ...: No such file or directory'), what was at its name stays, and members stored under
-    its name make a folder there, as does the folder it lies in (a hard link to that folder is
-    one to a folder). torchkit resolved hard links by the archive's final state:
-    it read a link stored before its target at the target's bytes, an earlier file of the
-    link's name not at all, and members under a hard link to nothing not at all (as in a
-    folder that is a link), and a hard link to its own name as a link to nothing, where tar
-    leaves the file. A hard link after its target reads it, as before."""
+    link stored before its target, or to a name never stored, or through a link to a file, is
+    not made ('Cannot hard link to ...: No such file or directory'), what was at its name
+    stays, and members stored under its name make a folder there, as does the folder it lies
+    in (a hard link to that folder is one to a folder). torchkit resolved hard links by the
+    archive's final state: it read a link stored before its target at the target's bytes, an
+    earlier file of the link's name not at all, and members under a hard link to nothing not
+    at all (as in a folder that is a link), and a hard link to its own name as a link to
+    nothing, where tar leaves the file. A hard link after its target reads it, as before."""
     members = [
         ("cat/a.png", png(0)),
         ("dog/c.png", png(1)),
@@ -780,6 +780,11 @@ def test_a_hard_link_reads_its_target_as_tar_met_it(tmp_path, caplog):
         ("bird/q.png", png(4)),
         ("cat/m.png", "=>cat/b.png"),  # after its target: b.png's bytes
         ("cat/a.png", "=>cat/a.png"),  # to itself: a.png stays (was a link to nothing)
+        ("/cat/p.png", png(5)),
+        ("/cat/p.png", "=>/cat/p.png"),  # so under any spelling
+        ("cat/n.png", png(6)),
+        ("cat/l", "->a.png"),
+        ("cat/n.png", "=>cat/l/x.png"),  # through a link to a file: not made, n.png stays
         ("fish/e.png", "=>nothing"),  # not made: the folder fish is, empty
         ("cat/z.png", "=>fish"),  # to that folder: not made either
     ]
@@ -794,6 +799,8 @@ def test_a_hard_link_reads_its_target_as_tar_met_it(tmp_path, caplog):
         "cat/b.png": png(2),
         "cat/k.png": png(3),
         "cat/m.png": png(2),
+        "cat/n.png": png(6),
+        "cat/p.png": png(5),
         "dog/c.png": png(1),
     }
     assert (read, unreadable) == (expected, [])
@@ -804,7 +811,7 @@ def test_a_hard_link_reads_its_target_as_tar_met_it(tmp_path, caplog):
         "to a file stored after the link, or not at all: cat/h.png link to cat/b.png, "
         "fish/e.png link to nothing",
     ]
-    assert _stats(archive) == (6, [])
+    assert _stats(archive) == (8, [])
     unpacked = _unpacked_by_gnu_tar(archive)
     if unpacked is not None:
         assert open_data(str(unpacked)).whole.classes == source.whole.classes

@@ -1181,7 +1181,9 @@ class _PlainMembers:
         a.png is dog/a.png, not cat's)."""
         if not symbolic:
             target = _link_target(member, linkname, symbolic=False)
-            if target == member and (target in self.members or target in self.links):
+            if target == (_unpacked_path(member) or member) and (
+                target in self.members or target in self.links or target in self.spellings
+            ):
                 return  # a hard link to itself: tar -x leaves the file there as it is
             stored = target if target in self.links else self.spellings.get(target)
             if stored in self.links and stored not in self.hard:
@@ -1233,8 +1235,11 @@ class _PlainMembers:
             for part in target.split("/"):
                 node = node.get(part) if node is not None else None
             implied = earliest.get(target, at) < at or node is not None
+            # (a link on the way to a file: "Not a directory", nothing is made)
             through = any(
-                self.link_places[spelled[link]] < at for link in _tree_folders_of(links, target)
+                self.link_places[spelled[link]] < at
+                and self.links[spelled[link]] not in self.members
+                for link in _tree_folders_of(links, target)
             )
             if implied or through:
                 stored_again = name in self.members or name in self.links or name in self.folders
