@@ -172,7 +172,9 @@ def test_a_file_name_with_a_line_break_keeps_error_and_warning_lines_one_line(tm
     assert skipped.returncode == 0 and skipped.stderr.startswith("Warning: ")
     assert [json.loads(skipped.stdout)["unreadable"][0]["path"]] == ["a/bad\nname.jpg"]
     write_convnet_checkpoint(tmp_path / "m.pt", in_channels=3, image_size=8, classes="a")
-    warned = run_torchkit_in_process("predict", tmp_path / "m.pt", root, "--device", "cpu", "-q")
+    warned = run_torchkit_in_process(
+        "predict", tmp_path / "m.pt", root, "--device", "cpu", "-q", "-j", "0"
+    )
     assert warned.returncode == 0, warned.stderr
     assert all(line.startswith("Warning: ") for line in warned.stderr.splitlines()), warned.stderr
 

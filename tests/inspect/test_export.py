@@ -793,7 +793,7 @@ def test_a_size_the_exported_file_does_not_take_is_refused_first(runner, exporte
 
 def test_the_size_the_exported_file_takes_may_be_given(runner, exported_convnet):
     args = ["predict", exported_convnet[ONNX], exported_convnet["images"], "--image-size", "28"]
-    result = runner.invoke(app, [*args, "--format", "json"])
+    result = runner.invoke(app, [*args, "--format", "json", "-j", "0"])
     assert result.exit_code == 0, result.stderr
     assert len(json.loads(result.stdout)) == len(CLASSES)
 

@@ -276,7 +276,7 @@ def test_train_refuses_a_pickled_model_it_cannot_rebuild(in_world, runner, train
     result = runner.invoke(
         app,
         ["train", "--data", str(train_data), "--model", "full.pt", "--trust-checkpoint"]
-        + ["--epochs", "1", "--out", str(tmp_path / "run")],
+        + ["--epochs", "1", "--workers", "0", "--out", str(tmp_path / "run")],
     )
     assert result.exit_code == 2
     assert "full.pt is a pickled model" in result.stderr and "--weights" in result.stderr

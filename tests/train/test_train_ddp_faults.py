@@ -147,7 +147,8 @@ def evaluate_in_process(runner, checkpoint: Path, data: Path, split: str) -> dic
         app,
         ["eval", str(checkpoint), "--data", str(data), "--split", split, "--format", "json"]
         + ["--trust-checkpoint"]  # the run's model is code (BNNet)
-        + ["--device", "cpu"],  # the run's numbers are the CPU's
+        + ["--device", "cpu"]  # the run's numbers are the CPU's
+        + ["-j", "0"],  # read in this process: no loader worker forked beside xdist's thread
     )
     assert done.exit_code == 0, done.stderr
     return json.loads(done.stdout)
