@@ -165,10 +165,10 @@ def test_a_file_name_with_a_line_break_keeps_error_and_warning_lines_one_line(tm
     # a script taking the Error line, or the last line, read half of it.
     root = write_image_folder(tmp_path / "data", {"a": 1})
     (root / "a" / "bad\nname.jpg").write_bytes(b"not an image")
-    strict = run_torchkit_in_process("dataset-stats", root, "--strict")
+    strict = run_torchkit_in_process("dataset-stats", root, "--strict", "-j", "0")
     assert strict.returncode == 1
     assert "unreadable image a/bad\\nname.jpg: " in error_line(strict.stderr, besides="nothing")
-    skipped = run_torchkit_in_process("dataset-stats", root, "--format", "json")
+    skipped = run_torchkit_in_process("dataset-stats", root, "--format", "json", "-j", "0")
     assert skipped.returncode == 0 and skipped.stderr.startswith("Warning: ")
     assert [json.loads(skipped.stdout)["unreadable"][0]["path"]] == ["a/bad\nname.jpg"]
     write_convnet_checkpoint(tmp_path / "m.pt", in_channels=3, image_size=8, classes="a")
