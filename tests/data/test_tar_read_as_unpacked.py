@@ -471,7 +471,8 @@ def test_a_link_target_through_a_file_names_no_file(tmp_path):
     `a.png/` (a final `/` after a file, or after a link to one); torchkit took the target as
     text (`a.png/..` is cat, so cat/b.png was read; `a.png/` was a.png). Each is a link to
     nothing now (an unreadable image, as other links to nothing in a tar). Through a folder
-    (`../dog/..`) the `..` steps back as before."""
+    (`../dog/..`) the `..` steps back as before; a folder only a member of a `..` part lies
+    in (`cat/n/../e.png`, which tar does not unpack) is none (`n/../b.png` read cat/b.png)."""
     members = [
         ("dog/c.png", png(2)),
         ("cat/a.png", png(1)),
@@ -487,6 +488,8 @@ def test_a_link_target_through_a_file_names_no_file(tmp_path):
         ("cat/x2.png", "->f/"),
         ("cat/y.png", "->../dog/../cat/b.png"),
         ("cat/z.png", "->y.png/../../dog/c.png"),
+        ("cat/n/../e.png", png(4)),  # not unpacked: no folder cat/n
+        ("cat/t2.png", "->n/../b.png"),
     ]
     archive = _tar(tmp_path / "pets.tar", members)
     source = open_data(str(archive))
@@ -497,7 +500,7 @@ def test_a_link_target_through_a_file_names_no_file(tmp_path):
         except OSError:  # a link to nothing
             read[name] = None
     # GNU tar 1.34 unpacks s to z.png as links to nothing but y.png (cat/b.png)
-    nothing = dict.fromkeys(f"cat/{n}.png" for n in [*"stuvwxz", "x2"])
+    nothing = dict.fromkeys(f"cat/{n}.png" for n in [*"stuvwxz", "x2", "t2"])
     assert read == {
         "cat/a.png": png(1),
         "cat/b.png": png(3),
@@ -508,7 +511,7 @@ def test_a_link_target_through_a_file_names_no_file(tmp_path):
     result = run_torchkit_in_process("dataset-stats", archive, "-j", "0", "--format", "json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert (report["images"], report["unreadable_count"]) == (4, 8)
+    assert (report["images"], report["unreadable_count"]) == (4, 9)
     unpacked = _unpacked_by_gnu_tar(archive)
     if unpacked is not None:
         assert [name for name in read if (unpacked / name).is_file()] == [

@@ -743,12 +743,12 @@ def _folder_test(
             return True
         if not ordered:
             names = [*(f + "/" for f in folders), *members, *links]
-            # by the paths they unpack to too (`/cat/a.png` is in cat)
-            names += [
-                path
-                for path in map(_unpacked_path, [n for n in names if n[:1] == "/" or "/." in n])
-                if path is not None
-            ]
+            # by the paths they unpack to (`/cat/a.png` is in cat; `cat/x/../b.png`, which tar
+            # does not unpack, in no folder)
+            spelled = [n for n in names if n[:1] == "/" or "/." in n]
+            if spelled:
+                names = [n for n in names if not (n[:1] == "/" or "/." in n)]
+                names += [path for path in map(_unpacked_path, spelled) if path is not None]
             ordered.extend(sorted(names))
         start = path + "/"
         place = bisect.bisect_left(ordered, start)
