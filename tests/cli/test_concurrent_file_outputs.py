@@ -40,7 +40,7 @@ def test_predict_o_never_replaces_a_file_another_command_wrote_meanwhile(tmp_pat
     (tmp_path / "rival_net.py").write_text(RIVAL_MODULE)
     result = run_torchkit_in_process(
         "predict", "rival_net:RivalNet", image_folder, "--allow-untrained", "--device", "cpu",
-        "--format", "csv", "-o", "rival.csv", cwd=tmp_path,
+        "--format", "csv", "-o", "rival.csv", "-j", "0", cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 1, result.stderr
     line = error_line(result.stderr)

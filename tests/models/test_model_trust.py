@@ -132,7 +132,7 @@ def test_a_trusted_checkpoint_arch_is_imported_and_used(runner, world, tmp_path)
     model = _save(_checkpoint("marker_trusted:Net"), tmp_path / "named.pt")
     result = _invoke(
         runner,
-        ["predict", model, world / "images", "--trust-checkpoint", "--format", "json"],
+        ["predict", model, world / "images", "--trust-checkpoint", "--format", "json", "-j", "0"],
         tmp_path,
     )
     assert result.exit_code == 0, result.stderr
@@ -254,7 +254,7 @@ def test_a_callable_without_weights_is_refused_with_its_own_hint(runner, world, 
 
 def test_allow_untrained_runs_it_anyway(runner, world, tmp_path):
     args = ["predict", "convnet", world / "images", "--allow-untrained", "--format", "json"]
-    args += ["--image-size", SIDE]
+    args += ["--image-size", SIDE, "-j", "0"]
     result = _invoke(runner, args, tmp_path)
     assert result.exit_code == 0, result.stderr
     assert len(json.loads(result.stdout)) == 12
@@ -288,7 +288,7 @@ def test_an_export_of_random_weights_is_refused_where_its_model_would_be(runner,
             "Error: random.onnx holds random weights (exported from convnet without --weights)"
         )
         assert "--allow-untrained to run it anyway" in refused.stderr
-    allowed = [*command, "--allow-untrained", "--format", "json"]
+    allowed = [*command, "--allow-untrained", "--format", "json", "-j", "0"]
     assert _invoke(runner, allowed, tmp_path).exit_code == 0
 
 
