@@ -26,7 +26,7 @@ pytestmark = pytest.mark.drawn_curves  # the real curves.png and lr_find.png (te
 RUN_PROOFS = {p: p.proof for p in RUN_OUTPUTS if isinstance(p, ProvenPattern)}
 TINY = ["--model", "convnet", "--image-size", "8", "--batch-size", "4", "--workers", "0"]
 TRAIN = ["train", *TINY, "--data", "ds", "--val-split", "0.5", "--epochs", "1", "--out", "out"]
-EVAL = ["eval", "run/best.pt", "--data", "ds", "--out", "rep"]
+EVAL = ["eval", "run/best.pt", "--data", "ds", "-j", "0", "--out", "rep"]
 
 
 def _png(size: tuple[int, int], software: str | None) -> bytes:

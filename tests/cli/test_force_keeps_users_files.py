@@ -140,7 +140,7 @@ FAMILIES = {
         "run folder out holds out/notes.txt that torchkit did not write",
     ),
     "eval": (
-        ["eval", "run/best.pt", "--data", "ds", "--out", "out", "--force"],
+        ["eval", "run/best.pt", "--data", "ds", "-j", "0", "--out", "out", "--force"],
         "eval",
         {"metrics.json": EVAL_METRICS, "per_class.csv": PER_CLASS},
         {"my_plot.png": "x"},
