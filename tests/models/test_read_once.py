@@ -81,6 +81,8 @@ COMMANDS = {  # eval reads once too, but its metrics helper process costs second
 def test_each_command_reads_a_checkpoint_once(tmp_path, image_folder, checkpoint, reads, command):
     """train read a checkpoint for the preprocessing it records, then again for its model."""
     args = COMMANDS[command](checkpoint, image_folder, tmp_path / "out")
+    if command in ("predict", "extract-features"):
+        args += ["-j", "0"]  # no loader worker forked in this process: not the subject here
     reads.clear()
     result = run_torchkit_in_process(*args)
     assert result.returncode == 0, result.stderr
