@@ -30,7 +30,7 @@ def test_upper_case_jfif_and_animated_gif_files_are_images_and_others_are_not(tm
     first, second = Image.fromarray(red), Image.new("RGB", (4, 4), (0, 0, 255))
     first.save(cat / "c.gif", save_all=True, append_images=[second], duration=10)
     (cat / "Thumbs.db").write_bytes(b"\0" * 64)
-    stats = run_json("dataset-stats", tmp_path / "data", "--no-leakage")
+    stats = run_json("dataset-stats", tmp_path / "data", "--no-leakage", "-j", "0")  # no pool
     assert stats["images"] == 3 and stats["unreadable_count"] == 0
     assert stats["non_image_files"] == 1
     assert stats["formats"] == {"GIF": 1, "JPEG": 2}

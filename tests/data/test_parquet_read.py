@@ -620,7 +620,7 @@ def test_an_image_of_a_path_alone_is_unreadable_naming_that_path(tmp_path):
     data = write_parquet(
         tmp_path / "d.parquet", [png(0), None], [0, 1], image_paths=[None, "imgs/x.png"]
     )
-    result = run_torchkit_in_process("dataset-stats", data, "--strict")
+    result = run_torchkit_in_process("dataset-stats", data, "--strict", "-j", "0")
     assert result.returncode == 1
     assert "the row's image has no bytes, only a path (imgs/x.png), which torchkit does not " in (
         error_line(result.stderr)
