@@ -39,16 +39,26 @@ def _end_while_starting(signum: int, frame: Any) -> None:
     os._exit(code)
 
 
+def _hang_up_as_terminate(signum: int, frame: Any) -> None:
+    """SIGHUP: SIGTERM, to whatever handles SIGTERM now (a command's clean stop, or the end of a
+    starting torchkit; a forked worker's default death)."""
+    signal.raise_signal(signal.SIGTERM)
+
+
 def end_on_signals_while_starting() -> None:
     """When torchkit is the program: SIGINT and SIGTERM end it at once with the line a stopped
-    command prints, until the command's handlers replace these. A signal the process was
-    started ignoring (a background job's SIGINT, nohup) stays ignored."""
+    command prints, until the command's handlers replace these; SIGHUP (the terminal closed, an
+    ssh connection lost) is SIGTERM from now on, so a command hung up stops as cleanly (train saves
+    last.pt, a set-aside output is put back, no lock file is left). A signal the process was
+    started ignoring (a background job's SIGINT, nohup's SIGHUP) stays ignored."""
     if not runs_as_the_program():
         return
     defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
     for signum, default in defaults.items():
         if signal.getsignal(signum) is default:
             signal.signal(signum, _end_while_starting)
+    if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) is signal.SIG_DFL:
+        signal.signal(signal.SIGHUP, _hang_up_as_terminate)
 
 
 def ends_while_starting(handler: Any) -> bool:

@@ -1,0 +1,78 @@
+"""SIGHUP (the terminal closed, an ssh connection lost) stops a command as SIGTERM does; a SIGHUP
+the process was started ignoring (nohup) stays ignored."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import textwrap
+
+from checkpoints import write_convnet_checkpoint
+from PIL import Image
+from processes import run_torchkit_process, signal_and_wait, start_torchkit_process, wait_until
+
+# Sends SIGHUP to its own process while the CLI's command modules are imported: before a
+# command's handlers are set.
+HANG_UP_WHILE_STARTING = textwrap.dedent(
+    """
+    import os, signal, sys
+
+    class _Sender:
+        sent = False
+
+        def find_spec(self, name, path=None, target=None):
+            if name == "torchkit.cli.split" and not self.sent:
+                self.sent = True
+                os.kill(os.getpid(), signal.SIGHUP)
+            return None
+
+    sys.meta_path.insert(0, _Sender())
+    """
+)
+
+
+def test_a_hang_up_stops_a_command_as_sigterm_does_leaving_no_file(tmp_path):
+    """Before: SIGHUP killed the process outright (exit 129 in a shell, no line), leaving the
+    report's temporary file (and a run folder's lock file) behind."""
+    checkpoint = tmp_path / "m.pt"
+    write_convnet_checkpoint(checkpoint, in_channels=3, image_size=8, classes="ab")
+    (tmp_path / "images").mkdir()
+    image = tmp_path / "images" / "a.png"
+    Image.new("RGB", (8, 8), (200, 10, 10)).save(image)
+    out = tmp_path / "out"
+    out.mkdir()
+    process = start_torchkit_process(
+        "predict", "--device", "cpu", str(checkpoint), "-", "-o", str(out / "preds.csv"),
+        "-j", "0", stdin=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        process.stdin.write(f"{image}\n")
+        process.stdin.flush()  # the list stays open: the command waits for more paths
+        wait_until(lambda: os.listdir(out), process=process, what="the report's temporary")
+        code, stdout, stderr = signal_and_wait(process, signal.SIGHUP)
+    finally:
+        process.kill()
+    assert code == 143, stderr
+    assert stderr.strip().splitlines()[-1] == "Terminated." and "Traceback" not in stderr
+    assert os.listdir(out) == [] and stdout == ""
+
+
+def test_a_hang_up_while_torchkit_starts_ends_it_with_one_line(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text(HANG_UP_WHILE_STARTING)
+    done = run_torchkit_process("env", env={"PYTHONPATH": str(tmp_path)})
+    assert done.returncode == 143
+    assert done.stderr.splitlines() == ["Terminated."] and done.stdout == ""
+
+
+def test_a_hang_up_ignored_at_start_stays_ignored(tmp_path):
+    """`nohup torchkit ...`: the command runs to its end through a SIGHUP."""
+    (tmp_path / "sitecustomize.py").write_text(HANG_UP_WHILE_STARTING)
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the torchkit process inherits it
+    try:
+        done = run_torchkit_process("env", "--format", "json", env={"PYTHONPATH": str(tmp_path)})
+    finally:
+        signal.signal(signal.SIGHUP, before)
+    assert done.returncode == 0, done.stderr
+    assert "python" in json.loads(done.stdout)
