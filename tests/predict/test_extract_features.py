@@ -1140,7 +1140,7 @@ def test_a_record_that_cannot_be_read_names_what_stops_force_too(tmp_path):
 
     write_image_folder(tmp_path / "data", {"a": 2, "b": 2})
     base = ("extract-features", "convnet", "data", "o", "--device", "cpu", "--allow-untrained")
-    first = run_torchkit_in_process(*base, "--image-size", "16", cwd=tmp_path)
+    first = run_torchkit_in_process(*base, "--image-size", "16", "-j", "0", cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     meta = tmp_path / "o" / "meta.json"
     meta.write_bytes(meta.read_bytes()[:20])
