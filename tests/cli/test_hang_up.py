@@ -76,3 +76,35 @@ def test_a_hang_up_ignored_at_start_stays_ignored(tmp_path):
         signal.signal(signal.SIGHUP, before)
     assert done.returncode == 0, done.stderr
     assert "python" in json.loads(done.stdout)
+
+
+def test_a_signal_ignored_at_start_stays_ignored_while_the_command_runs(tmp_path):
+    """A shell starts a background job (`torchkit ... &` in a script) with SIGINT ignored, so
+    that a Ctrl-C meant for the script leaves it running; torchkit kept it ignored while it
+    started. Before: the command's own handlers took it back (a Ctrl-C then gave exit 130)."""
+    checkpoint = tmp_path / "m.pt"
+    write_convnet_checkpoint(checkpoint, in_channels=3, image_size=8, classes="ab")
+    (tmp_path / "images").mkdir()
+    image = tmp_path / "images" / "a.png"
+    Image.new("RGB", (8, 8), (200, 10, 10)).save(image)
+    out = tmp_path / "out"
+    out.mkdir()
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # the torchkit process inherits it
+    try:
+        process = start_torchkit_process(
+            "predict", "--device", "cpu", str(checkpoint), "-", "-o", str(out / "preds.csv"),
+            "-j", "0", stdin=subprocess.PIPE,
+        )  # fmt: skip
+    finally:
+        signal.signal(signal.SIGINT, before)
+    try:
+        process.stdin.write(f"{image}\n")
+        process.stdin.flush()
+        wait_until(lambda: os.listdir(out), process=process, what="the report's temporary")
+        process.send_signal(signal.SIGINT)
+        process.stdin.close()  # the list ends: the command finishes
+        assert process.wait(timeout=120) == 0, process.stderr.read()
+    finally:
+        process.kill()
+    assert os.listdir(out) == ["preds.csv"]
+    assert (out / "preds.csv").read_text().count(str(image)) == 1

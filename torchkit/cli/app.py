@@ -596,8 +596,11 @@ def _terminate_like_interrupt() -> Iterator[None]:
             _received.clear()
             _unraisable_hook_before = sys.unraisablehook
             sys.unraisablehook = _quiet_about_stops
-        for sig in previous:
-            signal.signal(sig, _raise_once)
+        for sig, handler in previous.items():
+            # One the process was started ignoring (a shell's background job's SIGINT, a
+            # parent's choice) stays ignored, as it does while torchkit starts.
+            if handler is not signal.SIG_IGN:
+                signal.signal(sig, _raise_once)
         yield
     except BaseException as error:
         ended_by = error

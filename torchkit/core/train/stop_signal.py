@@ -35,7 +35,8 @@ class StopOnSignal:
     def __enter__(self) -> StopOnSignal:
         if threading.current_thread() is threading.main_thread():
             for signum in self.SIGNALS:
-                self._previous[signum] = signal.signal(signum, self._handle)
+                if signal.getsignal(signum) is not signal.SIG_IGN:  # ignored from the start
+                    self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
     def _handle(self, signum, frame) -> None:
