@@ -70,6 +70,16 @@ def describe_unexpected(error: BaseException) -> tuple[str, str]:
             f"file name too long: {os.fsdecode(error.filename)}",
             NAME_TOO_LONG_HINT,
         )
+    names = sys.getfilesystemencoding()
+    if isinstance(error, UnicodeError) and getattr(error, "encoding", None) == names != "utf-8":
+        # Python without UTF-8 mode under a locale that is not UTF-8 (LC_ALL=C with
+        # PYTHONUTF8=0, a Latin-1 locale) holds file names in that encoding: a name read from a
+        # UTF-8 file (a CSV index, split.csv) that it cannot hold fails wherever it is used.
+        return (
+            f"a file name cannot be held in this Python's file system encoding, {names}: "
+            f"{first_line(error, with_type=True)}",
+            "run it under a UTF-8 locale, such as LC_ALL=C.UTF-8, or with PYTHONUTF8=1",
+        )
     return first_line(error, with_type=True), f"set {DEBUG_ENV}=1 to see the traceback"
 
 

@@ -1,0 +1,28 @@
+"""Python without UTF-8 mode under a locale that is not UTF-8 (`LC_ALL=C PYTHONUTF8=0`) holds
+file names in ASCII: a UTF-8 name it cannot hold is one `Error:` line that says how to run."""
+
+from __future__ import annotations
+
+from output_checks import error_line
+from PIL import Image
+from processes import run_torchkit_process
+
+
+def test_a_name_the_file_system_encoding_cannot_hold_says_to_use_a_utf8_locale(tmp_path):
+    """Before: `Error: UnicodeEncodeError: 'ascii' codec can't encode character '\\xe9' ...
+    (set TORCHKIT_DEBUG=1 to see the traceback)`, which did not say what to change."""
+    (tmp_path / "café").mkdir()
+    Image.new("RGB", (4, 4)).save(tmp_path / "café" / "a.png")
+    index = tmp_path / "index.csv"
+    index.write_text("path,label\ncafé/a.png,café\n", encoding="utf-8")
+    done = run_torchkit_process(
+        "dataset-stats", str(index),
+        env={"LC_ALL": "C", "PYTHONUTF8": "0"},
+        fresh=True,  # the file system encoding is chosen as the interpreter starts
+    )  # fmt: skip
+    assert done.returncode == 1 and done.stdout == ""
+    line = error_line(done.stderr)
+    assert "file system encoding, ascii" in line and "UnicodeEncodeError" in line
+    assert line.endswith(
+        "(run it under a UTF-8 locale, such as LC_ALL=C.UTF-8, or with PYTHONUTF8=1)"
+    )
