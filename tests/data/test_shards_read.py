@@ -231,6 +231,27 @@ def test_one_shard_or_a_pattern_is_named_as_given_not_by_its_folder(world, tmp_p
     assert stats(world / "shards")["images"] == 18  # a folder of shards: still the folder
 
 
+def test_a_folder_of_shards_is_named_as_given_not_by_its_absolute_path(world, tmp_path):
+    """`dataset-stats shards` titled its report `Dataset /abs/.../shards` (JSON `source` too),
+    where a folder of images keeps the name it was given; a plot inside it is still refused."""
+    shutil.copytree(world / "shards", tmp_path / "shards")
+    for spec in ("shards", "shards/"):
+        table = run_torchkit_in_process("dataset-stats", spec, "-j", "0", cwd=tmp_path)
+        assert table.returncode == 0, table.stderr
+        assert table.stdout.splitlines()[0].strip() == "Dataset shards"
+    found = run_torchkit_in_process(
+        "dataset-stats", "shards", "-o", "s.json", "-j", "0", cwd=tmp_path
+    )
+    assert found.returncode == 0, found.stderr
+    assert json.loads((tmp_path / "s.json").read_text())["source"] == "shards"
+    inside = run_torchkit_in_process(
+        "dataset-stats", "shards", "--plot", "shards/p.png", "-j", "0", cwd=tmp_path
+    )
+    assert inside.returncode != 0
+    assert "lies inside the data folder shards" in error_line(inside.stderr)
+    assert not (tmp_path / "shards" / "p.png").exists()
+
+
 def tar_folder(folder: Path, archive: Path, *, wrapped: bool) -> Path:
     """`tar cf archive -C folder .` (members class/img.png), or with everything inside one
     folder named as the archive (`tar cf X.tar X`)."""

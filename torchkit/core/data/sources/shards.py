@@ -1555,7 +1555,8 @@ def open_stored(
         found = _folder_shards(path)
         if found is None:
             return None
-        return _open_shards(spec, found, classes, allow_unlabelled, by_split=True)
+        # Named as given, as a folder of images is (not by its absolute path).
+        return _open_shards(spec, found, classes, allow_unlabelled, by_split=True, named=str(path))
     if is_compressed_tar_name(spec) and path.is_file():
         raise compressed_tar_error(spec)
     if not _is_tar_name(spec) or not path.is_file():
@@ -2168,8 +2169,9 @@ def shards_source(
 ) -> DataSource:
     """The DataSource of the shards' samples `found` (shard order, then member order), read
     through `paths`; class names from `classes.txt`/`classes.json` in `root`, split by their
-    shards' names when `by_split` (`split_by_name`). The samples' source is `named` (one shard
-    or a pattern, as given: their folder would name more than the data), else `root`.
+    shards' names when `by_split` (`split_by_name`). The samples' source is `named` (a folder,
+    one shard or a pattern, as given: a pattern's folder would name more than the data), else
+    `root`.
     `shard_names`: every shard read (as `ShardSample.shard`), for the splits whose shards
     hold no sample (`DataSource.empty_splits`)."""
     if not found:
