@@ -784,3 +784,21 @@ def test_finishing_a_run_keeps_a_users_file_of_a_shards_name(tmp_path: Path, ima
     assert done.returncode == 0, done.stderr
     assert shard_files(out) == ["shard-000000.tar", "shard-000001.tar", "shard-000002.tar"]
     assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_finishing_a_run_is_not_refused_for_files_it_keeps(tmp_path: Path, image_folder):
+    """Finishing a run removes only regular files named exactly as shards (`shard-000077.tar`):
+    a file of the user's whose name only begins like one (`shard-000000-mine.tar`) and a link
+    under a shard's name are kept by it. Before, both refused the run as files it "would
+    delete"; now it finishes and leaves them as they were."""
+    out = tmp_path / "out"
+    assert convert(image_folder, out, "--per-shard", 2).returncode == 0
+    _interrupted_copy(out, 1)
+    (out / "shard-000000-mine.tar").write_text("mine")
+    (tmp_path / "elsewhere.tar").write_text("mine too")
+    (out / "shard-000099.tar").symlink_to(tmp_path / "elsewhere.tar")
+    done = convert(image_folder, out, "--per-shard", 2)
+    assert done.returncode == 0, done.stderr
+    assert (out / "shard-000000-mine.tar").read_text() == "mine"
+    assert os.readlink(out / "shard-000099.tar") == str(tmp_path / "elsewhere.tar")
+    assert (tmp_path / "elsewhere.tar").read_text() == "mine too"

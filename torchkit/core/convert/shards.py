@@ -1353,7 +1353,7 @@ def convert_shards(
         resume=resume,
         owned=(*SHARDS_OUTPUTS, *(exact_pattern(n) for n in listed if isinstance(n, str))),
         reports=[report_file],
-        resume_removes=SHARD_NAMES,
+        resume_removes=(_SHARD_FILE,),  # as `_remove_leftovers` removes them
         resume_option="finishing the interrupted run",
     )
     with output:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import stat
 import time
 from collections.abc import Callable, Collection, Iterable
@@ -559,22 +560,25 @@ def refuse_foreign_entries(
     owned: Collection[str],
     *,
     what: str,
-    within: str | Collection[str] | None = None,
+    within: str | Collection[re.Pattern[str]] | None = None,
     option: str = "--force",
 ) -> None:
     """`--force` replaces `folder` whole: refused, before any work, where it holds an entry that
     `owned` (what the command writes there) does not name, which would be deleted with it (your
     notes.txt in a run folder, a plot, a folder of analysis, a link). `within`: only the
     entries that `option` deletes count: those below that folder of it (extract-features'
-    `--resume`, its `.partial`), or for patterns (a collection of them), the files directly in
-    `folder` whose names match one (convert shards finishing a run removes stale shards)."""
-    from fnmatch import fnmatchcase
-
+    `--resume`, its `.partial`), or for regular expressions (a collection of them), the
+    regular files directly in `folder` whose whole names match one (convert shards finishing
+    a run removes stale shards: no link, and no other name, which it keeps)."""
     foreign = foreign_entries(folder, owned, top_level=(MARKER, WRITTEN_JOURNAL))
     if isinstance(within, str):
         foreign = [entry for entry in foreign if entry.startswith(f"{within}/")]
     elif within is not None:
-        foreign = [entry for entry in foreign if any(fnmatchcase(entry, p) for p in within)]
+        foreign = [
+            entry
+            for entry in foreign
+            if any(name.fullmatch(entry) for name in within) and _is_regular(folder / entry)
+        ]
     if foreign:
         more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
         place = folder / within if isinstance(within, str) else folder
@@ -584,3 +588,11 @@ def refuse_foreign_entries(
             f"which {option} would delete with it",
             f"move them out of {shown(place)}, or delete them yourself",
         )
+
+
+def _is_regular(path: Path) -> bool:
+    """A regular file, not a link to one."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False

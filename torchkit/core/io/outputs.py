@@ -34,6 +34,7 @@ import errno
 import json
 import logging
 import os
+import re
 from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
 from typing import IO
@@ -235,7 +236,8 @@ class OutputFolder:
     `atomic=True` fills a hidden temporary folder that replaces the output only at the end, so
     the output never holds a half-written result. `resume_removes` names what a continued
     run removes inside it: work folders (extract-features' `.partial`, its rows moved out at
-    the end) and patterns (with `*`) of files directly in it (convert shards' stale shards):
+    the end) and regular expressions of the names of regular files directly in it (convert
+    shards' stale shards):
     `resume=True` is refused, before any work, where those hold an entry that `owned` does not
     name (a file of yours), which would go with it (`resume_option` says what would).
 
@@ -260,7 +262,7 @@ class OutputFolder:
         start_files: Collection[str] = (),
         owned: Collection[str] | None = None,
         reports: Iterable[str | os.PathLike | None] = (),
-        resume_removes: Collection[str] = (),
+        resume_removes: Collection[str | re.Pattern[str]] = (),
         resume_option: str = "--resume",
     ) -> None:
         check_not_stdout(path, what)
@@ -343,8 +345,8 @@ class OutputFolder:
         be deleted with it."""
         if not self.has_content or self.final.is_symlink():
             return
-        patterns = tuple(name for name in work if "*" in name)
-        folders = [name for name in work if "*" not in name and (self.final / name).is_dir()]
+        patterns = tuple(name for name in work if isinstance(name, re.Pattern))
+        folders = [name for name in work if isinstance(name, str) and (self.final / name).is_dir()]
         for within in [*folders, *([patterns] if patterns else [])]:
             refuse_foreign_entries(
                 self.final, owned or (), what=self.what, within=within, option=option
