@@ -8,6 +8,7 @@ as 193 MB. They are the sizes read now (`parquet_pages`), checked against pyarro
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 from parquet_files import png
@@ -116,6 +117,87 @@ def test_page_headers_that_cannot_be_read_leave_the_footers_size(tmp_path):
         other = tmp_path / "other"
         other.write_bytes(garbage)
         assert decoded_chunk_bytes_of(str(other), chunk) == chunk.total_uncompressed_size
+
+
+def compact_i32(delta: int, value: int) -> bytes:
+    """A thrift compact-protocol i32 field `delta` ids after the one before."""
+    zigzag = (value << 1) ^ (value >> 63)
+    out = bytearray([delta << 4 | 5])
+    while True:
+        out.append(zigzag & 0x7F | (0x80 if zigzag >> 7 else 0))
+        zigzag >>= 7
+        if not zigzag:
+            return bytes(out)
+
+
+def dictionary_header(size: int, values: int) -> bytes:
+    # PageHeader{1: DICTIONARY_PAGE, 2: size, 3: 0 stored, 7: DictionaryPageHeader{1: values}}
+    return (compact_i32(1, 2) + compact_i32(1, size) + compact_i32(1, 0) + b"\x4c"
+            + compact_i32(1, values) + b"\x00\x00")  # fmt: skip
+
+
+def data_header(stored: int, values: int) -> bytes:
+    # PageHeader{1: DATA_PAGE, 2, 3: stored, 5: DataPageHeader{1: values, 2: RLE_DICTIONARY}}
+    return (compact_i32(1, 0) + compact_i32(1, 100) + compact_i32(1, stored) + b"\x2c"
+            + compact_i32(1, values) + compact_i32(1, 8) + b"\x00\x00")  # fmt: skip
+
+
+def test_crafted_page_headers_leave_the_footers_size(tmp_path, monkeypatch):
+    """Headers a garbled or crafted file holds: the footer's figure, in a few reads. Before:
+    nested lists raised a RecursionError and a field of another type a TypeError (each an
+    `Error:` line naming it, the file refused at opening); a page of 2**31 values counted 4 TB
+    (a warning of row groups of 4,096,000 MB); a page pointing back to itself was read 4,096
+    times."""
+    import os
+
+    import pyarrow.parquet as pq
+
+    path = write_rows(tmp_path / "d.parquet", 400, 20, 400)
+    chunk = pq.ParquetFile(path).metadata.row_group(0).column(0)
+    start, length = chunk.dictionary_page_offset, chunk.total_compressed_size
+    dictionary = dictionary_header(40_000, 20)
+
+    def to_the_end(prefix: bytes, values: int) -> bytes:
+        # `prefix`, then a data page of `values` reaching the chunk's end exactly
+        last = length - len(prefix) - len(data_header(length, values))
+        assert len(data_header(last, values)) == len(data_header(length, values))
+        return prefix + data_header(last, values)
+
+    looping = data_header(-len(data_header(-99, 300)), 300)
+    crafted = {
+        "nested lists": b"\x19" * 5000,
+        "nested maps": b"\x1b" + b"\x01\xbb" * 3000,
+        "a size that is a struct": to_the_end(
+            compact_i32(1, 2)
+            + b"\x1c\x00"
+            + compact_i32(1, 0)
+            + b"\x4c"
+            + compact_i32(1, 20)
+            + b"\x00\x00",
+            300,
+        ),  # fmt: skip
+        "more values than the chunk": to_the_end(dictionary, 2**31 - 1),
+        "a dictionary larger than the chunk": to_the_end(dictionary_header(2**31 - 1, 1), 300),
+        "a page pointing back to itself": dictionary + looping,
+    }
+    reads: list[int] = []
+    pread = os.pread
+    monkeypatch.setattr(os, "pread", lambda *args: reads.append(1) or pread(*args))
+    original = Path(path).read_bytes()
+    for name, header in crafted.items():
+        changed = bytearray(original)
+        changed[start : start + len(header)] = header
+        other = tmp_path / "other.parquet"
+        other.write_bytes(changed)
+        reads.clear()
+        assert decoded_chunk_bytes_of(str(other), chunk) == chunk.total_uncompressed_size, name
+        assert len(reads) <= 3, name
+    # the same walk of well-formed headers counts each row's copy (the test's own headers)
+    changed = bytearray(original)
+    header = to_the_end(dictionary, 400)
+    changed[start : start + len(header)] = header
+    other.write_bytes(changed)
+    assert decoded_chunk_bytes_of(str(other), chunk) >= 400 * 40_000 // 20
 
 
 def decoded_chunk_bytes_of(path: str, chunk) -> int:

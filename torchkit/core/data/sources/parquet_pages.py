@@ -24,6 +24,7 @@ _DICTIONARY_ENCODINGS = (2, 8)  # PLAIN_DICTIONARY, RLE_DICTIONARY
 _HEADER_BYTES = 256
 _LARGEST_HEADER = 1 << 20
 _MOST_PAGES = 4096
+_DEEPEST = 16  # thrift structs and collections nested in a header (a page header nests 3)
 
 
 def decoded_chunk_bytes(fd: int, chunk: Any) -> int:
@@ -38,24 +39,31 @@ def decoded_chunk_bytes(fd: int, chunk: Any) -> int:
         return stored
     try:
         decoded = _dictionary_pages_decoded(fd, chunk)
-    except (OSError, ValueError, IndexError):
+    except (OSError, ValueError, IndexError, OverflowError):
         return stored
     return stored if decoded is None else max(stored, decoded)
 
 
 def _dictionary_pages_decoded(fd: int, chunk: Any) -> int | None:
     """The walk `decoded_chunk_bytes` makes: the dictionary page's mean value size times the
-    values of each dictionary-encoded data page, plus the rest of the chunk as stored."""
+    values of each dictionary-encoded data page, plus the rest of the chunk as stored. Each
+    page lies after the one before and within the chunk, and the pages count no more values
+    than the footer's: a ValueError where not (a garbled or crafted file), never a walk back,
+    past the file, or an estimate of more values than the chunk has."""
     offset = chunk.dictionary_page_offset
     end = offset + chunk.total_compressed_size
     header, size = _page_header(fd, offset)
     dictionary = header.get(7)
     if header.get(1) != _DICTIONARY_PAGE or not isinstance(dictionary, dict):
         return None
-    value_bytes = header.get(2, 0) / max(1, dictionary.get(1, 0))
-    walked = size + header.get(2, 0)  # uncompressed bytes of the pages walked, headers too
-    offset += size + header.get(3, 0)
-    decoded = 0.0
+    dictionary_bytes = _count(header, 2)
+    if dictionary_bytes > chunk.total_uncompressed_size:
+        raise ValueError("a dictionary larger than its chunk")
+    distinct = _count(dictionary, 1)
+    value_bytes = dictionary_bytes / distinct if distinct else 0.0
+    walked = size + dictionary_bytes  # uncompressed bytes of the pages walked, headers too
+    offset = _next_page(offset, size, header, end)
+    values, counted = 0.0, 0
     for _ in range(_MOST_PAGES):
         if offset >= end:
             break
@@ -67,21 +75,43 @@ def _dictionary_pages_decoded(fd: int, chunk: Any) -> int | None:
         encoding = page.get(2) if kind == _DATA_PAGE else page.get(4)
         if encoding not in _DICTIONARY_ENCODINGS:
             break  # the fallback to plain pages: the rest counts as stored
-        decoded += max(0, page.get(1, 0) - _nulls(kind, page)) * value_bytes
-        walked += size + header.get(2, 0)
-        offset += size + header.get(3, 0)
+        count = _count(page, 1)
+        counted += count
+        if counted > chunk.num_values:
+            raise ValueError("pages of more values than the chunk")
+        values += max(0, count - _nulls(kind, page))
+        walked += size + _count(header, 2)
+        offset = _next_page(offset, size, header, end)
     else:
         return None
-    return int(decoded) + max(0, chunk.total_uncompressed_size - walked)
+    return int(values * value_bytes) + max(0, chunk.total_uncompressed_size - walked)
+
+
+def _count(fields: dict[int, Any], key: int) -> int:
+    """Field `key` of a header's struct, a count or a size: 0 where absent; a ValueError where
+    it is no integer or a negative one."""
+    value = fields.get(key, 0)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"field {key}: {value!r}")
+    return value
+
+
+def _next_page(offset: int, size: int, header: dict[int, Any], end: int) -> int:
+    """Where the page after the one at `offset` (its header `size` bytes long) starts: after
+    it, and no further than the chunk's `end`, else a ValueError."""
+    following = offset + size + _count(header, 3)
+    if following > end:
+        raise ValueError("a page past its chunk")
+    return following
 
 
 def _nulls(kind: int, page: dict[int, Any]) -> int:
     """The null values a data page counts among its values, where its header says (v2 always,
     v1 in its statistics); 0 where it does not."""
     if kind == _DATA_PAGE_V2:
-        return page.get(2, 0)
+        return _count(page, 2)
     statistics = page.get(5)
-    return statistics.get(3, 0) if isinstance(statistics, dict) else 0
+    return _count(statistics, 3) if isinstance(statistics, dict) else 0
 
 
 def _page_header(fd: int, offset: int) -> tuple[dict[int, Any], int]:
@@ -133,8 +163,7 @@ class _CompactReader:
         return (value >> 1) ^ -(value & 1)
 
     def struct(self, depth: int = 0) -> dict[int, Any]:
-        if depth > 16:
-            raise ValueError("nested too deep")
+        self._nest(depth)
         fields: dict[int, Any] = {}
         last = 0
         while True:
@@ -144,6 +173,13 @@ class _CompactReader:
             kind, delta = head & 0x0F, head >> 4
             last = last + delta if delta else self._zigzag()
             fields[last] = self._value(kind, depth, in_field=True)
+
+    @staticmethod
+    def _nest(depth: int) -> None:
+        # structs, lists, sets and maps alike: a header nests a few levels, a crafted one
+        # thousands (a RecursionError)
+        if depth > _DEEPEST:
+            raise ValueError("nested too deep")
 
     def _value(self, kind: int, depth: int, in_field: bool = False) -> Any:
         if kind in (1, 2):  # a bool: in a field's header, else a byte of its own
@@ -159,12 +195,14 @@ class _CompactReader:
             self._skip(self._varint())
             return None
         if kind in (9, 10):  # list, set
+            self._nest(depth)
             head = self._byte()
             count = head >> 4 if head >> 4 != 15 else self._varint()
             for _ in range(count):
                 self._value(head & 0x0F, depth + 1)
             return None
         if kind == 11:  # map
+            self._nest(depth)
             count = self._varint()
             if count:
                 types = self._byte()
