@@ -63,6 +63,9 @@ def _dictionary_pages_decoded(fd: int, chunk: Any) -> int | None:
     value_bytes = dictionary_bytes / distinct if distinct else 0.0
     walked = size + dictionary_bytes  # uncompressed bytes of the pages walked, headers too
     offset = _next_page(offset, size, header, end)
+    # v1 pages whose header counts no nulls (pyarrow writes no page statistics with a page
+    # index): the chunk's share of nulls, from the footer's statistics where it has them
+    nulls_share = _chunk_nulls_share(chunk)
     values, counted = 0.0, 0
     for _ in range(_MOST_PAGES):
         if offset >= end:
@@ -79,7 +82,8 @@ def _dictionary_pages_decoded(fd: int, chunk: Any) -> int | None:
         counted += count
         if counted > chunk.num_values:
             raise ValueError("pages of more values than the chunk")
-        values += max(0, count - _nulls(kind, page))
+        nulls = _nulls(kind, page)
+        values += count * (1 - nulls_share) if nulls is None else max(0, count - nulls)
         walked += size + _count(header, 2)
         offset = _next_page(offset, size, header, end)
     else:
@@ -105,13 +109,24 @@ def _next_page(offset: int, size: int, header: dict[int, Any], end: int) -> int:
     return following
 
 
-def _nulls(kind: int, page: dict[int, Any]) -> int:
+def _chunk_nulls_share(chunk: Any) -> float:
+    """The share of the chunk's values that are null, from its footer statistics; 0 where they
+    do not say."""
+    statistics = chunk.statistics if chunk.is_stats_set else None
+    if statistics is None or not statistics.has_null_count or chunk.num_values <= 0:
+        return 0.0
+    return min(1.0, max(0, statistics.null_count) / chunk.num_values)
+
+
+def _nulls(kind: int, page: dict[int, Any]) -> int | None:
     """The null values a data page counts among its values, where its header says (v2 always,
-    v1 in its statistics); 0 where it does not."""
+    v1 in its statistics); None where it does not."""
     if kind == _DATA_PAGE_V2:
         return _count(page, 2)
     statistics = page.get(5)
-    return _count(statistics, 3) if isinstance(statistics, dict) else 0
+    if not isinstance(statistics, dict) or 3 not in statistics:
+        return None
+    return _count(statistics, 3)
 
 
 def _page_header(fd: int, offset: int) -> tuple[dict[int, Any], int]:
