@@ -1197,3 +1197,50 @@ def test_layers_named_alike_but_for_case_get_two_files_where_case_is_ignored(
     assert result.exit_code == 0, result.stderr
     meta = json.loads((tmp_path / "folded" / "meta.json").read_text())
     assert [layer["file"] for layer in meta["layers"]] == ["Conv1.npy", "conv1_2.npy"]
+
+
+@pytest.mark.parametrize("array_format", ["pt", "safetensors"])
+def test_an_array_cut_short_while_finishing_names_what_stops_force_too(
+    runner, tmp_path, monkeypatch, array_format
+):
+    """Before: an interrupted run's array cut short as its rows were copied into a .safetensors
+    said "(pass --force to start over)" whatever OUT held (into a .pt: NumPy's "ValueError: mmap
+    length is greater than file size"), and --force then refused the user's notes.txt in OUT.
+    Now both say the array is cut short, and the hint what stops --force too."""
+    root = write_image_folder(tmp_path / "imgs", {"a": 2, "b": 2}, size=20)
+    options = ["--image-size", "16", "-l", "penultimate", "-b", "2", "-j", "0"]
+
+    class Stop(Exception):
+        pass
+
+    def stop_after_one_batch(done: int, total: int) -> None:
+        if done:
+            raise Stop
+
+    part = tmp_path / "part"
+    request = FeatureRequest(
+        "convnet", str(root), str(part), layers=["penultimate"], image_size=16,
+        run=InferenceOptions(batch_size=2, workers=0, device="cpu"), allow_untrained=True,
+        file_format=array_format,
+    )  # fmt: skip
+    with pytest.raises(Stop):
+        extract_features(request, progress=stop_after_one_batch)
+    (part / "notes.txt").write_text("mine")
+    set_rows = feature_store._set_rows
+
+    def cut_short(path: Path, rows: int) -> None:  # another process truncates the array
+        set_rows(path, rows)
+        with open(path, "r+b") as handle:
+            handle.truncate(path.stat().st_size - 8)
+
+    monkeypatch.setattr(feature_store, "_set_rows", cut_short)
+    again = ["--resume", "--array-format", array_format]
+    resumed = run(runner, "convnet", str(root), str(part), *options, *again)
+    assert resumed.exit_code == 1, resumed.stderr
+    line = error_line(resumed.stderr)
+    assert "penultimate.npy: it ends 8 bytes before its rows do (it holds " in line
+    assert line.endswith(
+        f"{part / 'notes.txt'} that torchkit did not write, so --force is refused too: move it "
+        "out first, or choose another folder)"
+    )
+    assert (part / "notes.txt").read_text() == "mine"

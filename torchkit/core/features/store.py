@@ -375,7 +375,7 @@ class FeatureStore:
     ) -> dict[str, Path]:
         """Put every layer's file in OUT, then index.csv (its rows streamed from `index_rows`)
         and meta.json; returns the files."""
-        with reporting_write_errors(self.out):
+        with reporting_write_errors(self.out), _start_over_told(self.output):
             return self._finish(file_format, index_columns, index_rows, meta)
 
     def _finish(
@@ -773,6 +773,8 @@ def _write_pt(source: Path, target: Path) -> None:
 
     shape, dtype, data_start = _npy_layout(source)
     nbytes = _row_bytes(shape, dtype) * shape[0]
+    # Cut short, its memory map would fail with NumPy's words alone: said as `_copy_bytes` does.
+    _require_bytes(source, data_start + nbytes)
     # The tensor torch pickles, its rows never read through this map (none to map: an array).
     array = np.load(source, mmap_mode="c") if nbytes else np.empty(shape, dtype)
     with warnings.catch_warnings():
@@ -864,6 +866,15 @@ def _aligned_record(name: str, offset: int, size: int, alignment: int):
     return info
 
 
+def _require_bytes(source: Path, size: int) -> None:
+    """The scratch array `source` holds `size` bytes, as its header says (InputError if not)."""
+    short = size - source.stat().st_size
+    if short > 0:
+        raise InputError(
+            f"cannot read {source}: it ends {short} bytes before its rows do", START_OVER
+        )
+
+
 def _copy_bytes(data, target, size: int, source: Path, convert=None, unit: int = 1) -> None:
     """`size` bytes from `data` (at its position) to `target`, a chunk at a time, read into one
     buffer (a new bytes object a chunk held two chunks at once); each chunk, whole values of
@@ -875,7 +886,7 @@ def _copy_bytes(data, target, size: int, source: Path, convert=None, unit: int =
         if not count:
             raise InputError(
                 f"cannot read {source}: it ends {left} bytes before its rows do",
-                "pass --force to start over",
+                START_OVER,  # told as --force would take it (`finish`)
             )
         left -= count
         target.write(buffer[:count] if convert is None else convert(buffer[:count]))
