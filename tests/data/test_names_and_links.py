@@ -653,6 +653,31 @@ def test_tar_members_stored_sparse_are_named_by_their_real_path_and_not_read(
     assert "dog/s.bmp" in listed.stdout.splitlines()  # the name tar -x gives it
 
 
+@pytest.mark.parametrize("form", ["pax", "gnu"])
+def test_a_tar_hard_link_to_a_member_stored_sparse_is_said_with_it(tmp_path, caplog, form):
+    """`tar --sparse` of a folder whose sparse image has a second name (a hard link stored
+    after it, which tar -x makes): the link was said to be one 'tar -x makes no hard link to a
+    file stored after the link, or not at all' (untrue: its file is stored before it); it is
+    a member stored sparse too, named with the file in one warning."""
+    folder = tmp_path / "pets"
+    for name, index in (("cat/a.png", 0), ("dog/c.png", 1)):
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(png(index))
+    _write_with_holes(folder / "dog" / "s.bmp")
+    os.link(folder / "dog" / "s.bmp", folder / "dog" / "t.bmp")
+    names = ["cat", "dog/c.png", "dog/s.bmp", "dog/t.bmp"]
+    archive = _sparse_tar(tmp_path / "pets.tar", folder, names, form)
+    listed = subprocess.run(["tar", "-tvf", archive], check=True, capture_output=True, text=True)
+    assert "dog/t.bmp link to dog/s.bmp" in listed.stdout
+    source, warned = _opened_with_warnings(archive, caplog)
+    assert source.whole.ids == ["cat/a.png", "dog/c.png"]
+    assert warned == [
+        f"{archive}: 2 image members are stored sparse (tar --sparse), which torchkit does not "
+        "read: dog/s.bmp, dog/t.bmp (write the archive without --sparse, or give the folder "
+        "tar -x unpacks)"
+    ]
+
+
 def test_a_shard_with_a_member_stored_sparse_is_refused_naming_it(tmp_path):
     """A webdataset shard written with GNU tar --sparse: its sample was said to have no image
     ('it holds cls'), its image left unread."""

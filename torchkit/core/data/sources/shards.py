@@ -1185,6 +1185,12 @@ class _PlainMembers:
                 target in self.members or target in self.links or target in self.spellings
             ):
                 return  # a hard link to itself: tar -x leaves the file there as it is
+            if self.sparse and (target in self.sparse or self.spellings.get(target) in self.sparse):
+                # A second name of a file stored sparse (`tar --sparse` of a folder with hard
+                # links): tar -x makes it; not read, as that file is not, and said with it
+                self.replace(member)
+                self.sparse[member] = None
+                return
             stored = target if target in self.links else self.spellings.get(target)
             if stored in self.links and stored not in self.hard:
                 linkname, symbolic = self.link_texts[stored], True
