@@ -678,6 +678,27 @@ def test_a_tar_hard_link_to_a_member_stored_sparse_is_said_with_it(tmp_path, cap
     ]
 
 
+def test_a_shard_image_that_is_a_hard_link_stored_before_its_target_is_named(tmp_path):
+    """A shard whose `00000.png` is a hard link to `00001.png` stored after it: tar -x does
+    not make the link, and webdataset's reader, which reads no link member, gives sample 00000
+    no image either. The error said only 'has no image; it holds cls', where `tar -tvf` lists
+    00000.png: it names the link and why. Stored after its target, the link reads its bytes."""
+    first = [("00000.png", "=>00001.png"), ("00000.cls", b"0")]
+    then = [("00001.png", png(1)), ("00001.cls", b"1")]
+    (tmp_path / "before").mkdir()
+    (tmp_path / "after").mkdir()
+    shard = tar_of_members(tmp_path / "before" / "shard-000000.tar", first + then)
+    assert _refused(shard) == (
+        "sample 00000 in shard-000000.tar has no image; it holds cls (00000.png is a hard link "
+        "to 00001.png, stored before it or to no member: tar -x does not make it) (store the "
+        "file, or the link after its target, as tar -cf does)"
+    )
+    shard = tar_of_members(tmp_path / "after" / "shard-000000.tar", then + first)
+    source = open_data(str(shard))
+    assert [path.read_bytes() for path in source.whole.paths] == [png(1), png(1)]
+    assert list(source.whole.labels) == [1, 0]
+
+
 def test_a_shard_with_a_member_stored_sparse_is_refused_naming_it(tmp_path):
     """A webdataset shard written with GNU tar --sparse: its sample was said to have no image
     ('it holds cls'), its image left unread."""

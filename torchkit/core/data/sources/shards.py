@@ -1667,9 +1667,18 @@ def _shard_samples(
         images = [ext for ext in images if "." not in ext]  # `seg.png` is not the image
         if len(images) != 1:
             what = "no image" if not images else f"{len(images)} images ({', '.join(images)})"
+            unmade = [] if images else _unmade_images_of(key, listing)
             raise InputError(
-                f"sample {key} in {shown} has {what}; it holds {', '.join(sorted(group))}",
-                "one image per sample, as KEY."
+                f"sample {key} in {shown} has {what}; it holds {', '.join(sorted(group))}"
+                + (
+                    f" ({unmade[0]} is a hard link to {listing.unmade_hard_links[unmade[0]]}, "
+                    "stored before it or to no member: tar -x does not make it)"
+                    if unmade
+                    else ""
+                ),
+                "store the file, or the link after its target, as tar -cf does"
+                if unmade
+                else "one image per sample, as KEY."
                 + ", KEY.".join(e.lstrip(".") for e in sorted(IMAGE_EXTENSIONS)),
             )
         name, index = _label(group, listing, reader, f"{key} in {shown}")
@@ -1680,6 +1689,20 @@ def _shard_samples(
         image = group[images[0]]
         samples.append(ShardSample(shown, key, image, listing.locator(image), name, index))
     return samples
+
+
+def _unmade_images_of(key: str, listing: TarListing) -> list[str]:
+    """The image-named hard links of sample `key` that tar -x does not make (stored before
+    their target, or to no member: `TarListing.unmade_hard_links`), sorted: why it has no
+    image, where `tar -tvf` lists one (webdataset's reader, which reads no link, gives that
+    sample no image either)."""
+    return sorted(
+        name
+        for name in listing.unmade_hard_links
+        if _read_by_its_sample(name)
+        and is_image_file(name)
+        and (_key_and_extension(name) or ("",))[0] == key
+    )
 
 
 def _read_by_its_sample(member: str) -> bool:
