@@ -399,7 +399,7 @@ def test_strict_stops_at_an_image_the_spill_cannot_read(tmp_path, monkeypatch):
     done = run_torchkit_in_process("convert", "shards", nulls, tmp_path / "out", "--strict")
     assert done.returncode == 1, done.stderr
     assert error_line(done.stderr) == (
-        "Error: unreadable image nulls.parquet/13: the row's image is null (no bytes) (fix or "
+        f"Error: unreadable image {nulls}/13: the row's image is null (no bytes) (fix or "
         "remove it, or leave out --strict to skip unreadable images)"
     )
     assert len(spilled) == 13  # rows 0-12, in source order (was: all 60)
@@ -407,4 +407,4 @@ def test_strict_stops_at_an_image_the_spill_cannot_read(tmp_path, monkeypatch):
     spilled.clear()
     done = run_torchkit_in_process("convert", "shards", nulls, tmp_path / "lenient")
     assert done.returncode == 0, done.stderr
-    assert len(spilled) == 60 and "skipped unreadable image nulls.parquet/13" in done.stderr
+    assert len(spilled) == 60 and f"skipped unreadable image {nulls}/13" in done.stderr

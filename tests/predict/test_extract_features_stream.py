@@ -224,7 +224,7 @@ def test_strict_stop_mid_stream_leaves_no_out(runner, photos, tmp_path):
         app, [*BASE, "-b", "1", "--strict", "convnet", "-", str(out)], input=stream
     )
     assert refused.exit_code == 1
-    assert "cannot read image" in error_line(refused.stderr)
+    assert error_line(refused.stderr).startswith(f"Error: unreadable image {photos[3]}: ")
     assert not out.exists()
 
 

@@ -46,6 +46,7 @@ from typing import Any
 
 from torchkit import __version__
 from torchkit.core.convert.sample_tar import SampleTarWriter
+from torchkit.core.data.image_files import image_path, strict_unreadable_error
 from torchkit.core.data.sources.discovery import IMAGE_EXTENSIONS
 from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.io import sizes
@@ -284,7 +285,7 @@ def load_sample(
     if samples.images is not None:
         return Loaded("png", _png(samples.images[index]))
     path = samples.paths[index]
-    name = samples.ids[index] if samples.ids else str(path)
+    name = image_path(samples, index)  # as its warning names it
     try:
         data = read_regular_file(path) if read is None else read
         if isinstance(data, Exception):
@@ -858,14 +859,12 @@ def _set_words(shard_set: ShardSet) -> str:
 
 
 def _skip(run: _Writing, shard_set: ShardSet, position: int, reason: str, skipped: list) -> None:
-    sample_id = shard_set.samples.ids[shard_set.order[position]]
+    index = shard_set.order[position]
+    sample_id = shard_set.samples.ids[index]  # manifest.json's "path": relative to the data
     if run.strict:
-        raise InputError(
-            f"unreadable image {sample_id}: {reason}",
-            "fix or remove it, or leave out --strict to skip unreadable images",
-        )
+        raise strict_unreadable_error(f"{image_path(shard_set.samples, index)}: {reason}")
     if run.warned < MAX_WARNED:
-        log.warning(f"skipped unreadable image {sample_id}: {reason}")
+        log.warning(f"skipped unreadable image {image_path(shard_set.samples, index)}: {reason}")
     run.warned += 1
     skipped.append({"position": position, "path": sample_id, "reason": reason})
     run.advance(1)

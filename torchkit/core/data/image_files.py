@@ -49,6 +49,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
+from torchkit.core.io.errors import InputError
 from torchkit.core.io.file_kinds import file_kind
 from torchkit.core.runtime.fork_safe import ForkSafeLock
 
@@ -123,6 +124,28 @@ def unreadable_image_errors() -> tuple[type[BaseException], ...]:
     from PIL import Image
 
     return (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError)
+
+
+def strict_unreadable_error(described: str, *, turn_off: str = "leave out --strict") -> InputError:
+    """--strict's error for an unreadable image, in the same words in every command.
+    `described`: "PATH: REASON", PATH the image as `image_path` names it. `turn_off`: how the
+    command is told to skip unreadable images instead (train's "pass --no-strict": a recipe or
+    a resumed run may be the one that set --strict)."""
+    return InputError(
+        f"unreadable image {described}",
+        f"fix or remove it, or {turn_off} to skip unreadable images",
+    )
+
+
+def image_path(samples: Any, index: int) -> str:
+    """Sample `index` of `samples` as messages about it name it: its file's path as reached from
+    the working folder (the data folder as given, then the file's place in it), which the user
+    can open or remove as it is; a shard's member or a parquet row by its id (no file of its
+    own); in-memory data by its index. The `path: reason` of an unreadable item
+    (`core.data.dataset.make_dataset`) names it so."""
+    if samples.paths:
+        return str(samples.paths[index])
+    return samples.ids[index] if samples.ids else str(index)
 
 
 _pil_warnings_quiet = False

@@ -23,6 +23,7 @@ import numpy as np
 from torchkit.core.data.batches import none_read
 from torchkit.core.data.dataset import ShardSampler
 from torchkit.core.data.decode import NormalizedPixels, model_input
+from torchkit.core.data.image_files import strict_unreadable_error
 from torchkit.core.data.preprocessing import image_mode
 from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.data.sources.required import require_data
@@ -521,11 +522,7 @@ def _run(
     info_amp_dtype = None if setup.amp_dtype is None else amp_dtype_name(setup.amp_dtype)
     # Counted over every rank's gathered outputs: the same error on each, rank 0 reports it.
     if errors and options.strict:
-        raise on_every_rank(
-            InputError(
-                f"unreadable image {errors[0]}", "fix or remove it, or drop --strict to skip it"
-            )
-        )
+        raise on_every_rank(strict_unreadable_error(errors[0]))
     if nonfinite_batches and options.strict:
         raise on_every_rank(
             InputError(

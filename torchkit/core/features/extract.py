@@ -15,6 +15,7 @@ from pathlib import Path
 from torchkit import __version__
 from torchkit.core.data.batches import none_read
 from torchkit.core.data.decode import NormalizedPixels, model_input
+from torchkit.core.data.image_files import image_path, strict_unreadable_error
 from torchkit.core.data.preprocessing import Preprocess, image_mode
 from torchkit.core.data.sources.digits import DIGITS
 from torchkit.core.data.sources.inputs import data_inputs, listed_check, listed_inputs
@@ -907,12 +908,10 @@ def _loader(
 
 
 def _skip(samples: Samples, index: int, reason: str, strict: bool, errors: dict) -> None:
-    path = samples.paths[index] if samples.paths else str(index)
+    path = image_path(samples, index)
     why = reason[len(path) + 2 :] if reason.startswith(f"{path}: ") else reason
     if strict:
-        raise InputError(
-            f"cannot read image {path}: {why}", "fix or remove it, or drop --strict to skip it"
-        )
+        raise strict_unreadable_error(f"{path}: {why}")
     if len(errors) < _WARN_UNREADABLE:
         logger.warning("skipping unreadable image %s: %s", path, why)
     errors[index] = why

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchkit.core.data.batches import none_read
+from torchkit.core.data.image_files import strict_unreadable_error
 from torchkit.core.data.sources.samples import shown_class_names
 from torchkit.core.inference.options import (
     InferenceOptions,
@@ -565,9 +566,7 @@ class PredictRun:
                 message = errors[index]
                 summary.first_error = summary.first_error or message
                 if request.strict:
-                    raise InputError(
-                        f"unreadable image {message}", "fix or remove it, or drop --strict"
-                    )
+                    raise strict_unreadable_error(message)
                 if request.skip_errors:
                     continue
                 header = self._header

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkit.core.data.hashing import PHASH_FLOOR
+from torchkit.core.data.image_files import image_path, strict_unreadable_error
 from torchkit.core.data.neardup import DEFAULT_NEAR_THRESHOLD, MAX_THRESHOLD
 from torchkit.core.data.preprocessing import check_image_memory
 from torchkit.core.data.sources.digits import DIGITS
@@ -318,10 +319,7 @@ class _ScanTally:
     def take(self, result: ChunkResult) -> None:
         if self.strict and result.errors:
             index, reason, _ = min(result.errors)
-            raise InputError(
-                f"unreadable image {self.samples.ids[index]}: {reason}",
-                "fix or remove it, or leave out --strict to skip unreadable files",
-            )
+            raise strict_unreadable_error(f"{image_path(self.samples, index)}: {reason}")
         self.accumulator.merge(result.accumulator)
         if len(result.records):
             codes = result.name_codes(self.names)

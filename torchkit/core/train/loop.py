@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchkit.core.data.image_files import strict_unreadable_error
 from torchkit.core.io.errors import InputError, TorchkitError, UsageError, on_every_rank
 from torchkit.core.runtime import dynamo_free
 from torchkit.core.train import fused_step
@@ -168,7 +169,7 @@ class UnreadableImages:
     def report(self, errors: list[str]) -> None:
         for error in errors:
             if self.strict:
-                raise InputError(f"unreadable image {error}", "fix or remove it, or drop --strict")
+                raise strict_unreadable_error(error, turn_off="pass --no-strict")
             self.add(error)
 
     def add(self, error: str) -> None:
