@@ -276,3 +276,35 @@ def test_opening_reads_the_page_headers_of_a_few_row_groups(tmp_path, monkeypatc
     counted = [size * 8 / 9 for size in blocks.sizes]  # `blocks` adds an eighth for offsets
     for group, (size, real) in enumerate(zip(counted, sizes_read(str(path)), strict=True)):
         assert real * 0.98 <= size <= real * 1.1, (group, size, real)
+
+
+def test_a_column_hf_types_otherwise_is_no_rival_image_column(tmp_path):
+    """HF's Audio is the same {bytes, path} struct as its Image: a dataset whose metadata
+    calls `picture` its Image, beside a `sound` Audio, was warned of '2 image columns
+    (picture, sound)'. Quiet now; two columns the metadata calls Images are still said."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    kind = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    pictures, sounds = [png(i) for i in range(4)], [b"RIFF" + bytes([i]) for i in range(4)]
+
+    def column(values: list[bytes]):
+        return pa.array([{"bytes": b, "path": None} for b in values], kind)
+
+    def write(name: str, features: dict) -> str:
+        table = pa.table({"sound": column(sounds), "picture": column(pictures), "label": [0] * 4})
+        info = {"info": {"features": features}}
+        table = table.replace_schema_metadata({b"huggingface": json.dumps(info).encode()})
+        pq.write_table(table, tmp_path / name)
+        return str(tmp_path / name)
+
+    audio = write("audio.parquet", {"sound": {"_type": "Audio"}, "picture": {"_type": "Image"}})
+    said = run_torchkit_in_process("dataset-stats", audio, "-j", "0")
+    assert said.returncode == 0 and "image columns" not in said.stderr, said.stderr
+    assert [p.read_bytes() for p in open_data(audio).whole.paths] == pictures
+    both = write("both.parquet", {"picture": {"_type": "Image"}, "sound": {"_type": "Image"}})
+    said = run_torchkit_in_process("dataset-stats", both, "-j", "0")
+    assert said.returncode == 0, said.stderr
+    assert f"{both} has 2 image columns (picture, sound)" in said.stderr, said.stderr

@@ -406,9 +406,16 @@ class _File:
         self.features = _hf_features(schema)
         candidates = _image_columns(schema, self.features)
         self.image_column = candidates[0] if candidates else None
-        # The others where the choice is not by name (`_warn_of_unnamed_choice`).
-        named = self.image_column in IMAGE_COLUMNS
-        self.other_image_columns = [] if named else candidates[1:]
+        # The others where the choice is not by name (`_warn_of_unnamed_choice`): HF's
+        # metadata calls another column an Image too, or nothing tells them apart; never one it
+        # types otherwise (an Audio is the same {bytes, path} struct)
+        typed = _feature_type(self.features.get(self.image_column)) is not None
+        rivals = ("Image",) if typed else (None, "Image")
+        self.other_image_columns = [
+            name for name in candidates[1:]
+            if self.image_column not in IMAGE_COLUMNS
+            and _feature_type(self.features.get(name)) in rivals
+        ]  # fmt: skip
         if self.image_column is None:
             raise InputError(
                 f"{self.path} has no image column (its columns: {', '.join(schema.names)})",
