@@ -4,6 +4,7 @@ process: each request goes to the service it names, and waits only for that serv
 from __future__ import annotations
 
 import os
+import signal
 
 from suite_paths import HELPERS
 
@@ -44,5 +45,22 @@ def test_a_request_to_a_service_it_does_not_serve_is_no_answer(tmp_path, monkeyp
     try:
         assert helper.call({"n": 1}, "helper_service_gated") is None  # the caller does the work
         assert helper.process is None  # and the helper is given up
+    finally:
+        helper.close()
+
+
+def test_a_helper_answers_after_the_signals_its_command_stops_on(tmp_path, monkeypatch):
+    """SIGINT, SIGTERM and SIGHUP reach the helper with its command (a process group's
+    signal, the terminal closed): the command stops cleanly and may still ask. Before: SIGHUP,
+    which the command takes as SIGTERM, killed the helper, and the command did the work itself."""
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join([str(HELPERS), os.environ.get("PYTHONPATH", "")])
+    )
+    helper = HelperProcess.spawn("helper_service_first")
+    try:
+        assert helper.call({"n": 1}) == {"first": {"n": 1}}  # serving: its handlers are set
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            helper.process.send_signal(signum)
+            assert helper.call({"n": int(signum)}) == {"first": {"n": int(signum)}}, signum
     finally:
         helper.close()

@@ -9,10 +9,10 @@ its stdout. Whenever the helper cannot answer (it failed to start, died, timed o
 with an error) `call` returns None and the command does the work itself, as before: a result is
 never lost, and the errors a user sees are the command's own.
 
-A helper's life is its parent's: it ignores SIGINT and SIGTERM (the command decides how to stop,
-and may still want its answer) and exits when its stdin closes, which happens when the command
-closes it or dies in any way. Processes forked from the command (DataLoader workers) close their
-copy of the pipe at once, so that they cannot keep the helper alive.
+A helper's life is its parent's: it ignores SIGINT, SIGTERM and SIGHUP (the command decides how
+to stop, and may still want its answer) and exits when its stdin closes, which happens when the
+command closes it or dies in any way. Processes forked from the command (DataLoader workers)
+close their copy of the pipe at once, so that they cannot keep the helper alive.
 
 A service is a module with `prepare()` (the heavy imports) and `answer(request) -> result`
 (plain JSON values in and out); the helper runs `serve(module names)`. One helper may serve
@@ -195,6 +195,8 @@ def serve(*services: str) -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if hasattr(signal, "SIGHUP"):  # the command takes it as SIGTERM (the terminal closed)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     from torchkit.bytecode import keep_bytecode_cache
 
     keep_bytecode_cache()
