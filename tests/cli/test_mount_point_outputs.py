@@ -106,3 +106,36 @@ def test_a_file_output_that_is_a_mount_point_is_refused_before_any_work(tmp_path
         ), stderr
     assert kept.read_text() == "yours\n" and report.read_text() == ""
     assert sorted(os.listdir(tmp_path / "out")) == ["my report.json"]
+
+
+def test_a_run_folder_that_is_a_mount_point_is_not_offered_force(tmp_path):
+    """`train --out VOL` over an earlier run in a volume mounted at VOL said "pass --resume VOL
+    to continue that run, --force to overwrite it", and --force then refused VOL as a mount
+    point. Now the first refusal says so, and offers --resume and another --out only."""
+    import torch
+
+    from torchkit.core.io.force import write_marker
+
+    write_image_folder(tmp_path / "ds", {"a": 4, "b": 4})
+    last = tmp_path / "last.pt"
+    torch.save({"format_version": 1, "torchkit_version": "0"}, last)  # a run's, by its keys
+    train = ("train", "--model", "convnet", "--data", "ds", "--epochs", "1", "--out", "volume")
+    volume = tmp_path / "volume"
+    volume.mkdir()
+
+    def work(mount) -> list:
+        mount("tmpfs", volume, "tmpfs", 0, "size=1m")
+        write_marker(volume, "train")  # an earlier run: refused before any work
+        shutil.copy(last, volume / "last.pt")
+        plain = run_torchkit_in_process(*train, cwd=tmp_path)
+        forced = run_torchkit_in_process(*train, "--force", cwd=tmp_path)
+        return [plain.stderr, forced.returncode, forced.stderr, sorted(os.listdir(volume))]
+
+    plain, forced_code, forced_stderr, listed = in_mount_namespace(work)
+    assert error_line(plain) == (
+        "Error: run folder already exists: volume (pass --resume volume to continue that run, "
+        "or choose another --out; it is a mount point, which cannot be renamed to set the "
+        "earlier output in it aside: give a new folder inside it, or empty it yourself)"
+    )
+    assert forced_code == 1 and "volume is a mount point" in error_line(forced_stderr)
+    assert listed == [".torchkit", "last.pt"]

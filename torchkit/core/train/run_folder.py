@@ -24,8 +24,7 @@ from torchkit.core.io.errors import TorchkitError, first_line, on_every_rank
 from torchkit.core.io.file_outputs import check_output_file
 from torchkit.core.io.files import remove_stale_temporaries
 from torchkit.core.io.force import (
-    force_refusal_hint,
-    foreign_entries_hint,
+    force_hint,
     marker_command,
     note_starting_log,
     noting_started,
@@ -379,22 +378,21 @@ def option_inputs(config: TrainConfig) -> list[InputPath]:
 def _exists_hint(out: Path, owned: Collection[str]) -> str:
     """What to do about an existing run folder: one killed before its first checkpoint has
     nothing to continue, where `--resume` would only say it holds no last.pt; a folder that is
-    no run (another trainer's last.pt too) has neither way on; a run holding a file of the
-    user's (not in `owned`) is continued, but --force refuses to delete that file with it."""
+    no run (another trainer's last.pt too) has neither way on; a run that --force would refuse
+    to replace (a file of the user's in it, not in `owned`; a mount point) is continued, but
+    --force is not offered (`force_hint`, the rule `OutputFolder` then applies)."""
+    known = old_run_files(out)
+    refused = force_hint(out, "", known_files=known, command="train", owned=owned)
     if stopped_before_first_checkpoint(out):
-        foreign = foreign_entries_hint(out, owned)
         return "its run was stopped before its first checkpoint, so there is nothing to " + (
-            f"resume; {foreign}"
-            if foreign
+            f"resume; {refused}"
+            if refused
             else "resume: pass --force to start it again, or choose another --out"
         )
-    if marker_command(out) != "train" and not old_run_files(out):
-        refused = force_refusal_hint(out, (), "train")
-        if refused is not None:  # --resume finds no run's last.pt, and --force is refused
-            return refused
-    foreign = foreign_entries_hint(out, owned)
-    if foreign is not None:
-        return f"pass --resume {out} to continue that run, or choose another --out; {foreign}"
+    if refused and marker_command(out) != "train" and not known:
+        return refused  # --resume finds no run's last.pt, and --force is refused
+    if refused:
+        return f"pass --resume {out} to continue that run, or choose another --out; {refused}"
     return (
         f"pass --resume {out} to continue that run, --force to overwrite it, "
         "or choose another --out"
