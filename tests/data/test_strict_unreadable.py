@@ -1,6 +1,6 @@
-"""--strict's error for an unreadable image is one line in every command that reads images: the
-same words, the same hint, and the file named by the path the user reaches it by from the
-working folder (not by its place in the data folder in some commands only)."""
+"""How commands name an unreadable image: --strict's error is one line in every command that
+reads images (the same words, the same hint, the file named by the path the user reaches it by
+from the working folder); a shard's image also by the file its KEY.json records."""
 
 from __future__ import annotations
 
@@ -43,3 +43,34 @@ def test_every_command_says_the_same_of_an_unreadable_image_under_strict(tmp_pat
     assert stats.returncode == 1, stats.stderr
     assert error_line(stats.stderr) == SAID.format(reason="empty file", off="leave out --strict")
     assert sorted(path.name for path in (tmp_path / "data").rglob("*")) == before
+
+
+def test_an_unreadable_shard_image_is_named_with_the_path_its_json_records(tmp_path: Path):
+    """A shard's member name (shard-000000.tar/sample_00000003.jpg) names no file the user has:
+    where the sample's KEY.json records the file it was made from (convert shards writes it),
+    the warning and --strict's error name that too."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    write_image_folder(tmp_path / "data", {"a": 3, "b": 3})
+    whole = io.BytesIO()
+    noise = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    Image.fromarray(noise).save(whole, "JPEG")  # cut past its header: convert takes it
+    (tmp_path / "data" / "a" / "cut.jpg").write_bytes(whole.getvalue()[: whole.tell() // 2])
+    made = run_torchkit_in_process(
+        "convert", "shards", "data", "shards", "--no-shuffle", "-j", "0", cwd=tmp_path
+    )
+    assert made.returncode == 0, made.stderr
+    write_convnet_checkpoint(tmp_path / "m.pt", in_channels=3, image_size=8, classes="ab")
+    skipped = run_torchkit_in_process("eval", "m.pt", "--data", "shards", "-j", "0", cwd=tmp_path)
+    assert skipped.returncode == 0, skipped.stderr
+    assert "sample_00000003.json records its path: a/cut.jpg)" in skipped.stderr
+    strict = run_torchkit_in_process(
+        "eval", "m.pt", "--data", "shards", "--strict", "-j", "0", cwd=tmp_path
+    )
+    assert strict.returncode == 1
+    line = error_line(strict.stderr)
+    assert line.startswith("Error: unreadable image shard-000000.tar/sample_00000003.jpg: ")
+    assert "(sample_00000003.json records its path: a/cut.jpg) (fix or remove it" in line

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import os
+import posixpath
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -92,6 +93,19 @@ class StoredImage(str):
 
 def is_stored(path: object) -> bool:
     return isinstance(path, StoredImage)
+
+
+def recorded_source(path: object) -> str:
+    """For the message about an unreadable image: " (KEY.json records its path: SOURCE)" where
+    `path` is a shard's image whose sample's `KEY.json` records the file it was made from (as
+    `convert shards` writes it: the shard's member name alone names no file the user has);
+    "" for any other image. Read then, from the shard (`TarReader.recorded_path`)."""
+    recorded = getattr(path.reader, "recorded_path", None) if is_stored(path) else None
+    source = recorded(path.locator) if recorded is not None else None
+    if not source:
+        return ""
+    key = posixpath.basename(str(path)).split(".", 1)[0]
+    return f" ({key}.json records its path: {source})"
 
 
 @dataclass(frozen=True)

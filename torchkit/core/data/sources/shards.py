@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -95,7 +96,7 @@ from torchkit.core.data.sources.source import (
 )
 from torchkit.core.data.sources.splitting import SPLIT_NAMES, refuse_mixed_splits
 from torchkit.core.data.stored_image import Stamp, StoredImage, check_unchanged, file_stamp
-from torchkit.core.io.errors import InputError, first_and_more, short_repr
+from torchkit.core.io.errors import InputError, TorchkitError, first_and_more, short_repr
 from torchkit.core.io.file_kinds import file_kind
 from torchkit.core.io.files import read_text
 from torchkit.core.io.wording import counted
@@ -158,6 +159,41 @@ class TarReader:
 
     def _check(self, fd: int) -> None:
         check_unchanged(fd, self.stamp, self.path)
+
+    def recorded_path(self, locator: Any) -> str | None:
+        """The "path" the `KEY.json` of the sample whose image lies at `locator` records (the
+        source file `convert shards` made it from), for the message about an unreadable image;
+        None where there is none. Asked only then: never held per sample."""
+        try:
+            return _recorded_paths(self.path).get(locator)
+        except Exception:  # noqa: BLE001 - a detail of a message already being given
+            return None
+
+
+@functools.lru_cache(maxsize=4)
+def _recorded_paths(path: str) -> dict[tuple[int, int], str]:
+    """Each image's locator in the shard at `path` -> the "path" its sample's `KEY.json`
+    records, from the shard's headers listed again (a process lists a shard once for this,
+    on its first unreadable image)."""
+    listing = list_tar(path, labels=True)
+    reader = TarReader(path, listing.stamp)
+    by_key = {}
+    for member in listing.members:
+        split = _key_and_extension(member)
+        if split is None or split[1] != "json":
+            continue
+        try:
+            meta = json.loads(_member_bytes(listing, reader, member, path))
+        except (ValueError, RecursionError, TorchkitError):
+            continue
+        if isinstance(meta, dict) and isinstance(meta.get("path"), str) and meta["path"]:
+            by_key[split[0]] = meta["path"]
+    recorded = {}
+    for member, locator in listing.members.items():
+        split = _key_and_extension(member)
+        if split is not None and split[0] in by_key and split[1] != "json":
+            recorded[locator] = by_key[split[0]]
+    return recorded
 
 
 # Descriptors of this process (pread: no shared file position, so threads may read at once).
