@@ -232,6 +232,10 @@ def train_command(ctx: typer.Context, **values: Any) -> None:
         emit(tables=tables, data=data, fmt=fmt, output=output, force=force)
     except TorchkitError as error:  # a full disk: the run is not lost with its summary
         tell_note(_kept_run(result), error)
+        if result.interrupted:
+            # A stopped run ends with its signal's code however it ends, as every command
+            # does: the terminal a SIGHUP closed fails the summary's write (EIO).
+            error.exit_code = code
         raise
     if result.interrupted:
         console.stderr.print(
