@@ -46,7 +46,11 @@ from typing import Any
 
 from torchkit import __version__
 from torchkit.core.convert.sample_tar import SampleTarWriter
-from torchkit.core.data.image_files import image_path, strict_unreadable_error
+from torchkit.core.data.image_files import (
+    UNREADABLE_WARNINGS,
+    image_path,
+    strict_unreadable_error,
+)
 from torchkit.core.data.sources.discovery import IMAGE_EXTENSIONS
 from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.io import sizes
@@ -104,7 +108,7 @@ TAR_MODE = 0o444
 _BLOCK = tarfile.BLOCKSIZE
 _RECORD = tarfile.RECORDSIZE  # tarfile pads a closed archive to a multiple of this
 _END_BLOCKS = 2 * _BLOCK  # the two zero blocks that end an archive
-MAX_WARNED = 10  # unreadable images named one by one; the others are counted
+MAX_WARNED = UNREADABLE_WARNINGS  # unreadable images named one by one; the others are counted
 
 _SHARD_FILE = re.compile(r"(?:train|val|test|shard)-\d{6,}\.tar")
 # PIL format -> the extension an image of it is stored under, when its file's own is not one

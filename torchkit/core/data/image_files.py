@@ -126,6 +126,11 @@ def unreadable_image_errors() -> tuple[type[BaseException], ...]:
     return (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError)
 
 
+# Unreadable images a command names in a warning each (train, convert shards, extract-features);
+# the rest are counted, not named: thousands of broken files would bury every other line.
+UNREADABLE_WARNINGS = 10
+
+
 def strict_unreadable_error(described: str, *, turn_off: str = "leave out --strict") -> InputError:
     """--strict's error for an unreadable image, in the same words in every command.
     `described`: "PATH: REASON", PATH the image as `image_path` names it. `turn_off`: how the

@@ -15,7 +15,11 @@ from pathlib import Path
 from torchkit import __version__
 from torchkit.core.data.batches import none_read
 from torchkit.core.data.decode import NormalizedPixels, model_input
-from torchkit.core.data.image_files import image_path, strict_unreadable_error
+from torchkit.core.data.image_files import (
+    UNREADABLE_WARNINGS,
+    image_path,
+    strict_unreadable_error,
+)
 from torchkit.core.data.preprocessing import Preprocess, image_mode
 from torchkit.core.data.sources.digits import DIGITS
 from torchkit.core.data.sources.inputs import data_inputs, listed_check, listed_inputs
@@ -79,7 +83,7 @@ from torchkit.core.runtime.signals import signals_held
 logger = logging.getLogger("torchkit")
 
 DEFAULT_LAYERS = ("penultimate",)
-_WARN_UNREADABLE = 10  # warnings for the first few unreadable images; the rest are counted
+_WARN_UNREADABLE = UNREADABLE_WARNINGS  # warnings for the first few; the rest are counted
 # How often the progress record is saved: a killed run redoes at most this much work, and fast
 # GPU runs do not wait on an fsync per batch. Ctrl-C and errors save it at once.
 COMMIT_INTERVAL_S = 2.0

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchkit.core.data.image_files import strict_unreadable_error
+from torchkit.core.data.image_files import UNREADABLE_WARNINGS, strict_unreadable_error
 from torchkit.core.io.errors import InputError, TorchkitError, UsageError, on_every_rank
 from torchkit.core.runtime import dynamo_free
 from torchkit.core.train import fused_step
@@ -152,7 +152,7 @@ class StepContext:
 
 # Unreadable images named one warning each; the rest are counted (the summary's "Skipped
 # (unreadable)"), not named: a dataset with thousands of broken files would bury the epoch lines.
-WARN_UNREADABLE = 10
+WARN_UNREADABLE = UNREADABLE_WARNINGS
 
 
 class UnreadableImages:
