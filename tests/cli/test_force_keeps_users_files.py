@@ -491,3 +491,28 @@ def test_resume_continues_a_folder_holding_the_users_files(tmp_path):
     assert (out / "notes.txt").read_text() == "mine"
     with pytest.raises(OutputExistsError, match="holds .*notes.txt that torchkit did not write"):
         OutputFolder(out, command="train", force=True, owned=RUN_OUTPUTS)
+
+
+def test_a_report_the_marker_does_not_list_is_not_read(tmp_path, monkeypatch):
+    """`predict -o RUN/preds/all.csv` below a run folder: the run's marker does not list it, so
+    recording it reads nothing. Before, its content's digest was taken first (up to 256 MiB
+    read) and thrown away; the run's own report is still recorded with its digest."""
+    import hashlib
+
+    from torchkit.core.io import force
+
+    out = tmp_path / "run"
+    out.mkdir()
+    write_marker(out, "train", reports=["summary.json"])
+    (out / "preds").mkdir()
+    (out / "preds" / "all.csv").write_text("path,label\n")
+    (out / "summary.json").write_text("{}\n")
+    read = []
+    digest = force._content_digest
+    monkeypatch.setattr(force, "_content_digest", lambda path, size: read.append(path.name))
+    note_report(out / "preds" / "all.csv")
+    assert read == []
+    monkeypatch.setattr(force, "_content_digest", digest)
+    note_report(out / "summary.json")
+    [entry] = json.loads((out / ".torchkit").read_text())["reports"]
+    assert entry["sha256"] == hashlib.sha256(b"{}\n").hexdigest()

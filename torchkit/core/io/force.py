@@ -104,17 +104,15 @@ def note_report(report: str | os.PathLike) -> None:
         info = os.stat(real)
     except OSError:
         return
-    listed = False
-    # Its content's digest too: the output folder copied (new times) still holds its report.
-    digest = _content_digest(real, info.st_size) if stat.S_ISREG(info.st_mode) else None
-    for entry in entries:
-        if isinstance(entry, dict) and entry.get("path") == name:
-            entry.update(bytes=info.st_size, mtime_ns=info.st_mtime_ns)
-            if digest is not None:
-                entry["sha256"] = digest
-            listed = True
+    listed = [e for e in entries if isinstance(e, dict) and e.get("path") == name]
     if not listed or not stat.S_ISREG(info.st_mode):
-        return
+        return  # (never read: a report of another folder's below a run folder)
+    # Its content's digest too: the output folder copied (new times) still holds its report.
+    digest = _content_digest(real, info.st_size)
+    for entry in listed:
+        entry.update(bytes=info.st_size, mtime_ns=info.st_mtime_ns)
+        if digest is not None:
+            entry["sha256"] = digest
     _rewrite_marker(marker, record)
 
 
