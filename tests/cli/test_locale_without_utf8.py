@@ -26,3 +26,25 @@ def test_a_name_the_file_system_encoding_cannot_hold_says_to_use_a_utf8_locale(t
     assert line.endswith(
         "(run it under a UTF-8 locale, such as LC_ALL=C.UTF-8, or with PYTHONUTF8=1)"
     )
+
+
+def test_a_label_the_file_system_encoding_cannot_hold_is_said_to_be_that(tmp_path):
+    """`split` of a CSV index makes a folder per label. Before: `label 'caf\\xe9' cannot be a
+    class folder: a class folder must be one folder name: not blank, '.' or '..', without / \\
+    or NUL, at most 255 bytes`, none of which was what stood in the way."""
+    (tmp_path / "images").mkdir()
+    Image.new("RGB", (4, 4)).save(tmp_path / "images" / "a.png")
+    index = tmp_path / "images" / "index.csv"
+    index.write_text("path,label\na.png,café\n", encoding="utf-8")
+    done = run_torchkit_process(
+        "split", str(index), str(tmp_path / "out"),
+        env={"LC_ALL": "C", "PYTHONUTF8": "0"},
+        fresh=True,  # the file system encoding is chosen as the interpreter starts
+    )  # fmt: skip
+    assert done.returncode == 1 and done.stdout == ""
+    assert error_line(done.stderr) == (
+        "Error: label 'caf\\xe9' cannot be a class folder: not in this Python's file system "
+        "encoding, ascii; run it under a UTF-8 locale, such as LC_ALL=C.UTF-8, or with "
+        "PYTHONUTF8=1 (fix the label, or use --mode manifest)"
+    )
+    assert not (tmp_path / "out").exists()

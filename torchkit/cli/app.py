@@ -23,7 +23,7 @@ from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from torchkit import __version__, deferred_signals, working_folder
 from torchkit.cli import console
-from torchkit.core.io.errors import NAME_TOO_LONG_HINT, first_line
+from torchkit.core.io.errors import FS_ENCODING_HINT, NAME_TOO_LONG_HINT, first_line
 from torchkit.core.io.folder_locks import held_until_the_command_ends
 from torchkit.core.io.open_outputs import closed_at_end
 from torchkit.core.runtime.signals import (
@@ -78,7 +78,7 @@ def describe_unexpected(error: BaseException) -> tuple[str, str]:
         return (
             f"a file name cannot be held in this Python's file system encoding, {names}: "
             f"{first_line(error, with_type=True)}",
-            "run it under a UTF-8 locale, such as LC_ALL=C.UTF-8, or with PYTHONUTF8=1",
+            FS_ENCODING_HINT,
         )
     return first_line(error, with_type=True), f"set {DEBUG_ENV}=1 to see the traceback"
 

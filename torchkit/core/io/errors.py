@@ -36,6 +36,9 @@ class TorchkitError(Exception):
 
 # The hint for a path the file system cannot hold (ENAMETOOLONG), wherever it is met.
 NAME_TOO_LONG_HINT = "shorten it: a file system takes at most 255 bytes a name, 4,095 a path"
+# The hint for a name Python's file system encoding cannot hold: one not UTF-8 (ascii under
+# LC_ALL=C with PYTHONUTF8=0, Latin-1), whose names read from UTF-8 text cannot all be spelled.
+FS_ENCODING_HINT = "run it under a UTF-8 locale, such as LC_ALL=C.UTF-8, or with PYTHONUTF8=1"
 
 
 class UsageError(TorchkitError):

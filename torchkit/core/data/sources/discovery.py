@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -19,7 +20,7 @@ from torchkit.core.data.sources.samples import (
     nfc,
     refuse_spelling_twins,
 )
-from torchkit.core.io.errors import InputError
+from torchkit.core.io.errors import FS_ENCODING_HINT, InputError
 from torchkit.core.io.files import tree_entries
 from torchkit.core.io.folder_contents import is_apple_double
 
@@ -75,6 +76,11 @@ def is_folder_name(name: str) -> bool:
 def class_folder_problem(name: str) -> str | None:
     """Why `name` cannot be the folder of a class that image-folder readers see (None when it
     can): for the commands that write class folders (convert cifar, split of a CSV index)."""
+    try:
+        os.fsencode(name)
+    except UnicodeError:  # an accent where the encoding is ascii (LC_ALL=C, PYTHONUTF8=0)
+        encoding = sys.getfilesystemencoding()
+        return f"not in this Python's file system encoding, {encoding}; {FS_ENCODING_HINT}"
     if not name.strip() or not is_folder_name(name):
         return (
             "a class folder must be one folder name: not blank, '.' or '..', without / \\ or "
