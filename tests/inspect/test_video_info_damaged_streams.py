@@ -407,31 +407,41 @@ def test_a_zeroed_mpeg_ps_is_damaged_and_a_cut_without_a_key_frame_not(tmp_path,
     assert_whole_and_zeroed(cut, tmp_path, "its video packets hold", (0.3,))
 
 
-def _soft_telecined(stream: bytes) -> bytes:
+_PULLDOWN = ((1, 1), (0, 0), (0, 1), (1, 0))  # (top_field_first, repeat_first_field)
+
+
+def _soft_telecined(
+    stream: bytes, flags=lambda shown: _PULLDOWN[shown % 4], progressive=False
+) -> bytes:
     """A 23.976 fps progressive MPEG-2 video stream flagged for 3:2 pulldown at 29.97, as
     DGPulldown does it (soft telecine): its sequence header's rate 29.97, its sequence
     interlaced, each picture's top_field_first and repeat_first_field in turn (3, 2, 3, 2
-    fields shown, in display order), each GOP's time code counting the frames shown."""
+    fields shown, in display order), each GOP's time code counting the frames shown.
+    `flags`: a picture's (top_field_first, repeat_first_field) by its place in display
+    order; `progressive`: a progressive sequence at 59.94 (a picture shown for 1 frame, 2
+    where it repeats its first field, 3 where top_field_first is set too)."""
     data, at, counted = bytearray(stream), 0, 0
-    flags = [(1, 1), (0, 0), (0, 1), (1, 0)]  # (top_field_first, repeat_first_field)
     base = shown = 0  # the pictures before the GOP, in display order
+    halves = 1 if progressive else 2  # the units a frame shown takes: frames, or fields
+    lasting = (lambda top, repeat: 1 + repeat * (1 + top)) if progressive else (lambda t, r: 2 + r)
     while (at := data.find(b"\x00\x00\x01", at)) >= 0 and at + 9 <= len(data):
         code = data[at + 3]
-        if code == 0xB3:
-            data[at + 7] = data[at + 7] & 0xF0 | 4  # frame rate code 4: 29.97
-        elif code == 0xB5 and data[at + 4] >> 4 == 1:
-            data[at + 5] &= ~0x08  # progressive_sequence off
-        elif code == 0xB8:  # its time code: the frames shown before it, at 30 (non-drop)
-            base, fields = counted, sum(3 if flags[k % 4][1] else 2 for k in range(counted))
-            minutes, pictures = divmod(fields // 2, 1800)
-            seconds, pictures = divmod(pictures, 30)
+        if code == 0xB3:  # frame rate code 4: 29.97 (7: 59.94)
+            data[at + 7] = data[at + 7] & 0xF0 | (7 if progressive else 4)
+        elif code == 0xB5 and data[at + 4] >> 4 == 1:  # progressive_sequence
+            data[at + 5] = data[at + 5] & ~0x08 | progressive << 3
+        elif code == 0xB8:  # its time code: the frames shown before it (non-drop)
+            rate = 60 if progressive else 30
+            base, units = counted, sum(lasting(*flags(k)) for k in range(counted))
+            minutes, pictures = divmod(units // halves, 60 * rate)
+            seconds, pictures = divmod(pictures, rate)
             code_bits = minutes << 13 | 1 << 12 | seconds << 6 | pictures
             field = int.from_bytes(data[at + 4 : at + 8], "big") & 0x7F | code_bits << 7
             data[at + 4 : at + 8] = field.to_bytes(4, "big")
         elif code == 0x00:
             shown = base + (data[at + 4] << 2 | data[at + 5] >> 6)  # its temporal reference
         elif code == 0xB5 and data[at + 4] >> 4 == 8:  # its picture coding extension
-            top, repeat = flags[shown % 4]
+            top, repeat = flags(shown)
             data[at + 7] = data[at + 7] & ~0x82 | top << 7 | repeat << 1
             data[at + 8] |= 0x80  # progressive_frame
             counted += 1
@@ -465,6 +475,60 @@ def test_a_zeroed_soft_telecined_mpeg_ps_is_damaged(tmp_path):
         zeroed = ps_video_frames(zeroed_copy(vob, tmp_path, at), "mpeg-ps", 29.97)
         assert zeroed.broken_at is not None and 140 <= zeroed.frames <= 144, at
     assert_whole_and_zeroed(vob, tmp_path, "its video packets hold", (0.5, 0.7))
+
+
+def _zeroes_between_packs(path: Path, every: int) -> bytes:
+    """The bytes of the MPEG-PS file `path` with 2,048 zero bytes before each `every`th pack
+    (bytes that are no pack: a break that takes nothing)."""
+    data = path.read_bytes()
+    packs = [found.start() for found in re.finditer(b"\x00\x00\x01\xba", data)][every::every]
+    parts = [data[start:end] for start, end in zip([0, *packs], [*packs, len(data)], strict=True)]
+    return bytes(2048).join(parts)
+
+
+@pytest.mark.parametrize("progressive", [False, True], ids=["interlaced", "progressive"])
+def test_an_mpeg_ps_soft_telecined_in_part_counts_no_more_pictures_than_it_holds(
+    tmp_path, progressive
+):
+    """A stream whose first half is pulled down (a film's 3:2 flags: 5 fields shown for 2
+    pictures; in a progressive sequence at 59.94, 5 frames) and whose second half is not (a
+    picture a frame) counted the pictures a break took as the frames it took over the mean
+    frames a picture is shown for, and placed a GOP's pictures by that mean: a copy zeroed
+    at 30% counted 246 pictures of 240 (258 in the progressive sequence), and a copy with
+    zeroes between its packs that took no picture read `damaged: 240 of the 243 frames its
+    video packets hold decode`. The frames lost are over the frames a picture is shown for
+    either side of the break (the more), and a GOP's pictures are placed by the frames the
+    pictures before them are shown for."""
+    film = ffmpeg_made(
+        tmp_path / "film.m2v",
+        *("-f", "lavfi", "-i", "testsrc=size=176x120:rate=24000/1001:duration=10"),
+        *("-c:v", "mpeg2video", "-g", "12", "-bf", "2", "-b:v", "2M"),
+        encoders=("mpeg2video",),
+        muxer="mpeg2video",
+    )
+
+    def flags(shown: int) -> tuple[int, int]:
+        if shown >= 120:  # a picture a frame
+            return (0, 0) if progressive else (1, 0)
+        if progressive:  # 3 frames, 2 frames in turn
+            return (1, 1) if shown % 2 == 0 else (0, 1)
+        return _PULLDOWN[shown % 4]
+
+    soft = tmp_path / "soft.m2v"
+    soft.write_bytes(_soft_telecined(film.read_bytes(), flags, progressive))
+    mpg = ffmpeg_made(tmp_path / "clip.mpg", "-i", soft, "-c", "copy", "-f", "mpeg", muxer="mpeg")
+    assert decoded_by_opencv(mpg) == 240
+    fps = probe_video(mpg).fps
+    for at in (0.3, 0.5, 0.7):
+        zeroed = ps_video_frames(zeroed_copy(mpg, tmp_path, at), "mpeg-ps", fps)
+        assert zeroed.broken_at is not None and 220 <= zeroed.frames <= 240, (at, zeroed)
+    for every in (7, 13, 29):
+        padded = tmp_path / f"padded-{every}.mpg"
+        padded.write_bytes(_zeroes_between_packs(mpg, every))
+        held = ps_video_frames(padded, "mpeg-ps", fps)
+        assert held.broken_at is not None and held.frames == 240, (every, held)
+        whole = probe_video(padded, exact=True)
+        assert (whole.status, whole.frames_decoded) == ("ok", 240), whole
 
 
 def test_a_zeroed_vcd_is_damaged(tmp_path):

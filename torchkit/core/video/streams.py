@@ -13,7 +13,9 @@ called damaged.
 
 from __future__ import annotations
 
+import array
 import functools
+import itertools
 import math
 import mmap
 import os
@@ -723,7 +725,9 @@ _NONZERO = re.compile(rb"[^\x00]")
 _MAX_PS_PACKETS = 100_000_000
 _FIT_PICTURES = 8  # the pictures a run of anchors spans at least, to check the frame rate by
 _MEDIAN_ANCHORS = 5  # the anchors of a run whose median keeps to the common offset
+_LOCAL_PICTURES = 60  # the pictures either side of a break whose frames shown are weighed
 _MPEG_START_CODE = re.compile(rb"\x00\x00\x01")
+
 # An MPEG-1/2 stream's start codes that count or number its pictures: a picture's, a sequence
 # header's, a GOP header's, an extension's (a picture's says how long it is shown); not its
 # slices' (a row of macroblocks each: 30 a DVD picture)
@@ -801,6 +805,7 @@ def _pictures_lost(
     breaks: list[tuple[float, bool]],
     jump: float,
     rate_checked: bool = False,
+    per_picture: list[float] | None = None,
 ) -> int:
     """The frames the breaks of a stream took, from its pictures whose frame position is
     known (`anchors`: a picture's number, the frames the pictures stored before it are shown
@@ -816,7 +821,8 @@ def _pictures_lost(
     more). Runs split where the positions step over `jump` frames either way (files joined,
     each restarting its times). `rate_checked`: none counted where the positions do not keep
     to one frame a picture (within a tenth, over a run of `_FIT_PICTURES`: a variable frame
-    rate, FFmpeg's rate wrong)."""
+    rate, FFmpeg's rate wrong). `per_picture`: the frames a picture is shown for about each
+    break (the frames it took over that are the pictures it took), one where not given."""
     import numpy as np
 
     if len(anchors) < 2 or not breaks:
@@ -842,12 +848,14 @@ def _pictures_lost(
     medians = [float(np.median(offset[run])) for run in runs]
     errors = [stray if len(run) < _MEDIAN_ANCHORS else 1.0 for run in runs]
     run_of = np.searchsorted(starts, np.arange(len(index)), side="right")
+    shown_for = np.ones(len(index) + 1)  # the frames a picture is shown for, by anchor after
+    np.maximum.at(shown_for, firsts, per_picture or np.ones(len(firsts)))
     missing = 0
     for first in np.unique(firsts):
         if 0 < first < len(index):
             now, before = run_of[first], run_of[first - 1]
-            grown = medians[now] - medians[before]
-            missing += max(0, int(grown - errors[now] - errors[before]))
+            grown = medians[now] - medians[before] - errors[now] - errors[before]
+            missing += max(0, int(grown / shown_for[first] + 1e-9))
     return missing
 
 
@@ -868,6 +876,8 @@ def _run_slope(index, positions, run) -> float:
 
 # The time codes' nominal rates of the frame rate codes (23.976 counts 24, 29.97 counts 30)
 _PS_TIMECODE_RATES = {1: 24, 2: 24, 3: 25, 4: 30, 5: 30, 6: 50, 7: 60, 8: 60}
+# Their rates: the frames shown a second, which a picture's time moves on by
+_PS_FRAME_RATES = {1: 24 / 1.001, 2: 24, 3: 25, 4: 30 / 1.001, 5: 30, 6: 50, 7: 60 / 1.001, 8: 60}
 
 
 def _gop_frame_number(field: bytes, rate: int) -> int:
@@ -903,13 +913,18 @@ class _PsPictures:
         self.anchors: list[tuple[float, int]] = []
         self.breaks: list[tuple[float, bool]] = []
         self.shown = 0.0  # the frames the pictures counted are shown for
+        # the frames the pictures before each are shown for (one each but where an MPEG-2
+        # picture repeats a field), and the pictures counted before each break
+        self.shown_before = array.array("d")
+        self.broken_after: list[int] = []
         self.progressive = False  # an MPEG-2 sequence extension's progressive_sequence
         self.time: int | None = None  # a packet's time, for the next picture to start
         # MPEG-1/2: the time codes' rate, the frame number of the last GOP header's time
         # code (None past a break, until the next), and each picture's number, that frame
         # number and its temporal reference
-        self.rate, self.gop = 0, None
-        self.numbered: list[tuple[float, int, int]] = []
+        self.rate, self.gop, self.gops = 0, None, 0
+        self.frame_rate: float | None = None  # the first sequence header's
+        self.numbered: list[tuple[float, int, int, int, int]] = []
 
     def lose(self, bytes_lost: bool = True) -> None:
         """Bytes of the stream lost (`bytes_lost`: bytes that are no pack, else a VCD's
@@ -918,25 +933,58 @@ class _PsPictures:
         self.read_bytes += len(self.carry)
         self.carry, self.vop_at, self.time, self.gop = b"", None, None, None
         self.breaks.append((self.shown, bytes_lost))
+        self.broken_after.append(self.frames)
 
     def lost(self, fps: float | None) -> int:
         """The pictures the breaks took (`_pictures_lost`), from the pictures' times at the
         rate `fps`, or the time codes and temporal references of MPEG-1/2 pictures: the
         more of the two (each can fall short, never exceed them); the frames lost over the
-        frames a picture is shown for on average (one but where pictures repeat fields)."""
+        frames a picture is shown for about the break (one but where pictures repeat fields:
+        the more of the pictures' before it and after it, `_LOCAL_PICTURES` each)."""
         import numpy as np
 
-        per_picture = self.shown / self.frames if self.frames else 1.0
-        # a temporal reference counts pictures, a time code frames shown
-        numbered = [(number, gop + order * per_picture) for number, gop, order in self.numbered]
-        by_codes = _pictures_lost(numbered, self.breaks, self.rate)
+        if not self.breaks:
+            return 0
+        shown = np.append(np.frombuffer(self.shown_before, np.float64), self.shown)
+        edges = [0, *self.broken_after, self.frames]
+        per_picture = []
+        for before, at, after in zip(edges, edges[1:], edges[2:], strict=False):
+            start, end = max(before, at - _LOCAL_PICTURES), min(after, at + _LOCAL_PICTURES)
+            sides = [(shown[b] - shown[a]) / (b - a) for a, b in ((start, at), (at, end)) if b > a]
+            per_picture.append(max(sides, default=1.0))
+        by_codes = _pictures_lost(self._numbered(shown), self.breaks, self.rate, False, per_picture)
+        if self.shown > self.frames and self.frame_rate:  # pictures that repeat fields:
+            fps = self.frame_rate  # their times move on at this rate (FFmpeg's strays: 31.0)
         if fps and len(self.anchors) >= 2:
             times = unwrapped_pts(np.array([time for _, time in self.anchors], np.int64))
             numbers = [number for number, _ in self.anchors]
             positions = list(zip(numbers, times * fps / PTS_CLOCK, strict=True))
-            by_times = _pictures_lost(positions, self.breaks, fps, rate_checked=True)
+            by_times = _pictures_lost(positions, self.breaks, fps, True, per_picture)
             by_codes = max(by_codes, by_times)
-        return int(by_codes / per_picture + 1e-9)
+        return by_codes
+
+    def _numbered(self, shown) -> list[tuple[float, float]]:
+        """The MPEG-1/2 pictures a GOP's time code numbers: each one's number (`anchors` of
+        `_pictures_lost`) and its place in frames shown, the time code's frame number and the
+        frames the GOP's pictures before it in display order (a smaller temporal reference)
+        are shown for (`shown`: the frames the pictures before each are shown for); a
+        picture of the GOP not read (a break took it) is taken as shown for its GOP's mean."""
+        places: list[tuple[float, float]] = []
+        for _, group in itertools.groupby(self.numbered, key=lambda entry: entry[4]):
+            pictures = list(group)
+            lasting = {
+                order: float(shown[index + 1] - shown[index]) for _, _, order, index, _ in pictures
+            }
+            mean = sum(lasting.values()) / len(lasting)
+            ordered = sorted(lasting)
+            before, place = {}, 0.0
+            for rank, order in enumerate(ordered):
+                unread = order - rank  # the orders before it that no picture read has
+                before[order] = place + unread * mean
+                place += lasting[order]
+            for number, gop, order, _, _ in pictures:
+                places.append((number, gop + before[order]))
+        return places
 
     def read(self, payload: bytes, time: int | None = None) -> None:
         """Count the pictures that start in a packet's data `payload`, the first given the
@@ -983,10 +1031,14 @@ class _PsPictures:
         frame more, two with top_field_first)."""
         if head[0] == 0xB3:  # a sequence header: its frame rate code
             self.rate = _PS_TIMECODE_RATES.get(head[4] & 0x0F, 0)
+            if self.frame_rate is None:
+                self.frame_rate = _PS_FRAME_RATES.get(head[4] & 0x0F)
         elif head[0] == 0xB8:  # a GOP header: its time code
             self.gop = _gop_frame_number(head[1:5], self.rate) if self.rate else None
+            self.gops += 1
         elif head[0] == 0x00 and self.gop is not None:
-            self.numbered.append((self.shown, self.gop, head[1] << 2 | head[2] >> 6))
+            order = head[1] << 2 | head[2] >> 6
+            self.numbered.append((self.shown, self.gop, order, self.frames, self.gops))
         elif head[0] == 0xB5 and head[1] >> 4 == 1:  # a sequence extension
             self.progressive = bool(head[2] & 0x08)
         elif head[0] == 0xB5 and head[1] >> 4 == 8 and head[3] & 3 == 3 and head[4] & 0x02:
@@ -1003,6 +1055,7 @@ class _PsPictures:
         elif self.following:
             self.following = kind == 3
             self.leading += kind == 3
+        self.shown_before.append(self.shown)
         self.frames += 1
         self.shown += 1
 
