@@ -10,8 +10,10 @@ import subprocess
 import textwrap
 
 from checkpoints import write_convnet_checkpoint
+from image_folders import write_image_folder
 from PIL import Image
 from processes import run_torchkit_process, signal_and_wait, start_torchkit_process, wait_until
+from suite_paths import HELPERS
 
 # Sends SIGHUP to its own process while the CLI's command modules are imported: before a
 # command's handlers are set.
@@ -108,3 +110,23 @@ def test_a_signal_ignored_at_start_stays_ignored_while_the_command_runs(tmp_path
         process.kill()
     assert os.listdir(out) == ["preds.csv"]
     assert (out / "preds.csv").read_text().count(str(image)) == 1
+
+
+def test_a_ctrl_c_ignored_at_start_stays_ignored_while_train_trains(tmp_path):
+    """train's own handlers (StopOnSignal) keep an inherited SIG_IGN too: the background job's
+    run trains to its end through a Ctrl-C sent on its 3rd update. Before: the Ctrl-C
+    stopped it (last.pt of epoch 1, exit 130)."""
+    data = write_image_folder(tmp_path / "data", {"a": 4, "b": 4})
+    out = tmp_path / "run"
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # the torchkit process inherits it
+    try:
+        done = run_torchkit_process(
+            "train", "--data", str(data), "--model", "nets:NoisyNet", "--image-size", "8",
+            "--epochs", "2", "--batch-size", "2", "-j", "0", "--device", "cpu",
+            "--out", str(out), "--format", "json",
+            env={"PYTHONPATH": str(HELPERS), "TORCHKIT_TEST_SIGINT_AT": "3"},
+        )  # fmt: skip
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert len(json.loads(done.stdout)["history"]) == 2 and "Interrupted" not in done.stderr
