@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import textwrap
+from pathlib import Path
 
 from checkpoints import write_convnet_checkpoint
 from image_folders import write_image_folder
@@ -35,9 +36,8 @@ HANG_UP_WHILE_STARTING = textwrap.dedent(
 )
 
 
-def test_a_hang_up_stops_a_command_as_sigterm_does_leaving_no_file(tmp_path):
-    """Before: SIGHUP killed the process outright (exit 129 in a shell, no line), leaving the
-    report's temporary file (and a run folder's lock file) behind."""
+def model_image_and_out(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A checkpoint, an image for `predict -` to read and an empty folder for its report."""
     checkpoint = tmp_path / "m.pt"
     write_convnet_checkpoint(checkpoint, in_channels=3, image_size=8, classes="ab")
     (tmp_path / "images").mkdir()
@@ -45,6 +45,13 @@ def test_a_hang_up_stops_a_command_as_sigterm_does_leaving_no_file(tmp_path):
     Image.new("RGB", (8, 8), (200, 10, 10)).save(image)
     out = tmp_path / "out"
     out.mkdir()
+    return checkpoint, image, out
+
+
+def test_a_hang_up_stops_a_command_as_sigterm_does_leaving_no_file(tmp_path):
+    """Before: SIGHUP killed the process outright (exit 129 in a shell, no line), leaving the
+    report's temporary file (and a run folder's lock file) behind."""
+    checkpoint, image, out = model_image_and_out(tmp_path)
     process = start_torchkit_process(
         "predict", "--device", "cpu", str(checkpoint), "-", "-o", str(out / "preds.csv"),
         "-j", "0", stdin=subprocess.PIPE,
@@ -84,13 +91,7 @@ def test_a_signal_ignored_at_start_stays_ignored_while_the_command_runs(tmp_path
     """A shell starts a background job (`torchkit ... &` in a script) with SIGINT ignored, so
     that a Ctrl-C meant for the script leaves it running; torchkit kept it ignored while it
     started. Before: the command's own handlers took it back (a Ctrl-C then gave exit 130)."""
-    checkpoint = tmp_path / "m.pt"
-    write_convnet_checkpoint(checkpoint, in_channels=3, image_size=8, classes="ab")
-    (tmp_path / "images").mkdir()
-    image = tmp_path / "images" / "a.png"
-    Image.new("RGB", (8, 8), (200, 10, 10)).save(image)
-    out = tmp_path / "out"
-    out.mkdir()
+    checkpoint, image, out = model_image_and_out(tmp_path)
     before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # the torchkit process inherits it
     try:
         process = start_torchkit_process(
