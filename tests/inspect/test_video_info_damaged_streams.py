@@ -1033,3 +1033,28 @@ def test_a_pal_dvd_title_part_starting_inside_a_picture_is_judged(tmp_path):
     held = ps_video_frames(part, "mpeg-ps", 25.0)
     assert held is not None and held.frames - held.leading == decoded_by_opencv(part)
     assert_whole_and_zeroed(part, tmp_path, "its video packets hold", zeroed_at=(0.3,))
+
+
+def test_an_mpeg2_picture_coding_extension_split_between_packets_is_read():
+    """The walk stops at the picture coding extensions that repeat a field only (a frame
+    picture's repeat_first_field: those of other pictures are passed over in the search
+    for start codes): one whose bytes two packets split is read with the second's, and one
+    that repeats no field, or codes a field picture, adds no frame shown."""
+    sequence = b"\x00\x00\x01\xb3\x0b\x00\x78\x34\xff\xff\xe0\x18"  # 176x120, 29.97
+    extension = b"\x00\x00\x01\xb5\x14\x82\x00\x01\x00\x00"  # interlaced sequence
+    gop = b"\x00\x00\x01\xb8\x00\x08\x00\x00"
+
+    def picture(order: int, structure: int, flags: int) -> bytes:
+        header = b"\x00\x00\x01\x00" + bytes([order >> 2, (order & 3) << 6 | 1 << 3, 0, 0])
+        coding = b"\x00\x00\x01\xb5\x8f\xff" + bytes([0xF0 | structure, flags, 0x80])
+        return header + coding + b"\x00\x00\x01\x01" + bytes(20)  # then its first slice
+
+    # (structure 3: a frame; flags: top_field_first 0x80, repeat_first_field 0x02)
+    pictures = [(3, 0x82), (3, 0x00), (3, 0x02), (1, 0x02), (3, 0x80), (2, 0x02), (3, 0x82)]
+    stream = b"".join(picture(order, *kind) for order, kind in enumerate(pictures))
+    for split in range(len(stream) + 1):
+        state = streams._PsPictures()
+        state.read(sequence + extension)  # (the codec told: its start codes searched for)
+        state.read(gop + stream[:split])
+        state.read(stream[split:] + b"\x00\x00\x01\xb3")  # (the next start code ends it)
+        assert (state.frames, state.shown) == (7, 8.5), split

@@ -728,10 +728,26 @@ _MEDIAN_ANCHORS = 5  # the anchors of a run whose median keeps to the common off
 _LOCAL_PICTURES = 60  # the pictures either side of a break whose frames shown are weighed
 _MPEG_START_CODE = re.compile(rb"\x00\x00\x01")
 
+
+def _byte_class(kept) -> bytes:
+    """A regular expression's class of the bytes for which `kept` holds."""
+    return b"[" + b"".join(b"\\x%02x" % value for value in range(256) if kept(value)) + b"]"
+
+
 # An MPEG-1/2 stream's start codes that count or number its pictures: a picture's, a sequence
-# header's, a GOP header's, an extension's (a picture's says how long it is shown); not its
-# slices' (a row of macroblocks each: 30 a DVD picture)
-_MPEG12_CODES = re.compile(rb"\x00\x00\x01[\x00\xb3\xb5\xb8]")
+# header's, a GOP header's, a sequence extension's (progressive_sequence), a picture coding
+# extension's of a frame picture that repeats a field (it is shown for longer); not its
+# slices' (a row of macroblocks each: 30 a DVD picture), nor the picture coding extension of
+# every other picture (one each: as many matches again to pass over). An extension's start
+# code whose next bytes are not all there yet matches, to be read with the next packet's.
+_MPEG12_CODES = re.compile(
+    rb"\x00\x00\x01(?:[\x00\xb3\xb8]|\xb5(?![^\x10-\x1f\x80-\x8f]|[\x80-\x8f].(?:"
+    + _byte_class(lambda value: value & 3 != 3)  # picture_structure: a field, not a frame
+    + b".|."
+    + _byte_class(lambda value: not value & 2)  # repeat_first_field not set
+    + b")))",
+    re.DOTALL,
+)
 # The picture types (1: I, 2: P, 3: B) of an MPEG-4 Part 2 VOP's coding type (I, P, B, S)
 _VOP_TYPES = (1, 2, 3, 2)
 
