@@ -13,6 +13,7 @@ import stat
 import time
 from collections.abc import Callable, Collection, Iterable
 from pathlib import Path, PurePath
+from typing import BinaryIO, TypeVar
 
 from torchkit import __version__
 from torchkit.core.io.errors import (
@@ -30,6 +31,8 @@ from torchkit.core.io.temporaries import (
     is_unlocked,
     remove_if_unlocked,
 )
+
+T = TypeVar("T")
 
 
 def write_marker(
@@ -246,9 +249,17 @@ _RUN_RECORD_LIMIT = 64 << 20  # read whole: 64 MB is about 0.5 s of json.loads
 
 def _json_record(path: Path, limit: int = _RECORD_LIMIT) -> object:
     """The JSON value in the regular file `path` of at most `limit` bytes, or None: not there,
-    not JSON, too large, or not a regular file. Opened without blocking and read only when
-    regular, so a FIFO or a device planted under a record's name cannot hang the check (or feed
-    it without end)."""
+    not JSON, too large, or not a regular file (`_read_regular`)."""
+    return _read_regular(
+        path, limit, lambda handle, _: json.loads(handle.read(limit).decode("utf-8"))
+    )
+
+
+def _read_regular(path: Path, limit: int, read: Callable[[BinaryIO, int], T]) -> T | None:
+    """`read(handle, size)` of the regular file `path` of at most `limit` bytes, or None: not
+    there, not a regular file, larger, or unreadable (`read` raising OSError or ValueError).
+    Opened without blocking and read only when regular, so a FIFO or a device planted under a
+    record's name cannot hang the check (or feed it without end)."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError:
@@ -258,7 +269,7 @@ def _json_record(path: Path, limit: int = _RECORD_LIMIT) -> object:
         if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
             return None
         with os.fdopen(fd, "rb", closefd=False) as handle:
-            return json.loads(handle.read(limit).decode("utf-8"))
+            return read(handle, info.st_size)
     except (OSError, ValueError):
         return None
     finally:
@@ -370,29 +381,19 @@ _DIGEST_LIMIT = 256 << 20
 
 def _content_digest(path: Path, size: int) -> str | None:
     """The SHA-256 (hex) of the regular file `path` of `size` bytes, or None: larger than
-    `_DIGEST_LIMIT`, not a regular file, not of that size, or unreadable. Opened without
-    blocking, so that a FIFO put under a start file's name cannot hang the check."""
+    `_DIGEST_LIMIT`, not a regular file, not of that size, or unreadable (`_read_regular`: a
+    FIFO put under a start file's name cannot hang the check)."""
     import hashlib
 
-    if size > _DIGEST_LIMIT:
-        return None
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except OSError:
-        return None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size != size:
+    def digest(handle: BinaryIO, found: int) -> str | None:
+        if found != size:
             return None
-        digest = hashlib.sha256()
-        with os.fdopen(fd, "rb", closefd=False) as handle:
-            for chunk in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(chunk)
-        return digest.hexdigest()
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+        sha256 = hashlib.sha256()
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            sha256.update(chunk)
+        return sha256.hexdigest()
+
+    return _read_regular(path, _DIGEST_LIMIT, digest) if size <= _DIGEST_LIMIT else None
 
 
 def clear_killed_start(folder: Path, command: str) -> bool:
