@@ -383,6 +383,47 @@ def test_an_mpeg_ts_whose_pmts_fail_their_crc_is_judged_by_its_video_pes(tmp_pat
     assert_whole_and_zeroed(failing, tmp_path, "its video packets hold")
 
 
+def test_an_mpeg_ts_whose_pmts_all_fail_their_crc_is_walked_by_the_pmt_ffmpeg_reads(tmp_path):
+    """FFmpeg reads a PMT whose CRC fails where the 10 sections on its PID before it failed
+    theirs too (a muxer that writes the CRC wrong, every PMT of a file damaged alike), and
+    decodes that PMT's first video stream. The walk took the first PID whose PES packets
+    are a video stream's: of a file of two video streams cut where the second's PES packet
+    comes first (a recording started anywhere), it counted the second's frames (113 where
+    52 decode: `damaged` on a file that lost none), and zeroed copies whose second stream
+    was the shorter read `ok`. It reads such a PMT as FFmpeg does."""
+    two = ffmpeg_made(
+        tmp_path / "two.ts",
+        *moving_picture(4, "64x48"),
+        *moving_picture(6, "96x64"),
+        *("-map", "0:v", "-map", "1:v", "-c:v", "mpeg2video"),
+        encoders=("mpeg2video",),
+        muxer="mpegts",
+    )
+    data = np.frombuffer(two.read_bytes(), np.uint8).reshape(-1, 188).copy()
+    pid = (data[:, 1].astype(np.int32) & 0x1F) << 8 | data[:, 2]
+    pat = data[np.flatnonzero(pid == 0)[0]]
+    section = pat[5 + pat[4] :].tobytes()  # the PAT's first program's PMT PID
+    pmt_pid = (section[10] & 0x1F) << 8 | section[11]
+    for number in np.flatnonzero((pid == pmt_pid) & (data[:, 1] & 0x40 > 0)):
+        start = 5 + data[number, 4]  # after the pointer field: its CRC ends the section
+        end = start + 3 + ((data[number, start + 1] & 0x0F) << 8 | data[number, start + 2])
+        data[number, end - 1] ^= 0xFF
+    videos = []  # the PIDs whose PES packets are a video stream's, in order
+    for number in np.flatnonzero(data[:, 1] & 0x40 > 0):
+        at = 4 + (1 + data[number, 4] if data[number, 3] & 0x20 else 0)
+        payload = data[number, at : at + 4].tobytes()
+        if payload[:3] == b"\x00\x00\x01" and payload[3] >> 4 == 0xE and pid[number] not in videos:
+            videos.append(int(pid[number]))
+    assert len(videos) == 2
+    starts = np.flatnonzero((data[:, 1] & 0x40 > 0) & (pid == videos[1]))
+    cut = tmp_path / "cut.ts"
+    cut.write_bytes(data[starts[len(starts) // 4] :].tobytes())  # the second's PES first
+    held = ts_video_frames(cut, "mpeg-ts")
+    assert decoded_by_opencv(cut) == held.frames - held.leading
+    assert probe_video(cut).width == 64
+    assert_whole_and_zeroed(cut, tmp_path, "its video packets hold", (0.5,))
+
+
 def test_a_zeroed_mpeg_ps_is_damaged_and_a_cut_without_a_key_frame_not(tmp_path, mpeg2_ts):
     """An MPEG-PS file (.mpg, .vob) records no frame count: a copy with a tenth zeroed read
     `ok` under --exact (223 of 250 frames decode). The pictures of its video packets'

@@ -50,6 +50,10 @@ _TS_CHUNK_PACKETS = 1 << 16  # packets read at a time (12 MiB)
 _DECODER_HOLDS = 16
 _TS_SECTION = 1024  # the most bytes of a PAT's or PMT's section
 _TS_TABLES_KEPT = 64  # the sections read kept, to read each table's repeats once
+# FFmpeg reads a section whose CRC fails where those on its PID before it failed too, this
+# many in a row (its crc_validity: one that holds sets it to 100, each that fails takes 1)
+_TS_CRC_FAILS_READ = 10
+_TS_CRC_HELD = 100
 
 
 def ts_video_frames(path: str | os.PathLike, container: str | None) -> HeldFrames | None:
@@ -66,7 +70,7 @@ def ts_video_frames(path: str | os.PathLike, container: str | None) -> HeldFrame
     it are not counted, and those from the last key frame before it, `_DECODER_HOLDS` at
     most, are `leading` too (a decoder fed another codec's data may never show those it
     still held: 3 of 90 H.264 frames, 1 to 3 MPEG-2); the tables are its first program's
-    (`_TsTables`); where the first chunk's packets hold no PMT whose CRC holds, the first
+    (`_TsTables`); where the first chunk's packets hold no PMT that is read, the first
     PID whose PES packets are a video stream's (as FFmpeg guesses the streams of a file
     whose tables it cannot read). None for other formats, no video stream in that program's
     first PMT (read in the first chunk's packets), or a file that flags no random access
@@ -89,7 +93,7 @@ def ts_video_frames(path: str | os.PathLike, container: str | None) -> HeldFrame
                 packets = np.frombuffer(data[:whole], np.uint8).reshape(-1, size)[:, prefix:]
                 switch = tables.switch_in(packets)
                 if tables.video is None and not tables.mapped and not first:
-                    tables.video = _ts_guessed_video(packets)  # no PMT whose CRC holds
+                    tables.video = _ts_guessed_video(packets)  # no PMT read
                 if tables.video is None:  # no video stream in its first PMT (or none read)
                     return None
                 packets = packets[:switch]  # (all of them where the codec stays)
@@ -180,16 +184,19 @@ class _TsTables:
     video stream that program's first PMT lists, and where a later PMT of it no longer lists
     that stream's PID with its stream type (a file of another codec, or with its video on
     another PID, joined by `cat`). A section is joined across the packets it takes (a PMT
-    listing many streams takes more than one) and read only whole, its CRC holding (as
-    FFmpeg reads them); a PMT is the program's only where it gives the program's number
-    (programs may share a PMT's PID, each its own section)."""
+    listing many streams takes more than one) and read only whole, its CRC holding or the
+    `_TS_CRC_FAILS_READ` before it on its PID failing theirs too (as FFmpeg reads them); a
+    PMT is the program's only where it gives the program's number (programs may share a
+    PMT's PID, each its own section)."""
 
     def __init__(self) -> None:
         self.program: tuple[int, int] | None = None  # the PAT's first program: number, PMT PID
         self.video: tuple[int, int] | None = None  # the first PMT's first video: type, PID
         self.mapped = False  # the first PMT read
         self.pending: dict[int, bytearray] = {}  # PID: the section begun on it
-        self.read: dict[bytes, object] = {}  # a section's bytes: what it says (they repeat)
+        self.read: dict[bytes, tuple[bool, object]] = {}  # a section's: its CRC holds, what
+        # it says (they repeat)
+        self.validity: dict[int, int] = {}  # a PID's: FFmpeg's crc_validity
 
     def switch_in(self, packets) -> int | None:
         """Reads the PATs and PMTs of the chunk `packets` (188 bytes a row, sync byte first);
@@ -209,7 +216,7 @@ class _TsTables:
         tables = packets[numbers].tobytes()
         for at, number in zip(range(0, len(tables), width), numbers.tolist(), strict=True):
             for section in self._sections(tables[at : at + width], int(pid[number])):
-                said = self._said(section)
+                said = self._said(section, int(pid[number]))
                 if said is None:
                     continue
                 if section[0] == 0x00 and pid[number] == 0:
@@ -249,12 +256,14 @@ class _TsTables:
                 del self.pending[pid]  # read, or no section (stuffing: 0xFF)
         return whole
 
-    def _said(self, section: bytes) -> object:
+    def _said(self, section: bytes, pid: int) -> object:
         """What a PAT (its first program: number, PMT PID) or a PMT (its program's number,
-        (stream type, PID) of each stream) says, its CRC holding; None otherwise."""
+        (stream type, PID) of each stream) on `pid` says, as FFmpeg reads it: its CRC
+        holding, or where the `_TS_CRC_FAILS_READ` sections on `pid` before it failed theirs
+        too (a muxer that writes the CRC wrong); None otherwise."""
         if section not in self.read:
             said = None
-            if len(section) >= 12 and _crc32(section, 0xFFFFFFFF) == 0:  # (over its CRC too)
+            if len(section) >= 12:
                 body = section[8:-4]
                 if section[0] == 0x00:
                     said = _ts_first_program(body)
@@ -262,8 +271,16 @@ class _TsTables:
                     said = (int.from_bytes(section[3:5], "big"), _ts_pmt_streams(body))
             if len(self.read) > _TS_TABLES_KEPT:  # (a table changes rarely: versions kept)
                 self.read.clear()
-            self.read[section] = said
-        return self.read[section]
+            holds = len(section) >= 12 and _crc32(section, 0xFFFFFFFF) == 0  # (over its CRC)
+            self.read[section] = holds, said
+        holds, said = self.read[section]
+        validity = self.validity.get(pid, 0)
+        if holds:
+            self.validity[pid] = _TS_CRC_HELD
+        elif validity > -_TS_CRC_FAILS_READ:
+            self.validity[pid] = validity - 1
+            return None
+        return said
 
 
 def _ts_payload(packet: bytes) -> bytes:
