@@ -365,6 +365,20 @@ def test_the_report_a_run_writes_into_its_output_folder_is_its_own(world):
     )
 
 
+def test_the_report_a_resumed_run_writes_into_its_folder_is_its_own(world):
+    """`train --resume out -o out/resumed.json`: the folder's marker listed only the reports
+    of the run that made it, so the next `train --out out --force` refused resumed.json as a
+    file "torchkit did not write". Now a continued run lists its own too."""
+    assert run_torchkit_in_process(*TRAIN, "--out", "out", cwd=world).returncode == 0
+    resumed = [*TRAIN[:-1], "2", "--resume", "out", "-o", "out/resumed.json"]
+    done = run_torchkit_in_process(*resumed, cwd=world)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((world / "out" / "resumed.json").read_text())
+    again = run_torchkit_in_process(*TRAIN, "--out", "out", "--force", cwd=world)
+    assert again.returncode == 0, again.stderr
+    assert not (world / "out" / "resumed.json").exists()  # replaced with the rest
+
+
 def test_a_report_in_an_output_copied_with_new_times_is_still_its_own(world):
     """An output folder copied as `cp -r` copies it (the same bytes, new times): the report its
     run wrote there was known by size and time only, and --force over the copy refused it as

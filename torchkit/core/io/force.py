@@ -119,6 +119,24 @@ def note_report(report: str | os.PathLike) -> None:
     _rewrite_marker(marker, record)
 
 
+def list_reports(folder: Path, reports: Iterable[str]) -> None:
+    """Add the -o files `reports` (as `write_marker`'s) to the list of the marker of `folder`
+    where it does not name them yet: a run continued in the folder (`--resume`) writes them
+    there too, and the next `--force` replaces them as the command's (`note_report` records
+    each once written). Nothing where the folder has no marker that can be read."""
+    marker = folder / MARKER
+    record = _json_record(marker)
+    if not isinstance(record, dict):
+        return
+    entries = record.get(REPORTS_KEY)
+    entries = entries if isinstance(entries, list) else []
+    named = {entry.get("path") for entry in entries if isinstance(entry, dict)}
+    added = [{"path": path} for path in dict.fromkeys(reports) if path not in named]
+    if added:
+        record[REPORTS_KEY] = [*entries, *added]
+        _rewrite_marker(marker, record)
+
+
 def _rewrite_marker(marker: Path, record: dict) -> None:
     """The marker `marker` rewritten whole with `record`; a failure leaves the old one (what it
     does not record stays the user's: refused, never deleted)."""

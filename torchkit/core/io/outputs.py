@@ -63,6 +63,7 @@ from torchkit.core.io.force import (
     force_hint,
     is_empty_dir,
     killed_start_leftovers,
+    list_reports,
     marker_field,
     refuse_foreign_entries,
     write_marker,
@@ -404,6 +405,8 @@ class OutputFolder:
                     write_marker(self.path, self.command, replaces=replaces, reports=self.reports)
                 except OutputWriteError as error:  # name the output, not the hidden temporary
                     raise write_error(self.final, error.__cause__ or error) from error
+            elif self.reports:  # continued in place (--resume): its -o reports are its own too
+                list_reports(self.path, self.reports)
             if self._aside is not None:  # a kill leaves the next run to remove what it wrote
                 self._journal = open(self.final / WRITTEN_JOURNAL, "ab")  # noqa: SIM115
             self._claim_folder()
