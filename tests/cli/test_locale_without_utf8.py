@@ -3,6 +3,9 @@ file names in ASCII: a UTF-8 name it cannot hold is one `Error:` line that says 
 
 from __future__ import annotations
 
+import sys
+
+import pytest
 from output_checks import error_line
 from PIL import Image
 from processes import run_torchkit_process
@@ -48,3 +51,33 @@ def test_a_label_the_file_system_encoding_cannot_hold_is_said_to_be_that(tmp_pat
         "PYTHONUTF8=1 (fix the label, or use --mode manifest)"
     )
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("encoding", ["iso8859-1", "iso8859-15"])
+def test_a_latin_file_system_encoding_is_told_by_the_name_it_cannot_hold(monkeypatch, encoding):
+    """Under a Latin-1 locale (PYTHONUTF8=0) the codec fails as 'latin-1' (iso8859-15: as
+    'charmap'), not as the encoding Python names: before, `Error: UnicodeEncodeError: 'latin-1'
+    codec can't encode ... (set TORCHKIT_DEBUG=1 to see the traceback)`. In process: a locale
+    of that encoding is seldom installed to start a process under."""
+    from torchkit.cli.app import describe_unexpected
+
+    def failed(text: str, codec: str) -> UnicodeEncodeError:
+        try:
+            text.encode(codec)
+        except UnicodeEncodeError as error:
+            return error
+        raise AssertionError(f"{text!r} is {codec}")
+
+    monkeypatch.setattr(sys, "getfilesystemencoding", lambda: encoding)
+    what, hint = describe_unexpected(failed("日本/a.png", encoding))
+    assert what.startswith(
+        "a file name cannot be held in this Python's file system encoding, "
+        f"{encoding}: UnicodeEncodeError: "
+    )
+    assert hint == "run it under a UTF-8 locale, such as LC_ALL=C.UTF-8, or with PYTHONUTF8=1"
+    # Text the encoding holds failed elsewhere (an ASCII-only stream): no word of file names.
+    what, hint = describe_unexpected(failed("café", "ascii"))
+    assert what.startswith("UnicodeEncodeError: 'ascii' codec") and "TORCHKIT_DEBUG" in hint
+    monkeypatch.setattr(sys, "getfilesystemencoding", lambda: "utf-8")
+    what, _ = describe_unexpected(failed("日本", "ascii"))
+    assert what.startswith("UnicodeEncodeError: 'ascii' codec")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import copy
 import errno
@@ -71,7 +72,7 @@ def describe_unexpected(error: BaseException) -> tuple[str, str]:
             NAME_TOO_LONG_HINT,
         )
     names = sys.getfilesystemencoding()
-    if isinstance(error, UnicodeError) and getattr(error, "encoding", None) == names != "utf-8":
+    if _not_in_file_system_encoding(error, names):
         # Python without UTF-8 mode under a locale that is not UTF-8 (LC_ALL=C with
         # PYTHONUTF8=0, a Latin-1 locale) holds file names in that encoding: a name read from a
         # UTF-8 file (a CSV index, split.csv) that it cannot hold fails wherever it is used.
@@ -81,6 +82,19 @@ def describe_unexpected(error: BaseException) -> tuple[str, str]:
             FS_ENCODING_HINT,
         )
     return first_line(error, with_type=True), f"set {DEBUG_ENV}=1 to see the traceback"
+
+
+def _not_in_file_system_encoding(error: BaseException, names: str) -> bool:
+    """Whether `error` is text that the file system encoding `names`, where it is not UTF-8,
+    cannot hold. Told by the text, not by the codec's name, which is not the encoding's
+    (iso8859-1 fails as 'latin-1', iso8859-15 as 'charmap')."""
+    if not isinstance(error, UnicodeEncodeError) or codecs.lookup(names).name == "utf-8":
+        return False
+    try:
+        error.object[error.start : error.end].encode(names, "surrogateescape")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 # --- help as a user reads it ------------------------------------------------------------------
