@@ -31,7 +31,7 @@ from torchkit.core.io.force import (
 )
 from torchkit.core.io.output_locks import OutputLockedError, lock_path
 from torchkit.core.io.output_paths import MARKER
-from torchkit.core.io.outputs import OutputFolder
+from torchkit.core.io.outputs import OutputFolder, reports_inside
 from torchkit.core.io.overlap import InputPath, OutputOverlapError
 from torchkit.core.runtime import distributed
 from torchkit.core.train.checkpoint_writer import CheckpointWriter
@@ -157,10 +157,9 @@ class RunFolder:
     def _owned(self, out: Path) -> tuple[str, ...]:
         """What --force replaces in `out`: a run's files, and the -o summary this run writes
         into it (as `OutputFolder` counts them)."""
-        from torchkit.core.io.folder_contents import exact_pattern, path_inside
+        from torchkit.core.io.folder_contents import exact_pattern
 
-        inside = None if self.output_file is None else path_inside(self.output_file, out)
-        return (*RUN_OUTPUTS, *([exact_pattern(inside.as_posix())] if inside else []))
+        return (*RUN_OUTPUTS, *map(exact_pattern, reports_inside(out, [self.output_file])))
 
     def _out_path(self, plan: RunPlan) -> tuple[Path, bool]:
         """The run folder, and whether it continues the resumed run in place."""
