@@ -884,6 +884,42 @@ def test_a_long_flv_cut_before_its_last_audio_tag_is_truncated(tmp_path):
         ), options
 
 
+def test_an_flv_whose_audio_has_a_gap_cut_after_it_is_truncated(tmp_path):
+    """An FLV whose audio stops for a while (a live recording's dropout: no audio tags from
+    4 to 6 s), cut at the end of the first audio tag after the gap: its last tag was taken
+    to last as long as the time from the one before it, the gap, so its audio played to
+    the 8 s its header declares and the cut, 2 s of video gone, read `ok`. The last tag
+    lasts the shorter of the times between the last three; the whole file stays ok."""
+    made = ffmpeg_made(
+        tmp_path / "made.flv",
+        *moving_picture(8),
+        *("-f", "lavfi", "-i", "sine=duration=8", "-c:v", "flv", "-c:a", "adpcm_swf"),
+        *("-ar", "11025"),
+        encoders=("flv", "adpcm_swf"),
+        muxer="flv",
+    )
+    data = made.read_bytes()
+    ends = _flv_tag_ends(made)
+    tags = []  # (start, end, kind, time in ms) of each tag
+    for start, end in zip([int.from_bytes(data[5:9], "big") + 4, *ends[:-1]], ends, strict=True):
+        time = int.from_bytes(data[start + 4 : start + 7], "big") | data[start + 7] << 24
+        tags.append((start, end, data[start], time))
+    kept = [tag for tag in tags if not (tag[2] == 8 and 4000 < tag[3] < 6000)]  # the gap
+    whole = tmp_path / "gap.flv"
+    whole.write_bytes(data[: tags[0][0]] + b"".join(data[start:end] for start, end, *_ in kept))
+    at, cut_at = tags[0][0], None
+    for start, end, kind, time in kept:
+        at += end - start
+        if kind == 8 and time >= 6000:
+            cut_at = at
+            break
+    cut = tmp_path / "cut.flv"
+    cut.write_bytes(whole.read_bytes()[:cut_at])
+    assert probe_video(whole, exact=True).status == "ok"
+    for options in ({}, {"exact": True}, {"decode_check": False}):
+        assert probe_video(cut, **options).status == "truncated", options
+
+
 def _recorded_size(data: bytes, size: float) -> bytes:
     """An FLV file `data` whose metadata records `size` as its file size (`filesize`)."""
     found = re.search(rb"\x00\x08filesize\x00([\s\S]{8})", data)

@@ -404,15 +404,19 @@ class _FlvTags:
         self.latest = 0
         self.audio_bytes = 0
         self.audio_first: int | None = None
-        self.audio: list[int] = []  # the last two audio tags' times (ms)
+        self.audio: list[int] = []  # the last three audio tags' times (ms)
         self.ends_whole = False
 
     @property
     def audio_end_ms(self) -> int:
         """When its audio ends: its last tag lasts as long as the time from the one before it
-        (ADPCM's 4096 samples a tag: 0.19 s at 22 kHz), which FFmpeg's duration counts; 0
-        without two audio tags."""
-        return 2 * self.audio[1] - self.audio[0] if len(self.audio) == 2 else 0
+        (ADPCM's 4096 samples a tag: 0.19 s at 22 kHz), which FFmpeg's duration counts, or
+        from the one before that to it where that is shorter (a gap in the audio before its
+        last tag, a live recording's dropout, is no tag's length); 0 without two audio
+        tags."""
+        if len(self.audio) < 2:
+            return 0
+        return self.audio[-1] + min(b - a for a, b in itertools.pairwise(self.audio))
 
 
 def _flv_tags(path: str | os.PathLike) -> _FlvTags | None:
@@ -447,7 +451,7 @@ def _walk_flv_tags(data) -> _FlvTags:
         time = int.from_bytes(data[at + 4 : at + 7], "big") | data[at + 7] << 24
         tags.latest, taken = max(tags.latest, time), _FLV_TAG + length + 4
         if kind == 8:
-            tags.audio = [*tags.audio[-1:], time]
+            tags.audio = [*tags.audio[-2:], time]
             tags.audio_bytes += taken
             tags.audio_first = time if tags.audio_first is None else tags.audio_first
         elif kind == 9 and length:
