@@ -405,22 +405,13 @@ class _File:
         self.column_names = list(schema.names)
         self.features = _hf_features(schema)
         candidates = _image_columns(schema, self.features)
-        self.image_column = candidates[0] if candidates else None
-        # The others where the choice is not by name (`_warn_of_unnamed_choice`): HF's
-        # metadata calls another column an Image too, or nothing tells them apart; never one it
-        # types otherwise (an Audio is the same {bytes, path} struct)
-        typed = _feature_type(self.features.get(self.image_column)) is not None
-        rivals = ("Image",) if typed else (None, "Image")
-        self.other_image_columns = [
-            name for name in candidates[1:]
-            if self.image_column not in IMAGE_COLUMNS
-            and _feature_type(self.features.get(name)) in rivals
-        ]  # fmt: skip
-        if self.image_column is None:
+        if not candidates:
             raise InputError(
                 f"{self.path} has no image column (its columns: {', '.join(schema.names)})",
                 "images are an `image` column of HF's Image type ({bytes, path}) or of binary",
             )
+        self.image_column = candidates[0]
+        self.other_image_columns = _rival_image_columns(candidates, self.features)
         self.label_column = _label_column(schema, self.features)
         # From the column's type, not its values: a file of no rows has labels of a kind too.
         self.string_labels = self.label_column is not None and _is_string(
@@ -584,6 +575,18 @@ def _image_columns(schema: Any, features: dict) -> list[str]:
 
     named += [n for n in schema.names if pa.types.is_struct(schema.field(n).type) and usable(n)]
     return list(dict.fromkeys(named))
+
+
+def _rival_image_columns(candidates: list[str], features: dict) -> list[str]:
+    """The columns of `candidates` (`_image_columns`) besides the one read that could be the
+    images, where the choice is not by name (`_warn_of_unnamed_choice`): HF's metadata calls
+    another column an Image too, or nothing tells them apart; never one it types otherwise
+    (an Audio is the same {bytes, path} struct)."""
+    chosen, others = candidates[0], candidates[1:]
+    if chosen in IMAGE_COLUMNS:
+        return []
+    rivals = ("Image",) if _feature_type(features.get(chosen)) is not None else (None, "Image")
+    return [name for name in others if _feature_type(features.get(name)) in rivals]
 
 
 def _warn_of_unnamed_choice(files: list[_File]) -> None:
