@@ -809,6 +809,19 @@ def test_a_zeroed_mpeg_ps_of_h264_or_mpeg4_is_damaged(tmp_path, encoder, options
     assert (exact.status, exact.frames_decoded) == ("ok", 75)
 
 
+def _adpcm_flv(target: Path, seconds: float, audio_seconds: float) -> Path:
+    """An FLV of `seconds` of FLV1 video at 25 fps and `audio_seconds` of ADPCM audio at
+    11 kHz (4096 samples a tag: 0.37 s), as FFmpeg writes it."""
+    return ffmpeg_made(
+        target,
+        *moving_picture(seconds),
+        *("-f", "lavfi", "-i", f"sine=duration={audio_seconds}", "-c:v", "flv"),
+        *("-c:a", "adpcm_swf", "-ar", "11025"),
+        encoders=("flv", "adpcm_swf"),
+        muxer="flv",
+    )
+
+
 def test_an_flv_cut_between_tags_losing_audio_is_truncated(tmp_path):
     """A copy cut at a tag's end that loses its last audio tag and the video tags after it
     (an ADPCM tag plays 0.37 s at 11 kHz) is truncated, by the decode check and --exact (47
@@ -818,14 +831,7 @@ def test_an_flv_cut_between_tags_losing_audio_is_truncated(tmp_path):
     the file's duration, cannot be told from a whole file whose video ends there and whose
     recorded size a tool left stale: it reads ok, with the 47 frames that decode (as it
     does where its metadata records no size)."""
-    whole = ffmpeg_made(
-        tmp_path / "clip.flv",
-        *moving_picture(2),
-        *("-f", "lavfi", "-i", "sine=duration=2", "-c:v", "flv", "-c:a", "adpcm_swf"),
-        *("-ar", "11025"),
-        encoders=("flv", "adpcm_swf"),
-        muxer="flv",
-    )
+    whole = _adpcm_flv(tmp_path / "clip.flv", 2, 2)
     data = whole.read_bytes()
     starts = [int.from_bytes(data[5:9], "big") + 4, *_flv_tag_ends(whole)[:-1]]
     last_audio = max(i for i, start in enumerate(starts) if data[start] == 8)
@@ -861,14 +867,7 @@ def test_a_long_flv_cut_before_its_last_audio_tag_is_truncated(tmp_path):
     the 1,003 its header declares, within the count's slack (10), so nothing but the size
     its metadata records tells the cut, which it falls short of by that tag's bytes:
     truncated, by the decode check and --exact, and without decoding. Whole, it is ok."""
-    whole = ffmpeg_made(
-        tmp_path / "clip.flv",
-        *moving_picture(39.6),
-        *("-f", "lavfi", "-i", "sine=duration=40", "-c:v", "flv", "-c:a", "adpcm_swf"),
-        *("-ar", "11025"),
-        encoders=("flv", "adpcm_swf"),
-        muxer="flv",
-    )
+    whole = _adpcm_flv(tmp_path / "clip.flv", 39.6, 40)
     data = whole.read_bytes()
     starts = [int.from_bytes(data[5:9], "big") + 4, *_flv_tag_ends(whole)[:-1]]
     cut_at = max(start for start in starts if data[start] == 8)
@@ -890,14 +889,7 @@ def test_an_flv_whose_audio_has_a_gap_cut_after_it_is_truncated(tmp_path):
     to last as long as the time from the one before it, the gap, so its audio played to
     the 8 s its header declares and the cut, 2 s of video gone, read `ok`. The last tag
     lasts the shorter of the times between the last three; the whole file stays ok."""
-    made = ffmpeg_made(
-        tmp_path / "made.flv",
-        *moving_picture(8),
-        *("-f", "lavfi", "-i", "sine=duration=8", "-c:v", "flv", "-c:a", "adpcm_swf"),
-        *("-ar", "11025"),
-        encoders=("flv", "adpcm_swf"),
-        muxer="flv",
-    )
+    made = _adpcm_flv(tmp_path / "made.flv", 8, 8)
     data = made.read_bytes()
     ends = _flv_tag_ends(made)
     tags = []  # (start, end, kind, time in ms) of each tag
@@ -1005,14 +997,7 @@ def test_an_flv_whose_audio_plays_past_its_video_and_records_a_stale_size_is_ok(
     and without --exact; so did one whose recorded size is 1-10 kB over the file's, bytes
     the video's missing frames could take. Its last tag ends the file whole and its audio
     plays to its duration, so none of its tags is missing: ok, whatever size is recorded."""
-    made = ffmpeg_made(
-        tmp_path / "clip.flv",
-        *moving_picture(1.88),
-        *("-f", "lavfi", "-i", "sine=duration=2", "-c:v", "flv", "-c:a", "adpcm_swf"),
-        *("-ar", "11025"),
-        encoders=("flv", "adpcm_swf"),
-        muxer="flv",
-    )
+    made = _adpcm_flv(tmp_path / "clip.flv", 1.88, 2)
     data = made.read_bytes()
     assert probe_video(made, exact=True).frames_decoded == 47
     for extra in (1_000, 3_000, 10_000, 100_000):
