@@ -357,27 +357,33 @@ def test_a_zeroed_live_matroska_recording_is_damaged(tmp_path):
     assert_whole_and_zeroed(live, tmp_path, "its clusters hold")
 
 
-def test_an_mpeg_ts_whose_pmts_fail_their_crc_is_judged_by_its_video_pes(tmp_path, mpeg2_ts):
-    """A PMT is read only where its CRC holds: one that fails is passed over for the next
-    (FFmpeg's too). Where none in the first chunk holds (a file of one PMT, damaged; a muxer
-    that writes the CRC wrong), the walk gave up, and a copy with a tenth of it zeroed read
-    `ok`; FFmpeg guesses the streams from their PES packets and decodes the video: so does
-    the walk, the first PID whose PES packets are a video stream's (0xE0-0xEF)."""
-    data = np.frombuffer(mpeg2_ts.read_bytes(), np.uint8).reshape(-1, 188).copy()
+def _pmts_failing(path: Path, first: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The TS packets of `path` (188 bytes a row) with the CRC of each PMT of the PAT's first
+    program made to fail (its first `first` where given), and each packet's PID."""
+    data = np.frombuffer(path.read_bytes(), np.uint8).reshape(-1, 188).copy()
     pid = (data[:, 1].astype(np.int32) & 0x1F) << 8 | data[:, 2]
     pat = data[np.flatnonzero(pid == 0)[0]]
     section = pat[5 + pat[4] :].tobytes()  # the PAT's first program's PMT PID
     pmt_pid = (section[10] & 0x1F) << 8 | section[11]
     pmts = np.flatnonzero((pid == pmt_pid) & (data[:, 1] & 0x40 > 0))
     assert len(pmts) > 1
-    for broken, which in ((pmts[:1], "first"), (pmts, "all")):
-        copy = data.copy()
-        for number in broken:
-            start = 5 + copy[number, 4]  # after the pointer field: its CRC ends the section
-            end = start + 3 + ((copy[number, start + 1] & 0x0F) << 8 | copy[number, start + 2])
-            copy[number, end - 1] ^= 0xFF
+    for number in pmts[:first]:
+        start = 5 + data[number, 4]  # after the pointer field: its CRC ends the section
+        end = start + 3 + ((data[number, start + 1] & 0x0F) << 8 | data[number, start + 2])
+        data[number, end - 1] ^= 0xFF
+    return data, pid
+
+
+def test_an_mpeg_ts_whose_pmts_fail_their_crc_is_judged_by_its_video_pes(tmp_path, mpeg2_ts):
+    """A PMT is read only where its CRC holds: one that fails is passed over for the next
+    (FFmpeg's too, but where the 10 before it on its PID failed theirs too). Where none in
+    the first chunk is read (a file of one PMT, damaged; a muxer that writes the CRC
+    wrong), the walk gave up, and a copy with a tenth of it zeroed read `ok`; FFmpeg guesses
+    the streams from their PES packets and decodes the video: so does the walk, the first
+    PID whose PES packets are a video stream's (0xE0-0xEF)."""
+    for first, which in ((1, "first"), (None, "all")):
         failing = tmp_path / f"{which}-pmt-fails.ts"
-        failing.write_bytes(copy.tobytes())
+        failing.write_bytes(_pmts_failing(mpeg2_ts, first)[0].tobytes())
         held = ts_video_frames(failing, "mpeg-ts")
         assert (held.frames, held.leading, held.broken_at) == (100, 0, None), which
     assert_whole_and_zeroed(failing, tmp_path, "its video packets hold")
@@ -399,15 +405,7 @@ def test_an_mpeg_ts_whose_pmts_all_fail_their_crc_is_walked_by_the_pmt_ffmpeg_re
         encoders=("mpeg2video",),
         muxer="mpegts",
     )
-    data = np.frombuffer(two.read_bytes(), np.uint8).reshape(-1, 188).copy()
-    pid = (data[:, 1].astype(np.int32) & 0x1F) << 8 | data[:, 2]
-    pat = data[np.flatnonzero(pid == 0)[0]]
-    section = pat[5 + pat[4] :].tobytes()  # the PAT's first program's PMT PID
-    pmt_pid = (section[10] & 0x1F) << 8 | section[11]
-    for number in np.flatnonzero((pid == pmt_pid) & (data[:, 1] & 0x40 > 0)):
-        start = 5 + data[number, 4]  # after the pointer field: its CRC ends the section
-        end = start + 3 + ((data[number, start + 1] & 0x0F) << 8 | data[number, start + 2])
-        data[number, end - 1] ^= 0xFF
+    data, pid = _pmts_failing(two)
     videos = []  # the PIDs whose PES packets are a video stream's, in order
     for number in np.flatnonzero(data[:, 1] & 0x40 > 0):
         at = 4 + (1 + data[number, 4] if data[number, 3] & 0x20 else 0)
