@@ -1259,8 +1259,11 @@ class _PlainMembers:
         name never stored), leaving what was at its name, and the folder it lies in, which tar
         makes for it. The targets, and the links, are looked up a folder at a time in a tree of
         their parts (`_part_tree`): linear in the names' length, however many there are."""
-        pending = self.unlinked
-        targets = _part_tree(_link_target(name, text, symbolic=False) for name, text, _ in pending)
+        pending = [
+            (name, text, at, _link_target(name, text, symbolic=False))
+            for name, text, at in self.unlinked
+        ]
+        targets = _part_tree(target for *_, target in pending)
         earliest: dict[str, int] = {}  # each target -> the first place of a name inside it
         for name in [*self.members, *self.links, *self.folders]:
             path = _unpacked_path(name)
@@ -1268,11 +1271,10 @@ class _PlainMembers:
                 for folder in _tree_folders_of(targets, path):
                     place = self.place(name)
                     earliest[folder] = min(place, earliest.get(folder, place))
-        links = _part_tree(p for p in map(_unpacked_path, self.links) if p is not None)
         spelled = {_unpacked_path(name): name for name in self.links}
+        links = _part_tree(path for path in spelled if path is not None)
         made: dict = {}  # the folders tar made for the links before not made, by their parts
-        for name, text, at in pending:
-            target = _link_target(name, text, symbolic=False)
+        for name, text, at, target in pending:
             node: dict | None = made
             for part in target.split("/"):
                 node = node.get(part) if node is not None else None
