@@ -178,22 +178,22 @@ def _recorded_paths(path: str) -> dict[tuple[int, int], str]:
     listing = list_tar(path, labels=True)
     reader = TarReader(path, listing.stamp)
     by_key = {}
-    for member in listing.members:
+    others: list[tuple[str, tuple[int, int]]] = []  # (key, locator) of each other member
+    for member, locator in listing.members.items():
         split = _key_and_extension(member)
-        if split is None or split[1] != "json":
+        if split is None:
+            continue
+        key, extension = split
+        if extension != "json":
+            others.append((key, locator))
             continue
         try:
             meta = json.loads(_member_bytes(listing, reader, member, path))
         except (ValueError, RecursionError, TorchkitError):
             continue
         if isinstance(meta, dict) and isinstance(meta.get("path"), str) and meta["path"]:
-            by_key[split[0]] = meta["path"]
-    recorded = {}
-    for member, locator in listing.members.items():
-        split = _key_and_extension(member)
-        if split is not None and split[0] in by_key and split[1] != "json":
-            recorded[locator] = by_key[split[0]]
-    return recorded
+            by_key[key] = meta["path"]
+    return {locator: by_key[key] for key, locator in others if key in by_key}
 
 
 # Descriptors of this process (pread: no shared file position, so threads may read at once).
