@@ -702,7 +702,7 @@ def _check_finite(
             finite &= ok
     if not bad_layers:
         return 0, None
-    first = _image_name(samples, rows[int(np.flatnonzero(~finite)[0])])
+    first = image_path(samples, rows[int(np.flatnonzero(~finite)[0])])
     count = int((~finite).sum())
     if request.strict:
         raise InputError(
@@ -731,12 +731,6 @@ def _listing_options(request: FeatureRequest) -> list[str]:
     """The options that load MODEL as this run does, for the --list-layers hint."""
     options = [] if request.weights is None else ["--weights", request.weights]
     return options + ["--trust-checkpoint"] * request.trust_checkpoint
-
-
-def _image_name(samples: Samples, index: int) -> str:
-    if samples.paths:
-        return samples.paths[index]
-    return samples.ids[index] if samples.ids else str(index)
 
 
 def _validate(request: FeatureRequest) -> None:
