@@ -525,17 +525,14 @@ def _image_bytes_read(path: str, metadata: Any, column: str) -> list[int]:
         read = {g: sum(decoded_chunk_bytes(fd, chunk) for chunk in chunks[g]) for g in sampled}
     finally:
         os.close(fd)
-    dictionary = set(encoded)
-
-    def estimate(g: int, size: int) -> int:
-        if g in read or g not in dictionary:
-            return read.get(g, size)
-        # the nearest sampled: a file's parts can differ (a run of repeated images), neighbours
-        # less
-        nearest = min(sampled, key=lambda s: abs(s - g))
-        return round(size * read[nearest] / max(1, stored[nearest]))
-
-    return [estimate(g, size) for g, size in enumerate(stored)]
+    estimated = stored.copy()
+    for g in encoded:
+        if g in read:
+            estimated[g] = read[g]
+        else:  # as the nearest sampled: a file's parts can differ (a run of repeated images)
+            nearest = min(sampled, key=lambda s: abs(s - g))
+            estimated[g] = round(stored[g] * read[nearest] / max(1, stored[nearest]))
+    return estimated
 
 
 def _hf_features(schema: Any) -> dict:
