@@ -86,13 +86,12 @@ TAR_OWNER = "torchkit"  # every member's user and group name
 # anything else, which replacing it would delete. Shards and manifests only where their content
 # shows torchkit wrote them (another tool's train-000000.tar or manifest.json is refused): each
 # member's owner `torchkit` (TAR_OWNER), the manifest's `written_by`, classes.txt's names those
-# its manifest lists (`_is_classes_file`). SHARD_NAMES: the names of shard files (`_SHARD_FILE`)
-# as `folder_contents` patterns.
-SHARD_NAMES = tuple(
-    f"{name}-[0-9][0-9][0-9][0-9][0-9][0-9]*.tar" for name in ("train", "val", "test", "shard")
-)
+# its manifest lists (`_is_classes_file`).
 SHARDS_OUTPUTS = (
-    *(proven(pattern, tar_by(TAR_OWNER)) for pattern in SHARD_NAMES),
+    *(
+        proven(f"{name}-[0-9][0-9][0-9][0-9][0-9][0-9]*.tar", tar_by(TAR_OWNER))
+        for name in ("train", "val", "test", "shard")
+    ),
     proven(MANIFEST, lambda path: _is_manifest(path)),  # (defined below)
     proven(PARTIAL_MANIFEST, lambda path: _is_manifest(path)),
     proven(CLASSES_FILE, lambda path: _is_classes_file(path)),
