@@ -213,6 +213,12 @@ def _started_entries(record: object) -> dict[str, dict]:
     }
 
 
+def _with_recorded_reports(folder: Path, owned: Collection[str]) -> tuple[str, ...]:
+    """`owned` (what a command writes in `folder`) and the -o reports an earlier run of it
+    wrote there (`recorded_reports`): what `--force` replaces as the command's own."""
+    return (*owned, *recorded_reports(folder))
+
+
 def recorded_reports(folder: Path) -> list[str]:
     """Exact patterns (`folder_contents`) of the reports the marker of `folder` lists as written
     there whose file is still the one recorded: regular, of the recorded size and time."""
@@ -476,8 +482,8 @@ def check_replaceable(
             f"{what} {folder} holds the output of torchkit {other}, not of {command}",
             f"--force only replaces an earlier output of {command}: choose another folder",
         )
-    if owned is not None:  # the -o reports an earlier run of the command wrote there: its own
-        refuse_foreign_entries(folder, (*owned, *recorded_reports(folder)), what=what)
+    if owned is not None:
+        refuse_foreign_entries(folder, _with_recorded_reports(folder, owned), what=what)
     refuse_mounts_inside(folder, what=what)
     return True
 
@@ -485,14 +491,20 @@ def check_replaceable(
 def refuse_mounts_inside(folder: Path, *, what: str) -> None:
     """`--force` replaces `folder` whole: refused where a file system or a bind mount is
     mounted inside it, whose files (another folder's, shown there) it would delete."""
-    points = MountTable.read().points_below(os.fspath(real_path(folder)))
+    points = _mounts_below(folder)
     if points:
         more = f" and {len(points) - 1} more" if len(points) > 1 else ""
         raise OutputExistsError(
-            f"{what} {shown(folder)} holds a mount at {sorted(points)[0]}{more}, whose files "
+            f"{what} {shown(folder)} holds a mount at {points[0]}{more}, whose files "
             "--force would delete with it",
             f"unmount it, or choose another folder than {shown(folder)}",
         )
+
+
+def _mounts_below(folder: Path) -> list[str]:
+    """The mount points inside `folder` (its real path), sorted: what `--force` would delete
+    with it (`refuse_mounts_inside`, `force_hint`)."""
+    return sorted(MountTable.read().points_below(os.fspath(real_path(folder))))
 
 
 def force_hint(
@@ -521,10 +533,10 @@ def force_hint(
             "it aside: give a new folder inside it, or empty it yourself"
         )
     if refused is None and folder.is_dir():
-        points = MountTable.read().points_below(os.fspath(real_path(folder)))
+        points = _mounts_below(folder)
         if points:
             refused = (
-                f"{subject} holds a mount at {sorted(points)[0]}, whose files --force would "
+                f"{subject} holds a mount at {points[0]}, whose files --force would "
                 "delete with it: unmount it, or choose another folder"
             )
     return refused or default
@@ -562,8 +574,9 @@ def foreign_entries_hint(
     (`refuse_foreign_entries`): None where there are none."""
     if owned is None:
         return None
-    owned = (*owned, *recorded_reports(folder))
-    foreign = foreign_entries(folder, owned, top_level=(MARKER, WRITTEN_JOURNAL))
+    foreign = foreign_entries(
+        folder, _with_recorded_reports(folder, owned), top_level=(MARKER, WRITTEN_JOURNAL)
+    )
     if not foreign:
         return None
     return (
