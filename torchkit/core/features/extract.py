@@ -220,7 +220,7 @@ def open_output(request: FeatureRequest, listed: Sequence[str] = ()) -> OutputFo
         if not (out / PARTIAL_DIR).is_dir():
             return ""
         # A file of the user's in OUT (or another command's output): --force refuses it too.
-        refused = force_hint(out, "", known_files=recorded, command="extract-features", owned=owned)
+        refused = _force_hint(out, "", recorded)
         if str(request.images) == STDIN:  # --resume with - is refused: stdin cannot be read again
             return "it holds an interrupted extraction, which a list piped on stdin cannot " + (
                 f"continue; {refused}" if refused else "continue: pass --force to start over"
@@ -241,6 +241,19 @@ def open_output(request: FeatureRequest, listed: Sequence[str] = ()) -> OutputFo
         # --resume removes OUT/.partial (an interrupted run's rows, started over or moved into
         # OUT at the end): refused where it holds a file the run did not write there.
         resume_removes=(PARTIAL_DIR,),
+    )
+
+
+def _force_hint(out: Path, default: str, recorded: Sequence[str], *, subject: str = "it") -> str:
+    """`force_hint` of OUT as `OutputFolder` judges it for extract-features (`recorded`:
+    `known_files(OUT)`): `default`, or what stops --force too (a file of yours in OUT)."""
+    return force_hint(
+        out,
+        default,
+        known_files=recorded,
+        command="extract-features",
+        owned=output_names(recorded),
+        subject=subject,
     )
 
 
@@ -345,15 +358,7 @@ def extract_features(
             )
             again += ", or save the list as a CSV index and give that"
             if holds_a_run:  # where --force would be refused too: what to do instead
-                recorded = known_files(out)
-                again = force_hint(
-                    out,
-                    again,
-                    known_files=recorded,
-                    command="extract-features",
-                    owned=output_names(recorded),
-                    subject=f"OUT {out}",
-                )
+                again = _force_hint(out, again, known_files(out), subject=f"OUT {out}")
             raise UsageError(
                 "--resume cannot continue a list piped on stdin (-): it cannot be read again",
                 again,
