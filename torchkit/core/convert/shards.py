@@ -107,7 +107,6 @@ TAR_MODE = 0o444
 _BLOCK = tarfile.BLOCKSIZE
 _RECORD = tarfile.RECORDSIZE  # tarfile pads a closed archive to a multiple of this
 _END_BLOCKS = 2 * _BLOCK  # the two zero blocks that end an archive
-MAX_WARNED = UNREADABLE_WARNINGS  # unreadable images named one by one; the others are counted
 
 _SHARD_FILE = re.compile(r"(?:train|val|test|shard)-\d{6,}\.tar")
 # PIL format -> the extension an image of it is stored under, when its file's own is not one
@@ -866,7 +865,7 @@ def _skip(run: _Writing, shard_set: ShardSet, position: int, reason: str, skippe
     sample_id = shard_set.samples.ids[index]  # manifest.json's "path": relative to the data
     if run.strict:
         raise strict_unreadable_error(f"{image_path(shard_set.samples, index)}: {reason}")
-    if run.warned < MAX_WARNED:
+    if run.warned < UNREADABLE_WARNINGS:
         log.warning(f"skipped unreadable image {image_path(shard_set.samples, index)}: {reason}")
     run.warned += 1
     skipped.append({"position": position, "path": sample_id, "reason": reason})
