@@ -1704,21 +1704,7 @@ def _shard_samples(
         images = [ext for ext in group if "." + ext.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS]
         images = [ext for ext in images if "." not in ext]  # `seg.png` is not the image
         if len(images) != 1:
-            what = "no image" if not images else f"{len(images)} images ({', '.join(images)})"
-            unmade = [] if images else _unmade_images_of(key, listing)
-            raise InputError(
-                f"sample {key} in {shown} has {what}; it holds {', '.join(sorted(group))}"
-                + (
-                    f" ({unmade[0]} is a hard link to {listing.unmade_hard_links[unmade[0]]}, "
-                    "stored before it or to no member: tar -x does not make it)"
-                    if unmade
-                    else ""
-                ),
-                "store the file, or the link after its target, as tar -cf does"
-                if unmade
-                else "one image per sample, as KEY."
-                + ", KEY.".join(e.lstrip(".") for e in sorted(IMAGE_EXTENSIONS)),
-            )
+            raise _not_one_image(key, group, images, shown, listing)
         name, index = _label(group, listing, reader, f"{key} in {shown}")
         if name is not None:
             name = labels.setdefault(name, name)
@@ -1727,6 +1713,28 @@ def _shard_samples(
         image = group[images[0]]
         samples.append(ShardSample(shown, key, image, listing.locator(image), name, index))
     return samples
+
+
+def _not_one_image(
+    key: str, group: dict[str, str], images: list[str], shown: str, listing: TarListing
+) -> InputError:
+    """The error for sample `key` of shard `shown` (its members by extension: `group`), whose
+    `images` are not one; where it has none, the image-named hard link tar -x does not make,
+    if it has one, and why."""
+    what = "no image" if not images else f"{len(images)} images ({', '.join(images)})"
+    message = f"sample {key} in {shown} has {what}; it holds {', '.join(sorted(group))}"
+    unmade = [] if images else _unmade_images_of(key, listing)
+    if unmade:
+        return InputError(
+            f"{message} ({unmade[0]} is a hard link to {listing.unmade_hard_links[unmade[0]]}, "
+            "stored before it or to no member: tar -x does not make it)",
+            "store the file, or the link after its target, as tar -cf does",
+        )
+    return InputError(
+        message,
+        "one image per sample, as KEY."
+        + ", KEY.".join(e.lstrip(".") for e in sorted(IMAGE_EXTENSIONS)),
+    )
 
 
 def _unmade_images_of(key: str, listing: TarListing) -> list[str]:
