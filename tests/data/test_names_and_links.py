@@ -699,6 +699,27 @@ def test_a_shard_image_that_is_a_hard_link_stored_before_its_target_is_named(tmp
     assert list(source.whole.labels) == [1, 0]
 
 
+def test_a_shard_sample_of_no_image_or_of_two_is_refused_naming_what_it_holds(tmp_path):
+    """A sample of no image member (and no hard link tar -x leaves unmade to name) or of two
+    images is refused, naming what it holds and the one image a sample has."""
+    hint = (
+        "(one image per sample, as KEY.bmp, KEY.gif, KEY.jfif, KEY.jpeg, KEY.jpg, KEY.pgm, "
+        "KEY.png, KEY.ppm, KEY.tif, KEY.tiff, KEY.webp)"
+    )
+    for name, extra, what in (
+        ("none", [("00000.txt", b"a cat")], "no image; it holds cls, txt"),
+        (
+            "two",
+            [("00000.png", png(0)), ("00000.jpg", png(0))],
+            "2 images (png, jpg); it holds cls, jpg, png",
+        ),
+    ):
+        (tmp_path / name).mkdir()
+        members = [*extra, ("00000.cls", b"0"), ("00001.png", png(1)), ("00001.cls", b"1")]
+        shard = tar_of_members(tmp_path / name / "shard-000000.tar", members)
+        assert _refused(shard) == f"sample 00000 in shard-000000.tar has {what} {hint}"
+
+
 def test_a_shard_with_a_member_stored_sparse_is_refused_naming_it(tmp_path):
     """A webdataset shard written with GNU tar --sparse: its sample was said to have no image
     ('it holds cls'), its image left unread."""
