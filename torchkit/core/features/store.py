@@ -870,9 +870,15 @@ def _require_bytes(source: Path, size: int) -> None:
     """The scratch array `source` holds `size` bytes, as its header says (InputError if not)."""
     short = size - source.stat().st_size
     if short > 0:
-        raise InputError(
-            f"cannot read {source}: it ends {short} bytes before its rows do", START_OVER
-        )
+        raise _cut_short(source, short)
+
+
+def _cut_short(source: Path, missing: int) -> InputError:
+    """The error of the scratch array `source` ending `missing` bytes before its rows do, told
+    as --force would take it (`finish`)."""
+    return InputError(
+        f"cannot read {source}: it ends {missing} bytes before its rows do", START_OVER
+    )
 
 
 def _copy_bytes(data, target, size: int, source: Path, convert=None, unit: int = 1) -> None:
@@ -884,10 +890,7 @@ def _copy_bytes(data, target, size: int, source: Path, convert=None, unit: int =
     while left:
         count = data.readinto(buffer[: min(len(buffer), left)])
         if not count:
-            raise InputError(
-                f"cannot read {source}: it ends {left} bytes before its rows do",
-                START_OVER,  # told as --force would take it (`finish`)
-            )
+            raise _cut_short(source, left)
         left -= count
         target.write(buffer[:count] if convert is None else convert(buffer[:count]))
 
