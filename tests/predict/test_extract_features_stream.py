@@ -198,6 +198,25 @@ def test_resume_of_a_stream_never_says_force_where_force_is_refused(runner, phot
     assert tree_digest(out) == before
 
 
+def test_resume_of_a_stream_into_a_link_to_a_run_says_force_refuses_links(runner, photos, tmp_path):
+    """OUT a symbolic link to an interrupted run: --resume with `-` says --force does not
+    replace a link (it said "pass --force in place of --resume", which then refused the link)."""
+    run, out = tmp_path / "run", tmp_path / "o"
+    _partial_rows(run / ".partial")
+    write_marker(run, "extract-features")
+    out.symlink_to(run, target_is_directory=True)
+    paths = "\n".join(photos)
+    refused = runner.invoke(app, [*BASE, "convnet", "-", str(out), "--resume"], input=paths)
+    assert refused.exit_code == 2
+    assert error_line(refused.stderr).endswith(
+        f"cannot be read again (OUT {out} is a symbolic link, which --force does not replace: "
+        "give the real folder or a new name)"
+    )
+    forced = runner.invoke(app, [*BASE, "convnet", "-", str(out), "--force"], input=paths)
+    assert forced.exit_code == 1  # the hint was right not to send the user here
+    assert out.is_symlink() and (run / ".partial").is_dir()
+
+
 def test_an_image_inside_out_later_in_the_stream_keeps_the_old_out(runner, photos, tmp_path):
     """A path read after the first rows that lies in OUT (replaced with --force) stops the run,
     and the old OUT, with that file, is put back as it was."""
