@@ -1258,7 +1258,8 @@ class _PlainMembers:
         hard link: No such file or directory": a hard link stored before its target, or to a
         name never stored), leaving what was at its name, and the folder it lies in, which tar
         makes for it. The targets, and the links, are looked up a folder at a time in a tree of
-        their parts (`_part_tree`): linear in the names' length, however many there are."""
+        their parts (`_part_tree`, `_links_by_part`): linear in the names' length, however many
+        there are."""
         pending = [
             (name, text, at, _link_target(name, text, symbolic=False))
             for name, text, at in self.unlinked
@@ -1271,8 +1272,7 @@ class _PlainMembers:
                 for folder in _tree_folders_of(targets, path):
                     place = self.place(name)
                     earliest[folder] = min(place, earliest.get(folder, place))
-        spelled = {_unpacked_path(name): name for name in self.links}
-        links = _part_tree(path for path in spelled if path is not None)
+        links = _links_by_part(self.links)
         made: dict = {}  # the folders tar made for the links before not made, by their parts
         for name, text, at, target in pending:
             node: dict | None = made
@@ -1281,8 +1281,7 @@ class _PlainMembers:
             implied = earliest.get(target, at) < at or node is not None
             # (a link on the way to a file: "Not a directory", nothing is made)
             through = any(
-                self.link_places[spelled[link]] < at
-                and self.links[spelled[link]] not in self.members
+                self.link_places[link] < at and self.links[link] not in self.members
                 for link in _tree_folders_of(links, target)
             )
             if implied or through:
@@ -1370,8 +1369,9 @@ def _part_tree(paths) -> dict:
 
 
 def _tree_folders_of(tree: dict, path: str) -> list[str]:
-    """The paths of `tree` (`_part_tree`) that are folders `path` lies in, outermost first:
-    one look-up a part, up to where the tree has no more."""
+    """What `tree` (`_part_tree`, `_links_by_part`) holds at the folders `path` lies in (a
+    path, a link's name), outermost first: one look-up a part, up to where the tree has no
+    more."""
     found, node = [], tree
     for part in path.split("/")[:-1]:
         node = node.get(part)
