@@ -75,3 +75,25 @@ def test_resume_starts_over_a_run_stopped_before_its_first_rows(runner, tmp_path
     assert resumed.exit_code == 0, resumed.stderr
     assert np.load(tmp_path / "stopped/penultimate.npy").shape[0] == 6
     assert not (tmp_path / "stopped/.partial").exists()
+
+
+def test_resume_of_other_weights_never_says_force_where_force_is_refused(
+    runner, tmp_path, monkeypatch
+):
+    """A finished OUT holding a file of yours, resumed with rewritten weights: the refusal
+    says what stops --force too, not "pass --force to start over with these weights"."""
+    monkeypatch.chdir(tmp_path)
+    write_image_folder(tmp_path / "a", {"x": 3, "y": 3}, size=8)
+    write_convnet_checkpoint(tmp_path / "model.pt", in_channels=3, image_size=8, classes="xy")
+    assert extract(runner, "done").exit_code == 0
+    (tmp_path / "done/notes.txt").write_text("mine", encoding="utf-8")
+    write_convnet_checkpoint(tmp_path / "model.pt", in_channels=3, image_size=8, classes="xy")
+    refused = extract(runner, "done", "--resume")
+    assert refused.exit_code == 2, refused.stderr
+    assert error_line(refused.stderr).endswith(
+        "(its file was rewritten since) (give another OUT; it holds done/notes.txt that "
+        "torchkit did not write, so --force is refused too: move it out first, or choose "
+        "another folder)"
+    )
+    assert extract(runner, "done", "--force").exit_code == 1  # the hint was right
+    assert (tmp_path / "done/notes.txt").read_text(encoding="utf-8") == "mine"
