@@ -1230,12 +1230,7 @@ class _PlainMembers:
             stored = target if target in self.links else self.spellings.get(target)
             if stored in self.links and stored not in self.hard:
                 linkname, symbolic = self.link_texts[stored], True
-            elif (
-                stored is None
-                and target not in self.links
-                and target not in self.members
-                and target not in self.folders
-            ):
+            elif stored is None and target not in self.members and target not in self.folders:
                 # tar -x links to what its target's path holds at this point: maybe nothing
                 # (stored after it, or never), a folder only its members imply, or a path
                 # through a link to a folder; the first leaves what is at its name as it is
