@@ -133,12 +133,25 @@ def _ts_guessed_video(packets) -> tuple[int, int] | None:
     does."""
     import numpy as np
 
-    starts = (packets[:, 0] == 0x47) & (packets[:, 1] & 0x40 > 0) & (packets[:, 3] & 0x10 > 0)
-    for number in np.flatnonzero(starts).tolist():
+    starts = np.flatnonzero(_ts_unit_starts(packets))
+    for number, pid in zip(starts.tolist(), _ts_pids(packets[starts]).tolist(), strict=True):
         payload = _ts_payload(packets[number].tobytes())
         if payload[:3] == MPEG_START and len(payload) > 3 and payload[3] & 0xF0 == _PS_VIDEO:
-            return 0, (int(packets[number, 1]) & 0x1F) << 8 | int(packets[number, 2])
+            return 0, pid
     return None
+
+
+def _ts_pids(packets):
+    """The PID of each TS packet of `packets` (188 bytes a row, sync byte first)."""
+    import numpy as np
+
+    return (packets[:, 1].astype(np.int32) & 0x1F) << 8 | packets[:, 2]
+
+
+def _ts_unit_starts(packets):
+    """Whether each TS packet of `packets` (188 bytes a row, sync byte first) holds the sync
+    byte and starts a PES packet or section in a payload it carries."""
+    return (packets[:, 0] == 0x47) & (packets[:, 1] & 0x40 > 0) & (packets[:, 3] & 0x10 > 0)
 
 
 def _ts_pes_starts(packets, video: int):
@@ -147,13 +160,10 @@ def _ts_pes_starts(packets, video: int):
     `packets` (188 bytes a row, sync byte first)."""
     import numpy as np
 
-    pid = (packets[:, 1].astype(np.int32) & 0x1F) << 8 | packets[:, 2]
-    control = packets[:, 3] >> 4 & 3  # 2: an adaptation field, 1: a payload, 3: both
-    starts = (packets[:, 0] == 0x47) & (pid == video) & (packets[:, 1] & 0x40 > 0)
-    starts &= control & 1 > 0
+    starts = _ts_unit_starts(packets) & (_ts_pids(packets) == video)
     numbers = np.flatnonzero(starts)
     rows = packets[starts]
-    adapted = rows[:, 3] >> 4 & 2 > 0
+    adapted = rows[:, 3] >> 4 & 2 > 0  # its control: 2 an adaptation field, 1 a payload, 3 both
     field = np.where(adapted, rows[:, 4].astype(np.int64) + 1, 0)
     random_access = adapted & (rows[:, 4] > 0) & (rows[:, 5] & 0x40 > 0)
     payload = 4 + field
@@ -204,7 +214,7 @@ class _TsTables:
         does."""
         import numpy as np
 
-        pid = (packets[:, 1].astype(np.int32) & 0x1F) << 8 | packets[:, 2]
+        pid = _ts_pids(packets)
         synced = packets[:, 0] == 0x47
         width, maps = packets.shape[1], {self.program[1]} if self.program else set()
         pats = packets[synced & (pid == 0) & (packets[:, 1] & 0x40 > 0)].tobytes()
