@@ -51,7 +51,7 @@ import posixpath
 import re
 import stat
 import tarfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -1259,7 +1259,7 @@ class _PlainMembers:
             (name, text, at, _link_target(name, text, symbolic=False))
             for name, text, at in self.unlinked
         ]
-        targets = _part_tree(target for *_, target in pending)
+        targets = _part_tree((target, target) for *_, target in pending)
         earliest: dict[str, int] = {}  # each target -> the first place of a name inside it
         for name in [*self.members, *self.links, *self.folders]:
             path = _unpacked_path(name)
@@ -1351,15 +1351,16 @@ class _PlainMembers:
         return None
 
 
-def _part_tree(paths) -> dict:
-    """A tree of `paths` (`a/b/c`) by their `/`-parts: each node a dict of parts -> nodes, the
-    node where a path ends holding it under the key None."""
+def _part_tree(held: Iterable[tuple[str, str]]) -> dict:
+    """A tree of the paths of `held` (each `a/b/c` with what is held there) by their
+    `/`-parts: each node a dict of parts -> nodes, the node where a path ends holding what is
+    held there under the key None (the last of a path given twice)."""
     tree: dict = {}
-    for path in paths:
+    for path, value in held:
         node = tree
         for part in path.split("/"):
             node = node.setdefault(part, {})
-        node[None] = path
+        node[None] = value
     return tree
 
 
@@ -2746,15 +2747,7 @@ def _links_by_part(links: dict[str, str | None]) -> dict:
     # The links of plain names last: a path is the link stored under it where one is.
     paths = [(_unpacked_path(link), link) for link in respelled]
     paths += [(link, link) for link in links if link not in respelled]
-    tree: dict = {}
-    for path, link in paths:
-        if path is None:
-            continue
-        node = tree
-        for part in path.split("/"):
-            node = node.setdefault(part, {})
-        node[None] = link
-    return tree
+    return _part_tree((path, link) for path, link in paths if path is not None)
 
 
 def _folder_written(
