@@ -125,16 +125,18 @@ class RunFolder:
             inputs = self._inputs(plan, in_place)
             if in_place:
                 _check_in_place_resume(plan.resumed_from, out)
+            known = old_run_files(out)  # (config.json read once: up to 64 MB)
             try:
                 self.output = OutputFolder(
                     out,
                     command="train",
                     force=config.force,
                     inputs=inputs,
-                    known_files=old_run_files(out),
+                    known_files=known,
                     what="run folder",
                     resume=in_place,
-                    exists_hint=_exists_hint(out, self._owned(out)),
+                    # Judged only where it may be told: a run continued in place is no refusal
+                    exists_hint="" if in_place else _exists_hint(out, self._owned(out), known),
                     start_files=START_FILES,
                     owned=RUN_OUTPUTS,
                     # The summary -o writes into the run folder is this run's to replace.
@@ -374,13 +376,13 @@ def option_inputs(config: TrainConfig) -> list[InputPath]:
     )
 
 
-def _exists_hint(out: Path, owned: Collection[str]) -> str:
+def _exists_hint(out: Path, owned: Collection[str], known: Collection[str]) -> str:
     """What to do about an existing run folder: one killed before its first checkpoint has
     nothing to continue, where `--resume` would only say it holds no last.pt; a folder that is
     no run (another trainer's last.pt too) has neither way on; a run that --force would refuse
     to replace (a file of the user's in it, not in `owned`; a mount point) is continued, but
-    --force is not offered (`force_hint`, the rule `OutputFolder` then applies)."""
-    known = old_run_files(out)
+    --force is not offered (`force_hint`, the rule `OutputFolder` then applies). `known`:
+    `old_run_files(out)`."""
     refused = force_hint(out, "", known_files=known, command="train", owned=owned)
     if stopped_before_first_checkpoint(out):
         return "its run was stopped before its first checkpoint, so there is nothing to " + (
