@@ -83,7 +83,6 @@ from torchkit.core.runtime.signals import signals_held
 logger = logging.getLogger("torchkit")
 
 DEFAULT_LAYERS = ("penultimate",)
-_WARN_UNREADABLE = UNREADABLE_WARNINGS  # warnings for the first few; the rest are counted
 # How often the progress record is saved: a killed run redoes at most this much work, and fast
 # GPU runs do not wait on an fsync per batch. Ctrl-C and errors save it at once.
 COMMIT_INTERVAL_S = 2.0
@@ -915,7 +914,7 @@ def _skip(samples: Samples, index: int, reason: str, strict: bool, errors: dict)
     why = reason[len(path) + 2 :] if reason.startswith(f"{path}: ") else reason
     if strict:
         raise strict_unreadable_error(f"{path}: {why}")
-    if len(errors) < _WARN_UNREADABLE:
+    if len(errors) < UNREADABLE_WARNINGS:
         logger.warning("skipping unreadable image %s: %s", path, why)
     errors[index] = why
 
