@@ -778,14 +778,13 @@ def _folder_test(
         if path in folders:
             return True
         if not ordered:
-            names = [*(f + "/" for f in folders), *members, *links]
             # by the paths they unpack to (`/cat/a.png` is in cat; `cat/x/../b.png`, which tar
             # does not unpack, in no folder)
-            spelled = [n for n in names if n[:1] == "/" or "/." in n]
-            if spelled:
-                names = [n for n in names if not (n[:1] == "/" or "/." in n)]
-                names += [path for path in map(_unpacked_path, spelled) if path is not None]
-            ordered.extend(sorted(names))
+            unpacked = (
+                n if n[:1] != "/" and "/." not in n else _unpacked_path(n)
+                for n in (*(f + "/" for f in folders), *members, *links)
+            )
+            ordered.extend(sorted(n for n in unpacked if n is not None))
         start = path + "/"
         place = bisect.bisect_left(ordered, start)
         return place < len(ordered) and ordered[place].startswith(start)
