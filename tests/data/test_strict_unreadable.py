@@ -74,3 +74,25 @@ def test_an_unreadable_shard_image_is_named_with_the_path_its_json_records(tmp_p
     line = error_line(strict.stderr)
     assert line.startswith("Error: unreadable image shard-000000.tar/sample_00000003.jpg: ")
     assert "(sample_00000003.json records its path: a/cut.jpg) (fix or remove it" in line
+
+
+def test_the_first_unreadable_images_are_named_a_warning_each_and_the_rest_counted(tmp_path):
+    """extract-features and convert shards name `UNREADABLE_WARNINGS` unreadable images one
+    warning each (train's count has its own test), the rest counted: 12 here."""
+    from torchkit.core.data.image_files import UNREADABLE_WARNINGS
+
+    write_image_folder(tmp_path / "data", {"a": 3, "b": 3})
+    for i in range(UNREADABLE_WARNINGS + 2):
+        (tmp_path / "data" / "a" / f"empty_{i:02d}.png").write_bytes(b"")
+    write_convnet_checkpoint(tmp_path / "m.pt", in_channels=3, image_size=8, classes="ab")
+    commands = {
+        "extract-features": ["extract-features", "m.pt", "--data", "data", "--out", "f"],
+        "convert shards": ["convert", "shards", "data", "shards"],
+    }
+    for name, args in commands.items():
+        result = run_torchkit_in_process(*args, "-j", "0", cwd=tmp_path)
+        assert result.returncode == 0, (name, result.stderr)
+        named = [line for line in result.stderr.splitlines() if "unreadable image data/a/" in line]
+        assert len(named) == UNREADABLE_WARNINGS, (name, result.stderr)
+        assert len(set(named)) == len(named), (name, named)  # each image once
+        assert all(line.endswith("(an empty file)") for line in named), (name, named)
