@@ -851,8 +851,8 @@ def _pictures_lost(
     anchors: list[tuple[float, float]],
     breaks: list[tuple[float, bool]],
     jump: float,
+    per_picture: list[float],
     rate_checked: bool = False,
-    per_picture: list[float] | None = None,
 ) -> int:
     """The frames the breaks of a stream took, from its pictures whose frame position is
     known (`anchors`: a picture's number, the frames the pictures stored before it are shown
@@ -866,10 +866,10 @@ def _pictures_lost(
     breaks of bytes that are no pack, where the run has few anchors, else a frame): a count
     that can fall short, never exceed the pictures lost (a variable frame rate strays
     more). Runs split where the positions step over `jump` frames either way (files joined,
-    each restarting its times). `rate_checked`: none counted where the positions do not keep
-    to one frame a picture (within a tenth, over a run of `_FIT_PICTURES`: a variable frame
-    rate, FFmpeg's rate wrong). `per_picture`: the frames a picture is shown for about each
-    break (the frames it took over that are the pictures it took), one where not given."""
+    each restarting its times). `per_picture`: the frames a picture is shown for about each
+    break (the frames it took over that are the pictures it took). `rate_checked`: none
+    counted where the positions do not keep to one frame a picture (within a tenth, over a
+    run of `_FIT_PICTURES`: a variable frame rate, FFmpeg's rate wrong)."""
     import numpy as np
 
     if len(anchors) < 2 or not breaks:
@@ -896,7 +896,7 @@ def _pictures_lost(
     errors = [stray if len(run) < _MEDIAN_ANCHORS else 1.0 for run in runs]
     run_of = np.searchsorted(starts, np.arange(len(index)), side="right")
     shown_for = np.ones(len(index) + 1)  # the frames a picture is shown for, by anchor after
-    np.maximum.at(shown_for, firsts, per_picture or np.ones(len(firsts)))
+    np.maximum.at(shown_for, firsts, per_picture)
     missing = 0
     for first in np.unique(firsts):
         if 0 < first < len(index):
@@ -967,8 +967,9 @@ class _PsPictures:
         self.progressive = False  # an MPEG-2 sequence extension's progressive_sequence
         self.time: int | None = None  # a packet's time, for the next picture to start
         # MPEG-1/2: the time codes' rate, the frame number of the last GOP header's time
-        # code (None past a break, until the next), and each picture's number, that frame
-        # number and its temporal reference
+        # code (None past a break, until the next), the GOP headers read, and of each
+        # picture a GOP's time code numbers: its number (`shown`), that frame number, its
+        # temporal reference, the pictures counted before it and the GOP headers read
         self.rate, self.gop, self.gops = 0, None, 0
         self.frame_rate: float | None = None  # the first sequence header's
         self.numbered: list[tuple[float, int, int, int, int]] = []
@@ -986,29 +987,37 @@ class _PsPictures:
         """The pictures the breaks took (`_pictures_lost`), from the pictures' times at the
         rate `fps`, or the time codes and temporal references of MPEG-1/2 pictures: the
         more of the two (each can fall short, never exceed them); the frames lost over the
-        frames a picture is shown for about the break (one but where pictures repeat fields:
-        the more of the pictures' before it and after it, `_LOCAL_PICTURES` each)."""
+        frames a picture is shown for about the break (`_shown_per_picture`: one but where
+        pictures repeat fields)."""
         import numpy as np
 
         if not self.breaks:
             return 0
         shown = np.append(np.frombuffer(self.shown_before, np.float64), self.shown)
-        edges = [0, *self.broken_after, self.frames]
-        per_picture = []
-        for before, at, after in zip(edges, edges[1:], edges[2:], strict=False):
-            start, end = max(before, at - _LOCAL_PICTURES), min(after, at + _LOCAL_PICTURES)
-            sides = [(shown[b] - shown[a]) / (b - a) for a, b in ((start, at), (at, end)) if b > a]
-            per_picture.append(max(sides, default=1.0))
-        by_codes = _pictures_lost(self._numbered(shown), self.breaks, self.rate, False, per_picture)
+        per_picture = self._shown_per_picture(shown)
+        by_codes = _pictures_lost(self._numbered(shown), self.breaks, self.rate, per_picture)
         if self.shown > self.frames and self.frame_rate:  # pictures that repeat fields:
             fps = self.frame_rate  # their times move on at this rate (FFmpeg's strays: 31.0)
         if fps and len(self.anchors) >= 2:
             times = unwrapped_pts(np.array([time for _, time in self.anchors], np.int64))
             numbers = [number for number, _ in self.anchors]
             positions = list(zip(numbers, times * fps / PTS_CLOCK, strict=True))
-            by_times = _pictures_lost(positions, self.breaks, fps, True, per_picture)
+            by_times = _pictures_lost(positions, self.breaks, fps, per_picture, rate_checked=True)
             by_codes = max(by_codes, by_times)
         return by_codes
+
+    def _shown_per_picture(self, shown) -> list[float]:
+        """The frames a picture is shown for about each break: the more of the means of the
+        `_LOCAL_PICTURES` pictures before it and after it (no further than the breaks either
+        side), from `shown` (the frames the pictures before each are shown for); one where
+        no picture lies either side."""
+        edges = [0, *self.broken_after, self.frames]
+        per_picture = []
+        for before, at, after in zip(edges, edges[1:], edges[2:], strict=False):
+            start, end = max(before, at - _LOCAL_PICTURES), min(after, at + _LOCAL_PICTURES)
+            sides = [(shown[b] - shown[a]) / (b - a) for a, b in ((start, at), (at, end)) if b > a]
+            per_picture.append(max(sides, default=1.0))
+        return per_picture
 
     def _numbered(self, shown) -> list[tuple[float, float]]:
         """The MPEG-1/2 pictures a GOP's time code numbers: each one's number (`anchors` of
