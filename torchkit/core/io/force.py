@@ -437,14 +437,15 @@ def check_replaceable(
     *,
     what: str,
     known_files: Collection[str] = (),
-    hint: str = "",
+    hint: str | Callable[[], str] = "",
     command: str | None = None,
     owned: Collection[str] | None = None,
 ) -> bool:
     """May `folder` be written? Returns whether it has content that `--force` will replace:
     with `command`, only an output of that command (`eval --out RUN --force` never deletes a
     training run whose marker says `train`); with `owned` (the patterns of what the command
-    writes there, see `folder_contents`), only a folder holding nothing else."""
+    writes there, see `folder_contents`), only a folder holding nothing else. `hint`: that of
+    "already exists" (a callable: asked only then), else `force_hint`'s."""
     if not (folder.exists() or folder.is_symlink()):
         return False
     if folder.is_symlink():
@@ -461,7 +462,7 @@ def check_replaceable(
     if not force:
         raise OutputExistsError(
             f"{what} already exists: {folder}",
-            hint
+            (hint() if callable(hint) else hint)
             or force_hint(
                 folder,
                 "pass --force to overwrite it",

@@ -314,14 +314,14 @@ class OutputFolder:
                 and killed_start_leftovers(self.final, command, start_files) is not None
             )
             if not resume:
-                # A callable hint judges the folder as it is now: a killed run's leftovers gone
-                hint = exists_hint() if callable(exists_hint) else exists_hint
+                # A callable hint judges the folder as it is now (a killed run's leftovers
+                # gone), and only where it is told (`check_replaceable`)
                 self.has_content = check_replaceable(
                     self.final,
                     force or self.replaces_killed_start,
                     what=what,
                     known_files=known_files,
-                    hint=hint,
+                    hint=exists_hint,
                     command=command,
                     owned=owned,
                 )
