@@ -527,7 +527,7 @@ def force_hint(
             "folder or a new name"
         )
     refused = force_refusal_hint(folder, known_files, command, subject=subject)
-    refused = refused or foreign_entries_hint(folder, owned, subject=subject)
+    refused = refused or _foreign_entries_hint(folder, owned, subject=subject)
     if refused is None and folder.is_dir() and is_mount_point(folder):
         refused = (
             f"{subject} is a mount point, which cannot be renamed to set the earlier output in "
@@ -568,7 +568,7 @@ def force_refusal_hint(
     return None
 
 
-def foreign_entries_hint(
+def _foreign_entries_hint(
     folder: Path, owned: Collection[str] | None, *, subject: str = "it"
 ) -> str | None:
     """The files of the user's in an earlier output, which --force refuses to delete with it
