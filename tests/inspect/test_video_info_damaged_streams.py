@@ -422,6 +422,23 @@ def test_an_mpeg_ts_whose_pmts_all_fail_their_crc_is_walked_by_the_pmt_ffmpeg_re
     assert_whole_and_zeroed(cut, tmp_path, "its video packets hold", (0.5,))
 
 
+def test_an_mpeg_ts_whose_one_pmt_fails_its_crc_is_walked_by_its_first_video_pes(
+    tmp_path, mpeg2_ts
+):
+    """A file of one PMT, whose CRC fails, has no PMT FFmpeg reads (not 10 failing before
+    it): FFmpeg guesses the streams from their PES packets and decodes the video, and the
+    walk takes the first PID whose PES packets are a video stream's (0xE0-0xEF), not none."""
+    data, pid = _pmts_failing(mpeg2_ts)
+    whole = np.frombuffer(mpeg2_ts.read_bytes(), np.uint8).reshape(-1, 188)
+    pmts = np.flatnonzero(pid == pid[np.flatnonzero((data != whole).any(axis=1))[0]])
+    data[pmts[1:]] = np.frombuffer(b"\x47\x1f\xff\x10" + b"\xff" * 184, np.uint8)  # null
+    one = tmp_path / "one-pmt-fails.ts"
+    one.write_bytes(data.tobytes())
+    held = ts_video_frames(one, "mpeg-ts")
+    assert (held.frames, held.leading, held.broken_at) == (100, 0, None)
+    assert decoded_by_opencv(one) == 100
+
+
 def test_a_zeroed_mpeg_ps_is_damaged_and_a_cut_without_a_key_frame_not(tmp_path, mpeg2_ts):
     """An MPEG-PS file (.mpg, .vob) records no frame count: a copy with a tenth zeroed read
     `ok` under --exact (223 of 250 frames decode). The pictures of its video packets'
