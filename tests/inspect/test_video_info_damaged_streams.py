@@ -396,7 +396,9 @@ def test_an_mpeg_ts_whose_pmts_all_fail_their_crc_is_walked_by_the_pmt_ffmpeg_re
     are a video stream's: of a file of two video streams cut where the second's PES packet
     comes first (a recording started anywhere), it counted the second's frames (113 where
     52 decode: `damaged` on a file that lost none), and zeroed copies whose second stream
-    was the shorter read `ok`. It reads such a PMT as FFmpeg does."""
+    was the shorter read `ok`. It reads such a PMT as FFmpeg does: the 11th failing, not
+    the 10th (with the 10 PMTs of the cut's start alone, none is read, and FFmpeg decodes
+    the stream whose PES comes first, as the walk counts)."""
     two = ffmpeg_made(
         tmp_path / "two.ts",
         *moving_picture(4, "64x48"),
@@ -420,6 +422,17 @@ def test_an_mpeg_ts_whose_pmts_all_fail_their_crc_is_walked_by_the_pmt_ffmpeg_re
     assert decoded_by_opencv(cut) == held.frames - held.leading
     assert probe_video(cut).width == 64
     assert_whole_and_zeroed(cut, tmp_path, "its video packets hold", (0.5,))
+    whole = np.frombuffer(two.read_bytes(), np.uint8).reshape(-1, 188)
+    pmt_pid = pid[np.flatnonzero((data != whole).any(axis=1))[0]]
+    data, pid = data[starts[len(starts) // 4] :], pid[starts[len(starts) // 4] :]
+    pmts = np.flatnonzero(pid == pmt_pid)
+    for kept, width in ((11, 64), (10, 96)):  # the cut's PMTs left, the stream decoded
+        few = tmp_path / f"{kept}-pmts.ts"
+        data[pmts[kept:]] = np.frombuffer(b"\x47\x1f\xff\x10" + b"\xff" * 184, np.uint8)
+        few.write_bytes(data.tobytes())
+        held = ts_video_frames(few, "mpeg-ts")
+        assert decoded_by_opencv(few) == held.frames - held.leading, kept
+        assert probe_video(few).width == width, kept
 
 
 def test_an_mpeg_ts_whose_one_pmt_fails_its_crc_is_walked_by_its_first_video_pes(
