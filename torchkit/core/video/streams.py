@@ -14,6 +14,7 @@ called damaged.
 from __future__ import annotations
 
 import array
+import collections
 import functools
 import itertools
 import math
@@ -414,7 +415,7 @@ class _FlvTags:
         self.latest = 0
         self.audio_bytes = 0
         self.audio_first: int | None = None
-        self.audio: list[int] = []  # the last three audio tags' times (ms)
+        self.audio = collections.deque[int](maxlen=3)  # the last three audio tags' times (ms)
         self.ends_whole = False
 
     @property
@@ -461,7 +462,7 @@ def _walk_flv_tags(data) -> _FlvTags:
         time = int.from_bytes(data[at + 4 : at + 7], "big") | data[at + 7] << 24
         tags.latest, taken = max(tags.latest, time), _FLV_TAG + length + 4
         if kind == 8:
-            tags.audio = [*tags.audio[-2:], time]
+            tags.audio.append(time)
             tags.audio_bytes += taken
             tags.audio_first = time if tags.audio_first is None else tags.audio_first
         elif kind == 9 and length:
