@@ -24,7 +24,7 @@ def test_a_stopped_run_whose_summary_cannot_be_written_ends_with_the_stops_code(
             "--epochs", "2", "--batch-size", "4", "-j", "0", "--device", "cpu",
             "--out", str(out),
             env={"PYTHONPATH": str(HELPERS), "TORCHKIT_TEST_SIGINT_AT": "3"},  # epoch 1's 3rd
-            stdout=full,
+            stdout=full.fileno(),
         )  # fmt: skip
     assert done.returncode == 130, done.stderr[-2000:]
     lines = done.stderr.strip().splitlines()
