@@ -23,7 +23,7 @@ import pytest
 from output_checks import error_line
 from parquet_files import png, write_parquet
 from processes import run_torchkit_in_process
-from tar_members import tar_of_members
+from tar_members import opened_with_warnings, tar_of_members
 
 from torchkit.core.data.sources import open_data
 from torchkit.core.data.sources.class_files import class_names_in_json, class_names_in_text
@@ -433,13 +433,12 @@ def test_tar_members_are_read_where_tar_unpacks_them(tmp_path, caplog):
         ("cat/./f.png", png(5)),
     ]
     archive = tar_of_members(tmp_path / "pets.tar", members)
-    with caplog.at_level("WARNING", logger="torchkit"):
-        source = open_data(str(archive))
+    source, warned = opened_with_warnings(archive, caplog)
     assert source.classes == ["abs", "cat", "dog"]
     assert source.whole.ids == ["abs/x.png", "cat/a.png", "cat/f.png", "dog/c.png"]
     assert [source.classes[label] for label in source.whole.labels] == ["abs", "cat", "cat", "dog"]
     assert [path.read_bytes() for path in source.whole.paths] == [png(i) for i in (2, 0, 5, 1)]
-    assert [record.getMessage() for record in caplog.records] == [
+    assert warned == [
         f"{archive}: 2 image members with '..' in their path are not read, as tar -x does not "
         "unpack such members: ../up.png, cat/../dog/e.png"
     ]
@@ -473,11 +472,10 @@ def test_tar_links_out_of_the_archive_are_never_followed(tmp_path, caplog):
         ("/cat/s.png", "->a.png"),
     ]
     archive = tar_of_members(tmp_path / "pets.tar", members)
-    with caplog.at_level("WARNING", logger="torchkit"):
-        source = open_data(str(archive))
+    source, warned = opened_with_warnings(archive, caplog)
     assert source.whole.ids == ["cat/a.png", "cat/s.png", "dog/c.png"]
     assert [path.read_bytes() for path in source.whole.paths] == [png(0), png(0), png(1)]
-    assert [record.getMessage() for record in caplog.records] == [
+    assert warned == [
         f"{archive}: 3 image members are links out of the archive, not read, as torchkit "
         f"follows no link out of an archive: cat/abs.png -> {host}, dog/up.png -> ../../host.png, "
         "dog/via.png -> up.png -> ../../host.png"
@@ -500,13 +498,6 @@ def _unpacked_by_tar(archive: Path) -> Path | None:
     unpacked.mkdir()
     subprocess.run(["tar", "-xf", archive, "-C", unpacked], check=True, capture_output=True)
     return unpacked
-
-
-def _opened_with_warnings(archive: Path, caplog) -> tuple:
-    """(`open_data` of `archive`, the messages of the warnings it gave)."""
-    with caplog.at_level("WARNING", logger="torchkit"):
-        source = open_data(str(archive))
-    return source, [record.getMessage() for record in caplog.records]
 
 
 def _write_with_holes(path: Path) -> None:
@@ -551,7 +542,7 @@ def test_a_tar_link_to_a_link_out_is_left_out_where_the_archive_holds_its_target
         ("/etc/p.png", png(2)),
     ]
     archive = tar_of_members(tmp_path / "pets.tar", members)
-    source, warned = _opened_with_warnings(archive, caplog)
+    source, warned = opened_with_warnings(archive, caplog)
     assert source.whole.ids == ["cat/a.png", "dog/c.png", "etc/p.png"]
     assert warned == [
         f"{archive}: 2 image members are links out of the archive, not read, as torchkit "
@@ -572,7 +563,7 @@ def test_a_tar_link_to_the_root_is_a_link_out_of_the_archive(tmp_path, caplog):
     members = [("cat/a.png", png(0)), ("dog/c.png", png(1)), ("cat/r.png", "->/")]
     members.append(("dog/r.png", "->//"))
     archive = tar_of_members(tmp_path / "pets.tar", members)
-    source, warned = _opened_with_warnings(archive, caplog)
+    source, warned = opened_with_warnings(archive, caplog)
     assert source.whole.ids == ["cat/a.png", "dog/c.png"]
     assert warned == [
         f"{archive}: 2 image members are links out of the archive, not read, as torchkit "
@@ -596,7 +587,7 @@ def test_a_tar_class_folder_linked_out_of_the_archive_is_said(tmp_path, caplog):
         ("pets/.cache", "->/tmp"),
     ]
     archive = tar_of_members(tmp_path / "pets.tar", members)
-    source, warned = _opened_with_warnings(archive, caplog)
+    source, warned = opened_with_warnings(archive, caplog)
     assert source.splits["train"].ids == ["train/cat/a.png", "train/dog/c.png"]
     assert warned == [
         f"{archive}: 2 links where a class folder could be lead out of the archive, not "
@@ -615,7 +606,7 @@ def test_a_tar_name_stored_as_a_file_and_as_a_link_out_is_named_once(tmp_path, c
         ("cat/x.png", "->/etc/passwd"),
     ]
     archive = tar_of_members(tmp_path / "pets.tar", members)
-    source, warned = _opened_with_warnings(archive, caplog)
+    source, warned = opened_with_warnings(archive, caplog)
     assert source.whole.ids == ["cat/a.png", "dog/c.png"]
     assert warned == [
         f"{archive}: 1 image member is a link out of the archive, not read, as torchkit "
@@ -641,7 +632,7 @@ def test_tar_members_stored_sparse_are_named_by_their_real_path_and_not_read(
         (folder / name).write_bytes(png(index))
     _write_with_holes(folder / "dog" / "s.bmp")
     archive = _sparse_tar(tmp_path / "pets.tar", folder, ["cat", "dog"], form)
-    source, warned = _opened_with_warnings(archive, caplog)
+    source, warned = opened_with_warnings(archive, caplog)
     assert source.whole.ids == ["cat/a.png", "dog/c.png"]
     assert [path.read_bytes() for path in source.whole.paths] == [png(0), png(1)]
     assert warned == [
@@ -669,7 +660,7 @@ def test_a_tar_hard_link_to_a_member_stored_sparse_is_said_with_it(tmp_path, cap
     archive = _sparse_tar(tmp_path / "pets.tar", folder, names, form)
     listed = subprocess.run(["tar", "-tvf", archive], check=True, capture_output=True, text=True)
     assert "dog/t.bmp link to dog/s.bmp" in listed.stdout
-    source, warned = _opened_with_warnings(archive, caplog)
+    source, warned = opened_with_warnings(archive, caplog)
     assert source.whole.ids == ["cat/a.png", "dog/c.png"]
     assert warned == [
         f"{archive}: 2 image members are stored sparse (tar --sparse), which torchkit does not "

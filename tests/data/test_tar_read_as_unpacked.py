@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from parquet_files import png
 from processes import run_torchkit_in_process
-from tar_members import tar_of_members
+from tar_members import images_read, opened_with_warnings, readable_and_not, tar_of_members
 
 from torchkit.core.data.sources import open_data
 
@@ -46,13 +46,8 @@ def _unpacked_by_gnu_tar(archive: Path) -> Path | None:
 
 def _read(archive: Path, caplog) -> tuple[dict[str, bytes], list[str]]:
     """({id: its bytes}, the warnings) of `open_data` of `archive`."""
-    with caplog.at_level("WARNING", logger="torchkit"):
-        source = open_data(str(archive))
-    images = {
-        name: path.read_bytes()
-        for name, path in zip(source.whole.ids, source.whole.paths, strict=True)
-    }
-    return images, [record.getMessage() for record in caplog.records]
+    source, warned = opened_with_warnings(archive, caplog)
+    return images_read(source), warned
 
 
 def _files(folder: Path, names) -> dict[str, bytes]:
@@ -299,7 +294,7 @@ def test_members_written_through_a_plain_link_to_a_folder_are_read_where_tar_put
     ]
     archive = _tar(tmp_path / "pets.tar", members)
     source = open_data(str(archive))
-    images = dict(zip(source.whole.ids, (p.read_bytes() for p in source.whole.paths), strict=True))
+    images = images_read(source)
     assert images == {
         "cat/a.png": png(0),
         "cat/sub/k.png": png(4),
@@ -347,7 +342,7 @@ def test_a_folder_stored_after_a_link_of_its_name_is_a_folder(tmp_path):
     ]
     archive = _tar(tmp_path / "pets.tar", members)
     source = open_data(str(archive))
-    images = dict(zip(source.whole.ids, (p.read_bytes() for p in source.whole.paths), strict=True))
+    images = images_read(source)
     assert images == {
         "bird/q.png": png(7),
         "cat/a.png": png(1),
@@ -664,7 +659,7 @@ def test_a_file_stored_after_a_folder_whose_file_a_folder_replaced_is_not_writte
     ]
     archive = _tar(tmp_path / "pets.tar", members)
     source = open_data(str(archive))
-    images = dict(zip(source.whole.ids, (p.read_bytes() for p in source.whole.paths), strict=True))
+    images = images_read(source)
     assert images == {"cat/a.png": png(1), "dog/c.png": png(5)}
     _assert_gnu_tar_unpacks_them(archive, images)
 
@@ -704,24 +699,6 @@ def test_a_hard_link_to_a_symbolic_link_reads_its_target_from_its_own_folder(tmp
         assert _files(unpacked, read) == {name: images[name] for name in read}
 
 
-def _readable(source) -> tuple[dict[str, bytes], list[str]]:
-    """({id: its bytes} of the images read, [the ids that cannot be read]) of `source`."""
-    read, unreadable = {}, []
-    for name, path in zip(source.whole.ids, source.whole.paths, strict=True):
-        try:
-            read[name] = path.read_bytes()
-        except OSError:
-            unreadable.append(name)
-    return read, unreadable
-
-
-def _source_and_warnings(archive: Path, caplog):
-    """(`open_data` of `archive`, the warnings it logged)."""
-    with caplog.at_level("WARNING", logger="torchkit"):
-        source = open_data(str(archive))
-    return source, [record.getMessage() for record in caplog.records]
-
-
 def _stats(data: Path) -> tuple[int, list[str]]:
     """dataset-stats of `data` (it must succeed): (images read, the unreadable files' paths)."""
     result = run_torchkit_in_process("dataset-stats", data, "-j", "0", "--format", "json")
@@ -746,7 +723,7 @@ def test_a_link_chain_through_a_target_ending_in_a_slash_reads_no_file(tmp_path)
         ("cat/w.png", "->f"),
     ]
     archive = _tar(tmp_path / "pets.tar", members)
-    read, unreadable = _readable(open_data(str(archive)))
+    read, unreadable = readable_and_not(open_data(str(archive)))
     # GNU tar 1.34: cat/x.png and cat/y.png read nothing, cat/v.png and cat/w.png read a.png
     assert read == {
         "cat/a.png": png(1),
@@ -792,9 +769,9 @@ def test_a_hard_link_reads_its_target_as_tar_met_it(tmp_path, caplog):
         ("cat/z.png", "=>fish"),  # to that folder: not made either
     ]
     archive = _tar(tmp_path / "pets.tar", members)
-    source, warned = _source_and_warnings(archive, caplog)
+    source, warned = opened_with_warnings(archive, caplog)
     assert source.whole.classes == ["bird", "cat", "dog", "fish"]
-    read, unreadable = _readable(source)
+    read, unreadable = readable_and_not(source)
     # GNU tar 1.34 unpacks these, and no cat/h.png
     expected = {
         "bird/q.png": png(4),
@@ -850,7 +827,7 @@ def test_a_link_loop_among_the_images_is_an_unreadable_image_as_unpacked(tmp_pat
     result = run_torchkit_in_process("dataset-stats", archive, "-j", "0", "--format", "json")
     errors = {row["path"]: row["error"] for row in json.loads(result.stdout)["unreadable"]}
     assert errors["tulip/a.png"] == f"OSError: {archive}: a link round a loop of links, to no file"
-    read, unreadable = _readable(open_data(str(archive)))
+    read, unreadable = readable_and_not(open_data(str(archive)))
     assert (read, unreadable) == (
         {"rose/r.png": png(1), "tulip/t.png": png(2)},
         ["rose/s.png", "rose/u.png", "tulip/a.png", "tulip/b.png"],

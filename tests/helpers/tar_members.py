@@ -1,11 +1,14 @@
-"""Tar archives of given members, in their order, for the tests of `.tar` image folders and
-shards (data/test_names_and_links.py, data/test_tar_read_as_unpacked.py)."""
+"""Tar archives of given members, in their order, and what `open_data` reads of them, for the
+tests of `.tar` image folders and shards (data/test_names_and_links.py,
+data/test_tar_read_as_unpacked.py)."""
 
 from __future__ import annotations
 
 import io
 import tarfile
 from pathlib import Path
+
+from torchkit.core.data.sources import open_data
 
 
 def tar_of_members(
@@ -30,3 +33,29 @@ def tar_of_members(
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
     return path
+
+
+def opened_with_warnings(archive: Path, caplog) -> tuple:
+    """(`open_data` of `archive`, the messages of the warnings it gave)."""
+    with caplog.at_level("WARNING", logger="torchkit"):
+        source = open_data(str(archive))
+    return source, [record.getMessage() for record in caplog.records]
+
+
+def images_read(source) -> dict[str, bytes]:
+    """{id: its bytes} of `source`'s images, in its order."""
+    return {
+        name: path.read_bytes()
+        for name, path in zip(source.whole.ids, source.whole.paths, strict=True)
+    }
+
+
+def readable_and_not(source) -> tuple[dict[str, bytes], list[str]]:
+    """({id: its bytes} of the images read, [the ids that cannot be read]) of `source`."""
+    read, unreadable = {}, []
+    for name, path in zip(source.whole.ids, source.whole.paths, strict=True):
+        try:
+            read[name] = path.read_bytes()
+        except OSError:
+            unreadable.append(name)
+    return read, unreadable
