@@ -50,12 +50,20 @@ def images_read(source) -> dict[str, bytes]:
     }
 
 
-def readable_and_not(source) -> tuple[dict[str, bytes], list[str]]:
-    """({id: its bytes} of the images read, [the ids that cannot be read]) of `source`."""
-    read, unreadable = {}, []
+def bytes_or_none(source) -> dict[str, bytes | None]:
+    """{id: its bytes, or None where it cannot be read (a link to nothing)} of `source`'s
+    images, in its order."""
+    images = {}
     for name, path in zip(source.whole.ids, source.whole.paths, strict=True):
         try:
-            read[name] = path.read_bytes()
+            images[name] = path.read_bytes()
         except OSError:
-            unreadable.append(name)
-    return read, unreadable
+            images[name] = None
+    return images
+
+
+def readable_and_not(source) -> tuple[dict[str, bytes], list[str]]:
+    """({id: its bytes} of the images read, [the ids that cannot be read]) of `source`."""
+    images = bytes_or_none(source)
+    read = {name: data for name, data in images.items() if data is not None}
+    return read, [name for name, data in images.items() if data is None]
