@@ -23,7 +23,7 @@ import pytest
 from output_checks import error_line
 from parquet_files import png, write_parquet
 from processes import run_torchkit_in_process
-from tar_members import opened_with_warnings, tar_of_members
+from tar_members import has_gnu_tar, opened_with_warnings, tar_of_members
 
 from torchkit.core.data.sources import open_data
 from torchkit.core.data.sources.class_files import class_names_in_json, class_names_in_text
@@ -510,10 +510,7 @@ def _write_with_holes(path: Path) -> None:
 def _sparse_tar(archive: Path, folder: Path, names: list[str], form: str = "pax") -> Path:
     """GNU `tar --sparse` of `names` in `folder`; the test is skipped without GNU tar, or where
     tar stored every file whole (a file system that keeps no holes)."""
-    version = shutil.which("tar") and subprocess.run(
-        ["tar", "--version"], capture_output=True, text=True
-    )
-    if not version or "GNU tar" not in version.stdout:
+    if not has_gnu_tar():
         pytest.skip("GNU tar writes the sparse members")
     command = ["tar", "--sparse", f"--format={form}", "-cf", archive, "-C", folder, *names]
     subprocess.run(command, check=True, capture_output=True)

@@ -9,7 +9,6 @@ the machine has it (`tar --version`); the tests record what GNU tar 1.34 unpacks
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import tarfile
 from pathlib import Path
@@ -19,6 +18,7 @@ from parquet_files import png
 from processes import run_torchkit_in_process
 from tar_members import (
     bytes_or_none,
+    has_gnu_tar,
     images_read,
     opened_with_warnings,
     readable_and_not,
@@ -32,17 +32,10 @@ def _tar(path: Path, members: list[tuple[str, bytes | str | None]]) -> Path:
     return tar_of_members(path, members, format=tarfile.GNU_FORMAT)
 
 
-def _gnu_tar() -> bool:
-    found = shutil.which("tar") and subprocess.run(
-        ["tar", "--version"], capture_output=True, text=True
-    )
-    return bool(found) and "GNU tar" in found.stdout
-
-
 def _unpacked_by_gnu_tar(archive: Path) -> Path | None:
     """The folder GNU tar unpacks `archive` to (whatever it refuses left out); None without
     GNU tar."""
-    if not _gnu_tar():
+    if not has_gnu_tar():
         return None
     unpacked = archive.parent / f"{archive.stem}-unpacked"
     unpacked.mkdir()

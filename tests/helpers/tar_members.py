@@ -4,7 +4,10 @@ data/test_tar_read_as_unpacked.py)."""
 
 from __future__ import annotations
 
+import functools
 import io
+import shutil
+import subprocess
 import tarfile
 from pathlib import Path
 
@@ -33,6 +36,15 @@ def tar_of_members(
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
     return path
+
+
+@functools.cache
+def has_gnu_tar() -> bool:
+    """Whether the `tar` on the PATH is GNU tar (the reference the tests compare with)."""
+    found = shutil.which("tar") and subprocess.run(
+        ["tar", "--version"], capture_output=True, text=True
+    )
+    return bool(found) and "GNU tar" in found.stdout
 
 
 def opened_with_warnings(archive: Path, caplog) -> tuple:
