@@ -28,6 +28,7 @@ from torchkit.core.io.errors import FS_ENCODING_HINT, NAME_TOO_LONG_HINT, first_
 from torchkit.core.io.folder_locks import held_until_the_command_ends
 from torchkit.core.io.open_outputs import closed_at_end
 from torchkit.core.runtime.signals import (
+    handle_unless_ignored,
     note_stop,
     quiet_loader_worker_deaths,
     received_stops,
@@ -620,11 +621,8 @@ def _terminate_like_interrupt() -> Iterator[None]:
             _received.clear()
             _unraisable_hook_before = sys.unraisablehook
             sys.unraisablehook = _quiet_about_stops
-        for sig, handler in previous.items():
-            # One the process was started ignoring (a shell's background job's SIGINT, a
-            # parent's choice) stays ignored, as it does while torchkit starts.
-            if handler is not signal.SIG_IGN:
-                signal.signal(sig, _raise_once)
+        # One the process was started ignoring stays ignored, as it does while torchkit starts.
+        handle_unless_ignored(previous, _raise_once)
         yield
     except BaseException as error:
         ended_by = error

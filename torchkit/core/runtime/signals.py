@@ -8,7 +8,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 HELD_SIGNALS = ("SIGINT", "SIGTERM")
@@ -30,6 +30,21 @@ def note_stop(signum: int) -> None:
     """Record `signum` as what ends the command, unless a signal was recorded already."""
     if not received_stops:
         received_stops.append(signum)
+
+
+def handle_unless_ignored(
+    signums: Iterable[int], handler: Any, previous: dict[int, Any] | None = None
+) -> None:
+    """Set `handler` for each of `signums` but one ignored (SIG_IGN), recording in `previous`
+    each handler it replaces as it goes (a signal may come between two). torchkit never sets
+    SIG_IGN in a command's process: an ignored signal is one the process was started ignoring
+    (nohup's SIGHUP, a shell's background job's SIGINT, a parent's choice), and it stays
+    ignored."""
+    for signum in signums:
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            replaced = signal.signal(signum, handler)
+            if previous is not None:
+                previous[signum] = replaced
 
 
 @contextlib.contextmanager
@@ -94,10 +109,7 @@ def stopped_within(seconds: float) -> bool:
 
     previous: dict[int, Any] = {}
     try:
-        for name in HELD_SIGNALS:
-            number = getattr(signal, name)
-            if signal.getsignal(number) is not signal.SIG_IGN:
-                previous[number] = signal.signal(number, stop)
+        handle_unless_ignored((getattr(signal, name) for name in HELD_SIGNALS), stop, previous)
         time.sleep(seconds)
     except _Stopped:
         pass

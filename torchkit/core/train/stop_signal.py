@@ -7,6 +7,7 @@ import signal
 import threading
 
 from torchkit import deferred_signals
+from torchkit.core.runtime.signals import handle_unless_ignored, note_stop
 
 
 class StopOnSignal:
@@ -34,9 +35,7 @@ class StopOnSignal:
 
     def __enter__(self) -> StopOnSignal:
         if threading.current_thread() is threading.main_thread():
-            for signum in self.SIGNALS:
-                if signal.getsignal(signum) is not signal.SIG_IGN:  # ignored from the start
-                    self._previous[signum] = signal.signal(signum, self._handle)
+            handle_unless_ignored(self.SIGNALS, self._handle, self._previous)
         return self
 
     def _handle(self, signum, frame) -> None:
@@ -52,7 +51,6 @@ class StopOnSignal:
         """End the command now: the clean-up (run folder, workers) runs, undisturbed by
         further signals."""
         from torchkit.core.io.errors import Terminated
-        from torchkit.core.runtime.signals import note_stop
 
         # Noted as every command's handler notes it: raised inside a finalizer, the stop is
         # dropped (and every later signal ignored), yet the command still ends with its code.
