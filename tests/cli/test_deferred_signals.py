@@ -6,33 +6,13 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import textwrap
 
 import pytest
 from processes import run_torchkit_process
+from signal_placement import signalled_on_first_import
 
 from torchkit import deferred_signals
 from torchkit.import_hooks import WrappingLoader
-
-# Sends the signals named in TK_TEST_SIGNALS to its own process when numpy is first imported:
-# in a `torchkit train` on digits that is inside `import torch`, from torch._C's C++ set-up.
-SEND_DURING_IMPORT = textwrap.dedent(
-    """
-    import os, signal, sys
-
-    class _Sender:
-        sent = False
-
-        def find_spec(self, name, path=None, target=None):
-            if name == "numpy" and not self.sent:
-                self.sent = True
-                for signame in os.environ["TK_TEST_SIGNALS"].split(","):
-                    os.kill(os.getpid(), getattr(signal, signame))
-            return None
-
-    sys.meta_path.insert(0, _Sender())
-    """
-)
 
 
 @pytest.mark.parametrize(
@@ -44,10 +24,11 @@ def test_a_signal_during_import_torch_stops_the_command(tmp_path, signals, code,
     """Before: a SIGTERM there was swallowed in torch's C++ and every later signal ignored
     (the run trained to its end, exit 0); SIGINT and SIGTERM at once printed CPython's
     "Signal 15 ignored due to race condition"."""
-    (tmp_path / "sitecustomize.py").write_text(SEND_DURING_IMPORT)
+    # in a `train` on digits, numpy's first import is inside `import torch`
+    during_import = signalled_on_first_import(tmp_path, "numpy", *signals.split(","))
     done = run_torchkit_process(
         "train", "--epochs", "1", "--out", str(tmp_path / "run"),
-        env={"PYTHONPATH": str(tmp_path), "TK_TEST_SIGNALS": signals},
+        env=during_import,
         fresh=True,  # the subject is `import torch` itself: a fork has it done already
     )  # fmt: skip
     assert done.returncode == code, done.stderr[-2000:]
@@ -56,36 +37,15 @@ def test_a_signal_during_import_torch_stops_the_command(tmp_path, signals, code,
     assert not (tmp_path / "run").exists() and done.stdout == ""
 
 
-# Sends TK_TEST_SIGNALS to its own process while the CLI's command modules are imported: before
-# a command's handlers are set.
-SEND_WHILE_STARTING = textwrap.dedent(
-    """
-    import os, signal, sys
-
-    class _Sender:
-        sent = False
-
-        def find_spec(self, name, path=None, target=None):
-            if name == "torchkit.cli.split" and not self.sent:
-                self.sent = True
-                os.kill(os.getpid(), getattr(signal, os.environ["TK_TEST_SIGNALS"]))
-            return None
-
-    sys.meta_path.insert(0, _Sender())
-    """
-)
-
-
 @pytest.mark.parametrize(
     ("signame", "code", "said"), [("SIGINT", 130, "Interrupted."), ("SIGTERM", 143, "Terminated.")]
 )
 def test_a_signal_while_torchkit_starts_ends_it_with_one_line(tmp_path, signame, code, said):
     """Before: Ctrl-C there printed Python's KeyboardInterrupt traceback (18 lines), and
     SIGTERM ended it without a word."""
-    (tmp_path / "sitecustomize.py").write_text(SEND_WHILE_STARTING)
-    done = run_torchkit_process(
-        "env", env={"PYTHONPATH": str(tmp_path), "TK_TEST_SIGNALS": signame}
-    )
+    # sent while the CLI's command modules are imported: before a command's handlers are set
+    while_starting = signalled_on_first_import(tmp_path, "torchkit.cli.split", signame)
+    done = run_torchkit_process("env", env=while_starting)
     assert done.returncode == code
     assert done.stderr.splitlines() == [said] and done.stdout == ""
 

@@ -7,33 +7,14 @@ import json
 import os
 import signal
 import subprocess
-import textwrap
 from pathlib import Path
 
 from checkpoints import write_convnet_checkpoint
 from image_folders import write_image_folder
 from PIL import Image
 from processes import run_torchkit_process, signal_and_wait, start_torchkit_process, wait_until
+from signal_placement import signalled_on_first_import
 from suite_paths import HELPERS
-
-# Sends SIGHUP to its own process while the CLI's command modules are imported: before a
-# command's handlers are set.
-HANG_UP_WHILE_STARTING = textwrap.dedent(
-    """
-    import os, signal, sys
-
-    class _Sender:
-        sent = False
-
-        def find_spec(self, name, path=None, target=None):
-            if name == "torchkit.cli.split" and not self.sent:
-                self.sent = True
-                os.kill(os.getpid(), signal.SIGHUP)
-            return None
-
-    sys.meta_path.insert(0, _Sender())
-    """
-)
 
 
 def model_image_and_out(tmp_path: Path) -> tuple[Path, Path, Path]:
@@ -69,18 +50,19 @@ def test_a_hang_up_stops_a_command_as_sigterm_does_leaving_no_file(tmp_path):
 
 
 def test_a_hang_up_while_torchkit_starts_ends_it_with_one_line(tmp_path):
-    (tmp_path / "sitecustomize.py").write_text(HANG_UP_WHILE_STARTING)
-    done = run_torchkit_process("env", env={"PYTHONPATH": str(tmp_path)})
+    # SIGHUP while the CLI's command modules are imported: before a command's handlers are set
+    hang_up_while_starting = signalled_on_first_import(tmp_path, "torchkit.cli.split", "SIGHUP")
+    done = run_torchkit_process("env", env=hang_up_while_starting)
     assert done.returncode == 143
     assert done.stderr.splitlines() == ["Terminated."] and done.stdout == ""
 
 
 def test_a_hang_up_ignored_at_start_stays_ignored(tmp_path):
     """`nohup torchkit ...`: the command runs to its end through a SIGHUP."""
-    (tmp_path / "sitecustomize.py").write_text(HANG_UP_WHILE_STARTING)
+    hang_up_while_starting = signalled_on_first_import(tmp_path, "torchkit.cli.split", "SIGHUP")
     before = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the torchkit process inherits it
     try:
-        done = run_torchkit_process("env", "--format", "json", env={"PYTHONPATH": str(tmp_path)})
+        done = run_torchkit_process("env", "--format", "json", env=hang_up_while_starting)
     finally:
         signal.signal(signal.SIGHUP, before)
     assert done.returncode == 0, done.stderr

@@ -4,7 +4,9 @@ handler (at the start of a call), so a test can stop a command at the one step i
 from __future__ import annotations
 
 import signal
+import textwrap
 from collections.abc import Callable
+from pathlib import Path
 
 
 def signalled_on_entry(
@@ -25,3 +27,30 @@ def signalled_on_entry(
 
     monkeypatch.setattr(owner, name, on_entry)
     return signalled
+
+
+def signalled_on_first_import(folder: Path, module: str, *signames: str) -> dict[str, str]:
+    """The environment of a torchkit process that sends itself each of `signames` ("SIGTERM"),
+    in order, when `module` is first looked for: a sitecustomize.py written to `folder`.
+    "torchkit.cli.split", imported with the CLI's commands, comes before a command's handlers
+    are set; "numpy", in a `train`, inside `import torch` (from torch._C's C++ set-up)."""
+    (folder / "sitecustomize.py").write_text(
+        textwrap.dedent(
+            f"""
+            import os, signal, sys
+
+            class _Sender:
+                sent = False
+
+                def find_spec(self, name, path=None, target=None):
+                    if name == {module!r} and not self.sent:
+                        self.sent = True
+                        for signame in {signames!r}:
+                            os.kill(os.getpid(), getattr(signal, signame))
+                    return None
+
+            sys.meta_path.insert(0, _Sender())
+            """
+        )
+    )
+    return {"PYTHONPATH": str(folder)}
