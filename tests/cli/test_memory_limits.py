@@ -22,6 +22,11 @@ def meminfo(available: int) -> dict[str, str]:
     return {"proc/meminfo": text}
 
 
+def folder_files(folder: str, files: dict[str, str | None]) -> dict[str, str]:
+    """`files` ({name: text}; None: left out) as the files of the cgroup folder `folder`."""
+    return {f"{folder}/{name}": text for name, text in files.items() if text is not None}
+
+
 def v2_files(
     folder: str,
     limit: str,
@@ -39,13 +44,12 @@ def v2_files(
         f"slab_reclaimable {slab_reclaimable}\nslab_unreclaimable 8192\n"
     )
     files = {
-        f"{folder}/memory.max": limit,
-        f"{folder}/memory.current": f"{current}\n",
-        f"{folder}/memory.stat": stat,
+        "memory.max": limit,
+        "memory.current": f"{current}\n",
+        "memory.stat": stat,
+        "memory.high": high,
     }
-    if high is not None:
-        files[f"{folder}/memory.high"] = high
-    return files
+    return folder_files(folder, files)
 
 
 def v1_files(
@@ -62,13 +66,12 @@ def v1_files(
         f"total_active_file {active_file}\n"
     )
     files = {
-        f"{folder}/memory.limit_in_bytes": limit,
-        f"{folder}/memory.usage_in_bytes": f"{usage}\n",
-        f"{folder}/memory.stat": stat,
+        "memory.limit_in_bytes": limit,
+        "memory.usage_in_bytes": f"{usage}\n",
+        "memory.stat": stat,
+        "memory.use_hierarchy": None if use_hierarchy is None else f"{use_hierarchy}\n",
     }
-    if use_hierarchy is not None:
-        files[f"{folder}/memory.use_hierarchy"] = f"{use_hierarchy}\n"
-    return files
+    return folder_files(folder, files)
 
 
 def v1_mounts(root: str) -> list[tuple[str, str, str, str]]:
