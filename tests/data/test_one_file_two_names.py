@@ -7,7 +7,6 @@ which lists a file in two splits as a pair marked same_file."""
 from __future__ import annotations
 
 import csv
-import io
 import os
 import tarfile
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 from image_folders import make_class_files, write_image_folder
 from processes import run_torchkit_in_process
+from tar_members import tar_of_members
 
 from torchkit.core.data.sources import open_data
 from torchkit.core.data.sources.discovery import discover_image_folder, list_folders
@@ -150,16 +150,9 @@ def test_dataset_stats_says_so_in_one_error_line(tmp_path):
 def _tar_with_links(archive: Path, files: dict[str, bytes], links: list[tuple[str, str, bytes]]):
     """`archive` holding regular members `files` (name -> bytes), then `links` in order:
     (name, the name it holds, tarfile.SYMTYPE or tarfile.LNKTYPE)."""
-    with tarfile.open(archive, "w") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-        for name, target, kind in links:
-            info = tarfile.TarInfo(name)
-            info.type, info.linkname = kind, target
-            tar.addfile(info)
-    return archive
+    marks = {tarfile.SYMTYPE: "->", tarfile.LNKTYPE: "=>"}
+    linked = [(name, marks[kind] + target) for name, target, kind in links]
+    return tar_of_members(archive, [*files.items(), *linked])
 
 
 def test_a_tar_link_to_a_link_is_followed_to_the_file_it_ends_at(tmp_path):

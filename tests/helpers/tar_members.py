@@ -1,6 +1,6 @@
 """Tar archives of given members, in their order, and what `open_data` reads of them, for the
 tests of `.tar` image folders and shards (data/test_names_and_links.py,
-data/test_tar_read_as_unpacked.py)."""
+data/test_one_file_two_names.py, data/test_tar_read_as_unpacked.py)."""
 
 from __future__ import annotations
 
