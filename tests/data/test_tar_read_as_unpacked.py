@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from parquet_files import png
-from processes import run_torchkit_in_process
+from processes import run_json, run_torchkit_in_process
 from tar_members import (
     bytes_or_none,
     has_gnu_tar,
@@ -99,9 +99,7 @@ def test_a_name_stored_again_reads_its_last_member(tmp_path, caplog):
         "dog/c.png": png(9),
     }
     assert warned == []
-    result = run_torchkit_in_process("dataset-stats", archive, "-j", "0", "--format", "json")
-    assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout)
+    report = run_json("dataset-stats", archive, "-j", "0")
     assert (report["images"], report["unreadable_count"]) == (8, 0)
     out = tmp_path / "shards"
     converted = run_torchkit_in_process("convert", "shards", archive, out)
@@ -409,9 +407,7 @@ def test_a_link_loop_where_no_image_is_read_refuses_nothing(tmp_path):
         ("__MACOSX/cat/z.png", "->z.png"),
     ]
     archive = _tar(tmp_path / "pets.tar", members)
-    result = run_torchkit_in_process("dataset-stats", archive, "-j", "0", "--format", "json")
-    assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["images"] == 2
+    assert run_json("dataset-stats", archive, "-j", "0")["images"] == 2
     assert open_data(str(archive)).whole.ids == ["cat/a.png", "dog/c.png"]
     split = [
         ("train/cat/a.png", png(0)),
@@ -496,9 +492,7 @@ def test_a_link_target_through_a_file_names_no_file(tmp_path):
         "dog/c.png": png(2),
         **nothing,
     }
-    result = run_torchkit_in_process("dataset-stats", archive, "-j", "0", "--format", "json")
-    assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout)
+    report = run_json("dataset-stats", archive, "-j", "0")
     assert (report["images"], report["unreadable_count"]) == (4, 9)
     unpacked = _unpacked_by_gnu_tar(archive)
     if unpacked is not None:
@@ -691,9 +685,7 @@ def test_a_hard_link_to_a_symbolic_link_reads_its_target_from_its_own_folder(tmp
 
 def _stats(data: Path) -> tuple[int, list[str]]:
     """dataset-stats of `data` (it must succeed): (images read, the unreadable files' paths)."""
-    result = run_torchkit_in_process("dataset-stats", data, "-j", "0", "--format", "json")
-    assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout)
+    report = run_json("dataset-stats", data, "-j", "0")
     return report["images"], sorted(row["path"] for row in report["unreadable"])
 
 
