@@ -777,7 +777,7 @@ def test_unreadable_images_past_the_first_few_are_counted_without_a_warning_each
     the rest are only counted; the count in the summary stays whole."""
     from torchkit.core.train import loop
 
-    monkeypatch.setattr(loop, "WARN_UNREADABLE", 2, raising=False)
+    monkeypatch.setattr(loop, "UNREADABLE_WARNINGS", 2)
     for index in range(3):
         (split_root / "train" / "ant" / f"broken{index}.png").write_bytes(b"\x89PNG not really")
     (split_root / "test" / "cat" / "unreadable.png").write_bytes(b"")

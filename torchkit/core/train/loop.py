@@ -150,14 +150,11 @@ class StepContext:
         return self.l1 * sum(p.abs().sum() for p in self.l1_params)
 
 
-# Unreadable images named one warning each; the rest are counted (the summary's "Skipped
-# (unreadable)"), not named: a dataset with thousands of broken files would bury the epoch lines.
-WARN_UNREADABLE = UNREADABLE_WARNINGS
-
-
 class UnreadableImages:
-    """Counts images the loader could not read; warns once per file for the first
-    WARN_UNREADABLE, then once that more are only counted; or stops with --strict."""
+    """Counts images the loader could not read, or stops with --strict. The first
+    UNREADABLE_WARNINGS are named one warning each, then one warning says the rest are only
+    counted (the summary's "Skipped (unreadable)"): thousands of broken files would bury the
+    epoch lines."""
 
     def __init__(self, strict: bool) -> None:
         self.strict = strict
@@ -177,11 +174,11 @@ class UnreadableImages:
         if error not in self.seen:
             self.seen.add(error)
             self.unshared.append(error)
-            if len(self.seen) <= WARN_UNREADABLE:
+            if len(self.seen) <= UNREADABLE_WARNINGS:
                 log.warning("skipped unreadable image %s", error)
-            elif len(self.seen) == WARN_UNREADABLE + 1:
+            elif len(self.seen) == UNREADABLE_WARNINGS + 1:
                 log.warning(
-                    f"more than {WARN_UNREADABLE} unreadable images: the others are skipped "
+                    f"more than {UNREADABLE_WARNINGS} unreadable images: the others are skipped "
                     "without a warning each (the summary counts them all; torchkit "
                     "dataset-stats lists every unreadable file)"
                 )
