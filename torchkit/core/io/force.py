@@ -11,9 +11,10 @@ import os
 import re
 import stat
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path, PurePath
-from typing import BinaryIO, TypeVar
+from typing import BinaryIO, Literal, TypeVar
 
 from torchkit import __version__
 from torchkit.core.io.errors import (
@@ -449,9 +450,7 @@ def check_replaceable(
     if not (folder.exists() or folder.is_symlink()):
         return False
     if folder.is_symlink():
-        raise OutputExistsError(
-            f"{what} is a symbolic link: {folder}", "give the real folder or a new name"
-        )
+        raise ForceRefusal("symlink").error(folder, what)
     if not folder.is_dir():  # a file, or a FIFO, socket or device: said which
         kind = file_kind(os.stat(folder).st_mode)
         raise OutputExistsError(f"{what} is {kind}, not a folder: {folder}", "give a folder name")
@@ -471,40 +470,146 @@ def check_replaceable(
                 owned=owned,
             ),
         )
-    if not is_torchkit_folder(folder, known_files):
-        raise OutputExistsError(
-            f"{what} {folder} is not empty and was not written by torchkit",
-            "--force only replaces torchkit's own outputs: choose another folder, or remove "
-            "it yourself",
-        )
-    other = marker_command(folder)
-    if command is not None and other is not None and other != command:
-        raise OutputExistsError(
-            f"{what} {folder} holds the output of torchkit {other}, not of {command}",
-            f"--force only replaces an earlier output of {command}: choose another folder",
-        )
-    if owned is not None:
-        refuse_foreign_entries(folder, _with_recorded_reports(folder, owned), what=what)
-    refuse_mounts_inside(folder, what=what)
+    # (OUT itself a mount point: refused by `OutputFolder`, where it would set the output aside)
+    refusal = force_refusal(folder, known_files, command, owned, mount_point=False)
+    if refusal is not None:
+        raise refusal.error(folder, what)
     return True
 
 
-def refuse_mounts_inside(folder: Path, *, what: str) -> None:
-    """`--force` replaces `folder` whole: refused where a file system or a bind mount is
-    mounted inside it, whose files (another folder's, shown there) it would delete."""
-    points = _mounts_below(folder)
-    if points:
+RefusalKind = Literal[
+    "symlink", "not_torchkit", "other_command", "foreign", "mount_point", "mounts_inside"
+]
+
+
+@dataclass(frozen=True)
+class ForceRefusal:
+    """A refusal `--force` meets replacing a folder (`force_refusal`): its `kind` and the facts
+    it names (`names`: for "other_command" the command whose output the folder holds and the
+    one run, for "foreign" the user's entries inside, for "mounts_inside" the mount points).
+    The one source of both the refusal's error (`error`) and the hint that warns of it
+    before `--force` is suggested (`hint`)."""
+
+    kind: RefusalKind
+    names: tuple[str, ...] = ()
+
+    def error(self, folder: Path, what: str) -> OutputExistsError:
+        """The refusal of `--force` itself (`check_replaceable`, `OutputFolder`)."""
+        if self.kind == "symlink":
+            return OutputExistsError(
+                f"{what} is a symbolic link: {folder}", "give the real folder or a new name"
+            )
+        if self.kind == "not_torchkit":
+            return OutputExistsError(
+                f"{what} {folder} is not empty and was not written by torchkit",
+                "--force only replaces torchkit's own outputs: choose another folder, or remove "
+                "it yourself",
+            )
+        if self.kind == "other_command":
+            other, command = self.names
+            return OutputExistsError(
+                f"{what} {folder} holds the output of torchkit {other}, not of {command}",
+                f"--force only replaces an earlier output of {command}: choose another folder",
+            )
+        if self.kind == "foreign":
+            return _foreign_error(folder, self.names, what=what)
+        if self.kind == "mount_point":
+            return OutputExistsError(
+                f"{what} {shown(folder)} is a mount point, which cannot be renamed to "
+                "set the earlier output in it aside",
+                f"give a new folder inside it, or empty {shown(folder)} yourself",
+            )
+        points = self.names
         more = f" and {len(points) - 1} more" if len(points) > 1 else ""
-        raise OutputExistsError(
+        return OutputExistsError(
             f"{what} {shown(folder)} holds a mount at {points[0]}{more}, whose files "
             "--force would delete with it",
             f"unmount it, or choose another folder than {shown(folder)}",
         )
 
+    def hint(self, folder: Path, subject: str = "it") -> str:
+        """What to do instead, said before `--force` is suggested (`force_hint`); `subject`
+        names the folder."""
+        if self.kind == "symlink":
+            return (
+                f"{subject} is a symbolic link, which --force does not replace: give the real "
+                "folder or a new name"
+            )
+        if self.kind == "not_torchkit":
+            return (
+                f"{subject} was not written by torchkit, which --force does not replace: choose "
+                "another folder, or empty it yourself"
+            )
+        if self.kind == "other_command":
+            other, command = self.names
+            return (
+                f"{subject} holds torchkit {other}'s output, which {command} --force does not "
+                "replace: choose another folder"
+            )
+        if self.kind == "foreign":
+            return (
+                f"{subject} holds {shown(folder / self.names[0])} that torchkit did not write, "
+                "so --force is refused too: move it out first, or choose another folder"
+            )
+        if self.kind == "mount_point":
+            return (
+                f"{subject} is a mount point, which cannot be renamed to set the earlier output "
+                "in it aside: give a new folder inside it, or empty it yourself"
+            )
+        return (
+            f"{subject} holds a mount at {self.names[0]}, whose files --force would "
+            "delete with it: unmount it, or choose another folder"
+        )
+
+
+def force_refusal(
+    folder: Path,
+    known_files: Collection[str] = (),
+    command: str | None = None,
+    owned: Collection[str] | None = None,
+    *,
+    mount_point: bool = True,
+) -> ForceRefusal | None:
+    """The first refusal `check_replaceable(force=True)` would meet on `folder` as it is now
+    (with `mount_point`, also `OutputFolder`'s of a mount point, which cannot be set aside),
+    or None where --force may replace it. Arguments as `check_replaceable`'s."""
+    if folder.is_symlink():
+        return ForceRefusal("symlink")
+    is_dir = folder.is_dir()
+    if is_dir:
+        refusal = _owner_refusal(folder, known_files, command)
+        if refusal is not None:
+            return refusal
+    if owned is not None:
+        foreign = foreign_entries(
+            folder, _with_recorded_reports(folder, owned), top_level=(MARKER, WRITTEN_JOURNAL)
+        )
+        if foreign:
+            return ForceRefusal("foreign", tuple(foreign))
+    if not is_dir:
+        return None
+    if mount_point and is_mount_point(folder):
+        return ForceRefusal("mount_point")
+    points = _mounts_below(folder)
+    return ForceRefusal("mounts_inside", tuple(points)) if points else None
+
+
+def _owner_refusal(
+    folder: Path, known_files: Collection[str], command: str | None
+) -> ForceRefusal | None:
+    """The refusal of the existing folder `folder` by whom its content is from: not torchkit,
+    or (with `command`) another command of it."""
+    if not is_torchkit_folder(folder, known_files):
+        return ForceRefusal("not_torchkit")
+    other = marker_command(folder)
+    if command is not None and other is not None and other != command:
+        return ForceRefusal("other_command", (other, command))
+    return None
+
 
 def _mounts_below(folder: Path) -> list[str]:
     """The mount points inside `folder` (its real path), sorted: what `--force` would delete
-    with it (`refuse_mounts_inside`, `force_hint`)."""
+    with it (`force_refusal`)."""
     return sorted(MountTable.read().points_below(os.fspath(real_path(folder))))
 
 
@@ -520,27 +625,10 @@ def force_hint(
     """The hint of a refusal that would send the user to `--force` (`default`, such as "pass
     --force to start over"): `default` where `check_replaceable(force=True)` would replace the
     folder as it is now, else why --force would be refused too and what to do instead, so
-    that no hint leads to a second refusal. `subject` names the folder in that sentence."""
-    if folder.is_symlink():
-        return (
-            f"{subject} is a symbolic link, which --force does not replace: give the real "
-            "folder or a new name"
-        )
-    refused = force_refusal_hint(folder, known_files, command, subject=subject)
-    refused = refused or _foreign_entries_hint(folder, owned, subject=subject)
-    if refused is None and folder.is_dir() and is_mount_point(folder):
-        refused = (
-            f"{subject} is a mount point, which cannot be renamed to set the earlier output in "
-            "it aside: give a new folder inside it, or empty it yourself"
-        )
-    if refused is None and folder.is_dir():
-        points = _mounts_below(folder)
-        if points:
-            refused = (
-                f"{subject} holds a mount at {points[0]}, whose files --force would "
-                "delete with it: unmount it, or choose another folder"
-            )
-    return refused or default
+    that no hint leads to a second refusal (`force_refusal`). `subject` names the folder in
+    that sentence."""
+    refusal = force_refusal(folder, known_files, command, owned)
+    return default if refusal is None else refusal.hint(folder, subject)
 
 
 def force_refusal_hint(
@@ -554,36 +642,8 @@ def force_refusal_hint(
     where "pass --force" sent the user to a second refusal: None where --force may replace it."""
     if not folder.is_dir() or folder.is_symlink():
         return None
-    if not is_torchkit_folder(folder, known_files):
-        return (
-            f"{subject} was not written by torchkit, which --force does not replace: choose "
-            "another folder, or empty it yourself"
-        )
-    other = marker_command(folder)
-    if command is not None and other is not None and other != command:
-        return (
-            f"{subject} holds torchkit {other}'s output, which {command} --force does not "
-            "replace: choose another folder"
-        )
-    return None
-
-
-def _foreign_entries_hint(
-    folder: Path, owned: Collection[str] | None, *, subject: str = "it"
-) -> str | None:
-    """The files of the user's in an earlier output, which --force refuses to delete with it
-    (`refuse_foreign_entries`): None where there are none."""
-    if owned is None:
-        return None
-    foreign = foreign_entries(
-        folder, _with_recorded_reports(folder, owned), top_level=(MARKER, WRITTEN_JOURNAL)
-    )
-    if not foreign:
-        return None
-    return (
-        f"{subject} holds {shown(folder / foreign[0])} that torchkit did not write, so "
-        "--force is refused too: move it out first, or choose another folder"
-    )
+    refusal = _owner_refusal(folder, known_files, command)
+    return None if refusal is None else refusal.hint(folder, subject)
 
 
 def refuse_foreign_entries(
@@ -611,14 +671,27 @@ def refuse_foreign_entries(
             if any(name.fullmatch(entry) for name in within) and _is_regular(folder / entry)
         ]
     if foreign:
-        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
         place = folder / within if isinstance(within, str) else folder
-        raise OutputExistsError(
-            f"{what} {shown(folder)} holds {shown(folder / foreign[0])}"
-            f"{'/' if foreign[0].endswith('/') else ''}{more} that torchkit did not write, "
-            f"which {option} would delete with it",
-            f"move them out of {shown(place)}, or delete them yourself",
-        )
+        raise _foreign_error(folder, foreign, what=what, option=option, place=place)
+
+
+def _foreign_error(
+    folder: Path,
+    foreign: Sequence[str],
+    *,
+    what: str,
+    option: str = "--force",
+    place: Path | None = None,
+) -> OutputExistsError:
+    """The refusal of `option` where `folder` holds the entries `foreign` (relative paths) that
+    torchkit did not write (`refuse_foreign_entries`); `place`: where to move them from."""
+    more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+    return OutputExistsError(
+        f"{what} {shown(folder)} holds {shown(folder / foreign[0])}"
+        f"{'/' if foreign[0].endswith('/') else ''}{more} that torchkit did not write, "
+        f"which {option} would delete with it",
+        f"move them out of {shown(place or folder)}, or delete them yourself",
+    )
 
 
 def _is_regular(path: Path) -> bool:

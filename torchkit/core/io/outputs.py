@@ -54,10 +54,11 @@ from torchkit.core.io.claims import (
     written_into,
 )
 from torchkit.core.io.durability import fsync_directory, sync_file_system
-from torchkit.core.io.errors import OutputExistsError, OutputWriteError
+from torchkit.core.io.errors import OutputWriteError
 from torchkit.core.io.file_outputs import check_folders_above
 from torchkit.core.io.folder_contents import exact_pattern, path_inside
 from torchkit.core.io.force import (
+    ForceRefusal,
     check_replaceable,
     clear_killed_start,
     force_hint,
@@ -371,11 +372,7 @@ class OutputFolder:
         any work; nor can a finished hidden folder take its place, so an atomic output is
         written into it in place, as other outputs are (a failed run removes what it wrote)."""
         if self.has_content and not resume:
-            raise OutputExistsError(
-                f"{self.what} {shown(self.final)} is a mount point, which cannot be renamed to "
-                "set the earlier output in it aside",
-                f"give a new folder inside it, or empty {shown(self.final)} yourself",
-            )
+            raise ForceRefusal("mount_point").error(self.final, self.what)
         self.atomic = False
 
     def begin(self) -> Path:
