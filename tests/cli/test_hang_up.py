@@ -3,10 +3,12 @@ the process was started ignoring (nohup) stays ignored."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 from checkpoints import write_convnet_checkpoint
@@ -15,6 +17,17 @@ from PIL import Image
 from processes import run_torchkit_process, signal_and_wait, start_torchkit_process, wait_until
 from signal_placement import signalled_on_first_import
 from suite_paths import HELPERS
+
+
+@contextlib.contextmanager
+def inherited_as_ignored(signum: int) -> Iterator[None]:
+    """`signum` ignored in this process for the block: a torchkit process started in it
+    inherits it ignored, as from nohup or a shell's background job."""
+    before = signal.signal(signum, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signum, before)
 
 
 def model_image_and_out(tmp_path: Path) -> tuple[Path, Path, Path]:
@@ -60,11 +73,8 @@ def test_a_hang_up_while_torchkit_starts_ends_it_with_one_line(tmp_path):
 def test_a_hang_up_ignored_at_start_stays_ignored(tmp_path):
     """`nohup torchkit ...`: the command runs to its end through a SIGHUP."""
     hang_up_while_starting = signalled_on_first_import(tmp_path, "torchkit.cli.split", "SIGHUP")
-    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the torchkit process inherits it
-    try:
+    with inherited_as_ignored(signal.SIGHUP):
         done = run_torchkit_process("env", "--format", "json", env=hang_up_while_starting)
-    finally:
-        signal.signal(signal.SIGHUP, before)
     assert done.returncode == 0, done.stderr
     assert "python" in json.loads(done.stdout)
 
@@ -74,14 +84,11 @@ def test_a_signal_ignored_at_start_stays_ignored_while_the_command_runs(tmp_path
     that a Ctrl-C meant for the script leaves it running; torchkit kept it ignored while it
     started. Before: the command's own handlers took it back (a Ctrl-C then gave exit 130)."""
     checkpoint, image, out = model_image_and_out(tmp_path)
-    before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # the torchkit process inherits it
-    try:
+    with inherited_as_ignored(signal.SIGINT):
         process = start_torchkit_process(
             "predict", "--device", "cpu", str(checkpoint), "-", "-o", str(out / "preds.csv"),
             "-j", "0", stdin=subprocess.PIPE,
         )  # fmt: skip
-    finally:
-        signal.signal(signal.SIGINT, before)
     try:
         process.stdin.write(f"{image}\n")
         process.stdin.flush()
@@ -101,15 +108,12 @@ def test_a_ctrl_c_ignored_at_start_stays_ignored_while_train_trains(tmp_path):
     stopped it (last.pt of epoch 1, exit 130)."""
     data = write_image_folder(tmp_path / "data", {"a": 4, "b": 4})
     out = tmp_path / "run"
-    before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # the torchkit process inherits it
-    try:
+    with inherited_as_ignored(signal.SIGINT):
         done = run_torchkit_process(
             "train", "--data", str(data), "--model", "nets:NoisyNet", "--image-size", "8",
             "--epochs", "2", "--batch-size", "2", "-j", "0", "--device", "cpu",
             "--out", str(out), "--format", "json",
             env={"PYTHONPATH": str(HELPERS), "TORCHKIT_TEST_SIGINT_AT": "3"},
         )  # fmt: skip
-    finally:
-        signal.signal(signal.SIGINT, before)
     assert done.returncode == 0, done.stderr[-2000:]
     assert len(json.loads(done.stdout)["history"]) == 2 and "Interrupted" not in done.stderr
