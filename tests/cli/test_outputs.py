@@ -24,7 +24,7 @@ from torchkit.core.io.claims import reporting_write_errors
 from torchkit.core.io.errors import OutputExistsError, OutputWriteError
 from torchkit.core.io.file_outputs import check_output_file
 from torchkit.core.io.files import atomic_path, atomic_write_text, torch_save
-from torchkit.core.io.force import write_marker
+from torchkit.core.io.force import force_hint, write_marker
 from torchkit.core.io.output_locks import FolderLock, OutputLockedError
 from torchkit.core.io.output_paths import MARKER
 from torchkit.core.io.outputs import OutputFolder, recover_leftovers
@@ -253,6 +253,19 @@ def test_force_replaces_only_empty_or_torchkit_folders(tmp_path):
     (tmp_path / "link").symlink_to(tmp_path / "run")
     with pytest.raises(OutputExistsError, match="symbolic link"):
         OutputFolder(tmp_path / "link", command="eval", force=True)
+
+
+def test_a_hint_towards_force_says_a_symbolic_link_is_refused_too(tmp_path):
+    """A refusal that would send the user to --force says instead why --force is refused too,
+    in the words of its own refusal: a symbolic link at OUT is never replaced."""
+    run = tmp_path / "run"
+    run.mkdir()
+    write_marker(run, "eval")
+    (tmp_path / "link").symlink_to(run)
+    assert force_hint(run, "pass --force", command="eval") == "pass --force"
+    assert force_hint(tmp_path / "link", "pass --force", subject="OUT") == (
+        "OUT is a symbolic link, which --force does not replace: give the real folder or a new name"
+    )
 
 
 def test_force_replaces_only_an_output_of_the_same_command(tmp_path):
