@@ -631,21 +631,6 @@ def force_hint(
     return default if refusal is None else refusal.hint(folder, subject)
 
 
-def force_refusal_hint(
-    folder: Path,
-    known_files: Collection[str] = (),
-    command: str | None = None,
-    *,
-    subject: str = "it",
-) -> str | None:
-    """What to do about an existing folder that --force would refuse too (`check_replaceable`),
-    where "pass --force" sent the user to a second refusal: None where --force may replace it."""
-    if not folder.is_dir() or folder.is_symlink():
-        return None
-    refusal = _owner_refusal(folder, known_files, command)
-    return None if refusal is None else refusal.hint(folder, subject)
-
-
 def refuse_foreign_entries(
     folder: Path,
     owned: Collection[str],

@@ -25,8 +25,7 @@ from torchkit.core.io.errors import OutputExistsError, UsageError
 from torchkit.core.io.files import absolute_as_opened, refuse_case_twins
 from torchkit.core.io.force import (
     check_replaceable,
-    force_hint,
-    force_refusal_hint,
+    force_refusal,
     marker_command,
 )
 from torchkit.core.io.output_paths import remove_tree
@@ -199,15 +198,20 @@ def _split_or_finish(
                 f"{WHAT} {out} holds the output of torchkit {other}, not a split",
                 "--force only replaces an earlier split: choose another output folder",
             )
-        refused = force_refusal_hint(out, command="split")
-        if refused is None and out.is_dir():
+        # What --force would meet, judged once, under the lock: it decides the check below
+        # and, only where "already exists" is said, its hint.
+        refusal = force_refusal(out, command="split")
+        owner_refused = refusal is not None and refusal.kind in ("not_torchkit", "other_command")
+        if not owner_refused and out.is_dir():
             # Before "already exists": its hint, --force, would be refused for these files.
             refuse_files_not_written(out, set(options.names) | previous_split_names(out))
         check_replaceable(
             out,
             force,
             what=WHAT,
-            hint=force_hint(out, "pass --force to replace the split in it", command="split"),
+            hint=lambda: (
+                "pass --force to replace the split in it" if refusal is None else refusal.hint(out)
+            ),
         )
         return _split_into(source, out, options, progress, before_keep)
 

@@ -135,8 +135,9 @@ class RunFolder:
                     known_files=known,
                     what="run folder",
                     resume=in_place,
-                    # Judged only where it may be told: a run continued in place is no refusal
-                    exists_hint="" if in_place else _exists_hint(out, self._owned(out), known),
+                    # Judged only where it is told, under the lock (a killed run's leftovers
+                    # gone): a run continued in place is no refusal
+                    exists_hint="" if in_place else self._exists_hint_of(out, known),
                     start_files=START_FILES,
                     owned=RUN_OUTPUTS,
                     # The summary -o writes into the run folder is this run's to replace.
@@ -155,6 +156,11 @@ class RunFolder:
         if in_place:  # a run killed while its files were written left their temporaries
             remove_stale_temporaries(out, is_run_file)
         return out, in_place
+
+    def _exists_hint_of(self, out: Path, known: Collection[str]) -> Callable[[], str]:
+        """`_exists_hint` of `out`, worked out when `OutputFolder` refuses it as "already
+        exists" (never where it is empty, or replaced with --force)."""
+        return lambda: _exists_hint(out, self._owned(out), known)
 
     def _owned(self, out: Path) -> tuple[str, ...]:
         """What --force replaces in `out`: a run's files, and the -o summary this run writes
