@@ -166,6 +166,23 @@ def test_an_empty_shape_for_an_image_model_is_named_in_the_error(runner):
     )
 
 
+def test_convnet_is_sized_for_a_non_square_input(runner):
+    """Before: convnet was built for the input's width alone (47x47) and then fed 33x47:
+    'mat1 and mat2 shapes cannot be multiplied (1x18816 and 28224x128)'. Hand count for one
+    1x20x36 image: two 3x3 convolutions, 16x32 -> a 2x2 max-pool, 8x16 maps of 64 channels."""
+    summary = invoke_json(runner, "convnet", "-i", "1,20,36")
+    first, second = 1 * 32 * 9 + 32, 32 * 64 * 9 + 64
+    hidden, head = 64 * 8 * 16 * 128 + 128, 128 * 10 + 10
+    assert summary["totals"]["total_params"] == first + second + hidden + head
+    convolutions = 18 * 34 * first + 16 * 32 * second
+    assert summary["totals"]["total_mult_adds"] == convolutions + hidden + head
+    shapes = {row["name"]: row["output_shape"] for row in summary["layers"]}
+    assert shapes["features"] == [1, 64, 8, 16] and shapes[""] == [1, 10]
+    narrow = runner.invoke(app, ["summary", "convnet", "-i", "3,5,40"])
+    assert narrow.exit_code == 2
+    assert narrow.stderr == "Error: convnet needs images of at least 6x6, not 5x40\n"
+
+
 # --- parameters only ------------------------------------------------------------------------
 
 

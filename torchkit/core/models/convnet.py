@@ -13,8 +13,16 @@ def convnet_class():
         """The classic two-convolution MNIST network (PyTorch's examples/mnist), made to accept any
         channel count and input size: the flattened size is computed from `image_size`."""
 
-        def __init__(self, num_classes: int = 10, in_channels: int = 3, image_size: int = 28):
+        def __init__(
+            self,
+            num_classes: int = 10,
+            in_channels: int = 3,
+            image_size: int | tuple[int, int] = 28,
+        ):
             super().__init__()
+            # N (square images) or (H, W): summary's input of another shape, -i 3,32,48
+            height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
+            size = f"{height}x{width}" if height != width else str(height)
             self.features = nn.Sequential(
                 nn.Conv2d(in_channels, 32, 3),
                 nn.ReLU(inplace=True),
@@ -23,13 +31,13 @@ def convnet_class():
                 nn.MaxPool2d(2),
                 nn.Dropout(0.25),
             )
-            side = (image_size - 4) // 2
-            if side < 1:
-                raise UsageError(f"convnet needs images of at least 6x6, not {image_size}")
-            _check_fits(image_size, 64 * side * side * 128)
+            rows, columns = (height - 4) // 2, (width - 4) // 2
+            if rows < 1 or columns < 1:
+                raise UsageError(f"convnet needs images of at least 6x6, not {size}")
+            _check_fits(size, 64 * rows * columns * 128)
             self.classifier = nn.Sequential(
                 nn.Flatten(),
-                nn.Linear(64 * side * side, 128),
+                nn.Linear(64 * rows * columns, 128),
                 nn.ReLU(inplace=True),
                 nn.Dropout(0.5),
                 nn.Linear(128, num_classes),
@@ -63,7 +71,7 @@ def _gradient_as_channels_last(features) -> None:
         features.register_hook(lambda grad: grad.contiguous(memory_format=channels_last))
 
 
-def _check_fits(image_size: int, classifier_weights: int) -> None:
+def _check_fits(image_size: str, classifier_weights: int) -> None:
     """The first linear layer grows with the square of the image side (4.6 billion weights at
     1,500 px, which a checkpoint can record): past half the memory free, refused before its
     allocation, which would end in the kernel's OOM killer rather than an error (training

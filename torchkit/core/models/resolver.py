@@ -550,15 +550,17 @@ def _from_convnet(
     *,
     weights_follow: bool = False,
 ) -> ResolvedModel:
-    side = _size(image_size, CONVNET_IMAGE_SIZE)[-1]
+    height, side = _size(image_size, CONVNET_IMAGE_SIZE)
     channels = in_channels or 3
     preprocess = plain_preprocess(channels, side)
+    # Sized for the input's height and width: summary's -i 3,32,48 (images are square elsewhere)
+    size = side if height == side else (height, side)
     # With a weights file, loaded into it strictly: built without random init.
     model = built_for_loading(
-        lambda: convnet_class()(num_classes or 10, channels, side), weights_follow
+        lambda: convnet_class()(num_classes or 10, channels, size), weights_follow
     )
     return ResolvedModel(
-        model, name, "built-in", preprocess=preprocess, sample_shape=(channels, side, side)
+        model, name, "built-in", preprocess=preprocess, sample_shape=(channels, height, side)
     )
 
 
