@@ -328,3 +328,100 @@ def test_a_column_hf_types_otherwise_is_no_rival_image_column(tmp_path):
     said = run_torchkit_in_process("dataset-stats", both, "-j", "0")
     assert said.returncode == 0, said.stderr
     assert f"{both} has 2 image columns (picture, sound)" in said.stderr, said.stderr
+
+
+def write_odd_rows(path, big_rows: int, **options) -> str:
+    """2 row groups of 400 rows: `big_rows` of one 20 kB image, the others cycling through 9
+    images of 300 bytes (PNGs with bytes after their end); options: `write_rows`'."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    nulls = options.pop("nulls", False)
+    kind = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    rows = []
+    for group in range(2):
+        big = png(group) + bytes([group]) * 20_000
+        small = [png(10 + 10 * group + i) + bytes([i]) * 300 for i in range(9)]
+        rows += [big if row < big_rows else small[row % 9] for row in range(400)]
+    images = [None if nulls and row % 3 == 0 else {"bytes": b, "path": None}
+              for row, b in enumerate(rows)]  # fmt: skip
+    table = pa.table({"image": pa.array(images, kind), "label": [row % 3 for row in range(800)]})
+    pq.write_table(table, path, row_group_size=400, **options)
+    return str(path)
+
+
+def counted_sizes(path: str) -> list[float]:
+    """The row groups' image bytes opening counts (`blocks` adds an eighth for offsets)."""
+    stored = open_data(path).whole
+    blocks = stored.paths[0].reader.blocks([p.locator for p in stored.paths])
+    return [size * 8 / 9 for size in blocks.sizes]
+
+
+@pytest.mark.parametrize("big_rows", [360, 20], ids=["one-big-image-in-most-rows", "in-few-rows"])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"data_page_version": "2.0", "compression": "zstd"},
+        {"compression": "none", "nulls": True},
+        {"nulls": True, "write_page_index": True, "compression": "gzip"},
+    ],
+    ids=["snappy", "v2-zstd", "plain-nulls", "gzip-nulls-page-index"],
+)
+def test_repeated_images_of_other_sizes_count_their_own_sizes(tmp_path, options, big_rows):
+    """Each row's copy counted at its own image's size, from the dictionary indices: before, at
+    the dictionary's mean size, 360 rows of one 20 kB image among 40 of 9 small ones counted
+    0.14 of the bytes read (a window or the cache holding 7 times what was planned), and 20
+    rows of it among 380 small ones 1.8 times them."""
+    path = write_odd_rows(tmp_path / "d.parquet", big_rows, **options)
+    read = sizes_read(path)
+    counted = counted_sizes(path)
+    assert len(counted) == len(read) == 2
+    for size, real in zip(counted, read, strict=True):
+        assert real * 0.98 <= size <= real * 1.1, (counted, read)
+
+
+def test_a_dictionary_too_large_to_read_counts_no_less_than_read(tmp_path, monkeypatch):
+    """Where the dictionary page is past what opening reads of it, each row counts as the
+    most repeated image's count times the dictionary: more than read (here 1.25 times, the
+    small images counted at the large one's size), never less."""
+    from torchkit.core.data.sources import parquet_pages
+
+    path = write_odd_rows(tmp_path / "d.parquet", 360)
+    monkeypatch.setattr(parquet_pages, "_LARGEST_DICTIONARY", 1000)
+    for size, real in zip(counted_sizes(path), sizes_read(path), strict=True):
+        assert real <= size <= real * 1.5, (size, real)
+
+
+def test_dictionary_indices_that_cannot_be_read_leave_the_mean_size(tmp_path):
+    """An index page not as expected (garbled: its bytes overwritten) counts the dictionary's
+    mean size, as before indices were read: never an error at opening."""
+    import os
+
+    import pyarrow.parquet as pq
+
+    from torchkit.core.data.sources import parquet_pages
+    from torchkit.core.data.sources.parquet_pages import decoded_chunk_bytes
+
+    path = write_odd_rows(tmp_path / "d.parquet", 360, compression="none")
+    metadata = pq.ParquetFile(path).metadata
+    chunk, column = metadata.row_group(0).column(0), metadata.schema.column(0)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        mean, exact = decoded_chunk_bytes(fd, chunk), decoded_chunk_bytes(fd, chunk, column)
+        end = chunk.dictionary_page_offset + chunk.total_compressed_size
+        pages = parquet_pages._ChunkBytes(fd, end)
+        _, header_bytes = parquet_pages._page_header(pages, chunk.data_page_offset)
+    finally:
+        os.close(fd)
+    assert exact > 5 * mean
+    # the index page's body, past its header: its definition levels' length past the page
+    garbled = bytearray(Path(path).read_bytes())
+    start = chunk.data_page_offset + header_bytes
+    garbled[start : start + 4] = b"\xff" * 4
+    Path(path).write_bytes(garbled)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert decoded_chunk_bytes(fd, chunk, column) == mean
+    finally:
+        os.close(fd)

@@ -28,8 +28,9 @@ folder for one file) and ROW the row in that file from 0: `data/train-00000-of-0
 It is unique and stable whatever the rows hold (HF's own `image.path` is often empty or repeated).
 
 Opening reads the parquet footers and the label column only, never an image (and where the
-image column is dictionary-encoded, the page headers of 8 of its row groups: the bytes a row
-group holds read, each row's copy of a repeated image counted, `parquet_pages`). An image is read by
+image column is dictionary-encoded, the page headers and dictionary indices of 8 of its row
+groups: the bytes a row group holds read, each row's copy of a repeated image counted at its
+size, `parquet_pages`). An image is read by
 (file, row group, row) through `ParquetImages`, which keeps the image column of the last row
 groups it read (LRU, `CACHE_BYTES` per process): a pass in order reads each row group once, and
 so does train's shuffled order, which takes row groups in random order and shuffles the images
@@ -496,19 +497,19 @@ def _image_bytes_read(path: str, metadata: Any, column: str) -> list[int]:
     once read: the footer's uncompressed size, or more where dictionary-encoded values repeat
     (`parquet_pages`: 10,000 rows of 50 distinct images were counted as 50 images, and a
     window of `convert shards`, train's shuffle and the room for a spill were planned for that
-    much). The page headers of `SAMPLED_ROW_GROUPS` row groups at most are read, spread over
-    the file, each other one counted at its footer's size times the ratio found in the
-    nearest (each walk is a few reads: 2,500 row groups took 15,000, a seek each on a cold
-    disk or a round trip on a network file system). The footer's sizes alone where the file
-    cannot be opened again."""
+    much). The page headers and dictionary indices of `SAMPLED_ROW_GROUPS` row groups at most
+    are read, spread over the file, each other one counted at its footer's size times the
+    ratio found in the nearest (each walk is a read or two: 2,500 row groups took 15,000, a
+    seek each on a cold disk or a round trip on a network file system). The footer's sizes
+    alone where the file cannot be opened again."""
     from torchkit.core.data.sources.parquet_pages import decoded_chunk_bytes
 
     groups = [metadata.row_group(group) for group in range(metadata.num_row_groups)]
-    chunks = [
-        [chunk for chunk in map(group.column, range(group.num_columns))
-         if chunk.path_in_schema == column or chunk.path_in_schema.startswith(column + ".")]
-        for group in groups
+    leaves = [
+        i for i in range(metadata.num_columns)
+        if (name := metadata.schema.column(i).path) == column or name.startswith(column + ".")
     ]  # fmt: skip
+    chunks = [[group.column(i) for i in leaves] for group in groups]
     stored = [sum(chunk.total_uncompressed_size for chunk in group) for group in chunks]
     encoded = [g for g, group in enumerate(chunks) if any(c.has_dictionary_page for c in group)]
     if not encoded:
@@ -522,7 +523,12 @@ def _image_bytes_read(path: str, metadata: Any, column: str) -> list[int]:
     except OSError:
         return stored
     try:
-        read = {g: sum(decoded_chunk_bytes(fd, chunk) for chunk in chunks[g]) for g in sampled}
+        schemas = [metadata.schema.column(i) for i in leaves]  # each leaf's levels
+        read = {
+            g: sum(decoded_chunk_bytes(fd, chunk, schema)
+                   for chunk, schema in zip(chunks[g], schemas, strict=True))
+            for g in sampled
+        }  # fmt: skip
     finally:
         os.close(fd)
     estimated = stored.copy()
