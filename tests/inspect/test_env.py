@@ -53,10 +53,17 @@ SIMULATED_CUDA = torch.version.cuda or "12.4"
 
 
 def simulate_no_gpu(
-    monkeypatch, init_error: str, *, cuda=SIMULATED_CUDA, driver=(None, None), driver_cuda=None
+    monkeypatch,
+    init_error: str,
+    *,
+    cuda=SIMULATED_CUDA,
+    driver=(None, None),
+    driver_cuda=None,
+    pci_gpus=1,
 ):
     """A torch build (`cuda` None: CPU only) on a machine where CUDA does not initialise;
-    `driver_cuda`: the newest CUDA the driver supports (None: no libcuda)."""
+    `driver_cuda`: the newest CUDA the driver supports (None: no libcuda); `pci_gpus`: the
+    NVIDIA GPUs its PCI bus lists (by default one, whose driver is missing)."""
 
     def failing_init():
         raise RuntimeError(init_error)
@@ -67,6 +74,7 @@ def simulate_no_gpu(
     monkeypatch.setattr(torch.cuda, "init", failing_init)
     monkeypatch.setattr(env, "nvidia_driver", lambda: driver)
     monkeypatch.setattr(env, "cuda_driver_version", lambda: driver_cuda)
+    monkeypatch.setattr(env, "nvidia_pci_gpus", lambda: pci_gpus)
 
 
 def fake_gpu(index: int, *, usable: bool = True, error: str | None = None) -> dict:
@@ -541,9 +549,12 @@ def test_output_file_and_force(runner, tmp_path, clean_env):
 def test_this_machine_cuda_build_without_driver(runner, clean_env):
     report = runner.invoke(app, ["env", "--format", "json"])
     assert report.exit_code == 0 and json.loads(report.stdout)["cuda"]["usable"] is False
-    assert report.stderr.startswith(
-        f"Warning: torch {torch.__version__} is a CUDA {torch.version.cuda} build"
-    )
+    if json.loads(report.stdout)["cuda"]["pci_gpu_count"] == 0:  # no NVIDIA GPU: no warning
+        assert report.stderr == ""
+    else:
+        assert report.stderr.startswith(
+            f"Warning: torch {torch.__version__} is a CUDA {torch.version.cuda} build"
+        )
     result = runner.invoke(app, ["env", "--require-cuda", "--format", "json"])
     assert result.exit_code == 1 and result.stdout == ""  # a script's check: one line
     (line,) = result.stderr.strip().splitlines()
@@ -570,6 +581,68 @@ def test_cuda_build_without_driver_simulated(runner, monkeypatch, clean_env):
     table = runner.invoke(app, ["env"])  # without --require-cuda: the report and the warning
     assert table.exit_code == 0 and "torch build" in table.stdout
     assert table.stderr.startswith("Warning: torch ")
+
+
+def test_a_cuda_build_on_a_machine_without_an_nvidia_gpu_is_no_warning(runner, monkeypatch):
+    """Before: the default Linux wheel of torch (a CUDA build) on a laptop or CPU server warned
+    at every `env` that it 'cannot use CUDA: Found no NVIDIA driver' and told the user to
+    install one, on a machine without an NVIDIA GPU. The PCI bus lists every GPU, driver or
+    not: none there is no problem, and --require-cuda says why there is no GPU."""
+    simulate_no_gpu(monkeypatch, DRIVER_MESSAGE, pci_gpus=0)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    report = collect_env()
+    assert report["diagnostics"] == []
+    assert report["cuda"]["problem"] == "this machine has no NVIDIA GPU (none on its PCI bus)"
+    table = runner.invoke(app, ["env"])
+    assert table.exit_code == 0 and table.stderr == ""
+    result = runner.invoke(app, ["env", "--require-cuda"])
+    assert (result.exit_code, result.stdout) == (1, "")
+    assert result.stderr == (
+        "Error: no usable CUDA GPU: this machine has no NVIDIA GPU (none on its PCI bus) (run "
+        "on a machine with an NVIDIA GPU)\n"
+    )
+    # A bus that cannot say (WSL, a Jetson, no sysfs): the driver's absence is reported as before
+    simulate_no_gpu(monkeypatch, DRIVER_MESSAGE, pci_gpus=None)
+    assert collect_env()["cuda"]["problem"] == "Found no NVIDIA driver on your system"
+
+
+def _pci_device(folder: Path, name: str, vendor: str, device_class: str) -> None:
+    (folder / name).mkdir()
+    (folder / name / "vendor").write_text(vendor + "\n")
+    (folder / name / "class").write_text(device_class + "\n")
+
+
+def test_nvidia_gpus_on_the_pci_bus(tmp_path, monkeypatch):
+    """Counted as lspci lists them: NVIDIA's vendor 0x10de with a display-controller class
+    (0x0300 VGA, 0x0302 3D: an H100); NVIDIA's NVSwitch bridges (0x0680) and other vendors'
+    GPUs are not NVIDIA GPUs."""
+    monkeypatch.setattr(env.sys, "platform", "linux")
+    monkeypatch.setattr(env, "WSL_GPU_DEVICE", str(tmp_path / "dxg"))
+    monkeypatch.setattr(env, "DEVICE_TREE_COMPATIBLE", str(tmp_path / "compatible"))
+    bus = tmp_path / "devices"
+    bus.mkdir()
+    assert env.nvidia_pci_gpus(str(bus)) is None  # no PCI device listed at all: cannot tell
+    assert env.nvidia_pci_gpus(str(tmp_path / "missing")) is None
+    _pci_device(bus, "0000:00:00.0", "0x8086", "0x060000")  # a host bridge
+    _pci_device(bus, "0000:00:02.0", "0x1af4", "0x018000")  # virtio
+    assert env.nvidia_pci_gpus(str(bus)) == 0
+    _pci_device(bus, "0000:17:00.0", "0x10de", "0x030200")  # H100
+    _pci_device(bus, "0000:18:00.0", "0x10DE", "0x030000")  # a VGA GeForce
+    _pci_device(bus, "0000:19:00.0", "0x10de", "0x068000")  # an NVSwitch
+    _pci_device(bus, "0000:1a:00.0", "0x1002", "0x038000")  # an AMD Instinct
+    assert env.nvidia_pci_gpus(str(bus)) == 2
+    (bus / "0000:1b:00.0").mkdir()  # a device without a vendor: the bus cannot tell
+    assert env.nvidia_pci_gpus(str(bus)) is None
+    (bus / "0000:1b:00.0").rmdir()
+    (tmp_path / "compatible").write_bytes(b"nvidia,p3768-0000+p3767-0005\0nvidia,tegra234\0")
+    assert env.nvidia_pci_gpus(str(bus)) is None  # a Jetson Orin: its GPU is on no PCI bus
+    (tmp_path / "compatible").unlink()
+    (tmp_path / "dxg").touch()  # WSL: its GPU comes through /dev/dxg
+    assert env.nvidia_pci_gpus(str(bus)) is None
+    (tmp_path / "dxg").unlink()
+    assert env.nvidia_pci_gpus(str(bus)) == 2
+    monkeypatch.setattr(env.sys, "platform", "darwin")
+    assert env.nvidia_pci_gpus(str(bus)) is None
 
 
 class FakeLibcuda:

@@ -405,6 +405,43 @@ def cuda_driver_version(names: tuple[str, ...] | None = None) -> str | None:
     return None
 
 
+# Where Linux lists the PCI devices: an NVIDIA GPU is there (vendor 0x10de, a display
+# controller: class 0x03....) whether or not its driver is installed.
+PCI_DEVICES = "/sys/bus/pci/devices"
+NVIDIA_PCI_VENDOR = "0x10de"
+# A GPU on no PCI bus: WSL's (through this device) and a Jetson's (this board says "tegra").
+WSL_GPU_DEVICE = "/dev/dxg"
+DEVICE_TREE_COMPATIBLE = "/proc/device-tree/compatible"
+
+
+def nvidia_pci_gpus(devices: str | None = None) -> int | None:
+    """How many NVIDIA GPUs the PCI bus lists, driver or not: 0 on a machine without one, where
+    a CUDA build of torch finding no driver is no problem (the default Linux wheel on a laptop
+    or a CPU server). None where the bus cannot tell: not Linux, no readable list, WSL (its GPU
+    comes through /dev/dxg, not the PCI bus) or a Jetson (an integrated GPU, on no PCI bus)."""
+    if not sys.platform.startswith("linux") or os.path.exists(WSL_GPU_DEVICE):
+        return None
+    with contextlib.suppress(OSError), open(DEVICE_TREE_COMPATIBLE, "rb") as handle:
+        if b"nvidia,tegra" in handle.read():
+            return None
+    devices = PCI_DEVICES if devices is None else devices
+    try:
+        names = os.listdir(devices)
+    except OSError:
+        return None
+    count = 0
+    for name in names:
+        try:
+            with open(os.path.join(devices, name, "vendor"), encoding="ascii") as handle:
+                vendor = handle.read().strip().lower()
+            with open(os.path.join(devices, name, "class"), encoding="ascii") as handle:
+                device_class = handle.read().strip().lower()
+        except (OSError, ValueError):
+            return None  # a device the bus does not describe: it cannot say there is none
+        count += vendor == NVIDIA_PCI_VENDOR and device_class.startswith("0x03")
+    return count if names else None
+
+
 def visible_device_entries(value: str, driver_gpus: int | None = None) -> list[str]:
     """The devices CUDA_VISIBLE_DEVICES lets through, in order, read as the CUDA runtime reads
     it (PyTorch's `torch.cuda._parse_visible_devices` mirrors the same rule).
@@ -452,6 +489,7 @@ def _torch_sections(diagnostics: list[str]) -> dict[str, Any]:
         "driver_version": driver_version,
         "driver_cuda_version": cuda_driver_version(),
         "driver_gpu_count": driver_gpus,
+        "pci_gpu_count": nvidia_pci_gpus(),
         "device_count": 0,
         "usable": False,
         "problem": None,
@@ -731,6 +769,15 @@ def _diagnose_cuda(
         return
     if not gpus:
         reason = init_error or "no CUDA device found"
+        no_driver = not (cuda["driver_version"] or cuda["driver_cuda_version"])
+        if torch.version.cuda and no_driver and cuda["pci_gpu_count"] == 0:
+            # No NVIDIA GPU at all: CUDA cannot run, and no driver would change that (the
+            # default Linux wheel of torch on a machine without one): not a warning.
+            cuda.update(
+                problem="this machine has no NVIDIA GPU (none on its PCI bus)",
+                hint="run on a machine with an NVIDIA GPU",
+            )
+            return
         # Hiding every GPU explains "no CUDA GPUs are available", but not a missing driver.
         if not hides_all or "driver" in reason.lower():
             too_old = _driver_too_old(torch.version.cuda, cuda["driver_cuda_version"])
