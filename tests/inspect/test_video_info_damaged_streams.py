@@ -989,6 +989,36 @@ def test_an_flv_whose_metadata_records_a_stale_size_is_ok(tmp_path, duration):
         assert (exact.status, exact.frames_decoded) == ("ok", 48)
 
 
+@pytest.mark.parametrize("container", ["flv", "ogg"])
+def test_a_probe_walks_a_files_tags_or_pages_once(tmp_path, monkeypatch, container):
+    """A probe asks an FLV's tags where its streams end, whether it was cut between two tags
+    and how many frames it holds, an Ogg file's pages its repeated frames and its frames:
+    each walked every tag or page of the file again (3 walks of an FLV whose audio runs on
+    past its video and whose metadata records a stale size, under --exact: 0.3 s each for
+    10 minutes; 2 of an Ogg file). One walk a probe serves them all, the rows unchanged."""
+    if container == "flv":
+        made = _adpcm_flv(tmp_path / "made.flv", 2, 2.4)
+        data = made.read_bytes()
+        path = tmp_path / "stale.flv"
+        path.write_bytes(_recorded_size(data, len(data) + 500))
+    else:
+        path = ffmpeg_made(
+            tmp_path / "clip.ogv",
+            *moving_picture(2),
+            *("-f", "lavfi", "-i", "sine=duration=2.4", "-c:v", "libtheora", "-c:a", "flac"),
+            encoders=("libtheora", "flac"),
+            muxer="ogg",
+        )
+    walks, mapped = [], streams._mapped
+    monkeypatch.setattr(streams, "_mapped", lambda handle: walks.append(1) or mapped(handle))
+    for options in ({"exact": True}, {}, {"decode_check": False}):
+        walks.clear()
+        info = probe_video(path, **options)
+        assert (info.status, info.error) == ("ok", None), options
+        assert len(walks) <= 1, options
+    assert info.frames_decoded is None and probe_video(path, exact=True).frames_decoded == 50
+
+
 def test_a_video_only_flv_whose_first_frame_shows_later_and_records_a_stale_size_is_ok(
     tmp_path,
 ):

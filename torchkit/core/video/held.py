@@ -1,12 +1,18 @@
 """What the damage checks share: the frames a file's index or structure holds (`HeldFrames`),
 how many of them lead its first key frame or were lost across a break, MPEG presentation
-times, the bounds a walk of a corrupt file keeps to, and small bitstream readers."""
+times, one walk of a file's structure a probe (`walks_kept`), the bounds a walk of a corrupt
+file keeps to, and small bitstream readers."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
 import os
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import ParamSpec, TypeVar
 
 
 def fourcc_text(raw: bytes) -> str | None:
@@ -41,6 +47,53 @@ class HeldFrames:
     past_breaks: bool = False
     end_s: float | None = None
     span_s: float | None = None
+
+
+# --- one walk of a file's structure a probe -----------------------------------------------------
+
+_Params = ParamSpec("_Params")
+_Walked = TypeVar("_Walked")
+# The walks kept within `walks_kept`: (the walk, the file's path, its other arguments) to what
+# it gave; None outside it
+_WALKS_KEPT: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
+    "walks_kept", default=None
+)
+
+
+@contextlib.contextmanager
+def walks_kept() -> Iterator[None]:
+    """Within it (in this thread), a walk made `walked_once` walks a file once and gives what
+    it gave to every later call: one probe asks an FLV's tags where its streams end, whether
+    it was cut between two tags and how many frames it holds, an Ogg file's pages its
+    repeated frames and its frames, each a walk of every tag or page of the file. What was
+    walked is let go at its end (a file is read afresh by the next probe). A scope inside
+    another keeps to the outer one's walks."""
+    if _WALKS_KEPT.get() is not None:
+        yield
+        return
+    token = _WALKS_KEPT.set({})
+    try:
+        yield
+    finally:
+        _WALKS_KEPT.reset(token)
+
+
+def walked_once(walk: Callable[_Params, _Walked]) -> Callable[_Params, _Walked]:
+    """`walk` (of a file's path and hashable arguments), called once for each file and
+    arguments within `walks_kept`, and each time outside it."""
+
+    @functools.wraps(walk)
+    def kept(*args: _Params.args, **kwargs: _Params.kwargs) -> _Walked:
+        walks = _WALKS_KEPT.get()
+        if walks is None:
+            return walk(*args, **kwargs)
+        path, *rest = args
+        key = (walk, os.fspath(path), *rest, *sorted(kwargs.items()))
+        if key not in walks:
+            walks[key] = walk(*args, **kwargs)
+        return walks[key]
+
+    return kept
 
 
 # An open GOP's leading pictures follow its key frame at once: the frames after it whose time

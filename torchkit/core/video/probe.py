@@ -38,6 +38,7 @@ from torchkit.core.video.containers import (
 from torchkit.core.video.held import (
     fourcc_text,
     mpeg4_packed,
+    walks_kept,
 )
 from torchkit.core.video.matroska import (
     matroska_video_blocks,
@@ -553,7 +554,8 @@ def probe_video(
     frame's time falls short of the duration too means truncated."""
     info = VideoInfo(path=str(path))
     try:
-        _probe_into(info, Path(path), exact, decode_check, stop, decoder_threads)
+        with walks_kept():  # an FLV's tags, an Ogg file's pages: walked once for every check
+            _probe_into(info, Path(path), exact, decode_check, stop, decoder_threads)
     except _Stopped:
         raise
     except Exception as error:  # one bad file must not stop the others
@@ -903,14 +905,15 @@ def recount_frames(
     capture = _open_capture(cv2, Path(info.path), decoder_threads)
     if capture is None:
         return False
-    try:
-        decoded, end_s = _decode_to_end(cv2, capture, stop, info)
-    finally:
-        capture.release()
-    _take_decoded_count(info, decoded, end_s)
-    if info.known_whole:
-        from_duration = info.container in _COUNT_FROM_FILE_DURATION
-        damage = _frames_lost(info, Path(info.path), end_s, count_from_duration=from_duration)
-        if damage:
-            info.fail(damage, "damaged")
+    with walks_kept():  # an Ogg file's pages: walked once for its repeated frames and its damage
+        try:
+            decoded, end_s = _decode_to_end(cv2, capture, stop, info)
+        finally:
+            capture.release()
+        _take_decoded_count(info, decoded, end_s)
+        if info.known_whole:
+            from_duration = info.container in _COUNT_FROM_FILE_DURATION
+            damage = _frames_lost(info, Path(info.path), end_s, count_from_duration=from_duration)
+            if damage:
+                info.fail(damage, "damaged")
     return True

@@ -34,6 +34,7 @@ from torchkit.core.video.held import (
     leading_frames,
     pts_span_s,
     unwrapped_pts,
+    walked_once,
 )
 
 TS_PACKET = 188
@@ -367,14 +368,13 @@ def flv_video_frames(path: str | os.PathLike, container: str | None) -> HeldFram
     tags = _flv_tags(path) if container == "flv" else None
     if tags is None:
         return None
-    times, keys = np.array(tags.times, np.int64), np.array(tags.keys, bool)
-    places = np.array(tags.places)
+    times, keys = np.asarray(tags.times, np.int64), np.asarray(tags.keys, bool)
+    places = np.asarray(tags.places, np.int64)
     firsts, lasts = np.array(tags.firsts, np.int64), np.array(tags.lasts, np.int64)
     unpassed = tags.unpassed
     # the video ends where its last frame is shown: its time and the delay B-frames add (not
     # the latest time shown: past a cut, a P-frame stored before the B-frames lost)
     end_ms = max(tags.last_video + (tags.delay or 0), tags.audio_end_ms)
-    del tags  # (its lists, a frame's entries each: not kept beside the arrays)
     if not keys.any():
         return None
     frames = len(times) + frames_between(times, places, firsts, lasts)
@@ -398,12 +398,14 @@ class _FlvTags:
     that are no tag break the walk: each run's first and last byte (`firsts`, `lasts`: the
     walk went on from the next tag found), or where a run the search could not pass starts
     (`unpassed`; `broken` either way). `ends_whole`: its last tag ends the file, and the size
-    after it repeats that tag's own."""
+    after it repeats that tag's own. (A frame's entries are machine integers, 17 bytes a frame
+    where lists of Python numbers take about 80: the walk is kept for the rest of the probe,
+    `walked_once`.)"""
 
     def __init__(self) -> None:
-        self.times: list[int] = []
-        self.keys: list[bool] = []
-        self.places: list[int] = []
+        self.times = array.array("q")
+        self.keys = array.array("b")
+        self.places = array.array("q")
         self.firsts: list[int] = []
         self.lasts: list[int] = []
         self.unpassed: int | None = None
@@ -430,8 +432,11 @@ class _FlvTags:
         return self.audio[-1] + min(b - a for a, b in itertools.pairwise(self.audio))
 
 
+@walked_once
 def _flv_tags(path: str | os.PathLike) -> _FlvTags | None:
-    """`_walk_flv_tags` of the FLV file at `path`; None where it cannot be read."""
+    """`_walk_flv_tags` of the FLV file at `path`; None where it cannot be read. Walked once
+    a probe: where its streams end, whether it was cut between two tags and the frames it
+    holds are all read from it."""
     try:
         with open(path, "rb") as handle, _mapped(handle) as data:
             return _walk_flv_tags(data)
@@ -523,6 +528,7 @@ _MAX_OGG_PAGES = 50_000_000
 _NO_GRANULE = (1 << 64) - 1  # a page on which no packet ends
 
 
+@walked_once
 def ogg_video_frames(path: str | os.PathLike, container: str | None) -> HeldFrames | None:
     """The frames an Ogg file holds for its Theora or VP8 stream: its packets but its headers
     (and a VP8 frame not shown, an alternate reference), walked page by page (each records
