@@ -156,6 +156,40 @@ def test_input_errors_are_one_line(runner, args, message):
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+def lookup_model() -> nn.Module:
+    return nn.Sequential(nn.Embedding(10, 4), nn.Flatten(), nn.Linear(12, 2))
+
+
+def select_model() -> nn.Module:
+    class Select(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.table = nn.Parameter(torch.zeros(10, 4))
+
+        def forward(self, indices: torch.Tensor) -> torch.Tensor:
+            return self.table.index_select(0, indices.flatten())
+
+    return Select()
+
+
+@pytest.mark.parametrize("model", ["lookup_model", "select_model"])
+def test_float_indices_say_to_give_an_integer_dtype(runner, model):
+    """A language model summarised with the default float input. Before, the hint was only
+    'check --input-size (and --dtype)' after torch's 'Expected tensor for argument #1
+    'indices' to have one of the following scalar types: Long, Int'."""
+    result = runner.invoke(app, ["summary", f"{HERE}:{model}", "-i", "3"])
+    assert result.exit_code == 2
+    line = error_line(result.stderr)
+    assert line.startswith(f"Error: {'Sequential' if model == 'lookup_model' else 'Select'} ")
+    assert line.endswith(
+        "(the model takes indices, as an Embedding does, not floating-point numbers: give that "
+        "input an integer dtype, -i SHAPE:long, or --dtype int64)"
+    )
+    assert invoke_json(runner, f"{HERE}:{model}", "-i", "3:long")["totals"]["total_params"] == (
+        40 + 26 if model == "lookup_model" else 40
+    )
+
+
 def test_an_empty_shape_for_an_image_model_is_named_in_the_error(runner):
     """Before: the error line ended in `not ` with nothing after it."""
     result = runner.invoke(app, ["summary", "convnet", "-i", "()"])

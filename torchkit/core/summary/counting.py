@@ -842,6 +842,10 @@ def _run_failure(name: str, specs: Sequence[InputSpec], error: Exception) -> Usa
 # type (float) should be the same", "\"slow_conv2d_cpu\" not implemented for 'Bool'", "expected
 # scalar type Float but found Long", "mat1 and mat2 must have the same dtype".
 _DTYPE_MISMATCH = re.compile(r"type|not implemented for '|dtype", re.IGNORECASE)
+# How torch words floating-point indices: "Expected tensor for argument #1 'indices' to have one
+# of the following scalar types: Long, Int; but got torch.FloatTensor instead (while checking
+# arguments for embedding)", "index_select(): Expected dtype int32 or int64 for index".
+_FLOAT_INDICES = re.compile(r"'indices' to have|dtype int32(?:/| or )int64 for index")
 
 
 def _run_failure_hint(error: Exception, specs: Sequence[InputSpec] = ()) -> str:
@@ -856,6 +860,11 @@ def _run_failure_hint(error: Exception, specs: Sequence[InputSpec] = ()) -> str:
             "--batch-size 2 or more, or leave out --train-mode"
         )
     integer = [s for s in specs if s.dtype is not None and not s.dtype.is_floating_point]
+    if len(integer) < len(specs) and _FLOAT_INDICES.search(str(error)):
+        return (
+            "the model takes indices, as an Embedding does, not floating-point numbers: give "
+            "that input an integer dtype, -i SHAPE:long, or --dtype int64"
+        )
     if integer and _DTYPE_MISMATCH.search(str(error)):
         return (
             f"its layers take floating-point inputs, not {_dtype_name(integer[0].dtype)}: give "
