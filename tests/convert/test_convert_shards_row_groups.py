@@ -408,3 +408,51 @@ def test_strict_stops_at_an_image_the_spill_cannot_read(tmp_path, monkeypatch):
     done = run_torchkit_in_process("convert", "shards", nulls, tmp_path / "lenient")
     assert done.returncode == 0, done.stderr
     assert len(spilled) == 60 and f"skipped unreadable image {nulls}/13" in done.stderr
+
+
+def test_strict_stops_at_bytes_the_spill_reads_that_are_no_image(tmp_path, monkeypatch):
+    """--strict with a row whose bytes read but are no image: the spill copied every sample
+    first (the whole data's images), and the run stopped at the row's turn to be written. The
+    spill opens each image's header under --strict now, and stops as it reaches that row, with
+    the error the row's turn gave; without --strict the spill checks nothing."""
+    source = write_large_rows(tmp_path / "rows.parquet")
+    images = open_data(source).whole
+    broken = write_parquet(
+        tmp_path / "broken.parquet",
+        [b"not an image" * 100 if row == 13 else p.read_bytes() for row, p in
+         enumerate(images.paths)],
+        [row % 3 for row in range(60)],
+        row_group_size=6,
+    )  # fmt: skip
+    each = shards_module._window_costs(open_data(broken).whole)(0)
+    monkeypatch.setattr(shards_module, "WINDOW_BYTES", 3 * each)
+    spilled: list[int] = []
+    write = shards_module._SpilledSamples.write
+
+    def counted(self, position: int, data: bytes | Exception) -> None:
+        spilled.append(position)
+        write(self, position, data)
+
+    monkeypatch.setattr(shards_module._SpilledSamples, "write", counted)
+    done = run_torchkit_in_process("convert", "shards", broken, tmp_path / "out", "--strict")
+    assert done.returncode == 1, done.stderr
+    said = error_line(done.stderr)
+    assert said.startswith(f"Error: unreadable image {broken}/13: "), said
+    assert len(spilled) == 13  # rows 0-12, in source order (was: all 60)
+    # the same error as the row's turn gives where nothing is spilled
+    monkeypatch.setattr(shards_module, "WINDOW_BYTES", 1 << 30)
+    spilled.clear()
+    whole = run_torchkit_in_process("convert", "shards", broken, tmp_path / "one", "--strict")
+    assert whole.returncode == 1 and error_line(whole.stderr) == said, whole.stderr
+    assert spilled == []
+    # without --strict the spill holds them all, the row skipped with a warning at its turn
+    checked = []
+    real_load = shards_module.load_sample
+    monkeypatch.setattr(
+        shards_module, "load_sample", lambda *a, **k: checked.append(1) or real_load(*a, **k)
+    )
+    monkeypatch.setattr(shards_module, "WINDOW_BYTES", 3 * each)
+    done = run_torchkit_in_process("convert", "shards", broken, tmp_path / "lenient")
+    assert done.returncode == 0, done.stderr
+    assert len(spilled) == 60 and f"skipped unreadable image {broken}/13" in done.stderr
+    assert len(checked) == 60  # each image opened once, at its turn

@@ -529,10 +529,13 @@ def write_set(run: _Writing, shard_set: ShardSet, records: list[ShardRecord]) ->
             start, skipped, extensions, labels = end, [], [], []
             run.on_shard(records[-1])
 
-    def refuse(position: int, error: Exception) -> None:
-        # --strict: an image the spill cannot read stops the run then, not after the spill
-        # of every other sample (all of the data's images, before a word).
-        _skip(run, shard_set, position, load(position, error).error or str(error), skipped)
+    def check(position: int, read: bytes | Exception) -> None:
+        # --strict: an image the spill cannot read, or whose bytes are no image PIL can open
+        # (its header read; --verify's full decode waits for its turn), stops the run then,
+        # not after the spill of every other sample (all of the data's images, before a word).
+        loaded = load_sample(samples, shard_set.order[position], read=read)
+        if loaded.error is not None:
+            _skip(run, shard_set, position, loaded.error, skipped)
 
     try:
         positions = range(position, total)
@@ -549,7 +552,7 @@ def write_set(run: _Writing, shard_set: ShardSet, records: list[ShardRecord]) ->
                 run.workers,
                 spill_folder=run.folder,
                 status=run.status,
-                refuse=refuse if run.strict else None,
+                check=check if run.strict else None,
             )
         for position, loaded in zip(positions, reads, strict=True):
             if loaded.error is not None:
@@ -676,7 +679,7 @@ def _read_in_windows(
     spill_folder: Path | None = None,
     window_bytes: int | None = None,
     status: Callable[[str | None], None] | None = None,
-    refuse: Callable[[int, Exception], None] | None = None,
+    check: Callable[[int, bytes | Exception], None] | None = None,
 ) -> Iterator[Loaded]:
     """The samples at `positions`, in order, a window of consecutive positions at a time (as
     many as take `window_bytes`, WINDOW_BYTES unless given): each window's files `read` in the
@@ -689,8 +692,9 @@ def _read_in_windows(
     every block once a window is quadratic: then, with `spill_folder` and block `cost`s
     (`_BlockCosts`), every sample is read once in source order into an unnamed temporary file
     there, and each window read back from it (`status` told how far that is: no sample is
-    written meanwhile). `refuse`: called with a sample whose file the spill cannot read (it
-    raises: `--strict`), else such a sample's error is kept for its turn."""
+    written meanwhile). `check`: called with each sample the spill reads (its bytes, or what
+    reading them raised), which raises to stop the run (`--strict`); else an unreadable
+    sample's error is kept for its turn."""
     windows = _windows(
         positions, order, cost, WINDOW_BYTES if window_bytes is None else window_bytes
     )
@@ -700,7 +704,7 @@ def _read_in_windows(
         and isinstance(cost, _BlockCosts)
         and _spill_pays(windows, order, cost)
     ):
-        spill = _spill(read, positions, order, cost, spill_folder, status, refuse)
+        spill = _spill(read, positions, order, cost, spill_folder, status, check)
     # Each window read in source order, or where the spill holds it
     fetch, key = (read, order.__getitem__) if spill is None else (spill.read, spill.offset)
     try:
@@ -784,7 +788,7 @@ def _spill(
     cost: Callable[[int], int],
     folder: Path,
     status: Callable[[str | None], None] | None = None,
-    refuse: Callable[[int, Exception], None] | None = None,
+    check: Callable[[int, bytes | Exception], None] | None = None,
 ) -> _SpilledSamples | None:
     """Every sample at `positions` read in the order of its source index, each block once, into
     a temporary file in `folder`. None, with a warning, where `folder`'s disk has no room for
@@ -825,8 +829,8 @@ def _spill(
                 if status is not None and count % every == 0:
                     status(f"copying images to a temporary file, {count:,} of {len(positions):,}")
                 data = read(position)
-                if refuse is not None and isinstance(data, Exception):
-                    refuse(position, data)
+                if check is not None:
+                    check(position, data)
                 spill.write(position, data)
                 count += 1
         spill.written()
