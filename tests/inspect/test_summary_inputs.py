@@ -436,6 +436,41 @@ def test_train_mode_on_one_value_per_channel_hints_at_the_batch_size(runner):
     )
 
 
+class AuxiliaryHead(nn.Module):
+    """An image model whose auxiliary head, as GoogLeNet's and Inception's, runs in training
+    mode only and takes larger images than the rest: a 5x5 average pool of stride 3 and a 3x3
+    convolution after the stem's stride 2, then a BatchNorm on a 1x1 map."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 4, 3, stride=2, padding=1)
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2))
+        self.aux = nn.Sequential(nn.AvgPool2d(5, stride=3), nn.Conv2d(4, 4, 3), nn.BatchNorm2d(4))
+
+    def forward(self, x: torch.Tensor):
+        x = self.stem(x)
+        return (self.head(x), self.aux(x)) if self.training else self.head(x)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_train_mode_on_images_too_small_for_the_auxiliary_head_names_the_smallest(batch):
+    """Before: torch's 'Output size is too small' and 'check --input-size', as the smallest size
+    was looked for in eval mode, where the model runs at 12 px. By hand: the stem makes
+    ceil(n/2) x ceil(n/2) maps, the pool needs 11 of them for 3x3 outputs, so n = 21 (at
+    batch 1 the BatchNorm's own refusal, of the batch, comes next)."""
+    model = AuxiliaryHead()
+    assert summarize(model, [(batch, 3, 12, 12)]).layers[0].output_shape == [batch, 2]
+    with pytest.raises(UsageError) as caught:
+        summarize(model, [(batch, 3, 12, 12)], train_mode=True)
+    assert caught.value.hint == "the smallest it takes is 21: use --image-size 21 or larger"
+    assert summarize(model, [(2, 3, 21, 21)], train_mode=True).layers[0].output_shape == [
+        [2, 2],
+        [2, 4, 1, 1],
+    ]
+    with pytest.raises(UsageError):
+        summarize(model, [(2, 3, 20, 20)], train_mode=True)
+
+
 def test_input_spec_keywords_in_core():
     ours = summarize(
         TokenModel(),

@@ -28,18 +28,24 @@ def image_size_refusal(
     *,
     dtype: Any = None,
     doing: str = "run on",
+    training: bool = False,
 ) -> ImageSizeError | None:
     """The one-line refusal for `model` (called `name`), which failed (`error`) on a batch of
-    `shape` (N, C, H, W; `dtype`, float32 when None), naming the smallest side it takes; None
-    when that is not why it failed, or the batch is not one of square images."""
+    `shape` (N, C, H, W; `dtype`, float32 when None), naming the smallest side it takes (in
+    training mode with `training`: GoogLeNet's and Inception's auxiliary heads take larger
+    images, at the batch of `shape`); None when that is not why it failed, or the batch is not
+    one of square images."""
     import torch
 
     if not isinstance(error, RuntimeError) or isinstance(error, torch.OutOfMemoryError):
         return None
     if len(shape) != 4 or shape[-1] != shape[-2]:
         return None
-    _, channels, _, side = (int(n) for n in shape)
-    smallest = smallest_side(model, channels, side, dtype=dtype)
+    batch, channels, _, side = (int(n) for n in shape)
+    # In training mode at a batch of 2 at least: BatchNorm there needs more than one value per
+    # channel, which a batch of one 1x1 map (Inception's auxiliary head) lacks at any size.
+    batch = max(batch, 2) if training else 1
+    smallest = smallest_side(model, channels, side, dtype=dtype, training=training, batch=batch)
     if smallest is None:
         return None
     return ImageSizeError(
@@ -63,28 +69,43 @@ def first_batch_error(model: Any, name: str, images: Any, error: BaseException) 
     )
 
 
-def smallest_side(model: Any, channels: int, side: int, *, dtype: Any = None) -> int | None:
-    """The smallest square side above `side` at which `model` (in eval mode) runs, when it does
-    not run at `side` but does at `LARGEST_SIDE_TRIED`; None otherwise (it runs at `side`, fails
+def smallest_side(
+    model: Any,
+    channels: int,
+    side: int,
+    *,
+    dtype: Any = None,
+    training: bool = False,
+    batch: int = 1,
+) -> int | None:
+    """The smallest square side above `side` at which `model` (in eval mode, or training mode
+    with `training`, on batches of `batch`) runs, when it does not run at `side` but does at
+    `LARGEST_SIDE_TRIED` (twice that in training mode); None otherwise (it runs at `side`, fails
     at every size, or cannot be copied to the meta device)."""
-    runs = meta_runner(model, channels, dtype=dtype)
+    runs = meta_runner(model, channels, dtype=dtype, training=training, batch=batch)
     if runs is None:
         return None
-    if side >= LARGEST_SIDE_TRIED or runs(side) or not runs(LARGEST_SIDE_TRIED):
+    # Training mode runs auxiliary heads built for the size the model was made for (Inception
+    # v3's 299 px): tried up to twice as far.
+    largest = 2 * LARGEST_SIDE_TRIED if training else LARGEST_SIDE_TRIED
+    if side >= largest or runs(side) or not runs(largest):
         return None
-    low, high = side, LARGEST_SIDE_TRIED  # fails at low, runs at high
+    low, high = side, largest  # fails at low, runs at high
     while high - low > 1:
         middle = (low + high) // 2
         low, high = (low, middle) if runs(middle) else (middle, high)
     return high
 
 
-def meta_runner(model: Any, channels: int, *, dtype: Any = None) -> Callable[[int], bool] | None:
-    """A function of a square side that says whether `model` (a meta-device copy in eval mode:
-    no compute) runs on an image of that side; None when the model cannot be copied to the
-    meta device (and is not judged). Copy and passes run as summary's do (`plain_shapes`,
-    `without_dynamo`): the meta kernels would import sympy, and torch._refs' references
-    torch._dynamo, 2-5 s of a command's start; the answers are the same for plain sizes."""
+def meta_runner(
+    model: Any, channels: int, *, dtype: Any = None, training: bool = False, batch: int = 1
+) -> Callable[[int], bool] | None:
+    """A function of a square side that says whether `model` (a meta-device copy in eval mode,
+    or training mode with `training`: no compute) runs on `batch` images of that side; None
+    when the model cannot be copied to the meta device (and is not judged). Copy and passes
+    run as summary's do (`plain_shapes`, `without_dynamo`): the meta kernels would import
+    sympy, and torch._refs' references torch._dynamo, 2-5 s of a command's start; the answers
+    are the same for plain sizes."""
     import torch
 
     from torchkit.core.runtime.plain_shapes import plain_shapes
@@ -93,14 +114,14 @@ def meta_runner(model: Any, channels: int, *, dtype: Any = None) -> Callable[[in
     # Inference mode (eval, predict) would make the copy's parameters inference tensors.
     with torch.inference_mode(False), without_dynamo(), plain_shapes():
         try:
-            copy = meta_copy(model).eval()
+            copy = meta_copy(model).train(training)
         except Exception:  # noqa: BLE001 - a model that cannot be copied is not judged here
             return None
 
     def runs(n: int) -> bool:
         with torch.inference_mode(False), torch.no_grad(), without_dynamo(), plain_shapes():
             try:
-                copy(torch.empty(1, channels, n, n, device="meta", dtype=dtype))
+                copy(torch.empty(batch, channels, n, n, device="meta", dtype=dtype))
             except Exception:  # noqa: BLE001 - whatever the reason, not this side
                 return False
         return True

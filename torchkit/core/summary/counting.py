@@ -787,7 +787,7 @@ def summarize(
         except TorchkitError:
             raise
         except Exception as error:
-            refusal = _image_size_refusal(model, specs, error)
+            refusal = _image_size_refusal(model, specs, error, train_mode)
             if refusal is not None:
                 raise refusal from error
             raise _run_failure(type(model).__name__, specs, error) from error
@@ -818,7 +818,7 @@ def summarize(
 
 
 def _image_size_refusal(
-    model: Any, specs: Sequence[InputSpec], error: Exception
+    model: Any, specs: Sequence[InputSpec], error: Exception, train_mode: bool = False
 ) -> ImageSizeError | None:
     """For one batch of square images too small for the model: the refusal naming the smallest
     size it takes (`image_size_refusal`, as every command that runs a model says it)."""
@@ -827,7 +827,9 @@ def _image_size_refusal(
     dtype = specs[0].dtype
     if dtype is not None and not dtype.is_floating_point:
         return None
-    return image_size_refusal(model, type(model).__name__, specs[0].shape, error, dtype=dtype)
+    return image_size_refusal(
+        model, type(model).__name__, specs[0].shape, error, dtype=dtype, training=train_mode
+    )
 
 
 def _run_failure(name: str, specs: Sequence[InputSpec], error: Exception) -> UsageError:
