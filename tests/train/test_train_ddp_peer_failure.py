@@ -15,7 +15,9 @@ from image_folders import write_image_folder
 from suite_paths import HELPERS
 
 from torchkit.core.io.errors import DeviceError, Terminated, UsageError
+from torchkit.core.runtime.distributed import DistContext
 from torchkit.core.train import ddp
+from torchkit.core.train.interface import TrainCallbacks
 
 # A sitecustomize for the ranks: rank 0 cannot put best.pt in place (a full disk, as if its
 # disk alone were full); the other ranks are untouched.
@@ -160,3 +162,49 @@ def test_a_peer_lost_without_a_word_is_told_to_look_at_torchruns_report():
         "rank 0: another process of the run ended (its own output says why; torchrun's report "
         "names one that was killed outright)"
     )
+
+
+class _AskedToStop(TrainCallbacks):
+    """This rank's own Ctrl-C or SIGTERM, noted while it waited in a collective."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+
+    def should_stop(self) -> bool:
+        return self.signum != 0
+
+    def stop_signal(self) -> int:
+        return self.signum
+
+
+@pytest.mark.parametrize(
+    ("signum", "ends_with"),
+    [(signal.SIGTERM, Terminated), (signal.SIGINT, KeyboardInterrupt), (0, DeviceError)],
+)
+def test_a_rank_stopped_with_the_group_after_training_ends_stopped_not_with_a_lost_peer(
+    monkeypatch, signum, ends_with
+):
+    """A signal to torchrun's whole group (Ctrl-C in its terminal, `kill -- -PGID`) in the test
+    evaluation: rank 0 ends at once, while rank 1, told too, waits for it in a collective that
+    then loses it. Rank 1 said `Error: rank 1: another process of the run ended` under rank
+    0's `Terminated.` (seen with a real torchrun, SIGTERM to its process group); it ends
+    stopped as well. A rank that was told nothing still says it lost a peer."""
+    from torchkit.core.train import runner
+
+    def lost_rank_0(ctx, plan, folder, callbacks, timeline, join):
+        join.tried = True  # joined: the group is not joined again on the way out
+        raise RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer [::1]:1")
+
+    monkeypatch.setattr(runner, "_train", lost_rank_0)
+    monkeypatch.setattr(
+        runner.distributed,
+        "place",
+        lambda device: DistContext(rank=1, world_size=2, device=torch.device("cpu")),
+    )
+    plan = SimpleNamespace(config=SimpleNamespace(device="cpu", dist_timeout=None))
+    with pytest.raises(ends_with) as caught:
+        runner._run_on_device(plan, None, _AskedToStop(signum), None)
+    if ends_with is DeviceError:
+        assert "another process of the run ended" in str(caught.value)
+    else:
+        assert type(caught.value) is ends_with

@@ -154,6 +154,19 @@ def _lost_a_peer(error: BaseException) -> bool:
     return any(words in text for words in ("closed by peer", "reset by peer", "broken pipe"))
 
 
+def stop_that_lost_a_peer(error: BaseException, signum: int) -> KeyboardInterrupt | None:
+    """How this rank ends where it was itself asked to stop (`signum`: its Ctrl-C or SIGTERM,
+    0 for none) and a collective then lost a peer: a signal to the whole group (Ctrl-C in
+    torchrun's terminal, `kill -- -PGID`, a scheduler) reaches every rank, and one that comes
+    after training (in the test evaluation) ends rank 0 at once while this rank waits for it
+    in a collective. Rank 0 ended on the same stop, not by a failure: this rank ends stopped
+    too (`Terminated.`, as any rank sent SIGTERM), not with "another process of the run
+    ended". None where this rank was not asked to stop, or lost no peer."""
+    if not signum or not _lost_a_peer(error):
+        return None
+    return Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
 def describe_collective_failure(
     ctx: DistContext, error: BaseException, timeout_s: float | None
 ) -> TorchkitError | None:
