@@ -35,6 +35,7 @@ from torchkit.core.data.image_files import (
     pixels_in_mode,
     uint16_to_uint8,
     unreadable_image_errors,
+    unreadable_reason,
 )
 from torchkit.core.data.preprocessing import Preprocess
 from torchkit.core.data.sources.samples import Samples
@@ -483,14 +484,18 @@ def test_an_unreadable_image_is_the_same_error_everywhere(files, name, kind, mes
         assert {str(error) for error in raised.values()} == {
             f"cannot identify image file {os.fspath(path)!r}{empty}"
         }
-    # What the commands make of it: a skipped item, a listed file, no pHash, convert's error.
+    # What the commands make of it: a skipped item, a listed file, no pHash, convert's error;
+    # each says why in the same words (`unreadable_reason`).
+    reason = unreadable_reason(raised["load_image"])
     _, _, _, item_error = make_dataset(Samples(["a"], [0], paths=[str(path)]), np.asarray)[0]
-    assert item_error == f"{path}: {raised['load_image']}"
+    assert item_error == f"{path}: {reason}"
     result = scanned(path)
-    assert [index for index, _, _ in result.errors] == [0] and not len(result.records)
+    assert [(index, why) for index, why, _ in result.errors] == [(0, reason)]
+    assert not len(result.records)
     assert hash_file(path)[1] is None
-    with pytest.raises(InputError, match="cannot read image"):
+    with pytest.raises(InputError) as converted:
         read_image(path)
+    assert converted.value.message == f"cannot read image {path}: {reason}"
 
 
 def _raising_in_pil(error: BaseException):
@@ -625,3 +630,30 @@ def test_a_16_bit_grey_with_alpha_png_is_scaled_as_16_bit_colour(tmp_path):
     assert np.array_equal(np.asarray(load_image(path, "RGB")), np.stack([eight] * 3, axis=-1))
     assert np.array_equal(dataset_pixels(path), np.stack([eight] * 3, axis=-1))
     assert np.array_equal(read_image(path).array, np.stack([grey, grey, grey, alpha], axis=-1))
+
+
+def test_why_a_file_is_unreadable_is_said_in_one_set_of_words():
+    """`unreadable_reason`: the words every command gives for each kind of unreadable file,
+    whatever the reader or decoder that met it (no path, no Python error name)."""
+    from PIL import UnidentifiedImageError
+
+    said = {
+        "empty file": UnidentifiedImageError("cannot identify image file 'x.png' (an empty file)"),
+        "not an image PIL can read": UnidentifiedImageError("cannot identify image file 'x'"),
+        "permission denied": PermissionError(13, "Permission denied", "x.png"),
+        "file not found": FileNotFoundError(2, "No such file or directory", "x.png"),
+        "input/output error": OSError(5, "Input/output error", "x.png"),
+        "not a regular file (a folder)": NotARegularFile("not a regular file (a folder)"),
+        "truncated file": OSError("image file is truncated (151 bytes not processed)"),
+        "broken data stream when reading image file": OSError(
+            "broken data stream when reading image file"
+        ),
+        "RuntimeError: a fault of the measuring code": RuntimeError(
+            "a fault of the measuring code"
+        ),
+    }
+    assert {unreadable_reason(error): reason for reason, error in said.items()} == {
+        reason: reason for reason in said
+    }
+    assert unreadable_reason(OSError("Truncated File Read")) == "truncated file"
+    assert unreadable_reason(UnidentifiedImageError("cannot identify"), size=0) == "empty file"

@@ -1,9 +1,11 @@
 """How commands name an unreadable image: --strict's error is one line in every command that
 reads images (the same words, the same hint, the file named by the path the user reaches it by
-from the working folder); a shard's image also by the file its KEY.json records."""
+from the working folder, why in the same words: `unreadable_reason`); a shard's image also by
+the file its KEY.json records."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from checkpoints import write_convnet_checkpoint
@@ -15,7 +17,6 @@ SAID = (
     "Error: unreadable image data/b/empty.png: {reason} (fix or remove it, or {off} to skip "
     "unreadable images)"
 )
-PIL_SAYS = "cannot identify image file 'data/b/empty.png' (an empty file)"
 
 
 def test_every_command_says_the_same_of_an_unreadable_image_under_strict(tmp_path: Path):
@@ -32,16 +33,14 @@ def test_every_command_says_the_same_of_an_unreadable_image_under_strict(tmp_pat
         "predict": ["predict", "m.pt", "data", "--output", "p.csv"],
         "extract-features": ["extract-features", "m.pt", "--data", "data", "--out", "f"],
         "convert shards": ["convert", "shards", "data", "shards"],
+        "convert tensor": ["convert", "tensor", "data", "tensors", "--to", "npy"],
+        "dataset-stats": ["dataset-stats", "data"],
     }  # fmt: skip
     for name, args in commands.items():
         result = run_torchkit_in_process(*args, "--strict", "-j", "0", cwd=tmp_path)
         assert result.returncode == 1, (name, result.stderr)
         off = "pass --no-strict" if name == "train" else "leave out --strict"
-        assert error_line(result.stderr) == SAID.format(reason=PIL_SAYS, off=off), name
-    # dataset-stats reads each file itself, and says why in its own words
-    stats = run_torchkit_in_process("dataset-stats", "data", "--strict", "-j", "0", cwd=tmp_path)
-    assert stats.returncode == 1, stats.stderr
-    assert error_line(stats.stderr) == SAID.format(reason="empty file", off="leave out --strict")
+        assert error_line(result.stderr) == SAID.format(reason="empty file", off=off), name
     assert sorted(path.name for path in (tmp_path / "data").rglob("*")) == before
 
 
@@ -95,4 +94,60 @@ def test_the_first_unreadable_images_are_named_a_warning_each_and_the_rest_count
         named = [line for line in result.stderr.splitlines() if "unreadable image data/a/" in line]
         assert len(named) == UNREADABLE_WARNINGS, (name, result.stderr)
         assert len(set(named)) == len(named), (name, named)  # each image once
-        assert all(line.endswith("(an empty file)") for line in named), (name, named)
+        assert all(line.endswith(": empty file") for line in named), (name, named)
+
+
+def test_every_command_gives_the_same_reason_for_each_kind_of_unreadable_file(tmp_path: Path):
+    """An empty file, a cut JPEG and a text file named .png are skipped by every command with
+    the same reason in its report (and warning, where it names each); a folder named x.jpg is
+    no file to any."""
+    import csv
+    import io
+    import json
+
+    import numpy as np
+    from PIL import Image
+
+    data = write_image_folder(tmp_path / "data", {"a": 3, "b": 3})
+    (data / "a" / "empty.png").write_bytes(b"")
+    whole = io.BytesIO()
+    Image.fromarray(np.full((64, 64, 3), 90, np.uint8)).save(whole, "JPEG")
+    (data / "a" / "cut.jpg").write_bytes(whole.getvalue()[: len(whole.getvalue()) // 2])
+    (data / "b" / "text.png").write_text("not an image\n")
+    (data / "b" / "x.jpg").mkdir()
+    write_convnet_checkpoint(tmp_path / "m.pt", in_channels=3, image_size=8, classes="ab")
+    expected = {
+        "a/empty.png": "empty file",
+        "a/cut.jpg": "truncated file",
+        "b/text.png": "not an image PIL can read",
+    }
+
+    def ran(*args: object, warned: bool = False) -> str:
+        result = run_torchkit_in_process(*args, "-j", "0", cwd=tmp_path)
+        assert result.returncode in (0, 1), result.stderr  # convert tensor: 1 where any failed
+        for path, reason in expected.items() if warned else ():  # a warning each, its reason
+            assert f"{path}: {reason}" in result.stderr, (args, path, result.stderr)
+        return result.stdout
+
+    def rows(path: Path) -> dict[str, str]:
+        with open(path, newline="") as handle:
+            return {r["path"]: r["error"] for r in csv.DictReader(handle) if r["error"]}
+
+    stats = json.loads(ran("dataset-stats", "data", "--format", "json"))
+    reports = {"dataset-stats": {u["path"]: u["error"] for u in stats["unreadable"]}}
+    evaluated = json.loads(ran("eval", "m.pt", "--data", "data", "--format", "json"))
+    reports["eval"] = dict(line.split(": ", 1) for line in evaluated["skipped_files"])
+    reports["eval"] = {os.path.relpath(p, "data"): r for p, r in reports["eval"].items()}
+    ran("predict", "m.pt", "data", "--output", "p.csv")
+    reports["predict"] = rows(tmp_path / "p.csv")
+    ran("extract-features", "m.pt", "--data", "data", "--out", "f", warned=True)
+    reports["extract-features"] = rows(tmp_path / "f" / "index.csv")
+    ran("convert", "shards", "data", "shards", "--verify", warned=True)
+    manifest = json.loads((tmp_path / "shards" / "manifest.json").read_text())
+    reports["convert shards"] = {u["path"]: u["reason"] for u in manifest["unreadable_images"]}
+    converted = json.loads(
+        ran("convert", "tensor", "data", "t", "--to", "npy", "--format", "json", warned=True)
+    )
+    reports["convert tensor"] = {u["path"]: u["error"] for u in converted["failures"]}
+    for name, found in reports.items():
+        assert {p.replace(os.sep, "/"): r for p, r in found.items()} == expected, name

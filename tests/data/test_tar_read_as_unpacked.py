@@ -808,7 +808,7 @@ def test_a_link_loop_among_the_images_is_an_unreadable_image_as_unpacked(tmp_pat
     assert _stats(archive) == expected
     result = run_torchkit_in_process("dataset-stats", archive, "-j", "0", "--format", "json")
     errors = {row["path"]: row["error"] for row in json.loads(result.stdout)["unreadable"]}
-    assert errors["tulip/a.png"] == f"OSError: {archive}: a link round a loop of links, to no file"
+    assert errors["tulip/a.png"] == f"{archive}: a link round a loop of links, to no file"
     read, unreadable = readable_and_not(open_data(str(archive)))
     assert (read, unreadable) == (
         {"rose/r.png": png(1), "tulip/t.png": png(2)},

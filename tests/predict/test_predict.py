@@ -121,7 +121,7 @@ def test_stdin_paths_keep_their_order_and_a_missing_one_is_an_error_row(runner, 
     rows = [json.loads(line) for line in result.stdout.splitlines()]
     assert [row["path"] for row in rows] == [str(world["flat"] / p) for p in order]
     assert rows[2]["class"] is None and rows[2]["probability"] is None
-    assert "No such file" in rows[2]["error"]
+    assert rows[2]["error"] == "file not found"
     good = [row for row in rows if row["error"] is None]
     assert all(
         isinstance(r["probability"], float) and isinstance(r["class_index"], int) for r in good

@@ -270,3 +270,26 @@ def stop_after_one(move_file):
         moved.append(source)
 
     return move
+
+
+def test_a_file_split_cannot_read_is_one_error_naming_it_and_why(tmp_path: Path, monkeypatch):
+    """A file of the data without read permission (chmod 000) ended a copy split in
+    "Error: PermissionError: [Errno 13] ...": it is named with why, in the words every command
+    uses for a file it cannot read, and nothing of the split is kept."""
+    write_images(tmp_path / "raw", [f"{c}/{i}.png" for c in "ab" for i in range(5)])
+    real_open = os.open
+
+    def refusing(path, flags, *args, **kwargs):  # as the kernel answers for a chmod 000 file
+        if os.fspath(path).endswith(os.path.join("b", "3.png")):
+            raise PermissionError(13, "Permission denied", path)
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(split_files.os, "open", refusing)
+    result = run_torchkit_in_process("split", "raw", "out", "-q", cwd=tmp_path)
+    assert result.returncode == 1
+    line = error_line(result.stderr)
+    assert line.startswith("Error: cannot copy ") and line.endswith(
+        f"{os.path.join('raw', 'b', '3.png')}: permission denied (make it readable, or move it "
+        "out of the data)"
+    ), line
+    assert not (tmp_path / "out").exists()

@@ -50,6 +50,7 @@ from torchkit.core.data.image_files import (
     UNREADABLE_WARNINGS,
     image_path,
     strict_unreadable_error,
+    unreadable_reason,
 )
 from torchkit.core.data.sources.discovery import IMAGE_EXTENSIONS
 from torchkit.core.data.sources.inputs import data_inputs
@@ -297,9 +298,7 @@ def load_sample(
                 image.load()
             image_format = image.format or ""
     except unreadable_image_errors() as error:
-        from torchkit.core.io.errors import first_line
-
-        return Loaded(error=first_line(error) or type(error).__name__)
+        return Loaded(error=unreadable_reason(error))
     extension = _extension(str(path)) or _FORMAT_EXTENSIONS.get(image_format, "")
     if not extension:
         return Loaded(

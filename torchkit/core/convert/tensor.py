@@ -18,6 +18,7 @@ from typing import Any
 
 from torchkit.core.convert import pixels as px
 from torchkit.core.data.image_files import (
+    NotARegularFile,
     apply_exif_orientation,
     exif_orientation,
     expanded_mode,
@@ -25,8 +26,10 @@ from torchkit.core.data.image_files import (
     orientation_on_load,
     read_regular_file,
     sixteen_bit_colour,
+    strict_unreadable_error,
     undoing_orientation,
     unreadable_image_errors,
+    unreadable_reason,
 )
 from torchkit.core.data.sources.discovery import IMAGE_EXTENSIONS
 from torchkit.core.io.claims import OutputFolderReplacedError, check_claimed, reporting_write_errors
@@ -142,6 +145,28 @@ class FileResult:
     written: list[Written] = field(default_factory=list)
     error: str | None = None
     warnings: list[str] = field(default_factory=list)
+    unreadable: bool = False  # `error` is why an image file could not be read
+
+
+class UnreadableImage(InputError):
+    """An image file that cannot be read; `reason`: why, in the words every command uses
+    (`unreadable_reason`): a folder's conversion counts it as the other commands skip one."""
+
+    reason = ""
+
+
+def _unreadable_image(source: Path, error: BaseException) -> UnreadableImage:
+    reason = unreadable_reason(error)
+    # The decoder's failure, not the file system's: the file's content is at fault
+    decoded = not isinstance(error, OSError) or (
+        error.errno is None and not isinstance(error, NotARegularFile)
+    )
+    unreadable = UnreadableImage(
+        f"cannot read image {source}: {reason}",
+        "the file is truncated, corrupt or not an image" if decoded else None,
+    )
+    unreadable.reason = reason
+    return unreadable
 
 
 @dataclass
@@ -223,10 +248,7 @@ def read_image(path: str | os.PathLike, *, exif: bool = True, name: str | None =
             if array is None:
                 array = _pil_to_array(image, source)
     except unreadable_image_errors() as error:
-        raise InputError(
-            f"cannot read image {source}: {first_line(error)}",
-            "the file is truncated, corrupt or not an image",
-        ) from None
+        raise _unreadable_image(source, error) from None
     if array.ndim == 2:
         array = array[..., None]
     array = apply_exif_orientation(array, orientation)
@@ -712,6 +734,8 @@ def _convert_chunk(
             raise named_as_final(error, target_root, final_root) from None
         except OutputFolderReplacedError:
             raise  # the output's error, not this file's
+        except UnreadableImage as error:
+            result = FileResult(str(relative), error=error.reason, unreadable=True)
         except TorchkitError as error:
             result = FileResult(str(relative), error=str(error))
         except Exception as error:  # a broken file must not stop the others
@@ -927,9 +951,12 @@ def _convert_into(
                 report.converted += 1
                 report.written.extend(result.written)
                 continue
+            if strict and result.unreadable:  # named as the other commands name one
+                raise strict_unreadable_error(f"{source / result.source}: {result.error}")
             if strict:
                 raise InputError(
-                    f"{result.source}: {result.error}", "drop --strict to skip files that fail"
+                    f"{result.source}: {result.error}",
+                    "leave out --strict to skip files that fail",
                 )
             report.failed += 1
             report.failures.append((result.source, result.error))

@@ -225,7 +225,11 @@ def make_dataset(samples: Samples, transform, *, mode: str = "RGB", pixels: bool
     import torch
     from PIL import Image
 
-    from torchkit.core.data.image_files import load_image, unreadable_image_errors
+    from torchkit.core.data.image_files import (
+        load_image,
+        unreadable_image_errors,
+        unreadable_reason,
+    )
     from torchkit.core.data.stored_image import recorded_source
 
     from_file = getattr(transform, "pixels_from_file" if pixels else "from_file", None)
@@ -254,7 +258,8 @@ def make_dataset(samples: Samples, transform, *, mode: str = "RGB", pixels: bool
                 return transform(image), label, index, ""
             except unreadable as error:
                 name = paths[index] if samples.paths else str(index)
-                return None, label, index, f"{name}: {error}{recorded_source(name)}"
+                reason = unreadable_reason(error)
+                return None, label, index, f"{name}: {reason}{recorded_source(name)}"
 
     return _ImageDataset()
 

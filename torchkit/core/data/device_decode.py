@@ -342,8 +342,10 @@ class EncodedImages:
     def reasons(self, failures: list[tuple[int, BaseException]]) -> list[tuple[int, str]]:
         """(position, "path: reason") of `decode`'s failures, in batch order: what today's
         path reports for an unreadable image."""
+        from torchkit.core.data.image_files import unreadable_reason
+
         return [
-            (position, f"{self.paths[self.encoded_at.index(position)]}: {error}")
+            (position, f"{self.paths[self.encoded_at.index(position)]}: {unreadable_reason(error)}")
             for position, error in sorted(failures, key=lambda failure: failure[0])
         ]
 

@@ -34,7 +34,8 @@ device decodes of training, `convert tensor`, video-info's check for stills).
   picture as viewed. Both ask `exif_orientation(image, exif=...)`, which has no default: every
   caller says which pixels it wants.
 - Unreadable images raise one family of errors, `unreadable_image_errors()`, from whichever
-  entry point reads them; commands word them their own way. Whatever else PIL's code raises
+  entry point reads them; every command words why with `unreadable_reason`, and --strict's
+  error with `strict_unreadable_error`. Whatever else PIL's code raises
   for a file opened by `opened_image` (a damaged TIFF's TypeError) is `DamagedImage`, one of
   them: one bad file is skipped (or fatal with --strict), never the end of a run.
 """
@@ -131,6 +132,44 @@ def unreadable_image_errors() -> tuple[type[BaseException], ...]:
 UNREADABLE_WARNINGS = 10
 
 
+# What `opened_image` adds to PIL's "cannot identify image file" for a file of no bytes.
+_EMPTY_FILE = " (an empty file)"
+
+
+def unreadable_reason(error: BaseException, size: int | None = None) -> str:
+    """Why an image could not be read, in the same words in every command (the REASON of
+    "PATH: REASON" in warnings, --strict's error and the reports' error columns): "empty file",
+    "not an image PIL can read", "permission denied", "file not found", "not a regular file
+    (a folder)", an I/O error's own words, "truncated file", else the first line of the
+    decoder's message ("broken data stream when reading image file"; after "TypeName: " for
+    an error outside `unreadable_image_errors()`). Never the path: the message it goes into
+    names the file as the user reaches it. `size`: the bytes read, where the caller read them
+    (0: an empty file, whatever the error)."""
+    from PIL import UnidentifiedImageError
+
+    from torchkit.core.io.errors import first_line
+
+    unidentified = isinstance(error, UnidentifiedImageError)
+    if size == 0 or (unidentified and str(error).endswith(_EMPTY_FILE)):
+        return "empty file"
+    if unidentified:
+        return "not an image PIL can read"
+    if isinstance(error, NotARegularFile):
+        return str(error)
+    if isinstance(error, FileNotFoundError):
+        return "file not found"
+    if isinstance(error, PermissionError):
+        return "permission denied"
+    if isinstance(error, OSError) and error.errno is not None and error.strerror:
+        return error.strerror[:1].lower() + error.strerror[1:]  # "input/output error"
+    if isinstance(error, OSError) and "truncated" in str(error).lower():
+        # PIL's words for a cut file depend on where its decoder ran out ("image file is
+        # truncated (151 bytes not processed)", "Truncated File Read"): one reason for one fault
+        return "truncated file"
+    # An error outside the family (a fault of the code that measured the pixels) says its type
+    return first_line(error, with_type=not isinstance(error, unreadable_image_errors()))
+
+
 def strict_unreadable_error(described: str, *, turn_off: str = "leave out --strict") -> InputError:
     """--strict's error for an unreadable image, in the same words in every command.
     `described`: "PATH: REASON", PATH the image as `image_path` names it. `turn_off`: how the
@@ -201,7 +240,7 @@ def opened_image(
                 # Image.open(path) does, so messages and reports do not change from run to run.
                 # An empty file (an interrupted download) is said to be one, as dataset-stats
                 # says: PIL's words alone read as a format it does not know.
-                empty = " (an empty file)" if _is_empty(stream) else ""
+                empty = _EMPTY_FILE if _is_empty(stream) else ""
                 message = f"cannot identify image file {name!r}{empty}"
                 raise UnidentifiedImageError(message) from None
             with image:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkit.core.data.hashing import file_digest
+from torchkit.core.data.image_files import unreadable_reason
 from torchkit.core.io.claims import check_claimed, reporting_write_errors
 from torchkit.core.io.csv_rows import CsvWriter
 from torchkit.core.io.errors import InputError, OutputExistsError, OutputWriteError, UsageError
@@ -276,7 +277,20 @@ def _copy_all(sources: list[str], targets: list[str], progress: Progress | None)
 
 
 def _copy_pair(pair: tuple[str, str]) -> None:
-    shutil.copy2(*pair)
+    source, target = pair
+    # A source that cannot be read (no read permission) is the data's fault, said as every
+    # command says why a file cannot be read, not a PermissionError of the copy. (One gone
+    # since it was listed is named by the caller: "disappeared during the split".)
+    try:
+        os.close(os.open(source, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)))
+    except FileNotFoundError:
+        raise
+    except OSError as error:
+        raise InputError(
+            f"cannot copy {source}: {unreadable_reason(error)}",
+            "make it readable, or move it out of the data",
+        ) from None
+    shutil.copy2(source, target)
 
 
 def check_hardlinks(plan: Plan, out: Path) -> None:

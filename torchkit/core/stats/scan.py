@@ -14,7 +14,6 @@ from typing import Any
 from torchkit.core.data.hashing import PHASH_FLOOR
 from torchkit.core.data.image_files import (
     SIXTEEN_BIT_MODES,
-    NotARegularFile,
     UnsupportedSamples,
     declares_16_bit_samples,
     expanded_mode,
@@ -23,9 +22,9 @@ from torchkit.core.data.image_files import (
     pixels_in_mode,
     read_regular_file,
     sixteen_bit_colour,
+    unreadable_reason,
 )
 from torchkit.core.data.sources.samples import Samples
-from torchkit.core.io.errors import first_line
 from torchkit.core.io.progress import Progress
 from torchkit.core.runtime.cpus import usable_cpus
 from torchkit.core.runtime.pool import map_chunks
@@ -270,17 +269,8 @@ class ChunkResult:
 
 
 def _describe(error: BaseException, size: int | None = None) -> str:
-    from PIL import UnidentifiedImageError
-
-    if isinstance(error, (NotARegularFile, NonFinitePixels, UnsupportedSamples)):
-        return str(error)
-    if isinstance(error, FileNotFoundError):
-        return "file not found"
-    if isinstance(error, PermissionError):
-        return "permission denied"
-    if isinstance(error, UnidentifiedImageError):  # its message names a BytesIO object
-        return "empty file" if size == 0 else "not an image PIL can read"
-    return first_line(error, with_type=True)
+    """Why a file is unreadable, as every command says it (`unreadable_reason`)."""
+    return unreadable_reason(error, size)
 
 
 def scan_files(
