@@ -11,6 +11,7 @@ import struct
 import subprocess
 import zlib
 from collections.abc import Callable
+from fractions import Fraction
 from pathlib import Path
 
 import cv2
@@ -31,6 +32,7 @@ from torchkit.core.video import (
     inspect_videos,
     probe_video,
     sniff_container,
+    streams,
     tsn_frame_indices,
 )
 from torchkit.core.video import run as video_run
@@ -2451,6 +2453,55 @@ def test_frames_of_a_few_bytes_are_not_counted_in_an_index(tmp_path, whole_video
 def test_a_y4m_file_s_codec_is_rawvideo_as_ffprobe_names_it(whole_videos):
     """A Y4M file records no codec tag (OpenCV's FOURCC is 0): the codec was empty."""
     assert probe_video(need(whole_videos, "clip.y4m")).codec == "rawvideo"
+
+
+def _rate_extended(data: bytes, numerator: int, denominator: int) -> bytes:
+    """A raw MPEG-2 stream `data` whose every sequence extension gives its rate times
+    `numerator` / `denominator` (frame_rate_extension_n and _d one less each)."""
+    out = bytearray(data)
+    at = out.find(b"\x00\x00\x01\xb5")
+    while at >= 0:
+        if out[at + 4] >> 4 == 1:  # a sequence extension: its 6th byte holds n (2 bits), d (5)
+            out[at + 9] = out[at + 9] & 0x80 | (numerator - 1) << 5 | (denominator - 1)
+        at = out.find(b"\x00\x00\x01\xb5", at + 4)
+    return bytes(out)
+
+
+@pytest.mark.parametrize("encoder", ["mpeg2video", "mpeg1video"])
+def test_a_raw_mpeg_stream_s_rate_is_its_sequence_header_s(tmp_path, encoder):
+    """OpenCV's FFmpeg reads 25 fps for any raw MPEG-1/2 video stream (.m2v, .m1v), whose
+    sequence header records its rate: a 29.97 fps clip of 60 frames read 25 fps, 2.4 s.
+    Its sequence header's rate is read, and, in MPEG-2, its sequence extension's
+    frame_rate_extension_n and _d, which make it the header's x (n + 1) / (d + 1) (FFmpeg
+    writes them for a rate the codes lack): the rate ffprobe gives as r_frame_rate, and
+    the rate an MPEG-PS file's pictures move on at where they repeat fields."""
+    made = ffmpeg_made(
+        tmp_path / "clip.m2v",
+        *("-f", "lavfi", "-i", "testsrc=size=64x48:rate=30000/1001:duration=2"),
+        *("-c:v", encoder, "-f", "mpeg2video" if encoder == "mpeg2video" else "mpeg1video"),
+        encoders=(encoder,),
+    )
+    rates = {made: Fraction(30000, 1001)}
+    if encoder == "mpeg2video":
+        for numerator, denominator in ((2, 1), (1, 2)):  # 59.94 and 14.985 fps
+            crafted = tmp_path / f"x{numerator}-{denominator}.m2v"
+            crafted.write_bytes(_rate_extended(made.read_bytes(), numerator, denominator))
+            rates[crafted] = Fraction(30000, 1001) * numerator / denominator
+    for path, rate in rates.items():
+        info = probe_video(path, exact=True)
+        assert (info.status, info.frames, info.fps) == ("ok", 60, float(rate)), path
+        assert info.duration_s == pytest.approx(60 / rate)
+        # an MPEG-PS walk's pictures move on at that rate; their time codes count at 30
+        pictures = streams._PsPictures()
+        pictures.read(path.read_bytes())
+        assert (pictures.frames, pictures.frame_rate, pictures.rate) == (60, float(rate), 30)
+        if shutil.which("ffprobe"):
+            probed = subprocess.run(
+                ["ffprobe", "-v", "error", "-select_streams", "v:0", "-show_entries"]
+                + ["stream=r_frame_rate", "-of", "csv=p=0", str(path)],
+                capture_output=True, text=True, timeout=60, check=True,
+            )  # fmt: skip
+            assert Fraction(probed.stdout.strip().strip(",")) == rate, path
 
 
 def test_the_cut_mp4_of_the_issue_on_the_command_line(tmp_path, whole_videos):

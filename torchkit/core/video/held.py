@@ -12,6 +12,7 @@ import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import ParamSpec, TypeVar
 
 
@@ -207,6 +208,38 @@ def mpeg4_packed(path: str | os.PathLike) -> bool:
             return _PACKED_MARK.search(handle.read(_PACKED_SEARCH)) is not None
     except OSError:
         return False
+
+
+# The frame rates of an MPEG-1/2 sequence header's frame_rate_code, as FFmpeg reads them (9 to
+# 13 are Xing's and libmpeg3's, outside the standard)
+_MPEG_FRAME_RATES = {
+    1: Fraction(24000, 1001),
+    2: Fraction(24),
+    3: Fraction(25),
+    4: Fraction(30000, 1001),
+    5: Fraction(30),
+    6: Fraction(50),
+    7: Fraction(60000, 1001),
+    8: Fraction(60),
+    9: Fraction(15),
+    10: Fraction(5),
+    11: Fraction(10),
+    12: Fraction(12),
+    13: Fraction(15),
+}
+
+
+def mpeg_frame_rate(header: bytes, extension: bytes = b"") -> Fraction | None:
+    """The frame rate of an MPEG-1/2 video sequence, from its sequence header's bytes after the
+    start code (`header`, 4 at least: its frame_rate_code) and an MPEG-2 sequence extension's
+    after its start code (`extension`, 6 at least; none for MPEG-1), whose
+    frame_rate_extension_n and _d make it the code's rate x (n + 1) / (d + 1): a rate the
+    codes lack, as FFmpeg writes it (15 fps: 25 x 3/5, 120: 30 x 4/1). None for a code of no
+    rate."""
+    rate = _MPEG_FRAME_RATES.get(header[3] & 0x0F) if len(header) >= 4 else None
+    if rate is None or len(extension) < 6 or extension[0] >> 4 != 1:
+        return rate
+    return rate * Fraction((extension[5] >> 5 & 3) + 1, (extension[5] & 0x1F) + 1)
 
 
 def exp_golomb(data: bytes, count: int) -> list[int] | None:

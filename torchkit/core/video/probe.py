@@ -54,6 +54,7 @@ from torchkit.core.video.mp4 import (
 )
 from torchkit.core.video.raw import (
     last_picture_rows,
+    raw_mpeg_frame_rate,
 )
 from torchkit.core.video.streams import (
     FlvVideoTail,
@@ -716,6 +717,9 @@ def _read_header_fields(
     info.height = _positive_int(capture.get(cv2.CAP_PROP_FRAME_HEIGHT))
     fps = capture.get(cv2.CAP_PROP_FPS)
     info.fps = float(fps) if fps and math.isfinite(fps) and fps > 0 else None
+    if sniffed == "mpeg-video":  # FFmpeg's raw reader gives 25 fps: the stream's own rate
+        rate = raw_mpeg_frame_rate(path)
+        info.fps = float(rate) if rate else info.fps
     declared_frames = capture.get(cv2.CAP_PROP_FRAME_COUNT)
     if sniffed == "dv":
         declared_frames = _raw_dv_timing(cv2, path, decoder_threads, info, declared_frames)

@@ -1,13 +1,14 @@
 """Files of frames with no container index: Y4M and raw DV frames of one size, and a raw
-MPEG video stream's last picture (whether a copy stops inside it)."""
+MPEG video stream's frame rate and last picture (whether a copy stops inside it)."""
 
 from __future__ import annotations
 
 import os
 import re
 from collections.abc import Iterator
+from fractions import Fraction
 
-from torchkit.core.video.held import MAX_BOXES, MPEG_START
+from torchkit.core.video.held import MAX_BOXES, MPEG_START, mpeg_frame_rate
 
 _Y4M_MAX_HEADER = 4096
 _Y4M_FRAME = b"FRAME\n"  # a frame's header line without parameters, as writers have it
@@ -105,6 +106,34 @@ def _start_codes(data: bytes, start: int = 0) -> Iterator[tuple[int, int]]:
         at = data.find(MPEG_START, at + 3)
 
 
+_MPEG_HEAD = 256  # a stream's first bytes: its sequence header (140 with both matrices), extension
+
+
+def _first_sequence(head: bytes) -> tuple[int | None, int | None]:
+    """Where a raw MPEG video stream's first bytes `head` hold its first sequence header and
+    sequence extension (MPEG-2 only), each whole (None where they do not)."""
+    codes = [(at, code) for at, code in _start_codes(head) if at + 10 <= len(head)]
+    header = next((at for at, code in codes if code == 0xB3), None)
+    extension = next((at for at, code in codes if code == 0xB5 and head[at + 4] >> 4 == 1), None)
+    return header, extension
+
+
+def raw_mpeg_frame_rate(path: str | os.PathLike) -> Fraction | None:
+    """The frame rate of a raw MPEG-1/2 video stream (.m2v): its first sequence header's, and
+    its MPEG-2 sequence extension's (`mpeg_frame_rate`), as ffprobe's r_frame_rate gives it.
+    (OpenCV's FFmpeg reads 25 fps for any such stream.) None where they cannot be read."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(_MPEG_HEAD)
+    except OSError:
+        return None
+    header, extension = _first_sequence(head)
+    if header is None:
+        return None
+    extended = head[extension + 4 :] if extension is not None else b""
+    return mpeg_frame_rate(head[header + 4 :], extended)
+
+
 def last_picture_rows(path: str | os.PathLike, size: int) -> tuple[int, int] | None:
     """For a raw MPEG-2 video stream (.m2v), which records neither sizes nor a frame count:
     (the macroblock rows its last picture's slices reach, the rows a picture has). A copy cut
@@ -113,16 +142,13 @@ def last_picture_rows(path: str | os.PathLike, size: int) -> tuple[int, int] | N
     code, pictures over 2,800 lines high, or no picture in its last megabyte."""
     try:
         with open(path, "rb") as handle:
-            head = handle.read(256)
+            head = handle.read(_MPEG_HEAD)
             start = max(0, size - _MPEG_TAIL)
             handle.seek(start)
             tail = handle.read(size - start)
     except OSError:
         return None
-    # The first sequence header (its height) and sequence extension (MPEG-2 only)
-    codes = [(at, code) for at, code in _start_codes(head) if at + 7 <= len(head)]
-    header = next((at for at, code in codes if code == 0xB3), None)
-    extension = next((at for at, code in codes if code == 0xB5 and head[at + 4] >> 4 == 1), None)
+    header, extension = _first_sequence(head)
     if header is None or extension is None:
         return None
     lines = (head[header + 5] & 0x0F) << 8 | head[header + 6]

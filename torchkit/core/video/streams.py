@@ -22,6 +22,7 @@ import mmap
 import os
 import re
 import struct
+from fractions import Fraction
 from typing import NamedTuple
 
 from torchkit.core.video.held import (
@@ -32,6 +33,7 @@ from torchkit.core.video.held import (
     exp_golomb,
     frames_between,
     leading_frames,
+    mpeg_frame_rate,
     pts_span_s,
     unwrapped_pts,
     walked_once,
@@ -928,12 +930,6 @@ def _run_slope(index, positions, run) -> float:
     return float((numbers * (positions[run] - positions[run].mean())).sum() / (numbers**2).sum())
 
 
-# The time codes' nominal rates of the frame rate codes (23.976 counts 24, 29.97 counts 30)
-_PS_TIMECODE_RATES = {1: 24, 2: 24, 3: 25, 4: 30, 5: 30, 6: 50, 7: 60, 8: 60}
-# Their rates: the frames shown a second, which a picture's time moves on by
-_PS_FRAME_RATES = {1: 24 / 1.001, 2: 24, 3: 25, 4: 30 / 1.001, 5: 30, 6: 50, 7: 60 / 1.001, 8: 60}
-
-
 def _gop_frame_number(field: bytes, rate: int) -> int:
     """The frame number a GOP header's time code gives (drop-frame: two frame numbers a
     minute left out, but each tenth minute's)."""
@@ -978,7 +974,10 @@ class _PsPictures:
         # picture a GOP's time code numbers: its number (`shown`), that frame number, its
         # temporal reference, the pictures counted before it and the GOP headers read
         self.rate, self.gop, self.gops = 0, None, 0
-        self.frame_rate: float | None = None  # the first sequence header's
+        self.sequence = b""  # the last sequence header's first bytes (its frame rate code)
+        # the frames shown a second, which a picture's time moves on by: the first picture's
+        # sequence's (its header's rate, and an MPEG-2 sequence extension's)
+        self.frame_rate: float | None = None
         self.numbered: list[tuple[float, int, int, int, int]] = []
 
     def lose(self, bytes_lost: bool = True) -> None:
@@ -1059,8 +1058,8 @@ class _PsPictures:
         codes = _MPEG12_CODES if self.codec == "mpeg12" else _MPEG_START_CODE
         for found in codes.finditer(data):
             at = found.start()
-            if at + 8 > len(data):
-                stop = at  # read with the next packet's data
+            if at + 8 > len(data) or (data[at + 3] == 0xB5 and at + 10 > len(data)):
+                stop = at  # read with the next packet's data (a sequence extension's rate)
                 break
             if self.vop_at is not None:  # the VOP before ends at this start code
                 self.not_coded += self.read_bytes + at - self.vop_at <= NOT_CODED_BYTES
@@ -1068,7 +1067,7 @@ class _PsPictures:
             if self.codec is None:
                 self.codec = _ps_codec(data[at + 3 : at + 5], data[max(0, at - 4) : at])
             if self.codec == "mpeg12":
-                self.time_code(data[at + 3 : at + 8])
+                self.time_code(data[at + 3 : at + 10])
             kind = _picture_type(self.codec, data[at + 3 : at + 8])
             if kind is not None:
                 if at >= fresh and time is not None:
@@ -1088,14 +1087,17 @@ class _PsPictures:
     def time_code(self, head: bytes) -> None:
         """Read an MPEG-1/2 start code's next bytes `head`: a sequence header's rate, a GOP
         header's time code, a picture's temporal reference (its place in display order from
-        the GOP's first), which numbers it; a sequence extension's progressive_sequence, and
-        the picture coding extension after a picture's header: a frame picture whose
-        repeat_first_field is set is shown for a field more (in a progressive sequence, a
-        frame more, two with top_field_first)."""
+        the GOP's first), which numbers it; a sequence extension's progressive_sequence and
+        rate (`mpeg_frame_rate`: 15 fps is 25 x 3/5), and the picture coding extension after
+        a picture's header: a frame picture whose repeat_first_field is set is shown for a
+        field more (in a progressive sequence, a frame more, two with top_field_first)."""
         if head[0] == 0xB3:  # a sequence header: its frame rate code
-            self.rate = _PS_TIMECODE_RATES.get(head[4] & 0x0F, 0)
-            if self.frame_rate is None:
-                self.frame_rate = _PS_FRAME_RATES.get(head[4] & 0x0F)
+            self.sequence = head[1:5]
+            rate = mpeg_frame_rate(self.sequence)
+            # its time codes count at the code's rate, rounded: 30 for 29.97, and for the
+            # 120 fps a sequence extension makes of 30 (FFmpeg writes them so: 6 bits)
+            self.rate = int(rate + Fraction(1, 2)) if rate else 0
+            self.take_rate(rate)
         elif head[0] == 0xB8:  # a GOP header: its time code
             self.gop = _gop_frame_number(head[1:5], self.rate) if self.rate else None
             self.gops += 1
@@ -1104,9 +1106,16 @@ class _PsPictures:
             self.numbered.append((self.shown, self.gop, order, self.frames, self.gops))
         elif head[0] == 0xB5 and head[1] >> 4 == 1:  # a sequence extension
             self.progressive = bool(head[2] & 0x08)
+            self.take_rate(mpeg_frame_rate(self.sequence, head[1:7]))
         elif head[0] == 0xB5 and head[1] >> 4 == 8 and head[3] & 3 == 3 and head[4] & 0x02:
             # a picture coding extension: a frame picture's repeat_first_field
             self.shown += (1 + (head[4] >> 7)) if self.progressive else 0.5
+
+    def take_rate(self, rate: Fraction | None) -> None:
+        """A sequence's frame `rate` (None unknown): the first picture's sequence gives the
+        pictures' times their rate."""
+        if not self.frames:
+            self.frame_rate = float(rate) if rate else None
 
     def count(self, kind: int) -> None:
         """Count a picture of type `kind` (1: I, 2: P, 3: B)."""
