@@ -79,7 +79,11 @@ def _dictionary_pages_decoded(fd: int, chunk: Any, column: Any) -> int | None:
     offset = chunk.dictionary_page_offset
     end = offset + chunk.total_compressed_size
     pages = _ChunkBytes(fd, end)
+    # A dictionary page of large images (HF's row groups of distinct ones): its header alone
+    if (chunk.data_page_offset or 0) - offset > _READ_BYTES:
+        pages.ahead = _HEADER_BYTES
     header, size = _page_header(pages, offset)
+    pages.ahead = _READ_BYTES
     dictionary = header.get(7)
     if header.get(1) != _DICTIONARY_PAGE or not isinstance(dictionary, dict):
         return None
@@ -314,11 +318,12 @@ def _varint(data: bytes, position: int) -> tuple[int, int]:
 
 
 class _ChunkBytes:
-    """A column chunk's bytes (up to `end` in the file open as `fd`), read `_READ_BYTES` at a
+    """A column chunk's bytes (up to `end` in the file open as `fd`), read `ahead` bytes at a
     time at least: its small pages and their headers in one read."""
 
     def __init__(self, fd: int, end: int) -> None:
         self.fd, self.end = fd, end
+        self.ahead = _READ_BYTES
         self._at, self._data = 0, b""
 
     def get(self, offset: int, size: int) -> bytes:
@@ -326,7 +331,7 @@ class _ChunkBytes:
         size = max(0, min(size, self.end - offset))
         start = offset - self._at
         if start < 0 or start + size > len(self._data):
-            self._data = os.pread(self.fd, max(size, min(_READ_BYTES, self.end - offset)), offset)
+            self._data = os.pread(self.fd, max(size, min(self.ahead, self.end - offset)), offset)
             self._at, start = offset, 0
         return self._data[start : start + size]
 
