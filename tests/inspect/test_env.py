@@ -291,7 +291,7 @@ def test_every_key_of_the_report_is_documented(clean_env):
     keys = set(report) | {
         key for value in report.values() if isinstance(value, dict) for key in value
     }
-    keys -= set(report["packages"])  # named as the packages are, not as keys
+    keys -= set(report["packages"]) | set(report["cuda_packages"])  # packages, not keys
     keys -= set(report["environment"]) - set(env.ENVIRONMENT_VARIABLES)  # by their prefixes
     assert {key for key in keys if f"`{key}`" not in page} == set()
 
@@ -530,6 +530,51 @@ def test_a_broken_package_record_neither_ends_the_report_nor_hides_the_package(
     result = runner.invoke(app, ["env", "--format", "json"])
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout)["packages"]["numpy"] == np.__version__
+
+
+def _record(folder: Path, name: str, metadata: bytes | None) -> None:
+    (folder / name).mkdir(parents=True)
+    if metadata is not None:
+        (folder / name / "METADATA").write_bytes(metadata)
+
+
+def test_nvidia_packages_are_listed_as_collect_env_lists_them(runner, monkeypatch, tmp_path):
+    """collect_env's `pip list` lines for the NVIDIA wheels (nvidia-cublas, nvidia-cudnn-cu13...)
+    had no counterpart: a cuDNN of another CUDA major left by an upgrade did not show."""
+    first, second = tmp_path / "site", tmp_path / "later"
+    _record(
+        first,
+        "nvidia_cudnn_cu12-8.9.2.26.dist-info",
+        b"Name: nvidia-cudnn-cu12\nVersion: 8.9.2.26\n",
+    )
+    _record(
+        first,
+        "nvidia_cudnn_cu13-9.26.0.51.dist-info",
+        b"Name: nvidia_cudnn_cu13\nVersion: 9.26.0.51\n",
+    )
+    _record(first, "nvidia_cublas-13.4.1.3.dist-info", b"Name: nvidia-cublas\nVersion: 13.4.1.3\n")
+    _record(first, "nvidia_nccl_cu13-1.0.dist-info", None)  # a broken record: passed over
+    _record(first, "numpy-2.0.0.dist-info", b"Name: numpy\nVersion: 2.0.0\n")
+    _record(second, "nvidia_cublas-12.1.dist-info", b"Name: nvidia-cublas\nVersion: 12.1\n")
+    (second / "nvidia_nccl_cu13-2.30.7.dist-info").mkdir()  # METADATA-less here too
+    assert env.cuda_packages([str(first), str(tmp_path / "missing"), str(second)]) == {
+        "nvidia-cublas": "13.4.1.3",  # the first on the path, as import finds it
+        "nvidia-cudnn-cu12": "8.9.2.26",
+        "nvidia-cudnn-cu13": "9.26.0.51",
+    }
+    # This machine's, against every install record importlib.metadata finds
+    expected = {}
+    for distribution in importlib.metadata.distributions():
+        name = re.sub(r"[-_.]+", "-", distribution.metadata["Name"] or "").lower()
+        if name.startswith("nvidia-"):
+            expected.setdefault(name, distribution.version)
+    report = collect_env(log_diagnostics=False)
+    assert report["cuda_packages"] == expected
+    monkeypatch.setattr(env, "cuda_packages", lambda: {"nvidia-cublas": "13.4.1.3"})
+    table = runner.invoke(app, ["env"])
+    assert "NVIDIA packages" in table.stdout and "13.4.1.3" in table.stdout
+    monkeypatch.setattr(env, "cuda_packages", lambda: {})
+    assert "NVIDIA packages" not in runner.invoke(app, ["env"]).stdout
 
 
 def test_output_file_and_force(runner, tmp_path, clean_env):

@@ -108,6 +108,14 @@ def report_tables(report: dict[str, Any]) -> list[Table]:
             title="Packages",
         )
     )
+    if report["cuda_packages"]:
+        tables.append(
+            Table(
+                ["package", "version"],
+                [list(item) for item in report["cuda_packages"].items()],
+                title="NVIDIA packages",
+            )
+        )
     return tables
 
 

@@ -108,6 +108,7 @@ def collect_env(*, log_diagnostics: bool = True) -> dict[str, Any]:
     }
     report.update(_torch_sections(diagnostics))
     report["packages"] = package_versions()
+    report["cuda_packages"] = cuda_packages()
     report["diagnostics"] = diagnostics
     if log_diagnostics:
         for message in diagnostics:
@@ -352,6 +353,36 @@ def cpuinfo_model(text: str) -> str | None:
 def package_versions() -> dict[str, str | None]:
     """Installed versions (None: not installed), from metadata, without importing anything."""
     return {key: installed_version(*distributions) for key, distributions in PACKAGES}
+
+
+def cuda_packages(path: list[str] | None = None) -> dict[str, str]:
+    """The NVIDIA libraries installed as Python packages (nvidia-cublas, nvidia-cudnn-cu13,
+    nvidia-nccl-cu13...: those torch's CUDA wheels load), name -> version, by name, as
+    collect_env lists them from `pip list`: a cuDNN or cuBLAS of another CUDA major left by an
+    upgrade shows here. Read from the install records (`nvidia_*.dist-info`) in the folders of
+    `path` (sys.path by default), the first of each name; a broken record is passed over. Only
+    those records are read: reading every package's takes a third of a second."""
+    import importlib.metadata
+    import pathlib
+
+    found: dict[str, str] = {}
+    for folder in sys.path if path is None else path:
+        try:
+            names = sorted(os.listdir(folder or "."))
+        except (OSError, TypeError, ValueError):
+            continue
+        for record in names:
+            if not re.match(r"nvidia[-_.].*\.(?:dist|egg)-info$", record, re.IGNORECASE):
+                continue
+            distribution = importlib.metadata.PathDistribution(pathlib.Path(folder or ".", record))
+            try:
+                name = re.sub(r"[-_.]+", "-", distribution.metadata["Name"] or "").lower()
+                version = distribution.version
+            except Exception:  # a record without METADATA, not UTF-8, unreadable
+                continue
+            if name.startswith("nvidia-") and version and name not in found:
+                found[name] = str(version)
+    return dict(sorted(found.items()))
 
 
 def nvidia_driver() -> tuple[str | None, int | None]:
