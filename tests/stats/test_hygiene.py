@@ -917,6 +917,42 @@ def test_cli_reports_dedup_groups(runner, tmp_path):
     assert "byte-identical" not in off.stderr
 
 
+def test_identical_files_in_two_classes_are_warned_of_listed_and_kept(runner, tmp_path):
+    """The same image filed under two classes (a label conflict, common in scraped data): split
+    keeps the group in one split, every file in its own class, and says so in a warning that
+    names the files and in its JSON (`label_conflicts`); dataset-stats counts such groups.
+    A copy within one class is no conflict."""
+    raw = write_image_folder(tmp_path / "raw", {"cat": 10, "dog": 10})
+    (raw / "dog" / "also_cat.png").write_bytes((raw / "cat" / "cat_1.png").read_bytes())
+    (raw / "cat" / "again.png").write_bytes((raw / "cat" / "cat_2.png").read_bytes())
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["split", str(raw), str(out), "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["dedup_groups"] == 2
+    (conflict,) = data["label_conflicts"]
+    assert conflict["paths"] == ["cat/cat_1.png", "dog/also_cat.png"]
+    assert conflict["classes"] == ["cat", "dog"]
+    assert (out / conflict["split"] / "cat" / "cat_1.png").is_file()
+    assert (out / conflict["split"] / "dog" / "also_cat.png").is_file()
+    assert len(rows(out)) == 22 and sorted(f.name for f in raw.rglob("*.png")) == sorted(
+        Path(r["source"]).name for r in rows(out)
+    )
+    assert (
+        "Warning: 1 group(s) of byte-identical files are filed under more than one class (a "
+        "label conflict): cat/cat_1.png = dog/also_cat.png (cat, dog); each group is kept in "
+        "one split, every file in its own class (--format json lists them as label_conflicts)"
+    ) in " ".join(result.stderr.split())
+    off = runner.invoke(
+        app, ["split", str(raw), str(tmp_path / "off"), "--no-dedup-groups", "--format", "json"]
+    )
+    assert off.exit_code == 0 and json.loads(off.stdout)["label_conflicts"] is None
+    stats = runner.invoke(app, ["dataset-stats", str(raw), "--format", "json", "-j", "0"])
+    assert stats.exit_code == 0, stats.stderr
+    assert json.loads(stats.stdout)["duplicate_label_conflicts"] == 1
+    assert "cat/cat_1.png = dog/also_cat.png (cat, dog)" in " ".join(stats.stderr.split())
+
+
 def test_empty_files_are_no_group_of_byte_identical_files(runner, tmp_path):
     """Empty files (an interrupted download leaves many) are no images and no copies of one:
     as one group of byte-identical files they went to one split whole, whatever their classes,

@@ -50,6 +50,13 @@ def _human_bytes(size: int) -> str:
     return f"{size} B"
 
 
+def _duplicates_cell(stats) -> str:
+    """`3 (in 2 groups)`, and how many of the groups span classes (a label conflict)."""
+    conflicts = len(stats.label_conflicts)
+    across = f"; {conflicts} across classes" if conflicts else ""
+    return f"{stats.duplicate_files} (in {len(stats.duplicates)} groups{across})"
+
+
 def _counts(mapping: dict[str, int]) -> str:
     return ", ".join(f"{key} {value}" for key, value in mapping.items())
 
@@ -95,7 +102,7 @@ def _tables(stats, *, all_classes: bool = False) -> list[Table]:
             ["total size", _human_bytes(stats.total_bytes)],
             ["pixels per channel", stats.pixels],
             ["unreadable files", len(stats.unreadable)],
-            ["duplicate files", f"{stats.duplicate_files} (in {len(stats.duplicates)} groups)"],
+            ["duplicate files", _duplicates_cell(stats)],
             *_leakage_rows(stats),
             ["non-image files skipped", len(stats.non_image_files)],
         ],
@@ -218,6 +225,7 @@ def _long_table(stats) -> Table:
         ["summary", "total_bytes", stats.total_bytes],
         ["summary", "unreadable", len(stats.unreadable)],
         ["summary", "duplicate_files", stats.duplicate_files],
+        ["summary", "duplicate_label_conflicts", len(stats.label_conflicts)],
         ["summary", "non_image_files", len(stats.non_image_files)],
     ]
     if stats.leakage_checked:

@@ -116,6 +116,23 @@ def content_groups(paths: Sequence[str | os.PathLike]) -> list[list[int]]:
     return sorted(sorted(group) for group in settled)
 
 
+def label_conflicts_said(groups: Sequence[tuple[Sequence[str], Sequence[str]]]) -> str:
+    """How split and dataset-stats name the groups of byte-identical files filed under more
+    than one class (the same image labelled twice, common in scraped data): `groups`, each
+    (its paths, its classes), the first three shown by their first two paths and classes."""
+
+    def group(paths: Sequence[str], classes: Sequence[str]) -> str:
+        more = f" and {len(paths) - 2} more" if len(paths) > 2 else ""
+        return f"{' = '.join(paths[:2])}{more} ({', '.join(classes)})"
+
+    shown = "; ".join(group(paths, classes) for paths, classes in groups[:3])
+    more = f"; and {len(groups) - 3} more group(s)" if len(groups) > 3 else ""
+    return (
+        f"{len(groups)} group(s) of byte-identical files are filed under more than one class "
+        f"(a label conflict): {shown}{more}"
+    )
+
+
 # --------------------------------------------------------------------------- perceptual hash
 
 

@@ -37,14 +37,15 @@ class Plan:
 
 def dedup_units(
     paths: Sequence[str], keys: Sequence[str], groups: Sequence[str] | None
-) -> tuple[list[str] | None, int, int]:
-    """(the unit of each file, groups of byte-identical files, files in them): files with the
-    same bytes share a unit, and so do files of one `--group` (`groups`, else each file is its
-    own unit, named by its key). A unit is named by the smallest name among its members' own,
-    so a dataset without duplicates is split exactly as before. None: no duplicates at all."""
+) -> tuple[list[str] | None, list[list[int]]]:
+    """(the unit of each file, the groups of byte-identical files: indices, two or more): files
+    with the same bytes share a unit, and so do files of one `--group` (`groups`, else each
+    file is its own unit, named by its key). A unit is named by the smallest name among its
+    members' own, so a dataset without duplicates is split exactly as before. None: no
+    duplicates at all."""
     identical = content_groups(paths)
     if not identical:
-        return (None if groups is None else list(groups)), 0, 0
+        return (None if groups is None else list(groups)), []
     own = list(groups) if groups is not None else list(keys)
     parent: dict[str, str] = {}
 
@@ -62,7 +63,34 @@ def dedup_units(
         for root in roots:
             parent[root] = smallest
     units = [find(name) for name in own]
-    return units, len(identical), sum(len(members) for members in identical)
+    return units, identical
+
+
+def label_conflicts(
+    identical: Sequence[Sequence[int]],
+    labels: Sequence[int],
+    classes: Sequence[str],
+    names: Sequence[str],
+    split_of: Sequence[int],
+    paths: Sequence[str],
+) -> list[dict]:
+    """The groups of byte-identical files (`identical`) filed under more than one class: the
+    same image labelled twice, common in scraped data. Each {"paths": the files (`paths`, as
+    the data names them), "classes": their classes (in class order), "split": the one split
+    the group went to whole}. Every file keeps its own class; only the group's place in the
+    stratified split follows the class most of its files have."""
+    conflicts = []
+    for members in identical:
+        found = sorted({labels[i] for i in members})
+        if len(found) > 1:
+            conflicts.append(
+                {
+                    "paths": [paths[i] for i in members],
+                    "classes": [classes[label] for label in found],
+                    "split": names[split_of[members[0]]],
+                }
+            )
+    return conflicts
 
 
 def _unit_rank(seed: int, name: str) -> bytes:

@@ -25,6 +25,8 @@ class SplitResult:
     dedup: bool = True  # byte-identical files kept in one split
     dedup_groups: int = 0  # groups of byte-identical files (two or more) kept together
     dedup_files: int = 0  # the files in them
+    # Those of them filed under more than one class: {"paths", "classes", "split"} each
+    label_conflicts: list[dict] = field(default_factory=list)
     fixed: list[int] | None = None  # --fixed: images per class in the second (and third) split
     repeats: list[int] | None = None  # --oversample: extra train copies per class
     notes: list[str] = field(default_factory=list)  # for the user, beside the report
@@ -49,6 +51,7 @@ class SplitResult:
             "groups": self.groups,
             "dedup_groups": self.dedup_groups if self.dedup else None,
             "dedup_files": self.dedup_files if self.dedup else None,
+            "label_conflicts": self.label_conflicts if self.dedup else None,
             "fixed": self.fixed,
             "oversample": self.oversample,
             "files": sum(self.totals),

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkit import __version__
+from torchkit.core.data.hashing import label_conflicts_said
 from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.data.sources.moving import lock_for_reading, moving_here, source_folders
 from torchkit.core.data.sources.required import require_data
@@ -72,6 +73,7 @@ from torchkit.core.split.plan import (
     dedup_units,
     destinations,
     fixed_split,
+    label_conflicts,
     listed_images,
     load_split_input,
     oversample_repeats,
@@ -233,8 +235,12 @@ def _plan_and_write(
     root = Path(source)
     samples, sources, is_csv, emptied = _split_input(source, options, held)
     keys = sample_keys(samples)
-    units, n_groups, dedup_groups, dedup_files = _grouping(samples, sources, keys, options)
+    units, n_groups, identical = _grouping(samples, sources, keys, options)
     parts, filled, split_of, counts = _assign_splits(samples, keys, units, options)
+    conflicts = label_conflicts(
+        identical, samples.labels, samples.classes, names, split_of, samples.ids or sources
+    )
+    warn_label_conflicts(conflicts)
     plan, extra = _file_plan(samples, sources, keys, split_of, counts, is_csv, out, options)
     totals = [sum(row[j] for row in counts) for j in range(len(names))]
     result = SplitResult(
@@ -251,8 +257,9 @@ def _plan_and_write(
         counts=counts,
         manifest=str(out / MANIFEST),
         dedup=options.dedup,
-        dedup_groups=dedup_groups,
-        dedup_files=dedup_files,
+        dedup_groups=len(identical),
+        dedup_files=sum(len(members) for members in identical),
+        label_conflicts=conflicts,
         fixed=options.fixed,
         repeats=extra,
         notes=[
@@ -338,15 +345,25 @@ def _split_input(
 
 def _grouping(
     samples: Any, sources: list[str], keys: Any, options: SplitOptions
-) -> tuple[Any, int | None, int, int]:
+) -> tuple[Any, int | None, list[list[int]]]:
     """(the units that go to one split together, or None; the number of --group groups; the
-    groups of byte-identical files kept together and their files)."""
+    groups of byte-identical files kept together)."""
     group = options.group
     groups, n_groups = group_names(samples, keys, group) if group else (None, None)
-    units, dedup_groups, dedup_files = (
-        dedup_units(sources, keys, groups) if options.dedup else (groups, 0, 0)
-    )
-    return units, n_groups, dedup_groups, dedup_files
+    units, identical = dedup_units(sources, keys, groups) if options.dedup else (groups, [])
+    return units, n_groups, identical
+
+
+def warn_label_conflicts(conflicts: list[dict]) -> None:
+    """One warning for the groups of byte-identical files filed under more than one class
+    (`label_conflicts`): how many, and the first few by their paths. Nothing is left out or
+    moved for it: which label is right is the user's call (the JSON report lists them all)."""
+    if conflicts:
+        said = label_conflicts_said([(c["paths"], c["classes"]) for c in conflicts])
+        log.warning(
+            f"{said}; each group is kept in one split, every file in its own class "
+            "(--format json lists them as label_conflicts)"
+        )
 
 
 def _assign_splits(
@@ -468,6 +485,7 @@ def _moving_record(root: Path, result: SplitResult) -> dict:
         "dedup": result.dedup,
         "dedup_groups": result.dedup_groups,
         "dedup_files": result.dedup_files,
+        "label_conflicts": result.label_conflicts,
         "classes": result.classes,
         "counts": result.counts,
         "torchkit_version": __version__,
@@ -538,6 +556,7 @@ def _move_result(
         dedup=bool(journal.get("dedup", False)),
         dedup_groups=int(journal.get("dedup_groups") or 0),
         dedup_files=int(journal.get("dedup_files") or 0),
+        label_conflicts=list(journal.get("label_conflicts") or []),
         fixed=journal.get("fixed"),
     )
 

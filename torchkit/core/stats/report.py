@@ -103,6 +103,12 @@ class DatasetStats:
         return named or len(self.classes)
 
     @property
+    def label_conflicts(self) -> list[DuplicateGroup]:
+        """The groups of identical files filed under more than one class (the same image
+        labelled twice)."""
+        return [group for group in self.duplicates if len(group.classes) > 1]
+
+    @property
     def duplicate_files(self) -> int:
         """Files that are a copy of another one (each group counts all but its first file)."""
         return sum(len(group.paths) - 1 for group in self.duplicates)
@@ -121,6 +127,7 @@ class DatasetStats:
             "images": self.images,
             "unreadable_count": len(self.unreadable),
             "duplicate_files": self.duplicate_files,
+            "duplicate_label_conflicts": len(self.label_conflicts),
             "non_image_files": len(self.non_image_files),
             "num_classes": self.num_classes,
             "classes": [

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from torchkit.core.data.hashing import PHASH_FLOOR
+from torchkit.core.data.hashing import PHASH_FLOOR, label_conflicts_said
 from torchkit.core.data.image_files import image_path, strict_unreadable_error
 from torchkit.core.data.neardup import DEFAULT_NEAR_THRESHOLD, MAX_THRESHOLD
 from torchkit.core.data.preprocessing import check_image_memory
@@ -230,6 +230,9 @@ def compute_dataset_stats(
         samples, mode, resize, tally.accumulator, records, list(tally.names), errors, non_images
     )
     stats.source, stats.split, stats.notes = _data_name(source, samples), measured, notes
+    if stats.label_conflicts:
+        said = label_conflicts_said([(g.paths, g.classes) for g in stats.label_conflicts])
+        log.warning(f"{said} (listed under duplicates in the report)")
     if perceptual:
         find_duplicates(
             stats,
