@@ -2504,6 +2504,29 @@ def test_a_raw_mpeg_stream_s_rate_is_its_sequence_header_s(tmp_path, encoder):
             assert Fraction(probed.stdout.strip().strip(",")) == rate, path
 
 
+def test_an_av1_video_opencv_cannot_decode_says_so(tmp_path):
+    """An OpenCV build whose FFmpeg has neither libdav1d nor libaom decodes AV1 only with a
+    hardware decoder: a whole AV1 MP4 read `no frame decodes (truncated or corrupt)`. The
+    row says it is AV1, which such a build cannot decode (where the build decodes it, the
+    row is ok)."""
+    clip = ffmpeg_made(
+        tmp_path / "clip.mp4",
+        *moving_picture(0.4, size="64x64"),  # (SVT-AV1's smallest)
+        *("-c:v", "libsvtav1", "-preset", "12"),
+        encoders=("libsvtav1",),
+    )
+    info = probe_video(clip)
+    assert (info.codec, info.frames_header) == ("av01", 10)
+    if decoded_by_opencv(clip):
+        assert (info.status, info.error) == ("ok", None)
+    else:
+        assert (info.status, info.error) == (
+            "unreadable",
+            "no frame decodes: an AV1 video, which OpenCV's FFmpeg decodes only with libdav1d, "
+            "libaom or a hardware AV1 decoder (else truncated or corrupt)",
+        )
+
+
 def test_the_cut_mp4_of_the_issue_on_the_command_line(tmp_path, whole_videos):
     """`a copy of an MP4 cut to its first megabyte` (here: its first third), which opened and
     was reported healthy, `--exact` showing 71 (header 241) with exit code 0."""

@@ -184,6 +184,22 @@ def _describe_unopenable(size: int, container: str | None, whole: bool = False) 
 _UNTAGGED_CODECS = {"y4m": "rawvideo"}
 
 
+# AV1's tags (an MP4's, FFmpeg's). FFmpeg decodes AV1 with libdav1d or libaom, else with its own
+# decoder, which needs a hardware one: an OpenCV build's FFmpeg without either library decodes
+# no AV1 frame ("Your platform doesn't support hardware accelerated AV1 decoding")
+_AV1_TAGS = frozenset({"av01", "AV01"})
+
+
+def _undecodable(codec: str | None) -> str:
+    """Why no frame of a video of `codec` (its tag) decodes."""
+    if codec in _AV1_TAGS:
+        return (
+            "no frame decodes: an AV1 video, which OpenCV's FFmpeg decodes only with libdav1d, "
+            "libaom or a hardware AV1 decoder (else truncated or corrupt)"
+        )
+    return "no frame decodes (truncated or corrupt)"
+
+
 # A video whose header declares no frame and none decodes: a recording stopped before its first
 # frame (a writer opened and released), not a damaged file.
 NO_FRAMES = "empty video: it holds no frames (its header declares none)"
@@ -683,7 +699,6 @@ def _judge_opened(
     )
     # 0: the header's duration is 0 (an unknown one reads as a negative count, shown as none)
     info.frames_header = 0 if declared_frames == 0 else _positive_int(declared_frames)
-    undecodable = NO_FRAMES if declared_frames == 0 else "no frame decodes (truncated or corrupt)"
     # The tag the container records (XVID, mp4v), as ffprobe shows it; else FFmpeg's own;
     # else, for a container that records none, ffprobe's codec name
     info.codec = (
@@ -691,6 +706,7 @@ def _judge_opened(
         or fourcc_to_text(capture.get(cv2.CAP_PROP_FOURCC))
         or _UNTAGGED_CODECS.get(sniffed or "")
     )
+    undecodable = NO_FRAMES if declared_frames == 0 else _undecodable(info.codec)
     if info.width is None or info.height is None:
         info.fail(cut or "no video stream", "truncated" if cut else "unreadable")
         return None
