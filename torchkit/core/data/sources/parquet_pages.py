@@ -14,8 +14,8 @@ value, run-length encoded): how often each dictionary value is read. Where every
 equally often (each once: HF's distinct images), the chunk holds that many copies of the
 dictionary; else the dictionary page is read for its values' sizes (up to `_LARGEST_DICTIONARY`
 of it; past that, each value counted as often as the most repeated one, which is never less).
-Counted at the dictionary's mean value size instead, 9,000 rows of one 50 kB image among 1,000
-of 9 small ones counted 0.14 of the bytes read, and the other way round 7.4 times them.
+Counted at the dictionary's mean value size instead, row groups of 900 rows of one 50 kB image
+and 100 rows of 9 small ones counted 0.14 of the bytes read, and the other way round 7.4 times.
 """
 
 from __future__ import annotations
