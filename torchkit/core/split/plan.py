@@ -82,7 +82,7 @@ def label_conflicts(
     conflicts = []
     for members in identical:
         found = sorted({labels[i] for i in members})
-        if len(found) > 1:
+        if len([label for label in found if classes[label]]) > 1:  # "": unlabelled, no class
             conflicts.append(
                 {
                     "paths": [paths[i] for i in members],

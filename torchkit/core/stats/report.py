@@ -105,8 +105,8 @@ class DatasetStats:
     @property
     def label_conflicts(self) -> list[DuplicateGroup]:
         """The groups of identical files filed under more than one class (the same image
-        labelled twice)."""
-        return [group for group in self.duplicates if len(group.classes) > 1]
+        labelled twice); an unlabelled copy ("") of a labelled image is none."""
+        return [group for group in self.duplicates if len([c for c in group.classes if c]) > 1]
 
     @property
     def duplicate_files(self) -> int:
