@@ -190,6 +190,30 @@ def test_float_indices_say_to_give_an_integer_dtype(runner, model):
     )
 
 
+def rgb_model() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 4, 3))
+
+
+def miswired_model() -> nn.Module:
+    """A user's bug: the second convolution takes 8 channels, the first makes 4."""
+    return nn.Sequential(nn.Conv2d(1, 4, 3), nn.Conv2d(8, 4, 3))
+
+
+def test_a_grayscale_input_to_an_rgb_model_says_which_channels_it_takes(runner):
+    """Before: torch's 'expected input[1, 1, 8, 10] to have 3 channels, but got 1 channels
+    instead' and 'check --input-size (and --dtype)'."""
+    for batch in ("1", "2"):
+        result = runner.invoke(app, ["summary", f"{HERE}:rgb_model", "-i", "1,8,10", "-b", batch])
+        assert result.exit_code == 2
+        assert error_line(result.stderr).endswith(
+            "(the model takes 3-channel images: give C,H,W as 3,8,10)"
+        )
+    # a layer deeper in that gets the wrong channels says nothing of the model's input
+    result = runner.invoke(app, ["summary", f"{HERE}:miswired_model", "-i", "1,8,8"])
+    assert result.exit_code == 2
+    assert error_line(result.stderr).endswith("(check --input-size (and --dtype))")
+
+
 def test_an_empty_shape_for_an_image_model_is_named_in_the_error(runner):
     """Before: the error line ended in `not ` with nothing after it."""
     result = runner.invoke(app, ["summary", "convnet", "-i", "()"])

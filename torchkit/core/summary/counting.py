@@ -847,6 +847,9 @@ _DTYPE_MISMATCH = re.compile(r"type|not implemented for '|dtype", re.IGNORECASE)
 # How torch words floating-point indices: "Expected tensor for argument #1 'indices' to have one
 # of the following scalar types: Long, Int; but got torch.FloatTensor instead (while checking
 # arguments for embedding)", "index_select(): Expected dtype int32 or int64 for index".
+# "Given groups=1, weight of size [64, 3, 7, 7], expected input[1, 1, 64, 48] to have 3
+# channels, but got 1 channels instead": a grayscale input to a model of RGB images.
+_CHANNELS = re.compile(r"expected input(\[[\d, ]+\]) to have (\d+) channels, but got")
 _FLOAT_INDICES = re.compile(r"'indices' to have|dtype int32(?:/| or )int64 for index")
 
 
@@ -861,6 +864,12 @@ def _run_failure_hint(error: Exception, specs: Sequence[InputSpec] = ()) -> str:
             "BatchNorm in training mode needs more than one value per channel: give "
             "--batch-size 2 or more, or leave out --train-mode"
         )
+    channels = _CHANNELS.search(str(error))
+    if channels and len(specs) == 1 and channels.group(1) == str(list(specs[0].shape)):
+        # the model's own input (not a layer deeper in, fed the wrong channels by the model)
+        *_, height, width = specs[0].shape
+        wanted = channels.group(2)
+        return f"the model takes {wanted}-channel images: give C,H,W as {wanted},{height},{width}"
     integer = [s for s in specs if s.dtype is not None and not s.dtype.is_floating_point]
     if len(integer) < len(specs) and _FLOAT_INDICES.search(str(error)):
         return (
