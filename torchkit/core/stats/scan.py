@@ -268,11 +268,6 @@ class ChunkResult:
         return np.array([table.setdefault(n, len(table)) for n in self.names], dtype="<u2")
 
 
-def _describe(error: BaseException, size: int | None = None) -> str:
-    """Why a file is unreadable, as every command says it (`unreadable_reason`)."""
-    return unreadable_reason(error, size)
-
-
 def scan_files(
     start: int,
     paths: Sequence[str],
@@ -311,7 +306,7 @@ def scan_files(
             try:
                 data = read_regular_file(path)  # a FIFO would block forever: refused
             except OSError as error:
-                result.errors.append((index, _describe(error), 0))
+                result.errors.append((index, unreadable_reason(error), 0))
                 continue
             phash = None
             try:
@@ -348,7 +343,7 @@ def scan_files(
                         pixels, channels, ids[offset], sixteen_bit=sixteen_bit
                     )
             except Exception as error:  # noqa: BLE001 - any decoder failure means unreadable
-                result.errors.append((index, _describe(error, len(data)), len(data)))
+                result.errors.append((index, unreadable_reason(error, len(data)), len(data)))
                 if perceptual:
                     digests.append((index, hashlib.sha256(data).digest()))
                 continue
