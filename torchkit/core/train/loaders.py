@@ -111,20 +111,17 @@ def load_splits(config: TrainConfig, recorded: dict | None = None) -> TrainData:
     shown = shown_class_names
     empty = [name for name, count in zip(shown(train.classes), counts, strict=True) if not count]
     held_out = "val" not in source.splits  # the val split is --val-split of train's images
+    if empty and source.classes_given:
+        empty = _train_classes_named_but_never_seen(source, splits, empty)
     if empty:
         val = splits.get("val")
         in_val = dict(zip(shown(val.classes), val.class_counts(), strict=True)) if val else {}
         if held_out:  # train's images held out: a class no split has an image of has none
-            found = {name: 0 for name in empty}
-            for samples in splits.values():
-                names = shown(samples.classes)
-                for name, count in zip(names, samples.class_counts(), strict=True):
-                    if name in found:
-                        found[name] += count
+            found = _images_of_classes(splits, empty)
             _refuse_classes_without_images(source, [n for n in empty if not found[n]])
         raise InputError(
             f"{_classes_that(empty, 'has', 'have')} no training images",
-            _empty_class_hint(held_out, [in_val.get(name, 0) for name in empty]),
+            _empty_class_hint(held_out, [in_val.get(name, 0) for name in empty], source.kind),
         )
     if len(splits.get("val", [])) == 0 and not config.find_lr:  # the range test never validates
         raise InputError("the validation set is empty", _empty_val_hint(held_out, counts))
@@ -140,6 +137,41 @@ ONE_IMAGE_A_CLASS = (
     "validation images of their own (ROOT/train/ and ROOT/val/ folders, or a CSV index with a "
     "split column)"
 )
+
+
+# The kinds of data whose classes are folders (`DataSource.kind`).
+FOLDER_KINDS = ("image folder", "split root", "tar image folder", "tar split root")
+
+
+def _images_of_classes(splits: dict[str, Samples], names: list[str]) -> dict[str, int]:
+    """The images of each of `names` (shown names) in all `splits` together."""
+    found = dict.fromkeys(names, 0)
+    for samples in splits.values():
+        for name, count in zip(
+            shown_class_names(samples.classes), samples.class_counts(), strict=True
+        ):
+            if name in found:
+                found[name] += count
+    return found
+
+
+def _train_classes_named_but_never_seen(
+    source: DataSource, splits: dict[str, Samples], empty: list[str]
+) -> list[str]:
+    """Of `empty` (classes without training images) of data that states its classes (HF's
+    ClassLabel names, classes.txt beside shards, class indices), those some split has images
+    of; the classes no split has an image of are trained as outputs of their own, with a
+    warning. Their names and indices are the data's (a dataset filtered to some classes keeps
+    the ClassLabel names of all; shards of part of ImageNet label by its 1,000 indices): no
+    class can be left out without rewriting every label, as a class folder can be removed."""
+    found = _images_of_classes(splits, empty)
+    never = [name for name in empty if not found[name]]
+    if never:
+        log.warning(
+            f"{_classes_that(never, 'has', 'have')} no images in {redact_url(source.spec)}: kept,"
+            " as the data's class names list it (an output no image is labelled with)"
+        )
+    return [name for name in empty if found[name]]
 
 
 def _refuse_classes_without_images(source: DataSource, names: list[str]) -> None:
@@ -172,11 +204,14 @@ def _classes_that(names: list[str], one: str, many: str) -> str:
     return f"class {shown} {one if len(names) == 1 else many}"
 
 
-def _empty_class_hint(held_out: bool, held_out_counts: list[int]) -> str:
+def _empty_class_hint(held_out: bool, held_out_counts: list[int], kind: str) -> str:
     """What gives classes without training images some: `held_out_counts`, the images
-    --val-split held out of each (all it had)."""
+    --val-split held out of each (all it had); `kind`, the data's (a class of a CSV index,
+    shards or parquet has no folder to add images to)."""
     if not held_out or min(held_out_counts, default=0) == 0:  # none to give back
-        return "add images to the folder or remove it"
+        if kind in FOLDER_KINDS:
+            return "add images to the folder or remove it"
+        return "add training images, or remove the class's images from the other splits"
     if min(held_out_counts) >= 2:
         return "hold out a smaller --val-split, or add images"
     return ONE_IMAGE_A_CLASS

@@ -1,0 +1,81 @@
+"""`train` on data that states its classes (HF's ClassLabel names, classes.txt beside shards)
+naming a class no image has: a dataset filtered to some classes keeps the names of all, shards
+of part of ImageNet keep its 1,000 indices. It was refused ("class 'c' has no training images
+(add images to the folder or remove it)"): there is no folder, and no class can be left out
+without rewriting every label. The class is kept, an output no image is labelled with, with one
+warning. A class that another split has images of is still refused, with a hint that fits data
+without folders."""
+
+from __future__ import annotations
+
+import csv
+import io
+import tarfile
+
+import pytest
+import torch
+from output_checks import error_line
+from parquet_files import png, write_parquet
+from processes import run_torchkit_in_process
+
+TINY = ["--model", "nets:TinyNet", "--image-size", "8", "--workers", "0", "--epochs", "1"]
+WARNING = (
+    "Warning: class 'c' has no images in {data}: kept, as the data's class names list it "
+    "(an output no image is labelled with)"
+)
+
+
+def _shards(folder, split: str, labels: list[int], seed: int) -> None:
+    folder.mkdir(exist_ok=True)
+    with tarfile.open(folder / f"{split}-000000.tar", "w") as tar:
+        for number, label in enumerate(labels):
+            for name, data in (
+                (f"s{number}.png", png(seed + number)),
+                (f"s{number}.cls", b"%d" % label),
+            ):
+                member = tarfile.TarInfo(name)
+                member.size = len(data)
+                tar.addfile(member, io.BytesIO(data))
+    (folder / "classes.txt").write_text("a\nb\nc\n")
+
+
+@pytest.mark.parametrize("kind", ["parquet", "shards"])
+def test_a_named_class_no_split_has_an_image_of_is_kept_with_a_warning(tmp_path, kind):
+    data = tmp_path / "ds"
+    train, val = [0, 1] * 4, [0, 1]
+    if kind == "parquet":
+        write_parquet(
+            data / "data" / "train-00000-of-00001.parquet", [png(i) for i in range(8)], train
+        )
+        write_parquet(data / "data" / "validation-00000-of-00001.parquet", [png(50), png(51)], val)
+    else:
+        _shards(data, "train", train, 0)
+        _shards(data, "val", val, 50)
+    result = run_torchkit_in_process("train", "--data", data, *TINY, "--out", tmp_path / "run")
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("Warning:")]
+    assert warnings == [WARNING.format(data=data)]
+    checkpoint = torch.load(tmp_path / "run" / "best.pt", weights_only=True)
+    assert checkpoint["classes"] == ["a", "b", "c"] and checkpoint["num_classes"] == 3
+
+
+def test_a_class_of_a_csv_index_with_val_images_only_is_refused_with_a_hint_without_folders(
+    tmp_path,
+):
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = [(f"t{i}.png", "ab"[i % 2], "train") for i in range(6)]
+    rows += [("v0.png", "a", "val"), ("v1.png", "c", "val")]
+    for number, (name, _, _) in enumerate(rows):
+        (data / name).write_bytes(png(number))
+    with (data / "index.csv").open("w", newline="") as handle:
+        csv.writer(handle).writerows([("path", "label", "split"), *rows])
+    result = run_torchkit_in_process(
+        "train", "--data", data / "index.csv", *TINY, "--out", tmp_path / "run"
+    )
+    assert result.returncode == 1
+    assert error_line(result.stderr) == (
+        "Error: class 'c' has no training images (add training images, or remove the class's "
+        "images from the other splits)"
+    )
+    assert not (tmp_path / "run").exists()
