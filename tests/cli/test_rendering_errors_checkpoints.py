@@ -23,6 +23,7 @@ from output_checks import error_line
 from processes import run_torchkit_in_process
 from torch import nn
 
+from torchkit.cli import app
 from torchkit.cli.app import TorchkitGroup
 from torchkit.cli.options import ForceOption, FormatOption, OutputOption
 from torchkit.cli.render import OutputFormat, Table, emit, render_json, to_json_value
@@ -631,6 +632,29 @@ def test_load_checkpoint_bad_files(tmp_path, name, content, message):
         with pytest.raises(CheckpointError, match=re.escape(message)) as caught:
             load_checkpoint(path, trust_checkpoint=trust)
         assert "--trust-checkpoint" not in str(caught.value)  # garbage is not a pickled model
+
+
+def test_a_python_file_given_as_a_model_says_how_code_is_named(tmp_path, runner, monkeypatch):
+    """`summary mynet.py`: the hint was 'give the .pt/.pth file torch.save wrote'; a model in a
+    Python file is named module:Callable (models.md)."""
+    (tmp_path / "mynet.py").write_text(
+        "from torch import nn\n\ndef build():\n    return nn.Linear(2, 3)\n"
+    )
+    with pytest.raises(CheckpointError) as caught:
+        load_checkpoint(tmp_path / "mynet.py")
+    assert caught.value.hint == (
+        "a model in Python code is named module:Callable, mynet:NAME for the function or class "
+        "NAME in mynet.py, run from the folder that holds it"
+    )
+    assert NOT_TORCH in caught.value.message
+    # and the name the hint gives works, from the folder that holds it
+    monkeypatch.chdir(tmp_path)
+    given = runner.invoke(app, ["summary", "mynet.py"])
+    assert given.exit_code != 0
+    assert error_line(given.stderr).endswith(f"({caught.value.hint})")
+    result = runner.invoke(app, ["summary", "mynet:build", "-i", "2", "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["totals"]["total_params"] == 2 * 3 + 3
 
 
 def test_a_plain_pickle_gives_no_raw_torch_warning(tmp_path):

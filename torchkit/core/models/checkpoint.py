@@ -225,10 +225,17 @@ def _unreadable(source: Path, error: BaseException, *, trusted: bool) -> Checkpo
             "save it again with a plain torch.save (no pickle_protocol) where it loads",
         )
     if not _looks_saved_by_torch(source):  # a text file, an image: torch's error says nothing
+        hint = "give the .pt/.pth file torch.save wrote, or a .safetensors file"
+        if source.suffix == ".py" and source.stem.isidentifier():
+            # the model's code, given where a model is named: say how code is named
+            hint = (
+                f"a model in Python code is named module:Callable, {source.stem}:NAME for the "
+                f"function or class NAME in {source.name}, run from the folder that holds it"
+            )
         return CheckpointError(
             f"cannot read checkpoint {source}: not a PyTorch checkpoint (neither torch.save's "
             "zip archive nor a pickle)",
-            "give the .pt/.pth file torch.save wrote, or a .safetensors file",
+            hint,
         )
     text = str(error)
     # weights_only wraps the real reason in a paragraph of advice; keep only the reason.
