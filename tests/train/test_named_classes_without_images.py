@@ -20,8 +20,8 @@ from processes import run_torchkit_in_process
 
 TINY = ["--model", "nets:TinyNet", "--image-size", "8", "--workers", "0", "--epochs", "1"]
 WARNING = (
-    "Warning: class 'c' has no images in {data}: kept, as the data's class names list it "
-    "(an output no image is labelled with)"
+    "Warning: class 'c' has no images in {data}: kept as an output no image is labelled with, "
+    "as the data's class names (or indices) include it"
 )
 
 

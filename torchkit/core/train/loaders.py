@@ -168,8 +168,9 @@ def _train_classes_named_but_never_seen(
     never = [name for name in empty if not found[name]]
     if never:
         log.warning(
-            f"{_classes_that(never, 'has', 'have')} no images in {redact_url(source.spec)}: kept,"
-            " as the data's class names list it (an output no image is labelled with)"
+            f"{_classes_that(never, 'has', 'have')} no images in {redact_url(source.spec)}: kept"
+            " as an output no image is labelled with, as the data's class names (or indices)"
+            " include it"
         )
     return [name for name in empty if found[name]]
 
