@@ -40,13 +40,15 @@ _READ_BYTES = 64 << 10
 # The largest dictionary page read for its values' sizes (pyarrow's are about 1 MiB: its
 # dictionary_pagesize_limit; a larger one is a row group of large distinct images).
 _LARGEST_DICTIONARY = 8 << 20
-# parquet's codecs (the footer's names) as pyarrow's `decompress` names them.
+# parquet's codecs (as pyarrow's footer names them) as pyarrow's `decompress` names them.
+# pyarrow names parquet's LZ4_RAW "LZ4" (what its writer's "lz4" writes), and the deprecated
+# Hadoop-framed LZ4 "UNKNOWN": not read here.
 _CODECS = {
     "SNAPPY": "snappy",
     "GZIP": "gzip",
     "BROTLI": "brotli",
     "ZSTD": "zstd",
-    "LZ4_RAW": "lz4_raw",
+    "LZ4": "lz4_raw",
 }
 
 
