@@ -33,15 +33,19 @@ from torchkit.core.stats.scan import (
 log = logging.getLogger("torchkit")
 
 
-def warn_empty_classes(samples: Samples) -> list[str]:
+def warn_empty_classes(samples: Samples, split: str | None = None) -> list[str]:
+    """The classes of `samples` (of the measured `split`) without an image, in one warning.
+    Worded for every kind of data: a class of a CSV index, shards or parquet is no folder, and
+    a class the val split lacks has no folder there either."""
     # By shown name: ImageNet's two `crane`s are two entries, either of which may be empty.
     counts = dict(zip(shown_class_names(samples.classes), samples.class_counts(), strict=True))
     if counts.get("") == len(samples):  # unlabelled images: they have no class to be empty
         return []
     empty = [name for name, n in counts.items() if not n and name]
     if empty:
+        where = f" in the {split} split" if split and split != "all" else ""
         log.warning(
-            f"{len(empty)} class folder(s) hold no images: {', '.join(empty[:10])}"
+            f"{len(empty)} class(es) have no images{where}: {', '.join(empty[:10])}"
             + (" ..." if len(empty) > 10 else "")
         )
     return empty
@@ -191,7 +195,7 @@ def compute_dataset_stats(
         log.warning(
             f"skipped {len(non_images)} non-image file(s), e.g. {non_images[0]}",
         )
-    warn_empty_classes(samples)
+    warn_empty_classes(samples, measured)
     checked = measured is not None and leakage
     perceptual = checked or near_duplicates
     if pairs_required and not perceptual:
