@@ -428,3 +428,48 @@ def test_dictionary_indices_that_cannot_be_read_leave_the_mean_size(tmp_path):
         assert decoded_chunk_bytes(fd, chunk, column) == mean
     finally:
         os.close(fd)
+
+
+@pytest.mark.parametrize("garbled", ["dictionary-values", "index-page-bytes"])
+def test_a_garbled_page_header_takes_no_memory_or_reads_past_its_values(
+    tmp_path, monkeypatch, garbled
+):
+    """A dictionary page header claiming 2**40 values was counted a value each (an 8 TiB
+    array: a MemoryError out of opening), and an index page claiming the rest of its chunk
+    was read whole: the footer's figure now, and the reads stay the pages' few kB (of a chunk
+    of 570 kB, whose dictionary falls back to plain pages after 8 values)."""
+    import os
+
+    import pyarrow.parquet as pq
+
+    from torchkit.core.data.sources import parquet_pages
+
+    path = write_rows(
+        tmp_path / "d.parquet", 250, 250, 250, compression="none",
+        dictionary_pagesize_limit=8000, write_batch_size=8,
+    )  # fmt: skip
+    metadata = pq.ParquetFile(path).metadata
+    chunk, column = metadata.row_group(0).column(0), metadata.schema.column(0)
+    end = chunk.dictionary_page_offset + chunk.total_compressed_size
+    real_header = parquet_pages._page_header
+
+    def header(pages, offset):
+        fields, size = real_header(pages, offset)
+        if garbled == "dictionary-values" and offset == chunk.dictionary_page_offset:
+            fields[7] = {**fields[7], 1: 1 << 40}
+        if garbled == "index-page-bytes" and offset == chunk.data_page_offset:
+            fields[3] = end - offset - size  # its body the rest of the chunk
+        return fields, size
+
+    monkeypatch.setattr(parquet_pages, "_page_header", header)
+    reads: list[int] = []
+    pread = os.pread
+    monkeypatch.setattr(os, "pread", lambda fd, n, at: reads.append(n) or pread(fd, n, at))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        counted = parquet_pages.decoded_chunk_bytes(fd, chunk, column)
+    finally:
+        os.close(fd)
+    if garbled == "dictionary-values":
+        assert counted == chunk.total_uncompressed_size
+    assert sum(reads) <= 2 * parquet_pages._READ_BYTES < chunk.total_compressed_size / 2, reads

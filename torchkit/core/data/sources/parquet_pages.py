@@ -93,6 +93,12 @@ def _dictionary_pages_decoded(fd: int, chunk: Any, column: Any) -> int | None:
     if dictionary_bytes > chunk.total_uncompressed_size:
         raise ValueError("a dictionary larger than its chunk")
     distinct = _count(dictionary, 1)
+    # A dictionary holds values of the chunk's (a PLAIN byte array its 4-byte length at
+    # least): more is a garbled header, whose count a value each took 8 TiB for 2**40 values.
+    if distinct > chunk.num_values or (
+        chunk.physical_type == "BYTE_ARRAY" and 4 * distinct > dictionary_bytes
+    ):
+        raise ValueError("more dictionary values than its chunk or page holds")
     value_bytes = dictionary_bytes / distinct if distinct else 0.0
     dictionary_page = (offset + size, _count(header, 3), dictionary_bytes, distinct)
     walked = size + dictionary_bytes  # uncompressed bytes of the pages walked, headers too
@@ -173,8 +179,9 @@ class _Indices:
     def _add(self, pages: _ChunkBytes, at: int, kind: int, header: dict, page: dict) -> None:
         stored, size, count = _count(header, 3), _count(header, 2), _count(page, 1)
         # A page's levels and indices take a few bytes a value at most: a larger size is a
-        # garbled header, whose decompression would take that much memory.
-        if size > 16 * count + 1024:
+        # garbled header, whose decompression would take that much memory (its read, up to
+        # the rest of the chunk).
+        if max(size, stored) > 16 * count + 1024:
             raise ValueError("a page of indices larger than its values")
         body = pages.get(at, stored)
         if kind == _DATA_PAGE:
