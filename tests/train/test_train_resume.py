@@ -196,3 +196,32 @@ def test_an_epoch_stopped_past_the_end_of_fewer_images_resumes_the_schedule_at_t
     point = resume_point(checkpoint, DistContext(), config, Path("last.pt"))
     realign_schedule(schedule, point, config, train_size_changed=True)
     assert schedule.updates == 6
+
+
+def test_resume_from_another_folder_names_where_the_runs_relative_data_was(
+    tmp_path, runner, monkeypatch
+):
+    """The config records --data as given; a run started with a relative path and resumed
+    from another working directory (a requeued job) said `dataset not found: data` with the
+    data grammar's hint. The one line names the data's place when it trained and the ways on;
+    `--data` given again from there continues the run."""
+    write_image_folder(tmp_path / "data", {"a": 4, "b": 4}, seed=1)
+    monkeypatch.chdir(tmp_path)
+    options = ["--model", "nets:TinyNet", "--image-size", "8", "--batch-size", "4"]
+    options += ["--workers", "0", "--device", "cpu", "--val-split", "0.25"]
+    trained = runner.invoke(
+        app, ["train", "--data", "data", *options, "--epochs", "1", "--out", "run"]
+    )
+    assert trained.exit_code == 0, trained.stderr
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    resume = ["train", "--resume", "../run", "--epochs", "2", "--trust-checkpoint"]
+    refused = runner.invoke(app, resume)
+    assert refused.exit_code == 1
+    assert refused.stderr == (
+        f"Error: dataset not found: data, the --data that {Path('../run/last.pt')} records, "
+        f"at {tmp_path / 'data'} when it trained (resume from the folder the run started "
+        "in, or give --data again as a path from here)\n"
+    )
+    resumed = runner.invoke(app, [*resume, "--data", "../data"])
+    assert resumed.exit_code == 0, resumed.stderr
