@@ -46,6 +46,8 @@ def _encoded(kind: str, seed: int) -> tuple[str, bytes]:
         exif = Image.Exif()
         exif[0x0112] = 6
         rgb.save(buffer, format="JPEG", quality=90, exif=exif.tobytes())
+    elif kind == "jpeg":
+        rgb.save(buffer, format="JPEG", quality=90)
     else:
         rgb.save(buffer, format="PNG")
     return ("png" if buffer.getvalue()[:4] == b"\x89PNG" else "jpg"), buffer.getvalue()
@@ -185,16 +187,16 @@ def test_train_on_parquet_or_streamed_shards_that_fit_one_window_takes_the_folde
     assert order(Blocks(ids, window=1, sizes=[10] * 5, capacity=49)) != files
 
 
-def test_train_figures_of_a_split_folder_and_of_parquet_of_it_are_the_same(tmp_path):
-    import pyarrow  # noqa: F401 (the parquet extra)
-
-    folder, parquet = tmp_path / "folder", tmp_path / "hf"
+def _split_folder_and_parquet(root: Path, kind: str) -> tuple[Path, Path]:
+    """The same images (of `kind`) as a split root and as HF parquet of it, rows in the
+    folder's order."""
+    folder, parquet = root / "folder", root / "hf"
     for split, count, hf_split in (("train", 6, "train"), ("val", 2, "validation")):
         rels, labels = [], []
         for label, name in enumerate(CLASSES):
             for number in range(count):
-                _, data = _encoded("plain", seed=100 * label + 10 * count + number)
-                rel = f"{name}/{number}.png"
+                ext, data = _encoded(kind, seed=100 * label + 10 * count + number)
+                rel = f"{name}/{number}.{ext}"
                 (folder / split / rel).parent.mkdir(parents=True, exist_ok=True)
                 (folder / split / rel).write_bytes(data)
                 rels.append(data)
@@ -202,13 +204,17 @@ def test_train_figures_of_a_split_folder_and_of_parquet_of_it_are_the_same(tmp_p
         write_parquet(
             parquet / "data" / f"{hf_split}-00000-of-00001.parquet", rels, labels, names=CLASSES
         )
+    return folder, parquet
+
+
+def _train_figures(root: Path, datas: tuple[Path, ...], *options: str) -> list[list[dict]]:
     figures = []
-    for data in (folder, parquet):
-        out = tmp_path / f"run-{data.name}"
+    for data in datas:
+        out = root / f"run-{data.name}"
         result = run_torchkit_in_process(
             "train", "--data", data, "--model", "nets:TinyNet", "--image-size", "8",
             "--workers", "0", "--epochs", "2", "--batch-size", "4", "--seed", "3",
-            "--out", out,
+            "--out", out, *options,
         )  # fmt: skip
         assert result.returncode == 0, result.stderr
         with (out / "metrics.csv").open(newline="") as handle:
@@ -216,4 +222,34 @@ def test_train_figures_of_a_split_folder_and_of_parquet_of_it_are_the_same(tmp_p
         figures.append(
             [{k: v for k, v in r.items() if "time" not in k and "_s" not in k} for r in rows]
         )
+    return figures
+
+
+def test_train_figures_of_a_split_folder_and_of_parquet_of_it_are_the_same(tmp_path):
+    pytest.importorskip("pyarrow")
+    datas = _split_folder_and_parquet(tmp_path, "plain")
+    figures = _train_figures(tmp_path, datas)
     assert figures[0] == figures[1]
+
+
+def test_decode_device_takes_the_jpegs_of_parquet_as_it_takes_jpeg_files(tmp_path):
+    """`--decode device` decoded JPEG files on the device and the same JPEGs in parquet rows
+    (`FILE/ROW`, no `.jpg` name) in the workers, and `--decode auto` on CUDA took `fast` for
+    parquet of JPEGs: other pixels, other figures (here on the CPU, where the device path
+    decodes with torchvision)."""
+    pytest.importorskip("pyarrow")
+    from torchkit.core.data.device_decode import resolve_decode
+    from torchkit.core.data.sources import open_data
+
+    folder, parquet = _split_folder_and_parquet(tmp_path, "jpeg")
+    figures = _train_figures(tmp_path, (folder, parquet), "--decode", "device")
+    assert figures[0] == figures[1]
+    for data, device in (
+        (parquet, "device"),
+        (_split_folder_and_parquet(tmp_path / "p", "plain")[1], "fast"),
+    ):
+        paths = list(open_data(str(data)).splits["train"].paths)
+        chosen = resolve_decode(
+            "auto", device_type="cuda", paths=paths, augment="basic", random_erasing=0.0
+        )
+        assert chosen == (device, None)

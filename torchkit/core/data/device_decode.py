@@ -55,6 +55,7 @@ from torchkit.core.data.batches import Batch, collate_skipping_unreadable
 from torchkit.core.data.crop_resize import resize_crops
 from torchkit.core.data.decode import JPEG_SUFFIXES, pil_resample
 from torchkit.core.data.eval_crop import resized_size
+from torchkit.core.data.stored_image import is_stored
 from torchkit.core.io.errors import UsageError
 
 log = logging.getLogger("torchkit")
@@ -64,6 +65,8 @@ JPEG_END = b"\xff\xd9"  # EOI
 # PIL modes of JPEGs decode_jpeg(mode=RGB) turns into PIL's RGB pixels (CMYK it converts
 # differently: those take PIL's path).
 DEVICE_MODES = ("RGB", "L")
+# The unnamed stored images (parquet rows) whose bytes `--decode auto` looks at to judge them.
+SNIFFED_UNNAMED = 16
 # torchvision 0.29 deprecates its decoders in favour of TorchCodec, with a warning each call.
 _DEPRECATION = r"The image decoding and encoding capabilities of TorchVision are deprecated"
 
@@ -103,12 +106,38 @@ def resolve_decode(
     if device_type != "cuda" or not paths:
         return "fast", None
     jpegs = sum(1 for path in paths if str(path).lower().endswith(JPEG_SUFFIXES))
+    unnamed = [path for path in paths if _unnamed(path)]
+    if unnamed:  # parquet rows: judged by the bytes of the first few, read from their cache
+        sniffed = unnamed[:SNIFFED_UNNAMED]
+        share = sum(_starts_as_jpeg(path) for path in sniffed) / len(sniffed)
+        jpegs += round(share * len(unnamed))
     if 2 * jpegs < len(paths):
         return "fast", None
     why = device_decode_refusal(augment, random_erasing)
     if why is not None:
         return "fast", f"training JPEGs are decoded in the loader workers (--decode fast): {why}"
     return "device", None
+
+
+def _unnamed(path: Any) -> bool:
+    """Whether `path` is a stored image whose name says nothing of its format (a parquet row,
+    `FILE/ROW`): its bytes alone tell a JPEG, as they do for every image the device path
+    takes (`device_jpeg`)."""
+    return is_stored(path) and "." not in os.path.basename(os.fspath(path))
+
+
+def may_be_device_jpeg(path: Any) -> bool:
+    """Whether the device path reads `path`'s bytes to see if it takes it: an image named as a
+    JPEG (a file, a .tar member, a shard sample) or one named no way at all (a parquet row),
+    so that the same JPEGs decode alike from every kind of data."""
+    return os.fspath(path).lower().endswith(JPEG_SUFFIXES) or _unnamed(path)
+
+
+def _starts_as_jpeg(path: Any) -> bool:
+    try:
+        return path.read_bytes().startswith(JPEG_START)
+    except Exception:  # an unreadable row: the loaders say so when they read it
+        return False
 
 
 @dataclass
@@ -156,7 +185,7 @@ class DeviceDecodeTransform:
         import torch
 
         name = os.fspath(path)
-        if mode != "RGB" or not name.lower().endswith(JPEG_SUFFIXES):
+        if mode != "RGB" or not may_be_device_jpeg(path):
             return self.fallback.pixels_from_file(path, mode)
         if self.cpu_share > 0 and decoded_on_cpu(name, self.cpu_share):
             return self.fallback.pixels_from_file(path, mode)  # the same draws, in the worker
@@ -252,7 +281,7 @@ class DeviceEvalTransform:
         name = os.fspath(path)
         # A checkpoint's preprocessing may name a filter only PIL has (lanczos): PIL's path.
         supported = self.interpolation in INTERPOLATE_MODES
-        if supported and mode == "RGB" and name.lower().endswith(JPEG_SUFFIXES):
+        if supported and mode == "RGB" and may_be_device_jpeg(path):
             found = device_jpeg(name)
             if found is not None:
                 data, width, height = found
