@@ -953,6 +953,75 @@ def test_identical_files_in_two_classes_are_warned_of_listed_and_kept(runner, tm
     assert "cat/cat_1.png = dog/also_cat.png (cat, dog)" in " ".join(stats.stderr.split())
 
 
+def test_a_label_conflict_across_many_classes_is_named_by_its_first_classes(runner, tmp_path):
+    """A placeholder image filed under every class (a scraper's "no image" picture in 1,000
+    classes) is one group: its warning names the first three classes and counts the rest,
+    where it listed every class in one line; the JSON lists them all."""
+    classes = [f"class_{i}" for i in range(6)]
+    raw = write_image_folder(tmp_path / "raw", dict.fromkeys(classes, 5))
+    placeholder = encoded(Image.new("RGB", (8, 8)), "PNG")
+    for name in classes:
+        (raw / name / "placeholder.png").write_bytes(placeholder)
+    said = (
+        "1 group(s) of byte-identical files are filed under more than one class (a label "
+        "conflict): class_0/placeholder.png = class_1/placeholder.png and 4 more (class_0, "
+        "class_1, class_2 and 3 more classes)"
+    )
+    out = tmp_path / "out"
+    result = runner.invoke(
+        app, ["split", str(raw), str(out), "--mode", "manifest", "--format", "json"]
+    )
+    assert result.exit_code == 0, result.stderr
+    assert f"Warning: {said}; each group is kept" in " ".join(result.stderr.split())
+    (conflict,) = json.loads(result.stdout)["label_conflicts"]
+    assert conflict["classes"] == classes and len(conflict["paths"]) == 6
+    stats = runner.invoke(app, ["dataset-stats", str(raw), "-j", "0", "--format", "json"])
+    assert stats.exit_code == 0, stats.stderr
+    assert f"Warning: {said} (listed under" in " ".join(stats.stderr.split())
+
+
+def test_an_unlabelled_copy_of_a_labelled_image_is_no_label_conflict(tmp_path, caplog):
+    """Shards whose test split has no labels: its image with a train image's bytes is a copy,
+    no label conflict (dataset-stats warned of one, "(, cat)"); a group with labelled copies
+    in two classes is one, its unlabelled copy not named among the classes ("(, cat, dog)")."""
+    import tarfile
+
+    def image(colour: tuple[int, int, int]) -> bytes:
+        return encoded(Image.new("RGB", (4, 4), colour), "PNG")
+
+    def shards(folder: Path, labels: dict[str, list[tuple[str, bytes]]]) -> Path:
+        folder.mkdir()
+        for split, samples in labels.items():
+            with tarfile.open(folder / f"{split}-000000.tar", "w") as tar:
+                for number, (label, data) in enumerate(samples):
+                    for extension, member in (
+                        ("png", data),
+                        ("json", b'{"label": %s}' % label.encode()),
+                    ):
+                        info = tarfile.TarInfo(f"{split}{number}.{extension}")
+                        info.size = len(member)
+                        tar.addfile(info, io.BytesIO(member))
+        return folder
+
+    a, b, c = image((1, 2, 3)), image((4, 5, 6)), image((7, 8, 9))
+    copy = shards(
+        tmp_path / "copy",
+        {"train": [('"cat"', a), ('"dog"', b), ('"cat"', c)], "test": [("null", a)]},
+    )
+    conflict = shards(
+        tmp_path / "conflict",
+        {"train": [('"cat"', a), ('"dog"', a), ('"dog"', b), ('"cat"', c)], "test": [("null", a)]},
+    )
+    with caplog.at_level(logging.WARNING, logger="torchkit"):
+        copied = compute_dataset_stats(copy, split="all", workers=0, leakage=False)
+    assert len(copied.duplicates) == 1 and copied.to_dict()["duplicate_label_conflicts"] == 0
+    assert "label conflict" not in caplog.text
+    with caplog.at_level(logging.WARNING, logger="torchkit"):
+        conflicted = compute_dataset_stats(conflict, split="all", workers=0, leakage=False)
+    assert conflicted.to_dict()["duplicate_label_conflicts"] == 1
+    assert "train1.png and 1 more (cat, dog) (listed under duplicates" in caplog.text
+
+
 def test_empty_files_are_no_group_of_byte_identical_files(runner, tmp_path):
     """Empty files (an interrupted download leaves many) are no images and no copies of one:
     as one group of byte-identical files they went to one split whole, whatever their classes,

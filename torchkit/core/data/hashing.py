@@ -119,11 +119,15 @@ def content_groups(paths: Sequence[str | os.PathLike]) -> list[list[int]]:
 def label_conflicts_said(groups: Sequence[tuple[Sequence[str], Sequence[str]]]) -> str:
     """How split and dataset-stats name the groups of byte-identical files filed under more
     than one class (the same image labelled twice, common in scraped data): `groups`, each
-    (its paths, its classes), the first three shown by their first two paths and classes."""
+    (its paths, its classes), the first three shown by their first two paths and first three
+    classes, so that the line stays one line (a placeholder image in 1,000 classes). An
+    unlabelled copy ("") is no class: not named."""
 
     def group(paths: Sequence[str], classes: Sequence[str]) -> str:
         more = f" and {len(paths) - 2} more" if len(paths) > 2 else ""
-        return f"{' = '.join(paths[:2])}{more} ({', '.join(classes)})"
+        named = [name for name in classes if name]
+        others = f" and {len(named) - 3} more classes" if len(named) > 3 else ""
+        return f"{' = '.join(paths[:2])}{more} ({', '.join(named[:3])}{others})"
 
     shown = "; ".join(group(paths, classes) for paths, classes in groups[:3])
     more = f"; and {len(groups) - 3} more group(s)" if len(groups) > 3 else ""
