@@ -13,9 +13,14 @@ Each dictionary-encoded page holds the dictionary index of each of its values (a
 value, run-length encoded): how often each dictionary value is read. Where every value is read
 equally often (each once: HF's distinct images), the chunk holds that many copies of the
 dictionary; else the dictionary page is read for its values' sizes (up to `_LARGEST_DICTIONARY`
-of it; past that, each value counted as often as the most repeated one, which is never less).
-Counted at the dictionary's mean value size instead, row groups of 900 rows of one 50 kB image
-and 100 rows of 9 small ones counted 0.14 of the bytes read, and the other way round 7.4 times.
+of it). Counted at the dictionary's mean value size instead, row groups of 900 rows of one 50 kB
+image and 100 rows of 9 small ones counted 0.14 of the bytes read, and the other way round 7.4
+times. A larger dictionary (large distinct images: pyarrow checks its 1 MiB limit only after
+each 1,024 rows) is counted at its mean value size still: as read where a few images repeat
+(duplicates among distinct photos), where the bound each value counted as often as the most
+repeated one counted one duplicate twice the bytes read (a row group warned of as past the
+reader's cache, windows planned at half); only an image of unusual size repeated in most rows
+of such a dictionary is counted far off, as before indices were read.
 """
 
 from __future__ import annotations
@@ -227,7 +232,8 @@ class _Indices:
     ) -> int:
         """The bytes the counted values hold read: each a dictionary value and its 4-byte
         offset, the dictionary's values' sizes read from its page (at `at`, `stored` bytes
-        long, `size` read) where they are not all read equally often."""
+        long, `size` read) where they are not all read equally often and it is small enough
+        to read, else each at their mean size."""
         import numpy as np
 
         counts = self.counts
@@ -241,8 +247,8 @@ class _Indices:
                 sizes = _plain_sizes(self._decompressed(pages.get(at, stored), size), distinct)
             except (ValueError, IndexError, ArithmeticError, _arrow_errors()):
                 sizes = None
-        if sizes is None:  # never less than read: each as often as the most read one
-            return int(counts.max()) * size
+        if sizes is None:
+            return round(int(counts.sum()) * size / distinct)
         return int(np.dot(counts, sizes + 4))
 
 
