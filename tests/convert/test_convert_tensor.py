@@ -575,6 +575,37 @@ def test_bad_single_files(tmp_path):
     assert not (tmp_path / "x.npy").exists() and not (tmp_path / "x.png").exists()
 
 
+def test_a_file_the_file_system_will_not_read_is_hinted_so(tmp_path, monkeypatch):
+    """An image without read permission (chmod 000) or a FIFO named .png: the error says why
+    and what to do (was no hint at all, and before that 'the file is truncated, corrupt or not
+    an image', which it is not)."""
+    Image.new("RGB", (4, 4)).save(tmp_path / "locked.png")
+    real_open = os.open
+
+    def refusing(path, flags, *args, **kwargs):  # as the kernel answers for a chmod 000 file
+        if os.fspath(path).endswith("locked.png"):
+            raise PermissionError(13, "Permission denied", path)
+        return real_open(path, flags, *args, **kwargs)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "open", refusing)
+        result = convert(tmp_path / "locked.png", tmp_path / "locked.npy")
+    assert result.exit_code == 1
+    assert error_line(result.stderr, besides="nothing") == (
+        f"Error: cannot read image {tmp_path / 'locked.png'}: permission denied (make it "
+        "readable, or give another file)"
+    )
+    if hasattr(os, "mkfifo"):
+        os.mkfifo(tmp_path / "pipe.png")
+        result = convert(tmp_path / "pipe.png", tmp_path / "pipe.npy")
+        assert result.exit_code == 1
+        assert error_line(result.stderr, besides="nothing") == (
+            f"Error: cannot read image {tmp_path / 'pipe.png'}: not a regular file (a FIFO) "
+            "(give an image file)"
+        )
+    assert not (tmp_path / "locked.npy").exists() and not (tmp_path / "pipe.npy").exists()
+
+
 def test_a_32_bit_tiff_past_16_bits_is_named_an_unsupported_range_not_a_corrupt_file(tmp_path):
     """Before: a readable mode-I TIFF with samples past 65535 was hinted 'the file is truncated,
     corrupt or not an image'."""

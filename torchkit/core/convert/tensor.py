@@ -161,10 +161,13 @@ def _unreadable_image(source: Path, error: BaseException) -> UnreadableImage:
     decoded = not isinstance(error, OSError) or (
         error.errno is None and not isinstance(error, NotARegularFile)
     )
-    unreadable = UnreadableImage(
-        f"cannot read image {source}: {reason}",
-        "the file is truncated, corrupt or not an image" if decoded else None,
-    )
+    if decoded:
+        hint = "the file is truncated, corrupt or not an image"
+    elif isinstance(error, NotARegularFile):  # a FIFO, a folder, a link to nothing
+        hint = "give an image file"
+    else:  # no read permission, an I/O error: the file system's answer
+        hint = "make it readable, or give another file"
+    unreadable = UnreadableImage(f"cannot read image {source}: {reason}", hint)
     unreadable.reason = reason
     return unreadable
 
