@@ -178,7 +178,7 @@ class _Indices:
             return
         try:
             self._add(pages, at, kind, header, page)
-        except (ValueError, IndexError, ArithmeticError, _arrow_errors()):
+        except (OSError, ValueError, IndexError, ArithmeticError, _arrow_errors()):
             self.counts = None
 
     def _add(self, pages: _ChunkBytes, at: int, kind: int, header: dict, page: dict) -> None:
@@ -245,7 +245,7 @@ class _Indices:
         if stored <= _LARGEST_DICTIONARY and size <= _LARGEST_DICTIONARY:
             try:
                 sizes = _plain_sizes(self._decompressed(pages.get(at, stored), size), distinct)
-            except (ValueError, IndexError, ArithmeticError, _arrow_errors()):
+            except (OSError, ValueError, IndexError, ArithmeticError, _arrow_errors()):
                 sizes = None
         if sizes is None:
             return round(int(counts.sum()) * size / distinct)
@@ -253,6 +253,7 @@ class _Indices:
 
 
 def _arrow_errors() -> type[Exception]:
+    # (pyarrow's gzip, zstd, brotli and LZ4 raise OSError for bytes that do not decompress)
     import pyarrow as pa
 
     return pa.ArrowException
