@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import tarfile
 
+import numpy as np
 import pytest
 import torch
 from output_checks import error_line
@@ -79,3 +81,25 @@ def test_a_class_of_a_csv_index_with_val_images_only_is_refused_with_a_hint_with
         "images from the other splits)"
     )
     assert not (tmp_path / "run").exists()
+
+
+def test_balanced_class_weights_weigh_a_kept_class_without_images_as_a_class_of_average_size(
+    tmp_path,
+):
+    """`--class-weights balanced` with a kept class of no image: scikit-learn's rule over the
+    classes with training images, the kept one weighs 1 (it stopped the run with '--class-weights
+    balanced: a class has no training images', naming none)."""
+    from sklearn.utils.class_weight import compute_class_weight
+
+    data = tmp_path / "ds"
+    train = [0, 1, 1, 0, 1, 1, 0, 1]
+    write_parquet(data / "data" / "train-00000-of-00001.parquet", [png(i) for i in range(8)], train)
+    write_parquet(data / "data" / "validation-00000-of-00001.parquet", [png(50), png(51)], [0, 1])
+    run = tmp_path / "run"
+    result = run_torchkit_in_process(
+        "train", "--data", data, *TINY, "--class-weights", "balanced", "--out", run
+    )
+    assert result.returncode == 0, result.stderr
+    expected = compute_class_weight("balanced", classes=np.array([0, 1]), y=np.array(train))
+    recorded = json.loads((run / "config.json").read_text())["class_weights"]
+    assert recorded == pytest.approx([*expected, 1.0])

@@ -32,10 +32,12 @@ def class_weights_inputs(spec: str | None) -> list[InputPath]:
 
 
 def balanced_weights(counts: Sequence[int]) -> list[float]:
-    total, classes = sum(counts), len(counts)
-    if any(count == 0 for count in counts):
-        raise UsageError("--class-weights balanced: a class has no training images")
-    return [total / (classes * count) for count in counts]
+    """n / (k * n_c) for each class of `counts`, k counting the classes with training images
+    (scikit-learn's rule over the labels there are). A class without any, which train keeps
+    where the data's class names list it, weighs 1, a class of average size's weight: no
+    image's loss is weighed by it, only label smoothing's share of it."""
+    total, classes = sum(counts), sum(1 for count in counts if count)
+    return [total / (classes * count) if count else 1.0 for count in counts]
 
 
 def class_weights(spec: str, classes: Sequence[str], counts: Sequence[int]) -> list[float] | None:
