@@ -980,6 +980,29 @@ def test_a_label_conflict_across_many_classes_is_named_by_its_first_classes(runn
     assert f"Warning: {said} (listed under" in " ".join(stats.stderr.split())
 
 
+def test_copies_of_a_file_that_is_no_image_are_no_label_conflict(runner, tmp_path):
+    """A scraper's saved error page (HTML named .jpg) in two classes: split called the copies
+    "the same image labelled twice" (a label conflict) where dataset-stats, as every command
+    that reads images, skips them as unreadable; they are still one group kept in one split."""
+    raw = write_image_folder(tmp_path / "raw", {"cat": 10, "dog": 10})
+    page = b"<html><body>404 Not Found</body></html>\n"
+    (raw / "cat" / "img_17.jpg").write_bytes(page)
+    (raw / "dog" / "img_903.jpg").write_bytes(page)
+    out = tmp_path / "out"
+    result = runner.invoke(
+        app, ["split", str(raw), str(out), "--mode", "manifest", "--format", "json"]
+    )
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["dedup_groups"] == 1 and data["label_conflicts"] == []
+    assert "label conflict" not in result.stderr
+    splits = splits_by_name(out)
+    assert splits["img_17.jpg"] == splits["img_903.jpg"]
+    stats = runner.invoke(app, ["dataset-stats", str(raw), "-j", "0", "--format", "json"])
+    assert stats.exit_code == 0, stats.stderr
+    assert json.loads(stats.stdout)["duplicate_label_conflicts"] == 0
+
+
 def test_an_unlabelled_copy_of_a_labelled_image_is_no_label_conflict(tmp_path, caplog):
     """Shards whose test split has no labels: its image with a train image's bytes is a copy,
     no label conflict (dataset-stats warned of one, "(, cat)"); a group with labelled copies

@@ -73,16 +73,22 @@ def label_conflicts(
     names: Sequence[str],
     split_of: Sequence[int],
     paths: Sequence[str],
+    sources: Sequence[str],
 ) -> list[dict]:
     """The groups of byte-identical files (`identical`) filed under more than one class: the
     same image labelled twice, common in scraped data. Each {"paths": the files (`paths`, as
     the data names them), "classes": their classes (in class order), "split": the one split
     the group went to whole}. Every file keeps its own class; only the group's place in the
-    stratified split follows the class most of its files have."""
+    stratified split follows the class most of its files have. Copies of bytes that are no
+    image PIL can open (a scraper's saved "404 Not Found" page, `sources` the files read) are
+    no image labelled twice, and every command skips them as unreadable: one header is read
+    for each group across classes, none for the others."""
     conflicts = []
     for members in identical:
         found = sorted({labels[i] for i in members})
-        if len([label for label in found if classes[label]]) > 1:  # "": unlabelled, no class
+        if len([label for label in found if classes[label]]) < 2:  # "": unlabelled, no class
+            continue
+        if _opens_as_image(sources[members[0]]):
             conflicts.append(
                 {
                     "paths": [paths[i] for i in members],

@@ -238,7 +238,7 @@ def _plan_and_write(
     units, n_groups, identical = _grouping(samples, sources, keys, options)
     parts, filled, split_of, counts = _assign_splits(samples, keys, units, options)
     conflicts = label_conflicts(
-        identical, samples.labels, samples.classes, names, split_of, samples.ids or sources
+        identical, samples.labels, samples.classes, names, split_of, samples.ids or sources, sources
     )
     warn_label_conflicts(conflicts)
     plan, extra = _file_plan(samples, sources, keys, split_of, counts, is_csv, out, options)
