@@ -214,6 +214,39 @@ def test_a_grayscale_input_to_an_rgb_model_says_which_channels_it_takes(runner):
     assert error_line(result.stderr).endswith("(check --input-size (and --dtype))")
 
 
+def signal_model() -> nn.Module:
+    return nn.Sequential(nn.Conv1d(3, 4, 3))
+
+
+def video_model() -> nn.Module:
+    return nn.Sequential(nn.Conv3d(3, 4, 3))
+
+
+@pytest.mark.parametrize(
+    ("model", "given", "hint", "runs"),
+    [
+        ("signal_model", "2,100", "the model takes 3-channel inputs: give C,L as 3,100", "3,100"),
+        (
+            "video_model",
+            "2,8,16,16",
+            "the model takes 3-channel inputs: give C,D,H,W as 3,8,16,16",
+            "3,8,16,16",
+        ),
+    ],
+)
+def test_the_wrong_channels_of_a_1d_or_3d_convolution_keep_its_other_dimensions(
+    runner, model, given, hint, runs
+):
+    """Before: a Conv1d's input (1, 2, 100) was told 'give C,H,W as 3,2,100' (a 2-D sample, which
+    a Conv1d then refuses), a Conv3d's (1, 2, 8, 16, 16) 'give C,H,W as 3,16,16' (its depth
+    dropped). The shape the hint gives runs."""
+    result = runner.invoke(app, ["summary", f"{HERE}:{model}", "-i", given])
+    assert result.exit_code == 2
+    assert error_line(result.stderr).endswith(f"({hint})")
+    taken = runner.invoke(app, ["summary", f"{HERE}:{model}", "-i", runs, "--format", "json"])
+    assert taken.exit_code == 0, taken.stderr
+
+
 def test_an_empty_shape_for_an_image_model_is_named_in_the_error(runner):
     """Before: the error line ended in `not ` with nothing after it."""
     result = runner.invoke(app, ["summary", "convnet", "-i", "()"])

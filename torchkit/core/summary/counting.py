@@ -844,12 +844,15 @@ def _run_failure(name: str, specs: Sequence[InputSpec], error: Exception) -> Usa
 # type (float) should be the same", "\"slow_conv2d_cpu\" not implemented for 'Bool'", "expected
 # scalar type Float but found Long", "mat1 and mat2 must have the same dtype".
 _DTYPE_MISMATCH = re.compile(r"type|not implemented for '|dtype", re.IGNORECASE)
+# "Given groups=1, weight of size [64, 3, 7, 7], expected input[1, 1, 64, 48] to have 3
+# channels, but got 1 channels instead": a grayscale input to a model of RGB images (torch 2.4
+# to 2.15 word it so, for Conv1d, Conv2d and Conv3d alike).
+_CHANNELS = re.compile(r"expected input(\[[\d, ]+\]) to have (\d+) channels, but got")
+# The dimensions of one sample of a convolution's input, as torch's documentation names them.
+_SAMPLE_DIMENSIONS = {3: "C,L", 4: "C,H,W", 5: "C,D,H,W"}
 # How torch words floating-point indices: "Expected tensor for argument #1 'indices' to have one
 # of the following scalar types: Long, Int; but got torch.FloatTensor instead (while checking
 # arguments for embedding)", "index_select(): Expected dtype int32 or int64 for index".
-# "Given groups=1, weight of size [64, 3, 7, 7], expected input[1, 1, 64, 48] to have 3
-# channels, but got 1 channels instead": a grayscale input to a model of RGB images.
-_CHANNELS = re.compile(r"expected input(\[[\d, ]+\]) to have (\d+) channels, but got")
 _FLOAT_INDICES = re.compile(r"'indices' to have|dtype int32(?:/| or )int64 for index")
 
 
@@ -866,10 +869,13 @@ def _run_failure_hint(error: Exception, specs: Sequence[InputSpec] = ()) -> str:
         )
     channels = _CHANNELS.search(str(error))
     if channels and len(specs) == 1 and channels.group(1) == str(list(specs[0].shape)):
-        # the model's own input (not a layer deeper in, fed the wrong channels by the model)
-        *_, height, width = specs[0].shape
-        wanted = channels.group(2)
-        return f"the model takes {wanted}-channel images: give C,H,W as {wanted},{height},{width}"
+        # the model's own input (not a layer deeper in, fed the wrong channels by the model);
+        # a Conv1d's (N, C, L) or a Conv3d's (N, C, D, H, W) keeps its other dimensions
+        shape, wanted = specs[0].shape, channels.group(2)
+        sample = ",".join([wanted, *map(str, shape[2:])])
+        what = "images" if len(shape) == 4 else "inputs"
+        named = _SAMPLE_DIMENSIONS.get(len(shape), "its shape")
+        return f"the model takes {wanted}-channel {what}: give {named} as {sample}"
     integer = [s for s in specs if s.dtype is not None and not s.dtype.is_floating_point]
     if len(integer) < len(specs) and _FLOAT_INDICES.search(str(error)):
         return (
