@@ -1019,6 +1019,27 @@ def test_a_probe_walks_a_files_tags_or_pages_once(tmp_path, monkeypatch, contain
     assert info.frames_decoded is None and probe_video(path, exact=True).frames_decoded == 50
 
 
+def test_a_probe_walks_an_ogg_file_once_however_its_path_is_spelled(tmp_path, monkeypatch):
+    """A path given as `find .` prints it (`./clip.ogv`) was walked twice under --exact: the
+    check for repeated frames asked with the path as given, the damage check with its
+    `Path` (`clip.ogv`), two names for one walk."""
+    made = ffmpeg_made(
+        tmp_path / "clip.ogv",
+        *moving_picture(2),
+        *("-f", "lavfi", "-i", "sine=duration=2.4", "-c:v", "libtheora", "-c:a", "flac"),
+        encoders=("libtheora", "flac"),
+        muxer="ogg",
+    )
+    monkeypatch.chdir(made.parent)
+    walks, mapped = [], streams._mapped
+    monkeypatch.setattr(streams, "_mapped", lambda handle: walks.append(1) or mapped(handle))
+    for spelled in (f"./{made.name}", f"{made.parent}//{made.name}"):
+        walks.clear()
+        info = probe_video(spelled, exact=True)
+        assert (info.status, info.frames_decoded, info.path) == ("ok", 50, spelled)
+        assert len(walks) == 1, spelled
+
+
 def test_a_video_only_flv_whose_first_frame_shows_later_and_records_a_stale_size_is_ok(
     tmp_path,
 ):

@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
+from pathlib import Path
 from typing import ParamSpec, TypeVar
 
 
@@ -89,7 +90,9 @@ def walked_once(walk: Callable[_Params, _Walked]) -> Callable[_Params, _Walked]:
         if walks is None:
             return walk(*args, **kwargs)
         path, *rest = args
-        key = (walk, os.fspath(path), *rest, *sorted(kwargs.items()))
+        # the path as `Path` spells it: a probe passes both the path given (`./clip.ogv`, as
+        # `find .` prints it) and its `Path` (`clip.ogv`), which name the same file
+        key = (walk, os.fspath(Path(path)), *rest, *sorted(kwargs.items()))
         if key not in walks:
             walks[key] = walk(*args, **kwargs)
         return walks[key]
