@@ -253,3 +253,22 @@ def test_decode_device_takes_the_jpegs_of_parquet_as_it_takes_jpeg_files(tmp_pat
             "auto", device_type="cuda", paths=paths, augment="basic", random_erasing=0.0
         )
         assert chosen == (device, None)
+
+
+def test_decode_auto_judging_parquet_by_its_bytes_leaves_no_row_group_held(tmp_path):
+    """`--decode auto` on CUDA reads the first rows of parquet to judge them: through the run's
+    reader, which kept the row groups read (a whole image column: 77 MB for 1,000 images of 77
+    kB) in the main process for the whole run, where loader workers read the images."""
+    pa = pytest.importorskip("pyarrow")
+    from torchkit.core.data.device_decode import resolve_decode
+    from torchkit.core.data.sources import open_data
+
+    parquet = _split_folder_and_parquet(tmp_path, "jpeg")[1]
+    paths = list(open_data(str(parquet)).splits["train"].paths)
+    before = pa.total_allocated_bytes()
+    chosen = resolve_decode(
+        "auto", device_type="cuda", paths=paths, augment="basic", random_erasing=0.0
+    )
+    assert chosen == ("device", None)
+    assert pa.total_allocated_bytes() == before
+    assert paths[0].read_bytes()[:2] == b"\xff\xd8"  # the run's reader still reads

@@ -158,6 +158,13 @@ class ParquetImages:
         window = CACHE_BYTES // largest if largest > 0 else 1
         return Blocks(ids, max(1, window), sizes=sizes, capacity=CACHE_BYTES)
 
+    def close(self) -> None:
+        """Close the files this process opened and drop the row groups it cached (a later
+        read opens and reads again)."""
+        for source, _ in self._opened.values():
+            source.close()
+        self.__init__(self.files, self.columns, self.group_bytes, self.stamps)
+
     def read(self, locator: tuple[int, int, int]) -> bytes:
         file, group, row = locator
         with _reading:
