@@ -2504,6 +2504,39 @@ def test_a_raw_mpeg_stream_s_rate_is_its_sequence_header_s(tmp_path, encoder):
             assert Fraction(probed.stdout.strip().strip(",")) == rate, path
 
 
+@pytest.mark.parametrize("rate", [15, 50])
+def test_a_raw_mpeg1_stream_s_count_is_its_estimated_duration_at_its_own_rate(tmp_path, rate):
+    """A raw MPEG-1 stream records no frame count: OpenCV counts the duration FFmpeg
+    estimates from the bit rate its sequence header records, at FFmpeg's 25 fps. At the
+    stream's own rate beside it, a whole 15 fps clip of 30 frames read `truncated: 30 of
+    the 44 frames its header declares decode` (exit 1), a 50 fps clip of 100 frames 44
+    frames over 0.88 s. The count is that duration at the stream's own rate; a stream of
+    a variable rate (the bit rate field's largest, 0x3FFFF: 0.7 ms) gives none, where it
+    read 0 frames."""
+    constant = ("-b:v", "300k", "-minrate", "300k", "-maxrate", "300k", "-bufsize", "300k")
+    made = {}
+    for kind, options in (("cbr", constant), ("vbr", ())):
+        made[kind] = ffmpeg_made(
+            tmp_path / f"{kind}.m1v",
+            *moving_picture(2, rate=rate),
+            *("-c:v", "mpeg1video", *options, "-strict", "unofficial", "-f", "mpeg1video"),
+            encoders=("mpeg1video",),
+        )
+    header = made["cbr"].read_bytes()[:12]
+    bits = (header[8] << 10 | header[9] << 2 | header[10] >> 6) * 400  # its bit rate field
+    estimate_s = made["cbr"].stat().st_size * 8 / bits  # FFmpeg's duration, as ffprobe's
+    for options in ({}, {"decode_check": False}):
+        info = probe_video(made["cbr"], **options)
+        assert (info.status, info.fps) == ("ok", rate), options
+        assert info.frames_header == pytest.approx(estimate_s * rate, abs=1)
+        assert info.duration_s == pytest.approx(estimate_s, abs=1 / rate)
+        info = probe_video(made["vbr"], **options)
+        assert (info.status, info.fps, info.frames, info.duration_s) == ("ok", rate, None, None)
+    for path in made.values():
+        exact = probe_video(path, exact=True)
+        assert (exact.status, exact.frames, exact.duration_s) == ("ok", 2 * rate, 2.0)
+
+
 def test_an_av1_video_opencv_cannot_decode_says_so(tmp_path):
     """An OpenCV build whose FFmpeg has neither libdav1d nor libaom decodes AV1 only with a
     hardware decoder: a whole AV1 MP4 read `no frame decodes (truncated or corrupt)`. The

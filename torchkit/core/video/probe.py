@@ -733,10 +733,9 @@ def _read_header_fields(
     info.height = _positive_int(capture.get(cv2.CAP_PROP_FRAME_HEIGHT))
     fps = capture.get(cv2.CAP_PROP_FPS)
     info.fps = float(fps) if fps and math.isfinite(fps) and fps > 0 else None
-    if sniffed == "mpeg-video":  # FFmpeg's raw reader gives 25 fps: the stream's own rate
-        rate = raw_mpeg_frame_rate(path)
-        info.fps = float(rate) if rate else info.fps
     declared_frames = capture.get(cv2.CAP_PROP_FRAME_COUNT)
+    if sniffed == "mpeg-video":  # FFmpeg's raw reader gives 25 fps: the stream's own rate
+        declared_frames = _raw_mpeg_timing(path, info, declared_frames)
     if sniffed == "dv":
         declared_frames = _raw_dv_timing(cv2, path, decoder_threads, info, declared_frames)
     # FFmpeg counts a fragmented MP4's moov samples alone (those of its first fragment, as
@@ -900,6 +899,23 @@ def _raw_dv_timing(
     duration = declared_frames / info.fps
     info.fps = rate
     return float(round(duration * rate))
+
+
+def _raw_mpeg_timing(path: Path, info: VideoInfo, declared_frames: float) -> float:
+    """A raw MPEG-1/2 video stream's rate (into `info.fps`: its sequence header's,
+    `raw_mpeg_frame_rate`) and frame count. FFmpeg's raw reader gives 25 fps for any, and
+    OpenCV counts the duration FFmpeg estimates from the bit rate the header records at those
+    25 fps (an MPEG-1 clip of 60 frames at 15 fps: 94, `truncated`; of 200 at 50 fps: 94,
+    1.88 s): the count is that duration at the stream's own rate. A stream of a variable
+    rate records no bit rate to estimate from (MPEG-1's largest, 0x3FFFF, gives 0.7 ms):
+    its count under a frame is none, as an MPEG-2 stream's, not 0 frames."""
+    rate = raw_mpeg_frame_rate(path)
+    if rate is None or info.fps is None:
+        return declared_frames
+    if declared_frames > 0:
+        declared_frames = float(round(declared_frames / info.fps * rate))
+    info.fps = float(rate)
+    return declared_frames if declared_frames >= 1 else -1.0
 
 
 def _take_decoded_count(info: VideoInfo, decoded: int, end_s: float | None) -> None:
