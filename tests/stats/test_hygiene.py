@@ -1003,6 +1003,39 @@ def test_copies_of_a_file_that_is_no_image_are_no_label_conflict(runner, tmp_pat
     assert json.loads(stats.stdout)["duplicate_label_conflicts"] == 0
 
 
+def test_a_label_conflict_of_a_large_image_prints_no_raw_pil_warning(
+    runner, tmp_path, monkeypatch, recwarn
+):
+    """The header read that tells an image from other bytes is every reader's: a 10,000 x
+    10,000 px PNG in two classes is a label conflict, without PIL's raw
+    'DecompressionBombWarning: Image size (100000000 pixels) exceeds limit ...' lines."""
+    import struct
+    import zlib
+
+    from torchkit.core.data import image_files
+
+    monkeypatch.setattr(image_files, "_pil_warnings_quiet", False)  # as in a new process
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = zlib.crc32(kind + data) & 0xFFFFFFFF
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
+
+    header = chunk(b"IHDR", struct.pack(">IIBBBBB", 10_000, 10_000, 8, 0, 0, 0, 0))
+    large = b"\x89PNG\r\n\x1a\n" + header + chunk(b"IDAT", zlib.compress(b"\0" * 100))
+    raw = write_image_folder(tmp_path / "raw", {"cat": 10, "dog": 10})
+    (raw / "cat" / "large.png").write_bytes(large + chunk(b"IEND", b""))
+    (raw / "dog" / "large.png").write_bytes(large + chunk(b"IEND", b""))
+    out = tmp_path / "out"
+    result = runner.invoke(
+        app, ["split", str(raw), str(out), "--mode", "manifest", "--format", "json"]
+    )
+    assert result.exit_code == 0, result.stderr
+    (conflict,) = json.loads(result.stdout)["label_conflicts"]
+    assert conflict["paths"] == ["cat/large.png", "dog/large.png"]
+    assert not [w for w in recwarn if "DecompressionBomb" in type(w.message).__name__]
+    assert "DecompressionBomb" not in result.stderr
+
+
 def test_an_unlabelled_copy_of_a_labelled_image_is_no_label_conflict(tmp_path, caplog):
     """Shards whose test split has no labels: its image with a train image's bytes is a copy,
     no label conflict (dataset-stats warned of one, "(, cat)"); a group with labelled copies

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchkit.core.data.hashing import content_groups
+from torchkit.core.data.image_files import opened_image
 from torchkit.core.data.sources.discovery import (
     class_folder_problem,
     is_image_file,
@@ -277,11 +278,11 @@ def listed_images(
 
 
 def _opens_as_image(path: str) -> bool:
-    """Whether PIL recognizes the file `path` as an image (its header alone is read)."""
-    from PIL import Image
-
+    """Whether PIL recognizes the file `path` as an image (its header alone is read), as every
+    reader opens one (`opened_image`: regular files only, PIL's raw warnings of a large image's
+    size off)."""
     try:
-        with Image.open(path):
+        with opened_image(path):
             return True
     except Exception:  # PIL raises OSError, SyntaxError, ValueError... for what it cannot read
         return False
