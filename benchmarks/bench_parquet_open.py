@@ -6,9 +6,10 @@ an older one (`--before DIR`: a checkout or `git archive` of an earlier commit),
     uv run python benchmarks/bench_parquet_open.py --root /tmp/pq --cold --large
 
 Files (made once under --root; HF's Image struct, pyarrow's defaults: a dictionary, snappy):
-`odd`: 20 row groups of 1,000 rows, 900 of one 50 kB image and 100 of 9 small ones; `rare`: the
-other way round; `many`: 2,500 row groups of 40 rows, 5 distinct 2 kB images each; with
---large, `large`: 2 GB, 200 row groups of 100 distinct 100 kB images, as HF writes them.
+`odd`: 20 row groups of 1,000 rows, 900 of one 50 kB image and 100 of 9 small (1 kB) ones;
+`rare`: 10 rows of the 50 kB image and 990 of the small ones; `many`: 2,500 row groups of 40
+rows, 5 distinct 2 kB images each; with --large, `large`: 2 GB, 200 row groups of 100 distinct
+100 kB images, as HF writes them.
 
 Each side runs in a process of its own, its checkout first on sys.path, and prints: the bytes
 counted against pyarrow's read of the first 50 row groups (counted/read, the range over row
@@ -112,7 +113,7 @@ def make(root: Path, large: bool) -> list[Path]:
         for _ in range(200):
             yield [rng.bytes(100_000) for _ in range(100)]
 
-    files = {"odd": lambda: uneven(900), "rare": lambda: uneven(100), "many": many}
+    files = {"odd": lambda: uneven(900), "rare": lambda: uneven(10), "many": many}
     if large:
         files["large"] = distinct
     paths = []

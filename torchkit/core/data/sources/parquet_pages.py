@@ -14,13 +14,13 @@ value, run-length encoded): how often each dictionary value is read. Where every
 equally often (each once: HF's distinct images), the chunk holds that many copies of the
 dictionary; else the dictionary page is read for its values' sizes (up to `_LARGEST_DICTIONARY`
 of it). Counted at the dictionary's mean value size instead, row groups of 900 rows of one 50 kB
-image and 100 rows of 9 small ones counted 0.14 of the bytes read, and the other way round 7.4
-times. A larger dictionary (large distinct images: pyarrow checks its 1 MiB limit only after
-each 1,024 rows) is counted at its mean value size still: as read where a few images repeat
-(duplicates among distinct photos), where the bound each value counted as often as the most
-repeated one counted one duplicate twice the bytes read (a row group warned of as past the
-reader's cache, windows planned at half); only an image of unusual size repeated in most rows
-of such a dictionary is counted far off, as before indices were read.
+image and 100 rows of 9 small (1 kB) ones counted 0.14 of the bytes read, and of 10 rows of it
+and 990 small ones 3.5 times. A larger dictionary (large distinct images: pyarrow checks its 1
+MiB limit only after each 1,024 rows) is counted at its mean value size still: as read where a
+few images repeat (duplicates among distinct photos), where the bound each value counted as
+often as the most repeated one counted one duplicate twice the bytes read (a row group warned of
+as past the reader's cache, windows planned at half); only an image of unusual size repeated in
+most rows of such a dictionary is counted far off, as before indices were read.
 """
 
 from __future__ import annotations
