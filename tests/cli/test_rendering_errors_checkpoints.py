@@ -643,8 +643,9 @@ def test_a_python_file_given_as_a_model_says_how_code_is_named(tmp_path, runner,
     with pytest.raises(CheckpointError) as caught:
         load_checkpoint(tmp_path / "mynet.py")
     assert caught.value.hint == (
-        "a model in Python code is named module:Callable, mynet:NAME for the function or class "
-        "NAME in mynet.py, run from the folder that holds it"
+        "a model in Python code is named module:Callable (mynet:NAME for the function or class "
+        "NAME in mynet.py, from the folder that holds it); its weights are the .pt/.pth file "
+        "torch.save wrote"
     )
     assert NOT_TORCH in caught.value.message
     # and the name the hint gives works, from the folder that holds it
@@ -655,6 +656,33 @@ def test_a_python_file_given_as_a_model_says_how_code_is_named(tmp_path, runner,
     result = runner.invoke(app, ["summary", "mynet:build", "-i", "2", "--format", "json"])
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout)["totals"]["total_params"] == 2 * 3 + 3
+    # The code given as --weights, its model already named so: the hint says what weights are
+    # (before: only how code is named, which the command line already did).
+    weights = runner.invoke(app, ["summary", "mynet:build", "--weights", "mynet.py", "-i", "2"])
+    assert weights.exit_code != 0
+    assert error_line(weights.stderr).endswith(f"({caught.value.hint})")
+
+
+def test_a_python_file_named_as_a_module_found_first_is_renamed(tmp_path, runner, monkeypatch):
+    """code.py (Python's own module `code`): `code:NAME` imports Python's, which the working
+    directory comes after, so the name the hint gave ended in a second refusal, 'module 'code'
+    has no attribute 'build''. The hint says to rename it, and the renamed file's name works."""
+    import code
+
+    source = "from torch import nn\n\ndef build():\n    return nn.Linear(2, 3)\n"
+    (tmp_path / "code.py").write_text(source)
+    monkeypatch.chdir(tmp_path)
+    given = runner.invoke(app, ["summary", "code.py"])
+    assert given.exit_code != 0
+    assert error_line(given.stderr).endswith(
+        f"(a model in Python code is named module:Callable, but code:NAME would import "
+        f"{code.__file__}, found first, not code.py: rename the file (code_model.py, named "
+        "code_model:NAME from the folder that holds it))"
+    )
+    assert runner.invoke(app, ["summary", "code:build", "-i", "2"]).exit_code != 0
+    (tmp_path / "code.py").rename(tmp_path / "code_model.py")
+    renamed = runner.invoke(app, ["summary", "code_model:build", "-i", "2", "--format", "json"])
+    assert renamed.exit_code == 0, renamed.stderr
 
 
 def test_a_plain_pickle_gives_no_raw_torch_warning(tmp_path):

@@ -210,6 +210,34 @@ def _blocked_global(error: BaseException) -> str | None:
     return "object" if re.search(r"\bGLOBAL\b|Unsupported class", str(error)) else None
 
 
+def _code_file_hint(source: Path) -> str:
+    """A model's code given where a model file goes (MODEL, --weights, a file to convert): how
+    code and weights are each given. A file named as a module Python finds before it (code.py,
+    test.py: its own) is not what `code:NAME` imports (the working directory comes after the
+    installed modules): it is to be renamed, not named so."""
+    import importlib.util
+
+    module = source.stem
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError):  # a module whose import fails or that has no spec
+        found = None
+    origin = getattr(found, "origin", None)  # None: a namespace package, which a module beats
+    if origin is not None and os.path.abspath(origin) != os.path.abspath(source):
+        if not found.has_location:  # "built-in", "frozen": compiled into Python (sys.py)
+            origin = f"Python's built-in module {module}"
+        return (
+            f"a model in Python code is named module:Callable, but {module}:NAME would import "
+            f"{origin}, found first, not {source.name}: rename the file ({module}_model.py, "
+            f"named {module}_model:NAME from the folder that holds it)"
+        )
+    return (
+        f"a model in Python code is named module:Callable ({module}:NAME for the function or "
+        f"class NAME in {source.name}, from the folder that holds it); its weights are the "
+        ".pt/.pth file torch.save wrote"
+    )
+
+
 def _unreadable(source: Path, error: BaseException, *, trusted: bool) -> CheckpointError:
     if _holds_text_pickle(source):
         if not trusted:
@@ -227,11 +255,7 @@ def _unreadable(source: Path, error: BaseException, *, trusted: bool) -> Checkpo
     if not _looks_saved_by_torch(source):  # a text file, an image: torch's error says nothing
         hint = "give the .pt/.pth file torch.save wrote, or a .safetensors file"
         if source.suffix == ".py" and source.stem.isidentifier():
-            # the model's code, given where a model is named: say how code is named
-            hint = (
-                f"a model in Python code is named module:Callable, {source.stem}:NAME for the "
-                f"function or class NAME in {source.name}, run from the folder that holds it"
-            )
+            hint = _code_file_hint(source)
         return CheckpointError(
             f"cannot read checkpoint {source}: not a PyTorch checkpoint (neither torch.save's "
             "zip archive nor a pickle)",
