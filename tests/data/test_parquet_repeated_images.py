@@ -408,6 +408,27 @@ def test_a_dictionary_too_large_to_read_counts_a_duplicate_image_once_more(
     assert real * 0.98 <= size <= real * 1.05, (size, real)
 
 
+@pytest.mark.parametrize("readable", [True, False], ids=["read", "too-large-even-so"])
+def test_a_large_dictionary_of_heavily_repeated_images_counts_no_less_than_read(
+    tmp_path, monkeypatch, readable
+):
+    """One image in most rows of a dictionary past 8 MiB (counted at the dictionary's mean
+    size, 0.14 of the bytes read): read for its values' sizes up to 64 MiB where values repeat
+    heavily (as read), past that each value counted as often as the most repeated one (here
+    1.25 times the bytes read, never less)."""
+    from torchkit.core.data.sources import parquet_pages
+
+    path = write_odd_rows(tmp_path / "d.parquet", 360)
+    monkeypatch.setattr(parquet_pages, "_LARGEST_DICTIONARY", 1000)
+    if not readable:
+        monkeypatch.setattr(parquet_pages, "_LARGEST_REPEATED_DICTIONARY", 1000)
+    for size, real in zip(counted_sizes(path), sizes_read(path), strict=True):
+        if readable:
+            assert real * 0.98 <= size <= real * 1.02, (size, real)
+        else:
+            assert real <= size <= real * 1.5, (size, real)
+
+
 @pytest.mark.parametrize("compression", ["none", "gzip", "zstd"])
 def test_dictionary_indices_that_cannot_be_read_leave_the_mean_size(tmp_path, compression):
     """An index page not as expected (garbled: its bytes overwritten) counts the dictionary's

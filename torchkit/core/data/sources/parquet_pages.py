@@ -13,14 +13,15 @@ Each dictionary-encoded page holds the dictionary index of each of its values (a
 value, run-length encoded): how often each dictionary value is read. Where every value is read
 equally often (each once: HF's distinct images), the chunk holds that many copies of the
 dictionary; else the dictionary page is read for its values' sizes (up to `_LARGEST_DICTIONARY`
-of it). Counted at the dictionary's mean value size instead, row groups of 900 rows of one 50 kB
-image and 100 rows of 9 small (1 kB) ones counted 0.14 of the bytes read, and of 10 rows of it
-and 990 small ones 3.5 times. A larger dictionary (large distinct images: pyarrow checks its 1
-MiB limit only after each 1,024 rows) is counted at its mean value size still: as read where a
-few images repeat (duplicates among distinct photos), where the bound each value counted as
-often as the most repeated one counted one duplicate twice the bytes read (a row group warned of
-as past the reader's cache, windows planned at half); only an image of unusual size repeated in
-most rows of such a dictionary is counted far off, as before indices were read.
+of it, `_LARGEST_REPEATED_DICTIONARY` where values repeat heavily). Counted at the dictionary's
+mean value size instead, row groups of 900 rows of one 50 kB image and 100 rows of 9 small (1
+kB) ones counted 0.14 of the bytes read, and of 10 rows of it and 990 small ones 3.5 times. A
+larger dictionary (large distinct images: pyarrow checks its 1 MiB limit only after each 1,024
+rows) counts each row at its mean value size where a few values repeat (duplicates among
+distinct photos: as read), and each value as often as the most repeated one where they repeat
+heavily (never less than read): that bound for every such dictionary counted one duplicate
+among 1,000 distinct photos twice the bytes read (a row group warned of as past the reader's
+cache, windows planned at half).
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ _READ_BYTES = 64 << 10
 # The largest dictionary page read for its values' sizes (pyarrow's are about 1 MiB: its
 # dictionary_pagesize_limit; a larger one is a row group of large distinct images).
 _LARGEST_DICTIONARY = 8 << 20
+# ... where its values repeat heavily (as many copies past each value's first as it has
+# values: one image of unusual size in most rows, which the mean size counts far off).
+_LARGEST_REPEATED_DICTIONARY = 64 << 20
 # parquet's codecs (as pyarrow's footer names them) as pyarrow's `decompress` names them.
 # pyarrow names parquet's LZ4_RAW "LZ4" (what its writer's "lz4" writes), and the deprecated
 # Hadoop-framed LZ4 "UNKNOWN": not read here.
@@ -233,7 +237,8 @@ class _Indices:
         """The bytes the counted values hold read: each a dictionary value and its 4-byte
         offset, the dictionary's values' sizes read from its page (at `at`, `stored` bytes
         long, `size` read) where they are not all read equally often and it is small enough
-        to read, else each at their mean size."""
+        to read; else each at their mean size, or where they repeat heavily, each as often as
+        the most read one (never less than read)."""
         import numpy as np
 
         counts = self.counts
@@ -241,14 +246,17 @@ class _Indices:
             return 0
         if counts.min() == counts.max():  # every value as often: that many dictionaries
             return int(counts[0]) * size
+        total = int(counts.sum())
+        heavily = total >= 2 * distinct
+        largest = _LARGEST_REPEATED_DICTIONARY if heavily else _LARGEST_DICTIONARY
         sizes = None
-        if stored <= _LARGEST_DICTIONARY and size <= _LARGEST_DICTIONARY:
+        if stored <= largest and size <= largest:
             try:
                 sizes = _plain_sizes(self._decompressed(pages.get(at, stored), size), distinct)
             except (OSError, ValueError, IndexError, ArithmeticError, _arrow_errors()):
                 sizes = None
         if sizes is None:
-            return round(int(counts.sum()) * size / distinct)
+            return int(counts.max()) * size if heavily else round(total * size / distinct)
         return int(np.dot(counts, sizes + 4))
 
 
