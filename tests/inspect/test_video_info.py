@@ -2537,27 +2537,78 @@ def test_a_raw_mpeg1_stream_s_count_is_its_estimated_duration_at_its_own_rate(tm
         assert (exact.status, exact.frames, exact.duration_s) == ("ok", 2 * rate, 2.0)
 
 
-def test_an_av1_video_opencv_cannot_decode_says_so(tmp_path):
-    """An OpenCV build whose FFmpeg has neither libdav1d nor libaom decodes AV1 only with a
-    hardware decoder: a whole AV1 MP4 read `no frame decodes (truncated or corrupt)`. The
-    row says it is AV1, which such a build cannot decode (where the build decodes it, the
-    row is ok)."""
-    clip = ffmpeg_made(
+_AV1_NOT_DECODED = (
+    "no frame decodes: an AV1 video, and this OpenCV's FFmpeg decodes no AV1 (it has neither "
+    "libdav1d nor libaom, nor a hardware AV1 decoder)"
+)
+
+
+def _av1_clip(tmp_path: Path) -> Path:
+    return ffmpeg_made(
         tmp_path / "clip.mp4",
         *moving_picture(0.4, size="64x64"),  # (SVT-AV1's smallest)
         *("-c:v", "libsvtav1", "-preset", "12"),
         encoders=("libsvtav1",),
     )
+
+
+def test_an_av1_video_opencv_cannot_decode_says_so(tmp_path):
+    """An OpenCV build whose FFmpeg has neither libdav1d nor libaom decodes AV1 only with a
+    hardware decoder: a whole AV1 MP4 read `no frame decodes (truncated or corrupt)`. The
+    row says it is AV1, which this build does not decode, found by decoding an AV1 key
+    frame of its own (where the build decodes AV1, the row is ok); exit code 1, status
+    unreadable in JSON."""
+    import torchkit.core.video.probe as probe
+
+    clip = _av1_clip(tmp_path)
+    decodes = decoded_by_opencv(clip) == 10
+    assert probe.opencv_decodes_av1() is decodes
     info = probe_video(clip)
     assert (info.codec, info.frames_header) == ("av01", 10)
-    if decoded_by_opencv(clip):
+    if decodes:
         assert (info.status, info.error) == ("ok", None)
-    else:
-        assert (info.status, info.error) == (
-            "unreadable",
-            "no frame decodes: an AV1 video, which OpenCV's FFmpeg decodes only with libdav1d, "
-            "libaom or a hardware AV1 decoder (else truncated or corrupt)",
-        )
+        return
+    assert (info.status, info.error) == ("unreadable", _AV1_NOT_DECODED)
+    result = invoke(clip, "--format", "json")
+    assert result.exit_code == 1
+    (row,) = json.loads(result.stdout)
+    assert (row["status"], row["error"]) == ("unreadable", _AV1_NOT_DECODED)
+
+
+@pytest.mark.parametrize("decodes", [True, False, None])
+def test_a_corrupt_av1_video_is_told_from_one_this_opencv_cannot_decode(
+    tmp_path, monkeypatch, decodes
+):
+    """Every AV1 video that decoded no frame read `which OpenCV's FFmpeg decodes only with
+    libdav1d, libaom or a hardware AV1 decoder (else truncated or corrupt)`, on a build
+    that decodes AV1 too, where it is corrupt. Whether this OpenCV decodes AV1 is found by
+    decoding a key frame (here its answer is given): where it does, a whole AV1 file of
+    which no frame decodes is corrupt; where it does not, the row says so; where it cannot
+    be tried, the row says both. A cut copy is truncated either way."""
+    import torchkit.core.video.probe as probe
+
+    clip = _av1_clip(tmp_path)
+    data = bytearray(clip.read_bytes())
+    start = data.index(b"mdat") + 4  # the media data box's frames, after its size and type
+    end = start - 8 + int.from_bytes(data[start - 8 : start - 4], "big")
+    data[start:end] = bytes(end - start)  # zeroed
+    corrupt = tmp_path / "corrupt.mp4"
+    corrupt.write_bytes(bytes(data))
+    cut = tmp_path / "cut.mp4"
+    cut.write_bytes(clip.read_bytes()[:-300])
+    assert decoded_by_opencv(corrupt) == 0
+    monkeypatch.setattr(probe, "opencv_decodes_av1", lambda: decodes)
+    expected = {
+        True: "no frame decodes (truncated or corrupt)",
+        False: _AV1_NOT_DECODED,
+        None: "no frame decodes: an AV1 video, which OpenCV's FFmpeg decodes only with "
+        "libdav1d, libaom or a hardware AV1 decoder (else truncated or corrupt)",
+    }[decodes]
+    for options in ({}, {"exact": True}):
+        info = probe_video(corrupt, **options)
+        assert (info.codec, info.status, info.error) == ("av01", "unreadable", expected)
+        info = probe_video(cut, **options)
+        assert info.status == "truncated", options
 
 
 def test_the_cut_mp4_of_the_issue_on_the_command_line(tmp_path, whole_videos):

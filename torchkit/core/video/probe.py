@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import math
 import os
 import stat
@@ -188,14 +189,52 @@ _UNTAGGED_CODECS = {"y4m": "rawvideo"}
 # decoder, which needs a hardware one: an OpenCV build's FFmpeg without either library decodes
 # no AV1 frame ("Your platform doesn't support hardware accelerated AV1 decoding")
 _AV1_TAGS = frozenset({"av01", "AV01"})
+# A 16x16 grey AV1 key frame in an IVF file (libaom's, 71 bytes), which any AV1 decoder decodes
+_AV1_SAMPLE = bytes.fromhex(
+    "444b4946000020004156303110001000190000000100000001000000000000001b0000000000000000000000"
+    "12000a0a000000019ff9b5f20080320b1000c0000002800000009c"
+)
+
+
+@functools.cache
+def opencv_decodes_av1() -> bool | None:
+    """Whether this OpenCV's FFmpeg decodes AV1 (it has libdav1d, libaom or a hardware AV1
+    decoder): a key frame of its own decoded, once a process; None where that cannot be
+    tried (no temporary file)."""
+    import tempfile
+
+    cv2 = _import_cv2()
+    try:
+        with tempfile.TemporaryDirectory(prefix="torchkit-av1-") as folder:
+            sample = Path(folder) / "key.ivf"
+            sample.write_bytes(_AV1_SAMPLE)
+            capture = _open_capture(cv2, sample, decoder_threads=1)
+            if capture is None:
+                return False
+            try:
+                return bool(capture.grab())
+            finally:
+                capture.release()
+    except OSError:
+        return None
 
 
 def _undecodable(codec: str | None) -> str:
-    """Why no frame of a video of `codec` (its tag) decodes."""
-    if codec in _AV1_TAGS:
+    """Why no frame of a video of `codec` (its tag) decodes: an AV1 video where this OpenCV
+    decodes no AV1 (a whole file cannot be told from a corrupt one there), else truncated or
+    corrupt."""
+    if codec not in _AV1_TAGS:
+        return "no frame decodes (truncated or corrupt)"
+    decodes = opencv_decodes_av1()
+    if decodes is None:
         return (
             "no frame decodes: an AV1 video, which OpenCV's FFmpeg decodes only with libdav1d, "
             "libaom or a hardware AV1 decoder (else truncated or corrupt)"
+        )
+    if not decodes:
+        return (
+            "no frame decodes: an AV1 video, and this OpenCV's FFmpeg decodes no AV1 (it has "
+            "neither libdav1d nor libaom, nor a hardware AV1 decoder)"
         )
     return "no frame decodes (truncated or corrupt)"
 
