@@ -509,17 +509,34 @@ class AuxiliaryHead(nn.Module):
         return (self.head(x), self.aux(x)) if self.training else self.head(x)
 
 
-@pytest.mark.parametrize("batch", [1, 3])
-def test_train_mode_on_images_too_small_for_the_auxiliary_head_names_the_smallest(batch):
+SMALLEST_21 = "the smallest it takes is 21: use --image-size 21 or larger"
+WITH_A_BATCH = (
+    ", with --batch-size 2 or more (BatchNorm in training mode needs more than one value per "
+    "channel)"
+)
+
+
+@pytest.mark.parametrize(("batch", "hint"), [(1, SMALLEST_21 + WITH_A_BATCH), (3, SMALLEST_21)])
+def test_train_mode_on_images_too_small_for_the_auxiliary_head_names_the_smallest(batch, hint):
     """Before: torch's 'Output size is too small' and 'check --input-size', as the smallest size
     was looked for in eval mode, where the model runs at 12 px. By hand: the stem makes
-    ceil(n/2) x ceil(n/2) maps, the pool needs 11 of them for 3x3 outputs, so n = 21 (at
-    batch 1 the BatchNorm's own refusal, of the batch, comes next)."""
+    ceil(n/2) x ceil(n/2) maps, the pool needs 11 of them for 3x3 outputs, so n = 21. At batch
+    1 the auxiliary head's BatchNorm on a 1x1 map fails at any size: the hint says so (it named
+    21 alone, and the batch's refusal came next)."""
     model = AuxiliaryHead()
     assert summarize(model, [(batch, 3, 12, 12)]).layers[0].output_shape == [batch, 2]
     with pytest.raises(UsageError) as caught:
         summarize(model, [(batch, 3, 12, 12)], train_mode=True)
-    assert caught.value.hint == "the smallest it takes is 21: use --image-size 21 or larger"
+    assert caught.value.hint == hint
+    if batch == 1:
+        with pytest.raises(UsageError, match="more than 1 value per channel"):
+            summarize(model, [(1, 3, 21, 21)], train_mode=True)
+        # without a BatchNorm, a batch of one runs at 21: nothing said of the batch
+        model.aux[2] = nn.Identity()
+        with pytest.raises(UsageError) as caught:
+            summarize(model, [(1, 3, 12, 12)], train_mode=True)
+        assert caught.value.hint == SMALLEST_21
+        assert summarize(model, [(1, 3, 21, 21)], train_mode=True).layers
     assert summarize(model, [(2, 3, 21, 21)], train_mode=True).layers[0].output_shape == [
         [2, 2],
         [2, 4, 1, 1],

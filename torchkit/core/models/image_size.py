@@ -41,17 +41,22 @@ def image_size_refusal(
         return None
     if len(shape) != 4 or shape[-1] != shape[-2]:
         return None
-    batch, channels, _, side = (int(n) for n in shape)
+    given, channels, _, side = (int(n) for n in shape)
     # In training mode at a batch of 2 at least: BatchNorm there needs more than one value per
     # channel, which a batch of one 1x1 map (Inception's auxiliary head) lacks at any size.
-    batch = max(batch, 2) if training else 1
+    batch = max(given, 2) if training else 1
     smallest = smallest_side(model, channels, side, dtype=dtype, training=training, batch=batch)
     if smallest is None:
         return None
-    return ImageSizeError(
-        f"{name} cannot {doing} {side}x{side} images: {first_line(error)}",
-        f"the smallest it takes is {smallest}: use --image-size {smallest} or larger",
-    )
+    hint = f"the smallest it takes is {smallest}: use --image-size {smallest} or larger"
+    if batch > given:
+        one = meta_runner(model, channels, dtype=dtype, training=training, batch=given)
+        if one is not None and not one(smallest):  # else the batch's refusal would come next
+            hint += (
+                ", with --batch-size 2 or more (BatchNorm in training mode needs more than one "
+                "value per channel)"
+            )
+    return ImageSizeError(f"{name} cannot {doing} {side}x{side} images: {first_line(error)}", hint)
 
 
 def first_batch_error(model: Any, name: str, images: Any, error: BaseException) -> TorchkitError:
