@@ -83,18 +83,22 @@ def test_a_class_of_a_csv_index_with_val_images_only_is_refused_with_a_hint_with
     assert not (tmp_path / "run").exists()
 
 
-def test_balanced_class_weights_weigh_a_kept_class_without_images_as_a_class_of_average_size(
+def test_balanced_class_weights_weigh_kept_classes_without_images_as_classes_of_average_size(
     tmp_path,
 ):
-    """`--class-weights balanced` with a kept class of no image: scikit-learn's rule over the
-    classes with training images, the kept one weighs 1 (it stopped the run with '--class-weights
-    balanced: a class has no training images', naming none)."""
+    """`--class-weights balanced` with kept classes of no image: scikit-learn's rule over the
+    classes with training images, each kept one weighs 1 (it stopped the run with
+    '--class-weights balanced: a class has no training images', naming none). The one warning
+    speaks of them in the plural (it read 'kept as an output ... include it')."""
     from sklearn.utils.class_weight import compute_class_weight
 
     data = tmp_path / "ds"
-    train = [0, 1, 1, 0, 1, 1, 0, 1]
-    write_parquet(data / "data" / "train-00000-of-00001.parquet", [png(i) for i in range(8)], train)
-    write_parquet(data / "data" / "validation-00000-of-00001.parquet", [png(50), png(51)], [0, 1])
+    train, names = [0, 1, 1, 0, 1, 1, 0, 1], ("a", "b", "c", "d")
+    images = [png(i) for i in range(8)]
+    write_parquet(data / "data" / "train-00000-of-00001.parquet", images, train, names=names)
+    write_parquet(
+        data / "data" / "validation-00000-of-00001.parquet", [png(50), png(51)], [0, 1], names=names
+    )
     run = tmp_path / "run"
     result = run_torchkit_in_process(
         "train", "--data", data, *TINY, "--class-weights", "balanced", "--out", run
@@ -102,4 +106,9 @@ def test_balanced_class_weights_weigh_a_kept_class_without_images_as_a_class_of_
     assert result.returncode == 0, result.stderr
     expected = compute_class_weight("balanced", classes=np.array([0, 1]), y=np.array(train))
     recorded = json.loads((run / "config.json").read_text())["class_weights"]
-    assert recorded == pytest.approx([*expected, 1.0])
+    assert recorded == pytest.approx([*expected, 1.0, 1.0])
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("Warning:")]
+    assert warnings == [
+        f"Warning: class 'c', 'd' have no images in {data}: kept as outputs no image is labelled"
+        " with, as the data's class names (or indices) include them"
+    ]

@@ -167,10 +167,11 @@ def _train_classes_named_but_never_seen(
     found = _images_of_classes(splits, empty)
     never = [name for name in empty if not found[name]]
     if never:
+        kept, it = ("an output", "it") if len(never) == 1 else ("outputs", "them")
         log.warning(
             f"{_classes_that(never, 'has', 'have')} no images in {redact_url(source.spec)}: kept"
-            " as an output no image is labelled with, as the data's class names (or indices)"
-            " include it"
+            f" as {kept} no image is labelled with, as the data's class names (or indices)"
+            f" include {it}"
         )
     return [name for name in empty if found[name]]
 
