@@ -651,6 +651,28 @@ def test_a_cuda_build_on_a_machine_without_an_nvidia_gpu_is_no_warning(runner, m
     assert collect_env()["cuda"]["problem"] == "Found no NVIDIA driver on your system"
 
 
+def test_a_driver_on_a_machine_without_an_nvidia_gpu_is_no_warning(monkeypatch, clean_env):
+    """A cluster's login node (an image that installs the driver's libcuda on every machine):
+    libcuda answers cuDriverGetVersion, NVML sees no GPU, and the PCI bus lists none. Before: a
+    warning at every run, 'install or update the NVIDIA driver (nvidia-smi should list the
+    GPU)'. A GPU the driver or the bus sees is still warned of."""
+    simulate_no_gpu(monkeypatch, "No CUDA GPUs are available", driver_cuda="12.4", pci_gpus=0)
+    report = collect_env()
+    assert report["diagnostics"] == []
+    assert report["cuda"]["problem"] == "this machine has no NVIDIA GPU (none on its PCI bus)"
+    for driver, pci_gpus in (((None, None), 1), (("550.54.15", 1), 0), ((None, None), None)):
+        simulate_no_gpu(
+            monkeypatch,
+            "No CUDA GPUs are available",
+            driver=driver,
+            driver_cuda="12.4",
+            pci_gpus=pci_gpus,
+        )
+        report = collect_env()
+        assert report["cuda"]["problem"] == "No CUDA GPUs are available"
+        assert len(report["diagnostics"]) == 1
+
+
 def _pci_device(folder: Path, name: str, vendor: str, device_class: str) -> None:
     (folder / name).mkdir()
     (folder / name / "vendor").write_text(vendor + "\n")

@@ -800,10 +800,11 @@ def _diagnose_cuda(
         return
     if not gpus:
         reason = init_error or "no CUDA device found"
-        no_driver = not (cuda["driver_version"] or cuda["driver_cuda_version"])
-        if torch.version.cuda and no_driver and cuda["pci_gpu_count"] == 0:
+        if torch.version.cuda and cuda["pci_gpu_count"] == 0 and not driver_gpus:
             # No NVIDIA GPU at all: CUDA cannot run, and no driver would change that (the
-            # default Linux wheel of torch on a machine without one): not a warning.
+            # default Linux wheel of torch on a machine without one; a cluster's login node
+            # whose image installs the driver's libcuda on machines without a GPU too): not a
+            # warning.
             cuda.update(
                 problem="this machine has no NVIDIA GPU (none on its PCI bus)",
                 hint="run on a machine with an NVIDIA GPU",
