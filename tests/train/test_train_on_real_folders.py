@@ -67,17 +67,28 @@ def test_empty_files_in_two_splits_are_not_copies_inflating_val(tmp_path):
 def test_a_class_with_test_images_only_is_told_to_get_training_images(tmp_path):
     """A split root whose val/ is empty holds val out of train/: its class c, in test/ only,
     was 'has no training images (a class of one image cannot be both trained and validated
-    on ...)'."""
+    on ...)', then '(add images to the folder or remove it)', and removing the empty train/c
+    was refused again: test/c keeps the class. Removing its folders from every split trains."""
+    import shutil
+
     root = tmp_path / "data"
     write_image_folder(root / "train", {"a": 3, "b": 3})
     write_image_folder(root / "test", {"a": 1, "b": 1, "c": 2})
     (root / "train" / "c").mkdir()
     (root / "val").mkdir()
-    result = run_torchkit_in_process("train", "--data", root, *TINY, "--out", tmp_path / "run")
-    assert result.returncode == 1
-    assert error_line(result.stderr) == (
-        "Error: class 'c' has no training images (add images to the folder or remove it)"
+    expected = (
+        "Error: class 'c' has no training images (add images to its folder in the train split, "
+        "or remove its folders from every split)"
     )
+    for removed in ((), ("train",)):
+        for split in removed:
+            (root / split / "c").rmdir()
+        result = run_torchkit_in_process("train", "--data", root, *TINY, "--out", tmp_path / "run")
+        assert result.returncode == 1
+        assert error_line(result.stderr) == expected
+    shutil.rmtree(root / "test" / "c")
+    result = run_torchkit_in_process("train", "--data", root, *TINY, "--out", tmp_path / "run")
+    assert result.returncode == 0, result.stderr
 
 
 def test_a_class_whose_images_are_all_unreadable_is_named_once(tmp_path):

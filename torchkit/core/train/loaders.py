@@ -116,12 +116,18 @@ def load_splits(config: TrainConfig, recorded: dict | None = None) -> TrainData:
     if empty:
         val = splits.get("val")
         in_val = dict(zip(shown(val.classes), val.class_counts(), strict=True)) if val else {}
+        found = _images_of_classes(splits, empty)  # in other splits: train has none
         if held_out:  # train's images held out: a class no split has an image of has none
-            found = _images_of_classes(splits, empty)
             _refuse_classes_without_images(source, [n for n in empty if not found[n]])
         raise InputError(
             f"{_classes_that(empty, 'has', 'have')} no training images",
-            _empty_class_hint(held_out, [in_val.get(name, 0) for name in empty], source.kind),
+            _empty_class_hint(
+                held_out,
+                [in_val.get(name, 0) for name in empty],
+                source.kind,
+                elsewhere=any(found.values()),
+                many=len(empty) > 1,
+            ),
         )
     if len(splits.get("val", [])) == 0 and not config.find_lr:  # the range test never validates
         raise InputError("the validation set is empty", _empty_val_hint(held_out, counts))
@@ -206,11 +212,21 @@ def _classes_that(names: list[str], one: str, many: str) -> str:
     return f"class {shown} {one if len(names) == 1 else many}"
 
 
-def _empty_class_hint(held_out: bool, held_out_counts: list[int], kind: str) -> str:
+def _empty_class_hint(
+    held_out: bool, held_out_counts: list[int], kind: str, *, elsewhere: bool, many: bool
+) -> str:
     """What gives classes without training images some: `held_out_counts`, the images
     --val-split held out of each (all it had); `kind`, the data's (a class of a CSV index,
-    shards or parquet has no folder to add images to)."""
+    shards or parquet has no folder to add images to); `elsewhere`, whether another split
+    (val, test) has images of one, whose folder keeps the class when its empty train folder is
+    removed; `many`, more than one class."""
     if not held_out or min(held_out_counts, default=0) == 0:  # none to give back
+        if kind in FOLDER_KINDS and elsewhere:
+            its, folder = ("their", "folders") if many else ("its", "folder")
+            return (
+                f"add images to {its} {folder} in the train split, or remove {its} folders from "
+                "every split"
+            )
         if kind in FOLDER_KINDS:
             return "add images to the folder or remove it"
         return "add training images, or remove the class's images from the other splits"
