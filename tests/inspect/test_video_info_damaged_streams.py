@@ -7,7 +7,9 @@ skips where this machine has no ffmpeg."""
 from __future__ import annotations
 
 import re
+import shutil
 import struct
+import subprocess
 from pathlib import Path
 
 import cv2
@@ -544,6 +546,43 @@ def test_a_zeroed_soft_telecined_mpeg_ps_is_damaged(tmp_path):
         zeroed = ps_video_frames(zeroed_copy(vob, tmp_path, at), "mpeg-ps", 29.97)
         assert zeroed.broken_at is not None and 140 <= zeroed.frames <= 144, at
     assert_whole_and_zeroed(vob, tmp_path, "its video packets hold", (0.5, 0.7))
+
+
+@pytest.mark.parametrize("progressive", [False, True], ids=["interlaced", "progressive"])
+def test_a_soft_telecined_raw_mpeg2_stream_s_rate_is_its_pictures(tmp_path, progressive):
+    """A film's raw MPEG-2 stream flagged for 3:2 pulldown (soft telecine, as a film DVD's
+    video demuxed to .m2v is) records 29.97 fps (59.94 in a progressive sequence), at which
+    its 4 pictures are shown for 5 frames (10): 144 pictures of a 6 s film read 29.97 fps
+    and 4.8 s under --exact. Its rate is its header's times the pictures over the frames
+    they are shown for: 23.976, 6.006 s, as the durations ffprobe gives its packets add up
+    to."""
+    film = ffmpeg_made(
+        tmp_path / "film.m2v",
+        *("-f", "lavfi", "-i", "testsrc=size=176x120:rate=24000/1001:duration=6"),
+        *("-c:v", "mpeg2video", "-g", "12", "-bf", "2"),
+        encoders=("mpeg2video",),
+        muxer="mpeg2video",
+    )
+
+    def flags(shown: int) -> tuple[int, int]:  # 3 frames, 2 frames in turn
+        return ((1, 1) if shown % 2 == 0 else (0, 1)) if progressive else _PULLDOWN[shown % 4]
+
+    soft = tmp_path / "soft.m2v"
+    soft.write_bytes(_soft_telecined(film.read_bytes(), flags, progressive))
+    for options in ({}, {"decode_check": False}):
+        info = probe_video(soft, **options)
+        assert (info.status, info.fps) == ("ok", 24000 / 1001), options
+    exact = probe_video(soft, exact=True)
+    assert (exact.status, exact.frames, exact.fps) == ("ok", 144, 24000 / 1001)
+    assert exact.duration_s == pytest.approx(6.006)
+    if shutil.which("ffprobe"):
+        probed = subprocess.run(
+            ["ffprobe", "-v", "error", "-select_streams", "v:0", "-show_entries"]
+            + ["packet=duration_time", "-of", "csv=p=0", str(soft)],
+            capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
+        durations = [float(line.strip(",")) for line in probed.stdout.split()]
+        assert len(durations) == 144 and sum(durations) == pytest.approx(6.006, abs=1e-3)
 
 
 def _zeroes_between_packs(path: Path, every: int) -> bytes:

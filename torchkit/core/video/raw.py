@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from fractions import Fraction
 
 from torchkit.core.video.held import MAX_BOXES, MPEG_START, mpeg_frame_rate
+from torchkit.core.video.streams import mpeg_pictures_shown
 
 _Y4M_MAX_HEADER = 4096
 _Y4M_FRAME = b"FRAME\n"  # a frame's header line without parameters, as writers have it
@@ -118,20 +119,49 @@ def _first_sequence(head: bytes) -> tuple[int | None, int | None]:
     return header, extension
 
 
+# A stream's first pictures, which tell whether they repeat fields (5 s of a film), read this
+# far at most (2.5 s of a DVD's 6 Mb/s), a chunk at a time
+_SHOWN_PICTURES, _SHOWN_HEAD, _SHOWN_CHUNK = 120, 2 << 20, 1 << 16
+
+
 def raw_mpeg_frame_rate(path: str | os.PathLike) -> Fraction | None:
-    """The frame rate of a raw MPEG-1/2 video stream (.m2v): its first sequence header's, and
-    its MPEG-2 sequence extension's (`mpeg_frame_rate`), as ffprobe's r_frame_rate gives it.
-    (OpenCV's FFmpeg reads 25 fps for any such stream.) None where they cannot be read."""
+    """The frame rate of a raw MPEG-1/2 video stream (.m2v), as its pictures are shown: its
+    first sequence header's rate, and its MPEG-2 sequence extension's (`mpeg_frame_rate`),
+    times its first pictures over the frames they are shown for where they repeat a field,
+    the pattern's where it is one (a film's soft telecine, 3:2 pulldown: 4 pictures shown
+    for 5 frames at 29.97 are 23.976 fps; a picture shown twice at 59.94, 29.97). (OpenCV's
+    FFmpeg reads 25 fps for any such stream.) None where they cannot be read."""
     try:
         with open(path, "rb") as handle:
             head = handle.read(_MPEG_HEAD)
+            header, extension = _first_sequence(head)
+            if header is None:
+                return None
+            extended = head[extension + 4 :] if extension is not None else b""
+            rate = mpeg_frame_rate(head[header + 4 :], extended)
+            if rate is None:
+                return None
+            chunks = _chunks(handle, head, _SHOWN_HEAD // _SHOWN_CHUNK)
+            pictures, shown = mpeg_pictures_shown(chunks, _SHOWN_PICTURES)
     except OSError:
         return None
-    header, extension = _first_sequence(head)
-    if header is None:
-        return None
-    extended = head[extension + 4 :] if extension is not None else b""
-    return mpeg_frame_rate(head[header + 4 :], extended)
+    if not pictures or shown <= pictures:
+        return rate
+    # the frames a picture is shown for, of pictures that may stop inside the pattern's cycle
+    ratio = Fraction(pictures) / Fraction(shown)
+    pattern = ratio.limit_denominator(5)  # 4/5: 3:2 pulldown; 1/2, 2/5: progressive's
+    return rate * (pattern if abs(pattern - ratio) <= ratio / 50 else ratio)
+
+
+def _chunks(handle, first: bytes, most: int) -> Iterator[bytes]:
+    """`first`, then the file open as `handle` read on from there a chunk at a time, `most`
+    chunks in all."""
+    chunk = first
+    for _ in range(most):
+        if not chunk:
+            return
+        yield chunk
+        chunk = handle.read(_SHOWN_CHUNK)
 
 
 def last_picture_rows(path: str | os.PathLike, size: int) -> tuple[int, int] | None:

@@ -22,6 +22,7 @@ import mmap
 import os
 import re
 import struct
+from collections.abc import Iterable
 from fractions import Fraction
 from typing import NamedTuple
 
@@ -790,6 +791,18 @@ _MPEG12_CODES = re.compile(
 )
 # The picture types (1: I, 2: P, 3: B) of an MPEG-4 Part 2 VOP's coding type (I, P, B, S)
 _VOP_TYPES = (1, 2, 3, 2)
+
+
+def mpeg_pictures_shown(chunks: Iterable[bytes], enough: int) -> tuple[int, float]:
+    """(The pictures that start in an MPEG-1/2 video stream's bytes, given a chunk at a time
+    until `enough` are counted, the frames they are shown for): one each, more where an
+    MPEG-2 picture repeats a field (`_PsPictures`)."""
+    pictures = _PsPictures()
+    for chunk in chunks:
+        pictures.read(chunk)
+        if pictures.frames >= enough:
+            break
+    return pictures.frames, pictures.shown
 
 
 def ps_video_frames(
