@@ -27,6 +27,7 @@ cache, windows planned at half).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 # parquet.thrift: PageType, Encoding
@@ -75,18 +76,27 @@ def decoded_chunk_bytes(fd: int, chunk: Any, column: Any = None) -> int:
         return stored
     try:
         decoded = _dictionary_pages_decoded(fd, chunk, column)
-    except (OSError, ValueError, IndexError, OverflowError):
+    except _unreadable_errors():
         return stored
     return stored if decoded is None else max(stored, decoded)
 
 
+def _unreadable_errors() -> tuple[type[Exception], ...]:
+    """What reading a part of a chunk not as expected raises, each caught where that part's
+    fallback is chosen (pyarrow's gzip, zstd, brotli and LZ4 raise OSError for bytes that do
+    not decompress, snappy an ArrowInvalid)."""
+    import pyarrow as pa
+
+    return (OSError, ValueError, IndexError, ArithmeticError, pa.ArrowException)
+
+
 def _dictionary_pages_decoded(fd: int, chunk: Any, column: Any) -> int | None:
-    """The walk `decoded_chunk_bytes` makes: each dictionary-encoded data page's values at the
-    sizes of the dictionary values they read (`_Indices`), or at the dictionary page's mean
-    value size, plus the rest of the chunk as stored. Each page lies after the one before and
-    within the chunk, and the pages count no more values than the footer's: a ValueError
-    where not (a garbled or crafted file), never a walk back, past the file, or an estimate of
-    more values than the chunk has."""
+    """The walk `decoded_chunk_bytes` makes: the dictionary page (`_Dictionary`), then each
+    dictionary-encoded data page, its values counted and its indices (`_Indices`) read; their
+    bytes read as `_values_bytes` sizes them, plus the rest of the chunk as stored. Each page
+    lies after the one before and within the chunk, and the pages count no more values than
+    the footer's: a ValueError where not (a garbled or crafted file), never a walk back, past
+    the file, or an estimate of more values than the chunk has."""
     offset = chunk.dictionary_page_offset
     end = offset + chunk.total_compressed_size
     pages = _ChunkBytes(fd, end)
@@ -95,27 +105,15 @@ def _dictionary_pages_decoded(fd: int, chunk: Any, column: Any) -> int | None:
         pages.ahead = _HEADER_BYTES
     header, size = _page_header(pages, offset)
     pages.ahead = _READ_BYTES
-    dictionary = header.get(7)
-    if header.get(1) != _DICTIONARY_PAGE or not isinstance(dictionary, dict):
+    dictionary = _Dictionary.of(chunk, header, offset + size)
+    if dictionary is None:
         return None
-    dictionary_bytes = _count(header, 2)
-    if dictionary_bytes > chunk.total_uncompressed_size:
-        raise ValueError("a dictionary larger than its chunk")
-    distinct = _count(dictionary, 1)
-    # A dictionary holds values of the chunk's (a PLAIN byte array its 4-byte length at
-    # least): more is a garbled header, whose count a value each took 8 TiB for 2**40 values.
-    if distinct > chunk.num_values or (
-        chunk.physical_type == "BYTE_ARRAY" and 4 * distinct > dictionary_bytes
-    ):
-        raise ValueError("more dictionary values than its chunk or page holds")
-    value_bytes = dictionary_bytes / distinct if distinct else 0.0
-    dictionary_page = (offset + size, _count(header, 3), dictionary_bytes, distinct)
-    walked = size + dictionary_bytes  # uncompressed bytes of the pages walked, headers too
+    walked = size + dictionary.size  # uncompressed bytes of the pages walked, headers too
     offset = _next_page(offset, size, header, end)
     # v1 pages whose header counts no nulls (pyarrow writes no page statistics with a page
     # index): the chunk's share of nulls, from the footer's statistics where it has them
     nulls_share = _chunk_nulls_share(chunk)
-    indices = _Indices.of(chunk, column, distinct)
+    indices = _Indices.of(chunk, column, dictionary.distinct)
     values, counted = 0.0, 0
     for _ in range(_MOST_PAGES):
         if offset >= end:
@@ -140,10 +138,86 @@ def _dictionary_pages_decoded(fd: int, chunk: Any, column: Any) -> int | None:
         offset = _next_page(offset, size, header, end)
     else:
         return None
-    read = int(values * value_bytes)
-    if indices is not None and indices.counts is not None:
-        read = indices.decoded_bytes(pages, *dictionary_page)
+    read = _values_bytes(dictionary, values, indices, pages)
     return read + max(0, chunk.total_uncompressed_size - walked)
+
+
+def _values_bytes(
+    dictionary: _Dictionary, values: float, indices: _Indices | None, pages: _ChunkBytes
+) -> int:
+    """The bytes the dictionary-encoded pages' `values` (their non-null values) hold read, each
+    a dictionary value and its 4-byte offset: the estimate and its fallbacks, in one place.
+    Without the indices' counts (not read), each value at the dictionary's mean size. Every
+    value read equally often: that many copies of the dictionary. Else each value at its own
+    size, read from the dictionary page up to `_LARGEST_DICTIONARY` of it, or up to
+    `_LARGEST_REPEATED_DICTIONARY` where values repeat heavily (as many copies past each
+    value's first as it has values). A dictionary past that or not read: each value at the
+    mean size where they repeat a little (duplicates among distinct photos: as read), and each
+    as often as the most repeated one where they repeat heavily (never less than read)."""
+    import numpy as np
+
+    counts = None if indices is None else indices.counts
+    if counts is None:
+        return int(values * dictionary.mean)
+    distinct, size = dictionary.distinct, dictionary.size
+    if not distinct or not counts.any():
+        return 0
+    if counts.min() == counts.max():  # every value as often: that many dictionaries
+        return int(counts[0]) * size
+    total = int(counts.sum())
+    heavily = total >= 2 * distinct
+    largest = _LARGEST_REPEATED_DICTIONARY if heavily else _LARGEST_DICTIONARY
+    sizes = dictionary.value_sizes(pages, indices.codec, largest)
+    if sizes is not None:
+        return int(np.dot(counts, sizes + 4))
+    return int(counts.max()) * size if heavily else round(total * size / distinct)
+
+
+@dataclass(frozen=True)
+class _Dictionary:
+    """A chunk's dictionary page: `distinct` PLAIN-encoded values, `size` bytes read, `stored`
+    bytes in the file from `at` (past the page's header)."""
+
+    at: int
+    stored: int
+    size: int
+    distinct: int
+
+    @classmethod
+    def of(cls, chunk: Any, header: dict[int, Any], at: int) -> _Dictionary | None:
+        """The dictionary page whose `header` ends at `at`; None where it is no dictionary
+        page, a ValueError where it claims more than `chunk` holds."""
+        dictionary = header.get(7)
+        if header.get(1) != _DICTIONARY_PAGE or not isinstance(dictionary, dict):
+            return None
+        size = _count(header, 2)
+        if size > chunk.total_uncompressed_size:
+            raise ValueError("a dictionary larger than its chunk")
+        distinct = _count(dictionary, 1)
+        # A dictionary holds values of the chunk's (a PLAIN byte array its 4-byte length at
+        # least): more is a garbled header, whose count a value each took 8 TiB for 2**40
+        # values.
+        if distinct > chunk.num_values or (
+            chunk.physical_type == "BYTE_ARRAY" and 4 * distinct > size
+        ):
+            raise ValueError("more dictionary values than its chunk or page holds")
+        return cls(at, _count(header, 3), size, distinct)
+
+    @property
+    def mean(self) -> float:
+        """The mean bytes of a value read, its 4-byte length included."""
+        return self.size / self.distinct if self.distinct else 0.0
+
+    def value_sizes(self, pages: _ChunkBytes, codec: str | None, largest: int) -> Any:
+        """The length of each value, read from the page (compressed with `codec`); None where
+        it is past `largest` bytes, stored or read, or not read as expected."""
+        if self.stored > largest or self.size > largest:
+            return None
+        try:
+            data = _decompressed(pages.get(self.at, self.stored), self.size, codec)
+            return _plain_sizes(data, self.distinct)
+        except _unreadable_errors():
+            return None
 
 
 class _Indices:
@@ -182,7 +256,7 @@ class _Indices:
             return
         try:
             self._add(pages, at, kind, header, page)
-        except (OSError, ValueError, IndexError, ArithmeticError, _arrow_errors()):
+        except _unreadable_errors():
             self.counts = None
 
     def _add(self, pages: _ChunkBytes, at: int, kind: int, header: dict, page: dict) -> None:
@@ -196,7 +270,7 @@ class _Indices:
         if kind == _DATA_PAGE:
             if page.get(3, _RLE) != _RLE or page.get(4, _RLE) != _RLE:
                 raise ValueError("levels not RLE")
-            data = self._decompressed(body, size)
+            data = _decompressed(body, size, self.codec)
             position = 0
             if self.repetition > 0:
                 position += 4 + int.from_bytes(data[0:4], "little")
@@ -218,53 +292,20 @@ class _Indices:
             values = count - _count(page, 2)
             data = body[levels:]
             if page.get(7, True) is not False:
-                data = self._decompressed(data, size - levels)
+                data = _decompressed(data, size - levels, self.codec)
         if values <= 0:
             return
         width = data[0]
         self.counts += _hybrid_counts(data[1:], width, values, len(self.counts))
 
-    def _decompressed(self, data: bytes, size: int) -> bytes:
-        if self.codec is None:
-            return data
-        import pyarrow as pa
 
-        return pa.decompress(data, decompressed_size=size, codec=self.codec, asbytes=True)
-
-    def decoded_bytes(
-        self, pages: _ChunkBytes, at: int, stored: int, size: int, distinct: int
-    ) -> int:
-        """The bytes the counted values hold read: each a dictionary value and its 4-byte
-        offset, the dictionary's values' sizes read from its page (at `at`, `stored` bytes
-        long, `size` read) where they are not all read equally often and it is small enough
-        to read; else each at their mean size, or where they repeat heavily, each as often as
-        the most read one (never less than read)."""
-        import numpy as np
-
-        counts = self.counts
-        if not distinct or not counts.any():
-            return 0
-        if counts.min() == counts.max():  # every value as often: that many dictionaries
-            return int(counts[0]) * size
-        total = int(counts.sum())
-        heavily = total >= 2 * distinct
-        largest = _LARGEST_REPEATED_DICTIONARY if heavily else _LARGEST_DICTIONARY
-        sizes = None
-        if stored <= largest and size <= largest:
-            try:
-                sizes = _plain_sizes(self._decompressed(pages.get(at, stored), size), distinct)
-            except (OSError, ValueError, IndexError, ArithmeticError, _arrow_errors()):
-                sizes = None
-        if sizes is None:
-            return int(counts.max()) * size if heavily else round(total * size / distinct)
-        return int(np.dot(counts, sizes + 4))
-
-
-def _arrow_errors() -> type[Exception]:
-    # (pyarrow's gzip, zstd, brotli and LZ4 raise OSError for bytes that do not decompress)
+def _decompressed(data: bytes, size: int, codec: str | None) -> bytes:
+    """`data` decompressed with pyarrow's `codec` into its `size` bytes (as is for None)."""
+    if codec is None:
+        return data
     import pyarrow as pa
 
-    return pa.ArrowException
+    return pa.decompress(data, decompressed_size=size, codec=codec, asbytes=True)
 
 
 def _plain_sizes(data: bytes, distinct: int) -> Any:
@@ -297,7 +338,7 @@ def _hybrid_counts(data: bytes, width: int, count: int, distinct: int) -> Any:
     byte_width = (width + 7) // 8
     position = 0
     while count > 0:
-        header, position = _varint(data, position)
+        header, position = _varint_at(data, position)
         if header & 1:  # bit-packed: groups of 8 values, `width` bytes a group
             size = (header >> 1) * width
             run = data[position : position + size]
@@ -328,7 +369,9 @@ def _hybrid_counts(data: bytes, width: int, count: int, distinct: int) -> Any:
     return counts
 
 
-def _varint(data: bytes, position: int) -> tuple[int, int]:
+def _varint_at(data: bytes, position: int) -> tuple[int, int]:
+    """The unsigned varint at `position` in `data` (parquet's and thrift's ULEB128), and the
+    position after it: an IndexError where `data` ends first."""
     result = shift = 0
     while True:
         byte = data[position]
@@ -432,15 +475,8 @@ class _CompactReader:
         self.pos += count
 
     def _varint(self) -> int:
-        result = shift = 0
-        while True:
-            byte = self._byte()
-            result |= (byte & 0x7F) << shift
-            if not byte & 0x80:
-                return result
-            shift += 7
-            if shift > 63:
-                raise ValueError("varint too long")
+        value, self.pos = _varint_at(self.data, self.pos)
+        return value
 
     def _zigzag(self) -> int:
         value = self._varint()
