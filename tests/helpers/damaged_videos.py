@@ -35,6 +35,20 @@ def decoded_by_opencv(path: Path) -> int:
     return frames
 
 
+def ffprobe_entries(path: Path, entries: str) -> list[str] | None:
+    """The values `ffprobe -show_entries ENTRIES` gives for the first video stream of `path`,
+    one a line (`stream=r_frame_rate`: its rate; `packet=duration_time`: each packet's), to
+    check figures against apart from torchkit; None where this machine has no ffprobe."""
+    if shutil.which("ffprobe") is None:
+        return None
+    command = ["ffprobe", "-v", "error", "-select_streams", "v:0", "-show_entries", entries]
+    probed = subprocess.run(
+        [*command, "-of", "csv=p=0", str(path)],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    return [line.strip(",") for line in probed.stdout.split()]
+
+
 @functools.cache
 def _ffmpeg_offers(listing: str) -> frozenset[str]:
     """The names `ffmpeg -encoders` or `-muxers` lists (none without ffmpeg)."""
