@@ -679,7 +679,13 @@ def test_a_python_file_named_as_a_module_found_first_is_renamed(tmp_path, runner
         f"{code.__file__}, found first, not code.py: rename the file (code_model.py, named "
         "code_model:NAME from the folder that holds it))"
     )
-    assert runner.invoke(app, ["summary", "code:build", "-i", "2"]).exit_code != 0
+    # named so anyway: the same advice, where the hint was 'use package.module:Callable'
+    named = runner.invoke(app, ["summary", "code:build", "-i", "2"])
+    assert named.exit_code != 0
+    assert error_line(named.stderr).endswith(
+        f"(code is {code.__file__}, found before code.py in this folder: rename code.py "
+        "(code_model.py, named code_model:build))"
+    )
     (tmp_path / "code.py").rename(tmp_path / "code_model.py")
     renamed = runner.invoke(app, ["summary", "code_model:build", "-i", "2", "--format", "json"])
     assert renamed.exit_code == 0, renamed.stderr

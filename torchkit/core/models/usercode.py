@@ -61,8 +61,23 @@ def import_factory(spec: str):
         return getattr(module, attr)
     except AttributeError as error:
         raise UsageError(
-            f"cannot import model {spec!r}: {error}", "use package.module:Callable"
+            f"cannot import model {spec!r}: {error}", _missing_callable_hint(top, attr)
         ) from error
+
+
+def _missing_callable_hint(top: str, attr: str) -> str:
+    """A module of the working directory's that another of its name comes before (code.py,
+    test.py: Python's own; the working directory is searched after the installed modules): to
+    be renamed. Else the form of the name."""
+    local = os.path.abspath(f"{top}.py")
+    found = getattr(sys.modules.get(top), "__file__", None)
+    if os.path.isfile(local) and (found is None or os.path.abspath(found) != local):
+        where = found or f"Python's built-in module {top}"
+        return (
+            f"{top} is {where}, found before {top}.py in this folder: rename {top}.py "
+            f"({top}_model.py, named {top}_model:{attr})"
+        )
+    return "use package.module:Callable"
 
 
 def call_model_factory(
