@@ -184,17 +184,32 @@ def _timed_out(error: BaseException, elapsed: float, seconds: float) -> bool:
 # Set in the process group's store by a rank that fails with its own error (the value: its exit
 # code): the ranks torchrun's agent then stops (SIGTERM) end with that code and print nothing.
 _FAILED_KEY = "torchkit/failed_exit_code"
+# Set by a rank that ends on its own Ctrl-C or SIGTERM (the value: the signal's number): a rank
+# asked to stop as well that then loses it ends stopped, where a lost rank that set nothing (one
+# killed outright: the kernel's OOM killer, a crash) is still reported as lost.
+_STOPPED_KEY = "torchkit/stopped_by_signal"
+_GONE = object()  # the store's server no longer answers
 
 
 def record_failure(ctx: DistContext, exit_code: int) -> None:
     """Tell the other ranks, through the store, that this rank ends with its own error (its
     line names it). Nothing happens where the store does not answer."""
+    _record(ctx, _FAILED_KEY, str(exit_code))
+
+
+def record_stop(ctx: DistContext, signum: int) -> None:
+    """Tell the other ranks, through the store, that this rank ends on its own Ctrl-C or
+    SIGTERM (`signum`), not by a failure. Nothing happens where the store does not answer."""
+    _record(ctx, _STOPPED_KEY, str(signum))
+
+
+def _record(ctx: DistContext, key: str, value: str) -> None:
     if not ctx.is_distributed or not ctx.initialised_here:
         return
     from torch.distributed.distributed_c10d import _get_default_store
 
     with contextlib.suppress(Exception):
-        _get_default_store().set(_FAILED_KEY, str(exit_code))
+        _get_default_store().set(key, value)
 
 
 def peer_failure_code(ctx: DistContext) -> int | None:
@@ -202,6 +217,21 @@ def peer_failure_code(ctx: DistContext) -> int | None:
     store no longer answers: it is served by rank 0's process unless torchrun's agent serves
     it, so rank 0 has ended (asked by rank 0 itself: None, its agent has ended and no rank
     said it failed). None while the store answers and no rank recorded a failure."""
+    value = _recorded(ctx, _FAILED_KEY)
+    if value is _GONE:
+        return None if ctx.is_main else 143
+    return None if value is None else int(value)
+
+
+def peer_stopped(ctx: DistContext) -> bool:
+    """Whether another rank ended on its own Ctrl-C or SIGTERM (`record_stop`); False where
+    the store no longer answers (rank 0 served it, and nothing is known)."""
+    return isinstance(_recorded(ctx, _STOPPED_KEY), str)
+
+
+def _recorded(ctx: DistContext, key: str) -> str | None | object:
+    """`key`'s value in the process group's store; None where no rank set it (or this process
+    did not start the group), `_GONE` where the store's server no longer answers."""
     if not ctx.is_distributed or not ctx.initialised_here:
         return None
     import os
@@ -218,15 +248,15 @@ def peer_failure_code(ctx: DistContext) -> int | None:
     try:
         socket.create_connection(address, timeout=2).close()
     except OSError:
-        return None if ctx.is_main else 143
+        return _GONE
     try:
         with output_discarded():
             store = _get_default_store()
-            if not store.check([_FAILED_KEY]):
+            if not store.check([key]):
                 return None
-            return int(store.get(_FAILED_KEY))
+            return store.get(key).decode()
     except Exception:
-        return None if ctx.is_main else 143
+        return _GONE
 
 
 def teardown(ctx: DistContext, *, wait: bool = False) -> None:

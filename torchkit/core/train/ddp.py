@@ -127,11 +127,13 @@ def one_line_per_failure(ctx: DistContext) -> Iterator[None]:
     rank 0 included, then ends with the failed rank's exit code and prints nothing: the failed
     rank's line and torchrun's report say what happened, once. A SIGTERM while no rank has
     failed (a user's `kill`, a scheduler) still ends the rank with `Terminated.`, as in every
-    command."""
+    command. A rank that ends at once on its own Ctrl-C or SIGTERM records that too
+    (`distributed.record_stop`, read by `stop_that_lost_a_peer`)."""
     try:
         yield
     except BaseException as error:
         if isinstance(error, KeyboardInterrupt) and not isinstance(error, Terminated):
+            _record_stop(ctx, signal.SIGINT)
             raise
         if isinstance(error, Terminated) or _lost_a_peer(error):
             code = distributed.peer_failure_code(ctx) if under_torchrun_agent() else None
@@ -142,6 +144,8 @@ def one_line_per_failure(ctx: DistContext) -> Iterator[None]:
                 stopped.exit_code = code
                 stopped.reported_by_another_rank = True
                 raise stopped from None
+            if isinstance(error, Terminated):
+                _record_stop(ctx, signal.SIGTERM)
         else:
             code = error.exit_code if isinstance(error, TorchkitError) else 1
             distributed.record_failure(ctx, code)
@@ -154,15 +158,26 @@ def _lost_a_peer(error: BaseException) -> bool:
     return any(words in text for words in ("closed by peer", "reset by peer", "broken pipe"))
 
 
-def stop_that_lost_a_peer(error: BaseException, signum: int) -> KeyboardInterrupt | None:
+def _record_stop(ctx: DistContext, signum: int) -> None:
+    # Only the agent's store outlives the rank that serves it (rank 0's goes with rank 0).
+    if under_torchrun_agent():
+        distributed.record_stop(ctx, signum)
+
+
+def stop_that_lost_a_peer(
+    ctx: DistContext, error: BaseException, signum: int
+) -> KeyboardInterrupt | None:
     """How this rank ends where it was itself asked to stop (`signum`: its Ctrl-C or SIGTERM,
-    0 for none) and a collective then lost a peer: a signal to the whole group (Ctrl-C in
-    torchrun's terminal, `kill -- -PGID`, a scheduler) reaches every rank, and one that comes
-    after training (in the test evaluation) ends rank 0 at once while this rank waits for it
-    in a collective. Rank 0 ended on the same stop, not by a failure: this rank ends stopped
-    too (`Terminated.`, as any rank sent SIGTERM), not with "another process of the run
-    ended". None where this rank was not asked to stop, or lost no peer."""
-    if not signum or not _lost_a_peer(error):
+    0 for none) and a collective then lost a peer that ended on its own stop: a signal to
+    torchrun (Ctrl-C in its terminal, `kill`, a scheduler) reaches every rank, and one that
+    comes after training (in the test evaluation) ends rank 0 at once while this rank waits
+    for it in a collective. Rank 0 ended on the same stop, not by a failure: this rank ends
+    stopped too (`Terminated.`, as any rank sent SIGTERM), not with "another process of the
+    run ended". None where this rank was not asked to stop, lost no peer, or lost one that
+    recorded no stop (`distributed.record_stop`): a rank killed outright (the kernel's OOM
+    killer, a crash) is followed by the agent's SIGTERM to the others, which is no reason to
+    hide it."""
+    if not signum or not _lost_a_peer(error) or not distributed.peer_stopped(ctx):
         return None
     return Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 

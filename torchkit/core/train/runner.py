@@ -174,7 +174,7 @@ def _run_on_device(
         described = ddp.describe_collective_failure(ctx, error, config.dist_timeout)
         if described is None:
             raise
-        stopped = ddp.stop_that_lost_a_peer(error, callbacks.stop_signal())
+        stopped = ddp.stop_that_lost_a_peer(ctx, error, callbacks.stop_signal())
         if stopped is not None:
             raise stopped from None
         raise described from error
