@@ -512,10 +512,10 @@ def _image_bytes_read(path: str, metadata: Any, column: str) -> list[int]:
     from torchkit.core.data.sources.parquet_pages import decoded_chunk_bytes
 
     groups = [metadata.row_group(group) for group in range(metadata.num_row_groups)]
-    leaves = [
-        i for i in range(metadata.num_columns)
-        if (name := metadata.schema.column(i).path) == column or name.startswith(column + ".")
-    ]  # fmt: skip
+    leaves = {
+        i: leaf for i in range(metadata.num_columns)
+        if (leaf := metadata.schema.column(i)).path == column or leaf.path.startswith(column + ".")
+    }  # fmt: skip
     chunks = [[group.column(i) for i in leaves] for group in groups]
     stored = [sum(chunk.total_uncompressed_size for chunk in group) for group in chunks]
     encoded = [g for g, group in enumerate(chunks) if any(c.has_dictionary_page for c in group)]
@@ -530,10 +530,9 @@ def _image_bytes_read(path: str, metadata: Any, column: str) -> list[int]:
     except OSError:
         return stored
     try:
-        schemas = [metadata.schema.column(i) for i in leaves]  # each leaf's levels
         read = {
-            g: sum(decoded_chunk_bytes(fd, chunk, schema)
-                   for chunk, schema in zip(chunks[g], schemas, strict=True))
+            g: sum(decoded_chunk_bytes(fd, chunk, leaf)  # each leaf's schema: its levels
+                   for chunk, leaf in zip(chunks[g], leaves.values(), strict=True))
             for g in sampled
         }  # fmt: skip
     finally:
