@@ -624,10 +624,11 @@ def test_a_class_name_classes_txt_cannot_give_back_is_refused_before_any_shard(
 def test_images_named_without_an_image_extension_are_stored_as_images(tmp_path: Path):
     """A CSV index may name any file: `x.json` and `x.cls` replaced the sample's label member
     (the sample had no image) and `x.dat` was no image to any reader; a format that shards
-    cannot name is skipped as unreadable."""
+    cannot name is skipped as unreadable (its format said with "a" or "an": was "a ICO")."""
     root = tmp_path / "csv"
     root.mkdir()
     names = {"a.json": "PNG", "b.cls": "PNG", "c.dat": "JPEG", "d": "GIF", "e.tga": "TGA"}
+    names |= {"f.ico": "ICO", "g.sgi": "SGI"}
     for name, image_format in names.items():
         Image.new("RGB", (4, 4), (len(name), 0, 0)).save(root / name, format=image_format)
     (root / "index.csv").write_text("path,label\n" + "".join(f"{n},x\n" for n in names))
@@ -635,6 +636,8 @@ def test_images_named_without_an_image_extension_are_stored_as_images(tmp_path: 
     done = convert(root / "index.csv", out, "--no-shuffle")
     assert done.returncode == 0, done.stderr
     assert f"skipped unreadable image {root / 'e.tga'}: a TGA file" in done.stderr
+    assert f"skipped unreadable image {root / 'f.ico'}: an ICO file, which" in done.stderr
+    assert f"skipped unreadable image {root / 'g.sgi'}: an SGI file, which" in done.stderr
     samples = samples_of(out / "shard-000000.tar")
     stored = {
         json.loads(s["json"])["path"]: sorted(set(s) - {"cls", "json"}) for s in samples.values()

@@ -123,6 +123,9 @@ _FORMAT_EXTENSIONS = {
     "TIFF": "tif",
     "PPM": "ppm",
 }
+# PIL formats said with "an" that begin with a consonant letter: initialisms whose first
+# letter's name sounds a vowel (an SGI file; a FITS or a SUN file, words, take "a").
+_AN_FORMATS = frozenset({"FLI", "FTEX", "HDF5", "MPEG", "MSP", "SGI", "XBM", "XPM", "XVTHUMB"})
 
 
 def parse_size(text: str) -> int:
@@ -301,9 +304,11 @@ def load_sample(
         return Loaded(error=unreadable_reason(error))
     extension = _extension(str(path)) or _FORMAT_EXTENSIONS.get(image_format, "")
     if not extension:
+        kind = image_format or "non-image"
+        article = "an" if kind[0] in "AEIO" or kind in _AN_FORMATS else "a"
         return Loaded(
-            error=f"a {image_format or 'non-image'} file, which shards cannot store as an image "
-            f"(they hold {', '.join(sorted(set(_FORMAT_EXTENSIONS.values())))}: convert it first)"
+            error=f"{article} {kind} file, which shards cannot store as an image (they hold "
+            f"{', '.join(sorted(set(_FORMAT_EXTENSIONS.values())))}: convert it first)"
         )
     return Loaded(extension, data)
 
