@@ -212,23 +212,16 @@ def _blocked_global(error: BaseException) -> str | None:
 
 def _code_file_hint(source: Path) -> str:
     """A model's code given where a model file goes (MODEL, --weights, a file to convert): how
-    code and weights are each given. A file named as a module Python finds before it (code.py,
-    test.py: its own) is not what `code:NAME` imports (the working directory comes after the
-    installed modules): it is to be renamed, not named so."""
-    import importlib.util
+    code and weights are each given; a file that `module:NAME` would not import (code.py,
+    hidden by Python's own `code`) is to be renamed, not named so."""
+    from torchkit.core.models.usercode import module_found_first
 
     module = source.stem
-    try:
-        found = importlib.util.find_spec(module)
-    except (ImportError, ValueError):  # a module whose import fails or that has no spec
-        found = None
-    origin = getattr(found, "origin", None)  # None: a namespace package, which a module beats
-    if origin is not None and os.path.abspath(origin) != os.path.abspath(source):
-        if not found.has_location:  # "built-in", "frozen": compiled into Python (sys.py)
-            origin = f"Python's built-in module {module}"
+    found = module_found_first(module, source)
+    if found is not None:
         return (
             f"a model in Python code is named module:Callable, but {module}:NAME would import "
-            f"{origin}, found first, not {source.name}: rename the file ({module}_model.py, "
+            f"{found}, found first, not {source.name}: rename the file ({module}_model.py, "
             f"named {module}_model:NAME from the folder that holds it)"
         )
     return (

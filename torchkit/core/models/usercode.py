@@ -66,18 +66,37 @@ def import_factory(spec: str):
 
 
 def _missing_callable_hint(top: str, attr: str) -> str:
-    """A module of the working directory's that another of its name comes before (code.py,
-    test.py: Python's own; the working directory is searched after the installed modules): to
-    be renamed. Else the form of the name."""
-    local = os.path.abspath(f"{top}.py")
-    found = getattr(sys.modules.get(top), "__file__", None)
-    if os.path.isfile(local) and (found is None or os.path.abspath(found) != local):
-        where = found or f"Python's built-in module {top}"
+    """A module of the working directory's that another of its name comes before: to be
+    renamed. Else the form of the name."""
+    local = f"{top}.py"
+    found = module_found_first(top, local) if os.path.isfile(local) else None
+    if found is not None:
         return (
-            f"{top} is {where}, found before {top}.py in this folder: rename {top}.py "
+            f"{top} is {found}, found before {top}.py in this folder: rename {top}.py "
             f"({top}_model.py, named {top}_model:{attr})"
         )
     return "use package.module:Callable"
+
+
+def module_found_first(module: str, source: str | os.PathLike) -> str | None:
+    """What `module` names for Python when that is not the file `source` (code.py, test.py or
+    sys.py, hidden by Python's own: the working directory is searched after the installed
+    modules): its file, or "Python's built-in module NAME"; None when it is `source`, or is
+    found nowhere else (a namespace package, which a module beats, counts as nowhere)."""
+    import importlib.util
+
+    loaded = sys.modules.get(module)
+    try:
+        found = loaded.__spec__ if loaded is not None else importlib.util.find_spec(module)
+    except (ImportError, ValueError, AttributeError):  # its import fails, or it has no spec
+        return None
+    if found is None or found.origin is None:
+        return None
+    if not found.has_location:  # "built-in", "frozen": compiled into Python
+        return f"Python's built-in module {module}"
+    if os.path.abspath(found.origin) == os.path.abspath(source):
+        return None
+    return found.origin
 
 
 def call_model_factory(
