@@ -116,6 +116,19 @@ def content_groups(paths: Sequence[str | os.PathLike]) -> list[list[int]]:
     return sorted(sorted(group) for group in settled)
 
 
+def named_classes(classes: Sequence[str]) -> list[str]:
+    """`classes` (of a group of byte-identical files) without "": an unlabelled copy (a sample
+    without a label) is of no class, so a labelled image and its unlabelled copy are no label
+    conflict."""
+    return [name for name in classes if name]
+
+
+def is_label_conflict(classes: Sequence[str]) -> bool:
+    """Whether a group of byte-identical files whose distinct classes are `classes` is filed
+    under more than one class (the same image labelled twice): split's and dataset-stats' rule."""
+    return len(named_classes(classes)) > 1
+
+
 def label_conflicts_said(groups: Sequence[tuple[Sequence[str], Sequence[str]]]) -> str:
     """How split and dataset-stats name the groups of byte-identical files filed under more
     than one class (the same image labelled twice, common in scraped data): `groups`, each
@@ -125,7 +138,7 @@ def label_conflicts_said(groups: Sequence[tuple[Sequence[str], Sequence[str]]]) 
 
     def group(paths: Sequence[str], classes: Sequence[str]) -> str:
         more = f" and {len(paths) - 2} more" if len(paths) > 2 else ""
-        named = [name for name in classes if name]
+        named = named_classes(classes)
         others = f" and {len(named) - 3} more classes" if len(named) > 3 else ""
         return f"{' = '.join(paths[:2])}{more} ({', '.join(named[:3])}{others})"
 

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from torchkit.core.data.hashing import content_groups
+from torchkit.core.data.hashing import content_groups, is_label_conflict
 from torchkit.core.data.image_files import opened_image
 from torchkit.core.data.sources.discovery import (
     class_folder_problem,
@@ -86,14 +86,14 @@ def label_conflicts(
     for each group across classes, none for the others."""
     conflicts = []
     for members in identical:
-        found = sorted({labels[i] for i in members})
-        if len([label for label in found if classes[label]]) < 2:  # "": unlabelled, no class
+        found = [classes[label] for label in sorted({labels[i] for i in members})]
+        if not is_label_conflict(found):
             continue
         if _opens_as_image(sources[members[0]]):
             conflicts.append(
                 {
                     "paths": [paths[i] for i in members],
-                    "classes": [classes[label] for label in found],
+                    "classes": found,
                     "split": names[split_of[members[0]]],
                 }
             )

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from torchkit.core.data.hashing import is_label_conflict
 from torchkit.core.data.neardup import DuplicatePair
 from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.data.sources.samples import Samples, shown_class_names
@@ -106,7 +107,7 @@ class DatasetStats:
     def label_conflicts(self) -> list[DuplicateGroup]:
         """The groups of identical files filed under more than one class (the same image
         labelled twice); an unlabelled copy ("") of a labelled image is none."""
-        return [group for group in self.duplicates if len([c for c in group.classes if c]) > 1]
+        return [group for group in self.duplicates if is_label_conflict(group.classes)]
 
     @property
     def duplicate_files(self) -> int:
