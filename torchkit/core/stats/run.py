@@ -234,8 +234,9 @@ def compute_dataset_stats(
         samples, mode, resize, tally.accumulator, records, list(tally.names), errors, non_images
     )
     stats.source, stats.split, stats.notes = _data_name(source, samples), measured, notes
-    if stats.label_conflicts:
-        said = label_conflicts_said([(g.paths, g.classes) for g in stats.label_conflicts])
+    conflicts = stats.label_conflicts
+    if conflicts:
+        said = label_conflicts_said([(group.paths, group.classes) for group in conflicts])
         log.warning(f"{said} (listed under duplicates in the report)")
     if perceptual:
         find_duplicates(
