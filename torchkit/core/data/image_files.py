@@ -50,7 +50,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
-from torchkit.core.io.errors import InputError
+from torchkit.core.io.errors import InputError, first_line
 from torchkit.core.io.file_kinds import file_kind
 from torchkit.core.runtime.fork_safe import ForkSafeLock
 
@@ -146,8 +146,6 @@ def unreadable_reason(error: BaseException, size: int | None = None) -> str:
     names the file as the user reaches it. `size`: the bytes read, where the caller read them
     (0: an empty file, whatever the error)."""
     from PIL import UnidentifiedImageError
-
-    from torchkit.core.io.errors import first_line
 
     unidentified = isinstance(error, UnidentifiedImageError)
     if size == 0 or (unidentified and str(error).endswith(_EMPTY_FILE)):
