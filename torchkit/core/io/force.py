@@ -493,6 +493,12 @@ class ForceRefusal:
     kind: RefusalKind
     names: tuple[str, ...] = ()
 
+    @property
+    def by_owner(self) -> bool:
+        """Whether the folder is refused for whom its content is from (`_owner_refusal`): not
+        torchkit, or another command of it."""
+        return self.kind in ("not_torchkit", "other_command")
+
     def error(self, folder: Path, what: str) -> OutputExistsError:
         """The refusal of `--force` itself (`check_replaceable`, `OutputFolder`)."""
         if self.kind == "symlink":

@@ -203,8 +203,7 @@ def _split_or_finish(
         # What --force would meet, judged once, under the lock: it decides the check below
         # and, only where "already exists" is said, its hint.
         refusal = force_refusal(out, command="split")
-        owner_refused = refusal is not None and refusal.kind in ("not_torchkit", "other_command")
-        if not owner_refused and out.is_dir():
+        if (refusal is None or not refusal.by_owner) and out.is_dir():
             # Before "already exists": its hint, --force, would be refused for these files.
             refuse_files_not_written(out, set(options.names) | previous_split_names(out))
         check_replaceable(
