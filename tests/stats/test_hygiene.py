@@ -953,6 +953,23 @@ def test_identical_files_in_two_classes_are_warned_of_listed_and_kept(runner, tm
     assert "cat/cat_1.png = dog/also_cat.png (cat, dog)" in " ".join(stats.stderr.split())
 
 
+def test_dataset_stats_table_and_csv_count_the_label_conflicts(runner, tmp_path):
+    """The table's duplicate row says how many of its groups span classes, and the CSV's
+    summary rows count them (duplicate_label_conflicts); a copy within one class is none."""
+    raw = write_image_folder(tmp_path / "raw", {"cat": 4, "dog": 4})
+    (raw / "dog" / "also_cat.png").write_bytes((raw / "cat" / "cat_1.png").read_bytes())
+    (raw / "cat" / "again.png").write_bytes((raw / "cat" / "cat_2.png").read_bytes())
+    table = runner.invoke(app, ["dataset-stats", str(raw), "-j", "0"])
+    assert table.exit_code == 0, table.stderr
+    assert "2 (in 2 groups; 1 across classes)" in table.stdout
+    out = tmp_path / "stats.csv"
+    args = ["dataset-stats", str(raw), "--format", "csv", "-o", str(out), "-j", "0"]
+    assert runner.invoke(app, args).exit_code == 0
+    written = csv.DictReader(out.read_text().splitlines())
+    summary = {row["name"]: row["value"] for row in written if row["section"] == "summary"}
+    assert summary["duplicate_files"] == "2" and summary["duplicate_label_conflicts"] == "1"
+
+
 def test_a_label_conflict_across_many_classes_is_named_by_its_first_classes(runner, tmp_path):
     """A placeholder image filed under every class (a scraper's "no image" picture in 1,000
     classes) is one group: its warning names the first three classes and counts the rest,
