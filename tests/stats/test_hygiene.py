@@ -970,6 +970,18 @@ def test_dataset_stats_table_and_csv_count_the_label_conflicts(runner, tmp_path)
     assert summary["duplicate_files"] == "2" and summary["duplicate_label_conflicts"] == "1"
 
 
+def test_a_finished_move_reports_its_label_conflicts_again(tmp_path):
+    """A move's journal keeps its label conflicts: the same move run again (nothing left to
+    move) reports the groups the first run found."""
+    raw = write_image_folder(tmp_path / "raw", {"cat": 4, "dog": 4})
+    (raw / "dog" / "also_cat.png").write_bytes((raw / "cat" / "cat_1.png").read_bytes())
+    out = tmp_path / "out"
+    moved = split_dataset(raw, out, mode="move")
+    assert [c["paths"] for c in moved.label_conflicts] == [["cat/cat_1.png", "dog/also_cat.png"]]
+    again = split_dataset(raw, out, mode="move")
+    assert again.already_done and again.label_conflicts == moved.label_conflicts
+
+
 def test_a_label_conflict_across_many_classes_is_named_by_its_first_classes(runner, tmp_path):
     """A placeholder image filed under every class (a scraper's "no image" picture in 1,000
     classes) is one group: its warning names the first three classes and counts the rest,
