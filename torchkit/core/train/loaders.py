@@ -111,12 +111,12 @@ def load_splits(config: TrainConfig, recorded: dict | None = None) -> TrainData:
     shown = shown_class_names
     empty = [name for name, count in zip(shown(train.classes), counts, strict=True) if not count]
     held_out = "val" not in source.splits  # the val split is --val-split of train's images
+    found = _images_of_classes(splits, empty) if empty else {}  # in other splits: train has none
     if empty and source.classes_given:
-        empty = _train_classes_named_but_never_seen(source, splits, empty)
+        empty = _train_classes_named_but_never_seen(source, empty, found)
     if empty:
         val = splits.get("val")
         in_val = dict(zip(shown(val.classes), val.class_counts(), strict=True)) if val else {}
-        found = _images_of_classes(splits, empty)  # in other splits: train has none
         if held_out:  # train's images held out: a class no split has an image of has none
             _refuse_classes_without_images(source, [n for n in empty if not found[n]])
         raise InputError(
@@ -125,7 +125,7 @@ def load_splits(config: TrainConfig, recorded: dict | None = None) -> TrainData:
                 held_out,
                 [in_val.get(name, 0) for name in empty],
                 source.kind,
-                elsewhere=any(found.values()),
+                elsewhere=any(found[name] for name in empty),
                 many=len(empty) > 1,
             ),
         )
@@ -162,15 +162,15 @@ def _images_of_classes(splits: dict[str, Samples], names: list[str]) -> dict[str
 
 
 def _train_classes_named_but_never_seen(
-    source: DataSource, splits: dict[str, Samples], empty: list[str]
+    source: DataSource, empty: list[str], found: dict[str, int]
 ) -> list[str]:
     """Of `empty` (classes without training images) of data that states its classes (HF's
     ClassLabel names, classes.txt beside shards, class indices), those some split has images
-    of; the classes no split has an image of are trained as outputs of their own, with a
-    warning. Their names and indices are the data's (a dataset filtered to some classes keeps
-    the ClassLabel names of all; shards of part of ImageNet label by its 1,000 indices): no
-    class can be left out without rewriting every label, as a class folder can be removed."""
-    found = _images_of_classes(splits, empty)
+    of (`found`: each one's images in all splits); the classes no split has an image of are
+    trained as outputs of their own, with a warning. Their names and indices are the data's (a
+    dataset filtered to some classes keeps the ClassLabel names of all; shards of part of
+    ImageNet label by its 1,000 indices): no class can be left out without rewriting every
+    label, as a class folder can be removed."""
     never = [name for name in empty if not found[name]]
     if never:
         kept, it = ("an output", "it") if len(never) == 1 else ("outputs", "them")
