@@ -472,12 +472,12 @@ def windowed_order(blocks: Blocks, generator: Any) -> list[int]:
     row group for nearly every image (5.7-11 ms an image instead of 0.1-0.2 ms)."""
     import torch
 
-    if _one_window(blocks):
+    ids = torch.tensor(blocks.ids, dtype=torch.int64)
+    count = int(ids.max()) + 1 if len(ids) else 0  # the blocks: ids count from 0 up
+    if _one_window(blocks, count):
         # Every block is read together: the plain shuffle of image files, so the same images
         # train in the same order from a folder, parquet or a streamed shard folder.
-        return torch.randperm(len(blocks.ids), generator=generator).tolist()
-    ids = torch.tensor(blocks.ids, dtype=torch.int64)
-    count = int(ids.max()) + 1 if len(ids) else 0
+        return torch.randperm(len(ids), generator=generator).tolist()
     shuffled = torch.randperm(count, generator=generator)
     place = torch.empty(count, dtype=torch.int64)
     place[shuffled] = torch.arange(count)
@@ -493,9 +493,8 @@ def windowed_order(blocks: Blocks, generator: Any) -> list[int]:
     return torch.argsort(keys).tolist()
 
 
-def _one_window(blocks: Blocks) -> bool:
-    """Whether all of `blocks` fit in one window (as `windowed_order` packs them)."""
-    count = len(set(blocks.ids))
+def _one_window(blocks: Blocks, count: int) -> bool:
+    """Whether all `count` of `blocks` fit in one window (as `windowed_order` packs them)."""
     if blocks.sizes is not None and blocks.capacity is not None:
         return count <= 1 or sum(blocks.sizes) <= blocks.capacity
     return count <= blocks.window
