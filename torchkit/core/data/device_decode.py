@@ -56,7 +56,7 @@ from torchkit.core.data.batches import Batch, collate_skipping_unreadable
 from torchkit.core.data.crop_resize import resize_crops
 from torchkit.core.data.decode import JPEG_SUFFIXES, pil_resample
 from torchkit.core.data.eval_crop import resized_size
-from torchkit.core.data.stored_image import StoredImage, is_stored
+from torchkit.core.data.stored_image import is_stored
 from torchkit.core.io.errors import UsageError
 
 log = logging.getLogger("torchkit")
@@ -99,8 +99,9 @@ def resolve_decode(
     random_erasing: float,
 ) -> tuple[str, str | None]:
     """(mode, note) for `--decode auto`: `device` when training on CUDA from JPEG files (at
-    least half of the training files named .jpg/.jpeg/.jfif) with transforms the device path
-    runs, `fast` otherwise; the note says why a CUDA run on JPEGs keeps `fast`. Any other
+    least half of the training files named .jpg/.jpeg/.jfif, parquet rows counted by the share
+    of JPEGs among the first `SNIFFED_UNNAMED`'s bytes) with transforms the device path runs,
+    `fast` otherwise; the note says why a CUDA run on JPEGs keeps `fast`. Any other
     `decode` is returned as it is."""
     if decode != "auto":
         return decode, None
@@ -143,7 +144,7 @@ def _share_of_jpegs(paths: list[Any]) -> float:
         reader = copies.get(id(path.reader))
         if reader is None:
             reader = copies[id(path.reader)] = copy.copy(path.reader)
-        found += _starts_as_jpeg(StoredImage(str(path), reader, path.locator))
+        found += _starts_as_jpeg(reader, path.locator)
     for reader in copies.values():
         close = getattr(reader, "close", None)
         if close is not None:
@@ -151,9 +152,9 @@ def _share_of_jpegs(paths: list[Any]) -> float:
     return found / len(paths)
 
 
-def _starts_as_jpeg(path: Any) -> bool:
+def _starts_as_jpeg(reader: Any, locator: Any) -> bool:
     try:
-        return path.read_bytes().startswith(JPEG_START)
+        return reader.read(locator).startswith(JPEG_START)
     except Exception:  # an unreadable row: the loaders say so when they read it
         return False
 
