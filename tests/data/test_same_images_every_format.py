@@ -11,6 +11,7 @@ import csv
 import io
 import json
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -207,6 +208,20 @@ def _split_folder_and_parquet(root: Path, kind: str) -> tuple[Path, Path]:
     return folder, parquet
 
 
+@pytest.fixture(scope="module")
+def split_data(tmp_path_factory) -> Callable[[str], tuple[Path, Path]]:
+    """`_split_folder_and_parquet` of a kind of image, made once for the module's tests (which
+    only read it)."""
+    made: dict[str, tuple[Path, Path]] = {}
+
+    def of(kind: str) -> tuple[Path, Path]:
+        if kind not in made:
+            made[kind] = _split_folder_and_parquet(tmp_path_factory.mktemp(kind), kind)
+        return made[kind]
+
+    return of
+
+
 def _train_figures(root: Path, datas: tuple[Path, ...], *options: str) -> list[list[dict]]:
     figures = []
     for data in datas:
@@ -225,29 +240,23 @@ def _train_figures(root: Path, datas: tuple[Path, ...], *options: str) -> list[l
     return figures
 
 
-def test_train_figures_of_a_split_folder_and_of_parquet_of_it_are_the_same(tmp_path):
-    pytest.importorskip("pyarrow")
-    datas = _split_folder_and_parquet(tmp_path, "plain")
-    figures = _train_figures(tmp_path, datas)
+def test_train_figures_of_a_split_folder_and_of_parquet_of_it_are_the_same(split_data, tmp_path):
+    figures = _train_figures(tmp_path, split_data("plain"))
     assert figures[0] == figures[1]
 
 
-def test_decode_device_takes_the_jpegs_of_parquet_as_it_takes_jpeg_files(tmp_path):
+def test_decode_device_takes_the_jpegs_of_parquet_as_it_takes_jpeg_files(split_data, tmp_path):
     """`--decode device` decoded JPEG files on the device and the same JPEGs in parquet rows
     (`FILE/ROW`, no `.jpg` name) in the workers, and `--decode auto` on CUDA took `fast` for
     parquet of JPEGs: other pixels, other figures (here on the CPU, where the device path
     decodes with torchvision)."""
-    pytest.importorskip("pyarrow")
     from torchkit.core.data.device_decode import resolve_decode
     from torchkit.core.data.sources import open_data
 
-    folder, parquet = _split_folder_and_parquet(tmp_path, "jpeg")
+    folder, parquet = split_data("jpeg")
     figures = _train_figures(tmp_path, (folder, parquet), "--decode", "device")
     assert figures[0] == figures[1]
-    for data, device in (
-        (parquet, "device"),
-        (_split_folder_and_parquet(tmp_path / "p", "plain")[1], "fast"),
-    ):
+    for data, device in ((parquet, "device"), (split_data("plain")[1], "fast")):
         paths = list(open_data(str(data)).splits["train"].paths)
         chosen = resolve_decode(
             "auto", device_type="cuda", paths=paths, augment="basic", random_erasing=0.0
@@ -255,15 +264,16 @@ def test_decode_device_takes_the_jpegs_of_parquet_as_it_takes_jpeg_files(tmp_pat
         assert chosen == (device, None)
 
 
-def test_decode_auto_judging_parquet_by_its_bytes_leaves_no_row_group_held(tmp_path):
+def test_decode_auto_judging_parquet_by_its_bytes_leaves_no_row_group_held(split_data):
     """`--decode auto` on CUDA reads the first rows of parquet to judge them: through the run's
     reader, which kept the row groups read (a whole image column: 77 MB for 1,000 images of 77
     kB) in the main process for the whole run, where loader workers read the images."""
-    pa = pytest.importorskip("pyarrow")
+    import pyarrow as pa
+
     from torchkit.core.data.device_decode import resolve_decode
     from torchkit.core.data.sources import open_data
 
-    parquet = _split_folder_and_parquet(tmp_path, "jpeg")[1]
+    parquet = split_data("jpeg")[1]
     paths = list(open_data(str(parquet)).splits["train"].paths)
     before = pa.total_allocated_bytes()
     chosen = resolve_decode(
