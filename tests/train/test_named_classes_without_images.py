@@ -112,3 +112,31 @@ def test_balanced_class_weights_weigh_kept_classes_without_images_as_classes_of_
         f"Warning: class 'c', 'd' have no images in {data}: kept as outputs no image is labelled"
         " with, as the data's class names (or indices) include them"
     ]
+
+
+def test_a_named_class_with_val_images_only_is_refused_beside_one_kept_without_any(tmp_path):
+    """Parquet naming 'c', which only val has images of, and 'd', which no split has: 'd' is
+    kept with the warning, 'c' refused with the hint for data without folders."""
+    data = tmp_path / "ds"
+    names = ("a", "b", "c", "d")
+    write_parquet(
+        data / "data" / "train-00000-of-00001.parquet",
+        [png(i) for i in range(4)],
+        [0, 1, 0, 1],
+        names=names,
+    )
+    write_parquet(
+        data / "data" / "validation-00000-of-00001.parquet",
+        [png(50), png(51), png(52)],
+        [0, 1, 2],
+        names=names,
+    )
+    result = run_torchkit_in_process("train", "--data", data, *TINY, "--out", tmp_path / "run")
+    assert result.returncode == 1
+    assert error_line(result.stderr, besides="warnings") == (
+        "Error: class 'c' has no training images (add training images, or remove the class's "
+        "images from the other splits)"
+    )
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("Warning:")]
+    assert warnings == [WARNING.format(data=data).replace("'c'", "'d'")]
+    assert not (tmp_path / "run").exists()
