@@ -606,6 +606,33 @@ def test_a_file_the_file_system_will_not_read_is_hinted_so(tmp_path, monkeypatch
     assert not (tmp_path / "locked.npy").exists() and not (tmp_path / "pipe.npy").exists()
 
 
+def test_a_file_whose_bytes_are_at_fault_is_hinted_so_and_strict_says_how_to_skip(tmp_path):
+    """A cut image or text named .png: why, and that the file is at fault; --strict's error for
+    a file that is no unreadable image (an empty .npy) says how to skip such files."""
+    noise = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    Image.fromarray(noise).save(tmp_path / "whole.png")
+    whole = (tmp_path / "whole.png").read_bytes()
+    (tmp_path / "cut.png").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "text.png").write_text("not an image\n")
+    for name, reason in (("cut.png", "truncated file"), ("text.png", "not an image PIL can read")):
+        result = convert(tmp_path / name, tmp_path / f"{name}.npy")
+        assert result.exit_code == 1
+        assert error_line(result.stderr, besides="nothing") == (
+            f"Error: cannot read image {tmp_path / name}: {reason} (the file is truncated, "
+            "corrupt or not an image)"
+        )
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "empty.npy").write_bytes(b"")
+    result = convert(src, tmp_path / "dst", "--to", "npy", "--strict", "-j", "0")
+    assert result.exit_code == 1
+    assert error_line(result.stderr, besides="nothing") == (
+        f"Error: empty.npy: {src / 'empty.npy'} is empty (0 bytes) (it is not a NumPy array "
+        "file) (leave out --strict to skip files that fail)"
+    )
+    assert not (tmp_path / "dst").exists()
+
+
 def test_a_32_bit_tiff_past_16_bits_is_named_an_unsupported_range_not_a_corrupt_file(tmp_path):
     """Before: a readable mode-I TIFF with samples past 65535 was hinted 'the file is truncated,
     corrupt or not an image'."""
