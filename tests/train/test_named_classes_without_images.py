@@ -9,9 +9,7 @@ without folders."""
 from __future__ import annotations
 
 import csv
-import io
 import json
-import tarfile
 
 import numpy as np
 import pytest
@@ -19,6 +17,7 @@ import torch
 from output_checks import error_line
 from parquet_files import png, write_parquet
 from processes import run_torchkit_in_process
+from tar_members import tar_of_members
 
 TINY = ["--model", "nets:TinyNet", "--image-size", "8", "--workers", "0", "--epochs", "1"]
 WARNING = (
@@ -29,15 +28,10 @@ WARNING = (
 
 def _shards(folder, split: str, labels: list[int], seed: int) -> None:
     folder.mkdir(exist_ok=True)
-    with tarfile.open(folder / f"{split}-000000.tar", "w") as tar:
-        for number, label in enumerate(labels):
-            for name, data in (
-                (f"s{number}.png", png(seed + number)),
-                (f"s{number}.cls", b"%d" % label),
-            ):
-                member = tarfile.TarInfo(name)
-                member.size = len(data)
-                tar.addfile(member, io.BytesIO(data))
+    members = []
+    for number, label in enumerate(labels):
+        members += [(f"s{number}.png", png(seed + number)), (f"s{number}.cls", b"%d" % label)]
+    tar_of_members(folder / f"{split}-000000.tar", members)
     (folder / "classes.txt").write_text("a\nb\nc\n")
 
 
