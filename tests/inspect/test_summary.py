@@ -762,6 +762,24 @@ def test_checkpoint_model_uses_its_image_size(runner, tmp_path):
     assert loaded["totals"]["total_params"] == data["totals"]["total_params"]
 
 
+def test_a_checkpoint_on_another_input_size_names_the_one_it_was_trained_on(runner, tmp_path):
+    """The convnet's classifier is sized for the images it was trained on: another size failed
+    with 'mat1 and mat2 shapes cannot be multiplied' and 'check --input-size (and --dtype)'."""
+    path = tmp_path / "best.pt"
+    write_convnet_checkpoint(path, in_channels=1, image_size=10, classes="abcd")
+    hint = f"({path}'s convnet was trained on 1,10,10 inputs: give -i 1,10,10, or leave out "
+    hint += "--input-size for them)"
+    for given in (["-i", "1,10,14"], ["--image-size", "12"]):
+        result = runner.invoke(app, ["summary", str(path), *given])
+        assert result.exit_code == 2
+        assert "mat1 and mat2 shapes cannot be multiplied" in result.stderr
+        assert error_line(result.stderr).endswith(hint)
+    assert invoke_json(runner, str(path), "-i", "1,10,10")["input_shapes"] == [[1, 1, 10, 10]]
+    # the wrong channels are told as such, not as the size
+    channels = runner.invoke(app, ["summary", str(path), "-i", "3,10,10"])
+    assert error_line(channels.stderr).endswith("give C,H,W as 1,10,10)")
+
+
 def two_inputs() -> nn.Module:
     return MultiOutput()
 

@@ -856,6 +856,10 @@ _SAMPLE_DIMENSIONS = {3: "C,L", 4: "C,H,W", 5: "C,D,H,W"}
 _FLOAT_INDICES = re.compile(r"'indices' to have|dtype int32(?:/| or )int64 for index")
 
 
+# The hint of a forward pass that failed for no reason told apart.
+INPUT_HINT = "check --input-size (and --dtype)"
+
+
 def _run_failure_hint(error: Exception, specs: Sequence[InputSpec] = ()) -> str:
     """What to change when the forward pass fails: the inputs; for integer inputs a layer
     refuses, the dtype (`--dtype int64` made a convolution read "Input type (long int) and
@@ -888,7 +892,7 @@ def _run_failure_hint(error: Exception, specs: Sequence[InputSpec] = ()) -> str:
             "--dtype float32, float16, bfloat16 or float64; an integer --dtype is for inputs "
             "that are indices, such as an Embedding's"
         )
-    return "check --input-size (and --dtype)"
+    return INPUT_HINT
 
 
 def _shapes_text(specs: Sequence[InputSpec]) -> str:

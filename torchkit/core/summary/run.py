@@ -17,6 +17,7 @@ from torchkit.core.models.builders import BUILTIN_MODELS, is_timm_spec, list_mod
 from torchkit.core.models.resolver import has_random_weights, untrained_note
 from torchkit.core.runtime.plain_shapes import plain_shapes
 from torchkit.core.summary.counting import (
+    INPUT_HINT,
     SCRIPT_NOTE,
     InputSpec,
     MetaPassFailed,
@@ -322,18 +323,38 @@ def _summarize_loaded(
             for shape, arg in zip(shapes, args, strict=True)
         ]
         with torch_threads(compute_threads()):
-            result = summarize(
-                model,
-                specs,
-                dtype=torch_dtype,
-                count_flops=count_flops,
-                train_mode=train_mode,
-                progress=progress,
-                run_for_real=not on_meta,
-            )
+            try:
+                result = summarize(
+                    model,
+                    specs,
+                    dtype=torch_dtype,
+                    count_flops=count_flops,
+                    train_mode=train_mode,
+                    progress=progress,
+                    run_for_real=not on_meta,
+                )
+            except UsageError as error:
+                _name_the_recorded_input(error, loaded, specs)
+                raise
     if on_meta:
         result.device = _device_name(target)
     return result
+
+
+def _name_the_recorded_input(error: UsageError, loaded: Any, specs: list[InputSpec]) -> None:
+    """A torchkit checkpoint's model that fails on another input than the one it records (the
+    convnet, whose classifier is sized for its images: 'mat1 and mat2 shapes cannot be
+    multiplied'): the hint names the recorded input, where it was only to check --input-size."""
+    recorded = loaded.sample_shape
+    if error.hint != INPUT_HINT or loaded.checkpoint is None or recorded is None:
+        return
+    if len(specs) != 1 or len(specs[0].shape) != 4 or tuple(specs[0].shape[1:]) == recorded:
+        return
+    shape = ",".join(map(str, recorded))
+    error.hint = (
+        f"{loaded.spec or loaded.arch}'s {loaded.arch} was trained on {shape} inputs: give -i "
+        f"{shape}, or leave out --input-size for them"
+    )
 
 
 def _fixed_batch(loaded: Any, args: list[InputArg], batch_size: int | None) -> int:
