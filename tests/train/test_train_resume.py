@@ -198,13 +198,14 @@ def test_an_epoch_stopped_past_the_end_of_fewer_images_resumes_the_schedule_at_t
     assert schedule.updates == 6
 
 
-def test_resume_from_another_folder_names_where_the_runs_relative_data_was(
+def test_resume_from_another_folder_reads_the_runs_relative_data_where_it_trained(
     tmp_path, runner, monkeypatch
 ):
     """The config records --data as given; a run started with a relative path and resumed
     from another working directory (a requeued job) said `dataset not found: data` with the
-    data grammar's hint. The one line names the data's place when it trained and the ways on;
-    `--data` given again from there continues the run."""
+    data grammar's hint. It reads the data where the run trained on it (the working directory
+    the checkpoint records); the same relative path naming other data here is not taken for
+    it, and says so."""
     write_image_folder(tmp_path / "data", {"a": 4, "b": 4}, seed=1)
     monkeypatch.chdir(tmp_path)
     options = ["--model", "nets:TinyNet", "--image-size", "8", "--batch-size", "4"]
@@ -213,15 +214,75 @@ def test_resume_from_another_folder_names_where_the_runs_relative_data_was(
         app, ["train", "--data", "data", *options, "--epochs", "1", "--out", "run"]
     )
     assert trained.exit_code == 0, trained.stderr
-    (tmp_path / "elsewhere").mkdir()
+    write_image_folder(tmp_path / "elsewhere" / "data", {"a": 1, "b": 1}, seed=2)
     monkeypatch.chdir(tmp_path / "elsewhere")
     resume = ["train", "--resume", "../run", "--epochs", "2", "--trust-checkpoint"]
-    refused = runner.invoke(app, resume)
-    assert refused.exit_code == 1
-    assert refused.stderr == (
-        f"Error: dataset not found: data, the --data that {Path('../run/last.pt')} records, "
-        f"at {tmp_path / 'data'} when it trained (resume from the folder the run started "
-        "in, or give --data again as a path from here)\n"
-    )
-    resumed = runner.invoke(app, [*resume, "--data", "../data"])
+    resumed = runner.invoke(app, [*resume, "--format", "json"])
     assert resumed.exit_code == 0, resumed.stderr
+    assert resumed.stderr.startswith(
+        f"Note: --data data, which {Path('../run/last.pt')} records, is read in {tmp_path}, "
+        "where the run trained, not here (give --data data to train on the data here)\n"
+    )
+    assert "Warning" not in resumed.stderr  # not the 2 images here: the run's 6 and 2
+    assert json.loads(resumed.stdout)["data"] == str(tmp_path / "data")
+
+
+def _recorded(workdir: Path | None, root: Path) -> dict:
+    """A checkpoint's `data` record of a run whose working directory was `workdir` (None: a
+    checkpoint written before it was recorded)."""
+    return {"root": str(root)} | ({"workdir": str(workdir)} if workdir else {})
+
+
+@pytest.mark.parametrize(
+    "spec",
+    ["data", "./data", "index.csv", "shards/a.tar::shards/b.tar", "shards/{a,b}.tar"],
+)
+def test_a_relative_data_of_every_kind_is_read_where_the_run_trained(tmp_path, monkeypatch, spec):
+    from torchkit.core.data.sources.required import recorded_data_from_here
+
+    start, here = tmp_path / "start", tmp_path / "here"
+    for name in ("data/a/x.png", "index.csv", "shards/a.tar", "shards/b.tar"):
+        (start / name).parent.mkdir(parents=True, exist_ok=True)
+        (start / name).write_bytes(b"")
+    here.mkdir()
+    record = _recorded(start, start)
+    monkeypatch.chdir(start)  # from where it trained: as recorded
+    assert recorded_data_from_here(spec, record, Path("run/last.pt")) == spec
+    monkeypatch.chdir(here)
+    from_here = recorded_data_from_here(spec, record, Path("run/last.pt"))
+    assert from_here == "::".join(os.path.join(start, part) for part in spec.split("::"))
+
+
+@pytest.mark.parametrize("spec", ["digits", "https://host/s-{0..1}.tar", "/abs/data"])
+def test_data_that_is_no_relative_path_is_read_as_recorded(tmp_path, monkeypatch, spec):
+    from torchkit.core.data.sources.required import recorded_data_from_here
+
+    monkeypatch.chdir(tmp_path)
+    record = _recorded(tmp_path / "gone", tmp_path / "gone")
+    assert recorded_data_from_here(spec, record, Path("last.pt")) == spec
+
+
+def test_relative_data_found_nowhere_names_where_it_was_when_the_run_trained(tmp_path, monkeypatch):
+    """Moved or removed: from the run's working directory too, where the hint to resume from
+    there would lead nowhere. A checkpoint that records no working directory names the data's
+    root, and the folder to resume from."""
+    from torchkit.core.data.sources.required import recorded_data_from_here
+    from torchkit.core.io.errors import InputError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InputError) as moved:
+        recorded_data_from_here("d/index.csv", _recorded(tmp_path, tmp_path / "d"), "r/last.pt")
+    assert moved.value.message == (
+        f"dataset not found: d/index.csv, the --data that r/last.pt records, at "
+        f"{tmp_path / 'd/index.csv'} when it trained"
+    )
+    assert moved.value.hint == "give --data again where the data is now"
+    with pytest.raises(InputError) as older:
+        recorded_data_from_here("d", _recorded(None, tmp_path / "x" / "d"), "r/last.pt")
+    assert older.value.message.endswith(f"at {tmp_path / 'x' / 'd'} when it trained")
+    assert older.value.hint == (
+        "resume from the folder the run started in, or give --data again as a path from here"
+    )
+    (tmp_path / "s-0.tar").write_bytes(b"")  # one shard of two here: its reader says which
+    record = _recorded(tmp_path, tmp_path)
+    assert recorded_data_from_here("s-{0..1}.tar", record, "r/last.pt") == "s-{0..1}.tar"

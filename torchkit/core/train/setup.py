@@ -18,7 +18,7 @@ from typing import Any
 from torchkit.core.data.decode import NormalizedPixels
 from torchkit.core.data.preprocessing import Preprocess
 from torchkit.core.data.sources.digits import DIGITS
-from torchkit.core.io.errors import CheckpointError, InputError, UsageError
+from torchkit.core.io.errors import CheckpointError, UsageError
 from torchkit.core.models.norms import has_batch_norm
 from torchkit.core.models.transform_input import mean_std_as_trained
 from torchkit.core.runtime import distributed
@@ -78,7 +78,10 @@ def plan_run(requested: TrainConfig, overrides) -> RunPlan:
         # --amp-dtype unused without that value being given for nothing).
         given = set(given_options(requested, overrides))
         if "data" not in given:
-            _check_recorded_data(config.data, checkpoint, resumed_from)
+            from torchkit.core.data.sources.required import recorded_data_from_here
+
+            data = recorded_data_from_here(config.data, checkpoint.get("data"), resumed_from)
+            config = dataclasses.replace(config, data=data)
         not_given = [name for name in TRAIN_OPTIONS if name not in given]
         config = fitted_to_this_machine(config, not_given, "the resumed run's")
         as_trained = mean_std_as_trained(checkpoint, str(resumed_from))
@@ -89,24 +92,6 @@ def plan_run(requested: TrainConfig, overrides) -> RunPlan:
         config, is_digits=config.data == DIGITS, ahead=model_file, not_given=not_given
     )
     return RunPlan(config, resumed_from, checkpoint, model_file)
-
-
-def _check_recorded_data(spec: str, checkpoint: dict, resumed_from: Path) -> None:
-    """A resumed run reads --data as its config records it, as given: a relative path is
-    relative to the folder the run started in. Resumed from another working directory (a
-    scheduler's requeued job) it was "dataset not found" with the data grammar's hint; the
-    error names where the data was when the run trained and the ways on."""
-    from torchkit.core.data.sources.required import names_no_path
-
-    path = Path(spec)
-    if names_no_path(spec) or path.is_absolute() or path.exists():
-        return
-    root = (checkpoint.get("data") or {}).get("root")
-    trained_at = f", at {root} when it trained" if root else ""
-    raise InputError(
-        f"dataset not found: {spec}, the --data that {resumed_from} records{trained_at}",
-        "resume from the folder the run started in, or give --data again as a path from here",
-    )
 
 
 def _model_file(config: TrainConfig) -> Any:

@@ -29,7 +29,9 @@ def split_record(source: DataSource, splits: dict[str, Samples]) -> dict:
     """The checkpoint's `data` entry for a run on `source` that used `splits` (plain values
     only, so it loads with weights_only=True):
 
-    `spec` (--data as typed), `kind`, `root` (absolute; "" for digits), `sizes` (per split),
+    `spec` (--data as typed), `kind`, `root` (absolute; "" for digits), `workdir` (the working
+    directory a relative `spec` was read from: `--resume` from elsewhere reads it there),
+    `sizes` (per split),
     `held_out` ({"val": [ids]} when train held the val split out itself, else {}) and
     `held_out_of` ("train" for a split root without val/, "all" for unsplit data, else None).
     """
@@ -43,10 +45,18 @@ def split_record(source: DataSource, splits: dict[str, Samples]) -> dict:
         "spec": source.spec,
         "kind": source.kind,
         "root": os.path.abspath(source.root) if source.root else "",
+        "workdir": _working_directory(),
         "sizes": {name: len(samples) for name, samples in splits.items()},
         "held_out": held_out,
         "held_out_of": held_out_of,
     }
+
+
+def _working_directory() -> str:
+    try:
+        return os.getcwd()
+    except OSError:  # removed while the command ran: a relative --data could not be read
+        return ""
 
 
 def recorded_splits(

@@ -4,11 +4,16 @@ exists". Above `source` and the shard readers (which import `source`)."""
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
 from torchkit.core.data.sources.digits import DIGITS
 from torchkit.core.data.sources.source import not_found
+from torchkit.core.io.errors import InputError
+from torchkit.core.io.redaction import list_parts
+
+log = logging.getLogger("torchkit")
 
 
 def names_no_path(spec: str) -> bool:
@@ -24,3 +29,77 @@ def require_data(spec: str | os.PathLike) -> None:
     text = os.fspath(spec)
     if not names_no_path(text) and not Path(text).exists():
         raise not_found(text)
+
+
+def recorded_data_from_here(spec: str, record: dict | None, resumed_from: os.PathLike) -> str:
+    """The --data a resumed run reads, `spec` as its checkpoint records it (`record`: the
+    checkpoint's `data` entry): as given, so a path of it that is relative was read from the
+    working directory the run trained in (`record["workdir"]`). Resumed from another one (a
+    requeued job), it is read there where it still is: the data the run trained on, not what
+    the same relative path names here (another folder, or nothing: "dataset not found" with
+    the data grammar's hint). Else from here, where it exists; else the error names where the
+    data was when the run trained."""
+    if spec == DIGITS or not any(_relative_path(part) for part in list_parts(spec)):
+        return spec
+    record = record or {}
+    then = record.get("workdir") or ""
+    moved = bool(then) and not _same_place(then, os.getcwd())
+    there = _from(spec, then) if then else ""
+    if moved and _exists(there):
+        if _exists(spec) and not all(map(_same_place, _paths(spec), _paths(there))):
+            log.warning(
+                "--data %s, which %s records, is read in %s, where the run trained, not here "
+                "(give --data %s to train on the data here)",
+                spec,
+                resumed_from,
+                then,
+                spec,
+                extra={"note": True},
+            )
+        return there
+    if any(os.path.exists(path) for path in _paths(spec)):
+        return spec  # here, or in part: its reader names what is missing
+    # Where the run trained is known (`workdir`): the data is no longer there either.
+    trained_at = there or record.get("root") or ""
+    where = f", at {trained_at} when it trained" if trained_at else ""
+    raise InputError(
+        f"dataset not found: {spec}, the --data that {resumed_from} records{where}",
+        "give --data again where the data is now"
+        if then
+        else "resume from the folder the run started in, or give --data again as a path from here",
+    )
+
+
+def _relative_path(part: str) -> bool:
+    from torchkit.core.data.sources.http_shards import is_url  # the readers, when asked
+
+    return not is_url(part) and not os.path.isabs(os.path.expanduser(part))
+
+
+def _from(spec: str, folder: str) -> str:
+    """`spec` with each relative path of it read from `folder`."""
+    return "::".join(
+        os.path.join(folder, part) if _relative_path(part) else part for part in list_parts(spec)
+    )
+
+
+def _paths(spec: str) -> list[str]:
+    """The local files and folders `spec` names (a `::` list's and brace pattern's each)."""
+    from torchkit.core.data.sources.http_shards import is_url
+    from torchkit.core.data.sources.shards import expand_braces
+
+    if os.path.exists(spec):
+        return [spec]
+    parts = [part for part in list_parts(spec) if not is_url(part)]
+    return [name for part in parts for name in expand_braces(part)]
+
+
+def _exists(spec: str) -> bool:
+    return all(os.path.exists(path) for path in _paths(spec))
+
+
+def _same_place(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
