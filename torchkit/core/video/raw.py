@@ -3,6 +3,7 @@ MPEG video stream's frame rate and last picture (whether a copy stops inside it)
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 from collections.abc import Iterator
@@ -122,6 +123,7 @@ def _first_sequence(head: bytes) -> tuple[int | None, int | None]:
 # A stream's first pictures, which tell whether they repeat fields (5 s of a film), read this
 # far at most (2.5 s of a DVD's 6 Mb/s), a chunk at a time
 _SHOWN_PICTURES, _SHOWN_HEAD, _SHOWN_CHUNK = 120, 2 << 20, 1 << 16
+_SHOWN_MORE = _SHOWN_HEAD // _SHOWN_CHUNK - 1  # the chunks after the head
 
 
 def raw_mpeg_frame_rate(path: str | os.PathLike) -> Fraction | None:
@@ -141,7 +143,9 @@ def raw_mpeg_frame_rate(path: str | os.PathLike) -> Fraction | None:
             rate = mpeg_frame_rate(head[header + 4 :], extended)
             if rate is None:
                 return None
-            chunks = _chunks(handle, head, _SHOWN_HEAD // _SHOWN_CHUNK)
+            # the head read, then the file on from it a chunk at a time
+            more = itertools.islice(iter(lambda: handle.read(_SHOWN_CHUNK), b""), _SHOWN_MORE)
+            chunks = itertools.chain((head,), more)
             pictures, shown = mpeg_pictures_shown(chunks, _SHOWN_PICTURES)
     except OSError:
         return None
@@ -151,17 +155,6 @@ def raw_mpeg_frame_rate(path: str | os.PathLike) -> Fraction | None:
     ratio = Fraction(pictures) / Fraction(shown)
     pattern = ratio.limit_denominator(5)  # 4/5: 3:2 pulldown; 1/2, 2/5: progressive's
     return rate * (pattern if abs(pattern - ratio) <= ratio / 50 else ratio)
-
-
-def _chunks(handle, first: bytes, most: int) -> Iterator[bytes]:
-    """`first`, then the file open as `handle` read on from there a chunk at a time, `most`
-    chunks in all."""
-    chunk = first
-    for _ in range(most):
-        if not chunk:
-            return
-        yield chunk
-        chunk = handle.read(_SHOWN_CHUNK)
 
 
 def last_picture_rows(path: str | os.PathLike, size: int) -> tuple[int, int] | None:
