@@ -219,24 +219,25 @@ def opencv_decodes_av1() -> bool | None:
         return None
 
 
-def _undecodable(codec: str | None) -> str:
-    """Why no frame of a video of `codec` (its tag) decodes: an AV1 video where this OpenCV
-    decodes no AV1 (a whole file cannot be told from a corrupt one there), else truncated or
-    corrupt."""
-    if codec not in _AV1_TAGS:
+def _undecodable(codec: str | None, declares_none: bool) -> str:
+    """Why no frame of a video of `codec` (its tag) decodes: its header declares none
+    (`declares_none`: `NO_FRAMES`); an AV1 video where this OpenCV decodes no AV1 (a whole
+    file cannot be told from a corrupt one there: asked only here, where no frame decoded);
+    else truncated or corrupt."""
+    if declares_none:
+        return NO_FRAMES
+    decodes = opencv_decodes_av1() if codec in _AV1_TAGS else True
+    if decodes:
         return "no frame decodes (truncated or corrupt)"
-    decodes = opencv_decodes_av1()
     if decodes is None:
         return (
             "no frame decodes: an AV1 video, which OpenCV's FFmpeg decodes only with libdav1d, "
             "libaom or a hardware AV1 decoder (else truncated or corrupt)"
         )
-    if not decodes:
-        return (
-            "no frame decodes: an AV1 video, and this OpenCV's FFmpeg decodes no AV1 (it has "
-            "neither libdav1d nor libaom, nor a hardware AV1 decoder)"
-        )
-    return "no frame decodes (truncated or corrupt)"
+    return (
+        "no frame decodes: an AV1 video, and this OpenCV's FFmpeg decodes no AV1 (it has "
+        "neither libdav1d nor libaom, nor a hardware AV1 decoder)"
+    )
 
 
 # A video whose header declares no frame and none decodes: a recording stopped before its first
@@ -745,19 +746,19 @@ def _judge_opened(
         or fourcc_to_text(capture.get(cv2.CAP_PROP_FOURCC))
         or _UNTAGGED_CODECS.get(sniffed or "")
     )
-    undecodable = NO_FRAMES if declared_frames == 0 else _undecodable(info.codec)
+    declares_none = declared_frames == 0  # NO_FRAMES, where no frame decodes
     if info.width is None or info.height is None:
         info.fail(cut or "no video stream", "truncated" if cut else "unreadable")
         return None
     if exact:
         return _judge_all_decoded(
             cv2, capture, info, path, sniffed, cut, stop,
-            judge_by_frames=judge_by_frames, sizes_whole=sizes_whole, undecodable=undecodable,
+            judge_by_frames=judge_by_frames, sizes_whole=sizes_whole, declares_none=declares_none,
         )  # fmt: skip
     cut = _judge_by_header(
         cv2, capture, info, path, sniffed, cut, stop, decoder_threads,
         decode_check=decode_check, judge_by_frames=judge_by_frames, sizes_whole=sizes_whole,
-        undecodable=undecodable,
+        declares_none=declares_none,
     )  # fmt: skip
     return cut, None
 
@@ -804,7 +805,7 @@ def _judge_all_decoded(
     *,
     judge_by_frames: bool,
     sizes_whole: bool,
-    undecodable: str,
+    declares_none: bool,
 ) -> tuple[str | None, str | None]:
     """--exact: every frame decoded and counted into `info`; (why it is cut, why it is
     damaged) from the frames that decode, where its bytes have not told already."""
@@ -812,7 +813,7 @@ def _judge_all_decoded(
     decoded, end_s = _decode_to_end(cv2, capture, stop, info)
     _take_decoded_count(info, decoded, end_s)
     if info.frames_decoded == 0 and not cut:
-        info.fail(undecodable)
+        info.fail(_undecodable(info.codec, declares_none))
     elif not cut and judge_by_frames:
         reached = _position(end_s, info.fps)
         cut = _frames_short(info.frames_decoded, info.frames_header, reached)
@@ -843,7 +844,7 @@ def _judge_by_header(
     decode_check: bool,
     judge_by_frames: bool,
     sizes_whole: bool,
-    undecodable: str,
+    declares_none: bool,
 ) -> str | None:
     """The header's count as the row's; with `decode_check`, the first frame decoded, and,
     where the sizes say nothing, the last ones the header declares: why it is cut, or None.
@@ -852,7 +853,7 @@ def _judge_by_header(
     # Decoding the first frame tells a readable video from a header with broken data,
     # decoding the last ones a whole file from one that stops early.
     if decode_check and not cut and not _first_grab(capture, info):
-        info.fail(undecodable)
+        info.fail(_undecodable(info.codec, declares_none))
     elif not decode_check and not cut and judge_by_frames and sniffed == "flv":
         # no decode: where an FLV records a larger size, its video's end as its tags tell
         cut = _flv_cut_between_tags(path, sniffed, info, 0)
