@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 import sysconfig
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -557,7 +558,14 @@ def test_nvidia_packages_are_listed_as_collect_env_lists_them(runner, monkeypatc
     _record(first, "numpy-2.0.0.dist-info", b"Name: numpy\nVersion: 2.0.0\n")
     _record(second, "nvidia_cublas-12.1.dist-info", b"Name: nvidia-cublas\nVersion: 12.1\n")
     (second / "nvidia_nccl_cu13-2.30.7.dist-info").mkdir()  # METADATA-less here too
-    assert env.cuda_packages([str(first), str(tmp_path / "missing"), str(second)]) == {
+    _record(first, "nvidia_cufft-1.0.dist-info", b"Name: nvidia-cufft\n")  # and no Version
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        found = env.cuda_packages([str(first), str(tmp_path / "missing"), str(second)])
+    # Python 3.12+ warned of each missing field read ('Implicit None on return values is
+    # deprecated and will raise KeyErrors')
+    assert [str(warning.message) for warning in warned] == []
+    assert found == {
         "nvidia-cublas": "13.4.1.3",  # the first on the path, as import finds it
         "nvidia-cudnn-cu12": "8.9.2.26",
         "nvidia-cudnn-cu13": "9.26.0.51",

@@ -376,8 +376,10 @@ def cuda_packages(path: list[str] | None = None) -> dict[str, str]:
                 continue
             distribution = importlib.metadata.PathDistribution(pathlib.Path(folder or ".", record))
             try:
-                name = re.sub(r"[-_.]+", "-", distribution.metadata["Name"] or "").lower()
-                version = distribution.version
+                # .get: a missing field by [] is deprecated (Python 3.12), a KeyError to come
+                metadata = distribution.metadata
+                name = re.sub(r"[-_.]+", "-", metadata.get("Name") or "").lower()
+                version = metadata.get("Version")
             except Exception:  # a record without METADATA, not UTF-8, unreadable
                 continue
             if name.startswith("nvidia-") and version and name not in found:
