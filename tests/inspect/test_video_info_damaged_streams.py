@@ -585,6 +585,38 @@ def test_a_soft_telecined_raw_mpeg2_stream_s_rate_is_its_pictures(tmp_path, prog
         assert sum(map(float, durations)) == pytest.approx(6.006, abs=1e-3)
 
 
+def test_a_raw_mpeg2_stream_repeating_fields_in_no_pattern_reads_its_pictures_own_rate(tmp_path):
+    """A raw MPEG-2 stream whose pictures repeat a field in no pulldown's pattern (2 of
+    each 12, as video edited after telecine leaves it) is read at its header's rate times
+    its pictures over the frames they are shown for, not snapped to a pattern's: 120
+    pictures shown for 130 frames at 29.97 are 27.67 fps, 4.338 s, as the durations ffprobe
+    gives its packets add up to."""
+    film = ffmpeg_made(
+        tmp_path / "film.m2v",
+        *("-f", "lavfi", "-i", "testsrc=size=176x120:rate=24000/1001", "-frames:v", "120"),
+        *("-c:v", "mpeg2video", "-g", "12", "-bf", "2"),
+        encoders=("mpeg2video",),
+        muxer="mpeg2video",
+    )
+
+    def flags(shown: int) -> tuple[int, int]:  # 3 fields, 3 fields, then 2 each
+        return {0: (1, 1), 1: (0, 1)}.get(shown % 12, (1, 0))
+
+    mixed = tmp_path / "mixed.m2v"
+    mixed.write_bytes(_soft_telecined(film.read_bytes(), flags))
+    rate = 30000 / 1001 * 120 / 130
+    for options in ({}, {"decode_check": False}):
+        info = probe_video(mixed, **options)
+        assert (info.status, info.fps) == ("ok", pytest.approx(rate)), options
+    exact = probe_video(mixed, exact=True)
+    assert (exact.status, exact.frames, exact.fps) == ("ok", 120, pytest.approx(rate))
+    assert exact.duration_s == pytest.approx(130 * 1001 / 30000)
+    durations = ffprobe_entries(mixed, "packet=duration_time")
+    if durations is not None:
+        assert len(durations) == 120
+        assert sum(map(float, durations)) == pytest.approx(130 * 1001 / 30000, abs=1e-3)
+
+
 def _zeroes_between_packs(path: Path, every: int) -> bytes:
     """The bytes of the MPEG-PS file `path` with 2,048 zero bytes before each `every`th pack
     (bytes that are no pack: a break that takes nothing)."""
