@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from gloo_ranks import run_ranks_under_agent
+from gloo_ranks import run_ranks, run_ranks_under_agent
 from image_folders import write_image_folder
 from suite_paths import HELPERS
 
@@ -263,3 +263,75 @@ def test_a_ranks_stop_reaches_the_others_through_the_store(monkeypatch):
     assert distributed.peer_failure_code(waiting) == 2  # each read on its own
     monkeypatch.setenv("MASTER_PORT", str(free_port()))  # no server there: nothing known
     assert not distributed.peer_stopped(waiting)
+
+
+# A sitecustomize for the ranks: rank 1 notes its process id; rank 0, reading best.pt for the
+# test evaluation, sends rank 1 the SIGTERM torchrun's agent forwards, then ends as $END says:
+# on the same SIGTERM (a signal to torchrun), or killed outright (the kernel's OOM killer).
+SIGNAL_AT_THE_TEST_EVALUATION = textwrap.dedent(
+    """
+    import os, signal, sys
+    from pathlib import Path
+
+    pids = Path(os.environ["PIDS"])
+    if os.environ.get("RANK") == "1":
+        pids.joinpath("1").write_text(str(os.getpid()))
+
+    def _hook(event, args):
+        if event == "open" and str(args[0]).endswith("best.pt") and str(args[1]) == "r":
+            if pids.joinpath("0").exists():
+                return
+            pids.joinpath("0").write_text(str(os.getpid()))
+            os.kill(int(pids.joinpath("1").read_text()), signal.SIGTERM)
+            end = signal.SIGTERM if os.environ["END"] == "stop" else signal.SIGKILL
+            os.kill(os.getpid(), end)
+
+    if os.environ.get("RANK") == "0":
+        sys.addaudithook(_hook)
+    """
+)
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed missing")
+@pytest.mark.parametrize(
+    ("end", "rank1_code", "rank1_says"),
+    [
+        ("stop", 143, "Terminated.\n"),
+        (
+            "killed",
+            1,
+            "Error: rank 1: another process of the run ended (its own output says why; "
+            "torchrun's report names one that was killed outright)\n",
+        ),
+    ],
+)
+def test_a_rank_signalled_with_rank_0_ends_stopped_only_where_rank_0_stopped(
+    tmp_path, end, rank1_code, rank1_says
+):
+    """Rank 1 told to stop as rank 0 ends in the test evaluation, the store served apart
+    from the ranks (as torchrun's agent serves it): rank 0 ended on the same stop, and rank 1
+    says `Terminated.`; rank 0 killed outright (torchrun's SIGTERM to rank 1 follows), and
+    rank 1 says it lost a process, where it said `Terminated.` and hid the loss."""
+    from torch.distributed import TCPStore
+
+    site, pids = tmp_path / "site", tmp_path / "pids"
+    site.mkdir(), pids.mkdir()
+    (site / "sitecustomize.py").write_text(SIGNAL_AT_THE_TEST_EVALUATION)
+    data = tmp_path / "data"
+    for split, seed in (("train", 1), ("val", 2), ("test", 3)):
+        write_image_folder(data / split, {"a": 2, "b": 2}, seed=seed)
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    env = {"PYTHONPATH": f"{site}:{HELPERS}", "PIDS": str(pids), "END": end}
+    env |= {"TORCHELASTIC_RUN_ID": "test", "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    env["MASTER_PORT"] = str(store.port)
+    # Each rank ends by itself: the one SIGTERM rank 1 gets is the hook's (a second one, as
+    # run_ranks_under_agent sends after rank 0 ends, would end it at once, as designed).
+    rank0, rank1 = run_ranks(
+        "train", "--data", data, "--model", "nets:TinyNet", "--image-size", "8",
+        "--batch-size", "2", "--epochs", "1", "--workers", "0", "--device", "cpu",
+        "--out", tmp_path / "run", env=env, timeout=120,
+    )  # fmt: skip
+    assert rank0.returncode == (143 if end == "stop" else -signal.SIGKILL), rank0.stderr[-2000:]
+    assert (rank1.returncode, rank1.stderr) == (rank1_code, rank1_says)
+    if end == "stop":  # the run as trained (rank 0 killed outright leaves what it leaves)
+        assert (tmp_path / "run" / "last.pt").is_file()
