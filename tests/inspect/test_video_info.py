@@ -2612,6 +2612,20 @@ def test_a_corrupt_av1_video_is_told_from_one_this_opencv_cannot_decode(
         assert info.status == "truncated", options
 
 
+def test_whether_opencv_decodes_av1_is_unknown_where_no_temporary_file_can_be_written(
+    tmp_path, monkeypatch
+):
+    """The AV1 key frame is decoded from a temporary file: where none can be written (a
+    temporary folder that is not there), whether this OpenCV decodes AV1 is unknown (None:
+    the row names both causes), not an error that fails the file's row."""
+    import tempfile
+
+    import torchkit.core.video.probe as probe
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "not-there"))
+    assert probe.opencv_decodes_av1.__wrapped__() is None
+
+
 def test_the_cut_mp4_of_the_issue_on_the_command_line(tmp_path, whole_videos):
     """`a copy of an MP4 cut to its first megabyte` (here: its first third), which opened and
     was reported healthy, `--exact` showing 71 (header 241) with exit code 0."""
