@@ -43,7 +43,7 @@ def recorded_data_from_here(spec: str, record: dict | None, resumed_from: os.Pat
         return spec
     record = record or {}
     then = record.get("workdir") or ""
-    moved = bool(then) and not _same_place(then, os.getcwd())
+    moved = bool(then) and not _same_place(then, ".")
     there = _from(spec, then) if then else ""
     if moved and _exists(there):
         if _exists(spec) and not all(map(_same_place, _paths(spec), _paths(there))):
