@@ -166,13 +166,13 @@ def last_picture_rows(path: str | os.PathLike, size: int) -> tuple[int, int] | N
     try:
         with open(path, "rb") as handle:
             head = handle.read(_MPEG_HEAD)
+            header, extension = _first_sequence(head)
+            if header is None or extension is None:  # MPEG-1 (no extension): its tail unread
+                return None
             start = max(0, size - _MPEG_TAIL)
             handle.seek(start)
             tail = handle.read(size - start)
     except OSError:
-        return None
-    header, extension = _first_sequence(head)
-    if header is None or extension is None:
         return None
     lines = (head[header + 5] & 0x0F) << 8 | head[header + 6]
     lines |= (head[extension + 6] >> 5 & 3) << 12
