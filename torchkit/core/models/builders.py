@@ -120,9 +120,10 @@ def build_model(
     are skipped (built_for_loading); never for `package.module:Callable`, the user's code.
     """
     if name in BUILTIN_MODELS:
-        side = image_size if isinstance(image_size, int) else image_size[-1]
+        # Sized for (H, W): summary's input of another shape, -i 3,32,48
+        size = size_pair(image_size)
         model = built_for_loading(
-            lambda: convnet_class()(num_classes, in_channels, side), weights_follow or bool(weights)
+            lambda: convnet_class()(num_classes, in_channels, size), weights_follow or bool(weights)
         )
         if weights not in (None, ""):
             load_weights_file(

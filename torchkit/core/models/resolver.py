@@ -28,6 +28,7 @@ from torchkit.core.models.builders import (
     IMAGE_SIZE_KWARGS,
     TRANSFORM_INPUT_MEAN_STD,
     TRANSFORM_INPUT_MODELS,
+    build_model,
     is_callable_spec,
     is_checkpoint_path,
     is_timm_spec,
@@ -38,7 +39,6 @@ from torchkit.core.models.builders import (
     torchvision_random,
     torchvision_weights_enum,
 )
-from torchkit.core.models.convnet import convnet_class
 from torchkit.core.models.exported.formats import ONNX, TORCHSCRIPT, sniff_format
 from torchkit.core.models.exported.loading import load_exported
 from torchkit.core.models.heads import (
@@ -50,7 +50,6 @@ from torchkit.core.models.heads import (
     replace_head,
 )
 from torchkit.core.models.lazy import has_lazy_weights, materialize_lazy_layers
-from torchkit.core.models.random_init import built_for_loading
 from torchkit.core.models.size_bound import size_adapted, size_layout
 from torchkit.core.models.specs import is_model_file
 from torchkit.core.models.stored_classes import stored_class_names
@@ -553,11 +552,13 @@ def _from_convnet(
     height, side = _size(image_size, CONVNET_IMAGE_SIZE)
     channels = in_channels or 3
     preprocess = plain_preprocess(channels, side)
-    # Sized for the input's height and width: summary's -i 3,32,48 (images are square elsewhere)
-    size = side if height == side else (height, side)
     # With a weights file, loaded into it strictly: built without random init.
-    model = built_for_loading(
-        lambda: convnet_class()(num_classes or 10, channels, size), weights_follow
+    model = build_model(
+        name,
+        num_classes or 10,
+        image_size=(height, side),
+        in_channels=channels,
+        weights_follow=weights_follow,
     )
     return ResolvedModel(
         model, name, "built-in", preprocess=preprocess, sample_shape=(channels, height, side)
