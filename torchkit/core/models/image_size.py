@@ -45,17 +45,16 @@ def image_size_refusal(
     # In training mode at a batch of 2 at least: BatchNorm there needs more than one value per
     # channel, which a batch of one 1x1 map (Inception's auxiliary head) lacks at any size.
     batch = max(given, 2) if training else 1
-    smallest = smallest_side(model, channels, side, dtype=dtype, training=training, batch=batch)
+    runs = meta_runner(model, channels, dtype=dtype, training=training, batch=batch)
+    smallest = _smallest_running(runs, side, training=training)
     if smallest is None:
         return None
     hint = f"the smallest it takes is {smallest}: use --image-size {smallest} or larger"
-    if batch > given:
-        one = meta_runner(model, channels, dtype=dtype, training=training, batch=given)
-        if one is not None and not one(smallest):  # else the batch's refusal would come next
-            hint += (
-                ", with --batch-size 2 or more (BatchNorm in training mode needs more than one "
-                "value per channel)"
-            )
+    if batch > given and not runs(smallest, given):  # else the batch's refusal would come next
+        hint += (
+            ", with --batch-size 2 or more (BatchNorm in training mode needs more than one "
+            "value per channel)"
+        )
     return ImageSizeError(f"{name} cannot {doing} {side}x{side} images: {first_line(error)}", hint)
 
 
@@ -88,6 +87,11 @@ def smallest_side(
     `LARGEST_SIDE_TRIED` (twice that in training mode); None otherwise (it runs at `side`, fails
     at every size, or cannot be copied to the meta device)."""
     runs = meta_runner(model, channels, dtype=dtype, training=training, batch=batch)
+    return _smallest_running(runs, side, training=training)
+
+
+def _smallest_running(runs: Callable[..., bool] | None, side: int, *, training: bool) -> int | None:
+    """`smallest_side`, asked of a `meta_runner`'s function."""
     if runs is None:
         return None
     # Training mode runs auxiliary heads built for the size the model was made for (Inception
@@ -104,13 +108,14 @@ def smallest_side(
 
 def meta_runner(
     model: Any, channels: int, *, dtype: Any = None, training: bool = False, batch: int = 1
-) -> Callable[[int], bool] | None:
+) -> Callable[..., bool] | None:
     """A function of a square side that says whether `model` (a meta-device copy in eval mode,
-    or training mode with `training`: no compute) runs on `batch` images of that side; None
-    when the model cannot be copied to the meta device (and is not judged). Copy and passes
-    run as summary's do (`plain_shapes`, `without_dynamo`): the meta kernels would import
-    sympy, and torch._refs' references torch._dynamo, 2-5 s of a command's start; the answers
-    are the same for plain sizes."""
+    or training mode with `training`: no compute) runs on `batch` images of that side, or on
+    as many as its second argument says (one copy asked of both); None when the model cannot
+    be copied to the meta device (and is not judged). Copy and passes run as summary's do
+    (`plain_shapes`, `without_dynamo`): the meta kernels would import sympy, and torch._refs'
+    references torch._dynamo, 2-5 s of a command's start; the answers are the same for plain
+    sizes."""
     import torch
 
     from torchkit.core.runtime.plain_shapes import plain_shapes
@@ -123,10 +128,10 @@ def meta_runner(
         except Exception:  # noqa: BLE001 - a model that cannot be copied is not judged here
             return None
 
-    def runs(n: int) -> bool:
+    def runs(n: int, images: int = batch) -> bool:
         with torch.inference_mode(False), torch.no_grad(), without_dynamo(), plain_shapes():
             try:
-                copy(torch.empty(batch, channels, n, n, device="meta", dtype=dtype))
+                copy(torch.empty(images, channels, n, n, device="meta", dtype=dtype))
             except Exception:  # noqa: BLE001 - whatever the reason, not this side
                 return False
         return True
