@@ -38,7 +38,7 @@ from torchkit.core.io.errors import InputError, TorchkitError, UsageError, first
 from torchkit.core.io.option_lists import number_items
 from torchkit.core.io.progress import Progress
 from torchkit.core.models.exported.formats import TORCHSCRIPT
-from torchkit.core.models.image_size import ImageSizeError
+from torchkit.core.models.image_size import ImageSizeError, one_value_per_channel
 from torchkit.core.models.inputs import make_inputs
 from torchkit.core.runtime.compiled import compile_module
 from torchkit.core.runtime.device import is_out_of_memory, to_channels_last
@@ -535,7 +535,7 @@ class _Context:
                     f"out of memory in {mode} mode at batch {batch} on {self.device}",
                     "use a smaller --batch-size, --amp, or --find-batch-size",
                 ) from None
-            if not out_of_memory_is_error and mode == "train" and _one_value_per_channel(error):
+            if not out_of_memory_is_error and mode == "train" and one_value_per_channel(error):
                 raise _TooSmall() from None
             shape = "x".join(map(str, self.sample))
             hint = "check --input-size, --batch-size and --mode"
@@ -594,12 +594,6 @@ class _OutOfMemory(Exception):
 
 class _TooSmall(Exception):
     pass
-
-
-def _one_value_per_channel(error: BaseException) -> bool:
-    """BatchNorm's refusal to train on a single value per channel: a batch of 1 whose feature
-    map is 1x1 there (resnet18 at 32 px), which a larger batch trains on."""
-    return "Expected more than 1 value per channel when training" in str(error)
 
 
 def _per_image(counted: Any, batch: int) -> Any:

@@ -58,6 +58,13 @@ def image_size_refusal(
     return ImageSizeError(f"{name} cannot {doing} {side}x{side} images: {first_line(error)}", hint)
 
 
+def one_value_per_channel(error: BaseException) -> bool:
+    """BatchNorm's refusal to train on a single value per channel: a batch of 1 whose feature
+    map is 1x1 there (resnet18 at 32 px, Inception's auxiliary head at any size), which a
+    larger batch trains on."""
+    return "Expected more than 1 value per channel when training" in str(error)
+
+
 def first_batch_error(model: Any, name: str, images: Any, error: BaseException) -> TorchkitError:
     """What a model's RuntimeError on its first batch of `images` (N, C, H, W) is reported as:
     the refusal above when the images are too small for it, else that it fails at this size (a

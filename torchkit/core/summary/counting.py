@@ -42,7 +42,12 @@ from typing import Any
 
 from torchkit.core.input_size import check_numel
 from torchkit.core.io.errors import TorchkitError, UsageError, first_line
-from torchkit.core.models.image_size import ImageSizeError, image_size_refusal, meta_copy
+from torchkit.core.models.image_size import (
+    ImageSizeError,
+    image_size_refusal,
+    meta_copy,
+    one_value_per_channel,
+)
 from torchkit.core.models.inputs import iter_tensors, make_inputs
 from torchkit.core.runtime.memory import limit_words
 from torchkit.core.runtime.plain_shapes import plain_shapes
@@ -866,7 +871,7 @@ def _run_failure_hint(error: Exception, specs: Sequence[InputSpec] = ()) -> str:
     bias type (float) should be the same (check --input-size (and --dtype))"); or, for
     BatchNorm in training mode on one value per channel (a batch of one 1x1 image, one row),
     the batch."""
-    if "more than 1 value per channel when training" in str(error):
+    if one_value_per_channel(error):
         return (
             "BatchNorm in training mode needs more than one value per channel: give "
             "--batch-size 2 or more, or leave out --train-mode"
