@@ -689,6 +689,15 @@ def test_a_python_file_named_as_a_module_found_first_is_renamed(tmp_path, runner
     (tmp_path / "code.py").rename(tmp_path / "code_model.py")
     renamed = runner.invoke(app, ["summary", "code_model:build", "-i", "2", "--format", "json"])
     assert renamed.exit_code == 0, renamed.stderr
+    # a module compiled into Python (sys) has no file to name
+    (tmp_path / "sys.py").write_text(source)
+    with pytest.raises(CheckpointError) as caught:
+        load_checkpoint(tmp_path / "sys.py")
+    assert caught.value.hint == (
+        "a model in Python code is named module:Callable, but sys:NAME would import Python's "
+        "built-in module sys, found first, not sys.py: rename the file (sys_model.py, named "
+        "sys_model:NAME from the folder that holds it)"
+    )
 
 
 def test_a_plain_pickle_gives_no_raw_torch_warning(tmp_path):
