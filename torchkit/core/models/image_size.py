@@ -46,7 +46,7 @@ def image_size_refusal(
     # channel, which a batch of one 1x1 map (Inception's auxiliary head) lacks at any size.
     batch = max(given, 2) if training else 1
     runs = meta_runner(model, channels, dtype=dtype, training=training, batch=batch)
-    smallest = _smallest_running(runs, side, training=training)
+    smallest = smallest_running_side(runs, side, training=training)
     if smallest is None:
         return None
     hint = f"the smallest it takes is {smallest}: use --image-size {smallest} or larger"
@@ -94,11 +94,14 @@ def smallest_side(
     `LARGEST_SIDE_TRIED` (twice that in training mode); None otherwise (it runs at `side`, fails
     at every size, or cannot be copied to the meta device)."""
     runs = meta_runner(model, channels, dtype=dtype, training=training, batch=batch)
-    return _smallest_running(runs, side, training=training)
+    return smallest_running_side(runs, side, training=training)
 
 
-def _smallest_running(runs: Callable[..., bool] | None, side: int, *, training: bool) -> int | None:
-    """`smallest_side`, asked of a `meta_runner`'s function."""
+def smallest_running_side(
+    runs: Callable[..., bool] | None, side: int, *, training: bool = False
+) -> int | None:
+    """`smallest_side`, asked of a `meta_runner`'s function `runs` (made for `training`), for
+    a caller that asks it other questions too: the model is copied once."""
     if runs is None:
         return None
     # Training mode runs auxiliary heads built for the size the model was made for (Inception

@@ -607,7 +607,7 @@ def _check_image_sizes(
     built for one size for, its weights adapted as for eval), and a --train-crop-size other
     than --image-size. A model too deep for small images is left to the first batch's
     refusal, which names the smallest size it takes."""
-    from torchkit.core.models.image_size import meta_runner, smallest_side
+    from torchkit.core.models.image_size import meta_runner, smallest_running_side
 
     side = train_preprocess(preprocess, config).image_size
     resized = built_for is not None and built_for != preprocess.image_size
@@ -618,7 +618,7 @@ def _check_image_sizes(
         return
     if resized and not runs(preprocess.image_size):
         size = preprocess.image_size
-        if smallest_side(model, preprocess.in_channels, size) is None:
+        if smallest_running_side(runs, size) is None:
             hint = f"drop --image-size to fine-tune at {built_for}, or train a new --model {arch} "
             hint += f"at {size}"
             raise UsageError(
