@@ -558,7 +558,10 @@ def test_resume_continues_and_can_extend_the_run(runner, fast_run, tmp_path):
     assert [int(r["epoch"]) for r in metrics_rows(out)] == [1, 2, 3, 4]
     assert read_checkpoint(out / "last.pt")["epoch"] == 4
     done = train(runner, "--resume", str(out), trusted)
-    assert done.exit_code == 0 and "nothing to train" in done.stderr
+    assert done.exit_code == 0, done.stderr
+    assert "already trained 4 epochs, all that --epochs 4 asks for: nothing to train" in (
+        done.stderr
+    )
 
 
 def test_a_resume_with_nothing_to_train_leaves_config_json_as_the_run_trained(
@@ -572,6 +575,19 @@ def test_a_resume_with_nothing_to_train_leaves_config_json_as_the_run_trained(
     again = train(runner, "--resume", str(out), "--lr", "0.5", "--epochs", "1", trusted)
     assert again.exit_code == 0 and "nothing to train" in again.stderr
     assert (out / "config.json").read_bytes() == recorded
+
+
+def test_a_resume_with_fewer_epochs_than_trained_says_so_plainly(runner, fast_run, tmp_path):
+    """--epochs 1 on a run of 2 epochs read `trained 2 of 1 epochs`; it names the checkpoint,
+    what it trained, and the --epochs that would continue it."""
+    out = fast_run.copied(tmp_path / "run")
+    again = train(runner, "--resume", str(out), "--epochs", "1", "--trust-checkpoint")
+    assert again.exit_code == 0, again.stderr
+    assert (
+        f"{out / 'last.pt'} already trained 2 epochs, more than --epochs 1: nothing to train "
+        "(pass --epochs 3 or more to continue it)"
+    ) in again.stderr
+    assert "of 1 epochs" not in again.stderr
 
 
 def test_a_resume_inside_an_epoch_beyond_a_smaller_epochs_says_there_is_nothing_to_train(
@@ -591,7 +607,10 @@ def test_a_resume_inside_an_epoch_beyond_a_smaller_epochs_says_there_is_nothing_
     assert read_checkpoint(out / "last.pt")["epoch_progress"]["batches"] == 2
     again = train(runner, "--resume", str(out), "--epochs", "1", "--trust-checkpoint")
     assert again.exit_code == 0, again.stderr
-    assert "already trained 1 of 1 epochs: nothing to train" in again.stderr
+    assert (
+        "already trained 1 epoch and part of epoch 2, more than --epochs 1: nothing to train "
+        "(pass --epochs 2 or more to continue it)"
+    ) in again.stderr
 
 
 def test_resume_runs_on_the_saved_device_unless_another_is_given(

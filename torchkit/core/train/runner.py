@@ -18,6 +18,7 @@ from torchkit.core.data.sources import SPLIT_CSV
 from torchkit.core.io.errors import DeviceError, InputError, UsageError, on_every_rank
 from torchkit.core.io.overlap import InputPath
 from torchkit.core.io.redaction import redact_url
+from torchkit.core.io.wording import counted
 from torchkit.core.models.image_size import image_size_refusal
 from torchkit.core.runtime import distributed
 from torchkit.core.runtime.distributed import DistContext
@@ -450,6 +451,22 @@ def _find_lr(ctx: DistContext, state: TrainState, folder: RunFolder, result: Tra
         folder.write_lr_find(found, result)  # the result first: its report precedes the keep
 
 
+def _trained_beyond_epochs(state: TrainState) -> tuple[str, str]:
+    """What a resumed run trained that leaves --epochs nothing to do, and the hint: `RUN/last.pt
+    already trained 3 epochs, more than --epochs 1` (it read `trained 3 of 1 epochs`)."""
+    done, epochs = state.start_epoch, state.config.epochs
+    trained = f"{state.resumed_name or 'the run'} already trained {counted(done, 'epoch')}"
+    if state.progress.batches > 0:  # saved inside the epoch after them
+        trained += f" and part of epoch {done + 1}"
+    elif done == epochs:
+        hint = "pass a larger --epochs to continue it"
+        return f"{trained}, all that --epochs {epochs} asks for", hint
+    return (
+        f"{trained}, more than --epochs {epochs}",
+        f"pass --epochs {done + 1} or more to continue it",
+    )
+
+
 def _announce(
     ctx: DistContext, state: TrainState, folder: RunFolder, callbacks: TrainCallbacks
 ) -> None:
@@ -479,12 +496,7 @@ def _announce(
         )
     )
     if state.start_epoch >= config.epochs:  # also from inside a later epoch: it stays undone
-        log.warning(
-            "the run has already trained %d of %d epochs: nothing to train "
-            "(pass a larger --epochs to continue it)",
-            state.start_epoch,
-            config.epochs,
-        )
+        log.warning("%s: nothing to train (%s)", *_trained_beyond_epochs(state))
     elif state.progress.batches > 0:
         return  # an epoch to finish, whatever --early-stop says
     elif state.patience_spent(state.start_epoch):  # the loop trains nothing (EpochDriver)
