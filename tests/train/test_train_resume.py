@@ -227,6 +227,59 @@ def test_resume_from_another_folder_reads_the_runs_relative_data_where_it_traine
     assert json.loads(resumed.stdout)["data"] == str(tmp_path / "data")
 
 
+def test_resume_from_another_folder_imports_the_runs_model_code_where_it_trained(
+    tmp_path, runner, monkeypatch
+):
+    """A run of `--model MODULE:Callable` found in its working directory, resumed from
+    another one, said `cannot import model`. The module is imported from where the run
+    trained (the checkpoint records the folder), not from another file of its name here (a
+    note says so); found nowhere, one error names both places."""
+    import sys
+
+    name = "resumed_elsewhere_net"  # a module no other test imports
+    (tmp_path / f"{name}.py").write_text(
+        "from torch import nn\n"
+        "def Tiny(num_classes=2):\n"
+        "    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(),\n"
+        "                         nn.Linear(4, num_classes))\n"
+    )
+    write_image_folder(tmp_path / "data", {"a": 4, "b": 4}, seed=1)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the run puts its folder there
+    monkeypatch.chdir(tmp_path)
+    options = ["--model", f"{name}:Tiny", "--image-size", "8", "--batch-size", "4"]
+    options += ["--workers", "0", "--device", "cpu", "--val-split", "0.25"]
+    trained = runner.invoke(
+        app, ["train", "--data", "data", *options, "--epochs", "1", "--out", "run"]
+    )
+    assert trained.exit_code == 0, trained.stderr
+    assert torch.load("run/last.pt", weights_only=True)["model_code_folder"] == str(tmp_path)
+    sys.path.remove(str(tmp_path))  # as in a new process started elsewhere
+    del sys.modules[name]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / f"{name}.py").write_text('raise ImportError("not the run\'s model")\n')
+    monkeypatch.chdir(elsewhere)
+    resume = ["train", "--resume", "../run", "--trust-checkpoint"]
+    resumed = runner.invoke(app, [*resume, "--epochs", "2"])
+    assert resumed.exit_code == 0, resumed.stderr
+    assert resumed.stderr.startswith(
+        f"Note: {name}:Tiny, which {Path('../run/last.pt')} records, is imported from "
+        f"{tmp_path / name}.py, where the run trained, not from {name}.py here\n"
+    )
+    assert str(tmp_path) not in sys.path  # for that import only
+    del sys.modules[name]
+    (tmp_path / f"{name}.py").unlink()
+    (elsewhere / f"{name}.py").unlink()
+    lost = runner.invoke(app, [*resume, "--epochs", "3"])
+    assert lost.exit_code == 2
+    assert lost.stderr == (
+        f"Error: cannot import model '{name}:Tiny', which {Path('../run/last.pt')} records: "
+        f"No module named '{name}', neither in {tmp_path}, where the run trained, nor here "
+        f"(put {name}.py or {name}/ back in {tmp_path}, or resume from the folder that holds "
+        "it now)\n"
+    )
+
+
 def _recorded(workdir: Path | None, root: Path) -> dict:
     """A checkpoint's `data` record of a run whose working directory was `workdir` (None: a
     checkpoint written before it was recorded)."""

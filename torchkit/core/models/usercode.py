@@ -6,12 +6,52 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
+import logging
 import os
 import sys
 from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 from torchkit.core.io.errors import InputError, TorchkitError, UsageError, first_line
+
+log = logging.getLogger("torchkit")
+
+
+@dataclass(frozen=True)
+class _TrainedIn:
+    folder: str  # the working directory the run trained in
+    source: str  # the checkpoint that records it, as the messages name it
+
+
+_trained_in: ContextVar[_TrainedIn | None] = ContextVar("trained_in", default=None)
+
+
+@contextlib.contextmanager
+def code_of_the_run_in(folder: str | None, source: str | os.PathLike) -> Iterator[None]:
+    """Around building the model of a resumed run that `source` (its checkpoint) records was
+    trained in the working directory `folder`: model code (`package.module:Callable`) is
+    looked for there first, before here, as the run found it (a requeued job resumes from
+    another folder). None or "" (a checkpoint that records none): from here only."""
+    token = _trained_in.set(_TrainedIn(folder, os.fspath(source)) if folder else None)
+    try:
+        yield
+    finally:
+        _trained_in.reset(token)
+
+
+def _elsewhere(cwd: str) -> _TrainedIn | None:
+    """The resumed run's working directory when that is another folder than `cwd`."""
+    trained = _trained_in.get()
+    if trained is None or trained.folder in ("", cwd):
+        return None
+    try:
+        if os.path.samefile(trained.folder, cwd):
+            return None
+    except OSError:  # gone: nothing is found there
+        pass
+    return trained
 
 
 def is_callable_spec(spec: str) -> bool:
@@ -26,14 +66,24 @@ def user_code() -> Iterator[None]:
     cwd = os.getcwd()
     if "" not in sys.path and cwd not in sys.path:
         sys.path.append(cwd)  # after installed packages: a local folder never shadows them
-    with contextlib.redirect_stdout(sys.stderr):
-        try:
+    # A resumed run's working directory, where its code was found, comes just before this
+    # one, for this import or call only.
+    trained = _elsewhere(cwd)
+    added = trained is not None and trained.folder not in sys.path
+    if added:
+        here = next(index for index, path in enumerate(sys.path) if path in ("", cwd))
+        sys.path.insert(here, trained.folder)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
             yield
-        except SystemExit as error:  # else the command would end with its code, silently
-            raise InputError(
-                f"the model code called sys.exit({error.code!r}) while it was imported or run",
-                "a model module must build its model, not end the program",
-            ) from error
+    except SystemExit as error:  # else the command would end with its code, silently
+        raise InputError(
+            f"the model code called sys.exit({error.code!r}) while it was imported or run",
+            "a model module must build its model, not end the program",
+        ) from error
+    finally:
+        if added:
+            sys.path.remove(trained.folder)
 
 
 def import_factory(spec: str):
@@ -52,17 +102,70 @@ def import_factory(spec: str):
         with user_code():
             module = importlib.import_module(module_name)
     except ImportError as error:
+        trained = _elsewhere(os.getcwd())
         if module_name.endswith(".py"):  # a file name where a module name belongs
             hint = f"name the module without .py: {module_name[:-3]}:{attr}"
+        elif trained is not None and error.name == top:  # found neither there nor here
+            raise UsageError(
+                f"cannot import model {spec!r}, which {trained.source} records: {error}, "
+                f"neither in {trained.folder}, where the run trained, nor here",
+                f"put {top}.py or {top}/ back in {trained.folder}, or resume from the "
+                "folder that holds it now",
+            ) from error
         else:
             hint = f"run torchkit from the folder that holds {top}/ or {top}.py, or install it"
         raise UsageError(f"cannot import model {spec!r}: {error}", hint) from error
+    _note_another_here(spec, top)
     try:
         return getattr(module, attr)
     except AttributeError as error:
         raise UsageError(
             f"cannot import model {spec!r}: {error}", _missing_callable_hint(top, attr)
         ) from error
+
+
+def _note_another_here(spec: str, top: str) -> None:
+    """A note where a resumed run's model code was imported from the folder the run trained
+    in and this folder holds another module of that name (not the one it trains with)."""
+    import importlib.machinery
+
+    cwd = os.getcwd()
+    trained = _elsewhere(cwd)
+    imported = getattr(sys.modules.get(top), "__spec__", None)
+    if trained is None or imported is None or not imported.has_location:
+        return
+    if os.path.dirname(_package_folder(imported)) != os.path.abspath(trained.folder):
+        return  # installed, or found here: as the run found it
+    here = importlib.machinery.PathFinder.find_spec(top, [cwd])
+    if here is None or here.origin is None:
+        return
+    log.warning(
+        "%s, which %s records, is imported from %s, where the run trained, not from %s here",
+        spec,
+        trained.source,
+        _package_folder(imported),
+        os.path.relpath(_package_folder(here), cwd),
+        extra={"note": True},
+    )
+
+
+def imported_from(spec: str) -> str | None:
+    """The folder on the import path that the module of `package.module:Callable` was
+    imported from (a checkpoint records it: `--resume` looks there first); None when it is
+    not imported, or not from a folder."""
+    top = spec.partition(":")[0].split(".")[0]
+    found = getattr(sys.modules.get(top), "__spec__", None)
+    if found is None or not found.has_location or found.origin is None:
+        return None
+    return os.path.dirname(_package_folder(found))
+
+
+def _package_folder(found: Any) -> str:
+    """The file of a module's spec, or the folder of a package's."""
+    origin = os.path.abspath(found.origin)
+    if found.submodule_search_locations is not None:  # a package: its __init__.py's folder
+        return os.path.dirname(origin)
+    return origin
 
 
 def _missing_callable_hint(top: str, attr: str) -> str:

@@ -165,6 +165,8 @@ def prepare_state(
             from_checkpoint=checkpoint is not None,
             resumed_weights=checkpoint.get("model") if checkpoint is not None else None,
             model_file=plan.model_file,
+            resumed_from=plan.resumed_from,
+            trained_in=_model_code_folder(checkpoint),
         )
     )
     loaders, starts = _loaders_and_starts(ctx, config, run, build_model)
@@ -513,25 +515,31 @@ def _build_model(
     from_checkpoint: bool,
     resumed_weights: Any = None,
     model_file: Any = None,
+    resumed_from: Path | None = None,
+    trained_in: str | None = None,
 ) -> tuple[Any, str, int]:
     """(model on the CPU, its architecture's name, its parameter count): a new head for the
     data's classes, whatever the weights had (a resumed run's weights come later: the
-    auxiliary heads are fitted to them here, before the optimiser takes the parameters)."""
+    auxiliary heads are fitted to them here, before the optimiser takes the parameters).
+    `trained_in`: the working directory a resumed run trained in, where its model code
+    (`package.module:Callable`) is looked for first."""
 
     from torchkit.core.models import resolve_model
     from torchkit.core.models.heads import fit_auxiliary_heads_to, switch_off_auxiliary_heads
+    from torchkit.core.models.usercode import code_of_the_run_in
 
-    resolved = resolve_model(
-        arch,
-        weights=None if from_checkpoint else config.weights,
-        num_classes=len(classes),
-        trust_checkpoint=config.trust_checkpoint,
-        image_size=preprocess.image_size,
-        in_channels=preprocess.in_channels,
-        new_head=True,  # fine-tuning: the data's classes, whatever the weights had
-        command="train",
-        ahead=None if from_checkpoint else model_file,
-    )
+    with code_of_the_run_in(trained_in, resumed_from or ""):
+        resolved = resolve_model(
+            arch,
+            weights=None if from_checkpoint else config.weights,
+            num_classes=len(classes),
+            trust_checkpoint=config.trust_checkpoint,
+            image_size=preprocess.image_size,
+            in_channels=preprocess.in_channels,
+            new_head=True,  # fine-tuning: the data's classes, whatever the weights had
+            command="train",
+            ahead=None if from_checkpoint else model_file,
+        )
     if model_file is not None:
         model_file.release()  # the run holds the model, not the file's copy of its weights
     if resolved.source == "pickled model":
@@ -566,6 +574,16 @@ def _build_model(
         model = ddp.convert_sync_bn(model)
     # (a checkpoint given as --model names its architecture)
     return model, resolved.arch, parameters
+
+
+def _model_code_folder(checkpoint: dict | None) -> str | None:
+    """Where a resumed run's model code (`package.module:Callable`) was imported from: the
+    folder its checkpoint records, else (written before it was) the run's working
+    directory."""
+    if checkpoint is None:
+        return None
+    folder = checkpoint.get("model_code_folder") or (checkpoint.get("data") or {}).get("workdir")
+    return folder if isinstance(folder, str) else None
 
 
 def _order_head_as(model: Any, recorded: list[str], classes: list[str], source: str) -> None:

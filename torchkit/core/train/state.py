@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from torchkit.core.data.preprocessing import Preprocess
+from torchkit.core.models.usercode import imported_from, is_callable_spec
 from torchkit.core.train.checkpoints import build_checkpoint
 from torchkit.core.train.config import TrainConfig
 from torchkit.core.train.epoch_starts import EpochStarts
@@ -145,6 +146,8 @@ class TrainState:
         checkpoint["world_size"] = world_size
         checkpoint["drop_last"] = self.drop_last  # a resumed run batches its epochs alike
         checkpoint["data"] = self.data.record  # what eval --split val needs to find them
+        if is_callable_spec(self.arch):  # where a resumed run looks for the code first
+            checkpoint["model_code_folder"] = imported_from(self.arch)
         if rank_states is not None:
             checkpoint["rank_states"] = rank_states
         return checkpoint
