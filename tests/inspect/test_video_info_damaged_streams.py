@@ -1090,6 +1090,35 @@ def test_a_probe_walks_a_files_tags_or_pages_once(tmp_path, monkeypatch, contain
     assert info.frames_decoded is None and probe_video(path, exact=True).frames_decoded == 50
 
 
+def test_an_ogg_files_probe_and_frame_count_by_decoding_walk_its_pages_once(tmp_path, monkeypatch):
+    """A video whose container gives no frame count is counted by decoding where its frames
+    are sampled (`recount_frames` after `probe_video`): an Ogg file's pages were walked by
+    each in a scope of its own, twice a file. One walk serves both, the row unchanged."""
+    from torchkit.core.video import run as video_run
+
+    path = ffmpeg_made(
+        tmp_path / "clip.ogv",
+        *moving_picture(2),
+        *("-f", "lavfi", "-i", "sine=duration=2.4", "-c:v", "libtheora", "-c:a", "flac"),
+        encoders=("libtheora", "flac"),
+        muxer="ogg",
+    )
+    probed = video_run.probe_video
+
+    def no_count(*args, **kwargs):  # as a container that records none gives it
+        info = probed(*args, **kwargs)
+        info.frames = None
+        return info
+
+    monkeypatch.setattr(video_run, "probe_video", no_count)
+    walks, mapped = [], streams._mapped
+    monkeypatch.setattr(streams, "_mapped", lambda handle: walks.append(1) or mapped(handle))
+    reading = video_run._Reading(False, True, None, count_missing=True)
+    info = reading.probe(path)
+    assert (info.status, info.frames, info.frames_source) == ("ok", 50, "decoded")
+    assert len(walks) == 1
+
+
 def test_a_probe_walks_an_ogg_file_once_however_its_path_is_spelled(tmp_path, monkeypatch):
     """A path given as `find .` prints it (`./clip.ogv`) was walked twice under --exact: the
     check for repeated frames asked with the path as given, the damage check with its

@@ -49,6 +49,7 @@ from torchkit.core.video.frames import (
     _sample_into,
     frame_name_prefixes,
 )
+from torchkit.core.video.held import walks_kept
 from torchkit.core.video.probe import VideoInfo, _Stopped, probe_video, recount_frames
 
 # Upper bounds of the numeric options: a larger value is a usage error (exit 2), so that no value
@@ -363,20 +364,22 @@ class _Reading:
     count_missing: bool = False
 
     def probe(self, path: str | os.PathLike, stop: threading.Event | None = None) -> VideoInfo:
-        info = probe_video(
-            path,
-            exact=self.exact,
-            decode_check=self.decode_check,
-            stop=stop,
-            decoder_threads=self.decoder_threads,
-        )
-        if self.count_missing and info.status == "ok" and info.frames is None:
-            try:
-                recount_frames(info, stop, self.decoder_threads)
-            except _Stopped:
-                raise
-            except Exception:  # left uncounted: sampling counts it again and says why not
-                pass
+        # One scope for both: an Ogg file's pages are walked once for the probe and the count
+        with walks_kept():
+            info = probe_video(
+                path,
+                exact=self.exact,
+                decode_check=self.decode_check,
+                stop=stop,
+                decoder_threads=self.decoder_threads,
+            )
+            if self.count_missing and info.status == "ok" and info.frames is None:
+                try:
+                    recount_frames(info, stop, self.decoder_threads)
+                except _Stopped:
+                    raise
+                except Exception:  # left uncounted: sampling counts it again and says why not
+                    pass
         return info
 
 
