@@ -659,6 +659,30 @@ def test_a_cuda_build_on_a_machine_without_an_nvidia_gpu_is_no_warning(runner, m
     assert collect_env()["cuda"]["problem"] == "Found no NVIDIA driver on your system"
 
 
+@pytest.mark.parametrize("value", ["", "-1", "NoDevFiles", "0 1", "0,abc,1"])
+def test_cuda_visible_devices_on_a_machine_without_an_nvidia_gpu_is_no_warning(
+    runner, monkeypatch, value
+):
+    """A CPU server whose shell profile sets CUDA_VISIBLE_DEVICES=-1 (or empty) was told at every
+    `env` that it 'hides every GPU; unset it', on a machine with no GPU to hide. With none on
+    the PCI bus it chooses nothing: the report shows the value and warns of nothing; a machine
+    with a GPU is still warned (test_cuda_visible_devices_hiding_every_gpu)."""
+    simulate_no_gpu(monkeypatch, DRIVER_MESSAGE, pci_gpus=0)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+    report = collect_env()
+    assert report["diagnostics"] == []
+    assert report["cuda"]["visible_devices"] == value
+    assert report["cuda"]["problem"] == "this machine has no NVIDIA GPU (none on its PCI bus)"
+    table = runner.invoke(app, ["env"])
+    assert table.exit_code == 0 and table.stderr == ""
+    row = next(line for line in table.stdout.splitlines() if "CUDA_VISIBLE_DEVICES" in line)
+    assert row.split("│")[2].strip() == repr(value)
+    # A ROCm build: CUDA_VISIBLE_DEVICES chooses among AMD GPUs too, which the bus count omits
+    monkeypatch.setattr(torch.version, "hip", "6.2.41133")
+    monkeypatch.setattr(torch.version, "cuda", None)
+    assert collect_env()["diagnostics"] != []
+
+
 def test_a_driver_on_a_machine_without_an_nvidia_gpu_is_no_warning(monkeypatch, clean_env):
     """A cluster's login node (an image that installs the driver's libcuda on every machine):
     libcuda answers cuDriverGetVersion, NVML sees no GPU, and the PCI bus lists none. Before: a

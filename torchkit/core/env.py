@@ -769,8 +769,17 @@ def _diagnose_cuda(
 ) -> None:
     """Fill cuda.usable / problem / hint and add the warnings a user needs to see."""
     cuda.update(usable=False, problem=None, hint=None)
-    visible = cuda["visible_devices"]
     driver_gpus = cuda["driver_gpu_count"]
+    # CUDA_VISIBLE_DEVICES chooses among NVIDIA GPUs (a ROCm build's AMD GPUs too): where the
+    # PCI bus lists none and no driver sees one, a value a CPU server's shell profile sets
+    # (`-1`, empty) hides nothing, and is not judged (the report still shows it).
+    no_gpu_to_choose = (
+        not gpus
+        and not driver_gpus
+        and cuda["pci_gpu_count"] == 0
+        and not getattr(torch.version, "hip", None)
+    )
+    visible = None if no_gpu_to_choose else cuda["visible_devices"]
     hides_all = visible is not None and not gpus and _hides_every_gpu(visible, driver_gpus)
     if visible is not None:
         for finding in (_misread(visible, driver_gpus), _cut_short(visible, driver_gpus)):
