@@ -37,30 +37,33 @@ def recorded_data_from_here(spec: str, record: dict | None, resumed_from: os.Pat
     working directory the run trained in (`record["workdir"]`). Resumed from another one (a
     requeued job), it is read there where it still is: the data the run trained on, not what
     the same relative path names here (another folder, or nothing: "dataset not found" with
-    the data grammar's hint). Else from here, where it exists; else the error names where the
-    data was when the run trained."""
-    if spec == DIGITS or not any(_relative_path(part) for part in list_parts(spec)):
+    the data grammar's hint), with a note naming that folder (a copied run folder's record
+    may name other data on this machine). Else from here, where it exists; else the error
+    names where the data was when the run trained."""
+    if not reads_relative_paths(spec):
         return spec
-    record = record or {}
-    then = record.get("workdir") or ""
+    record = record if isinstance(record, dict) else {}
+    then = recorded_workdir(record)
     moved = bool(then) and not _same_place(then, ".")
     there = _from(spec, then) if then else ""
     if moved and _exists(there):
-        if _exists(spec) and not all(map(_same_place, _paths(spec), _paths(there))):
+        here = _exists(spec)
+        if not here or not all(map(_same_place, _paths(spec), _paths(there))):
             log.warning(
-                "--data %s, which %s records, is read in %s, where the run trained, not here "
-                "(give --data %s to train on the data here)",
+                "--data %s, which %s records, is read in %s, where the run trained, not here"
+                + (" (give --data %s to train on the data here)" if here else ""),
                 spec,
                 resumed_from,
                 then,
-                spec,
+                *([spec] if here else []),
                 extra={"note": True},
             )
         return there
     if any(os.path.exists(path) for path in _paths(spec)):
         return spec  # here, or in part: its reader names what is missing
     # Where the run trained is known (`workdir`): the data is no longer there either.
-    trained_at = there or record.get("root") or ""
+    root = record.get("root")
+    trained_at = there or (root if isinstance(root, str) else "")
     where = f", at {trained_at} when it trained" if trained_at else ""
     raise InputError(
         f"dataset not found: {spec}, the --data that {resumed_from} records{where}",
@@ -68,6 +71,22 @@ def recorded_data_from_here(spec: str, record: dict | None, resumed_from: os.Pat
         if then
         else "resume from the folder the run started in, or give --data again as a path from here",
     )
+
+
+def reads_relative_paths(spec: str) -> bool:
+    """Whether --data `spec` names a local path relative to the working directory (a part of
+    a `::` list or pattern too): what the working directory is recorded for."""
+    return spec != DIGITS and any(_relative_path(part) for part in list_parts(spec))
+
+
+def recorded_workdir(record: dict) -> str:
+    """The absolute working directory a checkpoint's `data` entry records; "" where it records
+    none (written before it was, or --data held no relative path) or something else (a
+    checkpoint made by hand)."""
+    workdir = record.get("workdir")
+    if not isinstance(workdir, str) or "\0" in workdir:  # no path: os.stat raises ValueError
+        return ""
+    return workdir if os.path.isabs(workdir) else ""
 
 
 def _relative_path(part: str) -> bool:
@@ -101,5 +120,5 @@ def _exists(spec: str) -> bool:
 def _same_place(a: str, b: str) -> bool:
     try:
         return os.path.samefile(a, b)
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a NUL in a recorded path
         return False
