@@ -1,11 +1,13 @@
 """--resume of a run whose relative --data is read in the working directory its checkpoint
-records (`data.workdir`): never silently, and a record made by hand is no traceback."""
+records (`data.workdir`): never silently, a record made by hand one error line, and the
+folder kept out of checkpoints that do not need it and of exported files."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+import torch
 from image_folders import write_image_folder
 
 from torchkit.cli import app
@@ -58,3 +60,40 @@ def test_a_recorded_working_directory_that_is_no_absolute_path_is_not_read(
         "resume from the folder the run started in, or give --data again as a path from here"
     )
     assert recorded_data_from_here("data", "not a record", "r/last.pt") == "data"
+
+
+def test_the_working_directory_is_recorded_only_for_a_relative_data(tmp_path, runner, monkeypatch):
+    """An absolute --data needs no working directory to be found again: none is recorded
+    (a home folder, a user name) in a checkpoint users share. A relative one records it."""
+    write_image_folder(tmp_path / "data", {"a": 4, "b": 4}, seed=1)
+    monkeypatch.chdir(tmp_path)
+    for data, out in ((str(tmp_path / "data"), "absolute"), ("data", "relative")):
+        trained = runner.invoke(
+            app, ["train", "--data", data, *OPTIONS, "--epochs", "1", "--out", out]
+        )
+        assert trained.exit_code == 0, trained.stderr
+    workdir = {
+        out: torch.load(tmp_path / out / "last.pt", weights_only=True)["data"]["workdir"]
+        for out in ("absolute", "relative")
+    }
+    assert workdir == {"absolute": "", "relative": str(tmp_path)}
+
+
+def test_an_exported_file_does_not_carry_the_working_directory():
+    from torchkit.core.data.preprocessing import Preprocess
+    from torchkit.core.models.exported.metadata import build_metadata
+
+    record = {"spec": "data", "root": "/home/ann/p/data", "workdir": "/home/ann/p", "sizes": {}}
+    fields = build_metadata(
+        fmt="onnx",
+        arch="convnet",
+        classes=["a", "b"],
+        preprocess=Preprocess(image_size=8),
+        input_shape=(1, 3, 8, 8),
+        batch_size=None,
+        dtype="float32",
+        opset=None,
+        weights_source=None,
+        data=record,
+    )
+    assert fields["data"] == {"spec": "data", "root": "/home/ann/p/data", "sizes": {}}

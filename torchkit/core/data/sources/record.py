@@ -14,6 +14,7 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from torchkit.core.data.sources.required import reads_relative_paths
 from torchkit.core.data.sources.samples import Samples, shown_class_names
 from torchkit.core.data.sources.source import DataSource, tagged
 from torchkit.core.data.sources.splitting import SPLIT_NAMES, path_key
@@ -30,8 +31,9 @@ def split_record(source: DataSource, splits: dict[str, Samples]) -> dict:
     only, so it loads with weights_only=True):
 
     `spec` (--data as typed), `kind`, `root` (absolute; "" for digits), `workdir` (the working
-    directory a relative `spec` was read from: `--resume` from elsewhere reads it there),
-    `sizes` (per split),
+    directory a relative `spec` was read from: `--resume` from elsewhere reads it there; ""
+    for a `spec` of no relative path, where it is not needed and would only tell whoever the
+    checkpoint is shared with where the run was started), `sizes` (per split),
     `held_out` ({"val": [ids]} when train held the val split out itself, else {}) and
     `held_out_of` ("train" for a split root without val/, "all" for unsplit data, else None).
     """
@@ -45,7 +47,7 @@ def split_record(source: DataSource, splits: dict[str, Samples]) -> dict:
         "spec": source.spec,
         "kind": source.kind,
         "root": os.path.abspath(source.root) if source.root else "",
-        "workdir": _working_directory(),
+        "workdir": _working_directory() if reads_relative_paths(source.spec) else "",
         "sizes": {name: len(samples) for name, samples in splits.items()},
         "held_out": held_out,
         "held_out_of": held_out_of,

@@ -56,7 +56,9 @@ def build_metadata(
         "num_outputs": num_outputs,
     }
     if data:
-        fields["data"] = dict(data)
+        # Not the working directory the run trained in (a home folder, a user name): only
+        # `train --resume` reads it, and an exported file is made to be handed on.
+        fields["data"] = {key: value for key, value in data.items() if key != "workdir"}
     return fields
 
 
