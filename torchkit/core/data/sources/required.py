@@ -38,7 +38,8 @@ def recorded_data_from_here(spec: str, record: dict | None, resumed_from: os.Pat
     requeued job), it is read there where it still is: the data the run trained on, not what
     the same relative path names here (another folder, or nothing: "dataset not found" with
     the data grammar's hint), with a note naming that folder (a copied run folder's record
-    may name other data on this machine). Else from here, where it exists; else the error
+    may name other data on this machine), a warning where the path names other data here.
+    Else from here, where it exists; else the error
     names where the data was when the run trained."""
     if not reads_relative_paths(spec):
         return spec
@@ -48,15 +49,18 @@ def recorded_data_from_here(spec: str, record: dict | None, resumed_from: os.Pat
     there = _from(spec, then) if then else ""
     if moved and _exists(there):
         here = _exists(spec)
-        if not here or not all(map(_same_place, _paths(spec), _paths(there))):
+        if not here:  # a requeued job's usual case: said, as the data is read elsewhere
             log.warning(
-                "--data %s, which %s records, is read in %s, where the run trained, not here"
-                + (" (give --data %s to train on the data here)" if here else ""),
-                spec,
-                resumed_from,
-                then,
-                *([spec] if here else []),
+                "--data %s, which %s records, is read in %s, where the run trained, not here",
+                *(spec, resumed_from, then),
                 extra={"note": True},
+            )
+        elif not all(map(_same_place, _paths(spec), _paths(there))):
+            # Two data of that name: a warning, which --quiet keeps (a job script's).
+            log.warning(
+                "--data %s, which %s records, is read in %s, where the run trained, not here "
+                "(give --data %s to train on the data here)",
+                *(spec, resumed_from, then, spec),
             )
         return there
     if any(os.path.exists(path) for path in _paths(spec)):
