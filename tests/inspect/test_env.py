@@ -239,6 +239,10 @@ def test_report_says_what_collect_env_says_for_a_bug_report(runner, monkeypatch,
         assert report["packages"]["triton"] == importlib.metadata.version("triton")
     except importlib.metadata.PackageNotFoundError:
         assert report["packages"]["triton"] is None
+    # torch 2.4 sets CUDA_MODULE_LOADING=LAZY in the process's environment each time it tries
+    # to initialise CUDA (the report above did), which a `torchkit env` process of its own
+    # reads before it
+    monkeypatch.delenv("CUDA_MODULE_LOADING", raising=False)
     table = runner.invoke(app, ["env"]).stdout
     assert "OMP_NUM_THREADS=3, PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in table
     assert system["os"] is None or system["os"] in table
@@ -376,6 +380,8 @@ def test_cpu_features_agree_with_proc_cpuinfo():
     features = env.cpu_features(torch)
     arm = {"neon", "bf16", "i8mm", "sve", "sve2", "sve_bf16", "sme", "sme2"}
     x86 = [name for name in env.CPU_FEATURES if name not in arm]
+    if not hasattr(torch.cpu, "get_capabilities"):  # torch 2.4 knows these three alone
+        x86 = ["avx2", "avx512_f", "avx512_vnni"]
     listed = {name for name in x86 if CPUINFO_FLAGS.get(name, name) in flags}
     amx = {name for name in listed if name.startswith("amx_")}  # the OS must enable it too
     assert listed - amx <= set(features) <= listed
@@ -393,6 +399,14 @@ def test_cpu_features_of_a_torch_before_get_capabilities():
     old_torch = SimpleNamespace(cpu=SimpleNamespace(**checks))
     assert env.cpu_features(old_torch) == ["avx2", "avx512_f", "avx512_bf16", "amx_tile"]
     assert env.cpu_features(SimpleNamespace()) is None
+    # torch 2.4's names for three of them (its report said nothing of the CPU's features)
+    torch_2_4 = {
+        "_is_cpu_support_avx2": lambda: True,
+        "_is_cpu_support_avx512": lambda: False,
+        "_is_cpu_support_vnni": lambda: True,
+    }
+    only_three = SimpleNamespace(cpu=SimpleNamespace(**torch_2_4))
+    assert env.cpu_features(only_three) == ["avx2", "avx512_vnni"]
 
 
 def test_cpu_libraries_of_the_torch_build():

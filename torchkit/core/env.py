@@ -603,12 +603,16 @@ CPU_FEATURES = (
     "amx_tile", "amx_bf16", "amx_int8", "amx_fp16",
     "neon", "bf16", "i8mm", "sve", "sve2", "sve_bf16", "sme", "sme2",
 )  # fmt: skip
-# Torch releases before torch.cpu.get_capabilities() answer for a few of them one by one.
+# Torch releases before torch.cpu.get_capabilities() answer for a few of them one by one,
+# under names of their release: torch 2.4 has the _is_cpu_support_* three alone.
 _CPU_FEATURE_CHECKS = {
-    "avx2": "_is_avx2_supported", "avx512_f": "_is_avx512_supported",
-    "avx512_vnni": "_is_vnni_supported", "avx512_bf16": "_is_avx512_bf16_supported",
-    "amx_tile": "_is_amx_tile_supported", "amx_fp16": "_is_amx_fp16_supported",
-}  # fmt: skip
+    "avx2": ("_is_avx2_supported", "_is_cpu_support_avx2"),
+    "avx512_f": ("_is_avx512_supported", "_is_cpu_support_avx512"),
+    "avx512_vnni": ("_is_vnni_supported", "_is_cpu_support_vnni"),
+    "avx512_bf16": ("_is_avx512_bf16_supported",),
+    "amx_tile": ("_is_amx_tile_supported",),
+    "amx_fp16": ("_is_amx_fp16_supported",),
+}
 
 
 def cpu_features(torch) -> list[str] | None:
@@ -619,9 +623,12 @@ def cpu_features(torch) -> list[str] | None:
         capabilities = dict(cpu.get_capabilities())
     except Exception:
         capabilities = {}
-        for name, check in _CPU_FEATURE_CHECKS.items():
+        for name, checks in _CPU_FEATURE_CHECKS.items():
+            check = next((getattr(cpu, c) for c in checks if hasattr(cpu, c)), None)
+            if check is None:
+                continue
             with contextlib.suppress(Exception):
-                capabilities[name] = bool(getattr(cpu, check)())
+                capabilities[name] = bool(check())
     if not capabilities:
         return None
     return [name for name in CPU_FEATURES if capabilities.get(name) is True]
