@@ -97,3 +97,19 @@ def test_an_exported_file_does_not_carry_the_working_directory():
         data=record,
     )
     assert fields["data"] == {"spec": "data", "root": "/home/ann/p/data", "sizes": {}}
+
+
+def test_shards_in_part_where_the_run_trained_are_read_there_for_the_reader_to_name(
+    tmp_path, monkeypatch
+):
+    """One shard of two gone from where the run trained, none here: 'dataset not found ...
+    (give --data again where the data is now)', where the data still was; its reader names
+    the missing shard, as it does from that folder."""
+    start, here = tmp_path / "start", tmp_path / "here"
+    (start / "shards").mkdir(parents=True)
+    (start / "shards" / "s-0.tar").write_bytes(b"")
+    here.mkdir()
+    monkeypatch.chdir(here)
+    record = {"root": str(start / "shards"), "workdir": str(start)}
+    spec = "shards/s-{0..1}.tar"
+    assert recorded_data_from_here(spec, record, "r/last.pt") == f"{start}/{spec}"

@@ -50,11 +50,7 @@ def recorded_data_from_here(spec: str, record: dict | None, resumed_from: os.Pat
     if moved and _exists(there):
         here = _exists(spec)
         if not here:  # a requeued job's usual case: said, as the data is read elsewhere
-            log.warning(
-                "--data %s, which %s records, is read in %s, where the run trained, not here",
-                *(spec, resumed_from, then),
-                extra={"note": True},
-            )
+            _note_read_in(then, spec, resumed_from)
         elif not all(map(_same_place, _paths(spec), _paths(there))):
             # Two data of that name: a warning, which --quiet keeps (a job script's).
             log.warning(
@@ -63,8 +59,11 @@ def recorded_data_from_here(spec: str, record: dict | None, resumed_from: os.Pat
                 *(spec, resumed_from, then, spec),
             )
         return there
-    if any(os.path.exists(path) for path in _paths(spec)):
+    if _in_part(spec):
         return spec  # here, or in part: its reader names what is missing
+    if moved and _in_part(there):  # a shard gone: its reader names it, not "not found"
+        _note_read_in(then, spec, resumed_from)
+        return there
     # Where the run trained is known (`workdir`): the data is no longer there either.
     root = record.get("root")
     trained_at = there or (root if isinstance(root, str) else "")
@@ -119,6 +118,18 @@ def _paths(spec: str) -> list[str]:
 
 def _exists(spec: str) -> bool:
     return all(os.path.exists(path) for path in _paths(spec))
+
+
+def _note_read_in(folder: str, spec: str, resumed_from: os.PathLike) -> None:
+    log.warning(
+        "--data %s, which %s records, is read in %s, where the run trained, not here",
+        *(spec, resumed_from, folder),
+        extra={"note": True},
+    )
+
+
+def _in_part(spec: str) -> bool:
+    return any(os.path.exists(path) for path in _paths(spec))
 
 
 def _same_place(a: str, b: str) -> bool:
