@@ -3,6 +3,7 @@ small classes and groups, and moves out of overlapping ROOTs."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 from pathlib import Path
@@ -291,5 +292,75 @@ def test_a_file_split_cannot_read_is_one_error_naming_it_and_why(tmp_path: Path,
     assert line.startswith("Error: cannot copy ") and line.endswith(
         f"{os.path.join('raw', 'b', '3.png')}: permission denied (make it readable, or move it "
         "out of the data)"
+    ), line
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("mode", ["hardlink", "move"])
+def test_a_file_a_link_or_move_cannot_read_is_the_copys_one_error(
+    tmp_path: Path, monkeypatch, mode
+):
+    """A file of the data without read permission ended a hard-link split (the system refuses
+    to link another user's file this one may not read) and a move onto another file system
+    (which copies it) in "Error: PermissionError: [Errno ...]": the one line a copy says; the
+    move's files are each in ROOT or OUT, for its rerun."""
+    write_images(tmp_path / "raw", [f"{c}/{i}.png" for c in "ab" for i in range(5)])
+    unreadable = os.path.join("b", "3.png")
+    real_open, real_link = os.open, os.link
+
+    def refusing(path, flags, *args, **kwargs):  # as the kernel answers for a chmod 000 file
+        if os.fspath(path).endswith(unreadable):
+            raise PermissionError(13, "Permission denied", path)
+        return real_open(path, flags, *args, **kwargs)
+
+    def protected(source, target, *args, **kwargs):  # Linux's protected_hardlinks
+        if os.fspath(source).endswith(unreadable):
+            raise PermissionError(1, "Operation not permitted", source, None, target)
+        return real_link(source, target, *args, **kwargs)
+
+    def other_file_system(source, target):
+        raise OSError(errno.EXDEV, "Invalid cross-device link", source, None, target)
+
+    monkeypatch.setattr(split_files.os, "open", refusing)
+    monkeypatch.setattr(split_files.os, "link", protected)
+    if mode == "move":
+        monkeypatch.setattr(split_files.os, "rename", other_file_system)
+    result = run_torchkit_in_process("split", "raw", "out", "-q", "--mode", mode, cwd=tmp_path)
+    assert result.returncode == 1
+    verb = {"hardlink": "link", "move": "move"}[mode]
+    line = error_line(result.stderr, besides="warnings")
+    assert line.startswith(f"Error: cannot {verb} ") and line.endswith(
+        f"{os.path.join('raw', unreadable)}: permission denied (make it readable, or move it "
+        "out of the data)"
+    ), line
+    if mode == "hardlink":
+        assert not (tmp_path / "out").exists()
+    else:  # the file left where it was; every other one in ROOT or OUT, none lost
+        assert (tmp_path / "raw" / unreadable).exists()
+        kept = list((tmp_path / "raw").rglob("*.png"))
+        moved = list((tmp_path / "out").rglob("*.png"))
+        assert len(kept) + len(moved) == 10
+
+
+def test_a_file_the_system_will_not_hard_link_is_one_error_naming_it(tmp_path: Path, monkeypatch):
+    """Another user's file that this one may read but not write to: Linux's
+    protected_hardlinks refuses the link (EPERM), said with the modes that need none."""
+    write_images(tmp_path / "raw", [f"{c}/{i}.png" for c in "ab" for i in range(5)])
+    real_link = os.link
+
+    def protected(source, target, *args, **kwargs):
+        if os.fspath(source).endswith(os.path.join("b", "3.png")):
+            raise PermissionError(1, "Operation not permitted", source, None, target)
+        return real_link(source, target, *args, **kwargs)
+
+    monkeypatch.setattr(split_files.os, "link", protected)
+    result = run_torchkit_in_process(
+        "split", "raw", "out", "-q", "--mode", "hardlink", cwd=tmp_path
+    )
+    assert result.returncode == 1
+    line = error_line(result.stderr, besides="nothing")
+    assert line.startswith("Error: cannot link ") and line.endswith(
+        f"{os.path.join('raw', 'b', '3.png')}: the system lets a user hard-link only the files "
+        "it owns or may write to (use --mode copy or symlink)"
     ), line
     assert not (tmp_path / "out").exists()

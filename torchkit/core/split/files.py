@@ -242,6 +242,7 @@ def _move_file(source: str, dest: str, links: LinkTargets | None) -> None:
         if os.lstat(dest).st_size != size:  # a rename cannot change a file; checked anyway
             raise InputError(f"{dest} does not match {source} after the move")
         return
+    require_readable(source, "move")  # to be copied onto the other file system
     try:
         shutil.copy2(source, temporary)
         with open(temporary, "rb") as handle:
@@ -278,19 +279,38 @@ def _copy_all(sources: list[str], targets: list[str], progress: Progress | None)
 
 def _copy_pair(pair: tuple[str, str]) -> None:
     source, target = pair
-    # A source that cannot be read (no read permission) is the data's fault, said as every
-    # command says why a file cannot be read, not a PermissionError of the copy. (One gone
-    # since it was listed is named by the caller: "disappeared during the split".)
+    require_readable(source, "copy")
+    shutil.copy2(source, target)
+
+
+def require_readable(source: str, verb: str) -> None:
+    """A source to copy (`verb`: "copy", a move's "move", a refused hard link's "link") that
+    cannot be read (no read permission) is the data's fault, one error said as every command
+    says why a file cannot be read, in every mode, not a PermissionError of the copy. (One
+    gone since it was listed is named by the caller: "disappeared during the split".)"""
     try:
         os.close(os.open(source, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)))
     except FileNotFoundError:
         raise
     except OSError as error:
         raise InputError(
-            f"cannot copy {source}: {unreadable_reason(error)}",
+            f"cannot {verb} {source}: {unreadable_reason(error)}",
             "make it readable, or move it out of the data",
         ) from None
-    shutil.copy2(source, target)
+
+
+def _hardlink(source: str, target: str) -> None:
+    """A hard link to `source` at `target`. The system may refuse to link a file this user
+    neither owns nor may read and write (Linux's protected_hardlinks): one error naming it."""
+    try:
+        os.link(source, target)
+    except PermissionError:
+        require_readable(source, "link")
+        raise InputError(
+            f"cannot link {source}: the system lets a user hard-link only the files it owns "
+            "or may write to",
+            "use --mode copy or symlink",
+        ) from None
 
 
 def check_hardlinks(plan: Plan, out: Path) -> None:
@@ -379,7 +399,7 @@ def _place_files(plan: Plan, out: Path, mode: str, progress: Progress | None) ->
     links = LinkTargets(plan.sources, targets)
     operation: Callable[[str, str], Any] = {
         "symlink": _symlink,
-        "hardlink": os.link,
+        "hardlink": _hardlink,
         "move": lambda s, d: move_file(s, d, links=links),
     }[mode]
     for done, (source, target) in enumerate(zip(plan.sources, targets, strict=True), 1):
