@@ -280,6 +280,11 @@ def test_resume_from_another_folder_imports_the_runs_model_code_where_it_trained
         f"(put {name}.py or {name}/ back in {tmp_path}, or resume from the folder that holds "
         "it now)\n"
     )
+    import nets  # on PYTHONPATH, found from anywhere: no folder to record
+
+    from torchkit.core.models.usercode import imported_from
+
+    assert nets.TinyNet and imported_from("nets:TinyNet") is None
 
 
 def _recorded(workdir: Path | None, root: Path) -> dict:

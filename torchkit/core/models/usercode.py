@@ -26,6 +26,8 @@ class _TrainedIn:
 
 
 _trained_in: ContextVar[_TrainedIn | None] = ContextVar("trained_in", default=None)
+# The working directories (this one, a resumed run's) that `user_code` looked for code in
+_searched: set[str] = set()
 
 
 @contextlib.contextmanager
@@ -66,6 +68,7 @@ def user_code() -> Iterator[None]:
     cwd = os.getcwd()
     if "" not in sys.path and cwd not in sys.path:
         sys.path.append(cwd)  # after installed packages: a local folder never shadows them
+    _searched.add(cwd)
     # A resumed run's working directory, where its code was found, comes just before this
     # one, for this import or call only.
     trained = _elsewhere(cwd)
@@ -73,6 +76,8 @@ def user_code() -> Iterator[None]:
     if added:
         here = next(index for index, path in enumerate(sys.path) if path in ("", cwd))
         sys.path.insert(here, trained.folder)
+    if trained is not None:
+        _searched.add(os.path.abspath(trained.folder))
     try:
         with contextlib.redirect_stdout(sys.stderr):
             yield
@@ -150,14 +155,16 @@ def _note_another_here(spec: str, top: str) -> None:
 
 
 def imported_from(spec: str) -> str | None:
-    """The folder on the import path that the module of `package.module:Callable` was
-    imported from (a checkpoint records it: `--resume` looks there first); None when it is
-    not imported, or not from a folder."""
+    """The working directory (this one, or a resumed run's) that the module of
+    `package.module:Callable` was imported from (a checkpoint records it: `--resume` from
+    elsewhere looks there first); None for one installed or on PYTHONPATH, found from
+    anywhere, or not imported."""
     top = spec.partition(":")[0].split(".")[0]
     found = getattr(sys.modules.get(top), "__spec__", None)
     if found is None or not found.has_location or found.origin is None:
         return None
-    return os.path.dirname(_package_folder(found))
+    folder = os.path.dirname(_package_folder(found))
+    return folder if folder in _searched else None
 
 
 def _package_folder(found: Any) -> str:

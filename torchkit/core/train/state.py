@@ -146,8 +146,10 @@ class TrainState:
         checkpoint["world_size"] = world_size
         checkpoint["drop_last"] = self.drop_last  # a resumed run batches its epochs alike
         checkpoint["data"] = self.data.record  # what eval --split val needs to find them
-        if is_callable_spec(self.arch):  # where a resumed run looks for the code first
-            checkpoint["model_code_folder"] = imported_from(self.arch)
+        # The folder of a working directory's model code: a resumed run looks there first
+        code_folder = imported_from(self.arch) if is_callable_spec(self.arch) else None
+        if code_folder is not None:
+            checkpoint["model_code_folder"] = code_folder
         if rank_states is not None:
             checkpoint["rank_states"] = rank_states
         return checkpoint
