@@ -2505,6 +2505,64 @@ def test_a_raw_mpeg_stream_s_rate_is_its_sequence_header_s(tmp_path, encoder):
         assert probed is None or Fraction(probed[0]) == rate, path
 
 
+@pytest.mark.parametrize(
+    ("encoder", "muxer", "rate", "pictures"),
+    [
+        ("mpeg2video", ("-f", "vob"), "25", 2),
+        ("mpeg2video", ("-f", "vob"), "30000/1001", 1),
+        ("mpeg1video", ("-f", "mpeg"), "25", 2),
+        ("mpeg2video", ("-f", "mpegts"), "25", 2),
+        ("mpeg2video", ("-f", "mpegts"), "24000/1001", 1),
+        ("mpeg2video", ("-f", "mpegts"), "15", 2),  # 25 x 3/5: the sequence extension's
+        ("mpeg2video", ("-f", "mpegts", "-mpegts_m2ts_mode", "1"), "25", 2),
+    ],
+)
+def test_an_mpeg_ps_or_ts_file_of_one_or_two_pictures_reads_its_sequence_header_s_rate(
+    tmp_path, encoder, muxer, rate, pictures
+):
+    """An MPEG-PS or MPEG-TS file of one or two MPEG-1/2 pictures gives FFmpeg too few frames
+    to average: OpenCV fell back on the field rate, 50 fps for 25 (59.94 for 29.97), where
+    ffprobe's r_frame_rate is 25. Where OpenCV's rate is twice the one the video's first
+    sequence header records (read from the first video packets), that one is the row's; a
+    longer file keeps FFmpeg's average."""
+    made = ffmpeg_made(
+        tmp_path / "clip.mpg",
+        *("-f", "lavfi", "-i", f"testsrc=size=64x48:rate={rate}"),
+        *("-frames:v", str(pictures), "-c:v", encoder, *muxer),
+        encoders=(encoder,),
+        muxer=muxer[1],
+    )
+    info = probe_video(made)
+    assert info.status == "ok" and info.fps == float(Fraction(rate)), info
+    probed = ffprobe_entries(made, "stream=r_frame_rate")
+    assert probed is None or Fraction(probed[0]) == Fraction(rate)
+    longer = ffmpeg_made(
+        tmp_path / "longer.mpg",
+        *("-f", "lavfi", "-i", f"testsrc=size=64x48:rate={rate}"),
+        *("-frames:v", "12", "-c:v", encoder, *muxer),
+    )
+    assert probe_video(longer).fps == pytest.approx(float(Fraction(rate)), rel=1e-3)
+
+
+def test_an_mpeg_ps_file_s_video_head_is_its_packets_data_after_their_headers(tmp_path):
+    """The first bytes of an MPEG-PS or TS file's video (the sequence header's place) are its
+    video packets' data alone: no pack, packet or TS header between; other formats have
+    none."""
+    made = ffmpeg_made(
+        tmp_path / "clip.ts",
+        *moving_picture(0.2),
+        *("-c:v", "mpeg2video", "-f", "mpegts"),
+        encoders=("mpeg2video",),
+    )
+    raw = ffmpeg_made(tmp_path / "clip.m2v", "-i", str(made), "-c", "copy", "-f", "mpeg2video")
+    vob = ffmpeg_made(tmp_path / "clip.vob", "-i", str(made), "-c", "copy", "-f", "vob")
+    stream = raw.read_bytes()
+    for path, container in ((made, "mpeg-ts"), (vob, "mpeg-ps")):
+        head = streams.mpeg_video_head(path, container)
+        assert len(head) == 256 and stream.startswith(head), container
+    assert streams.mpeg_video_head(raw, "mpeg-video") == b""
+
+
 @pytest.mark.parametrize("rate", [15, 50])
 def test_a_raw_mpeg1_stream_s_count_is_its_estimated_duration_at_its_own_rate(tmp_path, rate):
     """A raw MPEG-1 stream records no frame count: OpenCV counts the duration FFmpeg

@@ -56,6 +56,7 @@ from torchkit.core.video.mp4 import (
 from torchkit.core.video.raw import (
     last_picture_rows,
     raw_mpeg_frame_rate,
+    sequence_frame_rate,
 )
 from torchkit.core.video.streams import (
     FlvVideoTail,
@@ -64,6 +65,7 @@ from torchkit.core.video.streams import (
     flv_recorded_size,
     flv_video_frames,
     flv_video_tail,
+    mpeg_video_head,
     ogg_video_frames,
     ps_video_frames,
     ts_video_frames,
@@ -776,6 +778,10 @@ def _read_header_fields(
     declared_frames = capture.get(cv2.CAP_PROP_FRAME_COUNT)
     if sniffed == "mpeg-video":  # FFmpeg's raw reader gives 25 fps: the stream's own rate
         declared_frames = _raw_mpeg_timing(path, info, declared_frames)
+    # FFmpeg tags MPEG-1/2 video mpg1, mpg2 (another codec may hold a start code 0xB3 too)
+    mpeg12 = fourcc_to_text(capture.get(cv2.CAP_PROP_FOURCC)) in ("mpg1", "mpg2")
+    if mpeg12 and sniffed in ("mpeg-ps", "mpeg-ts", "m2ts"):
+        _packed_mpeg_timing(path, info, sniffed)
     if sniffed == "dv":
         declared_frames = _raw_dv_timing(cv2, path, decoder_threads, info, declared_frames)
     # FFmpeg counts a fragmented MP4's moov samples alone (those of its first fragment, as
@@ -939,6 +945,20 @@ def _raw_dv_timing(
     duration = declared_frames / info.fps
     info.fps = rate
     return float(round(duration * rate))
+
+
+def _packed_mpeg_timing(path: Path, info: VideoInfo, container: str) -> None:
+    """An MPEG-PS or MPEG-TS file's rate (into `info.fps`) where it holds one or two MPEG-1/2
+    pictures: FFmpeg has too few frames to average and OpenCV falls back on its field rate,
+    twice the frame rate (50 for 25 fps), where ffprobe gives 25 (`r_frame_rate`). Where
+    OpenCV's rate is twice the one the video's first sequence header records, that one is
+    taken; any other (an average of more pictures: a film's soft telecine, 23.976 where the
+    header records 29.97) stays. The frame count, an estimate at such rates, is left as is."""
+    if not info.fps:
+        return
+    rate = sequence_frame_rate(mpeg_video_head(path, container))
+    if rate is not None and math.isclose(info.fps, 2 * rate, rel_tol=1e-3):
+        info.fps = float(rate)
 
 
 def _raw_mpeg_timing(path: Path, info: VideoInfo, declared_frames: float) -> float:

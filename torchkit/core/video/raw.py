@@ -120,6 +120,17 @@ def _first_sequence(head: bytes) -> tuple[int | None, int | None]:
     return header, extension
 
 
+def sequence_frame_rate(head: bytes) -> Fraction | None:
+    """The rate an MPEG-1/2 video stream's first bytes `head` record: its first sequence
+    header's, and its MPEG-2 sequence extension's (`mpeg_frame_rate`); None where they hold
+    no sequence header."""
+    header, extension = _first_sequence(head)
+    if header is None:
+        return None
+    extended = head[extension + 4 :] if extension is not None else b""
+    return mpeg_frame_rate(head[header + 4 :], extended)
+
+
 # A stream's first pictures, which tell whether they repeat fields (5 s of a film), read this
 # far at most (2.5 s of a DVD's 6 Mb/s), a chunk at a time
 _SHOWN_PICTURES, _SHOWN_HEAD, _SHOWN_CHUNK = 120, 2 << 20, 1 << 16
@@ -136,11 +147,7 @@ def raw_mpeg_frame_rate(path: str | os.PathLike) -> Fraction | None:
     try:
         with open(path, "rb") as handle:
             head = handle.read(_MPEG_HEAD)
-            header, extension = _first_sequence(head)
-            if header is None:
-                return None
-            extended = head[extension + 4 :] if extension is not None else b""
-            rate = mpeg_frame_rate(head[header + 4 :], extended)
+            rate = sequence_frame_rate(head)
             if rate is None:
                 return None
             # the head read, then the file on from it a chunk at a time

@@ -869,6 +869,84 @@ def ps_video_frames(
     )
 
 
+_VIDEO_HEAD_BYTES = 1 << 18  # of a file, searched for its video's first data
+_VIDEO_HEAD = 256  # of its video's data: a sequence header (140 with both matrices), extension
+
+
+def mpeg_video_head(path: str | os.PathLike, container: str | None) -> bytes:
+    """The first bytes of the first video stream's data of an MPEG-PS or MPEG-TS (M2TS) file,
+    `_VIDEO_HEAD` where its first 256 KiB hold as many (an MPEG-1/2 stream's first sequence header
+    and extension): its PS packets' data after their headers, or its TS packets' payloads on
+    the video's PID from the first that starts a PES packet, after that packet's header.
+    Empty for other formats, where the structure cannot be read, or where no video is found."""
+    if container not in ("mpeg-ps", "mpeg-ts", "m2ts"):
+        return b""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(_VIDEO_HEAD_BYTES)
+    except OSError:
+        return b""
+    try:
+        return _ps_video_head(data) if container == "mpeg-ps" else _ts_video_head(data, container)
+    except (ValueError, IndexError):
+        return b""
+
+
+def _ps_video_head(data: bytes) -> bytes:
+    """`mpeg_video_head` of an MPEG-PS file's first bytes `data`: walked pack by pack (past a
+    VCD's padding) to the first bytes that are none."""
+    head, video, at, size = bytearray(), None, 0, len(data)
+    while len(head) < _VIDEO_HEAD and at + 4 <= size:
+        length = _ps_unit_length(data, at, size)
+        if length is None:
+            padded = _ps_padding_end(data, at, size)
+            if padded is None:
+                break
+            at = padded
+            continue
+        if length == 0:  # the end code
+            break
+        if video is None and data[at + 3] & 0xF0 == _PS_VIDEO:
+            video = data[at + 3]
+        if data[at + 3] == video:
+            payload, _ = _ps_payload(data, at)
+            head += data[payload : at + length]
+        at += length
+    return bytes(head[:_VIDEO_HEAD])
+
+
+def _ts_video_head(data: bytes, container: str) -> bytes:
+    """`mpeg_video_head` of an MPEG-TS (M2TS) file's first bytes `data`: the video its first
+    program's PMT lists (or, where none is read, the first PID whose PES packets are video)."""
+    import numpy as np
+
+    size, prefix = (TS_PACKET, 0) if container == "mpeg-ts" else (M2TS_PACKET, 4)
+    whole = len(data) - len(data) % size
+    if not whole:
+        return b""
+    packets = np.frombuffer(data[:whole], np.uint8).reshape(-1, size)[:, prefix:]
+    tables = _TsTables()
+    tables.switch_in(packets)
+    video = tables.video or (None if tables.mapped else _ts_guessed_video(packets))
+    if video is None:
+        return b""
+    ours = (packets[:, 0] == 0x47) & (_ts_pids(packets) == video[1])
+    starts = np.flatnonzero(ours & _ts_unit_starts(packets))
+    if not len(starts):
+        return b""
+    numbers = np.flatnonzero(ours)
+    payload = _ts_payload(packets[starts[0]].tobytes())
+    if payload[:3] != MPEG_START or len(payload) < 9:
+        return b""
+    head = bytearray(payload[9 + payload[8] :])  # after the PES header: its length at byte 8
+    end = starts[1] if len(starts) > 1 else len(packets)  # the PES packet's last TS packet
+    for number in numbers[(numbers > starts[0]) & (numbers < end)].tolist():
+        if len(head) >= _VIDEO_HEAD:
+            break
+        head += _ts_payload(packets[number].tobytes())
+    return bytes(head[:_VIDEO_HEAD])
+
+
 def _pictures_lost(
     anchors: list[tuple[float, float]],
     breaks: list[tuple[float, bool]],
