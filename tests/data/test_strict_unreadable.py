@@ -44,6 +44,50 @@ def test_every_command_says_the_same_of_an_unreadable_image_under_strict(tmp_pat
     assert sorted(path.name for path in (tmp_path / "data").rglob("*")) == before
 
 
+def test_every_command_names_an_unreadable_member_of_a_tar_of_a_folder_alike(tmp_path: Path):
+    """A `.tar` of an image folder: every command's error names the member as the archive
+    and its path in it (`data.tar/b/empty.png`, as a shard's sample is named), and every
+    report's `path` column its path in the archive alone (`b/empty.png`), as docs/data.md
+    promises."""
+    import csv
+    import io
+    import json
+    import tarfile
+
+    write_image_folder(tmp_path / "data", {"a": 3, "b": 3})
+    (tmp_path / "data" / "b" / "empty.png").write_bytes(b"")
+    with tarfile.open(tmp_path / "data.tar", "w") as archive:
+        for name in ("a", "b"):
+            archive.add(tmp_path / "data" / name, name)
+    write_convnet_checkpoint(tmp_path / "m.pt", in_channels=3, image_size=8, classes="ab")
+    commands = {
+        "train": [
+            "train", "--data", "data.tar", "--model", "nets:TinyNet", "--image-size", "8",
+            "--val-split", "0.34", "--epochs", "1", "--out", "run",
+        ],
+        "eval": ["eval", "m.pt", "--data", "data.tar"],
+        "predict": ["predict", "m.pt", "data.tar", "--output", "p.csv"],
+        "extract-features": ["extract-features", "m.pt", "--data", "data.tar", "--out", "f"],
+        "convert shards": ["convert", "shards", "data.tar", "shards"],
+        "dataset-stats": ["dataset-stats", "data.tar"],
+    }  # fmt: skip
+    said = SAID.replace("data/b/", "data.tar/b/")
+    for name, args in commands.items():
+        result = run_torchkit_in_process(*args, "--strict", "-j", "0", cwd=tmp_path)
+        assert result.returncode == 1, (name, result.stderr)
+        off = "pass --no-strict" if name == "train" else "leave out --strict"
+        assert error_line(result.stderr) == said.format(reason="empty file", off=off), name
+    predicted = run_torchkit_in_process(
+        "predict", "m.pt", "data.tar", "--format", "csv", "-j", "0", cwd=tmp_path
+    )
+    assert "data.tar/b/empty.png: empty file" in predicted.stderr
+    rows = csv.DictReader(io.StringIO(predicted.stdout))
+    assert {r["path"]: r["error"] for r in rows if r["error"]} == {"b/empty.png": "empty file"}
+    stats = run_torchkit_in_process("dataset-stats", "data.tar", "--format", "json", cwd=tmp_path)
+    unreadable = json.loads(stats.stdout)["unreadable"]
+    assert unreadable == [{"path": "b/empty.png", "error": "empty file"}]
+
+
 def test_an_unreadable_shard_image_is_named_with_the_path_its_json_records(tmp_path: Path):
     """A shard's member name (shard-000000.tar/sample_00000003.jpg) names no file the user has:
     where the sample's KEY.json records the file it was made from (convert shards writes it),
