@@ -111,6 +111,26 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         _WORKER_SESSION_ENDED.append(True)
 
 
+def _sendable(text: str) -> str:
+    """TEXT with each lone surrogate (a file name's non-UTF-8 byte, as surrogateescape holds it)
+    written as its escape: execnet sends a worker's reports as UTF-8 and stops the whole run with
+    an INTERNALERROR on one it cannot encode."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> object:
+    # A test of such names passes with their warnings in its captured log, or fails with them in
+    # its message: either is reported, not the end of the session.
+    outcome = yield
+    report = outcome.get_result()
+    report.sections = [(name, _sendable(text)) for name, text in report.sections]
+    if report.longrepr is not None:
+        text = str(report.longrepr)
+        if _sendable(text) != text:
+            report.longrepr = _sendable(text)
+
+
 @pytest.fixture
 def runner() -> CliRunner:
     """`runner.invoke(app, [...])`; `result.stdout` and `result.stderr` are kept apart."""
