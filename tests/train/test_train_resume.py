@@ -277,8 +277,8 @@ def test_resume_from_another_folder_imports_the_runs_model_code_where_it_trained
     assert lost.stderr == (
         f"Error: cannot import model '{name}:Tiny', which {Path('../run/last.pt')} records: "
         f"No module named '{name}', neither in {tmp_path}, where the run trained, nor here "
-        f"(put {name}.py or {name}/ back in {tmp_path}, or resume from the folder that holds "
-        "it now)\n"
+        f"(put {name}.py or {name}/ back in {tmp_path}, or run torchkit from the folder that "
+        "holds it now)\n"
     )
     import nets  # on PYTHONPATH, found from anywhere: no folder to record
 

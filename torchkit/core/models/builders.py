@@ -46,7 +46,12 @@ from torchkit.core.models.timm_models import (
     size_pair,
     timm_pretrained,
 )
-from torchkit.core.models.usercode import call_model_factory, is_callable_spec
+from torchkit.core.models.usercode import (
+    call_model_factory,
+    code_of_the_run_in,
+    is_callable_spec,
+    model_code_folder,
+)
 from torchkit.core.models.weights import (
     checkpoint_arch,
     load_weights_file,
@@ -185,11 +190,34 @@ def model_from_checkpoint(
     patch grid...: a Note says so, unless `note_resampling` is False: the EMA weights loaded
     next say it; with none to adapt, a Note says the model was rebuilt); a size its patches do
     not divide is refused before it is built. Any other model is built for the recorded size.
+
+    Model code is looked for first in the working directory its run found it in (the folder
+    the checkpoint records), as `train --resume` does: every command that loads the
+    checkpoint finds it there, from any folder.
     """
+    arch, _ = checkpoint_arch(checkpoint, source)
+    require_trusted_arch(arch, source, trust_checkpoint)  # before any folder is searched
+    with code_of_the_run_in(model_code_folder(checkpoint), source):
+        return _model_from_checkpoint(
+            checkpoint,
+            trust_checkpoint=trust_checkpoint,
+            source=source,
+            image_size=image_size,
+            note_resampling=note_resampling,
+        )
+
+
+def _model_from_checkpoint(
+    checkpoint: Mapping[str, Any],
+    *,
+    trust_checkpoint: bool,
+    source: str,
+    image_size: int | tuple[int, int] | None,
+    note_resampling: bool,
+):
     from torchkit.core.models.checkpoint import extract_state_dict, load_weights_into
 
     arch, num_classes = checkpoint_arch(checkpoint, source)
-    require_trusted_arch(arch, source, trust_checkpoint)
     preprocess = Preprocess.from_dict(checkpoint.get("preprocess"), source)
 
     def built_for(size: int | tuple[int, int]):

@@ -9,7 +9,7 @@ import inspect
 import logging
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -32,15 +32,31 @@ _searched: set[str] = set()
 
 @contextlib.contextmanager
 def code_of_the_run_in(folder: str | None, source: str | os.PathLike) -> Iterator[None]:
-    """Around building the model of a resumed run that `source` (its checkpoint) records was
-    trained in the working directory `folder`: model code (`package.module:Callable`) is
-    looked for there first, before here, as the run found it (a requeued job resumes from
-    another folder). None or "" (a checkpoint that records none): from here only."""
+    """Around building the model of a checkpoint (`source`) whose run found its model code
+    (`package.module:Callable`) in the working directory `folder`: the code is looked for
+    there first, before here, as the run found it (a run resumed, evaluated or exported from
+    another folder). None or "" (a checkpoint that records none): from here only. Only for
+    code already trusted: a file's `arch` is imported with `--trust-checkpoint` alone."""
     token = _trained_in.set(_TrainedIn(folder, os.fspath(source)) if folder else None)
     try:
         yield
     finally:
         _trained_in.reset(token)
+
+
+def model_code_folder(checkpoint: Mapping[str, Any] | None) -> str | None:
+    """The working directory a checkpoint's model code (`package.module:Callable`) was
+    imported from when its run trained: the folder it records, else (written before it was)
+    the run's working directory; None for none, or a value that is no absolute path."""
+    if checkpoint is None:
+        return None
+    data = checkpoint.get("data")
+    folder = checkpoint.get("model_code_folder") or (
+        data.get("workdir") if isinstance(data, Mapping) else None
+    )
+    if not isinstance(folder, str) or "\0" in folder or not os.path.isabs(folder):
+        return None
+    return folder
 
 
 def _elsewhere(cwd: str) -> _TrainedIn | None:
@@ -114,8 +130,8 @@ def import_factory(spec: str):
             raise UsageError(
                 f"cannot import model {spec!r}, which {trained.source} records: {error}, "
                 f"neither in {trained.folder}, where the run trained, nor here",
-                f"put {top}.py or {top}/ back in {trained.folder}, or resume from the "
-                "folder that holds it now",
+                f"put {top}.py or {top}/ back in {trained.folder}, or run torchkit from "
+                "the folder that holds it now",
             ) from error
         else:
             hint = f"run torchkit from the folder that holds {top}/ or {top}.py, or install it"

@@ -21,6 +21,7 @@ from torchkit.core.data.sources.digits import DIGITS
 from torchkit.core.io.errors import CheckpointError, UsageError
 from torchkit.core.models.norms import has_batch_norm
 from torchkit.core.models.transform_input import mean_std_as_trained
+from torchkit.core.models.usercode import model_code_folder
 from torchkit.core.runtime import distributed
 from torchkit.core.runtime.device import resolve_amp_dtype, to_channels_last
 from torchkit.core.runtime.distributed import DistContext
@@ -166,7 +167,7 @@ def prepare_state(
             resumed_weights=checkpoint.get("model") if checkpoint is not None else None,
             model_file=plan.model_file,
             resumed_from=plan.resumed_from,
-            trained_in=_model_code_folder(checkpoint),
+            trained_in=model_code_folder(checkpoint),
         )
     )
     loaders, starts = _loaders_and_starts(ctx, config, run, build_model)
@@ -574,16 +575,6 @@ def _build_model(
         model = ddp.convert_sync_bn(model)
     # (a checkpoint given as --model names its architecture)
     return model, resolved.arch, parameters
-
-
-def _model_code_folder(checkpoint: dict | None) -> str | None:
-    """Where a resumed run's model code (`package.module:Callable`) was imported from: the
-    folder its checkpoint records, else (written before it was) the run's working
-    directory."""
-    if checkpoint is None:
-        return None
-    folder = checkpoint.get("model_code_folder") or (checkpoint.get("data") or {}).get("workdir")
-    return folder if isinstance(folder, str) else None
 
 
 def _order_head_as(model: Any, recorded: list[str], classes: list[str], source: str) -> None:
