@@ -777,15 +777,12 @@ def _diagnose_cuda(
     """Fill cuda.usable / problem / hint and add the warnings a user needs to see."""
     cuda.update(usable=False, problem=None, hint=None)
     driver_gpus = cuda["driver_gpu_count"]
-    # CUDA_VISIBLE_DEVICES chooses among NVIDIA GPUs (a ROCm build's AMD GPUs too): where the
-    # PCI bus lists none and no driver sees one, a value a CPU server's shell profile sets
-    # (`-1`, empty) hides nothing, and is not judged (the report still shows it).
-    no_gpu_to_choose = (
-        not gpus
-        and not driver_gpus
-        and cuda["pci_gpu_count"] == 0
-        and not getattr(torch.version, "hip", None)
-    )
+    # No NVIDIA GPU at all: torch sees none, the driver sees none, the PCI bus lists none.
+    no_nvidia_gpu = not gpus and not driver_gpus and cuda["pci_gpu_count"] == 0
+    # CUDA_VISIBLE_DEVICES chooses among NVIDIA GPUs (a ROCm build's AMD GPUs too): on a
+    # machine without one, a value a CPU server's shell profile sets (`-1`, empty) hides
+    # nothing, and is not judged (the report still shows it).
+    no_gpu_to_choose = no_nvidia_gpu and not getattr(torch.version, "hip", None)
     visible = None if no_gpu_to_choose else cuda["visible_devices"]
     hides_all = visible is not None and not gpus and _hides_every_gpu(visible, driver_gpus)
     if visible is not None:
@@ -818,7 +815,7 @@ def _diagnose_cuda(
         return
     if not gpus:
         reason = init_error or "no CUDA device found"
-        if torch.version.cuda and cuda["pci_gpu_count"] == 0 and not driver_gpus:
+        if torch.version.cuda and no_nvidia_gpu:
             # No NVIDIA GPU at all: CUDA cannot run, and no driver would change that (the
             # default Linux wheel of torch on a machine without one; a cluster's login node
             # whose image installs the driver's libcuda on machines without a GPU too): not a
