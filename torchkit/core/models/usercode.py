@@ -48,15 +48,15 @@ def model_code_folder(checkpoint: Mapping[str, Any] | None) -> str | None:
     """The working directory a checkpoint's model code (`package.module:Callable`) was
     imported from when its run trained: the folder it records, else (written before it was)
     the run's working directory; None for none, or a value that is no absolute path."""
+    from torchkit.core.data.sources.required import absolute_folder
+
     if checkpoint is None:
         return None
     data = checkpoint.get("data")
     folder = checkpoint.get("model_code_folder") or (
         data.get("workdir") if isinstance(data, Mapping) else None
     )
-    if not isinstance(folder, str) or "\0" in folder or not os.path.isabs(folder):
-        return None
-    return folder
+    return absolute_folder(folder) or None
 
 
 def _elsewhere(cwd: str) -> _TrainedIn | None:

@@ -86,10 +86,15 @@ def recorded_workdir(record: dict) -> str:
     """The absolute working directory a checkpoint's `data` entry records; "" where it records
     none (written before it was, or --data held no relative path) or something else (a
     checkpoint made by hand)."""
-    workdir = record.get("workdir")
-    if not isinstance(workdir, str) or "\0" in workdir:  # no path: os.stat raises ValueError
+    return absolute_folder(record.get("workdir"))
+
+
+def absolute_folder(value: object) -> str:
+    """`value` where it is an absolute path; "" for anything else a checkpoint may hold (made
+    by hand: a number, which os.stat reads as a file descriptor, a list, a NUL)."""
+    if not isinstance(value, str) or "\0" in value:  # no path: os.stat raises ValueError
         return ""
-    return workdir if os.path.isabs(workdir) else ""
+    return value if os.path.isabs(value) else ""
 
 
 def _relative_path(part: str) -> bool:
