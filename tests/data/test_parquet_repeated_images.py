@@ -223,16 +223,26 @@ def test_crafted_page_headers_leave_the_footers_size(tmp_path, monkeypatch):
     assert decoded_chunk_bytes_of(str(other), chunk) >= 400 * 40_000 // 20
 
 
-def decoded_chunk_bytes_of(path: str, chunk) -> int:
+def decoded_chunk_bytes_of(path: str, chunk, column=None) -> int:
     import os
 
     from torchkit.core.data.sources.parquet_pages import decoded_chunk_bytes
 
     fd = os.open(path, os.O_RDONLY)
     try:
-        return decoded_chunk_bytes(fd, chunk)
+        return decoded_chunk_bytes(fd, chunk, column)
     finally:
         os.close(fd)
+
+
+def pread_sizes(monkeypatch) -> list[int]:
+    """The sizes of every `os.pread` from here on, in order, as the reads go."""
+    import os
+
+    reads: list[int] = []
+    pread = os.pread
+    monkeypatch.setattr(os, "pread", lambda fd, n, at: reads.append(n) or pread(fd, n, at))
+    return reads
 
 
 def test_images_read_from_one_of_several_image_columns_are_said(tmp_path):
@@ -474,8 +484,6 @@ def test_a_garbled_page_header_takes_no_memory_or_reads_past_its_values(
     array: a MemoryError out of opening), and an index page claiming the rest of its chunk
     was read whole: the footer's figure now, and the reads stay the pages' few kB (of a chunk
     of 570 kB, whose dictionary falls back to plain pages after 8 values)."""
-    import os
-
     import pyarrow.parquet as pq
 
     from torchkit.core.data.sources import parquet_pages
@@ -498,14 +506,8 @@ def test_a_garbled_page_header_takes_no_memory_or_reads_past_its_values(
         return fields, size
 
     monkeypatch.setattr(parquet_pages, "_page_header", header)
-    reads: list[int] = []
-    pread = os.pread
-    monkeypatch.setattr(os, "pread", lambda fd, n, at: reads.append(n) or pread(fd, n, at))
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        counted = parquet_pages.decoded_chunk_bytes(fd, chunk, column)
-    finally:
-        os.close(fd)
+    reads = pread_sizes(monkeypatch)
+    counted = decoded_chunk_bytes_of(path, chunk, column)
     if garbled == "dictionary-values":
         assert counted == chunk.total_uncompressed_size
     assert sum(reads) <= 2 * parquet_pages._READ_BYTES < chunk.total_compressed_size / 2, reads
@@ -515,8 +517,6 @@ def test_a_large_dictionary_page_has_its_header_read_alone(tmp_path, monkeypatch
     """A dictionary page of large distinct images (HF's row groups): its header is read alone,
     never the chunk's read-ahead of its values (64 kB a row group: 526 kB read for 200 row
     groups where 3 kB do)."""
-    import os
-
     import pyarrow.parquet as pq
 
     from torchkit.core.data.sources import parquet_pages
@@ -525,14 +525,8 @@ def test_a_large_dictionary_page_has_its_header_read_alone(tmp_path, monkeypatch
     metadata = pq.ParquetFile(path).metadata
     chunk, column = metadata.row_group(0).column(0), metadata.schema.column(0)
     assert chunk.data_page_offset - chunk.dictionary_page_offset > parquet_pages._READ_BYTES
-    reads: list[int] = []
-    pread = os.pread
-    monkeypatch.setattr(os, "pread", lambda fd, n, at: reads.append(n) or pread(fd, n, at))
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        counted = parquet_pages.decoded_chunk_bytes(fd, chunk, column)
-    finally:
-        os.close(fd)
+    reads = pread_sizes(monkeypatch)
+    counted = decoded_chunk_bytes_of(path, chunk, column)
     assert counted == chunk.total_uncompressed_size  # each image once: as stored
     # the header, then the index pages (their statistics hold an image's bytes or two)
     assert reads[0] == parquet_pages._HEADER_BYTES, reads
