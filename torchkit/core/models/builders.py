@@ -195,11 +195,13 @@ def model_from_checkpoint(
     the checkpoint records), as `train --resume` does: every command that loads the
     checkpoint finds it there, from any folder.
     """
-    arch, _ = checkpoint_arch(checkpoint, source)
+    arch, num_classes = checkpoint_arch(checkpoint, source)
     require_trusted_arch(arch, source, trust_checkpoint)  # before any folder is searched
     with code_of_the_run_in(model_code_folder(checkpoint), source):
         return _model_from_checkpoint(
             checkpoint,
+            arch,
+            num_classes,
             trust_checkpoint=trust_checkpoint,
             source=source,
             image_size=image_size,
@@ -209,6 +211,8 @@ def model_from_checkpoint(
 
 def _model_from_checkpoint(
     checkpoint: Mapping[str, Any],
+    arch: str,
+    num_classes: int,
     *,
     trust_checkpoint: bool,
     source: str,
@@ -217,7 +221,6 @@ def _model_from_checkpoint(
 ):
     from torchkit.core.models.checkpoint import extract_state_dict, load_weights_into
 
-    arch, num_classes = checkpoint_arch(checkpoint, source)
     preprocess = Preprocess.from_dict(checkpoint.get("preprocess"), source)
 
     def built_for(size: int | tuple[int, int]):
