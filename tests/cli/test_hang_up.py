@@ -42,10 +42,9 @@ def model_image_and_out(tmp_path: Path) -> tuple[Path, Path, Path]:
     return checkpoint, image, out
 
 
-def test_a_hang_up_stops_a_command_as_sigterm_does_leaving_no_file(tmp_path):
-    """Before: SIGHUP killed the process outright (exit 129 in a shell, no line), leaving the
-    report's temporary file (and a run folder's lock file) behind."""
-    checkpoint, image, out = model_image_and_out(tmp_path)
+def predict_waiting_for_more_paths(checkpoint: Path, image: Path, out: Path) -> subprocess.Popen:
+    """`predict -` given `image` on a list left open, so that it waits for more paths, its
+    report's temporary file made in `out`."""
     process = start_torchkit_process(
         "predict", "--device", "cpu", str(checkpoint), "-", "-o", str(out / "preds.csv"),
         "-j", "0", stdin=subprocess.PIPE,
@@ -54,6 +53,18 @@ def test_a_hang_up_stops_a_command_as_sigterm_does_leaving_no_file(tmp_path):
         process.stdin.write(f"{image}\n")
         process.stdin.flush()  # the list stays open: the command waits for more paths
         wait_until(lambda: os.listdir(out), process=process, what="the report's temporary")
+    except BaseException:
+        process.kill()
+        raise
+    return process
+
+
+def test_a_hang_up_stops_a_command_as_sigterm_does_leaving_no_file(tmp_path):
+    """Before: SIGHUP killed the process outright (exit 129 in a shell, no line), leaving the
+    report's temporary file (and a run folder's lock file) behind."""
+    checkpoint, image, out = model_image_and_out(tmp_path)
+    process = predict_waiting_for_more_paths(checkpoint, image, out)
+    try:
         code, stdout, stderr = signal_and_wait(process, signal.SIGHUP)
     finally:
         process.kill()
@@ -85,14 +96,8 @@ def test_a_signal_ignored_at_start_stays_ignored_while_the_command_runs(tmp_path
     started. Before: the command's own handlers took it back (a Ctrl-C then gave exit 130)."""
     checkpoint, image, out = model_image_and_out(tmp_path)
     with inherited_as_ignored(signal.SIGINT):
-        process = start_torchkit_process(
-            "predict", "--device", "cpu", str(checkpoint), "-", "-o", str(out / "preds.csv"),
-            "-j", "0", stdin=subprocess.PIPE,
-        )  # fmt: skip
+        process = predict_waiting_for_more_paths(checkpoint, image, out)
     try:
-        process.stdin.write(f"{image}\n")
-        process.stdin.flush()
-        wait_until(lambda: os.listdir(out), process=process, what="the report's temporary")
         process.send_signal(signal.SIGINT)
         process.stdin.close()  # the list ends: the command finishes
         assert process.wait(timeout=120) == 0, process.stderr.read()
