@@ -530,7 +530,6 @@ class LabelChunks(io.RawIOBase):
         self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
         self._size = os.fstat(self._fd).st_size
         self._position = 0
-        self.reads = 0  # the reads of the file, those made when opening included
         leaves = [i for i in range(metadata.num_columns)
                   if (path_ := metadata.schema.column(i).path) == column
                   or path_.startswith(column + ".")]  # fmt: skip
@@ -552,7 +551,6 @@ class LabelChunks(io.RawIOBase):
             raise
 
     def _pread(self, size: int, offset: int) -> bytes:
-        self.reads += 1
         if hasattr(os, "pread"):
             return os.pread(self._fd, size, offset)
         os.lseek(self._fd, offset, os.SEEK_SET)  # Windows: no pread
