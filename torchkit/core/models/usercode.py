@@ -64,12 +64,9 @@ def _elsewhere(cwd: str) -> _TrainedIn | None:
     trained = _trained_in.get()
     if trained is None or trained.folder in ("", cwd):
         return None
-    try:
-        if os.path.samefile(trained.folder, cwd):
-            return None
-    except OSError:  # gone: nothing is found there
-        pass
-    return trained
+    from torchkit.core.data.sources.required import same_place
+
+    return None if same_place(trained.folder, cwd) else trained  # a folder gone: elsewhere
 
 
 def is_callable_spec(spec: str) -> bool:

@@ -45,13 +45,13 @@ def recorded_data_from_here(spec: str, record: dict | None, resumed_from: os.Pat
         return spec
     record = record if isinstance(record, dict) else {}
     then = recorded_workdir(record)
-    moved = bool(then) and not _same_place(then, ".")
+    moved = bool(then) and not same_place(then, ".")
     there = _from(spec, then) if then else ""
     if moved and _exists(there):
         here = _exists(spec)
         if not here:  # a requeued job's usual case: said, as the data is read elsewhere
             _note_read_in(then, spec, resumed_from)
-        elif not all(map(_same_place, _paths(spec), _paths(there))):
+        elif not all(map(same_place, _paths(spec), _paths(there))):
             # Two data of that name: a warning, which --quiet keeps (a job script's).
             log.warning(
                 "--data %s, which %s records, is read in %s, where the run trained, not here "
@@ -137,7 +137,7 @@ def _in_part(spec: str) -> bool:
     return any(os.path.exists(path) for path in _paths(spec))
 
 
-def _same_place(a: str, b: str) -> bool:
+def same_place(a: str, b: str) -> bool:
     try:
         return os.path.samefile(a, b)
     except (OSError, ValueError):  # ValueError: a NUL in a recorded path
