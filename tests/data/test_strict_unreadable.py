@@ -19,28 +19,41 @@ SAID = (
 )
 
 
+def commands_reading(data: str) -> dict[str, list[str]]:
+    """The commands that read the images of `data`, by name, with m.pt as their model."""
+    return {
+        "train": [
+            "train", "--data", data, "--model", "nets:TinyNet", "--image-size", "8",
+            "--val-split", "0.34", "--epochs", "1", "--out", "run",
+        ],
+        "eval": ["eval", "m.pt", "--data", data],
+        "predict": ["predict", "m.pt", data, "--output", "p.csv"],
+        "extract-features": ["extract-features", "m.pt", "--data", data, "--out", "f"],
+        "convert shards": ["convert", "shards", data, "shards"],
+        "dataset-stats": ["dataset-stats", data],
+    }  # fmt: skip
+
+
+def assert_each_refuses_under_strict(commands: dict[str, list[str]], said: str, cwd: Path) -> None:
+    """Each command run with --strict in `cwd` ends with exit 1 and the one error line `said`
+    of an empty file."""
+    for name, args in commands.items():
+        result = run_torchkit_in_process(*args, "--strict", "-j", "0", cwd=cwd)
+        assert result.returncode == 1, (name, result.stderr)
+        off = "pass --no-strict" if name == "train" else "leave out --strict"
+        assert error_line(result.stderr) == said.format(reason="empty file", off=off), name
+
+
 def test_every_command_says_the_same_of_an_unreadable_image_under_strict(tmp_path: Path):
     write_image_folder(tmp_path / "data", {"a": 3, "b": 3})
     (tmp_path / "data" / "b" / "empty.png").write_bytes(b"")
     write_convnet_checkpoint(tmp_path / "m.pt", in_channels=3, image_size=8, classes="ab")
     before = sorted(path.name for path in (tmp_path / "data").rglob("*"))
     commands = {
-        "train": [
-            "train", "--data", "data", "--model", "nets:TinyNet", "--image-size", "8",
-            "--val-split", "0.34", "--epochs", "1", "--out", "run",
-        ],
-        "eval": ["eval", "m.pt", "--data", "data"],
-        "predict": ["predict", "m.pt", "data", "--output", "p.csv"],
-        "extract-features": ["extract-features", "m.pt", "--data", "data", "--out", "f"],
-        "convert shards": ["convert", "shards", "data", "shards"],
+        **commands_reading("data"),
         "convert tensor": ["convert", "tensor", "data", "tensors", "--to", "npy"],
-        "dataset-stats": ["dataset-stats", "data"],
-    }  # fmt: skip
-    for name, args in commands.items():
-        result = run_torchkit_in_process(*args, "--strict", "-j", "0", cwd=tmp_path)
-        assert result.returncode == 1, (name, result.stderr)
-        off = "pass --no-strict" if name == "train" else "leave out --strict"
-        assert error_line(result.stderr) == SAID.format(reason="empty file", off=off), name
+    }
+    assert_each_refuses_under_strict(commands, SAID, tmp_path)
     assert sorted(path.name for path in (tmp_path / "data").rglob("*")) == before
 
 
@@ -60,23 +73,8 @@ def test_every_command_names_an_unreadable_member_of_a_tar_of_a_folder_alike(tmp
         for name in ("a", "b"):
             archive.add(tmp_path / "data" / name, name)
     write_convnet_checkpoint(tmp_path / "m.pt", in_channels=3, image_size=8, classes="ab")
-    commands = {
-        "train": [
-            "train", "--data", "data.tar", "--model", "nets:TinyNet", "--image-size", "8",
-            "--val-split", "0.34", "--epochs", "1", "--out", "run",
-        ],
-        "eval": ["eval", "m.pt", "--data", "data.tar"],
-        "predict": ["predict", "m.pt", "data.tar", "--output", "p.csv"],
-        "extract-features": ["extract-features", "m.pt", "--data", "data.tar", "--out", "f"],
-        "convert shards": ["convert", "shards", "data.tar", "shards"],
-        "dataset-stats": ["dataset-stats", "data.tar"],
-    }  # fmt: skip
     said = SAID.replace("data/b/", "data.tar/b/")
-    for name, args in commands.items():
-        result = run_torchkit_in_process(*args, "--strict", "-j", "0", cwd=tmp_path)
-        assert result.returncode == 1, (name, result.stderr)
-        off = "pass --no-strict" if name == "train" else "leave out --strict"
-        assert error_line(result.stderr) == said.format(reason="empty file", off=off), name
+    assert_each_refuses_under_strict(commands_reading("data.tar"), said, tmp_path)
     predicted = run_torchkit_in_process(
         "predict", "m.pt", "data.tar", "--format", "csv", "-j", "0", cwd=tmp_path
     )
