@@ -152,7 +152,8 @@ def _note_another_here(spec: str, top: str) -> None:
     imported = getattr(sys.modules.get(top), "__spec__", None)
     if trained is None or imported is None or not imported.has_location:
         return
-    if os.path.dirname(_package_folder(imported)) != os.path.abspath(trained.folder):
+    there = _package_folder(imported)
+    if os.path.dirname(there) != os.path.abspath(trained.folder):
         return  # installed, or found here: as the run found it
     here = importlib.machinery.PathFinder.find_spec(top, [cwd])
     if here is None or here.origin is None:
@@ -161,7 +162,7 @@ def _note_another_here(spec: str, top: str) -> None:
         "%s, which %s records, is imported from %s, where the run trained, not from %s here",
         spec,
         trained.source,
-        _package_folder(imported),
+        there,
         os.path.relpath(_package_folder(here), cwd),
         extra={"note": True},
     )
