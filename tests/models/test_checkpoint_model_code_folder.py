@@ -104,3 +104,21 @@ def test_model_code_found_in_neither_folder_is_one_error_and_needs_trust_first(w
         f"'{NAME}', neither in {start}, where the run trained, nor here (put {NAME}.py or "
         f"{NAME}/ back in {start}, or run torchkit from the folder that holds it now)"
     )
+
+
+@pytest.mark.parametrize(
+    ("record", "expected"),
+    [
+        ({"model_code_folder": "/start", "data": {"workdir": "/other"}}, "/start"),
+        ({"data": {"workdir": "/start"}}, "/start"),  # written before the folder was recorded
+        ({"model_code_folder": "start"}, None),  # no absolute path: from here only
+        ({"model_code_folder": "/st\0art"}, None),
+        ({"model_code_folder": 3, "data": {"workdir": "/start"}}, None),  # made by hand
+        ({"data": ["/start"]}, None),
+        ({}, None),
+    ],
+)
+def test_model_code_folder_is_the_recorded_absolute_folder_or_none(record, expected):
+    from torchkit.core.models.usercode import model_code_folder
+
+    assert model_code_folder(record) == expected
