@@ -316,6 +316,36 @@ def test_group_keeps_groups_together(runner, tmp_path):
     assert all(c[s] > 0 for c in report["classes"][:2] for s in ("train", "val", "test"))
 
 
+def test_group_stem_keeps_a_folders_files_of_one_name_together_not_across_classes(runner, tmp_path):
+    """`--group stem` is split-folders' `group="stem"`: `cat/003.jpg` goes with `cat/003.png`,
+    never with `dog/003.jpg`. Each class numbers its files from 000, as most datasets do."""
+    root = tmp_path / "data"
+    for name, pairs in {"cat": 20, "dog": 10, "owl": 3}.items():
+        (root / name).mkdir(parents=True)
+        for i in range(pairs):
+            for suffix in (".jpg", ".png"):
+                (root / name / f"{i:03d}{suffix}").write_bytes(f"{name}{i}{suffix}".encode())
+    out = tmp_path / "out"
+    args = ["split", str(root), str(out), "--group", "stem", "--mode", "manifest"]
+    result = runner.invoke(app, [*args, "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["group"] == "stem" and report["groups"] == 20 + 10 + 3
+    split_of: dict[str, set[str]] = {}
+    for row in manifest(out):
+        split_of.setdefault(row["path"].rsplit(".", 1)[0], set()).add(row["split"])
+    assert len(split_of) == 33 and all(len(splits) == 1 for splits in split_of.values())
+    counts = {c["name"]: [c[s] for s in SPLIT_ORDER] for c in report["classes"]}
+    # split-folders' ratio(..., ratio=(.8, .1, .1), group="stem") on the same folder counted
+    # cat 32/4/4 and dog 16/2/2 (pairs of files); its owl, 4/0/2, rounds val down to nothing,
+    # where the largest remainders give each split one of the three pairs.
+    assert counts == {"cat": [32, 4, 4], "dog": [16, 2, 2], "owl": [2, 2, 2]}
+    # A regex sees only file names: the same stems tie all three classes' 000.jpg together.
+    by_name = ["--group", r"^(.*)\.[^.]*$", "--mode", "manifest"]
+    regex = runner.invoke(app, [*args[:2], str(tmp_path / "re"), *by_name])
+    assert regex.exit_code == 0 and "owl (6: none in val)" in regex.stderr
+
+
 def test_group_bad_regex_or_no_match(runner, tmp_path):
     root = make_files(tmp_path / "data", {"a": 3})
     bad = runner.invoke(app, ["split", str(root), str(tmp_path / "o"), "--group", "(unclosed"])

@@ -169,9 +169,10 @@ def split(
         Optional[str],
         typer.Option(
             "--group",
-            metavar="REGEX",
+            metavar="REGEX|stem",
             help="Keep files in the same split when REGEX, searched in their file names, "
-            r"captures the same group, e.g. '^(patient\d+)_' (no leakage between splits).",
+            r"captures the same group, e.g. '^(patient\d+)_' (no leakage between splits); "
+            "stem: the files of one folder whose names differ only in the extension.",
             show_default=False,
         ),
     ] = None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import posixpath
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ RESERVED_PREFIX = ".torchkit"  # the marker, the journal, temporaries: never a s
 # The report's own columns and keys beside the split names (a class's row in the table and CSV,
 # its object in JSON): a split of one of these names would overwrite or repeat them.
 REPORT_KEYS = ("class", "name", "total", "repeats")
+# `--group stem`: the files of one folder sharing a name before the extension go together.
+STEM_GROUP = "stem"
 
 
 _RATIO_PART = re.compile(r"(?=.{1,32}$)(\d+(\.\d*)?|\.\d+|\d+/\d+)", re.ASCII)
@@ -113,7 +116,14 @@ def check_names(names: Sequence[str], parts: int) -> list[str]:
 
 def group_names(samples: Samples, keys: Sequence[str], pattern: str) -> tuple[list[str], int]:
     """The group of each file: the first capture group (or the whole match) of `pattern`
-    searched in its file name; a file that does not match is a group of its own."""
+    searched in its file name; a file that does not match is a group of its own.
+
+    `stem` (STEM_GROUP) groups the files of one folder whose names differ only in the extension
+    (`cat/001.jpg` with `cat/001.png`, not with `dog/001.jpg`), as split-folders' `group="stem"`
+    does: a regex sees only file names, so it would tie every class's `001.jpg` together."""
+    if pattern == STEM_GROUP:
+        groups = ["stem\0" + posixpath.splitext(key)[0] for key in keys]
+        return groups, len(set(groups))
     try:
         regex = re.compile(pattern)
     except re.error as error:
