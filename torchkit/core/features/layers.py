@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import logging
+import operator
 import shlex
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -74,6 +75,9 @@ class LayerGraph:
         self.penultimate_nodes: list[str] = []
         self.logits_node: str | None = None
         self.trace_error: str | None = None
+        # Of each node whose value is indexed (a tuple, a list, a dict: nn.MultiheadAttention's
+        # output), the nodes that take its items, with their keys: what to pick instead of it.
+        self.items: dict[str, list[tuple[Any, str]]] = {}
         self._graph_module = None
         # Of a model with timm's API, the pre-logits tap, traced with the rest (`_trace`): the
         # extractor reads `penultimate` from that one graph. None where the model's own attribute
@@ -126,6 +130,10 @@ class LayerGraph:
                 continue  # not a layer of the model: listed as `penultimate`
             self.nodes.append(name)
             self.ops[name] = _describe_node(node, model)
+            if node.op == "call_function" and node.target is operator.getitem:
+                source, key = node.args
+                if isinstance(source, fx.Node) and source in qualname:
+                    self.items.setdefault(qualname[source], []).append((key, name))
         inputs = [_module_input(graph, qualname, head) for head in self.head_names]
         if inputs and all(inputs):
             if len(set(inputs)) == 1:  # one head, or heads that read the same node (LeViT's)
@@ -212,6 +220,13 @@ class LayerGraph:
             names = ", ".join(repr(n) for n in unknown)
             named = named or self.arch
             listing = shlex.join(["torchkit", "extract-features", named, *options, "--list-layers"])
+            # A module of the model that the traced forward pass never calls (a branch not
+            # taken): saying so spares the user searching the listing for a name it has.
+            if self.traced and unknown[0] in dict(self.model.named_modules()):
+                hint = (
+                    f"module {unknown[0]} is not called in the forward pass torch.fx traced "
+                    "(a branch not taken, or it computes nothing); " + hint
+                )
             raise UsageError(f"{named} has no layer {names}", hint + f"`{listing}` lists them")
         return layers
 
@@ -366,6 +381,8 @@ class FeatureExtractor:
         """{layer name: value} of one forward pass of `images`; `partial`: the layers that did
         not run in it (a ViT's attention dropout under fused attention) are left out, not an
         error (what --list-layers shows of a model torch.fx cannot trace)."""
+        import torch
+
         self._captured.clear()
         output = self.module(images)
         results = {}
@@ -390,6 +407,8 @@ class FeatureExtractor:
                     raise _no_head_input(self._graph.arch)
             elif self._fx:
                 value = output[layer.node]
+                if not partial and not isinstance(value, torch.Tensor):
+                    raise self._not_a_tensor(layer, value)
             else:
                 if layer.node not in self._captured:
                     raise TorchkitError(
@@ -400,6 +419,16 @@ class FeatureExtractor:
             results[layer.name] = value
         self._captured.clear()
         return results
+
+    def _not_a_tensor(self, layer: Layer, value: Any) -> TorchkitError:
+        """The error for a layer whose value is a tuple or dict (nn.MultiheadAttention's output,
+        a block returning two maps), naming the layers that take its items where the graph has
+        them, as create_feature_extractor would have them asked for."""
+        items = self._graph.items.get(layer.node, [])
+        picks = ", ".join(f"{name} (item {key!r})" for key, name in items)
+        hint = f"its items are layers {picks}" if picks else "pick another layer (--list-layers)"
+        kind = type(value).__name__
+        return TorchkitError(f"layer {layer.name} gives a {kind}, not a tensor", hint)
 
 
 def reduce_feature(
