@@ -7,7 +7,7 @@ SyncBatchNorm needs to run on a CPU or one GPU without a process group.
 The layers are replaced in place (every parent that holds one, so a layer shared by two parents
 stays shared) and the new layer takes over the old one's Parameter and buffer objects: values,
 requires_grad, dtype and device carry over exactly, and an optimizer built earlier still points at
-the right tensors.
+the right tensors. Its hooks carry over too.
 
 timm's BatchNormAct2d (normalisation, then its own `drop` and `act` layers) becomes timm's
 SyncBatchNormAct, as timm's own converter makes it, and back: a plain SyncBatchNorm would drop the
@@ -220,6 +220,27 @@ def _take_over_state(new: Any, old: Any) -> None:
     new.training = old.training
     if hasattr(old, "qconfig"):
         new.qconfig = old.qconfig
+    _take_over_hooks(new, old)
+
+
+def _take_over_hooks(new: Any, old: Any) -> None:
+    """The hooks registered on `old` act on `new` (torch's and timm's converters drop them): a
+    timm features_only model's feature hooks (mobilenetv3's first feature map is a
+    BatchNormAct2d's output), a quantization observer's, a user's. The hook dicts themselves
+    move (the layers built here register none of their own), so a handle taken before still
+    removes its hook. A load_state_dict pre-hook registered with the public method is handed
+    its module through a weak reference, which is pointed at the new layer."""
+    import weakref
+
+    from torch import nn
+
+    for attr in vars(nn.Module()):
+        if "hook" in attr and attr in vars(old):
+            vars(new)[attr] = vars(old)[attr]
+    for hook in vars(new).get("_load_state_dict_pre_hooks", {}).values():
+        held = getattr(hook, "module", None)
+        if getattr(hook, "with_module", False) and callable(held) and held() is old:
+            hook.module = weakref.ref(new)
 
 
 def _to_sync(old: Any, process_group: Any) -> Any:

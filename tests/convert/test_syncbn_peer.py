@@ -1,0 +1,204 @@
+"""`convert_batchnorm` against its peers: torch's `SyncBatchNorm.convert_sync_batchnorm` and
+timm's `convert_sync_batchnorm` convert the same layers, into layers with the same state and the
+same outputs; where torchkit differs on purpose (hooks kept, a shared layer kept shared, a
+SyncBatchNorm left as it is), the difference is checked against a hand-written reference."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from torchkit.core.convert.syncbn import convert_batchnorm
+
+
+class Branches(nn.Module):
+    """BatchNorm layers in a ModuleList and a ModuleDict, one level down each."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Sequential(nn.BatchNorm2d(4)))
+        self.blocks = nn.ModuleList([nn.Sequential(nn.BatchNorm2d(4, momentum=None), nn.ReLU())])
+        self.heads = nn.ModuleDict({"a": nn.BatchNorm2d(4, affine=False), "b": nn.GroupNorm(2, 4)})
+
+    def forward(self, x):
+        x = self.stem(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.heads["b"](self.heads["a"](x))
+
+
+def branches() -> nn.Module:
+    return Branches()
+
+
+def one_dimensional() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 4, 3),
+        nn.BatchNorm2d(4, track_running_stats=False),
+        nn.Flatten(2),  # (N, C, L): BatchNorm1d over a sequence
+        nn.BatchNorm1d(4),
+        nn.Flatten(),
+        nn.Linear(144, 5),
+        nn.BatchNorm1d(5, eps=1e-3, momentum=0.5),
+    )
+
+
+def volume() -> nn.Module:
+    return nn.Sequential(
+        nn.Unflatten(1, (1, 3)), nn.Conv3d(1, 2, 1), nn.BatchNorm3d(2), nn.InstanceNorm3d(2)
+    )
+
+
+def lazy() -> nn.Module:
+    """A lazy BatchNorm after its first input: a BatchNorm2d now."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.LazyBatchNorm2d())
+    model(torch.randn(2, 3, 8, 8))
+    return model
+
+
+def others_untouched() -> nn.Module:
+    """Normalisation layers that are no BatchNorm: neither converter touches them."""
+    from torchvision.ops.misc import FrozenBatchNorm2d
+
+    return nn.Sequential(
+        nn.Conv2d(3, 4, 3),
+        nn.InstanceNorm2d(4, affine=True, track_running_stats=True),
+        FrozenBatchNorm2d(4),
+        nn.GroupNorm(2, 4),
+        nn.LayerNorm([4, 6, 6]),
+    )
+
+
+def mobilenet() -> nn.Module:
+    import torchvision
+
+    return torchvision.models.mobilenet_v3_small(num_classes=3)
+
+
+@pytest.mark.parametrize(
+    "make", [branches, one_dimensional, volume, lazy, others_untouched, mobilenet]
+)
+def test_the_layers_torch_converts_are_converted_with_their_state_and_outputs(make):
+    torch.manual_seed(0)
+    x = torch.randn(4, 3, 8, 8) if make is not mobilenet else torch.randn(2, 3, 32, 32)
+    model = make().train()
+    with torch.no_grad():
+        for _ in range(2):  # running statistics (and cumulative averages) off their defaults
+            model(x)
+    model.eval()
+    expected = model(x)
+    torchs = nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(model))
+
+    synced, rows = convert_batchnorm(model)
+
+    def converted(net):
+        return [name for name, m in net.named_modules() if isinstance(m, nn.SyncBatchNorm)]
+
+    assert [row["name"] for row in rows] == converted(synced) == converted(torchs)
+    state, reference = synced.state_dict(), torchs.state_dict()
+    assert list(state) == list(reference)
+    assert all(torch.equal(state[k], reference[k]) for k in reference)
+    for mine, theirs in zip(synced.modules(), torchs.modules(), strict=True):
+        assert type(mine) is type(theirs)
+        if isinstance(theirs, nn.SyncBatchNorm):
+            for attr in ("eps", "momentum", "affine", "track_running_stats", "num_features"):
+                assert getattr(mine, attr) == getattr(theirs, attr), attr
+    assert torch.equal(synced(x), expected) and torch.equal(torchs(x), expected)
+
+
+def test_a_timm_model_converts_as_timms_converter_converts_it():
+    import timm
+    from timm.layers import norm_act
+
+    torch.manual_seed(0)
+    model = timm.create_model("mobilenetv3_small_050", num_classes=3).eval()
+    x = torch.randn(2, 3, 32, 32)
+    expected = model(x)
+    timms = norm_act.convert_sync_batchnorm(copy.deepcopy(model))
+
+    synced, rows = convert_batchnorm(model)
+
+    # (timm's puts each layer's `act` before its `drop`; torchkit keeps the order they had)
+    assert {n: type(m) for n, m in synced.named_modules()} == {
+        n: type(m) for n, m in timms.named_modules()
+    }
+    assert {row["to_type"] for row in rows} == {"SyncBatchNormAct"}
+    state, reference = synced.state_dict(), timms.state_dict()
+    assert list(state) == list(reference)
+    assert all(torch.equal(state[k], reference[k]) for k in reference)
+    assert torch.equal(synced(x), expected)
+
+
+# --- where torchkit differs on purpose -------------------------------------------------------
+
+
+def double_output(module, inputs, output):
+    """A forward hook, at module level so a model holding it pickles."""
+    return output * 2
+
+
+def test_hooks_on_a_layer_act_on_its_conversion_and_back():
+    """torch's (and timm's) converter drops the hooks of every layer it replaces: the model's
+    output changed silently. The hand-written reference: the same model with its hooks, never
+    converted."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.BatchNorm2d(4)).eval()
+    x = torch.randn(2, 3, 6, 6)
+    calls: list[str] = []
+    model[1].register_forward_hook(double_output)
+    kept = model[2].register_forward_pre_hook(lambda m, args: calls.append(type(m).__name__))
+    model[2].register_load_state_dict_pre_hook(
+        lambda m, *args: calls.append(f"load {type(m).__name__}")
+    )
+    expected = model(x)
+    assert calls == ["BatchNorm2d"]
+    torchs = nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(model))
+    assert not torch.equal(torchs(x), expected)  # the peer's loss, which torchkit avoids
+
+    synced, _ = convert_batchnorm(model)
+    assert torch.equal(synced(x), expected)
+    synced.load_state_dict(synced.state_dict())  # handed the new layer, not a dead one
+    assert calls == ["BatchNorm2d", "SyncBatchNorm", "load SyncBatchNorm"]
+
+    reverted, _ = convert_batchnorm(synced, to="bn")
+    assert torch.equal(reverted(x), expected)
+    kept.remove()  # a handle taken before converting still removes its hook
+    reverted(x)
+    assert calls == ["BatchNorm2d", "SyncBatchNorm", "load SyncBatchNorm", "BatchNorm2d"]
+
+
+def test_a_timm_features_model_keeps_the_feature_map_a_norm_layer_hands_on():
+    """mobilenetv3's first feature map is its stem's BatchNormAct2d output, taken by a hook:
+    converted by timm's converter (or torchkit's, before) the model handed 4 feature maps of 5."""
+    import timm
+
+    model = timm.create_model("mobilenetv3_small_050", features_only=True, feature_cls="hook")
+    model.eval()
+    x = torch.randn(1, 3, 32, 32)
+    expected = model(x)
+    assert len(expected) == 5
+
+    synced, _ = convert_batchnorm(model)
+
+    features = synced(x)
+    assert len(features) == 5
+    assert all(torch.equal(a, b) for a, b in zip(features, expected, strict=True))
+
+
+def test_a_shared_layer_stays_one_layer_and_a_sync_layer_stays_as_it_is():
+    """torch's converter makes two layers of one held by two parents (sharing its tensors,
+    but no longer its mode or its hooks), and a new SyncBatchNorm of one that is already."""
+    shared = nn.BatchNorm2d(4)
+    model = nn.Sequential(nn.Sequential(shared), nn.Sequential(shared), nn.SyncBatchNorm(4))
+    torchs = nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(model))
+    assert torchs[0][0] is not torchs[1][0]
+    already = model[2]
+
+    synced, rows = convert_batchnorm(model)
+
+    assert [row["name"] for row in rows] == ["0.0"]
+    assert synced[0][0] is synced[1][0] and isinstance(synced[0][0], nn.SyncBatchNorm)
+    assert synced[2] is already
