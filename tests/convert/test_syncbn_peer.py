@@ -202,3 +202,43 @@ def test_a_shared_layer_stays_one_layer_and_a_sync_layer_stays_as_it_is():
     assert [row["name"] for row in rows] == ["0.0"]
     assert synced[0][0] is synced[1][0] and isinstance(synced[0][0], nn.SyncBatchNorm)
     assert synced[2] is already
+
+
+class ScaledBatchNorm(nn.BatchNorm2d):
+    """A subclass with a forward and an extra state of its own."""
+
+    def __init__(self, num_features: int) -> None:
+        super().__init__(num_features)
+        self.scale = 2.0
+
+    def forward(self, x):
+        return super().forward(x) * self.scale
+
+    def get_extra_state(self):
+        return {"scale": self.scale}
+
+    def set_extra_state(self, state):
+        self.scale = state["scale"]
+
+
+class InitOnlyBatchNorm(nn.BatchNorm2d):
+    def __init__(self, num_features: int) -> None:
+        super().__init__(num_features, eps=1e-3)
+
+
+def test_a_subclass_becomes_a_plain_sync_layer_with_a_warning_naming_what_it_loses(caplog):
+    """As torch's converter does; the warning said "its own forward() is not kept" of any
+    subclass, and nothing of its extra state, which the converted state dict no longer holds."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), ScaledBatchNorm(4), InitOnlyBatchNorm(4))
+    torchs = nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(model))
+    with caplog.at_level("WARNING", logger="torchkit"):
+        synced, _ = convert_batchnorm(model)
+    assert [type(m) for m in synced[1:]] == [type(m) for m in torchs[1:]] == [nn.SyncBatchNorm] * 2
+    assert "1._extra_state" not in synced.state_dict()
+    assert synced[2].eps == 1e-3
+    assert [record.getMessage() for record in caplog.records] == [
+        "1 is a ScaledBatchNorm, a BatchNorm subclass: SyncBatchNorm keeps its weights and "
+        "statistics, not its own forward() nor its extra state (get_extra_state)",
+        "2 is a InitOnlyBatchNorm, a BatchNorm subclass: SyncBatchNorm keeps its weights and "
+        "statistics, not its own methods",
+    ]

@@ -144,10 +144,11 @@ def convert_batchnorm(
             rows.append(row)
             if type(old) not in (*_batchnorm_classes().values(), *dict(_sync_twins())):
                 log.warning(
-                    "%s is a %s, a BatchNorm subclass: its own forward() is not kept by "
-                    "SyncBatchNorm",
+                    "%s is a %s, a BatchNorm subclass: SyncBatchNorm keeps its weights and "
+                    "statistics, not %s",
                     name or "the model",
                     type(old).__name__,
+                    _subclass_losses(old),
                 )
     else:
         dims = _deduce_dims(module, targets, example_inputs)
@@ -163,6 +164,21 @@ def convert_batchnorm(
             rows.append(row)
     converted.update({id(m): (m, replacements[id(m)]) for _, m in targets})
     return _replace(module, {**done, **replacements}), rows
+
+
+def _subclass_losses(layer: Any) -> str:
+    """What of a BatchNorm subclass a plain SyncBatchNorm in its place leaves out: its own
+    forward() (the model computes something else) and its extra state (`get_extra_state`: the
+    state dict loses its `_extra_state` key, which the subclass then misses when loading)."""
+    from torch import nn
+
+    cls = type(layer)
+    lost = []
+    if cls.forward is not nn.modules.batchnorm._BatchNorm.forward:
+        lost.append("its own forward()")
+    if cls.get_extra_state is not nn.Module.get_extra_state:
+        lost.append("its extra state (get_extra_state)")
+    return " nor ".join(lost) or "its own methods"
 
 
 def _refuse_uninitialised(targets: list[tuple[str, Any]]) -> None:
