@@ -242,3 +242,22 @@ def test_a_subclass_becomes_a_plain_sync_layer_with_a_warning_naming_what_it_los
         "2 is a InitOnlyBatchNorm, a BatchNorm subclass: SyncBatchNorm keeps its weights and "
         "statistics, not its own methods",
     ]
+
+
+def test_a_layer_timms_converter_made_reverts_by_its_type_alone():
+    """timm's SyncBatchNormAct only ever stands for a BatchNormAct2d: one with no layer of
+    known dimensionality beside it was refused ("cannot tell whether 0 stands for BatchNorm1d,
+    2d or 3d"), and one after a convolution was said to be "like" it."""
+    from timm.layers import norm_act
+
+    model = nn.Sequential(norm_act.BatchNormAct2d(4), nn.Identity(), norm_act.BatchNormAct2d(4))
+    timms = norm_act.convert_sync_batchnorm(model)  # records nothing
+
+    reverted, rows = convert_batchnorm(timms, to="bn")
+
+    assert [type(m) for m in reverted] == [
+        norm_act.BatchNormAct2d,
+        nn.Identity,
+        norm_act.BatchNormAct2d,
+    ]
+    assert [row["dim_source"] for row in rows] == ["its type (SyncBatchNormAct)"] * 2

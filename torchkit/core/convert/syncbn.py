@@ -343,10 +343,13 @@ def _deduce_dims(
     model: Any, targets: list[tuple[str, Any]], example_inputs: Sequence[Any] | None
 ) -> dict[int, tuple[int, str]]:
     dims: dict[int, tuple[int, str]] = {}
+    twins = tuple(sync for _, sync in _sync_twins())
     for _, layer in targets:
         recorded = getattr(layer, RECORDED_DIM_ATTR, None)
         if recorded in (1, 2, 3):
             dims[id(layer)] = (recorded, "recorded at conversion")
+        elif twins and isinstance(layer, twins):  # timm's: only ever a BatchNormAct2d
+            dims[id(layer)] = (2, f"its type ({type(layer).__name__})")
     missing = [(n, m) for n, m in targets if id(m) not in dims]
     if missing and example_inputs is not None:
         dims.update(_observe_input_dims(model, missing, example_inputs))
