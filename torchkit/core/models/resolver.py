@@ -660,7 +660,10 @@ def _from_timm(
             image_size=image_size,
             in_channels=in_channels,
         )
-    preprocess = timm_preprocess(model, image_size=image_size, in_channels=in_channels)
+    # timm's own weights are scored as timm's validate.py scores them: at their test size.
+    preprocess = timm_preprocess(
+        model, image_size=image_size, in_channels=in_channels, test_size=pretrained
+    )
     return ResolvedModel(
         model,
         spec,

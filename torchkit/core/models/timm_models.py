@@ -277,13 +277,18 @@ def timm_preprocess(
     *,
     image_size: int | Sequence[int] | None = None,
     in_channels: int | None = None,
+    test_size: bool = False,
 ) -> Preprocess:
     """The eval preprocessing of the model's `pretrained_cfg` (timm's `resolve_data_config`):
     input size, resize to size / crop_pct, mean, std, interpolation, crop mode (center, squash
-    or border); `image_size` replaces the input size (the crop ratio is kept)."""
+    or border); `image_size` replaces the input size (the crop ratio is kept). `test_size`
+    takes the config's test input size and crop ratio where it has them (`test_input_size`,
+    `test_crop_pct`: resnet50.a1_in1k is trained at 224 and tested at 288, uncropped), as
+    timm's validate.py, inference.py and benchmark.py do by default for any model."""
     from timm.data import resolve_data_config
 
-    return _preprocess_of(resolve_data_config({}, model=model), image_size, in_channels)
+    config = resolve_data_config({}, model=model, use_test_size=test_size)
+    return _preprocess_of(config, image_size, in_channels)
 
 
 def _preprocess_of(
