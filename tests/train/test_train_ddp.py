@@ -247,3 +247,22 @@ def test_ranks_that_read_other_data_are_one_error_before_anything_is_written(tmp
     refusal = "rank 1 reads other data than rank 0: classes a, c instead of a, b"
     assert len(errors) == 1 and refusal in error_line(ranks[0].stderr), stderr_of(ranks)[-3000:]
     assert not out.exists()
+
+
+def test_sync_bn_on_gloo_cpu_ranks_is_one_refusal_before_anything_is_written(tmp_path):
+    """torch's SyncBatchNorm synchronises only GPU tensors: on CPUs it fails at its first
+    training step ("SyncBatchNorm expected input tensor to be on GPU"). Two real Gloo ranks
+    given --sync-bn each refuse before they join (no collective, so no hang) and write
+    nothing."""
+    data = tmp_path / "data"
+    write_image_folder(data / "train", {"a": 2, "b": 2}, seed=1)
+    write_image_folder(data / "val", {"a": 1, "b": 1}, seed=2)
+    out = tmp_path / "run"
+    ranks = run_ranks(*recipe(data, out, batch_size=2), "--sync-bn")
+    assert [done.returncode for done in ranks] == [2, 2], stderr_of(ranks)[-3000:]
+    refusal = (
+        "Error: --sync-bn needs CUDA GPUs: SyncBatchNorm cannot train on CPU tensors (drop "
+        "--sync-bn, or train on GPUs with torchrun --nproc_per_node=N)"
+    )
+    assert error_lines_of(ranks) == [refusal, refusal], stderr_of(ranks)[-3000:]
+    assert not out.exists()
