@@ -18,7 +18,7 @@ FOREIGN = {
     "--master-port", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--rdzv-conf",
     "--nodes", "--ntasks-per-node", "--gpus-per-node", "--cpus-per-task", "--mem", "--help",
     "--compressed", "--extra", "--no-sync", "--reinstall", "--check", "--compile-bytecode",
-    "--index-url", "--torch-backend", "--sparse",
+    "--index-url", "--torch-backend", "--sparse", "--use-train-size",
 }  # fmt: skip
 # Pages about the benchmark and development scripts, whose options are the scripts' own.
 SCRIPT_PAGES = ("performance.md", "development.md")
@@ -50,8 +50,10 @@ def _named(text: str) -> set[str]:
 
 
 def _without_other_programs(text: str) -> str:
-    """A page without its sections about another program's options ("## Coming from ...")."""
-    return re.sub(r"^## Coming from .*?(?=^## |\Z)", "", text, flags=re.M | re.S)
+    """A page without its sections about another program's options ("## Coming from ...",
+    "## Against ...", "## Compared with ...")."""
+    heading = r"^## (?:Coming from|Against|Compared with) "
+    return re.sub(heading + r".*?(?=^## |\Z)", "", text, flags=re.M | re.S)
 
 
 def test_every_option_of_a_command_is_on_its_page(_torchkit_command):
@@ -75,7 +77,7 @@ def test_the_shared_options_are_described_in_conventions():
 def test_every_option_a_page_names_exists(_torchkit_command):
     """An option on a page about the commands (README, docs/) is a spelling of some command's:
     a renamed or removed option cannot stay documented. Sections that map another program's
-    options onto torchkit's ("## Coming from ...") name that program's too."""
+    options onto torchkit's ("## Coming from ...", "## Against ...") name that program's too."""
     known = {
         spelling
         for _, command in [("", _torchkit_command), *_commands(_torchkit_command)]
