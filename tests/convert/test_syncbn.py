@@ -405,6 +405,34 @@ def test_a_checkpoint_without_batchnorm_is_not_marked(runner, tmp_path):
     assert not checkpoint_uses_sync_bn(read_checkpoint(destination))
 
 
+@pytest.mark.parametrize("revert", [False, True], ids=["converted-twice", "revert-plain"])
+def test_a_pickled_model_already_as_asked_is_written_as_it_is_with_a_warning(
+    runner, tmp_path, revert
+):
+    """Converting a converted model (or reverting a plain one) said it "has no BatchNorm
+    layers", of a model full of SyncBatchNorm layers."""
+    model = tiny_pickled_model()
+    if not revert:
+        model, _ = convert_batchnorm(model)
+    source, destination = tmp_path / "net.pt", tmp_path / "out.pt"
+    torch.save(model, source)
+    command = ["convert-syncbn", str(source), str(destination), "--trust-checkpoint"]
+
+    result = runner.invoke(app, [*command, *(["--revert"] if revert else []), "--format", "json"])
+
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["count"] == 0
+    have, lack = ("BatchNorm", "SyncBatchNorm") if revert else ("SyncBatchNorm", "BatchNorm")
+    assert result.stderr.splitlines()[0] == (
+        f"Warning: {source} holds {have} layers already (1) and no {lack} layer: nothing was "
+        "converted"
+    )
+    written = torch.load(destination, weights_only=False)
+    assert type(written[1]) is type(model[1])
+    x = torch.randn(2, 3, 4, 4)
+    assert torch.equal(written(x), model(x))
+
+
 def test_pickled_model_is_converted_and_reverted(runner, tmp_path):
     model = tiny_pickled_model()
     x = torch.randn(2, 3, 4, 4)

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from torchkit.core.convert.syncbn import convert_batchnorm
+from torchkit.core.io.errors import InputError
 
 
 class Branches(nn.Module):
@@ -37,7 +38,7 @@ def branches() -> nn.Module:
 def one_dimensional() -> nn.Module:
     return nn.Sequential(
         nn.Conv2d(3, 4, 3),
-        nn.BatchNorm2d(4, track_running_stats=False),
+        nn.BatchNorm2d(4, track_running_stats=False, bias=False),  # a weight, no bias
         nn.Flatten(2),  # (N, C, L): BatchNorm1d over a sequence
         nn.BatchNorm1d(4),
         nn.Flatten(),
@@ -226,9 +227,18 @@ class InitOnlyBatchNorm(nn.BatchNorm2d):
         super().__init__(num_features, eps=1e-3)
 
 
+class ReprSyncBatchNorm(nn.SyncBatchNorm):
+    """A SyncBatchNorm subclass with a method of its own."""
+
+    def extra_repr(self) -> str:
+        return "repr of its own"
+
+
 def test_a_subclass_becomes_a_plain_sync_layer_with_a_warning_naming_what_it_loses(caplog):
     """As torch's converter does; the warning said "its own forward() is not kept" of any
-    subclass, and nothing of its extra state, which the converted state dict no longer holds."""
+    subclass, then "not its own methods" of one that has none, and nothing of its other
+    methods and attributes, nor of a SyncBatchNorm subclass that reverting made a plain
+    BatchNorm2d. Said once every layer is known to convert."""
     model = nn.Sequential(nn.Conv2d(3, 4, 3), ScaledBatchNorm(4), InitOnlyBatchNorm(4))
     torchs = nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(model))
     with caplog.at_level("WARNING", logger="torchkit"):
@@ -237,11 +247,44 @@ def test_a_subclass_becomes_a_plain_sync_layer_with_a_warning_naming_what_it_los
     assert "1._extra_state" not in synced.state_dict()
     assert synced[2].eps == 1e-3
     assert [record.getMessage() for record in caplog.records] == [
-        "1 is a ScaledBatchNorm, a BatchNorm subclass: SyncBatchNorm keeps its weights and "
-        "statistics, not its own forward() nor its extra state (get_extra_state)",
-        "2 is a InitOnlyBatchNorm, a BatchNorm subclass: SyncBatchNorm keeps its weights and "
-        "statistics, not its own methods",
+        "1 (ScaledBatchNorm, a BatchNorm subclass) becomes a plain SyncBatchNorm, which keeps "
+        "its weights and statistics, not its own forward(), its extra state (get_extra_state) "
+        "nor its attribute scale",
+        "2 (InitOnlyBatchNorm, a BatchNorm subclass) becomes a plain SyncBatchNorm, the same "
+        "but for its class (it adds no method and no attribute)",
     ]
+    caplog.clear()
+
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), ReprSyncBatchNorm(4), nn.SyncBatchNorm(4))
+    with caplog.at_level("WARNING", logger="torchkit"):
+        reverted, _ = convert_batchnorm(model, to="bn")
+    assert [type(m) for m in reverted[1:]] == [nn.BatchNorm2d] * 2
+    assert [record.getMessage() for record in caplog.records] == [
+        "1 (ReprSyncBatchNorm, a SyncBatchNorm subclass) becomes a plain BatchNorm2d, which "
+        "keeps its weights and statistics, not its method extra_repr"
+    ]
+
+
+def test_a_refused_conversion_leaves_the_hooks_working_and_warns_of_nothing(caplog):
+    """The layers before a refused one had handed their hooks over already: a load_state_dict
+    pre-hook then pointed at a layer thrown away ("the hook of a dead Module"), and a
+    subclass's warning had been given of a conversion that never happened."""
+    import gc
+
+    from torch.nn.utils import prune
+
+    pruned = nn.BatchNorm2d(4)
+    prune.l1_unstructured(pruned, "weight", amount=0.5)
+    model = nn.Sequential(ScaledBatchNorm(4), pruned)
+    calls: list[str] = []
+    model[0].register_load_state_dict_pre_hook(lambda m, *args: calls.append(type(m).__name__))
+    with caplog.at_level("WARNING", logger="torchkit"), pytest.raises(InputError):
+        convert_batchnorm(model)
+    gc.collect()
+    assert caplog.records == []
+    assert type(model[0]) is ScaledBatchNorm
+    model.load_state_dict(model.state_dict())
+    assert calls == ["ScaledBatchNorm"]
 
 
 def test_a_layer_timms_converter_made_reverts_by_its_type_alone():
@@ -261,3 +304,60 @@ def test_a_layer_timms_converter_made_reverts_by_its_type_alone():
         norm_act.BatchNormAct2d,
     ]
     assert [row["dim_source"] for row in rows] == ["its type (SyncBatchNormAct)"] * 2
+
+
+def test_a_sync_layer_without_an_activation_reverts_without_one():
+    """timm's SyncBatchNormAct applies the `act` it holds; one holding none reverted to a
+    BatchNormAct2d with a ReLU of its own, which clamped the layer's output."""
+    from timm.layers import norm_act
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 1), norm_act.SyncBatchNormAct(4)).eval()
+    x = torch.randn(2, 3, 4, 4)
+    expected = model(x)
+    assert (expected < 0).any()
+
+    reverted, _ = convert_batchnorm(model, to="bn")
+
+    assert type(reverted[1]) is norm_act.BatchNormAct2d
+    assert torch.equal(reverted(x), expected)
+
+
+def test_converting_twice_changes_nothing_and_reverting_a_plain_model_neither():
+    """The second conversion finds no layer to convert: the same layers, state and hooks (not
+    a hook twice), no row; so does --revert of a model without SyncBatchNorm."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).eval()
+    x = torch.randn(2, 3, 6, 6)
+    model[1].register_forward_hook(double_output)
+    expected = model(x)
+    plain = copy.deepcopy(model)
+
+    once, _ = convert_batchnorm(model)
+    layer, state = once[1], once.state_dict()
+    twice, rows = convert_batchnorm(once)
+    assert rows == [] and twice is once and twice[1] is layer
+    assert list(twice.state_dict()) == list(state)
+    assert all(torch.equal(twice.state_dict()[k], state[k]) for k in state)
+    assert torch.equal(twice(x), expected)
+
+    kept = plain[1]
+    reverted, rows = convert_batchnorm(plain, to="bn")
+    assert rows == [] and reverted[1] is kept and torch.equal(reverted(x), expected)
+
+
+def test_a_layer_shared_by_two_parents_is_one_layer_there_and_back():
+    shared = nn.BatchNorm2d(4)
+    model = nn.Sequential(nn.Sequential(nn.Conv2d(3, 4, 1), shared), nn.Sequential(shared))
+    calls: list[str] = []
+    shared.register_forward_pre_hook(lambda m, args: calls.append(type(m).__name__))
+
+    synced, rows = convert_batchnorm(model)
+    reverted, back = convert_batchnorm(synced, to="bn")
+
+    assert [row["name"] for row in rows] == [row["name"] for row in back] == ["0.1"]
+    assert reverted[0][1] is reverted[1][0] and type(reverted[1][0]) is nn.BatchNorm2d
+    assert reverted[0][1].weight is shared.weight
+    assert back[0]["dim_source"] == "recorded at conversion"
+    reverted.eval()(torch.randn(2, 3, 4, 4))
+    assert calls == ["BatchNorm2d", "BatchNorm2d"]  # the one layer, called by both parents

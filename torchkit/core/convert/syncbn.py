@@ -142,14 +142,6 @@ def convert_batchnorm(
             row = _conversion_row(name, old, new)
             row["dim_source"] = None  # only reverting has to work the dimensionality out
             rows.append(row)
-            if type(old) not in (*_batchnorm_classes().values(), *dict(_sync_twins())):
-                log.warning(
-                    "%s is a %s, a BatchNorm subclass: SyncBatchNorm keeps its weights and "
-                    "statistics, not %s",
-                    name or "the model",
-                    type(old).__name__,
-                    _subclass_losses(old),
-                )
     else:
         dims = _deduce_dims(module, targets, example_inputs)
         replacements = {}
@@ -162,23 +154,65 @@ def convert_batchnorm(
             row = _conversion_row(name, old, new)
             row["dim_source"] = source
             rows.append(row)
+    # Done once every layer is known to convert: a refused conversion leaves the hooks where
+    # they were (a load_state_dict pre-hook would be handed a layer thrown away) and warns of
+    # nothing.
+    for name, old in targets:
+        _take_over_hooks(replacements[id(old)], old)
+        warning = _subclass_warning(name, old, replacements[id(old)])
+        if warning:
+            log.warning(warning)
     converted.update({id(m): (m, replacements[id(m)]) for _, m in targets})
     return _replace(module, {**done, **replacements}), rows
 
 
-def _subclass_losses(layer: Any) -> str:
-    """What of a BatchNorm subclass a plain SyncBatchNorm in its place leaves out: its own
-    forward() (the model computes something else) and its extra state (`get_extra_state`: the
-    state dict loses its `_extra_state` key, which the subclass then misses when loading)."""
+def _subclass_warning(name: str, old: Any, new: Any) -> str | None:
+    """The warning for a subclass of BatchNorm (of SyncBatchNorm, reverting) whose replacement
+    is a plain layer, as torch's converter makes it: the weights, statistics and settings carry
+    over, not what the subclass adds. Names what that is: its own forward() (the model computes
+    something else), its extra state (`get_extra_state`: the state dict loses its
+    `_extra_state` key), its other methods, its public attributes. None for the layers that
+    have a like-for-like replacement (BatchNorm1d/2d/3d, SyncBatchNorm, timm's pair)."""
     from torch import nn
 
-    cls = type(layer)
+    standard = {nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm}
+    standard.update(cls for pair in _sync_twins() for cls in pair)
+    if type(old) in standard:
+        return None
+    inherited = {cls for base in standard for cls in base.__mro__}
+    own: set[str] = set()
+    for cls in type(old).__mro__:
+        if cls not in inherited:
+            own.update(
+                attr
+                for attr, value in vars(cls).items()
+                if not attr.startswith("__")
+                and (callable(value) or isinstance(value, (property, staticmethod, classmethod)))
+            )
     lost = []
-    if cls.forward is not nn.modules.batchnorm._BatchNorm.forward:
+    if "forward" in own:
         lost.append("its own forward()")
-    if cls.get_extra_state is not nn.Module.get_extra_state:
+    if "get_extra_state" in own:
         lost.append("its extra state (get_extra_state)")
-    return " nor ".join(lost) or "its own methods"
+    methods = sorted(own - {"forward", "get_extra_state", "set_extra_state"})
+    if methods:
+        lost.append(f"its method{'s' * (len(methods) > 1)} {', '.join(methods)}")
+    # (not those every BatchNorm or SyncBatchNorm has: a SyncBatchNorm's `process_group`)
+    plain = {*vars(nn.SyncBatchNorm(1, device="meta")), *vars(nn.BatchNorm2d(1, device="meta"))}
+    attributes = sorted(
+        attr
+        for attr in vars(old)
+        if not attr.startswith("_") and attr not in {*vars(new), *plain, RECORDED_DIM_ATTR}
+    )
+    if attributes:
+        lost.append(f"its attribute{'s' * (len(attributes) > 1)} {', '.join(attributes)}")
+    kind = "SyncBatchNorm" if isinstance(old, nn.SyncBatchNorm) else "BatchNorm"
+    said = f"{name or 'the model'} ({type(old).__name__}, a {kind} subclass) becomes a plain "
+    said += f"{type(new).__name__}, "
+    if not lost:
+        return said + "the same but for its class (it adds no method and no attribute)"
+    lost_said = ", ".join(lost[:-1]) + " nor " + lost[-1] if len(lost) > 1 else lost[0]
+    return said + f"which keeps its weights and statistics, not {lost_said}"
 
 
 def _refuse_uninitialised(targets: list[tuple[str, Any]]) -> None:
@@ -236,7 +270,6 @@ def _take_over_state(new: Any, old: Any) -> None:
     new.training = old.training
     if hasattr(old, "qconfig"):
         new.qconfig = old.qconfig
-    _take_over_hooks(new, old)
 
 
 def _take_over_hooks(new: Any, old: Any) -> None:
@@ -289,6 +322,14 @@ def _to_batchnorm(old: Any, dim: int) -> Any:
         device="meta",
     )
     _take_over_state(new, old)
+    if twin is not None:
+        # SyncBatchNormAct applies the `drop` and `act` it holds; BatchNormAct2d always calls
+        # both, and builds a ReLU for `act`: one the layer lacks must do nothing.
+        from torch import nn
+
+        for attr in ("drop", "act"):
+            if attr not in old._modules:
+                new._modules[attr] = nn.Identity()
     return new
 
 
@@ -815,6 +856,18 @@ def convert_saved_model(
         else:
             loaded, rows = convert_batchnorm(module, to=to, example_inputs=example)
         _refuse_left_unconverted(src, loaded, revert=revert)
+        if not rows:  # converted twice, say: its layers already are what was asked
+            modules = modules_by_key(loaded) if isinstance(loaded, Mapping) else [(None, loaded)]
+            listed: set[int] = set()
+            count = sum(
+                len(find_batchnorm_layers(value, sync=not revert, seen=listed))
+                for _, value in modules
+            )
+            if count:
+                have, lack = "BatchNorm", "SyncBatchNorm"
+                if not revert:
+                    have, lack = lack, have
+                already = f"holds {have} layers already ({count}) and no {lack} layer"
         with reporting_write_errors(destination), atomic_path(destination) as tmp:
             torch_save(loaded, tmp)
         kind = "pickled model"
