@@ -346,6 +346,114 @@ def test_group_stem_keeps_a_folders_files_of_one_name_together_not_across_classe
     assert regex.exit_code == 0 and "owl (6: none in val)" in regex.stderr
 
 
+def pairs_folder(root: Path, files: dict[str, int], suffixes=(".jpg", ".png")) -> Path:
+    """ROOT/<folder>/<i>.jpg and <i>.png (one pair per i) for each folder (`cat/2019`...)."""
+    for folder, count in files.items():
+        (root / folder).mkdir(parents=True, exist_ok=True)
+        for i in range(count):
+            for suffix in suffixes:
+                (root / folder / f"{i:03d}{suffix}").write_bytes(f"{folder}{i}{suffix}".encode())
+    return root
+
+
+def splits_by_stem(out: Path, column: str = "path") -> dict[str, set[str]]:
+    split_of: dict[str, set[str]] = {}
+    for row in manifest(out):
+        split_of.setdefault(row[column].rsplit(".", 1)[0], set()).add(row["split"])
+    return split_of
+
+
+def test_group_stem_keeps_nested_folders_apart_and_a_finished_move_reruns_as_done(runner, tmp_path):
+    """A class's subfolder is a folder of its own: `cat/2019/000.jpg` goes with
+    `cat/2019/000.png`, not with `cat/000.jpg`; the files keep their subfolder in OUT. A move
+    with `--group stem` run again is the same move: done, nothing moved."""
+    root = pairs_folder(tmp_path / "data", {"cat": 6, "cat/2019": 4, "dog": 5})
+    out = tmp_path / "out"
+    result = runner.invoke(
+        app, ["split", str(root), str(out), "--group", "stem", "--format", "json"]
+    )
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["groups"] == 6 + 4 + 5
+    split_of = splits_by_stem(out)
+    assert len(split_of) == 15 and all(len(splits) == 1 for splits in split_of.values())
+    nested = {row["path"] for row in manifest(out) if "/2019/" in row["path"]}
+    assert len(nested) == 8 and all(p.split("/")[1:3] == ["cat", "2019"] for p in nested)
+    assert all((out / path).is_file() for path in nested)
+
+    moved = tmp_path / "moved"
+    args = ["split", str(root), str(moved), "--group", "stem", "--mode", "move"]
+    assert runner.invoke(app, args).exit_code == 0
+    assert not list(root.rglob("*.*")) and splits_by_stem(moved) == split_of
+    again = runner.invoke(app, [*args, "--format", "json"])
+    assert again.exit_code == 0, again.stderr
+    assert json.loads(again.stdout)["group"] == "stem"
+    assert splits_by_stem(moved) == split_of
+
+
+def test_group_stem_in_a_csv_index_and_with_fixed_counts_of_pairs(runner, tmp_path):
+    """In a CSV index the stem is the listed path without its extension: the folder counts as
+    in an image folder. `--fixed` counts images: split-folders' `fixed=(1, 1)` of pairs is
+    `--fixed 2,2`; `--fixed 1,1` is met as closely as whole pairs allow, with a warning;
+    `--oversample` repeats files."""
+    root = pairs_folder(tmp_path / "data", {"imgs": 6, "more": 4})
+    index = tmp_path / "data" / "index.csv"
+    rows = [f"{p.relative_to(root).as_posix()},{p.parent.name}" for p in sorted(root.rglob("*.*"))]
+    index.write_text("path,label\n" + "\n".join(rows) + "\n")
+    out = tmp_path / "out"
+    args = ["split", str(index), str(out), "--group", "stem", "--mode", "manifest"]
+    result = runner.invoke(app, [*args, "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["groups"] == 10
+    split_of = splits_by_stem(out)
+    assert len(split_of) == 10 and all(len(splits) == 1 for splits in split_of.values())
+
+    classes = pairs_folder(tmp_path / "classes", {"cat": 6, "dog": 5})
+    fixed = ["split", str(classes), "--group", "stem", "--mode", "manifest", "--format", "json"]
+    exact = runner.invoke(app, [*fixed[:2], str(tmp_path / "f2"), *fixed[2:], "--fixed", "2,2"])
+    assert exact.exit_code == 0 and "Warning" not in exact.stderr
+    counts = [[c[s] for s in SPLIT_ORDER] for c in json.loads(exact.stdout)["classes"]]
+    assert counts == [[8, 2, 2], [6, 2, 2]]
+    near = runner.invoke(app, [*fixed[:2], str(tmp_path / "f1"), *fixed[2:], "--fixed", "1,1"])
+    assert near.exit_code == 0
+    assert "is not met with whole groups for 2 class(es)" in near.stderr
+    counts = [[c[s] for s in SPLIT_ORDER] for c in json.loads(near.stdout)["classes"]]
+    assert counts == [[8, 2, 2], [6, 2, 2]]
+    assert all(len(s) == 1 for s in splits_by_stem(tmp_path / "f1").values())
+    # --oversample repeats files, not groups (split-folders repeats a stem group whole): dog's
+    # two repeats bring its train to cat's 8 images, and here they are halves of two pairs.
+    over = tmp_path / "over"
+    balanced = runner.invoke(
+        app, [*fixed[:2], str(over), *fixed[2:], "--fixed", "2,2", "--oversample"]
+    )
+    assert balanced.exit_code == 0, balanced.stderr
+    report = json.loads(balanced.stdout)["classes"]
+    assert [(c["train"], c["repeats"]) for c in report] == [(8, 0), (6, 2)]
+    repeated = [row["path"].rsplit("/", 1)[-1] for row in manifest(over) if row["repeat"] != "0"]
+    assert sorted(repeated) == ["003.png", "004.jpg"]
+
+
+def test_group_regex_on_names_does_split_folders_sibling_grouping(runner, tmp_path):
+    """split-folders' `group="sibling"` (`images/001.jpg` with `masks/001.png`) is a regex
+    on the name without its extension: each pair lands in one split, in OUT/<split>/images/
+    and OUT/<split>/masks/."""
+    root = tmp_path / "data"
+    for folder, suffix in (("images", ".jpg"), ("masks", ".png")):
+        pairs_folder(root, {folder: 10}, suffixes=(suffix,))
+    out = tmp_path / "out"
+    args = ["split", str(root), str(out), "--group", r"^(.*)\.[^.]*$"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.stderr
+    by_name: dict[str, set[str]] = {}
+    for row in manifest(out):
+        split, folder, name = row["path"].split("/")
+        assert (folder, split) == (row["label"], row["split"]) and (out / row["path"]).is_file()
+        by_name.setdefault(name.rsplit(".", 1)[0], set()).add(split)
+    assert len(by_name) == 10 and all(len(splits) == 1 for splits in by_name.values())
+    assert sorted(p.relative_to(out).as_posix() for p in out.glob("*/*/")) == [
+        f"{split}/{folder}" for split in ("test", "train", "val") for folder in ("images", "masks")
+    ]
+
+
 def test_group_bad_regex_or_no_match(runner, tmp_path):
     root = make_files(tmp_path / "data", {"a": 3})
     bad = runner.invoke(app, ["split", str(root), str(tmp_path / "o"), "--group", "(unclosed"])
