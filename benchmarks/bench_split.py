@@ -50,9 +50,14 @@ def main() -> None:
         "--copy", action="store_true", help="also time both tools copying (their default)"
     )
     parser.add_argument(
-        "--repeat", type=int, default=1, help="rounds, the tools taking turns; medians compared"
+        "--repeat",
+        type=int,
+        default=1,
+        help="rounds, every other one in reverse order; medians compared",
     )
     args = parser.parse_args()
+    if args.repeat < 1 or args.files < 1 or args.classes < 1:
+        parser.error("--files, --classes and --repeat must be at least 1")
 
     from torchkit.core.split import split_dataset
 
@@ -100,7 +105,10 @@ def main() -> None:
             cases["torchkit CLI copy"] = process(lambda out: [*torchkit_cli, str(out)])
         times: dict[str, list[float]] = {name: [] for name in cases}
         for round_ in range(args.repeat):
-            for index, (name, action) in enumerate(cases.items()):
+            # Every other round runs the cases in reverse order: no case always runs first (on
+            # cold caches) or last.
+            order = list(enumerate(cases.items()))
+            for index, (name, action) in order[:: -1 if round_ % 2 else 1]:
                 out = work / f"out-{index}-{round_}"
                 start = time.perf_counter()
                 action(out)
