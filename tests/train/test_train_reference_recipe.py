@@ -314,3 +314,18 @@ def test_mixing_draws_lam_and_boxes_as_the_reference_does(alpha):
             torch.manual_seed(seed)
             cy, cx = int(torch.randint(height, ())), int(torch.randint(width, ()))
             assert box == _reference_box(height, width, lam, cy, cx), (seed, height, width)
+
+
+@pytest.mark.parametrize("kind", ["mixup", "cutmix"])
+def test_an_odd_batchs_middle_image_is_paired_with_itself_and_left_unmixed(kind):
+    """The batch is paired with itself reversed (the reference rolls it by one): in a batch of
+    5, image 2 is its own partner, so it (up to mixup's rounding of x * lam + x * (1 - lam))
+    and its loss stay as they were; the others change."""
+    torch.manual_seed(0)
+    images, labels = torch.rand(5, 3, 16, 16), torch.tensor([0, 1, 2, 3, 4])
+    alphas = (1.0, 0.0) if kind == "mixup" else (0.0, 1.0)
+    mixed = mixing.mix_batch(images, labels, *alphas)
+    assert mixed.kind == kind and 0 < mixed.lam < 1
+    assert torch.equal(mixed.labels_b, torch.tensor([4, 3, 2, 1, 0]))
+    torch.testing.assert_close(mixed.images[2], images[2], rtol=1e-6, atol=1e-6)
+    assert all(not torch.equal(mixed.images[i], images[i]) for i in (0, 1, 3, 4))
