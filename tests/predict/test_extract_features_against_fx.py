@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 import types
+from typing import Any
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from torchvision.models.feature_extraction import create_feature_extractor, get_
 
 from torchkit.cli import app
 from torchkit.core.features.layers import FeatureExtractor, LayerGraph
+from torchkit.core.io.errors import UsageError
 
 MODELS_MODULE = "tk_against_fx_models"  # `MODULE:Callable` specs point here
 
@@ -91,6 +93,8 @@ def test_a_block_called_twice_in_a_model_fx_cannot_trace_is_its_last_call():
     x = torch.randn(2, 3, 8, 8)
     graph = LayerGraph(model)
     assert not graph.traced
+    with pytest.raises(Exception):  # noqa: B017 - torch.fx's TraceError, whatever its type
+        create_feature_extractor(model, ["block"])
     ours = extract(model, ["block"], x)
     assert torch.equal(ours["block"], hooked(model, "block", x)[-1])
 
@@ -172,15 +176,16 @@ def test_an_item_of_a_tuple_layer_matches_create_feature_extractor():
         (
             Attention,
             "attention",
-            "Error: layer attention gives a tuple, not a tensor (its items are layers getitem "
-            "(item 0), getitem_1 (item 1))",
+            "Error: layer attention gives a tuple, not a tensor (ask for its items, layers of "
+            "their own: getitem is item 0, getitem_1 is item 1)",
         ),
         (
             Branch,
             "extra",
-            "Error: tk_against_fx_models:model has no layer 'extra' (module extra is not called "
-            "in the forward pass torch.fx traced (a branch not taken, or it computes nothing); "
-            "`torchkit extract-features tk_against_fx_models:model --list-layers` lists them)",
+            "Error: tk_against_fx_models:model has no layer 'extra' (module extra is never "
+            "called in the forward pass torch.fx traced: a branch not taken, or code that "
+            "computes nothing; `torchkit extract-features tk_against_fx_models:model "
+            "--list-layers` lists them)",
         ),
     ],
     ids=["tuple", "branch-not-taken"],
@@ -198,3 +203,156 @@ def test_a_layer_that_gives_no_tensor_or_never_runs_is_one_error_naming_what_to_
     assert result.exit_code != 0
     assert error_line(result.stderr) == expected
     assert not out.exists()
+
+
+def test_a_module_never_called_is_named_wherever_it_is_among_the_unknown_names():
+    """Only the first unknown name was looked up among the modules: a typo before it hid it."""
+    graph = LayerGraph(Branch().eval(), arch="Branch")
+    with pytest.raises(UsageError) as raised:
+        graph.resolve(["stem", "nosuch", "extra"])
+    assert raised.value.message == "Branch has no layer 'nosuch', 'extra'"
+    assert raised.value.hint.startswith("module extra is never called in the forward pass")
+
+
+def _resnet18_in_place() -> dict[str, Any]:
+    # bn1 and each block's bn1 and residual sum feed ReLU(inplace=True); `out += identity` is
+    # traced as an out-of-place add, so bn2 is the same in both
+    blocks = [f"layer{stage}.{block}" for stage in range(1, 5) for block in range(2)]
+    names = ["bn1", *(f"{b}.{layer}" for b in blocks for layer in ("bn1", "add"))]
+    return dict.fromkeys(names, torch.relu)
+
+
+def _mobilenet_v3_small_in_place() -> dict[str, Any]:
+    # features.0 and the like are torchvision.ops blocks (Conv2dNormActivation), one node
+    # there and traced through here; classifier.0 feeds Hardswish(inplace=True)
+    return {"classifier.0": nn.functional.hardswish}
+
+
+@pytest.mark.parametrize(
+    ("arch", "in_place"),
+    [("resnet18", _resnet18_in_place), ("mobilenet_v3_small", _mobilenet_v3_small_in_place)],
+)
+def test_every_name_create_feature_extractor_takes_gives_its_values(arch, in_place):
+    """Each eval-mode name get_graph_node_names lists is a layer, with create_feature_extractor's
+    values bitwise, but for a layer an in-place op changes afterwards: torchvision returns the
+    changed tensor, torchkit the layer's own value, which that op turns into torchvision's."""
+    import torchvision
+
+    torch.manual_seed(0)
+    model = getattr(torchvision.models, arch)(num_classes=3).eval()
+    names = get_graph_node_names(model)[1]
+    x = torch.randn(2, 3, 32, 32)
+    ours = extract(model, names, x)
+    with torch.inference_mode():
+        theirs = create_feature_extractor(model, names)(x)
+
+    changed = in_place()
+    assert {name for name in names if not torch.equal(ours[name], theirs[name])} == set(changed)
+    for name, op in changed.items():
+        assert torch.equal(op(ours[name].clone()), theirs[name]), name
+    if arch == "mobilenet_v3_small":
+        assert "features.0" in names and "features.0" not in LayerGraph(model).nodes
+
+
+class FixedWeights(nn.Module):
+    """Weights drawn from a generator of its own: the test builds the very model the command
+    builds, whatever --seed does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.fc = nn.Linear(4, 2)
+        generator = torch.Generator().manual_seed(7)
+        with torch.no_grad():
+            for parameter in self.parameters():
+                parameter.copy_(torch.randn(parameter.shape, generator=generator))
+
+    def forward(self, x):
+        return self.fc(self.conv(x).mean(dim=(2, 3)))
+
+
+@pytest.mark.parametrize("pool", ["none", "avg"])
+def test_the_written_input_tensors_give_create_feature_extractors_values_bitwise(
+    runner, tmp_path, models_module, pool
+):
+    """What the docs promise: `-l x --pool none` writes the tensors the model gets, and on those
+    create_feature_extractor's values are a layer's rows, bitwise, pooled as asked."""
+    import numpy as np
+
+    models_module.model = FixedWeights
+    images = write_image_folder(tmp_path / "imgs", {"a": 2, "b": 1}, size=16)
+    common = ["--allow-untrained", "--device", "cpu", "-j", "0", "--image-size", "16",
+              "--resize-size", "16"]  # fmt: skip
+    model_spec = f"{MODELS_MODULE}:model"
+    inputs, out = tmp_path / "inputs", tmp_path / "out"
+    result = runner.invoke(
+        app,
+        [
+            "extract-features",
+            model_spec,
+            str(images),
+            str(inputs),
+            "-l",
+            "x",
+            "--pool",
+            "none",
+            *common,
+        ],  # fmt: skip
+    )
+    assert result.exit_code == 0, result.stderr
+    result = runner.invoke(
+        app,
+        [
+            "extract-features",
+            model_spec,
+            str(images),
+            str(out),
+            "-l",
+            "conv",
+            "--pool",
+            pool,
+            *common,
+        ],  # fmt: skip
+    )
+    assert result.exit_code == 0, result.stderr
+
+    x = torch.from_numpy(np.load(inputs / "x.npy"))
+    assert x.shape == (3, 3, 16, 16)
+    with torch.inference_mode():
+        conv = create_feature_extractor(FixedWeights().eval(), ["conv"])(x)["conv"]
+    expected = conv if pool == "none" else conv.mean(dim=(2, 3))
+    assert torch.equal(torch.from_numpy(np.load(out / "conv.npy")), expected)
+
+
+class Pair(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Conv2d(3, 4, 1)
+        self.second = nn.Conv2d(3, 4, 1)
+
+    def forward(self, x):
+        return self.first(x), self.second(x)
+
+
+class TwoMaps(nn.Module):
+    """A block traced through whose code returns a tuple."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pair = Pair()
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x):
+        a, b = self.pair(x)
+        return self.head(torch.cat([a, b], dim=1).mean(dim=(2, 3)))
+
+
+def test_a_block_returning_a_tuple_is_the_last_item_it_computes_as_create_feature_extractor():
+    torch.manual_seed(0)
+    model = TwoMaps().eval()
+    x = torch.randn(2, 3, 8, 8)
+    ours = extract(model, ["pair"], x)
+    with torch.inference_mode():
+        theirs = create_feature_extractor(model, ["pair"])(x)
+        second = model.pair.second(x)
+    assert torch.equal(ours["pair"], theirs["pair"]) and torch.equal(ours["pair"], second)

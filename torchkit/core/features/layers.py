@@ -222,10 +222,12 @@ class LayerGraph:
             listing = shlex.join(["torchkit", "extract-features", named, *options, "--list-layers"])
             # A module of the model that the traced forward pass never calls (a branch not
             # taken): saying so spares the user searching the listing for a name it has.
-            if self.traced and unknown[0] in dict(self.model.named_modules()):
+            modules = dict(self.model.named_modules()) if self.traced else {}
+            uncalled = [name for name in unknown if name in modules]
+            if uncalled:
                 hint = (
-                    f"module {unknown[0]} is not called in the forward pass torch.fx traced "
-                    "(a branch not taken, or it computes nothing); " + hint
+                    f"module {uncalled[0]} is never called in the forward pass torch.fx traced: "
+                    "a branch not taken, or code that computes nothing; " + hint
                 )
             raise UsageError(f"{named} has no layer {names}", hint + f"`{listing}` lists them")
         return layers
@@ -425,8 +427,12 @@ class FeatureExtractor:
         a block returning two maps), naming the layers that take its items where the graph has
         them, as create_feature_extractor would have them asked for."""
         items = self._graph.items.get(layer.node, [])
-        picks = ", ".join(f"{name} (item {key!r})" for key, name in items)
-        hint = f"its items are layers {picks}" if picks else "pick another layer (--list-layers)"
+        picks = ", ".join(f"{name} is item {key!r}" for key, name in items)
+        hint = (
+            f"ask for its items, layers of their own: {picks}"
+            if picks
+            else "pick another layer (--list-layers)"
+        )
         kind = type(value).__name__
         return TorchkitError(f"layer {layer.name} gives a {kind}, not a tensor", hint)
 
