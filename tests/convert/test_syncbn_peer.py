@@ -361,3 +361,33 @@ def test_a_layer_shared_by_two_parents_is_one_layer_there_and_back():
     assert back[0]["dim_source"] == "recorded at conversion"
     reverted.eval()(torch.randn(2, 3, 4, 4))
     assert calls == ["BatchNorm2d", "BatchNorm2d"]  # the one layer, called by both parents
+
+
+def test_backward_and_state_dict_hooks_act_on_the_converted_layer():
+    """Every kind of hook torch keeps on a module moves, not only the forward ones."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4)).train()
+    calls: list[str] = []
+    layer = model[1]
+    layer.register_full_backward_hook(
+        lambda m, gi, go: calls.append(f"backward {type(m).__name__}")
+    )
+    layer.register_full_backward_pre_hook(lambda m, go: calls.append(f"pre {type(m).__name__}"))
+    layer.register_state_dict_post_hook(lambda m, *a: calls.append(f"state {type(m).__name__}"))
+    layer.register_load_state_dict_post_hook(
+        lambda m, k: calls.append(f"loaded {type(m).__name__}")
+    )
+    layer.register_forward_hook(
+        lambda m, args, kwargs, out: calls.append(f"kwargs {type(m).__name__}"), with_kwargs=True
+    )
+
+    synced, _ = convert_batchnorm(model)
+    synced(torch.randn(2, 3, 4, 4, requires_grad=True)).sum().backward()
+    synced.load_state_dict(synced.state_dict())
+
+    assert calls == [
+        "kwargs SyncBatchNorm",
+        "pre SyncBatchNorm",
+        "backward SyncBatchNorm",
+        "state SyncBatchNorm",
+        "loaded SyncBatchNorm",
+    ]
