@@ -62,12 +62,14 @@ def lazy() -> nn.Module:
 
 def others_untouched() -> nn.Module:
     """Normalisation layers that are no BatchNorm: neither converter touches them."""
+    from timm.layers import FrozenBatchNormAct2d
     from torchvision.ops.misc import FrozenBatchNorm2d
 
     return nn.Sequential(
         nn.Conv2d(3, 4, 3),
         nn.InstanceNorm2d(4, affine=True, track_running_stats=True),
         FrozenBatchNorm2d(4),
+        FrozenBatchNormAct2d(4),
         nn.GroupNorm(2, 4),
         nn.LayerNorm([4, 6, 6]),
     )
@@ -131,6 +133,28 @@ def test_a_timm_model_converts_as_timms_converter_converts_it():
     assert list(state) == list(reference)
     assert all(torch.equal(state[k], reference[k]) for k in reference)
     assert torch.equal(synced(x), expected)
+    # torch's own converter makes plain SyncBatchNorm layers of them: the activations are gone
+    torchs = nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(timms))
+    assert {type(m) for m in torchs.modules() if isinstance(m, nn.SyncBatchNorm)} == {
+        nn.SyncBatchNorm
+    }
+    assert not torch.equal(torchs(x), expected)
+
+
+def test_the_layers_torchkit_refuses_fail_in_torchs_converter_too():
+    """A lazy layer that has seen no input: torch's converter makes a SyncBatchNorm of 0
+    features that fails at its first input; a pruned weight: a TypeError. (torchkit refuses
+    both before converting: test_syncbn.py.)"""
+    from torch.nn.utils import prune
+
+    lazy = nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(nn.LazyBatchNorm2d()))
+    assert lazy[0].num_features == 0
+    with pytest.raises(ValueError, match="uninitialized parameter"):
+        lazy(torch.randn(2, 3, 4, 4))
+    pruned = nn.BatchNorm2d(4)
+    prune.l1_unstructured(pruned, "weight", amount=0.5)
+    with pytest.raises(TypeError):
+        nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(pruned))
 
 
 # --- where torchkit differs on purpose -------------------------------------------------------
