@@ -356,3 +356,48 @@ def test_a_block_returning_a_tuple_is_the_last_item_it_computes_as_create_featur
         theirs = create_feature_extractor(model, ["pair"])(x)
         second = model.pair.second(x)
     assert torch.equal(ours["pair"], theirs["pair"]) and torch.equal(ours["pair"], second)
+
+
+class Gated(nn.Module):
+    """torch.fx cannot trace it (a branch on a tensor's value); `extra` never runs here."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 4, 3)
+        self.extra = nn.Conv2d(4, 4, 1)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        x = self.stem(x)
+        if x.abs().sum() > 1e9:
+            x = self.extra(x)
+        return self.head(x.mean(dim=(2, 3)))
+
+
+def test_a_model_fx_cannot_trace_is_read_with_hooks_and_a_module_that_does_not_run_stops_it(
+    runner, tmp_path, models_module
+):
+    models_module.model = Gated
+    images = write_image_folder(tmp_path / "imgs", {"a": 2}, size=16)
+    common = ["--allow-untrained", "--device", "cpu", "-j", "0", "--image-size", "16",
+              "--resize-size", "16"]  # fmt: skip
+    spec = f"{MODELS_MODULE}:model"
+    with pytest.raises(Exception):  # noqa: B017 - torch.fx's TraceError, whatever its type
+        create_feature_extractor(Gated().eval(), ["stem"])
+
+    ok = runner.invoke(
+        app, ["extract-features", spec, str(images), str(tmp_path / "ok"), "-l", "stem", *common]
+    )
+    assert ok.exit_code == 0, ok.stderr
+    assert ok.stderr.startswith(f"Warning: torch.fx cannot trace {spec} (")
+    assert "layers are module names, read with hooks" in ok.stderr.splitlines()[0]
+
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["extract-features", spec, str(images), str(out), "-l", "extra",
+                                 *common])  # fmt: skip
+    assert result.exit_code == 1
+    assert error_line(result.stderr) == (
+        f"Error: layer extra of {spec} did not run in the forward pass (pick another layer "
+        "(--list-layers))"
+    )
+    assert not out.exists()
