@@ -252,8 +252,9 @@ def test_ranks_that_read_other_data_are_one_error_before_anything_is_written(tmp
 def test_sync_bn_on_gloo_cpu_ranks_is_one_refusal_before_anything_is_written(tmp_path):
     """torch's SyncBatchNorm synchronises only GPU tensors: on CPUs it fails at its first
     training step ("SyncBatchNorm expected input tensor to be on GPU"). Two real Gloo ranks
-    given --sync-bn each refuse before they join (no collective, so no hang) and write
-    nothing."""
+    given --sync-bn each refuse it while setting up, before training: as with any set-up error,
+    a rank joins the others first (JoinedAfterForks), so none waits for it until the timeout;
+    both exit 2 with the one refusal, and nothing is written."""
     data = tmp_path / "data"
     write_image_folder(data / "train", {"a": 2, "b": 2}, seed=1)
     write_image_folder(data / "val", {"a": 1, "b": 1}, seed=2)
