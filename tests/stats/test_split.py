@@ -76,6 +76,13 @@ def test_largest_remainder_gives_15_2_2_not_split_folders_15_1_3():
     assert largest_remainder_counts(5, weights, at_least_one=True) == [3, 1, 1]
     assert largest_remainder_counts(3, weights, at_least_one=True) == [1, 1, 1]
     assert largest_remainder_counts(2, weights, at_least_one=True) == [2, 0, 0]  # too few
+    # split.md's other examples: 7 files at 7:3 give 5/2 (split-folders: int(0.7 * 7) = 4, so
+    # 4/3), and 1 file goes to train (split-folders: to the last split, test or val at 7:3).
+    assert largest_remainder_counts(7, parse_ratio("7:3"), at_least_one=True) == [5, 2]
+    assert [int(0.7 * 7), 7 - int(0.7 * 7)] == [4, 3]
+    assert largest_remainder_counts(1, weights, at_least_one=True) == [1, 0, 0]
+    assert largest_remainder_counts(1, parse_ratio("7:3"), at_least_one=True) == [1, 0]
+    assert [int(0.8 * 1), int(0.1 * 1)] == [0, 0] and int(0.7 * 1) == 0
 
 
 def test_largest_remainder_properties():
