@@ -660,7 +660,8 @@ def _from_timm(
             image_size=image_size,
             in_channels=in_channels,
         )
-    # timm's own weights are scored as timm's validate.py scores them: at their test size.
+    # timm's own weights are scored as timm's validate.py scores them: at their test size (train
+    # fine-tunes at the train size: it takes its defaults from timm_weights_preprocess).
     preprocess = timm_preprocess(
         model, image_size=image_size, in_channels=in_channels, test_size=pretrained
     )

@@ -319,10 +319,13 @@ def _preprocess_of(
 
 def timm_weights_preprocess(spec: str, weights: str | None = None) -> Preprocess | None:
     """The eval preprocessing of the pretrained config of `timm/NAME[.TAG]` with `--weights
-    TAG` (another value or none: the spec's tag, else timm's default one), which
-    `timm_preprocess` of the model it builds gives, with or without its weights; read from
-    timm's registry: no model built, nothing downloaded. What train trains that model on;
-    None where timm registers no config."""
+    TAG` (another value or none: the spec's tag, else timm's default one) at its train size
+    (`input_size`, `crop_pct`): what the weights were trained on, and what train trains and
+    validates that model on, with or without them, as timm's train.py does. Never the test
+    size that `timm_preprocess(..., test_size=True)` gives the pretrained weights themselves
+    (resnet50.a1_in1k: 224 px crops of 235 px images here, 288 px uncropped there). Read from
+    timm's registry: no model built, nothing downloaded. None where timm registers no
+    config."""
     from timm.data import resolve_data_config
     from timm.models import get_pretrained_cfg
 
