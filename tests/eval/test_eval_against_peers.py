@@ -16,11 +16,12 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from processes import run_json
+from processes import run_json, run_torchkit_in_process
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("timm") is None, reason="needs timm")
 
 HUB_COMMIT = "0" * 40  # the revision a Hugging Face cache's refs/main points to
+ROUNDING = 2e-6  # float32's rounding of normalised pixels (at most about 2.6) computed otherwise
 
 
 def _photo(width: int, height: int, seed: int) -> np.ndarray:
@@ -72,6 +73,11 @@ def _as_peers_read(path: Path, *, scaled: bool = False) -> Image.Image:
 def _fed_to(model_class: str, *args: object) -> torch.Tensor:
     """`torchkit eval ARGS`'s inputs to the model (the top module of class `model_class`), one
     row per image in the order eval reads them (workers 0: the model runs in this process)."""
+    return _fed_and_found(model_class, "eval", *args)[0]
+
+
+def _fed_and_found(model_class: str, command: str, *args: object) -> tuple[torch.Tensor, object]:
+    """`torchkit COMMAND ARGS`'s inputs to the model (as `_fed_to`) and its JSON result."""
     seen: list[torch.Tensor] = []
 
     def record(module, inputs):
@@ -80,10 +86,10 @@ def _fed_to(model_class: str, *args: object) -> torch.Tensor:
 
     hook = torch.nn.modules.module.register_module_forward_pre_hook(record)
     try:
-        run_json("eval", *args, "--workers", "0", "--batch-size", "4", "--device", "cpu")
+        found = run_json(command, *args, "--workers", "0", "--batch-size", "4", "--device", "cpu")
     finally:
         hook.remove()
-    return torch.cat(seen)
+    return torch.cat(seen), found
 
 
 def test_eval_feeds_the_pixels_of_torchvisions_preset_and_of_timms_transform(tmp_path):
@@ -93,6 +99,7 @@ def test_eval_feeds_the_pixels_of_torchvisions_preset_and_of_timms_transform(tmp
     from timm.data import ImageDataset, create_transform, resolve_data_config
     from torchvision import datasets
     from torchvision import transforms as v1
+    from torchvision.transforms import v2
 
     data = _odd_images(tmp_path / "odd")
     folder = datasets.ImageFolder(str(data))
@@ -107,6 +114,17 @@ def test_eval_feeds_the_pixels_of_torchvisions_preset_and_of_timms_transform(tmp
             v1.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]),
         ]
     )
+    # --use-v2: the same resize and crop (of the PIL image), then a scale by 1/255
+    preset_v2 = v2.Compose(
+        [
+            v2.Resize(256, interpolation=v2.InterpolationMode.BILINEAR, antialias=True),
+            v2.CenterCrop(224),
+            v2.PILToTensor(),
+            v2.ToDtype(torch.float, scale=True),
+            v2.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]),
+            v2.ToPureTensor(),
+        ]
+    )
     fed = _fed_to("TinyNet", "nets:TinyNet", "--allow-untrained", "--data", data)
     assert fed.shape == (len(paths), 3, 224, 224)
     for row, path in zip(fed, paths, strict=True):
@@ -114,6 +132,8 @@ def test_eval_feeds_the_pixels_of_torchvisions_preset_and_of_timms_transform(tmp
         peers = preset(_as_peers_read(path))
         assert torch.equal(row, preset(_as_peers_read(path, scaled=sixteen))), path.name
         assert torch.equal(row, peers) != sixteen, path.name
+        v2_scaled = preset_v2(_as_peers_read(path, scaled=sixteen))
+        assert (row - v2_scaled).abs().max() <= ROUNDING, path.name
 
     # timm's validate.py: ImageDataset (the same files, in the same order) and the model's
     # data config; here bicubic, crop_pct 0.95, mean and std 0.5 at 160 px.
@@ -125,9 +145,15 @@ def test_eval_feeds_the_pixels_of_torchvisions_preset_and_of_timms_transform(tmp
     assert [Path(name) for name in dataset.filenames()] == [p.relative_to(data) for p in paths]
     fed = _fed_to("ResNet", "timm/test_resnet", "--weights", weights, "--data", data)
     assert fed.shape == (len(paths), 3, 160, 160)
+    # its default prefetcher: uint8 tensors, normalised as (x - 255 mean) / (255 std)
+    config = resolve_data_config({}, model=model)
+    as_bytes = create_transform(**config, use_prefetcher=True)
+    mean, std = (torch.tensor(config[k]).view(3, 1, 1) * 255 for k in ("mean", "std"))
     for row, path in zip(fed, paths, strict=True):
         scaled = _as_peers_read(path, scaled=path.name == "sixteen.png")
         assert torch.equal(row, transform(scaled)), path.name
+        prefetched = (as_bytes(scaled).float() - mean) / std
+        assert (row - prefetched).abs().max() <= ROUNDING, path.name
 
 
 def _torchvision_evaluate(model, data: Path, batch_size: int) -> dict:
@@ -265,6 +291,8 @@ def test_figures_of_a_timm_train_checkpoint_match_validate_py_and_scikit_learn(t
         checkpoint,
     )
     names = ["a", "b", "c", "d", "e", "f"][:classes]
+    # every image's loss and top-5 hit, once for each set of weights
+    references = {id(weights): _reference(weights, data, names) for weights in (model, ema)}
     for weights, options, batch_size in ((model, (), 4), (model, (), 5), (ema, ("--ema",), 3)):
         found = run_json(
             "eval", "timm/test_resnet", "--weights", checkpoint, "--data", data,
@@ -278,9 +306,10 @@ def test_figures_of_a_timm_train_checkpoint_match_validate_py_and_scikit_learn(t
         assert found["top1"] == pytest.approx(
             float(np.mean(truth["predicted"] == labels)), abs=1e-12
         )
-        assert found["loss"] == pytest.approx(_reference_loss(weights, data, names), rel=1e-5)
+        loss, top5 = references[id(weights)]
+        assert found["loss"] == pytest.approx(loss, rel=1e-5)
         if classes == 6:
-            assert found["top5"] == pytest.approx(_reference_top5(weights, data, names), abs=1e-6)
+            assert found["top5"] == pytest.approx(top5, abs=1e-6)
         else:
             assert found["top1"] == pytest.approx(truth["top1"] / 100, abs=1e-6)
             assert found["loss"] == pytest.approx(truth["loss"], rel=1e-5)
@@ -308,68 +337,161 @@ def _logits_and_labels(model, data: Path, names: list[str]):
     return logits, torch.tensor([names.index(found[label]) for label in labels])
 
 
-def _reference_loss(model, data: Path, names: list[str]) -> float:
-    logits, labels = _logits_and_labels(model, data, names)
-    return torch.nn.functional.cross_entropy(logits.double(), labels).item()
-
-
-def _reference_top5(model, data: Path, names: list[str]) -> float:
+def _reference(model, data: Path, names: list[str]) -> tuple[float, float]:
+    """(The mean loss over images, the fraction of images in the top 5) with timm's
+    transform and `timm.utils.accuracy`."""
     from timm.utils import accuracy
 
     logits, labels = _logits_and_labels(model, data, names)
-    return accuracy(logits, labels, topk=(5,))[0].item() / 100
+    loss = torch.nn.functional.cross_entropy(logits.double(), labels).item()
+    return loss, accuracy(logits, labels, topk=(5,))[0].item() / 100
 
 
-def _cache_weights(hub: Path, repo: str, model) -> None:
-    """`model`'s weights as `hf_hub_download(repo, "model.safetensors")` finds them cached."""
-    from safetensors.torch import save_file
-
-    folder = hub / f"models--{repo.replace('/', '--')}"
-    (folder / "refs").mkdir(parents=True)
-    (folder / "refs" / "main").write_text(HUB_COMMIT)
-    (folder / "snapshots" / HUB_COMMIT).mkdir(parents=True)
-    save_file(model.state_dict(), str(folder / "snapshots" / HUB_COMMIT / "model.safetensors"))
-
-
-def test_timms_own_weights_are_scored_at_their_test_size_as_validate_py_does(tmp_path, monkeypatch):
-    """A tag whose config has a test size (resnet50.a1_in1k: trained at 224, tested at 288
-    uncropped) is scored there, as validate.py's default `use_test_size` takes it; the same
-    architecture from a weights file keeps the train size (what torchkit's and timm's train
-    validate at)."""
+@pytest.fixture
+def tested_tag(tmp_path, monkeypatch):
+    """timm's pretrained test_resnet (its default tag, test_resnet.r160_in1k, trained at 160 px
+    crops of 168 px images) given a test size, as resnet50.a1_in1k has one (trained at 224,
+    tested at 288 uncropped): 192 px, uncropped. Its weights are in an offline Hugging Face
+    cache, as a first download leaves them; the pretrained model is returned."""
     import timm
     from huggingface_hub import constants
-    from timm.data import resolve_data_config
+    from safetensors.torch import save_file
     from timm.models import get_pretrained_cfg
     from timm.models._registry import _model_pretrained_cfgs
 
-    home = tmp_path / "hf"  # an offline Hugging Face cache holding the tag's weights
+    home = tmp_path / "hf"
     monkeypatch.setenv("HF_HOME", str(home))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(home / "hub"))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     config = get_pretrained_cfg("test_resnet.r160_in1k")  # a copy: the registry's is patched
+    assert (config.input_size, config.crop_pct, config.test_input_size) == (
+        (3, 160, 160),
+        0.95,
+        None,
+    )
     tested = replace(config, test_input_size=(3, 192, 192), test_crop_pct=1.0)
     for name, registered in list(_model_pretrained_cfgs.items()):
-        if registered == config:
+        if registered == config:  # test_resnet and test_resnet.r160_in1k
             monkeypatch.setitem(_model_pretrained_cfgs, name, tested)
     torch.manual_seed(0)
     truth = timm.create_model("test_resnet").eval()
-    _cache_weights(home / "hub", config.hf_hub_id, truth)
-    weights = tmp_path / "weights.pth"
+    # `hf_hub_download(repo, "model.safetensors")` finds it as cached
+    snapshot = home / "hub" / f"models--{config.hf_hub_id.replace('/', '--')}"
+    (snapshot / "refs").mkdir(parents=True)
+    (snapshot / "refs" / "main").write_text(HUB_COMMIT)
+    (snapshot / "snapshots" / HUB_COMMIT).mkdir(parents=True)
+    save_file(truth.state_dict(), str(snapshot / "snapshots" / HUB_COMMIT / "model.safetensors"))
+    return truth
+
+
+def _imagenet_images(root: Path) -> Path:
+    """Two ImageNet classes' folders of images that are not square (a centre crop of a resize
+    differs from a resize of the same size), in the order eval and predict read them."""
+    for name, (width, height) in {"goldfish/a.png": (60, 40), "tench/b.png": (36, 70)}.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(_photo(width, height, len(name) + width)).save(root / name)
+    return root
+
+
+def _timm_pixels(model, data: Path, *, test_size: bool) -> torch.Tensor:
+    """Every image of `data` as timm's validate.py feeds it: `use_test_size` unless
+    `--use-train-size`."""
+    from timm.data import create_transform, resolve_data_config
+
+    transform = create_transform(**resolve_data_config({}, model=model, use_test_size=test_size))
+    return torch.stack([transform(_as_peers_read(p)) for p in sorted(data.rglob("*.png"))])
+
+
+def _sizes(found: dict) -> tuple[int, int]:
+    return found["preprocess"]["image_size"], found["preprocess"]["resize_size"]
+
+
+def test_timms_own_weights_are_scored_at_their_test_size_as_validate_py_does(tmp_path, tested_tag):
+    """`--weights DEFAULT` feeds the pixels validate.py feeds (its default `use_test_size`),
+    and the loss is theirs; `--image-size --resize-size` give the train size (validate.py's
+    `--use-train-size`). Weights from a file keep the train size (what train validates at,
+    and records)."""
+    import timm
+
+    data = _imagenet_images(tmp_path / "data")
+    tested = _timm_pixels(tested_tag, data, test_size=True)
+    assert tested.shape[-2:] == (192, 192)
+    model = ("timm/test_resnet", "--weights", "DEFAULT", "--data", data)
+    fed, found = _fed_and_found("ResNet", "eval", *model)
+    assert torch.equal(fed, tested) and _sizes(found) == (192, 192)
+    with torch.inference_mode():
+        loss = torch.nn.functional.cross_entropy(tested_tag(tested), torch.tensor([1, 0]))
+    assert found["loss"] == pytest.approx(loss.item(), rel=1e-5)  # goldfish 1, tench 0
+
+    trained = _timm_pixels(tested_tag, data, test_size=False)
+    fed, found = _fed_and_found(
+        "ResNet", "eval", *model, "--image-size", "160", "--resize-size", "168"
+    )
+    assert torch.equal(fed, trained) and _sizes(found) == (160, 168)
+    # --image-size alone keeps the test crop ratio (validate.py's --img-size keeps test_crop_pct)
+    assert _sizes(run_json("eval", *model, "--image-size", "128", "-j", "0")) == (128, 128)
+
+    weights = tmp_path / "weights.pth"  # a head for the data's 2 classes
     torch.save(timm.create_model("test_resnet", num_classes=2).state_dict(), weights)
-    from image_folders import write_image_folder
+    fed, found = _fed_and_found(
+        "ResNet", "eval", "timm/test_resnet", "--weights", weights, "--data", data
+    )
+    assert torch.equal(fed, trained) and _sizes(found) == (160, 168)
 
-    data = write_image_folder(tmp_path / "data", {"tench": 2, "goldfish": 1}, size=30)
 
-    tested = resolve_data_config({}, model=truth, use_test_size=True)
-    assert tested["input_size"] == (3, 192, 192) and tested["crop_pct"] == 1.0
-    found = run_json("eval", "timm/test_resnet", "--weights", "DEFAULT", "--data", data, "-j", "0")
-    assert (found["preprocess"]["image_size"], found["preprocess"]["resize_size"]) == (192, 192)
-    found = run_json("eval", "timm/test_resnet", "--weights", weights, "--data", data, "-j", "0")
-    assert (found["preprocess"]["image_size"], found["preprocess"]["resize_size"]) == (160, 168)
-    # --image-size replaces the test size, keeping the test crop ratio (validate.py --img-size).
-    found = run_json(
-        "eval", "timm/test_resnet", "--weights", "DEFAULT", "--data", data, "-j", "0",
-        "--image-size", "128",
+def test_every_command_takes_the_test_size_of_timms_own_weights(tmp_path, tested_tag):
+    """predict, extract-features, benchmark, summary and export take the size eval scores
+    timm's own weights at: predict's probabilities and the features are the model's on
+    validate.py's test-size pixels."""
+    data = _imagenet_images(tmp_path / "data")
+    model = ("timm/test_resnet", "--weights", "DEFAULT")
+    with torch.inference_mode():
+        logits = tested_tag(_timm_pixels(tested_tag, data, test_size=True))
+
+    rows = run_json("predict", *model, data, "--topk", "1", "-j", "0", "--device", "cpu")
+    probabilities = logits.softmax(1).max(1)
+    assert [row["class_index"] for row in rows] == probabilities.indices.tolist()
+    assert [row["probability"] for row in rows] == pytest.approx(
+        probabilities.values.tolist(), rel=1e-4
+    )
+    out = tmp_path / "features"
+    result = run_torchkit_in_process(
+        "extract-features", *model, data, out, "-l", "logits", "-j", "0", "--device", "cpu"
     )  # fmt: skip
-    assert (found["preprocess"]["image_size"], found["preprocess"]["resize_size"]) == (128, 128)
+    assert result.returncode == 0, result.stderr
+    np.testing.assert_allclose(np.load(out / "logits.npy"), logits.numpy(), rtol=1e-4, atol=1e-6)
+    benchmark = run_json(
+        "benchmark", *model, "-b", "1", "--warmup", "0", "--iters", "1", "--device", "cpu"
+    )
+    assert benchmark["input_size"] == [3, 192, 192]
+    summary = run_json("summary", *model, "--no-flops", "--depth", "0")
+    assert summary["input_shapes"] == [[1, 3, 192, 192]]
+    exported = run_json("export", *model, tmp_path / "model.pt", "--no-verify")
+    assert exported["input_shape"] == [3, 192, 192]
+
+
+def test_train_fine_tunes_timms_own_weights_at_their_train_size(tmp_path, tested_tag):
+    """train takes the tag's train size (timm's train.py validates there too): the tag's test
+    size is for scoring the weights as they are. resnet50.a1_in1k, as the docs tell it:
+    trained at 224 px crops of 235 px images, tested at 288 px uncropped."""
+    import timm
+
+    from torchkit.core.models.timm_models import timm_preprocess, timm_weights_preprocess
+
+    data = _imagenet_images(tmp_path / "data")
+    for spec, train_size in (
+        ("timm/test_resnet", (160, 168)),
+        ("timm/resnet50.a1_in1k", (224, 235)),
+    ):
+        config = run_json(
+            "train", "--data", data, "--model", spec, "--weights", "DEFAULT", "--print-config"
+        )
+        assert (config["image_size"], config["resize_size"]) == train_size, spec
+    with torch.device("meta"):
+        resnet50 = timm.create_model("resnet50.a1_in1k")
+    tested = timm_preprocess(resnet50, test_size=True)
+    assert (tested.image_size, tested.resize_size, tested.interpolation) == (288, 288, "bicubic")
+    trained = timm_weights_preprocess("timm/resnet50.a1_in1k")
+    assert trained == timm_preprocess(resnet50)
+    assert (trained.image_size, trained.resize_size) == (224, 235)
