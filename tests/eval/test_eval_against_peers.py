@@ -21,6 +21,9 @@ from processes import run_json, run_torchkit_in_process
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("timm") is None, reason="needs timm")
 
 HUB_COMMIT = "0" * 40  # the revision a Hugging Face cache's refs/main points to
+# The figures (not the pixels: the first test) are compared at 64 px, as validate.py --img-size 64
+# and eval --image-size 64 take it (the crop ratio kept): a sixth of the default 160 px's compute.
+FIGURES_SIZE = 64
 ROUNDING = 2e-6  # float32's rounding of normalised pixels (at most about 2.6) computed otherwise
 
 
@@ -233,15 +236,21 @@ def _tv_logits(model, data: Path):
         return model(torch.stack(images)), torch.tensor(labels)
 
 
+def _validate_py_transform(model):
+    """validate.py's transform of `model` with `--img-size FIGURES_SIZE` (test_resnet has no
+    test size: its `use_test_size` changes nothing)."""
+    from timm.data import create_transform, resolve_data_config
+
+    return create_transform(**resolve_data_config({"img_size": FIGURES_SIZE}, model=model))
+
+
 def _validate_py(model, data: Path, batch_size: int) -> dict:
     """timm's validate.py loop: per-batch mean loss and accuracies weighted by the batch's
     size (AverageMeter), so a short last batch counts by its images; percentages."""
-    from timm.data import ImageDataset, create_transform, resolve_data_config
+    from timm.data import ImageDataset
     from timm.utils import AverageMeter, accuracy
 
-    dataset = ImageDataset(
-        str(data), transform=create_transform(**resolve_data_config({}, model=model))
-    )
+    dataset = ImageDataset(str(data), transform=_validate_py_transform(model))
     loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size)
     criterion = torch.nn.CrossEntropyLoss()
     loss, top1, top5 = AverageMeter(), AverageMeter(), AverageMeter()
@@ -296,8 +305,8 @@ def test_figures_of_a_timm_train_checkpoint_match_validate_py_and_scikit_learn(t
     for weights, options, batch_size in ((model, (), 4), (model, (), 5), (ema, ("--ema",), 3)):
         found = run_json(
             "eval", "timm/test_resnet", "--weights", checkpoint, "--data", data,
-            "--classes", ",".join(names), "--batch-size", batch_size, "--workers", "0",
-            "--device", "cpu", *options,
+            "--image-size", FIGURES_SIZE, "--classes", ",".join(names), "--batch-size",
+            batch_size, "--workers", "0", "--device", "cpu", *options,
         )  # fmt: skip
         # validate.py's ImageDataset numbers the folders it finds: b..d shift past a missing e.
         truth = _validate_py(weights, data, batch_size)
@@ -325,11 +334,9 @@ def test_figures_of_a_timm_train_checkpoint_match_validate_py_and_scikit_learn(t
 
 def _logits_and_labels(model, data: Path, names: list[str]):
     """Every image's logits (timm's transform) and its label among `names`, in one batch."""
-    from timm.data import ImageDataset, create_transform, resolve_data_config
+    from timm.data import ImageDataset
 
-    dataset = ImageDataset(
-        str(data), transform=create_transform(**resolve_data_config({}, model=model))
-    )
+    dataset = ImageDataset(str(data), transform=_validate_py_transform(model))
     found = sorted({Path(name).parent.name for name in dataset.filenames()})
     images, labels = zip(*(dataset[i] for i in range(len(dataset))), strict=True)
     with torch.inference_mode():
