@@ -418,7 +418,8 @@ def test_timms_own_weights_are_scored_at_their_test_size_as_validate_py_does(tmp
     """`--weights DEFAULT` feeds the pixels validate.py feeds (its default `use_test_size`),
     and the loss is theirs; `--image-size --resize-size` give the train size (validate.py's
     `--use-train-size`). Weights from a file keep the train size (what train validates at,
-    and records)."""
+    and records), where validate.py takes the test size: `--image-size --resize-size` give
+    it."""
     import timm
 
     data = _imagenet_images(tmp_path / "data")
@@ -441,10 +442,12 @@ def test_timms_own_weights_are_scored_at_their_test_size_as_validate_py_does(tmp
 
     weights = tmp_path / "weights.pth"  # a head for the data's 2 classes
     torch.save(timm.create_model("test_resnet", num_classes=2).state_dict(), weights)
-    fed, found = _fed_and_found(
-        "ResNet", "eval", "timm/test_resnet", "--weights", weights, "--data", data
-    )
+    from_file = ("timm/test_resnet", "--weights", weights, "--data", data)
+    fed, found = _fed_and_found("ResNet", "eval", *from_file)
     assert torch.equal(fed, trained) and _sizes(found) == (160, 168)
+    # where validate.py takes the test size for them too
+    fed = _fed_to("ResNet", *from_file, "--image-size", "192", "--resize-size", "192")
+    assert torch.equal(fed, tested)
 
 
 def test_every_command_takes_the_test_size_of_timms_own_weights(tmp_path, tested_tag):
