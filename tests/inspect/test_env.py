@@ -296,7 +296,8 @@ def test_every_key_of_the_report_is_documented(clean_env):
     keys = set(report) | {
         key for value in report.values() if isinstance(value, dict) for key in value
     }
-    keys -= set(report["packages"]) | set(report["cuda_packages"])  # packages, not keys
+    for packages in ("packages", "cuda_packages", "intel_packages", "conda_packages"):
+        keys -= set(report[packages])  # packages, not keys
     keys -= set(report["environment"]) - set(env.ENVIRONMENT_VARIABLES)  # by their prefixes
     assert {key for key in keys if f"`{key}`" not in page} == set()
 
@@ -458,6 +459,33 @@ def test_overview_rows_of_the_python_build_compiler_and_cpu_libraries(clean_env)
     assert rows["CPU libraries"] == "none listed"
 
 
+def test_build_compiler_rocm_xpu_and_xnnpack_as_collect_env_has_them(clean_env):
+    """collect_env's "Is XPU available", "Is XNNPACK available" and "ROCm SDK used to build
+    PyTorch" had no counterpart, nor the compiler torch was built with (collect_env gives only
+    the system's gcc and clang)."""
+    assert env.build_compiler("PyTorch built with:\n  - GCC 13.3\n  - C++ Version: 202002\n") == (
+        "GCC 13.3"
+    )
+    assert env.build_compiler("PyTorch built with:\n  - clang 17.0.6\n") == "clang 17.0.6"
+    assert env.build_compiler("PyTorch built with:\n  - MSVC 194334809\n") == "MSVC 194334809"
+    assert env.build_compiler("PyTorch built with:\n  - C++ Version: 201703\n") is None
+    assert env._xpu_available(SimpleNamespace()) is False  # a torch without torch.xpu
+    assert env._xpu_available(SimpleNamespace(xpu=SimpleNamespace(is_available=lambda: True)))
+    report = collect_env(log_diagnostics=False)
+    info = report["torch"]
+    assert info["xnnpack"] is bool(torch.backends.xnnpack.enabled)
+    assert info["rocm_version"] == (getattr(torch.version, "rocm", None) or None)
+    info.update(build_compiler="GCC 13.3", rocm_version="6.4.1", xpu_available=True, xnnpack=True)
+    info.update(hip_version="6.4.43482", cudnn_version=None, miopen_version="3.4.0")
+    rows = dict(report_tables(report)[0].rows)
+    assert rows["torch built with"] == "GCC 13.3" and rows["ROCm"] == "6.4.1"
+    assert rows["XPU available"] is True and rows["XNNPACK"] is True
+    info.update(build_compiler=None, rocm_version=None, xpu_available=False, xnnpack=None)
+    rows = dict(report_tables(report)[0].rows)
+    assert rows["torch built with"] == "unknown" and "ROCm" not in rows
+    assert rows["XPU available"] is False and rows["XNNPACK"] == "unknown"
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/cpuinfo")
 def test_cpu_model_unknown_is_null_not_the_architecture(runner, monkeypatch, tmp_path, clean_env):
     """With /proc/cpuinfo unreadable the model read "x86_64" (uname's processor)."""
@@ -597,6 +625,64 @@ def test_nvidia_packages_are_listed_as_collect_env_lists_them(runner, monkeypatc
     assert "NVIDIA packages" in table.stdout and "13.4.1.3" in table.stdout
     monkeypatch.setattr(env, "cuda_packages", lambda: {})
     assert "NVIDIA packages" not in runner.invoke(app, ["env"]).stdout
+
+
+def test_intel_packages_are_listed_as_collect_env_lists_them(runner, monkeypatch, tmp_path):
+    """collect_env's `pip list` lines for Intel's oneAPI wheels (mkl, intel-openmp, the SYCL
+    runtime of torch's XPU wheels) had no counterpart."""
+    site = tmp_path / "site"
+    _record(site, "mkl-2025.0.1.dist-info", b"Name: mkl\nVersion: 2025.0.1\n")
+    _record(site, "intel_openmp-2025.0.4.dist-info", b"Name: intel-openmp\nVersion: 2025.0.4\n")
+    _record(site, "onemkl_sycl_blas-2025.0.1.dist-info", b"Name: onemkl-sycl-blas\nVersion: 1\n")
+    _record(site, "intel_sycl_rt-2025.0.4.dist-info", b"Name: intel_sycl_rt\nVersion: 2025.0.4\n")
+    _record(site, "mkl_include-2025.0.1.dist-info", b"Name: mkl-include\nVersion: 2025.0.1\n")
+    _record(site, "intelhex-2.3.dist-info", b"Name: intelhex\nVersion: 2.3\n")
+    _record(site, "tbb-2022.0.dist-info", None)  # a broken record: passed over
+    assert env.intel_packages([str(site)]) == {
+        "intel-openmp": "2025.0.4",
+        "intel-sycl-rt": "2025.0.4",
+        "mkl": "2025.0.1",
+        "onemkl-sycl-blas": "1",
+    }
+    assert env.cuda_packages([str(site)]) == {}
+    monkeypatch.setattr(env, "intel_packages", lambda: {"mkl": "2025.0.1"})
+    table = runner.invoke(app, ["env"])
+    assert "Intel packages" in table.stdout and "2025.0.1" in table.stdout
+    data = json.loads(runner.invoke(app, ["env", "--format", "json"]).stdout)
+    assert data["intel_packages"] == {"mkl": "2025.0.1"}
+    monkeypatch.setattr(env, "intel_packages", lambda: {})
+    assert "Intel packages" not in runner.invoke(app, ["env"]).stdout
+
+
+def test_conda_packages_are_listed_as_collect_env_lists_them(runner, monkeypatch, tmp_path):
+    """collect_env's `conda list` lines (pytorch's build string: CUDA or CPU; the conda BLAS
+    and OpenMP that clash with the wheels') had no counterpart; read without running conda."""
+    meta = tmp_path / "conda-env" / "conda-meta"
+    meta.mkdir(parents=True)
+    for record in (
+        "pytorch-2.5.1-py3.11_cuda12.4_cudnn9.1.0_0.json",
+        "libblas-3.9.0-20_linux64_mkl.json",
+        "_openmp_mutex-4.5-2_gnu.json",
+        "cuda-cudart-12.4.127-0.json",
+        "python-3.11.10-hc5c86c4_3_cpython.json",  # not of torch's kind
+        "history",  # conda's log: no record
+        "broken.json",  # no version nor build
+    ):
+        (meta / record).write_text("{}")
+    assert env.conda_packages(str(tmp_path / "conda-env")) == {
+        "_openmp_mutex": "4.5 2_gnu",
+        "cuda-cudart": "12.4.127 0",
+        "libblas": "3.9.0 20_linux64_mkl",
+        "pytorch": "2.5.1 py3.11_cuda12.4_cudnn9.1.0_0",
+    }
+    assert env.conda_packages(str(tmp_path)) == {}  # no conda environment
+    if not (Path(sys.prefix) / "conda-meta").is_dir():
+        assert collect_env(log_diagnostics=False)["conda_packages"] == {}
+    monkeypatch.setattr(env, "conda_packages", lambda: {"pytorch": "2.5.1 py3.11_cpu_0"})
+    table = runner.invoke(app, ["env"])
+    assert "conda packages" in table.stdout and "py3.11_cpu_0" in table.stdout
+    monkeypatch.setattr(env, "conda_packages", lambda: {})
+    assert "conda packages" not in runner.invoke(app, ["env"]).stdout
 
 
 def test_output_file_and_force(runner, tmp_path, clean_env):

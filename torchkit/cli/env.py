@@ -108,14 +108,19 @@ def report_tables(report: dict[str, Any]) -> list[Table]:
             title="Packages",
         )
     )
-    if report["cuda_packages"]:
-        tables.append(
-            Table(
-                ["package", "version"],
-                [list(item) for item in report["cuda_packages"].items()],
-                title="NVIDIA packages",
+    for key, title in (
+        ("cuda_packages", "NVIDIA packages"),
+        ("intel_packages", "Intel packages"),
+        ("conda_packages", "conda packages"),
+    ):
+        if report[key]:
+            tables.append(
+                Table(
+                    ["package", "version"],
+                    [list(item) for item in report[key].items()],
+                    title=title,
+                )
             )
-        )
     return tables
 
 
@@ -144,13 +149,17 @@ def _overview_rows(report: dict[str, Any]) -> list[list[Any]]:
                 "torch build",
                 torch_info["build"] + (" (debug)" if torch_info["debug_build"] else ""),
             ],
+            ["torch built with", torch_info["build_compiler"] or "unknown"],
+            *([["ROCm", torch_info["rocm_version"]]] if torch_info["rocm_version"] else []),
             _dnn_library_row(torch_info),
             ["CUDA architectures", " ".join(torch_info["cuda_arch_list"]) or "none"],
             ["CUDA available", torch_info["cuda_available"]],
             ["MPS available", torch_info["mps_available"]],
+            ["XPU available", torch_info["xpu_available"]],
             ["CPU capability", torch_info["cpu_capability"]],
             ["CPU features", _cpu_features(torch_info["cpu_features"])],
             ["CPU libraries", _cpu_libraries(torch_info)],
+            ["XNNPACK", "unknown" if torch_info["xnnpack"] is None else torch_info["xnnpack"]],
             ["intra-op threads", torch_info["intra_op_threads"]],
             ["inter-op threads", torch_info["inter_op_threads"]],
         ]

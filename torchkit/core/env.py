@@ -60,6 +60,9 @@ PACKAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
         ("onnxruntime", "onnxruntime-gpu", "onnxruntime-openvino", "onnxruntime-directml"),
     ),
     ("timm", ("timm",)),  # timm/ model names
+    # torch.utils._pytree's faster C++ trees, which torch.compile and torch.export use when
+    # installed (collect_env lists it among torch's own)
+    ("optree", ("optree",)),
     ("triton", ("triton", "pytorch-triton", "pytorch-triton-rocm", "triton-windows")),  # --compile
 )
 
@@ -109,6 +112,8 @@ def collect_env(*, log_diagnostics: bool = True) -> dict[str, Any]:
     report.update(_torch_sections(diagnostics))
     report["packages"] = package_versions()
     report["cuda_packages"] = cuda_packages()
+    report["intel_packages"] = intel_packages()
+    report["conda_packages"] = conda_packages()
     report["diagnostics"] = diagnostics
     if log_diagnostics:
         for message in diagnostics:
@@ -362,9 +367,70 @@ def cuda_packages(path: list[str] | None = None) -> dict[str, str]:
     upgrade shows here. Read from the install records (`nvidia_*.dist-info`) in the folders of
     `path` (sys.path by default), the first of each name; a broken record is passed over. Only
     those records are read: reading every package's takes a third of a second."""
+    return _library_packages(path, r"nvidia[-_.]", lambda name: name.startswith("nvidia-"))
+
+
+# The Intel oneAPI runtime libraries installed as Python packages, as collect_env names them:
+# torch's XPU wheels load the SYCL and compiler runtimes, its Windows wheels MKL and
+# intel-openmp; an MKL or OpenMP of another release ahead of torch's breaks it at import.
+INTEL_PACKAGES = frozenset(
+    {
+        "dpcpp-cpp-rt", "intel-cmplr-lib-rt", "intel-cmplr-lib-ur", "intel-cmplr-lic-rt",
+        "intel-opencl-rt", "intel-sycl-rt", "mkl", "intel-openmp", "tbb", "impi-rt",
+        "impi-devel", "oneccl", "oneccl-devel", "intel-pti", "umf", "tcmlib",
+    }
+)  # fmt: skip
+
+
+def intel_packages(path: list[str] | None = None) -> dict[str, str]:
+    """The Intel oneAPI libraries installed as Python packages (mkl, intel-openmp, tbb,
+    intel-sycl-rt, onemkl-sycl-blas...), name -> version, by name, read as cuda_packages reads
+    the NVIDIA ones: only their own install records."""
+    return _library_packages(
+        path,
+        r"(?:mkl|onemkl|intel|dpcpp|tbb|impi|oneccl|umf|tcmlib)[-_.]",
+        lambda name: name in INTEL_PACKAGES or name.startswith("onemkl-sycl-"),
+    )
+
+
+# The conda packages of torch's kind, by parts of their names as collect_env picks them from
+# `conda list`: torch itself, the CUDA toolkit and its libraries, the BLAS and OpenMP that conda
+# links numpy and torch against (a conda-forge libblas of MKL or OpenBLAS, llvm-openmp), MAGMA.
+CONDA_NAME_PARTS = (
+    "torch", "numpy", "triton", "optree", "cuda", "cudnn", "nccl", "cublas", "cufft",
+    "curand", "cusolver", "cusparse", "nvjitlink", "nvtx", "magma", "mkl", "blas", "lapack",
+    "openmp", "tbb", "intel", "dpcpp",
+)  # fmt: skip
+
+
+def conda_packages(prefix: str | None = None) -> dict[str, str]:
+    """The conda packages of torch's kind installed in the conda environment at `prefix`
+    (sys.prefix by default), name -> "version build" ("2.5.1 py3.11_cuda12.4_cudnn9.1.0_0":
+    the build says CUDA or CPU, MKL or OpenBLAS), by name; {} outside a conda environment. Read
+    from the names of the environment's records (conda-meta/NAME-VERSION-BUILD.json), without
+    running conda: collect_env runs `conda list` for them. A conda package that installs a
+    Python package is in `packages` too, as its install record says."""
+    folder = os.path.join(sys.prefix if prefix is None else prefix, "conda-meta")
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return {}
+    found: dict[str, str] = {}
+    for record in names:
+        parts = record.removesuffix(".json").rsplit("-", 2) if record.endswith(".json") else []
+        if len(parts) == 3 and any(part in parts[0].lower() for part in CONDA_NAME_PARTS):
+            found[parts[0]] = f"{parts[1]} {parts[2]}"
+    return dict(sorted(found.items()))
+
+
+def _library_packages(path: list[str] | None, record_start: str, wanted) -> dict[str, str]:
+    """name -> version of the install records (`*.dist-info`, `*.egg-info`) whose folder name
+    starts with `record_start` (a regular expression) and whose normalised name `wanted`
+    accepts, in the folders of `path` (sys.path by default), the first of each name."""
     import importlib.metadata
     import pathlib
 
+    pattern = re.compile(record_start + r".*\.(?:dist|egg)-info$", re.IGNORECASE)
     found: dict[str, str] = {}
     for folder in sys.path if path is None else path:
         try:
@@ -372,7 +438,7 @@ def cuda_packages(path: list[str] | None = None) -> dict[str, str]:
         except (OSError, TypeError, ValueError):
             continue
         for record in names:
-            if not re.match(r"nvidia[-_.].*\.(?:dist|egg)-info$", record, re.IGNORECASE):
+            if not pattern.match(record):
                 continue
             distribution = importlib.metadata.PathDistribution(pathlib.Path(folder or ".", record))
             try:
@@ -382,7 +448,7 @@ def cuda_packages(path: list[str] | None = None) -> dict[str, str]:
                 version = metadata.get("Version")
             except Exception:  # a record without METADATA, not UTF-8, unreadable
                 continue
-            if name.startswith("nvidia-") and version and name not in found:
+            if wanted(name) and version and name not in found:
                 found[name] = str(version)
     return dict(sorted(found.items()))
 
@@ -576,20 +642,25 @@ def _torch_build(torch) -> dict[str, Any]:
         cpu_capability = torch.backends.cpu.get_cpu_capability()
     except Exception:
         cpu_capability = None
+    config = _config_text(torch)
     return {
         "version": torch.__version__,
         "build": build,
         "debug_build": bool(getattr(torch.version, "debug", False)),
+        "build_compiler": build_compiler(config),
         "cuda_version": cuda_version,
         "hip_version": hip_version,
+        "rocm_version": getattr(torch.version, "rocm", None) or None,
         "cudnn_version": _cudnn_version(torch),
         "miopen_version": _miopen_version(torch),
         "cuda_arch_list": arch_list,
         "cuda_available": bool(torch.cuda.is_available()),
         "mps_available": bool(mps is not None and mps.is_available()),
+        "xpu_available": _xpu_available(torch),
         "cpu_capability": cpu_capability,
         "cpu_features": cpu_features(torch),
-        **cpu_libraries(_config_text(torch)),
+        **cpu_libraries(config),
+        "xnnpack": _xnnpack(torch),
         "intra_op_threads": torch.get_num_threads(),
         "inter_op_threads": torch.get_num_interop_threads(),
     }
@@ -632,6 +703,35 @@ def cpu_features(torch) -> list[str] | None:
     if not capabilities:
         return None
     return [name for name in CPU_FEATURES if capabilities.get(name) is True]
+
+
+def _xpu_available(torch) -> bool:
+    """Whether an Intel GPU (XPU) runs torch code; False on a torch without XPU support."""
+    try:
+        return bool(torch.xpu.is_available())
+    except Exception:
+        return False
+
+
+def _xnnpack(torch) -> bool | None:
+    """Whether torch was built with XNNPACK (the CPU kernels of mobile-optimised models and of
+    some quantised ones); None where this torch cannot say."""
+    try:
+        import torch.backends.xnnpack
+
+        return bool(torch.backends.xnnpack.enabled)
+    except Exception:
+        return None
+
+
+def build_compiler(config: str) -> str | None:
+    """The compiler torch was built with ("GCC 13.3", "clang 17.0.6", "MSVC 194334809"), the
+    first line of `torch.__config__.show()`'s list; None where it names none. A C++ extension
+    built by another compiler (or one whose C++ library is older) can fail to load."""
+    match = re.search(
+        r"^\s*-\s*((?:GCC|Clang|clang|Apple clang|MSVC)\s+[0-9][0-9.]*)\s*$", config, re.MULTILINE
+    )
+    return match.group(1) if match else None
 
 
 def _config_text(torch) -> str:
