@@ -656,8 +656,12 @@ def test_csv_is_the_json_rows_formatted_with_repr_floats_and_empty_fields(runner
     as_json = invoke(runner, *args, "--format", "json")
     assert as_csv.exit_code == 0 and as_json.exit_code == 0, as_csv.stderr
     rows = json.loads(as_json.stdout)
-    # JSON alone adds label_index (CSV shows a name two classes share as `crane (#2)`).
-    columns = [column for column in rows[0] if column != "label_index"]
+    # JSON alone adds label_index and class_index_K (CSV shows a name two classes share as
+    # `crane (#2)`).
+    columns = [c for c in rows[0] if c != "label_index" and not c.startswith("class_index_")]
+    assert [c for c in rows[0] if c.startswith("class_")] == [
+        "class_index", "class_1", "class_index_1", "class_2", "class_index_2",
+    ]  # fmt: skip
     assert list(rows[0])[:3] == ["path", "label", "label_index"]
     assert columns[-1] == "error"
     assert columns[:5] == ["path", "label", "class", "class_index", "probability"]
@@ -698,8 +702,9 @@ def test_topk_above_the_classes_is_clipped_as_eval_clips_it_in_every_format(
         return
     else:
         row = read_csv(text)[0]
+    in_json = ["class_index_1"] if fmt in ("json", "jsonl") else []  # the index beside the name
     assert [key for key in row if key.startswith(("class_", "probability_"))] == [
-        "class_index", "class_1", "probability_1",
+        "class_index", "class_1", *in_json, "probability_1",
     ]  # fmt: skip
     assert row["class_1"] == row["class"] == "a"
     assert float(row["probability_1"]) == 1.0

@@ -200,6 +200,8 @@ def test_same_pixels_classes_and_probabilities_bit_for_bit(at_test_size):
         names, probabilities = top(row)
         assert names == labels  # ImageNet's descriptions, as --label-type description gives
         assert row["class_index"] == indices[0] and row["class"] == labels[0]
+        # --include-index: JSON gives each top-k class's index beside its name
+        assert [row[f"class_index_{rank}"] for rank in range(1, TOPK + 1)] == indices
         assert torch.equal(probabilities, values)
         assert torch.tensor(row["probability"]) == values[0]
     assert "loaded its EMA weights (state_dict_ema)" in stderr

@@ -73,7 +73,8 @@ def predict_command(
             "--topk",
             "-k",
             min=1,
-            help="Also give the K most likely classes: class_1..class_K, probability_1..K.",
+            help="Also give the K most likely classes: class_1..class_K, probability_1..K "
+            "(JSON and JSONL: class_index_1..K too).",
         ),
     ] = 1,
     logits: Annotated[

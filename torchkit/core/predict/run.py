@@ -54,8 +54,9 @@ class PredictRequest:
     allow_untrained: bool = False  # predict with random weights (a model built by code, a test)
     classes: list[str] | None = None
     split: str | None = None
-    # > 1 adds class_1..class_K and probability_1..probability_K, K clipped to the classes
-    # as eval clips it (a 1-class model still gets class_1: the columns follow the request)
+    # > 1 adds class_1..class_K and probability_1..probability_K (JSON: class_index_K beside
+    # class_K), K clipped to the classes as eval clips it (a 1-class model still gets class_1:
+    # the columns follow the request)
     topk: int = 1
     logits: bool = False
     tta: str = "none"
@@ -70,7 +71,8 @@ class PredictRequest:
     strict: bool = False  # the first unreadable image (or non-finite output) is an error
     skip_errors: bool = False  # leave unreadable images out instead of an error row
     # Classes named as tables and CSV show them (`shown_class_names`: `crane (#134)` for a
-    # name two classes share), else by their names alone (JSON, beside class_index).
+    # name two classes share), else by their names alone (JSON, beside class_index,
+    # class_index_K and label_index).
     names_shown: bool = True
 
 
@@ -247,7 +249,10 @@ class PredictRun:
         columns += ["class", "class_index", "probability"]
         if self.ranked:
             for rank in range(1, self._k(num_outputs) + 1):
-                columns += [f"class_{rank}", f"probability_{rank}"]
+                columns.append(f"class_{rank}")
+                if not self.request.names_shown:  # as class_index beside class
+                    columns.append(f"class_index_{rank}")
+                columns.append(f"probability_{rank}")
         if self.request.logits:
             columns += [f"logit_{i}" for i in range(num_outputs or len(self.classes))]
         columns.append("error")
@@ -541,7 +546,8 @@ class PredictRun:
         samples, summary, request = self.image_set.samples, self.summary, self.request
         ids, splits, classes = samples.ids, samples.splits, self._output_names
         labels, label_names = samples.labels, self._label_names
-        with_label_index = not request.names_shown
+        # JSON: label_index beside label, class_index_K beside class_K
+        with_indices = not request.names_shown
         own_labels = self.image_set.own_labels or labels
         errors = dict(part["failed"])
         indices = part.get("indices", [])
@@ -559,7 +565,7 @@ class PredictRun:
             # No true label (unlabelled images, whose one class is ""): None, an empty CSV field.
             label = (label_names[labels[index]] or None) if labels else None
             values.append(label)
-            if with_label_index:
+            if with_indices:
                 values.append(None if label is None else own_labels[index])
             if index in errors:
                 summary.unreadable += 1
@@ -589,9 +595,10 @@ class PredictRun:
                 values += (names[top[0]], top[0], prob[0])
                 if self.ranked:
                     for label, p in zip(top, prob, strict=True):
-                        values += (names[label], p)
+                        values += (names[label], label, p) if with_indices else (names[label], p)
             else:  # NaN ranks first: its "class" would read as a prediction the model never made
-                values += [None] * (3 + (2 * len(top) if self.ranked else 0))
+                per_rank = 3 if with_indices else 2
+                values += [None] * (3 + (per_rank * len(top) if self.ranked else 0))
             if logits:
                 values += [_digits(v) for v in logits[position]]
             values.append(None if ok else "non-finite output")
