@@ -310,3 +310,4 @@ def test_a_split_root_and_an_unreadable_file(world, tmp_path):
     ]  # fmt: skip
     assert rows[1]["class"] is None and rows[1]["error"] == "not an image PIL can read"
     assert rows[2]["class"] is not None and rows[2]["error"] is None
+    assert f"the 1 class of {root} is not its 1000 outputs" in found.stderr

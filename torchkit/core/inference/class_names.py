@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from torchkit.core.io.redaction import redact_url
+from torchkit.core.io.wording import counted
 
 
 def unsettled_class_order(names: Sequence[str], data: str) -> str | None:
@@ -49,7 +50,9 @@ def output_names_from_data(
     labelled = bool(classes) and "" not in classes
     why = ""
     if labelled and num_outputs not in (None, len(classes)):
-        why = f"; the {len(classes)} classes of {data} are not its {num_outputs} outputs"
+        are = "is" if len(classes) == 1 else "are"  # the 1 class of DATA is not its 7 outputs
+        shown = counted(len(classes), "class", "classes")
+        why = f"; the {shown} of {data} {are} not its {counted(num_outputs, 'output')}"
     elif labelled:
         unsettled = None if given else unsettled_class_order(classes, data)
         if unsettled is None:
