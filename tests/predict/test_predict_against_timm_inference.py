@@ -109,8 +109,13 @@ def timm_inference(
         device=torch.device("cpu"),
         **config,
     )
+    fullnames = dataset.filenames(basename=False)
+    # One batch in predict's order (the paths as text): a row's float32 logits may depend on
+    # where it sits in its batch, and the script's figures are compared with predict's.
+    batch = sorted(range(len(fullnames)), key=fullnames.__getitem__)
     with torch.inference_mode():
-        probabilities = model(pixels).softmax(-1)
+        probabilities = torch.empty(len(batch), model.num_classes)
+        probabilities[batch] = model(pixels[batch]).softmax(-1)
         prefetched = torch.cat([model(batch).softmax(-1) for batch, _ in loader])
     values, indices = probabilities.topk(TOPK)
     to_label = DatasetInfoLabelMapper(
@@ -123,7 +128,7 @@ def timm_inference(
         "indices": indices.tolist(),
         "probabilities": values,
         "prefetched": prefetched,
-        "fullnames": dataset.filenames(basename=False),
+        "fullnames": fullnames,
         "basenames": dataset.filenames(basename=True),
         "labels": [[to_label(i) for i in row] for row in indices.tolist()],
     }
