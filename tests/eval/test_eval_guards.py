@@ -110,9 +110,9 @@ def test_eval_of_a_nan_model_warns_and_counts_instead_of_scoring_silently(
     assert json.loads((out / "metrics.json").read_text())["num_nonfinite"] == N
     warning = (
         f"Warning: the model's outputs are not finite (NaN or inf) for {N} of {N} image(s) "
-        f"in 3 batch(es) (first: {world['data'] / 'a' / 'a_0.png'}) (check the weights (a "
-        "diverged training run?); "
-        "their predictions and loss mean nothing, and --strict makes this an error)"
+        f"in 3 batch(es) (first: {world['data'] / 'a' / 'a_0.png'}) (check whether the weights "
+        "come from a diverged training run; their predictions and loss mean nothing, and "
+        "--strict makes this an error)"
     )
     assert warning in result.stderr.splitlines(), result.stderr
     table = invoke(*eval_args(world, "nan"))
@@ -136,8 +136,8 @@ def test_eval_strict_fails_on_a_nan_model_with_one_error_line(world, tmp_path):
     assert "Traceback" not in done.stderr
     assert error_lines(done.stderr) == [
         "Error: the model's outputs are not finite (NaN or inf) for 4 image(s) in 1 batch(es) "
-        f"(first: {world['data'] / 'a' / 'a_0.png'}) (check the weights (a diverged training "
-        "run?); without --strict they are counted and reported)"
+        f"(first: {world['data'] / 'a' / 'a_0.png'}) (check whether the weights "
+        "come from a diverged training run; without --strict they are counted and reported)"
     ]
     assert not out.exists()  # no report of a run that failed
 
@@ -256,8 +256,8 @@ def test_extract_features_of_a_nan_model_warns_and_records_the_count(world, tmp_
     first = world["data"] / "a" / "a_0.png"
     assert (
         f"Warning: {N} of the {N} rows have non-finite features (NaN or inf; first: {first}): "
-        "they mean nothing (check the weights (a diverged training run?); --strict makes this "
-        "an error)"
+        "they mean nothing (check whether the weights come from a diverged training run; "
+        "--strict makes this an error)"
     ) in result.stderr.splitlines(), result.stderr
     assert np.isnan(np.load(out / "penultimate.npy")).all()  # stored as computed
 
@@ -270,10 +270,20 @@ def test_extract_features_strict_fails_on_a_nan_model_before_writing(world, tmp_
     first = world["data"] / "a" / "a_0.png"
     assert error_lines(done.stderr) == [
         "Error: layer penultimate gives non-finite values (NaN or inf) for 4 of the 4 images "
-        f"of a batch (first: {first}) (check the weights (a diverged training run?); without "
-        "--strict they are counted)"
+        f"of a batch (first: {first}) (check whether the weights come from a diverged training "
+        "run; without --strict they are counted)"
     ]
     assert not out.exists()  # the first batch failed: nothing was written
+
+
+def test_eval_nonfinite_hint_names_bf16_after_an_fp16_autocast():
+    from torchkit.core.evaluate.runner import _nonfinite_hint
+
+    assert _nonfinite_hint("fp16", strict=True) == (
+        "check whether the weights come from a diverged training run, or use --amp-dtype bf16 or "
+        "drop --amp: float16 overflows past 65504; without --strict they are counted and reported"
+    )
+    assert "float16" not in _nonfinite_hint("bf16", strict=True)
 
 
 def test_float16_storage_overflow_is_caught_where_float32_is_fine(world, tmp_path):
@@ -287,7 +297,7 @@ def test_float16_storage_overflow_is_caught_where_float32_is_fine(world, tmp_pat
     )
     assert narrow.exit_code == 0, narrow.stderr
     assert json.loads((tmp_path / "f16" / "meta.json").read_text())["num_nonfinite"] == N
-    assert "or use --dtype float32 (float16 overflows past 65504)" in narrow.stderr
+    assert "or use --dtype float32: float16 overflows past 65504" in narrow.stderr
     strict = invoke(
         *features_args(world, "huge", tmp_path / "f16s", "--layer", "logits", "--dtype",
                        "float16", "--strict")

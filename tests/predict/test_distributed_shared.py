@@ -206,7 +206,7 @@ def test_extract_features_under_torchrun_is_refused_on_every_rank_before_any_wor
         assert result.returncode == 2, result.stderr
         line = error_line(result.stderr)
         assert line.startswith("Error: extract-features runs in one process: under torchrun")
-        assert "run it without torchrun" in line
+        assert line.endswith("(run it without torchrun, on the one device --device names)")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["images"]
 
 

@@ -71,7 +71,7 @@ def test_extract_features_refuses_a_layer_with_no_values(work, image_folder, net
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
     assert error_line(done.stderr) == (
-        f"Error: layer {layer} gives shape {shape}: no values for an image (pick another layer "
-        "(--list-layers))"
+        f"Error: layer {layer} gives shape {shape}: no values for an image (pick another layer: "
+        "--list-layers lists them)"
     )
     assert not (work / "features").exists()

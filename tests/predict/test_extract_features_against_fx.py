@@ -397,7 +397,7 @@ def test_a_model_fx_cannot_trace_is_read_with_hooks_and_a_module_that_does_not_r
                                  *common])  # fmt: skip
     assert result.exit_code == 1
     assert error_line(result.stderr) == (
-        f"Error: layer extra of {spec} did not run in the forward pass (pick another layer "
-        "(--list-layers))"
+        f"Error: layer extra of {spec} did not run in the forward pass (pick another layer: "
+        "--list-layers lists them)"
     )
     assert not out.exists()

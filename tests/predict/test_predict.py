@@ -775,7 +775,11 @@ def test_a_row_with_values_outside_the_header_is_an_error_not_dropped():
     ("name", "message"),
     [
         ("nothere.jpg", "image not found: {path} (check the path)"),
-        ("nothere", "IMAGES not found: {path} (give image files"),
+        (
+            "nothere",
+            "IMAGES not found: {path} (give image files, folders, CSV indexes, digits or - for "
+            "stdin)",
+        ),
     ],
 )
 def test_a_missing_image_or_folder_is_named_as_such(runner, world, tmp_path, name, message):

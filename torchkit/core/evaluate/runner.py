@@ -725,9 +725,9 @@ def _sample_name(predictions: Predictions, samples: Samples, row: int | None) ->
 
 def _nonfinite_hint(amp_dtype: str | None, *, strict: bool) -> str:
     """`amp_dtype`: the autocast dtype's name (bf16, fp16), None without --amp."""
-    hint = "check the weights (a diverged training run?)"
+    hint = "check whether the weights come from a diverged training run"
     if amp_dtype == "fp16":
-        hint += ", or use --amp-dtype bf16 or drop --amp (float16 overflows past 65504)"
+        hint += ", or use --amp-dtype bf16 or drop --amp: float16 overflows past 65504"
     if strict:
         return hint + "; without --strict they are counted and reported"
     return hint + "; their predictions and loss mean nothing, and --strict makes this an error"

@@ -725,9 +725,9 @@ def _nonfinite_hint(request: FeatureRequest, amp_dtype) -> str:
         wider.append("--dtype float32")
     if amp_dtype == torch.float16:
         wider.append("--amp-dtype bf16 or no --amp")
-    hint = "check the weights (a diverged training run?)"
+    hint = "check whether the weights come from a diverged training run"
     if wider:
-        hint += f", or use {' or '.join(wider)} (float16 overflows past 65504)"
+        hint += f", or use {' or '.join(wider)}: float16 overflows past 65504"
     return hint
 
 
@@ -754,7 +754,7 @@ def _validate(request: FeatureRequest) -> None:
         raise UsageError(
             "extract-features runs in one process: under torchrun every rank would write the "
             "same OUT",
-            "run it without torchrun (it uses one device: --device)",
+            "run it without torchrun, on the one device --device names",
         )
     check_inference_options(request.run)
 
@@ -938,14 +938,14 @@ def _check_batch(value, name: str, batch: int) -> None:
     if shape is not None and (len(shape) == 0 or shape[0] != batch):
         raise UsageError(
             f"layer {name} gives shape {tuple(shape)}, not one row per image",
-            "pick another layer (--list-layers)",
+            "pick another layer: --list-layers lists them",
         )
     # A (N, 0, ...) output has no feature to store: every row would be empty, and counted as
     # non-finite by the check of the logits.
     if shape is not None and any(size == 0 for size in shape[1:]):
         raise UsageError(
             f"layer {name} gives shape {tuple(shape)}: no values for an image",
-            "pick another layer (--list-layers)",
+            "pick another layer: --list-layers lists them",
         )
 
 

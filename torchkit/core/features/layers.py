@@ -415,7 +415,7 @@ class FeatureExtractor:
                 if layer.node not in self._captured:
                     raise TorchkitError(
                         f"layer {layer.name} of {self._graph.arch} did not run in the forward pass",
-                        "pick another layer (--list-layers)",
+                        "pick another layer: --list-layers lists them",
                     )
                 value = self._captured[layer.node]
             results[layer.name] = value
@@ -431,7 +431,7 @@ class FeatureExtractor:
         hint = (
             f"ask for its items, layers of their own: {picks}"
             if picks
-            else "pick another layer (--list-layers)"
+            else "pick another layer: --list-layers lists them"
         )
         kind = type(value).__name__
         return TorchkitError(f"layer {layer.name} gives a {kind}, not a tensor", hint)
@@ -454,7 +454,7 @@ def reduce_feature(
     if not isinstance(value, torch.Tensor):
         raise TorchkitError(
             f"layer {name} gives a {type(value).__name__}, not a tensor",
-            "pick another layer (--list-layers)",
+            "pick another layer: --list-layers lists them",
         )
     features = value.float()
     if features.ndim == 4 and pool in (None, "avg"):
@@ -595,7 +595,7 @@ def _mean(values: list[Any]) -> Any:
             "the classifiers read features of different shapes ("
             + ", ".join("x".join(map(str, shape[1:])) for shape in sorted(shapes))
             + "): `penultimate` is none of them",
-            "pick the layer by name instead of `penultimate` (--list-layers)",
+            "pick the layer by name instead of `penultimate`: --list-layers lists them",
         )
     total = values[0]
     for value in values[1:]:
@@ -637,7 +637,7 @@ def _name_taken() -> TorchkitError:
 def _no_head_input(arch: str) -> TorchkitError:
     return TorchkitError(
         f"cannot find the input of the classifier of {arch}",
-        "pick the layer by name instead of `penultimate` (--list-layers)",
+        "pick the layer by name instead of `penultimate`: --list-layers lists them",
     )
 
 

@@ -55,7 +55,7 @@ def collect_images(
     from torchkit.core.data.sources.containers import open_container_data
 
     if not items:
-        raise UsageError("no IMAGES given", "give folders, image files, CSV indexes or - (stdin)")
+        raise UsageError("no IMAGES given", "give folders, image files, CSV indexes or - for stdin")
     if list(items).count(STDIN) > 1:
         raise UsageError("- (stdin) given more than once")
     sets, notes = [], []
@@ -205,7 +205,7 @@ def _not_found(item: str) -> InputError:
     if is_image_file(item):
         return InputError(f"image not found: {item}", "check the path")
     return InputError(
-        f"IMAGES not found: {item}", "give image files, folders, CSV indexes, digits or - (stdin)"
+        f"IMAGES not found: {item}", "give image files, folders, CSV indexes, digits or - for stdin"
     )
 
 
