@@ -112,10 +112,10 @@ def timm_inference(
     fullnames = dataset.filenames(basename=False)
     # One batch in predict's order (the paths as text): a row's float32 logits may depend on
     # where it sits in its batch, and the script's figures are compared with predict's.
-    batch = sorted(range(len(fullnames)), key=fullnames.__getitem__)
+    order = sorted(range(len(fullnames)), key=fullnames.__getitem__)
     with torch.inference_mode():
-        probabilities = torch.empty(len(batch), model.num_classes)
-        probabilities[batch] = model(pixels[batch]).softmax(-1)
+        probabilities = torch.empty(len(order), model.num_classes)
+        probabilities[order] = model(pixels[order]).softmax(-1)
         prefetched = torch.cat([model(batch).softmax(-1) for batch, _ in loader])
     values, indices = probabilities.topk(TOPK)
     to_label = DatasetInfoLabelMapper(
@@ -142,6 +142,9 @@ def torchkit_predict(world: dict[str, Path], *args: object) -> tuple[list[dict],
     def record(module, inputs):
         if type(module).__name__ == "ResNet":
             seen.append(inputs[0].detach().clone())
+            # float32 matrix products, torch's default, where inference.py allows TF32 on CUDA
+            assert not torch.backends.cuda.matmul.allow_tf32
+            assert torch.get_float32_matmul_precision() == "highest"
 
     hook = torch.nn.modules.module.register_module_forward_pre_hook(record)
     try:
