@@ -291,8 +291,9 @@ def test_image_size_alone_keeps_the_train_crop_ratio(world):
 def test_a_split_root_and_an_unreadable_file(world, tmp_path):
     """Of a split root the script reads the `val` folder alone (its --split validation) and
     names files below it; where a file is unreadable, its dataset feeds the next image in its
-    place, under the unreadable file's name. predict reads every split (a `split` column),
-    names paths below the root, and gives the unreadable file a row with its error."""
+    place, under the unreadable file's name; it lists .png, .jpg and .jpeg files alone. predict
+    reads every split (a `split` column), names paths below the root, gives the unreadable file
+    a row with its error, and reads the other image files too (a .bmp)."""
     from timm.data import create_dataset, create_transform
 
     root = tmp_path / "splits"
@@ -302,9 +303,10 @@ def test_a_split_root_and_an_unreadable_file(world, tmp_path):
             (world["data"] / "cats" / "img2.png").read_bytes()
         )
     (root / "val" / "cats" / "broken.png").write_bytes(b"not an image")
+    Image.open(root / "val" / "cats" / "y.png").save(root / "val" / "cats" / "z.bmp")
     dataset = create_dataset("", root=str(root), split="validation")
     dataset.transform = create_transform(input_size=(3, 32, 32), crop_pct=1.0)
-    assert dataset.filenames() == ["cats/broken.png", "cats/y.png"]
+    assert dataset.filenames() == ["cats/broken.png", "cats/y.png"]  # .png, .jpg, .jpeg only
     assert torch.equal(dataset[0][0], dataset[1][0])  # broken.png's place: y.png
 
     found = run_torchkit_in_process(
@@ -315,6 +317,7 @@ def test_a_split_root_and_an_unreadable_file(world, tmp_path):
     rows = json.loads(found.stdout)
     assert [(row["path"], row["split"]) for row in rows] == [
         ("train/cats/x.png", "train"), ("val/cats/broken.png", "val"), ("val/cats/y.png", "val"),
+        ("val/cats/z.bmp", "val"),
     ]  # fmt: skip
     assert rows[1]["class"] is None and rows[1]["error"] == "not an image PIL can read"
     assert rows[2]["class"] is not None and rows[2]["error"] is None
