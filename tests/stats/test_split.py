@@ -29,6 +29,7 @@ from torchkit.core.data.sources.splitting import largest_remainder_counts, strat
 from torchkit.core.io.errors import InputError, OutputExistsError, UsageError
 from torchkit.core.split import files as split_files
 from torchkit.core.split import parse_ratio, split_dataset
+from torchkit.core.split import plan as split_plan
 
 ERROR_LINE = re.compile(r"^Error: .+ \(.+\)$", re.M)
 SPLIT_ORDER = ["train", "val", "test"]
@@ -401,7 +402,7 @@ def test_group_stem_in_a_csv_index_and_with_fixed_counts_of_pairs(runner, tmp_pa
     """In a CSV index the stem is the listed path without its extension: the folder counts as
     in an image folder. `--fixed` counts images: split-folders' `fixed=(1, 1)` of pairs is
     `--fixed 2,2`; `--fixed 1,1` is met as closely as whole pairs allow, with a warning;
-    `--oversample` repeats files."""
+    `--oversample` repeats whole pairs."""
     root = pairs_folder(tmp_path / "data", {"imgs": 6, "more": 4})
     index = tmp_path / "data" / "index.csv"
     rows = [f"{p.relative_to(root).as_posix()},{p.parent.name}" for p in sorted(root.rglob("*.*"))]
@@ -426,17 +427,83 @@ def test_group_stem_in_a_csv_index_and_with_fixed_counts_of_pairs(runner, tmp_pa
     counts = [[c[s] for s in SPLIT_ORDER] for c in json.loads(near.stdout)["classes"]]
     assert counts == [[8, 2, 2], [6, 2, 2]]
     assert all(len(s) == 1 for s in splits_by_stem(tmp_path / "f1").values())
-    # --oversample repeats files, not groups (split-folders repeats a stem group whole): dog's
-    # two repeats bring its train to cat's 8 images, and here they are halves of two pairs.
+    # --oversample repeats a group whole, as split-folders repeats a stem group: dog's two
+    # repeats, which bring its train to cat's 8 images, are both files of one pair.
     over = tmp_path / "over"
     balanced = runner.invoke(
         app, [*fixed[:2], str(over), *fixed[2:], "--fixed", "2,2", "--oversample"]
     )
     assert balanced.exit_code == 0, balanced.stderr
+    assert "Warning" not in balanced.stderr
     report = json.loads(balanced.stdout)["classes"]
     assert [(c["train"], c["repeats"]) for c in report] == [(8, 0), (6, 2)]
-    repeated = [row["path"].rsplit("/", 1)[-1] for row in manifest(over) if row["repeat"] != "0"]
-    assert sorted(repeated) == ["003.png", "004.jpg"]
+    repeated = [row for row in manifest(over) if row["repeat"] != "0"]
+    assert {row["repeat"] for row in repeated} == {"1"}
+    assert len(splits_by_stem(over).keys() & {r["path"].rsplit(".", 1)[0] for r in repeated}) == 1
+    assert sorted(row["path"].rsplit(".", 1)[1] for row in repeated) == ["jpg", "png"]
+
+
+def test_oversample_with_group_stem_copies_a_pair_under_one_repeat_number(runner, tmp_path):
+    """The repeats of a pair are named alike (`003-repeat1.jpg` with `003-repeat1.png`): a
+    reader that pairs files by stem finds each repeat's other half."""
+    classes = pairs_folder(tmp_path / "classes", {"cat": 7, "dog": 3})
+    out = tmp_path / "out"
+    args = ["split", str(classes), str(out), "--group", "stem", "--fixed", "2,2", "--oversample"]
+    result = runner.invoke(app, [*args, "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    assert "Warning" not in result.stderr
+    report = json.loads(result.stdout)["classes"]
+    # cat: 5 pairs in train; dog: 1 pair, repeated 4 times whole.
+    assert [(c["train"], c["repeats"]) for c in report] == [(10, 0), (2, 8)]
+    names = sorted(p.name for p in (out / "train" / "dog").iterdir())
+    stems = {name.rsplit(".", 1)[0] for name in names}
+    assert len(names) == 10 and len(stems) == 5
+    assert all(f"{stem}.jpg" in names and f"{stem}.png" in names for stem in stems)
+    assert sum("-repeat" in stem for stem in stems) == 4
+
+
+def test_oversample_with_groups_meets_the_count_as_closely_as_whole_groups_allow(runner, tmp_path):
+    """Groups of 3 cannot make up 4 missing images: the class gets one more group (3, nearer
+    than 6), and a warning names it with its count."""
+    root = pairs_folder(tmp_path / "raw", {"cat": 16}, suffixes=(".png",))
+    pairs_folder(root, {"dog": 4}, suffixes=(".jpg", ".png", ".bmp"))
+    args = ["split", str(root), str(tmp_path / "out"), "--group", "stem", "--fixed", "3,3"]
+    result = runner.invoke(app, [*args, "--oversample", "--mode", "manifest", "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)["classes"]
+    assert [(c["train"], c["repeats"]) for c in report] == [(10, 0), (6, 3)]
+    assert [line for line in result.stderr.splitlines() if "--oversample" in line] == [
+        "Warning: --oversample repeats whole groups: 1 class(es) have other than 10 images in "
+        "train: dog (9)"
+    ]
+    repeated = [row["path"] for row in manifest(tmp_path / "out") if row["repeat"] != "0"]
+    assert len({path.rsplit(".", 1)[0] for path in repeated}) == 1  # one triple, whole
+
+
+@pytest.mark.parametrize(
+    ("sizes", "need", "taken"),
+    [
+        ([1, 1, 1], 5, [(0, 1), (1, 1), (2, 1), (0, 2), (1, 2)]),  # round-robin, as files
+        ([3, 1, 3], 4, [(0, 1), (1, 1)]),  # the second group of 3 passed over for the single
+        ([3, 3], 4, [(0, 1)]),  # 1 short is nearer than 2 over
+        ([3, 3], 2, [(0, 1)]),  # 1 over is nearer than 2 short
+        ([2, 2], 1, []),  # a tie: short rather than over
+        ([5], 0, []),
+    ],
+)
+def test_oversample_repeats_whole_groups_round_robin(sizes, need, taken):
+    assert split_plan._repeated_units(sizes, need) == taken
+
+
+def test_oversample_repeats_a_classes_files_of_one_group_under_one_number():
+    """Groups are a class's own: the `p1` files of cat and of dog are two units."""
+    labels = [0, 0, 0, 0, 1, 1]
+    keys = ["cat/p1_a", "cat/p1_b", "cat/p2_a", "cat/p3_a", "dog/p1_a", "dog/p1_b"]
+    groups = ["p1", "p1", "p2", "p3", "p1", "p1"]
+    repeats, extra = split_plan.oversample_repeats(labels, [0] * 6, keys, 0, 2, groups)
+    assert extra == [0, 2] and sorted(repeats) == [(4, 1), (5, 1)]
+    files, extra = split_plan.oversample_repeats(labels, [0] * 6, keys, 0, 2)
+    assert extra == [0, 2] and sorted(files) == [(4, 1), (5, 1)]  # each file its own unit
 
 
 def test_group_regex_on_names_does_split_folders_sibling_grouping(runner, tmp_path):

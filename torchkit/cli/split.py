@@ -139,7 +139,8 @@ def split(
             "--oversample",
             help="Balance the train classes by repeating images up to the largest class "
             "(extra copies or links with their own names, repeated rows with --mode manifest; "
-            "numbered in split.csv's repeat column).",
+            "numbered in split.csv's repeat column). With --group a group's files are repeated "
+            "together.",
         ),
     ] = False,
     names: Annotated[

@@ -10,9 +10,10 @@ one file (`dedup`, on by default; combined with `--group` when both apply): foun
 then content hash (`core.hashing.content_groups`), so only files that share a size are read.
 `fixed` takes N images per class for val (and M for test) and leaves the rest in train, as
 split-folders' `fixed` does; `oversample` balances the train classes by repeating images
-(round-robin over each class's files in their seeded order) up to the largest class: extra
-copies or links under distinct names (`<stem>-repeat<k><suffix>`), or repeated rows in a
-manifest, each numbered in split.csv's `repeat` column (0 for the image itself).
+(round-robin over each class's files in their seeded order; with `group`, over its groups,
+each repeated whole) up to the largest class: extra copies or links under distinct names
+(`<stem>-repeat<k><suffix>`), or repeated rows in a manifest, each numbered in split.csv's
+`repeat` column (0 for the image itself).
 
 Files are copied, linked or moved into OUT/<split>/<class>/..., or only listed (`manifest`); every
 mode writes OUT/split.csv (path, label, split, source; and repeat with `oversample`). `move` is

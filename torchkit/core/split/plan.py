@@ -157,25 +157,67 @@ def fixed_split(
 
 
 def oversample_repeats(
-    labels: Sequence[int], split_of: Sequence[int], keys: Sequence[str], seed: int, classes: int
+    labels: Sequence[int],
+    split_of: Sequence[int],
+    keys: Sequence[str],
+    seed: int,
+    classes: int,
+    groups: Sequence[str] | None = None,
 ) -> tuple[list[tuple[int, int]], list[int]]:
     """([(file index, repeat number)], extra copies per class) that bring every class of the
     first split (train) up to its largest class: each class's files in their seeded order,
-    round-robin, so no file is repeated twice before every other one is repeated once."""
-    train: dict[int, list[int]] = {}
+    round-robin, so no file is repeated twice before every other one is repeated once.
+
+    With `groups` (`--group`'s name of each file) a class repeats its files of one group
+    together, each under the same number (`cat/001.jpg` with `cat/001.png`), as split-folders
+    repeats a stem group whole: round-robin over the class's groups, a group passed over where
+    it would overshoot, and the count met as closely as whole groups allow (one group more
+    where that comes closer)."""
+    # Each class's units in train: {name: its files}, a file its own unit without `groups`.
+    train: dict[int, dict[str | int, list[int]]] = {}
     for index, (label, part) in enumerate(zip(labels, split_of, strict=True)):
         if part == 0:
-            train.setdefault(label, []).append(index)
+            unit = index if groups is None else groups[index]
+            train.setdefault(label, {}).setdefault(unit, []).append(index)
     extra = [0] * classes
     if not train:
         return [], extra
-    largest = max(len(files) for files in train.values())
+    largest = max(sum(map(len, units.values())) for units in train.values())
+
+    def rank(unit: str | int) -> bytes:
+        return _unit_rank(seed, keys[unit] if isinstance(unit, int) else unit)
+
     repeats: list[tuple[int, int]] = []
     for label in sorted(train):
-        files = sorted(train[label], key=lambda i: _unit_rank(seed, keys[i]))
-        extra[label] = largest - len(files)
-        repeats += [(files[r % len(files)], r // len(files) + 1) for r in range(extra[label])]
+        units = [train[label][unit] for unit in sorted(train[label], key=rank)]
+        taken = _repeated_units([len(files) for files in units], largest - sum(map(len, units)))
+        for u, number in taken:
+            repeats += [(index, number) for index in sorted(units[u], key=lambda i: keys[i])]
+            extra[label] += len(units[u])
     return repeats, extra
+
+
+def _repeated_units(sizes: list[int], need: int) -> list[tuple[int, int]]:
+    """[(unit, repeat number)] that add up to `need` files, or as close as units of `sizes`
+    come: round-robin in order, a unit that would overshoot passed over; then one unit more
+    (the smallest, the least repeated) where overshooting by it is nearer than falling short."""
+    taken: list[tuple[int, int]] = []
+    times = [0] * len(sizes)
+    added = True
+    while need > 0 and added:
+        added = False
+        for u, size in enumerate(sizes):
+            if 0 < size <= need:
+                times[u] += 1
+                taken.append((u, times[u]))
+                need -= size
+                added = True
+    if need > 0:
+        u = min(range(len(sizes)), key=lambda u: (sizes[u], times[u], u))
+        if sizes[u] - need < need:
+            times[u] += 1
+            taken.append((u, times[u]))
+    return taken
 
 
 class FreeNames:
@@ -470,9 +512,12 @@ def warn_fixed_unmet(
         )
 
 
-def warn_unbalanced(classes: list[str], counts: list[list[int]], names: list[str]) -> None:
+def warn_unbalanced(
+    classes: list[str], counts: list[list[int]], names: list[str], extra: list[int]
+) -> None:
     """--oversample repeats train images: a class with none there (its few files all went to
-    the other splits) stays out of the first split, so the warning names it."""
+    the other splits) stays out of the first split, so the warning names it; so does one that
+    whole --group groups bring only near the largest class (`extra`: its repeats)."""
     absent = [
         name or "(unlabelled)"
         for name, row in zip(classes, counts, strict=True)
@@ -482,6 +527,17 @@ def warn_unbalanced(classes: list[str], counts: list[list[int]], names: list[str
         log.warning(
             f"--oversample cannot balance {names[0]} for {len(absent)} class(es) with no image "
             f"in it: {', '.join(absent[:5])}" + (" ..." if len(absent) > 5 else "")
+        )
+    target = max((row[0] for row in counts), default=0)  # the largest class's, never repeated
+    unmet = [
+        f"{name or '(unlabelled)'} ({row[0] + more})"
+        for name, row, more in zip(classes, counts, extra, strict=True)
+        if row[0] and row[0] + more != target
+    ]
+    if unmet:
+        log.warning(
+            f"--oversample repeats whole groups: {len(unmet)} class(es) have other than {target} "
+            f"images in {names[0]}: " + ", ".join(unmet[:5]) + (" ..." if len(unmet) > 5 else "")
         )
 
 

@@ -234,13 +234,14 @@ def _plan_and_write(
     root = Path(source)
     samples, sources, is_csv, emptied = _split_input(source, options, held)
     keys = sample_keys(samples)
-    units, n_groups, identical = _grouping(samples, sources, keys, options)
+    units, groups, identical = _grouping(samples, sources, keys, options)
+    n_groups = None if groups is None else len(set(groups))
     parts, filled, split_of, counts = _assign_splits(samples, keys, units, options)
     conflicts = label_conflicts(
         identical, samples.labels, samples.classes, names, split_of, samples.ids or sources, sources
     )
     warn_label_conflicts(conflicts)
-    plan, extra = _file_plan(samples, sources, keys, split_of, counts, is_csv, out, options)
+    plan, extra = _file_plan(samples, sources, keys, groups, split_of, counts, is_csv, out, options)
     totals = [sum(row[j] for row in counts) for j in range(len(names))]
     result = SplitResult(
         source=str(root),
@@ -344,13 +345,13 @@ def _split_input(
 
 def _grouping(
     samples: Any, sources: list[str], keys: Any, options: SplitOptions
-) -> tuple[Any, int | None, list[list[int]]]:
-    """(the units that go to one split together, or None; the number of --group groups; the
-    groups of byte-identical files kept together)."""
+) -> tuple[Any, list[str] | None, list[list[int]]]:
+    """(the units that go to one split together, or None; the --group group of each file, or
+    None; the groups of byte-identical files kept together)."""
     group = options.group
-    groups, n_groups = group_names(samples, keys, group) if group else (None, None)
+    groups = group_names(samples, keys, group)[0] if group else None
     units, identical = dedup_units(sources, keys, groups) if options.dedup else (groups, [])
-    return units, n_groups, identical
+    return units, groups, identical
 
 
 def warn_label_conflicts(conflicts: list[dict]) -> None:
@@ -405,14 +406,16 @@ def _file_plan(
     samples: Any,
     sources: list[str],
     keys: Any,
+    groups: list[str] | None,
     split_of: list[int],
     counts: list[list[int]],
     is_csv: bool,
     out: Path,
     options: SplitOptions,
 ) -> tuple[Plan, Any]:
-    """(what goes where, with --oversample's repeats; the repeats per class), checked for the
-    mode: hard links possible into OUT, a move's sources removable."""
+    """(what goes where, with --oversample's repeats, a --group group's files repeated
+    together (`groups`); the repeats per class), checked for the mode: hard links possible into
+    OUT, a move's sources removable."""
     mode, names = options.mode, options.names
     plan = Plan(
         sources=sources,
@@ -423,10 +426,10 @@ def _file_plan(
     extra = None
     if options.oversample:
         repeats, extra = oversample_repeats(
-            samples.labels, split_of, keys, options.seed, len(samples.classes)
+            samples.labels, split_of, keys, options.seed, len(samples.classes), groups
         )
         add_repeats(plan, repeats, mode)
-        warn_unbalanced(samples.classes, counts, names)
+        warn_unbalanced(samples.classes, counts, names, extra)
     if mode == "hardlink":
         check_hardlinks(plan, out)
     if mode == "move":
