@@ -36,7 +36,7 @@ def parse_ratio(text: str | Sequence[float]) -> list[Fraction]:
     Parts that add up to 1 are fractions; otherwise they are proportions, each at least 1 (so a
     mistyped `0.7,0.2` is an error, not a silent 78/22 split).
     """
-    hint = "write it like 8:1:1 or 0.7,0.3 (two or three parts)"
+    hint = "write it like 8:1:1 or 0.7,0.3, in two or three parts"
     raw = (
         [str(p) for p in text]
         if not isinstance(text, str)
@@ -65,7 +65,7 @@ def parse_ratio(text: str | Sequence[float]) -> list[Fraction]:
 
 def parse_fixed(text: str | Sequence[int]) -> list[int]:
     """`N` or `N,M`: N images per class in the second split (val), M in the third (test)."""
-    hint = "e.g. --fixed 10 (10 per class in val) or --fixed 10,20 (and 20 in test)"
+    hint = "e.g. --fixed 10 for 10 per class in val, or --fixed 10,20 for 20 more in test"
     raw = (
         [str(p).strip() for p in text]
         if not isinstance(text, str)

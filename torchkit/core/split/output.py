@@ -258,7 +258,7 @@ def recover_split_leftovers(out: Path) -> None:
         raise OutputExistsError(
             f"{out / REPLACED} holds part of an earlier split ({left}) that a failed split set "
             "aside: the folders of that name in OUT hold files torchkit did not write",
-            "move those files elsewhere (or the set-aside folders back yourself), then run "
+            "move those files elsewhere, or the set-aside folders back yourself, then run "
             "the split again",
         )
 

@@ -351,7 +351,7 @@ def check_csv_sources(samples: Samples, source: Path) -> list[str]:
         raise InputError(
             f"{len(missing)} file(s) listed in {source} do not exist: {', '.join(missing[:3])}"
             + (" ..." if len(missing) > 3 else ""),
-            "fix the paths (relative ones are relative to the CSV's folder)",
+            "fix the paths; relative ones are relative to the CSV's folder",
         )
     sources = absolute_as_opened(samples.paths)
     seen: dict[str, str] = {}
@@ -411,7 +411,7 @@ def load_split_input(
         data = open_data(source, allow_unlabelled=True)
     if data.is_split:
         hint = (
-            f"split one of its parts (e.g. {Path(data.spec) / 'train'}), or the data it came from"
+            f"split one of its parts, such as {Path(data.spec) / 'train'}, or the data it came from"
             if data.kind == "split root"
             else "give the data it came from"
             + (", or drop the CSV's split column" if data.kind == "split csv" else "")
@@ -421,7 +421,7 @@ def load_split_input(
         # Its images lie inside container files: there are no files to copy, link or name.
         raise InputError(
             f"{data.describe()} holds its images in container files, not as image files",
-            "train holds a validation split out itself (--val-split), recorded in RUN/split.csv",
+            "train holds a validation split out itself with --val-split, recorded in RUN/split.csv",
         )
     _refuse_partly_labelled(data.whole, data.describe())
     warn_stray_images(data, STRAYS_FATE[mode])
@@ -442,8 +442,8 @@ def _refuse_partly_labelled(samples: Samples, described: str) -> None:
     raise InputError(
         f"{described} has {len(missing)} image(s) without a label ({shown}) among "
         f"{len(samples) - len(missing)} labelled ones",
-        "give every row a label, or none (a label column empty in every row splits "
-        "unlabelled images)",
+        "give every row a label, or none: a label column empty in every row splits "
+        "unlabelled images",
     )
 
 
