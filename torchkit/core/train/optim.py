@@ -13,6 +13,7 @@ it exactly.
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -45,7 +46,9 @@ def _is_norm(module: Any) -> bool:
 def no_decay_names(model: Any) -> set[str]:
     """Parameters that get no weight decay: biases, normalisation weights, and every other
     parameter of one dimension (scales, offsets); plus what the model's `no_weight_decay()`
-    names (position embeddings and class tokens of vision transformers)."""
+    names (position embeddings and class tokens of vision transformers): a parameter's full
+    name, a pattern of them (XCiT's `pos_embed.*`, read with fnmatch as timm reads it) or the
+    last part of its name."""
     names: set[str] = set()
     for module_name, module in model.named_modules():
         prefix = f"{module_name}." if module_name else ""
@@ -56,7 +59,11 @@ def no_decay_names(model: Any) -> set[str]:
     if callable(extra):
         wanted = set(extra())
         names |= {
-            n for n, _ in model.named_parameters() if n in wanted or n.split(".")[-1] in wanted
+            n
+            for n, _ in model.named_parameters()
+            if n in wanted
+            or n.split(".")[-1] in wanted
+            or any(fnmatch.fnmatchcase(n, pattern) for pattern in wanted)
         }
     return names
 
