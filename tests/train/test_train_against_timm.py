@@ -594,7 +594,8 @@ def timm_train_checkpoint(tmp_path):
 def test_a_timm_train_checkpoint_fine_tunes_and_evaluates(timm_train_checkpoint, tmp_path):
     """`train --weights last.pth.tar` of timm's saver starts from its `state_dict` (a note
     says so and names the way to its EMA weights), without --trust-checkpoint; `eval` takes
-    its `state_dict`, and `--ema` its `state_dict_ema`."""
+    its `state_dict`, and `--ema` its `state_dict_ema`. `--resume` refuses it: it continues
+    a torchkit run."""
     from image_folders import write_image_folder
     from processes import run_torchkit_in_process
 
@@ -618,6 +619,12 @@ def test_a_timm_train_checkpoint_fine_tunes_and_evaluates(timm_train_checkpoint,
             "--format", "json",
         )  # fmt: skip
         assert evaluated.returncode == 0, evaluated.stderr
+    resumed = run_torchkit_in_process("train", "--resume", path, "--data", data, *common)
+    assert resumed.returncode != 0
+    assert (
+        "is not a torchkit training checkpoint (--resume continues a `torchkit train` run; "
+        "use --weights for other weights)" in " ".join(resumed.stderr.split())
+    )
 
 
 def test_drop_path_through_a_callable_that_builds_the_timm_model(tmp_path, monkeypatch):
