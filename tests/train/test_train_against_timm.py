@@ -541,11 +541,11 @@ def test_ema_is_model_ema_v3_at_torchkits_decay():
 
 
 def test_ema_warmup_differs_from_timms_by_design():
-    """By design: torchkit's decay at update n (0-based) is min(d, (1 + n) / (10 + n)) (as
-    torchvision's reference with TF's warm-up); timm's train.py calls `update(model,
-    step=n + 1)`: its first update copies the weights (decay 0), then d from the second,
-    or with `--model-ema-warmup` min(d, 1 - (1 + n) ^ -2/3)."""
-    ours, plain, warm = ModelEMA(_net(), 0.999), ModelEmaV3(_net(), 0.999), None
+    """By design: torchkit's decay at update n (0-based) is min(d, (1 + n) / (10 + n))
+    (TensorFlow's warm-up by the update count); timm's train.py calls `update(model,
+    step=n + 1)`: its first update copies the weights (decay 0), then d from the second, or
+    with `--model-ema-warmup` min(d, 1 - (1 + n) ^ -2/3)."""
+    ours, plain = ModelEMA(_net(), 0.999), ModelEmaV3(_net(), 0.999)
     warm = ModelEmaV3(_net(), 0.999, use_warmup=True)
     mine = []
     for _ in range(5):
