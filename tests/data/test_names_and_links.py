@@ -207,7 +207,7 @@ def test_a_class_folder_of_spaces_alone_is_one_error_line(tmp_path):
     assert result.returncode == 1
     assert error_line(result.stderr, besides="nothing") == (
         f"Error: {root} has class 0 named ' ', which no report can show (name every class by "
-        "visible text: rename the class folder (or label) of spaces or invisible characters "
+        "visible text: rename the class folder or label of spaces or invisible characters "
         "alone)"
     )
 

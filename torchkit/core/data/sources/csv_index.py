@@ -389,7 +389,7 @@ def _nul_byte_error(source: Path, line: int) -> InputError:
     if line == 1:
         return InputError(
             f"{source} is not UTF-8 text (its first line holds NUL bytes: UTF-16?)",
-            "save it as CSV UTF-8 (with or without BOM)",
+            "save it as CSV UTF-8, with or without BOM",
         )
     return InputError(
         f"{source} has a row whose text holds a NUL byte (line {line})", NUL_PATH_HINT
@@ -618,7 +618,7 @@ def _refuse_undecoded_bytes(source: Path, paths: list[str], labels: list[str] | 
             continue
         if in_path or (labels is not None and holds_non_utf8(labels[index])):
             raise InputError(
-                f"{source} is not UTF-8 text", "save it as CSV UTF-8 (with or without BOM)"
+                f"{source} is not UTF-8 text", "save it as CSV UTF-8, with or without BOM"
             )
 
 

@@ -2039,7 +2039,7 @@ def _opened(url: str, method: str) -> Iterator[Any]:
             raise InputError(
                 f"cannot download {_shown(url)}: the server sent it encoded as {encoding}, "
                 "which torchkit does not decode",
-                "serve the file as stored, without a Content-Encoding (or gzip)",
+                "serve the file as stored without a Content-Encoding, or gzip-encoded",
             )
 
 
@@ -2163,7 +2163,7 @@ class _HttpStatus(InputError):
         elif code >= 500:
             hint = "the server failed: try again later"
         elif 300 <= code < 400:
-            hint = "the server's redirects lead nowhere (a loop, or too many): check the URL"
+            hint = "the server's redirects lead nowhere, in a loop or too many: check the URL"
         else:
             hint = "torchkit reads a shard from a 200 OK response"
         super().__init__(f"cannot download {_shown(url)}: {_status_text(code, reason)}", hint)

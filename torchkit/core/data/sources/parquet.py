@@ -321,8 +321,8 @@ def open_stored(
     if unsplit:
         raise InputError(
             f"{spec} mixes parquet files of splits with files of none ({', '.join(unsplit[:3])})",
-            "name every file for its split (train-*, validation-*, test-*), or none; or give "
-            "one file",
+            "name every file for its split, as train-*, validation-* or test-*, or none; or "
+            "give one file",
         )
     return _read(spec, "split parquet", root, relative, splits, classes, allow_unlabelled)
 
@@ -376,8 +376,8 @@ def _refuse_splits_named_otherwise(spec: str, relative: list[str]) -> None:
         split_of,
         files="parquet files",
         named="named in the middle of their names",
-        hint="name each file for its split first, as HF writes them (train-00000-of-00001.parquet, "
-        "test-...), or give one file",
+        hint="name each file for its split first, as HF writes them: train-00000-of-00001.parquet, "
+        "test-...; or give one file",
     )
 
 
@@ -420,7 +420,8 @@ class _File:
         if not candidates:
             raise InputError(
                 f"{self.path} has no image column (its columns: {', '.join(schema.names)})",
-                "images are an `image` column of HF's Image type ({bytes, path}) or of binary",
+                "images are an `image` column of binary, or of HF's Image type: a {bytes, path} "
+                "struct",
             )
         self.image_column = candidates[0]
         self.other_image_columns = _rival_image_columns(candidates, self.features)
@@ -972,7 +973,7 @@ def _labelled(files: list[_File], allow_unlabelled: bool) -> bool:
         if file.label_column is None:
             raise InputError(
                 f"{file.path} has no label column (its columns: {', '.join(file.column_names)})",
-                "labels are a `label` column (HF's ClassLabel: class indices, or class names)",
+                "labels are a `label` column: HF's ClassLabel, class indices or class names",
             )
         raise InputError(
             f"{file.path} has {len(missing)} row(s) without a label (null or -1; row "

@@ -87,7 +87,7 @@ def recorded_splits(
         raise InputError(
             f"{len(missing)} of the {len(ids)} images the training run held out for {name} are "
             f"not in {source.spec} (e.g. {missing[0]})",
-            f"give the data the run trained on ({where})",
+            f"give the data the run trained on: {where}",
         )
     chosen = {path_key(ident) for ident in ids}
     kept = [i for i, key in enumerate(keys) if key not in chosen]

@@ -173,7 +173,7 @@ def refuse_unshowable_classes(names: Sequence[str], spec: str) -> None:
     if blank is not None:
         raise InputError(
             f"{spec} has class {blank} named {names[blank]!r}, which no report can show",
-            "name every class by visible text: rename the class folder (or label) of spaces "
+            "name every class by visible text: rename the class folder or label of spaces "
             "or invisible characters alone",
         )
     refuse_spelling_twins(names, f"class names of {spec}:")

@@ -27,7 +27,7 @@ DEFAULT_VAL_SPLIT = 0.1
 def _unsplit_hint() -> str:
     return (
         "--split picks train/, val/ or test/ of a split root, the rows of a CSV index with a "
-        "split column, or the split a training run recorded (give its checkpoint); drop --split"
+        "split column, or the split a training run recorded, given its checkpoint; drop --split"
     )
 
 
@@ -213,7 +213,7 @@ def training_splits(
             raise empty_split_error(source, "train", "train reads ROOT/train/<class>/<image>")
         raise InputError(
             f"{source.spec} has no training split (it has {', '.join(source.splits)})",
-            "add train/ (or rows with split train)",
+            "add train/, or rows with split train",
         )
     warn_empty_splits(source)
     warn_stray_images(source)
@@ -264,7 +264,7 @@ def _check_resumed_val_split(source: DataSource, recorded: Mapping) -> None:
     val split (a fresh one would be held out) where the run had the data's own. Either moves
     validation images into training, and best.pt would be picked on other images."""
     where = recorded.get("root") or recorded.get("spec")
-    hint = f"resume with the data the run started with ({where})"
+    hint = f"resume with the data the run started with: {where}"
     if recorded.get("held_out"):  # `recorded_splits` found no split to take them back from
         has = (
             "has a val split of its own"

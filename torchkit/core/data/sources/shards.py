@@ -1965,8 +1965,8 @@ def _refuse_a_name_of_two_indices(found: list[ShardSample]) -> None:
                 f"label {sample.name!r}, which sample {seen.key} in {seen.shard} gives class "
                 f"index {seen.index}: read by name they would be one class, and the samples do "
                 "not name each class index 0, 1, ... once",
-                "the index is the label: put classes.txt (one class name per line, in label "
-                "order) beside the shards",
+                "the index is the label: put classes.txt beside the shards, one class name per "
+                "line in label order",
             )
 
 
@@ -2003,7 +2003,7 @@ def _labelled(
         if allow_unlabelled:
             return [""], [0] * len(samples)
         first = unlabelled[0]
-        hint = 'give each sample a KEY.cls (class index) or a KEY.json with a "label"'
+        hint = 'give each sample a KEY.cls holding its class index, or a KEY.json with a "label"'
         if len(unlabelled) == len(samples):  # what `convert shards` writes of unlabelled images
             hint = (
                 "the shards hold unlabelled images, which predict, extract-features and "
@@ -2030,7 +2030,7 @@ def _labelled(
             raise InputError(
                 f"sample {index_only[0].key} in {index_only[0].shard} has a class index and no "
                 "class name, while other samples name their class",
-                "put classes.txt (one class name per line, in label order) beside the shards",
+                "put classes.txt beside the shards, one class name per line in label order",
             )
         names = sorted({s.name for s in samples}, key=natural_key)
         # `café` composed in one sample, decomposed in another: two classes that print alike,
@@ -2041,7 +2041,7 @@ def _labelled(
         names = index_class_names(
             top.index,
             f"sample {top.key} in {top.shard}",
-            "put classes.txt (one class name per line, in label order) beside the shards",
+            "put classes.txt beside the shards, one class name per line in label order",
         )
     index_of = {name: i for i, name in enumerate(names)}
     # Names only classes.txt / classes.json can give twice (ImageNet's two "crane"s): a sample

@@ -358,13 +358,13 @@ def unfetched_url_error(name: str) -> InputError | None:
     if found.group(1):
         return InputError(
             f"{name} is a webdataset pipe: command, which torchkit does not run",
-            "give the shards' http(s) URL (https://HOST/DIR/NAME-{000000..000009}.tar), or copy "
-            "them to a folder first",
+            "give the shards' http or https URL, such as "
+            "https://HOST/DIR/NAME-{000000..000009}.tar, or copy them to a folder first",
         )
     return InputError(
         f"{name}: torchkit reads files and http(s) URLs, not {found.group(2).lower()}:// URLs",
-        "copy the data to a folder first (aws s3 cp, gsutil cp...), or give an https URL to it "
-        "(a presigned one)",
+        "copy the data to a folder first with aws s3 cp, gsutil cp..., or give an https URL to "
+        "it, such as a presigned one",
     )
 
 
