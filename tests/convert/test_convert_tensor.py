@@ -346,7 +346,7 @@ def test_npy_batch_and_ambiguous_shapes(tmp_path):
     np.save(tmp_path / "mnist.npy", RNG.integers(0, 256, (10, 28, 28), dtype=np.uint8))
     result = convert(tmp_path / "mnist.npy", tmp_path / "m.png")
     assert result.exit_code == 1
-    assert "(N, 1, H, W)" in result.stderr
+    assert "channel axis: Nx1xHxW" in result.stderr
 
 
 def to_tensor_batch(batch: np.ndarray) -> torch.Tensor:

@@ -578,8 +578,8 @@ def test_a_destination_it_cannot_write_is_a_usage_error(runner, bn_checkpoint, n
     result = runner.invoke(app, ["convert-syncbn", str(bn_checkpoint), str(destination)])
     assert result.exit_code == 2
     assert result.stderr.strip() == (
-        f"Error: cannot tell the output format from {name!r} (end DST with .pt (.pth, .ckpt, "
-        ".bin): convert-syncbn writes a torch file; `torchkit convert checkpoint` makes "
+        f"Error: cannot tell the output format from {name!r} (end DST with .pt, .pth, .ckpt or "
+        ".bin: convert-syncbn writes a torch file; `torchkit convert checkpoint` makes "
         "safetensors of it)"
     )
     assert not destination.exists()

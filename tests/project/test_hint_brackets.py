@@ -14,7 +14,14 @@ import pytest
 from suite_paths import REPO
 
 # Folders of torchkit/ whose hints are checked.
-PACKAGES = ("core/features", "core/predict", "core/evaluate", "core/split", "core/data")
+PACKAGES = (
+    "core/features",
+    "core/predict",
+    "core/evaluate",
+    "core/split",
+    "core/data",
+    "core/convert",
+)
 # Quoted regular expressions and code keep their brackets.
 QUOTED = re.compile(r"'\^[^']*'|`[^`]*`")
 

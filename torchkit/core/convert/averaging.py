@@ -92,7 +92,7 @@ def average_state_dicts(
             extra = sorted(set(state) - set(first_keys)) or sorted(set(first_keys) - set(state))
             raise CheckpointError(
                 f"{name} does not hold the same model as {names[0]}: key {extra[0]!r} differs",
-                "average checkpoints of one training run (or one architecture)",
+                "average checkpoints of one training run, or of one architecture",
             )
     averaged = {}
     last = states[-1]
@@ -230,7 +230,7 @@ def write_average(
     checked = [require_input(path, what="checkpoint", kind="file") for path in sources]
     target = Path(destination)
     extension = output_extension(
-        target, to, OUTPUT_EXTENSIONS, ".safetensors (the weights alone) or .pt"
+        target, to, OUTPUT_EXTENSIONS, ".safetensors for the weights alone, or .pt"
     )
     check_output_file(target, force, [InputPath.of(path, "checkpoint") for path in checked])
     averaged = average_checkpoints(

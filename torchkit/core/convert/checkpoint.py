@@ -103,7 +103,7 @@ def _is_module(value: Any) -> bool:
 def _keys_hint(obj: Mapping) -> str:
     keys = [str(k) for k in obj]
     if not keys:
-        return "it is empty (no keys): give the file the weights were saved to"
+        return "it is empty, with no keys: give the file the weights were saved to"
     return "its top-level keys are: " + ", ".join(keys[:12]) + (" ..." if len(keys) > 12 else "")
 
 
@@ -261,7 +261,7 @@ def _check_writable(name: str, tensor: Any) -> None:
         kind = str(tensor.dtype if tensor.is_quantized else tensor.layout).removeprefix("torch.")
         raise CheckpointError(
             f"{name!r} is a {kind} tensor: convert checkpoint writes plain dense tensors",
-            "save it with .dequantize() or .to_dense() first",
+            "save it with `.dequantize()` or `.to_dense()` first",
         )
 
 
@@ -300,7 +300,8 @@ def output_extension(target: Path, to: str | None, extensions: tuple[str, ...], 
     if suffix not in extensions:
         raise UsageError(
             f"cannot tell the output format from {target.name!r}",
-            f"end DST with {named} (.pth, .bin, .ckpt), or pass --to for a name without one",
+            f"end DST with {named}; .pth, .bin and .ckpt count as .pt; or pass --to for a name "
+            "without one",
         )
     return suffix
 

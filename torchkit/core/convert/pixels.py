@@ -84,7 +84,7 @@ def from_array(
     if array.ndim not in (2, 3, 4) or 0 in shape:
         raise InputError(
             f"{name} holds an array of shape {shape}, not an image",
-            "expected (H, W), (C, H, W) / (H, W, C), or a batch (N, C, H, W) / (N, H, W, C)",
+            "expected HxW, CxHxW or HxWxC, or a batch NxCxHxW or NxHxWxC",
         )
     if array.ndim == 2:
         array = array[..., None]
@@ -94,7 +94,7 @@ def from_array(
             array = np.moveaxis(array, -3, -1)
         if not _channels_ok(array.shape[-1]):
             hint = (
-                "a batch of grayscale images needs a channel axis: (N, 1, H, W)"
+                "a batch of grayscale images needs a channel axis: Nx1xHxW"
                 if array.ndim == 3
                 else "pass --layout chw or --layout hwc"
             )
@@ -114,7 +114,7 @@ def from_array(
         if low < 0 or high > 65535:
             raise InputError(
                 f"{name} holds integers from {low} to {high}, not pixel values",
-                "integer images must lie in 0..255 (or 0..65535 for 16 bits)",
+                "integer images must lie in 0..255, or 0..65535 for 16 bits",
             )
         return Pixels(array.astype(np.uint8 if high <= 255 else np.uint16), name)
     if kind == "f":

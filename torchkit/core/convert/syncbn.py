@@ -240,8 +240,8 @@ def _refuse_missing_state(name: str, old: Any, new: Any) -> None:
         raise InputError(
             f"layer {name or '(model)'} ({type(old).__name__}) has no {' or '.join(missing)} of "
             "its own (pruned or parametrized with torch.nn.utils), so it cannot be converted",
-            "make it permanent first (torch.nn.utils.prune.remove, or "
-            "torch.nn.utils.parametrize.remove_parametrizations), then convert",
+            "make it permanent first with torch.nn.utils.prune.remove or "
+            "torch.nn.utils.parametrize.remove_parametrizations, then convert",
         )
 
 
@@ -472,7 +472,7 @@ def _neighbour_dims(model: Any, layers: list[tuple[str, Any]]) -> dict[int, tupl
         else:
             raise UsageError(
                 f"cannot tell whether {name or 'the model'} stands for BatchNorm1d, 2d or 3d",
-                "give an example input size (--input-size) so a forward pass shows it",
+                "give an example input size with --input-size so a forward pass shows it",
             )
     return found
 
@@ -526,7 +526,7 @@ def check_outputs(
         if named.suffix.lower() not in TORCH_EXTENSIONS and not is_special_file(named):
             raise UsageError(
                 f"cannot tell the output format from {named.name!r}",
-                "end DST with .pt (.pth, .ckpt, .bin): convert-syncbn writes a torch file; "
+                "end DST with .pt, .pth, .ckpt or .bin: convert-syncbn writes a torch file; "
                 "`torchkit convert checkpoint` makes safetensors of it",
             )
         check_output_file(destination, force, inputs, what="DST")

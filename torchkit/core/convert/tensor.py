@@ -384,7 +384,7 @@ def _tensor_to_numpy(tensor: Any) -> Any:
     if tensor.layout != torch.strided:
         raise InputError(
             f"a {str(tensor.layout).removeprefix('torch.')} tensor is not an image",
-            "save tensor.to_dense() instead",
+            "save `tensor.to_dense()` instead",
         )
     if tensor.is_complex():
         raise InputError("complex tensors are not images")
@@ -415,7 +415,7 @@ def read_torch(path: str | os.PathLike, key: str | None = None) -> Any:
             ) from None
         raise InputError(
             f"{source} holds a pickled Python object, not tensors",
-            "only tensors and dicts of tensors are read (weights_only=True), so loading "
+            "only tensors and dicts of tensors are read, with weights_only=True, so loading "
             "never runs code from the file",
         ) from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as error:
@@ -602,7 +602,7 @@ def convert_file(
         elif not split_batch:
             raise UsageError(
                 f"{source} holds a batch of {len(images)} images; {target} is one image",
-                "give a folder as DST (with --to) for one file per image, or pass --grid",
+                "for one file per image give a folder as DST, with --to; or pass --grid",
             )
         else:
             width = len(str(len(images) - 1))
@@ -642,7 +642,7 @@ def _validate(options: TensorOptions, target_kind: str | None) -> None:
     if options.dtype and target_kind == "image":
         raise UsageError(
             "--dtype sets the dtype of .npy/.pt/.safetensors outputs",
-            "image files are 8-bit (16-bit for 16-bit PNG/TIFF sources)",
+            "image files are 8-bit, or 16-bit for 16-bit PNG/TIFF sources",
         )
     if options.nrow is not None and options.nrow < 1:
         raise UsageError("--nrow must be at least 1")

@@ -420,7 +420,7 @@ def extract_state_dict(obj: Any) -> dict:
             return extract_state_dict(obj[key])
     if not obj:  # an empty dict: no keys to list
         raise CheckpointError(
-            "the checkpoint holds no model weights: it is empty (no keys)",
+            "the checkpoint holds no model weights: it is empty, with no keys",
             "give the file the model's weights were saved to",
         )
     raise CheckpointError(
