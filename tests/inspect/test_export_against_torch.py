@@ -81,14 +81,14 @@ class BatchCounted(nn.Module):
     def forward(self, x):
         return self.conv(x).mean((2, 3)) + torch.tensor([[float(x.shape[0])]])
 '''
-WEIGHTS = ("Net", "Attention")  # the models given --weights
+WEIGHTS = ("Net", "Attention", "BatchCounted")  # the models given --weights
 SUFFIX = {"onnx": ".onnx", "torchscript": ".ts", "exported-program": ".pt2"}
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> dict:
-    """The package of models and its classes, Net's weights (BatchNorm statistics that are not
-    the defaults) and Attention's, torchkit's export of Net in each format (made once, at the
+    """The package of models and its classes, their weights (Net's BatchNorm statistics are not
+    the defaults), torchkit's export of Net in each format (made once, at the
     default options) with its JSON result, and the calls torchkit made to torch's exporters."""
     root = tmp_path_factory.mktemp("against_torch")
     (root / PKG).mkdir()
@@ -102,7 +102,8 @@ def world(tmp_path_factory) -> dict:
         net.norm.running_mean.uniform_(-0.5, 0.5)
         net.norm.running_var.uniform_(0.5, 2)
     torch.save(net.state_dict(), root / "Net.pt")
-    torch.save(nets["Attention"]().state_dict(), root / "Attention.pt")
+    for name in WEIGHTS[1:]:
+        torch.save(nets[name]().state_dict(), root / f"{name}.pt")
     exports, results, calls = {}, {}, {}
     runner = CliRunner()
     with pytest.MonkeyPatch.context() as patch:
@@ -356,8 +357,9 @@ def test_a_model_whose_trace_differs_from_it_is_refused_where_a_hand_trace_is_wr
 ):
     """BatchCounted adds its batch size through a Python float: the trace keeps the example's
     (2). By hand, the file is written and gives other outputs than the model at batch 3;
-    torchkit's verification (batches of 1 and 3) refuses it in one Error line, and writes
-    nothing."""
+    torchkit's verification (batches of 1 and 3) refuses it in one Error line that says the
+    file is right at the batch size it was traced at alone (before, its hint was to raise
+    --atol/--rtol, which cannot help), and writes nothing."""
     model, (two, three) = by_hand(world, "BatchCounted"), batches(2, 3)
     if fmt == "onnx":
         run = onnx_runner_of(onnx_by_hand(model, two, **ONNX_AS_TORCHKIT), tmp_path)
@@ -371,9 +373,35 @@ def test_a_model_whose_trace_differs_from_it_is_refused_where_a_hand_trace_is_wr
     result = CliRunner().invoke(app, [*spec("BatchCounted", world["root"]), str(out)])
     assert result.exit_code == 1
     line = error_line(result.stderr, besides="warnings")
-    assert "differ from PyTorch's by up to 1," in line and "nothing was written" in line
+    assert "differ from PyTorch's by up to 1, beyond the tolerance " in line
+    assert line.endswith(
+        ", at batch 1 and 3 but not at batch 2, the size it was traced at: the model turns its "
+        "batch size into a Python number (as float(x.shape[0])), which the trace kept as a "
+        "constant (keep the batch size a tensor, x.shape[0] without int() or float(), or export "
+        "one batch size with --static-batch --batch-size N; nothing was written)"
+    )
     hand_files = ["hand.onnx"] if fmt == "onnx" else []
     assert sorted(p.name for p in tmp_path.iterdir()) == hand_files  # no OUT, no temporary
+
+
+def test_the_batch_sizes_said_follow_batch_size_and_static_batch_exports_it(
+    world, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(world["root"])
+    out = tmp_path / "m.onnx"
+    args = [*spec("BatchCounted", world["root"]), str(out), "--batch-size", "3"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 1 and not out.exists()
+    assert ", at batch 5 but not at batch 3, the size it was traced at: " in error_line(
+        result.stderr, besides="warnings"
+    )
+    result = CliRunner().invoke(app, [*args, "--static-batch", "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["verification"] == "passed"
+    x = batches(3)[0]
+    np.testing.assert_allclose(
+        onnx_runner(out)(x), eager(by_hand(world, "BatchCounted"), x), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_torch_export_of_it_is_one_error_line_too(world, tmp_path, monkeypatch):

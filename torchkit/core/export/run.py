@@ -24,6 +24,7 @@ from torchkit.core.export.verification import (
     OutputMismatch,
     Verification,
     VerificationError,
+    matching_batches,
     reference_outputs,
     require_comparable,
     require_repeatable,
@@ -266,6 +267,9 @@ def export_model(request: ExportRequest, progress: Progress | None = None) -> Ex
                         "(a branch?), which the trace fixed to the example input's way; "
                         "nothing was written",
                     ) from mismatch
+                if dynamic:
+                    traced_at = (example_size, model, tolerance)
+                    _require_batch_free(temporary, fmt, batches, references, mismatch, traced_at)
                 raise
         file_bytes = temporary.stat().st_size
     step()
@@ -297,6 +301,39 @@ def export_model(request: ExportRequest, progress: Progress | None = None) -> Ex
         output_spread=verification.output_spread if verification else None,
         traced_input_values=traced_input_values,
     )
+
+
+def _require_batch_free(
+    path: Path,
+    fmt: str,
+    batches: list[Any],
+    references: list[Any],
+    mismatch: OutputMismatch,
+    traced: tuple[int, Any, fm.Tolerance],
+) -> None:
+    """After an output mismatch of a file whose batch is dynamic: refuse, saying so, a file that
+    is right at the batch size it was traced at and wrong at the others. The model turns its
+    batch size into a Python number (`float(x.shape[0])`), which the trace keeps as a constant:
+    --atol/--rtol, which the mismatch suggests, cannot help, --static-batch can. `traced`: the
+    batch size the file was traced at, the model (its dtype now the file's) and the tolerance."""
+    import torch
+
+    traced_at, model, tolerance = traced
+    batch = verification_batches(tuple(batches[0].shape[1:]), [traced_at], seed=2)[0]
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    with torch.no_grad():
+        reference = model(batch.to(dtype)).float()
+    matches = matching_batches(path, fmt, [*batches, batch], [*references, reference], tolerance)
+    if matches is None or not matches[-1] or all(matches[:-1]):
+        return
+    wrong = sorted({int(b.shape[0]) for b, ok in zip(batches, matches, strict=False) if not ok})
+    raise VerificationError(
+        f"{mismatch.message}, at batch {' and '.join(map(str, wrong))} but not at batch "
+        f"{traced_at}, the size it was traced at: the model turns its batch size into a Python "
+        "number (as float(x.shape[0])), which the trace kept as a constant",
+        "keep the batch size a tensor, x.shape[0] without int() or float(), or export one "
+        "batch size with --static-batch --batch-size N; nothing was written",
+    ) from mismatch
 
 
 def _require_runtime(fmt: str, verifying: bool) -> None:

@@ -117,6 +117,28 @@ def verify(
     return result
 
 
+def matching_batches(
+    path: str | os.PathLike,
+    fmt: str,
+    batches: Sequence[Any],
+    references: Sequence[Any],
+    tolerance: Tolerance,
+) -> list[bool] | None:
+    """After an output mismatch, which batches the file gets right (within the tolerance of
+    the verification, whose scale is that of every reference): None where the file does not
+    load or run on one of them."""
+    try:
+        exported = load_exported(path, fmt)
+        outputs = [_run(exported, batch, RUNNERS[fmt]) for batch in batches]
+    except (RuntimeFailure, VerificationError):
+        return None
+    bound = tolerance.bound(max(_finite_scale(reference) for reference in references))
+    return [
+        tuple(output.shape) == tuple(reference.shape) and _max_abs_diff(output, reference) <= bound
+        for output, reference in zip(outputs, references, strict=True)
+    ]
+
+
 def require_repeatable(model: Any, batch: Any, reference: Any, tolerance: Tolerance, arch: str):
     """After an output mismatch: refuse a model that gives other outputs for the same input on
     another run (random operations in eval mode, as `F.dropout(x, p)` whose `training` defaults
