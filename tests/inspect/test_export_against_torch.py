@@ -376,9 +376,9 @@ def test_a_model_whose_trace_differs_from_it_is_refused_where_a_hand_trace_is_wr
     assert "differ from PyTorch's by up to 1, beyond the tolerance " in line
     assert line.endswith(
         ", at batch 1 and 3 but not at batch 2, the size it was traced at: the model turns its "
-        "batch size into a Python number (as float(x.shape[0])), which the trace kept as a "
-        "constant (keep the batch size a tensor, x.shape[0] without int() or float(), or export "
-        "one batch size with --static-batch --batch-size N; nothing was written)"
+        "batch size into a Python number, as `float(x.shape[0])` does, which the trace kept as "
+        "a constant (keep the batch size a tensor, `x.shape[0]` without `int()` or `float()`, or "
+        "export one batch size with --static-batch --batch-size N; nothing was written)"
     )
     hand_files = ["hand.onnx"] if fmt == "onnx" else []
     assert sorted(p.name for p in tmp_path.iterdir()) == hand_files  # no OUT, no temporary

@@ -330,9 +330,9 @@ def _require_batch_free(
     raise VerificationError(
         f"{mismatch.message}, at batch {' and '.join(map(str, wrong))} but not at batch "
         f"{traced_at}, the size it was traced at: the model turns its batch size into a Python "
-        "number (as float(x.shape[0])), which the trace kept as a constant",
-        "keep the batch size a tensor, x.shape[0] without int() or float(), or export one "
-        "batch size with --static-batch --batch-size N; nothing was written",
+        "number, as `float(x.shape[0])` does, which the trace kept as a constant",
+        "keep the batch size a tensor, `x.shape[0]` without `int()` or `float()`, or export "
+        "one batch size with --static-batch --batch-size N; nothing was written",
     ) from mismatch
 
 
