@@ -643,8 +643,8 @@ def test_a_python_file_given_as_a_model_says_how_code_is_named(tmp_path, runner,
     with pytest.raises(CheckpointError) as caught:
         load_checkpoint(tmp_path / "mynet.py")
     assert caught.value.hint == (
-        "a model in Python code is named module:Callable (mynet:NAME for the function or class "
-        "NAME in mynet.py, from the folder that holds it); its weights are the .pt/.pth file "
+        "a model in Python code is named module:Callable, mynet:NAME for the function or class "
+        "NAME in mynet.py, from the folder that holds it; its weights are the .pt/.pth file "
         "torch.save wrote"
     )
     assert NOT_TORCH in caught.value.message
@@ -676,15 +676,15 @@ def test_a_python_file_named_as_a_module_found_first_is_renamed(tmp_path, runner
     assert given.exit_code != 0
     assert error_line(given.stderr).endswith(
         f"(a model in Python code is named module:Callable, but code:NAME would import "
-        f"{code.__file__}, found first, not code.py: rename the file (code_model.py, named "
-        "code_model:NAME from the folder that holds it))"
+        f"{code.__file__}, found first, not code.py: rename the file, such as to code_model.py, "
+        "named code_model:NAME from the folder that holds it)"
     )
     # named so anyway: the same advice, where the hint was 'use package.module:Callable'
     named = runner.invoke(app, ["summary", "code:build", "-i", "2"])
     assert named.exit_code != 0
     assert error_line(named.stderr).endswith(
-        f"(code is {code.__file__}, found before code.py in this folder: rename code.py "
-        "(code_model.py, named code_model:build))"
+        f"(code is {code.__file__}, found before code.py in this folder: rename code.py, "
+        "such as to code_model.py, named code_model:build)"
     )
     (tmp_path / "code.py").rename(tmp_path / "code_model.py")
     renamed = runner.invoke(app, ["summary", "code_model:build", "-i", "2", "--format", "json"])
@@ -695,8 +695,8 @@ def test_a_python_file_named_as_a_module_found_first_is_renamed(tmp_path, runner
         load_checkpoint(tmp_path / "sys.py")
     assert caught.value.hint == (
         "a model in Python code is named module:Callable, but sys:NAME would import Python's "
-        "built-in module sys, found first, not sys.py: rename the file (sys_model.py, named "
-        "sys_model:NAME from the folder that holds it)"
+        "built-in module sys, found first, not sys.py: rename the file, such as to sys_model.py, "
+        "named sys_model:NAME from the folder that holds it"
     )
 
 

@@ -511,8 +511,8 @@ class AuxiliaryHead(nn.Module):
 
 SMALLEST_21 = "the smallest it takes is 21: use --image-size 21 or larger"
 WITH_A_BATCH = (
-    ", with --batch-size 2 or more (BatchNorm in training mode needs more than one value per "
-    "channel)"
+    ", with --batch-size 2 or more; BatchNorm in training mode needs more than one value per "
+    "channel"
 )
 
 

@@ -153,7 +153,7 @@ def test_a_lazy_model_that_fails_at_another_size_names_it():
         "RuntimeError: "
     )
     assert message.endswith("shapes cannot be multiplied (1x48 and 192x5)")
-    assert caught.value.hint.startswith("give the image size (and channels) it takes")
+    assert caught.value.hint.startswith("give the image size and channels it takes")
     model = WideInput()
     assert materialize_lazy_layers(model, (3, 8, 8), "mine:WideInput")
     assert model.head.weight.shape == (2, 5)
@@ -276,6 +276,6 @@ def test_a_training_forward_that_fails_is_one_error_naming_training_mode():
     assert str(caught.value) == (
         "mine:TargetsInTraining has lazy layers that could not be sized by a 3x8x8 (CxHxW) input "
         "in training mode: ValueError: training needs the targets too (give the layers only its "
-        "training forward reaches their sizes in the model's code (nn.Linear instead of "
-        "nn.LazyLinear...))"
+        "training forward reaches their sizes in the model's code, nn.Linear instead of "
+        "nn.LazyLinear...)"
     )

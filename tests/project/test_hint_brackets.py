@@ -21,6 +21,7 @@ PACKAGES = (
     "core/split",
     "core/data",
     "core/convert",
+    "core/models",
 )
 # Quoted regular expressions and code keep their brackets.
 QUOTED = re.compile(r"'\^[^']*'|`[^`]*`")

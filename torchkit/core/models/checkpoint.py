@@ -221,12 +221,12 @@ def _code_file_hint(source: Path) -> str:
     if found is not None:
         return (
             f"a model in Python code is named module:Callable, but {module}:NAME would import "
-            f"{found}, found first, not {source.name}: rename the file ({module}_model.py, "
-            f"named {module}_model:NAME from the folder that holds it)"
+            f"{found}, found first, not {source.name}: rename the file, such as to "
+            f"{module}_model.py, named {module}_model:NAME from the folder that holds it"
         )
     return (
-        f"a model in Python code is named module:Callable ({module}:NAME for the function or "
-        f"class NAME in {source.name}, from the folder that holds it); its weights are the "
+        f"a model in Python code is named module:Callable, {module}:NAME for the function or "
+        f"class NAME in {source.name}, from the folder that holds it; its weights are the "
         ".pt/.pth file torch.save wrote"
     )
 
@@ -243,7 +243,7 @@ def _unreadable(source: Path, error: BaseException, *, trusted: bool) -> Checkpo
             f"cannot read checkpoint {source}: it is in torch.save's legacy format with pickle "
             f"protocol 0 or 1, which this PyTorch cannot read ({type(error).__name__}: "
             f"{first_line(error)})",
-            "save it again with a plain torch.save (no pickle_protocol) where it loads",
+            "save it again with a plain torch.save, without pickle_protocol, where it loads",
         )
     if not _looks_saved_by_torch(source):  # a text file, an image: torch's error says nothing
         hint = "give the .pt/.pth file torch.save wrote, or a .safetensors file"

@@ -52,8 +52,8 @@ def image_size_refusal(
     hint = f"the smallest it takes is {smallest}: use --image-size {smallest} or larger"
     if batch > given and not runs(smallest, given):  # else the batch's refusal would come next
         hint += (
-            ", with --batch-size 2 or more (BatchNorm in training mode needs more than one "
-            "value per channel)"
+            ", with --batch-size 2 or more; BatchNorm in training mode needs more than one "
+            "value per channel"
         )
     return ImageSizeError(f"{name} cannot {doing} {side}x{side} images: {first_line(error)}", hint)
 

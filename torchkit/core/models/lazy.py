@@ -61,7 +61,7 @@ def materialize_lazy_layers(model: Any, sample_shape: Sequence[int], name: str) 
         raise UsageError(
             f"{name} has lazy layers its forward pass did not size, in eval or training mode "
             "(they got no input)",
-            "give them their sizes in the model's code (nn.Linear instead of nn.LazyLinear...)",
+            "give them their sizes in the model's code, nn.Linear instead of nn.LazyLinear...",
         )
     return True
 
@@ -81,11 +81,11 @@ def _dry_forward(model: Any, images: Any, name: str, *, training: bool) -> None:
             raise refusal from error
         size = "x".join(map(str, images.shape[1:]))
         mode = " in training mode" if training else ""
-        hint = "give the image size (and channels) it takes: --image-size, or --input-size"
+        hint = "give the image size and channels it takes: --image-size, or --input-size"
         if training:  # its eval forward ran at this size: the training forward alone failed
             hint = (
                 "give the layers only its training forward reaches their sizes in the model's "
-                "code (nn.Linear instead of nn.LazyLinear...)"
+                "code, nn.Linear instead of nn.LazyLinear..."
             )
         raise UsageError(
             f"{name} has lazy layers that could not be sized by a {size} (CxHxW) input{mode}: "

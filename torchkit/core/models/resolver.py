@@ -401,7 +401,7 @@ def _apply_num_classes(resolved: ResolvedModel, num_classes: int | None, new_hea
         raise UsageError(
             f"{num_classes} classes asked for (--num-classes/--classes), but the "
             f"{resolved.weights_source} has {outputs} outputs",
-            "drop --num-classes (and --classes), or give class names matching the weights",
+            "drop --num-classes and --classes, or give class names matching the weights",
         )
     refuse_unholdable_head(
         num_classes, lambda: [in_features(layer) for _, layer in class_layers(resolved.model)]
@@ -821,8 +821,8 @@ def _load_file_weights(
     if fmt is not None:
         raise UsageError(
             f"--weights {path} is {EXPORTED_TITLES[fmt]}, not a weights file",
-            f"pass {path} alone as MODEL where a command takes exported files (predict, eval), "
-            "or give the checkpoint it was exported from",
+            f"pass {path} alone as MODEL where a command takes exported files, as predict and "
+            "eval do, or give the checkpoint it was exported from",
         )
     if loaded is None:
         loaded = read_model_file(path, trust_checkpoint=trust_checkpoint)

@@ -210,7 +210,7 @@ def timm_pretrained(
     if not _has_weights(name):
         raise UsageError(
             f"timm has no pretrained weights for {TIMM_PREFIX}{name}",
-            "train it from random weights (drop --weights), or pass --weights PATH",
+            "drop --weights to train it from random weights, or pass --weights PATH",
         )
     # The size is judged before any download: a size the model cannot be built for or run at
     # was refused only once its weights had been fetched (or, offline, not at all).

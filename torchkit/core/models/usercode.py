@@ -196,8 +196,8 @@ def _missing_callable_hint(top: str, attr: str) -> str:
     found = module_found_first(top, local) if os.path.isfile(local) else None
     if found is not None:
         return (
-            f"{top} is {found}, found before {top}.py in this folder: rename {top}.py "
-            f"({top}_model.py, named {top}_model:{attr})"
+            f"{top} is {found}, found before {top}.py in this folder: rename {top}.py, "
+            f"such as to {top}_model.py, named {top}_model:{attr}"
         )
     return "use package.module:Callable"
 

@@ -221,7 +221,7 @@ def _load_onnx(source: Path) -> ExportedModel:
     if source.stat().st_size == 0:  # onnx.load reads 0 bytes as an empty model
         raise InputError(
             f"{source} is empty (0 bytes), not an ONNX model",
-            "give the .onnx file `torchkit export` (or torch.onnx.export) wrote",
+            "give the .onnx file `torchkit export` or torch.onnx.export wrote",
         )
     model = onnx.load(os.fspath(source), load_external_data=False)  # ORT reads the weights
     _refuse_graphless(model, source)
@@ -259,7 +259,7 @@ def _refuse_graphless(model: Any, source: Path) -> None:
     )
     raise InputError(
         f"{source} is not a complete ONNX model: it holds {what}",
-        "give the .onnx file `torchkit export` (or torch.onnx.export) wrote",
+        "give the .onnx file `torchkit export` or torch.onnx.export wrote",
     )
 
 
