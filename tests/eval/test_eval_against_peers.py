@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -17,10 +16,10 @@ import pytest
 import torch
 from PIL import Image
 from processes import run_json, run_torchkit_in_process
+from timm_hub import tag_with_test_size
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("timm") is None, reason="needs timm")
 
-HUB_COMMIT = "0" * 40  # the revision a Hugging Face cache's refs/main points to
 # The figures (not the pixels: the first test) are compared at 64 px, as validate.py --img-size 64
 # and eval --image-size 64 take it (the crop ratio kept): a sixth of the default 160 px's compute.
 FIGURES_SIZE = 64
@@ -356,40 +355,9 @@ def _reference(model, data: Path, names: list[str]) -> tuple[float, float]:
 
 @pytest.fixture
 def tested_tag(tmp_path, monkeypatch):
-    """timm's pretrained test_resnet (its default tag, test_resnet.r160_in1k, trained at 160 px
-    crops of 168 px images) given a test size, as resnet50.a1_in1k has one (trained at 224,
-    tested at 288 uncropped): 192 px, uncropped. Its weights are in an offline Hugging Face
-    cache, as a first download leaves them; the pretrained model is returned."""
-    import timm
-    from huggingface_hub import constants
-    from safetensors.torch import save_file
-    from timm.models import get_pretrained_cfg
-    from timm.models._registry import _model_pretrained_cfgs
-
-    home = tmp_path / "hf"
-    monkeypatch.setenv("HF_HOME", str(home))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(home / "hub"))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    config = get_pretrained_cfg("test_resnet.r160_in1k")  # a copy: the registry's is patched
-    assert (config.input_size, config.crop_pct, config.test_input_size) == (
-        (3, 160, 160),
-        0.95,
-        None,
-    )
-    tested = replace(config, test_input_size=(3, 192, 192), test_crop_pct=1.0)
-    for name, registered in list(_model_pretrained_cfgs.items()):
-        if registered == config:  # test_resnet and test_resnet.r160_in1k
-            monkeypatch.setitem(_model_pretrained_cfgs, name, tested)
-    torch.manual_seed(0)
-    truth = timm.create_model("test_resnet").eval()
-    # `hf_hub_download(repo, "model.safetensors")` finds it as cached
-    snapshot = home / "hub" / f"models--{config.hf_hub_id.replace('/', '--')}"
-    (snapshot / "refs").mkdir(parents=True)
-    (snapshot / "refs" / "main").write_text(HUB_COMMIT)
-    (snapshot / "snapshots" / HUB_COMMIT).mkdir(parents=True)
-    save_file(truth.state_dict(), str(snapshot / "snapshots" / HUB_COMMIT / "model.safetensors"))
-    return truth
+    """timm's pretrained test_resnet given a 192 px test size beside its 160 px train size
+    (timm_hub.tag_with_test_size), its weights in an offline Hugging Face cache."""
+    return tag_with_test_size(tmp_path / "hf", monkeypatch)
 
 
 def _imagenet_images(root: Path) -> Path:

@@ -12,10 +12,10 @@ import importlib.util
 import json
 import sys
 import types
-from dataclasses import replace
 
 import pytest
 import torch
+from timm_hub import tag_with_test_size
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -24,7 +24,6 @@ from torchkit.core.benchmark import BenchmarkOptions, benchmark_model, run_bench
 from torchkit.core.benchmark import run as bench_run
 
 needs_timm = pytest.mark.skipif(importlib.util.find_spec("timm") is None, reason="needs timm")
-HUB_COMMIT = "0" * 40  # the revision a Hugging Face cache's refs/main points to
 
 
 def options(**kwargs) -> BenchmarkOptions:
@@ -301,33 +300,9 @@ def test_amp_dtype_fp16_is_timms_amp_and_auto_is_bf16_where_native(runner, monke
 
 @pytest.fixture
 def tested_tag(tmp_path, monkeypatch):
-    """timm's test_resnet (default tag test_resnet.r160_in1k: 160 px) given a test size of 192
-    px, as resnet50.a1_in1k has 288 beside its 224; its weights in an offline Hugging Face
-    cache, as a download leaves them."""
-    import timm
-    from huggingface_hub import constants
-    from safetensors.torch import save_file
-    from timm.models import get_pretrained_cfg
-    from timm.models._registry import _model_pretrained_cfgs
-
-    home = tmp_path / "hf"
-    monkeypatch.setenv("HF_HOME", str(home))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(home / "hub"))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    config = get_pretrained_cfg("test_resnet.r160_in1k")
-    assert (config.input_size, config.test_input_size) == ((3, 160, 160), None)
-    tested = replace(config, test_input_size=(3, 192, 192), test_crop_pct=1.0)
-    for name, registered in list(_model_pretrained_cfgs.items()):
-        if registered == config:
-            monkeypatch.setitem(_model_pretrained_cfgs, name, tested)
-    model = timm.create_model("test_resnet")
-    snapshot = home / "hub" / f"models--{config.hf_hub_id.replace('/', '--')}"
-    (snapshot / "refs").mkdir(parents=True)
-    (snapshot / "refs" / "main").write_text(HUB_COMMIT)
-    (snapshot / "snapshots" / HUB_COMMIT).mkdir(parents=True)
-    save_file(model.state_dict(), str(snapshot / "snapshots" / HUB_COMMIT / "model.safetensors"))
-    return model
+    """timm's pretrained test_resnet given a 192 px test size beside its 160 px train size
+    (timm_hub.tag_with_test_size), its weights in an offline Hugging Face cache."""
+    return tag_with_test_size(tmp_path / "hf", monkeypatch)
 
 
 def timm_benchmark_size(model, use_train_size: bool = False) -> list[int]:

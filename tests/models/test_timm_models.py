@@ -24,6 +24,7 @@ from output_checks import error_line
 from PIL import Image
 from processes import run_torchkit_in_process, run_torchkit_process
 from safetensors.torch import save_file
+from timm_hub import cache_weights, offline_hub
 from torch import nn
 
 from torchkit.cli import app
@@ -53,9 +54,6 @@ timm: Any = None
 def _timm() -> None:
     global timm
     timm = importlib.import_module("timm")
-
-
-HUB_COMMIT = "0" * 40  # the revision a Hugging Face cache's refs/main points to
 
 
 def n_params(model: nn.Module) -> int:
@@ -459,25 +457,8 @@ def test_a_checkpoint_arch_is_rebuilt_for_its_image_size():
 
 @pytest.fixture
 def hub_cache(tmp_path, monkeypatch) -> Path:
-    """An empty Hugging Face cache, offline: huggingface_hub reads its settings at import, so
-    they are set on its constants as well as in the environment."""
-    from huggingface_hub import constants
-
-    home = tmp_path / "hf"
-    monkeypatch.setenv("HF_HOME", str(home))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(home / "hub"))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    return home / "hub"
-
-
-def cache_weights(hub: Path, repo: str, model: nn.Module) -> None:
-    """`model`'s weights as `hf_hub_download(repo, "model.safetensors")` finds them cached."""
-    folder = hub / f"models--{repo.replace('/', '--')}"
-    (folder / "refs").mkdir(parents=True)
-    (folder / "refs" / "main").write_text(HUB_COMMIT)
-    (folder / "snapshots" / HUB_COMMIT).mkdir(parents=True)
-    save_file(model.state_dict(), str(folder / "snapshots" / HUB_COMMIT / "model.safetensors"))
+    """An empty Hugging Face cache, offline."""
+    return offline_hub(tmp_path / "hf", monkeypatch)
 
 
 def test_default_weights_offline_are_one_clear_error(hub_cache, runner):
