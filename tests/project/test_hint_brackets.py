@@ -22,6 +22,7 @@ PACKAGES = (
     "core/data",
     "core/convert",
     "core/models",
+    "core/stats",
 )
 # Quoted regular expressions and code keep their brackets.
 QUOTED = re.compile(r"'\^[^']*'|`[^`]*`")

@@ -79,7 +79,7 @@ def _stats_data(
     if os.fspath(source) == DIGITS:
         raise InputError(
             "dataset-stats reads image files, and `digits` is built in",
-            "give an image folder, a split root or a CSV index (./digits for a folder named so)",
+            "give an image folder, a split root or a CSV index; ./digits for a folder named so",
         )
     shared: list[tuple[str, ...]] = []
     # Of partly labelled data each label is kept, the samples without one counted in a row of
@@ -147,7 +147,7 @@ def check_near_threshold(threshold: int) -> None:
     if not 0 <= threshold <= MAX_THRESHOLD:
         raise UsageError(
             f"--near-threshold must be between 0 and {MAX_THRESHOLD} bits, not {threshold}",
-            f"{DEFAULT_NEAR_THRESHOLD} (the default) finds re-encoded and resized copies",
+            f"the default, {DEFAULT_NEAR_THRESHOLD}, finds re-encoded and resized copies",
         )
 
 
@@ -203,7 +203,7 @@ def compute_dataset_stats(
             f"--leakage-csv: {source} has no splits to compare"
             if measured is None
             else "--leakage-csv with --no-leakage lists nothing",
-            "give split data (a split root or a CSV with a split column), or add "
+            "give split data, a split root or a CSV with a split column; or add "
             "--near-duplicates to list near duplicates within a split",
         )
     if not (measured is not None and (leakage or near_duplicates)):
