@@ -378,7 +378,7 @@ def test_torchrun_refuses_an_explicit_gpu_before_anything_starts(fake_torchrun, 
         setup(spec)
     assert str(caught.value) == (
         f"--device {spec} names one GPU, but under torchrun each of the 2 processes uses the "
-        "GPU of its LOCAL_RANK (use --device cuda (or auto), and CUDA_VISIBLE_DEVICES to "
+        "GPU of its LOCAL_RANK (use --device cuda or auto, and CUDA_VISIBLE_DEVICES to "
         "choose the GPUs)"
     )
     assert fake_cuda == [] and fake_torchrun == []
@@ -447,7 +447,7 @@ def test_torchrun_explicit_gpu_is_a_usage_error_exit_2(world, monkeypatch):
     assert done.returncode == 2, done.stderr
     assert done.stderr.splitlines() == [
         "Error: --device cuda:1 names one GPU, but under torchrun each of the 2 processes uses "
-        "the GPU of its LOCAL_RANK (use --device cuda (or auto), and CUDA_VISIBLE_DEVICES to "
+        "the GPU of its LOCAL_RANK (use --device cuda or auto, and CUDA_VISIBLE_DEVICES to "
         "choose the GPUs)"
     ]
 

@@ -52,7 +52,7 @@ def _check_one_start(starts: list[dict], error: DeviceError) -> None:
         "1801 seconds waiting for clients. 1/2 joined."
     )
     # eval and predict have no --dist-timeout to suggest
-    assert error.hint == "start every rank (torchrun --nproc_per_node / --nnodes)"
+    assert error.hint == "start every rank that torchrun's --nproc_per_node and --nnodes count"
 
 
 def test_eval_starts_its_process_group_with_the_collective_timeout(rank_without_peers, tmp_path):

@@ -23,6 +23,7 @@ PACKAGES = (
     "core/convert",
     "core/models",
     "core/stats",
+    "core/runtime",
 )
 # Quoted regular expressions and code keep their brackets.
 QUOTED = re.compile(r"'\^[^']*'|`[^`]*`")

@@ -74,7 +74,7 @@ def select_device(spec: str = "auto", *, local_rank: int | None = None, world_si
         raise UsageError(
             f"--device {spec.strip()} names one GPU, but under torchrun each of the "
             f"{world_size} processes uses the GPU of its LOCAL_RANK",
-            "use --device cuda (or auto), and CUDA_VISIBLE_DEVICES to choose the GPUs",
+            "use --device cuda or auto, and CUDA_VISIBLE_DEVICES to choose the GPUs",
         )
     device = resolve_device(spec)
     if local_rank is not None and device.type == "cuda":

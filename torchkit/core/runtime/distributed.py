@@ -114,7 +114,7 @@ def join(
                 f"another process ended while they connected ({first_line(error)})",
                 "torchrun's report names the rank that failed first; its output says why",
             ) from error
-        hint = "start every rank (torchrun --nproc_per_node / --nnodes)"
+        hint = "start every rank that torchrun's --nproc_per_node and --nnodes count"
         if timeout_option:
             hint += f", or raise {timeout_option}"
         raise DeviceError(

@@ -31,8 +31,8 @@ def install_hint(extra: str) -> str:
     """How to add `extra` to an installation from source."""
     return (
         f"install torchkit's {extra} extra: `uv sync --extra {extra}` in a clone, or "
-        f"`uv tool install --reinstall 'CLONE[{extra}]'` / `pip install 'CLONE[{extra}]'` "
-        "(CLONE: the torchkit folder or git URL)"
+        f"`uv tool install --reinstall 'CLONE[{extra}]'` / `pip install 'CLONE[{extra}]'`; "
+        "CLONE is the torchkit folder or git URL"
     )
 
 
