@@ -24,6 +24,7 @@ PACKAGES = (
     "core/models",
     "core/stats",
     "core/runtime",
+    "core/benchmark",
 )
 # Quoted regular expressions and code keep their brackets.
 QUOTED = re.compile(r"'\^[^']*'|`[^`]*`")

@@ -175,7 +175,7 @@ def _require_same_columns(path: Path, found: list[str] | None, wanted: list[str]
             parts.append("not written by this version: " + ", ".join(extra))
         raise OutputExistsError(
             f"cannot append to {path}: its columns differ ({'; '.join(parts)})",
-            "write to a new file (-o NEW.csv), or compare with the torchkit that wrote it",
+            "write to a new file with -o NEW.csv, or compare with the torchkit that wrote it",
         )
     return left_out
 

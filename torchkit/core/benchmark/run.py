@@ -137,7 +137,7 @@ def check_options(options: BenchmarkOptions) -> MemoryLimit | None:
     if options.compile and options.warmup < 1:
         raise UsageError(
             "--compile with --warmup 0 would time the compilation",
-            "give --warmup 1 or more (the first steps compile)",
+            "give --warmup 1 or more: the first steps compile",
         )
     if not options.batch_sizes or min(options.batch_sizes) < 1:
         raise UsageError("--batch-size must be positive")
