@@ -211,7 +211,7 @@ def test_a_grayscale_input_to_an_rgb_model_says_which_channels_it_takes(runner):
     # a layer deeper in that gets the wrong channels says nothing of the model's input
     result = runner.invoke(app, ["summary", f"{HERE}:miswired_model", "-i", "1,8,8"])
     assert result.exit_code == 2
-    assert error_line(result.stderr).endswith("(check --input-size (and --dtype))")
+    assert error_line(result.stderr).endswith("(check --input-size and --dtype)")
 
 
 def signal_model() -> nn.Module:

@@ -25,6 +25,7 @@ PACKAGES = (
     "core/stats",
     "core/runtime",
     "core/benchmark",
+    "core/summary",
 )
 # Quoted regular expressions and code keep their brackets.
 QUOTED = re.compile(r"'\^[^']*'|`[^`]*`")

@@ -862,7 +862,7 @@ _FLOAT_INDICES = re.compile(r"'indices' to have|dtype int32(?:/| or )int64 for i
 
 
 # The hint of a forward pass that failed for no reason told apart.
-INPUT_HINT = "check --input-size (and --dtype)"
+INPUT_HINT = "check --input-size and --dtype"
 
 
 def _run_failure_hint(error: Exception, specs: Sequence[InputSpec] = ()) -> str:

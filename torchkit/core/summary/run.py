@@ -305,7 +305,7 @@ def _summarize_loaded(
         model = model.to(target)
     if not args:
         if train_mode:
-            raise UsageError("--train-mode needs a forward pass", "give --input-size (-i)")
+            raise UsageError("--train-mode needs a forward pass", "give --input-size, -i for short")
         if is_script_module(model):
             notes.insert(0, SCRIPT_NOTE)
         result = summarize_tree(model, notes=notes)
