@@ -26,6 +26,7 @@ PACKAGES = (
     "core/runtime",
     "core/benchmark",
     "core/summary",
+    "cli",
 )
 # Quoted regular expressions and code keep their brackets.
 QUOTED = re.compile(r"'\^[^']*'|`[^`]*`")

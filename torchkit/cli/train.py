@@ -93,8 +93,8 @@ def _refuse_output_meant_as_out(output: Path | None, out: Path | None) -> None:
     raise UsageError(
         f"-o/--output names the file train's printed summary goes to, and {output} has no "
         "extension",
-        f"the run folder is --out: did you mean --out {output}? (or -o {output}.json for the "
-        "summary as JSON)",
+        f"the run folder is --out: did you mean --out {output}, or -o {output}.json for the "
+        "summary as JSON?",
     )
 
 
