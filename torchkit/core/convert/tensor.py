@@ -524,7 +524,9 @@ def _write_npy(path: Path, array: Any) -> None:
 def _write_torch(path: Path, array: Any, name: str, extension: str) -> None:
     import torch
 
-    tensor = torch.from_numpy(array)
+    # An image's pixels as PIL gives them are read-only: torch warns of such an array (on
+    # stderr, a UserWarning a user cannot act on), so it gets its own writable copy.
+    tensor = torch.from_numpy(array if array.flags.writeable else array.copy())
     with atomic_path(path) as tmp, reporting_write_errors(path):
         if extension == ".safetensors":
             safetensors_save({name: tensor}, tmp)
