@@ -1,13 +1,16 @@
 """An error line reads `Error: <what> (<hint>)`: a hint with brackets of its own would nest them,
 `(pick another layer (--list-layers))`. The hints of the packages below (their error calls'
-second argument, a `hint=` keyword, a value assigned to a name with `hint` in it, `HINT`
-alike, and what a function with `hint` in its name returns) hold no bracket, except in a quoted
+second argument, a `hint=` keyword, what a torchkit function's parameter named for a hint is
+given, a value assigned to a name with `hint` in it, `HINT` alike, and what a function with
+`hint` in its name returns) hold no bracket, except in a quoted
 regular expression (`'^(patient\\d+)_'`) or in code between backticks (`` `.to_dense()` ``).
-A grep-level check of the source, nothing is run."""
+A warning's hint, in brackets at the end of its text, nests none either. A grep-level check of
+the source, nothing is run."""
 
 from __future__ import annotations
 
 import ast
+import functools
 import re
 
 import pytest
@@ -32,7 +35,25 @@ PACKAGES = (
 QUOTED = re.compile(r"'\^[^']*'|`[^`]*`")
 
 
-def _hint_literals(tree: ast.AST) -> list[tuple[int, str]]:
+@functools.cache
+def _hint_parameters() -> dict[str, tuple[int, str]]:
+    """The functions of torchkit with a parameter named for a hint (`refuse(name, ..., hint)`):
+    function name -> the parameter's position in a call and its name."""
+    found = {}
+    for path in sorted((REPO / "torchkit").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                params = [arg.arg for arg in node.args.posonlyargs + node.args.args]
+                bound = 1 if params[:1] in (["self"], ["cls"]) else 0
+                for position, param in enumerate(params[bound:]):
+                    if "hint" in param.lower():
+                        found[node.name] = (position, param)
+    return found
+
+
+def _hint_literals(
+    tree: ast.AST, parameters: dict[str, tuple[int, str]] | None = None
+) -> list[tuple[int, str]]:
     hints: list[ast.AST] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
@@ -41,6 +62,11 @@ def _hint_literals(tree: ast.AST) -> list[tuple[int, str]]:
             if name.endswith("Error") and len(node.args) >= 2:
                 hints.append(node.args[1])
             hints += [keyword.value for keyword in node.keywords if keyword.arg == "hint"]
+            if not name.endswith("Error") and name in (parameters or {}):
+                position, param = parameters[name]
+                if len(node.args) > position:
+                    hints.append(node.args[position])
+                hints += [keyword.value for keyword in node.keywords if keyword.arg == param]
         elif isinstance(node, ast.FunctionDef) and "hint" in node.name.lower():
             hints += [
                 part.value
@@ -62,12 +88,64 @@ def _hint_literals(tree: ast.AST) -> list[tuple[int, str]]:
 @pytest.mark.parametrize("package", PACKAGES)
 def test_hints_hold_no_brackets(package):
     found = []
+    parameters = _hint_parameters()
     for path in sorted((REPO / "torchkit" / package).rglob("*.py")):
-        for line, text in _hint_literals(ast.parse(path.read_text(encoding="utf-8"))):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for line, text in _hint_literals(tree, parameters):
             bare = QUOTED.sub("", text)
             if "(" in bare or ")" in bare:
                 found.append(f"{path.relative_to(REPO)}:{line}: {text!r}")
     assert not found, "\n".join(found)
+
+
+def _text(node: ast.AST) -> str | None:
+    """A string's text, an f-string's with `{}` for each value, a `+` of them joined."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return (_text(node.left) or "{}") + (_text(node.right) or "{}")
+    return None
+
+
+def _nested_warnings(tree: ast.AST) -> list[tuple[int, str]]:
+    """The warnings (`log.warning(...)`, `warn(...)`) whose text holds brackets in brackets,
+    quoted code and regular expressions aside."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not node.args:
+            continue
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+        text = _text(node.args[0]) if name in ("warning", "warn") else None
+        depth = deepest = 0
+        for char in QUOTED.sub("", text or ""):
+            depth += {"(": 1, ")": -1}.get(char, 0)
+            deepest = max(deepest, depth)
+        if deepest > 1:
+            found.append((node.lineno, text))
+    return found
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_warnings_nest_no_brackets(package):
+    found = [
+        f"{path.relative_to(REPO)}:{line}: {text!r}"
+        for path in sorted((REPO / "torchkit" / package).rglob("*.py"))
+        for line, text in _nested_warnings(ast.parse(path.read_text(encoding="utf-8")))
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_the_check_finds_a_warning_with_nested_brackets():
+    tree = ast.parse(
+        'log.warning("%s is slow (reads it (twice))", path)\n'
+        'log.warning(f"{path} is slow (see {x})")\n'
+        'warn("rows (" + shown + ") left out (drop them)")\n'
+        'log.warning("rewrite it (`write_table(..., row_group_size=1000)`)")\n'
+    )
+    assert _nested_warnings(tree) == [(1, "%s is slow (reads it (twice))")]
 
 
 def test_the_check_finds_a_bracketed_hint():
@@ -77,13 +155,17 @@ def test_the_check_finds_a_bracketed_hint():
         'raise InputError("what", hint=f"use {x} (a note)")\n'
         'SHARED_HINT = "see (this)"\n'
         'def _size_hint():\n    return "give (a size)"\n'
+        'refuse(name, "whose (classes)", "rename (it)")\n'
+        'refuse(name, "whose (classes)", advice="drop (it)")\n'
     )
-    texts = [text for _, text in _hint_literals(tree)]
+    texts = [text for _, text in _hint_literals(tree, {"refuse": (2, "advice")})]
     assert sorted(text for text in texts if "(" in text) == [
         " (a note)",
         "check (this)",
+        "drop (it)",
         "give (a size)",
         "pick another (--list-layers)",
+        "rename (it)",
         "see (this)",
     ]
 

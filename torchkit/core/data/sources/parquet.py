@@ -813,9 +813,9 @@ def _warn_of_large_row_groups(files: list[_File]) -> None:
         return
     size, file = largest
     log.warning(
-        "%s has row groups of up to %d MB of images: each process that reads images (every "
-        "loader worker) holds a whole row group in memory (rewrite the file with smaller row "
-        "groups, e.g. pyarrow.parquet.write_table(..., row_group_size=1000))",
+        "%s has row groups of up to %d MB of images: each process that reads images, every "
+        "loader worker included, holds a whole row group in memory (rewrite the file with "
+        "smaller row groups, e.g. `pyarrow.parquet.write_table(..., row_group_size=1000)`)",
         file.path,
         size >> 20,
     )

@@ -2064,7 +2064,7 @@ def _labelled(
                 named_alike,
                 f"the label {sample.name!r} of sample {sample.key} in {sample.shard}",
                 "the classes beside the shards",
-                'give the sample its class index (KEY.cls, or "cls" in its KEY.json): '
+                'give the sample its class index in KEY.cls, or as "cls" in its KEY.json: '
                 "webdataset reads the index",
             )
             labels.append(index_of[sample.name])

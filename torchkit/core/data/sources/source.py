@@ -468,7 +468,7 @@ def _refuse_names_of_two_outputs(samples: Samples, classes: list[str], where: st
             own,
             f"the model's class {shown}",
             f"the classes of {where}",
-            "give the model the data's class names in the data's order (--classes), or the "
+            "give the model the data's class names in the data's order with --classes, or the "
             "data's classes one distinct name each",
         )
 
