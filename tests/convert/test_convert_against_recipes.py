@@ -53,11 +53,15 @@ def write_batch(path: Path, rng: np.random.Generator, count: int, **labels: list
     path.write_bytes(py2_pickle(batch))
 
 
-@pytest.fixture
-def tv_integrity_skipped(monkeypatch):
+def skip_tv_integrity(monkeypatch) -> None:
     """torchvision checks the md5 sum of every known CIFAR file; generated pickles have other
     sums, so only that check is patched out: the reading is torchvision's own."""
     monkeypatch.setattr(tv_cifar, "check_integrity", lambda *args, **kwargs: True)
+
+
+@pytest.fixture
+def tv_integrity_skipped(monkeypatch):
+    skip_tv_integrity(monkeypatch)
 
 
 def png_at(out: Path, split: str, name: str, index: int, width: int) -> Image.Image:
@@ -83,7 +87,7 @@ def assert_same_as_torchvision(out: Path, dataset) -> None:
     assert found == expected
 
 
-def test_convert_cifar10_is_torchvision_cifar10_item_for_item(tmp_path, tv_integrity_skipped):
+def test_convert_cifar10_is_torchvision_cifar10_item_for_item(tmp_path, monkeypatch):
     rng = np.random.default_rng(10)
     folder = tmp_path / "cifar-10-batches-py"
     folder.mkdir()
@@ -97,6 +101,10 @@ def test_convert_cifar10_is_torchvision_cifar10_item_for_item(tmp_path, tv_integ
     (folder / "batches.meta").write_bytes(py2_pickle(meta))
 
     ok("convert", "cifar", folder, tmp_path / "png", "-j", "0")
+    # torchvision reads the original files only (their md5 sums); torchkit reads the format
+    with pytest.raises(RuntimeError, match="corrupted"):
+        CIFAR10(tmp_path)
+    skip_tv_integrity(monkeypatch)
     for train in (True, False):
         dataset = CIFAR10(tmp_path, train=train)
         assert dataset.classes == names
@@ -414,6 +422,7 @@ def test_a_palette_png_is_expanded_where_to_tensor_gives_indices(tmp_path, trans
     with Image.open(src) as image:
         assert torch.equal(raw, pil_to_tensor(image.convert(mode)))
         assert to_tensor(image).shape == (1, 5, 7)  # the palette indices
+        assert np.asarray(image).shape == (5, 7)
     assert read_image(str(src)).shape == (1, 5, 7)
 
 
@@ -427,7 +436,9 @@ def test_exif_orientation_is_read_image_with_apply_exif_orientation(tmp_path):
     stored = tensor_of(tmp_path, src, "s.pt", "--dtype", "uint8", "--no-exif")
     assert torch.equal(stored, read_image(str(src)))  # read_image's default: as stored
     with Image.open(src) as image:
-        assert torch.equal(stored, pil_to_tensor(image))  # to_tensor and PIL ignore EXIF too
+        # pil_to_tensor and to_tensor take the pixels as stored too
+        assert torch.equal(stored, pil_to_tensor(image))
+        assert to_tensor(image).shape == (3, 4, 6)
 
 
 def test_floats_to_png_round_where_to_pil_image_truncates(tmp_path):
