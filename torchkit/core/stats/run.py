@@ -203,7 +203,7 @@ def compute_dataset_stats(
             f"--leakage-csv: {source} has no splits to compare"
             if measured is None
             else "--leakage-csv with --no-leakage lists nothing",
-            "give split data, a split root or a CSV with a split column; or add "
+            "give split data, such as a split root or a CSV with a split column, or add "
             "--near-duplicates to list near duplicates within a split",
         )
     if not (measured is not None and (leakage or near_duplicates)):
