@@ -20,7 +20,7 @@ import torch
 import torch.serialization
 import torchvision.datasets.cifar as tv_cifar
 from PIL import Image
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from test_convert_cifar import cifar_rows, py2_pickle
 from torch import nn
 from torchvision.datasets import CIFAR10, CIFAR100
@@ -262,6 +262,24 @@ def test_ema_weights_beside_state_dict_need_key_as_in_the_recipe(tmp_path):
     picked = torch.load(tmp_path / "ema.pt", weights_only=True)
     assert_identical(picked, hand_recipe(tmp_path / "t.pth", "state_dict_ema"), ordered=True)
     assert not torch.equal(picked["0.weight"], plain["0.weight"])
+
+
+def test_a_channels_last_model_goes_to_safetensors_where_save_file_refuses_it(tmp_path):
+    """A model trained in channels_last has non-contiguous convolution weights, which
+    safetensors' own `save_file` refuses; the command writes them contiguous, the same values."""
+    net = model().to(memory_format=torch.channels_last)
+    state = net.state_dict()
+    assert not state["0.weight"].is_contiguous()
+    torch.save({"state_dict": state}, tmp_path / "cl.pth")
+    with pytest.raises(ValueError, match="non contiguous"):
+        save_file(hand_recipe(tmp_path / "cl.pth"), str(tmp_path / "recipe.safetensors"))
+    ok("convert", "checkpoint", tmp_path / "cl.pth", tmp_path / "cl.safetensors")
+    written = load_file(tmp_path / "cl.safetensors")
+    assert_identical(written, hand_recipe(tmp_path / "cl.pth"), ordered=False)
+    ok("convert", "checkpoint", tmp_path / "cl.pth", tmp_path / "cl.pt")
+    plain = torch.load(tmp_path / "cl.pt", weights_only=True)
+    assert all(tensor.is_contiguous() for tensor in plain.values())
+    assert_identical(plain, hand_recipe(tmp_path / "cl.pth"), ordered=True)
 
 
 def test_keys_partly_prefixed_are_kept_where_the_recipe_strips_each(tmp_path):
