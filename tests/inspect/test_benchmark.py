@@ -985,6 +985,9 @@ def test_append_to_a_file_with_other_columns_is_refused_before_any_work(runner, 
     assert result.exit_code == 1
     line = error_line(result.stderr)
     assert "columns differ" in line and "missing mode" in line and "gpu" in line
+    assert line.endswith(
+        "(write to a new file with -o NEW.csv, or compare with the torchkit that wrote it)"
+    )
     assert out.read_bytes() == before
     assert time.perf_counter() - start < 5  # refused before the model was benchmarked
 
@@ -1085,6 +1088,15 @@ def test_bad_options_exit_2_with_one_error_line(runner, extra):
     result = runner.invoke(app, ["benchmark", "convnet", "--device", "cpu", *extra])
     assert result.exit_code == 2, (extra, result.stdout, result.stderr)
     error_line(result.stderr, besides="nothing")
+
+
+def test_compile_without_warmup_says_why_warmup_is_needed(runner):
+    result = runner.invoke(app, ["benchmark", "convnet", "--compile", "--warmup", "0"])
+    assert result.exit_code == 2
+    assert error_line(result.stderr, besides="nothing") == (
+        "Error: --compile with --warmup 0 would time the compilation (give --warmup 1 or more: "
+        "the first steps compile)"
+    )
 
 
 def test_a_model_that_fails_is_one_error_line(runner, model_module):

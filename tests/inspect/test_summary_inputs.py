@@ -450,7 +450,10 @@ def test_train_mode_option(runner):
         == 56
     )
     result = runner.invoke(app, ["summary", f"{HERE}:aux_net", "--train-mode"])
-    assert result.exit_code == 2 and "--train-mode needs a forward pass" in result.stderr
+    assert result.exit_code == 2
+    assert error_line(result.stderr).endswith(
+        "--train-mode needs a forward pass (give --input-size, -i for short)"
+    )
 
 
 class NoOutputs(nn.Module):
