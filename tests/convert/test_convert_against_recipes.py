@@ -19,9 +19,9 @@ import pytest
 import torch
 import torch.serialization
 import torchvision.datasets.cifar as tv_cifar
+from cifar_files import cifar_rows, py2_pickle
 from PIL import Image
 from safetensors.torch import load_file, save_file
-from test_convert_cifar import cifar_rows, py2_pickle
 from torch import nn
 from torchvision.datasets import CIFAR10, CIFAR100
 from torchvision.io import ImageReadMode, read_image
