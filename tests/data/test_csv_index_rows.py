@@ -67,7 +67,9 @@ def test_a_utf16_index_is_said_to_be_no_utf8(tmp_path):
     index.write_bytes(index.read_text(encoding="utf-8").encode("utf-16"))
     result = run_torchkit_in_process("dataset-stats", index, "-j", "0")
     assert result.returncode == 1
-    assert error_line(result.stderr).startswith(f"Error: {index} is not UTF-8 text")
+    line = error_line(result.stderr)
+    assert line.startswith(f"Error: {index} is not UTF-8 text")
+    assert line.endswith("(save it as CSV UTF-8, with or without BOM)")
 
 
 def test_a_row_of_more_fields_than_the_header_is_an_error_naming_its_line(tmp_path):

@@ -422,8 +422,11 @@ def test_the_record_gives_back_exactly_the_held_out_images(cifar_like, tmp_path)
     assert not set(train.ids) & set(val.ids)
 
     (cifar_like / "train" / splits["val"].ids[0].split("/", 1)[1]).unlink()
-    with pytest.raises(InputError, match="1 of the 4 images the training run held out for val"):
+    with pytest.raises(
+        InputError, match="1 of the 4 images the training run held out for val"
+    ) as e:
         select_split(open_data(cifar_like), "val", default="test", recorded=record)
+    assert e.value.hint == f"give the data the run trained on: {cifar_like.resolve()}"
 
 
 def test_the_held_out_images_are_matched_however_a_csv_index_spells_their_paths(tmp_path):

@@ -92,8 +92,9 @@ def test_train_refuses_an_empty_or_missing_train_split(tmp_path):
     no_train = tmp_path / "none"
     write_image_folder(no_train / "val", {"a": 2})
     write_image_folder(no_train / "test", {"a": 2})
-    with pytest.raises(InputError, match="has no training split"):
+    with pytest.raises(InputError, match="has no training split") as caught:
         training_splits(open_data(no_train), val_split=None, seed=0)
+    assert caught.value.hint == "add train/, or rows with split train"
 
 
 def test_commands_read_the_other_splits_and_refuse_the_empty_one(root, tmp_path):

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from checkpoints import write_convnet_checkpoint
 from image_folders import write_image_folder
+from output_checks import error_line
 from processes import run_torchkit_in_process
 from suite_paths import REPO
 
@@ -209,6 +210,9 @@ def test_a_csv_index_with_such_names_is_read_by_eval_and_predict(data, model, tm
     latin1.write_bytes(f"path,label\n{data}/dog/dog_0.png,caf\xe9\n".encode("latin-1"))
     done = run_torchkit_in_process("dataset-stats", latin1)
     assert done.returncode == 1 and "is not UTF-8 text" in done.stderr
+    assert error_line(done.stderr) == (
+        f"Error: {latin1} is not UTF-8 text (save it as CSV UTF-8, with or without BOM)"
+    )
 
 
 def test_convert_tensor_writes_a_16_bit_image_to_such_a_name(tmp_path):

@@ -318,7 +318,11 @@ def write_huge_class_index(path: Path) -> Path:
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (write_imageless, "has no image column (its columns: text, label)"),
+        (
+            write_imageless,
+            "has no image column (its columns: text, label) (images are an `image` column of "
+            "binary, or of HF's Image type: a {bytes, path} struct)",
+        ),
         (write_corrupt, "cannot read bad.parquet"),
         (write_huge_class_index, "bad.parquet has class index 9,223,372,036,854,775,807"),
     ],
@@ -480,7 +484,11 @@ def test_files_of_splits_mixed_with_files_of_none_are_refused(tmp_path):
     write_parquet(tmp_path / "data" / "extra-00000-of-00001.parquet", [png(1)], [0])
     result = run_torchkit_in_process("dataset-stats", tmp_path)
     assert result.returncode == 1
-    assert "mixes parquet files of splits with files of none" in error_line(result.stderr)
+    assert error_line(result.stderr).endswith(
+        "mixes parquet files of splits with files of none (data/extra-00000-of-00001.parquet) "
+        "(name every file for its split, as train-*, validation-* or test-*, or none; or give one "
+        "file)"
+    )
 
 
 def test_missing_pyarrow_is_one_error_naming_the_extra(world, monkeypatch):

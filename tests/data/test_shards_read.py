@@ -107,6 +107,13 @@ def test_webdatasets_pipe_and_s3_forms_are_said_to_be_unread(spec, message):
     assert result.returncode == 1
     line = error_line(result.stderr)
     assert message in line and "not found" not in line, line
+    assert line.endswith(
+        "(give the shards' http or https URL, such as https://HOST/DIR/NAME-{000000..000009}.tar, "
+        "or copy them to a folder first)"
+        if spec.startswith("pipe:")
+        else "(copy the data to a folder first with aws s3 cp, gsutil cp..., or give an https URL "
+        "to it, such as a presigned one)"
+    )
 
 
 def test_dataset_stats_of_shards_is_that_of_their_folder(world):
