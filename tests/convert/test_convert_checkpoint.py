@@ -422,7 +422,12 @@ def test_bad_input_and_existing_output(tmp_path):
         (("missing.pt", "o.pt"), 1, "Error: checkpoint not found"),
         (("cut.pt", "o.pt"), 1, "Error: cannot read checkpoint"),
         (("empty.pt", "o.pt"), 1, "is empty (0 bytes)"),
-        (("sd.pt", "o.onnx"), 2, "cannot tell the output format"),
+        (
+            ("sd.pt", "o.onnx"),
+            2,
+            "cannot tell the output format from 'o.onnx' (end DST with .safetensors or .pt; .pth, "
+            ".bin and .ckpt count as .pt; or pass --to for a name without one)",
+        ),
         (("sd.pt", "exists.pt"), 1, "already exists"),
         (("sd.pt", "sd.pt", "--force"), 1, "is the source checkpoint"),
     ]

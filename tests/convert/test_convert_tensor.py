@@ -557,10 +557,20 @@ def test_bad_single_files(tmp_path):
         (("text.npy", "x.png"), 1, "is not a .npy file"),
         (("objects.npy", "x.png"), 1, "holds Python objects"),
         (("cut.png", "x.npy"), 1, "cannot read image"),
-        (("object.pt", "x.png"), 1, "holds a pickled Python object"),
+        (
+            ("object.pt", "x.png"),
+            1,
+            "holds a pickled Python object, not tensors (only tensors and dicts of tensors are "
+            "read, with weights_only=True, so loading never runs code from the file)",
+        ),
         (("cut.pt", "x.png"), 1, "cannot read"),
         (("rgba.png", "x.jpg"), 1, "JPEG cannot store an alpha channel"),
-        (("rgba.png", "x.png", "--dtype", "float32"), 2, "--dtype sets the dtype"),
+        (
+            ("rgba.png", "x.png", "--dtype", "float32"),
+            2,
+            "--dtype sets the dtype of .npy/.pt/.safetensors outputs (image files are 8-bit, or "
+            "16-bit for 16-bit PNG/TIFF sources)",
+        ),
         (("rgba.png", "rgba.png", "--force"), 1, "is the source"),
     ]
     (tmp_path / "notes.txt").write_text("x")
@@ -654,7 +664,11 @@ def test_tensors_numpy_lacks_and_images_too_large_for_the_encoder(tmp_path):
     np.save(tmp_path / "wide.npy", np.zeros((1, 65_501, 3), np.uint8))
     np.save(tmp_path / "webp.npy", np.zeros((16_384, 1, 3), np.uint8))
     cases = [
-        ("sparse.pt", "x.png", "a sparse_coo tensor is not an image"),
+        (
+            "sparse.pt",
+            "x.png",
+            "a sparse_coo tensor is not an image (save `tensor.to_dense()` instead)",
+        ),
         ("wide.npy", "x.jpg", "JPEG cannot store a 65501x1 image"),
         ("webp.npy", "x.webp", "WEBP cannot store a 1x16384 image"),
     ]

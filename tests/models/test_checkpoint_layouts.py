@@ -281,8 +281,11 @@ def test_a_legacy_text_pickle_is_named_and_loads_only_with_trust(tmp_path):
         assert "weights_only" in str(e.value) and "--trust-checkpoint" in e.value.hint
     loaded = load_checkpoint(tmp_path / "p1.pt", trust_checkpoint=True)
     assert torch.equal(loaded["classifier.4.weight"], truth.state_dict()["classifier.4.weight"])
-    with pytest.raises(CheckpointError, match="which this PyTorch cannot read"):
+    with pytest.raises(CheckpointError, match="which this PyTorch cannot read") as e:
         load_checkpoint(tmp_path / "p0.pt", trust_checkpoint=True)
+    assert e.value.hint == (
+        "save it again with a plain torch.save, without pickle_protocol, where it loads"
+    )
     result = run_torchkit_in_process("summary", "convnet", "--weights", tmp_path / "p0.pt")
     assert result.returncode == 1
     assert "torch.save's legacy format" in error_line(result.stderr)

@@ -291,8 +291,11 @@ def test_the_head_is_sized_from_the_weights(in_world):
     # otherwise a random head would be used as if the weights had trained it.
     tuned = resolve_model("resnet18", weights="finetuned_2class.pt", num_classes=5, new_head=True)
     assert tuned.model.fc.out_features == 5 and tuned.classes is None
-    with pytest.raises(UsageError, match=r"5 classes asked for .* state dict has 2 outputs"):
+    with pytest.raises(UsageError, match=r"5 classes asked for .* state dict has 2 outputs") as e:
         resolve_model("resnet18", weights="finetuned_2class.pt", num_classes=5)
+    assert e.value.hint == (
+        "drop --num-classes and --classes, or give class names matching the weights"
+    )
 
 
 @pytest.mark.parametrize(("spec", "weights"), [("full.pt", None), (f"{PKG}.nets:Net", "full.pt")])

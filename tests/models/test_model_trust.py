@@ -386,6 +386,10 @@ def test_train_from_an_exported_file_is_refused(runner, world, tmp_path):
     )
     assert result.exit_code == 2
     assert "is an ONNX model, not a weights file" in error_line(result.stderr)
+    assert error_line(result.stderr).endswith(
+        "alone as MODEL where a command takes exported files, as predict and eval do, or give "
+        "the checkpoint it was exported from)"
+    )
     assert not (tmp_path / "run").exists()
 
 

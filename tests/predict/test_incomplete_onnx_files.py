@@ -67,6 +67,7 @@ def test_an_onnx_file_without_a_model_is_one_error_line_before_any_output(
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr  # no warning about its preprocessing first
     assert lines[0].startswith(f"Error: {model} {reason}")
+    assert lines[0].endswith("(give the .onnx file `torchkit export` or torch.onnx.export wrote)")
     assert "Traceback" not in result.stderr
 
 
