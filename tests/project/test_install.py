@@ -46,6 +46,11 @@ def test_a_missing_extra_is_one_error_naming_it(monkeypatch):
     assert text.startswith("running the ONNX model m.onnx needs the onnxruntime package")
     assert "uv sync --extra export" in text and "[export]" in text
     assert "pip install torchkit" not in text and "\n" not in text
+    assert caught.value.hint == (
+        "install torchkit's export extra: `uv sync --extra export` in a clone, or `uv tool install "
+        "--reinstall 'CLONE[export]'` / `pip install 'CLONE[export]'`; CLONE is the torchkit "
+        "folder or git URL"
+    )
 
 
 def test_a_broken_package_of_an_extra_is_not_reported_as_missing(monkeypatch):
