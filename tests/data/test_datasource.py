@@ -364,8 +364,13 @@ def test_select_split_picks_defaults_all_and_refuses_what_cannot_apply(cifar_lik
     whole, notes = select_split(folder, None, default="test")
     assert len(whole) == 20 and notes == [] and whole.splits is None
     for split in ("train", "val", "all"):
-        with pytest.raises(UsageError, match=f"--split {split}: .* is not split data"):
+        with pytest.raises(UsageError, match=f"--split {split}: .* is not split data") as caught:
             select_split(folder, split, default="test")
+        assert caught.value.hint == (
+            "--split picks train/, val/ or test/ of a split root, the rows of a CSV index with a "
+            "split column, or the split a training run recorded, given its checkpoint; drop "
+            "--split"
+        )
 
 
 # -- train's splits, their record and split.csv ------------------------------------------------

@@ -157,6 +157,19 @@ def test_a_shard_label_of_spaces_alone_is_refused_naming_the_sample(tmp_path):
     )
 
 
+def test_shards_naming_some_classes_and_indexing_others_ask_for_classes_txt(tmp_path):
+    """Sample a gives class index 0 alone, sample b names its class: which name index 0 stands
+    for is unknown, and the hint says how the names are given."""
+    shard = tar_of_members(
+        tmp_path / "s-000000.tar", _sample("a", 0, cls=0) + _sample("b", 1, label="dog")
+    )
+    assert _refused(shard) == (
+        "sample a in s-000000.tar has a class index and no class name, while other samples "
+        "name their class (put classes.txt beside the shards, one class name per line in label "
+        "order)"
+    )
+
+
 def test_a_class_index_past_the_classes_file_beside_a_listed_name_is_one_error(tmp_path):
     """KEY.cls 5 of classes.txt's 2 names, beside "label": "dog": read as dog, silently,
     while webdataset's reader takes index 5."""

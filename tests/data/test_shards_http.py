@@ -463,6 +463,9 @@ def test_a_redirect_loop_is_one_error_line(server, tmp_path):
     assert result.returncode == 1
     line = error_line(result.stderr, besides="nothing")  # urllib's reason had three lines
     assert f"{server.url}/loop/" in line and "HTTP 302" in line and "redirects" in line, line
+    assert line.endswith(
+        "(the server's redirects lead nowhere, in a loop or too many: check the URL)"
+    )
 
 
 def test_an_html_page_served_as_a_side_file_is_no_class_names(world, server):
