@@ -139,7 +139,8 @@ def test_a_large_dark_image_and_a_small_light_one(tmp_path):
     assert _per_image_std_average(images).tolist() == [0.0] * 3
 
 
-def test_resize_is_the_dataloader_loop_over_resize_and_to_tensor(mixed):
+@pytest.mark.parametrize("size", [5, 80])  # every image made smaller; every one larger
+def test_resize_is_the_dataloader_loop_over_resize_and_to_tensor(mixed, size):
     """--resize N against the usual loop: an ImageFolder with `Resize(N)` then `ToTensor()`,
     a DataLoader, each batch's sums and sums of squares added up in float64. Its loader reads
     the files as the docs say the loaders read them (gray and palette to RGB, alpha dropped,
@@ -153,7 +154,7 @@ def test_resize_is_the_dataloader_loop_over_resize_and_to_tensor(mixed):
         return Image.fromarray(seen[Path(path).relative_to(root).as_posix()], "RGB")
 
     folder = datasets.ImageFolder(
-        str(root), transform=transforms.Compose([transforms.Resize(5), transforms.ToTensor()])
+        str(root), transform=transforms.Compose([transforms.Resize(size), transforms.ToTensor()])
     )
     folder.loader = loader
     sums = torch.zeros(3, dtype=torch.float64)
@@ -167,7 +168,7 @@ def test_resize_is_the_dataloader_loop_over_resize_and_to_tensor(mixed):
     mean = sums / pixels
     std = (squares / pixels - mean**2).sqrt()
 
-    stats = compute_dataset_stats(root, resize=5, workers=0)
+    stats = compute_dataset_stats(root, resize=size, workers=0)
     assert stats.pixels == pixels
     # ToTensor's float32 division by 255 is the loop's only rounding (about 1e-8)
     np.testing.assert_allclose(stats.mean, mean.numpy(), rtol=0, atol=1e-7)
