@@ -187,12 +187,13 @@ def test_float32_loop_drifts_on_imagenet_sized_sets_and_the_counts_do_not():
     rng = np.random.default_rng(1)
     image = _noise(rng, 224, 224, 3)
     exact = image.reshape(-1, 3).astype(np.float64) / 255
-    batch = torch.from_numpy(image).permute(2, 0, 1).float().div(255).expand(256, 3, 224, 224)
+    one = torch.from_numpy(image).permute(2, 0, 1).float().div(255)
 
     def off(dtype) -> float:
-        """The loop's largest error in a mean or std, its running sums of `dtype`."""
-        x = batch.to(dtype)
-        batch_sum, batch_squares = x.sum((0, 2, 3)), (x**2).sum((0, 2, 3))
+        """The loop's largest error in a mean or std, its running sums of `dtype` (a batch's
+        sums: 256 times one image's, as summing 256 copies gives them to rounding)."""
+        x = one.to(dtype)
+        batch_sum, batch_squares = 256 * x.sum((1, 2)), 256 * (x**2).sum((1, 2))
         sums, squares = torch.zeros(3, dtype=dtype), torch.zeros(3, dtype=dtype)
         for _ in range(5000):
             sums += batch_sum
