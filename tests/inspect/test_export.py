@@ -921,7 +921,12 @@ def test_a_corrupt_checkpoint_is_one_error_line(runner, world, tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["m.tflite"], "cannot tell the export format from 'm.tflite'"),
+        (
+            ["m.tflite"],
+            "cannot tell the export format from 'm.tflite' (end OUT with .onnx, with .ts or .pt "
+            "for TorchScript, or with .pt2 for torch.export; or pass "
+            "--to onnx|torchscript|exported-program)",
+        ),
         (["m.onnx", "--to", "tflite"], "Invalid value for '--to'"),
         (["m.pt2", "--to", "onnx"], "--to onnx contradicts the extension"),
         (["m.ts", "--opset", "13"], "--opset goes with ONNX"),
@@ -1086,6 +1091,38 @@ def test_torch_2_4s_words_for_a_branch_on_values_are_the_same_error():
     assert "torch.cond" in failure.hint
 
 
+def test_the_exporters_refusals_hint_in_one_flat_line(monkeypatch, tmp_path):
+    unsupported = type("UnsupportedOperatorError", (Exception,), {})(
+        "Exporting the operator 'aten::linalg_svdvals' to ONNX opset version 17 is not supported."
+    )
+    failure = export_failure(unsupported, arch="Svd", fmt=ONNX)
+    assert failure.hint == (
+        "try another --opset, or export to .pt2 for torch.export or .ts for TorchScript"
+    )
+    fixed = RuntimeError("Constraints violated (batch)! the batch was specialized to 2")
+    failure = export_failure(fixed, arch="BatchOfTwo", fmt=EXPORTED_PROGRAM)
+    assert failure.hint == "pass --static-batch, with --batch-size N"
+    # more weights than one ONNX file holds: refused before the exporter runs
+    from torchkit.core.export import writing
+
+    monkeypatch.setattr(writing, "ONNX_MAX_BYTES", 1)
+    with pytest.raises(writing.ExportError) as caught:
+        writing.write_onnx(
+            nn.Linear(2, 2),
+            torch.zeros(1, 2),
+            tmp_path / "m.onnx",
+            target=tmp_path / "m.onnx",
+            dynamic=True,
+            opset=17,
+            metadata={"arch": "big"},
+        )
+    assert caught.value.message == (
+        "big holds more than 2 GB of weights, more than one ONNX file can"
+    )
+    assert caught.value.hint == "export to .pt2 for torch.export or .ts for TorchScript"
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     ("model", "out", "extra", "message"),
     [
@@ -1103,7 +1140,10 @@ def test_a_model_that_cannot_export_is_one_error_line(
     size = [] if extra[:1] == ["--image-size"] else ["--image-size", "8"]
     result, _ = export(runner, model, str(tmp_path / out), *size, *extra)
     assert result.exit_code == 1
-    assert message in error_line(result.stderr, besides="nothing")
+    line = error_line(result.stderr, besides="nothing")
+    assert message in line
+    if "float16" in extra:
+        assert line.endswith("(export float32: drop --dtype float16)")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -1161,7 +1201,7 @@ def test_a_mismatch_of_a_model_that_branches_on_its_input_names_the_branch(
     assert "differ from PyTorch's by up to" in line
     assert line.endswith(
         f"(the model reads a value of its input at {world['root'] / PKG / 'nets.py'}:"
-        f"{RARE_BRANCH} (a branch?), which the trace fixed to the example input's way; "
+        f"{RARE_BRANCH}, perhaps in a branch, which the trace fixed to the example input's way; "
         "nothing was written)"
     )
     assert list(tmp_path.iterdir()) == []
@@ -1437,7 +1477,10 @@ def test_a_model_random_in_eval_mode_is_refused_as_such(runner, world, tmp_path,
         f"Error: {spec} itself gives other outputs for the same input in PyTorch from one run "
         "to the next (by up to "
     ), line
-    assert "F.dropout(x, p, training=self.training)" in line
+    assert line.endswith(
+        "(make its forward pass deterministic in eval mode, e.g. "
+        "`F.dropout(x, p, training=self.training)`; --no-verify writes the file unchecked)"
+    )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -1454,8 +1497,9 @@ def test_a_model_whose_own_outputs_are_nan_is_refused_as_such(runner, world, tmp
     assert result.exit_code == 1
     assert error_line(result.stderr, besides="nothing") == (
         "Error: convnet itself gives NaN outputs in PyTorch (for 4 of the 4 random inputs of "
-        "the verification): there is nothing to check the export against (check its weights "
-        "for NaN or inf (a diverged training run?); --no-verify writes the file unchecked)"
+        "the verification): there is nothing to check the export against (check whether the "
+        "weights come from a diverged training run or hold NaN or inf; --no-verify writes the "
+        "file unchecked)"
     )
     assert old.read_bytes() == b"the earlier export"
     result, data = export(runner, str(tmp_path / "diverged.pt"), str(old), "--force", "--no-verify")
@@ -1466,11 +1510,12 @@ def test_a_model_whose_own_outputs_are_nan_is_refused_as_such(runner, world, tmp
 @pytest.mark.parametrize(
     ("reason", "hint"),
     [
-        ("boom", "--static-batch if the model fixes its batch size"),
+        ("boom", "pass --static-batch if the model fixes its batch size"),
         # onnxruntime's CPU kernels lack some float16 operators: the file may still serve a GPU
         (
             "NOT_IMPLEMENTED : Could not find an implementation for Conv(11)",
-            "lacks a kernel this model needs (float16 often)",
+            "onnxruntime on the CPU lacks a kernel this model needs, often one for float16: "
+            "export float32, or pass --no-verify to keep the file for a runtime that has it",
         ),
     ],
 )
@@ -1485,7 +1530,7 @@ def test_a_runtime_failure_in_verification_is_one_error_line(
     result, _ = export(runner, str(world["root"] / "convnet.pt"), str(out))
     assert result.exit_code == 1
     line = error_line(result.stderr, besides="nothing")
-    assert "verification failed: onnxruntime fails" in line and hint in line
+    assert "verification failed: onnxruntime fails" in line and line.endswith(f"({hint})")
     assert not out.exists() and leftovers(tmp_path) == []
 
 

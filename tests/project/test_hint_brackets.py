@@ -29,6 +29,7 @@ PACKAGES = (
     "core/runtime",
     "core/benchmark",
     "core/summary",
+    "core/export",
     "cli",
 )
 # Quoted regular expressions and code keep their brackets.

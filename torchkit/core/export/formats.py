@@ -98,8 +98,8 @@ def choose_format(out: str | os.PathLike, to: str | None) -> str:
     if by_name is None:
         raise UsageError(
             f"cannot tell the export format from {Path(out).name!r}",
-            "end OUT with .onnx, .ts (or .pt) for TorchScript, .pt2 for torch.export; or pass "
-            "--to onnx|torchscript|exported-program",
+            "end OUT with .onnx, with .ts or .pt for TorchScript, or with .pt2 for torch.export; "
+            "or pass --to onnx|torchscript|exported-program",
         )
     return by_name
 

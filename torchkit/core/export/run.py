@@ -263,8 +263,8 @@ def export_model(request: ExportRequest, progress: Progress | None = None) -> Ex
                 if traced_input_values:
                     raise VerificationError(
                         mismatch.message,
-                        f"the model reads a value of its input at {traced_input_values[0]} "
-                        "(a branch?), which the trace fixed to the example input's way; "
+                        f"the model reads a value of its input at {traced_input_values[0]}, "
+                        "perhaps in a branch, which the trace fixed to the example input's way; "
                         "nothing was written",
                     ) from mismatch
                 if dynamic:
@@ -702,7 +702,7 @@ def _check_float16(model: Any, example: Any, arch: str) -> None:
         raise ExportError(
             f"{arch} cannot run in float16 on the CPU with this torch: "
             f"{first_line(error, with_type=True)}",
-            "export float32 (drop --dtype float16)",
+            "export float32: drop --dtype float16",
         ) from error
 
 

@@ -159,8 +159,8 @@ def require_repeatable(model: Any, batch: Any, reference: Any, tolerance: Tolera
         f"{arch} itself gives other outputs for the same input in PyTorch from one run to the "
         f"next (by up to {_number(diff)}): random operations in eval mode, or a forward that "
         "changes the model's state; no export can match it",
-        "make its forward pass deterministic in eval mode, e.g. F.dropout(x, p, "
-        "training=self.training); --no-verify writes the file unchecked",
+        "make its forward pass deterministic in eval mode, e.g. "
+        "`F.dropout(x, p, training=self.training)`; --no-verify writes the file unchecked",
     )
 
 
@@ -175,8 +175,8 @@ def require_comparable(references: Sequence[Any], arch: str) -> None:
         raise VerificationError(
             f"{arch} itself gives NaN outputs in PyTorch (for {nan_rows} of the {len(rows)} "
             "random inputs of the verification): there is nothing to check the export against",
-            "check its weights for NaN or inf (a diverged training run?); --no-verify writes "
-            "the file unchecked",
+            "check whether the weights come from a diverged training run or hold NaN or inf; "
+            "--no-verify writes the file unchecked",
         )
 
 
@@ -219,8 +219,8 @@ def _run(exported: ExportedModel, batch: Any, runtime: str) -> Any:
         text = error.message
         if "NOT_IMPLEMENTED" in text or "Could not find an implementation" in text:
             hint = (
-                f"{runtime} on the CPU lacks a kernel this model needs (float16 often): export "
-                "float32, or pass --no-verify to keep the file for a runtime that has it"
+                f"{runtime} on the CPU lacks a kernel this model needs, often one for float16: "
+                "export float32, or pass --no-verify to keep the file for a runtime that has it"
             )
         else:
             hint = "pass --static-batch if the model fixes its batch size"

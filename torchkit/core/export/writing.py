@@ -85,12 +85,12 @@ def export_failure(error: BaseException, *, arch: str, fmt: str) -> ExportError:
     if name == "UnsupportedOperatorError" or ("is not supported" in line and "operator" in line):
         return ExportError(
             f"cannot export {arch} to ONNX: {line}",
-            "try another --opset, or export to .pt2 (torch.export) or .ts (TorchScript)",
+            "try another --opset, or export to .pt2 for torch.export or .ts for TorchScript",
         )
     if "Constraints violated" in text or ("specialized" in text and "batch" in text):
         return ExportError(
             f"cannot export {arch} with a dynamic batch size: the model fixes it ({line})",
-            "pass --static-batch (with --batch-size N)",
+            "pass --static-batch, with --batch-size N",
         )
     # torch 2.4's torch.export says "Dynamic control flow is not supported" (a UserError)
     data_dependent = ("data-dependent", "data dependent", "Dynamic control flow is not supported")
@@ -131,7 +131,7 @@ def write_onnx(
     if parameter_bytes(model) >= ONNX_MAX_BYTES:
         raise ExportError(
             f"{metadata['arch']} holds more than 2 GB of weights, more than one ONNX file can",
-            "export to .pt2 (torch.export) or .ts (TorchScript)",
+            "export to .pt2 for torch.export or .ts for TorchScript",
         )
     buffer = io.BytesIO()
     axes = {meta.INPUT_NAME: {0: "batch"}, meta.OUTPUT_NAME: {0: "batch"}} if dynamic else None
