@@ -594,7 +594,10 @@ def test_the_cpu_share_is_decoded_by_the_fast_path_with_the_same_draws(files):
     [
         (["--decode-cpu-share", "1.5"], "--decode-cpu-share is a fraction in [0, 1], not 1.5"),
         (["--decode-cpu-share", "nan"], "--decode-cpu-share"),
-        (["--decode", "fast", "--decode-cpu-share", "0.3"], "--decode fast decodes nothing there"),
+        (
+            ["--decode", "fast", "--decode-cpu-share", "0.3"],
+            "--decode fast decodes nothing there (use --decode device, or auto on CUDA)",
+        ),
     ],
 )
 def test_a_bad_cpu_share_is_one_error_line(runner, tmp_path, args, message):

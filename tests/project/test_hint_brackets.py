@@ -30,6 +30,7 @@ PACKAGES = (
     "core/benchmark",
     "core/summary",
     "core/export",
+    "core/train",
     "cli",
 )
 # Quoted regular expressions and code keep their brackets.

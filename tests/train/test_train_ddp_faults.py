@@ -200,8 +200,11 @@ def test_the_empty_batch_adds_nothing_and_a_model_that_cannot_run_one_is_one_err
 
     rigid = Flattens()
     ctx = StepContext(rigid, rigid, None, None, None, torch.device("cpu"), input_shape=(3, 8, 8))
-    with pytest.raises(InputError, match="every image of batch 4 of this process was unreadable"):
+    with pytest.raises(
+        InputError, match="every image of batch 4 of this process was unreadable"
+    ) as caught:
         _empty_step(ctx, is_update=True, batch=4)
+    assert caught.value.hint == "fix or remove the unreadable images the warnings name"
 
 
 def test_a_parameter_the_output_does_not_use_is_one_error_at_the_first_update():
@@ -234,8 +237,14 @@ def test_a_parameter_the_output_does_not_use_is_one_error_at_the_first_update():
 
     ctx = context(frozen=False)
     before = {k: v.clone() for k, v in ctx.module.named_parameters()}
-    with pytest.raises(UsageError, match=r"parameters unused\.weight, unused\.bias take no part"):
+    with pytest.raises(
+        UsageError, match=r"parameters unused\.weight, unused\.bias take no part"
+    ) as caught:
         train(ctx)
+    assert caught.value.hint == (
+        "remove them from the model, or freeze them with requires_grad=False; or train in one "
+        "process"
+    )
     for key, value in ctx.module.named_parameters():
         assert torch.equal(value, before[key]), key
     frozen = context(frozen=True)  # DDP leaves parameters without requires_grad out

@@ -190,11 +190,11 @@ def test_more_workers_than_the_machine_can_use_is_a_usage_error(runner, tmp_path
 
 
 @pytest.mark.parametrize(
-    ("options", "hint"),
-    [([], "a smaller --image-size)"), (["--train-crop-size", "6"], "a smaller --train-crop-size)")],
+    ("options", "crop"),
+    [([], "--image-size"), (["--train-crop-size", "6"], "--train-crop-size")],
 )
 def test_running_out_of_gpu_memory_names_the_option_that_sizes_the_training_crop(
-    runner, tmp_path, monkeypatch, options, hint
+    runner, tmp_path, monkeypatch, options, crop
 ):
     # With --train-crop-size the training batches are that size: a smaller --image-size only
     # shrinks validation's.
@@ -208,7 +208,11 @@ def test_running_out_of_gpu_memory_names_the_option_that_sizes_the_training_crop
     result = runner.invoke(app, ["train", "--epochs", "1", *options, "--out", str(out)])
     assert result.exit_code == 1, result.stderr
     line = error_line(result.stderr)
-    assert line.startswith("Error: the GPU ran out of memory with --batch-size") and hint in line
+    assert line.startswith("Error: the GPU ran out of memory with --batch-size")
+    assert line.endswith(
+        f"(use a smaller --batch-size, --amp, or a smaller {crop}; --accum-steps keeps the "
+        "effective batch with a smaller --batch-size)"
+    )
 
 
 def test_non_finite_options_are_usage_errors_naming_the_option(tmp_path):

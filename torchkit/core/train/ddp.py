@@ -113,7 +113,7 @@ def refuse_untrained_parameters(ctx: DistContext, module: Any) -> None:
         UsageError(
             f"{what} take no part in its output, so they get no gradient, and distributed "
             "training (DDP) needs one for every trainable parameter",
-            "remove them from the model, or freeze them (requires_grad=False); or train in "
+            "remove them from the model, or freeze them with requires_grad=False; or train in "
             "one process",
         )
     )

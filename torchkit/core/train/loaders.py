@@ -34,6 +34,7 @@ from torchkit.core.data.stored_image import Blocks, read_blocks
 from torchkit.core.data.transforms import eval_transform, train_transform
 from torchkit.core.io.errors import InputError, first_and_more
 from torchkit.core.io.redaction import redact_url
+from torchkit.core.io.wording import counted
 from torchkit.core.runtime.seeding import SPLITMIX_INCREMENT, SPLITMIX_MULTIPLIERS, splitmix_output
 from torchkit.core.train.config import TrainConfig
 
@@ -202,7 +203,7 @@ def _refuse_classes_without_images(source: DataSource, names: list[str]) -> None
         held = f": {folders} {len(others)} file(s) not read as images ({shown})"
     raise InputError(
         f"{_classes_that(names, 'has', 'have')} no images{held}",
-        "add images (" + ", ".join(sorted(IMAGE_EXTENSIONS)) + ") or remove the class",
+        "add images ending in " + ", ".join(sorted(IMAGE_EXTENSIONS)) + "; or remove the class",
     )
 
 
@@ -311,7 +312,7 @@ def warn_cross_split_copies(data: str, splits: dict[str, Samples]) -> None:
     if files:
         log.warning(
             f"{files} images have a byte-identical copy in another of the run's splits "
-            f"({'/'.join(splits)}; {groups} group(s)): val and test figures are inflated; "
+            f"({'/'.join(splits)}; {counted(groups, 'group')}): val and test figures are inflated; "
             f"see them with `torchkit dataset-stats {data}` (`torchkit split` keeps copies "
             "in one split)"
         )

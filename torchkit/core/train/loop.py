@@ -578,7 +578,7 @@ def _empty_step(ctx: StepContext, is_update: bool, batch: int) -> None:
                 f"every image of batch {batch} of this process was unreadable, and the model "
                 "cannot run an empty batch to keep in step with the other processes: "
                 f"{first_line(error)}",
-                "fix or remove the unreadable images (see the warnings)",
+                "fix or remove the unreadable images the warnings name",
             ) from error
         zero = outputs.float().sum() * 0.0
         if ctx.scaler is not None:

@@ -117,8 +117,8 @@ def _restore_earlier_heads(
     if earlier is None:
         raise CheckpointError(
             f"the optimizer state in {resumed_from} does not fit: {error}",
-            "it was saved with other parameter groups (by another torchkit version?); start "
-            f"a new run from its weights with --weights {resumed_from}",
+            "it was saved with other parameter groups, perhaps by another torchkit version; "
+            f"start a new run from its weights with --weights {resumed_from}",
         ) from error
     load_optimizer_state(optimizer, earlier.state)
     rest = (

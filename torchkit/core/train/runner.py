@@ -167,8 +167,8 @@ def _run_on_device(
         crop = "--train-crop-size" if config.train_crop_size is not None else "--image-size"
         raise DeviceError(
             f"the GPU ran out of memory with --batch-size {config.batch_size}",
-            "use a smaller --batch-size (with --accum-steps to keep the effective batch), "
-            f"--amp, or a smaller {crop}",
+            f"use a smaller --batch-size, --amp, or a smaller {crop}; --accum-steps keeps the "
+            "effective batch with a smaller --batch-size",
         ) from error
     except RuntimeError as error:
         # A collective that timed out (--dist-timeout) or lost a rank: one error line.

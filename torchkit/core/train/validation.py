@@ -294,7 +294,7 @@ def _check_decoding(config: TrainConfig) -> None:
         _refuse(
             f"--decode-cpu-share shares the decoding with the device, and --decode "
             f"{config.decode} decodes nothing there",
-            "use --decode device (or auto, on CUDA)",
+            "use --decode device, or auto on CUDA",
         )
 
 
