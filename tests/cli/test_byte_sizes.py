@@ -90,5 +90,6 @@ def test_a_memory_limit_that_is_no_size_is_one_usage_error_naming_the_percentage
     )
     assert result.returncode == 2
     line = error_line(result.stderr)
-    assert "--memory-limit '256 Mbytes' is not a size" in line and "256MiB (or 256M)" in line
+    assert "--memory-limit '256 Mbytes' is not a size" in line
+    assert "(e.g. 1GB, 500MB, 256MiB or 256M, or a number of bytes" in line
     assert "or a percentage such as 50%" in line

@@ -31,6 +31,7 @@ PACKAGES = (
     "core/summary",
     "core/export",
     "core/train",
+    "core/io",
     "cli",
 )
 # Quoted regular expressions and code keep their brackets.

@@ -17,7 +17,7 @@ from torchkit.core.io.errors import UsageError, short_repr
 
 # The rule above as every size option's help (--shard-size, --memory-limit) words it
 SIZE_RULE = "1GB, 500MB (powers of 1000), 256MiB or 256M (powers of 1024), or bytes (4096, 1e9)"
-HINT = "e.g. 1GB, 500MB, 256MiB (or 256M), or a number of bytes"
+HINT = "e.g. 1GB, 500MB, 256MiB or 256M, or a number of bytes"
 LARGEST = 2**63 - 1  # bytes: what no run needs more of, and what C, JSON readers and floats hold
 _UNITS = {"": 1, "b": 1}
 for _power, _letter in enumerate("kmgt", start=1):
