@@ -726,7 +726,7 @@ def test_cuda_build_without_driver_simulated(runner, monkeypatch, clean_env):
         require_usable_cuda(report)
     assert str(caught.value) == (
         "no usable CUDA GPU: Found no NVIDIA driver on your system "
-        "(install or update the NVIDIA driver (nvidia-smi should list the GPU))"
+        "(install or update the NVIDIA driver until nvidia-smi lists the GPU)"
     )
     result = runner.invoke(app, ["env", "--require-cuda"])
     assert result.exit_code == 1 and result.stdout == ""
@@ -949,7 +949,7 @@ def test_require_cuda_without_a_gpu_is_one_line_for_scripts(runner, monkeypatch,
     assert result.stdout == ""
     assert result.stderr.splitlines() == [
         "Error: no usable CUDA GPU: Found no NVIDIA driver on your system (install or update "
-        "the NVIDIA driver (nvidia-smi should list the GPU))"
+        "the NVIDIA driver until nvidia-smi lists the GPU)"
     ]
 
 
@@ -1106,10 +1106,21 @@ def test_cpu_only_torch_on_a_gpu_machine(monkeypatch, clean_env):
     report = collect_env()
     assert report["torch"]["build"] == "CPU only"
     assert report["cuda"]["problem"] == f"torch {torch.__version__} is a CPU-only build"
+    assert report["cuda"]["hint"] == "install a CUDA build of torch from pytorch.org"
     assert report["diagnostics"] == [
         f"the NVIDIA driver sees 1 GPU(s) but torch {torch.__version__} is a CPU-only build; "
         "install a CUDA build of torch to use them"
     ]
+
+
+def test_a_rocm_build_without_a_usable_gpu_hints_at_the_rocm_driver(monkeypatch, clean_env):
+    simulate_no_gpu(monkeypatch, "No HIP GPUs are available", cuda=None)
+    monkeypatch.setattr(torch.version, "hip", "6.2.41133")
+    report = collect_env()
+    assert report["cuda"]["problem"] == "No HIP GPUs are available"
+    assert (
+        report["cuda"]["hint"] == "install or update the ROCm driver until rocm-smi lists the GPU"
+    )
 
 
 def test_cpu_only_torch_on_a_cpu_machine_is_not_a_problem(monkeypatch, clean_env):

@@ -16,7 +16,7 @@ import re
 import pytest
 from suite_paths import REPO
 
-# Folders of torchkit/ whose hints are checked.
+# Folders of torchkit/ whose hints are checked, and `*.py` patterns for the modules beside them.
 PACKAGES = (
     "core/features",
     "core/predict",
@@ -32,7 +32,11 @@ PACKAGES = (
     "core/export",
     "core/train",
     "core/io",
+    "core/video",
+    "core/inference",
+    "core/*.py",
     "cli",
+    "*.py",
 )
 # Quoted regular expressions and code keep their brackets.
 QUOTED = re.compile(r"'\^[^']*'|`[^`]*`")
@@ -88,11 +92,25 @@ def _hint_literals(
     ]
 
 
+def _sources(package: str) -> list:
+    """The Python files of a folder of torchkit/, or those a `*.py` pattern names."""
+    root = REPO / "torchkit"
+    return sorted(root.glob(package) if package.endswith(".py") else (root / package).rglob("*.py"))
+
+
+def test_every_module_of_torchkit_is_checked():
+    checked = {path for package in PACKAGES for path in _sources(package)}
+    missed = [
+        str(p.relative_to(REPO)) for p in (REPO / "torchkit").rglob("*.py") if p not in checked
+    ]
+    assert not missed, missed
+
+
 @pytest.mark.parametrize("package", PACKAGES)
 def test_hints_hold_no_brackets(package):
     found = []
     parameters = _hint_parameters()
-    for path in sorted((REPO / "torchkit" / package).rglob("*.py")):
+    for path in _sources(package):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for line, text in _hint_literals(tree, parameters):
             bare = QUOTED.sub("", text)
@@ -135,7 +153,7 @@ def _nested_warnings(tree: ast.AST) -> list[tuple[int, str]]:
 def test_warnings_nest_no_brackets(package):
     found = [
         f"{path.relative_to(REPO)}:{line}: {text!r}"
-        for path in sorted((REPO / "torchkit" / package).rglob("*.py"))
+        for path in _sources(package)
         for line, text in _nested_warnings(ast.parse(path.read_text(encoding="utf-8")))
     ]
     assert not found, "\n".join(found)

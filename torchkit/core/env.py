@@ -905,7 +905,7 @@ def _diagnose_cuda(
     else:
         cuda.update(
             problem=f"torch {torch.__version__} is a CPU-only build",
-            hint="install a CUDA build of torch (see pytorch.org)",
+            hint="install a CUDA build of torch from pytorch.org",
         )
         if driver_gpus:
             diagnostics.append(
@@ -937,9 +937,9 @@ def _diagnose_cuda(
                 hint=f"{too_old}: update the NVIDIA driver, or install a torch build for CUDA "
                 f"{cuda['driver_cuda_version']} or older"
                 if too_old
-                else "install or update the NVIDIA driver (nvidia-smi should list the GPU)"
+                else "install or update the NVIDIA driver until nvidia-smi lists the GPU"
                 if torch.version.cuda
-                else "install or update the ROCm driver (rocm-smi should list the GPU)",
+                else "install or update the ROCm driver until rocm-smi lists the GPU",
             )
         return
     broken = [gpu for gpu in gpus if not gpu["usable"]]
