@@ -42,7 +42,7 @@ def test_a_file_linked_or_hard_linked_into_another_class_is_an_error(tmp_path):
         discover_image_folder(root)
     assert str(raised.value) == (
         f"{root / 'cat' / 'cat_01.png'} and {root / 'dog' / 'x.png'} are one file in two "
-        "classes, cat and dog (an image has one label: remove one of the two names (hard links))"
+        "classes, cat and dog (an image has one label: remove one of the two hard links)"
     )
     os.unlink(root / "dog" / "x.png")
     (root / "dog" / "deep").mkdir()

@@ -351,6 +351,14 @@ def test_unknown_names_are_usage_errors_with_suggestions(spec, message, hint):
     assert caught.value.message.startswith(message) and hint in (caught.value.hint or "")
 
 
+def test_a_timm_name_like_none_of_timms_says_where_its_names_are():
+    from torchkit.core.models.timm_models import suggest_timm
+
+    assert suggest_timm("zzqx", ["resnet18", "vit_tiny"]) == (
+        "`timm.list_models()` gives the names timm knows"
+    )
+
+
 def test_timms_names_are_listed_once_and_a_name_registered_later_is_found(monkeypatch):
     """timm.list_models() sorts and filters all its names (about 10 ms), and a command checks
     its spec several times: listed once, then looked up; a name missing from the last listing

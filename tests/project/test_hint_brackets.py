@@ -1,9 +1,10 @@
 """An error line reads `Error: <what> (<hint>)`: a hint with brackets of its own would nest them,
 `(pick another layer (--list-layers))`. The hints of the packages below (their error calls'
 second argument, a `hint=` keyword, what a torchkit function's parameter named for a hint is
-given, a value assigned to a name with `hint` in it, `HINT` alike, and what a function with
-`hint` in its name returns) hold no bracket, except in a quoted
-regular expression (`'^(patient\\d+)_'`) or in code between backticks (`` `.to_dense()` ``).
+given, a value assigned to a name with `hint` in it, `HINT` alike, what a function with
+`hint` in its name returns, and what the module assigns to a name these use or returns from a
+function they call) hold no bracket, except in a quoted regular expression
+(`'^(patient\\d+)_'`) or in code between backticks (`` `.to_dense()` ``).
 A warning's hint, in brackets at the end of its text, nests none either. A grep-level check of
 the source, nothing is run."""
 
@@ -84,12 +85,32 @@ def _hint_literals(
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if any(isinstance(t, ast.Name) and "hint" in t.id.lower() for t in targets):
                 hints.append(node.value)
+    hints += _given_to(tree, hints)
     return [
         (part.lineno, part.value)
         for hint in hints
         for part in ast.walk(hint)
         if isinstance(part, ast.Constant) and isinstance(part.value, str)
     ]
+
+
+def _given_to(tree: ast.AST, hints: list[ast.AST]) -> list[ast.AST]:
+    """What the module assigns to a name a hint uses (`f"...: {remedy}"`) and what its
+    functions a hint calls return (`suggest(name)`)."""
+    names = {part.id for hint in hints for part in ast.walk(hint) if isinstance(part, ast.Name)}
+    found: list[ast.AST] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id in names for t in targets):
+                found.append(node.value)
+        elif isinstance(node, ast.FunctionDef) and node.name in names:
+            found += [
+                part.value
+                for part in ast.walk(node)
+                if isinstance(part, ast.Return) and part.value is not None
+            ]
+    return found
 
 
 def _sources(package: str) -> list:
@@ -178,6 +199,10 @@ def test_the_check_finds_a_bracketed_hint():
         'def _size_hint():\n    return "give (a size)"\n'
         'refuse(name, "whose (classes)", "rename (it)")\n'
         'refuse(name, "whose (classes)", advice="drop (it)")\n'
+        'remedy = "unlink (a hard link)"\n'
+        'raise InputError("what", f"one label: {remedy}")\n'
+        'def suggest(name):\n    return "list_models (its names)"\n'
+        'raise UsageError("unknown", suggest(name))\n'
     )
     texts = [text for _, text in _hint_literals(tree, {"refuse": (2, "advice")})]
     assert sorted(text for text in texts if "(" in text) == [
@@ -185,9 +210,11 @@ def test_the_check_finds_a_bracketed_hint():
         "check (this)",
         "drop (it)",
         "give (a size)",
+        "list_models (its names)",
         "pick another (--list-layers)",
         "rename (it)",
         "see (this)",
+        "unlink (a hard link)",
     ]
 
 

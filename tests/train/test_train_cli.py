@@ -748,8 +748,8 @@ def test_unusable_class_layouts(runner, tmp_path, layout, message):
          "smaller --val-split, or add images)"),
         # was "use a larger --val-split or add images", which then emptied training instead
         ({"a": 1, "b": 1}, "0.5", "the validation set is empty (a class of one image cannot be "
-         "both trained and validated on: add images, or give validation images of their own "
-         "(ROOT/train/ and ROOT/val/ folders"),
+         "both trained and validated on: add images, or give validation images of their own, "
+         "as ROOT/train/ and ROOT/val/ folders or a CSV index with a split column)"),
         ({"a": 1, "b": 1}, "0.9", "class 'a', 'b' have no training images (a class of one "
          "image cannot be both"),
         ({"a": 2, "b": 2}, "0.1", "(use a larger --val-split or add images)"),

@@ -89,7 +89,7 @@ def suggest_timm(name: str, names: Sequence[str]) -> str:
         close = [candidate for candidate in names if name.lower() in candidate][:3]
     if close:
         return "did you mean " + ", ".join(TIMM_PREFIX + c for c in close) + "?"
-    return "timm.list_models() gives the names timm knows"
+    return "`timm.list_models()` gives the names timm knows"
 
 
 def create_timm_model(

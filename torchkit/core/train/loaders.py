@@ -141,8 +141,8 @@ def load_splits(config: TrainConfig, recorded: dict | None = None) -> TrainData:
 # its only training image (a larger --val-split empties training, a smaller one validation).
 ONE_IMAGE_A_CLASS = (
     "a class of one image cannot be both trained and validated on: add images, or give "
-    "validation images of their own (ROOT/train/ and ROOT/val/ folders, or a CSV index with a "
-    "split column)"
+    "validation images of their own, as ROOT/train/ and ROOT/val/ folders or a CSV index with a "
+    "split column"
 )
 
 

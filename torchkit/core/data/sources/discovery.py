@@ -392,7 +392,7 @@ def _one_file_error(
     remedy = (
         f"remove the link {link} -> {target}"
         if link is not None
-        else "remove one of the two names (hard links)"
+        else "remove one of the two hard links"
     )
     if nfc(class_a) != nfc(class_b):
         return InputError(
