@@ -43,19 +43,49 @@ PACKAGES = (
 QUOTED = re.compile(r"'\^[^']*'|`[^`]*`")
 
 
+def _hint_parameter(function: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[int, str] | None:
+    params = [arg.arg for arg in function.args.posonlyargs + function.args.args]
+    bound = 1 if params[:1] in (["self"], ["cls"]) else 0
+    found = None
+    for position, param in enumerate(params[bound:]):
+        if "hint" in param.lower():
+            found = (position, param)
+    return found
+
+
 @functools.cache
 def _hint_parameters() -> dict[str, tuple[int, str]]:
-    """The functions of torchkit with a parameter named for a hint (`refuse(name, ..., hint)`):
-    function name -> the parameter's position in a call and its name."""
+    """The functions of torchkit with a parameter named for a hint (`refuse(name, ..., hint)`),
+    and its exceptions, whatever their names (`DamagedTar(what, hint)`, a constructor of its
+    own alike): function or class name -> the parameter's position in a call and its name."""
     found = {}
+    classes: dict[str, tuple[list[str], tuple[int, str] | None, bool]] = {}
     for path in sorted((REPO / "torchkit").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                params = [arg.arg for arg in node.args.posonlyargs + node.args.args]
-                bound = 1 if params[:1] in (["self"], ["cls"]) else 0
-                for position, param in enumerate(params[bound:]):
-                    if "hint" in param.lower():
-                        found[node.name] = (position, param)
+                if (parameter := _hint_parameter(node)) is not None:
+                    found[node.name] = parameter
+            elif isinstance(node, ast.ClassDef):
+                init = next(
+                    (part for part in node.body if getattr(part, "name", None) == "__init__"),
+                    None,
+                )
+                bases = [base.id if isinstance(base, ast.Name) else "" for base in node.bases]
+                classes[node.name] = (bases, init and _hint_parameter(init), init is not None)
+
+    def parameter(name: str, seen: frozenset = frozenset()) -> tuple[int, str] | None:
+        if name == "TorchkitError":
+            return (1, "hint")
+        if name not in classes or name in seen:
+            return None
+        bases, own, has_init = classes[name]
+        if has_init:
+            return own if any(parameter(b, seen | {name}) for b in bases) else None
+        return next((p for b in bases if (p := parameter(b, seen | {name}))), None)
+
+    for name in classes:
+        if (given := parameter(name)) is not None:
+            found[name] = given
     return found
 
 
@@ -222,3 +252,13 @@ def test_quoted_regular_expressions_and_code_keep_their_brackets():
     assert QUOTED.sub("", "group by '^(patient\\d+)_'") == "group by "
     assert QUOTED.sub("", "save `tensor.to_dense()` instead") == "save  instead"
     assert "(" in QUOTED.sub("", "save tensor.to_dense() instead")
+
+
+def test_the_check_follows_exceptions_whatever_their_names():
+    # TorchkitError's own (message, hint), or a constructor of the exception's own
+    parameters = _hint_parameters()
+    assert parameters["DamagedTar"] == parameters["RuntimeFailure"] == (1, "hint")
+    assert parameters["_Unreachable"] == (2, "hint")  # (shown, why, hint, status)
+    assert "_HttpStatus" not in parameters  # (url, code, reason, proxy): it words its own hint
+    tree = ast.parse('raise DamagedTar("what", "write it (again)")\n')
+    assert [text for _, text in _hint_literals(tree, parameters)] == ["write it (again)"]
