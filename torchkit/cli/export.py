@@ -210,10 +210,10 @@ def export(
         more = f" (and {len(places) - 1} more)" if len(places) > 1 else ""
         console.warn(
             f"the verification of {result.path} is inconclusive: the model turns a value of "
-            f"its input into a Python value at {places[0]}{more} (a branch?), which the file "
-            "keeps fixed to what the example input gave, so inputs that would go another way "
-            "there may get wrong outputs (write it with tensor operations such as torch.where "
-            "to export it whole)"
+            f"its input into a Python value at {places[0]}{more}, perhaps in a branch, which the "
+            "file keeps fixed to what the example input gave, so inputs that would go another "
+            "way there may get wrong outputs (write it with tensor operations such as "
+            "torch.where to export it whole)"
         )
     elif result.verification == "inconclusive":
         console.warn(
