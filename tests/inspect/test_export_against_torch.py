@@ -404,6 +404,19 @@ def test_the_batch_sizes_said_follow_batch_size_and_static_batch_exports_it(
     )
 
 
+def test_a_float16_file_off_at_every_batch_size_keeps_the_tolerance_hint(world, tmp_path):
+    """A float16 TorchScript file rounds as the float16 model does, so at the traced size it
+    matches the model as it is now, yet misses the float32 references at every size: that is
+    the tolerance's doing, not a batch size kept as a constant (the error said so before)."""
+    out = tmp_path / "m.ts"
+    args = [*spec("Net", world["root"]), str(out), "--dtype", "float16", "--atol", "1e-6"]
+    result = CliRunner().invoke(app, [*args, "--rtol", "0"])
+    assert result.exit_code == 1 and not out.exists()
+    line = error_line(result.stderr, besides="warnings")
+    assert "differ from PyTorch's by up to " in line and "Python number" not in line
+    assert line.endswith("(raise --atol/--rtol if that much is expected; nothing was written)")
+
+
 def test_torch_export_of_it_is_one_error_line_too(world, tmp_path, monkeypatch):
     monkeypatch.chdir(world["root"])
     out = tmp_path / "m.pt2"
