@@ -467,6 +467,9 @@ def test_build_compiler_rocm_xpu_and_xnnpack_as_collect_env_has_them(clean_env):
         "GCC 13.3"
     )
     assert env.build_compiler("PyTorch built with:\n  - clang 17.0.6\n") == "clang 17.0.6"
+    # clang defines GCC's version macros as 4.2: a macOS wheel lists "GCC 4.2" first
+    macos = "PyTorch built with:\n  - GCC 4.2\n  - C++ Version: 201703\n  - clang 15.0.0\n"
+    assert env.build_compiler(macos) == "clang 15.0.0"
     assert env.build_compiler("PyTorch built with:\n  - MSVC 194334809\n") == "MSVC 194334809"
     assert env.build_compiler("PyTorch built with:\n  - C++ Version: 201703\n") is None
     assert env._xpu_available(SimpleNamespace()) is False  # a torch without torch.xpu
@@ -664,6 +667,8 @@ def test_conda_packages_are_listed_as_collect_env_lists_them(runner, monkeypatch
         "libblas-3.9.0-20_linux64_mkl.json",
         "_openmp_mutex-4.5-2_gnu.json",
         "cuda-cudart-12.4.127-0.json",
+        "pytorch-cuda-12.1-ha16c6d3_6.json",  # dashes in the name: version and build have none
+        "libcublas-12.1.0.26-0.json",
         "python-3.11.10-hc5c86c4_3_cpython.json",  # not of torch's kind
         "history",  # conda's log: no record
         "broken.json",  # no version nor build
@@ -673,7 +678,9 @@ def test_conda_packages_are_listed_as_collect_env_lists_them(runner, monkeypatch
         "_openmp_mutex": "4.5 2_gnu",
         "cuda-cudart": "12.4.127 0",
         "libblas": "3.9.0 20_linux64_mkl",
+        "libcublas": "12.1.0.26 0",
         "pytorch": "2.5.1 py3.11_cuda12.4_cudnn9.1.0_0",
+        "pytorch-cuda": "12.1 ha16c6d3_6",
     }
     assert env.conda_packages(str(tmp_path)) == {}  # no conda environment
     if not (Path(sys.prefix) / "conda-meta").is_dir():

@@ -725,13 +725,16 @@ def _xnnpack(torch) -> bool | None:
 
 
 def build_compiler(config: str) -> str | None:
-    """The compiler torch was built with ("GCC 13.3", "clang 17.0.6", "MSVC 194334809"), the
-    first line of `torch.__config__.show()`'s list; None where it names none. A C++ extension
-    built by another compiler (or one whose C++ library is older) can fail to load."""
-    match = re.search(
-        r"^\s*-\s*((?:GCC|Clang|clang|Apple clang|MSVC)\s+[0-9][0-9.]*)\s*$", config, re.MULTILINE
-    )
-    return match.group(1) if match else None
+    """The compiler torch was built with ("GCC 13.3", "clang 17.0.6", "MSVC 194334809"), as
+    `torch.__config__.show()`'s list names it; None where it names none. clang also calls
+    itself GCC 4.2 there (it defines GCC's version macros, as macOS wheels show: "GCC 4.2",
+    then "clang 15.0.0"), so its own line wins. A C++ extension built by another compiler (or
+    one whose C++ library is older) can fail to load."""
+    found = dict(re.findall(r"^\s*-\s*(GCC|clang|MSVC)\s+([0-9][0-9.]*)\s*$", config, re.MULTILINE))
+    for name in ("clang", "GCC", "MSVC"):
+        if name in found:
+            return f"{name} {found[name]}"
+    return None
 
 
 def _config_text(torch) -> str:
