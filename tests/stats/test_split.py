@@ -473,8 +473,8 @@ def test_oversample_with_groups_meets_the_count_as_closely_as_whole_groups_allow
     report = json.loads(result.stdout)["classes"]
     assert [(c["train"], c["repeats"]) for c in report] == [(10, 0), (6, 3)]
     assert [line for line in result.stderr.splitlines() if "--oversample" in line] == [
-        "Warning: --oversample repeats whole groups: 1 class(es) have other than 10 images in "
-        "train: dog (9)"
+        "Warning: --oversample repeats whole groups: 1 class has other than 10 images in train: "
+        "dog (9)"
     ]
     repeated = [row["path"] for row in manifest(tmp_path / "out") if row["repeat"] != "0"]
     assert len({path.rsplit(".", 1)[0] for path in repeated}) == 1  # one triple, whole
@@ -486,6 +486,7 @@ def test_oversample_with_groups_meets_the_count_as_closely_as_whole_groups_allow
         ([1, 1, 1], 5, [(0, 1), (1, 1), (2, 1), (0, 2), (1, 2)]),  # round-robin, as files
         ([3, 1, 3], 4, [(0, 1), (1, 1)]),  # the second group of 3 passed over for the single
         ([3, 3], 4, [(0, 1)]),  # 1 short is nearer than 2 over
+        ([3, 2], 4, [(0, 1)]),  # the 3 first, in turn: the exact 2 + 2 is not sought
         ([3, 3], 2, [(0, 1)]),  # 1 over is nearer than 2 short
         ([2, 2], 1, []),  # a tie: short rather than over
         ([5], 0, []),
@@ -493,6 +494,19 @@ def test_oversample_with_groups_meets_the_count_as_closely_as_whole_groups_allow
 )
 def test_oversample_repeats_whole_groups_round_robin(sizes, need, taken):
     assert split_plan._repeated_units(sizes, need) == taken
+
+
+def test_oversample_warnings_count_the_classes_in_words(caplog):
+    """'1 class has', '2 classes have': a class one group short, one a group over, and one
+    with no train image."""
+    counts = [[10, 1, 1], [9, 1, 1], [7, 1, 1], [0, 1, 0], [10, 0, 0]]
+    with caplog.at_level(logging.WARNING, logger="torchkit"):
+        split_plan.warn_unbalanced(list("abcde"), counts, SPLIT_ORDER, [0, 0, 4, 0, 0])
+    assert [r.getMessage() for r in caplog.records] == [
+        "--oversample cannot balance train for 1 class with no image in it: d",
+        "--oversample repeats whole groups: 2 classes have other than 10 images in train: "
+        "b (9), c (11)",
+    ]
 
 
 def test_oversample_repeats_a_classes_files_of_one_group_under_one_number():

@@ -94,7 +94,7 @@ def test_oversample_names_the_classes_it_cannot_balance_having_no_train_image(tm
     assert result.returncode == 0, result.stderr
     warned = [line for line in result.stderr.splitlines() if "--oversample cannot" in line]
     assert warned == [
-        "Warning: --oversample cannot balance train for 1 class(es) with no image in it: b"
+        "Warning: --oversample cannot balance train for 1 class with no image in it: b"
     ], result.stderr
 
 

@@ -23,6 +23,7 @@ from torchkit.core.data.sources.splitting import deal_units
 from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.io.files import absolute_as_opened
 from torchkit.core.io.temporaries import NAME_MAX, cut_to_bytes
+from torchkit.core.io.wording import counted
 
 log = logging.getLogger("torchkit")
 
@@ -171,8 +172,8 @@ def oversample_repeats(
     With `groups` (`--group`'s name of each file) a class repeats its files of one group
     together, each under the same number (`cat/001.jpg` with `cat/001.png`), as split-folders
     repeats a stem group whole: round-robin over the class's groups, a group passed over where
-    it would overshoot, and the count met as closely as whole groups allow (one group more
-    where that comes closer)."""
+    it would overshoot, and the count met as closely as whole groups taken in turn allow (one
+    group more where that comes closer)."""
     # Each class's units in train: {name: its files}, a file its own unit without `groups`.
     train: dict[int, dict[str | int, list[int]]] = {}
     for index, (label, part) in enumerate(zip(labels, split_of, strict=True)):
@@ -524,9 +525,10 @@ def warn_unbalanced(
         if sum(row) and not row[0]
     ]
     if absent:
+        shown = ", ".join(absent[:5]) + (" ..." if len(absent) > 5 else "")
         log.warning(
-            f"--oversample cannot balance {names[0]} for {len(absent)} class(es) with no image "
-            f"in it: {', '.join(absent[:5])}" + (" ..." if len(absent) > 5 else "")
+            f"--oversample cannot balance {names[0]} for "
+            f"{counted(len(absent), 'class', 'classes')} with no image in it: {shown}"
         )
     target = max((row[0] for row in counts), default=0)  # the largest class's, never repeated
     unmet = [
@@ -535,9 +537,11 @@ def warn_unbalanced(
         if row[0] and row[0] + more != target
     ]
     if unmet:
+        shown = ", ".join(unmet[:5]) + (" ..." if len(unmet) > 5 else "")
         log.warning(
-            f"--oversample repeats whole groups: {len(unmet)} class(es) have other than {target} "
-            f"images in {names[0]}: " + ", ".join(unmet[:5]) + (" ..." if len(unmet) > 5 else "")
+            f"--oversample repeats whole groups: {counted(len(unmet), 'class', 'classes')} "
+            f"{'has' if len(unmet) == 1 else 'have'} other than {target} images in {names[0]}: "
+            f"{shown}"
         )
 
 
