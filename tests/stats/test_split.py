@@ -496,6 +496,27 @@ def test_oversample_repeats_whole_groups_round_robin(sizes, need, taken):
     assert split_plan._repeated_units(sizes, need) == taken
 
 
+def test_oversample_repeats_byte_identical_files_one_at_a_time(runner, tmp_path):
+    """Byte-identical files stay in one split, but --oversample repeats them as other files,
+    not as a --group group: dog's 2 missing images are 2 repeats (its 3 copies as one group
+    would have overshot to 3, or fallen short at 1)."""
+    root = tmp_path / "data"
+    for name, body in [*((f"cat/{i}.png", f"cat{i}") for i in range(7)), ("dog/c.png", "c")]:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(body.encode())
+    for name in ["a", "b", "d"]:
+        (root / "dog" / f"{name}.png").write_bytes(b"same")
+    (root / "dog" / "e.png").write_bytes(b"e")
+    out = tmp_path / "out"
+    args = ["split", str(root), str(out), "--fixed", "1", "--oversample", "--mode", "manifest"]
+    result = runner.invoke(app, [*args, "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    assert "--oversample" not in result.stderr
+    report = json.loads(result.stdout)["classes"]
+    assert [(c["train"], c["repeats"]) for c in report] == [(6, 0), (4, 2)]
+    assert sorted(row["repeat"] for row in manifest(out) if row["repeat"] != "0") == ["1", "1"]
+
+
 def test_oversample_warnings_count_the_classes_in_words(caplog):
     """'1 class has', '2 classes have': a class one group short, one a group over, and one
     with no train image."""
