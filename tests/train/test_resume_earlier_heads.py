@@ -115,3 +115,52 @@ def test_other_groups_than_an_earlier_rule_makes_are_still_refused():
         "it was saved with other parameter groups, perhaps by another torchkit version; "
         "start a new run from its weights with --weights R/last.pt"
     )
+
+
+def test_a_run_that_decayed_what_a_no_weight_decay_pattern_names_goes_on(caplog, monkeypatch):
+    """XCiT's no_weight_decay() names `pos_embed.*`: torchkit decayed its positional
+    encoding's convolution until it read patterns, so the resumed run's groups were of other
+    sizes ("does not fit", start anew from --weights). The state moves onto this version's
+    groups instead, with a warning that the convolution gets no weight decay from now on."""
+    from torchkit.core.train import optim
+
+    timm = importlib.import_module("timm")
+    kwargs = {"depth": 1, "embed_dim": 16, "num_heads": 2, "img_size": 32, "num_classes": 3}
+    config = TrainConfig(epochs=1, lr=0.1, optimizer="adamw", weight_decay=0.05)
+
+    def xcit():
+        torch.manual_seed(0)
+        return timm.create_model("xcit_nano_12_p16_224", **kwargs)
+
+    model = xcit()
+    before = optim.no_decay_names(model, patterns=False)
+    assert optim.no_decay_names(model) - before == {"pos_embed.token_projection.weight"}
+    optimizer = build_optimizer(param_groups(model, config, skip_decay=before), config)
+    model.train()(torch.randn(2, 3, 32, 32)).sum().backward()
+    optimizer.step()
+    checkpoint = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": LRSchedule(optimizer, config, 1).state_dict(),
+    }
+    states = {n: dict(optimizer.state[p]) for n, p in model.named_parameters()}
+    model = xcit()
+    groups = param_groups(model, config)
+    optimizer = build_optimizer(groups, config)
+    with caplog.at_level(logging.WARNING, logger="torchkit"):
+        restore_training(
+            checkpoint, Path("R/last.pt"), model=model, config=config, groups=groups,
+            optimizer=optimizer, schedule=LRSchedule(optimizer, config, 1), scaler=None,
+        )  # fmt: skip
+    assert caplog.messages == [
+        "R/last.pt was saved by an earlier torchkit that gave weight decay to "
+        "pos_embed.token_projection.weight, which the model's no_weight_decay() names by a "
+        "pattern: it goes on without weight decay on it, the optimizer state moved along"
+    ]
+    by_name = dict(model.named_parameters())
+    for param_name, saved in states.items():
+        for key, value in saved.items():
+            assert torch.equal(optimizer.state[by_name[param_name]][key], value), param_name
+    conv = by_name["pos_embed.token_projection.weight"]
+    spared = [g for g in optimizer.param_groups if any(p is conv for p in g["params"])]
+    assert [g["weight_decay"] for g in spared] == [0.0]

@@ -101,6 +101,18 @@ class _Net(nn.Module):
         self.head = nn.Linear(4, 2)
 
 
+def test_no_weight_decay_patterns_as_timm_reads_them_and_what_is_no_name(monkeypatch):
+    """no_weight_decay()'s names are fnmatch patterns (`*`: nothing decayed, as in timm; `[`
+    opens a character class); what is not a string names nothing, where fnmatch raised."""
+    net = _Net()
+    monkeypatch.setattr(net, "no_weight_decay", lambda: {"*"}, raising=False)
+    assert no_decay_names(net) == {name for name, _ in net.named_parameters()}
+    groups = param_groups(net, TrainConfig(lr=0.1, weight_decay=0.01))
+    assert [g.name for g in groups] == ["backbone_no_decay", "head_no_decay"]
+    monkeypatch.setattr(net, "no_weight_decay", lambda: {"con[vx].weight", 7, "["})
+    assert no_decay_names(net) - no_decay_names(_Net()) == {"conv.weight"}
+
+
 def test_no_weight_decay_on_biases_and_norms_and_head_gets_its_own_lr():
     net = _Net()
     assert no_decay_names(net) == {

@@ -43,12 +43,13 @@ def _is_norm(module: Any) -> bool:
     return isinstance(module, norms) or any(n in type(module).__name__ for n in NORM_TYPES_NAMES)
 
 
-def no_decay_names(model: Any) -> set[str]:
+def no_decay_names(model: Any, *, patterns: bool = True) -> set[str]:
     """Parameters that get no weight decay: biases, normalisation weights, and every other
     parameter of one dimension (scales, offsets); plus what the model's `no_weight_decay()`
     names (position embeddings and class tokens of vision transformers): a parameter's full
     name, a pattern of them (XCiT's `pos_embed.*`, read with fnmatch as timm reads it) or the
-    last part of its name."""
+    last part of its name. `patterns=False`: the rule of torchkit before it read patterns,
+    whose runs decayed what a pattern names (resuming one moves its optimiser state)."""
     names: set[str] = set()
     for module_name, module in model.named_modules():
         prefix = f"{module_name}." if module_name else ""
@@ -58,12 +59,14 @@ def no_decay_names(model: Any) -> set[str]:
     extra = getattr(model, "no_weight_decay", None)
     if callable(extra):
         wanted = set(extra())
+        # Strings only: fnmatch raises on anything else (which never named a parameter).
+        globs = [name for name in wanted if isinstance(name, str)] if patterns else []
         names |= {
             n
             for n, _ in model.named_parameters()
             if n in wanted
             or n.split(".")[-1] in wanted
-            or any(fnmatch.fnmatchcase(n, pattern) for pattern in wanted)
+            or any(fnmatch.fnmatchcase(n, pattern) for pattern in globs)
         }
     return names
 
@@ -107,17 +110,22 @@ def frozen_norms_to_eval(model: Any) -> Callable[[], None]:
 
 
 def param_groups(
-    model: Any, config: TrainConfig, heads: Sequence[str] | None = None
+    model: Any,
+    config: TrainConfig,
+    heads: Sequence[str] | None = None,
+    skip_decay: set[str] | None = None,
 ) -> list[ParamGroupSpec]:
     """Backbone and head groups, each split into decayed and not decayed parameters (the head:
     `heads`, module names, by default `head_names`: every layer timm makes anew for new
-    classes, both heads of a distilled DeiT or LeViT). A backbone that does not train
+    classes, both heads of a distilled DeiT or LeViT; not decayed: `skip_decay`, parameter
+    names, by default `no_decay_names`, none with --decay-all). A backbone that does not train
     (`backbone_trains`) has no group."""
     from torchkit.core.models.heads import head_names, in_heads
 
     heads = head_names(model) if heads is None else heads
     backbone = backbone_trains(config)
-    skip_decay = set() if config.decay_all else no_decay_names(model)
+    if skip_decay is None:
+        skip_decay = set() if config.decay_all else no_decay_names(model)
     head_lr, backbone_lr = config.lr, config.lr
     if config.backbone_lr is not None:
         backbone_lr = config.backbone_lr

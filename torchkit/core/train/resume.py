@@ -105,7 +105,8 @@ def _restore_earlier_heads(
     checkpoint: dict, resumed_from: Path, error: Exception, *, model, config, groups, optimizer
 ) -> None:
     """The optimiser state of a run that an earlier torchkit trained with fewer layers as the
-    head, moved onto this run's groups (with a warning that says what changes); else the
+    head, or with weight decay on what the model's `no_weight_decay()` names by a pattern,
+    moved onto this run's groups (with a warning that says what changes); else the
     CheckpointError that the state does not fit."""
     from torchkit.core.models.heads import head_names
     from torchkit.core.train.earlier_heads import state_under_earlier_heads
@@ -121,19 +122,30 @@ def _restore_earlier_heads(
             f"start a new run from its weights with --weights {resumed_from}",
         ) from error
     load_optimizer_state(optimizer, earlier.state)
-    rest = (
-        "the rest of the head, frozen with the backbone until now, starts training"
-        if not backbone_trains(config)
-        else "the rest of the head trains at the head's learning rate from now on"
-    )
-    log.warning(
-        "%s was saved by an earlier torchkit that trained only %s as the head: it goes on with "
-        "%s as the head, the optimizer state moved along (%s)",
-        resumed_from,
-        ", ".join(earlier.heads),
-        ", ".join(head_names(model)),
-        rest,
-    )
+    heads = head_names(model)
+    if set(earlier.heads) != set(heads):  # not only the decay rule changed
+        rest = (
+            "the rest of the head, frozen with the backbone until now, starts training"
+            if not backbone_trains(config)
+            else "the rest of the head trains at the head's learning rate from now on"
+        )
+        log.warning(
+            "%s was saved by an earlier torchkit that trained only %s as the head: it goes on "
+            "with %s as the head, the optimizer state moved along (%s)",
+            resumed_from,
+            ", ".join(earlier.heads),
+            ", ".join(heads),
+            rest,
+        )
+    if earlier.decayed:
+        log.warning(
+            "%s was saved by an earlier torchkit that gave weight decay to %s, which the model's "
+            "no_weight_decay() names by a pattern: it goes on without weight decay on %s, the "
+            "optimizer state moved along",
+            resumed_from,
+            ", ".join(earlier.decayed),
+            "it" if len(earlier.decayed) == 1 else "them",
+        )
 
 
 def realign_schedule(
