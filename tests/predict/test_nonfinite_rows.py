@@ -45,8 +45,10 @@ def _predict(tmp_path, fmt: str):
 def test_a_non_finite_row_names_no_class(tmp_path):
     first, nan = json.loads(_predict(tmp_path, "json"))
     assert nan["error"] == "non-finite output"
-    predicted = ["class", "class_index", "probability", "class_1", "probability_1", "class_2"]
-    assert [nan[key] for key in [*predicted, "probability_2"]] == [None] * 7
+    predicted = ["class", "class_index", "probability", "class_1", "class_index_1"]
+    predicted += ["probability_1", "class_2", "class_index_2", "probability_2"]
+    assert [nan[key] for key in predicted] == [None] * 9
+    assert list(nan).index("class_index_2") == list(nan).index("class_2") + 1
     assert first["error"] is None and first["class"] == first["class_1"]
     assert first["class_index"] in (0, 1) and 0 < first["probability"] <= 1
 

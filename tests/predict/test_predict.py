@@ -453,6 +453,24 @@ def test_a_model_name_with_weights_and_classes(runner, world, tmp_path):
     assert sum(p.numel() for p in model.parameters()) > 0
 
 
+def test_topk_in_json_says_which_of_two_classes_of_one_name_ranked(runner, world, tmp_path):
+    """--classes x,x,z: JSON's class_index_K tells the two x apart, as CSV's `x (#0)` does."""
+    weights = tmp_path / "sd.pt"
+    torch.save(load_checkpoint(world["ckpt"])["model"], weights)
+    args = ["convnet", world["flat"] / "a.png", "--weights", weights, "--classes", "x,x,z"]
+    args += ["--image-size", 12, "--topk", 3, "-j", "0"]
+    as_json = invoke(runner, *args, "--format", "json")
+    as_csv = invoke(runner, *args, "--format", "csv")
+    assert as_json.exit_code == 0 and as_csv.exit_code == 0, as_json.stderr
+    row, shown = json.loads(as_json.stdout)[0], read_csv(as_csv.stdout)[0]
+    ranked = [row[f"class_index_{rank}"] for rank in (1, 2, 3)]
+    assert sorted(ranked) == [0, 1, 2] and ranked[0] == row["class_index"]
+    for rank, index in enumerate(ranked, 1):
+        assert row[f"class_{rank}"] == "xxz"[index]
+        assert shown[f"class_{rank}"] == ("z" if index == 2 else f"x (#{index})")
+    assert not any(key.startswith("class_index_") for key in shown)
+
+
 def test_a_repeated_name_in_a_long_classes_file_is_read_at_once(tmp_path):
     # Each name was counted over the whole list (quadratic: minutes at 100,000 names); a name
     # given twice exactly names two outputs, as ImageNet's two "crane"s do.
