@@ -821,3 +821,14 @@ def test_a_url_torchkit_does_not_fetch_is_said_so_not_missing(runner, world, nam
     assert result.exit_code == 1 and result.stdout == ""
     line = error_line(result.stderr)
     assert message in line and "not found" not in line, line
+
+
+def test_the_note_on_outputs_named_by_index_counts_in_words():
+    """'the 1 class of DATA is not its 1000 outputs' (was '1 classes ... are'); plural and
+    singular both ways."""
+    from torchkit.core.inference.class_names import output_names_from_data
+
+    names, note = output_names_from_data(["a", "b", "c"], 1, "D")
+    assert names == ["0"] and "; the 3 classes of D are not its 1 output (pass" in note
+    names, note = output_names_from_data(["a"], 1000, "D")
+    assert len(names) == 1000 and "; the 1 class of D is not its 1000 outputs (pass" in note
