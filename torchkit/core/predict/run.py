@@ -594,8 +594,8 @@ class PredictRun:
                 prob = [_digits(p) for p in prob]
                 values += (names[top[0]], top[0], prob[0])
                 if self.ranked:
-                    for label, p in zip(top, prob, strict=True):
-                        values += (names[label], label, p) if with_indices else (names[label], p)
+                    for ranked, p in zip(top, prob, strict=True):  # a class index, not a label
+                        values += (names[ranked], ranked, p) if with_indices else (names[ranked], p)
             else:  # NaN ranks first: its "class" would read as a prediction the model never made
                 per_rank = 3 if with_indices else 2
                 values += [None] * (3 + (per_rank * len(top) if self.ranked else 0))
