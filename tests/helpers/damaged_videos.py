@@ -79,6 +79,20 @@ def ffmpeg_made(target: Path, *args: str, encoders: tuple[str, ...] = (), muxer:
     return target
 
 
+def ffmpeg_packet_sizes(path: Path) -> list[int]:
+    """The sizes of the packets FFmpeg's demuxer reads of the first video stream of `path`
+    (`ffmpeg -c copy -f framecrc`), in order, to check a count against apart from torchkit:
+    an encoder's packets of no bytes (a Theora frame repeated) among them."""
+    command = ["ffmpeg", "-hide_banner", "-loglevel", "error", "-nostdin", "-i", str(path)]
+    done = subprocess.run(
+        [*command, "-map", "0:v:0", "-c", "copy", "-f", "framecrc", "-"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    # "0,  11,  11,  1,  0, 0x00000000, F=0x0": stream, dts, pts, duration, size, checksum
+    rows = [line.split(",") for line in done.stdout.splitlines() if not line.startswith("#")]
+    return [int(row[4]) for row in rows if len(row) > 5]
+
+
 def moving_picture(seconds: float, size: str = "64x48", rate: int = 25) -> tuple[str, ...]:
     """ffmpeg input options of a moving test picture of `seconds` at `rate` fps."""
     return ("-f", "lavfi", "-i", f"testsrc=size={size}:rate={rate}:duration={seconds}")

@@ -2289,10 +2289,14 @@ def test_an_hevc_avi_cut_at_a_cra_is_not_damaged(tmp_path):
         "log-level=error:open-gop=1:keyint=25:min-keyint=25:scenecut=0:bframes=3:b-pyramid=1",
         encoders=("libx265",),
     )
-    whole = ffmpeg_made(tmp_path / "whole.avi", "-i", source, "-c", "copy", muxer="avi")
+    # a chunk a frame, at 25 fps: FFmpeg 9 copies the MP4's video into an AVI of 600 fps,
+    # 23 empty chunks between frames, whose index then takes half the file (and the zeroes)
+    time_base = ("-time_base", "1:25")
+    whole = ffmpeg_made(tmp_path / "whole.avi", "-i", source, "-c", "copy", *time_base, muxer="avi")
     data = bytearray(whole.read_bytes())
     index, movi = data.rfind(b"idx1") + 8, data.find(b"movi")
     entries = [e for e in range(index, len(data) - 15, 16) if data[e + 2 : e + 4] == b"dc"]
+    assert len(entries) == 75  # 3 s at 25 fps
     second_key = [e for e in entries if data[e + 4] & 0x10][1]
     for entry in entries[: entries.index(second_key)]:  # its chunk and its entry: JUNK
         chunk = movi + int.from_bytes(data[entry + 8 : entry + 12], "little")

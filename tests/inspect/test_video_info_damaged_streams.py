@@ -16,6 +16,7 @@ import pytest
 from damaged_videos import (
     decoded_by_opencv,
     ffmpeg_made,
+    ffmpeg_packet_sizes,
     ffprobe_entries,
     moving_picture,
     zeroed_copy,
@@ -259,17 +260,25 @@ def test_a_theora_ogg_with_repeated_frames_is_ok(tmp_path):
         encoders=("libtheora",),
         muxer="ogg",
     )
+    # how many of the 7 repeats libtheora writes as packets of no bytes is its own (one
+    # right after a key frame, or one whose blocks it codes anyway, takes some bytes), and
+    # differs between builds (FFmpeg 9.0.2's static build: 5): FFmpeg's demuxer counts them,
+    # apart from torchkit
+    repeated = ffmpeg_packet_sizes(clip).count(0)
+    assert 1 <= repeated <= 7
     held = ogg_video_frames(clip, "ogg")
-    assert (held.frames, held.not_coded) == (50, 1)
+    assert (held.frames, held.not_coded) == (50, repeated)
     capture, grabbed = cv2.VideoCapture(str(clip), cv2.CAP_FFMPEG), []
     for _ in range(60):
         grabbed.append(capture.grab())
     capture.release()
-    assert (grabbed.index(False), sum(grabbed)) == (10, 49)  # the repeated frame's grab fails
+    decodable = 50 - repeated
+    assert sum(grabbed) == decodable  # each repeated frame's grab fails ...
+    assert not all(grabbed[:decodable])  # ... before the last frame: the frames after decode
     exact = probe_video(clip, exact=True)
-    assert (exact.status, exact.error, exact.frames_decoded) == ("ok", None, 49)
+    assert (exact.status, exact.error, exact.frames_decoded) == ("ok", None, decodable)
     zeroed = probe_video(zeroed_copy(clip, tmp_path, 0.5), exact=True)
-    assert zeroed.status == "damaged" and zeroed.frames_decoded < 45, zeroed
+    assert zeroed.status == "damaged" and zeroed.frames_decoded < decodable - 4, zeroed
 
 
 def test_a_still_theora_ogg_is_readable(tmp_path):
@@ -961,24 +970,30 @@ def test_an_flv_cut_between_tags_losing_audio_is_truncated(tmp_path):
 
 
 def test_a_long_flv_cut_before_its_last_audio_tag_is_truncated(tmp_path):
-    """A 40 s FLV whose ADPCM audio plays past its video, cut at its last audio tag's start
-    (0.37 s of audio gone, and the video after it): its audio's end falls 9 frames short of
-    the 1,003 its header declares, within the count's slack (10), so nothing but the size
-    its metadata records tells the cut, which it falls short of by that tag's bytes:
-    truncated, by the decode check and --exact, and without decoding. Whole, it is ok."""
-    whole = _adpcm_flv(tmp_path / "clip.flv", 39.6, 40)
+    """A 40 s FLV whose ADPCM audio plays past its 39.4 s of video, cut at its last audio
+    tag's start (0.37 s of audio gone): its audio's end falls 6 to 9 frames short of the
+    1,000 to 1,003 its header declares (FFmpeg 9 records the audio's own 40 s, earlier
+    muxers its last tag's end, 40.12 s), within the count's slack (10), so nothing but the
+    size its metadata records tells the cut, which it falls short of by that tag's bytes,
+    its video ending 15 or more frames short (past the slack): truncated, by the decode
+    check and --exact, and without decoding. Whole, it is ok. (A video of 39.6 s would end
+    within the slack of FFmpeg 9's 1,000, and a cut that loses no frame of it cannot be told
+    from a whole file whose recorded size a tool left stale.)"""
+    whole = _adpcm_flv(tmp_path / "clip.flv", 39.4, 40)
     data = whole.read_bytes()
     starts = [int.from_bytes(data[5:9], "big") + 4, *_flv_tag_ends(whole)[:-1]]
     cut_at = max(start for start in starts if data[start] == 8)
     cut = tmp_path / "cut.flv"
     cut.write_bytes(data[:cut_at])
+    header = probe_video(whole, decode_check=False).frames_header
+    assert header in (1_000, 1_003)  # its duration at 25 fps: the audio's, or its last tag's
     assert probe_video(whole, exact=True).status == "ok"
     for options in ({}, {"exact": True}, {"decode_check": False}):
         info = probe_video(cut, **options)
         assert (info.status, info.error) == (
             "truncated",
             f"truncated: the file holds {cut_at:,} of the {len(data):,} bytes its flv metadata "
-            "records, and its video ends at frame 990 of the 1,003 its header declares",
+            f"records, and its video ends at frame 985 of the {header:,} its header declares",
         ), options
 
 
