@@ -2313,6 +2313,27 @@ def test_an_hevc_avi_cut_at_a_cra_is_not_damaged(tmp_path):
     assert probe_video(zeroed_copy(cut, tmp_path, 0.75), exact=True).status == "damaged"
 
 
+def test_an_avi_of_empty_chunks_between_frames_lasts_to_its_last_frame(tmp_path):
+    """An MP4 copied into an AVI of a finer time base (FFmpeg 9's `-c copy` gives one of 600
+    fps from a 25 fps MP4) stores its frames 24 chunks apart, the chunks between them empty.
+    FFmpeg gives each frame its chunk's place, but none to the B-frames its decoder holds to
+    the end, and --exact read the last of those as no time: 75 frames over 600 fps, 0.125 s
+    for a 3 s video. The latest frame given a time ends it: 2.96 s, and a frame at 600 fps."""
+    source = ffmpeg_made(
+        tmp_path / "source.mp4", *moving_picture(3), "-c:v", "mpeg4", "-bf", "2",
+        encoders=("mpeg4",),
+    )  # fmt: skip
+    clip = ffmpeg_made(
+        tmp_path / "clip.avi", "-i", source, "-c", "copy", "-time_base", "1:600", muxer="avi"
+    )
+    if probe_video(clip, decode_check=False).frames_header != 1800:
+        pytest.skip("this ffmpeg does not copy into an AVI of the time base asked")
+    info = probe_video(clip, exact=True)
+    assert (info.status, info.frames, info.fps) == ("ok", 75, 600)
+    assert info.duration_s == pytest.approx(2.96 + 1 / 600)
+    assert probe_video(clip, decode_check=False).duration_s == pytest.approx(3.0)
+
+
 def test_frames_before_the_first_key_frame_as_each_index_lists_them(tmp_path, whole_videos):
     """The frames an index holds before its first key frame, stored or shown before it or at
     its time (an open GOP's leading pictures, which refer to frames before it, their times

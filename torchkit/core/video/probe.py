@@ -559,6 +559,9 @@ def _decode_to_end(
     for) each make a grab fail, the frames after them decoding on: as many failures as it
     holds such packets are passed over."""
     count, start_ms, skips = 0, None, _failing_grabs(info)
+    # an AVI records no times: FFmpeg gives its frames their chunks' places, but none to the
+    # B-frames a decoder holds to the end (the latest frame that has one ends the video)
+    latest = info is not None and info.container == "avi"
     while True:
         if not capture.grab():
             if skips <= 0:
@@ -567,7 +570,8 @@ def _decode_to_end(
             continue
         count += 1
         if cv2 is not None:
-            start_ms = capture.get(cv2.CAP_PROP_POS_MSEC)
+            at_ms = capture.get(cv2.CAP_PROP_POS_MSEC)
+            start_ms = start_ms if latest and not at_ms > 0 else at_ms
         if stop is not None and count % 64 == 0 and stop.is_set():
             raise _Stopped()
     fps = info.fps if info is not None else None
