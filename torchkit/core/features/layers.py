@@ -410,7 +410,7 @@ class FeatureExtractor:
             elif self._fx:
                 value = output[layer.node]
                 if not partial and not isinstance(value, torch.Tensor):
-                    raise self._not_a_tensor(layer, value)
+                    raise not_a_tensor(layer.name, value, self._graph.items.get(layer.node, []))
             else:
                 if layer.node not in self._captured:
                     raise TorchkitError(
@@ -422,19 +422,19 @@ class FeatureExtractor:
         self._captured.clear()
         return results
 
-    def _not_a_tensor(self, layer: Layer, value: Any) -> TorchkitError:
-        """The error for a layer whose value is a tuple or dict (nn.MultiheadAttention's output,
-        a block returning two maps), naming the layers that take its items where the graph has
-        them, as create_feature_extractor would have them asked for."""
-        items = self._graph.items.get(layer.node, [])
-        picks = ", ".join(f"{name} is item {key!r}" for key, name in items)
-        hint = (
-            f"ask for its items, layers of their own: {picks}"
-            if picks
-            else "pick another layer: --list-layers lists them"
-        )
-        kind = type(value).__name__
-        return TorchkitError(f"layer {layer.name} gives a {kind}, not a tensor", hint)
+
+def not_a_tensor(name: str, value: Any, items: Sequence[tuple[Any, str]] = ()) -> TorchkitError:
+    """The error for layer `name` whose value is a tuple or dict (nn.MultiheadAttention's
+    output, a block returning two maps), naming the layers that take its items (`items`: their
+    keys and names, where the traced graph has them), as create_feature_extractor would have
+    them asked for."""
+    picks = ", ".join(f"{node} is item {key!r}" for key, node in items)
+    hint = (
+        f"ask for its items, layers of their own: {picks}"
+        if picks
+        else "pick another layer: --list-layers lists them"
+    )
+    return TorchkitError(f"layer {name} gives a {type(value).__name__}, not a tensor", hint)
 
 
 def reduce_feature(
@@ -452,10 +452,7 @@ def reduce_feature(
     import torch
 
     if not isinstance(value, torch.Tensor):
-        raise TorchkitError(
-            f"layer {name} gives a {type(value).__name__}, not a tensor",
-            "pick another layer: --list-layers lists them",
-        )
+        raise not_a_tensor(name, value)
     features = value.float()
     if features.ndim == 4 and pool in (None, "avg"):
         features = features.mean(dim=spatial_dims(features.shape))
