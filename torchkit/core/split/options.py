@@ -114,7 +114,7 @@ def check_names(names: Sequence[str], parts: int) -> list[str]:
     return names
 
 
-def group_names(samples: Samples, keys: Sequence[str], pattern: str) -> tuple[list[str], int]:
+def group_names(samples: Samples, keys: Sequence[str], pattern: str) -> list[str]:
     """The group of each file: the first capture group (or the whole match) of `pattern`
     searched in its file name; a file that does not match is a group of its own.
 
@@ -122,8 +122,7 @@ def group_names(samples: Samples, keys: Sequence[str], pattern: str) -> tuple[li
     (`cat/001.jpg` with `cat/001.png`, not with `dog/001.jpg`), as split-folders' `group="stem"`
     does: a regex sees only file names, so it would tie every class's `001.jpg` together."""
     if pattern == STEM_GROUP:
-        groups = ["stem\0" + posixpath.splitext(key)[0] for key in keys]
-        return groups, len(set(groups))
+        return ["stem\0" + posixpath.splitext(key)[0] for key in keys]
     try:
         regex = re.compile(pattern)
     except re.error as error:
@@ -148,7 +147,7 @@ def group_names(samples: Samples, keys: Sequence[str], pattern: str) -> tuple[li
         )
     if unmatched:
         log.warning(f"{unmatched} file name(s) do not match --group; each is a group of its own")
-    return groups, len(set(groups))
+    return groups
 
 
 @dataclass

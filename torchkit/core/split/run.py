@@ -349,7 +349,7 @@ def _grouping(
     """(the units that go to one split together, or None; the --group group of each file, or
     None; the groups of byte-identical files kept together)."""
     group = options.group
-    groups = group_names(samples, keys, group)[0] if group else None
+    groups = group_names(samples, keys, group) if group else None
     units, identical = dedup_units(sources, keys, groups) if options.dedup else (groups, [])
     return units, groups, identical
 
