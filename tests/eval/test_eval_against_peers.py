@@ -100,22 +100,12 @@ def test_eval_feeds_the_pixels_of_torchvisions_preset_and_of_timms_transform(tmp
     import timm
     from timm.data import ImageDataset, create_transform, resolve_data_config
     from torchvision import datasets
-    from torchvision import transforms as v1
     from torchvision.transforms import v2
 
     data = _odd_images(tmp_path / "odd")
     folder = datasets.ImageFolder(str(data))
     paths = [Path(path) for path, _ in folder.samples]
-    # torchvision's references/classification/presets.py, its defaults (PIL, use_v2 off)
-    preset = v1.Compose(
-        [
-            v1.Resize(256, interpolation=v1.InterpolationMode.BILINEAR, antialias=True),
-            v1.CenterCrop(224),
-            v1.PILToTensor(),
-            v1.ConvertImageDtype(torch.float),
-            v1.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]),
-        ]
-    )
+    preset = _reference_preset()
     # --use-v2: the same resize and crop (of the PIL image), then a scale by 1/255
     preset_v2 = v2.Compose(
         [
@@ -158,14 +148,12 @@ def test_eval_feeds_the_pixels_of_torchvisions_preset_and_of_timms_transform(tmp
         assert (row - prefetched).abs().max() <= ROUNDING, path.name
 
 
-def _torchvision_evaluate(model, data: Path, batch_size: int) -> dict:
-    """torchvision's references/classification/train.py `evaluate()`: ImageFolder and the
-    preset, `utils.accuracy` weighted by the batch's size (`update(acc1, n=batch_size)`), the
-    loss logged once per batch (`update(loss=...)`: n=1, a mean of batch means)."""
-    from torchvision import datasets
+def _reference_preset():
+    """torchvision's references/classification/presets.py `ClassificationPresetEval`, its
+    defaults (PIL, use_v2 off)."""
     from torchvision import transforms as v1
 
-    preset = v1.Compose(
+    return v1.Compose(
         [
             v1.Resize(256, interpolation=v1.InterpolationMode.BILINEAR, antialias=True),
             v1.CenterCrop(224),
@@ -174,6 +162,15 @@ def _torchvision_evaluate(model, data: Path, batch_size: int) -> dict:
             v1.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]),
         ]
     )
+
+
+def _torchvision_evaluate(model, data: Path, batch_size: int) -> dict:
+    """torchvision's references/classification/train.py `evaluate()`: ImageFolder and the
+    preset, `utils.accuracy` weighted by the batch's size (`update(acc1, n=batch_size)`), the
+    loss logged once per batch (`update(loss=...)`: n=1, a mean of batch means)."""
+    from torchvision import datasets
+
+    preset = _reference_preset()
     loader = torch.utils.data.DataLoader(
         datasets.ImageFolder(str(data), transform=preset), batch_size=batch_size
     )
