@@ -46,7 +46,13 @@ def saved_by_the_earlier_rule(model, config: TrainConfig) -> tuple[dict, dict]:
     if not backbone_trains(config):
         for name, param in model.named_parameters():
             param.requires_grad_(name.startswith(f"{heads[0]}."))
-    optimizer = build_optimizer(param_groups(model, config, heads), config)
+    return saved_after_a_step(model, config, param_groups(model, config, heads))
+
+
+def saved_after_a_step(model, config: TrainConfig, groups) -> tuple[dict, dict]:
+    """A checkpoint of `model` after one step of an optimiser over `groups`, and each trained
+    parameter's state, by name."""
+    optimizer = build_optimizer(groups, config)
     model.train()(torch.randn(2, 3, 32, 32)).sum().backward()
     optimizer.step()
     checkpoint = {
@@ -135,15 +141,9 @@ def test_a_run_that_decayed_what_a_no_weight_decay_pattern_names_goes_on(caplog,
     model = xcit()
     before = optim.no_decay_names(model, patterns=False)
     assert optim.no_decay_names(model) - before == {"pos_embed.token_projection.weight"}
-    optimizer = build_optimizer(param_groups(model, config, skip_decay=before), config)
-    model.train()(torch.randn(2, 3, 32, 32)).sum().backward()
-    optimizer.step()
-    checkpoint = {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": LRSchedule(optimizer, config, 1).state_dict(),
-    }
-    states = {n: dict(optimizer.state[p]) for n, p in model.named_parameters()}
+    checkpoint, states = saved_after_a_step(
+        model, config, param_groups(model, config, skip_decay=before)
+    )
     model = xcit()
     groups = param_groups(model, config)
     optimizer = build_optimizer(groups, config)
