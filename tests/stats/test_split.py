@@ -462,6 +462,66 @@ def test_oversample_with_group_stem_copies_a_pair_under_one_repeat_number(runner
     assert sum("-repeat" in stem for stem in stems) == 4
 
 
+def test_oversample_with_group_names_both_halves_of_a_pair_alike_where_a_name_is_taken(
+    runner, tmp_path
+):
+    """ROOT already holds `001-repeat1.png` (a file of its own, beside the pair 001): the
+    pair's first repeat cannot be `001-repeat1.*`, and both halves take the next name free for
+    both, `001-repeat1-1.jpg` with `001-repeat1-1.png` (not `001-repeat1.jpg` with
+    `001-repeat1-1.png`, which a reader pairing files by stem would part)."""
+    root = pairs_folder(tmp_path / "data", {"cat": 8, "dog": 2})
+    (root / "dog" / "000-repeat1.jpg").write_bytes(b"a file of its own")
+    (root / "dog" / "001-repeat1.png").write_bytes(b"another one")
+    out = tmp_path / "out"
+    args = ["split", str(root), str(out), "--group", "stem", "--fixed", "1", "--oversample"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.stderr
+    # Whichever group val takes, a pair stays in train beside the file its repeat would be.
+    repeats: dict[tuple[str, str], set[str]] = {}  # (source stem, repeat) -> repeats' stems
+    for row in manifest(out):
+        assert (out / row["path"]).is_file()
+        if row["repeat"] != "0":
+            source = Path(row["source"])
+            stem = str(source.parent / source.stem)
+            repeats.setdefault((stem, row["repeat"]), set()).add(row["path"].rsplit(".", 1)[0])
+    pairs = {key: stems for key, stems in repeats.items() if key[0].endswith(("000", "001"))}
+    assert pairs and all(len(stems) == 1 for stems in pairs.values())
+    assert any(stem.endswith("-repeat1-1") for stems in pairs.values() for stem in stems)
+    names = {p.name for p in (out / "train" / "dog").iterdir()}
+    paired = [n.rsplit(".", 1)[0] for n in names if n.startswith(("000-", "001-"))]
+    halves = [stem for stem in paired if paired.count(stem) == 1]
+    # the lone files and their own repeats (`001-repeat1-repeat2.png`), no half of a pair
+    assert all(re.fullmatch(r"00[01]-repeat1(-repeat\d+)?", stem) for stem in halves)
+
+
+def test_names_claimed_together_take_one_tag_free_for_each():
+    """`FreeNames.claim_together`, which names a --group group's repeats: the first tag free
+    for every file of the group."""
+    free = split_plan.FreeNames(["t/c/x-repeat1.jpg", "t/c/x-repeat1-1.png"])
+    pair = [("t/c/", "x", ".jpg"), ("t/c/", "x", ".png")]
+    assert free.claim_together(pair, tag="-repeat1") == [
+        "t/c/x-repeat1-2.jpg",
+        "t/c/x-repeat1-2.png",
+    ]
+    assert free.claim_together(pair, tag="-repeat2") == ["t/c/x-repeat2.jpg", "t/c/x-repeat2.png"]
+    # one file: the name `claim` gives it, the first free
+    assert free.claim_together([("t/c/", "x", ".jpg")], tag="-repeat1") == ["t/c/x-repeat1-1.jpg"]
+    # compared by casefold, as every name: `X.JPG` takes `x.jpg`'s place
+    cased = split_plan.FreeNames(["t/c/X-REPEAT1.JPG"])
+    assert cased.claim_together(pair, tag="-repeat1") == [
+        "t/c/x-repeat1-1.jpg",
+        "t/c/x-repeat1-1.png",
+    ]
+    # two long stems cut to fit the same name are never given one name: each its own, at once
+    # or once the tag grows by a number (`-repeat1` fits both whole, `-repeat1-1` cuts both)
+    for stem in ("é" * 200, "é" * 121):
+        pair = [("t/", stem + "a", ".jpg"), ("t/", stem + "b", ".jpg")]
+        free = split_plan.FreeNames([f"t/{stem}a-repeat1.jpg"])
+        names = free.claim_together(pair, tag="-repeat1")
+        assert len({n.casefold() for n in names}) == 2
+        assert all(len(os.fsencode(n[2:])) <= 255 for n in names)
+
+
 def test_oversample_with_groups_meets_the_count_as_closely_as_whole_groups_allow(runner, tmp_path):
     """Groups of 3 cannot make up 4 missing images: the class gets one more group (3, nearer
     than 6), and a warning names it with its count."""

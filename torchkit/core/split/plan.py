@@ -245,6 +245,34 @@ class FreeNames:
         self.taken.add(candidate.casefold())
         return candidate
 
+    def claim_together(self, names: Sequence[tuple[str, str, str]], tag: str = "") -> list[str]:
+        """`claim` for files that go together, each `(base, stem, suffix)`: all of them under
+        one and the same tag, `tag` else the first `tag-N` under which none is taken, so that
+        they stay alike (a --group group's repeats: `001-repeat1-1.jpg` with
+        `001-repeat1-1.png`, where `001-repeat1.jpg` was taken). One file: `claim`'s name."""
+
+        def named(n: int) -> list[str]:
+            tail = f"{tag}-{n}" if n else tag
+            return [base + _fitting(stem, tail + suffix) for base, stem, suffix in names]
+
+        if len(names) == 1:
+            return [self.claim(*names[0], tag=tag)]
+        # Each number below one a name last took is taken for that name, so for the group too.
+        n = max((self._last.get((b + s + tag + x).casefold(), 0) for b, s, x in names), default=0)
+        while True:
+            candidates = named(n)
+            folded = [candidate.casefold() for candidate in candidates]
+            if len(set(folded)) < len(folded):
+                # Two long stems cut to fit meet, as they do under every longer tag: no one
+                # name for two files, each takes a name of its own.
+                return [self.claim(*name, tag=tag) for name in names]
+            if not self.taken.intersection(folded):
+                break
+            n += 1
+        # `_last` is left as it was: a number below this one may be free for one of the names.
+        self.taken.update(folded)
+        return candidates
+
 
 def _fitting(stem: str, tail: str) -> str:
     """The file name `stem + tail`, its stem cut by whole characters to fit in NAME_MAX bytes
@@ -258,12 +286,16 @@ def _fitting(stem: str, tail: str) -> str:
     return cut_to_bytes(stem, room) + tail
 
 
-def _repeat_dest(dest: str, number: int, free: FreeNames) -> str:
-    """`<split>/<class>/<stem>-repeat<k><suffix>` beside `dest`, not yet taken (the stem
-    shortened where the name would not fit)."""
-    folder, name = dest.rsplit("/", 1) if "/" in dest else ("", dest)
-    stem, suffix = os.path.splitext(name)
-    return free.claim(f"{folder}/" if folder else "", stem, suffix, tag=f"-repeat{number}")
+def _repeat_dests(dests: list[str], number: int, free: FreeNames) -> list[str]:
+    """`<split>/<class>/<stem>-repeat<k><suffix>` beside each of `dests` (the files of one
+    unit, repeated together), not yet taken, all under the same tag (the stem shortened where
+    a name would not fit)."""
+    names = []
+    for dest in dests:
+        folder, name = dest.rsplit("/", 1) if "/" in dest else ("", dest)
+        stem, suffix = os.path.splitext(name)
+        names.append((f"{folder}/" if folder else "", stem, suffix))
+    return free.claim_together(names, tag=f"-repeat{number}")
 
 
 def destinations(samples: Samples, split_of: list[int], names: list[str], is_csv: bool):
@@ -372,18 +404,33 @@ def check_csv_sources(samples: Samples, source: Path) -> list[str]:
     return sources
 
 
-def add_repeats(plan: Plan, repeats: list[tuple[int, int]], mode: str) -> None:
+def add_repeats(
+    plan: Plan, repeats: list[tuple[int, int]], mode: str, groups: Sequence[str] | None = None
+) -> None:
     """Append --oversample's repeats to the plan: the same source and label in the first
-    split, under a name of its own (none in a manifest: the row is repeated)."""
+    split, under a name of its own (none in a manifest: the row is repeated).
+
+    With `groups` (`--group`'s name of each file) the files of one group that
+    `oversample_repeats` repeats together (one after another, in one class, under one number)
+    are named under one tag: where `<stem>-repeat<k>` is taken for one of them, all of them
+    take the first `<stem>-repeat<k>-N` free for each."""
     plan.repeats = [0] * len(plan.sources)
     free = FreeNames(plan.dests)
+    units: list[tuple[list[int], int]] = []  # (the files repeated together, their number)
     for index, number in repeats:
         plan.sources.append(plan.sources[index])
         plan.labels.append(plan.labels[index])
         plan.splits.append(plan.splits[index])
         plan.repeats.append(number)
-        if mode != "manifest":
-            plan.dests.append(_repeat_dest(plan.dests[index], number, free))
+        if groups is not None and units and units[-1][1] == number:
+            last = units[-1][0][-1]
+            if (groups[last], plan.labels[last]) == (groups[index], plan.labels[index]):
+                units[-1][0].append(index)
+                continue
+        units.append(([index], number))
+    if mode != "manifest":
+        for unit, number in units:
+            plan.dests += _repeat_dests([plan.dests[i] for i in unit], number, free)
 
 
 # What becomes of the images beside the class folders, which are not split, by --mode.

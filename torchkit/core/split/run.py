@@ -428,7 +428,7 @@ def _file_plan(
         repeats, extra = oversample_repeats(
             samples.labels, split_of, keys, options.seed, len(samples.classes), groups
         )
-        add_repeats(plan, repeats, mode)
+        add_repeats(plan, repeats, mode, groups)
         warn_unbalanced(samples.classes, counts, names, extra)
     if mode == "hardlink":
         check_hardlinks(plan, out)
