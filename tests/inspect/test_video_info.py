@@ -2588,6 +2588,45 @@ def test_an_mpeg_ps_file_s_video_head_is_its_packets_data_after_their_headers(tm
     assert streams.mpeg_video_head(raw, "mpeg-video") == b""
 
 
+def _ps_pack() -> bytes:
+    """An MPEG-2 pack header: its start code, SCR and mux rate, no stuffing."""
+    return b"\x00\x00\x01\xba\x44\x00\x04\x00\x04\x01\x00\x00\x03\xf8"
+
+
+def _pes(stream_id: int, data: bytes) -> bytes:
+    """An MPEG-2 PES packet of the stream `stream_id` carrying `data` and a presentation
+    time of 0."""
+    header = b"\x80\x80\x05\x21\x00\x01\x00\x01"
+    length = struct.pack(">H", len(header) + len(data))
+    return b"\x00\x00\x01" + bytes([stream_id]) + length + header + data
+
+
+def test_an_mpeg_ps_file_s_video_head_and_frames_are_one_walk_of_its_packs(tmp_path):
+    """The video head (the first sequence header's place) and the frame count of an MPEG-PS
+    file walk its packs alike: the first video stream's packets (not another video stream's
+    or an audio stream's), past the zero bytes a muxer pads packs with, to the end code. Past
+    bytes that are no pack the frame count goes on at the next pack, the head stops there."""
+    first, second, third = b"A" * 40, b"C" * 30, b"E" * 20
+    padded = _ps_pack() + _pes(0xE0, first) + _pes(0xC0, b"audio")
+    stream = padded + bytes(20) + _ps_pack() + _pes(0xE1, b"another video") + _pes(0xE0, second)
+    ended = tmp_path / "ended.mpg"
+    ended.write_bytes(stream + b"\x00\x00\x01\xb9" + _ps_pack() + _pes(0xE0, third))
+    assert streams.mpeg_video_head(ended, "mpeg-ps") == first + second
+    broken = stream + b"\xff" * 50 + _ps_pack() + _pes(0xE0, third)
+    (tmp_path / "broken.mpg").write_bytes(broken)
+    assert streams.mpeg_video_head(tmp_path / "broken.mpg", "mpeg-ps") == first + second
+    walks = {
+        resync: [
+            (unit.kind, broken[unit.start : unit.end] if unit.kind == "video" else unit.start)
+            for unit in streams._ps_video_walk(broken, resync=resync)
+        ]
+        for resync in (False, True)
+    }
+    stopped = [("video", first), ("padding", len(padded)), ("video", second)]
+    assert walks[False] == [*stopped, ("break", len(stream))]
+    assert walks[True] == [*stopped, ("break", len(stream)), ("video", third)]
+
+
 @pytest.mark.parametrize("rate", [15, 50])
 def test_a_raw_mpeg1_stream_s_count_is_its_estimated_duration_at_its_own_rate(tmp_path, rate):
     """A raw MPEG-1 stream records no frame count: OpenCV counts the duration FFmpeg

@@ -22,7 +22,7 @@ import mmap
 import os
 import re
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from fractions import Fraction
 from typing import NamedTuple
 
@@ -821,40 +821,24 @@ def ps_video_frames(
 
     if container != "mpeg-ps":
         return None
-    state, video = _PsPictures(), None  # the first video stream's ID
+    state = _PsPictures()
     breaks: list[int] = []  # where bytes that are no pack or packet start
     unpassed = None  # where bytes that are no pack run on past the search for the next
     try:
         with open(path, "rb") as handle, _mapped(handle) as data:
-            size, at = len(data), 0
-            for _ in range(_MAX_PS_PACKETS):
-                if at + 4 > size:
-                    break
-                length = _ps_unit_length(data, at, size)
-                if length is None:
-                    padded = _ps_padding_end(data, at, size)
-                    if padded is not None:
-                        if padded - at > _PS_PADDING:  # sectors empty, or zeroes ending there:
-                            state.lose(bytes_lost=False)  # the times either side tell
-                        at = padded
-                        continue
-                    found = _ps_pack_after(data, at, size)
-                    if found is None:
-                        # bytes past the search the walk could not pass: their frames untold
-                        unpassed = at if at + _PS_RESYNC_BYTES < size else None
-                        break
-                    breaks.append(at)
+            for unit in _ps_video_walk(data, resync=True):
+                if unit.kind == "video":
+                    state.read(data[unit.start : unit.end], unit.pts)
+                elif unit.kind == "padding":
+                    # sectors empty, or zeroes ending there: the times either side tell
+                    if unit.end - unit.start > _PS_PADDING:
+                        state.lose(bytes_lost=False)
+                elif unit.end is None:
+                    # bytes past the search the walk could not pass: their frames untold
+                    unpassed = unit.start if unit.start + _PS_RESYNC_BYTES < len(data) else None
+                else:
+                    breaks.append(unit.start)
                     state.lose()  # a picture's start split by the break is lost
-                    at = found
-                    continue
-                if length == 0:  # the end code
-                    break
-                if video is None and data[at + 3] & 0xF0 == _PS_VIDEO:
-                    video = data[at + 3]  # FFmpeg writes H.264 as 0xE2
-                if data[at + 3] == video:
-                    payload, pts = _ps_payload(data, at)
-                    state.read(data[payload : at + length], pts)
-                at += length
     except (OSError, ValueError, IndexError):
         return None
     if not state.frames or state.first_key is None:
@@ -895,24 +879,60 @@ def mpeg_video_head(path: str | os.PathLike, container: str | None) -> bytes:
 def _ps_video_head(data: bytes) -> bytes:
     """`mpeg_video_head` of an MPEG-PS file's first bytes `data`: walked pack by pack (past a
     VCD's padding) to the first bytes that are none."""
-    head, video, at, size = bytearray(), None, 0, len(data)
-    while len(head) < _VIDEO_HEAD and at + 4 <= size:
+    head = bytearray()
+    for unit in _ps_video_walk(data, resync=False):
+        if unit.kind == "video":
+            head += data[unit.start : unit.end]
+            if len(head) >= _VIDEO_HEAD:
+                break
+    return bytes(head[:_VIDEO_HEAD])
+
+
+class _PsUnit(NamedTuple):
+    """A step of `_ps_video_walk`. `kind`: "video", a packet of the first video stream, its
+    data from `start` (after its header) to `end`, `pts` the presentation time it carries
+    (None where it carries none); "padding", zero bytes from `start` to the pack at `end`
+    (`_ps_padding_end`); "break", bytes that are no pack or packet from `start` to the next
+    pack at `end`, None where none is found or none is sought (the walk ends there)."""
+
+    kind: str
+    start: int
+    end: int | None
+    pts: int | None = None
+
+
+def _ps_video_walk(data, resync: bool) -> Iterator[_PsUnit]:
+    """The packets of the first video stream (IDs 0xE0 to 0xEF: FFmpeg writes H.264 as 0xE2)
+    of an MPEG program stream's bytes `data`, walked pack by pack and packet by packet (each
+    records its length) from its start to its end code or its last byte, and the padding and
+    breaks it passes between them (`_PsUnit`). Past bytes that are no pack or packet, with
+    `resync` the walk goes on at the next pack found within `_PS_RESYNC_BYTES`; without, it
+    ends there."""
+    size, at, video = len(data), 0, None
+    for _ in range(_MAX_PS_PACKETS):
+        if at + 4 > size:
+            return
         length = _ps_unit_length(data, at, size)
         if length is None:
             padded = _ps_padding_end(data, at, size)
-            if padded is None:
-                break
-            at = padded
+            if padded is not None:
+                yield _PsUnit("padding", at, padded)
+                at = padded
+                continue
+            found = _ps_pack_after(data, at, size) if resync else None
+            yield _PsUnit("break", at, found)
+            if found is None:
+                return
+            at = found
             continue
         if length == 0:  # the end code
-            break
+            return
         if video is None and data[at + 3] & 0xF0 == _PS_VIDEO:
             video = data[at + 3]
         if data[at + 3] == video:
-            payload, _ = _ps_payload(data, at)
-            head += data[payload : at + length]
+            payload, pts = _ps_payload(data, at)
+            yield _PsUnit("video", payload, at + length, pts)
         at += length
-    return bytes(head[:_VIDEO_HEAD])
 
 
 def _ts_video_head(data: bytes, container: str) -> bytes:
