@@ -13,7 +13,6 @@ docs/commands/predict.md's "Against timm's inference.py" states what is checked 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 from pathlib import Path
 
@@ -23,7 +22,29 @@ from photos import photo
 from PIL import Image
 from processes import run_torchkit_in_process
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("timm") is None, reason="needs timm")
+from torchkit.core.runtime.extras import installed_version
+
+# The timm release whose library this rebuild of inference.py follows (its functions as that
+# release has them): with an older timm the rebuilt script fails, not predict.
+OLDEST_TIMM = "1.0.31"
+
+
+def timm_skip_reason() -> str | None:
+    """Why these tests cannot run here (no timm, or one older than OLDEST_TIMM), else None."""
+    from packaging.version import InvalidVersion, Version
+
+    version = installed_version("timm")
+    if version is None:
+        return "needs timm"
+    try:
+        too_old = Version(version) < Version(OLDEST_TIMM)
+    except InvalidVersion:
+        return f"needs timm >= {OLDEST_TIMM} (installed: {version}, a version not understood)"
+    return f"needs timm >= {OLDEST_TIMM} (installed: {version})" if too_old else None
+
+
+SKIP_REASON = timm_skip_reason()
+pytestmark = pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
 
 ARCH = "resnet10t"
 TOPK = 5
