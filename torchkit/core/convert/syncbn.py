@@ -116,7 +116,12 @@ def convert_batchnorm(
     Returns the converted module (the same object, unless `module` itself is a BatchNorm layer)
     and one row per converted layer: name, from_type, to_type, num_features, affine,
     track_running_stats, dim_source (how the BatchNorm dimensionality is known).
-    `process_group` scopes the synchronisation of new SyncBatchNorm layers (default: the world).
+    `process_group` (`to="sync"`) scopes the synchronisation of every SyncBatchNorm layer of
+    the result, the new ones and those the model held already, which keep their objects (their
+    parameters, buffers and hooks) and take the group in place: converting a model again for a
+    group made with `torch.distributed.new_group` leaves no layer synchronising over another
+    one. Without it (None) new layers synchronise over the world and the others keep theirs;
+    `torch.distributed.group.WORLD` brings every layer back to the world.
     `example_inputs` (positional inputs of the model) tell `to="bn"` which dimensionality each
     unrecorded SyncBatchNorm layer sees. `converted` (id -> (old layer, new layer)), shared by
     the calls for several models that share layers: a layer converted in an earlier model takes
@@ -163,7 +168,15 @@ def convert_batchnorm(
         if warning:
             log.warning(warning)
     converted.update({id(m): (m, replacements[id(m)]) for _, m in targets})
-    return _replace(module, {**done, **replacements}), rows
+    result = _replace(module, {**done, **replacements})
+    if to == "sync" and process_group is not None:
+        # A SyncBatchNorm the model held (timm's SyncBatchNormAct is one) is not rebuilt, as
+        # torch's converter rebuilds it (its hooks lost): it would stay on its old group, where
+        # a group passed is meant for every layer. It takes the group in place.
+        for layer in result.modules():
+            if isinstance(layer, nn.SyncBatchNorm):
+                layer.process_group = process_group
+    return result, rows
 
 
 def _subclass_warning(name: str, old: Any, new: Any) -> str | None:
