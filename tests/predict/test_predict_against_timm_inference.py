@@ -269,8 +269,11 @@ def test_paths_order_and_label_column(at_test_size):
 def test_default_is_the_train_size_and_the_model_weights(world, at_test_size):
     """Without those options predict reads the file's model weights (validate.py's default;
     inference.py loads the EMA ones) at resnet10t's train size, 176 px crops of 201 px images
-    (inference.py's --use-train-size), and names the 1,000 outputs by index (inference.py by
-    ImageNet's descriptions): bit for bit what timm gives that way."""
+    (inference.py's --use-train-size), and names the 1,000 outputs as ImageNet-1k's classes
+    by torchvision's names (inference.py by ImageNet's descriptions, of which torchvision's
+    names are mostly the first): bit for bit what timm gives that way."""
+    from torchvision.models._meta import _IMAGENET_CATEGORIES as imagenet
+
     timm = timm_inference(world["checkpoint"], world["data"], use_train_size=True, use_ema=False)
     assert timm["config"]["input_size"] == (3, 176, 176) and timm["config"]["crop_pct"] == 0.875
     rows, stderr, fed = torchkit_predict(world)
@@ -280,9 +283,9 @@ def test_default_is_the_train_size_and_the_model_weights(world, at_test_size):
         in_timm_order(rows, timm), timm["indices"], timm["probabilities"], strict=True
     ):
         names, probabilities = top(row)
-        assert names == [str(index) for index in indices] and row["class_index"] == indices[0]
+        assert names == [imagenet[index] for index in indices] and row["class_index"] == indices[0]
         assert torch.equal(probabilities, values)
-    assert "`class` is the index of its output" in stderr
+    assert "its 1000 outputs are assumed to be ImageNet-1k's classes" in stderr
     assert "loaded state_dict; --ema loads state_dict_ema" in stderr
     # inference.py's own run (EMA weights, test size) ranks other classes
     assert at_test_size[0]["indices"] != timm["indices"]

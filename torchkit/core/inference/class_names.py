@@ -1,5 +1,6 @@
 """The names of a model's outputs when the model records none: eval and predict name them alike,
-by the classes of labelled data in sorted order (as torchvision's ImageFolder numbers them)."""
+by the classes of labelled data in sorted order (as torchvision's ImageFolder numbers them);
+predict names 1,000 outputs that nothing else names as ImageNet-1k's classes."""
 
 from __future__ import annotations
 
@@ -34,13 +35,37 @@ def unsettled_class_order(names: Sequence[str], data: str) -> str | None:
     )
 
 
+IMAGENET_OUTPUTS = 1000
+
+
+def imagenet_class_names() -> list[str] | None:
+    """The names torchvision gives ImageNet-1k's 1,000 classes, in their order (shipped with
+    it, offline: its ImageNet weights' `categories`); None where the installed torchvision has
+    none to give."""
+    try:
+        from torchvision.models._meta import _IMAGENET_CATEGORIES as names
+    except Exception:  # another torchvision, a broken one: the outputs keep their indices
+        return None
+    if not isinstance(names, (list, tuple)) or len(names) != IMAGENET_OUTPUTS:
+        return None
+    if not all(isinstance(name, str) and name for name in names):
+        return None
+    return list(names)
+
+
 def output_names_from_data(
-    data_classes: Sequence[str], num_outputs: int | None, data: str, *, given: bool = False
+    data_classes: Sequence[str],
+    num_outputs: int | None,
+    data: str,
+    *,
+    given: bool = False,
+    imagenet: bool = False,
 ) -> tuple[list[str], str]:
     """predict's names for the outputs of a model that records none, and a note saying what
     they are: the classes of labelled `data` where eval would score with them (as many as the
-    outputs, in an order the data states, `given`, or sorting settles), else each output's
-    index."""
+    outputs, in an order the data states, `given`, or sorting settles), else, with `imagenet`,
+    ImageNet-1k's names for 1,000 outputs (as timm's inference.py assumes them), else each
+    output's index."""
     classes, data = list(data_classes), redact_url(data)
     if len(classes) > 1 and classes[-1] == "":
         # The class "" after class names (`with_unlabelled_class`: partly labelled data, an
@@ -63,6 +88,15 @@ def output_names_from_data(
             )
             return classes, note
         why = f"; {unsettled}"
+    if imagenet and num_outputs == IMAGENET_OUTPUTS:
+        names = imagenet_class_names()
+        if names is not None:
+            note = (
+                f"the model records no class names{why}: its {num_outputs} outputs are assumed "
+                "to be ImageNet-1k's classes, named as torchvision names them (otherwise pass "
+                "--classes with the names of its outputs, in order)"
+            )
+            return names, note
     indices = [str(index) for index in range(num_outputs or 0)]
     note = (
         f"the model records no class names: `class` is the index of its output{why} "

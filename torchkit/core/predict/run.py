@@ -199,8 +199,10 @@ class PredictRun:
 
     def _name_outputs(self, outputs: int | None) -> None:
         """`self.classes`: the model's class names, else the data's as eval names them, else
-        each output's index (`core.inference.class_names`)."""
+        ImageNet-1k's for 1,000 outputs of weights a file or library gave, else each output's
+        index (`core.inference.class_names`)."""
         from torchkit.core.inference.class_names import output_names_from_data
+        from torchkit.core.models.resolver import has_random_weights
 
         request = self.request
         if self.resolved.classes:
@@ -211,6 +213,8 @@ class PredictRun:
                 outputs,
                 self.data_name,
                 given=self.image_set.classes_given,
+                # random weights (a name without --weights) were trained on nothing
+                imagenet=not has_random_weights(self.resolved),
             )
             self.notes.append(note)
         # Named as the rows name them (`names_shown`), once for every batch.
