@@ -71,18 +71,18 @@ def classic_loop(paths: list[Path], model_name: str, out: Path, seed: int) -> fl
 def torchkit_run(root: Path, model_name: str, out: Path, seed: int, args) -> float:
     from torchkit.core.features import FeatureRequest, extract_features
     from torchkit.core.inference.options import InferenceOptions
+    from torchkit.core.models import ModelSpec
 
     started = time.perf_counter()
     extract_features(
         FeatureRequest(
-            model=model_name,
+            spec=ModelSpec(model_name, build_seed=seed),
             images=str(root),
             out=str(out),
             layers=["penultimate"],
             run=InferenceOptions(
                 batch_size=args.batch_size, workers=args.workers, channels_last=args.channels_last
             ),
-            seed=seed,
             force=True,
         )
     )

@@ -29,6 +29,7 @@ from torchkit.core.inference.options import (
     PreprocessOverrides,
     RunOptions,
 )
+from torchkit.core.models import ModelSpec
 from torchkit.core.predict import PredictRequest
 
 CLI = REPO / "torchkit" / "cli"
@@ -112,10 +113,10 @@ def test_the_requests_contain_them(request_class):
 
 def test_positional_fields_keep_their_order():
     run = InferenceOptions(batch_size=2, amp_dtype="bf16")
-    request = FeatureRequest("convnet", "images", "out", run=run)
+    request = FeatureRequest(ModelSpec("convnet"), "images", "out", run=run)
     assert (request.model, request.images, request.out) == ("convnet", "images", "out")
     assert (request.run.batch_size, request.run.amp_dtype, request.run.workers) == (2, "bf16", None)
-    assert FeatureRequest("convnet", "images", "out").run == InferenceOptions()
+    assert FeatureRequest(ModelSpec("convnet"), "images", "out").run == InferenceOptions()
     assert RunOptions is InferenceOptions  # its former name
 
 

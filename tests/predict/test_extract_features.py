@@ -30,6 +30,7 @@ from torchkit.core.features import store as feature_store
 from torchkit.core.features.layers import FeatureExtractor, LayerGraph
 from torchkit.core.inference.options import InferenceOptions
 from torchkit.core.io.errors import TorchkitError
+from torchkit.core.models import ModelSpec
 from torchkit.core.models.checkpoint import FORMAT_VERSION, save_checkpoint
 from torchkit.core.models.random_init import skipped_weight_init
 
@@ -800,8 +801,9 @@ def test_resume_after_interruption_equals_an_uninterrupted_run(runner, tmp_path)
 
     part = tmp_path / "part"
     request = FeatureRequest(
-        "convnet", str(root), str(part), layers=["features", "penultimate"], image_size=16,
-        run=InferenceOptions(batch_size=2, workers=0, device="cpu"), allow_untrained=True,
+        ModelSpec("convnet", image_size=16, allow_untrained=True), str(root), str(part),
+        layers=["features", "penultimate"],
+        run=InferenceOptions(batch_size=2, workers=0, device="cpu"),
     )  # fmt: skip
     with pytest.raises(Stop):
         extract_features(request, progress=stop_after_two_batches)
@@ -859,8 +861,8 @@ def test_a_stop_as_a_batch_is_recorded_does_not_write_its_rows_twice(runner, tmp
     monkeypatch.setattr(feature_store, "Progress", SignalledProgress)
     part = tmp_path / "part"
     request = FeatureRequest(
-        "convnet", str(root), str(part), layers=["penultimate"], image_size=16,
-        run=InferenceOptions(batch_size=2, workers=0, device="cpu"), allow_untrained=True,
+        ModelSpec("convnet", image_size=16, allow_untrained=True), str(root), str(part),
+        layers=["penultimate"], run=InferenceOptions(batch_size=2, workers=0, device="cpu"),
     )  # fmt: skip
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
@@ -1219,8 +1221,8 @@ def test_an_array_cut_short_while_finishing_names_what_stops_force_too(
 
     part = tmp_path / "part"
     request = FeatureRequest(
-        "convnet", str(root), str(part), layers=["penultimate"], image_size=16,
-        run=InferenceOptions(batch_size=2, workers=0, device="cpu"), allow_untrained=True,
+        ModelSpec("convnet", image_size=16, allow_untrained=True), str(root), str(part),
+        layers=["penultimate"], run=InferenceOptions(batch_size=2, workers=0, device="cpu"),
         file_format=array_format,
     )  # fmt: skip
     with pytest.raises(Stop):

@@ -15,6 +15,7 @@ from output_checks import error_line
 from torchkit.cli import app
 from torchkit.core.features import FeatureRequest
 from torchkit.core.inference.options import InferenceOptions
+from torchkit.core.models import ModelSpec
 
 OPTIONS = ["--image-size", "8", "-l", "penultimate", "-b", "2", "-j", "0", "--device", "cpu"]
 
@@ -22,8 +23,8 @@ OPTIONS = ["--image-size", "8", "-l", "penultimate", "-b", "2", "-j", "0", "--de
 def interrupted(out: str) -> None:
     """A run on `a` stopped once its first batch is recorded (2 of 6 images)."""
     request = FeatureRequest(
-        "convnet", "a", out, layers=["penultimate"], image_size=8, allow_untrained=True,
-        run=InferenceOptions(batch_size=2, workers=0, device="cpu"),
+        ModelSpec("convnet", image_size=8, allow_untrained=True), "a", out,
+        layers=["penultimate"], run=InferenceOptions(batch_size=2, workers=0, device="cpu"),
     )  # fmt: skip
     extract_stopped_after_one_batch(request)
 

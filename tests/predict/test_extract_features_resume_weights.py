@@ -13,6 +13,7 @@ from output_checks import error_line
 from torchkit.cli import app
 from torchkit.core.features import FeatureRequest
 from torchkit.core.inference.options import InferenceOptions
+from torchkit.core.models import ModelSpec
 
 OPTIONS = ["-l", "penultimate", "-b", "2", "-j", "0", "--device", "cpu"]
 
@@ -20,7 +21,7 @@ OPTIONS = ["-l", "penultimate", "-b", "2", "-j", "0", "--device", "cpu"]
 def interrupted(out: str) -> None:
     """A run of model.pt on `a` stopped once its first batch is recorded (2 of 6 images)."""
     request = FeatureRequest(
-        "model.pt", "a", out, layers=["penultimate"],
+        ModelSpec("model.pt"), "a", out, layers=["penultimate"],
         run=InferenceOptions(batch_size=2, workers=0, device="cpu"),
     )  # fmt: skip
     extract_stopped_after_one_batch(request)

@@ -13,12 +13,13 @@ from image_folders import write_image_folder
 from torchkit.core.features import FeatureRequest, extract_features
 from torchkit.core.features import extract as feature_extract
 from torchkit.core.inference.options import InferenceOptions
+from torchkit.core.models import ModelSpec
 
 
 def _request(images: str, out: Path) -> FeatureRequest:
     return FeatureRequest(
-        "convnet", images, str(out), layers=["penultimate"], image_size=8,
-        run=InferenceOptions(batch_size=2, workers=0, device="cpu"), allow_untrained=True,
+        ModelSpec("convnet", image_size=8, allow_untrained=True), images, str(out),
+        layers=["penultimate"], run=InferenceOptions(batch_size=2, workers=0, device="cpu"),
     )  # fmt: skip
 
 

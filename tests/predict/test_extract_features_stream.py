@@ -97,6 +97,7 @@ def test_rows_are_written_before_the_list_ends(photos, tmp_path):
     give (checked from the generator that gives them); memory holds only the paths in work."""
     from torchkit.core.features import FeatureRequest, extract_features
     from torchkit.core.inference.options import InferenceOptions
+    from torchkit.core.models import ModelSpec
 
     out = tmp_path / "out"
     seen: list[tuple[int, int]] = []
@@ -110,12 +111,10 @@ def test_rows_are_written_before_the_list_ends(photos, tmp_path):
             yield path + "\n"
 
     request = FeatureRequest(
-        model="convnet",
+        spec=ModelSpec("convnet", image_size=16, allow_untrained=True),
         images="-",
         out=str(out),
         run=InferenceOptions(device="cpu", batch_size=2, workers=0),
-        image_size=16,
-        allow_untrained=True,
     )
     result = extract_features(request, stdin=piped())
     assert result.num_images == 27 and result.num_rows == 21

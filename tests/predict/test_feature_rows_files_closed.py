@@ -14,6 +14,7 @@ from image_folders import write_image_folder
 from torchkit.core.features import FeatureRequest, extract_features
 from torchkit.core.inference.options import InferenceOptions
 from torchkit.core.io.errors import InputError
+from torchkit.core.models import ModelSpec
 
 FDS = Path("/proc/self/fd")
 
@@ -35,9 +36,9 @@ def test_a_run_stopped_by_an_error_leaves_no_array_file_open(tmp_path):
     (root / "b" / "b_1.png").write_bytes(b"broken")  # the last image: its batch stops the run
     out = tmp_path / "out"
     request = FeatureRequest(
-        "convnet", str(root), str(out), layers=["features.0", "penultimate"], image_size=8,
-        run=InferenceOptions(batch_size=2, workers=0, device="cpu"), allow_untrained=True,
-        strict=True,
+        ModelSpec("convnet", image_size=8, allow_untrained=True), str(root), str(out),
+        layers=["features.0", "penultimate"],
+        run=InferenceOptions(batch_size=2, workers=0, device="cpu"), strict=True,
     )  # fmt: skip
     with pytest.raises(InputError, match="b_1.png"):
         extract_features(request)

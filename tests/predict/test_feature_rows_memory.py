@@ -17,6 +17,7 @@ from torchkit.core.features import FeatureRequest, extract_features
 from torchkit.core.features import extract as feature_extract
 from torchkit.core.features import store as feature_store
 from torchkit.core.inference.options import InferenceOptions
+from torchkit.core.models import ModelSpec
 
 STATUS = Path("/proc/self/status")
 
@@ -34,8 +35,8 @@ def test_rows_written_do_not_stay_in_the_process_memory(tmp_path, monkeypatch):
     out = tmp_path / "out"
     # 1,797 digits at 20 px, the flattened 64x8x8 maps: 16 KB a row, 29 MB in all.
     request = FeatureRequest(
-        "convnet", "digits", str(out), layers=["classifier.0"], image_size=20,
-        run=InferenceOptions(batch_size=128, workers=0, device="cpu"), allow_untrained=True,
+        ModelSpec("convnet", image_size=20, allow_untrained=True), "digits", str(out),
+        layers=["classifier.0"], run=InferenceOptions(batch_size=128, workers=0, device="cpu"),
     )  # fmt: skip
     seen = []  # per commit: (rows on record, RssFile)
     commit = feature_store.FeatureStore.commit

@@ -18,6 +18,7 @@ from torchkit.core.features import FeatureRequest, extract_features
 from torchkit.core.features import extract as feature_extract
 from torchkit.core.features import store as feature_store
 from torchkit.core.inference.options import InferenceOptions
+from torchkit.core.models import ModelSpec
 
 OPTIONS = ["--image-size", "8", "-l", "penultimate", "-b", "2", "--device", "cpu"]
 
@@ -32,8 +33,8 @@ def folder_mostly_unreadable(root: Path) -> Path:
 
 def request(root: Path, out: Path) -> FeatureRequest:
     return FeatureRequest(
-        "convnet", str(root), str(out), layers=["penultimate"], image_size=8,
-        run=InferenceOptions(batch_size=2, workers=0, device="cpu"), allow_untrained=True,
+        ModelSpec("convnet", image_size=8, allow_untrained=True), str(root), str(out),
+        layers=["penultimate"], run=InferenceOptions(batch_size=2, workers=0, device="cpu"),
     )  # fmt: skip
 
 

@@ -55,12 +55,12 @@ def test_predict_stops_its_workers_after_an_error_of_one(data):
 
 def test_extract_features_stops_its_workers_after_an_error_of_one(data, tmp_path):
     from torchkit.core.features import FeatureRequest, extract_features
+    from torchkit.core.models import ModelSpec
 
     request = FeatureRequest(
-        model="convnet",
+        spec=ModelSpec("convnet", allow_untrained=True),
         images=str(data),
         out=str(tmp_path / "out"),
-        allow_untrained=True,
         run=InferenceOptions(device="cpu", workers=1),
     )
     with pytest.raises(StoredReadError, match="written again") as caught:

@@ -258,33 +258,27 @@ def extract_features_command(
     from torchkit.core.features import FeatureRequest, extract_features
 
     request = FeatureRequest(
-        model=model,
+        spec=preprocess.model_spec(
+            model,
+            weights=weights,
+            ema=ema,
+            trust_checkpoint=trust_checkpoint,
+            build_seed=seed,
+            allow_untrained=allow_untrained,
+        ),
         images=str(images),
         out=str(out),
-        weights=weights,
-        ema=ema,
         layers=list(layer or []),
         pool=pool.value if pool else None,
         flatten=flatten,
         normalize=normalize.value if normalize else None,
         dtype=dtype.value,
         file_format=array_format.value,
-        image_size=preprocess.image_size,
-        image_channels=preprocess.image_channels,
-        resize_size=preprocess.resize_size,
-        crop_mode=preprocess.crop_mode,
-        interpolation=preprocess.interpolation,
-        mean=preprocess.mean,
-        std=preprocess.std,
         run=run,
         strict=strict,
         resume=resume,
         force=force,
-        trust_checkpoint=trust_checkpoint,
         split=split,
-        seed=seed,
-        allow_untrained=allow_untrained,
-        stats_file=preprocess.stats,
     )
     stdin = piped_paths([images] if images is not None else [], null)
     try:

@@ -92,34 +92,24 @@ COMMIT_INTERVAL_S = 2.0
 class FeatureRequest:
     """Everything `torchkit extract-features` is asked to do, and how it runs the model (`run`)."""
 
-    model: str
+    # MODEL, --weights, --ema, --trust-checkpoint, the preprocessing options, --seed as the
+    # random weights' `build_seed` and --allow-untrained (features of random weights, refused by
+    # default: noise); `spec.stats` is the --stats file, which OUT may not replace.
+    spec: ModelSpec
     images: str
     out: str
     run: InferenceOptions = field(default_factory=InferenceOptions)
-    weights: str | None = None
-    ema: bool = False  # the checkpoint's EMA weights
     layers: list[str] = field(default_factory=lambda: list(DEFAULT_LAYERS))
     pool: str | None = None  # None: avg for 4-D maps
     flatten: bool = False
     normalize: str | None = None
     dtype: str = "float32"
     file_format: str = "npy"
-    image_size: int | None = None
-    image_channels: int | None = None  # the C of --image-size C,N,N
-    resize_size: int | None = None
-    crop_mode: str | None = None
-    interpolation: str | None = None
-    mean: tuple[float, ...] | None = None
-    std: tuple[float, ...] | None = None
     strict: bool = False
     resume: bool = False
     force: bool = False
-    trust_checkpoint: bool = False
     split: str | None = None  # of split data: one split (default: all, with a split column)
     root: str = ""  # set from the data: what index.csv's paths are relative to
-    seed: int = 0  # makes a randomly initialised model (no --weights) the same in every run
-    allow_untrained: bool = False  # features of random weights (refused by default: noise)
-    stats_file: str | None = None  # --stats, read by the caller: only OUT's checks need it
 
 
 @dataclass
@@ -189,9 +179,9 @@ def feature_inputs(request: FeatureRequest, listed: Sequence[str] = ()) -> list[
     inputs = [
         InputPath.of(path, what)
         for path, what in (
-            (request.model, "model file"),
-            (request.weights, "--weights file"),
-            (request.stats_file, "stats file"),
+            (request.spec.model, "model file"),
+            (request.spec.weights, "--weights file"),
+            (request.spec.stats, "stats file"),
         )
         if path and os.path.isfile(path)  # MODEL may also be a name: `convnet`, `resnet18`
     ]
@@ -337,7 +327,7 @@ def extract_features(
     from torchkit.core.data.sources.shards import is_shard_pattern
 
     # The inputs before OUT: a missing one is not reported as an OUT that "already exists".
-    require_model_files(request.model, request.weights)
+    require_model_files(request.spec.model, request.spec.weights)
     images = str(request.images)
     # A URL or a shard pattern names no file: its reader says what is missing.
     if images not in (DIGITS, STDIN) and not is_url(images) and not is_shard_pattern(images):
@@ -392,23 +382,7 @@ def _extract(
     # model is built and loaded starting no OpenMP thread before the loader's workers are
     # forked (below).
     with until_workers_forked():
-        spec = ModelSpec(
-            model=request.model,
-            weights=request.weights,
-            ema=request.ema,
-            trust_checkpoint=request.trust_checkpoint,
-            image_size=request.image_size,
-            image_channels=request.image_channels,
-            resize_size=request.resize_size,
-            crop_mode=request.crop_mode,
-            interpolation=request.interpolation,
-            mean=request.mean,
-            std=request.std,
-            stats=request.stats_file,
-            allow_untrained=request.allow_untrained,
-            build_seed=request.seed,
-        )
-        source = resolve_spec(spec, command="extract-features", needs_training=True)
+        source = resolve_spec(request.spec, command="extract-features", needs_training=True)
     # Every split at once (a `split` column tells them apart), unless --split picks one.
     recorded = source.data_record  # a held-out val
     if streamed is None:
@@ -425,16 +399,16 @@ def _extract(
         graph = LayerGraph(source.model, arch=source.arch)
         layers = graph.resolve(
             list(request.layers) or list(DEFAULT_LAYERS),
-            named=request.model,
+            named=request.spec.model,
             options=_listing_options(request),
         )
     device = select_device(request.run.device)
     amp_dtype = resolve_amp_dtype(request.run.amp_dtype, device) if request.run.amp else None
     settings = {
-        "model": request.model,
+        "model": request.spec.model,
         "arch": source.arch,
-        "weights": request.weights,
-        "ema": request.ema,
+        "weights": request.spec.weights,
+        "ema": request.spec.ema,
         "layers": [{"name": layer.name, "node": layer.node} for layer in layers],
         "pool": request.pool or "avg",
         "flatten": request.flatten,
@@ -443,7 +417,7 @@ def _extract(
         "format": request.file_format,
         "amp": request.run.amp,
         "amp_dtype": None if amp_dtype is None else amp_dtype_name(amp_dtype),
-        "seed": request.seed,
+        "seed": request.spec.build_seed,
         "preprocess": preprocess.to_dict(),
         # Other pixels: a store is resumed only with the decode it was started with (named only
         # for `device`, so the fingerprints of stores made before the option are unchanged).
@@ -733,8 +707,8 @@ def _nonfinite_hint(request: FeatureRequest, amp_dtype) -> str:
 
 def _listing_options(request: FeatureRequest) -> list[str]:
     """The options that load MODEL as this run does, for the --list-layers hint."""
-    options = [] if request.weights is None else ["--weights", request.weights]
-    return options + ["--trust-checkpoint"] * request.trust_checkpoint
+    options = [] if request.spec.weights is None else ["--weights", request.spec.weights]
+    return options + ["--trust-checkpoint"] * request.spec.trust_checkpoint
 
 
 def _validate(request: FeatureRequest) -> None:

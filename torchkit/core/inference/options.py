@@ -11,8 +11,10 @@ cli.run_options:
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from torchkit.core.data.decode import INFERENCE_DECODES
 from torchkit.core.data.preprocessing import CROP_MODES, INTERPOLATIONS, parse_floats
@@ -21,6 +23,9 @@ from torchkit.core.io.errors import UsageError
 from torchkit.core.option_specs import option, option_specs
 from torchkit.core.runtime.cpus import check_workers
 from torchkit.core.runtime.device import AMP_DTYPES
+
+if TYPE_CHECKING:
+    from torchkit.core.models.spec import ModelSpec
 
 # The largest batch torch takes: a batch is sliced with a Python index, its shape is a C long.
 MAX_BATCH_SIZE = sys.maxsize
@@ -155,6 +160,13 @@ class PreprocessOverrides:
         "Default: the checkpoint's, else the model's (ImageNet's).",
     )
     stats: str | None = option(None, shared=True)  # the file mean and std were read from
+
+    def model_spec(self, model: str | None, **fields: Any) -> ModelSpec:
+        """MODEL with these options over its own preprocessing, and the model's other `fields`
+        (--weights, --ema...): the one ModelSpec eval, predict and extract-features resolve."""
+        from torchkit.core.models.spec import ModelSpec  # the resolver: not at start-up
+
+        return ModelSpec(model=model, **dataclasses.asdict(self), **fields)
 
 
 INFERENCE_OPTIONS = option_specs(InferenceOptions)
