@@ -42,7 +42,7 @@ from torchkit.core.video import (
     tsn_frame_indices,
 )
 from torchkit.core.video import run as video_run
-from torchkit.core.video.avi import avi_indexed_frames
+from torchkit.core.video.avi import avi_frames_with_data, avi_indexed_frames
 
 runner = CliRunner()
 
@@ -2326,12 +2326,74 @@ def test_an_avi_of_empty_chunks_between_frames_lasts_to_its_last_frame(tmp_path)
     clip = ffmpeg_made(
         tmp_path / "clip.avi", "-i", source, "-c", "copy", "-time_base", "1:600", muxer="avi"
     )
-    if probe_video(clip, decode_check=False).frames_header != 1800:
+    if avi_frames_with_data(clip, "avi") != (75, 1800):
         pytest.skip("this ffmpeg does not copy into an AVI of the time base asked")
     info = probe_video(clip, exact=True)
     assert (info.status, info.frames, info.fps) == ("ok", 75, 600)
     assert info.duration_s == pytest.approx(2.96 + 1 / 600)
-    assert probe_video(clip, decode_check=False).duration_s == pytest.approx(3.0)
+    plain = probe_video(clip, decode_check=False)
+    assert (plain.frames, plain.frames_header, plain.duration_s) == (75, 75, pytest.approx(3.0))
+
+
+def _empty_chunks_between_frames(data: bytes, empty: int, rate: int) -> bytes:
+    """The AVI `data` (one video stream, a chunk a frame) with `empty` chunks of no bytes
+    after each frame's, in its movi list and its index, and its stream's rate `rate` (a
+    frame's time at the rate before is `empty + 1` chunks), as FFmpeg 9 copies a 25 fps MP4
+    into an AVI of 600 fps with `-c copy`."""
+    movi, index = data.find(b"movi"), data.rfind(b"idx1")
+    flags = [struct.unpack_from("<I", data, at + 4)[0] for at in range(index + 8, len(data), 16)]
+    chunks, entries, at = bytearray(), bytearray(), movi + 4
+    while at < index:
+        chunk_id, size = struct.unpack_from("<4sI", data, at)
+        chunk = data[at : at + 8 + size + (size & 1)]
+        for part in (chunk, *[chunk_id + bytes(4)] * empty):
+            length = struct.unpack_from("<I", part, 4)[0]
+            entries += struct.pack("<4s3I", chunk_id, flags.pop(0) if length else 0,
+                                   4 + len(chunks), length)  # fmt: skip
+            chunks += part
+        at += len(chunk)
+    movi_list = b"LIST" + struct.pack("<I", 4 + len(chunks)) + b"movi" + chunks
+    body = bytearray(data[: movi - 8] + movi_list + b"idx1" + struct.pack("<I", len(entries)))
+    body += entries
+    frames = len(entries) // 16
+    struct.pack_into("<I", body, 4, len(body) - 8)
+    struct.pack_into("<I", body, body.find(b"avih") + 8, 1_000_000 // rate)
+    struct.pack_into("<I", body, body.find(b"avih") + 24, frames)  # dwTotalFrames
+    strh = body.find(b"strh") + 8
+    struct.pack_into("<II", body, strh + 20, 1, rate)  # dwScale, dwRate
+    struct.pack_into("<I", body, strh + 32, frames)  # dwLength
+    if body.find(b"dmlh") >= 0:  # OpenDML's total frames
+        struct.pack_into("<I", body, body.find(b"dmlh") + 8, frames)
+    return bytes(body)
+
+
+def test_an_avi_of_empty_chunks_between_frames_counts_its_frames_without_exact(tmp_path, videos):
+    """An AVI whose frames' chunks lie 24 apart, the 23 between each two empty (FFmpeg 9's
+    `-c copy` of a 25 fps MP4 into an AVI gives 600 fps; a capture marks the frames it
+    dropped so): without --exact its count was the stream's length, 24 times the frames
+    (1,800 for the 75 FFmpeg decodes), and --segments sampled frames past the last. The
+    index lists the chunks: those with data are the frames, over the length's time."""
+    source = need(videos, "mjpg.avi")
+    clip = tmp_path / "clip.avi"
+    clip.write_bytes(_empty_chunks_between_frames(source.read_bytes(), 23, 600))
+    assert avi_indexed_frames(clip, "avi").frames == 17
+    code, (row,) = json_rows(clip)
+    assert code == 0 and row["status"] == "ok", row
+    assert (row["frames"], row["frames_header"], row["fps"]) == (17, 17, 600)
+    assert row["duration_s"] == pytest.approx(17 * 24 / 600)
+    code, (exact,) = json_rows(clip, "--exact")
+    assert code == 0 and (exact["frames_decoded"], exact["frames_header"]) == (17, 17), exact
+    code, (sampled,) = json_rows(clip, "-k", "4", "--extract-frames", tmp_path / "frames")
+    assert code == 0 and sampled["frame_indices"] == tsn_frame_indices(17, 4), sampled
+    assert len(list((tmp_path / "frames").glob("*.png"))) == 4
+    # an index that lists fewer chunks than the length (an OpenDML file's idx1, its first
+    # part's) says nothing of the rest: the count stays FFmpeg's
+    longer = bytearray(clip.read_bytes())
+    struct.pack_into("<I", longer, longer.find(b"strh") + 40, 17 * 24 + 100)
+    (tmp_path / "longer.avi").write_bytes(bytes(longer))
+    assert avi_frames_with_data(tmp_path / "longer.avi", "avi") is None
+    assert avi_frames_with_data(clip, "avi") == (17, 17 * 24)
+    assert avi_frames_with_data(source, "avi") is None  # no empty chunk
 
 
 def test_frames_before_the_first_key_frame_as_each_index_lists_them(tmp_path, whole_videos):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 from torchkit.core.video.held import MAX_BOXES, NOT_CODED_BYTES, HeldFrames, exp_golomb, fourcc_text
 
@@ -53,37 +54,16 @@ def avi_indexed_frames(path: str | os.PathLike, container: str | None) -> HeldFr
         return None
     try:
         with open(path, "rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            head = handle.read(24)
-            if head[12:16] != b"LIST" or head[20:24] != b"hdrl":
+            indexed = _avi_video_index(handle)
+            if indexed is None:
                 return None
-            headers = handle.read(min(int.from_bytes(head[16:20], "little") - 4, _MAX_HEADERS))
-            stream = _avi_video_stream(headers)
-            index, movi, offset = None, None, 12
-            for _ in range(MAX_BOXES):  # the chunks of the first RIFF: hdrl, movi, idx1
-                handle.seek(offset)
-                chunk = handle.read(12)
-                if len(chunk) < 8 or offset >= size:
-                    break
-                length = int.from_bytes(chunk[4:8], "little")
-                if chunk[:4] == b"LIST" and chunk[8:12] == b"movi":
-                    movi = offset + 8  # where idx1's offsets count from
-                if chunk[:4] == b"idx1":
-                    handle.seek(offset + 8)
-                    index = handle.read(min(length, _MAX_AVI_INDEX))
-                    break
-                offset += 8 + length + (length & 1)
-            if stream is None or index is None:
-                return None
-            entries = np.frombuffer(index[: len(index) - len(index) % 16], "<u4").reshape(-1, 4)
-            # an entry: the chunk's ID ("00dc": stream 0, compressed video; "00db":
-            # uncompressed), flags, offset and size
-            ids = [int.from_bytes(b"%02d" % stream + kind, "little") for kind in (b"dc", b"db")]
-            video = entries[np.isin(entries[:, 0], ids) & (entries[:, 3] > 0)]
+            entries, movi, _ = indexed
+            video = entries[entries[:, 3] > 0]
             keys = np.flatnonzero(video[:, 1] & _AVI_KEY_FRAME)
             # an index that flags no key frame tells nothing of them (a writer that sets none)
             leading = int(keys[0]) if len(keys) else 0
             if len(keys) and movi is not None:
+                size = os.fstat(handle.fileno()).st_size
                 handle.seek(0)
                 codec = (avi_fourcc(handle, size) or "").lower()
                 key, after = video[keys[0] : keys[0] + 1], video[keys[0] + 1 :]
@@ -94,6 +74,70 @@ def avi_indexed_frames(path: str | os.PathLike, container: str | None) -> HeldFr
     except OSError:
         return None
     return HeldFrames(len(video), leading, int((video[:, 3] <= NOT_CODED_BYTES).sum()))
+
+
+def avi_frames_with_data(path: str | os.PathLike, container: str | None) -> tuple[int, int] | None:
+    """(The frames of an AVI's first video stream, the chunks its stream header's length
+    counts) where its index (`idx1`) lists that many chunks of the stream and some of them
+    are empty: no frame, FFmpeg decodes none for them (`-c copy` of a 25 fps MP4 into an AVI
+    gives one of 600 fps in FFmpeg 9, each frame's chunk followed by 23 empty ones, as a
+    capture may mark the frames it dropped), though its count is the stream's length. None for
+    other formats, a file without `idx1`, an index that lists another number of chunks (an
+    OpenDML file's `idx1` lists its first part's) or none empty."""
+    if container != "avi":
+        return None
+    try:
+        with open(path, "rb") as handle:
+            indexed = _avi_video_index(handle)
+    except OSError:
+        return None
+    if indexed is None:
+        return None
+    entries, _, header = indexed
+    if len(header) < 36:
+        return None
+    length = int.from_bytes(header[32:36], "little")  # dwLength, in the stream's time units
+    with_data = int((entries[:, 3] > 0).sum())
+    if len(entries) != length or with_data == length:
+        return None
+    return with_data, length
+
+
+def _avi_video_index(handle) -> tuple[Any, int | None, bytes] | None:
+    """(The `idx1` entries of an AVI's first video stream, its empty chunks' too: the chunk's
+    ID, flags, offset and size a row; where its movi list's type is, from which their offsets
+    count; the stream's header, `strh`) from its open file `handle`. None where it has no
+    video stream or no `idx1` in its first RIFF."""
+    import numpy as np
+
+    size = os.fstat(handle.fileno()).st_size
+    head = handle.read(24)
+    if head[12:16] != b"LIST" or head[20:24] != b"hdrl":
+        return None
+    headers = handle.read(min(int.from_bytes(head[16:20], "little") - 4, _MAX_HEADERS))
+    stream = _avi_video_stream(headers)
+    index, movi, offset = None, None, 12
+    for _ in range(MAX_BOXES):  # the chunks of the first RIFF: hdrl, movi, idx1
+        handle.seek(offset)
+        chunk = handle.read(12)
+        if len(chunk) < 8 or offset >= size:
+            break
+        length = int.from_bytes(chunk[4:8], "little")
+        if chunk[:4] == b"LIST" and chunk[8:12] == b"movi":
+            movi = offset + 8  # where idx1's offsets count from
+        if chunk[:4] == b"idx1":
+            handle.seek(offset + 8)
+            index = handle.read(min(length, _MAX_AVI_INDEX))
+            break
+        offset += 8 + length + (length & 1)
+    if stream is None or index is None:
+        return None
+    number, header = stream
+    entries = np.frombuffer(index[: len(index) - len(index) % 16], "<u4").reshape(-1, 4)
+    # an entry: the chunk's ID ("00dc": stream 0, compressed video; "00db": uncompressed),
+    # flags, offset and size
+    ids = [int.from_bytes(b"%02d" % number + kind, "little") for kind in (b"dc", b"db")]
+    return entries[np.isin(entries[:, 0], ids)], movi, header
 
 
 def _avi_leading_b_frames(handle, entries, movi: int) -> int:
@@ -205,15 +249,17 @@ _NAL_BYTES = 4096  # the bytes of a frame read for its first picture NAL unit (a
 _AVI_KEY_FRAME = 0x10  # AVIIF_KEYFRAME, an idx1 entry's flag
 
 
-def _avi_video_stream(headers: bytes) -> int | None:
-    """The number of the first video stream (its `strl` list's place) in an AVI's hdrl data."""
+def _avi_video_stream(headers: bytes) -> tuple[int, bytes] | None:
+    """The number of the first video stream (its `strl` list's place) in an AVI's hdrl data,
+    and its stream header's (`strh`) data."""
     streams = 0
     for chunk, start, end in _riff_children(headers, 0, len(headers)):
         if chunk != b"LIST" or headers[start : start + 4] != b"strl":
             continue
         parts = {part: headers[s:e] for part, s, e in _riff_children(headers, start + 4, end)}
-        if parts.get(b"strh", b"")[:4] == b"vids":
-            return streams
+        header = parts.get(b"strh", b"")
+        if header[:4] == b"vids":
+            return streams, header
         streams += 1
     return None
 

@@ -26,6 +26,7 @@ from torchkit.core.video.asf import (
     asf_packet_break,
 )
 from torchkit.core.video.avi import (
+    avi_frames_with_data,
     avi_indexed_frames,
 )
 from torchkit.core.video.containers import (
@@ -801,6 +802,14 @@ def _read_header_fields(
     own = matroska_video_frames(path, sniffed, info.fps)
     if own is not None and 0 < own < declared_frames:
         declared_frames = float(own)
+    # and an AVI's count is its stream's length, where its index may list it in chunks many
+    # of which are empty (FFmpeg 9 copies a 25 fps MP4 into an AVI of 600 fps, 24 chunks a
+    # frame): those with data are the frames, over the length's time (1800 chunks at 600
+    # fps: 75 frames over 3 s)
+    with_data = avi_frames_with_data(path, sniffed)
+    if with_data is not None and info.fps and declared_frames == with_data[1]:
+        info.duration_s = declared_frames / info.fps
+        declared_frames = float(with_data[0])
     return declared_frames, own
 
 
