@@ -23,7 +23,6 @@ from torchkit.cli.options import (
     model_argument,
     piped_paths,
 )
-from torchkit.cli.render import StreamedOutputFormat
 from torchkit.cli.run_options import DEFAULT_PREPROCESS, DEFAULT_RUN, with_inference_options
 from torchkit.core.inference.options import InferenceOptions, PreprocessOverrides
 
@@ -31,6 +30,16 @@ from torchkit.core.inference.options import InferenceOptions, PreprocessOverride
 class TTA(str, Enum):
     none = "none"
     flip = "flip"
+
+
+class PredictFormat(str, Enum):
+    """The streamed formats (`render.StreamedOutputFormat`) and Parquet, a file's alone."""
+
+    table = "table"
+    csv = "csv"
+    json = "json"
+    jsonl = "jsonl"
+    parquet = "parquet"
 
 
 @with_inference_options()
@@ -96,11 +105,12 @@ def predict_command(
     trust_checkpoint: TrustCheckpointOption = False,
     allow_untrained: AllowUntrainedOption = False,
     fmt: Annotated[
-        Optional[StreamedOutputFormat],
+        Optional[PredictFormat],
         typer.Option(
             "--format",
-            help="Output format; csv and jsonl stream one row per image. [default: that of -o "
-            "FILE.csv, FILE.json or FILE.jsonl, else table]",
+            help="Output format; csv and jsonl stream one row per image, parquet (with -o FILE) "
+            "a row group at a time. [default: that of -o FILE.csv, FILE.json, FILE.jsonl or "
+            "FILE.parquet, else table]",
             case_sensitive=False,
             show_default=False,
         ),
@@ -122,6 +132,8 @@ def predict_command(
 
       torchkit predict runs/best.pt photos/ --format csv -o predictions.csv
 
+      torchkit predict runs/best.pt photos/ -o predictions.parquet
+
       find photos -name '*.jpg' | torchkit predict best.pt - --topk 3 --format jsonl
 
       find photos -name '*.jpg' -print0 | torchkit predict best.pt - --null --format csv
@@ -142,7 +154,9 @@ def predict_command(
     from torchkit.core.predict.inputs import require_images, streams_stdin
     from torchkit.core.runtime.launch import launch_env
 
-    fmt = resolve_format(fmt, output, StreamedOutputFormat)
+    fmt = resolve_format(fmt, output, PredictFormat)
+    if fmt == PredictFormat.parquet:
+        _check_parquet_output(output)
     model, images = model_and_rest(model, model_option, list(images or []))
     images += data or []  # --data adds to IMAGES, after them: rows come in input order
     request = PredictRequest(
@@ -168,8 +182,9 @@ def predict_command(
         stats=preprocess.stats,
         strict=strict,
         skip_errors=skip_errors,
-        # JSON gives a class's name as it is, beside its index (class_index, label_index)
-        names_shown=fmt in (StreamedOutputFormat.table, StreamedOutputFormat.csv),
+        # JSON (and Parquet) give a class's name as it is, beside its index (class_index,
+        # label_index)
+        names_shown=fmt in (PredictFormat.table, PredictFormat.csv),
     )
     to_file = report_file(output) is not None
     # `-` alone is read as the paths come; with other IMAGES (or under torchrun) the paths
@@ -222,12 +237,31 @@ def _inputs(request, stats: str | None, classes: str | None, listed: list[str] |
     return inputs
 
 
-def _write(run, columns: list[str], fmt: StreamedOutputFormat, output: Path | None) -> None:
+def _check_parquet_output(output: Path | None) -> None:
+    """Parquet is a binary file: written to -o FILE, never to stdout; pyarrow must be there."""
+    from torchkit.cli.render import report_file
+    from torchkit.core.io.errors import UsageError
+    from torchkit.core.predict.parquet_rows import require_pyarrow
+
+    if report_file(output) is None:
+        raise UsageError(
+            "--format parquet writes a binary file, not rows for stdout",
+            "give -o FILE.parquet, or --format csv or jsonl for stdout",
+        )
+    require_pyarrow()
+
+
+def _write(run, columns: list[str], fmt: PredictFormat, output: Path | None) -> None:
     from torchkit.cli.progress import progress_bar
     from torchkit.core.io.files import atomic_write
 
     with progress_bar("predicting") as advance:
-        if output is None:
+        if fmt == PredictFormat.parquet:
+            from torchkit.core.predict.parquet_rows import write_parquet_rows
+
+            with atomic_write(output, "wb") as handle:
+                write_parquet_rows(run.records(progress=advance), columns, handle)
+        elif output is None:
             stdout = console.stdout.file
 
             def advance_and_flush(done: int, total: int | None) -> None:
@@ -243,10 +277,10 @@ def _write(run, columns: list[str], fmt: StreamedOutputFormat, output: Path | No
                 _render(run, columns, fmt, handle, advance)
 
 
-def _render(run, columns: list[str], fmt: StreamedOutputFormat, handle: IO[str], progress) -> None:
+def _render(run, columns: list[str], fmt: PredictFormat, handle: IO[str], progress) -> None:
     from torchkit.cli.render import Table, print_on_terminal, render_json, render_plain_tables
 
-    if fmt == StreamedOutputFormat.csv:
+    if fmt == PredictFormat.csv:
         write_csv(run.records(progress=progress), columns, handle)
         return
     rows = run.rows(progress=progress)
@@ -254,10 +288,10 @@ def _render(run, columns: list[str], fmt: StreamedOutputFormat, handle: IO[str],
     # not UTF-8 as its "\udcXX" escapes, other characters as themselves where `handle` takes
     # them).
     encoding = getattr(handle, "encoding", None) if handle is console.stdout.file else None
-    if fmt == StreamedOutputFormat.jsonl:
+    if fmt == PredictFormat.jsonl:
         for row in rows:
             handle.write(render_json(_full(row, columns), encoding, indent=None))
-    elif fmt == StreamedOutputFormat.json:
+    elif fmt == PredictFormat.json:
         handle.write("[")
         for position, row in enumerate(rows):
             handle.write(",\n" if position else "\n")
