@@ -167,27 +167,19 @@ def eval_command(
 
       torchrun --nproc_per_node=2 -m torchkit eval best.pt --data dataset/
     """
-    from torchkit.core.evaluate import EvalOptions, ModelSpec, evaluate, parse_class_names
+    from torchkit.core.evaluate import EvalOptions, evaluate, parse_class_names
     from torchkit.core.evaluate.runner import check_report_file
     from torchkit.core.evaluate.source import recorded_data
     from torchkit.core.runtime.launch import is_main_process
 
     fmt = resolve_format(fmt, output)
     check_all_classes(all_classes, fmt)  # an option that would do nothing is refused
-    spec = ModelSpec(
-        model=model,
+    spec = preprocess.model_spec(
+        model,
         arch=model_option,
         num_classes=num_classes,
         weights=weights,
         classes=parse_class_names(classes) if classes else None,
-        image_size=preprocess.image_size,
-        image_channels=preprocess.image_channels,
-        resize_size=preprocess.resize_size,
-        crop_mode=preprocess.crop_mode,
-        interpolation=preprocess.interpolation,
-        mean=preprocess.mean,
-        std=preprocess.std,
-        stats=preprocess.stats,
         trust_checkpoint=trust_checkpoint,
         ema=ema,
         allow_untrained=allow_untrained,
