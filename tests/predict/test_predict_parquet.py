@@ -165,6 +165,12 @@ def test_no_rows_still_write_the_columns_and_names_that_are_not_utf8_are_escaped
     assert str(table.schema.field("class_index").type) == "int64"
 
     handle = io.BytesIO()
+    columns = ["path", "logit_0", "logit_1"]  # a masked class's -inf, a non-finite output's NaN
+    parquet_rows.write_parquet_rows(iter([["a.png", float("-inf"), float("nan")]]), columns, handle)
+    row = pq.read_table(io.BytesIO(handle.getvalue())).to_pylist()[0]
+    assert row["logit_0"] == float("-inf") and row["logit_1"] != row["logit_1"]  # not null
+
+    handle = io.BytesIO()
     rows = [["caf\udce9.png", 1, None], ["b.png", None, 0.25]]  # a Latin-1 name's byte
     parquet_rows.write_parquet_rows(iter(rows), ["path", "class_index", "probability"], handle)
     assert pq.read_table(io.BytesIO(handle.getvalue())).to_pylist() == [

@@ -3,7 +3,8 @@ come: memory holds one row group's rows, however many images there are.
 
 The columns are those of JSON Lines (class names as they are, `label_index` and `class_index_K`
 beside them), typed: `class_index`, `label_index`, `class_index_K` int64; `probability`,
-`probability_K`, `logit_N` float64 (the 9-digit values CSV and JSON write, read back the same);
+`probability_K`, `logit_N` float64 (the 9-digit values CSV and JSON write, read back the same;
+a logit that is -inf or NaN as itself, where JSON has null);
 every other column a string. What a row does not know is null, as JSON's null.
 """
 
@@ -42,7 +43,9 @@ def group_rows(columns: Sequence[str]) -> int:
     return max(1, min(MOST_GROUP_ROWS, GROUP_VALUES // max(1, len(columns))))
 
 
-def write_parquet_rows(records: Iterable[Sequence[Any]], columns: Sequence[str], handle: IO[bytes]):
+def write_parquet_rows(
+    records: Iterable[Sequence[Any]], columns: Sequence[str], handle: IO[bytes]
+) -> None:
     """Write `records` (lists of values in the order of `columns`, None where a row has no
     value) to the binary file `handle` as Parquet, a row group every `group_rows(columns)`
     rows; an empty run still writes a file with the columns. A write error (a full disk) comes
