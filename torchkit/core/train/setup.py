@@ -45,6 +45,7 @@ from torchkit.core.train.resume import (
     restore_training,
     resume_point,
 )
+from torchkit.core.train.resume_data import DIGESTS, check_resumed_samples, sample_digests
 from torchkit.core.train.resume_merge import given_options, merge_for_resume
 from torchkit.core.train.state import Amp, TrainState
 from torchkit.core.train.timeline import RunTimeline
@@ -283,11 +284,17 @@ def _seeds_and_data(ctx: DistContext, plan: RunPlan, amp: Amp) -> _RunData:
     classes = list(train.classes)
     weights = class_weights(config.class_weights, classes, train.class_counts())
     arch = str(config.model)
+    # Of the samples in the run's class order (a resumed run's relabelled above): recorded in
+    # every checkpoint, compared on --resume.
+    digests = sample_digests(data.splits)
+    data.record[DIGESTS] = digests
     train_size_changed = False
     if checkpoint is not None:
         from torchkit.core.models.weights import checkpoint_arch, require_trusted_arch
 
         _check_resumed_classes(saved, classes)
+        sizes = {name: len(samples) for name, samples in data.splits.items()}
+        check_resumed_samples(checkpoint.get("data"), digests, sizes, Path(plan.resumed_from))
         train_size_changed = _train_size_changed(checkpoint, len(train))
         arch, _ = checkpoint_arch(checkpoint, str(plan.resumed_from))
         require_trusted_arch(arch, str(plan.resumed_from), config.trust_checkpoint)
