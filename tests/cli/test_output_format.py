@@ -129,7 +129,12 @@ def test_print_config_writes_json_only(tmp_path):
     [
         (["env"], "--format", "yaml", "'table', 'csv', 'json'"),
         (["train"], "--format", "yaml", "'table', 'csv', 'json'"),
-        (["predict", "convnet", "x"], "--format", "yaml", "'table', 'csv', 'json', 'jsonl'"),
+        (
+            ["predict", "convnet", "x"],
+            "--format",
+            "yaml",
+            "'table', 'csv', 'json', 'jsonl', 'parquet'",
+        ),
         (["extract-features", "convnet"], "--format", "yaml", "'table', 'csv', 'json'"),
         (
             ["split", "x", "y"],
