@@ -39,6 +39,7 @@ from torchkit.cli.predict import write_csv
 from torchkit.core.data.preprocessing import Preprocess
 from torchkit.core.data.transforms import eval_transform
 from torchkit.core.inference.options import InferenceOptions
+from torchkit.core.models import ModelSpec
 from torchkit.core.predict import PredictRequest, PredictRun
 
 
@@ -81,7 +82,7 @@ def torchkit_predict(checkpoint: Path, root: Path, batch_size: int, workers: int
     """`torchkit predict CHECKPOINT ROOT --format csv`, from its core; returns the CSV."""
     run = PredictRun(
         PredictRequest(
-            model=str(checkpoint),
+            spec=ModelSpec(str(checkpoint)),
             images=[str(root)],
             run=InferenceOptions(batch_size=batch_size, workers=workers, device="cpu"),
         )

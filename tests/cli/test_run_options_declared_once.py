@@ -114,7 +114,7 @@ def test_the_requests_contain_them(request_class):
 def test_positional_fields_keep_their_order():
     run = InferenceOptions(batch_size=2, amp_dtype="bf16")
     request = FeatureRequest(ModelSpec("convnet"), "images", "out", run=run)
-    assert (request.model, request.images, request.out) == ("convnet", "images", "out")
+    assert (request.spec.model, request.images, request.out) == ("convnet", "images", "out")
     assert (request.run.batch_size, request.run.amp_dtype, request.run.workers) == (2, "bf16", None)
     assert FeatureRequest(ModelSpec("convnet"), "images", "out").run == InferenceOptions()
     assert RunOptions is InferenceOptions  # its former name

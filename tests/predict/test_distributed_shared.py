@@ -72,14 +72,14 @@ def test_eval_starts_its_process_group_with_the_collective_timeout(rank_without_
 
 
 def test_predict_starts_its_process_group_with_the_collective_timeout(rank_without_peers, tmp_path):
+    from torchkit.core.models import ModelSpec
     from torchkit.core.predict.run import PredictRequest, PredictRun
 
     Image.fromarray(np.zeros((8, 8, 3), dtype=np.uint8)).save(tmp_path / "a.png")
     run = PredictRun(
         PredictRequest(
-            model="convnet",
+            spec=ModelSpec("convnet", allow_untrained=True),
             images=[str(tmp_path)],
-            allow_untrained=True,
             run=InferenceOptions(device="cpu"),
         )
     )

@@ -755,12 +755,15 @@ def test_the_table_on_a_narrow_terminal_keeps_every_class_name(
 def test_a_checkpoint_is_loaded_without_drawing_random_weights(world):
     """predict builds a checkpoint's model without random init (its weights replace them):
     no random numbers are drawn, and the model is exactly the normally built one."""
+    from torchkit.core.models import ModelSpec
     from torchkit.core.predict import PredictRequest, PredictRun
 
     torch.manual_seed(0)
     state = torch.get_rng_state()
     request = PredictRequest(
-        model=str(world["ckpt"]), images=[str(world["flat"])], run=InferenceOptions(device="cpu")
+        spec=ModelSpec(str(world["ckpt"])),
+        images=[str(world["flat"])],
+        run=InferenceOptions(device="cpu"),
     )
     run = PredictRun(request)
     run.setup()

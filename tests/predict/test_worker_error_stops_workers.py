@@ -36,13 +36,13 @@ def data(tmp_path, monkeypatch):
 
 
 def test_predict_stops_its_workers_after_an_error_of_one(data):
+    from torchkit.core.models import ModelSpec
     from torchkit.core.predict.run import PredictRequest, PredictRun
 
     run = PredictRun(
         PredictRequest(
-            model="convnet",
+            spec=ModelSpec("convnet", allow_untrained=True),
             images=[str(data)],
-            allow_untrained=True,
             run=InferenceOptions(device="cpu", workers=1),
         )
     )

@@ -160,26 +160,20 @@ def predict_command(
     model, images = model_and_rest(model, model_option, list(images or []))
     images += data or []  # --data adds to IMAGES, after them: rows come in input order
     request = PredictRequest(
-        model=model,
+        spec=preprocess.model_spec(
+            model,
+            weights=weights,
+            ema=ema,
+            trust_checkpoint=trust_checkpoint,
+            allow_untrained=allow_untrained,
+            classes=parse_class_names(classes) if classes else None,
+        ),
         images=list(images),
-        weights=weights,
-        ema=ema,
-        trust_checkpoint=trust_checkpoint,
-        allow_untrained=allow_untrained,
-        classes=parse_class_names(classes) if classes else None,
         split=split,
         topk=topk,
         logits=logits,
         run=run,
         tta=tta.value,
-        image_size=preprocess.image_size,
-        image_channels=preprocess.image_channels,
-        resize_size=preprocess.resize_size,
-        crop_mode=preprocess.crop_mode,
-        interpolation=preprocess.interpolation,
-        mean=preprocess.mean,
-        std=preprocess.std,
-        stats=preprocess.stats,
         strict=strict,
         skip_errors=skip_errors,
         # JSON (and Parquet) give a class's name as it is, beside its index (class_index,
@@ -195,7 +189,7 @@ def predict_command(
     stdin = piped_paths(images, null)
     listed = read_path_list(stdin, "image") if reads_list else None
     if to_file:  # before any work, and after the inputs: a missing one is not "-o exists"
-        require_model_files(request.model, request.weights)
+        require_model_files(request.spec.model, request.spec.weights)
         require_images(request.images)
         check_output_file(output, force, _inputs(request, preprocess.stats, classes, listed))
     predicting = PredictRun(
@@ -228,7 +222,7 @@ def _inputs(request, stats: str | None, classes: str | None, listed: list[str] |
     from torchkit.core.io.overlap import InputPath
     from torchkit.core.models import model_inputs
 
-    inputs = model_inputs(request.model, request.weights)
+    inputs = model_inputs(request.spec.model, request.spec.weights)
     for item in request.images:
         inputs += listed_inputs(listed or []) if item == "-" else data_inputs(item, "IMAGES")
     for path, what in ((stats, "--stats file"), (classes, "--classes file")):

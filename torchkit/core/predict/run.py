@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchkit.core.data.batches import none_read
 from torchkit.core.data.image_files import strict_unreadable_error
@@ -36,6 +36,9 @@ from torchkit.core.predict.inputs import (
 )
 from torchkit.core.runtime.device import to_channels_last
 
+if TYPE_CHECKING:
+    from torchkit.core.models import ModelSpec
+
 log = logging.getLogger("torchkit")
 
 Progress = Callable[[int, int], None]
@@ -45,14 +48,12 @@ Progress = Callable[[int, int], None]
 class PredictRequest:
     """What `torchkit predict` is asked to do, and how it runs the model (`run`)."""
 
-    model: str
+    # MODEL, --weights, --ema, --trust-checkpoint, --allow-untrained (random weights: a model
+    # built by code, a test), --classes and the preprocessing options (`spec.stats`: the --stats
+    # file mean and std were read from)
+    spec: ModelSpec
     images: list[str]
     run: InferenceOptions = field(default_factory=InferenceOptions)
-    weights: str | None = None
-    ema: bool = False  # the checkpoint's EMA weights
-    trust_checkpoint: bool = False
-    allow_untrained: bool = False  # predict with random weights (a model built by code, a test)
-    classes: list[str] | None = None
     split: str | None = None
     # > 1 adds class_1..class_K and probability_1..probability_K (JSON: class_index_K beside
     # class_K), K clipped to the classes as eval clips it (a 1-class model still gets class_1:
@@ -60,14 +61,6 @@ class PredictRequest:
     topk: int = 1
     logits: bool = False
     tta: str = "none"
-    image_size: int | None = None
-    image_channels: int | None = None  # the C of --image-size C,N,N
-    resize_size: int | None = None
-    crop_mode: str | None = None
-    interpolation: str | None = None
-    mean: tuple[float, ...] | None = None
-    std: tuple[float, ...] | None = None
-    stats: str | None = None  # the --stats file mean and std were read from
     strict: bool = False  # the first unreadable image (or non-finite output) is an error
     skip_errors: bool = False  # leave unreadable images out instead of an error row
     # Classes named as tables and CSV show them (`shown_class_names`: `crane (#134)` for a
@@ -123,30 +116,14 @@ class PredictRun:
             raise UsageError(f"--topk must be at least 1, not {request.topk}")
         if request.strict and request.skip_errors:
             raise UsageError("--strict and --skip-errors contradict each other")
-        from torchkit.core.models import ModelSpec, resolve_spec
+        from torchkit.core.models import resolve_spec
 
-        spec = ModelSpec(
-            model=request.model,
-            weights=request.weights,
-            classes=request.classes,
-            image_size=request.image_size,
-            image_channels=request.image_channels,
-            resize_size=request.resize_size,
-            crop_mode=request.crop_mode,
-            interpolation=request.interpolation,
-            mean=request.mean,
-            std=request.std,
-            stats=request.stats,
-            trust_checkpoint=request.trust_checkpoint,
-            ema=request.ema,
-            allow_untrained=request.allow_untrained,
-        )
         # A checkpoint's model is built without the random weights it replaces (random_init.py),
         # on one thread: its weights' copies start no OpenMP thread before the loader's workers
         # are forked (`rows`).
         with until_workers_forked():
             self.resolved = resolve_spec(
-                spec, command="predict", exported="runtime", predicting=True
+                request.spec, command="predict", exported="runtime", predicting=True
             )
         check_torch_options_apply(request.run, self.resolved.exported_format)
         outputs = self.resolved.num_outputs
@@ -183,9 +160,9 @@ class PredictRun:
         self._join = JoinedAfterForks(self.ctx)
         self.device = self.ctx.device
         self.info = {
-            "model": request.model,
-            "weights": request.weights,
-            "ema": request.ema,
+            "model": request.spec.model,
+            "weights": request.spec.weights,
+            "ema": request.spec.ema,
             "arch": self.resolved.arch,
             "model_source": self.resolved.weights_source or self.resolved.source,
             "classes": self.classes,
