@@ -126,9 +126,9 @@ def test_format_parquet_writes_any_name(world, tmp_path):
 
 
 def test_rows_are_written_a_row_group_at_a_time(world, tmp_path, monkeypatch):
-    """Row groups of group_rows(columns) rows, so memory holds one group's rows; here 2 a
+    """Row groups of at most MOST_GROUP_ROWS rows, so memory holds one group's rows; here 2 a
     group: 7 rows in 4 groups, the same rows."""
-    monkeypatch.setattr(parquet_rows, "GROUP_VALUES", 2 * len(COLUMNS))
+    monkeypatch.setattr(parquet_rows, "MOST_GROUP_ROWS", 2)
     out = tmp_path / "preds.parquet"
     assert predict(world, "-o", out).returncode == 0
     metadata = pq.ParquetFile(out).metadata
@@ -137,12 +137,13 @@ def test_rows_are_written_a_row_group_at_a_time(world, tmp_path, monkeypatch):
     assert pq.read_table(out).to_pylist() == jsonl_rows(world)
 
 
-def test_a_row_group_is_written_before_the_rows_end():
+def test_a_row_group_is_written_before_the_rows_end(monkeypatch):
     """The writer takes the rows as they come: the first group is in the file while the rows
     after it are still to come; at most one group's rows are held."""
+    size = 1000
+    monkeypatch.setattr(parquet_rows, "MOST_GROUP_ROWS", size)
     handle = io.BytesIO()
     columns = ["path", "class_index", "probability", "error"]
-    size = parquet_rows.group_rows(columns)
     written_at = []
 
     def records():
@@ -245,3 +246,102 @@ def test_a_full_disk_is_an_error_and_leaves_the_earlier_file(world, small_tmpfs)
     assert line.startswith(f"Error: cannot write {out}: No space left on device"), line
     assert out.read_bytes() == b"earlier"
     assert sorted(os.listdir(disk)) == ["filler", "preds.parquet"]
+
+
+def test_tta_rows_are_those_of_json_lines(world, tmp_path):
+    out = tmp_path / "preds.parquet"
+    done = predict(world, "-o", out, "--tta", "flip")
+    assert done.returncode == 0, done.stderr
+    flipped = predict(world, "--format", "jsonl", "--tta", "flip")
+    assert pq.read_table(out).to_pylist() == [json.loads(x) for x in flipped.stdout.splitlines()]
+    assert pq.read_table(out).to_pylist() != jsonl_rows(world)  # the mirror counted
+
+
+def test_many_columns_make_row_groups_of_many_rows(monkeypatch):
+    """With --logits of 1,000 outputs a row group holds thousands of rows (GROUP_BYTES of
+    values), not a few hundred: the footer, held in memory until the file ends, has an entry
+    for each column of each group. Groups of GROUP_BYTES: one more once a group reaches it."""
+    columns = ["path", *(f"logit_{i}" for i in range(1000))]
+    row = ["a.png", *[0.5] * 1000]
+    handle = io.BytesIO()
+    parquet_rows.write_parquet_rows((row for _ in range(2000)), columns, handle)
+    assert pq.ParquetFile(handle).metadata.num_row_groups == 1
+
+    monkeypatch.setattr(parquet_rows, "GROUP_BYTES", 2**20)  # each chunk of rows passes it
+    handle = io.BytesIO()
+    parquet_rows.write_parquet_rows((row for _ in range(2000)), columns, handle)
+    metadata = pq.ParquetFile(handle).metadata
+    chunk = parquet_rows.chunk_rows(columns)
+    sizes = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
+    assert 1 < chunk < 2000 and sizes == [chunk] * (2000 // chunk) + [2000 % chunk]
+
+
+def test_a_first_row_group_of_error_rows_alone_keeps_every_column_typed(monkeypatch):
+    """Null in every column but path and error (unreadable images first): the columns keep
+    their types, and the groups after it, with values, are written under them."""
+    monkeypatch.setattr(parquet_rows, "MOST_GROUP_ROWS", 2)
+    columns = ["path", "label", "class", "class_index", "probability", "logit_0", "error"]
+    error = [None] * 5 + ["not an image PIL can read"]
+    rows = [["a.png", *error], ["b.png", *error], ["c.png", "cat", "cat", 0, 0.75, 1.5, None]]
+    handle = io.BytesIO()
+    parquet_rows.write_parquet_rows(iter(rows), columns, handle)
+    table = pq.read_table(io.BytesIO(handle.getvalue()))
+    assert pq.ParquetFile(handle).metadata.num_row_groups == 2
+    assert [str(field.type) for field in table.schema] == [
+        "string", "string", "string", "int64", "double", "double", "string",
+    ]  # fmt: skip
+    assert table.to_pylist()[2] == dict(zip(columns, rows[2], strict=True))
+
+
+def test_pandas_reads_the_index_columns_as_integers_with_or_without_a_null(world, tmp_path):
+    """pandas reads an int64 column with a null as float64 unless the file says otherwise:
+    one unreadable image would turn class_index into 3.0. The file says Int64 (nullable)."""
+    pd = pytest.importorskip("pandas")
+    out = tmp_path / "preds.parquet"
+    assert predict(world, "-o", out).returncode == 0  # an unreadable image and an unlabelled one
+    frame = pd.read_parquet(out)
+    assert list(frame.columns) == COLUMNS and isinstance(frame.index, pd.RangeIndex)
+    for column in ("class_index", "label_index", "class_index_1", "class_index_2"):
+        assert frame[column].dtype == "Int64", column
+    assert frame["probability"].dtype == "float64" and frame["logit_0"].dtype == "float64"
+    assert pd.api.types.is_string_dtype(frame["path"]) and frame["class"].isna().sum() == 1
+    broken = frame.index[frame["error"].notna()][0]
+    assert frame["class_index"].isna().tolist() == [i == broken for i in range(len(frame))]
+    assert frame["class_index"].dropna().tolist() == [
+        row["class_index"] for row in jsonl_rows(world) if row["class_index"] is not None
+    ]
+    clean = tmp_path / "clean.parquet"  # no null in any of them: the same dtypes
+    done = run_torchkit_in_process(
+        "predict", world["ckpt"], world["photos"] / "cat", "-o", clean, "-j", "0",
+        "--device", "cpu",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert pd.read_parquet(clean)["class_index"].dtype == "Int64"
+
+
+def test_a_run_stopped_mid_way_leaves_no_file_and_the_earlier_one_as_it_was(
+    world, tmp_path, monkeypatch
+):
+    """Ctrl-C (SIGTERM ends a run the same way) after a row group is in the temporary file:
+    no file under the final name, no temporary beside it, an earlier file kept."""
+    from torchkit.core.predict import PredictRun
+
+    monkeypatch.setattr(parquet_rows, "MOST_GROUP_ROWS", 2)
+    written = []
+    records = PredictRun.records
+
+    def stopped(self, progress=None):
+        for position, record in enumerate(records(self, progress)):
+            if position == 5:  # two groups written
+                written.append(os.listdir(tmp_path))
+                raise KeyboardInterrupt
+            yield record
+
+    monkeypatch.setattr(PredictRun, "records", stopped)
+    out = tmp_path / "preds.parquet"
+    out.write_bytes(b"earlier")
+    done = predict(world, "-o", out, "--force")
+    assert done.returncode == 130, done.stderr
+    assert "Traceback" not in done.stderr
+    assert len(written[0]) == 2  # the temporary beside the earlier file, then gone
+    assert os.listdir(tmp_path) == ["preds.parquet"] and out.read_bytes() == b"earlier"
