@@ -285,7 +285,7 @@ def test_default_is_the_train_size_and_the_model_weights(world, at_test_size):
         names, probabilities = top(row)
         assert names == [imagenet[index] for index in indices] and row["class_index"] == indices[0]
         assert torch.equal(probabilities, values)
-    assert "its 1000 outputs are assumed to be ImageNet-1k's classes" in stderr
+    assert "are assumed to be ImageNet-1k's classes" in stderr
     assert "loaded state_dict; --ema loads state_dict_ema" in stderr
     # inference.py's own run (EMA weights, test size) ranks other classes
     assert at_test_size[0]["indices"] != timm["indices"]

@@ -110,9 +110,16 @@ def test_labelled_data_of_as_many_classes_names_them_first():
     names, note = output_names_from_data(["cat", "dog"], 1000, "photos", imagenet=True)
     assert names == IMAGENET
     assert note == (
-        "the model records no class names; the 2 classes of photos are not its 1000 outputs: "
-        + ASSUMED
+        "the model records no class names; the 2 classes of photos are not its 1000 outputs, "
+        "which are assumed to be ImageNet-1k's classes, named as torchvision names them "
+        "(otherwise pass --classes with the names of its outputs, in order)"
     )
+    # as many classes as outputs, in an order sorting does not settle (1, 10, 100... as text):
+    # they are the outputs' classes, which is which unknown; ImageNet's would contradict them
+    numbered = [str(number) for number in range(1, 1001)]
+    names, note = output_names_from_data(numbered, 1000, "val", imagenet=True)
+    assert names == [str(index) for index in range(1000)]
+    assert "is a guess" in note and "ImageNet" not in note
     names, _ = output_names_from_data([], 999, "photos", imagenet=True)
     assert names == [str(index) for index in range(999)]
     names, _ = output_names_from_data([], 1000, "photos")  # random weights: never assumed

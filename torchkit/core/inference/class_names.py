@@ -74,6 +74,9 @@ def output_names_from_data(
         classes = classes[:-1]
     labelled = bool(classes) and "" not in classes
     why = ""
+    # Labelled data of as many classes as the outputs says what they are, in an order unknown
+    # where sorting does not settle it: ImageNet's names would contradict its labels.
+    imagenet = imagenet and not (labelled and num_outputs == len(classes))
     if labelled and num_outputs not in (None, len(classes)):
         are = "is" if len(classes) == 1 else "are"  # the 1 class of DATA is not its 7 outputs
         shown = counted(len(classes), "class", "classes")
@@ -91,10 +94,14 @@ def output_names_from_data(
     if imagenet and num_outputs == IMAGENET_OUTPUTS:
         names = imagenet_class_names()
         if names is not None:
+            assumed = (
+                ", which are assumed to be ImageNet-1k's classes"
+                if why
+                else f": its {num_outputs} outputs are assumed to be ImageNet-1k's classes"
+            )
             note = (
-                f"the model records no class names{why}: its {num_outputs} outputs are assumed "
-                "to be ImageNet-1k's classes, named as torchvision names them (otherwise pass "
-                "--classes with the names of its outputs, in order)"
+                f"the model records no class names{why}{assumed}, named as torchvision names "
+                "them (otherwise pass --classes with the names of its outputs, in order)"
             )
             return names, note
     indices = [str(index) for index in range(num_outputs or 0)]
