@@ -9,6 +9,7 @@ mid-move leaves every file in exactly one place and a rerun finishes it; a full 
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
@@ -566,6 +567,42 @@ def test_a_killed_copy_is_no_split_to_readers_and_the_rerun_redoes_it(tmp_path):
     assert "removed the unfinished split" in result.stderr
     assert contents(out) == contents(data)
     assert sorted(os.listdir(out)) == [".torchkit", "split.csv", "test", "train", "val"]
+
+
+def test_a_killed_grouped_oversampled_copy_journals_the_names_its_repeats_take(tmp_path):
+    """--oversample --group stem where ROOT holds `000-repeat1.png` already: the journal of a
+    copy killed part-way lists the names the pair's repeats take (`000-repeat1-1.jpg` with
+    `000-repeat1-1.png`), those the finished split writes, so the next run removes every file
+    the killed one wrote and redoes the split whole."""
+    data = tmp_path / "data"
+    for folder, count in {"cat": 6, "dog": 2}.items():
+        (data / folder).mkdir(parents=True)
+        for i in range(count):
+            for suffix in (".jpg", ".png"):
+                (data / folder / f"{i:03d}{suffix}").write_bytes(f"{folder}{i}{suffix}".encode())
+    (data / "dog" / "000-repeat1.png").write_bytes(b"a file of its own")
+    (data / "dog" / "001-repeat1.png").write_bytes(b"another one")
+    out = tmp_path / "out"
+    args = ("--group", "stem", "--fixed", "1", "--oversample")
+    kill_mid_copy(tmp_path, data, out, *args)
+    dests = json.loads((out / ".torchkit-split.json").read_text())["dests"]
+    renamed = [dest for dest in dests if "-repeat1-1." in dest]
+    assert len(renamed) == 2 and {dest.rsplit(".", 1)[0] for dest in renamed} in (
+        {"train/dog/000-repeat1-1"},
+        {"train/dog/001-repeat1-1"},
+    )
+    result = split(data, out, *args)
+    assert result.returncode == 0, result.stderr
+    assert "removed the unfinished split" in result.stderr
+    with (out / "split.csv").open(newline="") as handle:
+        paths = [row["path"] for row in csv.DictReader(handle)]
+    assert paths == dests  # the same plan, the same names
+    written = {
+        path.relative_to(out).as_posix()
+        for path in out.rglob("*")
+        if path.is_file() and ".torchkit" not in path.name and path.name != "split.csv"
+    }
+    assert written == set(dests)
 
 
 def test_a_killed_force_copy_is_redone_and_your_own_files_in_out_stay(tmp_path):

@@ -494,6 +494,34 @@ def test_oversample_with_group_names_both_halves_of_a_pair_alike_where_a_name_is
     assert all(re.fullmatch(r"00[01]-repeat1(-repeat\d+)?", stem) for stem in halves)
 
 
+def test_oversample_with_group_names_a_group_of_three_alike_in_every_class(runner, tmp_path):
+    """Groups of three files (`001.jpg`, `001.png`, `001.bmp`) in three classes, names taken in
+    two of them: every repeat of a group is one stem for its three files, in every class, and
+    where `-repeat<k>` is taken for one of them all three take `-repeat<k>-1`."""
+    root = pairs_folder(tmp_path / "data", {"cat": 8, "dog": 2, "fox": 3}, (".jpg", ".png", ".bmp"))
+    (root / "dog" / "000-repeat1.png").write_bytes(b"a file of its own")
+    (root / "dog" / "001-repeat2.bmp").write_bytes(b"another one")
+    (root / "fox" / "000-repeat1.jpg").write_bytes(b"and one more")
+    out = tmp_path / "out"
+    args = ["split", str(root), str(out), "--group", "stem", "--fixed", "1", "--oversample"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.stderr
+    repeats: dict[tuple[str, str], list[str]] = {}  # (source stem, repeat) -> repeats' stems
+    for row in manifest(out):
+        assert (out / row["path"]).is_file()
+        source = Path(row["source"])
+        if row["repeat"] != "0" and re.fullmatch(r"00\d", source.stem):
+            key = (f"{source.parent.name}/{source.stem}", row["repeat"])
+            repeats.setdefault(key, []).append(row["path"].rsplit(".", 1)[0])
+    assert {key[0].split("/")[0] for key in repeats} == {"dog", "fox"}
+    assert all(len(stems) == 3 and len(set(stems)) == 1 for stems in repeats.values())
+    renamed = {stems[0] for stems in repeats.values() if re.search(r"-repeat\d-1$", stems[0])}
+    # dog's 001 (its 000 or 001 may go to val) or fox's 000, whichever the seed keeps in train
+    assert renamed and renamed <= {
+        "train/dog/000-repeat1-1", "train/dog/001-repeat2-1", "train/fox/000-repeat1-1"
+    }  # fmt: skip
+
+
 def test_names_claimed_together_take_one_tag_free_for_each():
     """`FreeNames.claim_together`, which names a --group group's repeats: the first tag free
     for every file of the group."""
