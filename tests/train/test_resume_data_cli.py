@@ -63,6 +63,15 @@ def warnings_and_errors(result) -> list[str]:
     return [line for line in result.stderr.splitlines() if line.startswith(("Warning", "Error"))]
 
 
+def folder_state(folder: Path) -> dict[str, tuple[bytes, int]]:
+    """Each file under `folder`: its bytes and modification time."""
+    return {
+        str(path.relative_to(folder)): (path.read_bytes(), path.stat().st_mtime_ns)
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    }
+
+
 def swap(data: Path, one: str, other: str) -> None:
     """The files `one` and `other` (relative to `data`) moved to each other's folder (as
     `moved-NAME` where that folder holds a file of its name)."""
@@ -85,7 +94,7 @@ def test_data_split_again_is_refused_and_the_run_left_untouched(copies):
     measured on its own validation images."""
     data, run = copies
     swap(data, "val/ant/ant_0.png", "train/ant/ant_3.png")
-    before = (run / "last.pt").read_bytes()
+    before = folder_state(run)
     result = train("--resume", run, "--data", data, *MORE)
     assert result.exit_code == 1
     line = error_line(result)
@@ -94,7 +103,7 @@ def test_data_split_again_is_refused_and_the_run_left_untouched(copies):
     )
     assert f"which {run / 'split.csv'} lists," in line
     assert f"start a new run from its weights with --weights {run / 'last.pt'})" in line
-    assert (run / "last.pt").read_bytes() == before
+    assert folder_state(run) == before  # nothing written, nothing touched: last.pt the same
     assert warnings_and_errors(result) == [line]  # said once, as the refusal
 
 
@@ -202,6 +211,27 @@ def test_a_folder_whose_classes_sort_otherwise_is_the_same_samples(tmp_path):
     run = tmp_path / "run"
     assert train("--data", data, *FIRST, "--out", run).exit_code == 0
     assert read_checkpoint(run / "last.pt")["classes"] == ["1", "10", "2"]
+    result = train("--resume", run, "--data", index, *MORE)
+    assert result.exit_code == 0, result.stderr
+    assert warnings_and_errors(result) == []
+
+
+def test_an_index_of_absolute_paths_moved_with_its_images_is_the_same_samples(tmp_path):
+    """The data moved to another disk and its index's absolute paths rewritten for it: the
+    validation images are the run's (they were refused as other files)."""
+    data = write_split_root(tmp_path / "data")
+    rows = [
+        (str(data / path), label, split)
+        for path, label, split in index_rows(data, ["ant", "bee", "cat"])
+    ]
+    write_index(data / "index.csv", rows)
+    run = tmp_path / "run"
+    assert train("--data", data / "index.csv", *FIRST, "--out", run).exit_code == 0
+    moved = Path(shutil.move(data, tmp_path / "disk2" / "data"))
+    index = write_index(
+        moved / "index.csv",
+        [(path.replace(str(data), str(moved)), label, split) for path, label, split in rows],
+    )
     result = train("--resume", run, "--data", index, *MORE)
     assert result.exit_code == 0, result.stderr
     assert warnings_and_errors(result) == []

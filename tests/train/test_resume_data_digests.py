@@ -3,14 +3,20 @@ two runs' samples the same, and what each comparison says."""
 
 from __future__ import annotations
 
+import array
+import hashlib
 import logging
+import os
+import random
 import unicodedata
 from pathlib import Path
 
 import pytest
 
+from torchkit.core.data.sources import splitting
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.io.errors import CheckpointError
+from torchkit.core.train import resume_data
 from torchkit.core.train.resume_data import (
     AS_A_SET,
     IN_ORDER,
@@ -87,6 +93,83 @@ def test_a_name_of_bytes_that_are_not_utf8_is_digested():
     assert digests(ids=odd) != digests()
 
 
+def reference(ids: list[str], labels: list[int], *, as_a_set: bool) -> str:
+    """The digest as the docstrings define it, made the slow way: each name's `path_key` (an
+    absolute one less the deepest folder the split's absolute names share), sorted by key
+    then label for a set; SHA-256 of the count, each key ended by NUL, the labels as int64."""
+    keys = [splitting.path_key(ident) for ident in ids]
+    absolute = [key for key in keys if key.startswith("/")]
+    if absolute:
+        folder = os.path.commonpath([os.path.dirname(key) for key in absolute])
+        cut = len(folder.rstrip("/")) + 1
+        keys = [key[cut:] if key.startswith("/") else key for key in keys]
+    pairs = list(zip(keys, labels, strict=True))
+    if as_a_set:
+        pairs.sort()
+    hashed = hashlib.sha256(len(pairs).to_bytes(8, "little"))
+    hashed.update("".join(key + "\0" for key, _ in pairs).encode("utf-8", "surrogatepass"))
+    hashed.update(array.array("q", [label for _, label in pairs]).tobytes())
+    return hashed.hexdigest()
+
+
+NAMES = [
+    ["ant/a.png", "ant/b.png", "bee/c.png"],  # a folder's listing: its own keys, sorted
+    ["b/x.png", "a/y.png", "c/z.png"],  # an index's order
+    ["./a.png", "b//c.png", "d/./e.png", "f/", "g/.", "h/.i/j.png", ".k", "l/..", "../m.png"],
+    ["caf\u00e9/a.png", "cafe\u0301/b.png", "\udcff/c.png", "d\udcfe.png"],  # NFD, not UTF-8
+    ["", ".", "a.png", "a.png"],  # odd names, one twice
+    ["/data/imgs/ant/a.png", "/data/imgs/bee/b.png", "/data/imgs/ant/c.png"],  # absolute
+    ["/data/imgs//ant/a.png", "/data/./imgs/bee/b.png"],  # absolute, respelled
+    ["/data/imgs/ant/a.png"],  # one: below its own folder
+    ["/data/imgs/ant/a.png", "bee/b.png", "/data/imgs/cat/c.png"],  # both kinds
+    [f"part-{n // 7:06d}.tar/{n:05d}.jpg" for n in range(66_000)],  # past a chunk of names
+]
+
+
+@pytest.mark.parametrize("ids", NAMES, ids=range(len(NAMES)))
+def test_each_listing_is_digested_as_defined_however_its_names_are_read(ids):
+    """The quick pass over names that are their own keys, in order or sorted, and the keys
+    made one by one give the digest as defined (a checkpoint's records compare with any)."""
+    labels = [n % 3 for n in range(len(ids))]
+    shuffled = list(range(len(ids)))
+    random.Random(len(ids)).shuffle(shuffled)
+    for names, marks in (
+        (ids, labels),
+        ([ids[i] for i in shuffled], [labels[i] for i in shuffled]),
+    ):
+        found = sample_digests(
+            {split: Samples(["a", "b", "c"], marks, ids=names) for split in ("train", "val")}
+        )
+        assert found["train"] == IN_ORDER + reference(names, marks, as_a_set=False)
+        assert found["val"] == AS_A_SET + reference(names, marks, as_a_set=True)
+
+
+def test_names_that_are_their_own_keys_are_not_respelled_one_by_one(monkeypatch):
+    """A listing of a million names took as long again making each one's key, and held a
+    second list of them: names already spelled as keys are digested as they are."""
+
+    def respelled(ident: str) -> str:
+        raise AssertionError(f"{ident} respelled")
+
+    monkeypatch.setattr(splitting, "path_key", respelled)
+    monkeypatch.setattr(resume_data, "path_key", respelled)
+    ids = [f"n{n // 100:04d}/{n:06d}.JPEG" for n in range(1000)]
+    found = sample_digests({"train": samples(ids, [0] * 1000), "val": samples(ids, [1] * 1000)})
+    assert set(found) == {"train", "val"}
+    absolute = [f"/datasets/x/{ident}" for ident in ids]
+    assert sample_digests({"train": samples(absolute, [0] * 1000)}) == {"train": found["train"]}
+
+
+def test_an_index_of_absolute_paths_rewritten_for_another_place_is_the_same_samples():
+    """The images moved to another disk, their index's absolute paths rewritten for it: the
+    paths count from the folder all of them lie in, as a folder's from its root."""
+    here = [f"/data/imgs/{ident}" for ident in IDS]
+    there = [f"/mnt/disk2/imgs/{ident}" for ident in IDS]
+    assert digests(ids=here, root="") == digests(ids=there, root="") == digests()
+    other = [*here[:3], "/data/elsewhere/bee/d.png"]  # another image of that name
+    assert digests(ids=other, root="")["val"] != digests(ids=here, root="")["val"]
+
+
 def test_samples_without_names_have_no_digest():
     assert sample_digests({"train": samples(named=False)}) == {}
 
@@ -159,3 +242,15 @@ def test_another_number_of_images_is_left_to_the_size_warnings(caplog):
     assert warning.getMessage().startswith(
         "the checkpoint was validated on 4 images, the data has 5: the run continues"
     )
+
+
+def test_the_test_split_is_recorded_but_never_compared(caplog):
+    """Nothing of the run so far was measured on the test split: other test images are no
+    reason to stop or warn."""
+    recorded = record(digests(splits=("train", "val", "test")))
+    ours = digests(splits=("train", "val"))
+    ours["test"] = digests(labels=[1, 1, 0, 0], splits=("test",))["test"]
+    assert ours["test"] != recorded["digests"]["test"]
+    with caplog.at_level(logging.DEBUG, logger="torchkit"):
+        check(recorded, ours, {**SIZES, "test": 4})
+    assert caplog.records == []
