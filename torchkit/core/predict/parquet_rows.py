@@ -143,9 +143,8 @@ def _pyarrow():
 def _batch(pa, schema, rows: list[Sequence[Any]]):
     """`rows` as one Arrow record batch of `schema`."""
     arrays = []
-    # A column's values each: zip transposes the rows at C speed.
-    columns = zip(*rows, strict=True) if rows else ([] for _ in schema)
-    for field, values in zip(schema, columns, strict=True):
+    for position, field in enumerate(schema):
+        values = [row[position] for row in rows]
         try:
             arrays.append(pa.array(values, field.type))
         except UnicodeEncodeError:  # a file name that is not UTF-8: its "\udcXX" escapes
