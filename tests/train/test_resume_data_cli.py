@@ -4,6 +4,7 @@ under test)."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import shutil
 from pathlib import Path
@@ -14,6 +15,7 @@ from image_folders import write_image_folder
 from typer.testing import CliRunner
 
 from torchkit.cli import app
+from torchkit.core.io.errors import CheckpointError
 from torchkit.core.models.checkpoint import save_checkpoint
 
 TINY = ["--model", "nets:TinyNet", "--image-size", "8", "--batch-size", "4", "--workers", "0"]
@@ -235,3 +237,32 @@ def test_an_index_of_absolute_paths_moved_with_its_images_is_the_same_samples(tm
     result = train("--resume", run, "--data", index, *MORE)
     assert result.exit_code == 0, result.stderr
     assert warnings_and_errors(result) == []
+
+
+def seeds_and_data(rank: int, **options):
+    """`setup._seeds_and_data` of a run of `options` as rank `rank` of 2 would run it."""
+    import torch
+
+    from torchkit.core.runtime.distributed import DistContext
+    from torchkit.core.train import setup
+    from torchkit.core.train.config import TrainConfig
+    from torchkit.core.train.state import Amp
+
+    plan = setup.plan_run(TrainConfig(**options), None)
+    ctx = DistContext(rank=rank, world_size=2, device=torch.device("cpu"))
+    return setup._seeds_and_data(ctx, plan, Amp(contextlib.nullcontext, None, "float32"))
+
+
+def test_a_new_run_digests_its_data_on_rank_0_alone_a_resumed_one_on_every_rank(copies):
+    """Rank 0 writes the checkpoints that record the digests: the other ranks of a new run do
+    not hash a million names each for nothing; every rank of a resumed run compares them, so
+    that all of them stop alike."""
+    data, run = copies
+    new = {"data": str(data), "model": "nets:TinyNet", "image_size": 8}
+    assert "digests" in seeds_and_data(0, **new).data.record
+    assert "digests" not in seeds_and_data(1, **new).data.record
+    swap(data, "val/ant/ant_0.png", "train/ant/ant_3.png")
+    resumed = {"data": str(data), "resume": str(run), "epochs": 2, "trust_checkpoint": True}
+    for rank in (0, 1):
+        with pytest.raises(CheckpointError, match="validation images are not those"):
+            seeds_and_data(rank, **resumed)

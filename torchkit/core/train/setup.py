@@ -285,9 +285,11 @@ def _seeds_and_data(ctx: DistContext, plan: RunPlan, amp: Amp) -> _RunData:
     weights = class_weights(config.class_weights, classes, train.class_counts())
     arch = str(config.model)
     # Of the samples in the run's class order (a resumed run's relabelled above): recorded in
-    # every checkpoint, compared on --resume.
-    digests = sample_digests(data.splits)
-    data.record[DIGESTS] = digests
+    # every checkpoint, which rank 0 writes, and compared on --resume by every rank (each stops
+    # alike), so a new run's other ranks digest no million names for nothing.
+    digests: dict[str, str] = {}
+    if checkpoint is not None or ctx.rank == 0:
+        digests = data.record[DIGESTS] = sample_digests(data.splits)
     train_size_changed = False
     if checkpoint is not None:
         from torchkit.core.models.weights import checkpoint_arch, require_trusted_arch
