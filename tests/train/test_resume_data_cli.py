@@ -266,3 +266,26 @@ def test_a_new_run_digests_its_data_on_rank_0_alone_a_resumed_one_on_every_rank(
     for rank in (0, 1):
         with pytest.raises(CheckpointError, match="validation images are not those"):
             seeds_and_data(rank, **resumed)
+
+
+def test_a_run_that_held_out_its_validation_images_resumes_and_its_test_split_is_not_compared(
+    tmp_path,
+):
+    """train/ and test/ without val/: --val-split holds validation images out of train by the
+    seed, and the resumed run takes back the same ones, in the same order. Other test images
+    (as many) say nothing: no metric so far was measured on them."""
+    data = tmp_path / "data"
+    write_image_folder(data / "train", {name: 5 for name in COUNTS}, seed=1)
+    write_image_folder(data / "test", {name: 2 for name in COUNTS}, seed=2)
+    run = tmp_path / "run"
+    first = train("--data", data, *FIRST, "--val-split", "0.4", "--out", run)
+    assert first.exit_code == 0, first.stderr
+    digests = read_checkpoint(run / "last.pt")["data"]["digests"]
+    assert set(digests) == {"train", "val", "test"}
+    swap(data, "test/ant/ant_0.png", "test/bee/bee_1.png")
+    result = train("--resume", run, *MORE)
+    assert result.exit_code == 0, result.stderr
+    assert warnings_and_errors(result) == []
+    resumed = read_checkpoint(run / "last.pt")["data"]["digests"]
+    assert resumed["train"] == digests["train"] and resumed["val"] == digests["val"]
+    assert resumed["test"] != digests["test"]
