@@ -128,7 +128,7 @@ def _encoded(names: Sequence[str], *, checked: bool, below: str = "") -> bytes |
         if not joined.isascii() and not unicodedata.is_normalized("NFC", joined):
             return None  # (NUL, a character of its own in NFC, keeps the names apart)
     encoded = joined.encode("utf-8", "surrogatepass") + b"\0"
-    if checked or not encoded:
+    if checked:
         return encoded
     # Every name's own key: no `/` or NUL (where one name ends) beside a `/` or a NUL, or on
     # both sides of a `.`. UTF-8 makes no other character of these bytes, so bytes will do.
