@@ -81,26 +81,80 @@ def recorded_splits(
     # Matched by `path_key`: the run's CSV index may spell a path `./a.png`, this one `a.png`.
     keys = [path_key(ident) for ident in donor.ids]
     position = {key: index for index, key in enumerate(keys)}
-    missing = [ident for ident in ids if path_key(ident) not in position]
+    wanted = [path_key(ident) for ident in ids]
+    missing = [ident for ident, key in zip(ids, wanted, strict=True) if key not in position]
     where = recorded.get("root") or recorded.get("spec")
+    notes = []
     if missing:
-        raise InputError(
-            f"{len(missing)} of the {len(ids)} images the training run held out for {name} are "
-            f"not in {source.spec} (e.g. {missing[0]})",
-            f"give the data the run trained on: {where}",
+        moved = _moved_folder(wanted, position)
+        if moved is None:
+            raise InputError(
+                f"{len(missing)} of the {len(ids)} images the training run held out for {name} "
+                f"are not in {source.spec} (e.g. {missing[0]})",
+                f"give the data the run trained on: {where}",
+            )
+        old, new = moved
+        wanted = [new + key[len(old) :] if _is_absolute(key) else key for key in wanted]
+        notes.append(
+            f"the training run's {name} images lay in {old.rstrip('/') or '/'}: its {name} "
+            f"split is matched by their paths below it in {new.rstrip('/') or '/'}"
         )
-    chosen = {path_key(ident) for ident in ids}
+    chosen = set(wanted)
     kept = [i for i, key in enumerate(keys) if key not in chosen]
     parts = dict(source.splits)
     parts["train"] = tagged(donor.subset(kept), "train")
     parts[name] = tagged(donor.subset(sorted(position[key] for key in chosen)), name)
-    notes = []
-    if source.root and where and os.path.abspath(source.root) != where:
+    if not notes and source.root and where and os.path.abspath(source.root) != where:
         notes.append(
             f"the training run read its data in {where}; its {name} split is matched by path "
             f"in {source.root}"
         )
     return {split: parts[split] for split in SPLIT_NAMES if split in parts}, notes
+
+
+def _is_absolute(key: str) -> bool:
+    """Whether the `path_key` `key` is an absolute path (`/data/a.png`, `C:/data/a.png`)."""
+    return key[:1] == "/" or key[1:3] == ":/"
+
+
+def _moved_folder(wanted: list[str], position: dict[str, int]) -> tuple[str, str] | None:
+    """Where the absolute paths among the held-out `wanted` keys lie now, as (the deepest
+    folder they all lay in, the folder that holds them now), each ending in `/`: a CSV index of
+    absolute paths moved with its images and rewritten for their new place names the same
+    images by the same paths below that folder, as the digests `--resume` compares count them.
+    The folder of this data (`position`: its keys) below which lie the paths of every held-out
+    image (the relative ones found as they are); of several, the one whose own path ends as the
+    old one's does most (a single held-out image lies below its class folder: the class folder
+    of its name). None where no one folder holds them all (other images, another layout)."""
+    absolute = [key for key in wanted if _is_absolute(key)]
+    if not absolute or any(key not in position for key in wanted if not _is_absolute(key)):
+        return None
+    # the deepest folder all of them lie in (every key between the first and last shares it)
+    old = os.path.commonprefix([min(absolute), max(absolute)])
+    old = old[: old.rfind("/") + 1]
+    below = [key[len(old) :] for key in absolute]
+    first = "/" + below[0]
+    found = [
+        key[: len(key) - len(first) + 1]
+        for key in position
+        if key.endswith(first) and _is_absolute(key)
+    ]
+    found = [new for new in found if new != old and all(new + rest in position for rest in below)]
+    if not found:
+        return None
+    ending = {new: _shared_ending(old, new) for new in found}
+    closest = max(ending.values())
+    fits = [new for new in found if ending[new] == closest]
+    return (old, fits[0]) if len(fits) == 1 else None
+
+
+def _shared_ending(one: str, other: str) -> int:
+    """How many folders the paths `one` and `other` end with alike (`/a/b/c/`, `/d/b/c/`: 2)."""
+    ones, others = one.rstrip("/").split("/")[::-1], other.rstrip("/").split("/")[::-1]
+    return next(
+        (n for n, (a, b) in enumerate(zip(ones, others, strict=False)) if a != b),
+        min(len(ones), len(others)),
+    )
 
 
 def split_csv_rows(splits: dict[str, Samples]) -> Iterator[tuple]:
