@@ -12,6 +12,7 @@ import time
 import pytest
 from checkpoints import write_convnet_checkpoint
 from image_folders import write_image_folder
+from process_threads import thread_count
 from processes import run_torchkit_in_process
 
 from torchkit.core.data.dataset import OrphanedWorkerExit
@@ -108,7 +109,7 @@ def _worker_left_by_a_killed_parent(*, forked_by_a_thread: bool) -> bytes:
             thread = threading.Thread(target=fork_worker)
             thread.start()
             thread.join()
-            while len(os.listdir("/proc/self/task")) > 1:  # the thread is gone from the kernel
+            while thread_count() > 1:  # the thread is gone from the kernel
                 pass
         else:
             fork_worker()

@@ -187,7 +187,8 @@ def stderr_of(ranks: list[subprocess.CompletedProcess]) -> str:
 
 # A sitecustomize for the ranks (`watching_forks`): each fork of a rank appends a line to
 # TORCHKIT_TEST_FORK_LOG.RANK, the names of the threads of the process as it forks (OpenMP's
-# and Gloo's too: threading knows only Python's).
+# and Gloo's too: threading knows only Python's), every one (process_threads.py: one listing of
+# /proc/self/task may end early, and a thread beside a fork would go unseen).
 _FORK_WATCH = textwrap.dedent(
     """
     import os
@@ -196,7 +197,7 @@ _FORK_WATCH = textwrap.dedent(
 
     def _note_fork():
         names = []
-        for task in os.listdir("/proc/self/task"):
+        for task in thread_ids():
             try:
                 with open(f"/proc/self/task/{task}/comm") as comm:
                     names.append(comm.read().strip())
@@ -206,6 +207,8 @@ _FORK_WATCH = textwrap.dedent(
             log.write(" ".join(sorted(names)) + "\\n")
 
     if _log:
+        from process_threads import thread_ids  # tests/helpers: on the ranks' PYTHONPATH
+
         os.register_at_fork(before=_note_fork)
     """
 )

@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import inspect
 import io
 import json
 import os
@@ -82,6 +83,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from process_threads import thread_count
 from processes import CLOSED, Stream, _start_fresh, child_environment
 from suite_paths import REPO
 
@@ -227,10 +229,12 @@ def argument_area():
     return int(fields[45]), int(fields[46])  # arg_start, arg_end (fields 48 and 49)
 
 
+# process_threads.thread_count's source: the kernel's count (a listing of /proc/self/task may end
+# early, and a thread would go unseen).
+THREAD_COUNT
 start, end = argument_area()
-threads = len(os.listdir("/proc/self/task"))
 problems = [
-    *(["threads"] if threads != 1 else []),
+    *(["threads"] if thread_count() != 1 else []),
     *(f"warned: {warning.message}" for warning in warned),
     *(name for name in NOT_PRELOADED if name in sys.modules),
     *(name for name in sys.modules if name.partition(".")[0] == "torchkit"
@@ -400,6 +404,7 @@ class PreloadedServer:
             .replace("TORCHKIT_PRELOADED", repr(TORCHKIT_PRELOADED))
             .replace("NOT_PRELOADED", repr(NOT_PRELOADED))
             .replace("PRELOADED", repr(PRELOADED))
+            .replace("THREAD_COUNT", inspect.getsource(thread_count))
         )
         self.process = subprocess.Popen(
             [sys.executable, "-c", server, str(theirs.fileno()), " " * COMMAND_ROOM],

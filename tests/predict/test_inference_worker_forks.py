@@ -15,6 +15,7 @@ import pytest
 import sklearn.metrics  # noqa: F401 - eval scores in this process, with no helper to wait for
 import torch
 from checkpoints import write_convnet_checkpoint
+from process_threads import thread_ids
 from processes import run_torchkit_in_process
 
 from torchkit.cli import app
@@ -30,39 +31,9 @@ _threads_watched = [8]  # one more at each test
 _watch: dict = {}  # while a test watches: "before" (the threads then) and "forks"
 
 
-def _threads() -> set[str]:
-    """The ids of the process's threads, OpenMP's too (threading knows only Python's), every
-    one of them.
-
-    One listing of /proc/self/task is not a snapshot: Linux walks the threads from the oldest
-    on, and where the thread it stands on ends meanwhile, the listing ends there, short of every
-    live thread after it. A thread of an earlier test ending as a test began to watch (a
-    queue's feeder, a pipe's reader, pytest's faulthandler timer of the test before) left the
-    threads started after it (OpenMP's, this test's timer) out of "before", and the command's
-    forks were then said to run beside them. So a listing is kept only where it holds every
-    thread the kernel counts (`_thread_count`), and read again where a thread ended or started
-    as it was read."""
-    while True:
-        listed = set(os.listdir("/proc/self/task"))
-        counted = _thread_count()
-        # Those still alive after the count was read were alive when it was read: where they
-        # are as many, no thread alive then is missing.
-        if sum(os.path.exists(f"/proc/self/task/{tid}") for tid in listed) >= counted:
-            return listed
-
-
-def _thread_count() -> int:
-    """The process's threads as the kernel counts them (exact, unlike a listing)."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("Threads:"):
-                return int(line.split()[1])
-    raise AssertionError("no Threads: line in /proc/self/status")
-
-
 def _note_fork() -> None:
     if "forks" in _watch:
-        _watch["forks"].append(sorted(_threads() - _watch["before"]))
+        _watch["forks"].append(sorted(thread_ids() - _watch["before"]))
 
 
 if hasattr(os, "register_at_fork"):  # once per process; idle unless a test watches
@@ -97,7 +68,7 @@ def forks(model, image_folder):
     before = torch.get_num_threads()
     _threads_watched[0] += 1
     torch.set_num_threads(_threads_watched[0])
-    _watch.update(before=_threads(), forks=[])
+    _watch.update(before=thread_ids(), forks=[])
     try:
         yield _watch["forks"]
     finally:
@@ -141,31 +112,3 @@ def test_streamed_workers_are_forked_before_the_model_starts_a_thread(
     result = runner.invoke(app, args, input="\n".join(paths))
     assert result.exit_code == 0, result.stderr
     assert forks == [[], []], forks
-
-
-def test_the_threads_listed_are_all_of_them_where_a_listing_ends_early(monkeypatch):
-    """`_threads` finds a thread that a listing of /proc/self/task left out, as a listing does
-    where the thread it stands on ends meanwhile: taken for one that was not there before, it
-    made a fork look as if it ran beside a thread of the command."""
-    import threading
-
-    stop = threading.Event()
-    later = threading.Thread(target=stop.wait, daemon=True)
-    later.start()
-    left_out = str(later.native_id)
-    listdir = os.listdir
-    listings = []
-
-    def ended_early_once(path):
-        listed = listdir(path)
-        listings.append(path)
-        return [tid for tid in listed if tid != left_out] if len(listings) == 1 else listed
-
-    try:
-        monkeypatch.setattr(os, "listdir", ended_early_once)
-        assert left_out in _threads()
-        assert len(listings) >= 2  # read again
-    finally:
-        monkeypatch.undo()
-        stop.set()
-        later.join()
