@@ -108,19 +108,22 @@ _NAMED: dict[str, ast.AST] = {}
 
 def _named(function: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, ast.AST]:
     stores: dict[str, int] = {}
+    assigned: list[ast.Assign] = []  # one walk of the body: it is the test's largest cost
     for node in ast.walk(function):
         if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
             stores[node.id] = stores.get(node.id, 0) + 1
         elif isinstance(node, ast.arg):
             stores[node.arg] = stores.get(node.arg, 0) + 2
+        elif (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+        ):
+            assigned.append(node)
     return {
         node.targets[0].id: node.value
-        for node in ast.walk(function)
-        if isinstance(node, ast.Assign)
-        and len(node.targets) == 1
-        and isinstance(node.targets[0], ast.Name)
-        and stores[node.targets[0].id] == 1
-        and _parts(node.value) is not None
+        for node in assigned
+        if stores[node.targets[0].id] == 1 and _parts(node.value) is not None
     }
 
 
