@@ -11,14 +11,13 @@ import sys
 import numpy as np
 import pytest
 import torch
+from checkpoints import write_convnet_checkpoint
 from disks import fill_disk
 from output_checks import error_line
 from PIL import Image
 from processes import run_torchkit_in_process
 
 from torchkit.core.data.preprocessing import Preprocess
-from torchkit.core.models.checkpoint import FORMAT_VERSION, save_checkpoint
-from torchkit.core.models.convnet import convnet_class
 from torchkit.core.predict import parquet_rows
 
 pa = pytest.importorskip("pyarrow")
@@ -40,16 +39,8 @@ def world(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("predict_parquet")
     torch.manual_seed(0)
     ckpt = root / "model.pt"
-    save_checkpoint(
-        {
-            "format_version": FORMAT_VERSION,
-            "arch": "convnet",
-            "num_classes": 3,
-            "classes": CLASSES,
-            "model": convnet_class()(3, 3, 12).eval().state_dict(),
-            "preprocess": PREPROCESS.to_dict(),
-        },
-        ckpt,
+    write_convnet_checkpoint(
+        ckpt, in_channels=3, image_size=12, classes=CLASSES, preprocess=PREPROCESS.to_dict()
     )
     rng = np.random.default_rng(0)
     photos = root / "photos"
