@@ -1,6 +1,7 @@
 """`torchkit predict` of a model with 1,000 outputs and no class names (an ImageNet model's state
-dict as --weights): its outputs named as ImageNet-1k's classes, by torchvision's names, with a
-note; never where names are known, for other counts, or for random weights."""
+dict as --weights): its outputs named as ImageNet-1k's classes, by timm's names for a timm model
+(as its own ImageNet weights are named) and torchvision's for others, with a note saying whose;
+never where names are known, for other counts, or for random weights."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torchvision
 from PIL import Image
 from processes import run_torchkit_in_process
 
+from torchkit.core.inference import class_names
 from torchkit.core.inference.class_names import imagenet_class_names, output_names_from_data
 
 IMAGENET = list(torchvision.models._meta._IMAGENET_CATEGORIES)
@@ -21,6 +23,7 @@ ASSUMED = (
     "its 1000 outputs are assumed to be ImageNet-1k's classes, named as torchvision names them "
     "(otherwise pass --classes with the names of its outputs, in order)"
 )
+ASSUMED_BY_TIMM = ASSUMED.replace("as torchvision names", "as timm names")
 
 
 @pytest.fixture(scope="module")
@@ -124,3 +127,96 @@ def test_labelled_data_of_as_many_classes_names_them_first():
     assert names == [str(index) for index in range(999)]
     names, _ = output_names_from_data([], 1000, "photos")  # random weights: never assumed
     assert names == [str(index) for index in range(1000)]
+
+
+# Where timm's names and torchvision's differ: the bird `crane` (torchvision's `crane bird`; the
+# machine, 517, is `crane` in both) and the swimsuit `maillot` (`maillot tank suit`), 639.
+TOP = (134, 639, 517)
+TIMM_TOP = ["crane", "maillot", "crane"]
+TORCHVISION_TOP = ["crane bird", "maillot tank suit", "crane"]
+
+
+def ranked(model, path) -> None:
+    """`model`'s 1,000-output classifier made to rank TOP first, saved as a state dict."""
+    head = model.get_classifier() if hasattr(model, "get_classifier") else model.fc
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.zero_()
+        for rank, index in enumerate(TOP):
+            head.bias[index] = 10.0 - rank
+    torch.save(model.state_dict(), path)
+
+
+def top_names(done) -> tuple[list[list[str]], list[str]]:
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)
+    for row in rows:
+        assert [row[f"class_index_{rank}"] for rank in (1, 2, 3)] == list(TOP)
+    names = [[row[f"class_{rank}"] for rank in (1, 2, 3)] for row in rows]
+    return names, [line for line in done.stderr.splitlines() if "class names" in line]
+
+
+def predict_top(model: str, weights, photos):
+    return run_torchkit_in_process(
+        "predict", model, "--weights", weights, photos, "--image-size", 32, "-k", 3,
+        "--format", "json", "-j", "0", "--device", "cpu",
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def timm_weights(world):
+    """A timm model's 1,000-output state dict (timm's smallest ResNet) ranking TOP first."""
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    ranked(timm.create_model("test_resnet"), world / "timm.pth")
+    return world / "timm.pth"
+
+
+def test_a_timm_model_is_named_as_timm_names_imagenet(world, timm_weights):
+    """`timm/NAME --weights FILE`: timm's names, as `--weights DEFAULT` (timm's own ImageNet
+    weights) names them: the first name of each description timm's inference.py prints."""
+    import timm
+    from timm.data import ImageNetInfo
+
+    from torchkit.core.models.timm_models import imagenet_classes
+
+    names, notes = top_names(predict_top("timm/test_resnet", timm_weights, world / "photos"))
+    assert names == [TIMM_TOP, TIMM_TOP]
+    assert notes == [f"Note: the model records no class names: {ASSUMED_BY_TIMM}"]
+    timm_names = class_names.timm_imagenet_class_names()
+    descriptions = ImageNetInfo().label_descriptions()
+    assert timm_names == [description.split(",")[0] for description in descriptions]
+    assert [timm_names[i] for i in TOP] == TIMM_TOP
+    differ = [i for i, (a, b) in enumerate(zip(timm_names, IMAGENET, strict=True)) if a != b]
+    assert differ == [134, 639]
+    assert imagenet_classes(timm.create_model("test_resnet")) == timm_names  # DEFAULT's names
+
+
+def test_a_torchvision_model_is_named_as_torchvision_names_imagenet(world):
+    torch.manual_seed(0)
+    ranked(torchvision.models.resnet18(), world / "ranked.pth")
+    names, notes = top_names(predict_top("resnet18", world / "ranked.pth", world / "photos"))
+    assert names == [TORCHVISION_TOP, TORCHVISION_TOP]
+    assert notes == [f"Note: the model records no class names: {ASSUMED}"]
+
+
+def test_a_timm_model_without_timms_names_takes_torchvisions(world, timm_weights, monkeypatch):
+    """A timm whose ImageNet list is missing or broken: torchvision's names, and the note says
+    so."""
+    import timm.data
+
+    def broken(*args, **kwargs):
+        raise FileNotFoundError("imagenet_synsets.txt")
+
+    monkeypatch.setattr(timm.data, "ImageNetInfo", broken)
+    assert class_names.timm_imagenet_class_names() is None
+    names, notes = top_names(predict_top("timm/test_resnet", timm_weights, world / "photos"))
+    assert names == [TORCHVISION_TOP, TORCHVISION_TOP]
+    assert notes == [f"Note: the model records no class names: {ASSUMED}"]
+
+
+def test_without_timm_its_names_are_torchvisions(monkeypatch):
+    monkeypatch.setitem(sys.modules, "timm.data", None)  # an import that fails
+    assert class_names.timm_imagenet_class_names() is None
+    names, note = output_names_from_data([], 1000, "photos", imagenet=True, timm=True)
+    assert names == IMAGENET and note.endswith(ASSUMED)

@@ -1,6 +1,7 @@
 """The names of a model's outputs when the model records none: eval and predict name them alike,
 by the classes of labelled data in sorted order (as torchvision's ImageFolder numbers them);
-predict names 1,000 outputs that nothing else names as ImageNet-1k's classes."""
+predict names 1,000 outputs that nothing else names as ImageNet-1k's classes (timm's names for a
+timm model, torchvision's for others)."""
 
 from __future__ import annotations
 
@@ -53,6 +54,37 @@ def imagenet_class_names() -> list[str] | None:
     return list(names)
 
 
+def timm_imagenet_class_names() -> list[str] | None:
+    """The names timm gives ImageNet-1k's 1,000 classes, in their order (shipped with it,
+    offline): the first name of each class timm describes (`tench` of `tench, Tinca tinca`,
+    `crane` for the bird and the machine alike), as timm's own ImageNet weights are named
+    (`models.timm_models.imagenet_classes`); None where the installed timm has none to give."""
+    try:
+        from timm.data import ImageNetInfo, infer_imagenet_subset
+
+        subset = infer_imagenet_subset({"num_classes": IMAGENET_OUTPUTS})
+        if subset is None:
+            return None
+        described = ImageNetInfo(subset).label_descriptions()
+        names = [description.split(",")[0].strip() for description in described]
+    except Exception:  # no timm, another timm, a broken one: torchvision's names, if any
+        return None
+    if len(names) != IMAGENET_OUTPUTS or not all(names):
+        return None
+    return names
+
+
+def imagenet_names_for(timm: bool) -> tuple[list[str], str] | None:
+    """ImageNet-1k's class names for the outputs of a model, and whose they are: timm's for a
+    timm model (`timm`) where timm gives them, else torchvision's; None where neither does."""
+    if timm:
+        names = timm_imagenet_class_names()
+        if names is not None:
+            return names, "timm"
+    names = imagenet_class_names()
+    return (names, "torchvision") if names is not None else None
+
+
 def output_names_from_data(
     data_classes: Sequence[str],
     num_outputs: int | None,
@@ -60,12 +92,13 @@ def output_names_from_data(
     *,
     given: bool = False,
     imagenet: bool = False,
+    timm: bool = False,
 ) -> tuple[list[str], str]:
     """predict's names for the outputs of a model that records none, and a note saying what
     they are: the classes of labelled `data` where eval would score with them (as many as the
     outputs, in an order the data states, `given`, or sorting settles), else, with `imagenet`,
-    ImageNet-1k's names for 1,000 outputs (as timm's inference.py assumes them), else each
-    output's index."""
+    ImageNet-1k's names for 1,000 outputs (as timm's inference.py assumes them; timm's names
+    for a `timm` model, `imagenet_names_for`), else each output's index."""
     classes, data = list(data_classes), redact_url(data)
     if len(classes) > 1 and classes[-1] == "":
         # The class "" after class names (`with_unlabelled_class`: partly labelled data, an
@@ -92,16 +125,17 @@ def output_names_from_data(
             return classes, note
         why = f"; {unsettled}"
     if imagenet and num_outputs == IMAGENET_OUTPUTS:
-        names = imagenet_class_names()
-        if names is not None:
+        found = imagenet_names_for(timm)
+        if found is not None:
+            names, whose = found
             assumed = (
                 ", which are assumed to be ImageNet-1k's classes"
                 if why
                 else f": its {num_outputs} outputs are assumed to be ImageNet-1k's classes"
             )
             note = (
-                f"the model records no class names{why}{assumed}, named as torchvision names "
-                "them (otherwise pass --classes with the names of its outputs, in order)"
+                f"the model records no class names{why}{assumed}, named as {whose} names them "
+                "(otherwise pass --classes with the names of its outputs, in order)"
             )
             return names, note
     indices = [str(index) for index in range(num_outputs or 0)]

@@ -176,8 +176,8 @@ class PredictRun:
 
     def _name_outputs(self, outputs: int | None) -> None:
         """`self.classes`: the model's class names, else the data's as eval names them, else
-        ImageNet-1k's for 1,000 outputs of weights a file or library gave, else each output's
-        index (`core.inference.class_names`)."""
+        ImageNet-1k's for 1,000 outputs of weights a file or library gave (timm's names for a
+        timm model), else each output's index (`core.inference.class_names`)."""
         from torchkit.core.inference.class_names import output_names_from_data
         from torchkit.core.models.resolver import has_random_weights
 
@@ -192,6 +192,7 @@ class PredictRun:
                 given=self.image_set.classes_given,
                 # random weights (a name without --weights) were trained on nothing
                 imagenet=not has_random_weights(self.resolved),
+                timm=self.resolved.source == "timm",  # timm's ImageNet names, where it has them
             )
             self.notes.append(note)
         # Named as the rows name them (`names_shown`), once for every batch.
