@@ -73,6 +73,6 @@ def test_a_preloaded_server_with_a_thread_refuses_to_fork():
     environment = {**import_environment(child_environment(None)), "OMP_NUM_THREADS": "2"}
     server = PreloadedServer(environment)
     try:
-        assert server.refused == ["threads"]
+        assert "threads" in server.refused  # (torch 2.4 also imports a module it refuses)
     finally:
         server.close()
