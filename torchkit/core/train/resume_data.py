@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from torchkit.core.data.sources.samples import Samples
-from torchkit.core.data.sources.splitting import path_key
+from torchkit.core.data.sources.splitting import is_absolute_key, path_key, shared_folder
 from torchkit.core.io.errors import CheckpointError
 
 log = logging.getLogger("torchkit")
@@ -81,10 +81,8 @@ def _absolute_folder(ids: Sequence[str]) -> str:
     all lie in, ended by "/"; "" otherwise."""
     if not ids or ids[0][:1] != "/":
         return ""
-    first, last = min(ids), max(ids)  # every name between them starts as they both do
-    if last[:1] != "/" or first[:1] != "/":
-        return ""
-    return first[: os.path.commonprefix([first, last]).rfind("/") + 1]
+    folder = shared_folder(ids)
+    return folder if folder[:1] == "/" else ""  # "/..." where the first and last are absolute
 
 
 def _ascending(keys: Sequence[str]) -> bool:
@@ -160,12 +158,10 @@ def _keys(ids: Sequence[str], folder: str = "") -> Sequence[str]:
 
 def _below_their_folder(keys: list[str]) -> list[str]:
     """`keys`, the absolute ones relative to the deepest folder they all lie in, in place."""
-    absolute = [at for at, key in enumerate(keys) if key[:1] == "/" or key[1:3] == ":/"]
+    absolute = [at for at, key in enumerate(keys) if is_absolute_key(key)]
     if not absolute:
         return keys
-    first = min(keys[at] for at in absolute)
-    last = max(keys[at] for at in absolute)
-    cut = os.path.commonprefix([first, last]).rfind("/") + 1  # every key between shares it
+    cut = len(shared_folder([keys[at] for at in absolute]))
     for at in absolute:
         keys[at] = keys[at][cut:]
     return keys

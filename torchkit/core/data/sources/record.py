@@ -17,7 +17,12 @@ from pathlib import Path
 from torchkit.core.data.sources.required import reads_relative_paths
 from torchkit.core.data.sources.samples import Samples, shown_class_names
 from torchkit.core.data.sources.source import DataSource, tagged
-from torchkit.core.data.sources.splitting import SPLIT_NAMES, path_key
+from torchkit.core.data.sources.splitting import (
+    SPLIT_NAMES,
+    is_absolute_key,
+    path_key,
+    shared_folder,
+)
 from torchkit.core.io.csv_rows import write_csv_file
 from torchkit.core.io.errors import InputError
 
@@ -94,7 +99,7 @@ def recorded_splits(
                 f"give the data the run trained on: {where}",
             )
         old, new = moved
-        wanted = [new + key[len(old) :] if _is_absolute(key) else key for key in wanted]
+        wanted = [new + key[len(old) :] if is_absolute_key(key) else key for key in wanted]
         notes.append(
             f"the training run's {name} images lay in {old.rstrip('/') or '/'}: its {name} "
             f"split is matched by their paths below it in {new.rstrip('/') or '/'}"
@@ -112,11 +117,6 @@ def recorded_splits(
     return {split: parts[split] for split in SPLIT_NAMES if split in parts}, notes
 
 
-def _is_absolute(key: str) -> bool:
-    """Whether the `path_key` `key` is an absolute path (`/data/a.png`, `C:/data/a.png`)."""
-    return key[:1] == "/" or key[1:3] == ":/"
-
-
 def _moved_folder(wanted: list[str], position: dict[str, int]) -> tuple[str, str] | None:
     """Where the absolute paths among the held-out `wanted` keys lie now, as (the deepest
     folder they all lay in, the folder that holds them now), each ending in `/`: a CSV index of
@@ -126,18 +126,16 @@ def _moved_folder(wanted: list[str], position: dict[str, int]) -> tuple[str, str
     image (the relative ones found as they are); of several, the one whose own path ends as the
     old one's does most (a single held-out image lies below its class folder: the class folder
     of its name). None where no one folder holds them all (other images, another layout)."""
-    absolute = [key for key in wanted if _is_absolute(key)]
-    if not absolute or any(key not in position for key in wanted if not _is_absolute(key)):
+    absolute = [key for key in wanted if is_absolute_key(key)]
+    if not absolute or any(key not in position for key in wanted if not is_absolute_key(key)):
         return None
-    # the deepest folder all of them lie in (every key between the first and last shares it)
-    old = os.path.commonprefix([min(absolute), max(absolute)])
-    old = old[: old.rfind("/") + 1]
+    old = shared_folder(absolute)  # as the digests count their paths from it
     below = [key[len(old) :] for key in absolute]
     first = "/" + below[0]
     found = [
         key[: len(key) - len(first) + 1]
         for key in position
-        if key.endswith(first) and _is_absolute(key)
+        if key.endswith(first) and is_absolute_key(key)
     ]
     found = [new for new in found if new != old and all(new + rest in position for rest in below)]
     if not found:

@@ -88,6 +88,19 @@ def path_key(ident: str) -> str:
     return key
 
 
+def is_absolute_key(key: str) -> bool:
+    """Whether the `path_key` `key` is an absolute path (`/data/a.png`, `C:/data/a.png`)."""
+    return key[:1] == "/" or key[1:3] == ":/"
+
+
+def shared_folder(keys: Sequence[str]) -> str:
+    """The deepest folder every one of the non-empty `keys` lies in, ended by "/" ("" where
+    none): what a CSV index's absolute paths count from, for the digests `train --resume`
+    compares and for finding the images of an index moved with them."""
+    first, last = min(keys), max(keys)  # every key sorted between them starts as both do
+    return first[: os.path.commonprefix([first, last]).rfind("/") + 1]
+
+
 def sample_keys(samples: Samples) -> list[str]:
     """Stable names for hashing (`path_key`): the same file gets the same key however the data
     spells its path."""
