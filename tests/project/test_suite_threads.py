@@ -67,9 +67,9 @@ def test_a_thread_listed_that_ended_since_is_not_among_them(monkeypatch):
 
 def test_a_preloaded_server_with_a_thread_refuses_to_fork():
     """A server whose `import torch` started OpenMP's pool (OMP_NUM_THREADS=2) says so and
-        forks nothing: its processes start fresh. It counts its threads with `thread_count` (one
-    that counted fewer would let a fork run beside a thread; more: test_suite_processes.py's forks
-    would start fresh)."""
+    forks nothing: its processes start fresh. It counts its threads with `thread_count` (one
+    that counted fewer would let a fork run beside a thread; more: test_suite_processes.py's
+    forks would start fresh)."""
     environment = {**import_environment(child_environment(None)), "OMP_NUM_THREADS": "2"}
     server = PreloadedServer(environment)
     try:
