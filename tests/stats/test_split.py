@@ -462,6 +462,19 @@ def test_oversample_with_group_stem_copies_a_pair_under_one_repeat_number(runner
     assert sum("-repeat" in stem for stem in stems) == 4
 
 
+def repeat_stems(out: Path) -> dict[tuple[str, str], list[str]]:
+    """(`<class>/<source stem>`, repeat number) -> the stems of that source stem's repeats, one
+    a file, from OUT's split.csv, each of them a file in OUT."""
+    repeats: dict[tuple[str, str], list[str]] = {}
+    for row in manifest(out):
+        assert (out / row["path"]).is_file()
+        if row["repeat"] != "0":
+            source = Path(row["source"])
+            key = (f"{source.parent.name}/{source.stem}", row["repeat"])
+            repeats.setdefault(key, []).append(row["path"].rsplit(".", 1)[0])
+    return repeats
+
+
 def test_oversample_with_group_names_both_halves_of_a_pair_alike_where_a_name_is_taken(
     runner, tmp_path
 ):
@@ -477,15 +490,9 @@ def test_oversample_with_group_names_both_halves_of_a_pair_alike_where_a_name_is
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.stderr
     # Whichever group val takes, a pair stays in train beside the file its repeat would be.
-    repeats: dict[tuple[str, str], set[str]] = {}  # (source stem, repeat) -> repeats' stems
-    for row in manifest(out):
-        assert (out / row["path"]).is_file()
-        if row["repeat"] != "0":
-            source = Path(row["source"])
-            stem = str(source.parent / source.stem)
-            repeats.setdefault((stem, row["repeat"]), set()).add(row["path"].rsplit(".", 1)[0])
+    repeats = repeat_stems(out)
     pairs = {key: stems for key, stems in repeats.items() if key[0].endswith(("000", "001"))}
-    assert pairs and all(len(stems) == 1 for stems in pairs.values())
+    assert pairs and all(len(set(stems)) == 1 for stems in pairs.values())
     assert any(stem.endswith("-repeat1-1") for stems in pairs.values() for stem in stems)
     names = {p.name for p in (out / "train" / "dog").iterdir()}
     paired = [n.rsplit(".", 1)[0] for n in names if n.startswith(("000-", "001-"))]
@@ -506,13 +513,11 @@ def test_oversample_with_group_names_a_group_of_three_alike_in_every_class(runne
     args = ["split", str(root), str(out), "--group", "stem", "--fixed", "1", "--oversample"]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.stderr
-    repeats: dict[tuple[str, str], list[str]] = {}  # (source stem, repeat) -> repeats' stems
-    for row in manifest(out):
-        assert (out / row["path"]).is_file()
-        source = Path(row["source"])
-        if row["repeat"] != "0" and re.fullmatch(r"00\d", source.stem):
-            key = (f"{source.parent.name}/{source.stem}", row["repeat"])
-            repeats.setdefault(key, []).append(row["path"].rsplit(".", 1)[0])
+    repeats = {
+        key: stems
+        for key, stems in repeat_stems(out).items()
+        if re.fullmatch(r"00\d", key[0].split("/")[1])  # the groups, not the lone files
+    }
     assert {key[0].split("/")[0] for key in repeats} == {"dog", "fox"}
     assert all(len(stems) == 3 and len(set(stems)) == 1 for stems in repeats.values())
     renamed = {stems[0] for stems in repeats.values() if re.search(r"-repeat\d-1$", stems[0])}
