@@ -1,7 +1,9 @@
 """`torchkit predict` of a model with 1,000 outputs and no class names (an ImageNet model's state
 dict as --weights): its outputs named as ImageNet-1k's classes, by timm's names for a timm model
 (as its own ImageNet weights are named) and torchvision's for others, with a note saying whose;
-never where names are known, for other counts, or for random weights."""
+a timm model's head of one of timm's larger ImageNet subsets (11,821 outputs: ImageNet-12k...)
+named as that subset's classes; never where names are known, for other counts, or for random
+weights."""
 
 from __future__ import annotations
 
@@ -220,3 +222,133 @@ def test_without_timm_its_names_are_torchvisions(monkeypatch):
     assert class_names.timm_imagenet_class_names() is None
     names, note = output_names_from_data([], 1000, "photos", imagenet=True, timm=True)
     assert names == IMAGENET and note.endswith(ASSUMED)
+
+
+# timm's larger ImageNet heads: each size is one subset's (as timm's inference.py infers it).
+SUBSETS = {
+    11221: ("imagenet-21k-miil", "ImageNet-21k-miil"),
+    11821: ("imagenet-12k", "ImageNet-12k"),
+    21841: ("imagenet-22k", "ImageNet-22k"),
+    21842: ("imagenet-22k-ms", "ImageNet-22k-ms"),
+    21843: ("imagenet-21k-goog", "ImageNet-21k-goog"),
+}
+
+
+def first_names(subset: str) -> list[str]:
+    from timm.data import ImageNetInfo
+
+    return [d.split(",")[0].strip() for d in ImageNetInfo(subset).label_descriptions()]
+
+
+@pytest.mark.parametrize("outputs", [21843, 11821])
+def test_a_timm_head_of_a_larger_imagenet_is_named_as_its_subset(world, outputs):
+    """`timm/NAME --weights FILE` of a 21,843-output head (Google's ImageNet-21k, as timm's
+    in21k weights have) or an 11,821-output one (timm's ImageNet-12k): the subset's names as
+    timm describes them, the note saying which subset was assumed."""
+    timm = pytest.importorskip("timm")
+    from timm.data import ImageNetInfo
+
+    subset, shown = SUBSETS[outputs]
+    top = (outputs - 1, 7000, 2)  # the last class, one inside, one near the start
+    torch.manual_seed(0)
+    model = timm.create_model("test_resnet", num_classes=outputs)
+    head = model.get_classifier()
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.zero_()
+        for rank, index in enumerate(top):
+            head.bias[index] = 10.0 - rank
+    weights = world / f"timm_{outputs}.pth"
+    torch.save(model.state_dict(), weights)
+    done = predict_top("timm/test_resnet", weights, world / "photos")
+    assert done.returncode == 0, done.stderr
+    info = ImageNetInfo(subset)
+    expected = [info.index_to_description(index).split(",")[0] for index in top]
+    for row in json.loads(done.stdout):
+        assert [row[f"class_index_{rank}"] for rank in (1, 2, 3)] == list(top)
+        assert [row[f"class_{rank}"] for rank in (1, 2, 3)] == expected
+        assert row["class"] == expected[0]
+    notes = [line for line in done.stderr.splitlines() if "class names" in line]
+    assert notes == [
+        f"Note: the model records no class names: its {outputs} outputs are assumed to be "
+        f"{shown}'s classes, named as timm names them (otherwise pass --classes with the names "
+        "of its outputs, in order)"
+    ]
+
+
+def test_every_subset_timm_infers_is_named():
+    """Each head size timm's inference.py names takes that subset's names, timm's first name
+    of each class; the note names the subset, also where labelled data does not fit."""
+    pytest.importorskip("timm")
+    from timm.data import infer_imagenet_subset
+
+    for outputs, (subset, shown) in SUBSETS.items():
+        assert infer_imagenet_subset({"num_classes": outputs}) == subset
+        assert class_names.timm_imagenet_subset(outputs) == subset
+        names, note = output_names_from_data([], outputs, "photos", imagenet=True, timm=True)
+        assert names == first_names(subset) and len(names) == outputs
+        assert f"its {outputs} outputs are assumed to be {shown}'s classes" in note
+    names, note = output_names_from_data(["cat", "dog"], 21843, "photos", imagenet=True, timm=True)
+    assert names == first_names("imagenet-21k-goog")
+    assert note == (
+        "the model records no class names; the 2 classes of photos are not its 21843 outputs, "
+        "which are assumed to be ImageNet-21k-goog's classes, named as timm names them "
+        "(otherwise pass --classes with the names of its outputs, in order)"
+    )
+
+
+def test_larger_heads_keep_their_indices_where_not_timms():
+    """A torchvision model (torchvision ships only ImageNet-1k's names), random weights, names
+    known, other sizes, a timm without the subset: each output's index."""
+    pytest.importorskip("timm")
+    indices = [str(index) for index in range(21843)]
+    names, note = output_names_from_data([], 21843, "photos", imagenet=True)  # torchvision
+    assert names == indices and "ImageNet" not in note
+    names, note = output_names_from_data([], 21843, "photos", timm=True)  # random weights
+    assert names == indices and "ImageNet" not in note
+    data = [f"n{index:08d}" for index in range(21843)]  # labelled data of as many classes
+    names, note = output_names_from_data(data, 21843, "val", imagenet=True, timm=True)
+    assert names == data and "ImageNet" not in note
+    for outputs in (10450, 21844, 200, 100):  # miil's winter-21 list, ImageNet-A/R, mini
+        names, note = output_names_from_data([], outputs, "photos", imagenet=True, timm=True)
+        assert names == [str(index) for index in range(outputs)] and "ImageNet" not in note
+
+
+def test_a_head_size_two_subsets_share_keeps_its_indices(monkeypatch):
+    """Where two subsets timm ships list as many classes in other orders, which of them the
+    head's are is a guess: the indices, while the other sizes keep their names."""
+    pytest.importorskip("timm")
+    import pkgutil
+
+    from timm.data import imagenet_info
+
+    real = pkgutil.get_data
+
+    def get_data(package, resource):
+        if resource.endswith("imagenet12k_reordered.txt"):
+            lines = real(package, "_info/imagenet12k_synsets.txt").decode("utf-8").splitlines()
+            return "\n".join(reversed(lines)).encode("utf-8")
+        return real(package, resource)
+
+    monkeypatch.setattr(pkgutil, "get_data", get_data)
+    tables = {**imagenet_info._SUBSETS, "imagenet12kreordered": "imagenet12k_reordered.txt"}
+    monkeypatch.setattr(imagenet_info, "_SUBSETS", tables)
+    assert class_names.timm_imagenet_subset(11821) is None
+    names, note = output_names_from_data([], 11821, "photos", imagenet=True, timm=True)
+    assert names == [str(index) for index in range(11821)] and "ImageNet" not in note
+    assert class_names.timm_imagenet_subset(21843) == "imagenet-21k-goog"
+    # an alias of the same list (timm's imagenet21k and imagenet21kgoog) is no second subset
+    tables = {**imagenet_info._SUBSETS, "imagenet12kagain": "imagenet12k_synsets.txt"}
+    monkeypatch.setattr(imagenet_info, "_SUBSETS", tables)
+    assert class_names.timm_imagenet_subset(21841) == "imagenet-22k"
+
+
+def test_a_subset_whose_list_is_not_its_size_keeps_the_indices(monkeypatch):
+    """A timm whose table maps a size to a list of another length: no names, no traceback."""
+    pytest.importorskip("timm")
+    from timm.data import imagenet_info
+
+    sizes = {**imagenet_info._NUM_CLASSES_TO_SUBSET, 21844: "imagenet-22k"}
+    monkeypatch.setattr(imagenet_info, "_NUM_CLASSES_TO_SUBSET", sizes)
+    names, note = output_names_from_data([], 21844, "photos", imagenet=True, timm=True)
+    assert names == [str(index) for index in range(21844)] and "ImageNet" not in note

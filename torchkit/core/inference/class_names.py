@@ -1,7 +1,8 @@
 """The names of a model's outputs when the model records none: eval and predict name them alike,
 by the classes of labelled data in sorted order (as torchvision's ImageFolder numbers them);
 predict names 1,000 outputs that nothing else names as ImageNet-1k's classes (timm's names for a
-timm model, torchvision's for others)."""
+timm model, torchvision's for others), and a timm model's outputs as many as the classes of one of
+timm's larger ImageNet subsets (ImageNet-12k, -22k...) as that subset's classes."""
 
 from __future__ import annotations
 
@@ -54,35 +55,94 @@ def imagenet_class_names() -> list[str] | None:
     return list(names)
 
 
-def timm_imagenet_class_names() -> list[str] | None:
-    """The names timm gives ImageNet-1k's 1,000 classes, in their order (shipped with it,
-    offline): the first name of each class timm describes (`tench` of `tench, Tinca tinca`,
-    `crane` for the bird and the machine alike), as timm's own ImageNet weights are named
-    (`models.timm_models.imagenet_classes`); None where the installed timm has none to give."""
+def timm_imagenet_subset(num_outputs: int) -> str | None:
+    """timm's ImageNet subset of `num_outputs` classes (`imagenet-1k`, `imagenet-12k`,
+    `imagenet-21k-goog`...), as timm's inference.py infers it from the size of a head; None
+    where timm knows no subset of that size, or where two of the subsets it ships list that
+    many classes in other orders (which of them the head's are would be a guess)."""
     try:
-        from timm.data import ImageNetInfo, infer_imagenet_subset
+        from timm.data import infer_imagenet_subset
 
-        subset = infer_imagenet_subset({"num_classes": IMAGENET_OUTPUTS})
-        if subset is None:
-            return None
+        subset = infer_imagenet_subset({"num_classes": num_outputs})
+    except Exception:  # no timm, another timm, a broken one
+        return None
+    if not isinstance(subset, str) or not subset:
+        return None
+    return None if len(_timm_class_lists(num_outputs)) > 1 else subset
+
+
+def _timm_class_lists(num_outputs: int) -> set[tuple[str, ...]]:
+    """The distinct class lists of `num_outputs` classes among the ImageNet subsets the
+    installed timm ships (its private table of them: empty where it has none to read, and
+    then timm's own inference of the subset is trusted)."""
+    try:
+        import pkgutil
+
+        from timm.data import imagenet_info
+
+        files = set(imagenet_info._SUBSETS.values())
+        lists = set()
+        for file in files:
+            data = pkgutil.get_data(imagenet_info.__name__, f"_info/{file}")
+            synsets = tuple(data.decode("utf-8").splitlines()) if data else ()
+            if len(synsets) == num_outputs:
+                lists.add(synsets)
+        return lists
+    except Exception:
+        return set()
+
+
+def timm_imagenet_names(num_outputs: int) -> tuple[list[str], str] | None:
+    """The names timm gives the classes of its ImageNet subset of `num_outputs` classes
+    (`timm_imagenet_subset`), in their order (shipped with it, offline), and the subset: the
+    first name of each class timm describes (`tench` of `tench, Tinca tinca`, `crane` for the
+    bird and the machine alike), as timm's own ImageNet weights are named
+    (`models.timm_models.imagenet_classes`); None where the installed timm has none to give."""
+    subset = timm_imagenet_subset(num_outputs)
+    if subset is None:
+        return None
+    try:
+        from timm.data import ImageNetInfo
+
         described = ImageNetInfo(subset).label_descriptions()
         names = [description.split(",")[0].strip() for description in described]
-    except Exception:  # no timm, another timm, a broken one: torchvision's names, if any
+    except Exception:  # another timm, a broken one: no names (torchvision's for 1,000)
         return None
-    if len(names) != IMAGENET_OUTPUTS or not all(names):
+    if len(names) != num_outputs or not all(names):
         return None
-    return names
+    return names, subset
 
 
-def imagenet_names_for(timm: bool) -> tuple[list[str], str] | None:
-    """ImageNet-1k's class names for the outputs of a model, and whose they are: timm's for a
-    timm model (`timm`) where timm gives them, else torchvision's; None where neither does."""
+def timm_imagenet_class_names() -> list[str] | None:
+    """The names timm gives ImageNet-1k's 1,000 classes (`timm_imagenet_names`); None where
+    the installed timm has none to give."""
+    found = timm_imagenet_names(IMAGENET_OUTPUTS)
+    return found[0] if found is not None else None
+
+
+def imagenet_names_for(
+    timm: bool, num_outputs: int = IMAGENET_OUTPUTS
+) -> tuple[list[str], str, str] | None:
+    """ImageNet's class names for the `num_outputs` outputs of a model, whose names they are
+    and which ImageNet they are (`ImageNet-1k`): for a `timm` model, timm's names of the one
+    subset of that many classes it ships (ImageNet-1k, -12k, -22k... as timm's inference.py
+    assumes them); else, and for a timm without them, torchvision's ImageNet-1k names for
+    1,000 outputs; None where neither names them."""
     if timm:
-        names = timm_imagenet_class_names()
-        if names is not None:
-            return names, "timm"
+        found = timm_imagenet_names(num_outputs)
+        if found is not None:
+            names, subset = found
+            return names, "timm", _shown_subset(subset)
+    if num_outputs != IMAGENET_OUTPUTS:
+        return None
     names = imagenet_class_names()
-    return (names, "torchvision") if names is not None else None
+    return (names, "torchvision", "ImageNet-1k") if names is not None else None
+
+
+def _shown_subset(subset: str) -> str:
+    """timm's subset as notes name it: `ImageNet-12k` for `imagenet-12k`."""
+    head, dash, rest = subset.partition("-")
+    return f"ImageNet-{rest}" if head.lower() == "imagenet" and dash and rest else subset
 
 
 def output_names_from_data(
@@ -97,8 +157,9 @@ def output_names_from_data(
     """predict's names for the outputs of a model that records none, and a note saying what
     they are: the classes of labelled `data` where eval would score with them (as many as the
     outputs, in an order the data states, `given`, or sorting settles), else, with `imagenet`,
-    ImageNet-1k's names for 1,000 outputs (as timm's inference.py assumes them; timm's names
-    for a `timm` model, `imagenet_names_for`), else each output's index."""
+    ImageNet's names for 1,000 outputs, or for a `timm` model as many as the classes of one
+    ImageNet subset timm ships (as timm's inference.py assumes them; timm's names for a `timm`
+    model, `imagenet_names_for`), else each output's index."""
     classes, data = list(data_classes), redact_url(data)
     if len(classes) > 1 and classes[-1] == "":
         # The class "" after class names (`with_unlabelled_class`: partly labelled data, an
@@ -124,20 +185,19 @@ def output_names_from_data(
             )
             return classes, note
         why = f"; {unsettled}"
-    if imagenet and num_outputs == IMAGENET_OUTPUTS:
-        found = imagenet_names_for(timm)
-        if found is not None:
-            names, whose = found
-            assumed = (
-                ", which are assumed to be ImageNet-1k's classes"
-                if why
-                else f": its {num_outputs} outputs are assumed to be ImageNet-1k's classes"
-            )
-            note = (
-                f"the model records no class names{why}{assumed}, named as {whose} names them "
-                "(otherwise pass --classes with the names of its outputs, in order)"
-            )
-            return names, note
+    found = imagenet_names_for(timm, num_outputs) if imagenet and num_outputs else None
+    if found is not None:
+        names, whose, dataset = found
+        assumed = (
+            f", which are assumed to be {dataset}'s classes"
+            if why
+            else f": its {num_outputs} outputs are assumed to be {dataset}'s classes"
+        )
+        note = (
+            f"the model records no class names{why}{assumed}, named as {whose} names them "
+            "(otherwise pass --classes with the names of its outputs, in order)"
+        )
+        return names, note
     indices = [str(index) for index in range(num_outputs or 0)]
     note = (
         f"the model records no class names: `class` is the index of its output{why} "

@@ -177,7 +177,8 @@ class PredictRun:
     def _name_outputs(self, outputs: int | None) -> None:
         """`self.classes`: the model's class names, else the data's as eval names them, else
         ImageNet-1k's for 1,000 outputs of weights a file or library gave (timm's names for a
-        timm model), else each output's index (`core.inference.class_names`)."""
+        timm model, which names its larger ImageNet heads too), else each output's index
+        (`core.inference.class_names`)."""
         from torchkit.core.inference.class_names import output_names_from_data
         from torchkit.core.models.resolver import has_random_weights
 
