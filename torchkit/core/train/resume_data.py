@@ -82,7 +82,8 @@ def _absolute_folder(ids: Sequence[str]) -> str:
     if not ids or ids[0][:1] != "/":
         return ""
     folder = shared_folder(ids)
-    return folder if folder[:1] == "/" else ""  # "/..." where the first and last are absolute
+    # "/..." only where the least and the greatest name are absolute, and so all between them
+    return folder if folder[:1] == "/" else ""
 
 
 def _ascending(keys: Sequence[str]) -> bool:
