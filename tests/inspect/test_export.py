@@ -25,6 +25,7 @@ import torch
 import torchvision
 from disks import FifoReader, fill_disk
 from image_folders import write_image_folder
+from net_sources import ATTENTION
 from output_checks import error_line
 from processes import run_torchkit_in_process
 from torch import nn
@@ -60,7 +61,8 @@ PREPROCESS = Preprocess(
 )
 SUFFIX = {ONNX: ".onnx", TORCHSCRIPT: ".ts", EXPORTED_PROGRAM: ".pt2"}
 PKG = "exportnets"
-NETS = '''
+NETS = (
+    '''
 import torch
 from torch import nn
 
@@ -118,21 +120,9 @@ class Rare(nn.Module):
         return y
 
 
-class Attention(nn.Module):
-    """Patches through nn.MultiheadAttention, as in ViT: in eval mode under no_grad it takes
-    a fast path (aten::_native_multi_head_attention) that ONNX cannot express."""
-
-    def __init__(self):
-        super().__init__()
-        self.patches = nn.Conv2d(3, 8, 4, stride=4)
-        self.attention = nn.MultiheadAttention(8, 2, batch_first=True)
-        self.head = nn.Linear(8, 3)
-
-    def forward(self, x):
-        tokens = self.patches(x).flatten(2).transpose(1, 2)
-        mixed, _ = self.attention(tokens, tokens, tokens, need_weights=False)
-        return self.head(mixed.mean(1))
-
+'''
+    + ATTENTION
+    + '''
 
 class BatchOfTwo(nn.Module):
     """Code that tests the batch size: torch.export specialises it."""
@@ -205,6 +195,7 @@ class Pair(nn.Module):
         y = self.conv(x).mean((2, 3))
         return y, y
 '''
+)
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ import onnx
 import onnxruntime
 import pytest
 import torch
+from net_sources import ATTENTION
 from output_checks import error_line
 from torch import nn
 from typer.testing import CliRunner
@@ -35,7 +36,8 @@ pytestmark = [
 PKG = "handexportnets"  # a name of its own: the package is imported once per pytest process
 SIZE = 16
 SAMPLE = (3, SIZE, SIZE)
-NETS = '''
+NETS = (
+    '''
 import torch
 from torch import nn
 from typer.testing import CliRunner
@@ -55,20 +57,9 @@ class Net(nn.Module):
         return self.fc(self.drop(torch.relu(self.norm(self.conv(x))).mean((2, 3))))
 
 
-class Attention(nn.Module):
-    """Patches through nn.MultiheadAttention, as in ViT."""
-
-    def __init__(self):
-        super().__init__()
-        self.patches = nn.Conv2d(3, 8, 4, stride=4)
-        self.attention = nn.MultiheadAttention(8, 2, batch_first=True)
-        self.head = nn.Linear(8, 3)
-
-    def forward(self, x):
-        tokens = self.patches(x).flatten(2).transpose(1, 2)
-        mixed, _ = self.attention(tokens, tokens, tokens, need_weights=False)
-        return self.head(mixed.mean(1))
-
+'''
+    + ATTENTION
+    + '''
 
 class BatchCounted(nn.Module):
     """Adds the batch size to every logit through a Python float: eagerly right for every
@@ -81,6 +72,7 @@ class BatchCounted(nn.Module):
     def forward(self, x):
         return self.conv(x).mean((2, 3)) + torch.tensor([[float(x.shape[0])]])
 '''
+)
 WEIGHTS = ("Net", "Attention", "BatchCounted")  # the models given --weights
 SUFFIX = {"onnx": ".onnx", "torchscript": ".ts", "exported-program": ".pt2"}
 
