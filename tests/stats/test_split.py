@@ -354,6 +354,13 @@ def test_group_stem_keeps_a_folders_files_of_one_name_together_not_across_classe
     assert regex.exit_code == 0 and "owl (6: none in val)" in regex.stderr
 
 
+def split_json(runner, args: list[str]) -> tuple:
+    """`torchkit ARGS --format json`, which must succeed: its result and the report's classes."""
+    result = runner.invoke(app, [*args, "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    return result, json.loads(result.stdout)["classes"]
+
+
 def pairs_folder(root: Path, files: dict[str, int], suffixes=(".jpg", ".png")) -> Path:
     """ROOT/<folder>/<i>.jpg and <i>.png (one pair per i) for each folder (`cat/2019`...)."""
     for folder, count in files.items():
@@ -449,10 +456,8 @@ def test_oversample_with_group_stem_copies_a_pair_under_one_repeat_number(runner
     classes = pairs_folder(tmp_path / "classes", {"cat": 7, "dog": 3})
     out = tmp_path / "out"
     args = ["split", str(classes), str(out), "--group", "stem", "--fixed", "2,2", "--oversample"]
-    result = runner.invoke(app, [*args, "--format", "json"])
-    assert result.exit_code == 0, result.stderr
+    result, report = split_json(runner, args)
     assert "Warning" not in result.stderr
-    report = json.loads(result.stdout)["classes"]
     # cat: 5 pairs in train; dog: 1 pair, repeated 4 times whole.
     assert [(c["train"], c["repeats"]) for c in report] == [(10, 0), (2, 8)]
     names = sorted(p.name for p in (out / "train" / "dog").iterdir())
@@ -561,9 +566,7 @@ def test_oversample_with_groups_meets_the_count_as_closely_as_whole_groups_allow
     root = pairs_folder(tmp_path / "raw", {"cat": 16}, suffixes=(".png",))
     pairs_folder(root, {"dog": 4}, suffixes=(".jpg", ".png", ".bmp"))
     args = ["split", str(root), str(tmp_path / "out"), "--group", "stem", "--fixed", "3,3"]
-    result = runner.invoke(app, [*args, "--oversample", "--mode", "manifest", "--format", "json"])
-    assert result.exit_code == 0, result.stderr
-    report = json.loads(result.stdout)["classes"]
+    result, report = split_json(runner, [*args, "--oversample", "--mode", "manifest"])
     assert [(c["train"], c["repeats"]) for c in report] == [(10, 0), (6, 3)]
     assert [line for line in result.stderr.splitlines() if "--oversample" in line] == [
         "Warning: --oversample repeats whole groups: 1 class has other than 10 images in train: "
@@ -602,10 +605,8 @@ def test_oversample_repeats_byte_identical_files_one_at_a_time(runner, tmp_path)
     (root / "dog" / "e.png").write_bytes(b"e")
     out = tmp_path / "out"
     args = ["split", str(root), str(out), "--fixed", "1", "--oversample", "--mode", "manifest"]
-    result = runner.invoke(app, [*args, "--format", "json"])
-    assert result.exit_code == 0, result.stderr
+    result, report = split_json(runner, args)
     assert "--oversample" not in result.stderr
-    report = json.loads(result.stdout)["classes"]
     assert [(c["train"], c["repeats"]) for c in report] == [(6, 0), (4, 2)]
     assert sorted(row["repeat"] for row in manifest(out) if row["repeat"] != "0") == ["1", "1"]
 
