@@ -173,12 +173,19 @@ def index_rows(data: Path, classes: list[str]) -> list[tuple[str, str, str]]:
     ]
 
 
-def test_an_index_that_labels_a_validation_image_otherwise_is_refused(tmp_path):
+def run_on_an_index(tmp_path: Path) -> tuple[Path, list[tuple[str, str, str]], Path, Path]:
+    """A first run on a CSV index of split folders: the data, the index's rows, the index, the
+    run folder."""
     data = write_split_root(tmp_path / "data")
     rows = index_rows(data, list(COUNTS))
     index = write_index(data / "index.csv", rows)
     run = tmp_path / "run"
     assert train("--data", index, *FIRST, "--out", run).exit_code == 0
+    return data, rows, index, run
+
+
+def test_an_index_that_labels_a_validation_image_otherwise_is_refused(tmp_path):
+    data, rows, index, run = run_on_an_index(tmp_path)
     at = next(i for i, row in enumerate(rows) if row[2] == "val" and row[1] == "ant")
     rows[at] = (rows[at][0], "bee", "val")
     write_index(index, rows)
@@ -188,11 +195,7 @@ def test_an_index_that_labels_a_validation_image_otherwise_is_refused(tmp_path):
 
 
 def test_an_index_pointing_at_other_training_files_is_one_warning(tmp_path):
-    data = write_split_root(tmp_path / "data")
-    rows = index_rows(data, list(COUNTS))
-    index = write_index(data / "index.csv", rows)
-    run = tmp_path / "run"
-    assert train("--data", index, *FIRST, "--out", run).exit_code == 0
+    data, rows, index, run = run_on_an_index(tmp_path)
     shutil.copy(data / "train/ant/ant_0.png", data / "train/ant/other.png")
     rows[0] = ("train/ant/other.png", "ant", "train")
     write_index(index, rows)
