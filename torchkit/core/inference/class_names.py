@@ -96,16 +96,15 @@ def timm_imagenet_names(num_outputs: int) -> tuple[list[str], str] | None:
     """The names timm gives the classes of its ImageNet subset of `num_outputs` classes
     (`timm_imagenet_subset`), in their order (shipped with it, offline), and the subset: the
     first name of each class timm describes (`tench` of `tench, Tinca tinca`, `crane` for the
-    bird and the machine alike), as timm's own ImageNet weights are named
-    (`models.timm_models.imagenet_classes`); None where the installed timm has none to give."""
+    bird and the machine alike: `timm_models.imagenet_subset_names`), as timm's own ImageNet
+    weights are named; None where the installed timm has none to give."""
     subset = timm_imagenet_subset(num_outputs)
     if subset is None:
         return None
-    try:
-        from timm.data import ImageNetInfo
+    from torchkit.core.models.timm_models import imagenet_subset_names
 
-        described = ImageNetInfo(subset).label_descriptions()
-        names = [description.split(",")[0].strip() for description in described]
+    try:
+        names = imagenet_subset_names(subset)
     except Exception:  # another timm, a broken one: no names (torchvision's for 1,000)
         return None
     if len(names) != num_outputs or not all(names):

@@ -361,14 +361,23 @@ def timm_sample_shape(preprocess: Preprocess, image_size: int | Sequence[int] | 
 def imagenet_classes(model) -> list[str] | None:
     """The class names of a pretrained timm head, when they are ImageNet's (timm ships them):
     the first name of each synset, as torchvision's categories (`tench`, `goldfish`...)."""
-    from timm.data import ImageNetInfo, infer_imagenet_subset
+    from timm.data import infer_imagenet_subset
 
     subset = infer_imagenet_subset(model)
     if subset is None:
         return None
-    names = [d.split(",")[0].strip() for d in ImageNetInfo(subset).label_descriptions()]
+    names = imagenet_subset_names(subset)
     outputs = getattr(model, "num_classes", None)
     return names if outputs == len(names) else None
+
+
+def imagenet_subset_names(subset: str) -> list[str]:
+    """The first name of each class timm describes for its ImageNet `subset` (`tench` of
+    `tench, Tinca tinca`; `crane` for the bird and the machine alike), in the subset's order:
+    every name torchkit gives ImageNet classes of a timm model is one of these."""
+    from timm.data import ImageNetInfo
+
+    return [d.split(",")[0].strip() for d in ImageNetInfo(subset).label_descriptions()]
 
 
 def _pretrained_tags(arch: str) -> list[str]:
