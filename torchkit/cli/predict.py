@@ -23,6 +23,7 @@ from torchkit.cli.options import (
     model_argument,
     piped_paths,
 )
+from torchkit.cli.render import StreamedOutputFormat
 from torchkit.cli.run_options import DEFAULT_PREPROCESS, DEFAULT_RUN, with_inference_options
 from torchkit.core.inference.options import InferenceOptions, PreprocessOverrides
 
@@ -32,14 +33,13 @@ class TTA(str, Enum):
     flip = "flip"
 
 
-class PredictFormat(str, Enum):
-    """The streamed formats (`render.StreamedOutputFormat`) and Parquet, a file's alone."""
-
-    table = "table"
-    csv = "csv"
-    json = "json"
-    jsonl = "jsonl"
-    parquet = "parquet"
+# The streamed formats and Parquet, a file's alone (an Enum cannot be extended: one made of
+# StreamedOutputFormat's members, so the list lives in one place).
+PredictFormat = Enum(
+    "PredictFormat",
+    {**{f.name: f.value for f in StreamedOutputFormat}, "parquet": "parquet"},
+    type=str,
+)
 
 
 @with_inference_options()
