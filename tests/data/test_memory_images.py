@@ -9,6 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
+from torchkit.core.data.batches import Batch, collate_skipping_unreadable
 from torchkit.core.data.dataset import (
     default_workers,
     inference_dataset,
@@ -231,11 +232,20 @@ def test_a_whole_epoch_transformed_at_once_gives_each_batch_the_same_pixels(digi
     for start in range(0, len(keys), 32):
         batch = keys[start : start + 32]
         got = whole.__getitems__(batch)
-        # the batch transformed on its own, as data too large for a whole epoch is
+        if len({epoch for epoch, _ in batch}) == 1:
+            assert isinstance(got, Batch)  # collated already: the loader's collate passes it on
+            assert collate_skipping_unreadable(got) is got
+        else:  # a batch across two epochs (no loader makes one) is items, as any dataset's
+            got = collate_skipping_unreadable(got)
+        # the batch transformed on its own, as data too large for a whole epoch is, then
+        # collated as every other dataset's items are
         draws = images.draw_arrays([whole.item_seed(epoch, index) for epoch, index in batch])
-        want = images.items([index for _, index in batch], draws)
-        for (image, label, index, error), expected in zip(got, want, strict=True):
-            assert torch.equal(image, expected[0]) and (label, index, error) == expected[1:]
+        want = collate_skipping_unreadable(images.items([index for _, index in batch], draws))
+        for name in ("images", "labels", "indices"):
+            mine, theirs = getattr(got, name), getattr(want, name)
+            assert mine.dtype == theirs.dtype and mine.is_contiguous(), name
+            assert torch.equal(mine, theirs), name
+        assert got.errors == want.errors == []
     assert whole._rendered is not None  # the whole-epoch path was the one taken
     # larger data takes the batch-at-a-time path compared with above
     monkeypatch.setattr(memory_images, "WHOLE_EPOCH_BYTES", 1024)
@@ -256,8 +266,17 @@ def test_a_loader_worker_transforms_its_batches_not_the_whole_epoch(digits, monk
     got = dataset.__getitems__(keys)
     assert dataset._rendered is None  # each worker would have transformed all 1,438 images
     monkeypatch.undo()
-    assert all(
-        torch.equal(a[0], b[0]) for a, b in zip(got, dataset.__getitems__(keys), strict=True)
+    worker_batch = collate_skipping_unreadable(got)
+    main_batch = dataset.__getitems__(keys)  # the whole epoch's, cut
+    assert dataset._rendered is not None
+    assert torch.equal(worker_batch.images, main_batch.images)
+    assert torch.equal(worker_batch.labels, main_batch.labels)
+    # one item at a time (the map-style protocol) gives items, not a batch
+    image, label, index, error = dataset[keys[5]]
+    assert torch.equal(image, main_batch.images[5]) and (label, index, error) == (
+        int(main_batch.labels[5]),
+        5,
+        "",
     )
 
 

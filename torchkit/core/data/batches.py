@@ -25,9 +25,11 @@ class Batch:
         return Batch(*(None if t is None else t.pin_memory() for t in tensors), self.errors)
 
 
-def collate_skipping_unreadable(items: list) -> Batch:
+def collate_skipping_unreadable(items: list | Batch) -> Batch:
     import torch
 
+    if isinstance(items, Batch):  # collated by the dataset (`SeededDataset.__getitems__`)
+        return items
     good = [item for item in items if item[0] is not None]
     errors = [item[3] for item in items if item[0] is None]
     if not good:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from typing import Any
 
-from torchkit.core.data.batches import collate_skipping_unreadable
+from torchkit.core.data.batches import Batch, collate_skipping_unreadable
 from torchkit.core.data.dataset import (
     ShardSampler,
     WithholdingSampler,
@@ -560,11 +560,24 @@ class SeededDataset:
         return self._rendered[1]
 
     def __getitem__(self, key):
-        return self.__getitems__([key])[0]
+        return self._items([key])[0]
 
-    def __getitems__(self, keys: list) -> list:
+    def __getitems__(self, keys: list) -> list | Batch:
         """A whole batch at once (the DataLoader calls this when it exists): the main process's
-        generator state is saved and restored once per batch, not once per image."""
+        generator state is saved and restored once per batch, not once per image. Small
+        in-memory data transformed a whole epoch at a time gives the collated `Batch` itself,
+        cut from the epoch's images (`collate_skipping_unreadable` passes it on): 32 images
+        split apart and stacked again cost a quarter of a millisecond a batch, 5% of the
+        digits job's step."""
+        if hasattr(self.inner, "draw_arrays"):
+            epoch = keys[0][0]
+            if self.inner.renders_whole_epochs and _in_main_process():
+                indices = [index for _, index in keys]
+                if all(key[0] == epoch for key in keys):
+                    return self.inner.batch_of(self._epoch_images(epoch), indices)
+        return self._items(keys)
+
+    def _items(self, keys: list) -> list:
         if hasattr(self.inner, "draw_arrays"):
             # In-memory images: draws keyed by each image's seed (torch's generator is not
             # used), then one batched transform; small data has its whole epoch transformed

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from torchkit.core.data.batches import Batch
 from torchkit.core.data.decode import CROP_RATIO
 from torchkit.core.data.in_memory import eval_pixels
 from torchkit.core.data.preprocessing import Preprocess
@@ -155,6 +156,7 @@ class MemoryImages:
             pixels = pixels.expand(-1, 3, -1, -1)  # what PIL's convert("RGB") does to gray
         self.pixels = pixels.float()
         self.labels = list(samples.labels)
+        self._label_tensor = None  # the labels as one tensor, made at the first `batch_of`
         self.preprocess = preprocess
         self.random_crop = train and augment == "basic"
         self.flip = train and augment == "basic" and flip
@@ -260,6 +262,17 @@ class MemoryImages:
     def items_of(self, batch: Any, indices: list[int]) -> list[tuple]:
         """Items (image, label, index, "") of the images `batch` of items `indices`."""
         return [(image, self.labels[i], i, "") for image, i in zip(batch, indices, strict=True)]
+
+    def batch_of(self, images: Any, indices: list[int]) -> Batch:
+        """The collated batch of items `indices` of `images` (every item's image, in order):
+        what `collate_skipping_unreadable` makes of their `items_of`, the same tensors, taken
+        in one indexing operation each."""
+        import torch
+
+        if self._label_tensor is None:
+            self._label_tensor = torch.tensor(self.labels, dtype=torch.long)
+        rows = torch.tensor(indices, dtype=torch.long)
+        return Batch(images[rows], self._label_tensor[rows], rows, [])
 
     def __getitem__(self, index: int):
         return self.items([index])[0]
