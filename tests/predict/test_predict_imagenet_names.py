@@ -97,6 +97,15 @@ def test_random_weights_keep_their_indices(world):
     rows, stderr = predict(world, "--allow-untrained")
     assert all(row["class"] == str(row["class_index"]) for row in rows)
     assert "ImageNet" not in stderr
+    # A model built by code may load trained weights itself, which torchkit cannot tell
+    # (--allow-untrained runs it): its 1,000 outputs are named as ImageNet's, as documented.
+    done = run_torchkit_in_process(
+        "predict", "torchvision.models:resnet18", world / "photos", "--allow-untrained",
+        "--image-size", 32, "--format", "json", "-j", "0", "--device", "cpu",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert all(row["class"] == IMAGENET[row["class_index"]] for row in json.loads(done.stdout))
+    assert f"Note: the model records no class names: {ASSUMED}" in done.stderr
 
 
 def test_without_torchvisions_names_the_indices_quietly(world, monkeypatch):

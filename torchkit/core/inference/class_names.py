@@ -144,28 +144,77 @@ def _shown_subset(subset: str) -> str:
     return f"ImageNet-{rest}" if head.lower() == "imagenet" and dash and rest else subset
 
 
+def labelled_classes(data_classes: Sequence[str]) -> list[str]:
+    """The classes of labelled data that can name outputs: the class "" after class names
+    (`with_unlabelled_class`: partly labelled data, an unlabelled test split) is no output's,
+    as eval scores the others by the names alone; none of unlabelled data (class "" alone)."""
+    classes = list(data_classes)
+    if len(classes) > 1 and classes[-1] == "":
+        classes = classes[:-1]
+    return classes if "" not in classes else []
+
+
+def classes_of_inputs(
+    inputs: Sequence[tuple[Sequence[str], bool]], data: str = "IMAGES"
+) -> tuple[list[str], bool, str | None]:
+    """The classes several inputs (each one's classes, and whether it states their order) name
+    together, as one input of all their images would: those of the labelled ones (unlabelled
+    images name none), whether their order is stated, and why their order is unknown (None
+    where it is not). Inputs of one list of classes give it, in their order; else the classes
+    of every input, merged by name (in Unicode NFC, as the `label` column merges them), in the
+    order the inputs that state one give, where they give one order of all the classes, else
+    in sorted order (as of one folder: `unsettled_class_order` says where sorting leaves it
+    open)."""
+    from torchkit.core.data.sources.csv_index import natural_key
+    from torchkit.core.data.sources.samples import nfc
+
+    lists = [(classes, given) for names, given in inputs if (classes := labelled_classes(names))]
+    if not lists:
+        return [], False, None
+    first = lists[0][0]
+    if all(classes == first for classes, _ in lists):
+        return first, any(given for _, given in lists), None
+    union: dict[str, str] = {}  # each name's first spelling, by its NFC one
+    for classes, _ in lists:
+        for name in classes:
+            union.setdefault(nfc(name), name)
+    stated = [classes for classes, given in lists if given]
+    if stated:
+        if all(classes == stated[0] for classes in stated) and set(union) == {
+            nfc(name) for name in stated[0]
+        }:
+            return stated[0], True, None
+        return (
+            sorted(union.values()),
+            False,
+            f"the inputs of {redact_url(data)} give their classes in different orders",
+        )
+    names = sorted(union.values())
+    by_number = sorted(names, key=natural_key)
+    if by_number == [str(index) for index in range(len(names))]:
+        names = by_number  # labels that are the outputs' indices, as of one input
+    return names, False, None
+
+
 def output_names_from_data(
     data_classes: Sequence[str],
     num_outputs: int | None,
     data: str,
     *,
     given: bool = False,
+    order_unknown: str | None = None,
     imagenet: bool = False,
     timm: bool = False,
 ) -> tuple[list[str], str]:
     """predict's names for the outputs of a model that records none, and a note saying what
     they are: the classes of labelled `data` where eval would score with them (as many as the
-    outputs, in an order the data states, `given`, or sorting settles), else, with `imagenet`,
-    ImageNet's names for 1,000 outputs, or for a `timm` model as many as the classes of one
-    ImageNet subset timm ships (as timm's inference.py assumes them; timm's names for a `timm`
-    model, `imagenet_names_for`), else each output's index."""
-    classes, data = list(data_classes), redact_url(data)
-    if len(classes) > 1 and classes[-1] == "":
-        # The class "" after class names (`with_unlabelled_class`: partly labelled data, an
-        # unlabelled test split) is no output's: eval scores the others by the names alone.
-        # Several IMAGES' classes start with "" (`predict.inputs._joined`): named by index.
-        classes = classes[:-1]
-    labelled = bool(classes) and "" not in classes
+    outputs, in an order the data states, `given`, or sorting settles; `order_unknown` says
+    why neither does, as `classes_of_inputs` gives it), else, with `imagenet`, ImageNet's
+    names for 1,000 outputs, or for a `timm` model as many as the classes of one ImageNet
+    subset timm ships (as timm's inference.py assumes them; timm's names for a `timm` model,
+    `imagenet_names_for`), else each output's index."""
+    classes, data = labelled_classes(data_classes), redact_url(data)
+    labelled = bool(classes)
     why = ""
     # Labelled data of as many classes as the outputs says what they are, in an order unknown
     # where sorting does not settle it: ImageNet's names would contradict its labels.
@@ -175,7 +224,7 @@ def output_names_from_data(
         shown = counted(len(classes), "class", "classes")
         why = f"; the {shown} of {data} {are} not its {counted(num_outputs, 'output')}"
     elif labelled:
-        unsettled = None if given else unsettled_class_order(classes, data)
+        unsettled = order_unknown or (None if given else unsettled_class_order(classes, data))
         if unsettled is None:
             note = (
                 f"the model records no class names: its outputs are named by the classes of "

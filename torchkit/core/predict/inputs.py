@@ -40,6 +40,9 @@ class ImageSet:
     # Each image's label as an index among its own input's classes, where `samples.labels`
     # are not (several IMAGES: their classes merged by name); None: `samples.labels` are.
     own_labels: list[int] | None = None
+    # Several IMAGES: each input's classes and whether it states their order (`classes_given`),
+    # which name a model's outputs together as one input would (`classes_of_inputs`).
+    input_classes: list[tuple[list[str], bool]] | None = None
 
 
 def collect_images(
@@ -61,12 +64,15 @@ def collect_images(
     sets, notes = [], []
     read_as_data = False  # a folder, CSV or digits: where --split can apply
     given = False  # the last data's `classes_given`
+    stated: list[bool] = []  # each input's
     for item in items:
         if item == STDIN:
             sets.append((item, _files(read_path_list(stdin, "image"), from_stdin=True), ""))
+            stated.append(False)
             continue
         if os.path.isfile(item) and is_image_file(item):
             sets.append((item, _files([item], from_stdin=False), ""))
+            stated.append(False)
             continue
         # Shards (a pattern names no file), a .tar of images, parquet files: data in containers.
         # Predict reads no labels: images beside class folders are read too (`every_image`).
@@ -86,13 +92,17 @@ def collect_images(
         notes += found_notes
         sets.append((item, samples, source.root))
         given = source.classes_given
+        stated.append(given)
     if split is not None and not read_as_data:
         raise UsageError(f"--split {split}: IMAGES are image files, which have no splits")
     if len(sets) == 1:
         _, samples, root = sets[0]
         return ImageSet(samples, root, notes, classes_given=given)
     joined, own_labels = _joined(sets)
-    return ImageSet(joined, "", notes, own_labels=own_labels)
+    input_classes = [
+        (list(samples.classes), given) for (_, samples, _), given in zip(sets, stated, strict=True)
+    ]
+    return ImageSet(joined, "", notes, own_labels=own_labels, input_classes=input_classes)
 
 
 def streams_stdin(items: Sequence[str]) -> bool:
@@ -224,8 +234,8 @@ def _joined(sets: list[tuple[str, Samples, str]]) -> tuple[Samples, list[int]]:
     its input's label (the `label` column, as of one input), and each label's index among its
     input's classes (`label_index`, as of one input). Its classes are "" (the class of
     unlabelled images, index 0) and then the labelled inputs' class names, merged by name in
-    the order they come: not a model's class order, so a model that records no class names
-    has its outputs named by index with several inputs (`output_names_from_data`)."""
+    the order they come: not a model's class order (a model that records no class names has
+    its outputs named by `ImageSet.input_classes`, as of one input)."""
     paths: list[str] = []
     ids: list[str] = []
     splits: list[str] = []
