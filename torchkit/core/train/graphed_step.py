@@ -81,7 +81,7 @@ class GraphedStep:
         device = ctx.device
         self.capture = torch.device(device).type == "cuda"
         class_weight = getattr(ctx.criterion, "weight", None)  # --class-weights
-        self.sums = StepSums(device, accumulator_dtype(device), class_weight)
+        self.sums = StepSums(device, accumulator_dtype(device), class_weight, recorded=True)
         self.groups = ctx.optimizer.param_groups
         if not all(group.get("fused") for group in self.groups):
             # Only the fused steps take a device learning rate without `capturable` eager.
