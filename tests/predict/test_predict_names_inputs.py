@@ -10,6 +10,7 @@ labelled folder gets."""
 from __future__ import annotations
 
 import json
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -34,8 +35,9 @@ def image_folder(root: Path, classes: list[str]) -> Path:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> Path:
     """TinyNet's state dicts of 1,000 outputs and of 3; ImageNet's 1,000 classes as two
-    folders of 500 (half1/, half2/) and as a CSV index of which one row has no label
-    (partly.csv); photo.png, unlabelled."""
+    folders of 500 (half1/, half2/), as a CSV index of which one row has no label
+    (partly.csv) and as one folder with an image beside its class folders (whole/, which
+    predict reads whole, unlabelled); photo.png, unlabelled."""
     root = tmp_path_factory.mktemp("names_inputs")
     torch.manual_seed(0)
     torch.save(TinyNet(1000).state_dict(), root / "thousand.pt")
@@ -43,6 +45,8 @@ def world(tmp_path_factory) -> Path:
     image_folder(root / "half1", SYNSETS[:500])
     image_folder(root / "half2", SYNSETS[500:])
     (root / "photo.png").write_bytes(png(2))
+    image_folder(root / "whole", SYNSETS)
+    (root / "whole" / "cover.png").write_bytes(png(3))
     lines = ["path,label", "photo.png,"] + [f"half1/{n}/a.png,{n}" for n in SYNSETS[:500]]
     lines += [f"half2/{name}/a.png,{name}" for name in SYNSETS[500:]]
     (root / "partly.csv").write_text("\n".join(lines) + "\n")
@@ -146,3 +150,38 @@ def test_inputs_that_state_their_class_order_name_the_outputs_so_unless_they_dif
         "inputs of IMAGES give their classes in different orders (pass --classes with the "
         "names of its outputs, in order)"
     )
+
+
+def test_a_folder_with_images_beside_its_class_folders_names_them_as_eval_does(world):
+    # read whole, unlabelled (every image, no `label`), where eval reads its class folders
+    rows, note = predict(world / "thousand.pt", world / "whole")
+    assert len(rows) == 1001 and all(row["label"] is None for row in rows)
+    assert all(row["class"] == SYNSETS[row["class_index"]] for row in rows)
+    assert note == (
+        f"Note: the model records no class names: its outputs are named by the classes of "
+        f"{world / 'whole'} in sorted order, as eval names them (--classes names them otherwise)"
+    )
+    rows, note = predict(world / "thousand.pt", world / "whole", world / "photo.png")
+    assert all(row["class"] == SYNSETS[row["class_index"]] for row in rows)
+    assert "named by the classes of IMAGES in sorted order" in note
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["folder", "tar"])
+def test_fewer_class_folders_beside_images_are_those_of_one_labelled_folder(
+    tmp_path, world, packed
+):
+    folder = image_folder(tmp_path / "pets", ["cat", "dog"])
+    (folder / "cover.png").write_bytes(png(3))
+    if packed:
+        with tarfile.open(tmp_path / "pets.tar", "w") as tar:
+            tar.add(folder, arcname="pets")
+        folder = tmp_path / "pets.tar"
+    weights = tmp_path / "two.pt"
+    torch.save(TinyNet(2).state_dict(), weights)
+    rows, note = predict(weights, folder)
+    assert [row["label"] for row in rows] == [None] * 3
+    assert all(row["class"] == ["cat", "dog"][row["class_index"]] for row in rows)
+    assert "named by the classes of" in note
+    rows, note = predict(world / "thousand.pt", folder)
+    assert all(row["class"] == IMAGENET[row["class_index"]] for row in rows)
+    assert f"; the 2 classes of {folder} are not its 1000 outputs, which are assumed" in note

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from torchkit.core.data.sources.discovery import is_image_file
@@ -43,6 +43,9 @@ class ImageSet:
     # Several IMAGES: each input's classes and whether it states their order (`classes_given`),
     # which name a model's outputs together as one input would (`classes_of_inputs`).
     input_classes: list[tuple[list[str], bool]] | None = None
+    # The inputs read whole, unlabelled, where a reader of labels may find class folders
+    # (images beside them: `every_image`), by position among IMAGES: as typed.
+    read_whole: dict[int, str] = field(default_factory=dict)
 
 
 def collect_images(
@@ -65,6 +68,7 @@ def collect_images(
     read_as_data = False  # a folder, CSV or digits: where --split can apply
     given = False  # the last data's `classes_given`
     stated: list[bool] = []  # each input's
+    read_whole: dict[int, str] = {}  # `ImageSet.read_whole`
     for item in items:
         if item == STDIN:
             sets.append((item, _files(read_path_list(stdin, "image"), from_stdin=True), ""))
@@ -90,6 +94,8 @@ def collect_images(
         read_as_data = True
         samples, found_notes = select_split(source, split, default="all", recorded=recorded)
         notes += found_notes
+        if _may_hold_class_folders(source, samples):
+            read_whole[len(sets)] = item
         sets.append((item, samples, source.root))
         given = source.classes_given
         stated.append(given)
@@ -97,12 +103,74 @@ def collect_images(
         raise UsageError(f"--split {split}: IMAGES are image files, which have no splits")
     if len(sets) == 1:
         _, samples, root = sets[0]
-        return ImageSet(samples, root, notes, classes_given=given)
+        return ImageSet(samples, root, notes, classes_given=given, read_whole=read_whole)
     joined, own_labels = _joined(sets)
     input_classes = [
         (list(samples.classes), given) for (_, samples, _), given in zip(sets, stated, strict=True)
     ]
-    return ImageSet(joined, "", notes, own_labels=own_labels, input_classes=input_classes)
+    return ImageSet(
+        joined, "", notes, own_labels=own_labels, input_classes=input_classes, read_whole=read_whole
+    )
+
+
+# What a folder, a .tar of one or a split root with images beside class folders is read as,
+# whole and unlabelled (`every_image`); a reader of labels reads its class folders.
+READ_WHOLE_KINDS = ("flat folder", "tar flat folder", "split root")
+
+
+def _may_hold_class_folders(source: Any, samples: Samples) -> bool:
+    """Whether data read unlabelled may be one that eval reads labelled, by its class folders:
+    a folder (a .tar of one, a split root) of images in subfolders, read whole."""
+    if source.kind not in READ_WHOLE_KINDS or list(samples.classes) != [""]:
+        return False
+    return any("/" in name or os.sep in name for name in samples.ids or ())
+
+
+def classes_naming_outputs(image_set: ImageSet, data: str) -> tuple[list[str], bool, str | None]:
+    """The classes IMAGES name the outputs of a model that records none by
+    (`output_names_from_data`), whether their order is stated, and why it is unknown (None
+    where it is not): of one input, its classes; of several, theirs together as one input of
+    all their images would have them (`classes_of_inputs`). An input read whole, unlabelled,
+    whose images lie beside class folders names them by those classes, as eval does."""
+    from torchkit.core.inference.class_names import classes_of_inputs
+
+    read_whole = image_set.read_whole
+    if image_set.input_classes is None:
+        if 0 in read_whole:
+            return class_folder_names(read_whole[0]), False, None
+        return list(image_set.samples.classes), image_set.classes_given, None
+    inputs = [
+        (class_folder_names(read_whole[at]), False) if at in read_whole else (classes, given)
+        for at, (classes, given) in enumerate(image_set.input_classes)
+    ]
+    return classes_of_inputs(inputs, data)
+
+
+def class_folder_names(item: str) -> list[str]:
+    """The classes of `item`, read whole by predict, as eval reads them (its class folders'
+    names, in sorted order; a split root's of every split): [""] where it has none, or where a
+    reader of labels refuses it. Read again without a word (its warnings were given once)."""
+    import logging
+    import threading
+
+    from torchkit.core.data.sources import open_data
+    from torchkit.core.data.sources.containers import open_container_data
+    from torchkit.core.io.errors import TorchkitError
+
+    reading = threading.get_ident()
+    logger = logging.getLogger("torchkit")
+
+    def quiet(record: logging.LogRecord) -> bool:
+        return record.thread != reading
+
+    logger.addFilter(quiet)
+    try:
+        source = open_container_data(item, None, True) or open_data(item, allow_unlabelled=True)
+    except TorchkitError:
+        return [""]
+    finally:
+        logger.removeFilter(quiet)
+    return list(source.classes)
 
 
 def streams_stdin(items: Sequence[str]) -> bool:

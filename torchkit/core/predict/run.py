@@ -179,8 +179,9 @@ class PredictRun:
         ImageNet-1k's for 1,000 outputs of weights a file or library gave (timm's names for a
         timm model, which names its larger ImageNet heads too), else each output's index
         (`core.inference.class_names`)."""
-        from torchkit.core.inference.class_names import classes_of_inputs, output_names_from_data
+        from torchkit.core.inference.class_names import output_names_from_data
         from torchkit.core.models.resolver import has_random_weights
+        from torchkit.core.predict.inputs import classes_naming_outputs
 
         request = self.request
         image_set = self.image_set
@@ -188,13 +189,7 @@ class PredictRun:
             self.classes = list(self.resolved.classes)
         else:
             # Several IMAGES name the outputs as one input of all their images would.
-            data_classes, given, order_unknown = image_set.samples.classes, False, None
-            if image_set.input_classes is None:
-                given = image_set.classes_given
-            else:
-                data_classes, given, order_unknown = classes_of_inputs(
-                    image_set.input_classes, self.data_name
-                )
+            data_classes, given, order_unknown = classes_naming_outputs(image_set, self.data_name)
             self.classes, note = output_names_from_data(
                 data_classes,
                 outputs,
