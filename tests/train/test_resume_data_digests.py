@@ -6,7 +6,6 @@ from __future__ import annotations
 import array
 import hashlib
 import logging
-import os
 import random
 import unicodedata
 from pathlib import Path
@@ -93,17 +92,28 @@ def test_a_name_of_bytes_that_are_not_utf8_is_digested():
     assert digests(ids=odd) != digests()
 
 
+def below_their_folder(keys: list[str]) -> list[str]:
+    """`keys` less the folders every one of them begins with, counted part by part."""
+    folders = [key.split("/")[:-1] for key in keys]
+    depth = 0
+    while folders and all(len(parts) > depth for parts in folders):
+        if len({parts[depth] for parts in folders}) > 1:
+            break
+        depth += 1
+    cut = sum(len(part) + 1 for part in folders[0][:depth]) if depth else 0
+    return [key[cut:] for key in keys]
+
+
 def reference(ids: list[str], labels: list[int], *, as_a_set: bool) -> str:
-    """The digest as the docstrings define it, made the slow way: each name's `path_key` (an
-    absolute one less the deepest folder the split's absolute names share), sorted by key
-    then label for a set; SHA-256 of the count, each key ended by NUL, the labels as int64."""
+    """The digest as the docstrings define it, made the slow way: each name's `path_key` (the
+    absolute ones first less the folders all the absolute ones begin with), less the folders
+    all of the split's begin with, sorted by key then label for a set; SHA-256 of the count,
+    each key ended by NUL, the labels as int64."""
     keys = [splitting.path_key(ident) for ident in ids]
-    absolute = [key for key in keys if key.startswith("/")]
-    if absolute:
-        folder = os.path.commonpath([os.path.dirname(key) for key in absolute])
-        cut = len(folder.rstrip("/")) + 1
-        keys = [key[cut:] if key.startswith("/") else key for key in keys]
-    pairs = list(zip(keys, labels, strict=True))
+    absolute = [at for at, key in enumerate(keys) if key.startswith("/")]
+    for at, key in zip(absolute, below_their_folder([keys[at] for at in absolute]), strict=True):
+        keys[at] = key
+    pairs = list(zip(below_their_folder(keys), labels, strict=True))
     if as_a_set:
         pairs.sort()
     hashed = hashlib.sha256(len(pairs).to_bytes(8, "little"))
@@ -122,6 +132,13 @@ NAMES = [
     ["/data/imgs//ant/a.png", "/data/./imgs/bee/b.png"],  # absolute, respelled
     ["/data/imgs/ant/a.png"],  # one: below its own folder
     ["/data/imgs/ant/a.png", "bee/b.png", "/data/imgs/cat/c.png"],  # both kinds
+    ["val/ant/a.png", "val/bee/b.png", "val/bee/c.png"],  # a split folder's
+    ["data/val/ant/a.png", "data/val/bee/b.png"],  # an index's beside that folder
+    ["./data/val/ant/a.png", "data//val/bee/b.png", "data/val/./bee/c.png"],  # respelled
+    ["a/b/x.png", "a/c/y.png", "a/b/z.png"],  # the first and the last share more than all
+    ["caf\u00e9/a.png", "cafe\u0301/b.png"],  # one folder in two spellings
+    ["val/ant/a.png", "val/ant/a.png", "val/ant/b.png"],  # one class's, a name twice
+    ["a/", "a/b.png"],  # a name that is its folder
     [f"part-{n // 7:06d}.tar/{n:05d}.jpg" for n in range(66_000)],  # past a chunk of names
 ]
 
@@ -158,6 +175,8 @@ def test_names_that_are_their_own_keys_are_not_respelled_one_by_one(monkeypatch)
     assert set(found) == {"train", "val"}
     absolute = [f"/datasets/x/{ident}" for ident in ids]
     assert sample_digests({"train": samples(absolute, [0] * 1000)}) == {"train": found["train"]}
+    in_a_split_folder = [f"train/{ident}" for ident in ids]  # cut off in C too
+    assert sample_digests({"val": samples(in_a_split_folder, [1] * 1000)}) == {"val": found["val"]}
 
 
 def test_an_index_of_absolute_paths_rewritten_for_another_place_is_the_same_samples():
@@ -168,6 +187,19 @@ def test_an_index_of_absolute_paths_rewritten_for_another_place_is_the_same_samp
     assert digests(ids=here, root="") == digests(ids=there, root="") == digests()
     other = [*here[:3], "/data/elsewhere/bee/d.png"]  # another image of that name
     assert digests(ids=other, root="")["val"] != digests(ids=here, root="")["val"]
+
+
+def test_names_count_from_the_folder_all_of_the_splits_names_lie_in():
+    """A split folder's `val/ant/a.png` is `data/val/ant/a.png` of an index beside the folder
+    (and `ant/a.png` of one inside it): the same files below the folder they share."""
+    base = digests()
+    for folder in ("val/", "data/val/", "../data/val/", "./data//val/"):
+        assert digests(ids=[folder + ident for ident in IDS]) == base, folder
+    val = [f"data/val/{ident}" for ident in IDS]
+    other = [*val[:3], "data/test/bee/d.png"]  # one of them in another folder
+    assert digests(ids=other)["val"] != digests(ids=val)["val"]
+    moved = [*val[:3], "data/val/bee/e.png"]  # another file
+    assert digests(ids=moved)["val"] != base["val"]
 
 
 def test_samples_without_names_have_no_digest():

@@ -2,19 +2,26 @@
 
 A run records in its checkpoint's `data` entry a digest of each split's samples (`digests`):
 what names each sample (`Samples.ids`: the path relative to the data root, for a CSV index as
-it writes it; `digits/0042`, `FILE/ROW`, `SHARD/KEY.EXT`), as `path_key` spells it (so the data
-moved to another machine or mount point, or a CSV's `./a.png` for `a.png`, is the same data;
-an index's absolute paths count from the folder they all lie in), and its label in the run's
-class order. No file is read: a million names spelled as keys already, listed in order (a
-folder, shards, parquet files), take about a tenth of a second, with no second list of them;
-names respelled one by one, or a set listed out of order (sorted), take a second or two.
+it writes it; `digits/0042`, `FILE/ROW`, `SHARD/KEY.EXT`), as `path_key` spells it and below
+the deepest folder all of the split's names lie in (an index's absolute paths first below the
+folder they all lie in), and its label in the run's class order. So the data moved to another
+machine or mount point, a CSV's `./a.png` for `a.png`, or a split folder's `val/ant/a.png`
+listed by an index beside the folder as `data/val/ant/a.png` is the same data (and so is a
+split's every image swapped for a file of its name and label in another folder: no file is
+read). A million names spelled as keys already, listed in order (a folder, shards, parquet
+files), take about a tenth of a second, a fifth where a folder is cut off the front of each
+(a split folder's `train/`), with no second list of them; names respelled one by one, or a set
+listed out of order (sorted), take a second or two.
 
 The training digest follows the order the run draws from (another order trains other batches);
 the validation and test digests are of the samples as a set, since their metrics do not depend
 on the order. On `--resume` (`check_resumed_samples`), with as many images as the checkpoint
 recorded: other validation images are refused, as --seed and --val-split are (the metrics so
 far and best.pt's choice were measured on the run's own); other training images are a warning,
-as another number of them is. Checkpoints without digests resume as before.
+as another number of them is. The test digest is recorded, never compared: nothing of the run
+so far was measured on it. Checkpoints without digests, or with digests made another way
+(`-v1`: names counted from the data root, not below their split's folder), resume as before
+without the comparison.
 """
 
 from __future__ import annotations
@@ -37,9 +44,10 @@ from torchkit.core.io.errors import CheckpointError
 log = logging.getLogger("torchkit")
 
 DIGESTS = "digests"  # the key of the `data` record that holds them
-# Each digest names how it was made: one of another making is not compared.
-IN_ORDER = "ids-in-order-v1:"
-AS_A_SET = "ids-as-set-v1:"
+# Each digest names how it was made: one of another making is not compared. v1 counted names
+# from the data root (`val/ant/a.png`); v2 below the folder all of a split's names lie in.
+IN_ORDER = "ids-in-order-v2:"
+AS_A_SET = "ids-as-set-v2:"
 _CHUNK = 65536  # names joined at a time: a million images' names are never held twice
 
 
@@ -59,31 +67,25 @@ def sample_digests(splits: Mapping[str, Samples]) -> dict[str, str]:
 
 def _split_digest(ids: Sequence[str], labels: Sequence[int], *, in_order: bool) -> str:
     """The digest (`_digest`) of the samples named `ids`, in their order or as a set (in their
-    keys' order). A listing whose names are their own keys (`_encoded`), in order or sorted, as
-    a folder's almost always is, is digested in one pass over its names, no list made (an
-    index's absolute paths, below their folder); others make a list of their keys (`_keys`),
-    sorted for a set."""
-    folder = _absolute_folder(ids)
-    if in_order or _ascending(ids):
-        found = _digest(ids, labels, below=folder)
+    keys' order). A listing whose names are their own keys below the folder they all lie in
+    (`_encoded`), in order or sorted, as a folder's almost always is, is digested in one pass
+    over its names, no list made; others make a list of their keys (`_keys`), sorted for a
+    set."""
+    if ids and (in_order or _ascending(ids)):
+        # The folder the first and the last name lie in, all of them in a sorted listing (and
+        # checked for each name as it is cut off); else the one all lie in, found in a pass.
+        tried = shared_folder([ids[0], ids[-1]])
+        found = _digest(ids, labels, below=tried)
+        if found is None and (folder := shared_folder(ids)) != tried:
+            found = _digest(ids, labels, below=folder)
         if found is not None:
             return found
-    keys = _keys(ids, folder)
+    keys = _keys(ids)
     if not in_order:
         keys, labels = _sorted(keys, labels)
     found = _digest(keys, labels, checked=True)
     assert found is not None
     return found
-
-
-def _absolute_folder(ids: Sequence[str]) -> str:
-    """Where every one of `ids` is an absolute path (a CSV index's), the deepest folder they
-    all lie in, ended by "/"; "" otherwise."""
-    if not ids or ids[0][:1] != "/":
-        return ""
-    folder = shared_folder(ids)
-    # "/..." only where the least and the greatest name are absolute, and so all between them
-    return folder if folder[:1] == "/" else ""
 
 
 def _ascending(keys: Sequence[str]) -> bool:
@@ -96,14 +98,14 @@ def _digest(
 ) -> str | None:
     """SHA-256 of the count, the keys (each ended by NUL, which no path holds) and the labels
     (64-bit little-endian), in this order. Unless `checked` (`keys` are keys), `keys` are
-    names (less the folder `below` they all begin with), and None where one of them is not
-    its own key: keys are made of them then (`_keys`)."""
+    names less the folder `below`, and None where one of them does not begin with it or is
+    not its own key below it: keys are made of them then (`_keys`)."""
     hashed = hashlib.sha256(len(keys).to_bytes(8, "little"))
     for start in range(0, len(keys), _CHUNK):
         encoded = _encoded(keys[start : start + _CHUNK], checked=checked, below=below)
         if encoded is None:
             return None
-        hashed.update(encoded)
+        hashed.update(memoryview(encoded)[1:])  # (less the NUL before the first)
     numbers = array.array("q", labels)
     if sys.byteorder == "big":
         numbers.byteswap()
@@ -112,21 +114,23 @@ def _digest(
 
 
 def _encoded(names: Sequence[str], *, checked: bool, below: str = "") -> bytes | None:
-    """`names` (less the folder `below` every one begins with) each ended by NUL, in UTF-8
+    """`names` (less the folder `below` every one begins with), each between NULs, in UTF-8
     (surrogatepass: a file name of bytes that are not UTF-8, `os.fsdecode`'s surrogates);
-    unless `checked`, None where one of them is not its own key: not in NFC, or a path
-    `path_key` spells otherwise (`./a`, `a//b`, `a/./b`, `a/`) or an absolute one (`_keys`
-    takes it relative). Checked in C, over all of them at once: a function called per name
-    took as long as the rest of the digest."""
-    joined = "\0".join(names)
-    if below:  # each name begins with it, and a NUL only ends one
-        joined = joined[len(below) :].replace("\0" + below, "\0")
-    if not checked:
-        if os.sep != "/" and (os.sep in joined or ":" in joined):
-            return None
-        if not joined.isascii() and not unicodedata.is_normalized("NFC", joined):
-            return None  # (NUL, a character of its own in NFC, keeps the names apart)
-    encoded = joined.encode("utf-8", "surrogatepass") + b"\0"
+    unless `checked`, None where one of them does not begin with `below` or is not its own
+    key: not in NFC, or a path `path_key` spells otherwise (`./a`, `a//b`, `a/./b`, `a/`) or
+    an absolute one (`_keys` takes it relative). Checked in C, over all of them at once: a
+    function called per name took as long as the rest of the digest."""
+    joined = "\0".join(["", *names, ""])  # a NUL begins and ends every name, and no path holds one
+    if not checked and os.sep != "/" and (os.sep in joined or ":" in joined):
+        return None
+    if below:
+        cut = joined.replace("\0" + below, "\0")  # the NUL keeps it to the front of each name
+        if len(cut) != len(joined) - len(below) * len(names):
+            return None  # a name that does not begin with it
+        joined = cut
+    if not checked and not joined.isascii() and not unicodedata.is_normalized("NFC", joined):
+        return None  # (NUL, a character of its own in NFC, keeps the names apart)
+    encoded = joined.encode("utf-8", "surrogatepass")
     if checked:
         return encoded
     # Every name's own key: no `/` or NUL (where one name ends) beside a `/` or a NUL, or on
@@ -135,20 +139,19 @@ def _encoded(names: Sequence[str], *, checked: bool, below: str = "") -> bytes |
 
     text = np.frombuffer(encoded, np.uint8)
     ends = (text == ord("/")) | (text == 0)
-    respelled = (
-        encoded[:1] == b"/"
-        or encoded[:2] == b"./"
-        or bool((ends[:-1] & ends[1:]).any())
-        or bool((ends[:-2] & (text[1:-1] == ord(".")) & ends[2:]).any())
+    respelled = bool((ends[:-1] & ends[1:]).any()) or bool(
+        (ends[:-2] & (text[1:-1] == ord(".")) & ends[2:]).any()
     )
     return None if respelled else encoded
 
 
-def _keys(ids: Sequence[str], folder: str = "") -> Sequence[str]:
-    """What names each of `ids` for the digests: its `path_key`, and an absolute path (a CSV
-    index's) relative to the deepest folder all of the split's lie in (`folder`, where all of
-    them are absolute; `_below_their_folder`), so an index rewritten for the images' new place
-    names the same images. `ids` itself where each is its own key already."""
+def _keys(ids: Sequence[str]) -> Sequence[str]:
+    """What names each of `ids` for the digests: its `path_key` below the deepest folder all of
+    them lie in (an absolute path, a CSV index's, first below the folder all the absolute ones
+    lie in: `_below_their_folder`), so a split folder's images listed by an index beside it,
+    or an index rewritten for the images' new place, name the same images. Each of `ids` less
+    that folder, unrespelled, where each is its own key below it already."""
+    folder = shared_folder(ids) if ids else ""
     if all(
         _encoded(ids[start : start + _CHUNK], checked=False, below=folder) is not None
         for start in range(0, len(ids), _CHUNK)
@@ -158,13 +161,16 @@ def _keys(ids: Sequence[str], folder: str = "") -> Sequence[str]:
 
 
 def _below_their_folder(keys: list[str]) -> list[str]:
-    """`keys`, the absolute ones relative to the deepest folder they all lie in, in place."""
+    """`keys`, the absolute ones relative to the deepest folder they all lie in, then all of
+    them relative to the deepest folder they all lie in, in place."""
     absolute = [at for at, key in enumerate(keys) if is_absolute_key(key)]
-    if not absolute:
-        return keys
-    cut = len(shared_folder([keys[at] for at in absolute]))
-    for at in absolute:
-        keys[at] = keys[at][cut:]
+    if absolute:
+        cut = len(shared_folder([keys[at] for at in absolute]))
+        for at in absolute:
+            keys[at] = keys[at][cut:]
+    cut = len(shared_folder(keys)) if keys else 0
+    if cut:
+        keys[:] = [key[cut:] for key in keys]
     return keys
 
 
