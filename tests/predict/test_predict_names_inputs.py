@@ -139,7 +139,10 @@ def test_inputs_that_state_their_class_order_name_the_outputs_so_unless_they_dif
     rows, note = predict(weights, first, second)
     assert [row["label"] for row in rows] == ["dog", "cat", "cat"]
     assert all(row["class"] == ["dog", "cat"][row["class_index"]] for row in rows)
-    assert "named by the classes of IMAGES in its label order" in note
+    assert note == (
+        "Note: the model records no class names: its outputs are named by the classes of IMAGES "
+        "in the label order they state, as eval names them (--classes names them otherwise)"
+    )
 
     other = partly_labelled_source("shards", tmp_path / "other", ["cat"], ["cat", "dog"])
     rows, note = predict(weights, first, other)
@@ -150,6 +153,29 @@ def test_inputs_that_state_their_class_order_name_the_outputs_so_unless_they_dif
         "inputs of IMAGES give their classes in different orders (pass --classes with the "
         "names of its outputs, in order)"
     )
+
+
+def test_an_order_stated_of_some_of_the_classes_of_several_inputs_leaves_it_unknown(tmp_path):
+    # dog before cat, stated; where bird, another input's class, goes is not: not sorted either
+    weights = tmp_path / "three.pt"
+    torch.save(TinyNet(3).state_dict(), weights)
+    first = partly_labelled_source("shards", tmp_path / "first", ["dog", "cat"], ["dog", "cat"])
+    birds = image_folder(tmp_path / "birds", ["bird"])
+    rows, note = predict(weights, first, birds)
+    assert [row["label"] for row in rows] == ["dog", "cat", "bird"]
+    assert all(row["class"] == str(row["class_index"]) for row in rows)
+    assert note == (
+        "Note: the model records no class names: `class` is the index of its output; no input "
+        "of IMAGES states an order of all their classes (pass --classes with the names of its "
+        "outputs, in order)"
+    )
+
+
+def test_label_index_of_several_inputs_counts_in_its_own_input(world):
+    # the outputs are named by both folders' classes; each label indexes its own folder's
+    rows, _ = predict(world / "thousand.pt", world / "half1", world / "half2")
+    assert [row["label"] for row in rows] == SYNSETS
+    assert [row["label_index"] for row in rows] == [*range(500), *range(500)]
 
 
 def test_a_folder_with_images_beside_its_class_folders_names_them_as_eval_does(world):

@@ -162,9 +162,10 @@ def classes_of_inputs(
     images name none), whether their order is stated, and why their order is unknown (None
     where it is not). Inputs of one list of classes give it, in their order; else the classes
     of every input, merged by name (in Unicode NFC, as the `label` column merges them), in the
-    order the inputs that state one give, where they give one order of all the classes, else
-    in sorted order (as of one folder: `unsettled_class_order` says where sorting leaves it
-    open)."""
+    order the inputs that state one give, where they give one order of all the classes (where
+    they give different orders, or one that leaves out classes of other inputs, the order is
+    unknown), and in sorted order where none states one (as of one folder:
+    `unsettled_class_order` says where sorting leaves it open)."""
     from torchkit.core.data.sources.csv_index import natural_key
     from torchkit.core.data.sources.samples import nfc
 
@@ -180,15 +181,14 @@ def classes_of_inputs(
             union.setdefault(nfc(name), name)
     stated = [classes for classes, given in lists if given]
     if stated:
-        if all(classes == stated[0] for classes in stated) and set(union) == {
-            nfc(name) for name in stated[0]
-        }:
+        if any(classes != stated[0] for classes in stated):
+            why = f"the inputs of {redact_url(data)} give their classes in different orders"
+        elif set(union) != {nfc(name) for name in stated[0]}:
+            # one order stated, of some of the classes: where the others go is unknown
+            why = f"no input of {redact_url(data)} states an order of all their classes"
+        else:
             return stated[0], True, None
-        return (
-            sorted(union.values()),
-            False,
-            f"the inputs of {redact_url(data)} give their classes in different orders",
-        )
+        return sorted(union.values()), False, why
     names = sorted(union.values())
     by_number = sorted(names, key=natural_key)
     if by_number == [str(index) for index in range(len(names))]:
@@ -203,13 +203,15 @@ def output_names_from_data(
     *,
     given: bool = False,
     order_unknown: str | None = None,
+    several: bool = False,
     imagenet: bool = False,
     timm: bool = False,
 ) -> tuple[list[str], str]:
     """predict's names for the outputs of a model that records none, and a note saying what
     they are: the classes of labelled `data` where eval would score with them (as many as the
     outputs, in an order the data states, `given`, or sorting settles; `order_unknown` says
-    why neither does, as `classes_of_inputs` gives it), else, with `imagenet`, ImageNet's
+    why neither does, as `classes_of_inputs` gives it; `several`: `data` names several inputs,
+    whose classes these are together), else, with `imagenet`, ImageNet's
     names for 1,000 outputs, or for a `timm` model as many as the classes of one ImageNet
     subset timm ships (as timm's inference.py assumes them; timm's names for a `timm` model,
     `imagenet_names_for`), else each output's index."""
@@ -226,10 +228,11 @@ def output_names_from_data(
     elif labelled:
         unsettled = order_unknown or (None if given else unsettled_class_order(classes, data))
         if unsettled is None:
+            stated = "the label order they state" if several else "its label order"
             note = (
                 f"the model records no class names: its outputs are named by the classes of "
-                f"{data} in {'its label order' if given else 'sorted order'}, as eval names "
-                "them (--classes names them otherwise)"
+                f"{data} in {stated if given else 'sorted order'}, as eval names them "
+                "(--classes names them otherwise)"
             )
             return classes, note
         why = f"; {unsettled}"

@@ -196,6 +196,7 @@ class PredictRun:
                 self.data_name,
                 given=given,
                 order_unknown=order_unknown,
+                several=image_set.input_classes is not None,
                 # random weights (a name without --weights) were trained on nothing
                 imagenet=not has_random_weights(self.resolved),
                 timm=self.resolved.source == "timm",  # timm's ImageNet names, where it has them
