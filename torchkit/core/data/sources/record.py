@@ -92,24 +92,30 @@ def recorded_splits(
     notes = []
     if missing:
         moved = _moved_folder(wanted, position)
-        if moved is None:
+        if moved is not None:
+            old, new = moved
+            wanted = [new + key[len(old) :] if key.startswith(old) else key for key in wanted]
+            still = [ident for ident, key in zip(ids, wanted, strict=True) if key not in position]
+            missing = min(missing, still, key=len)  # those the folder that holds most lacks
+        if missing:
             raise InputError(
                 f"{len(missing)} of the {len(ids)} images the training run held out for {name} "
                 f"are not in {source.spec} (e.g. {missing[0]})",
                 f"give the data the run trained on: {where}",
             )
-        old, new = moved
-        wanted = [new + key[len(old) :] if is_absolute_key(key) else key for key in wanted]
-        notes.append(
-            f"the training run's {name} images lay in {old.rstrip('/') or '/'}: its {name} "
-            f"split is matched by their paths below it in {new.rstrip('/') or '/'}"
-        )
+        lay, lie = _folder_of(recorded.get("root"), old), _folder_of(source.root, new)
+        if lay != lie:  # (the same folder: the run's own files, named from another folder)
+            notes.append(
+                f"the training run's {name} images lay in {lay}: its {name} split is matched "
+                f"by their paths below it in {lie}"
+            )
+        where = ""  # said so, or nothing to say
     chosen = set(wanted)
     kept = [i for i, key in enumerate(keys) if key not in chosen]
     parts = dict(source.splits)
     parts["train"] = tagged(donor.subset(kept), "train")
     parts[name] = tagged(donor.subset(sorted(position[key] for key in chosen)), name)
-    if not notes and source.root and where and os.path.abspath(source.root) != where:
+    if where and source.root and os.path.abspath(source.root) != where:
         notes.append(
             f"the training run read its data in {where}; its {name} split is matched by path "
             f"in {source.root}"
@@ -118,32 +124,55 @@ def recorded_splits(
 
 
 def _moved_folder(wanted: list[str], position: dict[str, int]) -> tuple[str, str] | None:
-    """Where the absolute paths among the held-out `wanted` keys lie now, as (the deepest
-    folder they all lay in, the folder that holds them now), each ending in `/`: a CSV index of
-    absolute paths moved with its images and rewritten for their new place names the same
-    images by the same paths below that folder, as the digests `--resume` compares count them.
-    The folder of this data (`position`: its keys) below which lie the paths of every held-out
-    image (the relative ones found as they are); of several, the one whose own path ends as the
-    old one's does most (a single held-out image lies below its class folder: the class folder
-    of its name). None where no one folder holds them all (other images, another layout)."""
+    """Where the held-out `wanted` keys lie in this data (`position`: its keys), as (the deepest
+    folder they all lay in, the folder of this data that holds the most of them by their paths
+    below it), each "" or ending in `/`: names counted below the folder all of them share, as
+    the digests `--resume` compares count them. So a CSV index beside a class folder
+    (`data/ant/1.png` for the folder's `ant/1.png`, either way round), an index of absolute
+    paths moved with its images and rewritten for their new place, or an index of the folder's
+    images by absolute paths names the same images by the same paths below that folder. Of an
+    index with both, the absolute paths are moved, the relative ones found as they are. Of
+    several folders that hold as many, the one whose own path ends as the old one's does most
+    (a single held-out image lies below its class folder: the class folder of its name). None
+    where no folder holds any of them but their own, or two hold as many alike (other images,
+    another layout, a copy listed twice).
+
+    The folders are found in one pass over this data's keys, by the paths of the first and the
+    last held-out image below the old folder (either may be missing: the folder that holds the
+    others is found by the other); each folder found is checked for the rest by look-ups."""
     absolute = [key for key in wanted if is_absolute_key(key)]
-    if not absolute or any(key not in position for key in wanted if not is_absolute_key(key)):
+    if absolute and any(key not in position for key in wanted if not is_absolute_key(key)):
         return None
-    old = shared_folder(absolute)  # as the digests count their paths from it
-    below = [key[len(old) :] for key in absolute]
-    first = "/" + below[0]
-    found = [
-        key[: len(key) - len(first) + 1]
+    moving = absolute or wanted
+    old = shared_folder(moving)  # as the digests count their paths from it
+    below = [key[len(old) :] for key in moving]
+    ends = tuple({end for end in (below[0], below[-1]) if end})  # ("": no file's path)
+    if not ends:
+        return None
+    found = {
+        key[: len(key) - len(end)]
         for key in position
-        if key.endswith(first) and is_absolute_key(key)
-    ]
-    found = [new for new in found if new != old and all(new + rest in position for rest in below)]
+        if key.endswith(ends)
+        for end in ends
+        if key.endswith(end) and key[-len(end) - 1 : -len(end)] in ("", "/")
+    }
+    found.discard(old)
     if not found:
         return None
-    ending = {new: _shared_ending(old, new) for new in found}
+    held = {new: sum(new + rest in position for rest in below) for new in found}
+    most = max(held.values())
+    ending = {new: _shared_ending(old, new) for new in found if held[new] == most}
     closest = max(ending.values())
-    fits = [new for new in found if ending[new] == closest]
+    fits = [new for new in ending if ending[new] == closest]
     return (old, fits[0]) if len(fits) == 1 else None
+
+
+def _folder_of(root: str | None, folder: str) -> str:
+    """The folder `folder` of `_moved_folder` (relative to `root`, the data's, where it is not
+    absolute) as an absolute path, for notes."""
+    if not is_absolute_key(folder) and root:
+        folder = os.path.join(os.path.abspath(root), folder)
+    return os.path.normpath(folder or ".")
 
 
 def _shared_ending(one: str, other: str) -> int:
