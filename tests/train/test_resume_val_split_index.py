@@ -203,3 +203,19 @@ def test_one_held_out_image_is_found_below_the_folder_the_index_lists_it_in(tmp_
         str(images[0]),
         str(images[2]),
     ]
+
+
+def test_a_run_on_the_folder_resumes_on_an_index_of_its_images_by_absolute_paths(
+    runs, copied, tmp_path
+):
+    """An index's absolute paths count from the folder they all lie in, for the digests and
+    for the held-out images alike: the folder's `ant/ant_2.png` is `/.../data/ant/ant_2.png`."""
+    data, _, _ = runs
+    _, run, _ = copied
+    index = write_index(
+        tmp_path / "absolute.csv",
+        [(str(data / path), *rest) for path, *rest in folder_rows(data)],
+    )
+    result = resumed_silently(run, index)
+    assert "Note: the training run" not in result.stderr
+    assert all(path.startswith(str(data) + "/") for path in held(run))
