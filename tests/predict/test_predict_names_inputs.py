@@ -211,3 +211,49 @@ def test_fewer_class_folders_beside_images_are_those_of_one_labelled_folder(
     rows, note = predict(world / "thousand.pt", folder)
     assert all(row["class"] == IMAGENET[row["class_index"]] for row in rows)
     assert f"; the 2 classes of {folder} are not its 1000 outputs, which are assumed" in note
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["folder", "tar"])
+@pytest.mark.parametrize("split", [None, "val"])
+def test_a_split_root_with_images_beside_the_class_folders_of_one_split_names_them(
+    tmp_path, world, packed, split
+):
+    # train/ read whole (cover.png beside its class folders), val/ labelled: the classes of
+    # every split, as eval reads the split root, whichever split is predicted
+    root = tmp_path / "shop"
+    image_folder(root / "train", ["bird", "cat", "dog"])
+    (root / "train" / "cover.png").write_bytes(png(3))
+    image_folder(root / "val", ["cat", "dog"])
+    if packed:
+        with tarfile.open(tmp_path / "shop.tar", "w") as tar:
+            tar.add(root, arcname="shop")
+        root = tmp_path / "shop.tar"
+    rows, note = predict(world / "three.pt", root, *(["--split", split] if split else []))
+    assert [row["label"] for row in rows][-2:] == ["cat", "dog"]
+    assert len(rows) == (2 if split else 6)
+    assert all(row["class"] == ["bird", "cat", "dog"][row["class_index"]] for row in rows)
+    assert note == (
+        f"Note: the model records no class names: its outputs are named by the classes of "
+        f"{root} in sorted order, as eval names them (--classes names them otherwise)"
+    )
+
+
+def test_data_of_no_image_beside_class_folders_is_listed_once(tmp_path, world, monkeypatch):
+    # a split root of flat split folders (split's OUT/train/x.png), an unlabelled test split
+    # beside labelled ones, a flat folder: eval reads no class folder predict did not
+    from torchkit.core.predict import inputs
+
+    def listed_again(item: str) -> list[str]:
+        raise AssertionError(f"{item} listed again")
+
+    monkeypatch.setattr(inputs, "class_folder_names", listed_again)
+    flat = tmp_path / "flat"
+    for split in ("train", "val"):
+        (flat / split).mkdir(parents=True)
+        (flat / split / f"{split}.png").write_bytes(png(1))
+    mixed = tmp_path / "mixed"
+    image_folder(mixed / "train", ["cat", "dog"])
+    (mixed / "test").mkdir()
+    (mixed / "test" / "x.png").write_bytes(png(2))
+    for data in (flat, mixed, flat / "train"):
+        predict(world / "three.pt", data)

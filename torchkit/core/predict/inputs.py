@@ -94,7 +94,7 @@ def collect_images(
         read_as_data = True
         samples, found_notes = select_split(source, split, default="all", recorded=recorded)
         notes += found_notes
-        if _may_hold_class_folders(source, samples):
+        if _may_hold_class_folders(source):
             read_whole[len(sets)] = item
         sets.append((item, samples, source.root))
         given = source.classes_given
@@ -113,17 +113,29 @@ def collect_images(
     )
 
 
-# What a folder, a .tar of one or a split root with images beside class folders is read as,
-# whole and unlabelled (`every_image`); a reader of labels reads its class folders.
-READ_WHOLE_KINDS = ("flat folder", "tar flat folder", "split root")
+# What a folder or a split root (a .tar of either) with images beside class folders is read
+# as, whole and unlabelled (`every_image`); a reader of labels reads its class folders.
+READ_WHOLE_KINDS = ("flat folder", "tar flat folder", "split root", "tar split root")
 
 
-def _may_hold_class_folders(source: Any, samples: Samples) -> bool:
-    """Whether data read unlabelled may be one that eval reads labelled, by its class folders:
-    a folder (a .tar of one, a split root) of images in subfolders, read whole."""
-    if source.kind not in READ_WHOLE_KINDS or list(samples.classes) != [""]:
+def _may_hold_class_folders(source: Any) -> bool:
+    """Whether data read unlabelled, whole or in part, may be one that eval reads labelled, by
+    its class folders: a folder (a .tar of one) of images in subfolders, read whole, or a split
+    root (a .tar of one) of which a split folder of images in subfolders is read whole (the
+    others may be labelled), whichever of its splits predict reads."""
+    if source.kind not in READ_WHOLE_KINDS or "" not in source.classes:
         return False
-    return any("/" in name or os.sep in name for name in samples.ids or ())
+    unlabelled = source.classes.index("")
+    if not source.is_split:
+        parts, split_folder = [source.whole], False
+    else:
+        parts, split_folder = list(source.splits.values()), True
+    for samples in parts:
+        for name, label in zip(samples.ids or (), samples.labels, strict=False):
+            name = name.replace(os.sep, "/")
+            if label == unlabelled and "/" in (name.partition("/")[2] if split_folder else name):
+                return True  # an unlabelled image in a subfolder (of its split folder)
+    return False
 
 
 def classes_naming_outputs(image_set: ImageSet, data: str) -> tuple[list[str], bool, str | None]:
