@@ -257,3 +257,18 @@ def test_data_of_no_image_beside_class_folders_is_listed_once(tmp_path, world, m
     (mixed / "test" / "x.png").write_bytes(png(2))
     for data in (flat, mixed, flat / "train"):
         predict(world / "three.pt", data)
+
+
+def test_a_folder_read_again_for_its_class_folders_warns_once(tmp_path, world):
+    # its second reading, by the class-folder rule, repeats none of the first one's warnings
+    folder = image_folder(tmp_path / "pets", ["bird", "cat", "dog"])
+    (folder / "cover.png").write_bytes(png(3))
+    (folder / "cat" / "loop").symlink_to("..")
+    done = run_torchkit_in_process(
+        "predict", "nets:TinyNet", "--weights", world / "three.pt", folder, "--image-size", 4,
+        "-j", "0", "--device", "cpu", "--format", "csv",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "named by the classes of" in done.stderr
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("Warning")]
+    assert len(warnings) == 1 and "not entered" in warnings[0], done.stderr
