@@ -317,19 +317,20 @@ def timm_benchmark_size(model, use_train_size: bool = False) -> list[int]:
 
 @needs_timm
 def test_input_size_of_a_timm_model_with_and_without_timms_weights(runner, tested_tag, tmp_path):
-    """With timm's own weights: their test size, as benchmark.py; `--image-size` the train size
-    (benchmark.py's --use-train-size). Without weights, or with weights from a file: the train
-    size, where benchmark.py takes the test size anyway; `--image-size` gives it."""
+    """The test size, as benchmark.py takes it, with timm's own weights, without weights and
+    with weights from a file that records no size; `--image-size` at the train size is
+    benchmark.py's --use-train-size (test_benchmark_timm_size.py: the rest)."""
     assert timm_benchmark_size(tested_tag) == [3, 192, 192]
     assert timm_benchmark_size(tested_tag, use_train_size=True) == [3, 160, 160]
     fast = ["-b", "1", "--warmup", "0", "--iters", "1"]
     default = ["timm/test_resnet", "--weights", "DEFAULT", *fast]
     assert run_cli(runner, *default)["input_size"] == [3, 192, 192]
     assert run_cli(runner, *default, "--image-size", "160")["input_size"] == [3, 160, 160]
-    assert run_cli(runner, "timm/test_resnet", *fast)["input_size"] == [3, 160, 160]
-    got = run_cli(runner, "timm/test_resnet", *fast, "--image-size", "192")
+    got = run_cli(runner, "timm/test_resnet", *fast)
     assert got["input_size"] == timm_benchmark_size(tested_tag)
+    train_size = run_cli(runner, "timm/test_resnet", *fast, "--image-size", "160")
+    assert train_size["input_size"] == timm_benchmark_size(tested_tag, use_train_size=True)
     weights = tmp_path / "weights.pth"
     torch.save(tested_tag.state_dict(), weights)
     from_file = run_cli(runner, "timm/test_resnet", "--weights", str(weights), *fast)
-    assert from_file["input_size"] == [3, 160, 160]
+    assert from_file["input_size"] == [3, 192, 192]

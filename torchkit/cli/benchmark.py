@@ -53,7 +53,9 @@ def benchmark(
             metavar="C,H,W",
             show_default=False,
             help="One sample's input shape (the batch comes from --batch-size). Default: the "
-            "checkpoint's image size, else 3,224,224 (3,28,28 for convnet).",
+            "checkpoint's image size; a timm model's test size where its config has one, as "
+            "timm's benchmark.py (a note says so), else its train size; else 3,224,224 "
+            "(3,28,28 for convnet).",
         ),
     ] = None,
     image_size: SquareInputOption = None,
@@ -247,7 +249,7 @@ def benchmark(
     from torchkit.cli import console
     from torchkit.cli.progress import progress_bar
 
-    random_weights: list[str] = []  # noted once the timings are made: an error stays one line
+    notes: list[str] = []  # noted once the timings are made: an error stays one line
     timed: list[Any] = []  # the result so far, after each configuration
     try:
         with progress_bar("benchmarking") as progress:
@@ -256,7 +258,7 @@ def benchmark(
                 options,
                 progress=progress,
                 search_progress=_search_status(progress.status),
-                notify=random_weights.append,
+                notify=notes.append,
                 timed=timed.append,
             )
     except (KeyboardInterrupt, TorchkitError) as error:
@@ -267,7 +269,7 @@ def benchmark(
         if timed:
             _keep_timed(timed[-1], error, fmt, output, force, append)
         raise
-    for note in random_weights:
+    for note in notes:
         console.note(note)
     _write(result, fmt, output, force, append)
 

@@ -182,8 +182,13 @@ def run_benchmark(
 ) -> BenchmarkResult:
     """Benchmark the model `spec` names (any spec of `resolve_model`). `search_progress` hears
     of each `--find-batch-size` trial before it runs; `notify`, that the model has random
-    weights (a note, not part of the result); `timed`, the result so far after each
-    configuration (what an interrupted run can still show)."""
+    weights and which size of a timm model's config it runs at (notes, not part of the
+    result); `timed`, the result so far after each configuration (what an interrupted run can
+    still show).
+
+    A timm model runs at its config's test size where it has one, as timm's benchmark.py
+    runs it (with or without timm's weights; resolve_model's `timm_test_size`), unless a size
+    is given or a checkpoint records one."""
     from torchkit.core.input_size import square_sample
     from torchkit.core.models import ModelSpec, resolve_spec
     from torchkit.core.models.resolver import has_random_weights, untrained_note
@@ -209,9 +214,13 @@ def run_benchmark(
         command="benchmark",
         exported="module",
         new_head=True,  # --num-classes sizes the head as fine-tuning would
+        timm_test_size=True,
     )
     if notify is not None and has_random_weights(resolved):
         notify(untrained_note(spec, "benchmark"))
+    size_note = timm_size_note(spec, resolved.model, resolved.timm_size)
+    if notify is not None and size_note is not None:
+        notify(size_note)
     if options.image_size is not None:
         sample = square_sample(resolved.sample_shape, options.image_size)
     if sample is None:
@@ -259,6 +268,43 @@ def run_benchmark(
             timed=timed,
             fixed_batch=fixed_batch,
         )
+
+
+def timm_size_note(spec: str, model: Any, taken: str | None) -> str | None:
+    """Which of the two sizes of a timm model's pretrained config it runs at (`taken`: `test`
+    or `train`, ResolvedModel.timm_size) and why, with the option that gives the other, for a
+    user comparing timm's benchmark.py: resnet50 at 288 px, its test size, not at its train
+    size, 224. None where no such choice was made."""
+    from torchkit.core.models.timm_models import timm_config_sizes
+
+    sizes = timm_config_sizes(model) if taken is not None else None
+    if sizes is None or sizes.test is None:
+        return None
+    if taken == "test":
+        return (
+            f"{spec}: {_pixels(sizes.test)}, its test size, as timm's benchmark.py takes it; "
+            f"{_size_option(sizes.train, model)} for its train size"
+        )
+    return (
+        f"{spec}: {_pixels(sizes.train)}, its train size: it is built for that size alone "
+        f"(fixed_input_size), where timm's benchmark.py takes its test size "
+        f"({_pixels(sizes.test)})"
+    )
+
+
+def _pixels(size: tuple[int, int]) -> str:
+    height, width = size
+    return f"{height} px" if height == width else f"{height}x{width} px"
+
+
+def _size_option(size: tuple[int, int], model: Any) -> str:
+    """The option that gives `size`: --image-size N for a square one."""
+    height, width = size
+    if height == width:
+        return f"--image-size {height}"
+    config = getattr(model, "pretrained_cfg", None) or {}
+    channels = int((config.get("input_size") or (3,))[0])
+    return f"--input-size {channels},{height},{width}"
 
 
 def _require_fixed_batch(spec: str, fixed_batch: int, options: BenchmarkOptions) -> None:

@@ -58,6 +58,7 @@ from torchkit.core.models.timm_models import (
     built_timm_model,
     imagenet_classes,
     size_pair,
+    timm_config_sizes,
     timm_preprocess,
     timm_pretrained,
     timm_sample_shape,
@@ -102,6 +103,11 @@ class ResolvedModel:
     # Outputs when the model has no classifier layer to read them from (an exported file).
     known_outputs: int | None = None
     exported_data: Mapping[str, Any] | None = None  # an exported file's training data record
+    # Which of the two sizes of a timm model's pretrained config (`test` or `train`) the sample
+    # is, where the config has a test size beside the train size and neither an image size nor
+    # a weights file sized the model: what benchmark says it timed (resolve_model's
+    # timm_test_size). None otherwise.
+    timm_size: str | None = None
     # Every module of a pickled dict by key (`{'model': net, 'model_ema': ema}`, `model` the
     # first): what convert-syncbn lists and converts, without unpickling the file again.
     pickled_modules: Mapping[Any, Any] | None = None
@@ -156,6 +162,7 @@ def resolve_model(
     require_trained: bool = False,
     ahead: ReadAhead | None = None,
     every_pickled_module: bool = False,
+    timm_test_size: bool = False,
 ) -> ResolvedModel:
     """Build or load the model `spec` names.
 
@@ -181,6 +188,11 @@ def resolve_model(
     (MODEL, or `weights`) as the caller already read it, not read again.
     `every_pickled_module`: a pickled dict's modules are kept by key in `pickled_modules`
     (convert-syncbn lists and converts each); else only the first is kept.
+    `timm_test_size`: a timm model takes its pretrained config's test size (`test_input_size`)
+    without timm's weights too, as timm's benchmark.py does (benchmark), unless `image_size` is
+    given, a weights file records the size, or the model is built for one size
+    (`fixed_input_size`); timm's own weights always take it, as timm's validate.py does, and
+    a model without them takes the train size otherwise (train fine-tunes at it).
     A torchkit checkpoint as MODEL whose model is built for another size than `image_size` (a
     ViT, a MaxViT, a timm model built with an img_size) is rebuilt for it, the weights that
     follow the size adapted (a ViT's position embeddings resampled: a Note says what), as for
@@ -247,7 +259,15 @@ def resolve_model(
                 spec, build_classes, image_size, in_channels, weights_follow=weights is not None
             )
         elif is_timm_spec(spec):
-            resolved = _from_timm(spec, build_classes, weights, image_size, in_channels, ahead)
+            resolved = _from_timm(
+                spec,
+                build_classes,
+                weights,
+                image_size,
+                in_channels,
+                ahead,
+                test_size=timm_test_size,
+            )
         else:
             resolved = _from_torchvision(spec, build_classes, weights, image_size, ahead)
         if resolved.source == "callable":  # before a head, weights or optimizer use them
@@ -640,10 +660,13 @@ def _from_timm(
     image_size: int | Sequence[int] | None,
     in_channels: int | None,
     ahead: ReadAhead | None,
+    *,
+    test_size: bool = False,
 ) -> ResolvedModel:
     """`timm/NAME[.TAG]`: random weights (offline), timm's pretrained ones (`DEFAULT` or a
     tag), or a file's, loaded after this returns. A torchkit checkpoint as the file says the
-    image size and channels the model was built for (a ViT's position embeddings)."""
+    image size and channels the model was built for (a ViT's position embeddings).
+    `test_size`: resolve_model's `timm_test_size`."""
     pretrained = weights is not None and not os.path.exists(weights)
     pretrained = pretrained and not is_checkpoint_path(weights)
     if weights is not None and not pretrained and (image_size is None or in_channels is None):
@@ -662,8 +685,13 @@ def _from_timm(
         )
     # timm's own weights are scored as timm's validate.py scores them: at their test size (train
     # fine-tunes at the train size: it takes its defaults from timm_weights_preprocess).
+    # Without them, at the test size only where asked (benchmark) and no size is known yet.
+    sizes = timm_config_sizes(model) if image_size is None else None
+    if sizes is not None and sizes.test is None:
+        sizes = None  # one size: nothing to choose
+    test_size = pretrained or (test_size and sizes is not None and sizes.test_runs)
     preprocess = timm_preprocess(
-        model, image_size=image_size, in_channels=in_channels, test_size=pretrained
+        model, image_size=image_size, in_channels=in_channels, test_size=test_size
     )
     return ResolvedModel(
         model,
@@ -674,6 +702,7 @@ def _from_timm(
         preprocess_source="timm",
         sample_shape=timm_sample_shape(preprocess, image_size),
         weights_source="timm weights" if pretrained else None,
+        timm_size=None if sizes is None else "test" if test_size else "train",
     )
 
 

@@ -97,6 +97,7 @@ def resolve_spec(
     needs_training: bool = False,
     seeded: bool = False,
     every_pickled_module: bool = False,
+    timm_test_size: bool = False,
 ) -> ResolvedModel:
     """The model `spec` names, through the one model resolver, with the preprocessing it comes
     with changed by `--image-size/--resize-size/--mean/--std/--crop-mode/--interpolation`.
@@ -109,8 +110,8 @@ def resolve_spec(
     go through the model's preprocessing, checked the same way. For both, the build's random
     numbers (the random weights `spec.allow_untrained` lets through) are drawn from
     `spec.build_seed`; with `seeded` too, without the refusal (export: the file keeps the
-    random weights, and two runs write the same file). `every_pickled_module` is
-    `resolve_model`'s.
+    random weights, and two runs write the same file). `every_pickled_module` and
+    `timm_test_size` (benchmark) are `resolve_model`'s.
     """
     from torchkit.core.data.preprocessing import apply_overrides
 
@@ -135,6 +136,7 @@ def resolve_spec(
             command=command,
             require_trained=(predicting or needs_training) and not spec.allow_untrained,
             every_pickled_module=every_pickled_module,
+            timm_test_size=timm_test_size,
         )
     if resolved.preprocess is not None:
         _check_image_channels(spec, resolved)

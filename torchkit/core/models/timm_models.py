@@ -14,6 +14,7 @@ import os
 import sys
 import urllib.error
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from torchkit.core.data.preprocessing import CROP_MODES, INTERPOLATIONS, Preprocess
@@ -270,6 +271,45 @@ def _torch_hub_url(name: str) -> str | None:
     if config.hf_hub_id and importlib.util.find_spec("huggingface_hub") is not None:
         return None
     return config.url or None
+
+
+@dataclass(frozen=True)
+class ConfigSizes:
+    """The input sizes (H, W) a timm model's pretrained config names: `train` its `input_size`,
+    `test` its `test_input_size` where it has one other than the train size (resnet50.a1_in1k:
+    224 and 288), and `fixed` its `fixed_input_size` (a ViT, built for one size)."""
+
+    train: tuple[int, int]
+    test: tuple[int, int] | None
+    fixed: bool
+
+    @property
+    def test_runs(self) -> bool:
+        """The test size is one the model, built without a size, runs at: there is one and the
+        model is not built for its train size alone."""
+        return self.test is not None and not self.fixed
+
+
+def timm_config_sizes(model) -> ConfigSizes | None:
+    """`ConfigSizes` of the pretrained config timm attaches to `model` (its tag's, or the
+    default tag's for a model built without weights); None without an input size."""
+    config = getattr(model, "pretrained_cfg", None) or {}
+    train = _config_size(config.get("input_size"))
+    if train is None:
+        return None
+    test = _config_size(config.get("test_input_size"))
+    return ConfigSizes(
+        train=train,
+        test=test if test != train else None,
+        fixed=bool(config.get("fixed_input_size")),
+    )
+
+
+def _config_size(value: Any) -> tuple[int, int] | None:
+    """(H, W) of a config's (C, H, W) size; None when it has none."""
+    if not value or len(value) != 3:
+        return None
+    return (int(value[1]), int(value[2]))
 
 
 def timm_preprocess(
