@@ -104,16 +104,16 @@ def below_their_folder(keys: list[str]) -> list[str]:
     return [key[cut:] for key in keys]
 
 
-def reference(ids: list[str], labels: list[int], *, as_a_set: bool) -> str:
+def reference(ids: list[str], labels: list[int], *, as_a_set: bool, v1: bool = False) -> str:
     """The digest as the docstrings define it, made the slow way: each name's `path_key` (the
     absolute ones first less the folders all the absolute ones begin with), less the folders
-    all of the split's begin with, sorted by key then label for a set; SHA-256 of the count,
-    each key ended by NUL, the labels as int64."""
+    all of the split's begin with (not `v1`'s: names from the data root), sorted by key then
+    label for a set; SHA-256 of the count, each key ended by NUL, the labels as int64."""
     keys = [splitting.path_key(ident) for ident in ids]
     absolute = [at for at, key in enumerate(keys) if key.startswith("/")]
     for at, key in zip(absolute, below_their_folder([keys[at] for at in absolute]), strict=True):
         keys[at] = key
-    pairs = list(zip(below_their_folder(keys), labels, strict=True))
+    pairs = list(zip(keys if v1 else below_their_folder(keys), labels, strict=True))
     if as_a_set:
         pairs.sort()
     hashed = hashlib.sha256(len(pairs).to_bytes(8, "little"))
@@ -159,6 +159,27 @@ def test_each_listing_is_digested_as_defined_however_its_names_are_read(ids):
         )
         assert found["train"] == IN_ORDER + reference(names, marks, as_a_set=False)
         assert found["val"] == AS_A_SET + reference(names, marks, as_a_set=True)
+
+
+@pytest.mark.parametrize("ids", NAMES, ids=range(len(NAMES)))
+def test_a_listing_is_digested_as_v1_made_it_to_compare_with_its_checkpoints(ids):
+    """A checkpoint of v1's digests (names from the data root) is held to them: the data is
+    digested as v1 made them, however its names are read."""
+    labels = [n % 3 for n in range(len(ids))]
+    shuffled = list(range(len(ids)))
+    random.Random(len(ids)).shuffle(shuffled)
+    for names, marks in (
+        (ids, labels),
+        ([ids[i] for i in shuffled], [labels[i] for i in shuffled]),
+    ):
+        split = Samples(["a", "b", "c"], marks, ids=names)
+        assert resume_data._earlier_digest("ids-in-order-v1:", split) == (
+            "ids-in-order-v1:" + reference(names, marks, as_a_set=False, v1=True)
+        )
+        assert resume_data._earlier_digest("ids-as-set-v1:", split) == (
+            "ids-as-set-v1:" + reference(names, marks, as_a_set=True, v1=True)
+        )
+    assert resume_data._earlier_digest("ids-as-set-v0:", split) is None
 
 
 def test_names_that_are_their_own_keys_are_not_respelled_one_by_one(monkeypatch):
@@ -262,6 +283,32 @@ def test_digests_made_another_way_are_not_compared(caplog):
     with caplog.at_level(logging.DEBUG, logger="torchkit"):
         check(record(theirs), digests())
     assert caplog.records == []
+
+
+def test_digests_v1_made_are_compared_as_v1_made_them(caplog):
+    """Not compared, a checkpoint of v1's digests resumed on other validation images, recorded
+    theirs and validated on them from then on; the same data (named from its root as v1 named
+    it) says nothing."""
+    val = [f"val/{ident}" for ident in IDS]
+    splits = {name: samples(val, LABELS, "/data") for name in ("train", "val")}
+    v1 = {
+        "train": "ids-in-order-v1:" + reference(val, LABELS, as_a_set=False, v1=True),
+        "val": "ids-as-set-v1:" + reference(val, LABELS, as_a_set=True, v1=True),
+    }
+    ours = sample_digests(splits)
+    with caplog.at_level(logging.DEBUG, logger="torchkit"):
+        check_resumed_samples(record(v1), ours, SIZES, Path("/runs/a/last.pt"), splits)
+    assert caplog.records == []
+    relabelled = {name: samples(val, [0, 1, 1, 1], "/data") for name in ("train", "val")}
+    with pytest.raises(CheckpointError, match="4 validation images are not those"):
+        check_resumed_samples(
+            record(v1), sample_digests(relabelled), SIZES, Path("/runs/a/last.pt"), relabelled
+        )
+    elsewhere = {name: samples([f"data/{ident}" for ident in val]) for name in ("train", "val")}
+    with pytest.raises(CheckpointError):  # below another folder: v1 named them otherwise
+        check_resumed_samples(
+            record(v1), sample_digests(elsewhere), SIZES, Path("/runs/a/last.pt"), elsewhere
+        )
 
 
 def test_another_number_of_images_is_left_to_the_size_warnings(caplog):

@@ -4,7 +4,6 @@ folder, not in it; truly other images are refused still (in-process CliRunner)."
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 from pathlib import Path
 
@@ -22,7 +21,9 @@ from test_resume_data_cli import (
     write_split_root,
 )
 
+from torchkit.core.data.sources import open_data
 from torchkit.core.models.checkpoint import save_checkpoint
+from torchkit.core.train import resume_data
 
 Row = tuple[str, str, str]
 
@@ -127,22 +128,29 @@ def test_other_training_images_through_an_index_beside_the_folder_are_one_warnin
     assert "the data's 12 training images are not those the run started with" in warning
 
 
+def earlier_digests(run: Path, data: Path) -> dict:
+    """`run`'s last.pt with the digests v1 made of its data's splits (`data`, the folder it
+    started on), in place of its own; its own."""
+    checkpoint = read_checkpoint(run / "last.pt")
+    ours = checkpoint["data"]["digests"]
+    splits = open_data(str(data)).splits
+    checkpoint["data"]["digests"] = {
+        "train": resume_data._earlier_digest("ids-in-order-v1:", splits["train"]),
+        "val": resume_data._earlier_digest("ids-as-set-v1:", splits["val"]),
+    }
+    save_checkpoint(checkpoint, run / "last.pt")
+    return ours
+
+
 def test_a_checkpoint_of_digests_made_by_an_earlier_version_resumes_and_records_them_anew(
     copied,
 ):
-    """Digests of another making (`-v1`: names counted from the data root) are not compared:
-    such a run resumes as it did before, records digests of this making, and is held to them
-    from then on."""
+    """Digests of another making (`-v1`: names counted from the data root) are compared with
+    the data digested as they were made: the run's own data resumes silently and records
+    digests of this making, which hold it from then on."""
     data, run, _ = copied
-    checkpoint = read_checkpoint(run / "last.pt")
-    ours = checkpoint["data"]["digests"]
-    earlier = hashlib.sha256(b"an earlier making").hexdigest()
-    checkpoint["data"]["digests"] = {
-        "train": "ids-in-order-v1:" + earlier,
-        "val": "ids-as-set-v1:" + earlier,
-    }
-    save_checkpoint(checkpoint, run / "last.pt")
-    result = train("--resume", run, "--data", data.parent / "index.csv", *MORE)
+    ours = earlier_digests(run, data)
+    result = train("--resume", run, "--data", data, *MORE)
     assert result.exit_code == 0, result.stderr
     assert warnings_and_errors(result) == []
     assert read_checkpoint(run / "last.pt")["data"]["digests"] == ours
@@ -153,3 +161,24 @@ def test_a_checkpoint_of_digests_made_by_an_earlier_version_resumes_and_records_
     again = train("--resume", run, "--data", index, "--epochs", "3", "--trust-checkpoint")
     assert again.exit_code == 1
     assert "6 validation images are not those the run was validated on" in error_line(again)
+
+
+def test_a_checkpoint_of_earlier_digests_is_refused_other_validation_images(copied):
+    """Resumed uncompared, a checkpoint of v1's digests recorded the other images' digests of
+    this making, and went on validating on them: compared as v1 made them, they are refused,
+    as v1 refused them (and so is an index beside the folder, which v1 told apart; one inside
+    it, which v1 named alike, resumes)."""
+    data, run, _ = copied
+    earlier_digests(run, data)
+    rows = index_rows(data, [*COUNTS])
+    at = rows.index(("val/bee/bee_0.png", "bee", "val"))
+    rows[at] = ("val/bee/bee_0.png", "cat", "val")
+    for written in (rows, index_rows(data, [*COUNTS])):
+        index = write_index(data.parent / "index.csv", beside(data, written))
+        result = train("--resume", run, "--data", index, *MORE)
+        assert result.exit_code == 1
+        assert "6 validation images are not those the run was validated on" in error_line(result)
+    inside = write_index(data / "index.csv", index_rows(data, [*COUNTS]))  # named as v1 did
+    result = train("--resume", run, "--data", inside, *MORE)
+    assert result.exit_code == 0, result.stderr
+    assert warnings_and_errors(result) == []

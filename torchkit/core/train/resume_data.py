@@ -19,9 +19,11 @@ on the order. On `--resume` (`check_resumed_samples`), with as many images as th
 recorded: other validation images are refused, as --seed and --val-split are (the metrics so
 far and best.pt's choice were measured on the run's own); other training images are a warning,
 as another number of them is. The test digest is recorded, never compared: nothing of the run
-so far was measured on it. Checkpoints without digests, or with digests made another way
-(`-v1`: names counted from the data root, not below their split's folder), resume as before
-without the comparison.
+so far was measured on it. Checkpoints without digests resume as before, without the
+comparison; those of digests v1 made (names counted from the data root, not below their
+split's folder) are compared with the data digested as v1 made them (`_earlier_digest`), not
+resumed uncompared: the digests recorded then would be the data's it resumed on, and a run
+could go on validating on other images. Either records this version's digests.
 """
 
 from __future__ import annotations
@@ -48,6 +50,9 @@ DIGESTS = "digests"  # the key of the `data` record that holds them
 # from the data root (`val/ant/a.png`); v2 below the folder all of a split's names lie in.
 IN_ORDER = "ids-in-order-v2:"
 AS_A_SET = "ids-as-set-v2:"
+# v1's, which a checkpoint of it is compared by (`_earlier_digest`), never recorded anew.
+EARLIER_IN_ORDER = "ids-in-order-v1:"
+EARLIER_AS_A_SET = "ids-as-set-v1:"
 _CHUNK = 65536  # names joined at a time: a million images' names are never held twice
 
 
@@ -163,15 +168,52 @@ def _keys(ids: Sequence[str]) -> Sequence[str]:
 def _below_their_folder(keys: list[str]) -> list[str]:
     """`keys`, the absolute ones relative to the deepest folder they all lie in, then all of
     them relative to the deepest folder they all lie in, in place."""
+    _absolute_below_their_folder(keys)
+    cut = len(shared_folder(keys)) if keys else 0
+    if cut:
+        keys[:] = [key[cut:] for key in keys]
+    return keys
+
+
+def _absolute_below_their_folder(keys: list[str]) -> list[str]:
+    """`keys`, the absolute ones relative to the deepest folder they all lie in, in place."""
     absolute = [at for at, key in enumerate(keys) if is_absolute_key(key)]
     if absolute:
         cut = len(shared_folder([keys[at] for at in absolute]))
         for at in absolute:
             keys[at] = keys[at][cut:]
-    cut = len(shared_folder(keys)) if keys else 0
-    if cut:
-        keys[:] = [key[cut:] for key in keys]
     return keys
+
+
+def _earlier_digest(made: str, samples: Samples) -> str | None:
+    """The digest of `samples` as an earlier version made it, where `made` (a recorded
+    digest's prefix) names one: `-v1`, names counted from the data root (each one's
+    `path_key`, an index's absolute paths from the folder all of those lie in), not below
+    their split's folder. None for any other making. As v1 made it: a listing of names that
+    are their own keys, in order or sorted, as they are (those of an index's absolute paths
+    all below their folder), else their keys one by one."""
+    if made not in (EARLIER_IN_ORDER, EARLIER_AS_A_SET):
+        return None
+    ids, labels = samples.ids, samples.labels
+    in_order = made == EARLIER_IN_ORDER
+    folder = ""  # where all are absolute ("/..."), the one they lie in
+    if ids and ids[0][:1] == "/" and (shared := shared_folder(ids))[:1] == "/":
+        folder = shared
+    if in_order or _ascending(ids):
+        found = _digest(ids, labels, below=folder)
+        if found is not None:
+            return made + found
+    keys: Sequence[str] = [ident[len(folder) :] for ident in ids]
+    if not all(
+        _encoded(ids[start : start + _CHUNK], checked=False, below=folder) is not None
+        for start in range(0, len(ids), _CHUNK)
+    ):
+        keys = _absolute_below_their_folder([path_key(ident) for ident in ids])
+    if not in_order:
+        keys, labels = _sorted(keys, labels)
+    found = _digest(keys, labels, checked=True)
+    assert found is not None
+    return made + found
 
 
 def _sorted(keys: Sequence[str], labels: Sequence[int]) -> tuple[Sequence[str], Sequence[int]]:
@@ -187,24 +229,42 @@ def _sorted(keys: Sequence[str], labels: Sequence[int]) -> tuple[Sequence[str], 
 
 
 def check_resumed_samples(
-    recorded: Mapping | None, digests: Mapping[str, str], sizes: Mapping[str, int], run: Path
+    recorded: Mapping | None,
+    digests: Mapping[str, str],
+    sizes: Mapping[str, int],
+    run: Path,
+    splits: Mapping[str, Samples] | None = None,
 ) -> None:
     """Compare this run's `digests` (of splits of `sizes` images) with the resumed checkpoint's
     `recorded` data entry: another number of validation images is a warning (another number
     of training images is `setup._train_size_changed`'s); for each of train and val with as
     many images as recorded, other validation images are refused, other training images a
-    warning. `run`: the resumed checkpoint, whose folder's split.csv lists the run's images."""
+    warning. A recorded digest an earlier version made is compared with `splits` digested as
+    it made them (`_earlier_digest`), not left uncompared: the digests recorded then would be
+    the data's the run resumed on, other validation images held as the run's own from then on.
+    `run`: the resumed checkpoint, whose folder's split.csv lists the run's images."""
     saved = (recorded or {}).get(DIGESTS) or {}
     saved_sizes = (recorded or {}).get("sizes") or {}
     listed = run.parent / "split.csv"
     where = f", which {listed} lists," if listed.is_file() else ""
     _val_size_changed(saved_sizes.get("val"), sizes.get("val"), where)
+    ours = dict(digests)
+    for name in ("val", "train"):
+        made = str(saved.get(name)).split(":", 1)[0] + ":"
+        if (
+            splits is not None
+            and name in ours
+            and name in splits
+            and saved_sizes.get(name) == sizes.get(name)
+            and not _comparable(saved.get(name), ours[name])
+        ):
+            ours[name] = _earlier_digest(made, splits[name]) or ours[name]
     changed = [
         name
         for name in ("val", "train")
-        if _comparable(saved.get(name), digests.get(name))
+        if _comparable(saved.get(name), ours.get(name))
         and saved_sizes.get(name) == sizes.get(name)
-        and saved[name] != digests[name]
+        and saved[name] != ours[name]
     ]
     if "val" in changed:
         raise CheckpointError(

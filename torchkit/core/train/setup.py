@@ -296,7 +296,9 @@ def _seeds_and_data(ctx: DistContext, plan: RunPlan, amp: Amp) -> _RunData:
 
         _check_resumed_classes(saved, classes)
         sizes = {name: len(samples) for name, samples in data.splits.items()}
-        check_resumed_samples(checkpoint.get("data"), digests, sizes, Path(plan.resumed_from))
+        check_resumed_samples(
+            checkpoint.get("data"), digests, sizes, Path(plan.resumed_from), data.splits
+        )
         train_size_changed = _train_size_changed(checkpoint, len(train))
         arch, _ = checkpoint_arch(checkpoint, str(plan.resumed_from))
         require_trusted_arch(arch, str(plan.resumed_from), config.trust_checkpoint)
