@@ -6,6 +6,7 @@ from __future__ import annotations
 import array
 import hashlib
 import logging
+import os
 import random
 import unicodedata
 from pathlib import Path
@@ -139,6 +140,8 @@ NAMES = [
     ["caf\u00e9/a.png", "cafe\u0301/b.png"],  # one folder in two spellings
     ["val/ant/a.png", "val/ant/a.png", "val/ant/b.png"],  # one class's, a name twice
     ["a/", "a/b.png"],  # a name that is its folder
+    ["val/ant/1.png", "val/anteater/2.png", "val/ants.png"],  # a shared prefix, no folder
+    ["val/ant/1.png"],  # one image: below its own folder
     [f"part-{n // 7:06d}.tar/{n:05d}.jpg" for n in range(66_000)],  # past a chunk of names
 ]
 
@@ -221,6 +224,25 @@ def test_names_count_from_the_folder_all_of_the_splits_names_lie_in():
     assert digests(ids=other)["val"] != digests(ids=val)["val"]
     moved = [*val[:3], "data/val/bee/e.png"]  # another file
     assert digests(ids=moved)["val"] != base["val"]
+
+
+def test_a_split_of_one_image_is_its_file_name_and_label():
+    """The folder a split of one image lies in is its own: moved, or reached from another
+    folder, it is the same sample; another name or label is another."""
+    one = digests(ids=["val/ant/a.png"], labels=[0])
+    assert digests(ids=["data/val/ant/a.png"], labels=[0]) == one
+    assert digests(ids=["a.png"], labels=[0]) == one
+    assert digests(ids=["val/ant/b.png"], labels=[0])["val"] != one["val"]
+    assert digests(ids=["val/ant/a.png"], labels=[1])["val"] != one["val"]
+
+
+def test_a_windows_split_folder_and_an_index_beside_it_are_the_same_samples(monkeypatch):
+    # where the separator is `\`, the folder's names are spelled with it, an index's with `/`
+    ours = digests(ids=[f"val/{ident}" for ident in IDS])
+    monkeypatch.setattr(os, "sep", "\\")
+    for spelled in ("val\\{}", "data/val/{}", "C:\\data\\val\\{}", ".\\data\\val/{}"):
+        names = [spelled.format(ident.replace("/", "\\")) for ident in IDS]
+        assert digests(ids=names) == ours, spelled
 
 
 def test_samples_without_names_have_no_digest():
