@@ -142,6 +142,7 @@ NAMES = [
     ["a/", "a/b.png"],  # a name that is its folder
     ["val/ant/1.png", "val/anteater/2.png", "val/ants.png"],  # a shared prefix, no folder
     ["val/ant/1.png"],  # one image: below its own folder
+    [],  # an empty split
     [f"part-{n // 7:06d}.tar/{n:05d}.jpg" for n in range(66_000)],  # past a chunk of names
 ]
 
