@@ -112,6 +112,12 @@ def _load_checkpoint(path: str | os.PathLike, *, trust_checkpoint: bool) -> Any:
             "pass --trust-checkpoint to load it anyway, only if you trust where it came from",
         ) from error
     except (AttributeError, ImportError) as error:  # trusted pickle of a class we cannot import
+        from torchkit.core.models.usercode import unimportable_pickle
+
+        unimportable = unimportable_pickle(source, error)
+        if unimportable is not None:  # which module or class, and where it was looked for
+            what, hint = unimportable
+            raise CheckpointError(f"cannot unpickle checkpoint {source}: {what}", hint) from error
         raise CheckpointError(
             f"cannot unpickle checkpoint {source}: {first_line(error)}",
             "it pickles classes from the code that saved it; make that code importable, "

@@ -277,3 +277,211 @@ def _accepted_params(factory) -> set[str]:
         return set(inspect.signature(factory).parameters)
     except (TypeError, ValueError):
         return set()
+
+
+def unimportable_pickle(source: str | os.PathLike, error: BaseException) -> tuple[str, str] | None:
+    """What a trusted pickle (`source`, a whole pickled `nn.Module`) that failed to load with
+    `error` (ModuleNotFoundError, AttributeError) could not import, as (what, hint): the
+    module of a class it pickles found nowhere, a module found without the class (another file
+    of its name here), a class of the script that saved it (`__main__`), a module that one
+    imports found nowhere. None where the error is none of those."""
+    pickled = pickled_globals(source)
+    folder = os.path.dirname(os.path.abspath(source))
+    missing = error.name if isinstance(error, ModuleNotFoundError) else None
+    named = [(m, n) for m, n in pickled if missing and (m + ".").startswith(missing + ".")]
+    if named:  # the module of a class it pickles
+        module, name = named[0]
+        top = module.split(".")[0]
+        if "." in missing:  # its package is found, without this module
+            parent, _, last = missing.rpartition(".")
+            return (
+                f"it pickles {module}.{name}, and {_imported(parent)} has no module {last}",
+                _where_hint(top, folder, f"the folder whose {top}/ holds {last}"),
+            )
+        return (
+            f"it pickles {module}.{name}, and no module {top} is found here, in "
+            f"{os.getcwd()}, on PYTHONPATH or among the installed packages",
+            _where_hint(top, folder, f"the folder that has {top}.py or {top}/"),
+        )
+    if missing:  # a module that the module of a class it pickles imports
+        failed = next(((m, n) for m, n in pickled if m not in sys.modules), None)
+        if failed is not None:
+            module, name = failed
+            needed = missing.split(".")[0]
+            return (
+                f"it pickles {module}.{name}, and importing {_found_at(module)} failed: No "
+                f"module named {missing!r}",
+                f"install {needed}, which {module} imports, or make it importable",
+            )
+    if isinstance(error, AttributeError):
+        for module, name in pickled:
+            loaded = sys.modules.get(module)
+            if loaded is None or _has_attribute(loaded, name):
+                continue
+            if module == "__main__":
+                return (
+                    f"it pickles __main__.{name}, defined in the script that saved it, which "
+                    "no other program can import",
+                    f"move {name} into a module such as nets.py, import it from there and save "
+                    f"the model again, or save its state_dict and give --model nets:{name} "
+                    "--weights FILE",
+                )
+            top = module.split(".")[0]
+            return (
+                f"it pickles {module}.{name}, and {_imported(module)} has no {name}",
+                _where_hint(top, folder, f"the folder whose {top} defines {name}"),
+            )
+    return None
+
+
+def class_spec(model: Any) -> str | None:
+    """`module:Class` that names the class of `model` (a pickled one) for --model, where the
+    class is the user's code: a module of a working directory this command imported from, or
+    of PYTHONPATH. None for a class of an installed package (torchvision's ResNet, which takes
+    arguments no spec gives), of the script that saved it (`__main__`), or nested in another."""
+    cls = type(model)
+    module, name = cls.__module__, cls.__qualname__
+    if module == "__main__" or "." in name or not name.isidentifier():
+        return None
+    where = _module_file(sys.modules.get(module.split(".")[0]))
+    if where is None:
+        return None
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    roots = _searched | {os.path.abspath(path) for path in paths if path}
+    return f"{module}:{name}" if os.path.dirname(where) in roots else None
+
+
+def _found_at(module: str) -> str:
+    """`module`, and the file Python finds for it (a top-level one: found, not imported)."""
+    import importlib.machinery
+
+    if "." in module:
+        return module
+    try:
+        found = importlib.machinery.PathFinder.find_spec(module)
+    except (ImportError, ValueError):
+        return module
+    if found is None or not found.has_location or found.origin is None:
+        return module
+    return f"{module} from {_package_folder(found)}"
+
+
+def _imported(module: str) -> str:
+    """`module`, and where it was imported from when that is a file or folder."""
+    where = _module_file(sys.modules.get(module))
+    return f"{module}, imported from {where}," if where else module
+
+
+def _where_hint(top: str, folder: str, otherwise: str) -> str:
+    """Where to run torchkit from: `folder`, the pickled file's, when it holds `top`.py or
+    `top`/ that was not the one imported (or none was), else the folder `otherwise` names."""
+    beside = _code_beside(top, folder)
+    imported = _module_file(sys.modules.get(top))
+    if beside is not None and (
+        imported is None or not _same_folder(os.path.dirname(imported), folder)
+    ):
+        return f"run torchkit from {folder}, which has {beside}, or put that folder on PYTHONPATH"
+    return f"run torchkit from {otherwise}, or put that folder on PYTHONPATH"
+
+
+def _module_file(module: Any) -> str | None:
+    found = getattr(module, "__spec__", None)
+    if found is None or not found.has_location or found.origin is None:
+        return None
+    return _package_folder(found)
+
+
+def _code_beside(top: str, folder: str) -> str | None:
+    """`top`.py or `top`/ where `folder` holds it (a module beside the pickled file)."""
+    if os.path.isfile(os.path.join(folder, f"{top}.py")):
+        return f"{top}.py"
+    if os.path.isdir(os.path.join(folder, top)):
+        return f"{top}/"
+    return None
+
+
+def _same_folder(a: str, b: str) -> bool:
+    from torchkit.core.data.sources.required import same_place
+
+    return same_place(a, b)
+
+
+def _has_attribute(module: Any, qualname: str) -> bool:
+    value = module
+    for part in qualname.split("."):
+        try:
+            value = getattr(value, part)
+        except Exception:  # a module's own __getattr__ may raise anything
+            return False
+    return True
+
+
+# The pickle opcodes that push a string, which STACK_GLOBAL takes as a module and a name.
+_STRING_OPCODES = frozenset(
+    {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "SHORT_BINSTRING",
+     "BINSTRING", "STRING"}
+)  # fmt: skip
+_MAX_PICKLE_BYTES = 64 * 1024 * 1024  # the structure only: far beyond any model's
+
+
+def pickled_globals(source: str | os.PathLike) -> list[tuple[str, str]]:
+    """The (module, qualified name) of each class or function a torch.save file's pickle
+    names, in order, read from its opcodes: nothing is imported or run. [] for a file that is
+    not read so (no torch.save file, damaged)."""
+    import zipfile
+
+    try:
+        if zipfile.is_zipfile(source):
+            with zipfile.ZipFile(source) as archive:
+                records = [
+                    info
+                    for info in archive.infolist()
+                    if info.filename.rsplit("/", 1)[-1] == "data.pkl"
+                    and info.file_size <= _MAX_PICKLE_BYTES
+                ]
+                return _globals_of([archive.read(info) for info in records[:1]])
+        with open(source, "rb") as handle:  # the legacy format: several pickles in a row
+            return _globals_of([handle], pickles=4)
+    except Exception:  # a damaged file: torch's error stands
+        return []
+
+
+def _globals_of(inputs: list[Any], pickles: int = 1) -> list[tuple[str, str]]:
+    """The globals of the first `pickles` pickles of each input (bytes, or a file read on)."""
+    found: list[tuple[str, str]] = []
+    for data in inputs:
+        for _ in range(pickles):
+            try:
+                found += _globals_of_one(data)
+            except Exception:  # past the last pickle, or a damaged one: what was read stands
+                break
+    return list(dict.fromkeys(found))
+
+
+def _globals_of_one(data: Any) -> list[tuple[str, str]]:
+    import pickletools
+
+    found: list[tuple[str, str]] = []
+    memo: dict[Any, Any] = {}
+    recent: list[Any] = [None, None]  # the last two values pushed, where they are strings
+    for opcode, arg, _position in pickletools.genops(data):
+        name = opcode.name
+        if name == "GLOBAL" and isinstance(arg, str) and " " in arg:
+            module, _, attr = arg.partition(" ")
+            found.append((module, attr))
+            recent.append(None)
+        elif name == "STACK_GLOBAL":
+            module, attr = recent[-2], recent[-1]
+            if isinstance(module, str) and isinstance(attr, str):
+                found.append((module, attr))
+            recent.append(None)
+        elif name in _STRING_OPCODES:
+            recent.append(arg if isinstance(arg, str) else None)
+        elif name in ("MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT"):
+            memo[len(memo) if name == "MEMOIZE" else arg] = recent[-1]
+        elif name in ("GET", "BINGET", "LONG_BINGET"):
+            recent.append(memo.get(arg))
+        else:
+            recent.append(None)
+        del recent[:-2]
+    return found

@@ -555,10 +555,19 @@ def _build_model(
     if model_file is not None:
         model_file.release()  # the run holds the model, not the file's copy of its weights
     if resolved.source == "pickled model":
+        from torchkit.core.models.usercode import class_spec
+
+        spec = class_spec(resolved.model)  # its class, where that is the user's code
+        hint = "name the architecture as --model and pass the file as --weights"
+        if spec is not None:
+            hint = (
+                f"give its class as --model {spec}, or a function that builds it, and the file "
+                f"as --weights {arch}"
+            )
         raise UsageError(
             f"{arch} is a pickled model: train needs an architecture it can rebuild "
             "for eval and --resume",
-            "name the architecture as --model and pass the file as --weights",
+            hint,
         )
     taken = resolved.preprocess.in_channels if resolved.preprocess else preprocess.in_channels
     if taken != preprocess.in_channels:  # a checkpoint's own channels: its first layer's
