@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from torchkit.core.data.sources import splitting
+from torchkit.core.data.sources.parquet import SPLIT_KEYWORDS
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.io.errors import CheckpointError
 from torchkit.core.train import resume_data
@@ -93,28 +94,36 @@ def test_a_name_of_bytes_that_are_not_utf8_is_digested():
     assert digests(ids=odd) != digests()
 
 
-def below_their_folder(keys: list[str]) -> list[str]:
-    """`keys` less the folders every one of them begins with, counted part by part."""
+def below_their_folder(keys: list[str], split: str | None = None) -> list[str]:
+    """`keys` less the folders every one of them begins with, counted part by part, but the
+    last of them where it is named for `split` (parquet's split keywords, any case)."""
     folders = [key.split("/")[:-1] for key in keys]
     depth = 0
     while folders and all(len(parts) > depth for parts in folders):
         if len({parts[depth] for parts in folders}) > 1:
             break
         depth += 1
+    if depth and split and SPLIT_KEYWORDS.get(folders[0][depth - 1].lower()) == split:
+        depth -= 1
     cut = sum(len(part) + 1 for part in folders[0][:depth]) if depth else 0
     return [key[cut:] for key in keys]
 
 
-def reference(ids: list[str], labels: list[int], *, as_a_set: bool, v1: bool = False) -> str:
+def reference(
+    ids: list[str], labels: list[int], *, as_a_set: bool, version: int = 3, split: str = ""
+) -> str:
     """The digest as the docstrings define it, made the slow way: each name's `path_key` (the
     absolute ones first less the folders all the absolute ones begin with), less the folders
-    all of the split's begin with (not `v1`'s: names from the data root), sorted by key then
+    all of the split's begin with (not `version` 1's: names from the data root), but for
+    `version` 3 the last of them where it is named for `split` (`val/`); sorted by key then
     label for a set; SHA-256 of the count, each key ended by NUL, the labels as int64."""
+    kept = split if version == 3 else None
     keys = [splitting.path_key(ident) for ident in ids]
     absolute = [at for at, key in enumerate(keys) if key.startswith("/")]
-    for at, key in zip(absolute, below_their_folder([keys[at] for at in absolute]), strict=True):
+    relative = below_their_folder([keys[at] for at in absolute], kept)
+    for at, key in zip(absolute, relative, strict=True):
         keys[at] = key
-    pairs = list(zip(keys if v1 else below_their_folder(keys), labels, strict=True))
+    pairs = list(zip(keys if version == 1 else below_their_folder(keys, kept), labels, strict=True))
     if as_a_set:
         pairs.sort()
     hashed = hashlib.sha256(len(pairs).to_bytes(8, "little"))
@@ -143,6 +152,14 @@ NAMES = [
     ["val/ant/1.png", "val/anteater/2.png", "val/ants.png"],  # a shared prefix, no folder
     ["val/ant/1.png"],  # one image: below its own folder
     [],  # an empty split
+    ["data/test/ant/a.png", "data/test/bee/b.png"],  # another split's folder beside it
+    ["train/ant/a.png", "train/bee/b.png"],
+    ["val/test/1.png", "val/test/2.png"],  # one class, named like a split
+    ["data/Validation/ant/a.png", "data/Validation/bee/b.png"],  # a parquet folder's alias
+    ["/mnt/data/val/ant/a.png", "/mnt/data/val/bee/b.png"],  # absolute, in a split folder
+    ["/mnt/data/val/ant/a.png", "val/bee/b.png", "/mnt/data/val/cat/c.png"],  # both kinds
+    ["a/val/val/x.png", "a/val/q.png", "a/val/val/y.png"],  # first and last share a val/ more
+    ["./data//val/ant/a.png", "data/val/./bee/b.png"],  # respelled, in a split folder
     [f"part-{n // 7:06d}.tar/{n:05d}.jpg" for n in range(66_000)],  # past a chunk of names
 ]
 
@@ -159,16 +176,22 @@ def test_each_listing_is_digested_as_defined_however_its_names_are_read(ids):
         ([ids[i] for i in shuffled], [labels[i] for i in shuffled]),
     ):
         found = sample_digests(
-            {split: Samples(["a", "b", "c"], marks, ids=names) for split in ("train", "val")}
+            {
+                split: Samples(["a", "b", "c"], marks, ids=names)
+                for split in ("train", "val", "test")
+            }
         )
-        assert found["train"] == IN_ORDER + reference(names, marks, as_a_set=False)
-        assert found["val"] == AS_A_SET + reference(names, marks, as_a_set=True)
+        assert found["train"] == IN_ORDER + reference(names, marks, as_a_set=False, split="train")
+        for split in ("val", "test"):
+            assert found[split] == AS_A_SET + reference(names, marks, as_a_set=True, split=split)
 
 
 @pytest.mark.parametrize("ids", NAMES, ids=range(len(NAMES)))
-def test_a_listing_is_digested_as_v1_made_it_to_compare_with_its_checkpoints(ids):
-    """A checkpoint of v1's digests (names from the data root) is held to them: the data is
-    digested as v1 made them, however its names are read."""
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_listing_is_digested_as_an_earlier_version_made_it_for_its_checkpoints(ids, version):
+    """A checkpoint of v1's digests (names from the data root) or v2's (below their split's
+    folder, a split root's `val/` cut off too) is held to them: the data is digested as that
+    version made them, however its names are read."""
     labels = [n % 3 for n in range(len(ids))]
     shuffled = list(range(len(ids)))
     random.Random(len(ids)).shuffle(shuffled)
@@ -177,13 +200,15 @@ def test_a_listing_is_digested_as_v1_made_it_to_compare_with_its_checkpoints(ids
         ([ids[i] for i in shuffled], [labels[i] for i in shuffled]),
     ):
         split = Samples(["a", "b", "c"], marks, ids=names)
-        assert resume_data._earlier_digest("ids-in-order-v1:", split) == (
-            "ids-in-order-v1:" + reference(names, marks, as_a_set=False, v1=True)
+        in_order, as_a_set = f"ids-in-order-v{version}:", f"ids-as-set-v{version}:"
+        assert resume_data._earlier_digest(in_order, split) == (
+            in_order + reference(names, marks, as_a_set=False, version=version)
         )
-        assert resume_data._earlier_digest("ids-as-set-v1:", split) == (
-            "ids-as-set-v1:" + reference(names, marks, as_a_set=True, v1=True)
+        assert resume_data._earlier_digest(as_a_set, split) == (
+            as_a_set + reference(names, marks, as_a_set=True, version=version)
         )
     assert resume_data._earlier_digest("ids-as-set-v0:", split) is None
+    assert resume_data._earlier_digest(AS_A_SET, split) is None  # this version's own
 
 
 def test_names_that_are_their_own_keys_are_not_respelled_one_by_one(monkeypatch):
@@ -202,6 +227,9 @@ def test_names_that_are_their_own_keys_are_not_respelled_one_by_one(monkeypatch)
     assert sample_digests({"train": samples(absolute, [0] * 1000)}) == {"train": found["train"]}
     in_a_split_folder = [f"train/{ident}" for ident in ids]  # cut off in C too
     assert sample_digests({"val": samples(in_a_split_folder, [1] * 1000)}) == {"val": found["val"]}
+    in_val = sample_digests({"val": samples([f"val/{ident}" for ident in ids], [1] * 1000)})
+    beside = [f"data/val/{ident}" for ident in ids]  # `data/` cut off, `val/` kept, in C too
+    assert sample_digests({"val": samples(beside, [1] * 1000)}) == in_val != {"val": found["val"]}
 
 
 def test_an_index_of_absolute_paths_rewritten_for_another_place_is_the_same_samples():
@@ -216,15 +244,48 @@ def test_an_index_of_absolute_paths_rewritten_for_another_place_is_the_same_samp
 
 def test_names_count_from_the_folder_all_of_the_splits_names_lie_in():
     """A split folder's `val/ant/a.png` is `data/val/ant/a.png` of an index beside the folder
-    (and `ant/a.png` of one inside it): the same files below the folder they share."""
-    base = digests()
-    for folder in ("val/", "data/val/", "../data/val/", "./data//val/"):
+    (and of one inside it, `val/ant/a.png`): the same files below the folder they share."""
+    base = digests(ids=[f"val/{ident}" for ident in IDS])
+    for folder in ("data/val/", "../data/val/", "./data//val/", "/mnt/data/val/"):
         assert digests(ids=[folder + ident for ident in IDS]) == base, folder
     val = [f"data/val/{ident}" for ident in IDS]
     other = [*val[:3], "data/test/bee/d.png"]  # one of them in another folder
     assert digests(ids=other)["val"] != digests(ids=val)["val"]
     moved = [*val[:3], "data/val/bee/e.png"]  # another file
     assert digests(ids=moved)["val"] != base["val"]
+    # a folder of images named for no split, or for another one (the image folder `train/`
+    # a run held validation images out of), is cut off as any other
+    for folder in ("images/", "data/train/"):
+        assert digests(ids=[folder + ident for ident in IDS])["val"] == digests()["val"]
+
+
+def test_a_split_roots_val_and_test_images_named_alike_are_other_images():
+    """Numbered per split, a split root's `val/ant/0001.png` and `test/ant/0001.png` are
+    other files: an index beside the root whose val rows point at `test/` holds other
+    validation images (below the folder each split's names share they were named alike)."""
+    val = digests(ids=[f"val/{ident}" for ident in IDS], splits=("val", "test"))
+    for folder in ("test/", "data/test/", "/mnt/data/test/", "data/train/", "data/valid/"):
+        elsewhere = digests(ids=[folder + ident for ident in IDS], splits=("val",))
+        assert elsewhere["val"] != val["val"], folder
+    test = digests(ids=[f"test/{ident}" for ident in IDS], splits=("test",))
+    assert test["test"] != val["test"]  # and the test digest of each is the other's
+    assert digests(ids=[f"data/test/{ident}" for ident in IDS], splits=("test",)) == test
+    # the training images as well: `data/train/` and `data/val/` are other folders for them
+    train = digests(ids=[f"train/{ident}" for ident in IDS], splits=("train",))
+    assert digests(ids=[f"data/train/{ident}" for ident in IDS], splits=("train",)) == train
+    assert digests(ids=[f"data/val/{ident}" for ident in IDS], splits=("train",)) != train
+
+
+def test_a_class_folder_named_like_a_split_is_the_same_from_the_folder_and_an_index():
+    """A split's only class named like a split (`val/test/1.png`, or `val/val/1.png`): the
+    folder and an index beside it name it alike still."""
+    for inside in ("test", "val", "train", "Validation"):
+        ids = [f"{inside}/{n}.png" for n in range(4)]
+        splits = ("train", "val", "test")
+        folder = digests(ids=[f"val/{ident}" for ident in ids], splits=splits)
+        beside = digests(ids=[f"data/val/{ident}" for ident in ids], splits=splits)
+        absolute = digests(ids=[f"/d/val/{ident}" for ident in ids], splits=splits)
+        assert folder == beside == absolute, inside
 
 
 def test_a_split_of_one_image_is_its_file_name_and_label():
@@ -315,8 +376,8 @@ def test_digests_v1_made_are_compared_as_v1_made_them(caplog):
     val = [f"val/{ident}" for ident in IDS]
     splits = {name: samples(val, LABELS, "/data") for name in ("train", "val")}
     v1 = {
-        "train": "ids-in-order-v1:" + reference(val, LABELS, as_a_set=False, v1=True),
-        "val": "ids-as-set-v1:" + reference(val, LABELS, as_a_set=True, v1=True),
+        "train": "ids-in-order-v1:" + reference(val, LABELS, as_a_set=False, version=1),
+        "val": "ids-as-set-v1:" + reference(val, LABELS, as_a_set=True, version=1),
     }
     ours = sample_digests(splits)
     with caplog.at_level(logging.DEBUG, logger="torchkit"):

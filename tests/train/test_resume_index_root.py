@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from checkpoints import read_checkpoint
+from image_folders import write_image_folder
 from test_resume_data_cli import (
     COUNTS,
     FIRST,
@@ -116,6 +117,34 @@ def test_an_index_beside_the_folder_that_labels_a_validation_image_otherwise_is_
     assert "6 validation images are not those the run was validated on" in error_line(result)
 
 
+def test_an_index_beside_the_folder_that_validates_on_its_test_images_named_alike_is_refused(
+    copied,
+):
+    """Images numbered per split: `data/test/ant/ant_0.png` beside `data/val/ant/ant_0.png`.
+    An index whose val rows point at the test folder's (its val column written for test/)
+    names as many images, labelled alike, alike below the folder each split's lie in; they
+    are other files, refused (they resumed without a word, validating on the test images)."""
+    data, run, _ = copied
+    write_image_folder(data / "test", {name: 2 for name in COUNTS}, seed=3)  # as val/ names
+    rows = [
+        (f"test/{path.removeprefix('val/')}" if split == "val" else path, label, split)
+        for path, label, split in index_rows(data, [*COUNTS])
+    ]
+    assert ("test/ant/ant_0.png", "ant", "val") in rows
+    index = write_index(data.parent / "index.csv", beside(data, rows))
+    before = read_checkpoint(run / "last.pt")
+    result = train("--resume", run, "--data", index, *MORE)
+    assert result.exit_code == 1
+    assert error_line(result).startswith(
+        "Error: the data's 6 validation images are not those the run was validated on"
+    )
+    assert read_checkpoint(run / "last.pt")["epoch"] == before["epoch"]
+    # the folder's own val/ still resumes, beside its test/ (recorded, never compared)
+    result = train("--resume", run, "--data", data, *MORE)
+    assert result.exit_code == 0, result.stderr
+    assert warnings_and_errors(result) == []
+
+
 def test_other_training_images_through_an_index_beside_the_folder_are_one_warning(copied):
     data, run, _ = copied
     rows = index_rows(data, [*COUNTS])
@@ -128,16 +157,17 @@ def test_other_training_images_through_an_index_beside_the_folder_are_one_warnin
     assert "the data's 12 training images are not those the run started with" in warning
 
 
-def earlier_digests(run: Path, data: Path) -> dict:
-    """`run`'s last.pt with the digests v1 made of its data's splits (`data`, the folder it
-    started on), in place of its own; its own."""
+def earlier_digests(run: Path, data: Path, version: int = 1) -> dict:
+    """`run`'s last.pt with the digests `version` made of its data's splits (`data`, the
+    folder it started on), in place of its own; its own."""
     checkpoint = read_checkpoint(run / "last.pt")
     ours = checkpoint["data"]["digests"]
     splits = open_data(str(data)).splits
     checkpoint["data"]["digests"] = {
-        "train": resume_data._earlier_digest("ids-in-order-v1:", splits["train"]),
-        "val": resume_data._earlier_digest("ids-as-set-v1:", splits["val"]),
+        "train": resume_data._earlier_digest(f"ids-in-order-v{version}:", splits["train"]),
+        "val": resume_data._earlier_digest(f"ids-as-set-v{version}:", splits["val"]),
     }
+    assert checkpoint["data"]["digests"] != ours  # (a split folder's `val/`: v2 cut it off)
     save_checkpoint(checkpoint, run / "last.pt")
     return ours
 
@@ -180,5 +210,46 @@ def test_a_checkpoint_of_earlier_digests_is_refused_other_validation_images(copi
         assert "6 validation images are not those the run was validated on" in error_line(result)
     inside = write_index(data / "index.csv", index_rows(data, [*COUNTS]))  # named as v1 did
     result = train("--resume", run, "--data", inside, *MORE)
+    assert result.exit_code == 0, result.stderr
+    assert warnings_and_errors(result) == []
+
+
+def test_a_checkpoint_of_v2s_digests_is_compared_as_v2_made_them(copied):
+    """v2 cut a split root's `val/` off its names (this version keeps it): a checkpoint of
+    v2's digests is compared with the data digested as v2 made them, so the run's own data,
+    through its folder or an index beside it, resumes without a word and records this
+    version's digests; other validation images are refused still."""
+    data, run, _ = copied
+    ours = earlier_digests(run, data, version=2)
+    rows = index_rows(data, [*COUNTS])
+    index = write_index(data.parent / "index.csv", beside(data, rows))
+    result = train("--resume", run, "--data", index, *MORE)
+    assert result.exit_code == 0, result.stderr
+    assert warnings_and_errors(result) == []
+    recorded = read_checkpoint(run / "last.pt")["data"]["digests"]
+    assert recorded == ours and recorded["val"].startswith("ids-as-set-v3:")
+    earlier_digests(run, data, version=2)
+    at = rows.index(("val/bee/bee_0.png", "bee", "val"))
+    rows[at] = ("val/bee/bee_0.png", "cat", "val")
+    write_index(data.parent / "index.csv", beside(data, rows))
+    again = train("--resume", run, "--data", index, "--epochs", "3", "--trust-checkpoint")
+    assert again.exit_code == 1
+    assert "6 validation images are not those the run was validated on" in error_line(again)
+
+
+def test_an_image_folder_named_for_another_split_resumes_through_an_index_beside_it(tmp_path):
+    """A folder of class folders named `test/`, whose validation images the run held out:
+    through an index beside it (`test/ant/ant_0.png`) they are the folder's `ant/ant_0.png`
+    still; only a folder named for the split its names are of is kept."""
+    images = write_image_folder(tmp_path / "test", COUNTS, seed=1)
+    run = tmp_path / "run"
+    result = train("--data", images, *FIRST, "--val-split", "0.25", "--out", run)
+    assert result.exit_code == 0, result.stderr
+    rows = [
+        f"test/{image.relative_to(images).as_posix()}" for image in sorted(images.rglob("*.png"))
+    ]
+    index = tmp_path / "index.csv"
+    index.write_text("path,label\n" + "".join(f"{row},{row.split('/')[1]}\n" for row in rows))
+    result = train("--resume", run, "--data", index, *MORE)
     assert result.exit_code == 0, result.stderr
     assert warnings_and_errors(result) == []

@@ -4,14 +4,17 @@ A run records in its checkpoint's `data` entry a digest of each split's samples 
 what names each sample (`Samples.ids`: the path relative to the data root, for a CSV index as
 it writes it; `digits/0042`, `FILE/ROW`, `SHARD/KEY.EXT`), as `path_key` spells it and below
 the deepest folder all of the split's names lie in (an index's absolute paths first below the
-folder they all lie in), and its label in the run's class order. So the data moved to another
+folder they all lie in), less a folder named for the split that this folder ends in (`_cut`:
+a split root's `val/`), and its label in the run's class order. So the data moved to another
 machine or mount point, a CSV's `./a.png` for `a.png`, or a split folder's `val/ant/a.png`
 listed by an index beside the folder as `data/val/ant/a.png` is the same data (and so is a
 split's every image swapped for a file of its name and label in another folder: no file is
-read). A million names spelled as keys already, listed in order (a folder, shards, parquet
-files), take about a tenth of a second, a fifth where a folder is cut off the front of each
-(a split folder's `train/`), with no second list of them; names respelled one by one, or a set
-listed out of order (sorted), take a second or two.
+read), while the same-named images of the folder's `test/` (`data/test/ant/a.png`, numbered
+per split) are not its validation images. A million names spelled as keys already, listed in
+order (a folder, shards, parquet files), take about a tenth of a second, a fifth where a
+folder is cut off the front of each (an index's `data/` before a split folder's `train/`),
+with no second list of them; names respelled one by one, or a set listed out of order
+(sorted), take a second or two.
 
 The training digest follows the order the run draws from (another order trains other batches);
 the validation and test digests are of the samples as a set, since their metrics do not depend
@@ -20,10 +23,11 @@ recorded: other validation images are refused, as --seed and --val-split are (th
 far and best.pt's choice were measured on the run's own); other training images are a warning,
 as another number of them is. The test digest is recorded, never compared: nothing of the run
 so far was measured on it. Checkpoints without digests resume as before, without the
-comparison; those of digests v1 made (names counted from the data root, not below their
-split's folder) are compared with the data digested as v1 made them (`_earlier_digest`), not
-resumed uncompared: the digests recorded then would be the data's it resumed on, and a run
-could go on validating on other images. Either records this version's digests.
+comparison; those of digests an earlier version made (v1: names counted from the data root;
+v2: below their split's folder, cut off whole) are compared with the data digested as that
+version made them (`_earlier_digest`), not resumed uncompared: the digests recorded then would
+be the data's it resumed on, and a run could go on validating on other images. Either records
+this version's digests.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import unicodedata
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from torchkit.core.data.sources.parquet import SPLIT_KEYWORDS
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.data.sources.splitting import is_absolute_key, path_key, shared_folder
 from torchkit.core.io.errors import CheckpointError
@@ -47,12 +52,19 @@ log = logging.getLogger("torchkit")
 
 DIGESTS = "digests"  # the key of the `data` record that holds them
 # Each digest names how it was made: one of another making is not compared. v1 counted names
-# from the data root (`val/ant/a.png`); v2 below the folder all of a split's names lie in.
-IN_ORDER = "ids-in-order-v2:"
-AS_A_SET = "ids-as-set-v2:"
-# v1's, which a checkpoint of it is compared by (`_earlier_digest`), never recorded anew.
-EARLIER_IN_ORDER = "ids-in-order-v1:"
-EARLIER_AS_A_SET = "ids-as-set-v1:"
+# from the data root (`val/ant/a.png`); v2 below the folder all of a split's names lie in
+# (`ant/a.png`, the val/ and test/ images of a split root named alike where numbered alike);
+# v3 as v2, but a folder named for the split that it ends in is kept (`val/ant/a.png`).
+IN_ORDER = "ids-in-order-v3:"
+AS_A_SET = "ids-as-set-v3:"
+# The earlier makings, which a checkpoint of one is compared by (`_earlier_digest`), never
+# recorded anew: each prefix's version, and whether it is of the samples in their order.
+EARLIER = {
+    "ids-in-order-v1:": (1, True),
+    "ids-as-set-v1:": (1, False),
+    "ids-in-order-v2:": (2, True),
+    "ids-as-set-v2:": (2, False),
+}
 _CHUNK = 65536  # names joined at a time: a million images' names are never held twice
 
 
@@ -63,34 +75,51 @@ def sample_digests(splits: Mapping[str, Samples]) -> dict[str, str]:
     for name, samples in splits.items():
         if len(samples.ids) != len(samples.labels):
             continue
-        if name == "train":
-            digests[name] = IN_ORDER + _split_digest(samples.ids, samples.labels, in_order=True)
-        else:
-            digests[name] = AS_A_SET + _split_digest(samples.ids, samples.labels, in_order=False)
+        made = IN_ORDER if name == "train" else AS_A_SET
+        digests[name] = made + _split_digest(
+            samples.ids, samples.labels, in_order=name == "train", split=name
+        )
     return digests
 
 
-def _split_digest(ids: Sequence[str], labels: Sequence[int], *, in_order: bool) -> str:
+def _split_digest(
+    ids: Sequence[str], labels: Sequence[int], *, in_order: bool, split: str | None
+) -> str:
     """The digest (`_digest`) of the samples named `ids`, in their order or as a set (in their
-    keys' order). A listing whose names are their own keys below the folder they all lie in
-    (`_encoded`), in order or sorted, as a folder's almost always is, is digested in one pass
-    over its names, no list made; others make a list of their keys (`_keys`), sorted for a
-    set."""
+    keys' order), of split `split` (its folder kept, `_cut`; None: v2's, none kept). A listing
+    whose names are their own keys below the folder they all lie in (`_encoded`), in order or
+    sorted, as a folder's almost always is, is digested in one pass over its names, no list
+    made; others make a list of their keys (`_keys`), sorted for a set."""
     if ids and (in_order or _ascending(ids)):
         # The folder the first and the last name lie in, all of them in a sorted listing (and
         # checked for each name as it is cut off); else the one all lie in, found in a pass.
         tried = shared_folder([ids[0], ids[-1]])
-        found = _digest(ids, labels, below=tried)
+        found = _digest(ids, labels, below=tried, cut=len(_cut(tried, split)))
         if found is None and (folder := shared_folder(ids)) != tried:
-            found = _digest(ids, labels, below=folder)
+            found = _digest(ids, labels, below=folder, cut=len(_cut(folder, split)))
         if found is not None:
             return found
-    keys = _keys(ids)
+    keys = _keys(ids, split)
     if not in_order:
         keys, labels = _sorted(keys, labels)
     found = _digest(keys, labels, checked=True)
     assert found is not None
     return found
+
+
+def _cut(folder: str, split: str | None) -> str:
+    """The part of `folder` (the one all of a split's names lie in, "" or ended by "/") that
+    the digests of split `split` cut off its names: all of it, less its last folder where that
+    is named for the split (`val/`, or `valid/`, `validation/`, `dev/`, as parquet folders are
+    read: SPLIT_KEYWORDS), so a split root's validation images, named `val/ant/1.png` from the
+    root and `data/val/ant/1.png` by an index beside it, are not the same-named ones of its
+    `test/` (`ant/1.png`), while a folder named for another split (a class `test/` in `val/`,
+    the image folder `train/` a run held images out of) is cut off as any other. All of it for
+    `split` None (v2's)."""
+    if split is None or not folder:
+        return folder
+    start = folder.rfind("/", 0, -1) + 1
+    return folder[:start] if SPLIT_KEYWORDS.get(folder[start:-1].lower()) == split else folder
 
 
 def _ascending(keys: Sequence[str]) -> bool:
@@ -99,15 +128,22 @@ def _ascending(keys: Sequence[str]) -> bool:
 
 
 def _digest(
-    keys: Sequence[str], labels: Sequence[int], *, checked: bool = False, below: str = ""
+    keys: Sequence[str],
+    labels: Sequence[int],
+    *,
+    checked: bool = False,
+    below: str = "",
+    cut: int | None = None,
 ) -> str | None:
     """SHA-256 of the count, the keys (each ended by NUL, which no path holds) and the labels
     (64-bit little-endian), in this order. Unless `checked` (`keys` are keys), `keys` are
-    names less the folder `below`, and None where one of them does not begin with it or is
-    not its own key below it: keys are made of them then (`_keys`)."""
+    names less the first `cut` characters (all) of the folder `below`, and None where one of
+    them does not begin with it or is not its own key below it: keys are made of them then
+    (`_keys`)."""
     hashed = hashlib.sha256(len(keys).to_bytes(8, "little"))
     for start in range(0, len(keys), _CHUNK):
-        encoded = _encoded(keys[start : start + _CHUNK], checked=checked, below=below)
+        chunk = keys[start : start + _CHUNK]
+        encoded = _encoded(chunk, checked=checked, below=below, cut=cut)
         if encoded is None:
             return None
         hashed.update(memoryview(encoded)[1:])  # (less the NUL before the first)
@@ -118,21 +154,29 @@ def _digest(
     return hashed.hexdigest()
 
 
-def _encoded(names: Sequence[str], *, checked: bool, below: str = "") -> bytes | None:
-    """`names` (less the folder `below` every one begins with), each between NULs, in UTF-8
-    (surrogatepass: a file name of bytes that are not UTF-8, `os.fsdecode`'s surrogates);
-    unless `checked`, None where one of them does not begin with `below` or is not its own
-    key: not in NFC, or a path `path_key` spells otherwise (`./a`, `a//b`, `a/./b`, `a/`) or
-    an absolute one (`_keys` takes it relative). Checked in C, over all of them at once: a
-    function called per name took as long as the rest of the digest."""
+def _encoded(
+    names: Sequence[str], *, checked: bool, below: str = "", cut: int | None = None
+) -> bytes | None:
+    """`names` (less the first `cut` characters, all by default, of the folder `below` every
+    one begins with), each between NULs, in UTF-8 (surrogatepass: a file name of bytes that
+    are not UTF-8, `os.fsdecode`'s surrogates); unless `checked`, None where one of them does
+    not begin with `below` or is not its own key: not in NFC, or a path `path_key` spells
+    otherwise (`./a`, `a//b`, `a/./b`, `a/`) or an absolute one (`_keys` takes it relative).
+    Checked in C, over all of them at once: a function called per name took as long as the
+    rest of the digest. Where nothing is cut (`below` a split's own folder, kept: `_cut`),
+    whether they all begin with it is not checked: nothing would be cut below the folder they
+    do share either (`below` itself, or none above it)."""
     joined = "\0".join(["", *names, ""])  # a NUL begins and ends every name, and no path holds one
     if not checked and os.sep != "/" and (os.sep in joined or ":" in joined):
         return None
-    if below:
-        cut = joined.replace("\0" + below, "\0")  # the NUL keeps it to the front of each name
-        if len(cut) != len(joined) - len(below) * len(names):
+    cut = len(below) if cut is None else cut
+    if cut:
+        # The NUL keeps it to the front of each name; what is kept of `below` (a split's
+        # folder, `_cut`) is put back, one pass in C still.
+        less = joined.replace("\0" + below, "\0" + below[cut:])
+        if len(less) != len(joined) - cut * len(names):
             return None  # a name that does not begin with it
-        joined = cut
+        joined = less
     if not checked and not joined.isascii() and not unicodedata.is_normalized("NFC", joined):
         return None  # (NUL, a character of its own in NFC, keeps the names apart)
     encoded = joined.encode("utf-8", "surrogatepass")
@@ -150,36 +194,39 @@ def _encoded(names: Sequence[str], *, checked: bool, below: str = "") -> bytes |
     return None if respelled else encoded
 
 
-def _keys(ids: Sequence[str]) -> Sequence[str]:
-    """What names each of `ids` for the digests: its `path_key` below the deepest folder all of
-    them lie in (an absolute path, a CSV index's, first below the folder all the absolute ones
-    lie in: `_below_their_folder`), so a split folder's images listed by an index beside it,
-    or an index rewritten for the images' new place, name the same images. Each of `ids` less
-    that folder, unrespelled, where each is its own key below it already."""
-    folder = shared_folder(ids) if ids else ""
+def _keys(ids: Sequence[str], split: str | None) -> Sequence[str]:
+    """What names each of `ids` (of split `split`) for the digests: its `path_key` below the
+    deepest folder all of them lie in (an absolute path, a CSV index's, first below the folder
+    all the absolute ones lie in: `_below_their_folder`), less a folder named for the split
+    that it ends in (`_cut`), so a split folder's images listed by an index beside it, or an
+    index rewritten for the images' new place, name the same images. Each of `ids` less that
+    folder, unrespelled, where each is its own key below it already."""
+    folder = _cut(shared_folder(ids), split) if ids else ""
     if all(
         _encoded(ids[start : start + _CHUNK], checked=False, below=folder) is not None
         for start in range(0, len(ids), _CHUNK)
     ):
         return [ident[len(folder) :] for ident in ids] if folder else ids
-    return _below_their_folder([path_key(ident) for ident in ids])
+    return _below_their_folder([path_key(ident) for ident in ids], split)
 
 
-def _below_their_folder(keys: list[str]) -> list[str]:
+def _below_their_folder(keys: list[str], split: str | None) -> list[str]:
     """`keys`, the absolute ones relative to the deepest folder they all lie in, then all of
-    them relative to the deepest folder they all lie in, in place."""
-    _absolute_below_their_folder(keys)
-    cut = len(shared_folder(keys)) if keys else 0
+    them relative to the deepest folder they all lie in (each less a folder named for `split`
+    that it ends in, `_cut`), in place."""
+    _absolute_below_their_folder(keys, split)
+    cut = len(_cut(shared_folder(keys), split)) if keys else 0
     if cut:
         keys[:] = [key[cut:] for key in keys]
     return keys
 
 
-def _absolute_below_their_folder(keys: list[str]) -> list[str]:
-    """`keys`, the absolute ones relative to the deepest folder they all lie in, in place."""
+def _absolute_below_their_folder(keys: list[str], split: str | None = None) -> list[str]:
+    """`keys`, the absolute ones relative to the deepest folder they all lie in (less a folder
+    named for `split` that it ends in, `_cut`), in place."""
     absolute = [at for at, key in enumerate(keys) if is_absolute_key(key)]
     if absolute:
-        cut = len(shared_folder([keys[at] for at in absolute]))
+        cut = len(_cut(shared_folder([keys[at] for at in absolute]), split))
         for at in absolute:
             keys[at] = keys[at][cut:]
     return keys
@@ -187,15 +234,18 @@ def _absolute_below_their_folder(keys: list[str]) -> list[str]:
 
 def _earlier_digest(made: str, samples: Samples) -> str | None:
     """The digest of `samples` as an earlier version made it, where `made` (a recorded
-    digest's prefix) names one: `-v1`, names counted from the data root (each one's
-    `path_key`, an index's absolute paths from the folder all of those lie in), not below
-    their split's folder. None for any other making. As v1 made it: a listing of names that
-    are their own keys, in order or sorted, as they are (those of an index's absolute paths
-    all below their folder), else their keys one by one."""
-    if made not in (EARLIER_IN_ORDER, EARLIER_AS_A_SET):
+    digest's prefix) names one (EARLIER): `-v2`, names below the folder all of the split's lie
+    in, that folder cut off whole (a split root's `val/` too); `-v1`, names counted from the
+    data root (each one's `path_key`, an index's absolute paths from the folder all of those
+    lie in), not below their split's folder. None for any other making. As v1 made it: a
+    listing of names that are their own keys, in order or sorted, as they are (those of an
+    index's absolute paths all below their folder), else their keys one by one."""
+    if made not in EARLIER:
         return None
+    version, in_order = EARLIER[made]
     ids, labels = samples.ids, samples.labels
-    in_order = made == EARLIER_IN_ORDER
+    if version == 2:
+        return made + _split_digest(ids, labels, in_order=in_order, split=None)
     folder = ""  # where all are absolute ("/..."), the one they lie in
     if ids and ids[0][:1] == "/" and (shared := shared_folder(ids))[:1] == "/":
         folder = shared
