@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from checkpoints import read_checkpoint
 from image_folders import write_image_folder
+from resume_runs import copied_project, runs_on_folder_and_index
 from test_resume_data_cli import (
     COUNTS,
     FIRST,
@@ -41,22 +42,13 @@ def runs(tmp_path_factory) -> tuple[Path, Path, Path]:
     root = tmp_path_factory.mktemp("runs")
     data = write_split_root(root / "project" / "data")
     index = write_index(root / "project" / "index.csv", beside(data, index_rows(data, [*COUNTS])))
-    for spec, run in ((data, root / "on-folder"), (index, root / "on-index")):
-        result = train("--data", spec, *FIRST, "--out", run)
-        assert result.exit_code == 0, result.stderr
-    return data, root / "on-folder", root / "on-index"
+    return data, *runs_on_folder_and_index(root, data, index, train, FIRST)
 
 
 @pytest.fixture
 def copied(runs, tmp_path) -> tuple[Path, Path, Path]:
     """A copy of the data (with the index beside it, in `project/`) and of both runs."""
-    data, on_folder, on_index = runs
-    project = Path(shutil.copytree(data.parent, tmp_path / "project"))
-    return (
-        project / "data",
-        Path(shutil.copytree(on_folder, tmp_path / "on-folder")),
-        Path(shutil.copytree(on_index, tmp_path / "on-index")),
-    )
+    return copied_project(*runs, tmp_path)
 
 
 def test_a_run_on_a_folder_resumes_silently_on_an_index_beside_it(copied):

@@ -14,6 +14,7 @@ import pytest
 from checkpoints import read_checkpoint
 from image_folders import write_image_folder
 from processes import run_torchkit_in_process
+from resume_runs import copied_project, runs_on_folder_and_index
 from test_resume_val_split_moved import (
     COUNTS,
     FIRST,
@@ -57,22 +58,13 @@ def runs(request, tmp_path_factory) -> tuple[Path, Path, Path]:
     root = tmp_path_factory.mktemp(request.param)
     data = write_data(root / "project" / "data", request.param)
     index = write_index(root / "project" / "index.csv", folder_rows(data, "data/"))
-    for spec, run in ((data, root / "on-folder"), (index, root / "on-index")):
-        result = train("--data", spec, *FIRST, "--out", run)
-        assert result.exit_code == 0, result.stderr
-    return data, root / "on-folder", root / "on-index"
+    return data, *runs_on_folder_and_index(root, data, index, train, FIRST)
 
 
 @pytest.fixture
 def copied(runs, tmp_path) -> tuple[Path, Path, Path]:
     """A copy of the project (the data, the index beside it) and of both runs."""
-    data, on_folder, on_index = runs
-    project = Path(shutil.copytree(data.parent, tmp_path / "project"))
-    return (
-        project / "data",
-        Path(shutil.copytree(on_folder, tmp_path / "on-folder")),
-        Path(shutil.copytree(on_index, tmp_path / "on-index")),
-    )
+    return copied_project(*runs, tmp_path)
 
 
 def held(run: Path) -> list[str]:
