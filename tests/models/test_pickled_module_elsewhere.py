@@ -296,3 +296,66 @@ def test_the_classes_a_pickle_names_are_read_without_importing_them(folders, pro
     (saved / "junk.pt").write_bytes(b"PK\x03\x04 not a zip")
     assert pickled_globals(saved / "junk.pt") == []
     assert pickled_globals(saved / "none.pt") == []
+
+
+# pickle's own message of the failed lookup shows pytest's __main__ (a repr Python deprecates)
+@pytest.mark.filterwarnings("ignore:BuiltinImporter.module_repr:DeprecationWarning")
+def test_an_untrusted_file_that_fails_so_is_unreadable_and_its_classes_are_not_looked_up(
+    folders, monkeypatch
+):
+    """weights_only imports nothing: an AttributeError of an untrusted file is the file's own
+    allowed call on damaged values, not a class missing here. It said `__main__.Later` (named
+    after the failing call, never reached) was defined in the script that saved it."""
+    import collections
+
+    import torch
+    from hostile_pickles import RunsShell
+
+    saved, other = folders
+
+    class Later:
+        pass
+
+    class Damaged:
+        def __reduce__(self):  # an allowed call with a value that is no storage
+            no_storage = (1, 0, (1,), (1,), False, collections.OrderedDict())
+            return (torch._utils._rebuild_tensor_v2, no_storage)
+
+    Later.__module__, Later.__qualname__ = "__main__", "Later"
+    marker = saved / "ran"
+    with monkeypatch.context() as saving:
+        saving.setattr(sys.modules["__main__"], "Later", Later, raising=False)
+        torch.save({"a": Damaged(), "b": Later}, saved / "damaged.pt")
+        torch.save({"a": RunsShell(marker), "b": Later}, saved / "hostile.pt")
+    damaged = run_torchkit_in_process("summary", saved / "damaged.pt", cwd=other)
+    assert damaged.returncode == 1
+    assert error_line(damaged.stderr, besides="nothing") == (
+        f"Error: cannot read checkpoint {saved / 'damaged.pt'}: AttributeError: 'int' object "
+        "has no attribute 'dtype' (the file may be truncated or not a PyTorch checkpoint)"
+    )
+    hostile = run_torchkit_in_process("summary", saved / "hostile.pt", cwd=other)
+    assert error_line(hostile.stderr, besides="nothing") == (
+        f"Error: {saved / 'hostile.pt'} holds a pickled posix.system, not only tensors and plain "
+        "values (pass --trust-checkpoint to load it anyway, only if you trust where it came from)"
+    )
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("length", [4096, 2**62], ids=["bytes-past-the-cap", "claimed-length"])
+def test_a_legacy_pickle_is_read_up_to_a_cap_and_what_was_read_stands(folders, monkeypatch, length):
+    """A plain pickle's tensors are bytes within it (a 2 GB file was read whole into memory to
+    find the classes it names); a damaged length is not read either. The class read before
+    stands (the read past the cap, or of a claimed length, lost it)."""
+    import struct
+
+    from torchkit.core.models import usercode
+
+    saved, _ = folders
+    monkeypatch.setattr(usercode, "_MAX_PICKLE_BYTES", 1024)
+    data = (
+        b"\x80\x04cpickled_cap_nets\nNet\n"
+        + b"\x8e" + struct.pack("<Q", length) + b"x" * 4096  # BINBYTES8
+        + b"cpickled_late\nLate\n\x87."
+    )  # fmt: skip
+    (saved / "plain.pkl").write_bytes(data)
+    assert usercode.pickled_globals(saved / "plain.pkl") == [("pickled_cap_nets", "Net")]

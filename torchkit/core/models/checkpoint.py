@@ -112,6 +112,8 @@ def _load_checkpoint(path: str | os.PathLike, *, trust_checkpoint: bool) -> Any:
             "pass --trust-checkpoint to load it anyway, only if you trust where it came from",
         ) from error
     except (AttributeError, ImportError) as error:  # trusted pickle of a class we cannot import
+        if not trust_checkpoint:  # weights_only imports nothing: a damaged file's own call
+            raise _unreadable(source, error, trusted=False) from error
         from torchkit.core.models.usercode import unimportable_pickle
 
         unimportable = unimportable_pickle(source, error)

@@ -441,9 +441,30 @@ def pickled_globals(source: str | os.PathLike) -> list[tuple[str, str]]:
                 ]
                 return _globals_of([archive.read(info) for info in records[:1]])
         with open(source, "rb") as handle:  # the legacy format: several pickles in a row
-            return _globals_of([handle], pickles=4)
+            return _globals_of([_Capped(handle, _MAX_PICKLE_BYTES)], pickles=4)
     except Exception:  # a damaged file: torch's error stands
         return []
+
+
+class _Capped:
+    """A file read on for at most `limit` bytes in all: a read past them is an error, not
+    made (a plain pickle's tensors are bytes within it: a 2 GB file is not read into memory,
+    nor a damaged one's claimed length)."""
+
+    def __init__(self, handle: Any, limit: int) -> None:
+        self._handle, self._left = handle, limit
+
+    def read(self, size: int = -1) -> bytes:
+        if size < 0 or size > self._left:
+            raise ValueError("past the bytes a pickle's structure is read in")
+        data = self._handle.read(size)
+        self._left -= len(data)
+        return data
+
+    def readline(self) -> bytes:
+        line = self._handle.readline(self._left)
+        self._left -= len(line)
+        return line
 
 
 def _globals_of(inputs: list[Any], pickles: int = 1) -> list[tuple[str, str]]:
@@ -452,16 +473,16 @@ def _globals_of(inputs: list[Any], pickles: int = 1) -> list[tuple[str, str]]:
     for data in inputs:
         for _ in range(pickles):
             try:
-                found += _globals_of_one(data)
+                _globals_of_one(data, found)
             except Exception:  # past the last pickle, or a damaged one: what was read stands
                 break
     return list(dict.fromkeys(found))
 
 
-def _globals_of_one(data: Any) -> list[tuple[str, str]]:
+def _globals_of_one(data: Any, found: list[tuple[str, str]]) -> None:
+    """Adds to `found` the globals of the pickle `data` holds (next), as they are read."""
     import pickletools
 
-    found: list[tuple[str, str]] = []
     memo: dict[Any, Any] = {}
     recent: list[Any] = [None, None]  # the last two values pushed, where they are strings
     for opcode, arg, _position in pickletools.genops(data):
@@ -484,4 +505,3 @@ def _globals_of_one(data: Any) -> list[tuple[str, str]]:
         else:
             recent.append(None)
         del recent[:-2]
-    return found
