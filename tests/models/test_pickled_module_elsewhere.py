@@ -89,10 +89,20 @@ def test_train_refuses_a_pickled_model_naming_its_class_to_give_as_model(folders
     assert net.is_file()
 
 
-def test_a_pickled_model_of_an_installed_class_is_refused_with_the_general_hint(folders):
+@pytest.mark.parametrize("pythonpath", [False, True], ids=["plain", "site-packages-on-pythonpath"])
+def test_a_pickled_model_of_an_installed_class_is_refused_with_the_general_hint(
+    folders, monkeypatch, pythonpath
+):
+    """A PYTHONPATH that names the installed packages' folder (as some clusters set it) does
+    not make torch's Sequential the user's code: it said --model
+    torch.nn.modules.container:Sequential, which builds an empty model."""
+    import os
+
     import torch
 
     saved, _ = folders
+    if pythonpath:
+        monkeypatch.setenv("PYTHONPATH", os.path.dirname(os.path.dirname(torch.__file__)))
     torch.save(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(2)), saved / "s.pt")
     write_image_folder(saved / "data", {"a": 2, "b": 2})
     refused = run_torchkit_in_process(

@@ -348,7 +348,21 @@ def class_spec(model: Any) -> str | None:
         return None
     paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     roots = _searched | {os.path.abspath(path) for path in paths if path}
+    roots -= _installed_folders()  # (a PYTHONPATH that names the site-packages folder)
     return f"{module}:{name}" if os.path.dirname(where) in roots else None
+
+
+def _installed_folders() -> set[str]:
+    """The folders of the standard library and the installed packages."""
+    import site
+    import sysconfig
+
+    keys = ("stdlib", "platstdlib", "purelib", "platlib")
+    folders = [path for key, path in sysconfig.get_paths().items() if key in keys]
+    if hasattr(site, "getsitepackages"):
+        folders += site.getsitepackages()
+    folders.append(site.getusersitepackages())
+    return {os.path.abspath(path) for path in folders if path}
 
 
 def _found_at(module: str) -> str:
