@@ -369,3 +369,40 @@ def test_a_legacy_pickle_is_read_up_to_a_cap_and_what_was_read_stands(folders, m
     )  # fmt: skip
     (saved / "plain.pkl").write_bytes(data)
     assert usercode.pickled_globals(saved / "plain.pkl") == [("pickled_cap_nets", "Net")]
+
+
+@pytest.mark.parametrize("module", ["torch.nn.modules.linear", "torch.nn.modules.pickled_future"])
+def test_a_class_or_module_an_installed_package_lacks_is_said_to_need_its_other_version(
+    folders, monkeypatch, module
+):
+    """It said to run torchkit from `the folder whose torch defines FutureLinear`: the file was
+    saved with another version of torch (a class or module this one lacks)."""
+    import types
+
+    import torch
+
+    saved, other = folders
+
+    class FutureLinear(torch.nn.Linear):
+        pass
+
+    FutureLinear.__module__, FutureLinear.__qualname__ = module, "FutureLinear"
+    with monkeypatch.context() as saving:
+        if module not in sys.modules:
+            saving.setitem(sys.modules, module, types.ModuleType(module))
+        saving.setattr(sys.modules[module], "FutureLinear", FutureLinear, raising=False)
+        torch.save(torch.nn.Sequential(FutureLinear(2, 2)), saved / "future.pt")
+    ran = run_torchkit_in_process("summary", saved / "future.pt", "--trust-checkpoint", cwd=other)
+    assert ran.returncode == 1
+    parent, _, last = module.rpartition(".")
+    lacks = (
+        f"{parent}, imported from {Path(torch.nn.modules.__file__).parent}, has no module {last}"
+    )
+    if module.endswith("linear"):
+        lacks = f"{module}, imported from {torch.nn.modules.linear.__file__}, has no FutureLinear"
+    assert error_line(ran.stderr, besides="nothing") == (
+        f"Error: cannot unpickle checkpoint {saved / 'future.pt'}: it pickles "
+        f"{module}.FutureLinear, and {lacks} (it was saved with another version of torch than "
+        "the one installed here: install that version, or load it where that is installed and "
+        "save its state_dict)"
+    )

@@ -388,13 +388,19 @@ def _imported(module: str) -> str:
 
 def _where_hint(top: str, folder: str, otherwise: str) -> str:
     """Where to run torchkit from: `folder`, the pickled file's, when it holds `top`.py or
-    `top`/ that was not the one imported (or none was), else the folder `otherwise` names."""
+    `top`/ that was not the one imported (or none was), else the folder `otherwise` names; an
+    installed `top` imported (another version of it saved the file): the version to use."""
     beside = _code_beside(top, folder)
     imported = _module_file(sys.modules.get(top))
     if beside is not None and (
         imported is None or not _same_folder(os.path.dirname(imported), folder)
     ):
         return f"run torchkit from {folder}, which has {beside}, or put that folder on PYTHONPATH"
+    if imported is not None and os.path.dirname(imported) in _installed_folders():
+        return (
+            f"it was saved with another version of {top} than the one installed here: install "
+            "that version, or load it where that is installed and save its state_dict"
+        )
     return f"run torchkit from {otherwise}, or put that folder on PYTHONPATH"
 
 
