@@ -94,9 +94,13 @@ def test_a_name_of_bytes_that_are_not_utf8_is_digested():
     assert digests(ids=odd) != digests()
 
 
-def below_their_folder(keys: list[str], split: str | None = None) -> list[str]:
+def below_their_folder(
+    keys: list[str], split: str | None = None, labels: list[int] | None = None
+) -> list[str]:
     """`keys` less the folders every one of them begins with, counted part by part, but the
-    last of them where it is named for `split` (parquet's split keywords, any case)."""
+    last of them where it is named for `split` (parquet's split keywords, any case), or the
+    one before the last where all `labels` are one (a split of one class: its class folder
+    last)."""
     folders = [key.split("/")[:-1] for key in keys]
     depth = 0
     while folders and all(len(parts) > depth for parts in folders):
@@ -105,6 +109,13 @@ def below_their_folder(keys: list[str], split: str | None = None) -> list[str]:
         depth += 1
     if depth and split and SPLIT_KEYWORDS.get(folders[0][depth - 1].lower()) == split:
         depth -= 1
+    elif (
+        depth > 1
+        and split
+        and SPLIT_KEYWORDS.get(folders[0][depth - 2].lower()) == split
+        and len(set(labels or [])) == 1
+    ):
+        depth -= 2
     cut = sum(len(part) + 1 for part in folders[0][:depth]) if depth else 0
     return [key[cut:] for key in keys]
 
@@ -115,15 +126,17 @@ def reference(
     """The digest as the docstrings define it, made the slow way: each name's `path_key` (the
     absolute ones first less the folders all the absolute ones begin with), less the folders
     all of the split's begin with (not `version` 1's: names from the data root), but for
-    `version` 3 the last of them where it is named for `split` (`val/`); sorted by key then
+    `version` 3 the last of them where it is named for `split` (`val/`), or the one before
+    it for a split of one class (`val/ant/`); sorted by key then
     label for a set; SHA-256 of the count, each key ended by NUL, the labels as int64."""
     kept = split if version == 3 else None
     keys = [splitting.path_key(ident) for ident in ids]
     absolute = [at for at, key in enumerate(keys) if key.startswith("/")]
-    relative = below_their_folder([keys[at] for at in absolute], kept)
+    relative = below_their_folder([keys[at] for at in absolute], kept, labels)
     for at, key in zip(absolute, relative, strict=True):
         keys[at] = key
-    pairs = list(zip(keys if version == 1 else below_their_folder(keys, kept), labels, strict=True))
+    below = keys if version == 1 else below_their_folder(keys, kept, labels)
+    pairs = list(zip(below, labels, strict=True))
     if as_a_set:
         pairs.sort()
     hashed = hashlib.sha256(len(pairs).to_bytes(8, "little"))
@@ -155,6 +168,9 @@ NAMES = [
     ["data/test/ant/a.png", "data/test/bee/b.png"],  # another split's folder beside it
     ["train/ant/a.png", "train/bee/b.png"],
     ["val/test/1.png", "val/test/2.png"],  # one class, named like a split
+    ["val/ant/1.png", "val/ant/2.png", "val/ant/3.png"],  # (labelled as) one class
+    ["/mnt/data/val/ant/a.png", "/mnt/data/val/ant/b.png"],  # absolute, one class
+    ["val/a.png", "val/b.png"],  # a split folder of images, no class folders
     ["data/Validation/ant/a.png", "data/Validation/bee/b.png"],  # a parquet folder's alias
     ["/mnt/data/val/ant/a.png", "/mnt/data/val/bee/b.png"],  # absolute, in a split folder
     ["/mnt/data/val/ant/a.png", "val/bee/b.png", "/mnt/data/val/cat/c.png"],  # both kinds
@@ -163,12 +179,21 @@ NAMES = [
     [f"part-{n // 7:06d}.tar/{n:05d}.jpg" for n in range(66_000)],  # past a chunk of names
 ]
 
+# Those of NAMES labelled as one class (the others' labels are of three).
+ONE_CLASS = [
+    ["val/ant/1.png"],
+    ["val/ant/1.png", "val/ant/2.png", "val/ant/3.png"],
+    ["/mnt/data/val/ant/a.png", "/mnt/data/val/ant/b.png"],
+]
+
 
 @pytest.mark.parametrize("ids", NAMES, ids=range(len(NAMES)))
 def test_each_listing_is_digested_as_defined_however_its_names_are_read(ids):
     """The quick pass over names that are their own keys, in order or sorted, and the keys
     made one by one give the digest as defined (a checkpoint's records compare with any)."""
     labels = [n % 3 for n in range(len(ids))]
+    if ids in ONE_CLASS:
+        labels = [0] * len(ids)
     shuffled = list(range(len(ids)))
     random.Random(len(ids)).shuffle(shuffled)
     for names, marks in (
@@ -293,7 +318,10 @@ def test_a_split_of_one_image_is_its_file_name_and_label():
     folder, it is the same sample; another name or label is another."""
     one = digests(ids=["val/ant/a.png"], labels=[0])
     assert digests(ids=["data/val/ant/a.png"], labels=[0]) == one
-    assert digests(ids=["a.png"], labels=[0]) == one
+    assert digests(ids=["/mnt/data/val/ant/a.png"], labels=[0]) == one
+    # the folder named for the split is kept before its class folder: not test/'s of its name
+    assert digests(ids=["test/ant/a.png"], labels=[0])["val"] != one["val"]
+    assert digests(ids=["a.png"], labels=[0])["train"] == one["train"]
     assert digests(ids=["val/ant/b.png"], labels=[0])["val"] != one["val"]
     assert digests(ids=["val/ant/a.png"], labels=[1])["val"] != one["val"]
 
@@ -417,3 +445,23 @@ def test_the_test_split_is_recorded_but_never_compared(caplog):
     with caplog.at_level(logging.DEBUG, logger="torchkit"):
         check(recorded, ours, {**SIZES, "test": 4})
     assert caplog.records == []
+
+
+def test_a_split_the_data_did_not_make_keeps_no_folder_named_for_it():
+    """Held out of a split root's train split (`held_out_of` "train"), a val split's images
+    lie in train's folder, and unsplit data ("all") has no split folders: a folder of theirs
+    named for a split (an image folder `val/` named so by an index beside it) is cut off."""
+    named = ["val/ant/a.png", "val/bee/b.png"]
+    plain = ["ant/a.png", "bee/b.png"]
+
+    def made(ids, held_out_of=None):
+        return sample_digests(
+            {split: samples(ids, [0, 1]) for split in ("train", "val")}, held_out_of
+        )
+
+    assert made(named)["val"] != made(plain)["val"]  # a split root's val/ (kept)
+    assert made(named, "train")["val"] == made(plain, "train")["val"]
+    assert made(named, "all") == made(plain, "all")
+    train = ["train/ant/a.png", "train/bee/b.png"]
+    assert made(train, "train")["train"] != made(plain, "train")["train"]  # train/ kept
+    assert made(train, "all")["train"] == made(plain, "all")["train"]

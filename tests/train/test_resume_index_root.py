@@ -245,3 +245,62 @@ def test_an_image_folder_named_for_another_split_resumes_through_an_index_beside
     result = train("--resume", run, "--data", index, *MORE)
     assert result.exit_code == 0, result.stderr
     assert warnings_and_errors(result) == []
+
+
+@pytest.mark.parametrize("name", ["val", "dev", "VAL", "train"])
+def test_an_image_folder_named_for_a_split_it_had_resumes_through_an_index_beside_it(
+    tmp_path, name
+):
+    """A folder of class folders named `val/` (or `dev/`, `VAL/`; `train/`) whose validation
+    images the run held out (--val-split): through an index beside it (`val/ant/ant_0.png`)
+    they are the folder's `ant/ant_0.png` still, as its training images are. They were refused
+    as other validation images (`train/`'s training images warned of): the folder named for the
+    split was kept of the index's names only, though the data's layout made no split."""
+    images = write_image_folder(tmp_path / name, COUNTS, seed=1)
+    run = tmp_path / "run"
+    result = train("--data", images, *FIRST, "--val-split", "0.25", "--out", run)
+    assert result.exit_code == 0, result.stderr
+    rows = [
+        f"{name}/{image.relative_to(images).as_posix()}" for image in sorted(images.rglob("*.png"))
+    ]
+    index = tmp_path / "index.csv"
+    index.write_text("path,label\n" + "".join(f"{row},{row.split('/')[1]}\n" for row in rows))
+    result = train("--resume", run, "--data", index, *MORE)
+    assert result.exit_code == 0, result.stderr
+    assert warnings_and_errors(result) == []
+
+
+def test_a_validation_split_of_one_class_through_an_index_at_its_test_images_is_refused(
+    tmp_path,
+):
+    """val/ holds one class (`val/ant/`, all of its names lie in): the folder named for the
+    split is kept before the class folder, as where val/ has more classes, so an index beside
+    the root whose val rows point at the test folder's images of the same names is refused
+    (it resumed without a word), while the index of the folder's own val/ resumes."""
+    data = tmp_path / "project" / "data"
+    write_image_folder(data / "train", COUNTS, seed=1)
+    write_image_folder(data / "val", {"ant": 2}, seed=2)
+    write_image_folder(data / "test", {"ant": 2}, seed=3)  # as val/'s names
+    run = tmp_path / "run"
+    result = train("--data", data, *FIRST, "--out", run)
+    assert result.exit_code == 0, result.stderr
+    rows = [
+        (image.relative_to(data).as_posix(), image.parent.name, split)
+        for split in ("train", "val")
+        for image in sorted((data / split).rglob("*.png"))
+    ]
+    own = write_index(tmp_path / "project" / "own.csv", beside(data, rows))
+    result = train("--resume", run, "--data", own, *MORE)
+    assert result.exit_code == 0, result.stderr
+    assert warnings_and_errors(result) == []
+    swapped = [
+        (f"test/{path.removeprefix('val/')}" if split == "val" else path, label, split)
+        for path, label, split in rows
+    ]
+    assert ("test/ant/ant_0.png", "ant", "val") in swapped
+    index = write_index(tmp_path / "project" / "index.csv", beside(data, swapped))
+    result = train("--resume", run, "--data", index, "--epochs", "3", "--trust-checkpoint")
+    assert result.exit_code == 1
+    assert error_line(result).startswith(
+        "Error: the data's 2 validation images are not those the run was validated on"
+    )

@@ -68,16 +68,22 @@ EARLIER = {
 _CHUNK = 65536  # names joined at a time: a million images' names are never held twice
 
 
-def sample_digests(splits: Mapping[str, Samples]) -> dict[str, str]:
+def sample_digests(splits: Mapping[str, Samples], held_out_of: str | None = None) -> dict[str, str]:
     """The digest of each split of `splits` (train in its order, the others as sets); none for
-    a split whose samples have no names."""
+    a split whose samples have no names. `held_out_of`, the data record's: "train" where the
+    run held its val split out of a split root's train split, "all" out of unsplit data (an
+    image folder, an index without a split column). A folder named for a split is kept of the
+    names (`_cut`) only where the data's own layout made that split: neither of images held
+    out (they lie in train's folder), nor of unsplit data (an image folder named `val/`, which
+    an index beside it names `val/ant/1.png`, its own listing `ant/1.png`)."""
     digests = {}
     for name, samples in splits.items():
         if len(samples.ids) != len(samples.labels):
             continue
         made = IN_ORDER if name == "train" else AS_A_SET
+        own = held_out_of != "all" and not (held_out_of == "train" and name == "val")
         digests[name] = made + _split_digest(
-            samples.ids, samples.labels, in_order=name == "train", split=name
+            samples.ids, samples.labels, in_order=name == "train", split=name if own else None
         )
     return digests
 
@@ -94,12 +100,12 @@ def _split_digest(
         # The folder the first and the last name lie in, all of them in a sorted listing (and
         # checked for each name as it is cut off); else the one all lie in, found in a pass.
         tried = shared_folder([ids[0], ids[-1]])
-        found = _digest(ids, labels, below=tried, cut=len(_cut(tried, split)))
+        found = _digest(ids, labels, below=tried, cut=len(_cut(tried, split, labels)))
         if found is None and (folder := shared_folder(ids)) != tried:
-            found = _digest(ids, labels, below=folder, cut=len(_cut(folder, split)))
+            found = _digest(ids, labels, below=folder, cut=len(_cut(folder, split, labels)))
         if found is not None:
             return found
-    keys = _keys(ids, split)
+    keys = _keys(ids, split, labels)
     if not in_order:
         keys, labels = _sorted(keys, labels)
     found = _digest(keys, labels, checked=True)
@@ -107,19 +113,30 @@ def _split_digest(
     return found
 
 
-def _cut(folder: str, split: str | None) -> str:
+def _cut(folder: str, split: str | None, labels: Sequence[int] = ()) -> str:
     """The part of `folder` (the one all of a split's names lie in, "" or ended by "/") that
     the digests of split `split` cut off its names: all of it, less its last folder where that
     is named for the split (`val/`, or `valid/`, `validation/`, `dev/`, as parquet folders are
     read: SPLIT_KEYWORDS), so a split root's validation images, named `val/ant/1.png` from the
     root and `data/val/ant/1.png` by an index beside it, are not the same-named ones of its
     `test/` (`ant/1.png`), while a folder named for another split (a class `test/` in `val/`,
-    the image folder `train/` a run held images out of) is cut off as any other. All of it for
-    `split` None (v2's)."""
+    the image folder `train/` a run held images out of) is cut off as any other. A split of
+    one class (its `labels`, all alike) lies in its class folder: the folder named for the
+    split is looked for before it (`val/ant/`, kept whole), as where the split has more. All
+    of it for `split` None (v2's, and a split that the data's layout did not make)."""
     if split is None or not folder:
         return folder
     start = folder.rfind("/", 0, -1) + 1
-    return folder[:start] if SPLIT_KEYWORDS.get(folder[start:-1].lower()) == split else folder
+    if SPLIT_KEYWORDS.get(folder[start:-1].lower()) == split:
+        return folder[:start]
+    before = folder.rfind("/", 0, start - 1) + 1 if start else 0
+    if (
+        start
+        and SPLIT_KEYWORDS.get(folder[before : start - 1].lower()) == split
+        and min(labels, default=None) == max(labels, default=-1)  # (checked last: a pass)
+    ):
+        return folder[:before]
+    return folder
 
 
 def _ascending(keys: Sequence[str]) -> bool:
@@ -194,39 +211,43 @@ def _encoded(
     return None if respelled else encoded
 
 
-def _keys(ids: Sequence[str], split: str | None) -> Sequence[str]:
+def _keys(ids: Sequence[str], split: str | None, labels: Sequence[int] = ()) -> Sequence[str]:
     """What names each of `ids` (of split `split`) for the digests: its `path_key` below the
     deepest folder all of them lie in (an absolute path, a CSV index's, first below the folder
     all the absolute ones lie in: `_below_their_folder`), less a folder named for the split
     that it ends in (`_cut`), so a split folder's images listed by an index beside it, or an
     index rewritten for the images' new place, name the same images. Each of `ids` less that
     folder, unrespelled, where each is its own key below it already."""
-    folder = _cut(shared_folder(ids), split) if ids else ""
+    folder = _cut(shared_folder(ids), split, labels) if ids else ""
     if all(
         _encoded(ids[start : start + _CHUNK], checked=False, below=folder) is not None
         for start in range(0, len(ids), _CHUNK)
     ):
         return [ident[len(folder) :] for ident in ids] if folder else ids
-    return _below_their_folder([path_key(ident) for ident in ids], split)
+    return _below_their_folder([path_key(ident) for ident in ids], split, labels)
 
 
-def _below_their_folder(keys: list[str], split: str | None) -> list[str]:
+def _below_their_folder(
+    keys: list[str], split: str | None, labels: Sequence[int] = ()
+) -> list[str]:
     """`keys`, the absolute ones relative to the deepest folder they all lie in, then all of
     them relative to the deepest folder they all lie in (each less a folder named for `split`
     that it ends in, `_cut`), in place."""
-    _absolute_below_their_folder(keys, split)
-    cut = len(_cut(shared_folder(keys), split)) if keys else 0
+    _absolute_below_their_folder(keys, split, labels)
+    cut = len(_cut(shared_folder(keys), split, labels)) if keys else 0
     if cut:
         keys[:] = [key[cut:] for key in keys]
     return keys
 
 
-def _absolute_below_their_folder(keys: list[str], split: str | None = None) -> list[str]:
+def _absolute_below_their_folder(
+    keys: list[str], split: str | None = None, labels: Sequence[int] = ()
+) -> list[str]:
     """`keys`, the absolute ones relative to the deepest folder they all lie in (less a folder
     named for `split` that it ends in, `_cut`), in place."""
     absolute = [at for at, key in enumerate(keys) if is_absolute_key(key)]
     if absolute:
-        cut = len(_cut(shared_folder([keys[at] for at in absolute]), split))
+        cut = len(_cut(shared_folder([keys[at] for at in absolute]), split, labels))
         for at in absolute:
             keys[at] = keys[at][cut:]
     return keys

@@ -289,7 +289,8 @@ def _seeds_and_data(ctx: DistContext, plan: RunPlan, amp: Amp) -> _RunData:
     # alike), so a new run's other ranks digest no million names for nothing.
     digests: dict[str, str] = {}
     if checkpoint is not None or ctx.rank == 0:
-        digests = data.record[DIGESTS] = sample_digests(data.splits)
+        held_out_of = data.record.get("held_out_of")  # (a folder named for a split: kept?)
+        digests = data.record[DIGESTS] = sample_digests(data.splits, held_out_of)
     train_size_changed = False
     if checkpoint is not None:
         from torchkit.core.models.weights import checkpoint_arch, require_trusted_arch
