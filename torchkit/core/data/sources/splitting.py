@@ -96,9 +96,9 @@ def is_absolute_key(key: str) -> bool:
 def shared_folder(keys: Sequence[str]) -> str:
     """The deepest folder every one of the non-empty `keys` lies in, ended by "/" ("" where
     none): what a split's names count from for the digests `train --resume` compares (less a
-    last folder named for that split, which the names keep; a CSV index's absolute paths
-    first), and what an index's absolute paths count from for finding the images of an index
-    moved with them."""
+    last folder named for that split where the data's layout made it, which the names keep; a
+    CSV index's absolute paths first), and what an index's absolute paths count from for
+    finding the images of an index moved with them."""
     first, last = min(keys), max(keys)  # every key sorted between them starts as both do
     return first[: os.path.commonprefix([first, last]).rfind("/") + 1]
 
