@@ -241,6 +241,21 @@ def test_argument_taken_as_out_beside_data_is_refused_naming_both(
     )
 
 
+def test_the_refusal_of_an_argument_taken_as_out_quotes_the_data_it_shows(
+    runner, make_image_folder, image_folder, tmp_path
+):
+    """`--data my data` would be two words: the rule and the commands show shell words."""
+    other_data = make_image_folder(tmp_path / "my data", {"a": 1, "b": 1})
+    result = runner.invoke(app, ["split", str(image_folder), "--data", str(other_data)])
+    assert result.exit_code == 1
+    assert error_line(result.stderr, besides="nothing") == (
+        f"Error: output folder already exists: {image_folder} (the argument is OUT when --data "
+        f"'{other_data}' gives ROOT: to split {image_folder}, write `torchkit split "
+        f"{image_folder} OUT` without --data; to split '{other_data}' into {image_folder}: "
+        f"{NOT_TORCHKITS})"
+    )
+
+
 def test_extract_features_argument_taken_as_out_beside_data_is_refused_naming_both(
     runner, model, make_image_folder, image_folder, tmp_path
 ):

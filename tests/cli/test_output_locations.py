@@ -77,8 +77,17 @@ def test_the_same_place_twice_is_fine(runner, inputs):
     assert out.exists()
 
 
-@pytest.mark.parametrize("output", ["myrun", "run-2026"])
-def test_train_output_meant_as_out_gets_a_hint_and_writes_nothing(runner, inputs, output):
+@pytest.mark.parametrize(
+    ("output", "out", "summary"),
+    [
+        ("myrun", "myrun", "myrun.json"),
+        ("run-2026", "run-2026", "run-2026.json"),
+        ("my run", "'my run'", "'my run.json'"),  # the options shown are pasted as they are
+    ],
+)
+def test_train_output_meant_as_out_gets_a_hint_and_writes_nothing(
+    runner, inputs, output, out, summary
+):
     import os
 
     before = tree_digest(inputs)
@@ -92,7 +101,7 @@ def test_train_output_meant_as_out_gets_a_hint_and_writes_nothing(runner, inputs
     line = error_line(result.stderr)
     assert "-o/--output names the file" in line
     assert line.endswith(
-        f"(the run folder is --out: did you mean --out {output}, or -o {output}.json for the "
+        f"(the run folder is --out: did you mean --out {out}, or -o {summary} for the "
         "summary as JSON?)"
     )
     assert tree_digest(inputs) == before

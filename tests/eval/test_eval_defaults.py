@@ -140,3 +140,20 @@ def test_the_help_of_topk_says_what_few_classes_get(_torchkit_command):
     options = _torchkit_command.commands["eval"].params
     help_text = next(option.help for option in options if "--topk" in option.opts)
     assert "if fewer" not in help_text and "null" in help_text, help_text
+
+
+def test_the_note_of_the_recorded_data_quotes_a_folder_whose_name_has_a_space(flat_run, tmp_path):
+    """The note shows the --data that eval takes: a folder with a space is one shell word."""
+    import torch
+
+    from torchkit.core.evaluate.source import recorded_data
+    from torchkit.core.models.checkpoint import save_checkpoint
+    from torchkit.core.models.spec import ModelSpec
+
+    moved = Path(shutil.copytree(flat_run / "raw", tmp_path / "my raw"))
+    checkpoint = torch.load(flat_run / "run" / "best.pt", weights_only=True)
+    checkpoint["data"] = {**checkpoint["data"], "root": str(moved), "spec": str(moved)}
+    save_checkpoint(checkpoint, tmp_path / "best.pt")
+    data, note = recorded_data(ModelSpec(model=str(tmp_path / "best.pt")))
+    assert data == str(moved)
+    assert note == f"--data '{moved}': the data {tmp_path / 'best.pt'} was trained on"

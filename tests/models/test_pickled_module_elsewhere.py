@@ -406,3 +406,36 @@ def test_a_class_or_module_an_installed_package_lacks_is_said_to_need_its_other_
         "the one installed here: install that version, or load it where that is installed and "
         "save its state_dict)"
     )
+
+
+@pytest.mark.parametrize(
+    ("folder", "shown"),
+    [("my nets", "'my nets/net.pt'"), ("my\nnets", "$'my\\nnets/net.pt'")],
+    ids=["space", "newline"],
+)
+def test_the_refusal_of_a_pickled_model_quotes_the_path_it_shows(folders, folder, shown):
+    """The command the hint shows is pasted as it is: a path with a space is one quoted shell
+    word, and a line break in it neither splits the Error line nor the word."""
+    saved, _ = folders
+    net = pickle_net(saved, "pickled_quoted_nets")
+    (saved / folder).mkdir()
+    net.rename(saved / folder / "net.pt")
+    write_image_folder(saved / "data", {"a": 2, "b": 2})
+    refused = run_torchkit_in_process(
+        "train",
+        "--data",
+        "data",
+        "--model",
+        f"{folder}/net.pt",
+        "--trust-checkpoint",
+        *VAL,
+        cwd=saved,
+    )
+    assert refused.returncode == 2
+    lines = [line for line in refused.stderr.splitlines() if line.strip()]
+    assert lines[-1] == (
+        f"Error: {folder.encode('unicode_escape').decode()}/net.pt is a pickled model: train "
+        "needs an architecture it can rebuild for eval and --resume (give its class as --model "
+        "pickled_quoted_nets:Net, or a function that builds it, and the file as --weights "
+        f"{shown})"
+    )

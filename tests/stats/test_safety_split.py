@@ -748,3 +748,24 @@ def test_a_failed_split_keeps_files_copied_into_out_while_it_ran(tmp_path, force
         assert sorted(os.listdir(out)) == ["notes.txt", "train"]  # no marker, no split.csv
         assert os.listdir(out / "train") == ["ant"]
         assert os.listdir(out / "train" / "ant") == ["mine.png"]
+
+
+@pytest.mark.parametrize(
+    ("name", "shown"),
+    [("my out", "'{}/my out'"), ("my\nout", "$'{}/my\\nout'")],
+    ids=["space", "newline"],
+)
+def test_the_commands_that_finish_a_move_quote_its_folders(tmp_path, caplog, name, shown):
+    """`torchkit split my data my out --mode move` would be six words: the command shown is
+    pasted as it is, on one line whatever the folders' names hold."""
+    from torchkit.core.io.errors import UsageError
+    from torchkit.core.split.run import _finish_hint, _resume_move
+
+    data, out = tmp_path / "my data", tmp_path / name
+    command = f"torchkit split '{data}' {shown.format(tmp_path)} --mode move"
+    with pytest.raises(KeyboardInterrupt), _finish_hint(data, out):
+        raise KeyboardInterrupt
+    assert caplog.messages[-1].endswith(f"; finish it with: {command}")
+    with pytest.raises(UsageError) as refused:
+        _resume_move(tmp_path / "other", out, {"root": str(data)}, "move", None)
+    assert refused.value.hint == f"finish it with: {command}"

@@ -109,6 +109,18 @@ def test_data_split_again_is_refused_and_the_run_left_untouched(copies):
     assert warnings_and_errors(result) == [line]  # said once, as the refusal
 
 
+def test_the_refusal_quotes_the_weights_of_a_run_folder_whose_name_has_a_space(first_run, tmp_path):
+    """`--weights my run/last.pt` would be two words: the hint's is one a user can paste."""
+    data, run = first_run
+    data = Path(shutil.copytree(data, tmp_path / "data"))
+    run = Path(shutil.copytree(run, tmp_path / "my run"))
+    swap(data, "val/ant/ant_0.png", "train/ant/ant_3.png")
+    result = train("--resume", run, "--data", data, *MORE)
+    assert result.exit_code == 1
+    line = error_line(result)
+    assert line.endswith(f"start a new run from its weights with --weights '{run / 'last.pt'}')")
+
+
 def test_training_images_moved_between_classes_are_one_warning_and_the_run_goes_on(copies):
     data, run = copies
     swap(data, "train/ant/ant_3.png", "train/bee/bee_0.png")  # relabelled, as many as before

@@ -66,14 +66,14 @@ def saved_after_a_step(model, config: TrainConfig, groups) -> tuple[dict, dict]:
     return checkpoint, states
 
 
-def resumed(name: str, config: TrainConfig, checkpoint: dict):
+def resumed(name: str, config: TrainConfig, checkpoint: dict, path: str = "R/last.pt"):
     model = tiny(name)
     if not backbone_trains(config):
         freeze_backbone(model)
     groups = param_groups(model, config)
     optimizer = build_optimizer(groups, config)
     restore_training(
-        checkpoint, Path("R/last.pt"), model=model, config=config, groups=groups,
+        checkpoint, Path(path), model=model, config=config, groups=groups,
         optimizer=optimizer, schedule=LRSchedule(optimizer, config, 1), scaler=None,
     )  # fmt: skip
     return model, optimizer
@@ -113,13 +113,15 @@ def test_other_groups_than_an_earlier_rule_makes_are_still_refused():
     checkpoint, _ = saved_by_the_earlier_rule(
         tiny(name), TrainConfig(epochs=1, lr=0.1, backbone_lr=0.0)
     )
+    # A run folder whose name has a space: the --weights the hint shows is one shell word.
     with pytest.raises(
-        CheckpointError, match=r"the optimizer state in R/last.pt does not fit"
+        CheckpointError, match=r"the optimizer state in my run/last.pt does not fit"
     ) as e:
-        resumed(name, TrainConfig(epochs=1, lr=0.1, backbone_lr=0.01), checkpoint)
+        config = TrainConfig(epochs=1, lr=0.1, backbone_lr=0.01)
+        resumed(name, config, checkpoint, "my run/last.pt")
     assert e.value.hint == (
         "it was saved with other parameter groups, perhaps by another torchkit version; "
-        "start a new run from its weights with --weights R/last.pt"
+        "start a new run from its weights with --weights 'my run/last.pt'"
     )
 
 

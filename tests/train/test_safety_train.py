@@ -750,3 +750,49 @@ def test_a_range_test_summary_the_full_disk_refuses_leaves_the_earlier_run(tmp_p
     assert json.loads(report.read_text())["lr_find_iterations"] == 3
     names = [".torchkit", "config.json", "lr_find.csv", "lr_find.png", "split.csv"]
     assert sorted(os.listdir(run)) == names  # the range test's run, in place of the earlier
+
+
+@pytest.mark.parametrize(
+    ("name", "shown"),
+    [("my old", "'my old'"), ("my\nold", "$'my\\nold'")],
+    ids=["space", "newline"],
+)
+def test_the_commands_that_refusals_of_a_run_folder_show_quote_its_path(tmp_path, name, shown):
+    """`--resume my old` would be two words: the hint shows a word the user can paste, and a
+    line break in the folder's name keeps the Error line one line."""
+    write_image_folder(tmp_path / "ds", {"a": 6, "b": 6})
+    old_run(tmp_path / name)
+    escaped = name.encode("unicode_escape").decode()
+    exists, summary = run_each_in_process(
+        [
+            ["train", *TINY, *DATA, "--out", name],
+            ["train", *TINY, *DATA, "--out", name, "-o", f"{name}/metrics.csv", "--force"],
+        ],
+        cwd=tmp_path,
+    )
+    assert exists.returncode == 1
+    assert exists.stderr.strip().splitlines()[-1] == (
+        f"Error: run folder already exists: {escaped} (pass --resume {shown} to continue that "
+        "run, --force to overwrite it, or choose another --out)"
+    )
+    assert summary.returncode == 1
+    quoted = shown.replace("old'", "old/summary.json'")
+    assert summary.stderr.strip().splitlines()[-1] == (
+        f"Error: -o {escaped}/metrics.csv would overwrite the run's own metrics.csv (write the "
+        f"summary elsewhere, e.g. -o {quoted})"
+    )
+
+
+def test_continuing_an_earlier_checkpoint_in_place_shows_the_resume_of_the_quoted_folder(
+    tmp_path,
+):
+    from torchkit.core.io.overlap import OutputOverlapError
+    from torchkit.core.train.run_folder import _check_in_place_resume
+
+    out = old_run(tmp_path / "my old")
+    with pytest.raises(OutputOverlapError) as refused:
+        _check_in_place_resume(out / "epoch-002.pt", out)
+    assert refused.value.hint == (
+        f"continue the run from its last checkpoint with --resume '{out}', or start a new run "
+        f"from {out}/epoch-002.pt with --out NEW_FOLDER"
+    )

@@ -961,7 +961,7 @@ def test_resuming_a_sync_bn_run_without_cuda_gives_a_hint_a_resume_can_follow(
     from torchkit.core.convert.syncbn import mark_checkpoint
     from torchkit.core.models.checkpoint import save_checkpoint
 
-    synced = tmp_path / "sync" / "last.pt"
+    synced = tmp_path / "my sync" / "last.pt"  # the hint's command quotes it: one shell word
     synced.parent.mkdir()
     marked = mark_checkpoint(read_checkpoint(tmp_path / "run" / "last.pt"), sync=True)
     save_checkpoint(marked, synced)
@@ -971,7 +971,7 @@ def test_resuming_a_sync_bn_run_without_cuda_gives_a_hint_a_resume_can_follow(
         f"Error: {synced} was trained with --sync-bn, which needs CUDA GPUs: SyncBatchNorm "
         "cannot train on CPU tensors (resume it on a GPU, or on several under torchrun; or "
         "continue on this device from a copy without it: torchkit convert-syncbn --revert "
-        f"{synced} NEW/last.pt, then torchkit train --resume NEW/last.pt)"
+        f"'{synced}' NEW/last.pt, then torchkit train --resume NEW/last.pt)"
     )
     assert sorted(p.name for p in synced.parent.iterdir()) == ["last.pt"]
     new = tmp_path / "new" / "last.pt"

@@ -5,7 +5,6 @@ that takes both words a refusal of it alike: why it is OUT, --data's value, and 
 from __future__ import annotations
 
 import contextlib
-import shlex
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,9 @@ from typing import Any
 
 def argument_rule(data: Any, *, name: str = "OUT", data_name: str = "ROOT") -> str:
     """`the argument is OUT when --data raw2 gives ROOT`: why the positional is `name`."""
-    return f"the argument is {name} when --data {data} gives {data_name}"
+    from torchkit.core.io.shell_words import shell_word
+
+    return f"the argument is {name} when --data {shell_word(data)} gives {data_name}"
 
 
 def argument_out(positional: Path | None, data: str | None, out_option: Path | None) -> Path | None:
@@ -40,17 +41,22 @@ def argument_as_out(
     (`split`, `extract features of`); `command`: the words before the data's place."""
     from torchkit.core.io.errors import OutputExistsError
     from torchkit.core.io.overlap import OutputOverlapError
+    from torchkit.core.io.shell_words import shell_line, shell_word
 
     try:
         yield
     except (OutputExistsError, OutputOverlapError) as error:
         if argument is None or data is None:
             raise
-        word = shlex.quote(str(argument))
-        written = shlex.join(["torchkit", *command])
+        word = shell_word(argument)
+        written = shell_line(["torchkit", *command])
         rule = (
             f"{argument_rule(data, data_name=data_name)}: to {doing} {word}, write "
             f"`{written} {word} OUT` without --data"
         )
-        hint = f"{rule}; to {doing} {data} into {word}: {error.hint}" if error.hint else rule
+        hint = (
+            f"{rule}; to {doing} {shell_word(data)} into {word}: {error.hint}"
+            if error.hint
+            else rule
+        )
         raise type(error)(error.message, hint) from error

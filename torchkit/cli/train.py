@@ -86,6 +86,7 @@ def _refuse_output_meant_as_out(output: Path | None, out: Path | None) -> None:
     """`train -o myrun` meant `--out myrun` (the run folder) far more often than a summary file
     without an extension: say so instead of writing a text file and a run elsewhere."""
     from torchkit.core.io.errors import UsageError
+    from torchkit.core.io.shell_words import shell_word
     from torchkit.core.io.special_files import is_special_file
 
     if output is None or out is not None or output.suffix or is_special_file(output):
@@ -93,8 +94,8 @@ def _refuse_output_meant_as_out(output: Path | None, out: Path | None) -> None:
     raise UsageError(
         f"-o/--output names the file train's printed summary goes to, and {output} has no "
         "extension",
-        f"the run folder is --out: did you mean --out {output}, or -o {output}.json for the "
-        "summary as JSON?",
+        f"the run folder is --out: did you mean --out {shell_word(output)}, or -o "
+        f"{shell_word(f'{output}.json')} for the summary as JSON?",
     )
 
 
@@ -271,12 +272,11 @@ def _resume_command(result: Any) -> str:
     """The command that continues a stopped run, as a shell takes it: its folder quoted, and
     --trust-checkpoint where its checkpoint names model code (`package.module:Callable`), which
     --resume refuses to import without it."""
-    import shlex
-
+    from torchkit.core.io.shell_words import shell_line
     from torchkit.core.models.usercode import is_callable_spec
 
     trust = ["--trust-checkpoint"] if is_callable_spec(result.model) else []
-    return shlex.join(["torchkit", "train", "--resume", str(result.out_dir), *trust])
+    return shell_line(["torchkit", "train", "--resume", result.out_dir, *trust])
 
 
 def _config_from(values: dict[str, Any], stats: Path | None) -> TrainConfig:

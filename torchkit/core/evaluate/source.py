@@ -18,6 +18,7 @@ from torchkit.core.data.sources.samples import Samples
 from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.io.files import read_text
 from torchkit.core.io.option_lists import list_items
+from torchkit.core.io.shell_words import shell_word
 from torchkit.core.models.spec import ModelSpec, refuse_weights_with_file
 
 # A one-name --classes with such an ending, or a folder in it, names a file, not a class.
@@ -206,7 +207,7 @@ def recorded_data(spec: ModelSpec) -> tuple[str, str]:
     from torchkit.core.data.sources.http_shards import is_url
 
     if is_url(typed):  # shards named by URL: read again, through the cache
-        return typed, f"--data {typed}: the data {path} was trained on"
+        return typed, f"--data {shell_word(typed)}: the data {path} was trained on"
     data = root
     # A CSV index, or one parquet file, lies in its root (paths relative to it).
     if kind in ("csv", "split csv", "parquet file"):
@@ -216,7 +217,7 @@ def recorded_data(spec: ModelSpec) -> tuple[str, str]:
             f"the data {path} was trained on is no longer at {data or typed}",
             "give --data where it is now",
         )
-    return data, f"--data {data}: the data {path} was trained on"
+    return data, f"--data {shell_word(data)}: the data {path} was trained on"
 
 
 def _split_of(samples: Samples) -> str | None:

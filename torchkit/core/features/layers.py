@@ -15,12 +15,12 @@ import contextlib
 import difflib
 import logging
 import operator
-import shlex
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from torchkit.core.io.errors import TorchkitError, UsageError, first_line
+from torchkit.core.io.shell_words import shell_line
 from torchkit.core.runtime.device import to_channels_last
 
 logger = logging.getLogger("torchkit")
@@ -219,7 +219,7 @@ class LayerGraph:
             hint = f"did you mean {', '.join(close)}? " if close else ""
             names = ", ".join(repr(n) for n in unknown)
             named = named or self.arch
-            listing = shlex.join(["torchkit", "extract-features", named, *options, "--list-layers"])
+            listing = shell_line(["torchkit", "extract-features", named, *options, "--list-layers"])
             # A module of the model that the traced forward pass never calls (a branch not
             # taken): saying so spares the user searching the listing for a name it has.
             modules = dict(self.model.named_modules()) if self.traced else {}

@@ -23,6 +23,7 @@ from torchkit.core.data.preprocessing import (
 )
 from torchkit.core.io.errors import CheckpointError, UsageError
 from torchkit.core.io.files import require_input
+from torchkit.core.io.shell_words import shell_word
 from torchkit.core.models.builders import (
     BUILTIN_MODELS,
     IMAGE_SIZE_KWARGS,
@@ -919,10 +920,11 @@ def _weights_used(path: str, loaded: Any, ema_key: str, ema: bool, command: str 
     elif command == "train":
         other = (
             f"to fine-tune the EMA weights, keep them alone with `torchkit convert checkpoint "
-            f"{path} EMA.pt --key {ema_key}` and pass EMA.pt as --weights"
+            f"{shell_word(path)} EMA.pt --key {ema_key}` and pass EMA.pt as --weights"
         )
     else:
-        other = f"`torchkit convert checkpoint {path} EMA.pt --key {ema_key}` keeps those alone"
+        command_line = f"torchkit convert checkpoint {shell_word(path)} EMA.pt --key {ema_key}"
+        other = f"`{command_line}` keeps those alone"
     return (
         f"{path} holds the model's weights ({model_key}) and their EMA ({ema_key}): loaded "
         f"{model_key}; {other}"

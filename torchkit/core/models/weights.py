@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from torchkit.core.io.errors import CheckpointError, UsageError
+from torchkit.core.io.shell_words import shell_word
 from torchkit.core.models.heads import find_head, fit_head_to, out_features, replace_head
 from torchkit.core.models.random_init import skipped_weight_init
 from torchkit.core.models.size_bound import size_adapted
@@ -152,5 +153,5 @@ def holds_weights_only(loaded: Any) -> bool:
 def weights_only_error(path: str) -> UsageError:
     return UsageError(
         f"{path} holds plain weights (a state dict), not the architecture they belong to",
-        f"name the architecture they belong to: MODEL --weights {path}",
+        f"name the architecture they belong to: MODEL --weights {shell_word(path)}",
     )

@@ -33,6 +33,7 @@ from torchkit.core.io.output_paths import remove_tree
 from torchkit.core.io.outputs import OutputFolder
 from torchkit.core.io.overlap import check_not_protected, check_overlap
 from torchkit.core.io.progress import Progress
+from torchkit.core.io.shell_words import shell_line
 from torchkit.core.split.files import (
     MOVE_TEMP,
     LinkTargets,
@@ -502,7 +503,7 @@ def _finish_hint(root: Path, out: Path):
     except BaseException:
         log.warning(
             f"the move into {out} stopped half-way: every file is in {root} or in {out}; "
-            f"finish it with: torchkit split {root} {out} --mode move"
+            f"finish it with: {shell_line(['torchkit', 'split', root, out, '--mode', 'move'])}"
         )
         raise
 
@@ -571,7 +572,8 @@ def _resume_move(
     if mode != "move" or journal.get("root") != os.path.realpath(root):
         raise UsageError(
             f"{out} holds an unfinished move from {journal.get('root')}",
-            f"finish it with: torchkit split {journal.get('root')} {out} --mode move",
+            "finish it with: "
+            + shell_line(["torchkit", "split", str(journal.get("root")), out, "--mode", "move"]),
         )
     log.warning(f"finishing the interrupted move into {out} (its recorded plan is used)")
     rows = _plan_rows(out)

@@ -18,6 +18,7 @@ from torchkit import __version__
 from torchkit.core.io.errors import CheckpointError
 from torchkit.core.io.force import marker_command
 from torchkit.core.io.output_paths import remove_tree
+from torchkit.core.io.shell_words import shell_word
 from torchkit.core.models.checkpoint import (
     FORMAT_VERSION,
     copy_checkpoint,
@@ -147,8 +148,9 @@ def resume_path(spec: str) -> Path:
             if best.is_file():  # a run whose last.pt is gone: its best epoch can still go on
                 raise CheckpointError(
                     f"no {LAST} in {path}",
-                    f"to go on from {BEST}'s epoch, pass --resume {best} --out NEW; to "
-                    f"fine-tune from its weights, start a run with --weights {best} --out NEW",
+                    f"to go on from {BEST}'s epoch, pass --resume {shell_word(best)} --out NEW; to "
+                    f"fine-tune from its weights, start a run with --weights {shell_word(best)} "
+                    "--out NEW",
                 )
             raise CheckpointError(
                 f"no {LAST} in {path}", "give the run folder of an earlier `torchkit train`"

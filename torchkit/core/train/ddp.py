@@ -21,6 +21,7 @@ from torchkit.core.io.errors import (
     first_and_more,
     on_every_rank,
 )
+from torchkit.core.io.shell_words import shell_word
 from torchkit.core.runtime import distributed
 from torchkit.core.runtime.distributed import DEFAULT_TIMEOUT_S, DistContext
 from torchkit.core.runtime.launch import under_torchrun_agent
@@ -52,8 +53,8 @@ def check_sync_bn(ctx: DistContext, sync_bn: bool, resumed_from: Path | None = N
                 f"{resumed_from} was trained with --sync-bn, which needs CUDA GPUs: "
                 "SyncBatchNorm cannot train on CPU tensors",
                 "resume it on a GPU, or on several under torchrun; or continue on this device "
-                f"from a copy without it: torchkit convert-syncbn --revert {resumed_from} "
-                "NEW/last.pt, then torchkit train --resume NEW/last.pt",
+                "from a copy without it: torchkit convert-syncbn --revert "
+                f"{shell_word(resumed_from)} NEW/last.pt, then torchkit train --resume NEW/last.pt",
             )
         raise UsageError(
             "--sync-bn needs CUDA GPUs: SyncBatchNorm cannot train on CPU tensors",

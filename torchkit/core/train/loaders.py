@@ -34,6 +34,7 @@ from torchkit.core.data.stored_image import Blocks, read_blocks
 from torchkit.core.data.transforms import eval_transform, train_transform
 from torchkit.core.io.errors import InputError, first_and_more
 from torchkit.core.io.redaction import redact_url
+from torchkit.core.io.shell_words import shell_word
 from torchkit.core.io.wording import counted
 from torchkit.core.runtime.seeding import SPLITMIX_INCREMENT, SPLITMIX_MULTIPLIERS, splitmix_output
 from torchkit.core.train.config import TrainConfig
@@ -313,8 +314,8 @@ def warn_cross_split_copies(data: str, splits: dict[str, Samples]) -> None:
         log.warning(
             f"{files} images have a byte-identical copy in another of the run's splits "
             f"({'/'.join(splits)}; {counted(groups, 'group')}): val and test figures are inflated; "
-            f"see them with `torchkit dataset-stats {data}` (`torchkit split` keeps copies "
-            "in one split)"
+            f"see them with `torchkit dataset-stats {shell_word(data)}` (`torchkit split` keeps "
+            "copies in one split)"
         )
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkit.core.io.errors import CheckpointError
+from torchkit.core.io.shell_words import shell_word
 from torchkit.core.models.checkpoint import load_weights_into
 from torchkit.core.runtime.distributed import DistContext
 from torchkit.core.train.config import TrainConfig
@@ -119,7 +120,7 @@ def _restore_earlier_heads(
         raise CheckpointError(
             f"the optimizer state in {resumed_from} does not fit: {error}",
             "it was saved with other parameter groups, perhaps by another torchkit version; "
-            f"start a new run from its weights with --weights {resumed_from}",
+            f"start a new run from its weights with --weights {shell_word(resumed_from)}",
         ) from error
     load_optimizer_state(optimizer, earlier.state)
     heads = head_names(model)

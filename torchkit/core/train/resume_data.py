@@ -47,6 +47,7 @@ from torchkit.core.data.sources.parquet import SPLIT_KEYWORDS
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.data.sources.splitting import is_absolute_key, path_key, shared_folder
 from torchkit.core.io.errors import CheckpointError
+from torchkit.core.io.shell_words import shell_word
 
 log = logging.getLogger("torchkit")
 
@@ -343,7 +344,7 @@ def check_resumed_samples(
             "on (other files or other labels: the data split again, or its index edited), and "
             "its metrics so far and best.pt's choice were measured on those",
             f"resume with the data the run started with{where} or start a new run from its "
-            f"weights with --weights {run}",
+            f"weights with --weights {shell_word(run)}",
         )
     if "train" in changed:
         log.warning(

@@ -33,6 +33,7 @@ from torchkit.core.io.output_locks import OutputLockedError, lock_path
 from torchkit.core.io.output_paths import MARKER
 from torchkit.core.io.outputs import OutputFolder, reports_inside
 from torchkit.core.io.overlap import InputPath, OutputOverlapError
+from torchkit.core.io.shell_words import shell_word
 from torchkit.core.runtime import distributed
 from torchkit.core.train.checkpoint_writer import CheckpointWriter
 from torchkit.core.train.checkpoints import (
@@ -399,9 +400,12 @@ def _exists_hint(out: Path, owned: Collection[str], known: Collection[str]) -> s
     if refused and marker_command(out) != "train" and not known:
         return refused  # --resume finds no run's last.pt, and --force is refused
     if refused:
-        return f"pass --resume {out} to continue that run, or choose another --out; {refused}"
+        return (
+            f"pass --resume {shell_word(out)} to continue that run, or choose another --out; "
+            f"{refused}"
+        )
     return (
-        f"pass --resume {out} to continue that run, --force to overwrite it, "
+        f"pass --resume {shell_word(out)} to continue that run, --force to overwrite it, "
         "or choose another --out"
     )
 
@@ -417,8 +421,8 @@ def _check_in_place_resume(resumed_from: Path, out: Path) -> None:
     raise OutputOverlapError(
         f"continuing {resumed_from} in {out} would overwrite {last} and the epochs after that "
         "checkpoint",
-        f"continue the run from its last checkpoint with --resume {out}, or start a new run "
-        f"from {resumed_from} with --out NEW_FOLDER",
+        f"continue the run from its last checkpoint with --resume {shell_word(out)}, or start a "
+        f"new run from {resumed_from} with --out NEW_FOLDER",
     )
 
 
@@ -439,7 +443,7 @@ def _check_output_file(
     if parts[0] == MARKER or any(fnmatch(parts[0], name) for name in RUN_FILES):
         raise OutputOverlapError(
             f"-o {path} would overwrite the run's own {parts[0]}",
-            f"write the summary elsewhere, e.g. -o {out / 'summary.json'}",
+            f"write the summary elsewhere, e.g. -o {shell_word(out / 'summary.json')}",
         )
 
 

@@ -561,9 +561,11 @@ def _build_model(
         spec = class_spec(resolved.model)  # its class, where that is the user's code
         hint = "name the architecture as --model and pass the file as --weights"
         if spec is not None:
+            from torchkit.core.io.shell_words import shell_word
+
             hint = (
-                f"give its class as --model {spec}, or a function that builds it, and the file "
-                f"as --weights {arch}"
+                f"give its class as --model {shell_word(spec)}, or a function that builds it, "
+                f"and the file as --weights {shell_word(arch)}"
             )
         raise UsageError(
             f"{arch} is a pickled model: train needs an architecture it can rebuild "
