@@ -46,6 +46,9 @@ class ImageSet:
     # The inputs read whole, unlabelled, where a reader of labels may find class folders
     # (images beside them: `every_image`), by position among IMAGES: as typed.
     read_whole: dict[int, str] = field(default_factory=dict)
+    # Of those, the classes a reader of labels reads each by, where its first read worked them
+    # out (`DataSource.labelled_classes`): the others are listed again (`class_folder_names`).
+    labelled_classes: dict[int, list[str]] = field(default_factory=dict)
 
 
 def collect_images(
@@ -69,6 +72,7 @@ def collect_images(
     given = False  # the last data's `classes_given`
     stated: list[bool] = []  # each input's
     read_whole: dict[int, str] = {}  # `ImageSet.read_whole`
+    labelled: dict[int, list[str]] = {}  # `ImageSet.labelled_classes`
     for item in items:
         if item == STDIN:
             sets.append((item, _files(read_path_list(stdin, "image"), from_stdin=True), ""))
@@ -96,6 +100,8 @@ def collect_images(
         notes += found_notes
         if _may_hold_class_folders(source):
             read_whole[len(sets)] = item
+            if source.labelled_classes is not None:
+                labelled[len(sets)] = list(source.labelled_classes)
         sets.append((item, samples, source.root))
         given = source.classes_given
         stated.append(given)
@@ -103,13 +109,26 @@ def collect_images(
         raise UsageError(f"--split {split}: IMAGES are image files, which have no splits")
     if len(sets) == 1:
         _, samples, root = sets[0]
-        return ImageSet(samples, root, notes, classes_given=given, read_whole=read_whole)
+        return ImageSet(
+            samples,
+            root,
+            notes,
+            classes_given=given,
+            read_whole=read_whole,
+            labelled_classes=labelled,
+        )
     joined, own_labels = _joined(sets)
     input_classes = [
         (list(samples.classes), given) for (_, samples, _), given in zip(sets, stated, strict=True)
     ]
     return ImageSet(
-        joined, "", notes, own_labels=own_labels, input_classes=input_classes, read_whole=read_whole
+        joined,
+        "",
+        notes,
+        own_labels=own_labels,
+        input_classes=input_classes,
+        read_whole=read_whole,
+        labelled_classes=labelled,
     )
 
 
@@ -143,16 +162,22 @@ def classes_naming_outputs(image_set: ImageSet, data: str) -> tuple[list[str], b
     (`output_names_from_data`), whether their order is stated, and why it is unknown (None
     where it is not): of one input, its classes; of several, theirs together as one input of
     all their images would have them (`classes_of_inputs`). An input read whole, unlabelled,
-    whose images lie beside class folders names them by those classes, as eval does."""
+    whose images lie beside class folders names them by those classes, as eval does: as its
+    first read worked them out, or else listed again (`class_folder_names`)."""
     from torchkit.core.inference.class_names import classes_of_inputs
 
     read_whole = image_set.read_whole
+
+    def labelled(at: int) -> list[str]:
+        known = image_set.labelled_classes.get(at)
+        return list(known) if known is not None else class_folder_names(read_whole[at])
+
     if image_set.input_classes is None:
         if 0 in read_whole:
-            return class_folder_names(read_whole[0]), False, None
+            return labelled(0), False, None
         return list(image_set.samples.classes), image_set.classes_given, None
     inputs = [
-        (class_folder_names(read_whole[at]), False) if at in read_whole else (classes, given)
+        (labelled(at), False) if at in read_whole else (classes, given)
         for at, (classes, given) in enumerate(image_set.input_classes)
     ]
     return classes_of_inputs(inputs, data)

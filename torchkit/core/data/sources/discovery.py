@@ -526,6 +526,39 @@ def numbered_flat_folder(
     root: str | os.PathLike, *, within: str | os.PathLike | None = None
 ) -> tuple[Samples, Numbered]:
     """`discover_flat_folder`, and its files numbered (`FolderListing.numbered`)."""
+    samples, numbered, _ = numbered_flat_folder_by_class(root, (), within=within)
+    return samples, numbered
+
+
+def flat_folder_and_class_folders(
+    root: str | os.PathLike, folders: Sequence[str]
+) -> tuple[Samples, list[str] | None]:
+    """`discover_flat_folder` of a folder whose images lie beside its subfolders `folders`
+    (visible, sorted names), and, from the same listing, the classes `discover_image_folder`
+    reads it by: `folders`, those without images too; [""] where none holds an image or it
+    refuses them (names spelled alike, one file in two classes). None where the listing met
+    linked folders, which a listing of the class folders fences otherwise (the caller reads
+    them so, if it needs them)."""
+    samples, _, by_class = numbered_flat_folder_by_class(root, folders)
+    if by_class is None:
+        return samples, None
+    if not any(paths for paths, _ in by_class.values()):
+        return samples, [""]  # read as a flat folder
+    try:
+        refuse_spelling_twins(list(by_class), f"class folders in {root}:")
+        refuse_one_file_in_two_places([((None, n), found) for n, found in by_class.items()], root)
+    except InputError:
+        return samples, [""]
+    return samples, list(by_class)
+
+
+def numbered_flat_folder_by_class(
+    root: str | os.PathLike, folders: Sequence[str], *, within: str | os.PathLike | None = None
+) -> tuple[Samples, Numbered, dict[str, Numbered] | None]:
+    """`numbered_flat_folder`, and from the same listing the images `numbered_image_folder`
+    finds in each of the class folders `folders` (visible subfolders, sorted names), numbered,
+    by name in that order: None where the listing met linked folders, which a listing of the
+    class folders fences otherwise (or where `folders` is empty)."""
     folder = Path(root)
     if not folder.is_dir():
         raise InputError(f"folder not found: {folder}", "check the path")
@@ -536,4 +569,15 @@ def numbered_flat_folder(
         raise no_images_error(str(folder))
     ids = relative_ids(paths, folder)
     samples = Samples([""], [0] * len(paths), paths=paths, source=str(folder), ids=ids)
-    return samples, listing.numbered[0]
+    numbered = listing.numbered[0]
+    if not folders or listing.entered or listing.unentered:
+        return samples, numbered, None
+    by_class: dict[str, tuple[list[str], list[int]]] = {name: ([], []) for name in folders}
+    listed, numbers = numbered
+    for path, name, number in zip(listed, relative_ids(listed, folder), numbers, strict=True):
+        head, slash, _ = name.partition(os.sep)
+        found = by_class.get(head) if slash else None
+        if found is not None:
+            found[0].append(path)
+            found[1].append(number)
+    return samples, numbered, by_class

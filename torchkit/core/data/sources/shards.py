@@ -83,11 +83,13 @@ from torchkit.core.data.sources.samples import (
     partial_labels_are_kept,
     refuse_a_label_of_two_classes,
     refuse_spelling_twins,
+    refuse_unshowable_classes,
     with_unlabelled_class,
 )
 from torchkit.core.data.sources.source import (
     DataSource,
     _split_source,
+    _union_of,
     refuse_other_split_names,
     relabelled,
     split_root_source,
@@ -2325,10 +2327,47 @@ def _open_folder_tar(
                 "a split root holds only train/, val/ and test/; an image folder only class "
                 "folders",
             )
-        return _tar_split_root(tree, split_folders, classes, allow_unlabelled, every_image)
-    return _tar_image_folder(
-        tree, bool(top_folders), top_images, classes, allow_unlabelled, every_image
-    )
+        source = _tar_split_root(tree, split_folders, classes, allow_unlabelled, every_image)
+    else:
+        source = _tar_image_folder(
+            tree, bool(top_folders), top_images, classes, allow_unlabelled, every_image
+        )
+    if every_image and classes is None:
+        # The folders read whole where images lie beside class folders holding some: a reader
+        # of labels reads those by their class folders (`DataSource.labelled_classes`).
+        if split_folders:
+            whole = [n for n in split_folders if tree.listed(n)[1] and tree.in_subfolders(n)]
+        else:
+            whole = [""] if top_images and top_folders and tree.in_subfolders("") else []
+        source.labelled_classes = (
+            _labelled_classes(tree, list(source.splits) or [""], whole)
+            if whole
+            else list(source.classes)
+        )
+    return source
+
+
+def _labelled_classes(tree: _UnpackedTar, read: list[str], whole: list[str]) -> list[str]:
+    """`DataSource.labelled_classes` of a folder's tar read with `every_image`: the classes a
+    reader of labels reads it by (`_open_folder_tar` without `every_image`), from the images
+    the first read numbered (`_UnpackedTar.numbered`) of the folders it `read` (a split
+    root's splits; "" = the archive's root), `whole` those of them read whole beside their
+    class folders; [""] where it refuses the data or its class names."""
+    numbered: list[tuple[tuple[str | None, str], Numbered]] = []
+    each: list[list[str]] = []  # each folder's classes
+    try:
+        for base in read:
+            groups = tree.numbered[base]
+            if base in whole:
+                groups = tree.by_class_folder(base, tree.class_folders(base))
+            each.append([label for label, _ in groups])
+            numbered += [((base or None, label), files) for label, files in groups]
+        refuse_one_file_in_two_places(numbered, tree.spec, archive_links=tree.links)
+        names = _union_of(each)
+        refuse_unshowable_classes(names, tree.spec)
+    except TorchkitError:
+        return [""]
+    return names
 
 
 def _tar_split_root(
@@ -2490,6 +2529,22 @@ class _UnpackedTar:
             for name, first, end in zip(class_names, [0, *ends], ends, strict=False)
         ]
         return Samples(class_names, labels, paths=paths, source=spec, ids=list(chosen))
+
+    def by_class_folder(self, base: str, class_names: list[str]) -> list[tuple[str, Numbered]]:
+        """The images under `base` that `samples_under(base, True)` numbered, by class folder
+        (`class_names`, in that order), as `samples_under(base, False)` numbers them."""
+        ((_, (chosen, offsets)),) = self.numbered[base]
+        start = base + "/" if base else ""
+        by_class: dict[str, tuple[list[str], list[int]]] = {c: ([], []) for c in class_names}
+        for name, offset in zip(chosen, offsets, strict=True):
+            folder, slash, _ = name[len(start) :].partition("/")
+            found = by_class.get(folder) if slash else None
+            if found is not None:
+                found[0].append(name)
+                found[1].append(offset)
+        if not any(found for found, _ in by_class.values()):
+            raise no_images_error(f"{self.spec}:{base}" if base else self.spec)
+        return list(by_class.items())
 
     def class_folders(self, base: str) -> list[str]:
         """The class folders in folder `base` ("" = the root), sorted; NoImagesError where

@@ -26,12 +26,14 @@ from torchkit.core.data.sources.discovery import (
     Numbered,
     discover_flat_folder,
     discover_image_folder,
+    flat_folder_and_class_folders,
     is_apple_double,
     is_image_file,
     is_skipped_folder,
     list_non_image_files,
     no_class_folders_error,
     numbered_flat_folder,
+    numbered_flat_folder_by_class,
     numbered_image_folder,
     refuse_one_file_in_two_places,
     relative_ids,
@@ -50,6 +52,7 @@ from torchkit.core.data.sources.samples import (
     partial_labels_are_kept,
     partial_labels_kept,
     refuse_a_label_of_two_classes,
+    refuse_spelling_twins,
     refuse_unshowable_classes,
     with_unlabelled_class,
 )
@@ -113,6 +116,12 @@ class DataSource:
     # .tar files in an image folder or split root, which its reader does not read (shards kept
     # beside a class or split folder): by folder as messages show it, their names, sorted.
     unread_archives: dict[str, list[str]] = field(default_factory=dict)
+    # Data read whole (`every_image`) where images lie beside class folders: the classes a
+    # reader of labels reads it by (`open_data` without `every_image`: its class folders'
+    # names, sorted, those without images too; [""] where they hold no image or it refuses
+    # the layout), worked out from the same listing; None where not (other data, or a reader
+    # of labels would list it otherwise: linked folders).
+    labelled_classes: list[str] | None = None
 
     @property
     def is_split(self) -> bool:
@@ -491,11 +500,16 @@ def _shown_class(name: str) -> str:
 
 def _union_classes(parts: dict[str, Samples]) -> list[str]:
     """Class names of split data: train's in its order first, then the others' new ones."""
+    return _union_of([samples.classes for samples in parts.values()])
+
+
+def _union_of(class_lists: Sequence[Sequence[str]]) -> list[str]:
+    """`_union_classes` of the splits' class names, in split order."""
     names: list[str] = []
     seen: set[str] = set()  # not `in names`: 40,000 classes took seconds per split
-    for samples in parts.values():
+    for classes in class_lists:
         # A class spelled in NFC in train/ and in NFD in val/ is one class (`find_class`).
-        new = [name for name in samples.classes if nfc(name) not in seen]
+        new = [name for name in classes if nfc(name) not in seen]
         names += new
         seen.update(nfc(name) for name in new)
     return names
@@ -780,13 +794,30 @@ def _open_listed(
                 source.strays[root] = top_images
             return source
     if allow_unlabelled and (top_images or not folders):
-        samples = discover_flat_folder(path)
-        return DataSource(spec, "flat folder", root, {}, samples, list(samples.classes))
+        if not (every_image and top_images and folders and classes is None):
+            samples = discover_flat_folder(path)
+            return DataSource(spec, "flat folder", root, {}, samples, list(samples.classes))
+        # Read whole, images beside class folders: what a reader of labels reads, from the
+        # same listing (predict names a model's outputs by it, as eval does).
+        samples, labelled = flat_folder_and_class_folders(path, folders)
+        source = DataSource(spec, "flat folder", root, {}, samples, list(samples.classes))
+        if labelled is not None:
+            source.labelled_classes = _showable_or_none(labelled, spec)
+        return source
     if top_images and folders:  # subfolders without images beside images: unlabelled
         raise no_class_folders_error(str(path), beside_empty_ones=True)
     # Class folders without images, or no folder: its error.
     samples = discover_image_folder(path, classes=classes)
     return DataSource(spec, "image folder", root, {}, samples, list(samples.classes))
+
+
+def _showable_or_none(classes: list[str], spec: str) -> list[str]:
+    """`classes`, or [""] where `open_data` refuses them (`refuse_unshowable_classes`)."""
+    try:
+        refuse_unshowable_classes(classes, spec)
+    except TorchkitError:
+        return [""]
+    return classes
 
 
 def _listed(folder: Path) -> tuple[list[str], bool]:
@@ -831,10 +862,18 @@ def _open_split_root(
         raise unlabelled_split_error(root, [str(path / name) for name in unlabelled], whole=flat)
     parts, empty, strays = {}, {}, {}
     numbered: list[tuple[tuple[str | None, str], Numbered]] = []  # by (split, class)
+    # The split folders read whole (images beside class folders), each's images by class
+    # folder, as a reader of labels finds them (None: not known, linked folders met).
+    whole: dict[str, dict[str, Numbered] | None] = {}
     for name in split_folders:
         try:
             if name in read:
                 samples, by_class = read[name]
+            elif name in unlabelled and listed[name][0] and every_image and classes is None:
+                samples, files, whole[name] = numbered_flat_folder_by_class(
+                    path / name, listed[name][0], within=path
+                )
+                by_class = [("", files)]
             elif name in unlabelled:
                 samples, files = numbered_flat_folder(path / name, within=path)
                 by_class = [("", files)]
@@ -853,7 +892,47 @@ def _open_split_root(
     refuse_one_file_in_two_places(numbered, path)
     source = split_root_source(spec, "split root", root, parts, empty, classes, flat=flat)
     source.strays = strays
+    if every_image and classes is None:
+        source.labelled_classes = _split_root_labelled_classes(
+            path, source.classes, parts, numbered, whole
+        )
     return source
+
+
+def _split_root_labelled_classes(
+    path: Path,
+    read: list[str],
+    parts: dict[str, Samples],
+    numbered: list[tuple[tuple[str | None, str], Numbered]],
+    whole: dict[str, dict[str, Numbered] | None],
+) -> list[str] | None:
+    """`DataSource.labelled_classes` of the split root `path` read with `every_image` by
+    `_open_split_root` (its classes `read`, its `parts`, their images `numbered` by (split,
+    class), and the split folders read `whole`, each's images by class folder): the classes
+    it reads the split root by without `every_image`, from the same listing; None where a
+    split read whole met linked folders."""
+    if any(by_class is None for by_class in whole.values()):
+        return None  # a reader of labels lists them otherwise
+    labelled = {
+        name: by_class
+        for name, by_class in whole.items()
+        if by_class is not None and any(paths for paths, _ in by_class.values())
+    }
+    if not labelled:  # no split read whole, or none of their class folders holds an image
+        return list(read)
+    try:
+        listed = [place for place in numbered if place[0][0] not in labelled]
+        for name, by_class in labelled.items():
+            refuse_spelling_twins(list(by_class), f"class folders in {path / name}:")
+            listed += [((name, label), files) for label, files in by_class.items()]
+        refuse_one_file_in_two_places(listed, path)
+        names = _union_of(
+            [list(labelled[name]) if name in labelled else parts[name].classes for name in parts]
+        )
+        refuse_unshowable_classes(names, str(path))
+    except TorchkitError:
+        return [""]
+    return names
 
 
 def unlabelled_split_error(root: str, unlabelled: Sequence[str], *, whole: bool) -> InputError:
