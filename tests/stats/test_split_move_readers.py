@@ -259,3 +259,21 @@ def test_a_move_out_of_a_class_folder_is_refused_while_its_root_is_read(tmp_path
     )
     moved = run_torchkit_in_process("split", data / "cat", tmp_path / "out", "--mode", "move")
     assert moved.returncode == 0, moved.stderr
+
+
+def test_the_move_to_finish_is_a_command_to_paste_for_paths_with_spaces(tmp_path, monkeypatch):
+    data = make_files(tmp_path / "my data", {"cat": 6, "dog": 5})
+    out = tmp_path / "split out"
+    stop_a_move(monkeypatch, data, out)
+    real = os.path.realpath(data)
+    inside = run_torchkit_in_process("dataset-stats", data / "cat")
+    assert error_line(inside.stderr) == (
+        f"Error: {data / 'cat'} lies in {real}, which is half moved into {out}: a split --mode "
+        f"move into it stopped (finish that move first: torchkit split '{real}' '{out}' "
+        "--mode move)"
+    )
+    holding = run_torchkit_in_process("dataset-stats", tmp_path)
+    assert error_line(holding.stderr) == (
+        f"Error: {data} is half moved into {out}: a split --mode move into it stopped "
+        f"(finish that move first: torchkit split '{data}' '{out}' --mode move)"
+    )

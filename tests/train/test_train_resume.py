@@ -198,33 +198,36 @@ def test_an_epoch_stopped_past_the_end_of_fewer_images_resumes_the_schedule_at_t
     assert schedule.updates == 6
 
 
+@pytest.mark.parametrize(("name", "pasted"), [("data", "data"), ("my data", "'my data'")])
 def test_resume_from_another_folder_reads_the_runs_relative_data_where_it_trained(
-    tmp_path, runner, monkeypatch
+    tmp_path, runner, monkeypatch, name, pasted
 ):
     """The config records --data as given; a run started with a relative path and resumed
     from another working directory (a requeued job) said `dataset not found: data` with the
     data grammar's hint. It reads the data where the run trained on it (the working directory
     the checkpoint records); the same relative path naming other data here is not taken for
-    it, and says so in a warning that --quiet (a job script's) keeps."""
-    write_image_folder(tmp_path / "data", {"a": 4, "b": 4}, seed=1)
+    it, and says so in a warning that --quiet (a job script's) keeps; the --data to give is a
+    shell word to paste."""
+    write_image_folder(tmp_path / name, {"a": 4, "b": 4}, seed=1)
     monkeypatch.chdir(tmp_path)
     options = ["--model", "nets:TinyNet", "--image-size", "8", "--batch-size", "4"]
     options += ["--workers", "0", "--device", "cpu", "--val-split", "0.25"]
     trained = runner.invoke(
-        app, ["train", "--data", "data", *options, "--epochs", "1", "--out", "run"]
+        app, ["train", "--data", name, *options, "--epochs", "1", "--out", "run"]
     )
     assert trained.exit_code == 0, trained.stderr
-    write_image_folder(tmp_path / "elsewhere" / "data", {"a": 1, "b": 1}, seed=2)
+    write_image_folder(tmp_path / "elsewhere" / name, {"a": 1, "b": 1}, seed=2)
     monkeypatch.chdir(tmp_path / "elsewhere")
     resume = ["train", "--resume", "../run", "--epochs", "2", "--trust-checkpoint"]
     resumed = runner.invoke(app, [*resume, "--format", "json", "-q"])
     assert resumed.exit_code == 0, resumed.stderr
     # The only line: not the image count's warning (not the 2 images here: the run's 6 and 2)
     assert resumed.stderr == (
-        f"Warning: --data data, which {Path('../run/last.pt')} records, is read in {tmp_path}, "
-        "where the run trained, not here (give --data data to train on the data here)\n"
+        f"Warning: --data {name}, which {Path('../run/last.pt')} records, is read in "
+        f"{tmp_path}, where the run trained, not here (give --data {pasted} to train on the "
+        "data here)\n"
     )
-    assert json.loads(resumed.stdout)["data"] == str(tmp_path / "data")
+    assert json.loads(resumed.stdout)["data"] == str(tmp_path / name)
 
 
 def test_resume_from_another_folder_imports_the_runs_model_code_where_it_trained(

@@ -13,6 +13,7 @@ from pathlib import Path
 from torchkit.core.data.sources.splitting import split_journal
 from torchkit.core.io.errors import InputError
 from torchkit.core.io.folder_locks import flock_path, held_exclusively, hold, is_held
+from torchkit.core.io.shell_words import shell_line
 
 # Beside the data a move empties (in ROOT, hidden: no reader takes it for data; beside a CSV
 # index), while the move runs: the OUT it moves into.
@@ -41,7 +42,7 @@ def half_moved_into(root: Path) -> Path | None:
 def stopped_move_error(root: str | os.PathLike, out: Path) -> InputError:
     return InputError(
         f"{root} is half moved into {out}: a split --mode move into it stopped",
-        f"finish that move first: torchkit split {root} {out} --mode move",
+        f"finish that move first: {shell_line(['torchkit', 'split', root, out, '--mode', 'move'])}",
     )
 
 
@@ -108,7 +109,8 @@ def _hold_and_look(path: Path, *, locking: bool) -> None:
             raise InputError(
                 f"{path} lies in {place}, which is half moved into {out}: a split --mode move "
                 "into it stopped",
-                f"finish that move first: torchkit split {place} {out} --mode move",
+                "finish that move first: "
+                + shell_line(["torchkit", "split", place, out, "--mode", "move"]),
             )
 
 

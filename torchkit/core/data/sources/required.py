@@ -12,6 +12,7 @@ from torchkit.core.data.sources.digits import DIGITS
 from torchkit.core.data.sources.source import not_found
 from torchkit.core.io.errors import InputError
 from torchkit.core.io.redaction import list_parts
+from torchkit.core.io.shell_words import shell_word
 
 log = logging.getLogger("torchkit")
 
@@ -56,7 +57,7 @@ def recorded_data_from_here(spec: str, record: dict | None, resumed_from: os.Pat
             log.warning(
                 "--data %s, which %s records, is read in %s, where the run trained, not here "
                 "(give --data %s to train on the data here)",
-                *(spec, resumed_from, then, spec),
+                *(spec, resumed_from, then, shell_word(spec)),
             )
         return there
     if _in_part(spec):
