@@ -89,6 +89,28 @@ def test_train_refuses_a_pickled_model_naming_its_class_to_give_as_model(folders
     assert net.is_file()
 
 
+def test_a_pickled_model_of_a_class_on_pythonpath_names_it_to_give_as_model(folders, monkeypatch):
+    """The user's code found on PYTHONPATH (a folder of their own, not the working directory)
+    is theirs as the working directory's is: its class is the --model to give."""
+    saved, other = folders
+    lib = other / "lib"
+    lib.mkdir()
+    pickle_net(lib, "pickled_lib_nets")
+    (lib / "net.pt").rename(saved / "net.pt")
+    monkeypatch.setenv("PYTHONPATH", str(lib))
+    monkeypatch.syspath_prepend(str(lib))  # what Python makes of PYTHONPATH at its start
+    write_image_folder(saved / "data", {"a": 2, "b": 2})
+    refused = run_torchkit_in_process(
+        "train", "--data", "data", "--model", "net.pt", "--trust-checkpoint", *VAL, cwd=saved
+    )
+    assert refused.returncode == 2
+    assert error_line(refused.stderr) == (
+        "Error: net.pt is a pickled model: train needs an architecture it can rebuild for eval "
+        "and --resume (give its class as --model pickled_lib_nets:Net, or a function that "
+        "builds it, and the file as --weights net.pt)"
+    )
+
+
 @pytest.mark.parametrize("pythonpath", [False, True], ids=["plain", "site-packages-on-pythonpath"])
 def test_a_pickled_model_of_an_installed_class_is_refused_with_the_general_hint(
     folders, monkeypatch, pythonpath
