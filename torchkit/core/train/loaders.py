@@ -570,23 +570,30 @@ class SeededDataset:
         cut from the epoch's images (`collate_skipping_unreadable` passes it on): 32 images
         split apart and stacked again cost a quarter of a millisecond a batch, 5% of the
         digits job's step."""
-        if hasattr(self.inner, "draw_arrays"):
-            epoch = keys[0][0]
-            if self.inner.renders_whole_epochs and _in_main_process():
-                indices = [index for _, index in keys]
-                if all(key[0] == epoch for key in keys):
-                    return self.inner.batch_of(self._epoch_images(epoch), indices)
+        epoch = self._whole_epoch_of(keys)
+        if epoch is not None:
+            return self.inner.batch_of(self._epoch_images(epoch), [index for _, index in keys])
         return self._items(keys)
+
+    def _whole_epoch_of(self, keys: list) -> int | None:
+        """The epoch of `keys` where their images are cut from that epoch's, all transformed
+        at once (small in-memory data, in the main process, keys of one epoch); else None."""
+        if not hasattr(self.inner, "draw_arrays") or not self.inner.renders_whole_epochs:
+            return None
+        epoch = keys[0][0]
+        if not all(key[0] == epoch for key in keys) or not _in_main_process():
+            return None
+        return epoch
 
     def _items(self, keys: list) -> list:
         if hasattr(self.inner, "draw_arrays"):
             # In-memory images: draws keyed by each image's seed (torch's generator is not
             # used), then one batched transform; small data has its whole epoch transformed
-            # at its first batch, and its batches cut from that (the same pixels).
+            # at its first batch, and its items cut from that (the same pixels).
             indices = [index for _, index in keys]
-            epochs = {epoch for epoch, _ in keys}
-            if len(epochs) == 1 and self.inner.renders_whole_epochs and _in_main_process():
-                return self.inner.items_of(self._epoch_images(epochs.pop())[indices], indices)
+            epoch = self._whole_epoch_of(keys)
+            if epoch is not None:
+                return self.inner.items_of(self._epoch_images(epoch)[indices], indices)
             draws = self.inner.draw_arrays([self.item_seed(e, i) for e, i in keys])
             return self.inner.items(indices, draws)
         import torch
