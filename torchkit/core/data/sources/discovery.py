@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -572,12 +572,26 @@ def numbered_flat_folder_by_class(
     numbered = listing.numbered[0]
     if not folders or listing.entered or listing.unentered:
         return samples, numbered, None
-    by_class: dict[str, tuple[list[str], list[int]]] = {name: ([], []) for name in folders}
     listed, numbers = numbered
-    for path, name, number in zip(listed, relative_ids(listed, folder), numbers, strict=True):
-        head, slash, _ = name.partition(os.sep)
+    by_class = by_class_folder(listed, relative_ids(listed, folder), numbers, folders, os.sep)
+    return samples, numbered, by_class
+
+
+def by_class_folder(
+    files: Sequence[str],
+    names: Iterable[str],
+    numbers: Sequence[int],
+    class_folders: Sequence[str],
+    sep: str,
+) -> dict[str, Numbered]:
+    """`files` (numbered `numbers`) by the class folder of `class_folders` (in that order)
+    their `names`, relative to the folder that holds those (`sep` between folders), begin
+    with; files of no class folder (beside them, or in another folder) are left out."""
+    by_class: dict[str, Numbered] = {name: ([], []) for name in class_folders}
+    for file, name, number in zip(files, names, numbers, strict=True):
+        head, slash, _ = name.partition(sep)
         found = by_class.get(head) if slash else None
         if found is not None:
-            found[0].append(path)
+            found[0].append(file)
             found[1].append(number)
-    return samples, numbered, by_class
+    return by_class

@@ -64,6 +64,7 @@ from torchkit.core.data.sources.discovery import (
     IMAGE_EXTENSIONS,
     NoImagesError,
     Numbered,
+    by_class_folder,
     is_apple_double,
     is_image_file,
     is_skipped_folder,
@@ -2534,14 +2535,9 @@ class _UnpackedTar:
         """The images under `base` that `samples_under(base, True)` numbered, by class folder
         (`class_names`, in that order), as `samples_under(base, False)` numbers them."""
         ((_, (chosen, offsets)),) = self.numbered[base]
-        start = base + "/" if base else ""
-        by_class: dict[str, tuple[list[str], list[int]]] = {c: ([], []) for c in class_names}
-        for name, offset in zip(chosen, offsets, strict=True):
-            folder, slash, _ = name[len(start) :].partition("/")
-            found = by_class.get(folder) if slash else None
-            if found is not None:
-                found[0].append(name)
-                found[1].append(offset)
+        start = len(base) + 1 if base else 0
+        names = (name[start:] for name in chosen)
+        by_class = by_class_folder(chosen, names, offsets, class_names, "/")
         if not any(found for found, _ in by_class.values()):
             raise no_images_error(f"{self.spec}:{base}" if base else self.spec)
         return list(by_class.items())
