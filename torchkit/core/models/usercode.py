@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchkit.core.io.errors import InputError, TorchkitError, UsageError, first_line
+from torchkit.core.io.pickle_records import MAX_STRUCTURE_BYTES, pickle_record
 
 log = logging.getLogger("torchkit")
 
@@ -441,7 +442,7 @@ _STRING_OPCODES = frozenset(
     {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "SHORT_BINSTRING",
      "BINSTRING", "STRING"}
 )  # fmt: skip
-_MAX_PICKLE_BYTES = 64 * 1024 * 1024  # the structure only: far beyond any model's
+_MAX_PICKLE_BYTES = MAX_STRUCTURE_BYTES
 
 
 def pickled_globals(source: str | os.PathLike) -> list[tuple[str, str]]:
@@ -453,13 +454,8 @@ def pickled_globals(source: str | os.PathLike) -> list[tuple[str, str]]:
     try:
         if zipfile.is_zipfile(source):
             with zipfile.ZipFile(source) as archive:
-                records = [
-                    info
-                    for info in archive.infolist()
-                    if info.filename.rsplit("/", 1)[-1] == "data.pkl"
-                    and info.file_size <= _MAX_PICKLE_BYTES
-                ]
-                return _globals_of([archive.read(info) for info in records[:1]])
+                record = pickle_record(archive, _MAX_PICKLE_BYTES)
+                return _globals_of([archive.read(record)] if record is not None else [])
         with open(source, "rb") as handle:  # the legacy format: several pickles in a row
             return _globals_of([_Capped(handle, _MAX_PICKLE_BYTES)], pickles=4)
     except Exception:  # a damaged file: torch's error stands

@@ -25,8 +25,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-PICKLE_RECORD = "data.pkl"
-MAX_RECORD_BYTES = 64 * 1024 * 1024  # the structure only: far beyond any checkpoint's
+from torchkit.core.io.pickle_records import MAX_STRUCTURE_BYTES, pickle_record
+
+MAX_RECORD_BYTES = MAX_STRUCTURE_BYTES
 
 
 class Opaque:
@@ -89,7 +90,7 @@ def plain_values(path: Path, keys: tuple[str, ...]) -> dict[str, Any] | None:
     where they cannot be read this way exactly (see module doc)."""
     try:
         with zipfile.ZipFile(path) as archive:
-            record = _pickle_record(archive, MAX_RECORD_BYTES)
+            record = pickle_record(archive, MAX_RECORD_BYTES)
             if record is None:
                 return None
             data = archive.read(record)
@@ -118,7 +119,7 @@ def is_torchkit_checkpoint_file(path: Path) -> bool:
     somewhere (a hand-made `best.pt`) is not one."""
     try:
         with zipfile.ZipFile(path) as archive:
-            record = _pickle_record(archive, MAX_CHECKPOINT_PICKLE_BYTES)
+            record = pickle_record(archive, MAX_CHECKPOINT_PICKLE_BYTES)
             # torch.save stores its records as they are: a compressed pickle is not its (and
             # 32 KB of one unpacked to 32 MB of opcodes, 8 s of reading them)
             if record is None or record.compress_type != zipfile.ZIP_STORED:
@@ -389,19 +390,6 @@ def _set_items(target: Any, items: list[Any]) -> None:
 def _require_list(target: Any) -> None:
     if not isinstance(target, list | _Other):
         raise ValueError("items appended to something else")
-
-
-def _pickle_record(archive: zipfile.ZipFile, limit: int) -> zipfile.ZipInfo | None:
-    """torch.save's `<name>/data.pkl` record of `archive`, where it has one, of at most `limit`
-    bytes unpacked (a zip bomb is not read)."""
-    records = [
-        info
-        for info in archive.infolist()
-        if info.filename.count("/") == 1 and info.filename.endswith("/" + PICKLE_RECORD)
-    ]
-    if len(records) != 1 or records[0].file_size > limit:
-        return None
-    return records[0]
 
 
 def _holds_opaque(value: Any) -> bool:
