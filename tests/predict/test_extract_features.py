@@ -527,6 +527,16 @@ def test_list_layers_output_name_picks_the_format(runner, tmp_path):
     assert refused.exit_code == 1 and "already exists" in error_line(refused.stderr)
 
 
+def test_list_layers_output_is_never_the_checkpoint_it_lists_even_with_force(runner, tmp_path):
+    checkpoint = tmp_path / "best.pt"
+    write_convnet_checkpoint(checkpoint, in_channels=3, image_size=8, classes="ab")
+    before = checkpoint.read_bytes()
+    result = run(runner, str(checkpoint), "--list-layers", "-o", str(checkpoint), "--force")
+    assert result.exit_code != 0
+    assert error_line(result.stderr).startswith(f"Error: output {checkpoint} is the model file")
+    assert checkpoint.read_bytes() == before
+
+
 def test_format_npy_pt_safetensors_still_names_the_array_format_with_a_warning(
     runner, images, tmp_path
 ):

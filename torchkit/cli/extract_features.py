@@ -372,11 +372,12 @@ def _list_layers(
 ) -> None:
     from torchkit.core.features import list_layers
     from torchkit.core.io.file_outputs import check_output_file
-    from torchkit.core.models import require_model_files
+    from torchkit.core.models import model_inputs, require_model_files
 
     if report_file(output) is not None:
         require_model_files(model, weights)  # a missing model is not "-o already exists"
-        check_output_file(output, force)  # before the model is built
+        # Before the model is built; never the checkpoint, --weights file or model source read.
+        check_output_file(output, force, model_inputs(model, weights))
     listing = list_layers(
         model,
         weights=weights,
