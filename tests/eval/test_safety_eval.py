@@ -123,6 +123,19 @@ def test_outputs_that_overlap_an_input_are_refused_and_nothing_changes(world):
     assert tree_digest(world) == before  # the inputs' bytes, and no new file anywhere
 
 
+def test_report_file_is_never_the_source_of_the_model_callable_even_with_force(world):
+    before = tree_digest(world)
+    for model in (
+        ["gatemod:Gated", "--weights", "gated.pt"],
+        ["gated.pt", "--model", "gatemod:Gated"],
+    ):
+        command = ["eval", *model, "--data", "ds", "--image-size", "8", "--workers", "0"]
+        result = run_torchkit_in_process(*command, "-o", "gatemod.py", "--force", cwd=world)
+        assert result.returncode == 1, (model, result.stderr)
+        assert "output gatemod.py is the model source gatemod.py" in error_line(result.stderr)
+    assert tree_digest(world) == before
+
+
 def test_force_replaces_an_earlier_eval_folder_and_nothing_else(world, tmp_path, monkeypatch):
     lay_out_eval_plots_only(monkeypatch)  # the PNGs' pictures are not this test's (eval_plots)
     mine = tmp_path / "mine"

@@ -289,8 +289,10 @@ def eval_inputs(spec: ModelSpec, options: EvalOptions) -> list[InputPath]:
         )
         if path and os.path.exists(path)
     ]
-    if spec.arch:  # the source of a package.module:Callable
-        inputs += model_inputs(spec.arch)
+    # The source of a package.module:Callable, as MODEL or as --model (`FILE --model NAME`).
+    for name in (spec.model, spec.arch):
+        if name and not os.path.exists(name):  # a file is in `inputs` already
+            inputs += model_inputs(name)
     return inputs + data_inputs(options.data)
 
 
