@@ -622,6 +622,41 @@ def test_untraceable_model_uses_hooks(runner, images, tmp_path, models_module):
     assert meta["layers"][0]["node"] == "<input of the classifier>"
 
 
+class OneScore(nn.Module):
+    """A model of one output per image, squeezed to (N,): a binary classifier's single logit."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.head = nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.head(self.conv(x).mean(dim=(2, 3))).squeeze(1)
+
+
+def test_normalize_l2_of_a_layer_of_one_value_per_image_gives_its_sign(
+    runner, images, tmp_path, models_module
+):
+    torch.manual_seed(0)
+    model = OneScore().eval()
+    models_module.one_score = lambda: model
+    out = tmp_path / "out"
+    result = run(
+        runner, f"{MODELS_MODULE}:one_score", str(images), str(out), "-l", "logits", "-l", "conv",
+        "--normalize", "l2", "--image-size", "16", "--resize-size", "16", "-j", "0",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    x = reference_batch(
+        images, [row["path"] for row in read_index(out)], resize=16, crop=16,
+        mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225],
+    )  # fmt: skip
+    with torch.no_grad():
+        logits, conv = model(x), model.conv(x).mean(dim=(2, 3))
+    assert np.load(out / "logits.npy").shape == (len(x),)
+    assert_close(np.load(out / "logits.npy"), torch.sign(logits))
+    assert_close(np.load(out / "conv.npy"), conv / conv.norm(dim=1, keepdim=True))
+
+
 class ChannelsLast(nn.Module):
     """A Swin-style model: its stage gives a channels-last (N, H, W, C) map, normed over C."""
 

@@ -459,7 +459,8 @@ def reduce_feature(
     elif features.ndim == 4 and pool == "max":
         features = features.amax(dim=spatial_dims(features.shape))
     if normalize == "l2":
-        norms = features.flatten(1).norm(dim=1).clamp_min(1e-12)
+        # reshape, not flatten(1): a layer of one value per image is (N,), each row a scalar.
+        norms = features.reshape(len(features), -1).norm(dim=1).clamp_min(1e-12)
         features = features / norms.view(-1, *([1] * (features.ndim - 1)))
     if flatten and features.ndim > 2:
         features = features.flatten(1)
