@@ -560,6 +560,37 @@ def test_unknown_layer_lists_close_names(runner, images, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+class _PairOut(nn.Module):
+    """A model without an nn.Linear whose forward returns a tuple: no penultimate, no logits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 2, 3)
+
+    def forward(self, x):
+        scores = self.conv(x).mean(dim=(2, 3))
+        return scores, scores.softmax(1)
+
+
+def test_a_missing_alias_is_explained_not_suggested_as_itself(
+    runner, images, tmp_path, models_module
+):
+    models_module.pair_out = _PairOut
+    model = f"{MODELS_MODULE}:pair_out"
+    default = run(runner, model, str(images), str(tmp_path / "a"))  # -l penultimate
+    assert default.exit_code == 2
+    line = error_line(default.stderr)
+    assert f"Error: {model} has no layer 'penultimate' (penultimate is the input of the" in line
+    assert "it has no nn.Linear classifier" in line and "did you mean" not in line
+    logits = run(runner, model, str(images), str(tmp_path / "b"), "-l", "logits")
+    assert logits.exit_code == 2
+    line = error_line(logits.stderr)
+    assert "logits is the model's output, and its forward returns a tuple: its items are the " \
+        "layers mean, softmax" in line  # fmt: skip
+    assert "did you mean" not in line
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
 def test_unknown_layer_names_the_model_as_given_and_how_to_list_its_layers(
     runner, images, tmp_path
 ):

@@ -74,6 +74,9 @@ class LayerGraph:
         # penultimate layer is their mean, as timm's forward_head(x, pre_logits=True) gives.
         self.penultimate_nodes: list[str] = []
         self.logits_node: str | None = None
+        # Where the traced forward returns no one tensor (a tuple, a dict): what it returns, and
+        # the layers of its items, for the refusal of `logits`.
+        self.output_items: tuple[str, list[str]] | None = None
         self.trace_error: str | None = None
         # Of each node whose value is indexed (a tuple, a list, a dict: nn.MultiheadAttention's
         # output), the nodes that take its items, with their keys: what to pick instead of it.
@@ -124,6 +127,8 @@ class LayerGraph:
                 result = node.args[0] if node.args else None
                 if isinstance(result, fx.Node):
                     self.logits_node = qualname.get(result)
+                else:
+                    self.output_items = _output_items(result, qualname)
                 continue
             name = qualname.get(node)
             if name is None or (self.tap and name == _PRE_LOGITS_MODULE):
@@ -215,8 +220,10 @@ class LayerGraph:
                 layers.append(Layer(name, node))
         if unknown:
             choices = [*ALIASES, *self.nodes, *_module_prefixes(self.nodes)]
-            close = difflib.get_close_matches(unknown[0], choices, n=4, cutoff=0.5)
-            hint = f"did you mean {', '.join(close)}? " if close else ""
+            close = difflib.get_close_matches(unknown[0], choices, n=5, cutoff=0.5)
+            close = [name for name in close if name != unknown[0]][:4]  # an alias it lacks
+            hint = self._missing_alias(unknown[0]) or ""
+            hint += f"did you mean {', '.join(close)}? " if close else ""
             names = ", ".join(repr(n) for n in unknown)
             named = named or self.arch
             listing = shell_line(["torchkit", "extract-features", named, *options, "--list-layers"])
@@ -231,6 +238,18 @@ class LayerGraph:
                 )
             raise UsageError(f"{named} has no layer {names}", hint + f"`{listing}` lists them")
         return layers
+
+    def _missing_alias(self, name: str) -> str | None:
+        """Why the model has no `penultimate` or `logits` (`name`), where it lacks that alias."""
+        if name == "penultimate":
+            return (
+                "penultimate is the input of the classifier, and it has no nn.Linear classifier; "
+            )
+        if name == "logits" and self.output_items:
+            kind, items = self.output_items
+            layers = f": its items are the layers {', '.join(items)}" if items else ""
+            return f"logits is the model's output, and its forward returns a {kind}{layers}; "
+        return None
 
     def describe(self, image_size: int, in_channels: int) -> list[LayerInfo]:
         """Every layer and alias with the shape it gives for one image of that size."""
@@ -626,6 +645,18 @@ def _module_input(graph, qualname: dict, module: str) -> str | None:
             fx.node.map_arg((node.args, node.kwargs), lambda arg: outside.setdefault(arg))
     read = [node for node in outside if node not in inside and node.op != "get_attr"]
     return qualname.get(read[0]) if len(read) == 1 else None
+
+
+def _output_items(result: Any, qualname: dict) -> tuple[str, list[str]]:
+    """What a traced forward returns that is not one node (a tuple, a dict...), and the layers
+    of its items, each once."""
+    from torch import fx
+
+    items: dict[str, None] = {}
+    fx.node.map_arg(result, lambda arg: items.setdefault(qualname.get(arg)))
+    kinds = {dict: "dict", list: "list", tuple: "tuple"}
+    kind = next((word for base, word in kinds.items() if isinstance(result, base)), None)
+    return kind or type(result).__name__, [name for name in items if name]
 
 
 def _name_taken() -> TorchkitError:
