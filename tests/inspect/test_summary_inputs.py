@@ -404,6 +404,53 @@ def test_pruned_layers_count_the_dense_operations_the_forward_runs():
     assert summarize(linear, [(2, 8)], on_meta=False).total_mult_adds == 288
 
 
+def _reparametrized(kind, layer):
+    """`layer` with its weight computed before each call: a parametrization (a layer with a
+    `parametrizations` child), or the older forward pre-hook (a leaf with weight_g, weight_v)."""
+    from torch.nn.utils import parametrizations
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the older API is deprecated
+        if kind == "parametrized weight_norm":
+            return parametrizations.weight_norm(layer)
+        if kind == "parametrized spectral_norm":
+            return parametrizations.spectral_norm(layer)
+        if kind == "weight_norm hook":
+            return nn.utils.weight_norm(layer)
+        return nn.utils.spectral_norm(layer)
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "parametrized weight_norm",
+        "parametrized spectral_norm",
+        "weight_norm hook",
+        "spectral_norm hook",
+    ],
+)
+def test_weight_normalised_layers_count_the_operations_of_the_plain_layer(kind):
+    """A layer whose weight is computed from other parameters (weight_norm's g and v, as
+    audio vocoders and GAN discriminators use them) does the plain layer's work: it counted 0
+    mult-adds (its bias only, for the older hook), and a parametrized layer's output took no
+    memory (only the weight its parametrization computes, kept with its gradient, did)."""
+    torch.manual_seed(0)
+    for layer, shape in (
+        (nn.Linear(8, 4), (2, 8)),
+        (nn.Conv1d(2, 3, 3), (1, 2, 10)),
+        (nn.ConvTranspose1d(2, 3, 2, stride=2), (1, 2, 10)),
+    ):
+        plain = summarize(nn.Sequential(layer), [shape])
+        weight_mb = 2 * layer.weight.numel() * 4 / 1e6 if kind.startswith("parametrized") else 0
+        model = nn.Sequential(_reparametrized(kind, layer))
+        for on_meta in (True, False):
+            ours = summarize(model, [shape], on_meta=on_meta)
+            assert ours.total_mult_adds == plain.total_mult_adds > 0
+            assert ours.layers[1].mult_adds == plain.total_mult_adds
+            assert ours.layers[1].leaf
+            assert ours.forward_backward_mb == pytest.approx(plain.forward_backward_mb + weight_mb)
+
+
 # --- training mode ------------------------------------------------------------------------------
 
 

@@ -205,6 +205,7 @@ def leaf_mult_adds(
     inputs: Any = None,
     *,
     counted: set[int] = frozenset(),
+    computed: dict[str, Any] | None = None,
 ) -> int:
     """Mult-adds of one call of a leaf module (torchinfo's definition, Linear and transposed
     and unbatched convolutions corrected).
@@ -215,7 +216,8 @@ def leaf_mult_adds(
     the call's arguments, whose first tensor a transposed convolution's weight is applied at
     every position of (None: at every output position, torchinfo's overcount by stride**d).
     `counted`: the storages of parameters whose matrix products were counted during the call
-    (a leaf without a position rule, `_has_position_rule`), which add nothing more here."""
+    (a leaf without a position rule, `_has_position_rule`), which add nothing more here.
+    `computed`: the tensors the module's parametrizations gave during the call, by name."""
     from torch import nn
 
     first = next(iter_tensors(output), None)
@@ -239,25 +241,71 @@ def leaf_mult_adds(
     else:
         positions = batch
     total = 0
-    for name, param in module.named_parameters():
-        applied = param
-        if name.endswith("_orig") and hasattr(module, name[: -len("_orig")] + "_mask"):
-            name = name[: -len("_orig")]  # torch.nn.utils.prune: the dense weight it computes
-            applied = getattr(module, name, param)
+    for name, applied in _applied_tensors(module, computed):
         if used is not None and _storage_key(applied) not in used:
             continue  # no operation of this call read it: nothing ran with it
         if _storage_key(applied) in counted:
             continue  # its matrix products were counted as they ran
         if name == "weight" and weight_positions is not None:
-            total += weight_positions * param.numel()
+            total += weight_positions * applied.numel()
         elif name in ("weight", "bias"):
-            total += positions * param.numel()
+            total += positions * applied.numel()
         elif "weight" in name or "bias" in name:
             # recurrent layers (weight_ih_l0...) work at every time step of every sample: all
             # but the features of an RNN's output, batched (L, N, H) or not (L, H)
             steps = shape[:-1] if isinstance(module, nn.RNNBase) else shape[:2]
-            total += math.prod(steps) * param.numel()
+            total += math.prod(steps) * applied.numel()
     return total
+
+
+# The parameters a forward pre-hook computes a layer's tensor from: `torch.nn.utils.prune`'s
+# weight_orig (times its mask), `weight_norm`'s weight_g and weight_v, `spectral_norm`'s
+# weight_orig.
+_HOOK_SOURCES = ("_orig", "_g", "_v")
+
+
+def _applied_tensors(module: Any, computed: dict[str, Any] | None = None) -> list[tuple[str, Any]]:
+    """(name, tensor) of what a leaf's operations apply: its parameters, except where a tensor
+    is computed from them before each call, whose computed tensor counts under its own name
+    (`weight`), as the dense layer's would: one a forward pre-hook sets (pruning, the older
+    `torch.nn.utils.weight_norm` and `spectral_norm`), or one a parametrization makes
+    (`torch.nn.utils.parametrizations.weight_norm`...; `computed`: the tensors its
+    `parametrizations` gave during the call, by name). Their sources add nothing more."""
+    import torch
+
+    derived: dict[str, Any] = {}
+    for hook in module._forward_pre_hooks.values():
+        name = getattr(hook, "name", None) or getattr(hook, "_tensor_name", None)
+        if isinstance(name, str) and isinstance(vars(module).get(name), torch.Tensor):
+            derived[name] = vars(module)[name]
+    sources = {name + suffix for name in derived for suffix in _HOOK_SOURCES}
+    applied = [
+        (name, param)
+        for name, param in module.named_parameters()
+        if name not in sources and not name.startswith("parametrizations.")
+    ]
+    return applied + list(derived.items()) + list((computed or {}).items())
+
+
+def is_leaf(module: Any) -> bool:
+    """A module that calls no other module of its own: no children, or only the
+    `parametrizations` that compute its parametrized tensors (a `weight_norm` layer's)."""
+    from torch.nn.utils.parametrize import is_parametrized
+
+    children = [name for name, _ in module.named_children()]
+    return not children or (children == ["parametrizations"] and is_parametrized(module))
+
+
+def _parametrization_owners(model: Any) -> dict[int, tuple[int, str]]:
+    """id of each ParametrizationList -> (id of the module it belongs to, the tensor's name)."""
+    from torch.nn.utils.parametrize import is_parametrized
+
+    owners = {}
+    for module in model.modules():
+        if is_parametrized(module):
+            for name, parametrization in module.parametrizations.items():
+                owners[id(parametrization)] = (id(module), name)
+    return owners
 
 
 def _has_position_rule(module: Any) -> bool:
@@ -347,7 +395,11 @@ class _Recorder:
         self.names: dict[int, str] = {}
         for name, module in model.named_modules():
             self.names.setdefault(id(module), name)
-        self.leaves = {id(m) for m in model.modules() if next(m.children(), None) is None}
+        self.leaves = {id(m) for m in model.modules() if is_leaf(m)}
+        # A parametrized tensor (weight_norm's weight) is computed by a call of its
+        # ParametrizationList inside the layer's call: what it gave, by the layer's id.
+        self.parametrization_owners = _parametrization_owners(model)
+        self.computed: dict[int, dict[str, Any]] = {}
         self.rows: list[LayerCall] = []
         self.stack: list[tuple[int, LayerCall]] = []
         self.call_counts: dict[int, int] = {}
@@ -454,6 +506,7 @@ class _Recorder:
         self.rows.append(row)
         self.stack.append((key, row))
         if row.leaf:
+            self.computed.pop(key, None)
             self.leaf_reads[row.index] = set()
             if not _has_position_rule(module):
                 self.product_leaves[row.index] = set()
@@ -470,6 +523,9 @@ class _Recorder:
             self.leaf_reads.pop(unfinished.index, None)
         del self.stack[position:]  # calls that never returned (an exception inside them)
         row.output_shape = shape_of(output)
+        owner = self.parametrization_owners.get(key)
+        if owner is not None:
+            self.computed.setdefault(owner[0], {})[owner[1]] = output
         # Parameters are read after the call: a lazy module has them only from now on.
         if key not in self.param_cache:
             self.param_cache[key] = _param_counts(module)
@@ -479,7 +535,12 @@ class _Recorder:
             reads = self.leaf_reads.pop(row.index, None)
             products = self.product_leaves.pop(row.index, set())
             count = leaf_mult_adds(
-                module, output, reads if self.tracking else None, args, counted=products
+                module,
+                output,
+                reads if self.tracking else None,
+                args,
+                counted=products,
+                computed=self.computed.pop(key, None),
             )
             row.mult_adds += count  # after the products counted during the call
             self.total_mult_adds += count
@@ -955,7 +1016,7 @@ def _tree_rows(model: Any) -> list[LayerCall]:
                 trainable=trainable == params if params else None,
                 mult_adds=None,
                 call=1,
-                leaf=next(module.children(), None) is None,
+                leaf=is_leaf(module),
             )
         )
     return rows
