@@ -3474,3 +3474,21 @@ def test_a_video_listed_on_stdin_is_never_the_csv_output(videos, tmp_path):
     assert "is the video" in error_line(refused.stderr)
     assert clip.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["clip.avi"]
+
+
+def test_the_page_documents_every_json_key_and_csv_column_in_order():
+    """docs/commands/video-info.md's key table lists the keys of a row, which the CSV's header
+    repeats, in their order: a script reads them from the page."""
+    import re
+
+    from suite_paths import REPO
+
+    from torchkit.cli.video_info import CSV_COLUMNS
+    from torchkit.core.video.probe import VideoInfo
+
+    page = (REPO / "docs" / "commands" / "video-info.md").read_text(encoding="utf-8")
+    documented = [
+        key for cell in re.findall(r"^\| (`[^|]+`) \|", page, flags=re.M)
+        for key in re.findall(r"`(\w+)`", cell)
+    ]  # fmt: skip
+    assert documented == list(VideoInfo(path="clip.mp4").to_dict()) == CSV_COLUMNS
