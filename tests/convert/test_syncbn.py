@@ -710,3 +710,23 @@ def test_a_pickled_model_is_unpickled_once_per_command(runner, tmp_path, wrap, w
     assert result.exit_code == 0, result.stderr
     assert [row["name"] for row in json.loads(result.stdout)["layers"]] == ["1"]
     assert UNPICKLED == ["CountsItsUnpickling"]
+
+
+def test_the_page_names_every_key_of_both_reports(runner, bn_checkpoint, tmp_path):
+    """docs/commands/convert-syncbn.md names each key of the JSON report, listing and
+    converting, and of its rows: a script reads them from the page."""
+    from suite_paths import REPO
+
+    page = (REPO / "docs" / "commands" / "convert-syncbn.md").read_text(encoding="utf-8")
+    listing = runner.invoke(app, ["convert-syncbn", str(bn_checkpoint), "--format", "json"])
+    destination = tmp_path / "sync.pt"
+    converting = runner.invoke(
+        app, ["convert-syncbn", str(bn_checkpoint), str(destination), "--format", "json"]
+    )
+    keys = set()
+    for result in (listing, converting):
+        assert result.exit_code == 0, result.stderr
+        report = json.loads(result.stdout)
+        keys |= set(report) | set(report["layers"][0])
+    assert {"marked_sync_bn", "destination", "from_type"} <= keys
+    assert {key for key in keys if f"`{key}`" not in page} == set()
