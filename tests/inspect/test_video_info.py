@@ -653,6 +653,9 @@ def test_a_header_without_frames_is_truncated_even_without_the_decode_check(brok
             "mp4v",
             "no video FFmpeg can open in this mp4 file (no video track, or a damaged one)",
         ),
+        # a video track and no cluster: it read "no video track, or a damaged one"
+        ("empty.mkv", "XVID", "empty video: it holds no frames (its video track holds none)"),
+        ("empty.webm", "VP80", "empty video: it holds no frames (its video track holds none)"),
     ],
 )
 def test_a_recording_stopped_before_its_first_frame_is_not_called_truncated(

@@ -710,8 +710,23 @@ def _fail_unopened(
         info.fail(cut, "truncated")
         return
     whole = declared is not None and declared == info.size_bytes
+    if whole and _track_without_frames(path, sniffed):
+        info.fail(NO_TRACK_FRAMES)
+        return
     whole = whole or declares_no_video(head, sniffed)  # nothing cut: no video in it
     info.fail(_describe_unopenable(info.size_bytes, sniffed, whole))
+
+
+# A whole Matroska/WebM file whose video track holds no block: a recording stopped before its
+# first frame (OpenCV's VideoWriter opened and released), which FFmpeg does not open.
+NO_TRACK_FRAMES = "empty video: it holds no frames (its video track holds none)"
+
+
+def _track_without_frames(path: Path, sniffed: str | None) -> bool:
+    """Whether a Matroska/WebM file names a video track and its clusters hold no frame of it
+    (none at all: frames before a key frame or not coded would be frames)."""
+    held = matroska_video_blocks(path, sniffed)
+    return held is not None and held.frames == 0 and held.broken_at is None
 
 
 def _judge_opened(
