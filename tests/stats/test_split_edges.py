@@ -18,6 +18,7 @@ from torchkit.core.io import files
 from torchkit.core.io.files import case_twins, folds_case
 from torchkit.core.io.output_locks import OutputLockedError
 from torchkit.core.split import files as split_files
+from torchkit.core.split import plan as split_plan
 from torchkit.core.split.run import split_dataset
 
 
@@ -364,3 +365,22 @@ def test_a_file_the_system_will_not_hard_link_is_one_error_naming_it(tmp_path: P
         "it owns or may write to (use --mode copy or symlink)"
     ), line
     assert not (tmp_path / "out").exists()
+
+
+def test_fixed_with_groups_meets_counts_that_whole_groups_can_meet(tmp_path, caplog):
+    """Dealt in seeded order, the pair came last, when train was full: it went to val (2, for
+    --fixed 1,1) while a single stayed in train. Swapped, the counts are met (4/1/1) and no
+    warning says that whole groups cannot meet them; the pair stays together."""
+    names = ["cat/p.jpg", "cat/p.png", *(f"cat/s{i}.png" for i in range(4))]
+    root = write_images(tmp_path / "raw", names)
+    with caplog.at_level("WARNING", logger="torchkit"):
+        result = split_dataset(
+            root, tmp_path / "out", fixed="1,1", group="stem", seed=1, mode="manifest"
+        )
+    assert result.counts == [[4, 1, 1]] and "--fixed" not in caplog.text
+    rows = (tmp_path / "out" / "split.csv").read_text().splitlines()[1:]
+    assert len({row.split(",")[2] for row in rows if "/p." in row}) == 1
+    # Counts the dealing met already are left as they were.
+    parts = [[[0, 1]], [[2]], [[3]]]
+    split_plan._closer_to_counts(parts, [2, 1, 1])
+    assert parts == [[[0, 1]], [[2]], [[3]]]

@@ -151,10 +151,81 @@ def fixed_split(
         targets = [total - sum(fixed), *fixed]
         # Every split gets a group where the class has enough of them (as a ratio split does).
         dealt = deal_units(ranked, targets, [1] * len(targets), at_least_one=True)
+        _closer_to_counts(dealt, targets)
         for part, units in zip(parts, dealt, strict=True):
             for unit in units:
                 part.extend(unit)
     return [sorted(part) for part in parts]
+
+
+def _closer_to_counts(dealt: list[list[list[int]]], targets: list[int]) -> None:
+    """Bring one class's held-out parts (all but the first) nearer their `--fixed` counts where
+    dealing the units in turn missed counts whole units can meet (train took a pair when one
+    image was missing, and test stayed one short while singles stayed in train): one or two
+    units of a part given to another for none or one of its own, while that brings the
+    held-out parts closer, the best step first (the fewest units moved, then the earlier
+    parts); a part keeps at least one unit. Counts met by the dealing are left alone (no step
+    brings them closer). Not every count whole units could meet is found (some need three
+    parts to trade at once), and a warning then names the class.
+
+    Each part's units by size, the last dealt of a size moving first: a step costs the cube of
+    the number of sizes, not of units, and each one brings the counts one image closer."""
+    parts = range(len(dealt))
+    by_size: list[dict[int, list[list[int]]]] = [{} for _ in parts]
+    for j in parts:
+        for unit in dealt[j]:
+            by_size[j].setdefault(len(unit), []).append(unit)
+    filled = [sum(len(unit) for unit in units) for units in dealt]
+
+    def missing(j: int, change: int) -> int:  # how far part j would be from its count
+        return 0 if j == 0 else abs(targets[j] - filled[j] - change)
+
+    while True:
+        best = None  # (images off after the step, units moved, from, to, given, taken back)
+        for a in parts:
+            sizes = sorted(by_size[a])
+            given = [(s,) for s in sizes] + [
+                (s, t)
+                for i, s in enumerate(sizes)
+                for t in sizes[i:]
+                if s != t or len(by_size[a][s]) > 1
+            ]
+            for b in parts:
+                if a == b:
+                    continue
+                now = missing(a, 0) + missing(b, 0)
+                for out in given:
+                    for back in [(), *((o,) for o in sorted(by_size[b]))]:
+                        change = sum(out) - sum(back)  # what b gains and a loses
+                        if not change or len(dealt[a]) - len(out) + len(back) < 1:
+                            continue
+                        if back and back[0] in out:
+                            continue  # a smaller step does the same
+                        if len(out) == 2 and not back:
+                            continue  # two for none: the single moves, one after the other
+                        off = missing(a, -change) + missing(b, change) - now
+                        step = (off, len(out) + len(back), a, b, out, back)
+                        if off < 0 and (best is None or step < best):
+                            best = step
+        if best is None:
+            return
+        _, _, a, b, out, back = best
+        for size in back:
+            _move_unit(dealt, by_size, filled, b, a, size)
+        for size in out:
+            _move_unit(dealt, by_size, filled, a, b, size)
+
+
+def _move_unit(dealt, by_size, filled, a: int, b: int, size: int) -> None:
+    """Move the last dealt unit of `size` from part `a` to part `b` (`_closer_to_counts`)."""
+    unit = by_size[a][size].pop()
+    if not by_size[a][size]:
+        del by_size[a][size]
+    dealt[a].remove(unit)
+    dealt[b].append(unit)
+    by_size[b].setdefault(size, []).append(unit)
+    filled[a] -= size
+    filled[b] += size
 
 
 def oversample_repeats(
