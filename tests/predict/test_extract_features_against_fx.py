@@ -158,6 +158,17 @@ class Branch(nn.Module):
         return self.head(x.mean(dim=(2, 3)))
 
 
+class Sized(nn.Module):
+    """`getitem` is the batch size, an int: no layer of features."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.head(x.mean(dim=(2, 3)).reshape(x.shape[0], -1))
+
+
 def test_an_item_of_a_tuple_layer_matches_create_feature_extractor():
     torch.manual_seed(0)
     model = Attention().eval()
@@ -180,6 +191,12 @@ def test_an_item_of_a_tuple_layer_matches_create_feature_extractor():
             "their own: getitem is item 0, getitem_1 is item 1)",
         ),
         (
+            Sized,
+            "getitem",
+            "Error: layer getitem gives an int, not a tensor (pick another layer: --list-layers "
+            "lists them)",
+        ),
+        (
             Branch,
             "extra",
             "Error: tk_against_fx_models:model has no layer 'extra' (module extra is never "
@@ -188,7 +205,7 @@ def test_an_item_of_a_tuple_layer_matches_create_feature_extractor():
             "--list-layers` lists them)",
         ),
     ],
-    ids=["tuple", "branch-not-taken"],
+    ids=["tuple", "int", "branch-not-taken"],
 )
 def test_a_layer_that_gives_no_tensor_or_never_runs_is_one_error_naming_what_to_ask_for(
     runner, tmp_path, models_module, factory, layer, expected
@@ -200,7 +217,7 @@ def test_a_layer_that_gives_no_tensor_or_never_runs_is_one_error_naming_what_to_
                "--allow-untrained", "--device", "cpu", "-j", "0", "--image-size", "16",
                "--resize-size", "16"]  # fmt: skip
     result = runner.invoke(app, command)
-    assert result.exit_code != 0
+    assert result.exit_code == 2  # the layer asked for is the mistake
     assert error_line(result.stderr) == expected
     assert not out.exists()
 

@@ -453,7 +453,10 @@ def not_a_tensor(name: str, value: Any, items: Sequence[tuple[Any, str]] = ()) -
         if picks
         else "pick another layer: --list-layers lists them"
     )
-    return TorchkitError(f"layer {name} gives a {type(value).__name__}, not a tensor", hint)
+    kind = type(value).__name__
+    article = "an" if kind[:1].lower() in "aeiou" else "a"
+    # The layer asked for is the mistake, as a name the model lacks is (exit 2).
+    return UsageError(f"layer {name} gives {article} {kind}, not a tensor", hint)
 
 
 def reduce_feature(
