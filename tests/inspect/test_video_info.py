@@ -3495,3 +3495,18 @@ def test_the_page_documents_every_json_key_and_csv_column_in_order():
         for key in re.findall(r"`(\w+)`", cell)
     ]  # fmt: skip
     assert documented == list(VideoInfo(path="clip.mp4").to_dict()) == CSV_COLUMNS
+
+
+def test_a_video_no_decoder_opens_leaves_stderr_to_the_summary(tmp_path):
+    """OpenCV logs a video whose codec FFmpeg cannot open at its ERROR level, two lines of
+    `[ERROR:0@0.07] global cap_ffmpeg_impl.hpp:1471 open Could not open codec rawvideo` on
+    stderr for every such file, which its row's error says already. (A process of its own:
+    OpenCV reads its log level once, from the environment.)"""
+    video = tmp_path / "raw.mov"  # I420 frames in a MOV, which FFmpeg's rawvideo does not open
+    if not write_video(video, "I420", 32, 24, 25.0, 3):
+        pytest.skip("this OpenCV build cannot write raw I420 into MOV")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENCV_")}
+    done = run_torchkit_process("video-info", str(video), "--format", "csv", env=env)
+    assert done.returncode == 1
+    assert list(csv.DictReader(io.StringIO(done.stdout)))[0]["status"] == "unreadable"
+    assert error_line(done.stderr, besides="nothing").startswith("Error: 1 of 1 videos")

@@ -157,9 +157,11 @@ def fourcc_to_text(code: float) -> str | None:
 
 def _import_cv2():
     # FFmpeg's own log lines ("moov atom not found") would litter stderr for every broken file;
-    # the error column says it instead. Users can still set these variables themselves.
+    # the error column says it instead. So would OpenCV's, which logs a video it cannot decode
+    # at its ERROR level ("Could not find decoder for codec_id=0", "Failed to initialize
+    # VideoCapture"): off. Users can still set these variables themselves.
     os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")
-    os.environ.setdefault("OPENCV_LOG_LEVEL", "ERROR")
+    os.environ.setdefault("OPENCV_LOG_LEVEL", "OFF")
     import cv2
 
     return cv2
