@@ -808,3 +808,25 @@ def test_a_npy_shorter_than_its_header_declares_is_truncated_before_any_allocati
     assert "declares a 1099511627776 float64 array of 8,796,093,022,208 bytes" in line
     assert "and 100 follow it (the file is truncated or corrupt)" in line
     assert not (tmp_path / "out.png").exists()
+
+
+def test_a_pt_whose_records_expand_far_beyond_the_file_is_refused_unread(tmp_path, monkeypatch):
+    """torch.load unpacks deflated records (torch.save never writes any): a 292 KB .pt held
+    300 MB of zeros, which `convert tensor` read into memory (1.5 GB at its peak) and wrote
+    out, where `convert checkpoint` refused the same file (the floor lowered here to keep the
+    file tiny)."""
+    import zipfile
+
+    from torchkit.core.models import checkpoint
+
+    monkeypatch.setattr(checkpoint, "EXPANSION_FLOOR", 2**20)
+    plain, bomb = tmp_path / "plain.pt", tmp_path / "bomb.pt"
+    torch.save(torch.zeros(1, 512, 1024), plain)  # 2 MiB of zeros
+    with zipfile.ZipFile(plain) as source, zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as out:
+        for name in source.namelist():
+            out.writestr(name, source.read(name))
+    assert bomb.stat().st_size < 2**15
+    result = convert(bomb, tmp_path / "out.png")
+    assert result.exit_code == 1
+    assert "holds compressed records that would expand from" in error_line(result.stderr)
+    assert not (tmp_path / "out.png").exists()

@@ -402,9 +402,14 @@ def read_torch(path: str | os.PathLike, key: str | None = None) -> Any:
     """A tensor from a .pt/.pth file (loaded with weights_only=True, on the CPU) as NumPy."""
     import torch
 
+    # As every checkpoint is read: torch.load unpacks deflated records (which torch.save never
+    # writes) into memory, a 300 KB file into 300 MB, without a look at their size.
+    from torchkit.core.models.checkpoint import _refuse_expanding_archive
+
     source = Path(path)
     if source.stat().st_size == 0:
         raise InputError(f"{source} is empty (0 bytes)", "it is not a PyTorch file")
+    _refuse_expanding_archive(source)
     try:
         obj = torch.load(source, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
