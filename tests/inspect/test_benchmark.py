@@ -318,6 +318,24 @@ def test_a_torchscript_file_of_a_fixed_batch_is_timed_at_its_batch_also_unasked_
     assert [row["batch_size"] for row in json.loads(unasked.stdout)["results"]] == [3]
 
 
+def test_a_float16_torchscript_file_is_timed_on_float16_images(runner, tmp_path):
+    """`export --dtype float16` writes float16 weights; benchmark fed the file float32 images
+    and ended in 'torchscript fails in infer mode at batch 2 ...: RuntimeError: Input type
+    (torch.FloatTensor) and weight type (torch.HalfTensor) should be the same', in both modes,
+    though its row says float16."""
+    path = tmp_path / "half.ts"
+    traced = torch.jit.trace(tiny_conv(1).eval().half(), torch.randn(2, 1, 8, 8).half())
+    torch.jit.save(traced, str(path))
+    args = ["benchmark", str(path), "--trust-checkpoint", "-i", "1,8,8", "-b", "2", *FAST]
+    result = runner.invoke(app, [*args, "--mode", "both", "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    rows = json.loads(result.stdout)["results"]
+    assert [(row["mode"], row["dtype"]) for row in rows] == [
+        ("infer", "float16"),
+        ("train", "float16"),
+    ]
+
+
 def test_compile_of_a_torchscript_file_is_a_usage_error(runner, tmp_path):
     """`--compile` of a TorchScript file ended in torch's own refusal, as an unexpected error:
     'Error: RuntimeError: torch.compile does not support compiling torch.jit.script ... (set

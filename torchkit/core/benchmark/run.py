@@ -548,15 +548,21 @@ class _Context:
         return batch_search.Trial(batch, fits, peak_mb, reason)
 
     def _step(self, mode: str, batch: int):
-        if self.options.compile:
-            import torch
+        import torch
 
+        if self.options.compile:
             # A fresh compilation per configuration, made during its warm-up: the graphs of
             # earlier ones would otherwise fill dynamo's cache until it falls back to eager.
             torch.compiler.reset()
         settings = self.settings
+        # In the weights' dtype (a float16 TorchScript file of `export --dtype float16`
+        # refuses float32 images); autocast casts float32 ones under --amp.
+        dtype = None if settings.amp_dtype is not None else getattr(torch, self.dtype)
         (images,) = make_inputs(
-            [(batch, *self.sample)], device=settings.device, channels_last=settings.channels_last
+            [(batch, *self.sample)],
+            dtype,
+            device=settings.device,
+            channels_last=settings.channels_last,
         )
         if mode == "infer":
             return make_infer_step(self.model, images, self.settings), lambda: None
