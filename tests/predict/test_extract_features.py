@@ -1277,6 +1277,40 @@ def test_layers_named_alike_but_for_case_get_two_files_where_case_is_ignored(
     assert [layer["file"] for layer in meta["layers"]] == ["Conv1.npy", "conv1_2.npy"]
 
 
+class _OddNames(nn.Module):
+    """Layers whose names are no file names: brackets, a slash, one that becomes another's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleDict({"[0]": nn.ReLU(), "a/b": nn.Identity(), "a_b": nn.Identity()})
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks.values():
+            x = block(x)
+        return x.mean((2, 3))
+
+
+def test_layer_names_become_file_names_each_its_own_named_in_meta(runner, tmp_path, models_module):
+    images = write_image_folder(tmp_path / "images", {"a": 2})
+    models_module.odd_names = _OddNames
+    layers = ["blocks.[0]", "blocks.a/b", "blocks.a_b"]
+    out = tmp_path / "out"
+    args = [f"{MODELS_MODULE}:odd_names", str(images), str(out), "-j", "0", "--image-size", "8"]
+    result = run(runner, *args, *(word for layer in layers for word in ("-l", layer)))
+    assert result.exit_code == 0, result.stderr
+    meta = json.loads((out / "meta.json").read_text())
+    files = {layer["name"]: layer["file"] for layer in meta["layers"]}
+    assert files == {
+        "blocks.[0]": "blocks._0_.npy",
+        "blocks.a/b": "blocks.a_b.npy",
+        "blocks.a_b": "blocks.a_b_2.npy",
+    }
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [".torchkit", "index.csv", "meta.json", *files.values()]
+    )
+    assert np.load(out / "blocks.a_b_2.npy").shape == (2, 3)
+
+
 @pytest.mark.parametrize("array_format", ["pt", "safetensors"])
 def test_an_array_cut_short_while_finishing_names_what_stops_force_too(
     runner, tmp_path, monkeypatch, array_format
