@@ -318,6 +318,35 @@ def test_an_animated_image_under_a_video_name_shows_its_own_container(tmp_path):
     assert (row["status"], row["error"]) == ("unreadable", "a still image (PNG), not a video")
 
 
+def test_a_raw_mjpeg_stream_is_a_video_not_its_first_jpeg(tmp_path):
+    """A raw MJPEG stream (JPEGs one after another, as an IP camera's `.mjpeg` recording holds
+    them) is a video of a JPEG a frame to FFmpeg; PIL opens its first JPEG alone, and its row
+    read "a still image (JPEG), not a video". A single JPEG stays a still image, and so does
+    one whose EXIF holds a thumbnail (a JPEG inside its APP1 segment)."""
+    from PIL import Image
+
+    jpegs = []
+    for index in range(7):
+        buffer = io.BytesIO()
+        Image.fromarray(frame_pixels(index, 32, 24)).save(buffer, format="JPEG")
+        jpegs.append(buffer.getvalue())
+    stream, still, with_thumbnail = tmp_path / "cam.mjpeg", tmp_path / "a.mp4", tmp_path / "b.mp4"
+    stream.write_bytes(b"".join(jpegs))
+    still.write_bytes(jpegs[0])
+    exif = Image.Exif()
+    exif[0x010F] = "camera"
+    photo = Image.fromarray(frame_pixels(0, 32, 24))
+    photo.save(with_thumbnail, format="JPEG", exif=exif.tobytes() + jpegs[1])
+    info = probe_video(stream, exact=True)
+    assert (info.status, info.frames, info.width, info.height) == ("ok", 7, 32, 24)
+    for path in (still, with_thumbnail):
+        info = probe_video(path)
+        assert (info.status, info.error) == ("unreadable", "a still image (JPEG), not a video")
+    (tmp_path / "cams").mkdir()  # a folder's .mjpeg and .mjpg files are videos too
+    stream.rename(tmp_path / "cams" / "door.MJPG")
+    assert find_videos([tmp_path / "cams"]) == [str(tmp_path / "cams" / "door.MJPG")]
+
+
 def test_fps_is_a_float_not_truncated(tmp_path, videos):
     path = need(videos, "mjpg.avi")
     _, (row,) = json_rows(path)

@@ -33,6 +33,7 @@ VIDEO_EXTENSIONS = frozenset(
     {
         ".mp4", ".m4v", ".mov", ".avi", ".mkv", ".webm", ".flv", ".wmv", ".asf", ".mpg", ".mpeg",
         ".m2v", ".ts", ".mts", ".m2ts", ".3gp", ".3g2", ".ogv", ".mxf", ".vob", ".dv", ".y4m",
+        ".mjpeg", ".mjpg",
     }
 )  # fmt: skip
 SNIFF_BYTES = 512  # enough for an EBML DocType and two MPEG-TS packet starts
@@ -203,7 +204,27 @@ def still_image_format(path: str | os.PathLike, head: bytes) -> str | None:
             frames = int(getattr(image, "n_frames", 1) or 1)
     except Exception:  # the magic bytes, but not an image PIL reads: leave it to FFmpeg
         return None
+    if kind == "JPEG" and _jpeg_followed_by_another(path):
+        return None  # a raw MJPEG stream (an IP camera's `.mjpeg`): a JPEG a frame
     return kind if frames <= 1 else None
+
+
+_JPEG_JOIN = b"\xff\xd9\xff\xd8"  # one JPEG's end (EOI) and the next one's start (SOI)
+
+
+def _jpeg_followed_by_another(path: str | os.PathLike) -> bool:
+    """Whether a JPEG file holds a second JPEG right after its first (a raw MJPEG stream, which
+    FFmpeg reads a JPEG a frame, and PIL as the first image alone). An EOI marker followed by
+    an SOI cannot occur inside one JPEG: its coded data escapes every 0xFF byte, and an EXIF
+    thumbnail's EOI ends its APP1 segment, which the next marker follows."""
+    chunk = 1 << 20
+    with open(path, "rb") as handle:
+        tail = b""
+        while block := handle.read(chunk):
+            if _JPEG_JOIN in tail + block:
+                return True
+            tail = block[-(len(_JPEG_JOIN) - 1) :]
+    return False
 
 
 # --- the codec's FOURCC as the container records it ---------------------------------------------
