@@ -3539,3 +3539,17 @@ def test_a_video_no_decoder_opens_leaves_stderr_to_the_summary(tmp_path):
     assert done.returncode == 1
     assert list(csv.DictReader(io.StringIO(done.stdout)))[0]["status"] == "unreadable"
     assert error_line(done.stderr, besides="nothing").startswith("Error: 1 of 1 videos")
+
+
+def test_the_page_lists_the_extensions_a_folder_is_searched_for():
+    import re
+
+    from suite_paths import REPO
+
+    from torchkit.core.video import VIDEO_EXTENSIONS
+
+    page = (REPO / "docs" / "commands" / "video-info.md").read_text(encoding="utf-8")
+    paragraph = page[page.index("A folder is searched") :].split("\n\n")[0]
+    assert set(re.findall(r"`(\.\w+)`", paragraph.split(" sorted by path")[0])) == set(
+        VIDEO_EXTENSIONS
+    )
