@@ -661,6 +661,8 @@ def test_tensors_numpy_lacks_and_images_too_large_for_the_encoder(tmp_path):
     torch.save(float8, tmp_path / "float8.pt")
     torch.save(float8.float(), tmp_path / "float32.pt")
     torch.save(torch.rand(3, 4, 4).to_sparse(), tmp_path / "sparse.pt")
+    # was "Error: NotImplementedError: Cannot copy out of meta tensor; no data!"
+    torch.save(torch.empty(3, 4, 4, device="meta"), tmp_path / "meta.pt")
     np.save(tmp_path / "wide.npy", np.zeros((1, 65_501, 3), np.uint8))
     np.save(tmp_path / "webp.npy", np.zeros((16_384, 1, 3), np.uint8))
     cases = [
@@ -669,6 +671,7 @@ def test_tensors_numpy_lacks_and_images_too_large_for_the_encoder(tmp_path):
             "x.png",
             "a sparse_coo tensor is not an image (save `tensor.to_dense()` instead)",
         ),
+        ("meta.pt", "x.png", "a meta tensor holds no values, only a shape (save the tensor"),
         ("wide.npy", "x.jpg", "JPEG cannot store a 65501x1 image"),
         ("webp.npy", "x.webp", "WEBP cannot store a 1x16384 image"),
     ]

@@ -380,6 +380,11 @@ def _tensor_to_numpy(tensor: Any) -> Any:
 
     numpy_floats = (torch.float16, torch.float32, torch.float64)
 
+    if tensor.is_meta:  # `.cpu()` raised NotImplementedError, shown as an unexpected failure
+        raise InputError(
+            "a meta tensor holds no values, only a shape",
+            "save the tensor once its values are computed (not on the meta device)",
+        )
     tensor = tensor.detach().cpu()
     if tensor.layout != torch.strided:
         raise InputError(
