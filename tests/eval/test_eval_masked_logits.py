@@ -210,6 +210,22 @@ def test_extract_features_keeps_masked_logits_without_a_warning(data, tmp_path):
     assert np.isfinite(logits[:, :2]).all()
 
 
+def test_extract_features_counts_masked_logits_scaled_to_nan_by_normalize(data, tmp_path):
+    """--normalize l2 of a row with a -inf gives NaN there and 0 elsewhere: rows that mean
+    nothing, counted and warned of as non-finite (an error with --strict), not kept silently."""
+    out = tmp_path / "features"
+    done = _run("extract-features", data, out, "--layer", "logits", "--normalize", "l2")
+    assert done.returncode == 0, done.stderr
+    assert "7 of the 7 rows have non-finite features" in done.stderr
+    assert "or drop --normalize l2, which makes NaN of a row of logits with a -inf" in done.stderr
+    assert _strict_json((out / "meta.json").read_text())["num_nonfinite"] == 7
+    assert np.isnan(np.load(out / "logits.npy")[:, 2]).all()
+    strict = _run("extract-features", data, tmp_path / "strict", "--layer", "logits",
+                  "--normalize", "l2", "--strict")  # fmt: skip
+    assert strict.returncode == 1
+    assert "layer logits gives non-finite values (NaN or inf)" in strict.stderr
+
+
 def test_the_masked_loss_rule_reads_arrays_and_tensors_alike():
     """One rule for train's sums (tensors on the device) and eval's predictions (NumPy): a +inf
     loss of a scorable row is masked, a NaN or +inf one of an unscorable row is not."""

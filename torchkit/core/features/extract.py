@@ -671,7 +671,8 @@ def _check_finite(
         values = values.reshape(len(rows), -1)
         ok = np.isfinite(values)
         if name == "logits" and logits is not None and logits.shape == values.shape:
-            ok = (ok | np.isneginf(logits.float().cpu().numpy())).all(axis=1)
+            # A -inf stored where the model gave it; not the NaN --normalize l2 makes of it.
+            ok = (ok | (np.isneginf(values) & np.isneginf(logits.float().cpu().numpy()))).all(1)
             ok &= scorable_rows(logits).cpu().numpy()
         else:
             ok = ok.all(axis=1)
@@ -702,6 +703,8 @@ def _nonfinite_hint(request: FeatureRequest, amp_dtype) -> str:
     hint = "check whether the weights come from a diverged training run"
     if wider:
         hint += f", or use {' or '.join(wider)}: float16 overflows past 65504"
+    if request.normalize == "l2" and "logits" in request.layers:
+        hint += ", or drop --normalize l2, which makes NaN of a row of logits with a -inf"
     return hint
 
 
