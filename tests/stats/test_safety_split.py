@@ -769,3 +769,27 @@ def test_the_commands_that_finish_a_move_quote_its_folders(tmp_path, caplog, nam
     with pytest.raises(UsageError) as refused:
         _resume_move(tmp_path / "other", out, {"root": str(data)}, "move", None)
     assert refused.value.hint == f"finish it with: {command}"
+
+
+def test_a_split_being_written_now_is_no_split_to_readers_nor_one_stopped(tmp_path):
+    """OUT of a split that runs now (its journal says `copying`, its lock is held) is refused
+    as one being written, not as one a stopped split left (`run the split command again`,
+    which the lock refuses)."""
+    from torchkit.core.io.output_locks import FolderLock
+
+    out = tmp_path / "out"
+    (out / "train" / "cat").mkdir(parents=True)
+    (out / "train" / "cat" / "a.png").write_bytes(b"\x89PNG")
+    (out / ".torchkit-split.json").write_text(json.dumps({"state": "copying", "mode": "copy"}))
+    lock = FolderLock(out, "output folder")
+    try:
+        refused = run_torchkit_in_process("dataset-stats", out)
+    finally:
+        lock.release()
+    assert refused.returncode == 1
+    assert error_line(refused.stderr) == (
+        f"Error: {out} is an unfinished split: a torchkit split is writing it now "
+        "(wait for it to finish)"
+    )
+    stopped = run_torchkit_in_process("dataset-stats", out)
+    assert "was stopped while writing it" in error_line(stopped.stderr)

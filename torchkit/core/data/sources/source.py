@@ -695,6 +695,14 @@ def _open_folder(
     every_image: bool = False,
 ) -> DataSource:
     if unfinished_split(path):
+        from torchkit.core.io.folder_locks import held_exclusively
+        from torchkit.core.io.output_locks import lock_path
+
+        if held_exclusively(lock_path(path)):  # the split writing it runs now: not stopped
+            raise InputError(
+                f"{path} is an unfinished split: a torchkit split is writing it now",
+                "wait for it to finish",
+            )
         raise InputError(
             f"{path} is an unfinished split (a torchkit split was stopped while writing it)",
             "run the split command again",
