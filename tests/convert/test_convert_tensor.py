@@ -279,6 +279,31 @@ def test_key_where_no_tensor_is_read_or_named_is_refused(tmp_path, target):
     assert list(load_file(tmp_path / "a.safetensors")) == ["x"]
 
 
+def test_layout_scale_and_no_exif_where_nothing_is_read_or_written_so_are_refused(tmp_path):
+    """--layout and --scale describe a .npy/.pt/.safetensors side, --no-exif how an image is
+    read: PNG to JPEG with --scale 255, or .npy to .pt with --no-exif, wrote what it would have
+    written without them (exit 0), where --key and --dtype given so are refused."""
+    (tmp_path / "in").mkdir()
+    random_image("RGB").save(tmp_path / "in" / "a.png")
+    np.save(tmp_path / "a.npy", np.asarray(random_image("RGB")))
+    cases = [
+        (tmp_path / "in" / "a.png", tmp_path / "a.jpg", ["--scale", "255"], "--scale 255"),
+        (tmp_path / "in" / "a.png", tmp_path / "a.bmp", ["--layout", "chw"], "--layout chw"),
+        (tmp_path / "in", tmp_path / "out", ["--to", "webp", "--scale", "1"], "--scale 1"),
+        (tmp_path / "a.npy", tmp_path / "a.pt", ["--no-exif"], "--no-exif"),
+    ]
+    for source, target, options, named in cases:
+        result = convert(source, target, *options)
+        assert result.exit_code == 2, options
+        assert error_line(result.stderr, besides="nothing").startswith(
+            f"Error: {named} has no effect here"
+        )
+        assert not target.exists()
+    # Where the option has a side to describe, it is taken.
+    ok(tmp_path / "a.npy", tmp_path / "a.png", "--layout", "hwc", "--scale", "1")
+    ok(tmp_path / "in" / "a.png", tmp_path / "raw.pt", "--no-exif")
+
+
 @pytest.mark.parametrize("folder", [False, True])
 def test_key_that_safetensors_keeps_for_its_header_is_refused(tmp_path, folder):
     # Written, a tensor named __metadata__ made a file no safetensors reader parses (exit 0).

@@ -674,6 +674,29 @@ def _check_image_options(options: TensorOptions, target_extension: str) -> None:
         raise UsageError(f"--nrow {options.nrow} goes with --grid", "add --grid, or drop --nrow")
 
 
+def _check_reading_options(
+    options: TensorOptions, sources: Sequence[Path], target_extension: str
+) -> None:
+    """--layout and --scale describe the .npy/.pt/.safetensors side of a conversion (its output,
+    or an image output's source), --no-exif how an image source is read: given where there is
+    no such side or source (PNG to JPEG; .npy to .pt), they would be ignored, so they are
+    refused (as --key and --dtype are)."""
+    kinds = {kind_of(path.suffix) for path in sources}
+    if kind_of(target_extension) == "image" and kinds == {"image"}:
+        for option, value in (("--layout", options.layout), ("--scale", options.scale)):
+            if value is not None:
+                raise UsageError(
+                    f"{option} {value} has no effect here: it describes the .npy/.pt/.safetensors "
+                    "side of a conversion, and both sides are image files",
+                    f"drop {option}",
+                )
+    if not options.exif and "image" not in kinds:
+        raise UsageError(
+            "--no-exif has no effect here: it says how image files are read, and no source is one",
+            "drop --no-exif",
+        )
+
+
 def _check_key(key: str | None, sources: Sequence[Path], target_extension: str) -> None:
     """--key names the tensor read from a .pt/.safetensors source or written to a .safetensors
     output: given where neither is converted, it would be ignored, so it is refused (as --dtype
@@ -846,6 +869,7 @@ def convert_tensor(
     _validate(options, kind_of(extension, output=True))  # also refuses an unknown extension
     _check_key(options.key, [source], extension)
     _check_image_options(options, extension)
+    _check_reading_options(options, [source], extension)
     inputs = [InputPath.of(source, "source")]
     if not split_batch:
         check_output_file(file_target, force, inputs)
@@ -926,6 +950,7 @@ def _convert_into(
         raise InputError(f"no convertible files in {source}", "supported: " + " ".join(EXTENSIONS))
     _check_key(options.key, files, to)
     _check_image_options(options, to)
+    _check_reading_options(options, files, to)
     seen: dict[Path, Path] = {}
     for relative in files:
         produced = relative.with_suffix(to)
