@@ -108,7 +108,7 @@ def test_train_records_a_local_path_named_like_a_query_as_given():
         "secret", "client_secret", "password", "passwd", "pwd", "auth", "jwt",
         "X-Amz-Signature", "X-Goog-Signature", "Signature", "sig", "auth_sig",
         "X-Amz-Credential", "X-Goog-Credential", "key", "api_key", "apikey", "x-api-key",
-        "AWSAccessKeyId", "Key-Pair-Id", "subscription-key",
+        "AWSAccessKeyId", "Key-Pair-Id", "subscription-key", "authorization", "Bearer", "cookie",
     ],
 )  # fmt: skip
 def test_a_parameter_named_as_a_secret_is_redacted(name):

@@ -265,6 +265,21 @@ def test_other_torch_variables_set_are_reported(runner, monkeypatch, clean_env):
     assert "NCCL_P2P_DISABLE=1" in table and "hunter2" not in table
 
 
+@pytest.mark.parametrize(
+    "name",
+    ["HF_TOKEN", "NCCL_PASSWD", "TORCHKIT_AUTH_BEARER", "TORCH_HUB_AUTHORIZATION",
+     "TORCHKIT_COOKIE", "NCCL_PWD", "TORCHKIT_API_KEY", "TORCHKIT_S3_SECRET_ACCESS_KEY"],
+)  # fmt: skip
+def test_a_variable_whose_name_says_it_holds_a_secret_is_left_out(monkeypatch, clean_env, name):
+    """NCCL_PASSWD and TORCHKIT_AUTH_BEARER were printed: only TOKEN, SECRET, PASSWORD, KEY and
+    CREDENTIAL were looked for; a name now counts as a URL parameter's does."""
+    monkeypatch.setenv(name, "hunter2")
+    monkeypatch.setenv("TORCHKIT_KEYWORDS", "0")  # a word that only begins with key: shown
+    reported = collect_env(log_diagnostics=False)["environment"]
+    assert name not in reported and "hunter2" not in json.dumps(reported)
+    assert reported["TORCHKIT_KEYWORDS"] == "0"
+
+
 def test_variables_that_change_kernels_and_numbers_are_reported(monkeypatch, clean_env):
     """ATEN_CPU_CAPABILITY (torch's CPU kernels: `CPU capability DEFAULT` on an AVX-512 CPU),
     oneDNN's and TF32's numerics, triton's, a preloaded allocator and torchkit's own variables

@@ -26,6 +26,7 @@ from typing import Any
 
 from torchkit import __version__
 from torchkit.core.io.errors import DeviceError, first_line
+from torchkit.core.io.redaction import is_secret_name
 from torchkit.core.runtime.cpus import cgroup_cpu_quota, usable_cpus
 from torchkit.core.runtime.extras import installed_version
 
@@ -85,14 +86,13 @@ ENVIRONMENT_VARIABLES = (
 # picks, ONEDNN_DEFAULT_FPMATH_MODE, NVIDIA_TF32_OVERRIDE and TRITON_* numbers and speed,
 # LD_PRELOAD an allocator or OpenMP runtime loaded ahead of torch's, TORCHKIT_* torchkit's own,
 # HF_HUB_OFFLINE and HF_HOME timm's weights, XDG_CACHE_HOME where the caches go), but never one
-# whose name says it holds a secret (HF_TOKEN).
+# whose name says it holds a secret (HF_TOKEN, NCCL_PASSWD: `is_secret_name`, as URLs' are).
 ENVIRONMENT_PREFIXES = (
     "OMP_", "KMP_", "GOMP_", "MKL_", "CUDA_", "CUBLAS", "CUDNN_", "NCCL_", "TORCH_",
     "TORCHINDUCTOR_", "PYTORCH_", "HIP_", "ROCR_", "HSA_", "MIOPEN_", "ATEN_", "ONEDNN_", "DNNL_",
     "TRITON_", "NVIDIA_TF32_OVERRIDE", "LD_PRELOAD", "TORCHKIT_", "HF_HUB_", "HF_HOME",
     "XDG_CACHE_HOME",
 )  # fmt: skip
-_SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "KEY", "CREDENTIAL")
 
 # torchvision's C++ operator library has been called `_C` and, in newer releases, `_C_stable`.
 _TORCHVISION_LIBRARIES = ("_C_stable", "_C")
@@ -130,7 +130,7 @@ def torch_environment() -> dict[str, str | None]:
             name.startswith(ENVIRONMENT_PREFIXES)
             and name not in report
             and name != "CUDA_VISIBLE_DEVICES"  # the `cuda` section's
-            and not any(word in name.upper() for word in _SECRET_WORDS)
+            and not is_secret_name(name)
         ):
             report[name] = os.environ[name]
     return report

@@ -35,14 +35,16 @@ _PARAMETER = re.compile(r"([?&#])([^=&#?]+)=([^&#]*)")
 _CASE_CHANGE = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 _NOT_ALNUM = re.compile(r"[^a-z0-9]+")
 _SECRET_WORD = re.compile(
-    r".*(?:token|secret|passw|credential|signature).*|.*(?:key|sig)|auth|pwd|jwt"
+    r".*(?:token|secret|passw|credential|signature).*|.*(?:key|sig)"
+    r"|auth|authori[sz]ation|bearer|cookie|pwd|jwt"
 )
 
 
 def is_secret_name(name: str) -> bool:
     """Whether a URL parameter named `name` holds a secret: one of its words (above) contains
     token, secret, passw(or)d, credential or signature, ends in key or sig (`key`, `apikey`,
-    `Key-Pair-Id`, `sig`, `auth_sig`), or is auth, pwd or jwt. Not secrets, so kept: `Policy`,
+    `Key-Pair-Id`, `sig`, `auth_sig`), or is auth, authorization, bearer, cookie, pwd or jwt.
+    Also the test of an environment variable's name (`NCCL_PASSWD`). Not secrets, so kept: `Policy`,
     `Expires`, `X-Amz-SignedHeaders`, `max-keys`, Azure SAS's `sv`, `se`, `sp`..."""
     words = _NOT_ALNUM.split(_CASE_CHANGE.sub("_", name).lower())
     return any(_SECRET_WORD.fullmatch(word) for word in words)
