@@ -11,6 +11,7 @@ import logging
 import re
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from image_folders import write_image_folder
 from PIL import Image, ImageDraw
 
 from torchkit.cli import app
+from torchkit.cli import dataset_stats as dataset_stats_cli
 from torchkit.core.data import hashing, neardup
 from torchkit.core.data.image_files import UnsupportedSamples
 from torchkit.core.io.errors import InputError, UsageError
@@ -962,6 +964,8 @@ def test_dataset_stats_table_and_csv_count_the_label_conflicts(runner, tmp_path)
     table = runner.invoke(app, ["dataset-stats", str(raw), "-j", "0"])
     assert table.exit_code == 0, table.stderr
     assert "2 (in 2 groups; 1 across classes)" in table.stdout
+    one = SimpleNamespace(duplicate_files=1, duplicates=[None], label_conflicts=[])
+    assert dataset_stats_cli._duplicates_cell(one) == "1 (in 1 group)"
     out = tmp_path / "stats.csv"
     args = ["dataset-stats", str(raw), "--format", "csv", "-o", str(out), "-j", "0"]
     assert runner.invoke(app, args).exit_code == 0

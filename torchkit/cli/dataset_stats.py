@@ -51,10 +51,11 @@ def _human_bytes(size: int) -> str:
 
 
 def _duplicates_cell(stats) -> str:
-    """`3 (in 2 groups)`, and how many of the groups span classes (a label conflict)."""
+    """`3 (in 2 groups)`, `1 (in 1 group)`, and how many of the groups span classes (a label
+    conflict)."""
     conflicts = len(stats.label_conflicts)
     across = f"; {conflicts} across classes" if conflicts else ""
-    return f"{stats.duplicate_files} (in {len(stats.duplicates)} groups{across})"
+    return f"{stats.duplicate_files} (in {counted(len(stats.duplicates), 'group')}{across})"
 
 
 def _counts(mapping: dict[str, int]) -> str:
