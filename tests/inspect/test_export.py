@@ -925,6 +925,14 @@ def test_a_corrupt_checkpoint_is_one_error_line(runner, world, tmp_path):
         # an infinite tolerance passes any output: a verification that checks nothing
         (["m.onnx", "--atol", "inf"], "--atol must be a finite number >= 0, not inf"),
         (["m.onnx", "--rtol", "inf"], "--rtol must be a finite number >= 0, not inf"),
+        # a tolerance no check uses: the report showed "atol": 0.5 beside "verification":
+        # "skipped"
+        (
+            ["m.onnx", "--no-verify", "--atol", "0.5"],
+            "Error: --atol sets the verification's tolerance, and --no-verify skips the "
+            "verification (drop --atol or --no-verify)",
+        ),
+        (["m.onnx", "--rtol", "0.1", "--no-verify"], "Error: --rtol sets the verification's"),
     ],
 )
 def test_unknown_formats_and_options_are_usage_errors(

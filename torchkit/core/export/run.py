@@ -172,6 +172,13 @@ def export_model(request: ExportRequest, progress: Progress | None = None) -> Ex
     opset = fm.check_opset(fmt, request.opset)
     dtype = fm.check_dtype(request.dtype)
     tolerance = fm.tolerance_for(dtype, request.atol, request.rtol)
+    if not request.verify and (request.atol is not None or request.rtol is not None):
+        # the report would show a tolerance no check used
+        option = "--atol" if request.atol is not None else "--rtol"
+        raise UsageError(
+            f"{option} sets the verification's tolerance, and --no-verify skips the verification",
+            f"drop {option} or --no-verify",
+        )
     if request.batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, not {request.batch_size}")
     check_batch_fits(request.batch_size)
