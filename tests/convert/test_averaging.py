@@ -3,6 +3,8 @@ torchkit checkpoint that eval reads, and one clear error for mismatched inputs."
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -74,6 +76,9 @@ def test_mismatches_are_clear_errors(tmp_path):
         average_checkpoints(paths[:1])
     with pytest.raises(UsageError, match="given twice"):
         average_checkpoints([paths[0], paths[0]])
+    os.link(paths[0], tmp_path / "linked.pt")  # one file, two names: it weighed twice
+    with pytest.raises(UsageError, match="given twice: .*epoch.* and .*linked.pt are one file"):
+        average_checkpoints([paths[0], paths[1], tmp_path / "linked.pt"])
     with pytest.raises(CheckpointError, match="different architectures"):
         average_checkpoints([paths[0], other[0]])
     plain = tmp_path / "plain.pt"

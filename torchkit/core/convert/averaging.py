@@ -143,9 +143,20 @@ def average_checkpoints(
 
     if len(paths) < 2:
         raise UsageError("averaging needs at least two checkpoints", "give two or more")
-    real = [os.path.realpath(p) for p in paths]
-    if len(set(real)) != len(real):
-        raise UsageError("a checkpoint is given twice", "each one counts once in the mean")
+    # One file under two names, through a symlink or a hard link (`cp -l`, a best.pt linked to
+    # its epoch's file): counted twice, it weighed twice in the mean.
+    files: dict[Any, str | os.PathLike] = {}
+    for path in paths:
+        identity = _file_identity(path)
+        if identity in files:
+            first = files[identity]
+            named = (
+                path if os.fspath(first) == os.fspath(path) else f"{first} and {path} are one file"
+            )
+            raise UsageError(
+                f"a checkpoint is given twice: {named}", "each one counts once in the mean"
+            )
+        files[identity] = path
     loaded = [read_model_file(path, trust_checkpoint=trust_checkpoint) for path in paths]
     torchkit = [is_torchkit_checkpoint(item) for item in loaded]
     if any(torchkit) and not all(torchkit):
@@ -174,6 +185,16 @@ def average_checkpoints(
     result["model"] = averaged
     result["averaged_from"] = [Path(p).name for p in paths]
     return result
+
+
+def _file_identity(path: str | os.PathLike) -> Any:
+    """What tells one file from another, whatever its name: its device and inode (its real path
+    where it cannot be read, said by the loader)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return os.path.realpath(path)
+    return (info.st_dev, info.st_ino)
 
 
 def _refuse_other_classes(loaded: Sequence[Mapping[str, Any]], names: Sequence[str]) -> None:
