@@ -63,6 +63,10 @@ MIN_VIDEOS_PER_PROCESS = 64
 # FFmpeg threads of each video's decoder while several videos are read at once (None: FFmpeg's
 # choice, one per core): the videos are the parallel work (probe._open_capture).
 DECODER_THREADS: int | None = 1
+# How much larger than the first (`_chunk_size`) a chunk of the videos listed on stdin grows: each
+# chunk starts its worker processes afresh (0.8 s for 2 processes here), which 2,048 empty files
+# a chunk tripled the time of a list of 100,000; 16x holds at most some 50 MB of records.
+STREAMED_CHUNK_GROWTH = 16
 # Videos handed to a worker process at a time: few enough that the progress moves and the
 # workers finish together, many enough that sending them costs little.
 VIDEOS_PER_CHUNK = 64
@@ -190,8 +194,9 @@ def stream_videos(
     that hands each record to `on_record` as soon as those before it are, keeping none:
     memory does not grow with the records. Every check is made here, before any output is
     opened. `-` alone reads the paths on stdin as they are piped, a thousand or more at a time
-    at most (`_chunk_size`; a video listed twice is read once, as in `find_videos`), each
-    checked against `report` as it comes; `progress` then gets (done, None)."""
+    (`_chunk_size`), then up to 16 times as many (`_ListedVideos.chunks`; a video listed
+    twice is read once, as in `find_videos`), each checked against `report` as it comes;
+    `progress` then gets (done, None)."""
     _check_options(segments, workers, seed, sample_mode)
     options = (exact, decode_check, segments, sample_mode, seed)
     if [os.fspath(p) for p in paths] != [STDIN]:
@@ -205,7 +210,8 @@ def stream_videos(
             _inspect(videos, *options, None, workers, progress, named, on_record)
 
         return read
-    chunks = _ListedVideos(stdin).chunks(_chunk_size(workers))
+    size = _chunk_size(workers)
+    chunks = _ListedVideos(stdin).chunks(size, size * STREAMED_CHUNK_GROWTH)
     first = next(chunks)  # the videos piped so far, checked with the rest before any work
     if report is not None:
         check_output_file(report, force, video_inputs([], first))
@@ -241,11 +247,15 @@ class _ListedVideos:
         self.stream = PathStream(stdin, "video")
         self.seen: set[str] = set()
 
-    def chunks(self, most: int) -> Iterator[list[str]]:
-        while paths := self.stream.take(most):
+    def chunks(self, first: int, most: int) -> Iterator[list[str]]:
+        """Chunks of up to `first` videos, then twice as many each time, up to `most`: the
+        first rows come soon, and a long list starts few sets of worker processes."""
+        size = first
+        while paths := self.stream.take(size):
             fresh = [path for path in paths if self._first_time(path)]
             if fresh:
                 yield fresh
+            size = min(most, size * 2)
 
     def _first_time(self, path: str) -> bool:
         key = video_key(path)
