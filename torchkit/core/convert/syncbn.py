@@ -474,8 +474,11 @@ def _neighbour_dims(model: Any, layers: list[tuple[str, Any]]) -> dict[int, tupl
     for index, (name, layer) in enumerate(ordered):
         if id(layer) not in wanted or id(layer) in found:
             continue
-        before = ((n, m, _output_dim(m)) for n, m in reversed(ordered[:index]))
-        after = ((n, m, _layer_dim(m)) for n, m in ordered[index + 1 :])
+        # Walked outwards from the layer without copying the list: a copy per layer made a
+        # model of thousands of layers quadratic.
+        earlier, later = range(index - 1, -1, -1), range(index + 1, len(ordered))
+        before = ((*ordered[at], _output_dim(ordered[at][1])) for at in earlier)
+        after = ((*ordered[at], _layer_dim(ordered[at][1])) for at in later)
         for neighbour_name, neighbour, dim in itertools.chain(before, after):
             if id(neighbour) in wanted:
                 continue
