@@ -142,7 +142,7 @@ def test_convert_checkpoint_average_writes_a_checkpoint_and_refuses_bad_calls(ru
     # One path: DST forgotten, where "not 1 paths (... add --average)" pointed at averaging.
     alone = runner.invoke(app, ["convert", "checkpoint", paths[0]])
     assert alone.exit_code == 2 and "--average" not in alone.stderr
-    assert f"takes SRC and DST, and DST is missing after {paths[0]}" in alone.stderr
+    assert "Error: missing DST (give it after the inputs, or as --out DST)" in alone.stderr
 
 
 def test_average_of_pickled_models_takes_trust_checkpoint(runner, tmp_path):

@@ -500,10 +500,7 @@ def checkpoint(
     if allow_nonfinite:
         raise UsageError("--allow-nonfinite applies to --average only", "add --average")
     if len(paths) == 1:  # was "not 1 paths (... add --average)": DST left out, not too many
-        raise UsageError(
-            f"convert checkpoint takes SRC and DST, and DST is missing after {paths[0]}",
-            "e.g. convert checkpoint last.pt weights.safetensors",
-        )
+        product_path(None, None, name="DST")  # as every command says a missing output
     if len(paths) != 2:
         if out_option is not None and len(paths) == 3:  # SRC DST --out DST2
             product_path(paths[1], out_option, name="DST")
