@@ -277,3 +277,30 @@ def test_the_move_to_finish_is_a_command_to_paste_for_paths_with_spaces(tmp_path
         f"Error: {data} is half moved into {out}: a split --mode move into it stopped "
         f"(finish that move first: torchkit split '{data}' '{out}' --mode move)"
     )
+
+
+def test_the_folders_a_stopped_move_of_a_csv_index_emptied_are_refused(tmp_path, monkeypatch):
+    # Before: with `split lists/index.csv OUT --mode move` stopped, the index was refused, but
+    # `dataset-stats data` (the folder it lists images in) read the images left there as the
+    # whole dataset, and `split data OTHER --mode move` moved them into a second OUT.
+    data = make_files(tmp_path / "data", {"cat": 6, "dog": 5})
+    (tmp_path / "lists").mkdir()
+    index = tmp_path / "lists" / "index.csv"
+    rows = [f"../data/{p.parent.name}/{p.name},{p.parent.name}" for p in data.rglob("*.png")]
+    index.write_text("path,label\n" + "\n".join(sorted(rows)) + "\n")
+    out, real = tmp_path / "out", os.path.realpath(index)
+    stop_a_move(monkeypatch, index, out)
+    before = tree_digest(tmp_path)
+    readers = [
+        ["dataset-stats", data],
+        ["dataset-stats", data / "cat"],
+        ["split", data, tmp_path / "other", "--mode", "move"],
+    ]
+    for args, result in zip(readers, run_each_in_process(readers), strict=True):
+        assert result.returncode == 1, (args, result.stderr)
+        line = error_line(result.stderr)
+        assert "half moved into" in line and f"a split --mode move of {real}" in line, args
+        assert line.endswith(f"(finish that move first: torchkit split {real} {out} --mode move)")
+    assert tree_digest(tmp_path) == before
+    assert run_torchkit_in_process("split", index, out, "--mode", "move").returncode == 0
+    assert sorted(p.name for p in tmp_path.rglob(".*moving*")) == []  # every record gone

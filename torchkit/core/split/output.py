@@ -73,20 +73,30 @@ def remove_journal(out: Path) -> None:
     remove_tree(out / JOURNAL, ignore_errors=False)
 
 
-def note_moving(root: Path, out: Path) -> None:
+def note_moving(root: Path, out: Path, folders: Sequence[str | os.PathLike] = ()) -> None:
     """Record beside ROOT's files that a move into `out` begins (`moving_record`: a second
     split out of that ROOT, and every reader of it, learns from it and from OUT's journal that
-    the move has not finished). Where that place cannot be written (a CSV index in a read-only
-    folder) the move goes on without it."""
-    # OutputWriteError: atomic_write's word for the read-only (or full) disk
-    with contextlib.suppress(OSError, OutputWriteError):
-        atomic_write_json(moving_record(root), {"out": os.path.realpath(out)}, indent=None)
+    the move has not finished), and in each of the `folders` a CSV index ROOT lists files in
+    (a reader of such a folder, or a move out of it, learns it from there: the record names
+    ROOT). Where that place cannot be written (a CSV index in a read-only folder) the move
+    goes on without it."""
+    moved = os.path.realpath(root)
+    notes = [(moving_record(root), {"out": os.path.realpath(out)})]
+    notes += [
+        (moving_record(Path(f)), {"out": os.path.realpath(out), "root": moved}) for f in folders
+    ]
+    for place, record in notes:
+        # OutputWriteError: atomic_write's word for the read-only (or full) disk
+        with contextlib.suppress(OSError, OutputWriteError):
+            atomic_write_json(place, record, indent=None)
 
 
-def forget_moving(root: Path) -> None:
-    """The move's record in ROOT, once the move is done."""
-    with contextlib.suppress(OSError):
-        moving_record(root).unlink(missing_ok=True)
+def forget_moving(root: Path, folders: Sequence[str | os.PathLike] = ()) -> None:
+    """The move's records in ROOT and in the `folders` of a CSV index, once the move is
+    done."""
+    for place in [moving_record(root), *(moving_record(Path(f)) for f in folders)]:
+        with contextlib.suppress(OSError):
+            place.unlink(missing_ok=True)
 
 
 def previous_split_names(out: Path) -> set[str]:

@@ -283,7 +283,7 @@ def _plan_and_write(
             # above has the rerun start again, where split.csv alone was a finished split.)
             write_manifest(out, plan, names, mode)
             record = _moving_record(root, result)
-            note_moving(root, out)
+            note_moving(root, out, emptied)
             write_journal(out, record)
     except BaseException as error:
         writing.abandon(error)
@@ -293,7 +293,7 @@ def _plan_and_write(
         with _finish_hint(root, out), reporting_write_errors(out):
             place_files(plan, out, mode, progress)
             write_journal(out, record | {"state": "done"})
-        forget_moving(root)
+        forget_moving(root, emptied)
         return result
     try:
         with reporting_write_errors(out):
@@ -594,7 +594,7 @@ def _resume_move(
     if lost:
         journal, rows = _drop_lost(root, out, journal, rows, lost)
     write_journal(out, journal | {"state": "done"})
-    forget_moving(root)
+    forget_moving(root, csv_folders)
     return _move_result(root, out, journal, rows=rows, resumed=True)
 
 

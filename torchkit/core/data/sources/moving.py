@@ -25,24 +25,47 @@ def moving_record(root: Path) -> Path:
     return root / MOVING if root.is_dir() else root.with_name(f".{root.name}{MOVING}")
 
 
-def half_moved_into(root: Path) -> Path | None:
-    """The OUT of a move out of `root` that has begun and not finished (its journal still says
-    the move runs: stopped half-way, or running now), or None (no record, or one whose move was
-    finished or whose OUT is gone)."""
+def _moving_note(root: Path) -> tuple[Path, str] | None:
+    """(OUT, the ROOT moved) of the record of a move out of `root`: `root` itself, or the CSV
+    index whose files lie in the folder `root` (its record there names the index), or None."""
     try:
         record = json.loads(moving_record(root).read_text(encoding="utf-8"))
         out = Path(record["out"])
-    except (OSError, ValueError, TypeError, KeyError):
+        moved = record.get("root") or os.path.realpath(root)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
+    return (out, moved) if isinstance(moved, str) else None
+
+
+def half_moved_into(root: Path) -> Path | None:
+    """The OUT of a move out of `root` (or out of a CSV index listing files in the folder
+    `root`) that has begun and not finished (its journal still says the move runs: stopped
+    half-way, or running now), or None (no record, or one whose move was finished or whose OUT
+    is gone)."""
+    note = _moving_note(root)
+    if note is None:
+        return None
+    out, moved = note
     journal = split_journal(out)
     moving = journal is not None and journal.get("state") == "moving"
-    return out if moving and journal.get("root") == os.path.realpath(root) else None
+    return out if moving and journal.get("root") == moved else None
+
+
+def _moved_root(root: str | os.PathLike) -> str | os.PathLike:
+    """What the move out of `root` moves: `root`, or the CSV index that lists files in it."""
+    note = _moving_note(Path(root))
+    if note is None or note[1] == os.path.realpath(root):
+        return root
+    return note[1]
 
 
 def stopped_move_error(root: str | os.PathLike, out: Path) -> InputError:
+    moved = _moved_root(root)
+    of = "" if moved is root else f" of {moved}, which lists files in it,"
     return InputError(
-        f"{root} is half moved into {out}: a split --mode move into it stopped",
-        f"finish that move first: {shell_line(['torchkit', 'split', root, out, '--mode', 'move'])}",
+        f"{root} is half moved into {out}: a split --mode move{of} into it stopped",
+        "finish that move first: "
+        + shell_line(["torchkit", "split", moved, out, "--mode", "move"]),
     )
 
 
@@ -106,11 +129,13 @@ def _hold_and_look(path: Path, *, locking: bool) -> None:
         if out is not None and place == real:
             raise stopped_move_error(path, out)
         if out is not None:
+            moved = _moved_root(place)
+            of = "" if moved is place else f" of {moved}, which lists files in it,"
             raise InputError(
-                f"{path} lies in {place}, which is half moved into {out}: a split --mode move "
-                "into it stopped",
+                f"{path} lies in {place}, which is half moved into {out}: a split --mode move"
+                f"{of} into it stopped",
                 "finish that move first: "
-                + shell_line(["torchkit", "split", place, out, "--mode", "move"]),
+                + shell_line(["torchkit", "split", moved, out, "--mode", "move"]),
             )
 
 
