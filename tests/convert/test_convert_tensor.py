@@ -590,6 +590,8 @@ def test_bad_single_files(tmp_path):
         ),
         (("cut.pt", "x.png"), 1, "cannot read"),
         (("rgba.png", "x.jpg"), 1, "JPEG cannot store an alpha channel"),
+        # written, Pillow and OpenCV read it back as RGB: its alpha was lost without a word
+        (("rgba.png", "x.bmp"), 1, "BMP cannot store an alpha channel"),
         (
             ("rgba.png", "x.png", "--dtype", "float32"),
             2,

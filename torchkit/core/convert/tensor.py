@@ -494,6 +494,13 @@ def _write_image(path: Path, array: Any, quality: int, extension: str) -> None:
         )
     if image_format == "BMP" and channels == 2:
         raise InputError("BMP cannot store grayscale with alpha", "write PNG or TIFF instead")
+    if image_format == "BMP" and channels == 4:
+        # Pillow writes it as 32-bit BGRX, which Pillow and OpenCV read back as RGB: the alpha
+        # was gone without a word (and the report said 4 channels).
+        raise InputError(
+            "BMP cannot store an alpha channel (readers take a 32-bit BMP for RGB)",
+            "write PNG, WebP or TIFF instead",
+        )
     limit = MAX_SIDE.get(image_format)
     if limit is not None and max(array.shape[:2]) > limit:
         height, width = array.shape[:2]
