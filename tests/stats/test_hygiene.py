@@ -511,6 +511,10 @@ def test_leakage_of_every_split_measured_and_no_leakage(leaky_root):
     assert not folder.leakage_checked and folder.near_threshold is None
     with pytest.raises(UsageError, match="no splits to compare"):
         compute_dataset_stats(leaky_root / "train", workers=1, pairs_required=True)
+    # Of split data, the hint is to drop --no-leakage (it said to give split data).
+    with pytest.raises(UsageError) as nothing:
+        compute_dataset_stats(leaky_root, workers=1, leakage=False, pairs_required=True)
+    assert nothing.value.hint.startswith("drop --no-leakage, or add --near-duplicates")
     with pytest.raises(UsageError, match="--near-threshold"):
         compute_dataset_stats(leaky_root, near_threshold=40)
 

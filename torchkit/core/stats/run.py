@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 from typing import Any
 
 from torchkit.core.data.hashing import PHASH_FLOOR, label_conflicts_said
@@ -101,46 +100,7 @@ def _stats_data(
         rest = [part for name, part in data.splits.items() if name not in (covered or [])]
         rest = [part for part in rest if len(part)]
         others = concatenate(rest) if rest else None
-    samples = _with_dangling_links(data, samples, covered)
     return samples, non_image_files(data, covered), measured, notes, others, shared
-
-
-def _with_dangling_links(data: Any, samples: Samples, covered: list[str] | None) -> Samples:
-    """`samples` and, after them, the symbolic links named like images that point nowhere in
-    the folders they were listed from. A folder listing leaves such links out, a CSV index
-    names them: either way they are unreadable files, counted and listed (fatal with
-    `--strict`) by the one read that every file gets."""
-    from torchkit.core.data.sources import concatenate
-    from torchkit.core.data.sources.discovery import list_folders, relative_ids
-
-    if data.kind not in ("image folder", "flat folder", "split root") or not samples.paths:
-        return samples
-    root = Path(data.root)
-    found: list[tuple[str | None, int, str]] = []  # (split, label, path)
-    if data.kind == "flat folder":
-        found = [(None, 0, path) for path in list_folders([root]).dangling[0]]
-    else:
-        index_of = {name: i for i, name in enumerate(samples.classes)}
-        bases = [(None, root)] if data.kind == "image folder" else []
-        bases += [(name, root / name) for name in (covered or []) if data.kind == "split root"]
-        for split, base in bases:
-            # One listing of the class folders, as the reader's (`discover_image_folder`).
-            names = [name for name in sorted(index_of) if (base / name).is_dir()]
-            listing = list_folders([base / name for name in names], within=root)
-            for name, links in zip(names, listing.dangling, strict=True):
-                found += [(split, index_of[name], path) for path in links]
-    if not found:
-        return samples
-    paths = [path for *_, path in found]
-    links = Samples(
-        classes=samples.classes,
-        labels=[label for _, label, _ in found],
-        paths=paths,
-        source=samples.source,
-        ids=relative_ids(paths, root),
-        splits=None if samples.splits is None else [split or "" for split, *_ in found],
-    )
-    return concatenate([samples, links])
 
 
 def check_near_threshold(threshold: int) -> None:
@@ -199,12 +159,14 @@ def compute_dataset_stats(
     checked = measured is not None and leakage
     perceptual = checked or near_duplicates
     if pairs_required and not perceptual:
+        within = "add --near-duplicates to list near duplicates within a split"
+        if measured is None:
+            raise UsageError(
+                f"--leakage-csv: {source} has no splits to compare",
+                "give split data, such as a split root or a CSV with a split column, or " + within,
+            )
         raise UsageError(
-            f"--leakage-csv: {source} has no splits to compare"
-            if measured is None
-            else "--leakage-csv with --no-leakage lists nothing",
-            "give split data, such as a split root or a CSV with a split column, or add "
-            "--near-duplicates to list near duplicates within a split",
+            "--leakage-csv with --no-leakage lists nothing", f"drop --no-leakage, or {within}"
         )
     if not (measured is not None and (leakage or near_duplicates)):
         others = None
