@@ -336,6 +336,26 @@ def test_a_float16_torchscript_file_is_timed_on_float16_images(runner, tmp_path)
     ]
 
 
+def test_amp_of_weights_in_another_half_precision_is_a_usage_error(runner, tmp_path):
+    """Autocast casts float32 tensors only: `--amp` (bfloat16 on the CPU) of a float16 file
+    ended in 'fails in infer mode ...: Input type (CPUBFloat16Type) and weight type
+    (torch.HalfTensor) should be the same (check --input-size, --batch-size and --mode)'."""
+    path = tmp_path / "half.ts"
+    traced = torch.jit.trace(tiny_conv(1).eval().half(), torch.randn(2, 1, 8, 8).half())
+    torch.jit.save(traced, str(path))
+    args = ["benchmark", str(path), "--trust-checkpoint", "-i", "1,8,8", "-b", "2", *FAST]
+    refused = runner.invoke(app, [*args, "--amp"])
+    assert refused.exit_code == 2, refused.stderr
+    assert error_line(refused.stderr) == (
+        f"Error: --amp runs in bfloat16, but the weights of {path} are float16 already: "
+        "autocast casts float32 only (drop --amp, as the model runs in float16 already, or "
+        "give --amp-dtype fp16)"
+    )
+    same = runner.invoke(app, [*args, "--amp", "--amp-dtype", "fp16", "--format", "json"])
+    assert same.exit_code == 0, same.stderr
+    assert json.loads(same.stdout)["results"][0]["dtype"] == "float16"
+
+
 def test_compile_of_a_torchscript_file_is_a_usage_error(runner, tmp_path):
     """`--compile` of a TorchScript file ended in torch's own refusal, as an unexpected error:
     'Error: RuntimeError: torch.compile does not support compiling torch.jit.script ... (set

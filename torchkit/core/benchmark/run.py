@@ -394,6 +394,7 @@ def benchmark_model(
     # One graph per batch size and mode (dynamic=False): what a fixed-shape loop would run.
     runnable = compile_module(model, dynamic=False) if options.compile else model
     weights_dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+    _refuse_autocast_of_low_precision(spec, weights_dtype, amp_dtype)
     dtype = amp_dtype or weights_dtype or torch.float32
     context = _Context(
         name=name,
@@ -446,6 +447,25 @@ def benchmark_model(
                     if progress is not None:
                         progress(len(result.results), total)
     return result
+
+
+def _refuse_autocast_of_low_precision(spec: str, weights_dtype: Any, amp_dtype: Any) -> None:
+    """Autocast casts float32 tensors only: weights in another half precision than --amp's
+    (a float16 file of `export --dtype float16` under the CPU's bfloat16) meet images in
+    --amp's, and every configuration failed with a dtype mismatch."""
+    import torch
+
+    halves = (torch.float16, torch.bfloat16)
+    if amp_dtype is None or weights_dtype not in halves or weights_dtype == amp_dtype:
+        return
+    held = str(weights_dtype).removeprefix("torch.")
+    wanted = str(amp_dtype).removeprefix("torch.")
+    raise UsageError(
+        f"--amp runs in {wanted}, but the weights of {spec} are {held} already: autocast "
+        f"casts float32 only",
+        f"drop --amp, as the model runs in {held} already, or give --amp-dtype "
+        f"{'fp16' if weights_dtype == torch.float16 else 'bf16'}",
+    )
 
 
 @dataclass
