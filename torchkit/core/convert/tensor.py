@@ -48,7 +48,6 @@ from torchkit.core.io.files import (
     require_input,
     safetensors_save,
     torch_save,
-    tree_entries,
 )
 from torchkit.core.io.folder_contents import extension_pattern, proven
 from torchkit.core.io.output_proofs import of_its_format
@@ -730,20 +729,26 @@ def _check_key(key: str | None, sources: Sequence[Path], target_extension: str) 
 
 def _scan(folder: Path) -> tuple[list[Path], list[Path]]:
     """(convertible, skipped) files under `folder`, recursively, hidden ones left out, in the
-    order of their paths' parts (as pathlib sorts them). One `os.scandir` a folder, whose entries
-    know their type: `rglob` with a `Path`, `relative_to` and an `os.stat` (`is_file`) for each
-    file took about 16 times as long (about 5 minutes of listing for a million files)."""
+    order of their paths' parts (as pathlib sorts them). Listed as every dataset reader lists a
+    folder (`list_folders`): linked folders are entered (`cat -> /mnt/big/cat`: before, its
+    images were left out without a word, where train read them), a link back into the data
+    is not (with a warning). One `os.scandir` a folder, whose entries know their type: `rglob`
+    with a `Path`, `relative_to` and an `os.stat` (`is_file`) for each file took about 16 times
+    as long (about 5 minutes of listing for a million files)."""
+    from torchkit.core.data.sources.discovery import list_folders, warn_unentered
+
     base = str(Path(folder))
-    top = 0 if base == "." else len(base) + 1  # tree_entries spells paths as pathlib does
+    top = 0 if base == "." else len(base) + 1  # list_folders spells paths as pathlib does
+    listing = list_folders([folder])
+    warn_unentered(listing.unentered, folder)
     found = []
-    for path, entry in tree_entries(folder, skip_hidden=True):
-        try:
-            if entry.is_file():  # a link to a file too, as `Path.is_file`
-                relative = path[top:]
-                extension = os.path.splitext(entry.name)[1].lower()
-                found.append((relative.split(os.sep), relative, extension in EXTENSIONS))
-        except OSError:  # vanished while listing
+    for path in (*listing.images[0], *listing.others):
+        relative = path[top:]
+        parts = relative.split(os.sep)
+        if any(part.startswith(".") for part in parts):
             continue
+        extension = os.path.splitext(parts[-1])[1].lower()
+        found.append((parts, relative, extension in EXTENSIONS))
     convertible, skipped = [], []
     for _parts, relative, known in sorted(found):
         (convertible if known else skipped).append(Path(relative))
