@@ -59,3 +59,9 @@ def test_a_linked_folder_is_converted_as_the_dataset_readers_read_it(tmp_path: P
     written = sorted(str(p.relative_to(out)) for p in out.rglob("*.npy"))
     assert written == ["cat/b.npy", "dog/a.npy"]
     assert "linked folder(s) in" in result.stderr and "dog/loop" in result.stderr
+    # A linked folder read is an input: a --force run into the folder it links to is refused.
+    os.symlink(out, tmp_path / "data" / "prev")
+    again = CliRunner().invoke(app, [*args, "--force"])
+    assert again.exit_code == 1
+    assert "is the linked source folder" in again.stderr
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*.npy")) == written

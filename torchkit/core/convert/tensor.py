@@ -52,7 +52,7 @@ from torchkit.core.io.files import (
 from torchkit.core.io.folder_contents import extension_pattern, proven
 from torchkit.core.io.output_proofs import of_its_format
 from torchkit.core.io.outputs import OutputFolder
-from torchkit.core.io.overlap import InputPath
+from torchkit.core.io.overlap import InputPath, check_overlap
 from torchkit.core.io.progress import Progress
 from torchkit.core.io.special_files import check_not_stdout, is_special_file, names_a_folder
 from torchkit.core.io.write_errors import as_write_error, named_as_final
@@ -727,20 +727,23 @@ def _check_key(key: str | None, sources: Sequence[Path], target_extension: str) 
     )
 
 
-def _scan(folder: Path) -> tuple[list[Path], list[Path]]:
+def _scan(folder: Path, *, linked: list[str] | None = None) -> tuple[list[Path], list[Path]]:
     """(convertible, skipped) files under `folder`, recursively, hidden ones left out, in the
     order of their paths' parts (as pathlib sorts them). Listed as every dataset reader lists a
     folder (`list_folders`): linked folders are entered (`cat -> /mnt/big/cat`: before, its
     images were left out without a word, where train read them), a link back into the data
     is not (with a warning). One `os.scandir` a folder, whose entries know their type: `rglob`
     with a `Path`, `relative_to` and an `os.stat` (`is_file`) for each file took about 16 times
-    as long (about 5 minutes of listing for a million files)."""
+    as long (about 5 minutes of listing for a million files). `linked`: given, the linked
+    folders entered are added to it."""
     from torchkit.core.data.sources.discovery import list_folders, warn_unentered
 
     base = str(Path(folder))
     top = 0 if base == "." else len(base) + 1  # list_folders spells paths as pathlib does
     listing = list_folders([folder])
     warn_unentered(listing.unentered, folder)
+    if linked is not None:
+        linked.extend(listing.entered)
     found = []
     for path in (*listing.images[0], *listing.others):
         relative = path[top:]
@@ -957,7 +960,13 @@ def _convert_into(
     strict: bool,
     progress: Progress | None,
 ) -> TensorReport:
-    files, skipped = _scan(source)
+    linked: list[str] = []
+    files, skipped = _scan(source, linked=linked)
+    # A linked folder read is an input too: DST may not be one, nor hold one (`prev -> ../DST`
+    # read the old DST's files as sources while --force replaced it).
+    check_overlap(
+        target, "output folder", [InputPath.of(p, "linked source folder") for p in linked]
+    )
     if not files:
         raise InputError(f"no convertible files in {source}", "supported: " + " ".join(EXTENSIONS))
     _check_key(options.key, files, to)
