@@ -546,7 +546,11 @@ def load_split_input(
     warn_stray_images(data, STRAYS_FATE[mode])
     folder = data.kind in ("image folder", "flat folder")
     left_out = list_left_out(Path(data.root)) if folder else ([], [])
-    return data.whole, left_out, data.kind == "csv"
+    samples = data.whole
+    if left_out[1]:  # image links to nothing: the reader lists them, no split can write them
+        dead = set(left_out[1])
+        samples = samples.subset([i for i, name in enumerate(samples.ids) if name not in dead])
+    return samples, left_out, data.kind == "csv"
 
 
 def _refuse_partly_labelled(samples: Samples, described: str) -> None:

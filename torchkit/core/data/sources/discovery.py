@@ -99,11 +99,12 @@ Numbered = tuple[list[str], list[int]]
 class FolderListing:
     """What one listing of folders found: per folder listed (`tops`, in order) its image files
     and its image links to nothing (to no file, round a loop, or through a file: `a.png/`); in
-    all of them the other files (hidden ones aside) and the symbolic links to folders entered
-    and left unentered. Paths are spelled from the folder given, through the links entered
-    (`ROOT/cat/more/x.png`), sorted. `numbered`: per folder listed, its image files as listed
-    (unsorted) and each one's inode number (a link's: its target's), for
-    `refuse_one_file_in_two_places`."""
+    all of them the other files (hidden ones aside), the symbolic links to folders entered
+    and left unentered, and the other links to nothing (`dead`: a linked folder whose disk is
+    not mounted, `more -> /mnt/nas/more`; hidden ones aside). Paths are spelled from the
+    folder given, through the links entered (`ROOT/cat/more/x.png`), sorted. `numbered`: per
+    folder listed, its image files as listed (unsorted) and each one's inode number (a link's:
+    its target's), for `refuse_one_file_in_two_places`."""
 
     images: list[list[str]]
     numbered: list[Numbered]
@@ -111,6 +112,7 @@ class FolderListing:
     others: list[str]
     entered: list[str]
     unentered: list[str]
+    dead: list[str]
 
 
 def list_folders(
@@ -158,6 +160,7 @@ def list_folders(
     others: list[str] = []
     entered: list[str] = []
     unentered: list[str] = []
+    dead: list[str] = []
     pending = [(str(Path(top)), n) for n, top in enumerate(tops)]
     # The data's own record is its reader's to look at (`lock_for_reading`); those of folders
     # in it are looked at here, where the listing meets them.
@@ -189,8 +192,11 @@ def list_folders(
                 dot = name.rfind(".")  # Path.suffix's rule, without making a Path
                 image = 0 < dot < len(name) - 1 and name[dot:].lower() in IMAGE_EXTENSIONS
                 if not is_file:  # a link to a folder, a FIFO... or to nothing
-                    if image and not os.path.exists(path):
-                        dangling[top].append(path)
+                    if not os.path.exists(path):
+                        if image:
+                            dangling[top].append(path)
+                        elif not name.startswith("."):
+                            dead.append(path)
                     elif os.path.isdir(path):
                         links.append((path.count(os.sep), path, top))
                 elif image:
@@ -221,6 +227,7 @@ def list_folders(
         sorted(others),
         sorted(entered),
         sorted(unentered),
+        sorted(dead),
     )
 
 
@@ -234,8 +241,9 @@ def list_non_image_files(
 
 def list_left_out(folder: str | os.PathLike) -> tuple[list[str], list[str]]:
     """(files that are not images, hidden ones aside; symbolic links named like images that
-    point nowhere) under `folder`, relative to it, sorted, in one listing: what the readers
-    pass over (torchvision's ImageFolder fails on a link to nothing)."""
+    point nowhere) under `folder`, relative to it, sorted, in one listing: what `split` leaves
+    out (the readers list such a link as an image, unreadable when read, as torchvision's
+    ImageFolder does; a link to nothing cannot be copied or linked to)."""
     listing = list_folders([folder])
     return relative_ids(listing.others, folder), relative_ids(listing.dangling[0], folder)
 
@@ -249,6 +257,44 @@ def warn_unentered(unentered: Sequence[str], folder: str | os.PathLike) -> None:
             f"the data, above it, or to a folder read already: {', '.join(shown)}"
             + (" ..." if len(unentered) > 3 else "")
         )
+
+
+def dead_links(folder: str | os.PathLike) -> list[str]:
+    """The symbolic links directly in `folder`, hidden ones and those named like images aside,
+    that point nowhere (a class or split folder linked to a disk not mounted), sorted paths."""
+    try:
+        with os.scandir(folder) as entries:
+            links = [entry.path for entry in entries if entry.is_symlink()]
+    except OSError:  # unreadable: its reader says so
+        return []
+    return sorted(
+        path
+        for path in links
+        if not os.path.basename(path).startswith(".")
+        and not is_image_file(path)
+        and not os.path.exists(path)
+    )
+
+
+def warn_dead_links(dead: Sequence[str], folder: str | os.PathLike) -> None:
+    """The one warning naming the links in `folder` (not named like images: those are
+    unreadable images) that point nowhere, passed over where they were left out unsaid: a
+    class folder linked to a disk not mounted would be a class missing without a word."""
+    if not dead:
+        return
+    shown = []
+    for path, name in zip(dead[:3], relative_ids(dead[:3], folder), strict=True):
+        try:
+            shown.append(f"{name} -> {os.readlink(path)}")
+        except OSError:  # gone meanwhile
+            shown.append(name)
+    log.warning(
+        f"{len(dead)} symbolic link(s) in {folder} point nowhere and are not read: "
+        + ", ".join(shown)
+        + (f" and {len(dead) - 3} more" if len(dead) > 3 else "")
+        + " (a linked class folder whose disk is not mounted is a class left out: mount it, "
+        "or remove the link)"
+    )
 
 
 def relative_ids(paths: Sequence[str], folder: str | os.PathLike) -> list[str]:
@@ -465,9 +511,10 @@ def numbered_image_folder(
     folder = Path(root)
     if not folder.is_dir():
         raise InputError(f"dataset folder not found: {folder}", "check --data")
-    class_dirs = sorted(p for p in folder.iterdir() if p.is_dir() and not is_skipped_folder(p.name))
+    entries = list(folder.iterdir())
+    class_dirs = sorted(p for p in entries if p.is_dir() and not is_skipped_folder(p.name))
     if not class_dirs:
-        if any(is_image_file(p) and not is_apple_double(p.name) for p in folder.iterdir()):
+        if any(is_image_file(p) and not is_apple_double(p.name) for p in entries):
             raise no_class_folders_error(str(folder))
         raise NoImagesError(f"no class folders in {folder}", CLASS_FOLDERS_HINT)
     _refuse_links_around(folder, class_dirs)
@@ -487,11 +534,15 @@ def numbered_image_folder(
     listing = list_folders(class_dirs, within=folder if within is None else within)
     warn_unentered(listing.unentered, folder)
     paths, labels = [], []
-    for class_dir, files in zip(class_dirs, listing.images, strict=True):
+    for class_dir, files, links in zip(class_dirs, listing.images, listing.dangling, strict=True):
+        # An image link to nothing is an image that cannot be read: every loader skips it
+        # with a warning and counts it (fatal with --strict), as it does a CSV index's.
+        files = sorted(files + links) if links else files
         paths.extend(files)
         labels.extend([find_class(index_of, class_dir.name)] * len(files))
     if not paths:
         raise no_images_error(str(folder))
+    warn_dead_links(sorted(dead_links(folder) + listing.dead), folder)
     numbered = list(zip(names, listing.numbered, strict=True))
     refuse_one_file_in_two_places([((None, name), files) for name, files in numbered], folder)
     ids = relative_ids(paths, folder)
@@ -564,9 +615,15 @@ def numbered_flat_folder_by_class(
         raise InputError(f"folder not found: {folder}", "check the path")
     listing = list_folders([folder], within=within)
     warn_unentered(listing.unentered, folder)
-    paths = listing.images[0]
+    # Image links to nothing are unreadable images, as in an image folder.
+    paths = (
+        sorted(listing.images[0] + listing.dangling[0])
+        if listing.dangling[0]
+        else listing.images[0]
+    )
     if not paths:
         raise no_images_error(str(folder))
+    warn_dead_links(listing.dead, folder)
     ids = relative_ids(paths, folder)
     samples = Samples([""], [0] * len(paths), paths=paths, source=str(folder), ids=ids)
     numbered = listing.numbered[0]

@@ -24,6 +24,7 @@ from torchkit.core.data.sources.digits import DIGITS, digits_splits
 from torchkit.core.data.sources.discovery import (
     NoImagesError,
     Numbered,
+    dead_links,
     discover_flat_folder,
     discover_image_folder,
     flat_folder_and_class_folders,
@@ -37,6 +38,7 @@ from torchkit.core.data.sources.discovery import (
     numbered_image_folder,
     refuse_one_file_in_two_places,
     relative_ids,
+    warn_dead_links,
 )
 from torchkit.core.data.sources.moving import (
     lock_for_reading,
@@ -845,6 +847,7 @@ def _open_split_root(
     """The split root `path` of `split_folders`: each an image folder, or images without class
     folders (read unlabelled), by the class-folder rule of `open_data`."""
     root = str(path)
+    warn_dead_links(dead_links(path), path)  # a split folder linked to a disk not mounted
     listed = {name: _subfolders(path / name) for name in split_folders}
     # split folders read to tell their layout, with their files numbered by class
     read: dict[str, tuple[Samples, list[tuple[str, Numbered]]]] = {}
