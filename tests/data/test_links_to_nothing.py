@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -49,8 +50,9 @@ def test_eval_counts_the_image_link_and_names_the_class_link(data, checkpoint, t
     assert "x.png: not a regular file (a symbolic link to nothing)" in unreadable[0]
     rose = tmp_path / "unmounted" / "rose"
     assert dead_warnings(scored.stderr) == [
-        f"Warning: 1 symbolic link(s) in {data} {DEAD}: rose -> {rose} (a linked class folder "
-        "whose disk is not mounted is a class left out: mount it, or remove the link)"
+        f"Warning: 1 symbolic link(s) in {data} {DEAD}: rose -> {rose} (a folder linked to a "
+        "disk not mounted leaves its images out, a class folder its class: mount it, or remove "
+        "the link)"
     ]
     strict = run_torchkit_in_process(
         "eval", checkpoint, "--data", data, "--workers", "0", "--strict"
@@ -85,3 +87,20 @@ def test_split_leaves_the_image_link_out_with_its_warning(data, tmp_path):
     assert not (out / "train" / "cat" / "x.png").is_symlink()
     with (out / "split.csv").open(newline="") as handle:
         assert len(list(csv.DictReader(handle))) == 4
+
+
+def test_a_split_folder_and_a_folder_in_a_class_linked_to_nothing_are_named(tmp_path, caplog):
+    from torchkit.core.data.sources import open_data
+
+    root = tmp_path / "root"
+    write_image_folder(root / "train", {"cat": 2, "dog": 2})
+    write_image_folder(root / "test", {"cat": 1, "dog": 1})
+    (root / "val").symlink_to(tmp_path / "gone", target_is_directory=True)
+    (root / "train" / "cat" / "more").symlink_to(tmp_path / "gone", target_is_directory=True)
+    with caplog.at_level(logging.WARNING, logger="torchkit"):
+        data = open_data(root)
+    assert sorted(data.splits) == ["test", "train"]
+    warnings = sorted(r.getMessage() for r in caplog.records if DEAD in r.getMessage())
+    assert len(warnings) == 2
+    assert warnings[0].startswith(f"1 symbolic link(s) in {root} {DEAD}: val -> ")
+    assert warnings[1].startswith(f"1 symbolic link(s) in {root / 'train'} {DEAD}: cat/more -> ")

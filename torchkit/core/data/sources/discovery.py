@@ -292,8 +292,8 @@ def warn_dead_links(dead: Sequence[str], folder: str | os.PathLike) -> None:
         f"{len(dead)} symbolic link(s) in {folder} point nowhere and are not read: "
         + ", ".join(shown)
         + (f" and {len(dead) - 3} more" if len(dead) > 3 else "")
-        + " (a linked class folder whose disk is not mounted is a class left out: mount it, "
-        "or remove the link)"
+        + " (a folder linked to a disk not mounted leaves its images out, a class folder its "
+        "class: mount it, or remove the link)"
     )
 
 
