@@ -574,6 +574,9 @@ def test_bad_single_files(tmp_path):
     marker = tmp_path / "pwned"
     torch.save({"x": RunsShell(marker)}, tmp_path / "object.pt")
     (tmp_path / "cut.pt").write_bytes(b"PK\x03\x04garbage")
+    (tmp_path / "png.pt").write_bytes(good)
+    (tmp_path / "text.pt").write_text("hello\n")
+    (tmp_path / "junk.pt").write_bytes(b"\x80\x02garbage")
     cases = [
         (("missing.png", "x.npy"), 1, "Error: source not found"),
         (("rgba.png", "x.xyz"), 2, "Error: unknown file extension '.xyz'"),
@@ -589,6 +592,10 @@ def test_bad_single_files(tmp_path):
             "read, with weights_only=True, so loading never runs code from the file)",
         ),
         (("cut.pt", "x.png"), 1, "cannot read"),
+        # were "holds a pickled Python object" and "KeyError: 101 (set TORCHKIT_DEBUG=1 ...)"
+        (("png.pt", "x.png"), 1, "png.pt: not a PyTorch file (neither torch.save's"),
+        (("text.pt", "x.png"), 1, "text.pt: not a PyTorch file (neither torch.save's"),
+        (("junk.pt", "x.png"), 1, "junk.pt: not a pickle of tensors that torch.save"),
         (("rgba.png", "x.jpg"), 1, "JPEG cannot store an alpha channel"),
         # written, Pillow and OpenCV read it back as RGB: its alpha was lost without a word
         (("rgba.png", "x.bmp"), 1, "BMP cannot store an alpha channel"),

@@ -407,12 +407,25 @@ def read_torch(path: str | os.PathLike, key: str | None = None) -> Any:
     import torch
 
     # As every checkpoint is read: torch.load unpacks deflated records (which torch.save never
-    # writes) into memory, a 300 KB file into 300 MB, without a look at their size.
-    from torchkit.core.models.checkpoint import _refuse_expanding_archive
+    # writes) into memory, a 300 KB file into 300 MB, without a look at their size; and a file
+    # that is no torch.save file (a PNG or a text named .pt) is said to be none, where it was
+    # "a pickled Python object" or "KeyError: 101".
+    from torchkit.core.models.checkpoint import (
+        _blocked_global,
+        _holds_text_pickle,
+        _looks_saved_by_torch,
+        _refuse_expanding_archive,
+    )
 
     source = Path(path)
     if source.stat().st_size == 0:
         raise InputError(f"{source} is empty (0 bytes)", "it is not a PyTorch file")
+    if not _looks_saved_by_torch(source) and not _holds_text_pickle(source):
+        raise InputError(
+            f"cannot read {source}: not a PyTorch file (neither torch.save's zip archive nor a "
+            "pickle)",
+            "give the .pt/.pth file torch.save wrote",
+        )
     _refuse_expanding_archive(source)
     try:
         obj = torch.load(source, map_location="cpu", weights_only=True)
@@ -420,6 +433,11 @@ def read_torch(path: str | os.PathLike, key: str | None = None) -> Any:
         if "weights only" not in str(error).lower():
             raise InputError(
                 f"cannot read {source}: {first_line(error)}",
+                "the file is truncated or not a PyTorch file",
+            ) from None
+        if _blocked_global(error) is None:  # weights_only fails on garbage too
+            raise InputError(
+                f"cannot read {source}: not a pickle of tensors that torch.save wrote",
                 "the file is truncated or not a PyTorch file",
             ) from None
         raise InputError(
@@ -430,6 +448,11 @@ def read_torch(path: str | os.PathLike, key: str | None = None) -> Any:
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as error:
         raise InputError(
             f"cannot read {source}: {first_line(error)}",
+            "the file is truncated or not a PyTorch file",
+        ) from None
+    except Exception as error:  # a damaged pickle raises anything (KeyError, IndexError...)
+        raise InputError(
+            f"cannot read {source}: {first_line(error, with_type=True)}",
             "the file is truncated or not a PyTorch file",
         ) from None
     return _tensor_to_numpy(_pick_tensor(obj, key, source))
