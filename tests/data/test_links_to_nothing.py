@@ -104,3 +104,24 @@ def test_a_split_folder_and_a_folder_in_a_class_linked_to_nothing_are_named(tmp_
     assert len(warnings) == 2
     assert warnings[0].startswith(f"1 symbolic link(s) in {root} {DEAD}: val -> ")
     assert warnings[1].startswith(f"1 symbolic link(s) in {root / 'train'} {DEAD}: cat/more -> ")
+
+
+def test_a_tar_of_the_folder_names_its_class_link_to_nothing_too(data, tmp_path, caplog):
+    """The unpacked folder names `rose -> .missing`; its `.tar` passed over it unsaid."""
+    import tarfile
+
+    from torchkit.core.data.sources import open_data
+
+    (data / "rose").unlink()
+    (data / "rose").symlink_to(".missing")
+    archive = tmp_path / "data.tar"
+    with tarfile.open(archive, "w") as tar:
+        tar.add(data, arcname="data")
+    with caplog.at_level(logging.WARNING, logger="torchkit"):
+        read = open_data(archive)
+    assert "cat/x.png" in read.whole.ids and read.classes == ["cat", "dog"]
+    warnings = [r.getMessage() for r in caplog.records if "nothing the archive" in r.getMessage()]
+    assert warnings == [
+        f"{archive}: 1 link where a class folder could be leads to nothing the archive holds, "
+        "not read: rose -> .missing (its images are left out, a class folder's class)"
+    ]

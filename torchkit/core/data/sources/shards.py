@@ -2866,15 +2866,36 @@ def _class_folder_links(
 def _warn_class_links_out(spec: str, listing: TarListing, prefix: str) -> None:
     """One warning naming the links out of the archive where a class or split folder could be
     (`bird -> /data/birds`, as `tar -cf` stores a linked folder): never followed, their images
-    are not read, where the class went missing without a word (`prefix`: the wrapping folder)."""
-    shown = []
-    for link, target in listing.outside.items():
+    are not read, where the class went missing without a word (`prefix`: the wrapping folder).
+    Those that lead to nothing the archive holds (`rose -> .missing`, or round a loop) are
+    named in a warning of their own, as a folder on disk names its links to nothing."""
+
+    def where_a_class_could_be(link: str) -> str | None:
         name = _unpacked_path(link)
         if name is None or is_image_file(link) or not name.startswith(prefix):
-            continue
+            return None
         parent, _, base = name[len(prefix) :].rpartition("/")
         if (not parent or parent in SPLIT_NAMES) and not is_skipped_folder(base):
-            shown.append(f"{name[len(prefix) :]} -> {target}")
+            return name[len(prefix) :]
+        return None
+
+    shown, nowhere = [], []
+    for link, target in listing.outside.items():
+        name = where_a_class_could_be(link)
+        if name is not None:
+            shown.append(f"{name} -> {target}")
+    for link, end in listing.links.items():
+        if end is None and link not in listing.outside and link not in listing.folder_links:
+            name = where_a_class_could_be(link)
+            if name is not None:
+                nowhere.append(f"{name} -> {listing.link_texts.get(link, '?')}")
+    if nowhere:
+        log.warning(
+            f"{spec}: {counted(len(nowhere), 'link')} where a class folder could be "
+            f"{'leads' if len(nowhere) == 1 else 'lead'} to nothing the archive holds, not "
+            f"read: {first_and_more(sorted(nowhere), 3)} (its images are left out, a class "
+            "folder's class)"
+        )
     if shown:
         log.warning(
             f"{spec}: {counted(len(shown), 'link')} where a class folder could be "
