@@ -118,6 +118,11 @@ def test_config_file_lists_of_the_wrong_length_or_type_are_usage_errors(
         ({"amp": 1}, "--amp in h.json is 1, not true or false"),
         ({"optimizer": 3}, "--optimizer in h.json is 3, not a string"),
         ({"clip_grad": [1]}, "--clip-grad in h.json is [1], not a number or null"),
+        # A bare number where a list goes (was a TypeError, exit 1).
+        ({"milestones": 3}, "--milestones in h.json is 3, not a list of whole numbers"),
+        ({"mean": 0.5}, "--mean in h.json is 0.5, not a list of numbers or null"),
+        ({"std": 1}, "--std in h.json is 1, not a list of numbers or null"),
+        ({"crop_scale": 0.5}, "--crop-scale in h.json is 0.5, not a list of 2 numbers or null"),
     ],
 )
 def test_a_value_of_the_wrong_type_is_named_in_a_users_words(runner, tmp_path, content, said):

@@ -466,10 +466,12 @@ def _fits(value: Any, annotation: str) -> bool:
     """Whether `value` suits a TrainConfig annotation such as `float | None`."""
     if value is None:
         return "None" in annotation
-    if isinstance(value, bool):
-        return "bool" in annotation
     if isinstance(value, tuple):
         return "tuple[" in annotation and _fits_items(value, annotation)
+    # A single value fits the annotation's other kinds, not a list's items (`milestones: 3`).
+    annotation = " | ".join(k for k in annotation.split(" | ") if not k.startswith("tuple["))
+    if isinstance(value, bool):
+        return "bool" in annotation
     if isinstance(value, int):
         return "int" in annotation or "float" in annotation
     if isinstance(value, float):
