@@ -145,6 +145,7 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
             split_at = _column(columns, "split")
             has_label, has_split = label_at is not None, split_at is not None
             line = reader.line_num
+            first = line
             for row in reader:
                 first, line = line + 1, reader.line_num  # a row may span lines (a quoted \n)
                 if not row:  # a blank line is no row
@@ -182,7 +183,12 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
         line = reader.line_num if reader is not None else 1
         if "NUL" in str(error):  # Python 3.10's csv refuses a NUL byte that 3.11 reads
             raise _nul_byte_error(source, line) from None
-        raise InputError(f"cannot read {source} (line {line}): {error}") from None
+        hint = None
+        if "field larger than field limit" in str(error):
+            hint = "a quote opened and never closed makes the lines after it one field"
+        raise InputError(f"cannot read {source} (line {line}): {error}", hint) from None
+    if paths and line > first:
+        _refuse_unclosed_quote(source, first, line)
     if not paths:
         raise InputError(f"no rows in CSV index {source}", "add one row per image: path,label")
     _refuse_repeated_header(source, paths, header_again)
@@ -420,6 +426,29 @@ def _path_keys(rows: IndexRows) -> list[str]:
         return rows.paths
     base = os.path.abspath(rows.base)
     return [os.path.normpath(os.path.join(base, path)) for path in rows.paths]
+
+
+def _refuse_unclosed_quote(source: Path, first: int, last: int) -> None:
+    """InputError where the last row of the index (lines `first` to `last`) ends inside quotes:
+    a quote opened and never closed (`"a.png,cat`), which Python's csv reader closes at the end
+    of the file, making every line after it part of one field: those rows were read as one
+    path that names no file (one unreadable image), not as rows. Only a last row spanning
+    lines is read again."""
+    with open_text(source, "utf-8-sig") as handle:
+        for _ in range(first - 1):
+            next(handle, None)
+        try:
+            for _ in csv.reader(handle, strict=True):
+                pass
+        except csv.Error as error:
+            if "unexpected end of data" not in str(error):
+                return  # another quirk, which the reader has read past as it always has
+            raise InputError(
+                f"{source}: the quote opened in line {first} is never closed, so lines "
+                f"{first}-{last} read as one field",
+                'close it: "a,b.png",cat; a quote inside a quoted field is written twice, '
+                '"a""b.png"',
+            ) from None
 
 
 def _row_lines(source: Path) -> list[int]:
