@@ -336,3 +336,17 @@ def test_a_repeated_row_of_an_unlabelled_index_is_not_said_to_repeat_a_label(tmp
         result.stderr
     )
     assert '"images": 2' in result.stdout
+
+
+def test_a_column_named_twice_is_an_error_naming_it(tmp_path):
+    """Two indexes pasted side by side (`path,label,path,label`) were read by their last
+    columns alone, the first index's rows dropped without a word."""
+    index = write_index(tmp_path, ["a", "b"])
+    rows = index.read_text(encoding="utf-8").splitlines()
+    index.write_text("\n".join(f"{row},{row}" for row in rows) + "\n", encoding="utf-8")
+    result = run_torchkit_in_process("dataset-stats", index, "-j", "0")
+    assert result.returncode == 1
+    assert error_line(result.stderr) == (
+        f"Error: {index} names the column path twice (line 1: path, label, path, label) (keep "
+        "one column of each name)"
+    )

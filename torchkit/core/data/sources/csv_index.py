@@ -140,6 +140,14 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
                     "the first line names the columns, e.g. path,label or path,label,split"
                     + ("" if labelled else "; label may be left out for unlabelled images"),
                 )
+            twice = [name for name in ("path", "label", "split") if columns.count(name) > 1]
+            if twice:
+                # Two indexes pasted side by side (`paste -d, a.csv b.csv`): which column is
+                # meant is a guess (a dict of the row keeps the last, pandas the first).
+                raise InputError(
+                    f"{source} names the column {twice[0]} twice (line 1: {', '.join(columns)})",
+                    "keep one column of each name",
+                )
             path_at = _column(columns, "path")
             label_at = _column(columns, "label")
             split_at = _column(columns, "split")
