@@ -90,3 +90,36 @@ def test_unreadable_images_exit_0_while_some_are_read_and_1_when_none_are(
     assert output.exists()
     assert "Error" not in result.stderr
     assert (WARNINGS[command] in result.stderr) == (bad == 1), result.stderr
+
+
+@pytest.mark.parametrize("fmt", ["json", "table"])
+def test_predict_gives_the_error_rows_whole_when_none_is_read(runner, checkpoint, tmp_path, fmt):
+    """Exit 1 after the error rows on stdout: JSON's list was left open (`[` and the rows, no
+    `]`: no JSON at all) and the table was not shown."""
+    import json
+
+    data = images(tmp_path, 3)
+    result = runner.invoke(app, ["predict", str(checkpoint), str(data), *RUN, "--format", fmt])
+    assert result.exit_code == 1, result.stderr
+    assert error_line(result.stderr).startswith("Error: none of the 3 images")
+    names = ["a/a_0.png", "a/a_1.png", "b/b_0.png"]
+    if fmt == "json":
+        rows = json.loads(result.stdout)
+        assert [(row["path"], row["error"], row["class"]) for row in rows] == [
+            (name, "not an image PIL can read", None) for name in names
+        ]
+    else:
+        assert all(name in result.stdout for name in names), result.stdout
+        assert result.stdout.count("not an image PIL can read") == 3
+
+
+def test_predict_strict_leaves_a_whole_json_list(runner, checkpoint, tmp_path):
+    """--strict stops at the first unreadable image: the rows before it, none here, as JSON."""
+    import json
+
+    data = images(tmp_path, 1)
+    args = ["predict", str(checkpoint), str(data), *RUN, "--format", "json", "--strict"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1, result.stderr
+    assert "not an image PIL can read" in error_line(result.stderr)
+    assert json.loads(result.stdout) == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from enum import Enum
 from pathlib import Path
 from typing import IO, Annotated, Any, Optional
@@ -277,6 +278,8 @@ def _render(run, columns: list[str], fmt: PredictFormat, handle: IO[str], progre
     if fmt == PredictFormat.csv:
         write_csv(run.records(progress=progress), columns, handle)
         return
+    from torchkit.core.io.errors import TorchkitError
+
     rows = run.rows(progress=progress)
     # Each row one line of JSON, as every command writes JSON (`render_json`: a name that is
     # not UTF-8 as its "\udcXX" escapes, other characters as themselves where `handle` takes
@@ -287,22 +290,43 @@ def _render(run, columns: list[str], fmt: PredictFormat, handle: IO[str], progre
             handle.write(render_json(_full(row, columns), encoding, indent=None))
     elif fmt == PredictFormat.json:
         handle.write("[")
-        for position, row in enumerate(rows):
-            handle.write(",\n" if position else "\n")
-            handle.write(render_json(_full(row, columns), encoding, indent=None).rstrip("\n"))
+        try:
+            for position, row in enumerate(rows):
+                handle.write(",\n" if position else "\n")
+                handle.write(render_json(_full(row, columns), encoding, indent=None).rstrip("\n"))
+        except TorchkitError:
+            # A failure the run reports (none of the images read, --strict): the rows written
+            # are a JSON list, as CSV's and JSON Lines' are whole rows; a stopped run's are not.
+            with contextlib.suppress(OSError):
+                handle.write("\n]\n")
+            raise
         handle.write("\n]\n")
     else:
         shown = [c for c in columns if not c.startswith("logit_")]
-        table = Table(
-            shown,
-            [[row.get(c) for c in shown] for row in rows],
-            title="Predictions",
-            align_right={c for c in shown if c.startswith(("probability", "class_index"))},
-        )
-        if handle is console.stdout.file and console.stdout.is_terminal:
-            print_on_terminal([table])
-        else:
-            handle.write(render_plain_tables([table], encoding=getattr(handle, "encoding", None)))
+        cells: list[list[Any]] = []
+
+        def show() -> None:
+            table = Table(
+                shown,
+                cells,
+                title="Predictions",
+                align_right={c for c in shown if c.startswith(("probability", "class_index"))},
+            )
+            if handle is console.stdout.file and console.stdout.is_terminal:
+                print_on_terminal([table])
+            else:
+                handle.write(
+                    render_plain_tables([table], encoding=getattr(handle, "encoding", None))
+                )
+
+        try:
+            for row in rows:
+                cells.append([row.get(c) for c in shown])
+        except TorchkitError:
+            if cells:  # the rows before the failure, as CSV gives them (none read: error rows)
+                show()
+            raise
+        show()
 
 
 def _full(row: dict[str, Any], columns: list[str]) -> dict[str, Any]:
