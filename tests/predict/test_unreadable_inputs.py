@@ -123,3 +123,18 @@ def test_predict_strict_leaves_a_whole_json_list(runner, checkpoint, tmp_path):
     assert result.exit_code == 1, result.stderr
     assert "not an image PIL can read" in error_line(result.stderr)
     assert json.loads(result.stdout) == []
+
+
+def test_predict_error_column_of_a_name_holding_a_colon(runner, checkpoint, tmp_path):
+    """The `error` column is the reason alone: of `x: y.png` it read `y.png: not an image PIL
+    can read`, the message cut at the colon of the name."""
+    import csv
+    import io
+
+    data = images(tmp_path, 0)
+    (data / "a" / "x: y.png").write_bytes(b"not a png")
+    result = runner.invoke(app, ["predict", str(checkpoint), str(data), *RUN, "--format", "csv"])
+    assert result.exit_code == 0, result.stderr
+    errors = {row["path"]: row["error"] for row in csv.DictReader(io.StringIO(result.stdout))}
+    assert errors["a/x: y.png"] == "not an image PIL can read"
+    assert errors["a/a_0.png"] == ""

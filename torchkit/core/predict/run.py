@@ -534,6 +534,7 @@ class PredictRun:
         per-batch lists of classes and probabilities (no dict per row)."""
         samples, summary, request = self.image_set.samples, self.summary, self.request
         ids, splits, classes = samples.ids, samples.splits, self._output_names
+        paths = samples.paths  # what an unreadable image's message names it by
         labels, label_names = samples.labels, self._label_names
         # JSON: label_index beside label, class_index_K beside class_K
         with_indices = not request.names_shown
@@ -566,7 +567,7 @@ class PredictRun:
                     continue
                 header = self._header
                 values += [None] * (len(header) - len(values) - 1)
-                values.append(_reason(message))
+                values.append(_reason(message, str(paths[index]) if paths else str(index)))
                 records.append((header, values))
                 continue
             position = position_of[index]
@@ -621,8 +622,11 @@ def _aligned(keys: list[str], values: list[Any], header: list[str]) -> list[Any]
     return [row.get(column) for column in header]
 
 
-def _reason(message: str) -> str:
-    """The reason part of "path: reason"."""
+def _reason(message: str, path: str) -> str:
+    """The reason part of "path: reason", `path` the image's as its reader named it: a name
+    may hold ": " itself (`x: y.png`, whose reason read "y.png: not an image ...")."""
+    if message.startswith(f"{path}: "):
+        return message[len(path) + 2 :]
     return message.split(": ", 1)[1] if ": " in message else message
 
 
