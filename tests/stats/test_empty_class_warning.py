@@ -1,7 +1,7 @@
 """dataset-stats' warning of a class without images was "1 class folder(s) hold no images: c"
 for every kind of data: a class of parquet (HF's ClassLabel names it) or a CSV index is no
 folder, and the val split of a split root that lacks the class has no folder of it either. It
-names the split measured instead."""
+names the split measured instead. And the warning of a channel without variation (std 0)."""
 
 from __future__ import annotations
 
@@ -28,3 +28,25 @@ def test_a_class_the_val_split_lacks_is_named_with_the_split(tmp_path):
     expected = ["Warning: 1 class(es) have no images in the val split: c"]
     assert warnings_of(root, "--split", "val", "--no-leakage") == expected
     assert warnings_of(root, "--split", "all", "--no-leakage") == []
+
+
+def test_a_channel_of_one_value_in_every_pixel_is_warned_of(tmp_path):
+    """Its std is 0: the printed Normalize(std=[0.0000, ...]) divides by zero, unsaid."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for at, label in enumerate("aabb"):
+        pixels = rng.integers(0, 256, (5, 7, 3), dtype=np.uint8)
+        pixels[..., 0] = 200  # red the same everywhere, in every image
+        (tmp_path / label).mkdir(exist_ok=True)
+        Image.fromarray(pixels).save(tmp_path / label / f"{at}.png")
+    assert warnings_of(tmp_path) == [
+        "Warning: channel(s) R hold one value in every pixel (std 0): transforms.Normalize "
+        "with that std divides by zero; give it std 1 there"
+    ]
+    gray = tmp_path / "gray" / "a"
+    gray.mkdir(parents=True)
+    for at in range(2):
+        Image.new("L", (4, 4), 90).save(gray / f"{at}.png")
+    assert warnings_of(tmp_path / "gray", "--mode", "gray")[-1].startswith("Warning: channel(s) ")

@@ -196,6 +196,7 @@ def compute_dataset_stats(
         samples, mode, resize, tally.accumulator, records, list(tally.names), errors, non_images
     )
     stats.source, stats.split, stats.notes = _data_name(source, samples), measured, notes
+    _warn_of_constant_channels(stats)
     conflicts = stats.label_conflicts
     if conflicts:
         said = label_conflicts_said([(group.paths, group.classes) for group in conflicts])
@@ -305,6 +306,17 @@ class _ScanTally:
         self.done += int((result.hashes["index"] >= len(self.samples)).sum())
         if self.progress:
             self.progress(self.done, self.total)
+
+
+def _warn_of_constant_channels(stats: DatasetStats) -> None:
+    """A channel of one value in every pixel read has std 0: `transforms.Normalize` with the
+    printed std divides by zero and makes every input inf or NaN."""
+    flat = [name for name, std in zip(stats.channels, stats.std, strict=True) if std == 0]
+    if flat:
+        log.warning(
+            f"channel(s) {', '.join(flat)} hold one value in every pixel (std 0): "
+            "transforms.Normalize with that std divides by zero; give it std 1 there"
+        )
 
 
 def _warn_of_skipped_files(tally: _ScanTally, unreadable: int, mode: str) -> None:
