@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -353,6 +354,10 @@ def test_rerunning_a_finished_move_says_it_is_done_and_touches_nothing(tmp_path,
     again = split(*args)
     assert again.returncode == 0, again.stderr
     assert "already done" in again.stderr
+    # Not followed by "moved 20 files into out": this run moved none.
+    notes = [line for line in again.stderr.splitlines() if line.startswith("Note: ")]
+    assert re.match(rf"Note: \d+ files in {re.escape(str(out))} \(ratio ", notes[1])
+    assert not any(" moved " in f" {line}" for line in notes)
     assert json.loads(again.stdout) == json.loads(first.stdout)  # the same summary
     assert tree_digest(out) == after and {p: p.stat().st_mtime_ns for p in out.rglob("*")} == stamps
     # Another split over those only copies is still refused, with or without --force.

@@ -76,11 +76,13 @@ def _describe(result) -> str:
     how = "stratified" if result.stratified else "not stratified"
     group = f", {result.groups} groups by --group" if result.groups else ""
     files = sum(result.totals)
-    action = (
-        f"listed {counted(files, 'file')}"
-        if result.mode == "manifest"
-        else f"{done[result.mode]} {counted(files, 'file')} into {result.out}"
-    )
+    if result.mode == "manifest":
+        action = f"listed {counted(files, 'file')}"
+    elif result.already_done:  # moved by the run before: this one moved nothing
+        action = f"{counted(files, 'file')} in {result.out}"
+    else:
+        action = f"{done[result.mode]} {counted(files, 'file')} into {result.out}"
+
     resumed = "finished the interrupted move: " if result.resumed else ""
     repeats = (
         f", {sum(result.repeats)} repeats balance {result.names[0]}"
