@@ -262,3 +262,25 @@ def test_the_train_crop_size_is_recorded_and_the_checkpoint_keeps_the_image_size
     assert "Error: --train-crop-size 8: convnet does not run on 8x8 images" in refused.stderr
     assert "Traceback" not in refused.stderr
     assert load_checkpoint(out / "best.pt")["arch"] == "nets:TinyNet"  # the run is kept
+
+
+def test_decode_device_leaves_in_memory_training_batches_as_they_are():
+    # The digits are in memory (no JPEG bytes): `--decode device` trains on the batches the
+    # dataset collates, as `fast` does (it stopped with "TypeError: 'Batch' object is not
+    # iterable" at the first batch).
+    from torchkit.core.data.device_decode import decoded_batch
+    from torchkit.core.data.sources.digits import digits_splits
+    from torchkit.core.train.config import TrainConfig
+    from torchkit.core.train.loaders import build_loaders, preprocess_for
+    from torchkit.core.train.validation import resolve_defaults
+
+    splits = {name: samples.subset(range(8)) for name, samples in digits_splits().items()}
+    batches = []
+    for decode in ("fast", "device"):
+        config = resolve_defaults(
+            TrainConfig(data="digits", decode=decode, workers=0, batch_size=4), is_digits=True
+        )
+        loaders = build_loaders(splits, preprocess_for(config), config)
+        batches.append(decoded_batch(next(iter(loaders.train)), torch.device("cpu")))
+    fast, device = batches
+    assert torch.equal(device.images, fast.images) and torch.equal(device.labels, fast.labels)

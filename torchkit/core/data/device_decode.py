@@ -625,13 +625,15 @@ def pil_crop(
     return PixelTensor()(image).contiguous()
 
 
-def collate_encoded(items: list) -> Any:
+def collate_encoded(items: list | Batch) -> Any:
     """`core.batches.collate_skipping_unreadable` for the device path's items: a `Batch` whose
     images are `EncodedImages` when any item is an `EncodedJpeg` (otherwise exactly what
-    collate_skipping_unreadable gives)."""
+    collate_skipping_unreadable gives, such as an in-memory batch the dataset collated)."""
     import numpy as np
     import torch
 
+    if isinstance(items, Batch):  # in-memory images (digits): no JPEG bytes to decode
+        return items
     good = [item for item in items if item[0] is not None]
     encoded = [(at, item[0]) for at, item in enumerate(good) if isinstance(item[0], EncodedJpeg)]
     if not encoded:
