@@ -138,3 +138,23 @@ def test_predict_error_column_of_a_name_holding_a_colon(runner, checkpoint, tmp_
     errors = {row["path"]: row["error"] for row in csv.DictReader(io.StringIO(result.stdout))}
     assert errors["a/x: y.png"] == "not an image PIL can read"
     assert errors["a/a_0.png"] == ""
+
+
+def test_predict_an_image_argument_that_is_no_regular_file(runner, checkpoint, tmp_path):
+    """A dangling link or a FIFO named as an image is an image, as on stdin: they were read as
+    data ("dataset not found: x.png", "neither a folder nor a CSV index")."""
+    import csv
+    import io
+    import os
+
+    good = images(tmp_path, 0) / "a" / "a_0.png"
+    (tmp_path / "gone.png").symlink_to(tmp_path / "nowhere.png")
+    os.mkfifo(tmp_path / "pipe.png")
+    args = ["predict", str(checkpoint), *RUN, "--format", "csv"]
+    result = runner.invoke(app, [*args, str(tmp_path / "gone.png")])
+    assert result.exit_code == 1
+    assert error_line(result.stderr) == f"Error: image not found: {tmp_path / 'gone.png'}"
+    result = runner.invoke(app, [*args, str(tmp_path / "pipe.png"), str(good)])
+    assert result.exit_code == 0, result.stderr
+    rows = list(csv.DictReader(io.StringIO(result.stdout)))
+    assert [row["error"] for row in rows] == ["not a regular file (a FIFO)", ""]

@@ -78,7 +78,9 @@ def collect_images(
             sets.append((item, _files(read_path_list(stdin, "image"), from_stdin=True), ""))
             stated.append(False)
             continue
-        if os.path.isfile(item) and is_image_file(item):
+        # An image's name that is no regular file (a dangling link, a FIFO) is an image too, as
+        # on stdin: "image not found", or its row "not a regular file", never opened.
+        if is_image_file(item) and os.path.lexists(item) and not os.path.isdir(item):
             sets.append((item, _files([item], from_stdin=False), ""))
             stated.append(False)
             continue
