@@ -13,6 +13,10 @@ own thread count for every decoder instead of one each. `--extract K` also times
 `--segments K --extract-frames` (PNG frames written) with one decoder thread a video against
 FFmpeg's count. `--list N` instead times finding the videos among N files in 10 folders
 (`find_videos`) against `Path.rglob` with a `Path` check of each entry (its way before).
+`--piped N` instead times N videos (links to two small clips) listed on stdin (`video-info -`)
+against the same folder given whole, with stdin's chunks after the first 16 times larger (now) and
+all of the first size
+(before: each chunk starts its worker processes anew).
 `--raw` makes raw MPEG-2 streams (`.m2v`), whose container gives no frame count, and times
 `--segments 3` on them (each counted by decoding, as the loop then counts them too).
 """
@@ -132,6 +136,39 @@ def compare_listing(count: int, repeats: int) -> None:
     print(f"ratio (rglob / torchkit): {before / ours:.2f}x")
 
 
+def compare_piped(count: int, repeats: int) -> None:
+    import io
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        clips = make_videos(root, 2)
+        folder = root / "many"
+        folder.mkdir()
+        for index in range(count):
+            os.link(clips[index % 2], folder / f"v{index:07d}{clips[index % 2].suffix}")
+        listed = "".join(f"{path}\n" for path in sorted(folder.iterdir()))
+
+        def streamed(paths, stdin=None) -> int:
+            rows = []
+            video_run.stream_videos(paths, stdin=stdin)(rows.append)
+            assert len(rows) == count and all(row.error is None for row in rows)
+            return len(rows)
+
+        whole = best_time(lambda: streamed([folder]), repeats)
+        piped = best_time(lambda: streamed(["-"], io.StringIO(listed)), repeats)
+        growth = video_run.STREAMED_CHUNK_GROWTH
+        video_run.STREAMED_CHUNK_GROWTH = 1
+        try:
+            before = best_time(lambda: streamed(["-"], io.StringIO(listed)), repeats)
+        finally:
+            video_run.STREAMED_CHUNK_GROWTH = growth
+    print(f"{count:,} small videos, best of {repeats}, s")
+    print(f"folder given whole:                 {whole:7.2f}")
+    print(f"piped, larger chunks (now):         {piped:7.2f}")
+    print(f"piped, chunks of one size (before): {before:7.2f}")
+    print(f"ratio (before / now): {before / piped:.2f}x; now / folder: {piped / whole:.2f}x")
+
+
 def best_time(function, repeats: int) -> float:
     function()  # warm-up: FFmpeg initialisation and the page cache
     times = []
@@ -151,9 +188,13 @@ def main() -> None:
     parser.add_argument("--extract", type=int, metavar="K", help="also time K frames extracted")
     parser.add_argument("--list", type=int, metavar="N", help="time finding N videos, only")
     parser.add_argument("--raw", action="store_true", help="raw MPEG-2 streams, --segments 3")
+    parser.add_argument("--piped", type=int, metavar="N", help="time N videos listed on stdin")
     args = parser.parse_args()
     if args.list:
         compare_listing(args.list, args.repeats)
+        return
+    if args.piped:
+        compare_piped(args.piped, args.repeats)
         return
 
     with tempfile.TemporaryDirectory() as tmp:

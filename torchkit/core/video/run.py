@@ -63,9 +63,10 @@ MIN_VIDEOS_PER_PROCESS = 64
 # FFmpeg threads of each video's decoder while several videos are read at once (None: FFmpeg's
 # choice, one per core): the videos are the parallel work (probe._open_capture).
 DECODER_THREADS: int | None = 1
-# How much larger than the first (`_chunk_size`) a chunk of the videos listed on stdin grows: each
-# chunk starts its worker processes afresh (0.8 s for 2 processes here), which 2,048 empty files
-# a chunk tripled the time of a list of 100,000; 16x holds at most some 50 MB of records.
+# How much larger than the first (`_chunk_size`) the later chunks of the videos listed on stdin
+# are: each chunk starts its worker processes afresh and waits for the last of them (0.5-1 s for
+# 2 processes here), which, 2,048 videos a chunk, tripled the time of 100,000 empty files; 16x
+# holds at most some 50 MB of records.
 STREAMED_CHUNK_GROWTH = 16
 # Videos handed to a worker process at a time: few enough that the progress moves and the
 # workers finish together, many enough that sending them costs little.
@@ -194,7 +195,7 @@ def stream_videos(
     that hands each record to `on_record` as soon as those before it are, keeping none:
     memory does not grow with the records. Every check is made here, before any output is
     opened. `-` alone reads the paths on stdin as they are piped, a thousand or more at a time
-    (`_chunk_size`), then up to 16 times as many (`_ListedVideos.chunks`; a video listed
+    (`_chunk_size`), then 16 times as many at a time (`_ListedVideos.chunks`; a video listed
     twice is read once, as in `find_videos`), each checked against `report` as it comes;
     `progress` then gets (done, None)."""
     _check_options(segments, workers, seed, sample_mode)
@@ -248,14 +249,14 @@ class _ListedVideos:
         self.seen: set[str] = set()
 
     def chunks(self, first: int, most: int) -> Iterator[list[str]]:
-        """Chunks of up to `first` videos, then twice as many each time, up to `most`: the
-        first rows come soon, and a long list starts few sets of worker processes."""
+        """A chunk of up to `first` videos, then of up to `most`: the first rows come soon,
+        and a long list starts few sets of worker processes."""
         size = first
         while paths := self.stream.take(size):
             fresh = [path for path in paths if self._first_time(path)]
             if fresh:
                 yield fresh
-            size = min(most, size * 2)
+            size = most
 
     def _first_time(self, path: str) -> bool:
         key = video_key(path)
