@@ -348,6 +348,27 @@ def test_a_model_too_deep_for_the_image_size_is_refused_before_the_run_starts(
     assert not out.exists()
 
 
+def test_a_batch_of_one_image_that_batchnorm_sees_as_one_value_is_one_usage_error(
+    world, runner, tmp_path
+):
+    """resnet18's last BatchNorm sees a 1x1 map of a 16 px image: a batch of one there was
+    "Error: ValueError: Expected more than 1 value per channel when training" (exit 1)."""
+    out = tmp_path / "run"
+    result = runner.invoke(
+        app,
+        ["train", "--data", str(world / "data"), "--model", "resnet18", "--image-size", "16",
+         "--batch-size", "1", "--workers", "0", "--device", "cpu", "--epochs", "1",
+         "--out", str(out)],
+    )  # fmt: skip
+    assert result.exit_code == 2, result.stderr
+    assert error_line(result.stderr) == (
+        "Error: resnet18 cannot train on batches of one 16x16 image: BatchNorm in training mode "
+        "needs more than one value per channel, and the model's feature map is 1x1 there "
+        "(give --batch-size 2 or more, or a larger --image-size)"
+    )
+    assert not out.exists()
+
+
 # -- 3. no readable image is an error, not a loss of 0 --------------------------------------------
 
 

@@ -19,7 +19,7 @@ from torchkit.core.io.errors import DeviceError, InputError, UsageError, on_ever
 from torchkit.core.io.overlap import InputPath
 from torchkit.core.io.redaction import redact_url
 from torchkit.core.io.wording import counted
-from torchkit.core.models.image_size import image_size_refusal
+from torchkit.core.models.image_size import image_size_refusal, one_value_per_channel
 from torchkit.core.runtime import distributed
 from torchkit.core.runtime.distributed import DistContext
 from torchkit.core.runtime.launch import is_main_process
@@ -308,6 +308,20 @@ def _image_size_checked(ctx: DistContext, state: TrainState) -> Iterator[None]:
     is told (`_run_on_device` describes it)."""
     try:
         yield
+    except ValueError as error:
+        if not one_value_per_channel(error):
+            raise
+        # BatchNorm in training mode on a batch of one image whose feature map is 1x1 there.
+        side = train_preprocess(state.preprocess, state.config).image_size
+        hint = "give --batch-size 2 or more, or a larger --image-size"
+        if state.config.batch_size > 1:  # a batch that unreadable images left one image of
+            hint = "use a larger --image-size, or fix or remove the unreadable images"
+        raise UsageError(
+            f"{state.arch} cannot train on batches of one {side}x{side} image: BatchNorm in "
+            "training mode needs more than one value per channel, and the model's feature map "
+            "is 1x1 there",
+            hint,
+        ) from error
     except RuntimeError as error:
         if ddp.describe_collective_failure(ctx, error, None) is not None:
             raise
