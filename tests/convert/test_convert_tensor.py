@@ -577,6 +577,7 @@ def test_bad_single_files(tmp_path):
     (tmp_path / "png.pt").write_bytes(good)
     (tmp_path / "text.pt").write_text("hello\n")
     (tmp_path / "junk.pt").write_bytes(b"\x80\x02garbage")
+    os.mkfifo(tmp_path / "fifo.npy")  # was opened and waited on for good, deaf to SIGTERM
     cases = [
         (("missing.png", "x.npy"), 1, "Error: source not found"),
         (("rgba.png", "x.xyz"), 2, "Error: unknown file extension '.xyz'"),
@@ -592,6 +593,7 @@ def test_bad_single_files(tmp_path):
             "read, with weights_only=True, so loading never runs code from the file)",
         ),
         (("cut.pt", "x.png"), 1, "cannot read"),
+        (("fifo.npy", "x.png"), 1, "fifo.npy: not a regular file (a FIFO) (give a file)"),
         # were "holds a pickled Python object" and "KeyError: 101 (set TORCHKIT_DEBUG=1 ...)"
         (("png.pt", "x.png"), 1, "png.pt: not a PyTorch file (neither torch.save's"),
         (("text.pt", "x.png"), 1, "text.pt: not a PyTorch file (neither torch.save's"),

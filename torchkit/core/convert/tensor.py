@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import stat
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -878,6 +879,11 @@ def convert_tensor(
         )
 
     kind_of(source.suffix)  # an unknown source extension is a usage error
+    mode = os.stat(source).st_mode
+    if not stat.S_ISREG(mode):  # a FIFO was opened and waited on for good (SIGTERM too)
+        raise InputError(
+            f"cannot read {source}: not a regular file ({file_kind(mode)})", "give a file"
+        )
     special = is_special_file(target)  # /dev/stdout, /dev/fd/N, a FIFO: written into
     named_folder = names_a_folder(dst)  # `out.pt/`: a folder, whatever its extension says
     new_folder = target.suffix == "" and not target.exists() and not special
