@@ -878,9 +878,11 @@ def convert_tensor(
             source, target, to, options, force, workers, strict, progress, before_keep, report_file
         )
 
-    kind_of(source.suffix)  # an unknown source extension is a usage error
+    source_kind = kind_of(source.suffix)  # an unknown source extension is a usage error
     mode = os.stat(source).st_mode
-    if not stat.S_ISREG(mode):  # a FIFO was opened and waited on for good (SIGTERM too)
+    # An image's reader says so itself; a .npy/.pt/.safetensors FIFO was opened and waited on
+    # for good (SIGTERM too).
+    if source_kind != "image" and not stat.S_ISREG(mode):
         raise InputError(
             f"cannot read {source}: not a regular file ({file_kind(mode)})", "give a file"
         )
