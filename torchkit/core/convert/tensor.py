@@ -383,7 +383,7 @@ def _tensor_to_numpy(tensor: Any) -> Any:
     if tensor.is_meta:  # `.cpu()` raised NotImplementedError, shown as an unexpected failure
         raise InputError(
             "a meta tensor holds no values, only a shape",
-            "save the tensor once its values are computed (not on the meta device)",
+            "save the tensor once its values are computed, on a device that holds them",
         )
     tensor = tensor.detach().cpu()
     if tensor.layout != torch.strided:
