@@ -55,6 +55,9 @@ def test_a_file_gives_weights_by_order_or_by_name(tmp_path, name, text):
         ("w.txt", "1\n\n2.5\n0.5\n", InputError, r"line 2 of .*w\.txt is blank, between weights"),
         ("w.txt", "1\n-1\n2\n", UsageError, "not negative"),
         ("w.json", "[0, 0, 0]", UsageError, "not all zero"),
+        # JSON's true is no weight (it was taken as 1, and false as 0, without a word).
+        ("w.json", "[1, true, 2]", InputError, "true is not a number"),
+        ("w.json", '{"ant": 1, "bee": false, "cow": 1}', InputError, "false is not a number"),
     ],
 )
 def test_bad_weight_files(tmp_path, name, text, error, message):

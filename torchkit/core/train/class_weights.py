@@ -10,6 +10,7 @@ validation loss stays unweighted, so it compares across settings.
 from __future__ import annotations
 
 import functools
+import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -126,6 +127,8 @@ def _from_file(path: Path, classes: list[str]) -> list[float]:
 
 
 def _number(value, path: Path) -> float:
+    if isinstance(value, bool):  # JSON's true and false: float() made them 1 and 0
+        raise InputError(f"{path}: {json.dumps(value)} is not a number")
     try:
         return float(value)
     except (TypeError, ValueError):
