@@ -384,3 +384,28 @@ def test_fixed_with_groups_meets_counts_that_whole_groups_can_meet(tmp_path, cap
     parts = [[[0, 1]], [[2]], [[3]]]
     split_plan._closer_to_counts(parts, [2, 1, 1])
     assert parts == [[[0, 1]], [[2]], [[3]]]
+
+
+def test_fixed_with_many_group_sizes_trades_without_trying_every_size(monkeypatch):
+    """A class of groups of 150 sizes: each step looks up the sizes nearest the counts, where
+    trying every pair given against every size taken back was 150^3 tries a step (a class of
+    400 sizes took minutes). The counts are met still, the same way each time."""
+    tried = []
+    best_step = split_plan._best_step
+
+    def counted(best, moves, *args):
+        tried.append(len(moves))
+        return best_step(best, moves, *args)
+
+    monkeypatch.setattr(split_plan, "_best_step", counted)
+    sizes = [1 + (i * 7919) % 150 for i in range(600)]
+    starts = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+    units = [list(range(starts[i], starts[i + 1])) for i in range(len(sizes))]
+    targets = [starts[-1] - 2 * 1201, 1201, 1201]
+    dealt = [units[:-20], units[-20:-10], units[-10:]]  # held-out 765 and 665: far too few
+    again = [list(part) for part in dealt]
+    split_plan._closer_to_counts(dealt, targets)
+    assert [sum(len(unit) for unit in units) for units in dealt] == targets
+    assert sum(tried) < 150**2 * 10, sum(tried)
+    split_plan._closer_to_counts(again, targets)
+    assert again == dealt

@@ -4,6 +4,7 @@ place in OUT."""
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import logging
 import os
@@ -168,8 +169,13 @@ def _closer_to_counts(dealt: list[list[list[int]]], targets: list[int]) -> None:
     brings them closer). Not every count whole units could meet is found (some need three
     parts to trade at once), and a warning then names the class.
 
-    Each part's units by size, the last dealt of a size moving first: a step costs the cube of
-    the number of sizes, not of units, and each one brings the counts one image closer."""
+    Each part's units by size, the last dealt of a size moving first. The images a step moves
+    (what one part gains and the other loses) are best nearest the range that brings both
+    parts to their counts, so each size given (or pair of sizes) looks up the size taken back
+    by bisection, not every one of them: a step costs the square of the number of sizes (the
+    pairs only where no smaller step does as well), not its cube, and each one brings the
+    counts one image closer: a class of 10,000 groups of 1 to 1,000 images is traded in a
+    tenth of a second where the counts can be met, a few seconds where they cannot."""
     parts = range(len(dealt))
     by_size: list[dict[int, list[list[int]]]] = [{} for _ in parts]
     for j in parts:
@@ -181,32 +187,33 @@ def _closer_to_counts(dealt: list[list[list[int]]], targets: list[int]) -> None:
         return 0 if j == 0 else abs(targets[j] - filled[j] - change)
 
     while True:
-        best = None  # (images off after the step, units moved, from, to, given, taken back)
-        for a in parts:
-            sizes = sorted(by_size[a])
-            given = [(s,) for s in sizes] + [
-                (s, t)
-                for i, s in enumerate(sizes)
-                for t in sizes[i:]
-                if s != t or len(by_size[a][s]) > 1
-            ]
-            for b in parts:
-                if a == b:
-                    continue
-                now = missing(a, 0) + missing(b, 0)
-                for out in given:
-                    for back in [(), *((o,) for o in sorted(by_size[b]))]:
-                        change = sum(out) - sum(back)  # what b gains and a loses
-                        if not change or len(dealt[a]) - len(out) + len(back) < 1:
-                            continue
-                        if back and back[0] in out:
-                            continue  # a smaller step does the same
-                        if len(out) == 2 and not back:
-                            continue  # two for none: the single moves, one after the other
-                        off = missing(a, -change) + missing(b, change) - now
-                        step = (off, len(out) + len(back), a, b, out, back)
-                        if off < 0 and (best is None or step < best):
-                            best = step
+        best: tuple | None = None  # (images off after it, units moved, from, to, given, back)
+        sizes = [sorted(by_size[j]) for j in parts]
+        for a, b in ((a, b) for a in parts for b in parts if a != b):
+            now = missing(a, 0) + missing(b, 0)
+            # What b gains (a loses) that meets a's count, b's: the step is best in between.
+            ends = [filled[a] - targets[a]] * (a > 0) + [targets[b] - filled[b]] * (b > 0)
+            low, high = min(ends), max(ends)
+            if low <= 0 <= high:
+                continue  # no step brings both closer
+            moves: list[tuple[tuple[int, ...], tuple[int, ...]]] = []  # (given, taken back)
+            keeps = len(dealt[a]) > 1  # a may give one more unit than it takes back
+            if keeps:
+                moves += [((s,), ()) for s in _nearest(sizes[a], low, high)]
+            for s in sizes[a]:
+                moves += [((s,), (t,)) for t in _nearest(sizes[b], s - high, s - low)]
+            best = _best_step(best, moves, a, b, now, missing)
+            bound = missing(a, -low) + missing(b, low) - now  # the best any step does
+            if keeps and sizes[b] and (best is None or best > (bound, 3, a, b)):
+                moves, counts = [], by_size[a]
+                for i, s in enumerate(sizes[a]):
+                    for u in sizes[a][i if len(counts[s]) > 1 else i + 1 :]:
+                        moves += [
+                            ((s, u), (t,)) for t in _nearest(sizes[b], s + u - high, s + u - low)
+                        ]
+                best = _best_step(best, moves, a, b, now, missing)
+            # (A pair for none is the two singles one after the other; a unit given for one
+            # of its own size, or a pair for one of its sizes, a smaller step does as well.)
         if best is None:
             return
         _, _, a, b, out, back = best
@@ -214,6 +221,26 @@ def _closer_to_counts(dealt: list[list[list[int]]], targets: list[int]) -> None:
             _move_unit(dealt, by_size, filled, b, a, size)
         for size in out:
             _move_unit(dealt, by_size, filled, a, b, size)
+
+
+def _best_step(best, moves, a: int, b: int, now: int, missing) -> tuple | None:
+    """`best`, or the better of the `moves` from part `a` to `b` (`_closer_to_counts`)."""
+    for out, back in moves:
+        change = sum(out) - sum(back)
+        off = missing(a, -change) + missing(b, change) - now
+        step = (off, len(out) + len(back), a, b, out, back)
+        if change and off < 0 and (best is None or step < best):
+            best = step
+    return best
+
+
+def _nearest(sizes: list[int], low: int, high: int) -> list[int]:
+    """The sizes (sorted) nearest the range low..high: the smallest within it, else the
+    nearest below and the nearest above (`_closer_to_counts`)."""
+    at = bisect.bisect_left(sizes, low)
+    if at < len(sizes) and sizes[at] <= high:
+        return [sizes[at]]
+    return sizes[max(0, at - 1) : at + 1]
 
 
 def _move_unit(dealt, by_size, filled, a: int, b: int, size: int) -> None:
