@@ -304,3 +304,22 @@ def test_the_folders_a_stopped_move_of_a_csv_index_emptied_are_refused(tmp_path,
     assert tree_digest(tmp_path) == before
     assert run_torchkit_in_process("split", index, out, "--mode", "move").returncode == 0
     assert sorted(p.name for p in tmp_path.rglob(".*moving*")) == []  # every record gone
+
+
+def test_a_finished_move_of_a_csv_index_leaves_no_record_where_only_non_images_were(
+    tmp_path, monkeypatch
+):
+    """The stopped move recorded itself in every folder the index lists files in, one that
+    lists only a file left out (not an image) too; finished by a rerun, which took its
+    folders from the plan (images only), it left that record there for good."""
+    data = make_files(tmp_path / "data", {"cat": 6, "dog": 5})
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "notes.txt").write_text("not an image\n")
+    index = tmp_path / "index.csv"
+    rows = [f"data/{p.parent.name}/{p.name},{p.parent.name}" for p in data.rglob("*.png")]
+    index.write_text("path,label\n" + "\n".join([*sorted(rows), "docs/notes.txt,cat"]) + "\n")
+    out = tmp_path / "out"
+    stop_a_move(monkeypatch, index, out)
+    assert (tmp_path / "docs" / ".torchkit-split-moving.json").exists()
+    assert run_torchkit_in_process("split", index, out, "--mode", "move").returncode == 0
+    assert sorted(p.name for p in tmp_path.rglob(".*moving*")) == []  # every record gone

@@ -282,7 +282,9 @@ def _plan_and_write(
             # (Killed before its journal says "moving", it has moved nothing: the journal
             # above has the rerun start again, where split.csv alone was a finished split.)
             write_manifest(out, plan, names, mode)
-            record = _moving_record(root, result)
+            # (the folders noted in, kept: a rerun that finishes the move lists its folders from
+            # the plan, which leaves out those of files that are no images)
+            record = _moving_record(root, result) | {"noted": list(emptied)}
             note_moving(root, out, emptied)
             write_journal(out, record)
     except BaseException as error:
@@ -594,7 +596,9 @@ def _resume_move(
     if lost:
         journal, rows = _drop_lost(root, out, journal, rows, lost)
     write_journal(out, journal | {"state": "done"})
-    forget_moving(root, csv_folders)
+    noted = journal.get("noted")
+    noted = [f for f in noted if isinstance(f, str)] if isinstance(noted, list) else []
+    forget_moving(root, [*csv_folders, *noted])
     return _move_result(root, out, journal, rows=rows, resumed=True)
 
 
