@@ -311,7 +311,8 @@ def test_a_finished_move_of_a_csv_index_leaves_no_record_where_only_non_images_w
 ):
     """The stopped move recorded itself in every folder the index lists files in, one that
     lists only a file left out (not an image) too; finished by a rerun, which took its
-    folders from the plan (images only), it left that record there for good."""
+    folders from the plan (images only), it left that record there for good. The folders
+    noted are kept in the journal now, and only those files move out of."""
     data = make_files(tmp_path / "data", {"cat": 6, "dog": 5})
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "notes.txt").write_text("not an image\n")
@@ -320,6 +321,30 @@ def test_a_finished_move_of_a_csv_index_leaves_no_record_where_only_non_images_w
     index.write_text("path,label\n" + "\n".join([*sorted(rows), "docs/notes.txt,cat"]) + "\n")
     out = tmp_path / "out"
     stop_a_move(monkeypatch, index, out)
-    assert (tmp_path / "docs" / ".torchkit-split-moving.json").exists()
+    assert (data / "cat" / ".torchkit-split-moving.json").exists()
+    assert not (tmp_path / "docs" / ".torchkit-split-moving.json").exists()
+    assert run_torchkit_in_process("split", index, out, "--mode", "move").returncode == 0
+    assert sorted(p.name for p in tmp_path.rglob(".*moving*")) == []  # every record gone
+
+
+def test_a_stopped_move_of_an_index_beside_more_folders_than_are_locked_is_refused_there(
+    tmp_path, monkeypatch
+):
+    """An index listing images in 66 folders beside it (more than a move holds open, so their
+    parent, which holds the index, stands for them): the record went nowhere, and a folder
+    half emptied read as whole data. It goes in that parent now, and the rerun removes it."""
+    data = tmp_path / "data"
+    rows = []
+    for i in range(66):
+        make_files(data / f"set{i:02d}", {"cat": 1, "dog": 1})
+        rows += [f"set{i:02d}/{name}/{name}_00.png,{name}" for name in ("cat", "dog")]
+    index = data / "index.csv"
+    index.write_text("path,label\n" + "\n".join(rows) + "\n")
+    out = tmp_path / "out"
+    stop_a_move(monkeypatch, index, out)
+    result = run_torchkit_in_process("dataset-stats", data / "set65")
+    assert result.returncode == 1, result.stderr
+    line = error_line(result.stderr)
+    assert f"lies in {os.path.realpath(data)}, which is half moved into" in line, line
     assert run_torchkit_in_process("split", index, out, "--mode", "move").returncode == 0
     assert sorted(p.name for p in tmp_path.rglob(".*moving*")) == []  # every record gone

@@ -282,10 +282,11 @@ def _plan_and_write(
             # (Killed before its journal says "moving", it has moved nothing: the journal
             # above has the rerun start again, where split.csv alone was a finished split.)
             write_manifest(out, plan, names, mode)
-            # (the folders noted in, kept: a rerun that finishes the move lists its folders from
-            # the plan, which leaves out those of files that are no images)
-            record = _moving_record(root, result) | {"noted": list(emptied)}
-            note_moving(root, out, emptied)
+            # The folders files move out of are noted in, named in the journal for the rerun
+            # that finishes the move to clear.
+            noted = source_folders(sources, root, to_note=True) if is_csv else []
+            record = _moving_record(root, result) | {"noted": noted}
+            note_moving(root, out, noted)
             write_journal(out, record)
     except BaseException as error:
         writing.abandon(error)
@@ -295,7 +296,7 @@ def _plan_and_write(
         with _finish_hint(root, out), reporting_write_errors(out):
             place_files(plan, out, mode, progress)
             write_journal(out, record | {"state": "done"})
-        forget_moving(root, emptied)
+        forget_moving(root, noted)
         return result
     try:
         with reporting_write_errors(out):

@@ -174,16 +174,20 @@ def _being_moved_error(path: Path, place: str, real: str) -> InputError:
 _MOST_LOCKS = 64  # a descriptor is held for each folder locked
 
 
-def source_folders(sources: Sequence[str], taken: str | os.PathLike) -> list[str]:
+def source_folders(
+    sources: Sequence[str], taken: str | os.PathLike, *, to_note: bool = False
+) -> list[str]:
     """The folders of the files `sources` a CSV index (`taken`, locked already) lists, to lock:
     those a move out of it empties (`moving_out_of` in `core.split.files`), those its readers
     read. The outermost ones, less those that hold the index (the lock on it holds them, shared,
-    already); their parents instead where they are too many to hold open."""
+    already); their parents instead where they are too many to hold open. `to_note`: the
+    folders a move notes itself in (`note_moving` in `core.split.output`), with those that
+    hold the index (files in 100 folders beside it: the index's folder), not locked."""
     index = os.path.realpath(taken)
     # (realpath once a folder: a reader's index may list a million files in a few folders)
     folders = {os.path.realpath(folder) for folder in {os.path.dirname(p) for p in sources}}
     while True:
-        tops = _outermost(folders, index)
+        tops = _outermost(folders, "" if to_note else index)
         parents = {os.path.dirname(folder) for folder in tops}
         if len(tops) <= _MOST_LOCKS or parents == set(tops):
             return tops
@@ -198,7 +202,7 @@ def _outermost(folders: set[str], index: str) -> list[str]:
         while os.path.dirname(outer) != outer and not inside:
             outer = os.path.dirname(outer)
             inside = outer in tops  # sorted: a folder comes after those holding it
-        if not inside and not index.startswith(folder.rstrip(os.sep) + os.sep):
+        if not inside and not (index and index.startswith(folder.rstrip(os.sep) + os.sep)):
             tops[folder] = None
     return list(tops)
 
