@@ -33,6 +33,7 @@ from torchkit.cli import app
 from torchkit.cli.render import JsonArrayWriter, render_json
 from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.video import (
+    containers,
     find_videos,
     fourcc_to_text,
     inspect_videos,
@@ -345,6 +346,24 @@ def test_a_raw_mjpeg_stream_is_a_video_not_its_first_jpeg(tmp_path):
     (tmp_path / "cams").mkdir()  # a folder's .mjpeg and .mjpg files are videos too
     stream.rename(tmp_path / "cams" / "door.MJPG")
     assert find_videos([tmp_path / "cams"]) == [str(tmp_path / "cams" / "door.MJPG")]
+
+
+def test_a_jpeg_whose_segments_hold_an_end_and_a_start_is_still_a_still_image(tmp_path):
+    """The bytes of one JPEG's end and another's start inside a segment before the image (a
+    comment here; a camera's previews in its EXIF, back to back) made a photo a raw MJPEG
+    stream, a one-frame video. Only the coded data on is looked at; progressive too."""
+    from PIL import Image
+
+    photo = Image.fromarray(frame_pixels(0, 32, 24))
+    for name, options in (("a.mp4", {}), ("b.mp4", {"progressive": True})):
+        photo.save(
+            tmp_path / name, format="JPEG", comment=b"\xff\xd9\xff\xd8 two previews", **options
+        )
+        info = probe_video(tmp_path / name)
+        assert (info.status, info.error) == ("unreadable", "a still image (JPEG), not a video")
+    stream = tmp_path / "cam.mjpeg"  # progressive frames one after another are still a stream
+    stream.write_bytes((tmp_path / "b.mp4").read_bytes() * 3)
+    assert containers._jpeg_followed_by_another(stream)
 
 
 def test_fps_is_a_float_not_truncated(tmp_path, videos):

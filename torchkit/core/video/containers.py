@@ -9,6 +9,7 @@ import logging
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import BinaryIO
 
 from torchkit.core.data.image_files import opened_image
 from torchkit.core.io.errors import InputError, UsageError
@@ -214,17 +215,41 @@ _JPEG_JOIN = b"\xff\xd9\xff\xd8"  # one JPEG's end (EOI) and the next one's star
 
 def _jpeg_followed_by_another(path: str | os.PathLike) -> bool:
     """Whether a JPEG file holds a second JPEG right after its first (a raw MJPEG stream, which
-    FFmpeg reads a JPEG a frame, and PIL as the first image alone). An EOI marker followed by
-    an SOI cannot occur inside one JPEG: its coded data escapes every 0xFF byte, and an EXIF
-    thumbnail's EOI ends its APP1 segment, which the next marker follows."""
+    FFmpeg reads a JPEG a frame, and PIL as the first image alone): an EOI marker followed by an
+    SOI, looked for from the first image's coded data on, where it cannot occur inside one JPEG
+    (the coded data escapes every 0xFF byte). The segments before it are skipped by their
+    lengths: an EXIF thumbnail, a camera's previews or a comment may hold those bytes."""
     chunk = 1 << 20
     with open(path, "rb") as handle:
+        if not _to_first_scan(handle):
+            return False
         tail = b""
         while block := handle.read(chunk):
             if _JPEG_JOIN in tail + block:
                 return True
             tail = block[-(len(_JPEG_JOIN) - 1) :]
     return False
+
+
+def _to_first_scan(handle: BinaryIO) -> bool:
+    """Move `handle` (a JPEG file, at its start) past the segments before its first scan's
+    coded data (their lengths read, their bytes not); False where its markers end first."""
+    if handle.read(2) != b"\xff\xd8":
+        return False
+    while True:
+        marker = handle.read(2)
+        while marker[:1] == b"\xff" and marker[1:] == b"\xff":  # fill bytes before a marker
+            marker = marker[1:] + handle.read(1)
+        if len(marker) < 2 or marker[0] != 0xFF:
+            return False
+        if marker[1] == 0xDA:  # start of scan: its header, then the coded data
+            return True
+        if marker[1] == 0x01 or 0xD0 <= marker[1] <= 0xD7:
+            continue  # markers without a segment
+        size = handle.read(2)
+        if len(size) < 2 or int.from_bytes(size, "big") < 2:
+            return False
+        handle.seek(int.from_bytes(size, "big") - 2, os.SEEK_CUR)
 
 
 # --- the codec's FOURCC as the container records it ---------------------------------------------
