@@ -21,6 +21,7 @@ import threading
 import time
 import types
 import uuid
+from pathlib import Path
 
 import pytest
 import torch
@@ -318,15 +319,20 @@ def test_a_torchscript_file_of_a_fixed_batch_is_timed_at_its_batch_also_unasked_
     assert [row["batch_size"] for row in json.loads(unasked.stdout)["results"]] == [3]
 
 
+def traced_conv_benchmark(path: Path, dtype: torch.dtype) -> tuple[Path, list[str]]:
+    """A traced tiny convnet in `dtype` saved at `path`, and the benchmark arguments that time
+    it briefly on 1x8x8 images."""
+    traced = torch.jit.trace(tiny_conv(1).eval().to(dtype), torch.randn(2, 1, 8, 8, dtype=dtype))
+    torch.jit.save(traced, str(path))
+    return path, ["benchmark", str(path), "--trust-checkpoint", "-i", "1,8,8", "-b", "2", *FAST]
+
+
 def test_a_float16_torchscript_file_is_timed_on_float16_images(runner, tmp_path):
     """`export --dtype float16` writes float16 weights; benchmark fed the file float32 images
     and ended in 'torchscript fails in infer mode at batch 2 ...: RuntimeError: Input type
     (torch.FloatTensor) and weight type (torch.HalfTensor) should be the same', in both modes,
     though its row says float16."""
-    path = tmp_path / "half.ts"
-    traced = torch.jit.trace(tiny_conv(1).eval().half(), torch.randn(2, 1, 8, 8).half())
-    torch.jit.save(traced, str(path))
-    args = ["benchmark", str(path), "--trust-checkpoint", "-i", "1,8,8", "-b", "2", *FAST]
+    path, args = traced_conv_benchmark(tmp_path / "half.ts", torch.float16)
     result = runner.invoke(app, [*args, "--mode", "both", "--format", "json"])
     assert result.exit_code == 0, result.stderr
     rows = json.loads(result.stdout)["results"]
@@ -340,10 +346,7 @@ def test_amp_of_weights_in_another_half_precision_is_a_usage_error(runner, tmp_p
     """Autocast casts float32 tensors only: `--amp` (bfloat16 on the CPU) of a float16 file
     ended in 'fails in infer mode ...: Input type (CPUBFloat16Type) and weight type
     (torch.HalfTensor) should be the same (check --input-size, --batch-size and --mode)'."""
-    path = tmp_path / "half.ts"
-    traced = torch.jit.trace(tiny_conv(1).eval().half(), torch.randn(2, 1, 8, 8).half())
-    torch.jit.save(traced, str(path))
-    args = ["benchmark", str(path), "--trust-checkpoint", "-i", "1,8,8", "-b", "2", *FAST]
+    path, args = traced_conv_benchmark(tmp_path / "half.ts", torch.float16)
     refused = runner.invoke(app, [*args, "--amp"])
     assert refused.exit_code == 2, refused.stderr
     assert error_line(refused.stderr) == (
@@ -360,9 +363,7 @@ def test_compile_of_a_torchscript_file_is_a_usage_error(runner, tmp_path):
     """`--compile` of a TorchScript file ended in torch's own refusal, as an unexpected error:
     'Error: RuntimeError: torch.compile does not support compiling torch.jit.script ... (set
     TORCHKIT_DEBUG=1 to see the traceback)', exit 1."""
-    path = tmp_path / "traced.ts"
-    torch.jit.save(torch.jit.trace(tiny_conv(1).eval(), torch.randn(2, 1, 8, 8)), str(path))
-    args = ["benchmark", str(path), "--trust-checkpoint", "-i", "1,8,8", "-b", "2", *FAST]
+    path, args = traced_conv_benchmark(tmp_path / "traced.ts", torch.float32)
     result = runner.invoke(app, [*args, "--compile"])
     assert result.exit_code == 2, result.stderr
     assert error_line(result.stderr) == (
