@@ -319,6 +319,16 @@ def test_an_animated_image_under_a_video_name_shows_its_own_container(tmp_path):
     assert (row["status"], row["error"]) == ("unreadable", "a still image (PNG), not a video")
 
 
+def test_a_file_with_no_video_stream_shows_no_rate_or_codec(tmp_path):
+    """A damaged PNG named .mp4: FFmpeg opens no stream, yet the row showed fps 25 and codec
+    MPNG, as if it had read them, beside 'no video stream'."""
+    damaged = tmp_path / "clip.mp4"
+    damaged.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(40))
+    _, (row,) = json_rows(damaged, "--skip-errors")
+    assert (row["status"], row["error"]) == ("unreadable", "no video stream")
+    assert (row["fps"], row["codec"], row["width"]) == (None, None, None)
+
+
 def test_a_raw_mjpeg_stream_is_a_video_not_its_first_jpeg(tmp_path):
     """A raw MJPEG stream (JPEGs one after another, as an IP camera's `.mjpeg` recording holds
     them) is a video of a JPEG a frame to FFmpeg; PIL opens its first JPEG alone, and its row

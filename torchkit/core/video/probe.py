@@ -772,6 +772,8 @@ def _judge_opened(
     )
     declares_none = declared_frames == 0  # NO_FRAMES, where no frame decodes
     if info.width is None or info.height is None:
+        if not cut:  # no stream: the rate and tag FFmpeg gave a file it cannot read say nothing
+            info.fps = info.codec = None
         info.fail(cut or "no video stream", "truncated" if cut else "unreadable")
         return None
     if exact:
