@@ -412,22 +412,21 @@ def read_torch(path: str | os.PathLike, key: str | None = None) -> Any:
     # that is no torch.save file (a PNG or a text named .pt) is said to be none, where it was
     # "a pickled Python object" or "KeyError: 101".
     from torchkit.core.models.checkpoint import (
-        _blocked_global,
-        _holds_text_pickle,
-        _looks_saved_by_torch,
-        _refuse_expanding_archive,
+        blocked_global,
+        is_torch_save_file,
+        refuse_expanding_archive,
     )
 
     source = Path(path)
     if source.stat().st_size == 0:
         raise InputError(f"{source} is empty (0 bytes)", "it is not a PyTorch file")
-    if not _looks_saved_by_torch(source) and not _holds_text_pickle(source):
+    if not is_torch_save_file(source):
         raise InputError(
             f"cannot read {source}: not a PyTorch file (neither torch.save's zip archive nor a "
             "pickle)",
             "give the .pt/.pth file torch.save wrote",
         )
-    _refuse_expanding_archive(source)
+    refuse_expanding_archive(source)
     try:
         obj = torch.load(source, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
@@ -436,7 +435,7 @@ def read_torch(path: str | os.PathLike, key: str | None = None) -> Any:
                 f"cannot read {source}: {first_line(error)}",
                 "the file is truncated or not a PyTorch file",
             ) from None
-        if _blocked_global(error) is None:  # weights_only fails on garbage too
+        if blocked_global(error) is None:  # weights_only fails on garbage too
             raise InputError(
                 f"cannot read {source}: not a pickle of tensors that torch.save wrote",
                 "the file is truncated or not a PyTorch file",

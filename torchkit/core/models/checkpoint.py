@@ -84,7 +84,7 @@ def _load_checkpoint(path: str | os.PathLike, *, trust_checkpoint: bool) -> Any:
     kind = sniff_format(source)
     if not trust_checkpoint:
         _refuse_code_archives(source, kind)
-    _refuse_expanding_archive(source)
+    refuse_expanding_archive(source)
     try:
         if kind == TORCHSCRIPT:  # what torch.load hands it to, with a warning
             from torchkit.core.models.exported.loading import torchscript_module
@@ -103,7 +103,7 @@ def _load_checkpoint(path: str | os.PathLike, *, trust_checkpoint: bool) -> Any:
     except TorchkitError:  # a TorchScript file's torchkit record of a newer torchkit
         raise
     except pickle.UnpicklingError as error:
-        blocked = None if trust_checkpoint else _blocked_global(error)
+        blocked = None if trust_checkpoint else blocked_global(error)
         if blocked is None:
             # weights_only also fails on garbage ("Unsupported operand"): that is not a model.
             raise _unreadable(source, error, trusted=trust_checkpoint) from error
@@ -188,7 +188,7 @@ EXPANSION_LIMIT = 20
 EXPANSION_FLOOR = 64 * 2**20
 
 
-def _refuse_expanding_archive(source: Path) -> None:
+def refuse_expanding_archive(source: Path) -> None:
     """Refuse a zip archive whose compressed records expand to far more than the file holds
     (a zip bomb: a few MB that torch.load would unpack into GBs of memory) before reading it."""
     import zipfile
@@ -208,7 +208,7 @@ def _refuse_expanding_archive(source: Path) -> None:
         )
 
 
-def _blocked_global(error: BaseException) -> str | None:
+def blocked_global(error: BaseException) -> str | None:
     """The class or function weights_only refused, if any: "Unsupported global: GLOBAL
     torch.nn...Linear", or "unsupported GLOBAL posix.system whose module posix is blocked"."""
     match = re.search(r"Unsupported global: GLOBAL (\S+)|unsupported GLOBAL (\S+)", str(error))
@@ -271,6 +271,12 @@ def _unreadable(source: Path, error: BaseException, *, trusted: bool) -> Checkpo
         f"cannot read checkpoint {source}: {name if reason == name else f'{name}: {reason}'}",
         "the file may be truncated or not a PyTorch checkpoint",
     )
+
+
+def is_torch_save_file(source: Path) -> bool:
+    """Whether `source` starts as a file torch.save wrote does: a zip archive, or a pickle of
+    torch's legacy format (of any protocol). Unknown (unreadable, a FIFO): True."""
+    return _looks_saved_by_torch(source) or _holds_text_pickle(source)
 
 
 def _looks_saved_by_torch(source: Path) -> bool:
