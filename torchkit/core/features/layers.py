@@ -21,6 +21,7 @@ from typing import Any
 
 from torchkit.core.io.errors import TorchkitError, UsageError, first_line
 from torchkit.core.io.shell_words import shell_line
+from torchkit.core.io.wording import with_article
 from torchkit.core.runtime.device import to_channels_last
 
 logger = logging.getLogger("torchkit")
@@ -453,10 +454,9 @@ def not_a_tensor(name: str, value: Any, items: Sequence[tuple[Any, str]] = ()) -
         if picks
         else "pick another layer: --list-layers lists them"
     )
-    kind = type(value).__name__
-    article = "an" if kind[:1].lower() in "aeiou" else "a"
     # The layer asked for is the mistake, as a name the model lacks is (exit 2).
-    return UsageError(f"layer {name} gives {article} {kind}, not a tensor", hint)
+    given = with_article(type(value).__name__)
+    return UsageError(f"layer {name} gives {given}, not a tensor", hint)
 
 
 def reduce_feature(
