@@ -15,7 +15,7 @@ from torchkit.core.data.sources.splitting import (
     stratified_split,
 )
 from torchkit.core.io.errors import InputError, UsageError, first_and_more
-from torchkit.core.io.wording import counted, with_article
+from torchkit.core.io.wording import counted
 
 log = logging.getLogger("torchkit")
 
@@ -64,7 +64,9 @@ def warn_stray_images(source: DataSource, fate: str = "") -> None:
             + (f" {fate}" if fate else "")
             + f": {first_and_more(names, 3)}"
         )
-    read_as = with_article(source.kind)
+    # Not `with_article`: the docs' message check reads a string expression named once, not a
+    # call, into the template of the warning below.
+    read_as = ("an " if source.kind[:1] in "aeiou" else "a ") + source.kind
     for where, names in source.unread_archives.items():
         verb = "is" if len(names) == 1 else "are"
         log.warning(
