@@ -623,15 +623,24 @@ def refuse_linked_folders(sources: list[str], root: Path) -> None:
         spelled[real] = folder
 
 
-def warn_dangling_links(dangling: list[str]) -> None:
-    """A warning naming the links in ROOT named like images that point nowhere: the split
-    leaves them out (torchvision's ImageFolder lists them, and fails on reading one)."""
-    if dangling:
-        log.warning(
-            f"{len(dangling)} image link(s) point nowhere and are left out: "
-            + ", ".join(dangling[:3])
-            + (" ..." if len(dangling) > 3 else "")
-        )
+def warn_dangling_links(dangling: list[str], root: str | os.PathLike) -> None:
+    """A warning naming the links in ROOT named like images that point nowhere, and one
+    naming the FIFOs, sockets and devices (or links to one) so named, `dangling` relative to
+    `root`: the split leaves them out (torchvision's ImageFolder lists them, and fails on
+    reading one; no copy or link of one is an image)."""
+    links, special = [], []
+    for name in dangling:
+        (special if os.path.exists(os.path.join(root, name)) else links).append(name)
+    for found, what in (
+        (links, "image link(s) point nowhere"),
+        (special, "image name(s) are no regular file (a FIFO, socket or device)"),
+    ):
+        if found:
+            log.warning(
+                f"{len(found)} {what} and are left out: "
+                + ", ".join(found[:3])
+                + (" ..." if len(found) > 3 else "")
+            )
 
 
 def warn_fixed_unmet(

@@ -328,7 +328,7 @@ def _split_input(
     empty = [n for n, c in zip(samples.classes, samples.class_counts(), strict=True) if not c]
     if empty:
         log.warning(f"class folder(s) with no images are left out: {', '.join(empty[:10])}")
-    warn_dangling_links(dangling)
+    warn_dangling_links(dangling, root)
     # The folders a move out of a CSV index empties, wherever the index lists them
     emptied = source_folders(samples.paths, root) if is_csv and mode == "move" else []
     if is_csv:

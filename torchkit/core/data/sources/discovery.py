@@ -98,7 +98,8 @@ Numbered = tuple[list[str], list[int]]
 @dataclass
 class FolderListing:
     """What one listing of folders found: per folder listed (`tops`, in order) its image files
-    and its image links to nothing (to no file, round a loop, or through a file: `a.png/`); in
+    and its image names that are no file to read (`dangling`: links to nothing, to no file,
+    round a loop, or through a file, `a.png/`; a FIFO, socket or device, or a link to one); in
     all of them the other files (hidden ones aside), the symbolic links to folders entered
     and left unentered, and the other links to nothing (`dead`: a linked folder whose disk is
     not mounted, `more -> /mnt/nas/more`; hidden ones aside). Paths are spelled from the
@@ -185,13 +186,17 @@ def list_folders(
                         if not entry.is_symlink():
                             raise
                         is_file = False
-                    if not is_file and not entry.is_symlink():
-                        continue
+                    special = not is_file and not entry.is_symlink()
                 except OSError:  # vanished while listing
                     continue
                 dot = name.rfind(".")  # Path.suffix's rule, without making a Path
                 image = 0 < dot < len(name) - 1 and name[dot:].lower() in IMAGE_EXTENSIONS
-                if not is_file:  # a link to a folder, a FIFO... or to nothing
+                if special:
+                    # A FIFO, socket or device named like an image: an image that cannot be
+                    # read (never opened: opening a FIFO blocks), as a link to nothing is.
+                    if image:
+                        dangling[top].append(path)
+                elif not is_file:  # a link to a folder, a FIFO... or to nothing
                     if not os.path.exists(path):
                         if image:
                             dangling[top].append(path)
@@ -199,6 +204,8 @@ def list_folders(
                             dead.append(path)
                     elif os.path.isdir(path):
                         links.append((path.count(os.sep), path, top))
+                    elif image:  # a link to a FIFO, a socket or a device
+                        dangling[top].append(path)
                 elif image:
                     # What finds one file under two names (`refuse_one_file_in_two_places`),
                     # without a stat of its own: a plain file's inode number is in the
@@ -240,10 +247,11 @@ def list_non_image_files(
 
 
 def list_left_out(folder: str | os.PathLike) -> tuple[list[str], list[str]]:
-    """(files that are not images, hidden ones aside; symbolic links named like images that
-    point nowhere) under `folder`, relative to it, sorted, in one listing: what `split` leaves
-    out (the readers list such a link as an image, unreadable when read, as torchvision's
-    ImageFolder does; a link to nothing cannot be copied or linked to)."""
+    """(files that are not images, hidden ones aside; names of images that are no file to
+    read: symbolic links that point nowhere, FIFOs, sockets, devices) under `folder`, relative
+    to it, sorted, in one listing: what `split` leaves out (the readers list such a name as an
+    image, unreadable when read, as torchvision's ImageFolder lists a link to nothing; it
+    cannot be copied or linked to)."""
     listing = list_folders([folder])
     return relative_ids(listing.others, folder), relative_ids(listing.dangling[0], folder)
 
