@@ -175,7 +175,7 @@ def test_graph_refusals_are_usage_errors(monkeypatch):
     for options, message in [
         ({"optimizer": "rmsprop"}, "fused optimiser"),
         ({"accum_steps": 2}, "--accum-steps"),
-        ({"mixup_alpha": 0.2}, "--mixup"),
+        ({"mixup_alpha": 0.2}, "cannot use --mixup-alpha or --cutmix-alpha:"),
         ({"compile": True}, "compiled"),
         ({"find_lr": True}, "--find-lr"),
     ]:

@@ -446,8 +446,8 @@ class TrainConfig:
         "as a CUDA graph and replay it for every batch: for small models, whose steps wait "
         "on Python and kernel launches rather than on the GPU (the digits convnet). A new run "
         "drops each epoch's last partial batch. One process, --optimizer sgd, adam or adamw, "
-        "--accum-steps 1, no --mixup, --cutmix or --compile, and no float16 --amp (bf16 is "
-        "fine). Default: on for digits on one CUDA GPU where those allow it, else off.",
+        "--accum-steps 1, no --mixup-alpha, --cutmix-alpha or --compile, and no float16 --amp "
+        "(bf16 is fine). Default: on for digits on one CUDA GPU where those allow it, else off.",
     )
     # How this run executes (the options every command shares, in the general panel)
     seed: int = option(0, shared=True)

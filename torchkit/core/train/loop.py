@@ -349,8 +349,8 @@ def _forward_backward(
     share: float | None,
     weighted: _WeightedUpdate | None,
 ) -> None:
-    """One batch's forward (mixed with --mixup/--cutmix) and backward, its gradients scaled to
-    its share of the update (synchronised under DDP only by the update's last batch,
+    """One batch's forward (mixed under --mixup-alpha/--cutmix-alpha) and backward, its gradients
+    scaled to its share of the update (synchronised under DDP only by the update's last batch,
     `is_update`); its loss and accuracy added to `sums`."""
     from torchkit.core.train.mixing import mix_batch
 

@@ -656,7 +656,7 @@ def graph_refusal(config: TrainConfig) -> str | None:
         (config.accum_steps > 1, "records one batch per update: it cannot use --accum-steps"),
         (
             config.mixup_alpha > 0 or config.cutmix_alpha > 0,
-            "cannot use --mixup or --cutmix: they draw on the host at each step",
+            "cannot use --mixup-alpha or --cutmix-alpha: they draw on the host at each step",
         ),
         (config.compile, "cannot record a compiled model's step: use one of the two"),
         (config.find_lr, "speeds up training epochs, and --find-lr trains none"),
