@@ -869,3 +869,36 @@ def test_a_pt_whose_records_expand_far_beyond_the_file_is_refused_unread(tmp_pat
     assert result.exit_code == 1
     assert "holds compressed records that would expand from" in error_line(result.stderr)
     assert not (tmp_path / "out.png").exists()
+
+
+@pytest.mark.parametrize(
+    ("mode", "opaque", "channels", "said"),
+    [
+        ("L", False, 3, "WebP has no grayscale"),
+        ("LA", False, 4, "WebP has no grayscale"),
+        ("LA", True, 3, "WebP has no grayscale"),
+        ("RGBA", True, 3, "WebP drops an alpha channel that is opaque everywhere"),
+    ],
+)
+def test_webp_reports_the_channels_its_file_holds(tmp_path, mode, opaque, channels, said):
+    # libwebp has no grayscale: a gray image was written as RGB while the table and the JSON
+    # said 5x7 (one channel), and an opaque alpha, which libwebp drops, was said to be there.
+    image = random_image(mode)
+    if opaque:
+        image.putalpha(255)
+    image.save(tmp_path / "in.png")
+    result = ok(tmp_path / "in.png", tmp_path / "out.webp", "--format", "json")
+    (written,) = json.loads(result.stdout)["written"]
+    with Image.open(tmp_path / "out.webp") as back:
+        held = np.asarray(back).shape
+    assert written["shape"] == [5, 7, channels] == list(held)
+    assert said in result.stderr
+
+
+def test_a_folder_says_what_webp_did_once(tmp_path):
+    for name in ("a", "b", "c"):
+        (tmp_path / "in" / name).mkdir(parents=True)
+        random_image("L").save(tmp_path / "in" / name / "x.png")
+    result = ok(tmp_path / "in", tmp_path / "out", "--to", "webp", "-j", "1")
+    assert result.stderr.count("WebP has no grayscale") == 1
+    assert "(3 files)" in result.stderr

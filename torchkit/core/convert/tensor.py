@@ -145,6 +145,9 @@ class FileResult:
     written: list[Written] = field(default_factory=list)
     error: str | None = None
     warnings: list[str] = field(default_factory=list)
+    # What a format did to every file alike (WebP has no grayscale): said once for a folder,
+    # with a count, not once a file; each said once a file.
+    notices: list[str] = field(default_factory=list)
     unreadable: bool = False  # `error` is why an image file could not be read
 
 
@@ -573,21 +576,46 @@ def _write_torch(path: Path, array: Any, name: str, extension: str) -> None:
             torch_save(tensor, tmp)
 
 
+def _as_webp_stores(array: Any, note: px.Warn) -> Any:
+    """The pixels a WebP file holds, so that the report tells what a reader gets: libwebp has
+    no grayscale (Pillow writes gray as RGB, gray+alpha as RGBA) and drops an alpha channel
+    that is opaque everywhere. The report said 8x8 for the 8x8x3 RGB file a gray image became."""
+    import numpy as np
+
+    channels = 1 if array.ndim == 2 else array.shape[-1]
+    if channels in (1, 2):
+        note("WebP has no grayscale: grayscale images were written as RGB (R = G = B)")
+        gray = array if array.ndim == 2 else array[..., 0]
+        colour = [gray, gray, gray] + ([array[..., 1]] if channels == 2 else [])
+        array = np.stack(colour, axis=-1)
+    if array.shape[-1] == 4 and (array[..., 3] == 255).all():
+        note(
+            "WebP drops an alpha channel that is opaque everywhere: such images were written as RGB"
+        )
+        array = array[..., :3]
+    return np.ascontiguousarray(array)
+
+
 def write_pixels(
     pixels: px.Pixels,
     target: Path,
     options: TensorOptions,
     warn: px.Warn,
     extension: str | None = None,
+    note: px.Warn | None = None,
 ) -> Written:
     """Write one image (or, for array/tensor formats, one batch) to `target`, in the format of
-    `extension` (by default its own)."""
+    `extension` (by default its own). `note` (by default `warn`) is told what the format does
+    to every file alike (WebP has no grayscale)."""
     extension = (extension or target.suffix).lower()
     kind = kind_of(extension, output=True)
+    note = note or warn
     if kind == "image":
         # 16-bit gray+alpha has no writer here (PIL has no such mode, OpenCV no 2-channel PNG).
         sixteen = IMAGE_FORMATS[extension] in SIXTEEN_BIT_FORMATS and pixels.array.shape[-1] != 2
         array = px.to_image(pixels, sixteen_bit=sixteen, warn=warn)
+        if IMAGE_FORMATS[extension] == "WEBP":
+            array = _as_webp_stores(array, note)
         quality = DEFAULT_QUALITY if options.quality is None else options.quality
         _write_image(target, array, quality, extension)
     else:
@@ -659,10 +687,13 @@ def convert_file(
         if inputs is not None:
             check_output_file(path, force, inputs)
     for image, path in outputs:
-        written = write_pixels(image, path, options, result.warnings.append, extension)
+        written = write_pixels(
+            image, path, options, result.warnings.append, extension, result.notices.append
+        )
         if replaced is not None:
             replaced.wrote(path)
         result.written.append(written)
+    result.notices = list(dict.fromkeys(result.notices))  # a batch's images: said once
     return result
 
 
@@ -928,7 +959,7 @@ def convert_tensor(
         extension=extension,
         replaced=replaced,
     )
-    for message in result.warnings:
+    for message in [*result.warnings, *result.notices]:
         log.warning(message)
     report = TensorReport(str(source), str(target), folder=False, converted=1)
     report.written = result.written
@@ -1024,6 +1055,7 @@ def _convert_into(
     # Output file -> the source that wrote it: a batch's images (`x.pt` -> `x_0.png`, `x_1.png`)
     # are named only once it is read, and may be another source's output (`x_0.png` itself).
     writer_of: dict[str, str] = {}
+    notices: dict[str, int] = {}  # a notice -> the files it was said of
 
     def collect(results: list[FileResult]) -> None:
         nonlocal done
@@ -1031,6 +1063,8 @@ def _convert_into(
             done += 1
             for message in result.warnings:
                 log.warning(message)
+            for message in result.notices:
+                notices[message] = notices.get(message, 0) + 1
             if result.error is None:
                 for written in result.written:
                     first = writer_of.setdefault(written.path, result.source)
@@ -1072,6 +1106,8 @@ def _convert_into(
         for chunk in chunked(files, workers, most=64)
     ]
     map_chunks(_convert_chunk, tasks, workers=workers, on_result=collect)
+    for message, count in notices.items():
+        log.warning(f"{message} ({count} file{'s' if count != 1 else ''})")
     if report.converted == 0:
         first_path, first_error = report.failures[0]
         raise InputError(
