@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from enum import Enum
 from pathlib import Path
 from typing import IO, Annotated, Any, Optional
@@ -273,7 +272,13 @@ def _write(run, columns: list[str], fmt: PredictFormat, output: Path | None) -> 
 
 
 def _render(run, columns: list[str], fmt: PredictFormat, handle: IO[str], progress) -> None:
-    from torchkit.cli.render import Table, print_on_terminal, render_json, render_plain_tables
+    from torchkit.cli.render import (
+        Table,
+        print_on_terminal,
+        render_json,
+        render_plain_tables,
+        streamed_rows,
+    )
 
     if fmt == PredictFormat.csv:
         write_csv(run.records(progress=progress), columns, handle)
@@ -290,17 +295,15 @@ def _render(run, columns: list[str], fmt: PredictFormat, handle: IO[str], progre
             handle.write(render_json(_full(row, columns), encoding, indent=None))
     elif fmt == PredictFormat.json:
         handle.write("[")
-        try:
+
+        def write_rows() -> None:
             for position, row in enumerate(rows):
                 handle.write(",\n" if position else "\n")
                 handle.write(render_json(_full(row, columns), encoding, indent=None).rstrip("\n"))
-        except TorchkitError:
-            # A failure the run reports (none of the images read, --strict): the rows written
-            # are a JSON list, as CSV's and JSON Lines' are whole rows; a stopped run's are not.
-            with contextlib.suppress(OSError):
-                handle.write("\n]\n")
-            raise
-        handle.write("\n]\n")
+
+        # A failure the run reports (none of the images read, --strict): the rows written are a
+        # JSON list, as CSV's and JSON Lines' are whole rows; a stopped run's are not.
+        streamed_rows(write_rows, lambda: handle.write("\n]\n"))
     else:
         shown = [c for c in columns if not c.startswith("logit_")]
         cells: list[list[Any]] = []

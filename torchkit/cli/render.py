@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import os
@@ -261,8 +262,8 @@ class JsonArrayWriter:
     """A JSON array written to `handle` an item at a time, as the items come: the text
     `render_json` gives the whole list (`[]` for none), without holding the list. Under an
     `encoding` that cannot write an item's characters, that item (not the whole array) gets
-    `render_json`'s JSON escapes. `close` ends the array; an array left open (an error
-    part-way) is no valid JSON, so a parser cannot take the part for the whole."""
+    `render_json`'s JSON escapes. `close` ends the array (`streamed_rows`: also after an
+    error part-way)."""
 
     def __init__(self, handle: Any, encoding: str | None = None) -> None:
         self.handle = handle
@@ -279,6 +280,23 @@ class JsonArrayWriter:
 
     def close(self) -> None:
         self.handle.write("\n]\n" if self.items else "]\n")
+
+
+def streamed_rows(write: Callable[[], None], end: Callable[[], None]) -> None:
+    """`write()` the rows of a streamed output (CSV, a JSON list, JSON Lines), then `end()` it
+    (a JSON list's `]`), also where the run fails part-way with an error it reports (`--strict`,
+    a bad list on stdin): what was written is the rows so far, whole (a JSON list closed), as
+    CSV's and JSON Lines' are, and the exit status and the `Error:` line say the run failed.
+    A run stopped (Ctrl-C, SIGTERM) or an output that cannot be written is left as it is."""
+    from torchkit.core.io.errors import TorchkitError
+
+    try:
+        write()
+    except TorchkitError:
+        with contextlib.suppress(OSError):  # the output failed: the run's error is the one said
+            end()
+        raise
+    end()
 
 
 def render_csv(table: Table) -> str:

@@ -26,6 +26,7 @@ from torchkit.cli.render import (
     render_json,
     report_file,
     resolve_format,
+    streamed_rows,
 )
 from torchkit.core.io.wording import counted
 
@@ -311,8 +312,7 @@ def _write_streamed(
             if flush:
                 handle.flush()
 
-        read(row)
-        close()
+        streamed_rows(lambda: read(row), close)  # a failure part-way: the rows so far, whole
 
     with progress_bar("reading videos", eta=False, refresh_in_thread=True) as advance:
         # Every check first (the inputs, the listed videos, -o), before any output is opened.
