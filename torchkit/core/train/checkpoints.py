@@ -17,7 +17,7 @@ from typing import Any
 from torchkit import __version__
 from torchkit.core.io.errors import CheckpointError
 from torchkit.core.io.force import marker_command
-from torchkit.core.io.output_paths import remove_tree
+from torchkit.core.io.output_paths import REPLACED_SUFFIX, leftovers, remove_tree, shown
 from torchkit.core.io.shell_words import shell_word
 from torchkit.core.models.checkpoint import (
     FORMAT_VERSION,
@@ -133,12 +133,26 @@ def stopped_before_first_checkpoint(folder: Path) -> bool:
     return began and not any(os.path.lexists(folder / name) for name in (LAST, BEST))
 
 
-def resume_path(spec: str) -> Path:
-    """--resume DIR (its last.pt) or FILE."""
+def resume_path(spec: str, *, put_back: bool = False) -> Path:
+    """--resume DIR (its last.pt) or FILE. With `put_back`, an earlier run of DIR that a
+    `--force` run killed before its first checkpoint had set aside is put back first, as the
+    next run on the folder puts it back (`put_back_earlier_run`), and is the run resumed."""
     path = Path(spec)
     if path.is_dir():
         candidate = path / LAST
+        if put_back and stopped_before_first_checkpoint(path):
+            put_back_earlier_run(path)
         if stopped_before_first_checkpoint(path):
+            earlier = leftovers(path, REPLACED_SUFFIX)
+            if earlier:
+                raise CheckpointError(
+                    f"no {LAST} in {path}: the run that replaced its earlier run (--force) was "
+                    f"stopped before its first checkpoint; the earlier run is kept at "
+                    f"{shown(earlier[-1])}",
+                    f"torchkit train --resume {shell_word(path)}, run in one process without "
+                    "--print-config, puts it back and continues it; to start the new run again, "
+                    "run the command that started it",
+                )
             raise CheckpointError(
                 f"no {LAST} in {path}: its run was stopped before its first checkpoint",
                 "start it again: the command that started it, without --resume",
@@ -161,8 +175,28 @@ def resume_path(spec: str) -> Path:
     return path
 
 
-def load_for_resume(spec: str) -> tuple[Path, dict]:
-    path = resume_path(spec)
+def put_back_earlier_run(folder: Path) -> None:
+    """Put back the earlier run that a `train --force` killed before its first checkpoint set
+    aside beside `folder` (removing what the killed run wrote), under the folder's lock, as any
+    next run on the folder does first (`recover_leftovers`); what was done is warned of."""
+    import logging
+
+    from torchkit.core.io.output_locks import FolderLock
+    from torchkit.core.io.outputs import recover_leftovers
+
+    if not leftovers(folder, REPLACED_SUFFIX):
+        return
+    lock = FolderLock(folder, "run folder")
+    try:
+        notes = recover_leftovers(folder)
+    finally:
+        lock.release()
+    for note in notes:
+        logging.getLogger("torchkit").warning(note)
+
+
+def load_for_resume(spec: str, *, put_back: bool = False) -> tuple[Path, dict]:
+    path = resume_path(spec, put_back=put_back)
     try:
         checkpoint = load_checkpoint(path)
     except CheckpointError as error:

@@ -124,7 +124,9 @@ def _run_with_torch(
     )
     # The options first: a resumed run's device and collective timeout are its saved ones
     # unless given again, like every other option.
-    plan = plan or plan_run(config, overrides)
+    # One process puts back an earlier run that a killed --force run of --resume's folder set
+    # aside (under torchrun, the ranks would race for it: refused, naming it).
+    plan = plan or plan_run(config, overrides, put_back=not distributed.joins_process_group())
     threads = compute_threads(loader_workers(plan.config), plan.config.threads)
     if plan.config.deterministic and plan.config.threads is None:
         # Numbers that do not depend on --workers: torch's one thread per core, as before the

@@ -67,14 +67,16 @@ class RunPlan:
     model_file: Any = None
 
 
-def plan_run(requested: TrainConfig, overrides) -> RunPlan:
+def plan_run(requested: TrainConfig, overrides, *, put_back: bool = False) -> RunPlan:
     """`requested` with `--resume`'s checkpoint read and merged (`overrides`: the options given
     again; None: those that differ from the defaults). A new run imports no torch here, but for
-    a checkpoint given as --weights or --model, whose recorded mean/std it reads."""
+    a checkpoint given as --weights or --model, whose recorded mean/std it reads. `put_back`:
+    the run that --resume DIR goes on with (one process): an earlier run of DIR that a killed
+    --force run set aside is put back first (`resume_path`)."""
     config, resumed_from, checkpoint = requested, None, None
     not_given: list[str] = []
     if config.resume:
-        resumed_from, checkpoint = load_for_resume(config.resume)
+        resumed_from, checkpoint = load_for_resume(config.resume, put_back=put_back)
         config = merge_for_resume(checkpoint["config"], config, overrides)
         # The run's own values were warned of when it started (and --no-amp makes its
         # --amp-dtype unused without that value being given for nothing).
