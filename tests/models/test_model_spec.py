@@ -15,6 +15,7 @@ from torchkit.core.io.errors import CheckpointError, UsageError
 from torchkit.core.models import ModelSpec, resolve_spec
 from torchkit.core.models.convnet import convnet_class
 from torchkit.core.models.inputs import iter_tensors, make_inputs
+from torchkit.core.models.resolver import untrained_error
 
 # How each command that takes a model takes a file `torchkit export` wrote (the resolver's
 # `exported`), which is all its MODEL help may add to the shared text. `train` is left out: its
@@ -148,8 +149,13 @@ def test_the_grammar_errors_are_usage_errors(tmp_path):
 
 
 def test_predicting_refuses_random_weights_unless_allowed():
-    with pytest.raises(UsageError, match="random weights"):
+    with pytest.raises(UsageError, match="random weights") as refused:
         resolve_spec(ModelSpec(model="convnet"), command="predict", predicting=True)
+    # The built-in convnet has no DEFAULT weights to load: `--weights DEFAULT` is refused.
+    assert refused.value.hint == (
+        "pass a checkpoint as MODEL or --weights FILE; --allow-untrained to run it anyway"
+    )
+    assert "--weights DEFAULT|FILE;" in untrained_error("resnet18", "torchvision").hint
     allowed = ModelSpec(model="convnet", allow_untrained=True)
     assert resolve_spec(allowed, command="predict", predicting=True).weights_source is None
     # Other commands take a model with random weights as it is (summary, export...).

@@ -1103,8 +1103,7 @@ def test_random_weights_are_refused_unless_allowed(runner, images, tmp_path):
     assert refused.exit_code == 2
     assert error_line(refused.stderr, besides="nothing") == (
         "Error: convnet has random weights (no --weights given): its answers would be noise "
-        "(pass a checkpoint as MODEL or --weights DEFAULT|FILE; --allow-untrained to run it "
-        "anyway)"
+        "(pass a checkpoint as MODEL or --weights FILE; --allow-untrained to run it anyway)"
     )
     assert not out.exists()
     allowed = runner.invoke(app, [*command, "--allow-untrained", "--image-size", "16", "-j", "0"])

@@ -315,9 +315,11 @@ def untrained_error(spec: str, source: str) -> UsageError:
             "whether its weights are trained",
             f"pass --weights FILE, or --allow-untrained if {spec} loads trained weights itself",
         )
+    # DEFAULT names torchvision's and timm's weights: the built-in convnet has none to load
+    weights = "FILE" if source == "built-in" else "DEFAULT|FILE"
     return UsageError(
         f"{spec} has random weights (no --weights given): its answers would be noise",
-        "pass a checkpoint as MODEL or --weights DEFAULT|FILE; --allow-untrained to run it anyway",
+        f"pass a checkpoint as MODEL or --weights {weights}; --allow-untrained to run it anyway",
     )
 
 
