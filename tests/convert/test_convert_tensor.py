@@ -902,3 +902,48 @@ def test_a_folder_says_what_webp_did_once(tmp_path):
     result = ok(tmp_path / "in", tmp_path / "out", "--to", "webp", "-j", "1")
     assert result.stderr.count("WebP has no grayscale") == 1
     assert "(3 files)" in result.stderr
+
+
+def test_a_sixteen_bit_image_keeps_its_bits_through_a_float_pt(tmp_path):
+    # 16-bit PNG -> .pt (v / 65535) -> PNG came back with 8 bits, without a word.
+    gray = RNG.integers(0, 65536, (5, 7), dtype=np.uint16)
+    Image.fromarray(gray).save(tmp_path / "g.png")
+    colour = RNG.integers(0, 65536, (5, 7, 3), dtype=np.uint16)
+    cv2.imwrite(str(tmp_path / "c.png"), colour[..., ::-1])
+    for name, truth in (("g", gray), ("c", colour)):
+        ok(tmp_path / f"{name}.png", tmp_path / f"{name}.pt")
+        for extension in (".png", ".tiff"):
+            back = tmp_path / f"{name}-back{extension}"
+            result = ok(tmp_path / f"{name}.pt", back, "--format", "json")
+            assert json.loads(result.stdout)["written"][0]["dtype"] == "uint16"
+            held = cv2.imread(str(back), cv2.IMREAD_UNCHANGED)
+            np.testing.assert_array_equal(held if held.ndim == 2 else held[..., ::-1], truth)
+            assert "Warning" not in result.stderr
+    result = ok(tmp_path / "g.pt", tmp_path / "g.jpg")
+    assert "JPEG holds 8 bits a channel: 16-bit values were scaled to 8 bits" in result.stderr
+
+
+def test_floats_of_eight_bits_or_of_a_model_stay_eight_bit_images(tmp_path):
+    eight = RNG.integers(0, 256, (3, 5, 7), dtype=np.uint8)
+    torch.save(torch.from_numpy(eight.astype(np.float32) / np.float32(255)), tmp_path / "e.pt")
+    torch.save(torch.rand(3, 5, 7), tmp_path / "m.pt")
+    for name in ("e", "m"):
+        result = ok(tmp_path / f"{name}.pt", tmp_path / f"{name}.png")
+        assert "Warning" not in result.stderr
+        with Image.open(tmp_path / f"{name}.png") as image:
+            assert image.mode == "RGB"
+    np.testing.assert_array_equal(
+        np.asarray(Image.open(tmp_path / "e.png")), eight.transpose(1, 2, 0)
+    )
+
+
+def test_a_sixteen_bit_batch_warns_once_for_an_eight_bit_format(tmp_path):
+    batch = RNG.integers(0, 65536, (4, 1, 5, 7), dtype=np.uint16)
+    batch[0] = 0  # a black frame holds 8-bit values too: the batch decides, as a whole
+    torch.save(torch.from_numpy(batch.astype(np.float32) / np.float32(65535)), tmp_path / "b.pt")
+    ok(tmp_path / "b.pt", tmp_path / "png", "--to", "png")
+    for index in range(4):
+        held = cv2.imread(str(tmp_path / "png" / f"b_{index}.png"), cv2.IMREAD_UNCHANGED)
+        np.testing.assert_array_equal(held, batch[index, 0])
+    result = ok(tmp_path / "b.pt", tmp_path / "bmp", "--to", "bmp")
+    assert result.stderr.count("16-bit values were scaled to 8 bits") == 1

@@ -205,13 +205,34 @@ def to_array(
     return np.ascontiguousarray(array)
 
 
+def sixteen_bit_floats(pixels: Pixels) -> Pixels:
+    """Floats that are a 16-bit image's values (every one v / 65535, as a 16-bit PNG becomes in
+    a .pt) as those 16-bit pixels, else `pixels` itself. Floats that are all 8-bit values
+    (k / 255) stay floats, and so do any others (a model's output): both are written with
+    8 bits, as `save_image` writes them; a 16-bit image's were cut to 8 bits without a word."""
+    import numpy as np
+
+    array = pixels.array
+    if array.dtype.kind != "f" or array.dtype == np.float16:  # float16 holds no 16-bit values
+        return pixels
+    if not np.isfinite(array).all() or array.min() < 0 or array.max() > 1:
+        return pixels
+    step = array.dtype.type  # the sum as to_float makes it: in the array's own precision
+    eight = np.rint(array * step(255))
+    if np.array_equal(eight / step(255), array):
+        return pixels
+    sixteen = np.rint(array * step(65535))
+    if not np.array_equal((sixteen / step(65535)).astype(array.dtype), array):
+        return pixels
+    return Pixels(sixteen.astype(np.uint16), pixels.name, pixels.scale)
+
+
 def to_image(pixels: Pixels, *, sixteen_bit: bool, warn: Warn | None = None) -> Any:
-    """(H, W) or (H, W, C) uint8 for an image file; uint16 kept where the format has 16 bits."""
+    """(H, W) or (H, W, C) uint8 for an image file; uint16 kept where the format has 16 bits
+    (the caller says when 16-bit values are scaled to 8 bits)."""
     import numpy as np
 
     if pixels.array.dtype == np.uint16 and not sixteen_bit:
-        if warn:
-            warn(f"{pixels.name}: the format stores 8 bits; 16-bit values were scaled to 8 bits")
         array = _uint16_to_uint8(pixels.array)
     elif pixels.array.dtype == np.uint16:
         array = pixels.array

@@ -612,7 +612,15 @@ def write_pixels(
     note = note or warn
     if kind == "image":
         # 16-bit gray+alpha has no writer here (PIL has no such mode, OpenCV no 2-channel PNG).
-        sixteen = IMAGE_FORMATS[extension] in SIXTEEN_BIT_FORMATS and pixels.array.shape[-1] != 2
+        image_format = IMAGE_FORMATS[extension]
+        sixteen = image_format in SIXTEEN_BIT_FORMATS and pixels.array.shape[-1] != 2
+        if str(pixels.array.dtype) == "uint16" and not sixteen:
+            note(
+                f"{image_format} holds 8 bits a channel: 16-bit values were scaled to 8 bits"
+                if image_format not in SIXTEEN_BIT_FORMATS
+                else "16-bit grayscale with alpha is written with 8 bits a channel: 16-bit "
+                "values were scaled to 8 bits"
+            )
         array = px.to_image(pixels, sixteen_bit=sixteen, warn=warn)
         if IMAGE_FORMATS[extension] == "WEBP":
             array = _as_webp_stores(array, note)
@@ -664,6 +672,8 @@ def convert_file(
     )
     if options.grid:
         pixels = px.make_grid(pixels, nrow=options.nrow or DEFAULT_NROW)
+    if target_kind == "image":  # a 16-bit image's floats: its 16 bits, for a batch as a whole
+        pixels = px.sixteen_bit_floats(pixels)
     if target_kind == "image" and pixels.batch:
         images = pixels.images()
         if len(images) == 1:
