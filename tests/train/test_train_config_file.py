@@ -160,6 +160,10 @@ def test_a_toml_recipe_is_refused_as_toml(runner, tmp_path):
         f"Error: {recipe} is TOML, and --config reads JSON or YAML (write it as JSON or YAML: "
         "torchkit train --print-config prints JSON)"
     )
+    # A mistyped name is not found, not a TOML file to rewrite as JSON.
+    missing = runner.invoke(app, ["train", "--config", str(tmp_path / "rr.toml"), "--print-config"])
+    assert missing.exit_code == 1, missing.stdout
+    assert missing.stderr.strip() == f"Error: config file not found: {tmp_path / 'rr.toml'}"
 
 
 def test_whole_numbers_where_numbers_go_print_as_the_command_line_gives_them(runner, tmp_path):

@@ -57,7 +57,8 @@ def read_config_file(path: str | Path, stdin: IO[str] | None = None) -> dict[str
     if source == STDIN_SOURCE:
         text = _read_stdin(stdin)
     else:
-        if source.suffix.lower() == ".toml":
+        # A mistyped name is not found (below), whatever its extension.
+        if source.suffix.lower() == ".toml" and source.exists():
             raise UsageError(
                 f"{source} is TOML, and --config reads JSON or YAML",
                 "write it as JSON or YAML: torchkit train --print-config prints JSON",
