@@ -159,16 +159,17 @@ def resume_path(spec: str, *, put_back: bool = False) -> Path:
             )
         if not candidate.is_file():
             best = path / BEST
+            # A folder of its name (`mkdir last.pt`) is named: "no last.pt" reads as wrong.
+            missing = f"{candidate} is a folder, not a checkpoint" if candidate.is_dir() else ""
+            missing = missing or f"no {LAST} in {path}"
             if best.is_file():  # a run whose last.pt is gone: its best epoch can still go on
                 raise CheckpointError(
-                    f"no {LAST} in {path}",
+                    missing,
                     f"to go on from {BEST}'s epoch, pass --resume {shell_word(best)} --out NEW; to "
                     f"fine-tune from its weights, start a run with --weights {shell_word(best)} "
                     "--out NEW",
                 )
-            raise CheckpointError(
-                f"no {LAST} in {path}", "give the run folder of an earlier `torchkit train`"
-            )
+            raise CheckpointError(missing, "give the run folder of an earlier `torchkit train`")
         return candidate
     if not path.exists():
         raise CheckpointError(f"checkpoint to resume not found: {path}", "check --resume")

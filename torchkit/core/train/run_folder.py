@@ -126,6 +126,7 @@ class RunFolder:
             inputs = self._inputs(plan, in_place)
             if in_place:
                 _check_in_place_resume(plan.resumed_from, out)
+                _check_run_names(out, plan.config)
             known = old_run_files(out)  # (config.json read once: up to 64 MB)
             try:
                 self.output = OutputFolder(
@@ -424,6 +425,37 @@ def _check_in_place_resume(resumed_from: Path, out: Path) -> None:
         f"continue the run from its last checkpoint with --resume {shell_word(out)}, or start a "
         f"new run from {resumed_from} with --out NEW_FOLDER",
     )
+
+
+def _check_run_names(out: Path, config: TrainConfig) -> None:
+    """A run continued in place renames each file it writes (metrics.csv, the checkpoints...)
+    over the one there, and writes its TensorBoard log and profile into their folders: another
+    kind of entry under one of those names (a folder named metrics.csv, a file named
+    tensorboard) failed the write after an epoch's training, as a general error. Refused
+    before any work, named."""
+    from fnmatch import fnmatchcase
+
+    from torchkit.core.io.errors import OutputExistsError
+    from torchkit.core.train.step_profiler import PROFILE_FOLDER
+
+    files = ("config.json", SPLIT_CSV, "metrics.csv", "curves.png", LAST, BEST, "epoch-*.pt")
+    folders = {"tensorboard": config.tensorboard, PROFILE_FOLDER: bool(config.profile_steps)}
+    try:
+        entries = list(os.scandir(out))
+    except OSError:
+        return  # the lock's checks have said what is wrong with the folder itself
+    for entry in entries:
+        path, name = out / entry.name, entry.name
+        if any(fnmatchcase(name, p) for p in files) and entry.is_dir(follow_symlinks=False):
+            raise OutputExistsError(
+                f"{path} is a folder, where the run writes its {name} file",
+                f"move it out of {shell_word(out)} or rename it, then resume again",
+            )
+        if folders.get(name) and not entry.is_dir():
+            raise OutputExistsError(
+                f"{path} is not a folder, where the run writes its {name}/ files",
+                f"move it out of {shell_word(out)} or rename it, then resume again",
+            )
 
 
 def _check_output_file(
