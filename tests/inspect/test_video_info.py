@@ -714,6 +714,18 @@ def test_a_header_without_frames_is_truncated_even_without_the_decode_check(brok
         # a video track and no cluster: it read "no video track, or a damaged one"
         ("empty.mkv", "XVID", "empty video: it holds no frames (its video track holds none)"),
         ("empty.webm", "VP80", "empty video: it holds no frames (its video track holds none)"),
+        # an FLV's tags and an Ogg's pages whole, no frame in them: they read "truncated or
+        # corrupt flv file" (ogg), where the containers above read as empty
+        (
+            "empty.flv",
+            "FLV1",
+            "empty video: it holds no frames (its header declares video, and no tag holds any)",
+        ),
+        (
+            "empty.ogg",
+            "VP80",
+            "empty video: it holds no frames (its video stream ends after its headers)",
+        ),
     ],
 )
 def test_a_recording_stopped_before_its_first_frame_is_not_called_truncated(
@@ -3601,3 +3613,42 @@ def test_the_page_lists_the_extensions_a_folder_is_searched_for():
     assert set(re.findall(r"`(\.\w+)`", paragraph.split(" sorted by path")[0])) == set(
         VIDEO_EXTENSIONS
     )
+
+
+def test_an_ogg_of_theora_headers_alone_holds_no_frames(tmp_path):
+    """Theora's three headers (0x80, 0x81, 0x82) and no frame: a recording stopped before its
+    first frame; a packet that is no header (its first bit clear) is a frame."""
+    from torchkit.core.video.streams import ogg_video_without_frames
+
+    def page(flags: int, number: int, *packets: bytes) -> bytes:
+        lacing = b"".join(bytes([255] * (len(p) // 255) + [len(p) % 255]) for p in packets)
+        head = b"OggS\x00" + bytes([flags]) + bytes(8) + b"\x01\x00\x00\x00"
+        head += number.to_bytes(4, "little") + bytes(4) + bytes([len(lacing)])
+        return head + lacing + b"".join(packets)
+
+    ident = b"\x80theora\x03\x02\x01" + bytes(33)
+    headers = page(2, 0, ident) + page(0, 1, b"\x81theora" + bytes(300), b"\x82theora" + bytes(9))
+    (tmp_path / "empty.ogv").write_bytes(headers)
+    (tmp_path / "one.ogv").write_bytes(headers + page(4, 2, b"\x00\x01\x02"))
+    assert ogg_video_without_frames(tmp_path / "empty.ogv", "ogg")
+    assert not ogg_video_without_frames(tmp_path / "one.ogv", "ogg")
+    assert not ogg_video_without_frames(tmp_path / "empty.ogv", "flv")
+    info = probe_video(tmp_path / "empty.ogv")
+    assert (info.status, info.error) == (
+        "unreadable",
+        "empty video: it holds no frames (its video stream ends after its headers)",
+    )
+
+
+def test_an_flv_cut_before_its_first_frame_is_not_called_empty(tmp_path):
+    """Its metadata records the size of the whole file: a copy cut between its metadata tag and
+    its first frame holds whole tags and no frame, and is no recording stopped there."""
+    from torchkit.core.video.streams import flv_video_without_frames
+
+    if not write_video(tmp_path / "five.flv", "FLV1", 32, 24, 25.0, 5):
+        pytest.skip("this OpenCV build cannot write FLV")
+    data = (tmp_path / "five.flv").read_bytes()
+    first_tag_end = 13 + 11 + int.from_bytes(data[14:17], "big") + 4
+    (tmp_path / "cut.flv").write_bytes(data[:first_tag_end])
+    assert not flv_video_without_frames(tmp_path / "cut.flv", "flv")
+    assert probe_video(tmp_path / "cut.flv").error == "truncated or corrupt flv file"

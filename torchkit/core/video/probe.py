@@ -66,8 +66,10 @@ from torchkit.core.video.streams import (
     flv_recorded_size,
     flv_video_frames,
     flv_video_tail,
+    flv_video_without_frames,
     mpeg_video_head,
     ogg_video_frames,
+    ogg_video_without_frames,
     ps_video_frames,
     ts_video_frames,
 )
@@ -715,6 +717,12 @@ def _fail_unopened(
     if whole and _track_without_frames(path, sniffed):
         info.fail(NO_TRACK_FRAMES)
         return
+    if flv_video_without_frames(path, sniffed):  # read "truncated or corrupt flv file"
+        info.fail(NO_FLV_FRAMES)
+        return
+    if ogg_video_without_frames(path, sniffed):
+        info.fail(NO_OGG_FRAMES)
+        return
     whole = whole or declares_no_video(head, sniffed)  # nothing cut: no video in it
     info.fail(_describe_unopenable(info.size_bytes, sniffed, whole))
 
@@ -722,6 +730,12 @@ def _fail_unopened(
 # A whole Matroska/WebM file whose video track holds no block: a recording stopped before its
 # first frame (OpenCV's VideoWriter opened and released), which FFmpeg does not open.
 NO_TRACK_FRAMES = "empty video: it holds no frames (its video track holds none)"
+
+
+# An FLV file whose header declares video and whose tags hold none, an Ogg file whose video
+# stream holds its headers alone: recordings stopped before their first frame, as above.
+NO_FLV_FRAMES = "empty video: it holds no frames (its header declares video, and no tag holds any)"
+NO_OGG_FRAMES = "empty video: it holds no frames (its video stream ends after its headers)"
 
 
 def _track_without_frames(path: Path, sniffed: str | None) -> bool:

@@ -490,6 +490,26 @@ def _walk_flv_tags(data) -> _FlvTags:
     return tags
 
 
+def flv_video_without_frames(path: str | os.PathLike, container: str | None) -> bool:
+    """Whether an FLV file whose header declares video holds no frame of it, its tags walked
+    whole to the file's end (a recording stopped before its first frame, which FFmpeg does not
+    open), and the file size its metadata may record is not more than its own (a copy cut
+    between two tags)."""
+    if container != "flv":
+        return False
+    tags = _flv_tags(path)
+    if tags is None or tags.broken or tags.unpassed is not None or len(tags.times):
+        return False
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(5)
+            size = os.fstat(handle.fileno()).st_size
+    except OSError:
+        return False
+    declares_video = len(head) == 5 and bool(head[4] & 1)
+    return declares_video and tags.ends_whole and flv_recorded_size(path, size) is None
+
+
 def _flv_frame(head: bytes) -> tuple[bool, int] | None:
     """(whether it is a key frame, its composition offset in ms) of a video tag whose data
     starts with `head`; None for a tag that holds no frame (or none of whose data the file
@@ -746,6 +766,43 @@ def _ogg_frame(codec: str | None, head: bytes) -> bool | None:
     if not head or head[:1] == b"O":  # a VP8 header packet ("OVP80")
         return None if head else False
     return None if not head[0] & 0x10 else not head[0] & 1  # show_frame, then its type
+
+
+def ogg_video_without_frames(path: str | os.PathLike, container: str | None) -> bool:
+    """Whether an Ogg file's pages, walked whole to its end, hold a Theora or VP8 stream's
+    headers and no packet of it but them (a recording stopped before its first frame, which
+    FFmpeg does not open)."""
+    if container != "ogg":
+        return False
+    video, codec = None, None
+    try:
+        with open(path, "rb") as handle, _mapped(handle) as data:
+            size, at = len(data), 0
+            while at < size:  # each page is at least _OGG_PAGE bytes
+                end = _ogg_page_end(data, at, size) if at + _OGG_PAGE <= size else None
+                if end is None:
+                    return False  # bytes that are no page: a damaged or cut file
+                lacing = data[at + _OGG_PAGE : at + _OGG_PAGE + data[at + 26]]
+                start = at + _OGG_PAGE + len(lacing)
+                if video is None and data[at + 5] & 2:
+                    codec = _ogg_codec(data[start : start + 42])
+                    video = data[at + 14 : at + 18] if codec is not None else None
+                if data[at + 14 : at + 18] == video:
+                    begins = not data[at + 5] & 1  # no packet goes on from the page before
+                    for value in lacing:
+                        head = data[start : start + 8]
+                        if begins and not (head and _ogg_header(codec, head)):
+                            return False  # a frame (or an empty packet: a dropped one)
+                        start, begins = start + value, value < 255
+                at = end
+    except (OSError, ValueError):  # ValueError: an empty file cannot be mapped
+        return False
+    return video is not None
+
+
+def _ogg_header(codec: str | None, head: bytes) -> bool:
+    """Whether the packet whose first bytes are `head` is one of the stream's headers."""
+    return bool(head[0] & 0x80) if codec == "theora" else head.startswith(b"OVP80")
 
 
 def _ogg_frame_number(codec: str | None, granule: int, shift: int) -> int:
