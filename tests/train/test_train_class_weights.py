@@ -53,7 +53,10 @@ def test_a_file_gives_weights_by_order_or_by_name(tmp_path, name, text):
         ("w.txt", "1\nx\n2\n", InputError, "'x' is not a number"),
         # Weight i is class i's: a blank line between two shifted every later weight.
         ("w.txt", "1\n\n2.5\n0.5\n", InputError, r"line 2 of .*w\.txt is blank, between weights"),
-        ("w.txt", "1\n-1\n2\n", UsageError, "not negative"),
+        ("w.txt", "1\n-1\n2\n", UsageError, "the weight of class 'bee', -1.0, is negative"),
+        # float32's largest is 3.4e38: 1e39 was taken, and the run diverged at its first step.
+        ("w.txt", "1\n1e39\n2\n", UsageError, r"class 'bee', 1e\+39, is not a finite float32"),
+        ("w.csv", "ant,1\nbee,1\ncow,-inf\n", UsageError, "class 'cow', -inf, is not a finite"),
         ("w.json", "[0, 0, 0]", UsageError, "not all zero"),
         # JSON's true is no weight (it was taken as 1, and false as 0, without a word).
         ("w.json", "[1, true, 2]", InputError, "true is not a number"),
@@ -253,6 +256,26 @@ def test_accumulated_batches_weigh_classes_as_one_batch_of_their_images(
     accumulated = read_checkpoint(tmp_path / "parts" / "last.pt")["model"]
     for key, value in one_batch.items():
         assert torch.allclose(accumulated[key], value, atol=1e-6), key
+
+
+def test_large_weights_train_as_the_same_weights_scaled_down(
+    runner, tmp_path, weighted_recipe_and_one_batch_run
+):
+    """Weights of 2**124 and 2**126 (8.5e37, a float32 number) weigh as 1 and 4 do, to the bit:
+    the loss's sums over a batch and an epoch overflowed float32, and the run stopped as
+    diverged at its first step."""
+    words, full = weighted_recipe_and_one_batch_run
+    large = tmp_path / "large.txt"
+    large.write_text(f"a,{2.0**124!r}\nb,{2.0**126!r}\n", encoding="utf-8")
+    words = [str(large) if word.endswith("weights.txt") else word for word in words]
+    result = runner.invoke(app, [*words, "--batch-size", "6", "--out", str(tmp_path / "large")])
+    assert result.exit_code == 0, result.stderr
+    ours, truth = read_checkpoint(tmp_path / "large" / "last.pt"), read_checkpoint(full / "last.pt")
+    for key, value in truth["model"].items():
+        assert torch.equal(ours["model"][key], value), key
+    assert [row["train_loss"] for row in ours["history"]] == [
+        row["train_loss"] for row in truth["history"]
+    ]
 
 
 @pytest.mark.parametrize("print_config", [False, True], ids=["run", "print-config"])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import struct
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -49,24 +50,59 @@ def class_weights(spec: str, classes: Sequence[str], counts: Sequence[int]) -> l
     if spec == BALANCED:
         return balanced_weights(counts)
     weights = _from_file(Path(spec), list(classes))
-    bad = [w for w in weights if not math.isfinite(w) or w < 0]
-    if bad or not any(weights):
+    for name, weight in zip(classes, weights, strict=True):
+        # The loss weighs in float32: a weight beyond its range (3.4e38) is infinite there.
+        finite = math.isfinite(weight) and _fits_float32(weight)
+        if not finite or weight < 0:
+            why = "negative" if finite else "not a finite float32 number"
+            raise UsageError(
+                f"--class-weights {spec}: the weight of class {name!r}, {weight!r}, is {why}",
+                "weights must be finite, not negative, and not all zero",
+            )
+    if not any(weights):
         raise UsageError(
             f"--class-weights {spec}: weights must be finite, not negative, and not all zero"
         )
     return weights
 
 
+def _fits_float32(value: float) -> bool:
+    """Whether `value` rounds to a finite float32 (Python before 3.12 refuses to pack one
+    that does not; later ones pack it as infinity)."""
+    try:
+        return math.isfinite(struct.unpack("f", struct.pack("f", value))[0])
+    except OverflowError:
+        return False
+
+
+# Weights up to this are used as given; larger ones are scaled down (`training_loss`).
+_LARGEST_AS_GIVEN = 2.0**16
+
+
+def _scaled_down(weights: Sequence[float]) -> list[float]:
+    """`weights` divided by a power of two that brings the largest below 1, where it is
+    above `_LARGEST_AS_GIVEN`: a weighted mean is the same for weights all scaled alike, and
+    float arithmetic scales by a power of two exactly, but the sums over a batch and over an
+    epoch of large weights (1e38) overflow float32 (the run stopped as diverged at its first
+    step)."""
+    largest = max(weights, default=0.0)
+    if largest <= _LARGEST_AS_GIVEN:
+        return list(weights)
+    shift = math.frexp(largest)[1]
+    return [math.ldexp(weight, -shift) for weight in weights]
+
+
 def training_loss(weights: Sequence[float] | None, label_smoothing: float, device: Any) -> Any:
     """The training criterion: cross-entropy with `label_smoothing`; with `weights`, their
     weighted mean over the batch, as torch's, except that a batch whose images all weigh 0 (of
     classes given weight 0) adds 0: torch's 0 / 0 there is NaN, which stopped the run as
-    diverged."""
+    diverged. Its `weight` tensor, which the epoch's sums read too, is `weights` scaled down
+    where they are large (`_scaled_down`)."""
     import torch
 
     if weights is None:
         return torch.nn.CrossEntropyLoss(label_smoothing=label_smoothing)
-    weight = torch.tensor(list(weights), device=device)
+    weight = torch.tensor(_scaled_down(weights), device=device)
     return _class_weighted_loss()(weight=weight, label_smoothing=label_smoothing)
 
 
