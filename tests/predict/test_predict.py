@@ -155,6 +155,35 @@ def test_stdin_rows_come_out_while_the_list_is_still_being_written(world):
     assert "predicted 2 of 3 images" in process.stderr.read()
 
 
+def test_stdin_json_rows_are_whole_lines_as_their_batch_is_done(world):
+    """`find ... | predict m.pt - --format json`: a row's line ended only with the `,` written
+    before the next batch's first row, so a reader of the lines got each row a batch late.
+    Each row is now a line of its own as its batch is done (the comma that parts it from the
+    row before at its start), and the whole is one JSON list."""
+    flat = world["flat"]
+    process = start_torchkit_process(
+        "predict", "--device", "cpu", str(world["ckpt"]), "-", "--format", "json", "-j", "0",
+        stdin=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        lines = PipeLines(process.stdout)
+        process.stdin.write(f"{flat / 'b.png'}\n")
+        process.stdin.flush()
+        assert lines.next() == "[\n"
+        first = lines.next()  # the list on stdin still open
+        assert json.loads(first)["path"] == str(flat / "b.png")
+        process.stdin.write(f"{flat / 'a.png'}\n")
+        process.stdin.flush()
+        second = lines.next()
+        assert second.startswith(",") and json.loads(second[1:])["path"] == str(flat / "a.png")
+        process.stdin.close()
+        assert process.wait(timeout=60) == 0, process.stderr.read()
+    finally:
+        process.kill()
+    rows = json.loads("".join(["[\n", first, second, *lines.rest()]))
+    assert [row["path"] for row in rows] == [str(flat / "b.png"), str(flat / "a.png")]
+
+
 def test_stdin_lists_with_a_bom_crlf_and_names_that_are_not_utf8_name_their_files(
     runner, world, tmp_path
 ):
