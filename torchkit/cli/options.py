@@ -251,8 +251,26 @@ EmaOption = Annotated[
         "instead of its model weights.",
     ),
 ]
+
+
+def strict_reading_callback(ctx: typer.Context, value: bool) -> bool:
+    """--strict also makes what the data readers meet while listing the data (a folder that
+    cannot be listed) an error, for the length of the command (a command's own --strict
+    option takes it as its callback too)."""
+    from torchkit.core.data.strict_reading import reset_strict_reading, set_strict_reading
+
+    token = set_strict_reading(bool(value))
+    ctx.call_on_close(lambda: reset_strict_reading(token))
+    return value
+
+
 StrictOption = Annotated[
-    bool, typer.Option("--strict", help="Stop at the first unreadable file instead of skipping it.")
+    bool,
+    typer.Option(
+        "--strict",
+        help="Stop at the first unreadable file instead of skipping it.",
+        callback=strict_reading_callback,
+    ),
 ]
 WorkersOption = Annotated[
     Optional[int],

@@ -20,6 +20,7 @@ from torchkit.cli.options import (
     data_and_rest,
     product_path,
     seed_in_range,
+    strict_reading_callback,
 )
 from torchkit.cli.out_beside_data import argument_as_out, argument_out
 from torchkit.cli.progress import progress_bar
@@ -200,8 +201,9 @@ def split(
         bool,
         typer.Option(
             "--strict",
-            help="Refuse a CSV index that lists a file that is not an image, instead of "
-            "leaving it out with a warning.",
+            help="Refuse a CSV index that lists a file that is not an image, or a folder "
+            "that cannot be listed, instead of leaving it out with a warning.",
+            callback=strict_reading_callback,
         ),
     ] = False,
     all_classes: AllClassesOption = False,

@@ -415,14 +415,19 @@ def safetensors_save(
 
 
 def tree_entries(
-    folder: str | os.PathLike, *, skip_hidden: bool = False
+    folder: str | os.PathLike,
+    *,
+    skip_hidden: bool = False,
+    unlistable: list[tuple[str, OSError]] | None = None,
 ) -> Iterator[tuple[str, os.DirEntry]]:
     """(path, entry) of every entry under `folder`, recursively, that is not a folder: files,
     links (to files, to folders, to nothing), FIFOs. Paths are spelled as pathlib spells them
     (no leading "./"); symlinked folders are not entered and folders that cannot be listed are
-    passed over, as `Path.rglob` does; `skip_hidden` leaves out names starting with "." and
-    everything in such folders. One `os.scandir` a folder, whose entries know their type: a
-    fraction of the time of `rglob` and a `Path` for each entry."""
+    passed over, as `Path.rglob` does (`unlistable`: given, each such folder, `folder` itself
+    included, is added to it with its error, one gone meanwhile aside); `skip_hidden` leaves
+    out names starting with "." and everything in such folders. One `os.scandir` a folder,
+    whose entries know their type: a fraction of the time of `rglob` and a `Path` for each
+    entry."""
     pending = [str(Path(folder))]
     while pending:
         directory = pending.pop()
@@ -440,7 +445,11 @@ def tree_entries(
                     except OSError:  # vanished while listing
                         continue
                     yield prefix + name, entry
-        except OSError:
+        except (FileNotFoundError, NotADirectoryError):  # gone (or replaced) while listing
+            continue
+        except OSError as error:  # permission denied, an I/O error
+            if unlistable is not None:
+                unlistable.append((directory, error))
             continue
 
 

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchkit.core.data.sources.moving import MOVING, refuse_moved_inside
@@ -105,7 +105,8 @@ class FolderListing:
     not mounted, `more -> /mnt/nas/more`; hidden ones aside). Paths are spelled from the
     folder given, through the links entered (`ROOT/cat/more/x.png`), sorted. `numbered`: per
     folder listed, its image files as listed (unsorted) and each one's inode number (a link's:
-    its target's), for `refuse_one_file_in_two_places`."""
+    its target's), for `refuse_one_file_in_two_places`. `unlistable`: the folders that could
+    not be listed (permission denied), with the error, sorted: their files are not read."""
 
     images: list[list[str]]
     numbered: list[Numbered]
@@ -114,6 +115,7 @@ class FolderListing:
     entered: list[str]
     unentered: list[str]
     dead: list[str]
+    unlistable: list[tuple[str, OSError]] = field(default_factory=list)
 
 
 def list_folders(
@@ -124,15 +126,15 @@ def list_folders(
 ) -> FolderListing:
     """The files under each of `tops`, recursively, as torchvision's `ImageFolder` walks a class
     folder (`os.walk(followlinks=True)`: linked files and folders are read), AppleDouble files
-    (`._NAME`) left out and unreadable folders passed over. A linked folder is entered unless
-    its real path lies in, or holds, a folder read already (`within`, one of `tops`, or a
-    linked folder entered before it): a link back into the data (`cat/loop -> ..`) would read
-    files twice, or forever. Linked folders are entered after the plain folders, the nearer
-    and then the first by name first, so which path a file is read at does not depend on the
-    order the system lists a folder in. One `os.scandir` a folder; one `realpath` a link.
-    `links_only`: only the links are looked at (for `entered`), in half the time. A folder
-    under `tops` that a move has half emptied (its record met) is an InputError
-    (`moving.refuse_moved_inside`)."""
+    (`._NAME`) left out and folders that cannot be listed passed over (`unlistable`). A
+    linked folder is entered unless its real path lies in, or holds, a folder read already
+    (`within`, one of `tops`, or a linked folder entered before it): a link back into the
+    data (`cat/loop -> ..`) would read files twice, or forever. Linked folders are entered
+    after the plain folders, the nearer and then the first by name first, so which path a file
+    is read at does not depend on the order the system lists a folder in. One `os.scandir` a
+    folder; one `realpath` a link. `links_only`: only the links are looked at (for
+    `entered`), in half the time. A folder under `tops` that a move has half emptied (its
+    record met) is an InputError (`moving.refuse_moved_inside`)."""
     read: set[str] = set()  # real paths of the folders read
     holding: set[str] = set()  # the folders above them
 
@@ -162,6 +164,7 @@ def list_folders(
     entered: list[str] = []
     unentered: list[str] = []
     dead: list[str] = []
+    unlistable: list[tuple[str, OSError]] = []
     pending = [(str(Path(top)), n) for n, top in enumerate(tops)]
     # The data's own record is its reader's to look at (`lock_for_reading`); those of folders
     # in it are looked at here, where the listing meets them.
@@ -169,7 +172,7 @@ def list_folders(
     while pending:
         links: list[tuple[int, str, int]] = []  # (depth, path, top) of the linked folders met
         for folder, top in pending:
-            for path, entry in tree_entries(folder):
+            for path, entry in tree_entries(folder, unlistable=unlistable):
                 name = entry.name
                 if is_apple_double(name):
                     continue
@@ -235,6 +238,7 @@ def list_folders(
         sorted(entered),
         sorted(unentered),
         sorted(dead),
+        sorted(unlistable, key=lambda found: found[0]),
     )
 
 
@@ -282,6 +286,38 @@ def dead_links(folder: str | os.PathLike) -> list[str]:
         and not is_image_file(path)
         and not os.path.exists(path)
     )
+
+
+def warn_unlistable(unlistable: Sequence[tuple[str, OSError]], folder: str | os.PathLike) -> None:
+    """The one warning naming the folders in `folder` that could not be listed (permission
+    denied on a subfolder), whose images were left out without a word; with `--strict`
+    (`strict_reading`) an InputError naming the first, as an unreadable image is."""
+    if not unlistable:
+        return
+    from torchkit.core.data.strict_reading import strict_reading
+
+    names = relative_ids([path for path, _ in unlistable], folder)
+    reasons = [_listing_error(error) for _, error in unlistable]
+    if strict_reading():
+        raise InputError(
+            f"cannot list folder {unlistable[0][0]}: {reasons[0]}",
+            "make it readable, or leave out --strict to read the data without its images",
+        )
+    shown = ", ".join(
+        f"{name} ({reason})" for name, reason in zip(names[:3], reasons[:3], strict=True)
+    )
+    log.warning(
+        f"{len(unlistable)} folder(s) in {folder} cannot be listed, their images not read: "
+        + shown
+        + (f" and {len(unlistable) - 3} more" if len(unlistable) > 3 else "")
+        + " (make them readable, or --strict makes this an error)"
+    )
+
+
+def _listing_error(error: OSError) -> str:
+    if isinstance(error, PermissionError):
+        return "permission denied"
+    return error.strerror or str(error)
 
 
 def warn_dead_links(dead: Sequence[str], folder: str | os.PathLike) -> None:
@@ -541,6 +577,7 @@ def numbered_image_folder(
         )
     listing = list_folders(class_dirs, within=folder if within is None else within)
     warn_unentered(listing.unentered, folder)
+    warn_unlistable(listing.unlistable, folder)
     paths, labels = [], []
     for class_dir, files, links in zip(class_dirs, listing.images, listing.dangling, strict=True):
         # An image link to nothing is an image that cannot be read: every loader skips it
@@ -623,6 +660,7 @@ def numbered_flat_folder_by_class(
         raise InputError(f"folder not found: {folder}", "check the path")
     listing = list_folders([folder], within=within)
     warn_unentered(listing.unentered, folder)
+    warn_unlistable(listing.unlistable, folder)
     # Image links to nothing are unreadable images, as in an image folder.
     paths = (
         sorted(listing.images[0] + listing.dangling[0])

@@ -1,0 +1,139 @@
+"""A folder in the data that cannot be listed (permission denied on a subfolder, `chmod 000
+cat/more`) left its images out without a word, in every reader. It is one warning naming it,
+and with --strict an error, as an unreadable image is. The suite runs as root, whom chmod does
+not deny: the listing of that one folder is made to fail instead, and one real run as an
+unprivileged user is made where this machine allows it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from image_folders import write_image_folder
+from output_checks import error_line
+from processes import run_torchkit_in_process
+
+WARNED = "folder(s) in {} cannot be listed, their images not read: "
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    root = write_image_folder(tmp_path / "data", {"cat": 2, "dog": 2})
+    write_image_folder(root / "cat" / "more", {"deep": 1})
+    return root
+
+
+def deny(monkeypatch, *folders: Path) -> None:
+    """`os.scandir` of each of `folders` fails as it does for a folder without read permission."""
+    denied = {str(folder) for folder in folders}
+    scandir = os.scandir
+
+    def listing(path="."):
+        if os.fspath(path) in denied:
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", listing)
+
+
+def test_an_image_folder_names_the_folder_it_cannot_list(data, monkeypatch, caplog):
+    from torchkit.core.data.sources import open_data
+
+    deny(monkeypatch, data / "cat" / "more")
+    with caplog.at_level(logging.WARNING, logger="torchkit"):
+        read = open_data(data)
+    assert read.whole.ids == ["cat/cat_0.png", "cat/cat_1.png", "dog/dog_0.png", "dog/dog_1.png"]
+    assert [r.getMessage() for r in caplog.records if "cannot be listed" in r.getMessage()] == [
+        "1 " + WARNED.format(data) + "cat/more (permission denied) (make them readable, or "
+        "--strict makes this an error)"
+    ]
+
+
+def test_a_flat_folder_and_a_split_root_name_it_too(tmp_path, monkeypatch, caplog):
+    from torchkit.core.data.sources import open_data
+
+    flat = write_image_folder(tmp_path / "flat", {"a": 1, "b": 1})
+    split = tmp_path / "split"
+    write_image_folder(split / "train", {"cat": 1, "dog": 2})
+    write_image_folder(split / "val", {"cat": 1, "dog": 1})
+    deny(monkeypatch, flat / "b", split / "train" / "dog")
+    with caplog.at_level(logging.WARNING, logger="torchkit"):
+        assert open_data(flat, allow_unlabelled=True).whole.ids == ["a/a_0.png"]
+        open_data(split)
+    warned = sorted(r.getMessage() for r in caplog.records if "cannot be listed" in r.getMessage())
+    assert len(warned) == 2
+    assert warned[0].startswith("1 " + WARNED.format(flat) + "b (permission denied)")
+    assert warned[1].startswith("1 " + WARNED.format(split / "train") + "dog (permission denied)")
+
+
+def test_strict_makes_it_an_error_in_every_command(data, monkeypatch):
+    deny(monkeypatch, data / "cat" / "more")
+    report = run_torchkit_in_process("dataset-stats", data, "--format", "json")
+    assert report.returncode == 0, report.stderr
+    assert json.loads(report.stdout)["images"] == 4
+    assert "cat/more (permission denied)" in report.stderr
+    strict = run_torchkit_in_process("dataset-stats", data, "--strict")
+    assert strict.returncode == 1
+    assert error_line(strict.stderr) == (
+        f"Error: cannot list folder {data / 'cat' / 'more'}: permission denied (make it "
+        "readable, or leave out --strict to read the data without its images)"
+    )
+    split = run_torchkit_in_process("split", data, data.parent / "out", "--strict")
+    assert split.returncode == 1 and "cannot list folder" in error_line(split.stderr)
+    assert not (data.parent / "out").exists()
+    # --strict ends with its command: the Python API (and the next command) warns again.
+    from torchkit.core.data.strict_reading import strict_reading
+
+    assert not strict_reading()
+
+
+@pytest.fixture
+def shared_folder():
+    """A folder every user may read (pytest's own lie in a folder only root may enter)."""
+    folder = Path(tempfile.mkdtemp(prefix="torchkit-unlistable-"))
+    folder.chmod(0o755)
+    yield folder
+    for inner in folder.rglob("*"):
+        if inner.is_dir():
+            inner.chmod(0o755)
+    shutil.rmtree(folder)
+
+
+def test_an_unprivileged_user_is_warned_of_a_folder_it_may_not_list(shared_folder):
+    """The real thing: `chmod 000` read by a user other than root (skipped where there is
+    none to run as, or this Python is out of its reach)."""
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() != 0 or setpriv is None:
+        pytest.skip("needs root and setpriv to run as another user")
+    nobody = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+    data = write_image_folder(shared_folder / "data", {"cat": 2, "dog": 2})
+    write_image_folder(data / "cat" / "more", {"deep": 1})
+    for inner in data.rglob("*"):
+        inner.chmod(0o755 if inner.is_dir() else 0o644)
+    data.chmod(0o755)
+    (data / "cat" / "more").chmod(0)
+    code = "import sys; from torchkit.cli import main; sys.argv[0] = 'torchkit'; main()"
+    ran = subprocess.run(
+        [*nobody, sys.executable, "-c", code, "dataset-stats", str(data), "--strict"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=shared_folder,
+        env={**os.environ, "HOME": str(shared_folder)},
+    )
+    # setpriv that cannot run this Python, or this Python that cannot import torchkit (the
+    # CLI itself shows no traceback)
+    if ran.returncode not in (0, 1, 2) or "setpriv:" in ran.stderr or "Traceback" in ran.stderr:
+        pytest.skip(f"this Python cannot be run as an unprivileged user here: {ran.stderr}")
+    assert ran.returncode == 1, ran.stderr
+    assert error_line(ran.stderr) == (
+        f"Error: cannot list folder {data / 'cat' / 'more'}: permission denied (make it "
+        "readable, or leave out --strict to read the data without its images)"
+    )
