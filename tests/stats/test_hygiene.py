@@ -776,7 +776,10 @@ def test_fixed_counts_per_class_and_errors(runner, tmp_path):
         (["--fixed", "two"], "cannot read --fixed"),
         (["--fixed", "1,2,3"], "cannot read --fixed"),
         (["--fixed", "0"], "at least 1"),
-        (["--fixed", "2", "--names", "a,b,c"], "--names gives 3"),
+        (
+            ["--fixed", "2", "--names", "a,b,c"],
+            "--names gives 3 split names for the 2 splits of --fixed",
+        ),
     ]:
         bad = runner.invoke(app, ["split", str(raw), str(tmp_path / "bad"), *args])
         assert bad.exit_code == 2 and message in bad.stderr, (args, bad.stderr)

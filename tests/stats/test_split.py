@@ -1045,7 +1045,9 @@ def test_root_spelled_with_dotdot_after_a_link_names_the_files_it_lists(tmp_path
         (["--ratio", "1e100000000:1"], 2, "cannot read --ratio"),  # no 100-million-digit number
         (["--ratio", "1" * 40 + ":1"], 2, "cannot read --ratio"),
         (["--ratio", "8:0:2"], 2, "must be positive"),
-        (["--names", "train,val"], 2, "one name per part"),
+        (["--names", "train,val"], 2, "for the 3 splits of --ratio (give one name per split"),
+        # The example has as many names as there are splits: `train,val,test` was refused too.
+        (["--ratio", "1:1", "--names", "a,b,c"], 2, "e.g. --names train,val)"),
         (["--names", "a,a,b"], 2, "must differ"),
         # The JSON's class objects lost their name, the table had two `total` columns.
         (["--names", "train,name,test"], 2, "'name' cannot be a split name"),

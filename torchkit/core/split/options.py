@@ -11,7 +11,7 @@ from fractions import Fraction
 
 from torchkit.core.data.sources.discovery import is_folder_name, is_skipped_folder
 from torchkit.core.data.sources.samples import Samples
-from torchkit.core.data.sources.splitting import SPLIT_MANIFEST
+from torchkit.core.data.sources.splitting import SPLIT_MANIFEST, SPLIT_NAMES
 from torchkit.core.io.errors import UsageError, short_repr
 from torchkit.core.io.option_lists import list_items
 
@@ -79,12 +79,14 @@ def parse_fixed(text: str | Sequence[int]) -> list[int]:
     return counts
 
 
-def check_names(names: Sequence[str], parts: int) -> list[str]:
+def check_names(names: Sequence[str], parts: int, sizes: str = "--ratio") -> list[str]:
+    """`names` stripped, one per split: `sizes` is the option that made `parts` splits."""
     names = [n.strip() for n in names]
     if len(names) != parts:
+        given = f"{len(names)} split name{'' if len(names) == 1 else 's'}"
         raise UsageError(
-            f"--names gives {len(names)} split name(s) for a {parts}-part --ratio",
-            "give one name per part, e.g. --names train,val,test",
+            f"--names gives {given} for the {parts} splits of {sizes}",
+            f"give one name per split, e.g. --names {','.join(SPLIT_NAMES[:parts])}",
         )
     for name in names:
         if not is_folder_name(name):

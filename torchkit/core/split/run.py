@@ -141,7 +141,8 @@ def split_dataset(
     counts = None if fixed is None else parse_fixed(fixed)
     fractions = None if counts is not None else parse_ratio("8:1:1" if ratio is None else ratio)
     parts = len(counts) + 1 if counts is not None else len(fractions)
-    names = check_names(SPLIT_NAMES[:parts] if names is None else names, parts)
+    sizes = "--ratio" if counts is None else "--fixed"
+    names = check_names(SPLIT_NAMES[:parts] if names is None else names, parts, sizes)
     options = SplitOptions(
         fractions, counts, names, seed, stratify, group, mode, dedup, oversample, strict
     )
