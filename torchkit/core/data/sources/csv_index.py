@@ -115,6 +115,7 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
     bad_split: list[tuple[int, str]] = []
     spaced: list[tuple[int, int]] = []  # (line, row) of paths with spaces around them
     spaced_labels: list[tuple[int, int, str]] = []  # (first line, row, label as written)
+    spanning: list[tuple[int, list[str]]] = []  # (first line, fields) of rows spanning lines
     reader = None
     try:
         with open_text(source, "utf-8-sig") as handle:
@@ -158,6 +159,8 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
                 first, line = line + 1, reader.line_num  # a row may span lines (a quoted \n)
                 if not row:  # a blank line is no row
                     continue
+                if line > first:
+                    spanning.append((first, row))
                 width = len(row)
                 if width > len(columns) and any(field.strip() for field in row[len(columns) :]):
                     too_wide.append(first)
@@ -197,6 +200,8 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
         raise InputError(f"cannot read {source} (line {line}): {error}", hint) from None
     if paths and line > first:
         _refuse_unclosed_quote(source, first, line)
+    if spanning:
+        _refuse_quotes_closed_lines_later(source, paths, path_at, spanning)
     if not paths:
         raise InputError(f"no rows in CSV index {source}", "add one row per image: path,label")
     _refuse_repeated_header(source, paths, header_again)
@@ -457,6 +462,49 @@ def _refuse_unclosed_quote(source: Path, first: int, last: int) -> None:
                 'close it: "a,b.png",cat; a quote inside a quoted field is written twice, '
                 '"a""b.png"',
             ) from None
+
+
+def _line_breaks(text: str) -> int:
+    """The line breaks in `text` as the reader counts lines (`\n`, `\r\n` or `\r`)."""
+    return text.count("\n") + text.count("\r") - text.count("\r\n")
+
+
+def _refuse_quotes_closed_lines_later(
+    source: Path, paths: list[str], path_at: int, spanning: list[tuple[int, list[str]]]
+) -> None:
+    """InputError naming the first row (`spanning`: the rows read from more than one line,
+    each with its first line and fields) whose path holds line breaks, names no file and reads
+    as rows (it holds a comma, or one of its lines names a file): a quote left
+    open in one row and closed by a quote lines later (`"a.png,cat` in line 5, `b.png",dog` in
+    line 9) made the lines between one path, where they were rows, without a word. A path
+    holding a line break that names a file (Linux allows one) is read, and so is one that
+    names none but reads as no rows (an unreadable image, as any path naming no file)."""
+    base = None
+    wrong = []
+    for first, row in spanning:
+        path = row[path_at] if path_at < len(row) else ""
+        if not _line_breaks(path) or "\0" in path:
+            continue
+        if base is None:
+            base = index_folder(source, paths)
+        if not os.path.lexists(os.path.join(base, path)) and (
+            "," in path
+            or any(
+                part and os.path.lexists(os.path.join(base, part))
+                for part in path.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+            )
+        ):
+            opened = first + sum(_line_breaks(field) for field in row[:path_at])
+            wrong.append((opened, opened + _line_breaks(path)))
+    if wrong:
+        opened, closed = wrong[0]
+        more = f" (and {len(wrong) - 1} more such row(s))" if len(wrong) > 1 else ""
+        raise InputError(
+            f"{source}: the quote opened in line {opened} is closed in line {closed}, so lines "
+            f"{opened}-{closed} read as one path, which names no file{more}",
+            f'close the quote in line {opened} on its line: "a,b.png",cat; a quote inside a '
+            'quoted field is written twice, "a""b.png"',
+        )
 
 
 def _row_lines(source: Path) -> list[int]:
