@@ -1367,3 +1367,21 @@ def test_a_first_batch_over_the_limit_names_its_peak_and_the_limit(runner, monke
     )
     with pytest.raises(TorchkitError, match=r"limit \(peak 2\.00 MB\) \("):  # no limit given
         search_batch_size(lambda b, t: Trial(b, False, 2.0, OVER_LIMIT), start=1, max_batch=4)
+
+
+def test_a_head_num_classes_replaces_is_a_warning_on_stderr(runner, tmp_path):
+    """--num-classes on weights of another size timed a model with a new, random head and
+    said nothing: the figures were not those of the model the weights describe."""
+    weights = tmp_path / "weights.pt"
+    torch.save(bench_run_model("convnet", (1, 12, 12)).state_dict(), weights)
+    args = ["benchmark", "convnet", "--weights", str(weights), "-i", "1,12,12", "-b", "1", *FAST]
+    replaced = runner.invoke(app, [*args, "--num-classes", "3", "--format", "json"])
+    assert replaced.exit_code == 0, replaced.stderr
+    assert json.loads(replaced.stdout)["params"]  # stdout: the data alone
+    (warning,) = [line for line in replaced.stderr.splitlines() if "--num-classes" in line]
+    assert warning.startswith(
+        f"Warning: --num-classes 3 replaced the head of {weights} (classifier.4: 10 outputs) "
+        "with a new, randomly initialised one of 3 outputs"
+    ), warning
+    same = runner.invoke(app, [*args, "--num-classes", "10", "--format", "json"])
+    assert same.exit_code == 0 and "Warning" not in same.stderr

@@ -868,3 +868,17 @@ def test_truncated_checkpoint(runner, tmp_path):
 def test_cuda_device_without_cuda(runner):
     result = runner.invoke(app, ["summary", "convnet", "--device", "cuda"])
     assert result.exit_code == 1 and "CUDA is not available" in result.stderr
+
+
+def test_a_head_num_classes_replaces_is_a_warning_on_stderr(runner, tmp_path):
+    """--num-classes on a checkpoint of another class count summarised a model with a new,
+    random head and said nothing: its figures were not those of the checkpoint's model."""
+    path = tmp_path / "best.pt"
+    write_convnet_checkpoint(path, in_channels=1, image_size=10, classes="abcd")
+    result = runner.invoke(app, ["summary", str(path), "--num-classes", "7", "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["layers"][0]["output_shape"] == [1, 7]
+    assert result.stderr.count("Warning: --num-classes 7 replaced the head of ") == 1
+    assert "(4 outputs)" not in result.stderr and ": 4 outputs) with a new" in result.stderr
+    same = runner.invoke(app, ["summary", str(path), "--num-classes", "4", "--format", "json"])
+    assert same.exit_code == 0 and "Warning" not in same.stderr

@@ -250,6 +250,7 @@ def benchmark(
     from torchkit.cli.progress import progress_bar
 
     notes: list[str] = []  # noted once the timings are made: an error stays one line
+    warnings: list[str] = []
     timed: list[Any] = []  # the result so far, after each configuration
     try:
         with progress_bar("benchmarking") as progress:
@@ -260,6 +261,7 @@ def benchmark(
                 search_progress=_search_status(progress.status),
                 notify=notes.append,
                 timed=timed.append,
+                warn=warnings.append,
             )
     except (KeyboardInterrupt, TorchkitError) as error:
         # Ctrl-C or SIGTERM in a long comparison, or an error in a later configuration (--mode
@@ -269,6 +271,8 @@ def benchmark(
         if timed:
             _keep_timed(timed[-1], error, fmt, output, force, append)
         raise
+    for message in warnings:
+        console.warn(message)
     for note in notes:
         console.note(note)
     _write(result, fmt, output, force, append)

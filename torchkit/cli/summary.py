@@ -183,6 +183,7 @@ def summary(
     check_output(model, output, weights=weights, force=force)  # before the model is built
 
     random_weights: list[str] = []  # noted once the summary is made: an error stays one line
+    warnings: list[str] = []
     result = summarize_model(
         model,
         input_sizes=[parse_input(size) for size in sizes],
@@ -198,7 +199,10 @@ def summary(
         params_only=params_only,
         train_mode=train_mode,
         notify=random_weights.append,
+        warn=warnings.append,
     )
+    for message in warnings:
+        console.warn(message)
     for note in [*random_weights, *result.notes]:
         console.note(note)
     rows = result.layers_up_to(depth)

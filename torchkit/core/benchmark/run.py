@@ -179,19 +179,24 @@ def run_benchmark(
     search_progress: batch_search.SearchProgress | None = None,
     notify: Callable[[str], None] | None = None,
     timed: Callable[[BenchmarkResult], None] | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> BenchmarkResult:
     """Benchmark the model `spec` names (any spec of `resolve_model`). `search_progress` hears
     of each `--find-batch-size` trial before it runs; `notify`, that the model has random
     weights and which size of a timm model's config it runs at (notes, not part of the
     result); `timed`, the result so far after each configuration (what an interrupted run can
-    still show).
+    still show); `warn`, that `num_classes` replaced the head the model's weights have.
 
     A timm model runs at its config's test size where it has one, as timm's benchmark.py
     runs it (with or without timm's weights; resolve_model's `timm_test_size`), unless a size
     is given or a checkpoint records one."""
     from torchkit.core.input_size import square_sample
     from torchkit.core.models import ModelSpec, resolve_spec
-    from torchkit.core.models.resolver import has_random_weights, untrained_note
+    from torchkit.core.models.resolver import (
+        has_random_weights,
+        replaced_head_warning,
+        untrained_note,
+    )
     from torchkit.core.runtime.device import resolve_amp_dtype, select_device
     from torchkit.core.runtime.threads import compute_threads, torch_threads
 
@@ -218,6 +223,9 @@ def run_benchmark(
     )
     if notify is not None and has_random_weights(resolved):
         notify(untrained_note(spec, "benchmark"))
+    replaced = replaced_head_warning(resolved)
+    if warn is not None and replaced is not None:
+        warn(replaced)
     size_note = timm_size_note(spec, resolved.model, resolved.timm_size)
     if notify is not None and size_note is not None:
         notify(size_note)

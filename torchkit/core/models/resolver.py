@@ -115,6 +115,9 @@ class ResolvedModel:
     # The whole unpickled file, kept beside them: where convert-syncbn looks for the layers its
     # conversion cannot reach (in a set, a plain object), which converting refuses.
     pickled_file: Any = None
+    # (its classifier layers' names, their outputs, the new outputs) where `num_classes` put a
+    # new head in place of the weights' (`new_head`): the model is no longer the weights'.
+    replaced_head: tuple[str, int, int] | None = None
 
     @property
     def data_record(self) -> Mapping[str, Any] | None:
@@ -336,6 +339,23 @@ def has_random_weights(resolved: ResolvedModel) -> bool:
     return resolved.weights_source is None and resolved.source != "callable"
 
 
+def replaced_head_warning(resolved: ResolvedModel) -> str | None:
+    """What a command whose figures describe the model (summary, benchmark) says where
+    `--num-classes` replaced the head the weights have (`replaced_head`); None where it did not:
+    the figures are no longer those of the model the weights describe."""
+    if resolved.replaced_head is None:
+        return None
+    names, old, new = resolved.replaced_head
+    named = resolved.weights or resolved.spec
+    if resolved.weights and not os.path.exists(resolved.weights):  # DEFAULT, a timm tag
+        named = f"{resolved.spec}'s {resolved.weights} weights"
+    return (
+        f"--num-classes {new} replaced the head of {named} ({names}: {old:,} outputs) with a new, "
+        f"randomly initialised one of {new:,} outputs: the figures are for that model, not for "
+        "the one the weights describe (drop --num-classes for theirs)"
+    )
+
+
 def untrained_note(spec: str, command: str) -> str:
     """The note of a command whose output does not need trained weights (summary, benchmark,
     export) for a model `has_random_weights`; the commands that need them refuse it
@@ -429,6 +449,9 @@ def _apply_num_classes(resolved: ResolvedModel, num_classes: int | None, new_hea
     refuse_unholdable_head(
         num_classes, lambda: [in_features(layer) for _, layer in class_layers(resolved.model)]
     )
+    if resolved.weights_source is not None:
+        names = ", ".join(name for name, _ in class_layers(resolved.model))
+        resolved.replaced_head = (names, outputs, num_classes)
     replace_head(resolved.model, num_classes)
     resolved.classes = None  # the weights' class names belong to the old head
 

@@ -14,7 +14,11 @@ from torchkit.core.input_size import check_numel, parse_input_size, square_sampl
 from torchkit.core.io.errors import TorchkitError, UsageError, first_line
 from torchkit.core.models import ModelSpec, model_inputs, resolve_spec
 from torchkit.core.models.builders import BUILTIN_MODELS, is_timm_spec, list_models
-from torchkit.core.models.resolver import has_random_weights, untrained_note
+from torchkit.core.models.resolver import (
+    has_random_weights,
+    replaced_head_warning,
+    untrained_note,
+)
 from torchkit.core.runtime.plain_shapes import plain_shapes
 from torchkit.core.summary.counting import (
     INPUT_HINT,
@@ -159,11 +163,13 @@ def summarize_model(
     train_mode: bool = False,
     progress: Callable[[str], None] | None = None,
     notify: Callable[[str], None] | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> ModelSummary:
     """Build (or load) the model `spec` names on `device` and summarize it: with a forward pass
     on the inputs `input_sizes` describe (or the size the model is known to take), or from the
     module tree alone (`params_only`, and when no input size is given or known). `notify` hears
-    that the model has random weights (a note, not part of the summary). `image_size` N is
+    that the model has random weights (a note, not part of the summary); `warn`, that
+    `num_classes` replaced the head its weights have. `image_size` N is
     the input C,N,N with the channels the model takes (`--image-size`, another spelling of
     `--input-size`)."""
     from torchkit.core.runtime.device import resolve_device
@@ -217,6 +223,9 @@ def summarize_model(
             log.info("%s does not run on the meta device (%s): building it for real", spec, error)
     with _sized_by_input(spec, sample):
         loaded = _resolve(named)
+    replaced = replaced_head_warning(loaded)
+    if warn is not None and replaced is not None:
+        warn(replaced)
     if not noted:
         _note_random_weights(loaded, spec, notify)
     return _summarize_loaded(loaded, **summary_options)
