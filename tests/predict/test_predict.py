@@ -429,41 +429,59 @@ def test_force_on_a_full_disk_leaves_the_earlier_predictions(runner, world, smal
     assert sorted(os.listdir(disk)) == ["filler", "predictions.csv"]
 
 
-def test_output_file_may_not_be_an_image_listed_on_stdin_nor_beside_one(runner, world, tmp_path):
+def test_output_file_may_not_be_an_image_listed_on_stdin_but_may_lie_beside_them(
+    runner, world, tmp_path
+):
     # The images piped for `-` are inputs as much as those on the command line: -o --force
-    # replaced a listed image with the predictions.
+    # replaced a listed image with the predictions. A file beside them was refused too (`ls
+    # *.png | predict m.pt - -o p.csv`), where `predict m.pt *.png -o p.csv` was not.
     photos = tmp_path / "photos"
     photos.mkdir()
     image = photos / "a.png"
     image.write_bytes((world["flat"] / "a.png").read_bytes())
     before = image.read_bytes()
-    for target in (image, photos / "p.csv"):
-        refused = invoke(runner, world["ckpt"], "-", "-o", target, "--force", input=f"{image}\n")
-        assert refused.exit_code == 1, refused.stderr
-        assert "images listed on stdin" in error_line(refused.stderr)
-    assert image.read_bytes() == before
-    assert sorted(p.name for p in photos.iterdir()) == ["a.png"]
+    (photos / "link.png").symlink_to("a.png")
+    os.link(image, photos / "hard.png")
+    for others in ([], [world["flat"] / "b.png"]):  # read as piped; read whole first
+        out = photos / "p.csv"
+        beside = invoke(
+            runner, world["ckpt"], "-", *others, "-o", out, "-j", "0", input=f"{image}\n"
+        )
+        assert beside.exit_code == 0, beside.stderr
+        assert [row["path"] for row in read_csv(out.read_text())][0] == str(image)
+        out.unlink()
+        for target in ("a.png", "link.png", "hard.png"):
+            refused = invoke(
+                runner, world["ckpt"], "-", *others, "-o", image, "--force", "-j", "0",
+                input=f"{photos / target}\n",
+            )  # fmt: skip
+            assert refused.exit_code == 1, refused.stderr
+            line = error_line(refused.stderr)
+            assert line == (
+                f"Error: output {image} is the image listed on stdin {photos / target} "
+                "(choose another output)"
+            ), line
+        assert image.read_bytes() == before
+    assert sorted(p.name for p in photos.iterdir()) == ["a.png", "hard.png", "link.png"]
 
 
-def test_an_image_listed_late_beside_the_output_stops_the_run_before_it_is_written(
-    runner, world, tmp_path
-):
+def test_the_output_listed_late_stops_the_run_before_it_is_written(runner, world, tmp_path):
     # The list on stdin is read as it comes: the images listed after the first batch are
     # checked against -o as they come, before the file is put in place.
     photos = tmp_path / "photos"
     photos.mkdir()
-    shutil.copy(world["flat"] / "a.png", photos / "a.png")
     out = photos / "p.csv"
     out.write_text("mine\n")
+    (photos / "p.png").symlink_to("p.csv")
     listed = "".join(f"{path}\n" for path in (world["flat"] / "a.png", world["flat"] / "b.png"))
-    listed += f"{photos / 'a.png'}\n"
+    listed += f"{photos / 'p.png'}\n"
     refused = invoke(
         runner, world["ckpt"], "-", "-o", out, "--force", "-b", "1", "-j", "0", input=listed
     )
     assert refused.exit_code == 1, refused.stderr
-    assert "images listed on stdin" in error_line(refused.stderr)
+    assert "is the image listed on stdin" in error_line(refused.stderr)
     assert out.read_text() == "mine\n"
-    assert sorted(p.name for p in photos.iterdir()) == ["a.png", "p.csv"]
+    assert sorted(p.name for p in photos.iterdir()) == ["p.csv", "p.png"]
 
 
 def test_a_model_name_with_weights_and_classes(runner, world, tmp_path):

@@ -145,13 +145,12 @@ def predict_command(
       torchkit predict model.onnx photos/ --format csv  (classes from the exported file)
     """
     from torchkit.cli.render import report_file, resolve_format
-    from torchkit.core.data.sources.inputs import listed_check
     from torchkit.core.evaluate.source import parse_class_names
     from torchkit.core.io.file_outputs import check_output_file
     from torchkit.core.io.files import read_path_list
     from torchkit.core.models import require_model_files
     from torchkit.core.predict import PredictRequest, PredictRun
-    from torchkit.core.predict.inputs import require_images, streams_stdin
+    from torchkit.core.predict.inputs import listed_images_check, require_images, streams_stdin
     from torchkit.core.runtime.launch import launch_env
 
     fmt = resolve_format(fmt, output, PredictFormat)
@@ -182,7 +181,8 @@ def predict_command(
     )
     to_file = report_file(output) is not None
     # `-` alone is read as the paths come; with other IMAGES (or under torchrun) the paths
-    # piped for it first. Either way -o may not be one of those images nor lie beside them.
+    # piped for it first. Either way -o may not be one of those images (it may lie beside them,
+    # as beside image files given as arguments).
     streamed = streams_stdin(request.images)
     # Under torchrun every rank has the same stdin: rank 0 reads it and hands the list on.
     reads_list = "-" in images and not streamed and launch_env().rank == 0
@@ -191,11 +191,12 @@ def predict_command(
     if to_file:  # before any work, and after the inputs: a missing one is not "-o exists"
         require_model_files(request.spec.model, request.spec.weights)
         require_images(request.images)
-        check_output_file(output, force, _inputs(request, preprocess.stats, classes, listed))
+        check_output_file(output, force, _inputs(request, preprocess.stats, classes))
+        listed_images_check(output)(listed or [])
     predicting = PredictRun(
         request,
         stdin=stdin if streamed else listed,
-        check_listed=listed_check(output, "output") if to_file and streamed else None,
+        check_listed=listed_images_check(output) if to_file and streamed else None,
     )
     ok = False
     try:
@@ -215,16 +216,19 @@ def predict_command(
     _report(predicting, output if to_file else None)
 
 
-def _inputs(request, stats: str | None, classes: str | None, listed: list[str] | None) -> list:
+def _inputs(request, stats: str | None, classes: str | None) -> list:
+    """What -o may not be, hold nor lie in: the model's files, IMAGES (but `-`'s, checked one
+    by one: `listed_images_check`), the --stats and --classes files."""
     import os
 
-    from torchkit.core.data.sources.inputs import data_inputs, listed_inputs
+    from torchkit.core.data.sources.inputs import data_inputs
     from torchkit.core.io.overlap import InputPath
     from torchkit.core.models import model_inputs
 
     inputs = model_inputs(request.spec.model, request.spec.weights)
     for item in request.images:
-        inputs += listed_inputs(listed or []) if item == "-" else data_inputs(item, "IMAGES")
+        if item != "-":
+            inputs += data_inputs(item, "IMAGES")
     for path, what in ((stats, "--stats file"), (classes, "--classes file")):
         if path is not None and os.path.isfile(path):
             inputs.append(InputPath.of(path, what))

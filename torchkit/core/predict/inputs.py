@@ -13,7 +13,7 @@ typed, and image files (given or on stdin) are as typed, so every row names one 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -299,6 +299,38 @@ class _NoLabels:
 
     def __bool__(self) -> bool:
         return True
+
+
+def listed_images_check(output: str | os.PathLike) -> Callable[[Sequence[str]], None]:
+    """The check of the images listed on stdin against -o FILE, as each comes (`-` alone, read
+    as piped) or all at once (`-` beside other IMAGES): none may be FILE (a link or a hard
+    link to it), whose replacement would lose the image. FILE may lie beside them, as beside
+    image files given as arguments: a listed image is checked before it is read, and FILE is
+    put in place only after the last has been. One stat a path (against FILE as it is now: a
+    file made there since holds no image of this list)."""
+    import stat
+
+    from torchkit.core.io.overlap import InputPath, check_overlap
+
+    try:
+        info = os.stat(output)
+    except (OSError, ValueError):  # no FILE yet: no listed image is it
+        identity = None
+    else:  # a FIFO or a device is written, never replaced; one listed is never opened
+        identity = (info.st_dev, info.st_ino) if stat.S_ISREG(info.st_mode) else None
+
+    def check(paths: Sequence[str]) -> None:
+        if identity is None:
+            return
+        for path in paths:
+            try:
+                info = os.stat(path)
+            except (OSError, ValueError):  # missing, or no name: its row says so
+                continue
+            if (info.st_dev, info.st_ino) == identity:  # refused with every output's words
+                check_overlap(output, "output", [InputPath.of(path, "image listed on stdin")])
+
+    return check
 
 
 def require_images(items: Sequence[str]) -> None:

@@ -91,7 +91,7 @@ class PredictRun:
     request: PredictRequest
     stdin: Iterable[str] | None = None
     # Called with the paths on stdin as they are read, before they are predicted (with -o FILE:
-    # no listed image may be the output nor lie beside it). A lone `-` is read as it comes.
+    # no listed image may be the output). A lone `-` is read as it comes.
     check_listed: Callable[[list[str]], None] | None = None
     summary: PredictSummary = field(default_factory=PredictSummary)
     notes: list[str] = field(default_factory=list)
