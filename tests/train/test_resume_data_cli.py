@@ -86,8 +86,8 @@ def swap(data: Path, one: str, other: str) -> None:
 def test_the_checkpoint_records_a_digest_of_each_splits_samples(first_run):
     digests = read_checkpoint(first_run[1] / "last.pt")["data"]["digests"]
     assert set(digests) == {"train", "val"}
-    assert digests["train"].startswith("ids-in-order-v3:")
-    assert digests["val"].startswith("ids-as-set-v3:")
+    assert digests["train"].startswith("ids-in-order-v4:")
+    assert digests["val"].startswith("ids-as-set-v4:")
 
 
 def test_data_split_again_is_refused_and_the_run_left_untouched(copies):

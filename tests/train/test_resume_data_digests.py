@@ -99,8 +99,8 @@ def below_their_folder(
 ) -> list[str]:
     """`keys` less the folders every one of them begins with, counted part by part, but the
     last of them where it is named for `split` (parquet's split keywords, any case), or the
-    one before the last where all `labels` are one (a split of one class: its class folder
-    last)."""
+    one before the last (v3's: where all `labels` are one, a split of one class in its class
+    folder; `labels` None: whatever the classes, v4's)."""
     folders = [key.split("/")[:-1] for key in keys]
     depth = 0
     while folders and all(len(parts) > depth for parts in folders):
@@ -113,7 +113,7 @@ def below_their_folder(
         depth > 1
         and split
         and SPLIT_KEYWORDS.get(folders[0][depth - 2].lower()) == split
-        and len(set(labels or [])) == 1
+        and (labels is None or len(set(labels)) == 1)
     ):
         depth -= 2
     cut = sum(len(part) + 1 for part in folders[0][:depth]) if depth else 0
@@ -121,21 +121,22 @@ def below_their_folder(
 
 
 def reference(
-    ids: list[str], labels: list[int], *, as_a_set: bool, version: int = 3, split: str = ""
+    ids: list[str], labels: list[int], *, as_a_set: bool, version: int = 4, split: str = ""
 ) -> str:
     """The digest as the docstrings define it, made the slow way: each name's `path_key` (the
     absolute ones first less the folders all the absolute ones begin with), less the folders
-    all of the split's begin with (not `version` 1's: names from the data root), but for
-    `version` 3 the last of them where it is named for `split` (`val/`), or the one before
-    it for a split of one class (`val/ant/`); sorted by key then
+    all of the split's begin with (not `version` 1's: names from the data root), but from
+    `version` 3 on the last of them where it is named for `split` (`val/`), or the one before
+    it (`val/images/`; v3's for a split of one class only, `val/ant/`); sorted by key then
     label for a set; SHA-256 of the count, each key ended by NUL, the labels as int64."""
-    kept = split if version == 3 else None
+    kept = split if version >= 3 else None
+    rule = list(labels) if version == 3 else None
     keys = [splitting.path_key(ident) for ident in ids]
     absolute = [at for at, key in enumerate(keys) if key.startswith("/")]
-    relative = below_their_folder([keys[at] for at in absolute], kept, labels)
+    relative = below_their_folder([keys[at] for at in absolute], kept, rule)
     for at, key in zip(absolute, relative, strict=True):
         keys[at] = key
-    below = keys if version == 1 else below_their_folder(keys, kept, labels)
+    below = keys if version == 1 else below_their_folder(keys, kept, rule)
     pairs = list(zip(below, labels, strict=True))
     if as_a_set:
         pairs.sort()
@@ -160,7 +161,8 @@ NAMES = [
     ["./data/val/ant/a.png", "data//val/bee/b.png", "data/val/./bee/c.png"],  # respelled
     ["a/b/x.png", "a/c/y.png", "a/b/z.png"],  # the first and the last share more than all
     ["caf\u00e9/a.png", "cafe\u0301/b.png"],  # one folder in two spellings
-    ["val/ant/a.png", "val/ant/a.png", "val/ant/b.png"],  # one class's, a name twice
+    ["val/ant/a.png", "val/ant/a.png", "val/ant/b.png"],  # one folder's, a name twice
+    ["val/images/1.png", "val/images/2.png", "val/images/3.png"],  # an index's flat val/
     ["a/", "a/b.png"],  # a name that is its folder
     ["val/ant/1.png", "val/anteater/2.png", "val/ants.png"],  # a shared prefix, no folder
     ["val/ant/1.png"],  # one image: below its own folder
@@ -212,12 +214,15 @@ def test_each_listing_is_digested_as_defined_however_its_names_are_read(ids):
 
 
 @pytest.mark.parametrize("ids", NAMES, ids=range(len(NAMES)))
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_a_listing_is_digested_as_an_earlier_version_made_it_for_its_checkpoints(ids, version):
-    """A checkpoint of v1's digests (names from the data root) or v2's (below their split's
-    folder, a split root's `val/` cut off too) is held to them: the data is digested as that
-    version made them, however its names are read."""
+    """A checkpoint of v1's digests (names from the data root), v2's (below their split's
+    folder, a split root's `val/` cut off too) or v3's (`val/` kept, but cut off before a
+    folder of images of more than one class: `val/images/`) is held to them: the data is
+    digested as that version made them, however its names are read."""
     labels = [n % 3 for n in range(len(ids))]
+    if ids in ONE_CLASS:
+        labels = [0] * len(ids)
     shuffled = list(range(len(ids)))
     random.Random(len(ids)).shuffle(shuffled)
     for names, marks in (
@@ -226,11 +231,11 @@ def test_a_listing_is_digested_as_an_earlier_version_made_it_for_its_checkpoints
     ):
         split = Samples(["a", "b", "c"], marks, ids=names)
         in_order, as_a_set = f"ids-in-order-v{version}:", f"ids-as-set-v{version}:"
-        assert resume_data._earlier_digest(in_order, split) == (
-            in_order + reference(names, marks, as_a_set=False, version=version)
+        assert resume_data._earlier_digest(in_order, split, "train") == (
+            in_order + reference(names, marks, as_a_set=False, version=version, split="train")
         )
-        assert resume_data._earlier_digest(as_a_set, split) == (
-            as_a_set + reference(names, marks, as_a_set=True, version=version)
+        assert resume_data._earlier_digest(as_a_set, split, "val") == (
+            as_a_set + reference(names, marks, as_a_set=True, version=version, split="val")
         )
     assert resume_data._earlier_digest("ids-as-set-v0:", split) is None
     assert resume_data._earlier_digest(AS_A_SET, split) is None  # this version's own
@@ -299,6 +304,37 @@ def test_a_split_roots_val_and_test_images_named_alike_are_other_images():
     train = digests(ids=[f"train/{ident}" for ident in IDS], splits=("train",))
     assert digests(ids=[f"data/train/{ident}" for ident in IDS], splits=("train",)) == train
     assert digests(ids=[f"data/val/{ident}" for ident in IDS], splits=("train",)) != train
+
+
+def test_an_indexs_flat_val_and_test_folders_named_alike_are_other_images(caplog):
+    """An index of a flat layout (`val/images/0001.png`, labels in the index, more than one
+    class): its val rows pointed at `test/images/` of the same names and labels are other
+    validation images. Both were `0001.png` below the folder the split's names share, and the
+    run resumed validating on the test images without a word; `val/ant/` was caught."""
+    flat = [f"images/{n:04d}.png" for n in range(4)]
+    val = digests(ids=[f"data/val/{ident}" for ident in flat], splits=("val",))
+    for folder in ("data/test/", "test/", "data/train/", "data/"):
+        elsewhere = digests(ids=[folder + ident for ident in flat], splits=("val",))
+        assert elsewhere["val"] != val["val"], folder
+    # the same images through the index inside data/, or of absolute paths: the same
+    for folder in ("val/", "/mnt/data/val/"):
+        assert digests(ids=[folder + ident for ident in flat], splits=("val",)) == val, folder
+
+    # A checkpoint of v3's digests (which cut off val/images/ whole) of the run's own data
+    # resumes silently, compared as v3 made them.
+    ids = [f"data/val/{ident}" for ident in flat]
+    splits = {name: samples(ids, LABELS, "/data") for name in ("train", "val")}
+    v3 = {
+        name: f"{made}v3:" + reference(ids, LABELS, as_a_set=name == "val", version=3, split=name)
+        for name, made in (("train", "ids-in-order-"), ("val", "ids-as-set-"))
+    }
+    v4 = reference(ids, LABELS, as_a_set=True, version=4, split="val")
+    assert v3["val"] != "ids-as-set-v3:" + v4
+    with caplog.at_level(logging.DEBUG, logger="torchkit"):
+        check_resumed_samples(
+            record(v3), sample_digests(splits), SIZES, Path("/runs/a/last.pt"), splits
+        )
+    assert caplog.records == []
 
 
 def test_a_class_folder_named_like_a_split_is_the_same_from_the_folder_and_an_index():

@@ -219,7 +219,7 @@ def test_a_checkpoint_of_v2s_digests_is_compared_as_v2_made_them(copied):
     assert result.exit_code == 0, result.stderr
     assert warnings_and_errors(result) == []
     recorded = read_checkpoint(run / "last.pt")["data"]["digests"]
-    assert recorded == ours and recorded["val"].startswith("ids-as-set-v3:")
+    assert recorded == ours and recorded["val"].startswith("ids-as-set-v4:")
     earlier_digests(run, data, version=2)
     at = rows.index(("val/bee/bee_0.png", "bee", "val"))
     rows[at] = ("val/bee/bee_0.png", "cat", "val")

@@ -24,7 +24,8 @@ far and best.pt's choice were measured on the run's own); other training images 
 as another number of them is. The test digest is recorded, never compared: nothing of the run
 so far was measured on it. Checkpoints without digests resume as before, without the
 comparison; those of digests an earlier version made (v1: names counted from the data root;
-v2: below their split's folder, cut off whole) are compared with the data digested as that
+v2: below their split's folder, cut off whole; v3: a folder named for the split before the last
+kept only where the split is of one class) are compared with the data digested as that
 version made them (`_earlier_digest`), not resumed uncompared: the digests recorded then would
 be the data's it resumed on, and a run could go on validating on other images. Either records
 this version's digests.
@@ -55,9 +56,11 @@ DIGESTS = "digests"  # the key of the `data` record that holds them
 # Each digest names how it was made: one of another making is not compared. v1 counted names
 # from the data root (`val/ant/a.png`); v2 below the folder all of a split's names lie in
 # (`ant/a.png`, the val/ and test/ images of a split root named alike where numbered alike);
-# v3 as v2, but a folder named for the split that it ends in is kept (`val/ant/a.png`).
-IN_ORDER = "ids-in-order-v3:"
-AS_A_SET = "ids-as-set-v3:"
+# v3 as v2, but a folder named for the split that it ends in is kept (`val/ant/a.png`), or
+# that it ends in but one where the split is of one class (`val/ant/` all its images); v4 as
+# v3, the folder before the last kept whatever the classes (an index's flat `val/images/`).
+IN_ORDER = "ids-in-order-v4:"
+AS_A_SET = "ids-as-set-v4:"
 # The earlier makings, which a checkpoint of one is compared by (`_earlier_digest`), never
 # recorded anew: each prefix's version, and whether it is of the samples in their order.
 EARLIER = {
@@ -65,6 +68,8 @@ EARLIER = {
     "ids-as-set-v1:": (1, False),
     "ids-in-order-v2:": (2, True),
     "ids-as-set-v2:": (2, False),
+    "ids-in-order-v3:": (3, True),
+    "ids-as-set-v3:": (3, False),
 }
 _CHUNK = 65536  # names joined at a time: a million images' names are never held twice
 
@@ -82,31 +87,48 @@ def sample_digests(splits: Mapping[str, Samples], held_out_of: str | None = None
         if len(samples.ids) != len(samples.labels):
             continue
         made = IN_ORDER if name == "train" else AS_A_SET
-        own = held_out_of != "all" and not (held_out_of == "train" and name == "val")
         digests[name] = made + _split_digest(
-            samples.ids, samples.labels, in_order=name == "train", split=name if own else None
+            samples.ids,
+            samples.labels,
+            in_order=name == "train",
+            split=_kept_split(name, held_out_of),
         )
     return digests
 
 
+def _kept_split(name: str, held_out_of: str | None) -> str | None:
+    """`name`, where the data's layout made split `name` (a folder named for it is kept of its
+    names, `_cut`), else None (`sample_digests`' `held_out_of`)."""
+    own = held_out_of != "all" and not (held_out_of == "train" and name == "val")
+    return name if own else None
+
+
 def _split_digest(
-    ids: Sequence[str], labels: Sequence[int], *, in_order: bool, split: str | None
+    ids: Sequence[str],
+    labels: Sequence[int],
+    *,
+    in_order: bool,
+    split: str | None,
+    version: int = 4,
 ) -> str:
     """The digest (`_digest`) of the samples named `ids`, in their order or as a set (in their
-    keys' order), of split `split` (its folder kept, `_cut`; None: v2's, none kept). A listing
-    whose names are their own keys below the folder they all lie in (`_encoded`), in order or
-    sorted, as a folder's almost always is, is digested in one pass over its names, no list
-    made; others make a list of their keys (`_keys`), sorted for a set."""
+    keys' order), of split `split` (its folder kept, `_cut`; None: v2's, none kept), as
+    `version` (3 or 4) keeps it. A listing whose names are their own keys below the folder
+    they all lie in (`_encoded`), in order or sorted, as a folder's almost always is, is
+    digested in one pass over its names, no list made; others make a list of their keys
+    (`_keys`), sorted for a set."""
+    # v3 kept the folder before the last only of a split of one class: its labels say.
+    rule = labels if version == 3 else None
     if ids and (in_order or _ascending(ids)):
         # The folder the first and the last name lie in, all of them in a sorted listing (and
         # checked for each name as it is cut off); else the one all lie in, found in a pass.
         tried = shared_folder([ids[0], ids[-1]])
-        found = _digest(ids, labels, below=tried, cut=len(_cut(tried, split, labels)))
+        found = _digest(ids, labels, below=tried, cut=len(_cut(tried, split, rule)))
         if found is None and (folder := shared_folder(ids)) != tried:
-            found = _digest(ids, labels, below=folder, cut=len(_cut(folder, split, labels)))
+            found = _digest(ids, labels, below=folder, cut=len(_cut(folder, split, rule)))
         if found is not None:
             return found
-    keys = _keys(ids, split, labels)
+    keys = _keys(ids, split, rule)
     if not in_order:
         keys, labels = _sorted(keys, labels)
     found = _digest(keys, labels, checked=True)
@@ -114,17 +136,19 @@ def _split_digest(
     return found
 
 
-def _cut(folder: str, split: str | None, labels: Sequence[int] = ()) -> str:
+def _cut(folder: str, split: str | None, labels: Sequence[int] | None = None) -> str:
     """The part of `folder` (the one all of a split's names lie in, "" or ended by "/") that
     the digests of split `split` cut off its names: all of it, less its last folder where that
     is named for the split (`val/`, or `valid/`, `validation/`, `dev/`, as parquet folders are
     read: SPLIT_KEYWORDS), so a split root's validation images, named `val/ant/1.png` from the
     root and `data/val/ant/1.png` by an index beside it, are not the same-named ones of its
     `test/` (`ant/1.png`), while a folder named for another split (a class `test/` in `val/`,
-    the image folder `train/` a run held images out of) is cut off as any other. A split of
-    one class (its `labels`, all alike) lies in its class folder: the folder named for the
-    split is looked for before it (`val/ant/`, kept whole), as where the split has more. All
-    of it for `split` None (v2's, and a split that the data's layout did not make)."""
+    the image folder `train/` a run held images out of) is cut off as any other. A split that
+    lies in one folder of its split's folder (a split of one class in its class folder,
+    `val/ant/`; an index's flat `val/images/`) keeps the folder named for the split before it
+    too (`val/ant/`, `val/images/`, kept whole), as where the split has more; v3 kept it only
+    for a split of one class (its `labels`, all alike; None: v4's rule, any). All of it for
+    `split` None (v2's, and a split that the data's layout did not make)."""
     if split is None or not folder:
         return folder
     start = folder.rfind("/", 0, -1) + 1
@@ -134,7 +158,8 @@ def _cut(folder: str, split: str | None, labels: Sequence[int] = ()) -> str:
     if (
         start
         and SPLIT_KEYWORDS.get(folder[before : start - 1].lower()) == split
-        and min(labels, default=None) == max(labels, default=-1)  # (checked last: a pass)
+        # (checked last: a pass)
+        and (labels is None or min(labels, default=None) == max(labels, default=-1))
     ):
         return folder[:before]
     return folder
@@ -212,7 +237,9 @@ def _encoded(
     return None if respelled else encoded
 
 
-def _keys(ids: Sequence[str], split: str | None, labels: Sequence[int] = ()) -> Sequence[str]:
+def _keys(
+    ids: Sequence[str], split: str | None, labels: Sequence[int] | None = None
+) -> Sequence[str]:
     """What names each of `ids` (of split `split`) for the digests: its `path_key` below the
     deepest folder all of them lie in (an absolute path, a CSV index's, first below the folder
     all the absolute ones lie in: `_below_their_folder`), less a folder named for the split
@@ -229,7 +256,7 @@ def _keys(ids: Sequence[str], split: str | None, labels: Sequence[int] = ()) -> 
 
 
 def _below_their_folder(
-    keys: list[str], split: str | None, labels: Sequence[int] = ()
+    keys: list[str], split: str | None, labels: Sequence[int] | None = None
 ) -> list[str]:
     """`keys`, the absolute ones relative to the deepest folder they all lie in, then all of
     them relative to the deepest folder they all lie in (each less a folder named for `split`
@@ -242,7 +269,7 @@ def _below_their_folder(
 
 
 def _absolute_below_their_folder(
-    keys: list[str], split: str | None = None, labels: Sequence[int] = ()
+    keys: list[str], split: str | None = None, labels: Sequence[int] | None = None
 ) -> list[str]:
     """`keys`, the absolute ones relative to the deepest folder they all lie in (less a folder
     named for `split` that it ends in, `_cut`), in place."""
@@ -254,9 +281,11 @@ def _absolute_below_their_folder(
     return keys
 
 
-def _earlier_digest(made: str, samples: Samples) -> str | None:
+def _earlier_digest(made: str, samples: Samples, split: str | None = None) -> str | None:
     """The digest of `samples` as an earlier version made it, where `made` (a recorded
-    digest's prefix) names one (EARLIER): `-v2`, names below the folder all of the split's lie
+    digest's prefix) names one (EARLIER): `-v3`, as this version's, of split `split` (its
+    folder kept: `_kept_split`), but the folder named for it before the last kept only for a
+    split of one class; `-v2`, names below the folder all of the split's lie
     in, that folder cut off whole (a split root's `val/` too); `-v1`, names counted from the
     data root (each one's `path_key`, an index's absolute paths from the folder all of those
     lie in), not below their split's folder. None for any other making. As v1 made it: a
@@ -266,6 +295,8 @@ def _earlier_digest(made: str, samples: Samples) -> str | None:
         return None
     version, in_order = EARLIER[made]
     ids, labels = samples.ids, samples.labels
+    if version == 3:
+        return made + _split_digest(ids, labels, in_order=in_order, split=split, version=3)
     if version == 2:
         return made + _split_digest(ids, labels, in_order=in_order, split=None)
     folder = ""  # where all are absolute ("/..."), the one they lie in
@@ -306,6 +337,7 @@ def check_resumed_samples(
     sizes: Mapping[str, int],
     run: Path,
     splits: Mapping[str, Samples] | None = None,
+    held_out_of: str | None = None,
 ) -> None:
     """Compare this run's `digests` (of splits of `sizes` images) with the resumed checkpoint's
     `recorded` data entry: another number of validation images is a warning (another number
@@ -314,7 +346,8 @@ def check_resumed_samples(
     warning. A recorded digest an earlier version made is compared with `splits` digested as
     it made them (`_earlier_digest`), not left uncompared: the digests recorded then would be
     the data's the run resumed on, other validation images held as the run's own from then on.
-    `run`: the resumed checkpoint, whose folder's split.csv lists the run's images."""
+    `run`: the resumed checkpoint, whose folder's split.csv lists the run's images;
+    `held_out_of`: `sample_digests`'."""
     saved = (recorded or {}).get(DIGESTS) or {}
     saved_sizes = (recorded or {}).get("sizes") or {}
     listed = run.parent / "split.csv"
@@ -330,7 +363,8 @@ def check_resumed_samples(
             and saved_sizes.get(name) == sizes.get(name)
             and not _comparable(saved.get(name), ours[name])
         ):
-            ours[name] = _earlier_digest(made, splits[name]) or ours[name]
+            earlier = _earlier_digest(made, splits[name], _kept_split(name, held_out_of))
+            ours[name] = earlier or ours[name]
     changed = [
         name
         for name in ("val", "train")

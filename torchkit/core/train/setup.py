@@ -300,7 +300,12 @@ def _seeds_and_data(ctx: DistContext, plan: RunPlan, amp: Amp) -> _RunData:
         _check_resumed_classes(saved, classes)
         sizes = {name: len(samples) for name, samples in data.splits.items()}
         check_resumed_samples(
-            checkpoint.get("data"), digests, sizes, Path(plan.resumed_from), data.splits
+            checkpoint.get("data"),
+            digests,
+            sizes,
+            Path(plan.resumed_from),
+            data.splits,
+            data.record.get("held_out_of"),
         )
         train_size_changed = _train_size_changed(checkpoint, len(train))
         arch, _ = checkpoint_arch(checkpoint, str(plan.resumed_from))
