@@ -146,3 +146,18 @@ def test_timms_sync_layers_take_the_group_too_and_keep_their_activation(gloo_wor
     timms = norm_act.convert_sync_batchnorm(nn.Sequential(twin).eval(), sub)
     assert type(timms[0]) is nn.SyncBatchNorm and timms[0].process_group is sub
     assert (timms(torch.randn(2, 4, 3, 3)) < 0).any()
+
+
+def test_reverting_a_model_on_a_group_names_the_smallest_input_it_takes(gloo_world):
+    """An input too small for the model is refused naming the smallest side it takes, found on
+    a meta-device copy of the model: a layer holding a process group, which cannot be deep-
+    copied ("cannot pickle ProcessGroup"), left the refusal a bare 'check --input-size'."""
+    from torchkit.core.models.image_size import ImageSizeError, meta_copy
+
+    sub = dist.new_group([0])
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.SyncBatchNorm(4, process_group=sub))
+    with pytest.raises(ImageSizeError, match="the smallest it takes is 3"):
+        convert_batchnorm(model, to="bn", example_inputs=[torch.zeros(1, 3, 2, 2)])
+    copied = meta_copy(model)
+    assert copied[1].process_group is sub and copied[1].weight.is_meta
+    assert not model[1].weight.is_meta

@@ -158,6 +158,7 @@ def meta_copy(model: Any) -> Any:
     import torch
 
     memo: dict[int, Any] = {}
+    groups = _process_group_type()
     for module in model.modules():
         for value in (
             *module._parameters.values(),
@@ -166,7 +167,22 @@ def meta_copy(model: Any) -> Any:
         ):
             if isinstance(value, torch.Tensor) and id(value) not in memo:
                 memo[id(value)] = _to_meta(value)
+            elif groups is not None and isinstance(value, groups):
+                # A SyncBatchNorm's process group cannot be copied ("cannot pickle
+                # ProcessGroup"): the copy shares it, as it computes nothing with it.
+                memo[id(value)] = value
     return copy.deepcopy(model, memo)
+
+
+def _process_group_type() -> type | None:
+    """torch.distributed's ProcessGroup; None where torch is built without distributed."""
+    import torch
+
+    if not torch.distributed.is_available():
+        return None
+    from torch.distributed import ProcessGroup
+
+    return ProcessGroup
 
 
 def _to_meta(tensor: Any) -> Any:
