@@ -16,7 +16,7 @@ import sys
 import textwrap
 import threading
 import traceback
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any, NoReturn
 
 import typer
@@ -52,11 +52,19 @@ def debug_enabled() -> bool:
     return switched_on(DEBUG_ENV, default=False)
 
 
-def describe_unexpected(error: BaseException) -> tuple[str, str]:
-    """Turn an exception that escaped core into (what, hint) for the one-line error."""
+def describe_unexpected(
+    error: BaseException, options: Collection[str] | None = None
+) -> tuple[str, str]:
+    """Turn an exception that escaped core into (what, hint) for the one-line error; `options`
+    are the spellings the command takes (None: unknown), so that a hint names only those."""
     name = type(error).__name__
     if name == "OutOfMemoryError" or "out of memory" in str(error).lower():
-        return "the GPU ran out of memory", "use a smaller --batch-size, --amp or a smaller model"
+        if options is None or "--amp" in options:
+            return (
+                "the GPU ran out of memory",
+                "use a smaller --batch-size, --amp or a smaller model",
+            )
+        return "the GPU ran out of memory", "use a smaller --batch-size or a smaller model"
     if isinstance(error, FileNotFoundError) and error.filename is None and working_folder.is_gone():
         gone = working_folder.gone_error()  # a relative path made absolute (os.getcwd)
         return gone.message, gone.hint
@@ -538,7 +546,7 @@ class TorchkitGroup(TyperGroup):
             console.stderr.print("Terminated." if terminated else "Interrupted.")
             raise typer.Exit(143 if terminated else 130) from None
         except Exception as error:
-            what, hint = describe_unexpected(error)
+            what, hint = describe_unexpected(error, _options_of(self, ctx))
             _report(error, f"{what} ({hint})")
             raise typer.Exit(1) from None
         finally:
@@ -547,6 +555,17 @@ class TorchkitGroup(TyperGroup):
             # garbage collector: an in-process caller had SIGTERM and Ctrl-C ignored until then.
             # Closed here, its `finally` puts them back (done already: nothing to do).
             signals.gen.close()
+
+
+def _options_of(group: Any, ctx: Any) -> set[str] | None:
+    """The option spellings of the command `ctx` ran (`summary` takes no --amp), or None."""
+    name = ctx.invoked_subcommand
+    command = group.get_command(ctx, name) if name else None
+    if command is None or hasattr(command, "commands"):  # a group: its commands differ
+        return None
+    return {
+        spelling for param in command.params for spelling in (*param.opts, *param.secondary_opts)
+    }
 
 
 def _is_main_process() -> bool:
