@@ -1275,3 +1275,19 @@ def test_splits_left_empty_by_groups_of_copies_are_named_in_a_warning(tmp_path, 
         result = split_dataset(root, tmp_path / "out", mode="manifest")
     assert result.counts == [[20, 0, 0]] * 3
     assert "split(s) val, test are empty: no class could spare an image, or a group" in caplog.text
+
+
+def test_digits_is_refused_with_a_hint_the_user_can_follow(runner, tmp_path, monkeypatch):
+    """`split digits OUT` hinted "give the data it came from", which is scikit-learn's: the
+    hint names ./digits, which splits a folder named so."""
+    monkeypatch.chdir(tmp_path)
+    refused = runner.invoke(app, ["split", "digits", "out"])
+    assert refused.exit_code == 1
+    assert error_line(refused.stderr) == (
+        "Error: digits (digits: train, val, test) is split already (`digits` is built in, split "
+        "already; ./digits for a folder named so)"
+    )
+    make_files(tmp_path / "digits", {"a": 5, "b": 5})
+    followed = runner.invoke(app, ["split", "./digits", "out"])
+    assert followed.exit_code == 0, followed.stderr
+    assert (tmp_path / "out" / "train" / "a").is_dir()

@@ -559,6 +559,9 @@ def load_split_input(
         hint = (
             f"split one of its parts, such as {Path(data.spec) / 'train'}, or the data it came from"
             if data.kind == "split root"
+            # the built-in digits come from scikit-learn, split 80/10/10: no data to give
+            else "`digits` is built in, split already; ./digits for a folder named so"
+            if data.kind == "digits"
             else "give the data it came from"
             + (", or drop the CSV's split column" if data.kind == "split csv" else "")
         )
