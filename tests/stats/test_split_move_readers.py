@@ -348,3 +348,41 @@ def test_a_stopped_move_of_an_index_beside_more_folders_than_are_locked_is_refus
     assert f"lies in {os.path.realpath(data)}, which is half moved into" in line, line
     assert run_torchkit_in_process("split", index, out, "--mode", "move").returncode == 0
     assert sorted(p.name for p in tmp_path.rglob(".*moving*")) == []  # every record gone
+
+
+@pytest.mark.parametrize("indexed", [False, True], ids=["folder", "csv-index"])
+def test_a_move_whose_journal_cannot_be_written_leaves_no_record_beside_the_data(
+    tmp_path, monkeypatch, indexed
+):
+    """The records beside ROOT (and in the folders a CSV index lists files in) are written
+    just before the journal that says the move runs: where that write failed (a full disk,
+    Ctrl-C), the split was undone and they stayed in the data for good."""
+    from torchkit.core.io.errors import OutputWriteError
+    from torchkit.core.split import run as split_run
+    from torchkit.core.split import split_dataset
+
+    root = tmp_path / "data"
+    make_files(root, {"cat": 3, "dog": 3})
+    source = root
+    if indexed:
+        source = tmp_path / "index.csv"
+        rows = [f"data/{p.parent.name}/{p.name},{p.parent.name}" for p in root.rglob("*.png")]
+        source.write_text("path,label\n" + "\n".join(sorted(rows)) + "\n")
+    before = tree_digest(root)
+    real_write = split_run.write_journal
+
+    def full_disk(out, record):
+        if record.get("state") == "moving":
+            raise OutputWriteError(f"cannot write {out}: No space left on device")
+        real_write(out, record)
+
+    out = tmp_path / "out"
+    with monkeypatch.context() as patched:
+        patched.setattr(split_run, "write_journal", full_disk)
+        with pytest.raises(OutputWriteError):
+            split_dataset(source, out, mode="move")
+    assert sorted(p.name for p in tmp_path.rglob(".*moving*")) == []
+    assert tree_digest(root) == before and not out.exists()
+    split_dataset(source, out, mode="move")  # and the rerun moves
+    assert sorted(p.name for p in tmp_path.rglob(".*moving*")) == []
+    assert len(list(out.rglob("*.png"))) == 6

@@ -271,6 +271,8 @@ def _plan_and_write(
     )
 
     writing = SplitOutput(out, sorted(set(names) | previous_split_names(out) | {MANIFEST}))
+    noted: list[str] = []
+    noting = False  # the move's records are being written beside the data
     try:
         writing.begin(names, mode, plan.dests)
         if mode != "manifest":
@@ -287,10 +289,16 @@ def _plan_and_write(
             # that finishes the move to clear.
             noted = source_folders(sources, root, to_note=True) if is_csv else []
             record = _moving_record(root, result) | {"noted": noted}
+            noting = True
             note_moving(root, out, noted)
             write_journal(out, record)
     except BaseException as error:
-        writing.abandon(error)
+        try:
+            writing.abandon(error)
+        finally:
+            if noting:  # the journal that names them failed (a full disk, Ctrl-C): no file
+                # moved, and records left beside the data would outlive the split undone
+                forget_moving(root, noted)
         raise
     if mode == "move":
         writing.keep()
