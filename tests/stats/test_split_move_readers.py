@@ -386,3 +386,34 @@ def test_a_move_whose_journal_cannot_be_written_leaves_no_record_beside_the_data
     split_dataset(source, out, mode="move")  # and the rerun moves
     assert sorted(p.name for p in tmp_path.rglob(".*moving*")) == []
     assert len(list(out.rglob("*.png"))) == 6
+
+
+def test_a_stopped_move_another_user_recorded_is_not_finished(tmp_path, monkeypatch):
+    """Another user who can write a folder above the data (/tmp) leaves there the record of
+    a "stopped move" into a folder of theirs, whose plan names this user's files: readers of
+    the data refuse it and show the command that finishes that move, which moved the files
+    into the other user's folder. The plan is another user's: refused, nothing moved."""
+    shared = tmp_path / "shared"
+    make_files(shared / "mine", {"cat": 1})
+    (victim,) = (shared / "mine").rglob("*.png")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / ".torchkit-split.json").write_text(
+        json.dumps({"state": "moving", "mode": "move", "root": os.path.realpath(shared)})
+    )
+    (theirs / "split.csv").write_text(
+        f"path,label,split,source\ntrain/cat/x.png,cat,train,{victim}\n"
+    )
+    (shared / ".torchkit-split-moving.json").write_text(json.dumps({"out": str(theirs)}))
+    refused = run_torchkit_in_process("dataset-stats", shared / "mine")
+    assert refused.returncode == 1 and "finish that move first" in refused.stderr
+    monkeypatch.setattr(os, "geteuid", lambda: os.getuid() + 1)  # the files are not ours
+    result = run_torchkit_in_process("split", shared, theirs, "--mode", "move")
+    assert result.returncode == 1
+    assert error_line(result.stderr) == (
+        f"Error: {theirs / '.torchkit-split.json'} belongs to another user (uid {os.getuid()}): "
+        "torchkit finishes only a move it started as this user, and moves no file to it "
+        f"(finish it as the user who started it, or remove {theirs / '.torchkit-split.json'} "
+        "if that move is not yours)"
+    )
+    assert victim.is_file() and not (theirs / "train").exists()

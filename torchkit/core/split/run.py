@@ -22,7 +22,7 @@ from torchkit.core.data.sources.splitting import (
     stratified_split,
 )
 from torchkit.core.io.claims import reporting_write_errors
-from torchkit.core.io.errors import OutputExistsError, UsageError
+from torchkit.core.io.errors import InputError, OutputExistsError, UsageError
 from torchkit.core.io.files import absolute_as_opened, refuse_case_twins
 from torchkit.core.io.force import (
     check_replaceable,
@@ -55,6 +55,7 @@ from torchkit.core.split.options import (
     parse_ratio,
 )
 from torchkit.core.split.output import (
+    JOURNAL,
     WHAT,
     SplitOutput,
     discard_replaced,
@@ -587,6 +588,7 @@ def _resume_move(
             "finish it with: "
             + shell_line(["torchkit", "split", str(journal.get("root")), out, "--mode", "move"]),
         )
+    _refuse_strangers_plan(out)
     log.warning(f"finishing the interrupted move into {out} (its recorded plan is used)")
     rows = _plan_rows(out)
     check_sources_removable([row["source"] for row in rows if os.path.lexists(row["source"])])
@@ -610,6 +612,29 @@ def _resume_move(
     noted = [f for f in noted if isinstance(f, str)] if isinstance(noted, list) else []
     forget_moving(root, [*csv_folders, *noted])
     return _move_result(root, out, journal, rows=rows, resumed=True)
+
+
+def _refuse_strangers_plan(out: Path) -> None:
+    """A move is finished only from a journal and a plan this user wrote: another user who
+    can write a folder above the data (/tmp) could leave there the record of a "stopped move"
+    and, in a folder of theirs, a plan naming this user's files as its sources. Readers of the
+    data then refuse it and show the command that finishes the move, which moved the files
+    into that user's folder."""
+    if not hasattr(os, "geteuid"):  # no owners to compare
+        return
+    me = os.geteuid()
+    for name in (JOURNAL, MANIFEST):
+        try:
+            owner = os.stat(out / name).st_uid
+        except OSError:
+            continue  # read (and said to be missing) as before
+        if owner != me:
+            raise InputError(
+                f"{out / name} belongs to another user (uid {owner}): torchkit finishes only a "
+                "move it started as this user, and moves no file to it",
+                f"finish it as the user who started it, or remove {out / name} if that move "
+                "is not yours",
+            )
 
 
 def _move_temp(out: Path, row: dict[str, str]) -> str:
