@@ -921,6 +921,8 @@ def test_a_sixteen_bit_image_keeps_its_bits_through_a_float_pt(tmp_path):
             assert "Warning" not in result.stderr
     result = ok(tmp_path / "g.pt", tmp_path / "g.jpg")
     assert "JPEG holds 8 bits a channel: 16-bit values were scaled to 8 bits" in result.stderr
+    result = ok(tmp_path / "c.pt", tmp_path / "c.webp")
+    assert "WebP holds 8 bits a channel: 16-bit values were scaled to 8 bits" in result.stderr
 
 
 def test_floats_of_eight_bits_or_of_a_model_stay_eight_bit_images(tmp_path):

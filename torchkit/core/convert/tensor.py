@@ -79,6 +79,7 @@ TENSOR_EXTENSIONS = (".pt", ".pth", ".safetensors")
 WRITTEN_EXTENSIONS = (*IMAGE_FORMATS, *ARRAY_EXTENSIONS, *TENSOR_EXTENSIONS)
 EXTENSIONS = (*IMAGE_FORMATS, *READ_ONLY_IMAGE_EXTENSIONS, *ARRAY_EXTENSIONS, *TENSOR_EXTENSIONS)
 SIXTEEN_BIT_FORMATS = ("PNG", "TIFF")
+FORMAT_NAMES = {"WEBP": "WebP"}  # as messages spell them (Pillow's names otherwise)
 DEFAULT_TENSOR_NAME = "image"
 SAFETENSORS_METADATA = "__metadata__"  # the header entry of a .safetensors file, no tensor
 DEFAULT_NROW = 8
@@ -616,7 +617,8 @@ def write_pixels(
         sixteen = image_format in SIXTEEN_BIT_FORMATS and pixels.array.shape[-1] != 2
         if str(pixels.array.dtype) == "uint16" and not sixteen:
             note(
-                f"{image_format} holds 8 bits a channel: 16-bit values were scaled to 8 bits"
+                f"{FORMAT_NAMES.get(image_format, image_format)} holds 8 bits a channel: "
+                "16-bit values were scaled to 8 bits"
                 if image_format not in SIXTEEN_BIT_FORMATS
                 else "16-bit grayscale with alpha is written with 8 bits a channel: 16-bit "
                 "values were scaled to 8 bits"
