@@ -43,3 +43,33 @@ def test_out_of_memory_hints_only_options_the_command_takes(runner, monkeypatch,
         else ("use a smaller --batch-size or a smaller model")
     )
     assert result.stderr.strip().splitlines()[-1] == f"Error: the GPU ran out of memory ({hint})"
+
+
+def test_weights_of_another_size_hint_options_predict_takes(runner, tmp_path):
+    """convnet weights of 28 px read at 32 px: the hint named --num-classes, which predict does
+    not take and which cannot make weights fit (the head follows them); --image-size 28 does."""
+    import torch
+    from PIL import Image
+
+    from torchkit.cli import app
+    from torchkit.core.models.convnet import convnet_class
+
+    torch.save(convnet_class()(3, 3, 28).state_dict(), tmp_path / "conv28.pt")
+    Image.new("RGB", (28, 28)).save(tmp_path / "a.png")
+    command = [
+        "predict",
+        "convnet",
+        str(tmp_path / "a.png"),
+        "--weights",
+        str(tmp_path / "conv28.pt"),
+    ]
+    refused = runner.invoke(app, [*command, "--image-size", "32"])
+    assert refused.exit_code == 1
+    assert (
+        refused.stderr.strip()
+        .splitlines()[-1]
+        .endswith("in the model) (check the model and --image-size)")
+    )
+    followed = runner.invoke(app, [*command, "--image-size", "28", "--format", "csv"])
+    assert followed.exit_code == 0, followed.stderr
+    assert followed.stdout.count("\n") == 2  # the header and the image's row

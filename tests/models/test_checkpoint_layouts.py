@@ -244,7 +244,7 @@ def test_a_layer_of_another_shape_says_which_shape_is_whose(tmp_path):
     assert result.returncode == 1
     assert error_line(result.stderr).endswith(
         "(first: classifier.1.weight is (128, 9216) in the weights, (128, 12544) in the model) "
-        "(check --model, --num-classes and --image-size)"
+        "(check the model and --image-size)"
     )
 
 

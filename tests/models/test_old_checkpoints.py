@@ -94,5 +94,5 @@ def test_a_missing_weight_is_still_refused(old):
     assert done.returncode == 1
     assert error_line(done.stderr) == (
         f"Error: the weights in {Path('no_fc_bias.pt')} do not fit the model: 1 missing keys "
-        "(first: fc.bias) (check --model and --num-classes)"
+        "(first: fc.bias) (check the model)"
     )

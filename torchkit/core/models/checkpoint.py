@@ -549,13 +549,12 @@ def load_weights_into(model, state_dict: Mapping[str, Any], *, source: str = "ch
             parts.append(f"{len(missing)} missing keys (first: {missing[0]})")
         if unexpected:
             parts.append(f"{len(unexpected)} unexpected keys (first: {unexpected[0]})")
-        # The head follows the weights: a layer of another shape is another architecture, or
-        # one whose layers follow the image size (convnet, ViT) built for another size.
+        # The head follows the weights (--num-classes cannot change what fits): a layer of
+        # another shape is another architecture, or one whose layers follow the image size
+        # (convnet, ViT) built for another size. MODEL is --model, or convert-syncbn's SOURCE.
         raise CheckpointError(
             f"the weights in {source} do not fit the model: " + "; ".join(parts),
-            "check --model, --num-classes and --image-size"
-            if mismatched
-            else "check --model and --num-classes",
+            "check the model and --image-size" if mismatched else "check the model",
         )
     model.load_state_dict(state_dict, strict=True)
 
