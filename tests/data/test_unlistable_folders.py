@@ -137,3 +137,35 @@ def test_an_unprivileged_user_is_warned_of_a_folder_it_may_not_list(shared_folde
         f"Error: cannot list folder {data / 'cat' / 'more'}: permission denied (make it "
         "readable, or leave out --strict to read the data without its images)"
     )
+
+
+def test_data_behind_a_folder_this_user_may_not_enter_is_one_error_naming_it(
+    data, tmp_path, monkeypatch
+):
+    """`chmod 700` of a folder above the data, another user's: each command ended in
+    `Error: PermissionError: [Errno 13] Permission denied: 'data'`."""
+    stat = os.stat
+
+    def denied(path, *args, **kwargs):  # as the kernel answers below a folder not searchable
+        if os.fspath(path).startswith(str(data)):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", denied)
+    expected = (
+        f"Error: cannot reach {data}: permission denied (this user may not enter a folder on "
+        "its way: check them with ls -ld)"
+    )
+    for command in (
+        ("dataset-stats", data),
+        ("split", data, tmp_path / "out"),
+        ("convert", "shards", data, tmp_path / "shards"),
+    ):
+        result = run_torchkit_in_process(*command)
+        assert (result.returncode, error_line(result.stderr)) == (1, expected), command
+    # every other input a command checks (extract-features' IMAGES, a checkpoint)
+    from torchkit.core.io.errors import InputError
+    from torchkit.core.io.files import require_input
+
+    with pytest.raises(InputError, match=f"^cannot reach {data / 'cat'}: permission denied"):
+        require_input(data / "cat", what="IMAGES")

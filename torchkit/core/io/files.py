@@ -31,12 +31,30 @@ from torchkit.core.io.temporaries import (
 from torchkit.core.io.write_errors import as_write_error, write_failure_reason
 
 
+def refuse_unreachable(path: str | os.PathLike) -> None:
+    """InputError where `path` cannot even be looked at: a folder on its way that this user
+    may not enter (`chmod 700` of another user's folder), where `Path.exists` and `is_dir`
+    raise PermissionError (which ended a command in `Error: PermissionError: [Errno 13]`).
+    Nothing where it exists, is missing, or is no path at all (a URL, a pattern)."""
+    try:
+        os.stat(path)
+    except PermissionError:
+        raise InputError(
+            f"cannot reach {os.fspath(path)}: permission denied",
+            "this user may not enter a folder on its way: check them with ls -ld",
+        ) from None
+    except (OSError, ValueError):
+        return
+
+
 def require_input(
     path: str | os.PathLike, *, what: str = "input", kind: str = "any", hint: str = "check the path"
 ) -> Path:
     """Return `path` if it exists (as a file or folder when `kind` says so), else a clear error
-    (`hint` says what to do when it is missing)."""
+    (`hint` says what to do when it is missing; `refuse_unreachable`'s where it cannot be
+    looked at)."""
     source = Path(path)
+    refuse_unreachable(source)
     if not source.exists():
         raise InputError(f"{what} not found: {source}", hint)
     if kind == "file" and not source.is_file():

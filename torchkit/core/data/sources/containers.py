@@ -30,6 +30,9 @@ def open_container_data(
     readers import `source`, which asks here: no import back). Its own class names are held
     to what a report can show, as `open_data` holds every source's (predict asks here
     first)."""
+    from torchkit.core.io.files import refuse_unreachable
+
+    refuse_unreachable(spec)  # an error naming it, before any reader looks at it
     for name in READERS:
         reader = importlib.import_module(name)
         opened = reader.open_stored(

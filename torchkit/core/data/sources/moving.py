@@ -12,6 +12,7 @@ from pathlib import Path
 
 from torchkit.core.data.sources.splitting import split_journal
 from torchkit.core.io.errors import InputError
+from torchkit.core.io.files import refuse_unreachable
 from torchkit.core.io.folder_locks import flock_path, held_exclusively, hold, is_held
 from torchkit.core.io.shell_words import shell_line
 
@@ -80,7 +81,9 @@ def lock_for_reading(path: Path) -> None:
     holds one of them (it says into which OUT, where the move has recorded it), or where the
     record of a move out of one of them says that move stopped half-way (with the command that
     finishes it). A process that moves `path` itself (`moving_here`) takes no lock: its move's
-    exclusive one would refuse it."""
+    exclusive one would refuse it. `refuse_unreachable`'s error where `path` cannot be looked
+    at."""
+    refuse_unreachable(path)
     _hold_and_look(path, locking=os.path.realpath(path) not in _moving_here)
 
 

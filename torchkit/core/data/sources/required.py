@@ -11,6 +11,7 @@ from pathlib import Path
 from torchkit.core.data.sources.digits import DIGITS
 from torchkit.core.data.sources.source import not_found
 from torchkit.core.io.errors import InputError
+from torchkit.core.io.files import refuse_unreachable
 from torchkit.core.io.redaction import list_parts
 from torchkit.core.io.shell_words import shell_word
 
@@ -28,7 +29,10 @@ def names_no_path(spec: str) -> bool:
 def require_data(spec: str | os.PathLike) -> None:
     """`open_data`'s "dataset not found" for a `spec` that names a missing path."""
     text = os.fspath(spec)
-    if not names_no_path(text) and not Path(text).exists():
+    if names_no_path(text):
+        return
+    refuse_unreachable(text)
+    if not Path(text).exists():
         raise not_found(text)
 
 
