@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from torchkit.core.data.sources.csv_index import class_order
+from torchkit.core.data.sources.discovery import warn_unlistable
 from torchkit.core.data.sources.samples import (
     Samples,
     class_index,
@@ -72,6 +73,7 @@ from torchkit.core.data.stored_image import (
     file_stamp,
 )
 from torchkit.core.io.errors import InputError, first_line
+from torchkit.core.io.file_kinds import file_kind
 from torchkit.core.runtime.fork_safe import ForkSafeLock
 
 SUFFIX = ".parquet"
@@ -334,22 +336,48 @@ def _parquet_files(spec: str) -> tuple[str, list[str], str] | None:
         return str(path.parent), [path.name], "parquet file"
     if not path.is_dir():
         return None
+    unlistable: list[tuple[str, OSError]] = []
+    listings: dict[Path, list[str]] = {}
+
+    def listing(folder: Path) -> list[str]:
+        if folder not in listings:
+            listings[folder] = _listing(folder, unlistable)
+        return listings[folder]
+
     places = [path, path / "data"]
     for base in (path, path / "data"):
-        places += [base / name for name in _listing(base) if name.lower() in SPLIT_KEYWORDS]
-    relative = sorted(
-        os.path.relpath(place / name, path)
+        places += [base / name for name in listing(base) if name.lower() in SPLIT_KEYWORDS]
+    named = [
+        place / name
         for place in dict.fromkeys(places)
-        for name in _listing(place)
-        if name.lower().endswith(SUFFIX) and not name.startswith(".") and (place / name).is_file()
-    )
-    return (str(path), relative, "folder") if relative else None
+        for name in listing(place)
+        if name.lower().endswith(SUFFIX) and not name.startswith(".")
+    ]
+    relative = sorted(os.path.relpath(file, path) for file in named if file.is_file())
+    if not relative:
+        return None
+    # A parquet dataset, which its reader names what it cannot read of: a FIFO, socket or
+    # device named like a parquet file (never opened: opening a FIFO blocks), a folder of it
+    # that cannot be listed; both were passed over without a word.
+    for file in named:
+        if not file.is_file() and file.exists() and not file.is_dir():
+            raise InputError(
+                f"{file} is not a regular file ({file_kind(os.stat(file).st_mode)})",
+                "a parquet dataset is .parquet files: move it out of the folder, or give one file",
+            )
+    warn_unlistable(unlistable, path)
+    return str(path), relative, "folder"
 
 
-def _listing(folder: Path) -> list[str]:
+def _listing(folder: Path, unlistable: list[tuple[str, OSError]]) -> list[str]:
+    """The names in `folder`, sorted ([] where it is no folder); one that cannot be listed is
+    added to `unlistable` with its error."""
     try:
         return sorted(os.listdir(folder)) if folder.is_dir() else []
-    except OSError:
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except OSError as error:
+        unlistable.append((str(folder), error))
         return []
 
 
