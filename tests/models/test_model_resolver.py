@@ -293,9 +293,13 @@ def test_the_head_is_sized_from_the_weights(in_world):
     assert tuned.model.fc.out_features == 5 and tuned.classes is None
     with pytest.raises(UsageError, match=r"5 classes asked for .* state dict has 2 outputs") as e:
         resolve_model("resnet18", weights="finetuned_2class.pt", num_classes=5)
-    assert e.value.hint == (
-        "drop --num-classes and --classes, or give class names matching the weights"
-    )
+    # Only the options given are named (export takes no --classes, predict no --num-classes).
+    assert e.value.message == "5 classes asked for (--num-classes), but the state dict has 2 outputs"
+    assert e.value.hint == "drop --num-classes"
+    with pytest.raises(UsageError) as e:
+        resolve_model("resnet18", weights="finetuned_2class.pt", classes=["a", "b", "c"])
+    assert e.value.message == "3 classes asked for (--classes), but the state dict has 2 outputs"
+    assert e.value.hint == "drop --classes, or give 2 class names, one per output of the weights"
 
 
 @pytest.mark.parametrize(("spec", "weights"), [("full.pt", None), (f"{PKG}.nets:Net", "full.pt")])

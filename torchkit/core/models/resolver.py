@@ -205,6 +205,9 @@ def resolve_model(
     if exported not in EXPORTED_USES:
         raise ValueError(f"exported must be one of {EXPORTED_USES}, not {exported!r}")
     weights = weights or None
+    # The options that asked for the head's width, as a refusal names them (export and summary
+    # take no --classes, predict no --num-classes).
+    asked_by = [o for o, given in (("--num-classes", num_classes), ("--classes", classes)) if given]
     if classes and num_classes is None:
         num_classes = len(classes)
     if num_classes is not None:
@@ -289,7 +292,7 @@ def resolve_model(
             raise UsageError("--ema needs a torchkit checkpoint", "drop --ema")
     if require_trained and resolved.weights_source is None:
         raise untrained_error(spec, resolved.source)
-    _apply_num_classes(resolved, num_classes, new_head)
+    _apply_num_classes(resolved, num_classes, new_head, asked_by)
     if classes:
         _refuse_moved_classes(resolved, classes, weights or spec)
         resolved.classes = [str(c) for c in classes]
@@ -430,9 +433,15 @@ def _from_exported(
     )
 
 
-def _apply_num_classes(resolved: ResolvedModel, num_classes: int | None, new_head: bool) -> None:
+def _apply_num_classes(
+    resolved: ResolvedModel,
+    num_classes: int | None,
+    new_head: bool,
+    asked_by: Sequence[str] = ("--num-classes", "--classes"),
+) -> None:
     """Make the head `num_classes` wide: a fresh one under `new_head`, else refuse a mismatch
-    with the weights (a random head would be scored as if it were trained)."""
+    with the weights (a random head would be scored as if it were trained), naming the options
+    `asked_by` (`--num-classes`, `--classes`) that asked for it."""
     if num_classes is None:
         return
     outputs = resolved.num_outputs
@@ -441,10 +450,14 @@ def _apply_num_classes(resolved: ResolvedModel, num_classes: int | None, new_hea
             resolved.classes = None
         return
     if resolved.weights_source is not None and not new_head:
+        options = list(asked_by) or ["--num-classes"]
+        hint = f"drop {' and '.join(options)}"
+        if options == ["--classes"]:
+            hint += f", or give {outputs} class names, one per output of the weights"
         raise UsageError(
-            f"{num_classes} classes asked for (--num-classes/--classes), but the "
+            f"{num_classes} classes asked for ({'/'.join(options)}), but the "
             f"{resolved.weights_source} has {outputs} outputs",
-            "drop --num-classes and --classes, or give class names matching the weights",
+            hint,
         )
     refuse_unholdable_head(
         num_classes, lambda: [in_features(layer) for _, layer in class_layers(resolved.model)]
