@@ -417,3 +417,36 @@ def test_a_stopped_move_another_user_recorded_is_not_finished(tmp_path, monkeypa
         "if that move is not yours)"
     )
     assert victim.is_file() and not (theirs / "train").exists()
+
+
+def test_another_users_record_in_a_folder_everyone_writes_does_not_refuse_the_data(
+    tmp_path, monkeypatch
+):
+    """Anyone may leave a record in /tmp: another user's "stopped move" of /tmp refused every
+    read of this user's data under it, for as long as they pleased (a record there cannot be
+    removed but by its owner). Theirs is passed over where everyone may write the folder; a
+    record of this user's own, or one in a folder not everyone may write, still refuses."""
+    shared = tmp_path / "shared"
+    make_files(shared / "mine", {"cat": 1, "dog": 1})
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / ".torchkit-split.json").write_text(
+        json.dumps({"state": "moving", "mode": "move", "root": os.path.realpath(shared)})
+    )
+    (shared / ".torchkit-split-moving.json").write_text(json.dumps({"out": str(theirs)}))
+    from torchkit.core.io.errors import InputError
+
+    me = os.geteuid()
+    for everyone_writes, owner, refused in [
+        (True, me + 1, False),
+        (True, me, True),
+        (False, me + 1, True),
+    ]:
+        shared.chmod(0o777 if everyone_writes else 0o775)
+        monkeypatch.setattr(os, "geteuid", lambda owner=owner: me if owner == me else me + 7)
+        with held_until_the_command_ends():  # a command reading it, as the CLI runs one
+            if refused:
+                with pytest.raises(InputError, match="which is half moved into"):
+                    open_data(shared / "mine")
+            else:
+                assert open_data(shared / "mine").classes == ["cat", "dog"]

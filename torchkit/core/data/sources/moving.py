@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -30,12 +31,28 @@ def _moving_note(root: Path) -> tuple[Path, str] | None:
     """(OUT, the ROOT moved) of the record of a move out of `root`: `root` itself, or the CSV
     index whose files lie in the folder `root` (its record there names the index), or None."""
     try:
-        record = json.loads(moving_record(root).read_text(encoding="utf-8"))
+        place = moving_record(root)
+        if _strangers_record(place):
+            return None
+        record = json.loads(place.read_text(encoding="utf-8"))
         out = Path(record["out"])
         moved = record.get("root") or os.path.realpath(root)
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
     return (out, moved) if isinstance(moved, str) else None
+
+
+def _strangers_record(place: Path) -> bool:
+    """Whether the record at `place` lies in a folder everyone may write (/tmp) and belongs to
+    another user: anyone could have left it there, and believed, it refused this user's data
+    under that folder, naming a move of theirs to finish. (A move's own records are written by
+    the user who runs it, and read as theirs in such a folder too.)"""
+    if not hasattr(os, "geteuid"):
+        return False
+    status = os.stat(place)  # OSError where there is none: no record
+    if status.st_uid == os.geteuid():
+        return False
+    return bool(os.stat(place.parent).st_mode & stat.S_IWOTH)
 
 
 def half_moved_into(root: Path) -> Path | None:
