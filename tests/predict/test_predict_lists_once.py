@@ -106,12 +106,15 @@ def test_the_first_read_knows_the_classes_eval_reads(tmp_path, layout, packed):
     assert class_folder_names(item) == LAYOUTS[layout][1]
 
 
-def test_a_folder_of_linked_folders_is_listed_again_as_eval_lists_it(tmp_path):
-    # a link to a folder is fenced otherwise by a listing of the class folders: not guessed
+def test_a_folder_of_linked_folders_is_listed_once_as_eval_lists_it(tmp_path):
+    # a link below the class folders is fenced alike by a listing of the class folders: the
+    # first read knows the classes (it was listed again: test_predict_linked_class_folders)
     folder = Path(made(tmp_path, "pets", False))
     (folder / "cat" / "loop").symlink_to("..")
     image_set = collect_images([str(folder)])
-    assert image_set.read_whole == {0: str(folder)} and image_set.labelled_classes == {}
+    assert image_set.read_whole == {0: str(folder)}
+    assert image_set.labelled_classes == {0: ["cat", "dog", "empty"]}
+    assert class_folder_names(str(folder)) == ["cat", "dog", "empty"]
     assert classes_naming_outputs(image_set, "IMAGES")[0] == ["cat", "dog", "empty"]
 
 

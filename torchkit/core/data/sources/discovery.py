@@ -633,8 +633,8 @@ def flat_folder_and_class_folders(
     (visible, sorted names), and, from the same listing, the classes `discover_image_folder`
     reads it by: `folders`, those without images too; [""] where none holds an image or it
     refuses them (names spelled alike, one file in two classes). None where the listing met
-    linked folders, which a listing of the class folders fences otherwise (the caller reads
-    them so, if it needs them)."""
+    linked folders that a listing of the class folders may read otherwise
+    (`_class_links_read_already`: the caller reads them so, if it needs them)."""
     samples, _, by_class = numbered_flat_folder_by_class(root, folders)
     if by_class is None:
         return samples, None
@@ -653,8 +653,8 @@ def numbered_flat_folder_by_class(
 ) -> tuple[Samples, Numbered, dict[str, Numbered] | None]:
     """`numbered_flat_folder`, and from the same listing the images `numbered_image_folder`
     finds in each of the class folders `folders` (visible subfolders, sorted names), numbered,
-    by name in that order: None where the listing met linked folders, which a listing of the
-    class folders fences otherwise (or where `folders` is empty)."""
+    by name in that order (`_class_links_read_already`: linked ones too): None where that
+    listing would find others, which this one cannot tell (or where `folders` is empty)."""
     folder = Path(root)
     if not folder.is_dir():
         raise InputError(f"folder not found: {folder}", "check the path")
@@ -673,11 +673,64 @@ def numbered_flat_folder_by_class(
     ids = relative_ids(paths, folder)
     samples = Samples([""], [0] * len(paths), paths=paths, source=str(folder), ids=ids)
     numbered = listing.numbered[0]
-    if not folders or listing.entered or listing.unentered:
+    if not folders:
         return samples, numbered, None
     listed, numbers = numbered
     by_class = by_class_folder(listed, relative_ids(listed, folder), numbers, folders, os.sep)
+    if listing.entered or listing.unentered:
+        again = _class_links_read_already(folder, folders, listing)
+        if again is None:
+            return samples, numbered, None
+        by_class.update(again)
     return samples, numbered, by_class
+
+
+def _class_links_read_already(
+    folder: Path, folders: Sequence[str], listing: FolderListing
+) -> dict[str, Numbered] | None:
+    """The images a listing of the class folders `folders` of `folder` (`numbered_image_folder`)
+    finds in those that are links `listing` (of `folder` whole) left unentered, as read already:
+    a class folder is a top of that listing, entered whatever it leads to (`c -> a` reads `a`'s
+    images again, as class `c`: one file in two classes). Linked folders the listing entered,
+    and links below the class folders, are met alike by both listings (a class folder's target
+    is fenced before any link in them is followed), so they are read alike. None where the
+    listing cannot tell: a class link to a place other than a visible class folder of `folder`
+    or below one, or to one that holds links, unlistable folders or images that are no file; a
+    link outside the class folders."""
+    base = str(Path(folder))
+    spelled = (lambda name: name) if base == "." else (lambda name: base + os.sep + name)
+    class_links = {spelled(name): name for name in folders}
+    places = [spelled(name) + os.sep for name in folders]
+    for link in [*listing.entered, *listing.unentered]:
+        # one in a folder no class is read from (a hidden one): it may fence a target that a
+        # listing of the class folders enters
+        if link not in class_links and not link.startswith(tuple(places)):
+            return None
+    real_root = os.path.realpath(folder)
+    found: dict[str, Numbered] = {}
+    for link in listing.unentered:
+        name = class_links.get(link)
+        if name is None:  # a link below a class folder: unentered by both
+            continue
+        real = os.path.realpath(link)
+        if real == real_root or os.path.commonpath([real_root, real]) != real_root:
+            return None  # `folder` itself, above it, or elsewhere (behind another class link)
+        place = os.path.relpath(real, real_root)
+        first = place.split(os.sep)[0]
+        if first not in folders or os.path.islink(spelled(first)):
+            return None
+        prefix = spelled(place) + os.sep
+        others = [*listing.entered, *listing.unentered, *listing.dangling[0], *listing.dead]
+        others += [path for path, _ in listing.unlistable]
+        if any((path + os.sep).startswith(prefix) for path in others):
+            return None
+        paths, numbers = [], []
+        for path, number in zip(*listing.numbered[0], strict=True):
+            if path.startswith(prefix):
+                paths.append(link + os.sep + path[len(prefix) :])
+                numbers.append(number)
+        found[name] = (paths, numbers)
+    return found
 
 
 def by_class_folder(
