@@ -287,7 +287,10 @@ def test_an_export_of_random_weights_is_refused_where_its_model_would_be(runner,
         assert error_line(refused.stderr).startswith(
             "Error: random.onnx holds random weights (exported from convnet without --weights)"
         )
-        assert "--allow-untrained to run it anyway" in refused.stderr
+        assert error_line(refused.stderr).endswith(
+            "(export a trained checkpoint, or convnet with --weights FILE; --allow-untrained to "
+            "run it anyway)"
+        )
     allowed = [*command, "--allow-untrained", "--format", "json", "-j", "0"]
     assert _invoke(runner, allowed, tmp_path).exit_code == 0
 

@@ -321,12 +321,17 @@ def untrained_error(spec: str, source: str) -> UsageError:
             "whether its weights are trained",
             f"pass --weights FILE, or --allow-untrained if {spec} loads trained weights itself",
         )
-    # DEFAULT names torchvision's and timm's weights: the built-in convnet has none to load
-    weights = "FILE" if source == "built-in" else "DEFAULT|FILE"
+    weights = _weights_to_give(spec if source == "built-in" else None)
     return UsageError(
         f"{spec} has random weights (no --weights given): its answers would be noise",
         f"pass a checkpoint as MODEL or --weights {weights}; --allow-untrained to run it anyway",
     )
+
+
+def _weights_to_give(arch: str | None) -> str:
+    """What --weights takes for `arch`: DEFAULT names torchvision's and timm's weights, and the
+    built-in convnet has none to load."""
+    return "FILE" if arch in BUILTIN_MODELS else "DEFAULT|FILE"
 
 
 # Why random weights do no harm to what each command that takes them makes (the note it gives).
@@ -402,7 +407,7 @@ def _from_exported(
         raise UsageError(
             f"{path} holds random weights (exported from {arch} without --weights): its "
             "answers would be noise",
-            "export a trained checkpoint, or a model with --weights DEFAULT|FILE; "
+            f"export a trained checkpoint, or {arch} with --weights {_weights_to_give(arch)}; "
             "--allow-untrained to run it anyway",
         )
     shape = exported.input_shape
