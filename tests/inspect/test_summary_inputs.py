@@ -255,6 +255,16 @@ def test_an_empty_shape_for_an_image_model_is_named_in_the_error(runner):
         "Error: convnet takes images: give the input size as C,H,W (or N,C,H,W), not () (no "
         "dimensions)"
     )
+    # With --no-batch-dim the input size holds the batch: 3,32,32 was said to be `32,32`, and
+    # the hint to give C,H,W was what the user gave.
+    unbatched = runner.invoke(app, ["summary", "convnet", "-i", "3,32,32", "--no-batch-dim"])
+    assert unbatched.exit_code == 2
+    assert unbatched.stderr.strip() == (
+        "Error: convnet takes images, and with --no-batch-dim the input size is N,C,H,W, not "
+        "3,32,32 (give the batch first, such as 1,3,28,28, or drop --no-batch-dim)"
+    )
+    followed = runner.invoke(app, ["summary", "convnet", "-i", "1,3,28,28", "--no-batch-dim"])
+    assert followed.exit_code == 0, followed.stderr
 
 
 def test_convnet_is_sized_for_a_non_square_input(runner):

@@ -192,7 +192,7 @@ def summarize_model(
     if progress is not None:
         progress("building the model")
     if sample is not None and spec in BUILTIN_MODELS:
-        _require_image_shape(sample, spec)
+        _require_image_shape(sample, spec, first if no_batch_dim else None)
     named = ModelSpec(
         model=spec,
         weights=weights,
@@ -416,7 +416,17 @@ def _sized_by_input(spec: str, sample: Sequence[int] | None):
         ) from error
 
 
-def _require_image_shape(shape: Sequence[int], name: str) -> None:
+def _require_image_shape(
+    shape: Sequence[int], name: str, unbatched: Sequence[int] | None = None
+) -> None:
+    """`shape`, one sample of the input, is C,H,W; `unbatched` is the whole --input-size under
+    --no-batch-dim, which names it (3,32,32 is no image there: its sample is 32,32)."""
+    if len(shape) != 3 and unbatched is not None:
+        raise UsageError(
+            f"{name} takes images, and with --no-batch-dim the input size is N,C,H,W, not "
+            f"{','.join(map(str, unbatched)) or '() (no dimensions)'}",
+            "give the batch first, such as 1,3,28,28, or drop --no-batch-dim",
+        )
     if len(shape) != 3:
         raise UsageError(
             f"{name} takes images: give the input size as C,H,W (or N,C,H,W), not "
