@@ -15,8 +15,8 @@ FFmpeg's count. `--list N` instead times finding the videos among N files in 10 
 (`find_videos`) against `Path.rglob` with a `Path` check of each entry (its way before).
 `--piped N` instead times N videos (links to two small clips) listed on stdin (`video-info -`)
 against the same folder given whole, with stdin's chunks after the first 16 times larger (now) and
-all of the first size
-(before: each chunk starts its worker processes anew).
+all of the first size (each chunk waits for its last videos; one set of worker processes reads
+every chunk, where each started its own before).
 `--raw` makes raw MPEG-2 streams (`.m2v`), whose container gives no frame count, and times
 `--segments 3` on them (each counted by decoding, as the loop then counts them too).
 """
@@ -165,7 +165,7 @@ def compare_piped(count: int, repeats: int) -> None:
     print(f"{count:,} small videos, best of {repeats}, s")
     print(f"folder given whole:                 {whole:7.2f}")
     print(f"piped, larger chunks (now):         {piped:7.2f}")
-    print(f"piped, chunks of one size (before): {before:7.2f}")
+    print(f"piped, chunks of one size:          {before:7.2f}")
     print(f"ratio (before / now): {before / piped:.2f}x; now / folder: {piped / whole:.2f}x")
 
 

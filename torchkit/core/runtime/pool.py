@@ -156,45 +156,88 @@ def map_chunks(
         for chunk in chunks:
             on_result(func(chunk))
         return
+    with WorkerPool(min(workers, len(chunks)), preload=preload, start_fresh=start_fresh) as pool:
+        pool.map(func, chunks, on_result)
 
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-    from concurrent.futures.process import BrokenProcessPool
 
-    # fork on Linux, as torch's DataLoader does: workers start at once and share what this
-    # process imported.
-    use_fork = sys.platform.startswith("linux") and not start_fresh
-    if use_fork and preload is not None:
-        preload()
-    executor = ProcessPoolExecutor(
-        max_workers=min(workers, len(chunks)),
-        mp_context=multiprocessing.get_context("fork" if use_fork else "spawn"),
-        initializer=_init_worker,
-        initargs=(os.getpid(),),
-    )
-    finished = False
-    try:
-        # The workers start on the first submit: a signal then waits until they are all
-        # known to the executor, so that stopping it stops every one of them.
-        with signals_held(), _without_main(spawned=not use_fork):
-            pending = {executor.submit(_call, func, chunk) for chunk in chunks}
-        for future in as_completed(pending):
-            # A done future holds its result: let it go once handed on, not at the end of the
-            # run (every chunk's result at once, in memory).
-            pending.discard(future)
-            try:
-                result = future.result()
-            except _RaisedInWorker as error:
-                raise error.rebuild() from None
-            on_result(result)
-        finished = True
-    except BrokenProcessPool as error:
-        raise TorchkitError(
-            f"a worker process died: {error}",
-            "run with --workers 0 to see why, or free some memory",
-        ) from error
-    finally:
-        if finished:
+class WorkerPool:
+    """`workers` processes kept for several `map`s, as `map_chunks` runs one (its options): work
+    that comes a part at a time (video-info's list on stdin, read as it is piped) starts them
+    once, not once a part (0.5-1 s each where they start as new interpreters). They start at
+    the first `map`; leaving the `with` block waits for them to end, or, on an exception or an
+    interrupt, terminates them at once."""
+
+    def __init__(
+        self,
+        workers: int,
+        *,
+        preload: Callable[[], None] | None = None,
+        start_fresh: bool = False,
+    ) -> None:
+        self.workers = workers
+        self.preload = preload
+        self.start_fresh = start_fresh
+        self._executor: Any = None
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, kind: Any, error: Any, traceback: Any) -> None:
+        executor, self._executor = self._executor, None
+        if executor is None:
+            return
+        if kind is None:
             executor.shutdown(wait=True)
         else:
             _stop(executor)
+
+    def map(
+        self, func: Callable[[Any], T], chunks: Sequence[Any], on_result: Callable[[T], None]
+    ) -> None:
+        """`func(chunk)` of every chunk in the workers, each result handed to `on_result` as it
+        arrives (`map_chunks`); an exception leaves the pool to be stopped by `with`."""
+        from concurrent.futures import as_completed
+        from concurrent.futures.process import BrokenProcessPool
+
+        executor = self._start()
+        try:
+            # The workers start on the first submit: a signal then waits until they are all
+            # known to the executor, so that stopping it stops every one of them.
+            with signals_held(), _without_main(spawned=self._spawned):
+                pending = {executor.submit(_call, func, chunk) for chunk in chunks}
+            for future in as_completed(pending):
+                # A done future holds its result: let it go once handed on, not at the end of
+                # the run (every chunk's result at once, in memory).
+                pending.discard(future)
+                try:
+                    result = future.result()
+                except _RaisedInWorker as error:
+                    raise error.rebuild() from None
+                on_result(result)
+        except BrokenProcessPool as error:
+            raise TorchkitError(
+                f"a worker process died: {error}",
+                "run with --workers 0 to see why, or free some memory",
+            ) from error
+
+    @property
+    def _spawned(self) -> bool:
+        # fork on Linux, as torch's DataLoader does: workers start at once and share what this
+        # process imported.
+        return not sys.platform.startswith("linux") or self.start_fresh
+
+    def _start(self) -> Any:
+        if self._executor is not None:
+            return self._executor
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        if not self._spawned and self.preload is not None:
+            self.preload()
+        self._executor = ProcessPoolExecutor(
+            max_workers=self.workers,
+            mp_context=multiprocessing.get_context("spawn" if self._spawned else "fork"),
+            initializer=_init_worker,
+            initargs=(os.getpid(),),
+        )
+        return self._executor

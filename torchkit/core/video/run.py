@@ -37,7 +37,7 @@ from torchkit.core.io.overlap import (
 from torchkit.core.io.path_lists import PathStream
 from torchkit.core.io.progress import Progress
 from torchkit.core.runtime.cpus import usable_cpus
-from torchkit.core.runtime.pool import chunked, map_chunks
+from torchkit.core.runtime.pool import WorkerPool, chunked, map_chunks
 from torchkit.core.runtime.seeding import check_seed
 from torchkit.core.video.containers import find_named_videos, input_name, video_key
 from torchkit.core.video.frames import (
@@ -64,9 +64,9 @@ MIN_VIDEOS_PER_PROCESS = 64
 # choice, one per core): the videos are the parallel work (probe._open_capture).
 DECODER_THREADS: int | None = 1
 # How much larger than the first (`_chunk_size`) the later chunks of the videos listed on stdin
-# are: each chunk starts its worker processes afresh and waits for the last of them (0.5-1 s for
-# 2 processes here), which, 2,048 videos a chunk, tripled the time of 100,000 empty files; 16x
-# holds at most some 50 MB of records.
+# are: each chunk waits for the last of its videos (and started its worker processes afresh, 0.5-1
+# s for 2 processes here, before they were kept across chunks: `WorkerPool`), which, 2,048 videos
+# a chunk, tripled the time of 100,000 empty files; 16x holds at most some 50 MB of records.
 STREAMED_CHUNK_GROWTH = 16
 # Videos handed to a worker process at a time: few enough that the progress moves and the
 # workers finish together, many enough that sending them costs little.
@@ -196,7 +196,8 @@ def stream_videos(
     memory does not grow with the records. Every check is made here, before any output is
     opened. `-` alone reads the paths on stdin as they are piped, a thousand or more at a time
     (`_chunk_size`), then 16 times as many at a time (`_ListedVideos.chunks`; a video listed
-    twice is read once, as in `find_videos`), each checked against `report` as it comes;
+    twice is read once, as in `find_videos`), each checked against `report` as it comes, by one
+    set of worker processes (started at the first chunk long enough for them);
     `progress` then gets (done, None)."""
     _check_options(segments, workers, seed, sample_mode)
     options = (exact, decode_check, segments, sample_mode, seed)
@@ -219,16 +220,19 @@ def stream_videos(
 
     def read_listed(on_record: Callable[[VideoInfo], None]) -> None:
         done = 0
-        for chunk in itertools.chain([first], chunks):
-            if report is not None and chunk is not first:  # -o is none of the videos listed
-                check_overlap(report, "output", video_inputs([], chunk))
+        threads = default_video_workers() if workers is None else workers
+        most = _worker_processes(size * STREAMED_CHUNK_GROWTH, threads)
+        with WorkerPool(most, start_fresh=True) as pool:  # see _read_in_processes
+            for chunk in itertools.chain([first], chunks):
+                if report is not None and chunk is not first:  # -o is none of the videos listed
+                    check_overlap(report, "output", video_inputs([], chunk))
 
-            def advance(count: int, _total: int | None, before: int = done) -> None:
-                progress(before + count, None)  # type: ignore[misc]
+                def advance(count: int, _total: int | None, before: int = done) -> None:
+                    progress(before + count, None)  # type: ignore[misc]
 
-            chunk_progress = advance if progress is not None else None
-            _inspect(chunk, *options, None, workers, chunk_progress, None, on_record)
-            done += len(chunk)
+                chunk_progress = advance if progress is not None else None
+                _inspect(chunk, *options, None, workers, chunk_progress, None, on_record, pool)
+                done += len(chunk)
 
     return read_listed
 
@@ -302,10 +306,13 @@ def _inspect(
     progress: Progress | None,
     names: dict[str, str] | None = None,
     on_record: Callable[[VideoInfo], None] | None = None,
+    pool: WorkerPool | None = None,
 ) -> list[VideoInfo]:
     """The records of `videos` (`names`: each one's name in its input, which seeds its
     train-mode sampling; None: its path as listed), in order; with `on_record`, each handed to
-    it as soon as those before it are, and none kept (the list returned is empty)."""
+    it as soon as those before it are, and none kept (the list returned is empty). `pool`: the
+    worker processes to read them in, where they are many (kept across calls), instead of a
+    set started for them."""
     threads = default_video_workers() if workers is None else workers
     # One video decoded at length alone (--exact, or its frames extracted; one video or -j 1)
     # keeps FFmpeg's threads for itself.
@@ -341,7 +348,7 @@ def _inspect(
         def arrived(position: int, info: VideoInfo) -> None:
             hand(sample(position, info))
 
-        _read_in_processes(videos, reading, processes, threads, progress, arrived)
+        _read_in_processes(videos, reading, processes, threads, progress, arrived, pool)
         return records
 
     def work(position: int) -> VideoInfo:
@@ -401,11 +408,13 @@ def _read_in_processes(
     threads: int,
     progress: Progress | None,
     hand: Callable[[int, VideoInfo], None],
+    pool: WorkerPool | None = None,
 ) -> None:
-    """`probe_video` of every video in `processes` worker processes, `threads` videos at a time
-    in all; each (position, record) handed over in the order of `videos` as soon as those
-    before it are (the records that come early wait: a few chunks' worth, those in flight).
-    Ctrl-C, SIGTERM or an error stops the workers at once (core.runtime.pool)."""
+    """`probe_video` of every video in `processes` worker processes (`pool`'s, where given),
+    `threads` videos at a time in all; each (position, record) handed over in the order of
+    `videos` as soon as those before it are (the records that come early wait: a few chunks'
+    worth, those in flight). Ctrl-C, SIGTERM or an error stops the workers at once
+    (core.runtime.pool)."""
     total = len(videos)
     early: dict[int, VideoInfo] = {}
     done = 0
@@ -421,6 +430,8 @@ def _read_in_processes(
         if progress:
             progress(done, total)
 
+    if pool is not None:
+        processes = pool.workers  # each busy: as many as the longest chunk would start
     per_process = max(1, -(-threads // processes))
     positions = list(range(total))
     jobs = [
@@ -430,6 +441,9 @@ def _read_in_processes(
     # Workers start as new interpreters, not forks of this process: a fork of a process whose
     # OpenCV or FFmpeg threads ran copies their locks mid-use, and a worker that takes one hangs
     # (a library user's process, or one that read videos before).
+    if pool is not None:
+        pool.map(_read_chunk, jobs, arrived)
+        return
     map_chunks(_read_chunk, jobs, workers=processes, on_result=arrived, start_fresh=True)
 
 
