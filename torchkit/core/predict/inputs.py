@@ -310,7 +310,8 @@ def listed_images_check(output: str | os.PathLike) -> Callable[[Sequence[str]], 
     file made there since holds no image of this list)."""
     import stat
 
-    from torchkit.core.io.overlap import InputPath, check_overlap
+    from torchkit.core.io.output_paths import shown
+    from torchkit.core.io.overlap import InputPath, OutputOverlapError, check_overlap
 
     try:
         info = os.stat(output)
@@ -328,7 +329,12 @@ def listed_images_check(output: str | os.PathLike) -> Callable[[Sequence[str]], 
             except (OSError, ValueError):  # missing, or no name: its row says so
                 continue
             if (info.st_dev, info.st_ino) == identity:  # refused with every output's words
-                check_overlap(output, "output", [InputPath.of(path, "image listed on stdin")])
+                image = InputPath.of(path, "image listed on stdin")
+                check_overlap(output, "output", [image])
+                raise OutputOverlapError(
+                    f"output {shown(output)} is the {image.what} {shown(path)}",
+                    "choose another output",
+                )
 
     return check
 
