@@ -418,13 +418,22 @@ def _check_data_and_preprocessing(config: TrainConfig) -> None:
 def _check_schedule(config: TrainConfig) -> None:
     """The milestones a multistep schedule needs."""
     if config.scheduler == "multistep" and not config.milestones:
-        _refuse("--scheduler multistep needs --milestones", "e.g. --milestones 30,60")
+        _refuse("--scheduler multistep needs --milestones", milestones_example(config.epochs))
     if any(milestone < 1 for milestone in config.milestones):
         given = ",".join(map(str, config.milestones))
         _refuse(
             f"--milestones are the epochs after which the learning rate drops, from 1: not {given}",
-            "e.g. --milestones 30,60",
+            milestones_example(config.epochs),
         )
+
+
+def milestones_example(epochs: int | None) -> str:
+    """An example --milestones within a run of `epochs` (None: not chosen yet): after half and
+    three quarters of it (`30,60` in a run of 2 epochs never drops the rate, and warns so)."""
+    if epochs is None:
+        return "e.g. --milestones 30,60"
+    drops = sorted({max(1, epochs // 2), max(1, epochs * 3 // 4)})
+    return f"e.g. --milestones {','.join(map(str, drops))} for a run of {epochs} epochs"
 
 
 def _check_seed_and_counts(config: TrainConfig) -> None:
