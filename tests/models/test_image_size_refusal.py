@@ -59,3 +59,23 @@ def test_a_model_too_deep_for_the_image_size_is_one_line_naming_the_smallest(
     assert f"cannot {doing} 8x8 images: " in line and "Output size is too small" in line
     assert line.endswith(SMALLEST)
     assert not [path for path in tmp_path.iterdir() if path.name.startswith("out")]
+
+
+@pytest.mark.parametrize("command", ["summary", "benchmark", "convert-syncbn"])
+def test_an_input_size_given_with_i_is_hinted_as_i(command, make_image_folder, tmp_path):
+    """summary, benchmark and convert-syncbn take -i C,H,W beside --image-size: the hint to
+    use --image-size 16, added to `-i 3,8,8`, was refused as a second input size."""
+    data = make_image_folder(tmp_path / "data", {"a": 2})
+    out = tmp_path / "out"
+    if command == "convert-syncbn":
+        torch.save(nn.SyncBatchNorm.convert_sync_batchnorm(DeepNet()), tmp_path / "sync.pt")
+    words = [word.format(data=data, out=out) for word in COMMANDS[command]]
+    if command == "benchmark":
+        words += ["--iters", "1", "--warmup", "0"]
+    result = run_torchkit_in_process(*words, "-i", "3,8,8")
+    assert result.returncode == 2, result.stderr
+    assert error_line(result.stderr).endswith(
+        "(the smallest it takes is 16: use -i 3,16,16 or larger)"
+    )
+    followed = run_torchkit_in_process(*words, "-i", "3,16,16")
+    assert followed.returncode == 0, followed.stderr

@@ -124,6 +124,7 @@ def convert_syncbn(
                     "go with a model name, not with SRC DST", param_hint="'--weights/--num-classes'"
                 )
             from torchkit.core.input_size import parse_input_size, square_sample
+            from torchkit.core.models.image_size import ImageSizeError
 
             if input_size is not None and image_size is not None:
                 raise typer.BadParameter(
@@ -143,14 +144,19 @@ def convert_syncbn(
             # An old DST and report replaced with --force are set aside until both new ones are in
             # place (export's rule): a report the disk has no room for leaves both as they were.
             replaced.set_aside(destination)  # before convert_saved_model checks DST again
-            report = syncbn.convert_saved_model(
-                source,
-                destination,
-                revert=revert,
-                trust_checkpoint=trust_checkpoint,
-                force=force,
-                sample_shape=sample_shape,
-            )
+            try:
+                report = syncbn.convert_saved_model(
+                    source,
+                    destination,
+                    revert=revert,
+                    trust_checkpoint=trust_checkpoint,
+                    force=force,
+                    sample_shape=sample_shape,
+                )
+            except ImageSizeError as error:  # its hint names -i, which --image-size contradicts
+                if input_size is None:
+                    raise
+                raise error.for_input_size() from error.__cause__
             replaced.wrote(destination)
             columns = CONVERSION_COLUMNS if revert else CONVERSION_COLUMNS[:-1]
             title = f"{report['count']} layers converted to {report['target']} ({report['kind']})"

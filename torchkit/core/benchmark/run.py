@@ -389,8 +389,9 @@ def benchmark_model(
         counted = _per_image(
             summarize(model, [(count_batch, *sample)], count_flops=True), count_batch
         )
-    except ImageSizeError:  # its hint names the smallest size and the option
-        raise
+    except ImageSizeError as error:  # its hint names the smallest size and the option
+        sized_by_input = options.input_size is not None  # -i, which --image-size contradicts
+        raise (error.for_input_size() if sized_by_input else error) from error.__cause__
     except UsageError as error:  # the model does not take this input: say which option
         raise UsageError(error.message, "check --input-size") from error
     if device.type == "cpu" and not options.find_batch_size:  # the search predicts its own

@@ -17,7 +17,27 @@ LARGEST_SIDE_TRIED = 256
 
 
 class ImageSizeError(UsageError):
-    """A model that cannot run at the images' size; the hint names the smallest it takes."""
+    """A model that cannot run at the images' size; the hint names the smallest it takes, as
+    --image-size, or (`for_input_size`) as the -i C,H,W of a command whose input came from -i,
+    which --image-size would contradict (summary, benchmark, convert-syncbn)."""
+
+    smallest: int | None = None
+    channels: int = 3
+    more: str = ""  # what the hint says after the size
+
+    def for_input_size(self) -> ImageSizeError:
+        if self.smallest is None:
+            return self
+        side, channels = self.smallest, self.channels
+        refusal = ImageSizeError(
+            self.message, _smallest_hint(side, f"-i {channels},{side},{side}") + self.more
+        )
+        refusal.smallest, refusal.channels, refusal.more = side, channels, self.more
+        return refusal
+
+
+def _smallest_hint(smallest: int, size: str) -> str:
+    return f"the smallest it takes is {smallest}: use {size} or larger"
 
 
 def image_size_refusal(
@@ -49,13 +69,18 @@ def image_size_refusal(
     smallest = smallest_running_side(runs, side, training=training)
     if smallest is None:
         return None
-    hint = f"the smallest it takes is {smallest}: use --image-size {smallest} or larger"
+    more = ""
     if batch > given and not runs(smallest, given):  # else the batch's refusal would come next
-        hint += (
+        more = (
             ", with --batch-size 2 or more; BatchNorm in training mode needs more than one "
             "value per channel"
         )
-    return ImageSizeError(f"{name} cannot {doing} {side}x{side} images: {first_line(error)}", hint)
+    refusal = ImageSizeError(
+        f"{name} cannot {doing} {side}x{side} images: {first_line(error)}",
+        _smallest_hint(smallest, f"--image-size {smallest}") + more,
+    )
+    refusal.smallest, refusal.channels, refusal.more = smallest, channels, more
+    return refusal
 
 
 def one_value_per_channel(error: BaseException) -> bool:

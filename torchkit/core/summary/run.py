@@ -14,6 +14,7 @@ from torchkit.core.input_size import check_numel, parse_input_size, square_sampl
 from torchkit.core.io.errors import TorchkitError, UsageError, first_line
 from torchkit.core.models import ModelSpec, model_inputs, resolve_spec
 from torchkit.core.models.builders import BUILTIN_MODELS, is_timm_spec, list_models
+from torchkit.core.models.image_size import ImageSizeError
 from torchkit.core.models.resolver import (
     has_random_weights,
     replaced_head_warning,
@@ -293,6 +294,7 @@ def _summarize_loaded(
     from torchkit.core.runtime.threads import compute_threads, torch_threads
 
     notes = []
+    sized_by_input = bool(args) and image_size is None  # -i, which --image-size contradicts
     if image_size is not None:
         args = [InputArg(square_sample(loaded.sample_shape, image_size))]
         no_batch_dim = False
@@ -342,6 +344,8 @@ def _summarize_loaded(
                     progress=progress,
                     run_for_real=not on_meta,
                 )
+            except ImageSizeError as error:
+                raise (error.for_input_size() if sized_by_input else error) from error.__cause__
             except UsageError as error:
                 _name_the_recorded_input(error, loaded, specs)
                 raise
