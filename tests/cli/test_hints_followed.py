@@ -73,3 +73,32 @@ def test_weights_of_another_size_hint_options_predict_takes(runner, tmp_path):
     followed = runner.invoke(app, [*command, "--image-size", "28", "--format", "csv"])
     assert followed.exit_code == 0, followed.stderr
     assert followed.stdout.count("\n") == 2  # the header and the image's row
+
+
+@pytest.mark.parametrize(
+    ("page", "command"),
+    [("split.md", ["split", "raw", "--data", "raw2"]),
+     ("extract-features.md", ["extract-features", "convnet", "raw", "--data", "raw2"])],
+)  # fmt: skip
+def test_the_pages_line_for_a_data_folder_given_as_out_is_the_one_printed(
+    runner, tmp_path, monkeypatch, page, command
+):
+    """The pages showed the line for an OUT torchkit wrote (`pass --force ...`) where they
+    explain a data folder taken for OUT, which --force does not replace."""
+    import re
+
+    from image_folders import write_image_folder
+    from output_checks import error_line
+    from suite_paths import REPO
+
+    from torchkit.cli import app
+
+    text = (REPO / "docs" / "commands" / page).read_text(encoding="utf-8")
+    quoted = re.search(r"```text\n(Error: output folder already exists: raw .*)\n```", text)
+    assert quoted, page
+    monkeypatch.chdir(tmp_path)
+    for name in ("raw", "raw2"):
+        write_image_folder(tmp_path / name, {"a": 2, "b": 2})
+    result = runner.invoke(app, command)
+    assert result.exit_code == 1
+    assert error_line(result.stderr) == quoted.group(1)
