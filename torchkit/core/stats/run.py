@@ -189,7 +189,7 @@ def compute_dataset_stats(
         index, reason, _ = errors[0]
         raise InputError(
             f"none of the {total} image files in {_data_name(source, samples)} could be read",
-            f"the first, {samples.ids[index]}: {reason}",
+            f"the first, {image_path(samples, index)}: {reason}",
         )
     _warn_of_skipped_files(tally, len(errors), mode)
     stats = summarise(
