@@ -586,9 +586,10 @@ def write_set(run: _Writing, shard_set: ShardSet, records: list[ShardRecord]) ->
     if skipped:  # unreadable images after the last shard: they belong to it
         if not records:
             first = skipped[0]
+            named = image_path(shard_set.samples, shard_set.order[first["position"]])
             raise InputError(
                 f"none of the {total} images of {_set_words(shard_set)} could be read",
-                f"the first, {first['path']}: {first['reason']}",
+                f"the first, {named}: {first['reason']}",  # as its warning named it
             )
         records[-1].unreadable += skipped
         records[-1].end = total
