@@ -466,9 +466,12 @@ def read_safetensors(path: str | os.PathLike, key: str | None = None) -> Any:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    from torchkit.core.io.non_utf8_names import name_native_code_opens
+
     source = Path(path)
     try:
-        tensors = load_file(str(source), device="cpu")
+        with name_native_code_opens(source) as name:
+            tensors = load_file(name, device="cpu")
     except (SafetensorError, OSError, ValueError, RuntimeError) as error:
         raise InputError(
             f"cannot read {source}: {first_line(error)}",

@@ -1,10 +1,13 @@
-"""Text that names files which are not UTF-8 (lone surrogates, `surrogateescape`): found, and
-written as JSON that stays valid UTF-8."""
+"""Text that names files which are not UTF-8 (lone surrogates, `surrogateescape`): found,
+written as JSON that stays valid UTF-8, and given to native code that takes UTF-8 names only."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+from collections.abc import Iterator
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -21,3 +24,22 @@ def json_text(value: object, **dumps_kwargs) -> str:
     character is written as itself, as before."""
     text = json.dumps(value, ensure_ascii=False, **dumps_kwargs)
     return _SURROGATE.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
+
+
+@contextlib.contextmanager
+def name_native_code_opens(path: str | os.PathLike) -> Iterator[str]:
+    """A name of the file at `path` for a library whose native code takes a path as UTF-8 text
+    (onnxruntime, torch.jit.load, torch.export.load, safetensors): the path itself, or, for a
+    name that is not UTF-8, the file opened here and named by its descriptor, `/proc/self/fd/N`
+    (open until the block ends): such a name was refused with the binding's TypeError or
+    "Path ... is not valid UTF-8", and `export` could write no file under it. Without
+    `/proc` (no Linux, whose names alone may be any bytes), the path itself."""
+    name = os.fspath(path)
+    if not holds_non_utf8(name) or not os.path.isdir("/proc/self/fd"):
+        yield name
+        return
+    descriptor = os.open(name, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        yield f"/proc/self/fd/{descriptor}"
+    finally:
+        os.close(descriptor)

@@ -352,8 +352,11 @@ def _load_safetensors(source: Path) -> dict:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    from torchkit.core.io.non_utf8_names import name_native_code_opens
+
     try:
-        return load_file(str(source), device="cpu")
+        with name_native_code_opens(source) as name:
+            return load_file(name, device="cpu")
     except (SafetensorError, OSError, ValueError) as error:
         raise CheckpointError(f"cannot read safetensors file {source}: {error}") from error
 

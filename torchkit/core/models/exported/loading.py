@@ -16,6 +16,7 @@ from typing import Any
 
 from torchkit.core.data.preprocessing import Preprocess
 from torchkit.core.io.errors import InputError, TorchkitError, UsageError, first_line
+from torchkit.core.io.non_utf8_names import name_native_code_opens
 from torchkit.core.models.exported import metadata as meta
 from torchkit.core.models.exported.formats import (
     EXPORTED_PROGRAM,
@@ -300,9 +301,10 @@ class _OnnxSession:
         # its exception becomes (the one Error line the user sees)
         options.log_severity_level = 4
         try:
-            return onnxruntime.InferenceSession(
-                os.fspath(self.source), sess_options=options, providers=["CPUExecutionProvider"]
-            )
+            with name_native_code_opens(self.source) as name:
+                return onnxruntime.InferenceSession(
+                    name, sess_options=options, providers=["CPUExecutionProvider"]
+                )
         except Exception as error:
             raise _cannot_load(ONNX, self.source, error) from error
 
@@ -316,7 +318,8 @@ def jit_load(source: str | os.PathLike, **kwargs: Any) -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
-        return torch.jit.load(os.fspath(source), map_location="cpu", **kwargs)
+        with name_native_code_opens(source) as name:
+            return torch.jit.load(name, map_location="cpu", **kwargs)
 
 
 def torchscript_module(source: str | os.PathLike) -> tuple[Any, dict[str, Any]]:
@@ -344,7 +347,8 @@ def _load_exported_program(source: Path) -> ExportedModel:
     level = export_log.level
     export_log.setLevel(logging.ERROR)
     try:
-        program = torch.export.load(os.fspath(source), extra_files=extra)
+        with name_native_code_opens(source) as name:
+            program = torch.export.load(name, extra_files=extra)
     except Exception as error:
         # torch that writes its folder layout (torch.export.pt2_archive) reads no earlier one
         folder_layout = importlib.util.find_spec("torch.export.pt2_archive") is not None

@@ -1,0 +1,90 @@
+"""A model file whose name is not UTF-8 (b"m\\xff.onnx": Linux allows any bytes) is written and
+read as any other: onnxruntime, torch.jit.load, torch.export.load and safetensors take a path as
+UTF-8 text only, so torchkit hands them the file by its descriptor."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+from checkpoints import write_convnet_checkpoint
+from image_folders import write_image_folder
+from output_checks import error_line
+
+from torchkit.cli import app
+
+if not os.path.isdir("/proc/self/fd") or sys.getfilesystemencoding() != "utf-8":
+    pytest.skip("a name of any bytes: Linux, UTF-8 file names", allow_module_level=True)
+
+RUN = ["--device", "cpu", "-j", "0", "--format", "csv", "-q"]
+# JSON: the report names the file in text (CliRunner's stdout takes no bytes that are not UTF-8)
+REPORT = ["--format", "json", "-q"]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    """A convnet checkpoint for 8x8 RGB images, and the CSV rows predict gives an image with it."""
+    folder = tmp_path_factory.mktemp("model")
+    write_convnet_checkpoint(folder / "m.pt", in_channels=3, image_size=8, classes="ab")
+    image = write_image_folder(folder / "images", {"a": 1}) / "a" / "a_0.png"
+    return folder / "m.pt", image
+
+
+# torch.export (.pt2) goes through the same helper; its export takes seconds, not tested here
+@pytest.mark.parametrize(("extension", "trust"), [("onnx", []), ("ts", ["--trust-checkpoint"])])
+def test_an_exported_model_under_a_name_that_is_not_utf8_is_written_and_read(
+    runner, tmp_path, model, extension, trust
+):
+    """Before: export failed its own verification (`onnxruntime cannot load .m\\udcff....:
+    TypeError: __init__(): incompatible constructor arguments`), and a file renamed so could
+    not be read by predict or eval."""
+    if extension == "onnx":
+        pytest.importorskip("onnxruntime")
+    checkpoint, image = model
+    out = tmp_path / f"m\udcff.{extension}"
+    exported = runner.invoke(app, ["export", str(checkpoint), str(out), *REPORT])
+    assert exported.exit_code == 0, exported.stderr
+    assert os.fsencode(out) in [os.fsencode(p) for p in tmp_path.iterdir()]
+    expected = runner.invoke(app, ["predict", str(checkpoint), str(image), *RUN])
+    predicted = runner.invoke(app, ["predict", str(out), str(image), *RUN, *trust])
+    assert predicted.exit_code == 0, predicted.stderr
+    assert predicted.stdout == expected.stdout
+
+
+def test_safetensors_weights_under_a_name_that_is_not_utf8_are_read(runner, tmp_path, model):
+    """Before: `Error: cannot read safetensors file w\\udcff.safetensors: Path w\ufffd.safetensors
+    is not valid UTF-8`, for a file convert checkpoint had just written."""
+    checkpoint, image = model
+    weights = tmp_path / "w\udcff.safetensors"
+    converted = runner.invoke(
+        app, ["convert", "checkpoint", str(checkpoint), str(weights), *REPORT]
+    )
+    assert converted.exit_code == 0, converted.stderr
+    expected = runner.invoke(app, ["predict", str(checkpoint), str(image), *RUN])
+    model_args = ["convnet", "--weights", str(weights), "--image-size", "8"]
+    predicted = runner.invoke(app, ["predict", *model_args, str(image), *RUN])
+    assert predicted.exit_code == 0, predicted.stderr
+    # the same class index and probability (the weights alone carry no class names)
+    assert [row.split(",")[3:5] for row in predicted.stdout.splitlines()[1:]] == [
+        row.split(",")[3:5] for row in expected.stdout.splitlines()[1:]
+    ]
+    array = tmp_path / "t\udcff.safetensors"
+    assert runner.invoke(app, ["convert", "tensor", str(image), str(array), *REPORT]).exit_code == 0
+    back = runner.invoke(app, ["convert", "tensor", str(array), str(tmp_path / "t.npy"), *REPORT])
+    assert back.exit_code == 0, back.stderr
+    # a damaged one is still said to be damaged
+    (tmp_path / "bad\udcff.safetensors").write_bytes(b"junk")
+    refused = runner.invoke(
+        app,
+        [
+            "predict",
+            "convnet",
+            "--weights",
+            str(tmp_path / "bad\udcff.safetensors"),
+            str(image),
+            *RUN,
+        ],
+    )
+    assert refused.exit_code == 1
+    assert "header too small" in error_line(refused.stderr)
