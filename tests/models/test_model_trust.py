@@ -177,7 +177,12 @@ def test_resume_of_a_pickled_file_says_trust_would_not_help(runner, tmp_path):
         assert result.exit_code == 1, result.stderr
         line = error_line(result.stderr)
         assert f"{pickled} holds a pickled" in line
-        assert "whose checkpoints need no trust" in line and "--weights FILE" in line
+        assert "whose checkpoints need no trust" in line
+        # The architecture is named too: --weights alone loads them into convnet, the default.
+        assert line.endswith(
+            "use --model ARCH --weights FILE --trust-checkpoint to start a new run from other "
+            "weights)"
+        )
 
 
 @pytest.mark.parametrize(

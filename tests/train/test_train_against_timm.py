@@ -623,7 +623,7 @@ def test_a_timm_train_checkpoint_fine_tunes_and_evaluates(timm_train_checkpoint,
     assert resumed.returncode != 0
     assert (
         "is not a torchkit training checkpoint (--resume continues a `torchkit train` run; "
-        "use --weights for other weights)" in " ".join(resumed.stderr.split())
+        "use --model ARCH --weights FILE for other weights)" in " ".join(resumed.stderr.split())
     )
 
 

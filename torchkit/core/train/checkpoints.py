@@ -207,12 +207,14 @@ def load_for_resume(spec: str, *, put_back: bool = False) -> tuple[Path, dict]:
         raise CheckpointError(
             error.message,
             "--resume continues a `torchkit train` run, whose checkpoints need no trust; "
-            "use --weights FILE --trust-checkpoint to start a new run from other weights",
+            "use --model ARCH --weights FILE --trust-checkpoint to start a new run from other "
+            "weights",
         ) from error
     if not is_torchkit_checkpoint(checkpoint):
         raise CheckpointError(
             f"{path} is not a torchkit training checkpoint",
-            "--resume continues a `torchkit train` run; use --weights for other weights",
+            "--resume continues a `torchkit train` run; use --model ARCH --weights FILE for "
+            "other weights",
         )
     missing = [key for key in RESUME_KEYS if key not in checkpoint]
     if missing:
