@@ -102,3 +102,22 @@ def test_the_pages_line_for_a_data_folder_given_as_out_is_the_one_printed(
     result = runner.invoke(app, command)
     assert result.exit_code == 1
     assert error_line(result.stderr) == quoted.group(1)
+
+
+def test_a_checkpoint_that_cannot_continue_names_its_architecture_for_a_new_run(tmp_path):
+    """Was "use it with --weights": a new run loads --weights into --model, convnet by default,
+    which another architecture's weights do not fit."""
+    import torch
+
+    from torchkit.core.io.errors import CheckpointError
+    from torchkit.core.train.checkpoints import load_for_resume
+
+    path = tmp_path / "my avg.pt"  # an averaged checkpoint: no optimizer, no scheduler
+    torch.save(
+        {"format_version": 2, "torchkit_version": "1", "arch": "resnet18", "model": {}}, path
+    )
+    with pytest.raises(CheckpointError) as refused:
+        load_for_resume(str(path))
+    assert refused.value.hint == (
+        f"use it with --model resnet18 --weights '{path}' to start a new run from its weights"
+    )
