@@ -88,3 +88,25 @@ def test_safetensors_weights_under_a_name_that_is_not_utf8_are_read(runner, tmp_
     )
     assert refused.exit_code == 1
     assert "header too small" in error_line(refused.stderr)
+
+
+def test_tensorboard_logs_into_a_run_folder_whose_name_is_not_utf8(tmp_path):
+    """TensorBoard encodes the names it writes by as UTF-8. Before, `train --tensorboard --out
+    run$'\\xff'` ended at its start: `Error: UnicodeEncodeError: 'utf-8' codec can't encode
+    character '\\udcff' ...`. (Its writer alone: a train run takes seconds.)"""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from torchkit.core.train.outputs import TensorBoardLog
+
+    folder = tmp_path / "run\udcff" / "tensorboard"
+    folder.parent.mkdir()
+    log = TensorBoardLog(folder)
+    log.epoch({"epoch": 1, "train_loss": 0.5})
+    log.close()
+    (events,) = folder.iterdir()
+    (tmp_path / "events").mkdir()  # read back where TensorBoard's reader can name it
+    events.rename(tmp_path / "events" / events.name)
+    accumulator = EventAccumulator(str(tmp_path / "events"))
+    accumulator.Reload()
+    assert [(e.step, e.value) for e in accumulator.Scalars("train/train_loss")] == [(1, 0.5)]

@@ -8,6 +8,7 @@ its checkpoint has.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import platform
 import threading
@@ -22,6 +23,7 @@ from torchkit.core.io.csv_rows import csv_text
 from torchkit.core.io.files import atomic_path, atomic_write_json, atomic_write_text
 from torchkit.core.io.folder_contents import proven
 from torchkit.core.io.force import holds_json_record
+from torchkit.core.io.non_utf8_names import holds_non_utf8, name_native_code_opens
 from torchkit.core.io.output_proofs import (
     PNG_METADATA,
     any_of,
@@ -307,10 +309,20 @@ class TensorBoardLog:
         """`filename_suffix`: what the event file's name ends with."""
         self.folder = folder
         _quiet_writer_thread_errors()
+        # TensorBoard encodes the names it writes by as UTF-8: a folder whose name is not UTF-8
+        # (a UnicodeEncodeError before) is given by its descriptor, open while the writer is.
+        self._names = contextlib.ExitStack()
         with reporting_write_errors(folder):
-            self.writer = summary_writer_class()(
-                log_dir=str(folder), purge_step=purge_step, filename_suffix=filename_suffix
-            )
+            try:
+                if holds_non_utf8(str(folder)):
+                    folder.mkdir(parents=True, exist_ok=True)  # to open it (the writer makes it)
+                log_dir = self._names.enter_context(name_native_code_opens(folder))
+                self.writer = summary_writer_class()(
+                    log_dir=log_dir, purge_step=purge_step, filename_suffix=filename_suffix
+                )
+            except BaseException:
+                self._names.close()
+                raise
 
     def epoch(self, row: dict) -> None:
         epoch = row["epoch"]
@@ -324,7 +336,7 @@ class TensorBoardLog:
             self.writer.flush()
 
     def close(self) -> None:
-        with reporting_write_errors(self.folder):
+        with self._names, reporting_write_errors(self.folder):
             self.writer.close()
 
 
