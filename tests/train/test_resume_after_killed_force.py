@@ -61,6 +61,14 @@ def test_resume_after_a_force_run_killed_before_its_first_checkpoint_puts_the_ol
     line = error_line(shown.stderr)
     assert "no last.pt in run: the run that replaced its earlier run (--force) was stopped" in line
     assert f"the earlier run is kept at {aside.name} (torchkit train --resume run, run in" in line
+    as_file = run_torchkit_in_process(
+        "train", "--resume", "run/last.pt", "--print-config", cwd=tmp_path
+    )
+    assert as_file.returncode == 1
+    assert error_line(as_file.stderr).startswith(
+        f"Error: run/last.pt is not there: the run that replaced its earlier run (--force) was "
+        f"stopped before its first checkpoint; the earlier run is kept at {aside.name}"
+    )
     assert aside.is_dir() and not (run / "last.pt").exists()  # nothing written
 
     resumed = run_torchkit_in_process("train", "--resume", "run", "--epochs", "2", cwd=tmp_path)

@@ -138,21 +138,15 @@ def resume_path(spec: str, *, put_back: bool = False) -> Path:
     `--force` run killed before its first checkpoint had set aside is put back first, as the
     next run on the folder puts it back (`put_back_earlier_run`), and is the run resumed."""
     path = Path(spec)
+    folder = path if path.is_dir() else path.parent  # (FILE: the run folder it would be in)
+    target = path / LAST if folder == path else path
+    if not os.path.lexists(target) and folder.is_dir():
+        if put_back and stopped_before_first_checkpoint(folder):
+            put_back_earlier_run(folder)
+        _refuse_set_aside(path, folder, target)
     if path.is_dir():
         candidate = path / LAST
-        if put_back and stopped_before_first_checkpoint(path):
-            put_back_earlier_run(path)
         if stopped_before_first_checkpoint(path):
-            earlier = leftovers(path, REPLACED_SUFFIX)
-            if earlier:
-                raise CheckpointError(
-                    f"no {LAST} in {path}: the run that replaced its earlier run (--force) was "
-                    f"stopped before its first checkpoint; the earlier run is kept at "
-                    f"{shown(earlier[-1])}",
-                    f"torchkit train --resume {shell_word(path)}, run in one process without "
-                    "--print-config, puts it back and continues it; to start the new run again, "
-                    "run the command that started it",
-                )
             raise CheckpointError(
                 f"no {LAST} in {path}: its run was stopped before its first checkpoint",
                 "start it again: the command that started it, without --resume",
@@ -174,6 +168,24 @@ def resume_path(spec: str, *, put_back: bool = False) -> Path:
     if not path.exists():
         raise CheckpointError(f"checkpoint to resume not found: {path}", "check --resume")
     return path
+
+
+def _refuse_set_aside(path: Path, folder: Path, target: Path) -> None:
+    """--resume `path` (`folder` or a file in it), `target` the checkpoint it names, where
+    `folder` holds only the start of a run that replaced an earlier one (--force) and was
+    killed before its first checkpoint: the refusal says where the earlier run is kept and
+    what puts it back."""
+    earlier = leftovers(folder, REPLACED_SUFFIX)
+    if not earlier or not stopped_before_first_checkpoint(folder) or os.path.lexists(target):
+        return
+    missing = f"no {LAST} in {path}" if path == folder else f"{path} is not there"
+    raise CheckpointError(
+        f"{missing}: the run that replaced its earlier run (--force) was stopped before its "
+        f"first checkpoint; the earlier run is kept at {shown(earlier[-1])}",
+        f"torchkit train --resume {shell_word(path)}, run in one process without "
+        "--print-config, puts it back and continues it; to start the new run again, run the "
+        "command that started it",
+    )
 
 
 def put_back_earlier_run(folder: Path) -> None:
