@@ -294,7 +294,9 @@ def test_the_head_is_sized_from_the_weights(in_world):
     with pytest.raises(UsageError, match=r"5 classes asked for .* state dict has 2 outputs") as e:
         resolve_model("resnet18", weights="finetuned_2class.pt", num_classes=5)
     # Only the options given are named (export takes no --classes, predict no --num-classes).
-    assert e.value.message == "5 classes asked for (--num-classes), but the state dict has 2 outputs"
+    assert e.value.message == (
+        "5 classes asked for (--num-classes), but the state dict has 2 outputs"
+    )
     assert e.value.hint == "drop --num-classes"
     with pytest.raises(UsageError) as e:
         resolve_model("resnet18", weights="finetuned_2class.pt", classes=["a", "b", "c"])

@@ -93,7 +93,8 @@ def check_torch_options_apply(run: InferenceOptions, exported_format: str | None
         raise UsageError(
             "--amp has no effect on an ONNX model: onnxruntime runs it in the precision it was "
             "exported in",
-            "drop --amp; a float16 file runs in half precision: torchkit export ... --dtype float16",
+            "drop --amp; a float16 file runs in half precision: torchkit export ... "
+            "--dtype float16",
         )
     if run.channels_last:
         raise UsageError(
