@@ -4,7 +4,8 @@ run's start. `--resume FOLDER` then goes on with the earlier run, put back first
 run on the folder puts it back); where it cannot be put back (`--print-config`, which writes
 nothing), the refusal names where the earlier run is kept and what puts it back. It said "its
 run was stopped before its first checkpoint" and to start it again, as if nothing else was
-there."""
+there. A file of the user's in that folder keeps the earlier run aside, and the refusal says
+what to move."""
 
 from __future__ import annotations
 
@@ -70,6 +71,16 @@ def test_resume_after_a_force_run_killed_before_its_first_checkpoint_puts_the_ol
         f"stopped before its first checkpoint; the earlier run is kept at {aside.name}"
     )
     assert aside.is_dir() and not (run / "last.pt").exists()  # nothing written
+
+    # A file of the user's put in the killed run's folder keeps the earlier run where it is.
+    (run / "notes.txt").write_text("mine\n")
+    kept = run_torchkit_in_process("train", "--resume", "run", "--epochs", "2", cwd=tmp_path)
+    assert kept.returncode == 1
+    assert f"the earlier run is kept at {aside.name} (move the other files out of run, then " in (
+        error_line(kept.stderr)
+    )
+    assert aside.is_dir() and sorted(p.name for p in run.iterdir()) == ["notes.txt"]
+    (run / "notes.txt").unlink()
 
     resumed = run_torchkit_in_process("train", "--resume", "run", "--epochs", "2", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr

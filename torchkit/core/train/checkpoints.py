@@ -134,16 +134,18 @@ def stopped_before_first_checkpoint(folder: Path) -> bool:
 
 
 def resume_path(spec: str, *, put_back: bool = False) -> Path:
-    """--resume DIR (its last.pt) or FILE. With `put_back`, an earlier run of DIR that a
-    `--force` run killed before its first checkpoint had set aside is put back first, as the
-    next run on the folder puts it back (`put_back_earlier_run`), and is the run resumed."""
+    """--resume DIR (its last.pt) or FILE. With `put_back`, where that checkpoint is missing,
+    an earlier run of DIR (FILE's folder) that a `--force` run killed before its first
+    checkpoint had set aside is put back first, as the next run on the folder puts it back
+    (`put_back_earlier_run`), and is the run resumed."""
     path = Path(spec)
     folder = path if path.is_dir() else path.parent  # (FILE: the run folder it would be in)
     target = path / LAST if folder == path else path
     if not os.path.lexists(target) and folder.is_dir():
-        if put_back and stopped_before_first_checkpoint(folder):
+        tried = put_back and bool(leftovers(folder, REPLACED_SUFFIX))
+        if tried:
             put_back_earlier_run(folder)
-        _refuse_set_aside(path, folder, target)
+        _refuse_set_aside(path, folder, target, tried=tried)
     if path.is_dir():
         candidate = path / LAST
         if stopped_before_first_checkpoint(path):
@@ -170,21 +172,26 @@ def resume_path(spec: str, *, put_back: bool = False) -> Path:
     return path
 
 
-def _refuse_set_aside(path: Path, folder: Path, target: Path) -> None:
+def _refuse_set_aside(path: Path, folder: Path, target: Path, *, tried: bool) -> None:
     """--resume `path` (`folder` or a file in it), `target` the checkpoint it names, where
-    `folder` holds only the start of a run that replaced an earlier one (--force) and was
-    killed before its first checkpoint: the refusal says where the earlier run is kept and
-    what puts it back."""
+    `target` is missing and an earlier run of `folder` is set aside beside it (by a run that
+    replaced it, --force, and was killed before its first checkpoint): the refusal says where
+    the earlier run is kept and what puts it back (`tried`: putting it back was tried, and
+    files put in `folder` since kept it where it is, as a warning said)."""
     earlier = leftovers(folder, REPLACED_SUFFIX)
-    if not earlier or not stopped_before_first_checkpoint(folder) or os.path.lexists(target):
+    if not earlier or os.path.lexists(target):
         return
     missing = f"no {LAST} in {path}" if path == folder else f"{path} is not there"
+    hint = (
+        f"torchkit train --resume {shell_word(path)}, run in one process without "
+        "--print-config, puts it back and continues it"
+    )
+    if tried:
+        hint = f"move the other files out of {shell_word(folder)}, then resume again to put it back"
     raise CheckpointError(
         f"{missing}: the run that replaced its earlier run (--force) was stopped before its "
         f"first checkpoint; the earlier run is kept at {shown(earlier[-1])}",
-        f"torchkit train --resume {shell_word(path)}, run in one process without "
-        "--print-config, puts it back and continues it; to start the new run again, run the "
-        "command that started it",
+        f"{hint}; to start the new run again, run the command that started it",
     )
 
 
