@@ -105,8 +105,8 @@ def test_the_pages_line_for_a_data_folder_given_as_out_is_the_one_printed(
 
 
 def test_a_checkpoint_that_cannot_continue_names_its_architecture_for_a_new_run(tmp_path):
-    """Was "use it with --weights": a new run loads --weights into --model, convnet by default,
-    which another architecture's weights do not fit."""
+    """Was "use it with --weights": a new run loads --weights into --model, by default the data's
+    (convnet for digits, resnet18 otherwise), which another architecture's weights do not fit."""
     import torch
 
     from torchkit.core.io.errors import CheckpointError

@@ -178,7 +178,7 @@ def test_resume_of_a_pickled_file_says_trust_would_not_help(runner, tmp_path):
         line = error_line(result.stderr)
         assert f"{pickled} holds a pickled" in line
         assert "whose checkpoints need no trust" in line
-        # The architecture is named too: --weights alone loads them into convnet, the default.
+        # The architecture is named too: --weights alone loads them into the default --model.
         assert line.endswith(
             "use --model ARCH --weights FILE --trust-checkpoint to start a new run from other "
             "weights)"
