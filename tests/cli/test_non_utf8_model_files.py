@@ -1,9 +1,11 @@
-"""A model file whose name is not UTF-8 (b"m\\xff.onnx": Linux allows any bytes) is written and
-read as any other: onnxruntime, torch.jit.load, torch.export.load and safetensors take a path as
-UTF-8 text only, so torchkit hands them the file by its descriptor."""
+"""A model or data file whose name is not UTF-8 (b"m\\xff.onnx": Linux allows any bytes) is
+written and read as any other: onnxruntime, torch.jit.load, torch.export.load, safetensors,
+TensorBoard and pyarrow take a name as UTF-8 text only, so torchkit hands them the file (or
+folder) by its descriptor."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -110,3 +112,16 @@ def test_tensorboard_logs_into_a_run_folder_whose_name_is_not_utf8(tmp_path):
     accumulator = EventAccumulator(str(tmp_path / "events"))
     accumulator.Reload()
     assert [(e.step, e.value) for e in accumulator.Scalars("train/train_loss")] == [(1, 0.5)]
+
+
+def test_a_parquet_dataset_whose_name_is_not_utf8_is_read(runner, tmp_path):
+    """pyarrow takes a name as UTF-8 text. Before: `Error: UnicodeEncodeError: 'utf-8' codec
+    can't encode character '\\udcff' ...` from every command given such a file as its data."""
+    pytest.importorskip("pyarrow")
+    from parquet_files import png, write_parquet
+
+    written = write_parquet(tmp_path / "d.parquet", [png(seed) for seed in range(4)], [0, 1, 2, 0])
+    data = written.rename(tmp_path / "d\udcff.parquet")
+    result = runner.invoke(app, ["dataset-stats", str(data), "-j", "0", *REPORT])
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["images"] == 4

@@ -74,6 +74,7 @@ from torchkit.core.data.stored_image import (
 )
 from torchkit.core.io.errors import InputError, first_line
 from torchkit.core.io.file_kinds import file_kind
+from torchkit.core.io.non_utf8_names import name_native_code_opens
 from torchkit.core.runtime.fork_safe import ForkSafeLock
 
 SUFFIX = ".parquet"
@@ -435,7 +436,9 @@ class _File:
         self.path = relative if root == "." else os.path.join(root, relative)
         try:
             self.stamp = file_stamp(os.stat(self.path))
-            handle = pq.ParquetFile(self.path)
+            # pyarrow takes a name as UTF-8 text: one that is not UTF-8 by its descriptor
+            with name_native_code_opens(self.path) as name:
+                handle = pq.ParquetFile(name)  # opens the file itself, read from here on
             schema = handle.schema_arrow
         except (OSError, pa.ArrowException) as error:
             raise InputError(
