@@ -121,16 +121,23 @@ def below_their_folder(
 
 
 def reference(
-    ids: list[str], labels: list[int], *, as_a_set: bool, version: int = 4, split: str = ""
+    ids: list[str],
+    labels: list[int],
+    *,
+    as_a_set: bool,
+    version: int = 4,
+    split: str = "",
+    first_v3: bool = False,
 ) -> str:
     """The digest as the docstrings define it, made the slow way: each name's `path_key` (the
     absolute ones first less the folders all the absolute ones begin with), less the folders
     all of the split's begin with (not `version` 1's: names from the data root), but from
     `version` 3 on the last of them where it is named for `split` (`val/`), or the one before
     it (`val/images/`; v3's for a split of one class only, `val/ant/`); sorted by key then
-    label for a set; SHA-256 of the count, each key ended by NUL, the labels as int64."""
+    label for a set; SHA-256 of the count, each key ended by NUL, the labels as int64.
+    `first_v3`: v3 as first made, the folder before the last never kept."""
     kept = split if version >= 3 else None
-    rule = list(labels) if version == 3 else None
+    rule = ([] if first_v3 else list(labels)) if version == 3 else None
     keys = [splitting.path_key(ident) for ident in ids]
     absolute = [at for at, key in enumerate(keys) if key.startswith("/")]
     relative = below_their_folder([keys[at] for at in absolute], kept, rule)
@@ -456,6 +463,44 @@ def test_digests_v1_made_are_compared_as_v1_made_them(caplog):
     with pytest.raises(CheckpointError):  # below another folder: v1 named them otherwise
         check_resumed_samples(
             record(v1), sample_digests(elsewhere), SIZES, Path("/runs/a/last.pt"), elsewhere
+        )
+
+
+@pytest.mark.parametrize(
+    ("ids", "labels", "held_out_of"),
+    [
+        (["val/ant/1.png", "val/ant/2.png", "val/ant/3.png", "val/ant/4.png"], [0] * 4, None),
+        (["val/ant/1.png", "val/ant/2.png", "val/bee/3.png", "val/bee/4.png"], LABELS, "all"),
+    ],
+    ids=["split-root-val-of-one-class", "index-in-a-folder-named-val"],
+)
+def test_digests_v3_made_as_first_made_are_compared_as_made(ids, labels, held_out_of, caplog):
+    """torchkit's first v3 digests (commits 32a1d1f2 to f75a73bd, the same prefixes) kept a
+    folder named for the split only where it was the last all of the split's names lie in,
+    and whatever the layout: a split root's val/ of one class was cut off whole, an index's
+    held-out images kept val/. Their checkpoints were refused on their own data ("not those
+    the run was validated on"), or warned of other training images; other data still is."""
+    splits = {name: samples(ids, labels, "/data") for name in ("train", "val")}
+    first = {
+        name: f"{made}v3:"
+        + reference(ids, labels, as_a_set=name == "val", version=3, split=name, first_v3=True)
+        for name, made in (("train", "ids-in-order-"), ("val", "ids-as-set-"))
+    }
+    ours = sample_digests(splits, held_out_of)
+    with caplog.at_level(logging.DEBUG, logger="torchkit"):
+        check_resumed_samples(
+            record(first), ours, SIZES, Path("/runs/a/last.pt"), splits, held_out_of
+        )
+    assert caplog.records == []
+    relabelled = {name: samples(ids, [1, 1, 0, 0], "/data") for name in ("train", "val")}
+    with pytest.raises(CheckpointError, match="4 validation images are not those"):
+        check_resumed_samples(
+            record(first),
+            sample_digests(relabelled, held_out_of),
+            SIZES,
+            Path("/runs/a/last.pt"),
+            relabelled,
+            held_out_of,
         )
 
 

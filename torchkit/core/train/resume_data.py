@@ -110,15 +110,17 @@ def _split_digest(
     in_order: bool,
     split: str | None,
     version: int = 4,
+    first_v3: bool = False,
 ) -> str:
     """The digest (`_digest`) of the samples named `ids`, in their order or as a set (in their
     keys' order), of split `split` (its folder kept, `_cut`; None: v2's, none kept), as
-    `version` (3 or 4) keeps it. A listing whose names are their own keys below the folder
-    they all lie in (`_encoded`), in order or sorted, as a folder's almost always is, is
-    digested in one pass over its names, no list made; others make a list of their keys
-    (`_keys`), sorted for a set."""
-    # v3 kept the folder before the last only of a split of one class: its labels say.
-    rule = labels if version == 3 else None
+    `version` (3 or 4) keeps it; `first_v3`: as v3 was first made (`_FIRST_V3`). A listing
+    whose names are their own keys below the folder they all lie in (`_encoded`), in order or
+    sorted, as a folder's almost always is, is digested in one pass over its names, no list
+    made; others make a list of their keys (`_keys`), sorted for a set."""
+    # v3 kept the folder before the last only of a split of one class (its labels say); as
+    # first made, never (no labels are of one class).
+    rule = (() if first_v3 else labels) if version == 3 else None
     if ids and (in_order or _ascending(ids)):
         # The folder the first and the last name lie in, all of them in a sorted listing (and
         # checked for each name as it is cut off); else the one all lie in, found in a pass.
@@ -331,6 +333,26 @@ def _sorted(keys: Sequence[str], labels: Sequence[int]) -> tuple[Sequence[str], 
     return ordered, [labels[i] for i in order]
 
 
+# v3's digests as first made (torchkit's commits from 32a1d1f2 to f75a73bd, under the same
+# prefixes): the folder named for a split kept only where it is the last that all of the
+# split's names lie in, whatever the layout (held-out validation images, unsplit data), never
+# the one before it. A checkpoint of them was refused its own data ("not those the run was
+# validated on": a split root's val/ of one class) where the later making differs.
+_FIRST_V3 = ("ids-in-order-v3:", "ids-as-set-v3:")
+
+
+def _as_first_v3(made: str, name: str, samples: Samples) -> str:
+    """The digest of split `name`'s `samples` as v3 was first made (`_FIRST_V3`)."""
+    return made + _split_digest(
+        samples.ids,
+        samples.labels,
+        in_order=made == _FIRST_V3[0],
+        split=name,
+        version=3,
+        first_v3=True,
+    )
+
+
 def check_resumed_samples(
     recorded: Mapping | None,
     digests: Mapping[str, str],
@@ -364,6 +386,9 @@ def check_resumed_samples(
             and not _comparable(saved.get(name), ours[name])
         ):
             earlier = _earlier_digest(made, splits[name], _kept_split(name, held_out_of))
+            if made in _FIRST_V3 and earlier != saved.get(name):  # or made as v3 first was?
+                first = _as_first_v3(made, name, splits[name])
+                earlier = first if first == saved.get(name) else earlier
             ours[name] = earlier or ours[name]
     changed = [
         name
