@@ -169,3 +169,13 @@ def test_data_behind_a_folder_this_user_may_not_enter_is_one_error_naming_it(
 
     with pytest.raises(InputError, match=f"^cannot reach {data / 'cat'}: permission denied"):
         require_input(data / "cat", what="IMAGES")
+
+
+def test_strict_ends_with_a_command_line_that_fails_to_parse(tmp_path: Path):
+    """--strict parsed, then a later option refused: the command never runs, and the next
+    in-process command (or the Python API) does not read strictly."""
+    from torchkit.core.data.strict_reading import strict_reading
+
+    refused = run_torchkit_in_process("dataset-stats", tmp_path, "--strict", "--workers", "x")
+    assert refused.returncode == 2 and "--workers" in error_line(refused.stderr)
+    assert not strict_reading()

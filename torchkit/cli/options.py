@@ -260,7 +260,9 @@ def strict_reading_callback(ctx: typer.Context, value: bool) -> bool:
     from torchkit.core.data.strict_reading import reset_strict_reading, set_strict_reading
 
     token = set_strict_reading(bool(value))
-    ctx.call_on_close(lambda: reset_strict_reading(token))
+    # Undone as the command line ends, on the root context: a later option that fails to
+    # parse ends the command before its own context is entered, so its close never comes.
+    ctx.find_root().call_on_close(lambda: reset_strict_reading(token))
     return value
 
 
