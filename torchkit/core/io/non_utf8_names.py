@@ -28,17 +28,21 @@ def json_text(value: object, **dumps_kwargs) -> str:
 
 @contextlib.contextmanager
 def name_native_code_opens(path: str | os.PathLike) -> Iterator[str]:
-    """A name of the file at `path` for a library whose native code takes a path as UTF-8 text
-    (onnxruntime, torch.jit.load, torch.export.load, safetensors): the path itself, or, for a
-    name that is not UTF-8, the file opened here and named by its descriptor, `/proc/self/fd/N`
-    (open until the block ends): such a name was refused with the binding's TypeError or
-    "Path ... is not valid UTF-8", and `export` could write no file under it. Without
-    `/proc` (no Linux, whose names alone may be any bytes), the path itself."""
+    """A name of the file or folder at `path` for a library whose native code takes a path as
+    UTF-8 text (onnxruntime, torch.jit.load, torch.export.load, safetensors, pyarrow,
+    TensorBoard's writer): the path itself, or, for a name that is not UTF-8, the file opened
+    here and named by its descriptor, `/proc/self/fd/N` (open until the block ends): such a
+    name was refused with the binding's TypeError, "Path ... is not valid UTF-8" or a
+    UnicodeEncodeError, and `export` could write no file under it. Without `/proc` (no Linux,
+    whose names alone may be any bytes), the path itself."""
     name = os.fspath(path)
     if not holds_non_utf8(name) or not os.path.isdir("/proc/self/fd"):
         yield name
         return
-    descriptor = os.open(name, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    # Non-blocking: a FIFO is opened at once, and the library's own open of it does as it
+    # would under a UTF-8 name
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    descriptor = os.open(name, flags)
     try:
         yield f"/proc/self/fd/{descriptor}"
     finally:
