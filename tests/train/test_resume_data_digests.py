@@ -127,7 +127,7 @@ def reference(
     as_a_set: bool,
     version: int = 4,
     split: str = "",
-    first_v3: bool = False,
+    first: bool = False,
 ) -> str:
     """The digest as the docstrings define it, made the slow way: each name's `path_key` (the
     absolute ones first less the folders all the absolute ones begin with), less the folders
@@ -135,11 +135,12 @@ def reference(
     `version` 3 on the last of them where it is named for `split` (`val/`), or the one before
     it (`val/images/`; v3's for a split of one class only, `val/ant/`); sorted by key then
     label for a set; SHA-256 of the count, each key ended by NUL, the labels as int64.
-    `first_v3`: v3 as first made, the folder before the last never kept."""
+    `first`: as `version` was first made: v1's absolute names whole, v3's folder before the
+    last never kept."""
     kept = split if version >= 3 else None
-    rule = ([] if first_v3 else list(labels)) if version == 3 else None
+    rule = ([] if first else list(labels)) if version == 3 else None
     keys = [splitting.path_key(ident) for ident in ids]
-    absolute = [at for at, key in enumerate(keys) if key.startswith("/")]
+    absolute = [at for at, key in enumerate(keys) if key.startswith("/") and not first]
     relative = below_their_folder([keys[at] for at in absolute], kept, rule)
     for at, key in zip(absolute, relative, strict=True):
         keys[at] = key
@@ -483,7 +484,7 @@ def test_digests_v3_made_as_first_made_are_compared_as_made(ids, labels, held_ou
     splits = {name: samples(ids, labels, "/data") for name in ("train", "val")}
     first = {
         name: f"{made}v3:"
-        + reference(ids, labels, as_a_set=name == "val", version=3, split=name, first_v3=True)
+        + reference(ids, labels, as_a_set=name == "val", version=3, split=name, first=True)
         for name, made in (("train", "ids-in-order-"), ("val", "ids-as-set-"))
     }
     ours = sample_digests(splits, held_out_of)
@@ -502,6 +503,28 @@ def test_digests_v3_made_as_first_made_are_compared_as_made(ids, labels, held_ou
             relabelled,
             held_out_of,
         )
+
+
+def test_digests_v1_made_as_first_made_are_compared_as_made(caplog):
+    """torchkit's first v1 digests (commit 308accd9, the same prefixes) named an index's
+    absolute paths whole: its checkpoints were refused on their own index ("not those the run
+    was validated on"); other data still is."""
+    ids = [f"/data/imgs/{ident}" for ident in IDS]
+    splits = {name: samples(ids, LABELS, "") for name in ("train", "val")}
+    first = {
+        name: f"{made}v1:" + reference(ids, LABELS, as_a_set=name == "val", version=1, first=True)
+        for name, made in (("train", "ids-in-order-"), ("val", "ids-as-set-"))
+    }
+    assert first["val"] != "ids-as-set-v1:" + reference(ids, LABELS, as_a_set=True, version=1)
+    with caplog.at_level(logging.DEBUG, logger="torchkit"):
+        check_resumed_samples(record(first), sample_digests(splits), SIZES, RUN, splits)
+    assert caplog.records == []
+    other = {name: samples(ids, [1, 1, 0, 0], "") for name in splits}
+    with pytest.raises(CheckpointError, match="4 validation images are not those"):
+        check_resumed_samples(record(first), sample_digests(other), SIZES, RUN, other)
+
+
+RUN = Path("/runs/a/last.pt")
 
 
 def test_another_number_of_images_is_left_to_the_size_warnings(caplog):

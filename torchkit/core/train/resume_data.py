@@ -114,7 +114,7 @@ def _split_digest(
 ) -> str:
     """The digest (`_digest`) of the samples named `ids`, in their order or as a set (in their
     keys' order), of split `split` (its folder kept, `_cut`; None: v2's, none kept), as
-    `version` (3 or 4) keeps it; `first_v3`: as v3 was first made (`_FIRST_V3`). A listing
+    `version` (3 or 4) keeps it; `first_v3`: as v3 was first made (`_as_first_made`). A listing
     whose names are their own keys below the folder they all lie in (`_encoded`), in order or
     sorted, as a folder's almost always is, is digested in one pass over its names, no list
     made; others make a list of their keys (`_keys`), sorted for a set."""
@@ -333,24 +333,34 @@ def _sorted(keys: Sequence[str], labels: Sequence[int]) -> tuple[Sequence[str], 
     return ordered, [labels[i] for i in order]
 
 
-# v3's digests as first made (torchkit's commits from 32a1d1f2 to f75a73bd, under the same
-# prefixes): the folder named for a split kept only where it is the last that all of the
-# split's names lie in, whatever the layout (held-out validation images, unsplit data), never
-# the one before it. A checkpoint of them was refused its own data ("not those the run was
-# validated on": a split root's val/ of one class) where the later making differs.
-_FIRST_V3 = ("ids-in-order-v3:", "ids-as-set-v3:")
-
-
-def _as_first_v3(made: str, name: str, samples: Samples) -> str:
-    """The digest of split `name`'s `samples` as v3 was first made (`_FIRST_V3`)."""
-    return made + _split_digest(
-        samples.ids,
-        samples.labels,
-        in_order=made == _FIRST_V3[0],
-        split=name,
-        version=3,
-        first_v3=True,
-    )
+# Two makings changed after a version was first recorded, under the same prefixes: v1's first
+# (torchkit's commit 308accd9) spelled an index's absolute paths whole, not from the folder they
+# lie in; v3's first (commits 32a1d1f2 to f75a73bd) kept the folder named for a split only where
+# it is the last that all of the split's names lie in, whatever the layout (held-out validation
+# images, unsplit data), never the one before it. A checkpoint of them was refused its own
+# data ("not those the run was validated on") where the later making differs.
+def _as_first_made(made: str, name: str, samples: Samples) -> str | None:
+    """The digest of split `name`'s `samples` as version `made` (a recorded prefix of EARLIER)
+    was first made, where that differs from its later making; None for any other."""
+    version, in_order = EARLIER.get(made, (None, False))
+    if version == 1:
+        keys: Sequence[str] = [path_key(ident) for ident in samples.ids]
+        labels: Sequence[int] = samples.labels
+        if not in_order:
+            keys, labels = _sorted(keys, labels)
+        found = _digest(keys, labels, checked=True)
+        assert found is not None
+        return made + found
+    if version == 3:
+        return made + _split_digest(
+            samples.ids,
+            samples.labels,
+            in_order=in_order,
+            split=name,
+            version=3,
+            first_v3=True,
+        )
+    return None
 
 
 def check_resumed_samples(
@@ -386,8 +396,8 @@ def check_resumed_samples(
             and not _comparable(saved.get(name), ours[name])
         ):
             earlier = _earlier_digest(made, splits[name], _kept_split(name, held_out_of))
-            if made in _FIRST_V3 and earlier != saved.get(name):  # or made as v3 first was?
-                first = _as_first_v3(made, name, splits[name])
+            if earlier is not None and earlier != saved.get(name):  # or as first made?
+                first = _as_first_made(made, name, splits[name])
                 earlier = first if first == saved.get(name) else earlier
             ours[name] = earlier or ours[name]
     changed = [
