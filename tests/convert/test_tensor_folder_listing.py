@@ -9,7 +9,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from torchkit.core.convert import tensor
+from torchkit.core.io.errors import InputError
 
 
 def test_a_folder_is_listed_without_a_stat_a_file(tmp_path: Path, monkeypatch):
@@ -65,3 +68,81 @@ def test_a_linked_folder_is_converted_as_the_dataset_readers_read_it(tmp_path: P
     assert again.exit_code == 1
     assert "is the linked source folder" in again.stderr
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*.npy")) == written
+
+
+def test_image_names_that_are_no_file_are_unreadable_images(tmp_path: Path):
+    """An image link to nothing and a FIFO named like an image were left out without a word
+    (converted 1 of 1, exit 0); every other reader counts them as unreadable images. They are
+    failures, named; --strict stops at the first; a link to nothing of another name is warned
+    of as the readers warn of one."""
+    from PIL import Image
+    from typer.testing import CliRunner
+
+    from torchkit.cli import app
+
+    source = tmp_path / "src"
+    source.mkdir()
+    Image.new("RGB", (3, 2)).save(source / "a.png")
+    os.symlink(tmp_path / "gone.png", source / "dead.png")
+    os.mkfifo(source / "f.png")
+    os.symlink("gone.npy", source / "dead.npy")
+    args = ["convert", "tensor", str(source), str(tmp_path / "out"), "--to", "npy", "-j", "0"]
+    result = CliRunner().invoke(app, [*args, "--format", "json"])
+    assert result.exit_code == 1, result.stderr
+    assert "failed to convert dead.png: not a regular file (a symbolic link to nothing)" in (
+        result.stderr
+    )
+    assert "failed to convert f.png: not a regular file (a FIFO)" in result.stderr
+    assert "2 of 3 files could not be converted" in result.stderr
+    assert f"1 symbolic link(s) in {source} point nowhere and are not read: dead.npy" in (
+        result.stderr
+    )
+    assert [p.name for p in (tmp_path / "out").glob("*.npy")] == ["a.npy"]
+    strict = CliRunner().invoke(app, [*args[:3], str(tmp_path / "strict"), *args[4:], "--strict"])
+    assert strict.exit_code == 1
+    assert (
+        f"Error: unreadable image {source / 'dead.png'}: not a regular file (a symbolic link "
+        "to nothing)"
+    ) in strict.stderr
+    assert not (tmp_path / "strict").exists()
+
+
+def test_a_folder_it_cannot_list_is_warned_of(tmp_path: Path, monkeypatch):
+    """A subfolder without read permission was passed over without a word: its files are not
+    converted, and the run said nothing of them. It is one warning naming it, as the dataset
+    readers give, and an error with --strict (root is not denied: its listing is made to
+    fail)."""
+    from PIL import Image
+    from typer.testing import CliRunner
+
+    from torchkit.cli import app
+
+    source = tmp_path / "src"
+    (source / "sub").mkdir(parents=True)
+    Image.new("RGB", (3, 2)).save(source / "a.png")
+    Image.new("RGB", (3, 2)).save(source / "sub" / "b.png")
+    scandir = os.scandir
+
+    def listing(path="."):
+        if os.fspath(path) == str(source / "sub"):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", listing)
+    args = ["convert", "tensor", str(source), str(tmp_path / "out"), "--to", "npy", "-j", "0"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.stderr
+    assert (
+        f"1 folder(s) in {source} cannot be listed, their images not read: sub (permission "
+        "denied) (make them readable, or --strict makes this an error)"
+    ) in " ".join(result.stderr.split())
+    strict = CliRunner().invoke(app, [*args[:3], str(tmp_path / "strict"), *args[4:], "--strict"])
+    assert strict.exit_code == 1
+    assert (
+        f"Error: cannot list folder {source / 'sub'}: permission denied (make it readable, or "
+        "leave out --strict to read the data without its images)"
+    ) in " ".join(strict.stderr.split())
+    assert not (tmp_path / "strict").exists()
+    # The Python API's strict says so too
+    with pytest.raises(InputError, match="cannot list folder"):
+        tensor.convert_tensor(source, tmp_path / "api", tensor.TensorOptions(to="npy"), strict=True)

@@ -796,25 +796,39 @@ def _check_key(key: str | None, sources: Sequence[Path], target_extension: str) 
     )
 
 
-def _scan(folder: Path, *, linked: list[str] | None = None) -> tuple[list[Path], list[Path]]:
+def _scan(
+    folder: Path, *, linked: list[str] | None = None, strict: bool = False
+) -> tuple[list[Path], list[Path]]:
     """(convertible, skipped) files under `folder`, recursively, hidden ones left out, in the
     order of their paths' parts (as pathlib sorts them). Listed as every dataset reader lists a
     folder (`list_folders`): linked folders are entered (`cat -> /mnt/big/cat`: before, its
     images were left out without a word, where train read them), a link back into the data
-    is not (with a warning). One `os.scandir` a folder, whose entries know their type: `rglob`
-    with a `Path`, `relative_to` and an `os.stat` (`is_file`) for each file took about 16 times
-    as long (about 5 minutes of listing for a million files). `linked`: given, the linked
-    folders entered are added to it."""
-    from torchkit.core.data.sources.discovery import list_folders, warn_unentered
+    is not (with a warning). An image name that is no file to read (a link to nothing, a FIFO)
+    is convertible, an unreadable image when read (it was left out without a word); a folder
+    that cannot be listed and the other links to nothing are warned of (with `strict`, the
+    folder is an error), as the dataset readers do. One `os.scandir` a folder, whose entries
+    know their type: `rglob` with a `Path`, `relative_to` and an `os.stat` (`is_file`) for
+    each file took about 16 times as long (about 5 minutes of listing for a million files).
+    `linked`: given, the linked folders entered are added to it."""
+    from torchkit.core.data.sources.discovery import (
+        list_folders,
+        warn_dead_links,
+        warn_unentered,
+        warn_unlistable,
+    )
+    from torchkit.core.data.strict_reading import reading_strictly, strict_reading
 
     base = str(Path(folder))
     top = 0 if base == "." else len(base) + 1  # list_folders spells paths as pathlib does
     listing = list_folders([folder])
     warn_unentered(listing.unentered, folder)
+    with reading_strictly(strict or strict_reading()):
+        warn_unlistable(listing.unlistable, folder)
+    warn_dead_links(listing.dead, folder)
     if linked is not None:
         linked.extend(listing.entered)
     found = []
-    for path in (*listing.images[0], *listing.others):
+    for path in (*listing.images[0], *listing.dangling[0], *listing.others):
         relative = path[top:]
         parts = relative.split(os.sep)
         if any(part.startswith(".") for part in parts):
@@ -1037,7 +1051,7 @@ def _convert_into(
     progress: Progress | None,
 ) -> TensorReport:
     linked: list[str] = []
-    files, skipped = _scan(source, linked=linked)
+    files, skipped = _scan(source, linked=linked, strict=strict)
     # A linked folder read is an input too: DST may not be one, nor hold one (`prev -> ../DST`
     # read the old DST's files as sources while --force replaced it).
     check_overlap(
