@@ -125,3 +125,21 @@ def test_a_parquet_dataset_whose_name_is_not_utf8_is_read(runner, tmp_path):
     result = runner.invoke(app, ["dataset-stats", str(data), "-j", "0", *REPORT])
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout)["images"] == 4
+
+
+def test_a_profile_is_written_into_a_run_folder_whose_name_is_not_utf8(tmp_path):
+    """Kineto takes a name as UTF-8 text. Before, `train --profile-steps N --out run$'\\xff'`
+    ended after its first epoch: `Error: TypeError: save(): incompatible function arguments`.
+    (The profiler alone: a train run takes seconds.)"""
+    import torch
+
+    from torchkit.core.train.step_profiler import StepProfiler
+
+    folder = tmp_path / "run\udcff" / "profile"
+    folder.parent.mkdir()
+    profiler = StepProfiler(folder, 1, 1, torch.device("cpu")).start()
+    torch.ones(4).add(1)
+    profiler.stepped()  # its one step: stopped
+    profiler.write()
+    trace = json.loads((folder / "epoch-1.json").read_text())
+    assert any(event.get("name") == "aten::add" for event in trace["traceEvents"])

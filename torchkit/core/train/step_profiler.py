@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkit.core.io.files import atomic_path, atomic_write_text
+from torchkit.core.io.non_utf8_names import name_native_code_opens
 from torchkit.core.train.outputs import PROFILE_HEADING
 
 log = logging.getLogger("torchkit")
@@ -159,8 +160,13 @@ class StepProfiler:
         self.folder.mkdir(exist_ok=True)
         base = self.folder / f"epoch-{self.epoch}"
         atomic_write_text(base.with_suffix(".txt"), self._table(profile))
-        with atomic_path(base.with_suffix(".json")) as trace:
-            profile.export_chrome_trace(str(trace))
+        # Kineto takes a name as UTF-8 text: in a run folder whose name is not UTF-8 (a
+        # TypeError before), the folder is named by its descriptor (its file's own name is)
+        with (
+            atomic_path(base.with_suffix(".json")) as trace,
+            name_native_code_opens(trace.parent) as folder,
+        ):
+            profile.export_chrome_trace(os.path.join(folder, trace.name))
         written = [f"{base.name}.txt", f"{base.name}.json"]
         idle = self._write_timeline(base, written) if self.device.type == "cuda" else ""
         log.info(
