@@ -509,6 +509,36 @@ def test_a_folder_search_counts_links_to_videos_but_no_linked_folder_fifo_or_dan
     assert found == ["b.avi", "folder.avi/d.mp4", "sub/a.avi"]
 
 
+def test_a_folder_search_names_the_folders_it_cannot_list(tmp_path, monkeypatch, caplog):
+    """A subfolder without read permission was passed over without a word (its videos left
+    out of the rows), and a folder given that cannot be listed said "no video files". The
+    first is one warning, as the data readers give; the second an error that says why (root
+    is not denied: the listing is made to fail)."""
+    (tmp_path / "clips" / "sub").mkdir(parents=True)
+    (tmp_path / "clips" / "a.avi").write_bytes(b"RIFF")
+    (tmp_path / "clips" / "sub" / "b.avi").write_bytes(b"RIFF")
+    denied = {str(tmp_path / "clips" / "sub")}
+    scandir = os.scandir
+
+    def listing(path="."):
+        if os.fspath(path) in denied:
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", listing)
+    with caplog.at_level("WARNING", logger="torchkit"):
+        assert find_videos([tmp_path / "clips"]) == [str(tmp_path / "clips" / "a.avi")]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"1 folder(s) in {tmp_path / 'clips'} cannot be listed, their videos not read: sub "
+        "(permission denied) (make them readable)"
+    ]
+    denied.add(str(tmp_path / "clips"))
+    with pytest.raises(InputError) as refused:
+        find_videos([tmp_path / "clips"])
+    assert refused.value.message == f"cannot list folder {tmp_path / 'clips'}: permission denied"
+    assert refused.value.hint == "make it readable"
+
+
 def test_csv_has_raw_values_under_the_json_names(videos):
     path = need(videos, "mjpg.avi")
     result = invoke(path, "--format", "csv", "--segments", "3")

@@ -50,15 +50,24 @@ def is_video_file(path: str | os.PathLike) -> bool:
 def _videos_in(folder: str | os.PathLike) -> list[str]:
     """The video files under `folder`, sorted by path. Hidden files and folders are left out:
     macOS leaves "._clip.mp4" resource forks beside every clip on shared drives, and tools keep
-    caches in dot-folders. A link to a video counts; links to folders are not followed, and a
-    folder that cannot be listed is passed over (`core.io.files.tree_entries`)."""
+    caches in dot-folders. A link to a video counts; links to folders are not followed. A
+    folder in it that cannot be listed (permission denied) is named in a warning, as the data
+    readers name one (it was passed over without a word); `folder` itself is an InputError."""
+    from torchkit.core.data.sources.discovery import warn_unlistable
+
     found = []
-    for path, entry in tree_entries(folder, skip_hidden=True):
+    unlistable: list[tuple[str, OSError]] = []
+    for path, entry in tree_entries(folder, skip_hidden=True, unlistable=unlistable):
         try:
             if os.path.splitext(entry.name)[1].lower() in VIDEO_EXTENSIONS and entry.is_file():
                 found.append(path)
         except OSError:  # vanished while listing
             continue
+    if unlistable and unlistable[0][0] == str(Path(folder)):  # the folder given
+        error = unlistable[0][1]
+        reason = "permission denied" if isinstance(error, PermissionError) else error.strerror
+        raise InputError(f"cannot list folder {folder}: {reason or error}", "make it readable")
+    warn_unlistable(unlistable, folder, files="videos", strict_option=False)
     found.sort()
     return found
 

@@ -288,10 +288,17 @@ def dead_links(folder: str | os.PathLike) -> list[str]:
     )
 
 
-def warn_unlistable(unlistable: Sequence[tuple[str, OSError]], folder: str | os.PathLike) -> None:
+def warn_unlistable(
+    unlistable: Sequence[tuple[str, OSError]],
+    folder: str | os.PathLike,
+    *,
+    files: str = "images",
+    strict_option: bool = True,
+) -> None:
     """The one warning naming the folders in `folder` that could not be listed (permission
-    denied on a subfolder), whose images were left out without a word; with `--strict`
-    (`strict_reading`) an InputError naming the first, as an unreadable image is."""
+    denied on a subfolder), whose images (`files`) were left out without a word; with
+    `--strict` (`strict_reading`) an InputError naming the first, as an unreadable image is.
+    `strict_option`: whether the command has a --strict that the warning may point to."""
     if not unlistable:
         return
     from torchkit.core.data.strict_reading import strict_reading
@@ -307,10 +314,14 @@ def warn_unlistable(unlistable: Sequence[tuple[str, OSError]], folder: str | os.
         f"{name} ({reason})" for name, reason in zip(names[:3], reasons[:3], strict=True)
     )
     log.warning(
-        f"{len(unlistable)} folder(s) in {folder} cannot be listed, their images not read: "
+        f"{len(unlistable)} folder(s) in {folder} cannot be listed, their {files} not read: "
         + shown
         + (f" and {len(unlistable) - 3} more" if len(unlistable) > 3 else "")
-        + " (make them readable, or --strict makes this an error)"
+        + (
+            " (make them readable, or --strict makes this an error)"
+            if strict_option
+            else " (make them readable)"
+        )
     )
 
 
