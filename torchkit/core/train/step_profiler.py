@@ -167,6 +167,10 @@ class StepProfiler:
             name_native_code_opens(trace.parent) as folder,
         ):
             profile.export_chrome_trace(os.path.join(folder, trace.name))
+            if not _whole_trace(trace):
+                # Kineto only logs a write that failed (a full disk): its empty or cut-off
+                # trace was kept under the final name as if written, and refused a later --force
+                raise OSError("torch.profiler's trace was not written whole")
         written = [f"{base.name}.txt", f"{base.name}.json"]
         idle = self._write_timeline(base, written) if self.device.type == "cuda" else ""
         log.info(
@@ -218,3 +222,15 @@ class StepProfiler:
             f"the top {TABLE_ROWS}\n\n"
         )
         return heading + profile.key_averages().table(sort_by=key, row_limit=TABLE_ROWS) + "\n"
+
+
+def _whole_trace(path: Path) -> bool:
+    """Whether `path` holds a trace as `export_chrome_trace` writes one, to its end: a trace's
+    start (`is_chrome_trace`), and its JSON's closing bracket last."""
+    from torchkit.core.io.output_proofs import is_chrome_trace
+
+    if not is_chrome_trace(path):
+        return False
+    with open(path, "rb") as handle:
+        handle.seek(max(0, os.fstat(handle.fileno()).st_size - 64))
+        return handle.read().rstrip().endswith((b"}", b"]"))
