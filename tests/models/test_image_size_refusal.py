@@ -79,3 +79,16 @@ def test_an_input_size_given_with_i_is_hinted_as_i(command, make_image_folder, t
     )
     followed = run_torchkit_in_process(*words, "-i", "3,16,16")
     assert followed.returncode == 0, followed.stderr
+
+
+def test_an_input_size_without_a_batch_dim_is_hinted_with_its_batch():
+    """summary --no-batch-dim takes -i B,C,H,W: the hint `-i 3,16,16` was refused there as an
+    input without its batch."""
+    words = [*COMMANDS["summary"], "--no-batch-dim"]
+    result = run_torchkit_in_process(*words, "-i", "2,3,8,8")
+    assert result.returncode == 2, result.stderr
+    assert error_line(result.stderr).endswith(
+        "(the smallest it takes is 16: use -i 2,3,16,16 or larger)"
+    )
+    followed = run_torchkit_in_process(*words, "-i", "2,3,16,16")
+    assert followed.returncode == 0, followed.stderr

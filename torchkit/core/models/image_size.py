@@ -25,13 +25,14 @@ class ImageSizeError(UsageError):
     channels: int = 3
     more: str = ""  # what the hint says after the size
 
-    def for_input_size(self) -> ImageSizeError:
+    def for_input_size(self, batch: int | None = None) -> ImageSizeError:
+        """The refusal hinting -i C,N,N, or with `batch` (summary's --no-batch-dim, whose -i
+        gives the batch first) -i B,C,N,N."""
         if self.smallest is None:
             return self
         side, channels = self.smallest, self.channels
-        refusal = ImageSizeError(
-            self.message, _smallest_hint(side, f"-i {channels},{side},{side}") + self.more
-        )
+        size = f"{channels},{side},{side}" if batch is None else f"{batch},{channels},{side},{side}"
+        refusal = ImageSizeError(self.message, _smallest_hint(side, f"-i {size}") + self.more)
         refusal.smallest, refusal.channels, refusal.more = side, channels, self.more
         return refusal
 

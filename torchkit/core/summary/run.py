@@ -345,7 +345,11 @@ def _summarize_loaded(
                     run_for_real=not on_meta,
                 )
             except ImageSizeError as error:
-                raise (error.for_input_size() if sized_by_input else error) from error.__cause__
+                if not sized_by_input:
+                    raise
+                # --no-batch-dim: -i gives the batch first, and the hint gives it too
+                batch = args[0].size[0] if no_batch_dim and len(args[0].size) == 4 else None
+                raise error.for_input_size(batch) from error.__cause__
             except UsageError as error:
                 _name_the_recorded_input(error, loaded, specs)
                 raise
