@@ -1149,7 +1149,7 @@ def test_out_may_not_hold_the_images_listed_on_stdin(runner, images, tmp_path):
         input=f"{marked / 'photos' / 'a.png'}\n",
     )
     assert refused.exit_code == 1, refused.stderr
-    assert "contains the images listed on stdin" in error_line(refused.stderr)
+    assert "contains the image listed on stdin" in error_line(refused.stderr)
     assert (marked / "photos" / "a.png").is_file()
 
 

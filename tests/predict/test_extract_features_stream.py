@@ -230,8 +230,41 @@ def test_an_image_inside_out_later_in_the_stream_keeps_the_old_out(runner, photo
         app, [*BASE, "-b", "1", "convnet", "-", str(marked), "--force"], input=stream
     )
     assert refused.exit_code == 1
-    assert "contains the images listed on stdin" in error_line(refused.stderr)
+    assert "contains the image listed on stdin" in error_line(refused.stderr)
     assert inside.is_file() and sorted(p.name for p in marked.rglob("*")) == before
+
+
+def test_out_may_lie_beside_the_images_listed_on_stdin(runner, photos, tmp_path):
+    """`ls *.png | extract-features convnet - feats` was refused: OUT "lies inside the images
+    listed on stdin" (their folder), where OUT beside an image file given as IMAGES was not.
+    OUT may lie beside them; a listed path that is OUT, or leads into it (a link),
+    still stops the run as it comes, and an old OUT stays as it was."""
+    import shutil
+
+    shots = tmp_path / "shots"
+    shots.mkdir()
+    for index, photo in enumerate([photos[0], photos[1], photos[2]]):
+        shutil.copy(photo, shots / f"{index}.png")
+    names = [str(shots / f"{index}.png") for index in range(3)]
+    out = shots / "feats"
+    beside = runner.invoke(
+        app, [*BASE, "-b", "1", "convnet", "-", str(out)], input="\n".join(names)
+    )
+    assert beside.exit_code == 0, beside.stderr
+    assert np.load(out / "penultimate.npy").shape == (3, 128)
+    before = tree_digest(out)
+    (shots / "in.png").symlink_to(out / "meta.json")
+    for later, said in ((str(shots / "in.png"), "contains"), (str(out), "is")):
+        refused = runner.invoke(
+            app,
+            [*BASE, "-b", "1", "convnet", "-", str(out), "--force"],
+            input="\n".join([*names, later]),
+        )
+        assert refused.exit_code == 1
+        assert error_line(refused.stderr).startswith(
+            f"Error: output folder {out} {said} the image listed on stdin {later} ("
+        )
+        assert tree_digest(out) == before
 
 
 def test_strict_stop_mid_stream_leaves_no_out(runner, photos, tmp_path):

@@ -175,7 +175,7 @@ def list_layers(
 def feature_inputs(request: FeatureRequest, listed: Sequence[str] = ()) -> list[InputPath]:
     """Everything the run reads, which OUT may not be, contain or lie inside: the model or
     weights file, IMAGES (folder, or CSV index and the folders of its images; for `-`, the
-    folders of the files `listed` on stdin), --stats."""
+    files `listed` on stdin, which OUT may lie beside), --stats."""
     inputs = [
         InputPath.of(path, what)
         for path, what in (

@@ -61,21 +61,37 @@ def _named_shards(spec: str, what: str) -> list[InputPath]:
 
 
 def listed_inputs(paths: Iterable[str]) -> list[InputPath]:
-    """The inputs behind IMAGES `-`: the folders of the files listed on stdin (as of the images
-    a CSV index names)."""
-    return folders_of_files(paths, "images listed on stdin")
+    """The inputs behind IMAGES `-`: the files listed on stdin, each as itself. An output may
+    not be one nor hold one, but may lie beside them (`ls *.png | ... - feats`), as beside
+    image files given as arguments: each is checked before it is read, and the output is put
+    in place only after the last has been."""
+    return [InputPath(Path(path), "image listed on stdin") for path in paths]
 
 
 def listed_check(output: str | os.PathLike, what: str) -> Callable[[list[str]], None]:
     """The check of the images listed on stdin as they are read (`-` streamed, where they
-    cannot all be checked before the work): `output` is none of them and lies beside none
-    (each folder checked once)."""
-    seen: set[Path] = set()
+    cannot all be checked before the work): `output` is none of them and holds none. One
+    `lstat` a path: a regular file (not a link) lies in `output` exactly where the other
+    regular files of its folder do, so the overlap check is made for the first of each folder
+    only; a link, a folder, a missing path or a name ending in `.`/`..` is checked itself."""
+    import stat
+
+    clean: set[str] = set()  # folders whose regular files lie outside `output`
 
     def check(paths: list[str]) -> None:
-        folders = [item for item in listed_inputs(paths) if item.path not in seen]
-        check_overlap(output, what, folders)
-        seen.update(item.path for item in folders)
+        for path in paths:
+            folder, name = os.path.split(path)
+            try:
+                regular = stat.S_ISREG(os.lstat(path).st_mode)
+            except (OSError, ValueError):  # missing, or no name: checked as it is named
+                regular = False
+            if regular and name not in (".", ".."):
+                if folder in clean:
+                    continue
+                check_overlap(output, what, listed_inputs([path]))
+                clean.add(folder)
+            else:
+                check_overlap(output, what, listed_inputs([path]))
 
     return check
 
