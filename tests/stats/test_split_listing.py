@@ -91,3 +91,47 @@ def test_an_earlier_split_without_a_path_column_is_named_when_force_replaces_it(
     line = error_line(result.stderr)
     assert f"cannot read the earlier split {out / 'split.csv'}: it has no path column" in line
     assert digests(out) == before
+
+
+@pytest.mark.parametrize(
+    ("edit", "said"),
+    [
+        (lambda journal: journal.pop("ratio"), "it has no 'ratio'"),
+        (lambda journal: journal.update(ratio=5), "its 'ratio' is 5"),
+        (lambda journal: journal.update(counts=[[1]]), "its 'counts' do not fit"),
+    ],
+    ids=["key-gone", "wrong-type", "counts-misfit"],
+)
+def test_a_damaged_journal_of_an_interrupted_move_is_named_and_no_file_moves(
+    tmp_path, monkeypatch, edit, said
+):
+    """Before: the rerun moved the rest of the files, then ended in `Error: KeyError: 'ratio'`
+    (the summary read the journal only at the end)."""
+    import json
+
+    data, out = interrupted_move(tmp_path, monkeypatch)
+    journal = json.loads((out / ".torchkit-split.json").read_text(encoding="utf-8"))
+    edit(journal)
+    (out / ".torchkit-split.json").write_text(json.dumps(journal), encoding="utf-8")
+    before = digests(data, out)
+    result = run_torchkit_in_process("split", data, out, "--mode", "move", "--ratio", "1:1")
+    assert result.returncode == 1
+    line = error_line(result.stderr, besides="warnings")
+    assert line.startswith(f"Error: cannot read {out / '.torchkit-split.json'}: {said}"), line
+    assert "no file was moved" in line and "mend it by hand" in line
+    assert digests(data, out) == before  # every file where the interrupted move left it
+
+
+def test_a_finished_move_whose_journal_is_damaged_is_named(tmp_path):
+    """Before: the same command line again, which reports the finished move, ended in
+    `Error: TypeError: 'int' object is not iterable`."""
+    import json
+
+    data, out = write_images(tmp_path / "data"), tmp_path / "out"
+    split_dataset(data, out, mode="move", ratio="1:1")
+    journal = json.loads((out / ".torchkit-split.json").read_text(encoding="utf-8"))
+    journal["counts"] = 5
+    (out / ".torchkit-split.json").write_text(json.dumps(journal), encoding="utf-8")
+    result = run_torchkit_in_process("split", data, out, "--mode", "move", "--ratio", "1:1")
+    assert result.returncode == 1
+    assert "split.json: its 'counts' is 5 (a damaged" in error_line(result.stderr)

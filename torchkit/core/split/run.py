@@ -179,6 +179,7 @@ def _split_or_finish(
     # (A move killed before its plan was on disk left a "copying" journal: undone below.)
     if journal is not None and journal.get("mode") == "move" and journal.get("state") != "copying":
         if mode == "move" and _same_move(journal, source, options):
+            _check_journal(out, journal)
             return _move_result(source, out, journal, already_done=True)
         raise OutputExistsError(
             f"{out} holds files moved there from {journal.get('root')}: the only copies",
@@ -582,6 +583,8 @@ def _resume_move(
 ) -> SplitResult:
     """Finish a move that was interrupted, following the plan in OUT/split.csv."""
     root = Path(source)
+    if not isinstance(journal.get("root"), str) or not journal["root"]:
+        _check_journal(out, journal)  # names the move's ROOT, shown below
     if mode != "move" or journal.get("root") != os.path.realpath(root):
         raise UsageError(
             f"{out} holds an unfinished move from {journal.get('root')}",
@@ -589,6 +592,7 @@ def _resume_move(
             + shell_line(["torchkit", "split", str(journal.get("root")), out, "--mode", "move"]),
         )
     _refuse_strangers_plan(out)
+    _check_journal(out, journal)  # before any file moves: its end reads it whole
     log.warning(f"finishing the interrupted move into {out} (its recorded plan is used)")
     rows = _plan_rows(out)
     check_sources_removable([row["source"] for row in rows if os.path.lexists(row["source"])])
@@ -612,6 +616,80 @@ def _resume_move(
     noted = [f for f in noted if isinstance(f, str)] if isinstance(noted, list) else []
     forget_moving(root, [*csv_folders, *noted])
     return _move_result(root, out, journal, rows=rows, resumed=True)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int_lists(value: Any) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(row, list) and all(_is_int(n) for n in row) for row in value
+    )
+
+
+# What a move's journal holds (`_moving_record`), as its finish and summary read it: a key,
+# whether every journal has it, and the test of its value.
+_JOURNAL_KEYS: list[tuple[str, bool, Callable[[Any], bool]]] = [
+    ("root", True, lambda v: isinstance(v, str) and v != ""),
+    ("names", True, lambda v: isinstance(v, list) and v and all(isinstance(n, str) for n in v)),
+    (
+        "ratio",
+        True,
+        lambda v: (
+            isinstance(v, list)
+            and all(isinstance(f, (int, float)) and not isinstance(f, bool) for f in v)
+        ),
+    ),
+    ("seed", True, _is_int),
+    ("stratified", True, lambda v: isinstance(v, bool)),
+    ("group", False, lambda v: v is None or isinstance(v, str)),
+    ("groups", False, lambda v: v is None or _is_int(v)),
+    (
+        "classes",
+        False,
+        lambda v: v is None or (isinstance(v, list) and all(isinstance(c, str) for c in v)),
+    ),
+    ("counts", False, lambda v: v is None or _int_lists(v)),
+    ("fixed", False, lambda v: v is None or (isinstance(v, list) and all(_is_int(n) for n in v))),
+    ("dedup", False, lambda v: isinstance(v, bool)),
+    ("dedup_groups", False, lambda v: v is None or _is_int(v)),
+    ("dedup_files", False, lambda v: v is None or _is_int(v)),
+    ("label_conflicts", False, lambda v: v is None or isinstance(v, list)),
+    ("lost", False, lambda v: isinstance(v, list) and all(isinstance(p, str) for p in v)),
+]
+
+
+def _damaged_journal(out: Path, what: str) -> InputError:
+    return InputError(
+        f"cannot read {out / JOURNAL}: {what} (a damaged or hand-edited journal; no file was "
+        "moved)",
+        f"put back the journal the move wrote, or mend it by hand; {out / MANIFEST} lists "
+        "each file's source and its place in the split",
+    )
+
+
+def _shown_value(value: Any) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 40 else shown[:37] + "..."
+
+
+def _check_journal(out: Path, journal: dict) -> None:
+    """The keys of a move's journal and their types, before anything moves: a journal that
+    lacked one (hand-edited or damaged) ended in `Error: KeyError: 'ratio'` only once the
+    files had moved. Counts of each class in each split, where recorded, fit the names."""
+    for key, required, fits in _JOURNAL_KEYS:
+        if key not in journal:
+            if required:
+                raise _damaged_journal(out, f"it has no {key!r}")
+            continue
+        if not fits(journal[key]):
+            raise _damaged_journal(out, f"its {key!r} is {_shown_value(journal[key])}")
+    classes, counts = journal.get("classes"), journal.get("counts")
+    if classes is None or counts is None:  # counted from the plan (a journal of torchkit 0.x)
+        return
+    if len(counts) != len(classes) or any(len(row) != len(journal["names"]) for row in counts):
+        raise _damaged_journal(out, "its 'counts' do not fit its 'classes' and 'names'")
 
 
 def _refuse_strangers_plan(out: Path) -> None:
