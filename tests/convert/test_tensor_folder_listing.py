@@ -73,8 +73,9 @@ def test_a_linked_folder_is_converted_as_the_dataset_readers_read_it(tmp_path: P
 def test_image_names_that_are_no_file_are_unreadable_images(tmp_path: Path):
     """An image link to nothing and a FIFO named like an image were left out without a word
     (converted 1 of 1, exit 0); every other reader counts them as unreadable images. They are
-    failures, named; --strict stops at the first; a link to nothing of another name is warned
-    of as the readers warn of one."""
+    failures, named, and so are a .npy link to nothing and a .npy FIFO (never opened: that
+    waited for good); --strict stops at the first; a link to nothing of another name is
+    warned of as the readers warn of one."""
     from PIL import Image
     from typer.testing import CliRunner
 
@@ -85,7 +86,9 @@ def test_image_names_that_are_no_file_are_unreadable_images(tmp_path: Path):
     Image.new("RGB", (3, 2)).save(source / "a.png")
     os.symlink(tmp_path / "gone.png", source / "dead.png")
     os.mkfifo(source / "f.png")
-    os.symlink("gone.npy", source / "dead.npy")
+    os.symlink("gone.npy", source / "lost.npy")
+    os.mkfifo(source / "g.npy")
+    os.symlink("gone", source / "more")
     args = ["convert", "tensor", str(source), str(tmp_path / "out"), "--to", "npy", "-j", "0"]
     result = CliRunner().invoke(app, [*args, "--format", "json"])
     assert result.exit_code == 1, result.stderr
@@ -93,8 +96,12 @@ def test_image_names_that_are_no_file_are_unreadable_images(tmp_path: Path):
         result.stderr
     )
     assert "failed to convert f.png: not a regular file (a FIFO)" in result.stderr
-    assert "2 of 3 files could not be converted" in result.stderr
-    assert f"1 symbolic link(s) in {source} point nowhere and are not read: dead.npy" in (
+    for name, kind in (("lost.npy", "a symbolic link to nothing"), ("g.npy", "a FIFO")):
+        assert (
+            f"failed to convert {name}: cannot read {source / name}: not a regular file ({kind})"
+        ) in result.stderr
+    assert "4 of 5 files could not be converted" in result.stderr
+    assert f"1 symbolic link(s) in {source} point nowhere and are not read: more -> gone" in (
         result.stderr
     )
     assert [p.name for p in (tmp_path / "out").glob("*.npy")] == ["a.npy"]

@@ -23,6 +23,7 @@ from torchkit.core.data.image_files import (
     apply_exif_orientation,
     exif_orientation,
     expanded_mode,
+    open_regular_file,
     opened_image,
     orientation_on_load,
     read_regular_file,
@@ -489,6 +490,10 @@ def read_pixels(
     name = name or path.name
     if kind == "image":
         return read_image(path, exif=options.exif, name=name)
+    try:  # a FIFO named a.npy in a folder was opened and waited on for good
+        open_regular_file(path).close()
+    except NotARegularFile as error:
+        raise InputError(f"cannot read {path}: {error}", "give a file") from None
     if kind == "array":
         array, default_layout = read_npy(path), "hwc"
     elif extension == ".safetensors":
@@ -824,11 +829,14 @@ def _scan(
     warn_unentered(listing.unentered, folder)
     with reading_strictly(strict or strict_reading()):
         warn_unlistable(listing.unlistable, folder)
-    warn_dead_links(listing.dead, folder)
+    # An array or tensor name that is no file to read (a link to nothing, a FIFO): a file
+    # that fails, as an image name is; other links to nothing are warned of.
+    arrays = [p for p in (*listing.dead, *listing.special) if _convertible_name(p)]
+    warn_dead_links([p for p in listing.dead if not _convertible_name(p)], folder)
     if linked is not None:
         linked.extend(listing.entered)
     found = []
-    for path in (*listing.images[0], *listing.dangling[0], *listing.others):
+    for path in (*listing.images[0], *listing.dangling[0], *listing.others, *arrays):
         relative = path[top:]
         parts = relative.split(os.sep)
         if any(part.startswith(".") for part in parts):
@@ -839,6 +847,10 @@ def _scan(
     for _parts, relative, known in sorted(found):
         (convertible if known else skipped).append(Path(relative))
     return convertible, skipped
+
+
+def _convertible_name(path: str) -> bool:
+    return os.path.splitext(path)[1].lower() in EXTENSIONS
 
 
 def _convert_chunk(

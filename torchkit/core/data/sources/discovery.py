@@ -106,7 +106,9 @@ class FolderListing:
     folder given, through the links entered (`ROOT/cat/more/x.png`), sorted. `numbered`: per
     folder listed, its image files as listed (unsorted) and each one's inode number (a link's:
     its target's), for `refuse_one_file_in_two_places`. `unlistable`: the folders that could
-    not be listed (permission denied), with the error, sorted: their files are not read."""
+    not be listed (permission denied), with the error, sorted: their files are not read.
+    `special`: the FIFOs, sockets and devices (or links to one) not named like images, hidden
+    ones aside, sorted (no reader of images reads them; `convert tensor` names a `.npy` one)."""
 
     images: list[list[str]]
     numbered: list[Numbered]
@@ -116,6 +118,7 @@ class FolderListing:
     unentered: list[str]
     dead: list[str]
     unlistable: list[tuple[str, OSError]] = field(default_factory=list)
+    special: list[str] = field(default_factory=list)
 
 
 def list_folders(
@@ -165,6 +168,7 @@ def list_folders(
     unentered: list[str] = []
     dead: list[str] = []
     unlistable: list[tuple[str, OSError]] = []
+    special_files: list[str] = []
     pending = [(str(Path(top)), n) for n, top in enumerate(tops)]
     # The data's own record is its reader's to look at (`lock_for_reading`); those of folders
     # in it are looked at here, where the listing meets them.
@@ -199,6 +203,8 @@ def list_folders(
                     # read (never opened: opening a FIFO blocks), as a link to nothing is.
                     if image:
                         dangling[top].append(path)
+                    elif not name.startswith("."):
+                        special_files.append(path)
                 elif not is_file:  # a link to a folder, a FIFO... or to nothing
                     if not os.path.exists(path):
                         if image:
@@ -209,6 +215,8 @@ def list_folders(
                         links.append((path.count(os.sep), path, top))
                     elif image:  # a link to a FIFO, a socket or a device
                         dangling[top].append(path)
+                    elif not name.startswith("."):
+                        special_files.append(path)
                 elif image:
                     # What finds one file under two names (`refuse_one_file_in_two_places`),
                     # without a stat of its own: a plain file's inode number is in the
@@ -239,6 +247,7 @@ def list_folders(
         sorted(unentered),
         sorted(dead),
         sorted(unlistable, key=lambda found: found[0]),
+        sorted(special_files),
     )
 
 
