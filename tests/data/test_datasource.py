@@ -495,6 +495,9 @@ def test_data_with_its_own_val_ignores_val_split_and_records_nothing_held_out(tm
     assert split_record(source, splits)["held_out"] == {}
     with pytest.raises(UsageError, match="--val-split must be between 0 and 1"):
         training_splits(source, val_split=1.5, seed=0)
+    caplog.clear()  # a resumed run's recorded --val-split was warned of as the run began
+    training_splits(source, val_split=0.5, seed=0, recorded=split_record(source, splits))
+    assert "--val-split is ignored" not in caplog.text
 
 
 def test_split_csv_lists_every_image_with_its_class_name_and_split(cifar_like, tmp_path):

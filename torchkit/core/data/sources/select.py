@@ -225,7 +225,8 @@ def training_splits(
     if recorded:
         _check_resumed_val_split(source, recorded)
     if "val" in source.splits:
-        if val_split is not None:
+        # a resumed run's --val-split is the recorded one, warned of when the run began
+        if val_split is not None and not recorded:
             log.warning("--val-split is ignored: %s has its own validation split", source.spec)
         return dict(source.splits), []
     fraction = DEFAULT_VAL_SPLIT if val_split is None else val_split
