@@ -143,3 +143,30 @@ def test_a_profile_is_written_into_a_run_folder_whose_name_is_not_utf8(tmp_path)
     profiler.write()
     trace = json.loads((folder / "epoch-1.json").read_text())
     assert any(event.get("name") == "aten::add" for event in trace["traceEvents"])
+
+
+def test_an_onnx_model_with_external_data_in_a_folder_whose_name_is_not_utf8_is_read(
+    runner, tmp_path, model
+):
+    """Where only a folder above is not UTF-8, the folder goes by its descriptor, the file by
+    its name in it: onnxruntime finds the weights beside the model (`x.onnx.data`). Before,
+    the file went by its descriptor and onnxruntime looked for them in `/proc/self/fd/`."""
+    pytest.importorskip("onnxruntime")
+    onnx = pytest.importorskip("onnx")
+    checkpoint, image = model
+    exported = runner.invoke(app, ["export", str(checkpoint), str(tmp_path / "m.onnx"), *REPORT])
+    assert exported.exit_code == 0, exported.stderr
+    written = tmp_path / "models"  # onnx writes external data under UTF-8 names only
+    written.mkdir()
+    onnx.save_model(
+        onnx.load(str(tmp_path / "m.onnx")),
+        str(written / "x.onnx"),
+        save_as_external_data=True,
+        location="x.onnx.data",
+        size_threshold=0,
+    )
+    folder = written.rename(tmp_path / "models\udcff")
+    expected = runner.invoke(app, ["predict", str(checkpoint), str(image), *RUN])
+    predicted = runner.invoke(app, ["predict", str(folder / "x.onnx"), str(image), *RUN])
+    assert predicted.exit_code == 0, predicted.stderr
+    assert predicted.stdout == expected.stdout

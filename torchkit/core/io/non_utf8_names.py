@@ -33,11 +33,23 @@ def name_native_code_opens(path: str | os.PathLike) -> Iterator[str]:
     TensorBoard's writer): the path itself, or, for a name that is not UTF-8, the file opened
     here and named by its descriptor, `/proc/self/fd/N` (open until the block ends): such a
     name was refused with the binding's TypeError, "Path ... is not valid UTF-8" or a
-    UnicodeEncodeError, and `export` could write no file under it. Without `/proc` (no Linux,
-    whose names alone may be any bytes), the path itself."""
+    UnicodeEncodeError, and `export` could write no file under it. Where only the folders above
+    are not UTF-8, the folder is the one opened, `/proc/self/fd/N/model.onnx`: the library finds
+    what lies beside the file (an ONNX model's external data, which it looked for in
+    `/proc/self/fd/`). Without `/proc` (no Linux, whose names alone may be any bytes), the path
+    itself."""
     name = os.fspath(path)
     if not holds_non_utf8(name) or not os.path.isdir("/proc/self/fd"):
         yield name
+        return
+    folder, base = os.path.split(name)
+    if base not in ("", ".", "..") and not holds_non_utf8(base):
+        flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
+        descriptor = os.open(folder, flags)
+        try:
+            yield f"/proc/self/fd/{descriptor}/{base}"
+        finally:
+            os.close(descriptor)
         return
     # Non-blocking: a FIFO is opened at once, and the library's own open of it does as it
     # would under a UTF-8 name
