@@ -20,6 +20,7 @@ def commands(checkpoint: str) -> dict[str, list[str]]:
         "predict": ["predict", checkpoint, "photos", "--device", "cpu", "-j", "0", "-q"],
         "eval": ["eval", checkpoint, "--data", "photos", "--device", "cpu", "-j", "0"],
         "convert shards": ["convert", "shards", "photos", "shards"],
+        "extract-features": ["extract-features", checkpoint, "photos", "out", "-j", "0"],
     }
 
 

@@ -475,7 +475,10 @@ def _extract(
         if growing is not None:
             fingerprint = growing.value(len(samples))
         skipped = streamed_skipped if streamed else _skipped(samples, store.progress.errors)
-        meta = _finish(store, request, samples, source, settings, layers, fingerprint)
+        first_failure = _first_failure(samples, store.progress.errors, streamed_skipped)
+        meta = _finish(
+            store, request, samples, source, settings, layers, fingerprint, first_failure
+        )
     except BaseException as error:
         # What the command line says of the stop: rows of this run that --resume continues
         # are in OUT, or not (a --force run stopped before its first rows put the old OUT
@@ -510,6 +513,7 @@ def _finish(
     settings: dict,
     layers: list,
     fingerprint: str,
+    first_failure: str | None = None,
 ) -> dict:
     """Move the arrays into OUT and write index.csv and meta.json; returns the meta."""
     state = store.progress
@@ -517,7 +521,7 @@ def _finish(
         raise none_read(
             len(samples),
             redact_url(str(request.images)),
-            "index.csv is not written; check the files",
+            f"the first, {first_failure}" if first_failure else "check the files",
         )
     index_columns, index_rows = ([], []) if store.streamed else _index_rows(samples, state.errors)
     meta = {
@@ -993,6 +997,19 @@ def _append_index(
     for index in indices:
         errors.pop(index, None)
     return _skipped(samples, failed)
+
+
+def _first_failure(
+    samples: Samples, errors: dict[int, str], streamed_skipped: list[tuple[str, str]]
+) -> str | None:
+    """`path: why` of the first unreadable image, its path from the working folder as every
+    warning and error about an image names it."""
+    if errors:
+        index = min(errors)
+        return f"{image_path(samples, index)}: {errors[index]}"
+    if streamed_skipped:
+        return ": ".join(streamed_skipped[0])
+    return None
 
 
 def _skipped(samples: Samples, errors: dict[int, str]) -> list[tuple[str, str]]:
