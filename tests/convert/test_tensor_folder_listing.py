@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
+from disks import deny_listing
 
 from torchkit.core.convert import tensor
 from torchkit.core.io.errors import InputError
@@ -128,14 +129,7 @@ def test_a_folder_it_cannot_list_is_warned_of(tmp_path: Path, monkeypatch):
     (source / "sub").mkdir(parents=True)
     Image.new("RGB", (3, 2)).save(source / "a.png")
     Image.new("RGB", (3, 2)).save(source / "sub" / "b.png")
-    scandir = os.scandir
-
-    def listing(path="."):
-        if os.fspath(path) == str(source / "sub"):
-            raise PermissionError(13, "Permission denied", os.fspath(path))
-        return scandir(path)
-
-    monkeypatch.setattr(os, "scandir", listing)
+    deny_listing(monkeypatch, source / "sub")
     args = ["convert", "tensor", str(source), str(tmp_path / "out"), "--to", "npy", "-j", "0"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.stderr

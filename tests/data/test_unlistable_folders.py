@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from disks import deny_listing
 from image_folders import write_image_folder
 from output_checks import error_line
 from processes import run_torchkit_in_process
@@ -30,23 +31,10 @@ def data(tmp_path: Path) -> Path:
     return root
 
 
-def deny(monkeypatch, *folders: Path) -> None:
-    """`os.scandir` of each of `folders` fails as it does for a folder without read permission."""
-    denied = {str(folder) for folder in folders}
-    scandir = os.scandir
-
-    def listing(path="."):
-        if os.fspath(path) in denied:
-            raise PermissionError(13, "Permission denied", os.fspath(path))
-        return scandir(path)
-
-    monkeypatch.setattr(os, "scandir", listing)
-
-
 def test_an_image_folder_names_the_folder_it_cannot_list(data, monkeypatch, caplog):
     from torchkit.core.data.sources import open_data
 
-    deny(monkeypatch, data / "cat" / "more")
+    deny_listing(monkeypatch, data / "cat" / "more")
     with caplog.at_level(logging.WARNING, logger="torchkit"):
         read = open_data(data)
     assert read.whole.ids == ["cat/cat_0.png", "cat/cat_1.png", "dog/dog_0.png", "dog/dog_1.png"]
@@ -63,7 +51,7 @@ def test_a_flat_folder_and_a_split_root_name_it_too(tmp_path, monkeypatch, caplo
     split = tmp_path / "split"
     write_image_folder(split / "train", {"cat": 1, "dog": 2})
     write_image_folder(split / "val", {"cat": 1, "dog": 1})
-    deny(monkeypatch, flat / "b", split / "train" / "dog")
+    deny_listing(monkeypatch, flat / "b", split / "train" / "dog")
     with caplog.at_level(logging.WARNING, logger="torchkit"):
         assert open_data(flat, allow_unlabelled=True).whole.ids == ["a/a_0.png"]
         open_data(split)
@@ -74,7 +62,7 @@ def test_a_flat_folder_and_a_split_root_name_it_too(tmp_path, monkeypatch, caplo
 
 
 def test_strict_makes_it_an_error_in_every_command(data, monkeypatch):
-    deny(monkeypatch, data / "cat" / "more")
+    deny_listing(monkeypatch, data / "cat" / "more")
     report = run_torchkit_in_process("dataset-stats", data, "--format", "json")
     assert report.returncode == 0, report.stderr
     assert json.loads(report.stdout)["images"] == 4

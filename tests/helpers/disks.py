@@ -2,7 +2,7 @@
 system (`fill_disk`, on the `small_tmpfs` fixture's mount), slow renames, copies and opens in a
 torchkit process (`slow_io_env`), a process stopped at one of them until it is killed
 (`paused_io_env`), a FIFO as an output (`FifoReader`) and as an input a command must never open
-(`fifo_never_opened`)."""
+(`fifo_never_opened`), folders this user may not list (`deny_listing`)."""
 
 from __future__ import annotations
 
@@ -172,3 +172,18 @@ def fifo_never_opened(path: Path, seconds: float = 30):
         done.set()
         watchdog.join()
     assert not blocked, f"{path} was opened for reading (it blocked for {seconds} s)"
+
+
+def deny_listing(monkeypatch, *folders: str | os.PathLike) -> None:
+    """`os.scandir` of each of `folders` fails as it does for a folder without read permission
+    (`chmod 000`), which the suite, run as root, cannot get from chmod. Called again, the folders
+    given before stay denied."""
+    denied = {os.fspath(folder) for folder in folders}
+    scandir = os.scandir
+
+    def listing(path="."):
+        if os.fspath(path) in denied:
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", listing)

@@ -24,6 +24,7 @@ from damaged_videos import (
     moving_picture,
     zeroed_copy,
 )
+from disks import deny_listing
 from fragmented_mp4 import fragmented_mp4, media_timescale
 from output_checks import error_line
 from processes import PipeLines, run_torchkit_process, start_torchkit_process
@@ -517,22 +518,14 @@ def test_a_folder_search_names_the_folders_it_cannot_list(tmp_path, monkeypatch,
     (tmp_path / "clips" / "sub").mkdir(parents=True)
     (tmp_path / "clips" / "a.avi").write_bytes(b"RIFF")
     (tmp_path / "clips" / "sub" / "b.avi").write_bytes(b"RIFF")
-    denied = {str(tmp_path / "clips" / "sub")}
-    scandir = os.scandir
-
-    def listing(path="."):
-        if os.fspath(path) in denied:
-            raise PermissionError(13, "Permission denied", os.fspath(path))
-        return scandir(path)
-
-    monkeypatch.setattr(os, "scandir", listing)
+    deny_listing(monkeypatch, tmp_path / "clips" / "sub")
     with caplog.at_level("WARNING", logger="torchkit"):
         assert find_videos([tmp_path / "clips"]) == [str(tmp_path / "clips" / "a.avi")]
     assert [r.getMessage() for r in caplog.records] == [
         f"1 folder(s) in {tmp_path / 'clips'} cannot be listed, their videos not read: sub "
         "(permission denied) (make them readable)"
     ]
-    denied.add(str(tmp_path / "clips"))
+    deny_listing(monkeypatch, tmp_path / "clips")
     with pytest.raises(InputError) as refused:
         find_videos([tmp_path / "clips"])
     assert refused.value.message == f"cannot list folder {tmp_path / 'clips'}: permission denied"
