@@ -170,3 +170,27 @@ def test_an_onnx_model_with_external_data_in_a_folder_whose_name_is_not_utf8_is_
     predicted = runner.invoke(app, ["predict", str(folder / "x.onnx"), str(image), *RUN])
     assert predicted.exit_code == 0, predicted.stderr
     assert predicted.stdout == expected.stdout
+
+
+def test_a_folder_this_user_may_enter_but_not_list_still_gives_its_file(tmp_path, monkeypatch):
+    """The folder is opened only to name a path through it (O_PATH): one that this user may
+    enter but not list (`chmod 711`, which root, running the suite, is not refused: its open
+    for reading is made to fail) still gives the file in it, as it did by the file's own
+    descriptor."""
+    from torchkit.core.io.non_utf8_names import name_native_code_opens
+
+    folder = tmp_path / "d\udcff"
+    folder.mkdir()
+    (folder / "w.safetensors").write_bytes(b"weights")
+    real_open = os.open
+
+    def opening(path, flags, *args, **kwargs):
+        if os.fspath(path) == str(folder) and not flags & getattr(os, "O_PATH", 0):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", opening)
+    with name_native_code_opens(folder / "w.safetensors") as name:
+        assert name.startswith("/proc/self/fd/") and name.endswith("/w.safetensors")
+        with open(name, "rb") as given:
+            assert given.read() == b"weights"

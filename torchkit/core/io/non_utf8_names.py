@@ -44,8 +44,9 @@ def name_native_code_opens(path: str | os.PathLike) -> Iterator[str]:
         return
     folder, base = os.path.split(name)
     if base not in ("", ".", "..") and not holds_non_utf8(base):
-        flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
-        descriptor = os.open(folder, flags)
+        # O_PATH: a folder this user may enter but not list (`chmod 711`) is opened too
+        flags = getattr(os, "O_PATH", os.O_RDONLY) | getattr(os, "O_DIRECTORY", 0)
+        descriptor = os.open(folder, flags | getattr(os, "O_CLOEXEC", 0))
         try:
             yield f"/proc/self/fd/{descriptor}/{base}"
         finally:
