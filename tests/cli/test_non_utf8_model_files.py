@@ -5,6 +5,8 @@ folder) by its descriptor."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import sys
@@ -33,6 +35,19 @@ def model(tmp_path_factory):
     return folder / "m.pt", image
 
 
+def same_rows(predicted: str, expected: str) -> bool:
+    """predict's CSV rows alike: the same class, and the probability to within 1e-6, for
+    onnxruntime's float sums may end in other last digits than PyTorch's (0.50399071 for
+    0.503990769)."""
+    rows = [list(csv.reader(io.StringIO(text))) for text in (predicted, expected)]
+    if [len(r) for r in rows[0]] != [len(r) for r in rows[1]] or rows[0][0] != rows[1][0]:
+        return False
+    return all(
+        got[:4] == want[:4] and got[5:] == want[5:] and abs(float(got[4]) - float(want[4])) < 1e-6
+        for got, want in zip(rows[0][1:], rows[1][1:], strict=True)
+    )
+
+
 # torch.export (.pt2) goes through the same helper; its export takes seconds, not tested here
 @pytest.mark.parametrize(("extension", "trust"), [("onnx", []), ("ts", ["--trust-checkpoint"])])
 def test_an_exported_model_under_a_name_that_is_not_utf8_is_written_and_read(
@@ -51,7 +66,7 @@ def test_an_exported_model_under_a_name_that_is_not_utf8_is_written_and_read(
     expected = runner.invoke(app, ["predict", str(checkpoint), str(image), *RUN])
     predicted = runner.invoke(app, ["predict", str(out), str(image), *RUN, *trust])
     assert predicted.exit_code == 0, predicted.stderr
-    assert predicted.stdout == expected.stdout
+    assert same_rows(predicted.stdout, expected.stdout)
 
 
 def test_safetensors_weights_under_a_name_that_is_not_utf8_are_read(runner, tmp_path, model):
@@ -169,7 +184,7 @@ def test_an_onnx_model_with_external_data_in_a_folder_whose_name_is_not_utf8_is_
     expected = runner.invoke(app, ["predict", str(checkpoint), str(image), *RUN])
     predicted = runner.invoke(app, ["predict", str(folder / "x.onnx"), str(image), *RUN])
     assert predicted.exit_code == 0, predicted.stderr
-    assert predicted.stdout == expected.stdout
+    assert same_rows(predicted.stdout, expected.stdout)
 
 
 def test_a_folder_this_user_may_enter_but_not_list_still_gives_its_file(tmp_path, monkeypatch):
