@@ -167,3 +167,18 @@ def test_strict_ends_with_a_command_line_that_fails_to_parse(tmp_path: Path):
     refused = run_torchkit_in_process("dataset-stats", tmp_path, "--strict", "--workers", "x")
     assert refused.returncode == 2 and "--workers" in error_line(refused.stderr)
     assert not strict_reading()
+
+
+def test_train_strict_makes_it_an_error_whose_hint_is_no_strict(data, monkeypatch):
+    """train's --strict is its own option (a recipe or a resumed run may set it): it warned
+    only, where every other command's --strict made the folder an error."""
+    deny_listing(monkeypatch, data / "cat" / "more")
+    out = data.parent / "run"
+    args = ("train", "--data", data, "--model", "convnet", "--image-size", "8", "--epochs", "1")
+    strict = run_torchkit_in_process(*args, "--out", out, "--strict")
+    assert strict.returncode == 1
+    assert error_line(strict.stderr) == (
+        f"Error: cannot list folder {data / 'cat' / 'more'}: permission denied (make it "
+        "readable, or pass --no-strict to read the data without its images)"
+    )
+    assert not out.exists()

@@ -10,28 +10,38 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar, Token
 
-_STRICT: ContextVar[bool] = ContextVar("strict_reading", default=False)
+# How the command is told to read without --strict when it is given (train's "pass
+# --no-strict": a recipe or a resumed run may be what set it); None when it is not.
+_STRICT: ContextVar[str | None] = ContextVar("strict_reading", default=None)
 
 
 def strict_reading() -> bool:
     """Whether `--strict` was given to the command reading the data."""
-    return _STRICT.get()
+    return _STRICT.get() is not None
 
 
-def set_strict_reading(strict: bool) -> Token[bool]:
+def strict_turn_off() -> str:
+    """How the command reading strictly is told not to: its error's hint."""
+    return _STRICT.get() or "leave out --strict"
+
+
+def set_strict_reading(strict: bool) -> Token[str | None]:
     """Set it (to be undone with `reset_strict_reading` when the command ends)."""
-    return _STRICT.set(strict)
+    return _STRICT.set("leave out --strict" if strict else None)
 
 
-def reset_strict_reading(token: Token[bool]) -> None:
+def reset_strict_reading(token: Token[str | None]) -> None:
     _STRICT.reset(token)
 
 
 @contextmanager
-def reading_strictly(strict: bool = True) -> Iterator[None]:
+def reading_strictly(
+    strict: bool = True, *, turn_off: str = "leave out --strict"
+) -> Iterator[None]:
     """Within it, `strict_reading()` is `strict` (for a command whose --strict comes from
-    elsewhere than the CLI's option, such as a config file)."""
-    token = _STRICT.set(strict)
+    elsewhere than the CLI's option, such as a config file); `turn_off` as for
+    `strict_unreadable_error`."""
+    token = _STRICT.set(turn_off if strict else None)
     try:
         yield
     finally:

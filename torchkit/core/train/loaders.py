@@ -31,6 +31,7 @@ from torchkit.core.data.sources import DataSource, open_labelled, split_record, 
 from torchkit.core.data.sources.digits import DIGITS
 from torchkit.core.data.sources.samples import Samples, shown_class_names
 from torchkit.core.data.stored_image import Blocks, read_blocks
+from torchkit.core.data.strict_reading import reading_strictly
 from torchkit.core.data.transforms import eval_transform, train_transform
 from torchkit.core.io.errors import InputError, first_and_more
 from torchkit.core.io.redaction import redact_url
@@ -89,13 +90,15 @@ class TrainData:
 def load_splits(config: TrainConfig, recorded: dict | None = None) -> TrainData:
     """train/val(/test) of --data (`core.datasource.training_splits`: a resumed run's
     `recorded` split comes back exactly), with clear errors for data that cannot train."""
-    # Train and val need every label (`_labelled_splits` refuses them otherwise).
-    source, unlabelled = open_labelled(
-        config.data,
-        refused=lambda data: any(
-            part.has_unlabelled for name, part in data.splits.items() if name != "test"
-        ),
-    )
+    # Train and val need every label (`_labelled_splits` refuses them otherwise). --strict
+    # also makes a folder that cannot be listed an error, as for every other command.
+    with reading_strictly(config.strict, turn_off="pass --no-strict"):
+        source, unlabelled = open_labelled(
+            config.data,
+            refused=lambda data: any(
+                part.has_unlabelled for name, part in data.splits.items() if name != "test"
+            ),
+        )
     splits, notes = training_splits(
         source, val_split=config.val_split, seed=config.seed, recorded=recorded
     )

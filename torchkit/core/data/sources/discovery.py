@@ -310,14 +310,14 @@ def warn_unlistable(
     `strict_option`: whether the command has a --strict that the warning may point to."""
     if not unlistable:
         return
-    from torchkit.core.data.strict_reading import strict_reading
+    from torchkit.core.data.strict_reading import strict_reading, strict_turn_off
 
     names = relative_ids([path for path, _ in unlistable], folder)
     reasons = [_listing_error(error) for _, error in unlistable]
     if strict_reading():
         raise InputError(
             f"cannot list folder {unlistable[0][0]}: {reasons[0]}",
-            "make it readable, or leave out --strict to read the data without its images",
+            f"make it readable, or {strict_turn_off()} to read the data without its images",
         )
     shown = ", ".join(
         f"{name} ({reason})" for name, reason in zip(names[:3], reasons[:3], strict=True)
