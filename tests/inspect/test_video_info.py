@@ -490,9 +490,12 @@ def test_folders_are_searched_recursively_in_sorted_order_without_hidden_files(t
     assert all(row["frames"] == 17 for row in rows)
 
 
-def test_a_folder_search_counts_links_to_videos_but_no_linked_folder_fifo_or_dangling_link(
+def test_a_folder_search_counts_links_to_videos_fifos_and_dangling_links_but_no_linked_folder(
     tmp_path, videos
 ):
+    """A FIFO or a link to nothing named like a video is a row saying what it is, as the data
+    readers make such an image an unreadable one: it was left out without a word (a folder of
+    only such files said "no video files")."""
     source = need(videos, "mjpg.avi")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -507,7 +510,10 @@ def test_a_folder_search_counts_links_to_videos_but_no_linked_folder_fifo_or_dan
     (root / "folder.avi").mkdir()  # a folder named like a video, with one inside
     (root / "folder.avi" / "d.mp4").write_bytes(source.read_bytes())
     found = [Path(p).relative_to(root).as_posix() for p in find_videos([root])]
-    assert found == ["b.avi", "folder.avi/d.mp4", "sub/a.avi"]
+    assert found == ["b.avi", "folder.avi/d.mp4", "gone.avi", "pipe.avi", "sub/a.avi"]
+    rows = {Path(info.path).name: info for info in map(probe_video, map(str, root.glob("*.avi")))}
+    assert rows["gone.avi"].error == "not a regular file (a symbolic link to nothing)"
+    assert rows["pipe.avi"].error == "not a regular file (a FIFO)"
 
 
 def test_a_folder_search_names_the_folders_it_cannot_list(tmp_path, monkeypatch, caplog):

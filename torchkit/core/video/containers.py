@@ -50,16 +50,20 @@ def is_video_file(path: str | os.PathLike) -> bool:
 def _videos_in(folder: str | os.PathLike) -> list[str]:
     """The video files under `folder`, sorted by path. Hidden files and folders are left out:
     macOS leaves "._clip.mp4" resource forks beside every clip on shared drives, and tools keep
-    caches in dot-folders. A link to a video counts; links to folders are not followed. A
-    folder in it that cannot be listed (permission denied) is named in a warning, as the data
-    readers name one (it was passed over without a word); `folder` itself is an InputError."""
+    caches in dot-folders. A link to a video counts, and so does a FIFO or a link to nothing
+    named like one (a row with its error); links to folders are not followed. A folder in it
+    that cannot be listed (permission denied) is named in a warning, as the data readers name
+    one (it was passed over without a word); `folder` itself is an InputError."""
     from torchkit.core.data.sources.discovery import warn_unlistable
 
     found = []
     unlistable: list[tuple[str, OSError]] = []
     for path, entry in tree_entries(folder, skip_hidden=True, unlistable=unlistable):
         try:
-            if os.path.splitext(entry.name)[1].lower() in VIDEO_EXTENSIONS and entry.is_file():
+            # Named like a video and no folder: a FIFO or a link to nothing too, which is a
+            # row saying what it is (never opened), as the data readers make it an unreadable
+            # image, not left out without a word
+            if os.path.splitext(entry.name)[1].lower() in VIDEO_EXTENSIONS and not entry.is_dir():
                 found.append(path)
         except OSError:  # vanished while listing
             continue

@@ -679,7 +679,13 @@ def _read_start(info: VideoInfo, path: Path) -> tuple[bytes, str | None] | None:
     """The file's first bytes and the container they show, with its size and container into
     `info`; None, with `info` failed, for what is no video to open: a special file, an empty
     one, a still image."""
-    status = path.stat()
+    try:
+        status = path.stat()
+    except FileNotFoundError:
+        if not path.is_symlink():
+            raise
+        info.fail("not a regular file (a symbolic link to nothing)")  # the image readers' words
+        return None
     mode = status.st_mode
     if not stat.S_ISREG(mode):  # opening a FIFO waits for a writer: forever
         info.fail(f"not a regular file ({file_kind(mode)})")
