@@ -6,6 +6,7 @@ order."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -90,9 +91,12 @@ def test_image_names_that_are_no_file_are_unreadable_images(tmp_path: Path):
     os.symlink("gone.npy", source / "lost.npy")
     os.mkfifo(source / "g.npy")
     os.symlink("gone", source / "more")
+    os.mkfifo(source / "zz.txt")  # skipped by its name, as a file notes.txt is: it was not counted
     args = ["convert", "tensor", str(source), str(tmp_path / "out"), "--to", "npy", "-j", "0"]
     result = CliRunner().invoke(app, [*args, "--format", "json"])
     assert result.exit_code == 1, result.stderr
+    report = json.loads(result.stdout)
+    assert report["skipped"] == 1 and report["skipped_files"] == ["zz.txt"], report
     assert "failed to convert dead.png: not a regular file (a symbolic link to nothing)" in (
         result.stderr
     )

@@ -829,14 +829,22 @@ def _scan(
     warn_unentered(listing.unentered, folder)
     with reading_strictly(strict or strict_reading()):
         warn_unlistable(listing.unlistable, folder)
-    # An array or tensor name that is no file to read (a link to nothing, a FIFO): a file
-    # that fails, as an image name is; other links to nothing are warned of.
-    arrays = [p for p in (*listing.dead, *listing.special) if _convertible_name(p)]
+    # An array or tensor name that is no file to read (a link to nothing): a file that
+    # fails, as an image name is; other links to nothing are warned of. A FIFO, socket or
+    # device is a file like any other by its name: one that fails, or one skipped as
+    # `notes.txt` is (it was left out of the count without a word).
+    arrays = [p for p in listing.dead if _convertible_name(p)]
     warn_dead_links([p for p in listing.dead if not _convertible_name(p)], folder)
     if linked is not None:
         linked.extend(listing.entered)
     found = []
-    for path in (*listing.images[0], *listing.dangling[0], *listing.others, *arrays):
+    for path in (
+        *listing.images[0],
+        *listing.dangling[0],
+        *listing.others,
+        *arrays,
+        *listing.special,
+    ):
         relative = path[top:]
         parts = relative.split(os.sep)
         if any(part.startswith(".") for part in parts):
