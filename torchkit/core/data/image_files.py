@@ -51,7 +51,7 @@ from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 from torchkit.core.io.errors import InputError, first_line
-from torchkit.core.io.file_kinds import file_kind
+from torchkit.core.io.file_kinds import LINK_TO_NOTHING, file_kind
 from torchkit.core.runtime.fork_safe import ForkSafeLock
 
 SIXTEEN_BIT_MODES = frozenset({"I;16", "I;16L", "I;16B", "I;16N"})
@@ -91,7 +91,7 @@ def open_regular_file(path: str | os.PathLike) -> BinaryIO:
         return open(path, "rb", opener=_regular_file_descriptor)
     except FileNotFoundError:
         if os.path.islink(path):
-            raise NotARegularFile("not a regular file (a symbolic link to nothing)") from None
+            raise NotARegularFile(f"not a regular file ({LINK_TO_NOTHING})") from None
         raise
 
 

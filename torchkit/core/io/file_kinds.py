@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import stat
 
+# What a symbolic link that leads to no file is, in the same words wherever it is read
+LINK_TO_NOTHING = "a symbolic link to nothing"
+
 
 def file_kind(mode: int) -> str:
     """What a path of `st_mode` `mode` is: "a file", "a FIFO", "a device", "a folder"..."""

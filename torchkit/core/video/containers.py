@@ -54,7 +54,7 @@ def _videos_in(folder: str | os.PathLike) -> list[str]:
     named like one (a row with its error); links to folders are not followed. A folder in it
     that cannot be listed (permission denied) is named in a warning, as the data readers name
     one (it was passed over without a word); `folder` itself is an InputError."""
-    from torchkit.core.data.sources.discovery import warn_unlistable
+    from torchkit.core.data.sources.discovery import listing_error, warn_unlistable
 
     found = []
     unlistable: list[tuple[str, OSError]] = []
@@ -68,9 +68,8 @@ def _videos_in(folder: str | os.PathLike) -> list[str]:
         except OSError:  # vanished while listing
             continue
     if unlistable and unlistable[0][0] == str(Path(folder)):  # the folder given
-        error = unlistable[0][1]
-        reason = "permission denied" if isinstance(error, PermissionError) else error.strerror
-        raise InputError(f"cannot list folder {folder}: {reason or error}", "make it readable")
+        reason = listing_error(unlistable[0][1])
+        raise InputError(f"cannot list folder {folder}: {reason}", "make it readable")
     warn_unlistable(unlistable, folder, files="videos", strict_option=False)
     found.sort()
     return found

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkit.core.io.errors import first_line
-from torchkit.core.io.file_kinds import file_kind
+from torchkit.core.io.file_kinds import LINK_TO_NOTHING, file_kind
 from torchkit.core.io.non_utf8_names import holds_non_utf8
 from torchkit.core.video.asf import (
     asf_packet_break,
@@ -684,7 +684,7 @@ def _read_start(info: VideoInfo, path: Path) -> tuple[bytes, str | None] | None:
     except FileNotFoundError:
         if not path.is_symlink():
             raise
-        info.fail("not a regular file (a symbolic link to nothing)")  # the image readers' words
+        info.fail(f"not a regular file ({LINK_TO_NOTHING})")
         return None
     mode = status.st_mode
     if not stat.S_ISREG(mode):  # opening a FIFO waits for a writer: forever

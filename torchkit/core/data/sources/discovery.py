@@ -313,7 +313,7 @@ def warn_unlistable(
     from torchkit.core.data.strict_reading import strict_reading, strict_turn_off
 
     names = relative_ids([path for path, _ in unlistable], folder)
-    reasons = [_listing_error(error) for _, error in unlistable]
+    reasons = [listing_error(error) for _, error in unlistable]
     if strict_reading():
         raise InputError(
             f"cannot list folder {unlistable[0][0]}: {reasons[0]}",
@@ -334,7 +334,8 @@ def warn_unlistable(
     )
 
 
-def _listing_error(error: OSError) -> str:
+def listing_error(error: OSError) -> str:
+    """Why a folder could not be listed, in the words its warning and error give."""
     if isinstance(error, PermissionError):
         return "permission denied"
     return error.strerror or str(error)
