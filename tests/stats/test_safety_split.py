@@ -772,7 +772,8 @@ def test_the_commands_that_finish_a_move_quote_its_folders(tmp_path, caplog, nam
         raise KeyboardInterrupt
     assert caplog.messages[-1].endswith(f"; finish it with: {command}")
     with pytest.raises(UsageError) as refused:
-        _resume_move(tmp_path / "other", out, {"root": str(data)}, "move", None)
+        journal = {"root": str(data), "names": ["a", "b"], "ratio": [1, 1], "seed": 0}
+        _resume_move(tmp_path / "other", out, journal | {"stratified": True}, "move", None)
     assert refused.value.hint == f"finish it with: {command}"
 
 

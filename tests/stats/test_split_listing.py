@@ -135,3 +135,53 @@ def test_a_finished_move_whose_journal_is_damaged_is_named(tmp_path):
     result = run_torchkit_in_process("split", data, out, "--mode", "move", "--ratio", "1:1")
     assert result.returncode == 1
     assert "split.json: its 'counts' is 5 (a damaged" in error_line(result.stderr)
+
+
+def mend_row(column: int, value: str):
+    """An edit of the plan's last row: its `column` (path 0, label 1, split 2) set to `value`."""
+
+    def edit(lines: list[str]) -> list[str]:
+        fields = lines[-1].split(",")
+        fields[column] = value
+        return [*lines[:-1], ",".join(fields)]
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    ("edit", "said"),
+    [
+        # Before: the files moved, then `Error: ValueError: 'bogus' is not in list`.
+        (mend_row(2, "bogus"), "row 7 names the split 'bogus', not one of the move's splits"),
+        # Before: the files moved, then `Error: KeyError: 'zzz'`.
+        (mend_row(1, "zzz"), "row 7 names the class 'zzz', which the move's journal does not"),
+        # Before: the file was moved out of OUT, beside it, and the rerun exited 0.
+        (mend_row(0, "train/../../escaped.png"), "row 7 puts its file at 'train/../../escaped"),
+        # Before: b/2.png was moved to b/1.png's place in OUT (b/1.png gone), exit 0.
+        (
+            lambda lines: mend_row(0, lines[-2].split(",")[0])(lines),
+            "row 7 puts a second file at 'train/b/1.png'",
+        ),
+    ],
+    ids=["split-not-journalled", "class-not-journalled", "path-out-of-out", "path-twice"],
+)
+def test_a_plan_row_the_journal_does_not_record_is_refused_before_any_file_moves(
+    tmp_path, monkeypatch, edit, said
+):
+    """A plan's row is checked against the journal before the finish moves a file, where a
+    file deleted from ROOT meanwhile (whose row the finish drops, recounting the splits) had
+    the rerun move the rest first and fail after."""
+    data, out = interrupted_move(tmp_path, monkeypatch)
+    rewrite_plan(out, edit)
+    plan = (out / "split.csv").read_text(encoding="utf-8").splitlines()
+    gone = Path(plan[-2].split(",")[3])  # another process deletes a file not yet moved
+    if gone.exists():
+        gone.unlink()
+    before = digests(tmp_path)
+    result = run_torchkit_in_process("split", data, out, "--mode", "move", "--ratio", "1:1")
+    assert result.returncode == 1
+    line = error_line(result.stderr)
+    assert line.startswith(f"Error: cannot read the plan {out / 'split.csv'}: {said}"), line
+    assert "hand-edited plan; no file was moved" in line and "mend row" in line
+    assert "finishing the interrupted move" not in result.stderr
+    assert digests(tmp_path) == before  # every file where the interrupted move left it

@@ -537,9 +537,56 @@ def _same_move(journal: dict, source, options: SplitOptions) -> bool:
     )
 
 
-def _plan_rows(out: Path) -> list[dict[str, str]]:
-    """The move's plan: the rows of OUT/split.csv, written before the first file moved."""
-    return read_split_rows(out, ("path", "label", "split", "source"), "the plan")
+def _plan_rows(out: Path, journal: dict) -> list[dict[str, str]]:
+    """The move's plan: the rows of OUT/split.csv, written before the first file moved, each
+    checked against the (checked) journal before any file moves: a row of a hand-edited plan
+    whose split the journal does not name moved the files, then ended in `Error: ValueError:
+    'bogus' is not in list` where the summary counted it."""
+    rows = read_split_rows(out, ("path", "label", "split", "source"), "the plan")
+    names = list(journal["names"])
+    classes = None if journal.get("classes") is None else set(journal["classes"])
+    paths: set[str] = set()
+    sources: set[str] = set()
+    for number, row in enumerate(rows, start=2):  # line 1 is the header
+        problem = _plan_row_problem(row, names, classes, paths, sources)
+        if problem is not None:
+            raise InputError(
+                f"cannot read the plan {out / MANIFEST}: row {number} {problem} (a damaged or "
+                "hand-edited plan; no file was moved)",
+                f"put back the plan the move wrote, or mend row {number} by hand",
+            )
+        paths.add(row["path"])
+        sources.add(row["source"])
+    return rows
+
+
+def _plan_row_problem(
+    row: dict[str, str],
+    names: list[str],
+    classes: set[str] | None,
+    paths: set[str],
+    sources: set[str],
+) -> str | None:
+    """What makes one row of a move's plan one the move did not write (None: nothing): a
+    split or class its journal does not record, a place outside that split's folder in OUT
+    (`../x` would move the file out of OUT), a place or a source named twice."""
+    split, path = row["split"], row["path"]
+    if split not in names:
+        shown = ", ".join(names)
+        return f"names the split {_shown_value(split)}, not one of the move's splits ({shown})"
+    if classes is not None and row["label"] not in classes:
+        return (
+            f"names the class {_shown_value(row['label'])}, which the move's journal does not "
+            "record"
+        )
+    parts = path.split("/")
+    if parts[0] != split or len(parts) < 2 or any(p in ("", ".", "..") for p in parts):
+        return f"puts its file at {_shown_value(path)}, not inside its split's folder {split}/"
+    if path in paths:
+        return f"puts a second file at {_shown_value(path)}"
+    if row["source"] in sources:
+        return f"moves {_shown_value(row['source'])} a second time"
+    return None
 
 
 def _move_result(
@@ -549,7 +596,7 @@ def _move_result(
     names = list(journal["names"])
     classes, counts = journal.get("classes"), journal.get("counts")
     if classes is None or counts is None:  # a journal of torchkit 0.x: count the plan
-        rows = _plan_rows(out) if rows is None else rows
+        rows = _plan_rows(out, journal) if rows is None else rows
         classes = sorted({row["label"] for row in rows})
         index = {name: i for i, name in enumerate(classes)}
         counts = [[0] * len(names) for _ in classes]
@@ -583,18 +630,19 @@ def _resume_move(
 ) -> SplitResult:
     """Finish a move that was interrupted, following the plan in OUT/split.csv."""
     root = Path(source)
-    if not isinstance(journal.get("root"), str) or not journal["root"]:
-        _check_journal(out, journal)  # names the move's ROOT, shown below
-    if mode != "move" or journal.get("root") != os.path.realpath(root):
+    _refuse_strangers_plan(out)  # another user's journal is refused as theirs, not as damaged
+    # Checked once, here, before anything else reads it: the refusal below names its ROOT,
+    # the plan's rows are checked against its names and classes, and the summary at the end
+    # reads it whole, once files have moved.
+    _check_journal(out, journal)
+    if mode != "move" or journal["root"] != os.path.realpath(root):
         raise UsageError(
-            f"{out} holds an unfinished move from {journal.get('root')}",
+            f"{out} holds an unfinished move from {journal['root']}",
             "finish it with: "
-            + shell_line(["torchkit", "split", str(journal.get("root")), out, "--mode", "move"]),
+            + shell_line(["torchkit", "split", journal["root"], out, "--mode", "move"]),
         )
-    _refuse_strangers_plan(out)
-    _check_journal(out, journal)  # before any file moves: its end reads it whole
+    rows = _plan_rows(out, journal)  # the whole plan, before any file moves
     log.warning(f"finishing the interrupted move into {out} (its recorded plan is used)")
-    rows = _plan_rows(out)
     check_sources_removable([row["source"] for row in rows if os.path.lexists(row["source"])])
     with reporting_write_errors(out):
         discard_replaced(out)  # killed before it was discarded: the move had started
