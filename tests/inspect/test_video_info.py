@@ -30,7 +30,7 @@ from output_checks import error_line
 from processes import PipeLines, run_torchkit_process, start_torchkit_process
 from typer.testing import CliRunner
 
-from torchkit.cli import app
+from torchkit.cli import app, console
 from torchkit.cli.render import JsonArrayWriter, render_json
 from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.video import (
@@ -3559,20 +3559,20 @@ def test_a_list_on_stdin_is_read_by_one_set_of_worker_processes(videos, tmp_path
     assert made == [2]  # one pool for the 4 chunks (2, 2, 2, 1: the last read on threads)
 
 
-def test_json_is_the_whole_list_rendered_byte_for_byte(videos, broken, tmp_path):
-    """--format json streams its objects as they come: the text is the one the whole list
-    rendered at once gave, on stdout, in -o FILE and for paths on stdin."""
+def test_json_is_the_whole_list_an_object_a_line(videos, broken, tmp_path):
+    """--format json streams its objects as they come: the list the whole run gives, each
+    object a line of its own, the same text on stdout, in -o FILE and for paths on stdin."""
     paths = [need(videos, name) for name in ("mjpg.avi", "mpeg4.mp4", "lossless.mkv")]
     paths.append(broken["text"])
-    whole = render_json([info.to_dict() for info in inspect_videos(paths, segments=2)])
+    whole = json.loads(render_json([info.to_dict() for info in inspect_videos(paths, segments=2)]))
     given = invoke(*paths, "-k", "2", "--format", "json")
-    assert given.exit_code == 1 and given.stdout == whole
+    assert given.exit_code == 1 and _json_list_of_whole_lines(given.stdout) == whole
     target = tmp_path / "info.json"
     assert invoke(*paths, "-k", "2", "-o", target).exit_code == 1
-    assert target.read_text(encoding="utf-8") == whole
+    assert target.read_text(encoding="utf-8") == given.stdout
     listed = "".join(f"{path}\n" for path in paths)
     piped = runner.invoke(app, ["video-info", "-", "-k", "2", "--format", "json"], input=listed)
-    assert piped.exit_code == 1 and piped.stdout == whole
+    assert piped.exit_code == 1 and piped.stdout == given.stdout
 
 
 @pytest.mark.parametrize("fmt", ["json", "csv"])
@@ -3595,7 +3595,9 @@ def test_rows_are_written_as_the_videos_are_read(videos, tmp_path, monkeypatch, 
     assert error_line(failed.stderr) == "Error: stopped at the last video"
     first = inspect_videos(paths[:2])
     if fmt == "json":
-        assert failed.stdout == render_json([i.to_dict() for i in first])
+        assert _json_list_of_whole_lines(failed.stdout) == json.loads(
+            render_json([i.to_dict() for i in first])
+        )
     else:
         assert [row["path"] for row in csv.DictReader(io.StringIO(failed.stdout))] == [
             str(p) for p in paths[:2]
@@ -3604,20 +3606,69 @@ def test_rows_are_written_as_the_videos_are_read(videos, tmp_path, monkeypatch, 
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_json_array_written_an_item_at_a_time_is_the_whole_list_rendered():
+def _json_list_of_whole_lines(text: str) -> list:
+    """The items of a streamed JSON list, checked to be `[`, a line for each item whole (the
+    comma that parts it from the one before at its start), and `]`."""
+    # Split at line feeds only: a name may hold U+2028, a line break to str.splitlines.
+    lines = [line + "\n" for line in text.removesuffix("\n").split("\n")]
+    assert lines[0] == "[\n" and lines[-1] == "]\n", text
+    items = [json.loads(line[1:] if at else line) for at, line in enumerate(lines[1:-1])]
+    assert all(line.startswith(",") for line in lines[2:-1]), text
+    assert json.loads(text) == items
+    return items
+
+
+def test_a_json_array_written_an_item_at_a_time_holds_each_item_whole_as_it_is_added():
+    """Each item is a line of its own, ended as it is added: the comma that parted it from the
+    next one ended its line, so a reader of the stream got each row one video late."""
     items = [
         {"path": "caf\u00e9 \u2028 x\udcff.mp4", "fps": float("nan"), "frame_indices": []},
         {"nested": {"empty": {}, "list": [1, [2, 3]]}, "none": None},
         {},
     ]
     for encoding in (None, "utf-8", "ascii"):
-        for count in range(len(items) + 1):
-            handle = io.StringIO()
-            array = JsonArrayWriter(handle, encoding)
-            for item in items[:count]:
-                array.add(item)
-            array.close()
-            assert handle.getvalue() == render_json(items[:count], encoding), (encoding, count)
+        handle = io.StringIO()
+        array = JsonArrayWriter(handle, encoding)
+        for count, item in enumerate(items, start=1):
+            array.add(item)
+            so_far = handle.getvalue()
+            assert so_far.endswith("\n"), (encoding, so_far)
+            assert _json_list_of_whole_lines(so_far + "]\n") == json.loads(
+                render_json(items[:count])
+            )
+            if encoding == "ascii":
+                assert so_far.isascii()
+        array.close()
+        assert _json_list_of_whole_lines(handle.getvalue()) == json.loads(render_json(items))
+    empty = io.StringIO()
+    JsonArrayWriter(empty).close()
+    assert json.loads(empty.getvalue()) == []
+
+
+def test_a_json_row_is_on_stdout_whole_before_the_next_video_is_read(videos, monkeypatch):
+    """`video-info --format json`'s first object ended its line only with the comma written
+    when the second video was done: a reader of the stream waited a whole video for it."""
+    paths = [need(videos, name) for name in ("mjpg.avi", "mpeg4.mp4")]
+    probe = video_run.probe_video
+    written_before: list[str] = []
+
+    def probe_noting_stdout(path, **options):
+        if path == str(paths[1]):
+            results = console.stdout.file  # sys.stdout's stand-in while the command runs
+            results.flush()
+            written_before.append(results.buffer.getvalue().decode())
+        return probe(path, **options)
+
+    monkeypatch.setattr(video_run, "probe_video", probe_noting_stdout)
+    result = invoke(*paths, "--format", "json", "-j", "0")
+    assert result.exit_code == 0, result.stderr
+    assert len(written_before) == 1
+    assert [row["path"] for row in _json_list_of_whole_lines(written_before[0] + "]\n")] == [
+        str(paths[0])
+    ]
+    assert [row["path"] for row in _json_list_of_whole_lines(result.stdout)] == list(
+        map(str, paths)
+    )
 
 
 def test_a_video_listed_on_stdin_is_never_the_csv_output(videos, tmp_path):

@@ -277,6 +277,7 @@ def _write(run, columns: list[str], fmt: PredictFormat, output: Path | None) -> 
 
 def _render(run, columns: list[str], fmt: PredictFormat, handle: IO[str], progress) -> None:
     from torchkit.cli.render import (
+        JsonArrayWriter,
         Table,
         print_on_terminal,
         render_json,
@@ -298,19 +299,16 @@ def _render(run, columns: list[str], fmt: PredictFormat, handle: IO[str], progre
         for row in rows:
             handle.write(render_json(_full(row, columns), encoding, indent=None))
     elif fmt == PredictFormat.json:
-        handle.write("[\n")
+        # Each row a line of its own as its batch is done (JsonArrayWriter); a failure the run
+        # reports (none of the images read, --strict): the rows written are a JSON list, as
+        # CSV's and JSON Lines' are whole rows; a stopped run's are not.
+        array = JsonArrayWriter(handle, encoding)
 
         def write_rows() -> None:
-            # Each row its own line, ended as it is written, the comma that parts it from the
-            # row before at its start: a reader of the lines gets a row as its batch is done
-            # (a comma at the line's end waited for the next batch's first row).
-            for position, row in enumerate(rows):
-                text = render_json(_full(row, columns), encoding, indent=None)
-                handle.write("," + text if position else text)
+            for row in rows:
+                array.add(_full(row, columns))
 
-        # A failure the run reports (none of the images read, --strict): the rows written are a
-        # JSON list, as CSV's and JSON Lines' are whole rows; a stopped run's are not.
-        streamed_rows(write_rows, lambda: handle.write("]\n"))
+        streamed_rows(write_rows, array.close)
     else:
         shown = [c for c in columns if not c.startswith("logit_")]
         cells: list[list[Any]] = []

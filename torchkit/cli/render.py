@@ -259,27 +259,27 @@ def render_json_lines(items: Iterable[Any], encoding: str | None = None) -> str:
 
 
 class JsonArrayWriter:
-    """A JSON array written to `handle` an item at a time, as the items come: the text
-    `render_json` gives the whole list (`[]` for none), without holding the list. Under an
-    `encoding` that cannot write an item's characters, that item (not the whole array) gets
-    `render_json`'s JSON escapes. `close` ends the array (`streamed_rows`: also after an
-    error part-way)."""
+    """A JSON array written to `handle` an item at a time, as the items come, without holding
+    the list: `[`, then each item on a line of its own, ended as it is written (the comma that
+    parts it from the item before at its start), then `]`. A reader of the lines gets each item
+    whole as soon as it is added: a comma at the line's end waited for the next item, so a
+    stream's reader got each row one item late. Under an `encoding` that cannot write an item's
+    characters, that item (not the whole array) gets `render_json`'s JSON escapes. `close` ends
+    the array (`streamed_rows`: also after an error part-way)."""
 
     def __init__(self, handle: Any, encoding: str | None = None) -> None:
         self.handle = handle
         self.encoding = encoding
         self.items = 0
-        handle.write("[")
+        handle.write("[\n")
 
     def add(self, item: Any) -> None:
-        # Each line of the item indented one level, as json.dumps nests it in the list; a
-        # JSON text holds no line break but those between its lines (strings escape theirs).
-        text = render_json(item, self.encoding).removesuffix("\n").replace("\n", "\n  ")
-        self.handle.write(("\n  " if self.items == 0 else ",\n  ") + text)
+        text = render_json(item, self.encoding, indent=None)
+        self.handle.write("," + text if self.items else text)
         self.items += 1
 
     def close(self) -> None:
-        self.handle.write("\n]\n" if self.items else "]\n")
+        self.handle.write("]\n")
 
 
 def streamed_rows(write: Callable[[], None], end: Callable[[], None]) -> None:
