@@ -13,20 +13,29 @@ from pathlib import Path
 
 from torchkit.core.data.sources import open_data
 
+_SPECIAL_TYPES = {"fifo": tarfile.FIFOTYPE, "char": tarfile.CHRTYPE, "block": tarfile.BLKTYPE}
+
 
 def tar_of_members(
     path: Path,
     members: list[tuple[str, bytes | str | None]],
     *,
     format: int = tarfile.DEFAULT_FORMAT,
+    pax_headers: dict[str, str] | None = None,
 ) -> Path:
     """A tar at `path` of `members` in their order: (name, bytes) a file, (name, "->TARGET") a
-    symbolic link, (name, "=>TARGET") a hard link, (name, None) a folder."""
-    with tarfile.open(path, "w", format=format) as tar:
+    symbolic link, (name, "=>TARGET") a hard link, (name, None) a folder, (name, "|fifo"),
+    (name, "|char") and (name, "|block") a FIFO, a character and a block device. `pax_headers`:
+    a pax global header first (Python's `tarfile` then lists the tar, not torchkit's own
+    reading of plain headers)."""
+    with tarfile.open(path, "w", format=format, pax_headers=pax_headers) as tar:
         for name, data in members:
             info = tarfile.TarInfo(name)
             if data is None:
                 info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(info)
+            elif isinstance(data, str) and data.startswith("|"):
+                info.type = _SPECIAL_TYPES[data[1:]]
                 tar.addfile(info)
             elif isinstance(data, str):
                 kind = tarfile.LNKTYPE if data.startswith("=>") else tarfile.SYMTYPE

@@ -1856,7 +1856,7 @@ class StreamedShards:
         return held + self.sizes[shard] <= self.limit
 
     def read(self, locator: tuple[int, str]) -> bytes:
-        from torchkit.core.data.sources.shards import _pread_all
+        from torchkit.core.data.sources.shards import NotRegularMember, _pread_all
 
         shard, member = locator
         fd, listing = self._open_shard(shard)
@@ -1864,6 +1864,8 @@ class StreamedShards:
             where = listing.locator(member)
             if where is None:
                 raise OSError(f"{self.names[shard]} holds no {member} (manifest.json lists it)")
+            if isinstance(where, NotRegularMember):
+                raise where.error()
             offset, size = where
             data = _pread_all(fd, offset, size)
         finally:

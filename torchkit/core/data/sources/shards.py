@@ -35,8 +35,11 @@ What `--data` (or IMAGES) may name here, before folders and CSV indexes are trie
   member paths (inside that one folder), as the unpacked folder's would be.
 
 Indexing is one pass over the tar headers (no data is read but the labels); an image is read by
-offset and size (`TarReader`), each process opening its own file. A damaged or truncated tar is
-an error naming it; an image that cannot be decoded is an unreadable image like any other.
+offset and size (`TarReader`), each process opening its own file. A FIFO or device member is
+listed as the file tar -x makes of it, and read as the folder reader reads such a file on disk:
+an image that cannot be read (`NotRegularMember`), never dropped from the listing. A damaged or
+truncated tar is an error naming it; an image that cannot be decoded is an unreadable image like
+any other.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from torchkit.core.data.image_files import NotARegularFile
 from torchkit.core.data.sources.class_files import class_names_in_json, class_names_in_text
 from torchkit.core.data.sources.containers import is_numbered_shard_name
 from torchkit.core.data.sources.csv_index import natural_key
@@ -143,6 +147,8 @@ class TarReader:
     def read(self, locator: Any) -> bytes:
         if locator is None:
             raise OSError(f"{self.path}: a link to a member the archive does not hold")
+        if isinstance(locator, NotRegularMember):
+            raise locator.error()
         if isinstance(locator, str):  # why a link reads no file (`_LOOPING`)
             raise OSError(f"{self.path}: {locator}")
         offset, size = locator
@@ -182,7 +188,8 @@ def _recorded_paths(path: str) -> dict[tuple[int, int], str]:
     reader = TarReader(path, listing.stamp)
     by_key = {}
     others: list[tuple[str, tuple[int, int]]] = []  # (key, locator) of each other member
-    for member, locator in listing.members.items():
+    for member in listing.members:
+        locator = listing.locator(member)
         split = _key_and_extension(member)
         if split is None:
             continue
@@ -270,10 +277,25 @@ def _close_quietly(fd: int) -> None:
 # --- one pass over a tar's headers ----------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class NotRegularMember:
+    """The locator of a member that is a FIFO or a device (`what`: "a FIFO", "a device"; `at`:
+    where its header's data would begin, which tells one such member from another): tar -x
+    makes one, which the folder reader lists and never opens (opening a FIFO waits for a
+    writer). Read, it is the unreadable image a folder's FIFO is: `NotARegularFile`."""
+
+    what: str
+    at: int
+
+    def error(self) -> NotARegularFile:
+        return NotARegularFile(f"not a regular file ({self.what})")
+
+
 @dataclass
 class TarListing:
-    """The regular members of a tar (name -> (offset, size), in archive order) and its links
-    (name -> the regular member at the end of its chain of links, or None: `_link_ends`)."""
+    """The members of a tar that unpack as files (name -> (offset, size), in archive order:
+    the regular ones, and the FIFOs and devices, `special`) and its links (name -> the member
+    at the end of its chain of links, or None: `_link_ends`)."""
 
     path: str
     members: dict[str, tuple[int, int]]
@@ -315,6 +337,9 @@ class TarListing:
     # stores them (stored before it, or never), where nothing else is at their name, each
     # with its target as stored: not listed (a folder's tar says so).
     unmade_hard_links: dict[str, str] = field(default_factory=dict)
+    # The members that are FIFOs or devices (in `members`, their data of no bytes), each with
+    # what it is: "a FIFO", "a device" (`locator`: a `NotRegularMember`).
+    special: dict[str, str] = field(default_factory=dict)
 
     def in_tar_order(self) -> list[str]:
         """The members and links, each where its name first appears in the tar."""
@@ -331,11 +356,14 @@ class TarListing:
 
         return sorted(names, key=place)
 
-    def locator(self, name: str) -> tuple[int, int] | None:
-        if name in self.members:
-            return self.members[name]
-        target = self.links.get(name)
-        return None if target is None else self.members.get(target)
+    def locator(self, name: str) -> tuple[int, int] | NotRegularMember | None:
+        """Where the data of member or link `name` lies; a `NotRegularMember` where it is (or
+        its chain of links ends at) a FIFO or a device; None where it reads no member."""
+        end = name if name in self.members else self.links.get(name)
+        where = None if end is None else self.members.get(end)
+        if where is not None and self.special and end in self.special:
+            return NotRegularMember(self.special[end], where[0])
+        return where
 
 
 def _link_target(name: str, linkname: str, *, symbolic: bool) -> str:
@@ -430,6 +458,8 @@ def list_tar(path: str, *, whole: bool = False, labels: bool = False) -> TarList
                         raise tarfile.ReadError(f"{name} runs past the end of the file")
                     found.replace(name)
                     found.members[name] = (info.offset_data, info.size)
+                elif info.type in _SPECIAL:
+                    found.special_member(name, _SPECIAL[info.type], info.offset_data)
             end = tar.offset
     except tarfile.ReadError as error:
         if not count and first[257:262] != b"ustar":
@@ -507,6 +537,7 @@ def _listing(path: str, found: _PlainMembers) -> TarListing:
             for name, text in found.unmade.items()
             if name not in members and name not in links and name not in found.folders
         },
+        special=found.special,
     )
 
 
@@ -917,7 +948,14 @@ def _first_link_on(name: str, links: dict[str, str]) -> str | None:
 
 
 _REGULAR, _FOLDER, _HARD_LINK, _SYMBOLIC_LINK = (b"0", b"\0", b"7"), b"5", b"1", b"2"
-_SKIPPED = (b"3", b"4", b"6")  # devices and FIFOs: never images
+# The FIFOs and devices (tar stores no socket), by what each is, in the words `file_kind` gives
+# such a file on disk: tar -x makes them, and the folder reader lists one named like an image as
+# an image that cannot be read.
+_SPECIAL = {
+    tarfile.CHRTYPE: file_kind(stat.S_IFCHR),
+    tarfile.BLKTYPE: file_kind(stat.S_IFBLK),
+    tarfile.FIFOTYPE: file_kind(stat.S_IFIFO),
+}
 _ZERO_BLOCK = bytes(tarfile.BLOCKSIZE)
 
 
@@ -1098,6 +1136,7 @@ class _PlainMembers:
         "files_made_folders",
         "unlinked",
         "unmade",
+        "special",
     )
 
     def __init__(self, chunks: _CheckedChunks | None, size: int, labels: bool) -> None:
@@ -1136,6 +1175,8 @@ class _PlainMembers:
         self.unlinked: list[tuple[str, str, int]] = []
         # Of those, the ones tar -x does not make (to nothing), each with its target as stored.
         self.unmade: dict[str, str] = {}
+        # The members that are FIFOs or devices, each with what it is (`special_member`).
+        self.special: dict[str, str] = {}
 
     def take(
         self, block: bytes, kind: bytes, name: str, data: int, length: int, linkname: str | None
@@ -1172,9 +1213,18 @@ class _PlainMembers:
             self.folder(member, data)
         elif kind in (_HARD_LINK, _SYMBOLIC_LINK):
             self.link(member, linkname or _text(block[157:257]), kind == _SYMBOLIC_LINK, data)
-        elif kind not in _SKIPPED:
+        elif kind in _SPECIAL:
+            self.special_member(member, _SPECIAL[kind], data)
+        else:
             return False
         return True
+
+    def special_member(self, member: str, what: str, at: int) -> None:
+        """A FIFO or a device (`what`), its header's data at `at`: a member of no bytes that
+        no read opens (`TarListing.locator`), replacing what was stored under its name."""
+        self.replace(member)
+        self.members[member] = (at, 0)
+        self.special[member] = what
 
     def folder(self, member: str, at: int) -> None:
         """A folder member (`at`: its place in the tar): tar -x replaces a link or file stored
@@ -1335,13 +1385,16 @@ class _PlainMembers:
         earlier = self.members.pop(member, None)
         if earlier is not None:
             self.label_bytes.pop(member, None)
+            what = self.special.pop(member, None) if self.special else None
             # A hard link is a second name of the file it was made to: tar -x replaces the
-            # file under this name and leaves the link the earlier data.
+            # file under this name and leaves the link the earlier data (or FIFO).
             for link, target in self.hard_links.pop(member, ()):
                 if self.links.get(link) == target:
                     del self.links[link], self.link_texts[link]
                     self.hard.discard(link)
                     self.members[link] = earlier
+                    if what is not None:
+                        self.special[link] = what
                     self._keep_place(link, self.link_places.pop(link))
             return earlier[0]
         if self.links.pop(member, None) is not None:
@@ -1821,7 +1874,7 @@ def _member_bytes(listing: TarListing, reader: TarReader, member: str, where: st
     """A label member's bytes (`where`: its sample, "KEY in SHARD"); an InputError, before
     any is read, for one past MAX_LABEL_MEMBER_BYTES."""
     locator = listing.locator(member)
-    if locator is not None and locator[1] > MAX_LABEL_MEMBER_BYTES:
+    if isinstance(locator, tuple) and locator[1] > MAX_LABEL_MEMBER_BYTES:
         raise InputError(
             f"{where}: {member} holds {locator[1]:,} bytes, more than the "
             f"{MAX_LABEL_MEMBER_BYTES >> 20} MiB a label member may",
@@ -2473,7 +2526,7 @@ class _UnpackedTar:
     # `refuse_one_file_in_two_places` takes them: each numbered by its data's offset.
     numbered: dict[str, list[tuple[str, Numbered]]] = field(default_factory=dict)
 
-    def locator(self, member: str) -> tuple[int, int] | str | None:
+    def locator(self, member: str) -> tuple[int, int] | NotRegularMember | str | None:
         """Where `member`'s data lies; None for a link to a member of a `..` part, which tar
         does not unpack (the link is left pointing at nothing), as that member is not read;
         `_LOOPING` for a link round a loop of links (what its read says)."""
@@ -2521,9 +2574,15 @@ class _UnpackedTar:
             StoredImage(f"{archive}/{prefix}{n}", self.reader, where)
             for n, where in zip(chosen, located, strict=True)
         ]
-        # A link to nothing: a number of its own (no member starts before the archive).
+        # A link to nothing: a number of its own (no member starts before the archive); a
+        # FIFO's is its place, which its hard links share.
         offsets = [
-            where[0] if isinstance(where, tuple) else -1 - i for i, where in enumerate(located)
+            where[0]
+            if isinstance(where, tuple)
+            else where.at
+            if isinstance(where, NotRegularMember)
+            else -1 - i
+            for i, where in enumerate(located)
         ]
         self.numbered[base] = [
             (name, (chosen[first:end], offsets[first:end]))

@@ -1,0 +1,148 @@
+"""A FIFO or a device stored in a `.tar` (of an image folder, or a WebDataset shard) named like an
+image is the image tar -x unpacks it to, one that cannot be read: listed, never opened, an
+unreadable image (`not a regular file (a FIFO)`), as the folder reader makes a FIFO on disk; a
+link to one reads it so too. Both listings of a tar (torchkit's own pass over plain headers,
+and Python's `tarfile` where that pass gives up: a pax global header here) left such members out
+without a word: a shard's sample then had no image, an error saying it held only its label."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from checkpoints import write_convnet_checkpoint
+from output_checks import error_line
+from parquet_files import png
+from processes import run_torchkit_in_process
+from tar_members import readable_and_not, tar_of_members
+
+from torchkit.core.data.image_files import NotARegularFile
+from torchkit.core.data.sources import open_data, shards
+from torchkit.core.io.errors import InputError
+
+# the plain-header pass lists the tar; a pax global header leaves it to tarfile
+LISTINGS = {"headers": None, "tarfile": {"comment": "made by a test"}}
+
+
+@pytest.fixture(params=list(LISTINGS))
+def pax(request) -> dict | None:
+    return LISTINGS[request.param]
+
+
+def folder_tar(path: Path, pax: dict | None) -> Path:
+    members = [
+        ("cat/a.png", png(0)),
+        ("cat/f.png", "|fifo"),
+        ("cat/s.png", "->f.png"),  # a symbolic link to the FIFO
+        ("dog/b.png", png(1)),
+        ("dog/c.png", "|char"),
+        ("dog/d.png", "|block"),
+        ("dog/notes.txt", "|fifo"),  # not named like an image: no image
+    ]
+    archive = tar_of_members(path, members, pax_headers=pax)
+    listing = shards._read_plain_headers(str(archive), archive.stat().st_size)
+    assert (listing is None) == (pax is not None)
+    return archive
+
+
+def test_a_folder_tar_lists_them_as_unreadable_images(tmp_path, pax):
+    source = open_data(str(folder_tar(tmp_path / "pets.tar", pax)))
+    ids = ["cat/a.png", "cat/f.png", "cat/s.png", "dog/b.png", "dog/c.png", "dog/d.png"]
+    assert source.whole.ids == ids
+    assert list(source.whole.labels) == [0, 0, 0, 1, 1, 1]
+    read, unreadable = readable_and_not(source)
+    assert read == {"cat/a.png": png(0), "dog/b.png": png(1)}
+    assert unreadable == ["cat/f.png", "cat/s.png", "dog/c.png", "dog/d.png"]
+    reasons = []
+    for path in source.whole.paths[1:3] + source.whole.paths[4:]:
+        with pytest.raises(NotARegularFile) as raised:
+            path.read_bytes()
+        reasons.append(str(raised.value))
+    assert reasons == [
+        f"not a regular file ({what})" for what in ("a FIFO",) * 2 + ("a device",) * 2
+    ]
+
+
+def test_dataset_stats_counts_them_and_strict_refuses(tmp_path):
+    archive = folder_tar(tmp_path / "pets.tar", None)
+    report = run_torchkit_in_process("dataset-stats", archive, "--format", "json")
+    assert report.returncode == 0, report.stderr
+    found = json.loads(report.stdout)
+    assert (found["images"], found["unreadable_count"]) == (2, 4)
+    assert found["unreadable"][:2] == [
+        {"path": "cat/f.png", "error": "not a regular file (a FIFO)"},
+        {"path": "cat/s.png", "error": "not a regular file (a FIFO)"},
+    ]
+    strict = run_torchkit_in_process("dataset-stats", archive, "--strict")
+    assert strict.returncode == 1
+    assert error_line(strict.stderr) == (
+        "Error: unreadable image pets.tar/cat/f.png: not a regular file (a FIFO) (fix or "
+        "remove it, or leave out --strict to skip unreadable images)"
+    )
+
+
+def test_predict_gives_each_its_row(tmp_path):
+    archive = folder_tar(tmp_path / "pets.tar", None)
+    checkpoint = tmp_path / "two.pt"
+    write_convnet_checkpoint(checkpoint, in_channels=3, image_size=8, classes=["cat", "dog"])
+    predicted = run_torchkit_in_process(
+        "predict", checkpoint, archive, "--format", "csv", "--workers", "0"
+    )
+    assert predicted.returncode == 0, predicted.stderr
+    rows = {row["path"]: row["error"] for row in csv.DictReader(predicted.stdout.splitlines())}
+    assert rows == {
+        "cat/a.png": "",
+        "cat/f.png": "not a regular file (a FIFO)",
+        "cat/s.png": "not a regular file (a FIFO)",
+        "dog/b.png": "",
+        "dog/c.png": "not a regular file (a device)",
+        "dog/d.png": "not a regular file (a device)",
+    }
+
+
+def test_a_shard_sample_whose_image_is_a_fifo_is_an_unreadable_image(tmp_path, pax):
+    """The sample was said to have no image ('it holds cls'), and the shard refused."""
+    members = [
+        ("s0.png", png(0)), ("s0.cls", b"0"),
+        ("s1.png", "|fifo"), ("s1.cls", b"1"),
+        ("s2.png", png(2)), ("s2.cls", b"1"),
+        ("s3.jpg", "=>s1.png"), ("s3.cls", b"0"),  # a hard link to the FIFO: one too
+    ]  # fmt: skip
+    shard = tar_of_members(tmp_path / "shard-000000.tar", members, pax_headers=pax)
+    source = open_data(str(shard))
+    assert source.whole.ids == [
+        f"shard-000000.tar/{n}" for n in ("s0.png", "s1.png", "s2.png", "s3.jpg")
+    ]
+    assert list(source.whole.labels) == [0, 1, 1, 0]
+    read, unreadable = readable_and_not(source)
+    assert unreadable == ["shard-000000.tar/s1.png", "shard-000000.tar/s3.jpg"]
+    with pytest.raises(NotARegularFile, match=r"^not a regular file \(a FIFO\)$"):
+        source.whole.paths[1].read_bytes()
+
+
+def test_a_shard_label_that_is_a_fifo_is_an_error_naming_it(tmp_path, pax):
+    """The sample read as unlabelled: partly labelled data, or train's missing label."""
+    members = [("s0.png", png(0)), ("s0.cls", b"0"), ("s1.png", png(1)), ("s1.cls", "|fifo")]
+    shard = tar_of_members(tmp_path / "shard-000000.tar", members, pax_headers=pax)
+    with pytest.raises(InputError) as raised:
+        open_data(str(shard))
+    assert str(raised.value) == (f"cannot read s1.cls in {shard}: not a regular file (a FIFO)")
+
+
+def test_a_name_stored_again_is_what_its_last_member_is(tmp_path, pax):
+    """`tar -rf` of a file over a FIFO of its name, and of a FIFO over a file: tar -x leaves the
+    last, and a hard link made to the first keeps what it was made to."""
+    members = [
+        ("cat/a.png", "|fifo"),
+        ("cat/h.png", "=>cat/a.png"),
+        ("cat/b.png", png(1)),
+        ("dog/c.png", png(2)),
+        ("cat/a.png", png(0)),
+        ("cat/b.png", "|fifo"),
+    ]
+    source = open_data(str(tar_of_members(tmp_path / "pets.tar", members, pax_headers=pax)))
+    read, unreadable = readable_and_not(source)
+    assert read == {"cat/a.png": png(0), "dog/c.png": png(2)}
+    assert unreadable == ["cat/b.png", "cat/h.png"]
