@@ -119,10 +119,12 @@ def test_image_names_that_are_no_file_are_unreadable_images(tmp_path: Path):
     assert not (tmp_path / "strict").exists()
 
 
-def test_a_folder_it_cannot_list_is_warned_of(tmp_path: Path, monkeypatch):
+def test_a_folder_it_cannot_list_is_warned_of_and_fails_the_run(tmp_path: Path, monkeypatch):
     """A subfolder without read permission was passed over without a word: its files are not
     converted, and the run said nothing of them. It is one warning naming it, as the dataset
-    readers give, and an error with --strict (root is not denied: its listing is made to
+    readers give, and the run, which converts the rest, exits 1 as `cp -r` does (it exited 0:
+    `convert tensor src dst --to npy && rm -r src` deleted the files never converted); with
+    --strict an error before DST is written (root is not denied: its listing is made to
     fail)."""
     from PIL import Image
     from typer.testing import CliRunner
@@ -135,12 +137,21 @@ def test_a_folder_it_cannot_list_is_warned_of(tmp_path: Path, monkeypatch):
     Image.new("RGB", (3, 2)).save(source / "sub" / "b.png")
     deny_listing(monkeypatch, source / "sub")
     args = ["convert", "tensor", str(source), str(tmp_path / "out"), "--to", "npy", "-j", "0"]
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 0, result.stderr
+    result = CliRunner().invoke(app, [*args, "--format", "json"])
+    assert result.exit_code == 1, result.stderr
+    said = " ".join(result.stderr.split())
     assert (
-        f"1 folder(s) in {source} cannot be listed, their images not read: sub (permission "
-        "denied) (make them readable, or --strict makes this an error)"
-    ) in " ".join(result.stderr.split())
+        f"1 folder(s) in {source} cannot be listed, their files not read: sub (permission "
+        "denied) (make them readable)"
+    ) in said
+    assert (
+        f"Error: 1 folder in {source} could not be listed: their files were not converted into "
+        f"{tmp_path / 'out'} (make them readable and convert again; --strict stops before "
+        "converting any)"
+    ) in said
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [".torchkit", "a.npy"]
+    report = json.loads(result.stdout)
+    assert report["converted"] == 1 and report["unlisted_folders"] == ["sub"]
     strict = CliRunner().invoke(app, [*args[:3], str(tmp_path / "strict"), *args[4:], "--strict"])
     assert strict.exit_code == 1
     assert (
@@ -151,3 +162,14 @@ def test_a_folder_it_cannot_list_is_warned_of(tmp_path: Path, monkeypatch):
     # The Python API's strict says so too
     with pytest.raises(InputError, match="cannot list folder"):
         tensor.convert_tensor(source, tmp_path / "api", tensor.TensorOptions(to="npy"), strict=True)
+
+
+def test_files_that_fail_beside_a_folder_it_cannot_list_are_said_in_one_error():
+    report = tensor.TensorReport("src", "dst", folder=True, converted=3, failed=1)
+    report.unlisted_folders = ["a", "b/c"]
+    error = report.incomplete()
+    assert error is not None and str(error).startswith(
+        "1 of 4 files could not be converted into dst, and 2 folders in src could not be listed "
+        "(the warnings above say which and why"
+    )
+    assert tensor.TensorReport("src", "dst", folder=True, converted=3).incomplete() is None

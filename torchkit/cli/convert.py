@@ -258,14 +258,9 @@ def tensor(
                 report_file=report_file(output),
             )
         reporting.after(report)
-    if report.failed:  # as `cp -r`: the others are converted, and the command failed
-        from torchkit.core.io.errors import InputError
-
-        raise InputError(
-            f"{report.failed} of {report.converted + report.failed} files could not be "
-            f"converted into {report.destination}",
-            "the warnings above say which and why; --strict stops at the first",
-        )
+    incomplete = report.incomplete()  # as `cp -r`: the others are converted, the command failed
+    if incomplete is not None:
+        raise incomplete
 
 
 def _tensor_rendered(report) -> tuple[list[Table], dict]:

@@ -188,6 +188,29 @@ class TensorReport:
     written: list[Written] = field(default_factory=list)
     failures: list[tuple[str, str]] = field(default_factory=list)
     skipped_files: list[str] = field(default_factory=list)
+    # The folders in a folder SRC that could not be listed: their files were not converted.
+    unlisted_folders: list[str] = field(default_factory=list)
+
+    def incomplete(self) -> InputError | None:
+        """The error a run that did not convert every file ends in, once the rest is converted
+        (as `cp -r` exits 1): files that failed, folders that could not be listed (whose files
+        a run that exited 0 left out: `convert tensor src dst --to npy && rm -r src`)."""
+        unlisted = len(self.unlisted_folders)
+        folders = f"{unlisted} folder{'s' if unlisted != 1 else ''} in {self.source}"
+        if self.failed:
+            return InputError(
+                f"{self.failed} of {self.converted + self.failed} files could not be converted "
+                f"into {self.destination}"
+                + (f", and {folders} could not be listed" if unlisted else ""),
+                "the warnings above say which and why; --strict stops at the first",
+            )
+        if unlisted:
+            return InputError(
+                f"{folders} could not be listed: their files were not converted into "
+                f"{self.destination}",
+                "make them readable and convert again; --strict stops before converting any",
+            )
+        return None
 
     def to_dict(self) -> dict:
         data = {
@@ -199,6 +222,7 @@ class TensorReport:
             "files_written": len(self.written),
             "failures": [{"path": path, "error": error} for path, error in self.failures],
             "skipped_files": list(self.skipped_files),
+            "unlisted_folders": list(self.unlisted_folders),
         }
         if not self.folder:
             data["written"] = [w.to_dict() for w in self.written]
@@ -802,7 +826,11 @@ def _check_key(key: str | None, sources: Sequence[Path], target_extension: str) 
 
 
 def _scan(
-    folder: Path, *, linked: list[str] | None = None, strict: bool = False
+    folder: Path,
+    *,
+    linked: list[str] | None = None,
+    unlisted: list[str] | None = None,
+    strict: bool = False,
 ) -> tuple[list[Path], list[Path]]:
     """(convertible, skipped) files under `folder`, recursively, hidden ones left out, in the
     order of their paths' parts (as pathlib sorts them). Listed as every dataset reader lists a
@@ -814,7 +842,8 @@ def _scan(
     folder is an error), as the dataset readers do. One `os.scandir` a folder, whose entries
     know their type: `rglob` with a `Path`, `relative_to` and an `os.stat` (`is_file`) for
     each file took about 16 times as long (about 5 minutes of listing for a million files).
-    `linked`: given, the linked folders entered are added to it."""
+    `linked`: given, the linked folders entered are added to it; `unlisted`: given, the folders
+    that could not be listed (their paths in `folder`)."""
     from torchkit.core.data.sources.discovery import (
         list_folders,
         warn_dead_links,
@@ -828,7 +857,11 @@ def _scan(
     listing = list_folders([folder])
     warn_unentered(listing.unentered, folder)
     with reading_strictly(strict or strict_reading()):
-        warn_unlistable(listing.unlistable, folder)
+        # Not "--strict makes this an error": without it the run ends in one too, once the
+        # rest is converted (see `TensorReport.incomplete`).
+        warn_unlistable(listing.unlistable, folder, files="files", strict_option=False)
+    if unlisted is not None:
+        unlisted.extend(path[top:] for path, _ in listing.unlistable)
     # An array or tensor name that is no file to read (a link to nothing): a file that
     # fails, as an image name is; other links to nothing are warned of. A FIFO, socket or
     # device is a file like any other by its name: one that fails, or one skipped as
@@ -1071,7 +1104,8 @@ def _convert_into(
     progress: Progress | None,
 ) -> TensorReport:
     linked: list[str] = []
-    files, skipped = _scan(source, linked=linked, strict=strict)
+    unlisted: list[str] = []
+    files, skipped = _scan(source, linked=linked, unlisted=unlisted, strict=strict)
     # A linked folder read is an input too: DST may not be one, nor hold one (`prev -> ../DST`
     # read the old DST's files as sources while --force replaced it).
     check_overlap(
@@ -1100,6 +1134,7 @@ def _convert_into(
 
     report = TensorReport(str(source), str(target), folder=True, skipped=len(skipped))
     report.skipped_files = [str(p) for p in skipped]
+    report.unlisted_folders = unlisted
     done = 0
     # Output file -> the source that wrote it: a batch's images (`x.pt` -> `x_0.png`, `x_1.png`)
     # are named only once it is read, and may be another source's output (`x_0.png` itself).
