@@ -255,6 +255,42 @@ def test_a_table_on_a_stdout_without_box_drawing_characters_is_drawn_in_ascii(
 
 
 @pytest.mark.parametrize("encoding", ["cp1252", "ascii", "latin-1"])
+@pytest.mark.parametrize("terminal", [False, True])
+def test_a_table_stays_aligned_on_a_stdout_that_lacks_its_characters(
+    monkeypatch, encoding, terminal
+):
+    # PYTHONIOENCODING=ascii torchkit summary: rich laid the table out for `1×3×8×8`, then the
+    # stream wrote `1\xd73\xd78\xd78`, and each such row stuck out past the table's edge.
+    from rich.console import Console
+
+    from torchkit.cli import console
+    from torchkit.cli.render import print_on_terminal
+
+    raw = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding, write_through=True))
+    console.write_names_as_bytes()
+    rows = [["1\u00d73\u00d78\u00d78", "caf\u00e9"], ["\u732b\u732b", "caf\udcff.png"], ["a", "b"]]
+    table = Table(["Shape", "Name \u2192 file"], rows, title="Model \u2014 1\u00d73", note="\u2026")
+    if terminal:
+        screen = Console(file=sys.stdout, force_terminal=True, width=60, color_system=None)
+        print_on_terminal([table], screen)
+    else:
+        emit(tables=[table], data=None, fmt=OutputFormat.table)
+    # Each byte is one cell: the encoding's own characters, and a name's byte that is not
+    # UTF-8 (which a terminal shows as one replacement character).
+    lines = raw.getvalue().splitlines()
+    box = [line for line in lines if line[:1] in (b"|", b"+")]
+    assert len(box) == 7 and len({len(line) for line in box}) == 1, lines
+    text = raw.getvalue().decode("latin-1")  # each byte as itself
+    if encoding == "ascii":  # torchkit's own symbols as ASCII, other characters escaped
+        assert "1x3x8x8" in text and "Model - 1x3" in text and "caf\\xe9" in text
+    else:  # what the encoding holds, as itself
+        assert "1\xd73\xd78\xd78" in text and "caf\xe9 " in text
+    assert "caf\xff.png" in text
+    assert "\\u732b\\u732b" in text  # escaped as the stream escapes it, before the layout
+
+
+@pytest.mark.parametrize("encoding", ["cp1252", "ascii", "latin-1"])
 def test_json_on_a_stdout_that_lacks_a_character_is_still_json(monkeypatch, encoding):
     # A piped stdout on Windows (cp1252), PYTHONIOENCODING=ascii: the encoder's own escapes of
     # an emoji or an accent (`\U0001f431`, `\xe9`) made text that json.loads refused.

@@ -177,6 +177,74 @@ def shown_rows(table: Table) -> Table:
     )
 
 
+# What a table shows for a character torchkit writes itself where the stream's encoding lacks
+# it (`PYTHONIOENCODING=ascii`, a Latin-1 locale): summary's shapes, 1x3x224x224.
+_STAND_INS = {"\u00d7": "x", "\u2026": "...", "\u2014": "-", "\u2013": "-", "\u2192": "->"}
+
+
+def encodable_text(text: str, encoding: str | None) -> str:
+    """`text` as a stream of `encoding` shows it, for a table laid out before it is written: a
+    character the encoding lacks as its `_STAND_INS` or else its backslash escape (`\\xe9`,
+    `\\u4e2d`), as the stream's error handler writes it. Left to the stream, that escape came
+    after rich had measured the cell, and every row holding one stuck out of its column. The
+    byte of a name that is not UTF-8 (a lone surrogate) stays: stdout writes it as that byte."""
+    if encoding is None or text.isascii():
+        return text
+    try:
+        text.encode(encoding)
+        return text
+    except LookupError:
+        return text
+    except UnicodeEncodeError:
+        pass
+    shown = []
+    for character in text:
+        if 0xDC80 <= ord(character) <= 0xDCFF:
+            shown.append(character)
+            continue
+        try:
+            character.encode(encoding)
+            shown.append(character)
+        except UnicodeEncodeError:
+            shown.append(
+                _STAND_INS.get(character) or character.encode("ascii", "backslashreplace").decode()
+            )
+    return "".join(shown)
+
+
+def encodable_table(table: Table, encoding: str | None) -> Table:
+    """`table` (as `shown_rows` gave it) with every text as a stream of `encoding` shows it
+    (`encodable_text`): its title, note, header and cells (numbers stay numbers, for their
+    alignment)."""
+    if encoding is None:
+        return table
+    import codecs
+
+    with contextlib.suppress(LookupError):
+        if codecs.lookup(encoding).name == "utf-8":
+            return table
+
+    def fit(value: Any) -> Any:
+        if isinstance(value, str):
+            return encodable_text(value, encoding)
+        if isinstance(value, (list, tuple)):
+            return encodable_text(_cell_text(value), encoding)
+        return value
+
+    columns = [encodable_text(column, encoding) for column in table.columns]
+    return Table(
+        columns,
+        [[fit(value) for value in row] for row in table.rows],
+        title=None if table.title is None else encodable_text(str(table.title), encoding),
+        align_right={
+            fitted
+            for column, fitted in zip(table.columns, columns, strict=True)
+            if column in table.align_right
+        },
+        note=None if table.note is None else encodable_text(table.note, encoding),
+    )
+
+
 def readable_number(value: float, unit: str = "") -> str:
     """`value` and its `unit` with an SI prefix from a thousand up, two decimals: "4.36 G",
     "4.36 Gmult-adds"; below a thousand as it is: "512", "512 FLOPs"."""
@@ -354,14 +422,15 @@ def print_on_terminal(tables: list[Table], out: Any = None) -> None:
     table with more columns than the terminal can show is printed wider (the terminal wraps its
     lines) rather than lose text."""
     out = out or console.stdout
+    encoding = getattr(out.file, "encoding", None)
     for table in map(shown_rows, tables):
+        table = encodable_table(table, encoding)
         if len(table.rows) > PLAIN_BATCH_ROWS:
             widths = _text_widths(out, table)
             if sum(w + 3 for w in widths) + 1 <= out.width:
                 # A long table that fits: its lines as a pipe gets them, a batch of rows at a
                 # time (rich held the whole layout, a few KB a row, and took minutes for
                 # 200,000 duplicate files); only its title and header lose their style.
-                encoding = getattr(out.file, "encoding", None)
                 out.file.write(render_plain_tables([table], out.width, encoding=encoding))
                 out.file.flush()
                 continue
@@ -403,6 +472,7 @@ def render_plain_tables(
     buffer = _Buffer(encoding)
     lines: list[str] = []
     for table in map(shown_rows, tables):
+        table = encodable_table(table, encoding)
         # As wide as MIN_COLUMN_WIDTH columns need, were the table to have hundreds of them.
         least = _least_width([MIN_COLUMN_WIDTH] * len(table.columns))
         plain = Console(
