@@ -125,3 +125,25 @@ def test_a_tar_of_the_folder_names_its_class_link_to_nothing_too(data, tmp_path,
         f"{archive}: 1 link where a class folder could be leads to nothing the archive holds, "
         "not read: rose -> .missing (its images are left out, a class folder's class)"
     ]
+
+
+def test_a_tar_of_the_folder_gives_its_image_link_the_folders_reason(data, tmp_path):
+    """The reason read from the `.tar` was the archive's absolute path and words of its own
+    ('/tmp/.../data.tar: a link to a member the archive does not hold'), where the folder
+    `tar -xf` unpacks says, as every reason does, what the file is, never its path."""
+    import tarfile
+
+    (data / "rose").unlink()
+    archive = tmp_path / "data.tar"
+    with tarfile.open(archive, "w") as tar:
+        tar.add(data, arcname="data")
+    reasons = {}
+    for read in (data, archive):
+        report = run_torchkit_in_process("dataset-stats", read, "--format", "json", "-j", "0")
+        assert report.returncode == 0, report.stderr
+        reasons[read] = json.loads(report.stdout)["unreadable"]
+    assert (
+        reasons[archive]
+        == reasons[data]
+        == [{"path": "cat/x.png", "error": "not a regular file (a symbolic link to nothing)"}]
+    )

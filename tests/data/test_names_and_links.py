@@ -424,7 +424,7 @@ def test_links_in_a_tar_end_where_tar_unpacks_their_targets(tmp_path):
         try:
             readable[name] = path.read_bytes()
         except OSError as error:
-            assert "a link to a member the archive does not hold" in str(error)
+            assert str(error) == "not a regular file (a symbolic link to nothing)"
     # dog/s.png leads out of the archive (to ../up.png): left out, as test_tar_links_out_of_
     # the_archive_are_never_followed says.
     assert source.whole.ids == ["cat/a.png", "cat/b.png", "cat/h.png", "cat/k.png", "dog/c.png"]

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import errno
 import functools
 import json
 import logging
@@ -104,7 +105,7 @@ from torchkit.core.data.sources.source import (
 from torchkit.core.data.sources.splitting import SPLIT_NAMES, refuse_mixed_splits
 from torchkit.core.data.stored_image import Stamp, StoredImage, check_unchanged, file_stamp
 from torchkit.core.io.errors import InputError, TorchkitError, first_and_more, short_repr
-from torchkit.core.io.file_kinds import file_kind
+from torchkit.core.io.file_kinds import LINK_TO_NOTHING, file_kind
 from torchkit.core.io.files import read_text
 from torchkit.core.io.wording import counted
 from torchkit.core.runtime.fork_safe import ForkSafeLock
@@ -145,12 +146,14 @@ class TarReader:
         return (TarReader, (self.path, self.stamp))
 
     def read(self, locator: Any) -> bytes:
-        if locator is None:
-            raise OSError(f"{self.path}: a link to a member the archive does not hold")
+        # A link that reads no file, in the words its unpacked link's read gives (the
+        # message it goes into names the image: never the archive's path again).
+        if locator is None:  # to a member the archive does not hold
+            raise NotARegularFile(f"not a regular file ({LINK_TO_NOTHING})")
         if isinstance(locator, NotRegularMember):
             raise locator.error()
-        if isinstance(locator, str):  # why a link reads no file (`_LOOPING`)
-            raise OSError(f"{self.path}: {locator}")
+        if locator == _LOOPING:
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
         offset, size = locator
         if not hasattr(os, "pread"):  # Windows: no positioned read, a handle per read
             with open(self.path, "rb") as handle:
@@ -2499,7 +2502,8 @@ def _tar_image_folder(
     return source
 
 
-# What reading a link round a loop of links says (unpacked: "Too many levels of symbolic links").
+# The locator of a link round a loop of links: read, the error of the unpacked link's open
+# ("Too many levels of symbolic links").
 _LOOPING = "a link round a loop of links, to no file"
 
 
@@ -2529,7 +2533,7 @@ class _UnpackedTar:
     def locator(self, member: str) -> tuple[int, int] | NotRegularMember | str | None:
         """Where `member`'s data lies; None for a link to a member of a `..` part, which tar
         does not unpack (the link is left pointing at nothing), as that member is not read;
-        `_LOOPING` for a link round a loop of links (what its read says)."""
+        `_LOOPING` for a link round a loop of links."""
         listing = self.listing
         if member in listing.looped:
             return _LOOPING
