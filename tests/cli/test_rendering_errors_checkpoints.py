@@ -451,6 +451,27 @@ def test_real_process_columns_zero_still_prints(run_torchkit, args, stream, expe
     assert shown.lstrip().startswith(expected), (done.returncode, done.stdout, done.stderr)
 
 
+@pytest.mark.parametrize(
+    ("given", "kept"),
+    [("100000000", "1000"), ("9" * 30, "1000"), ("1000", "1000"), ("120", "120"), ("0", None)],
+)
+def test_a_terminal_size_past_the_widest_is_taken_as_the_widest(monkeypatch, given, kept):
+    from torchkit.cli import console
+
+    for name in ("COLUMNS", "LINES", "TERMINAL_WIDTH"):
+        monkeypatch.setenv(name, given)
+    console.unknown_terminal_size_as_unset()
+    for name in ("COLUMNS", "LINES", "TERMINAL_WIDTH"):
+        assert os.environ.get(name) == kept, name
+
+
+def test_real_process_help_under_a_huge_columns_is_as_wide_as_the_widest(run_torchkit):
+    # COLUMNS=100000000: rich padded each line of --help to that width, 18 s and 750 MB.
+    done = run_torchkit("--help", env={"COLUMNS": "100000", "TERMINAL_WIDTH": "100000"})
+    assert done.returncode == 0 and "Usage:" in done.stdout
+    assert max(map(len, done.stdout.splitlines())) <= 1000
+
+
 def test_real_process_debug_shows_traceback(run_torchkit, tmp_path):
     existing = tmp_path / "report.json"
     existing.write_text("{}")

@@ -240,6 +240,12 @@ def diagnostics_on_best_effort() -> None:
     sys.stderr = best_effort
 
 
+# The widest (and tallest) terminal a console is made for: COLUMNS=100000000 had rich pad
+# every line of --help to that width, 18 s and 750 MB for `torchkit --help`. As wide as a
+# table written to a file or a pipe may be (`render.render_plain_tables`).
+MOST_TERMINAL_CELLS = 1000
+
+
 def unknown_terminal_size_as_unset() -> None:
     """COLUMNS=0 or LINES=0 (set by a script or a CI runner that knows no terminal size)
     means an unknown size, as to `shutil.get_terminal_size`: rich took
@@ -247,10 +253,15 @@ def unknown_terminal_size_as_unset() -> None:
     `Error:` line alike (LINES=0: a progress bar shown as `...`). Dropped before any console
     is made, rich measures the terminal (80 columns where there is none). So is a typer
     TERMINAL_WIDTH that is not a positive number: 0 left `--help` blank, a word made it a
-    traceback."""
+    traceback. A size above MOST_TERMINAL_CELLS is taken as that many."""
     for name in ("COLUMNS", "LINES", "TERMINAL_WIDTH"):
         value = os.environ.get(name)
-        if value is None or (value.isdigit() and int(value) > 0):
+        if value is None:
+            continue
+        if value.isdigit() and int(value) > 0:
+            # isdigit holds for other scripts' digits, which int() reads too
+            if int(value) > MOST_TERMINAL_CELLS:
+                os.environ[name] = str(MOST_TERMINAL_CELLS)
             continue
         if value.isdigit() or name == "TERMINAL_WIDTH":  # rich ignores a COLUMNS of words
             del os.environ[name]
