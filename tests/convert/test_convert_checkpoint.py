@@ -11,6 +11,7 @@ from unittest import mock
 import pytest
 import torch
 import torch.serialization
+from output_checks import error_line
 from safetensors.torch import load_file, save_file
 from torch import nn
 from typer.testing import CliRunner
@@ -467,3 +468,36 @@ def test_float16_cast_beyond_its_range_is_reported(tmp_path):
     assert torch.load(tmp_path / "half.pt")["scale"].isinf().sum() == 3
     result = ok(tmp_path / "sd.pt", tmp_path / "b.pt", "--dtype", "bfloat16", "--format", "json")
     assert json.loads(result.stdout)["values_overflowed"] == 0 and "infinite" not in result.stderr
+
+
+def _exported_program_archive(path: Path) -> Path:
+    """A zip laid out as torch.export.save's archives are (the entries `sniff_format` and
+    torch.export.load look for), without the cost of exporting a model."""
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("model/archive_format", "pt2")
+        archive.writestr("model/version", "0")
+        archive.writestr("model/models/model.json", "{}")
+    return path
+
+
+@pytest.mark.parametrize("trust", [[], ["--trust-checkpoint"]])
+@pytest.mark.parametrize("average", [False, True])
+def test_a_torch_export_archive_is_refused_as_no_checkpoint(tmp_path, trust, average):
+    """Before: untrusted, 'pass --trust-checkpoint to load it', and trusted, torch's
+    'PytorchStreamReader failed locating file data.pkl': the hint led nowhere."""
+    archive = _exported_program_archive(tmp_path / "model.pt2")
+    sources = [archive]
+    if average:
+        torch.save(small_model().state_dict(), tmp_path / "plain.pt")
+        sources = [tmp_path / "plain.pt", archive]
+    args = [*(["--average"] if average else []), *sources, tmp_path / "out.safetensors", *trust]
+    result = convert(*args)
+    assert result.exit_code == 1
+    line = error_line(result.stderr)
+    assert line == (
+        f"Error: {archive} is a torch.export archive, not a checkpoint "
+        "(give the checkpoint it was exported from)"
+    )
+    assert not (tmp_path / "out.safetensors").exists()

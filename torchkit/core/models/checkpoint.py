@@ -82,6 +82,7 @@ def _load_checkpoint(path: str | os.PathLike, *, trust_checkpoint: bool) -> Any:
     if _holds_safetensors(source):
         return _load_safetensors(source)
     kind = sniff_format(source)
+    _refuse_exported_programs(source, kind)
     if not trust_checkpoint:
         _refuse_code_archives(source, kind)
     refuse_expanding_archive(source)
@@ -179,6 +180,17 @@ def _refuse_code_archives(source: Path, kind: str | None) -> None:
         raise CheckpointError(
             f"{source} is {what}, whose code runs when it is loaded",
             "pass --trust-checkpoint to load it, only if you trust where it came from",
+        )
+
+
+def _refuse_exported_programs(source: Path, kind: str | None) -> None:
+    """A torch.export archive holds no pickle torch.load reads, trusted or not: refused before
+    the trust check, whose hint (--trust-checkpoint) would only lead to torch's "failed
+    locating file data.pkl"."""
+    if kind == EXPORTED_PROGRAM:
+        raise CheckpointError(
+            f"{source} is a torch.export archive, not a checkpoint",
+            "give the checkpoint it was exported from",
         )
 
 
