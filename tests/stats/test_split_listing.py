@@ -185,3 +185,17 @@ def test_a_plan_row_the_journal_does_not_record_is_refused_before_any_file_moves
     assert "hand-edited plan; no file was moved" in line and "mend row" in line
     assert "finishing the interrupted move" not in result.stderr
     assert digests(tmp_path) == before  # every file where the interrupted move left it
+
+
+def test_a_finished_move_whose_journal_lost_its_root_is_named_not_said_from_none(tmp_path):
+    """Before: `Error: OUT holds files moved there from None: the only copies`."""
+    import json
+
+    data, out = write_images(tmp_path / "data"), tmp_path / "out"
+    split_dataset(data, out, mode="move", ratio="1:1")
+    journal = json.loads((out / ".torchkit-split.json").read_text(encoding="utf-8"))
+    del journal["root"]
+    (out / ".torchkit-split.json").write_text(json.dumps(journal), encoding="utf-8")
+    result = run_torchkit_in_process("split", data, out, "--mode", "move", "--ratio", "1:1")
+    assert result.returncode == 1
+    assert "split.json: it has no 'root' (a damaged" in error_line(result.stderr)

@@ -178,8 +178,10 @@ def _split_or_finish(
                 return _resume_move(source, out, journal, mode, progress)
     # (A move killed before its plan was on disk left a "copying" journal: undone below.)
     if journal is not None and journal.get("mode") == "move" and journal.get("state") != "copying":
+        # Checked first: a journal without its ROOT was refused as "files moved there from
+        # None", and the same move said done from a journal its summary cannot read.
+        _check_journal(out, journal)
         if mode == "move" and _same_move(journal, source, options):
-            _check_journal(out, journal)
             return _move_result(source, out, journal, already_done=True)
         raise OutputExistsError(
             f"{out} holds files moved there from {journal.get('root')}: the only copies",
