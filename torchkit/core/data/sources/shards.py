@@ -30,9 +30,10 @@ What `--data` (or IMAGES) may name here, before folders and CSV indexes are trie
   unlabelled images are taken, flat images or a split of them, `train/img.jpg`), read with the
   rules of folders on disk; all of it may lie in one folder named as the archive
   (`tar cf X.tar X`). A `.tar` is a shard when some image in it has a `.cls`/`.json` label
-  beside it, or when it is named `NAME-NNNNNN.tar` and does not lay out as an image folder
-  (`_holds_an_image_folder`: `caltech-101.tar` of `class/img.jpg` is a folder). Ids are the
-  member paths (inside that one folder), as the unpacked folder's would be.
+  beside it (not a `.json` in a folder holding no "label" or "cls": metadata), or when it is
+  named `NAME-NNNNNN.tar` and does not lay out as an image folder (`_holds_an_image_folder`:
+  `caltech-101.tar` of `class/img.jpg` is a folder). Ids are the member paths (inside that one
+  folder), as the unpacked folder's would be.
 
 Indexing is one pass over the tar headers (no data is read but the labels); an image is read by
 offset and size (`TarReader`), each process opening its own file. A FIFO or device member is
@@ -1689,10 +1690,42 @@ def _key_and_extension(member: str) -> tuple[str, str] | None:
 
 
 def _has_labelled_samples(listing: TarListing) -> bool:
-    """Whether some image in the tar has a `.cls` or `.json` label beside it (a shard)."""
+    """Whether some image in the tar has a `.cls` or `.json` label beside it (a shard). Not a
+    `KEY.json` in a folder that holds no "label" or "cls" (`_holds_no_label`): an annotation
+    tool's metadata beside each image of a class folder (LabelMe's `img.json`) made a `.tar` of
+    class folders a shard of unlabelled samples, its classes lost without a word, where the
+    folder it unpacks to reads as an image folder."""
     keys = [(member, _key_and_extension(member)) for member in listing.members]
-    labelled = {split[0] for _, split in keys if split and split[1] in ("cls", "json")}
-    return any(split and split[0] in labelled and is_image_file(m) for m, split in keys)
+    images = {split[0] for member, split in keys if split and is_image_file(member)}
+    return any(
+        split[0] in images
+        and (split[1] == "cls" or split[1] == "json" and not _holds_no_label(listing, member))
+        for member, split in keys
+        if split
+    )
+
+
+def _holds_no_label(listing: TarListing, member: str) -> bool:
+    """Whether the `KEY.json` `member`, in a folder, holds no label: a JSON value of at most
+    `_LABEL_READ_BYTES` (as read with its header) that is not an object, or an object without
+    "label" and "cls". A larger one, or one not JSON, may be a label (the shard's reading says
+    what is wrong)."""
+    if "/" not in member:
+        return False
+    data = listing.labels.get(member)
+    if data is None:  # listed by tarfile, which reads no data: read alone
+        where = listing.locator(member)
+        if not isinstance(where, tuple) or where[1] > _LABEL_READ_BYTES:
+            return False
+        try:
+            data = TarReader(listing.path, listing.stamp).read(where)
+        except OSError:
+            return False
+    try:
+        meta = json.loads(data)
+    except (ValueError, RecursionError):
+        return False
+    return not isinstance(meta, dict) or ("label" not in meta and "cls" not in meta)
 
 
 def _holds_an_image_folder(listing: TarListing) -> bool:
