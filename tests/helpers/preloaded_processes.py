@@ -8,22 +8,23 @@ A `python -m torchkit` process spends its first seconds of CPU on `import torch`
 process that needs it and kept single-threaded, imports torch, then what every command imports
 after it (`PRELOADED`: typer, pydantic for typer's parameters, rich's console, tables and progress,
 Pillow; about 0.3 s of each fork's CPU) and torchvision as torchkit imports it (through
-torchkit.torchvision_without_dynamo's hook, which stays in place: `TORCHKIT_PRELOADED`; 0.5 s of
-each train, eval or predict), and nothing else of torchkit nor of `NOT_PRELOADED` (dynamo,
-inductor, cv2, timm, huggingface_hub, click and typer's rich_utils read variables of their own or
-load heavy parts as they are imported; torchkit asks sys.modules for matplotlib and sklearn to
-choose a helper process): it checks, and that no warning came and dynamo was not asked for. Its
-objects are then frozen out of the garbage collector's sight (`gc.freeze`): a fork's collections
-would walk them, copying their pages. Each process is forked from it and then becomes `python -m
-torchkit ARGS` as a fresh interpreter would: its own session (made before its PID is handed out, as
-Popen's), the test's ignored signals ignored, stdin, stdout and stderr, working folder and
-environment, no other descriptor, its command line in /proc (`python -m torchkit ARGS`, then NULs
-to the length of the server's: torchkit's folder locks read it to tell a torchkit holder),
-PYTHONPATH's folders first on sys.path and a sitecustomize found there run, fresh seeds for
-`random` and NumPy, torchkit's start-up (signal handlers, import hooks) run from its beginning, its
-exit code the one a fresh process ends with. What it does is real: its own process and PID, its
-process group, signals sent to it, its loader workers and helper processes, its sockets and locks.
-Its parent is the server, not the test (which learns its end from the server).
+torchkit.torchvision_without_dynamo's and torchvision_without_onnx's hooks, which stay in place:
+`TORCHKIT_PRELOADED`; 0.5 s of each train, eval or predict), and nothing else of torchkit nor of
+`NOT_PRELOADED` (dynamo, inductor, torch.onnx, cv2, timm, huggingface_hub, click and typer's
+rich_utils read variables of their own or load heavy parts as they are imported; torchkit asks
+sys.modules for matplotlib and sklearn to choose a helper process): it checks, and that no warning
+came and dynamo was not asked for. Its objects are then frozen out of the garbage collector's sight
+(`gc.freeze`): a fork's collections would walk them, copying their pages. Each process is forked
+from it and then becomes `python -m torchkit ARGS` as a fresh interpreter would: its own session
+(made before its PID is handed out, as Popen's), the test's ignored signals ignored, stdin, stdout
+and stderr, working folder and environment, no other descriptor, its command line in /proc (`python
+-m torchkit ARGS`, then NULs to the length of the server's: torchkit's folder locks read it to tell
+a torchkit holder), PYTHONPATH's folders first on sys.path and a sitecustomize found there run,
+fresh seeds for `random` and NumPy, torchkit's start-up (signal handlers, import hooks) run from
+its beginning, its exit code the one a fresh process ends with. What it does is real: its own
+process and PID, its process group, signals sent to it, its loader workers and helper processes,
+its sockets and locks. Its parent is the server, not the test (which learns its end from the
+server).
 
 Which variables may differ between a fork and its server (reasons): only what is read while torch
 is imported must match, since a fork sees the server's import. So the server is keyed by
@@ -163,10 +164,12 @@ TORCHKIT_PRELOADED = (
     "torchkit.import_hooks",
     "torchkit.stand_ins",
     "torchkit.torchvision_without_dynamo",
+    "torchkit.torchvision_without_onnx",
 )
 NOT_PRELOADED = (
     "torch._dynamo",
     "torch._inductor",
+    "torch.onnx",
     "sitecustomize",
     "typer.rich_utils",
     "click",
@@ -210,10 +213,12 @@ with warnings.catch_warnings(record=True) as warned:
     for name in PRELOADED:
         importlib.import_module(name)
     # torchvision as torchkit imports it (torchvision_without_dynamo: its modules run with
-    # stand-ins for dynamo), with that hook in place in the forks as torchkit.cli would put it.
-    from torchkit import torchvision_without_dynamo
+    # stand-ins for dynamo; torchvision_without_onnx: torchvision.ops without torch.onnx), with
+    # those hooks in place in the forks as torchkit.cli would put them.
+    from torchkit import torchvision_without_dynamo, torchvision_without_onnx
 
     torchvision_without_dynamo.install()
+    torchvision_without_onnx.install()
     import torchvision  # noqa: F401
 # Out of the collector's sight: a fork's collections would walk (and write to, copying their
 # pages) the server's objects, none of which can become garbage there.

@@ -15,11 +15,17 @@ from torchkit.program import end_on_signals_while_starting, open_closed_standard
 open_closed_standard_descriptors()  # before any file is opened and kept: it would take 0-2
 end_on_signals_while_starting()  # first: a Ctrl-C from here until a command runs ends it cleanly
 
-from torchkit import deferred_signals, torchvision_without_dynamo, working_folder  # noqa: E402
+from torchkit import (  # noqa: E402
+    deferred_signals,
+    torchvision_without_dynamo,
+    torchvision_without_onnx,
+    working_folder,
+)
 from torchkit.bytecode import keep_bytecode_cache  # noqa: E402
 
 keep_bytecode_cache()  # before typer, rich and (later) torch are imported
 torchvision_without_dynamo.install()  # before torchvision is imported
+torchvision_without_onnx.install()  # the same
 deferred_signals.install()  # first: it hands torchvision to the finder above
 working_folder.install()  # torch is not imported where the working folder is gone
 
