@@ -66,6 +66,18 @@ def example_lines(text: str) -> list[str]:
     return examples
 
 
+@pytest.mark.parametrize("group", [(), ("convert",)], ids=["torchkit", "convert"])
+def test_a_group_without_a_command_shows_its_help_on_stdout_and_exits_0(group):
+    """Bare `torchkit` and `torchkit convert` give the help `--help` gives, as docker, kubectl
+    and pip do: they exited 2, a usage error, with the help on stdout all the same."""
+    bare = runner.invoke(app, list(group), env={"COLUMNS": "100"})
+    assert bare.exit_code == 0, bare.output
+    assert bare.stdout == help_text(group) and bare.stderr == ""
+    # Options without a command are still a command line without its command: exit 2.
+    quiet = runner.invoke(app, [*group, "-q"])
+    assert quiet.exit_code == 2 and "Missing command" in quiet.stderr
+
+
 @pytest.mark.parametrize("path", COMMANDS, ids=lambda p: " ".join(p) or "torchkit")
 def test_help_shows_no_bool_metavar_and_one_way_of_naming_arguments(path):
     text = help_text(path)

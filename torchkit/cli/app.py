@@ -500,6 +500,15 @@ class TorchkitGroup(TyperGroup):
             _require_stdout()
             return super().format_help(ctx, formatter)
 
+    def parse_args(self, ctx, args):
+        # Bare `torchkit` or `torchkit convert`: the help, as --help gives it (stdout, exit 0),
+        # as `docker`, `kubectl` and `pip` do; click made it a usage error (exit 2) with the
+        # help on stdout, which a script's `torchkit >/dev/null || ...` took for a failure.
+        if not args and self.no_args_is_help and not ctx.resilient_parsing:
+            typer.echo(ctx.get_help(), color=ctx.color)
+            ctx.exit()
+        return super().parse_args(ctx, args)
+
     def get_params(self, ctx):
         params = super().get_params(ctx)
         for param in params:  # --install-completion and --help are added after __init__
@@ -719,8 +728,6 @@ def _stop_not_come_out(ended_by: BaseException | None) -> KeyboardInterrupt | No
 
 def _usage_error(error: ClickUsageError) -> NoReturn:
     """Report a bad command line as `Error: <what> (see 'torchkit CMD --help')`, exit 2."""
-    if type(error).__name__ == "NoArgsIsHelpError":  # bare `torchkit`: click shows the help
-        raise error
     if _leave_to_local_rank_0():  # the same command line on every rank: local rank 0 reports it
         raise typer.Exit(error.exit_code) from None
     ctx = getattr(error, "ctx", None)
