@@ -51,3 +51,45 @@ def test_a_move_onto_another_file_system_into_a_sticky_folder_copies_verifies_an
     assert not [p for p in out.rglob(".torchkit-move-*")]  # no unverified copy left
     assert not stat.S_IMODE(os.stat(out).st_mode) & (stat.S_ISVTX | stat.S_IWOTH)
     assert sorted(os.listdir(disk)) == ["out"]  # nothing beside OUT in the shared folder
+
+
+def test_finishing_a_move_onto_a_full_disk_says_it_cannot_write_and_loses_nothing(
+    tmp_path, small_tmpfs, monkeypatch
+):
+    """Before: the rerun that finishes a stopped move ended in `Error: OSError: [Errno 28] No
+    space left on device: ...`, where the move that began it said `cannot write OUT`."""
+    import pytest
+    from disks import fill_disk
+    from output_checks import error_line
+
+    from torchkit.core.split import files as split_files
+    from torchkit.core.split.run import split_dataset
+
+    data = tmp_path / "data"
+    made = write_images(data)
+    disk = small_tmpfs(1024)
+    out = disk / "out"
+    move_file, moved = split_files.move_file, []
+
+    def stop_after_one(source, dest, links=None):
+        if moved:
+            raise KeyboardInterrupt
+        move_file(source, dest, links)
+        moved.append(source)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(split_files, "move_file", stop_after_one)
+        with pytest.raises(KeyboardInterrupt):
+            split_dataset(data, out, mode="move", ratio="1:1")
+    fill_disk(disk, leave=4096)  # room for one more file, not for the rest
+    args = ("split", data, out, "--mode", "move", "--ratio", "1:1")
+    full = run_torchkit_in_process(*args)
+    assert full.returncode == 1
+    assert error_line(full.stderr, besides="warnings").startswith(
+        f"Error: cannot write {out}: No space left on device"
+    )
+    (disk / "filler").unlink()
+    assert run_torchkit_in_process(*args).returncode == 0  # and the rerun finishes it
+    moved_files = sorted(p.read_bytes() for p in out.rglob("*.png"))
+    assert moved_files == sorted(made.values())
+    assert not [p for p in data.rglob("*") if p.is_file()]

@@ -657,7 +657,9 @@ def _resume_move(
     targets = [os.path.join(out, row["path"]) for row in rows]
     links = LinkTargets(sources, targets)
     csv_folders = source_folders(sources, root) if os.path.isfile(root) else []
-    with _finish_hint(root, out), moving_out_of(out, *csv_folders):
+    # A full disk part-way is `cannot write OUT`, as in the move that began it (it was
+    # `Error: OSError: [Errno 28] No space left on device`).
+    with _finish_hint(root, out), moving_out_of(out, *csv_folders), reporting_write_errors(out):
         lost = finish_rows(sources, targets, out, links, progress)
     if lost:
         journal, rows = _drop_lost(root, out, journal, rows, lost)
