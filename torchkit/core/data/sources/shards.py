@@ -1938,6 +1938,10 @@ def _class_file(folder: str) -> list[str] | None:
             text = read_text(json_file, "utf-8-sig")
             names = class_names_in_json(text, str(json_file))
         else:
+            # One that is no file (a FIFO, a folder, a link to nothing) was passed over without
+            # a word: the classes were named "0", "1", ... or by the labels, not as it names them.
+            _refuse_a_class_file_that_is_no_file(text_file)
+            _refuse_a_class_file_that_is_no_file(json_file)
             return None
     except (OSError, ValueError) as error:
         raise InputError(f"cannot read the class names beside the shards: {error}") from None
@@ -1946,6 +1950,21 @@ def _class_file(folder: str) -> list[str] | None:
     # An empty one is what `convert shards` writes beside unlabelled images: no names, which
     # only labelled samples need (`_labelled`).
     return names
+
+
+def _refuse_a_class_file_that_is_no_file(path: Path) -> None:
+    """An InputError where `path` (`classes.txt` or `classes.json` beside the shards) is there
+    but no regular file, never opened (opening a FIFO waits for a writer)."""
+    if not os.path.lexists(path):
+        return
+    try:
+        what = file_kind(os.stat(path).st_mode)
+    except OSError:  # a link to nothing, or round a loop of links
+        what = LINK_TO_NOTHING
+    raise InputError(
+        f"cannot read the class names beside the shards: {path} is not a regular file ({what})",
+        f"make {path.name} a file of the class names, or remove it",
+    )
 
 
 def _refuse_respelled_names_of_one_index(found: list[ShardSample]) -> None:
