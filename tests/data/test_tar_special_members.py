@@ -8,7 +8,9 @@ without a word: a shard's sample then had no image, an error saying it held only
 from __future__ import annotations
 
 import csv
+import io
 import json
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -146,3 +148,42 @@ def test_a_name_stored_again_is_what_its_last_member_is(tmp_path, pax):
     read, unreadable = readable_and_not(source)
     assert read == {"cat/a.png": png(0), "dog/c.png": png(2)}
     assert unreadable == ["cat/b.png", "cat/h.png"]
+
+
+def kinds_tar(path: Path, members: list[tuple[str, bytes, bytes]], pax: dict | None) -> Path:
+    """A tar of (name, kind, data) members."""
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT, pax_headers=pax) as tar:
+        for name, kind, data in members:
+            info = tarfile.TarInfo(name)
+            info.type, info.size = kind, len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_a_files_kind_named_as_a_folder_is_a_folder_in_both_listings(tmp_path, pax):
+    """tarfile's listing (where the plain headers' pass gives up) read a file's kind with a
+    name ending in `/` as a file (`cat/x.png`), where the pass and GNU tar -x make it a folder
+    (its data skipped): one archive read two ways."""
+    members = [
+        ("cat/a.png", tarfile.REGTYPE, png(0)),
+        ("cat/x.png/", tarfile.REGTYPE, png(1)),
+        ("dog/b.png", tarfile.REGTYPE, png(2)),
+    ]
+    source = open_data(str(kinds_tar(tmp_path / "pets.tar", members, pax)))
+    assert source.whole.ids == ["cat/a.png", "dog/b.png"]
+    assert [path.read_bytes() for path in source.whole.paths] == [png(0), png(2)]
+
+
+def test_a_member_of_a_kind_tar_does_not_know_is_a_file(tmp_path):
+    """Left out without a word, where GNU tar -x, and tarfile's extract, make a file of it
+    ("Unknown file type 'Z', extracted as normal file"); GNU's dumped folder (`D`, `tar -g`)
+    is a folder, as tar -x makes it."""
+    members = [
+        ("cat/a.png", tarfile.REGTYPE, png(0)),
+        ("dog/b.png", tarfile.REGTYPE, png(2)),
+        ("dog/z.png", b"Z", png(3)),
+        ("dog/old.png", b"D", b""),
+    ]
+    source = open_data(str(kinds_tar(tmp_path / "pets.tar", members, None)))
+    assert source.whole.ids == ["cat/a.png", "dog/b.png", "dog/z.png"]
+    assert [path.read_bytes() for path in source.whole.paths] == [png(0), png(2), png(3)]

@@ -450,14 +450,22 @@ def list_tar(path: str, *, whole: bool = False, labels: bool = False) -> TarList
                     raise tarfile.ReadError(f"{info.name} has a negative size ({info.size})")
                 count += 1
                 name = _member_name(info.name)
-                if info.isdir():
+                if (
+                    info.isdir()
+                    or info.type in _FOLDER_KINDS
+                    or (info.type in _REGULAR and info.name.endswith("/"))
+                ):
+                    # (a file's kind and a name ending in `/`: a folder to GNU tar -x, as to the
+                    # plain headers' pass; tarfile makes only the old `\0` kind so)
                     found.folder(name, info.offset_data)
                 elif info.issym() or info.islnk():
                     found.link(name, info.linkname, info.issym(), info.offset_data)
                 elif info.issparse():  # its real name (pax: GNU.sparse.name), its data in pieces
                     found.replace(name)
                     found.sparse[name] = None
-                elif info.isreg():
+                elif info.isreg() or info.type not in _KNOWN_KINDS:
+                    # (a kind tar does not know: GNU tar -x, and tarfile's extract, make a file
+                    # of it, "Unknown file type 'Z', extracted as normal file")
                     if info.offset_data + info.size > size:
                         raise tarfile.ReadError(f"{name} runs past the end of the file")
                     found.replace(name)
@@ -952,6 +960,11 @@ def _first_link_on(name: str, links: dict[str, str]) -> str | None:
 
 
 _REGULAR, _FOLDER, _HARD_LINK, _SYMBOLIC_LINK = (b"0", b"\0", b"7"), b"5", b"1", b"2"
+# GNU's incremental dump of a folder (`tar -g`): a folder. Its volume label, a file continued
+# from another volume and its old long names are no file of the archive; tarfile knows none of
+# these, nor any other kind, which tar -x makes a file of (`_KNOWN_KINDS`).
+_FOLDER_KINDS = (b"D",)
+_KNOWN_KINDS = (*tarfile.SUPPORTED_TYPES, *_FOLDER_KINDS, b"V", b"M", b"N")
 # The FIFOs and devices (tar stores no socket), by what each is, in the words `file_kind` gives
 # such a file on disk: tar -x makes them, and the folder reader lists one named like an image as
 # an image that cannot be read.
