@@ -53,22 +53,13 @@ def test_a_move_onto_another_file_system_into_a_sticky_folder_copies_verifies_an
     assert sorted(os.listdir(disk)) == ["out"]  # nothing beside OUT in the shared folder
 
 
-def test_finishing_a_move_onto_a_full_disk_says_it_cannot_write_and_loses_nothing(
-    tmp_path, small_tmpfs, monkeypatch
-):
-    """Before: the rerun that finishes a stopped move ended in `Error: OSError: [Errno 28] No
-    space left on device: ...`, where the move that began it said `cannot write OUT`."""
+def stopped_move(data: Path, out: Path, monkeypatch) -> None:
+    """A move of `data` into `out` stopped by Ctrl-C after its first file."""
     import pytest
-    from disks import fill_disk
-    from output_checks import error_line
 
     from torchkit.core.split import files as split_files
     from torchkit.core.split.run import split_dataset
 
-    data = tmp_path / "data"
-    made = write_images(data)
-    disk = small_tmpfs(1024)
-    out = disk / "out"
     move_file, moved = split_files.move_file, []
 
     def stop_after_one(source, dest, links=None):
@@ -81,7 +72,26 @@ def test_finishing_a_move_onto_a_full_disk_says_it_cannot_write_and_loses_nothin
         patched.setattr(split_files, "move_file", stop_after_one)
         with pytest.raises(KeyboardInterrupt):
             split_dataset(data, out, mode="move", ratio="1:1")
+
+
+def test_finishing_a_move_onto_a_disk_that_fills_says_it_cannot_write_and_loses_nothing(
+    tmp_path, small_tmpfs, monkeypatch
+):
+    """Before: the rerun that finishes a stopped move ended in `Error: OSError: [Errno 28] No
+    space left on device: ...`, where the move that began it said `cannot write OUT`. (The
+    disk had room as the rerun began: another process fills it.)"""
+    from disks import fill_disk
+    from output_checks import error_line
+
+    from torchkit.core.split import run as split_run
+
+    data = tmp_path / "data"
+    made = write_images(data)
+    disk = small_tmpfs(1024)
+    out = disk / "out"
+    stopped_move(data, out, monkeypatch)
     fill_disk(disk, leave=4096)  # room for one more file, not for the rest
+    monkeypatch.setattr(split_run, "check_room_for_move", lambda *args: None)
     args = ("split", data, out, "--mode", "move", "--ratio", "1:1")
     full = run_torchkit_in_process(*args)
     assert full.returncode == 1
@@ -93,3 +103,52 @@ def test_finishing_a_move_onto_a_full_disk_says_it_cannot_write_and_loses_nothin
     moved_files = sorted(p.read_bytes() for p in out.rglob("*.png"))
     assert moved_files == sorted(made.values())
     assert not [p for p in data.rglob("*") if p.is_file()]
+
+
+def test_a_move_onto_a_disk_without_room_for_it_is_refused_before_any_file_moves(
+    tmp_path, small_tmpfs, monkeypatch
+):
+    """A move onto another file system copies each file before it removes it from ROOT: one
+    onto a disk too small stopped half-way, `cannot write OUT: No space left on device`, with
+    half the data in OUT until the user made room there. Refused before the first file
+    moves, as is the rerun that would finish a stopped move without the room for the rest."""
+    from disks import fill_disk
+    from output_checks import error_line
+
+    data = tmp_path / "data"
+    for label in "ab":
+        (data / label).mkdir(parents=True)
+        for i in range(3):
+            (data / label / f"{i}.png").write_bytes(bytes([i]) * 40_000)
+    before = sorted(p.relative_to(data) for p in data.rglob("*.png"))
+    disk = small_tmpfs(128)  # room for 3 of the 6 files
+    out = disk / "out"
+    args = ("split", data, out, "--mode", "move", "--ratio", "1:1")
+    refused = run_torchkit_in_process(*args)
+    assert refused.returncode == 1
+    line = error_line(refused.stderr)
+    # 6 files of 40,000 bytes take 10 pages of 4 KiB each; the disk, less its locks and folders
+    assert line.startswith(f"Error: cannot write {out}: its disk has 0.1"), line
+    assert line.endswith(
+        "files to move onto it take 0.246 MB (no file was moved: free some space, or choose an "
+        "output folder on a disk with room)"
+    ), line
+    assert sorted(p.relative_to(data) for p in data.rglob("*.png")) == before
+    assert not out.exists()
+    # A stopped move, whose rest no longer fits: refused before any more files move
+    disk = small_tmpfs(1024)
+    out = disk / "out"
+    stopped_move(data, out, monkeypatch)
+    fill_disk(disk, leave=100_000)
+    left = sorted(p.relative_to(data) for p in data.rglob("*.png"))
+    assert len(left) == 5
+    args = ("split", data, out, "--mode", "move", "--ratio", "1:1")
+    refused = run_torchkit_in_process(*args)
+    assert refused.returncode == 1
+    assert error_line(refused.stderr, besides="warnings").endswith(
+        "MB (free some space on it, then run the same command again to finish the move)"
+    )
+    assert sorted(p.relative_to(data) for p in data.rglob("*.png")) == left
+    (disk / "filler").unlink()
+    assert run_torchkit_in_process(*args).returncode == 0
+    assert not list(data.rglob("*.png")) and len(list(out.rglob("*.png"))) == 6

@@ -7,6 +7,7 @@ import contextlib
 import errno
 import os
 import shutil
+import stat
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from torchkit.core.io.folder_locks import (
 from torchkit.core.io.output_locks import OutputLockedError
 from torchkit.core.io.output_paths import remove_tree
 from torchkit.core.io.progress import Progress
+from torchkit.core.io.sizes import format_megabytes
 from torchkit.core.runtime.ahead import read_ahead
 from torchkit.core.runtime.signals import signals_held
 from torchkit.core.split.options import MANIFEST
@@ -336,6 +338,43 @@ def refuse_temporary_names(plan: Plan) -> None:
                 "which the move would overwrite and its rerun delete",
                 "rename that file, or use --mode copy, symlink or hardlink",
             )
+
+
+def check_room_for_move(
+    sources: Sequence[str],
+    out: Path,
+    hint: str = "no file was moved: free some space, or choose an output folder on a disk "
+    "with room",
+) -> None:
+    """A move onto another file system copies each file into OUT before it removes it from
+    ROOT: a disk without room for them all is refused before the first file moves, where it was
+    found full part-way and left the data half in OUT, to be finished once there was room. Each
+    file counts in whole blocks of OUT's file system; a file renamed in place (on OUT's file
+    system) or a link (made anew) takes none. Where the free space is unknown (no statvfs),
+    nothing is checked: a full disk is still an error that leaves every file in one place."""
+    folder = out
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        stats = os.statvfs(folder)
+        device = os.stat(folder).st_dev
+    except (OSError, AttributeError):
+        return
+    free, block = stats.f_bavail * stats.f_frsize, max(stats.f_frsize, 1)
+    needed = 0
+    for source in sources:
+        try:
+            status = os.lstat(source)
+        except OSError:
+            continue  # gone, or not to be reached: the move names it
+        if status.st_dev != device and not stat.S_ISLNK(status.st_mode):
+            needed += -(-status.st_size // block) * block
+    if needed > free:
+        raise OutputWriteError(
+            f"cannot write {out}: its disk has {format_megabytes(free / 1e6)} MB free, and the "
+            f"files to move onto it take {format_megabytes(needed / 1e6)} MB",
+            hint,
+        )
 
 
 def check_sources_removable(sources: Sequence[str]) -> None:

@@ -38,6 +38,7 @@ from torchkit.core.split.files import (
     MOVE_TEMP,
     LinkTargets,
     check_hardlinks,
+    check_room_for_move,
     check_sources_removable,
     finish_rows,
     moving_out_of,
@@ -452,6 +453,7 @@ def _file_plan(
     if mode == "move":
         check_sources_removable(plan.sources)
         refuse_temporary_names(plan)
+        check_room_for_move(plan.sources, out)
     return plan, extra
 
 
@@ -655,6 +657,13 @@ def _resume_move(
                 remove_tree(Path(_move_temp(out, row)), ignore_errors=False)
     sources = [row["source"] for row in rows]
     targets = [os.path.join(out, row["path"]) for row in rows]
+    # The files still to move: once the unverified copies above are gone (a copy of a file
+    # that is in both places is verified, and takes no more room).
+    check_room_for_move(
+        [s for s, t in zip(sources, targets, strict=True) if not os.path.lexists(t)],
+        out,
+        "free some space on it, then run the same command again to finish the move",
+    )
     links = LinkTargets(sources, targets)
     csv_folders = source_folders(sources, root) if os.path.isfile(root) else []
     # A full disk part-way is `cannot write OUT`, as in the move that began it (it was
