@@ -187,3 +187,11 @@ def test_a_member_of_a_kind_tar_does_not_know_is_a_file(tmp_path):
     source = open_data(str(kinds_tar(tmp_path / "pets.tar", members, None)))
     assert source.whole.ids == ["cat/a.png", "dog/b.png", "dog/z.png"]
     assert [path.read_bytes() for path in source.whole.paths] == [png(0), png(2), png(3)]
+
+
+def test_a_fifo_named_as_a_label_does_not_make_a_folders_tar_a_shard(tmp_path, pax):
+    """A FIFO `cat/a.json` beside `cat/a.png` is a file the folder reads as no image: the tar
+    is the image folder (it was, the FIFO left out), not a shard whose label cannot be read."""
+    members = [("cat/a.png", png(0)), ("cat/a.json", "|fifo"), ("dog/b.png", png(1))]
+    source = open_data(str(tar_of_members(tmp_path / "pets.tar", members, pax_headers=pax)))
+    assert (source.classes, source.whole.ids) == (["cat", "dog"], ["cat/a.png", "dog/b.png"])

@@ -1710,9 +1710,11 @@ def _has_labelled_samples(listing: TarListing) -> bool:
     folder it unpacks to reads as an image folder."""
     keys = [(member, _key_and_extension(member)) for member in listing.members]
     images = {split[0] for member, split in keys if split and is_image_file(member)}
+    special = listing.special  # a FIFO or a device holds no label (a folder's file, unread)
     return any(
         split[0] in images
         and (split[1] == "cls" or split[1] == "json" and not _holds_no_label(listing, member))
+        and member not in special
         for member, split in keys
         if split
     )
