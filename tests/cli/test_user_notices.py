@@ -392,6 +392,40 @@ def test_options_override_unusable_preprocessing_and_are_checked_themselves(runn
         assert message in error_line(refused.stderr) and refused.stdout == ""
 
 
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"in_channels": -3}, "in_channels is -3"),
+        ({"in_channels": 0}, "in_channels is 0"),
+        ({"image_size": 0}, "image_size is 0"),
+        ({"resize_size": -1}, "resize_size is -1"),
+    ],
+)
+@pytest.mark.parametrize("command", ["export", "summary", "predict"])
+def test_sizes_and_channels_below_one_are_a_damaged_file_in_every_command(
+    world, tmp_path, change, field, command
+):
+    """Before: export ended in 'Error: RuntimeError: Trying to create tensor with negative
+    dimension -3', summary in 'input size (1, -3, 12, 12) has a dimension that is not
+    positive', and 0 channels in weights that do not fit the model."""
+    checkpoint = torch.load(world["root"] / "good.pt", weights_only=True)
+    checkpoint["preprocess"].update(change)
+    path = tmp_path / "damaged.pt"
+    torch.save(checkpoint, path)
+    args = {
+        "export": ["export", str(path), str(tmp_path / "out.onnx"), "--no-verify"],
+        "summary": ["summary", str(path)],
+        "predict": ["predict", str(path), str(world["images"]), *CPU],
+    }[command]
+    done = run_torchkit_in_process(*args)
+    assert done.returncode == 1, done.stderr
+    assert error_line(done.stderr) == (
+        f"Error: the preprocessing recorded in {path} is unusable: {field}, not a positive "
+        "whole number (the file is damaged or was not written by torchkit)"
+    )
+    assert done.stdout == "" and sorted(p.name for p in tmp_path.iterdir()) == ["damaged.pt"]
+
+
 def test_preprocessing_values_of_the_wrong_kind_are_a_checkpoint_error():
     with pytest.raises(CheckpointError, match=r"model.pt is unusable: mean is 'abc'"):
         Preprocess.from_dict({"mean": "abc"}, "model.pt")

@@ -106,6 +106,11 @@ class Preprocess:
                 raise bad(name, "not a whole number")
             if isinstance(value, float) and not value.is_integer():
                 raise bad(name, "not a whole number")
+            # No torchkit writes a size or channel count below 1, and the model is built from
+            # them before any option could stand in: 0 or -3 channels failed as a tensor of
+            # negative dimension, or as weights that do not fit, in export and summary.
+            if value < 1:
+                raise bad(name, "not a positive whole number")
             return int(value)
 
         def numbers(name: str, fallback: tuple[float, ...]) -> tuple[float, ...]:
