@@ -173,3 +173,24 @@ def test_files_that_fail_beside_a_folder_it_cannot_list_are_said_in_one_error():
         "(the warnings above say which and why"
     )
     assert tensor.TensorReport("src", "dst", folder=True, converted=3).incomplete() is None
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["default", "strict"])
+def test_a_source_folder_it_cannot_list_is_one_error_naming_it(tmp_path: Path, monkeypatch, strict):
+    """Before: a warning naming the folder as `.`, then `Error: no convertible files in SRC`;
+    with --strict the hint said to leave it out, which read nothing either."""
+    from PIL import Image
+    from processes import run_torchkit_in_process
+
+    source = tmp_path / "src"
+    source.mkdir()
+    Image.new("RGB", (3, 2)).save(source / "a.png")
+    deny_listing(monkeypatch, source)
+    args = ("convert", "tensor", source, tmp_path / "out", "--to", "npy", "-j", "0")
+    result = run_torchkit_in_process(*args, *(["--strict"] if strict else []))
+    assert result.returncode == 1
+    assert (
+        result.stderr
+        == f"Error: cannot list folder {source}: permission denied (make it readable)\n"
+    )
+    assert not (tmp_path / "out").exists()

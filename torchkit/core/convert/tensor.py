@@ -846,6 +846,7 @@ def _scan(
     that could not be listed (their paths in `folder`)."""
     from torchkit.core.data.sources.discovery import (
         list_folders,
+        listing_error,
         warn_dead_links,
         warn_unentered,
         warn_unlistable,
@@ -855,6 +856,10 @@ def _scan(
     base = str(Path(folder))
     top = 0 if base == "." else len(base) + 1  # list_folders spells paths as pathlib does
     listing = list_folders([folder])
+    if listing.unlistable and listing.unlistable[0][0] == base:  # SRC itself, as video-info's
+        # (it was `no convertible files in SRC`, or with --strict a hint to leave it out)
+        reason = listing_error(listing.unlistable[0][1])
+        raise InputError(f"cannot list folder {folder}: {reason}", "make it readable")
     warn_unentered(listing.unentered, folder)
     with reading_strictly(strict or strict_reading()):
         # Not "--strict makes this an error": without it the run ends in one too, once the
