@@ -2,7 +2,8 @@
 annotation tool's: LabelMe writes `img.json` beside `img.jpg`, holding no "label" or "cls") reads
 as the image folder it unpacks to, its folders the classes. Such a `.json` made it a WebDataset
 shard of unlabelled samples: dataset-stats counted one class, without a word, and train refused
-it for want of labels. A `KEY.json` that holds a label still makes a shard."""
+it for want of labels. A `KEY.json` that holds a label still makes a shard. The files such a `.tar`
+(of any folder) holds that are no images are counted by dataset-stats, as the folder's are."""
 
 from __future__ import annotations
 
@@ -47,11 +48,33 @@ def test_a_tar_of_annotated_class_folders_reads_as_the_folder(tmp_path, pax):
     assert [path.read_bytes() for path in read.whole.paths] == [png(0), png(1), png(2)]
 
 
-def test_dataset_stats_counts_the_classes(tmp_path):
-    archive = tar_of_members(tmp_path / "pets.tar", annotated(tmp_path / "pets"))
+def test_dataset_stats_counts_the_classes_and_the_files_that_are_no_images(tmp_path):
+    """The `.json` files were counted in the folder's report, 'skipped 3 non-image file(s)',
+    and in its `.tar`'s (of any folder) never: 0, without a word."""
+    folder = tmp_path / "pets"
+    archive = tar_of_members(tmp_path / "pets.tar", annotated(folder))
+    reports = {}
+    for data in (folder, archive):
+        report = run_torchkit_in_process("dataset-stats", data, "--format", "json", "-j", "0")
+        assert report.returncode == 0, report.stderr
+        assert "Warning: skipped 3 non-image file(s), e.g. cat/a.json" in report.stderr
+        reports[data] = json.loads(report.stdout)
+    assert reports[archive]["num_classes"] == reports[folder]["num_classes"] == 2
+    assert reports[archive]["non_image_files"] == reports[folder]["non_image_files"] == 3
+
+
+def test_a_split_roots_tar_counts_the_files_of_the_split_measured(tmp_path):
+    """dataset-stats measures train: the files that are no images in train/, as on disk."""
+    members = [
+        ("train/cat/a.png", png(0)), ("train/cat/notes.txt", b"x"), ("train/dog/b.png", png(1)),
+        ("train/.hidden.txt", b"x"), ("val/cat/c.png", png(2)), ("val/cat/x.txt", b"x"),
+        ("val/dog/d.png", png(3)), ("README.md", b"x"), ("train/cat/._a.png", b"x"),
+    ]  # fmt: skip
+    archive = tar_of_members(tmp_path / "split.tar", members)
     report = run_torchkit_in_process("dataset-stats", archive, "--format", "json", "-j", "0")
     assert report.returncode == 0, report.stderr
-    assert json.loads(report.stdout)["num_classes"] == 2
+    assert json.loads(report.stdout)["non_image_files"] == 1
+    assert "Warning: skipped 1 non-image file(s), e.g. train/cat/notes.txt" in report.stderr
 
 
 def test_a_json_holding_a_label_still_makes_a_shard(tmp_path):

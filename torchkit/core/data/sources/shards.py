@@ -2456,6 +2456,7 @@ def _open_folder_tar(
         source = _tar_image_folder(
             tree, bool(top_folders), top_images, classes, allow_unlabelled, every_image
         )
+    source.tar_non_images = _non_image_files(tree)
     if every_image and classes is None:
         # The folders read whole where images lie beside class folders holding some: a reader
         # of labels reads those by their class folders (`DataSource.labelled_classes`).
@@ -2469,6 +2470,27 @@ def _open_folder_tar(
             else list(source.classes)
         )
     return source
+
+
+def _non_image_files(tree: _UnpackedTar) -> list[str]:
+    """The files the folder `tree`'s tar unpacks to holds that are not images, hidden ones and
+    AppleDouble files aside, by their paths in it (inside its wrapping folder), sorted: as
+    `discovery.list_non_image_files` lists a folder's. Members and links to a file; not FIFOs
+    or devices, nor links to nothing (a folder's listing sets those apart too)."""
+    listing, prefix = tree.listing, tree.prefix
+    found = []
+    for name in (*listing.members, *listing.links):
+        if is_image_file(name) or name in listing.special:
+            continue
+        if name in listing.links and (listing.links[name] is None or name in listing.outside):
+            continue
+        path = _unpacked_path(name)
+        if path is None or not path.startswith(prefix):
+            continue
+        base = posixpath.basename(path)
+        if not base.startswith(".") and not is_apple_double(base):
+            found.append(path[len(prefix) :])
+    return sorted(found)
 
 
 def _labelled_classes(tree: _UnpackedTar, read: list[str], whole: list[str]) -> list[str]:

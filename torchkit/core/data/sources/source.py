@@ -124,6 +124,9 @@ class DataSource:
     # the layout), worked out from the same listing; None where not (other data, or a reader
     # of labels would list it otherwise: linked folders).
     labelled_classes: list[str] | None = None
+    # A `.tar` of a folder: the files it unpacks to that are not images (hidden ones aside), by
+    # their paths in the data, as `non_image_files` lists a folder's (None for other data).
+    tar_non_images: list[str] | None = None
 
     @property
     def is_split(self) -> bool:
@@ -1023,8 +1026,13 @@ def refuse_other_split_names(
 
 def non_image_files(source: DataSource, splits: Sequence[str] | None = None) -> list[str]:
     """The files in the folders `source` reads that are not images (hidden ones aside),
-    relative to its root: in the `splits` folders of a split root (all of it with None); none
-    for a CSV index or digits."""
+    relative to its root: in the `splits` folders of a split root (all of it with None), also
+    of a `.tar` of one (from its listing); none for a CSV index or digits."""
+    if source.tar_non_images is not None:
+        if source.kind != "tar split root" or splits is None:
+            return list(source.tar_non_images)
+        inside = tuple(f"{name}/" for name in SPLIT_NAMES if name in splits)
+        return [path for path in source.tar_non_images if path.startswith(inside)]
     if source.kind not in ("image folder", "flat folder", "split root"):
         return []
     root = Path(source.root)
