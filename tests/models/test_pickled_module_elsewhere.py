@@ -89,6 +89,47 @@ def test_train_refuses_a_pickled_model_naming_its_class_to_give_as_model(folders
     assert net.is_file()
 
 
+@pytest.mark.parametrize("module", ["pickled_flat_nets", "pickled_pkg.nets"])
+def test_train_without_trust_refuses_a_pickled_model_naming_its_class_first(folders, module):
+    """It said to pass --trust-checkpoint, which loaded the pickle (running its code) only to be
+    refused then as a pickled model: the class is read from the file, nothing imported, and the
+    line says at once how to train from it, --trust-checkpoint included for the weights."""
+    saved, _ = folders
+    net = pickle_net(saved, module)
+    write_image_folder(saved / "data", {"a": 2, "b": 2})
+    refused = run_torchkit_in_process(
+        "train", "--data", "data", "--model", "net.pt", *VAL, cwd=saved
+    )
+    assert refused.returncode == 2
+    assert error_line(refused.stderr) == (
+        "Error: net.pt is a pickled model: train needs an architecture it can rebuild for eval "
+        f"and --resume (give its class as --model {module}:Net, or a function that builds it, "
+        "and the file as --weights net.pt with --trust-checkpoint, only if you trust where it "
+        "came from)"
+    )
+    assert module not in sys.modules and net.is_file()
+
+
+def test_the_class_of_a_pickled_object_is_read_only_where_it_is_the_whole_object(tmp_path):
+    """A state dict or a checkpoint's dict is no pickled model, even where it holds classes."""
+    import argparse
+
+    import torch
+
+    from torchkit.core.models.usercode import pickled_root_class
+
+    torch.save({"model": {}, "args": argparse.Namespace(lr=1)}, tmp_path / "dict.pt")
+    torch.save(torch.nn.Linear(1, 1).state_dict(), tmp_path / "state.pt")
+    torch.save(argparse.Namespace(lr=1), tmp_path / "whole.pt")
+    torch.save(argparse.Namespace(lr=1), tmp_path / "whole4.pt", pickle_protocol=4)
+    (tmp_path / "junk.pt").write_bytes(b"PK\x03\x04 not a zip")
+    assert pickled_root_class(tmp_path / "dict.pt") is None
+    assert pickled_root_class(tmp_path / "state.pt") == ("collections", "OrderedDict")
+    assert pickled_root_class(tmp_path / "whole.pt") == ("argparse", "Namespace")
+    assert pickled_root_class(tmp_path / "whole4.pt") == ("argparse", "Namespace")
+    assert pickled_root_class(tmp_path / "junk.pt") is None
+
+
 def test_a_pickled_model_of_a_class_on_pythonpath_names_it_to_give_as_model(folders, monkeypatch):
     """The user's code found on PYTHONPATH (a folder of their own, not the working directory)
     is theirs as the working directory's is: its class is the --model to give."""

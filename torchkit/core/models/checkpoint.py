@@ -44,6 +44,19 @@ CHECKPOINT_KEYS = (
 )
 
 
+class UntrustedPickleError(CheckpointError):
+    """A pickle that `weights_only` refused without --trust-checkpoint: `blocked` is the class
+    or function it holds (`nets.Net`), so that a command can say what the file is in its own
+    words (train: a pickled model it cannot train from, whatever the trust)."""
+
+    def __init__(self, message: str, hint: str | None = None, blocked: str = "object") -> None:
+        super().__init__(message, hint)
+        self.blocked = blocked
+
+    def __reduce__(self):
+        return (type(self), (self.message, self.hint, self.blocked))
+
+
 def load_checkpoint(path: str | os.PathLike, *, trust_checkpoint: bool = False) -> Any:
     """Load a checkpoint on the CPU, whatever device it was saved from. A torchkit checkpoint
     this torchkit cannot read as it was meant (`check_torchkit_checkpoint`) is refused."""
@@ -108,9 +121,10 @@ def _load_checkpoint(path: str | os.PathLike, *, trust_checkpoint: bool) -> Any:
         if blocked is None:
             # weights_only also fails on garbage ("Unsupported operand"): that is not a model.
             raise _unreadable(source, error, trusted=trust_checkpoint) from error
-        raise CheckpointError(
+        raise UntrustedPickleError(
             f"{source} holds a pickled {blocked}, not only tensors and plain values",
             "pass --trust-checkpoint to load it anyway, only if you trust where it came from",
+            blocked,
         ) from error
     except (AttributeError, ImportError) as error:  # trusted pickle of a class we cannot import
         if not trust_checkpoint:  # weights_only imports nothing: a damaged file's own call

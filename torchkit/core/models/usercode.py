@@ -462,6 +462,56 @@ def pickled_globals(source: str | os.PathLike) -> list[tuple[str, str]]:
         return []
 
 
+def pickled_root_class(source: str | os.PathLike) -> tuple[str, str] | None:
+    """(module, qualified name) of the class whose instance is a torch.save file's whole
+    object (what `torch.save(model, path)` pickles first, before its state), read from the
+    pickle's first opcodes: nothing is imported or run. None where the object is built
+    otherwise (a dict), and for a file of the legacy format or a damaged one."""
+    import pickletools
+    import zipfile
+
+    try:
+        if not zipfile.is_zipfile(source):
+            return None
+        with zipfile.ZipFile(source) as archive:
+            record = pickle_record(archive, _MAX_PICKLE_BYTES)
+            data = archive.read(record) if record is not None else b""
+        first: list[tuple[str, Any]] = []  # the first opcodes that are not framing or memo
+        for opcode, arg, _position in pickletools.genops(data):
+            kind = "STRING" if opcode.name in _STRING_OPCODES else opcode.name
+            if kind not in ("PROTO", "FRAME", "MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT"):
+                first.append((kind, arg))
+                if kind != "STRING" or len(first) == 3:
+                    break
+    except Exception:  # a damaged file: the loader's own error stands
+        return None
+    kinds = [kind for kind, _ in first]
+    if kinds == ["GLOBAL"] and " " in str(first[0][1]):  # protocol 2: GLOBAL 'module name'
+        module, _, name = str(first[0][1]).partition(" ")
+        return module, name
+    if kinds == ["STRING", "STRING", "STACK_GLOBAL"]:  # protocol 4
+        return str(first[0][1]), str(first[1][1])
+    return None
+
+
+def class_spec_of_pickled(module: str, name: str) -> str | None:
+    """`module:Class` for --model of a class a pickle names (`nets`, `Net`), found but not
+    imported, where it is the user's code as `class_spec` says: a module of the working
+    directory or of PYTHONPATH, not of the installed packages, nor `__main__`, nor a class
+    nested in another."""
+    import importlib.machinery
+
+    if module == "__main__" or not name.isidentifier():
+        return None
+    paths = [os.getcwd(), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    roots = {os.path.abspath(path) for path in paths if path} - _installed_folders()
+    try:
+        found = importlib.machinery.PathFinder.find_spec(module.split(".")[0], sorted(roots))
+    except (ImportError, ValueError):
+        return None
+    return f"{module}:{name}" if found is not None and found.has_location else None
+
+
 class _Capped:
     """A file read on for at most `limit` bytes in all: a read past them is an error, not
     made (a plain pickle's tensors are bytes within it: a 2 GB file is not read into memory,

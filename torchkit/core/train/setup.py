@@ -9,6 +9,7 @@ import dataclasses
 import functools
 import logging
 import math
+import os
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -524,6 +525,39 @@ def _names(classes: list[str]) -> str:
     return shown + (", ..." if len(classes) > 5 else "")
 
 
+def _pickled_model_class(arch: str, blocked: str) -> str | None:
+    """`module:Class` of the user's code whose instance `arch` pickles whole, where the class
+    weights_only refused (`blocked`) is that object's: read from the file, nothing imported."""
+    from torchkit.core.models.usercode import class_spec_of_pickled, pickled_root_class
+
+    if not os.path.isfile(arch):
+        return None
+    root = pickled_root_class(arch)
+    if root is None or ".".join(root) != blocked:
+        return None
+    return class_spec_of_pickled(*root)
+
+
+def _pickled_model_refusal(arch: str, spec: str | None, *, trusted: bool) -> UsageError:
+    """A pickled model given as --model: its class (`spec`, the user's code) is the
+    architecture to give, the file its weights, which load only trusted."""
+    hint = "name the architecture as --model and pass the file as --weights"
+    if spec is not None:
+        from torchkit.core.io.shell_words import shell_word
+
+        hint = (
+            f"give its class as --model {shell_word(spec)}, or a function that builds it, "
+            f"and the file as --weights {shell_word(arch)}"
+        )
+        if not trusted:
+            hint += " with --trust-checkpoint, only if you trust where it came from"
+    return UsageError(
+        f"{arch} is a pickled model: train needs an architecture it can rebuild "
+        "for eval and --resume",
+        hint,
+    )
+
+
 def _build_model(
     ctx: DistContext,
     config: TrainConfig,
@@ -545,40 +579,37 @@ def _build_model(
     (`package.module:Callable`) is looked for first."""
 
     from torchkit.core.models import resolve_model
+    from torchkit.core.models.checkpoint import UntrustedPickleError
     from torchkit.core.models.heads import fit_auxiliary_heads_to, switch_off_auxiliary_heads
     from torchkit.core.models.usercode import code_of_the_run_in
 
-    with code_of_the_run_in(trained_in, resumed_from or ""):
-        resolved = resolve_model(
-            arch,
-            weights=None if from_checkpoint else config.weights,
-            num_classes=len(classes),
-            trust_checkpoint=config.trust_checkpoint,
-            image_size=preprocess.image_size,
-            in_channels=preprocess.in_channels,
-            new_head=True,  # fine-tuning: the data's classes, whatever the weights had
-            command="train",
-            ahead=None if from_checkpoint else model_file,
-        )
+    try:
+        with code_of_the_run_in(trained_in, resumed_from or ""):
+            resolved = resolve_model(
+                arch,
+                weights=None if from_checkpoint else config.weights,
+                num_classes=len(classes),
+                trust_checkpoint=config.trust_checkpoint,
+                image_size=preprocess.image_size,
+                in_channels=preprocess.in_channels,
+                new_head=True,  # fine-tuning: the data's classes, whatever the weights had
+                command="train",
+                ahead=None if from_checkpoint else model_file,
+            )
+    except UntrustedPickleError as refused:
+        # A whole pickled model of the user's class: train refuses it trusted or not, so the
+        # way to train from it is said now, not after --trust-checkpoint has loaded it.
+        spec = None if from_checkpoint else _pickled_model_class(arch, refused.blocked)
+        if spec is None:
+            raise
+        raise _pickled_model_refusal(arch, spec, trusted=False) from refused
     if model_file is not None:
         model_file.release()  # the run holds the model, not the file's copy of its weights
     if resolved.source == "pickled model":
         from torchkit.core.models.usercode import class_spec
 
         spec = class_spec(resolved.model)  # its class, where that is the user's code
-        hint = "name the architecture as --model and pass the file as --weights"
-        if spec is not None:
-            from torchkit.core.io.shell_words import shell_word
-
-            hint = (
-                f"give its class as --model {shell_word(spec)}, or a function that builds it, "
-                f"and the file as --weights {shell_word(arch)}"
-            )
-        raise UsageError(
-            f"{arch} is a pickled model: train needs an architecture it can rebuild "
-            "for eval and --resume",
-            hint,
-        )
+        raise _pickled_model_refusal(arch, spec, trusted=True)
     taken = resolved.preprocess.in_channels if resolved.preprocess else preprocess.in_channels
     if taken != preprocess.in_channels:  # a checkpoint's own channels: its first layer's
         raise CheckpointError(
