@@ -69,7 +69,7 @@ def test_a_folder_tar_lists_them_as_unreadable_images(tmp_path, pax):
 
 def test_dataset_stats_counts_them_and_strict_refuses(tmp_path):
     archive = folder_tar(tmp_path / "pets.tar", None)
-    report = run_torchkit_in_process("dataset-stats", archive, "--format", "json")
+    report = run_torchkit_in_process("dataset-stats", archive, "--format", "json", "-j", "0")
     assert report.returncode == 0, report.stderr
     found = json.loads(report.stdout)
     assert (found["images"], found["unreadable_count"]) == (2, 4)
@@ -77,7 +77,7 @@ def test_dataset_stats_counts_them_and_strict_refuses(tmp_path):
         {"path": "cat/f.png", "error": "not a regular file (a FIFO)"},
         {"path": "cat/s.png", "error": "not a regular file (a FIFO)"},
     ]
-    strict = run_torchkit_in_process("dataset-stats", archive, "--strict")
+    strict = run_torchkit_in_process("dataset-stats", archive, "--strict", "-j", "0")
     assert strict.returncode == 1
     assert error_line(strict.stderr) == (
         "Error: unreadable image pets.tar/cat/f.png: not a regular file (a FIFO) (fix or "
