@@ -622,6 +622,27 @@ def test_a_tar_name_stored_as_a_file_and_as_a_link_out_is_named_once(tmp_path, c
         assert os.readlink(unpacked / "cat/x.png") == "/etc/passwd"
 
 
+def test_a_shard_image_linked_out_of_the_shard_is_unreadable_saying_so(tmp_path):
+    """A shard sample's image stored as a link out of the shard (`b.png -> /etc/hostname`, or
+    through a link that leads out) is never followed: an unreadable image whose reason says
+    why, where it said 'a symbolic link to nothing' (the host's file may well be there)."""
+    members = [
+        ("a.png", png(0)), ("a.cls", b"0"),
+        ("b.png", "->/etc/hostname"), ("b.cls", b"1"),
+        ("c.png", "->links/via"), ("links/via", "->../../up.png"), ("c.cls", b"1"),
+        ("e.png", "->gone.png"), ("e.cls", b"0"),
+    ]  # fmt: skip
+    shard = tar_of_members(tmp_path / "s-000000.tar", members)
+    report = run_torchkit_in_process("dataset-stats", shard, "--format", "json", "-j", "0")
+    assert report.returncode == 0, report.stderr
+    out = "a symbolic link out of the archive, never followed"
+    assert json.loads(report.stdout)["unreadable"] == [
+        {"path": "s-000000.tar/b.png", "error": out},
+        {"path": "s-000000.tar/c.png", "error": out},
+        {"path": "s-000000.tar/e.png", "error": "not a regular file (a symbolic link to nothing)"},
+    ]
+
+
 @pytest.mark.parametrize("form", ["pax", "gnu"])
 def test_tar_members_stored_sparse_are_named_by_their_real_path_and_not_read(
     tmp_path, caplog, form

@@ -1866,6 +1866,8 @@ class StreamedShards:
                 raise OSError(f"{self.names[shard]} holds no {member} (manifest.json lists it)")
             if isinstance(where, NotRegularMember):
                 raise where.error()
+            if isinstance(where, str):  # a link out of the shard (`LEADS_OUT`)
+                raise OSError(where)
             offset, size = where
             data = _pread_all(fd, offset, size)
         finally:

@@ -155,6 +155,8 @@ class TarReader:
             raise locator.error()
         if locator == _LOOPING:
             raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
+        if locator == LEADS_OUT:
+            raise OSError(LEADS_OUT)
         offset, size = locator
         if not hasattr(os, "pread"):  # Windows: no positioned read, a handle per read
             with open(self.path, "rb") as handle:
@@ -281,6 +283,11 @@ def _close_quietly(fd: int) -> None:
 # --- one pass over a tar's headers ----------------------------------------------------------
 
 
+# The locator of a symbolic link member that leads out of the archive (at the host's files,
+# once unpacked), and why reading it reads nothing: it is never followed.
+LEADS_OUT = "a symbolic link out of the archive, never followed"
+
+
 @dataclass(frozen=True)
 class NotRegularMember:
     """The locator of a member that is a FIFO or a device (`what`: "a FIFO", "a device"; `at`:
@@ -360,13 +367,16 @@ class TarListing:
 
         return sorted(names, key=place)
 
-    def locator(self, name: str) -> tuple[int, int] | NotRegularMember | None:
+    def locator(self, name: str) -> tuple[int, int] | NotRegularMember | str | None:
         """Where the data of member or link `name` lies; a `NotRegularMember` where it is (or
-        its chain of links ends at) a FIFO or a device; None where it reads no member."""
+        its chain of links ends at) a FIFO or a device; `LEADS_OUT` for a link out of the
+        archive; None where it reads no member."""
         end = name if name in self.members else self.links.get(name)
         where = None if end is None else self.members.get(end)
         if where is not None and self.special and end in self.special:
             return NotRegularMember(self.special[end], where[0])
+        if where is None and self.outside and name in self.outside:
+            return LEADS_OUT
         return where
 
 
