@@ -191,6 +191,12 @@ def test_resume_of_a_pickled_file_says_trust_would_not_help(runner, tmp_path):
         ({"num_classes": "three"}, "has an invalid num_classes 'three'"),
         ({"num_classes": 0}, "has an invalid num_classes 0"),
         ({"arch": 7}, "has an invalid arch 7"),
+        # Before: torch's "can't allocate memory" as the head of 10**12 outputs was built.
+        (
+            {"num_classes": 10**12},
+            "has an invalid num_classes 1,000,000,000,000: more than the 314,819 values its "
+            "weights hold (the file is damaged or not torchkit's)",
+        ),
     ],
 )
 def test_checkpoint_fields_of_the_wrong_kind_are_named(runner, world, tmp_path, changes, message):

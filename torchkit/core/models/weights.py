@@ -71,7 +71,30 @@ def checkpoint_arch(checkpoint: Mapping[str, Any], source: str) -> tuple[str, in
             f"{source} has an invalid num_classes {num_classes!r}",
             "it must be a positive whole number; the file is damaged or not torchkit's",
         )
+    held = _values_held(checkpoint.get("model"))
+    if held is not None and num_classes > held:
+        # A head of num_classes outputs holds at least that many values: building it first
+        # ended in torch's "can't allocate memory" (or the OOM killer) for a damaged count.
+        raise CheckpointError(
+            f"{source} has an invalid num_classes {num_classes:,}: more than the {held:,} "
+            "values its weights hold",
+            "the file is damaged or not torchkit's",
+        )
     return arch, num_classes
+
+
+def _values_held(state: Any) -> int | None:
+    """How many values the tensors of a state dict hold; None for anything else, a dict with
+    values that are not tensors too (whose own error comes when its weights are loaded)."""
+    import torch
+
+    if not isinstance(state, Mapping):
+        return None
+    if not all(isinstance(value, torch.Tensor) for value in state.values()):
+        return None
+    if any(torch.nn.parameter.is_lazy(value) for value in state.values()):
+        return None  # an uninitialised lazy layer's parameter has no size yet
+    return sum(value.numel() for value in state.values())
 
 
 def require_trusted_arch(arch: str, source: str, trust_checkpoint: bool) -> None:
