@@ -17,6 +17,7 @@ from torchkit.core.data.sources.required import require_data
 from torchkit.core.data.sources.splitting import (
     SPLIT_JOURNAL,
     SPLIT_NAMES,
+    open_record,
     path_key,
     written_split_names,
 )
@@ -30,7 +31,7 @@ from torchkit.core.io.claims import (
 )
 from torchkit.core.io.errors import InputError, OutputExistsError, OutputWriteError, first_and_more
 from torchkit.core.io.file_outputs import check_output_file
-from torchkit.core.io.files import atomic_write_json, open_text, tree_entries
+from torchkit.core.io.files import NAME_ERRORS, atomic_write_json, tree_entries
 from torchkit.core.io.folder_contents import is_browser_file
 from torchkit.core.io.force import clear_killed_start, remove_marker, write_marker
 from torchkit.core.io.open_outputs import closed, opened
@@ -53,7 +54,8 @@ WHAT = "output folder"
 
 def read_journal(out: Path) -> dict | None:
     try:
-        record = json.loads((out / JOURNAL).read_text(encoding="utf-8"))
+        with open_record(out / JOURNAL) as handle:  # a FIFO there: an error, never a wait
+            record = json.load(handle)
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as error:
@@ -157,7 +159,7 @@ def read_split_rows(
     a KeyError half-way through the move that follows it."""
     path = out / MANIFEST
     try:
-        with open_text(path) as handle:
+        with open_record(path, NAME_ERRORS) as handle:
             reader = csv.DictReader(handle)
             rows = list(reader)
             header = reader.fieldnames or []

@@ -11,7 +11,7 @@ import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from torchkit.core.data.sources.splitting import split_journal
+from torchkit.core.data.sources.splitting import open_record, split_journal
 from torchkit.core.io.errors import InputError
 from torchkit.core.io.files import refuse_unreachable
 from torchkit.core.io.folder_locks import flock_path, held_exclusively, hold, is_held
@@ -34,7 +34,8 @@ def _moving_note(root: Path) -> tuple[Path, str] | None:
         place = moving_record(root)
         if _strangers_record(place):
             return None
-        record = json.loads(place.read_text(encoding="utf-8"))
+        with open_record(place) as handle:  # a FIFO planted there is no record
+            record = json.load(handle)
         out = Path(record["out"])
         moved = record.get("root") or os.path.realpath(root)
     except (OSError, ValueError, TypeError, KeyError, AttributeError):

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
 import os
 import unicodedata
 from collections.abc import Callable, Sequence
+from typing import IO
 
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.io.errors import InputError
-from torchkit.core.io.files import open_text
+from torchkit.core.io.files import NAME_ERRORS
 
 SPLIT_NAMES = ("train", "val", "test")
 # torchkit split's record in OUT of the split it is writing (its state: "copying" for a copy,
@@ -49,10 +51,22 @@ def refuse_mixed_splits(
     )
 
 
+def open_record(path: str | os.PathLike, errors: str = "strict") -> IO[str]:
+    """A record split keeps in OUT or beside the data (its journal, its split.csv, a move's
+    record, which readers look for in every folder above the data), opened to read as UTF-8
+    text (`errors`: NAME_ERRORS for a file that names files): a regular file only, opened
+    without blocking, so that a FIFO under its name (anyone's, in /tmp) is an OSError
+    (`NotARegularFile`), never a read that waits for ever. (It hung every command reading data
+    below it, and split on an OUT holding it.)"""
+    from torchkit.core.data.image_files import open_regular_file
+
+    return io.TextIOWrapper(open_regular_file(path), encoding="utf-8", errors=errors, newline="")
+
+
 def split_journal(folder: str | os.PathLike) -> dict | None:
     """The journal torchkit split keeps in `folder` (None: none, or not one it can read)."""
     try:
-        with open(os.path.join(folder, SPLIT_JOURNAL), encoding="utf-8") as handle:
+        with open_record(os.path.join(folder, SPLIT_JOURNAL)) as handle:
             record = json.load(handle)
     except (OSError, ValueError):
         return None
@@ -70,7 +84,7 @@ def written_split_names(folder: str | os.PathLike) -> set[str]:
     """The split names in the `split` column of the split.csv that torchkit split wrote in
     `folder` (none when there is no such file or it cannot be read)."""
     try:
-        with open_text(os.path.join(folder, SPLIT_MANIFEST)) as handle:
+        with open_record(os.path.join(folder, SPLIT_MANIFEST), NAME_ERRORS) as handle:
             return {row.get("split") or "" for row in csv.DictReader(handle)}
     except (OSError, csv.Error, UnicodeDecodeError):
         return set()
