@@ -195,3 +195,17 @@ def test_a_fifo_named_as_a_label_does_not_make_a_folders_tar_a_shard(tmp_path, p
     members = [("cat/a.png", png(0)), ("cat/a.json", "|fifo"), ("dog/b.png", png(1))]
     source = open_data(str(tar_of_members(tmp_path / "pets.tar", members, pax_headers=pax)))
     assert (source.classes, source.whole.ids) == (["cat", "dog"], ["cat/a.png", "dog/b.png"])
+
+
+def test_a_fifo_under_two_names_in_two_classes_is_two_unreadable_images(tmp_path, pax):
+    """A hard link to a FIFO in another class (`dog/g.png` => `cat/f.png`) was one file in two
+    classes, an error refusing the archive, where the folder tar -x unpacks lists both as
+    unreadable images (no image is read from a FIFO to be labelled twice)."""
+    members = [
+        ("cat/a.png", png(0)),
+        ("cat/f.png", "|fifo"),
+        ("dog/b.png", png(1)),
+        ("dog/g.png", "=>cat/f.png"),
+    ]
+    source = open_data(str(tar_of_members(tmp_path / "pets.tar", members, pax_headers=pax)))
+    assert readable_and_not(source)[1] == ["cat/f.png", "dog/g.png"]

@@ -2677,15 +2677,11 @@ class _UnpackedTar:
             StoredImage(f"{archive}/{prefix}{n}", self.reader, where)
             for n, where in zip(chosen, located, strict=True)
         ]
-        # A link to nothing: a number of its own (no member starts before the archive); a
-        # FIFO's is its place, which its hard links share.
+        # A link to nothing, and a FIFO or device (and its hard links), a number of its own (no
+        # member starts before the archive), as a folder's listing numbers no such file: no
+        # image is read from it, in one class or in two.
         offsets = [
-            where[0]
-            if isinstance(where, tuple)
-            else where.at
-            if isinstance(where, NotRegularMember)
-            else -1 - i
-            for i, where in enumerate(located)
+            where[0] if isinstance(where, tuple) else -1 - i for i, where in enumerate(located)
         ]
         self.numbered[base] = [
             (name, (chosen[first:end], offsets[first:end]))
