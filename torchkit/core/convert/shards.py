@@ -49,6 +49,7 @@ from torchkit.core.convert.sample_tar import SampleTarWriter
 from torchkit.core.data.image_files import (
     UNREADABLE_WARNINGS,
     image_path,
+    read_regular_file,
     strict_unreadable_error,
     unreadable_reason,
 )
@@ -1068,11 +1069,17 @@ def _partial_lines(text: str) -> dict | None:
     return header
 
 
+def _read_record(path: Path) -> str:
+    """The text of a manifest (or partial manifest) in OUT, where it is a regular file: a FIFO
+    under its name is `NotARegularFile`, never opened to wait on (it hung the run for ever)."""
+    return read_regular_file(path).decode("utf-8")
+
+
 def _is_manifest(path: Path) -> bool:
     """Whether `path` is a manifest (or partial manifest, its lines) a run wrote: its record
     written by this command, as every run's, old or new."""
     try:
-        found = _partial_lines(path.read_text(encoding="utf-8"))
+        found = _partial_lines(_read_record(path))
     except (OSError, ValueError):
         return False
     return isinstance(found, dict) and found.get("written_by") == f"torchkit {COMMAND}"
@@ -1090,7 +1097,7 @@ def _is_classes_file(path: Path) -> bool:
     try:
         if path.stat().st_size > _CLASSES_LIMIT:
             return False
-        text = path.read_bytes().decode("utf-8", "surrogateescape")
+        text = read_regular_file(path).decode("utf-8", "surrogateescape")
     except (OSError, ValueError):
         return False
     if not text:
@@ -1100,7 +1107,7 @@ def _is_classes_file(path: Path) -> bool:
         return False  # each name a line, ended by "\n"
     for manifest in (path.with_name(MANIFEST), path.with_name(PARTIAL_MANIFEST)):
         try:
-            record = _partial_lines(manifest.read_text(encoding="utf-8"))
+            record = _partial_lines(_read_record(manifest))
         except (OSError, ValueError):
             continue
         if not isinstance(record, dict) or record.get("written_by") != f"torchkit {COMMAND}":
@@ -1117,7 +1124,7 @@ def read_partial(folder: Path) -> dict | None:
     if folder.is_symlink() or not (folder / MARKER).is_file() or (folder / MANIFEST).exists():
         return None
     try:
-        partial = _partial_lines((folder / PARTIAL_MANIFEST).read_text(encoding="utf-8"))
+        partial = _partial_lines(_read_record(folder / PARTIAL_MANIFEST))
     except (OSError, ValueError):
         return None
     if not isinstance(partial, dict) or partial.get("written_by") != f"torchkit {COMMAND}":
