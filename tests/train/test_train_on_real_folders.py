@@ -5,7 +5,9 @@ whose files are all unreadable."""
 from __future__ import annotations
 
 import os
+import tarfile
 
+import pytest
 from image_folders import write_image_folder
 from output_checks import error_line
 from processes import run_torchkit_in_process
@@ -13,15 +15,22 @@ from processes import run_torchkit_in_process
 TINY = ["--model", "nets:TinyNet", "--image-size", "8", "--workers", "0", "--epochs", "1"]
 
 
-def test_a_class_folder_of_files_that_are_not_images_is_named_as_such(tmp_path):
+@pytest.mark.parametrize("packed", [False, True], ids=["folder", "tar"])
+def test_a_class_folder_of_files_that_are_not_images_is_named_as_such(tmp_path, packed):
     """Was: "class 'phone', 'spare' have no training images (a class of one image cannot be both
-    trained and validated on: add images, or give validation images of their own ...)"."""
+    trained and validated on: add images, or give validation images of their own ...)". A
+    `.tar` of the folder named no file its class folders hold."""
     root = write_image_folder(tmp_path / "data", {"cat": 3, "dog": 3})
     (root / "phone").mkdir()
     for number in range(4):
         (root / "phone" / f"IMG_{number}.HEIC").write_bytes(b"\0\0\0\x18ftypheic")
     (root / "spare").mkdir()  # empty
-    result = run_torchkit_in_process("train", "--data", root, *TINY, "--out", tmp_path / "run")
+    data = root
+    if packed:
+        data = tmp_path / "data.tar"
+        with tarfile.open(data, "w") as tar:
+            tar.add(root, arcname="data")
+    result = run_torchkit_in_process("train", "--data", data, *TINY, "--out", tmp_path / "run")
     assert result.returncode == 1
     line = error_line(result.stderr)
     assert line.startswith(

@@ -200,6 +200,9 @@ def _refuse_classes_without_images(source: DataSource, names: list[str]) -> None
         for name in names:
             found = list_non_image_files(os.path.join(source.root, name))
             others += [os.path.join(name, path) for path in found]
+    elif source.kind == "tar image folder" and source.tar_non_images:
+        # the files its class folders unpack to (`cat/x.heic`), listed when it was read
+        others = [path for path in source.tar_non_images if path.split("/", 1)[0] in names]
     held = ""
     if others:
         folders = "its folder holds" if len(names) == 1 else "their folders hold"
