@@ -1,7 +1,7 @@
 """`--data` names the data of every command that reads a dataset, as train's and eval's does: a
 script that writes `--data DIR` everywhere ran into a usage error on predict, extract-features,
-dataset-stats and split, which took their images only as a positional argument (kept). Giving
-both is a usage error, except on predict, whose several inputs --data adds to."""
+dataset-stats, split and convert shards, which took their images only as a positional argument
+(kept). Giving both is a usage error, except on predict, whose several inputs --data adds to."""
 
 from __future__ import annotations
 
@@ -85,19 +85,48 @@ def test_extract_features_takes_data_and_then_out(runner, model, image_folder, t
     assert len(index.splitlines()) == 6
 
 
+def test_convert_shards_takes_data_and_then_out(runner, image_folder, tmp_path):
+    """`convert shards --data raw/ out/`, as split's: it said `No such option: --data`, the one
+    data-reading command without it. The shards are the same bytes however SRC is given; SRC
+    given neither way is one usage error, and the argument taken for OUT beside --data is
+    named in the refusal of an existing folder, as split's is."""
+    made = {}
+    for name, args in {
+        "positional": [str(image_folder), str(tmp_path / "positional")],
+        "data": ["--data", str(image_folder), str(tmp_path / "data")],
+        "both_options": ["-d", str(image_folder), "--out", str(tmp_path / "both_options")],
+    }.items():
+        _ok(runner.invoke(app, ["convert", "shards", *args, "-j", "0", "-q"]))
+        made[name] = (tmp_path / name / "shard-000000.tar").read_bytes()
+    assert made["data"] == made["positional"] == made["both_options"]
+    missing = runner.invoke(app, ["convert", "shards", "--out", str(tmp_path / "none")])
+    assert missing.exit_code == 2
+    assert error_line(missing.stderr) == "Error: missing SRC (give it, or as --data SRC)"
+    taken = runner.invoke(
+        app, ["convert", "shards", str(tmp_path / "data"), "-d", str(image_folder)]
+    )
+    assert taken.exit_code == 1
+    assert (
+        f"(the argument is OUT when --data {image_folder} gives SRC: to write shards of "
+        f"{tmp_path / 'data'}, write `torchkit convert shards {tmp_path / 'data'} OUT` without "
+        "--data; "
+    ) in error_line(taken.stderr)
+
+
 @pytest.mark.parametrize(
     ("command", "name", "extra"),
     [
         ("dataset-stats", "ROOT", []),
         ("split", "ROOT", ["OUT"]),
         ("extract-features", "IMAGES", ["OUT"]),
+        ("convert shards", "SRC", ["OUT"]),
     ],
 )
 def test_data_given_twice_is_one_usage_error(runner, image_folder, tmp_path, command, name, extra):
     model = ["convnet", "--allow-untrained"] if command == "extract-features" else []
     outs = [str(tmp_path / word) for word in extra]
     result = runner.invoke(
-        app, [command, *model, str(image_folder), *outs, "--data", str(image_folder)]
+        app, [*command.split(), *model, str(image_folder), *outs, "--data", str(image_folder)]
     )
     assert result.exit_code == 2
     line = error_line(result.stderr, besides="nothing")

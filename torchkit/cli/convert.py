@@ -20,6 +20,8 @@ from torchkit.cli.options import (
     StrictOption,
     TrustCheckpointOption,
     WorkersOption,
+    data_and_rest,
+    data_option,
     product_path,
     seed_in_range,
 )
@@ -619,17 +621,19 @@ def _emit_average_report(report, fmt, output, force, destination, replaced) -> N
 
 def shards(
     src: Annotated[
-        str,  # text: a URL must keep its `//`
+        Optional[str],  # text: a URL must keep its `//`
         typer.Argument(
             help="The data: an image folder, split root, flat folder, CSV index, digits, or "
-            "anything else --data reads.",
+            "anything else --data reads; or --data.",
+            metavar="SRC",
             show_default=False,
         ),
-    ],
+    ] = None,
     out: Annotated[
         Optional[Path],
         typer.Argument(help="The output folder; or --out.", metavar="OUT", show_default=False),
     ] = None,
+    data: Annotated[Optional[str], data_option(argument="SRC")] = None,
     out_option: OutOption = None,
     shard_size: Annotated[
         Optional[str],
@@ -703,11 +707,14 @@ def shards(
       torchkit convert shards index.csv shards/ --per-shard 10000 --seed 1
 
       torchkit convert shards digits shards/digits --no-shuffle
+
+      torchkit convert shards --data flowers/ shards/flowers  (SRC as --data: the argument is OUT)
     """
+    from torchkit.cli.out_beside_data import argument_as_out
     from torchkit.core.convert.shards import check_report, convert_shards, shard_options
 
     fmt = resolve_format(fmt, output)
-    out = product_path(out, out_option)
+    src, out, argument = _source_and_out(src, out, data, out_option)
     options = shard_options(
         shard_size=shard_size, per_shard=per_shard, seed=seed, shuffle=shuffle, verify=verify
     )
@@ -717,7 +724,16 @@ def shards(
     # cannot be written (a full disk) leaves OUT an interrupted run, which the same command
     # finishes, rather than a complete OUT that only --force could write again.
     with ReportAtSwap(_shards_rendered, fmt=fmt, output=output, force=force) as written:
-        with progress_bar("writing shards") as progress:
+        with (
+            progress_bar("writing shards") as progress,
+            argument_as_out(
+                argument,
+                data,
+                data_name="SRC",
+                doing="write shards of",
+                command=["convert", "shards"],
+            ),
+        ):
             report = convert_shards(
                 src,
                 out,
@@ -743,6 +759,23 @@ def shards(
             "each image's header alone was checked, which a truncated image passes (it goes "
             "into the shards); --verify decodes every image in full and skips those too"
         )
+
+
+def _source_and_out(
+    src: str | None, out: Path | None, data: str | None, out_option: Path | None
+) -> tuple[str, Path, Path | None]:
+    """(SRC, OUT, OUT where it is the argument beside --data and no --out): SRC as the first
+    positional or --data, as split's ROOT; with --data, the first positional is OUT."""
+    from torchkit.cli.out_beside_data import argument_out
+    from torchkit.core.io.errors import UsageError
+
+    words = [word for word in (src, out) if word is not None]
+    src, rest = data_and_rest(data, words, name="SRC", after=1)
+    if src is None:
+        raise UsageError("missing SRC", "give it, or as --data SRC")
+    positional = rest[0] if rest else None
+    chosen = Path(product_path(positional, out_option, data=data, data_name="SRC"))
+    return str(src), chosen, argument_out(positional, data, out_option)
 
 
 def _shards_rendered(report) -> tuple[list[Table], dict]:
