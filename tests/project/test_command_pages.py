@@ -125,3 +125,31 @@ def test_recipe_edits_in_the_docs_change_an_option():
     assert edits
     unchanged = [(p.name, n) for p, n, v in edits if json.loads(v) == getattr(defaults, n)]
     assert not unchanged, unchanged
+
+
+def test_the_commands_said_to_take_data_take_it(_torchkit_command):
+    """data.md lists the commands that read a dataset, the README's `--data` row those that
+    also take it as an argument: each has `--data` (convert shards, listed, took only its SRC),
+    and every command with both is in the README's list."""
+    commands = dict(_commands(_torchkit_command))
+    data_page = (DOCS / "data.md").read_text(encoding="utf-8")
+    listed = re.search(r"reads every `--data` option.*?\((.*?)\)", data_page, re.S)
+    assert listed, "data.md names no commands that read --data"
+    readers = re.findall(r"`([a-z -]+)`", listed.group(1))
+    row = next(
+        line for line in (REPO / "README.md").read_text(encoding="utf-8").splitlines()
+        if line.startswith("| `--data` |")
+    )  # fmt: skip
+    as_argument = set(re.findall(r"`([a-z -]+)`", row.split("also as an argument")[0]))
+    with_both = set()
+    for name, command in commands.items():
+        positional = {p.name for p in command.params if p.param_type_name == "argument"}
+        if "--data" in _named_options(command) and positional - {"model", "out"}:
+            with_both.add(name)
+    assert set(readers) <= set(commands)
+    assert [name for name in readers if "--data" not in _named_options(commands[name])] == []
+    assert with_both == as_argument - {"--data"}, (sorted(with_both), sorted(as_argument))
+
+
+def _named_options(command) -> set[str]:
+    return {spelling for parameter in command.params for spelling in _spellings(parameter)}
