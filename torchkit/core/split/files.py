@@ -362,7 +362,17 @@ def check_room_for_move(
         return
     free, block = stats.f_bavail * stats.f_frsize, max(stats.f_frsize, 1)
     needed = 0
+    devices: dict[str, int | None] = {}  # a folder's: its files are on it (one stat a folder
+    # where the move is renames, as most are, not one a file)
     for source in sources:
+        parent = os.path.dirname(source)
+        if parent not in devices:
+            try:
+                devices[parent] = os.stat(parent or os.curdir).st_dev
+            except OSError:
+                devices[parent] = None
+        if devices[parent] == device:
+            continue
         try:
             status = os.lstat(source)
         except OSError:
