@@ -1,7 +1,8 @@
 """Benchmark: the README's main job, `torchkit train --data digits`, whole process, wall time, CPU
 time (user + system: the job runs one torch thread, and a shared machine disturbs it less than wall
 time) and test top-1 of best.pt; against the same job on torch's default thread count
-(`--threads 0`, what it ran on before digits defaulted to one thread), in turns.
+(`--threads 0`, what it ran on before digits defaulted to one thread), in turns; then the ratio
+of the two medians.
 
     uv run python benchmarks/bench_digits_job.py [--repeat 3] [--busy] [--before DIR]
         [--seeds 0,1,2,3,4,5,6,7] [-- MORE TRAIN OPTIONS]
@@ -88,10 +89,15 @@ def main() -> int:
             for _ in range(max(1, args.repeat)):
                 for name, (command, cwd, _) in commands.items():
                     timings[name].append(timed(command, cwd))
+            medians: dict[str, tuple[float, float | None]] = {}
             for name, (_, _, label) in commands.items():
                 top1, _ = test_top1(folder, label)
                 walls = [t.wall for t in timings[name]]
                 cpus = [t.cpu for t in timings[name] if t.cpu is not None]
+                medians[name] = (
+                    statistics.median(walls),
+                    statistics.median(cpus) if cpus else None,
+                )
                 runs = ", ".join(f"{w:.2f}" for w in walls)
                 cpu = f", CPU median {statistics.median(cpus):6.2f} s" if cpus else ""
                 cpu_runs = f" ({', '.join(f'{c:.2f}' for c in cpus)})" if cpus else ""
@@ -99,6 +105,12 @@ def main() -> int:
                     f"{name:<12} wall median {statistics.median(walls):6.2f} s ({runs}){cpu}"
                     f"{cpu_runs}, test top-1 {top1:.4f}"
                 )
+            (job_wall, job_cpu), (base_wall, base_cpu) = medians.values()
+            baseline = list(medians)[1]
+            line = f"ratio (the job / {baseline}, less is faster): wall {job_wall / base_wall:.3f}"
+            if job_cpu and base_cpu:
+                line += f", CPU {job_cpu / base_cpu:.3f}"
+            print(line)
     finally:
         if busy is not None:
             busy.kill()
