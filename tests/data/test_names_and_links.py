@@ -716,6 +716,26 @@ def test_a_shard_image_that_is_a_hard_link_stored_before_its_target_is_named(tmp
     assert list(source.whole.labels) == [1, 0]
 
 
+def test_a_shard_label_that_is_a_hard_link_stored_before_its_target_is_named(tmp_path):
+    """`00000.cls` a hard link to `00001.cls` stored after it: tar -x does not make it, and
+    the sample read as unlabelled without a word (dataset-stats, predict), where an image link
+    so is named. Stored after its target, the link reads its label."""
+    first = [("00000.png", png(0)), ("00000.cls", "=>00001.cls")]
+    then = [("00001.png", png(1)), ("00001.cls", b"1")]
+    (tmp_path / "before").mkdir()
+    (tmp_path / "after").mkdir()
+    shard = tar_of_members(tmp_path / "before" / "shard-000000.tar", first + then)
+    with pytest.raises(InputError) as raised:
+        open_data(str(shard), allow_unlabelled=True)
+    assert str(raised.value) == (
+        "sample 00000 in shard-000000.tar has no label: 00000.cls is a hard link to 00001.cls, "
+        "stored before it or to no member: tar -x does not make it (store the file, or the "
+        "link after its target, as tar -cf does)"
+    )
+    shard = tar_of_members(tmp_path / "after" / "shard-000000.tar", then + first)
+    assert list(open_data(str(shard)).whole.labels) == [1, 1]
+
+
 def test_a_shard_sample_of_no_image_or_of_two_is_refused_naming_what_it_holds(tmp_path):
     """A sample of no image member (and no hard link tar -x leaves unmade to name) or of two
     images is refused, naming what it holds and the one image a sample has."""

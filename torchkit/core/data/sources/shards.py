@@ -1811,6 +1811,8 @@ def _shard_samples(
             f"not read{more}",
             "write the shard without --sparse",
         )
+    if listing.unmade_hard_links:
+        _refuse_unmade_label_links(listing, groups, shown)
     samples = []
     for key, group in groups.items():
         images = [ext for ext in group if "." + ext.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS]
@@ -1847,6 +1849,26 @@ def _not_one_image(
         "one image per sample, as KEY."
         + ", KEY.".join(e.lstrip(".") for e in sorted(IMAGE_EXTENSIONS)),
     )
+
+
+def _refuse_unmade_label_links(
+    listing: TarListing, groups: dict[str, dict[str, str]], shown: str
+) -> None:
+    """An InputError for the first sample (of `groups`, by key) whose `KEY.cls` or `KEY.json` is
+    a hard link tar -x does not make (stored before its target, or to no member), where it has
+    no such label of its own: its sample read as unlabelled, without a word (an image link so
+    is named in the error of a sample without an image)."""
+    for name, target in sorted(listing.unmade_hard_links.items()):
+        split = _key_and_extension(name)
+        if split is None or split[1] not in ("cls", "json"):
+            continue
+        key, extension = split
+        if key in groups and extension not in groups[key]:
+            raise InputError(
+                f"sample {key} in {shown} has no label: {name} is a hard link to {target}, "
+                "stored before it or to no member: tar -x does not make it",
+                "store the file, or the link after its target, as tar -cf does",
+            )
 
 
 def _unmade_images_of(key: str, listing: TarListing) -> list[str]:
