@@ -27,7 +27,13 @@ def test_a_side_or_a_square_shape_gives_the_side(text, side):
 
 @pytest.mark.parametrize(
     ("text", "message"),
-    [("3,24,32", "is not square"), ("0", "not a positive size"), ("a", "not a positive size")],
+    [
+        ("3,24,32", "is not square"),
+        ("0", "not a positive size"),
+        ("a", "not a positive size"),
+        # It said "not a positive size" of a side whose pixels no tensor holds.
+        ("99999999999999999999", "more pixels than a tensor can hold"),
+    ],
 )
 def test_what_is_not_a_square_side_is_refused(text, message):
     with pytest.raises(ValueError, match=message):

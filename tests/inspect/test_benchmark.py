@@ -532,6 +532,27 @@ def test_timing_loop_excludes_the_warmup_and_syncs_after_each_step():
     assert timings.per_second(8) == 8.0
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--iters", "99999999999999999999"], "Error: --iters 99999999999999999999 is out of "
+         "range (give a whole number from 1 to 10,000,000)"),
+        (["--warmup", "10000001"], "Error: --warmup 10000001 is out of range (give a whole "
+         "number from 0 to 10,000,000)"),
+        (["--seconds", "1e20"], "Error: --seconds 1e+20 is more than a day of timing (give a "
+         "number up to 86,400)"),
+    ],
+)  # fmt: skip
+def test_a_budget_no_benchmark_could_finish_is_a_usage_error(runner, args, said):
+    # --iters 99999999999999999999 (or --warmup, --seconds 1e20) timed on and on, never ending.
+    refused = runner.invoke(app, ["benchmark", "nets:TinyNet", "--input-size", "3,8,8", *args])
+    assert refused.exit_code == 2, refused.stdout
+    assert error_line(refused.stderr) == said
+    assert time_steps(lambda: None, warmup=0, iters=3).per_second(1) > 0
+    with pytest.raises(UsageError, match="is out of range"):
+        time_steps(lambda: None, warmup=0, iters=10_000_001)
+
+
 def test_seconds_budget_runs_until_enough_timed_work():
     now = [0.0]
 

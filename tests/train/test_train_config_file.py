@@ -365,6 +365,26 @@ def test_config_dash_reads_json_or_yaml_and_refuses_what_it_cannot(runner, piped
     assert len(result.stderr.strip().splitlines()) == 1 and said in result.stderr
 
 
+@pytest.mark.parametrize("epochs", [1_000_001, 99999999999999999999])
+def test_epochs_past_the_most_a_run_takes_are_refused_in_a_recipe_and_on_the_command_line(
+    runner, tmp_path, epochs
+):
+    """--epochs 99999999999999999999 started a run that could never end, its progress line 20
+    digits wide; a recipe's epochs the same. Both name the option and what it takes."""
+    recipe = tmp_path / "recipe.json"
+    recipe.write_text(json.dumps({"epochs": epochs}))
+    from_recipe = runner.invoke(app, ["train", "--config", str(recipe), "--print-config"])
+    assert from_recipe.exit_code == 2, from_recipe.stdout
+    assert from_recipe.stderr == (
+        f"Error: {recipe}: --epochs {epochs} is out of range "
+        "(give a whole number from 1 to 1,000,000)\n"
+    )
+    typed = runner.invoke(app, ["train", "--epochs", str(epochs), "--print-config"])
+    assert typed.exit_code == 2 and "'--epochs'" in typed.stderr and "1000000" in typed.stderr
+    most = runner.invoke(app, ["train", "--epochs", "1000000", "--print-config"])
+    assert most.exit_code == 0, most.stderr
+
+
 @pytest.mark.parametrize("key", ["weights", "out", "data", "model"])
 def test_an_empty_value_in_a_config_file_is_refused_as_on_the_command_line(runner, tmp_path, key):
     """Was taken as not given: "weights": "" trained without weights, "out": "" made a new

@@ -131,3 +131,29 @@ def test_only_the_options_given_override_a_recipe(runner, tmp_path):
     assert printed["lr"] == TrainConfig.lr  # given, though it is the default
     assert printed["seed"] == 5  # not given: the recipe's
     assert printed["mean"] == [0.3] * 3 and printed["std"] == [0.4] * 3  # --stats gives both
+
+
+def test_a_value_outside_its_options_bounds_is_refused_naming_the_option_and_range():
+    """One check (`check_ranges`) of every option's declared minimum and maximum, for the
+    values a recipe, a resumed run or Python gives, which the command line's parser never
+    sees."""
+    from torchkit.core.io.errors import UsageError
+    from torchkit.core.option_specs import check_ranges, option
+
+    @dataclasses.dataclass
+    class Counts:
+        steps: int = option(1, minimum=1, maximum=10)
+        share: float = option(0.5, minimum=0, maximum=1)
+        name: str = option("x")
+
+    check_ranges(Counts())
+    check_ranges(Counts(steps=10, share=1.0))
+    for wrong, said in [
+        (Counts(steps=11), "--steps 11 is out of range"),
+        (Counts(steps=0), "--steps 0 is out of range"),
+        (Counts(share=1.5), "--share 1.5 is out of range"),
+    ]:
+        with pytest.raises(UsageError, match=said) as refused:
+            check_ranges(wrong)
+        hints = ("give a whole number from 1 to 10", "give a number from 0 to 1")
+        assert refused.value.hint in hints

@@ -36,11 +36,15 @@ def parse_input_size(text: str, given: str | None = None) -> tuple[int, ...]:
     return size
 
 
+class InputTooLarge(UsageError):
+    """A shape of more elements than a tensor holds (`check_numel`)."""
+
+
 def check_numel(shape: Sequence[int], given: object) -> None:
     """Refuse a shape (`given`: as the user wrote it) with more elements than a tensor holds."""
     numel = math.prod(shape)
     if numel > MAX_NUMEL:
-        raise UsageError(
+        raise InputTooLarge(
             f"input size {given!r} is too large: {numel:,} values, more than a tensor can hold",
             "give the size of a real input, e.g. 3,224,224",
         )
@@ -54,6 +58,10 @@ def parse_image_side(text: str | None, option: str = "--image-size") -> int | No
         return None
     try:
         size = parse_input_size(text)
+    except InputTooLarge:  # it said "not a positive size" of 99999999999999999999
+        raise ValueError(
+            f"{short_repr(text)} is more pixels than a tensor can hold (give N, or C,N,N)"
+        ) from None
     except UsageError:
         raise ValueError(f"{short_repr(text)} is not a positive size (give N, or C,N,N)") from None
     if len(size) > 1 and size[-1] != size[-2]:

@@ -72,3 +72,32 @@ def option_specs(config_class: type) -> dict[str, OptionSpec]:
             spec = dataclasses.replace(spec, flags=(default_flag(field.name),))
         specs[field.name] = spec
     return specs
+
+
+def range_text(minimum: float | None, maximum: float | None, whole: bool = True) -> str:
+    """`a whole number from 1 to 1,000,000`: the values an option takes, for its error line."""
+    kind = "a whole number" if whole else "a number"
+    if minimum is not None and maximum is not None:
+        return f"{kind} from {minimum:,} to {maximum:,}"
+    if maximum is not None:
+        return f"{kind} up to {maximum:,}"
+    return f"{kind} from {minimum:,}"
+
+
+def check_ranges(config: Any) -> None:
+    """Refuse a value of a dataclass `config` outside its option's `minimum`..`maximum`, naming
+    the option and what it takes: the command line's parser checks the values typed, and this
+    those of a `--config` file or a resumed run, and of a config made in Python."""
+    from torchkit.core.io.errors import UsageError, short_repr
+
+    for name, spec in option_specs(type(config)).items():
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        below = spec.minimum is not None and value < spec.minimum
+        above = spec.maximum is not None and value > spec.maximum
+        if below or above:
+            raise UsageError(
+                f"{spec.name} {short_repr(value)} is out of range",
+                f"give {range_text(spec.minimum, spec.maximum, isinstance(value, int))}",
+            )

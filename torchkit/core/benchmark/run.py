@@ -130,7 +130,7 @@ def check_options(options: BenchmarkOptions) -> MemoryLimit | None:
 
     if options.mode not in (*MODES, "both"):
         raise UsageError(f"unknown --mode {options.mode!r}", "use infer, train or both")
-    check_budget(options.iters, options.seconds)
+    check_budget(options.iters, options.seconds, options.warmup)
     check_amp_dtype(options.amp, options.amp_dtype)
     if options.warmup < 0:
         raise UsageError(f"--warmup {options.warmup}: give 0 or more")

@@ -57,14 +57,36 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
-def check_budget(iters: int | None, seconds: float | None) -> None:
-    """One of `iters` (a count) or `seconds` (a time budget), not both."""
+# The most steps --iters and --warmup take, and the most --seconds of timed work: ten million
+# steps of a tiny model take minutes, a day of timing is far past any figure's need, while
+# --iters 99999999999999999999 started a benchmark that never ended.
+MOST_STEPS = 10_000_000
+MOST_SECONDS = 86_400
+
+
+def check_budget(iters: int | None, seconds: float | None, warmup: int = 0) -> None:
+    """One of `iters` (a count) or `seconds` (a time budget), not both; `warmup` untimed steps
+    before them: each within its bounds."""
+    from torchkit.core.io.errors import short_repr
+    from torchkit.core.option_specs import range_text
+
     if iters is not None and seconds is not None:
         raise UsageError("--iters and --seconds both given", "give one of them")
     if iters is not None and iters < 1:
         raise UsageError(f"--iters {iters}: at least 1 timed step is needed")
     if seconds is not None and not (seconds > 0 and math.isfinite(seconds)):
         raise UsageError(f"--seconds {seconds}: give a positive number of seconds")
+    for option, value, least in (("--iters", iters, 1), ("--warmup", warmup, 0)):
+        if value is not None and value > MOST_STEPS:
+            raise UsageError(
+                f"{option} {short_repr(value)} is out of range",
+                f"give {range_text(least, MOST_STEPS)}",
+            )
+    if seconds is not None and seconds > MOST_SECONDS:
+        raise UsageError(
+            f"--seconds {short_repr(seconds)} is more than a day of timing",
+            f"give {range_text(None, MOST_SECONDS, whole=False)}",
+        )
 
 
 def time_steps(
@@ -78,7 +100,7 @@ def time_steps(
 ) -> Timings:
     """Run `step` `warmup` times untimed, then time it: `iters` steps, or as many as fit in
     `seconds` of timed work (at least one). Neither given: one timed step."""
-    check_budget(iters, seconds)
+    check_budget(iters, seconds, warmup)
     for _ in range(warmup):
         step()
     if sync is not None:

@@ -37,6 +37,10 @@ from torchkit.core.train.resume_rules import resume_help
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
 SCHEDULERS = ("cosine", "step", "multistep", "exponential", "plateau", "none")
 BEST_METRICS = ("top1", "loss")
+# The most epochs a run takes: a million epochs of one step each is days of training, while
+# --epochs 99999999999999999999 started a run that could never end, its progress line 20
+# digits wide.
+MOST_EPOCHS = 1_000_000
 
 
 def parse_milestones(text: str | None, flag: str) -> tuple[int, ...]:
@@ -271,6 +275,7 @@ class TrainConfig:
         panel=OPTIM_PANEL,
         flags=("--epochs", "-e"),
         minimum=1,
+        maximum=MOST_EPOCHS,
         show_default=False,
         help=f"Epochs to train. {data_default_help('epochs')}",
     )

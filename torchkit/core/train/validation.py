@@ -20,6 +20,7 @@ from torchkit.core.data.preprocessing import (
 from torchkit.core.data.transforms import AUGMENT_POLICIES, AUTOAUGMENT_POLICIES
 from torchkit.core.inference.options import check_batch_fits
 from torchkit.core.io.errors import UsageError
+from torchkit.core.option_specs import check_ranges
 from torchkit.core.runtime.cpus import check_workers, max_workers, usable_cpus
 from torchkit.core.runtime.device import AMP_DTYPES
 from torchkit.core.runtime.seeding import check_seed
@@ -217,6 +218,7 @@ def validate(config: TrainConfig, *, not_given: Collection[str] = ()) -> None:
     _check_data_and_preprocessing(config)
     _check_schedule(config)
     _check_seed_and_counts(config)
+    check_ranges(config)  # each option's own bounds (OptionSpec), after the checks above
     _check_workers_and_threads(config)
     _check_find_lr(config)
     _check_cudnn_and_graphs(config)
