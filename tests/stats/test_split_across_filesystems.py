@@ -11,6 +11,7 @@ import stat
 from pathlib import Path
 
 from processes import run_torchkit_in_process
+from split_moves import stop_move_after
 
 
 def write_images(root: Path) -> dict[str, bytes]:
@@ -53,27 +54,6 @@ def test_a_move_onto_another_file_system_into_a_sticky_folder_copies_verifies_an
     assert sorted(os.listdir(disk)) == ["out"]  # nothing beside OUT in the shared folder
 
 
-def stopped_move(data: Path, out: Path, monkeypatch) -> None:
-    """A move of `data` into `out` stopped by Ctrl-C after its first file."""
-    import pytest
-
-    from torchkit.core.split import files as split_files
-    from torchkit.core.split.run import split_dataset
-
-    move_file, moved = split_files.move_file, []
-
-    def stop_after_one(source, dest, links=None):
-        if moved:
-            raise KeyboardInterrupt
-        move_file(source, dest, links)
-        moved.append(source)
-
-    with monkeypatch.context() as patched:
-        patched.setattr(split_files, "move_file", stop_after_one)
-        with pytest.raises(KeyboardInterrupt):
-            split_dataset(data, out, mode="move", ratio="1:1")
-
-
 def test_finishing_a_move_onto_a_disk_that_fills_says_it_cannot_write_and_loses_nothing(
     tmp_path, small_tmpfs, monkeypatch
 ):
@@ -89,7 +69,7 @@ def test_finishing_a_move_onto_a_disk_that_fills_says_it_cannot_write_and_loses_
     made = write_images(data)
     disk = small_tmpfs(1024)
     out = disk / "out"
-    stopped_move(data, out, monkeypatch)
+    stop_move_after(1, monkeypatch, data, out, ratio="1:1")
     fill_disk(disk, leave=4096)  # room for one more file, not for the rest
     monkeypatch.setattr(split_run, "check_room_for_move", lambda *args: None)
     args = ("split", data, out, "--mode", "move", "--ratio", "1:1")
@@ -138,7 +118,7 @@ def test_a_move_onto_a_disk_without_room_for_it_is_refused_before_any_file_moves
     # A stopped move, whose rest no longer fits: refused before any more files move
     disk = small_tmpfs(1024)
     out = disk / "out"
-    stopped_move(data, out, monkeypatch)
+    stop_move_after(1, monkeypatch, data, out, ratio="1:1")
     fill_disk(disk, leave=100_000)
     left = sorted(p.relative_to(data) for p in data.rglob("*.png"))
     assert len(left) == 5

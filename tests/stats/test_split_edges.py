@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from output_checks import error_line
 from processes import run_torchkit_in_process
+from split_moves import stop_move_after
 
 from torchkit.core.data.sources import moving
 from torchkit.core.data.sources.moving import source_folders
@@ -251,27 +252,11 @@ def test_a_csv_move_into_the_folder_holding_the_folders_it_lists_is_not_refused(
     taken = pngs(data)
     out = data / "out"
     if interrupted:  # stopped after one file: the rerun finishes the move
-        with monkeypatch.context() as patched:
-            patched.setattr(split_files, "move_file", stop_after_one(split_files.move_file))
-            with pytest.raises(KeyboardInterrupt):
-                split_dataset(index, out, mode="move", ratio="1:1")
+        stop_move_after(1, monkeypatch, index, out, ratio="1:1")
         assert '"state": "moving"' in (out / ".torchkit-split.json").read_text()
     result = run_torchkit_in_process("split", index, out, "--mode", "move", "--ratio", "1:1")
     assert result.returncode == 0, result.stderr
     assert pngs(out) == taken and not pngs(data / "cat") and not pngs(data / "dog")
-
-
-def stop_after_one(move_file):
-    """`move_file` that raises KeyboardInterrupt (a Ctrl-C) once it has moved one file."""
-    moved: list[str] = []
-
-    def move(source, dest, links=None):
-        if moved:
-            raise KeyboardInterrupt
-        move_file(source, dest, links)
-        moved.append(source)
-
-    return move
 
 
 def test_a_file_split_cannot_read_is_one_error_naming_it_and_why(tmp_path: Path, monkeypatch):

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from output_checks import error_line
 from processes import run_torchkit_in_process
+from split_moves import stop_move_after
 
-from torchkit.core.split import files as split_files
 from torchkit.core.split.run import split_dataset
 
 
@@ -35,19 +35,7 @@ def digests(*roots: Path) -> dict[str, str]:
 def interrupted_move(tmp_path: Path, monkeypatch) -> tuple[Path, Path]:
     """A move into OUT stopped by Ctrl-C after its first file: (ROOT, OUT)."""
     data, out = write_images(tmp_path / "data"), tmp_path / "out"
-    move_file = split_files.move_file
-    moved: list[str] = []
-
-    def stop_after_one(source, dest, links=None):
-        if moved:
-            raise KeyboardInterrupt
-        move_file(source, dest, links)
-        moved.append(source)
-
-    with monkeypatch.context() as patched:
-        patched.setattr(split_files, "move_file", stop_after_one)
-        with pytest.raises(KeyboardInterrupt):
-            split_dataset(data, out, mode="move", ratio="1:1")
+    stop_move_after(1, monkeypatch, data, out, ratio="1:1")
     return data, out
 
 

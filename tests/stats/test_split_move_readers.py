@@ -21,10 +21,10 @@ from processes import (
     start_torchkit_process,
     wait_until,
 )
+from split_moves import stop_move_after
 
 from torchkit.core.data.sources import open_data
 from torchkit.core.io.folder_locks import held_until_the_command_ends
-from torchkit.core.split import files as split_files
 from torchkit.core.split.files import moving_out_of
 
 
@@ -77,29 +77,11 @@ def test_a_move_is_refused_while_a_command_reads_root_and_runs_once_it_has_ended
     assert moved.returncode == 0, moved.stderr  # the reader's lock went with it
 
 
-def stop_a_move(monkeypatch, root: Path, out: Path) -> None:
-    """`split ROOT OUT --mode move`, stopped after 4 files (the power went out)."""
-    from torchkit.core.split import split_dataset
-
-    real_move, moved = split_files.move_file, []
-
-    def crash_after_four(source, dest, **options):
-        if len(moved) == 4:
-            raise KeyboardInterrupt
-        real_move(source, dest, **options)
-        moved.append(source)
-
-    with monkeypatch.context() as patched:
-        patched.setattr(split_files, "move_file", crash_after_four)
-        with pytest.raises(KeyboardInterrupt):
-            split_dataset(root, out, mode="move")
-
-
 @pytest.fixture
 def half_moved(tmp_path, monkeypatch) -> tuple[Path, Path]:
     """(ROOT, OUT): a move of ROOT into OUT stopped after 4 files."""
     data = make_files(tmp_path / "data", {"cat": 6, "dog": 5})
-    stop_a_move(monkeypatch, data, tmp_path / "out")
+    stop_move_after(4, monkeypatch, data, tmp_path / "out")
     return data, tmp_path / "out"
 
 
@@ -144,7 +126,7 @@ def test_data_holding_a_half_moved_folder_is_refused(tmp_path, monkeypatch):
     # move` moved them into a second OUT.
     data = make_files(tmp_path / "data", {"cat": 6, "dog": 5})
     cat, out = data / "cat", tmp_path / "out"
-    stop_a_move(monkeypatch, cat, out)
+    stop_move_after(4, monkeypatch, cat, out)
     before = tree_digest(tmp_path)
     readers = [
         ["dataset-stats", data],
@@ -237,7 +219,7 @@ def test_the_folders_a_csv_index_lists_are_held_and_looked_at_too(tmp_path, monk
     assert error_line(refused.stderr).startswith(
         f"Error: another torchkit command is reading {data}, or"
     )
-    stop_a_move(monkeypatch, data, out)
+    stop_move_after(4, monkeypatch, data, out)
     stopped = run_torchkit_in_process("dataset-stats", index)
     assert stopped.returncode == 1
     assert error_line(stopped.stderr) == (
@@ -264,7 +246,7 @@ def test_a_move_out_of_a_class_folder_is_refused_while_its_root_is_read(tmp_path
 def test_the_move_to_finish_is_a_command_to_paste_for_paths_with_spaces(tmp_path, monkeypatch):
     data = make_files(tmp_path / "my data", {"cat": 6, "dog": 5})
     out = tmp_path / "split out"
-    stop_a_move(monkeypatch, data, out)
+    stop_move_after(4, monkeypatch, data, out)
     real = os.path.realpath(data)
     inside = run_torchkit_in_process("dataset-stats", data / "cat")
     assert error_line(inside.stderr) == (
@@ -289,7 +271,7 @@ def test_the_folders_a_stopped_move_of_a_csv_index_emptied_are_refused(tmp_path,
     rows = [f"../data/{p.parent.name}/{p.name},{p.parent.name}" for p in data.rglob("*.png")]
     index.write_text("path,label\n" + "\n".join(sorted(rows)) + "\n")
     out, real = tmp_path / "out", os.path.realpath(index)
-    stop_a_move(monkeypatch, index, out)
+    stop_move_after(4, monkeypatch, index, out)
     before = tree_digest(tmp_path)
     readers = [
         ["dataset-stats", data],
@@ -320,7 +302,7 @@ def test_a_finished_move_of_a_csv_index_leaves_no_record_where_only_non_images_w
     rows = [f"data/{p.parent.name}/{p.name},{p.parent.name}" for p in data.rglob("*.png")]
     index.write_text("path,label\n" + "\n".join([*sorted(rows), "docs/notes.txt,cat"]) + "\n")
     out = tmp_path / "out"
-    stop_a_move(monkeypatch, index, out)
+    stop_move_after(4, monkeypatch, index, out)
     assert (data / "cat" / ".torchkit-split-moving.json").exists()
     assert not (tmp_path / "docs" / ".torchkit-split-moving.json").exists()
     assert run_torchkit_in_process("split", index, out, "--mode", "move").returncode == 0
@@ -341,7 +323,7 @@ def test_a_stopped_move_of_an_index_beside_more_folders_than_are_locked_is_refus
     index = data / "index.csv"
     index.write_text("path,label\n" + "\n".join(rows) + "\n")
     out = tmp_path / "out"
-    stop_a_move(monkeypatch, index, out)
+    stop_move_after(4, monkeypatch, index, out)
     result = run_torchkit_in_process("dataset-stats", data / "set65")
     assert result.returncode == 1, result.stderr
     line = error_line(result.stderr)
