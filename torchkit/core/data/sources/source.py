@@ -798,8 +798,12 @@ def _open_listed(
                 "move them into a split's class folders, or elsewhere",
             )
         return _open_split_root(path, spec, split_folders, classes, allow_unlabelled, every_image)
+    no_images: NoImagesError | None = None
     if folders and not (every_image and top_images):
-        found = _class_folder_samples(path, classes)
+        try:
+            found = numbered_image_folder(path, classes=classes)
+        except NoImagesError as error:  # the same error read again below: warned of once
+            found, no_images = None, error
         if found is not None:
             samples = found[0]
             source = DataSource(spec, "image folder", root, {}, samples, list(samples.classes))
@@ -819,7 +823,10 @@ def _open_listed(
         return source
     if top_images and folders:  # subfolders without images beside images: unlabelled
         raise no_class_folders_error(str(path), beside_empty_ones=True)
-    # Class folders without images, or no folder: its error.
+    # Class folders without images, or no folder: its error. (Listing them again repeated
+    # the warning of the folders that cannot be listed.)
+    if no_images is not None:
+        raise no_images
     samples = discover_image_folder(path, classes=classes)
     return DataSource(spec, "image folder", root, {}, samples, list(samples.classes))
 
