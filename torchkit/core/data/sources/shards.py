@@ -1701,6 +1701,18 @@ class ShardSample:
     locator: tuple[int, int] | None  # where its bytes are
     name: str | None  # the class name its label gives
     index: int | None  # the class index its label gives
+    # Of a sample without a label, its first member torchkit does not read that may be one
+    # (`_unread_label_like`: `KEY.label`, `KEY.class`, `KEY.txt`), named where it is read
+    # unlabelled or refused: such shards read as unlabelled without a word.
+    unread: str | None = None
+
+
+# Members other shards label a sample by, which torchkit does not read as its label (it reads
+# `KEY.cls`, as timm's webdataset reader does, and `KEY.json`): webdataset's own decoder reads
+# `class` and `cls2` as integers, other writers a class name in `label` or `txt`. In the order
+# one is named: the likeliest label first.
+_LABEL_LIKE_EXTENSIONS = ("label", "labels", "class", "cls2", "target", "idx", "index", "txt")
+_LABELS_READ = 'torchkit reads a label from KEY.cls, the class index, or KEY.json: "label", "cls"'
 
 
 def _key_and_extension(member: str) -> tuple[str, str] | None:
@@ -1825,8 +1837,19 @@ def _shard_samples(
         if index is not None:
             index = labels.setdefault(index, index)
         image = group[images[0]]
-        samples.append(ShardSample(shown, key, image, listing.locator(image), name, index))
+        unread = _unread_label_like(group) if name is None and index is None else None
+        samples.append(ShardSample(shown, key, image, listing.locator(image), name, index, unread))
     return samples
+
+
+def _unread_label_like(group: dict[str, str]) -> str | None:
+    """The member of a sample without a label (its members by extension: `group`) that may be
+    the label torchkit does not read (`_LABEL_LIKE_EXTENSIONS`), the likeliest first; None
+    without one."""
+    for extension in _LABEL_LIKE_EXTENSIONS:
+        if extension in group:
+            return group[extension]
+    return None
 
 
 def _not_one_image(
@@ -2159,10 +2182,15 @@ def _labelled(
                 len(labelled),
             )
         if allow_unlabelled:
+            _warn_unread_labels(unlabelled, where)
             return [""], [0] * len(samples)
         first = unlabelled[0]
         hint = 'give each sample a KEY.cls holding its class index, or a KEY.json with a "label"'
-        if len(unlabelled) == len(samples):  # what `convert shards` writes of unlabelled images
+        unread = next((s for s in unlabelled if s.unread is not None), None)
+        if unread is not None:
+            # `KEY.label`, `KEY.class`: the label is there, under a name torchkit does not read
+            hint = f"{_LABELS_READ}; {hint}"
+        elif len(unlabelled) == len(samples):  # what `convert shards` writes of unlabelled images
             hint = (
                 "the shards hold unlabelled images, which predict, extract-features and "
                 f"dataset-stats read; to train or evaluate, {hint}"
@@ -2171,7 +2199,12 @@ def _labelled(
             hint += "; predict, extract-features and dataset-stats read them unlabelled"
         raise InputError(
             f"sample {first.key} in {first.shard} has no label"
-            + (f" ({len(unlabelled)} samples have none)" if len(unlabelled) > 1 else ""),
+            + (f" ({len(unlabelled)} samples have none)" if len(unlabelled) > 1 else "")
+            + (
+                f": {unread.unread} in {unread.shard} is not read as a label"
+                if unread is not None
+                else ""
+            ),
             hint,
         )
     if file_classes == []:
@@ -2235,6 +2268,20 @@ def _labelled(
         else:
             labels.append(sample.index)
     return names, labels
+
+
+def _warn_unread_labels(unlabelled: list[ShardSample], where: str) -> None:
+    """One warning where samples read unlabelled hold a member that may be their label, which
+    torchkit does not read (`ShardSample.unread`): dataset-stats showed one class "" without a
+    word. A `KEY.txt` alone is a caption as often (LAION's): named in train's error only."""
+    holding = [s for s in unlabelled if s.unread is not None and not s.unread.endswith(".txt")]
+    if holding:
+        first = holding[0]
+        log.warning(
+            f"{where}: {counted(len(holding), 'sample')} without a label "
+            f"{'holds' if len(holding) == 1 else 'hold'} a member torchkit does not read as "
+            f"a label ({first.unread} in {first.shard}): read unlabelled; {_LABELS_READ}"
+        )
 
 
 def _first_samples(samples: list[ShardSample]) -> str:
