@@ -233,10 +233,15 @@ def _model_from_checkpoint(
             weights_follow=True,
         )
 
-    model = built_for(preprocess.image_size)
-    state = extract_state_dict(checkpoint)
     wanted = size_pair(image_size)
     recorded = (preprocess.image_size, preprocess.image_size)
+    if wanted is not None and not _records_image_size(checkpoint):
+        # No size recorded (a checkpoint made by hand, or its preprocess lost): built for the
+        # size asked for, as the hint of weights that do not fit says, not for the default 224
+        # (a convnet's classifier, sized for its images, then never fitted its weights).
+        recorded = wanted
+    model = built_for(recorded if recorded[0] != recorded[1] else recorded[0])
+    state = extract_state_dict(checkpoint)
     if wanted is not None and wanted != recorded and size_layout(model):
         model = _rebuilt_for(
             model, wanted, built_for, arch=arch, source=source, trained=preprocess.image_size
@@ -260,6 +265,12 @@ def _model_from_checkpoint(
     fit_auxiliary_heads_to(model, state)  # googlenet's: a run from its pretrained weights has none
     load_weights_into(model, state, source=f"the {arch} checkpoint")
     return model
+
+
+def _records_image_size(checkpoint: Mapping[str, Any]) -> bool:
+    """Whether a torchkit checkpoint records the image size its model was built for."""
+    recorded = checkpoint.get("preprocess")
+    return isinstance(recorded, Mapping) and "image_size" in recorded
 
 
 def _rebuilt_for(
