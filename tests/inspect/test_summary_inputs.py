@@ -60,6 +60,22 @@ def test_parse_input_grammar():
         full_shapes([(4,)], 2, image_model=False, no_batch_dim=True)
 
 
+def test_a_batch_size_no_tensor_holds_is_named_as_the_batch_size(runner):
+    """summary --batch-size 99999999999999999999 named an input size never given and hinted at
+    one (`give the size of a real input, e.g. 3,224,224`); the batch size is the culprit."""
+    with pytest.raises(UsageError, match="--batch-size 99999999999999999999 of inputs 3,8,8"):
+        full_shapes([(3, 8, 8)], 99999999999999999999, image_model=True)
+    assert full_shapes([(3, 8, 8)], 2**20, image_model=True) == [(2**20, 3, 8, 8)]
+    refused = runner.invoke(
+        app, ["summary", "nets:TinyNet", "--input-size", "3,8,8", "-b", "99999999999999999999"]
+    )
+    assert refused.exit_code == 2
+    assert error_line(refused.stderr) == (
+        "Error: --batch-size 99999999999999999999 of inputs 3,8,8 is more values than a tensor "
+        "can hold (give a smaller --batch-size)"
+    )
+
+
 class TokenModel(nn.Module):
     """A transformer-style model: keyword inputs, an integer and a boolean one."""
 

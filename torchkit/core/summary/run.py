@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from torchkit.core.input_size import check_numel, parse_input_size, square_sample
-from torchkit.core.io.errors import TorchkitError, UsageError, first_line
+from torchkit.core.input_size import MAX_NUMEL, check_numel, parse_input_size, square_sample
+from torchkit.core.io.errors import TorchkitError, UsageError, first_line, short_repr
 from torchkit.core.models import ModelSpec, model_inputs, resolve_spec
 from torchkit.core.models.builders import BUILTIN_MODELS, is_timm_spec, list_models
 from torchkit.core.models.image_size import ImageSizeError
@@ -143,6 +144,13 @@ def full_shapes(
         else:
             shapes.append((batch_size or 1, *size))
     for shape in shapes:
+        if batch_size is not None and math.prod(shape) > MAX_NUMEL:
+            # It named an input size the user never gave, and hinted at 3,224,224.
+            raise UsageError(
+                f"--batch-size {short_repr(batch_size)} of inputs "
+                f"{','.join(map(str, shape[1:]))} is more values than a tensor can hold",
+                "give a smaller --batch-size",
+            )
         check_numel(shape, ",".join(map(str, shape)))
     return shapes
 
