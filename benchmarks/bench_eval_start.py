@@ -22,7 +22,8 @@ from _timing import digits_checkpoint
 
 # The same command with the helper turned off: the scorer is never started.
 WITHOUT_HELPER = (
-    "import sys; import torchkit.core.evaluate.runner as r; r.start_scorer = lambda: None; "
+    "import sys; import torchkit.core.evaluate.runner as r; "
+    "r.start_scorer = lambda *args, **kwargs: None; "
     "from torchkit.cli import main; sys.argv[0] = 'torchkit'; main()"
 )
 
