@@ -324,7 +324,8 @@ def test_a_module_that_imports_one_found_nowhere_names_both(folders):
 @pytest.mark.filterwarnings("ignore:BuiltinImporter.module_repr:DeprecationWarning")
 def test_a_class_of_the_script_that_saved_it_is_said_to_be_importable_nowhere(folders, monkeypatch):
     """`Can't get attribute 'MainNet' on <module '__main__' from '.../torchkit'>` said nothing
-    a user could act on: only the script that defined it has its class."""
+    a user could act on: only the script that defined it has its class. Without
+    --trust-checkpoint the same line: it said to pass --trust-checkpoint, which then failed."""
     import torch
 
     saved, other = folders
@@ -338,9 +339,10 @@ def test_a_class_of_the_script_that_saved_it_is_said_to_be_importable_nowhere(fo
     with monkeypatch.context() as saving:
         saving.setattr(sys.modules["__main__"], "MainNet", MainNet, raising=False)
         torch.save(MainNet(), saved / "main.pt")
-    for folder in (saved, other):
+    for folder, trusted in ((saved, True), (other, True), (other, False)):
+        trust = ["--trust-checkpoint"] if trusted else []
         ran = run_torchkit_in_process(
-            "eval", saved / "main.pt", "--data", "digits", "--trust-checkpoint", cwd=folder
+            "eval", saved / "main.pt", "--data", "digits", *trust, cwd=folder
         )
         assert ran.returncode == 1
         assert error_line(ran.stderr, besides="nothing") == (

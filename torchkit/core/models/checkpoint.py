@@ -121,6 +121,11 @@ def _load_checkpoint(path: str | os.PathLike, *, trust_checkpoint: bool) -> Any:
         if blocked is None:
             # weights_only also fails on garbage ("Unsupported operand"): that is not a model.
             raise _unreadable(source, error, trusted=trust_checkpoint) from error
+        if blocked.startswith("__main__."):  # --trust-checkpoint would fail to import it
+            from torchkit.core.models.usercode import script_class
+
+            what, hint = script_class(blocked.removeprefix("__main__."))
+            raise CheckpointError(f"cannot unpickle checkpoint {source}: {what}", hint) from error
         raise UntrustedPickleError(
             f"{source} holds a pickled {blocked}, not only tensors and plain values",
             "pass --trust-checkpoint to load it anyway, only if you trust where it came from",

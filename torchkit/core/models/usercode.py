@@ -280,6 +280,17 @@ def _accepted_params(factory) -> set[str]:
         return set()
 
 
+def script_class(name: str) -> tuple[str, str]:
+    """(what, hint) for a pickle of `__main__.NAME`: a class of the script that saved it, which
+    no other program imports, trusted or not (torchkit's `__main__` is its own)."""
+    return (
+        f"it pickles __main__.{name}, defined in the script that saved it, which no other "
+        "program can import",
+        f"move {name} into a module such as nets.py, import it from there and save the model "
+        f"again, or save its state_dict and give --model nets:{name} --weights FILE",
+    )
+
+
 def unimportable_pickle(source: str | os.PathLike, error: BaseException) -> tuple[str, str] | None:
     """What a trusted pickle (`source`, a whole pickled `nn.Module`) that failed to load with
     `error` (ModuleNotFoundError, AttributeError) could not import, as (what, hint): the
@@ -320,13 +331,7 @@ def unimportable_pickle(source: str | os.PathLike, error: BaseException) -> tupl
             if loaded is None or _has_attribute(loaded, name):
                 continue
             if module == "__main__":
-                return (
-                    f"it pickles __main__.{name}, defined in the script that saved it, which "
-                    "no other program can import",
-                    f"move {name} into a module such as nets.py, import it from there and save "
-                    f"the model again, or save its state_dict and give --model nets:{name} "
-                    "--weights FILE",
-                )
+                return script_class(name)
             top = module.split(".")[0]
             return (
                 f"it pickles {module}.{name}, and {_imported(module)} has no {name}",
