@@ -29,7 +29,9 @@ What `--data` (or IMAGES) may name here, before folders and CSV indexes are trie
 - a `.tar` of an image folder (`class/img.JPEG`, a split root `train/class/img.jpg`, or, where
   unlabelled images are taken, flat images or a split of them, `train/img.jpg`), read with the
   rules of folders on disk; all of it may lie in one folder named as the archive
-  (`tar cf X.tar X`). A `.tar` is a shard when some image in it has a `.cls`/`.json` label
+  (`tar cf X.tar X`), or in one folder of another name holding class or split folders
+  (`tar cf flowers-v2.tar flowers`: `_wrapping_folder`). A `.tar` is a shard when some image
+  in it has a `.cls`/`.json` label
   beside it (not a `.json` in a folder holding no "label" or "cls": metadata), or when it is
   named `NAME-NNNNNN.tar` and does not lay out as an image folder (`_holds_an_image_folder`:
   `caltech-101.tar` of `class/img.jpg` is a folder). Ids are the member paths (inside that one
@@ -3163,11 +3165,26 @@ def _linked_class_images(class_links: dict[str, str], images: list[str]) -> dict
 
 def _wrapping_folder(spec: str, names: list[str], folders: set[str]) -> str:
     """`X/` when everything in `X.tar` lies in one folder `X` (`tar cf X.tar X`; hidden folders
-    and __MACOSX aside), else ""."""
+    and __MACOSX aside); else `T/` when it all lies in one folder of another name that holds
+    the data's class folders (two or more holding images) or its split folders (`tar cf
+    flowers-v2.tar flowers`: tar -x gives flowers/<class>/img, which read from the archive's
+    root was one class `flowers`, trained as none, without a word); else "". A folder of
+    images alone (`cat/x.png`), or of one subfolder of them, stays one class; a split folder
+    (`train/`) stays a split."""
     stem = os.path.basename(spec)[: -len(".tar")]
-    prefix = stem + "/"
-    inside = names and all(n.startswith(prefix) for n in names)
     shown = [f for f in folders if f and not is_skipped_folder(f.split("/")[0])]
-    if inside and all(f == stem or f.startswith(prefix) for f in shown):
+    tops = {name.split("/")[0] for name in names} | {f.split("/")[0] for f in shown}
+    if len(tops) != 1 or not names:
+        return ""
+    (top,) = tops
+    prefix = top + "/"
+    if not all(n.startswith(prefix) for n in names) or top in SPLIT_NAMES and top != stem:
+        return ""
+    if top == stem:
         return prefix
-    return ""
+    inside = {
+        n[len(prefix) :].split("/")[0]
+        for n in names
+        if "/" in n[len(prefix) :] and not is_skipped_folder(n[len(prefix) :].split("/")[0])
+    }
+    return prefix if len(inside) >= 2 or inside & set(SPLIT_NAMES) else ""
