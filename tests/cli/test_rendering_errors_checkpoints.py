@@ -150,13 +150,16 @@ def test_control_characters_of_names_are_escaped_in_tables_and_kept_in_json(tmp_
     # A class folder named with a line break read as two rows of the table ("new", "line"), a
     # carriage return vanished (the name shown was not the folder's) and an escape sequence
     # reached the terminal.
+    # U+2028 and U+2029 too, line breaks to str.splitlines: such a row was cut in two lines.
     names = ["new\nline", "tab\there", "cr\rback", "esc\x1b[31mred", "c1\x85next"]
+    names += ["ls\u2028sep", "ps\u2029para"]
     root = write_image_folder(tmp_path / "data", dict.fromkeys(names, 1))
     shown = run_torchkit_in_process("dataset-stats", root, "-j", "0")
     assert shown.returncode == 0, shown.stderr
     for name in names:
         assert repr(name)[1:-1] in shown.stdout
-    assert not any(c in shown.stdout for c in "\t\r\x1b\x85")
+        assert len([line for line in shown.stdout.split("\n") if repr(name)[1:-1] in line]) == 1
+    assert not any(c in shown.stdout for c in "\t\r\x1b\x85\u2028\u2029")
     written = run_torchkit_in_process("dataset-stats", root, "-j", "0", "--format", "json")
     assert sorted(c["name"] for c in json.loads(written.stdout)["classes"]) == sorted(names)
 

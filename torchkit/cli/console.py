@@ -326,8 +326,11 @@ def _stderr() -> Console:
 # writes them (`\n`, `\t`, `\x1b`) in what people read (tables, Error/Warning/Note lines): a
 # line break split a name over lines that read as rows or as an Error line and its sequel, rich
 # dropped a carriage return (the name shown was not the file's) and an escape sequence reached
-# the terminal.
-_CONTROL_ESCAPES = {code: repr(chr(code))[1:-1] for code in (*range(0x20), *range(0x7F, 0xA0))}
+# the terminal. So are Unicode's line and paragraph separators (U+2028, U+2029), line breaks
+# to Python's str.splitlines: a table row holding one was cut in two lines.
+_CONTROL_ESCAPES = {
+    code: repr(chr(code))[1:-1] for code in (*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029)
+}
 
 
 def shown_text(text: str) -> str:

@@ -491,7 +491,8 @@ def _plain_lines(plain: Any, buffer: io.StringIO, table: Table) -> list[str]:
         buffer.seek(0)
         buffer.truncate()
         plain.print(rendered)
-        return [line.rstrip() for line in buffer.getvalue().splitlines()]
+        # Line feeds only: a cell's text may hold characters str.splitlines breaks at.
+        return [line.rstrip() for line in buffer.getvalue().removesuffix("\n").split("\n")]
 
     rows = table.rows
     short = len(rows) <= PLAIN_BATCH_ROWS
