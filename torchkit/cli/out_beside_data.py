@@ -25,6 +25,30 @@ def argument_out(positional: Path | None, data: str | None, out_option: Path | N
     return Path(positional)
 
 
+def data_and_out(
+    first: str | None,
+    second: Path | None,
+    data: str | None,
+    out_option: Path | None,
+    *,
+    data_name: str,
+) -> tuple[str, Path, Path | None]:
+    """(the data, OUT, OUT where it is the argument beside --data and no --out: argument_out)
+    of a command taking `DATA OUT` (split's ROOT, convert shards' SRC): the data as the first
+    positional or --data; with --data, the first positional is OUT (`split --data raw/ out/`),
+    held to --out as OUT is (the same path, or a usage error)."""
+    from torchkit.cli.options import data_and_rest, product_path
+    from torchkit.core.io.errors import UsageError
+
+    words = [word for word in (first, second) if word is not None]
+    source, rest = data_and_rest(data, words, name=data_name, after=1)
+    if source is None:
+        raise UsageError(f"missing {data_name}", f"give it, or as --data {data_name}")
+    positional = rest[0] if rest else None
+    out = Path(product_path(positional, out_option, data=data, data_name=data_name))
+    return str(source), out, argument_out(positional, data, out_option)
+
+
 @contextlib.contextmanager
 def argument_as_out(
     argument: Path | None,

@@ -17,12 +17,10 @@ from torchkit.cli.options import (
     ImageSetOption,
     OutOption,
     OutputOption,
-    data_and_rest,
-    product_path,
     seed_in_range,
     strict_reading_callback,
 )
-from torchkit.cli.out_beside_data import argument_as_out, argument_out
+from torchkit.cli.out_beside_data import argument_as_out, data_and_out
 from torchkit.cli.progress import progress_bar
 from torchkit.cli.render import (
     ClassRows,
@@ -247,7 +245,7 @@ def split(
 
     fmt = resolve_format(fmt, output)
     check_all_classes(all_classes, fmt)
-    root, out, argument_out = _root_and_out(root, out, data, out_option)
+    root, out, argument = data_and_out(root, out, data, out_option, data_name="ROOT")
     split_names = (
         None if names is None else list_items(names, "--names", hint="e.g. --names train,val,test")
     )
@@ -261,7 +259,7 @@ def split(
     with ReportAtSwap(rendered, fmt=fmt, output=output, force=force) as report:
         with (
             progress_bar(f"Splitting ({mode.value})") as update,
-            argument_as_out(argument_out, data, data_name="ROOT", doing="split", command=["split"]),
+            argument_as_out(argument, data, data_name="ROOT", doing="split", command=["split"]),
         ):
             result = split_dataset(
                 root,
@@ -291,21 +289,6 @@ def split(
         if kept:
             console.note(kept)
         report.after(result)
-
-
-def _root_and_out(root, out, data, out_option) -> tuple[str, Path, Path | None]:
-    """(ROOT, OUT, OUT where it is the argument beside --data and no --out): ROOT as the first
-    positional or --data; with --data, the first positional is OUT (`split --data raw/ out/`),
-    held to --out as OUT is (the same path, or a usage error)."""
-    from torchkit.core.io.errors import UsageError
-
-    words = [word for word in (root, out) if word is not None]
-    root, rest = data_and_rest(data, words, name="ROOT", after=1)
-    if root is None:
-        raise UsageError("missing ROOT", "give it, or as --data ROOT")
-    positional = rest[0] if rest else None
-    out = Path(product_path(positional, out_option, data=data))
-    return root, out, argument_out(positional, data, out_option)
 
 
 def register(app: typer.Typer) -> None:
