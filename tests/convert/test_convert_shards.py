@@ -452,7 +452,14 @@ def test_unreadable_images_are_skipped_and_counted_or_fatal_with_strict(
     (image_folder / "a" / "broken.png").write_bytes(b"not a png")
     out = tmp_path / "out"
     done = convert(image_folder, out, "--per-shard", 2, "--format", "json")
-    assert done.returncode == 0, done.stderr
+    # The rest is written and the run fails, as `cp -r` (it exited 0: `convert shards src out
+    # && rm -r src` deleted the image that is in no shard)
+    assert done.returncode == 1, done.stderr
+    assert error_line(done.stderr) == (
+        f"Error: 1 of 6 images could not be read and are in no shard in {out} (listed in "
+        f"{out / 'manifest.json'}) (the warnings above say which and why; --strict stops at "
+        "the first)"
+    )
     # named by its path, as train's warnings name it; manifest.json by its place in the data
     assert f"Warning: skipped unreadable image {image_folder / 'a' / 'broken.png'}" in done.stderr
     manifest = json.loads((out / "manifest.json").read_text())
@@ -483,13 +490,13 @@ def test_a_truncated_image_passes_the_header_check_and_verify_skips_it(
     (image_folder / "a" / "cut.jpg").write_bytes(whole.getvalue()[: len(whole.getvalue()) // 2])
     (image_folder / "b" / "empty.png").write_bytes(b"")
     done = convert(image_folder, tmp_path / "headers", "--format", "json")
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr  # the empty file is in no shard
     assert json.loads(done.stdout)["unreadable"] == 1  # the empty file alone
     manifest = json.loads((tmp_path / "headers" / "manifest.json").read_text())
     assert manifest["samples"] == 6 and manifest["splits"]["shard"]["class_counts"]["a"] == 4
     assert done.stderr.count(HEADER_ONLY) == 1
     verified = convert(image_folder, tmp_path / "verified", "--verify", "--format", "json")
-    assert verified.returncode == 0, verified.stderr
+    assert verified.returncode == 1, verified.stderr
     assert json.loads(verified.stdout)["unreadable"] == 2
     cut = image_folder / "a" / "cut.jpg"
     assert f"Warning: skipped unreadable image {cut}: " in verified.stderr
@@ -634,7 +641,7 @@ def test_images_named_without_an_image_extension_are_stored_as_images(tmp_path: 
     (root / "index.csv").write_text("path,label\n" + "".join(f"{n},x\n" for n in names))
     out = tmp_path / "out"
     done = convert(root / "index.csv", out, "--no-shuffle")
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr  # the 3 it cannot store are in no shard
     assert f"skipped unreadable image {root / 'e.tga'}: a TGA file" in done.stderr
     assert f"skipped unreadable image {root / 'f.ico'}: an ICO file, which" in done.stderr
     assert f"skipped unreadable image {root / 'g.sgi'}: an SGI file, which" in done.stderr

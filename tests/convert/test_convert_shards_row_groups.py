@@ -428,6 +428,6 @@ def test_strict_stops_at_an_image_the_spill_cannot_read(tmp_path, monkeypatch, i
     )
     monkeypatch.setattr(shards_module, "WINDOW_BYTES", 3 * each)
     done = run_torchkit_in_process("convert", "shards", broken, tmp_path / "lenient")
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr  # once every other row is written
     assert len(spilled) == 60 and f"skipped unreadable image {broken}/13" in done.stderr
     assert len(checked) == 60  # each image opened once, at its turn

@@ -132,7 +132,8 @@ def test_the_first_unreadable_images_are_named_a_warning_each_and_the_rest_count
     }
     for name, args in commands.items():
         result = run_torchkit_in_process(*args, "-j", "0", cwd=tmp_path)
-        assert result.returncode == 0, (name, result.stderr)
+        # convert shards fails once the rest is written: the images are in no shard
+        assert result.returncode == (1 if name == "convert shards" else 0), (name, result.stderr)
         named = [line for line in result.stderr.splitlines() if "unreadable image data/a/" in line]
         assert len(named) == UNREADABLE_WARNINGS, (name, result.stderr)
         assert len(set(named)) == len(named), (name, named)  # each image once

@@ -28,3 +28,38 @@ def test_class_folders_that_cannot_be_listed_are_warned_of_once(
     assert result.exit_code == 1
     assert result.stderr.count("cannot be listed") == 1, result.stderr
     assert error_line(result.stderr).startswith(f"Error: no images in {data}")
+
+
+def test_convert_shards_writes_the_rest_and_fails_naming_the_folder(tmp_path: Path, monkeypatch):
+    """A folder of the source that cannot be listed: the rest is written, the folder named in
+    the report and manifest.json, and the run exits 1 (it warned and exited 0, so `convert
+    shards data out && rm -r data` deleted its images); --strict stops before writing any."""
+    import json
+
+    data = write_image_folder(tmp_path / "data", {"a": 2, "b": 1})
+    write_image_folder(data / "b", {"sub": 2})  # data/b/sub/: two images of class b
+    deny_listing(monkeypatch, data / "b" / "sub")
+    out = tmp_path / "out"
+    result = runner_invoke(["convert", "shards", str(data), str(out), "--format", "json"])
+    assert result.exit_code == 1, result.stderr
+    assert error_line(result.stderr) == (
+        f"Error: 1 folder in {data} could not be listed: their images are in no shard in {out} "
+        f"(listed in {out / 'manifest.json'}) (make them readable and convert again with "
+        "--force; --strict stops before writing any)"
+    )
+    assert result.stderr.count("cannot be listed") == 1
+    report = json.loads(result.stdout)
+    assert (report["samples"], report["unlisted_folders"]) == (3, ["b/sub"])
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["complete"] and manifest["unlisted_folders"] == ["b/sub"]
+    strict = tmp_path / "strict"
+    stopped = runner_invoke(["convert", "shards", str(data), str(strict), "--strict"])
+    assert stopped.exit_code == 1
+    assert error_line(stopped.stderr).startswith(f"Error: cannot list folder {data / 'b' / 'sub'}")
+    assert not strict.exists()
+
+
+def runner_invoke(args: list[str]):
+    from typer.testing import CliRunner
+
+    return CliRunner().invoke(app, args)

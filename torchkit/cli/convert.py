@@ -759,6 +759,9 @@ def shards(
             "each image's header alone was checked, which a truncated image passes (it goes "
             "into the shards); --verify decodes every image in full and skips those too"
         )
+    incomplete = report.incomplete()  # as `cp -r`: the rest is written, the command failed
+    if incomplete is not None:
+        raise incomplete
 
 
 def _source_and_out(

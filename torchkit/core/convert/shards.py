@@ -53,7 +53,7 @@ from torchkit.core.data.image_files import (
     strict_unreadable_error,
     unreadable_reason,
 )
-from torchkit.core.data.sources.discovery import IMAGE_EXTENSIONS
+from torchkit.core.data.sources.discovery import IMAGE_EXTENSIONS, collecting_unlisted
 from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.io import sizes
 from torchkit.core.io.claims import synced_when_kept
@@ -901,6 +901,8 @@ class ShardsReport:
     records: dict[str, list[ShardRecord]]
     kept_shards: int = 0  # complete shards of an interrupted run that were kept
     seconds: float = 0.0
+    # The folders in the source that could not be listed: their images are in no shard.
+    unlisted_folders: list[str] = field(default_factory=list)
 
     @property
     def shards(self) -> list[ShardRecord]:
@@ -941,6 +943,31 @@ class ShardsReport:
             for entry in record.unreadable
         ]
 
+    def incomplete(self) -> InputError | None:
+        """The error a run that did not write every image ends in, once the rest is written
+        (as `cp -r` exits 1): unreadable images and folders that could not be listed, which a
+        run that exited 0 let `convert shards src out && rm -r src` delete."""
+        unreadable = len(self.unreadable())
+        unlisted = len(self.unlisted_folders)
+        folders = f"{unlisted} folder{'s' if unlisted != 1 else ''} in {self.source}"
+        manifest = Path(self.output) / MANIFEST
+        if unreadable:
+            samples = sum(r.end - r.start for r in self.shards)
+            return InputError(
+                f"{unreadable} of {samples} images could not be read and are in no shard in "
+                f"{self.output} (listed in {manifest})"
+                + (f", and {folders} could not be listed" if unlisted else ""),
+                "the warnings above say which and why; --strict stops at the first",
+            )
+        if unlisted:
+            return InputError(
+                f"{folders} could not be listed: their images are in no shard in {self.output} "
+                f"(listed in {manifest})",
+                "make them readable and convert again with --force; --strict stops before "
+                "writing any",
+            )
+        return None
+
     def manifest(self, *, complete: bool) -> dict:
         """manifest.json's record; an interrupted run's (not `complete`) leaves out the counts
         per class (a pass over every sample, after each shard)."""
@@ -962,6 +989,7 @@ class ShardsReport:
             "splits": splits,
             "shards": [record.to_dict() for record in self.shards],
             "unreadable_images": self.unreadable(),
+            "unlisted_folders": list(self.unlisted_folders),
         }
 
     def to_dict(self) -> dict:
@@ -979,6 +1007,7 @@ class ShardsReport:
             "options": self.options.to_dict(),
             "splits": splits,
             "unreadable_images": self.unreadable(),
+            "unlisted_folders": list(self.unlisted_folders),
             "seconds": round(self.seconds, 3),
         }
 
@@ -1325,7 +1354,9 @@ def convert_shards(
     owned = (*SHARDS_OUTPUTS, *map(exact_pattern, reports_inside(target, [report_file])))
     if read_partial(target) is None and not force and not leftovers(target, REPLACED_SUFFIX):
         check_replaceable(target, False, what=WHAT, command=COMMAND, owned=owned)
-    with partial_labels_kept():  # written again: a sample without a label stays so, no other
+    # written again: a sample without a label stays so, no other; the folders that cannot be
+    # listed (warned of) fail the run once the rest is written (`ShardsReport.incomplete`)
+    with partial_labels_kept(), collecting_unlisted() as unlisted:
         data = open_data(src, allow_unlabelled=True)
     warn_empty_splits(data)
     warn_stray_images(data)
@@ -1358,6 +1389,7 @@ def convert_shards(
         fingerprint=identity["fingerprint"],
         sets=sets,
         records={s.name: [] for s in sets},
+        unlisted_folders=[_in_source(path, data.root) for path in unlisted],
     )
     # Finishing a run removes the shard files its manifest does not list (`_remove_leftovers`):
     # refused where one is not a shard this command wrote (a file of yours of such a name).
@@ -1432,6 +1464,12 @@ def convert_shards(
             atomic_write_json(folder / MANIFEST, manifest, indent=1)
             remove_tree(folder / PARTIAL_MANIFEST, ignore_errors=False)
             _remove_leftovers(folder, keep=[r.name for r in report.shards])
-        if run.warned:
-            log.warning(f"skipped {run.warned} unreadable image(s) (listed in {target / MANIFEST})")
     return report
+
+
+def _in_source(path: str, root: str) -> str:
+    """A folder of the source by its place in it (as manifests list images), else as given."""
+    try:
+        return Path(path).relative_to(root).as_posix()
+    except ValueError:
+        return path

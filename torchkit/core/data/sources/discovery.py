@@ -297,6 +297,24 @@ def dead_links(folder: str | os.PathLike) -> list[str]:
     )
 
 
+# The folders `warn_unlistable` warned of, gathered for a command whose job is to write every
+# file out (convert shards): it fails once the rest is written (`collecting_unlisted`).
+_UNLISTED: ContextVar[list[str] | None] = ContextVar("unlisted_folders", default=None)
+
+
+@contextmanager
+def collecting_unlisted() -> Iterator[list[str]]:
+    """Within it, each folder `warn_unlistable` warns of (its path as listed) is added to the
+    list it gives: the data a reader left out, which a command that exits 0 would let
+    `cmd src dst && rm -r src` delete."""
+    unlisted: list[str] = []
+    token = _UNLISTED.set(unlisted)
+    try:
+        yield unlisted
+    finally:
+        _UNLISTED.reset(token)
+
+
 def warn_unlistable(
     unlistable: Sequence[tuple[str, OSError]],
     folder: str | os.PathLike,
@@ -319,6 +337,9 @@ def warn_unlistable(
             f"cannot list folder {unlistable[0][0]}: {reasons[0]}",
             f"make it readable, or {strict_turn_off()} to read the data without its images",
         )
+    collected = _UNLISTED.get()
+    if collected is not None:
+        collected.extend(path for path, _ in unlistable if path not in collected)
     shown = ", ".join(
         f"{name} ({reason})" for name, reason in zip(names[:3], reasons[:3], strict=True)
     )
