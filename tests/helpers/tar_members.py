@@ -83,6 +83,18 @@ def bytes_or_none(source) -> dict[str, bytes | None]:
     return images
 
 
+def bytes_or_errors(source) -> dict[str, bytes | str]:
+    """{id: its bytes, or the text of the error reading it gives} of `source`'s images, in
+    its order."""
+    images: dict[str, bytes | str] = {}
+    for name, path in zip(source.whole.ids, source.whole.paths, strict=True):
+        try:
+            images[name] = path.read_bytes()
+        except OSError as error:
+            images[name] = str(error)
+    return images
+
+
 def readable_and_not(source) -> tuple[dict[str, bytes], list[str]]:
     """({id: its bytes} of the images read, [the ids that cannot be read]) of `source`."""
     images = bytes_or_none(source)

@@ -328,7 +328,7 @@ class TarListing:
     # The symbolic links that lead out of the archive (an absolute target, or one above its
     # root), each with its target as stored, and those of the links its chain goes on
     # through (`_links_out`): tar -x unpacks them pointing there, at the host's files; never
-    # followed (read as links to nothing, left out of a folder's tar).
+    # followed: a sample's or a folder's image so is an unreadable image (`LEADS_OUT`).
     outside: dict[str, str] = field(default_factory=dict)
     # The members stored sparse (`tar --sparse`: GNU's old format, or pax's `GNU.sparse.*`
     # records, listed under `GNUSparseFile.NNN/` names by readers that know them not), by the
@@ -2855,11 +2855,16 @@ def _unpacked_tar(spec: str, listing: TarListing) -> _UnpackedTar:
 
 def _images_by_unpacked_path(spec: str, listing: TarListing) -> dict[str, str]:
     """Each image of a folder's tar by the path `tar -xf` unpacks it to (`/abs/x.png` is
-    abs/x.png) -> the member it is; the images it does not read said in warnings: links out
-    of the archive, members stored sparse, members of a `..` part (which tar does not unpack,
-    also where they stay inside the archive: `cat/../dog/e.png`), and members in a folder that
-    is a link tar -x writes nothing through (`_leave_out_members_under_links`)."""
-    stored = _without_links_out(spec, listing, _image_members(listing))
+    abs/x.png) -> the member it is (links out of the archive too, never followed: unreadable
+    images); the images it does not read said in warnings: members stored sparse, members of
+    a `..` part (which tar does not unpack, also where they stay inside the archive:
+    `cat/../dog/e.png`), and members in a folder that is a link tar -x writes nothing through
+    (`_leave_out_members_under_links`)."""
+    # A link out of the archive (which tar -x unpacks pointing at the host's file: an
+    # attacker's archive at /etc/passwd) is listed and never followed: an unreadable image
+    # (`LEADS_OUT`), as a shard's is and as a link to nothing is on disk. It was left out with a
+    # warning here, while a shard counted it: two rules for one link.
+    stored = _image_members(listing)
     member_of: dict[str, str] = {}
     not_unpacked = []
     for name in stored:
@@ -2895,22 +2900,6 @@ def _image_members(listing: TarListing) -> list[str]:
         and not is_apple_double(posixpath.basename(name))
         and name not in listing.folder_links
     ]
-
-
-def _without_links_out(spec: str, listing: TarListing, stored: list[str]) -> list[str]:
-    """`stored` without the links out of the archive, which tar -x unpacks pointing at the
-    host's file (an attacker's archive at /etc/passwd): never followed, left out and said, as a
-    '..' member is."""
-    leaving = [name for name in stored if name in listing.outside]
-    if not leaving:
-        return stored
-    shown = [f"{name} -> {listing.outside[name]}" for name in leaving]
-    log.warning(
-        f"{spec}: {counted(len(leaving), 'image member')} "
-        f"{'is a link' if len(leaving) == 1 else 'are links'} out of the archive, not read, "
-        f"as torchkit follows no link out of an archive: {first_and_more(shown, 3)}"
-    )
-    return [name for name in stored if name not in listing.outside]
 
 
 def _warn_unwritten_images(spec: str, listing: TarListing) -> None:
