@@ -538,6 +538,28 @@ def test_a_folder_search_names_the_folders_it_cannot_list(tmp_path, monkeypatch,
     assert refused.value.hint == "make it readable"
 
 
+def test_a_folder_that_cannot_be_listed_fails_the_run_once_the_rest_is_read(
+    tmp_path, monkeypatch, videos
+):
+    """It warned and exited 0, so `video-info clips/ -o info.csv && rm -r clips` deleted the
+    videos with no row; now exit 1 after every other row, as for a video that fails (exit 0
+    with --skip-errors, a warning then)."""
+    (tmp_path / "clips" / "sub").mkdir(parents=True)
+    (tmp_path / "clips" / "a.avi").write_bytes(need(videos, "mjpg.avi").read_bytes())
+    deny_listing(monkeypatch, tmp_path / "clips" / "sub")
+    for fmt in ("table", "json"):
+        result = invoke(tmp_path / "clips", "--format", fmt)
+        assert result.exit_code == 1, result.stderr
+        assert error_line(result.stderr) == (
+            "Error: 1 folder could not be listed: their videos were not read (the warning above "
+            "names them: make them readable; --skip-errors exits 0)"
+        )
+        assert "a.avi" in result.stdout and result.stderr.count("cannot be listed") == 1
+    skipped = invoke(tmp_path / "clips", "--skip-errors")
+    assert skipped.exit_code == 0, skipped.stderr
+    assert "Warning: 1 folder could not be listed" in skipped.stderr
+
+
 def test_csv_has_raw_values_under_the_json_names(videos):
     path = need(videos, "mjpg.avi")
     result = invoke(path, "--format", "csv", "--segments", "3")

@@ -182,6 +182,7 @@ def video_info(
       torchkit video-info clip.mp4 --segments 8 --sample-mode train --extract-frames frames/
     """
     from torchkit.cli.options import former_short_flag
+    from torchkit.core.data.sources.discovery import collecting_unlisted
     from torchkit.core.video import inspect_videos
 
     segments = former_short_flag(segments, segments_short, option="--segments", flag="-k")
@@ -189,64 +190,66 @@ def video_info(
     fmt = resolve_format(fmt, output, StreamedOutputFormat)
     if fmt == StreamedOutputFormat.csv and extract_frames is not None:
         _check_csv_frames_folder(extract_frames)
-    stdin = piped_paths(paths, null)
-    if fmt != StreamedOutputFormat.table and extract_frames is None:
-        # One row per video as it is read: nothing held but the videos in work.
-        tally = _write_streamed(
-            paths,
-            fmt=fmt,
-            output=output,
-            force=force,
-            stdin=stdin,
-            exact=exact,
-            decode_check=decode_check,
-            segments=segments,
-            sample_mode=sample_mode.value,
-            seed=seed,
-            workers=workers,
-        )
-        _finish(tally, skip_errors)
-        return
-
-    def render(infos) -> tuple[list[Table], list]:
-        if fmt == StreamedOutputFormat.csv:
-            table = _csv_table(infos)
-        else:
-            table = _table(infos, exact=exact, segments=segments is not None)
-        return [table], [info.to_dict() for info in infos]
-
-    # An -o file is written before the new frames replace an old folder (ReportAtSwap), one
-    # inside the frames folder after.
-    with ReportAtSwap(
-        render, fmt=fmt, output=output, force=force, swapped_in=extract_frames
-    ) as report:
-        with progress_bar("reading videos", eta=False, refresh_in_thread=True) as advance:
-            infos = inspect_videos(
+    # The folders that cannot be listed fail the run too, once the rest is read (as `cp -r`).
+    with collecting_unlisted() as unlisted:
+        stdin = piped_paths(paths, null)
+        if fmt != StreamedOutputFormat.table and extract_frames is None:
+            # One row per video as it is read: nothing held but the videos in work.
+            tally = _write_streamed(
                 paths,
+                fmt=fmt,
+                output=output,
+                force=force,
+                stdin=stdin,
                 exact=exact,
                 decode_check=decode_check,
                 segments=segments,
                 sample_mode=sample_mode.value,
                 seed=seed,
-                extract_dir=extract_frames,
-                force=force,
                 workers=workers,
-                progress=advance,
-                report=report_file(output),  # checked against the videos before the work
-                stdin=stdin,
-                before_keep=report.before_keep,
             )
-        report.after(infos)
-    tally = _Tally()
-    for info in infos:
-        tally.add(info)
-    if extract_frames is not None:
-        written = {f for info in infos for f in info.frame_files or []}
-        if written:
-            console.note(f"wrote {counted(len(written), 'frame')} to {extract_frames}")
-        else:
-            console.note(f"no frame was written: {extract_frames} is as it was")
-    _finish(tally, skip_errors)
+            _finish(tally, skip_errors, unlisted)
+            return
+
+        def render(infos) -> tuple[list[Table], list]:
+            if fmt == StreamedOutputFormat.csv:
+                table = _csv_table(infos)
+            else:
+                table = _table(infos, exact=exact, segments=segments is not None)
+            return [table], [info.to_dict() for info in infos]
+
+        # An -o file is written before the new frames replace an old folder (ReportAtSwap), one
+        # inside the frames folder after.
+        with ReportAtSwap(
+            render, fmt=fmt, output=output, force=force, swapped_in=extract_frames
+        ) as report:
+            with progress_bar("reading videos", eta=False, refresh_in_thread=True) as advance:
+                infos = inspect_videos(
+                    paths,
+                    exact=exact,
+                    decode_check=decode_check,
+                    segments=segments,
+                    sample_mode=sample_mode.value,
+                    seed=seed,
+                    extract_dir=extract_frames,
+                    force=force,
+                    workers=workers,
+                    progress=advance,
+                    report=report_file(output),  # checked against the videos before the work
+                    stdin=stdin,
+                    before_keep=report.before_keep,
+                )
+            report.after(infos)
+        tally = _Tally()
+        for info in infos:
+            tally.add(info)
+        if extract_frames is not None:
+            written = {f for info in infos for f in info.frame_files or []}
+            if written:
+                console.note(f"wrote {counted(len(written), 'frame')} to {extract_frames}")
+            else:
+                console.note(f"no frame was written: {extract_frames} is as it was")
+        _finish(tally, skip_errors, unlisted)
 
 
 class _Tally:
@@ -264,7 +267,9 @@ class _Tally:
         self.statuses[info.status] = self.statuses.get(info.status, 0) + 1
 
 
-def _finish(tally: _Tally, skip_errors: bool) -> None:
+def _finish(tally: _Tally, skip_errors: bool, unlisted: list[str]) -> None:
+    """The closing lines; the error (exit 1) where a video could not be read or a folder
+    listed (`unlisted`, warned of: its videos have no row), unless `skip_errors`."""
     from torchkit.core.io.errors import InputError
 
     if tally.differing:
@@ -273,10 +278,18 @@ def _finish(tally: _Tally, skip_errors: bool) -> None:
             "frames than their header says"
         )
     problems = _problems(tally)
+    hint = "see the status and error columns; --skip-errors exits 0"
+    if unlisted:
+        folders = f"{len(unlisted)} folder{'s' if len(unlisted) != 1 else ''}"
+        if problems:
+            problems += f", and {folders} could not be listed"
+        else:
+            problems = f"{folders} could not be listed: their videos were not read"
+            hint = "the warning above names them: make them readable; --skip-errors exits 0"
     if problems and skip_errors:
         console.warn(problems)
     elif problems:
-        raise InputError(problems, "see the status and error columns; --skip-errors exits 0")
+        raise InputError(problems, hint)
 
 
 def _problems(tally: _Tally) -> str | None:
