@@ -20,7 +20,6 @@ from torchkit.cli.options import (
     StrictOption,
     TrustCheckpointOption,
     WorkersOption,
-    data_and_rest,
     data_option,
     product_path,
     seed_in_range,
@@ -710,11 +709,11 @@ def shards(
 
       torchkit convert shards --data flowers/ shards/flowers  (SRC as --data: the argument is OUT)
     """
-    from torchkit.cli.out_beside_data import argument_as_out
+    from torchkit.cli.out_beside_data import argument_as_out, data_and_out
     from torchkit.core.convert.shards import check_report, convert_shards, shard_options
 
     fmt = resolve_format(fmt, output)
-    src, out, argument = _source_and_out(src, out, data, out_option)
+    src, out, argument = data_and_out(src, out, data, out_option, data_name="SRC")
     options = shard_options(
         shard_size=shard_size, per_shard=per_shard, seed=seed, shuffle=shuffle, verify=verify
     )
@@ -762,23 +761,6 @@ def shards(
     incomplete = report.incomplete()  # as `cp -r`: the rest is written, the command failed
     if incomplete is not None:
         raise incomplete
-
-
-def _source_and_out(
-    src: str | None, out: Path | None, data: str | None, out_option: Path | None
-) -> tuple[str, Path, Path | None]:
-    """(SRC, OUT, OUT where it is the argument beside --data and no --out): SRC as the first
-    positional or --data, as split's ROOT; with --data, the first positional is OUT."""
-    from torchkit.cli.out_beside_data import argument_out
-    from torchkit.core.io.errors import UsageError
-
-    words = [word for word in (src, out) if word is not None]
-    src, rest = data_and_rest(data, words, name="SRC", after=1)
-    if src is None:
-        raise UsageError("missing SRC", "give it, or as --data SRC")
-    positional = rest[0] if rest else None
-    chosen = Path(product_path(positional, out_option, data=data, data_name="SRC"))
-    return str(src), chosen, argument_out(positional, data, out_option)
 
 
 def _shards_rendered(report) -> tuple[list[Table], dict]:
