@@ -228,7 +228,7 @@ def export_model(request: ExportRequest, progress: Progress | None = None) -> Ex
         held_matrices=pt2_held_matrices(attention),
     )
     batches = verification_batches(sample, sizes if request.verify else sizes[:1])
-    references = _reference(model, batches, arch=arch)
+    references = _reference(model, batches, arch=arch, trained=_trained_input(resolved))
     if request.verify:
         require_comparable(references, arch)
     example = verification_batches(sample, [example_size], seed=1)[0]
@@ -675,9 +675,20 @@ def _input_of(resolved: Any, image_size: int | None) -> tuple[Any, tuple[int, ..
     return preprocess, (channels, preprocess.image_size, preprocess.image_size)
 
 
-def _reference(model: Any, batches: list[Any], *, arch: str) -> list[Any]:
+def _trained_input(resolved: Any) -> tuple[int, ...] | None:
+    """The input (C, H, W) a torchkit checkpoint's model was trained on; None for any other
+    model, whose size no file records."""
+    if resolved.checkpoint is None or resolved.sample_shape is None:
+        return None
+    return tuple(resolved.sample_shape) if len(resolved.sample_shape) == 3 else None
+
+
+def _reference(
+    model: Any, batches: list[Any], *, arch: str, trained: tuple[int, ...] | None = None
+) -> list[Any]:
     """The PyTorch outputs every exported output is compared with; the model must give one
-    tensor with the batch first."""
+    tensor with the batch first. `trained`: the input (C, H, W) a checkpoint's model was
+    trained on, which the hint of a model that does not run names."""
     import torch
 
     shape = "x".join(map(str, batches[0].shape))
@@ -688,11 +699,20 @@ def _reference(model: Any, batches: list[Any], *, arch: str) -> list[Any]:
         refusal = image_size_refusal(model, arch, first.shape, error, dtype=first.dtype)
         if refusal is not None:
             raise refusal from error
+        hint = (
+            "give the image size it was trained at with --image-size; a model that fixes its "
+            "batch size needs --static-batch --batch-size N"
+        )
+        # A checkpoint records a square size, the one --image-size takes.
+        if trained is not None and tuple(first.shape[1:]) != trained and trained[1] == trained[2]:
+            hint = (
+                f"it was trained on {trained[1]}x{trained[2]} images: give --image-size "
+                f"{trained[1]}, or leave --image-size out"
+            )
         raise ExportError(
             f"{arch} does not run on an input of shape {shape}: "
             f"{first_line(error, with_type=True)}",
-            "give the image size it was trained at with --image-size; a model that fixes its "
-            "batch size needs --static-batch --batch-size N",
+            hint,
         ) from error
     for batch, output in zip(batches, outputs, strict=True):
         if not isinstance(output, torch.Tensor):
