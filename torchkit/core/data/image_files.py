@@ -45,13 +45,13 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import stat
 import warnings
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 from torchkit.core.io.errors import InputError, first_line
-from torchkit.core.io.file_kinds import LINK_TO_NOTHING, file_kind
+from torchkit.core.io.file_kinds import LINK_TO_NOTHING
+from torchkit.core.io.records import NotARegularFile, regular_file_descriptor
 from torchkit.core.runtime.fork_safe import ForkSafeLock
 
 SIXTEEN_BIT_MODES = frozenset({"I;16", "I;16L", "I;16B", "I;16N"})
@@ -59,10 +59,6 @@ SIXTEEN_BIT_MODES = frozenset({"I;16", "I;16L", "I;16B", "I;16N"})
 HIGH_BIT_DEPTH_MODES = SIXTEEN_BIT_MODES | {"I"}
 EXIF_ORIENTATION_TAG = 0x0112
 _ORIENTATIONS = frozenset(range(1, 9))
-
-
-class NotARegularFile(OSError):
-    """An image path that names something other than a regular file."""
 
 
 class DamagedImage(OSError):
@@ -84,32 +80,13 @@ def open_regular_file(path: str | os.PathLike) -> BinaryIO:
     if isinstance(path, StoredImage):
         return path.open()
     try:
-        # The opener hands the descriptor to the file object inside `open` itself: a Ctrl-C
-        # or SIGTERM raised just after `os.fdopen` made the file object (which then closes
-        # it) was followed by a second close here, and ended as `Bad file descriptor`, not
-        # as the stop (or closed another thread's file that had taken the number meanwhile).
-        return open(path, "rb", opener=_regular_file_descriptor)
+        # The opener hands the descriptor to the file object inside `open` itself
+        # (`core.io.records.open_regular_file`, which records torchkit wrote are opened with).
+        return open(path, "rb", opener=regular_file_descriptor)
     except FileNotFoundError:
         if os.path.islink(path):
             raise NotARegularFile(f"not a regular file ({LINK_TO_NOTHING})") from None
         raise
-
-
-def _regular_file_descriptor(path: str, _flags: int) -> int:
-    """`open_regular_file`'s opener: a descriptor of a regular file, opened without blocking
-    (`open`'s own flags for "rb" are not used)."""
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
-    fd = os.open(path, flags)
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise NotARegularFile(f"not a regular file ({file_kind(info.st_mode)})")
-        if hasattr(os, "set_blocking"):
-            os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 def read_regular_file(path: str | os.PathLike) -> bytes:

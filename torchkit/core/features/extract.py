@@ -66,6 +66,7 @@ from torchkit.core.io.output_proofs import (
 from torchkit.core.io.outputs import OutputFolder
 from torchkit.core.io.overlap import InputPath
 from torchkit.core.io.progress import Progress
+from torchkit.core.io.records import open_regular_file
 from torchkit.core.io.redaction import redact_url
 from torchkit.core.models import ModelSpec, require_model_files, resolve_spec
 from torchkit.core.models.image_size import first_batch_error
@@ -286,7 +287,7 @@ def _partial_names() -> tuple[str, ...]:
 def _is_errors_log(path: Path) -> bool:
     """Whether `path` begins as ERRORS_FILE does: a line `[image index, "why"]`."""
     try:
-        with open(path, "rb") as handle:
+        with open_regular_file(path) as handle:
             first = json.loads(handle.readline(1 << 16))
     except (OSError, ValueError):
         return False

@@ -57,6 +57,7 @@ from torchkit.core.io.names import distinct_names
 from torchkit.core.io.non_utf8_names import json_text
 from torchkit.core.io.output_paths import remove_tree
 from torchkit.core.io.outputs import OutputFolder
+from torchkit.core.io.records import open_regular_file, read_record_json
 from torchkit.core.io.write_errors import write_error
 
 log = logging.getLogger("torchkit")
@@ -143,7 +144,7 @@ def _start_over_told(output: OutputFolder) -> Iterator[None]:
 
 def read_json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return read_record_json(path)  # a FIFO under its name: an error, never a wait
     except (OSError, ValueError) as error:
         raise InputError(f"cannot read {path}: {error}", START_OVER) from error
 
@@ -500,7 +501,7 @@ def _npy_layout(path: Path) -> tuple[tuple[int, ...], Any, int]:
     """(shape, dtype, where the data starts) of a C-order .npy (ValueError for another)."""
     from numpy.lib import format as npy
 
-    with open(path, "rb") as handle:
+    with open_regular_file(path) as handle:
         version = npy.read_magic(handle)
         read_header = npy.read_array_header_2_0 if version >= (2, 0) else npy.read_array_header_1_0
         shape, fortran, dtype = read_header(handle)
@@ -515,7 +516,7 @@ def known_files(folder: Path) -> tuple[str, ...]:
     marker existed; nothing when the folder holds no such record."""
     for path in (folder / META_FILE, folder / PARTIAL_DIR / PROGRESS_FILE):
         try:
-            record = json.loads(path.read_text(encoding="utf-8"))
+            record = read_record_json(path)
         except (OSError, ValueError):
             continue
         if not isinstance(record, dict) or "fingerprint" not in record:
@@ -548,7 +549,7 @@ def is_recorded_array(path: Path) -> bool:
     shape (any number of rows: the run's total, the rows kept, or a streamed run's count).
     Any other .npy there (yours) is not the run's."""
     try:
-        record = json.loads((path.parent / PROGRESS_FILE).read_text(encoding="utf-8"))
+        record = read_record_json(path.parent / PROGRESS_FILE)
         layers = record["layers"] if isinstance(record, dict) else None
         if not isinstance(layers, dict) or path.suffix != ".npy":
             return False
@@ -630,7 +631,7 @@ def _read_errors(path: Path, count: int, length: int) -> dict[int, str]:
     """The `count` errors an interrupted run recorded: the first `length` bytes of its
     ERRORS_FILE (what a commit stopped part-way appended after them is not counted)."""
     try:
-        with open(path, "rb") as handle:
+        with open_regular_file(path) as handle:
             data = handle.read(length)
         lines = data.decode("utf-8").splitlines()
         if len(data) != length or len(lines) != count:

@@ -84,6 +84,7 @@ from torchkit.core.io.output_paths import (
     sibling,
 )
 from torchkit.core.io.overlap import InputPath, check_not_protected, check_overlap
+from torchkit.core.io.records import read_record_bytes
 from torchkit.core.io.special_files import check_not_stdout
 from torchkit.core.io.temporaries import (
     remove_dead_temporaries,
@@ -178,7 +179,7 @@ def _killed_runs_names(folder: Path) -> list[str]:
     journal = folder / WRITTEN_JOURNAL
     names = []
     with contextlib.suppress(OSError):
-        for line in journal.read_bytes().splitlines():
+        for line in read_record_bytes(journal).splitlines():  # a FIFO there: no names
             with contextlib.suppress(ValueError):
                 name = json.loads(line)
                 if isinstance(name, str) and not os.path.isabs(name):

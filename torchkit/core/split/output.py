@@ -17,7 +17,6 @@ from torchkit.core.data.sources.required import require_data
 from torchkit.core.data.sources.splitting import (
     SPLIT_JOURNAL,
     SPLIT_NAMES,
-    open_record,
     path_key,
     written_split_names,
 )
@@ -38,6 +37,7 @@ from torchkit.core.io.open_outputs import closed, opened
 from torchkit.core.io.output_paths import MARKER, remove_tree
 from torchkit.core.io.outputs import discard_tree
 from torchkit.core.io.overlap import OutputOverlapError
+from torchkit.core.io.records import open_record
 from torchkit.core.io.special_files import is_special_file
 from torchkit.core.io.temporaries import remove_dead_temporaries
 from torchkit.core.split.options import MANIFEST, RESERVED_PREFIX, is_folder_name

@@ -11,10 +11,11 @@ import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from torchkit.core.data.sources.splitting import open_record, split_journal
+from torchkit.core.data.sources.splitting import split_journal
 from torchkit.core.io.errors import InputError
 from torchkit.core.io.files import refuse_unreachable
 from torchkit.core.io.folder_locks import flock_path, held_exclusively, hold, is_held
+from torchkit.core.io.records import open_record
 from torchkit.core.io.shell_words import shell_line
 
 # Beside the data a move empties (in ROOT, hidden: no reader takes it for data; beside a CSV

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import io
 import json
 import os
 import unicodedata
 from collections.abc import Callable, Sequence
-from typing import IO
 
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.io.errors import InputError
 from torchkit.core.io.files import NAME_ERRORS
+from torchkit.core.io.records import open_record  # split's records, read by the data readers too
 
 SPLIT_NAMES = ("train", "val", "test")
 # torchkit split's record in OUT of the split it is writing (its state: "copying" for a copy,
@@ -49,18 +48,6 @@ def refuse_mixed_splits(
         "they would be mixed",
         hint,
     )
-
-
-def open_record(path: str | os.PathLike, errors: str = "strict") -> IO[str]:
-    """A record split keeps in OUT or beside the data (its journal, its split.csv, a move's
-    record, which readers look for in every folder above the data), opened to read as UTF-8
-    text (`errors`: NAME_ERRORS for a file that names files): a regular file only, opened
-    without blocking, so that a FIFO under its name (anyone's, in /tmp) is an OSError
-    (`NotARegularFile`), never a read that waits for ever. (It hung every command reading data
-    below it, and split on an OUT holding it.)"""
-    from torchkit.core.data.image_files import open_regular_file
-
-    return io.TextIOWrapper(open_regular_file(path), encoding="utf-8", errors=errors, newline="")
 
 
 def split_journal(folder: str | os.PathLike) -> dict | None:
