@@ -49,7 +49,6 @@ from torchkit.core.convert.sample_tar import SampleTarWriter
 from torchkit.core.data.image_files import (
     UNREADABLE_WARNINGS,
     image_path,
-    read_regular_file,
     strict_unreadable_error,
     unreadable_reason,
 )
@@ -72,6 +71,7 @@ from torchkit.core.io.output_proofs import tar_by
 from torchkit.core.io.outputs import OutputFolder, reports_inside
 from torchkit.core.io.overlap import InputPath, check_overlap
 from torchkit.core.io.progress import Progress
+from torchkit.core.io.records import read_record_bytes
 from torchkit.core.io.redaction import redact_url
 from torchkit.core.runtime.ahead import read_ahead
 from torchkit.deferred_signals import signals_deferred
@@ -1101,7 +1101,7 @@ def _partial_lines(text: str) -> dict | None:
 def _read_record(path: Path) -> str:
     """The text of a manifest (or partial manifest) in OUT, where it is a regular file: a FIFO
     under its name is `NotARegularFile`, never opened to wait on (it hung the run for ever)."""
-    return read_regular_file(path).decode("utf-8")
+    return read_record_bytes(path).decode("utf-8")
 
 
 def _is_manifest(path: Path) -> bool:
@@ -1126,7 +1126,7 @@ def _is_classes_file(path: Path) -> bool:
     try:
         if path.stat().st_size > _CLASSES_LIMIT:
             return False
-        text = read_regular_file(path).decode("utf-8", "surrogateescape")
+        text = read_record_bytes(path).decode("utf-8", "surrogateescape")
     except (OSError, ValueError):
         return False
     if not text:

@@ -83,6 +83,7 @@ from torchkit.core.io.errors import (
 )
 from torchkit.core.io.folder_locks import close_lock, open_unshared
 from torchkit.core.io.output_paths import remove_tree
+from torchkit.core.io.records import read_record_json
 from torchkit.core.io.redaction import has_redacted_secret, list_parts, redact_url
 from torchkit.core.io.sizes import free_bytes as _free_bytes
 from torchkit.core.io.write_errors import as_write_error
@@ -809,7 +810,7 @@ def _is_current(url: str, target: Path, expected: dict[str, Any] | None, folder:
     """Whether the cached `target` is the shard `url` names now (as far as the cache knows,
     where the server of `folder` cannot be reached)."""
     try:
-        record = json.loads(_record_path(target).read_text(encoding="utf-8"))
+        record = read_record_json(_record_path(target))  # a FIFO there: no record, no wait
     except (OSError, ValueError):
         record = {}
     if not isinstance(record, dict):
