@@ -49,9 +49,9 @@ import warnings
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
+from torchkit.core.io import records
 from torchkit.core.io.errors import InputError, first_line
-from torchkit.core.io.file_kinds import LINK_TO_NOTHING
-from torchkit.core.io.records import NotARegularFile, regular_file_descriptor
+from torchkit.core.io.records import NotARegularFile
 from torchkit.core.runtime.fork_safe import ForkSafeLock
 
 SIXTEEN_BIT_MODES = frozenset({"I;16", "I;16L", "I;16B", "I;16N"})
@@ -79,14 +79,7 @@ def open_regular_file(path: str | os.PathLike) -> BinaryIO:
 
     if isinstance(path, StoredImage):
         return path.open()
-    try:
-        # The opener hands the descriptor to the file object inside `open` itself
-        # (`core.io.records.open_regular_file`, which records torchkit wrote are opened with).
-        return open(path, "rb", opener=regular_file_descriptor)
-    except FileNotFoundError:
-        if os.path.islink(path):
-            raise NotARegularFile(f"not a regular file ({LINK_TO_NOTHING})") from None
-        raise
+    return records.open_regular_file(path)  # as the records torchkit wrote are opened
 
 
 def read_regular_file(path: str | os.PathLike) -> bytes:
