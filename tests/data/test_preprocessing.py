@@ -164,6 +164,59 @@ def test_an_image_size_beyond_the_machines_memory_is_a_usage_error_before_any_wo
     validate(TrainConfig(image_size=4096))
 
 
+# The commands a --resize-size is given to, with a tiny convnet checkpoint (8x8 images).
+RESIZING = {
+    "train": ["train", "--data", "{data}", "--model", "convnet", "--image-size", "8",
+              "--epochs", "1", "--workers", "0", "--out", "{out}"],
+    "eval": ["eval", "{ckpt}", "--data", "{data}", "--workers", "0", "--out", "{out}"],
+    "predict": ["predict", "{ckpt}", "{data}", "--workers", "0", "-o", "{out}.csv"],
+    "extract-features": ["extract-features", "{ckpt}", "{data}", "{out}", "--workers", "0"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("command", RESIZING)
+@pytest.mark.parametrize(
+    ("side", "shown", "needed"),
+    [
+        (10**20, "100000000000000000000", "1.2e+32 GB"),
+        (10**400, "100000000000000000...0000000000000000000", "1.2e+792 GB"),
+    ],
+    ids=["1e20", "1e400"],
+)
+def test_a_resize_size_past_memory_names_it_and_its_bytes_in_powers_of_ten(
+    command, side, shown, needed, image_folder, tmp_path
+):
+    """Before: eval, predict and extract-features named "--image-size 8 (resized to ... first)",
+    an option not given; the bytes were float noise ("120,000,000,000,000,013,645,154,049,
+    064,960.0 GB"), and a side of 400 digits ended in "OverflowError: int too large to convert
+    to float"."""
+    from checkpoints import write_convnet_checkpoint
+    from output_checks import error_line
+    from processes import run_torchkit_in_process
+
+    ckpt = tmp_path / "ck.pt"
+    write_convnet_checkpoint(ckpt, in_channels=3, image_size=8, classes="ab")
+    out = tmp_path / "out"
+    words = [w.format(data=image_folder, ckpt=ckpt, out=out) for w in RESIZING[command]]
+    result = run_torchkit_in_process(*words, "--resize-size", side)
+    assert result.returncode == 2, result.stderr
+    line = error_line(result.stderr)
+    assert line.startswith(f"Error: --resize-size {shown} needs {needed} for each image, "), line
+    assert not [path for path in tmp_path.iterdir() if path.name.startswith("out")]
+
+
+def test_gigabytes_are_written_in_powers_of_ten_from_a_petabyte():
+    from torchkit.core.io.sizes import gigabytes_text
+
+    assert gigabytes_text(120_000_000_000) == "120.0 GB"
+    assert gigabytes_text(999_999_000_000_000) == "999,999.0 GB"
+    assert gigabytes_text(25e9, 0) == "25 GB"
+    assert gigabytes_text(1.2e15) == "1.2e+06 GB"
+    assert gigabytes_text(12 * 10**40) == "1.2e+32 GB"
+    assert gigabytes_text(125 * 10**798) == "1.2e+791 GB"  # beyond a float: Decimal's rounding
+    assert gigabytes_text(135 * 10**798) == "1.4e+791 GB"
+
+
 def test_a_crop_recorded_without_its_resize_is_resized_in_proportion(tmp_path):
     """A checkpoint recording `image_size` 8 but no `resize_size` (made by hand) was resized to
     256 and then cropped to 8: the model saw a 32x smaller view of each image. As torchvision

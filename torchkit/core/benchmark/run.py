@@ -37,6 +37,7 @@ from torchkit.core.inference.options import check_batch_fits
 from torchkit.core.io.errors import InputError, TorchkitError, UsageError, first_line, short_repr
 from torchkit.core.io.option_lists import number_items
 from torchkit.core.io.progress import Progress
+from torchkit.core.io.sizes import gigabytes_text
 from torchkit.core.models.exported.formats import TORCHSCRIPT
 from torchkit.core.models.image_size import ImageSizeError, one_value_per_channel
 from torchkit.core.models.inputs import make_inputs
@@ -764,8 +765,8 @@ def _check_fits_in_memory(
             # export's, summary's and --num-classes' memory refusals are (conventions.md)
             raise UsageError(
                 f"{name} in {mode} mode at batch {batch} needs at least "
-                f"{needed / 1e9:,.1f} GB ({what}), more than the "
-                f"{available / 1e9:,.1f} GB of memory available{limit_words(available)}",
+                f"{gigabytes_text(needed)} ({what}), more than the "
+                f"{gigabytes_text(available)} of memory available{limit_words(available)}",
                 "give a smaller --batch-size, or find the largest that fits with --find-batch-size",
             )
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from torchkit.core.io.errors import CheckpointError, InputError, UsageError, short_repr
 from torchkit.core.io.option_lists import number_items
+from torchkit.core.io.sizes import gigabytes_text
 from torchkit.core.io.wording import counted
 from torchkit.core.runtime.memory import CGROUP, CGROUP_LIMIT, memory_total
 
@@ -253,7 +254,7 @@ def apply_overrides(
                 f"{result.image_size}",
                 "the centre crop must fit inside the resized image",
             )
-        check_fits_in_memory(result, channels)
+        check_fits_in_memory(result, channels, resize_given=resize_size is not None)
     if mean is not None:
         result = replace(result, mean=_per_channel(mean, channels, "--mean", stats))
     if std is not None:
@@ -303,10 +304,18 @@ def _shown(values: tuple[float, ...]) -> str:
     return ",".join(f"{v:g}" for v in values)
 
 
-def check_fits_in_memory(preprocess: Preprocess, channels: int) -> None:
-    """`check_image_memory` for the sizes `apply_overrides` made."""
+def check_fits_in_memory(preprocess: Preprocess, channels: int, *, resize_given: bool) -> None:
+    """`check_image_memory` for the sizes `apply_overrides` made, naming the option the user
+    gave: `--resize-size N` where given (the larger side, as the crop must fit in it), else
+    `--image-size N` and the resize its ratio made of it."""
     side = max(preprocess.image_size, preprocess.resize_size)
-    shown = f"--image-size {preprocess.image_size} (resized to {preprocess.resize_size} first)"
+    image, resize = short_repr(preprocess.image_size), short_repr(preprocess.resize_size)
+    if resize_given:
+        shown = f"--resize-size {resize}"
+    elif preprocess.resize_size > preprocess.image_size:
+        shown = f"--image-size {image} (resized to {resize} first)"
+    else:
+        shown = f"--image-size {image}"
     check_image_memory(side, channels, shown)
 
 
@@ -321,11 +330,11 @@ def check_image_memory(side: int, channels: int, shown: str) -> None:
         return  # no way to tell here
     if needed > memory / 2:
         if memory.bound == CGROUP:
-            whose = f"the {memory / 1e9:,.1f} GB {CGROUP_LIMIT}"
+            whose = f"the {gigabytes_text(memory)} {CGROUP_LIMIT}"
         else:
-            whose = f"this machine's {memory / 1e9:,.0f} GB"
+            whose = f"this machine's {gigabytes_text(memory, 0)}"
         raise UsageError(
-            f"{shown} needs {needed / 1e9:,.1f} GB for each image, more than half {whose}",
+            f"{shown} needs {gigabytes_text(needed)} for each image, more than half {whose}",
             "give a smaller size",
         )
 

@@ -58,6 +58,26 @@ def format_megabytes(megabytes: float) -> str:
     return f"{megabytes:.{decimals}f}"
 
 
+# From a petabyte up, a figure of gigabytes is written in powers of ten ("1.2e+32 GB"): its
+# digits past float's 16 were noise ("120,000,000,000,000,013,645,154,049,064,960.0 GB").
+_SCIENTIFIC_GB = 1e6
+
+
+def gigabytes_text(count: float, digits: int = 1) -> str:
+    """`count` bytes as every refusal writes them: "120.0 GB", "156,734.7 GB" (`digits` after
+    the point), "1.2e+32 GB" from a petabyte up, also for a count too large for a float (the
+    memory a --resize-size of hundreds of digits asks for)."""
+    try:
+        value = count / 1e9
+    except OverflowError:  # an int beyond float's range: Decimal holds any
+        from decimal import Decimal
+
+        return f"{Decimal(int(count)).scaleb(-9):.1e} GB"
+    if abs(value) >= _SCIENTIFIC_GB:
+        return f"{value:.1e} GB"
+    return f"{value:,.{digits}f} GB"
+
+
 def free_bytes(folder: str | os.PathLike) -> int | None:
     """The bytes the disk of `folder` has free for this user; None where unknown (no statvfs:
     Windows)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from torchkit.core.io.errors import UsageError
+from torchkit.core.io.sizes import gigabytes_text
 
 
 def convnet_class():
@@ -83,7 +84,7 @@ def _check_fits(image_size: str, classifier_weights: int) -> None:
     if free is not None:
         raise UsageError(
             f"convnet at {image_size} px has {classifier_weights:,} weights in its first linear "
-            f"layer ({needed / 1e9:,.1f} GB), more than half the {free / 1e9:,.1f} GB free here"
+            f"layer ({gigabytes_text(needed)}), more than half the {gigabytes_text(free)} free here"
             f"{limit_words(free)}",
             "convnet is made for small images: give a smaller --image-size, or a model made "
             "for large images such as resnet18",

@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from torchkit.core.io.errors import UsageError
+from torchkit.core.io.sizes import gigabytes_text
 from torchkit.core.runtime.memory import beyond_half_free, limit_words
 
 # Wider than any classifier input of torchvision's and timm's models (regnet_y_128gf: 7,392): a
@@ -205,8 +206,8 @@ def refuse_unholdable_head(
             inputs = " + ".join(f"{inputs:,}" for inputs in widths)
             what = f"{len(widths)} classifiers of ({inputs}) x {num_classes:,} weights"
         raise UsageError(
-            f"--num-classes {num_classes} needs {needed / 1e9:,.1f} GB for {what}, more than "
-            f"half the {free / 1e9:,.1f} GB free{limit_words(free)}",
+            f"--num-classes {num_classes} needs {gigabytes_text(needed)} for {what}, more than "
+            f"half the {gigabytes_text(free)} free{limit_words(free)}",
             _FEWER_CLASSES,
         )
 

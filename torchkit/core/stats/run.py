@@ -13,7 +13,7 @@ from torchkit.core.data.neardup import DEFAULT_NEAR_THRESHOLD, MAX_THRESHOLD
 from torchkit.core.data.preprocessing import check_image_memory
 from torchkit.core.data.sources.digits import DIGITS
 from torchkit.core.data.sources.samples import Samples, shown_class_names
-from torchkit.core.io.errors import InputError, UsageError
+from torchkit.core.io.errors import InputError, UsageError, short_repr
 from torchkit.core.io.progress import Progress
 from torchkit.core.runtime.cpus import check_workers
 from torchkit.core.stats.report import DatasetStats, find_duplicates, summarise
@@ -228,7 +228,7 @@ def _check_stats_options(
     if resize is not None:
         # Each image is resized in memory: a side no machine holds would have the OOM killer
         # end a worker, or PIL overflow, counted as every image unreadable.
-        check_image_memory(resize, 3, f"--resize {resize}")
+        check_image_memory(resize, 3, f"--resize {short_repr(resize)}")
     check_near_threshold(near_threshold)
     check_workers(workers)
 

@@ -42,6 +42,7 @@ from typing import Any
 
 from torchkit.core.input_size import check_numel
 from torchkit.core.io.errors import TorchkitError, UsageError, first_line
+from torchkit.core.io.sizes import gigabytes_text
 from torchkit.core.models.image_size import (
     ImageSizeError,
     image_size_refusal,
@@ -754,8 +755,8 @@ def check_inputs_fit(specs: Sequence[InputSpec], device: Any) -> None:
     free = _free_memory(device)
     if free is not None and needed > free:
         raise UsageError(
-            f"an input of shape {_shapes_text(specs)} takes {needed / 1e9:,.1f} GB, more than "
-            f"the {free / 1e9:,.1f} GB free on {device}{limit_words(free)}",
+            f"an input of shape {_shapes_text(specs)} takes {gigabytes_text(needed)}, more than "
+            f"the {gigabytes_text(free)} free on {device}{limit_words(free)}",
             "give a smaller --input-size or --batch-size",
         )
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from torchkit.core.input_size import MAX_NUMEL, check_numel, parse_input_size, square_sample
 from torchkit.core.io.errors import TorchkitError, UsageError, first_line, short_repr
+from torchkit.core.io.sizes import gigabytes_text
 from torchkit.core.models import ModelSpec, model_inputs, resolve_spec
 from torchkit.core.models.builders import BUILTIN_MODELS, is_timm_spec, list_models
 from torchkit.core.models.image_size import ImageSizeError
@@ -424,7 +425,7 @@ def _sized_by_input(spec: str, sample: Sequence[int] | None):
         if sample is None or not oom:
             raise
         wanted = re.search(r"allocate (\d+) bytes", str(error))
-        amount = f" ({int(wanted.group(1)) / 1e9:,.1f} GB at once)" if wanted else ""
+        amount = f" ({gigabytes_text(int(wanted.group(1)))} at once)" if wanted else ""
         raise UsageError(
             f"{spec} built for an input of size {','.join(map(str, sample))} needs more memory "
             f"than there is{amount}",

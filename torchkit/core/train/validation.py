@@ -19,7 +19,7 @@ from torchkit.core.data.preprocessing import (
 )
 from torchkit.core.data.transforms import AUGMENT_POLICIES, AUTOAUGMENT_POLICIES
 from torchkit.core.inference.options import check_batch_fits
-from torchkit.core.io.errors import UsageError
+from torchkit.core.io.errors import UsageError, short_repr
 from torchkit.core.option_specs import check_ranges
 from torchkit.core.runtime.cpus import check_workers, max_workers, usable_cpus
 from torchkit.core.runtime.device import AMP_DTYPES
@@ -390,11 +390,11 @@ def _check_data_and_preprocessing(config: TrainConfig) -> None:
 
         given = [("--image-size", config.image_size), ("--resize-size", config.resize_size)]
         option, side = max(((o, v) for o, v in given if v is not None), key=lambda ov: ov[1])
-        shown = f"{option} {side}"
+        shown = f"{option} {short_repr(side)}"
         if option == "--resize-size" and "resize_size" in config.data_defaults:
             # The resize follows the crop (its ratio): name the option the user gave, as
             # eval's check does (preprocessing.check_fits_in_memory).
-            shown = f"--image-size {config.image_size} (resized to {side} first)"
+            shown = f"--image-size {config.image_size} (resized to {short_repr(side)} first)"
         check_image_memory(side, 3, shown)
     if (
         config.resize_size is not None
