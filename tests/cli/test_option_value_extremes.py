@@ -46,7 +46,8 @@ def test_an_image_size_a_fixed_size_checkpoint_does_not_take_is_one_line(
     command, side, image_folder, tmp_path
 ):
     # The convnet's classifier is sized for the 8x8 images it was built for: at 7 its linear
-    # layer fails, at 3 its convolution does; either way one line naming the size (exit 1).
+    # layer fails, at 3 its convolution does; either way one line naming the size (exit 1),
+    # and the size it was trained on (before: "check --image-size", which did not say it).
     ckpt = tmp_path / "ck.pt"
     write_convnet_checkpoint(ckpt, in_channels=3, image_size=8, classes="ab")
     out = tmp_path / "out"
@@ -55,7 +56,7 @@ def test_an_image_size_a_fixed_size_checkpoint_does_not_take_is_one_line(
     assert result.returncode == 1, result.stderr
     line = error_line(result.stderr)
     assert f"fails on {side}x{side} images: " in line, line
-    assert line.endswith("(check --image-size: it must be a size this model accepts)")
+    assert line.endswith("(it was trained on 8x8 images: give --image-size 8, or leave it out)")
     assert not [path for path in tmp_path.iterdir() if path.name.startswith("out")]
 
 

@@ -627,7 +627,9 @@ def test_preprocessing_options_for_plain_weights_and_over_a_checkpoint(setup, tm
     result = invoke(setup["ckpt"], "--image-size", 12, "--data", setup["data"], "--workers", "0")
     assert result.exit_code == 1 and "Traceback" not in result.stderr
     assert "Error: the model fails on 12x12 images" in result.stderr
-    assert "check --image-size" in result.stderr
+    assert "(it was trained on 16x16 images: give --image-size 16, or leave it out)" in (
+        result.stderr
+    )
     result = invoke(setup["ckpt"], "--std", "0,1,1", "--data", setup["data"])
     assert result.exit_code == 2 and "--std values must be positive" in result.stderr
     result = invoke(setup["ckpt"], "--mean", "0.5,0.5", "--data", setup["data"])

@@ -1145,7 +1145,7 @@ def test_a_model_that_cannot_export_is_one_error_line(
         assert line.endswith("(export float32: drop --dtype float16)")
     if model == "convnet.pt":  # before: "give the image size it was trained at", not which
         assert line.endswith(
-            "(it was trained on 28x28 images: give --image-size 28, or leave --image-size out)"
+            "(it was trained on 28x28 images: give --image-size 28, or leave it out)"
         )
     assert list(tmp_path.iterdir()) == []
 

@@ -58,6 +58,7 @@ from torchkit.core.io.progress import Progress
 from torchkit.core.io.redaction import redact_url
 from torchkit.core.io.special_files import is_special_file
 from torchkit.core.models import ModelSpec, resolve_spec
+from torchkit.core.models.image_size import trained_input
 from torchkit.core.runtime.device import (
     amp_dtype_name,
     check_amp_dtype,
@@ -164,6 +165,7 @@ def predict(
     progress: Progress | None = None,
     normalized: NormalizedPixels | None = None,
     batches: Iterator | None = None,
+    trained: tuple[int, ...] | None = None,
 ) -> tuple[Predictions, list[str], int]:
     """Run `model` over `loader` (batches from `collate_skipping_unreadable`).
 
@@ -208,6 +210,7 @@ def predict(
                     amp=amp,
                     amp_dtype=amp_dtype,
                     first=not parts["top"],
+                    trained=trained,
                 )
                 finite, log_probs = scored.finite, scored.log_probs
                 top = ranked_classes(scored.scores, k)
@@ -672,6 +675,7 @@ def _score_here(
             progress=progress if ctx.is_main else None,
             normalized=NormalizedPixels(preprocess.mean, preprocess.std),
             batches=batches,
+            trained=trained_input(setup.resolved),
         )
 
 

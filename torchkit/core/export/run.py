@@ -46,7 +46,11 @@ from torchkit.core.io.overlap import InputPath, check_distinct_outputs
 from torchkit.core.io.special_files import is_special_file
 from torchkit.core.models import model_inputs, require_model_files
 from torchkit.core.models.exported.metadata import build_metadata
-from torchkit.core.models.image_size import image_size_refusal
+from torchkit.core.models.image_size import (
+    image_size_refusal,
+    trained_input,
+    trained_size_hint,
+)
 from torchkit.core.models.resolver import has_random_weights
 from torchkit.core.runtime import memory
 from torchkit.core.summary.attention import (
@@ -228,7 +232,7 @@ def export_model(request: ExportRequest, progress: Progress | None = None) -> Ex
         held_matrices=pt2_held_matrices(attention),
     )
     batches = verification_batches(sample, sizes if request.verify else sizes[:1])
-    references = _reference(model, batches, arch=arch, trained=_trained_input(resolved))
+    references = _reference(model, batches, arch=arch, trained=trained_input(resolved))
     if request.verify:
         require_comparable(references, arch)
     example = verification_batches(sample, [example_size], seed=1)[0]
@@ -675,14 +679,6 @@ def _input_of(resolved: Any, image_size: int | None) -> tuple[Any, tuple[int, ..
     return preprocess, (channels, preprocess.image_size, preprocess.image_size)
 
 
-def _trained_input(resolved: Any) -> tuple[int, ...] | None:
-    """The input (C, H, W) a torchkit checkpoint's model was trained on; None for any other
-    model, whose size no file records."""
-    if resolved.checkpoint is None or resolved.sample_shape is None:
-        return None
-    return tuple(resolved.sample_shape) if len(resolved.sample_shape) == 3 else None
-
-
 def _reference(
     model: Any, batches: list[Any], *, arch: str, trained: tuple[int, ...] | None = None
 ) -> list[Any]:
@@ -703,12 +699,7 @@ def _reference(
             "give the image size it was trained at with --image-size; a model that fixes its "
             "batch size needs --static-batch --batch-size N"
         )
-        # A checkpoint records a square size, the one --image-size takes.
-        if trained is not None and tuple(first.shape[1:]) != trained and trained[1] == trained[2]:
-            hint = (
-                f"it was trained on {trained[1]}x{trained[2]} images: give --image-size "
-                f"{trained[1]}, or leave --image-size out"
-            )
+        hint = trained_size_hint(trained, first.shape) or hint
         raise ExportError(
             f"{arch} does not run on an input of shape {shape}: "
             f"{first_line(error, with_type=True)}",

@@ -69,7 +69,7 @@ from torchkit.core.io.progress import Progress
 from torchkit.core.io.records import open_regular_file
 from torchkit.core.io.redaction import redact_url
 from torchkit.core.models import ModelSpec, require_model_files, resolve_spec
-from torchkit.core.models.image_size import first_batch_error
+from torchkit.core.models.image_size import first_batch_error, trained_input
 from torchkit.core.predict.inputs import (
     STDIN,
     ImageSet,
@@ -426,6 +426,7 @@ def _extract(
     }
     with until_workers_forked():
         extractor = FeatureExtractor(graph, layers)  # moved to the device once they are
+        extractor.trained = trained_input(source)  # named where it fails at another size
     store = None
     try:
         growing = None  # streamed: the fingerprint, as the paths come
@@ -652,7 +653,9 @@ def _image_size_checked(extractor: FeatureExtractor, images, *, first: bool) -> 
         if not first:
             raise
         extractor.close()  # its hooks would record the meta-device search's outputs
-        raise first_batch_error(extractor.module, extractor.arch, images, error) from error
+        raise first_batch_error(
+            extractor.module, extractor.arch, images, error, trained=extractor.trained
+        ) from error
 
 
 def _check_finite(

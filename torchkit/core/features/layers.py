@@ -313,6 +313,8 @@ class FeatureExtractor:
     def __init__(self, graph: LayerGraph, layers: list[Layer]) -> None:
         self.layers = list(layers)
         self.arch = graph.arch
+        # The input a checkpoint's model was trained on (image_size.trained_input), if known.
+        self.trained: tuple[int, ...] | None = None
         self._graph = graph
         self._captured: dict[str, Any] = {}
         self._hooks: list[Any] = []  # handles, removed by close(): the model is the caller's

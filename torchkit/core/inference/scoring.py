@@ -42,9 +42,11 @@ def score_batch(
     amp: bool = False,
     amp_dtype=None,
     first: bool = False,
+    trained: tuple[int, ...] | None = None,
 ) -> BatchScores:
     """Score `images` (already on `device`, in the memory format wanted). `first`: the first
-    batch of a run, where a failure means the model does not take this input size."""
+    batch of a run, where a failure means the model does not take this input size (`trained`:
+    the input a checkpoint's model was trained on, which the error then names)."""
     import torch
     import torch.nn.functional as F
 
@@ -52,7 +54,7 @@ def score_batch(
         amp_dtype = torch.bfloat16 if device.type == "cpu" else torch.float16
     count = len(images)
     views = torch.cat([images, images.flip(3)]) if tta == "flip" else images
-    outputs = forward(model, views, device, amp_dtype, amp, first=first)
+    outputs = forward(model, views, device, amp_dtype, amp, first=first, trained=trained)
     finite = scorable_rows(outputs).view(-1, count).all(dim=0)
     log_probs = F.log_softmax(outputs, dim=1)
     if tta == "flip":
@@ -70,7 +72,16 @@ def scorable_rows(outputs):
     return (outputs < math.inf).all(dim=1) & (outputs > -math.inf).any(dim=1)
 
 
-def forward(model, images, device, autocast_dtype, amp: bool, *, first: bool):
+def forward(
+    model,
+    images,
+    device,
+    autocast_dtype,
+    amp: bool,
+    *,
+    first: bool,
+    trained: tuple[int, ...] | None = None,
+):
     """The model's outputs in float32. A model that fails on the very first batch does not take
     this input size: one line (`first_batch_error`), naming the smallest size it takes when the
     images are too small for it. The first batch's outputs are checked to be logits."""
@@ -84,7 +95,7 @@ def forward(model, images, device, autocast_dtype, amp: bool, *, first: bool):
     except RuntimeError as error:
         if not first:
             raise
-        raise first_batch_error(model, "the model", images, error) from error
+        raise first_batch_error(model, "the model", images, error, trained=trained) from error
     if first:
         check_logits(outputs, len(images))
     return outputs.float()

@@ -91,19 +91,47 @@ def one_value_per_channel(error: BaseException) -> bool:
     return "Expected more than 1 value per channel when training" in str(error)
 
 
-def first_batch_error(model: Any, name: str, images: Any, error: BaseException) -> TorchkitError:
+def first_batch_error(
+    model: Any,
+    name: str,
+    images: Any,
+    error: BaseException,
+    *,
+    trained: tuple[int, ...] | None = None,
+) -> TorchkitError:
     """What a model's RuntimeError on its first batch of `images` (N, C, H, W) is reported as:
     the refusal above when the images are too small for it, else that it fails at this size (a
     fixed-size network, a classifier sized for the images it was trained on, given another
-    --image-size)."""
+    --image-size). `trained`: the input a checkpoint's model was trained on
+    (`trained_input`), which the hint then names."""
     refusal = image_size_refusal(model, name, images.shape, error, dtype=images.dtype)
     if refusal is not None:
         return refusal
     size = "x".join(map(str, images.shape[-2:]))
     return InputError(
         f"{name} fails on {size} images: {first_line(error)}",
-        "check --image-size: it must be a size this model accepts",
+        trained_size_hint(trained, images.shape)
+        or "check --image-size: it must be a size this model accepts",
     )
+
+
+def trained_input(resolved: Any) -> tuple[int, ...] | None:
+    """The input (C, H, W) a torchkit checkpoint's model (a resolved model spec) was trained on,
+    where it is square, as --image-size gives it; None for any other model, whose size no file
+    records."""
+    shape = resolved.sample_shape
+    if resolved.checkpoint is None or shape is None or len(shape) != 3 or shape[1] != shape[2]:
+        return None
+    return tuple(int(n) for n in shape)
+
+
+def trained_size_hint(trained: tuple[int, ...] | None, shape: Sequence[int]) -> str | None:
+    """For a model that fails on inputs of `shape` (..., C, H, W) other than the `trained` one
+    (`trained_input`): the size to give; None where there is none to name."""
+    if trained is None or tuple(int(n) for n in shape[-3:]) == tuple(trained):
+        return None
+    side = trained[1]
+    return f"it was trained on {side}x{side} images: give --image-size {side}, or leave it out"
 
 
 def smallest_side(

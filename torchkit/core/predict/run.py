@@ -486,6 +486,7 @@ class PredictRun:
 
         from torchkit.core.data.decode import model_input
         from torchkit.core.inference.scoring import score_batch
+        from torchkit.core.models.image_size import trained_input
         from torchkit.core.topk import ranked_classes
 
         stacked, indices, failed = batch
@@ -504,6 +505,7 @@ class PredictRun:
                     amp=self.request.run.amp,
                     amp_dtype=amp_dtype,
                     first=first,
+                    trained=trained_input(self.resolved),
                 )
                 k = self._k(scored.scores.shape[1])
                 top = ranked_classes(scored.scores, k)
