@@ -75,6 +75,7 @@ from torchkit.core.data.stored_image import (
 from torchkit.core.io.errors import InputError, first_line
 from torchkit.core.io.file_kinds import file_kind
 from torchkit.core.io.non_utf8_names import name_native_code_opens
+from torchkit.core.io.records import read_record_json
 from torchkit.core.runtime.fork_safe import ForkSafeLock
 
 SUFFIX = ".parquet"
@@ -825,8 +826,7 @@ def _dataset_info_names(root: str, column: str | None) -> list[str] | None:
     """Class names from `ROOT/dataset_info.json` (what HF's save_to_disk writes)."""
     path = os.path.join(root, "dataset_info.json")
     try:
-        with open(path, encoding="utf-8") as handle:
-            info = json.load(handle)
+        info = read_record_json(path)  # a FIFO under its name: no names, never a wait
         features = info.get("features", {}) if isinstance(info, dict) else {}
     except (OSError, ValueError):
         return None
