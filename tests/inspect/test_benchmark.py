@@ -1404,3 +1404,19 @@ def test_a_head_num_classes_replaces_is_a_warning_on_stderr(runner, tmp_path):
         f"Warning: --num-classes 3 replaced the head of {weights} (classifier.4: 10 outputs) "
         "with a new, randomly initialised one of 3 outputs"
     ), warning
+
+
+def test_a_checkpoint_at_another_image_size_names_the_size_it_was_trained_at(runner, tmp_path):
+    """Before: 'check --input-size', an option the user had not given."""
+    from checkpoints import write_convnet_checkpoint
+
+    path = tmp_path / "ck.pt"
+    write_convnet_checkpoint(path, in_channels=3, image_size=8, classes="ab")
+    args = ["benchmark", str(path), "--device", "cpu", "--iters", "1", "--warmup", "0"]
+    result = runner.invoke(app, [*args, "--image-size", "12"])
+    assert result.exit_code == 2 and result.stdout == ""
+    line = error_line(result.stderr)
+    assert "cannot run on an input of shape (1, 3, 12, 12)" in line
+    assert line.endswith("(it was trained on 8x8 images: give --image-size 8, or leave it out)")
+    followed = runner.invoke(app, [*args, "--image-size", "8"])
+    assert followed.exit_code == 0, followed.stderr

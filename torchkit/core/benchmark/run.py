@@ -39,7 +39,12 @@ from torchkit.core.io.option_lists import number_items
 from torchkit.core.io.progress import Progress
 from torchkit.core.io.sizes import gigabytes_text
 from torchkit.core.models.exported.formats import TORCHSCRIPT
-from torchkit.core.models.image_size import ImageSizeError, one_value_per_channel
+from torchkit.core.models.image_size import (
+    ImageSizeError,
+    one_value_per_channel,
+    trained_input,
+    trained_size_hint,
+)
 from torchkit.core.models.inputs import make_inputs
 from torchkit.core.runtime.compiled import compile_module
 from torchkit.core.runtime.device import is_out_of_memory, to_channels_last
@@ -260,6 +265,7 @@ def run_benchmark(
         _require_fixed_batch(spec, fixed_batch, options)
     model = resolved.model
     name, source = resolved.arch, resolved.source
+    trained = trained_input(resolved) if options.input_size is None else None
     del resolved
     with torch_threads(compute_threads()):  # no loader: every usable core
         return benchmark_model(
@@ -276,6 +282,7 @@ def run_benchmark(
             search_progress=search_progress,
             timed=timed,
             fixed_batch=fixed_batch,
+            trained=trained,
         )
 
 
@@ -349,10 +356,12 @@ def benchmark_model(
     search_progress: batch_search.SearchProgress | None = None,
     timed: Callable[[BenchmarkResult], None] | None = None,
     fixed_batch: int | None = None,
+    trained: tuple[int, ...] | None = None,
 ) -> BenchmarkResult:
     """Benchmark an `nn.Module` on random inputs of `sample_shape` (one sample, no batch).
     `timed` hears the result so far after each configuration; `fixed_batch`: the only batch
-    size the model runs (an exported file's), which its counts and warm-up use.
+    size the model runs (an exported file's), which its counts and warm-up use; `trained`:
+    the input a checkpoint's model was trained on, which a model that fails on another names.
 
     The model is moved to `device` (default: the one `options.device` names), and trained in
     place in train mode (its weights take SGD steps): pass a copy to keep them."""
@@ -394,7 +403,8 @@ def benchmark_model(
         sized_by_input = options.input_size is not None  # -i, which --image-size contradicts
         raise (error.for_input_size() if sized_by_input else error) from error.__cause__
     except UsageError as error:  # the model does not take this input: say which option
-        raise UsageError(error.message, "check --input-size") from error
+        hint = trained_size_hint(trained, sample) or "check --input-size"
+        raise UsageError(error.message, hint) from error
     if device.type == "cpu" and not options.find_batch_size:  # the search predicts its own
         trained = _trained_attention(model, (count_batch, *sample), counted, options)
         _check_fits_in_memory(name, counted, options, amp_dtype, trained)
