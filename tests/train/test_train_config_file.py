@@ -385,6 +385,26 @@ def test_epochs_past_the_most_a_run_takes_are_refused_in_a_recipe_and_on_the_com
     assert most.exit_code == 0, most.stderr
 
 
+def test_accum_steps_past_the_most_an_update_takes_are_refused_in_a_recipe_and_typed(
+    runner, tmp_path
+):
+    """--accum-steps 99999999999999999999 trained (one update an epoch, as any number past an
+    epoch's batches does), recording that many batches as each update's."""
+    recipe = tmp_path / "recipe.json"
+    recipe.write_text(json.dumps({"accum_steps": 99999999999999999999}))
+    from_recipe = runner.invoke(app, ["train", "--config", str(recipe), "--print-config"])
+    assert from_recipe.exit_code == 2, from_recipe.stdout
+    assert from_recipe.stderr == (
+        f"Error: {recipe}: --accum-steps 99999999999999999999 is out of range "
+        "(give a whole number from 1 to 1,000,000)\n"
+    )
+    typed = runner.invoke(app, ["train", "--accum-steps", "1000001", "--print-config"])
+    assert typed.exit_code == 2 and "'--accum-steps'" in typed.stderr, typed.stderr
+    assert "1000000" in typed.stderr
+    most = runner.invoke(app, ["train", "--accum-steps", "1000000", "--print-config"])
+    assert most.exit_code == 0, most.stderr
+
+
 @pytest.mark.parametrize("key", ["weights", "out", "data", "model"])
 def test_an_empty_value_in_a_config_file_is_refused_as_on_the_command_line(runner, tmp_path, key):
     """Was taken as not given: "weights": "" trained without weights, "out": "" made a new

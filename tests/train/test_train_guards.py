@@ -1071,3 +1071,20 @@ def test_a_warmup_shorter_than_two_updates_is_a_warning(runner, world, tmp_path,
     assert result.exit_code == 0, result.stderr
     warning = "Warning: --warmup-epochs 0.4 is 1.2 optimizer update(s): too short to ramp"
     assert (warning in result.stderr) == warned
+
+
+@pytest.mark.parametrize(("accum", "warned"), [("4", True), ("3", False)])
+def test_accum_steps_past_an_epochs_batches_are_a_warning(runner, world, tmp_path, accum, warned):
+    # 3 batches an epoch: --accum-steps 4 makes one update of the 3 (as timm and Lightning do);
+    # before, without a word, a run of one update an epoch was taken for one of 4 batches each.
+    result = runner.invoke(
+        app,
+        ["train", "--data", str(world / "data"), *FAST, "--epochs", "1",
+         "--accum-steps", accum, "--out", str(tmp_path / "run")],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    warning = (
+        "Warning: --accum-steps 4 is more than the 3 batches of an epoch: each epoch makes one "
+        "optimizer update, of its 3 batches\n"
+    )
+    assert (warning in result.stderr) == warned, result.stderr

@@ -41,6 +41,10 @@ BEST_METRICS = ("top1", "loss")
 # --epochs 99999999999999999999 started a run that could never end, its progress line 20
 # digits wide.
 MOST_EPOCHS = 1_000_000
+# The most batches one update accumulates: beyond any epoch's batches, where an epoch makes one
+# update of all of them (as timm and Lightning do), while --accum-steps 99999999999999999999
+# was recorded as the images of each update.
+MOST_ACCUM_STEPS = 1_000_000
 
 
 def parse_milestones(text: str | None, flag: str) -> tuple[int, ...]:
@@ -382,7 +386,9 @@ class TrainConfig:
         1,
         panel=OPTIM_PANEL,
         minimum=1,
-        help="Accumulate gradients over this many batches per update.",
+        maximum=MOST_ACCUM_STEPS,
+        help="Accumulate gradients over this many batches per update (an epoch's last update "
+        "takes the batches left).",
     )
     ema: bool | None = option(  # with EMA on, its weights' val metric picks best.pt
         None,

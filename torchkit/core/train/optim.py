@@ -262,6 +262,22 @@ def warn_if_warmup_too_short(config: TrainConfig, updates_per_epoch: int) -> Non
         )
 
 
+def warn_if_accumulating_past_an_epoch(config: TrainConfig, steps_per_epoch: int) -> None:
+    """An --accum-steps beyond the batches of an epoch: each epoch makes one update, of all its
+    batches (its last update takes the batches left, as timm's and Lightning's do). Not
+    refused, as they do not: said, so that a run of one update an epoch is not taken for the
+    number of updates asked for."""
+    if config.accum_steps > steps_per_epoch > 0:
+        batches = f"{steps_per_epoch:,} batch{'' if steps_per_epoch == 1 else 'es'}"
+        log.warning(
+            "--accum-steps %s is more than the %s of an epoch: each epoch makes one optimizer "
+            "update, of its %s",
+            f"{config.accum_steps:,}",
+            batches,
+            batches,
+        )
+
+
 class LRSchedule:
     """Sets each group's lr to base_lr x factor(update) after every optimiser update.
 

@@ -753,6 +753,7 @@ def _optimisation(model: Any, config: TrainConfig, steps_per_epoch: int) -> tupl
         LRSchedule,
         build_optimizer,
         param_groups,
+        warn_if_accumulating_past_an_epoch,
         warn_if_warmup_too_short,
     )
 
@@ -763,6 +764,7 @@ def _optimisation(model: Any, config: TrainConfig, steps_per_epoch: int) -> tupl
     updates_per_epoch = math.ceil(steps_per_epoch / config.accum_steps)
     if not config.find_lr:  # --find-lr runs no schedule
         warn_if_warmup_too_short(config, updates_per_epoch)
+        warn_if_accumulating_past_an_epoch(config, steps_per_epoch)
     return groups, optimizer, LRSchedule(optimizer, config, updates_per_epoch)
 
 
