@@ -63,3 +63,32 @@ def runner_invoke(args: list[str]):
     from typer.testing import CliRunner
 
     return CliRunner().invoke(app, args)
+
+
+@pytest.mark.parametrize("mode", ["copy", "move"])
+def test_split_places_the_rest_and_fails_naming_the_folder(tmp_path: Path, monkeypatch, mode):
+    """A folder of ROOT that cannot be listed: the rest is split, the folder named in the JSON
+    report, and the run exits 1 (it warned and exited 0, so `split data out && rm -r data`
+    deleted its images); --strict stops before placing any file."""
+    import json
+
+    data = write_image_folder(tmp_path / "data", {"a": 10, "b": 10})
+    write_image_folder(data / "b", {"sub": 2})  # data/b/sub/: two images of class b
+    deny_listing(monkeypatch, data / "b" / "sub")
+    strict = tmp_path / "strict"
+    stopped = runner_invoke(["split", str(data), str(strict), "--mode", mode, "--strict"])
+    assert stopped.exit_code == 1
+    assert error_line(stopped.stderr).startswith(f"Error: cannot list folder {data / 'b' / 'sub'}")
+    assert not strict.exists()
+    out = tmp_path / "out"
+    result = runner_invoke(["split", str(data), str(out), "--mode", mode, "--format", "json"])
+    assert result.exit_code == 1, result.stderr
+    assert error_line(result.stderr) == (
+        f"Error: 1 folder in {data} could not be listed: their files are in no split in {out} "
+        "(make them readable and split again; --strict stops before placing any file)"
+    )
+    assert result.stderr.count("cannot be listed") == 1
+    report = json.loads(result.stdout)
+    assert (report["files"], report["unlisted_folders"]) == (20, ["b/sub"])
+    assert len(list(out.rglob("*.png"))) == 20
+    assert len(list((data / "b" / "sub").iterdir())) == 2  # never touched, even by a move

@@ -289,6 +289,9 @@ def split(
         if kept:
             console.note(kept)
         report.after(result)
+    incomplete = result.incomplete()  # as `cp -r`: the rest is placed, the command failed
+    if incomplete is not None:
+        raise incomplete
 
 
 def register(app: typer.Typer) -> None:

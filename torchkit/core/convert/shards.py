@@ -52,7 +52,11 @@ from torchkit.core.data.image_files import (
     strict_unreadable_error,
     unreadable_reason,
 )
-from torchkit.core.data.sources.discovery import IMAGE_EXTENSIONS, collecting_unlisted
+from torchkit.core.data.sources.discovery import (
+    IMAGE_EXTENSIONS,
+    collecting_unlisted,
+    place_in_source,
+)
 from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.io import sizes
 from torchkit.core.io.claims import synced_when_kept
@@ -1389,7 +1393,7 @@ def convert_shards(
         fingerprint=identity["fingerprint"],
         sets=sets,
         records={s.name: [] for s in sets},
-        unlisted_folders=[_in_source(path, data.root) for path in unlisted],
+        unlisted_folders=[place_in_source(path, data.root) for path in unlisted],
     )
     # Finishing a run removes the shard files its manifest does not list (`_remove_leftovers`):
     # refused where one is not a shard this command wrote (a file of yours of such a name).
@@ -1465,11 +1469,3 @@ def convert_shards(
             remove_tree(folder / PARTIAL_MANIFEST, ignore_errors=False)
             _remove_leftovers(folder, keep=[r.name for r in report.shards])
     return report
-
-
-def _in_source(path: str, root: str) -> str:
-    """A folder of the source by its place in it (as manifests list images), else as given."""
-    try:
-        return Path(path).relative_to(root).as_posix()
-    except ValueError:
-        return path

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchkit.core.io.errors import InputError
+
 
 @dataclass
 class SplitResult:
@@ -30,6 +32,9 @@ class SplitResult:
     fixed: list[int] | None = None  # --fixed: images per class in the second (and third) split
     repeats: list[int] | None = None  # --oversample: extra train copies per class
     notes: list[str] = field(default_factory=list)  # for the user, beside the report
+    # The folders in the source that could not be listed (their places in it): their files
+    # are in no split.
+    unlisted_folders: list[str] = field(default_factory=list)
 
     @property
     def totals(self) -> list[int]:
@@ -38,6 +43,19 @@ class SplitResult:
     @property
     def oversample(self) -> bool:
         return self.repeats is not None
+
+    def incomplete(self) -> InputError | None:
+        """The error a split that left out folders it could not list ends in, once the rest is
+        placed (as `cp -r` exits 1): exiting 0 let `split data out && rm -r data` delete their
+        files."""
+        if not self.unlisted_folders:
+            return None
+        count = len(self.unlisted_folders)
+        return InputError(
+            f"{count} folder{'s' if count != 1 else ''} in {self.source} could not be listed: "
+            f"their files are in no split in {self.out}",
+            "make them readable and split again; --strict stops before placing any file",
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -68,4 +86,5 @@ class SplitResult:
             ],
             "manifest": self.manifest,
             "resumed": self.resumed,
+            "unlisted_folders": list(self.unlisted_folders),
         }

@@ -12,6 +12,7 @@ from typing import Any
 
 from torchkit import __version__
 from torchkit.core.data.hashing import label_conflicts_said
+from torchkit.core.data.sources.discovery import collecting_unlisted, place_in_source
 from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.data.sources.moving import lock_for_reading, moving_here, source_folders
 from torchkit.core.data.sources.required import require_data
@@ -239,7 +240,8 @@ def _plan_and_write(
 ) -> SplitResult:
     names, mode = options.names, options.mode
     root = Path(source)
-    samples, sources, is_csv, emptied = _split_input(source, options, held)
+    with collecting_unlisted() as unlisted:
+        samples, sources, is_csv, emptied = _split_input(source, options, held)
     keys = sample_keys(samples)
     units, groups, identical = _grouping(samples, sources, keys, options)
     n_groups = None if groups is None else len(set(groups))
@@ -269,6 +271,7 @@ def _plan_and_write(
         label_conflicts=conflicts,
         fixed=options.fixed,
         repeats=extra,
+        unlisted_folders=[place_in_source(path, root) for path in unlisted],
         notes=[
             spread_note(names[j], len(parts[j]), len({samples.labels[i] for i in parts[j]}))
             for j in filled

@@ -315,6 +315,15 @@ def collecting_unlisted() -> Iterator[list[str]]:
         _UNLISTED.reset(token)
 
 
+def place_in_source(path: str, root: str | os.PathLike) -> str:
+    """A folder of the source by its place in it (as reports and manifests list images), else
+    as given."""
+    try:
+        return Path(path).relative_to(root).as_posix()
+    except ValueError:
+        return path
+
+
 def warn_unlistable(
     unlistable: Sequence[tuple[str, OSError]],
     folder: str | os.PathLike,
