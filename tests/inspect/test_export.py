@@ -477,6 +477,28 @@ def test_a_batch_whose_export_outgrows_the_free_memory_is_refused(runner, tmp_pa
     assert fits.exit_code == 0, fits.stderr
 
 
+def test_a_batch_past_a_petabyte_is_refused_in_powers_of_ten(runner, tmp_path, monkeypatch):
+    """Before: `--batch-size 9223372036854775800` read 'needs about 233,461,992,996,868.1 GB
+    ... (3.5 x 66,703,426,570,533.7 GB ...)' (and from a larger side, float noise past its 16th
+    digit), where every other memory refusal writes such figures as '2.3e+14 GB'."""
+    from torchkit.core.runtime import memory
+
+    monkeypatch.setattr(memory, "available_memory", lambda: 2_000_000)
+    out = tmp_path / "tiny.ts"
+    result, _ = export(runner, "nets:TinyNet", str(out), "--image-size", "16", "-b", str(2**63 - 8))
+    assert result.exit_code == 2, result.stderr
+    line = error_line(result.stderr)
+    assert line.startswith(
+        f"Error: --batch-size {2**63 - 8} needs about 2.3e+14 GB to export to torchscript "
+        "(3.5 x 6.7e+13 GB for a batch of "
+    ), line
+    assert line.endswith(
+        "(give a smaller --batch-size: the exported model takes any batch size unless "
+        "--static-batch)"
+    ), line
+    assert not out.exists()
+
+
 @pytest.mark.parametrize(("suffix", "imported"), [(".pt2", True), (".ts", False)])
 def test_a_pt2_export_imports_torch_exports_machinery_before_its_memory_check(
     runner, tmp_path, monkeypatch, suffix, imported

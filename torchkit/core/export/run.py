@@ -43,6 +43,7 @@ from torchkit.core.io.errors import OutputWriteError, UsageError, first_line
 from torchkit.core.io.file_outputs import check_output_file
 from torchkit.core.io.files import atomic_path
 from torchkit.core.io.overlap import InputPath, check_distinct_outputs
+from torchkit.core.io.sizes import gigabytes_text
 from torchkit.core.io.special_files import is_special_file
 from torchkit.core.models import model_inputs, require_model_files
 from torchkit.core.models.exported.metadata import build_metadata
@@ -543,12 +544,12 @@ def _check_batch_memory(
     if free is None or needed.bytes <= free:
         return
     weights = (
-        f", plus {_PEAK_PER_WEIGHTS[fmt]:g} x {weight_bytes / 1e9:,.1f} GB for the weights"
+        f", plus {_PEAK_PER_WEIGHTS[fmt]:g} x {gigabytes_text(weight_bytes)} for the weights"
         if weight_bytes
         else ""
     )
     if needed.fixed:
-        weights += f", plus {needed.fixed / 1e9:,.1f} GB that torch.export takes at any batch"
+        weights += f", plus {gigabytes_text(needed.fixed)} that torch.export takes at any batch"
     # --batch-size 1's count: where it does not fit either (the weights, or what .pt2 takes at
     # any batch, past the memory free), a smaller --batch-size is no way out
     smallest = counting(largest - batch_size + 1).bytes
@@ -562,7 +563,7 @@ def _check_batch_memory(
         smaller = (
             "no smaller batch"
             if batch_size == 1
-            else f"--batch-size 1 needs about {smallest / 1e9:,.{digits}f} GB too"
+            else f"--batch-size 1 needs about {gigabytes_text(smallest, digits)} too"
         )
         # under a container's limit the machine may well have more: the limit is the way out
         more = (
@@ -572,10 +573,10 @@ def _check_batch_memory(
         )
         hint = f"{smaller}: free some memory, or {more}"
     raise UsageError(
-        f"--batch-size {batch_size} needs about {needed.bytes / 1e9:,.{digits}f} GB to export to "
-        f"{fmt} ({needed.rate:g} x {needed.counted / 1e9:,.1f} GB for a batch of {largest} "
-        f"{'x'.join(map(str, sample))} inputs{needed.held}{weights}), more than the "
-        f"{free / 1e9:,.{digits}f} GB free{memory.limit_words(free)}",
+        f"--batch-size {batch_size} needs about {gigabytes_text(needed.bytes, digits)} to "
+        f"export to {fmt} ({needed.rate:g} x {gigabytes_text(needed.counted)} for a batch of "
+        f"{largest} {'x'.join(map(str, sample))} inputs{needed.held}{weights}), more than the "
+        f"{gigabytes_text(free, digits)} free{memory.limit_words(free)}",
         hint,
     )
 
@@ -638,13 +639,12 @@ def export_memory_needed(
     images_rate = _IMAGES_HELD.get(fmt)
     if images_rate is not None:
         needed += images_rate * largest * image_bytes
-        held += (
-            f", plus {images_rate:g} x {largest * image_bytes / 1e9:,.1f} GB for the other batches"
-        )
+        other_batches = gigabytes_text(largest * image_bytes)
+        held += f", plus {images_rate:g} x {other_batches} for the other batches"
     if matrix_rate and matrix:  # (F.scaled_dot_product_attention's in .pt2: none held)
         needed += matrix_rate * largest * matrix
         held += (
-            f", plus {matrix_rate:g} x {largest * matrix / 1e9:,.1f} GB for their "
+            f", plus {matrix_rate:g} x {gigabytes_text(largest * matrix)} for their "
             f"{LARGEST_ATTENTION_MATRIX}"
         )
     fixed = pt2_fixed_bytes() if fmt == fm.EXPORTED_PROGRAM else 0
