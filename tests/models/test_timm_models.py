@@ -876,3 +876,17 @@ def test_ema_takes_the_state_dict_ema_of_a_timm_checkpoint(tmp_path):
     torch.save({"state_dict": own.state_dict()}, tmp_path / "plain.pth")
     with pytest.raises(UsageError, match="needs EMA weights; .* has none"):
         resolve_model("timm/test_resnet", weights=str(tmp_path / "plain.pth"), ema=True)
+
+
+@pytest.mark.parametrize("command", ["summary", "predict"])
+def test_a_timm_hub_repository_name_says_it_is_not_supported(command, tmp_path):
+    """Before: "'timm/hf-hub' is a path, not a module name", read as package.module:Callable."""
+    args = [command, "timm/hf-hub:timm/resnet18.a1_in1k"]
+    done = run_torchkit_in_process(*args, *([str(tmp_path)] if command == "predict" else []))
+    assert done.returncode == 2 and done.stdout == ""
+    assert error_line(done.stderr) == (
+        "Error: invalid model 'timm/hf-hub:timm/resnet18.a1_in1k': timm models named by their "
+        "Hugging Face Hub repository (hf-hub:) are not supported (name the model as timm/NAME, "
+        "with --weights DEFAULT or a pretrained tag for timm's weights, or --weights FILE for "
+        "the repository's weights file)"
+    )

@@ -105,11 +105,22 @@ def user_code() -> Iterator[None]:
             sys.path.remove(trained.folder)
 
 
+# `timm.create_model("hf-hub:ORG/NAME")` given as `timm/hf-hub:ORG/NAME`: before the colon.
+TIMM_HUB_PREFIX = "timm/hf-hub"
+
+
 def import_factory(spec: str):
     """The callable `package.module:Callable` names."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise UsageError(f"invalid model {spec!r}", "use package.module:Callable")
+    if module_name == TIMM_HUB_PREFIX:  # timm's own spelling of a Hub repo, read as code
+        raise UsageError(
+            f"invalid model {spec!r}: timm models named by their Hugging Face Hub repository "
+            "(hf-hub:) are not supported",
+            "name the model as timm/NAME, with --weights DEFAULT or a pretrained tag for "
+            "timm's weights, or --weights FILE for the repository's weights file",
+        )
     if module_name.startswith(".") or "/" in module_name or os.sep in module_name:
         raise UsageError(
             f"invalid model {spec!r}: {module_name!r} is a path, not a module name",
