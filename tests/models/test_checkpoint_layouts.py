@@ -291,6 +291,51 @@ def test_a_legacy_text_pickle_is_named_and_loads_only_with_trust(tmp_path):
     assert "torch.save's legacy format" in error_line(result.stderr)
 
 
+@pytest.mark.parametrize("legacy", [False, True], ids=["zip", "legacy"])
+def test_a_pickle_protocol_the_safe_loader_cannot_read_is_named_with_what_to_do(tmp_path, legacy):
+    """torch.save(..., pickle_protocol=4 or 5), in the zip or the legacy format: before ->
+    'UnpicklingError: Unsupported operand 149 (the file may be truncated or not a PyTorch
+    checkpoint)' of a sound file. Protocols 2 and 3 load without trust, as torch reads them."""
+    truth = small_convnet(3).state_dict()
+    key = "classifier.4.weight"
+    for protocol in (2, 3, 4, 5):
+        path = tmp_path / f"p{protocol}.pt"
+        torch.save(truth, path, pickle_protocol=protocol,
+                   _use_new_zipfile_serialization=not legacy)  # fmt: skip
+        if protocol < 4:
+            assert torch.equal(load_checkpoint(path)[key], truth[key])
+            continue
+        with pytest.raises(CheckpointError) as refused:
+            load_checkpoint(path)
+        where = " in torch.save's legacy format" if legacy else ""
+        assert refused.value.message == (
+            f"cannot read checkpoint {path}: it is pickled{where} with protocol {protocol} "
+            f"(torch.save(..., pickle_protocol={protocol})), which the safe loader (weights_only) "
+            "cannot read"
+        )
+        assert refused.value.hint == (
+            "save it again with a plain torch.save, without pickle_protocol, or pass "
+            "--trust-checkpoint to load it, only if you trust where it came from"
+        )
+        assert torch.equal(load_checkpoint(path, trust_checkpoint=True)[key], truth[key])
+    result = run_torchkit_in_process("summary", "convnet", "--weights", tmp_path / "p4.pt")
+    assert result.returncode == 1
+    assert "with protocol 4 (torch.save(..., pickle_protocol=4))" in error_line(result.stderr)
+
+
+def test_a_plain_pickle_is_not_called_a_torch_save_file(tmp_path):
+    # pickle.dump of tensors, which torch.load reads in no mode ("Invalid magic number"
+    # trusted): --trust-checkpoint is no way out, and the message does not offer it.
+    import pickle
+
+    path = tmp_path / "plain.pt"
+    path.write_bytes(pickle.dumps({"w": torch.zeros(2)}, protocol=4))
+    with pytest.raises(CheckpointError) as refused:
+        load_checkpoint(path)
+    assert "protocol" not in refused.value.message
+    assert "--trust-checkpoint" not in (refused.value.hint or "")
+
+
 class _TruncatedNormalDraws(torch.overrides.TorchFunctionMode):
     """Counts the draws of `torch.nn.init.trunc_normal_` (`normal_`, or `erfinv_` in older
     torch; the function itself is not seen): googlenet's and inception_v3's own initialisation,

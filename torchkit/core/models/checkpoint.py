@@ -284,6 +284,18 @@ def _unreadable(source: Path, error: BaseException, *, trusted: bool) -> Checkpo
             f"{first_line(error)})",
             "save it again with a plain torch.save, without pickle_protocol, where it loads",
         )
+    protocol = None if trusted else _pickle_protocol(source)
+    if protocol is not None and protocol >= 4 and "Unsupported operand" in str(error):
+        # weights_only reads protocols 2 and 3 only: protocol 4 starts with a FRAME, "Unsupported
+        # operand 149", which said "truncated or not a PyTorch checkpoint" of a sound file.
+        legacy = "" if _is_zip(source) else " in torch.save's legacy format"
+        return CheckpointError(
+            f"cannot read checkpoint {source}: it is pickled{legacy} with protocol {protocol} "
+            f"(torch.save(..., pickle_protocol={protocol})), which the safe loader "
+            "(weights_only) cannot read",
+            "save it again with a plain torch.save, without pickle_protocol, or pass "
+            "--trust-checkpoint to load it, only if you trust where it came from",
+        )
     if not _looks_saved_by_torch(source):  # a text file, an image: torch's error says nothing
         hint = "give the .pt/.pth file torch.save wrote, or a .safetensors file"
         if source.suffix == ".py" and source.stem.isidentifier():
@@ -321,6 +333,45 @@ def _looks_saved_by_torch(source: Path) -> bool:
     except OSError:
         return True
     return head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"
+
+
+def _is_zip(source: Path) -> bool:
+    try:
+        with open(source, "rb") as handle:
+            return handle.read(4) == b"PK\x03\x04"
+    except OSError:
+        return False
+
+
+def _pickle_protocol(source: Path) -> int | None:
+    """The pickle protocol of a torch.save file: of its `data.pkl` record in the zip format,
+    of the file itself in the legacy one (its magic number first); None where it does not
+    start as a pickle of protocol 2 or later (PROTO, then the number), is no torch.save file
+    or cannot be read."""
+    import zipfile
+
+    try:
+        if _is_zip(source):
+            with zipfile.ZipFile(source) as archive:
+                name = next(
+                    (n for n in archive.namelist() if n.rsplit("/", 1)[-1] == "data.pkl"), None
+                )
+                if name is None:
+                    return None
+                with archive.open(name) as record:
+                    head = record.read(2)
+        else:
+            with open(source, "rb") as handle:
+                head = handle.read(32)
+            if _LEGACY_MAGIC not in head:  # a plain pickle.dump, which torch.load never reads
+                return None
+    except (OSError, zipfile.BadZipFile, RuntimeError, ValueError):
+        return None
+    return head[1] if len(head) >= 2 and head[0] == 0x80 else None
+
+
+# The magic number torch.save's legacy format pickles first (LONG1's little-endian bytes).
+_LEGACY_MAGIC = (0x1950A86A20F9469CFC6C).to_bytes(10, "little")
 
 
 # torch.save's legacy (non-zip) format pickles its magic number first: with protocol 0 or 1 that
