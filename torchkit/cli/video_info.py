@@ -280,7 +280,7 @@ def _finish(tally: _Tally, skip_errors: bool, unlisted: list[str]) -> None:
     problems = _problems(tally)
     hint = "see the status and error columns; --skip-errors exits 0"
     if unlisted:
-        folders = f"{len(unlisted)} folder{'s' if len(unlisted) != 1 else ''}"
+        folders = counted(len(unlisted), "folder")
         if problems:
             problems += f", and {folders} could not be listed"
         else:

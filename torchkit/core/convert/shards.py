@@ -77,6 +77,7 @@ from torchkit.core.io.overlap import InputPath, check_overlap
 from torchkit.core.io.progress import Progress
 from torchkit.core.io.records import read_record_bytes
 from torchkit.core.io.redaction import redact_url
+from torchkit.core.io.wording import counted
 from torchkit.core.runtime.ahead import read_ahead
 from torchkit.deferred_signals import signals_deferred
 
@@ -953,7 +954,7 @@ class ShardsReport:
         run that exited 0 let `convert shards src out && rm -r src` delete."""
         unreadable = len(self.unreadable())
         unlisted = len(self.unlisted_folders)
-        folders = f"{unlisted} folder{'s' if unlisted != 1 else ''} in {self.source}"
+        folders = f"{counted(unlisted, 'folder')} in {self.source}"
         manifest = Path(self.output) / MANIFEST
         if unreadable:
             samples = sum(r.end - r.start for r in self.shards)

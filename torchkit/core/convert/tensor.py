@@ -57,6 +57,7 @@ from torchkit.core.io.outputs import OutputFolder
 from torchkit.core.io.overlap import InputPath, check_overlap
 from torchkit.core.io.progress import Progress
 from torchkit.core.io.special_files import check_not_stdout, is_special_file, names_a_folder
+from torchkit.core.io.wording import counted
 from torchkit.core.io.write_errors import as_write_error, named_as_final
 from torchkit.core.runtime.cpus import check_workers
 from torchkit.core.runtime.pool import chunked, default_workers, map_chunks
@@ -196,7 +197,7 @@ class TensorReport:
         (as `cp -r` exits 1): files that failed, folders that could not be listed (whose files
         a run that exited 0 left out: `convert tensor src dst --to npy && rm -r src`)."""
         unlisted = len(self.unlisted_folders)
-        folders = f"{unlisted} folder{'s' if unlisted != 1 else ''} in {self.source}"
+        folders = f"{counted(unlisted, 'folder')} in {self.source}"
         if self.failed:
             return InputError(
                 f"{self.failed} of {self.converted + self.failed} files could not be converted "
@@ -1196,7 +1197,7 @@ def _convert_into(
     ]
     map_chunks(_convert_chunk, tasks, workers=workers, on_result=collect)
     for message, count in notices.items():
-        log.warning(f"{message} ({count} file{'s' if count != 1 else ''})")
+        log.warning(f"{message} ({counted(count, 'file')})")
     if report.converted == 0:
         first_path, first_error = report.failures[0]
         raise InputError(

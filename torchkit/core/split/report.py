@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchkit.core.io.errors import InputError
+from torchkit.core.io.wording import counted
 
 
 @dataclass
@@ -52,7 +53,7 @@ class SplitResult:
             return None
         count = len(self.unlisted_folders)
         return InputError(
-            f"{count} folder{'s' if count != 1 else ''} in {self.source} could not be listed: "
+            f"{counted(count, 'folder')} in {self.source} could not be listed: "
             f"their files are in no split in {self.out}",
             "make them readable and split again; --strict stops before placing any file",
         )
