@@ -3640,6 +3640,24 @@ def _json_list_of_whole_lines(text: str) -> list:
     return items
 
 
+def test_extract_frames_json_has_the_streamed_rows_shape(tmp_path, videos):
+    """--extract-frames writes its rows once the frames are in place, not as the videos are
+    read, but in the same shape as the streamed `--format json` (`[`, a video a line, `]`), on
+    stdout and in an -o file. Before: an indented list, of another shape."""
+    clip = need(videos, "mjpg.avi")
+    frames = tmp_path / "frames"
+    result = invoke(clip, "-k", "2", "--extract-frames", frames, "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    (row,) = _json_list_of_whole_lines(result.stdout)
+    assert len(row["frame_files"]) == 2
+    streamed = invoke(clip, "-k", "2", "--format", "json")
+    assert _json_list_of_whole_lines(streamed.stdout) == [{**row, "frame_files": None}]
+    report = tmp_path / "info.json"
+    written = invoke(clip, "-k", "2", "--extract-frames", frames, "--force", "-o", report)
+    assert written.exit_code == 0, written.stderr
+    assert _json_list_of_whole_lines(report.read_text()) == [row]
+
+
 def test_a_json_array_written_an_item_at_a_time_holds_each_item_whole_as_it_is_added():
     """Each item is a line of its own, ended as it is added: the comma that parted it from the
     next one ended its line, so a reader of the stream got each row one video late."""

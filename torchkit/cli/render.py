@@ -350,6 +350,20 @@ class JsonArrayWriter:
         self.handle.write("]\n")
 
 
+def render_json_rows(items: Iterable[Any], encoding: str | None = None) -> str:
+    """A JSON array of rows as `JsonArrayWriter` streams it (`[`, an item a line, `]`): the
+    shape of every JSON list a command of `StreamedOutputFormat` writes, also where its rows
+    come all at once (`video-info --extract-frames`, which writes them after its frames)."""
+    import io
+
+    text = io.StringIO()
+    array = JsonArrayWriter(text, encoding)
+    for item in items:
+        array.add(item)
+    array.close()
+    return text.getvalue()
+
+
 def streamed_rows(write: Callable[[], None], end: Callable[[], None]) -> None:
     """`write()` the rows of a streamed output (CSV, a JSON list, JSON Lines), then `end()` it
     (a JSON list's `]`), also where the run fails part-way with an error it reports (`--strict`,
@@ -656,7 +670,11 @@ def emit(
         screen = console.stderr
     if fmt == OutputFormat.json:
         stdout_encoding = getattr(screen.file, "encoding", None)
-        text = render_json(data, None if output is not None else stdout_encoding)
+        encoding = None if output is not None else stdout_encoding
+        if isinstance(fmt, StreamedOutputFormat) and isinstance(data, list):
+            text = render_json_rows(data, encoding)  # as its streamed rows are, an item a line
+        else:
+            text = render_json(data, encoding)
     elif getattr(fmt, "value", fmt) == "jsonl":  # the commands that add it: `data` is a list
         stdout_encoding = getattr(screen.file, "encoding", None)
         text = render_json_lines(data, None if output is not None else stdout_encoding)
