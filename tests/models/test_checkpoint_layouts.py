@@ -323,17 +323,24 @@ def test_a_pickle_protocol_the_safe_loader_cannot_read_is_named_with_what_to_do(
     assert "with protocol 4 (torch.save(..., pickle_protocol=4))" in error_line(result.stderr)
 
 
-def test_a_plain_pickle_is_not_called_a_torch_save_file(tmp_path):
-    # pickle.dump of tensors, which torch.load reads in no mode ("Invalid magic number"
-    # trusted): --trust-checkpoint is no way out, and the message does not offer it.
+@pytest.mark.parametrize("protocol", [2, 4])
+def test_a_plain_pickle_is_named_and_not_offered_trust(tmp_path, protocol):
+    """pickle.dump of tensors, which torch.load reads in no mode ("Invalid magic number;
+    corrupt file?" trusted). Before: protocol 2 said it held a pickled
+    torch.storage._load_from_bytes and to pass --trust-checkpoint, which then failed; protocol
+    4 said 'Unsupported operand 149 (the file may be truncated ...)'."""
     import pickle
 
     path = tmp_path / "plain.pt"
-    path.write_bytes(pickle.dumps({"w": torch.zeros(2)}, protocol=4))
-    with pytest.raises(CheckpointError) as refused:
-        load_checkpoint(path)
-    assert "protocol" not in refused.value.message
-    assert "--trust-checkpoint" not in (refused.value.hint or "")
+    path.write_bytes(pickle.dumps({"w": torch.zeros(2)}, protocol=protocol))
+    for trusted in (False, True):
+        with pytest.raises(CheckpointError) as refused:
+            load_checkpoint(path, trust_checkpoint=trusted)
+        assert refused.value.message == (
+            f"cannot read checkpoint {path}: it is a plain pickle (pickle.dump), not a file "
+            "torch.save wrote, which torch.load does not read"
+        )
+        assert refused.value.hint == ("save the model's state_dict with torch.save")
 
 
 class _TruncatedNormalDraws(torch.overrides.TorchFunctionMode):

@@ -99,6 +99,7 @@ def _load_checkpoint(path: str | os.PathLike, *, trust_checkpoint: bool) -> Any:
     if not trust_checkpoint:
         _refuse_code_archives(source, kind)
     refuse_expanding_archive(source)
+    _refuse_plain_pickle(source)
     try:
         if kind == TORCHSCRIPT:  # what torch.load hands it to, with a warning
             from torchkit.core.models.exported.loading import torchscript_module
@@ -333,6 +334,23 @@ def _looks_saved_by_torch(source: Path) -> bool:
     except OSError:
         return True
     return head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"
+
+
+def _refuse_plain_pickle(source: Path) -> None:
+    """A pickle written by pickle.dump, not torch.save (no zip archive, no magic number first),
+    which torch.load reads in no mode: said so, where the safe loader named a class it refused
+    and hinted --trust-checkpoint, which then failed with "Invalid magic number"."""
+    try:
+        with open(source, "rb") as handle:
+            head = handle.read(32)
+    except OSError:
+        return
+    if head[:1] == b"\x80" and _LEGACY_MAGIC not in head:
+        raise CheckpointError(
+            f"cannot read checkpoint {source}: it is a plain pickle (pickle.dump), not a file "
+            "torch.save wrote, which torch.load does not read",
+            "save the model's state_dict with torch.save",
+        )
 
 
 def _is_zip(source: Path) -> bool:
