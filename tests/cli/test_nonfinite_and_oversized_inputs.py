@@ -384,7 +384,10 @@ class ItemNet(nn.Module):
     [
         (["convnet", "-i", "99999999999999999999,1,1"], "is too large: 99,999,999,999,999,999,999"),
         (["convnet", "-i", "3,3000000000,3000000000"], "is too large"),
-        (["convnet", "-i", "3,8,8", "-b", "99999999999999999999"], "is too large"),
+        (
+            ["convnet", "-i", "3,8,8", "-b", "99999999999999999999"],
+            "--batch-size 99999999999999999999 of inputs 3,8,8 is more values than a tensor",
+        ),
         (["convnet", "-i", "0,1,1"], "invalid input size '0,1,1'"),
         (["convnet", "-i", "3,-8,8"], "invalid input size '3,-8,8'"),
         # convnet's classifier grows with the image: petabytes for this one, refused unbuilt

@@ -205,13 +205,15 @@ def test_a_resize_size_past_memory_names_it_and_its_bytes_in_powers_of_ten(
     assert not [path for path in tmp_path.iterdir() if path.name.startswith("out")]
 
 
-def test_gigabytes_are_written_in_powers_of_ten_from_a_petabyte():
+def test_gigabytes_are_written_in_powers_of_ten_from_a_zettabyte():
     from torchkit.core.io.sizes import gigabytes_text
 
     assert gigabytes_text(120_000_000_000) == "120.0 GB"
     assert gigabytes_text(999_999_000_000_000) == "999,999.0 GB"
     assert gigabytes_text(25e9, 0) == "25 GB"
-    assert gigabytes_text(1.2e15) == "1.2e+06 GB"
+    assert gigabytes_text(1.2e15) == "1,200,000.0 GB"
+    assert gigabytes_text(999_999_999_999e9) == "999,999,999,999.0 GB"
+    assert gigabytes_text(1.2e21) == "1.2e+12 GB"
     assert gigabytes_text(12 * 10**40) == "1.2e+32 GB"
     assert gigabytes_text(125 * 10**798) == "1.2e+791 GB"  # beyond a float: Decimal's rounding
     assert gigabytes_text(135 * 10**798) == "1.4e+791 GB"

@@ -58,14 +58,15 @@ def format_megabytes(megabytes: float) -> str:
     return f"{megabytes:.{decimals}f}"
 
 
-# From a petabyte up, a figure of gigabytes is written in powers of ten ("1.2e+32 GB"): its
-# digits past float's 16 were noise ("120,000,000,000,000,013,645,154,049,064,960.0 GB").
-_SCIENTIFIC_GB = 1e6
+# From a zettabyte up, a figure of gigabytes is written in powers of ten ("1.2e+32 GB"): its
+# digits past float's 16 were noise ("120,000,000,000,000,013,645,154,049,064,960.0 GB"); below
+# it every digit shown is exact ("8,191,934.5 GB").
+_SCIENTIFIC_GB = 1e12
 
 
 def gigabytes_text(count: float, digits: int = 1) -> str:
     """`count` bytes as every refusal writes them: "120.0 GB", "156,734.7 GB" (`digits` after
-    the point), "1.2e+32 GB" from a petabyte up, also for a count too large for a float (the
+    the point), "1.2e+32 GB" from a zettabyte up, also for a count too large for a float (the
     memory a --resize-size of hundreds of digits asks for)."""
     try:
         value = count / 1e9
