@@ -215,8 +215,14 @@ def test_checkpoint_fields_of_the_wrong_kind_are_named(runner, world, tmp_path, 
             lambda weights: dict.fromkeys(weights, "x"),
             "are not all tensors: 8 are not (first: features.0.weight is a str)",
         ),
+        # Before: copied into the float model as whole numbers, without a word (uniform
+        # probabilities from predict, chance accuracy from eval).
+        (
+            lambda weights: {key: value.long() for key, value in weights.items()},
+            "are not all floating point: 8 are not (first: features.0.weight is int64)",
+        ),
     ],
-    ids=["a-list", "strings"],
+    ids=["a-list", "strings", "integers"],
 )
 def test_damaged_weights_of_a_checkpoint_are_one_clear_error(
     runner, world, tmp_path, damage, message

@@ -634,6 +634,21 @@ def load_weights_into(model, state_dict: Mapping[str, Any], *, source: str = "ch
             f"(first: {not_tensors[0]})",
             "the file is damaged or not a checkpoint of this model",
         )
+    # `load_state_dict` copies integer values into float weights without a word: a model of
+    # rounded weights (all zeros, uniform probabilities) where the file was damaged or not ours.
+    not_float = [
+        f"{key} is {str(state_dict[key].dtype).removeprefix('torch.')}"
+        for key in own
+        if key in state_dict
+        and own[key].is_floating_point()
+        and not (state_dict[key].is_floating_point() or state_dict[key].is_complex())
+    ]
+    if not_float:
+        raise CheckpointError(
+            f"the weights in {source} are not all floating point: {len(not_float)} are not "
+            f"(first: {not_float[0]})",
+            "the file is damaged or not a checkpoint of this model",
+        )
     missing = [key for key in own if key not in state_dict]
     unexpected = [key for key in state_dict if key not in own]
     mismatched = [
