@@ -477,10 +477,11 @@ def test_a_batch_whose_export_outgrows_the_free_memory_is_refused(runner, tmp_pa
     assert fits.exit_code == 0, fits.stderr
 
 
-def test_a_batch_past_a_petabyte_is_refused_in_powers_of_ten(runner, tmp_path, monkeypatch):
+def test_a_batch_past_a_zettabyte_is_refused_in_powers_of_ten(runner, tmp_path, monkeypatch):
     """Before: `--batch-size 9223372036854775800` read 'needs about 233,461,992,996,868.1 GB
     ... (3.5 x 66,703,426,570,533.7 GB ...)' (and from a larger side, float noise past its 16th
-    digit), where every other memory refusal writes such figures as '2.3e+14 GB'."""
+    digit), where every other memory refusal writes such figures (from a zettabyte up) as
+    '2.3e+14 GB'."""
     from torchkit.core.runtime import memory
 
     monkeypatch.setattr(memory, "available_memory", lambda: 2_000_000)
