@@ -52,16 +52,18 @@ def _archive_names(source: Path) -> list[str] | None:
 
 
 def sniff_format(path: str | os.PathLike) -> str | None:
-    """The format of an exported file, from its extension (.onnx) or its zip archive's entries
-    (TorchScript holds `code/`; torch.export's `archive_format` in a folder, or, written by an
-    older torch such as 2.4, `serialized_exported_program.json` and `version` at the top); None
-    for anything else (a checkpoint, a state dict, a file that is not there)."""
+    """The format of an exported file, from its extension (.onnx, unless the file is a zip
+    archive or a pickle: a PyTorch file of that name, read as what it holds) or its zip
+    archive's entries (TorchScript holds `code/`; torch.export's `archive_format` in a folder,
+    or, written by an older torch such as 2.4, `serialized_exported_program.json` and
+    `version` at the top); None for anything else (a checkpoint, a state dict, a file that is
+    not there)."""
     source = Path(path)
     if not source.is_file():
         return None
-    if source.suffix.lower() == ".onnx":
-        return ONNX
     names = _archive_names(source)
+    if source.suffix.lower() == ".onnx" and names is None and not _a_pickle(source):
+        return ONNX  # a zip archive or a pickle is a PyTorch file, whatever its name says
     if names is None:
         return None
     entries = {name.split("/", 1)[1] for name in names if "/" in name}
@@ -70,6 +72,17 @@ def sniff_format(path: str | os.PathLike) -> str | None:
     if "constants.pkl" in entries or any(name.startswith("code/") for name in entries):
         return TORCHSCRIPT
     return None
+
+
+def _a_pickle(source: Path) -> bool:
+    """Whether `source` starts as a pickle of protocol 2 or later does (torch.save's format
+    before zip archives); no ONNX model does (its first field is never number 16)."""
+    try:
+        with open(source, "rb") as handle:
+            first = handle.read(2)
+    except OSError:
+        return False
+    return len(first) == 2 and first[0] == 0x80 and 2 <= first[1] <= 5
 
 
 def in_older_torch_layout(source: str | os.PathLike | list[str]) -> bool:
