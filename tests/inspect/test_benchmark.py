@@ -1420,3 +1420,19 @@ def test_a_checkpoint_at_another_image_size_names_the_size_it_was_trained_at(run
     assert line.endswith("(it was trained on 8x8 images: give --image-size 8, or leave it out)")
     followed = runner.invoke(app, [*args, "--image-size", "8"])
     assert followed.exit_code == 0, followed.stderr
+
+
+def test_a_checkpoint_at_another_input_size_names_the_input_it_was_trained_on(runner, tmp_path):
+    """-i C,H,W: the hint gives the input as -i takes it. Before: 'check --input-size' alone."""
+    from checkpoints import write_convnet_checkpoint
+
+    path = tmp_path / "ck.pt"
+    write_convnet_checkpoint(path, in_channels=3, image_size=8, classes="ab")
+    args = ["benchmark", str(path), "--device", "cpu", "--iters", "1", "--warmup", "0"]
+    result = runner.invoke(app, [*args, "-i", "3,12,12"])
+    assert result.exit_code == 2 and result.stdout == ""
+    assert error_line(result.stderr).endswith(
+        "(it was trained on 3,8,8 inputs: give -i 3,8,8, or leave out --input-size)"
+    )
+    followed = runner.invoke(app, [*args, "-i", "3,8,8"])
+    assert followed.exit_code == 0, followed.stderr

@@ -265,7 +265,7 @@ def run_benchmark(
         _require_fixed_batch(spec, fixed_batch, options)
     model = resolved.model
     name, source = resolved.arch, resolved.source
-    trained = trained_input(resolved) if options.input_size is None else None
+    trained = trained_input(resolved)
     del resolved
     with torch_threads(compute_threads()):  # no loader: every usable core
         return benchmark_model(
@@ -403,7 +403,8 @@ def benchmark_model(
         sized_by_input = options.input_size is not None  # -i, which --image-size contradicts
         raise (error.for_input_size() if sized_by_input else error) from error.__cause__
     except UsageError as error:  # the model does not take this input: say which option
-        hint = trained_size_hint(trained, sample) or "check --input-size"
+        by_input = options.input_size is not None
+        hint = trained_size_hint(trained, sample, input_size=by_input) or "check --input-size"
         raise UsageError(error.message, hint) from error
     if device.type == "cpu" and not options.find_batch_size:  # the search predicts its own
         trained = _trained_attention(model, (count_batch, *sample), counted, options)

@@ -125,11 +125,17 @@ def trained_input(resolved: Any) -> tuple[int, ...] | None:
     return tuple(int(n) for n in shape)
 
 
-def trained_size_hint(trained: tuple[int, ...] | None, shape: Sequence[int]) -> str | None:
+def trained_size_hint(
+    trained: tuple[int, ...] | None, shape: Sequence[int], *, input_size: bool = False
+) -> str | None:
     """For a model that fails on inputs of `shape` (..., C, H, W) other than the `trained` one
-    (`trained_input`): the size to give; None where there is none to name."""
+    (`trained_input`): the size to give, as --image-size, or as -i where the input was given
+    so (`input_size`); None where there is none to name."""
     if trained is None or tuple(int(n) for n in shape[-3:]) == tuple(trained):
         return None
+    if input_size:
+        given = ",".join(map(str, trained))
+        return f"it was trained on {given} inputs: give -i {given}, or leave out --input-size"
     side = trained[1]
     return f"it was trained on {side}x{side} images: give --image-size {side}, or leave it out"
 
