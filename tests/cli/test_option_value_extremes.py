@@ -5,20 +5,12 @@ from __future__ import annotations
 
 import pytest
 from checkpoints import write_convnet_checkpoint
+from image_commands import IMAGE_COMMANDS, image_command
 from output_checks import error_line
 from processes import run_torchkit_in_process
 
-# Every command that normalises images with --mean and --std, as (words, what it writes).
-NORMALISING = {
-    "train": ["train", "--data", "{data}", "--model", "convnet", "--image-size", "8",
-              "--epochs", "1", "--workers", "0", "--out", "{out}"],
-    "eval": ["eval", "{ckpt}", "--data", "{data}", "--workers", "0", "--out", "{out}"],
-    "predict": ["predict", "{ckpt}", "{data}", "--workers", "0", "-o", "{out}.csv"],
-    "extract-features": ["extract-features", "{ckpt}", "{data}", "{out}", "--workers", "0"],
-}  # fmt: skip
 
-
-@pytest.mark.parametrize("command", NORMALISING)
+@pytest.mark.parametrize("command", IMAGE_COMMANDS)
 @pytest.mark.parametrize(
     ("values", "named"),
     [
@@ -29,10 +21,7 @@ NORMALISING = {
     ],
 )
 def test_a_mean_or_std_beyond_float32_is_refused(command, values, named, image_folder, tmp_path):
-    ckpt = tmp_path / "ck.pt"
-    write_convnet_checkpoint(ckpt, in_channels=3, image_size=8, classes="ab")
-    out = tmp_path / "out"
-    words = [w.format(data=image_folder, ckpt=ckpt, out=out) for w in NORMALISING[command]]
+    words = image_command(command, image_folder, tmp_path)
     result = run_torchkit_in_process(*words, *values)
     assert result.returncode == 2, result.stderr
     line = error_line(result.stderr)
@@ -48,10 +37,7 @@ def test_an_image_size_a_fixed_size_checkpoint_does_not_take_is_one_line(
     # The convnet's classifier is sized for the 8x8 images it was built for: at 7 its linear
     # layer fails, at 3 its convolution does; either way one line naming the size (exit 1),
     # and the size it was trained on (before: "check --image-size", which did not say it).
-    ckpt = tmp_path / "ck.pt"
-    write_convnet_checkpoint(ckpt, in_channels=3, image_size=8, classes="ab")
-    out = tmp_path / "out"
-    words = [w.format(data=image_folder, ckpt=ckpt, out=out) for w in NORMALISING[command]]
+    words = image_command(command, image_folder, tmp_path)
     result = run_torchkit_in_process(*words, "--image-size", side)
     assert result.returncode == 1, result.stderr
     line = error_line(result.stderr)
@@ -118,7 +104,7 @@ def test_train_names_the_image_size_given_when_its_resize_is_past_memory(image_f
     # The resize follows --image-size (the folder's 8/7 ratio). Before: "--resize-size 114286
     # needs ...", an option the user never gave; eval's check names --image-size already.
     out = tmp_path / "out"
-    words = [w.format(data=image_folder, ckpt="", out=out) for w in NORMALISING["train"]]
+    words = [w.format(data=image_folder, ckpt="", out=out) for w in IMAGE_COMMANDS["train"]]
     words[words.index("--image-size") + 1] = "100000"  # 120 GB an image, 156 GB resized
     result = run_torchkit_in_process(*words)
     assert result.returncode == 2, result.stderr

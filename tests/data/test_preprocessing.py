@@ -7,6 +7,7 @@ import json
 import re
 
 import pytest
+from image_commands import IMAGE_COMMANDS, image_command
 from image_folders import write_image_folder
 from typer.testing import CliRunner
 
@@ -164,17 +165,7 @@ def test_an_image_size_beyond_the_machines_memory_is_a_usage_error_before_any_wo
     validate(TrainConfig(image_size=4096))
 
 
-# The commands a --resize-size is given to, with a tiny convnet checkpoint (8x8 images).
-RESIZING = {
-    "train": ["train", "--data", "{data}", "--model", "convnet", "--image-size", "8",
-              "--epochs", "1", "--workers", "0", "--out", "{out}"],
-    "eval": ["eval", "{ckpt}", "--data", "{data}", "--workers", "0", "--out", "{out}"],
-    "predict": ["predict", "{ckpt}", "{data}", "--workers", "0", "-o", "{out}.csv"],
-    "extract-features": ["extract-features", "{ckpt}", "{data}", "{out}", "--workers", "0"],
-}  # fmt: skip
-
-
-@pytest.mark.parametrize("command", RESIZING)
+@pytest.mark.parametrize("command", IMAGE_COMMANDS)
 @pytest.mark.parametrize(
     ("side", "shown", "needed"),
     [
@@ -190,14 +181,10 @@ def test_a_resize_size_past_memory_names_it_and_its_bytes_in_powers_of_ten(
     an option not given; the bytes were float noise ("120,000,000,000,000,013,645,154,049,
     064,960.0 GB"), and a side of 400 digits ended in "OverflowError: int too large to convert
     to float"."""
-    from checkpoints import write_convnet_checkpoint
     from output_checks import error_line
     from processes import run_torchkit_in_process
 
-    ckpt = tmp_path / "ck.pt"
-    write_convnet_checkpoint(ckpt, in_channels=3, image_size=8, classes="ab")
-    out = tmp_path / "out"
-    words = [w.format(data=image_folder, ckpt=ckpt, out=out) for w in RESIZING[command]]
+    words = image_command(command, image_folder, tmp_path)
     result = run_torchkit_in_process(*words, "--resize-size", side)
     assert result.returncode == 2, result.stderr
     line = error_line(result.stderr)
