@@ -1406,33 +1406,36 @@ def test_a_head_num_classes_replaces_is_a_warning_on_stderr(runner, tmp_path):
     ), warning
 
 
-def test_a_checkpoint_at_another_image_size_names_the_size_it_was_trained_at(runner, tmp_path):
-    """Before: 'check --input-size', an option the user had not given."""
+@pytest.mark.parametrize(
+    ("given", "hint", "trained"),
+    [
+        (
+            ["--image-size", "12"],
+            "(it was trained on 8x8 images: give --image-size 8, or leave it out)",
+            ["--image-size", "8"],
+        ),
+        (
+            ["-i", "3,12,12"],
+            "(it was trained on 3,8,8 inputs: give -i 3,8,8, or leave out --input-size)",
+            ["-i", "3,8,8"],
+        ),
+    ],
+    ids=["image-size", "input-size"],
+)
+def test_a_checkpoint_at_another_size_names_the_input_it_was_trained_on(
+    runner, tmp_path, given, hint, trained
+):
+    """The hint gives the input as the option given takes it, and works when followed. Before:
+    'check --input-size', an option the user may not have given, without the size."""
     from checkpoints import write_convnet_checkpoint
 
     path = tmp_path / "ck.pt"
     write_convnet_checkpoint(path, in_channels=3, image_size=8, classes="ab")
     args = ["benchmark", str(path), "--device", "cpu", "--iters", "1", "--warmup", "0"]
-    result = runner.invoke(app, [*args, "--image-size", "12"])
+    result = runner.invoke(app, [*args, *given])
     assert result.exit_code == 2 and result.stdout == ""
     line = error_line(result.stderr)
     assert "cannot run on an input of shape (1, 3, 12, 12)" in line
-    assert line.endswith("(it was trained on 8x8 images: give --image-size 8, or leave it out)")
-    followed = runner.invoke(app, [*args, "--image-size", "8"])
-    assert followed.exit_code == 0, followed.stderr
-
-
-def test_a_checkpoint_at_another_input_size_names_the_input_it_was_trained_on(runner, tmp_path):
-    """-i C,H,W: the hint gives the input as -i takes it. Before: 'check --input-size' alone."""
-    from checkpoints import write_convnet_checkpoint
-
-    path = tmp_path / "ck.pt"
-    write_convnet_checkpoint(path, in_channels=3, image_size=8, classes="ab")
-    args = ["benchmark", str(path), "--device", "cpu", "--iters", "1", "--warmup", "0"]
-    result = runner.invoke(app, [*args, "-i", "3,12,12"])
-    assert result.exit_code == 2 and result.stdout == ""
-    assert error_line(result.stderr).endswith(
-        "(it was trained on 3,8,8 inputs: give -i 3,8,8, or leave out --input-size)"
-    )
-    followed = runner.invoke(app, [*args, "-i", "3,8,8"])
+    assert line.endswith(hint), line
+    followed = runner.invoke(app, [*args, *trained])
     assert followed.exit_code == 0, followed.stderr
