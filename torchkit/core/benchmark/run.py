@@ -407,8 +407,8 @@ def benchmark_model(
         hint = trained_size_hint(trained, sample, input_size=by_input) or "check --input-size"
         raise UsageError(error.message, hint) from error
     if device.type == "cpu" and not options.find_batch_size:  # the search predicts its own
-        trained = _trained_attention(model, (count_batch, *sample), counted, options)
-        _check_fits_in_memory(name, counted, options, amp_dtype, trained)
+        attention = _trained_attention(model, (count_batch, *sample), counted, options)
+        _check_fits_in_memory(name, counted, options, amp_dtype, attention)
     model.to(device)
     if options.channels_last:
         to_channels_last(model)
