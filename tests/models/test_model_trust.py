@@ -194,8 +194,15 @@ def test_resume_of_a_pickled_file_says_trust_would_not_help(runner, tmp_path):
         # Before: torch's "can't allocate memory" as the head of 10**12 outputs was built.
         (
             {"num_classes": 10**12},
-            "has an invalid num_classes 1,000,000,000,000: more than the 314,819 values its "
-            "weights hold (the file is damaged or not torchkit's)",
+            "has an invalid num_classes 1,000,000,000,000: none of its weights has that many "
+            "outputs (the file is damaged or not torchkit's)",
+        ),
+        # One below the 314,819 values the weights hold: before, a head of that many outputs
+        # was built (162 MB for a model of 1.3 MB; gigabytes for a larger model) before the
+        # weights were found not to fit it.
+        (
+            {"num_classes": 314_818},
+            "has an invalid num_classes 314,818: none of its weights has that many outputs",
         ),
     ],
 )

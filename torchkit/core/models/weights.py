@@ -71,21 +71,23 @@ def checkpoint_arch(checkpoint: Mapping[str, Any], source: str) -> tuple[str, in
             f"{source} has an invalid num_classes {num_classes!r}",
             "it must be a positive whole number; the file is damaged or not torchkit's",
         )
-    held = _values_held(checkpoint.get("model"))
-    if held is not None and num_classes > held:
-        # A head of num_classes outputs holds at least that many values: building it first
-        # ended in torch's "can't allocate memory" (or the OOM killer) for a damaged count.
+    widths = _dimension_sizes(checkpoint.get("model"))
+    if widths is not None and num_classes not in widths:
+        # A head of num_classes outputs has a weight of that many rows: a damaged count, built
+        # first, took what memory its head needed (torch's "can't allocate memory", or the
+        # OOM killer) before the weights were found not to fit.
         raise CheckpointError(
-            f"{source} has an invalid num_classes {num_classes:,}: more than the {held:,} "
-            "values its weights hold",
+            f"{source} has an invalid num_classes {num_classes:,}: none of its weights has "
+            "that many outputs",
             "the file is damaged or not torchkit's",
         )
     return arch, num_classes
 
 
-def _values_held(state: Any) -> int | None:
-    """How many values the tensors of a state dict hold; None for anything else, a dict with
-    values that are not tensors too (whose own error comes when its weights are loaded)."""
+def _dimension_sizes(state: Any) -> set[int] | None:
+    """The sizes of every dimension of the tensors of a state dict; None for anything else, a
+    dict with values that are not tensors too (whose own error comes when its weights are
+    loaded), or one with an uninitialised lazy layer's parameter (which has no size yet)."""
     import torch
 
     if not isinstance(state, Mapping):
@@ -93,8 +95,8 @@ def _values_held(state: Any) -> int | None:
     if not all(isinstance(value, torch.Tensor) for value in state.values()):
         return None
     if any(torch.nn.parameter.is_lazy(value) for value in state.values()):
-        return None  # an uninitialised lazy layer's parameter has no size yet
-    return sum(value.numel() for value in state.values())
+        return None
+    return {size for value in state.values() for size in value.shape}
 
 
 def require_trusted_arch(arch: str, source: str, trust_checkpoint: bool) -> None:
