@@ -132,3 +132,40 @@ def test_a_move_onto_a_disk_without_room_for_it_is_refused_before_any_file_moves
     (disk / "filler").unlink()
     assert run_torchkit_in_process(*args).returncode == 0
     assert not list(data.rglob("*.png")) and len(list(out.rglob("*.png"))) == 6
+
+
+def test_a_forced_move_onto_another_disk_counts_the_room_of_the_split_it_replaces(
+    tmp_path, small_tmpfs
+):
+    """`--force` deletes the earlier split in OUT before the first file moves: a disk that
+    holds it and has room for the move once it is gone was refused, `its disk has 0.135 MB
+    free, and the files to move onto it take 0.246 MB`, from the free space at the start."""
+    from disks import fill_disk
+    from output_checks import error_line
+
+    data = tmp_path / "data"
+    for label in "ab":
+        (data / label).mkdir(parents=True)
+        for i in range(3):
+            (data / label / f"{i}.png").write_bytes(bytes([i]) * 40_000)
+    disk = small_tmpfs(384)  # room for the 6 files once, not twice
+    out = disk / "out"
+    assert run_torchkit_in_process("split", data, out, "--ratio", "1:1").returncode == 0
+    args = ("split", data, out, "--mode", "move", "--ratio", "1:1", "--force")
+    moved = run_torchkit_in_process(*args)
+    assert moved.returncode == 0, moved.stderr
+    assert not list(data.rglob("*.png")) and len(list(out.rglob("*.png"))) == 6
+    # Where the room it gives back is not enough, the refusal counts it, and nothing moves
+    for label in "ab":
+        for i in range(3):
+            (data / label / f"{i}.png").write_bytes(bytes([i]) * 40_000)
+    disk = small_tmpfs(384)
+    out = disk / "out"
+    assert run_torchkit_in_process("split", data, out, "--ratio", "1:1").returncode == 0
+    (data / "a" / "3.png").write_bytes(b"3" * 40_000)  # one more than the earlier split
+    fill_disk(disk, leave=16_384)
+    refused = run_torchkit_in_process(*args[:2], out, *args[3:])
+    assert refused.returncode == 1
+    line = error_line(refused.stderr)
+    assert "MB more once the split it replaces is deleted), and the files to move" in line, line
+    assert len(list(data.rglob("*.png"))) == 7 and len(list(out.rglob("*.png"))) == 6

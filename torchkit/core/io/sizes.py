@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from dataclasses import dataclass
 from fractions import Fraction
 
 from torchkit.core.io.errors import UsageError, short_repr
@@ -79,11 +80,27 @@ def gigabytes_text(count: float, digits: int = 1) -> str:
     return f"{value:,.{digits}f} GB"
 
 
-def free_bytes(folder: str | os.PathLike) -> int | None:
-    """The bytes the disk of `folder` has free for this user; None where unknown (no statvfs:
-    Windows)."""
+@dataclass(frozen=True)
+class DiskRoom:
+    """What a disk has free for this user: `free` bytes, in blocks of `block` bytes (a file
+    takes whole blocks)."""
+
+    free: int
+    block: int
+
+
+def disk_room(folder: str | os.PathLike) -> DiskRoom | None:
+    """The room on the disk of `folder` (the one reading of it every check of free space
+    makes); None where unknown (no statvfs: Windows; a folder that cannot be reached)."""
     try:
         stats = os.statvfs(folder)
     except (OSError, AttributeError):
         return None
-    return stats.f_bavail * stats.f_frsize
+    return DiskRoom(stats.f_bavail * stats.f_frsize, max(stats.f_frsize, 1))
+
+
+def free_bytes(folder: str | os.PathLike) -> int | None:
+    """The bytes the disk of `folder` has free for this user; None where unknown (no statvfs:
+    Windows)."""
+    room = disk_room(folder)
+    return None if room is None else room.free

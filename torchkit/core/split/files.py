@@ -26,7 +26,7 @@ from torchkit.core.io.folder_locks import (
 from torchkit.core.io.output_locks import OutputLockedError
 from torchkit.core.io.output_paths import remove_tree
 from torchkit.core.io.progress import Progress
-from torchkit.core.io.sizes import format_megabytes
+from torchkit.core.io.sizes import disk_room, format_megabytes
 from torchkit.core.runtime.ahead import read_ahead
 from torchkit.core.runtime.signals import signals_held
 from torchkit.core.split.options import MANIFEST
@@ -345,22 +345,26 @@ def check_room_for_move(
     out: Path,
     hint: str = "no file was moved: free some space, or choose an output folder on a disk "
     "with room",
+    freed: Sequence[str | os.PathLike] = (),
 ) -> None:
     """A move onto another file system copies each file into OUT before it removes it from
     ROOT: a disk without room for them all is refused before the first file moves, where it was
     found full part-way and left the data half in OUT, to be finished once there was room. Each
     file counts in whole blocks of OUT's file system; a file renamed in place (on OUT's file
-    system) or a link (made anew) takes none. Where the free space is unknown (no statvfs),
-    nothing is checked: a full disk is still an error that leaves every file in one place."""
+    system) or a link (made anew) takes none. The files and folders `freed` (an earlier split
+    in OUT that --force replaces, deleted before the first file moves) give their room back.
+    Where the free space is unknown (no statvfs), nothing is checked: a full disk is still an
+    error that leaves every file in one place."""
     folder = out
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
+    room = disk_room(folder)
     try:
-        stats = os.statvfs(folder)
         device = os.stat(folder).st_dev
-    except (OSError, AttributeError):
+    except OSError:
         return
-    free, block = stats.f_bavail * stats.f_frsize, max(stats.f_frsize, 1)
+    if room is None:
+        return
     needed = 0
     devices: dict[str, int | None] = {}  # a folder's: its files are on it (one stat a folder
     # where the move is renames, as most are, not one a file)
@@ -378,13 +382,35 @@ def check_room_for_move(
         except OSError:
             continue  # gone, or not to be reached: the move names it
         if status.st_dev != device and not stat.S_ISLNK(status.st_mode):
-            needed += -(-status.st_size // block) * block
-    if needed > free:
+            needed += -(-status.st_size // room.block) * room.block
+    if needed <= room.free:
+        return
+    gained = _room_freed(freed, device)
+    if needed > room.free + gained:
+        more = f" ({format_megabytes(gained / 1e6)} MB more once the split it replaces is deleted)"
         raise OutputWriteError(
-            f"cannot write {out}: its disk has {format_megabytes(free / 1e6)} MB free, and the "
-            f"files to move onto it take {format_megabytes(needed / 1e6)} MB",
+            f"cannot write {out}: its disk has {format_megabytes(room.free / 1e6)} MB free"
+            + (more if gained else "")
+            + f", and the files to move onto it take {format_megabytes(needed / 1e6)} MB",
             hint,
         )
+
+
+def _room_freed(paths: Sequence[str | os.PathLike], device: int) -> int:
+    """The bytes that deleting `paths` (files, or folders with all in them) gives back on
+    `device`: the blocks of each file there that has no other name (a hard link's stay)."""
+    freed = 0
+    for path in paths:
+        try:
+            status = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISDIR(status.st_mode):
+            for folder, _, files in os.walk(path):
+                freed += _room_freed([os.path.join(folder, name) for name in files], device)
+        elif status.st_dev == device and status.st_nlink == 1:
+            freed += getattr(status, "st_blocks", 0) * 512
+    return freed
 
 
 def check_sources_removable(sources: Sequence[str]) -> None:

@@ -250,7 +250,11 @@ def _plan_and_write(
         identical, samples.labels, samples.classes, names, split_of, samples.ids or sources, sources
     )
     warn_label_conflicts(conflicts)
-    plan, extra = _file_plan(samples, sources, keys, groups, split_of, counts, is_csv, out, options)
+    # What --force replaces in OUT: set aside now, deleted before a move's first file moves
+    doomed = sorted(set(names) | previous_split_names(out) | {MANIFEST})
+    plan, extra = _file_plan(
+        samples, sources, keys, groups, split_of, counts, is_csv, out, options, doomed
+    )
     totals = [sum(row[j] for row in counts) for j in range(len(names))]
     result = SplitResult(
         source=str(root),
@@ -278,7 +282,7 @@ def _plan_and_write(
         ],
     )
 
-    writing = SplitOutput(out, sorted(set(names) | previous_split_names(out) | {MANIFEST}))
+    writing = SplitOutput(out, doomed)
     noted: list[str] = []
     noting = False  # the move's records are being written beside the data
     try:
@@ -433,10 +437,12 @@ def _file_plan(
     is_csv: bool,
     out: Path,
     options: SplitOptions,
+    doomed: Sequence[str] = (),
 ) -> tuple[Plan, Any]:
     """(what goes where, with --oversample's repeats, a --group group's files repeated
     together (`groups`); the repeats per class), checked for the mode: hard links possible into
-    OUT, a move's sources removable."""
+    OUT, a move's sources removable and room for them in OUT, once the names `doomed` there
+    (the earlier split) are deleted."""
     mode, names = options.mode, options.names
     plan = Plan(
         sources=sources,
@@ -456,7 +462,7 @@ def _file_plan(
     if mode == "move":
         check_sources_removable(plan.sources)
         refuse_temporary_names(plan)
-        check_room_for_move(plan.sources, out)
+        check_room_for_move(plan.sources, out, freed=[out / name for name in doomed])
     return plan, extra
 
 
