@@ -209,3 +209,41 @@ def test_a_fifo_under_two_names_in_two_classes_is_two_unreadable_images(tmp_path
     ]
     source = open_data(str(tar_of_members(tmp_path / "pets.tar", members, pax_headers=pax)))
     assert readable_and_not(source)[1] == ["cat/f.png", "dog/g.png"]
+
+
+def fifo_with_data_tar(path: Path, pax: dict | None, *, stored: bool) -> Path:
+    """pets.tar whose `cat/f.png` is a FIFO of size field 10: its 10 bytes stored after it (as
+    some writers do), or none (as POSIX has it, and tarfile writes it)."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT, pax_headers=pax) as tar:
+        for name, data in (("cat/a.png", png(0)), ("cat/f.png", None), ("dog/b.png", png(1))):
+            info = tarfile.TarInfo(name)
+            if data is None:
+                info.type, info.size = tarfile.FIFOTYPE, 10
+                tar.addfile(info)  # the header alone
+                if stored:
+                    tar.fileobj.write(b"0123456789".ljust(tarfile.BLOCKSIZE, b"\0"))
+                    tar.offset += tarfile.BLOCKSIZE
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    path.write_bytes(out.getvalue())
+    return path
+
+
+@pytest.mark.parametrize("stored", [True, False], ids=["data-stored", "no-data"])
+def test_a_fifo_of_a_nonzero_size_is_an_unreadable_image_in_both_listings(tmp_path, pax, stored):
+    """Where its writer stored the bytes its size field counts, tarfile's listing (a pax global
+    header) read them as the next header: the archive "truncated or damaged", refused whole,
+    where GNU tar -x skips them and makes the FIFO, and the plain headers' pass read it."""
+    archive = fifo_with_data_tar(tmp_path / "pets.tar", pax, stored=stored)
+    source = open_data(str(archive))
+    read, unreadable = readable_and_not(source)
+    assert read == {"cat/a.png": png(0), "dog/b.png": png(1)}
+    assert unreadable == ["cat/f.png"]
+    if pax is not None:
+        strict = run_torchkit_in_process("dataset-stats", archive, "--strict", "-j", "0")
+        assert strict.returncode == 1
+        assert error_line(strict.stderr).startswith(
+            "Error: unreadable image pets.tar/cat/f.png: not a regular file (a FIFO)"
+        )

@@ -484,6 +484,8 @@ def list_tar(path: str, *, whole: bool = False, labels: bool = False) -> TarList
                     found.members[name] = (info.offset_data, info.size)
                 elif info.type in _SPECIAL:
                     found.special_member(name, _SPECIAL[info.type], info.offset_data)
+                    if info.size > 0:
+                        tar.offset = _after_special_member(path, info.offset_data, info.size)
             end = tar.offset
     except tarfile.ReadError as error:
         if not count and first[257:262] != b"ustar":
@@ -505,6 +507,35 @@ def list_tar(path: str, *, whole: bool = False, labels: bool = False) -> TarList
     listing = _listing(path, found)
     listing.stamp = stamp
     return listing
+
+
+def _after_special_member(path: str, data: int, size: int) -> int:
+    """Where the header after a FIFO or device member whose size field says `size` lies (its
+    header's data would begin at `data`): POSIX stores no data for one, so tarfile reads the
+    next header at `data`; some writers store `size` bytes there all the same (as the plain
+    headers' pass reads them). Those bytes, read as a header by tarfile, made the archive
+    "damaged" (GNU tar skips them to the next header, with a warning): past them where no
+    header lies at `data` and one (or the end-of-archive marker) lies after them."""
+    after = data + -(-size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+    with open(path, "rb") as handle:
+        handle.seek(data)
+        here = handle.read(tarfile.BLOCKSIZE)
+        handle.seek(after)
+        there = handle.read(tarfile.BLOCKSIZE)
+    return after if not _is_header(here) and _is_header(there) else data
+
+
+def _is_header(block: bytes) -> bool:
+    """Whether `block` is a tar header whose checksum holds, or the end-of-archive marker."""
+    if block == _ZERO_BLOCK:
+        return True
+    if len(block) < tarfile.BLOCKSIZE:
+        return False
+    try:
+        checksum = int(block[148:156].split(b"\0", 1)[0].strip() or b"-1", 8)
+    except ValueError:
+        return False
+    return checksum in tarfile.calc_chksums(block)
 
 
 def _listing(path: str, found: _PlainMembers) -> TarListing:
