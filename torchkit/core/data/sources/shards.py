@@ -202,7 +202,7 @@ def _recorded_paths(path: str) -> dict[tuple[int, int], str]:
         if split is None:
             continue
         key, extension = split
-        if extension != "json":
+        if extension != "json" and isinstance(locator, tuple):  # a FIFO's: nothing recorded
             others.append((key, locator))
             continue
         try:
@@ -292,13 +292,11 @@ LEADS_OUT = "a symbolic link out of the archive, never followed"
 
 @dataclass(frozen=True)
 class NotRegularMember:
-    """The locator of a member that is a FIFO or a device (`what`: "a FIFO", "a device"; `at`:
-    where its header's data would begin, which tells one such member from another): tar -x
+    """The locator of a member that is a FIFO or a device (`what`: "a FIFO", "a device"): tar -x
     makes one, which the folder reader lists and never opens (opening a FIFO waits for a
     writer). Read, it is the unreadable image a folder's FIFO is: `NotARegularFile`."""
 
     what: str
-    at: int
 
     def error(self) -> NotARegularFile:
         return NotARegularFile(f"not a regular file ({self.what})")
@@ -376,7 +374,7 @@ class TarListing:
         end = name if name in self.members else self.links.get(name)
         where = None if end is None else self.members.get(end)
         if where is not None and self.special and end in self.special:
-            return NotRegularMember(self.special[end], where[0])
+            return NotRegularMember(self.special[end])
         if where is None and self.outside and name in self.outside:
             return LEADS_OUT
         return where
