@@ -406,7 +406,7 @@ def test_a_move_across_file_systems_onto_a_full_disk_loses_nothing_and_leaves_no
     disk = fill_disk(small_tmpfs(256), leave=48 * 1024)  # room for about half of them
     # A disk another writer fills as the move runs: the room counted as it began is gone
     # (a disk too small to begin with is refused before any file moves).
-    monkeypatch.setattr(split_run, "check_room_for_move", lambda *args: None)
+    monkeypatch.setattr(split_run, "check_room_for_move", lambda *args, **kwargs: None)
     out = disk / "out"
     result = split(data, out, "--mode", "move")
     assert result.returncode == 1, result.stderr

@@ -71,7 +71,7 @@ def test_finishing_a_move_onto_a_disk_that_fills_says_it_cannot_write_and_loses_
     out = disk / "out"
     stop_move_after(1, monkeypatch, data, out, ratio="1:1")
     fill_disk(disk, leave=4096)  # room for one more file, not for the rest
-    monkeypatch.setattr(split_run, "check_room_for_move", lambda *args: None)
+    monkeypatch.setattr(split_run, "check_room_for_move", lambda *args, **kwargs: None)
     args = ("split", data, out, "--mode", "move", "--ratio", "1:1")
     full = run_torchkit_in_process(*args)
     assert full.returncode == 1
