@@ -187,3 +187,37 @@ def test_a_finished_move_whose_journal_lost_its_root_is_named_not_said_from_none
     result = run_torchkit_in_process("split", data, out, "--mode", "move", "--ratio", "1:1")
     assert result.returncode == 1
     assert "split.json: it has no 'root' (a damaged" in error_line(result.stderr)
+
+
+@pytest.mark.parametrize("source", ["up-and-out", "absolute", "relative", "csv-elsewhere"])
+def test_a_plan_row_whose_source_is_outside_root_is_refused_before_any_file_moves(
+    tmp_path, monkeypatch, source
+):
+    """Before: the finish moved the file a hand-edited row named (`ROOT/../elsewhere/x.png`,
+    `/home/me/x.png`, a path relative to wherever the rerun ran) into OUT, and exited 0."""
+    import os
+
+    elsewhere = tmp_path / "elsewhere" / "x.png"
+    elsewhere.parent.mkdir()
+    elsewhere.write_bytes(b"not the dataset's")
+    if source == "csv-elsewhere":  # the folders a CSV index lists files in bound its move
+        listed = write_images(tmp_path / "listed")
+        rows = [f"{p.relative_to(listed)},{p.parent.name}" for p in sorted(listed.rglob("*.png"))]
+        (listed / "index.csv").write_text("\n".join(["path,label", *rows]) + "\n")
+        data, out = listed / "index.csv", tmp_path / "out"
+        stop_move_after(1, monkeypatch, data, out, ratio="1:1")
+    else:
+        data, out = interrupted_move(tmp_path, monkeypatch)
+    value = {
+        "up-and-out": f"{data}/../elsewhere/x.png",
+        "relative": os.path.relpath(elsewhere),
+    }.get(source, str(elsewhere))
+    rewrite_plan(out, mend_row(3, value))
+    before = digests(tmp_path)
+    result = run_torchkit_in_process("split", data, out, "--mode", "move", "--ratio", "1:1")
+    assert result.returncode == 1
+    line = error_line(result.stderr)
+    said = "not an absolute path" if source == "relative" else "which is not inside"
+    assert line.startswith(f"Error: cannot read the plan {out / 'split.csv'}: row 7 moves "), line
+    assert said in line and "no file was moved" in line, line
+    assert digests(tmp_path) == before  # every file where the interrupted move left it

@@ -560,8 +560,9 @@ def _plan_rows(out: Path, journal: dict) -> list[dict[str, str]]:
     classes = None if journal.get("classes") is None else set(journal["classes"])
     paths: set[str] = set()
     sources: set[str] = set()
+    outside = _outside_the_move(journal)
     for number, row in enumerate(rows, start=2):  # line 1 is the header
-        problem = _plan_row_problem(row, names, classes, paths, sources)
+        problem = _plan_row_problem(row, names, classes, paths, sources) or outside(row["source"])
         if problem is not None:
             raise InputError(
                 f"cannot read the plan {out / MANIFEST}: row {number} {problem} (a damaged or "
@@ -600,6 +601,41 @@ def _plan_row_problem(
     if row["source"] in sources:
         return f"moves {_shown_value(row['source'])} a second time"
     return None
+
+
+def _outside_the_move(journal: dict) -> Callable[[str], str | None]:
+    """What makes a plan's source one the move did not take its files from (None: nothing):
+    a path that is not absolute (the move writes each source's absolute path), or one outside
+    ROOT (for a CSV index, outside the folders it listed files in, where the journal records
+    them): a hand-edited row `ROOT/../elsewhere/x.jpg` or `/home/me/x.jpg` moved that file
+    into OUT."""
+    root = journal["root"]
+    noted = journal.get("noted")
+    if os.path.isdir(root):
+        folders = [root]
+    elif isinstance(noted, list) and noted and all(isinstance(f, str) for f in noted):
+        folders = [os.path.realpath(f) for f in noted]
+    else:  # a CSV index's move whose journal records no folders (torchkit 0.x): any
+        folders = None
+    inside: dict[str, bool] = {}  # a folder's: the sources share a few folders
+
+    def problem(source: str) -> str | None:
+        if not os.path.isabs(source):
+            return f"moves {_shown_value(source)}, not an absolute path as the move writes"
+        if folders is None:
+            return None
+        folder = os.path.dirname(source)
+        if folder not in inside:
+            real = os.path.realpath(folder)
+            inside[folder] = any(
+                real == top or real.startswith(top.rstrip(os.sep) + os.sep) for top in folders
+            )
+        if inside[folder]:
+            return None
+        where = root if folders == [root] else "the folders the CSV index lists files in"
+        return f"moves {_shown_value(source)}, which is not inside {where}"
+
+    return problem
 
 
 def _move_result(
