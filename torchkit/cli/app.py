@@ -449,6 +449,17 @@ def _warn_of_repeated_options(command, ctx) -> None:
         )
 
 
+def _use_torchkit_help_layout() -> None:
+    """Typer's help draws its Options and Arguments panels with `help_layout.options_panel`,
+    which wraps what Typer's own cut with `…` at 80 columns. Set on the first help printed
+    (rich_utils is imported for help only: a command run never pays for it)."""
+    from typer import rich_utils
+
+    from torchkit.cli.help_layout import options_panel
+
+    rich_utils._print_options_panel = options_panel
+
+
 class TorchkitCommand(TyperCommand):
     def make_parser(self, ctx):
         parser = super().make_parser(ctx)
@@ -470,6 +481,7 @@ class TorchkitCommand(TyperCommand):
     def format_help(self, ctx, formatter):
         with _reporting_stdout_write_errors():  # rich prints the help to stdout right here
             _require_stdout()
+            _use_torchkit_help_layout()
             return super().format_help(ctx, formatter)
 
     def get_params(self, ctx):
@@ -498,6 +510,7 @@ class TorchkitGroup(TyperGroup):
     def format_help(self, ctx, formatter):
         with _reporting_stdout_write_errors():  # also bare `torchkit`, which shows the help
             _require_stdout()
+            _use_torchkit_help_layout()
             return super().format_help(ctx, formatter)
 
     def parse_args(self, ctx, args):
