@@ -69,6 +69,7 @@ from torchkit.core.io.files import (
 )
 from torchkit.core.io.folder_contents import exact_pattern, proven
 from torchkit.core.io.force import check_replaceable, force_hint
+from torchkit.core.io.incomplete import incomplete_run
 from torchkit.core.io.non_utf8_names import json_text
 from torchkit.core.io.output_paths import MARKER, REPLACED_SUFFIX, leftovers, remove_tree, shown
 from torchkit.core.io.output_proofs import tar_by
@@ -77,7 +78,6 @@ from torchkit.core.io.overlap import InputPath, check_overlap
 from torchkit.core.io.progress import Progress
 from torchkit.core.io.records import read_record_bytes
 from torchkit.core.io.redaction import redact_url
-from torchkit.core.io.wording import counted
 from torchkit.core.runtime.ahead import read_ahead
 from torchkit.deferred_signals import signals_deferred
 
@@ -953,25 +953,20 @@ class ShardsReport:
         (as `cp -r` exits 1): unreadable images and folders that could not be listed, which a
         run that exited 0 let `convert shards src out && rm -r src` delete."""
         unreadable = len(self.unreadable())
-        unlisted = len(self.unlisted_folders)
-        folders = f"{counted(unlisted, 'folder')} in {self.source}"
         manifest = Path(self.output) / MANIFEST
-        if unreadable:
-            samples = sum(r.end - r.start for r in self.shards)
-            return InputError(
-                f"{unreadable} of {samples} images could not be read and are in no shard in "
-                f"{self.output} (listed in {manifest})"
-                + (f", and {folders} could not be listed" if unlisted else ""),
-                "the warnings above say which and why; --strict stops at the first",
-            )
-        if unlisted:
-            return InputError(
-                f"{folders} could not be listed: their images are in no shard in {self.output} "
-                f"(listed in {manifest})",
-                "make them readable and convert again with --force; --strict stops before "
-                "writing any",
-            )
-        return None
+        samples = sum(r.end - r.start for r in self.shards)
+        failed = (
+            f"{unreadable} of {samples} images could not be read and are in no shard in "
+            f"{self.output} (listed in {manifest})"
+        )
+        return incomplete_run(
+            self.source,
+            self.unlisted_folders,
+            failed=failed if unreadable else None,
+            left_out=f"their images are in no shard in {self.output} (listed in {manifest})",
+            again="make them readable and convert again with --force; --strict stops before "
+            "writing any",
+        )
 
     def manifest(self, *, complete: bool) -> dict:
         """manifest.json's record; an interrupted run's (not `complete`) leaves out the counts

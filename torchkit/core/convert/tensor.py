@@ -52,6 +52,7 @@ from torchkit.core.io.files import (
     torch_save,
 )
 from torchkit.core.io.folder_contents import extension_pattern, proven
+from torchkit.core.io.incomplete import incomplete_run
 from torchkit.core.io.output_proofs import of_its_format
 from torchkit.core.io.outputs import OutputFolder
 from torchkit.core.io.overlap import InputPath, check_overlap
@@ -196,22 +197,17 @@ class TensorReport:
         """The error a run that did not convert every file ends in, once the rest is converted
         (as `cp -r` exits 1): files that failed, folders that could not be listed (whose files
         a run that exited 0 left out: `convert tensor src dst --to npy && rm -r src`)."""
-        unlisted = len(self.unlisted_folders)
-        folders = f"{counted(unlisted, 'folder')} in {self.source}"
-        if self.failed:
-            return InputError(
-                f"{self.failed} of {self.converted + self.failed} files could not be converted "
-                f"into {self.destination}"
-                + (f", and {folders} could not be listed" if unlisted else ""),
-                "the warnings above say which and why; --strict stops at the first",
-            )
-        if unlisted:
-            return InputError(
-                f"{folders} could not be listed: their files were not converted into "
-                f"{self.destination}",
-                "make them readable and convert again; --strict stops before converting any",
-            )
-        return None
+        failed = (
+            f"{self.failed} of {self.converted + self.failed} files could not be converted "
+            f"into {self.destination}"
+        )
+        return incomplete_run(
+            self.source,
+            self.unlisted_folders,
+            failed=failed if self.failed else None,
+            left_out=f"their files were not converted into {self.destination}",
+            again="make them readable and convert again; --strict stops before converting any",
+        )
 
     def to_dict(self) -> dict:
         data = {

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchkit.core.io.errors import InputError
-from torchkit.core.io.wording import counted
+from torchkit.core.io.incomplete import incomplete_run
 
 
 @dataclass
@@ -49,13 +49,11 @@ class SplitResult:
         """The error a split that left out folders it could not list ends in, once the rest is
         placed (as `cp -r` exits 1): exiting 0 let `split data out && rm -r data` delete their
         files."""
-        if not self.unlisted_folders:
-            return None
-        count = len(self.unlisted_folders)
-        return InputError(
-            f"{counted(count, 'folder')} in {self.source} could not be listed: "
-            f"their files are in no split in {self.out}",
-            "make them readable and split again; --strict stops before placing any file",
+        return incomplete_run(
+            self.source,
+            self.unlisted_folders,
+            left_out=f"their files are in no split in {self.out}",
+            again="make them readable and split again; --strict stops before placing any file",
         )
 
     def to_dict(self) -> dict[str, Any]:
