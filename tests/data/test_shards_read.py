@@ -295,10 +295,15 @@ def test_a_tar_of_an_image_folder_named_like_a_shard_reads_as_the_folder(world, 
     assert scores[0] == scores[1]
     # A shard keeps its name's meaning where an image has a member of its sample beside it.
     png = (world / "images/a/a_0.png").read_bytes()
-    shard = tar_of(tmp_path / "unlabelled-000000.tar", {"a/x.png": png, "a/x.json": b"{}"})
-    assert open_data(str(shard), allow_unlabelled=True).whole.ids == [
-        "unlabelled-000000.tar/a/x.png"
-    ]
+    labelled = {"a/x.png": png, "a/x.json": b'{"label": "b"}'}
+    shard = tar_of(tmp_path / "labelled-000000.tar", labelled)
+    assert open_data(str(shard)).whole.ids == ["labelled-000000.tar/a/x.png"]
+    # Not a KEY.json that holds no label (an annotation tool's metadata), as in a tar of any
+    # other name: it read as an unlabelled shard, its class folders lost without a word.
+    for name in ("annotated-000000.tar", "annotated.tar"):
+        annotated = {"a/x.png": png, "a/x.json": b'{"shapes": []}', "b/y.png": png}
+        folder = open_data(str(tar_of(tmp_path / name, annotated)))
+        assert (folder.classes, folder.whole.ids) == (["a", "b"], ["a/x.png", "b/y.png"])
     # So does one whose image has any other member beside it (a caption: no label).
     captioned = tar_of(tmp_path / "captioned-000000.tar", {"a/x.png": png, "a/x.txt": b"a caption"})
     assert open_data(str(captioned), allow_unlabelled=True).whole.ids == [

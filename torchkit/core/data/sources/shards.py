@@ -34,8 +34,8 @@ What `--data` (or IMAGES) may name here, before folders and CSV indexes are trie
   in it has a `.cls`/`.json` label
   beside it (not a `.json` in a folder holding no "label" or "cls": metadata), or when it is
   named `NAME-NNNNNN.tar` and does not lay out as an image folder (`_holds_an_image_folder`:
-  `caltech-101.tar` of `class/img.jpg` is a folder). Ids are the member paths (inside that one
-  folder), as the unpacked folder's would be.
+  `caltech-101.tar` of `class/img.jpg` is a folder, also with such metadata beside). Ids
+  are the member paths (inside that one folder), as the unpacked folder's would be.
 
 Indexing is one pass over the tar headers (no data is read but the labels); an image is read by
 offset and size (`TarReader`), each process opening its own file. A FIFO or device member is
@@ -1798,11 +1798,19 @@ def _holds_no_label(listing: TarListing, member: str) -> bool:
 
 def _holds_an_image_folder(listing: TarListing) -> bool:
     """Whether the tar lays out as an image folder: images, each in a folder and with no other
-    member of its webdataset sample beside it (a `KEY.json`, `KEY.txt`). A tar named like a shard
-    (`flowers-2024.tar`, `caltech-101.tar`) that holds one was read as unlabelled shards: one
-    class in dataset-stats, and train and eval refused it for want of `KEY.cls`."""
+    member of its webdataset sample beside it (a `KEY.cls`, `KEY.txt`), but a `KEY.json` that
+    holds no label (`_holds_no_label`: an annotation tool's metadata, a file the folder reads as
+    no image, as in a `.tar` of any other name). A tar named like a shard (`flowers-2024.tar`,
+    `caltech-101.tar`) that holds one was read as unlabelled shards: one class in
+    dataset-stats, and train and eval refused it for want of `KEY.cls`."""
     keys = [(member, _key_and_extension(member)) for member in listing.members]
-    mixed = {split[0] for member, split in keys if split and not is_image_file(member)}
+    mixed = {
+        split[0]
+        for member, split in keys
+        if split
+        and not is_image_file(member)
+        and not (split[1] == "json" and _holds_no_label(listing, member))
+    }
     images = [(member, split) for member, split in keys if is_image_file(member)]
     return bool(images) and all(
         "/" in _member_name(member) and split[0] not in mixed
