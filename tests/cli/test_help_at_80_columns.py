@@ -98,3 +98,19 @@ def test_help_on_an_ascii_stdout_stays_within_80_columns(path):
     text = _help(path, charset="ascii")
     assert "\\u2026" not in text and "…" not in text
     assert max(map(len, text.splitlines())) <= WIDTH
+
+
+@pytest.mark.parametrize("path", [p for p in COMMANDS if p], ids=" ".join)
+def test_the_description_is_wrapped_to_the_terminal_not_to_the_docstring(path):
+    """split's description kept its docstring's 95-column lines, each then broken in two at 80
+    columns: a full line, then a stub (` --fixed N,M`, ` it.`) before the next."""
+    lines = _help(path).splitlines()
+    usage = next(i for i, line in enumerate(lines) if "Usage:" in line)
+    end = next(
+        (i for i, line in enumerate(lines) if line.strip() == "Examples:" or line.startswith("╭")),
+        len(lines),
+    )
+    prose = [line.rstrip() for line in lines[usage + 1 : end]]
+    for line, after in zip(prose, prose[1:], strict=False):
+        if line and after:  # a line inside a paragraph is filled: the next word did not fit
+            assert len(line) + 1 + len(after.split()[0]) > WIDTH - 2, (line, after)

@@ -329,7 +329,19 @@ def _tidy_help(help_text: str | None) -> str | None:
     first, *rest = inspect.cleandoc(help_text).split("\n\n")
     if first.startswith("\b"):
         return help_text
-    return "\n\n".join([" ".join(first.split()), *(textwrap.dedent(p) for p in rest)])
+    return "\n\n".join([" ".join(first.split()), *(_tidy_paragraph(p) for p in rest)])
+
+
+def _tidy_paragraph(paragraph: str) -> str:
+    """A paragraph of prose on one line, which the terminal wraps (its docstring's line breaks,
+    kept, left a 100-column line in two at 80 columns: a line, then a word or two); an indented
+    or `\\b` paragraph or a command line is kept as it is written."""
+    paragraph = textwrap.dedent(paragraph)
+    lines = paragraph.splitlines()
+    kept = paragraph.startswith("\b") or any(
+        line.startswith((" ", "torchkit ", "torchrun ")) for line in lines
+    )
+    return paragraph if kept else " ".join(paragraph.split())
 
 
 def _polish_command(command) -> None:
