@@ -1291,3 +1291,25 @@ def test_digits_is_refused_with_a_hint_the_user_can_follow(runner, tmp_path, mon
     followed = runner.invoke(app, ["split", "./digits", "out"])
     assert followed.exit_code == 0, followed.stderr
     assert (tmp_path / "out" / "train" / "a").is_dir()
+
+
+@pytest.mark.parametrize("mode", ["copy", "move", "manifest"])
+def test_a_folder_whose_image_names_are_all_left_out_is_an_error_as_an_empty_one(tmp_path, mode):
+    """Before: a folder whose only image names were a FIFO and a link to nothing split into
+    nothing, an empty split.csv and exit 0 (so `split data out && rm -r data` went on), where a
+    folder with no images is `Error: no images in DATA`."""
+    root = tmp_path / "data"
+    (root / "a").mkdir(parents=True)
+    (root / "b").mkdir()
+    os.mkfifo(root / "a" / "pipe.png")
+    (root / "b" / "gone.png").symlink_to(tmp_path / "nowhere.png")
+    out = tmp_path / "out"
+    result = run_torchkit_in_process("split", root, out, "--mode", mode)
+    assert result.returncode == 1
+    assert error_line(result.stderr, besides="warnings") == (
+        f"Error: no images in {root} that a split can place: every image name in it is a link "
+        "to nothing or no regular file (2 names) (the warnings above name them; a split places "
+        "regular image files)"
+    )
+    assert "are left out: a/pipe.png" in result.stderr and "left out: b/gone.png" in result.stderr
+    assert not out.exists()

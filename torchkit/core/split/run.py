@@ -35,6 +35,7 @@ from torchkit.core.io.outputs import OutputFolder
 from torchkit.core.io.overlap import check_not_protected, check_overlap
 from torchkit.core.io.progress import Progress
 from torchkit.core.io.shell_words import shell_line
+from torchkit.core.io.wording import counted
 from torchkit.core.split.files import (
     MOVE_TEMP,
     LinkTargets,
@@ -350,6 +351,14 @@ def _split_input(
     if empty:
         log.warning(f"class folder(s) with no images are left out: {', '.join(empty[:10])}")
     warn_dangling_links(dangling, root)
+    if not len(samples):
+        # Every image name was left out above: a split of none (exit 0, an empty split.csv)
+        # let `split data out && rm -r data` go on, where an empty folder is an error.
+        raise InputError(
+            f"no images in {root} that a split can place: every image name in it is a link to "
+            f"nothing or no regular file ({counted(len(dangling), 'name')})",
+            "the warnings above name them; a split places regular image files",
+        )
     # The folders a move out of a CSV index empties, wherever the index lists them
     emptied = source_folders(samples.paths, root) if is_csv and mode == "move" else []
     if is_csv:
