@@ -9,8 +9,9 @@ import io
 from pathlib import Path
 
 import pytest
-from output_checks import torchkit_log_to_caplog
+from output_checks import error_line, torchkit_log_to_caplog
 from PIL import Image
+from processes import run_torchkit_in_process
 from tar_members import tar_of_members
 
 from torchkit.core.data.sources import open_data
@@ -37,17 +38,53 @@ def test_a_label_member_torchkit_does_not_read_is_named(tmp_path, caplog, monkey
     torchkit_log_to_caplog(caplog, monkeypatch)
     with caplog.at_level("WARNING", logger="torchkit"):
         assert open_data(str(shard), allow_unlabelled=True).classes == [""]
+    rename = (
+        f"rename each KEY.{extension} that holds a class index to KEY.cls, as 000.{extension} to "
+        '000.cls, or write a class name as the "label" of a KEY.json'
+    )
     assert caplog.messages == [
         f"{shard}: 2 samples without a label hold a member torchkit does not read as a label "
         f"(000.{extension} in s-000000.tar): read unlabelled; torchkit reads a label from "
-        'KEY.cls, the class index, or KEY.json: "label", "cls"'
+        f'KEY.cls, the class index, or KEY.json: "label", "cls"; {rename}'
     ]
     with pytest.raises(InputError) as refused:  # train's and eval's reader
         open_data(str(shard))
-    assert str(refused.value).startswith(
+    assert str(refused.value) == (
         f"sample 000 in s-000000.tar has no label (2 samples have none): 000.{extension} in "
-        "s-000000.tar is not read as a label (torchkit reads a label from KEY.cls,"
+        "s-000000.tar is not read as a label (torchkit reads a label from KEY.cls, the class "
+        f'index, or KEY.json: "label", "cls"; {rename})'
     )
+
+
+@pytest.mark.parametrize("extension", ["label", "class"])
+def test_a_tar_of_flat_images_beside_label_members_is_read_as_shards(
+    tmp_path, caplog, monkeypatch, extension
+):
+    """`lab.tar` of `000.png` and `000.label` (no class folders, not named as a shard) read as
+    flat unlabelled images: dataset-stats said nothing of the labels, and train asked for class
+    folders (`holds images but no class folders`). It is a shard whose labels torchkit does not
+    read, said so, as one named `NAME-NNNNNN.tar` is; the renamed members are read."""
+    tar = _shard(tmp_path / "lab.tar", extension)
+    torchkit_log_to_caplog(caplog, monkeypatch)
+    with caplog.at_level("WARNING", logger="torchkit"):
+        read = open_data(str(tar), allow_unlabelled=True)
+    assert read.whole.ids == ["lab.tar/000.png", "lab.tar/001.png"]
+    assert f"(000.{extension} in lab.tar): read unlabelled" in caplog.messages[0]
+    result = run_torchkit_in_process("train", "--data", tar, "--out", tmp_path / "run")
+    assert result.returncode == 1
+    assert error_line(result.stderr).startswith(
+        f"Error: sample 000 in lab.tar has no label (2 samples have none): 000.{extension} in "
+        "lab.tar is not read as a label"
+    )
+    assert f"to KEY.cls, as 000.{extension} to 000.cls, or" in error_line(result.stderr)
+    renamed = _shard(tmp_path / "renamed.tar", "cls")
+    assert open_data(str(renamed)).whole.labels == [0, 1]
+
+
+def test_a_caption_beside_flat_images_keeps_them_an_image_folder(tmp_path):
+    """A `KEY.txt` is a caption as often: flat images beside one are read as they were."""
+    tar = _shard(tmp_path / "captioned.tar", "txt")
+    assert open_data(str(tar), allow_unlabelled=True).whole.ids == ["000.png", "001.png"]
 
 
 def test_a_caption_is_named_by_train_only(tmp_path, caplog, monkeypatch):

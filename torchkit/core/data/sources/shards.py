@@ -1715,8 +1715,10 @@ def open_stored(
     if not _is_tar_name(spec) or not path.is_file():
         return None
     listing = list_tar(spec, labels=True)
-    if _has_labelled_samples(listing) or (
-        is_numbered_shard_name(path.name) and not _holds_an_image_folder(listing)
+    if (
+        _has_labelled_samples(listing)
+        or _is_flat_with_unread_labels(listing)
+        or (is_numbered_shard_name(path.name) and not _holds_an_image_folder(listing))
     ):
         return _open_shards(
             spec, [spec], classes, allow_unlabelled, by_split=False, listed=[listing], named=spec
@@ -1742,7 +1744,8 @@ class ShardSample:
 # `KEY.cls`, as timm's webdataset reader does, and `KEY.json`): webdataset's own decoder reads
 # `class` and `cls2` as integers, other writers a class name in `label` or `txt`. In the order
 # one is named: the likeliest label first.
-_LABEL_LIKE_EXTENSIONS = ("label", "labels", "class", "cls2", "target", "idx", "index", "txt")
+_LABEL_NAMED_EXTENSIONS = ("label", "labels", "class", "cls2", "target", "idx", "index")
+_LABEL_LIKE_EXTENSIONS = (*_LABEL_NAMED_EXTENSIONS, "txt")
 _LABELS_READ = 'torchkit reads a label from KEY.cls, the class index, or KEY.json: "label", "cls"'
 
 
@@ -1768,6 +1771,23 @@ def _has_labelled_samples(listing: TarListing) -> bool:
         split[0] in images
         and (split[1] == "cls" or split[1] == "json" and not _holds_no_label(listing, member))
         and member not in special
+        for member, split in keys
+        if split
+    )
+
+
+def _is_flat_with_unread_labels(listing: TarListing) -> bool:
+    """Whether the tar's images all lie at its top (no class folder) and one has a member
+    other writers label by beside it (`KEY.label`, `KEY.class`: `_LABEL_NAMED_EXTENSIONS`, not
+    a `KEY.txt` caption): webdataset samples whose label torchkit does not read, said so as a
+    shard's are. Read as flat images, train said to arrange them in class folders."""
+    keys = [(member, _key_and_extension(member)) for member in listing.members]
+    images = {split[0] for member, split in keys if split and is_image_file(member)}
+    if not images or any("/" in key for key in images):
+        return False
+    special = listing.special
+    return any(
+        split[0] in images and split[1] in _LABEL_NAMED_EXTENSIONS and member not in special
         for member, split in keys
         if split
     )
@@ -2228,7 +2248,7 @@ def _labelled(
         unread = next((s for s in unlabelled if s.unread is not None), None)
         if unread is not None:
             # `KEY.label`, `KEY.class`: the label is there, under a name torchkit does not read
-            hint = f"{_LABELS_READ}; {hint}"
+            hint = f"{_LABELS_READ}; {_what_to_rename(unread.unread)}"
         elif len(unlabelled) == len(samples):  # what `convert shards` writes of unlabelled images
             hint = (
                 "the shards hold unlabelled images, which predict, extract-features and "
@@ -2319,8 +2339,19 @@ def _warn_unread_labels(unlabelled: list[ShardSample], where: str) -> None:
         log.warning(
             f"{where}: {counted(len(holding), 'sample')} without a label "
             f"{'holds' if len(holding) == 1 else 'hold'} a member torchkit does not read as "
-            f"a label ({first.unread} in {first.shard}): read unlabelled; {_LABELS_READ}"
+            f"a label ({first.unread} in {first.shard}): read unlabelled; {_LABELS_READ}; "
+            f"{_what_to_rename(first.unread)}"
         )
+
+
+def _what_to_rename(member: str) -> str:
+    """What to do with `member`, a label torchkit does not read (`KEY.label`): its name, and
+    the name torchkit reads a class index by."""
+    key, extension = _key_and_extension(member) or (member, "")
+    return (
+        f"rename each KEY.{extension} that holds a class index to KEY.cls, as {member} to "
+        f'{key}.cls, or write a class name as the "label" of a KEY.json'
+    )
 
 
 def _first_samples(samples: list[ShardSample]) -> str:
