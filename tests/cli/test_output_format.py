@@ -223,3 +223,26 @@ def test_rates_read_the_same_in_every_table_and_message():
     shown = [format_rate(v) for v in (3739.4, 1_234_567.8, 99.96, 12.345, 0.5123, 0, 5)]
     assert shown == ["3,739", "1,234,568", "100", "12.3", "0.512", "0", "5.00"]
     assert [format_rate(v) for v in (None, float("nan"), float("inf"))] == ["", "", ""]
+
+
+@pytest.mark.parametrize(
+    "value, shown",
+    [
+        (999, "999"),
+        (1_000, "1.00 k"),
+        (999_994, "999.99 k"),
+        (999_995, "1.00 M"),  # 999.995 k rounds to 1000.00: it is 1.00 M
+        (999_999, "1.00 M"),
+        (999_995_000, "1.00 G"),
+        (4_360_000_000, "4.36 G"),
+        (999_999_999_999, "1.00 T"),
+        (-999_999, "-1.00 M"),
+    ],
+)
+def test_counts_with_a_prefix_read_below_a_thousand_of_it(value, shown):
+    """summary's totals and benchmark's per-image counts: a count a hair under a million read
+    "1000.00 k" (and under a billion "1000.00 M"), where the next prefix says 1.00."""
+    from torchkit.cli.render import readable_number
+
+    assert readable_number(value) == shown
+    assert readable_number(value, "FLOPs").startswith(shown)

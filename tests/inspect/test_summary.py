@@ -729,6 +729,18 @@ def test_table_and_csv_output(runner, tmp_path):
     assert again.exit_code == 1 and "already exists" in again.stderr
 
 
+def test_a_total_a_hair_under_a_million_reads_one_million(runner, tmp_path, monkeypatch):
+    """999,997 mult-adds (a Linear of 999,996 inputs and its bias) read "(1000.00 k)"."""
+    (tmp_path / "wide_net.py").write_text(
+        "from torch import nn\ndef build():\n    return nn.Linear(999_996, 1)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    table = runner.invoke(app, ["summary", "wide_net:build", "-i", "999996", "--no-flops"])
+    assert table.exit_code == 0, table.stderr
+    assert "999,997 (1.00 M)" in table.stdout
+
+
 class OptionalTargets(nn.Module):
     """Passes None beside a tensor, as a detection model passes its absent targets."""
 

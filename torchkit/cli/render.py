@@ -245,11 +245,17 @@ def encodable_table(table: Table, encoding: str | None) -> Table:
     )
 
 
+_PREFIXES = (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3))  # largest first
+
+
 def readable_number(value: float, unit: str = "") -> str:
     """`value` and its `unit` with an SI prefix from a thousand up, two decimals: "4.36 G",
-    "4.36 Gmult-adds"; below a thousand as it is: "512", "512 FLOPs"."""
-    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+    "4.36 Gmult-adds"; below a thousand as it is: "512", "512 FLOPs". A value that rounds to
+    1000.00 of a prefix takes the next one: 999,999 is "1.00 M", not "1000.00 k"."""
+    for place, (prefix, scale) in enumerate(_PREFIXES):
         if abs(value) >= scale:
+            if place and round(abs(value) / scale, 2) >= 1000:
+                prefix, scale = _PREFIXES[place - 1]
             return f"{value / scale:.2f} {prefix}{unit}"
     return f"{value:g} {unit}".rstrip()
 
