@@ -292,35 +292,67 @@ def test_a_legacy_text_pickle_is_named_and_loads_only_with_trust(tmp_path):
 
 
 @pytest.mark.parametrize("legacy", [False, True], ids=["zip", "legacy"])
-def test_a_pickle_protocol_the_safe_loader_cannot_read_is_named_with_what_to_do(tmp_path, legacy):
-    """torch.save(..., pickle_protocol=4 or 5), in the zip or the legacy format: before ->
-    'UnpicklingError: Unsupported operand 149 (the file may be truncated or not a PyTorch
-    checkpoint)' of a sound file. Protocols 2 and 3 load without trust, as torch reads them."""
+def test_pickle_protocols_3_to_5_load_without_trust_as_protocol_2_does(tmp_path, legacy):
+    """torch.save(..., pickle_protocol=4 or 5), in the zip or the legacy format: before, refused
+    as 'pickled with protocol 4 ..., which the safe loader (weights_only) cannot read', to be
+    saved again or loaded with --trust-checkpoint (running whatever it held); protocol 3 with
+    bytes in it: 'Unsupported operand 67 (the file may be truncated ...)'. Its tensors, shared
+    views and plain values load as a trusted load reads them."""
     truth = small_convnet(3).state_dict()
-    key = "classifier.4.weight"
+    checkpoint = {"model": truth, "same": truth, "view": truth["classifier.4.weight"][1:],
+                  "plain": [1.5, 2**70, (None, True, "names", b"\x00\xff")]}  # fmt: skip
     for protocol in (2, 3, 4, 5):
         path = tmp_path / f"p{protocol}.pt"
-        torch.save(truth, path, pickle_protocol=protocol,
+        torch.save(checkpoint, path, pickle_protocol=protocol,
                    _use_new_zipfile_serialization=not legacy)  # fmt: skip
-        if protocol < 4:
-            assert torch.equal(load_checkpoint(path)[key], truth[key])
-            continue
-        with pytest.raises(CheckpointError) as refused:
-            load_checkpoint(path)
-        where = " in torch.save's legacy format" if legacy else ""
-        assert refused.value.message == (
-            f"cannot read checkpoint {path}: it is pickled{where} with protocol {protocol} "
-            f"(torch.save(..., pickle_protocol={protocol})), which the safe loader (weights_only) "
-            "cannot read"
-        )
-        assert refused.value.hint == (
-            "save it again with a plain torch.save, without pickle_protocol, or pass "
-            "--trust-checkpoint to load it, only if you trust where it came from"
-        )
-        assert torch.equal(load_checkpoint(path, trust_checkpoint=True)[key], truth[key])
+        loaded = load_checkpoint(path)
+        trusted = load_checkpoint(path, trust_checkpoint=True)
+        assert loaded["model"].keys() == truth.keys()
+        for key, value in truth.items():
+            assert torch.equal(loaded["model"][key], value), (protocol, key)
+        assert loaded["same"] is loaded["model"]
+        assert torch.equal(loaded["view"], trusted["view"])
+        assert loaded["plain"] == trusted["plain"]
     result = run_torchkit_in_process("summary", "convnet", "--weights", tmp_path / "p4.pt")
+    assert result.returncode == 0, result.stderr
+
+
+def test_a_value_protocol_4_spells_beyond_protocol_2_is_named_with_what_to_do(tmp_path):
+    """A set, which protocol 4 builds by adding items (ADDITEMS), is not read without trust."""
+    path = tmp_path / "p4.pt"
+    torch.save({"model": small_convnet(3).state_dict(), "classes": {"a", "b"}}, path,
+               pickle_protocol=4)  # fmt: skip
+    with pytest.raises(CheckpointError) as refused:
+        load_checkpoint(path)
+    assert refused.value.message == (
+        f"cannot read checkpoint {path}: it is pickled with protocol 4 and holds a value the "
+        "safe loader (weights_only) cannot read (pickle opcode ADDITEMS)"
+    )
+    assert refused.value.hint == (
+        "save the weights alone, the model's state_dict, with torch.save, or pass "
+        "--trust-checkpoint to load it, only if you trust where it came from"
+    )
+    assert load_checkpoint(path, trust_checkpoint=True)["classes"] == {"a", "b"}
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["zip", "legacy"])
+@pytest.mark.parametrize("protocol", [4, 5])
+def test_a_hostile_pickle_of_protocol_4_or_5_runs_nothing(tmp_path, protocol, legacy):
+    """The weights-only rules hold for the newer protocols: a callable off the allow-list is
+    refused, named, before it is called."""
+    marker = tmp_path / "ran"
+    path = tmp_path / "hostile.pt"
+    torch.save({"model": small_convnet(3).state_dict(), "x": RunsShell(marker)}, path,
+               pickle_protocol=protocol, _use_new_zipfile_serialization=not legacy)  # fmt: skip
+    with pytest.raises(checkpoint_module.UntrustedPickleError) as refused:
+        load_checkpoint(path)
+    assert refused.value.message == (
+        f"{path} holds a pickled posix.system, not only tensors and plain values"
+    )
+    result = run_torchkit_in_process("summary", "convnet", "--weights", path)
     assert result.returncode == 1
-    assert "with protocol 4 (torch.save(..., pickle_protocol=4))" in error_line(result.stderr)
+    assert "holds a pickled posix.system" in error_line(result.stderr)
+    assert not marker.exists()
 
 
 @pytest.mark.parametrize("protocol", [2, 4])

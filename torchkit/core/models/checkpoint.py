@@ -109,12 +109,13 @@ def _load_checkpoint(path: str | os.PathLike, *, trust_checkpoint: bool) -> Any:
             # Said of any pickle of protocol 3 or later (plain pickle.dump, a torch.save with
             # pickle_protocol=4): a raw warning on the user's terminal, an error under -W error.
             warnings.filterwarnings("ignore", "Detected pickle protocol", UserWarning)
+            newer = not trust_checkpoint and _pickle_protocol(source) in (3, 4, 5)
             if source.suffix.lower() != ".safetensors":
-                return _torch_load(source, trust_checkpoint)
+                return _torch_load(source, trust_checkpoint, newer)
             # torch.save's file under a .safetensors name: torch.load would hand a path that
             # ends so to safetensors (recent torch), so it gets the open file.
             with open(source, "rb") as handle:
-                return _torch_load(handle, trust_checkpoint)
+                return _torch_load(handle, trust_checkpoint, newer)
     except TorchkitError:  # a TorchScript file's torchkit record of a newer torchkit
         raise
     except pickle.UnpicklingError as error:
@@ -150,14 +151,20 @@ def _load_checkpoint(path: str | os.PathLike, *, trust_checkpoint: bool) -> Any:
         raise _unreadable(source, error, trusted=trust_checkpoint) from error
 
 
-def _torch_load(file: Any, trust_checkpoint: bool) -> Any:
+def _torch_load(file: Any, trust_checkpoint: bool, newer_protocol: bool = False) -> Any:
     """torch.load on the CPU; without trust, weights only, plus the harmless classes of
-    common training checkpoints (`safe_classes`)."""
+    common training checkpoints (`safe_classes`). `newer_protocol`: a file pickled with
+    protocol 3, 4 or 5, which the weights-only unpickler reads rewritten as protocol 2 (it
+    reads protocol 3 itself, but not its bytes)."""
     import torch
 
     if trust_checkpoint:
         return torch.load(file, map_location="cpu", weights_only=False)
     with _allowed_classes(safe_classes()):
+        if newer_protocol:
+            from torchkit.core.models.newer_pickles import load_newer_protocol
+
+            return load_newer_protocol(file)
         return torch.load(file, map_location="cpu", weights_only=True)
 
 
@@ -286,15 +293,16 @@ def _unreadable(source: Path, error: BaseException, *, trusted: bool) -> Checkpo
             "save it again with a plain torch.save, without pickle_protocol, where it loads",
         )
     protocol = None if trusted else _pickle_protocol(source)
-    if protocol is not None and protocol >= 4 and "Unsupported operand" in str(error):
-        # weights_only reads protocols 2 and 3 only: protocol 4 starts with a FRAME, "Unsupported
-        # operand 149", which said "truncated or not a PyTorch checkpoint" of a sound file.
+    operand = re.search(r"Unsupported operand \d+ \((\w+)\)", str(error))
+    if protocol is not None and protocol >= 3 and operand:
+        # Read as protocol 2 (`newer_pickles`): what it holds has no protocol 2 spelling that
+        # the weights-only unpickler reads (a set, a bytearray), as it has none in protocol 2.
         legacy = "" if _is_zip(source) else " in torch.save's legacy format"
         return CheckpointError(
             f"cannot read checkpoint {source}: it is pickled{legacy} with protocol {protocol} "
-            f"(torch.save(..., pickle_protocol={protocol})), which the safe loader "
-            "(weights_only) cannot read",
-            "save it again with a plain torch.save, without pickle_protocol, or pass "
+            f"and holds a value the safe loader (weights_only) cannot read (pickle opcode "
+            f"{operand.group(1)})",
+            "save the weights alone, the model's state_dict, with torch.save, or pass "
             "--trust-checkpoint to load it, only if you trust where it came from",
         )
     if not _looks_saved_by_torch(source):  # a text file, an image: torch's error says nothing
