@@ -2520,7 +2520,12 @@ def shards_source(
     `shard_names`: every shard read (as `ShardSample.shard`), for the splits whose shards
     hold no sample (`DataSource.empty_splits`)."""
     if not found:
-        raise InputError(f"no samples in the shards {spec} names", _SHARDS_HINT)
+        # Named as shards are (the grammar's hint misled): they hold no `KEY.EXT` member.
+        raise InputError(
+            f"no samples in the shards {spec} names: they hold no member named KEY.EXT",
+            "a sample is an image KEY.jpg, KEY.png... beside its KEY.cls or KEY.json; "
+            "tar -tvf SHARD lists what a shard holds",
+        )
     file_classes = _class_file(root)
     if file_classes:
         _refuse_index_and_name_that_disagree(found, file_classes, root)
