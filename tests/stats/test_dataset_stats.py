@@ -561,6 +561,19 @@ def test_cli_table_json_and_csv(runner, mixed_folder, tmp_path):
     assert again.exit_code == 1 and ERROR_LINE.search(again.stderr) and "--force" in again.stderr
 
 
+def test_a_total_size_a_byte_under_a_mebibyte_reads_one_mebibyte(runner, tmp_path):
+    """1,048,575 bytes of images (a PNG with trailing bytes PIL never reads) read
+    "1024.0 KiB"."""
+    image = tmp_path / "data" / "a" / "x.png"
+    image.parent.mkdir(parents=True)
+    Image.new("RGB", (2, 2)).save(image)
+    with image.open("ab") as file:
+        file.write(bytes(1_048_575 - image.stat().st_size))
+    result = runner.invoke(app, ["dataset-stats", str(tmp_path / "data"), "-j", "0"])
+    assert result.exit_code == 0, result.stderr
+    assert "1.0 MiB (1048575 bytes)" in result.stdout
+
+
 def test_the_duplicates_tables_name_a_groups_classes_once(runner, tmp_path):
     """Exact duplicates: a group's classes are one row of their own table, not a column of the
     file list, where they padded every row to the longest (25,000 hard links of one image over
