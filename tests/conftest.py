@@ -250,9 +250,15 @@ def run_torchkit() -> Callable[..., subprocess.CompletedProcess]:
 @pytest.fixture
 def small_tmpfs(tmp_path: Path):
     """`small_tmpfs(size_kib)` mounts a tmpfs of that size (a full disk on demand) and returns
-    its path; skips cleanly where mounting is not allowed (not root, no mount namespace)."""
+    its path; `small_tmpfs(size_kib, inodes=N)` one that holds at most N files and folders.
+    Skips cleanly where mounting is not allowed (not root, no mount namespace)."""
     with _mounts(tmp_path, "tmpfs", "cannot mount a tmpfs here (needs root)") as mount:
-        yield lambda size_kib: mount("-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs")
+
+        def small(size_kib: int, inodes: int | None = None) -> Path:
+            limits = f"size={size_kib}k" + (f",nr_inodes={inodes}" if inodes else "")
+            return mount("-t", "tmpfs", "-o", limits, "tmpfs")
+
+        yield small
 
 
 @pytest.fixture

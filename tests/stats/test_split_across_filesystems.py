@@ -169,3 +169,59 @@ def test_a_forced_move_onto_another_disk_counts_the_room_of_the_split_it_replace
     line = error_line(refused.stderr)
     assert "MB more once the split it replaces is deleted), and the files to move" in line, line
     assert len(list(data.rglob("*.png"))) == 7 and len(list(out.rglob("*.png"))) == 6
+
+
+def test_a_move_onto_a_disk_without_inodes_for_it_is_refused_before_any_file_moves(
+    tmp_path, small_tmpfs, monkeypatch
+):
+    """A disk with room for the bytes but not for as many files (its inodes: tmpfs, ext4)
+    stopped the move half-way, `No space left on device`, with the data half in OUT. Refused
+    before the first file moves, as is the rerun that would finish a stopped move; --force
+    counts the files of the split it replaces."""
+    from output_checks import error_line
+
+    data = tmp_path / "data"
+    for label in "ab":
+        (data / label).mkdir(parents=True)
+        for i in range(10):
+            (data / label / f"{i}.png").write_bytes(bytes([i]) * 10)
+    disk = small_tmpfs(1024, inodes=20)  # room for the bytes, not for 20 files and 6 folders
+    out = disk / "out"
+    args = ("split", data, out, "--mode", "move", "--ratio", "1:1")
+    refused = run_torchkit_in_process(*args)
+    assert refused.returncode == 1
+    line = error_line(refused.stderr)
+    assert line.startswith(f"Error: cannot write {out}: its disk has room for 1"), line
+    assert "more files and folders (inodes), and the move makes 26 there (no file was" in line
+    assert len(list(data.rglob("*.png"))) == 20 and not out.exists()
+    # A stopped move whose rest no longer fits: refused before any more files move
+    disk = small_tmpfs(1024, inodes=40)
+    out = disk / "out"
+    stop_move_after(2, monkeypatch, data, out, ratio="1:1")
+    fillers = []
+    for i in range(40):
+        try:
+            (disk / f"filler{i}").touch()
+        except OSError:
+            break
+        fillers.append(disk / f"filler{i}")
+    for filler in fillers[-4:]:  # room for the run's own lock and records, not for the rest
+        filler.unlink()
+    refused = run_torchkit_in_process("split", data, out, "--mode", "move", "--ratio", "1:1")
+    assert refused.returncode == 1
+    assert "and the move makes 18 there (free some space on it, then run" in error_line(
+        refused.stderr, besides="warnings"
+    )
+    assert len(list(data.rglob("*.png"))) == 18
+    # --force over an earlier split: its 20 files and 6 folders give their inodes back
+    data = tmp_path / "more"
+    for label in "ab":
+        (data / label).mkdir(parents=True)
+        for i in range(10):
+            (data / label / f"{i}.png").write_bytes(bytes([i]) * 10)
+    disk = small_tmpfs(1024, inodes=40)
+    out = disk / "out"
+    assert run_torchkit_in_process("split", data, out, "--ratio", "1:1").returncode == 0
+    moved = run_torchkit_in_process("split", data, out, *args[3:], "--force")
+    assert moved.returncode == 0, moved.stderr
+    assert not list(data.rglob("*.png")) and len(list(out.rglob("*.png"))) == 20

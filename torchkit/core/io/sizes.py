@@ -83,10 +83,12 @@ def gigabytes_text(count: float, digits: int = 1) -> str:
 @dataclass(frozen=True)
 class DiskRoom:
     """What a disk has free for this user: `free` bytes, in blocks of `block` bytes (a file
-    takes whole blocks)."""
+    takes whole blocks), and `names` more files or folders (inodes); None where the file
+    system sets no such bound (btrfs, a network disk that reports none)."""
 
     free: int
     block: int
+    names: int | None = None
 
 
 def disk_room(folder: str | os.PathLike) -> DiskRoom | None:
@@ -96,7 +98,8 @@ def disk_room(folder: str | os.PathLike) -> DiskRoom | None:
         stats = os.statvfs(folder)
     except (OSError, AttributeError):
         return None
-    return DiskRoom(stats.f_bavail * stats.f_frsize, max(stats.f_frsize, 1))
+    names = stats.f_favail if stats.f_files else None
+    return DiskRoom(stats.f_bavail * stats.f_frsize, max(stats.f_frsize, 1), names)
 
 
 def free_bytes(folder: str | os.PathLike) -> int | None:

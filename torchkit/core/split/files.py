@@ -346,15 +346,17 @@ def check_room_for_move(
     hint: str = "no file was moved: free some space, or choose an output folder on a disk "
     "with room",
     freed: Sequence[str | os.PathLike] = (),
+    folders: int = 0,
 ) -> None:
     """A move onto another file system copies each file into OUT before it removes it from
     ROOT: a disk without room for them all is refused before the first file moves, where it was
     found full part-way and left the data half in OUT, to be finished once there was room. Each
-    file counts in whole blocks of OUT's file system; a file renamed in place (on OUT's file
-    system) or a link (made anew) takes none. The files and folders `freed` (an earlier split
-    in OUT that --force replaces, deleted before the first file moves) give their room back.
-    Where the free space is unknown (no statvfs), nothing is checked: a full disk is still an
-    error that leaves every file in one place."""
+    file counts in whole blocks of OUT's file system, and as one name (an inode, where the file
+    system bounds them), as do the `folders` the move makes in OUT; a file renamed in place (on
+    OUT's file system) or a link (made anew) takes none. The files and folders `freed` (an
+    earlier split in OUT that --force replaces, deleted before the first file moves) give
+    their room back. Where the free space is unknown (no statvfs), nothing is checked: a full
+    disk is still an error that leaves every file in one place."""
     folder = out
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
@@ -365,7 +367,7 @@ def check_room_for_move(
         return
     if room is None:
         return
-    needed = 0
+    needed, copies = 0, 0
     devices: dict[str, int | None] = {}  # a folder's: its files are on it (one stat a folder
     # where the move is renames, as most are, not one a file)
     for source in sources:
@@ -383,9 +385,12 @@ def check_room_for_move(
             continue  # gone, or not to be reached: the move names it
         if status.st_dev != device and not stat.S_ISLNK(status.st_mode):
             needed += -(-status.st_size // room.block) * room.block
-    if needed <= room.free:
+            copies += 1
+    names = copies + folders if copies else 0  # where all are renames, the folders fit
+    names_short = room.names is not None and names > room.names
+    if needed <= room.free and not names_short:
         return
-    gained = _room_freed(freed, device)
+    gained, names_gained = _room_freed(freed, device)
     if needed > room.free + gained:
         more = f" ({format_megabytes(gained / 1e6)} MB more once the split it replaces is deleted)"
         raise OutputWriteError(
@@ -394,23 +399,42 @@ def check_room_for_move(
             + f", and the files to move onto it take {format_megabytes(needed / 1e6)} MB",
             hint,
         )
+    if room.names is not None and names > room.names + names_gained:
+        more = f" ({names_gained:,} more once the split it replaces is deleted)"
+        raise OutputWriteError(
+            f"cannot write {out}: its disk has room for {room.names:,} more files and folders "
+            "(inodes)" + (more if names_gained else "") + f", and the move makes {names:,} there",
+            hint,
+        )
 
 
-def _room_freed(paths: Sequence[str | os.PathLike], device: int) -> int:
-    """The bytes that deleting `paths` (files, or folders with all in them) gives back on
-    `device`: the blocks of each file there that has no other name (a hard link's stay)."""
-    freed = 0
+def _room_freed(paths: Sequence[str | os.PathLike], device: int) -> tuple[int, int]:
+    """The bytes and the names (inodes) that deleting `paths` (files, or folders with all in
+    them) gives back on `device`: each file there that has no other name (a hard link's
+    stay) gives its blocks and its inode, each folder its inode."""
+    freed, names = 0, 0
     for path in paths:
         try:
             status = os.lstat(path)
         except OSError:
             continue
-        if stat.S_ISDIR(status.st_mode):
-            for folder, _, files in os.walk(path):
-                freed += _room_freed([os.path.join(folder, name) for name in files], device)
-        elif status.st_dev == device and status.st_nlink == 1:
-            freed += getattr(status, "st_blocks", 0) * 512
-    return freed
+        if not stat.S_ISDIR(status.st_mode):
+            more = _file_freed(status, device)
+            freed, names = freed + more[0], names + more[1]
+            continue
+        for folder, subfolders, files in os.walk(path):
+            names += 1  # the folder (os.walk enters no link to a folder: one of its names)
+            for name in files + [f for f in subfolders if os.path.islink(os.path.join(folder, f))]:
+                with contextlib.suppress(OSError):
+                    more = _file_freed(os.lstat(os.path.join(folder, name)), device)
+                    freed, names = freed + more[0], names + more[1]
+    return freed, names
+
+
+def _file_freed(status: os.stat_result, device: int) -> tuple[int, int]:
+    if status.st_dev != device or status.st_nlink != 1:
+        return 0, 0
+    return getattr(status, "st_blocks", 0) * 512, 1
 
 
 def check_sources_removable(sources: Sequence[str]) -> None:

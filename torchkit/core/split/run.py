@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -471,8 +471,23 @@ def _file_plan(
     if mode == "move":
         check_sources_removable(plan.sources)
         refuse_temporary_names(plan)
-        check_room_for_move(plan.sources, out, freed=[out / name for name in doomed])
+        check_room_for_move(
+            plan.sources,
+            out,
+            freed=[out / name for name in doomed],
+            folders=len(_folders_of(plan.dests)),  # made anew: the earlier split's set aside
+        )
     return plan, extra
+
+
+def _folders_of(dests: Iterable[str]) -> set[str]:
+    """The folders in OUT that hold the "/"-separated places `dests`, and those above them."""
+    folders: set[str] = set()
+    for folder in {dest.rpartition("/")[0] for dest in dests}:
+        while folder and folder not in folders:
+            folders.add(folder)
+            folder = folder.rpartition("/")[0]
+    return folders
 
 
 def _journal_half_split(
@@ -713,10 +728,14 @@ def _resume_move(
     targets = [os.path.join(out, row["path"]) for row in rows]
     # The files still to move: once the unverified copies above are gone (a copy of a file
     # that is in both places is verified, and takes no more room).
+    to_move = [i for i, target in enumerate(targets) if not os.path.lexists(target)]
     check_room_for_move(
-        [s for s, t in zip(sources, targets, strict=True) if not os.path.lexists(t)],
+        [sources[i] for i in to_move],
         out,
         "free some space on it, then run the same command again to finish the move",
+        folders=sum(
+            not os.path.isdir(out / f) for f in _folders_of(rows[i]["path"] for i in to_move)
+        ),
     )
     links = LinkTargets(sources, targets)
     csv_folders = source_folders(sources, root) if os.path.isfile(root) else []
