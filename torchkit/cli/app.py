@@ -156,10 +156,22 @@ class TorchkitOption(TyperOption):
         label = _type_label(self, ctx)
         return label + "..." if self.nargs != 1 else label
 
+    def get_runtime_param(self):
+        return _cheap_first(self)
+
     def process_value(self, ctx, value):
         if "-o" in self.opts:
             value = _dash_as_a_file(value)
         return _process_value(self, super(), ctx, value)
+
+
+def _cheap_first(param):
+    """The parameter's conversion: plain values without pydantic (`coercion.CheapFirst`)."""
+    if param._runtime_param is None:
+        from torchkit.cli.coercion import CheapFirst
+
+        param._runtime_param = CheapFirst(param.type_descriptor)
+    return param._runtime_param
 
 
 def _dash_as_a_file(value):
@@ -194,6 +206,9 @@ class TorchkitArgument(TyperArgument):
 
     def display_type_rich(self, ctx) -> str | None:
         return _type_label(self, ctx) if self.type_descriptor.is_choice else None
+
+    def get_runtime_param(self):
+        return _cheap_first(self)
 
     def process_value(self, ctx, value):
         if not ctx.resilient_parsing and isinstance(value, str | list | tuple):
