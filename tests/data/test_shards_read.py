@@ -862,3 +862,22 @@ def test_a_class_file_that_would_shift_or_lose_a_name_is_refused(
     (folder / name).unlink()
     (folder / "classes.txt").write_text("\n\na \r\nb\r\n\t\r\n\n")
     assert open_data(str(folder)).classes == ["a", "b"]
+
+
+def test_a_compressed_shard_beside_tar_shards_is_said_to_be_compressed(world, tmp_path):
+    """A folder of `.tar` shards and one `.tar.gz` (a shard gzipped to save room) was refused as
+    one of shards and "other files", asking for a pattern that would leave it out."""
+    import gzip
+
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    png = (world / "images" / "a" / "a_0.png").read_bytes()
+    tar_of(folder / "s-000000.tar", {"x.png": png, "x.cls": b"0"})
+    second = tar_of(tmp_path / "s-000001.tar", {"y.png": png, "y.cls": b"1"})
+    (folder / "s-000001.tar.gz").write_bytes(gzip.compress(second.read_bytes()))
+    result = run_torchkit_in_process("dataset-stats", folder)
+    assert result.returncode == 1
+    assert error_line(result.stderr) == (
+        f"Error: {folder / 's-000001.tar.gz'} is a compressed tar (shards are read in place: "
+        "decompress it to a .tar)"
+    )

@@ -1675,7 +1675,7 @@ def _folder_shards(folder: Path) -> list[str] | None:
     except OSError:
         return None
     compressed = sorted(name for name in others if is_compressed_tar_name(name))
-    if not tars and compressed:
+    if compressed:  # also beside .tar shards, where "other files" asked for a pattern
         raise compressed_tar_error(str(folder / compressed[0]), len(compressed) - 1)
     if not tars:
         return None
