@@ -246,3 +246,22 @@ def test_counts_with_a_prefix_read_below_a_thousand_of_it(value, shown):
 
     assert readable_number(value) == shown
     assert readable_number(value, "FLOPs").startswith(shown)
+
+
+@pytest.mark.parametrize(
+    "size, shown",
+    [
+        (0, "0 B"),
+        (1_023, "1023 B"),
+        (1_024, "1.0 KiB"),
+        (1_048_524, "1023.9 KiB"),
+        (1_048_575, "1.0 MiB"),  # 1023.999 KiB rounds to 1024.0: it is 1.0 MiB
+        (2**30 - 1, "1.0 GiB"),
+        (3 * 2**50, "3072.0 TiB"),
+    ],
+)
+def test_sizes_in_binary_units_read_below_1024_of_a_unit(size, shown):
+    """dataset-stats' total size and video-info's size column."""
+    from torchkit.cli.render import binary_size
+
+    assert binary_size(size) == shown

@@ -320,6 +320,19 @@ def test_an_animated_image_under_a_video_name_shows_its_own_container(tmp_path):
     assert (row["status"], row["error"]) == ("unreadable", "a still image (PNG), not a video")
 
 
+def test_a_size_a_byte_under_a_mebibyte_reads_one_mebibyte(tmp_path):
+    """An animated GIF named .mp4 with trailing bytes up to 1,048,575 read "1024.0 KiB"."""
+    from PIL import Image
+
+    pictures = [Image.fromarray(frame_pixels(i, 30, 20)) for i in range(3)]
+    clip = tmp_path / "clip.mp4"
+    pictures[0].save(clip, format="GIF", save_all=True, append_images=pictures[1:], duration=100)
+    with clip.open("ab") as file:
+        file.write(bytes(1_048_575 - clip.stat().st_size))
+    text = table_text(tmp_path, clip)
+    assert "1.0 MiB" in text and "KiB" not in text
+
+
 def test_a_file_with_no_video_stream_shows_no_rate_or_codec(tmp_path):
     """A damaged PNG named .mp4: FFmpeg opens no stream, yet the row showed fps 25 and codec
     MPNG, as if it had read them, beside 'no video stream'."""

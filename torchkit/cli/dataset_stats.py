@@ -27,6 +27,7 @@ from torchkit.cli.render import (
     ClassRows,
     OutputFormat,
     Table,
+    binary_size,
     check_all_classes,
     emit,
     resolve_format,
@@ -42,16 +43,7 @@ class StatsMode(str, Enum):
 
 
 def _human_bytes(size: int) -> str:
-    """`size` in the largest binary unit it reaches, one decimal, and in bytes. A size that
-    rounds to 1024.0 of a unit takes the next: 1,048,575 bytes is 1.0 MiB, not 1024.0 KiB."""
-    if size < 1024:
-        return f"{size} B"
-    value = size / 1024
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        if round(value, 1) < 1024 or unit == "TiB":
-            break
-        value /= 1024
-    return f"{value:.1f} {unit} ({size} bytes)"
+    return binary_size(size) if size < 1024 else f"{binary_size(size)} ({size} bytes)"
 
 
 def _duplicates_cell(stats) -> str:

@@ -260,6 +260,20 @@ def readable_number(value: float, unit: str = "") -> str:
     return f"{value:g} {unit}".rstrip()
 
 
+def binary_size(size: int) -> str:
+    """Bytes as tables show them: below 1024 as they are ("512 B"), else in the largest binary
+    unit they reach, one decimal ("3.4 MiB"). A size that rounds to 1024.0 of a unit takes the
+    next: 1,048,575 bytes is 1.0 MiB, not 1024.0 KiB."""
+    if size < 1024:
+        return f"{size} B"
+    value = size / 1024
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        if round(value, 1) < 1024 or unit == "TiB":
+            break
+        value /= 1024
+    return f"{value:.1f} {unit}"
+
+
 def format_rate(per_second: float | None) -> str:
     """A rate (images/s) as people read it, in every table and message: a whole number with
     thousands separators from 100 up ("3,739"), three significant digits below ("12.3",

@@ -23,6 +23,7 @@ from torchkit.cli.render import (
     ReportAtSwap,
     StreamedOutputFormat,
     Table,
+    binary_size,
     render_json,
     report_file,
     resolve_format,
@@ -457,14 +458,7 @@ def _format_duration(seconds: float | None) -> str | None:
 
 
 def _human_size(size: int | None) -> str | None:
-    if size is None:
-        return None
-    value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{size} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{size} B"
+    return None if size is None else binary_size(size)
 
 
 def register(app: typer.Typer) -> None:
