@@ -221,3 +221,24 @@ def test_a_plan_row_whose_source_is_outside_root_is_refused_before_any_file_move
     assert line.startswith(f"Error: cannot read the plan {out / 'split.csv'}: row 7 moves "), line
     assert said in line and "no file was moved" in line, line
     assert digests(tmp_path) == before  # every file where the interrupted move left it
+
+
+def test_the_hint_that_finishes_a_move_of_a_folder_named_with_a_dash_works_as_written(
+    tmp_path, monkeypatch, caplog
+):
+    """Before: `finish it with: torchkit split -d -o --mode move`, which reads `-d` as an
+    option (`Error: missing OUT`); the paths are now written `./-d`."""
+    import logging
+    import shlex
+
+    monkeypatch.chdir(tmp_path)
+    write_images(tmp_path / "-d")
+    with caplog.at_level(logging.WARNING, logger="torchkit"):
+        stop_move_after(1, monkeypatch, Path("-d"), Path("-o"), ratio="1:1")
+    assert "finish it with: torchkit split ./-d ./-o --mode move" in caplog.text
+    refused = run_torchkit_in_process("dataset-stats", "--", "-d", cwd=tmp_path)
+    hint = error_line(refused.stderr).rpartition("finish that move first: ")[2].rstrip(")")
+    assert hint == f"torchkit split ./-d {shlex.quote(str(tmp_path / '-o'))} --mode move"
+    finished = run_torchkit_in_process(*shlex.split(hint)[1:], cwd=tmp_path)  # as written
+    assert finished.returncode == 0, finished.stderr
+    assert not list((tmp_path / "-d").rglob("*.png")) and len(list(Path("-o").rglob("*.png"))) == 6

@@ -22,8 +22,15 @@ def shell_word(value: str | os.PathLike) -> str:
 
 
 def shell_line(words: list[str | os.PathLike]) -> str:
-    """`words` as a command line, each a `shell_word`."""
-    return " ".join(shell_word(word) for word in words)
+    """`words` as a command line, each a `shell_word`; a path (a `Path`, not a str) that
+    starts with `-` as `./-data`, which a command reads as that path, never as an option."""
+    return " ".join(shell_word(_as_path(word)) for word in words)
+
+
+def _as_path(word: str | os.PathLike) -> str | os.PathLike:
+    if isinstance(word, str) or not os.fspath(word).startswith("-"):
+        return word
+    return os.path.join(os.curdir, os.fspath(word))
 
 
 def _ansi_c(char: str) -> str:

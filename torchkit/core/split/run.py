@@ -712,7 +712,7 @@ def _resume_move(
         raise UsageError(
             f"{out} holds an unfinished move from {journal['root']}",
             "finish it with: "
-            + shell_line(["torchkit", "split", journal["root"], out, "--mode", "move"]),
+            + shell_line(["torchkit", "split", journal["root"], Path(out), "--mode", "move"]),
         )
     rows = _plan_rows(out, journal)  # the whole plan, before any file moves
     log.warning(f"finishing the interrupted move into {out} (its recorded plan is used)")

@@ -85,7 +85,7 @@ def stopped_move_error(root: str | os.PathLike, out: Path) -> InputError:
     return InputError(
         f"{root} is half moved into {out}: a split --mode move{of} into it stopped",
         "finish that move first: "
-        + shell_line(["torchkit", "split", moved, out, "--mode", "move"]),
+        + shell_line(["torchkit", "split", Path(moved), Path(out), "--mode", "move"]),
     )
 
 
@@ -157,7 +157,7 @@ def _hold_and_look(path: Path, *, locking: bool) -> None:
                 f"{path} lies in {place}, which is half moved into {out}: a split --mode move"
                 f"{of} into it stopped",
                 "finish that move first: "
-                + shell_line(["torchkit", "split", moved, out, "--mode", "move"]),
+                + shell_line(["torchkit", "split", Path(moved), Path(out), "--mode", "move"]),
             )
 
 
