@@ -1,10 +1,12 @@
-"""torchvision imported without torch._dynamo (`torchkit.torchvision_without_dynamo`): in fresh
-processes, since this one has loaded both."""
+"""torchvision imported without torch._dynamo (`torchkit.torchvision_without_dynamo`) and
+without torch.onnx (`torchkit.torchvision_without_onnx`): in fresh processes, since this one has
+loaded all three."""
 
 from __future__ import annotations
 
 import ast
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -62,6 +64,40 @@ STAND_IN = """
     print(type(sys.modules["torch._dynamo"]).__name__, light.missing)
     """
 
+# torchkit's CLI module installs the hooks as `python -m torchkit` does; then what train's
+# transforms and extract-features' tracer import. torchvision's ONNX symbolics are registered
+# as soon as torch.onnx is imported (as export imports it: `torch.onnx.export` through torch's
+# lazy attribute), and a name the stand-in lacks imports the real module. Run in a fork taken
+# right after `import torch` too (a fresh process of its own cost a torch start-up, 2-4 s):
+# importing torch loads neither torchvision nor torch.onnx, and the CLI's hooks are installed
+# here before either is imported, as `python -m torchkit` installs them.
+WITHOUT_ONNX = """
+    import json, sys
+    import torchkit.cli
+    import torch
+    from torchkit import torchvision_without_onnx as light
+
+    def registered():
+        try:
+            from torch.onnx._internal.torchscript_exporter import registration
+        except ImportError:  # older torch
+            from torch.onnx._internal import registration
+        return [registration.registry.is_registered_op(name, opset) for name, opset in
+                (("torchvision::nms", 11), ("torchvision::roi_align", 16),
+                 ("torchvision::roi_pool", 11))]
+
+    before = {"onnx before": "torch.onnx" in sys.modules,
+              "torchvision before": "torchvision" in sys.modules}
+    import torchvision.transforms.v2, torchvision.models.feature_extraction
+    report = {**before, "onnx after torchvision": "torch.onnx" in sys.modules,
+              "owed": light.registration_owed(),
+              "stand-in left": "torchvision.ops._register_onnx_ops" in sys.modules}
+    torch.onnx.export  # noqa: B018 (imports torch.onnx)
+    report.update({"registered": registered(), "owed after": light.registration_owed(),
+                   "asked": light.missing})
+    print(json.dumps(report))
+    """
+
 
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory) -> dict[str, list[str]]:
@@ -108,6 +144,16 @@ def one_process(tmp_path_factory) -> dict[str, list[str]]:
                 os._exit(1)
             os._exit(0)
         assert os.waitpid(child, 0)[1] == 0, "STAND_IN failed in its fork"
+        if (child := os.fork()) == 0:
+            try:
+                with open({str(tmp_path / "without-onnx")!r}, "w") as sys.stdout:
+                    exec({textwrap.dedent(WITHOUT_ONNX)!r})
+            except BaseException:
+                import traceback
+                traceback.print_exc()
+                os._exit(1)
+            os._exit(0)
+        assert os.waitpid(child, 0)[1] == 0, "WITHOUT_ONNX failed in its fork"
 
         import matplotlib.figure, sklearn.metrics
         os.chdir({str(tmp_path)!r})
@@ -222,6 +268,7 @@ def one_process(tmp_path_factory) -> dict[str, list[str]]:
         "stand-in": (tmp_path / "stand-in").read_text().splitlines(),
         "plain shapes": ast.literal_eval((tmp_path / "plain-shapes").read_text()),
         "fine-tune": ast.literal_eval((tmp_path / "fine-tune").read_text()),
+        "without onnx": json.loads((tmp_path / "without-onnx").read_text()),
     }
 
 
@@ -260,6 +307,21 @@ def test_a_name_the_stand_ins_lack_comes_from_the_real_dynamo_and_then_nothing_i
         "False",
         "module ['torch._dynamo.config']",
     ]
+
+
+def test_torchvision_is_imported_without_torch_onnx_and_registers_its_symbolics_with_it(
+    one_process,
+):
+    assert one_process["without onnx"] == {
+        "onnx before": False,
+        "torchvision before": False,
+        "onnx after torchvision": False,  # 0.3 s of CPU it took
+        "owed": True,
+        "stand-in left": False,
+        "registered": [True, True, True],
+        "owed after": False,
+        "asked": [],
+    }
 
 
 def test_commands_torchvision_and_timm_never_import_dynamo_and_compiling_still_works(one_process):
