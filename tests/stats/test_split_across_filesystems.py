@@ -225,3 +225,23 @@ def test_a_move_onto_a_disk_without_inodes_for_it_is_refused_before_any_file_mov
     moved = run_torchkit_in_process("split", data, out, *args[3:], "--force")
     assert moved.returncode == 0, moved.stderr
     assert not list(data.rglob("*.png")) and len(list(out.rglob("*.png"))) == 20
+
+
+def test_the_links_a_move_makes_anew_on_another_disk_count_as_files(tmp_path, small_tmpfs):
+    """A link in ROOT is made anew in OUT, one more name on OUT's disk: links were counted as
+    taking no room, and a disk with inodes for the files alone stopped the move half-way."""
+    from output_checks import error_line
+
+    data = tmp_path / "data"
+    (data / "a").mkdir(parents=True)
+    for i in range(2):
+        (data / "a" / f"{i}.png").write_bytes(bytes([i]) * 10)
+    for i in range(4):
+        (data / "a" / f"link{i}.png").symlink_to(f"{i % 2}.png")
+    disk = small_tmpfs(1024, inodes=10)  # 9 free: room for 2 files and 4 folders, not 4 links
+    out = disk / "out"
+    refused = run_torchkit_in_process("split", data, out, "--mode", "move", "--ratio", "1:1")
+    assert refused.returncode == 1
+    line = error_line(refused.stderr)
+    assert "files and folders (inodes), and the move makes 10 there (no file was moved" in line
+    assert len(list(data.rglob("*.png"))) == 6 and not out.exists()

@@ -351,12 +351,12 @@ def check_room_for_move(
     """A move onto another file system copies each file into OUT before it removes it from
     ROOT: a disk without room for them all is refused before the first file moves, where it was
     found full part-way and left the data half in OUT, to be finished once there was room. Each
-    file counts in whole blocks of OUT's file system, and as one name (an inode, where the file
-    system bounds them), as do the `folders` the move makes in OUT; a file renamed in place (on
-    OUT's file system) or a link (made anew) takes none. The files and folders `freed` (an
-    earlier split in OUT that --force replaces, deleted before the first file moves) give
-    their room back. Where the free space is unknown (no statvfs), nothing is checked: a full
-    disk is still an error that leaves every file in one place."""
+    file counts in whole blocks of OUT's file system, and it or a link (made anew) as one name
+    (an inode, where the file system bounds them), as do the `folders` the move makes in OUT; a
+    file renamed in place (on OUT's file system) takes neither, a link no blocks. The files
+    and folders `freed` (an earlier split in OUT that --force replaces, deleted before the first
+    file moves) give their room back. Where the free space is unknown (no statvfs), nothing is
+    checked: a full disk is still an error that leaves every file in one place."""
     folder = out
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
@@ -383,9 +383,11 @@ def check_room_for_move(
             status = os.lstat(source)
         except OSError:
             continue  # gone, or not to be reached: the move names it
-        if status.st_dev != device and not stat.S_ISLNK(status.st_mode):
+        if status.st_dev == device:
+            continue
+        copies += 1  # a file copied, or a link made anew: a name in OUT either way
+        if not stat.S_ISLNK(status.st_mode):
             needed += -(-status.st_size // room.block) * room.block
-            copies += 1
     names = copies + folders if copies else 0  # where all are renames, the folders fit
     names_short = room.names is not None and names > room.names
     if needed <= room.free and not names_short:
