@@ -63,6 +63,21 @@ def test_topk_with_k_at_least_the_number_of_classes():
     assert m.topk_accuracy == top_k_accuracy_score(y_true, scores, k=2, labels=[0, 1, 2])
 
 
+def test_tied_scores_rank_the_lower_class_first_where_sklearn_ranks_the_higher():
+    """What docs/commands/eval.md says of ties: the top-1 class is the argmax, whatever k; on
+    an untrained head's equal scores scikit-learn's top_k_accuracy_score gives another top-2."""
+    import torch
+
+    from torchkit.core.topk import ranked_classes
+
+    scores, y_true = np.zeros((3, 4)), np.array([0, 1, 3])
+    ranked = ranked_classes(torch.from_numpy(scores), 2).numpy()
+    assert (ranked[:, 0] == scores.argmax(axis=1)).all()
+    m = compute_metrics(y_true, ranked[:, 0], ranked, 4, 2)
+    assert (m.accuracy, m.topk_accuracy) == (1 / 3, 2 / 3)  # classes 0 and 1 rank first
+    assert top_k_accuracy_score(y_true, scores, k=2, labels=range(4)) == 1 / 3  # 3 and 2 first
+
+
 def test_unlabelled_images_are_left_out_of_every_figure():
     """Images labelled -1 (no label) have no truth: every figure is that of the labelled images
     alone. The accuracies counted them as mistakes (0.5, not 1.0) and the precision of the class
