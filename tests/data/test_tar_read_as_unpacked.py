@@ -161,6 +161,24 @@ def test_a_shard_member_stored_again_reads_its_last_member_in_its_first_place(tm
         assert shards["appended"] == shards["once"]
 
 
+@pytest.mark.parametrize("name", ["shard-000000.tar", "shard.tar"])
+def test_a_shard_image_stored_again_under_another_spelling_is_its_samples_image(tmp_path, name):
+    """`/00000.png` appended after `00000.png` and `00000.cls` replaces the image `tar -x`
+    unpacks to 00000.png: the listing kept it, under its own spelling, but grouped it as a
+    sample `/00000` of no label, 00000 then one of no image (the shard read as one flat
+    unlabelled image, its labels skipped as files that are no images)."""
+    members = [
+        ("00000.png", png(0)),
+        ("00000.cls", b"1"),
+        ("00001.png", png(1)),
+        ("00001.cls", b"0"),
+        ("/00000.png", png(2)),
+    ]
+    source = open_data(str(tar_of_members(tmp_path / name, members)))
+    assert [path.read_bytes() for path in source.whole.paths] == [png(2), png(1)]
+    assert list(source.whole.labels) == [1, 0]
+
+
 def test_a_dot_dot_after_a_link_in_a_link_target_steps_out_of_the_linked_folder(tmp_path, caplog):
     """`cat/s.png -> link/../x.png`, where `cat/link -> ../.sub/deeper`: the system takes the
     `..` out of .sub/deeper (.sub/x.png), where torchkit collapsed `link/..` as text and read

@@ -1750,7 +1750,12 @@ _LABELS_READ = 'torchkit reads a label from KEY.cls, the class index, or KEY.jso
 
 
 def _key_and_extension(member: str) -> tuple[str, str] | None:
-    """webdataset's grouping: (member path up to the first dot of its basename, the rest)."""
+    """webdataset's grouping: (member path up to the first dot of its basename, the rest), of
+    the path `tar -x` unpacks the member to where it is spelled otherwise (`/000.png` appended
+    after `000.png` and `000.cls` replaces the image of sample 000, as in the listing: it was a
+    sample `/000` of no label, and 000 one of no image)."""
+    if member[:1] == "/" or "//" in member or "/./" in member:
+        member = _unpacked_path(member) or member
     slash = member.rfind("/") + 1
     dot = member.find(".", slash)
     if dot <= slash or dot == len(member) - 1:
