@@ -155,6 +155,18 @@ def test_a_bad_choice_is_one_plain_line(command, option, value, choices):
 
 
 @pytest.mark.parametrize(
+    "words",
+    [["env", "--format"], ["convert", "tensor", "--to"], ["train", "-o"]],
+)
+def test_an_option_without_its_value_names_the_commands_help(words):
+    """The parser's own error named `torchkit --help`, where a bad value names the command's."""
+    done = run_torchkit_in_process(*words)
+    assert done.returncode == 2
+    line = error_line(done.stderr, besides="nothing")
+    assert line.endswith(f"(see 'torchkit {' '.join(w for w in words if w[0] != '-')} --help')")
+
+
+@pytest.mark.parametrize(
     "command",
     [
         ["split", "{images}", "{tmp}/out", "--mode", "manifest"],

@@ -495,7 +495,14 @@ class TorchkitCommand(TyperCommand):
         return parser
 
     def parse_args(self, ctx, args):
-        rest = super().parse_args(ctx, args)
+        try:
+            rest = super().parse_args(ctx, args)
+        except ClickUsageError as error:
+            # The parser's own errors (`--format` with no value) come without the command:
+            # their hint named `torchkit --help`, where every other one names the command's.
+            if getattr(error, "ctx", None) is None:
+                error.ctx = ctx
+            raise
         _warn_of_repeated_options(self, ctx)
         return rest
 
