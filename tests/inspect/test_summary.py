@@ -741,6 +741,23 @@ def test_a_total_a_hair_under_a_million_reads_one_million(runner, tmp_path, monk
     assert "999,997 (1.00 M)" in table.stdout
 
 
+def test_a_total_under_a_thousand_is_shown_once(runner, tmp_path, monkeypatch):
+    """A Linear(4, 3) of 15 mult-adds and 24 FLOPs: its totals read "15 (15)", "24 (24)"."""
+    (tmp_path / "small_net.py").write_text(
+        "from torch import nn\ndef build():\n    return nn.Linear(4, 3)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    table = runner.invoke(app, ["summary", "small_net:build", "-i", "4"])
+    assert table.exit_code == 0, table.stderr
+    totals = {
+        cells[1].strip(): cells[2].strip()
+        for cells in (line.split("│") for line in table.stdout.splitlines())
+        if len(cells) == 4
+    }
+    assert (totals["Total mult-adds"], totals["FLOPs (FlopCounterMode)"]) == ("15", "24")
+
+
 class OptionalTargets(nn.Module):
     """Passes None beside a tensor, as a detection model passes its absent targets."""
 

@@ -357,7 +357,7 @@ def _total_text(key: str, value: Any) -> str:
         return "not measured"
     if key.endswith("_mb"):
         return f"{value:,.2f}"
-    if key in ("total_mult_adds", "flops"):
+    if key in ("total_mult_adds", "flops") and abs(value) >= 1000:  # "23", not "23 (23)"
         return f"{value:,} ({readable_number(value)})"
     return f"{value:,}"
 
