@@ -4,6 +4,7 @@ stdout each `…` was written `\\u2026`, 5 cells past the terminal's edge."""
 
 from __future__ import annotations
 
+import functools
 import re
 
 import pytest
@@ -25,6 +26,7 @@ def _command(path: tuple[str, ...]):
     return command
 
 
+@functools.cache  # the tests only read it; a help page costs about 0.1 s of CPU to render
 def _help(path: tuple[str, ...], charset: str = "utf-8") -> str:
     result = CliRunner(charset=charset).invoke(
         app, [*path, "--help"], env={"COLUMNS": str(WIDTH), "NO_COLOR": "1"}
