@@ -881,3 +881,32 @@ def test_a_compressed_shard_beside_tar_shards_is_said_to_be_compressed(world, tm
         f"Error: {folder / 's-000001.tar.gz'} is a compressed tar (shards are read in place: "
         "decompress it to a .tar)"
     )
+
+
+def test_a_text_file_listing_shards_says_how_to_read_them(world, tmp_path):
+    """A `shards.txt` of one shard a line (some tools write one beside the shards) was "neither
+    a folder nor a CSV index", naming no way to read them; the hint, followed, reads them."""
+    png = (world / "images" / "a" / "a_0.png").read_bytes()
+    (tmp_path / "data").mkdir()
+    for i in range(2):
+        tar_of(tmp_path / "data" / f"s-00000{i}.tar", {f"x{i}.png": png, f"x{i}.cls": b"0"})
+    listed = tmp_path / "data" / "shards.txt"
+    listed.write_text("s-000000.tar\ns-000001.tar\n")
+    result = run_torchkit_in_process("dataset-stats", "data/shards.txt", cwd=tmp_path)
+    assert result.returncode == 1
+    line = error_line(result.stderr)
+    assert line == (
+        "Error: data/shards.txt lists 2 shards, one a line, which torchkit does not read as a "
+        "list (join them with ::, as --data data/s-000000.tar::data/s-000001.tar, or name them "
+        "with a pattern, DIR/NAME-{000000..000009}.tar)"
+    )
+    example = line.split("--data ")[1].split(",")[0]
+    followed = run_torchkit_in_process(
+        "dataset-stats", "--data", example, "--format", "json", cwd=tmp_path
+    )
+    assert followed.returncode == 0, followed.stderr
+    assert json.loads(followed.stdout)["images"] == 2
+    # A text file of anything else is what it was.
+    (tmp_path / "notes.txt").write_text("s-000000.tar\nnot a shard\n")
+    other = run_torchkit_in_process("dataset-stats", "notes.txt", cwd=tmp_path)
+    assert "notes.txt is neither a folder nor a CSV index" in error_line(other.stderr)

@@ -11,9 +11,14 @@ when `open_data` asks, so that `digits` and `--help` never import them.
 from __future__ import annotations
 
 import importlib
+import os
 import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
+
+from torchkit.core.io.errors import InputError
+from torchkit.core.io.wording import counted
 
 # The reader modules, asked in this order.
 READERS: tuple[str, ...] = (
@@ -60,3 +65,41 @@ def numbered_shard_parts(name: str) -> tuple[str, str] | None:
 def is_numbered_shard_name(name: str) -> bool:
     """Whether a `.tar` file's name is a shard's (a `.tar` so named alone is read as one)."""
     return numbered_shard_parts(name) is not None
+
+
+# A list of shards one a line read this far (`refuse_a_shard_list`): a list is a few KiB.
+_SHARD_LIST_BYTES = 1 << 20
+
+
+def refuse_a_shard_list(path: Path) -> None:
+    """An InputError for the text file `path` where it lists `.tar` shards, one a line (what
+    some tools write beside shards): it was "neither a folder nor a CSV index", which named no
+    way to read them. The hint joins its first two as `--data` reads them, as the lines would
+    be found from here."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(_SHARD_LIST_BYTES + 1)
+    except OSError:
+        return
+    if len(data) > _SHARD_LIST_BYTES or b"\0" in data:
+        return
+    lines = [line.strip() for line in data.decode("utf-8", "replace").splitlines()]
+    lines = [line for line in lines if line and not line.startswith("#")]
+    if not lines or not all(line.lower().endswith(".tar") for line in lines):
+        return
+    shown = [_found_from_here(line, path.parent) for line in lines[:2]]
+    example = "::".join(shown) if len(shown) > 1 else shown[0]
+    raise InputError(
+        f"{path} lists {counted(len(lines), 'shard')}, one a line, which torchkit does not "
+        "read as a list",
+        f"join them with ::, as --data {example}, or name them with a pattern, "
+        "DIR/NAME-{000000..000009}.tar",
+    )
+
+
+def _found_from_here(line: str, folder: Path) -> str:
+    """A shard list's `line` as a path from here: as written where that is a URL, absolute, or
+    names a file from here; else from the list's `folder`."""
+    if "://" in line or os.path.isabs(line) or os.path.exists(line):
+        return line
+    return str(folder / line)

@@ -204,6 +204,9 @@ def _open_data(
         raise not_found(text)
     if path.is_file():
         if path.suffix.lower() != ".csv":
+            from torchkit.core.data.sources.containers import refuse_a_shard_list
+
+            refuse_a_shard_list(path)
             raise InputError(f"{path} is neither a folder nor a CSV index", GRAMMAR_HINT)
         return _open_csv(path, text, classes, allow_unlabelled)
     if not path.is_dir():
