@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import shutil
 import warnings
 from dataclasses import fields
@@ -598,6 +599,36 @@ def test_load_optimizer_state_keeps_the_new_hyperparameters_and_the_old_moments(
     group = new.param_groups[0]
     assert (group["base_lr"], group["weight_decay"], group["momentum"]) == (0.5, 0.2, 0.5)
     assert torch.equal(new.state[param]["momentum_buffer"], torch.ones(2))
+
+
+@pytest.mark.parametrize(
+    ("name", "damaged", "message"),
+    [
+        ("exp_avg", torch.zeros(3), "its exp_avg of parameter 1 is of shape (3,), the parameter "
+         "of shape (2, 2)"),
+        ("step", torch.zeros(4), "its step of parameter 1 is of shape (4,)"),
+    ],
+)  # fmt: skip
+def test_saved_moments_not_of_their_parameters_shape_are_refused_before_loading(
+    name, damaged, message
+):
+    """A damaged checkpoint's optimizer state whose moments are not of their parameter's shape:
+    torch's load_state_dict took them, and the first step of the resumed run crashed the
+    process (segmentation fault: `train --resume` ended with no message). A ValueError, which
+    the resume reports as an optimizer state that does not fit."""
+    from torchkit.core.train.optim import load_optimizer_state
+
+    params = [nn.Parameter(torch.ones(2)), nn.Parameter(torch.ones(2, 2))]
+    old = torch.optim.AdamW([{"params": params, "lr": 0.1, "base_lr": 0.1}])
+    for param in params:
+        param.grad = torch.ones_like(param)
+    old.step()
+    state = old.state_dict()
+    state["state"][1][name] = damaged
+    new = torch.optim.AdamW([{"params": params, "lr": 0.1, "base_lr": 0.1}])
+    with pytest.raises(ValueError, match=re.escape(message)):
+        load_optimizer_state(new, state)
+    assert new.state == {}
 
 
 @pytest.mark.parametrize("optimizer", [torch.optim.SGD, torch.optim.RMSprop])

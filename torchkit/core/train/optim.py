@@ -16,7 +16,7 @@ from __future__ import annotations
 import fnmatch
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -213,10 +213,39 @@ def load_optimizer_state(optimizer, state: dict) -> None:
         raise ValueError(
             f"its parameter groups are {', '.join(saved_names)}, this run's {', '.join(names)}"
         )
+    _check_state_shapes(optimizer, state)
     optimizer.load_state_dict(state)
     for group, values in zip(optimizer.param_groups, wanted, strict=True):
         group.update(values)
     _match_momentum_buffers(optimizer)
+
+
+def _check_state_shapes(optimizer, state: dict) -> None:
+    """ValueError where a parameter's saved moments are not of its shape, or its step count
+    not one number: torch's `load_state_dict` takes them as they are, and the first step then
+    read past them (a damaged checkpoint crashed the process: segmentation fault). Groups that
+    do not correspond are left to `load_state_dict`'s own ValueError."""
+    import torch
+
+    saved = state.get("state")
+    groups = state.get("param_groups")
+    if not isinstance(saved, Mapping) or not isinstance(groups, list):
+        raise ValueError("it holds no per-parameter state and parameter groups")
+    indexes = [i for group in groups if isinstance(group, Mapping) for i in group.get("params", [])]
+    params = [param for group in optimizer.param_groups for param in group["params"]]
+    if len(indexes) != len(params):
+        return
+    for number, (index, param) in enumerate(zip(indexes, params, strict=True)):
+        values = saved.get(index, {})
+        for name, value in values.items() if isinstance(values, Mapping) else ():
+            if not isinstance(value, torch.Tensor):
+                continue
+            fits = value.numel() == 1 if name == "step" else value.shape == param.shape
+            if not fits:
+                raise ValueError(
+                    f"its {name} of parameter {number} is of shape {tuple(value.shape)}, "
+                    f"the parameter of shape {tuple(param.shape)}"
+                )
 
 
 def _match_momentum_buffers(optimizer) -> None:
