@@ -910,3 +910,16 @@ def test_a_text_file_listing_shards_says_how_to_read_them(world, tmp_path):
     (tmp_path / "notes.txt").write_text("s-000000.tar\nnot a shard\n")
     other = run_torchkit_in_process("dataset-stats", "notes.txt", cwd=tmp_path)
     assert "notes.txt is neither a folder nor a CSV index" in error_line(other.stderr)
+
+
+def test_a_sample_of_two_members_of_one_extension_names_both(world, tmp_path):
+    """`000.PNG` beside `000.png`: the error said the shard held `000.png` twice, a name
+    `tar -tf` lists once."""
+    png = (world / "images" / "a" / "a_0.png").read_bytes()
+    shard = tar_of(tmp_path / "s-000000.tar", {"000.PNG": png, "000.cls": b"0", "000.png": png})
+    result = run_torchkit_in_process("dataset-stats", shard)
+    assert result.returncode == 1
+    assert error_line(result.stderr) == (
+        "Error: s-000000.tar holds 000.PNG and 000.png, two .png members of sample 000 (one "
+        "member per extension a sample: remove or rename one)"
+    )

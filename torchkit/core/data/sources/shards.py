@@ -1864,8 +1864,12 @@ def _shard_samples(
         key, extension = split
         group = groups.setdefault(key, {})
         if extension in group:
+            # Two spellings of one extension (`000.PNG`, `000.png`), named as stored: the
+            # lowered `000.png twice` named a member `tar -tf` lists once.
             raise InputError(
-                f"{shown} holds {key}.{extension} twice", "each member name once per shard"
+                f"{shown} holds {group[extension]} and {member}, two .{extension} members of "
+                f"sample {key}",
+                "one member per extension a sample: remove or rename one",
             )
         group[extension] = member
     if looping:
