@@ -118,6 +118,26 @@ def test_tflops_are_the_step_flops_times_images_per_second(monkeypatch):
     assert train.tflops == pytest.approx(3 * 16_384 * 4e6 / 1e12)
 
 
+def test_a_small_tflops_figure_keeps_its_digits_in_json_and_the_table(monkeypatch):
+    """A step of 4 images a second on a fake clock: 16,384 FLOPs x 4 images/s is 6.5536e-8
+    TFLOP/s, which JSON rounded to 0.0 and the table showed as 0.0000."""
+    from torchkit.cli.benchmark import _results_table
+
+    real = bench_run.time_steps
+    now = [0.0]
+
+    def ticking() -> float:
+        now[0] += 1.0
+        return now[0]
+
+    monkeypatch.setattr(bench_run, "time_steps", lambda step, **kw: real(step, **kw, clock=ticking))
+    result = benchmark_model(conv_linear(), (3, 8, 8), options(batch_sizes=(4,), iters=1))
+    (row,) = result.results
+    assert row.images_per_s == 4 and row.tflops == pytest.approx(16_384 * 4 / 1e12)
+    (cells,) = _results_table(result).rows
+    assert cells[6] == "0.0000000655"
+
+
 # --- steps: warm-up, timed, the untimed first step ------------------------------------------
 
 

@@ -3,6 +3,7 @@ and training."""
 
 from __future__ import annotations
 
+import math
 from enum import Enum
 from typing import Annotated, Any, Optional
 
@@ -324,6 +325,15 @@ def _write(result: Any, fmt: OutputFormat, output: Any, force: bool, append: boo
     emit(tables=tables, data=result.to_dict(), fmt=fmt, output=output, force=force)
 
 
+def _tflops_text(tflops: float) -> str:
+    """4 decimals; 3 significant digits below 0.01, where 4 decimals show a small model's
+    achieved 1.4e-5 TFLOP/s (14 MFLOP/s) as 0.0000."""
+    rounded = float(f"{tflops:.3g}")  # 0.009999 is 0.0100, not 0.01000
+    if rounded == 0 or abs(rounded) >= 0.01:
+        return f"{tflops:.4f}"
+    return f"{tflops:.{2 - math.floor(math.log10(abs(rounded)))}f}"
+
+
 def _results_table(result: Any) -> Table:
     mult_adds, flops = result.mult_adds_per_image, result.flops_per_image
     # None: not counted (a TorchScript module)
@@ -349,7 +359,7 @@ def _results_table(result: Any) -> Table:
                 f"{row.latency_median_ms:,.3f}",
                 f"{row.latency_p90_ms:,.3f}",
                 None if row.peak_memory_mb is None else format_megabytes(row.peak_memory_mb),
-                None if row.tflops is None else f"{row.tflops:.4f}",
+                None if row.tflops is None else _tflops_text(row.tflops),
                 row.iters,
             ]
             for row in result.results

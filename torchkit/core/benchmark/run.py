@@ -675,7 +675,7 @@ class _Context:
             mult_adds_per_image=self.mult_adds,
             flops_per_image=self.flops,
             step_flops_per_image=step_flops,
-            tflops=_round(tflops, 6),
+            tflops=_significant(tflops, 6),  # a small model's 1e-7 TFLOP/s is not 0
             torch_version=torch.__version__,
             timestamp=utc_timestamp(),
         )
@@ -906,3 +906,10 @@ def _round(value: float | None, digits: int) -> float | None:
     if value is None or not math.isfinite(value):
         return value
     return round(value, digits)
+
+
+def _significant(value: float | None, digits: int) -> float | None:
+    """`value` to `digits` significant digits (decimals would round a small one to 0)."""
+    if value is None or not math.isfinite(value) or value == 0:
+        return value
+    return float(f"{value:.{digits}g}")
