@@ -244,7 +244,52 @@ def load_for_resume(spec: str, *, put_back: bool = False) -> tuple[Path, dict]:
             f"use it with --model {model} --weights {shell_word(str(path))} to start a new run "
             "from its weights",
         )
+    _check_resume_fields(path, checkpoint)
     return path, checkpoint
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_resume_fields(path: Path, checkpoint: Mapping[str, Any]) -> None:
+    """Refuse a checkpoint whose place in its run is damaged (an epoch of -5 or 'two', a
+    history that is no list of rows, a schedule without its count of updates, an epoch in
+    progress of unknown fields), naming the field, where the resume ended in Python's own
+    words of what failed with it (`Error: StopIteration`, `Error: KeyError: 'updates'`)."""
+    from torchkit.core.train.loop import EpochProgress
+
+    def refuse(field: str, value: Any, what: str) -> CheckpointError:
+        shown_value = repr(value)
+        if len(shown_value) > 60:
+            shown_value = f"{shown_value[:57]}..."
+        return CheckpointError(
+            f"{path} cannot continue a run: its {field} {shown_value} is not {what}",
+            "the file is damaged or not torchkit's; resume an earlier checkpoint of the run "
+            "instead, an epoch-NNN.pt, with --out NEW",
+        )
+
+    if not _whole(checkpoint["epoch"]):
+        raise refuse("epoch", checkpoint["epoch"], "a whole number of epochs done")
+    for field in ("global_step", "best_epoch", "ema_updates"):
+        value = checkpoint.get(field)
+        if value is not None and not _whole(value):
+            raise refuse(field, value, "a whole number, 0 or more")
+    history = checkpoint.get("history", [])
+    if not isinstance(history, list) or not all(
+        isinstance(row, Mapping) and "epoch" in row for row in history
+    ):
+        raise refuse("history", history, "a list of rows of metrics.csv")
+    schedule = checkpoint["scheduler"]
+    if not isinstance(schedule, Mapping) or not _whole(schedule.get("updates")):
+        raise refuse("scheduler", schedule, "a schedule with its count of updates")
+    progress = checkpoint.get("epoch_progress")
+    try:
+        if progress is not None and not isinstance(progress, Mapping):
+            raise TypeError
+        EpochProgress.from_dict(progress)
+    except (TypeError, ValueError):
+        raise refuse("epoch_progress", progress, "the place of an epoch in progress") from None
 
 
 def best_checkpoint_for(resumed: Path, checkpoint: dict) -> Path | None:
