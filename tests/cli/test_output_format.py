@@ -277,3 +277,21 @@ def test_sizes_in_binary_units_read_below_1024_of_a_unit(size, shown):
     from torchkit.cli.render import binary_size
 
     assert binary_size(size) == shown
+
+
+@pytest.mark.parametrize(
+    "value, shown",
+    [
+        (0.0, "0.0000"),
+        (0.12345, "0.1235"),
+        (6.2e-6, "0.00000620"),  # 4 decimals showed 0.0000
+        (-4e-5, "-0.0000400"),
+        (5e-5, "0.0001"),
+        (1e-300, "1e-300"),
+    ],
+)
+def test_a_small_number_in_a_table_is_not_shown_as_zero(value, shown):
+    """eval's and train's losses, and every other float a table shows."""
+    from torchkit.cli.render import format_cell
+
+    assert format_cell(value) == shown

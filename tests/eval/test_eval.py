@@ -379,6 +379,21 @@ def test_images_per_second_has_thousands_separators_in_the_table_only(setup, mon
     assert data["images_per_second"] == 3739.4
 
 
+def test_a_small_loss_keeps_its_digits_in_the_table(tmp_path, make_image_folder):
+    """A model sure of the right class (logits 12 and 0: a loss of 6.2e-6 per image, torch's
+    float32 cross-entropy) showed Loss 0.0000, as if it had none."""
+    from checkpoints import write_constant_convnet_checkpoint
+
+    data = make_image_folder(tmp_path / "data", {"a": 2, "b": 0})
+    checkpoint = tmp_path / "ck.pt"
+    write_constant_convnet_checkpoint(checkpoint, image_size=8, classes="ab", logits=[12.0, 0.0])
+    result = invoke(checkpoint, "--data", data, "--workers", "0")
+    assert result.exit_code == 0, result.stderr
+    (line,) = [line for line in result.stdout.splitlines() if "│ Loss" in line]
+    loss = F.cross_entropy(torch.tensor([[12.0, 0.0]]), torch.tensor([0])).item()
+    assert line.split()[-2:] == [f"{loss:.8f}", "│"]  # 0.00000620
+
+
 def test_many_classes_table_leaves_out_empty_rows(setup, tmp_path):
     classes = [*CLASSES, *(f"extra_{i:02d}" for i in range(55))]
     torch.manual_seed(0)

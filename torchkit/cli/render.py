@@ -299,6 +299,11 @@ def _cell_text(value: Any) -> str:
     if isinstance(value, float):
         if math.isnan(value):
             return "nan"
+        if 0 < abs(value) < 0.00005:  # 4 decimals show a loss of 6e-6 as 0.0000: 3 digits
+            rounded = float(f"{value:.3g}")
+            if abs(rounded) < 1e-6:  # 1e-300 in a few characters, not 300 zeros
+                return f"{value:.3g}"
+            return f"{value:.{2 - math.floor(math.log10(abs(rounded)))}f}"
         return f"{value:.4f}" if abs(value) < 1e6 else f"{value:.4g}"
     if isinstance(value, (list, tuple)):
         return ", ".join(_cell_text(v) for v in value)
