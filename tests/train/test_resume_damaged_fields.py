@@ -46,6 +46,9 @@ def test_a_sound_place_in_the_run_is_read(tmp_path):
         ({"ema_updates": -3}, "its ema_updates -3 is not a whole number, 0 or more"),
         # Before: 'Error: ValueError: dictionary update sequence element #0 has length 1 ...'.
         ({"history": "x"}, "its history 'x' is not a list of rows of metrics.csv"),
+        # Before: "Error: TypeError: 'int' object is not iterable".
+        ({"model_ema": [1]}, "its model_ema [1] is not a state dict of EMA weights"),
+        ({"rng_state": "x"}, "its rng_state 'x' is not a random state"),
         # Before: "Error: KeyError: 'updates'".
         ({"scheduler": {"x": 1}}, "its scheduler {'x': 1} is not a schedule with its count of"),
         # Before: "Error: TypeError: EpochProgress.__init__() got an unexpected keyword ...".
@@ -60,6 +63,8 @@ def test_a_sound_place_in_the_run_is_read(tmp_path):
         "step-nan",
         "ema-negative",
         "history",
+        "ema",
+        "rng",
         "schedule",
         "progress",
     ],  # fmt: skip

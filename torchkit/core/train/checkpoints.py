@@ -280,6 +280,13 @@ def _check_resume_fields(path: Path, checkpoint: Mapping[str, Any]) -> None:
         isinstance(row, Mapping) and "epoch" in row for row in history
     ):
         raise refuse("history", history, "a list of rows of metrics.csv")
+    for field, what in (
+        ("model_ema", "a state dict of EMA weights"),
+        ("rng_state", "a random state"),
+    ):
+        value = checkpoint.get(field)
+        if value is not None and not isinstance(value, Mapping):
+            raise refuse(field, value, what)
     schedule = checkpoint["scheduler"]
     if not isinstance(schedule, Mapping) or not _whole(schedule.get("updates")):
         raise refuse("scheduler", schedule, "a schedule with its count of updates")
