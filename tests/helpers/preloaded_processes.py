@@ -257,7 +257,9 @@ def log_fork(request, rusage, wall):
 
     test = request["env"].get("PYTEST_CURRENT_TEST", "-").replace("\t", " ")
     cpu = rusage.ru_utime + rusage.ru_stime
-    line = f"{test}\t{cpu:.3f}\t{wall:.3f}\t{shlex.join(request['args'])}\n"
+    # To the microsecond, rusage's own unit: a short fork's few hundred microseconds of CPU
+    # rounded to milliseconds read 0.000, as if it had run nothing.
+    line = f"{test}\t{cpu:.6f}\t{wall:.6f}\t{shlex.join(request['args'])}\n"
     descriptor = os.open(request["fork_log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         # One write: lines of several servers stay whole. A name not UTF-8 (surrogates) as

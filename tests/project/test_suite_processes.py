@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -52,6 +53,8 @@ def test_a_plain_process_is_forked_from_a_server_as_a_fresh_one_would_look_and_l
     first, second = fork_log.read_text().splitlines()  # each written before its exit status
     test, cpu, wall, args = first.split("\t")
     assert test == os.environ["PYTEST_CURRENT_TEST"]
+    # The fork's own figures, to rusage's microsecond: any process that ran used some CPU.
+    assert re.fullmatch(r"\d+\.\d{6}", cpu) and re.fullmatch(r"\d+\.\d{6}", wall)
     assert float(cpu) > 0 and float(wall) > 0 and args == "video-info - --format json"
     assert second.split("\t")[3] == "video-info '\\udcff.mp4'"
 
