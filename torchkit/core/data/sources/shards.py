@@ -1730,7 +1730,7 @@ def open_stored(
 class ShardSample:
     shard: str  # as shown: relative to the shards' folder
     key: str
-    image: str  # the member holding the image
+    image: str  # the path `tar -x` unpacks its image member to (`/000.png` is 000.png)
     locator: tuple[int, int] | None  # where its bytes are
     name: str | None  # the class name its label gives
     index: int | None  # the class index its label gives
@@ -1845,19 +1845,30 @@ def _holds_an_image_folder(listing: TarListing) -> bool:
 
 
 def _shard_samples(
-    listing: TarListing, shown: str, reader: TarReader, labels: dict | None = None
+    listing: TarListing,
+    shown: str,
+    reader: TarReader,
+    labels: dict | None = None,
+    not_unpacked: list[str] | None = None,
 ) -> list[ShardSample]:
     """The samples of one shard, in member order, each where its first member is (a name stored
     again keeps its first place; `shown`: the shard's name in messages).
     `labels`: the class names and indices met so far (each its own key and value), so that the
     samples of one class share one object: each `KEY.json` parses its name into a new str (and
-    an index past 256 is a new int), about 60 bytes a sample held until the labels are made."""
+    an index past 256 is a new int), about 60 bytes a sample held until the labels are made.
+    `not_unpacked`: where the sample members of a `..` part are added (`SHARD/MEMBER`), which
+    are not read, as tar -x does not unpack them (and a `.tar` of a folder does not read them):
+    read, `../000.png` was a sample `s.tar/../000.png`."""
     labels = {} if labels is None else labels
     groups: dict[str, dict[str, str]] = {}
     looping: list[str] = []
     for member in listing.in_tar_order():
         split = _key_and_extension(member)
         if split is None or member.startswith("__") and "/" not in member:  # webdataset meta
+            continue
+        if _unpacked_path(member) is None:
+            if not_unpacked is not None and _read_by_its_sample(member):
+                not_unpacked.append(f"{shown}/{member}")
             continue
         if member in listing.looped:
             looping.append(member)
@@ -1906,7 +1917,11 @@ def _shard_samples(
             index = labels.setdefault(index, index)
         image = group[images[0]]
         unread = _unread_label_like(group) if name is None and index is None else None
-        samples.append(ShardSample(shown, key, image, listing.locator(image), name, index, unread))
+        # Named by the path tar -x unpacks it to (`/000.png` is 000.png): its id was
+        # `s.tar//000.png`, which names no member `tar -xf` gives.
+        unpacked = _unpacked_path(image) or image
+        where = listing.locator(image)
+        samples.append(ShardSample(shown, key, unpacked, where, name, index, unread))
     return samples
 
 
@@ -2394,13 +2409,21 @@ def _open_shards(
     reported = _shards_named_twice(spec, shards, shown_names, splits)
     starts = []  # where each shard's samples begin in `found`
     labels: dict = {}  # one object a class name and a class index, over every shard
+    not_unpacked: list[str] = []
     for position, shard in enumerate(shards):
         listing = listed[position] if listed else list_tar(shard, labels=True)
         shown = shown_names[position]
         readers[shown] = TarReader(shard, listing.stamp)
         starts.append(len(found))
-        found += _shard_samples(listing, shown, readers[shown], labels)
+        found += _shard_samples(listing, shown, readers[shown], labels, not_unpacked)
     starts.append(len(found))
+    if not_unpacked:
+        one = len(not_unpacked) == 1
+        log.warning(
+            f"{spec}: {counted(len(not_unpacked), 'sample member')} with '..' in "
+            f"{'its' if one else 'their'} path {'is' if one else 'are'} not read, as tar -x "
+            f"does not unpack such members: {first_and_more(not_unpacked, 3)}"
+        )
     paths = [StoredImage(f"{s.shard}/{s.image}", readers[s.shard], s.locator) for s in found]
     for positions in reported:
         # One listing, read under each name: sample i of one is sample i of the others.
