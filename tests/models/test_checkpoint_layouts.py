@@ -3,6 +3,7 @@ refused before they are read."""
 
 from __future__ import annotations
 
+import os
 import re
 import zipfile
 from pathlib import Path
@@ -315,6 +316,19 @@ def test_pickle_protocols_3_to_5_load_without_trust_as_protocol_2_does(tmp_path,
         assert loaded["plain"] == trusted["plain"]
     result = run_torchkit_in_process("summary", "convnet", "--weights", tmp_path / "p4.pt")
     assert result.returncode == 0, result.stderr
+
+
+def test_protocol_4_loads_where_torch_is_told_to_load_weights_only(tmp_path, monkeypatch):
+    """TORCH_FORCE_WEIGHTS_ONLY_LOAD=1: before, 'RuntimeError: Can not safely load weights when
+    explicit pickle_module is specified (the file may be truncated ...)'. The variable is set
+    again afterwards."""
+    truth = small_convnet(3).state_dict()
+    path = tmp_path / "p4.pt"
+    torch.save(truth, path, pickle_protocol=4)
+    monkeypatch.setenv("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "1")
+    loaded = load_checkpoint(path)
+    assert torch.equal(loaded["classifier.4.weight"], truth["classifier.4.weight"])
+    assert os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] == "1"
 
 
 def test_a_value_protocol_4_spells_beyond_protocol_2_is_named_with_what_to_do(tmp_path):

