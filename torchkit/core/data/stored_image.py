@@ -91,6 +91,33 @@ class StoredImage(str):
         return io.BytesIO(self.read_bytes())
 
 
+# The reader the last unpickled reader became in this process, by the kind of reader: (its
+# state pickled, the reader). See `kept_reader`.
+_KEPT_READERS: dict[type, tuple[bytes, Any]] = {}
+
+
+def kept_reader(kind: type, state: dict) -> Any:
+    """The reader of `kind` (a `BytesReader` whose `__reduce__` calls this with its
+    `__getstate__`) of `state` that this process keeps: the same one for every copy of it
+    unpickled here. A worker gets a copy of the reader with each chunk of images it is sent
+    (dataset-stats' tasks); a copy of its own, its cache empty and its files not open, read a
+    parquet row group or listed a shard again for every chunk of 64 of its images. One of each
+    kind is kept: the reader of other data replaces it, `release`d (its files closed, its
+    cache dropped), as each task's copy was let go before."""
+    import pickle
+
+    key = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+    kept = _KEPT_READERS.get(kind)
+    if kept is not None and kept[0] == key:
+        return kept[1]
+    reader = kind.__new__(kind)
+    reader.__setstate__(state)
+    _KEPT_READERS[kind] = (key, reader)
+    if kept is not None:
+        kept[1].release()
+    return reader
+
+
 def is_stored(path: object) -> bool:
     return isinstance(path, StoredImage)
 

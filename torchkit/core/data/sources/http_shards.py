@@ -72,7 +72,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from torchkit.core.data.stored_image import StoredReadError
+from torchkit.core.data.stored_image import StoredReadError, kept_reader
 from torchkit.core.io.claims import reporting_write_errors
 from torchkit.core.io.errors import (
     InputError,
@@ -1831,6 +1831,22 @@ class StreamedShards:
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["folder"], state["names"], state["sizes"], state["limit"])
+
+    def __reduce__(self) -> tuple[Any, tuple[type, dict]]:
+        # Unpickled as this process's reader of the same shards: a copy of its own for each
+        # chunk of images a worker is sent listed its shard again (and kept it open: a
+        # descriptor leaked a chunk), dataset-stats -j 2 of a folder URL of 40,000 images
+        # in one shard 349 s, where the shard read locally took 7.
+        return (kept_reader, (StreamedShards, self.__getstate__()))
+
+    def release(self) -> None:
+        """Close the shards this process holds open (a forked copy's are its parent's)."""
+        if self._pid != os.getpid():
+            return
+        with self._lock:
+            while self._held:
+                fd, _ = self._held.popitem(last=False)[1]
+                os.close(fd)
 
     def blocks(self, locators: Sequence[tuple[int, str]]) -> Blocks:
         """Each image's shard (numbered in order of first appearance) and its size: train's

@@ -71,6 +71,7 @@ from torchkit.core.data.stored_image import (
     StoredImage,
     check_unchanged,
     file_stamp,
+    kept_reader,
 )
 from torchkit.core.io.errors import InputError, first_line
 from torchkit.core.io.file_kinds import file_kind
@@ -152,13 +153,17 @@ class ParquetImages:
             state["files"], state["columns"], state.get("group_bytes", ()), state.get("stamps", ())
         )
 
-    def __reduce__(self) -> tuple[Any, tuple[dict]]:
-        # Unpickled as this process's reader of the same files (`_process_reader`): a worker
-        # gets a copy with each chunk of images it is sent, and a copy of its own, its cache
-        # empty, read a row group again for every chunk of its rows (a row group of R rows
-        # R/64 times in dataset-stats: 40,000 images in one row group, 232 s where row groups
-        # of 1,000 took 7).
-        return (_process_reader, (self.__getstate__(),))
+    def __reduce__(self) -> tuple[Any, tuple[type, dict]]:
+        # Unpickled as this process's reader of the same files: a copy of its own for each
+        # chunk of images a worker is sent read a row group again for every chunk of its rows
+        # (dataset-stats: 40,000 images in one row group, 232 s where row groups of 1,000 took 7).
+        return (kept_reader, (ParquetImages, self.__getstate__()))
+
+    def release(self) -> None:
+        """`close`, where this process opened the files (a forked copy's are its parent's)."""
+        with _reading:
+            if self._pid == os.getpid():
+                self.close()
 
     def blocks(self, locators: Sequence[tuple[int, int, int]]) -> Blocks:
         """The row group of each image (numbered in order of first appearance) and its size:
@@ -251,34 +256,6 @@ class ParquetImages:
             _, dropped = self._cache.popitem(last=False)
             self._cached_bytes -= dropped.nbytes
         return images
-
-
-# The reader the last unpickled `ParquetImages` became in this process (its state's key, and
-# the reader), which later copies of the same state become: one cache for every task a worker
-# is sent. One alone: the reader of other files replaces it, its files closed and its cache
-# dropped (a worker holds one reader's cache, as it held one task's before).
-_PROCESS_READER: tuple[tuple, ParquetImages] | None = None
-
-
-def _process_reader(state: dict) -> ParquetImages:
-    """The `ParquetImages` of `state` (`ParquetImages.__getstate__`) that this process keeps."""
-    global _PROCESS_READER
-    key = (
-        tuple(state["files"]),
-        tuple(state["columns"]),
-        tuple(map(tuple, state.get("group_bytes", ()))),
-        tuple(state.get("stamps", ())),
-    )
-    kept = _PROCESS_READER
-    if kept is not None and kept[0] == key:
-        return kept[1]
-    reader = ParquetImages.__new__(ParquetImages)
-    reader.__setstate__(state)
-    with _reading:
-        if kept is not None and kept[1]._pid == os.getpid():  # not the parent's, forked
-            kept[1].close()
-        _PROCESS_READER = (key, reader)
-    return reader
 
 
 def import_extra_pyarrow() -> Any:
