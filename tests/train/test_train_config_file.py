@@ -163,7 +163,10 @@ def test_a_toml_recipe_is_refused_as_toml(runner, tmp_path):
     # A mistyped name is not found, not a TOML file to rewrite as JSON.
     missing = runner.invoke(app, ["train", "--config", str(tmp_path / "rr.toml"), "--print-config"])
     assert missing.exit_code == 1, missing.stdout
-    assert missing.stderr.strip() == f"Error: config file not found: {tmp_path / 'rr.toml'}"
+    assert missing.stderr.strip() == (
+        f"Error: config file not found: {tmp_path / 'rr.toml'} (give a run's config.json or a "
+        "JSON or YAML recipe; torchkit train --print-config prints a recipe to start from)"
+    )
 
 
 def test_whole_numbers_where_numbers_go_print_as_the_command_line_gives_them(runner, tmp_path):
@@ -808,3 +811,74 @@ def test_the_no_data_note_is_left_out_when_the_recipe_names_the_data(
     assert result.exit_code == 2, result.stderr
     assert "--lr must be positive" in result.stderr
     assert ("no --data given" in result.stderr) is noted, result.stderr
+
+
+PRINT_ONE = "torchkit train --print-config prints a recipe to start from"
+
+
+def _config_error(runner, config) -> tuple[int, str]:
+    result = runner.invoke(app, ["train", "--config", str(config), "--print-config"])
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and result.stdout == "", result.stderr
+    return result.exit_code, lines[0]
+
+
+def test_what_stands_at_a_config_name_that_is_no_recipe_is_named_with_what_to_give(
+    runner, tmp_path
+):
+    """Each was a line without a hint ("config file not found: X", "cannot read config file X:
+    'utf-8' codec can't decode ...", Typer's "file 'X' is a directory"), a socket "[Errno 6] No
+    such device or address", and /dev/zero filled the memory."""
+    import socket
+
+    (tmp_path / "dangling.json").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "empty_folder").mkdir()
+    (tmp_path / "latin1.yaml").write_bytes(b"model: caf\xe9\n")
+    (tmp_path / "zeros.json").symlink_to("/dev/zero")
+    listening = socket.socket(socket.AF_UNIX)
+    listening.bind(str(tmp_path / "sock"))
+    try:
+        socket_error = _config_error(runner, tmp_path / "sock")
+    finally:
+        listening.close()
+    assert socket_error == (
+        2, f"Error: --config {tmp_path}/sock is a socket, not a recipe file (give a JSON or "
+        f"YAML file; {PRINT_ONE})",
+    )  # fmt: skip
+    assert _config_error(runner, tmp_path / "dangling.json") == (
+        1, f"Error: config file not found: {tmp_path}/dangling.json, a link to nothing (give a "
+        f"run's config.json or a JSON or YAML recipe; {PRINT_ONE})",
+    )  # fmt: skip
+    assert _config_error(runner, tmp_path / "empty_folder") == (
+        2, f"Error: --config {tmp_path}/empty_folder is a folder, not a recipe file (give a "
+        f"JSON or YAML file; {PRINT_ONE})",
+    )  # fmt: skip
+    assert _config_error(runner, tmp_path / "latin1.yaml") == (
+        1, f"Error: config file {tmp_path}/latin1.yaml is not UTF-8 text: byte 0xe9 at offset "
+        "10 (save it as UTF-8, the encoding JSON and YAML are read in)",
+    )  # fmt: skip
+    code, line = _config_error(runner, tmp_path / "zeros.json")
+    assert code == 1 and line.startswith(f"Error: config file {tmp_path}/zeros.json holds more ")
+
+
+def test_a_run_folder_given_as_config_names_its_config_json_which_works_as_given(
+    runner, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my run").mkdir()
+    (tmp_path / "my run" / "config.json").write_text('{"lr": 0.25}')
+    code, line = _config_error(runner, "my run/")
+    assert (code, line) == (
+        2, "Error: --config 'my run' is a folder, not a recipe file (give the run's recipe in "
+        "it: --config 'my run/config.json')",
+    )  # fmt: skip
+    followed = runner.invoke(app, ["train", "--config", "my run/config.json", "--print-config"])
+    assert followed.exit_code == 0 and json.loads(followed.stdout)["lr"] == 0.25
+
+
+def test_a_config_that_does_not_parse_says_to_fix_it_at_the_place_named(runner, tmp_path):
+    (tmp_path / "r.json").write_text('{"lr": 1,}')
+    (tmp_path / "r.yaml").write_text("lr: [1,\n")
+    for name in ("r.json", "r.yaml"):
+        code, line = _config_error(runner, tmp_path / name)
+        assert code == 1 and line.endswith(f"(fix it at the place named; {PRINT_ONE})"), line

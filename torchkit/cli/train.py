@@ -47,8 +47,8 @@ def _not_training_options(
             "config.json's out, resume and force are not carried over; a hand-written file's "
             "`out:` is used as --out, and a `resume:` or `force: true` in it is an error. "
             "- reads it from stdin (train --print-config | ... | train --config -).",
-            dir_okay=False,
             allow_dash=True,
+            metavar="<file>",  # a folder is let through, to be told which file in it to give
         ),
     ] = None,
     print_config: Annotated[

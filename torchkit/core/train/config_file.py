@@ -24,13 +24,15 @@ import json
 import math
 import os
 import re
+import stat
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import fields
 from pathlib import Path
 from typing import IO, Any
 
 from torchkit.core.input_size import parse_rgb_image_side
-from torchkit.core.io.errors import InputError, UsageError, short_repr
+from torchkit.core.io.errors import InputError, UsageError, first_line, short_repr
+from torchkit.core.io.shell_words import shell_word
 from torchkit.core.runtime.launch import launch_env
 from torchkit.core.train.config import TRAIN_OPTIONS, TrainConfig
 from torchkit.core.train.defaults import with_pre_option_values
@@ -63,12 +65,7 @@ def read_config_file(path: str | Path, stdin: IO[str] | None = None) -> dict[str
                 f"{source} is TOML, and --config reads JSON or YAML",
                 "write it as JSON or YAML: torchkit train --print-config prints JSON",
             )
-        try:
-            text = source.read_text(encoding="utf-8-sig")
-        except FileNotFoundError:
-            raise InputError(f"config file not found: {source}") from None
-        except (OSError, UnicodeDecodeError) as error:
-            raise InputError(f"cannot read config file {source}: {error}") from error
+        text = _read_recipe_file(source)
     data = _parse(text, source, _is_yaml(source, text)) if text.strip() else None
     if data is None:  # an empty file, or YAML of comments alone
         raise InputError(f"{source} holds no options", _PRINT_ONE)
@@ -94,6 +91,70 @@ def read_config_file(path: str | Path, stdin: IO[str] | None = None) -> dict[str
 
 
 _PRINT_ONE = "torchkit train --print-config prints a recipe to start from"
+
+# More than any recipe holds (a run's config.json of 21,841 class names is under 1 MB): a
+# device such as /dev/zero, read whole, would fill the memory.
+RECIPE_LIMIT = 64 * 1024 * 1024
+
+
+def _read_recipe_file(source: Path) -> str:
+    """The text of the recipe file `source` (UTF-8, a BOM dropped), or an error that says what
+    stands at that name instead and what to give. A FIFO (`--config <(yq ...)`) is read as a
+    file is, waiting for its writer as `cat` does."""
+    given = shell_word(source)
+    try:
+        kind = source.stat().st_mode
+    except FileNotFoundError:
+        dangling = ", a link to nothing" if source.is_symlink() else ""
+        raise InputError(
+            f"config file not found: {source}{dangling}",
+            f"give a run's config.json or a JSON or YAML recipe; {_PRINT_ONE}",
+        ) from None
+    except OSError as error:
+        raise _unreadable_recipe(source, error) from None
+    if stat.S_ISDIR(kind):
+        inside = source / "config.json"
+        hint = (
+            f"give the run's recipe in it: --config {shell_word(inside)}"
+            if inside.is_file()
+            else f"give a JSON or YAML file; {_PRINT_ONE}"
+        )
+        raise UsageError(f"--config {given} is a folder, not a recipe file", hint)
+    if stat.S_ISSOCK(kind):
+        raise UsageError(
+            f"--config {given} is a socket, not a recipe file",
+            f"give a JSON or YAML file; {_PRINT_ONE}",
+        )
+    try:
+        with open(source, "rb") as recipe:
+            raw = recipe.read(RECIPE_LIMIT + 1)
+    except OSError as error:
+        raise _unreadable_recipe(source, error) from None
+    if len(raw) > RECIPE_LIMIT:
+        raise InputError(
+            f"config file {source} holds more than {RECIPE_LIMIT // 2**20} MiB, "
+            "more than any recipe",
+            f"give a run's config.json or a JSON or YAML recipe; {_PRINT_ONE}",
+        )
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise _not_utf8(f"config file {source}", raw, error) from None
+
+
+def _not_utf8(what: str, raw: bytes, error: UnicodeDecodeError) -> InputError:
+    return InputError(
+        f"{what} is not UTF-8 text: byte 0x{raw[error.start]:02x} at offset {error.start}",
+        "save it as UTF-8, the encoding JSON and YAML are read in",
+    )
+
+
+def _unreadable_recipe(source: Path, error: OSError) -> InputError:
+    why = error.strerror or first_line(error)
+    return InputError(
+        f"cannot read config file {source}: {why}",
+        "check that it is a file you may read, or give another with --config",
+    )
 
 
 def _a_kind(value: Any) -> str:
@@ -128,7 +189,7 @@ def _read_stdin(stdin: IO[str] | None) -> str:
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as error:
-        raise InputError(f"cannot read {STDIN_SOURCE}: {error}") from error
+        raise _not_utf8(STDIN_SOURCE, raw, error) from None
     if not text.strip():
         raise UsageError(f"{STDIN_SOURCE} is empty: --config - reads the options there", _PIPE_IT)
     return text
@@ -248,10 +309,19 @@ def _parse(text: str, source: str | Path, is_yaml: bool) -> Any:
         except DuplicateKey as error:
             raise error.input_error(source) from None
         except yaml.YAMLError as error:
-            raise InputError(f"{source} is not valid YAML: {_yaml_problem(error)}") from error
+            raise InputError(
+                f"{source} is not valid YAML: {_yaml_problem(error)}", _FIX_THE_PLACE
+            ) from error
         except ValueError as error:  # a date out of range, an integer of 5,000 digits...
             raise _unreadable_value(source, error) from error
-    return load_json(text, source)
+    try:
+        return load_json(text, source)
+    except InputError as error:
+        error.hint = error.hint or _FIX_THE_PLACE
+        raise
+
+
+_FIX_THE_PLACE = f"fix it at the place named; {_PRINT_ONE}"
 
 
 def _yaml_problem(error: Exception) -> str:
@@ -311,7 +381,7 @@ def load_json(text: str, source: str | Path, what: str = "key") -> Any:
 def _unreadable_value(source: str | Path, error: ValueError) -> InputError:
     # Python's own advice (`use sys.set_int_max_str_digits()`) is not the user's to follow.
     why = str(error).split(";")[0]
-    return InputError(f"{source} holds a value Python cannot read: {why}")
+    return InputError(f"{source} holds a value Python cannot read: {why}", _FIX_THE_PLACE)
 
 
 # YAML 1.2's core schema, which reads a plain scalar as true/false, an integer or a number only
