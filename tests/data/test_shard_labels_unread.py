@@ -9,6 +9,7 @@ import io
 from pathlib import Path
 
 import pytest
+from checkpoints import write_convnet_checkpoint
 from output_checks import error_line, torchkit_log_to_caplog
 from PIL import Image
 from processes import run_torchkit_in_process
@@ -109,3 +110,27 @@ def test_shards_without_other_members_read_unlabelled_silently(tmp_path, caplog,
     with pytest.raises(InputError) as refused:
         open_data(str(shard))
     assert "not read as a label" not in str(refused.value)
+
+
+def test_train_and_eval_of_a_tar_of_captioned_flat_images_name_the_captions(tmp_path):
+    """A captioning data set's `.tar` (`000.png` beside `000.txt`) is flat images: train's and
+    eval's error asked for class folders without a word of the .txt files; it names them and
+    says they are no class labels. A `.tar` of flat images alone is refused as before."""
+    tar = _shard(tmp_path / "captioned.tar", "txt")
+    expected = (
+        f"Error: {tar} holds images but no class folders, and its KEY.txt members (000.txt and "
+        "1 more) are read as captions, not class labels (arrange it as ROOT/<class>/<image>; or "
+        "rename each KEY.txt that holds a class index to KEY.cls, as 000.txt to 000.cls, or "
+        'write a class name as the "label" of a KEY.json)'
+    )
+    result = run_torchkit_in_process("train", "--data", tar, "--out", tmp_path / "run")
+    assert (result.returncode, error_line(result.stderr)) == (1, expected)
+    write_convnet_checkpoint(tmp_path / "m.pt", in_channels=3, image_size=8, classes="ab")
+    result = run_torchkit_in_process("eval", tmp_path / "m.pt", "--data", tar, "--device", "cpu")
+    assert (result.returncode, error_line(result.stderr)) == (1, expected)
+    plain = tar_of_members(tmp_path / "plain.tar", [("000.png", _png()), ("001.png", _png())])
+    with pytest.raises(InputError) as refused:
+        open_data(str(plain))
+    assert str(refused.value) == (
+        f"{plain} holds images but no class folders (arrange it as ROOT/<class>/<image>)"
+    )

@@ -2892,9 +2892,30 @@ class _UnpackedTar:
         if not class_names:
             where = f"{self.spec}:{base}" if base else self.spec
             if any("/" not in n[len(start) :] for n in self.names if n.startswith(start)):
+                captions = self.captions_beside(base)
+                if captions:
+                    raise InputError(
+                        f"{where} holds images but no class folders, and its KEY.txt members "
+                        f"({first_and_more(captions, 1)}) are read as captions, not class labels",
+                        f"{CLASS_FOLDERS_HINT}; or {_what_to_rename(captions[0])}",
+                    )
                 raise no_class_folders_error(where)
             raise NoImagesError(f"no class folders in {where}", CLASS_FOLDERS_HINT)
         return class_names
+
+    def captions_beside(self, base: str) -> list[str]:
+        """The `KEY.txt` files directly in folder `base` ("" = the root) beside an image of
+        their KEY (a captioning data set's), as named in it, sorted: train asked such a tar
+        for class folders without a word of what its .txt files are."""
+        keys = {_key_and_extension(name)[0] for name in self.beside(base) if "." in name[1:]}
+        start = base + "/" if base else ""
+        found = []
+        for path in _non_image_files(self):
+            name = path[len(start) :] if path.startswith(start) else None
+            split = _key_and_extension(name) if name and "/" not in name else None
+            if split and split[1] == "txt" and split[0] in keys:
+                found.append(name)
+        return found
 
     def listed(self, base: str) -> tuple[list[str], bool]:
         """(the folders in folder `base`, whether images lie directly in it), as
