@@ -244,6 +244,20 @@ def test_damaged_weights_of_a_checkpoint_are_one_clear_error(
         assert "TORCHKIT_DEBUG" not in result.stderr
 
 
+def test_damaged_ema_weights_are_named_as_the_ema_weights(runner, world, tmp_path):
+    """`eval --ema` of a checkpoint whose EMA weights are a list: it said 'the model weights in
+    the checkpoint are a list', of the model's own weights, which are sound."""
+    checkpoint = _checkpoint()
+    checkpoint["model_ema"] = [1]
+    model = _save(checkpoint, tmp_path / "bad.pt")
+    result = _invoke(runner, ["eval", model, "--data", world / "images", "--ema"], tmp_path)
+    assert result.exit_code == 1, result.output
+    assert error_line(result.stderr) == (
+        f"Error: the EMA weights of {model} are a list, not a state dict (the file is damaged "
+        "or not a checkpoint of model weights)"
+    )
+
+
 def test_a_checkpoint_without_num_classes_says_which_entry(runner, world, tmp_path):
     checkpoint = _checkpoint()
     del checkpoint["num_classes"]

@@ -554,20 +554,21 @@ def extract_state_dict(obj: Any) -> dict:
     )
 
 
-def strip_module_prefix(state_dict: Mapping[str, Any]) -> dict:
-    """Remove the `module.` prefix (DataParallel/DDP) and `_orig_mod.` (torch.compile)."""
+def strip_module_prefix(
+    state_dict: Mapping[str, Any], *, what: str = "the model weights in the checkpoint"
+) -> dict:
+    """Remove the `module.` prefix (DataParallel/DDP) and `_orig_mod.` (torch.compile).
+    `what` names the weights in an error (the EMA weights of a checkpoint)."""
     if not isinstance(state_dict, Mapping):  # a damaged checkpoint: `model` a list, say
         raise CheckpointError(
-            f"the model weights in the checkpoint are a {type(state_dict).__name__}, "
-            "not a state dict",
+            f"{what} are a {type(state_dict).__name__}, not a state dict",
             "the file is damaged or not a checkpoint of model weights",
         )
     cleaned = {}
     for key, value in state_dict.items():
         if not isinstance(key, str):  # a model's state_dict() names every tensor
             raise CheckpointError(
-                f"the model weights in the checkpoint hold a key {key!r} "
-                f"({type(key).__name__}), not a parameter or buffer name",
+                f"{what} hold a key {key!r} ({type(key).__name__}), not a parameter or buffer name",
                 "a state dict of model weights has string keys; the file holds something else",
             )
         # Wrappers nest in either order: DDP(compile(m)) and compile(DDP(m)).

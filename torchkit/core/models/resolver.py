@@ -1062,8 +1062,8 @@ def _load_ema(model, checkpoint: Mapping[str, Any], path: str) -> None:
 
     if checkpoint.get("model_ema") is None:
         raise CheckpointError(f"checkpoint {path} holds no EMA weights", "drop --ema")
-    state = strip_module_prefix(checkpoint["model_ema"])
-    state.pop("n_averaged", None)  # torch.optim.swa_utils.AveragedModel's counter
     source = f"the EMA weights of {path}"
+    state = strip_module_prefix(checkpoint["model_ema"], what=source)
+    state.pop("n_averaged", None)  # torch.optim.swa_utils.AveragedModel's counter
     state = size_adapted(model, state, source=source)
     load_weights_into(model, state, source=source)
