@@ -48,6 +48,7 @@ from torchkit.core.io.special_files import (
 from torchkit.core.io.temporaries import (
     apply_umask,
     discarded_on_failure,
+    keep_replaced_permissions,
     open_temporary,
     remove_if_unlocked,
     temporary_affixes,
@@ -227,7 +228,9 @@ def replaced_whole(
 
 def rename_into_place(temporary: str, target: Path, synced_later: bool) -> None:
     """The finished (and, unless `synced_later`, fsynced) temporary renamed to `target`, then
-    the rename made durable: its folder fsynced (see durability.py)."""
+    the rename made durable: its folder fsynced (see durability.py). The file it replaces
+    keeps its permissions."""
+    keep_replaced_permissions(temporary, target)
     publish_file(temporary, target)
     if not synced_later:
         fsync_directory(target.parent)

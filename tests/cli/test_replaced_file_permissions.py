@@ -1,0 +1,92 @@
+"""A file output written anew over an existing file keeps that file's permissions, as `>` and
+`cp` keep them: `-o report.json --force`, `benchmark -o log.csv --append`, a checkpoint
+replaced in place. A new file, or one written over a symbolic link, gets the umask's."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from processes import run_torchkit_in_process
+
+from torchkit.core.io.files import atomic_path, atomic_write_bytes, atomic_write_text
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+def _umask_mode() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def _through_atomic_path(path: Path, text: str) -> None:  # writers that want a name
+    with atomic_path(path) as temporary:
+        temporary.write_text(text)
+
+
+WRITERS = {
+    "text": atomic_write_text,
+    "bytes": lambda path, text: atomic_write_bytes(path, text.encode()),
+    "named": _through_atomic_path,
+}
+
+
+@pytest.mark.parametrize("writer", WRITERS)
+@pytest.mark.parametrize("mode", [0o600, 0o640, 0o444, 0o755])
+def test_a_file_written_over_keeps_its_permissions(tmp_path, writer, mode):
+    target = tmp_path / "report.json"
+    target.write_text("old")
+    target.chmod(mode)
+    WRITERS[writer](target, "new")
+    assert target.read_text() == "new"
+    assert _mode(target) == mode
+
+
+@pytest.mark.parametrize("writer", WRITERS)
+def test_a_new_file_and_a_replaced_link_get_the_umasks_permissions(tmp_path, writer):
+    WRITERS[writer](tmp_path / "new.json", "new")
+    assert _mode(tmp_path / "new.json") == _umask_mode()
+
+    private = tmp_path / "private.txt"
+    private.write_text("mine")
+    private.chmod(0o600)
+    link = tmp_path / "link.json"
+    link.symlink_to(private)
+    WRITERS[writer](link, "new")  # the link is replaced, never followed
+    assert not link.is_symlink() and _mode(link) == _umask_mode()
+    assert private.read_text() == "mine" and _mode(private) == 0o600
+
+
+def test_set_id_bits_are_not_carried_over(tmp_path):
+    target = tmp_path / "tool.sh"
+    target.write_text("old")
+    target.chmod(0o4755)
+    atomic_write_text(target, "new")
+    assert _mode(target) == 0o755
+
+
+def test_force_keeps_a_private_report_private(tmp_path):
+    report = tmp_path / "summary.json"
+    report.write_text("{}\n")
+    report.chmod(0o600)
+    result = run_torchkit_in_process("summary", "convnet", "-i", "1,8,8", "-o", report, "--force")
+    assert result.returncode == 0, result.stderr
+    assert report.read_text() != "{}\n"
+    assert _mode(report) == 0o600  # was 0o644: readable by every user
+
+
+def test_benchmark_append_keeps_the_logs_permissions(tmp_path):
+    log = tmp_path / "bench.csv"
+    args = ["benchmark", "convnet", "-i", "1,8,8", "-b", "1", "--device", "cpu"]
+    args += ["--warmup", "0", "--iters", "1", "-o", log, "--append", "-q"]
+    assert run_torchkit_in_process(*args).returncode == 0
+    log.chmod(0o640)
+    result = run_torchkit_in_process(*args)
+    assert result.returncode == 0, result.stderr
+    assert len(log.read_text().splitlines()) == 3  # the header and two runs' rows
+    assert _mode(log) == 0o640  # was 0o644
