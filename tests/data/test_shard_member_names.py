@@ -16,9 +16,12 @@ from pathlib import Path
 
 import pytest
 from checkpoints import write_convnet_checkpoint
+from output_checks import error_line
 from parquet_files import png
 from processes import run_json, run_torchkit_in_process
 from tar_members import has_gnu_tar, opened_with_warnings, tar_of_members
+
+from torchkit.core.data.sources import open_data
 
 SHARD = "s-000000.tar"
 MEMBERS = [
@@ -82,3 +85,28 @@ def test_every_command_lists_the_samples_by_their_unpacked_paths(world, tmp_path
     assert result.returncode == 0, result.stderr
     with open(tmp_path / "eval" / "predictions.csv", newline="") as handle:
         assert [row["path"] for row in csv.DictReader(handle)] == IDS
+
+
+def test_a_key_with_a_dot_is_cut_at_the_first_dot_as_webdataset_cuts_it(tmp_path):
+    """`a.b.png` is sample a's `b.png` (webdataset's grouping, which timm's reader reads): a
+    sample of no image, whose error named only `b.cls, b.png`; it says why. A member named
+    only `.cls` belongs to no sample, as webdataset groups it with none."""
+    from webdataset.tariterators import base_plus_ext
+
+    assert (base_plus_ext("a.b.png"), base_plus_ext(".cls")) == (("a", "b.png"), (None, None))
+    members = [("a.b.png", png(0)), ("a.b.cls", b"0"), (".cls", b"1"), ("c.png", png(1))]
+    shard = tar_of_members(tmp_path / SHARD, [*members, ("c.cls", b"1")])
+    result = run_torchkit_in_process("dataset-stats", shard, "--workers", "0")
+    assert result.returncode == 1
+    assert error_line(result.stderr) == (
+        f"Error: sample a in {SHARD} has no image; it holds b.cls, b.png: a.b.png is sample a's "
+        "b.png, no image, as webdataset reads a sample's KEY up to the first dot of a member's "
+        "name (name members KEY.EXT with no dot in KEY, as a_b.png for a.b.png, and the label "
+        "beside it alike)"
+    )
+    renamed = [("a_b.png", png(0)), ("a_b.cls", b"0"), *members[2:], ("c.cls", b"1")]
+    source = open_data(str(tar_of_members(tmp_path / "r-000000.tar", renamed)))
+    assert (source.whole.ids, list(source.whole.labels)) == (
+        ["r-000000.tar/a_b.png", "r-000000.tar/c.png"],
+        [0, 1],
+    )

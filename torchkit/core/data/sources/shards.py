@@ -1944,6 +1944,22 @@ def _not_one_image(
     what = "no image" if not images else f"{len(images)} images ({', '.join(images)})"
     message = f"sample {key} in {shown} has {what}; it holds {', '.join(sorted(group))}"
     unmade = [] if images else _unmade_images_of(key, listing)
+    # `a.b.png` is sample a's `b.png`, as webdataset (and timm's reader) group it: said so, the
+    # error named only the extensions (`it holds b.cls, b.png`), not why no image was found.
+    dotted = [
+        group[e]
+        for e in sorted(group)
+        if "." in e and "." + e.rsplit(".", 1)[1] in IMAGE_EXTENSIONS
+    ]
+    if not images and not unmade and dotted:
+        folder, name = posixpath.split(dotted[0])
+        renamed = posixpath.join(folder, name.replace(".", "_", name.count(".") - 1))
+        return InputError(
+            f"{message}: {dotted[0]} is sample {key}'s {dotted[0][len(key) + 1 :]}, no image, "
+            "as webdataset reads a sample's KEY up to the first dot of a member's name",
+            f"name members KEY.EXT with no dot in KEY, as {renamed} for {dotted[0]}, and the "
+            "label beside it alike",
+        )
     if unmade:
         return InputError(
             f"{message} ({unmade[0]} is a hard link to {listing.unmade_hard_links[unmade[0]]}, "
