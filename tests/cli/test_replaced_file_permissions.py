@@ -1,6 +1,7 @@
 """A file output written anew over an existing file keeps that file's permissions, as `>` and
 `cp` keep them: `-o report.json --force`, `benchmark -o log.csv --append`, a checkpoint
-replaced in place. A new file, or one written over a symbolic link, gets the umask's."""
+replaced in place. A new file, or one written over a symbolic link, gets the umask's. An output
+folder that `--force` replaces keeps its permissions too (the owner's rwx added)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import pytest
 from processes import run_torchkit_in_process
 
 from torchkit.core.io.files import atomic_path, atomic_write_bytes, atomic_write_text
+from torchkit.core.io.output_paths import MARKER
+from torchkit.core.io.outputs import OutputFolder
 
 
 def _mode(path: Path) -> int:
@@ -90,3 +93,45 @@ def test_benchmark_append_keeps_the_logs_permissions(tmp_path):
     assert result.returncode == 0, result.stderr
     assert len(log.read_text().splitlines()) == 3  # the header and two runs' rows
     assert _mode(log) == 0o640  # was 0o644
+
+
+def _write_output(out: Path, *, atomic: bool, force: bool = False) -> None:
+    with OutputFolder(out, command="eval", force=force, atomic=atomic) as output:
+        output.begin()
+        atomic_write_text(output.path / "metrics.json", "{}\n")
+        output.keep()
+
+
+@pytest.mark.parametrize("atomic", [True, False], ids=["atomic", "in-place"])
+@pytest.mark.parametrize("mode", [0o700, 0o750, 0o555])
+def test_a_folder_replaced_by_force_keeps_its_permissions(tmp_path, atomic, mode):
+    out = tmp_path / "report"
+    _write_output(out, atomic=atomic)
+    out.chmod(mode)
+    _write_output(out, atomic=atomic, force=True)
+    assert _mode(out) == mode | 0o700  # was 0o755; the owner keeps writing into it
+    assert sorted(os.listdir(out)) == [MARKER, "metrics.json"]
+
+
+@pytest.mark.parametrize("atomic", [True, False], ids=["atomic", "in-place"])
+def test_a_new_folder_gets_the_umasks_permissions_and_an_empty_one_its_own(tmp_path, atomic):
+    _write_output(tmp_path / "new", atomic=atomic)
+    mask = os.umask(0)
+    os.umask(mask)
+    assert _mode(tmp_path / "new") == 0o777 & ~mask
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    empty.chmod(0o700)
+    _write_output(empty, atomic=atomic)
+    assert _mode(empty) == 0o700
+
+
+def test_eval_force_keeps_a_private_report_folder_private(tmp_path):
+    out = tmp_path / "report"
+    args = ["eval", "convnet", "--allow-untrained", "--data", "digits", "--out", out, "-q"]
+    assert run_torchkit_in_process(*args).returncode == 0
+    out.chmod(0o700)
+    result = run_torchkit_in_process(*args, "--force")
+    assert result.returncode == 0, result.stderr
+    assert (out / "metrics.json").is_file()
+    assert _mode(out) == 0o700  # was 0o755: listable by every user

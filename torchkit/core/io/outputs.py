@@ -87,6 +87,8 @@ from torchkit.core.io.overlap import InputPath, check_not_protected, check_overl
 from torchkit.core.io.records import read_record_bytes
 from torchkit.core.io.special_files import check_not_stdout
 from torchkit.core.io.temporaries import (
+    folder_permissions,
+    give_folder_permissions,
     remove_dead_temporaries,
     temporary_stem,
     temporary_stems,
@@ -382,9 +384,11 @@ class OutputFolder:
             return self.path
         self._began = True
         with reporting_write_errors(self.final):
+            replaced_permissions = folder_permissions(self.final)
             if self.atomic:
                 self.path = sibling(self.final, PARTIAL_SUFFIX)
                 self.path.mkdir(parents=True)
+                give_folder_permissions(self.path, replaced_permissions)
                 # Claimed before the marker is written into it: the marker too is synced with
                 # the whole folder before the swap, not on its own.
                 self._claim_folder()
@@ -396,7 +400,10 @@ class OutputFolder:
                     # finds the old output to put back (`abandon` checks that it moved).
                     self._aside = sibling(self.final, REPLACED_SUFFIX)
                     os.replace(self.final, self._aside)
+                else:  # an empty folder there is written into: its permissions are its own
+                    replaced_permissions = None
                 self.final.mkdir(parents=True, exist_ok=True)
+                give_folder_permissions(self.final, replaced_permissions)
             if not (self.path / MARKER).exists():
                 replaces = None if self._swap_aside is None else self._swap_aside.name
                 try:

@@ -243,6 +243,24 @@ def keep_replaced_permissions(path: str | os.PathLike, target: str | os.PathLike
         os.chmod(path, stat.S_IMODE(status.st_mode) & 0o777)
 
 
+def folder_permissions(path: str | os.PathLike) -> int | None:
+    """The permissions of the folder at `path` itself (a link is not followed), which a new
+    output folder made in its place takes (`give_folder_permissions`); None: no folder."""
+    try:
+        status = os.lstat(path)
+    except OSError:
+        return None
+    return stat.S_IMODE(status.st_mode) & 0o777 if stat.S_ISDIR(status.st_mode) else None
+
+
+def give_folder_permissions(folder: str | os.PathLike, permissions: int | None) -> None:
+    """The new output `folder` gets the `permissions` of the folder it replaces, as `>`
+    keeps a file's: a run folder made private (`chmod 700`) stays so under `--force`, where it
+    became 0755. The owner keeps read, write and search, which the command writes with."""
+    if permissions is not None:
+        os.chmod(folder, permissions | stat.S_IRWXU)
+
+
 class OpenTemporary:
     """A `held_temporary` from its making until it is renamed into place or removed: open
     (`open_outputs`) all that time, so that a stop where its writer's clean-up is not in place
