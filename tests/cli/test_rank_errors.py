@@ -22,8 +22,8 @@ def test_a_bad_option_is_printed_by_one_rank(tmp_path):
     """Was printed by each rank (8 ranks: 8 lines)."""
     ranks = run_ranks_under_agent("train", "--data", tmp_path, *TINY, "--epochs", "x")
     assert error_lines_of(ranks) == [
-        "Error: Invalid value for '--epochs' / '-e': Input should be a valid integer, unable to "
-        "parse string as an integer (see 'torchkit train --help')"
+        "Error: Invalid value for '--epochs' / '-e': 'x' is not a whole number from 1 to "
+        "1,000,000 (see 'torchkit train --help')"
     ], stderr_of(ranks)
     assert ranks[0].returncode == 2 and all(done.returncode for done in ranks), stderr_of(ranks)
 

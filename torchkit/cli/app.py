@@ -8,7 +8,6 @@ import copy
 import errno
 import functools
 import inspect
-import math
 import os
 import re
 import signal
@@ -239,7 +238,6 @@ def _process_value(param, parent, ctx, value):
         return value
     _refuse_empty_value(param, ctx, value)
     _refuse_folder_name(param, ctx, value)
-    _refuse_nan_in_range(param, value)
     try:
         return parent.process_value(ctx, value)
     except ClickUsageError as error:
@@ -248,35 +246,6 @@ def _process_value(param, parent, ctx, value):
         if isinstance(getattr(error, "message", None), str):
             error.message = error.message.removeprefix("Value error, ")
         raise
-
-
-def _refuse_nan_in_range(param, value) -> None:
-    """A NaN fails every bound: `--min-lr nan` read "Input should be greater than or equal to
-    0", which is no reason to doubt a value the user believes a number. A bounded number option
-    says what the options without bounds say of it (train's `check_finite`)."""
-    if getattr(param, "min", None) is None and getattr(param, "max", None) is None:
-        return
-    descriptor = getattr(param, "type_descriptor", None)
-    if getattr(descriptor, "annotation", None) is not float:
-        return
-    words = (value,) if isinstance(value, str) else value if isinstance(value, list | tuple) else ()
-    for word in words:
-        try:
-            number = float(word)
-        except (TypeError, ValueError):
-            continue  # not a number at all: the type's own message says so
-        if math.isnan(number):
-            from torchkit.core.io.errors import UsageError
-
-            low, high = param.min, param.max
-            bounds = (
-                f">= {low:g}" if high is None else f"<= {high:g}" if low is None
-                else f"from {low:g} to {high:g}"
-            )  # fmt: skip
-            flag = max(param.opts, key=len) if param.opts else param.name
-            raise UsageError(
-                f"{flag} must be a finite number, not {word}", f"give a number {bounds}"
-            )
 
 
 # The options whose empty value means something, which their help says: any other option or

@@ -5,8 +5,13 @@ pydantic, about 0.1-0.2 s of CPU on every command line (`python -X importtime`: 
 typer's adapters module), for `--format json` or `--epochs 3`. Here a value of the common plain
 kinds (a str, a number in ASCII digits within its bounds, a Path, one of a choice's values, a
 list of these) is converted as Typer's adapters convert it, by the same helpers where Typer has
-them; any other value, a malformed one included, goes to Typer's own conversion, so every
-error message stays Typer's word for word.
+them; any other value goes to Typer's own conversion.
+
+A number is the exception, in what it takes and in what a bad one reads: one line naming the
+option, the value and what it takes (`Invalid value for '--lr': '1_0' is not a number`), where
+pydantic said "Input should be a valid number, unable to parse string as a number" or "Input
+should be greater than or equal to 1"; and digits grouped with `_` (`1_0`, which Python and
+pydantic read as 10), other scripts' digits, NaN and infinity are refused in every option.
 """
 
 from __future__ import annotations
@@ -26,6 +31,18 @@ class _NotPlain(Exception):
     """A value left to Typer's own conversion."""
 
 
+class _BadNumber(Exception):
+    """A word that is not a number the option takes: the message says what it takes."""
+
+
+class _NotFinite(Exception):
+    """NaN or an infinity given as a number."""
+
+    def __init__(self, word: str) -> None:
+        super().__init__(word)
+        self.word = word
+
+
 class CheapFirst:
     """A Typer runtime parameter (its `coerce`) that converts plain values itself and hands
     any other to the runtime parameter Typer builds, built only then."""
@@ -38,12 +55,26 @@ class CheapFirst:
         multi = param.multiple or param.nargs == -1
         if value is None:  # not given: as Typer's RuntimeParam.coerce has it
             return () if multi else None
-        if not (multi and isinstance(value, str)):
+        try:
+            if not (multi and isinstance(value, str)):
+                try:
+                    return plain_value(value, self.descriptor.annotation, self.descriptor, ctx)
+                except _NotPlain:
+                    pass
             try:
-                return plain_value(value, self.descriptor.annotation, self.descriptor, ctx)
-            except _NotPlain:
-                pass
-        return self.typers().coerce(value, param=param, ctx=ctx)
+                return self.typers().coerce(value, param=param, ctx=ctx)
+            except Exception as error:
+                # A number Typer refused (pydantic's words): said as the numbers above are.
+                if not _number_annotation(self.descriptor.annotation):
+                    raise
+                _check_numbers(value, self.descriptor)
+                raise error from None
+        except _BadNumber as bad:
+            import typer
+
+            raise typer.BadParameter(str(bad), ctx=ctx, param=param) from None
+        except _NotFinite as bad:
+            raise _not_finite(param, self.descriptor, bad.word) from None
 
     def typers(self) -> Any:
         if self._typers is None:
@@ -109,16 +140,91 @@ def _number(value: Any, annotation: type, info: Any) -> Any:
     if isinstance(value, str):
         pattern = _INTEGER if annotation is int else _DECIMAL
         if not pattern.fullmatch(value):
-            raise _NotPlain
+            _refuse_unmeant(value, annotation, info)
+            raise _NotPlain  # a number of another shape (+5, .5, 007, 2.0): Typer's to convert
         number = annotation(value)
     elif type(value) is annotation or (annotation is float and type(value) is int):
         number = annotation(value)
     else:
         raise _NotPlain
     if annotation is float and not math.isfinite(number):
-        raise _NotPlain
+        raise _NotFinite(str(value))
     if info.clamp:
         raise _NotPlain
     if (info.min is not None and number < info.min) or (info.max is not None and number > info.max):
-        raise _NotPlain
+        raise _BadNumber(_not_taken(value, annotation, info))
     return number
+
+
+def _number_annotation(annotation: Any) -> type | None:
+    """int or float, for an option of one number or a list of them; else None."""
+    if get_origin(annotation) is list:
+        (annotation,) = get_args(annotation)
+    return annotation if annotation in (int, float) else None
+
+
+def _check_numbers(value: Any, descriptor: Any) -> None:
+    """_BadNumber or _NotFinite for the first word of `value` that is no number the option
+    takes; nothing where every one is (the refusal is then another's)."""
+    annotation = _number_annotation(descriptor.annotation)
+    for word in value if isinstance(value, list | tuple) else [value]:
+        if isinstance(word, str):
+            _check_number(word, annotation, descriptor.parameter_info)
+
+
+def _refuse_unmeant(word: str, annotation: type, info: Any) -> None:
+    """Refuse the forms of a number no one means on a command line, which Python and pydantic
+    read: digits grouped with `_` (`1_0` as 10), other scripts' digits, NaN and the infinities
+    (_NotFinite)."""
+    if "_" in word or not word.isascii():
+        raise _BadNumber(_not_taken(word, annotation, info))
+    if annotation is float:
+        try:
+            number = float(word)
+        except (ValueError, OverflowError):
+            return
+        if not math.isfinite(number):
+            raise _NotFinite(word)
+
+
+def _check_number(word: str, annotation: type, info: Any) -> None:
+    """Refuse `word` where it is no number of `annotation` in the option's bounds, as Python
+    reads numbers (called where Typer refused a value: its reason said as the house says it),
+    and the forms of `_refuse_unmeant`."""
+    _refuse_unmeant(word, annotation, info)
+    try:
+        number = float(word) if annotation is float else int(word)
+    except (ValueError, OverflowError):
+        raise _BadNumber(_not_taken(word, annotation, info)) from None
+    if annotation is float and not math.isfinite(number):
+        raise _NotFinite(word)
+    if (info.min is not None and number < info.min) or (info.max is not None and number > info.max):
+        raise _BadNumber(_not_taken(word, annotation, info))
+
+
+def _not_taken(value: Any, annotation: type, info: Any) -> str:
+    """`'1_0' is not a number`, `'0' is not a whole number from 1 to 1,000,000`."""
+    from torchkit.core.io.errors import short_repr
+
+    kind = "a whole number" if annotation is int else "a number"
+    return f"{short_repr(str(value))} is not {kind}{_bounds(info)}"
+
+
+def _bounds(info: Any) -> str:
+    """` from 1 to 1,000,000`, ` >= 0`, ` <= 86,400`, or nothing: the option's range."""
+    low, high = info.min, info.max
+    if low is not None and high is not None:
+        return f" from {low:,} to {high:,}"
+    if low is not None:
+        return f" >= {low:,}"
+    return f" <= {high:,}" if high is not None else ""
+
+
+def _not_finite(param: Any, descriptor: Any, word: str) -> Exception:
+    """The line every command gives a NaN or an infinity (train's check_finite's)."""
+    from torchkit.core.io.errors import UsageError
+
+    flag = max(param.opts, key=len) if param.opts else param.name
+    bounds = _bounds(descriptor.parameter_info)
+    hint = f"give a number{bounds}" if bounds else "nan and inf are not option values"
+    return UsageError(f"{flag} must be a finite number, not {word}", hint)
