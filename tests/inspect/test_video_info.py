@@ -564,13 +564,13 @@ def test_a_folder_that_cannot_be_listed_fails_the_run_once_the_rest_is_read(
         result = invoke(tmp_path / "clips", "--format", fmt)
         assert result.exit_code == 1, result.stderr
         assert error_line(result.stderr) == (
-            "Error: 1 folder could not be listed: their videos were not read (the warning above "
-            "names them: make them readable; --skip-errors exits 0)"
+            f"Error: 1 folder in {tmp_path / 'clips'} could not be listed: their videos were not "
+            "read (the warning above names them: make them readable; --skip-errors exits 0)"
         )
         assert "a.avi" in result.stdout and result.stderr.count("cannot be listed") == 1
     skipped = invoke(tmp_path / "clips", "--skip-errors")
     assert skipped.exit_code == 0, skipped.stderr
-    assert "Warning: 1 folder could not be listed" in skipped.stderr
+    assert f"Warning: 1 folder in {tmp_path / 'clips'} could not be listed" in skipped.stderr
 
 
 def test_csv_has_raw_values_under_the_json_names(videos):

@@ -209,7 +209,7 @@ def video_info(
                 seed=seed,
                 workers=workers,
             )
-            _finish(tally, skip_errors, unlisted)
+            _finish(tally, skip_errors, unlisted, _source(paths))
             return
 
         def render(infos) -> tuple[list[Table], list]:
@@ -250,7 +250,14 @@ def video_info(
                 console.note(f"wrote {counted(len(written), 'frame')} to {extract_frames}")
             else:
                 console.note(f"no frame was written: {extract_frames} is as it was")
-        _finish(tally, skip_errors, unlisted)
+        _finish(tally, skip_errors, unlisted, _source(paths))
+
+
+def _source(paths: list[str] | None) -> str:
+    """What the folders that could not be listed are in, for the closing error."""
+    if not paths or paths == ["-"]:
+        return "the paths on stdin"
+    return paths[0] if len(paths) == 1 else "the paths given"
 
 
 class _Tally:
@@ -268,29 +275,28 @@ class _Tally:
         self.statuses[info.status] = self.statuses.get(info.status, 0) + 1
 
 
-def _finish(tally: _Tally, skip_errors: bool, unlisted: list[str]) -> None:
-    """The closing lines; the error (exit 1) where a video could not be read or a folder
-    listed (`unlisted`, warned of: its videos have no row), unless `skip_errors`."""
-    from torchkit.core.io.errors import InputError
+def _finish(tally: _Tally, skip_errors: bool, unlisted: list[str], source: str) -> None:
+    """The closing lines; the error (exit 1) where a video could not be read or a folder in
+    `source` listed (`unlisted`, warned of: its videos have no row), unless `skip_errors`."""
+    from torchkit.core.io.incomplete import incomplete_run
 
     if tally.differing:
         console.note(
             f"{tally.differing} of {tally.videos} videos decode to a different number of "
             "frames than their header says"
         )
-    problems = _problems(tally)
-    hint = "see the status and error columns; --skip-errors exits 0"
-    if unlisted:
-        folders = counted(len(unlisted), "folder")
-        if problems:
-            problems += f", and {folders} could not be listed"
-        else:
-            problems = f"{folders} could not be listed: their videos were not read"
-            hint = "the warning above names them: make them readable; --skip-errors exits 0"
-    if problems and skip_errors:
-        console.warn(problems)
-    elif problems:
-        raise InputError(problems, hint)
+    failure = incomplete_run(
+        source,
+        unlisted,
+        left_out="their videos were not read",
+        again="the warning above names them: make them readable; --skip-errors exits 0",
+        failed=_problems(tally),
+        failed_hint="see the status and error columns; --skip-errors exits 0",
+    )
+    if failure is not None and skip_errors:
+        console.warn(failure.message)
+    elif failure is not None:
+        raise failure
 
 
 def _problems(tally: _Tally) -> str | None:
