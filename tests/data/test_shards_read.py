@@ -9,6 +9,7 @@ import csv
 import io
 import json
 import os
+import shlex
 import shutil
 import tarfile
 from pathlib import Path
@@ -910,6 +911,26 @@ def test_a_text_file_listing_shards_says_how_to_read_them(world, tmp_path):
     (tmp_path / "notes.txt").write_text("s-000000.tar\nnot a shard\n")
     other = run_torchkit_in_process("dataset-stats", "notes.txt", cwd=tmp_path)
     assert "notes.txt is neither a folder nor a CSV index" in error_line(other.stderr)
+
+
+def test_the_shard_list_hint_quotes_a_folder_with_a_space_as_one_shell_word(world, tmp_path):
+    """The hint's `--data A::B` is pasted into a shell: under `my data/` it was written
+    unquoted, two words (`--data my` and `data/s-000000.tar::my`), read as no data."""
+    png = (world / "images" / "a" / "a_0.png").read_bytes()
+    (tmp_path / "my data").mkdir()
+    for i in range(2):
+        tar_of(tmp_path / "my data" / f"s-00000{i}.tar", {f"x{i}.png": png, f"x{i}.cls": b"0"})
+    (tmp_path / "my data" / "shards.txt").write_text("s-000000.tar\ns-000001.tar\n")
+    result = run_torchkit_in_process("dataset-stats", "my data/shards.txt", cwd=tmp_path)
+    line = error_line(result.stderr)
+    assert "as --data 'my data/s-000000.tar::my data/s-000001.tar', or name" in line, line
+    words = shlex.split(line.split("as --data ")[1].split(", or name")[0])
+    assert words == ["my data/s-000000.tar::my data/s-000001.tar"]
+    followed = run_torchkit_in_process(
+        "dataset-stats", "--data", *words, "--format", "json", cwd=tmp_path
+    )
+    assert followed.returncode == 0, followed.stderr
+    assert json.loads(followed.stdout)["images"] == 2
 
 
 def test_a_sample_of_two_members_of_one_extension_names_both(world, tmp_path):

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkit.core.io.errors import InputError
+from torchkit.core.io.shell_words import shell_word
 from torchkit.core.io.wording import counted
 
 # The reader modules, asked in this order.
@@ -88,7 +89,8 @@ def refuse_a_shard_list(path: Path) -> None:
     if not lines or not all(line.lower().endswith(".tar") for line in lines):
         return
     shown = [_found_from_here(line, path.parent) for line in lines[:2]]
-    example = "::".join(shown) if len(shown) > 1 else shown[0]
+    # One shell word, pasted as it is: `my data/s-000000.tar::...` unquoted was two.
+    example = shell_word("::".join(shown))
     raise InputError(
         f"{path} lists {counted(len(lines), 'shard')}, one a line, which torchkit does not "
         "read as a list",
