@@ -17,8 +17,10 @@ HF's metadata calls a ClassLabel; integers (or floats that are all whole numbers
 indices, strings class names; a `label` column of another type is an error where labels are
 needed, else a warning and unlabelled data. Class names
 come from HF's metadata in the parquet schema (`huggingface` key: info.features.LABEL.names), else
-from `ROOT/dataset_info.json`; without either, integer labels are named "0", "1", ... up to the
-largest (string labels: sorted naturally, as a CSV index's labels are). No label column, or rows
+from `ROOT/dataset_info.json`, string labels mapped through them (the classes in their order,
+so class indices are HF's; a label they lack is an error naming it); without either, integer
+labels are named "0", "1", ... up to the largest (string labels: sorted naturally, as a CSV
+index's labels are). No label column, or rows
 without a label (null or HF's -1): unlabelled data where that is allowed (dataset-stats, predict,
 extract-features), else an error naming the file and rows. An empty class name is an error, as
 is a ClassLabel name that is neither text nor a number (null: it was class "None").
@@ -886,9 +888,9 @@ def _read(
     if labelled_files:
         chosen = [i for i, file in enumerate(files) if id(file) in with_labels]
         chosen_splits = [splits[i] for i in chosen] if splits is not None else None
-        names = _names(spec, root, labelled_files, chosen_splits)
+        names, stated = _names(spec, root, labelled_files, chosen_splits)
     else:
-        names = [""]
+        names, stated = [""], False
     # Kept partial labels: the rows of the labelled files without one (else there are none).
     unlabelled_rows = {id(f): set(f.missing_labels()) for f in labelled_files} if keep else {}
     some_unlabelled = (
@@ -928,8 +930,9 @@ def _read(
         samples = Samples(list(file_names), labels, paths=paths, source=named, ids=ids)
         parts.setdefault(splits[index] if splits else "", []).append(samples)
     joined = {split: concatenate(members) for split, members in parts.items()}
-    # Class indices are the data's own label order; string labels are sorted (`_names`).
-    given = bool(labelled_files) and not any(f.string_labels for f in labelled_files)
+    # Class indices are the data's own label order, and so are string labels HF's metadata
+    # names; other string labels are sorted (`_names`).
+    given = bool(labelled_files) and stated
     if splits is not None:
         ordered = {name: joined[name] for name in SPLIT_NAMES if name in joined}
         # A split whose files hold no row (a validation file of 0 rows) is no split, as an
@@ -1027,20 +1030,15 @@ def _labelled(files: list[_File], allow_unlabelled: bool) -> bool:
     return True
 
 
-def _names(spec: str, root: str, files: list[_File], splits: list[str | None] | None) -> list[str]:
+def _names(
+    spec: str, root: str, files: list[_File], splits: list[str | None] | None
+) -> tuple[list[str], bool]:
     """The class names in label order (see the module's docstring), from the rows that have
-    a label."""
+    a label, and whether the data states that order (class indices, or HF's names of string
+    labels) rather than torchkit sorting the labels."""
     strings = [f for f in files if f.string_labels]
-    if strings:
-        if len(strings) != len(files):
-            raise InputError(f"{spec} mixes labels that are class names with class indices")
-        labels = [label for f in files for label in f.labels if label is not None]
-        order = None
-        if splits is not None:
-            order = [
-                s for f, s in zip(files, splits, strict=True) for x in f.labels if x is not None
-            ]
-        return class_order(labels, order, spec)
+    if strings and len(strings) != len(files):
+        raise InputError(f"{spec} mixes labels that are class names with class indices")
     found = {tuple(f.names) for f in files if f.names}
     if len(found) > 1:
         raise InputError(
@@ -1048,12 +1046,24 @@ def _names(spec: str, root: str, files: list[_File], splits: list[str | None] | 
             "give the files of one dataset",
         )
     names = list(found.pop()) if found else _dataset_info_names(root, files[0].label_column)
+    if strings:
+        if names is not None:  # HF's ClassLabel order: class indices equal HF's
+            if "" in names:
+                _refuse_empty_class_name(spec, files, names.index(""))
+            _refuse_unnamed_labels(files, names)
+            return names, True
+        labels = [label for f in files for label in f.labels if label is not None]
+        order = None
+        if splits is not None:
+            order = [
+                s for f, s in zip(files, splits, strict=True) for x in f.labels if x is not None
+            ]
+        return class_order(labels, order, spec), False
     largest = max((label for f in files for label in f.labels if label is not None), default=-1)
     if names is None:
         where = next((f.path for f in files if largest in f.labels), spec)
-        return index_class_names(
-            largest, where, "name the classes: HF's ClassLabel, or ROOT/dataset_info.json"
-        )
+        hint = "name the classes: HF's ClassLabel, or ROOT/dataset_info.json"
+        return index_class_names(largest, where, hint), True
     # A name given twice exactly (ImageNet's two "crane"s, in metadata HF's ClassLabel would
     # refuse but other writers do not) is two classes: the labels are their indices.
     if "" in names:
@@ -1064,7 +1074,29 @@ def _names(spec: str, root: str, files: list[_File], splits: list[str | None] | 
             f"{where} has label {largest}, but its data names {len(names)} classes",
             "labels are class indices 0..N-1 of HF's ClassLabel names",
         )
-    return names
+    return names, True
+
+
+def _refuse_unnamed_labels(files: list[_File], names: list[str]) -> None:
+    """A string label that none of HF's ClassLabel names is (`c` where they name a and b) is
+    an error naming it, its rows and the names, as a class index past them is: it was read as
+    a class of its own, and the classes ordered by the labels rather than by the metadata."""
+    index_of = class_index(names)  # a label in another Unicode spelling is its class too
+    for file in files:
+        unnamed = [row for row, label in enumerate(file.labels or ())
+                   if isinstance(label, str) and find_class(index_of, label) is None]  # fmt: skip
+        if unnamed:
+            label = file.labels[unnamed[0]]
+            rows = [row for row in unnamed if file.labels[row] == label]
+            shown = ", ".join(names[:10]) + (
+                f" (and {len(names) - 10} more)" if len(names) > 10 else ""
+            )
+            raise InputError(
+                f"{file.path} has {len(rows)} row(s) labelled {label!r}, a class its metadata "
+                f"does not name (row {_first_rows(rows)}; it names {len(names)}: {shown})",
+                "labels are HF's ClassLabel names: give each row one of them, or add the class "
+                "to the ClassLabel feature",
+            )
 
 
 def _refuse_empty_class_name(spec: str, files: list[_File], empty: int) -> None:
