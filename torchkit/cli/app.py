@@ -445,6 +445,29 @@ def _warn_of_repeated_options(command, ctx) -> None:
         )
 
 
+def _options_after_double_dash(command, args: list[str], error: ClickUsageError) -> None:
+    """`split -- data out --mode move`: every word after `--` is an argument, so an option
+    there is an extra argument too many. Where one of those words is one of the command's
+    options, the error says that options go before `--` (click said only "Got unexpected extra
+    argument(s) (--mode move)")."""
+    if "--" not in args or not str(getattr(error, "message", "")).startswith("Got unexpected"):
+        return
+    spellings = {
+        spelling
+        for param in command.params
+        for spelling in (*getattr(param, "opts", ()), *getattr(param, "secondary_opts", ()))
+        if spelling.startswith("-")
+    }
+    after = args[args.index("--") + 1 :]
+    extra = str(error.message).rstrip(".").removesuffix(")").partition(") (")[2].split(" ")
+    options = [word for word in after if word.split("=", 1)[0] in spellings and word in extra]
+    if options:
+        error.message = (
+            f"{error.message.rstrip('.')}: {options[0]} comes after --, which makes every word "
+            "after it an argument; options go before --"
+        )
+
+
 def _use_torchkit_help_layout() -> None:
     """Typer's help draws its Options and Arguments panels with `help_layout.options_panel`,
     which wraps what Typer's own cut with `…` at 80 columns. Set on the first help printed
@@ -464,6 +487,7 @@ class TorchkitCommand(TyperCommand):
         return parser
 
     def parse_args(self, ctx, args):
+        given = list(args)  # the parser consumes the list it is given
         try:
             rest = super().parse_args(ctx, args)
         except ClickUsageError as error:
@@ -471,6 +495,7 @@ class TorchkitCommand(TyperCommand):
             # their hint named `torchkit --help`, where every other one names the command's.
             if getattr(error, "ctx", None) is None:
                 error.ctx = ctx
+            _options_after_double_dash(self, given, error)
             raise
         _warn_of_repeated_options(self, ctx)
         return rest
