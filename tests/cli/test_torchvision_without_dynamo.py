@@ -134,26 +134,24 @@ def one_process(tmp_path_factory) -> dict[str, list[str]]:
         import os, sys
         import torch
 
-        if (child := os.fork()) == 0:
-            try:
-                with open({str(tmp_path / "stand-in")!r}, "w") as sys.stdout:
-                    exec({textwrap.dedent(STAND_IN)!r})
-            except BaseException:
-                import traceback
-                traceback.print_exc()
-                os._exit(1)
-            os._exit(0)
-        assert os.waitpid(child, 0)[1] == 0, "STAND_IN failed in its fork"
-        if (child := os.fork()) == 0:
-            try:
-                with open({str(tmp_path / "without-onnx")!r}, "w") as sys.stdout:
-                    exec({textwrap.dedent(WITHOUT_ONNX)!r})
-            except BaseException:
-                import traceback
-                traceback.print_exc()
-                os._exit(1)
-            os._exit(0)
-        assert os.waitpid(child, 0)[1] == 0, "WITHOUT_ONNX failed in its fork"
+        def in_a_fork(name, code, out):
+            # `code` run as this script's own lines (its globals) in a fork taken here, with
+            # torch imported and nothing else, its stdout the file `out`.
+            if (child := os.fork()) == 0:
+                try:
+                    with open(out, "w") as sys.stdout:
+                        exec(code, globals())
+                except BaseException:
+                    import traceback
+                    traceback.print_exc()
+                    os._exit(1)
+                os._exit(0)
+            assert os.waitpid(child, 0)[1] == 0, f"{{name}} failed in its fork"
+
+        in_a_fork("STAND_IN", {textwrap.dedent(STAND_IN)!r}, {str(tmp_path / "stand-in")!r})
+        in_a_fork(
+            "WITHOUT_ONNX", {textwrap.dedent(WITHOUT_ONNX)!r}, {str(tmp_path / "without-onnx")!r}
+        )
 
         import matplotlib.figure, sklearn.metrics
         os.chdir({str(tmp_path)!r})
