@@ -625,7 +625,7 @@ def test_a_hostile_shard_name_or_manifest_is_one_error_line(
     assert message in error_line(result.stderr)
 
 
-@pytest.mark.parametrize("seconds", ["inf", "1e300", "0", "nan", "soon"])
+@pytest.mark.parametrize("seconds", ["inf", "1e300", "0", "nan", "soon", "1_0", "３"])
 def test_a_timeout_that_is_no_number_of_seconds_is_a_usage_error(server, seconds, monkeypatch):
     # inf and 1e300 overflowed the socket module: "Error: OverflowError", exit 1.
     monkeypatch.setenv("TORCHKIT_HTTP_TIMEOUT", seconds)

@@ -160,7 +160,8 @@ def timeout_s() -> float:
     if not text:
         return TIMEOUT_S
     try:
-        value = float(text)
+        # In ASCII digits, without `_`, as an option's number: float reads `1_0` as 10, `３` as 3
+        value = float(text) if text.isascii() and "_" not in text else 0.0
     except ValueError:
         value = 0.0
     if not 0 < value <= MAX_TIMEOUT_S:  # nan and inf too
