@@ -201,6 +201,35 @@ NO_HARD_LINK = (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errn
 
 
 @contextlib.contextmanager
+def folders_made_above(target: Path) -> Iterator[None]:
+    """Make the folders above the file `target` that are not there (`-o new/sub/preds.csv`);
+    if the block fails, those this call made and nothing was put in are removed again, so that
+    a failed run leaves no empty folders where it wrote no file. A folder another process made
+    meanwhile is not this call's, and stays."""
+    missing: list[Path] = []
+    folder = target.absolute().parent
+    while not os.path.lexists(folder) and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    made: list[Path] = []
+    try:
+        with reporting_write_errors(target):
+            for folder in reversed(missing):  # outermost first
+                try:
+                    folder.mkdir()
+                except FileExistsError:
+                    continue
+                made.append(folder)
+            target.parent.mkdir(parents=True, exist_ok=True)  # a file above: its error
+        yield
+    except BaseException:
+        for folder in reversed(made):  # deepest first: those left empty
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+        raise
+
+
+@contextlib.contextmanager
 def replaced_whole(
     target: Path, mode: str = "w", *, check: Callable[[Path], None] | None = None, **open_kwargs
 ) -> Iterator[IO]:
@@ -208,22 +237,22 @@ def replaced_whole(
     (`temporaries.open_temporary`) renamed into place when the block (and `check`, given the
     complete temporary) succeeds: the core of `files.atomic_write`, and how the marker is
     written, so that a run killed as it writes leaves a temporary, never a cut-short file."""
-    with reporting_write_errors(target):
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, temporary = open_temporary(target, *temporary_affixes(target.name))
-    tmp_name = temporary.name
-    # Its flock is held after the handle closes: through `check` and the rename.
-    with discarded_on_failure(temporary), reporting_write_errors(target):
-        apply_umask(tmp_name)
-        synced_later = synced_when_kept(target)  # one sync for all, before the swap
-        with os.fdopen(fd, mode, **open_kwargs) as handle:
-            yield handle
-            handle.flush()
-            if not synced_later:
-                os.fsync(handle.fileno())
-        if check is not None:
-            check(Path(tmp_name))
-        rename_into_place(tmp_name, target, synced_later)
+    with folders_made_above(target):
+        with reporting_write_errors(target):
+            fd, temporary = open_temporary(target, *temporary_affixes(target.name))
+        tmp_name = temporary.name
+        # Its flock is held after the handle closes: through `check` and the rename.
+        with discarded_on_failure(temporary), reporting_write_errors(target):
+            apply_umask(tmp_name)
+            synced_later = synced_when_kept(target)  # one sync for all, before the swap
+            with os.fdopen(fd, mode, **open_kwargs) as handle:
+                yield handle
+                handle.flush()
+                if not synced_later:
+                    os.fsync(handle.fileno())
+            if check is not None:
+                check(Path(tmp_name))
+            rename_into_place(tmp_name, target, synced_later)
 
 
 def rename_into_place(temporary: str, target: Path, synced_later: bool) -> None:

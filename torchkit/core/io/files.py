@@ -17,7 +17,7 @@ from torchkit.core.io.claims import check_claimed, synced_when_kept
 from torchkit.core.io.claims import reporting_write_errors as _reporting
 from torchkit.core.io.durability import fsync_file
 from torchkit.core.io.errors import InputError, OutputWriteError
-from torchkit.core.io.file_outputs import rename_into_place, replaced_whole
+from torchkit.core.io.file_outputs import folders_made_above, rename_into_place, replaced_whole
 from torchkit.core.io.non_utf8_names import json_text
 from torchkit.core.io.output_paths import remove_tree
 from torchkit.core.io.special_files import is_special_file, own_descriptor
@@ -285,19 +285,19 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
                 shutil.copyfileobj(source, sink, 2**20)
         return
     check_claimed(target, writing=True)
-    with _reporting(target):
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, temporary = open_temporary(target, *temporary_affixes(target.stem, target.suffix))
-    tmp_name = temporary.name
-    os.close(fd)  # the writer opens the name (and Windows cannot rename a file that is open)
-    with discarded_on_failure(temporary), _reporting(target):
-        apply_umask(tmp_name)
-        yield Path(tmp_name)
-        apply_umask(tmp_name)  # again: a writer may have made the file anew (safetensors)
-        synced_later = synced_when_kept(target)
-        if not synced_later:
-            fsync_file(tmp_name)
-        rename_into_place(tmp_name, target, synced_later)
+    with folders_made_above(target):
+        with _reporting(target):
+            fd, temporary = open_temporary(target, *temporary_affixes(target.stem, target.suffix))
+        tmp_name = temporary.name
+        os.close(fd)  # the writer opens the name (and Windows cannot rename a file that is open)
+        with discarded_on_failure(temporary), _reporting(target):
+            apply_umask(tmp_name)
+            yield Path(tmp_name)
+            apply_umask(tmp_name)  # again: a writer may have made the file anew (safetensors)
+            synced_later = synced_when_kept(target)
+            if not synced_later:
+                fsync_file(tmp_name)
+            rename_into_place(tmp_name, target, synced_later)
 
 
 @contextlib.contextmanager
