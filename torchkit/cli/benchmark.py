@@ -3,7 +3,6 @@ and training."""
 
 from __future__ import annotations
 
-import math
 from enum import Enum
 from typing import Annotated, Any, Optional
 
@@ -28,6 +27,7 @@ from torchkit.cli.render import (
     readable_number,
     report_file,
     resolve_format,
+    small_number,
 )
 from torchkit.cli.run_options import DEFAULT_RUN, with_inference_options
 from torchkit.core.inference.options import InferenceOptions
@@ -331,7 +331,7 @@ def _tflops_text(tflops: float) -> str:
     rounded = float(f"{tflops:.3g}")  # 0.009999 is 0.0100, not 0.01000
     if rounded == 0 or abs(rounded) >= 0.01:
         return f"{tflops:.4f}"
-    return f"{tflops:.{2 - math.floor(math.log10(abs(rounded)))}f}"
+    return small_number(tflops)
 
 
 def _results_table(result: Any) -> Table:

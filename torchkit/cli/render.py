@@ -260,6 +260,13 @@ def readable_number(value: float, unit: str = "") -> str:
     return f"{value:g} {unit}".rstrip()
 
 
+def small_number(value: float) -> str:
+    """A small nonzero `value` in decimals with 3 significant digits, as tables show what 4
+    decimals would show as 0.0000: 6.2e-6 is "0.00000620", 0.009999 is "0.0100"."""
+    rounded = float(f"{value:.3g}")  # the digits shown: 0.009999 is 0.0100, not 0.01000
+    return f"{value:.{max(0, 2 - math.floor(math.log10(abs(rounded))))}f}"
+
+
 def binary_size(size: int) -> str:
     """Bytes as tables show them: below 1024 as they are ("512 B"), else in the largest binary
     unit they reach, one decimal ("3.4 MiB"). A size that rounds to 1024.0 of a unit takes the
@@ -300,10 +307,9 @@ def _cell_text(value: Any) -> str:
         if math.isnan(value):
             return "nan"
         if 0 < abs(value) < 0.00005:  # 4 decimals show a loss of 6e-6 as 0.0000: 3 digits
-            rounded = float(f"{value:.3g}")
-            if abs(rounded) < 1e-6:  # 1e-300 in a few characters, not 300 zeros
+            if abs(float(f"{value:.3g}")) < 1e-6:  # 1e-300 in a few characters, not 300 zeros
                 return f"{value:.3g}"
-            return f"{value:.{2 - math.floor(math.log10(abs(rounded)))}f}"
+            return small_number(value)
         return f"{value:.4f}" if abs(value) < 1e6 else f"{value:.4g}"
     if isinstance(value, (list, tuple)):
         return ", ".join(_cell_text(v) for v in value)
