@@ -456,8 +456,11 @@ def test_real_process_columns_zero_still_prints(run_torchkit, args, stream, expe
 
 @pytest.mark.parametrize(
     ("given", "kept"),
-    [("100000000", "1000"), ("9" * 30, "1000"), ("1000", "1000"), ("120", "120"), ("0", None)],
-)
+    [
+        ("100000000", "1000"), ("9" * 30, "1000"), ("1000", "1000"), ("120", "120"), ("0", None),
+        ("３", None),  # full-width digits: unknown (measured), where it made help 3 columns wide
+    ],
+)  # fmt: skip
 def test_a_terminal_size_past_the_widest_is_taken_as_the_widest(monkeypatch, given, kept):
     from torchkit.cli import console
 

@@ -258,8 +258,9 @@ def unknown_terminal_size_as_unset() -> None:
         value = os.environ.get(name)
         if value is None:
             continue
-        if value.isdigit() and int(value) > 0:
-            # isdigit holds for other scripts' digits, which int() reads too
+        # isdigit holds for other scripts' digits, which int() and rich read too (COLUMNS=３:
+        # help 3 columns wide): a size is ASCII digits, as an option's number is.
+        if value.isascii() and value.isdigit() and int(value) > 0:
             if int(value) > MOST_TERMINAL_CELLS:
                 os.environ[name] = str(MOST_TERMINAL_CELLS)
             continue
