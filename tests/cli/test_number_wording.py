@@ -69,3 +69,19 @@ def test_numbers_of_other_shapes_are_taken_as_before(runner, args, key, value):
     result = runner.invoke(app, ["train", *args, "--print-config"])
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout)[key] == value
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["train", "--milestones", "1_0,20", "--print-config"],
+        ["train", "--mean", "0.5,0.5,0_5", "--print-config"],
+        ["train", "--input-size", "3,2_24,224", "--print-config"],
+        ["split", "data", "out", "--fixed", "1_0"],
+    ],
+)
+def test_digits_grouped_with_underscores_are_refused_in_lists_too(runner, args):
+    """Each was read as Python reads it: --milestones 1_0,20 as 10,20."""
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2 and result.stdout == "", result.stdout
+    assert result.stderr.startswith("Error: ") and "_" in result.stderr

@@ -47,10 +47,11 @@ def number_items(
     hint: str | None = None,
 ) -> list[Any]:
     """The items of `option`'s value `text` (list_items) read by `kind` (int, float...), in ASCII
-    digits only: int() and float() also read other scripts' digits (`３`, `٣`), which an option
-    of one number refuses, so that a value means the same in every option and every script. A
-    ValueError for an item that is not such a number."""
+    digits only: int() and float() also read other scripts' digits (`３`, `٣`) and digits
+    grouped with `_` (`1_0` as 10), which an option of one number refuses, so that a value means
+    the same in every option and every script. A ValueError for an item that is not such a
+    number."""
     items = list_items(text, option, separators=separators, spaces=spaces, hint=hint)
-    if not all(item.isascii() for item in items):
-        raise ValueError(f"{option} takes numbers in ASCII digits")
+    if not all(item.isascii() and "_" not in item for item in items):
+        raise ValueError(f"{option} takes numbers in ASCII digits, without _")
     return [kind(item) for item in items]
