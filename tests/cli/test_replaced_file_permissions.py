@@ -135,3 +135,15 @@ def test_eval_force_keeps_a_private_report_folder_private(tmp_path):
     assert result.returncode == 0, result.stderr
     assert (out / "metrics.json").is_file()
     assert _mode(out) == 0o700  # was 0o755: listable by every user
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root")
+@pytest.mark.parametrize("writer", WRITERS)
+def test_a_file_written_over_keeps_its_owner_and_group_where_allowed(tmp_path, writer):
+    target = tmp_path / "shared.csv"
+    target.write_text("old")
+    target.chmod(0o660)
+    os.chown(target, 65534, 65534)  # another user's file, in another group
+    WRITERS[writer](target, "new")
+    status = os.lstat(target)
+    assert (status.st_uid, status.st_gid, _mode(target)) == (65534, 65534, 0o660)

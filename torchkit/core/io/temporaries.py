@@ -233,14 +233,23 @@ def keep_replaced_permissions(path: str | os.PathLike, target: str | os.PathLike
     """The finished temporary `path` gets the permissions of the regular file at `target` that
     it is about to replace, as `>` and `cp` keep them: a report made private (`chmod 600`) or
     read-only stays so when `--force` or `--append` writes it anew, where the new file had the
-    umask's (0644). Set-ID bits are not carried over; a symbolic link or nothing at `target`
-    leaves the umask's permissions."""
+    umask's (0644). Its group is kept too where this user may give it (a member of the
+    group; root: the owner as well), so that a report shared with a project's group stays
+    readable by the group. Set-ID bits are not carried over; a symbolic link or nothing at
+    `target` leaves the umask's permissions."""
     try:
         status = os.lstat(target)
     except OSError:
         return
-    if stat.S_ISREG(status.st_mode):
-        os.chmod(path, stat.S_IMODE(status.st_mode) & 0o777)
+    if not stat.S_ISREG(status.st_mode):
+        return
+    made = os.lstat(path)
+    owner = status.st_uid if status.st_uid != made.st_uid and os.geteuid() == 0 else -1
+    group = status.st_gid if status.st_gid != made.st_gid else -1
+    if owner != -1 or group != -1:
+        with contextlib.suppress(OSError):  # not a member of the group: the umask's group
+            os.chown(path, owner, group)
+    os.chmod(path, stat.S_IMODE(status.st_mode) & 0o777)  # after chown, which may clear bits
 
 
 def folder_permissions(path: str | os.PathLike) -> int | None:
