@@ -728,14 +728,19 @@ def test_shards_beside_images_are_refused_as_a_guess(world, tmp_path):
     write_image_folder(shards / "previews", {"x": 1})
     result = run_torchkit_in_process("dataset-stats", shards, "--workers", "0")
     assert result.returncode == 1 and result.stdout == ""
-    assert error_line(result.stderr, besides="nothing") == (
+    line = error_line(result.stderr, besides="nothing")
+    assert line == (
         f"Error: {shards} holds WebDataset shards (shard-000000.tar, shard-000001.tar, "
         "shard-000002.tar and 1 more) and images (previews/): which of them is the data is a "
-        f"guess (name the shards, {shards}/shard-{{000000..000003}}.tar, or move the images or "
-        f"the .tar files out of {shards})"
+        f"guess (name the shards, '{shards}/shard-{{000000..000003}}.tar', or move the images "
+        f"or the .tar files out of {shards})"
     )
-    # The pattern the hint gives reads the shards (classes.txt beside them names the classes).
-    assert stats(f"{shards}/shard-{{000000..000003}}.tar")["images"] == 18
+    # The pattern the hint gives, pasted into a shell, is one word (quoted: bare, the shell
+    # expanded its braces into four, three of them extra arguments) and reads the shards
+    # (classes.txt beside them names the classes).
+    pasted = shlex.split(line.split("name the shards, ")[1].split(", or move")[0])
+    assert pasted == [f"{shards}/shard-{{000000..000003}}.tar"]
+    assert stats(*pasted)["images"] == 18
     images = tmp_path / "images"
     shutil.copytree(world / "images", images)
     shutil.copy(shards / "shard-000000.tar", images)

@@ -288,7 +288,8 @@ def test_shards_beside_class_or_split_folders_are_refused(tmp_path):
     assert error_line(stats.stderr, besides="nothing") == (
         f"Error: {data} holds WebDataset shards (train-000000.tar, train-000001.tar) and images "
         f"(cat/, dog/): which of them is the data is a guess (name the shards, "
-        f"{data}/train-{{000000..000001}}.tar, or move the images or the .tar files out of {data})"
+        f"'{data}/train-{{000000..000001}}.tar', or move the images or the .tar files out of "
+        f"{data})"
     )
     root = tmp_path / "R"
     write_image_folder(root / "train", {"cat": 2, "dog": 2})
@@ -298,6 +299,6 @@ def test_shards_beside_class_or_split_folders_are_refused(tmp_path):
     with pytest.raises(InputError) as raised:
         open_data(root)
     assert str(raised.value).endswith(
-        f"(name the shards, {root}/NAME-{{000000..000009}}.tar, or move the images or the .tar "
-        f"files out of {root})"
+        f"(name the shards, '{root}/NAME-{{000000..000009}}.tar', or move the images or the "
+        f".tar files out of {root})"
     )

@@ -65,6 +65,7 @@ from torchkit.core.data.sources.splitting import (
 )
 from torchkit.core.io.errors import InputError, TorchkitError, first_and_more
 from torchkit.core.io.force import marker_command
+from torchkit.core.io.shell_words import shell_word
 
 log = logging.getLogger("torchkit")
 
@@ -740,14 +741,16 @@ def _refuse_shards_beside_images(path: Path, archives: list[str], images: list[s
     raise InputError(
         f"{path} holds WebDataset shards ({first_and_more(shards, 3)}) and images "
         f"({first_and_more(images, 3)}): which of them is the data is a guess",
-        f"name the shards, {_shards_pattern(path, shards)}, or move the images or the .tar "
-        f"files out of {path}",
+        f"name the shards, {shell_word(_shards_pattern(path, shards))}, or move the images "
+        f"or the .tar files out of {path}",
     )
 
 
 def _shards_pattern(path: Path, shards: list[str]) -> str:
     """A brace pattern naming `shards` (`D/shard-{000000..000002}.tar`) where they are one
-    name numbered without a gap, else the general form, `D/NAME-{000000..000009}.tar`."""
+    name numbered without a gap, else the general form, `D/NAME-{000000..000009}.tar`. A hint
+    writes it as one shell word (quoted): pasted bare, a shell expands the braces into a word
+    a shard, and the command took the second for an extra argument."""
     from torchkit.core.data.sources.containers import numbered_shard_parts
 
     # A `.TAR` spelled otherwise gets the general form, as the brace pattern ends in `.tar`.
