@@ -108,6 +108,15 @@ def test_mean_std_options():
         parse_floats("nan,1", "--crop-scale", 2)
 
 
+def test_a_crop_scale_that_is_no_numbers_is_shown_a_crop_scale(runner):
+    """Its error showed --mean's numbers: "must be numbers like 0.485,0.456,0.406"."""
+    result = runner.invoke(app, ["train", "--crop-scale", "0.0_8,1", "--print-config"])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (
+        "Error: --crop-scale must be numbers like 0.08,1, not '0.0_8,1'"
+    )
+
+
 def test_train_eval_and_extract_features_take_stats(stats_file, tmp_path):
     mean, std = read_stats_file(stats_file)
     data = stats_file.parent / "data"

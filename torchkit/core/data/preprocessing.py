@@ -365,18 +365,20 @@ def _per_channel(
 
 
 def parse_floats(
-    text: str | None, option: str, count: int | None = None
+    text: str | None, option: str, count: int | None = None, example: str | None = None
 ) -> tuple[float, ...] | None:
-    """`0.485,0.456,0.406` (commas or spaces) -> a tuple of floats (exactly `count` if given)."""
+    """`0.485,0.456,0.406` (commas or spaces) -> a tuple of floats (exactly `count` if given);
+    `example`: a value of the option for its error lines."""
     if text is None:
         return None
-    example = "0.485,0.456,0.406" if count is None else ",".join(["0.5"] * count)
+    if example is None:
+        example = "0.485,0.456,0.406" if count is None else ",".join(["0.5"] * count)
     hint = f"give numbers like {example}"
     try:
         values = tuple(number_items(text, option, float, spaces=True, hint=hint))
     except ValueError as error:
         raise UsageError(
-            f"{option} must be numbers like 0.485,0.456,0.406, not {short_repr(text)}"
+            f"{option} must be numbers like {example}, not {short_repr(text)}"
         ) from error
     if count is not None and len(values) != count:
         raise UsageError(f"{option} needs {count} numbers, not {short_repr(text)}")

@@ -145,7 +145,7 @@ class TrainConfig:
     crop_scale: tuple[float, float] | None = option(
         None,
         panel=DATA_PANEL,
-        parse=functools.partial(parse_floats, count=2),
+        parse=functools.partial(parse_floats, count=2, example="0.08,1"),
         show_default=False,
         help=f"RandomResizedCrop area range MIN,MAX. {data_default_help('crop_scale')}",
     )
