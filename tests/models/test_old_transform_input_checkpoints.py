@@ -158,7 +158,7 @@ def test_resuming_an_old_run_feeds_it_as_it_was_trained(tmp_path):
         run = tmp_path / f"format-{version}"
         run.mkdir()
         checkpoint = _old_checkpoint(nn.Identity(), "googlenet", format_version=version)
-        training = {"optimizer": {}, "scheduler": {}, "epoch": 1, "config": options}
+        training = {"optimizer": {}, "scheduler": {"updates": 0}, "epoch": 1, "config": options}
         save_checkpoint({**checkpoint, **training}, run / "last.pt")
         planned = plan_run(TrainConfig(resume=str(run)), overrides=[]).config
         assert (tuple(planned.mean), tuple(planned.std)) == (

@@ -383,7 +383,7 @@ def test_epochs_past_the_most_a_run_takes_are_refused_in_a_recipe_and_on_the_com
         "(give a whole number from 1 to 1,000,000)\n"
     )
     typed = runner.invoke(app, ["train", "--epochs", str(epochs), "--print-config"])
-    assert typed.exit_code == 2 and "'--epochs'" in typed.stderr and "1000000" in typed.stderr
+    assert typed.exit_code == 2 and "'--epochs'" in typed.stderr and "1,000,000" in typed.stderr
     most = runner.invoke(app, ["train", "--epochs", "1000000", "--print-config"])
     assert most.exit_code == 0, most.stderr
 
@@ -403,7 +403,7 @@ def test_accum_steps_past_the_most_an_update_takes_are_refused_in_a_recipe_and_t
     )
     typed = runner.invoke(app, ["train", "--accum-steps", "1000001", "--print-config"])
     assert typed.exit_code == 2 and "'--accum-steps'" in typed.stderr, typed.stderr
-    assert "1000000" in typed.stderr
+    assert "1,000,000" in typed.stderr
     most = runner.invoke(app, ["train", "--accum-steps", "1000000", "--print-config"])
     assert most.exit_code == 0, most.stderr
 
