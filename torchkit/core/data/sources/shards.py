@@ -1726,7 +1726,7 @@ def open_stored(
     return _open_folder_tar(spec, listing, classes, allow_unlabelled, every_image)
 
 
-@dataclass
+@dataclass(slots=True)
 class ShardSample:
     shard: str  # as shown: relative to the shards' folder
     key: str
