@@ -97,6 +97,7 @@ OVERLAPS = [
     (["-o", "ds/a/new.json"], "output ds/a/new.json lies inside the data folder ds"),
     (["--stats", "stats.json", "-o", "stats.json", "--force"], "is the stats file stats.json"),
     (["--out", "rep", "-o", "rep/m.json"], "output rep/m.json lies inside the --out folder rep"),
+    (["--out", "rep", "-o", "rep", "--format", "json"], "output rep is the --out folder rep"),
     # A CSV index: the index itself and the folders of the images it names.
     (["--data", "index.csv", "-o", "index.csv", "--force"], "is the data file index.csv"),
     (["--data", "index.csv", "--out", "ds", "--force"], "contains the images of index.csv"),

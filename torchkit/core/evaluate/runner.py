@@ -308,8 +308,9 @@ def check_report_file(output: str | os.PathLike, spec: ModelSpec, options: EvalO
     real_target = Path(os.path.realpath(target))
     real_out = Path(os.path.realpath(options.out_dir))
     if real_target == real_out or real_out in real_target.parents:
+        where = "is" if real_target == real_out else "lies inside"
         raise OutputOverlapError(
-            f"output {output} lies inside the --out folder {options.out_dir}",
+            f"output {output} {where} the --out folder {options.out_dir}",
             "write it elsewhere: --out already holds metrics.json",
         )
 
