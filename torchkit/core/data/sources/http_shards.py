@@ -1788,6 +1788,23 @@ def _streamed_source(
     )
 
 
+def _stored_names(listing: Any) -> dict[str, str] | None:
+    """Each path a shard's member unpacks to -> the name it is stored under, by the rule the
+    shards on disk are read by (`_unpacked_path`), so a shard packed again as
+    `/sample_00000000.png` (or `./`, `dog//x.png`) reads as on disk, and a member of a `..`
+    part is none; None where every name is stored as it unpacks (read by its own name)."""
+    from torchkit.core.data.sources.shards import _unpacked_path
+
+    paths: dict[str, str] = {}
+    respelled = False
+    for name in listing.in_tar_order():
+        path = _unpacked_path(name)
+        respelled = respelled or path != name
+        if path is not None:
+            paths[path] = name  # stored again later: what tar -x leaves
+    return paths if respelled else None
+
+
 def _mark_used(target: Path) -> None:
     """Record a shard's last use, for the least recently used first, in its access time: its
     modification time says which version of it a reader listed (`check_unchanged`), also a
@@ -1879,7 +1896,10 @@ class StreamedShards:
         shard, member = locator
         fd, listing = self._open_shard(shard)
         try:
-            where = listing.locator(member)
+            if shard not in self._spellings:
+                self._spellings[shard] = _stored_names(listing)
+            paths = self._spellings[shard]
+            where = listing.locator(member if paths is None else paths.get(member, ""))
             if where is None:
                 raise OSError(f"{self.names[shard]} holds no {member} (manifest.json lists it)")
             if isinstance(where, NotRegularMember):
@@ -1904,6 +1924,7 @@ class StreamedShards:
             self._lock = threading.Lock()
             self._held: OrderedDict[int, tuple[int, Any]] = OrderedDict()
             self._listings: dict[int, Any] = {}
+            self._spellings: dict[int, dict[str, str] | None] = {}  # `_stored_names`
         with self._lock:
             held = self._held.get(shard)
             if held is None:
