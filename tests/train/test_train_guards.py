@@ -36,6 +36,7 @@ from torch import nn
 
 from torchkit.cli import app
 from torchkit.core.io.errors import CheckpointError, InputError, UsageError
+from torchkit.core.io.shell_words import shell_word
 from torchkit.core.train.config import TrainConfig
 from torchkit.core.train.resume_merge import merge_for_resume
 from torchkit.core.train.resume_rules import FIXED_ON_RESUME
@@ -422,6 +423,8 @@ def test_resume_refuses_options_that_cannot_change_naming_both_values(trained):
         assert result.returncode == 1, (args, result.stderr[-2000:])
         line = error_line(result.stderr)
         assert expected in line and "cannot change on resume" in line, line
+        # The new run's hint names the run's weights, so it works as written.
+        assert f"--weights {shell_word(Path(trained) / 'best.pt')} --out NEW" in line, line
     assert tree_digest(trained) == before
 
 

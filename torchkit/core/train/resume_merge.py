@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Collection, Mapping
+from pathlib import Path
 from typing import Any
 
 from torchkit.core.io.errors import CheckpointError, UsageError
+from torchkit.core.io.shell_words import shell_word
 from torchkit.core.train.config import TRAIN_OPTIONS, TrainConfig
 from torchkit.core.train.defaults import with_pre_option_values
 from torchkit.core.train.resume_rules import (
@@ -19,14 +21,19 @@ from torchkit.core.train.validation import option_name, show_value, three_channe
 
 
 def merge_for_resume(
-    saved: Mapping[str, Any], config: TrainConfig, overrides: Collection[str] | None
+    saved: Mapping[str, Any],
+    config: TrainConfig,
+    overrides: Collection[str] | None,
+    resumed_from: Path | None = None,
 ) -> TrainConfig:
     """The saved run's options, with `overrides` (option names) taken from `config`.
 
     With `overrides` None, every option of `config` that differs from the default counts as
     given. An option of FIXED_ON_RESUME given with another value than the checkpoint's is a
-    CheckpointError naming both values; --weights is a UsageError.
+    CheckpointError naming both values; --weights is a UsageError. `resumed_from`: the
+    checkpoint resumed, whose run's weights the refusals' hints name.
     """
+    new_run = _new_run_hint(resumed_from)
     base = TrainConfig.from_dict(with_pre_option_values(saved))
     known = TRAIN_OPTIONS.keys()
     overrides = given_options(config, overrides)
@@ -50,12 +57,12 @@ def merge_for_resume(
                 f"the checkpoint was trained with {option_name(name)} {_shown(name, old)}, "
                 f"not {show_value(value)}",
                 f"{option_name(name)} cannot change on resume: {FIXED_ON_RESUME[name]}; drop "
-                f"it to continue the run, or start a new run from its weights with --weights",
+                f"it to continue the run, or {new_run}",
             )
         changes[name] = value
     _one_ratio(changes)
     merged = dataclasses.replace(base, **changes)
-    _refuse_backbone_lr_to_or_from_zero(base, merged)
+    _refuse_backbone_lr_to_or_from_zero(base, merged, new_run)
     merged.resume = config.resume
     merged.force = config.force
     merged.dist_timeout = config.dist_timeout
@@ -90,7 +97,21 @@ def _one_ratio(changes: dict[str, Any]) -> None:
             changes[other] = None
 
 
-def _refuse_backbone_lr_to_or_from_zero(base: TrainConfig, merged: TrainConfig) -> None:
+def _new_run_hint(resumed_from: Path | None) -> str:
+    """How to start a new run from the resumed run's weights, naming the file to give (its
+    best.pt where there is one, else the checkpoint resumed) so the hint works as written."""
+    if resumed_from is None:
+        return "start a new run from its weights with --weights"
+    from torchkit.core.train.checkpoints import BEST
+
+    best = resumed_from.parent / BEST
+    weights = best if best.is_file() else resumed_from
+    return f"start a new run from its weights with --weights {shell_word(weights)} --out NEW"
+
+
+def _refuse_backbone_lr_to_or_from_zero(
+    base: TrainConfig, merged: TrainConfig, new_run: str
+) -> None:
     """--backbone-lr may change on resume, but not to or from 0: at 0 the backbone is frozen
     and has no parameter group, so the optimiser state is not of the parameters that would
     train (refused here, before any work, not when the state does not load)."""
@@ -105,7 +126,7 @@ def _refuse_backbone_lr_to_or_from_zero(base: TrainConfig, merged: TrainConfig) 
         f"{value}",
         "--backbone-lr cannot change to or from 0 on resume: the optimizer state is of the "
         f"parameters that trained, and at 0 the backbone does not train; drop {option} to "
-        "continue the run, or start a new run from its weights with --weights",
+        f"continue the run, or {new_run}",
     )
 
 

@@ -78,7 +78,7 @@ def plan_run(requested: TrainConfig, overrides, *, put_back: bool = False) -> Ru
     not_given: list[str] = []
     if config.resume:
         resumed_from, checkpoint = load_for_resume(config.resume, put_back=put_back)
-        config = merge_for_resume(checkpoint["config"], config, overrides)
+        config = merge_for_resume(checkpoint["config"], config, overrides, resumed_from)
         # The run's own values were warned of when it started (and --no-amp makes its
         # --amp-dtype unused without that value being given for nothing).
         given = set(given_options(requested, overrides))
