@@ -51,6 +51,10 @@ def test_a_file_gives_weights_by_order_or_by_name(tmp_path, name, text):
         ("w.json", "[1, 2]", InputError, "gives 2 weights for 3 classes"),
         ("w.json", '{"ant": 1, "bee": 1, "dog": 1}', InputError, "unknown class 'dog'"),
         ("w.txt", "1\nx\n2\n", InputError, "'x' is not a number"),
+        # Grouped and other scripts' digits, refused as the command line refuses them (1_0 was 10).
+        ("w.txt", "1\n1_0\n2\n", InputError, "'1_0' is not a number"),
+        ("w.csv", "ant,1\nbee,\uff13\ncow,1\n", InputError, "'\uff13' is not a number"),
+        ("w.json", '["1", "1_0", "2"]', InputError, "'1_0' is not a number"),
         # Weight i is class i's: a blank line between two shifted every later weight.
         ("w.txt", "1\n\n2.5\n0.5\n", InputError, r"line 2 of .*w\.txt is blank, between weights"),
         ("w.txt", "1\n-1\n2\n", UsageError, "the weight of class 'bee', -1.0, is negative"),

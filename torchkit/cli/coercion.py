@@ -21,6 +21,8 @@ import re
 from pathlib import Path
 from typing import Any, get_args, get_origin
 
+from torchkit.core.io.option_lists import is_plain_number_text
+
 # The number words converted here (what a user types: 3, -1, 0.5, 1e-4); anything else (a sign
 # `+`, leading zeros, `1_000`, `nan`, spaces, other scripts' digits) is left to Typer.
 _INTEGER = re.compile(r"-?(?:0|[1-9][0-9]{0,17})")
@@ -176,7 +178,7 @@ def _refuse_unmeant(word: str, annotation: type, info: Any) -> None:
     """Refuse the forms of a number no one means on a command line, which Python and pydantic
     read: digits grouped with `_` (`1_0` as 10), other scripts' digits, NaN and the infinities
     (_NotFinite)."""
-    if "_" in word or not word.isascii():
+    if not is_plain_number_text(word):
         raise _BadNumber(_not_taken(word, annotation, info))
     if annotation is float:
         try:

@@ -52,6 +52,13 @@ def number_items(
     the same in every option and every script. A ValueError for an item that is not such a
     number."""
     items = list_items(text, option, separators=separators, spaces=spaces, hint=hint)
-    if not all(item.isascii() and "_" not in item for item in items):
+    if not all(map(is_plain_number_text, items)):
         raise ValueError(f"{option} takes numbers in ASCII digits, without _")
     return [kind(item) for item in items]
+
+
+def is_plain_number_text(text: str) -> bool:
+    """Whether `text` is written as a number is meant (ASCII, no `_`): the one test of every
+    number torchkit reads from text (options, recipes' words, weight files), since int() and
+    float() also read other scripts' digits (`３`) and grouped digits (`1_0` as 10)."""
+    return text.isascii() and "_" not in text

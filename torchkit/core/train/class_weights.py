@@ -19,6 +19,7 @@ from typing import Any
 
 from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.io.files import read_text
+from torchkit.core.io.option_lists import is_plain_number_text
 from torchkit.core.io.ordered_lines import ordered_lines
 from torchkit.core.io.overlap import InputPath
 
@@ -165,6 +166,10 @@ def _from_file(path: Path, classes: list[str]) -> list[float]:
 def _number(value, path: Path) -> float:
     if isinstance(value, bool):  # JSON's true and false: float() made them 1 and 0
         raise InputError(f"{path}: {json.dumps(value)} is not a number")
+    if isinstance(value, str) and not is_plain_number_text(value):  # `1_0` read as 10
+        raise InputError(
+            f"{path}: {value!r} is not a number", "write weights in ASCII digits, without _"
+        )
     try:
         return float(value)
     except (TypeError, ValueError):
