@@ -54,13 +54,14 @@ from torchkit.core.data.image_files import (
 )
 from torchkit.core.data.sources.discovery import (
     IMAGE_EXTENSIONS,
+    collecting_not_unpacked,
     collecting_unlisted,
     place_in_source,
 )
 from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.io import sizes
 from torchkit.core.io.claims import synced_when_kept
-from torchkit.core.io.errors import InputError, OutputExistsError, UsageError
+from torchkit.core.io.errors import InputError, OutputExistsError, UsageError, first_and_more
 from torchkit.core.io.files import (
     atomic_write,
     atomic_write_json,
@@ -78,6 +79,7 @@ from torchkit.core.io.overlap import InputPath, check_overlap
 from torchkit.core.io.progress import Progress
 from torchkit.core.io.records import read_record_bytes
 from torchkit.core.io.redaction import redact_url
+from torchkit.core.io.wording import counted
 from torchkit.core.runtime.ahead import read_ahead
 from torchkit.deferred_signals import signals_deferred
 
@@ -908,6 +910,8 @@ class ShardsReport:
     seconds: float = 0.0
     # The folders in the source that could not be listed: their images are in no shard.
     unlisted_folders: list[str] = field(default_factory=list)
+    # The tar members with a `..` in their names (not unpacked by tar -x): in no shard.
+    not_unpacked: list[str] = field(default_factory=list)
 
     @property
     def shards(self) -> list[ShardRecord]:
@@ -959,6 +963,16 @@ class ShardsReport:
             f"{unreadable} of {samples} images could not be read and are in no shard in "
             f"{self.output} (listed in {manifest})"
         )
+        if self.not_unpacked and not unreadable:
+            left_out = self.not_unpacked
+            are = "is" if len(left_out) == 1 else "are"
+            return InputError(
+                f"{counted(len(left_out), 'member')} of {self.source} with '..' in the path, "
+                f"which tar -x does not unpack, {are} in no shard in {self.output} (listed in "
+                f"{manifest}): {first_and_more(left_out, 3)}",
+                "unpack the archive with the members renamed and convert the folder; "
+                "--strict stops before writing any",
+            )
         return incomplete_run(
             self.source,
             self.unlisted_folders,
@@ -990,6 +1004,7 @@ class ShardsReport:
             "shards": [record.to_dict() for record in self.shards],
             "unreadable_images": self.unreadable(),
             "unlisted_folders": list(self.unlisted_folders),
+            "members_not_unpacked": list(self.not_unpacked),
         }
 
     def to_dict(self) -> dict:
@@ -1008,6 +1023,7 @@ class ShardsReport:
             "splits": splits,
             "unreadable_images": self.unreadable(),
             "unlisted_folders": list(self.unlisted_folders),
+            "members_not_unpacked": list(self.not_unpacked),
             "seconds": round(self.seconds, 3),
         }
 
@@ -1356,7 +1372,11 @@ def convert_shards(
         check_replaceable(target, False, what=WHAT, command=COMMAND, owned=owned)
     # written again: a sample without a label stays so, no other; the folders that cannot be
     # listed (warned of) fail the run once the rest is written (`ShardsReport.incomplete`)
-    with partial_labels_kept(), collecting_unlisted() as unlisted:
+    with (
+        partial_labels_kept(),
+        collecting_unlisted() as unlisted,
+        collecting_not_unpacked() as not_unpacked,
+    ):
         data = open_data(src, allow_unlabelled=True)
     warn_empty_splits(data)
     warn_stray_images(data)
@@ -1390,6 +1410,7 @@ def convert_shards(
         sets=sets,
         records={s.name: [] for s in sets},
         unlisted_folders=[place_in_source(path, data.root) for path in unlisted],
+        not_unpacked=not_unpacked,
     )
     # Finishing a run removes the shard files its manifest does not list (`_remove_leftovers`):
     # refused where one is not a shard this command wrote (a file of yours of such a name).

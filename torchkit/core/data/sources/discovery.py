@@ -315,6 +315,41 @@ def collecting_unlisted() -> Iterator[list[str]]:
         _UNLISTED.reset(token)
 
 
+# The members of a tar named with a `..` part (which tar -x does not unpack) that a reader
+# left out with a warning, gathered as `_UNLISTED` is (`collecting_not_unpacked`).
+_NOT_UNPACKED: ContextVar[list[str] | None] = ContextVar("not_unpacked", default=None)
+
+
+@contextmanager
+def collecting_not_unpacked() -> Iterator[list[str]]:
+    """Within it, each tar member `note_not_unpacked` is told of is added to the list it
+    gives: the data a command that writes every file out (convert shards) fails on once the
+    rest is written, as GNU tar -x exits 2 on such members."""
+    found: list[str] = []
+    token = _NOT_UNPACKED.set(found)
+    try:
+        yield found
+    finally:
+        _NOT_UNPACKED.reset(token)
+
+
+def note_not_unpacked(spec: str, names: Sequence[str]) -> None:
+    """Record the members of `spec` left out for a `..` in their names; with `--strict`
+    (`strict_reading`) an InputError naming the first, before anything is written."""
+    if not names:
+        return
+    from torchkit.core.data.strict_reading import strict_reading, strict_turn_off
+
+    if strict_reading():
+        raise InputError(
+            f"{spec}: member {names[0]} has '..' in its path, which tar -x does not unpack",
+            f"{strict_turn_off()} to read the data without it",
+        )
+    collected = _NOT_UNPACKED.get()
+    if collected is not None:
+        collected.extend(name for name in names if name not in collected)
+
+
 def place_in_source(path: str, root: str | os.PathLike) -> str:
     """A folder of the source by its place in it (as reports and manifests list images), else
     as given."""

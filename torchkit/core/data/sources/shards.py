@@ -78,6 +78,7 @@ from torchkit.core.data.sources.discovery import (
     is_skipped_folder,
     no_class_folders_error,
     no_images_error,
+    note_not_unpacked,
     refuse_one_file_in_two_places,
     reported_files_in_two_splits,
     warn_unentered,
@@ -2434,6 +2435,7 @@ def _open_shards(
         found += _shard_samples(listing, shown, readers[shown], labels, not_unpacked)
     starts.append(len(found))
     if not_unpacked:
+        note_not_unpacked(spec, not_unpacked)
         one = len(not_unpacked) == 1
         log.warning(
             f"{spec}: {counted(len(not_unpacked), 'sample member')} with '..' in "
@@ -3020,6 +3022,7 @@ def _images_by_unpacked_path(spec: str, listing: TarListing) -> dict[str, str]:
     _warn_unmade_hard_links(spec, listing)
     _warn_unwritten_images(spec, listing)
     if not_unpacked:
+        note_not_unpacked(spec, not_unpacked)
         log.warning(
             f"{spec}: {counted(len(not_unpacked), 'image member')} with '..' in "
             f"{'its' if len(not_unpacked) == 1 else 'their'} path "
