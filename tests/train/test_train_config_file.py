@@ -212,6 +212,19 @@ def test_a_bad_value_from_the_recipe_names_the_recipe(runner, tmp_path, content,
     assert result.stderr.startswith(said.replace("h.json", str(recipe))), result.stderr
 
 
+def test_a_nan_in_the_recipe_gets_the_command_lines_hint(runner, tmp_path):
+    """A bounded option's NaN said "(nan and inf are not option values)" from a recipe and
+    "(give a number >= 0)" typed: one hint for both."""
+    recipe = tmp_path / "h.json"
+    recipe.write_text('{"min_lr": NaN}')
+    from_file = runner.invoke(app, ["train", "--config", str(recipe), "--print-config"])
+    typed = runner.invoke(app, ["train", "--min-lr", "nan", "--print-config"])
+    assert from_file.exit_code == typed.exit_code == 2
+    said = "Error: --min-lr must be a finite number, not nan (give a number >= 0)"
+    assert typed.stderr.strip() == said
+    assert from_file.stderr.strip() == typed.stderr.strip().replace("--min", f"{recipe}: --min")
+
+
 def test_a_bad_value_from_the_recipe_on_stdin_names_stdin_when_training(runner, tmp_path):
     out = tmp_path / "run"
     result = runner.invoke(app, ["train", "--config", "-", "--out", out], input='{"lr": -1}')

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, get_args, get_origin
 
 from torchkit.core.io.option_lists import is_plain_number_text
+from torchkit.core.option_specs import bounds_text, not_finite_hint
 
 # The number words converted here (what a user types: 3, -1, 0.5, 1e-4); anything else (a sign
 # `+`, leading zeros, `1_000`, `nan`, spaces, other scripts' digits) is left to Typer.
@@ -214,12 +215,7 @@ def _not_taken(value: Any, annotation: type, info: Any) -> str:
 
 def _bounds(info: Any) -> str:
     """` from 1 to 1,000,000`, ` >= 0`, ` <= 86,400`, or nothing: the option's range."""
-    low, high = info.min, info.max
-    if low is not None and high is not None:
-        return f" from {low:,} to {high:,}"
-    if low is not None:
-        return f" >= {low:,}"
-    return f" <= {high:,}" if high is not None else ""
+    return bounds_text(info.min, info.max)
 
 
 def _not_finite(param: Any, descriptor: Any, word: str) -> Exception:
@@ -227,6 +223,6 @@ def _not_finite(param: Any, descriptor: Any, word: str) -> Exception:
     from torchkit.core.io.errors import UsageError
 
     flag = max(param.opts, key=len) if param.opts else param.name
-    bounds = _bounds(descriptor.parameter_info)
-    hint = f"give a number{bounds}" if bounds else "nan and inf are not option values"
+    info = descriptor.parameter_info
+    hint = not_finite_hint(info.min, info.max)
     return UsageError(f"{flag} must be a finite number, not {word}", hint)

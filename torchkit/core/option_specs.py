@@ -84,6 +84,22 @@ def range_text(minimum: float | None, maximum: float | None, whole: bool = True)
     return f"{kind} from {minimum:,}"
 
 
+def bounds_text(minimum: float | None, maximum: float | None) -> str:
+    """` from 1 to 1,000,000`, ` >= 0`, ` <= 86,400`, or nothing: an option's range."""
+    if minimum is not None and maximum is not None:
+        return f" from {minimum:,} to {maximum:,}"
+    if minimum is not None:
+        return f" >= {minimum:,}"
+    return f" <= {maximum:,}" if maximum is not None else ""
+
+
+def not_finite_hint(minimum: float | None, maximum: float | None) -> str:
+    """The hint of the one line every option gives a NaN or an infinity, typed or in a
+    --config recipe: the numbers it takes where it has a range."""
+    bounds = bounds_text(minimum, maximum)
+    return f"give a number{bounds}" if bounds else "nan and inf are not option values"
+
+
 def check_ranges(config: Any) -> None:
     """Refuse a value of a dataclass `config` outside its option's `minimum`..`maximum`, naming
     the option and what it takes: the command line's parser checks the values typed, and this

@@ -20,7 +20,7 @@ from torchkit.core.data.preprocessing import (
 from torchkit.core.data.transforms import AUGMENT_POLICIES, AUTOAUGMENT_POLICIES
 from torchkit.core.inference.options import check_batch_fits
 from torchkit.core.io.errors import UsageError, short_repr
-from torchkit.core.option_specs import check_ranges
+from torchkit.core.option_specs import check_ranges, not_finite_hint
 from torchkit.core.runtime.cpus import check_workers, max_workers, usable_cpus
 from torchkit.core.runtime.device import AMP_DTYPES
 from torchkit.core.runtime.seeding import check_seed
@@ -690,9 +690,11 @@ def check_finite(config: TrainConfig) -> None:
         for item in values:
             if isinstance(item, float) and not math.isfinite(item):
                 shown = show_value(value)
+                spec = TRAIN_OPTIONS.get(f.name)
+                low, high = (spec.minimum, spec.maximum) if spec else (None, None)
                 raise UsageError(
                     f"{option_name(f.name)} must be a finite number, not {shown}",
-                    "nan and inf are not option values",
+                    not_finite_hint(low, high),
                 )
 
 
