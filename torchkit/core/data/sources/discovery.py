@@ -20,7 +20,7 @@ from torchkit.core.data.sources.samples import (
     nfc,
     refuse_spelling_twins,
 )
-from torchkit.core.io.errors import FS_ENCODING_HINT, InputError
+from torchkit.core.io.errors import FS_ENCODING_HINT, InputError, first_and_more
 from torchkit.core.io.files import tree_entries
 from torchkit.core.io.folder_contents import is_apple_double
 
@@ -630,6 +630,19 @@ def discover_image_folder(
     return numbered_image_folder(root, classes=classes, within=within)[0]
 
 
+def _captions_beside(images: Sequence[Path], entries: Sequence[Path]) -> list[str]:
+    """The names of the `KEY.txt` files among `entries` beside an image of their KEY
+    (`000.txt` beside `000.png`), sorted: train asked for class folders without a word of
+    what they are."""
+    keys = {p.name.partition(".")[0] for p in images}  # cut at the first dot, as a tar's
+    found = []
+    for path in entries:
+        key, _, extension = path.name.partition(".")
+        if extension == "txt" and key in keys and not path.is_dir():
+            found.append(path.name)
+    return sorted(found)
+
+
 def numbered_image_folder(
     root: str | os.PathLike,
     *,
@@ -644,7 +657,15 @@ def numbered_image_folder(
     entries = list(folder.iterdir())
     class_dirs = sorted(p for p in entries if p.is_dir() and not is_skipped_folder(p.name))
     if not class_dirs:
-        if any(is_image_file(p) and not is_apple_double(p.name) for p in entries):
+        images = [p for p in entries if is_image_file(p) and not is_apple_double(p.name)]
+        if images:
+            captions = _captions_beside(images, entries)
+            if captions:  # a captioning data set's, as a .tar's (`_UnpackedTar.captions_beside`)
+                raise InputError(
+                    f"{folder} holds images but no class folders, and its KEY.txt files "
+                    f"({first_and_more(captions, 1)}) are captions, not class labels",
+                    CLASS_FOLDERS_HINT,
+                )
             raise no_class_folders_error(str(folder))
         raise NoImagesError(f"no class folders in {folder}", CLASS_FOLDERS_HINT)
     _refuse_links_around(folder, class_dirs)
