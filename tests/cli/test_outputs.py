@@ -21,7 +21,7 @@ from processes import processes_in_group, signal_and_wait, wait_until
 
 from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.io.claims import reporting_write_errors
-from torchkit.core.io.errors import OutputExistsError, OutputWriteError
+from torchkit.core.io.errors import OutputExistsError, OutputWriteError, UsageError
 from torchkit.core.io.file_outputs import check_output_file
 from torchkit.core.io.files import atomic_path, atomic_write_text, torch_save
 from torchkit.core.io.force import force_hint, write_marker
@@ -1014,7 +1014,7 @@ def test_check_output_file(tmp_path, dataset):
     with pytest.raises(OutputExistsError, match="pass --force"):
         check_output_file(existing, force=False)
     assert check_output_file(existing, force=True) == existing
-    with pytest.raises(OutputExistsError, match="is a folder"):
+    with pytest.raises(UsageError, match="is a folder, not a file"):  # exit 2, as the CLI's
         check_output_file(dataset, force=True)
     with pytest.raises(OutputOverlapError, match="lies inside the data folder"):
         check_output_file(dataset / "stats.json", True, data_inputs(dataset), what="-o")

@@ -88,3 +88,26 @@ def test_a_report_in_a_folder_that_takes_no_file_is_refused_before_any_work(tmp_
         "on a disk that holds files)"
     )
     assert sorted(os.listdir(tmp_path)) == ["raw"]
+
+
+def test_an_existing_folder_as_a_file_output_is_one_usage_error_in_every_command(tmp_path):
+    # Was: exit 2 "Invalid value for 'OUT': file 'dst' is a directory" (export, summary, predict,
+    # benchmark) but exit 1 "DST is a folder, not a file: dst" (convert-syncbn, convert).
+    import torch
+
+    torch.save({"w": torch.zeros(1)}, tmp_path / "c.pt")
+    (tmp_path / "d.pt").mkdir()
+    cases = [
+        (["convert-syncbn", "c.pt", "d.pt"], "DST"),
+        (["convert-syncbn", "c.pt", "--out", "d.pt"], "--out"),
+        (["convert", "checkpoint", "c.pt", "d.pt"], "output"),
+        (["export", "resnet18", "d.pt"], "OUT"),
+        (["summary", "resnet18", "-o", "d.pt"], "--output"),
+    ]
+    for args, name in cases:
+        done = run_torchkit_in_process(*args, cwd=tmp_path)
+        assert done.returncode == 2, (args, done.stderr)
+        assert error_line(done.stderr) == (
+            f"Error: {name} d.pt is a folder, not a file (give a file name)"
+        ), args
+    assert sorted(os.listdir(tmp_path)) == ["c.pt", "d.pt"] and not os.listdir(tmp_path / "d.pt")

@@ -1105,7 +1105,7 @@ def test_an_output_it_cannot_write_is_refused_before_the_model_is_built(
     else:
         out = tmp_path / "folder"
         out.mkdir()
-        expected, code = "is a directory", 2
+        expected, code = "is a folder, not a file", 2
     args = ["benchmark", spec, "-i", "8", *FAST, "-o", str(out)]
     for extra in ([], ["--append"]) if where != "existing" else ([],):
         result = runner.invoke(app, [*args, *extra])

@@ -273,18 +273,20 @@ def _refuse_empty_value(param, ctx, value) -> None:
 def _refuse_folder_name(param, ctx, value) -> None:
     """A file-valued path (`-o`, export's OUT, --plot: any Path that takes no folder) given as
     `newdir/` names a folder: refused here, while the text still has its slash (the Path it
-    becomes has none, and a FILE `newdir` was written)."""
+    becomes has none, and a FILE `newdir` was written); one naming an existing folder is
+    refused with the line the core's check gives (`check_not_a_folder`)."""
     info = getattr(getattr(param, "type_descriptor", None), "parameter_info", None)
     if info is None or getattr(info, "dir_okay", True):
         return
     if getattr(ctx.get_parameter_source(param.name), "name", None) != "COMMANDLINE":
         return
-    from torchkit.core.io.special_files import check_not_folder_name
+    from torchkit.core.io.special_files import check_not_a_folder, check_not_folder_name
 
     name = param.display_name_raw if isinstance(param, TyperArgument) else _long_name(param)
     for item in value if isinstance(value, list | tuple) else (value,):
         if isinstance(item, str):
             check_not_folder_name(item, name)
+            check_not_a_folder(item, name)  # the core's line, not click's "is a directory"
 
 
 def _long_name(param) -> str:

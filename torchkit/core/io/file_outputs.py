@@ -37,6 +37,7 @@ from torchkit.core.io.output_paths import (
 from torchkit.core.io.overlap import InputPath, check_overlap
 from torchkit.core.io.special_files import (
     check_block_device,
+    check_not_a_folder,
     check_not_folder_name,
     check_not_socket,
     check_not_stdout,
@@ -127,8 +128,7 @@ def check_output_file(
         return target
     check_overlap(target, what, inputs)
     check_folders_above(target, what)
-    if target.is_dir():
-        raise OutputExistsError(f"{what} is a folder, not a file: {target}", "give a file name")
+    check_not_a_folder(target, what)
     if target.is_file() and not target.is_symlink() and is_mount_point(target):
         # A file bind-mounted at its name (`docker run -v ./report.json:/out/report.json`) is
         # never renamed over, nor hard-linked aside to another mount: refused now, not with a

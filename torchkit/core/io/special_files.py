@@ -195,6 +195,14 @@ def names_a_folder(path: str | os.PathLike) -> bool:
     return text.endswith(tuple(sep for sep in (os.sep, os.altsep) if sep))
 
 
+def check_not_a_folder(path: str | os.PathLike, what: str) -> None:
+    """A file output that names an existing folder (or a link to one) is a usage error, the
+    same line whichever command and whichever check (the command line's or the core's) meets
+    it first."""
+    if os.path.isdir(path):
+        raise UsageError(f"{what} {shown(path)} is a folder, not a file", "give a file name")
+
+
 def check_not_folder_name(path: str | os.PathLike, what: str) -> None:
     """A file output (or any file-valued name) ending in `/` is refused, never written as a
     file named without the slash: `-o reports/` made a FILE `reports`, where the user meant a
