@@ -45,7 +45,7 @@ from torchkit.core.benchmark import memory as bench_memory
 from torchkit.core.benchmark import run as bench_run
 from torchkit.core.benchmark.memory import MemoryProbe, parse_memory_limit
 from torchkit.core.benchmark.search import OUT_OF_MEMORY, OVER_LIMIT, PREDICTED_OVER, TOO_SMALL
-from torchkit.core.io.errors import TorchkitError, UsageError
+from torchkit.core.io.errors import OutputExistsError, TorchkitError, UsageError
 from torchkit.core.summary import summarize
 
 FAST = ["--device", "cpu", "--warmup", "1", "--iters", "2"]
@@ -1050,6 +1050,26 @@ def test_append_to_a_file_with_other_columns_is_refused_before_any_work(runner, 
     )
     assert out.read_bytes() == before
     assert time.perf_counter() - start < 5  # refused before the model was benchmarked
+
+
+def test_append_to_a_file_with_other_hard_links_is_refused(runner, tmp_path):
+    """Appending replaces the file whole: its other hard links kept the old rows (`>>` adds to
+    every name). Refused before any work, and under the lock (another link made meanwhile)."""
+    from torchkit.core.benchmark.report import append_csv
+
+    out = tmp_path / "bench.csv"
+    out.write_text(",".join(COLUMNS) + "\n")
+    os.link(out, tmp_path / "other-name.csv")
+    before = out.read_bytes()
+    args = ["benchmark", "convnet", "-i", "1,28,28", *FAST, "-o", str(out), "--append"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1, result.stderr
+    line = error_line(result.stderr)
+    assert f"cannot append to {out}: it has 2 hard links" in line, line
+    assert line.endswith("(write to a new file with -o NEW.csv)")
+    with pytest.raises(OutputExistsError, match="it has 2 hard links"):
+        append_csv(out, ",".join(COLUMNS) + "\n" + "," * (len(COLUMNS) - 1) + "\n")
+    assert out.read_bytes() == before and os.stat(out).st_nlink == 2
 
 
 def test_append_leaves_the_file_whole_when_the_write_fails(runner, tmp_path, monkeypatch):

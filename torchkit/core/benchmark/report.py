@@ -148,10 +148,30 @@ def check_append_target(path: str | os.PathLike, columns: list[str] | tuple[str,
     `columns` (in any order), or an error naming the difference; an older file may lack the
     ADDED_COLUMNS. Returns the columns the rows will be written without."""
     target = Path(os.path.realpath(path))
+    _refuse_hard_links(target)
     text = _read_existing(target)
     if text is None:
         return []
     return _require_same_columns(target, _header(text), list(columns))
+
+
+def _refuse_hard_links(path: Path) -> None:
+    """A file with other hard links is refused: the rows are added by replacing the file whole
+    (never half written), which would leave its other names with the old rows, where `>>` adds
+    them under every name."""
+    if is_special_file(path):
+        return
+    try:
+        links = os.stat(path).st_nlink
+    except OSError:
+        return  # none yet (or unreadable: said when it is read)
+    if links > 1:
+        raise OutputExistsError(
+            f"cannot append to {path}: it has {links} hard links, and --append replaces the "
+            "file whole (so that it is never half written), which would leave the other names "
+            "with the old rows",
+            "write to a new file with -o NEW.csv",
+        )
 
 
 def _require_same_columns(path: Path, found: list[str] | None, wanted: list[str]) -> list[str]:
@@ -187,7 +207,8 @@ def append_csv(path: str | os.PathLike, csv_text: str, *, wait_s: float = 60.0) 
     ADDED_COLUMNS a file from an earlier version does not have.
 
     The file is replaced as a whole (a new file renamed into place), so it is never left half
-    written; a second process appending at the same time waits for the first (a lock beside
+    written (a file with other hard links, whose other names would keep the old rows, is
+    refused); a second process appending at the same time waits for the first (a lock beside
     the file, up to `wait_s` seconds) instead of losing its rows."""
     from torchkit.core.io.files import atomic_write_text
 
@@ -200,6 +221,7 @@ def append_csv(path: str | os.PathLike, csv_text: str, *, wait_s: float = 60.0) 
         # What is there now, read under the lock, is what the write replaces (another
         # process may have appended since the command checked its -o).
         check_output_file(target, force=True)
+        _refuse_hard_links(target)
         existing = _read_existing(target)
         found = _header(existing) if existing is not None else None
         if found is None:
