@@ -307,12 +307,8 @@ def collecting_unlisted() -> Iterator[list[str]]:
     """Within it, each folder `warn_unlistable` warns of (its path as listed) is added to the
     list it gives: the data a reader left out, which a command that exits 0 would let
     `cmd src dst && rm -r src` delete."""
-    unlisted: list[str] = []
-    token = _UNLISTED.set(unlisted)
-    try:
+    with _gathering(_UNLISTED) as unlisted:
         yield unlisted
-    finally:
-        _UNLISTED.reset(token)
 
 
 # The members of a tar named with a `..` part (which tar -x does not unpack) that a reader
@@ -325,12 +321,31 @@ def collecting_not_unpacked() -> Iterator[list[str]]:
     """Within it, each tar member `note_not_unpacked` is told of is added to the list it
     gives: the data a command that writes every file out (convert shards) fails on once the
     rest is written, as GNU tar -x exits 2 on such members."""
-    found: list[str] = []
-    token = _NOT_UNPACKED.set(found)
-    try:
+    with _gathering(_NOT_UNPACKED) as found:
         yield found
+
+
+@contextmanager
+def _gathering(gathered: ContextVar[list[str] | None]) -> Iterator[list[str]]:
+    """Within it, `_gather(gathered, ...)` adds to the list it gives."""
+    items: list[str] = []
+    token = gathered.set(items)
+    try:
+        yield items
     finally:
-        _NOT_UNPACKED.reset(token)
+        gathered.reset(token)
+
+
+def _gather(gathered: ContextVar[list[str] | None], items: Iterable[str]) -> None:
+    """`items` added, each once and in order, to the list a `_gathering` of `gathered` gives,
+    if one is open."""
+    into = gathered.get()
+    if into is not None:
+        known = set(into)
+        for item in items:
+            if item not in known:
+                known.add(item)
+                into.append(item)
 
 
 def note_not_unpacked(spec: str, names: Sequence[str]) -> None:
@@ -345,9 +360,7 @@ def note_not_unpacked(spec: str, names: Sequence[str]) -> None:
             f"{spec}: member {names[0]} has '..' in its path, which tar -x does not unpack",
             f"{strict_turn_off()} to read the data without it",
         )
-    collected = _NOT_UNPACKED.get()
-    if collected is not None:
-        collected.extend(name for name in names if name not in collected)
+    _gather(_NOT_UNPACKED, names)
 
 
 def place_in_source(path: str, root: str | os.PathLike) -> str:
@@ -381,9 +394,7 @@ def warn_unlistable(
             f"cannot list folder {unlistable[0][0]}: {reasons[0]}",
             f"make it readable, or {strict_turn_off()} to read the data without its images",
         )
-    collected = _UNLISTED.get()
-    if collected is not None:
-        collected.extend(path for path, _ in unlistable if path not in collected)
+    _gather(_UNLISTED, (path for path, _ in unlistable))
     shown = ", ".join(
         f"{name} ({reason})" for name, reason in zip(names[:3], reasons[:3], strict=True)
     )
