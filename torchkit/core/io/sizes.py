@@ -84,11 +84,13 @@ def gigabytes_text(count: float, digits: int = 1) -> str:
 class DiskRoom:
     """What a disk has free for this user: `free` bytes, in blocks of `block` bytes (a file
     takes whole blocks), and `names` more files or folders (inodes); None where the file
-    system sets no such bound (btrfs, a network disk that reports none)."""
+    system sets no such bound (btrfs, a network disk that reports none). `read_only`: mounted
+    read-only, so nothing fits whatever is free."""
 
     free: int
     block: int
     names: int | None = None
+    read_only: bool = False
 
 
 def disk_room(folder: str | os.PathLike) -> DiskRoom | None:
@@ -99,7 +101,8 @@ def disk_room(folder: str | os.PathLike) -> DiskRoom | None:
     except (OSError, AttributeError):
         return None
     names = stats.f_favail if stats.f_files else None
-    return DiskRoom(stats.f_bavail * stats.f_frsize, max(stats.f_frsize, 1), names)
+    read_only = bool(stats.f_flag & os.ST_RDONLY)
+    return DiskRoom(stats.f_bavail * stats.f_frsize, max(stats.f_frsize, 1), names, read_only)
 
 
 def free_bytes(folder: str | os.PathLike) -> int | None:

@@ -16,6 +16,7 @@ from torchkit.core.io.errors import (
     first_line,
 )
 from torchkit.core.io.output_paths import is_within, shown
+from torchkit.core.io.sizes import disk_room
 from torchkit.core.io.temporaries import temporary_affixes
 
 # errno values that only writing causes, and those that reading an input can cause too (these
@@ -86,13 +87,12 @@ def _file_system_full_or_read_only(target: str | os.PathLike) -> bool:
 def _file_system_problem(target: str | os.PathLike) -> int | None:
     """EROFS or ENOSPC when the file system that holds `target` is read-only or (nearly) full:
     of bytes, or of inodes."""
-    try:
-        stats = os.statvfs(os.path.dirname(os.path.abspath(os.fspath(target))))
-    except OSError:
+    room = disk_room(os.path.dirname(os.path.abspath(os.fspath(target))))
+    if room is None:
         return None
-    if stats.f_flag & os.ST_RDONLY:
+    if room.read_only:
         return errno.EROFS
-    if stats.f_bavail * stats.f_frsize < _NEARLY_FULL or (stats.f_files and not stats.f_favail):
+    if room.free < _NEARLY_FULL or room.names == 0:
         return errno.ENOSPC
     return None
 

@@ -451,10 +451,8 @@ def check_sources_removable(sources: Sequence[str]) -> None:
         checked.add(folder)
         if os.access(folder, os.W_OK | os.X_OK):
             continue
-        try:
-            read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
-        except OSError:
-            read_only = False
+        room = disk_room(folder)
+        read_only = room is not None and room.read_only
         reason = "it is on a read-only file system" if read_only else "no permission to change it"
         raise InputError(
             f"--mode move cannot take the files out of {folder}: {reason}",
