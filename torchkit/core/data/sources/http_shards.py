@@ -82,6 +82,7 @@ from torchkit.core.io.errors import (
     UsageError,
 )
 from torchkit.core.io.folder_locks import close_lock, open_unshared
+from torchkit.core.io.option_lists import is_plain_number_text
 from torchkit.core.io.output_paths import remove_tree
 from torchkit.core.io.records import read_record_json
 from torchkit.core.io.redaction import has_redacted_secret, list_parts, redact_url
@@ -160,8 +161,8 @@ def timeout_s() -> float:
     if not text:
         return TIMEOUT_S
     try:
-        # In ASCII digits, without `_`, as an option's number: float reads `1_0` as 10, `３` as 3
-        value = float(text) if text.isascii() and "_" not in text else 0.0
+        # As an option's number: float reads `1_0` as 10, `３` as 3
+        value = float(text) if is_plain_number_text(text) else 0.0
     except ValueError:
         value = 0.0
     if not 0 < value <= MAX_TIMEOUT_S:  # nan and inf too
